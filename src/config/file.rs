@@ -1,0 +1,264 @@
+//! The configuration file format: serde `File*` types, one per TOML table.
+//!
+//! These types mirror the text exactly (durations and addresses stay
+//! strings) so that they can be serialized back into the canonical form
+//! that `config_version` hashes and the text diff compares. Meaning is given
+//! to them by `plan::validate`, never here.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A whole configuration file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub admin: FileAdmin,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<FileMetrics>,
+    #[serde(default)]
+    pub log: FileLog,
+    #[serde(default)]
+    pub runtime: FileRuntime,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<FileListener>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<FileRoute>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub upstreams: BTreeMap<String, FileUpstream>,
+}
+
+/// `[admin]`: the control API's own socket and credentials (startup-owned).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAdmin {
+    #[serde(default = "default_admin_bind")]
+    pub bind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    #[serde(default)]
+    pub require_expected_generation: bool,
+}
+
+impl Default for FileAdmin {
+    fn default() -> Self {
+        Self {
+            bind: default_admin_bind(),
+            token_file: None,
+            require_expected_generation: false,
+        }
+    }
+}
+
+fn default_admin_bind() -> String {
+    "127.0.0.1:9190".to_owned()
+}
+
+/// `[metrics]`: Prometheus endpoint (startup-owned). Absent: no endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileMetrics {
+    pub bind: String,
+}
+
+/// `[log]`: `level` is live, `format` and `file` need a restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLog {
+    #[serde(default = "default_log_level")]
+    pub level: String,
+    #[serde(default = "default_log_format")]
+    pub format: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+}
+
+impl Default for FileLog {
+    fn default() -> Self {
+        Self {
+            level: default_log_level(),
+            format: default_log_format(),
+            file: None,
+        }
+    }
+}
+
+fn default_log_level() -> String {
+    "info".to_owned()
+}
+
+fn default_log_format() -> String {
+    "text".to_owned()
+}
+
+/// `[runtime]`: generation bookkeeping and process settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRuntime {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<String>,
+    #[serde(default = "default_history_limit")]
+    pub history_limit: u32,
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pinned_age: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_threads: Option<u32>,
+}
+
+impl Default for FileRuntime {
+    fn default() -> Self {
+        Self {
+            state_dir: None,
+            history_limit: default_history_limit(),
+            drain_timeout: default_drain_timeout(),
+            max_pinned_age: None,
+            worker_threads: None,
+        }
+    }
+}
+
+fn default_history_limit() -> u32 {
+    16
+}
+
+fn default_drain_timeout() -> String {
+    "30s".to_owned()
+}
+
+/// `[[listeners]]`: one bound socket and the protocol spoken on it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileListener {
+    pub name: String,
+    pub bind: String,
+    #[serde(default = "default_listener_protocol")]
+    pub protocol: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<FileListenerTls>,
+    /// `tcp` listeners forward to this upstream directly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
+    /// Longest a client may take to send a request head (default 10s, 408).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header_read_timeout: Option<String>,
+    /// Largest request head in bytes (default 65536, 431).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_header_bytes: Option<u32>,
+    /// Most request headers (default 100, 431).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_headers: Option<u32>,
+    /// Concurrent HTTP/2 streams per connection (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_streams: Option<u32>,
+}
+
+fn default_listener_protocol() -> String {
+    "http".to_owned()
+}
+
+/// `listeners.tls`: certificate material for an `https` listener.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileListenerTls {
+    #[serde(default)]
+    pub certificates: Vec<FileCertificate>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<String>,
+}
+
+/// One certificate chain and its private key, both PEM files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCertificate {
+    pub cert: String,
+    pub key: String,
+}
+
+/// `[[routes]]`: a match and what to do with requests that match it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRoute {
+    pub name: String,
+    #[serde(default)]
+    pub listeners: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_exact: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_regex: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub methods: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub respond: Option<FileRespond>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<toml::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<toml::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<toml::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_inflight: Option<u64>,
+}
+
+/// `routes.respond`: answer directly, without an upstream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRespond {
+    #[serde(default = "default_respond_status")]
+    pub status: u16,
+    #[serde(default)]
+    pub body: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+}
+
+fn default_respond_status() -> u16 {
+    200
+}
+
+/// `[upstreams.NAME]`: a set of backends and how to pick among them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileUpstream {
+    #[serde(default = "default_policy")]
+    pub policy: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_key: Option<String>,
+    #[serde(default = "default_upstream_protocol")]
+    pub protocol: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<toml::Value>,
+    #[serde(default)]
+    pub backends: Vec<FileBackend>,
+}
+
+fn default_policy() -> String {
+    "round_robin".to_owned()
+}
+
+fn default_upstream_protocol() -> String {
+    "http1".to_owned()
+}
+
+/// One backend address with an optional weight (default 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileBackend {
+    pub addr: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+}

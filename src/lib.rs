@@ -1,0 +1,5 @@
+//! cutover: an HTTP and L4 gateway whose configuration changes in generations.
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+pub mod config;
