@@ -1,5 +1,10 @@
 //! cutover: an HTTP and L4 gateway whose configuration changes in generations.
 #![forbid(unsafe_code)]
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 pub mod config;
+pub mod ids;
+pub mod plan;

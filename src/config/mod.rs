@@ -94,7 +94,9 @@ pub fn parse(text: &str) -> Result<FileConfig, Vec<Diagnostic>> {
                         let mut upstream = None;
                         decoder.section(&path, value, &mut upstream);
                         if let Some(upstream) = upstream {
-                            config.upstreams.insert(name.get_ref().to_string(), upstream);
+                            config
+                                .upstreams
+                                .insert(name.get_ref().to_string(), upstream);
                         }
                     }
                 }
@@ -149,7 +151,11 @@ impl Decoder<'_, '_> {
         self.diagnostics.push(d);
     }
 
-    fn decode<T: DeserializeOwned>(&mut self, path: &str, value: Spanned<DeValue<'_>>) -> Option<T> {
+    fn decode<T: DeserializeOwned>(
+        &mut self,
+        path: &str,
+        value: Spanned<DeValue<'_>>,
+    ) -> Option<T> {
         match T::deserialize(ValueDeserializer::from(value)) {
             Ok(v) => Some(v),
             Err(e) => {
@@ -167,7 +173,12 @@ impl Decoder<'_, '_> {
         }
     }
 
-    fn section<T: DeserializeOwned>(&mut self, path: &str, value: Spanned<DeValue<'_>>, out: &mut T) {
+    fn section<T: DeserializeOwned>(
+        &mut self,
+        path: &str,
+        value: Spanned<DeValue<'_>>,
+        out: &mut T,
+    ) {
         if let Some(v) = self.decode(path, value) {
             *out = v;
         }
@@ -192,7 +203,12 @@ impl Decoder<'_, '_> {
     }
 }
 
-fn toml_error(code: &'static str, path: &str, e: &toml::de::Error, map: &SourceMap<'_>) -> Diagnostic {
+fn toml_error(
+    code: &'static str,
+    path: &str,
+    e: &toml::de::Error,
+    map: &SourceMap<'_>,
+) -> Diagnostic {
     let mut d = Diagnostic::new(code, path, e.message().trim().to_owned());
     if !path.is_empty() {
         d.message = format!("{path}: {}", d.message);
@@ -253,7 +269,9 @@ mystery = true
     fn syntax_errors_have_positions() {
         let errors = parse("[admin\nbind = 1\n").err().unwrap_or_default();
         assert!(!errors.is_empty());
-        assert!(errors.iter().all(|d| d.code == "syntax_error" && d.line == Some(1)));
+        assert!(errors
+            .iter()
+            .all(|d| d.code == "syntax_error" && d.line == Some(1)));
     }
 
     #[test]

@@ -1,0 +1,390 @@
+//! The typed diff between two configurations, as plain data.
+//!
+//! Takes the active and the candidate `FileConfig`; returns one [`Change`]
+//! per added, removed or modified entity (a listener, a route, an
+//! upstream's backends, ...) down to field paths with from/to values, each
+//! with its disposition (`live` or `restart_required`), plus a unified text
+//! diff of the canonical texts. `flip` turns it around for a rollback.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::ownership::needs_restart;
+use crate::config::{quote_key, FileConfig};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    Added,
+    Removed,
+    Modified,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Disposition {
+    Live,
+    RestartRequired,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FieldChange {
+    pub path: String,
+    pub from: Value,
+    pub to: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Change {
+    pub domain: &'static str,
+    pub name: String,
+    pub change: ChangeKind,
+    pub disposition: Disposition,
+    pub fields: Vec<FieldChange>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    pub added: usize,
+    pub removed: usize,
+    pub modified: usize,
+    pub restart_required: usize,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Diff {
+    pub changes: Vec<Change>,
+    pub summary: Summary,
+    pub text: String,
+}
+
+impl Diff {
+    /// Whether the two configurations differ at all.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+}
+
+/// Compares `from` (labelled `from_label` in the text diff) with `to`.
+pub fn diff(
+    from: &FileConfig,
+    from_canonical: &str,
+    from_label: &str,
+    to: &FileConfig,
+    to_canonical: &str,
+) -> Diff {
+    let a = split_domains(from);
+    let b = split_domains(to);
+    let mut changes = Vec::new();
+    for (key, before) in &a {
+        match b.get(key) {
+            None => changes.push(entity_change(key, before, &Value::Null)),
+            Some(after) if after != before => changes.push(entity_change(key, before, after)),
+            Some(_) => {}
+        }
+    }
+    for (key, after) in &b {
+        if !a.contains_key(key) {
+            changes.push(entity_change(key, &Value::Null, after));
+        }
+    }
+    let mut summary = Summary::default();
+    for c in &changes {
+        match c.change {
+            ChangeKind::Added => summary.added += 1,
+            ChangeKind::Removed => summary.removed += 1,
+            ChangeKind::Modified => summary.modified += 1,
+        }
+        if c.disposition == Disposition::RestartRequired {
+            summary.restart_required += 1;
+        }
+    }
+    let text = if from_canonical == to_canonical {
+        String::new()
+    } else {
+        similar::TextDiff::from_lines(from_canonical, to_canonical)
+            .unified_diff()
+            .context_radius(3)
+            .header(from_label, "candidate")
+            .to_string()
+    };
+    Diff {
+        changes,
+        summary,
+        text,
+    }
+}
+
+/// Where an entity lives: its domain, its name, and its path prefix.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct EntityKey {
+    order: u8,
+    domain: &'static str,
+    name: String,
+    path: String,
+}
+
+/// Cuts a configuration into comparable entities. Upstream backends and
+/// policies are their own domains so that a pipeline can tell "traffic
+/// shifted" from "routing changed" at a glance.
+fn split_domains(config: &FileConfig) -> BTreeMap<EntityKey, Value> {
+    let mut out = BTreeMap::new();
+    let mut put = |order: u8, domain: &'static str, name: &str, path: String, value: Value| {
+        out.insert(
+            EntityKey {
+                order,
+                domain,
+                name: name.to_owned(),
+                path,
+            },
+            value,
+        );
+    };
+    put(0, "admin", "admin", "admin".into(), json(&config.admin));
+    if let Some(metrics) = &config.metrics {
+        put(1, "metrics", "metrics", "metrics".into(), json(metrics));
+    }
+    put(2, "log", "log", "log".into(), json(&config.log));
+    put(
+        3,
+        "runtime",
+        "runtime",
+        "runtime".into(),
+        json(&config.runtime),
+    );
+    for l in &config.listeners {
+        let mut v = json(l);
+        strip(&mut v, &["name"]);
+        put(
+            4,
+            "listeners",
+            &l.name,
+            format!("listeners.{}", quote_key(&l.name)),
+            v,
+        );
+    }
+    for r in &config.routes {
+        let mut v = json(r);
+        let policy = take(
+            &mut v,
+            &["timeout", "retry", "hedge", "quota", "max_inflight"],
+        );
+        strip(&mut v, &["name"]);
+        let base = format!("routes.{}", quote_key(&r.name));
+        put(5, "routes", &r.name, base.clone(), v);
+        if !policy.is_empty() {
+            put(
+                8,
+                "policies",
+                &format!("routes.{}", r.name),
+                base,
+                Value::Object(policy),
+            );
+        }
+    }
+    for (name, u) in &config.upstreams {
+        let mut v = json(u);
+        let backends: Map<String, Value> = u
+            .backends
+            .iter()
+            .map(|b| {
+                (
+                    quote_key(&b.addr),
+                    serde_json::json!({ "weight": b.weight.unwrap_or(1) }),
+                )
+            })
+            .collect();
+        let policy = take(&mut v, &["policy", "hash_key", "health"]);
+        strip(&mut v, &["backends"]);
+        let base = format!("upstreams.{}", quote_key(name));
+        put(6, "upstreams", name, base.clone(), v);
+        put(
+            7,
+            "backends",
+            name,
+            format!("{base}.backends"),
+            Value::Object(backends),
+        );
+        if !policy.is_empty() {
+            put(
+                8,
+                "policies",
+                &format!("upstreams.{name}"),
+                base,
+                Value::Object(policy),
+            );
+        }
+    }
+    out
+}
+
+fn json<T: Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+fn strip(value: &mut Value, keys: &[&str]) {
+    if let Value::Object(map) = value {
+        for k in keys {
+            map.remove(*k);
+        }
+    }
+}
+
+fn take(value: &mut Value, keys: &[&str]) -> Map<String, Value> {
+    let mut out = Map::new();
+    if let Value::Object(map) = value {
+        for k in keys {
+            if let Some(v) = map.remove(*k) {
+                out.insert((*k).to_owned(), v);
+            }
+        }
+    }
+    out
+}
+
+fn entity_change(key: &EntityKey, before: &Value, after: &Value) -> Change {
+    let change = match (before.is_null(), after.is_null()) {
+        (true, _) => ChangeKind::Added,
+        (_, true) => ChangeKind::Removed,
+        _ => ChangeKind::Modified,
+    };
+    let mut fields = Vec::new();
+    match change {
+        ChangeKind::Modified => flatten(&key.path, before, after, &mut fields),
+        _ => fields.push(FieldChange {
+            path: key.path.clone(),
+            from: before.clone(),
+            to: after.clone(),
+        }),
+    }
+    // Removing a listener closes a socket: only a restart may do that.
+    // Adding one is live: it is bound before the swap.
+    let listener_removed = key.domain == "listeners" && change == ChangeKind::Removed;
+    let restart = listener_removed
+        || fields
+            .iter()
+            .any(|f| needs_restart(&f.path, &f.from, &f.to))
+        || (change != ChangeKind::Modified
+            && key.domain != "listeners"
+            && needs_restart(&key.path, before, after));
+    Change {
+        domain: key.domain,
+        name: key.name.clone(),
+        change,
+        disposition: if restart {
+            Disposition::RestartRequired
+        } else {
+            Disposition::Live
+        },
+        fields,
+    }
+}
+
+/// Records every leaf that differs. Objects are walked key by key; arrays
+/// and scalars are compared whole, since their elements have no names.
+fn flatten(path: &str, before: &Value, after: &Value, out: &mut Vec<FieldChange>) {
+    match (before, after) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                let from = a.get(k).unwrap_or(&Value::Null);
+                let to = b.get(k).unwrap_or(&Value::Null);
+                if from != to {
+                    flatten(&format!("{path}.{}", quote_key(k)), from, to, out);
+                }
+            }
+        }
+        _ if before != after => out.push(FieldChange {
+            path: path.to_owned(),
+            from: before.clone(),
+            to: after.clone(),
+        }),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{canonical, parse};
+
+    fn cfg(text: &str) -> FileConfig {
+        parse(text).unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    const BASE: &str = r#"
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:8080"
+
+[[routes]]
+name = "api"
+listeners = ["web"]
+upstream = "api"
+timeout = "15s"
+
+[upstreams.api]
+backends = [{ addr = "127.0.0.1:9001" }]
+"#;
+
+    fn diff_texts(a: &str, b: &str) -> Diff {
+        let (a, b) = (cfg(a), cfg(b));
+        diff(&a, &canonical(&a), "generation 1", &b, &canonical(&b))
+    }
+
+    #[test]
+    fn identical_configs_have_no_changes() {
+        let d = diff_texts(BASE, BASE);
+        assert!(d.is_empty());
+        assert!(d.text.is_empty());
+    }
+
+    #[test]
+    fn route_timeout_is_a_live_policy_change() {
+        let d = diff_texts(BASE, &BASE.replace("\"15s\"", "\"5s\""));
+        assert_eq!(d.changes.len(), 1);
+        let c = &d.changes[0];
+        assert_eq!(
+            (c.domain, c.change, c.disposition),
+            ("policies", ChangeKind::Modified, Disposition::Live)
+        );
+        assert_eq!(c.fields[0].path, "routes.api.timeout");
+        assert_eq!(c.fields[0].from, Value::from("15s"));
+        assert!(d.text.contains("-timeout = \"15s\""), "{}", d.text);
+    }
+
+    #[test]
+    fn listener_bind_change_requires_restart() {
+        let d = diff_texts(BASE, &BASE.replace("127.0.0.1:8080", "127.0.0.1:9090"));
+        assert_eq!(d.summary.restart_required, 1);
+        assert_eq!(d.changes[0].fields[0].path, "listeners.web.bind");
+    }
+
+    #[test]
+    fn backend_changes_are_their_own_domain() {
+        let d = diff_texts(
+            BASE,
+            &BASE.replace(
+                "{ addr = \"127.0.0.1:9001\" }",
+                "{ addr = \"127.0.0.1:9002\" }",
+            ),
+        );
+        assert_eq!(d.changes.len(), 1);
+        assert_eq!(d.changes[0].domain, "backends");
+        assert_eq!(d.changes[0].disposition, Disposition::Live);
+        assert_eq!(d.changes[0].fields.len(), 2);
+    }
+
+    #[test]
+    fn adding_a_listener_is_live_removing_one_is_not() {
+        let two = format!("{BASE}\n[[listeners]]\nname = \"extra\"\nbind = \"127.0.0.1:0\"\n");
+        let added = diff_texts(BASE, &two);
+        assert_eq!(added.summary.added, 1);
+        assert_eq!(added.summary.restart_required, 0);
+        let removed = diff_texts(&two, BASE);
+        assert_eq!(removed.summary.removed, 1);
+        assert_eq!(removed.summary.restart_required, 1);
+    }
+}

@@ -1,0 +1,215 @@
+//! The validated configuration: every value given its meaning.
+//!
+//! A [`Spec`] exists only for a configuration that passed validation:
+//! durations are `Duration`s, addresses are parsed, regexes compiled,
+//! header names checked. `generation::build` turns it into runtime objects
+//! and can no longer fail on the configuration's content.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Method, StatusCode};
+use regex::Regex;
+
+use crate::config::FileConfig;
+
+/// A configuration that passed validation, with everything resolved.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// The decoded file, kept for diffs and history.
+    pub file: FileConfig,
+    /// Canonical text (see `config::canonical`).
+    pub canonical: String,
+    /// `sha256:<hex>` over the canonical text and every referenced file.
+    pub config_version: String,
+    pub admin: AdminSpec,
+    pub metrics_bind: Option<SocketAddr>,
+    pub log: LogSpec,
+    pub runtime: RuntimeSpec,
+    pub listeners: Vec<ListenerSpec>,
+    pub routes: Vec<RouteSpec>,
+    pub upstreams: Vec<UpstreamSpec>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminSpec {
+    pub bind: SocketAddr,
+    /// Bearer token every admin call must carry, read from `token_file`.
+    pub token: Option<String>,
+    pub require_expected_generation: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogSpec {
+    /// A `tracing_subscriber::EnvFilter` directive (`info`, `cutover=debug`).
+    pub level: String,
+    pub format: LogFormat,
+    pub file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RuntimeSpec {
+    pub state_dir: Option<PathBuf>,
+    pub history_limit: usize,
+    pub drain_timeout: Duration,
+    pub max_pinned_age: Option<Duration>,
+    pub worker_threads: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenerProtocol {
+    Http,
+    Https,
+    Tcp,
+}
+
+/// Per-listener data-plane limits (DESIGN §10 defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerLimits {
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            max_concurrent_streams: 100,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ListenerSpec {
+    pub name: String,
+    pub bind: SocketAddr,
+    pub protocol: ListenerProtocol,
+    pub limits: ListenerLimits,
+    /// For `tcp` listeners: the upstream every connection goes to.
+    pub upstream: Option<String>,
+}
+
+/// How a route matches the request host.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum HostMatch {
+    /// `api.example.com`, lower-cased.
+    Exact(String),
+    /// `*.example.com` stored as `.example.com`: matches any name ending in it.
+    Suffix(String),
+}
+
+impl HostMatch {
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostMatch::Exact(name) => name.eq_ignore_ascii_case(host),
+            HostMatch::Suffix(suffix) => {
+                host.len() > suffix.len()
+                    && host
+                        .get(host.len() - suffix.len()..)
+                        .is_some_and(|tail| tail.eq_ignore_ascii_case(suffix))
+            }
+        }
+    }
+}
+
+/// How a route matches the request path.
+#[derive(Debug, Clone)]
+pub enum PathMatch {
+    Any,
+    Exact(String),
+    Prefix(String),
+    Regex(Regex),
+}
+
+impl PathMatch {
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Any => true,
+            PathMatch::Exact(p) => path == p,
+            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+            PathMatch::Regex(re) => re.is_match(path),
+        }
+    }
+
+    /// Text that identifies the matcher, for duplicate detection.
+    pub fn key(&self) -> String {
+        match self {
+            PathMatch::Any => String::new(),
+            PathMatch::Exact(p) => format!("={p}"),
+            PathMatch::Prefix(p) => format!("^{p}"),
+            PathMatch::Regex(re) => format!("~{}", re.as_str()),
+        }
+    }
+}
+
+/// What a matched request gets.
+#[derive(Debug, Clone)]
+pub enum RouteAction {
+    Proxy { upstream: String },
+    Respond(DirectResponse),
+}
+
+#[derive(Debug, Clone)]
+pub struct DirectResponse {
+    pub status: StatusCode,
+    pub body: bytes::Bytes,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteSpec {
+    pub name: String,
+    pub listeners: Vec<String>,
+    pub hosts: Vec<HostMatch>,
+    pub path: PathMatch,
+    pub methods: Vec<Method>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub action: RouteAction,
+    /// Upstream response deadline (default 30s, then 504).
+    pub timeout: Duration,
+    /// Admission limit: concurrent requests beyond it get 503.
+    pub max_inflight: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    RoundRobin,
+    Weighted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UpstreamProtocol {
+    Http1,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamSpec {
+    pub name: String,
+    pub policy: Policy,
+    pub protocol: UpstreamProtocol,
+    pub connect_timeout: Duration,
+    pub backends: Vec<BackendSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendSpec {
+    /// `host:port`, resolved when connecting.
+    pub addr: String,
+    pub weight: u32,
+}
+
+/// Upstream connect deadline when none is configured (then 502).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Upstream response deadline when a route sets none (then 504).
+pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,0 +1,886 @@
+//! Validation: `FileConfig → Spec`, or every diagnostic at once.
+//!
+//! Pure: reads the files the configuration references (token, certificates)
+//! to hash and check them, and nothing else. It never binds, connects or
+//! writes, so `validate` and `preview` are safe to call at any time.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Method, StatusCode};
+use regex::Regex;
+use sha2::{Digest, Sha256};
+
+use super::spec::*;
+use crate::config::{self, quote_key, ConfigText, Diagnostic, FileConfig, FileRoute, FileUpstream};
+
+/// Parses and validates configuration text. On failure, every diagnostic
+/// found, each located in the text where possible.
+pub fn validate(source: &ConfigText) -> Result<Spec, Vec<Diagnostic>> {
+    let file = config::parse(&source.text)?;
+    let mut v = Validator {
+        base_dir: &source.base_dir,
+        diagnostics: Vec::new(),
+        referenced: Vec::new(),
+    };
+    let spec = v.spec(&file);
+    if v.diagnostics.is_empty() {
+        if let Some(mut spec) = spec {
+            spec.config_version = config_version(&spec.canonical, &v.referenced);
+            return Ok(spec);
+        }
+    }
+    let root = toml::de::DeTable::parse(&source.text).ok();
+    let map = config::SourceMap::new(&source.text, root);
+    let mut diagnostics = v.diagnostics;
+    for d in &mut diagnostics {
+        if let Some((line, column)) = map.locate(&d.path) {
+            d.line = Some(line);
+            d.column = Some(column);
+        }
+    }
+    Err(diagnostics)
+}
+
+/// `sha256:<hex>` over the canonical text and each referenced file's path
+/// and contents, so that a rotated certificate is a new version.
+fn config_version(canonical: &str, referenced: &[(PathBuf, Vec<u8>)]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(canonical.as_bytes());
+    for (path, contents) in referenced {
+        hasher.update(b"\0file\0");
+        hasher.update(path.to_string_lossy().as_bytes());
+        hasher.update(b"\0");
+        hasher.update(contents);
+    }
+    let digest = hasher.finalize();
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256:");
+    for byte in digest {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+struct Validator<'a> {
+    base_dir: &'a Path,
+    diagnostics: Vec<Diagnostic>,
+    referenced: Vec<(PathBuf, Vec<u8>)>,
+}
+
+fn is_valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
+impl Validator<'_> {
+    fn error(&mut self, code: &'static str, path: impl Into<String>, message: impl Into<String>) {
+        self.diagnostics.push(Diagnostic::new(code, path, message));
+    }
+
+    fn name(&mut self, kind: &str, path: String, name: &str) {
+        if !is_valid_name(name) {
+            self.error(
+                "invalid_name",
+                path,
+                format!("{kind} name '{name}' is invalid: names are [a-z0-9][a-z0-9_-]*"),
+            );
+        }
+    }
+
+    fn duration(&mut self, path: String, text: &str) -> Option<Duration> {
+        match humantime::parse_duration(text) {
+            Ok(d) if !d.is_zero() => Some(d),
+            Ok(_) => {
+                self.error(
+                    "invalid_duration",
+                    path,
+                    format!("duration '{text}' must be greater than zero"),
+                );
+                None
+            }
+            Err(e) => {
+                self.error(
+                    "invalid_duration",
+                    path,
+                    format!(
+                        "'{text}' is not a duration ({e}); write e.g. \"250ms\", \"5s\", \"2m\""
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn socket_addr(&mut self, path: String, text: &str) -> Option<SocketAddr> {
+        match text.parse() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                self.error(
+                    "invalid_address",
+                    path,
+                    format!("'{text}' is not an IP:port socket address (e.g. \"127.0.0.1:8080\")"),
+                );
+                None
+            }
+        }
+    }
+
+    fn read_file(&mut self, path: String, name: &str) -> Option<Vec<u8>> {
+        let resolved = self.base_dir.join(name);
+        match std::fs::read(&resolved) {
+            Ok(contents) => {
+                self.referenced.push((resolved, contents.clone()));
+                Some(contents)
+            }
+            Err(e) => {
+                self.error(
+                    "unreadable_file",
+                    path,
+                    format!("cannot read '{}': {e}", resolved.display()),
+                );
+                None
+            }
+        }
+    }
+
+    fn unsupported(&mut self, path: String, what: &str) {
+        self.error(
+            "unsupported",
+            path,
+            format!("{what} is not supported by this version of cutover yet; remove it to activate this configuration"),
+        );
+    }
+
+    fn spec(&mut self, file: &FileConfig) -> Option<Spec> {
+        let admin = self.admin(file);
+        let metrics_bind = file
+            .metrics
+            .as_ref()
+            .and_then(|m| self.socket_addr("metrics.bind".into(), &m.bind));
+        let log = self.log(file);
+        let runtime = self.runtime(file);
+        let upstreams = self.upstreams(&file.upstreams);
+        let listeners = self.listeners(file);
+        let routes = self.routes(file, &listeners);
+        self.ambiguous_routes(&routes);
+        Some(Spec {
+            file: file.clone(),
+            canonical: config::canonical(file),
+            config_version: String::new(),
+            admin: admin?,
+            metrics_bind,
+            log: log?,
+            runtime: runtime?,
+            listeners,
+            routes,
+            upstreams,
+        })
+    }
+
+    fn admin(&mut self, file: &FileConfig) -> Option<AdminSpec> {
+        let bind = self.socket_addr("admin.bind".into(), &file.admin.bind);
+        let token = match &file.admin.token_file {
+            Some(name) => {
+                let contents = self.read_file("admin.token_file".into(), name)?;
+                let token = String::from_utf8_lossy(&contents).trim().to_owned();
+                if token.len() < 16 {
+                    self.error(
+                        "weak_token",
+                        "admin.token_file",
+                        format!("the admin token in '{name}' must be at least 16 characters"),
+                    );
+                }
+                Some(token)
+            }
+            None => None,
+        };
+        let bind = bind?;
+        if !bind.ip().is_loopback() && token.is_none() {
+            self.error(
+                "admin_unprotected",
+                "admin.bind",
+                format!("admin bind {bind} is not a loopback address; set admin.token_file to protect it"),
+            );
+        }
+        Some(AdminSpec {
+            bind,
+            token,
+            require_expected_generation: file.admin.require_expected_generation,
+        })
+    }
+
+    fn log(&mut self, file: &FileConfig) -> Option<LogSpec> {
+        let level = file.log.level.trim().to_owned();
+        if tracing_subscriber::EnvFilter::builder()
+            .parse(&level)
+            .is_err()
+            || level.is_empty()
+        {
+            self.error(
+                "invalid_log_level",
+                "log.level",
+                format!("'{level}' is not a log level or filter (trace, debug, info, warn, error, or target=level)"),
+            );
+        }
+        let format = match file.log.format.as_str() {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                self.error(
+                    "invalid_log_format",
+                    "log.format",
+                    format!("log format '{other}' is not text or json"),
+                );
+                LogFormat::Text
+            }
+        };
+        Some(LogSpec {
+            level,
+            format,
+            file: file.log.file.as_ref().map(|f| self.base_dir.join(f)),
+        })
+    }
+
+    fn runtime(&mut self, file: &FileConfig) -> Option<RuntimeSpec> {
+        let r = &file.runtime;
+        if !(1..=1024).contains(&r.history_limit) {
+            self.error(
+                "invalid_value",
+                "runtime.history_limit",
+                format!(
+                    "history_limit {} must be between 1 and 1024",
+                    r.history_limit
+                ),
+            );
+        }
+        if let Some(threads) = r.worker_threads {
+            if !(1..=1024).contains(&threads) {
+                self.error(
+                    "invalid_value",
+                    "runtime.worker_threads",
+                    format!("worker_threads {threads} must be between 1 and 1024"),
+                );
+            }
+        }
+        let drain_timeout = self.duration("runtime.drain_timeout".into(), &r.drain_timeout);
+        let max_pinned_age = match &r.max_pinned_age {
+            Some(text) => Some(self.duration("runtime.max_pinned_age".into(), text)?),
+            None => None,
+        };
+        Some(RuntimeSpec {
+            state_dir: r.state_dir.as_ref().map(|d| self.base_dir.join(d)),
+            history_limit: r.history_limit.clamp(1, 1024) as usize,
+            drain_timeout: drain_timeout?,
+            max_pinned_age,
+            worker_threads: r.worker_threads.map(|t| t as usize),
+        })
+    }
+
+    fn listeners(&mut self, file: &FileConfig) -> Vec<ListenerSpec> {
+        let mut out = Vec::new();
+        let mut names = HashSet::new();
+        let mut binds: HashMap<SocketAddr, String> = HashMap::new();
+        for (i, l) in file.listeners.iter().enumerate() {
+            let at = |field: &str| format!("listeners[{i}].{field}");
+            self.name("listener", at("name"), &l.name);
+            if !names.insert(l.name.as_str()) {
+                self.error(
+                    "duplicate_name",
+                    at("name"),
+                    format!("listener '{}' is defined twice", l.name),
+                );
+            }
+            let bind = self.socket_addr(at("bind"), &l.bind);
+            if let Some(bind) = bind.filter(|b| b.port() != 0) {
+                if let Some(other) = binds.insert(bind, l.name.clone()) {
+                    self.error(
+                        "duplicate_bind",
+                        at("bind"),
+                        format!("listeners '{other}' and '{}' both bind {bind}", l.name),
+                    );
+                }
+            }
+            let protocol = match l.protocol.as_str() {
+                "http" => Some(ListenerProtocol::Http),
+                "https" => Some(ListenerProtocol::Https),
+                "tcp" => Some(ListenerProtocol::Tcp),
+                other => {
+                    self.error(
+                        "invalid_protocol",
+                        at("protocol"),
+                        format!("listener protocol '{other}' is not http, https or tcp"),
+                    );
+                    None
+                }
+            };
+            match protocol {
+                Some(ListenerProtocol::Http) => {
+                    if l.tls.is_some() {
+                        self.error("unexpected_tls", at("tls"), format!("listener '{}' speaks plain http but has a tls section; use protocol = \"https\"", l.name));
+                    }
+                    if l.upstream.is_some() {
+                        self.error("unexpected_upstream", at("upstream"), format!("http listener '{}' cannot name an upstream; routes choose upstreams", l.name));
+                    }
+                }
+                Some(ListenerProtocol::Https) => {
+                    match &l.tls {
+                        Some(tls) if !tls.certificates.is_empty() => {
+                            for (c, cert) in tls.certificates.iter().enumerate() {
+                                self.read_file(
+                                    at(&format!("tls.certificates[{c}].cert")),
+                                    &cert.cert,
+                                );
+                                self.read_file(
+                                    at(&format!("tls.certificates[{c}].key")),
+                                    &cert.key,
+                                );
+                            }
+                        }
+                        _ => self.error(
+                            "missing_tls",
+                            at("protocol"),
+                            format!("https listener '{}' needs tls.certificates", l.name),
+                        ),
+                    }
+                    self.unsupported(at("protocol"), "listener protocol \"https\"");
+                }
+                Some(ListenerProtocol::Tcp) => {
+                    match &l.upstream {
+                        Some(u) if !file.upstreams.contains_key(u) => self.error(
+                            "unknown_upstream",
+                            at("upstream"),
+                            format!(
+                                "listener '{}' names upstream '{u}', which is not defined",
+                                l.name
+                            ),
+                        ),
+                        Some(_) => {}
+                        None => self.error(
+                            "missing_upstream",
+                            at("protocol"),
+                            format!("tcp listener '{}' needs an upstream", l.name),
+                        ),
+                    }
+                    self.unsupported(at("protocol"), "listener protocol \"tcp\"");
+                }
+                None => {}
+            }
+            let mut limits = ListenerLimits::default();
+            if let Some(t) = &l.header_read_timeout {
+                if let Some(d) = self.duration(at("header_read_timeout"), t) {
+                    limits.header_read_timeout = d;
+                }
+            }
+            if let Some(n) = l.max_header_bytes {
+                if n < 8192 {
+                    self.error(
+                        "invalid_value",
+                        at("max_header_bytes"),
+                        format!("max_header_bytes {n} must be at least 8192"),
+                    );
+                }
+                limits.max_header_bytes = n.max(8192) as usize;
+            }
+            if let Some(n) = l.max_headers {
+                if n == 0 {
+                    self.error(
+                        "invalid_value",
+                        at("max_headers"),
+                        "max_headers must be at least 1",
+                    );
+                }
+                limits.max_headers = n.max(1) as usize;
+            }
+            if let Some(n) = l.max_concurrent_streams {
+                limits.max_concurrent_streams = n.max(1);
+            }
+            if let (Some(bind), Some(protocol)) = (bind, protocol) {
+                out.push(ListenerSpec {
+                    name: l.name.clone(),
+                    bind,
+                    protocol,
+                    limits,
+                    upstream: l.upstream.clone(),
+                });
+            }
+        }
+        out
+    }
+
+    fn upstreams(&mut self, upstreams: &BTreeMap<String, FileUpstream>) -> Vec<UpstreamSpec> {
+        let mut out = Vec::new();
+        for (name, u) in upstreams {
+            let base = format!("upstreams.{}", quote_key(name));
+            let at = |field: &str| format!("{base}.{field}");
+            self.name("upstream", base.clone(), name);
+            let policy = match u.policy.as_str() {
+                "round_robin" => Some(Policy::RoundRobin),
+                "weighted" => Some(Policy::Weighted),
+                "least_requests" | "p2c" | "hash" => {
+                    self.unsupported(
+                        at("policy"),
+                        &format!("load-balancing policy \"{}\"", u.policy),
+                    );
+                    None
+                }
+                other => {
+                    self.error(
+                        "invalid_policy",
+                        at("policy"),
+                        format!("policy '{other}' is not round_robin, weighted, least_requests, p2c or hash"),
+                    );
+                    None
+                }
+            };
+            if u.hash_key.is_some() {
+                self.unsupported(at("hash_key"), "hash_key");
+            }
+            let protocol = match u.protocol.as_str() {
+                "http1" => Some(UpstreamProtocol::Http1),
+                "h2c" | "https" | "h2" => {
+                    self.unsupported(
+                        at("protocol"),
+                        &format!("upstream protocol \"{}\"", u.protocol),
+                    );
+                    None
+                }
+                other => {
+                    self.error(
+                        "invalid_protocol",
+                        at("protocol"),
+                        format!("upstream protocol '{other}' is not http1, h2c, https or h2"),
+                    );
+                    None
+                }
+            };
+            let connect_timeout = match &u.connect_timeout {
+                Some(t) => self.duration(at("connect_timeout"), t),
+                None => Some(DEFAULT_CONNECT_TIMEOUT),
+            };
+            if u.health.is_some() {
+                self.unsupported(at("health"), "active health checking");
+            }
+            if u.backends.is_empty() {
+                self.error(
+                    "empty_backends",
+                    at("backends"),
+                    format!("upstream '{name}' has no backends"),
+                );
+            }
+            let mut seen = HashSet::new();
+            let mut backends = Vec::new();
+            for (b, backend) in u.backends.iter().enumerate() {
+                let bat = |field: &str| format!("{base}.backends[{b}].{field}");
+                if !is_host_port(&backend.addr) {
+                    self.error(
+                        "invalid_address",
+                        bat("addr"),
+                        format!("backend '{}' is not host:port", backend.addr),
+                    );
+                }
+                if !seen.insert(backend.addr.as_str()) {
+                    self.error(
+                        "duplicate_backend",
+                        bat("addr"),
+                        format!("upstream '{name}' lists backend {} twice", backend.addr),
+                    );
+                }
+                let weight = backend.weight.unwrap_or(1);
+                if !(1..=1000).contains(&weight) {
+                    self.error(
+                        "invalid_weight",
+                        bat("weight"),
+                        format!("weight {weight} must be between 1 and 1000"),
+                    );
+                }
+                if backend.weight.is_some() && policy == Some(Policy::RoundRobin) && weight != 1 {
+                    self.error(
+                        "ignored_weight",
+                        bat("weight"),
+                        format!("upstream '{name}' uses round_robin, which ignores weights; set policy = \"weighted\""),
+                    );
+                }
+                backends.push(BackendSpec {
+                    addr: backend.addr.clone(),
+                    weight: weight.clamp(1, 1000),
+                });
+            }
+            if let (Some(policy), Some(protocol), Some(connect_timeout)) =
+                (policy, protocol, connect_timeout)
+            {
+                out.push(UpstreamSpec {
+                    name: name.clone(),
+                    policy,
+                    protocol,
+                    connect_timeout,
+                    backends,
+                });
+            }
+        }
+        out
+    }
+
+    fn routes(&mut self, file: &FileConfig, listeners: &[ListenerSpec]) -> Vec<RouteSpec> {
+        let mut out = Vec::new();
+        let mut names = HashSet::new();
+        for (i, r) in file.routes.iter().enumerate() {
+            let at = |field: &str| format!("routes[{i}].{field}");
+            self.name("route", at("name"), &r.name);
+            if !names.insert(r.name.as_str()) {
+                self.error(
+                    "duplicate_name",
+                    at("name"),
+                    format!("route '{}' is defined twice", r.name),
+                );
+            }
+            if let Some(route) = self.route(file, listeners, i, r) {
+                out.push(route);
+            }
+        }
+        out
+    }
+
+    fn route(
+        &mut self,
+        file: &FileConfig,
+        listeners: &[ListenerSpec],
+        i: usize,
+        r: &FileRoute,
+    ) -> Option<RouteSpec> {
+        let at = |field: &str| format!("routes[{i}].{field}");
+        let mut ok = true;
+        if r.listeners.is_empty() {
+            self.error(
+                "missing_listeners",
+                at("listeners"),
+                format!("route '{}' names no listeners", r.name),
+            );
+            ok = false;
+        }
+        for (l, listener) in r.listeners.iter().enumerate() {
+            match file.listeners.iter().find(|fl| &fl.name == listener) {
+                None => {
+                    self.error(
+                        "unknown_listener",
+                        format!("routes[{i}].listeners[{l}]"),
+                        format!(
+                            "route '{}' names listener '{listener}', which is not defined",
+                            r.name
+                        ),
+                    );
+                    ok = false;
+                }
+                Some(fl) if fl.protocol == "tcp" => {
+                    self.error(
+                        "tcp_listener_route",
+                        format!("routes[{i}].listeners[{l}]"),
+                        format!("route '{}' names tcp listener '{listener}'; tcp listeners forward to their upstream and have no routes", r.name),
+                    );
+                    ok = false;
+                }
+                Some(_) => {}
+            }
+        }
+        let _ = listeners;
+        let mut hosts = Vec::new();
+        for (h, host) in r.hosts.iter().enumerate() {
+            match parse_host(host) {
+                Some(m) => hosts.push(m),
+                None => {
+                    self.error(
+                        "invalid_host",
+                        format!("routes[{i}].hosts[{h}]"),
+                        format!(
+                            "'{host}' is not a host name or a leading wildcard like *.example.com"
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let given: Vec<_> = [
+            r.path_exact.as_ref().map(|p| ("path_exact", p)),
+            r.path_prefix.as_ref().map(|p| ("path_prefix", p)),
+            r.path_regex.as_ref().map(|p| ("path_regex", p)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if given.len() > 1 {
+            self.error(
+                "conflicting_path",
+                at(given.get(1).map_or("path_prefix", |g| g.0)),
+                format!(
+                    "route '{}' sets more than one of path_exact, path_prefix, path_regex",
+                    r.name
+                ),
+            );
+            ok = false;
+        }
+        let path = match given.first() {
+            None => PathMatch::Any,
+            Some(("path_regex", re)) => match Regex::new(re) {
+                Ok(re) => PathMatch::Regex(re),
+                Err(e) => {
+                    let first = e.to_string().lines().last().unwrap_or("").trim().to_owned();
+                    self.error(
+                        "invalid_regex",
+                        at("path_regex"),
+                        format!("path_regex '{re}' does not compile: {first}"),
+                    );
+                    ok = false;
+                    PathMatch::Any
+                }
+            },
+            Some((field, p)) => {
+                if !p.starts_with('/') {
+                    self.error(
+                        "invalid_path",
+                        at(field),
+                        format!("{field} '{p}' must start with '/'"),
+                    );
+                    ok = false;
+                }
+                if *field == "path_exact" {
+                    PathMatch::Exact((*p).clone())
+                } else {
+                    PathMatch::Prefix((*p).clone())
+                }
+            }
+        };
+        let mut methods = Vec::new();
+        for (m, method) in r.methods.iter().enumerate() {
+            let valid = !method.is_empty() && method.bytes().all(|b| b.is_ascii_uppercase());
+            match Method::from_bytes(method.as_bytes()) {
+                Ok(parsed) if valid => methods.push(parsed),
+                _ => {
+                    self.error(
+                        "invalid_method",
+                        format!("routes[{i}].methods[{m}]"),
+                        format!("'{method}' is not an HTTP method (upper case, e.g. GET)"),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        methods.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        methods.dedup();
+        let headers = self.header_pairs(&format!("routes[{i}].headers"), &r.headers);
+        let action = match (&r.upstream, &r.respond) {
+            (Some(_), Some(_)) => {
+                self.error(
+                    "conflicting_action",
+                    at("respond"),
+                    format!("route '{}' sets both upstream and respond", r.name),
+                );
+                None
+            }
+            (None, None) => {
+                self.error(
+                    "missing_action",
+                    at("name"),
+                    format!("route '{}' needs an upstream or a respond action", r.name),
+                );
+                None
+            }
+            (Some(u), None) => {
+                if file.upstreams.contains_key(u) {
+                    Some(RouteAction::Proxy {
+                        upstream: u.clone(),
+                    })
+                } else {
+                    self.error(
+                        "unknown_upstream",
+                        at("upstream"),
+                        format!(
+                            "route '{}' names upstream '{u}', which is not defined",
+                            r.name
+                        ),
+                    );
+                    None
+                }
+            }
+            (None, Some(respond)) => {
+                let status = StatusCode::from_u16(respond.status)
+                    .ok()
+                    .filter(|s| !s.is_informational());
+                if status.is_none() {
+                    self.error(
+                        "invalid_status",
+                        format!("routes[{i}].respond.status"),
+                        format!(
+                            "respond status {} must be between 200 and 599",
+                            respond.status
+                        ),
+                    );
+                }
+                let headers =
+                    self.header_pairs(&format!("routes[{i}].respond.headers"), &respond.headers);
+                status.map(|status| {
+                    RouteAction::Respond(DirectResponse {
+                        status,
+                        body: bytes::Bytes::from(respond.body.clone()),
+                        headers,
+                    })
+                })
+            }
+        };
+        let timeout = match &r.timeout {
+            Some(t) => self.duration(at("timeout"), t),
+            None => Some(DEFAULT_ROUTE_TIMEOUT),
+        };
+        if r.max_inflight == Some(0) {
+            self.error(
+                "invalid_value",
+                at("max_inflight"),
+                "max_inflight must be at least 1",
+            );
+        }
+        for (field, value) in [
+            ("retry", &r.retry),
+            ("hedge", &r.hedge),
+            ("quota", &r.quota),
+        ] {
+            if value.is_some() {
+                self.unsupported(at(field), &format!("route {field}"));
+            }
+        }
+        if !ok {
+            return None;
+        }
+        Some(RouteSpec {
+            name: r.name.clone(),
+            listeners: r.listeners.clone(),
+            hosts,
+            path,
+            methods,
+            headers,
+            action: action?,
+            timeout: timeout?,
+            max_inflight: r.max_inflight.filter(|n| *n > 0),
+        })
+    }
+
+    fn header_pairs(
+        &mut self,
+        base: &str,
+        headers: &BTreeMap<String, String>,
+    ) -> Vec<(HeaderName, HeaderValue)> {
+        let mut out = Vec::new();
+        for (name, value) in headers {
+            let path = format!("{base}.{}", quote_key(name));
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                (Ok(n), Ok(v)) => out.push((n, v)),
+                (Err(_), _) => self.error(
+                    "invalid_header",
+                    path,
+                    format!("'{name}' is not a valid header name"),
+                ),
+                (_, Err(_)) => self.error(
+                    "invalid_header",
+                    path,
+                    format!("the value of header '{name}' is not a valid header value"),
+                ),
+            }
+        }
+        out
+    }
+
+    /// Two routes on one listener that match exactly the same requests can
+    /// never both be reached: the later one is dead configuration, and which
+    /// one wins would depend on declaration order alone.
+    fn ambiguous_routes(&mut self, routes: &[RouteSpec]) {
+        let mut seen: HashMap<
+            (String, Option<HostMatch>, String, String),
+            Vec<(String, Vec<Method>)>,
+        > = HashMap::new();
+        for route in routes {
+            let headers = route
+                .headers
+                .iter()
+                .map(|(n, v)| format!("{n}={}", String::from_utf8_lossy(v.as_bytes())))
+                .collect::<Vec<_>>()
+                .join("&");
+            let hosts: Vec<Option<HostMatch>> = if route.hosts.is_empty() {
+                vec![None]
+            } else {
+                route.hosts.iter().cloned().map(Some).collect()
+            };
+            for listener in &route.listeners {
+                for host in &hosts {
+                    let key = (
+                        listener.clone(),
+                        host.clone(),
+                        route.path.key(),
+                        headers.clone(),
+                    );
+                    let entry = seen.entry(key).or_default();
+                    for (other, methods) in entry.iter() {
+                        let overlap = methods.is_empty()
+                            || route.methods.is_empty()
+                            || methods.iter().any(|m| route.methods.contains(m));
+                        if overlap {
+                            let index = routes
+                                .iter()
+                                .position(|r| r.name == route.name)
+                                .unwrap_or(0);
+                            self.diagnostics.push(Diagnostic::new(
+                                "ambiguous_route",
+                                format!("routes[{index}].name"),
+                                format!(
+                                    "routes '{other}' and '{}' match the same host, path, methods and headers on listener '{listener}'",
+                                    route.name
+                                ),
+                            ));
+                        }
+                    }
+                    entry.push((route.name.clone(), route.methods.clone()));
+                }
+            }
+        }
+    }
+}
+
+fn parse_host(host: &str) -> Option<HostMatch> {
+    let lower = host.to_ascii_lowercase();
+    let (wildcard, name) = match lower.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, lower.as_str()),
+    };
+    let valid = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if !valid {
+        return None;
+    }
+    Some(if wildcard {
+        HostMatch::Suffix(format!(".{name}"))
+    } else {
+        HostMatch::Exact(name.to_owned())
+    })
+}
+
+fn is_host_port(addr: &str) -> bool {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return true;
+    }
+    match addr.rsplit_once(':') {
+        Some((host, port)) => {
+            port.parse::<u16>().is_ok_and(|p| p != 0) && parse_host(host).is_some()
+        }
+        None => false,
+    }
+}
