@@ -8,3 +8,5 @@
 pub mod config;
 pub mod ids;
 pub mod plan;
+pub mod generation;
+pub mod telemetry;

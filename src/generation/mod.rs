@@ -1,0 +1,261 @@
+//! The immutable runtime: one compiled configuration.
+//!
+//! `build` takes a validated [`Spec`] and the process-shared state and
+//! returns a [`Generation`]: per-listener routers, upstreams bound to
+//! shared backends, and the ledger of work pinned to it. It spawns nothing
+//! and binds nothing; once built, a generation never changes.
+
+mod ledger;
+mod route;
+mod router;
+mod upstream;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::SystemTime;
+
+pub use ledger::{InflightGuard, Ledger};
+pub use route::{Action, Route, RouteShared, RouteSlot, Saturated};
+pub use router::Router;
+pub use upstream::{
+    smooth_weighted_schedule, AttemptOutcome, Backend, BackendGuard, BackendKey, BackendRegistry, Upstream,
+};
+
+use crate::ids::GenerationId;
+use crate::plan::{ListenerProtocol, RouteAction, Spec};
+
+/// State that outlives generations and is carried into each new one.
+#[derive(Debug, Default)]
+pub struct SharedState {
+    pub backends: BackendRegistry,
+    routes: Mutex<HashMap<String, Weak<RouteShared>>>,
+}
+
+impl SharedState {
+    fn route(&self, name: &str) -> Arc<RouteShared> {
+        let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(live) = routes.get(name).and_then(Weak::upgrade) {
+            return live;
+        }
+        routes.retain(|_, weak| weak.strong_count() > 0);
+        let shared = Arc::new(RouteShared::new(name));
+        routes.insert(name.to_owned(), Arc::downgrade(&shared));
+        shared
+    }
+}
+
+/// Why a validated configuration could still not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("backend address '{0}' cannot be used as an HTTP authority")]
+    BackendAddress(String),
+    #[error("route '{route}' names upstream '{upstream}', which was not built")]
+    MissingUpstream { route: String, upstream: String },
+}
+
+/// One complete, immutable runtime configuration.
+#[derive(Debug)]
+pub struct Generation {
+    pub id: GenerationId,
+    pub spec: Arc<Spec>,
+    pub ledger: Arc<Ledger>,
+    pub built_at: SystemTime,
+    routers: HashMap<String, Router>,
+    upstreams: HashMap<String, Arc<Upstream>>,
+}
+
+impl Generation {
+    /// The router of an HTTP listener, if this generation has that listener.
+    pub fn router(&self, listener: &str) -> Option<&Router> {
+        self.routers.get(listener)
+    }
+
+    pub fn upstream(&self, name: &str) -> Option<&Arc<Upstream>> {
+        self.upstreams.get(name)
+    }
+
+    pub fn config_version(&self) -> &str {
+        &self.spec.config_version
+    }
+}
+
+/// Compiles `spec` into generation `id`, reusing shared backends.
+pub fn build(spec: Arc<Spec>, id: GenerationId, shared: &SharedState) -> Result<Generation, BuildError> {
+    let mut upstreams = HashMap::with_capacity(spec.upstreams.len());
+    for u in &spec.upstreams {
+        let upstream = Upstream::build(u, &shared.backends).ok_or_else(|| {
+            BuildError::BackendAddress(u.backends.iter().map(|b| b.addr.as_str()).collect::<Vec<_>>().join(", "))
+        })?;
+        upstreams.insert(u.name.clone(), Arc::new(upstream));
+    }
+    let mut per_listener: HashMap<&str, Vec<Arc<Route>>> = spec
+        .listeners
+        .iter()
+        .filter(|l| l.protocol != ListenerProtocol::Tcp)
+        .map(|l| (l.name.as_str(), Vec::new()))
+        .collect();
+    for r in &spec.routes {
+        let action = match &r.action {
+            RouteAction::Proxy { upstream } => Action::Proxy(Arc::clone(upstreams.get(upstream).ok_or_else(|| {
+                BuildError::MissingUpstream {
+                    route: r.name.clone(),
+                    upstream: upstream.clone(),
+                }
+            })?)),
+            RouteAction::Respond(response) => Action::Respond(response.clone()),
+        };
+        let route = Arc::new(Route {
+            name: r.name.clone(),
+            hosts: r.hosts.clone(),
+            path: r.path.clone(),
+            methods: r.methods.clone(),
+            headers: r.headers.clone(),
+            action,
+            timeout: r.timeout,
+            max_inflight: r.max_inflight,
+            shared: shared.route(&r.name),
+        });
+        for listener in &r.listeners {
+            if let Some(routes) = per_listener.get_mut(listener.as_str()) {
+                routes.push(Arc::clone(&route));
+            }
+        }
+    }
+    let routers = per_listener
+        .into_iter()
+        .map(|(name, routes)| (name.to_owned(), Router::new(routes)))
+        .collect();
+    Ok(Generation {
+        id,
+        ledger: Arc::new(Ledger::new(id)),
+        spec,
+        built_at: SystemTime::now(),
+        routers,
+        upstreams,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigText;
+    use http::{HeaderMap, Method};
+
+    fn generation(text: &str) -> Generation {
+        let source = ConfigText::inline(text.to_owned(), ".".into(), "<test>");
+        let spec = crate::plan::validate(&source).unwrap_or_else(|e| panic!("{e:#?}"));
+        build(Arc::new(spec), GenerationId::FIRST, &SharedState::default()).expect("builds")
+    }
+
+    fn pick<'g>(g: &'g Generation, host: &str, path: &str, method: &str, headers: &[(&str, &str)]) -> Option<&'g str> {
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            map.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                v.parse().expect("value"),
+            );
+        }
+        let method = Method::from_bytes(method.as_bytes()).expect("method");
+        g.router("web")?
+            .route(Some(host), path, &method, &map)
+            .map(|r| r.name.as_str())
+    }
+
+    const ROUTES: &str = r#"
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "fallback"
+listeners = ["web"]
+respond = { status = 404, body = "none" }
+
+[[routes]]
+name = "any-v1"
+listeners = ["web"]
+path_prefix = "/v1/"
+respond = { body = "any-v1" }
+
+[[routes]]
+name = "wild"
+listeners = ["web"]
+hosts = ["*.example.com"]
+respond = { body = "wild" }
+
+[[routes]]
+name = "wild-deep"
+listeners = ["web"]
+hosts = ["*.api.example.com"]
+path_prefix = "/"
+respond = { body = "wild-deep" }
+
+[[routes]]
+name = "exact-short"
+listeners = ["web"]
+hosts = ["api.example.com"]
+path_prefix = "/v1/"
+respond = { body = "short" }
+
+[[routes]]
+name = "exact-long"
+listeners = ["web"]
+hosts = ["api.example.com"]
+path_prefix = "/v1/users/"
+respond = { body = "long" }
+
+[[routes]]
+name = "exact-path"
+listeners = ["web"]
+hosts = ["api.example.com"]
+path_exact = "/v1/users/me"
+respond = { body = "me" }
+
+[[routes]]
+name = "regex"
+listeners = ["web"]
+hosts = ["api.example.com"]
+path_regex = "^/v[0-9]+/items$"
+respond = { body = "regex" }
+
+[[routes]]
+name = "canary"
+listeners = ["web"]
+hosts = ["api.example.com"]
+path_prefix = "/v1/"
+methods = ["POST"]
+headers = { "x-canary" = "1" }
+respond = { body = "canary" }
+"#;
+
+    #[test]
+    fn most_specific_host_then_longest_path_then_order() {
+        let g = generation(ROUTES);
+        assert_eq!(pick(&g, "api.example.com", "/v1/users/7", "GET", &[]), Some("exact-long"));
+        assert_eq!(pick(&g, "API.example.com", "/v1/other", "GET", &[]), Some("exact-short"));
+        assert_eq!(pick(&g, "api.example.com", "/v1/users/me", "GET", &[]), Some("exact-path"));
+        assert_eq!(pick(&g, "api.example.com", "/v2/items", "GET", &[]), Some("regex"));
+        // Declaration order: exact-short is declared before canary and matches too.
+        assert_eq!(pick(&g, "api.example.com", "/v1/x", "POST", &[("x-canary", "1")]), Some("exact-short"));
+        // Nothing in the exact group matches: longest wildcard, then shorter.
+        assert_eq!(pick(&g, "api.example.com", "/other", "GET", &[]), Some("wild"));
+        assert_eq!(pick(&g, "a.api.example.com", "/x", "GET", &[]), Some("wild-deep"));
+        assert_eq!(pick(&g, "www.example.com", "/v1/x", "GET", &[]), Some("wild"));
+        // A wildcard does not match its bare suffix.
+        assert_eq!(pick(&g, "example.com", "/v1/x", "GET", &[]), Some("any-v1"));
+        assert_eq!(pick(&g, "other.test", "/", "GET", &[]), Some("fallback"));
+    }
+
+    #[test]
+    fn method_and_header_matchers_filter() {
+        let text = ROUTES.replace(
+            "[[routes]]\nname = \"exact-short\"",
+            "[[routes]]\nname = \"exact-short\"\nmethods = [\"GET\"]",
+        );
+        let g = generation(&text);
+        assert_eq!(pick(&g, "api.example.com", "/v1/x", "POST", &[("x-canary", "1")]), Some("canary"));
+        // No exact-host route takes a POST without the header: the wildcard does.
+        assert_eq!(pick(&g, "api.example.com", "/v1/x", "POST", &[("x-canary", "2")]), Some("wild"));
+        assert_eq!(pick(&g, "api.example.com", "/v1/x", "GET", &[]), Some("exact-short"));
+    }
+}

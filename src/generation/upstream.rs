@@ -1,0 +1,285 @@
+//! Upstreams and backends.
+//!
+//! A [`Backend`] is process-shared: its connection pool, in-flight counter
+//! and metric handles are keyed by backend identity (address + transport
+//! settings) in the [`BackendRegistry`] and reused by every generation that
+//! still names it, so an activation never cold-starts connections to an
+//! unchanged backend. An [`Upstream`] belongs to one generation: it holds
+//! the backend set and the load-balancing policy.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use http::uri::Authority;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use metrics::Counter;
+
+use crate::plan::{Policy, UpstreamProtocol, UpstreamSpec};
+use crate::telemetry::metrics as m;
+
+/// What makes two backends the same backend: address and transport.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BackendKey {
+    pub addr: String,
+    pub protocol: UpstreamProtocol,
+    pub connect_timeout: Duration,
+}
+
+/// Outcomes of an upstream attempt, for metrics.
+#[derive(Debug, Clone, Copy)]
+pub enum AttemptOutcome {
+    Ok,
+    ConnectError,
+    Timeout,
+    Error,
+}
+
+/// One backend, shared by every generation that names it.
+#[derive(Debug)]
+pub struct Backend {
+    pub key: BackendKey,
+    pub authority: Authority,
+    pub client: Client<HttpConnector, Incoming>,
+    inflight: AtomicU64,
+    outcomes: [Counter; 4],
+}
+
+impl Backend {
+    fn new(key: BackendKey) -> Option<Self> {
+        let authority: Authority = key.addr.parse().ok()?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(key.connect_timeout));
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .build(connector);
+        let addr = key.addr.clone();
+        let outcome = |o: &'static str| {
+            metrics::counter!(m::UPSTREAM_ATTEMPTS, m::LABEL_BACKEND => addr.clone(), m::LABEL_OUTCOME => o)
+        };
+        Some(Self {
+            outcomes: [outcome("ok"), outcome("connect_error"), outcome("timeout"), outcome("error")],
+            key,
+            authority,
+            client,
+            inflight: AtomicU64::new(0),
+        })
+    }
+
+    pub fn record(&self, outcome: AttemptOutcome) {
+        let index = match outcome {
+            AttemptOutcome::Ok => 0,
+            AttemptOutcome::ConnectError => 1,
+            AttemptOutcome::Timeout => 2,
+            AttemptOutcome::Error => 3,
+        };
+        if let Some(counter) = self.outcomes.get(index) {
+            counter.increment(1);
+        }
+    }
+
+    pub fn inflight(&self) -> u64 {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Counts one request to this backend until the guard drops.
+    pub fn start_request(self: &Arc<Self>) -> BackendGuard {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        BackendGuard {
+            backend: Arc::clone(self),
+        }
+    }
+}
+
+/// One in-flight request to a backend.
+#[derive(Debug)]
+pub struct BackendGuard {
+    backend: Arc<Backend>,
+}
+
+impl Drop for BackendGuard {
+    fn drop(&mut self) {
+        self.backend.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The process-wide set of backends, by identity. Holds them weakly: a
+/// backend no generation names any more is dropped with its pool.
+#[derive(Debug, Default)]
+pub struct BackendRegistry {
+    backends: Mutex<HashMap<BackendKey, Weak<Backend>>>,
+}
+
+impl BackendRegistry {
+    /// The live backend for `key`, or a new one.
+    pub fn get_or_create(&self, key: BackendKey) -> Option<Arc<Backend>> {
+        let mut backends = self.backends.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(live) = backends.get(&key).and_then(Weak::upgrade) {
+            return Some(live);
+        }
+        backends.retain(|_, weak| weak.strong_count() > 0);
+        let backend = Arc::new(Backend::new(key.clone())?);
+        backends.insert(key, Arc::downgrade(&backend));
+        Some(backend)
+    }
+
+    /// How many backends are alive.
+    pub fn live(&self) -> usize {
+        let backends = self.backends.lock().unwrap_or_else(PoisonError::into_inner);
+        backends.values().filter(|w| w.strong_count() > 0).count()
+    }
+}
+
+/// An upstream in one generation: its backends and how to pick one.
+#[derive(Debug)]
+pub struct Upstream {
+    pub name: String,
+    pub policy: Policy,
+    pub backends: Vec<Arc<Backend>>,
+    /// For `weighted`: the smooth weighted round-robin sequence of
+    /// backend indexes, computed once at build.
+    schedule: Vec<u32>,
+    cursor: AtomicUsize,
+}
+
+impl Upstream {
+    /// Builds the upstream, reusing live backends from `registry`.
+    pub fn build(spec: &UpstreamSpec, registry: &BackendRegistry) -> Option<Self> {
+        let backends = spec
+            .backends
+            .iter()
+            .map(|b| {
+                registry.get_or_create(BackendKey {
+                    addr: b.addr.clone(),
+                    protocol: spec.protocol,
+                    connect_timeout: spec.connect_timeout,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let weights: Vec<u32> = spec.backends.iter().map(|b| b.weight).collect();
+        let schedule = match spec.policy {
+            Policy::Weighted => smooth_weighted_schedule(&weights),
+            Policy::RoundRobin => Vec::new(),
+        };
+        Some(Self {
+            name: spec.name.clone(),
+            policy: spec.policy,
+            backends,
+            schedule,
+            cursor: AtomicUsize::new(0),
+        })
+    }
+
+    /// The backend for the next request.
+    pub fn pick(&self) -> Option<&Arc<Backend>> {
+        let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
+        let index = match self.policy {
+            Policy::RoundRobin => turn % self.backends.len().max(1),
+            Policy::Weighted => {
+                let slot = turn % self.schedule.len().max(1);
+                self.schedule.get(slot).copied().unwrap_or(0) as usize
+            }
+        };
+        self.backends.get(index)
+    }
+}
+
+/// Nginx's smooth weighted round-robin, unrolled into one full cycle
+/// (sum of weights / their gcd picks), so that picking is a lock-free index.
+/// Heavier backends are spread through the cycle rather than bunched.
+pub fn smooth_weighted_schedule(weights: &[u32]) -> Vec<u32> {
+    let divisor = weights.iter().copied().fold(0, gcd).max(1);
+    let weights: Vec<i64> = weights.iter().map(|w| i64::from(w / divisor)).collect();
+    let total: i64 = weights.iter().sum();
+    let mut current = vec![0i64; weights.len()];
+    let mut schedule = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+    for _ in 0..total {
+        let mut best = 0;
+        for (i, w) in weights.iter().enumerate() {
+            if let Some(c) = current.get_mut(i) {
+                *c += w;
+            }
+            if current.get(i) > current.get(best) {
+                best = i;
+            }
+        }
+        if let Some(c) = current.get_mut(best) {
+            *c -= total;
+        }
+        schedule.push(best as u32);
+    }
+    schedule
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smooth_schedule_interleaves() {
+        assert_eq!(smooth_weighted_schedule(&[5, 1, 1]), vec![0, 0, 1, 0, 2, 0, 0]);
+        assert_eq!(smooth_weighted_schedule(&[2, 2]), vec![0, 1]);
+    }
+
+    #[test]
+    fn weighted_distribution_within_two_percent() {
+        let spec = UpstreamSpec {
+            name: "u".into(),
+            policy: Policy::Weighted,
+            protocol: UpstreamProtocol::Http1,
+            connect_timeout: Duration::from_secs(1),
+            backends: [(1, 3), (2, 1), (3, 6)]
+                .iter()
+                .map(|(port, weight)| crate::plan::BackendSpec {
+                    addr: format!("127.0.0.1:{port}"),
+                    weight: *weight,
+                })
+                .collect(),
+        };
+        let registry = BackendRegistry::default();
+        let upstream = Upstream::build(&spec, &registry).expect("builds");
+        let mut counts = [0usize; 3];
+        let picks = 10_000;
+        for _ in 0..picks {
+            let b = upstream.pick().expect("a backend");
+            let i = upstream.backends.iter().position(|x| Arc::ptr_eq(x, b)).expect("known");
+            counts[i] += 1;
+        }
+        for (count, weight) in counts.iter().zip([3.0, 1.0, 6.0]) {
+            let share = *count as f64 / picks as f64;
+            assert!((share - weight / 10.0).abs() < 0.02, "share {share} for weight {weight}");
+        }
+    }
+
+    #[test]
+    fn registry_reuses_live_backends() {
+        let registry = BackendRegistry::default();
+        let key = BackendKey {
+            addr: "127.0.0.1:1".into(),
+            protocol: UpstreamProtocol::Http1,
+            connect_timeout: Duration::from_secs(1),
+        };
+        let a = registry.get_or_create(key.clone()).expect("a");
+        let b = registry.get_or_create(key.clone()).expect("b");
+        assert!(Arc::ptr_eq(&a, &b));
+        drop((a, b));
+        assert_eq!(registry.live(), 0);
+    }
+}

@@ -1,0 +1,54 @@
+//! Metric names and label keys: every one the gateway exports, in one place.
+
+/// Requests answered, by `route` and status `class` (1xx..5xx).
+pub const REQUESTS: &str = "cutover_requests_total";
+/// Requests answered, by `listener` and status `class`.
+pub const LISTENER_REQUESTS: &str = "cutover_listener_requests_total";
+/// Request duration from admission to response head, by `route`.
+pub const REQUEST_DURATION: &str = "cutover_request_duration_seconds";
+/// Upstream attempts by `backend` and `outcome` (ok, connect_error, timeout, error).
+pub const UPSTREAM_ATTEMPTS: &str = "cutover_upstream_attempts_total";
+/// Requests refused by admission (`max_inflight`), by `route`.
+pub const ADMISSION_REJECTIONS: &str = "cutover_admission_rejections_total";
+/// Activations by `kind` (activate, reload, rollback) and `outcome`.
+pub const ACTIVATIONS: &str = "cutover_activations_total";
+/// Time from plan to commit of an activation.
+pub const ACTIVATION_DURATION: &str = "cutover_activation_duration_seconds";
+/// The active generation id.
+pub const ACTIVE_GENERATION: &str = "cutover_active_generation";
+/// In-flight requests by `generation`.
+pub const GENERATION_INFLIGHT: &str = "cutover_generation_inflight_requests";
+/// Open long-lived connections by `generation`.
+pub const GENERATION_CONNECTIONS: &str = "cutover_generation_open_connections";
+/// Generations still alive (active plus those with pinned work).
+pub const LIVE_GENERATIONS: &str = "cutover_live_generations";
+/// Downstream connections currently open, by `listener`.
+pub const DOWNSTREAM_CONNECTIONS: &str = "cutover_downstream_connections";
+
+pub const LABEL_ROUTE: &str = "route";
+pub const LABEL_LISTENER: &str = "listener";
+pub const LABEL_CLASS: &str = "class";
+pub const LABEL_BACKEND: &str = "backend";
+pub const LABEL_OUTCOME: &str = "outcome";
+pub const LABEL_KIND: &str = "kind";
+pub const LABEL_GENERATION: &str = "generation";
+
+/// Status classes in label order; index with `status / 100 - 1`.
+pub const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// Registers descriptions so `/metrics` explains each family.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(REQUESTS, "Requests answered, by route and status class");
+    describe_counter!(LISTENER_REQUESTS, "Requests answered, by listener and status class");
+    describe_histogram!(REQUEST_DURATION, Unit::Seconds, "Time from admission to response head");
+    describe_counter!(UPSTREAM_ATTEMPTS, "Upstream attempts by backend and outcome");
+    describe_counter!(ADMISSION_REJECTIONS, "Requests refused by a route's max_inflight");
+    describe_counter!(ACTIVATIONS, "Configuration activations by kind and outcome");
+    describe_histogram!(ACTIVATION_DURATION, Unit::Seconds, "Time from plan to commit of an activation");
+    describe_gauge!(ACTIVE_GENERATION, "The active generation id");
+    describe_gauge!(GENERATION_INFLIGHT, "In-flight requests pinned to a generation");
+    describe_gauge!(GENERATION_CONNECTIONS, "Open long-lived connections pinned to a generation");
+    describe_gauge!(LIVE_GENERATIONS, "Generations alive: the active one and those with pinned work");
+    describe_gauge!(DOWNSTREAM_CONNECTIONS, "Open downstream connections by listener");
+}

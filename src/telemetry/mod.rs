@@ -1,0 +1,3 @@
+//! Telemetry: tracing initialisation, metric names, the Prometheus handle.
+
+pub mod metrics;
