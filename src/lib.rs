@@ -1,12 +1,42 @@
-//! cutover: an HTTP and L4 gateway whose configuration changes in generations.
+//! cutover: an HTTP gateway whose configuration changes in generations.
+//!
+//! ```text
+//! config file / admin body
+//!    │  config::parse          (TOML → File* types, every error with line:col)
+//!    ▼
+//! FileConfig
+//!    │  plan::validate         (all diagnostics at once; pure)
+//!    ▼
+//! Plan ──plan::diff(active, candidate)──▶ typed Diff + text diff
+//!    │                                    └▶ restart-required changes → rejected
+//!    │  generation::build      (routers, upstreams on shared backends; spawns nothing)
+//!    ▼
+//! Generation (immutable, Arc)
+//!    │  runtime::GenerationStore::commit   (the only writer; CAS on the expected id)
+//!    ▼
+//! admission: load_full() → Arc<Generation> + in-flight guard ──▶ proxy ──▶ upstream
+//! ```
+//!
+//! Arrows point one way: `config ← plan ← generation ← runtime ←
+//! admission ← proxy`; `control` drives `plan`, `generation` and `runtime`;
+//! `admin` talks to `control` only. `lifecycle` starts the process.
 #![forbid(unsafe_code)]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod admin;
+pub mod admission;
 pub mod config;
-pub mod ids;
-pub mod plan;
+pub mod control;
+pub mod ctl;
 pub mod generation;
+pub mod ids;
+pub mod lifecycle;
+pub mod plan;
+pub mod proxy;
+pub mod runtime;
 pub mod telemetry;
+
+pub use lifecycle::{run, Options};

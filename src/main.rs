@@ -1,1 +1,78 @@
-fn main() {}
+//! The `cutover` command: argument parsing and exit codes only.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cutover",
+    version,
+    about = "An HTTP gateway whose configuration changes in generations"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start serving with a configuration file.
+    Run {
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Validate a configuration file offline; exit 1 on any error.
+    Check {
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Talk to a running gateway's admin API.
+    Ctl(cutover::ctl::CtlArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run { config } => match cutover::run(cutover::Options { config }) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("cutover: {error}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Check { config } => check(&config),
+        Command::Ctl(args) => ExitCode::from(cutover::ctl::run(args)),
+    }
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    let text = match cutover::config::ConfigText::read(path) {
+        Ok(text) => text,
+        Err(error) => {
+            eprintln!("{}: cannot read: {error}", path.display());
+            return ExitCode::from(1);
+        }
+    };
+    match cutover::plan::validate(&text) {
+        Ok(spec) => {
+            println!(
+                "{}: ok: {} listeners, {} routes, {} upstreams ({})",
+                text.origin,
+                spec.listeners.len(),
+                spec.routes.len(),
+                spec.upstreams.len(),
+                spec.config_version
+            );
+            ExitCode::SUCCESS
+        }
+        Err(diagnostics) => {
+            for d in &diagnostics {
+                eprintln!("{}", d.render(&text.origin));
+            }
+            eprintln!("{}: {} error(s)", text.origin, diagnostics.len());
+            ExitCode::from(1)
+        }
+    }
+}

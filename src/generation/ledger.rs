@@ -97,10 +97,16 @@ mod tests {
         let a = ledger.request();
         let b = ledger.request();
         let c = ledger.connection();
-        assert_eq!((ledger.inflight_requests(), ledger.open_connections()), (2, 1));
+        assert_eq!(
+            (ledger.inflight_requests(), ledger.open_connections()),
+            (2, 1)
+        );
         drop(a);
         drop(c);
-        assert_eq!((ledger.inflight_requests(), ledger.open_connections()), (1, 0));
+        assert_eq!(
+            (ledger.inflight_requests(), ledger.open_connections()),
+            (1, 0)
+        );
         drop(b);
         assert_eq!(ledger.inflight_requests(), 0);
     }

@@ -18,7 +18,8 @@ pub use ledger::{InflightGuard, Ledger};
 pub use route::{Action, Route, RouteShared, RouteSlot, Saturated};
 pub use router::Router;
 pub use upstream::{
-    smooth_weighted_schedule, AttemptOutcome, Backend, BackendGuard, BackendKey, BackendRegistry, Upstream,
+    smooth_weighted_schedule, AttemptOutcome, Backend, BackendGuard, BackendKey, BackendRegistry,
+    Upstream,
 };
 
 use crate::ids::GenerationId;
@@ -80,11 +81,21 @@ impl Generation {
 }
 
 /// Compiles `spec` into generation `id`, reusing shared backends.
-pub fn build(spec: Arc<Spec>, id: GenerationId, shared: &SharedState) -> Result<Generation, BuildError> {
+pub fn build(
+    spec: Arc<Spec>,
+    id: GenerationId,
+    shared: &SharedState,
+) -> Result<Generation, BuildError> {
     let mut upstreams = HashMap::with_capacity(spec.upstreams.len());
     for u in &spec.upstreams {
         let upstream = Upstream::build(u, &shared.backends).ok_or_else(|| {
-            BuildError::BackendAddress(u.backends.iter().map(|b| b.addr.as_str()).collect::<Vec<_>>().join(", "))
+            BuildError::BackendAddress(
+                u.backends
+                    .iter()
+                    .map(|b| b.addr.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )
         })?;
         upstreams.insert(u.name.clone(), Arc::new(upstream));
     }
@@ -96,12 +107,14 @@ pub fn build(spec: Arc<Spec>, id: GenerationId, shared: &SharedState) -> Result<
         .collect();
     for r in &spec.routes {
         let action = match &r.action {
-            RouteAction::Proxy { upstream } => Action::Proxy(Arc::clone(upstreams.get(upstream).ok_or_else(|| {
-                BuildError::MissingUpstream {
-                    route: r.name.clone(),
-                    upstream: upstream.clone(),
-                }
-            })?)),
+            RouteAction::Proxy { upstream } => {
+                Action::Proxy(Arc::clone(upstreams.get(upstream).ok_or_else(|| {
+                    BuildError::MissingUpstream {
+                        route: r.name.clone(),
+                        upstream: upstream.clone(),
+                    }
+                })?))
+            }
             RouteAction::Respond(response) => Action::Respond(response.clone()),
         };
         let route = Arc::new(Route {
@@ -147,7 +160,13 @@ mod tests {
         build(Arc::new(spec), GenerationId::FIRST, &SharedState::default()).expect("builds")
     }
 
-    fn pick<'g>(g: &'g Generation, host: &str, path: &str, method: &str, headers: &[(&str, &str)]) -> Option<&'g str> {
+    fn pick<'g>(
+        g: &'g Generation,
+        host: &str,
+        path: &str,
+        method: &str,
+        headers: &[(&str, &str)],
+    ) -> Option<&'g str> {
         let mut map = HeaderMap::new();
         for (k, v) in headers {
             map.insert(
@@ -231,16 +250,40 @@ respond = { body = "canary" }
     #[test]
     fn most_specific_host_then_longest_path_then_order() {
         let g = generation(ROUTES);
-        assert_eq!(pick(&g, "api.example.com", "/v1/users/7", "GET", &[]), Some("exact-long"));
-        assert_eq!(pick(&g, "API.example.com", "/v1/other", "GET", &[]), Some("exact-short"));
-        assert_eq!(pick(&g, "api.example.com", "/v1/users/me", "GET", &[]), Some("exact-path"));
-        assert_eq!(pick(&g, "api.example.com", "/v2/items", "GET", &[]), Some("regex"));
+        assert_eq!(
+            pick(&g, "api.example.com", "/v1/users/7", "GET", &[]),
+            Some("exact-long")
+        );
+        assert_eq!(
+            pick(&g, "API.example.com", "/v1/other", "GET", &[]),
+            Some("exact-short")
+        );
+        assert_eq!(
+            pick(&g, "api.example.com", "/v1/users/me", "GET", &[]),
+            Some("exact-path")
+        );
+        assert_eq!(
+            pick(&g, "api.example.com", "/v2/items", "GET", &[]),
+            Some("regex")
+        );
         // Declaration order: exact-short is declared before canary and matches too.
-        assert_eq!(pick(&g, "api.example.com", "/v1/x", "POST", &[("x-canary", "1")]), Some("exact-short"));
+        assert_eq!(
+            pick(&g, "api.example.com", "/v1/x", "POST", &[("x-canary", "1")]),
+            Some("exact-short")
+        );
         // Nothing in the exact group matches: longest wildcard, then shorter.
-        assert_eq!(pick(&g, "api.example.com", "/other", "GET", &[]), Some("wild"));
-        assert_eq!(pick(&g, "a.api.example.com", "/x", "GET", &[]), Some("wild-deep"));
-        assert_eq!(pick(&g, "www.example.com", "/v1/x", "GET", &[]), Some("wild"));
+        assert_eq!(
+            pick(&g, "api.example.com", "/other", "GET", &[]),
+            Some("wild")
+        );
+        assert_eq!(
+            pick(&g, "a.api.example.com", "/x", "GET", &[]),
+            Some("wild-deep")
+        );
+        assert_eq!(
+            pick(&g, "www.example.com", "/v1/x", "GET", &[]),
+            Some("wild")
+        );
         // A wildcard does not match its bare suffix.
         assert_eq!(pick(&g, "example.com", "/v1/x", "GET", &[]), Some("any-v1"));
         assert_eq!(pick(&g, "other.test", "/", "GET", &[]), Some("fallback"));
@@ -253,9 +296,18 @@ respond = { body = "canary" }
             "[[routes]]\nname = \"exact-short\"\nmethods = [\"GET\"]",
         );
         let g = generation(&text);
-        assert_eq!(pick(&g, "api.example.com", "/v1/x", "POST", &[("x-canary", "1")]), Some("canary"));
+        assert_eq!(
+            pick(&g, "api.example.com", "/v1/x", "POST", &[("x-canary", "1")]),
+            Some("canary")
+        );
         // No exact-host route takes a POST without the header: the wildcard does.
-        assert_eq!(pick(&g, "api.example.com", "/v1/x", "POST", &[("x-canary", "2")]), Some("wild"));
-        assert_eq!(pick(&g, "api.example.com", "/v1/x", "GET", &[]), Some("exact-short"));
+        assert_eq!(
+            pick(&g, "api.example.com", "/v1/x", "POST", &[("x-canary", "2")]),
+            Some("wild")
+        );
+        assert_eq!(
+            pick(&g, "api.example.com", "/v1/x", "GET", &[]),
+            Some("exact-short")
+        );
     }
 }

@@ -71,7 +71,10 @@ impl Route {
     pub fn matches(&self, path: &str, method: &Method, headers: &HeaderMap) -> bool {
         self.path.matches(path)
             && (self.methods.is_empty() || self.methods.contains(method))
-            && self.headers.iter().all(|(name, value)| headers.get(name) == Some(value))
+            && self
+                .headers
+                .iter()
+                .all(|(name, value)| headers.get(name) == Some(value))
     }
 
     /// Takes an admission slot: `Ok(None)` when the route has no limit

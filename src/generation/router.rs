@@ -67,7 +67,13 @@ impl Router {
 
     /// The route for a request, if any. `host` is the request's host
     /// without port, in any case.
-    pub fn route<'r>(&'r self, host: Option<&str>, path: &str, method: &Method, headers: &HeaderMap) -> Option<&'r Arc<Route>> {
+    pub fn route<'r>(
+        &'r self,
+        host: Option<&str>,
+        path: &str,
+        method: &Method,
+        headers: &HeaderMap,
+    ) -> Option<&'r Arc<Route>> {
         let find = |group: &'r [Arc<Route>]| -> Option<&'r Arc<Route>> {
             group.iter().find(|r| r.matches(path, method, headers))
         };
@@ -83,7 +89,11 @@ impl Router {
             if !self.suffix.is_empty() {
                 // `a.b.example.com` probes `.b.example.com`, `.example.com`, `.com`.
                 for (i, _) in host.match_indices('.') {
-                    if let Some(found) = host.get(i..).and_then(|s| self.suffix.get(s)).and_then(|g| find(g)) {
+                    if let Some(found) = host
+                        .get(i..)
+                        .and_then(|s| self.suffix.get(s))
+                        .and_then(|g| find(g))
+                    {
                         return Some(found);
                     }
                 }

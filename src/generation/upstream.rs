@@ -63,11 +63,14 @@ impl Backend {
             .pool_max_idle_per_host(1024)
             .build(connector);
         let addr = key.addr.clone();
-        let outcome = |o: &'static str| {
-            metrics::counter!(m::UPSTREAM_ATTEMPTS, m::LABEL_BACKEND => addr.clone(), m::LABEL_OUTCOME => o)
-        };
+        let outcome = |o: &'static str| metrics::counter!(m::UPSTREAM_ATTEMPTS, m::LABEL_BACKEND => addr.clone(), m::LABEL_OUTCOME => o);
         Some(Self {
-            outcomes: [outcome("ok"), outcome("connect_error"), outcome("timeout"), outcome("error")],
+            outcomes: [
+                outcome("ok"),
+                outcome("connect_error"),
+                outcome("timeout"),
+                outcome("error"),
+            ],
             key,
             authority,
             client,
@@ -234,7 +237,10 @@ mod tests {
 
     #[test]
     fn smooth_schedule_interleaves() {
-        assert_eq!(smooth_weighted_schedule(&[5, 1, 1]), vec![0, 0, 1, 0, 2, 0, 0]);
+        assert_eq!(
+            smooth_weighted_schedule(&[5, 1, 1]),
+            vec![0, 0, 1, 0, 2, 0, 0]
+        );
         assert_eq!(smooth_weighted_schedule(&[2, 2]), vec![0, 1]);
     }
 
@@ -259,12 +265,19 @@ mod tests {
         let picks = 10_000;
         for _ in 0..picks {
             let b = upstream.pick().expect("a backend");
-            let i = upstream.backends.iter().position(|x| Arc::ptr_eq(x, b)).expect("known");
+            let i = upstream
+                .backends
+                .iter()
+                .position(|x| Arc::ptr_eq(x, b))
+                .expect("known");
             counts[i] += 1;
         }
         for (count, weight) in counts.iter().zip([3.0, 1.0, 6.0]) {
             let share = *count as f64 / picks as f64;
-            assert!((share - weight / 10.0).abs() < 0.02, "share {share} for weight {weight}");
+            assert!(
+                (share - weight / 10.0).abs() < 0.02,
+                "share {share} for weight {weight}"
+            );
         }
     }
 

@@ -40,15 +40,44 @@ pub const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(REQUESTS, "Requests answered, by route and status class");
-    describe_counter!(LISTENER_REQUESTS, "Requests answered, by listener and status class");
-    describe_histogram!(REQUEST_DURATION, Unit::Seconds, "Time from admission to response head");
-    describe_counter!(UPSTREAM_ATTEMPTS, "Upstream attempts by backend and outcome");
-    describe_counter!(ADMISSION_REJECTIONS, "Requests refused by a route's max_inflight");
+    describe_counter!(
+        LISTENER_REQUESTS,
+        "Requests answered, by listener and status class"
+    );
+    describe_histogram!(
+        REQUEST_DURATION,
+        Unit::Seconds,
+        "Time from admission to response head"
+    );
+    describe_counter!(
+        UPSTREAM_ATTEMPTS,
+        "Upstream attempts by backend and outcome"
+    );
+    describe_counter!(
+        ADMISSION_REJECTIONS,
+        "Requests refused by a route's max_inflight"
+    );
     describe_counter!(ACTIVATIONS, "Configuration activations by kind and outcome");
-    describe_histogram!(ACTIVATION_DURATION, Unit::Seconds, "Time from plan to commit of an activation");
+    describe_histogram!(
+        ACTIVATION_DURATION,
+        Unit::Seconds,
+        "Time from plan to commit of an activation"
+    );
     describe_gauge!(ACTIVE_GENERATION, "The active generation id");
-    describe_gauge!(GENERATION_INFLIGHT, "In-flight requests pinned to a generation");
-    describe_gauge!(GENERATION_CONNECTIONS, "Open long-lived connections pinned to a generation");
-    describe_gauge!(LIVE_GENERATIONS, "Generations alive: the active one and those with pinned work");
-    describe_gauge!(DOWNSTREAM_CONNECTIONS, "Open downstream connections by listener");
+    describe_gauge!(
+        GENERATION_INFLIGHT,
+        "In-flight requests pinned to a generation"
+    );
+    describe_gauge!(
+        GENERATION_CONNECTIONS,
+        "Open long-lived connections pinned to a generation"
+    );
+    describe_gauge!(
+        LIVE_GENERATIONS,
+        "Generations alive: the active one and those with pinned work"
+    );
+    describe_gauge!(
+        DOWNSTREAM_CONNECTIONS,
+        "Open downstream connections by listener"
+    );
 }

@@ -1,3 +1,102 @@
-//! Telemetry: tracing initialisation, metric names, the Prometheus handle.
+//! Telemetry: tracing initialisation with a live log level, metric names,
+//! and the Prometheus recorder.
 
 pub mod metrics;
+
+use std::sync::Mutex;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter, Registry};
+
+use crate::plan::{LogFormat, LogSpec};
+
+/// Changes the log level of the running process (`log.level` is live).
+pub struct LogLevel {
+    handle: Option<reload::Handle<EnvFilter, Registry>>,
+    current: Mutex<String>,
+}
+
+impl LogLevel {
+    /// A handle that changes nothing (tests, or logging set up elsewhere).
+    pub fn detached() -> Self {
+        Self {
+            handle: None,
+            current: Mutex::new(String::new()),
+        }
+    }
+
+    /// Applies `level` if it differs from the current one.
+    pub fn apply(&self, level: &str) {
+        let mut current = self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *current == level {
+            return;
+        }
+        if let (Some(handle), Ok(filter)) = (&self.handle, EnvFilter::builder().parse(level)) {
+            match handle.reload(filter) {
+                Ok(()) => {
+                    tracing::info!(level, "log level changed");
+                    *current = level.to_owned();
+                }
+                Err(error) => tracing::warn!(%error, "cannot change the log level"),
+            }
+        }
+    }
+}
+
+/// Installs the tracing subscriber: text or JSON, to stderr or a file.
+pub fn init_logging(spec: &LogSpec) -> std::io::Result<LogLevel> {
+    let filter = EnvFilter::builder().parse_lossy(&spec.level);
+    let (filter, handle) = reload::Layer::new(filter);
+    let writer = match &spec.file {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?;
+            tracing_subscriber::fmt::writer::BoxMakeWriter::new(Mutex::new(file))
+        }
+        None => tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr),
+    };
+    let ansi = spec.file.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let registry = tracing_subscriber::registry().with(filter);
+    let result = match spec.format {
+        LogFormat::Text => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(writer)
+                    .with_ansi(ansi),
+            )
+            .try_init(),
+        LogFormat::Json => registry
+            .with(tracing_subscriber::fmt::layer().json().with_writer(writer))
+            .try_init(),
+    };
+    if result.is_err() {
+        return Ok(LogLevel::detached());
+    }
+    Ok(LogLevel {
+        handle: Some(handle),
+        current: Mutex::new(spec.level.clone()),
+    })
+}
+
+/// Installs the Prometheus recorder once per process and returns its
+/// handle; later calls (tests) get a recorder-less handle.
+pub fn init_metrics() -> PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            if ::metrics::set_global_recorder(recorder).is_ok() {
+                self::metrics::describe();
+            }
+            handle
+        })
+        .clone()
+}

@@ -1,0 +1,95 @@
+//! Reading a candidate out of an admin request: raw TOML, JSON with
+//! `config`, JSON with `config_path`, or an empty body.
+
+use axum::body::Bytes;
+use axum::http::{header, HeaderMap};
+use serde::Deserialize;
+
+use super::error::ApiError;
+use crate::control::{Candidate, CandidateSource};
+use crate::ids::GenerationId;
+
+/// Metadata sent in the query string (with raw TOML or an empty body).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CandidateQuery {
+    pub expected_generation: Option<u64>,
+    pub reason: Option<String>,
+    pub requested_by: Option<String>,
+}
+
+/// The JSON candidate form.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CandidateJson {
+    config: Option<String>,
+    config_path: Option<String>,
+    expected_generation: Option<u64>,
+    reason: Option<String>,
+    requested_by: Option<String>,
+}
+
+/// The media type of a request, without parameters, lower-cased.
+pub fn media_type(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+}
+
+pub fn parse(
+    query: CandidateQuery,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Candidate, ApiError> {
+    let from_query = |source| Candidate {
+        source,
+        expected_generation: query.expected_generation.map(GenerationId),
+        reason: query.reason.clone(),
+        requested_by: query.requested_by.clone(),
+    };
+    let media = media_type(headers);
+    if body.iter().all(u8::is_ascii_whitespace) && media.as_deref() != Some("application/toml") {
+        return Ok(from_query(CandidateSource::Path(None)));
+    }
+    match media.as_deref() {
+        Some("application/toml") => {
+            let text = std::str::from_utf8(body)
+                .map_err(|_| ApiError::BadRequest("the TOML body is not UTF-8".into()))?;
+            Ok(from_query(CandidateSource::Text(text.to_owned())))
+        }
+        Some("application/json") => {
+            let json: CandidateJson = serde_json::from_slice(body).map_err(|e| {
+                ApiError::BadRequest(format!("the JSON body is not a candidate: {e}"))
+            })?;
+            let source = match (json.config, json.config_path) {
+                (Some(_), Some(_)) => {
+                    return Err(ApiError::BadRequest(
+                        "give either config or config_path, not both".into(),
+                    ))
+                }
+                (Some(text), None) => CandidateSource::Text(text),
+                (None, path) => CandidateSource::Path(path.map(Into::into)),
+            };
+            Ok(Candidate {
+                source,
+                expected_generation: json
+                    .expected_generation
+                    .or(query.expected_generation)
+                    .map(GenerationId),
+                reason: json.reason.or(query.reason),
+                requested_by: json.requested_by.or(query.requested_by),
+            })
+        }
+        other => Err(ApiError::UnsupportedMediaType(format!(
+            "Content-Type {} is not accepted; send application/toml or application/json",
+            other.unwrap_or("(none)")
+        ))),
+    }
+}

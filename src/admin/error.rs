@@ -1,0 +1,101 @@
+//! The one place control-plane errors become admin API responses.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::control::{CandidateError, ControlError};
+
+/// An admin API failure.
+#[derive(Debug)]
+pub enum ApiError {
+    Control(ControlError),
+    /// The request itself could not be understood (400).
+    BadRequest(String),
+    /// Content-Type the endpoint does not take (415).
+    UnsupportedMediaType(String),
+    NotFound(String),
+}
+
+impl From<ControlError> for ApiError {
+    fn from(e: ControlError) -> Self {
+        ApiError::Control(e)
+    }
+}
+
+fn body(status: StatusCode, code: &str, message: String) -> Response {
+    (status, Json(json!({ "error": code, "message": message }))).into_response()
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match self {
+            ApiError::BadRequest(message) => body(StatusCode::BAD_REQUEST, "bad_request", message),
+            ApiError::UnsupportedMediaType(message) => body(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                message,
+            ),
+            ApiError::NotFound(message) => body(StatusCode::NOT_FOUND, "not_found", message),
+            ApiError::Control(error) => control_error(error),
+        }
+    }
+}
+
+fn control_error(error: ControlError) -> Response {
+    let message = error.to_string();
+    match error {
+        ControlError::Candidate(CandidateError::Unreadable(..)) => body(StatusCode::BAD_REQUEST, "unreadable_candidate", message),
+        ControlError::Candidate(CandidateError::OutsideConfigFolder(..)) => {
+            body(StatusCode::BAD_REQUEST, "config_path_forbidden", message)
+        }
+        ControlError::Invalid(plan) | ControlError::RestartRequired(plan) => {
+            (StatusCode::UNPROCESSABLE_ENTITY, Json(plan)).into_response()
+        }
+        ControlError::Bind { plan, .. } | ControlError::Build { plan, .. } => {
+            let mut value = serde_json::to_value(&*plan).unwrap_or_else(|_| json!({}));
+            if let Some(object) = value.as_object_mut() {
+                object.insert("activatable".into(), json!(false));
+                object.insert("error".into(), json!("activation_failed"));
+                object.insert("message".into(), json!(message));
+            }
+            (StatusCode::UNPROCESSABLE_ENTITY, Json(value)).into_response()
+        }
+        ControlError::NotActivatable { target, plan } => {
+            let mut value = serde_json::to_value(&*plan).unwrap_or_else(|_| json!({}));
+            if let Some(object) = value.as_object_mut() {
+                object.insert("error".into(), json!("target_not_activatable"));
+                object.insert("target_generation".into(), json!(target));
+                object.insert("message".into(), json!(message));
+            }
+            (StatusCode::UNPROCESSABLE_ENTITY, Json(value)).into_response()
+        }
+        ControlError::Conflict { expected, active } => (
+            StatusCode::CONFLICT,
+            Json(json!({ "error": "generation_conflict", "expected_generation": expected, "active_generation": active, "message": message })),
+        )
+            .into_response(),
+        ControlError::InProgress => body(StatusCode::CONFLICT, "operation_in_progress", message),
+        ControlError::TargetActive(target) => (
+            StatusCode::CONFLICT,
+            Json(json!({ "error": "target_active", "target_generation": target, "message": message })),
+        )
+            .into_response(),
+        ControlError::ExpectedGenerationRequired => {
+            body(StatusCode::PRECONDITION_REQUIRED, "expected_generation_required", message)
+        }
+        ControlError::Draining => {
+            let mut response = body(StatusCode::SERVICE_UNAVAILABLE, "draining", message);
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("5"));
+            response
+        }
+        ControlError::NotRetained(target) => (
+            StatusCode::NOT_FOUND,
+            Json(json!({ "error": "generation_not_retained", "target_generation": target, "message": message })),
+        )
+            .into_response(),
+    }
+}

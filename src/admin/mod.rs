@@ -1,0 +1,179 @@
+//! The admin API: a thin axum surface over `control`.
+//!
+//! Handlers turn requests into control calls and results into JSON; they
+//! hold no logic of their own. Errors become responses in `error.rs`.
+//! Guards (token, Host, Origin) are in `security.rs`; bodies are limited to
+//! 1 MiB (413) and mutations are POST only (405 otherwise).
+
+mod candidate;
+mod error;
+mod security;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+pub use error::ApiError;
+pub use security::Security;
+
+use crate::control::{Control, RollbackRequest};
+use crate::ids::GenerationId;
+use crate::runtime::{OperationKind, Phase};
+
+/// Largest request body the admin API reads.
+pub const MAX_BODY: usize = 1024 * 1024;
+
+/// The admin router over `control`, guarded by `security`.
+pub fn router(control: Arc<Control>, security: Security) -> Router {
+    let security = Arc::new(security);
+    Router::new()
+        .route("/admin/runtime/validate", post(validate))
+        .route("/admin/runtime/preview", post(preview))
+        .route("/admin/runtime/activate", post(activate))
+        .route("/admin/runtime/reload", post(reload))
+        .route("/admin/runtime/rollback", post(rollback))
+        .route("/admin/runtime/history", get(history))
+        .route(
+            "/admin/runtime/history/{generation}",
+            get(history_generation),
+        )
+        .route("/admin/runtime/status", get(status))
+        .route("/admin/runtime/operations/{id}", get(operation))
+        .route("/admin/health", get(health))
+        .route("/admin/ready", get(ready))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            security,
+            security::guard,
+        ))
+        .with_state(control)
+}
+
+type Shared = State<Arc<Control>>;
+
+async fn validate(
+    State(control): Shared,
+    query: Query<candidate::CandidateQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let candidate = candidate::parse(query.0, &headers, &body)?;
+    Ok(Json(control.validate(&candidate)?).into_response())
+}
+
+async fn preview(
+    State(control): Shared,
+    query: Query<candidate::CandidateQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let candidate = candidate::parse(query.0, &headers, &body)?;
+    Ok(Json(control.preview(&candidate)?).into_response())
+}
+
+async fn activate(
+    State(control): Shared,
+    query: Query<candidate::CandidateQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let candidate = candidate::parse(query.0, &headers, &body)?;
+    Ok(Json(control.activate(candidate, OperationKind::Activate).await?).into_response())
+}
+
+async fn reload(
+    State(control): Shared,
+    query: Query<candidate::CandidateQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let candidate = candidate::parse(query.0, &headers, &body)?;
+    Ok(Json(control.activate(candidate, OperationKind::Reload).await?).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RollbackBody {
+    target_generation: u64,
+    expected_active_generation: Option<u64>,
+    reason: Option<String>,
+    requested_by: Option<String>,
+}
+
+async fn rollback(
+    State(control): Shared,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if candidate::media_type(&headers).as_deref() != Some("application/json") {
+        return Err(ApiError::UnsupportedMediaType(
+            "rollback takes application/json".into(),
+        ));
+    }
+    let body: RollbackBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("the rollback body is not valid: {e}")))?;
+    let activation = control
+        .rollback(RollbackRequest {
+            target_generation: GenerationId(body.target_generation),
+            expected_active_generation: body.expected_active_generation.map(GenerationId),
+            reason: body.reason,
+            requested_by: body.requested_by,
+        })
+        .await?;
+    Ok(Json(activation).into_response())
+}
+
+async fn history(State(control): Shared) -> Response {
+    Json(control.history_view()).into_response()
+}
+
+async fn history_generation(
+    State(control): Shared,
+    Path(generation): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = generation
+        .parse::<u64>()
+        .map_err(|_| ApiError::BadRequest(format!("'{generation}' is not a generation id")))?;
+    control
+        .generation_detail(GenerationId(id))
+        .map(|d| Json(d).into_response())
+        .ok_or_else(|| ApiError::NotFound(format!("generation {id} is not retained")))
+}
+
+async fn status(State(control): Shared) -> Response {
+    Json(control.status()).into_response()
+}
+
+async fn operation(State(control): Shared, Path(id): Path<String>) -> Result<Response, ApiError> {
+    control
+        .operation(&id)
+        .map(|o| Json(o).into_response())
+        .ok_or_else(|| ApiError::NotFound(format!("operation {id} is not in the log")))
+}
+
+async fn health() -> Response {
+    Json(json!({ "status": "ok" })).into_response()
+}
+
+async fn ready(State(control): Shared) -> Response {
+    let phase = control.phase().get();
+    let body =
+        Json(json!({ "phase": phase.as_str(), "active_generation": control.store().active_id() }));
+    if phase == Phase::Running {
+        body.into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    }
+}
+
+async fn not_found() -> Response {
+    ApiError::NotFound("no such admin endpoint".into()).into_response()
+}

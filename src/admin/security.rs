@@ -1,0 +1,78 @@
+//! Admin API guards (DESIGN §10): bearer token in constant time, Host
+//! check against DNS rebinding, foreign browser Origins refused.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+
+/// What the guards check requests against.
+#[derive(Debug, Clone)]
+pub struct Security {
+    /// The admin socket's bound address.
+    pub address: SocketAddr,
+    /// Expected bearer token, if one is configured.
+    pub token: Option<String>,
+}
+
+impl Security {
+    /// Host values a request may carry: the bound address, and `localhost`
+    /// for loopback binds. A wildcard bind accepts any host.
+    fn host_allowed(&self, host: &str) -> bool {
+        if self.address.ip().is_unspecified() {
+            return true;
+        }
+        let port = self.address.port();
+        let exact = self.address.to_string();
+        host == exact || (self.address.ip().is_loopback() && (host == format!("localhost:{port}")))
+    }
+
+    fn origin_allowed(&self, origin: &str) -> bool {
+        origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|host| self.host_allowed(host))
+    }
+
+    fn token_ok(&self, presented: Option<&HeaderValue>) -> bool {
+        let Some(expected) = &self.token else {
+            return true;
+        };
+        let presented = presented
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        bool::from(presented.as_bytes().ct_eq(expected.as_bytes()))
+    }
+}
+
+/// Middleware: refuses with 401/403 and no detail.
+pub async fn guard(
+    State(security): State<Arc<Security>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let headers = request.headers();
+    if let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) {
+        if !security.host_allowed(host) {
+            return StatusCode::FORBIDDEN.into_response();
+        }
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        if !origin.to_str().is_ok_and(|o| security.origin_allowed(o)) {
+            return StatusCode::FORBIDDEN.into_response();
+        }
+    }
+    if !security.token_ok(headers.get(header::AUTHORIZATION)) {
+        let mut response = StatusCode::UNAUTHORIZED.into_response();
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return response;
+    }
+    next.run(request).await
+}

@@ -1,0 +1,83 @@
+//! Candidates: the configuration an operation is asked to plan.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::ConfigText;
+use crate::ids::GenerationId;
+
+/// Where the candidate text comes from.
+#[derive(Debug, Clone)]
+pub enum CandidateSource {
+    /// Text sent in the request.
+    Text(String),
+    /// A file: `None` is the file the process was started with.
+    Path(Option<PathBuf>),
+}
+
+/// A candidate configuration and the metadata of the request that sent it.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub source: CandidateSource,
+    pub expected_generation: Option<GenerationId>,
+    pub reason: Option<String>,
+    pub requested_by: Option<String>,
+}
+
+impl Candidate {
+    /// The process's own configuration file, with no metadata.
+    pub fn config_file() -> Self {
+        Self {
+            source: CandidateSource::Path(None),
+            expected_generation: None,
+            reason: None,
+            requested_by: None,
+        }
+    }
+
+    pub fn text(text: String) -> Self {
+        Self {
+            source: CandidateSource::Text(text),
+            expected_generation: None,
+            reason: None,
+            requested_by: None,
+        }
+    }
+}
+
+/// Why a candidate could not even be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CandidateError {
+    #[error("cannot read {0}: {1}")]
+    Unreadable(PathBuf, std::io::Error),
+    #[error("config_path {0} is outside the configuration folder {1}")]
+    OutsideConfigFolder(PathBuf, PathBuf),
+}
+
+/// Reads the candidate text. Text sent inline resolves relative file
+/// references against the configuration file's folder; `config_path`
+/// may only name files inside that folder.
+pub fn read(source: &CandidateSource, config_file: &Path) -> Result<ConfigText, CandidateError> {
+    let folder = config_file
+        .parent()
+        .map(Path::to_path_buf)
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("."));
+    match source {
+        CandidateSource::Text(text) => Ok(ConfigText::inline(text.clone(), folder, "<admin>")),
+        CandidateSource::Path(None) => ConfigText::read(config_file)
+            .map_err(|e| CandidateError::Unreadable(config_file.to_path_buf(), e)),
+        CandidateSource::Path(Some(path)) => {
+            let path = folder.join(path);
+            let canonical_folder = folder
+                .canonicalize()
+                .map_err(|e| CandidateError::Unreadable(folder.clone(), e))?;
+            let canonical = path
+                .canonicalize()
+                .map_err(|e| CandidateError::Unreadable(path.clone(), e))?;
+            if !canonical.starts_with(&canonical_folder) {
+                return Err(CandidateError::OutsideConfigFolder(path, folder));
+            }
+            ConfigText::read(&canonical).map_err(|e| CandidateError::Unreadable(path, e))
+        }
+    }
+}

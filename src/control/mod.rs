@@ -1,0 +1,560 @@
+//! The control plane: the single writer of the active generation.
+//!
+//! Every change goes through here, from the admin API, SIGHUP or start-up:
+//! read the candidate, plan it against the active generation, build the
+//! next generation, bind the listeners it adds, compare-and-swap, record
+//! history, persist. Everything fallible happens before the swap; one
+//! mutating operation runs at a time.
+
+mod candidate;
+mod views;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Instant, SystemTime};
+
+use serde::Serialize;
+
+pub use candidate::{Candidate, CandidateError, CandidateSource};
+pub use views::*;
+
+use crate::config::ConfigText;
+use crate::generation::{self, Generation, SharedState};
+use crate::ids::GenerationId;
+use crate::plan::{self, Diff, Plan};
+use crate::proxy::{BindError, ListenerInfo, ListenerSet};
+use crate::runtime::{
+    rfc3339, GenerationRecord, GenerationStore, History, OperationKind, OperationRecord, Outcome,
+    Phase, PhaseCell, Source,
+};
+use crate::telemetry::metrics as m;
+use crate::telemetry::LogLevel;
+
+/// Why an operation did not succeed. The admin API maps each variant to
+/// its status code in one place.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error(transparent)]
+    Candidate(#[from] CandidateError),
+    #[error("the candidate configuration is invalid ({} errors)", .0.errors.len())]
+    Invalid(Box<Plan>),
+    #[error("the candidate needs a drain-aware restart ({} restart-required changes)", .0.rejected.len())]
+    RestartRequired(Box<Plan>),
+    #[error("expected generation {expected} but generation {active} is active")]
+    Conflict {
+        expected: GenerationId,
+        active: GenerationId,
+    },
+    #[error("another operation is in progress")]
+    InProgress,
+    #[error("this gateway requires expected_generation on every activation")]
+    ExpectedGenerationRequired,
+    #[error("the gateway is draining and accepts no configuration changes")]
+    Draining,
+    #[error("{source}")]
+    Bind { source: BindError, plan: Box<Plan> },
+    #[error("building the generation failed: {source}")]
+    Build {
+        source: generation::BuildError,
+        plan: Box<Plan>,
+    },
+    #[error("generation {0} is not retained")]
+    NotRetained(GenerationId),
+    #[error("generation {0} is already active")]
+    TargetActive(GenerationId),
+    #[error("generation {target} can no longer be activated")]
+    NotActivatable {
+        target: GenerationId,
+        plan: Box<Plan>,
+    },
+}
+
+/// The result of activate, reload and rollback.
+#[derive(Debug, Clone, Serialize)]
+pub struct Activation {
+    pub outcome: &'static str,
+    pub generation: GenerationId,
+    pub previous_generation: GenerationId,
+    pub config_version: String,
+    pub rolled_back_to: Option<GenerationId>,
+    pub duration_ms: u64,
+    pub listeners: Vec<ListenerInfo>,
+    pub diff: Diff,
+    pub operation_id: String,
+}
+
+/// A plan with the operation it was recorded as (preview).
+#[derive(Debug, Clone, Serialize)]
+pub struct RecordedPlan {
+    #[serde(flatten)]
+    pub plan: Plan,
+    pub operation_id: String,
+}
+
+/// Metadata of a commit, for history.
+struct CommitMeta {
+    kind: OperationKind,
+    source: Source,
+    rolled_back_to: Option<GenerationId>,
+    requested_by: Option<String>,
+    reason: Option<String>,
+    text: ConfigText,
+}
+
+/// The control plane of one process.
+pub struct Control {
+    store: Arc<GenerationStore>,
+    shared: Arc<SharedState>,
+    listeners: Arc<ListenerSet>,
+    history: Mutex<History>,
+    operation: tokio::sync::Mutex<()>,
+    config_file: PathBuf,
+    log_level: LogLevel,
+    phase: Arc<PhaseCell>,
+}
+
+impl Control {
+    pub fn new(
+        store: Arc<GenerationStore>,
+        shared: Arc<SharedState>,
+        listeners: Arc<ListenerSet>,
+        history: History,
+        config_file: PathBuf,
+        log_level: LogLevel,
+        phase: Arc<PhaseCell>,
+    ) -> Self {
+        Self {
+            store,
+            shared,
+            listeners,
+            history: Mutex::new(history),
+            operation: tokio::sync::Mutex::new(()),
+            config_file,
+            log_level,
+            phase,
+        }
+    }
+
+    pub fn store(&self) -> &Arc<GenerationStore> {
+        &self.store
+    }
+
+    pub fn listeners(&self) -> &Arc<ListenerSet> {
+        &self.listeners
+    }
+
+    pub fn phase(&self) -> &Arc<PhaseCell> {
+        &self.phase
+    }
+
+    pub fn config_file(&self) -> &std::path::Path {
+        &self.config_file
+    }
+
+    fn history(&self) -> MutexGuard<'_, History> {
+        self.history.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Plans a candidate against the active generation. Pure: binds,
+    /// writes and records nothing.
+    pub fn validate(&self, candidate: &Candidate) -> Result<Plan, ControlError> {
+        let text = candidate::read(&candidate.source, &self.config_file)?;
+        let active = self.store.load_full();
+        Ok(plan::plan(&text, Some((active.id, &active.spec))))
+    }
+
+    /// Plans like `validate` and records the preview in the operation log.
+    pub fn preview(&self, candidate: &Candidate) -> Result<RecordedPlan, ControlError> {
+        let started = Instant::now();
+        let plan = self.validate(candidate)?;
+        let outcome = if plan.activatable {
+            Outcome::Succeeded
+        } else {
+            Outcome::Rejected
+        };
+        let summary = plan_summary(&plan);
+        let operation_id = self.record(
+            OperationKind::Preview,
+            started,
+            outcome,
+            (Some(self.store.active_id()), None),
+            candidate,
+            summary,
+            None,
+        );
+        Ok(RecordedPlan { plan, operation_id })
+    }
+
+    /// Plans, builds and commits a candidate (`activate` and `reload`).
+    pub async fn activate(
+        &self,
+        candidate: Candidate,
+        kind: OperationKind,
+    ) -> Result<Activation, ControlError> {
+        let started = Instant::now();
+        let result = self.try_activate(&candidate, kind, started).await;
+        if let Err(error) = &result {
+            self.record_failure(kind, started, &candidate, error);
+        }
+        result
+    }
+
+    async fn try_activate(
+        &self,
+        candidate: &Candidate,
+        kind: OperationKind,
+        started: Instant,
+    ) -> Result<Activation, ControlError> {
+        let _operation = self
+            .operation
+            .try_lock()
+            .map_err(|_| ControlError::InProgress)?;
+        self.check_running()?;
+        let active = self.store.load_full();
+        if candidate.expected_generation.is_none()
+            && active.spec.admin.require_expected_generation
+            && kind == OperationKind::Activate
+        {
+            return Err(ControlError::ExpectedGenerationRequired);
+        }
+        if let Some(expected) = candidate.expected_generation {
+            if expected != active.id {
+                return Err(ControlError::Conflict {
+                    expected,
+                    active: active.id,
+                });
+            }
+        }
+        let text = candidate::read(&candidate.source, &self.config_file)?;
+        let plan = plan::plan(&text, Some((active.id, &active.spec)));
+        let meta = CommitMeta {
+            kind,
+            source: if kind == OperationKind::Reload {
+                Source::Reload
+            } else {
+                Source::Activate
+            },
+            rolled_back_to: None,
+            requested_by: candidate.requested_by.clone(),
+            reason: candidate.reason.clone(),
+            text,
+        };
+        self.commit(&active, plan, meta, started)
+    }
+
+    /// Activates the content of a retained generation as a new generation.
+    pub async fn rollback(&self, request: RollbackRequest) -> Result<Activation, ControlError> {
+        let started = Instant::now();
+        let candidate = Candidate {
+            source: CandidateSource::Text(String::new()),
+            expected_generation: request.expected_active_generation,
+            reason: request.reason.clone(),
+            requested_by: request.requested_by.clone(),
+        };
+        let result = self.try_rollback(&request, started).await;
+        if let Err(error) = &result {
+            self.record_failure(OperationKind::Rollback, started, &candidate, error);
+        }
+        result
+    }
+
+    async fn try_rollback(
+        &self,
+        request: &RollbackRequest,
+        started: Instant,
+    ) -> Result<Activation, ControlError> {
+        let _operation = self
+            .operation
+            .try_lock()
+            .map_err(|_| ControlError::InProgress)?;
+        self.check_running()?;
+        let active = self.store.load_full();
+        let target = request.target_generation;
+        let record = self
+            .history()
+            .generation(target)
+            .cloned()
+            .ok_or(ControlError::NotRetained(target))?;
+        if let Some(expected) = request.expected_active_generation {
+            if expected != active.id {
+                return Err(ControlError::Conflict {
+                    expected,
+                    active: active.id,
+                });
+            }
+        }
+        if target == active.id {
+            return Err(ControlError::TargetActive(target));
+        }
+        let text = ConfigText::inline(
+            record.config.clone(),
+            record.base_dir.clone(),
+            &record.origin,
+        );
+        let plan = plan::plan(&text, Some((active.id, &active.spec)));
+        if !plan.errors.is_empty() || !plan.rejected.is_empty() {
+            return Err(ControlError::NotActivatable {
+                target,
+                plan: Box::new(plan),
+            });
+        }
+        let meta = CommitMeta {
+            kind: OperationKind::Rollback,
+            source: Source::Rollback,
+            rolled_back_to: Some(target),
+            requested_by: request.requested_by.clone(),
+            reason: request.reason.clone(),
+            text,
+        };
+        self.commit(&active, plan, meta, started)
+    }
+
+    fn check_running(&self) -> Result<(), ControlError> {
+        match self.phase.get() {
+            Phase::Draining | Phase::Stopped => Err(ControlError::Draining),
+            Phase::Starting | Phase::Running => Ok(()),
+        }
+    }
+
+    /// plan → build → bind → compare-and-swap → history → persist.
+    fn commit(
+        &self,
+        active: &Arc<Generation>,
+        plan: Plan,
+        meta: CommitMeta,
+        started: Instant,
+    ) -> Result<Activation, ControlError> {
+        if !plan.errors.is_empty() {
+            return Err(ControlError::Invalid(Box::new(plan)));
+        }
+        if !plan.rejected.is_empty() {
+            return Err(ControlError::RestartRequired(Box::new(plan)));
+        }
+        let Some(spec) = plan.spec.clone() else {
+            return Err(ControlError::Invalid(Box::new(plan)));
+        };
+        if plan.is_unchanged(Some(&active.spec)) {
+            let operation_id = self.record(
+                meta.kind,
+                started,
+                Outcome::Unchanged,
+                (Some(active.id), Some(active.id)),
+                &meta_candidate(&meta),
+                "configuration unchanged".into(),
+                None,
+            );
+            self.count_activation(meta.kind, "unchanged", started);
+            return Ok(Activation {
+                outcome: "unchanged",
+                generation: active.id,
+                previous_generation: active.id,
+                config_version: spec.config_version.clone(),
+                rolled_back_to: None,
+                duration_ms: elapsed_ms(started),
+                listeners: self.listeners.info(),
+                diff: plan.diff,
+                operation_id,
+            });
+        }
+        let next_id = active.id.next();
+        let next = match generation::build(Arc::clone(&spec), next_id, &self.shared) {
+            Ok(next) => next,
+            Err(source) => {
+                return Err(ControlError::Build {
+                    source,
+                    plan: Box::new(plan),
+                })
+            }
+        };
+        let bound = match self.listeners.bind_new(&spec.listeners) {
+            Ok(bound) => bound,
+            Err(source) => {
+                return Err(ControlError::Bind {
+                    source,
+                    plan: Box::new(plan),
+                })
+            }
+        };
+        // INVARIANT: we hold the operation lock, so the active generation
+        // cannot have moved since `active` was loaded; the CAS still
+        // guards against a writer outside this type.
+        let committed = self
+            .store
+            .commit(active.id, next)
+            .map_err(|c| ControlError::Conflict {
+                expected: c.expected,
+                active: c.active,
+            })?;
+        self.listeners.start(bound);
+        self.log_level.apply(&spec.log.level);
+        metrics::gauge!(m::ACTIVE_GENERATION).set(committed.id.0 as f64);
+        let summary = format!(
+            "+{} -{} ~{}",
+            plan.diff.summary.added, plan.diff.summary.removed, plan.diff.summary.modified
+        );
+        let candidate = meta_candidate(&meta);
+        {
+            let mut history = self.history();
+            history.set_limit(spec.runtime.history_limit);
+            history.record_generation(GenerationRecord {
+                generation: committed.id,
+                config_version: spec.config_version.clone(),
+                activated_at: rfc3339(SystemTime::now()),
+                source: meta.source,
+                rolled_back_to: meta.rolled_back_to,
+                requested_by: meta.requested_by.clone(),
+                reason: meta.reason.clone(),
+                config: meta.text.text.clone(),
+                base_dir: meta.text.base_dir.clone(),
+                origin: meta.text.origin.clone(),
+            });
+        }
+        let operation_id = self.record(
+            meta.kind,
+            started,
+            Outcome::Succeeded,
+            (Some(committed.id), Some(active.id)),
+            &candidate,
+            summary,
+            None,
+        );
+        self.count_activation(meta.kind, "succeeded", started);
+        tracing::info!(
+            generation = %committed.id,
+            previous = %active.id,
+            config_version = %spec.config_version,
+            kind = ?meta.kind,
+            requested_by = meta.requested_by.as_deref().unwrap_or("-"),
+            "generation activated"
+        );
+        Ok(Activation {
+            outcome: "activated",
+            generation: committed.id,
+            previous_generation: active.id,
+            config_version: spec.config_version.clone(),
+            rolled_back_to: meta.rolled_back_to,
+            duration_ms: elapsed_ms(started),
+            listeners: self.listeners.info(),
+            diff: plan.diff,
+            operation_id,
+        })
+    }
+
+    fn count_activation(&self, kind: OperationKind, outcome: &'static str, started: Instant) {
+        let kind = operation_kind_name(kind);
+        metrics::counter!(m::ACTIVATIONS, m::LABEL_KIND => kind, m::LABEL_OUTCOME => outcome)
+            .increment(1);
+        metrics::histogram!(m::ACTIVATION_DURATION).record(started.elapsed().as_secs_f64());
+    }
+
+    fn record_failure(
+        &self,
+        kind: OperationKind,
+        started: Instant,
+        candidate: &Candidate,
+        error: &ControlError,
+    ) {
+        let outcome = match error {
+            ControlError::Conflict { .. }
+            | ControlError::InProgress
+            | ControlError::TargetActive(_) => Outcome::Conflict,
+            ControlError::Build { .. } | ControlError::Bind { .. } => Outcome::Failed,
+            _ => Outcome::Rejected,
+        };
+        let label = match outcome {
+            Outcome::Conflict => "conflict",
+            Outcome::Failed => "failed",
+            _ => "rejected",
+        };
+        self.count_activation(kind, label, started);
+        tracing::warn!(kind = ?kind, %error, "configuration change refused");
+        self.record(
+            kind,
+            started,
+            outcome,
+            (None, Some(self.store.active_id())),
+            candidate,
+            error.to_string(),
+            Some(error.to_string()),
+        );
+    }
+
+    /// Appends to the operation log and persists; returns the operation id.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        kind: OperationKind,
+        started: Instant,
+        outcome: Outcome,
+        (generation, previous_generation): (Option<GenerationId>, Option<GenerationId>),
+        candidate: &Candidate,
+        summary: String,
+        error: Option<String>,
+    ) -> String {
+        let mut history = self.history();
+        let id = history.next_operation_id();
+        history.record_operation(OperationRecord {
+            id: id.clone(),
+            kind,
+            at: rfc3339(SystemTime::now()),
+            duration_ms: elapsed_ms(started),
+            outcome,
+            generation,
+            previous_generation,
+            requested_by: candidate.requested_by.clone(),
+            reason: candidate.reason.clone(),
+            summary,
+            error,
+            pid: std::process::id(),
+        });
+        if let Err(error) = history.persist() {
+            tracing::error!(%error, "cannot persist history; the change is live but will not survive a restart");
+        }
+        id
+    }
+}
+
+/// A rollback request.
+#[derive(Debug, Clone)]
+pub struct RollbackRequest {
+    pub target_generation: GenerationId,
+    pub expected_active_generation: Option<GenerationId>,
+    pub reason: Option<String>,
+    pub requested_by: Option<String>,
+}
+
+fn meta_candidate(meta: &CommitMeta) -> Candidate {
+    Candidate {
+        source: CandidateSource::Text(String::new()),
+        expected_generation: None,
+        reason: meta.reason.clone(),
+        requested_by: meta.requested_by.clone(),
+    }
+}
+
+fn plan_summary(plan: &Plan) -> String {
+    if !plan.errors.is_empty() {
+        return format!("{} errors", plan.errors.len());
+    }
+    let s = &plan.diff.summary;
+    format!(
+        "+{} -{} ~{}, {} restart-required",
+        s.added, s.removed, s.modified, s.restart_required
+    )
+}
+
+fn elapsed_ms(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+pub fn operation_kind_name(kind: OperationKind) -> &'static str {
+    match kind {
+        OperationKind::Preview => "preview",
+        OperationKind::Activate => "activate",
+        OperationKind::Reload => "reload",
+        OperationKind::Rollback => "rollback",
+        OperationKind::ReloadCerts => "reload_certs",
+        OperationKind::Drain => "drain",
+        OperationKind::Upgrade => "upgrade",
+    }
+}

@@ -1,0 +1,203 @@
+//! Read-only views of the control plane: status, history, operations.
+
+use serde::Serialize;
+
+use super::Control;
+use crate::config::ConfigText;
+use crate::ids::GenerationId;
+use crate::plan::{self, Diff};
+use crate::runtime::{rfc3339, GenerationLoad, GenerationRecord, OperationRecord, Source};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerationView {
+    pub generation: GenerationId,
+    pub status: &'static str,
+    pub config_version: String,
+    pub activated_at: String,
+    pub source: Source,
+    pub rolled_back_to: Option<GenerationId>,
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+    pub rollback_candidate: bool,
+    pub inflight_requests: u64,
+    pub open_connections: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryView {
+    pub active_generation: GenerationId,
+    pub history_limit: usize,
+    pub generations: Vec<GenerationView>,
+    pub operations: Vec<OperationRecord>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerationDetail {
+    #[serde(flatten)]
+    pub summary: GenerationView,
+    pub origin: String,
+    pub config: String,
+    /// Diff against the retained generation before it, when there is one.
+    pub predecessor: Option<GenerationId>,
+    pub diff: Option<Diff>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OperationBrief {
+    pub id: String,
+    pub kind: crate::runtime::OperationKind,
+    pub outcome: crate::runtime::Outcome,
+    pub at: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusView {
+    pub pid: u32,
+    pub phase: &'static str,
+    pub active_generation: GenerationId,
+    pub config_version: String,
+    pub activated_at: String,
+    pub generations: Vec<GenerationLoad>,
+    pub listeners: Vec<crate::proxy::ListenerInfo>,
+    pub last_operation: Option<OperationBrief>,
+}
+
+impl Control {
+    pub fn status(&self) -> StatusView {
+        let active = self.store.load_full();
+        let history = self.history();
+        let activated_at = history
+            .generation(active.id)
+            .map_or_else(|| rfc3339(active.built_at), |g| g.activated_at.clone());
+        let last_operation = history.operations().next().map(|o| OperationBrief {
+            id: o.id.clone(),
+            kind: o.kind,
+            outcome: o.outcome,
+            at: o.at.clone(),
+        });
+        drop(history);
+        StatusView {
+            pid: std::process::id(),
+            phase: self.phase.get().as_str(),
+            active_generation: active.id,
+            config_version: active.spec.config_version.clone(),
+            activated_at,
+            generations: self.store.loads(),
+            listeners: self.listeners.info(),
+            last_operation,
+        }
+    }
+
+    pub fn history_view(&self) -> HistoryView {
+        let records: Vec<GenerationRecord>;
+        let operations: Vec<OperationRecord>;
+        let limit;
+        {
+            let history = self.history();
+            records = history.generations().cloned().collect();
+            operations = history.operations().cloned().collect();
+            limit = history.limit();
+        }
+        let active = self.store.load_full();
+        let loads = self.store.loads();
+        let generations = records
+            .iter()
+            .map(|r| self.view(r, active.id, &loads))
+            .collect();
+        HistoryView {
+            active_generation: active.id,
+            history_limit: limit,
+            generations,
+            operations,
+        }
+    }
+
+    pub fn generation_detail(&self, id: GenerationId) -> Option<GenerationDetail> {
+        let (record, predecessor) = {
+            let history = self.history();
+            (
+                history.generation(id).cloned()?,
+                history.predecessor(id).cloned(),
+            )
+        };
+        let active = self.store.active_id();
+        let summary = self.view(&record, active, &self.store.loads());
+        let diff = predecessor.as_ref().and_then(|p| {
+            let before = plan::validate(&ConfigText::inline(
+                p.config.clone(),
+                p.base_dir.clone(),
+                &p.origin,
+            ))
+            .ok()?;
+            let after = plan::validate(&ConfigText::inline(
+                record.config.clone(),
+                record.base_dir.clone(),
+                &record.origin,
+            ))
+            .ok()?;
+            Some(plan::diff(
+                &before.file,
+                &before.canonical,
+                &format!("generation {}", p.generation),
+                &after.file,
+                &after.canonical,
+            ))
+        });
+        Some(GenerationDetail {
+            summary,
+            origin: record.origin,
+            config: record.config,
+            predecessor: predecessor.map(|p| p.generation),
+            diff,
+        })
+    }
+
+    pub fn operation(&self, id: &str) -> Option<OperationRecord> {
+        self.history().operation(id).cloned()
+    }
+
+    fn view(
+        &self,
+        record: &GenerationRecord,
+        active: GenerationId,
+        loads: &[GenerationLoad],
+    ) -> GenerationView {
+        let load = loads.iter().find(|l| l.generation == record.generation);
+        let is_active = record.generation == active;
+        GenerationView {
+            generation: record.generation,
+            status: if is_active {
+                "active"
+            } else if load.is_some() {
+                "draining"
+            } else {
+                "retained"
+            },
+            config_version: record.config_version.clone(),
+            activated_at: record.activated_at.clone(),
+            source: record.source,
+            rolled_back_to: record.rolled_back_to,
+            requested_by: record.requested_by.clone(),
+            reason: record.reason.clone(),
+            rollback_candidate: !is_active && self.activatable(record),
+            inflight_requests: load.map_or(0, |l| l.inflight_requests),
+            open_connections: load.map_or(0, |l| l.open_connections),
+        }
+    }
+
+    /// Whether a retained generation could be activated now: it validates
+    /// (its files are still there) and needs no restart.
+    fn activatable(&self, record: &GenerationRecord) -> bool {
+        let active = self.store.load_full();
+        if record.config_version == active.spec.config_version {
+            // Activating it would change nothing.
+            return false;
+        }
+        let text = ConfigText::inline(
+            record.config.clone(),
+            record.base_dir.clone(),
+            &record.origin,
+        );
+        plan::plan(&text, Some((active.id, &active.spec))).activatable
+    }
+}

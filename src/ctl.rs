@@ -1,0 +1,388 @@
+//! `cutover ctl`: a command-line client of the admin API for pipelines.
+//!
+//! Exit codes are the contract CI scripts rely on: 0 success (or
+//! unchanged), 1 rejected or invalid, 2 conflict, 3 unreachable or any
+//! other failure.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use http::{header, Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+
+pub const EXIT_OK: u8 = 0;
+pub const EXIT_REJECTED: u8 = 1;
+pub const EXIT_CONFLICT: u8 = 2;
+pub const EXIT_OTHER: u8 = 3;
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// Admin API base URL.
+    #[arg(long, default_value = "http://127.0.0.1:9190", env = "CUTOVER_ADMIN")]
+    admin: String,
+    /// File holding the admin bearer token.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Print the API's JSON answer instead of a summary.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Debug, Args)]
+struct Meta {
+    /// Generation the candidate was planned against (expected_generation).
+    #[arg(long = "expect")]
+    expect: Option<u64>,
+    /// Why the change is made, for history.
+    #[arg(long)]
+    reason: Option<String>,
+    /// Who or what makes the change, for history.
+    #[arg(long, default_value = "cutover-ctl")]
+    requested_by: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum CtlCommand {
+    /// Plan a candidate file against the active generation; records nothing.
+    Validate { file: PathBuf },
+    /// Plan a candidate and record the preview in history.
+    Preview {
+        file: PathBuf,
+        #[command(flatten)]
+        meta: Meta,
+    },
+    /// Activate a candidate file; prints the diff it applied.
+    Activate {
+        file: PathBuf,
+        #[command(flatten)]
+        meta: Meta,
+    },
+    /// Show retained generations and the operation log.
+    History,
+    /// Activate a retained generation's configuration again.
+    Rollback {
+        #[arg(long = "to")]
+        to: u64,
+        #[command(flatten)]
+        meta: Meta,
+    },
+    /// Show the active generation, phase and in-flight work.
+    Status,
+}
+
+struct Answer {
+    status: StatusCode,
+    body: Value,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CtlError {
+    #[error("cannot read {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("invalid admin URL '{0}'")]
+    Url(String),
+    #[error("cannot reach the admin API at {0}: {1}")]
+    Unreachable(String, String),
+}
+
+/// Runs one ctl command and returns the process exit code.
+pub fn run(args: CtlArgs) -> u8 {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cutover ctl: {e}");
+            return EXIT_OTHER;
+        }
+    };
+    match runtime.block_on(execute(&args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cutover ctl: {e}");
+            EXIT_OTHER
+        }
+    }
+}
+
+fn read(path: &PathBuf) -> Result<String, CtlError> {
+    std::fs::read_to_string(path).map_err(|e| CtlError::Read(path.clone(), e))
+}
+
+fn candidate(file: &PathBuf, meta: Option<&Meta>) -> Result<Value, CtlError> {
+    let mut body = json!({ "config": read(file)? });
+    if let Some(meta) = meta {
+        body["expected_generation"] = json!(meta.expect);
+        body["reason"] = json!(meta.reason);
+        body["requested_by"] = json!(meta.requested_by);
+    }
+    Ok(body)
+}
+
+async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
+    let token = match &args.token_file {
+        Some(path) => Some(read(path)?.trim().to_owned()),
+        None => None,
+    };
+    let client = Client {
+        base: args.admin.trim_end_matches('/').to_owned(),
+        token,
+    };
+    let answer = match &args.command {
+        CtlCommand::Validate { file } => {
+            client
+                .post("/admin/runtime/validate", candidate(file, None)?)
+                .await?
+        }
+        CtlCommand::Preview { file, meta } => {
+            client
+                .post("/admin/runtime/preview", candidate(file, Some(meta))?)
+                .await?
+        }
+        CtlCommand::Activate { file, meta } => {
+            client
+                .post("/admin/runtime/activate", candidate(file, Some(meta))?)
+                .await?
+        }
+        CtlCommand::Rollback { to, meta } => {
+            let body = json!({
+                "target_generation": to,
+                "expected_active_generation": meta.expect,
+                "reason": meta.reason,
+                "requested_by": meta.requested_by,
+            });
+            client.post("/admin/runtime/rollback", body).await?
+        }
+        CtlCommand::History => client.get("/admin/runtime/history").await?,
+        CtlCommand::Status => client.get("/admin/runtime/status").await?,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&answer.body).unwrap_or_default()
+        );
+    } else {
+        print_human(&args.command, &answer);
+    }
+    Ok(exit_code(&args.command, &answer))
+}
+
+fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
+    match answer.status {
+        StatusCode::CONFLICT => EXIT_CONFLICT,
+        s if s.is_success() => {
+            let planned = matches!(
+                command,
+                CtlCommand::Validate { .. } | CtlCommand::Preview { .. }
+            );
+            if planned && answer.body["activatable"] == json!(false) {
+                EXIT_REJECTED
+            } else {
+                EXIT_OK
+            }
+        }
+        StatusCode::BAD_REQUEST
+        | StatusCode::NOT_FOUND
+        | StatusCode::PAYLOAD_TOO_LARGE
+        | StatusCode::UNSUPPORTED_MEDIA_TYPE
+        | StatusCode::UNPROCESSABLE_ENTITY
+        | StatusCode::PRECONDITION_REQUIRED => EXIT_REJECTED,
+        _ => EXIT_OTHER,
+    }
+}
+
+fn print_plan(body: &Value) {
+    let activatable = body["activatable"].as_bool().unwrap_or(false);
+    println!(
+        "activatable: {}  (against generation {}, config_version {})",
+        if activatable { "yes" } else { "no" },
+        body["active_generation"],
+        body["config_version"].as_str().unwrap_or("-")
+    );
+    for e in body["errors"].as_array().into_iter().flatten() {
+        println!(
+            "error: {}:{}: {}: {}",
+            e["line"].as_u64().map_or("?".into(), |l| l.to_string()),
+            e["column"].as_u64().map_or("?".into(), |c| c.to_string()),
+            e["code"].as_str().unwrap_or(""),
+            e["message"].as_str().unwrap_or("")
+        );
+    }
+    for r in body["rejected"].as_array().into_iter().flatten() {
+        println!(
+            "restart required: {} ({} → {}); {}",
+            r["path"].as_str().unwrap_or(""),
+            r["from"],
+            r["to"],
+            r["action"].as_str().unwrap_or("")
+        );
+    }
+    print_diff(&body["diff"]);
+}
+
+fn print_diff(diff: &Value) {
+    let s = &diff["summary"];
+    if diff["changes"].as_array().is_some_and(|c| !c.is_empty()) {
+        println!(
+            "changes: {} added, {} removed, {} modified, {} restart-required",
+            s["added"], s["removed"], s["modified"], s["restart_required"]
+        );
+    }
+    if let Some(text) = diff["text"].as_str().filter(|t| !t.is_empty()) {
+        print!("{text}");
+    }
+}
+
+fn print_human(command: &CtlCommand, answer: &Answer) {
+    let body = &answer.body;
+    if !answer.status.is_success() {
+        let label = if body.get("activatable").is_some() {
+            "rejected"
+        } else {
+            "error"
+        };
+        eprintln!(
+            "{} {}: {}",
+            answer.status.as_u16(),
+            body["error"].as_str().unwrap_or(label),
+            body["message"].as_str().unwrap_or("")
+        );
+        if body.get("errors").is_some() || body.get("rejected").is_some() {
+            print_plan(body);
+        }
+        return;
+    }
+    match command {
+        CtlCommand::Validate { .. } => print_plan(body),
+        CtlCommand::Preview { .. } => {
+            print_plan(body);
+            println!(
+                "recorded as {}",
+                body["operation_id"].as_str().unwrap_or("-")
+            );
+        }
+        CtlCommand::Activate { .. } | CtlCommand::Rollback { .. } => {
+            println!(
+                "{}: generation {} (previous {}), {} in {} ms",
+                body["outcome"].as_str().unwrap_or("-"),
+                body["generation"],
+                body["previous_generation"],
+                body["operation_id"].as_str().unwrap_or("-"),
+                body["duration_ms"]
+            );
+            print_diff(&body["diff"]);
+        }
+        CtlCommand::History => {
+            println!(
+                "active generation {} (keeping {})",
+                body["active_generation"], body["history_limit"]
+            );
+            for g in body["generations"].as_array().into_iter().flatten() {
+                println!(
+                    "{:>6}  {:<9} {:<8} {}  {}{}",
+                    g["generation"].as_u64().unwrap_or(0),
+                    g["status"].as_str().unwrap_or(""),
+                    g["source"].as_str().unwrap_or(""),
+                    g["activated_at"].as_str().unwrap_or(""),
+                    g["config_version"].as_str().unwrap_or(""),
+                    if g["rollback_candidate"] == json!(true) {
+                        "  (rollback candidate)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+        CtlCommand::Status => {
+            println!("{}", serde_json::to_string_pretty(body).unwrap_or_default())
+        }
+    }
+}
+
+struct Client {
+    base: String,
+    token: Option<String>,
+}
+
+impl Client {
+    async fn get(&self, path: &str) -> Result<Answer, CtlError> {
+        self.send(Method::GET, path, None).await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Answer, CtlError> {
+        self.send(Method::POST, path, Some(body)).await
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Answer, CtlError> {
+        let url = format!("{}{}", self.base, path);
+        let uri: Uri = url.parse().map_err(|_| CtlError::Url(self.base.clone()))?;
+        let authority = uri
+            .authority()
+            .ok_or_else(|| CtlError::Url(self.base.clone()))?
+            .clone();
+        if uri.scheme_str() != Some("http") {
+            return Err(CtlError::Url(format!(
+                "{} (only http:// is supported)",
+                self.base
+            )));
+        }
+        let port = authority.port_u16().unwrap_or(80);
+        let unreachable =
+            |e: &dyn std::fmt::Display| CtlError::Unreachable(self.base.clone(), e.to_string());
+        let stream = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::net::TcpStream::connect((authority.host().trim_matches(['[', ']']), port)),
+        )
+        .await
+        .map_err(|e| unreachable(&e))?
+        .map_err(|e| unreachable(&e))?;
+        let _ = stream.set_nodelay(true);
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable(&e))?;
+        tokio::spawn(conn);
+        let mut request = Request::builder()
+            .method(method)
+            .uri(uri.path_and_query().map_or("/", |p| p.as_str()))
+            .header(header::HOST, authority.as_str());
+        if let Some(token) = &self.token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let payload = match body {
+            Some(body) => {
+                request = request.header(header::CONTENT_TYPE, "application/json");
+                Bytes::from(body.to_string())
+            }
+            None => Bytes::new(),
+        };
+        let request = request
+            .body(Full::new(payload))
+            .map_err(|e| unreachable(&e))?;
+        let response = tokio::time::timeout(Duration::from_secs(120), sender.send_request(request))
+            .await
+            .map_err(|e| unreachable(&e))?
+            .map_err(|e| unreachable(&e))?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| unreachable(&e))?
+            .to_bytes();
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| json!({ "error": "unexpected_response", "message": String::from_utf8_lossy(&bytes) }));
+        Ok(Answer { status, body })
+    }
+}

@@ -1,0 +1,76 @@
+//! Proxy errors, classified by source, and the one place they become
+//! HTTP responses.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+use super::body::ResponseBody;
+
+/// Why a request could not be served, by whose fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The client sent something we refuse to forward.
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
+    /// No route of the pinned generation matches.
+    #[error("no route matches")]
+    NoRoute,
+    /// The route's `max_inflight` is reached.
+    #[error("route is at its max_inflight limit")]
+    Saturated,
+    /// The route's upstream has no backend to offer.
+    #[error("upstream has no backend")]
+    NoBackend,
+    /// The backend could not be connected to in time.
+    #[error("upstream connect failed: {0}")]
+    UpstreamConnect(String),
+    /// The backend did not answer within the route's timeout.
+    #[error("upstream did not answer within {0:?}")]
+    UpstreamTimeout(std::time::Duration),
+    /// The backend broke the exchange.
+    #[error("upstream failed: {0}")]
+    Upstream(String),
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::Saturated | ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::UpstreamConnect(_) | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// Whether the failure lies with the upstream (for logs and metrics).
+    pub fn is_upstream(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::UpstreamConnect(_)
+                | ProxyError::UpstreamTimeout(_)
+                | ProxyError::Upstream(_)
+        )
+    }
+}
+
+/// The response for an error: status, a one-line plain-text reason that
+/// names no internals, and `Retry-After` where retrying makes sense.
+pub fn error_response(error: &ProxyError) -> Response<ResponseBody> {
+    let status = error.status();
+    let reason = status.canonical_reason().unwrap_or("error");
+    let mut response = Response::new(ResponseBody::full(Bytes::from(format!(
+        "{} {reason}\n",
+        status.as_u16()
+    ))));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}

@@ -1,0 +1,322 @@
+//! The HTTP request path: admit, route, then answer directly or forward.
+//!
+//! Every request pins the active generation once, at admission (after its
+//! head is read), and runs on that generation to the end: a reload during
+//! the request changes nothing for it. Bodies stream in both directions;
+//! nothing here buffers a whole body.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{PathAndQuery, Scheme, Uri};
+use http::{Request, Response, Version};
+use hyper::body::Incoming;
+use metrics::Counter;
+
+use super::body::{ResponseBody, StreamGuards};
+use super::error::{error_response, ProxyError};
+use crate::admission::{Admission, Pinned};
+use crate::generation::{Action, AttemptOutcome, Backend, Generation, Route};
+use crate::plan::DirectResponse;
+use crate::telemetry::metrics as m;
+
+/// What every request on one downstream connection shares.
+pub struct ConnContext {
+    pub listener: Arc<str>,
+    pub admission: Admission,
+    pub remote: SocketAddr,
+    pub scheme: Scheme,
+    pub responses: Arc<[Counter; 5]>,
+}
+
+/// Per-listener response counters, registered once per listener.
+pub fn listener_counters(listener: &str) -> Arc<[Counter; 5]> {
+    let listener = listener.to_owned();
+    Arc::new(m::CLASSES.map(|class| {
+        metrics::counter!(m::LISTENER_REQUESTS, m::LABEL_LISTENER => listener.clone(), m::LABEL_CLASS => class)
+    }))
+}
+
+/// Serves one request. Never fails: errors become responses here.
+pub async fn handle(
+    req: Request<Incoming>,
+    conn: Arc<ConnContext>,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let started = Instant::now();
+    let Pinned { generation, guard } = conn.admission.pin();
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let (route_name, response) = match serve(req, &conn, &generation, guard).await {
+        Ok((route, response)) => (Some(route), response),
+        Err((route, error)) => {
+            if error.is_upstream() {
+                tracing::warn!(listener = %conn.listener, generation = %generation.id, route = route.as_deref().unwrap_or("-"), %error, "upstream failure");
+            }
+            (route, error_response(&error))
+        }
+    };
+    let status = response.status().as_u16();
+    let class = usize::from(status / 100).clamp(1, 5) - 1;
+    if let Some(counter) = conn.responses.get(class) {
+        counter.increment(1);
+    }
+    tracing::info!(
+        target: "cutover::access",
+        listener = %conn.listener,
+        generation = %generation.id,
+        client = %conn.remote,
+        %method,
+        path = %path,
+        route = route_name.as_deref().unwrap_or("-"),
+        status,
+        duration_us = started.elapsed().as_micros() as u64,
+    );
+    Ok(response)
+}
+
+type Served = Result<(String, Response<ResponseBody>), (Option<String>, ProxyError)>;
+
+async fn serve(
+    req: Request<Incoming>,
+    conn: &ConnContext,
+    generation: &Generation,
+    guard: crate::generation::InflightGuard,
+) -> Served {
+    if let Some(reason) = smuggling_risk(req.headers()) {
+        return Err((None, ProxyError::BadRequest(reason)));
+    }
+    let router = generation
+        .router(&conn.listener)
+        .ok_or((None, ProxyError::NoRoute))?;
+    let host = request_host(&req);
+    let route = router
+        .route(host, req.uri().path(), req.method(), req.headers())
+        .ok_or((None, ProxyError::NoRoute))?;
+    let started = Instant::now();
+    let result = serve_route(req, conn, route, guard).await;
+    route
+        .shared
+        .duration
+        .record(started.elapsed().as_secs_f64());
+    let status = match &result {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => e.status().as_u16(),
+    };
+    route.shared.record(status);
+    match result {
+        Ok(response) => Ok((route.name.clone(), response)),
+        Err(e) => Err((Some(route.name.clone()), e)),
+    }
+}
+
+async fn serve_route(
+    req: Request<Incoming>,
+    conn: &ConnContext,
+    route: &Route,
+    guard: crate::generation::InflightGuard,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let slot = route.admit().map_err(|_| ProxyError::Saturated)?;
+    let upstream = match &route.action {
+        Action::Respond(direct) => return Ok(direct_response(direct)),
+        Action::Proxy(upstream) => upstream,
+    };
+    let backend = upstream.pick().ok_or(ProxyError::NoBackend)?;
+    let backend_guard = backend.start_request();
+    let upstream_req = upstream_request(req, conn, backend)?;
+    let response =
+        match tokio::time::timeout(route.timeout, backend.client.request(upstream_req)).await {
+            Ok(Ok(response)) => {
+                backend.record(AttemptOutcome::Ok);
+                response
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                backend.record(AttemptOutcome::ConnectError);
+                return Err(ProxyError::UpstreamConnect(format!(
+                    "{}: {}",
+                    backend.key.addr,
+                    error_chain(&e)
+                )));
+            }
+            Ok(Err(e)) => {
+                backend.record(AttemptOutcome::Error);
+                return Err(ProxyError::Upstream(format!(
+                    "{}: {}",
+                    backend.key.addr,
+                    error_chain(&e)
+                )));
+            }
+            Err(_) => {
+                backend.record(AttemptOutcome::Timeout);
+                return Err(ProxyError::UpstreamTimeout(route.timeout));
+            }
+        };
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    let body = ResponseBody::Upstream {
+        body,
+        guards: Some(StreamGuards {
+            inflight: guard,
+            route: slot,
+            backend: backend_guard,
+        }),
+    };
+    Ok(Response::from_parts(parts, body))
+}
+
+fn direct_response(direct: &DirectResponse) -> Response<ResponseBody> {
+    let mut response = Response::new(ResponseBody::full(direct.body.clone()));
+    *response.status_mut() = direct.status;
+    let headers = response.headers_mut();
+    for (name, value) in &direct.headers {
+        headers.append(name.clone(), value.clone());
+    }
+    if !headers.contains_key(header::CONTENT_TYPE) && !direct.body.is_empty() {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+    }
+    response
+}
+
+/// Rewrites a downstream request into the upstream request: absolute URI
+/// to the backend, HTTP/1.1, hop-by-hop headers gone, X-Forwarded-* set.
+fn upstream_request(
+    req: Request<Incoming>,
+    conn: &ConnContext,
+    backend: &Backend,
+) -> Result<Request<Incoming>, ProxyError> {
+    let (mut parts, body) = req.into_parts();
+    let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    parts.uri = Uri::builder()
+        .scheme(Scheme::HTTP)
+        .authority(backend.authority.clone())
+        .path_and_query(path_and_query)
+        .build()
+        .map_err(|_| ProxyError::BadRequest("request target cannot be forwarded"))?;
+    parts.version = Version::HTTP_11;
+    let headers = &mut parts.headers;
+    strip_hop_by_hop(headers);
+    if let Some(host) = &original_host {
+        headers.insert(header::HOST, host.clone());
+        headers.insert(X_FORWARDED_HOST, host.clone());
+    }
+    append_forwarded_for(headers, conn.remote);
+    headers.insert(
+        X_FORWARDED_PROTO,
+        HeaderValue::from_static(if conn.scheme == Scheme::HTTPS {
+            "https"
+        } else {
+            "http"
+        }),
+    );
+    Ok(Request::from_parts(parts, body))
+}
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+fn append_forwarded_for(headers: &mut HeaderMap, remote: SocketAddr) {
+    let client = remote.ip().to_string();
+    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.is_empty() => format!("{existing}, {client}"),
+        _ => client,
+    };
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        headers.insert(X_FORWARDED_FOR, value);
+    }
+}
+
+/// Headers that describe one connection and must not cross the proxy
+/// (RFC 9110 §7.6.1), plus any the `Connection` header names.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    // Framing is re-done by our own client and server.
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+/// Request forms that different parsers read differently (RFC 9112 §6.1).
+fn smuggling_risk(headers: &HeaderMap) -> Option<&'static str> {
+    if headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.contains_key(header::CONTENT_LENGTH)
+    {
+        return Some("both Transfer-Encoding and Content-Length");
+    }
+    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+    if let (Some(first), Some(_)) = (lengths.next(), lengths.next()) {
+        if headers
+            .get_all(header::CONTENT_LENGTH)
+            .iter()
+            .any(|v| v != first)
+        {
+            return Some("conflicting Content-Length headers");
+        }
+    }
+    None
+}
+
+/// The request's host without port: the URI authority (HTTP/2,
+/// absolute-form) or the Host header.
+fn request_host(req: &Request<Incoming>) -> Option<&str> {
+    let raw = match req.uri().host() {
+        Some(host) => host,
+        None => req.headers().get(header::HOST)?.to_str().ok()?,
+    };
+    let host = if raw.starts_with('[') {
+        raw.split(']')
+            .next()
+            .map(|h| h.trim_start_matches('['))
+            .unwrap_or(raw)
+    } else {
+        raw.rsplit_once(':').map_or(raw, |(h, _)| h)
+    };
+    Some(host)
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}

@@ -1,0 +1,298 @@
+//! Listeners: bound sockets that outlive generations, and their accept loops.
+//!
+//! The [`ListenerSet`] is process-shared. Activation binds the listeners a
+//! candidate adds *before* the swap (`bind_new`, all or nothing) and starts
+//! their accept loops after it (`start`). Each accepted connection is served
+//! by hyper's auto builder (HTTP/1.1, or h2c with prior knowledge) with the
+//! limits the active generation sets for its listener; each request on it
+//! pins the generation active when its head arrived.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use http::uri::Scheme;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use serde::Serialize;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{watch, Notify};
+
+use super::downstream::Downstream;
+use super::http::{handle, listener_counters, ConnContext};
+use crate::admission::Admission;
+use crate::plan::{ListenerLimits, ListenerProtocol, ListenerSpec};
+use crate::telemetry::metrics as m;
+
+/// A listener bound but not yet accepting (between bind and commit).
+pub struct BoundListener {
+    spec: ListenerSpec,
+    socket: TcpListener,
+    local_addr: SocketAddr,
+}
+
+impl BoundListener {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+}
+
+/// A listener as reported by status and activation responses.
+#[derive(Debug, Clone, Serialize)]
+pub struct ListenerInfo {
+    pub name: String,
+    /// The configured bind.
+    pub bind: SocketAddr,
+    /// The address actually bound (differs from `bind` for port 0).
+    pub address: SocketAddr,
+    pub protocol: &'static str,
+    pub state: &'static str,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot bind listener '{name}' to {bind}: {source}")]
+pub struct BindError {
+    pub name: String,
+    pub bind: SocketAddr,
+    #[source]
+    pub source: std::io::Error,
+}
+
+struct RunningListener {
+    spec: ListenerSpec,
+    local_addr: SocketAddr,
+}
+
+/// Every listener of the process.
+pub struct ListenerSet {
+    admission: Admission,
+    running: Mutex<BTreeMap<String, RunningListener>>,
+    draining: watch::Sender<bool>,
+    open: Arc<OpenConnections>,
+}
+
+#[derive(Default)]
+struct OpenConnections {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+struct ConnectionGuard(Arc<OpenConnections>, metrics::Gauge);
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.1.decrement(1.0);
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+fn protocol_name(p: ListenerProtocol) -> &'static str {
+    match p {
+        ListenerProtocol::Http => "http",
+        ListenerProtocol::Https => "https",
+        ListenerProtocol::Tcp => "tcp",
+    }
+}
+
+/// Binds one TCP listening socket with a production backlog.
+fn bind_socket(spec: &ListenerSpec) -> Result<BoundListener, BindError> {
+    let fail = |source| BindError {
+        name: spec.name.clone(),
+        bind: spec.bind,
+        source,
+    };
+    let socket = if spec.bind.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(fail)?;
+    socket.set_reuseaddr(true).map_err(fail)?;
+    socket.bind(spec.bind).map_err(fail)?;
+    let socket = socket.listen(1024).map_err(fail)?;
+    let local_addr = socket.local_addr().map_err(fail)?;
+    Ok(BoundListener {
+        spec: spec.clone(),
+        socket,
+        local_addr,
+    })
+}
+
+impl ListenerSet {
+    pub fn new(admission: Admission) -> Arc<Self> {
+        Arc::new(Self {
+            admission,
+            running: Mutex::new(BTreeMap::new()),
+            draining: watch::channel(false).0,
+            open: Arc::new(OpenConnections::default()),
+        })
+    }
+
+    /// Binds every listener in `specs` that is not running yet. All or
+    /// nothing: when one bind fails, the sockets bound so far are closed.
+    pub fn bind_new(&self, specs: &[ListenerSpec]) -> Result<Vec<BoundListener>, BindError> {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        specs
+            .iter()
+            .filter(|spec| !running.contains_key(&spec.name))
+            .map(bind_socket)
+            .collect()
+    }
+
+    /// Starts accepting on listeners bound by `bind_new`.
+    pub fn start(self: &Arc<Self>, bound: Vec<BoundListener>) {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        for listener in bound {
+            tracing::info!(listener = %listener.spec.name, address = %listener.local_addr, protocol = protocol_name(listener.spec.protocol), "listener accepting");
+            running.insert(
+                listener.spec.name.clone(),
+                RunningListener {
+                    spec: listener.spec.clone(),
+                    local_addr: listener.local_addr,
+                },
+            );
+            tokio::spawn(Arc::clone(self).accept_loop(listener));
+        }
+    }
+
+    /// Listeners and their bound addresses, by name.
+    pub fn info(&self) -> Vec<ListenerInfo> {
+        let draining = *self.draining.borrow();
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running
+            .values()
+            .map(|l| ListenerInfo {
+                name: l.spec.name.clone(),
+                bind: l.spec.bind,
+                address: l.local_addr,
+                protocol: protocol_name(l.spec.protocol),
+                state: if draining { "closed" } else { "bound" },
+            })
+            .collect()
+    }
+
+    /// Stops accepting on every listener and asks every connection to
+    /// finish: HTTP/1 closes after its in-flight response, HTTP/2 gets GOAWAY.
+    pub fn drain(&self) {
+        self.draining.send_replace(true);
+    }
+
+    /// Waits until every downstream connection has closed, or `timeout`.
+    /// Returns how many were still open.
+    pub async fn wait_closed(&self, timeout: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let idle = self.open.idle.notified();
+            let open = self.open.count.load(Ordering::Acquire);
+            if open == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                return self.open.count.load(Ordering::Acquire);
+            }
+        }
+    }
+
+    async fn accept_loop(self: Arc<Self>, listener: BoundListener) {
+        let name: Arc<str> = Arc::from(listener.spec.name.as_str());
+        let responses = listener_counters(&name);
+        let gauge =
+            metrics::gauge!(m::DOWNSTREAM_CONNECTIONS, m::LABEL_LISTENER => name.to_string());
+        let mut draining = self.draining.subscribe();
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.socket.accept() => accepted,
+                _ = async { let _ = draining.wait_for(|d| *d).await; } => break,
+            };
+            let (stream, remote) = match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    // Out of file descriptors and similar: back off briefly
+                    // instead of spinning; the listener stays up.
+                    tracing::warn!(listener = %name, %error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            };
+            self.open.count.fetch_add(1, Ordering::AcqRel);
+            gauge.increment(1.0);
+            let guard = ConnectionGuard(Arc::clone(&self.open), gauge.clone());
+            let ctx = Arc::new(ConnContext {
+                listener: Arc::clone(&name),
+                admission: self.admission.clone(),
+                remote,
+                scheme: Scheme::HTTP,
+                responses: Arc::clone(&responses),
+            });
+            let limits = self.limits(&name);
+            tokio::spawn(serve_connection(
+                stream,
+                ctx,
+                limits,
+                self.draining.subscribe(),
+                guard,
+            ));
+        }
+        tracing::info!(listener = %name, "listener closed");
+    }
+
+    /// The limits the active generation sets for a listener.
+    fn limits(&self, listener: &str) -> ListenerLimits {
+        let generation = self.admission.store().load_full();
+        generation
+            .spec
+            .listeners
+            .iter()
+            .find(|l| l.name == listener)
+            .map(|l| l.limits)
+            .unwrap_or_default()
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    ctx: Arc<ConnContext>,
+    limits: ListenerLimits,
+    mut draining: watch::Receiver<bool>,
+    _guard: ConnectionGuard,
+) {
+    let _ = stream.set_nodelay(true);
+    let (io, timeout_reply) = Downstream::new(stream);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_headers(limits.max_headers)
+        .max_buf_size(limits.max_header_bytes);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams);
+    let listener = Arc::clone(&ctx.listener);
+    let service = service_fn(move |req| handle(req, Arc::clone(&ctx)));
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        _ = async { let _ = draining.wait_for(|d| *d).await; } => {
+            conn.as_mut().graceful_shutdown();
+            conn.as_mut().await
+        }
+    };
+    if let Err(error) = result {
+        let timed_out = error
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_timeout);
+        if timed_out {
+            timeout_reply.send();
+        } else {
+            tracing::debug!(listener = %listener, %error, "downstream connection ended with an error");
+        }
+    }
+}

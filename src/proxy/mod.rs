@@ -1,0 +1,13 @@
+//! The data plane: listeners, the HTTP request path, forwarding, and the
+//! one function that turns errors into responses. It reads generations
+//! through `admission` and never imports `config`, `control` or `admin`.
+
+mod body;
+mod downstream;
+mod error;
+mod http;
+mod listener;
+
+pub use body::ResponseBody;
+pub use error::{error_response, ProxyError};
+pub use listener::{BindError, BoundListener, ListenerInfo, ListenerSet};

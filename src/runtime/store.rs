@@ -1,0 +1,117 @@
+//! The GenerationStore: the one `ArcSwap<Generation>` and its one writer.
+//!
+//! Readers pin the active generation with `load_full`; `commit` is the only
+//! way to change it and is a compare-and-swap on the generation the caller
+//! planned against, so two activations from the same expected generation
+//! can never both succeed. The store also keeps weak references to every
+//! generation it ever published, to report the ones that still have work.
+
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use arc_swap::ArcSwap;
+
+use crate::generation::{Generation, Ledger};
+use crate::ids::GenerationId;
+
+/// The active generation was not the one the caller planned against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("expected generation {expected} but generation {active} is active")]
+pub struct Conflict {
+    pub expected: GenerationId,
+    pub active: GenerationId,
+}
+
+/// Work still pinned to one generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct GenerationLoad {
+    pub generation: GenerationId,
+    pub inflight_requests: u64,
+    pub open_connections: u64,
+}
+
+/// Holds the active generation.
+pub struct GenerationStore {
+    active: ArcSwap<Generation>,
+    published: Mutex<Vec<(GenerationId, Weak<Ledger>)>>,
+}
+
+impl GenerationStore {
+    pub fn new(first: Generation) -> Self {
+        let first = Arc::new(first);
+        let published = vec![(first.id, Arc::downgrade(&first.ledger))];
+        Self {
+            active: ArcSwap::new(first),
+            published: Mutex::new(published),
+        }
+    }
+
+    /// Pins the active generation: the caller holds it as long as it needs.
+    pub fn load_full(&self) -> Arc<Generation> {
+        self.active.load_full()
+    }
+
+    /// The active generation's id, without pinning it.
+    pub fn active_id(&self) -> GenerationId {
+        self.active.load().id
+    }
+
+    /// Makes `next` active if `expected` still is. Cannot fail otherwise:
+    /// everything fallible happened while building `next`.
+    pub fn commit(
+        &self,
+        expected: GenerationId,
+        next: Generation,
+    ) -> Result<Arc<Generation>, Conflict> {
+        let current = self.active.load_full();
+        if current.id != expected {
+            return Err(Conflict {
+                expected,
+                active: current.id,
+            });
+        }
+        debug_assert!(
+            next.id > current.id,
+            "INVARIANT: generation ids strictly increase"
+        );
+        let next = Arc::new(next);
+        let ledger = Arc::downgrade(&next.ledger);
+        let id = next.id;
+        let previous = self.active.compare_and_swap(&current, Arc::clone(&next));
+        if !Arc::ptr_eq(&previous, &current) {
+            return Err(Conflict {
+                expected,
+                active: previous.id,
+            });
+        }
+        let mut published = self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        published.retain(|(_, weak)| weak.strong_count() > 0);
+        published.push((id, ledger));
+        Ok(next)
+    }
+
+    /// In-flight work per live generation, oldest first. A superseded
+    /// generation is listed while anything is still pinned to it.
+    pub fn loads(&self) -> Vec<GenerationLoad> {
+        let active = self.active_id();
+        let mut published = self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        published.retain(|(_, weak)| weak.strong_count() > 0);
+        published
+            .iter()
+            .filter_map(|(id, weak)| weak.upgrade().map(|ledger| (*id, ledger)))
+            .filter(|(id, ledger)| {
+                *id == active || ledger.inflight_requests() > 0 || ledger.open_connections() > 0
+            })
+            .map(|(generation, ledger)| GenerationLoad {
+                generation,
+                inflight_requests: ledger.inflight_requests(),
+                open_connections: ledger.open_connections(),
+            })
+            .collect()
+    }
+}
