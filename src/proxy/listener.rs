@@ -262,6 +262,19 @@ async fn serve_connection(
     _guard: ConnectionGuard,
 ) {
     let _ = stream.set_nodelay(true);
+    // hyper only starts its header timer once it has seen the first bytes
+    // (it reads them to tell HTTP/1 from an h2 preface), so a client that
+    // connects and says nothing is timed out here.
+    let mut probe = [0u8; 1];
+    let first_bytes = tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut probe));
+    tokio::select! {
+        peeked = first_bytes => {
+            if !matches!(peeked, Ok(Ok(n)) if n > 0) {
+                return;
+            }
+        }
+        _ = async { let _ = draining.wait_for(|d| *d).await; } => return,
+    }
     let (io, timeout_reply) = Downstream::new(stream);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder

@@ -1,0 +1,413 @@
+//! Test harness: the real `cutover` binary on ephemeral ports, and small
+//! in-test backends. Nothing sleeps to synchronise: the gateway announces
+//! readiness on stdout, and changes are awaited by polling the admin API
+//! with a bounded deadline.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_cutover");
+
+/// A running gateway process; killed when dropped.
+pub struct Gateway {
+    child: Child,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+    pub admin: SocketAddr,
+    pub listeners: Vec<(String, SocketAddr)>,
+    pub stderr: Arc<Mutex<String>>,
+}
+
+impl Gateway {
+    /// Writes `config` into a fresh folder and starts the gateway on it.
+    pub fn start(config: &str) -> Gateway {
+        let dir = tempfile::tempdir().expect("temp dir");
+        Self::start_in(dir, config)
+    }
+
+    pub fn start_in(dir: tempfile::TempDir, config: &str) -> Gateway {
+        let config_path = dir.path().join("gateway.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let mut child = Command::new(BIN)
+            .args(["run", "-c"])
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cutover");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&stderr);
+        let err = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let mut s = sink.lock().unwrap();
+                if s.len() < 4 << 20 {
+                    s.push_str(&line);
+                    s.push('\n');
+                }
+            }
+        });
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(out).lines();
+            while let Some(Ok(line)) = lines.next() {
+                if line.contains("\"event\":\"ready\"") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("gateway did not become ready:\n{}", stderr.lock().unwrap());
+            }
+        };
+        let ready: Value = serde_json::from_str(&line).expect("ready line is JSON");
+        let admin = ready["admin"].as_str().unwrap().parse().unwrap();
+        let listeners = ready["listeners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["name"].as_str().unwrap().to_owned(),
+                    l["address"].as_str().unwrap().parse().unwrap(),
+                )
+            })
+            .collect();
+        Gateway {
+            child,
+            dir,
+            config_path,
+            admin,
+            listeners,
+            stderr,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn listener(&self, name: &str) -> SocketAddr {
+        self.listeners
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| *a)
+            .unwrap_or_else(|| panic!("no listener {name}"))
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("http://{}", self.admin)
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Rewrites the configuration file (as an operator would before SIGHUP).
+    pub fn write_config(&self, config: &str) {
+        let tmp = self.dir.path().join("gateway.toml.new");
+        std::fs::File::create(&tmp)
+            .and_then(|mut f| f.write_all(config.as_bytes()))
+            .expect("write");
+        std::fs::rename(&tmp, &self.config_path).expect("rename");
+    }
+
+    pub async fn status(&self) -> Value {
+        let (status, body) =
+            admin_request(self.admin, "GET", "/admin/runtime/status", None, None).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    pub async fn active_generation(&self) -> u64 {
+        self.status().await["active_generation"].as_u64().unwrap()
+    }
+
+    /// Waits (bounded) until generation `id` is active.
+    pub async fn wait_generation(&self, id: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.active_generation().await < id {
+            assert!(
+                Instant::now() < deadline,
+                "generation {id} never became active:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Resident memory in KiB (VmRSS) and its peak (VmHWM).
+    pub fn memory_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Resets the VmHWM peak so that it measures from now on.
+    pub fn reset_peak(&self) {
+        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.child.id()), "5");
+    }
+
+    pub fn logs(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits for the process to exit, bounded; returns its exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection.
+pub async fn admin_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: Option<String>,
+) -> (u16, Value) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    if let Some(ct) = content_type {
+        req = req.header("content-type", ct);
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .unwrap();
+    let (status, _, bytes) = send(addr, req).await.expect("admin reachable");
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, value)
+}
+
+/// Sends one request on a new HTTP/1.1 connection and reads the whole answer.
+pub async fn send(
+    addr: SocketAddr,
+    req: Request<Full<Bytes>>,
+) -> Result<(u16, hyper::HeaderMap, Bytes), String> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, headers, body))
+}
+
+/// GET `path` with `Host: host` on a new connection.
+pub async fn get(addr: SocketAddr, host: &str, path: &str) -> (u16, hyper::HeaderMap, String) {
+    let req = Request::builder()
+        .uri(path)
+        .header("host", host)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, headers, body) = send(addr, req).await.expect("gateway reachable");
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// What an in-test backend does with a request.
+pub type Handler = Arc<dyn Fn(Request<Incoming>) -> futures_boxed::BoxResponse + Send + Sync>;
+
+pub mod futures_boxed {
+    use std::future::Future;
+    use std::pin::Pin;
+
+    use bytes::Bytes;
+    use http_body_util::combinators::BoxBody;
+
+    pub type Body = BoxBody<Bytes, std::io::Error>;
+    pub type BoxResponse = Pin<Box<dyn Future<Output = hyper::Response<Body>> + Send>>;
+}
+
+pub use futures_boxed::Body as BackendBody;
+
+pub fn full(body: impl Into<Bytes>) -> BackendBody {
+    Full::new(body.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// An HTTP/1.1 backend on an ephemeral loopback port.
+pub struct Backend {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Backend {
+    pub async fn start(handler: Handler) -> Backend {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let handler = Arc::clone(&handler);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let fut = handler(req);
+                        async move { Ok::<_, std::convert::Infallible>(fut.await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Backend { addr, task }
+    }
+
+    /// Answers every request with `name` as the body.
+    pub async fn named(name: &'static str) -> Backend {
+        Backend::start(Arc::new(move |_req| {
+            Box::pin(async move { hyper::Response::new(full(name)) })
+        }))
+        .await
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A loopback address nothing listens on.
+pub fn closed_port() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// A minimal configuration: one `web` listener, routes as given.
+pub fn config(body: &str) -> String {
+    format!(
+        r#"[admin]
+bind = "127.0.0.1:0"
+
+[log]
+level = "warn"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+{body}
+"#
+    )
+}
+
+/// A configuration routing everything on `web` to one backend.
+pub fn proxy_config(backend: SocketAddr, extra: &str) -> String {
+    config(&format!(
+        r#"[[routes]]
+name = "all"
+listeners = ["web"]
+upstream = "app"
+{extra}
+
+[upstreams.app]
+backends = [{{ addr = "{backend}" }}]
+"#
+    ))
+}
+
+pub fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A body of `left` bytes produced in 64 KiB chunks as it is read, so a
+/// test can send or serve 100 MiB without holding it.
+pub struct Generated {
+    left: u64,
+    chunk: Bytes,
+}
+
+impl Generated {
+    pub fn new(total: u64) -> Self {
+        Self {
+            left: total,
+            chunk: Bytes::from(vec![b'x'; 64 * 1024]),
+        }
+    }
+}
+
+impl hyper::body::Body for Generated {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.left.min(self.chunk.len() as u64) as usize;
+        self.left -= n as u64;
+        let data = self.chunk.slice(..n);
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(data))))
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.left)
+    }
+}

@@ -1,0 +1,4 @@
+//! Integration tests: the real `cutover` binary on ephemeral loopback ports.
+
+mod harness;
+mod proxy;

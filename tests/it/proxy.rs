@@ -1,0 +1,351 @@
+//! The HTTP data plane through the real binary.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::harness::*;
+
+/// Echoes method, path, selected request headers and the body.
+async fn echo_backend() -> Backend {
+    Backend::start(Arc::new(|req: Request<hyper::body::Incoming>| {
+        Box::pin(async move {
+            let mut head = format!("{} {}\n", req.method(), req.uri());
+            let mut names: Vec<_> = req
+                .headers()
+                .keys()
+                .map(|k| k.as_str().to_owned())
+                .collect();
+            names.sort();
+            for name in names {
+                let values: Vec<_> = req
+                    .headers()
+                    .get_all(&name)
+                    .iter()
+                    .map(|v| v.to_str().unwrap_or("?").to_owned())
+                    .collect();
+                head.push_str(&format!("{name}: {}\n", values.join(",")));
+            }
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            head.push('\n');
+            let mut out = head.into_bytes();
+            out.extend_from_slice(&body);
+            let mut response = hyper::Response::new(full(out));
+            response
+                .headers_mut()
+                .insert("keep-alive", "timeout=5".parse().unwrap());
+            response
+                .headers_mut()
+                .insert("proxy-authenticate", "Basic".parse().unwrap());
+            response
+                .headers_mut()
+                .insert("x-backend", "echo".parse().unwrap());
+            response
+        })
+    }))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_get_and_post_with_bodies_and_forwarding_headers() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&proxy_config(backend.addr, ""));
+    let web = gw.listener("web");
+
+    let (status, headers, body) = get(web, "shop.example", "/items?id=7").await;
+    assert_eq!(status, 200);
+    assert!(body.starts_with("GET /items?id=7\n"), "{body}");
+    assert!(body.contains("host: shop.example\n"), "{body}");
+    assert!(body.contains("x-forwarded-for: 127.0.0.1\n"), "{body}");
+    assert!(body.contains("x-forwarded-proto: http\n"), "{body}");
+    assert!(body.contains("x-forwarded-host: shop.example\n"), "{body}");
+    assert_eq!(headers["x-backend"], "echo");
+    // Hop-by-hop response headers stop at the gateway.
+    assert!(headers.get("keep-alive").is_none());
+    assert!(headers.get("proxy-authenticate").is_none());
+
+    let req = Request::builder()
+        .method("POST")
+        .uri("/orders")
+        .header("host", "shop.example")
+        .header("x-forwarded-for", "203.0.113.9")
+        .body(Full::new(Bytes::from_static(b"{\"qty\": 3}")))
+        .unwrap();
+    let (status, _, body) = send(web, req).await.unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 200);
+    assert!(body.starts_with("POST /orders\n"), "{body}");
+    assert!(body.ends_with("\n{\"qty\": 3}"), "{body}");
+    assert!(
+        body.contains("x-forwarded-for: 203.0.113.9, 127.0.0.1\n"),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strips_hop_by_hop_request_headers() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&proxy_config(backend.addr, ""));
+    let req = Request::builder()
+        .uri("/")
+        .header("host", "a.test")
+        .header("connection", "keep-alive, x-private")
+        .header("x-private", "secret")
+        .header("keep-alive", "timeout=100")
+        .header("te", "trailers")
+        .header("proxy-authorization", "Basic Zm9vOmJhcg==")
+        .header("x-kept", "yes")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, _, body) = send(gw.listener("web"), req).await.unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 200);
+    for dropped in ["x-private:", "keep-alive:", "\nte:", "proxy-authorization:"] {
+        assert!(!body.contains(dropped), "{dropped} was forwarded:\n{body}");
+    }
+    assert!(body.contains("x-kept: yes"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_404_502_and_504() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    // Accepts and reads, never answers.
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let down = closed_port();
+    let gw = Gateway::start(&config(&format!(
+        r#"[[routes]]
+name = "down"
+listeners = ["web"]
+path_prefix = "/down"
+upstream = "down"
+
+[[routes]]
+name = "silent"
+listeners = ["web"]
+path_prefix = "/silent"
+upstream = "silent"
+timeout = "300ms"
+
+[upstreams.down]
+connect_timeout = "1s"
+backends = [{{ addr = "{down}" }}]
+
+[upstreams.silent]
+backends = [{{ addr = "{silent_addr}" }}]
+"#
+    )));
+    let web = gw.listener("web");
+    assert_eq!(get(web, "x", "/nowhere").await.0, 404);
+    assert_eq!(get(web, "x", "/down").await.0, 502);
+    let started = std::time::Instant::now();
+    assert_eq!(get(web, "x", "/silent").await.0, 504);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    hold.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_oversized_heads_and_smuggling_forms() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&proxy_config(backend.addr, ""));
+    let web = gw.listener("web");
+
+    let mut req = Request::builder().uri("/").header("host", "a.test");
+    for i in 0..101 {
+        req = req.header(format!("x-h{i}"), "v");
+    }
+    let (status, _, _) = send(web, req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status, 431);
+
+    let req = Request::builder()
+        .uri("/")
+        .header("host", "a.test")
+        .header("x-big", "a".repeat(70 * 1024))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(web, req).await.unwrap().0, 431);
+
+    // Content-Length and Transfer-Encoding together (CL.TE smuggling):
+    // hyper applies RFC 9112 §6.1 (chunked wins, Content-Length dropped,
+    // connection closed after the response), so the bytes after the
+    // chunked body are never read as a second request.
+    let mut stream = tokio::net::TcpStream::connect(web).await.unwrap();
+    stream
+        .write_all(b"POST /first HTTP/1.1\r\nhost: a.test\r\ncontent-length: 40\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nhost: a.test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "{answer}");
+    assert!(answer.contains("POST /first"), "{answer}");
+    assert!(!answer.contains("/smuggled"), "{answer}");
+    assert!(!answer.contains("content-length: 40"), "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_read_timeout_answers_408() {
+    let gw = Gateway::start(
+        r#"[admin]
+bind = "127.0.0.1:0"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+header_read_timeout = "300ms"
+
+[[routes]]
+name = "hello"
+listeners = ["web"]
+respond = { body = "hi" }
+"#,
+    );
+    let mut stream = tokio::net::TcpStream::connect(gw.listener("web"))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: a")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // An idle connection is closed without a word.
+    let mut idle = tokio::net::TcpStream::connect(gw.listener("web"))
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(answer.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_h2c_with_prior_knowledge() {
+    let backend = Backend::named("via-h2c").await;
+    let gw = Gateway::start(&proxy_config(backend.addr, ""));
+    let stream = tokio::net::TcpStream::connect(gw.listener("web"))
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    for _ in 0..3 {
+        let req = Request::builder()
+            .uri("http://h2.test/x")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = sender.send_request(req).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"via-h2c");
+    }
+}
+
+const HUNDRED_MIB: u64 = 100 * 1024 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_100_mib_both_ways_in_bounded_memory() {
+    let received = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&received);
+    let backend = Backend::start(Arc::new(move |req: Request<hyper::body::Incoming>| {
+        let counter = Arc::clone(&counter);
+        Box::pin(async move {
+            if req.method() == "GET" {
+                // 100 MiB download, produced chunk by chunk.
+                return hyper::Response::new(BodyExt::boxed(Generated::new(HUNDRED_MIB)));
+            }
+            let mut body = req.into_body();
+            while let Some(frame) = body.frame().await {
+                if let Ok(data) = frame.map(|f| f.into_data().unwrap_or_default()) {
+                    counter.fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+            }
+            hyper::Response::new(full(counter.load(Ordering::Relaxed).to_string()))
+        })
+    }))
+    .await;
+    let gw = Gateway::start(&proxy_config(backend.addr, ""));
+    let web = gw.listener("web");
+    // Warm up, then measure the peak from here.
+    assert_eq!(get(web, "a", "/").await.0, 200);
+    let (rss_before, _) = gw.memory_kib();
+    gw.reset_peak();
+
+    let upload = Request::builder()
+        .method("POST")
+        .uri("/upload")
+        .header("host", "a")
+        .body(Generated::new(HUNDRED_MIB))
+        .unwrap();
+    let stream = tokio::net::TcpStream::connect(web).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let response = sender.send_request(upload).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(String::from_utf8_lossy(&body), HUNDRED_MIB.to_string());
+
+    let stream = tokio::net::TcpStream::connect(web).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .uri("/download")
+        .header("host", "a")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let mut body = sender.send_request(req).await.unwrap().into_body();
+    let mut downloaded = 0u64;
+    while let Some(frame) = body.frame().await {
+        downloaded += frame
+            .unwrap()
+            .into_data()
+            .map(|d| d.len() as u64)
+            .unwrap_or(0);
+    }
+    assert_eq!(downloaded, HUNDRED_MIB);
+
+    let (_, peak) = gw.memory_kib();
+    let growth_kib = peak.saturating_sub(rss_before);
+    assert!(growth_kib < 8 * 1024, "memory grew by {growth_kib} KiB while streaming 2 x 100 MiB (before {rss_before} KiB, peak {peak} KiB)");
+}
