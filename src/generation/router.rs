@@ -57,7 +57,7 @@ impl Router {
             }
         }
         let sort = |group: &mut Vec<Arc<Route>>| {
-            group.sort_by(|a, b| precedence(b).cmp(&precedence(a)));
+            group.sort_by_key(|route| std::cmp::Reverse(precedence(route)));
         };
         router.exact.values_mut().for_each(sort);
         router.suffix.values_mut().for_each(sort);

@@ -41,6 +41,8 @@ pub fn validate(source: &ConfigText) -> Result<Spec, Vec<Diagnostic>> {
             d.column = Some(column);
         }
     }
+    // Report in source order, as a compiler would.
+    diagnostics.sort_by_key(|d| (d.line.unwrap_or(usize::MAX), d.column.unwrap_or(0)));
     Err(diagnostics)
 }
 
@@ -797,10 +799,7 @@ impl Validator<'_> {
     /// never both be reached: the later one is dead configuration, and which
     /// one wins would depend on declaration order alone.
     fn ambiguous_routes(&mut self, routes: &[RouteSpec]) {
-        let mut seen: HashMap<
-            (String, Option<HostMatch>, String, String),
-            Vec<(String, Vec<Method>)>,
-        > = HashMap::new();
+        let mut seen: HashMap<MatchKey, Vec<(String, Vec<Method>)>> = HashMap::new();
         for route in routes {
             let headers = route
                 .headers
@@ -847,6 +846,10 @@ impl Validator<'_> {
         }
     }
 }
+
+/// Listener, host, path matcher and header matchers of a route: two
+/// routes with equal keys and overlapping methods are ambiguous.
+type MatchKey = (String, Option<HostMatch>, String, String);
 
 fn parse_host(host: &str) -> Option<HostMatch> {
     let lower = host.to_ascii_lowercase();

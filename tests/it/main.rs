@@ -2,3 +2,5 @@
 
 mod harness;
 mod proxy;
+mod reload;
+mod fixtures;

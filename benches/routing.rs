@@ -1,0 +1,85 @@
+//! Route matching and generation build at 10, 1 000 and 10 000 routes.
+//!
+//! Compares the cost of one `Router::route` lookup (hosts, wildcards,
+//! prefixes and regexes mixed, the request matching a route near the end
+//! of its group) and of `plan::validate` + `generation::build` as the
+//! configuration grows. Run: `cargo bench --bench routing`.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use cutover::config::ConfigText;
+use cutover::generation::{build, SharedState};
+use cutover::ids::GenerationId;
+use http::{HeaderMap, Method};
+
+/// A configuration with `n` routes over `n / 10` upstreams: a quarter
+/// exact hosts, a quarter wildcards, a quarter host-less prefixes, a
+/// quarter regexes.
+fn config(n: usize) -> String {
+    let mut out = String::from("[admin]\nbind = \"127.0.0.1:0\"\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n");
+    let upstreams = (n / 10).max(1);
+    for i in 0..n {
+        let matcher = match i % 4 {
+            0 => format!("hosts = [\"svc{i}.example.com\"]\npath_prefix = \"/api/{i}/\""),
+            1 => format!("hosts = [\"*.tenant{i}.example.com\"]\npath_prefix = \"/\""),
+            2 => format!("path_prefix = \"/static/{i}/\""),
+            _ => format!("hosts = [\"re{i}.example.com\"]\npath_regex = \"^/items/[0-9]+/{i}$\""),
+        };
+        out.push_str(&format!(
+            "[[routes]]\nname = \"r{i}\"\nlisteners = [\"web\"]\n{matcher}\nupstream = \"u{}\"\n\n",
+            i % upstreams
+        ));
+    }
+    for u in 0..upstreams {
+        out.push_str(&format!(
+            "[upstreams.u{u}]\nbackends = [{{ addr = \"127.0.0.1:{}\" }}]\n\n",
+            10000 + u
+        ));
+    }
+    out
+}
+
+fn bench_route_match(c: &mut Criterion) {
+    let mut group = c.benchmark_group("route_match");
+    for n in [10usize, 1_000, 10_000] {
+        let text = ConfigText::inline(config(n), ".".into(), "<bench>");
+        let spec = Arc::new(cutover::plan::validate(&text).expect("bench config validates"));
+        let generation = build(spec, GenerationId::FIRST, &SharedState::default()).expect("builds");
+        let router = generation.router("web").expect("web router");
+        let headers = HeaderMap::new();
+        let last_prefix = (n - 1) - ((n - 1) % 4) + 2;
+        let cases = [
+            ("exact_host", "svc0.example.com".to_owned(), "/api/0/users".to_owned()),
+            ("wildcard", format!("a.tenant{}.example.com", 1), "/x".to_owned()),
+            ("hostless_prefix", "unknown.test".to_owned(), format!("/static/{}/app.js", last_prefix.min(n - 1))),
+            ("miss", "unknown.test".to_owned(), "/nothing/here".to_owned()),
+        ];
+        for (name, host, path) in cases {
+            group.bench_with_input(BenchmarkId::new(name, n), &(host, path), |b, (host, path)| {
+                b.iter(|| black_box(router.route(Some(host), path, &Method::GET, &headers)))
+            });
+        }
+    }
+    group.finish();
+}
+
+fn bench_generation_build(c: &mut Criterion) {
+    let mut group = c.benchmark_group("generation_build");
+    group.sample_size(10);
+    for n in [10usize, 1_000, 10_000] {
+        let text = ConfigText::inline(config(n), ".".into(), "<bench>");
+        let shared = SharedState::default();
+        group.bench_with_input(BenchmarkId::new("validate_and_build", n), &text, |b, text| {
+            b.iter(|| {
+                let spec = Arc::new(cutover::plan::validate(text).expect("validates"));
+                black_box(build(spec, GenerationId(2), &shared).expect("builds"))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_route_match, bench_generation_build);
+criterion_main!(benches);
