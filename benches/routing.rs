@@ -51,15 +51,35 @@ fn bench_route_match(c: &mut Criterion) {
         let headers = HeaderMap::new();
         let last_prefix = (n - 1) - ((n - 1) % 4) + 2;
         let cases = [
-            ("exact_host", "svc0.example.com".to_owned(), "/api/0/users".to_owned()),
-            ("wildcard", format!("a.tenant{}.example.com", 1), "/x".to_owned()),
-            ("hostless_prefix", "unknown.test".to_owned(), format!("/static/{}/app.js", last_prefix.min(n - 1))),
-            ("miss", "unknown.test".to_owned(), "/nothing/here".to_owned()),
+            (
+                "exact_host",
+                "svc0.example.com".to_owned(),
+                "/api/0/users".to_owned(),
+            ),
+            (
+                "wildcard",
+                format!("a.tenant{}.example.com", 1),
+                "/x".to_owned(),
+            ),
+            (
+                "hostless_prefix",
+                "unknown.test".to_owned(),
+                format!("/static/{}/app.js", last_prefix.min(n - 1)),
+            ),
+            (
+                "miss",
+                "unknown.test".to_owned(),
+                "/nothing/here".to_owned(),
+            ),
         ];
         for (name, host, path) in cases {
-            group.bench_with_input(BenchmarkId::new(name, n), &(host, path), |b, (host, path)| {
-                b.iter(|| black_box(router.route(Some(host), path, &Method::GET, &headers)))
-            });
+            group.bench_with_input(
+                BenchmarkId::new(name, n),
+                &(host, path),
+                |b, (host, path)| {
+                    b.iter(|| black_box(router.route(Some(host), path, &Method::GET, &headers)))
+                },
+            );
         }
     }
     group.finish();
@@ -71,12 +91,16 @@ fn bench_generation_build(c: &mut Criterion) {
     for n in [10usize, 1_000, 10_000] {
         let text = ConfigText::inline(config(n), ".".into(), "<bench>");
         let shared = SharedState::default();
-        group.bench_with_input(BenchmarkId::new("validate_and_build", n), &text, |b, text| {
-            b.iter(|| {
-                let spec = Arc::new(cutover::plan::validate(text).expect("validates"));
-                black_box(build(spec, GenerationId(2), &shared).expect("builds"))
-            })
-        });
+        group.bench_with_input(
+            BenchmarkId::new("validate_and_build", n),
+            &text,
+            |b, text| {
+                b.iter(|| {
+                    let spec = Arc::new(cutover::plan::validate(text).expect("validates"));
+                    black_box(build(spec, GenerationId(2), &shared).expect("builds"))
+                })
+            },
+        );
     }
     group.finish();
 }

@@ -177,3 +177,6 @@ async fn ready(State(control): Shared) -> Response {
 async fn not_found() -> Response {
     ApiError::NotFound("no such admin endpoint".into()).into_response()
 }
+
+#[cfg(test)]
+mod tests;

@@ -56,15 +56,28 @@ fn invalid_fixtures_report_every_expected_error() {
         let mut expected_sorted = expected.clone();
         found.sort();
         expected_sorted.sort();
-        assert_eq!(found, expected_sorted, "{}: {diagnostics:#?}", file.display());
-        assert!(diagnostics.iter().all(|d| d.column.is_some()), "{}: every diagnostic has a column", file.display());
+        assert_eq!(
+            found,
+            expected_sorted,
+            "{}: {diagnostics:#?}",
+            file.display()
+        );
+        assert!(
+            diagnostics.iter().all(|d| d.column.is_some()),
+            "{}: every diagnostic has a column",
+            file.display()
+        );
     }
 }
 
 #[test]
 fn check_command_prints_file_line_column_and_exits_1() {
     let file = workspace().join("fixtures/configs/invalid/references.toml");
-    let out = Command::new(BIN).args(["check", "-c"]).arg(&file).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["check", "-c"])
+        .arg(&file)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let first = stderr.lines().next().unwrap();
@@ -84,5 +97,8 @@ fn check_command_prints_file_line_column_and_exits_1() {
         .unwrap();
     assert_eq!(ok.status.code(), Some(0));
     let stdout = String::from_utf8_lossy(&ok.stdout);
-    assert!(stdout.contains(": ok: 1 listeners, 3 routes, 1 upstreams (sha256:"), "{stdout}");
+    assert!(
+        stdout.contains(": ok: 1 listeners, 3 routes, 1 upstreams (sha256:"),
+        "{stdout}"
+    );
 }

@@ -1,6 +1,6 @@
 //! Integration tests: the real `cutover` binary on ephemeral loopback ports.
 
+mod fixtures;
 mod harness;
 mod proxy;
 mod reload;
-mod fixtures;

@@ -33,7 +33,9 @@ async fn a_request_finishes_on_the_generation_that_admitted_it() {
     let web = gw.listener("web");
 
     let slow = tokio::spawn(async move { get(web, "a", "/slow").await });
-    tokio::time::timeout(Duration::from_secs(5), arrived.notified()).await.expect("slow request reached A");
+    tokio::time::timeout(Duration::from_secs(5), arrived.notified())
+        .await
+        .expect("slow request reached A");
 
     gw.write_config(&proxy_config(backend_b.addr, ""));
     gw.signal("HUP");
@@ -41,16 +43,26 @@ async fn a_request_finishes_on_the_generation_that_admitted_it() {
     let status = gw.status().await;
     let pinned = status["generations"].as_array().unwrap();
     assert!(
-        pinned.iter().any(|g| g["generation"] == 1 && g["inflight_requests"] == 1),
+        pinned
+            .iter()
+            .any(|g| g["generation"] == 1 && g["inflight_requests"] == 1),
         "generation 1 should still carry the slow request: {status}"
     );
 
     let (code, _, body) = get(web, "a", "/fast").await;
-    assert_eq!((code, body.as_str()), (200, "B"), "a request admitted after the swap goes to B");
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "B"),
+        "a request admitted after the swap goes to B"
+    );
 
     release.notify_one();
     let (code, _, body) = slow.await.unwrap();
-    assert_eq!((code, body.as_str()), (200, "A"), "the pinned request finishes on A");
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "A"),
+        "the pinned request finishes on A"
+    );
 }
 
 /// 32 keep-alive connections send requests back to back while the
@@ -72,17 +84,32 @@ async fn zero_errors_while_reloading_200_times() {
     for _ in 0..32 {
         let (stop, ok) = (Arc::clone(&stop), Arc::clone(&ok));
         clients.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(web).await.map_err(|e| e.to_string())?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            let stream = tokio::net::TcpStream::connect(web)
                 .await
                 .map_err(|e| e.to_string())?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .map_err(|e| e.to_string())?;
             let conn = tokio::spawn(conn);
             let mut seen = HashSet::new();
             while !stop.load(Ordering::Relaxed) {
-                let req = Request::builder().uri("/").header("host", "a").body(Full::new(Bytes::new())).unwrap();
-                let response = sender.send_request(req).await.map_err(|e| format!("request failed: {e}"))?;
+                let req = Request::builder()
+                    .uri("/")
+                    .header("host", "a")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let response = sender
+                    .send_request(req)
+                    .await
+                    .map_err(|e| format!("request failed: {e}"))?;
                 let status = response.status();
-                let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+                let body = response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .to_bytes();
                 if status != 200 || !(body == "A" || body == "B") {
                     return Err(format!("unexpected answer {status} {body:?}"));
                 }
@@ -103,12 +130,22 @@ async fn zero_errors_while_reloading_200_times() {
     stop.store(true, Ordering::Relaxed);
     let mut saw_both = 0;
     for client in clients {
-        let seen = client.await.unwrap().unwrap_or_else(|e| panic!("client error: {e}\n{}", gw.logs()));
+        let seen = client
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("client error: {e}\n{}", gw.logs()));
         if seen == 2 {
             saw_both += 1;
         }
     }
     assert_eq!(gw.active_generation().await, 201);
-    assert!(ok.load(Ordering::Relaxed) > 1000, "too few requests: {}", ok.load(Ordering::Relaxed));
-    assert!(saw_both > 0, "no connection saw both backends: keep-alive requests did not follow the swaps");
+    assert!(
+        ok.load(Ordering::Relaxed) > 1000,
+        "too few requests: {}",
+        ok.load(Ordering::Relaxed)
+    );
+    assert!(
+        saw_both > 0,
+        "no connection saw both backends: keep-alive requests did not follow the swaps"
+    );
 }

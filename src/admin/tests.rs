@@ -1,0 +1,536 @@
+//! Router tests: every status code of DESIGN §4, through `oneshot`.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use super::{router, Security};
+use crate::admission::Admission;
+use crate::config::ConfigText;
+use crate::control::Control;
+use crate::generation::{build, SharedState};
+use crate::ids::GenerationId;
+use crate::proxy::ListenerSet;
+use crate::runtime::{GenerationStore, History, PersistedState, Phase, PhaseCell};
+use crate::telemetry::LogLevel;
+
+const ADMIN: &str = "127.0.0.1:9190";
+
+const BASE: &str = r#"
+[admin]
+bind = "127.0.0.1:0"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "hello"
+listeners = ["web"]
+timeout = "15s"
+respond = { body = "hello" }
+"#;
+
+struct Admin {
+    control: Arc<Control>,
+    router: axum::Router,
+    _dir: tempfile::TempDir,
+}
+
+fn admin_with(text: &str, token: Option<&str>) -> Admin {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, text).expect("write");
+    let source = ConfigText::read(&path).expect("read");
+    let spec = Arc::new(crate::plan::validate(&source).expect("valid base config"));
+    let shared = Arc::new(SharedState::default());
+    let store = Arc::new(GenerationStore::new(
+        build(Arc::clone(&spec), GenerationId::FIRST, &shared).expect("build"),
+    ));
+    let listeners = ListenerSet::new(Admission::new(Arc::clone(&store)));
+    listeners.start(listeners.bind_new(&spec.listeners).expect("bind"));
+    let mut history = History::new(spec.runtime.history_limit, None, PersistedState::default());
+    history.record_generation(crate::runtime::GenerationRecord {
+        generation: GenerationId::FIRST,
+        config_version: spec.config_version.clone(),
+        activated_at: crate::runtime::rfc3339(std::time::SystemTime::now()),
+        source: crate::runtime::Source::Startup,
+        rolled_back_to: None,
+        requested_by: None,
+        reason: None,
+        config: source.text.clone(),
+        base_dir: source.base_dir.clone(),
+        origin: source.origin.clone(),
+    });
+    let phase = Arc::new(PhaseCell::default());
+    phase.advance(Phase::Running);
+    let control = Arc::new(Control::new(
+        store,
+        shared,
+        listeners,
+        history,
+        path,
+        LogLevel::detached(),
+        phase,
+    ));
+    let security = Security {
+        address: ADMIN.parse().expect("addr"),
+        token: token.map(str::to_owned),
+    };
+    Admin {
+        router: router(Arc::clone(&control), security),
+        control,
+        _dir: dir,
+    }
+}
+
+fn admin() -> Admin {
+    admin_with(BASE, None)
+}
+
+async fn call(admin: &Admin, request: Request<Body>) -> (StatusCode, Value) {
+    let response = admin
+        .router
+        .clone()
+        .oneshot(request)
+        .await
+        .expect("infallible");
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, value)
+}
+
+fn post(path: &str, content_type: &str, body: impl Into<Body>) -> Request<Body> {
+    Request::post(path)
+        .header("host", ADMIN)
+        .header("content-type", content_type)
+        .body(body.into())
+        .expect("request")
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path)
+        .header("host", ADMIN)
+        .body(Body::empty())
+        .expect("request")
+}
+
+fn toml(path: &str, text: &str) -> Request<Body> {
+    post(path, "application/toml", text.to_owned())
+}
+
+#[tokio::test]
+async fn validate_answers_a_plan_and_records_nothing() {
+    let a = admin();
+    let candidate = BASE.replace("\"15s\"", "\"5s\"");
+    let (status, plan) = call(&a, toml("/admin/runtime/validate", &candidate)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(plan["activatable"], true);
+    assert_eq!(plan["active_generation"], 1);
+    assert!(plan["config_version"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("sha256:")));
+    assert_eq!(
+        plan["diff"]["changes"][0]["fields"][0]["path"],
+        "routes.hello.timeout"
+    );
+    assert_eq!(plan["diff"]["changes"][0]["disposition"], "live");
+    assert!(plan["diff"]["text"]
+        .as_str()
+        .is_some_and(|t| t.starts_with("--- generation 1\n+++ candidate\n")));
+
+    let invalid = BASE.replace("respond = { body = \"hello\" }", "upstream = \"nope\"");
+    let (status, plan) = call(&a, toml("/admin/runtime/validate", &invalid)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(plan["activatable"], false);
+    assert_eq!(plan["errors"][0]["code"], "unknown_upstream");
+    assert_eq!(plan["errors"][0]["path"], "routes[0].upstream");
+    assert_eq!(plan["errors"][0]["line"], 13);
+    assert_eq!(plan["errors"][0]["column"], 12);
+
+    let (_, history) = call(&a, get("/admin/runtime/history")).await;
+    assert_eq!(history["operations"].as_array().map(Vec::len), Some(0));
+}
+
+#[tokio::test]
+async fn candidate_forms_and_request_errors() {
+    let a = admin();
+    let json_form = json!({ "config": BASE, "requested_by": "ci" }).to_string();
+    let (status, plan) = call(
+        &a,
+        post("/admin/runtime/validate", "application/json", json_form),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(plan["activatable"], true);
+    // Empty body: the file the process started with.
+    let (status, plan) = call(&a, post("/admin/runtime/validate", "application/json", "")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(plan["diff"]["changes"], json!([]));
+    let (status, _) = call(
+        &a,
+        post(
+            "/admin/runtime/validate",
+            "application/json",
+            r#"{"config_path": "gateway.toml"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = call(
+        &a,
+        post(
+            "/admin/runtime/validate",
+            "application/json",
+            r#"{"config_path": "../../etc/passwd"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = call(
+        &a,
+        post("/admin/runtime/validate", "application/json", "{not json"),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("bad_request"))
+    );
+    let (status, _) = call(&a, post("/admin/runtime/validate", "text/plain", "x = 1")).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let huge = "#".repeat(2 * 1024 * 1024);
+    let (status, _) = call(
+        &a,
+        post("/admin/runtime/validate", "application/toml", huge),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let (status, _) = call(&a, get("/admin/runtime/activate")).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    let (status, _) = call(&a, get("/admin/nothing")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn preview_is_recorded() {
+    let a = admin();
+    let (status, plan) = call(
+        &a,
+        toml("/admin/runtime/preview?requested_by=ci&reason=check", BASE),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let id = plan["operation_id"]
+        .as_str()
+        .expect("operation id")
+        .to_owned();
+    let (status, op) = call(&a, get(&format!("/admin/runtime/operations/{id}"))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (
+            op["kind"].as_str(),
+            op["outcome"].as_str(),
+            op["requested_by"].as_str()
+        ),
+        (Some("preview"), Some("succeeded"), Some("ci"))
+    );
+    let (status, _) = call(&a, get("/admin/runtime/operations/op-999999")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn activate_commits_then_conflicts_then_is_unchanged() {
+    let a = admin();
+    let candidate = BASE.replace("\"15s\"", "\"5s\"");
+    let (status, activation) = call(
+        &a,
+        toml(
+            "/admin/runtime/activate?expected_generation=1&requested_by=ci",
+            &candidate,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{activation}");
+    assert_eq!(activation["outcome"], "activated");
+    assert_eq!(
+        (
+            activation["generation"].as_u64(),
+            activation["previous_generation"].as_u64()
+        ),
+        (Some(2), Some(1))
+    );
+    assert_eq!(activation["rolled_back_to"], Value::Null);
+    assert_eq!(activation["listeners"][0]["name"], "web");
+    assert_eq!(activation["listeners"][0]["state"], "bound");
+    assert!(activation["operation_id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("op-")));
+    assert_eq!(a.control.store().active_id(), GenerationId(2));
+
+    let (status, conflict) = call(
+        &a,
+        toml("/admin/runtime/activate?expected_generation=1", BASE),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(conflict["error"], "generation_conflict");
+    assert_eq!(
+        (
+            conflict["expected_generation"].as_u64(),
+            conflict["active_generation"].as_u64()
+        ),
+        (Some(1), Some(2))
+    );
+
+    let (status, same) = call(&a, toml("/admin/runtime/activate", &candidate)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (same["outcome"].as_str(), same["generation"].as_u64()),
+        (Some("unchanged"), Some(2))
+    );
+    assert_eq!(a.control.store().active_id(), GenerationId(2));
+
+    let (status, reload) = call(&a, post("/admin/runtime/reload", "application/json", "")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (reload["outcome"].as_str(), reload["generation"].as_u64()),
+        (Some("activated"), Some(3))
+    );
+}
+
+#[tokio::test]
+async fn invalid_and_restart_required_candidates_are_422_and_change_nothing() {
+    let a = admin();
+    let invalid = BASE.replace("timeout = \"15s\"", "timeout = \"soon\"");
+    let (status, plan) = call(&a, toml("/admin/runtime/activate", &invalid)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(plan["errors"][0]["code"], "invalid_duration");
+
+    let moved = BASE.replace(
+        "name = \"web\"\nbind = \"127.0.0.1:0\"",
+        "name = \"web\"\nbind = \"127.0.0.1:1\"",
+    );
+    let (status, plan) = call(&a, toml("/admin/runtime/activate", &moved)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(plan["activatable"], false);
+    assert_eq!(plan["rejected"][0]["path"], "listeners.web.bind");
+    assert_eq!(plan["rejected"][0]["reason"], "restart_required");
+    assert_eq!(plan["diff"]["summary"]["restart_required"], 1);
+    assert_eq!(a.control.store().active_id(), GenerationId(1));
+
+    let (_, history) = call(&a, get("/admin/runtime/history")).await;
+    let outcomes: Vec<_> = history["operations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| o["outcome"].clone())
+        .collect();
+    assert_eq!(outcomes, vec![json!("rejected"), json!("rejected")]);
+}
+
+#[tokio::test]
+async fn expected_generation_can_be_required() {
+    let text = BASE.replace("[admin]\n", "[admin]\nrequire_expected_generation = true\n");
+    let a = admin_with(&text, None);
+    let (status, body) = call(&a, toml("/admin/runtime/activate", &text)).await;
+    assert_eq!(status, StatusCode::PRECONDITION_REQUIRED);
+    assert_eq!(body["error"], "expected_generation_required");
+    let (status, _) = call(
+        &a,
+        toml("/admin/runtime/activate?expected_generation=1", &text),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn draining_refuses_changes_and_readiness() {
+    let a = admin();
+    let (status, _) = call(&a, get("/admin/ready")).await;
+    assert_eq!(status, StatusCode::OK);
+    a.control.phase().advance(Phase::Draining);
+    let (status, body) = call(&a, toml("/admin/runtime/activate", BASE)).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("draining"))
+    );
+    let (status, _) = call(&a, get("/admin/ready")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _) = call(&a, get("/admin/health")).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn history_status_and_rollback() {
+    let a = admin();
+    let v2 = BASE.replace("\"15s\"", "\"5s\"");
+    let with_listener = format!("{v2}\n[[listeners]]\nname = \"extra\"\nbind = \"127.0.0.1:0\"\n");
+    assert_eq!(
+        call(&a, toml("/admin/runtime/activate", &v2)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&a, toml("/admin/runtime/activate", &with_listener))
+            .await
+            .0,
+        StatusCode::OK
+    );
+
+    let (status, history) = call(&a, get("/admin/runtime/history")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(history["active_generation"], 3);
+    assert_eq!(history["history_limit"], 16);
+    let generations = history["generations"].as_array().expect("generations");
+    let ids: Vec<_> = generations
+        .iter()
+        .map(|g| g["generation"].as_u64())
+        .collect();
+    assert_eq!(ids, vec![Some(3), Some(2), Some(1)]);
+    assert_eq!(generations[0]["status"], "active");
+    assert_eq!(generations[0]["rollback_candidate"], false);
+    // Going back to 2 or 1 would remove the `extra` listener: restart-required.
+    assert_eq!(generations[1]["rollback_candidate"], false);
+    assert_eq!(generations[0]["source"], "activate");
+
+    let (status, detail) = call(&a, get("/admin/runtime/history/2")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(detail["predecessor"], 1);
+    assert!(detail["config"].as_str().is_some_and(|c| c.contains("5s")));
+    assert_eq!(detail["diff"]["summary"]["modified"], 1);
+    assert_eq!(
+        call(&a, get("/admin/runtime/history/99")).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(&a, get("/admin/runtime/history/abc")).await.0,
+        StatusCode::BAD_REQUEST
+    );
+
+    let rollback = |body: Value| {
+        post(
+            "/admin/runtime/rollback",
+            "application/json",
+            body.to_string(),
+        )
+    };
+    let (status, body) = call(
+        &a,
+        rollback(json!({ "target_generation": 2, "expected_active_generation": 3 })),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"], "target_not_activatable");
+    assert_eq!(body["rejected"][0]["path"], "listeners.extra");
+    let (status, body) = call(&a, rollback(json!({ "target_generation": 3 }))).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("target_active"))
+    );
+    let (status, body) = call(&a, rollback(json!({ "target_generation": 42 }))).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::NOT_FOUND, Some("generation_not_retained"))
+    );
+
+    // Add generation 4 without the listener removal problem: back to 3's content.
+    let v4 = with_listener.replace("\"5s\"", "\"7s\"");
+    assert_eq!(
+        call(&a, toml("/admin/runtime/activate", &v4)).await.0,
+        StatusCode::OK
+    );
+    let (status, body) = call(
+        &a,
+        rollback(json!({ "target_generation": 3, "expected_active_generation": 2 })),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("generation_conflict"))
+    );
+    let (status, body) = call(&a, rollback(json!({ "target_generation": 3, "expected_active_generation": 4, "reason": "bad deploy" }))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (body["generation"].as_u64(), body["rolled_back_to"].as_u64()),
+        (Some(5), Some(3))
+    );
+
+    let (status, st) = call(&a, get("/admin/runtime/status")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(st["active_generation"], 5);
+    assert_eq!(st["phase"], "running");
+    assert_eq!(st["last_operation"]["kind"], "rollback");
+    assert_eq!(st["last_operation"]["outcome"], "succeeded");
+    assert!(st["pid"].as_u64().is_some());
+    assert_eq!(
+        st["generations"][st["generations"].as_array().map_or(0, Vec::len) - 1]["generation"],
+        5
+    );
+    let (status, _) = call(&a, post("/admin/runtime/rollback", "text/plain", "3")).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+}
+
+#[tokio::test]
+async fn guards_refuse_without_detail() {
+    let a = admin_with(BASE, Some("0123456789abcdef-secret"));
+    let (status, body) = call(&a, get("/admin/runtime/status")).await;
+    assert_eq!((status, body), (StatusCode::UNAUTHORIZED, Value::Null));
+    let authed = |req: axum::http::request::Builder| {
+        req.header("authorization", "Bearer 0123456789abcdef-secret")
+            .body(Body::empty())
+            .expect("request")
+    };
+    let (status, _) = call(
+        &a,
+        authed(Request::get("/admin/runtime/status").header("host", ADMIN)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = call(
+        &a,
+        authed(Request::get("/admin/runtime/status").header("host", "localhost:9190")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = call(
+        &a,
+        authed(Request::get("/admin/runtime/status").header("host", "evil.example:9190")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = call(
+        &a,
+        authed(
+            Request::get("/admin/runtime/status")
+                .header("host", ADMIN)
+                .header("origin", "https://evil.example"),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = call(
+        &a,
+        authed(
+            Request::get("/admin/runtime/status")
+                .header("host", ADMIN)
+                .header("origin", "http://127.0.0.1:9190"),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let wrong = Request::get("/admin/runtime/status")
+        .header("host", ADMIN)
+        .header("authorization", "Bearer 0123456789abcdef-secreT")
+        .body(Body::empty())
+        .expect("request");
+    assert_eq!(call(&a, wrong).await.0, StatusCode::UNAUTHORIZED);
+}
