@@ -99,10 +99,6 @@ impl Gateway {
         }
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     pub fn listener(&self, name: &str) -> SocketAddr {
         self.listeners
             .iter()

@@ -1,5 +1,6 @@
 //! Integration tests: the real `cutover` binary on ephemeral loopback ports.
 
+mod admin;
 mod fixtures;
 mod harness;
 mod proxy;

@@ -1,0 +1,450 @@
+//! The admin API and `cutover ctl` against the real binary.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use serde_json::Value;
+
+use crate::harness::*;
+
+async fn activate(gw: &Gateway, config: &str, query: &str) -> (u16, Value) {
+    admin_request(
+        gw.admin,
+        "POST",
+        &format!("/admin/runtime/activate{query}"),
+        Some("application/toml"),
+        Some(config.to_owned()),
+    )
+    .await
+}
+
+async fn history(gw: &Gateway) -> Value {
+    admin_request(gw.admin, "GET", "/admin/runtime/history", None, None)
+        .await
+        .1
+}
+
+fn with_listener(base: &str, name: &str, bind: SocketAddr) -> String {
+    format!("{base}\n[[listeners]]\nname = \"{name}\"\nbind = \"{bind}\"\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_is_pure_and_preview_is_recorded() {
+    let backend = Backend::named("A").await;
+    let base = proxy_config(backend.addr, "");
+    let gw = Gateway::start(&base);
+    let port = closed_port();
+    let candidate = with_listener(&base, "extra", port);
+
+    let (status, plan) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/validate",
+        Some("application/toml"),
+        Some(candidate.clone()),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(plan["activatable"], true);
+    assert_eq!(plan["diff"]["summary"]["added"], 1);
+    assert!(
+        tokio::net::TcpStream::connect(port).await.is_err(),
+        "validate must not bind {port}"
+    );
+    assert_eq!(
+        history(&gw).await["operations"].as_array().map(Vec::len),
+        Some(0)
+    );
+
+    let (status, preview) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/preview?requested_by=ci",
+        Some("application/toml"),
+        Some(candidate),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        tokio::net::TcpStream::connect(port).await.is_err(),
+        "preview must not bind {port}"
+    );
+    let ops = history(&gw).await["operations"].clone();
+    assert_eq!(ops.as_array().map(Vec::len), Some(1));
+    assert_eq!(ops[0]["kind"], "preview");
+    assert_eq!(ops[0]["id"], preview["operation_id"]);
+    assert_eq!(gw.active_generation().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_activations_from_one_expected_generation_have_one_winner() {
+    let backend = Backend::named("A").await;
+    let gw = Gateway::start(&proxy_config(backend.addr, ""));
+    for round in 0..50u64 {
+        let expected = round + 1;
+        let mut attempts = Vec::new();
+        for contender in 0..8 {
+            let config = proxy_config(
+                backend.addr,
+                &format!("timeout = \"{}ms\"", 1000 + round * 8 + contender),
+            );
+            let admin = gw.admin;
+            attempts.push(tokio::spawn(async move {
+                admin_request(
+                    admin,
+                    "POST",
+                    &format!("/admin/runtime/activate?expected_generation={expected}"),
+                    Some("application/toml"),
+                    Some(config),
+                )
+                .await
+            }));
+        }
+        let mut won = 0;
+        let mut conflicts = 0;
+        for attempt in attempts {
+            match attempt.await.unwrap() {
+                (200, body) => {
+                    assert_eq!(body["generation"], expected + 1);
+                    won += 1;
+                }
+                (409, body) => {
+                    let error = body["error"].as_str().unwrap_or("");
+                    assert!(
+                        error == "generation_conflict" || error == "operation_in_progress",
+                        "{body}"
+                    );
+                    conflicts += 1;
+                }
+                (status, body) => panic!("round {round}: unexpected {status} {body}"),
+            }
+        }
+        assert_eq!((won, conflicts), (1, 7), "round {round}");
+    }
+    assert_eq!(gw.active_generation().await, 51);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_required_and_bind_conflicts_change_nothing() {
+    let backend = Backend::named("A").await;
+    let base = proxy_config(backend.addr, "");
+    let gw = Gateway::start(&base);
+    let web = gw.listener("web");
+
+    let moved = base.replacen(
+        "bind = \"127.0.0.1:0\"\n\n[[routes]]",
+        &format!("bind = \"{}\"\n\n[[routes]]", closed_port()),
+        1,
+    );
+    let (status, plan) = activate(&gw, &moved, "").await;
+    assert_eq!(status, 422, "{plan}");
+    assert_eq!(plan["rejected"][0]["path"], "listeners.web.bind");
+    assert_eq!(plan["rejected"][0]["reason"], "restart_required");
+    assert_eq!(get(web, "a", "/").await.2, "A", "traffic unaffected");
+
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = held.local_addr().unwrap();
+    let (status, body) = activate(&gw, &with_listener(&base, "extra", taken), "").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&taken.to_string()),
+        "{body}"
+    );
+    let status = gw.status().await;
+    let listeners: Vec<_> = status["listeners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].clone())
+        .collect();
+    assert_eq!(listeners, vec![Value::from("web")]);
+    assert_eq!(status["active_generation"], 1);
+    assert_eq!(get(web, "a", "/").await.2, "A");
+
+    // The same candidate once the port is free: bound before the swap, then serving.
+    drop(held);
+    let (status, body) = activate(&gw, &with_listener(&base, "extra", taken), "").await;
+    assert_eq!(status, 200, "{body}");
+    let bound: HashSet<_> = body["listeners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(bound.contains("extra"));
+    let (status, _) = activate(&gw, &with_listener(&base, "extra", taken), "").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        gw.active_generation().await,
+        2,
+        "identical candidate is unchanged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_stays_bounded_and_rollback_restores_routing() {
+    let a = Backend::named("A").await;
+    let b = Backend::named("B").await;
+    let limit = "[runtime]\nhistory_limit = 5\n";
+    let config_a = format!("{limit}{}", proxy_config(a.addr, ""));
+    let gw = Gateway::start(&config_a);
+    let web = gw.listener("web");
+    for i in 0..100u64 {
+        let config = format!(
+            "{limit}{}",
+            proxy_config(
+                if i % 2 == 0 { b.addr } else { a.addr },
+                &format!("timeout = \"{}s\"", 10 + i)
+            )
+        );
+        let (status, body) =
+            activate(&gw, &config, &format!("?expected_generation={}", i + 1)).await;
+        assert_eq!(status, 200, "{body}");
+        let h = history(&gw).await;
+        assert!(h["generations"].as_array().unwrap().len() <= 5);
+    }
+    let h = history(&gw).await;
+    assert_eq!(h["generations"].as_array().unwrap().len(), 5);
+    assert_eq!(h["generations"][0]["generation"], 101);
+    assert_eq!(
+        get(web, "a", "/").await.2,
+        "A",
+        "generation 101 routes to A"
+    );
+    // Generation 100 routed to B.
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/rollback",
+        Some("application/json"),
+        Some(
+            r#"{"target_generation": 100, "expected_active_generation": 101, "reason": "test"}"#
+                .into(),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["rolled_back_to"], 100);
+    assert_eq!(
+        get(web, "a", "/").await.2,
+        "B",
+        "the very next request follows the rollback"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_dir_keeps_ids_and_rollback_targets_across_restarts() {
+    let a = Backend::named("A").await;
+    let b = Backend::named("B").await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let with_state = |backend: SocketAddr| {
+        format!(
+            "[runtime]\nstate_dir = \"{}\"\n{}",
+            state.display(),
+            proxy_config(backend, "")
+        )
+    };
+    let gw = Gateway::start_in(dir, &with_state(a.addr));
+    assert_eq!(
+        activate(&gw, &with_state(b.addr), "?expected_generation=1")
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        activate(
+            &gw,
+            &with_state(a.addr)
+                .replace("upstream = \"app\"", "upstream = \"app\"\ntimeout = \"9s\""),
+            ""
+        )
+        .await
+        .0,
+        200
+    );
+    let before = history(&gw).await;
+    let dir = {
+        let mut gw = gw;
+        gw.signal("TERM");
+        assert_eq!(gw.wait_exit(std::time::Duration::from_secs(10)), Some(0));
+        std::mem::replace(&mut gw.dir, tempfile::tempdir().unwrap())
+    };
+    let gw = Gateway::start_in(dir, &with_state(a.addr));
+    assert_eq!(
+        gw.active_generation().await,
+        3,
+        "restarts on the persisted active generation"
+    );
+    let after = history(&gw).await;
+    assert_eq!(after["generations"], before["generations"]);
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/rollback",
+        Some("application/json"),
+        Some(r#"{"target_generation": 2, "expected_active_generation": 3}"#.into()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["generation"], 4);
+    assert_eq!(get(gw.listener("web"), "a", "/").await.2, "B");
+}
+
+/// 32 keep-alive connections send continuously while 1000 activations
+/// alternate between two configurations through the admin API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_activations_under_load() {
+    let a = Backend::named("A").await;
+    let b = Backend::named("B").await;
+    let config_a = proxy_config(a.addr, "");
+    let config_b = proxy_config(b.addr, "");
+    let gw = Gateway::start(&config_a);
+    let web = gw.listener("web");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..32 {
+        let (stop, answered) = (Arc::clone(&stop), Arc::clone(&answered));
+        clients.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(web)
+                .await
+                .map_err(|e| e.to_string())?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            while !stop.load(Ordering::Relaxed) {
+                let req = Request::builder()
+                    .uri("/")
+                    .header("host", "a")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let response = sender
+                    .send_request(req)
+                    .await
+                    .map_err(|e| format!("connection error: {e}"))?;
+                let status = response.status();
+                let body = response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .to_bytes();
+                if !status.is_success() || !(body == "A" || body == "B") {
+                    return Err(format!("unexpected {status} {body:?}"));
+                }
+                answered.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, String>(())
+        }));
+    }
+    // Warm-up under the same load: connections open, pools and metric
+    // families exist, and the operation log reaches its 256-entry bound.
+    // Memory is measured from there: what must not grow is the cost per
+    // activation.
+    let warm_up = 300u64;
+    let mut rss_before = 0;
+    for i in 0..warm_up + 1000 {
+        if i == warm_up {
+            rss_before = gw.memory_kib().0;
+        }
+        let config = if i % 2 == 0 { &config_b } else { &config_a };
+        let (status, body) =
+            activate(&gw, config, &format!("?expected_generation={}", i + 1)).await;
+        assert_eq!(status, 200, "activation {i}: {body}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert_eq!(gw.active_generation().await, 1 + warm_up + 1000);
+    assert!(answered.load(Ordering::Relaxed) > 1000);
+    let (rss_after, _) = gw.memory_kib();
+    let growth = rss_after as f64 / rss_before as f64;
+    eprintln!("1000 activations under load: {} responses, RSS {rss_before} KiB -> {rss_after} KiB ({growth:.3}x)", answered.load(Ordering::Relaxed));
+    assert!(
+        growth < 1.10,
+        "resident memory grew from {rss_before} KiB to {rss_after} KiB ({growth:.3}x)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_exit_codes_follow_the_contract() {
+    let backend = Backend::named("A").await;
+    let base = proxy_config(backend.addr, "");
+    let gw = Gateway::start(&base);
+    let good = gw.path("candidate.toml");
+    std::fs::write(&good, proxy_config(backend.addr, "timeout = \"3s\"")).unwrap();
+    let bad = gw.path("bad.toml");
+    std::fs::write(
+        &bad,
+        base.replace("upstream = \"app\"", "upstream = \"missing\""),
+    )
+    .unwrap();
+    let admin = gw.admin_url();
+    let ctl = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("ctl")
+            .arg("--admin")
+            .arg(&admin)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let good = good.to_str().unwrap();
+    let bad = bad.to_str().unwrap();
+    let (code, out, _) = ctl(&["validate", good]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("activatable: yes"), "{out}");
+    let (code, out, _) = ctl(&["validate", bad]);
+    assert_eq!(code, Some(1));
+    assert!(out.contains("unknown_upstream"), "{out}");
+    let (code, out, _) = ctl(&["activate", good, "--expect", "1", "--reason", "ctl test"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("activated: generation 2") && out.contains("+timeout = \"3s\""),
+        "{out}"
+    );
+    let (code, _, err) = ctl(&["activate", good, "--expect", "1"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, out, _) = ctl(&["activate", good]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("unchanged"), "{out}");
+    let (code, _, _) = ctl(&["activate", bad]);
+    assert_eq!(code, Some(1));
+    let (code, out, _) = ctl(&["--json", "history"]);
+    assert_eq!(code, Some(0));
+    let history: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(history["active_generation"], 2);
+    let (code, _, _) = ctl(&["rollback", "--to", "1", "--expect", "2"]);
+    assert_eq!(code, Some(0));
+    let (code, _, _) = ctl(&["status"]);
+    assert_eq!(code, Some(0));
+    let unreachable = Command::new(BIN)
+        .args([
+            "ctl",
+            "--admin",
+            &format!("http://{}", closed_port()),
+            "status",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(3));
+}
