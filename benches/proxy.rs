@@ -1,0 +1,400 @@
+//! End-to-end load: direct to a backend versus through cutover, in one run.
+//!
+//! Starts a small hyper backend (HTTP/1.1 and h2c) on loopback and the real
+//! `cutover` binary in front of it, then drives keep-alive load with `wrk`
+//! (HTTP/1.1) and `h2load` (h2c) from Debian's packages when installed,
+//! or with a built-in hyper load generator otherwise. Prints requests/s and
+//! p50/p99 latency for (a) direct, (b) through cutover, and the ratios b/a;
+//! then (c) the same load through cutover while 1 000 activations run,
+//! with the error count and the p99 ratio against (b).
+//!
+//! Run: `cargo bench --bench proxy` (`CUTOVER_BENCH_SECONDS` sets the
+//! duration of each run, default 10).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+const CONNECTIONS: usize = 64;
+
+struct Run {
+    label: String,
+    requests_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+}
+
+fn main() {
+    // `cargo test --benches` and `cargo bench --no-run` must not run load.
+    if std::env::args().any(|a| a == "--list" || a == "--test") {
+        return;
+    }
+    let seconds: u64 = std::env::var("CUTOVER_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let backend = runtime.block_on(start_backend());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = format!(
+        "[admin]\nbind = \"127.0.0.1:0\"\n\n[log]\nlevel = \"warn\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n[[routes]]\nname = \"all\"\nlisteners = [\"web\"]\nupstream = \"app\"\n\n[upstreams.app]\nbackends = [{{ addr = \"{backend}\" }}]\n"
+    );
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, &config).expect("write config");
+    let (mut gateway, web, admin) = start_gateway(&path);
+    let have_wrk = which("wrk");
+    let have_h2load = which("h2load");
+    println!(
+        "load: {CONNECTIONS} keep-alive connections, {seconds}s per run, generator: {}",
+        if have_wrk { "wrk -t1" } else { "built-in" }
+    );
+
+    let direct = http1(&runtime, have_wrk, backend, seconds, "a) direct");
+    let proxied = http1(&runtime, have_wrk, web, seconds, "b) cutover");
+    let mut runs = vec![direct, proxied];
+
+    if have_h2load {
+        runs.push(h2(backend, seconds, "a) direct h2c"));
+        runs.push(h2(web, seconds, "b) cutover h2c"));
+    }
+
+    // (c) the HTTP/1.1 load again, while 1 000 activations alternate two configurations.
+    let stop = Arc::new(AtomicBool::new(false));
+    let activations = Arc::new(AtomicU64::new(0));
+    let activation_errors = Arc::new(AtomicU64::new(0));
+    let activator = {
+        let (stop, activations, errors) = (
+            Arc::clone(&stop),
+            Arc::clone(&activations),
+            Arc::clone(&activation_errors),
+        );
+        let config = config.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("rt");
+            rt.block_on(async move {
+                let mut i = 0u64;
+                while i < 1000 && !stop.load(Ordering::Relaxed) {
+                    let candidate = config.replace(
+                        "upstream = \"app\"",
+                        &format!("upstream = \"app\"\ntimeout = \"{}s\"", 10 + i % 2),
+                    );
+                    match post_toml(admin, "/admin/runtime/activate", candidate).await {
+                        Ok(200) => {}
+                        _ => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    activations.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            });
+        })
+    };
+    let mut during = http1(&runtime, have_wrk, web, seconds, "c) cutover + activations");
+    stop.store(true, Ordering::Relaxed);
+    let _ = activator.join();
+    during.errors += activation_errors.load(Ordering::Relaxed);
+    runs.push(during);
+
+    println!();
+    println!(
+        "{:<28} {:>12} {:>10} {:>10} {:>8}",
+        "run", "req/s", "p50 ms", "p99 ms", "errors"
+    );
+    for r in &runs {
+        println!(
+            "{:<28} {:>12.0} {:>10.3} {:>10.3} {:>8}",
+            r.label, r.requests_per_sec, r.p50_ms, r.p99_ms, r.errors
+        );
+    }
+    let (a, b, c) = (&runs[0], &runs[1], &runs[runs.len() - 1]);
+    println!();
+    println!(
+        "HTTP/1.1 throughput ratio b/a: {:.3}",
+        b.requests_per_sec / a.requests_per_sec
+    );
+    println!("HTTP/1.1 p99 ratio b/a:        {:.3}", b.p99_ms / a.p99_ms);
+    if runs.len() > 3 {
+        println!(
+            "h2c throughput ratio b/a:      {:.3}",
+            runs[3].requests_per_sec / runs[2].requests_per_sec
+        );
+    }
+    println!(
+        "during {} activations: {} errors, p99 ratio c/b {:.3}, throughput ratio c/b {:.3}",
+        activations.load(Ordering::Relaxed),
+        c.errors,
+        c.p99_ms / b.p99_ms,
+        c.requests_per_sec / b.requests_per_sec
+    );
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+}
+
+fn which(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn start_gateway(config: &std::path::Path) -> (Child, SocketAddr, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cutover"))
+        .args(["run", "-c"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start cutover");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = loop {
+        let line = lines
+            .next()
+            .expect("cutover exited before ready")
+            .expect("read");
+        if line.contains("\"event\":\"ready\"") {
+            break line;
+        }
+    };
+    let ready: serde_json::Value = serde_json::from_str(&ready).expect("ready JSON");
+    let web = ready["listeners"][0]["address"]
+        .as_str()
+        .expect("listener")
+        .parse()
+        .expect("addr");
+    let admin = ready["admin"]
+        .as_str()
+        .expect("admin")
+        .parse()
+        .expect("addr");
+    std::thread::spawn(move || for _ in lines {});
+    (child, web, admin)
+}
+
+async fn start_backend() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                        Bytes::from_static(b"hello, world\n"),
+                    )))
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+fn http1(
+    runtime: &tokio::runtime::Runtime,
+    have_wrk: bool,
+    target: SocketAddr,
+    seconds: u64,
+    label: &str,
+) -> Run {
+    if have_wrk {
+        let out = Command::new("wrk")
+            .args([
+                "-t1",
+                &format!("-c{CONNECTIONS}"),
+                &format!("-d{seconds}s"),
+                "--latency",
+            ])
+            .arg(format!("http://{target}/"))
+            .output()
+            .expect("wrk");
+        parse_wrk(label, &String::from_utf8_lossy(&out.stdout))
+    } else {
+        runtime.block_on(builtin_load(target, seconds, label))
+    }
+}
+
+fn parse_wrk(label: &str, out: &str) -> Run {
+    let value = |prefix: &str| -> Option<&str> {
+        out.lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.split_whitespace().nth(1))
+    };
+    let ms = |v: Option<&str>| -> f64 {
+        let v = v.unwrap_or("0");
+        if let Some(x) = v.strip_suffix("us") {
+            x.parse::<f64>().unwrap_or(0.0) / 1000.0
+        } else if let Some(x) = v.strip_suffix("ms") {
+            x.parse().unwrap_or(0.0)
+        } else if let Some(x) = v.strip_suffix('s') {
+            x.parse::<f64>().unwrap_or(0.0) * 1000.0
+        } else {
+            0.0
+        }
+    };
+    let errors = out
+        .lines()
+        .filter(|l| l.contains("Non-2xx") || l.contains("Socket errors"))
+        .flat_map(|l| {
+            l.split(|c: char| !c.is_ascii_digit())
+                .filter_map(|n| n.parse::<u64>().ok())
+        })
+        .sum();
+    Run {
+        label: label.to_owned(),
+        requests_per_sec: value("Requests/sec:")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0),
+        p50_ms: ms(value("50%")),
+        p99_ms: ms(value("99%")),
+        errors,
+    }
+}
+
+fn h2(target: SocketAddr, seconds: u64, label: &str) -> Run {
+    let out = Command::new("h2load")
+        .args(["-c16", "-m10", "-t1", "-D", &seconds.to_string()])
+        .arg(format!("http://{target}/"))
+        .output()
+        .expect("h2load");
+    let out = String::from_utf8_lossy(&out.stdout);
+    let rps = out
+        .lines()
+        .find(|l| l.starts_with("finished in"))
+        .and_then(|l| l.split(',').nth(1))
+        .and_then(|s| s.trim().split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    let failed = out
+        .lines()
+        .find(|l| l.starts_with("requests:"))
+        .and_then(|l| l.split(',').find(|p| p.contains("failed")))
+        .and_then(|p| p.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // h2load reports mean and spread, not percentiles: keep the mean as p50.
+    let mean_ms = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("time for request:"))
+        .and_then(|l| l.split_whitespace().nth(5))
+        .map(|v| {
+            if let Some(x) = v.strip_suffix("us") {
+                x.parse::<f64>().unwrap_or(0.0) / 1000.0
+            } else {
+                v.trim_end_matches("ms").parse().unwrap_or(0.0)
+            }
+        })
+        .unwrap_or(0.0);
+    Run {
+        label: label.to_owned(),
+        requests_per_sec: rps,
+        p50_ms: mean_ms,
+        p99_ms: f64::NAN,
+        errors: failed,
+    }
+}
+
+/// Keep-alive HTTP/1.1 load without external tools.
+async fn builtin_load(target: SocketAddr, seconds: u64, label: &str) -> Run {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0u64;
+            let Ok(stream) = tokio::net::TcpStream::connect(target).await else {
+                return (latencies, 1);
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok((mut sender, conn)) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+            else {
+                return (latencies, 1);
+            };
+            tokio::spawn(conn);
+            while Instant::now() < deadline {
+                let started = Instant::now();
+                let req = Request::builder()
+                    .uri("/")
+                    .header("host", "bench")
+                    .body(Full::new(Bytes::new()))
+                    .expect("request");
+                match sender.send_request(req).await {
+                    Ok(response) if response.status().is_success() => {
+                        let _ = response.into_body().collect().await;
+                        latencies.push(started.elapsed());
+                    }
+                    _ => {
+                        errors += 1;
+                        break;
+                    }
+                }
+            }
+            (latencies, errors)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        if let Ok((latencies, e)) = task.await {
+            all.extend(latencies);
+            errors += e;
+        }
+    }
+    all.sort();
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    Run {
+        label: label.to_owned(),
+        requests_per_sec: all.len() as f64 / seconds as f64,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        errors,
+    }
+}
+
+async fn post_toml(admin: SocketAddr, path: &str, body: String) -> Result<u16, String> {
+    let stream = tokio::net::TcpStream::connect(admin)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = Request::post(path)
+        .header("host", admin.to_string())
+        .header("content-type", "application/toml")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let _ = response.into_body().collect().await;
+    Ok(status)
+}
