@@ -287,7 +287,7 @@ fn h2(target: SocketAddr, seconds: u64, label: &str) -> Run {
         .lines()
         .find(|l| l.starts_with("finished in"))
         .and_then(|l| l.split(',').nth(1))
-        .and_then(|s| s.trim().split_whitespace().next())
+        .and_then(|s| s.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
     let failed = out
