@@ -214,8 +214,17 @@ async fn serve(options: Options, text: ConfigText, file_spec: Spec) -> Result<()
 
     phase.advance(Phase::Running);
     metrics::gauge!(m::ACTIVE_GENERATION).set(id.0 as f64);
+    tokio::spawn(refresh_gauges(Arc::clone(&control)));
     announce_ready(&control, admin_address, metrics_address);
     signal_loop(control).await
+}
+
+async fn refresh_gauges(control: Arc<Control>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        telemetry::refresh_gauges(&control.store().loads(), control.phase().get());
+    }
 }
 
 /// One JSON line on stdout once every socket is bound and the first

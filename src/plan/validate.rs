@@ -350,25 +350,22 @@ impl Validator<'_> {
                     }
                     self.unsupported(at("protocol"), "listener protocol \"https\"");
                 }
-                Some(ListenerProtocol::Tcp) => {
-                    match &l.upstream {
-                        Some(u) if !file.upstreams.contains_key(u) => self.error(
-                            "unknown_upstream",
-                            at("upstream"),
-                            format!(
-                                "listener '{}' names upstream '{u}', which is not defined",
-                                l.name
-                            ),
+                Some(ListenerProtocol::Tcp) => match &l.upstream {
+                    Some(u) if !file.upstreams.contains_key(u) => self.error(
+                        "unknown_upstream",
+                        at("upstream"),
+                        format!(
+                            "listener '{}' names upstream '{u}', which is not defined",
+                            l.name
                         ),
-                        Some(_) => {}
-                        None => self.error(
-                            "missing_upstream",
-                            at("protocol"),
-                            format!("tcp listener '{}' needs an upstream", l.name),
-                        ),
-                    }
-                    self.unsupported(at("protocol"), "listener protocol \"tcp\"");
-                }
+                    ),
+                    Some(_) => {}
+                    None => self.error(
+                        "missing_upstream",
+                        at("protocol"),
+                        format!("tcp listener '{}' needs an upstream", l.name),
+                    ),
+                },
                 None => {}
             }
             let mut limits = ListenerLimits::default();

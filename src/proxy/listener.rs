@@ -23,6 +23,7 @@ use tokio::sync::{watch, Notify};
 
 use super::downstream::Downstream;
 use super::http::{handle, listener_counters, ConnContext};
+use super::tcp::{self, TcpCounters};
 use crate::admission::Admission;
 use crate::plan::{ListenerLimits, ListenerProtocol, ListenerSpec};
 use crate::telemetry::metrics as m;
@@ -203,6 +204,10 @@ impl ListenerSet {
         let responses = listener_counters(&name);
         let gauge =
             metrics::gauge!(m::DOWNSTREAM_CONNECTIONS, m::LABEL_LISTENER => name.to_string());
+        let tcp_counters = TcpCounters {
+            downstream_to_upstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => name.to_string(), m::LABEL_DIRECTION => "downstream_to_upstream"),
+            upstream_to_downstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => name.to_string(), m::LABEL_DIRECTION => "upstream_to_downstream"),
+        };
         let mut draining = self.draining.subscribe();
         loop {
             let accepted = tokio::select! {
@@ -222,6 +227,16 @@ impl ListenerSet {
             self.open.count.fetch_add(1, Ordering::AcqRel);
             gauge.increment(1.0);
             let guard = ConnectionGuard(Arc::clone(&self.open), gauge.clone());
+            if listener.spec.protocol == ListenerProtocol::Tcp {
+                tokio::spawn(tcp_connection(
+                    stream,
+                    Arc::clone(&name),
+                    self.admission.clone(),
+                    tcp_counters.clone(),
+                    guard,
+                ));
+                continue;
+            }
             let ctx = Arc::new(ConnContext {
                 listener: Arc::clone(&name),
                 admission: self.admission.clone(),
@@ -252,6 +267,16 @@ impl ListenerSet {
             .map(|l| l.limits)
             .unwrap_or_default()
     }
+}
+
+async fn tcp_connection(
+    stream: TcpStream,
+    listener: Arc<str>,
+    admission: Admission,
+    counters: TcpCounters,
+    _guard: ConnectionGuard,
+) {
+    tcp::serve(stream, listener, admission, counters).await;
 }
 
 async fn serve_connection(

@@ -7,7 +7,9 @@ mod downstream;
 mod error;
 mod http;
 mod listener;
+mod tcp;
 
 pub use body::ResponseBody;
 pub use error::{error_response, ProxyError};
 pub use listener::{BindError, BoundListener, ListenerInfo, ListenerSet};
+pub use tcp::pinned_age_expired;

@@ -7,8 +7,10 @@
 //! generation it ever published, to report the ones that still have work.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use tokio::sync::watch;
 
 use crate::generation::{Generation, Ledger};
 use crate::ids::GenerationId;
@@ -22,24 +24,41 @@ pub struct Conflict {
 }
 
 /// Work still pinned to one generation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct GenerationLoad {
     pub generation: GenerationId,
     pub inflight_requests: u64,
     pub open_connections: u64,
+    /// Seconds since a newer generation replaced it; `None` while active.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub superseded_secs: Option<f64>,
+}
+
+/// A generation the store made active once.
+struct Published {
+    id: GenerationId,
+    ledger: Weak<Ledger>,
+    superseded_at: Option<Instant>,
 }
 
 /// Holds the active generation.
 pub struct GenerationStore {
     active: ArcSwap<Generation>,
-    published: Mutex<Vec<(GenerationId, Weak<Ledger>)>>,
+    published: Mutex<Vec<Published>>,
+    /// The active id, for long-lived connections that watch for supersession.
+    notify: watch::Sender<GenerationId>,
 }
 
 impl GenerationStore {
     pub fn new(first: Generation) -> Self {
         let first = Arc::new(first);
-        let published = vec![(first.id, Arc::downgrade(&first.ledger))];
+        let published = vec![Published {
+            id: first.id,
+            ledger: Arc::downgrade(&first.ledger),
+            superseded_at: None,
+        }];
         Self {
+            notify: watch::channel(first.id).0,
             active: ArcSwap::new(first),
             published: Mutex::new(published),
         }
@@ -83,13 +102,28 @@ impl GenerationStore {
                 active: previous.id,
             });
         }
+        let now = Instant::now();
         let mut published = self
             .published
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        published.retain(|(_, weak)| weak.strong_count() > 0);
-        published.push((id, ledger));
+        published.retain(|p| p.ledger.strong_count() > 0);
+        for p in published.iter_mut().filter(|p| p.superseded_at.is_none()) {
+            p.superseded_at = Some(now);
+        }
+        published.push(Published {
+            id,
+            ledger,
+            superseded_at: None,
+        });
+        drop(published);
+        self.notify.send_replace(id);
         Ok(next)
+    }
+
+    /// Follows the active generation id.
+    pub fn subscribe(&self) -> watch::Receiver<GenerationId> {
+        self.notify.subscribe()
     }
 
     /// In-flight work per live generation, oldest first. A superseded
@@ -100,17 +134,18 @@ impl GenerationStore {
             .published
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        published.retain(|(_, weak)| weak.strong_count() > 0);
+        published.retain(|p| p.ledger.strong_count() > 0);
         published
             .iter()
-            .filter_map(|(id, weak)| weak.upgrade().map(|ledger| (*id, ledger)))
-            .filter(|(id, ledger)| {
-                *id == active || ledger.inflight_requests() > 0 || ledger.open_connections() > 0
+            .filter_map(|p| p.ledger.upgrade().map(|ledger| (p, ledger)))
+            .filter(|(p, ledger)| {
+                p.id == active || ledger.inflight_requests() > 0 || ledger.open_connections() > 0
             })
-            .map(|(generation, ledger)| GenerationLoad {
-                generation,
+            .map(|(p, ledger)| GenerationLoad {
+                generation: p.id,
                 inflight_requests: ledger.inflight_requests(),
                 open_connections: ledger.open_connections(),
+                superseded_secs: p.superseded_at.map(|at| at.elapsed().as_secs_f64()),
             })
             .collect()
     }

@@ -16,14 +16,24 @@ pub const ACTIVATIONS: &str = "cutover_activations_total";
 pub const ACTIVATION_DURATION: &str = "cutover_activation_duration_seconds";
 /// The active generation id.
 pub const ACTIVE_GENERATION: &str = "cutover_active_generation";
-/// In-flight requests by `generation`.
+/// In-flight requests by `generation` (`active` or `superseded`; per-id
+/// figures are in the status and history JSON, to keep cardinality bounded).
 pub const GENERATION_INFLIGHT: &str = "cutover_generation_inflight_requests";
-/// Open long-lived connections by `generation`.
+/// Open long-lived connections by `generation` (`active` or `superseded`).
 pub const GENERATION_CONNECTIONS: &str = "cutover_generation_open_connections";
 /// Generations still alive (active plus those with pinned work).
 pub const LIVE_GENERATIONS: &str = "cutover_live_generations";
 /// Downstream connections currently open, by `listener`.
 pub const DOWNSTREAM_CONNECTIONS: &str = "cutover_downstream_connections";
+
+/// Bytes proxied by TCP listeners, by `listener` and `direction`.
+pub const TCP_BYTES: &str = "cutover_tcp_bytes_total";
+/// The lifecycle phase: 0 starting, 1 running, 2 draining, 3 stopped.
+pub const PHASE: &str = "cutover_phase";
+/// Age in seconds of the oldest superseded generation that still has pinned work.
+pub const OLDEST_PIN_AGE: &str = "cutover_oldest_pin_age_seconds";
+/// Drain-aware restarts by `outcome`.
+pub const UPGRADES: &str = "cutover_upgrades_total";
 
 pub const LABEL_ROUTE: &str = "route";
 pub const LABEL_LISTENER: &str = "listener";
@@ -32,6 +42,7 @@ pub const LABEL_BACKEND: &str = "backend";
 pub const LABEL_OUTCOME: &str = "outcome";
 pub const LABEL_KIND: &str = "kind";
 pub const LABEL_GENERATION: &str = "generation";
+pub const LABEL_DIRECTION: &str = "direction";
 
 /// Status classes in label order; index with `status / 100 - 1`.
 pub const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];

@@ -100,3 +100,30 @@ pub fn init_metrics() -> PrometheusHandle {
         })
         .clone()
 }
+
+/// Publishes the gauges that are read off state rather than counted on
+/// the request path: phase, live generations, pinned work, oldest pin age.
+pub fn refresh_gauges(loads: &[crate::runtime::GenerationLoad], phase: crate::runtime::Phase) {
+    use self::metrics as m;
+    ::metrics::gauge!(m::PHASE).set(phase.as_gauge());
+    ::metrics::gauge!(m::LIVE_GENERATIONS).set(loads.len() as f64);
+    let (mut active, mut superseded) = ((0u64, 0u64), (0u64, 0u64));
+    let mut oldest: f64 = 0.0;
+    for load in loads {
+        let slot = if load.superseded_secs.is_some() {
+            &mut superseded
+        } else {
+            &mut active
+        };
+        slot.0 += load.inflight_requests;
+        slot.1 += load.open_connections;
+        oldest = oldest.max(load.superseded_secs.unwrap_or(0.0));
+    }
+    for (label, (requests, connections)) in [("active", active), ("superseded", superseded)] {
+        ::metrics::gauge!(m::GENERATION_INFLIGHT, m::LABEL_GENERATION => label)
+            .set(requests as f64);
+        ::metrics::gauge!(m::GENERATION_CONNECTIONS, m::LABEL_GENERATION => label)
+            .set(connections as f64);
+    }
+    ::metrics::gauge!(m::OLDEST_PIN_AGE).set(oldest);
+}

@@ -3,5 +3,6 @@
 mod admin;
 mod fixtures;
 mod harness;
+mod lifecycle;
 mod proxy;
 mod reload;

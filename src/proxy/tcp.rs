@@ -1,0 +1,122 @@
+//! The TCP (L4) proxy: one downstream connection, one upstream connection.
+//!
+//! A connection pins its generation for its lifetime, but keeps only the
+//! slim part of it: the ledger entry (so status counts it under the
+//! generation that admitted it) and the chosen backend. The route table of
+//! an old generation is freed as soon as the connection is set up, so
+//! thousands of activations with long-lived connections open cost bounded
+//! memory, and activations never cut them. `runtime.max_pinned_age`
+//! closes connections whose generation was superseded longer ago than that.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::Counter;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::admission::Admission;
+use crate::generation::AttemptOutcome;
+use crate::ids::GenerationId;
+use crate::runtime::GenerationStore;
+
+/// Byte counters of one TCP listener.
+#[derive(Clone)]
+pub struct TcpCounters {
+    pub downstream_to_upstream: Counter,
+    pub upstream_to_downstream: Counter,
+}
+
+/// Proxies one accepted TCP connection until either side closes, or its
+/// generation has been superseded for longer than `max_pinned_age`.
+pub async fn serve(
+    mut downstream: TcpStream,
+    listener: Arc<str>,
+    admission: Admission,
+    counters: TcpCounters,
+) {
+    let _ = downstream.set_nodelay(true);
+    let generation = admission.store().load_full();
+    let guard = generation.ledger.connection();
+    let generation_id = generation.id;
+    let backend = generation
+        .spec
+        .listeners
+        .iter()
+        .find(|l| *l.name == *listener)
+        .and_then(|l| l.upstream.as_deref())
+        .and_then(|name| generation.upstream(name))
+        .and_then(|upstream| upstream.pick().cloned());
+    // Only the guard and the backend outlive set-up.
+    drop(generation);
+    let Some(backend) = backend else {
+        tracing::warn!(listener = %listener, "tcp listener has no upstream in the active generation");
+        return;
+    };
+    let _backend_guard = backend.start_request();
+    let connect = tokio::time::timeout(
+        backend.key.connect_timeout,
+        TcpStream::connect(backend.key.addr.as_str()),
+    )
+    .await;
+    let mut upstream = match connect {
+        Ok(Ok(stream)) => {
+            backend.record(AttemptOutcome::Ok);
+            stream
+        }
+        Ok(Err(error)) => {
+            backend.record(AttemptOutcome::ConnectError);
+            tracing::warn!(listener = %listener, backend = %backend.key.addr, %error, "tcp upstream connect failed");
+            let _ = downstream.shutdown().await;
+            return;
+        }
+        Err(_) => {
+            backend.record(AttemptOutcome::Timeout);
+            tracing::warn!(listener = %listener, backend = %backend.key.addr, "tcp upstream connect timed out");
+            let _ = downstream.shutdown().await;
+            return;
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+    let store = Arc::clone(admission.store());
+    tokio::select! {
+        copied = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {
+            if let Ok((up, down)) = copied {
+                counters.downstream_to_upstream.increment(up);
+                counters.upstream_to_downstream.increment(down);
+            }
+        }
+        _ = pinned_age_expired(&store, generation_id) => {
+            tracing::info!(listener = %listener, generation = %generation_id, "closing a connection pinned past max_pinned_age");
+            let _ = downstream.shutdown().await;
+            let _ = upstream.shutdown().await;
+        }
+    }
+    drop(guard);
+}
+
+/// Completes when generation `pinned` has been superseded for longer than
+/// the `max_pinned_age` of the newest generation; never when that is off.
+pub async fn pinned_age_expired(store: &GenerationStore, pinned: GenerationId) {
+    let mut active = store.subscribe();
+    if active.wait_for(|id| *id != pinned).await.is_err() {
+        return std::future::pending().await;
+    }
+    let superseded_at = tokio::time::Instant::now();
+    loop {
+        let max_age: Option<Duration> = store.load_full().spec.runtime.max_pinned_age;
+        match max_age {
+            Some(age) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(superseded_at + age) => return,
+                    changed = active.changed() => if changed.is_err() { return std::future::pending().await },
+                }
+            }
+            None => {
+                if active.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
+    }
+}
