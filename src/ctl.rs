@@ -74,6 +74,16 @@ enum CtlCommand {
     },
     /// Show the active generation, phase and in-flight work.
     Status,
+    /// Start draining the gateway (as SIGTERM).
+    Drain,
+    /// Drain-aware restart on the active configuration, or on `--config`
+    /// (which may carry restart-required changes); waits for the outcome.
+    Upgrade {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        meta: Meta,
+    },
 }
 
 struct Answer {
@@ -162,6 +172,18 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
         }
         CtlCommand::History => client.get("/admin/runtime/history").await?,
         CtlCommand::Status => client.get("/admin/runtime/status").await?,
+        CtlCommand::Drain => client.post("/admin/lifecycle/drain", json!({})).await?,
+        CtlCommand::Upgrade { config, meta } => {
+            let mut body = json!({ "reason": meta.reason, "requested_by": meta.requested_by });
+            if let Some(file) = config {
+                body["config"] = json!(read(file)?);
+            }
+            let started = client.post("/admin/lifecycle/upgrade", body).await?;
+            match started.body["operation_id"].as_str() {
+                Some(id) if started.status == StatusCode::ACCEPTED => client.follow(id).await?,
+                _ => started,
+            }
+        }
     };
     if args.json {
         println!(
@@ -177,6 +199,7 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
 fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
     match answer.status {
         StatusCode::CONFLICT => EXIT_CONFLICT,
+        s if s.is_success() && answer.body["outcome"] == json!("failed") => EXIT_OTHER,
         s if s.is_success() => {
             let planned = matches!(
                 command,
@@ -303,6 +326,21 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
         CtlCommand::Status => {
             println!("{}", serde_json::to_string_pretty(body).unwrap_or_default())
         }
+        CtlCommand::Drain => println!(
+            "draining ({})",
+            body["operation_id"].as_str().unwrap_or("-")
+        ),
+        CtlCommand::Upgrade { .. } => {
+            println!(
+                "upgrade {}: {} ({})",
+                body["outcome"].as_str().unwrap_or("-"),
+                body["summary"].as_str().unwrap_or(""),
+                body["id"].as_str().unwrap_or("-")
+            );
+            if let Some(error) = body["error"].as_str() {
+                println!("error: {error}");
+            }
+        }
     }
 }
 
@@ -318,6 +356,27 @@ impl Client {
 
     async fn post(&self, path: &str, body: Value) -> Result<Answer, CtlError> {
         self.send(Method::POST, path, Some(body)).await
+    }
+
+    /// Polls an operation until it is no longer running (an upgrade).
+    async fn follow(&self, id: &str) -> Result<Answer, CtlError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            // The admin socket passes to the new process mid-way: a poll
+            // may briefly fail while it does.
+            if let Ok(answer) = self.get(&format!("/admin/runtime/operations/{id}")).await {
+                if answer.status.is_success() && answer.body["outcome"] != json!("running") {
+                    return Ok(answer);
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(CtlError::Unreachable(
+                    self.base.clone(),
+                    format!("operation {id} did not finish in time"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     async fn send(

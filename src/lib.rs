@@ -20,7 +20,7 @@
 //! Arrows point one way: `config ← plan ← generation ← runtime ←
 //! admission ← proxy`; `control` drives `plan`, `generation` and `runtime`;
 //! `admin` talks to `control` only. `lifecycle` starts the process.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)

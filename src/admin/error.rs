@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::control::{CandidateError, ControlError};
+use crate::control::{CandidateError, ControlError, LifecycleError};
 
 /// An admin API failure.
 #[derive(Debug)]
@@ -16,6 +16,13 @@ pub enum ApiError {
     /// Content-Type the endpoint does not take (415).
     UnsupportedMediaType(String),
     NotFound(String),
+    Lifecycle(LifecycleError),
+}
+
+impl From<LifecycleError> for ApiError {
+    fn from(e: LifecycleError) -> Self {
+        ApiError::Lifecycle(e)
+    }
 }
 
 impl From<ControlError> for ApiError {
@@ -39,6 +46,27 @@ impl IntoResponse for ApiError {
             ),
             ApiError::NotFound(message) => body(StatusCode::NOT_FOUND, "not_found", message),
             ApiError::Control(error) => control_error(error),
+            ApiError::Lifecycle(error) => lifecycle_error(error),
+        }
+    }
+}
+
+fn lifecycle_error(error: LifecycleError) -> Response {
+    let message = error.to_string();
+    match error {
+        LifecycleError::AlreadyDraining => body(StatusCode::CONFLICT, "already_draining", message),
+        LifecycleError::UpgradeRunning => {
+            body(StatusCode::CONFLICT, "operation_in_progress", message)
+        }
+        LifecycleError::Draining => body(StatusCode::SERVICE_UNAVAILABLE, "draining", message),
+        LifecycleError::Invalid(plan) => {
+            (StatusCode::UNPROCESSABLE_ENTITY, Json(plan)).into_response()
+        }
+        LifecycleError::Unavailable => {
+            body(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        }
+        LifecycleError::Failed(_) => {
+            body(StatusCode::INTERNAL_SERVER_ERROR, "upgrade_failed", message)
         }
     }
 }

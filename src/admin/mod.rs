@@ -23,7 +23,7 @@ use serde_json::json;
 pub use error::ApiError;
 pub use security::Security;
 
-use crate::control::{Control, RollbackRequest};
+use crate::control::{CandidateSource, Control, RollbackRequest, UpgradeRequest};
 use crate::ids::GenerationId;
 use crate::runtime::{OperationKind, Phase};
 
@@ -46,6 +46,8 @@ pub fn router(control: Arc<Control>, security: Security) -> Router {
         )
         .route("/admin/runtime/status", get(status))
         .route("/admin/runtime/operations/{id}", get(operation))
+        .route("/admin/lifecycle/drain", post(drain))
+        .route("/admin/lifecycle/upgrade", post(upgrade))
         .route("/admin/health", get(health))
         .route("/admin/ready", get(ready))
         .fallback(not_found)
@@ -129,6 +131,45 @@ async fn rollback(
         })
         .await?;
     Ok(Json(activation).into_response())
+}
+
+async fn drain(State(control): Shared) -> Result<Response, ApiError> {
+    let operation_id = control.drain()?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "operation_id": operation_id, "phase": "draining" })),
+    )
+        .into_response())
+}
+
+/// Takes a candidate in the usual forms; an empty body (or the process's
+/// own file by `config_path`) restarts on the active configuration.
+async fn upgrade(
+    State(control): Shared,
+    query: Query<candidate::CandidateQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let candidate = candidate::parse(query.0, &headers, &body)?;
+    let config = match candidate.source {
+        CandidateSource::Text(text) => Some(text),
+        CandidateSource::Path(None) => None,
+        CandidateSource::Path(Some(_)) => {
+            return Err(ApiError::BadRequest(
+                "upgrade takes the candidate text, not config_path".into(),
+            ));
+        }
+    };
+    let operation_id = control.upgrade(UpgradeRequest {
+        config,
+        requested_by: candidate.requested_by,
+        reason: candidate.reason,
+    })?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "operation_id": operation_id })),
+    )
+        .into_response())
 }
 
 async fn history(State(control): Shared) -> Response {

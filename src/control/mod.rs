@@ -7,6 +7,7 @@
 //! mutating operation runs at a time.
 
 mod candidate;
+mod process;
 mod views;
 
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use std::time::{Instant, SystemTime};
 use serde::Serialize;
 
 pub use candidate::{Candidate, CandidateError, CandidateSource};
+pub use process::{LifecycleError, ProcessControl, UpgradeRequest};
 pub use views::*;
 
 use crate::config::ConfigText;
@@ -107,10 +109,13 @@ pub struct Control {
     shared: Arc<SharedState>,
     listeners: Arc<ListenerSet>,
     history: Mutex<History>,
-    operation: tokio::sync::Mutex<()>,
+    /// Held by every mutating operation; an upgrade holds it until the new
+    /// process has taken over (or failed).
+    operation: Arc<tokio::sync::Mutex<()>>,
     config_file: PathBuf,
     log_level: LogLevel,
     phase: Arc<PhaseCell>,
+    process: std::sync::OnceLock<Arc<dyn ProcessControl>>,
 }
 
 impl Control {
@@ -128,10 +133,11 @@ impl Control {
             shared,
             listeners,
             history: Mutex::new(history),
-            operation: tokio::sync::Mutex::new(()),
+            operation: Arc::new(tokio::sync::Mutex::new(())),
             config_file,
             log_level,
             phase,
+            process: std::sync::OnceLock::new(),
         }
     }
 
@@ -153,6 +159,59 @@ impl Control {
 
     fn history(&self) -> MutexGuard<'_, History> {
         self.history.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the operation lock for a long operation (an upgrade); `None`
+    /// while another mutating operation runs.
+    pub fn try_exclusive(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        Arc::clone(&self.operation).try_lock_owned().ok()
+    }
+
+    /// Runs `f` on the history (upgrade bookkeeping) and persists it.
+    pub fn with_history<T>(&self, f: impl FnOnce(&mut History) -> T) -> T {
+        let mut history = self.history();
+        let out = f(&mut history);
+        if let Err(error) = history.persist() {
+            tracing::error!(%error, "cannot persist history");
+        }
+        out
+    }
+
+    /// The configuration text of the active generation, as retained.
+    pub fn active_config(&self) -> Option<ConfigText> {
+        let active = self.store.active_id();
+        let history = self.history();
+        let record = history.generation(active)?;
+        Some(ConfigText::inline(
+            record.config.clone(),
+            record.base_dir.clone(),
+            &record.origin,
+        ))
+    }
+
+    /// Records the start of a long operation; returns its id.
+    pub fn record_started(
+        &self,
+        kind: OperationKind,
+        requested_by: Option<String>,
+        reason: Option<String>,
+        summary: String,
+    ) -> String {
+        let candidate = Candidate {
+            source: CandidateSource::Text(String::new()),
+            expected_generation: None,
+            reason,
+            requested_by,
+        };
+        self.record(
+            kind,
+            Instant::now(),
+            Outcome::Running,
+            (Some(self.store.active_id()), None),
+            &candidate,
+            summary,
+            None,
+        )
     }
 
     /// Plans a candidate against the active generation. Pure: binds,
@@ -506,6 +565,7 @@ impl Control {
             summary,
             error,
             pid: std::process::id(),
+            previous_pid: None,
         });
         if let Err(error) = history.persist() {
             tracing::error!(%error, "cannot persist history; the change is live but will not survive a restart");

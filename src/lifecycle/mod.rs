@@ -1,11 +1,15 @@
-//! Lifecycle: start-up, signals, drain and shutdown.
+//! Lifecycle: start-up, signals, drain, and drain-aware restarts.
 //!
-//! `run` reads and validates the configuration, builds the tokio runtime
-//! (its thread count is startup-owned), resumes history from the state dir,
-//! builds generation 1 (or resumes the persisted active one), binds every
-//! socket, and then reacts to signals: SIGHUP reloads the configuration
-//! file, SIGTERM drains, SIGINT stops at once.
+//! `run` chooses what to start from (a handed-over state, the persisted
+//! active generation, or the configuration file), builds the tokio runtime
+//! (its thread count is startup-owned), binds or adopts every socket, and
+//! then reacts to signals: SIGHUP reloads the file, SIGUSR2 upgrades,
+//! SIGTERM drains, SIGINT stops at once. `handover` is the only place that
+//! may use `unsafe` (adopting inherited descriptors).
 
+mod handover;
 mod startup;
+mod systemd;
+mod upgrade;
 
 pub use startup::{run, Options, StartError};

@@ -7,20 +7,21 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde_json::json;
-use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
+use super::handover::{self, SocketRole, UpgradeState};
+use super::upgrade::{Process, Stop};
 use crate::admin::{self, Security};
 use crate::admission::Admission;
 use crate::config::{ConfigText, Diagnostic};
-use crate::control::{Candidate, Control};
+use crate::control::{Candidate, Control, UpgradeRequest};
 use crate::generation::{self, SharedState};
 use crate::ids::GenerationId;
 use crate::plan::{self, Spec};
 use crate::proxy::ListenerSet;
 use crate::runtime::{
-    rfc3339, GenerationRecord, GenerationStore, History, OperationKind, PersistedState, Phase,
-    PhaseCell, Source,
+    rfc3339, GenerationRecord, GenerationStore, History, OperationKind, Outcome, PersistedState,
+    Phase, PhaseCell, Source,
 };
 use crate::telemetry::{self, metrics as m};
 
@@ -57,6 +58,8 @@ pub enum StartError {
     },
     #[error("{0}")]
     History(#[from] crate::runtime::HistoryError),
+    #[error("cannot take over from the previous process: {0}")]
+    Handover(#[source] std::io::Error),
 }
 
 fn render(origin: &str, diagnostics: &[Diagnostic]) -> String {
@@ -67,107 +70,222 @@ fn render(origin: &str, diagnostics: &[Diagnostic]) -> String {
         .join("\n")
 }
 
+/// What the process starts from: a configuration, the generation id it
+/// runs as, and the history it continues.
+struct Start {
+    text: ConfigText,
+    spec: Arc<Spec>,
+    id: GenerationId,
+    /// `Some` when the id is new and must be recorded, with how it came to be.
+    new_record: Option<Source>,
+    history: PersistedState,
+    upgrade: Option<UpgradeState>,
+    /// Said before logging was set up; logged right after.
+    notes: Vec<String>,
+}
+
 /// Runs the gateway until it is told to stop.
 pub fn run(options: Options) -> Result<(), StartError> {
-    let text = ConfigText::read(&options.config)
-        .map_err(|e| StartError::Read(options.config.clone(), e))?;
-    let spec = plan::validate(&text).map_err(|diagnostics| StartError::Invalid {
-        origin: text.origin.clone(),
-        diagnostics,
-    })?;
+    let upgrade = handover::take_state().map_err(StartError::Handover)?;
+    let start = choose_start(&options, upgrade)?;
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
-    if let Some(threads) = spec.runtime.worker_threads {
+    if let Some(threads) = start.spec.runtime.worker_threads {
         builder.worker_threads(threads);
     }
     let runtime = builder.build().map_err(StartError::Runtime)?;
-    runtime.block_on(serve(options, text, spec))
+    runtime.block_on(serve(options, start))
 }
 
-/// Chooses the configuration to start with: the persisted active one when
-/// a state dir has one that still validates, else the configuration file.
-fn starting_point(
-    text: ConfigText,
-    spec: Spec,
-    persisted: &PersistedState,
-) -> (ConfigText, Arc<Spec>, GenerationId, bool) {
-    let Some(last) = persisted.generations.back() else {
-        return (text, Arc::new(spec), GenerationId::FIRST, true);
-    };
-    let resumed = ConfigText::inline(last.config.clone(), last.base_dir.clone(), &last.origin);
-    match plan::validate(&resumed) {
-        Ok(resumed_spec) => {
-            tracing::info!(generation = %last.generation, "resuming the persisted active generation");
-            (resumed, Arc::new(resumed_spec), last.generation, false)
-        }
-        Err(diagnostics) => {
-            tracing::warn!(
-                generation = %last.generation,
-                errors = diagnostics.len(),
-                first = diagnostics.first().map(|d| d.message.as_str()).unwrap_or(""),
-                "the persisted active configuration no longer validates; starting from the configuration file"
-            );
-            (text, Arc::new(spec), last.generation.next(), true)
-        }
+fn validate(text: &ConfigText) -> Result<Spec, StartError> {
+    plan::validate(text).map_err(|diagnostics| StartError::Invalid {
+        origin: text.origin.clone(),
+        diagnostics,
+    })
+}
+
+/// After an upgrade: the configuration the old process handed over. Else
+/// the persisted active configuration when a state dir has one that still
+/// validates; else the configuration file.
+fn choose_start(options: &Options, upgrade: Option<UpgradeState>) -> Result<Start, StartError> {
+    if let Some(state) = upgrade {
+        let text = ConfigText::inline(state.config.clone(), state.base_dir.clone(), &state.origin);
+        let spec = Arc::new(validate(&text)?);
+        let last = state.history.generations.back();
+        let (id, new_record) = match last {
+            Some(last) if last.config_version == spec.config_version => (last.generation, None),
+            Some(last) => (last.generation.next(), Some(Source::Upgrade)),
+            None => (GenerationId::FIRST, Some(Source::Upgrade)),
+        };
+        return Ok(Start {
+            text,
+            spec,
+            id,
+            new_record,
+            history: state.history.clone(),
+            notes: vec![format!(
+                "taking over from pid {} ({})",
+                state.parent_pid, state.operation_id
+            )],
+            upgrade: Some(state),
+        });
     }
-}
-
-async fn serve(options: Options, text: ConfigText, file_spec: Spec) -> Result<(), StartError> {
-    let log_level = telemetry::init_logging(&file_spec.log).map_err(StartError::Log)?;
-    let prometheus = telemetry::init_metrics();
-    let phase = Arc::new(PhaseCell::default());
-
-    let state_dir = file_spec.runtime.state_dir.clone();
-    let persisted = match &state_dir {
+    let text = ConfigText::read(&options.config)
+        .map_err(|e| StartError::Read(options.config.clone(), e))?;
+    let file_spec = validate(&text)?;
+    let persisted = match &file_spec.runtime.state_dir {
         Some(dir) => History::load(dir)?.unwrap_or_default(),
         None => PersistedState::default(),
     };
-    let (text, spec, id, is_new) = starting_point(text, file_spec, &persisted);
-    let mut history = History::new(spec.runtime.history_limit, state_dir, persisted);
+    let Some(last) = persisted.generations.back().cloned() else {
+        return Ok(Start {
+            text,
+            spec: Arc::new(file_spec),
+            id: GenerationId::FIRST,
+            new_record: Some(Source::Startup),
+            history: persisted,
+            upgrade: None,
+            notes: Vec::new(),
+        });
+    };
+    let resumed = ConfigText::inline(last.config.clone(), last.base_dir.clone(), &last.origin);
+    Ok(match plan::validate(&resumed) {
+        Ok(spec) => Start {
+            text: resumed,
+            spec: Arc::new(spec),
+            id: last.generation,
+            new_record: None,
+            history: persisted,
+            upgrade: None,
+            notes: vec![format!("resuming the persisted active generation {}", last.generation)],
+        },
+        Err(diagnostics) => Start {
+            notes: vec![format!(
+                "the persisted active generation {} no longer validates ({}); starting from the configuration file",
+                last.generation,
+                diagnostics.first().map(|d| d.render(&last.origin)).unwrap_or_default()
+            )],
+            text,
+            spec: Arc::new(file_spec),
+            id: last.generation.next(),
+            new_record: Some(Source::Startup),
+            history: persisted,
+            upgrade: None,
+        },
+    })
+}
+
+/// A control socket (admin, metrics): inherited when the bind matches,
+/// else bound. Returns the tokio listener and a duplicate kept for the
+/// next hand-over.
+fn control_socket(
+    role: SocketRole,
+    bind: SocketAddr,
+    inherited: &mut Vec<(SocketRole, SocketAddr, std::net::TcpListener)>,
+) -> Result<(tokio::net::TcpListener, std::net::TcpListener), StartError> {
+    let what = match role {
+        SocketRole::Admin => "admin",
+        _ => "metrics",
+    };
+    let fail = |source| StartError::BindControl { what, bind, source };
+    let socket = match inherited
+        .iter()
+        .position(|(r, b, _)| *r == role && *b == bind)
+    {
+        Some(index) => inherited.swap_remove(index).2,
+        None => std::net::TcpListener::bind(bind).map_err(fail)?,
+    };
+    socket.set_nonblocking(true).map_err(fail)?;
+    let kept = socket.try_clone().map_err(fail)?;
+    Ok((
+        tokio::net::TcpListener::from_std(socket).map_err(fail)?,
+        kept,
+    ))
+}
+
+async fn serve(options: Options, start: Start) -> Result<(), StartError> {
+    let log_level = telemetry::init_logging(&start.spec.log).map_err(StartError::Log)?;
+    for note in &start.notes {
+        tracing::info!("{note}");
+    }
+    let prometheus = telemetry::init_metrics();
+    let phase = Arc::new(PhaseCell::default());
+    let Start {
+        text,
+        spec,
+        id,
+        new_record,
+        history,
+        upgrade,
+        ..
+    } = start;
+    let state_dir = spec.runtime.state_dir.clone();
+    let mut history = History::new(spec.runtime.history_limit, state_dir.clone(), history);
+
+    // Sockets handed over by the previous process, if any.
+    let mut inherited_listeners = Vec::new();
+    let mut inherited_control = Vec::new();
+    for socket in upgrade.iter().flat_map(|u| u.sockets.iter()) {
+        let listener = handover::adopt(socket).map_err(StartError::Handover)?;
+        match socket.role {
+            SocketRole::Listener => {
+                inherited_listeners.push((socket.name.clone(), socket.bind, listener))
+            }
+            role => inherited_control.push((role, socket.bind, listener)),
+        }
+    }
 
     let shared = Arc::new(SharedState::default());
     let first = generation::build(Arc::clone(&spec), id, &shared)?;
     let store = Arc::new(GenerationStore::new(first));
     let admission = Admission::new(Arc::clone(&store));
     let listeners = ListenerSet::new(admission);
+    listeners.inherit(inherited_listeners);
     let bound = listeners.bind_new(&spec.listeners)?;
+    listeners.release_unadopted();
 
-    let admin_socket =
-        TcpListener::bind(spec.admin.bind)
-            .await
-            .map_err(|source| StartError::BindControl {
-                what: "admin",
-                bind: spec.admin.bind,
-                source,
-            })?;
+    let (admin_socket, admin_kept) =
+        control_socket(SocketRole::Admin, spec.admin.bind, &mut inherited_control)?;
     let admin_address = admin_socket.local_addr().unwrap_or(spec.admin.bind);
+    let mut control_sockets = vec![(SocketRole::Admin, spec.admin.bind, admin_kept)];
     let metrics_socket = match spec.metrics_bind {
         Some(bind) => {
-            Some(
-                TcpListener::bind(bind)
-                    .await
-                    .map_err(|source| StartError::BindControl {
-                        what: "metrics",
-                        bind,
-                        source,
-                    })?,
-            )
+            let (socket, kept) = control_socket(SocketRole::Metrics, bind, &mut inherited_control)?;
+            control_sockets.push((SocketRole::Metrics, bind, kept));
+            Some(socket)
         }
         None => None,
     };
+    drop(inherited_control);
 
-    if is_new {
+    if let Some(source) = new_record {
+        let (requested_by, reason) = upgrade
+            .as_ref()
+            .map_or((None, None), |u| (u.requested_by.clone(), u.reason.clone()));
         history.record_generation(GenerationRecord {
             generation: id,
             config_version: spec.config_version.clone(),
             activated_at: rfc3339(SystemTime::now()),
-            source: Source::Startup,
+            source,
             rolled_back_to: None,
-            requested_by: None,
-            reason: None,
+            requested_by,
+            reason,
             config: text.text.clone(),
             base_dir: text.base_dir.clone(),
             origin: text.origin.clone(),
+        });
+    }
+    if let Some(upgrade) = &upgrade {
+        history.update_operation(&upgrade.operation_id, |op| {
+            op.outcome = Outcome::Succeeded;
+            op.generation = Some(id);
+            op.pid = std::process::id();
+            op.previous_pid = Some(upgrade.parent_pid);
+            op.summary = format!(
+                "drain-aware restart: pid {} -> pid {}",
+                upgrade.parent_pid,
+                std::process::id()
+            );
         });
     }
     history.persist()?;
@@ -182,13 +300,24 @@ async fn serve(options: Options, text: ConfigText, file_spec: Spec) -> Result<()
         log_level,
         Arc::clone(&phase),
     ));
+    let scratch = state_dir.unwrap_or_else(std::env::temp_dir);
+    let process = Process::new(options.config.clone(), control_sockets, scratch);
+    control.set_process(Arc::clone(&process) as Arc<dyn crate::control::ProcessControl>);
+
     let security = Security {
         address: admin_address,
         token: spec.admin.token.clone(),
     };
     let admin_router = admin::router(Arc::clone(&control), security);
+    let mut handed_over = process.stopping();
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(admin_socket, admin_router).await {
+        let closed = async move {
+            let _ = handed_over.wait_for(|s| *s == Some(Stop::HandedOver)).await;
+        };
+        if let Err(error) = axum::serve(admin_socket, admin_router)
+            .with_graceful_shutdown(closed)
+            .await
+        {
             tracing::error!(%error, "admin server stopped");
         }
     });
@@ -202,8 +331,15 @@ async fn serve(options: Options, text: ConfigText, file_spec: Spec) -> Result<()
                     async move { prometheus.render() }
                 }),
             );
+            let mut handed_over = process.stopping();
             tokio::spawn(async move {
-                if let Err(error) = axum::serve(socket, router).await {
+                let closed = async move {
+                    let _ = handed_over.wait_for(|s| *s == Some(Stop::HandedOver)).await;
+                };
+                if let Err(error) = axum::serve(socket, router)
+                    .with_graceful_shutdown(closed)
+                    .await
+                {
                     tracing::error!(%error, "metrics server stopped");
                 }
             });
@@ -216,7 +352,7 @@ async fn serve(options: Options, text: ConfigText, file_spec: Spec) -> Result<()
     metrics::gauge!(m::ACTIVE_GENERATION).set(id.0 as f64);
     tokio::spawn(refresh_gauges(Arc::clone(&control)));
     announce_ready(&control, admin_address, metrics_address);
-    signal_loop(control).await
+    signal_loop(control, process).await
 }
 
 async fn refresh_gauges(control: Arc<Control>) {
@@ -228,7 +364,8 @@ async fn refresh_gauges(control: Arc<Control>) {
 }
 
 /// One JSON line on stdout once every socket is bound and the first
-/// generation is active: what supervisors and tests wait for.
+/// generation is active: what supervisors, tests and an upgrading parent
+/// wait for. Under systemd (`Type=notify`) also `READY=1` with our pid.
 fn announce_ready(control: &Control, admin: SocketAddr, metrics: Option<SocketAddr>) {
     let listeners: Vec<_> = control
         .listeners()
@@ -249,14 +386,17 @@ fn announce_ready(control: &Control, admin: SocketAddr, metrics: Option<SocketAd
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "{line}");
     let _ = stdout.flush();
+    super::systemd::notify(&format!("READY=1\nMAINPID={}", std::process::id()));
     tracing::info!(%admin, generation = %control.store().active_id(), "cutover ready");
 }
 
-async fn signal_loop(control: Arc<Control>) -> Result<(), StartError> {
+async fn signal_loop(control: Arc<Control>, process: Arc<Process>) -> Result<(), StartError> {
     let mut hangup = signal(SignalKind::hangup()).map_err(StartError::Runtime)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(StartError::Runtime)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(StartError::Runtime)?;
-    loop {
+    let mut user2 = signal(SignalKind::user_defined2()).map_err(StartError::Runtime)?;
+    let mut stopping = process.stopping();
+    let stop = loop {
         tokio::select! {
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading the configuration file");
@@ -265,18 +405,38 @@ async fn signal_loop(control: Arc<Control>) -> Result<(), StartError> {
                     Err(error) => log_refusal(&error),
                 }
             }
+            _ = user2.recv() => {
+                tracing::info!("SIGUSR2: drain-aware restart");
+                match control.upgrade(UpgradeRequest { requested_by: Some("SIGUSR2".into()), ..UpgradeRequest::default() }) {
+                    Ok(operation) => tracing::info!(%operation, "upgrade started"),
+                    Err(error) => tracing::error!(%error, "upgrade refused"),
+                }
+            }
             _ = terminate.recv() => {
                 tracing::info!("SIGTERM: draining");
-                drain(&control).await;
-                return Ok(());
+                process.request_stop(Stop::Drain);
             }
             _ = interrupt.recv() => {
                 tracing::info!("SIGINT: stopping now");
                 control.phase().advance(Phase::Stopped);
                 return Ok(());
             }
+            changed = stopping.changed() => {
+                if changed.is_err() {
+                    break Stop::Drain;
+                }
+                if let Some(stop) = *stopping.borrow() {
+                    break stop;
+                }
+            }
         }
+    };
+    tokio::select! {
+        _ = drain(&control, stop) => {}
+        _ = interrupt.recv() => tracing::info!("SIGINT: stopping now"),
     }
+    control.phase().advance(Phase::Stopped);
+    Ok(())
 }
 
 fn log_refusal(error: &crate::control::ControlError) {
@@ -299,10 +459,16 @@ fn log_refusal(error: &crate::control::ControlError) {
 
 /// Stops accepting, lets in-flight work finish until `drain_timeout`,
 /// then returns so the process exits.
-async fn drain(control: &Control) {
+async fn drain(control: &Control, stop: Stop) {
     control.phase().advance(Phase::Draining);
+    telemetry::refresh_gauges(&control.store().loads(), Phase::Draining);
     let timeout = control.store().load_full().spec.runtime.drain_timeout;
     control.listeners().drain();
+    tracing::info!(
+        ?stop,
+        ?timeout,
+        "draining: listeners closed, waiting for connections to finish"
+    );
     let left = control.listeners().wait_closed(timeout).await;
     if left > 0 {
         tracing::warn!(
@@ -313,5 +479,4 @@ async fn drain(control: &Control) {
     } else {
         tracing::info!("drained");
     }
-    control.phase().advance(Phase::Stopped);
 }

@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,6 +31,10 @@ pub struct ConnContext {
     pub remote: SocketAddr,
     pub scheme: Scheme,
     pub responses: Arc<[Counter; 5]>,
+    /// Set for the whole listener set when draining begins.
+    pub draining: Arc<AtomicBool>,
+    /// Whether this connection speaks HTTP/2 (decides how it is drained).
+    pub http2: AtomicBool,
 }
 
 /// Per-listener response counters, registered once per listener.
@@ -49,6 +54,10 @@ pub async fn handle(
     let Pinned { generation, guard } = conn.admission.pin();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let version = req.version();
+    if version == Version::HTTP_2 {
+        conn.http2.store(true, Ordering::Relaxed);
+    }
     let (route_name, response) = match serve(req, &conn, &generation, guard).await {
         Ok((route, response)) => (Some(route), response),
         Err((route, error)) => {
@@ -58,6 +67,12 @@ pub async fn handle(
             (route, error_response(&error))
         }
     };
+    let mut response = response;
+    if version < Version::HTTP_2 && conn.draining.load(Ordering::Relaxed) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     let status = response.status().as_u16();
     let class = usize::from(status / 100).clamp(1, 5) - 1;
     if let Some(counter) = conn.responses.get(class) {

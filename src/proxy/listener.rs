@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ use crate::telemetry::metrics as m;
 /// A listener bound but not yet accepting (between bind and commit).
 pub struct BoundListener {
     spec: ListenerSpec,
-    socket: TcpListener,
+    socket: Arc<TcpListener>,
     local_addr: SocketAddr,
 }
 
@@ -65,13 +65,28 @@ pub struct BindError {
 struct RunningListener {
     spec: ListenerSpec,
     local_addr: SocketAddr,
+    /// Kept for a socket hand-over; released when draining so that new
+    /// connection attempts are refused once the accept loop has stopped.
+    socket: Option<Arc<TcpListener>>,
+}
+
+/// A listening socket as a drain-aware restart hands it over.
+pub struct ListeningSocket {
+    pub name: String,
+    pub bind: SocketAddr,
+    pub socket: Arc<TcpListener>,
 }
 
 /// Every listener of the process.
 pub struct ListenerSet {
     admission: Admission,
     running: Mutex<BTreeMap<String, RunningListener>>,
+    /// Sockets handed over by the previous process, by listener name and
+    /// configured bind; adopted instead of bound.
+    inherited: Mutex<BTreeMap<(String, SocketAddr), std::net::TcpListener>>,
     draining: watch::Sender<bool>,
+    /// The same as `draining`, read on every response.
+    draining_flag: Arc<AtomicBool>,
     open: Arc<OpenConnections>,
 }
 
@@ -119,7 +134,28 @@ fn bind_socket(spec: &ListenerSpec) -> Result<BoundListener, BindError> {
     let local_addr = socket.local_addr().map_err(fail)?;
     Ok(BoundListener {
         spec: spec.clone(),
-        socket,
+        socket: Arc::new(socket),
+        local_addr,
+    })
+}
+
+/// Takes over a socket the previous process was listening on.
+fn adopt_socket(
+    spec: &ListenerSpec,
+    socket: std::net::TcpListener,
+) -> Result<BoundListener, BindError> {
+    let fail = |source| BindError {
+        name: spec.name.clone(),
+        bind: spec.bind,
+        source,
+    };
+    socket.set_nonblocking(true).map_err(fail)?;
+    let socket = TcpListener::from_std(socket).map_err(fail)?;
+    let local_addr = socket.local_addr().map_err(fail)?;
+    tracing::info!(listener = %spec.name, address = %local_addr, "adopted listening socket from the previous process");
+    Ok(BoundListener {
+        spec: spec.clone(),
+        socket: Arc::new(socket),
         local_addr,
     })
 }
@@ -129,7 +165,9 @@ impl ListenerSet {
         Arc::new(Self {
             admission,
             running: Mutex::new(BTreeMap::new()),
+            inherited: Mutex::new(BTreeMap::new()),
             draining: watch::channel(false).0,
+            draining_flag: Arc::new(AtomicBool::new(false)),
             open: Arc::new(OpenConnections::default()),
         })
     }
@@ -138,10 +176,57 @@ impl ListenerSet {
     /// nothing: when one bind fails, the sockets bound so far are closed.
     pub fn bind_new(&self, specs: &[ListenerSpec]) -> Result<Vec<BoundListener>, BindError> {
         let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut inherited = self
+            .inherited
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         specs
             .iter()
             .filter(|spec| !running.contains_key(&spec.name))
-            .map(bind_socket)
+            .map(
+                |spec| match inherited.remove(&(spec.name.clone(), spec.bind)) {
+                    Some(socket) => adopt_socket(spec, socket),
+                    None => bind_socket(spec),
+                },
+            )
+            .collect()
+    }
+
+    /// Offers sockets handed over by the previous process; `bind_new`
+    /// adopts those whose listener name and configured bind match.
+    pub fn inherit(&self, sockets: Vec<(String, SocketAddr, std::net::TcpListener)>) {
+        let mut inherited = self
+            .inherited
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (name, bind, socket) in sockets {
+            inherited.insert((name, bind), socket);
+        }
+    }
+
+    /// Closes inherited sockets no listener adopted (their bind changed).
+    pub fn release_unadopted(&self) {
+        let mut inherited = self
+            .inherited
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for ((name, bind), _) in std::mem::take(&mut *inherited) {
+            tracing::info!(listener = %name, %bind, "closing a handed-over socket no listener uses any more");
+        }
+    }
+
+    /// The listening sockets, for a drain-aware restart.
+    pub fn sockets(&self) -> Vec<ListeningSocket> {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running
+            .values()
+            .filter_map(|l| {
+                Some(ListeningSocket {
+                    name: l.spec.name.clone(),
+                    bind: l.spec.bind,
+                    socket: Arc::clone(l.socket.as_ref()?),
+                })
+            })
             .collect()
     }
 
@@ -155,6 +240,7 @@ impl ListenerSet {
                 RunningListener {
                     spec: listener.spec.clone(),
                     local_addr: listener.local_addr,
+                    socket: Some(Arc::clone(&listener.socket)),
                 },
             );
             tokio::spawn(Arc::clone(self).accept_loop(listener));
@@ -180,7 +266,12 @@ impl ListenerSet {
     /// Stops accepting on every listener and asks every connection to
     /// finish: HTTP/1 closes after its in-flight response, HTTP/2 gets GOAWAY.
     pub fn drain(&self) {
+        self.draining_flag.store(true, Ordering::Relaxed);
         self.draining.send_replace(true);
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        for listener in running.values_mut() {
+            listener.socket = None;
+        }
     }
 
     /// Waits until every downstream connection has closed, or `timeout`.
@@ -243,6 +334,8 @@ impl ListenerSet {
                 remote,
                 scheme: Scheme::HTTP,
                 responses: Arc::clone(&responses),
+                draining: Arc::clone(&self.draining_flag),
+                http2: AtomicBool::new(false),
             });
             let limits = self.limits(&name);
             tokio::spawn(serve_connection(
@@ -292,13 +385,10 @@ async fn serve_connection(
     // connects and says nothing is timed out here.
     let mut probe = [0u8; 1];
     let first_bytes = tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut probe));
-    tokio::select! {
-        peeked = first_bytes => {
-            if !matches!(peeked, Ok(Ok(n)) if n > 0) {
-                return;
-            }
-        }
-        _ = async { let _ = draining.wait_for(|d| *d).await; } => return,
+    // A connection accepted just before draining began is still served:
+    // its client has no way to know it should have gone elsewhere.
+    if !matches!(first_bytes.await, Ok(Ok(n)) if n > 0) {
+        return;
     }
     let (io, timeout_reply) = Downstream::new(stream);
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -313,16 +403,38 @@ async fn serve_connection(
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.max_concurrent_streams);
     let listener = Arc::clone(&ctx.listener);
+    let shared = Arc::clone(&ctx);
     let service = service_fn(move |req| handle(req, Arc::clone(&ctx)));
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let result = tokio::select! {
         result = conn.as_mut() => result,
         _ = async { let _ = draining.wait_for(|d| *d).await; } => {
+            // HTTP/2 clients handle GOAWAY: send it now. HTTP/1 responses
+            // carry `Connection: close` from now on (see `handle`), so busy
+            // keep-alive clients leave cleanly; the rest get a short grace
+            // before idle connections are closed.
+            if !shared.http2.load(Ordering::Relaxed) {
+                tokio::select! {
+                    result = conn.as_mut() => return finish(result, &listener, timeout_reply),
+                    _ = tokio::time::sleep(DRAIN_IDLE_GRACE) => {}
+                }
+            }
             conn.as_mut().graceful_shutdown();
             conn.as_mut().await
         }
     };
+    finish(result, &listener, timeout_reply);
+}
+
+/// How long idle HTTP/1 keep-alive connections may stay once draining starts.
+const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
+
+fn finish(
+    result: Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    listener: &str,
+    timeout_reply: super::downstream::TimeoutReply,
+) {
     if let Err(error) = result {
         let timed_out = error
             .downcast_ref::<hyper::Error>()

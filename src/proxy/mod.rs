@@ -11,5 +11,5 @@ mod tcp;
 
 pub use body::ResponseBody;
 pub use error::{error_response, ProxyError};
-pub use listener::{BindError, BoundListener, ListenerInfo, ListenerSet};
+pub use listener::{BindError, BoundListener, ListenerInfo, ListenerSet, ListeningSocket};
 pub use tcp::pinned_age_expired;

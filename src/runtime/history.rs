@@ -64,6 +64,8 @@ pub enum OperationKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
+    /// Still under way (an upgrade waiting for the new process).
+    Running,
     Succeeded,
     Unchanged,
     Rejected,
@@ -86,6 +88,9 @@ pub struct OperationRecord {
     pub summary: String,
     pub error: Option<String>,
     pub pid: u32,
+    /// For a drain-aware restart: the process that handed over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_pid: Option<u32>,
 }
 
 /// Everything that survives a restart.
@@ -102,6 +107,9 @@ pub struct History {
     limit: usize,
     state_dir: Option<PathBuf>,
     state: PersistedState,
+    /// Set while a new process owns the state dir (during and after a
+    /// drain-aware restart): this process then writes nothing.
+    handed_over: bool,
 }
 
 /// `SystemTime` as RFC 3339, UTC, millisecond precision.
@@ -115,6 +123,7 @@ impl History {
             limit: limit.max(1),
             state_dir,
             state,
+            handed_over: false,
         };
         history.trim();
         history
@@ -198,11 +207,31 @@ impl History {
         self.trim();
     }
 
+    /// Updates an operation already in the log (an upgrade finishing).
+    pub fn update_operation(&mut self, id: &str, update: impl FnOnce(&mut OperationRecord)) {
+        if let Some(record) = self.state.operations.iter_mut().find(|o| o.id == id) {
+            update(record);
+        }
+    }
+
+    /// Everything a new process needs to continue this history.
+    pub fn snapshot(&self) -> PersistedState {
+        self.state.clone()
+    }
+
+    /// Stops (or resumes) writing the state dir while another process owns it.
+    pub fn set_handed_over(&mut self, handed_over: bool) {
+        self.handed_over = handed_over;
+    }
+
     /// Writes the state when a state dir is configured.
     pub fn persist(&self) -> Result<(), HistoryError> {
         let Some(dir) = &self.state_dir else {
             return Ok(());
         };
+        if self.handed_over {
+            return Ok(());
+        }
         let bytes = serde_json::to_vec_pretty(&self.state)
             .map_err(|e| HistoryError::Corrupt(dir.join(STATE_FILE), e))?;
         write_atomically(dir, STATE_FILE, &bytes)

@@ -27,6 +27,8 @@ pub struct Gateway {
     pub admin: SocketAddr,
     pub listeners: Vec<(String, SocketAddr)>,
     pub stderr: Arc<Mutex<String>>,
+    /// Processes started by upgrades (not our children): killed on drop.
+    pub adopted: Vec<u32>,
 }
 
 impl Gateway {
@@ -96,7 +98,43 @@ impl Gateway {
             admin,
             listeners,
             stderr,
+            adopted: Vec::new(),
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Pids of running processes whose command line names our config file.
+    pub fn gateway_pids(&self) -> Vec<u32> {
+        let needle = self.config_path.to_string_lossy().into_owned();
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let zombie = std::fs::read_to_string(entry.path().join("stat"))
+                .map(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+                })
+                .unwrap_or(true);
+            if cmdline.contains(&needle) && cmdline.contains(" run ") && !zombie {
+                pids.push(pid);
+            }
+        }
+        pids.sort();
+        pids
     }
 
     pub fn listener(&self, name: &str) -> SocketAddr {
@@ -198,6 +236,9 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        for pid in &self.adopted {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
     }
 }
 

@@ -171,3 +171,524 @@ async fn max_pinned_age_closes_superseded_connections() {
         "a connection on the active generation stays"
     );
 }
+
+fn slow_backend_config(backend: SocketAddr, drain_timeout: &str) -> String {
+    format!(
+        r#"[admin]
+bind = "127.0.0.1:0"
+
+[log]
+level = "warn"
+
+[runtime]
+drain_timeout = "{drain_timeout}"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "all"
+listeners = ["web"]
+upstream = "app"
+
+[upstreams.app]
+backends = [{{ addr = "{backend}" }}]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_then_exits_zero() {
+    use std::sync::Arc;
+    let arrived = Arc::new(tokio::sync::Semaphore::new(0));
+    let seen = Arc::clone(&arrived);
+    let backend = Backend::start(Arc::new(move |_req| {
+        let seen = Arc::clone(&seen);
+        Box::pin(async move {
+            seen.add_permits(1);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            hyper::Response::new(full("done"))
+        })
+    }))
+    .await;
+    let mut gw = Gateway::start(&slow_backend_config(backend.addr, "20s"));
+    let web = gw.listener("web");
+    let mut requests = Vec::new();
+    for _ in 0..32 {
+        requests.push(tokio::spawn(async move { get(web, "a", "/held").await }));
+    }
+    // All 32 are at the backend before the signal.
+    let _all = tokio::time::timeout(Duration::from_secs(10), arrived.acquire_many(32))
+        .await
+        .unwrap()
+        .unwrap();
+    let signalled = Instant::now();
+    gw.signal("TERM");
+    // Listeners close at once: new attempts are refused (bounded wait).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match TcpStream::connect(web).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            _ if Instant::now() > deadline => panic!("listener still accepting after SIGTERM"),
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    for request in requests {
+        let (status, _, body) = request.await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "done"));
+    }
+    let code = tokio::task::spawn_blocking(move || {
+        let code = gw.wait_exit(Duration::from_secs(10));
+        (code, signalled.elapsed())
+    })
+    .await
+    .unwrap();
+    assert_eq!(code.0, Some(0));
+    assert!(
+        code.1 < Duration::from_secs(5),
+        "exited after {:?}, well before the 20s drain_timeout",
+        code.1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_cuts_endless_streams_at_the_deadline_and_sends_goaway() {
+    use http_body_util::BodyExt;
+    use std::sync::Arc;
+    // Streams one chunk every 100 ms, forever.
+    let backend = Backend::start(Arc::new(|_req| {
+        Box::pin(async move {
+            let (mut tx, body) =
+                http_body_util::channel::Channel::<bytes::Bytes, std::io::Error>::new(4);
+            tokio::spawn(async move {
+                while tx
+                    .send_data(bytes::Bytes::from_static(b"tick\n"))
+                    .await
+                    .is_ok()
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+            hyper::Response::new(body.boxed())
+        })
+    }))
+    .await;
+    let mut gw = Gateway::start(&slow_backend_config(backend.addr, "2s"));
+    let web = gw.listener("web");
+
+    // An HTTP/2 client with an open stream sees GOAWAY when draining starts.
+    let stream = TcpStream::connect(web).await.unwrap();
+    let (mut h2, h2_conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let h2_conn = tokio::spawn(h2_conn);
+    let req = hyper::Request::builder()
+        .uri("http://a/stream")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let mut h2_body = h2.send_request(req).await.unwrap().into_body();
+    assert!(h2_body.frame().await.is_some());
+
+    let stream = TcpStream::connect(web).await.unwrap();
+    let (mut h1, h1_conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(h1_conn);
+    let req = hyper::Request::builder()
+        .uri("/stream")
+        .header("host", "a")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let mut h1_body = h1.send_request(req).await.unwrap().into_body();
+    assert!(h1_body.frame().await.is_some());
+
+    let signalled = Instant::now();
+    gw.signal("TERM");
+    // The stream keeps flowing during the drain, and is cut at the deadline.
+    let mut frames = 0;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), h1_body.frame())
+            .await
+            .unwrap()
+        {
+            Some(Ok(_)) => frames += 1,
+            other => {
+                eprintln!(
+                    "stream ended with {other:?} after {:?}\n{}",
+                    signalled.elapsed(),
+                    gw.logs()
+                );
+                break;
+            }
+        }
+    }
+    let cut_after = signalled.elapsed();
+    assert!(
+        frames > 5,
+        "the stream kept flowing while draining ({frames} frames)"
+    );
+    assert!(
+        cut_after > Duration::from_millis(1500) && cut_after < Duration::from_secs(3),
+        "cut after {cut_after:?} (drain_timeout 2s)"
+    );
+    // h2: the connection future ends once GOAWAY arrives and the stream is done.
+    while let Some(Ok(_)) = tokio::time::timeout(Duration::from_secs(5), h2_body.frame())
+        .await
+        .unwrap()
+    {}
+    let ended = tokio::time::timeout(Duration::from_secs(5), h2_conn).await;
+    assert!(ended.is_ok(), "the HTTP/2 connection was closed");
+    // Not a new stream on the GOAWAY'd connection.
+    let req = hyper::Request::builder()
+        .uri("http://a/again")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    assert!(h2.send_request(req).await.is_err());
+    let code = tokio::task::spawn_blocking(move || gw.wait_exit(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0));
+}
+
+/// Starts an upgrade through the admin API and waits for its outcome.
+async fn upgrade(gw: &Gateway, config: Option<&str>) -> Value {
+    let (status, body) = match config {
+        Some(text) => {
+            admin_request(
+                gw.admin,
+                "POST",
+                "/admin/lifecycle/upgrade",
+                Some("application/toml"),
+                Some(text.to_owned()),
+            )
+            .await
+        }
+        None => admin_request(gw.admin, "POST", "/admin/lifecycle/upgrade", None, None).await,
+    };
+    assert_eq!(status, 202, "{body}");
+    let id = body["operation_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, op) = admin_request(
+            gw.admin,
+            "GET",
+            &format!("/admin/runtime/operations/{id}"),
+            None,
+            None,
+        )
+        .await;
+        if status == 200 && op["outcome"] != "running" {
+            return op;
+        }
+        assert!(Instant::now() < deadline, "upgrade {id} did not finish");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+use serde_json::Value;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrades_under_load_refuse_no_connection() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let backend = Backend::named("ok").await;
+    let mut gw = Gateway::start(&slow_backend_config(backend.addr, "5s"));
+    let web = gw.listener("web");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, refused, failed) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let mut clients = Vec::new();
+    for _ in 0..32 {
+        let (stop, ok, refused, failed) = (
+            Arc::clone(&stop),
+            Arc::clone(&ok),
+            Arc::clone(&refused),
+            Arc::clone(&failed),
+        );
+        clients.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let mut stream = match TcpStream::connect(web).await {
+                    Ok(s) => s,
+                    Err(_) => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                };
+                let _ = stream
+                    .write_all(b"GET / HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
+                    .await;
+                let mut answer = Vec::new();
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+                        .await;
+                if answer.starts_with(b"HTTP/1.1 200") && answer.ends_with(b"ok") {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    // Keep-alive clients beside them: only "closed before the first byte" may happen.
+    let (ka_ok, ka_closed, ka_other) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    for _ in 0..8 {
+        let (stop, ka_ok, ka_closed, ka_other) = (
+            Arc::clone(&stop),
+            Arc::clone(&ka_ok),
+            Arc::clone(&ka_closed),
+            Arc::clone(&ka_other),
+        );
+        clients.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(stream) = TcpStream::connect(web).await else {
+                    ka_other.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                let Ok((mut sender, conn)) =
+                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                        .await
+                else {
+                    continue;
+                };
+                tokio::spawn(conn);
+                while !stop.load(Ordering::Relaxed) {
+                    let req = hyper::Request::builder()
+                        .uri("/")
+                        .header("host", "a")
+                        .body(http_body_util::Full::new(bytes::Bytes::new()))
+                        .unwrap();
+                    match sender.send_request(req).await {
+                        Ok(r) if r.status() == 200 => {
+                            // A draining gateway answers `Connection: close`:
+                            // a well-behaved client does not reuse the connection.
+                            let closing =
+                                r.headers().get("connection").is_some_and(|v| v == "close");
+                            let _ = http_body_util::BodyExt::collect(r.into_body()).await;
+                            ka_ok.fetch_add(1, Ordering::Relaxed);
+                            if closing {
+                                break;
+                            }
+                        }
+                        Ok(_) => {
+                            ka_other.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) if e.is_canceled() || e.is_closed() || e.is_incomplete_message() => {
+                            ka_closed.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                        Err(_) => {
+                            ka_other.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    let mut pids = vec![gw.pid()];
+    for round in 0..5 {
+        let op = upgrade(&gw, None).await;
+        assert_eq!(op["outcome"], "succeeded", "round {round}: {op}");
+        let new_pid = op["pid"].as_u64().unwrap() as u32;
+        let old_pid = *pids.last().unwrap();
+        assert_ne!(new_pid, old_pid);
+        assert_eq!(op["previous_pid"].as_u64(), Some(old_pid as u64));
+        gw.adopted.push(new_pid);
+        pids.push(new_pid);
+        // The old process is gone within drain_timeout + 1 s; never more than two.
+        let deadline = Instant::now() + Duration::from_secs(6);
+        loop {
+            let running = gw.gateway_pids();
+            assert!(running.len() <= 2, "round {round}: {running:?}");
+            if !running.contains(&old_pid) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: pid {old_pid} still running"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let status = gw.status().await;
+        assert_eq!(status["pid"].as_u64(), Some(new_pid as u64));
+        assert_eq!(
+            status["listeners"][0]["address"].as_str(),
+            Some(web.to_string().as_str()),
+            "listening address unchanged"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    let (ok, refused, failed) = (
+        ok.load(Ordering::Relaxed),
+        refused.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+    );
+    let (ka_ok, ka_closed, ka_other) = (
+        ka_ok.load(Ordering::Relaxed),
+        ka_closed.load(Ordering::Relaxed),
+        ka_other.load(Ordering::Relaxed),
+    );
+    eprintln!("5 upgrades: close-mode {ok} ok, {refused} refused, {failed} failed; keep-alive {ka_ok} ok, {ka_closed} closed before a response, {ka_other} other");
+    assert!(ok > 500, "too little traffic: {ok}");
+    assert_eq!((refused, failed), (0, 0));
+    assert_eq!(ka_other, 0);
+    assert!(
+        (ka_closed as f64) <= 0.001 * (ka_ok + ka_closed) as f64,
+        "{ka_closed} of {} keep-alive requests were cut",
+        ka_ok + ka_closed
+    );
+    // History continued across all five processes.
+    let history = admin_request(gw.admin, "GET", "/admin/runtime/history", None, None)
+        .await
+        .1;
+    let upgrades = history["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["kind"] == "upgrade" && o["outcome"] == "succeeded")
+        .count();
+    assert_eq!(upgrades, 5, "{history}");
+    let first_exit =
+        tokio::task::spawn_blocking(move || gw.wait_exit(Duration::from_secs(1)).map(|c| (c, gw)))
+            .await
+            .unwrap();
+    assert_eq!(
+        first_exit.map(|(c, _)| c),
+        Some(0),
+        "the original process exited 0"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_applies_restart_required_changes_and_continues_history() {
+    let backend = Backend::named("ok").await;
+    let base = slow_backend_config(backend.addr, "5s");
+    let mut gw = Gateway::start(&base);
+    let old_web = gw.listener("web");
+    let new_port = closed_port();
+    let candidate = base
+        .replacen(
+            "bind = \"127.0.0.1:0\"\n\n[[routes]]",
+            &format!("bind = \"{new_port}\"\n\n[[routes]]"),
+            1,
+        )
+        .replace("level = \"warn\"", "level = \"info\"\nformat = \"json\"");
+    // Activation refuses it...
+    let (status, plan) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(candidate.clone()),
+    )
+    .await;
+    assert_eq!(status, 422);
+    assert_eq!(plan["rejected"].as_array().map(Vec::len), Some(2), "{plan}");
+    // ... an upgrade applies it.
+    let op = upgrade(&gw, Some(&candidate)).await;
+    assert_eq!(op["outcome"], "succeeded", "{op}");
+    gw.adopted.push(op["pid"].as_u64().unwrap() as u32);
+    assert_eq!(
+        op["generation"], 2,
+        "the history continues with the next generation id"
+    );
+    let (status, _, body) = get(new_port, "a", "/").await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    let history = admin_request(gw.admin, "GET", "/admin/runtime/history", None, None)
+        .await
+        .1;
+    assert_eq!(history["generations"][0]["generation"], 2);
+    assert_eq!(history["generations"][0]["source"], "upgrade");
+    assert_eq!(history["generations"][1]["generation"], 1);
+    let code = tokio::task::spawn_blocking(move || {
+        let code = gw.wait_exit(Duration::from_secs(7));
+        (code, gw)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code.0, Some(0));
+    assert!(
+        TcpStream::connect(old_web).await.is_err(),
+        "the old listener closed with the old process"
+    );
+    // The new process logs in JSON: the format switch took effect.
+    let logs = code.1.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.starts_with('{') && l.contains("cutover ready")),
+        "no JSON log line from the new process:\n{logs}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_new_process_leaves_the_old_one_serving() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let backend = Backend::named("ok").await;
+    let base = slow_backend_config(backend.addr, "5s");
+    let gw = Gateway::start(&base);
+    let web = gw.listener("web");
+    // The new process will fail to bind a port someone else holds.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let candidate = format!(
+        "{base}\n[[listeners]]\nname = \"taken\"\nbind = \"{}\"\n",
+        held.local_addr().unwrap()
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, bad) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let load = {
+        let (stop, ok, bad) = (Arc::clone(&stop), Arc::clone(&ok), Arc::clone(&bad));
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let (status, _, body) = get(web, "a", "/").await;
+                if status == 200 && body == "ok" {
+                    ok.fetch_add(1, Ordering::Relaxed)
+                } else {
+                    bad.fetch_add(1, Ordering::Relaxed)
+                };
+            }
+        })
+    };
+    let op = upgrade(&gw, Some(&candidate)).await;
+    assert_eq!(op["outcome"], "failed", "{op}");
+    assert!(
+        op["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("the new process"),
+        "{op}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    assert!(ok.load(Ordering::Relaxed) > 0);
+    assert_eq!(bad.load(Ordering::Relaxed), 0);
+    let status = gw.status().await;
+    assert_eq!(status["pid"].as_u64(), Some(gw.pid() as u64));
+    assert_eq!(status["phase"], "running");
+    assert_eq!(gw.gateway_pids(), vec![gw.pid()]);
+    // The lock is released: a normal activation works again.
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(base.replace("drain_timeout = \"5s\"", "drain_timeout = \"6s\"")),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}

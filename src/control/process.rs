@@ -1,0 +1,67 @@
+//! Process-level operations (drain, drain-aware restart) as seen by the
+//! control plane. `lifecycle` implements [`ProcessControl`]; the admin API
+//! reaches it through `Control` so that it talks to one thing only.
+
+use std::sync::Arc;
+
+use super::Control;
+use crate::plan::Plan;
+
+/// A drain-aware restart request.
+#[derive(Debug, Clone, Default)]
+pub struct UpgradeRequest {
+    /// A candidate to start the new process with (restart-required changes
+    /// allowed); `None` restarts on the active configuration.
+    pub config: Option<String>,
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("the gateway is already draining")]
+    AlreadyDraining,
+    #[error("the gateway is draining")]
+    Draining,
+    #[error("another upgrade or configuration change is in progress")]
+    UpgradeRunning,
+    #[error("the upgrade candidate is invalid ({} errors)", .0.errors.len())]
+    Invalid(Box<Plan>),
+    #[error("this process cannot be drained or upgraded from here")]
+    Unavailable,
+    #[error("cannot start the new process: {0}")]
+    Failed(String),
+}
+
+/// Drain and upgrade, implemented by the process lifecycle.
+pub trait ProcessControl: Send + Sync {
+    /// Starts draining (as SIGTERM); returns at once.
+    fn drain(&self, control: &Arc<Control>) -> Result<String, LifecycleError>;
+    /// Starts a drain-aware restart; returns the operation id to follow.
+    fn upgrade(
+        &self,
+        control: &Arc<Control>,
+        request: UpgradeRequest,
+    ) -> Result<String, LifecycleError>;
+}
+
+impl Control {
+    /// Installs the process lifecycle (once, at start-up).
+    pub fn set_process(&self, process: Arc<dyn ProcessControl>) {
+        let _ = self.process.set(process);
+    }
+
+    pub fn drain(self: &Arc<Self>) -> Result<String, LifecycleError> {
+        self.process
+            .get()
+            .ok_or(LifecycleError::Unavailable)?
+            .drain(self)
+    }
+
+    pub fn upgrade(self: &Arc<Self>, request: UpgradeRequest) -> Result<String, LifecycleError> {
+        self.process
+            .get()
+            .ok_or(LifecycleError::Unavailable)?
+            .upgrade(self, request)
+    }
+}

@@ -1,0 +1,140 @@
+//! Socket hand-over for drain-aware restarts: the only `unsafe` in cutover.
+//!
+//! The running process duplicates each listening socket into a descriptor
+//! without close-on-exec, so the new process inherits it, and writes an
+//! [`UpgradeState`] file naming each descriptor and everything else the new
+//! process needs (history, the configuration to start with, the operation
+//! to complete). The new process adopts the descriptors by number.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::PersistedState;
+
+/// The environment variable naming the upgrade state file.
+pub const STATE_ENV: &str = "CUTOVER_UPGRADE_STATE";
+
+/// What a socket is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SocketRole {
+    Listener,
+    Admin,
+    Metrics,
+}
+
+/// One inherited listening socket.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandedSocket {
+    pub role: SocketRole,
+    /// Listener name (`admin` / `metrics` for those roles).
+    pub name: String,
+    /// The configured bind the socket was opened for.
+    pub bind: SocketAddr,
+    /// The descriptor number in the new process.
+    pub fd: RawFd,
+}
+
+/// Everything the new process continues from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpgradeState {
+    pub parent_pid: u32,
+    pub operation_id: String,
+    pub sockets: Vec<HandedSocket>,
+    pub history: PersistedState,
+    /// The configuration to start with and where its files resolve.
+    pub config: String,
+    pub base_dir: PathBuf,
+    pub origin: String,
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// A duplicate of `fd` that survives `exec` (no `FD_CLOEXEC`).
+pub fn inheritable(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: `dup` takes a valid descriptor (guaranteed by `BorrowedFd`)
+    // and returns a new one that nothing else owns; we take ownership of it
+    // at once. The duplicate has FD_CLOEXEC clear by definition of `dup`.
+    let duplicate = unsafe { libc::dup(fd.as_raw_fd()) };
+    if duplicate < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `duplicate` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(duplicate) })
+}
+
+/// Takes ownership of an inherited listening socket by descriptor number,
+/// after checking that the descriptor is open and is a listening TCP
+/// socket bound where the state file says.
+pub fn adopt(socket: &HandedSocket) -> io::Result<std::net::TcpListener> {
+    // SAFETY: F_GETFD only reads descriptor flags; it fails with EBADF for
+    // a descriptor that is not open, which we check before taking it.
+    let flags = unsafe { libc::fcntl(socket.fd, libc::F_GETFD) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor is open, was handed to this process for this
+    // purpose by its parent, and is named once in the state file; nothing
+    // else in this process refers to it.
+    let owned = unsafe { OwnedFd::from_raw_fd(socket.fd) };
+    // Close it on our own exec, like every other descriptor we own.
+    // SAFETY: sets the close-on-exec flag of a descriptor we now own.
+    unsafe { libc::fcntl(owned.as_raw_fd(), libc::F_SETFD, flags | libc::FD_CLOEXEC) };
+    let listener = std::net::TcpListener::from(owned);
+    let local = listener.local_addr()?;
+    if local.ip() != socket.bind.ip()
+        || (socket.bind.port() != 0 && local.port() != socket.bind.port())
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "descriptor {} is bound to {local}, not {}",
+                socket.fd, socket.bind
+            ),
+        ));
+    }
+    Ok(listener)
+}
+
+/// Writes the state file readable by this user only.
+pub fn write_state(dir: &Path, state: &UpgradeState) -> io::Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!(
+        "cutover-upgrade-{}-{}.json",
+        std::process::id(),
+        state.operation_id
+    ));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)?;
+    file.write_all(&serde_json::to_vec(state).map_err(io::Error::other)?)?;
+    file.sync_all()?;
+    Ok(path)
+}
+
+/// Reads and removes the state file named by [`STATE_ENV`], if any.
+pub fn take_state() -> io::Result<Option<UpgradeState>> {
+    let Some(path) = std::env::var_os(STATE_ENV) else {
+        return Ok(None);
+    };
+    let bytes = std::fs::read(&path)?;
+    let _ = std::fs::remove_file(&path);
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(io::Error::other)
+}
+
+/// The raw descriptor of anything that has one (for the state file).
+pub fn raw(fd: &impl AsFd) -> RawFd {
+    fd.as_fd().as_raw_fd()
+}
