@@ -74,6 +74,11 @@ enum CtlCommand {
     },
     /// Show the active generation, phase and in-flight work.
     Status,
+    /// Re-read listener certificates (all TLS listeners, or `--listener`).
+    ReloadCerts {
+        #[arg(long = "listener")]
+        listeners: Vec<String>,
+    },
     /// Start draining the gateway (as SIGTERM).
     Drain,
     /// Drain-aware restart on the active configuration, or on `--config`
@@ -173,6 +178,14 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
         CtlCommand::History => client.get("/admin/runtime/history").await?,
         CtlCommand::Status => client.get("/admin/runtime/status").await?,
         CtlCommand::Drain => client.post("/admin/lifecycle/drain", json!({})).await?,
+        CtlCommand::ReloadCerts { listeners } => {
+            let body = if listeners.is_empty() {
+                json!({})
+            } else {
+                json!({ "listeners": listeners })
+            };
+            client.post("/admin/runtime/reload-certs", body).await?
+        }
         CtlCommand::Upgrade { config, meta } => {
             let mut body = json!({ "reason": meta.reason, "requested_by": meta.requested_by });
             if let Some(file) = config {
@@ -330,6 +343,27 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
             "draining ({})",
             body["operation_id"].as_str().unwrap_or("-")
         ),
+        CtlCommand::ReloadCerts { .. } => {
+            for listener in body["listeners"].as_array().into_iter().flatten() {
+                for cert in listener["certificates"].as_array().into_iter().flatten() {
+                    println!(
+                        "{}: {} {} not_after {}{}",
+                        listener["listener"].as_str().unwrap_or("-"),
+                        cert["fingerprint"].as_str().unwrap_or("-"),
+                        cert["names"],
+                        cert["not_after"].as_str().unwrap_or("-"),
+                        if cert["changed"] == json!(true) {
+                            " (changed)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+            }
+            for warning in body["warnings"].as_array().into_iter().flatten() {
+                println!("warning: {}", warning.as_str().unwrap_or(""));
+            }
+        }
         CtlCommand::Upgrade { .. } => {
             println!(
                 "upgrade {}: {} ({})",

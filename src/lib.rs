@@ -38,5 +38,6 @@ pub mod plan;
 pub mod proxy;
 pub mod runtime;
 pub mod telemetry;
+pub mod tls;
 
 pub use lifecycle::{run, Options};

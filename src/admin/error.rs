@@ -105,6 +105,17 @@ fn control_error(error: ControlError) -> Response {
         )
             .into_response(),
         ControlError::InProgress => body(StatusCode::CONFLICT, "operation_in_progress", message),
+        ControlError::NotTlsListener(_) => body(StatusCode::BAD_REQUEST, "not_a_tls_listener", message),
+        ControlError::Certificate { listener, source } => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({
+                "error": "certificate_invalid",
+                "listener": listener,
+                "file": source.path().display().to_string(),
+                "message": message,
+            })),
+        )
+            .into_response(),
         ControlError::TargetActive(target) => (
             StatusCode::CONFLICT,
             Json(json!({ "error": "target_active", "target_generation": target, "message": message })),

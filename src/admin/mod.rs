@@ -39,6 +39,7 @@ pub fn router(control: Arc<Control>, security: Security) -> Router {
         .route("/admin/runtime/activate", post(activate))
         .route("/admin/runtime/reload", post(reload))
         .route("/admin/runtime/rollback", post(rollback))
+        .route("/admin/runtime/reload-certs", post(reload_certs))
         .route("/admin/runtime/history", get(history))
         .route(
             "/admin/runtime/history/{generation}",
@@ -131,6 +132,30 @@ async fn rollback(
         })
         .await?;
     Ok(Json(activation).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReloadCertsBody {
+    listeners: Option<Vec<String>>,
+}
+
+async fn reload_certs(
+    State(control): Shared,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let body: ReloadCertsBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ReloadCertsBody::default()
+    } else if candidate::media_type(&headers).as_deref() == Some("application/json") {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::BadRequest(format!("the reload-certs body is not valid: {e}")))?
+    } else {
+        return Err(ApiError::UnsupportedMediaType(
+            "reload-certs takes application/json".into(),
+        ));
+    };
+    Ok(Json(control.reload_certs(body.listeners)?).into_response())
 }
 
 async fn drain(State(control): Shared) -> Result<Response, ApiError> {

@@ -51,7 +51,11 @@ fn admin_with(text: &str, token: Option<&str>) -> Admin {
     let store = Arc::new(GenerationStore::new(
         build(Arc::clone(&spec), GenerationId::FIRST, &shared).expect("build"),
     ));
-    let listeners = ListenerSet::new(Admission::new(Arc::clone(&store)));
+    let certificates = Arc::new(crate::tls::CertStore::default());
+    let listeners = ListenerSet::new(
+        Admission::new(Arc::clone(&store)),
+        Arc::clone(&certificates),
+    );
     listeners.start(listeners.bind_new(&spec.listeners).expect("bind"));
     let mut history = History::new(spec.runtime.history_limit, None, PersistedState::default());
     history.record_generation(crate::runtime::GenerationRecord {
@@ -68,15 +72,16 @@ fn admin_with(text: &str, token: Option<&str>) -> Admin {
     });
     let phase = Arc::new(PhaseCell::default());
     phase.advance(Phase::Running);
-    let control = Arc::new(Control::new(
+    let control = Arc::new(Control::new(crate::control::ControlParts {
         store,
         shared,
         listeners,
+        certificates,
         history,
-        path,
-        LogLevel::detached(),
+        config_file: path,
+        log_level: LogLevel::detached(),
         phase,
-    ));
+    }));
     let security = Security {
         address: ADMIN.parse().expect("addr"),
         token: token.map(str::to_owned),

@@ -167,6 +167,9 @@ pub struct FileListenerTls {
     pub certificates: Vec<FileCertificate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_ca: Option<String>,
+    /// `required` (default when `client_ca` is set) or `optional`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<String>,
 }
 
 /// One certificate chain and its private key, both PEM files.
@@ -244,6 +247,26 @@ pub struct FileUpstream {
     pub health: Option<toml::Value>,
     #[serde(default)]
     pub backends: Vec<FileBackend>,
+    /// TLS to the backends (`protocol = "https"` or `"h2"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<FileUpstreamTls>,
+}
+
+/// `upstreams.NAME.tls`: how to verify backends and who we are to them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileUpstreamTls {
+    /// CA bundle; the WebPKI roots when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    /// SNI and verification name; the backend host when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// Client certificate chain for mutual TLS (with `key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 fn default_policy() -> String {

@@ -7,6 +7,7 @@
 //! mutating operation runs at a time.
 
 mod candidate;
+mod certs;
 mod process;
 mod views;
 
@@ -17,6 +18,7 @@ use std::time::{Instant, SystemTime};
 use serde::Serialize;
 
 pub use candidate::{Candidate, CandidateError, CandidateSource};
+pub use certs::{CertReload, CertView, ListenerCerts};
 pub use process::{LifecycleError, ProcessControl, UpgradeRequest};
 pub use views::*;
 
@@ -64,6 +66,13 @@ pub enum ControlError {
     NotRetained(GenerationId),
     #[error("generation {0} is already active")]
     TargetActive(GenerationId),
+    #[error("listener '{0}' is not a TLS listener of the active configuration")]
+    NotTlsListener(String),
+    #[error("listener '{listener}': {source}")]
+    Certificate {
+        listener: String,
+        source: crate::tls::TlsError,
+    },
     #[error("generation {target} can no longer be activated")]
     NotActivatable {
         target: GenerationId,
@@ -103,11 +112,25 @@ struct CommitMeta {
     text: ConfigText,
 }
 
+/// What the control plane is built from.
+pub struct ControlParts {
+    pub store: Arc<GenerationStore>,
+    pub shared: Arc<SharedState>,
+    pub listeners: Arc<ListenerSet>,
+    pub certificates: Arc<crate::tls::CertStore>,
+    pub history: History,
+    /// The configuration file the process was started with.
+    pub config_file: PathBuf,
+    pub log_level: LogLevel,
+    pub phase: Arc<PhaseCell>,
+}
+
 /// The control plane of one process.
 pub struct Control {
     store: Arc<GenerationStore>,
     shared: Arc<SharedState>,
     listeners: Arc<ListenerSet>,
+    certificates: Arc<crate::tls::CertStore>,
     history: Mutex<History>,
     /// Held by every mutating operation; an upgrade holds it until the new
     /// process has taken over (or failed).
@@ -119,24 +142,17 @@ pub struct Control {
 }
 
 impl Control {
-    pub fn new(
-        store: Arc<GenerationStore>,
-        shared: Arc<SharedState>,
-        listeners: Arc<ListenerSet>,
-        history: History,
-        config_file: PathBuf,
-        log_level: LogLevel,
-        phase: Arc<PhaseCell>,
-    ) -> Self {
+    pub fn new(parts: ControlParts) -> Self {
         Self {
-            store,
-            shared,
-            listeners,
-            history: Mutex::new(history),
+            store: parts.store,
+            shared: parts.shared,
+            listeners: parts.listeners,
+            certificates: parts.certificates,
+            history: Mutex::new(parts.history),
             operation: Arc::new(tokio::sync::Mutex::new(())),
-            config_file,
-            log_level,
-            phase,
+            config_file: parts.config_file,
+            log_level: parts.log_level,
+            phase: parts.phase,
             process: std::sync::OnceLock::new(),
         }
     }
@@ -425,6 +441,15 @@ impl Control {
                 })
             }
         };
+        let certificates = match generation::certificate_material(&spec) {
+            Ok(material) => material,
+            Err(source) => {
+                return Err(ControlError::Build {
+                    source,
+                    plan: Box::new(plan),
+                })
+            }
+        };
         let bound = match self.listeners.bind_new(&spec.listeners) {
             Ok(bound) => bound,
             Err(source) => {
@@ -444,6 +469,10 @@ impl Control {
                 expected: c.expected,
                 active: c.active,
             })?;
+        // Certificates are their own ownership class with their own swap
+        // point; a handshake between the two swaps gets the previous
+        // material, which the previous generation was serving anyway.
+        self.install_certificates(certificates);
         self.listeners.start(bound);
         self.log_level.apply(&spec.log.level);
         metrics::gauge!(m::ACTIVE_GENERATION).set(committed.id.0 as f64);

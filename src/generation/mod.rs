@@ -18,8 +18,8 @@ pub use ledger::{InflightGuard, Ledger};
 pub use route::{Action, Route, RouteShared, RouteSlot, Saturated};
 pub use router::Router;
 pub use upstream::{
-    smooth_weighted_schedule, AttemptOutcome, Backend, BackendGuard, BackendKey, BackendRegistry,
-    Upstream,
+    smooth_weighted_schedule, AttemptOutcome, Backend, BackendError, BackendGuard, BackendKey,
+    BackendRegistry, Upstream, UpstreamClient,
 };
 
 use crate::ids::GenerationId;
@@ -48,8 +48,18 @@ impl SharedState {
 /// Why a validated configuration could still not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    #[error("backend address '{0}' cannot be used as an HTTP authority")]
-    BackendAddress(String),
+    #[error("upstream '{upstream}': {source}")]
+    Backend {
+        upstream: String,
+        #[source]
+        source: BackendError,
+    },
+    #[error("listener '{listener}': {source}")]
+    Tls {
+        listener: String,
+        #[source]
+        source: crate::tls::TlsError,
+    },
     #[error("route '{route}' names upstream '{upstream}', which was not built")]
     MissingUpstream { route: String, upstream: String },
 }
@@ -80,6 +90,26 @@ impl Generation {
     }
 }
 
+/// Loads the certificate material of every TLS listener of `spec`, all or
+/// nothing. Swapped into the `CertStore` right after the generation is
+/// committed (and by `reload-certs` on its own).
+pub fn certificate_material(spec: &Spec) -> Result<crate::tls::Material, BuildError> {
+    let mut material = crate::tls::Material::default();
+    for listener in &spec.listeners {
+        if let Some(tls) = &listener.tls {
+            let loaded =
+                crate::tls::ListenerMaterial::load(tls).map_err(|source| BuildError::Tls {
+                    listener: listener.name.clone(),
+                    source,
+                })?;
+            material
+                .listeners
+                .insert(listener.name.clone(), Arc::new(loaded));
+        }
+    }
+    Ok(material)
+}
+
 /// Compiles `spec` into generation `id`, reusing shared backends.
 pub fn build(
     spec: Arc<Spec>,
@@ -88,15 +118,11 @@ pub fn build(
 ) -> Result<Generation, BuildError> {
     let mut upstreams = HashMap::with_capacity(spec.upstreams.len());
     for u in &spec.upstreams {
-        let upstream = Upstream::build(u, &shared.backends).ok_or_else(|| {
-            BuildError::BackendAddress(
-                u.backends
-                    .iter()
-                    .map(|b| b.addr.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            )
-        })?;
+        let upstream =
+            Upstream::build(u, &shared.backends).map_err(|source| BuildError::Backend {
+                upstream: u.name.clone(),
+                source,
+            })?;
         upstreams.insert(u.name.clone(), Arc::new(upstream));
     }
     let mut per_listener: HashMap<&str, Vec<Arc<Route>>> = spec

@@ -12,15 +12,19 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use http::uri::Authority;
+use http::uri::{Authority, Scheme};
+use http::Version;
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::ResponseFuture;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use metrics::Counter;
 
 use crate::plan::{Policy, UpstreamProtocol, UpstreamSpec};
 use crate::telemetry::metrics as m;
+use crate::tls::UpstreamTlsSpec;
 
 /// What makes two backends the same backend: address and transport.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -28,6 +32,25 @@ pub struct BackendKey {
     pub addr: String,
     pub protocol: UpstreamProtocol,
     pub connect_timeout: Duration,
+    /// TLS settings, including a fingerprint of the files they name, so a
+    /// rotated CA or client certificate makes a new backend.
+    pub tls: Option<UpstreamTlsSpec>,
+}
+
+/// The pooled client of a backend: plain TCP or TLS.
+#[derive(Debug)]
+pub enum UpstreamClient {
+    Plain(Client<HttpConnector, Incoming>),
+    Tls(Client<HttpsConnector<HttpConnector>, Incoming>),
+}
+
+impl UpstreamClient {
+    pub fn request(&self, req: http::Request<Incoming>) -> ResponseFuture {
+        match self {
+            UpstreamClient::Plain(client) => client.request(req),
+            UpstreamClient::Tls(client) => client.request(req),
+        }
+    }
 }
 
 /// Outcomes of an upstream attempt, for metrics.
@@ -44,27 +67,76 @@ pub enum AttemptOutcome {
 pub struct Backend {
     pub key: BackendKey,
     pub authority: Authority,
-    pub client: Client<HttpConnector, Incoming>,
+    /// `http` or `https`, for the upstream request URI.
+    pub scheme: Scheme,
+    /// The HTTP version requests to this backend carry.
+    pub version: Version,
+    pub client: UpstreamClient,
     inflight: AtomicU64,
     outcomes: [Counter; 4],
 }
 
 impl Backend {
-    fn new(key: BackendKey) -> Option<Self> {
-        let authority: Authority = key.addr.parse().ok()?;
+    fn new(key: BackendKey) -> Result<Self, BackendError> {
+        let authority: Authority = key
+            .addr
+            .parse()
+            .map_err(|_| BackendError::Address(key.addr.clone()))?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(key.connect_timeout));
         connector.set_keepalive(Some(Duration::from_secs(60)));
-        let client = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024)
-            .build(connector);
+            .http2_only(key.protocol.is_http2());
+        let client = match &key.tls {
+            Some(tls) => {
+                connector.enforce_http(false);
+                let alpn: &[&[u8]] = if key.protocol.is_http2() {
+                    &[b"h2"]
+                } else {
+                    &[b"http/1.1"]
+                };
+                let config = crate::tls::client_config(tls, alpn).map_err(BackendError::Tls)?;
+                let https = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(config)
+                    .https_only();
+                let https = match &tls.server_name {
+                    Some(name) => {
+                        let name = rustls_pki_types::ServerName::try_from(name.clone())
+                            .map_err(|_| BackendError::ServerName(name.clone()))?;
+                        https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
+                            name,
+                        ))
+                    }
+                    None => https,
+                };
+                let https = if key.protocol.is_http2() {
+                    https.enable_http2().wrap_connector(connector)
+                } else {
+                    https.enable_http1().wrap_connector(connector)
+                };
+                UpstreamClient::Tls(builder.build(https))
+            }
+            None => UpstreamClient::Plain(builder.build(connector)),
+        };
+        let scheme = if key.tls.is_some() {
+            Scheme::HTTPS
+        } else {
+            Scheme::HTTP
+        };
+        let version = if key.protocol.is_http2() {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
         let addr = key.addr.clone();
         let outcome = |o: &'static str| metrics::counter!(m::UPSTREAM_ATTEMPTS, m::LABEL_BACKEND => addr.clone(), m::LABEL_OUTCOME => o);
-        Some(Self {
+        Ok(Self {
             outcomes: [
                 outcome("ok"),
                 outcome("connect_error"),
@@ -73,6 +145,8 @@ impl Backend {
             ],
             key,
             authority,
+            scheme,
+            version,
             client,
             inflight: AtomicU64::new(0),
         })
@@ -103,6 +177,17 @@ impl Backend {
     }
 }
 
+/// Why a backend could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend address '{0}' cannot be used as an HTTP authority")]
+    Address(String),
+    #[error("'{0}' is not a TLS server name")]
+    ServerName(String),
+    #[error("upstream TLS: {0}")]
+    Tls(crate::tls::TlsError),
+}
+
 /// One in-flight request to a backend.
 #[derive(Debug)]
 pub struct BackendGuard {
@@ -124,15 +209,15 @@ pub struct BackendRegistry {
 
 impl BackendRegistry {
     /// The live backend for `key`, or a new one.
-    pub fn get_or_create(&self, key: BackendKey) -> Option<Arc<Backend>> {
+    pub fn get_or_create(&self, key: BackendKey) -> Result<Arc<Backend>, BackendError> {
         let mut backends = self.backends.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(live) = backends.get(&key).and_then(Weak::upgrade) {
-            return Some(live);
+            return Ok(live);
         }
         backends.retain(|_, weak| weak.strong_count() > 0);
         let backend = Arc::new(Backend::new(key.clone())?);
         backends.insert(key, Arc::downgrade(&backend));
-        Some(backend)
+        Ok(backend)
     }
 
     /// How many backends are alive.
@@ -156,7 +241,7 @@ pub struct Upstream {
 
 impl Upstream {
     /// Builds the upstream, reusing live backends from `registry`.
-    pub fn build(spec: &UpstreamSpec, registry: &BackendRegistry) -> Option<Self> {
+    pub fn build(spec: &UpstreamSpec, registry: &BackendRegistry) -> Result<Self, BackendError> {
         let backends = spec
             .backends
             .iter()
@@ -165,15 +250,16 @@ impl Upstream {
                     addr: b.addr.clone(),
                     protocol: spec.protocol,
                     connect_timeout: spec.connect_timeout,
+                    tls: spec.tls.clone(),
                 })
             })
-            .collect::<Option<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         let weights: Vec<u32> = spec.backends.iter().map(|b| b.weight).collect();
         let schedule = match spec.policy {
             Policy::Weighted => smooth_weighted_schedule(&weights),
             Policy::RoundRobin => Vec::new(),
         };
-        Some(Self {
+        Ok(Self {
             name: spec.name.clone(),
             policy: spec.policy,
             backends,
@@ -251,6 +337,7 @@ mod tests {
             policy: Policy::Weighted,
             protocol: UpstreamProtocol::Http1,
             connect_timeout: Duration::from_secs(1),
+            tls: None,
             backends: [(1, 3), (2, 1), (3, 6)]
                 .iter()
                 .map(|(port, weight)| crate::plan::BackendSpec {
@@ -288,6 +375,7 @@ mod tests {
             addr: "127.0.0.1:1".into(),
             protocol: UpstreamProtocol::Http1,
             connect_timeout: Duration::from_secs(1),
+            tls: None,
         };
         let a = registry.get_or_create(key.clone()).expect("a");
         let b = registry.get_or_create(key.clone()).expect("b");

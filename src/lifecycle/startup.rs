@@ -14,7 +14,7 @@ use super::upgrade::{Process, Stop};
 use crate::admin::{self, Security};
 use crate::admission::Admission;
 use crate::config::{ConfigText, Diagnostic};
-use crate::control::{Candidate, Control, UpgradeRequest};
+use crate::control::{Candidate, Control, ControlParts, UpgradeRequest};
 use crate::generation::{self, SharedState};
 use crate::ids::GenerationId;
 use crate::plan::{self, Spec};
@@ -24,6 +24,7 @@ use crate::runtime::{
     Phase, PhaseCell, Source,
 };
 use crate::telemetry::{self, metrics as m};
+use crate::tls::CertStore;
 
 /// How the process was asked to run.
 #[derive(Debug, Clone)]
@@ -239,7 +240,9 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
     let first = generation::build(Arc::clone(&spec), id, &shared)?;
     let store = Arc::new(GenerationStore::new(first));
     let admission = Admission::new(Arc::clone(&store));
-    let listeners = ListenerSet::new(admission);
+    let certificates = Arc::new(CertStore::default());
+    certificates.swap(generation::certificate_material(&spec)?);
+    let listeners = ListenerSet::new(admission, Arc::clone(&certificates));
     listeners.inherit(inherited_listeners);
     let bound = listeners.bind_new(&spec.listeners)?;
     listeners.release_unadopted();
@@ -291,15 +294,16 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
     history.persist()?;
     listeners.start(bound);
 
-    let control = Arc::new(Control::new(
-        Arc::clone(&store),
+    let control = Arc::new(Control::new(ControlParts {
+        store: Arc::clone(&store),
         shared,
-        Arc::clone(&listeners),
+        listeners: Arc::clone(&listeners),
+        certificates,
         history,
-        options.config.clone(),
+        config_file: options.config.clone(),
         log_level,
-        Arc::clone(&phase),
-    ));
+        phase: Arc::clone(&phase),
+    }));
     let scratch = state_dir.unwrap_or_else(std::env::temp_dir);
     let process = Process::new(options.config.clone(), control_sockets, scratch);
     control.set_process(Arc::clone(&process) as Arc<dyn crate::control::ProcessControl>);

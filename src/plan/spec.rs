@@ -98,6 +98,8 @@ pub struct ListenerSpec {
     pub limits: ListenerLimits,
     /// For `tcp` listeners: the upstream every connection goes to.
     pub upstream: Option<String>,
+    /// For `https` listeners: certificate material.
+    pub tls: Option<crate::tls::ListenerTlsSpec>,
 }
 
 /// How a route matches the request host.
@@ -190,7 +192,24 @@ pub enum Policy {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UpstreamProtocol {
+    /// HTTP/1.1 over TCP.
     Http1,
+    /// HTTP/2 over TCP with prior knowledge.
+    H2c,
+    /// HTTP/1.1 over TLS.
+    Https,
+    /// HTTP/2 over TLS (ALPN h2).
+    H2,
+}
+
+impl UpstreamProtocol {
+    pub fn is_tls(self) -> bool {
+        matches!(self, UpstreamProtocol::Https | UpstreamProtocol::H2)
+    }
+
+    pub fn is_http2(self) -> bool {
+        matches!(self, UpstreamProtocol::H2c | UpstreamProtocol::H2)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -200,6 +219,8 @@ pub struct UpstreamSpec {
     pub protocol: UpstreamProtocol,
     pub connect_timeout: Duration,
     pub backends: Vec<BackendSpec>,
+    /// For `https` and `h2`: how to verify the backends.
+    pub tls: Option<crate::tls::UpstreamTlsSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -306,6 +306,7 @@ impl Validator<'_> {
                     );
                 }
             }
+            let mut listener_tls = None;
             let protocol = match l.protocol.as_str() {
                 "http" => Some(ListenerProtocol::Http),
                 "https" => Some(ListenerProtocol::Https),
@@ -328,28 +329,16 @@ impl Validator<'_> {
                         self.error("unexpected_upstream", at("upstream"), format!("http listener '{}' cannot name an upstream; routes choose upstreams", l.name));
                     }
                 }
-                Some(ListenerProtocol::Https) => {
-                    match &l.tls {
-                        Some(tls) if !tls.certificates.is_empty() => {
-                            for (c, cert) in tls.certificates.iter().enumerate() {
-                                self.read_file(
-                                    at(&format!("tls.certificates[{c}].cert")),
-                                    &cert.cert,
-                                );
-                                self.read_file(
-                                    at(&format!("tls.certificates[{c}].key")),
-                                    &cert.key,
-                                );
-                            }
-                        }
-                        _ => self.error(
-                            "missing_tls",
-                            at("protocol"),
-                            format!("https listener '{}' needs tls.certificates", l.name),
-                        ),
+                Some(ListenerProtocol::Https) => match &l.tls {
+                    Some(tls) if !tls.certificates.is_empty() => {
+                        listener_tls = self.listener_tls(i, tls);
                     }
-                    self.unsupported(at("protocol"), "listener protocol \"https\"");
-                }
+                    _ => self.error(
+                        "missing_tls",
+                        at("protocol"),
+                        format!("https listener '{}' needs tls.certificates", l.name),
+                    ),
+                },
                 Some(ListenerProtocol::Tcp) => match &l.upstream {
                     Some(u) if !file.upstreams.contains_key(u) => self.error(
                         "unknown_upstream",
@@ -367,6 +356,16 @@ impl Validator<'_> {
                     ),
                 },
                 None => {}
+            }
+            if protocol == Some(ListenerProtocol::Tcp) && l.tls.is_some() {
+                self.error(
+                    "unexpected_tls",
+                    at("tls"),
+                    format!(
+                        "tcp listener '{}' cannot terminate TLS in this version",
+                        l.name
+                    ),
+                );
             }
             let mut limits = ListenerLimits::default();
             if let Some(t) = &l.header_read_timeout {
@@ -404,6 +403,7 @@ impl Validator<'_> {
                     protocol,
                     limits,
                     upstream: l.upstream.clone(),
+                    tls: listener_tls,
                 });
             }
         }
@@ -440,13 +440,9 @@ impl Validator<'_> {
             }
             let protocol = match u.protocol.as_str() {
                 "http1" => Some(UpstreamProtocol::Http1),
-                "h2c" | "https" | "h2" => {
-                    self.unsupported(
-                        at("protocol"),
-                        &format!("upstream protocol \"{}\"", u.protocol),
-                    );
-                    None
-                }
+                "h2c" => Some(UpstreamProtocol::H2c),
+                "https" => Some(UpstreamProtocol::Https),
+                "h2" => Some(UpstreamProtocol::H2),
                 other => {
                     self.error(
                         "invalid_protocol",
@@ -508,6 +504,21 @@ impl Validator<'_> {
                     weight: weight.clamp(1, 1000),
                 });
             }
+            let tls = match (protocol, &u.tls) {
+                (Some(p), tls) if p.is_tls() => self.upstream_tls(&base, tls.as_ref()),
+                (_, Some(_)) => {
+                    self.error(
+                        "unexpected_tls",
+                        at("tls"),
+                        format!(
+                            "upstream '{name}' has a tls section but protocol \"{}\" is not https or h2",
+                            u.protocol
+                        ),
+                    );
+                    None
+                }
+                _ => None,
+            };
             if let (Some(policy), Some(protocol), Some(connect_timeout)) =
                 (policy, protocol, connect_timeout)
             {
@@ -517,10 +528,164 @@ impl Validator<'_> {
                     protocol,
                     connect_timeout,
                     backends,
+                    tls,
                 });
             }
         }
         out
+    }
+
+    /// Reads (for `config_version`) and checks a listener's certificates:
+    /// every chain parses, every key matches its leaf, the CA bundle loads.
+    fn listener_tls(
+        &mut self,
+        i: usize,
+        tls: &crate::config::FileListenerTls,
+    ) -> Option<crate::tls::ListenerTlsSpec> {
+        let mut ok = true;
+        let mut certificates = Vec::new();
+        for (c, pair) in tls.certificates.iter().enumerate() {
+            let cert_path = format!("listeners[{i}].tls.certificates[{c}].cert");
+            let key_path = format!("listeners[{i}].tls.certificates[{c}].key");
+            let have_cert = self.read_file(cert_path.clone(), &pair.cert).is_some();
+            let have_key = self.read_file(key_path, &pair.key).is_some();
+            let (cert, key) = (
+                self.base_dir.join(&pair.cert),
+                self.base_dir.join(&pair.key),
+            );
+            if have_cert && have_key {
+                if let Err(e) = crate::tls::load_cert(&cert, &key) {
+                    self.error("invalid_certificate", cert_path, e.to_string());
+                    ok = false;
+                }
+            } else {
+                ok = false;
+            }
+            certificates.push((cert, key));
+        }
+        let client_ca = tls.client_ca.as_ref().map(|ca| self.base_dir.join(ca));
+        if let (Some(name), Some(path)) = (&tls.client_ca, &client_ca) {
+            let at = format!("listeners[{i}].tls.client_ca");
+            if self.read_file(at.clone(), name).is_some() {
+                if let Err(e) = crate::tls::load_roots(path) {
+                    self.error("invalid_certificate", at, e.to_string());
+                    ok = false;
+                }
+            } else {
+                ok = false;
+            }
+        }
+        let client_auth_required = match tls.client_auth.as_deref() {
+            None | Some("required") => true,
+            Some("optional") => false,
+            Some(other) => {
+                self.error(
+                    "invalid_value",
+                    format!("listeners[{i}].tls.client_auth"),
+                    format!("client_auth '{other}' is not required or optional"),
+                );
+                true
+            }
+        };
+        if tls.client_auth.is_some() && tls.client_ca.is_none() {
+            self.error(
+                "missing_client_ca",
+                format!("listeners[{i}].tls.client_auth"),
+                "client_auth needs tls.client_ca, the bundle client certificates are checked against",
+            );
+        }
+        ok.then_some(crate::tls::ListenerTlsSpec {
+            certificates,
+            client_ca,
+            client_auth_required,
+        })
+    }
+
+    /// Checks an upstream's TLS settings; without a `tls` section, https
+    /// and h2 upstreams verify against the WebPKI roots by host name.
+    fn upstream_tls(
+        &mut self,
+        base: &str,
+        tls: Option<&crate::config::FileUpstreamTls>,
+    ) -> Option<crate::tls::UpstreamTlsSpec> {
+        let Some(tls) = tls else {
+            return Some(crate::tls::UpstreamTlsSpec {
+                ca: None,
+                server_name: None,
+                client_cert: None,
+                files_fingerprint: String::new(),
+            });
+        };
+        let mut ok = true;
+        let first_file = self.referenced.len();
+        let ca = tls.ca.as_ref().map(|ca| self.base_dir.join(ca));
+        if let (Some(name), Some(path)) = (&tls.ca, &ca) {
+            if self.read_file(format!("{base}.tls.ca"), name).is_some() {
+                if let Err(e) = crate::tls::load_roots(path) {
+                    self.error(
+                        "invalid_certificate",
+                        format!("{base}.tls.ca"),
+                        e.to_string(),
+                    );
+                    ok = false;
+                }
+            } else {
+                ok = false;
+            }
+        }
+        if let Some(name) = &tls.server_name {
+            if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
+                self.error(
+                    "invalid_host",
+                    format!("{base}.tls.server_name"),
+                    format!("'{name}' is not a server name"),
+                );
+                ok = false;
+            }
+        }
+        let client_cert = match (&tls.cert, &tls.key) {
+            (Some(cert), Some(key)) => {
+                let have_cert = self.read_file(format!("{base}.tls.cert"), cert).is_some();
+                let have_key = self.read_file(format!("{base}.tls.key"), key).is_some();
+                let (cert_path, key_path) = (self.base_dir.join(cert), self.base_dir.join(key));
+                if have_cert && have_key {
+                    if let Err(e) = crate::tls::load_cert(&cert_path, &key_path) {
+                        self.error(
+                            "invalid_certificate",
+                            format!("{base}.tls.cert"),
+                            e.to_string(),
+                        );
+                        ok = false;
+                    }
+                } else {
+                    ok = false;
+                }
+                Some((cert_path, key_path))
+            }
+            (None, None) => None,
+            _ => {
+                self.error(
+                    "invalid_value",
+                    format!("{base}.tls"),
+                    "tls.cert and tls.key go together",
+                );
+                ok = false;
+                None
+            }
+        };
+        let files: Vec<u8> = self
+            .referenced
+            .get(first_file..)
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|(_, contents)| contents.iter().copied())
+            .collect();
+        ok.then_some(crate::tls::UpstreamTlsSpec {
+            ca,
+            server_name: tls.server_name.clone(),
+            client_cert,
+            files_fingerprint: crate::tls::fingerprint(&files),
+        })
     }
 
     fn routes(&mut self, file: &FileConfig, listeners: &[ListenerSpec]) -> Vec<RouteSpec> {

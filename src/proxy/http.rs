@@ -217,12 +217,12 @@ fn upstream_request(
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
     parts.uri = Uri::builder()
-        .scheme(Scheme::HTTP)
+        .scheme(backend.scheme.clone())
         .authority(backend.authority.clone())
         .path_and_query(path_and_query)
         .build()
         .map_err(|_| ProxyError::BadRequest("request target cannot be forwarded"))?;
-    parts.version = Version::HTTP_11;
+    parts.version = backend.version;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
     if let Some(host) = &original_host {

@@ -21,12 +21,14 @@ use serde::Serialize;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Notify};
 
-use super::downstream::Downstream;
+use super::downstream::{Downstream, TimeoutReply};
 use super::http::{handle, listener_counters, ConnContext};
 use super::tcp::{self, TcpCounters};
 use crate::admission::Admission;
 use crate::plan::{ListenerLimits, ListenerProtocol, ListenerSpec};
 use crate::telemetry::metrics as m;
+use crate::tls::CertStore;
+use tokio_rustls::TlsAcceptor;
 
 /// A listener bound but not yet accepting (between bind and commit).
 pub struct BoundListener {
@@ -80,6 +82,7 @@ pub struct ListeningSocket {
 /// Every listener of the process.
 pub struct ListenerSet {
     admission: Admission,
+    certificates: Arc<CertStore>,
     running: Mutex<BTreeMap<String, RunningListener>>,
     /// Sockets handed over by the previous process, by listener name and
     /// configured bind; adopted instead of bound.
@@ -161,9 +164,10 @@ fn adopt_socket(
 }
 
 impl ListenerSet {
-    pub fn new(admission: Admission) -> Arc<Self> {
+    pub fn new(admission: Admission, certificates: Arc<CertStore>) -> Arc<Self> {
         Arc::new(Self {
             admission,
+            certificates,
             running: Mutex::new(BTreeMap::new()),
             inherited: Mutex::new(BTreeMap::new()),
             draining: watch::channel(false).0,
@@ -299,6 +303,21 @@ impl ListenerSet {
             downstream_to_upstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => name.to_string(), m::LABEL_DIRECTION => "downstream_to_upstream"),
             upstream_to_downstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => name.to_string(), m::LABEL_DIRECTION => "upstream_to_downstream"),
         };
+        let tls = match listener.spec.protocol {
+            ListenerProtocol::Https => match self.certificates.server_config(&name) {
+                Ok(config) => Some(TlsAcceptor::from(config)),
+                Err(error) => {
+                    tracing::error!(listener = %name, %error, "cannot set up TLS; listener not accepting");
+                    return;
+                }
+            },
+            _ => None,
+        };
+        let scheme = if tls.is_some() {
+            Scheme::HTTPS
+        } else {
+            Scheme::HTTP
+        };
         let mut draining = self.draining.subscribe();
         loop {
             let accepted = tokio::select! {
@@ -332,7 +351,7 @@ impl ListenerSet {
                 listener: Arc::clone(&name),
                 admission: self.admission.clone(),
                 remote,
-                scheme: Scheme::HTTP,
+                scheme: scheme.clone(),
                 responses: Arc::clone(&responses),
                 draining: Arc::clone(&self.draining_flag),
                 http2: AtomicBool::new(false),
@@ -344,6 +363,7 @@ impl ListenerSet {
                 limits,
                 self.draining.subscribe(),
                 guard,
+                tls.clone(),
             ));
         }
         tracing::info!(listener = %name, "listener closed");
@@ -376,21 +396,53 @@ async fn serve_connection(
     stream: TcpStream,
     ctx: Arc<ConnContext>,
     limits: ListenerLimits,
-    mut draining: watch::Receiver<bool>,
+    draining: watch::Receiver<bool>,
     _guard: ConnectionGuard,
+    tls: Option<TlsAcceptor>,
 ) {
     let _ = stream.set_nodelay(true);
     // hyper only starts its header timer once it has seen the first bytes
     // (it reads them to tell HTTP/1 from an h2 preface), so a client that
-    // connects and says nothing is timed out here.
+    // connects and says nothing is timed out here. A connection accepted
+    // just before draining began is still served: its client has no way
+    // to know it should have gone elsewhere.
     let mut probe = [0u8; 1];
     let first_bytes = tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut probe));
-    // A connection accepted just before draining began is still served:
-    // its client has no way to know it should have gone elsewhere.
     if !matches!(first_bytes.await, Ok(Ok(n)) if n > 0) {
         return;
     }
-    let (io, timeout_reply) = Downstream::new(stream);
+    match tls {
+        None => {
+            let (io, timeout_reply) = Downstream::new(stream);
+            serve_http(io, ctx, limits, draining, Some(timeout_reply)).await;
+        }
+        Some(acceptor) => {
+            let handshake =
+                tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream));
+            match handshake.await {
+                Ok(Ok(tls)) => serve_http(tls, ctx, limits, draining, None).await,
+                Ok(Err(error)) => {
+                    metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
+                    tracing::debug!(listener = %ctx.listener, client = %ctx.remote, %error, "TLS handshake failed");
+                }
+                Err(_) => {
+                    metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
+                }
+            }
+        }
+    }
+}
+
+/// Serves HTTP/1.1 or HTTP/2 on an established (plain or TLS) stream.
+async fn serve_http<I>(
+    io: I,
+    ctx: Arc<ConnContext>,
+    limits: ListenerLimits,
+    mut draining: watch::Receiver<bool>,
+    timeout_reply: Option<TimeoutReply>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -433,14 +485,14 @@ const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
 fn finish(
     result: Result<(), Box<dyn std::error::Error + Send + Sync>>,
     listener: &str,
-    timeout_reply: super::downstream::TimeoutReply,
+    timeout_reply: Option<TimeoutReply>,
 ) {
     if let Err(error) = result {
         let timed_out = error
             .downcast_ref::<hyper::Error>()
             .is_some_and(hyper::Error::is_timeout);
-        if timed_out {
-            timeout_reply.send();
+        if let (true, Some(reply)) = (timed_out, timeout_reply) {
+            reply.send();
         } else {
             tracing::debug!(listener = %listener, %error, "downstream connection ended with an error");
         }

@@ -32,6 +32,12 @@ pub const TCP_BYTES: &str = "cutover_tcp_bytes_total";
 pub const PHASE: &str = "cutover_phase";
 /// Age in seconds of the oldest superseded generation that still has pinned work.
 pub const OLDEST_PIN_AGE: &str = "cutover_oldest_pin_age_seconds";
+/// TLS handshakes that failed or timed out, by `listener`.
+pub const TLS_HANDSHAKE_FAILURES: &str = "cutover_tls_handshake_failures_total";
+/// A certificate's `not_after` as Unix seconds, by `listener` and `name`.
+pub const CERT_NOT_AFTER: &str = "cutover_certificate_not_after_seconds";
+/// Certificate reloads by `outcome`.
+pub const CERT_RELOADS: &str = "cutover_certificate_reloads_total";
 /// Drain-aware restarts by `outcome`.
 pub const UPGRADES: &str = "cutover_upgrades_total";
 
@@ -43,6 +49,7 @@ pub const LABEL_OUTCOME: &str = "outcome";
 pub const LABEL_KIND: &str = "kind";
 pub const LABEL_GENERATION: &str = "generation";
 pub const LABEL_DIRECTION: &str = "direction";
+pub const LABEL_NAME: &str = "name";
 
 /// Status classes in label order; index with `status / 100 - 1`.
 pub const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];

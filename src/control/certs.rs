@@ -1,0 +1,258 @@
+//! Certificate-only reload: new material for TLS listeners, no generation.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use serde::Serialize;
+
+use super::{Candidate, CandidateSource, Control, ControlError};
+use crate::plan::{HostMatch, Spec};
+use crate::runtime::{OperationKind, Outcome};
+use crate::telemetry::metrics as m;
+use crate::tls::{ListenerMaterial, Material};
+
+/// One certificate as `reload-certs` reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CertView {
+    pub names: Vec<String>,
+    pub fingerprint: String,
+    pub not_after: String,
+    pub cert_file: String,
+    pub changed: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ListenerCerts {
+    pub listener: String,
+    pub certificates: Vec<CertView>,
+}
+
+/// The answer to `reload-certs`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CertReload {
+    pub outcome: &'static str,
+    pub generation: crate::ids::GenerationId,
+    pub listeners: Vec<ListenerCerts>,
+    /// Certificates that expire within 7 days, or do not cover a host the
+    /// listener's routes serve.
+    pub warnings: Vec<String>,
+    pub operation_id: String,
+}
+
+const EXPIRY_WARNING_SECS: i64 = 7 * 24 * 3600;
+
+impl Control {
+    /// Re-reads the certificate material of the active configuration's TLS
+    /// listeners (all, or those named) and swaps it in one step; on any
+    /// failure nothing changes.
+    pub fn reload_certs(&self, only: Option<Vec<String>>) -> Result<CertReload, ControlError> {
+        let started = Instant::now();
+        let result = self.try_reload_certs(only, started);
+        let outcome = if result.is_ok() {
+            "succeeded"
+        } else {
+            "failed"
+        };
+        metrics::counter!(m::CERT_RELOADS, m::LABEL_OUTCOME => outcome).increment(1);
+        if let Err(error) = &result {
+            tracing::warn!(%error, "certificate reload refused; the previous certificates stay");
+            self.record(
+                OperationKind::ReloadCerts,
+                started,
+                match error {
+                    ControlError::InProgress => Outcome::Conflict,
+                    _ => Outcome::Rejected,
+                },
+                (None, Some(self.store.active_id())),
+                &no_candidate(),
+                error.to_string(),
+                Some(error.to_string()),
+            );
+        }
+        result
+    }
+
+    fn try_reload_certs(
+        &self,
+        only: Option<Vec<String>>,
+        started: Instant,
+    ) -> Result<CertReload, ControlError> {
+        let _operation = self
+            .operation
+            .try_lock()
+            .map_err(|_| ControlError::InProgress)?;
+        let active = self.store.load_full();
+        let tls_listeners: Vec<_> = active
+            .spec
+            .listeners
+            .iter()
+            .filter(|l| l.tls.is_some())
+            .collect();
+        if let Some(names) = &only {
+            for name in names {
+                if !tls_listeners.iter().any(|l| &l.name == name) {
+                    return Err(ControlError::NotTlsListener(name.clone()));
+                }
+            }
+        }
+        let previous = self.certificates.load();
+        let mut next = Material::default();
+        let mut reloaded = Vec::new();
+        for listener in &tls_listeners {
+            let selected = only
+                .as_ref()
+                .is_none_or(|names| names.contains(&listener.name));
+            let material = match (&listener.tls, selected) {
+                (Some(tls), true) => {
+                    let loaded = ListenerMaterial::load(tls).map_err(|source| {
+                        ControlError::Certificate {
+                            listener: listener.name.clone(),
+                            source,
+                        }
+                    })?;
+                    reloaded.push(listener.name.clone());
+                    Arc::new(loaded)
+                }
+                _ => match previous.listeners.get(&listener.name) {
+                    Some(kept) => Arc::clone(kept),
+                    None => continue,
+                },
+            };
+            next.listeners.insert(listener.name.clone(), material);
+        }
+        let warnings = warnings(&active.spec, &next);
+        let listeners = reloaded
+            .iter()
+            .filter_map(|name| {
+                let now = next.listeners.get(name)?;
+                let before = previous.listeners.get(name);
+                Some(ListenerCerts {
+                    listener: name.clone(),
+                    certificates: now
+                        .certificates
+                        .iter()
+                        .enumerate()
+                        .map(|(i, info)| CertView {
+                            names: info.names.clone(),
+                            fingerprint: info.fingerprint.clone(),
+                            not_after: info.not_after.clone(),
+                            cert_file: info.cert_file.display().to_string(),
+                            changed: before
+                                .and_then(|b| b.certificates.get(i))
+                                .is_none_or(|old| old.fingerprint != info.fingerprint),
+                        })
+                        .collect(),
+                })
+            })
+            .collect::<Vec<_>>();
+        self.install_certificates(next);
+        let changed = listeners
+            .iter()
+            .flat_map(|l| &l.certificates)
+            .filter(|c| c.changed)
+            .count();
+        for warning in &warnings {
+            tracing::warn!("{warning}");
+        }
+        let operation_id = self.record(
+            OperationKind::ReloadCerts,
+            started,
+            Outcome::Succeeded,
+            (Some(active.id), Some(active.id)),
+            &no_candidate(),
+            format!(
+                "{} listeners reloaded, {changed} certificates changed",
+                listeners.len()
+            ),
+            None,
+        );
+        tracing::info!(
+            listeners = listeners.len(),
+            changed,
+            "certificates reloaded"
+        );
+        Ok(CertReload {
+            outcome: "reloaded",
+            generation: active.id,
+            listeners,
+            warnings,
+            operation_id,
+        })
+    }
+
+    /// Makes `material` what new handshakes get, and exports its expiry.
+    pub(super) fn install_certificates(&self, material: Material) {
+        for (listener, certs) in &material.listeners {
+            for info in &certs.certificates {
+                for name in &info.names {
+                    metrics::gauge!(m::CERT_NOT_AFTER, m::LABEL_LISTENER => listener.clone(), m::LABEL_NAME => name.clone())
+                        .set(info.not_after_unix as f64);
+                }
+            }
+        }
+        self.certificates.swap(material);
+    }
+}
+
+fn no_candidate() -> Candidate {
+    Candidate {
+        source: CandidateSource::Text(String::new()),
+        expected_generation: None,
+        reason: None,
+        requested_by: None,
+    }
+}
+
+/// Expiring certificates, and route hosts no certificate of their listener covers.
+fn warnings(spec: &Spec, material: &Material) -> Vec<String> {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let mut out = Vec::new();
+    for (listener, certs) in &material.listeners {
+        for info in &certs.certificates {
+            if info.not_after_unix - now < EXPIRY_WARNING_SECS {
+                out.push(format!(
+                    "listener '{listener}': certificate {} ({}) expires {}",
+                    info.cert_file.display(),
+                    info.names.join(", "),
+                    info.not_after
+                ));
+            }
+        }
+        let covered = |host: &HostMatch| {
+            certs
+                .certificates
+                .iter()
+                .flat_map(|c| &c.names)
+                .any(|name| match host {
+                    HostMatch::Exact(h) => {
+                        name == h
+                            || name.strip_prefix("*.").is_some_and(|s| {
+                                h.split_once('.').is_some_and(|(_, rest)| rest == s)
+                            })
+                    }
+                    HostMatch::Suffix(suffix) => {
+                        name.strip_prefix('*').is_some_and(|s| s == suffix)
+                    }
+                })
+        };
+        for route in spec
+            .routes
+            .iter()
+            .filter(|r| r.listeners.contains(listener))
+        {
+            for host in route.hosts.iter().filter(|h| !covered(h)) {
+                let shown = match host {
+                    HostMatch::Exact(h) => h.clone(),
+                    HostMatch::Suffix(s) => format!("*{s}"),
+                };
+                out.push(format!(
+                    "listener '{listener}': route '{}' serves {shown}, which no certificate covers",
+                    route.name
+                ));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,239 @@
+//! Certificate material: reading, checking and describing PEM files.
+//!
+//! Pure functions over files: a chain and its key become a rustls
+//! `CertifiedKey` (after checking that the key matches the leaf), described
+//! by its names, SHA-256 fingerprint and `not_after`; a CA bundle becomes a
+//! client-certificate verifier or an upstream root store. Every failure
+//! names the file and the reason.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::server::WebPkiClientVerifier;
+use rustls::sign::CertifiedKey;
+use rustls::RootCertStore;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// Why certificate material could not be used.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: cannot read: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("{path}: no PEM certificate in the file")]
+    NoCertificate { path: PathBuf },
+    #[error("{path}: not a valid PEM certificate chain: {reason}")]
+    Chain { path: PathBuf, reason: String },
+    #[error("{path}: not a usable private key: {reason}")]
+    Key { path: PathBuf, reason: String },
+    #[error("{key}: the key does not match the certificate in {cert}")]
+    Mismatch { cert: PathBuf, key: PathBuf },
+    #[error("{path}: not a usable CA bundle: {reason}")]
+    Bundle { path: PathBuf, reason: String },
+}
+
+impl TlsError {
+    /// The file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            TlsError::Read { path, .. }
+            | TlsError::NoCertificate { path }
+            | TlsError::Chain { path, .. }
+            | TlsError::Key { path, .. }
+            | TlsError::Bundle { path, .. } => path,
+            TlsError::Mismatch { key, .. } => key,
+        }
+    }
+}
+
+/// What a loaded certificate is, for responses, logs and metrics.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CertInfo {
+    /// DNS names from the subject alternative names (the CN without them).
+    pub names: Vec<String>,
+    /// `sha256:<hex>` of the leaf certificate's DER.
+    pub fingerprint: String,
+    /// RFC 3339.
+    pub not_after: String,
+    #[serde(skip)]
+    pub not_after_unix: i64,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+/// A certificate chain with its key, ready to serve.
+#[derive(Debug, Clone)]
+pub struct LoadedCert {
+    pub key: Arc<CertifiedKey>,
+    pub info: CertInfo,
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| TlsError::Read {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// Reads every certificate of a PEM file.
+pub fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(path)?;
+    let chain = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Chain {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    if chain.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_path_buf(),
+        });
+    }
+    for der in &chain {
+        x509_parser::parse_x509_certificate(der).map_err(|e| TlsError::Chain {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    }
+    Ok(chain)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = read(path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| TlsError::Key {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// Loads a chain and its key and checks that they belong together.
+pub fn load_cert(cert_file: &Path, key_file: &Path) -> Result<LoadedCert, TlsError> {
+    let chain = read_chain(cert_file)?;
+    let key_der = read_key(key_file)?;
+    let signing_key =
+        rustls::crypto::ring::sign::any_supported_type(&key_der).map_err(|e| TlsError::Key {
+            path: key_file.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    let key = CertifiedKey::new(chain, signing_key);
+    key.keys_match().map_err(|_| TlsError::Mismatch {
+        cert: cert_file.to_path_buf(),
+        key: key_file.to_path_buf(),
+    })?;
+    let info = describe(&key, cert_file, key_file)?;
+    Ok(LoadedCert {
+        key: Arc::new(key),
+        info,
+    })
+}
+
+fn describe(key: &CertifiedKey, cert_file: &Path, key_file: &Path) -> Result<CertInfo, TlsError> {
+    let leaf = key.cert.first().ok_or_else(|| TlsError::NoCertificate {
+        path: cert_file.to_path_buf(),
+    })?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(leaf).map_err(|e| TlsError::Chain {
+        path: cert_file.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let mut names: Vec<String> = parsed
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    x509_parser::extensions::GeneralName::DNSName(name) => {
+                        Some(name.to_ascii_lowercase())
+                    }
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if names.is_empty() {
+        names.extend(
+            parsed
+                .subject()
+                .iter_common_name()
+                .filter_map(|cn| cn.as_str().ok())
+                .map(str::to_ascii_lowercase),
+        );
+    }
+    let not_after_unix = parsed.validity().not_after.timestamp();
+    let not_after = std::time::UNIX_EPOCH
+        .checked_add(std::time::Duration::from_secs(
+            u64::try_from(not_after_unix).unwrap_or(0),
+        ))
+        .map(|t| humantime::format_rfc3339_seconds(t).to_string())
+        .unwrap_or_default();
+    Ok(CertInfo {
+        names,
+        fingerprint: fingerprint(leaf),
+        not_after,
+        not_after_unix,
+        cert_file: cert_file.to_path_buf(),
+        key_file: key_file.to_path_buf(),
+    })
+}
+
+/// `sha256:<hex>` of a certificate's DER.
+pub fn fingerprint(der: &[u8]) -> String {
+    let digest = Sha256::digest(der);
+    let mut out = String::from("sha256:");
+    for byte in digest {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+/// Reads a CA bundle into a root store.
+pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for der in read_chain(path)? {
+        roots.add(der).map_err(|e| TlsError::Bundle {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    }
+    Ok(roots)
+}
+
+/// A verifier of client certificates signed by the bundle at `path`.
+pub fn client_verifier(
+    path: &Path,
+    required: bool,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let roots = Arc::new(load_roots(path)?);
+    let builder = WebPkiClientVerifier::builder_with_provider(roots, crate::tls::provider());
+    let builder = if required {
+        builder
+    } else {
+        builder.allow_unauthenticated()
+    };
+    builder.build().map_err(|e| TlsError::Bundle {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// A verifier of upstream server certificates: the bundle, or the
+/// WebPKI roots when none is given.
+pub fn server_verifier(ca: Option<&Path>) -> Result<Arc<WebPkiServerVerifier>, TlsError> {
+    let roots = match ca {
+        Some(path) => load_roots(path)?,
+        None => RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        },
+    };
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), crate::tls::provider())
+        .build()
+        .map_err(|e| TlsError::Bundle {
+            path: ca.map(Path::to_path_buf).unwrap_or_default(),
+            reason: e.to_string(),
+        })
+}

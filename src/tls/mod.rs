@@ -1,0 +1,20 @@
+//! TLS: certificate material, the process-shared certificate store, and
+//! upstream client configuration. A leaf module: it knows rustls and files,
+//! nothing of the configuration format or generations.
+
+mod client;
+mod material;
+mod store;
+
+use std::sync::Arc;
+
+pub use client::{client_config, UpstreamTlsSpec};
+pub use material::{
+    fingerprint, load_cert, load_roots, read_chain, CertInfo, LoadedCert, TlsError,
+};
+pub use store::{CertStore, ListenerMaterial, ListenerTlsSpec, Material};
+
+/// The one crypto provider cutover uses (ring).
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
