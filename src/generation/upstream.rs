@@ -96,12 +96,7 @@ impl Backend {
         let client = match &key.tls {
             Some(tls) => {
                 connector.enforce_http(false);
-                let alpn: &[&[u8]] = if key.protocol.is_http2() {
-                    &[b"h2"]
-                } else {
-                    &[b"http/1.1"]
-                };
-                let config = crate::tls::client_config(tls, alpn).map_err(BackendError::Tls)?;
+                let config = crate::tls::client_config(tls).map_err(BackendError::Tls)?;
                 let https = hyper_rustls::HttpsConnectorBuilder::new()
                     .with_tls_config(config)
                     .https_only();

@@ -7,6 +7,7 @@
 //! SIGTERM drains, SIGINT stops at once. `handover` is the only place that
 //! may use `unsafe` (adopting inherited descriptors).
 
+mod control_server;
 mod handover;
 mod startup;
 mod systemd;

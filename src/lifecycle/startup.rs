@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde_json::json;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use super::handover::{self, SocketRole, UpgradeState};
 use super::upgrade::{Process, Stop};
@@ -205,6 +205,7 @@ fn control_socket(
 }
 
 async fn serve(options: Options, start: Start) -> Result<(), StartError> {
+    let signals = Signals::install()?;
     let log_level = telemetry::init_logging(&start.spec.log).map_err(StartError::Log)?;
     for note in &start.notes {
         tracing::info!("{note}");
@@ -313,18 +314,12 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
         token: spec.admin.token.clone(),
     };
     let admin_router = admin::router(Arc::clone(&control), security);
-    let mut handed_over = process.stopping();
-    tokio::spawn(async move {
-        let closed = async move {
-            let _ = handed_over.wait_for(|s| *s == Some(Stop::HandedOver)).await;
-        };
-        if let Err(error) = axum::serve(admin_socket, admin_router)
-            .with_graceful_shutdown(closed)
-            .await
-        {
-            tracing::error!(%error, "admin server stopped");
-        }
-    });
+    tokio::spawn(super::control_server::serve(
+        admin_socket,
+        admin_router,
+        process.stopping(),
+        "admin",
+    ));
     let metrics_address = match metrics_socket {
         Some(socket) => {
             let address = socket.local_addr().ok();
@@ -335,18 +330,12 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
                     async move { prometheus.render() }
                 }),
             );
-            let mut handed_over = process.stopping();
-            tokio::spawn(async move {
-                let closed = async move {
-                    let _ = handed_over.wait_for(|s| *s == Some(Stop::HandedOver)).await;
-                };
-                if let Err(error) = axum::serve(socket, router)
-                    .with_graceful_shutdown(closed)
-                    .await
-                {
-                    tracing::error!(%error, "metrics server stopped");
-                }
-            });
+            tokio::spawn(super::control_server::serve(
+                socket,
+                router,
+                process.stopping(),
+                "metrics",
+            ));
             address
         }
         None => None,
@@ -356,7 +345,7 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
     metrics::gauge!(m::ACTIVE_GENERATION).set(id.0 as f64);
     tokio::spawn(refresh_gauges(Arc::clone(&control)));
     announce_ready(&control, admin_address, metrics_address);
-    signal_loop(control, process).await
+    signal_loop(control, process, signals).await
 }
 
 async fn refresh_gauges(control: Arc<Control>) {
@@ -394,11 +383,39 @@ fn announce_ready(control: &Control, admin: SocketAddr, metrics: Option<SocketAd
     tracing::info!(%admin, generation = %control.store().active_id(), "cutover ready");
 }
 
-async fn signal_loop(control: Arc<Control>, process: Arc<Process>) -> Result<(), StartError> {
-    let mut hangup = signal(SignalKind::hangup()).map_err(StartError::Runtime)?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(StartError::Runtime)?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(StartError::Runtime)?;
-    let mut user2 = signal(SignalKind::user_defined2()).map_err(StartError::Runtime)?;
+/// The signals the process reacts to. Installed before anything is
+/// announced ready: a SIGHUP that arrived before its handler would
+/// otherwise take the default action and kill the process.
+struct Signals {
+    hangup: Signal,
+    terminate: Signal,
+    interrupt: Signal,
+    user2: Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self, StartError> {
+        let install = |kind| signal(kind).map_err(StartError::Runtime);
+        Ok(Self {
+            hangup: install(SignalKind::hangup())?,
+            terminate: install(SignalKind::terminate())?,
+            interrupt: install(SignalKind::interrupt())?,
+            user2: install(SignalKind::user_defined2())?,
+        })
+    }
+}
+
+async fn signal_loop(
+    control: Arc<Control>,
+    process: Arc<Process>,
+    signals: Signals,
+) -> Result<(), StartError> {
+    let Signals {
+        mut hangup,
+        mut terminate,
+        mut interrupt,
+        mut user2,
+    } = signals;
     let mut stopping = process.stopping();
     let stop = loop {
         tokio::select! {

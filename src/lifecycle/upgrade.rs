@@ -228,6 +228,7 @@ impl ProcessControl for Process {
                     control.with_history(|h| {
                         h.update_operation(&id, |op| {
                             op.outcome = Outcome::Succeeded;
+                            op.pid = pid;
                             op.previous_pid = Some(std::process::id());
                             op.summary = format!(
                                 "drain-aware restart: pid {} -> pid {pid}",

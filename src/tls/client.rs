@@ -21,8 +21,9 @@ pub struct UpstreamTlsSpec {
     pub files_fingerprint: String,
 }
 
-/// The client configuration for a backend, with `alpn` offered.
-pub fn client_config(spec: &UpstreamTlsSpec, alpn: &[&[u8]]) -> Result<ClientConfig, TlsError> {
+/// The client configuration for a backend. ALPN is left empty: the
+/// connector offers `h2` or `http/1.1` by the upstream's protocol.
+pub fn client_config(spec: &UpstreamTlsSpec) -> Result<ClientConfig, TlsError> {
     let builder = ClientConfig::builder_with_provider(super::provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| TlsError::Bundle {
@@ -30,7 +31,7 @@ pub fn client_config(spec: &UpstreamTlsSpec, alpn: &[&[u8]]) -> Result<ClientCon
             reason: e.to_string(),
         })?
         .with_webpki_verifier(server_verifier(spec.ca.as_deref())?);
-    let mut config = match &spec.client_cert {
+    let config = match &spec.client_cert {
         Some((cert, key)) => {
             let chain = read_chain(cert)?;
             let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Key {
@@ -46,6 +47,5 @@ pub fn client_config(spec: &UpstreamTlsSpec, alpn: &[&[u8]]) -> Result<ClientCon
         }
         None => builder.with_no_client_auth(),
     };
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
 }

@@ -167,6 +167,19 @@ impl Gateway {
     }
 
     pub async fn status(&self) -> Value {
+        let req = Request::builder()
+            .uri("/admin/runtime/status")
+            .header("host", self.admin.to_string())
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        if let Err(error) = send(self.admin, req).await {
+            let exit = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+                .unwrap_or_default();
+            panic!(
+                "admin unreachable ({error}); process stat: {exit}\ngateway log:\n{}",
+                self.logs()
+            );
+        }
         let (status, body) =
             admin_request(self.admin, "GET", "/admin/runtime/status", None, None).await;
         assert_eq!(status, 200, "{body}");
@@ -186,7 +199,7 @@ impl Gateway {
                 "generation {id} never became active:\n{}",
                 self.logs()
             );
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -236,7 +249,10 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        for pid in &self.adopted {
+        // Pids are reused quickly here (pid_max is small): kill only a
+        // process that is still one of ours, never whatever got its pid.
+        let ours = self.gateway_pids();
+        for pid in self.adopted.iter().filter(|p| ours.contains(p)) {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
         }
     }
@@ -274,11 +290,17 @@ pub async fn send(
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
+    // Close with RST rather than leave TIME_WAIT behind: the suite makes
+    // thousands of short connections to a handful of loopback ports.
+    let _ = stream.set_zero_linger();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let response = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))?;
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let body = response

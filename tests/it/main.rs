@@ -6,3 +6,4 @@ mod harness;
 mod lifecycle;
 mod proxy;
 mod reload;
+mod tls;
