@@ -8,6 +8,10 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
+/// The same allocator the `cutover` binary uses.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use cutover::config::ConfigText;
 use cutover::generation::{build, SharedState};
@@ -18,6 +22,11 @@ use http::{HeaderMap, Method};
 /// exact hosts, a quarter wildcards, a quarter host-less prefixes, a
 /// quarter regexes.
 fn config(n: usize) -> String {
+    config_with(n, 0)
+}
+
+/// `config(n)` whose regexes are unique to `salt`, so nothing is cached.
+fn config_with(n: usize, salt: u64) -> String {
     let mut out = String::from("[admin]\nbind = \"127.0.0.1:0\"\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n");
     let upstreams = (n / 10).max(1);
     for i in 0..n {
@@ -25,7 +34,9 @@ fn config(n: usize) -> String {
             0 => format!("hosts = [\"svc{i}.example.com\"]\npath_prefix = \"/api/{i}/\""),
             1 => format!("hosts = [\"*.tenant{i}.example.com\"]\npath_prefix = \"/\""),
             2 => format!("path_prefix = \"/static/{i}/\""),
-            _ => format!("hosts = [\"re{i}.example.com\"]\npath_regex = \"^/items/[0-9]+/{i}$\""),
+            _ => format!(
+                "hosts = [\"re{i}.example.com\"]\npath_regex = \"^/items/[0-9]+/{i}/{salt}$\""
+            ),
         };
         out.push_str(&format!(
             "[[routes]]\nname = \"r{i}\"\nlisteners = [\"web\"]\n{matcher}\nupstream = \"u{}\"\n\n",
@@ -101,6 +112,24 @@ fn bench_generation_build(c: &mut Criterion) {
                 })
             },
         );
+    }
+    // Cold: every regex is new to the process (a first activation).
+    for n in [1_000usize, 10_000] {
+        let shared = SharedState::default();
+        let mut salt = 0u64;
+        group.bench_function(BenchmarkId::new("validate_and_build_cold", n), |b| {
+            b.iter_batched(
+                || {
+                    salt += 1;
+                    ConfigText::inline(config_with(n, salt), ".".into(), "<bench>")
+                },
+                |text| {
+                    let spec = Arc::new(cutover::plan::validate(&text).expect("validates"));
+                    black_box(build(spec, GenerationId(2), &shared).expect("builds"))
+                },
+                criterion::BatchSize::PerIteration,
+            )
+        });
     }
     group.finish();
 }

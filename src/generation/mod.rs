@@ -38,10 +38,18 @@ impl SharedState {
         if let Some(live) = routes.get(name).and_then(Weak::upgrade) {
             return live;
         }
-        routes.retain(|_, weak| weak.strong_count() > 0);
+        sweep(&mut routes);
         let shared = Arc::new(RouteShared::new(name));
         routes.insert(name.to_owned(), Arc::downgrade(&shared));
         shared
+    }
+}
+
+/// Drops dead weak entries, but only when the map has doubled since the
+/// last sweep: sweeping on every insert made building N new entries O(N²).
+pub(crate) fn sweep<K, V>(map: &mut HashMap<K, Weak<V>>) {
+    if map.len() >= 64 && map.len().is_power_of_two() {
+        map.retain(|_, weak| weak.strong_count() > 0);
     }
 }
 

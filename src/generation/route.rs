@@ -69,8 +69,12 @@ impl Route {
     /// Whether the request's path, method and headers match (the host was
     /// matched by the router).
     pub fn matches(&self, path: &str, method: &Method, headers: &HeaderMap) -> bool {
-        self.path.matches(path)
-            && (self.methods.is_empty() || self.methods.contains(method))
+        self.path.matches(path) && self.matches_request(method, headers)
+    }
+
+    /// Whether the method and header matchers accept the request.
+    pub fn matches_request(&self, method: &Method, headers: &HeaderMap) -> bool {
+        (self.methods.is_empty() || self.methods.contains(method))
             && self
                 .headers
                 .iter()

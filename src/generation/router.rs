@@ -3,9 +3,11 @@
 //! Route selection is deterministic: the most specific host group that has
 //! a matching route wins (exact name, then wildcards from the longest
 //! suffix, then routes without hosts); inside a group the longest path
-//! wins (exact before prefix at equal length, regexes after every literal
-//! path), then declaration order. Lookups are hash probes per host label,
-//! then a scan of the group's candidates in precedence order.
+//! wins (`path_exact` before `path_prefix` at equal length, regexes after
+//! every literal path, routes without a path last), then declaration
+//! order. Lookups are hash probes: one per host label for the group, then
+//! one for the exact path and one per distinct prefix length, so matching
+//! cost does not grow with the number of routes.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -16,25 +18,89 @@ use http::{HeaderMap, Method};
 use super::route::Route;
 use crate::plan::{HostMatch, PathMatch};
 
+/// The routes of one host group, indexed by path.
+#[derive(Debug, Default)]
+struct RouteGroup {
+    exact: HashMap<Box<str>, Vec<Arc<Route>>>,
+    /// `(prefix length, prefix → routes)`, longest first.
+    prefixes: Vec<(usize, HashMap<Box<str>, Vec<Arc<Route>>>)>,
+    regexes: Vec<Arc<Route>>,
+    any_path: Vec<Arc<Route>>,
+}
+
+impl RouteGroup {
+    /// Adds a route; routes must be added in declaration order.
+    fn add(&mut self, route: Arc<Route>) {
+        match &route.path {
+            PathMatch::Exact(p) => self.exact.entry(p.as_str().into()).or_default().push(route),
+            PathMatch::Prefix(p) => {
+                let len = p.len();
+                let slot = match self.prefixes.iter().position(|(l, _)| *l == len) {
+                    Some(i) => i,
+                    None => {
+                        self.prefixes.push((len, HashMap::new()));
+                        self.prefixes.sort_by(|a, b| b.0.cmp(&a.0));
+                        self.prefixes
+                            .iter()
+                            .position(|(l, _)| *l == len)
+                            .unwrap_or(0)
+                    }
+                };
+                if let Some((_, map)) = self.prefixes.get_mut(slot) {
+                    map.entry(p.as_str().into()).or_default().push(route);
+                }
+            }
+            PathMatch::Regex(_) => self.regexes.push(route),
+            PathMatch::Any => self.any_path.push(route),
+        }
+    }
+
+    fn find(&self, path: &str, method: &Method, headers: &HeaderMap) -> Option<&Arc<Route>> {
+        let pick = |routes: &'_ [Arc<Route>]| -> Option<usize> {
+            routes
+                .iter()
+                .position(|r| r.matches_request(method, headers))
+        };
+        if let Some(routes) = self.exact.get(path) {
+            if let Some(i) = pick(routes) {
+                return routes.get(i);
+            }
+        }
+        for (len, map) in &self.prefixes {
+            let Some(head) = path.get(..*len) else {
+                continue;
+            };
+            if let Some(routes) = map.get(head) {
+                if let Some(i) = pick(routes) {
+                    return routes.get(i);
+                }
+            }
+        }
+        self.regexes
+            .iter()
+            .find(|r| r.path.matches(path) && r.matches_request(method, headers))
+            .or_else(|| {
+                self.any_path
+                    .iter()
+                    .find(|r| r.matches_request(method, headers))
+            })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.exact.is_empty()
+            && self.prefixes.is_empty()
+            && self.regexes.is_empty()
+            && self.any_path.is_empty()
+    }
+}
+
 /// Routes of one listener, indexed by host.
 #[derive(Debug, Default)]
 pub struct Router {
-    exact: HashMap<String, Vec<Arc<Route>>>,
+    exact: HashMap<String, RouteGroup>,
     /// Keyed by `.suffix`; probed for every label boundary of the host.
-    suffix: HashMap<String, Vec<Arc<Route>>>,
-    any_host: Vec<Arc<Route>>,
-}
-
-/// Orders routes inside a host group: longest literal path first, exact
-/// before prefix at equal length, regexes and path-less routes last;
-/// declaration order breaks ties (the sort is stable).
-fn precedence(route: &Route) -> (usize, u8) {
-    match &route.path {
-        PathMatch::Exact(p) => (p.len(), 3),
-        PathMatch::Prefix(p) => (p.len(), 2),
-        PathMatch::Regex(_) => (0, 1),
-        PathMatch::Any => (0, 0),
-    }
+    suffix: HashMap<String, RouteGroup>,
+    any_host: RouteGroup,
 }
 
 impl Router {
@@ -43,25 +109,22 @@ impl Router {
         let mut router = Router::default();
         for route in routes {
             if route.hosts.is_empty() {
-                router.any_host.push(route);
+                router.any_host.add(route);
                 continue;
             }
+            let mut seen: Vec<&HostMatch> = Vec::new();
             for host in &route.hosts {
+                if seen.contains(&host) {
+                    continue;
+                }
+                seen.push(host);
                 let group = match host {
                     HostMatch::Exact(name) => router.exact.entry(name.clone()).or_default(),
                     HostMatch::Suffix(suffix) => router.suffix.entry(suffix.clone()).or_default(),
                 };
-                if !group.iter().any(|r| Arc::ptr_eq(r, &route)) {
-                    group.push(Arc::clone(&route));
-                }
+                group.add(Arc::clone(&route));
             }
         }
-        let sort = |group: &mut Vec<Arc<Route>>| {
-            group.sort_by_key(|route| std::cmp::Reverse(precedence(route)));
-        };
-        router.exact.values_mut().for_each(sort);
-        router.suffix.values_mut().for_each(sort);
-        sort(&mut router.any_host);
         router
     }
 
@@ -74,35 +137,36 @@ impl Router {
         method: &Method,
         headers: &HeaderMap,
     ) -> Option<&'r Arc<Route>> {
-        let find = |group: &'r [Arc<Route>]| -> Option<&'r Arc<Route>> {
-            group.iter().find(|r| r.matches(path, method, headers))
-        };
         if let Some(host) = host.filter(|h| !h.is_empty()) {
             let host: Cow<'_, str> = if host.bytes().any(|b| b.is_ascii_uppercase()) {
                 Cow::Owned(host.to_ascii_lowercase())
             } else {
                 Cow::Borrowed(host)
             };
-            if let Some(found) = self.exact.get(host.as_ref()).and_then(|g| find(g)) {
+            if let Some(found) = self
+                .exact
+                .get(host.as_ref())
+                .and_then(|g| g.find(path, method, headers))
+            {
                 return Some(found);
             }
             if !self.suffix.is_empty() {
                 // `a.b.example.com` probes `.b.example.com`, `.example.com`, `.com`.
                 for (i, _) in host.match_indices('.') {
-                    if let Some(found) = host
+                    let found = host
                         .get(i..)
                         .and_then(|s| self.suffix.get(s))
-                        .and_then(|g| find(g))
-                    {
-                        return Some(found);
+                        .and_then(|g| g.find(path, method, headers));
+                    if found.is_some() {
+                        return found;
                     }
                 }
             }
         }
-        find(&self.any_host)
+        self.any_host.find(path, method, headers)
     }
 
-    /// How many distinct routes this router can answer with.
+    /// Whether the router has no routes at all.
     pub fn is_empty(&self) -> bool {
         self.exact.is_empty() && self.suffix.is_empty() && self.any_host.is_empty()
     }

@@ -209,7 +209,7 @@ impl BackendRegistry {
         if let Some(live) = backends.get(&key).and_then(Weak::upgrade) {
             return Ok(live);
         }
-        backends.retain(|_, weak| weak.strong_count() > 0);
+        super::sweep(&mut backends);
         let backend = Arc::new(Backend::new(key.clone())?);
         backends.insert(key, Arc::downgrade(&backend));
         Ok(backend)

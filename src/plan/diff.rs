@@ -75,8 +75,8 @@ pub fn diff(
     to: &FileConfig,
     to_canonical: &str,
 ) -> Diff {
-    let a = split_domains(from);
-    let b = split_domains(to);
+    let a = split_domains(from, to);
+    let b = split_domains(to, from);
     let mut changes = Vec::new();
     for (key, before) in &a {
         match b.get(key) {
@@ -129,7 +129,18 @@ struct EntityKey {
 /// Cuts a configuration into comparable entities. Upstream backends and
 /// policies are their own domains so that a pipeline can tell "traffic
 /// shifted" from "routing changed" at a glance.
-fn split_domains(config: &FileConfig) -> BTreeMap<EntityKey, Value> {
+///
+/// Listeners, routes and upstreams that are identical in `other` are left
+/// out: they cannot differ, and converting thousands of unchanged routes
+/// to JSON was most of the cost of planning a one-route change.
+fn split_domains(config: &FileConfig, other: &FileConfig) -> BTreeMap<EntityKey, Value> {
+    let same_routes: std::collections::HashMap<&str, &crate::config::FileRoute> =
+        other.routes.iter().map(|r| (r.name.as_str(), r)).collect();
+    let same_listeners: std::collections::HashMap<&str, &crate::config::FileListener> = other
+        .listeners
+        .iter()
+        .map(|l| (l.name.as_str(), l))
+        .collect();
     let mut out = BTreeMap::new();
     let mut put = |order: u8, domain: &'static str, name: &str, path: String, value: Value| {
         out.insert(
@@ -155,6 +166,9 @@ fn split_domains(config: &FileConfig) -> BTreeMap<EntityKey, Value> {
         json(&config.runtime),
     );
     for l in &config.listeners {
+        if same_listeners.get(l.name.as_str()) == Some(&l) {
+            continue;
+        }
         let mut v = json(l);
         strip(&mut v, &["name"]);
         put(
@@ -166,6 +180,9 @@ fn split_domains(config: &FileConfig) -> BTreeMap<EntityKey, Value> {
         );
     }
     for r in &config.routes {
+        if same_routes.get(r.name.as_str()) == Some(&r) {
+            continue;
+        }
         let mut v = json(r);
         let policy = take(
             &mut v,
@@ -185,6 +202,9 @@ fn split_domains(config: &FileConfig) -> BTreeMap<EntityKey, Value> {
         }
     }
     for (name, u) in &config.upstreams {
+        if other.upstreams.get(name) == Some(u) {
+            continue;
+        }
         let mut v = json(u);
         let backends: Map<String, Value> = u
             .backends

@@ -7,6 +7,7 @@
 
 mod diff;
 mod ownership;
+mod pattern;
 mod spec;
 mod validate;
 
@@ -17,6 +18,7 @@ use serde_json::Value;
 
 pub use diff::{diff, Change, ChangeKind, Diff, Disposition, FieldChange, Summary};
 pub use ownership::{needs_restart, ownership, Ownership};
+pub use pattern::PathRegex;
 pub use spec::*;
 pub use validate::validate;
 

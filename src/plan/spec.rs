@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::pattern::PathRegex;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
-use regex::Regex;
 
 use crate::config::FileConfig;
 
@@ -131,7 +131,7 @@ pub enum PathMatch {
     Any,
     Exact(String),
     Prefix(String),
-    Regex(Regex),
+    Regex(PathRegex),
 }
 
 impl PathMatch {

@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::pattern::PathRegex;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
-use regex::Regex;
 use sha2::{Digest, Sha256};
 
 use super::spec::*;
@@ -25,7 +25,7 @@ pub fn validate(source: &ConfigText) -> Result<Spec, Vec<Diagnostic>> {
         diagnostics: Vec::new(),
         referenced: Vec::new(),
     };
-    let spec = v.spec(&file);
+    let spec = v.spec(file);
     if v.diagnostics.is_empty() {
         if let Some(mut spec) = spec {
             spec.config_version = config_version(&spec.canonical, &v.referenced);
@@ -157,21 +157,21 @@ impl Validator<'_> {
         );
     }
 
-    fn spec(&mut self, file: &FileConfig) -> Option<Spec> {
-        let admin = self.admin(file);
+    fn spec(&mut self, file: FileConfig) -> Option<Spec> {
+        let admin = self.admin(&file);
         let metrics_bind = file
             .metrics
             .as_ref()
             .and_then(|m| self.socket_addr("metrics.bind".into(), &m.bind));
-        let log = self.log(file);
-        let runtime = self.runtime(file);
+        let log = self.log(&file);
+        let runtime = self.runtime(&file);
         let upstreams = self.upstreams(&file.upstreams);
-        let listeners = self.listeners(file);
-        let routes = self.routes(file, &listeners);
+        let listeners = self.listeners(&file);
+        let routes = self.routes(&file, &listeners);
         self.ambiguous_routes(&routes);
         Some(Spec {
-            file: file.clone(),
-            canonical: config::canonical(file),
+            canonical: config::canonical(&file),
+            file,
             config_version: String::new(),
             admin: admin?,
             metrics_bind,
@@ -787,7 +787,7 @@ impl Validator<'_> {
         }
         let path = match given.first() {
             None => PathMatch::Any,
-            Some(("path_regex", re)) => match Regex::new(re) {
+            Some(("path_regex", re)) => match PathRegex::new(re) {
                 Ok(re) => PathMatch::Regex(re),
                 Err(e) => {
                     let first = e.to_string().lines().last().unwrap_or("").trim().to_owned();

@@ -29,12 +29,20 @@ pub struct ConnContext {
     pub listener: Arc<str>,
     pub admission: Admission,
     pub remote: SocketAddr,
+    /// The client IP as an `X-Forwarded-For` value, formatted once.
+    pub client_ip: HeaderValue,
     pub scheme: Scheme,
     pub responses: Arc<[Counter; 5]>,
     /// Set for the whole listener set when draining begins.
     pub draining: Arc<AtomicBool>,
     /// Whether this connection speaks HTTP/2 (decides how it is drained).
     pub http2: AtomicBool,
+}
+
+/// The `X-Forwarded-For` value for a client address.
+pub fn client_ip_header(remote: SocketAddr) -> HeaderValue {
+    HeaderValue::from_str(&remote.ip().to_string())
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// Per-listener response counters, registered once per listener.
@@ -52,22 +60,24 @@ pub async fn handle(
 ) -> Result<Response<ResponseBody>, Infallible> {
     let started = Instant::now();
     let Pinned { generation, guard } = conn.admission.pin();
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
+    // Only pay for the access log's copies when it is on.
+    let access = tracing::enabled!(target: "cutover::access", tracing::Level::INFO)
+        .then(|| (req.method().clone(), req.uri().path().to_owned()));
     let version = req.version();
     if version == Version::HTTP_2 {
         conn.http2.store(true, Ordering::Relaxed);
     }
-    let (route_name, response) = match serve(req, &conn, &generation, guard).await {
-        Ok((route, response)) => (Some(route), response),
-        Err((route, error)) => {
+    let (route, served) = serve(req, &conn, &generation, guard, started).await;
+    let route_name = route.map_or("-", |r| r.name.as_str());
+    let mut response = match served {
+        Ok(response) => response,
+        Err(error) => {
             if error.is_upstream() {
-                tracing::warn!(listener = %conn.listener, generation = %generation.id, route = route.as_deref().unwrap_or("-"), %error, "upstream failure");
+                tracing::warn!(listener = %conn.listener, generation = %generation.id, route = route_name, %error, "upstream failure");
             }
-            (route, error_response(&error))
+            error_response(&error)
         }
     };
-    let mut response = response;
     if version < Version::HTTP_2 && conn.draining.load(Ordering::Relaxed) {
         response
             .headers_mut()
@@ -78,53 +88,54 @@ pub async fn handle(
     if let Some(counter) = conn.responses.get(class) {
         counter.increment(1);
     }
-    tracing::info!(
-        target: "cutover::access",
-        listener = %conn.listener,
-        generation = %generation.id,
-        client = %conn.remote,
-        %method,
-        path = %path,
-        route = route_name.as_deref().unwrap_or("-"),
-        status,
-        duration_us = started.elapsed().as_micros() as u64,
-    );
+    if let Some((method, path)) = access {
+        tracing::info!(
+            target: "cutover::access",
+            listener = %conn.listener,
+            generation = %generation.id,
+            client = %conn.remote,
+            %method,
+            path = %path,
+            route = route_name,
+            status,
+            duration_us = started.elapsed().as_micros() as u64,
+        );
+    }
     Ok(response)
 }
 
-type Served = Result<(String, Response<ResponseBody>), (Option<String>, ProxyError)>;
-
-async fn serve(
+/// Routes and serves a request on its pinned generation; returns the
+/// route that took it (for logs) and the response or the error.
+async fn serve<'g>(
     req: Request<Incoming>,
     conn: &ConnContext,
-    generation: &Generation,
+    generation: &'g Generation,
     guard: crate::generation::InflightGuard,
-) -> Served {
+    started: Instant,
+) -> (
+    Option<&'g Arc<Route>>,
+    Result<Response<ResponseBody>, ProxyError>,
+) {
     if let Some(reason) = smuggling_risk(req.headers()) {
-        return Err((None, ProxyError::BadRequest(reason)));
+        return (None, Err(ProxyError::BadRequest(reason)));
     }
-    let router = generation
-        .router(&conn.listener)
-        .ok_or((None, ProxyError::NoRoute))?;
+    let Some(router) = generation.router(&conn.listener) else {
+        return (None, Err(ProxyError::NoRoute));
+    };
     let host = request_host(&req);
-    let route = router
-        .route(host, req.uri().path(), req.method(), req.headers())
-        .ok_or((None, ProxyError::NoRoute))?;
-    let started = Instant::now();
+    let Some(route) = router.route(host, req.uri().path(), req.method(), req.headers()) else {
+        return (None, Err(ProxyError::NoRoute));
+    };
     let result = serve_route(req, conn, route, guard).await;
     route
         .shared
         .duration
         .record(started.elapsed().as_secs_f64());
-    let status = match &result {
+    route.shared.record(match &result {
         Ok(r) => r.status().as_u16(),
         Err(e) => e.status().as_u16(),
-    };
-    route.shared.record(status);
-    match result {
-        Ok(response) => Ok((route.name.clone(), response)),
-        Err(e) => Err((Some(route.name.clone()), e)),
-    }
+    });
+    (Some(route), result)
 }
 
 async fn serve_route(
@@ -229,7 +240,7 @@ fn upstream_request(
         headers.insert(header::HOST, host.clone());
         headers.insert(X_FORWARDED_HOST, host.clone());
     }
-    append_forwarded_for(headers, conn.remote);
+    append_forwarded_for(headers, &conn.client_ip);
     headers.insert(
         X_FORWARDED_PROTO,
         HeaderValue::from_static(if conn.scheme == Scheme::HTTPS {
@@ -245,15 +256,15 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-fn append_forwarded_for(headers: &mut HeaderMap, remote: SocketAddr) {
-    let client = remote.ip().to_string();
-    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.is_empty() => format!("{existing}, {client}"),
-        _ => client,
-    };
-    if let Ok(value) = HeaderValue::from_str(&value) {
-        headers.insert(X_FORWARDED_FOR, value);
-    }
+fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
+    let chained = headers
+        .get(&X_FORWARDED_FOR)
+        .and_then(|v| v.to_str().ok())
+        .filter(|existing| !existing.is_empty())
+        .and_then(|existing| {
+            HeaderValue::from_str(&format!("{existing}, {}", client.to_str().unwrap_or(""))).ok()
+        });
+    headers.insert(X_FORWARDED_FOR, chained.unwrap_or_else(|| client.clone()));
 }
 
 /// Headers that describe one connection and must not cross the proxy

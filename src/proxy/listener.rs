@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Notify};
 
 use super::downstream::{Downstream, TimeoutReply};
-use super::http::{handle, listener_counters, ConnContext};
+use super::http::{client_ip_header, handle, listener_counters, ConnContext};
 use super::tcp::{self, TcpCounters};
 use crate::admission::Admission;
 use crate::plan::{ListenerLimits, ListenerProtocol, ListenerSpec};
@@ -351,6 +351,7 @@ impl ListenerSet {
                 listener: Arc::clone(&name),
                 admission: self.admission.clone(),
                 remote,
+                client_ip: client_ip_header(remote),
                 scheme: scheme.clone(),
                 responses: Arc::clone(&responses),
                 draining: Arc::clone(&self.draining_flag),
