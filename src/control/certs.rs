@@ -5,7 +5,7 @@ use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 
-use super::{Candidate, CandidateSource, Control, ControlError};
+use super::{Control, ControlError, Requester};
 use crate::plan::{HostMatch, Spec};
 use crate::runtime::{OperationKind, Outcome};
 use crate::telemetry::metrics as m;
@@ -64,7 +64,7 @@ impl Control {
                     _ => Outcome::Rejected,
                 },
                 (None, Some(self.store.active_id())),
-                &no_candidate(),
+                &Requester::default(),
                 error.to_string(),
                 Some(error.to_string()),
             );
@@ -159,7 +159,7 @@ impl Control {
             started,
             Outcome::Succeeded,
             (Some(active.id), Some(active.id)),
-            &no_candidate(),
+            &Requester::default(),
             format!(
                 "{} listeners reloaded, {changed} certificates changed",
                 listeners.len()
@@ -191,15 +191,6 @@ impl Control {
             }
         }
         self.certificates.swap(material);
-    }
-}
-
-fn no_candidate() -> Candidate {
-    Candidate {
-        source: CandidateSource::Text(String::new()),
-        expected_generation: None,
-        reason: None,
-        requested_by: None,
     }
 }
 

@@ -107,8 +107,7 @@ struct CommitMeta {
     kind: OperationKind,
     source: Source,
     rolled_back_to: Option<GenerationId>,
-    requested_by: Option<String>,
-    reason: Option<String>,
+    requester: Requester,
     text: ConfigText,
 }
 
@@ -213,18 +212,15 @@ impl Control {
         reason: Option<String>,
         summary: String,
     ) -> String {
-        let candidate = Candidate {
-            source: CandidateSource::Text(String::new()),
-            expected_generation: None,
-            reason,
-            requested_by,
-        };
         self.record(
             kind,
             Instant::now(),
             Outcome::Running,
             (Some(self.store.active_id()), None),
-            &candidate,
+            &Requester {
+                requested_by,
+                reason,
+            },
             summary,
             None,
         )
@@ -253,7 +249,7 @@ impl Control {
             started,
             outcome,
             (Some(self.store.active_id()), None),
-            candidate,
+            &Requester::of(candidate),
             summary,
             None,
         );
@@ -269,7 +265,7 @@ impl Control {
         let started = Instant::now();
         let result = self.try_activate(&candidate, kind, started).await;
         if let Err(error) = &result {
-            self.record_failure(kind, started, &candidate, error);
+            self.record_failure(kind, started, &Requester::of(&candidate), error);
         }
         result
     }
@@ -292,14 +288,7 @@ impl Control {
         {
             return Err(ControlError::ExpectedGenerationRequired);
         }
-        if let Some(expected) = candidate.expected_generation {
-            if expected != active.id {
-                return Err(ControlError::Conflict {
-                    expected,
-                    active: active.id,
-                });
-            }
-        }
+        check_expected(candidate.expected_generation, active.id)?;
         let text = candidate::read(&candidate.source, &self.config_file)?;
         let plan = plan::plan(&text, Some((active.id, &active.spec)));
         let meta = CommitMeta {
@@ -310,8 +299,7 @@ impl Control {
                 Source::Activate
             },
             rolled_back_to: None,
-            requested_by: candidate.requested_by.clone(),
-            reason: candidate.reason.clone(),
+            requester: Requester::of(candidate),
             text,
         };
         self.commit(&active, plan, meta, started)
@@ -320,15 +308,13 @@ impl Control {
     /// Activates the content of a retained generation as a new generation.
     pub async fn rollback(&self, request: RollbackRequest) -> Result<Activation, ControlError> {
         let started = Instant::now();
-        let candidate = Candidate {
-            source: CandidateSource::Text(String::new()),
-            expected_generation: request.expected_active_generation,
-            reason: request.reason.clone(),
-            requested_by: request.requested_by.clone(),
-        };
         let result = self.try_rollback(&request, started).await;
         if let Err(error) = &result {
-            self.record_failure(OperationKind::Rollback, started, &candidate, error);
+            let requester = Requester {
+                requested_by: request.requested_by.clone(),
+                reason: request.reason.clone(),
+            };
+            self.record_failure(OperationKind::Rollback, started, &requester, error);
         }
         result
     }
@@ -350,14 +336,7 @@ impl Control {
             .generation(target)
             .cloned()
             .ok_or(ControlError::NotRetained(target))?;
-        if let Some(expected) = request.expected_active_generation {
-            if expected != active.id {
-                return Err(ControlError::Conflict {
-                    expected,
-                    active: active.id,
-                });
-            }
-        }
+        check_expected(request.expected_active_generation, active.id)?;
         if target == active.id {
             return Err(ControlError::TargetActive(target));
         }
@@ -377,8 +356,10 @@ impl Control {
             kind: OperationKind::Rollback,
             source: Source::Rollback,
             rolled_back_to: Some(target),
-            requested_by: request.requested_by.clone(),
-            reason: request.reason.clone(),
+            requester: Requester {
+                requested_by: request.requested_by.clone(),
+                reason: request.reason.clone(),
+            },
             text,
         };
         self.commit(&active, plan, meta, started)
@@ -414,7 +395,7 @@ impl Control {
                 started,
                 Outcome::Unchanged,
                 (Some(active.id), Some(active.id)),
-                &meta_candidate(&meta),
+                &meta.requester,
                 "configuration unchanged".into(),
                 None,
             );
@@ -480,7 +461,6 @@ impl Control {
             "+{} -{} ~{}",
             plan.diff.summary.added, plan.diff.summary.removed, plan.diff.summary.modified
         );
-        let candidate = meta_candidate(&meta);
         {
             let mut history = self.history();
             history.set_limit(spec.runtime.history_limit);
@@ -490,8 +470,8 @@ impl Control {
                 activated_at: rfc3339(SystemTime::now()),
                 source: meta.source,
                 rolled_back_to: meta.rolled_back_to,
-                requested_by: meta.requested_by.clone(),
-                reason: meta.reason.clone(),
+                requested_by: meta.requester.requested_by.clone(),
+                reason: meta.requester.reason.clone(),
                 config: meta.text.text.clone(),
                 base_dir: meta.text.base_dir.clone(),
                 origin: meta.text.origin.clone(),
@@ -502,7 +482,7 @@ impl Control {
             started,
             Outcome::Succeeded,
             (Some(committed.id), Some(active.id)),
-            &candidate,
+            &meta.requester,
             summary,
             None,
         );
@@ -512,7 +492,7 @@ impl Control {
             previous = %active.id,
             config_version = %spec.config_version,
             kind = ?meta.kind,
-            requested_by = meta.requested_by.as_deref().unwrap_or("-"),
+            requested_by = meta.requester.requested_by.as_deref().unwrap_or("-"),
             "generation activated"
         );
         Ok(Activation {
@@ -539,7 +519,7 @@ impl Control {
         &self,
         kind: OperationKind,
         started: Instant,
-        candidate: &Candidate,
+        requester: &Requester,
         error: &ControlError,
     ) {
         let outcome = match error {
@@ -561,7 +541,7 @@ impl Control {
             started,
             outcome,
             (None, Some(self.store.active_id())),
-            candidate,
+            requester,
             error.to_string(),
             Some(error.to_string()),
         );
@@ -575,7 +555,7 @@ impl Control {
         started: Instant,
         outcome: Outcome,
         (generation, previous_generation): (Option<GenerationId>, Option<GenerationId>),
-        candidate: &Candidate,
+        requester: &Requester,
         summary: String,
         error: Option<String>,
     ) -> String {
@@ -589,8 +569,8 @@ impl Control {
             outcome,
             generation,
             previous_generation,
-            requested_by: candidate.requested_by.clone(),
-            reason: candidate.reason.clone(),
+            requested_by: requester.requested_by.clone(),
+            reason: requester.reason.clone(),
             summary,
             error,
             pid: std::process::id(),
@@ -603,6 +583,33 @@ impl Control {
     }
 }
 
+/// Who asked for an operation and why, as the operation log keeps it.
+#[derive(Debug, Clone, Default)]
+pub struct Requester {
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl Requester {
+    pub fn of(candidate: &Candidate) -> Self {
+        Self {
+            requested_by: candidate.requested_by.clone(),
+            reason: candidate.reason.clone(),
+        }
+    }
+}
+
+/// Fails with a conflict unless `expected` (when given) is the active id.
+fn check_expected(
+    expected: Option<GenerationId>,
+    active: GenerationId,
+) -> Result<(), ControlError> {
+    match expected {
+        Some(expected) if expected != active => Err(ControlError::Conflict { expected, active }),
+        _ => Ok(()),
+    }
+}
+
 /// A rollback request.
 #[derive(Debug, Clone)]
 pub struct RollbackRequest {
@@ -610,15 +617,6 @@ pub struct RollbackRequest {
     pub expected_active_generation: Option<GenerationId>,
     pub reason: Option<String>,
     pub requested_by: Option<String>,
-}
-
-fn meta_candidate(meta: &CommitMeta) -> Candidate {
-    Candidate {
-        source: CandidateSource::Text(String::new()),
-        expected_generation: None,
-        reason: meta.reason.clone(),
-        requested_by: meta.requested_by.clone(),
-    }
 }
 
 fn plan_summary(plan: &Plan) -> String {

@@ -18,12 +18,16 @@ use http::{HeaderMap, Method};
 use super::route::Route;
 use crate::plan::{HostMatch, PathMatch};
 
+/// Routes by literal path (exact, or prefix of one length), each list in
+/// declaration order.
+type PathIndex = HashMap<Box<str>, Vec<Arc<Route>>>;
+
 /// The routes of one host group, indexed by path.
 #[derive(Debug, Default)]
 struct RouteGroup {
-    exact: HashMap<Box<str>, Vec<Arc<Route>>>,
+    exact: PathIndex,
     /// `(prefix length, prefix → routes)`, longest first.
-    prefixes: Vec<(usize, HashMap<Box<str>, Vec<Arc<Route>>>)>,
+    prefixes: Vec<(usize, PathIndex)>,
     regexes: Vec<Arc<Route>>,
     any_path: Vec<Arc<Route>>,
 }
@@ -39,7 +43,8 @@ impl RouteGroup {
                     Some(i) => i,
                     None => {
                         self.prefixes.push((len, HashMap::new()));
-                        self.prefixes.sort_by(|a, b| b.0.cmp(&a.0));
+                        self.prefixes
+                            .sort_by_key(|(len, _)| std::cmp::Reverse(*len));
                         self.prefixes
                             .iter()
                             .position(|(l, _)| *l == len)

@@ -347,5 +347,7 @@ async fn streams_100_mib_both_ways_in_bounded_memory() {
 
     let (_, peak) = gw.memory_kib();
     let growth_kib = peak.saturating_sub(rss_before);
-    assert!(growth_kib < 8 * 1024, "memory grew by {growth_kib} KiB while streaming 2 x 100 MiB (before {rss_before} KiB, peak {peak} KiB)");
+    // Far below the 100 MiB a buffered body would take; the slack is the
+    // allocator's per-thread segments (mimalloc reserves 4 MiB at a time).
+    assert!(growth_kib < 16 * 1024, "memory grew by {growth_kib} KiB while streaming 2 x 100 MiB (before {rss_before} KiB, peak {peak} KiB)");
 }
