@@ -539,3 +539,138 @@ async fn guards_refuse_without_detail() {
         .expect("request");
     assert_eq!(call(&a, wrong).await.0, StatusCode::UNAUTHORIZED);
 }
+
+/// Stands in for the process lifecycle: records what it was asked.
+#[derive(Default)]
+struct FakeProcess {
+    draining: std::sync::atomic::AtomicBool,
+}
+
+impl crate::control::ProcessControl for FakeProcess {
+    fn drain(&self, _control: &Arc<Control>) -> Result<String, crate::control::LifecycleError> {
+        if self
+            .draining
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(crate::control::LifecycleError::AlreadyDraining);
+        }
+        Ok("op-000900".into())
+    }
+
+    fn upgrade(
+        &self,
+        _control: &Arc<Control>,
+        request: crate::control::UpgradeRequest,
+    ) -> Result<String, crate::control::LifecycleError> {
+        match request.config.as_deref() {
+            Some("busy") => Err(crate::control::LifecycleError::UpgradeRunning),
+            Some(text) => {
+                let plan = crate::plan::plan(
+                    &ConfigText::inline(text.to_owned(), ".".into(), "<t>"),
+                    None,
+                );
+                if plan.errors.is_empty() {
+                    Ok("op-000901".into())
+                } else {
+                    Err(crate::control::LifecycleError::Invalid(Box::new(plan)))
+                }
+            }
+            None => Ok("op-000902".into()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn lifecycle_endpoints_map_every_outcome() {
+    let a = admin();
+    // Without a process lifecycle (as in a library embedding): 503.
+    let (status, body) = call(&a, post("/admin/lifecycle/drain", "application/json", "")).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable"))
+    );
+    a.control.set_process(Arc::new(FakeProcess::default()));
+
+    let (status, body) = call(&a, post("/admin/lifecycle/upgrade", "application/json", "")).await;
+    assert_eq!(
+        (status, body["operation_id"].as_str()),
+        (StatusCode::ACCEPTED, Some("op-000902"))
+    );
+    let (status, body) = call(&a, toml("/admin/lifecycle/upgrade", BASE)).await;
+    assert_eq!(
+        (status, body["operation_id"].as_str()),
+        (StatusCode::ACCEPTED, Some("op-000901"))
+    );
+    let (status, body) = call(&a, toml("/admin/lifecycle/upgrade", "busy")).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("operation_in_progress"))
+    );
+    let (status, body) = call(&a, toml("/admin/lifecycle/upgrade", "[admin\n")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["errors"][0]["code"], "syntax_error");
+    let (status, _) = call(
+        &a,
+        post(
+            "/admin/lifecycle/upgrade",
+            "application/json",
+            r#"{"config_path": "gateway.toml"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let (status, body) = call(&a, post("/admin/lifecycle/drain", "application/json", "")).await;
+    assert_eq!(
+        (status, body["phase"].as_str()),
+        (StatusCode::ACCEPTED, Some("draining"))
+    );
+    let (status, body) = call(&a, post("/admin/lifecycle/drain", "application/json", "")).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("already_draining"))
+    );
+}
+
+#[tokio::test]
+async fn reload_certs_request_errors() {
+    let a = admin();
+    // No TLS listener: nothing to reload, nothing minted.
+    let (status, body) = call(
+        &a,
+        post("/admin/runtime/reload-certs", "application/json", ""),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (body["outcome"].as_str(), body["generation"].as_u64()),
+        (Some("reloaded"), Some(1))
+    );
+    assert_eq!(body["listeners"], json!([]));
+    let (status, body) = call(
+        &a,
+        post(
+            "/admin/runtime/reload-certs",
+            "application/json",
+            r#"{"listeners": ["web"]}"#,
+        ),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("not_a_tls_listener"))
+    );
+    let (status, _) = call(&a, post("/admin/runtime/reload-certs", "text/plain", "web")).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let (status, _) = call(
+        &a,
+        post(
+            "/admin/runtime/reload-certs",
+            "application/json",
+            r#"{"listener": "x"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(a.control.store().active_id(), GenerationId::FIRST);
+}

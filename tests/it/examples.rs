@@ -1,0 +1,60 @@
+//! `examples/ci-activate.sh`, the documented pipeline step, run for real.
+
+use std::process::Command;
+
+use crate::harness::*;
+
+fn ci_activate(gw: &Gateway, candidate: &str, smoke_url: &str) -> (Option<i32>, String) {
+    let file = gw.path("candidate.toml");
+    std::fs::write(&file, candidate).unwrap();
+    let out = Command::new("bash")
+        .arg(workspace().join("examples/ci-activate.sh"))
+        .arg(&file)
+        .arg(smoke_url)
+        .env("CUTOVER", BIN)
+        .env("CUTOVER_ADMIN", gw.admin_url())
+        .env("CI_COMMIT_SHA", "abc123")
+        .output()
+        .unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_step_activates_and_rolls_back_on_a_failed_smoke_test() {
+    let a = Backend::named("A").await;
+    let b = Backend::named("B").await;
+    let gw = Gateway::start(&proxy_config(a.addr, ""));
+    let web = gw.listener("web");
+    let smoke = format!("http://{web}/");
+
+    let (code, log) =
+        tokio::task::block_in_place(|| ci_activate(&gw, &proxy_config(b.addr, ""), &smoke));
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        log.contains("planned against generation 1") && log.contains("smoke test passed"),
+        "{log}"
+    );
+    assert_eq!(get(web, "a", "/").await.2, "B");
+
+    // A candidate whose backend is down: the smoke test fails, the step rolls back.
+    let broken = proxy_config(closed_port(), "");
+    let (code, log) = tokio::task::block_in_place(|| ci_activate(&gw, &broken, &smoke));
+    assert_eq!(code, Some(4), "{log}");
+    assert!(log.contains("rolling back to generation 2"), "{log}");
+    assert_eq!(
+        get(web, "a", "/").await.2,
+        "B",
+        "routing is back to the previewed generation"
+    );
+    let history = admin_request(gw.admin, "GET", "/admin/runtime/history", None, None)
+        .await
+        .1;
+    assert_eq!(history["generations"][0]["generation"], 4);
+    assert_eq!(history["generations"][0]["rolled_back_to"], 2);
+    assert_eq!(history["generations"][1]["requested_by"], "ci");
+}
