@@ -11,9 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme, Uri};
-use http::{Request, Response, Version};
+use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use metrics::Counter;
 
@@ -151,7 +152,13 @@ async fn serve_route(
     };
     let backend = upstream.pick().ok_or(ProxyError::NoBackend)?;
     let backend_guard = backend.start_request();
-    let upstream_req = upstream_request(req, conn, backend)?;
+    let mut req = req;
+    // An HTTP/1.1 upgrade (WebSocket and the like) to an HTTP/1.1 backend:
+    // keep the downstream half to join with the upstream half on 101.
+    let upgrade = requested_upgrade(&req)
+        .filter(|_| backend.version == Version::HTTP_11)
+        .map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
+    let upstream_req = upstream_request(req, conn, backend, upgrade.as_ref().map(|(p, _)| p))?;
     let response =
         match tokio::time::timeout(route.timeout, backend.client.request(upstream_req)).await {
             Ok(Ok(response)) => {
@@ -179,6 +186,36 @@ async fn serve_route(
                 return Err(ProxyError::UpstreamTimeout(route.timeout));
             }
         };
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some((protocol, downstream)) = upgrade else {
+            return Err(ProxyError::Upstream(format!(
+                "{} switched protocols without being asked to",
+                backend.key.addr
+            )));
+        };
+        let mut response = response;
+        let upstream_half = hyper::upgrade::on(&mut response);
+        let (mut parts, _) = response.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.insert(header::UPGRADE, protocol);
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        let tunnel = Tunnel {
+            // The upgraded stream pins its generation for its lifetime, as
+            // a connection: only the ledger entry and the backend are kept.
+            pinned: guard.ledger().connection(),
+            backend: backend_guard,
+            route: slot,
+            store: Arc::clone(conn.admission.store()),
+        };
+        drop(guard);
+        tokio::spawn(tunnel.run(downstream, upstream_half, Arc::clone(&conn.listener)));
+        return Ok(Response::from_parts(
+            parts,
+            ResponseBody::full(Bytes::new()),
+        ));
+    }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let body = ResponseBody::Upstream {
@@ -214,6 +251,7 @@ fn upstream_request(
     req: Request<Incoming>,
     conn: &ConnContext,
     backend: &Backend,
+    upgrade: Option<&HeaderValue>,
 ) -> Result<Request<Incoming>, ProxyError> {
     let (mut parts, body) = req.into_parts();
     let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -240,6 +278,10 @@ fn upstream_request(
         headers.insert(header::HOST, host.clone());
         headers.insert(X_FORWARDED_HOST, host.clone());
     }
+    if let Some(protocol) = upgrade {
+        headers.insert(header::UPGRADE, protocol.clone());
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
     append_forwarded_for(headers, &conn.client_ip);
     headers.insert(
         X_FORWARDED_PROTO,
@@ -250,6 +292,58 @@ fn upstream_request(
         }),
     );
     Ok(Request::from_parts(parts, body))
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to (`Connection:
+/// upgrade` plus `Upgrade`), if any.
+fn requested_upgrade(req: &Request<Incoming>) -> Option<HeaderValue> {
+    if req.version() != Version::HTTP_11 {
+        return None;
+    }
+    let asks = req
+        .headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| req.headers().get(header::UPGRADE).cloned())
+        .flatten()
+}
+
+/// An upgraded connection (WebSocket, …) spliced to its backend.
+struct Tunnel {
+    pinned: crate::generation::InflightGuard,
+    backend: crate::generation::BackendGuard,
+    route: Option<crate::generation::RouteSlot>,
+    store: Arc<crate::runtime::GenerationStore>,
+}
+
+impl Tunnel {
+    async fn run(
+        self,
+        downstream: hyper::upgrade::OnUpgrade,
+        upstream: hyper::upgrade::OnUpgrade,
+        listener: Arc<str>,
+    ) {
+        let (downstream, upstream) = match tokio::join!(downstream, upstream) {
+            (Ok(d), Ok(u)) => (d, u),
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::debug!(listener = %listener, %error, "protocol switch did not complete");
+                return;
+            }
+        };
+        let mut downstream = hyper_util::rt::TokioIo::new(downstream);
+        let mut upstream = hyper_util::rt::TokioIo::new(upstream);
+        let generation = self.pinned.ledger().generation();
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {}
+            _ = super::tcp::pinned_age_expired(&self.store, generation) => {
+                tracing::info!(listener = %listener, %generation, "closing an upgraded connection pinned past max_pinned_age");
+            }
+        }
+        drop((self.pinned, self.backend, self.route));
+    }
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -692,3 +692,91 @@ async fn a_failing_new_process_leaves_the_old_one_serving() {
     .await;
     assert_eq!(status, 200, "{body}");
 }
+
+/// A backend that switches to an echo protocol on `Upgrade: echo`.
+async fn upgrading_backend() -> Backend {
+    use std::sync::Arc;
+    Backend::start(Arc::new(
+        |mut req: hyper::Request<hyper::body::Incoming>| {
+            Box::pin(async move {
+                if req.headers().get("upgrade").is_none() {
+                    return hyper::Response::new(full("plain"));
+                }
+                let on_upgrade = hyper::upgrade::on(&mut req);
+                tokio::spawn(async move {
+                    if let Ok(upgraded) = on_upgrade.await {
+                        let mut io = hyper_util::rt::TokioIo::new(upgraded);
+                        let (mut r, mut w) = tokio::io::split(&mut io);
+                        let _ = tokio::io::copy(&mut r, &mut w).await;
+                    }
+                });
+                let mut response = hyper::Response::new(full(""));
+                *response.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+                response
+                    .headers_mut()
+                    .insert("upgrade", "echo".parse().unwrap());
+                response
+                    .headers_mut()
+                    .insert("connection", "upgrade".parse().unwrap());
+                response
+            })
+        },
+    ))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgraded_connections_are_tunnelled_and_survive_activations() {
+    let backend = upgrading_backend().await;
+    let base = slow_backend_config(backend.addr, "5s");
+    let gw = Gateway::start(&base);
+    let web = gw.listener("web");
+    let mut stream = TcpStream::connect(web).await.unwrap();
+    stream
+        .write_all(
+            b"GET /socket HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(
+            stream.read(&mut byte).await.unwrap(),
+            1,
+            "closed during the 101 head"
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: echo"), "{head}");
+    assert!(
+        ping(&mut stream, 1).await,
+        "bytes flow through the tunnel\n{}",
+        gw.logs()
+    );
+    // Activations do not cut it; its generation keeps counting it.
+    for i in 0..20 {
+        let (status, _) = admin_request(
+            gw.admin,
+            "POST",
+            "/admin/runtime/activate",
+            Some("application/toml"),
+            Some(base.replace(
+                "drain_timeout = \"5s\"",
+                &format!("drain_timeout = \"{}s\"", 6 + i),
+            )),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    assert!(
+        ping(&mut stream, 2).await,
+        "the tunnel survived 20 activations"
+    );
+    let status = gw.status().await;
+    assert_eq!(status["generations"][0]["generation"], 1, "{status}");
+    assert_eq!(status["generations"][0]["open_connections"], 1, "{status}");
+    assert_eq!(get(web, "a", "/").await.2, "plain");
+}
