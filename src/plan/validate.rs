@@ -167,7 +167,7 @@ impl Validator<'_> {
         let runtime = self.runtime(&file);
         let upstreams = self.upstreams(&file.upstreams);
         let listeners = self.listeners(&file);
-        let routes = self.routes(&file, &listeners);
+        let routes = self.routes(&file);
         self.ambiguous_routes(&routes);
         Some(Spec {
             canonical: config::canonical(&file),
@@ -688,7 +688,7 @@ impl Validator<'_> {
         })
     }
 
-    fn routes(&mut self, file: &FileConfig, listeners: &[ListenerSpec]) -> Vec<RouteSpec> {
+    fn routes(&mut self, file: &FileConfig) -> Vec<RouteSpec> {
         let mut out = Vec::new();
         let mut names = HashSet::new();
         for (i, r) in file.routes.iter().enumerate() {
@@ -701,20 +701,14 @@ impl Validator<'_> {
                     format!("route '{}' is defined twice", r.name),
                 );
             }
-            if let Some(route) = self.route(file, listeners, i, r) {
+            if let Some(route) = self.route(file, i, r) {
                 out.push(route);
             }
         }
         out
     }
 
-    fn route(
-        &mut self,
-        file: &FileConfig,
-        listeners: &[ListenerSpec],
-        i: usize,
-        r: &FileRoute,
-    ) -> Option<RouteSpec> {
+    fn route(&mut self, file: &FileConfig, i: usize, r: &FileRoute) -> Option<RouteSpec> {
         let at = |field: &str| format!("routes[{i}].{field}");
         let mut ok = true;
         if r.listeners.is_empty() {
@@ -749,7 +743,6 @@ impl Validator<'_> {
                 Some(_) => {}
             }
         }
-        let _ = listeners;
         let mut hosts = Vec::new();
         for (h, host) in r.hosts.iter().enumerate() {
             match parse_host(host) {
