@@ -91,12 +91,6 @@ impl Process {
                 LifecycleError::Failed("the active configuration is not in history".into())
             })?,
         };
-        let operation_id = control.record_started(
-            OperationKind::Upgrade,
-            request.requested_by.clone(),
-            request.reason.clone(),
-            "starting the new process".into(),
-        );
         // Descriptors without close-on-exec, closed here once the child has them.
         let mut inherited = Vec::new();
         let mut sockets = Vec::new();
@@ -122,6 +116,13 @@ impl Process {
             });
             inherited.push(fd);
         }
+        // Recorded only once nothing before the spawn can fail.
+        let operation_id = control.record_started(
+            OperationKind::Upgrade,
+            request.requested_by.clone(),
+            request.reason.clone(),
+            "starting the new process".into(),
+        );
         let state = UpgradeState {
             parent_pid: std::process::id(),
             operation_id: operation_id.clone(),
