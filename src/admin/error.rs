@@ -105,6 +105,7 @@ fn control_error(error: ControlError) -> Response {
         )
             .into_response(),
         ControlError::InProgress => body(StatusCode::CONFLICT, "operation_in_progress", message),
+        ControlError::Internal(_) => body(StatusCode::INTERNAL_SERVER_ERROR, "internal", message),
         ControlError::NotTlsListener(_) => body(StatusCode::BAD_REQUEST, "not_a_tls_listener", message),
         ControlError::Certificate { listener, source } => (
             StatusCode::UNPROCESSABLE_ENTITY,

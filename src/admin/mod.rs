@@ -69,7 +69,7 @@ async fn validate(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let candidate = candidate::parse(query.0, &headers, &body)?;
-    Ok(Json(control.validate(&candidate)?).into_response())
+    Ok(Json(control.validate_async(candidate).await?).into_response())
 }
 
 async fn preview(
@@ -79,7 +79,7 @@ async fn preview(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let candidate = candidate::parse(query.0, &headers, &body)?;
-    Ok(Json(control.preview(&candidate)?).into_response())
+    Ok(Json(control.preview_async(candidate).await?).into_response())
 }
 
 async fn activate(
@@ -155,7 +155,7 @@ async fn reload_certs(
             "reload-certs takes application/json".into(),
         ));
     };
-    Ok(Json(control.reload_certs(body.listeners)?).into_response())
+    Ok(Json(control.reload_certs_async(body.listeners).await?).into_response())
 }
 
 async fn drain(State(control): Shared) -> Result<Response, ApiError> {

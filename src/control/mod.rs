@@ -73,6 +73,8 @@ pub enum ControlError {
         listener: String,
         source: crate::tls::TlsError,
     },
+    #[error("internal error: {0}")]
+    Internal(String),
     #[error("generation {target} can no longer be activated")]
     NotActivatable {
         target: GenerationId,
@@ -256,21 +258,63 @@ impl Control {
         Ok(RecordedPlan { plan, operation_id })
     }
 
+    /// Runs control-plane work (parsing, hashing files, building, fsync)
+    /// on the blocking pool, so that an activation never stalls a worker
+    /// thread that is serving requests.
+    async fn off_the_data_plane<T: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl FnOnce(&Control) -> Result<T, ControlError> + Send + 'static,
+    ) -> Result<T, ControlError> {
+        let this = Arc::clone(self);
+        tokio::task::spawn_blocking(move || work(&this))
+            .await
+            .map_err(|e| ControlError::Internal(e.to_string()))?
+    }
+
+    /// `validate` off the data plane's threads.
+    pub async fn validate_async(
+        self: &Arc<Self>,
+        candidate: Candidate,
+    ) -> Result<Plan, ControlError> {
+        self.off_the_data_plane(move |c| c.validate(&candidate))
+            .await
+    }
+
+    /// `preview` off the data plane's threads.
+    pub async fn preview_async(
+        self: &Arc<Self>,
+        candidate: Candidate,
+    ) -> Result<RecordedPlan, ControlError> {
+        self.off_the_data_plane(move |c| c.preview(&candidate))
+            .await
+    }
+
+    /// `reload_certs` off the data plane's threads.
+    pub async fn reload_certs_async(
+        self: &Arc<Self>,
+        only: Option<Vec<String>>,
+    ) -> Result<CertReload, ControlError> {
+        self.off_the_data_plane(move |c| c.reload_certs(only)).await
+    }
+
     /// Plans, builds and commits a candidate (`activate` and `reload`).
     pub async fn activate(
-        &self,
+        self: &Arc<Self>,
         candidate: Candidate,
         kind: OperationKind,
     ) -> Result<Activation, ControlError> {
-        let started = Instant::now();
-        let result = self.try_activate(&candidate, kind, started).await;
-        if let Err(error) = &result {
-            self.record_failure(kind, started, &Requester::of(&candidate), error);
-        }
-        result
+        self.off_the_data_plane(move |c| {
+            let started = Instant::now();
+            let result = c.try_activate(&candidate, kind, started);
+            if let Err(error) = &result {
+                c.record_failure(kind, started, &Requester::of(&candidate), error);
+            }
+            result
+        })
+        .await
     }
 
-    async fn try_activate(
+    fn try_activate(
         &self,
         candidate: &Candidate,
         kind: OperationKind,
@@ -306,9 +350,17 @@ impl Control {
     }
 
     /// Activates the content of a retained generation as a new generation.
-    pub async fn rollback(&self, request: RollbackRequest) -> Result<Activation, ControlError> {
+    pub async fn rollback(
+        self: &Arc<Self>,
+        request: RollbackRequest,
+    ) -> Result<Activation, ControlError> {
+        self.off_the_data_plane(move |c| c.rollback_now(request))
+            .await
+    }
+
+    fn rollback_now(&self, request: RollbackRequest) -> Result<Activation, ControlError> {
         let started = Instant::now();
-        let result = self.try_rollback(&request, started).await;
+        let result = self.try_rollback(&request, started);
         if let Err(error) = &result {
             let requester = Requester {
                 requested_by: request.requested_by.clone(),
@@ -319,7 +371,7 @@ impl Control {
         result
     }
 
-    async fn try_rollback(
+    fn try_rollback(
         &self,
         request: &RollbackRequest,
         started: Instant,
