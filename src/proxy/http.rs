@@ -79,7 +79,10 @@ pub async fn handle(
             error_response(&error)
         }
     };
-    if version < Version::HTTP_2 && conn.draining.load(Ordering::Relaxed) {
+    if version < Version::HTTP_2
+        && conn.draining.load(Ordering::Relaxed)
+        && response.status() != StatusCode::SWITCHING_PROTOCOLS
+    {
         response
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
