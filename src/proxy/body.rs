@@ -2,7 +2,9 @@
 //! (which carries the request's guards until its last byte) or a small
 //! in-memory one.
 
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -10,15 +12,62 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::generation::{BackendGuard, InflightGuard, RouteSlot};
+use crate::runtime::GenerationStore;
 
 /// Holds what a streaming response keeps alive: the slim part of its
 /// generation (the ledger entry), its route slot and its backend count.
-#[derive(Debug)]
 pub struct StreamGuards {
     pub inflight: InflightGuard,
     pub route: Option<RouteSlot>,
     pub backend: BackendGuard,
+    /// To follow supersession for `runtime.max_pinned_age`.
+    pub store: Arc<GenerationStore>,
+    /// Completes when the response has been pinned too long; created the
+    /// first time the body has to wait, so short responses never pay.
+    expiry: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
+
+impl StreamGuards {
+    pub fn new(
+        inflight: InflightGuard,
+        route: Option<RouteSlot>,
+        backend: BackendGuard,
+        store: Arc<GenerationStore>,
+    ) -> Self {
+        Self {
+            inflight,
+            route,
+            backend,
+            store,
+            expiry: None,
+        }
+    }
+
+    /// Whether the stream's generation was superseded longer ago than
+    /// `max_pinned_age`; registers the waker otherwise.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let expiry = self.expiry.get_or_insert_with(|| {
+            let store = Arc::clone(&self.store);
+            let generation = self.inflight.ledger().generation();
+            Box::pin(async move { super::tcp::pinned_age_expired(&store, generation).await })
+        });
+        expiry.as_mut().poll(cx).is_ready()
+    }
+}
+
+impl std::fmt::Debug for StreamGuards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamGuards")
+            .field("inflight", &self.inflight)
+            .finish()
+    }
+}
+
+/// A streaming response cut because its generation was superseded longer
+/// ago than `runtime.max_pinned_age`.
+#[derive(Debug, thiserror::Error)]
+#[error("response stream closed: pinned to a generation superseded longer ago than runtime.max_pinned_age")]
+pub struct PinnedTooLong;
 
 #[derive(Debug)]
 pub enum ResponseBody {
@@ -37,21 +86,30 @@ impl ResponseBody {
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             ResponseBody::Upstream { body, guards } => {
                 let polled = Pin::new(body).poll_frame(cx);
-                if let Poll::Ready(None | Some(Err(_))) = &polled {
+                match &polled {
                     // The stream is over: release the pin now rather than
                     // when hyper gets round to dropping the body.
-                    guards.take();
+                    Poll::Ready(None | Some(Err(_))) => {
+                        guards.take();
+                    }
+                    Poll::Pending => {
+                        if guards.as_mut().is_some_and(|g| g.expired(cx)) {
+                            guards.take();
+                            return Poll::Ready(Some(Err(Box::new(PinnedTooLong))));
+                        }
+                    }
+                    Poll::Ready(Some(Ok(_))) => {}
                 }
-                polled
+                polled.map_err(Into::into)
             }
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
         }

@@ -223,11 +223,12 @@ async fn serve_route(
     strip_hop_by_hop(&mut parts.headers);
     let body = ResponseBody::Upstream {
         body,
-        guards: Some(StreamGuards {
-            inflight: guard,
-            route: slot,
-            backend: backend_guard,
-        }),
+        guards: Some(StreamGuards::new(
+            guard,
+            slot,
+            backend_guard,
+            Arc::clone(conn.admission.store()),
+        )),
     };
     Ok(Response::from_parts(parts, body))
 }

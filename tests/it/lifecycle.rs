@@ -780,3 +780,74 @@ async fn upgraded_connections_are_tunnelled_and_survive_activations() {
     assert_eq!(status["generations"][0]["open_connections"], 1, "{status}");
     assert_eq!(get(web, "a", "/").await.2, "plain");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_pinned_age_ends_superseded_streaming_responses() {
+    use http_body_util::BodyExt;
+    use std::sync::Arc;
+    let backend = Backend::start(Arc::new(|_req| {
+        Box::pin(async move {
+            let (mut tx, body) =
+                http_body_util::channel::Channel::<bytes::Bytes, std::io::Error>::new(4);
+            tokio::spawn(async move {
+                while tx
+                    .send_data(bytes::Bytes::from_static(b"tick\n"))
+                    .await
+                    .is_ok()
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+            hyper::Response::new(body.boxed())
+        })
+    }))
+    .await;
+    let base = slow_backend_config(backend.addr, "5s")
+        .replace("[runtime]\n", "[runtime]\nmax_pinned_age = \"1s\"\n");
+    let gw = Gateway::start(&base);
+    let stream = TcpStream::connect(gw.listener("web")).await.unwrap();
+    let (mut h1, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .uri("/stream")
+        .header("host", "a")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let mut body = h1.send_request(req).await.unwrap().into_body();
+    // Not superseded: it flows past max_pinned_age.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1500) {
+        assert!(
+            matches!(body.frame().await, Some(Ok(_))),
+            "cut while its generation was active"
+        );
+    }
+    let (status, _) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(base.replace("drain_timeout = \"5s\"", "drain_timeout = \"6s\"")),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let superseded = Instant::now();
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .unwrap()
+        {
+            Some(Ok(_)) => continue,
+            other => break other,
+        }
+    };
+    let after = superseded.elapsed();
+    assert!(!matches!(ended, Some(Ok(_))));
+    assert!(
+        after > Duration::from_millis(800) && after < Duration::from_millis(2500),
+        "ended {after:?} after the activation"
+    );
+}
