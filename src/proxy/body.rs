@@ -25,6 +25,8 @@ pub struct StreamGuards {
     /// Completes when the response has been pinned too long; created the
     /// first time the body has to wait, so short responses never pay.
     expiry: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// Frames passed on; a stream that never waits is checked every 64.
+    frames: u32,
 }
 
 impl StreamGuards {
@@ -40,6 +42,7 @@ impl StreamGuards {
             backend,
             store,
             expiry: None,
+            frames: 0,
         }
     }
 
@@ -107,7 +110,15 @@ impl Body for ResponseBody {
                             return Poll::Ready(Some(Err(Box::new(PinnedTooLong))));
                         }
                     }
-                    Poll::Ready(Some(Ok(_))) => {}
+                    Poll::Ready(Some(Ok(_))) => {
+                        if let Some(g) = guards.as_mut() {
+                            g.frames = g.frames.wrapping_add(1);
+                            if g.frames % 64 == 0 && g.expired(cx) {
+                                guards.take();
+                                return Poll::Ready(Some(Err(Box::new(PinnedTooLong))));
+                            }
+                        }
+                    }
                 }
                 polled.map_err(Into::into)
             }
