@@ -65,6 +65,20 @@ fn main() {
     let direct = http1(&runtime, have_wrk, backend, seconds, "a) direct");
     let proxied = http1(&runtime, have_wrk, web, seconds, "b) cutover");
     let mut runs = vec![direct, proxied];
+    // The same work through nginx and HAProxy, when installed, for scale.
+    let mut references = Vec::new();
+    for reference in [Reference::Nginx, Reference::Haproxy] {
+        if let Some(mut running) = reference.start(dir.path(), backend) {
+            references.push(http1(
+                &runtime,
+                have_wrk,
+                running.address,
+                seconds,
+                reference.label(),
+            ));
+            running.stop();
+        }
+    }
 
     if have_h2load {
         runs.push(h2(backend, seconds, "a) direct h2c"));
@@ -123,6 +137,12 @@ fn main() {
             r.label, r.requests_per_sec, r.p50_ms, r.p99_ms, r.errors
         );
     }
+    for r in &references {
+        println!(
+            "{:<28} {:>12.0} {:>10.3} {:>10.3} {:>8}",
+            r.label, r.requests_per_sec, r.p50_ms, r.p99_ms, r.errors
+        );
+    }
     let (a, b, c) = (&runs[0], &runs[1], &runs[runs.len() - 1]);
     println!();
     println!(
@@ -130,6 +150,14 @@ fn main() {
         b.requests_per_sec / a.requests_per_sec
     );
     println!("HTTP/1.1 p99 ratio b/a:        {:.3}", b.p99_ms / a.p99_ms);
+    for r in &references {
+        println!(
+            "{} throughput ratio /a: {:.3}, p99 ratio /a: {:.3}",
+            r.label.trim_start_matches("r) "),
+            r.requests_per_sec / a.requests_per_sec,
+            r.p99_ms / a.p99_ms
+        );
+    }
     if runs.len() > 3 {
         println!(
             "h2c throughput ratio b/a:      {:.3}",
@@ -145,6 +173,87 @@ fn main() {
     );
     let _ = gateway.kill();
     let _ = gateway.wait();
+}
+
+/// Reference proxies run in the same benchmark, when installed
+/// (`apt-get install nginx-light haproxy`), with keep-alive to the backend
+/// and two workers, like cutover on this machine.
+#[derive(Clone, Copy)]
+enum Reference {
+    Nginx,
+    Haproxy,
+}
+
+struct RunningReference {
+    address: SocketAddr,
+    child: Child,
+}
+
+impl RunningReference {
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Reference {
+    fn label(self) -> &'static str {
+        match self {
+            Reference::Nginx => "r) nginx",
+            Reference::Haproxy => "r) haproxy",
+        }
+    }
+
+    fn start(self, dir: &std::path::Path, backend: SocketAddr) -> Option<RunningReference> {
+        let binary = match self {
+            Reference::Nginx => "nginx",
+            Reference::Haproxy => "haproxy",
+        };
+        if !which(binary) {
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let address: SocketAddr = format!("127.0.0.1:{port}").parse().ok()?;
+        let d = dir.display();
+        let (config, args): (String, Vec<String>) = match self {
+            Reference::Nginx => (
+                format!(
+                    "daemon off;\nworker_processes 2;\nerror_log {d}/nginx-error.log;\npid {d}/nginx.pid;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d};\n  proxy_temp_path {d};\n  upstream backend {{ server {backend}; keepalive 128; }}\n  server {{\n    listen {address};\n    location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n  }}\n}}\n"
+                ),
+                vec!["-c".into(), format!("{d}/nginx.conf"), "-e".into(), format!("{d}/nginx-error.log")],
+            ),
+            Reference::Haproxy => (
+                format!(
+                    "global\n  nbthread 2\n  maxconn 4096\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n  option http-keep-alive\nfrontend fe\n  bind {address}\n  default_backend be\nbackend be\n  http-reuse always\n  server s1 {backend}\n"
+                ),
+                vec!["-f".into(), format!("{d}/haproxy.cfg")],
+            ),
+        };
+        let file = match self {
+            Reference::Nginx => dir.join("nginx.conf"),
+            Reference::Haproxy => dir.join("haproxy.cfg"),
+        };
+        std::fs::write(file, config).ok()?;
+        let child = Command::new(binary)
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        // Bounded wait for the port to accept.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::net::TcpStream::connect(address).is_err() {
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(RunningReference { address, child })
+    }
 }
 
 fn which(tool: &str) -> bool {
