@@ -72,6 +72,9 @@ pub struct Backend {
     /// The HTTP version requests to this backend carry.
     pub version: Version,
     pub client: UpstreamClient,
+    /// For plain HTTP/1.1 backends: connections driven by the requests'
+    /// own tasks (see `h1pool`). Upgrades still use `client`.
+    pub h1: Option<super::H1Pool>,
     inflight: AtomicU64,
     outcomes: [Counter; 4],
 }
@@ -119,6 +122,8 @@ impl Backend {
             }
             None => UpstreamClient::Plain(builder.build(connector)),
         };
+        let h1 = (key.tls.is_none() && key.protocol == UpstreamProtocol::Http1)
+            .then(|| super::H1Pool::new(256));
         let scheme = if key.tls.is_some() {
             Scheme::HTTPS
         } else {
@@ -142,6 +147,7 @@ impl Backend {
             authority,
             scheme,
             version,
+            h1,
             client,
             inflight: AtomicU64::new(0),
         })
@@ -187,6 +193,12 @@ pub enum BackendError {
 #[derive(Debug)]
 pub struct BackendGuard {
     backend: Arc<Backend>,
+}
+
+impl BackendGuard {
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
 }
 
 impl Drop for BackendGuard {

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::generation::{BackendGuard, InflightGuard, RouteSlot};
+use crate::generation::{BackendGuard, H1Conn, InflightGuard, RouteSlot};
 use crate::runtime::GenerationStore;
 
 /// Holds what a streaming response keeps alive: the slim part of its
@@ -77,6 +77,9 @@ pub enum ResponseBody {
     Upstream {
         body: Incoming,
         guards: Option<StreamGuards>,
+        /// The upstream connection, when this task drives it: polled
+        /// before the body so bytes flow, and pooled again at the end.
+        driven: Option<H1Conn>,
     },
     Full(Option<Bytes>),
 }
@@ -85,6 +88,17 @@ impl ResponseBody {
     pub fn full(bytes: Bytes) -> Self {
         ResponseBody::Full(Some(bytes).filter(|b| !b.is_empty()))
     }
+}
+
+/// The exchange is complete: the connection goes back to its backend's
+/// pool and the pin is released now rather than when hyper drops the body.
+fn finish(driven: &mut Option<H1Conn>, guards: &mut Option<StreamGuards>) {
+    if let (Some(conn), Some(g)) = (driven.take(), guards.as_ref()) {
+        if let Some(pool) = &g.backend.backend().h1 {
+            pool.put(conn);
+        }
+    }
+    guards.take();
 }
 
 impl Body for ResponseBody {
@@ -96,12 +110,24 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
-            ResponseBody::Upstream { body, guards } => {
-                let polled = Pin::new(body).poll_frame(cx);
+            ResponseBody::Upstream {
+                body,
+                guards,
+                driven,
+            } => {
+                if driven.as_mut().is_some_and(|c| !c.drive(cx)) {
+                    *driven = None;
+                }
+                let polled = Pin::new(&mut *body).poll_frame(cx);
                 match &polled {
                     // The stream is over: release the pin now rather than
-                    // when hyper gets round to dropping the body.
-                    Poll::Ready(None | Some(Err(_))) => {
+                    // when hyper gets round to dropping the body, and give
+                    // the connection back for the next request.
+                    Poll::Ready(None) => {
+                        finish(driven, guards);
+                    }
+                    Poll::Ready(Some(Err(_))) => {
+                        driven.take();
                         guards.take();
                     }
                     Poll::Pending => {
@@ -109,6 +135,11 @@ impl Body for ResponseBody {
                             guards.take();
                             return Poll::Ready(Some(Err(Box::new(PinnedTooLong))));
                         }
+                    }
+                    // hyper stops polling once a known length is written:
+                    // hand the connection back as soon as its last byte is in.
+                    Poll::Ready(Some(Ok(_))) if driven.is_some() && body.is_end_stream() => {
+                        finish(driven, guards);
                     }
                     Poll::Ready(Some(Ok(_))) => {
                         if let Some(g) = guards.as_mut() {
@@ -128,7 +159,9 @@ impl Body for ResponseBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            ResponseBody::Upstream { body, .. } => body.is_end_stream(),
+            // A driven connection goes back to the pool only from
+            // `poll_frame`: make sure hyper polls it even for empty bodies.
+            ResponseBody::Upstream { body, driven, .. } => driven.is_none() && body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
         }
     }

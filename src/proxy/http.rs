@@ -162,6 +162,21 @@ async fn serve_route(
         .filter(|_| backend.version == Version::HTTP_11)
         .map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
     let upstream_req = upstream_request(req, conn, backend, upgrade.as_ref().map(|(p, _)| p))?;
+    if let (Some(pool), None) = (&backend.h1, &upgrade) {
+        return driven_exchange(
+            upstream_req,
+            pool,
+            route,
+            backend,
+            StreamGuards::new(
+                guard,
+                slot,
+                backend_guard,
+                Arc::clone(conn.admission.store()),
+            ),
+        )
+        .await;
+    }
     let response =
         match tokio::time::timeout(route.timeout, backend.client.request(upstream_req)).await {
             Ok(Ok(response)) => {
@@ -223,6 +238,7 @@ async fn serve_route(
     strip_hop_by_hop(&mut parts.headers);
     let body = ResponseBody::Upstream {
         body,
+        driven: None,
         guards: Some(StreamGuards::new(
             guard,
             slot,
@@ -231,6 +247,72 @@ async fn serve_route(
         )),
     };
     Ok(Response::from_parts(parts, body))
+}
+
+/// A plain HTTP/1.1 exchange on a connection this task drives itself
+/// (see `generation::H1Pool`); the response body keeps driving it and
+/// returns it to the pool when the exchange is complete.
+async fn driven_exchange(
+    req: Request<Incoming>,
+    pool: &crate::generation::H1Pool,
+    route: &Route,
+    backend: &Backend,
+    guards: StreamGuards,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let failed = |outcome, error: String| {
+        backend.record(outcome);
+        match outcome {
+            AttemptOutcome::ConnectError => {
+                ProxyError::UpstreamConnect(format!("{}: {error}", backend.key.addr))
+            }
+            _ => ProxyError::Upstream(format!("{}: {error}", backend.key.addr)),
+        }
+    };
+    // Origin-form on the wire, as to any origin server.
+    let mut req = req;
+    if let Some(path_and_query) = req.uri().path_and_query().cloned() {
+        *req.uri_mut() = Uri::from(path_and_query);
+    }
+    let deadline = tokio::time::Instant::now() + route.timeout;
+    let mut upstream = match pool.take() {
+        Some(idle) => idle,
+        None => {
+            let connect =
+                crate::generation::connect_h1(&backend.key.addr, backend.key.connect_timeout);
+            match tokio::time::timeout_at(deadline, connect).await {
+                Ok(Ok(fresh)) => fresh,
+                Ok(Err(error)) => {
+                    return Err(failed(AttemptOutcome::ConnectError, error_chain(&error)))
+                }
+                Err(_) => {
+                    backend.record(AttemptOutcome::Timeout);
+                    return Err(ProxyError::UpstreamTimeout(route.timeout));
+                }
+            }
+        }
+    };
+    let response =
+        match tokio::time::timeout_at(deadline, crate::generation::send_h1(&mut upstream, req))
+            .await
+        {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => return Err(failed(AttemptOutcome::Error, error_chain(&error))),
+            Err(_) => {
+                backend.record(AttemptOutcome::Timeout);
+                return Err(ProxyError::UpstreamTimeout(route.timeout));
+            }
+        };
+    backend.record(AttemptOutcome::Ok);
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(
+        parts,
+        ResponseBody::Upstream {
+            body,
+            guards: Some(guards),
+            driven: Some(upstream),
+        },
+    ))
 }
 
 fn direct_response(direct: &DirectResponse) -> Response<ResponseBody> {

@@ -351,3 +351,74 @@ async fn streams_100_mib_both_ways_in_bounded_memory() {
     // allocator's per-thread segments (mimalloc reserves 4 MiB at a time).
     assert!(growth_kib < 16 * 1024, "memory grew by {growth_kib} KiB while streaming 2 x 100 MiB (before {rss_before} KiB, peak {peak} KiB)");
 }
+
+/// A backend that counts the connections it accepts; `close` answers
+/// every request with `Connection: close`.
+async fn counting_backend(close: bool) -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| async move {
+                    let mut response = hyper::Response::new(full("counted"));
+                    if close {
+                        response
+                            .headers_mut()
+                            .insert("connection", "close".parse().unwrap());
+                    }
+                    Ok::<_, std::convert::Infallible>(response)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_reused_and_closed_ones_are_not() {
+    let (keep, kept) = counting_backend(false).await;
+    let (close, closed) = counting_backend(true).await;
+    let gw = Gateway::start(&config(&format!(
+        r#"[[routes]]
+name = "keep"
+listeners = ["web"]
+path_prefix = "/keep"
+upstream = "keep"
+
+[[routes]]
+name = "close"
+listeners = ["web"]
+path_prefix = "/close"
+upstream = "close"
+
+[upstreams.keep]
+backends = [{{ addr = "{keep}" }}]
+
+[upstreams.close]
+backends = [{{ addr = "{close}" }}]
+"#
+    )));
+    let web = gw.listener("web");
+    for _ in 0..20 {
+        // A new downstream connection each time: only the upstream one is reused.
+        assert_eq!(get(web, "a", "/keep").await.2, "counted");
+        assert_eq!(get(web, "a", "/close").await.2, "counted");
+    }
+    assert_eq!(
+        kept.load(Ordering::Relaxed),
+        1,
+        "20 sequential requests used one upstream connection"
+    );
+    assert_eq!(
+        closed.load(Ordering::Relaxed),
+        20,
+        "a connection the backend closes is never reused"
+    );
+}
