@@ -161,8 +161,15 @@ async fn serve_route(
     let upgrade = requested_upgrade(&req)
         .filter(|_| backend.version == Version::HTTP_11)
         .map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
-    let upstream_req = upstream_request(req, conn, backend, upgrade.as_ref().map(|(p, _)| p))?;
-    if let (Some(pool), None) = (&backend.h1, &upgrade) {
+    let driven = backend.h1.as_ref().filter(|_| upgrade.is_none());
+    let upstream_req = upstream_request(
+        req,
+        conn,
+        backend,
+        upgrade.as_ref().map(|(p, _)| p),
+        driven.is_some(),
+    )?;
+    if let Some(pool) = driven {
         return driven_exchange(
             upstream_req,
             pool,
@@ -268,11 +275,6 @@ async fn driven_exchange(
             _ => ProxyError::Upstream(format!("{}: {error}", backend.key.addr)),
         }
     };
-    // Origin-form on the wire, as to any origin server.
-    let mut req = req;
-    if let Some(path_and_query) = req.uri().path_and_query().cloned() {
-        *req.uri_mut() = Uri::from(path_and_query);
-    }
     let deadline = tokio::time::Instant::now() + route.timeout;
     let mut upstream = match pool.take() {
         Some(idle) => idle,
@@ -338,6 +340,7 @@ fn upstream_request(
     conn: &ConnContext,
     backend: &Backend,
     upgrade: Option<&HeaderValue>,
+    origin_form: bool,
 ) -> Result<Request<Incoming>, ProxyError> {
     let (mut parts, body) = req.into_parts();
     let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -351,12 +354,19 @@ fn upstream_request(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    parts.uri = Uri::builder()
-        .scheme(backend.scheme.clone())
-        .authority(backend.authority.clone())
-        .path_and_query(path_and_query)
-        .build()
-        .map_err(|_| ProxyError::BadRequest("request target cannot be forwarded"))?;
+    // A driven connection writes the target as is: origin-form, as to any
+    // origin server. hyper-util's client wants the absolute URI to pick
+    // its pooled connection, and writes origin-form itself.
+    parts.uri = if origin_form {
+        Uri::from(path_and_query)
+    } else {
+        Uri::builder()
+            .scheme(backend.scheme.clone())
+            .authority(backend.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|_| ProxyError::BadRequest("request target cannot be forwarded"))?
+    };
     parts.version = backend.version;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
