@@ -628,6 +628,11 @@ impl Control {
             pid: std::process::id(),
             previous_pid: None,
         });
+        // A preview is kept in memory only: validate and preview never
+        // write (DESIGN §10); the next change persists it with the rest.
+        if kind == OperationKind::Preview {
+            return id;
+        }
         if let Err(error) = history.persist() {
             tracing::error!(%error, "cannot persist history; the change is live but will not survive a restart");
         }

@@ -448,3 +448,43 @@ async fn ctl_exit_codes_follow_the_contract() {
         .unwrap();
     assert_eq!(unreachable.status.code(), Some(3));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preview_writes_nothing_to_disk() {
+    let backend = Backend::named("A").await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = format!(
+        "[runtime]\nstate_dir = \"{}\"\n{}",
+        state.display(),
+        proxy_config(backend.addr, "")
+    );
+    let gw = Gateway::start_in(dir, &config);
+    let before = std::fs::read(state.join("state.json")).unwrap();
+    let candidate = config.replace("upstream = \"app\"", "upstream = \"app\"\ntimeout = \"3s\"");
+    let (status, preview) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/preview",
+        Some("application/toml"),
+        Some(candidate.clone()),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        std::fs::read(state.join("state.json")).unwrap(),
+        before,
+        "preview wrote the state file"
+    );
+    assert_eq!(
+        history(&gw).await["operations"][0]["id"],
+        preview["operation_id"],
+        "but it is in the history"
+    );
+    assert_eq!(activate(&gw, &candidate, "").await.0, 200);
+    let persisted = String::from_utf8(std::fs::read(state.join("state.json")).unwrap()).unwrap();
+    assert!(
+        persisted.contains(preview["operation_id"].as_str().unwrap()),
+        "the next change persists the preview too"
+    );
+}
