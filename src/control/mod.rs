@@ -474,15 +474,7 @@ impl Control {
                 })
             }
         };
-        let certificates = match generation::certificate_material(&spec) {
-            Ok(material) => material,
-            Err(source) => {
-                return Err(ControlError::Build {
-                    source,
-                    plan: Box::new(plan),
-                })
-            }
-        };
+        let certificates = generation::certificate_material(&spec);
         let bound = match self.listeners.bind_new(&spec.listeners) {
             Ok(bound) => bound,
             Err(source) => {

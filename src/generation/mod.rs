@@ -64,12 +64,6 @@ pub enum BuildError {
         #[source]
         source: BackendError,
     },
-    #[error("listener '{listener}': {source}")]
-    Tls {
-        listener: String,
-        #[source]
-        source: crate::tls::TlsError,
-    },
     #[error("route '{route}' names upstream '{upstream}', which was not built")]
     MissingUpstream { route: String, upstream: String },
 }
@@ -100,24 +94,16 @@ impl Generation {
     }
 }
 
-/// Loads the certificate material of every TLS listener of `spec`, all or
-/// nothing. Swapped into the `CertStore` right after the generation is
-/// committed (and by `reload-certs` on its own).
-pub fn certificate_material(spec: &Spec) -> Result<crate::tls::Material, BuildError> {
-    let mut material = crate::tls::Material::default();
-    for listener in &spec.listeners {
-        if let Some(tls) = &listener.tls {
-            let loaded =
-                crate::tls::ListenerMaterial::load(tls).map_err(|source| BuildError::Tls {
-                    listener: listener.name.clone(),
-                    source,
-                })?;
-            material
-                .listeners
-                .insert(listener.name.clone(), Arc::new(loaded));
-        }
-    }
-    Ok(material)
+/// The certificate material of every TLS listener of `spec`, as
+/// validation loaded it. Swapped into the `CertStore` right after the
+/// generation is committed (and replaced by `reload-certs` on its own).
+pub fn certificate_material(spec: &Spec) -> crate::tls::Material {
+    let listeners = spec
+        .listeners
+        .iter()
+        .filter_map(|l| Some((l.name.clone(), Arc::clone(l.tls_material.as_ref()?))))
+        .collect();
+    crate::tls::Material { listeners }
 }
 
 /// Compiles `spec` into generation `id`, reusing shared backends.

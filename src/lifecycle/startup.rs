@@ -242,7 +242,7 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
     let store = Arc::new(GenerationStore::new(first));
     let admission = Admission::new(Arc::clone(&store));
     let certificates = Arc::new(CertStore::default());
-    certificates.swap(generation::certificate_material(&spec)?);
+    certificates.swap(generation::certificate_material(&spec));
     let listeners = ListenerSet::new(admission, Arc::clone(&certificates));
     listeners.inherit(inherited_listeners);
     let bound = listeners.bind_new(&spec.listeners)?;

@@ -98,8 +98,12 @@ pub struct ListenerSpec {
     pub limits: ListenerLimits,
     /// For `tcp` listeners: the upstream every connection goes to.
     pub upstream: Option<String>,
-    /// For `https` listeners: certificate material.
+    /// For `https` listeners: where the certificate material is (for
+    /// `reload-certs`) ...
     pub tls: Option<crate::tls::ListenerTlsSpec>,
+    /// ... and the material itself, loaded by validation from the bytes
+    /// that `config_version` hashes.
+    pub tls_material: Option<std::sync::Arc<crate::tls::ListenerMaterial>>,
 }
 
 /// How a route matches the request host.

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::pattern::PathRegex;
@@ -403,7 +404,8 @@ impl Validator<'_> {
                     protocol,
                     limits,
                     upstream: l.upstream.clone(),
-                    tls: listener_tls,
+                    tls_material: listener_tls.as_ref().map(|(_, m)| Arc::clone(m)),
+                    tls: listener_tls.map(|(spec, _)| spec),
                 });
             }
         }
@@ -535,46 +537,18 @@ impl Validator<'_> {
         out
     }
 
-    /// Reads (for `config_version`) and checks a listener's certificates:
-    /// every chain parses, every key matches its leaf, the CA bundle loads.
+    /// Reads a listener's certificates (for `config_version`) and loads
+    /// them from those same bytes: every chain parses, every key matches
+    /// its leaf, the CA bundle loads. The material built here is what the
+    /// generation serves, so it is exactly what was hashed.
     fn listener_tls(
         &mut self,
         i: usize,
         tls: &crate::config::FileListenerTls,
-    ) -> Option<crate::tls::ListenerTlsSpec> {
-        let mut ok = true;
-        let mut certificates = Vec::new();
-        for (c, pair) in tls.certificates.iter().enumerate() {
-            let cert_path = format!("listeners[{i}].tls.certificates[{c}].cert");
-            let key_path = format!("listeners[{i}].tls.certificates[{c}].key");
-            let have_cert = self.read_file(cert_path.clone(), &pair.cert).is_some();
-            let have_key = self.read_file(key_path, &pair.key).is_some();
-            let (cert, key) = (
-                self.base_dir.join(&pair.cert),
-                self.base_dir.join(&pair.key),
-            );
-            if have_cert && have_key {
-                if let Err(e) = crate::tls::load_cert(&cert, &key) {
-                    self.error("invalid_certificate", cert_path, e.to_string());
-                    ok = false;
-                }
-            } else {
-                ok = false;
-            }
-            certificates.push((cert, key));
-        }
-        let client_ca = tls.client_ca.as_ref().map(|ca| self.base_dir.join(ca));
-        if let (Some(name), Some(path)) = (&tls.client_ca, &client_ca) {
-            let at = format!("listeners[{i}].tls.client_ca");
-            if self.read_file(at.clone(), name).is_some() {
-                if let Err(e) = crate::tls::load_roots(path) {
-                    self.error("invalid_certificate", at, e.to_string());
-                    ok = false;
-                }
-            } else {
-                ok = false;
-            }
-        }
+    ) -> Option<(
+        crate::tls::ListenerTlsSpec,
+        Arc<crate::tls::ListenerMaterial>,
+    )> {
         let client_auth_required = match tls.client_auth.as_deref() {
             None | Some("required") => true,
             Some("optional") => false,
@@ -594,10 +568,60 @@ impl Validator<'_> {
                 "client_auth needs tls.client_ca, the bundle client certificates are checked against",
             );
         }
-        ok.then_some(crate::tls::ListenerTlsSpec {
-            certificates,
-            client_ca,
-            client_auth_required,
+        let mut ok = true;
+        let mut paths = Vec::new();
+        let mut loaded = Vec::new();
+        for (c, pair) in tls.certificates.iter().enumerate() {
+            let cert_at = format!("listeners[{i}].tls.certificates[{c}].cert");
+            let cert_pem = self.read_file(cert_at.clone(), &pair.cert);
+            let key_pem = self.read_file(
+                format!("listeners[{i}].tls.certificates[{c}].key"),
+                &pair.key,
+            );
+            let (cert, key) = (
+                self.base_dir.join(&pair.cert),
+                self.base_dir.join(&pair.key),
+            );
+            match (cert_pem, key_pem) {
+                (Some(cert_pem), Some(key_pem)) => {
+                    match crate::tls::parse_cert(&cert, &cert_pem, &key, &key_pem) {
+                        Ok(certificate) => loaded.push(certificate),
+                        Err(e) => {
+                            self.error("invalid_certificate", cert_at, e.to_string());
+                            ok = false;
+                        }
+                    }
+                }
+                _ => ok = false,
+            }
+            paths.push((cert, key));
+        }
+        let client_ca = tls.client_ca.as_ref().map(|ca| self.base_dir.join(ca));
+        let mut client = None;
+        if let (Some(name), Some(path)) = (&tls.client_ca, &client_ca) {
+            let at = format!("listeners[{i}].tls.client_ca");
+            match self.read_file(at.clone(), name) {
+                Some(pem) => {
+                    match crate::tls::parse_client_verifier(path, &pem, client_auth_required) {
+                        Ok(verifier) => client = Some((verifier, client_auth_required)),
+                        Err(e) => {
+                            self.error("invalid_certificate", at, e.to_string());
+                            ok = false;
+                        }
+                    }
+                }
+                None => ok = false,
+            }
+        }
+        ok.then(|| {
+            (
+                crate::tls::ListenerTlsSpec {
+                    certificates: paths,
+                    client_ca,
+                    client_auth_required,
+                },
+                Arc::new(crate::tls::ListenerMaterial::assemble(loaded, client)),
+            )
         })
     }
 

@@ -80,8 +80,12 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 
 /// Reads every certificate of a PEM file.
 pub fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = read(path)?;
-    let chain = CertificateDer::pem_slice_iter(&pem)
+    parse_chain(path, &read(path)?)
+}
+
+/// Every certificate of PEM text read from `path`.
+fn parse_chain(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let chain = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError::Chain {
             path: path.to_path_buf(),
@@ -101,9 +105,8 @@ pub fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     Ok(chain)
 }
 
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = read(path)?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| TlsError::Key {
+fn parse_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| TlsError::Key {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })
@@ -111,8 +114,19 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 
 /// Loads a chain and its key and checks that they belong together.
 pub fn load_cert(cert_file: &Path, key_file: &Path) -> Result<LoadedCert, TlsError> {
-    let chain = read_chain(cert_file)?;
-    let key_der = read_key(key_file)?;
+    parse_cert(cert_file, &read(cert_file)?, key_file, &read(key_file)?)
+}
+
+/// `load_cert` over contents already read (so that what is served is
+/// exactly what was hashed into `config_version`).
+pub fn parse_cert(
+    cert_file: &Path,
+    cert_pem: &[u8],
+    key_file: &Path,
+    key_pem: &[u8],
+) -> Result<LoadedCert, TlsError> {
+    let chain = parse_chain(cert_file, cert_pem)?;
+    let key_der = parse_key(key_file, key_pem)?;
     let signing_key =
         rustls::crypto::ring::sign::any_supported_type(&key_der).map_err(|e| TlsError::Key {
             path: key_file.to_path_buf(),
@@ -193,8 +207,12 @@ pub fn fingerprint(der: &[u8]) -> String {
 
 /// Reads a CA bundle into a root store.
 pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    parse_roots(path, &read(path)?)
+}
+
+fn parse_roots(path: &Path, pem: &[u8]) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
-    for der in read_chain(path)? {
+    for der in parse_chain(path, pem)? {
         roots.add(der).map_err(|e| TlsError::Bundle {
             path: path.to_path_buf(),
             reason: e.to_string(),
@@ -208,7 +226,16 @@ pub fn client_verifier(
     path: &Path,
     required: bool,
 ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
-    let roots = Arc::new(load_roots(path)?);
+    parse_client_verifier(path, &read(path)?, required)
+}
+
+/// `client_verifier` over a bundle already read.
+pub fn parse_client_verifier(
+    path: &Path,
+    pem: &[u8],
+    required: bool,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let roots = Arc::new(parse_roots(path, pem)?);
     let builder = WebPkiClientVerifier::builder_with_provider(roots, crate::tls::provider());
     let builder = if required {
         builder

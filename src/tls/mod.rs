@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 pub use client::{client_config, UpstreamTlsSpec};
 pub use material::{
-    fingerprint, load_cert, load_roots, read_chain, CertInfo, LoadedCert, TlsError,
+    fingerprint, load_cert, load_roots, parse_cert, parse_client_verifier, read_chain, CertInfo,
+    LoadedCert, TlsError,
 };
 pub use store::{CertStore, ListenerMaterial, ListenerTlsSpec, Material};
 

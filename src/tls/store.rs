@@ -18,7 +18,7 @@ use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 use rustls_pki_types::{CertificateDer, UnixTime};
 
-use super::material::{client_verifier, load_cert, CertInfo, TlsError};
+use super::material::{client_verifier, load_cert, CertInfo, LoadedCert, TlsError};
 
 /// A TLS listener's certificate configuration (paths resolved).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,25 +55,40 @@ impl std::fmt::Debug for ListenerMaterial {
 impl ListenerMaterial {
     /// Loads and checks everything a listener's TLS section names.
     pub fn load(spec: &ListenerTlsSpec) -> Result<Self, TlsError> {
+        let certificates = spec
+            .certificates
+            .iter()
+            .map(|(cert, key)| load_cert(cert, key))
+            .collect::<Result<Vec<_>, _>>()?;
+        let client = match &spec.client_ca {
+            Some(ca) => Some((
+                client_verifier(ca, spec.client_auth_required)?,
+                spec.client_auth_required,
+            )),
+            None => None,
+        };
+        Ok(Self::assemble(certificates, client))
+    }
+
+    /// Indexes loaded certificates by name (the first is the default) and
+    /// adds the client verifier with whether it is required.
+    pub fn assemble(
+        certificates: Vec<LoadedCert>,
+        client: Option<(Arc<dyn ClientCertVerifier>, bool)>,
+    ) -> Self {
         let mut material = ListenerMaterial {
             exact: HashMap::new(),
             wildcard: HashMap::new(),
             default: None,
             certificates: Vec::new(),
-            client: None,
+            client: client.map(|(verifier, required)| ClientCa { verifier, required }),
         };
-        for (cert, key) in &spec.certificates {
-            let loaded = load_cert(cert, key)?;
+        for loaded in certificates {
             for name in &loaded.info.names {
+                let key = Arc::clone(&loaded.key);
                 match name.strip_prefix("*.") {
-                    Some(suffix) => material
-                        .wildcard
-                        .entry(format!(".{suffix}"))
-                        .or_insert_with(|| Arc::clone(&loaded.key)),
-                    None => material
-                        .exact
-                        .entry(name.clone())
-                        .or_insert_with(|| Arc::clone(&loaded.key)),
+                    Some(suffix) => material.wildcard.entry(format!(".{suffix}")).or_insert(key),
+                    None => material.exact.entry(name.clone()).or_insert(key),
                 };
             }
             material
@@ -81,13 +96,7 @@ impl ListenerMaterial {
                 .get_or_insert_with(|| Arc::clone(&loaded.key));
             material.certificates.push(loaded.info);
         }
-        if let Some(ca) = &spec.client_ca {
-            material.client = Some(ClientCa {
-                verifier: client_verifier(ca, spec.client_auth_required)?,
-                required: spec.client_auth_required,
-            });
-        }
-        Ok(material)
+        material
     }
 
     /// The certificate for an SNI name: exact, then the longest wildcard,
