@@ -93,3 +93,24 @@ pub fn parse(
         ))),
     }
 }
+
+/// Extracts a candidate from any of its request forms: query metadata,
+/// Content-Type and a body of at most `MAX_BODY` bytes (413 beyond).
+pub struct CandidateRequest(pub Candidate);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for CandidateRequest {
+    type Rejection = axum::response::Response;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
+        use axum::response::IntoResponse;
+        let query = axum::extract::Query::<CandidateQuery>::try_from_uri(req.uri())
+            .map_err(IntoResponse::into_response)?;
+        let headers = req.headers().clone();
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        parse(query.0, &headers, &body)
+            .map(CandidateRequest)
+            .map_err(IntoResponse::into_response)
+    }
+}

@@ -12,7 +12,7 @@ mod security;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -20,6 +20,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
+use candidate::CandidateRequest;
 pub use error::ApiError;
 pub use security::Security;
 
@@ -64,41 +65,29 @@ type Shared = State<Arc<Control>>;
 
 async fn validate(
     State(control): Shared,
-    query: Query<candidate::CandidateQuery>,
-    headers: HeaderMap,
-    body: Bytes,
+    CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    let candidate = candidate::parse(query.0, &headers, &body)?;
     Ok(Json(control.validate_async(candidate).await?).into_response())
 }
 
 async fn preview(
     State(control): Shared,
-    query: Query<candidate::CandidateQuery>,
-    headers: HeaderMap,
-    body: Bytes,
+    CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    let candidate = candidate::parse(query.0, &headers, &body)?;
     Ok(Json(control.preview_async(candidate).await?).into_response())
 }
 
 async fn activate(
     State(control): Shared,
-    query: Query<candidate::CandidateQuery>,
-    headers: HeaderMap,
-    body: Bytes,
+    CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    let candidate = candidate::parse(query.0, &headers, &body)?;
     Ok(Json(control.activate(candidate, OperationKind::Activate).await?).into_response())
 }
 
 async fn reload(
     State(control): Shared,
-    query: Query<candidate::CandidateQuery>,
-    headers: HeaderMap,
-    body: Bytes,
+    CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    let candidate = candidate::parse(query.0, &headers, &body)?;
     Ok(Json(control.activate(candidate, OperationKind::Reload).await?).into_response())
 }
 
@@ -171,11 +160,8 @@ async fn drain(State(control): Shared) -> Result<Response, ApiError> {
 /// own file by `config_path`) restarts on the active configuration.
 async fn upgrade(
     State(control): Shared,
-    query: Query<candidate::CandidateQuery>,
-    headers: HeaderMap,
-    body: Bytes,
+    CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    let candidate = candidate::parse(query.0, &headers, &body)?;
     let config = match candidate.source {
         CandidateSource::Text(text) => Some(text),
         CandidateSource::Path(None) => None,
