@@ -67,14 +67,14 @@ async fn validate(
     State(control): Shared,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    Ok(Json(control.validate_async(candidate).await?).into_response())
+    Ok(Json(control.validate(candidate).await?).into_response())
 }
 
 async fn preview(
     State(control): Shared,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    Ok(Json(control.preview_async(candidate).await?).into_response())
+    Ok(Json(control.preview(candidate).await?).into_response())
 }
 
 async fn activate(
@@ -144,7 +144,7 @@ async fn reload_certs(
             "reload-certs takes application/json".into(),
         ));
     };
-    Ok(Json(control.reload_certs_async(body.listeners).await?).into_response())
+    Ok(Json(control.reload_certs(body.listeners).await?).into_response())
 }
 
 async fn drain(State(control): Shared) -> Result<Response, ApiError> {

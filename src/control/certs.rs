@@ -45,7 +45,10 @@ impl Control {
     /// Re-reads the certificate material of the active configuration's TLS
     /// listeners (all, or those named) and swaps it in one step; on any
     /// failure nothing changes.
-    pub fn reload_certs(&self, only: Option<Vec<String>>) -> Result<CertReload, ControlError> {
+    pub(super) fn reload_certs_now(
+        &self,
+        only: Option<Vec<String>>,
+    ) -> Result<CertReload, ControlError> {
         let started = Instant::now();
         let result = self.try_reload_certs(only, started);
         let outcome = if result.is_ok() {

@@ -230,16 +230,16 @@ impl Control {
 
     /// Plans a candidate against the active generation. Pure: binds,
     /// writes and records nothing.
-    pub fn validate(&self, candidate: &Candidate) -> Result<Plan, ControlError> {
+    fn plan_candidate(&self, candidate: &Candidate) -> Result<Plan, ControlError> {
         let text = candidate::read(&candidate.source, &self.config_file)?;
         let active = self.store.load_full();
         Ok(plan::plan(&text, Some((active.id, &active.spec))))
     }
 
     /// Plans like `validate` and records the preview in the operation log.
-    pub fn preview(&self, candidate: &Candidate) -> Result<RecordedPlan, ControlError> {
+    fn preview_now(&self, candidate: &Candidate) -> Result<RecordedPlan, ControlError> {
         let started = Instant::now();
-        let plan = self.validate(candidate)?;
+        let plan = self.plan_candidate(candidate)?;
         let outcome = if plan.activatable {
             Outcome::Succeeded
         } else {
@@ -271,30 +271,29 @@ impl Control {
             .map_err(|e| ControlError::Internal(e.to_string()))?
     }
 
-    /// `validate` off the data plane's threads.
-    pub async fn validate_async(
-        self: &Arc<Self>,
-        candidate: Candidate,
-    ) -> Result<Plan, ControlError> {
-        self.off_the_data_plane(move |c| c.validate(&candidate))
+    /// Plans a candidate against the active generation. Pure: binds,
+    /// writes and records nothing. Runs off the data plane's threads.
+    pub async fn validate(self: &Arc<Self>, candidate: Candidate) -> Result<Plan, ControlError> {
+        self.off_the_data_plane(move |c| c.plan_candidate(&candidate))
             .await
     }
 
-    /// `preview` off the data plane's threads.
-    pub async fn preview_async(
+    /// Plans like `validate` and records the preview in the operation log.
+    pub async fn preview(
         self: &Arc<Self>,
         candidate: Candidate,
     ) -> Result<RecordedPlan, ControlError> {
-        self.off_the_data_plane(move |c| c.preview(&candidate))
+        self.off_the_data_plane(move |c| c.preview_now(&candidate))
             .await
     }
 
-    /// `reload_certs` off the data plane's threads.
-    pub async fn reload_certs_async(
+    /// Re-reads listener certificate material; see `reload_certs_now`.
+    pub async fn reload_certs(
         self: &Arc<Self>,
         only: Option<Vec<String>>,
     ) -> Result<CertReload, ControlError> {
-        self.off_the_data_plane(move |c| c.reload_certs(only)).await
+        self.off_the_data_plane(move |c| c.reload_certs_now(only))
+            .await
     }
 
     /// Plans, builds and commits a candidate (`activate` and `reload`).
