@@ -255,25 +255,7 @@ async fn sigterm_drains_in_flight_requests_then_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_cuts_endless_streams_at_the_deadline_and_sends_goaway() {
     use http_body_util::BodyExt;
-    use std::sync::Arc;
-    // Streams one chunk every 100 ms, forever.
-    let backend = Backend::start(Arc::new(|_req| {
-        Box::pin(async move {
-            let (mut tx, body) =
-                http_body_util::channel::Channel::<bytes::Bytes, std::io::Error>::new(4);
-            tokio::spawn(async move {
-                while tx
-                    .send_data(bytes::Bytes::from_static(b"tick\n"))
-                    .await
-                    .is_ok()
-                {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            });
-            hyper::Response::new(body.boxed())
-        })
-    }))
-    .await;
+    let backend = ticking_backend(Duration::from_millis(100)).await;
     let mut gw = Gateway::start(&slow_backend_config(backend.addr, "2s"));
     let web = gw.listener("web");
 
@@ -784,24 +766,7 @@ async fn upgraded_connections_are_tunnelled_and_survive_activations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_pinned_age_ends_superseded_streaming_responses() {
     use http_body_util::BodyExt;
-    use std::sync::Arc;
-    let backend = Backend::start(Arc::new(|_req| {
-        Box::pin(async move {
-            let (mut tx, body) =
-                http_body_util::channel::Channel::<bytes::Bytes, std::io::Error>::new(4);
-            tokio::spawn(async move {
-                while tx
-                    .send_data(bytes::Bytes::from_static(b"tick\n"))
-                    .await
-                    .is_ok()
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            });
-            hyper::Response::new(body.boxed())
-        })
-    }))
-    .await;
+    let backend = ticking_backend(Duration::from_millis(50)).await;
     let base = slow_backend_config(backend.addr, "5s")
         .replace("[runtime]\n", "[runtime]\nmax_pinned_age = \"1s\"\n");
     let gw = Gateway::start(&base);
@@ -850,4 +815,26 @@ async fn max_pinned_age_ends_superseded_streaming_responses() {
         after > Duration::from_millis(800) && after < Duration::from_millis(2500),
         "ended {after:?} after the activation"
     );
+}
+
+/// A backend whose responses stream one chunk every `every`, forever.
+async fn ticking_backend(every: Duration) -> Backend {
+    use http_body_util::BodyExt;
+    Backend::start(std::sync::Arc::new(move |_req| {
+        Box::pin(async move {
+            let (mut tx, body) =
+                http_body_util::channel::Channel::<bytes::Bytes, std::io::Error>::new(4);
+            tokio::spawn(async move {
+                while tx
+                    .send_data(bytes::Bytes::from_static(b"tick\n"))
+                    .await
+                    .is_ok()
+                {
+                    tokio::time::sleep(every).await;
+                }
+            });
+            hyper::Response::new(body.boxed())
+        })
+    }))
+    .await
 }
