@@ -1,15 +1,9 @@
 //! The admin API and `cutover ctl` against the real binary.
 
+use serde_json::Value;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::Request;
-use serde_json::Value;
 
 use crate::harness::*;
 
@@ -311,45 +305,7 @@ async fn a_thousand_activations_under_load() {
     let gw = Gateway::start(&config_a);
     let web = gw.listener("web");
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let answered = Arc::new(AtomicU64::new(0));
-    let mut clients = Vec::new();
-    for _ in 0..32 {
-        let (stop, answered) = (Arc::clone(&stop), Arc::clone(&answered));
-        clients.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(web)
-                .await
-                .map_err(|e| e.to_string())?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            while !stop.load(Ordering::Relaxed) {
-                let req = Request::builder()
-                    .uri("/")
-                    .header("host", "a")
-                    .body(Full::new(Bytes::new()))
-                    .unwrap();
-                let response = sender
-                    .send_request(req)
-                    .await
-                    .map_err(|e| format!("connection error: {e}"))?;
-                let status = response.status();
-                let body = response
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .to_bytes();
-                if !status.is_success() || !(body == "A" || body == "B") {
-                    return Err(format!("unexpected {status} {body:?}"));
-                }
-                answered.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<_, String>(())
-        }));
-    }
+    let load = KeepAliveLoad::start(web, 32, &["A", "B"]);
     // Warm-up under the same load: connections open, pools and metric
     // families exist, and the operation log reaches its 256-entry bound.
     // Memory is measured from there: what must not grow is the cost per
@@ -365,15 +321,15 @@ async fn a_thousand_activations_under_load() {
             activate(&gw, config, &format!("?expected_generation={}", i + 1)).await;
         assert_eq!(status, 200, "activation {i}: {body}");
     }
-    stop.store(true, Ordering::Relaxed);
-    for client in clients {
-        client.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
+    let answered = load.answered();
+    for client in load.stop().await {
+        client.unwrap_or_else(|e| panic!("{e}"));
     }
     assert_eq!(gw.active_generation().await, 1 + warm_up + 1000);
-    assert!(answered.load(Ordering::Relaxed) > 1000);
+    assert!(answered > 1000);
     let (rss_after, _) = gw.memory_kib();
     let growth = rss_after as f64 / rss_before as f64;
-    eprintln!("1000 activations under load: {} responses, RSS {rss_before} KiB -> {rss_after} KiB ({growth:.3}x)", answered.load(Ordering::Relaxed));
+    eprintln!("1000 activations under load: {answered} responses, RSS {rss_before} KiB -> {rss_after} KiB ({growth:.3}x)");
     assert!(
         growth < 1.10,
         "resident memory grew from {rss_before} KiB to {rss_after} KiB ({growth:.3}x)"

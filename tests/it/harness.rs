@@ -471,3 +471,86 @@ impl hyper::body::Body for Generated {
         hyper::body::SizeHint::with_exact(self.left)
     }
 }
+
+/// Keep-alive clients that send `GET /` back to back on one connection
+/// each until stopped. Any failed request, non-2xx answer, body outside
+/// `expected`, or connection closed by the gateway fails its client.
+pub struct KeepAliveLoad {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    answered: Arc<std::sync::atomic::AtomicU64>,
+    clients: Vec<tokio::task::JoinHandle<Result<std::collections::HashSet<Bytes>, String>>>,
+}
+
+impl KeepAliveLoad {
+    pub fn start(
+        addr: SocketAddr,
+        connections: usize,
+        expected: &'static [&'static str],
+    ) -> KeepAliveLoad {
+        use std::sync::atomic::Ordering;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answered = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let clients = (0..connections)
+            .map(|_| {
+                let (stop, answered) = (Arc::clone(&stop), Arc::clone(&answered));
+                tokio::spawn(async move {
+                    let stream = tokio::net::TcpStream::connect(addr)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let (mut sender, conn) =
+                        hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    let conn = tokio::spawn(conn);
+                    let mut seen = std::collections::HashSet::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let req = Request::builder()
+                            .uri("/")
+                            .header("host", "a")
+                            .body(Full::new(Bytes::new()))
+                            .unwrap();
+                        let response = sender
+                            .send_request(req)
+                            .await
+                            .map_err(|e| format!("request failed: {e}"))?;
+                        let status = response.status();
+                        let body = response
+                            .into_body()
+                            .collect()
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .to_bytes();
+                        if !status.is_success() || !expected.iter().any(|e| body == e.as_bytes()) {
+                            return Err(format!("unexpected answer {status} {body:?}"));
+                        }
+                        seen.insert(body);
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(sender);
+                    let _ = conn.await;
+                    Ok(seen)
+                })
+            })
+            .collect();
+        KeepAliveLoad {
+            stop,
+            answered,
+            clients,
+        }
+    }
+
+    pub fn answered(&self) -> u64 {
+        self.answered.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops every client; per client, the distinct bodies it saw, or
+    /// what went wrong.
+    pub async fn stop(self) -> Vec<Result<std::collections::HashSet<Bytes>, String>> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut out = Vec::new();
+        for client in self.clients {
+            out.push(client.await.unwrap_or_else(|e| Err(e.to_string())));
+        }
+        out
+    }
+}

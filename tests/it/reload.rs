@@ -1,12 +1,8 @@
 //! Generations under reload: pinning, and zero errors while swapping.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use tokio::sync::Notify;
 
@@ -78,72 +74,23 @@ async fn zero_errors_while_reloading_200_times() {
     let gw = Gateway::start(&config_a);
     let web = gw.listener("web");
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicU64::new(0));
-    let mut clients = Vec::new();
-    for _ in 0..32 {
-        let (stop, ok) = (Arc::clone(&stop), Arc::clone(&ok));
-        clients.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(web)
-                .await
-                .map_err(|e| e.to_string())?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .map_err(|e| e.to_string())?;
-            let conn = tokio::spawn(conn);
-            let mut seen = HashSet::new();
-            while !stop.load(Ordering::Relaxed) {
-                let req = Request::builder()
-                    .uri("/")
-                    .header("host", "a")
-                    .body(Full::new(Bytes::new()))
-                    .unwrap();
-                let response = sender
-                    .send_request(req)
-                    .await
-                    .map_err(|e| format!("request failed: {e}"))?;
-                let status = response.status();
-                let body = response
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .to_bytes();
-                if status != 200 || !(body == "A" || body == "B") {
-                    return Err(format!("unexpected answer {status} {body:?}"));
-                }
-                seen.insert(body);
-                ok.fetch_add(1, Ordering::Relaxed);
-            }
-            drop(sender);
-            let _ = conn.await;
-            Ok::<_, String>(seen.len())
-        }));
-    }
+    let load = KeepAliveLoad::start(web, 32, &["A", "B"]);
 
     for i in 0..200u64 {
         gw.write_config(if i % 2 == 0 { &config_b } else { &config_a });
         gw.signal("HUP");
         gw.wait_generation(i + 2).await;
     }
-    stop.store(true, Ordering::Relaxed);
+    let answered = load.answered();
     let mut saw_both = 0;
-    for client in clients {
-        let seen = client
-            .await
-            .unwrap()
-            .unwrap_or_else(|e| panic!("client error: {e}\n{}", gw.logs()));
-        if seen == 2 {
+    for client in load.stop().await {
+        let seen = client.unwrap_or_else(|e| panic!("client error: {e}\n{}", gw.logs()));
+        if seen.len() == 2 {
             saw_both += 1;
         }
     }
     assert_eq!(gw.active_generation().await, 201);
-    assert!(
-        ok.load(Ordering::Relaxed) > 1000,
-        "too few requests: {}",
-        ok.load(Ordering::Relaxed)
-    );
+    assert!(answered > 1000, "too few requests: {answered}");
     assert!(
         saw_both > 0,
         "no connection saw both backends: keep-alive requests did not follow the swaps"
