@@ -319,12 +319,7 @@ impl Control {
         kind: OperationKind,
         started: Instant,
     ) -> Result<Activation, ControlError> {
-        let _operation = self
-            .operation
-            .try_lock()
-            .map_err(|_| ControlError::InProgress)?;
-        self.check_running()?;
-        let active = self.store.load_full();
+        let (_operation, active) = self.begin_change()?;
         if candidate.expected_generation.is_none()
             && active.spec.admin.require_expected_generation
             && kind == OperationKind::Activate
@@ -375,12 +370,7 @@ impl Control {
         request: &RollbackRequest,
         started: Instant,
     ) -> Result<Activation, ControlError> {
-        let _operation = self
-            .operation
-            .try_lock()
-            .map_err(|_| ControlError::InProgress)?;
-        self.check_running()?;
-        let active = self.store.load_full();
+        let (_operation, active) = self.begin_change()?;
         let target = request.target_generation;
         let record = self
             .history()
@@ -414,6 +404,19 @@ impl Control {
             text,
         };
         self.commit(&active, plan, meta, started)
+    }
+
+    /// Starts a mutating operation: the one-writer lock (409 while another
+    /// runs), a running process (503 while draining), the active generation.
+    fn begin_change(
+        &self,
+    ) -> Result<(tokio::sync::MutexGuard<'_, ()>, Arc<Generation>), ControlError> {
+        let guard = self
+            .operation
+            .try_lock()
+            .map_err(|_| ControlError::InProgress)?;
+        self.check_running()?;
+        Ok((guard, self.store.load_full()))
     }
 
     fn check_running(&self) -> Result<(), ControlError> {
