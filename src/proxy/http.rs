@@ -343,12 +343,18 @@ fn upstream_request(
     origin_form: bool,
 ) -> Result<Request<Incoming>, ProxyError> {
     let (mut parts, body) = req.into_parts();
-    let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-        parts
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    });
+    // HTTP/2 and absolute-form requests carry the host in the URI; the
+    // upstream request, in origin-form, needs it as a header.
+    let original_host = parts.headers.get(header::HOST).cloned();
+    let authority_host = original_host
+        .is_none()
+        .then(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        })
+        .flatten();
     let path_and_query = parts
         .uri
         .path_and_query()
@@ -370,9 +376,11 @@ fn upstream_request(
     parts.version = backend.version;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
-    if let Some(host) = &original_host {
-        headers.insert(header::HOST, host.clone());
+    if let Some(host) = authority_host {
         headers.insert(X_FORWARDED_HOST, host.clone());
+        headers.insert(header::HOST, host);
+    } else if let Some(host) = original_host {
+        headers.insert(X_FORWARDED_HOST, host);
     }
     if let Some(protocol) = upgrade {
         headers.insert(header::UPGRADE, protocol.clone());
@@ -459,7 +467,7 @@ fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
 
 /// Headers that describe one connection and must not cross the proxy
 /// (RFC 9110 §7.6.1), plus any the `Connection` header names.
-const HOP_BY_HOP: [HeaderName; 8] = [
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -471,6 +479,14 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of them: one pass over the names is much
+    // cheaper than ten hashed removals.
+    if !headers
+        .keys()
+        .any(|name| HOP_BY_HOP.contains(name) || name == header::TRANSFER_ENCODING)
+    {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -535,4 +551,42 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(n, v)| (HeaderName::from_static(n), HeaderValue::from_static(v)))
+            .collect()
+    }
+
+    #[test]
+    fn stripping_leaves_end_to_end_headers_alone() {
+        let mut h = headers(&[("content-length", "5"), ("x-app", "1"), ("date", "now")]);
+        let before = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
+    }
+
+    #[test]
+    fn stripping_removes_hop_by_hop_and_connection_named_headers() {
+        let mut h = headers(&[
+            ("connection", "close, x-session"),
+            ("x-session", "abc"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("x-app", "1"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, headers(&[("x-app", "1")]));
+        // A lone Transfer-Encoding is framing: gone as well.
+        let mut h = headers(&[("transfer-encoding", "chunked"), ("x-app", "1")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, headers(&[("x-app", "1")]));
+    }
 }

@@ -204,6 +204,35 @@ async fn refuses_oversized_heads_and_smuggling_forms() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_header_count_limit_is_enforced() {
+    let gw = Gateway::start(
+        r#"[admin]
+bind = "127.0.0.1:0"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+max_headers = 10
+
+[[routes]]
+name = "hello"
+listeners = ["web"]
+respond = { body = "hi" }
+"#,
+    );
+    let web = gw.listener("web");
+    let with_headers = |n: usize| {
+        let mut req = Request::builder().uri("/").header("host", "a.test");
+        for i in 1..n {
+            req = req.header(format!("x-h{i}"), "v");
+        }
+        req.body(Full::new(Bytes::new())).unwrap()
+    };
+    assert_eq!(send(web, with_headers(10)).await.unwrap().0, 200);
+    assert_eq!(send(web, with_headers(11)).await.unwrap().0, 431);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_read_timeout_answers_408() {
     let gw = Gateway::start(
         r#"[admin]
