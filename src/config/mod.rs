@@ -68,7 +68,9 @@ pub fn parse(text: &str) -> Result<FileConfig, Vec<Diagnostic>> {
             .map(|e| toml_error("syntax_error", "", e, &map))
             .collect());
     }
-    let map = SourceMap::new(text, Some(root.clone()));
+    // Decoding consumes the parse tree, so positions found by path come
+    // from a second parse, paid only by a configuration with errors.
+    let map = SourceMap::new(text, None);
     let mut decoder = Decoder {
         map: &map,
         diagnostics: Vec::new(),
@@ -122,10 +124,19 @@ pub fn parse(text: &str) -> Result<FileConfig, Vec<Diagnostic>> {
         }
     }
     if decoder.diagnostics.is_empty() {
-        Ok(config)
-    } else {
-        Err(decoder.diagnostics)
+        return Ok(config);
     }
+    let mut diagnostics = decoder.diagnostics;
+    if diagnostics.iter().any(|d| d.line.is_none()) {
+        let map = SourceMap::new(text, DeTable::parse(text).ok());
+        for d in diagnostics.iter_mut().filter(|d| d.line.is_none()) {
+            if let Some((line, column)) = map.locate(&d.path) {
+                d.line = Some(line);
+                d.column = Some(column);
+            }
+        }
+    }
+    Err(diagnostics)
 }
 
 /// Serializes a configuration into its canonical text: defaults filled in,
@@ -141,13 +152,7 @@ struct Decoder<'m, 'a> {
 }
 
 impl Decoder<'_, '_> {
-    fn push(&mut self, mut d: Diagnostic) {
-        if d.line.is_none() {
-            if let Some((line, column)) = self.map.locate(&d.path) {
-                d.line = Some(line);
-                d.column = Some(column);
-            }
-        }
+    fn push(&mut self, d: Diagnostic) {
         self.diagnostics.push(d);
     }
 

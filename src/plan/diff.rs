@@ -75,8 +75,14 @@ pub fn diff(
     to: &FileConfig,
     to_canonical: &str,
 ) -> Diff {
-    let a = split_domains(from, to);
-    let b = split_domains(to, from);
+    // The text diff of a large configuration costs about twice the typed
+    // one: do both at once.
+    let large = from.routes.len().max(to.routes.len()) >= super::PARALLEL_FROM_ROUTES;
+    let (text, (a, b)) = super::in_parallel(
+        large,
+        || text_diff(from_canonical, from_label, to_canonical),
+        || (split_domains(from, to), split_domains(to, from)),
+    );
     let mut changes = Vec::new();
     for (key, before) in &a {
         match b.get(key) {
@@ -101,20 +107,42 @@ pub fn diff(
             summary.restart_required += 1;
         }
     }
-    let text = if from_canonical == to_canonical {
-        String::new()
-    } else {
-        similar::TextDiff::from_lines(from_canonical, to_canonical)
-            .unified_diff()
-            .context_radius(3)
-            .header(from_label, "candidate")
-            .to_string()
-    };
     Diff {
         changes,
         summary,
         text,
     }
+}
+
+/// A unified diff of two canonical texts, three lines of context, as
+/// `similar`'s `TextDiff::unified_diff` writes it. Lines are compared as
+/// they are instead of being hashed into ids first, which was most of the
+/// cost of diffing 10 000 routes.
+fn text_diff(from: &str, from_label: &str, to: &str) -> String {
+    use similar::ChangeTag;
+    use std::fmt::Write as _;
+    if from == to {
+        return String::new();
+    }
+    let old: Vec<&str> = from.split_inclusive('\n').collect();
+    let new: Vec<&str> = to.split_inclusive('\n').collect();
+    let ops = similar::capture_diff_slices(similar::Algorithm::Myers, &old, &new);
+    let mut out = format!("--- {from_label}\n+++ candidate\n");
+    for hunk in similar::group_diff_ops(ops, 3) {
+        let _ = writeln!(out, "{}", similar::udiff::UnifiedHunkHeader::new(&hunk));
+        for change in hunk.iter().flat_map(|op| op.iter_changes(&old, &new)) {
+            out.push(match change.tag() {
+                ChangeTag::Equal => ' ',
+                ChangeTag::Delete => '-',
+                ChangeTag::Insert => '+',
+            });
+            out.push_str(change.value());
+            if !change.value().ends_with('\n') {
+                out.push_str("\n\\ No newline at end of file\n");
+            }
+        }
+    }
+    out
 }
 
 /// Where an entity lives: its domain, its name, and its path prefix.
@@ -327,6 +355,35 @@ fn flatten(path: &str, before: &Value, after: &Value, out: &mut Vec<FieldChange>
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn text_diff_matches_similars_unified_diff() {
+        let base: String = (0..60).map(|i| format!("line {i}\n")).collect();
+        let edited = base
+            .replace("line 3\n", "line three\n")
+            .replace("line 30\n", "")
+            .replace("line 50\n", "line 50\nline 50b\n");
+        let cases = [
+            (base.as_str(), edited.as_str()),
+            ("a\nb\nc\n", "a\nb\nc"),
+            ("a\nb", "a\nc"),
+            ("", "x = 1\n"),
+            ("x = 1\n", ""),
+        ];
+        for (from, to) in cases {
+            let expected = similar::TextDiff::from_lines(from, to)
+                .unified_diff()
+                .context_radius(3)
+                .header("generation 1", "candidate")
+                .to_string();
+            assert_eq!(
+                text_diff(from, "generation 1", to),
+                expected,
+                "{from:?} -> {to:?}"
+            );
+        }
+        assert_eq!(text_diff(&base, "generation 1", &base), "");
+    }
     use super::*;
     use crate::config::{canonical, parse};
 

@@ -62,6 +62,36 @@ impl Plan {
     }
 }
 
+/// Configurations with at least this many routes are planned on two
+/// threads; below it, starting a thread costs more than it saves.
+const PARALLEL_FROM_ROUTES: usize = 500;
+
+/// Runs `side` on a second thread while `main` runs on this one when
+/// `worth_it`, and both here otherwise (also when no thread can start).
+fn in_parallel<A: Send, B>(
+    worth_it: bool,
+    side: impl Fn() -> A + Sync,
+    main: impl FnOnce() -> B,
+) -> (A, B) {
+    if !worth_it {
+        return (side(), main());
+    }
+    std::thread::scope(|scope| {
+        let spawned = std::thread::Builder::new()
+            .name("cutover-plan".into())
+            .spawn_scoped(scope, &side);
+        let b = main();
+        let a = match spawned {
+            Ok(handle) => match handle.join() {
+                Ok(a) => a,
+                Err(panic) => std::panic::resume_unwind(panic),
+            },
+            Err(_) => side(),
+        };
+        (a, b)
+    })
+}
+
 const RESTART_ACTION: &str = "apply with a drain-aware restart (POST /admin/lifecycle/upgrade)";
 
 /// Plans `candidate` against the active generation (`None` at start-up).
@@ -121,5 +151,65 @@ pub fn plan(candidate: &ConfigText, active: Option<(GenerationId, &Spec)>) -> Pl
         rejected,
         diff,
         spec: Some(Arc::new(spec)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `routes` routes, each on its own upstream-less direct response
+    /// except `bad`, which names an upstream that does not exist.
+    fn large(routes: usize, bad: Option<usize>, timeout: &str) -> ConfigText {
+        let mut text = String::from("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n");
+        for i in 0..routes {
+            let action = if Some(i) == bad {
+                "upstream = \"missing\"".to_owned()
+            } else {
+                "respond = { body = \"ok\" }".to_owned()
+            };
+            text.push_str(&format!(
+                "\n[[routes]]\nname = \"r{i}\"\nlisteners = [\"web\"]\npath_prefix = \"/r{i}/\"\ntimeout = \"{timeout}\"\n{action}\n"
+            ));
+        }
+        ConfigText::inline(text, ".".into(), "<test>")
+    }
+
+    #[test]
+    fn large_configurations_plan_on_two_threads_with_the_same_results() {
+        let routes = PARALLEL_FROM_ROUTES + 100;
+        let spec = validate(&large(routes, None, "30s")).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(spec.routes.len(), routes);
+        assert_eq!(spec.canonical, crate::config::canonical(&spec.file));
+        let again = validate(&large(routes, None, "30s")).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(spec.config_version, again.config_version);
+
+        // Errors found while the canonical text is written elsewhere are
+        // all reported, with their positions.
+        let errors = validate(&large(routes, Some(routes - 3), "30s"))
+            .err()
+            .unwrap_or_default();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].code, "unknown_upstream");
+        assert!(errors[0].line.is_some_and(|l| l > 3000), "{errors:?}");
+
+        let plan = plan(
+            &large(routes, None, "5s"),
+            Some((GenerationId::FIRST, &spec)),
+        );
+        assert!(plan.activatable);
+        assert_eq!(plan.diff.summary.modified, routes);
+        assert!(plan
+            .diff
+            .text
+            .starts_with("--- generation 1\n+++ candidate\n@@ "));
+    }
+
+    #[test]
+    fn work_split_over_two_threads_returns_both_results() {
+        for worth_it in [false, true] {
+            let (a, b) = in_parallel(worth_it, || 6 * 7, || "main");
+            assert_eq!((a, b), (42, "main"));
+        }
     }
 }

@@ -159,20 +159,35 @@ impl Validator<'_> {
     }
 
     fn spec(&mut self, file: FileConfig) -> Option<Spec> {
-        let admin = self.admin(&file);
+        // Serializing a large configuration costs about as much as all
+        // the checks: do both at once.
+        let large = file.routes.len() >= super::PARALLEL_FROM_ROUTES;
+        let (canonical, checked) =
+            super::in_parallel(large, || config::canonical(&file), || self.checked(&file));
+        Some(Spec {
+            file,
+            canonical,
+            ..checked?
+        })
+    }
+
+    /// Every check; the spec it returns lacks only the file and its
+    /// canonical text.
+    fn checked(&mut self, file: &FileConfig) -> Option<Spec> {
+        let admin = self.admin(file);
         let metrics_bind = file
             .metrics
             .as_ref()
             .and_then(|m| self.socket_addr("metrics.bind".into(), &m.bind));
-        let log = self.log(&file);
-        let runtime = self.runtime(&file);
+        let log = self.log(file);
+        let runtime = self.runtime(file);
         let upstreams = self.upstreams(&file.upstreams);
-        let listeners = self.listeners(&file);
-        let routes = self.routes(&file);
+        let listeners = self.listeners(file);
+        let routes = self.routes(file);
         self.ambiguous_routes(&routes);
         Some(Spec {
-            canonical: config::canonical(&file),
-            file,
+            file: FileConfig::default(),
+            canonical: String::new(),
             config_version: String::new(),
             admin: admin?,
             metrics_bind,
