@@ -5,6 +5,8 @@
 //! of its group) and of `plan::validate` + `generation::build` as the
 //! configuration grows. Run: `cargo bench --bench routing`.
 
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 
@@ -18,38 +20,9 @@ use cutover::generation::{build, SharedState};
 use cutover::ids::GenerationId;
 use http::{HeaderMap, Method};
 
-/// A configuration with `n` routes over `n / 10` upstreams: a quarter
-/// exact hosts, a quarter wildcards, a quarter host-less prefixes, a
-/// quarter regexes.
+/// A configuration with `n` routes: see `common::mixed_config`.
 fn config(n: usize) -> String {
-    config_with(n, 0)
-}
-
-/// `config(n)` whose regexes are unique to `salt`, so nothing is cached.
-fn config_with(n: usize, salt: u64) -> String {
-    let mut out = String::from("[admin]\nbind = \"127.0.0.1:0\"\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n");
-    let upstreams = (n / 10).max(1);
-    for i in 0..n {
-        let matcher = match i % 4 {
-            0 => format!("hosts = [\"svc{i}.example.com\"]\npath_prefix = \"/api/{i}/\""),
-            1 => format!("hosts = [\"*.tenant{i}.example.com\"]\npath_prefix = \"/\""),
-            2 => format!("path_prefix = \"/static/{i}/\""),
-            _ => format!(
-                "hosts = [\"re{i}.example.com\"]\npath_regex = \"^/items/[0-9]+/{i}/{salt}$\""
-            ),
-        };
-        out.push_str(&format!(
-            "[[routes]]\nname = \"r{i}\"\nlisteners = [\"web\"]\n{matcher}\nupstream = \"u{}\"\n\n",
-            i % upstreams
-        ));
-    }
-    for u in 0..upstreams {
-        out.push_str(&format!(
-            "[upstreams.u{u}]\nbackends = [{{ addr = \"127.0.0.1:{}\" }}]\n\n",
-            10000 + u
-        ));
-    }
-    out
+    common::mixed_config(n, 0)
 }
 
 fn bench_route_match(c: &mut Criterion) {
@@ -61,6 +34,7 @@ fn bench_route_match(c: &mut Criterion) {
         let router = generation.router("web").expect("web router");
         let headers = HeaderMap::new();
         let last_prefix = (n - 1) - ((n - 1) % 4) + 2;
+        let last_regex = (n - 4) / 4 * 4 + 3;
         let cases = [
             (
                 "exact_host",
@@ -78,11 +52,23 @@ fn bench_route_match(c: &mut Criterion) {
                 format!("/static/{}/app.js", last_prefix.min(n - 1)),
             ),
             (
+                "regex",
+                format!("re{}.example.com", last_regex),
+                format!("/items/12345/{last_regex}/0"),
+            ),
+            (
                 "miss",
                 "unknown.test".to_owned(),
                 "/nothing/here".to_owned(),
             ),
         ];
+        let routed = router.route(
+            Some(&format!("re{last_regex}.example.com")),
+            &format!("/items/12345/{last_regex}/0"),
+            &Method::GET,
+            &headers,
+        );
+        assert!(routed.is_some(), "the regex case matches its route");
         for (name, host, path) in cases {
             group.bench_with_input(
                 BenchmarkId::new(name, n),
@@ -121,7 +107,7 @@ fn bench_generation_build(c: &mut Criterion) {
             b.iter_batched(
                 || {
                     salt += 1;
-                    ConfigText::inline(config_with(n, salt), ".".into(), "<bench>")
+                    ConfigText::inline(common::mixed_config(n, salt), ".".into(), "<bench>")
                 },
                 |text| {
                     let spec = Arc::new(cutover::plan::validate(&text).expect("validates"));

@@ -41,7 +41,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { config } => match cutover::run(cutover::Options { config }) {
+        Command::Run { config } => match cutover::run(cutover::Options {
+            config,
+            release_memory,
+        }) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("cutover: {error}");
@@ -50,6 +53,19 @@ fn main() -> ExitCode {
         },
         Command::Check { config } => check(&config),
         Command::Ctl(args) => ExitCode::from(cutover::ctl::run(args)),
+    }
+}
+
+/// Returns the pages mimalloc holds free to the system now, instead of at
+/// the next allocation on the same thread after its purge delay: an idle
+/// gateway that has just loaded 10 000 routes would otherwise keep the
+/// 30 MiB peak of parsing them resident.
+fn release_memory() {
+    // SAFETY: `mi_collect` has no preconditions; it only walks and purges
+    // mimalloc's own heaps, and mimalloc is this binary's allocator.
+    #[allow(unsafe_code)]
+    unsafe {
+        libmimalloc_sys::mi_collect(true)
     }
 }
 

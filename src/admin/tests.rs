@@ -73,6 +73,7 @@ fn admin_with(text: &str, token: Option<&str>) -> Admin {
     let phase = Arc::new(PhaseCell::default());
     phase.advance(Phase::Running);
     let control = Arc::new(Control::new(crate::control::ControlParts {
+        release_memory: || {},
         store,
         shared,
         listeners,

@@ -143,7 +143,10 @@ pub fn parse(text: &str) -> Result<FileConfig, Vec<Diagnostic>> {
 /// keys in a fixed order, comments and formatting gone. Two texts that mean
 /// the same configuration have the same canonical form.
 pub fn canonical(config: &FileConfig) -> String {
-    toml::to_string(config).unwrap_or_else(|e| format!("# unserializable configuration: {e}\n"))
+    let mut text = toml::to_string(config)
+        .unwrap_or_else(|e| format!("# unserializable configuration: {e}\n"));
+    text.shrink_to_fit();
+    text
 }
 
 struct Decoder<'m, 'a> {
@@ -191,11 +194,18 @@ impl Decoder<'_, '_> {
 
     fn array<T: DeserializeOwned>(&mut self, key: &str, value: Spanned<DeValue<'_>>) -> Vec<T> {
         match value.into_inner() {
-            DeValue::Array(items) => items
-                .into_iter()
-                .enumerate()
-                .filter_map(|(i, item)| self.decode(&format!("{key}[{i}]"), item))
-                .collect(),
+            DeValue::Array(items) => {
+                // Sized up front: a configuration is kept for as long as
+                // its generation, and growth by doubling wastes up to half.
+                let mut out = Vec::with_capacity(items.len());
+                out.extend(
+                    items
+                        .into_iter()
+                        .enumerate()
+                        .filter_map(|(i, item)| self.decode(&format!("{key}[{i}]"), item)),
+                );
+                out
+            }
             _ => {
                 self.push(Diagnostic::new(
                     "invalid_type",

@@ -124,6 +124,8 @@ pub struct ControlParts {
     pub config_file: PathBuf,
     pub log_level: LogLevel,
     pub phase: Arc<PhaseCell>,
+    /// See `Options::release_memory`.
+    pub release_memory: fn(),
 }
 
 /// The control plane of one process.
@@ -140,6 +142,7 @@ pub struct Control {
     log_level: LogLevel,
     phase: Arc<PhaseCell>,
     process: std::sync::OnceLock<Arc<dyn ProcessControl>>,
+    release_memory: fn(),
 }
 
 impl Control {
@@ -155,6 +158,7 @@ impl Control {
             log_level: parts.log_level,
             phase: parts.phase,
             process: std::sync::OnceLock::new(),
+            release_memory: parts.release_memory,
         }
     }
 
@@ -260,15 +264,20 @@ impl Control {
 
     /// Runs control-plane work (parsing, hashing files, building, fsync)
     /// on the blocking pool, so that an activation never stalls a worker
-    /// thread that is serving requests.
+    /// thread that is serving requests; then returns what its transient
+    /// allocations left free to the system.
     async fn off_the_data_plane<T: Send + 'static>(
         self: &Arc<Self>,
         work: impl FnOnce(&Control) -> Result<T, ControlError> + Send + 'static,
     ) -> Result<T, ControlError> {
         let this = Arc::clone(self);
-        tokio::task::spawn_blocking(move || work(&this))
-            .await
-            .map_err(|e| ControlError::Internal(e.to_string()))?
+        tokio::task::spawn_blocking(move || {
+            let done = work(&this);
+            (this.release_memory)();
+            done
+        })
+        .await
+        .map_err(|e| ControlError::Internal(e.to_string()))?
     }
 
     /// Plans a candidate against the active generation. Pure: binds,

@@ -140,14 +140,8 @@ pub fn build(
             RouteAction::Respond(response) => Action::Respond(response.clone()),
         };
         let route = Arc::new(Route {
-            name: r.name.clone(),
-            hosts: r.hosts.clone(),
-            path: r.path.clone(),
-            methods: r.methods.clone(),
-            headers: r.headers.clone(),
+            spec: Arc::clone(r),
             action,
-            timeout: r.timeout,
-            max_inflight: r.max_inflight,
             shared: shared.route(&r.name),
         });
         for listener in &r.listeners {
@@ -199,7 +193,7 @@ mod tests {
         let method = Method::from_bytes(method.as_bytes()).expect("method");
         g.router("web")?
             .route(Some(host), path, &method, &map)
-            .map(|r| r.name.as_str())
+            .map(|r| r.name())
     }
 
     const ROUTES: &str = r#"

@@ -35,7 +35,7 @@ struct RouteGroup {
 impl RouteGroup {
     /// Adds a route; routes must be added in declaration order.
     fn add(&mut self, route: Arc<Route>) {
-        match &route.path {
+        match &route.spec.path {
             PathMatch::Exact(p) => self.exact.entry(p.as_str().into()).or_default().push(route),
             PathMatch::Prefix(p) => {
                 let len = p.len();
@@ -83,7 +83,7 @@ impl RouteGroup {
         }
         self.regexes
             .iter()
-            .find(|r| r.path.matches(path) && r.matches_request(method, headers))
+            .find(|r| r.spec.path.matches(path) && r.matches_request(method, headers))
             .or_else(|| {
                 self.any_path
                     .iter()
@@ -113,12 +113,12 @@ impl Router {
     pub fn new(routes: impl IntoIterator<Item = Arc<Route>>) -> Self {
         let mut router = Router::default();
         for route in routes {
-            if route.hosts.is_empty() {
+            if route.spec.hosts.is_empty() {
                 router.any_host.add(route);
                 continue;
             }
             let mut seen: Vec<&HostMatch> = Vec::new();
-            for host in &route.hosts {
+            for host in &route.spec.hosts {
                 if seen.contains(&host) {
                     continue;
                 }

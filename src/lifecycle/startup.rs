@@ -30,6 +30,12 @@ use crate::tls::CertStore;
 #[derive(Debug, Clone)]
 pub struct Options {
     pub config: PathBuf,
+    /// Hands memory the allocator holds but no longer uses back to the
+    /// system. Called after loading a configuration (startup, each
+    /// activation), on the thread that loaded it: the transient peak of
+    /// parsing a large one would otherwise stay resident in an idle
+    /// process. The binary knows its allocator; the library does not.
+    pub release_memory: fn(),
 }
 
 /// Why the gateway could not start.
@@ -239,6 +245,7 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
 
     let shared = Arc::new(SharedState::default());
     let first = generation::build(Arc::clone(&spec), id, &shared)?;
+    (options.release_memory)();
     let store = Arc::new(GenerationStore::new(first));
     let admission = Admission::new(Arc::clone(&store));
     let certificates = Arc::new(CertStore::default());
@@ -304,6 +311,7 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
         config_file: options.config.clone(),
         log_level,
         phase: Arc::clone(&phase),
+        release_memory: options.release_memory,
     }));
     let scratch = state_dir.unwrap_or_else(std::env::temp_dir);
     let process = Process::new(options.config.clone(), control_sockets, scratch);

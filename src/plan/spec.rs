@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::pattern::PathRegex;
@@ -28,7 +29,8 @@ pub struct Spec {
     pub log: LogSpec,
     pub runtime: RuntimeSpec,
     pub listeners: Vec<ListenerSpec>,
-    pub routes: Vec<RouteSpec>,
+    /// Shared with the generation built from them.
+    pub routes: Vec<Arc<RouteSpec>>,
     pub upstreams: Vec<UpstreamSpec>,
 }
 

@@ -727,8 +727,8 @@ impl Validator<'_> {
         })
     }
 
-    fn routes(&mut self, file: &FileConfig) -> Vec<RouteSpec> {
-        let mut out = Vec::new();
+    fn routes(&mut self, file: &FileConfig) -> Vec<Arc<RouteSpec>> {
+        let mut out = Vec::with_capacity(file.routes.len());
         let mut names = HashSet::new();
         for (i, r) in file.routes.iter().enumerate() {
             let at = |field: &str| format!("routes[{i}].{field}");
@@ -741,7 +741,7 @@ impl Validator<'_> {
                 );
             }
             if let Some(route) = self.route(file, i, r) {
-                out.push(route);
+                out.push(Arc::new(route));
             }
         }
         out
@@ -822,11 +822,10 @@ impl Validator<'_> {
             Some(("path_regex", re)) => match PathRegex::new(re) {
                 Ok(re) => PathMatch::Regex(re),
                 Err(e) => {
-                    let first = e.to_string().lines().last().unwrap_or("").trim().to_owned();
                     self.error(
                         "invalid_regex",
                         at("path_regex"),
-                        format!("path_regex '{re}' does not compile: {first}"),
+                        format!("path_regex '{re}' does not compile: {e}"),
                     );
                     ok = false;
                     PathMatch::Any
@@ -992,7 +991,7 @@ impl Validator<'_> {
     /// Two routes on one listener that match exactly the same requests can
     /// never both be reached: the later one is dead configuration, and which
     /// one wins would depend on declaration order alone.
-    fn ambiguous_routes(&mut self, routes: &[RouteSpec]) {
+    fn ambiguous_routes(&mut self, routes: &[Arc<RouteSpec>]) {
         let mut seen: HashMap<MatchKey, Vec<(String, Vec<Method>)>> = HashMap::new();
         for route in routes {
             let headers = route

@@ -69,7 +69,7 @@ pub async fn handle(
         conn.http2.store(true, Ordering::Relaxed);
     }
     let (route, served) = serve(req, &conn, &generation, guard, started).await;
-    let route_name = route.map_or("-", |r| r.name.as_str());
+    let route_name = route.map_or("-", |r| r.name());
     let mut response = match served {
         Ok(response) => response,
         Err(error) => {
@@ -131,14 +131,11 @@ async fn serve<'g>(
         return (None, Err(ProxyError::NoRoute));
     };
     let result = serve_route(req, conn, route, guard).await;
-    route
-        .shared
-        .duration
-        .record(started.elapsed().as_secs_f64());
-    route.shared.record(match &result {
+    let status = match &result {
         Ok(r) => r.status().as_u16(),
         Err(e) => e.status().as_u16(),
-    });
+    };
+    route.shared.record(status, started.elapsed());
     (Some(route), result)
 }
 
@@ -185,7 +182,7 @@ async fn serve_route(
         .await;
     }
     let response =
-        match tokio::time::timeout(route.timeout, backend.client.request(upstream_req)).await {
+        match tokio::time::timeout(route.timeout(), backend.client.request(upstream_req)).await {
             Ok(Ok(response)) => {
                 backend.record(AttemptOutcome::Ok);
                 response
@@ -208,7 +205,7 @@ async fn serve_route(
             }
             Err(_) => {
                 backend.record(AttemptOutcome::Timeout);
-                return Err(ProxyError::UpstreamTimeout(route.timeout));
+                return Err(ProxyError::UpstreamTimeout(route.timeout()));
             }
         };
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -275,7 +272,7 @@ async fn driven_exchange(
             _ => ProxyError::Upstream(format!("{}: {error}", backend.key.addr)),
         }
     };
-    let deadline = tokio::time::Instant::now() + route.timeout;
+    let deadline = tokio::time::Instant::now() + route.timeout();
     let mut upstream = match pool.take() {
         Some(idle) => idle,
         None => {
@@ -288,7 +285,7 @@ async fn driven_exchange(
                 }
                 Err(_) => {
                     backend.record(AttemptOutcome::Timeout);
-                    return Err(ProxyError::UpstreamTimeout(route.timeout));
+                    return Err(ProxyError::UpstreamTimeout(route.timeout()));
                 }
             }
         }
@@ -301,7 +298,7 @@ async fn driven_exchange(
             Ok(Err(error)) => return Err(failed(AttemptOutcome::Error, error_chain(&error))),
             Err(_) => {
                 backend.record(AttemptOutcome::Timeout);
-                return Err(ProxyError::UpstreamTimeout(route.timeout));
+                return Err(ProxyError::UpstreamTimeout(route.timeout()));
             }
         };
     backend.record(AttemptOutcome::Ok);

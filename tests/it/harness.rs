@@ -25,6 +25,8 @@ pub struct Gateway {
     pub dir: tempfile::TempDir,
     pub config_path: PathBuf,
     pub admin: SocketAddr,
+    /// The metrics endpoint, when the configuration has one.
+    pub metrics: Option<SocketAddr>,
     pub listeners: Vec<(String, SocketAddr)>,
     pub stderr: Arc<Mutex<String>>,
     /// Processes started by upgrades (not our children): killed on drop.
@@ -80,6 +82,7 @@ impl Gateway {
         };
         let ready: Value = serde_json::from_str(&line).expect("ready line is JSON");
         let admin = ready["admin"].as_str().unwrap().parse().unwrap();
+        let metrics = ready["metrics"].as_str().map(|m| m.parse().unwrap());
         let listeners = ready["listeners"]
             .as_array()
             .unwrap()
@@ -96,6 +99,7 @@ impl Gateway {
             dir,
             config_path,
             admin,
+            metrics,
             listeners,
             stderr,
             adopted: Vec::new(),

@@ -233,6 +233,71 @@ respond = { body = "hi" }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_metrics_appear_with_the_first_request() {
+    let gw = Gateway::start(
+        r#"[admin]
+bind = "127.0.0.1:0"
+
+[metrics]
+bind = "127.0.0.1:0"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "busy"
+listeners = ["web"]
+path_prefix = "/busy"
+respond = { body = "hi" }
+
+[[routes]]
+name = "idle"
+listeners = ["web"]
+path_prefix = "/idle"
+respond = { body = "hi" }
+
+[[routes]]
+name = "gone"
+listeners = ["web"]
+path_prefix = "/gone"
+respond = { status = 410 }
+"#,
+    );
+    let web = gw.listener("web");
+    let metrics = gw.metrics.expect("metrics endpoint");
+    for path in ["/busy", "/busy/x", "/gone"] {
+        get(web, "a.test", path).await;
+    }
+    let (status, _, text) = get(metrics, "a.test", "/metrics").await;
+    assert_eq!(status, 200);
+    let series = |needle: &str| {
+        text.lines()
+            .find(|l| l.starts_with(needle))
+            .unwrap_or_else(|| panic!("no {needle} in\n{text}"))
+            .rsplit(' ')
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert_eq!(
+        series(r#"cutover_requests_total{route="busy",class="2xx"}"#),
+        "2"
+    );
+    assert_eq!(
+        series(r#"cutover_requests_total{route="gone",class="4xx"}"#),
+        "1"
+    );
+    assert_eq!(
+        series(r#"cutover_request_duration_seconds_count{route="busy"}"#),
+        "2"
+    );
+    // A route without traffic holds no series.
+    assert!(!text.contains(r#"route="idle""#), "{text}");
+    assert!(!text.contains(r#"route="busy",class="4xx""#), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_read_timeout_answers_408() {
     let gw = Gateway::start(
         r#"[admin]
