@@ -5,7 +5,7 @@
 //! shared backends, and the ledger of work pinned to it. It spawns nothing
 //! and binds nothing; once built, a generation never changes.
 
-mod h1pool;
+mod h1client;
 mod ledger;
 mod route;
 mod router;
@@ -15,7 +15,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::SystemTime;
 
-pub use h1pool::{connect as connect_h1, send as send_h1, ConnectError, H1Conn, H1Pool, SendError};
+pub use h1client::{
+    connect as connect_h1, send as send_h1, ConnectError, H1Conn, H1Pool, SendError, UpstreamBody,
+};
 pub use ledger::{InflightGuard, Ledger};
 pub use route::{Action, Route, RouteShared, RouteSlot, Saturated};
 pub use router::Router;

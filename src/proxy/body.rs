@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::generation::{BackendGuard, H1Conn, InflightGuard, RouteSlot};
+use crate::generation::{BackendGuard, InflightGuard, RouteSlot, UpstreamBody};
 use crate::runtime::GenerationStore;
 
 /// Holds what a streaming response keeps alive: the slim part of its
@@ -74,12 +74,16 @@ pub struct PinnedTooLong;
 
 #[derive(Debug)]
 pub enum ResponseBody {
+    /// From hyper's client (TLS, h2, h2c backends).
     Upstream {
         body: Incoming,
         guards: Option<StreamGuards>,
-        /// The upstream connection, when this task drives it: polled
-        /// before the body so bytes flow, and pooled again at the end.
-        driven: Option<H1Conn>,
+    },
+    /// From a plain HTTP/1.1 backend through cutover's own client; its
+    /// connection goes back to the backend's pool when the body is done.
+    Driven {
+        body: Box<UpstreamBody>,
+        guards: Option<StreamGuards>,
     },
     Full(Option<Bytes>),
 }
@@ -90,68 +94,73 @@ impl ResponseBody {
     }
 }
 
-/// The exchange is complete: the connection goes back to its backend's
-/// pool and the pin is released now rather than when hyper drops the body.
-fn finish(driven: &mut Option<H1Conn>, guards: &mut Option<StreamGuards>) {
-    if let (Some(conn), Some(g)) = (driven.take(), guards.as_ref()) {
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Polls a streamed body on behalf of its guards: they are released as
+/// soon as the stream ends (rather than when hyper drops the body), and
+/// the stream is cut once its generation has been superseded longer than
+/// `max_pinned_age`.
+fn poll_guarded<B>(
+    body: Pin<&mut B>,
+    guards: &mut Option<StreamGuards>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let polled = body.poll_frame(cx);
+    match &polled {
+        Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
+            guards.take();
+        }
+        Poll::Pending => {
+            if guards.as_mut().is_some_and(|g| g.expired(cx)) {
+                guards.take();
+                return Poll::Ready(Some(Err(Box::new(PinnedTooLong))));
+            }
+        }
+        Poll::Ready(Some(Ok(_))) => {
+            if let Some(g) = guards.as_mut() {
+                g.frames = g.frames.wrapping_add(1);
+                if g.frames % 64 == 0 && g.expired(cx) {
+                    guards.take();
+                    return Poll::Ready(Some(Err(Box::new(PinnedTooLong))));
+                }
+            }
+        }
+    }
+    polled.map_err(Into::into)
+}
+
+/// Gives a driven connection whose exchange completed back to its pool.
+pub fn return_connection(body: &mut UpstreamBody, guards: Option<&StreamGuards>) {
+    if let (Some(conn), Some(g)) = (body.take_connection(), guards) {
         if let Some(pool) = &g.backend.backend().h1 {
             pool.put(conn);
         }
     }
-    guards.take();
 }
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
-            ResponseBody::Upstream {
-                body,
-                guards,
-                driven,
-            } => {
-                if driven.as_mut().is_some_and(|c| !c.drive(cx)) {
-                    *driven = None;
+            ResponseBody::Upstream { body, guards } => poll_guarded(Pin::new(body), guards, cx),
+            ResponseBody::Driven { body, guards } => {
+                let polled = poll_guarded(Pin::new(&mut **body), guards, cx);
+                return_connection(body, guards.as_ref());
+                // The last byte of a declared length is in: hyper will not
+                // poll again, so release the pin now.
+                if body.is_end_stream() {
+                    guards.take();
                 }
-                let polled = Pin::new(&mut *body).poll_frame(cx);
-                match &polled {
-                    // The stream is over: release the pin now rather than
-                    // when hyper gets round to dropping the body, and give
-                    // the connection back for the next request.
-                    Poll::Ready(None) => {
-                        finish(driven, guards);
-                    }
-                    Poll::Ready(Some(Err(_))) => {
-                        driven.take();
-                        guards.take();
-                    }
-                    Poll::Pending => {
-                        if guards.as_mut().is_some_and(|g| g.expired(cx)) {
-                            guards.take();
-                            return Poll::Ready(Some(Err(Box::new(PinnedTooLong))));
-                        }
-                    }
-                    // hyper stops polling once a known length is written:
-                    // hand the connection back as soon as its last byte is in.
-                    Poll::Ready(Some(Ok(_))) if driven.is_some() && body.is_end_stream() => {
-                        finish(driven, guards);
-                    }
-                    Poll::Ready(Some(Ok(_))) => {
-                        if let Some(g) = guards.as_mut() {
-                            g.frames = g.frames.wrapping_add(1);
-                            if g.frames % 64 == 0 && g.expired(cx) {
-                                guards.take();
-                                return Poll::Ready(Some(Err(Box::new(PinnedTooLong))));
-                            }
-                        }
-                    }
-                }
-                polled.map_err(Into::into)
+                polled
             }
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
         }
@@ -159,9 +168,8 @@ impl Body for ResponseBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            // A driven connection goes back to the pool only from
-            // `poll_frame`: make sure hyper polls it even for empty bodies.
-            ResponseBody::Upstream { body, driven, .. } => driven.is_none() && body.is_end_stream(),
+            ResponseBody::Upstream { body, .. } => body.is_end_stream(),
+            ResponseBody::Driven { body, .. } => body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
         }
     }
@@ -169,6 +177,7 @@ impl Body for ResponseBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ResponseBody::Upstream { body, .. } => body.size_hint(),
+            ResponseBody::Driven { body, .. } => body.size_hint(),
             ResponseBody::Full(bytes) => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }

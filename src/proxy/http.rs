@@ -242,7 +242,6 @@ async fn serve_route(
     strip_hop_by_hop(&mut parts.headers);
     let body = ResponseBody::Upstream {
         body,
-        driven: None,
         guards: Some(StreamGuards::new(
             guard,
             slot,
@@ -253,9 +252,8 @@ async fn serve_route(
     Ok(Response::from_parts(parts, body))
 }
 
-/// A plain HTTP/1.1 exchange on a connection this task drives itself
-/// (see `generation::H1Pool`); the response body keeps driving it and
-/// returns it to the pool when the exchange is complete.
+/// A plain HTTP/1.1 exchange through cutover's own client (see
+/// `generation::h1client`), on a pooled connection or a new one.
 async fn driven_exchange(
     req: Request<Incoming>,
     pool: &crate::generation::H1Pool,
@@ -273,7 +271,7 @@ async fn driven_exchange(
         }
     };
     let deadline = tokio::time::Instant::now() + route.timeout();
-    let mut upstream = match pool.take() {
+    let upstream = match pool.take() {
         Some(idle) => idle,
         None => {
             let connect =
@@ -291,9 +289,7 @@ async fn driven_exchange(
         }
     };
     let response =
-        match tokio::time::timeout_at(deadline, crate::generation::send_h1(&mut upstream, req))
-            .await
-        {
+        match tokio::time::timeout_at(deadline, crate::generation::send_h1(upstream, req)).await {
             Ok(Ok(response)) => response,
             Ok(Err(error)) => return Err(failed(AttemptOutcome::Error, error_chain(&error))),
             Err(_) => {
@@ -302,14 +298,16 @@ async fn driven_exchange(
             }
         };
     backend.record(AttemptOutcome::Ok);
-    let (mut parts, body) = response.into_parts();
+    let (mut parts, mut body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    // A response without a body (HEAD, 204, 304, length 0) is complete
+    // already: its connection can serve the next request right away.
+    super::body::return_connection(&mut body, Some(&guards));
     Ok(Response::from_parts(
         parts,
-        ResponseBody::Upstream {
-            body,
+        ResponseBody::Driven {
+            body: Box::new(body),
             guards: Some(guards),
-            driven: Some(upstream),
         },
     ))
 }

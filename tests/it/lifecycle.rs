@@ -127,10 +127,12 @@ async fn tcp_connections_survive_a_thousand_activations() {
         2,
         "only generation 1 (pinned) and the active one are alive: {status}"
     );
+    // A backstop to the exact generation count above (see the same check
+    // in `admin::a_thousand_activations_under_load`).
     let growth = rss_after as f64 / rss_before as f64;
     eprintln!("200 TCP connections over 1000 activations: RSS {rss_before} KiB -> {rss_after} KiB ({growth:.3}x)");
     assert!(
-        growth < 1.10,
+        growth < 1.25,
         "resident memory grew from {rss_before} KiB to {rss_after} KiB"
     );
 }

@@ -1,0 +1,1125 @@
+//! Plain HTTP/1.1 upstream connections: cutover's own client codec.
+//!
+//! hyper's client runs each exchange through a dispatcher, a request
+//! channel and a response oneshot, and needs a poll of the whole
+//! dispatcher to tell whether an idle connection is still usable: 45 % of
+//! the instructions of a proxied request (callgrind). For plain HTTP/1.1
+//! backends cutover writes the request head itself, parses the response
+//! head with `httparse`, decodes the body framing (length, chunked, to
+//! close) and streams the request body while it reads, all from the
+//! request's own task. TLS, h2 and h2c backends and protocol upgrades
+//! still go through hyper.
+//!
+//! Framing follows RFC 9112 §6: no body for HEAD, 1xx, 204 and 304;
+//! chunked when `Transfer-Encoding` ends in chunked; else `Content-Length`
+//! (conflicting or malformed values are refused); else to end of
+//! connection. A connection is pooled again only after a complete, clean
+//! exchange with nothing left over; interim 1xx responses are skipped.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
+use std::task::{ready, Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Largest response head accepted from a backend.
+const MAX_HEAD: usize = 64 * 1024;
+/// Most response headers accepted from a backend.
+const MAX_HEADERS: usize = 128;
+/// Read buffer per connection (grows to `MAX_HEAD` for a large head).
+const READ_CHUNK: usize = 16 * 1024;
+/// Longest chunk-size line (size plus extensions) or trailer section.
+const MAX_CHUNK_LINE: usize = 4096;
+
+/// Why an exchange on an upstream connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("the connection closed before the response was complete")]
+    Closed,
+    #[error("invalid response from the backend: {0}")]
+    Invalid(&'static str),
+    #[error("request body: {0}")]
+    RequestBody(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Why a new upstream connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("connect timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// One upstream HTTP/1.1 connection and the bytes read from it that have
+/// not been consumed yet.
+pub struct H1Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl std::fmt::Debug for H1Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("H1Conn")
+            .field("peer", &self.stream.peer_addr().ok())
+            .finish_non_exhaustive()
+    }
+}
+
+impl H1Conn {
+    fn new(stream: TcpStream) -> Self {
+        Self {
+            stream,
+            buf: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn buffered(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Reads more bytes after the buffered ones; `Ok(0)` at end of stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.end == self.buf.len() {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else if self.buf.len() < MAX_HEAD {
+                self.buf.resize((self.buf.len() * 2).min(MAX_HEAD), 0);
+            } else {
+                return Poll::Ready(Err(io::Error::other("response head too large")));
+            }
+        }
+        let mut read = ReadBuf::new(&mut self.buf[self.end..]);
+        // A short read tells tokio the socket is drained, so an idle
+        // connection is known quiet without another system call.
+        ready!(Pin::new(&mut self.stream).poll_read(cx, &mut read))?;
+        let n = read.filled().len();
+        self.end += n;
+        Poll::Ready(Ok(n))
+    }
+
+    /// Whether an idle connection can take a request: an idle HTTP/1.1
+    /// connection has nothing to say, so anything readable (end of
+    /// stream, stray bytes) means it must go.
+    fn reusable(&mut self) -> bool {
+        if !self.buffered().is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        if self.stream.poll_read_ready(&mut cx).is_pending() {
+            return true;
+        }
+        // Readiness can be left over from the last read: ask the socket.
+        let mut probe = [0u8; 1];
+        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
+/// How long a connection may sit idle in the pool.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Idle connections of one backend, most recently used last.
+#[derive(Debug)]
+pub struct H1Pool {
+    idle: Mutex<VecDeque<(Instant, H1Conn)>>,
+    max_idle: usize,
+}
+
+impl H1Pool {
+    pub fn new(max_idle: usize) -> Self {
+        Self {
+            idle: Mutex::new(VecDeque::new()),
+            max_idle,
+        }
+    }
+
+    /// The most recently used idle connection that is still usable.
+    pub fn take(&self) -> Option<H1Conn> {
+        loop {
+            let (_, mut conn) = self
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop_back()?;
+            if conn.reusable() {
+                return Some(conn);
+            }
+        }
+    }
+
+    /// Returns a connection whose exchange completed cleanly, and closes
+    /// those idle longer than `IDLE_TIMEOUT` (the least recently used end).
+    pub fn put(&self, conn: H1Conn) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        while idle
+            .front()
+            .is_some_and(|(since, _)| now.duration_since(*since) > IDLE_TIMEOUT)
+        {
+            idle.pop_front();
+        }
+        if idle.len() < self.max_idle {
+            idle.push_back((now, conn));
+        }
+    }
+}
+
+/// Opens a new connection to `addr` within `timeout`.
+pub async fn connect(addr: &str, timeout: Duration) -> Result<H1Conn, ConnectError> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| ConnectError::Timeout(timeout))??;
+    let _ = stream.set_nodelay(true);
+    Ok(H1Conn::new(stream))
+}
+
+/// Sends `req` (origin-form target, hop-by-hop headers already gone) on
+/// `conn` and reads up to the end of the response head. The returned body
+/// goes on writing the request body while it reads the response; once the
+/// exchange is complete and clean, `UpstreamBody::take_connection` hands
+/// the connection back for the pool.
+pub async fn send<B>(
+    mut conn: H1Conn,
+    mut req: Request<B>,
+) -> Result<Response<UpstreamBody<B>>, SendError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let head_request = req.method() == Method::HEAD;
+    let (head, framing) = encode_head(&mut req);
+    let mut writer = Some(RequestWriter::new(head, req.into_body(), framing));
+    let mut write_error = None;
+    let parsed = std::future::poll_fn(|cx| {
+        if let Some(w) = writer.as_mut() {
+            match w.poll(cx, &mut conn.stream) {
+                Poll::Ready(Ok(())) => writer = None,
+                // The backend may have answered before reading the whole
+                // request (and closed its side): its answer still counts.
+                Poll::Ready(Err(error)) => {
+                    writer = None;
+                    write_error = Some(error);
+                }
+                Poll::Pending => {}
+            }
+        }
+        match poll_head(&mut conn, cx) {
+            Poll::Ready(Err(error)) => Poll::Ready(Err(write_error.take().unwrap_or(error))),
+            polled => polled,
+        }
+    })
+    .await?;
+    let mut parsed = parsed;
+    let (framing, keep_alive) = body_framing(&mut parsed, head_request)?;
+    let mut body = UpstreamBody {
+        conn: Some(conn),
+        writer,
+        write_failed: write_error.is_some(),
+        framing,
+        keep_alive,
+        idle: None,
+    };
+    if body.framing.is_finished() {
+        body.complete();
+    }
+    let mut response = Response::new(body);
+    *response.status_mut() = parsed.status;
+    *response.version_mut() = parsed.version;
+    *response.headers_mut() = parsed.headers;
+    Ok(response)
+}
+
+/// A response head as the backend sent it.
+struct ParsedHead {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+}
+
+/// Reads until a final (non-1xx) response head is complete.
+fn poll_head(conn: &mut H1Conn, cx: &mut Context<'_>) -> Poll<Result<ParsedHead, SendError>> {
+    loop {
+        if !conn.buffered().is_empty() {
+            let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+            let mut response = httparse::Response::new(&mut []);
+            let parsed = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+                &mut response,
+                conn.buffered(),
+                &mut slots,
+            ) {
+                Ok(httparse::Status::Complete(len)) => match build_head(&response) {
+                    Ok(head) => Some((len, head)),
+                    Err(error) => return Poll::Ready(Err(error)),
+                },
+                Ok(httparse::Status::Partial) => None,
+                Err(httparse::Error::TooManyHeaders) => {
+                    return Poll::Ready(Err(SendError::Invalid("too many response headers")))
+                }
+                Err(_) => return Poll::Ready(Err(SendError::Invalid("malformed response head"))),
+            };
+            if let Some((len, head)) = parsed {
+                conn.consume(len);
+                if head.status == StatusCode::SWITCHING_PROTOCOLS {
+                    return Poll::Ready(Err(SendError::Invalid(
+                        "switched protocols without being asked to",
+                    )));
+                }
+                // 100 Continue, 103 Early Hints: interim, the final answer follows.
+                if head.status.is_informational() {
+                    continue;
+                }
+                return Poll::Ready(Ok(head));
+            }
+        }
+        match ready!(conn.poll_fill(cx)) {
+            Ok(0) => return Poll::Ready(Err(SendError::Closed)),
+            Ok(_) => {}
+            Err(error) => return Poll::Ready(Err(SendError::Io(error))),
+        }
+    }
+}
+
+fn build_head(response: &httparse::Response<'_, '_>) -> Result<ParsedHead, SendError> {
+    let status = response
+        .code
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or(SendError::Invalid("bad status code"))?;
+    let version = match response.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    let mut headers = HeaderMap::with_capacity(response.headers.len());
+    for h in response.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| SendError::Invalid("bad header name"))?;
+        let value =
+            HeaderValue::from_bytes(h.value).map_err(|_| SendError::Invalid("bad header value"))?;
+        headers.append(name, value);
+    }
+    Ok(ParsedHead {
+        status,
+        version,
+        headers,
+    })
+}
+
+/// Encodes the request head and decides how the body is framed.
+fn encode_head<B: Body>(req: &mut Request<B>) -> (Bytes, RequestFraming) {
+    let body = req.body();
+    let framing = if body.is_end_stream() {
+        RequestFraming::None
+    } else {
+        match body.size_hint().exact() {
+            Some(n) => RequestFraming::Length(n),
+            None => RequestFraming::Chunked,
+        }
+    };
+    let headers = req.headers_mut();
+    match framing {
+        RequestFraming::Length(n) => {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        RequestFraming::Chunked => {
+            headers.remove(header::CONTENT_LENGTH);
+            headers.insert(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            );
+        }
+        RequestFraming::None => {}
+    }
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let mut head = BytesMut::with_capacity(256 + req.headers().len() * 32);
+    head.extend_from_slice(req.method().as_str().as_bytes());
+    head.extend_from_slice(b" ");
+    head.extend_from_slice(target.as_bytes());
+    head.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in req.headers() {
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"\r\n");
+    (head.freeze(), framing)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RequestFraming {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// Writes the request: head, then the body as it arrives, framed.
+struct RequestWriter<B> {
+    out: VecDeque<Bytes>,
+    body: Option<B>,
+    framing: RequestFraming,
+    done: bool,
+}
+
+impl<B> RequestWriter<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn new(head: Bytes, body: B, framing: RequestFraming) -> Self {
+        let mut out = VecDeque::with_capacity(4);
+        out.push_back(head);
+        Self {
+            out,
+            body: (framing != RequestFraming::None).then_some(body),
+            framing,
+            done: false,
+        }
+    }
+
+    /// Writes what it can; ready once the whole request is written.
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        stream: &mut TcpStream,
+    ) -> Poll<Result<(), SendError>> {
+        loop {
+            while !self.out.is_empty() {
+                let mut slices = [IoSlice::new(&[]); 8];
+                let count = self.out.len().min(slices.len());
+                for (slice, bytes) in slices.iter_mut().zip(self.out.iter()) {
+                    *slice = IoSlice::new(bytes);
+                }
+                let mut written =
+                    ready!(Pin::new(&mut *stream).poll_write_vectored(cx, &slices[..count]))?;
+                if written == 0 {
+                    return Poll::Ready(Err(SendError::Closed));
+                }
+                while written > 0 {
+                    let Some(front) = self.out.front_mut() else {
+                        break;
+                    };
+                    if written >= front.len() {
+                        written -= front.len();
+                        self.out.pop_front();
+                    } else {
+                        let _ = front.split_to(written);
+                        written = 0;
+                    }
+                }
+            }
+            if self.done {
+                return Poll::Ready(Ok(()));
+            }
+            let Some(body) = self.body.as_mut() else {
+                self.done = true;
+                continue;
+            };
+            match ready!(Pin::new(body).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) if data.is_empty() => {}
+                    Ok(data) => {
+                        if self.framing == RequestFraming::Chunked {
+                            self.out
+                                .push_back(Bytes::from(format!("{:x}\r\n", data.len())));
+                            self.out.push_back(data);
+                            self.out.push_back(Bytes::from_static(b"\r\n"));
+                        } else {
+                            self.out.push_back(data);
+                        }
+                    }
+                    // Request trailers are rare and optional: not forwarded.
+                    Err(_) => {}
+                },
+                Some(Err(error)) => return Poll::Ready(Err(SendError::RequestBody(error.into()))),
+                None => {
+                    if self.framing == RequestFraming::Chunked {
+                        self.out.push_back(Bytes::from_static(b"0\r\n\r\n"));
+                    }
+                    self.body = None;
+                    self.done = true;
+                }
+            }
+        }
+    }
+}
+
+/// Whether a comma-separated header has `token` (case-insensitive).
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// How the response body is delimited (RFC 9112 §6.3), and whether the
+/// connection may carry another request after it.
+fn body_framing(
+    head: &mut ParsedHead,
+    head_request: bool,
+) -> Result<(BodyFraming, bool), SendError> {
+    let headers = &mut head.headers;
+    let mut keep_alive = match head.version {
+        Version::HTTP_10 => has_token(headers, header::CONNECTION, "keep-alive"),
+        _ => !has_token(headers, header::CONNECTION, "close"),
+    };
+    let status = head.status;
+    if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok((BodyFraming::Length(0), keep_alive));
+    }
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        // With Content-Length as well, the transfer coding wins, the
+        // length is dropped and the connection is not reused (RFC 9112
+        // §6.1): the client must not see a length the body does not have.
+        if headers.remove(header::CONTENT_LENGTH).is_some() {
+            keep_alive = false;
+        }
+        let last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .rfind(|t| !t.is_empty());
+        return Ok(match last {
+            Some(t) if t.eq_ignore_ascii_case("chunked") => {
+                (BodyFraming::Chunked(Chunked::Size), keep_alive)
+            }
+            _ => (BodyFraming::Close, false),
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|b| *b == b',') {
+            let part = part.trim_ascii();
+            let n = std::str::from_utf8(part)
+                .ok()
+                .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|p| p.parse::<u64>().ok())
+                .ok_or(SendError::Invalid("bad Content-Length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(SendError::Invalid("conflicting Content-Length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => (BodyFraming::Length(n), keep_alive),
+        None => (BodyFraming::Close, false),
+    })
+}
+
+/// Where the response body ends.
+#[derive(Debug)]
+enum BodyFraming {
+    /// This many bytes are still to come.
+    Length(u64),
+    Chunked(Chunked),
+    /// Everything until the backend closes the connection.
+    Close,
+}
+
+/// Where a chunked body decoder stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunked {
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailers,
+    Done,
+}
+
+impl BodyFraming {
+    fn is_finished(&self) -> bool {
+        matches!(
+            self,
+            BodyFraming::Length(0) | BodyFraming::Chunked(Chunked::Done)
+        )
+    }
+
+    /// The next body frame; `None` at the end of the body.
+    fn poll_frame(
+        &mut self,
+        conn: &mut H1Conn,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, SendError>>> {
+        loop {
+            match self {
+                BodyFraming::Length(0) | BodyFraming::Chunked(Chunked::Done) => {
+                    return Poll::Ready(None)
+                }
+                BodyFraming::Length(left) => {
+                    if let Some(data) = take_data(conn, left) {
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                }
+                BodyFraming::Close => {
+                    let available = conn.buffered().len();
+                    if available > 0 {
+                        let data = Bytes::copy_from_slice(conn.buffered());
+                        conn.consume(available);
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    match ready!(conn.poll_fill(cx)) {
+                        Ok(0) => return Poll::Ready(None),
+                        Ok(_) => continue,
+                        Err(error) => return Poll::Ready(Some(Err(SendError::Io(error)))),
+                    }
+                }
+                BodyFraming::Chunked(state) => match decode_chunked(state, conn) {
+                    Ok(Some(frame)) => return Poll::Ready(Some(Ok(frame))),
+                    Ok(None) if *state == Chunked::Done => return Poll::Ready(None),
+                    Ok(None) => {}
+                    Err(error) => return Poll::Ready(Some(Err(error))),
+                },
+            }
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) => return Poll::Ready(Some(Err(SendError::Closed))),
+                Ok(_) => {}
+                Err(error) => return Poll::Ready(Some(Err(SendError::Io(error)))),
+            }
+        }
+    }
+}
+
+/// Up to `left` buffered body bytes, if any are buffered.
+fn take_data(conn: &mut H1Conn, left: &mut u64) -> Option<Bytes> {
+    let available = conn.buffered().len();
+    if available == 0 || *left == 0 {
+        return None;
+    }
+    let n = usize::try_from(*left).map_or(available, |l| l.min(available));
+    let data = Bytes::copy_from_slice(&conn.buffered()[..n]);
+    conn.consume(n);
+    *left -= n as u64;
+    Some(data)
+}
+
+/// Advances a chunked decoder over the buffered bytes. `Ok(Some)` is a
+/// frame to pass on; `Ok(None)` means more bytes are needed (or, in
+/// `Done`, that the body is over).
+fn decode_chunked(
+    state: &mut Chunked,
+    conn: &mut H1Conn,
+) -> Result<Option<Frame<Bytes>>, SendError> {
+    loop {
+        match *state {
+            Chunked::Done => return Ok(None),
+            Chunked::Size => {
+                let buffered = conn.buffered();
+                let Some(line_end) = buffered.windows(2).position(|w| w == b"\r\n") else {
+                    if buffered.len() > MAX_CHUNK_LINE {
+                        return Err(SendError::Invalid("chunk size line too long"));
+                    }
+                    return Ok(None);
+                };
+                let size = chunk_size(&buffered[..line_end])?;
+                conn.consume(line_end + 2);
+                *state = if size == 0 {
+                    Chunked::Trailers
+                } else {
+                    Chunked::Data(size)
+                };
+            }
+            Chunked::Data(mut left) => {
+                let Some(data) = take_data(conn, &mut left) else {
+                    return Ok(None);
+                };
+                *state = if left == 0 {
+                    Chunked::DataEnd
+                } else {
+                    Chunked::Data(left)
+                };
+                return Ok(Some(Frame::data(data)));
+            }
+            Chunked::DataEnd => {
+                let buffered = conn.buffered();
+                if buffered.len() < 2 {
+                    return Ok(None);
+                }
+                if &buffered[..2] != b"\r\n" {
+                    return Err(SendError::Invalid("chunk not followed by CRLF"));
+                }
+                conn.consume(2);
+                *state = Chunked::Size;
+            }
+            Chunked::Trailers => {
+                let mut slots = [httparse::EMPTY_HEADER; 32];
+                let (len, trailers) = match httparse::parse_headers(conn.buffered(), &mut slots) {
+                    Ok(httparse::Status::Complete((len, fields))) => {
+                        let mut trailers = HeaderMap::with_capacity(fields.len());
+                        for f in fields {
+                            let name = HeaderName::from_bytes(f.name.as_bytes())
+                                .map_err(|_| SendError::Invalid("bad trailer name"))?;
+                            let value = HeaderValue::from_bytes(f.value)
+                                .map_err(|_| SendError::Invalid("bad trailer value"))?;
+                            trailers.append(name, value);
+                        }
+                        (len, trailers)
+                    }
+                    Ok(httparse::Status::Partial) => {
+                        if conn.buffered().len() > MAX_CHUNK_LINE {
+                            return Err(SendError::Invalid("trailer section too long"));
+                        }
+                        return Ok(None);
+                    }
+                    Err(_) => return Err(SendError::Invalid("malformed trailers")),
+                };
+                conn.consume(len);
+                *state = Chunked::Done;
+                if !trailers.is_empty() {
+                    return Ok(Some(Frame::trailers(trailers)));
+                }
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// The size in a chunk-size line: hex digits, then optional extensions.
+fn chunk_size(line: &[u8]) -> Result<u64, SendError> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 15 {
+        return Err(SendError::Invalid("bad chunk size"));
+    }
+    let rest = line[digits..].trim_ascii_start();
+    if !(rest.is_empty() || rest.starts_with(b";")) {
+        return Err(SendError::Invalid("bad chunk size"));
+    }
+    std::str::from_utf8(&line[..digits])
+        .ok()
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .ok_or(SendError::Invalid("bad chunk size"))
+}
+
+/// A response body read from a plain HTTP/1.1 backend; also finishes
+/// writing the request body, for backends that answer while they read.
+pub struct UpstreamBody<B = Incoming> {
+    conn: Option<H1Conn>,
+    writer: Option<RequestWriter<B>>,
+    write_failed: bool,
+    framing: BodyFraming,
+    keep_alive: bool,
+    /// The connection, once the exchange completed cleanly.
+    idle: Option<H1Conn>,
+}
+
+impl<B> std::fmt::Debug for UpstreamBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody")
+            .field("framing", &self.framing)
+            .field("keep_alive", &self.keep_alive)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> UpstreamBody<B> {
+    /// The response is over: the connection may serve again only if the
+    /// request was written in full, the backend keeps the connection
+    /// open, and nothing follows the response.
+    fn complete(&mut self) {
+        let conn = self.conn.take();
+        if self.writer.is_none() && !self.write_failed && self.keep_alive {
+            self.idle = conn.filter(|c| c.buffered().is_empty());
+        }
+    }
+
+    /// The connection, once the exchange has completed cleanly.
+    pub fn take_connection(&mut self) -> Option<H1Conn> {
+        self.idle.take()
+    }
+}
+
+impl<B> Body for UpstreamBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = Bytes;
+    type Error = SendError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, SendError>>> {
+        let this = self.get_mut();
+        let Some(conn) = this.conn.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if let Some(writer) = this.writer.as_mut() {
+            match writer.poll(cx, &mut conn.stream) {
+                Poll::Ready(Ok(())) => this.writer = None,
+                Poll::Ready(Err(_)) => {
+                    this.writer = None;
+                    this.write_failed = true;
+                }
+                Poll::Pending => {}
+            }
+        }
+        let polled = this.framing.poll_frame(conn, cx);
+        match &polled {
+            Poll::Ready(None) => this.complete(),
+            Poll::Ready(Some(Err(_))) => this.conn = None,
+            // hyper stops polling once a declared length is written: hand
+            // the connection back as soon as the last byte is in.
+            Poll::Ready(Some(Ok(_))) if this.framing.is_finished() => this.complete(),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.conn.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            BodyFraming::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::channel::Channel;
+    use http_body_util::{BodyExt, Empty, Full};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::oneshot;
+
+    /// What one exchange came to: status, headers, body, trailers, and
+    /// whether the connection was handed back for reuse.
+    #[derive(Debug)]
+    struct Outcome {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+        trailers: Option<HeaderMap>,
+        reusable: bool,
+    }
+
+    /// A backend that reads one request (head plus `body_len` bytes),
+    /// reports what it read, answers with `response`, and closes the
+    /// connection if `close`, else holds it open for a while.
+    async fn backend(
+        response: &[u8],
+        body_len: usize,
+        close: bool,
+    ) -> (String, oneshot::Receiver<Vec<u8>>) {
+        let response = response.to_vec();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let head_end = seen.windows(4).position(|w| w == b"\r\n\r\n");
+                if head_end.is_some_and(|end| seen.len() >= end + 4 + body_len) {
+                    break;
+                }
+                let n = stream.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                seen.extend_from_slice(&buf[..n]);
+            }
+            let _ = tx.send(seen);
+            stream.write_all(&response).await.unwrap();
+            if close {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        (addr, rx)
+    }
+
+    fn get(method: Method) -> Request<Empty<Bytes>> {
+        let mut req = Request::new(Empty::new());
+        *req.method_mut() = method;
+        *req.uri_mut() = "/x?y=1".parse().unwrap();
+        req.headers_mut()
+            .insert(header::HOST, HeaderValue::from_static("a.test"));
+        req
+    }
+
+    async fn exchange<B>(
+        response: &[u8],
+        req: Request<B>,
+        body_len: usize,
+        close: bool,
+    ) -> (Result<Outcome, SendError>, String)
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let (addr, seen) = backend(response, body_len, close).await;
+        let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
+        let outcome = async {
+            let response = send(conn, req).await?;
+            let (parts, mut body) = response.into_parts();
+            let mut data = BytesMut::new();
+            let mut trailers = None;
+            while let Some(frame) = body.frame().await {
+                match frame?.into_data() {
+                    Ok(bytes) => data.extend_from_slice(&bytes),
+                    Err(frame) => trailers = frame.into_trailers().ok(),
+                }
+            }
+            Ok(Outcome {
+                status: parts.status,
+                headers: parts.headers,
+                body: data.freeze(),
+                trailers,
+                reusable: body.take_connection().is_some(),
+            })
+        }
+        .await;
+        let request = String::from_utf8_lossy(&seen.await.unwrap_or_default()).into_owned();
+        (outcome, request)
+    }
+
+    async fn answer(response: &[u8]) -> Outcome {
+        exchange(response, get(Method::GET), 0, false)
+            .await
+            .0
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    async fn refusal(response: &[u8]) -> SendError {
+        match exchange(response, get(Method::GET), 0, true).await.0 {
+            Ok(outcome) => panic!("accepted: {outcome:?}"),
+            Err(error) => error,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_length_delimited_response_is_read_and_its_connection_pooled() {
+        let (outcome, request) = exchange(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-app: 1\r\n\r\nhello",
+            get(Method::GET),
+            0,
+            false,
+        )
+        .await;
+        let outcome = outcome.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outcome.status, 200);
+        assert_eq!(outcome.body, "hello");
+        assert_eq!(outcome.headers["x-app"], "1");
+        assert!(outcome.reusable);
+        assert_eq!(request, "GET /x?y=1 HTTP/1.1\r\nhost: a.test\r\n\r\n");
+    }
+
+    #[tokio::test]
+    async fn chunked_bodies_decode_with_extensions_and_trailers() {
+        let outcome = answer(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;name=value\r\nhello\r\n6\r\n world\r\n0\r\nx-checksum: 42\r\n\r\n",
+        )
+        .await;
+        assert_eq!(outcome.body, "hello world");
+        assert_eq!(outcome.trailers.unwrap_or_default()["x-checksum"], "42");
+        assert!(outcome.reusable);
+    }
+
+    #[tokio::test]
+    async fn a_body_without_length_runs_to_close_and_is_not_pooled() {
+        let outcome = exchange(
+            b"HTTP/1.1 200 OK\r\n\r\nuntil the end",
+            get(Method::GET),
+            0,
+            true,
+        )
+        .await
+        .0
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(outcome.body, "until the end");
+        assert!(!outcome.reusable);
+    }
+
+    #[tokio::test]
+    async fn head_204_and_304_have_no_body() {
+        let (outcome, _) = exchange(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n",
+            get(Method::HEAD),
+            0,
+            false,
+        )
+        .await;
+        let outcome = outcome.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((outcome.body.len(), outcome.reusable), (0, true));
+        assert_eq!(outcome.headers[header::CONTENT_LENGTH], "10");
+        for response in [
+            &b"HTTP/1.1 204 No Content\r\n\r\n"[..],
+            &b"HTTP/1.1 304 Not Modified\r\ncontent-length: 3\r\n\r\n"[..],
+        ] {
+            let outcome = answer(response).await;
+            assert_eq!((outcome.body.len(), outcome.reusable), (0, true));
+        }
+    }
+
+    #[tokio::test]
+    async fn interim_responses_are_skipped() {
+        let outcome = answer(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
+        )
+        .await;
+        assert_eq!(
+            (outcome.status, outcome.body.as_ref()),
+            (StatusCode::CREATED, &b"ok"[..])
+        );
+        assert!(!outcome.headers.contains_key("link"));
+    }
+
+    #[tokio::test]
+    async fn only_connections_the_backend_keeps_open_are_pooled() {
+        let close =
+            answer(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok").await;
+        assert!(!close.reusable);
+        let http10 = answer(b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+        assert!(!http10.reusable);
+        let http10_keep =
+            answer(b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\nok")
+                .await;
+        assert!(http10_keep.reusable);
+        // Bytes after the response: the stream is out of step.
+        let extra = answer(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK").await;
+        assert_eq!((extra.body.as_ref(), extra.reusable), (&b"ok"[..], false));
+        // Chunked and a length: chunked wins, the connection is not reused.
+        let both = answer(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        )
+        .await;
+        assert_eq!((both.body.as_ref(), both.reusable), (&b"ok"[..], false));
+        assert!(!both.headers.contains_key(header::CONTENT_LENGTH));
+    }
+
+    #[tokio::test]
+    async fn malformed_responses_are_refused() {
+        for response in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello"[..],
+            &b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n"[..],
+            &b"HTTP/1.1 2xx OK\r\n\r\n"[..],
+            &b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\n\r\n"[..],
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"[..],
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n"[..],
+        ] {
+            let error = refusal(response).await;
+            assert!(matches!(error, SendError::Invalid(_)), "{error}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_is_an_error() {
+        let error = refusal(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello").await;
+        assert!(matches!(error, SendError::Closed), "{error}");
+        let error = refusal(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel").await;
+        assert!(matches!(error, SendError::Closed), "{error}");
+        let error = refusal(b"HTTP/1.1 200 OK\r\ncontent-len").await;
+        assert!(matches!(error, SendError::Closed), "{error}");
+    }
+
+    #[tokio::test]
+    async fn request_bodies_are_sent_with_a_length_or_chunked() {
+        let mut req = Request::new(Full::new(Bytes::from_static(b"hello")));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = "/upload".parse().unwrap();
+        let (outcome, request) = exchange(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+            req,
+            5,
+            false,
+        )
+        .await;
+        assert!(outcome.is_ok_and(|o| o.reusable));
+        assert_eq!(
+            request,
+            "POST /upload HTTP/1.1\r\ncontent-length: 5\r\n\r\nhello"
+        );
+
+        let (mut sender, body) = Channel::<Bytes>::new(2);
+        tokio::spawn(async move {
+            let _ = sender.send_data(Bytes::from_static(b"hello")).await;
+            let _ = sender.send_data(Bytes::from_static(b" world")).await;
+        });
+        let mut req = Request::new(body);
+        *req.method_mut() = Method::PUT;
+        *req.uri_mut() = "/stream".parse().unwrap();
+        let chunked = "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+        let (outcome, request) = exchange(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+            req,
+            chunked.len(),
+            false,
+        )
+        .await;
+        assert!(outcome.is_ok_and(|o| o.reusable));
+        assert_eq!(
+            request,
+            format!("PUT /stream HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n{chunked}")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pooled_connection_the_backend_closed_is_not_handed_out() {
+        let (addr, _seen) = backend(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", 0, true).await;
+        let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
+        let mut response = send(conn, get(Method::GET))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let conn = response.body_mut().take_connection().expect("complete");
+        let pool = H1Pool::new(4);
+        pool.put(conn);
+        // The backend closes right after answering.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(pool.take().is_none());
+    }
+
+    #[test]
+    fn chunk_sizes_are_hex_with_optional_extensions() {
+        assert_eq!(chunk_size(b"1a").ok(), Some(26));
+        assert_eq!(chunk_size(b"1A ;ext=\"v\"").ok(), Some(26));
+        assert_eq!(chunk_size(b"0").ok(), Some(0));
+        for bad in [
+            &b""[..],
+            b"zz",
+            b"1 2",
+            b"-1",
+            b"0x10",
+            b"1234567890abcdef0",
+        ] {
+            assert!(
+                chunk_size(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}
