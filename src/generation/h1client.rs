@@ -451,8 +451,24 @@ where
                             self.out.push_back(data);
                         }
                     }
-                    // Request trailers are rare and optional: not forwarded.
-                    Err(_) => {}
+                    // Trailers end the body; only chunked framing can carry them.
+                    Err(frame) => {
+                        if let (Ok(trailers), RequestFraming::Chunked) =
+                            (frame.into_trailers(), self.framing)
+                        {
+                            let mut last = BytesMut::from(&b"0\r\n"[..]);
+                            for (name, value) in &trailers {
+                                last.extend_from_slice(name.as_str().as_bytes());
+                                last.extend_from_slice(b": ");
+                                last.extend_from_slice(value.as_bytes());
+                                last.extend_from_slice(b"\r\n");
+                            }
+                            last.extend_from_slice(b"\r\n");
+                            self.out.push_back(last.freeze());
+                            self.body = None;
+                            self.done = true;
+                        }
+                    }
                 },
                 Some(Err(error)) => return Poll::Ready(Err(SendError::RequestBody(error.into()))),
                 None => {
@@ -1068,11 +1084,14 @@ mod tests {
         tokio::spawn(async move {
             let _ = sender.send_data(Bytes::from_static(b"hello")).await;
             let _ = sender.send_data(Bytes::from_static(b" world")).await;
+            let mut trailers = HeaderMap::new();
+            trailers.insert("x-sum", HeaderValue::from_static("11"));
+            let _ = sender.send_trailers(trailers).await;
         });
         let mut req = Request::new(body);
         *req.method_mut() = Method::PUT;
         *req.uri_mut() = "/stream".parse().unwrap();
-        let chunked = "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+        let chunked = "5\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 11\r\n\r\n";
         let (outcome, request) = exchange(
             b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
             req,
