@@ -295,6 +295,9 @@ fn poll_head(conn: &mut H1Conn, cx: &mut Context<'_>) -> Poll<Result<ParsedHead,
                 }
                 return Poll::Ready(Ok(head));
             }
+            if conn.buffered().len() >= MAX_HEAD {
+                return Poll::Ready(Err(SendError::Invalid("response head larger than 64 KiB")));
+            }
         }
         match ready!(conn.poll_fill(cx)) {
             Ok(0) => return Poll::Ready(Err(SendError::Closed)),
@@ -1053,6 +1056,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn large_heads_are_read_up_to_the_limit() {
+        let big = format!(
+            "HTTP/1.1 200 OK\r\nx-big: {}\r\ncontent-length: 2\r\n\r\nok",
+            "a".repeat(40_000)
+        );
+        let outcome = answer(big.as_bytes()).await;
+        assert_eq!(outcome.headers["x-big"].len(), 40_000);
+        assert_eq!(
+            (outcome.body.as_ref(), outcome.reusable),
+            (&b"ok"[..], true)
+        );
+        let too_big = format!("HTTP/1.1 200 OK\r\nx-big: {}\r\n\r\n", "a".repeat(70_000));
+        let error = refusal(too_big.as_bytes()).await;
+        assert!(matches!(error, SendError::Invalid(_)), "{error}");
+    }
+
+    #[tokio::test]
     async fn a_body_cut_short_is_an_error() {
         let error = refusal(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello").await;
         assert!(matches!(error, SendError::Closed), "{error}");
@@ -1119,6 +1139,42 @@ mod tests {
         // The backend closes right after answering.
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(pool.take().is_none());
+    }
+
+    #[tokio::test]
+    async fn responses_arriving_a_byte_at_a_time_decode_the_same() {
+        let response: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nx-app: 1\r\ntransfer-encoding: chunked\r\n\r\n5;a=b\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 11\r\n\r\n";
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let _ = stream.set_nodelay(true);
+            let mut buf = [0u8; 1024];
+            let _ = stream.read(&mut buf).await;
+            for byte in response {
+                stream.write_all(std::slice::from_ref(byte)).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
+        let response = send(conn, get(Method::GET))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-app"], "1");
+        let mut body = response.into_body();
+        let mut data = BytesMut::new();
+        let mut trailers = None;
+        while let Some(frame) = body.frame().await {
+            match frame.unwrap_or_else(|e| panic!("{e}")).into_data() {
+                Ok(bytes) => data.extend_from_slice(&bytes),
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
+        }
+        assert_eq!(data, "hello world");
+        assert_eq!(trailers.unwrap_or_default()["x-sum"], "11");
+        assert!(body.take_connection().is_some());
     }
 
     #[test]
