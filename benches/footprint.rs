@@ -9,8 +9,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const SMALL: &str = r#"[admin]
@@ -67,25 +65,7 @@ fn main() {
 /// Starts the gateway on `config` and returns its resident and peak
 /// resident memory in KiB once it has been ready for two seconds.
 fn measure(config: &std::path::Path) -> (u64, u64) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cutover"))
-        .args(["run", "-c"])
-        .arg(config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start cutover");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    loop {
-        let line = lines
-            .next()
-            .expect("cutover exited before ready")
-            .expect("read");
-        if line.contains("\"event\":\"ready\"") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
+    let (mut child, _) = common::start_gateway(config);
     std::thread::sleep(Duration::from_secs(2));
     let status =
         std::fs::read_to_string(format!("/proc/{}/status", child.id())).expect("read /proc status");

@@ -11,7 +11,6 @@
 //! Run: `cargo bench --bench proxy` (`CUTOVER_BENCH_SECONDS` sets the
 //! duration of each run, default 10).
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,6 +21,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+
+mod common;
 
 const CONNECTIONS: usize = 64;
 
@@ -264,36 +265,16 @@ fn which(tool: &str) -> bool {
 }
 
 fn start_gateway(config: &std::path::Path) -> (Child, SocketAddr, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cutover"))
-        .args(["run", "-c"])
-        .arg(config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start cutover");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let ready = loop {
-        let line = lines
-            .next()
-            .expect("cutover exited before ready")
-            .expect("read");
-        if line.contains("\"event\":\"ready\"") {
-            break line;
-        }
+    let (child, ready) = common::start_gateway(config);
+    let address = |value: &serde_json::Value| {
+        value
+            .as_str()
+            .expect("address in the ready line")
+            .parse()
+            .expect("address")
     };
-    let ready: serde_json::Value = serde_json::from_str(&ready).expect("ready JSON");
-    let web = ready["listeners"][0]["address"]
-        .as_str()
-        .expect("listener")
-        .parse()
-        .expect("addr");
-    let admin = ready["admin"]
-        .as_str()
-        .expect("admin")
-        .parse()
-        .expect("addr");
-    std::thread::spawn(move || for _ in lines {});
+    let web = address(&ready["listeners"][0]["address"]);
+    let admin = address(&ready["admin"]);
     (child, web, admin)
 }
 

@@ -1,4 +1,36 @@
-//! Configurations shared by the benchmarks.
+//! What the benchmarks share: configurations and starting the binary.
+
+// Each benchmark uses only some of these.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+/// Starts the real `cutover` binary on `config` and waits for its ready
+/// line; returns the child and the ready line's JSON (addresses, pid).
+pub fn start_gateway(config: &std::path::Path) -> (Child, serde_json::Value) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cutover"))
+        .args(["run", "-c"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start cutover");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = loop {
+        let line = lines
+            .next()
+            .expect("cutover exited before ready")
+            .expect("read");
+        if line.contains("\"event\":\"ready\"") {
+            break line;
+        }
+    };
+    // Keep draining stdout so that the gateway never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    (child, serde_json::from_str(&ready).expect("ready JSON"))
+}
 
 /// A configuration with `n` routes over `n / 10` upstreams: a quarter
 /// exact hosts, a quarter wildcards, a quarter host-less prefixes, a
