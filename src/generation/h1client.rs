@@ -198,22 +198,111 @@ pub async fn connect(addr: &str, timeout: Duration) -> Result<H1Conn, ConnectErr
     Ok(H1Conn::new(stream))
 }
 
-/// Sends `req` (origin-form target, hop-by-hop headers already gone) on
-/// `conn` and reads up to the end of the response head. The returned body
-/// goes on writing the request body while it reads the response; once the
-/// exchange is complete and clean, `UpstreamBody::take_connection` hands
-/// the connection back for the pool.
+/// Why an exchange through a backend's pool failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error(transparent)]
+    Send(#[from] SendError),
+}
+
+/// Sends `req` (origin-form target, hop-by-hop headers already gone) to
+/// the backend at `addr`, on the most recently used idle connection of
+/// `pool` or a new one, and reads up to the end of the response head.
+///
+/// A pooled connection can be closed by the backend (idle timeout,
+/// restart) just as it is handed a request; the request then fails
+/// without an answer. An idempotent request without a body is then sent
+/// once more on a new connection, as nginx and Envoy do; anything else
+/// fails (502).
+pub async fn request<B>(
+    pool: &H1Pool,
+    addr: &str,
+    connect_timeout: Duration,
+    req: Request<B>,
+) -> Result<Response<UpstreamBody<B>>, ExchangeError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let encoded = Encoded::new(req);
+    let Some(pooled) = pool.take() else {
+        let fresh = connect(addr, connect_timeout).await?;
+        return Ok(send(fresh, encoded).await?);
+    };
+    let replay = encoded.replayable().then(|| encoded.replay());
+    match (send(pooled, encoded).await, replay) {
+        (Err(error), Some(replay)) if error.is_unanswered() => {
+            tracing::debug!(backend = addr, %error, "pooled connection closed under the request; sending it again on a new one");
+            let fresh = connect(addr, connect_timeout).await?;
+            Ok(send(fresh, replay).await?)
+        }
+        (result, _) => Ok(result?),
+    }
+}
+
+impl SendError {
+    /// The connection failed before the backend answered anything.
+    fn is_unanswered(&self) -> bool {
+        matches!(self, SendError::Closed | SendError::Io(_))
+    }
+}
+
+/// A request ready to write: its head encoded, its body and framing.
+pub struct Encoded<B> {
+    head: Bytes,
+    body: Option<B>,
+    framing: RequestFraming,
+    method: Method,
+}
+
+impl<B: Body> Encoded<B> {
+    pub fn new(mut req: Request<B>) -> Self {
+        let (head, framing) = encode_head(&mut req);
+        let method = req.method().clone();
+        Self {
+            head,
+            body: Some(req.into_body()),
+            framing,
+            method,
+        }
+    }
+
+    /// Whether the request can be sent again as it is: idempotent
+    /// (RFC 9110 §9.2.2) and without a body.
+    fn replayable(&self) -> bool {
+        self.framing == RequestFraming::None && self.method.is_idempotent()
+    }
+
+    fn replay(&self) -> Self {
+        Self {
+            head: self.head.clone(),
+            body: None,
+            framing: self.framing,
+            method: self.method.clone(),
+        }
+    }
+}
+
+/// Sends an encoded request on `conn` and reads up to the end of the
+/// response head. The returned body goes on writing the request body
+/// while it reads the response; once the exchange is complete and clean,
+/// `UpstreamBody::take_connection` hands the connection back for the pool.
 pub async fn send<B>(
     mut conn: H1Conn,
-    mut req: Request<B>,
+    request: Encoded<B>,
 ) -> Result<Response<UpstreamBody<B>>, SendError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let head_request = req.method() == Method::HEAD;
-    let (head, framing) = encode_head(&mut req);
-    let mut writer = Some(RequestWriter::new(head, req.into_body(), framing));
+    let head_request = request.method == Method::HEAD;
+    let mut writer = Some(RequestWriter::new(
+        request.head,
+        request.body,
+        request.framing,
+    ));
     let mut write_error = None;
     let parsed = std::future::poll_fn(|cx| {
         if let Some(w) = writer.as_mut() {
@@ -392,12 +481,12 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    fn new(head: Bytes, body: B, framing: RequestFraming) -> Self {
+    fn new(head: Bytes, body: Option<B>, framing: RequestFraming) -> Self {
         let mut out = VecDeque::with_capacity(4);
         out.push_back(head);
         Self {
             out,
-            body: (framing != RequestFraming::None).then_some(body),
+            body: body.filter(|_| framing != RequestFraming::None),
             framing,
             done: false,
         }
@@ -903,7 +992,7 @@ mod tests {
         let (addr, seen) = backend(response, body_len, close).await;
         let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
         let outcome = async {
-            let response = send(conn, req).await?;
+            let response = send(conn, Encoded::new(req)).await?;
             let (parts, mut body) = response.into_parts();
             let mut data = BytesMut::new();
             let mut trailers = None;
@@ -1130,7 +1219,7 @@ mod tests {
     async fn a_pooled_connection_the_backend_closed_is_not_handed_out() {
         let (addr, _seen) = backend(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", 0, true).await;
         let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
-        let mut response = send(conn, get(Method::GET))
+        let mut response = send(conn, Encoded::new(get(Method::GET)))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let conn = response.body_mut().take_connection().expect("complete");
@@ -1158,7 +1247,7 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(5)).await;
         });
         let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
-        let response = send(conn, get(Method::GET))
+        let response = send(conn, Encoded::new(get(Method::GET)))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(response.status(), 200);
@@ -1175,6 +1264,97 @@ mod tests {
         assert_eq!(data, "hello world");
         assert_eq!(trailers.unwrap_or_default()["x-sum"], "11");
         assert!(body.take_connection().is_some());
+    }
+
+    /// Reads one request head (no body).
+    async fn read_head(stream: &mut tokio::net::TcpStream) {
+        let mut seen = Vec::new();
+        let mut byte = [0u8; 1];
+        while !seen.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                return;
+            }
+            seen.push(byte[0]);
+        }
+    }
+
+    /// A backend whose first connection answers once, then reads the next
+    /// request and closes without a word (an idle timeout racing the
+    /// request); later connections answer every request.
+    async fn closes_its_first_connection_under_the_second_request() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut first, _) = listener.accept().await.unwrap();
+            read_head(&mut first).await;
+            let _ = first
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst")
+                .await;
+            read_head(&mut first).await;
+            drop(first);
+            while let Ok((mut next, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    read_head(&mut next).await;
+                    let _ = next
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nnext")
+                        .await;
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                });
+            }
+        });
+        addr
+    }
+
+    async fn through_pool<B>(
+        pool: &H1Pool,
+        addr: &str,
+        req: Request<B>,
+    ) -> Result<Bytes, ExchangeError>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let response = request(pool, addr, Duration::from_secs(1), req).await?;
+        let mut body = response.into_body();
+        let mut data = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(bytes) = frame?.into_data() {
+                data.extend_from_slice(&bytes);
+            }
+        }
+        if let Some(conn) = body.take_connection() {
+            pool.put(conn);
+        }
+        Ok(data.freeze())
+    }
+
+    #[tokio::test]
+    async fn an_idempotent_request_on_a_connection_closed_under_it_is_sent_again() {
+        let addr = closes_its_first_connection_under_the_second_request().await;
+        let pool = H1Pool::new(4);
+        let first = through_pool(&pool, &addr, get(Method::GET)).await;
+        assert_eq!(first.ok().as_deref(), Some(&b"first"[..]));
+        let second = through_pool(&pool, &addr, get(Method::GET)).await;
+        assert_eq!(second.ok().as_deref(), Some(&b"next"[..]));
+    }
+
+    #[tokio::test]
+    async fn a_request_with_a_body_is_not_sent_twice() {
+        let addr = closes_its_first_connection_under_the_second_request().await;
+        let pool = H1Pool::new(4);
+        let first = through_pool(&pool, &addr, get(Method::GET)).await;
+        assert_eq!(first.ok().as_deref(), Some(&b"first"[..]));
+        let mut post = Request::new(Full::new(Bytes::from_static(b"order #1")));
+        *post.method_mut() = Method::POST;
+        *post.uri_mut() = "/orders".parse().unwrap();
+        let second = through_pool(&pool, &addr, post).await;
+        assert!(
+            matches!(
+                second,
+                Err(ExchangeError::Send(SendError::Closed | SendError::Io(_)))
+            ),
+            "{second:?}"
+        );
     }
 
     #[test]

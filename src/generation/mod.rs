@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::SystemTime;
 
 pub use h1client::{
-    connect as connect_h1, send as send_h1, ConnectError, H1Conn, H1Pool, SendError, UpstreamBody,
+    request as request_h1, ConnectError, ExchangeError, H1Pool, SendError, UpstreamBody,
 };
 pub use ledger::{InflightGuard, Ledger};
 pub use route::{Action, Route, RouteShared, RouteSlot, Saturated};

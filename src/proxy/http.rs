@@ -21,7 +21,7 @@ use metrics::Counter;
 use super::body::{ResponseBody, StreamGuards};
 use super::error::{error_response, ProxyError};
 use crate::admission::{Admission, Pinned};
-use crate::generation::{Action, AttemptOutcome, Backend, Generation, Route};
+use crate::generation::{Action, AttemptOutcome, Backend, ExchangeError, Generation, Route};
 use crate::plan::DirectResponse;
 use crate::telemetry::metrics as m;
 
@@ -270,33 +270,21 @@ async fn driven_exchange(
             _ => ProxyError::Upstream(format!("{}: {error}", backend.key.addr)),
         }
     };
-    let deadline = tokio::time::Instant::now() + route.timeout();
-    let upstream = match pool.take() {
-        Some(idle) => idle,
-        None => {
-            let connect =
-                crate::generation::connect_h1(&backend.key.addr, backend.key.connect_timeout);
-            match tokio::time::timeout_at(deadline, connect).await {
-                Ok(Ok(fresh)) => fresh,
-                Ok(Err(error)) => {
-                    return Err(failed(AttemptOutcome::ConnectError, error_chain(&error)))
-                }
-                Err(_) => {
-                    backend.record(AttemptOutcome::Timeout);
-                    return Err(ProxyError::UpstreamTimeout(route.timeout()));
-                }
-            }
+    let exchange =
+        crate::generation::request_h1(pool, &backend.key.addr, backend.key.connect_timeout, req);
+    let response = match tokio::time::timeout(route.timeout(), exchange).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(ExchangeError::Connect(error))) => {
+            return Err(failed(AttemptOutcome::ConnectError, error_chain(&error)))
+        }
+        Ok(Err(ExchangeError::Send(error))) => {
+            return Err(failed(AttemptOutcome::Error, error_chain(&error)))
+        }
+        Err(_) => {
+            backend.record(AttemptOutcome::Timeout);
+            return Err(ProxyError::UpstreamTimeout(route.timeout()));
         }
     };
-    let response =
-        match tokio::time::timeout_at(deadline, crate::generation::send_h1(upstream, req)).await {
-            Ok(Ok(response)) => response,
-            Ok(Err(error)) => return Err(failed(AttemptOutcome::Error, error_chain(&error))),
-            Err(_) => {
-                backend.record(AttemptOutcome::Timeout);
-                return Err(ProxyError::UpstreamTimeout(route.timeout()));
-            }
-        };
     backend.record(AttemptOutcome::Ok);
     let (mut parts, mut body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);

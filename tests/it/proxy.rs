@@ -516,3 +516,49 @@ backends = [{{ addr = "{close}" }}]
         "a connection the backend closes is never reused"
     );
 }
+
+/// Reads one request head (no body) from a raw backend connection.
+async fn read_request_head(stream: &mut tokio::net::TcpStream) -> bool {
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !seen.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+            return false;
+        }
+        seen.push(byte[0]);
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_on_a_pooled_connection_the_backend_just_closed_is_sent_again() {
+    // Every connection answers one request, then reads the next one and
+    // closes without a word: the idle-timeout race a keep-alive pool
+    // meets in production, made certain.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&connections);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if read_request_head(&mut stream).await {
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await;
+                    read_request_head(&mut stream).await;
+                }
+            });
+        }
+    });
+    let gw = Gateway::start(&proxy_config(backend, ""));
+    let web = gw.listener("web");
+    for i in 0..10 {
+        let (status, _, body) = get(web, "a.test", &format!("/{i}")).await;
+        assert_eq!((status, body.as_str()), (200, "ok"), "request {i}");
+    }
+    // Each request after the first found its pooled connection closed
+    // under it and was sent again on a new one.
+    assert!(connections.load(Ordering::SeqCst) >= 10);
+}
