@@ -96,20 +96,15 @@ impl ResponseBody {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Polls a streamed body on behalf of its guards: they are released as
-/// soon as the stream ends (rather than when hyper drops the body), and
-/// the stream is cut once its generation has been superseded longer than
-/// `max_pinned_age`.
-fn poll_guarded<B>(
-    body: Pin<&mut B>,
+/// Applies a streamed body's guards to what it yielded: they are
+/// released as soon as the stream ends (rather than when hyper drops the
+/// body), and the stream is cut once its generation has been superseded
+/// longer than `max_pinned_age`.
+fn guard(
+    polled: Poll<Option<Result<Frame<Bytes>, BoxError>>>,
     guards: &mut Option<StreamGuards>,
     cx: &mut Context<'_>,
-) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let polled = body.poll_frame(cx);
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
     match &polled {
         Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
             guards.take();
@@ -130,7 +125,7 @@ where
             }
         }
     }
-    polled.map_err(Into::into)
+    polled
 }
 
 /// Gives a driven connection whose exchange completed back to its pool.
@@ -151,10 +146,16 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
-            ResponseBody::Upstream { body, guards } => poll_guarded(Pin::new(body), guards, cx),
+            ResponseBody::Upstream { body, guards } => guard(
+                Pin::new(body).poll_frame(cx).map_err(Into::into),
+                guards,
+                cx,
+            ),
             ResponseBody::Driven { body, guards } => {
-                let polled = poll_guarded(Pin::new(&mut **body), guards, cx);
+                let polled = Pin::new(&mut **body).poll_frame(cx).map_err(Into::into);
+                // Before the guards go: they know the connection's pool.
                 return_connection(body, guards.as_ref());
+                let polled = guard(polled, guards, cx);
                 // The last byte of a declared length is in: hyper will not
                 // poll again, so release the pin now.
                 if body.is_end_stream() {

@@ -448,7 +448,21 @@ async fn streams_100_mib_both_ways_in_bounded_memory() {
 
 /// A backend that counts the connections it accepts; `close` answers
 /// every request with `Connection: close`.
+/// How the counting backend frames its answer.
+#[derive(Clone, Copy)]
+enum Framing {
+    Length,
+    Chunked,
+}
+
 async fn counting_backend(close: bool) -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    counting_backend_framed(close, Framing::Length).await
+}
+
+async fn counting_backend_framed(
+    close: bool,
+    framing: Framing,
+) -> (std::net::SocketAddr, Arc<AtomicU64>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let accepted = Arc::new(AtomicU64::new(0));
@@ -458,7 +472,20 @@ async fn counting_backend(close: bool) -> (std::net::SocketAddr, Arc<AtomicU64>)
             counter.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |_req| async move {
-                    let mut response = hyper::Response::new(full("counted"));
+                    let body = match framing {
+                        Framing::Length => full("counted"),
+                        // No length known up front: hyper sends it chunked.
+                        Framing::Chunked => {
+                            let (mut tx, body) =
+                                http_body_util::channel::Channel::<Bytes, std::io::Error>::new(2);
+                            tokio::spawn(async move {
+                                let _ = tx.send_data(Bytes::from_static(b"coun")).await;
+                                let _ = tx.send_data(Bytes::from_static(b"ted")).await;
+                            });
+                            body.boxed()
+                        }
+                    };
+                    let mut response = hyper::Response::new(body);
                     if close {
                         response
                             .headers_mut()
@@ -473,6 +500,19 @@ async fn counting_backend(close: bool) -> (std::net::SocketAddr, Arc<AtomicU64>)
         }
     });
     (addr, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_reused_after_chunked_responses() {
+    let (backend, accepted) = counting_backend_framed(false, Framing::Chunked).await;
+    let gw = Gateway::start(&proxy_config(backend, ""));
+    let web = gw.listener("web");
+    for _ in 0..20 {
+        let (status, headers, body) = get(web, "a", "/").await;
+        assert_eq!((status, body.as_str()), (200, "counted"));
+        assert!(!headers.contains_key("content-length"));
+    }
+    assert_eq!(accepted.load(Ordering::Relaxed), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
