@@ -159,7 +159,7 @@ impl H1Pool {
     }
 
     /// The most recently used idle connection that is still usable.
-    pub fn take(&self) -> Option<H1Conn> {
+    fn take(&self) -> Option<H1Conn> {
         loop {
             let (_, mut conn) = self
                 .idle
@@ -190,7 +190,7 @@ impl H1Pool {
 }
 
 /// Opens a new connection to `addr` within `timeout`.
-pub async fn connect(addr: &str, timeout: Duration) -> Result<H1Conn, ConnectError> {
+async fn connect(addr: &str, timeout: Duration) -> Result<H1Conn, ConnectError> {
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| ConnectError::Timeout(timeout))??;
@@ -216,17 +216,18 @@ pub enum ExchangeError {
 /// without an answer. An idempotent request without a body is then sent
 /// once more on a new connection, as nginx and Envoy do; anything else
 /// fails (502).
-pub async fn request<B>(
+pub async fn request<'h, B>(
     pool: &H1Pool,
     addr: &str,
     connect_timeout: Duration,
     req: Request<B>,
+    extra_headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
 ) -> Result<Response<UpstreamBody<B>>, ExchangeError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let encoded = Encoded::new(req);
+    let encoded = Encoded::with_headers(req, extra_headers);
     let Some(pooled) = pool.take() else {
         let fresh = connect(addr, connect_timeout).await?;
         return Ok(send(fresh, encoded).await?);
@@ -250,7 +251,7 @@ impl SendError {
 }
 
 /// A request ready to write: its head encoded, its body and framing.
-pub struct Encoded<B> {
+struct Encoded<B> {
     head: Bytes,
     body: Option<B>,
     framing: RequestFraming,
@@ -258,8 +259,18 @@ pub struct Encoded<B> {
 }
 
 impl<B: Body> Encoded<B> {
-    pub fn new(mut req: Request<B>) -> Self {
-        let (head, framing) = encode_head(&mut req);
+    #[cfg(test)]
+    fn new(req: Request<B>) -> Self {
+        Self::with_headers(req, [])
+    }
+
+    /// Encodes `req` with `extra` headers written after its own (which
+    /// must not have them already).
+    fn with_headers<'h>(
+        mut req: Request<B>,
+        extra: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+    ) -> Self {
+        let (head, framing) = encode_head(&mut req, extra);
         let method = req.method().clone();
         Self {
             head,
@@ -289,7 +300,7 @@ impl<B: Body> Encoded<B> {
 /// response head. The returned body goes on writing the request body
 /// while it reads the response; once the exchange is complete and clean,
 /// `UpstreamBody::take_connection` hands the connection back for the pool.
-pub async fn send<B>(
+async fn send<B>(
     mut conn: H1Conn,
     request: Encoded<B>,
 ) -> Result<Response<UpstreamBody<B>>, SendError>
@@ -421,7 +432,10 @@ fn build_head(response: &httparse::Response<'_, '_>) -> Result<ParsedHead, SendE
 }
 
 /// Encodes the request head and decides how the body is framed.
-fn encode_head<B: Body>(req: &mut Request<B>) -> (Bytes, RequestFraming) {
+fn encode_head<'h, B: Body>(
+    req: &mut Request<B>,
+    extra: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+) -> (Bytes, RequestFraming) {
     let body = req.body();
     let framing = if body.is_end_stream() {
         RequestFraming::None
@@ -451,11 +465,17 @@ fn encode_head<B: Body>(req: &mut Request<B>) -> (Bytes, RequestFraming) {
     head.extend_from_slice(b" ");
     head.extend_from_slice(target.as_bytes());
     head.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers() {
+    let mut field = |name: &HeaderName, value: &HeaderValue| {
         head.extend_from_slice(name.as_str().as_bytes());
         head.extend_from_slice(b": ");
         head.extend_from_slice(value.as_bytes());
         head.extend_from_slice(b"\r\n");
+    };
+    for (name, value) in req.headers() {
+        field(name, value);
+    }
+    for (name, value) in extra {
+        field(name, value);
     }
     head.extend_from_slice(b"\r\n");
     (head.freeze(), framing)
@@ -1314,7 +1334,7 @@ mod tests {
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let response = request(pool, addr, Duration::from_secs(1), req).await?;
+        let response = request(pool, addr, Duration::from_secs(1), req, []).await?;
         let mut body = response.into_body();
         let mut data = BytesMut::new();
         while let Some(frame) = body.frame().await {

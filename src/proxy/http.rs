@@ -159,7 +159,7 @@ async fn serve_route(
         .filter(|_| backend.version == Version::HTTP_11)
         .map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
     let driven = backend.h1.as_ref().filter(|_| upgrade.is_none());
-    let upstream_req = upstream_request(
+    let (mut upstream_req, forwarded) = upstream_request(
         req,
         conn,
         backend,
@@ -169,6 +169,7 @@ async fn serve_route(
     if let Some(pool) = driven {
         return driven_exchange(
             upstream_req,
+            &forwarded,
             pool,
             route,
             backend,
@@ -181,6 +182,7 @@ async fn serve_route(
         )
         .await;
     }
+    forwarded.insert_into(upstream_req.headers_mut());
     let response =
         match tokio::time::timeout(route.timeout(), backend.client.request(upstream_req)).await {
             Ok(Ok(response)) => {
@@ -256,6 +258,7 @@ async fn serve_route(
 /// `generation::h1client`), on a pooled connection or a new one.
 async fn driven_exchange(
     req: Request<Incoming>,
+    forwarded: &Forwarded,
     pool: &crate::generation::H1Pool,
     route: &Route,
     backend: &Backend,
@@ -270,8 +273,13 @@ async fn driven_exchange(
             _ => ProxyError::Upstream(format!("{}: {error}", backend.key.addr)),
         }
     };
-    let exchange =
-        crate::generation::request_h1(pool, &backend.key.addr, backend.key.connect_timeout, req);
+    let exchange = crate::generation::request_h1(
+        pool,
+        &backend.key.addr,
+        backend.key.connect_timeout,
+        req,
+        forwarded.headers(),
+    );
     let response = match tokio::time::timeout(route.timeout(), exchange).await {
         Ok(Ok(response)) => response,
         Ok(Err(ExchangeError::Connect(error))) => {
@@ -317,14 +325,17 @@ fn direct_response(direct: &DirectResponse) -> Response<ResponseBody> {
 }
 
 /// Rewrites a downstream request into the upstream request: absolute URI
-/// to the backend, HTTP/1.1, hop-by-hop headers gone, X-Forwarded-* set.
+/// to the backend, HTTP/1.1, hop-by-hop headers gone. Its X-Forwarded-*
+/// headers are returned apart: cutover's own HTTP/1.1 client writes them
+/// straight into the request head (inserting them would grow the header
+/// map on every request); for hyper's client they go into the map.
 fn upstream_request(
     req: Request<Incoming>,
     conn: &ConnContext,
     backend: &Backend,
     upgrade: Option<&HeaderValue>,
     origin_form: bool,
-) -> Result<Request<Incoming>, ProxyError> {
+) -> Result<(Request<Incoming>, Forwarded), ProxyError> {
     let (mut parts, body) = req.into_parts();
     // HTTP/2 and absolute-form requests carry the host in the URI; the
     // upstream request, in origin-form, needs it as a header.
@@ -359,26 +370,31 @@ fn upstream_request(
     parts.version = backend.version;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
-    if let Some(host) = authority_host {
-        headers.insert(X_FORWARDED_HOST, host.clone());
-        headers.insert(header::HOST, host);
-    } else if let Some(host) = original_host {
-        headers.insert(X_FORWARDED_HOST, host);
-    }
+    let forwarded_host = match authority_host {
+        Some(host) => {
+            headers.insert(header::HOST, host.clone());
+            Some(host)
+        }
+        None => original_host,
+    };
     if let Some(protocol) = upgrade {
         headers.insert(header::UPGRADE, protocol.clone());
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
-    append_forwarded_for(headers, &conn.client_ip);
-    headers.insert(
-        X_FORWARDED_PROTO,
-        HeaderValue::from_static(if conn.scheme == Scheme::HTTPS {
+    // The client's own X-Forwarded-Host and -Proto are replaced, its
+    // X-Forwarded-For is extended.
+    headers.remove(&X_FORWARDED_HOST);
+    headers.remove(&X_FORWARDED_PROTO);
+    let forwarded = Forwarded {
+        client: chain_forwarded_for(headers.remove(&X_FORWARDED_FOR), &conn.client_ip),
+        proto: HeaderValue::from_static(if conn.scheme == Scheme::HTTPS {
             "https"
         } else {
             "http"
         }),
-    );
-    Ok(Request::from_parts(parts, body))
+        host: forwarded_host,
+    };
+    Ok((Request::from_parts(parts, body), forwarded))
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to (`Connection:
@@ -433,19 +449,47 @@ impl Tunnel {
     }
 }
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
-    let chained = headers
-        .get(&X_FORWARDED_FOR)
+/// The X-Forwarded-* headers of one upstream request.
+struct Forwarded {
+    client: HeaderValue,
+    proto: HeaderValue,
+    /// The host the client asked for, when it named one.
+    host: Option<HeaderValue>,
+}
+
+impl Forwarded {
+    fn headers(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        [
+            (&X_FORWARDED_FOR, &self.client),
+            (&X_FORWARDED_PROTO, &self.proto),
+        ]
+        .into_iter()
+        .chain(self.host.as_ref().map(|host| (&X_FORWARDED_HOST, host)))
+    }
+
+    fn insert_into(self, headers: &mut HeaderMap) {
+        headers.insert(X_FORWARDED_FOR.clone(), self.client);
+        headers.insert(X_FORWARDED_PROTO.clone(), self.proto);
+        if let Some(host) = self.host {
+            headers.insert(X_FORWARDED_HOST.clone(), host);
+        }
+    }
+}
+
+/// `existing, client` when the request already carried X-Forwarded-For.
+fn chain_forwarded_for(existing: Option<HeaderValue>, client: &HeaderValue) -> HeaderValue {
+    existing
+        .as_ref()
         .and_then(|v| v.to_str().ok())
         .filter(|existing| !existing.is_empty())
         .and_then(|existing| {
             HeaderValue::from_str(&format!("{existing}, {}", client.to_str().unwrap_or(""))).ok()
-        });
-    headers.insert(X_FORWARDED_FOR, chained.unwrap_or_else(|| client.clone()));
+        })
+        .unwrap_or_else(|| client.clone())
 }
 
 /// Headers that describe one connection and must not cross the proxy

@@ -79,6 +79,9 @@ async fn proxies_get_and_post_with_bodies_and_forwarding_headers() {
         .uri("/orders")
         .header("host", "shop.example")
         .header("x-forwarded-for", "203.0.113.9")
+        // What a client claims about the hop it came over is replaced.
+        .header("x-forwarded-proto", "https")
+        .header("x-forwarded-host", "spoofed.example")
         .body(Full::new(Bytes::from_static(b"{\"qty\": 3}")))
         .unwrap();
     let (status, _, body) = send(web, req).await.unwrap();
@@ -90,6 +93,10 @@ async fn proxies_get_and_post_with_bodies_and_forwarding_headers() {
         body.contains("x-forwarded-for: 203.0.113.9, 127.0.0.1\n"),
         "{body}"
     );
+    assert_eq!(body.matches("x-forwarded-proto: ").count(), 1, "{body}");
+    assert!(body.contains("x-forwarded-proto: http\n"), "{body}");
+    assert_eq!(body.matches("x-forwarded-host: ").count(), 1, "{body}");
+    assert!(body.contains("x-forwarded-host: shop.example\n"), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
