@@ -8,8 +8,13 @@
 //! then (c) the same load through cutover while 1 000 activations run,
 //! with the error count and the p99 ratio against (b).
 //!
+//! The HTTP/1.1 runs (direct, cutover, nginx, HAProxy) are repeated in
+//! rounds of alternating order and averaged, so that a neighbour that
+//! comes and goes during the benchmark weighs on all of them alike.
+//!
 //! Run: `cargo bench --bench proxy` (`CUTOVER_BENCH_SECONDS` sets the
-//! duration of each run, default 10).
+//! duration of each run, default 10; `CUTOVER_BENCH_ROUNDS` the number of
+//! HTTP/1.1 rounds, default 2).
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -39,10 +44,14 @@ fn main() {
     if std::env::args().any(|a| a == "--list" || a == "--test") {
         return;
     }
-    let seconds: u64 = std::env::var("CUTOVER_BENCH_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
+    let setting = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let seconds = setting("CUTOVER_BENCH_SECONDS", 10);
+    let rounds = setting("CUTOVER_BENCH_ROUNDS", 2).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -59,27 +68,43 @@ fn main() {
     let have_wrk = which("wrk");
     let have_h2load = which("h2load");
     println!(
-        "load: {CONNECTIONS} keep-alive connections, {seconds}s per run, generator: {}",
+        "load: {CONNECTIONS} keep-alive connections, {seconds}s per run, {rounds} HTTP/1.1 rounds, generator: {}",
         if have_wrk { "wrk -t1" } else { "built-in" }
     );
 
-    let direct = http1(&runtime, have_wrk, backend, seconds, "a) direct");
-    let proxied = http1(&runtime, have_wrk, web, seconds, "b) cutover");
-    let mut runs = vec![direct, proxied];
     // The same work through nginx and HAProxy, when installed, for scale.
-    let mut references = Vec::new();
+    let mut targets = vec![("a) direct", backend), ("b) cutover", web)];
+    let mut running_references = Vec::new();
     for reference in [Reference::Nginx, Reference::Haproxy] {
-        if let Some(mut running) = reference.start(dir.path(), backend) {
-            references.push(http1(
-                &runtime,
-                have_wrk,
-                running.address,
-                seconds,
-                reference.label(),
-            ));
-            running.stop();
+        if let Some(running) = reference.start(dir.path(), backend) {
+            targets.push((reference.label(), running.address));
+            running_references.push(running);
         }
     }
+    let mut measured: Vec<Vec<Run>> = targets.iter().map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..targets.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            let (label, address) = targets[i];
+            let run = http1(&runtime, have_wrk, address, seconds, label);
+            println!(
+                "  round {}: {label:<14} {:>9.0} req/s, p99 {:.3} ms",
+                round + 1,
+                run.requests_per_sec,
+                run.p99_ms
+            );
+            measured[i].push(run);
+        }
+    }
+    for running in &mut running_references {
+        running.stop();
+    }
+    let mut means = measured.iter().map(|runs| mean(runs));
+    let mut runs: Vec<Run> = means.by_ref().take(2).collect();
+    let references: Vec<Run> = means.collect();
 
     if have_h2load {
         runs.push(h2(backend, seconds, "a) direct h2c"));
@@ -174,6 +199,19 @@ fn main() {
     );
     let _ = gateway.kill();
     let _ = gateway.wait();
+}
+
+/// The average of repeated runs of one target (errors are summed).
+fn mean(runs: &[Run]) -> Run {
+    let n = runs.len().max(1) as f64;
+    let average = |f: fn(&Run) -> f64| runs.iter().map(f).sum::<f64>() / n;
+    Run {
+        label: runs.first().map(|r| r.label.clone()).unwrap_or_default(),
+        requests_per_sec: average(|r| r.requests_per_sec),
+        p50_ms: average(|r| r.p50_ms),
+        p99_ms: average(|r| r.p99_ms),
+        errors: runs.iter().map(|r| r.errors).sum(),
+    }
 }
 
 /// Reference proxies run in the same benchmark, when installed
