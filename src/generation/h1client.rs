@@ -222,22 +222,27 @@ pub async fn request<'h, B>(
     connect_timeout: Duration,
     req: Request<B>,
     extra_headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
-) -> Result<Response<UpstreamBody<B>>, ExchangeError>
+) -> Result<Response<Box<UpstreamBody<B>>>, ExchangeError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    // Connecting is the rare path once the pool is warm: its futures live
+    // on the heap so that this one, moved on every request, stays small.
     let encoded = Encoded::with_headers(req, extra_headers);
     let Some(pooled) = pool.take() else {
-        let fresh = connect(addr, connect_timeout).await?;
+        let fresh = Box::pin(connect(addr, connect_timeout)).await?;
         return Ok(send(fresh, encoded).await?);
     };
     let replay = encoded.replayable().then(|| encoded.replay());
     match (send(pooled, encoded).await, replay) {
         (Err(error), Some(replay)) if error.is_unanswered() => {
             tracing::debug!(backend = addr, %error, "pooled connection closed under the request; sending it again on a new one");
-            let fresh = connect(addr, connect_timeout).await?;
-            Ok(send(fresh, replay).await?)
+            Box::pin(async {
+                let fresh = connect(addr, connect_timeout).await?;
+                Ok(send(fresh, replay).await?)
+            })
+            .await
         }
         (result, _) => Ok(result?),
     }
@@ -303,7 +308,7 @@ impl<B: Body> Encoded<B> {
 async fn send<B>(
     mut conn: H1Conn,
     request: Encoded<B>,
-) -> Result<Response<UpstreamBody<B>>, SendError>
+) -> Result<Response<Box<UpstreamBody<B>>>, SendError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -336,14 +341,14 @@ where
     .await?;
     let mut parsed = parsed;
     let (framing, keep_alive) = body_framing(&mut parsed, head_request)?;
-    let mut body = UpstreamBody {
+    let mut body = Box::new(UpstreamBody {
         conn: Some(conn),
         writer,
         write_failed: write_error.is_some(),
         framing,
         keep_alive,
         idle: None,
-    };
+    });
     if body.framing.is_finished() {
         body.complete();
     }

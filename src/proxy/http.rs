@@ -183,6 +183,34 @@ async fn serve_route(
         .await;
     }
     forwarded.insert_into(upstream_req.headers_mut());
+    // On the heap: this path's futures are large, and the plain HTTP/1.1
+    // path above is the one every request of most deployments takes.
+    Box::pin(client_exchange(
+        upstream_req,
+        upgrade,
+        conn,
+        route,
+        backend,
+        guard,
+        slot,
+        backend_guard,
+    ))
+    .await
+}
+
+/// An exchange through hyper-util's pooled client (TLS, h2 and h2c
+/// backends, and protocol upgrades).
+#[allow(clippy::too_many_arguments)]
+async fn client_exchange(
+    upstream_req: Request<Incoming>,
+    upgrade: Option<(HeaderValue, hyper::upgrade::OnUpgrade)>,
+    conn: &ConnContext,
+    route: &Route,
+    backend: &Backend,
+    guard: crate::generation::InflightGuard,
+    slot: Option<crate::generation::RouteSlot>,
+    backend_guard: crate::generation::BackendGuard,
+) -> Result<Response<ResponseBody>, ProxyError> {
     let response =
         match tokio::time::timeout(route.timeout(), backend.client.request(upstream_req)).await {
             Ok(Ok(response)) => {
@@ -302,7 +330,7 @@ async fn driven_exchange(
     Ok(Response::from_parts(
         parts,
         ResponseBody::Driven {
-            body: Box::new(body),
+            body,
             guards: Some(guards),
         },
     ))
