@@ -105,6 +105,7 @@ pub async fn handle(
             duration_us = started.elapsed().as_micros() as u64,
         );
     }
+    crate::admission::release(generation);
     Ok(response)
 }
 
