@@ -449,6 +449,11 @@ async fn serve_http<I>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
+        // One buffer per response instead of a queue of head and body
+        // pieces for writev: 2.5 % fewer instructions per request, and
+        // what rustls prefers anyway; bodies still stream in chunks of
+        // at most `max_buf_size`.
+        .writev(false)
         .max_buf_size(limits.max_header_bytes);
     // hyper parses into a stack array sized for its default limit; any
     // other limit makes it allocate and initialise a vector on every
