@@ -405,7 +405,14 @@ fn poll_head(conn: &mut H1Conn, cx: &mut Context<'_>) -> Poll<Result<ParsedHead,
             }
         }
         match ready!(conn.poll_fill(cx)) {
-            Ok(0) => return Poll::Ready(Err(SendError::Closed)),
+            // `Closed` means nothing of the answer arrived (what makes a
+            // request safe to send again); half a head is a bad answer.
+            Ok(0) if conn.buffered().is_empty() => return Poll::Ready(Err(SendError::Closed)),
+            Ok(0) => {
+                return Poll::Ready(Err(SendError::Invalid(
+                    "connection closed in the middle of the response head",
+                )))
+            }
             Ok(_) => {}
             Err(error) => return Poll::Ready(Err(SendError::Io(error))),
         }
@@ -1193,6 +1200,8 @@ mod tests {
         let error = refusal(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel").await;
         assert!(matches!(error, SendError::Closed), "{error}");
         let error = refusal(b"HTTP/1.1 200 OK\r\ncontent-len").await;
+        assert!(matches!(error, SendError::Invalid(_)), "{error}");
+        let error = refusal(b"").await;
         assert!(matches!(error, SendError::Closed), "{error}");
     }
 
