@@ -324,6 +324,11 @@ where
         if let Some(w) = writer.as_mut() {
             match w.poll(cx, &mut conn.stream) {
                 Poll::Ready(Ok(())) => writer = None,
+                // The client's body failed: the backend has half a
+                // request and no answer to give.
+                Poll::Ready(Err(error @ SendError::RequestBody(_))) => {
+                    return Poll::Ready(Err(error))
+                }
                 // The backend may have answered before reading the whole
                 // request (and closed its side): its answer still counts.
                 Poll::Ready(Err(error)) => {
@@ -1246,6 +1251,33 @@ mod tests {
         assert_eq!(
             request,
             format!("PUT /stream HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n{chunked}")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_request_body_ends_the_exchange_at_once() {
+        // The backend waits for a body that never completes.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            while stream.read(&mut buf).await.unwrap_or(0) > 0 {}
+        });
+        let (mut sender, body) = Channel::<Bytes, io::Error>::new(1);
+        tokio::spawn(async move {
+            let _ = sender.send_data(Bytes::from_static(b"part")).await;
+            sender.abort(io::Error::other("client went away"));
+        });
+        let mut req = Request::new(body);
+        *req.method_mut() = Method::POST;
+        let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
+        let outcome =
+            tokio::time::timeout(Duration::from_secs(5), send(conn, Encoded::new(req))).await;
+        assert!(
+            matches!(outcome, Ok(Err(SendError::RequestBody(_)))),
+            "{:?}",
+            outcome.map(|r| r.map(|_| ()))
         );
     }
 
