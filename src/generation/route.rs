@@ -1,4 +1,5 @@
-//! A compiled route: matchers, action, and its pre-registered counters.
+//! A compiled route: its spec, its action, and the state it keeps across
+//! generations (admission counter, metric handles).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
