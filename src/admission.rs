@@ -39,11 +39,12 @@ impl Admission {
     }
 }
 
-/// Lets go of a request's generation. Whoever holds a superseded
-/// generation last frees it, which for a large configuration takes
-/// milliseconds (about 4 ms at 10 000 routes): when that is this request,
-/// the freeing goes to the blocking pool instead of stalling a thread
-/// that serves requests.
+/// Lets go of a generation held on a thread that serves requests (a
+/// request's pin, a new connection's look at its limits or backend).
+/// Whoever holds a superseded generation last frees it, which for a large
+/// configuration takes milliseconds (about 4 ms at 10 000 routes): when
+/// that is this holder, the freeing goes to the blocking pool instead of
+/// stalling the thread. Every such holder lets go through here.
 pub fn release<T: Send + Sync + 'static>(pinned: Arc<T>) {
     if Arc::strong_count(&pinned) == 1 {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

@@ -373,13 +373,15 @@ impl ListenerSet {
     /// The limits the active generation sets for a listener.
     fn limits(&self, listener: &str) -> ListenerLimits {
         let generation = self.admission.store().load_full();
-        generation
+        let limits = generation
             .spec
             .listeners
             .iter()
             .find(|l| l.name == listener)
             .map(|l| l.limits)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        crate::admission::release(generation);
+        limits
     }
 }
 

@@ -48,7 +48,7 @@ pub async fn serve(
         .and_then(|name| generation.upstream(name))
         .and_then(|upstream| upstream.pick().cloned());
     // Only the guard and the backend outlive set-up.
-    drop(generation);
+    crate::admission::release(generation);
     let Some(backend) = backend else {
         tracing::warn!(listener = %listener, "tcp listener has no upstream in the active generation");
         return;
