@@ -612,14 +612,24 @@ where
     }
 }
 
-/// Whether a comma-separated header has `token` (case-insensitive).
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+/// The non-empty, trimmed items of a comma-separated header, over all
+/// its fields (`Connection: close, x-a`, `Transfer-Encoding: gzip, chunked`).
+pub fn header_tokens<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> impl DoubleEndedIterator<Item = &'a str> {
     headers
         .get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether a comma-separated header has `token` (case-insensitive).
+fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
+    header_tokens(headers, name).any(|t| t.eq_ignore_ascii_case(token))
 }
 
 /// How the response body is delimited (RFC 9112 §6.3), and whether the
@@ -630,8 +640,8 @@ fn body_framing(
 ) -> Result<(BodyFraming, bool), SendError> {
     let headers = &mut head.headers;
     let mut keep_alive = match head.version {
-        Version::HTTP_10 => has_token(headers, header::CONNECTION, "keep-alive"),
-        _ => !has_token(headers, header::CONNECTION, "close"),
+        Version::HTTP_10 => has_token(headers, &header::CONNECTION, "keep-alive"),
+        _ => !has_token(headers, &header::CONNECTION, "close"),
     };
     let status = head.status;
     if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
@@ -644,19 +654,14 @@ fn body_framing(
         if headers.remove(header::CONTENT_LENGTH).is_some() {
             keep_alive = false;
         }
-        let last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .rfind(|t| !t.is_empty());
-        return Ok(match last {
-            Some(t) if t.eq_ignore_ascii_case("chunked") => {
-                (BodyFraming::Chunked(Chunked::Size), keep_alive)
-            }
-            _ => (BodyFraming::Close, false),
-        });
+        return Ok(
+            match header_tokens(headers, &header::TRANSFER_ENCODING).next_back() {
+                Some(t) if t.eq_ignore_ascii_case("chunked") => {
+                    (BodyFraming::Chunked(Chunked::Size), keep_alive)
+                }
+                _ => (BodyFraming::Close, false),
+            },
+        );
     }
     let mut length = None;
     for value in headers.get_all(header::CONTENT_LENGTH) {

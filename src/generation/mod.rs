@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::SystemTime;
 
 pub use h1client::{
-    request as request_h1, ConnectError, ExchangeError, H1Pool, SendError, UpstreamBody,
+    header_tokens, request as request_h1, ConnectError, ExchangeError, H1Pool, SendError,
+    UpstreamBody,
 };
 pub use ledger::{InflightGuard, Ledger};
 pub use route::{Action, Route, RouteShared, RouteSlot, Saturated};

@@ -21,7 +21,9 @@ use metrics::Counter;
 use super::body::{ResponseBody, StreamGuards};
 use super::error::{error_response, ProxyError};
 use crate::admission::{Admission, Pinned};
-use crate::generation::{Action, AttemptOutcome, Backend, ExchangeError, Generation, Route};
+use crate::generation::{
+    header_tokens, Action, AttemptOutcome, Backend, ExchangeError, Generation, Route,
+};
 use crate::plan::DirectResponse;
 use crate::telemetry::metrics as m;
 
@@ -432,13 +434,8 @@ fn requested_upgrade(req: &Request<Incoming>) -> Option<HeaderValue> {
     if req.version() != Version::HTTP_11 {
         return None;
     }
-    let asks = req
-        .headers()
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    let asks = header_tokens(req.headers(), &header::CONNECTION)
+        .any(|token| token.eq_ignore_ascii_case("upgrade"));
     asks.then(|| req.headers().get(header::UPGRADE).cloned())
         .flatten()
 }
@@ -543,12 +540,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+    let named: Vec<HeaderName> = header_tokens(headers, &header::CONNECTION)
+        .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
         .collect();
     for name in named {
         headers.remove(name);
