@@ -286,11 +286,17 @@ pub async fn admin_request(
     (status, value)
 }
 
-/// Sends one request on a new HTTP/1.1 connection and reads the whole answer.
-pub async fn send(
+/// Sends one request on a new HTTP/1.1 connection; the response body is
+/// left to read (or stream).
+pub async fn try_open<B>(
     addr: SocketAddr,
-    req: Request<Full<Bytes>>,
-) -> Result<(u16, hyper::HeaderMap, Bytes), String> {
+    req: Request<B>,
+) -> Result<hyper::Response<Incoming>, String>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -301,10 +307,28 @@ pub async fn send(
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let response = sender
+    sender
         .send_request(req)
         .await
-        .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))?;
+        .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))
+}
+
+/// `try_open`, for tests where failing to get a response is the failure.
+pub async fn open<B>(addr: SocketAddr, req: Request<B>) -> hyper::Response<Incoming>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    try_open(addr, req).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Sends one request on a new HTTP/1.1 connection and reads the whole answer.
+pub async fn send(
+    addr: SocketAddr,
+    req: Request<Full<Bytes>>,
+) -> Result<(u16, hyper::HeaderMap, Bytes), String> {
+    let response = try_open(addr, req).await?;
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let body = response

@@ -277,18 +277,12 @@ async fn drain_cuts_endless_streams_at_the_deadline_and_sends_goaway() {
     let mut h2_body = h2.send_request(req).await.unwrap().into_body();
     assert!(h2_body.frame().await.is_some());
 
-    let stream = TcpStream::connect(web).await.unwrap();
-    let (mut h1, h1_conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(h1_conn);
     let req = hyper::Request::builder()
         .uri("/stream")
         .header("host", "a")
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .unwrap();
-    let mut h1_body = h1.send_request(req).await.unwrap().into_body();
+    let mut h1_body = open(web, req).await.into_body();
     assert!(h1_body.frame().await.is_some());
 
     let signalled = Instant::now();
@@ -772,18 +766,12 @@ async fn max_pinned_age_ends_superseded_streaming_responses() {
     let base = slow_backend_config(backend.addr, "5s")
         .replace("[runtime]\n", "[runtime]\nmax_pinned_age = \"1s\"\n");
     let gw = Gateway::start(&base);
-    let stream = TcpStream::connect(gw.listener("web")).await.unwrap();
-    let (mut h1, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
     let req = hyper::Request::builder()
         .uri("/stream")
         .header("host", "a")
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .unwrap();
-    let mut body = h1.send_request(req).await.unwrap().into_body();
+    let mut body = open(gw.listener("web"), req).await.into_body();
     // Not superseded: it flows past max_pinned_age.
     let started = Instant::now();
     while started.elapsed() < Duration::from_millis(1500) {

@@ -413,29 +413,17 @@ async fn streams_100_mib_both_ways_in_bounded_memory() {
         .header("host", "a")
         .body(Generated::new(HUNDRED_MIB))
         .unwrap();
-    let stream = tokio::net::TcpStream::connect(web).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let response = sender.send_request(upload).await.unwrap();
+    let response = open(web, upload).await;
     assert_eq!(response.status(), 200);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(String::from_utf8_lossy(&body), HUNDRED_MIB.to_string());
 
-    let stream = tokio::net::TcpStream::connect(web).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
     let req = Request::builder()
         .uri("/download")
         .header("host", "a")
         .body(Full::new(Bytes::new()))
         .unwrap();
-    let mut body = sender.send_request(req).await.unwrap().into_body();
+    let mut body = open(web, req).await.into_body();
     let mut downloaded = 0u64;
     while let Some(frame) = body.frame().await {
         downloaded += frame
