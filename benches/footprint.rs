@@ -1,6 +1,8 @@
 //! Resident memory of the real `cutover` binary: idle on a small
 //! configuration, and holding a 10 000-route configuration (2 500 regexes,
-//! 1 000 upstreams, the `routing` benchmark's mix).
+//! 1 000 upstreams, the `routing` benchmark's mix); then under sustained
+//! load with nobody scraping `/metrics` (its RSS after 5 and after 20
+//! seconds of load: what recorded request durations cost if they pile up).
 //!
 //! Starts the binary, waits for its ready line, lets it settle, then reads
 //! `VmRSS` and `VmHWM` from `/proc`. Linux only.
@@ -53,20 +55,61 @@ fn main() {
     ] {
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, config).expect("write config");
-        let (rss, peak) = measure(&path);
+        let (mut child, _) = common::start_gateway(&path);
+        std::thread::sleep(Duration::from_secs(2));
+        let (rss, peak) = memory(&child);
+        stop(&mut child);
         println!(
             "{label:<44} {:>10.1} {:>10.1}",
             rss as f64 / 1024.0,
             peak as f64 / 1024.0
         );
     }
+    under_load(&dir.path().join("gateway.toml"));
 }
 
-/// Starts the gateway on `config` and returns its resident and peak
-/// resident memory in KiB once it has been ready for two seconds.
-fn measure(config: &std::path::Path) -> (u64, u64) {
-    let (mut child, _) = common::start_gateway(config);
-    std::thread::sleep(Duration::from_secs(2));
+/// The small configuration's direct-response route under 20 s of
+/// keep-alive load on 16 connections, its RSS read after 5 s and after
+/// 20 s. A gateway whose per-request bookkeeping piles up grows between
+/// the two (recorded durations are 16 bytes a request).
+fn under_load(path: &std::path::Path) {
+    // Without the access log, which would write a line per request.
+    std::fs::write(path, format!("{SMALL}\n[log]\nlevel = \"warn\"\n")).expect("write config");
+    let (mut child, ready) = common::start_gateway(path);
+    let target: std::net::SocketAddr = ready["listeners"][0]["address"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .expect("listener address in the ready line");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut served = 0;
+    for (seconds, label) in [
+        (5, "under load, no scrapes: after 5 s"),
+        (15, "                          after 20 s"),
+    ] {
+        let (latencies, errors) = runtime.block_on(common::keep_alive_load(
+            target,
+            "/healthz",
+            16,
+            Duration::from_secs(seconds),
+        ));
+        assert_eq!(errors, 0, "load failed");
+        served += latencies.len();
+        let (rss, peak) = memory(&child);
+        println!(
+            "{label:<44} {:>10.1} {:>10.1}   ({served} requests)",
+            rss as f64 / 1024.0,
+            peak as f64 / 1024.0
+        );
+    }
+    stop(&mut child);
+}
+
+/// The child's resident and peak resident memory in KiB.
+fn memory(child: &std::process::Child) -> (u64, u64) {
     let status =
         std::fs::read_to_string(format!("/proc/{}/status", child.id())).expect("read /proc status");
     let field = |name: &str| {
@@ -76,8 +119,10 @@ fn measure(config: &std::path::Path) -> (u64, u64) {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or(0)
     };
-    let measured = (field("VmRSS:"), field("VmHWM:"));
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn stop(child: &mut std::process::Child) {
     let _ = child.kill();
     let _ = child.wait();
-    measured
 }

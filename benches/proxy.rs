@@ -449,51 +449,8 @@ fn h2(target: SocketAddr, seconds: u64, label: &str) -> Run {
 
 /// Keep-alive HTTP/1.1 load without external tools.
 async fn builtin_load(target: SocketAddr, seconds: u64, label: &str) -> Run {
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let mut tasks = Vec::new();
-    for _ in 0..CONNECTIONS {
-        tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            let mut errors = 0u64;
-            let Ok(stream) = tokio::net::TcpStream::connect(target).await else {
-                return (latencies, 1);
-            };
-            let _ = stream.set_nodelay(true);
-            let Ok((mut sender, conn)) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-            else {
-                return (latencies, 1);
-            };
-            tokio::spawn(conn);
-            while Instant::now() < deadline {
-                let started = Instant::now();
-                let req = Request::builder()
-                    .uri("/")
-                    .header("host", "bench")
-                    .body(Full::new(Bytes::new()))
-                    .expect("request");
-                match sender.send_request(req).await {
-                    Ok(response) if response.status().is_success() => {
-                        let _ = response.into_body().collect().await;
-                        latencies.push(started.elapsed());
-                    }
-                    _ => {
-                        errors += 1;
-                        break;
-                    }
-                }
-            }
-            (latencies, errors)
-        }));
-    }
-    let mut all = Vec::new();
-    let mut errors = 0;
-    for task in tasks {
-        if let Ok((latencies, e)) = task.await {
-            all.extend(latencies);
-            errors += e;
-        }
-    }
+    let (mut all, errors) =
+        common::keep_alive_load(target, "/", CONNECTIONS, Duration::from_secs(seconds)).await;
     all.sort();
     let pct = |p: f64| {
         all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))

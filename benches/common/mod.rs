@@ -4,7 +4,14 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
 
 /// Starts the real `cutover` binary on `config` and waits for its ready
 /// line; returns the child and the ready line's JSON (addresses, pid).
@@ -59,4 +66,58 @@ pub fn mixed_config(n: usize, salt: u64) -> String {
         ));
     }
     out
+}
+
+/// Keep-alive HTTP/1.1 GETs of `path` on `connections` connections for
+/// `duration`, one request at a time per connection (hyper's client, no
+/// external tools); returns every successful request's latency and the
+/// number of failures (a connection stops at its first).
+pub async fn keep_alive_load(
+    target: SocketAddr,
+    path: &'static str,
+    connections: usize,
+    duration: Duration,
+) -> (Vec<Duration>, u64) {
+    let deadline = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..connections {
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let Ok(stream) = tokio::net::TcpStream::connect(target).await else {
+                return (latencies, 1);
+            };
+            let _ = stream.set_nodelay(true);
+            let Ok((mut sender, conn)) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+            else {
+                return (latencies, 1);
+            };
+            tokio::spawn(conn);
+            while Instant::now() < deadline {
+                let started = Instant::now();
+                let req = Request::builder()
+                    .uri(path)
+                    .header("host", "bench")
+                    .body(Full::new(Bytes::new()))
+                    .expect("request");
+                match sender.send_request(req).await {
+                    Ok(response) if response.status().is_success() => {
+                        let _ = response.into_body().collect().await;
+                        latencies.push(started.elapsed());
+                    }
+                    _ => return (latencies, 1),
+                }
+            }
+            (latencies, 0)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        if let Ok((latencies, e)) = task.await {
+            all.extend(latencies);
+            errors += e;
+        }
+    }
+    (all, errors)
 }

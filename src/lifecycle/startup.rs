@@ -335,7 +335,13 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
                 "/metrics",
                 axum::routing::get(move || {
                     let prometheus = prometheus.clone();
-                    async move { prometheus.render() }
+                    // Rendering thousands of series takes milliseconds:
+                    // not on a thread that serves requests.
+                    async move {
+                        tokio::task::spawn_blocking(move || prometheus.render())
+                            .await
+                            .map_err(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR)
+                    }
                 }),
             );
             tokio::spawn(super::control_server::serve(

@@ -41,6 +41,17 @@ pub const CERT_RELOADS: &str = "cutover_certificate_reloads_total";
 /// Drain-aware restarts by `outcome`.
 pub const UPGRADES: &str = "cutover_upgrades_total";
 
+/// Bucket bounds (seconds) of `REQUEST_DURATION`: sub-millisecond answers
+/// up to the longest upstream timeouts.
+pub const REQUEST_DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+/// Bucket bounds (seconds) of `ACTIVATION_DURATION`.
+pub const ACTIVATION_DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
 pub const LABEL_ROUTE: &str = "route";
 pub const LABEL_LISTENER: &str = "listener";
 pub const LABEL_CLASS: &str = "class";

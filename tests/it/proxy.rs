@@ -299,6 +299,15 @@ respond = { status = 410 }
         series(r#"cutover_request_duration_seconds_count{route="busy"}"#),
         "2"
     );
+    // Durations are histograms with fixed buckets, not summaries.
+    assert!(
+        text.contains("# TYPE cutover_request_duration_seconds histogram"),
+        "{text}"
+    );
+    assert_eq!(
+        series(r#"cutover_request_duration_seconds_bucket{route="busy",le="+Inf"}"#),
+        "2"
+    );
     // A route without traffic holds no series.
     assert!(!text.contains(r#"route="idle""#), "{text}");
     assert!(!text.contains(r#"route="busy",class="4xx""#), "{text}");
