@@ -66,7 +66,7 @@ fn admin_with(text: &str, token: Option<&str>) -> Admin {
         rolled_back_to: None,
         requested_by: None,
         reason: None,
-        config: source.text.clone(),
+        config: crate::runtime::RetainedText::new(&source.text),
         base_dir: source.base_dir.clone(),
         origin: source.origin.clone(),
     });

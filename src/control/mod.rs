@@ -29,7 +29,7 @@ use crate::plan::{self, Diff, Plan};
 use crate::proxy::{BindError, ListenerInfo, ListenerSet};
 use crate::runtime::{
     rfc3339, GenerationRecord, GenerationStore, History, OperationKind, OperationRecord, Outcome,
-    Phase, PhaseCell, Source,
+    Phase, PhaseCell, RetainedText, Source,
 };
 use crate::telemetry::metrics as m;
 use crate::telemetry::LogLevel;
@@ -203,11 +203,13 @@ impl Control {
         let active = self.store.active_id();
         let history = self.history();
         let record = history.generation(active)?;
-        Some(ConfigText::inline(
-            record.config.clone(),
-            record.base_dir.clone(),
-            &record.origin,
-        ))
+        match record.config_text() {
+            Ok(text) => Some(text),
+            Err(error) => {
+                tracing::error!(%error, "cannot read the active configuration");
+                None
+            }
+        }
     }
 
     /// Records the start of a long operation; returns its id.
@@ -390,11 +392,9 @@ impl Control {
         if target == active.id {
             return Err(ControlError::TargetActive(target));
         }
-        let text = ConfigText::inline(
-            record.config.clone(),
-            record.base_dir.clone(),
-            &record.origin,
-        );
+        let text = record
+            .config_text()
+            .map_err(|e| ControlError::Internal(e.to_string()))?;
         let plan = plan::plan(&text, Some((active.id, &active.spec)));
         if !plan.errors.is_empty() || !plan.rejected.is_empty() {
             return Err(ControlError::NotActivatable {
@@ -517,6 +517,8 @@ impl Control {
             plan.diff.summary.added, plan.diff.summary.removed, plan.diff.summary.modified
         );
         {
+            // Compressed before the history lock is taken.
+            let config = RetainedText::new(&meta.text.text);
             let mut history = self.history();
             history.set_limit(spec.runtime.history_limit);
             history.record_generation(GenerationRecord {
@@ -527,7 +529,7 @@ impl Control {
                 rolled_back_to: meta.rolled_back_to,
                 requested_by: meta.requester.requested_by.clone(),
                 reason: meta.requester.reason.clone(),
-                config: meta.text.text.clone(),
+                config,
                 base_dir: meta.text.base_dir.clone(),
                 origin: meta.text.origin.clone(),
             });

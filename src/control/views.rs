@@ -3,7 +3,6 @@
 use serde::Serialize;
 
 use super::Control;
-use crate::config::ConfigText;
 use crate::ids::GenerationId;
 use crate::plan::{self, Diff};
 use crate::runtime::{rfc3339, GenerationLoad, GenerationRecord, OperationRecord, Source};
@@ -122,19 +121,10 @@ impl Control {
         };
         let active = self.store.active_id();
         let summary = self.view(&record, active, &self.store.loads());
+        let config = record.config_text().ok()?;
         let diff = predecessor.as_ref().and_then(|p| {
-            let before = plan::validate(&ConfigText::inline(
-                p.config.clone(),
-                p.base_dir.clone(),
-                &p.origin,
-            ))
-            .ok()?;
-            let after = plan::validate(&ConfigText::inline(
-                record.config.clone(),
-                record.base_dir.clone(),
-                &record.origin,
-            ))
-            .ok()?;
+            let before = plan::validate(&p.config_text().ok()?).ok()?;
+            let after = plan::validate(&config).ok()?;
             Some(plan::diff(
                 &before.file,
                 &before.canonical,
@@ -146,7 +136,7 @@ impl Control {
         Some(GenerationDetail {
             summary,
             origin: record.origin,
-            config: record.config,
+            config: config.text,
             predecessor: predecessor.map(|p| p.generation),
             diff,
         })
@@ -193,11 +183,8 @@ impl Control {
             // Activating it would change nothing.
             return false;
         }
-        let text = ConfigText::inline(
-            record.config.clone(),
-            record.base_dir.clone(),
-            &record.origin,
-        );
-        plan::plan(&text, Some((active.id, &active.spec))).activatable
+        record
+            .config_text()
+            .is_ok_and(|text| plan::plan(&text, Some((active.id, &active.spec))).activatable)
     }
 }

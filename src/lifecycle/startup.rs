@@ -21,7 +21,7 @@ use crate::plan::{self, Spec};
 use crate::proxy::ListenerSet;
 use crate::runtime::{
     rfc3339, GenerationRecord, GenerationStore, History, OperationKind, Outcome, PersistedState,
-    Phase, PhaseCell, Source,
+    Phase, PhaseCell, RetainedText, Source,
 };
 use crate::telemetry::{self, metrics as m};
 use crate::tls::CertStore;
@@ -155,7 +155,7 @@ fn choose_start(options: &Options, upgrade: Option<UpgradeState>) -> Result<Star
             notes: Vec::new(),
         });
     };
-    let resumed = ConfigText::inline(last.config.clone(), last.base_dir.clone(), &last.origin);
+    let resumed = last.config_text()?;
     Ok(match plan::validate(&resumed) {
         Ok(spec) => Start {
             text: resumed,
@@ -281,7 +281,7 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
             rolled_back_to: None,
             requested_by,
             reason,
-            config: text.text.clone(),
+            config: RetainedText::new(&text.text),
             base_dir: text.base_dir.clone(),
             origin: text.origin.clone(),
         });
