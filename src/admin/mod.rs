@@ -183,8 +183,8 @@ async fn upgrade(
         .into_response())
 }
 
-async fn history(State(control): Shared) -> Response {
-    Json(control.history_view()).into_response()
+async fn history(State(control): Shared) -> Result<Response, ApiError> {
+    Ok(Json(control.retained().await?).into_response())
 }
 
 async fn history_generation(
@@ -195,7 +195,8 @@ async fn history_generation(
         .parse::<u64>()
         .map_err(|_| ApiError::BadRequest(format!("'{generation}' is not a generation id")))?;
     control
-        .generation_detail(GenerationId(id))
+        .generation(GenerationId(id))
+        .await?
         .map(|d| Json(d).into_response())
         .ok_or_else(|| ApiError::NotFound(format!("generation {id} is not retained")))
 }

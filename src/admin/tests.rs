@@ -42,6 +42,11 @@ struct Admin {
 }
 
 fn admin_with(text: &str, token: Option<&str>) -> Admin {
+    admin_with_hook(text, token, || {})
+}
+
+/// `release_memory` runs right after control-plane work, on its thread.
+fn admin_with_hook(text: &str, token: Option<&str>, release_memory: fn()) -> Admin {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, text).expect("write");
@@ -73,7 +78,7 @@ fn admin_with(text: &str, token: Option<&str>) -> Admin {
     let phase = Arc::new(PhaseCell::default());
     phase.advance(Phase::Running);
     let control = Arc::new(Control::new(crate::control::ControlParts {
-        release_memory: || {},
+        release_memory,
         store,
         shared,
         listeners,
@@ -374,6 +379,44 @@ async fn draining_refuses_changes_and_readiness() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     let (status, _) = call(&a, get("/admin/health")).await;
     assert_eq!(status, StatusCode::OK);
+}
+
+/// Threads that control-plane work of `history_reads_plan_off_the_serving_thread` ran on.
+static WORKED_ON: std::sync::Mutex<Vec<std::thread::ThreadId>> = std::sync::Mutex::new(Vec::new());
+
+fn note_thread() {
+    if let Ok(mut threads) = WORKED_ON.lock() {
+        threads.push(std::thread::current().id());
+    }
+}
+
+/// History views plan every retained configuration (`rollback_candidate`,
+/// the detail's diff): tens of milliseconds each for large ones, which
+/// must not stall a thread that serves requests.
+#[tokio::test]
+async fn history_reads_plan_off_the_serving_thread() {
+    let a = admin_with_hook(BASE, None, note_thread);
+    let v2 = BASE.replace("\"15s\"", "\"5s\"");
+    assert_eq!(
+        call(&a, toml("/admin/runtime/activate", &v2)).await.0,
+        StatusCode::OK
+    );
+    WORKED_ON.lock().expect("lock").clear();
+    let (status, history) = call(&a, get("/admin/runtime/history")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(history["generations"][1]["rollback_candidate"], true);
+    let (status, detail) = call(&a, get("/admin/runtime/history/2")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        detail["diff"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("5s")),
+        "{detail}"
+    );
+    let threads = WORKED_ON.lock().expect("lock").clone();
+    // This current-thread runtime's only thread is the test's.
+    assert_eq!(threads.len(), 2, "{threads:?}");
+    assert!(threads.iter().all(|t| *t != std::thread::current().id()));
 }
 
 #[tokio::test]

@@ -1,8 +1,10 @@
 //! Read-only views of the control plane: status, history, operations.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
-use super::Control;
+use super::{Control, ControlError};
 use crate::ids::GenerationId;
 use crate::plan::{self, Diff};
 use crate::runtime::{rfc3339, GenerationLoad, GenerationRecord, OperationRecord, Source};
@@ -87,7 +89,25 @@ impl Control {
         }
     }
 
-    pub fn history_view(&self) -> HistoryView {
+    /// Retained generations and the operation log. Runs off the data
+    /// plane's threads: `rollback_candidate` plans every retained
+    /// configuration against the active one (about 20 ms each at 10 000
+    /// routes).
+    pub async fn retained(self: &Arc<Self>) -> Result<HistoryView, ControlError> {
+        self.off_the_data_plane(|c| Ok(c.history_view())).await
+    }
+
+    /// One retained generation with its text and the diff against its
+    /// predecessor (two plans), off the data plane's threads.
+    pub async fn generation(
+        self: &Arc<Self>,
+        id: GenerationId,
+    ) -> Result<Option<GenerationDetail>, ControlError> {
+        self.off_the_data_plane(move |c| Ok(c.generation_detail(id)))
+            .await
+    }
+
+    fn history_view(&self) -> HistoryView {
         let records: Vec<GenerationRecord>;
         let operations: Vec<OperationRecord>;
         let limit;
@@ -111,7 +131,7 @@ impl Control {
         }
     }
 
-    pub fn generation_detail(&self, id: GenerationId) -> Option<GenerationDetail> {
+    fn generation_detail(&self, id: GenerationId) -> Option<GenerationDetail> {
         let (record, predecessor) = {
             let history = self.history();
             (
