@@ -6,7 +6,11 @@
 //! or with a built-in hyper load generator otherwise. Prints requests/s and
 //! p50/p99 latency for (a) direct, (b) through cutover, and the ratios b/a;
 //! then (c) the same load through cutover while 1 000 activations run,
-//! with the error count and the p99 ratio against (b).
+//! with the error count and the p99 ratio against (b); and (d) the latency
+//! each target adds below saturation: an open-loop rate of half cutover's
+//! closed-loop throughput (`CUTOVER_BENCH_PACED_PERCENT`) on every target,
+//! from the built-in generator, which charges a request the wait when its
+//! connection fell behind.
 //!
 //! The HTTP/1.1 runs (direct, cutover, nginx, HAProxy) are repeated in
 //! rounds of alternating order and averaged, so that a neighbour that
@@ -99,12 +103,23 @@ fn main() {
             measured[i].push(run);
         }
     }
-    for running in &mut running_references {
-        running.stop();
-    }
     let mut means = measured.iter().map(|runs| mean(runs));
     let mut runs: Vec<Run> = means.by_ref().take(2).collect();
     let references: Vec<Run> = means.collect();
+
+    // (d) The latency each adds below saturation: the same open-loop rate
+    // (a fraction of cutover's closed-loop throughput) on every target.
+    let fraction = setting("CUTOVER_BENCH_PACED_PERCENT", 50) as f64 / 100.0;
+    let rate = runs[1].requests_per_sec * fraction;
+    let paced: Vec<Run> = targets
+        .iter()
+        .map(|(label, address)| {
+            runtime.block_on(paced(*address, rate, seconds, &format!("{label} paced")))
+        })
+        .collect();
+    for running in &mut running_references {
+        running.stop();
+    }
 
     if have_h2load {
         runs.push(h2(backend, seconds, "a) direct h2c"));
@@ -167,6 +182,25 @@ fn main() {
         println!(
             "{:<28} {:>12.0} {:>10.3} {:>10.3} {:>8}",
             r.label, r.requests_per_sec, r.p50_ms, r.p99_ms, r.errors
+        );
+    }
+    println!();
+    println!(
+        "d) open loop at {rate:.0} req/s ({:.0} % of cutover's closed-loop throughput):",
+        fraction * 100.0
+    );
+    for r in &paced {
+        println!(
+            "{:<28} {:>12.0} {:>10.3} {:>10.3} {:>8}",
+            r.label, r.requests_per_sec, r.p50_ms, r.p99_ms, r.errors
+        );
+    }
+    for r in &paced[1..] {
+        println!(
+            "{} p50 ratio /a: {:.3}, p99 ratio /a: {:.3}",
+            r.label,
+            r.p50_ms / paced[0].p50_ms,
+            r.p99_ms / paced[0].p99_ms
         );
     }
     let (a, b, c) = (&runs[0], &runs[1], &runs[runs.len() - 1]);
@@ -449,8 +483,19 @@ fn h2(target: SocketAddr, seconds: u64, label: &str) -> Run {
 
 /// Keep-alive HTTP/1.1 load without external tools.
 async fn builtin_load(target: SocketAddr, seconds: u64, label: &str) -> Run {
-    let (mut all, errors) =
+    let (all, errors) =
         common::keep_alive_load(target, "/", CONNECTIONS, Duration::from_secs(seconds)).await;
+    summarise(all, errors, seconds, label)
+}
+
+/// Open-loop HTTP/1.1 load at `rate` requests a second.
+async fn paced(target: SocketAddr, rate: f64, seconds: u64, label: &str) -> Run {
+    let (all, errors) =
+        common::paced_load(target, "/", CONNECTIONS, rate, Duration::from_secs(seconds)).await;
+    summarise(all, errors, seconds, label)
+}
+
+fn summarise(mut all: Vec<Duration>, errors: u64, seconds: u64, label: &str) -> Run {
     all.sort();
     let pct = |p: f64| {
         all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))

@@ -121,3 +121,109 @@ pub async fn keep_alive_load(
     }
     (all, errors)
 }
+
+/// Open-loop keep-alive HTTP/1.1 load: `rate` GETs of `path` a second,
+/// spread evenly over `connections` connections, for `duration` after a
+/// one-second warm-up that is not counted (connections and upstream pools
+/// being set up). A request's latency counts from when it was due when its
+/// connection fell behind (a slow answer delays the next request: that
+/// wait is charged, so stalls are not hidden by coordinated omission), and
+/// from when it was sent otherwise (tokio's 1 ms timer slack is not
+/// charged). A connection the server closes (nginx after 1 000 requests)
+/// is opened again, and the request sent on it. Returns every successful
+/// request's latency and the number of failures.
+pub async fn paced_load(
+    target: SocketAddr,
+    path: &'static str,
+    connections: usize,
+    rate: f64,
+    duration: Duration,
+) -> (Vec<Duration>, u64) {
+    let interval = Duration::from_secs_f64(connections as f64 / rate);
+    let start = Instant::now() + Duration::from_millis(100);
+    let counted = start + Duration::from_secs(1);
+    let end = counted + duration;
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        let first = start + interval.mul_f64(c as f64 / connections as f64);
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut sender = None;
+            let mut due = first;
+            while due < end {
+                let origin = if Instant::now() >= due {
+                    due
+                } else {
+                    tokio::time::sleep_until(due.into()).await;
+                    Instant::now()
+                };
+                let ok = match get(&mut sender, target, path).await {
+                    Ok(true) => true,
+                    // Closed by the server: once more on a new connection.
+                    Err(()) => get(&mut sender, target, path).await == Ok(true),
+                    Ok(false) => false,
+                };
+                if !ok {
+                    return (latencies, 1);
+                }
+                if due >= counted {
+                    latencies.push(origin.elapsed());
+                }
+                due += interval;
+            }
+            (latencies, 0)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        if let Ok((latencies, e)) = task.await {
+            all.extend(latencies);
+            errors += e;
+        }
+    }
+    (all, errors)
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// One GET on `sender`, connecting first if there is none: `Ok(true)` on a
+/// 2xx, `Ok(false)` on another answer or a failed connect, `Err(())` if
+/// the connection failed under the request (it is then dropped).
+async fn get(
+    sender: &mut Option<Sender>,
+    target: SocketAddr,
+    path: &'static str,
+) -> Result<bool, ()> {
+    if sender.as_ref().is_none_or(|s| s.is_closed()) {
+        let Ok(stream) = tokio::net::TcpStream::connect(target).await else {
+            return Ok(false);
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok((new, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+        else {
+            return Ok(false);
+        };
+        tokio::spawn(conn);
+        *sender = Some(new);
+    }
+    let Some(s) = sender.as_mut() else {
+        return Ok(false);
+    };
+    let req = Request::builder()
+        .uri(path)
+        .header("host", "bench")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    match s.send_request(req).await {
+        Ok(response) => {
+            let ok = response.status().is_success();
+            let _ = response.into_body().collect().await;
+            Ok(ok)
+        }
+        Err(_) => {
+            *sender = None;
+            Err(())
+        }
+    }
+}
