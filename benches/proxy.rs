@@ -12,6 +12,11 @@
 //! from the built-in generator, which charges a request the wait when its
 //! connection fell behind.
 //!
+//! nginx and HAProxy, when installed, do the same work (HTTP/1.1 and h2c
+//! in front, keep-alive HTTP/1.1 to the backend; nginx with
+//! `keepalive_requests` raised, as its default of 1 000 closes client
+//! connections, and h2load does not follow a GOAWAY).
+//!
 //! The HTTP/1.1 runs (direct, cutover, nginx, HAProxy) are repeated in
 //! rounds of alternating order and averaged, so that a neighbour that
 //! comes and goes during the benchmark weighs on all of them alike.
@@ -105,7 +110,7 @@ fn main() {
     }
     let mut means = measured.iter().map(|runs| mean(runs));
     let mut runs: Vec<Run> = means.by_ref().take(2).collect();
-    let references: Vec<Run> = means.collect();
+    let mut references: Vec<Run> = means.collect();
 
     // (d) The latency each adds below saturation: the same open-loop rate
     // (a fraction of cutover's closed-loop throughput) on every target.
@@ -117,13 +122,16 @@ fn main() {
             runtime.block_on(paced(*address, rate, seconds, &format!("{label} paced")))
         })
         .collect();
-    for running in &mut running_references {
-        running.stop();
-    }
-
     if have_h2load {
         runs.push(h2(backend, seconds, "a) direct h2c"));
         runs.push(h2(web, seconds, "b) cutover h2c"));
+        for (running, i) in running_references.iter().zip(2..) {
+            let label = format!("{} h2c", targets[i].0);
+            references.push(h2(running.h2c, seconds, &label));
+        }
+    }
+    for running in &mut running_references {
+        running.stop();
     }
 
     // (c) the HTTP/1.1 load again, while 1 000 activations alternate two configurations.
@@ -210,7 +218,7 @@ fn main() {
         b.requests_per_sec / a.requests_per_sec
     );
     println!("HTTP/1.1 p99 ratio b/a:        {:.3}", b.p99_ms / a.p99_ms);
-    for r in &references {
+    for r in references.iter().filter(|r| !r.label.ends_with("h2c")) {
         println!(
             "{} throughput ratio /a: {:.3}, p99 ratio /a: {:.3}",
             r.label.trim_start_matches("r) "),
@@ -219,10 +227,18 @@ fn main() {
         );
     }
     if runs.len() > 3 {
+        let direct_h2c = runs[2].requests_per_sec;
         println!(
             "h2c throughput ratio b/a:      {:.3}",
-            runs[3].requests_per_sec / runs[2].requests_per_sec
+            runs[3].requests_per_sec / direct_h2c
         );
+        for r in references.iter().filter(|r| r.label.ends_with("h2c")) {
+            println!(
+                "{} throughput ratio /a: {:.3}",
+                r.label.trim_start_matches("r) "),
+                r.requests_per_sec / direct_h2c
+            );
+        }
     }
     println!(
         "during {} activations: {} errors, p99 ratio c/b {:.3}, throughput ratio c/b {:.3}",
@@ -259,6 +275,8 @@ enum Reference {
 
 struct RunningReference {
     address: SocketAddr,
+    /// The same proxy speaking h2c (prior knowledge).
+    h2c: SocketAddr,
     child: Child,
 }
 
@@ -285,23 +303,24 @@ impl Reference {
         if !which(binary) {
             return None;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
-        let address: SocketAddr = format!("127.0.0.1:{port}").parse().ok()?;
+        let free = || -> Option<SocketAddr> {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .ok()?
+                .local_addr()
+                .ok()
+        };
+        let (address, h2c) = (free()?, free()?);
         let d = dir.display();
         let (config, args): (String, Vec<String>) = match self {
             Reference::Nginx => (
                 format!(
-                    "daemon off;\nworker_processes 2;\nerror_log {d}/nginx-error.log;\npid {d}/nginx.pid;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d};\n  proxy_temp_path {d};\n  upstream backend {{ server {backend}; keepalive 128; }}\n  server {{\n    listen {address};\n    location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n  }}\n}}\n"
+                    "daemon off;\nworker_processes 2;\nerror_log {d}/nginx-error.log;\npid {d}/nginx.pid;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  keepalive_requests 10000000;\n  client_body_temp_path {d};\n  proxy_temp_path {d};\n  upstream backend {{ server {backend}; keepalive 128; }}\n  server {{\n    listen {address};\n    listen {h2c} http2;\n    location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n  }}\n}}\n"
                 ),
                 vec!["-c".into(), format!("{d}/nginx.conf"), "-e".into(), format!("{d}/nginx-error.log")],
             ),
             Reference::Haproxy => (
                 format!(
-                    "global\n  nbthread 2\n  maxconn 4096\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n  option http-keep-alive\nfrontend fe\n  bind {address}\n  default_backend be\nbackend be\n  http-reuse always\n  server s1 {backend}\n"
+                    "global\n  nbthread 2\n  maxconn 4096\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n  option http-keep-alive\nfrontend fe\n  bind {address}\n  bind {h2c} proto h2\n  default_backend be\nbackend be\n  http-reuse always\n  server s1 {backend}\n"
                 ),
                 vec!["-f".into(), format!("{d}/haproxy.cfg")],
             ),
@@ -325,7 +344,11 @@ impl Reference {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Some(RunningReference { address, child })
+        Some(RunningReference {
+            address,
+            h2c,
+            child,
+        })
     }
 }
 
