@@ -653,4 +653,16 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h, headers(&[("x-app", "1")]));
     }
+
+    #[test]
+    fn each_hop_by_hop_header_alone_is_stripped() {
+        // The quick check by name and the list of removals must agree.
+        for name in HOP_BY_HOP.iter().chain([&header::TRANSFER_ENCODING]) {
+            let mut h = HeaderMap::new();
+            h.insert(name.clone(), HeaderValue::from_static("x"));
+            h.insert("x-app", HeaderValue::from_static("1"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h, headers(&[("x-app", "1")]), "{name}");
+        }
+    }
 }
