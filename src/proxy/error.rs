@@ -30,12 +30,18 @@ pub enum ProxyError {
     /// The backend broke the exchange.
     #[error("upstream failed: {0}")]
     Upstream(String),
+    /// The client's request body failed while it was being forwarded
+    /// (the client went away, or sent a malformed chunked body): the
+    /// client's doing, so neither logged as nor counted against the
+    /// backend.
+    #[error("client request body failed: {0}")]
+    ClientBody(String),
 }
 
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequest(_) | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::Saturated | ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamConnect(_) | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,

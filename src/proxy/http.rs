@@ -22,7 +22,7 @@ use super::body::{ResponseBody, StreamGuards};
 use super::error::{error_response, ProxyError};
 use crate::admission::{Admission, Pinned};
 use crate::generation::{
-    header_tokens, Action, AttemptOutcome, Backend, ExchangeError, Generation, Route,
+    header_tokens, Action, AttemptOutcome, Backend, ExchangeError, Generation, Route, SendError,
 };
 use crate::plan::DirectResponse;
 use crate::telemetry::metrics as m;
@@ -77,6 +77,8 @@ pub async fn handle(
         Err(error) => {
             if error.is_upstream() {
                 tracing::warn!(listener = %conn.listener, generation = %generation.id, route = route_name, %error, "upstream failure");
+            } else if matches!(error, ProxyError::ClientBody(_)) {
+                tracing::debug!(listener = %conn.listener, client = %conn.remote, route = route_name, %error, "client request body failed");
             }
             error_response(&error)
         }
@@ -322,6 +324,9 @@ async fn driven_exchange(
         Ok(Ok(response)) => response,
         Ok(Err(ExchangeError::Connect(error))) => {
             return Err(failed(AttemptOutcome::ConnectError, error_chain(&error)))
+        }
+        Ok(Err(ExchangeError::Send(SendError::RequestBody(error)))) => {
+            return Err(ProxyError::ClientBody(error_chain(&*error)))
         }
         Ok(Err(ExchangeError::Send(error))) => {
             return Err(failed(AttemptOutcome::Error, error_chain(&error)))

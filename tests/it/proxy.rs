@@ -210,6 +210,48 @@ async fn refuses_oversized_heads_and_smuggling_forms() {
     assert!(!answer.contains("content-length: 40"), "{answer}");
 }
 
+/// A request body that breaks while it is forwarded (here an invalid
+/// chunk; the same for a client that goes away) is the client's doing:
+/// 400, and neither an upstream error in the metrics nor an "upstream
+/// failure" in the log, where it would send an operator after a healthy
+/// backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_client_body_is_not_blamed_on_the_backend() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&format!(
+        "{}\n[metrics]\nbind = \"127.0.0.1:0\"\n",
+        proxy_config(backend.addr, "")
+    ));
+    let mut stream = tokio::net::TcpStream::connect(gw.listener("web"))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"POST /upload HTTP/1.1\r\nhost: a.test\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("the gateway answers or closes")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+
+    let (status, _, text) = get(gw.metrics.expect("metrics"), "a.test", "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        text.contains(r#"cutover_requests_total{route="all",class="4xx"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .filter(|l| l.contains(r#"outcome="error""#))
+            .all(|l| l.ends_with(" 0")),
+        "{text}"
+    );
+    assert!(!gw.logs().contains("upstream failure"), "{}", gw.logs());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_header_count_limit_is_enforced() {
     let gw = Gateway::start(
