@@ -61,9 +61,7 @@ fn config_version(canonical: &str, referenced: &[(PathBuf, Vec<u8>)]) -> String 
     let digest = hasher.finalize();
     let mut out = String::with_capacity(7 + 64);
     out.push_str("sha256:");
-    for byte in digest {
-        out.push_str(&format!("{byte:02x}"));
-    }
+    out.push_str(&crate::ids::lower_hex(&digest));
     out
 }
 

@@ -3,24 +3,31 @@
 //!
 //! Keeps the last `history_limit` generations (with the configuration text
 //! each was built from, so any of them can be rolled back to; held
-//! LZ4-compressed in memory) and the last 256 operations. With a state dir, both are written after every change as
-//! one JSON file, atomically: temporary file, fsync, rename, fsync of the
-//! folder. Without one, nothing touches the disk.
+//! LZ4-compressed in memory) and the last 256 operations. With a state
+//! dir, each retained text is written once, to `configs/<sha256>.toml`,
+//! and after every change `state.json` names them, with the operation
+//! log; both atomically (temporary file, fsync, rename, fsync of the
+//! folder), the texts before the state file that names them, and texts
+//! no retained generation names are removed after it. Without a state
+//! dir, nothing touches the disk.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sha2::{Digest, Sha256};
 
 use crate::config::ConfigText;
-use crate::ids::GenerationId;
+use crate::ids::{lower_hex, GenerationId};
 
 /// How many operations the log keeps.
 pub const OPERATION_LIMIT: usize = 256;
 const STATE_FILE: &str = "state.json";
+/// Where the retained configuration texts are, one file per distinct text.
+const CONFIG_DIR: &str = "configs";
 
 /// How a generation came to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,12 +169,65 @@ pub struct PersistedState {
     pub next_operation: u64,
 }
 
+/// `state.json` as written: each generation names its text's file in
+/// `configs/` instead of carrying the text. (The upgrade handover passes
+/// `PersistedState` itself, texts included.)
+#[derive(Serialize)]
+struct StoredState<'a> {
+    generations: Vec<StoredRecord<'a>>,
+    operations: &'a VecDeque<OperationRecord>,
+    next_operation: u64,
+}
+
+#[derive(Serialize)]
+struct StoredRecord<'a> {
+    generation: GenerationId,
+    config_version: &'a str,
+    activated_at: &'a str,
+    source: Source,
+    rolled_back_to: Option<GenerationId>,
+    requested_by: &'a Option<String>,
+    reason: &'a Option<String>,
+    config_file: &'a str,
+    base_dir: &'a Path,
+    origin: &'a str,
+}
+
+/// `state.json` as read: texts by file name, or inline (state files
+/// written before texts moved to `configs/`).
+#[derive(Deserialize)]
+struct LoadedState {
+    generations: VecDeque<LoadedRecord>,
+    operations: VecDeque<OperationRecord>,
+    next_operation: u64,
+}
+
+#[derive(Deserialize)]
+struct LoadedRecord {
+    generation: GenerationId,
+    config_version: String,
+    activated_at: String,
+    source: Source,
+    rolled_back_to: Option<GenerationId>,
+    requested_by: Option<String>,
+    reason: Option<String>,
+    #[serde(default)]
+    config_file: Option<String>,
+    #[serde(default)]
+    config: Option<String>,
+    base_dir: PathBuf,
+    origin: String,
+}
+
 /// Retained generations (newest last) and the operation log.
 #[derive(Debug)]
 pub struct History {
     limit: usize,
     state_dir: Option<PathBuf>,
     state: PersistedState,
+    /// The file in `configs/` holding each retained generation's text,
+    /// once this process has written it or found it there.
+    stored: HashMap<GenerationId, String>,
     /// Set while a new process owns the state dir (during and after a
     /// drain-aware restart): this process then writes nothing.
     handed_over: bool,
@@ -184,22 +244,52 @@ impl History {
             limit: limit.max(1),
             state_dir,
             state,
+            stored: HashMap::new(),
             handed_over: false,
         };
         history.trim();
         history
     }
 
-    /// Reads the persisted state from `dir`, if there is any.
+    /// Reads the persisted state from `dir`, if there is any, with every
+    /// retained text its `state.json` names.
     pub fn load(dir: &Path) -> Result<Option<PersistedState>, HistoryError> {
         let path = dir.join(STATE_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| HistoryError::Corrupt(path, e)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(HistoryError::Io(path, e)),
+        let loaded: LoadedState = match std::fs::read(&path) {
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|e| HistoryError::Corrupt(path, e))?
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(HistoryError::Io(path, e)),
+        };
+        let mut generations = VecDeque::with_capacity(loaded.generations.len());
+        for record in loaded.generations {
+            let text = match (record.config_file, record.config) {
+                (Some(name), _) => {
+                    let file = dir.join(CONFIG_DIR).join(name);
+                    std::fs::read_to_string(&file).map_err(|e| HistoryError::Io(file, e))?
+                }
+                (None, Some(text)) => text,
+                (None, None) => return Err(HistoryError::Missing(record.generation)),
+            };
+            generations.push_back(GenerationRecord {
+                generation: record.generation,
+                config_version: record.config_version,
+                activated_at: record.activated_at,
+                source: record.source,
+                rolled_back_to: record.rolled_back_to,
+                requested_by: record.requested_by,
+                reason: record.reason,
+                config: RetainedText::new(&text),
+                base_dir: record.base_dir,
+                origin: record.origin,
+            });
         }
+        Ok(Some(PersistedState {
+            generations,
+            operations: loaded.operations,
+            next_operation: loaded.next_operation,
+        }))
     }
 
     pub fn limit(&self) -> usize {
@@ -285,21 +375,85 @@ impl History {
         self.handed_over = handed_over;
     }
 
-    /// Writes the state when a state dir is configured.
-    pub fn persist(&self) -> Result<(), HistoryError> {
-        let Some(dir) = &self.state_dir else {
+    /// Writes the state when a state dir is configured: first each
+    /// retained text not on disk yet (once per distinct text, named by
+    /// its SHA-256), then `state.json`, then the removal of texts no
+    /// retained generation names any more.
+    pub fn persist(&mut self) -> Result<(), HistoryError> {
+        let Some(dir) = self.state_dir.clone() else {
             return Ok(());
         };
         if self.handed_over {
             return Ok(());
         }
-        let path = dir.join(STATE_FILE);
-        // Streamed into the file: the retained texts are decompressed one
-        // at a time instead of the whole state being built in memory.
-        write_atomically(dir, STATE_FILE, |out| {
-            serde_json::to_writer_pretty(out, &self.state).map_err(std::io::Error::other)
+        let configs = dir.join(CONFIG_DIR);
+        let mut names = Vec::with_capacity(self.state.generations.len());
+        for record in &self.state.generations {
+            if let Some(name) = self.stored.get(&record.generation) {
+                names.push(name.clone());
+                continue;
+            }
+            let text = record
+                .config
+                .text()
+                .ok_or(HistoryError::Damaged(record.generation))?;
+            let name = format!("{}.toml", lower_hex(&Sha256::digest(text.as_bytes())));
+            let file = configs.join(&name);
+            if !file.is_file() {
+                write_atomically(&configs, &name, |out| out.write_all(text.as_bytes()))
+                    .map_err(|e| HistoryError::Io(file, e))?;
+            }
+            self.stored.insert(record.generation, name.clone());
+            names.push(name);
+        }
+        let stored = StoredState {
+            generations: self
+                .state
+                .generations
+                .iter()
+                .zip(&names)
+                .map(|(g, name)| StoredRecord {
+                    generation: g.generation,
+                    config_version: &g.config_version,
+                    activated_at: &g.activated_at,
+                    source: g.source,
+                    rolled_back_to: g.rolled_back_to,
+                    requested_by: &g.requested_by,
+                    reason: &g.reason,
+                    config_file: name,
+                    base_dir: &g.base_dir,
+                    origin: &g.origin,
+                })
+                .collect(),
+            operations: &self.state.operations,
+            next_operation: self.state.next_operation,
+        };
+        write_atomically(&dir, STATE_FILE, |out| {
+            serde_json::to_writer_pretty(out, &stored).map_err(std::io::Error::other)
         })
-        .map_err(|e| HistoryError::Io(path, e))
+        .map_err(|e| HistoryError::Io(dir.join(STATE_FILE), e))?;
+        let generations = &self.state.generations;
+        self.stored
+            .retain(|id, _| generations.iter().any(|g| g.generation == *id));
+        remove_unnamed(&configs, &names);
+        Ok(())
+    }
+}
+
+/// Removes the files in `configs` that `names` does not list (texts of
+/// generations no longer retained, temporary files of a crashed write).
+/// Best effort: a file left behind costs disk space, not correctness.
+fn remove_unnamed(configs: &Path, names: &[String]) {
+    let Ok(entries) = std::fs::read_dir(configs) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !names.iter().any(|n| name == n.as_str()) {
+            if let Err(error) = std::fs::remove_file(entry.path()) {
+                tracing::warn!(file = %entry.path().display(), %error, "cannot remove a configuration text no generation retains");
+            }
+        }
     }
 }
 
@@ -332,6 +486,8 @@ pub enum HistoryError {
     Corrupt(PathBuf, #[source] serde_json::Error),
     #[error("the retained configuration of generation {0} is damaged")]
     Damaged(GenerationId),
+    #[error("the state file names no configuration text for generation {0}")]
+    Missing(GenerationId),
 }
 
 #[cfg(test)]
@@ -405,15 +561,127 @@ mod tests {
 
     #[test]
     fn persists_and_reloads() {
-        let dir = std::env::temp_dir().join(format!("cutover-history-{}", std::process::id()));
-        let mut h = History::new(4, Some(dir.clone()), PersistedState::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut h = History::new(4, Some(dir.path().to_owned()), PersistedState::default());
         h.record_generation(record(5));
         let op = h.next_operation_id();
         assert_eq!(op, "op-000001");
         h.persist().expect("persists");
-        let loaded = History::load(&dir).expect("reads").expect("exists");
+        let loaded = History::load(dir.path()).expect("reads").expect("exists");
         assert_eq!(loaded.generations.back().map(|g| g.generation.0), Some(5));
         assert_eq!(loaded.next_operation, 1);
-        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn with_text(id: u64, text: &str) -> GenerationRecord {
+        let mut r = record(id);
+        r.config = RetainedText::new(text);
+        r
+    }
+
+    fn config_files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join(CONFIG_DIR))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn texts_are_written_once_each_and_named_by_the_state_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut h = History::new(3, Some(dir.path().to_owned()), PersistedState::default());
+        let (a, b) = ("[admin]\n# a\n", "[admin]\n# b\n");
+        for (id, text) in [(1, a), (2, b), (3, a)] {
+            h.record_generation(with_text(id, text));
+            h.persist().expect("persists");
+        }
+        // Two distinct texts, two files; the state file carries none.
+        let files = config_files(dir.path());
+        assert_eq!(files.len(), 2, "{files:?}");
+        let state = std::fs::read_to_string(dir.path().join(STATE_FILE)).expect("state");
+        assert!(!state.contains("# a") && !state.contains("# b"), "{state}");
+        for name in &files {
+            assert!(state.contains(name.as_str()), "{state}");
+        }
+        // Written before the state file names it: unchanged on disk.
+        let before = std::fs::metadata(dir.path().join(CONFIG_DIR).join(&files[0]))
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        h.persist().expect("persists again");
+        let after = std::fs::metadata(dir.path().join(CONFIG_DIR).join(&files[0]))
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        assert_eq!(before, after);
+
+        let loaded = History::load(dir.path()).expect("reads").expect("exists");
+        let texts: Vec<String> = loaded
+            .generations
+            .iter()
+            .filter_map(|g| g.config.text())
+            .collect();
+        assert_eq!(texts, vec![a, b, a]);
+    }
+
+    #[test]
+    fn texts_no_retained_generation_names_are_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut h = History::new(2, Some(dir.path().to_owned()), PersistedState::default());
+        for id in 1..=4 {
+            h.record_generation(with_text(id, &format!("# text {id}\n")));
+            h.persist().expect("persists");
+        }
+        std::fs::write(dir.path().join(CONFIG_DIR).join(".stray.tmp-1"), "x").expect("write");
+        h.persist().expect("persists");
+        assert_eq!(config_files(dir.path()).len(), 2);
+        let loaded = History::load(dir.path()).expect("reads").expect("exists");
+        let texts: Vec<String> = loaded
+            .generations
+            .iter()
+            .filter_map(|g| g.config.text())
+            .collect();
+        assert_eq!(texts, vec!["# text 3\n", "# text 4\n"]);
+    }
+
+    #[test]
+    fn a_state_file_with_inline_texts_still_loads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let legacy = PersistedState {
+            generations: [with_text(7, "# inline\n")].into(),
+            operations: VecDeque::new(),
+            next_operation: 3,
+        };
+        std::fs::write(
+            dir.path().join(STATE_FILE),
+            serde_json::to_vec(&legacy).expect("json"),
+        )
+        .expect("write");
+        let loaded = History::load(dir.path()).expect("reads").expect("exists");
+        assert_eq!(
+            loaded.generations[0].config.text().as_deref(),
+            Some("# inline\n")
+        );
+        // The next write moves the text out of the state file.
+        let mut h = History::new(4, Some(dir.path().to_owned()), loaded);
+        h.persist().expect("persists");
+        assert_eq!(config_files(dir.path()).len(), 1);
+        let state = std::fs::read_to_string(dir.path().join(STATE_FILE)).expect("state");
+        assert!(!state.contains("# inline"), "{state}");
+    }
+
+    #[test]
+    fn a_missing_text_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut h = History::new(4, Some(dir.path().to_owned()), PersistedState::default());
+        h.record_generation(with_text(2, "# gone\n"));
+        h.persist().expect("persists");
+        let file = config_files(dir.path()).remove(0);
+        std::fs::remove_file(dir.path().join(CONFIG_DIR).join(&file)).expect("remove");
+        let error = History::load(dir.path()).expect_err("missing text");
+        assert!(error.to_string().contains(&file), "{error}");
     }
 }

@@ -197,12 +197,7 @@ fn describe(key: &CertifiedKey, cert_file: &Path, key_file: &Path) -> Result<Cer
 
 /// `sha256:<hex>` of a certificate's DER.
 pub fn fingerprint(der: &[u8]) -> String {
-    let digest = Sha256::digest(der);
-    let mut out = String::from("sha256:");
-    for byte in digest {
-        out.push_str(&format!("{byte:02x}"));
-    }
-    out
+    format!("sha256:{}", crate::ids::lower_hex(&Sha256::digest(der)))
 }
 
 /// Reads a CA bundle into a root store.
