@@ -70,8 +70,9 @@ pub fn mixed_config(n: usize, salt: u64) -> String {
 
 /// Keep-alive HTTP/1.1 GETs of `path` on `connections` connections for
 /// `duration`, one request at a time per connection (hyper's client, no
-/// external tools); returns every successful request's latency and the
-/// number of failures (a connection stops at its first).
+/// external tools; a connection the server closes is opened again);
+/// returns every successful request's latency and the number of failures
+/// (a connection stops at its first).
 pub async fn keep_alive_load(
     target: SocketAddr,
     path: &'static str,
@@ -79,47 +80,23 @@ pub async fn keep_alive_load(
     duration: Duration,
 ) -> (Vec<Duration>, u64) {
     let deadline = Instant::now() + duration;
-    let mut tasks = Vec::new();
-    for _ in 0..connections {
-        tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            let Ok(stream) = tokio::net::TcpStream::connect(target).await else {
-                return (latencies, 1);
-            };
-            let _ = stream.set_nodelay(true);
-            let Ok((mut sender, conn)) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-            else {
-                return (latencies, 1);
-            };
-            tokio::spawn(conn);
-            while Instant::now() < deadline {
-                let started = Instant::now();
-                let req = Request::builder()
-                    .uri(path)
-                    .header("host", "bench")
-                    .body(Full::new(Bytes::new()))
-                    .expect("request");
-                match sender.send_request(req).await {
-                    Ok(response) if response.status().is_success() => {
-                        let _ = response.into_body().collect().await;
-                        latencies.push(started.elapsed());
+    let tasks = (0..connections)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut sender = None;
+                while Instant::now() < deadline {
+                    let started = Instant::now();
+                    if !get_reconnecting(&mut sender, target, path).await {
+                        return (latencies, 1);
                     }
-                    _ => return (latencies, 1),
+                    latencies.push(started.elapsed());
                 }
-            }
-            (latencies, 0)
-        }));
-    }
-    let mut all = Vec::new();
-    let mut errors = 0;
-    for task in tasks {
-        if let Ok((latencies, e)) = task.await {
-            all.extend(latencies);
-            errors += e;
-        }
-    }
-    (all, errors)
+                (latencies, 0)
+            })
+        })
+        .collect();
+    gather(tasks).await
 }
 
 /// Open-loop keep-alive HTTP/1.1 load: `rate` GETs of `path` a second,
@@ -157,13 +134,7 @@ pub async fn paced_load(
                     tokio::time::sleep_until(due.into()).await;
                     Instant::now()
                 };
-                let ok = match get(&mut sender, target, path).await {
-                    Ok(true) => true,
-                    // Closed by the server: once more on a new connection.
-                    Err(()) => get(&mut sender, target, path).await == Ok(true),
-                    Ok(false) => false,
-                };
-                if !ok {
+                if !get_reconnecting(&mut sender, target, path).await {
                     return (latencies, 1);
                 }
                 if due >= counted {
@@ -174,15 +145,36 @@ pub async fn paced_load(
             (latencies, 0)
         }));
     }
+    gather(tasks).await
+}
+
+/// Every connection's latencies, and the failures summed.
+async fn gather(tasks: Vec<tokio::task::JoinHandle<(Vec<Duration>, u64)>>) -> (Vec<Duration>, u64) {
     let mut all = Vec::new();
     let mut errors = 0;
     for task in tasks {
-        if let Ok((latencies, e)) = task.await {
-            all.extend(latencies);
-            errors += e;
+        match task.await {
+            Ok((latencies, e)) => {
+                all.extend(latencies);
+                errors += e;
+            }
+            Err(_) => errors += 1,
         }
     }
     (all, errors)
+}
+
+/// A GET as `get`, sent once more on a new connection when the server
+/// closed the one it went out on (nginx does after `keepalive_requests`).
+async fn get_reconnecting(
+    sender: &mut Option<Sender>,
+    target: SocketAddr,
+    path: &'static str,
+) -> bool {
+    match get(sender, target, path).await {
+        Ok(ok) => ok,
+        Err(()) => get(sender, target, path).await == Ok(true),
+    }
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;

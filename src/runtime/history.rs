@@ -591,6 +591,17 @@ mod tests {
         names
     }
 
+    /// The retained texts `dir` holds, oldest first.
+    fn texts(dir: &Path) -> Vec<String> {
+        History::load(dir)
+            .expect("reads")
+            .expect("exists")
+            .generations
+            .iter()
+            .filter_map(|g| g.config.text())
+            .collect()
+    }
+
     #[test]
     fn texts_are_written_once_each_and_named_by_the_state_file() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -618,13 +629,7 @@ mod tests {
             .expect("mtime");
         assert_eq!(before, after);
 
-        let loaded = History::load(dir.path()).expect("reads").expect("exists");
-        let texts: Vec<String> = loaded
-            .generations
-            .iter()
-            .filter_map(|g| g.config.text())
-            .collect();
-        assert_eq!(texts, vec![a, b, a]);
+        assert_eq!(texts(dir.path()), vec![a, b, a]);
     }
 
     #[test]
@@ -638,13 +643,7 @@ mod tests {
         std::fs::write(dir.path().join(CONFIG_DIR).join(".stray.tmp-1"), "x").expect("write");
         h.persist().expect("persists");
         assert_eq!(config_files(dir.path()).len(), 2);
-        let loaded = History::load(dir.path()).expect("reads").expect("exists");
-        let texts: Vec<String> = loaded
-            .generations
-            .iter()
-            .filter_map(|g| g.config.text())
-            .collect();
-        assert_eq!(texts, vec!["# text 3\n", "# text 4\n"]);
+        assert_eq!(texts(dir.path()), vec!["# text 3\n", "# text 4\n"]);
     }
 
     #[test]

@@ -341,6 +341,20 @@ pub async fn send(
 }
 
 /// GET `path` with `Host: host` on a new connection.
+/// Writes `bytes` on a new connection to `addr` and reads until the
+/// gateway closes it (within 5 s); returns what it answered.
+pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("the gateway answers and closes within 5 s")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 pub async fn get(addr: SocketAddr, host: &str, path: &str) -> (u16, hyper::HeaderMap, String) {
     let req = Request::builder()
         .uri(path)

@@ -193,17 +193,7 @@ async fn refuses_oversized_heads_and_smuggling_forms() {
     // hyper applies RFC 9112 §6.1 (chunked wins, Content-Length dropped,
     // connection closed after the response), so the bytes after the
     // chunked body are never read as a second request.
-    let mut stream = tokio::net::TcpStream::connect(web).await.unwrap();
-    stream
-        .write_all(b"POST /first HTTP/1.1\r\nhost: a.test\r\ncontent-length: 40\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nhost: a.test\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
-        .await
-        .unwrap()
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = raw_exchange(web, b"POST /first HTTP/1.1\r\nhost: a.test\r\ncontent-length: 40\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nhost: a.test\r\n\r\n").await;
     assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "{answer}");
     assert!(answer.contains("POST /first"), "{answer}");
     assert!(!answer.contains("/smuggled"), "{answer}");
@@ -222,19 +212,11 @@ async fn a_failing_client_body_is_not_blamed_on_the_backend() {
         "{}\n[metrics]\nbind = \"127.0.0.1:0\"\n",
         proxy_config(backend.addr, "")
     ));
-    let mut stream = tokio::net::TcpStream::connect(gw.listener("web"))
-        .await
-        .unwrap();
-    stream
-        .write_all(b"POST /upload HTTP/1.1\r\nhost: a.test\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
-        .await
-        .expect("the gateway answers or closes")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = raw_exchange(
+        gw.listener("web"),
+        b"POST /upload HTTP/1.1\r\nhost: a.test\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
+    )
+    .await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
 
     let (status, _, text) = get(gw.metrics.expect("metrics"), "a.test", "/metrics").await;
@@ -372,23 +354,8 @@ listeners = ["web"]
 respond = { body = "hi" }
 "#,
     );
-    let mut stream = tokio::net::TcpStream::connect(gw.listener("web"))
-        .await
-        .unwrap();
-    stream
-        .write_all(b"GET / HTTP/1.1\r\nhost: a")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 408"),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    let answer = raw_exchange(gw.listener("web"), b"GET / HTTP/1.1\r\nhost: a").await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
 
     // An idle connection is closed without a word.
     let mut idle = tokio::net::TcpStream::connect(gw.listener("web"))
