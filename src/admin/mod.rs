@@ -184,7 +184,7 @@ async fn upgrade(
 }
 
 async fn history(State(control): Shared) -> Result<Response, ApiError> {
-    Ok(Json(control.retained().await?).into_response())
+    Ok(Json(control.history_view().await?).into_response())
 }
 
 async fn history_generation(
@@ -195,7 +195,7 @@ async fn history_generation(
         .parse::<u64>()
         .map_err(|_| ApiError::BadRequest(format!("'{generation}' is not a generation id")))?;
     control
-        .generation(GenerationId(id))
+        .generation_detail(GenerationId(id))
         .await?
         .map(|d| Json(d).into_response())
         .ok_or_else(|| ApiError::NotFound(format!("generation {id} is not retained")))

@@ -93,21 +93,22 @@ impl Control {
     /// plane's threads: `rollback_candidate` plans every retained
     /// configuration against the active one (about 20 ms each at 10 000
     /// routes).
-    pub async fn retained(self: &Arc<Self>) -> Result<HistoryView, ControlError> {
-        self.off_the_data_plane(|c| Ok(c.history_view())).await
+    pub async fn history_view(self: &Arc<Self>) -> Result<HistoryView, ControlError> {
+        self.off_the_data_plane(|c| Ok(c.build_history_view()))
+            .await
     }
 
     /// One retained generation with its text and the diff against its
     /// predecessor (two plans), off the data plane's threads.
-    pub async fn generation(
+    pub async fn generation_detail(
         self: &Arc<Self>,
         id: GenerationId,
     ) -> Result<Option<GenerationDetail>, ControlError> {
-        self.off_the_data_plane(move |c| Ok(c.generation_detail(id)))
+        self.off_the_data_plane(move |c| Ok(c.build_generation_detail(id)))
             .await
     }
 
-    fn history_view(&self) -> HistoryView {
+    fn build_history_view(&self) -> HistoryView {
         let records: Vec<GenerationRecord>;
         let operations: Vec<OperationRecord>;
         let limit;
@@ -131,7 +132,7 @@ impl Control {
         }
     }
 
-    fn generation_detail(&self, id: GenerationId) -> Option<GenerationDetail> {
+    fn build_generation_detail(&self, id: GenerationId) -> Option<GenerationDetail> {
         let (record, predecessor) = {
             let history = self.history();
             (
