@@ -495,8 +495,8 @@ async fn serve_http<I>(
 /// Runs each HTTP/2 stream hyper hands over as a task, boxed first: a
 /// stream's future holds the whole request path (several KiB), and tokio
 /// moves a task's future several times while spawning and completing it
-/// (a quarter of the memory copying per h2 request), where a box moves as
-/// a pointer.
+/// (9.2k of an h2c request's 46.5k instructions were memory copies; 5.4k
+/// with the box), where a box moves as a pointer.
 #[derive(Clone, Copy)]
 struct StreamExecutor;
 
