@@ -389,17 +389,22 @@ impl History {
         let configs = dir.join(CONFIG_DIR);
         let mut names = Vec::with_capacity(self.state.generations.len());
         for record in &self.state.generations {
-            if let Some(name) = self.stored.get(&record.generation) {
-                names.push(name.clone());
-                continue;
-            }
-            let text = record
-                .config
-                .text()
-                .ok_or(HistoryError::Damaged(record.generation))?;
-            let name = format!("{}.toml", lower_hex(&Sha256::digest(text.as_bytes())));
+            let text = || {
+                record
+                    .config
+                    .text()
+                    .ok_or(HistoryError::Damaged(record.generation))
+            };
+            let name = match self.stored.get(&record.generation) {
+                Some(name) => name.clone(),
+                None => format!("{}.toml", lower_hex(&Sha256::digest(text()?.as_bytes()))),
+            };
+            // Checked every time rather than remembered: a new process
+            // that took over and then failed may have removed a text
+            // this one still retains.
             let file = configs.join(&name);
             if !file.is_file() {
+                let text = text()?;
                 write_atomically(&configs, &name, |out| out.write_all(text.as_bytes()))
                     .map_err(|e| HistoryError::Io(file, e))?;
             }
@@ -644,6 +649,22 @@ mod tests {
         h.persist().expect("persists");
         assert_eq!(config_files(dir.path()).len(), 2);
         assert_eq!(texts(dir.path()), vec!["# text 3\n", "# text 4\n"]);
+    }
+
+    #[test]
+    fn a_text_removed_under_a_retaining_process_is_written_again() {
+        // A new process that took over, trimmed and failed may have
+        // removed a text the old one, serving again, still retains.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut h = History::new(4, Some(dir.path().to_owned()), PersistedState::default());
+        h.record_generation(with_text(1, "# one\n"));
+        h.persist().expect("persists");
+        for name in config_files(dir.path()) {
+            std::fs::remove_file(dir.path().join(CONFIG_DIR).join(name)).expect("remove");
+        }
+        h.record_generation(with_text(2, "# two\n"));
+        h.persist().expect("persists");
+        assert_eq!(texts(dir.path()), vec!["# one\n", "# two\n"]);
     }
 
     #[test]
