@@ -75,7 +75,7 @@ impl GenerationRecord {
 
 /// A retained configuration text, held LZ4-compressed: TOML configurations
 /// shrink about sixfold, and a gateway retains `history_limit` of them
-/// (16 by default; 1.3 MiB each at 10 000 routes). Serialised as the plain
+/// (16 by default; 1.2 MB each at 10 000 routes). Serialised as the plain
 /// text, so the state file and the upgrade handover read as before.
 #[derive(Clone)]
 pub struct RetainedText(Arc<[u8]>);
@@ -225,8 +225,8 @@ pub struct History {
     limit: usize,
     state_dir: Option<PathBuf>,
     state: PersistedState,
-    /// The file in `configs/` holding each retained generation's text,
-    /// once this process has written it or found it there.
+    /// The name of each retained generation's text file in `configs/`,
+    /// hashed once per process.
     stored: HashMap<GenerationId, String>,
     /// Set while a new process owns the state dir (during and after a
     /// drain-aware restart): this process then writes nothing.
@@ -266,6 +266,10 @@ impl History {
         for record in loaded.generations {
             let text = match (record.config_file, record.config) {
                 (Some(name), _) => {
+                    // Only names this type writes: nothing outside `configs/`.
+                    if !is_text_file_name(&name) {
+                        return Err(HistoryError::Missing(record.generation));
+                    }
                     let file = dir.join(CONFIG_DIR).join(name);
                     std::fs::read_to_string(&file).map_err(|e| HistoryError::Io(file, e))?
                 }
@@ -445,6 +449,16 @@ impl History {
     }
 }
 
+/// `<64 lower-case hex digits>.toml`, as `persist` names texts.
+fn is_text_file_name(name: &str) -> bool {
+    name.strip_suffix(".toml").is_some_and(|hash| {
+        hash.len() == 64
+            && hash
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// Removes the files in `configs` that `names` does not list (texts of
 /// generations no longer retained, temporary files of a crashed write).
 /// Best effort: a file left behind costs disk space, not correctness.
@@ -491,7 +505,7 @@ pub enum HistoryError {
     Corrupt(PathBuf, #[source] serde_json::Error),
     #[error("the retained configuration of generation {0} is damaged")]
     Damaged(GenerationId),
-    #[error("the state file names no configuration text for generation {0}")]
+    #[error("the state file names no valid configuration text file for generation {0}")]
     Missing(GenerationId),
 }
 
@@ -691,6 +705,25 @@ mod tests {
         assert_eq!(config_files(dir.path()).len(), 1);
         let state = std::fs::read_to_string(dir.path().join(STATE_FILE)).expect("state");
         assert!(!state.contains("# inline"), "{state}");
+    }
+
+    #[test]
+    fn a_state_file_naming_a_file_outside_configs_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut h = History::new(4, Some(dir.path().to_owned()), PersistedState::default());
+        h.record_generation(with_text(3, "# three\n"));
+        h.persist().expect("persists");
+        let state = std::fs::read_to_string(dir.path().join(STATE_FILE)).expect("state");
+        let name = config_files(dir.path()).remove(0);
+        std::fs::write(
+            dir.path().join(STATE_FILE),
+            state.replace(&name, "../../etc/passwd"),
+        )
+        .expect("write");
+        assert!(matches!(
+            History::load(dir.path()),
+            Err(HistoryError::Missing(GenerationId(3)))
+        ));
     }
 
     #[test]
