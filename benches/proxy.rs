@@ -281,7 +281,20 @@ struct RunningReference {
 }
 
 impl RunningReference {
+    /// SIGTERM, so that nginx's master takes its workers down with it
+    /// (killed outright, it left them running, orphaned); SIGKILL if it
+    /// is not gone within 5 s.
     fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
