@@ -245,6 +245,9 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
 
     let shared = Arc::new(SharedState::default());
     let first = generation::build(Arc::clone(&spec), id, &shared)?;
+    // The parse tree is gone: its pages go back before anything else is
+    // allocated (with only the collection further down, RSS at 10 000
+    // routes ends 1 MiB higher and peaks 2 MiB higher).
     (options.release_memory)();
     let store = Arc::new(GenerationStore::new(first));
     let admission = Admission::new(Arc::clone(&store));
@@ -301,8 +304,8 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
     }
     // This future runs as long as the process: what it no longer needs
     // goes now, not at exit (the text is 1.2 MB at 10 000 routes, kept
-    // compressed in history), and the pages freed since the build go
-    // back to the system.
+    // compressed in history), and the pages freed since go back to the
+    // system.
     drop(text);
     drop(upgrade);
     history.persist()?;

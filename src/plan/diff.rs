@@ -355,6 +355,8 @@ fn flatten(path: &str, before: &Value, after: &Value, out: &mut Vec<FieldChange>
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::config::{canonical, parse};
 
     #[test]
     fn text_diff_matches_similars_unified_diff() {
@@ -384,8 +386,6 @@ mod tests {
         }
         assert_eq!(text_diff(&base, "generation 1", &base), "");
     }
-    use super::*;
-    use crate::config::{canonical, parse};
 
     fn cfg(text: &str) -> FileConfig {
         parse(text).unwrap_or_else(|e| panic!("{e:?}"))

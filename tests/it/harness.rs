@@ -340,7 +340,6 @@ pub async fn send(
     Ok((status, headers, body))
 }
 
-/// GET `path` with `Host: host` on a new connection.
 /// Writes `bytes` on a new connection to `addr` and reads until the
 /// gateway closes it (within 5 s); returns what it answered.
 pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
@@ -355,6 +354,7 @@ pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// GET `path` with `Host: host` on a new connection.
 pub async fn get(addr: SocketAddr, host: &str, path: &str) -> (u16, hyper::HeaderMap, String) {
     let req = Request::builder()
         .uri(path)
