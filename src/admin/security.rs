@@ -57,12 +57,19 @@ pub async fn guard(
     next: Next,
 ) -> Response {
     let headers = request.headers();
-    if let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) {
-        if !security.host_allowed(host) {
-            return StatusCode::FORBIDDEN.into_response();
-        }
+    // Exactly one Host, and it names this server: a missing one is refused
+    // like a wrong one (a DNS-rebinding page cannot be told apart from a
+    // client that sent none), and a second one could be read by something
+    // in front of us instead of the first.
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let host_ok = match (hosts.next(), hosts.next()) {
+        (Some(host), None) => host.to_str().is_ok_and(|h| security.host_allowed(h)),
+        _ => false,
+    };
+    if !host_ok {
+        return StatusCode::FORBIDDEN.into_response();
     }
-    if let Some(origin) = headers.get(header::ORIGIN) {
+    for origin in headers.get_all(header::ORIGIN) {
         if !origin.to_str().is_ok_and(|o| security.origin_allowed(o)) {
             return StatusCode::FORBIDDEN.into_response();
         }

@@ -576,6 +576,31 @@ async fn guards_refuse_without_detail() {
     )
     .await;
     assert_eq!(status, StatusCode::OK);
+    // No Host, two Hosts, or a second, foreign Origin: refused like a
+    // wrong Host.
+    let (status, _) = call(&a, authed(Request::get("/admin/runtime/status"))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = call(
+        &a,
+        authed(
+            Request::get("/admin/runtime/status")
+                .header("host", ADMIN)
+                .header("host", ADMIN),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = call(
+        &a,
+        authed(
+            Request::get("/admin/runtime/status")
+                .header("host", ADMIN)
+                .header("origin", "http://127.0.0.1:9190")
+                .header("origin", "https://evil.example"),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
     let wrong = Request::get("/admin/runtime/status")
         .header("host", ADMIN)
         .header("authorization", "Bearer 0123456789abcdef-secreT")

@@ -153,6 +153,32 @@ pub struct FileListener {
     /// Concurrent HTTP/2 streams per connection (default 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_streams: Option<u32>,
+    /// Longest a client connection may wait between requests (default 60s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keepalive_timeout: Option<String>,
+    /// Longest no byte may move either way during a request (default 60s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<String>,
+    /// HTTP/2 PING interval for liveness of otherwise silent connections
+    /// (default 30s; `"0s"` turns pings off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub h2_keepalive_interval: Option<String>,
+    /// Most open client connections; further ones are closed at accept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
+    /// Collapse runs of `/` in request paths (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge_slashes: Option<bool>,
+    /// `keep` (default) or `reject` (400) for `%2F` and `%5C` in paths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoded_slash: Option<String>,
+    /// Extend the client's forwarding headers from any peer (default false:
+    /// they are replaced unless the peer is in `trusted_proxies`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_forwarded: Option<bool>,
+    /// Peers (CIDRs) whose forwarding headers are extended, not replaced.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trusted_proxies: Vec<String>,
 }
 
 fn default_listener_protocol() -> String {
@@ -243,6 +269,10 @@ pub struct FileUpstream {
     pub protocol: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_timeout: Option<String>,
+    /// Longest no byte may move on a backend connection, and longest a
+    /// pooled connection may wait for its next request (default 60s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<toml::Value>,
     #[serde(default)]

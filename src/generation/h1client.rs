@@ -17,6 +17,7 @@
 //! exchange with nothing left over; interim 1xx responses are skipped.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
@@ -51,6 +52,10 @@ pub enum SendError {
     Invalid(&'static str),
     #[error("request body: {0}")]
     RequestBody(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// No response head within the route timeout, counted from the end
+    /// of the request body.
+    #[error("no response head within {0:?} of the end of the request")]
+    Timeout(Duration),
 }
 
 /// Why a new upstream connection could not be made.
@@ -140,32 +145,38 @@ impl H1Conn {
     }
 }
 
-/// How long a connection may sit idle in the pool.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
 /// Idle connections of one backend, most recently used last.
 #[derive(Debug)]
 pub struct H1Pool {
     idle: Mutex<VecDeque<(Instant, H1Conn)>>,
     max_idle: usize,
+    /// A connection idle longer is never handed out again.
+    idle_timeout: Duration,
 }
 
 impl H1Pool {
-    pub fn new(max_idle: usize) -> Self {
+    pub fn new(max_idle: usize, idle_timeout: Duration) -> Self {
         Self {
             idle: Mutex::new(VecDeque::new()),
             max_idle,
+            idle_timeout,
         }
     }
 
-    /// The most recently used idle connection that is still usable.
+    /// The most recently used idle connection that is still usable and
+    /// has not been idle past `idle_timeout` (the backend may be about to
+    /// close it, or have closed it already).
     fn take(&self) -> Option<H1Conn> {
+        let now = Instant::now();
         loop {
-            let (_, mut conn) = self
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .pop_back()?;
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let (since, mut conn) = idle.pop_back()?;
+            if now.duration_since(since) > self.idle_timeout {
+                // The newest is too old: so is every other one.
+                idle.clear();
+                return None;
+            }
+            drop(idle);
             if conn.reusable() {
                 return Some(conn);
             }
@@ -173,13 +184,13 @@ impl H1Pool {
     }
 
     /// Returns a connection whose exchange completed cleanly, and closes
-    /// those idle longer than `IDLE_TIMEOUT` (the least recently used end).
+    /// those idle longer than `idle_timeout` (the least recently used end).
     pub fn put(&self, conn: H1Conn) {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         while idle
             .front()
-            .is_some_and(|(since, _)| now.duration_since(*since) > IDLE_TIMEOUT)
+            .is_some_and(|(since, _)| now.duration_since(*since) > self.idle_timeout)
         {
             idle.pop_front();
         }
@@ -209,7 +220,9 @@ pub enum ExchangeError {
 
 /// Sends `req` (origin-form target, hop-by-hop headers already gone) to
 /// the backend at `addr`, on the most recently used idle connection of
-/// `pool` or a new one, and reads up to the end of the response head.
+/// `pool` or a new one, and reads up to the end of the response head,
+/// which must come within `response_timeout` of the request's end (one
+/// deadline for every attempt).
 ///
 /// A pooled connection can be closed by the backend (idle timeout,
 /// restart) just as it is handed a request; the request then fails
@@ -220,6 +233,7 @@ pub async fn request<'h, B>(
     pool: &H1Pool,
     addr: &str,
     connect_timeout: Duration,
+    response_timeout: Duration,
     req: Request<B>,
     extra_headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
 ) -> Result<Response<Box<UpstreamBody<B>>>, ExchangeError>
@@ -230,17 +244,18 @@ where
     // Connecting is the rare path once the pool is warm: its futures live
     // on the heap so that this one, moved on every request, stays small.
     let encoded = Encoded::with_headers(req, extra_headers);
+    let mut deadline = Deadline::new(response_timeout);
     let Some(pooled) = pool.take() else {
         let fresh = Box::pin(connect(addr, connect_timeout)).await?;
-        return Ok(send(fresh, encoded).await?);
+        return Ok(send(fresh, encoded, &mut deadline).await?);
     };
     let replay = encoded.replayable().then(|| encoded.replay());
-    match (send(pooled, encoded).await, replay) {
+    match (send(pooled, encoded, &mut deadline).await, replay) {
         (Err(error), Some(replay)) if error.is_unanswered() => {
             tracing::debug!(backend = addr, %error, "pooled connection closed under the request; sending it again on a new one");
             Box::pin(async {
                 let fresh = connect(addr, connect_timeout).await?;
-                Ok(send(fresh, replay).await?)
+                Ok(send(fresh, replay, &mut deadline).await?)
             })
             .await
         }
@@ -252,6 +267,29 @@ impl SendError {
     /// The connection failed before the backend answered anything.
     fn is_unanswered(&self) -> bool {
         matches!(self, SendError::Closed | SendError::Io(_))
+    }
+}
+
+/// The route timeout of one request: it starts when the request has been
+/// written in full (a slow upload is the idle timeout's business, not
+/// this one's) and is shared by every attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    timeout: Duration,
+    at: Option<tokio::time::Instant>,
+}
+
+impl Deadline {
+    pub fn new(timeout: Duration) -> Self {
+        Self { timeout, at: None }
+    }
+
+    /// The request is written: the clock starts, unless an earlier
+    /// attempt started it already.
+    fn start(&mut self) -> tokio::time::Instant {
+        *self
+            .at
+            .get_or_insert_with(|| tokio::time::Instant::now() + self.timeout)
     }
 }
 
@@ -308,6 +346,7 @@ impl<B: Body> Encoded<B> {
 async fn send<B>(
     mut conn: H1Conn,
     request: Encoded<B>,
+    deadline: &mut Deadline,
 ) -> Result<Response<Box<UpstreamBody<B>>>, SendError>
 where
     B: Body<Data = Bytes> + Unpin,
@@ -320,6 +359,7 @@ where
         request.framing,
     ));
     let mut write_error = None;
+    let mut timer = std::pin::pin!(None::<tokio::time::Sleep>);
     let parsed = std::future::poll_fn(|cx| {
         if let Some(w) = writer.as_mut() {
             match w.poll(cx, &mut conn.stream) {
@@ -339,8 +379,18 @@ where
             }
         }
         match poll_head(&mut conn, cx) {
-            Poll::Ready(Err(error)) => Poll::Ready(Err(write_error.take().unwrap_or(error))),
-            polled => polled,
+            Poll::Ready(Err(error)) => {
+                return Poll::Ready(Err(write_error.take().unwrap_or(error)))
+            }
+            Poll::Ready(Ok(head)) => return Poll::Ready(Ok(head)),
+            Poll::Pending => {}
+        }
+        if writer.is_none() && timer.is_none() {
+            timer.set(Some(tokio::time::sleep_until(deadline.start())));
+        }
+        match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Err(SendError::Timeout(deadline.timeout))),
+            _ => Poll::Pending,
         }
     })
     .await?;
@@ -1034,7 +1084,12 @@ mod tests {
         let (addr, seen) = backend(response, body_len, close).await;
         let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
         let outcome = async {
-            let response = send(conn, Encoded::new(req)).await?;
+            let response = send(
+                conn,
+                Encoded::new(req),
+                &mut Deadline::new(Duration::from_secs(5)),
+            )
+            .await?;
             let (parts, mut body) = response.into_parts();
             let mut data = BytesMut::new();
             let mut trailers = None;
@@ -1277,8 +1332,15 @@ mod tests {
         let mut req = Request::new(body);
         *req.method_mut() = Method::POST;
         let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
-        let outcome =
-            tokio::time::timeout(Duration::from_secs(5), send(conn, Encoded::new(req))).await;
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(5),
+            send(
+                conn,
+                Encoded::new(req),
+                &mut Deadline::new(Duration::from_secs(5)),
+            ),
+        )
+        .await;
         assert!(
             matches!(outcome, Ok(Err(SendError::RequestBody(_)))),
             "{:?}",
@@ -1290,11 +1352,15 @@ mod tests {
     async fn a_pooled_connection_the_backend_closed_is_not_handed_out() {
         let (addr, _seen) = backend(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", 0, true).await;
         let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
-        let mut response = send(conn, Encoded::new(get(Method::GET)))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let mut response = send(
+            conn,
+            Encoded::new(get(Method::GET)),
+            &mut Deadline::new(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
         let conn = response.body_mut().take_connection().expect("complete");
-        let pool = H1Pool::new(4);
+        let pool = H1Pool::new(4, Duration::from_secs(60));
         pool.put(conn);
         // The backend closes right after answering.
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1318,9 +1384,13 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(5)).await;
         });
         let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
-        let response = send(conn, Encoded::new(get(Method::GET)))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let response = send(
+            conn,
+            Encoded::new(get(Method::GET)),
+            &mut Deadline::new(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(response.status(), 200);
         assert_eq!(response.headers()["x-app"], "1");
         let mut body = response.into_body();
@@ -1385,7 +1455,15 @@ mod tests {
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let response = request(pool, addr, Duration::from_secs(1), req, []).await?;
+        let response = request(
+            pool,
+            addr,
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+            req,
+            [],
+        )
+        .await?;
         let mut body = response.into_body();
         let mut data = BytesMut::new();
         while let Some(frame) = body.frame().await {
@@ -1402,7 +1480,7 @@ mod tests {
     #[tokio::test]
     async fn an_idempotent_request_on_a_connection_closed_under_it_is_sent_again() {
         let addr = closes_its_first_connection_under_the_second_request().await;
-        let pool = H1Pool::new(4);
+        let pool = H1Pool::new(4, Duration::from_secs(60));
         let first = through_pool(&pool, &addr, get(Method::GET)).await;
         assert_eq!(first.ok().as_deref(), Some(&b"first"[..]));
         let second = through_pool(&pool, &addr, get(Method::GET)).await;
@@ -1412,7 +1490,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_with_a_body_is_not_sent_twice() {
         let addr = closes_its_first_connection_under_the_second_request().await;
-        let pool = H1Pool::new(4);
+        let pool = H1Pool::new(4, Duration::from_secs(60));
         let first = through_pool(&pool, &addr, get(Method::GET)).await;
         assert_eq!(first.ok().as_deref(), Some(&b"first"[..]));
         let mut post = Request::new(Full::new(Bytes::from_static(b"order #1")));

@@ -24,7 +24,7 @@ pub use route::{Action, Route, RouteShared, RouteSlot, Saturated};
 pub use router::Router;
 pub use upstream::{
     smooth_weighted_schedule, AttemptOutcome, Backend, BackendError, BackendGuard, BackendKey,
-    BackendRegistry, Upstream, UpstreamClient,
+    BackendRegistry, SignalledBody, Upstream, UpstreamClient,
 };
 
 use crate::ids::GenerationId;
@@ -124,11 +124,11 @@ pub fn build(
             })?;
         upstreams.insert(u.name.clone(), Arc::new(upstream));
     }
-    let mut per_listener: HashMap<&str, Vec<Arc<Route>>> = spec
+    let mut per_listener: HashMap<&str, (&crate::plan::ListenerEdge, Vec<Arc<Route>>)> = spec
         .listeners
         .iter()
         .filter(|l| l.protocol != ListenerProtocol::Tcp)
-        .map(|l| (l.name.as_str(), Vec::new()))
+        .map(|l| (l.name.as_str(), (&l.edge, Vec::new())))
         .collect();
     for r in &spec.routes {
         let action = match &r.action {
@@ -148,14 +148,16 @@ pub fn build(
             shared: shared.route(&r.name),
         });
         for listener in &r.listeners {
-            if let Some(routes) = per_listener.get_mut(listener.as_str()) {
+            if let Some((_, routes)) = per_listener.get_mut(listener.as_str()) {
                 routes.push(Arc::clone(&route));
             }
         }
     }
     let routers = per_listener
         .into_iter()
-        .map(|(name, routes)| (name.to_owned(), Router::new(routes)))
+        .map(|(name, (edge, routes))| {
+            (name.to_owned(), Router::new(routes).with_edge(edge.clone()))
+        })
         .collect();
     Ok(Generation {
         id,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use http::{HeaderMap, Method};
 
 use super::route::Route;
-use crate::plan::{HostMatch, PathMatch};
+use crate::plan::{HostMatch, ListenerEdge, PathMatch};
 
 /// Routes by literal path (exact, or prefix of one length), each list in
 /// declaration order.
@@ -106,9 +106,17 @@ pub struct Router {
     /// Keyed by `.suffix`; probed for every label boundary of the host.
     suffix: HashMap<String, RouteGroup>,
     any_host: RouteGroup,
+    /// The listener's request rules, read before routing.
+    pub edge: ListenerEdge,
 }
 
 impl Router {
+    /// The same router under a listener's request rules.
+    pub fn with_edge(mut self, edge: ListenerEdge) -> Self {
+        self.edge = edge;
+        self
+    }
+
     /// Builds the router from routes in declaration order.
     pub fn new(routes: impl IntoIterator<Item = Arc<Route>>) -> Self {
         let mut router = Router::default();

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
 use http::Version;
+use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -32,20 +33,76 @@ pub struct BackendKey {
     pub addr: String,
     pub protocol: UpstreamProtocol,
     pub connect_timeout: Duration,
+    /// How long a connection to it may be silent, pooled or mid-exchange.
+    pub idle_timeout: Duration,
     /// TLS settings, including a fingerprint of the files they name, so a
     /// rotated CA or client certificate makes a new backend.
     pub tls: Option<UpstreamTlsSpec>,
 }
 
+/// A client request body on its way through hyper's client, which says
+/// when it has been read to its end: the route timeout starts there.
+#[derive(Debug)]
+pub struct SignalledBody {
+    body: Incoming,
+    ended: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl SignalledBody {
+    /// The body, and what completes once it has ended (or failed).
+    pub fn new(body: Incoming) -> (Self, tokio::sync::oneshot::Receiver<()>) {
+        let (ended, receiver) = tokio::sync::oneshot::channel();
+        let ended = Some(ended);
+        let mut this = Self { body, ended };
+        if this.body.is_end_stream() {
+            this.end();
+        }
+        (this, receiver)
+    }
+
+    fn end(&mut self) {
+        if let Some(ended) = self.ended.take() {
+            let _ = ended.send(());
+        }
+    }
+}
+
+impl http_body::Body for SignalledBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_))))
+            || this.body.is_end_stream()
+        {
+            this.end();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// The pooled client of a backend: plain TCP or TLS.
 #[derive(Debug)]
 pub enum UpstreamClient {
-    Plain(Client<HttpConnector, Incoming>),
-    Tls(Client<HttpsConnector<HttpConnector>, Incoming>),
+    Plain(Client<HttpConnector, SignalledBody>),
+    Tls(Client<HttpsConnector<HttpConnector>, SignalledBody>),
 }
 
 impl UpstreamClient {
-    pub fn request(&self, req: http::Request<Incoming>) -> ResponseFuture {
+    pub fn request(&self, req: http::Request<SignalledBody>) -> ResponseFuture {
         match self {
             UpstreamClient::Plain(client) => client.request(req),
             UpstreamClient::Tls(client) => client.request(req),
@@ -93,7 +150,7 @@ impl Backend {
         builder
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_idle_timeout(key.idle_timeout)
             .pool_max_idle_per_host(1024)
             .http2_only(key.protocol.is_http2());
         let client = match &key.tls {
@@ -123,7 +180,7 @@ impl Backend {
             None => UpstreamClient::Plain(builder.build(connector)),
         };
         let h1 = (key.tls.is_none() && key.protocol == UpstreamProtocol::Http1)
-            .then(|| super::H1Pool::new(256));
+            .then(|| super::H1Pool::new(256, key.idle_timeout));
         let scheme = if key.tls.is_some() {
             Scheme::HTTPS
         } else {
@@ -257,6 +314,7 @@ impl Upstream {
                     addr: b.addr.clone(),
                     protocol: spec.protocol,
                     connect_timeout: spec.connect_timeout,
+                    idle_timeout: spec.idle_timeout,
                     tls: spec.tls.clone(),
                 })
             })
@@ -344,6 +402,7 @@ mod tests {
             policy: Policy::Weighted,
             protocol: UpstreamProtocol::Http1,
             connect_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(60),
             tls: None,
             backends: [(1, 3), (2, 1), (3, 6)]
                 .iter()
@@ -382,6 +441,7 @@ mod tests {
             addr: "127.0.0.1:1".into(),
             protocol: UpstreamProtocol::Http1,
             connect_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(60),
             tls: None,
         };
         let a = registry.get_or_create(key.clone()).expect("a");

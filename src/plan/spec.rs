@@ -72,23 +72,66 @@ pub enum ListenerProtocol {
     Tcp,
 }
 
-/// Per-listener data-plane limits (DESIGN §10 defaults).
+/// Per-listener data-plane limits (DESIGN §10 and §13 defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListenerLimits {
+    /// From a request head's first byte to its last (408).
     pub header_read_timeout: Duration,
+    /// Between requests on a client connection.
+    pub keepalive_timeout: Duration,
+    /// No byte in either direction while a request is open.
+    pub idle_timeout: Duration,
+    /// HTTP/2 PING interval; `None` sends none.
+    pub h2_keepalive_interval: Option<Duration>,
     pub max_header_bytes: usize,
     pub max_headers: usize,
     pub max_concurrent_streams: u32,
+    /// Open client connections beyond this are closed at accept.
+    pub max_connections: Option<usize>,
 }
 
 impl Default for ListenerLimits {
     fn default() -> Self {
         Self {
             header_read_timeout: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
+            h2_keepalive_interval: Some(Duration::from_secs(30)),
             max_header_bytes: 64 * 1024,
             max_headers: 100,
             max_concurrent_streams: 100,
+            max_connections: None,
         }
+    }
+}
+
+/// What `%2F` and `%5C` in a request path get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EncodedSlash {
+    /// Routed and forwarded as they are (not decoded).
+    #[default]
+    Keep,
+    /// Refused with 400.
+    Reject,
+}
+
+/// A listener's request rules (DESIGN §13): path normalization options
+/// and whose forwarding headers are believed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListenerEdge {
+    pub merge_slashes: bool,
+    pub encoded_slash: EncodedSlash,
+    /// Every peer's forwarding headers are extended.
+    pub trust_forwarded: bool,
+    /// These peers' forwarding headers are extended.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+}
+
+impl ListenerEdge {
+    /// Whether `peer`'s `X-Forwarded-*` and `Forwarded` headers are
+    /// extended (else they are replaced).
+    pub fn trusts(&self, peer: std::net::IpAddr) -> bool {
+        self.trust_forwarded || self.trusted_proxies.iter().any(|net| net.contains(&peer))
     }
 }
 
@@ -98,6 +141,7 @@ pub struct ListenerSpec {
     pub bind: SocketAddr,
     pub protocol: ListenerProtocol,
     pub limits: ListenerLimits,
+    pub edge: ListenerEdge,
     /// For `tcp` listeners: the upstream every connection goes to.
     pub upstream: Option<String>,
     /// For `https` listeners: where the certificate material is (for
@@ -224,6 +268,8 @@ pub struct UpstreamSpec {
     pub policy: Policy,
     pub protocol: UpstreamProtocol,
     pub connect_timeout: Duration,
+    /// Longest a backend connection may be silent (mid-exchange or pooled).
+    pub idle_timeout: Duration,
     pub backends: Vec<BackendSpec>,
     /// For `https` and `h2`: how to verify the backends.
     pub tls: Option<crate::tls::UpstreamTlsSpec>,
@@ -238,5 +284,7 @@ pub struct BackendSpec {
 
 /// Upstream connect deadline when none is configured (then 502).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Backend connection idle limit when none is configured.
+pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Upstream response deadline when a route sets none (then 504).
 pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(30);

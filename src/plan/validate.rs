@@ -410,12 +410,45 @@ impl Validator<'_> {
             if let Some(n) = l.max_concurrent_streams {
                 limits.max_concurrent_streams = n.max(1);
             }
+            for (key, value, slot) in [
+                (
+                    "keepalive_timeout",
+                    &l.keepalive_timeout,
+                    &mut limits.keepalive_timeout,
+                ),
+                ("idle_timeout", &l.idle_timeout, &mut limits.idle_timeout),
+            ] {
+                if let Some(d) = value.as_ref().and_then(|t| self.duration(at(key), t)) {
+                    if d.is_zero() {
+                        self.error("invalid_value", at(key), format!("{key} must be above 0"));
+                    } else {
+                        *slot = d;
+                    }
+                }
+            }
+            if let Some(t) = &l.h2_keepalive_interval {
+                if let Some(d) = self.duration(at("h2_keepalive_interval"), t) {
+                    limits.h2_keepalive_interval = Some(d).filter(|d| !d.is_zero());
+                }
+            }
+            if let Some(n) = l.max_connections {
+                if n == 0 {
+                    self.error(
+                        "invalid_value",
+                        at("max_connections"),
+                        "max_connections must be at least 1",
+                    );
+                }
+                limits.max_connections = Some(n.max(1) as usize);
+            }
+            let edge = self.listener_edge(i, l, protocol);
             if let (Some(bind), Some(protocol)) = (bind, protocol) {
                 out.push(ListenerSpec {
                     name: l.name.clone(),
                     bind,
                     protocol,
                     limits,
+                    edge,
                     upstream: l.upstream.clone(),
                     tls_material: listener_tls.as_ref().map(|(_, m)| Arc::clone(m)),
                     tls: listener_tls.map(|(spec, _)| spec),
@@ -423,6 +456,78 @@ impl Validator<'_> {
             }
         }
         out
+    }
+
+    /// A listener's path and forwarding-header rules (DESIGN §13); HTTP
+    /// options on a `tcp` listener are refused rather than ignored.
+    fn listener_edge(
+        &mut self,
+        i: usize,
+        l: &crate::config::FileListener,
+        protocol: Option<ListenerProtocol>,
+    ) -> ListenerEdge {
+        let at = |field: &str| format!("listeners[{i}].{field}");
+        if protocol == Some(ListenerProtocol::Tcp) {
+            let http_only = [
+                ("keepalive_timeout", l.keepalive_timeout.is_some()),
+                ("h2_keepalive_interval", l.h2_keepalive_interval.is_some()),
+                ("merge_slashes", l.merge_slashes.is_some()),
+                ("encoded_slash", l.encoded_slash.is_some()),
+                ("trust_forwarded", l.trust_forwarded.is_some()),
+                ("trusted_proxies", !l.trusted_proxies.is_empty()),
+            ];
+            for (key, _) in http_only.iter().filter(|(_, set)| *set) {
+                self.error(
+                    "unexpected_option",
+                    at(key),
+                    format!(
+                        "tcp listener '{}' carries no HTTP; {key} does not apply",
+                        l.name
+                    ),
+                );
+            }
+        }
+        let encoded_slash = match l.encoded_slash.as_deref() {
+            None | Some("keep") => EncodedSlash::Keep,
+            Some("reject") => EncodedSlash::Reject,
+            Some(other) => {
+                self.error(
+                    "invalid_value",
+                    at("encoded_slash"),
+                    format!("encoded_slash '{other}' is not keep or reject"),
+                );
+                EncodedSlash::Keep
+            }
+        };
+        let trust_forwarded = l.trust_forwarded.unwrap_or(false);
+        if trust_forwarded && !l.trusted_proxies.is_empty() {
+            self.error(
+                "conflicting_options",
+                at("trusted_proxies"),
+                "trust_forwarded = true trusts every peer, so trusted_proxies would have no effect; set one of them",
+            );
+        }
+        let mut trusted_proxies = Vec::with_capacity(l.trusted_proxies.len());
+        for (p, text) in l.trusted_proxies.iter().enumerate() {
+            // A bare address is a network of one.
+            let parsed = text
+                .parse::<ipnet::IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
+            match parsed {
+                Ok(net) => trusted_proxies.push(net.trunc()),
+                Err(_) => self.error(
+                    "invalid_address",
+                    format!("listeners[{i}].trusted_proxies[{p}]"),
+                    format!("'{text}' is not an IP address or CIDR (10.0.0.0/8, ::1/128)"),
+                ),
+            }
+        }
+        ListenerEdge {
+            merge_slashes: l.merge_slashes.unwrap_or(false),
+            encoded_slash,
+            trust_forwarded,
+            trusted_proxies,
+        }
     }
 
     fn upstreams(&mut self, upstreams: &BTreeMap<String, FileUpstream>) -> Vec<UpstreamSpec> {
@@ -470,6 +575,20 @@ impl Validator<'_> {
             let connect_timeout = match &u.connect_timeout {
                 Some(t) => self.duration(at("connect_timeout"), t),
                 None => Some(DEFAULT_CONNECT_TIMEOUT),
+            };
+            let idle_timeout = match &u.idle_timeout {
+                Some(t) => self
+                    .duration(at("idle_timeout"), t)
+                    .filter(|d| !d.is_zero())
+                    .or_else(|| {
+                        self.error(
+                            "invalid_value",
+                            at("idle_timeout"),
+                            "idle_timeout must be above 0",
+                        );
+                        None
+                    }),
+                None => Some(DEFAULT_UPSTREAM_IDLE_TIMEOUT),
             };
             if u.health.is_some() {
                 self.unsupported(at("health"), "active health checking");
@@ -534,14 +653,15 @@ impl Validator<'_> {
                 }
                 _ => None,
             };
-            if let (Some(policy), Some(protocol), Some(connect_timeout)) =
-                (policy, protocol, connect_timeout)
+            if let (Some(policy), Some(protocol), Some(connect_timeout), Some(idle_timeout)) =
+                (policy, protocol, connect_timeout, idle_timeout)
             {
                 out.push(UpstreamSpec {
                     name: name.clone(),
                     policy,
                     protocol,
                     connect_timeout,
+                    idle_timeout,
                     backends,
                     tls,
                 });

@@ -1,63 +1,246 @@
-//! The downstream socket as hyper sees it, plus what hyper will not do.
+//! The downstream socket as hyper sees it, and the client timeouts of
+//! DESIGN §13 that hyper does not keep.
 //!
-//! hyper enforces the header read timeout by closing the connection; it
-//! sends no `408`. [`Downstream`] notes whether the client has sent bytes
-//! since our last write, and [`TimeoutReply`] keeps a duplicate handle on
-//! the socket, so that when hyper gives up on a half-sent request head we
-//! can still tell the client why. An idle keep-alive connection that
-//! times out is closed silently, as clients expect.
+//! [`Downstream`] wraps the client's TCP stream (under TLS when there is
+//! TLS) and notes what moves on it in an [`Activity`]: bytes either way,
+//! whether a request head is being read, and when it started. The
+//! per-connection [`watchdog`] reads that record and tells the connection
+//! when to end:
+//!
+//! - a request head not complete `header_read_timeout` after its first
+//!   byte (slowloris): 408 on plain connections, then close;
+//! - a request open (body uploading, response awaited or streaming) with
+//!   no byte in either direction for `idle_timeout`: close;
+//! - no request open for `keepalive_timeout` (for HTTP/1, no byte either;
+//!   HTTP/2 PINGs do not count): close quietly (GOAWAY on HTTP/2).
+//!
+//! Byte counting is a plain store per read or write; the watchdog
+//! wakes four times per limit (and at least once per header timeout
+//! between requests), so an idle or keep-alive limit fires within a
+//! quarter of its length late, never early; the head timeout is exact. [`TimeoutReply`] keeps a duplicate handle on
+//! a plain socket so that a 408 can still be written after hyper's
+//! connection has been dropped.
 
 use std::io::{self, Write};
 use std::net::TcpStream as StdTcpStream;
 use std::os::fd::AsFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
-/// A downstream TCP stream that remembers whether a request is half read.
+use crate::plan::ListenerLimits;
+
+/// What has moved on one client connection. The byte count and the head
+/// state are written by the connection's own task only (it does all the
+/// socket I/O), so they are plain loads and stores; request counts may
+/// change on HTTP/2 stream tasks.
+#[derive(Debug)]
+pub struct Activity {
+    /// When the connection was accepted; the time base of `head_started`.
+    origin: Instant,
+    bytes: AtomicU64,
+    /// The client sent bytes since our last write: a head (or body) is
+    /// on its way.
+    read_since_write: AtomicBool,
+    /// Nanoseconds after `origin` when the current head's first byte came.
+    head_started: AtomicU64,
+    /// Requests handed to the service whose response is not finished.
+    open: AtomicUsize,
+    /// Requests ever handed to the service.
+    started: AtomicU64,
+}
+
+impl Activity {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            origin: Instant::now(),
+            bytes: AtomicU64::new(0),
+            read_since_write: AtomicBool::new(false),
+            head_started: AtomicU64::new(0),
+            open: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
+        })
+    }
+
+    fn moved(&self, n: usize) {
+        let bytes = self.bytes.load(Ordering::Relaxed);
+        self.bytes
+            .store(bytes.wrapping_add(n as u64), Ordering::Relaxed);
+    }
+
+    fn read(&self, n: usize) {
+        self.moved(n);
+        if !self.read_since_write.load(Ordering::Relaxed) {
+            self.read_since_write.store(true, Ordering::Relaxed);
+            let since = self.origin.elapsed().as_nanos();
+            self.head_started
+                .store(u64::try_from(since).unwrap_or(u64::MAX), Ordering::Relaxed);
+        }
+    }
+
+    fn wrote(&self, n: usize) {
+        self.moved(n);
+        self.read_since_write.store(false, Ordering::Relaxed);
+    }
+
+    /// A request was handed to the service; the guard ends it.
+    pub fn request(self: &Arc<Self>) -> OpenRequest {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        self.started.fetch_add(1, Ordering::Relaxed);
+        OpenRequest(Arc::clone(self))
+    }
+}
+
+/// Counts a request as open until its response body is dropped.
+#[derive(Debug)]
+pub struct OpenRequest(Arc<Activity>);
+
+impl Drop for OpenRequest {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A response body that keeps its request counted as open until hyper
+/// has finished with it.
+#[derive(Debug)]
+pub struct Tracked<B> {
+    body: B,
+    _open: OpenRequest,
+}
+
+impl<B> Tracked<B> {
+    pub fn new(body: B, open: OpenRequest) -> Self {
+        Self { body, _open: open }
+    }
+}
+
+impl<B: Body + Unpin> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Why the watchdog ended a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    /// A request head took longer than `header_read_timeout`.
+    Head,
+    /// An open request saw no byte for `idle_timeout`.
+    Idle,
+    /// No request for `keepalive_timeout`.
+    KeepAlive,
+}
+
+/// Completes when the connection has outstayed one of its limits.
+pub async fn watchdog(activity: &Activity, limits: ListenerLimits, http2: &AtomicBool) -> Expired {
+    let mut seen_bytes = activity.bytes.load(Ordering::Relaxed);
+    let mut seen_started = activity.started.load(Ordering::Relaxed);
+    let mut quiet_since = Instant::now();
+    loop {
+        let open = activity.open.load(Ordering::Relaxed) > 0;
+        let reading_head = !open && activity.read_since_write.load(Ordering::Relaxed);
+        let (limit, expired) = if open {
+            (limits.idle_timeout, Expired::Idle)
+        } else if reading_head && !http2.load(Ordering::Relaxed) {
+            (limits.header_read_timeout, Expired::Head)
+        } else {
+            (limits.keepalive_timeout, Expired::KeepAlive)
+        };
+        let now = Instant::now();
+        if expired == Expired::Head {
+            let started = activity.origin
+                + Duration::from_nanos(activity.head_started.load(Ordering::Relaxed));
+            let deadline = started + limit;
+            if now >= deadline {
+                return expired;
+            }
+            // Exact: the head's first byte is timestamped.
+            tokio::time::sleep_until(deadline.min(now + limit / 4)).await;
+            continue;
+        }
+        let bytes = activity.bytes.load(Ordering::Relaxed);
+        let started = activity.started.load(Ordering::Relaxed);
+        // HTTP/2 PINGs move bytes on an idle connection: there only a new
+        // request counts as activity between requests.
+        let active = if expired == Expired::KeepAlive && http2.load(Ordering::Relaxed) {
+            started != seen_started || open
+        } else {
+            bytes != seen_bytes || started != seen_started
+        };
+        if active {
+            seen_bytes = bytes;
+            seen_started = started;
+            quiet_since = now;
+        } else if now.duration_since(quiet_since) >= limit {
+            return expired;
+        }
+        // A head may start at any moment between requests; it is timed
+        // from its first byte, so seeing it within header_read_timeout
+        // is soon enough.
+        let mut tick = limit / 4;
+        if expired == Expired::KeepAlive {
+            tick = tick.min(limits.header_read_timeout);
+        }
+        let tick = tick.max(Duration::from_millis(5));
+        tokio::time::sleep_until((quiet_since + limit).min(now + tick)).await;
+    }
+}
+
+/// A downstream TCP stream that records what moves on it.
 pub struct Downstream {
     stream: TcpStream,
-    read_since_write: Arc<AtomicBool>,
+    activity: Arc<Activity>,
 }
 
 /// What is needed to answer `408` after hyper dropped the connection.
 pub struct TimeoutReply {
     socket: Option<StdTcpStream>,
-    read_since_write: Arc<AtomicBool>,
 }
 
 impl Downstream {
-    pub fn new(stream: TcpStream) -> (Self, TimeoutReply) {
-        let flag = Arc::new(AtomicBool::new(false));
-        let socket = stream
-            .as_fd()
-            .try_clone_to_owned()
-            .ok()
-            .map(StdTcpStream::from);
-        (
-            Self {
-                stream,
-                read_since_write: Arc::clone(&flag),
-            },
-            TimeoutReply {
-                socket,
-                read_since_write: flag,
-            },
-        )
+    pub fn new(stream: TcpStream, activity: Arc<Activity>) -> Self {
+        Self { stream, activity }
+    }
+
+    /// A second handle on the socket for a late 408 (plain HTTP only:
+    /// under TLS the answer would have to be encrypted).
+    pub fn timeout_reply(&self) -> TimeoutReply {
+        TimeoutReply {
+            socket: self
+                .stream
+                .as_fd()
+                .try_clone_to_owned()
+                .ok()
+                .map(StdTcpStream::from),
+        }
     }
 }
 
 impl TimeoutReply {
-    /// Sends `408 Request Timeout` if the client was part-way through a
-    /// request head; says nothing to an idle connection.
+    /// Sends `408 Request Timeout` and closes our side.
     pub fn send(mut self) {
-        if !self.read_since_write.load(Ordering::Relaxed) {
-            return;
-        }
         if let Some(socket) = self.socket.as_mut() {
             // The socket is non-blocking; a tiny write into an empty send
             // buffer completes or fails at once.
@@ -78,8 +261,9 @@ impl AsyncRead for Downstream {
         let this = self.get_mut();
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.read_since_write.store(true, Ordering::Relaxed);
+        let read = buf.filled().len() - before;
+        if read > 0 {
+            this.activity.read(read);
         }
         polled
     }
@@ -92,8 +276,11 @@ impl AsyncWrite for Downstream {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        this.read_since_write.store(false, Ordering::Relaxed);
-        Pin::new(&mut this.stream).poll_write(cx, data)
+        let polled = Pin::new(&mut this.stream).poll_write(cx, data);
+        if let Poll::Ready(Ok(n)) = polled {
+            this.activity.wrote(n);
+        }
+        polled
     }
 
     fn poll_write_vectored(
@@ -102,8 +289,11 @@ impl AsyncWrite for Downstream {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        this.read_since_write.store(false, Ordering::Relaxed);
-        Pin::new(&mut this.stream).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = polled {
+            this.activity.wrote(n);
+        }
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -5,6 +5,7 @@
 //! the request changes nothing for it. Bodies stream in both directions;
 //! nothing here buffers a whole body.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +20,8 @@ use hyper::body::Incoming;
 use metrics::Counter;
 
 use super::body::{ResponseBody, StreamGuards};
+use super::downstream::Tracked;
+use super::edge::{self, Forwarded};
 use super::error::{error_response, ProxyError};
 use crate::admission::{Admission, Pinned};
 use crate::generation::{
@@ -40,6 +43,8 @@ pub struct ConnContext {
     pub draining: Arc<AtomicBool>,
     /// Whether this connection speaks HTTP/2 (decides how it is drained).
     pub http2: AtomicBool,
+    /// What moves on the connection, for its timeouts.
+    pub activity: Arc<super::downstream::Activity>,
 }
 
 /// The `X-Forwarded-For` value for a client address.
@@ -60,27 +65,37 @@ pub fn listener_counters(listener: &str) -> Arc<[Counter; 5]> {
 pub async fn handle(
     req: Request<Incoming>,
     conn: Arc<ConnContext>,
-) -> Result<Response<ResponseBody>, Infallible> {
+) -> Result<Response<Tracked<ResponseBody>>, Infallible> {
+    let open = conn.activity.request();
     let started = Instant::now();
     let Pinned { generation, guard } = conn.admission.pin();
-    // Only pay for the access log's copies when it is on.
-    let access = tracing::enabled!(target: "cutover::access", tracing::Level::INFO)
-        .then(|| (req.method().clone(), req.uri().path().to_owned()));
+    // Only pay for the access log's copies when it is on; the path is
+    // the normalized one, filled in by `serve`.
+    let mut access = tracing::enabled!(target: "cutover::access", tracing::Level::INFO)
+        .then(|| (req.method().clone(), String::new()));
     let version = req.version();
     if version == Version::HTTP_2 {
         conn.http2.store(true, Ordering::Relaxed);
     }
-    let (route, served) = serve(req, &conn, &generation, guard, started).await;
+    let (route, served) = serve(req, &conn, &generation, guard, started, &mut access).await;
     let route_name = route.map_or("-", |r| r.name());
     let mut response = match served {
         Ok(response) => response,
         Err(error) => {
             if error.is_upstream() {
                 tracing::warn!(listener = %conn.listener, generation = %generation.id, route = route_name, %error, "upstream failure");
-            } else if matches!(error, ProxyError::ClientBody(_)) {
-                tracing::debug!(listener = %conn.listener, client = %conn.remote, route = route_name, %error, "client request body failed");
+            } else if matches!(error, ProxyError::ClientBody(_) | ProxyError::BadRequest(_)) {
+                tracing::debug!(listener = %conn.listener, client = %conn.remote, route = route_name, %error, "request refused");
             }
-            error_response(&error)
+            let mut response = error_response(&error);
+            // A head we refused may be followed by bytes we cannot frame:
+            // nothing more is read from this HTTP/1 connection.
+            if matches!(error, ProxyError::BadRequest(_)) && version < Version::HTTP_2 {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            response
         }
     };
     if version < Version::HTTP_2
@@ -110,7 +125,7 @@ pub async fn handle(
         );
     }
     crate::admission::release(generation);
-    Ok(response)
+    Ok(response.map(|body| Tracked::new(body, open)))
 }
 
 /// Routes and serves a request on its pinned generation; returns the
@@ -121,21 +136,45 @@ async fn serve<'g>(
     generation: &'g Generation,
     guard: crate::generation::InflightGuard,
     started: Instant,
+    access: &mut Option<(http::Method, String)>,
 ) -> (
     Option<&'g Arc<Route>>,
     Result<Response<ResponseBody>, ProxyError>,
 ) {
-    if let Some(reason) = smuggling_risk(req.headers()) {
-        return (None, Err(ProxyError::BadRequest(reason)));
+    let refuse = |reason| (None, Err(ProxyError::BadRequest(reason)));
+    if let Some(reason) = edge::smuggling_risk(req.headers()) {
+        return refuse(reason);
     }
+    let authority = match edge::authority(&req) {
+        Ok(authority) => authority,
+        Err(reason) => return refuse(reason),
+    };
     let Some(router) = generation.router(&conn.listener) else {
         return (None, Err(ProxyError::NoRoute));
     };
-    let host = request_host(&req);
-    let Some(route) = router.route(host, req.uri().path(), req.method(), req.headers()) else {
+    let path = match edge::normalize_path(req.uri().path(), &router.edge) {
+        Ok(path) => path,
+        Err(reason) => return refuse(reason),
+    };
+    if let Some((_, logged)) = access.as_mut() {
+        logged.push_str(&path);
+    }
+    let host = authority
+        .as_ref()
+        .and_then(|a| a.to_str().ok())
+        .map(edge::route_host);
+    let Some(route) = router.route(host, &path, req.method(), req.headers()) else {
         return (None, Err(ProxyError::NoRoute));
     };
-    let result = serve_route(req, conn, route, guard).await;
+    let target = Target {
+        authority,
+        path: match path {
+            Cow::Borrowed(_) => None,
+            Cow::Owned(path) => Some(path),
+        },
+        edge: &router.edge,
+    };
+    let result = serve_route(req, target, conn, route, guard).await;
     let status = match &result {
         Ok(r) => r.status().as_u16(),
         Err(e) => e.status().as_u16(),
@@ -144,8 +183,18 @@ async fn serve<'g>(
     (Some(route), result)
 }
 
+/// Where a request goes, as the edge rules settled it.
+struct Target<'g> {
+    /// Routed by, and sent upstream as `Host`.
+    authority: Option<HeaderValue>,
+    /// The normalized path, when it differs from the one the client sent.
+    path: Option<String>,
+    edge: &'g crate::plan::ListenerEdge,
+}
+
 async fn serve_route(
     req: Request<Incoming>,
+    target: Target<'_>,
     conn: &ConnContext,
     route: &Route,
     guard: crate::generation::InflightGuard,
@@ -166,6 +215,7 @@ async fn serve_route(
     let driven = backend.h1.as_ref().filter(|_| upgrade.is_none());
     let (mut upstream_req, forwarded) = upstream_request(
         req,
+        target,
         conn,
         backend,
         upgrade.as_ref().map(|(p, _)| p),
@@ -216,33 +266,47 @@ async fn client_exchange(
     slot: Option<crate::generation::RouteSlot>,
     backend_guard: crate::generation::BackendGuard,
 ) -> Result<Response<ResponseBody>, ProxyError> {
-    let response =
-        match tokio::time::timeout(route.timeout(), backend.client.request(upstream_req)).await {
-            Ok(Ok(response)) => {
-                backend.record(AttemptOutcome::Ok);
-                response
-            }
-            Ok(Err(e)) if e.is_connect() => {
-                backend.record(AttemptOutcome::ConnectError);
-                return Err(ProxyError::UpstreamConnect(format!(
-                    "{}: {}",
-                    backend.key.addr,
-                    error_chain(&e)
-                )));
-            }
-            Ok(Err(e)) => {
-                backend.record(AttemptOutcome::Error);
-                return Err(ProxyError::Upstream(format!(
-                    "{}: {}",
-                    backend.key.addr,
-                    error_chain(&e)
-                )));
-            }
-            Err(_) => {
-                backend.record(AttemptOutcome::Timeout);
-                return Err(ProxyError::UpstreamTimeout(route.timeout()));
-            }
-        };
+    // The route timeout counts from the end of the request body.
+    let (upstream_req, body_ended) = {
+        let (parts, body) = upstream_req.into_parts();
+        let (body, ended) = crate::generation::SignalledBody::new(body);
+        (Request::from_parts(parts, body), ended)
+    };
+    let timeout = route.timeout();
+    let answer_due = async move {
+        let _ = body_ended.await;
+        tokio::time::sleep(timeout).await;
+    };
+    let answered = tokio::select! {
+        answered = backend.client.request(upstream_req) => Ok(answered),
+        _ = answer_due => Err(()),
+    };
+    let response = match answered {
+        Ok(Ok(response)) => {
+            backend.record(AttemptOutcome::Ok);
+            response
+        }
+        Ok(Err(e)) if e.is_connect() => {
+            backend.record(AttemptOutcome::ConnectError);
+            return Err(ProxyError::UpstreamConnect(format!(
+                "{}: {}",
+                backend.key.addr,
+                error_chain(&e)
+            )));
+        }
+        Ok(Err(e)) => {
+            backend.record(AttemptOutcome::Error);
+            return Err(ProxyError::Upstream(format!(
+                "{}: {}",
+                backend.key.addr,
+                error_chain(&e)
+            )));
+        }
+        Err(_) => {
+            backend.record(AttemptOutcome::Timeout);
+            return Err(ProxyError::UpstreamTimeout(route.timeout()));
+        }
+    };
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some((protocol, downstream)) = upgrade else {
             return Err(ProxyError::Upstream(format!(
@@ -306,34 +370,29 @@ async fn driven_exchange(
             _ => ProxyError::Upstream(format!("{}: {error}", backend.key.addr)),
         }
     };
-    // Built inside the timeout rather than bound to a local first: a
-    // local would keep its own slot in this future's state beside the
-    // timeout's copy (1.2 KiB more to move on every request).
-    let response = match tokio::time::timeout(
+    let response = match crate::generation::request_h1(
+        pool,
+        &backend.key.addr,
+        backend.key.connect_timeout,
         route.timeout(),
-        crate::generation::request_h1(
-            pool,
-            &backend.key.addr,
-            backend.key.connect_timeout,
-            req,
-            forwarded.headers(),
-        ),
+        req,
+        forwarded.headers(),
     )
     .await
     {
-        Ok(Ok(response)) => response,
-        Ok(Err(ExchangeError::Connect(error))) => {
+        Ok(response) => response,
+        Err(ExchangeError::Connect(error)) => {
             return Err(failed(AttemptOutcome::ConnectError, error_chain(&error)))
         }
-        Ok(Err(ExchangeError::Send(SendError::RequestBody(error)))) => {
+        Err(ExchangeError::Send(SendError::RequestBody(error))) => {
             return Err(ProxyError::ClientBody(error_chain(&*error)))
         }
-        Ok(Err(ExchangeError::Send(error))) => {
-            return Err(failed(AttemptOutcome::Error, error_chain(&error)))
-        }
-        Err(_) => {
+        Err(ExchangeError::Send(SendError::Timeout(timeout))) => {
             backend.record(AttemptOutcome::Timeout);
-            return Err(ProxyError::UpstreamTimeout(route.timeout()));
+            return Err(ProxyError::UpstreamTimeout(timeout));
+        }
+        Err(ExchangeError::Send(error)) => {
+            return Err(failed(AttemptOutcome::Error, error_chain(&error)))
         }
     };
     backend.record(AttemptOutcome::Ok);
@@ -367,36 +426,37 @@ fn direct_response(direct: &DirectResponse) -> Response<ResponseBody> {
     response
 }
 
-/// Rewrites a downstream request into the upstream request: absolute URI
-/// to the backend, HTTP/1.1, hop-by-hop headers gone. Its X-Forwarded-*
-/// headers are returned apart: cutover's own HTTP/1.1 client writes them
-/// straight into the request head (inserting them would grow the header
-/// map on every request); for hyper's client they go into the map.
+/// Rewrites a downstream request into the upstream request: the routed
+/// authority as `Host`, the routed path, HTTP/1.1, hop-by-hop headers
+/// gone. Its forwarding headers are returned apart: cutover's own
+/// HTTP/1.1 client writes them straight into the request head (inserting
+/// them would grow the header map on every request); for hyper's client
+/// they go into the map.
 fn upstream_request(
     req: Request<Incoming>,
+    target: Target<'_>,
     conn: &ConnContext,
     backend: &Backend,
     upgrade: Option<&HeaderValue>,
     origin_form: bool,
 ) -> Result<(Request<Incoming>, Forwarded), ProxyError> {
     let (mut parts, body) = req.into_parts();
-    // HTTP/2 and absolute-form requests carry the host in the URI; the
-    // upstream request, in origin-form, needs it as a header.
-    let original_host = parts.headers.get(header::HOST).cloned();
-    let authority_host = original_host
-        .is_none()
-        .then(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        })
-        .flatten();
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    let unforwardable = || ProxyError::BadRequest("request target cannot be forwarded");
+    // HTTP/2 and absolute-form requests carry the authority in the URI;
+    // it wins over any Host the client sent (see `edge::authority`).
+    let authority_in_uri = parts.uri.authority().is_some();
+    let path_and_query = match (target.path, parts.uri.path_and_query()) {
+        (Some(path), original) => {
+            let query = original.and_then(PathAndQuery::query);
+            let text = match query {
+                Some(query) => format!("{path}?{query}"),
+                None => path,
+            };
+            PathAndQuery::try_from(text).map_err(|_| unforwardable())?
+        }
+        (None, Some(original)) => original.clone(),
+        (None, None) => PathAndQuery::from_static("/"),
+    };
     // A driven connection writes the target as is: origin-form, as to any
     // origin server. hyper-util's client wants the absolute URI to pick
     // its pooled connection, and writes origin-form itself.
@@ -408,43 +468,28 @@ fn upstream_request(
             .authority(backend.authority.clone())
             .path_and_query(path_and_query)
             .build()
-            .map_err(|_| ProxyError::BadRequest("request target cannot be forwarded"))?
+            .map_err(|_| unforwardable())?
     };
     parts.version = backend.version;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
-    let forwarded_host = match authority_host {
-        Some(host) => {
-            headers.insert(header::HOST, host.clone());
-            Some(host)
+    if authority_in_uri {
+        if let Some(authority) = &target.authority {
+            headers.insert(header::HOST, authority.clone());
         }
-        None => original_host,
-    };
+    }
     if let Some(protocol) = upgrade {
         headers.insert(header::UPGRADE, protocol.clone());
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
-    // The client's own X-Forwarded-Host and -Proto are replaced, its
-    // X-Forwarded-For is extended. Most requests carry none: one look at
-    // the names instead of hashing three absent ones.
-    let mut client_chain = None;
-    if headers
-        .keys()
-        .any(|name| name.as_str().starts_with("x-forwarded-"))
-    {
-        headers.remove(&X_FORWARDED_HOST);
-        headers.remove(&X_FORWARDED_PROTO);
-        client_chain = headers.remove(&X_FORWARDED_FOR);
-    }
-    let forwarded = Forwarded {
-        client: chain_forwarded_for(client_chain, &conn.client_ip),
-        proto: HeaderValue::from_static(if conn.scheme == Scheme::HTTPS {
-            "https"
-        } else {
-            "http"
-        }),
-        host: forwarded_host,
-    };
+    let forwarded = Forwarded::take(
+        headers,
+        target.edge,
+        conn.remote.ip(),
+        &conn.client_ip,
+        conn.scheme == Scheme::HTTPS,
+        target.authority.as_ref(),
+    );
     Ok((Request::from_parts(parts, body), forwarded))
 }
 
@@ -495,49 +540,6 @@ impl Tunnel {
     }
 }
 
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-
-/// The X-Forwarded-* headers of one upstream request.
-struct Forwarded {
-    client: HeaderValue,
-    proto: HeaderValue,
-    /// The host the client asked for, when it named one.
-    host: Option<HeaderValue>,
-}
-
-impl Forwarded {
-    fn headers(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        [
-            (&X_FORWARDED_FOR, &self.client),
-            (&X_FORWARDED_PROTO, &self.proto),
-        ]
-        .into_iter()
-        .chain(self.host.as_ref().map(|host| (&X_FORWARDED_HOST, host)))
-    }
-
-    fn insert_into(self, headers: &mut HeaderMap) {
-        headers.insert(X_FORWARDED_FOR.clone(), self.client);
-        headers.insert(X_FORWARDED_PROTO.clone(), self.proto);
-        if let Some(host) = self.host {
-            headers.insert(X_FORWARDED_HOST.clone(), host);
-        }
-    }
-}
-
-/// `existing, client` when the request already carried X-Forwarded-For.
-fn chain_forwarded_for(existing: Option<HeaderValue>, client: &HeaderValue) -> HeaderValue {
-    existing
-        .as_ref()
-        .and_then(|v| v.to_str().ok())
-        .filter(|existing| !existing.is_empty())
-        .and_then(|existing| {
-            HeaderValue::from_str(&format!("{existing}, {}", client.to_str().unwrap_or(""))).ok()
-        })
-        .unwrap_or_else(|| client.clone())
-}
-
 /// Headers that describe one connection and must not cross the proxy
 /// (RFC 9110 §7.6.1), plus any the `Connection` header names.
 static HOP_BY_HOP: [HeaderName; 8] = [
@@ -571,44 +573,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     // Framing is re-done by our own client and server.
     headers.remove(header::TRANSFER_ENCODING);
-}
-
-/// Request forms that different parsers read differently (RFC 9112 §6.1).
-fn smuggling_risk(headers: &HeaderMap) -> Option<&'static str> {
-    if headers.contains_key(header::TRANSFER_ENCODING)
-        && headers.contains_key(header::CONTENT_LENGTH)
-    {
-        return Some("both Transfer-Encoding and Content-Length");
-    }
-    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
-    if let (Some(first), Some(_)) = (lengths.next(), lengths.next()) {
-        if headers
-            .get_all(header::CONTENT_LENGTH)
-            .iter()
-            .any(|v| v != first)
-        {
-            return Some("conflicting Content-Length headers");
-        }
-    }
-    None
-}
-
-/// The request's host without port: the URI authority (HTTP/2,
-/// absolute-form) or the Host header.
-fn request_host(req: &Request<Incoming>) -> Option<&str> {
-    let raw = match req.uri().host() {
-        Some(host) => host,
-        None => req.headers().get(header::HOST)?.to_str().ok()?,
-    };
-    let host = if raw.starts_with('[') {
-        raw.split(']')
-            .next()
-            .map(|h| h.trim_start_matches('['))
-            .unwrap_or(raw)
-    } else {
-        raw.rsplit_once(':').map_or(raw, |(h, _)| h)
-    };
-    Some(host)
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

@@ -21,7 +21,7 @@ use serde::Serialize;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Notify};
 
-use super::downstream::{Downstream, TimeoutReply};
+use super::downstream::{watchdog, Activity, Downstream, Expired, TimeoutReply};
 use super::http::{client_ip_header, handle, listener_counters, ConnContext};
 use super::tcp::{self, TcpCounters};
 use crate::admission::Admission;
@@ -99,13 +99,20 @@ struct OpenConnections {
     idle: Notify,
 }
 
-struct ConnectionGuard(Arc<OpenConnections>, metrics::Gauge);
+/// Counts a client connection as open, for the whole set (drain waits
+/// on it) and for its listener (`max_connections`).
+struct ConnectionGuard {
+    all: Arc<OpenConnections>,
+    listener: Arc<AtomicUsize>,
+    gauge: metrics::Gauge,
+}
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        self.1.decrement(1.0);
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
+        self.gauge.decrement(1.0);
+        self.listener.fetch_sub(1, Ordering::AcqRel);
+        if self.all.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.all.idle.notify_waiters();
         }
     }
 }
@@ -319,6 +326,9 @@ impl ListenerSet {
             Scheme::HTTP
         };
         let mut draining = self.draining.subscribe();
+        let listener_open = Arc::new(AtomicUsize::new(0));
+        let refused =
+            metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => name.to_string());
         loop {
             let accepted = tokio::select! {
                 accepted = listener.socket.accept() => accepted,
@@ -334,9 +344,25 @@ impl ListenerSet {
                     continue;
                 }
             };
+            let limits = self.limits(&name);
+            // Over the listener's cap: closed at once, before it costs a
+            // task or a buffer (the client sees a reset or an EOF).
+            if limits
+                .max_connections
+                .is_some_and(|max| listener_open.load(Ordering::Acquire) >= max)
+            {
+                refused.increment(1);
+                drop(stream);
+                continue;
+            }
+            listener_open.fetch_add(1, Ordering::AcqRel);
             self.open.count.fetch_add(1, Ordering::AcqRel);
             gauge.increment(1.0);
-            let guard = ConnectionGuard(Arc::clone(&self.open), gauge.clone());
+            let guard = ConnectionGuard {
+                all: Arc::clone(&self.open),
+                listener: Arc::clone(&listener_open),
+                gauge: gauge.clone(),
+            };
             if listener.spec.protocol == ListenerProtocol::Tcp {
                 tokio::spawn(tcp_connection(
                     stream,
@@ -356,8 +382,8 @@ impl ListenerSet {
                 responses: Arc::clone(&responses),
                 draining: Arc::clone(&self.draining_flag),
                 http2: AtomicBool::new(false),
+                activity: Activity::new(),
             });
-            let limits = self.limits(&name);
             tokio::spawn(serve_connection(
                 stream,
                 ctx,
@@ -404,24 +430,24 @@ async fn serve_connection(
     tls: Option<TlsAcceptor>,
 ) {
     let _ = stream.set_nodelay(true);
-    // hyper only starts its header timer once it has seen the first bytes
-    // (it reads them to tell HTTP/1 from an h2 preface), so a client that
-    // connects and says nothing is timed out here. A connection accepted
-    // just before draining began is still served: its client has no way
-    // to know it should have gone elsewhere.
+    // hyper reads the first bytes to tell HTTP/1 from an h2 preface, and
+    // a TLS handshake needs them too: a client that connects and says
+    // nothing is timed out here. A connection accepted just before
+    // draining began is still served: its client has no way to know it
+    // should have gone elsewhere.
     let mut probe = [0u8; 1];
     let first_bytes = tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut probe));
     if !matches!(first_bytes.await, Ok(Ok(n)) if n > 0) {
         return;
     }
+    let io = Downstream::new(stream, Arc::clone(&ctx.activity));
     match tls {
         None => {
-            let (io, timeout_reply) = Downstream::new(stream);
+            let timeout_reply = io.timeout_reply();
             serve_http(io, ctx, limits, draining, Some(timeout_reply)).await;
         }
         Some(acceptor) => {
-            let handshake =
-                tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream));
+            let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(io));
             match handshake.await {
                 Ok(Ok(tls)) => serve_http(tls, ctx, limits, draining, None).await,
                 Ok(Err(error)) => {
@@ -436,7 +462,9 @@ async fn serve_connection(
     }
 }
 
-/// Serves HTTP/1.1 or HTTP/2 on an established (plain or TLS) stream.
+/// Serves HTTP/1.1 or HTTP/2 on an established (plain or TLS) stream,
+/// until the client leaves, a client timeout of DESIGN §13 expires (see
+/// `downstream::watchdog`), or draining ends it.
 async fn serve_http<I>(
     io: I,
     ctx: Arc<ConnContext>,
@@ -450,46 +478,70 @@ async fn serve_http<I>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        // The watchdog keeps the head timeout (and answers 408); hyper's
+        // own would also run between requests, where keepalive_timeout
+        // rules, and costs a timer per request.
+        .header_read_timeout(None)
         // One buffer per response instead of a queue of head and body
-        // pieces for writev: 2.5 % fewer instructions per request, and
-        // what rustls prefers anyway; bodies still stream in chunks of
-        // at most `max_buf_size`.
+        // pieces for writev: fewer instructions per request, and what
+        // rustls prefers anyway; bodies still stream in chunks of at
+        // most `max_buf_size`.
         .writev(false)
         .max_buf_size(limits.max_header_bytes);
     // hyper parses into a stack array sized for its default limit; any
     // other limit makes it allocate and initialise a vector on every
-    // request (6 % of the request path's instructions).
+    // request.
     if limits.max_headers != HYPER_DEFAULT_MAX_HEADERS {
         builder.http1().max_headers(limits.max_headers);
     }
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.max_concurrent_streams);
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .keep_alive_interval(limits.h2_keepalive_interval)
+        .keep_alive_timeout(H2_PING_TIMEOUT);
     let listener = Arc::clone(&ctx.listener);
     let shared = Arc::clone(&ctx);
     let service = service_fn(move |req| handle(req, Arc::clone(&ctx)));
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
-    let result = tokio::select! {
-        result = conn.as_mut() => result,
-        _ = async { let _ = draining.wait_for(|d| *d).await; } => {
+    let expired = tokio::select! {
+        result = conn.as_mut() => return finish(result, &listener),
+        expired = watchdog(&shared.activity, limits, &shared.http2) => Some(expired),
+        _ = async { let _ = draining.wait_for(|d| *d).await; } => None,
+    };
+    match expired {
+        Some(Expired::Head) => {
+            tracing::debug!(listener = %listener, client = %shared.remote, "request head not complete within header_read_timeout");
+            if let Some(reply) = timeout_reply {
+                reply.send();
+            }
+        }
+        Some(Expired::Idle) => {
+            tracing::debug!(listener = %listener, client = %shared.remote, "no byte moved within idle_timeout; closing");
+        }
+        Some(Expired::KeepAlive) => {
+            // HTTP/2 gets GOAWAY; an idle HTTP/1 connection just closes.
+            conn.as_mut().graceful_shutdown();
+            if let Ok(result) = tokio::time::timeout(DRAIN_IDLE_GRACE, conn.as_mut()).await {
+                finish(result, &listener);
+            }
+        }
+        None => {
             // HTTP/2 clients handle GOAWAY: send it now. HTTP/1 responses
-            // carry `Connection: close` from now on (see `handle`), so busy
-            // keep-alive clients leave cleanly; the rest get a short grace
-            // before idle connections are closed.
+            // carry `Connection: close` from now on (see `handle`), so
+            // busy keep-alive clients leave cleanly; the rest get a short
+            // grace before idle connections are closed.
             if !shared.http2.load(Ordering::Relaxed) {
                 tokio::select! {
-                    result = conn.as_mut() => return finish(result, &listener, timeout_reply),
+                    result = conn.as_mut() => return finish(result, &listener),
                     _ = tokio::time::sleep(DRAIN_IDLE_GRACE) => {}
                 }
             }
             conn.as_mut().graceful_shutdown();
-            conn.as_mut().await
+            finish(conn.as_mut().await, &listener);
         }
-    };
-    finish(result, &listener, timeout_reply);
+    }
 }
 
 /// Runs each HTTP/2 stream hyper hands over as a task, boxed first: a
@@ -513,22 +565,17 @@ where
 /// hyper's HTTP/1 header count limit when none is set (not exported).
 const HYPER_DEFAULT_MAX_HEADERS: usize = 100;
 
-/// How long idle HTTP/1 keep-alive connections may stay once draining starts.
+/// How long idle HTTP/1 keep-alive connections may stay once draining
+/// starts, and how long an HTTP/2 client gets to leave after GOAWAY for
+/// keep-alive expiry.
 const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
 
-fn finish(
-    result: Result<(), Box<dyn std::error::Error + Send + Sync>>,
-    listener: &str,
-    timeout_reply: Option<TimeoutReply>,
-) {
+/// How long an HTTP/2 PING may go unanswered before the connection is
+/// taken for dead.
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn finish(result: Result<(), Box<dyn std::error::Error + Send + Sync>>, listener: &str) {
     if let Err(error) = result {
-        let timed_out = error
-            .downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_timeout);
-        if let (true, Some(reply)) = (timed_out, timeout_reply) {
-            reply.send();
-        } else {
-            tracing::debug!(listener = %listener, %error, "downstream connection ended with an error");
-        }
+        tracing::debug!(listener = %listener, %error, "downstream connection ended with an error");
     }
 }

@@ -4,6 +4,7 @@
 
 mod body;
 mod downstream;
+mod edge;
 mod error;
 mod http;
 mod listener;

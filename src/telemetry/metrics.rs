@@ -34,6 +34,9 @@ pub const PHASE: &str = "cutover_phase";
 pub const OLDEST_PIN_AGE: &str = "cutover_oldest_pin_age_seconds";
 /// TLS handshakes that failed or timed out, by `listener`.
 pub const TLS_HANDSHAKE_FAILURES: &str = "cutover_tls_handshake_failures_total";
+/// Client connections closed at accept because the listener was at
+/// `max_connections`.
+pub const CONNECTIONS_REFUSED: &str = "cutover_connections_refused_total";
 /// A certificate's `not_after` as Unix seconds, by `listener` and `name`.
 pub const CERT_NOT_AFTER: &str = "cutover_certificate_not_after_seconds";
 /// Certificate reloads by `outcome`.
