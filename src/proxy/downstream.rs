@@ -55,7 +55,14 @@ pub struct Activity {
     open: AtomicUsize,
     /// Requests ever handed to the service.
     started: AtomicU64,
+    /// The first head `framing::HeadCheck` refused (`u64::MAX`: none)...
+    refused_head: AtomicU64,
+    /// ... and why (an index into `REFUSALS`).
+    refused_reason: AtomicUsize,
 }
+
+/// What `framing::HeadCheck` refuses heads for.
+const REFUSALS: [&str; 2] = [super::framing::BARE_LF, super::framing::LENGTH_AND_CHUNKED];
 
 impl Activity {
     pub fn new() -> Arc<Self> {
@@ -66,6 +73,8 @@ impl Activity {
             head_started: AtomicU64::new(0),
             open: AtomicUsize::new(0),
             started: AtomicU64::new(0),
+            refused_head: AtomicU64::new(u64::MAX),
+            refused_reason: AtomicUsize::new(0),
         })
     }
 
@@ -90,11 +99,31 @@ impl Activity {
         self.read_since_write.store(false, Ordering::Relaxed);
     }
 
-    /// A request was handed to the service; the guard ends it.
-    pub fn request(self: &Arc<Self>) -> OpenRequest {
+    /// A request was handed to the service; the guard ends it. Also
+    /// returns why its head is refused, if `framing::HeadCheck` found a
+    /// reason (HTTP/1 requests are handed over in head order).
+    pub fn request(self: &Arc<Self>) -> (OpenRequest, Option<&'static str>) {
         self.open.fetch_add(1, Ordering::Relaxed);
-        self.started.fetch_add(1, Ordering::Relaxed);
-        OpenRequest(Arc::clone(self))
+        let index = self.started.fetch_add(1, Ordering::Relaxed);
+        let refused = (self.refused_head.load(Ordering::Relaxed) == index)
+            .then(|| {
+                REFUSALS
+                    .get(self.refused_reason.load(Ordering::Relaxed))
+                    .copied()
+            })
+            .flatten();
+        (OpenRequest(Arc::clone(self)), refused)
+    }
+
+    /// Records that head `head` of this connection breaks a framing rule;
+    /// the first such head is answered 400 (and the connection closed).
+    pub fn refuse_head(&self, head: u64, reason: &'static str) {
+        if self.refused_head.load(Ordering::Relaxed) != u64::MAX {
+            return;
+        }
+        let index = REFUSALS.iter().position(|r| *r == reason).unwrap_or(0);
+        self.refused_reason.store(index, Ordering::Relaxed);
+        self.refused_head.store(head, Ordering::Relaxed);
     }
 }
 
@@ -182,12 +211,18 @@ pub async fn watchdog(activity: &Activity, limits: ListenerLimits, http2: &Atomi
         }
         let bytes = activity.bytes.load(Ordering::Relaxed);
         let started = activity.started.load(Ordering::Relaxed);
-        // HTTP/2 PINGs move bytes on an idle connection: there only a new
-        // request counts as activity between requests.
-        let active = if expired == Expired::KeepAlive && http2.load(Ordering::Relaxed) {
-            started != seen_started || open
-        } else {
-            bytes != seen_bytes || started != seen_started
+        // HTTP/2 PINGs (ours, every h2_keepalive_interval, and their
+        // acknowledgements) move bytes on a connection that is otherwise
+        // silent: between requests only a new request counts, and during
+        // one, only more bytes than the pings of a tick could make.
+        let http2 = http2.load(Ordering::Relaxed);
+        let active = match (expired, http2) {
+            (Expired::KeepAlive, true) => started != seen_started,
+            (_, true) => {
+                bytes.wrapping_sub(seen_bytes) > ping_noise(limits, limit)
+                    || started != seen_started
+            }
+            _ => bytes != seen_bytes || started != seen_started,
         };
         if active {
             seen_bytes = bytes;
@@ -206,6 +241,19 @@ pub async fn watchdog(activity: &Activity, limits: ListenerLimits, http2: &Atomi
         let tick = tick.max(Duration::from_millis(5));
         tokio::time::sleep_until((quiet_since + limit).min(now + tick)).await;
     }
+}
+
+/// The most bytes HTTP/2 PINGs can move between two looks at a
+/// connection whose limit is `limit`: a 17-byte PING frame each way per
+/// `h2_keepalive_interval` (39 bytes as a TLS 1.3 record), rounded up.
+fn ping_noise(limits: ListenerLimits, limit: Duration) -> u64 {
+    const PING_ROUND_TRIP: u64 = 2 * (17 + 22);
+    let Some(interval) = limits.h2_keepalive_interval else {
+        return 0;
+    };
+    // From the last look to the deadline is at most `limit`.
+    let pings = limit.as_millis() / interval.as_millis().max(1) + 1;
+    PING_ROUND_TRIP * u64::try_from(pings).unwrap_or(u64::MAX / PING_ROUND_TRIP)
 }
 
 /// A downstream TCP stream that records what moves on it.

@@ -66,7 +66,7 @@ pub async fn handle(
     req: Request<Incoming>,
     conn: Arc<ConnContext>,
 ) -> Result<Response<Tracked<ResponseBody>>, Infallible> {
-    let open = conn.activity.request();
+    let (open, refused) = conn.activity.request();
     let started = Instant::now();
     let Pinned { generation, guard } = conn.admission.pin();
     // Only pay for the access log's copies when it is on; the path is
@@ -77,7 +77,10 @@ pub async fn handle(
     if version == Version::HTTP_2 {
         conn.http2.store(true, Ordering::Relaxed);
     }
-    let (route, served) = serve(req, &conn, &generation, guard, started, &mut access).await;
+    let (route, served) = match refused {
+        Some(reason) => (None, Err(ProxyError::BadRequest(reason))),
+        None => serve(req, &conn, &generation, guard, started, &mut access).await,
+    };
     let route_name = route.map_or("-", |r| r.name());
     let mut response = match served {
         Ok(response) => response,

@@ -22,6 +22,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Notify};
 
 use super::downstream::{watchdog, Activity, Downstream, Expired, TimeoutReply};
+use super::framing::HeadCheck;
 use super::http::{client_ip_header, handle, listener_counters, ConnContext};
 use super::tcp::{self, TcpCounters};
 use crate::admission::Admission;
@@ -444,12 +445,17 @@ async fn serve_connection(
     match tls {
         None => {
             let timeout_reply = io.timeout_reply();
+            let io = HeadCheck::new(io, Arc::clone(&ctx.activity), true);
             serve_http(io, ctx, limits, draining, Some(timeout_reply)).await;
         }
         Some(acceptor) => {
             let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(io));
             match handshake.await {
-                Ok(Ok(tls)) => serve_http(tls, ctx, limits, draining, None).await,
+                Ok(Ok(tls)) => {
+                    let http1 = tls.get_ref().1.alpn_protocol() != Some(b"h2");
+                    let io = HeadCheck::new(tls, Arc::clone(&ctx.activity), http1);
+                    serve_http(io, ctx, limits, draining, None).await
+                }
                 Ok(Err(error)) => {
                     metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
                     tracing::debug!(listener = %ctx.listener, client = %ctx.remote, %error, "TLS handshake failed");

@@ -6,6 +6,7 @@ mod body;
 mod downstream;
 mod edge;
 mod error;
+mod framing;
 mod http;
 mod listener;
 mod tcp;

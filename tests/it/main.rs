@@ -1,6 +1,7 @@
 //! Integration tests: the real `cutover` binary on ephemeral loopback ports.
 
 mod admin;
+mod edge;
 mod examples;
 mod fixtures;
 mod harness;

@@ -11,51 +11,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::harness::*;
 
-/// Echoes method, path, selected request headers and the body.
-async fn echo_backend() -> Backend {
-    Backend::start(Arc::new(|req: Request<hyper::body::Incoming>| {
-        Box::pin(async move {
-            let mut head = format!("{} {}\n", req.method(), req.uri());
-            let mut names: Vec<_> = req
-                .headers()
-                .keys()
-                .map(|k| k.as_str().to_owned())
-                .collect();
-            names.sort();
-            for name in names {
-                let values: Vec<_> = req
-                    .headers()
-                    .get_all(&name)
-                    .iter()
-                    .map(|v| v.to_str().unwrap_or("?").to_owned())
-                    .collect();
-                head.push_str(&format!("{name}: {}\n", values.join(",")));
-            }
-            let body = req
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            head.push('\n');
-            let mut out = head.into_bytes();
-            out.extend_from_slice(&body);
-            let mut response = hyper::Response::new(full(out));
-            response
-                .headers_mut()
-                .insert("keep-alive", "timeout=5".parse().unwrap());
-            response
-                .headers_mut()
-                .insert("proxy-authenticate", "Basic".parse().unwrap());
-            response
-                .headers_mut()
-                .insert("x-backend", "echo".parse().unwrap());
-            response
-        })
-    }))
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxies_get_and_post_with_bodies_and_forwarding_headers() {
     let backend = echo_backend().await;

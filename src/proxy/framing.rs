@@ -1,0 +1,419 @@
+//! A second, minimal reading of every HTTP/1 request head, for what
+//! hyper's parser accepts or hides: bare LF line ends (httparse takes
+//! them) and a `Content-Length` beside a `Transfer-Encoding` (hyper drops
+//! the length and decodes chunked). Both are how one parser is made to
+//! frame a request differently from the next (RFC 9112 §2.2, §6.3), so
+//! DESIGN §10 refuses them with 400.
+//!
+//! [`HeadCheck`] wraps the client stream hyper reads (above TLS) and
+//! follows the message framing as the bytes go by: head lines up to the
+//! empty line, then the body by its length or its chunks, then the next
+//! head. A violation is recorded against the head's index in the
+//! connection's `Activity`; the request path asks before routing. The
+//! scan stops for good on a protocol switch (`Upgrade`, `CONNECT`), on
+//! the HTTP/2 preface, and on a head it cannot follow: hyper refuses
+//! those itself, or they are no longer HTTP/1.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::downstream::Activity;
+
+/// Why a head was refused, as the 400 is logged.
+pub const BARE_LF: &str = "bare LF line end in the request head";
+pub const LENGTH_AND_CHUNKED: &str = "both Transfer-Encoding and Content-Length";
+
+/// The longest line prefix kept: enough for `transfer-encoding:` and a
+/// Content-Length value.
+const KEPT: usize = 64;
+
+#[derive(Debug)]
+enum State {
+    Head(HeadScan),
+    /// Body bytes left of a `Content-Length` body.
+    Body(u64),
+    ChunkSize,
+    ChunkData(u64),
+    /// The CRLF after a chunk's data: bytes left to skip.
+    ChunkEnd(u8),
+    Trailers,
+    /// No longer following: an upgrade, HTTP/2, or a head hyper refuses.
+    Off,
+}
+
+#[derive(Debug, Default)]
+struct HeadScan {
+    /// Lines of this head so far (the request line is line 0).
+    lines: usize,
+    content_length: Option<u64>,
+    length_invalid: bool,
+    transfer_encoding: bool,
+    switches: bool,
+    bare_lf: bool,
+}
+
+/// The line being read, across reads.
+#[derive(Debug)]
+struct Line {
+    kept: [u8; KEPT],
+    len: usize,
+    last_cr: bool,
+}
+
+impl Default for Line {
+    fn default() -> Self {
+        Self {
+            kept: [0; KEPT],
+            len: 0,
+            last_cr: false,
+        }
+    }
+}
+
+impl Line {
+    fn kept(&self) -> &[u8] {
+        self.kept.get(..self.len.min(KEPT)).unwrap_or(&[])
+    }
+
+    /// Takes bytes up to and including the next LF; returns how many it
+    /// took and whether the line ended (and whether with CRLF).
+    fn take(&mut self, data: &[u8]) -> (usize, Option<bool>) {
+        match data.iter().position(|&b| b == b'\n') {
+            Some(at) => {
+                let body = data.get(..at).unwrap_or(&[]);
+                self.push(body);
+                let crlf = self.last_cr;
+                (at + 1, Some(crlf))
+            }
+            None => {
+                self.push(data);
+                (data.len(), None)
+            }
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        if let Some(&last) = bytes.last() {
+            self.last_cr = last == b'\r';
+        }
+        let room = KEPT.saturating_sub(self.len);
+        let keep = bytes.len().min(room);
+        if let (Some(dst), Some(src)) = (
+            self.kept.get_mut(self.len..self.len + keep),
+            bytes.get(..keep),
+        ) {
+            dst.copy_from_slice(src);
+        }
+        self.len = self.len.saturating_add(bytes.len());
+    }
+
+    /// The line without its CR, when it was all kept.
+    fn content(&self) -> Option<&[u8]> {
+        let kept = self.kept();
+        if self.len > KEPT {
+            return None;
+        }
+        Some(kept.strip_suffix(b"\r").unwrap_or(kept))
+    }
+
+    fn is_empty_line(&self) -> bool {
+        self.len == 0 || (self.len == 1 && self.last_cr)
+    }
+
+    fn reset(&mut self) {
+        self.len = 0;
+        self.last_cr = false;
+    }
+}
+
+/// Follows HTTP/1 framing over the bytes a client sends.
+#[derive(Debug)]
+pub struct Scanner {
+    state: State,
+    line: Line,
+    /// Index of the head being read (0 for the connection's first).
+    head: u64,
+}
+
+impl Default for Scanner {
+    fn default() -> Self {
+        Self {
+            state: State::Head(HeadScan::default()),
+            line: Line::default(),
+            head: 0,
+        }
+    }
+}
+
+fn header_value<'l>(line: &'l [u8], name: &[u8]) -> Option<&'l [u8]> {
+    let prefix = line.get(..name.len())?;
+    if !prefix.eq_ignore_ascii_case(name) || line.get(name.len()) != Some(&b':') {
+        return None;
+    }
+    Some(line.get(name.len() + 1..)?.trim_ascii())
+}
+
+impl Scanner {
+    /// Follows `data`; calls `flag(head, reason)` for every head that
+    /// breaks a rule.
+    pub fn scan(&mut self, mut data: &[u8], flag: &mut impl FnMut(u64, &'static str)) {
+        while !data.is_empty() {
+            let taken = match &mut self.state {
+                State::Off => return,
+                State::Body(left) => {
+                    let n = data.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+                    *left -= n as u64;
+                    if *left == 0 {
+                        self.next_head();
+                    }
+                    n
+                }
+                State::ChunkData(left) => {
+                    let n = data.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+                    *left -= n as u64;
+                    if *left == 0 {
+                        self.state = State::ChunkEnd(2);
+                    }
+                    n
+                }
+                State::ChunkEnd(left) => {
+                    let n = data.len().min(usize::from(*left));
+                    *left -= n as u8;
+                    if *left == 0 {
+                        self.state = State::ChunkSize;
+                    }
+                    n
+                }
+                State::Head(_) | State::ChunkSize | State::Trailers => {
+                    let (n, ended) = self.line.take(data);
+                    if let Some(crlf) = ended {
+                        self.line_ended(crlf, flag);
+                        self.line.reset();
+                    }
+                    n
+                }
+            };
+            data = data.get(taken..).unwrap_or(&[]);
+        }
+    }
+
+    fn next_head(&mut self) {
+        self.head += 1;
+        self.state = State::Head(HeadScan::default());
+    }
+
+    fn line_ended(&mut self, crlf: bool, flag: &mut impl FnMut(u64, &'static str)) {
+        let empty = self.line.is_empty_line();
+        match &mut self.state {
+            State::Head(scan) => {
+                if empty && scan.lines == 0 {
+                    // Empty lines before a request line are allowed.
+                    return;
+                }
+                if !crlf {
+                    scan.bare_lf = true;
+                }
+                if !empty {
+                    let line = self.line.content();
+                    if scan.lines == 0 {
+                        if line.is_none_or(|l| l.starts_with(b"PRI ") || l.starts_with(b"CONNECT "))
+                        {
+                            scan.switches = true;
+                        }
+                    } else if let Some(line) = line {
+                        if let Some(value) = header_value(line, b"content-length") {
+                            match std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()) {
+                                Some(n) if scan.content_length.is_none_or(|m| m == n) => {
+                                    scan.content_length = Some(n)
+                                }
+                                _ => scan.length_invalid = true,
+                            }
+                        } else if header_value(line, b"transfer-encoding").is_some() {
+                            scan.transfer_encoding = true;
+                        } else if header_value(line, b"upgrade").is_some() {
+                            scan.switches = true;
+                        }
+                    } else if self.line.kept().len() >= 15
+                        && self
+                            .line
+                            .kept()
+                            .get(..15)
+                            .is_some_and(|p| p.eq_ignore_ascii_case(b"content-length:"))
+                    {
+                        scan.length_invalid = true;
+                    }
+                    scan.lines += 1;
+                    return;
+                }
+                // The head is complete.
+                let head = self.head;
+                if scan.bare_lf {
+                    flag(head, BARE_LF);
+                }
+                if scan.transfer_encoding && (scan.content_length.is_some() || scan.length_invalid)
+                {
+                    flag(head, LENGTH_AND_CHUNKED);
+                }
+                self.state = if scan.switches || scan.length_invalid {
+                    State::Off
+                } else if scan.transfer_encoding {
+                    State::ChunkSize
+                } else {
+                    match scan.content_length {
+                        Some(n) if n > 0 => State::Body(n),
+                        _ => {
+                            self.next_head();
+                            return;
+                        }
+                    }
+                };
+            }
+            State::ChunkSize => {
+                let size = self.line.content().and_then(|line| {
+                    let digits = line
+                        .split(|&b| b == b';' || b == b' ' || b == b'\t')
+                        .next()?;
+                    u64::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+                });
+                self.state = match size {
+                    Some(0) => State::Trailers,
+                    Some(n) => State::ChunkData(n),
+                    // hyper refuses it and closes the connection.
+                    None => State::Off,
+                };
+            }
+            State::Trailers => {
+                if empty {
+                    self.next_head();
+                }
+            }
+            State::Body(_) | State::ChunkData(_) | State::ChunkEnd(_) | State::Off => {}
+        }
+    }
+}
+
+/// A client stream whose HTTP/1 heads are checked as hyper reads them.
+pub struct HeadCheck<I> {
+    io: I,
+    scanner: Scanner,
+    activity: Arc<Activity>,
+}
+
+impl<I> HeadCheck<I> {
+    /// Checks the heads read from `io`; `http1` false (ALPN chose h2)
+    /// passes everything through unread.
+    pub fn new(io: I, activity: Arc<Activity>, http1: bool) -> Self {
+        let mut scanner = Scanner::default();
+        if !http1 {
+            scanner.state = State::Off;
+        }
+        Self {
+            io,
+            scanner,
+            activity,
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for HeadCheck<I> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        if let Some(read) = buf.filled().get(before..).filter(|r| !r.is_empty()) {
+            let activity = &this.activity;
+            this.scanner
+                .scan(read, &mut |head, reason| activity.refuse_head(head, reason));
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for HeadCheck<I> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Scans `data` in pieces of `step` bytes; returns the flags raised.
+    fn flags(data: &[u8], step: usize) -> Vec<(u64, &'static str)> {
+        let mut scanner = Scanner::default();
+        let mut raised = Vec::new();
+        for piece in data.chunks(step) {
+            scanner.scan(piece, &mut |head, reason| raised.push((head, reason)));
+        }
+        raised
+    }
+
+    #[test]
+    fn clean_pipelined_requests_raise_nothing_at_any_split() {
+        let data = b"\r\nPOST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhe\nlo\
+            POST /b HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\
+            3;ext=1\r\na\nb\r\n0\r\nX-T: 1\r\n\r\n\
+            GET /c HTTP/1.1\r\nHost: a\r\n\r\n";
+        for step in [1, 2, 3, 7, data.len()] {
+            assert!(flags(data, step).is_empty(), "step {step}");
+        }
+    }
+
+    #[test]
+    fn bare_lf_and_length_beside_chunked_are_flagged_on_their_head() {
+        let data = b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n\
+            POST /b HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n\
+            GET /c HTTP/1.1\nHost: a\r\n\r\n";
+        for step in [1, 5, data.len()] {
+            assert_eq!(
+                flags(data, step),
+                vec![(1, LENGTH_AND_CHUNKED), (2, BARE_LF)],
+                "step {step}"
+            );
+        }
+        // Either order of the two headers.
+        let data = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\ncontent-length: 3\r\n\r\n";
+        assert_eq!(flags(data, 4), vec![(0, LENGTH_AND_CHUNKED)]);
+    }
+
+    #[test]
+    fn upgrades_and_http2_stop_the_scan() {
+        let data = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n\n\n\x00binary\n";
+        assert!(flags(data, 3).is_empty());
+        let data = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04\n\n";
+        assert!(flags(data, 3).is_empty());
+    }
+}

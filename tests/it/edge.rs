@@ -1,0 +1,849 @@
+//! The edge rules of DESIGN §13 and the abuse suite: exact bytes on raw
+//! sockets against the real binary, and misbehaving backends.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+use hyper::Request;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::harness::*;
+
+/// `web` with short client timeouts, `trusting` believing forwarding
+/// headers from loopback, `patient` with minute-long timeouts (so that a
+/// closed connection there was closed for what it did, not for idling),
+/// all routing `public.example/public` to `app`.
+fn edge_config(backend: SocketAddr, extra_upstream: &str) -> String {
+    format!(
+        r#"[admin]
+bind = "127.0.0.1:0"
+
+[log]
+level = "warn"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+header_read_timeout = "400ms"
+keepalive_timeout = "1500ms"
+idle_timeout = "800ms"
+
+[[listeners]]
+name = "trusting"
+bind = "127.0.0.1:0"
+trusted_proxies = ["127.0.0.0/8"]
+encoded_slash = "reject"
+merge_slashes = true
+
+[[listeners]]
+name = "patient"
+bind = "127.0.0.1:0"
+keepalive_timeout = "60s"
+idle_timeout = "60s"
+
+[[routes]]
+name = "public"
+listeners = ["web", "trusting", "patient"]
+hosts = ["public.example"]
+path_prefix = "/public"
+upstream = "app"
+timeout = "500ms"
+
+[upstreams.app]
+backends = [{{ addr = "{backend}" }}]
+{extra_upstream}
+"#
+    )
+}
+
+/// The status code of a raw HTTP/1.1 answer (0 when there is none).
+fn status_of(answer: &str) -> u16 {
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An echo backend that counts the requests it received.
+async fn counting_echo() -> (Backend, Arc<AtomicUsize>) {
+    let echo = Arc::new(echo_backend().await);
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&hits);
+    let backend = Backend::start(Arc::new(move |req: Request<hyper::body::Incoming>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let target = echo.addr;
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let mut forward = Request::from_parts(parts, http_body_util::Full::new(body));
+            *forward.uri_mut() = format!("http://{target}{}", forward.uri())
+                .parse()
+                .expect("uri");
+            match send(target, forward).await {
+                Ok((status, _, body)) => {
+                    let mut response = hyper::Response::new(full(body));
+                    *response.status_mut() = hyper::StatusCode::from_u16(status).expect("status");
+                    response
+                }
+                Err(e) => hyper::Response::new(full(e)),
+            }
+        })
+    }))
+    .await;
+    (backend, hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routed_authority_and_path_are_what_the_backend_receives() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let web = gw.listener("web");
+
+    // Absolute-form wins over Host, and the backend gets it as Host.
+    let answer = raw_exchange(
+        web,
+        b"GET http://public.example/public/x HTTP/1.1\r\nHost: internal.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    assert!(answer.contains("GET /public/x\n"), "{answer}");
+    assert!(answer.contains("host: public.example\n"), "{answer}");
+    assert!(!answer.contains("internal.example"), "{answer}");
+    // The other way round: routed by the target's authority, not Host.
+    let answer = raw_exchange(
+        web,
+        b"GET http://internal.example/public HTTP/1.1\r\nHost: public.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&answer), 404, "{answer}");
+
+    // Dot segments, plain or encoded, are resolved before routing.
+    for target in [
+        "/public/../admin/secret",
+        "/public/%2e%2e/admin",
+        "/public/%2E%2E/admin",
+        "/public/./../admin",
+    ] {
+        let request =
+            format!("GET {target} HTTP/1.1\r\nHost: public.example\r\nConnection: close\r\n\r\n");
+        let answer = raw_exchange(web, request.as_bytes()).await;
+        assert_eq!(status_of(&answer), 404, "{target}: {answer}");
+    }
+    // ... and the backend receives exactly the routed path.
+    let answer = raw_exchange(
+        web,
+        b"GET /public/a/./b/../%7Euser/%2e/c%20d?q=%2e%2e HTTP/1.1\r\nHost: public.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    assert!(
+        answer.contains("GET /public/a/~user/c%20d?q=%2e%2e\n"),
+        "{answer}"
+    );
+    // Encoded slashes are kept on `web` and refused on `trusting`, which
+    // also merges slashes.
+    let answer = raw_exchange(
+        web,
+        b"GET /public/a%2fb HTTP/1.1\r\nHost: public.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.contains("GET /public/a%2Fb\n"), "{answer}");
+    let trusting = gw.listener("trusting");
+    let answer = raw_exchange(
+        trusting,
+        b"GET /public/a%2fb HTTP/1.1\r\nHost: public.example\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&answer), 400, "{answer}");
+    let answer = raw_exchange(
+        trusting,
+        b"GET //public//a HTTP/1.1\r\nHost: public.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.contains("GET /public/a\n"), "{answer}");
+
+    // Two Host lines, none, or a malformed one: 400, and the connection closes.
+    for head in [
+        "GET /public HTTP/1.1\r\nHost: public.example\r\nHost: internal.example\r\n\r\n",
+        "GET /public HTTP/1.1\r\nHost: public.example\r\nHost: public.example\r\n\r\n",
+        "GET /public HTTP/1.1\r\n\r\n",
+        "GET /public HTTP/1.1\r\nHost: user@public.example\r\n\r\n",
+    ] {
+        let answer = raw_exchange(web, head.as_bytes()).await;
+        assert_eq!(status_of(&answer), 400, "{head:?}: {answer}");
+        assert!(answer.contains("connection: close"), "{answer}");
+    }
+    // HTTP/1.0 may name no host: it is routed without one (404 here).
+    let answer = raw_exchange(web, b"GET /public HTTP/1.0\r\n\r\n").await;
+    assert_eq!(status_of(&answer), 404, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_authority_must_agree_with_host() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let mut h2 = RawH2::connect(gw.listener("web")).await;
+    // :authority public.example, host internal.example: refused.
+    let stream = h2
+        .request(&[(":path", "/public"), ("host", "internal.example")])
+        .await;
+    assert_eq!(h2.response_status(stream).await, Some(400));
+    // Agreeing ones are served, with :authority as the forwarded Host.
+    let stream = h2
+        .request(&[(":path", "/public/h2"), ("host", "public.example")])
+        .await;
+    assert_eq!(h2.response_status(stream).await, Some(200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_headers_are_replaced_unless_the_peer_is_trusted() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let request = b"GET /public HTTP/1.1\r\nHost: public.example\r\n\
+        X-Forwarded-For: 198.51.100.1\r\nX-Forwarded-For: 198.51.100.2, 198.51.100.3\r\n\
+        X-Forwarded-Proto: https\r\nX-Forwarded-Host: spoofed.example\r\n\
+        Forwarded: for=198.51.100.1\r\nConnection: close\r\n\r\n";
+    let answer = raw_exchange(gw.listener("web"), request).await;
+    assert!(answer.contains("x-forwarded-for: 127.0.0.1\n"), "{answer}");
+    assert!(answer.contains("x-forwarded-proto: http\n"), "{answer}");
+    assert!(
+        answer.contains("x-forwarded-host: public.example\n"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("forwarded: for=127.0.0.1;proto=http;host=\"public.example\"\n"),
+        "{answer}"
+    );
+    assert!(!answer.contains("198.51.100"), "{answer}");
+
+    let answer = raw_exchange(gw.listener("trusting"), request).await;
+    assert!(
+        answer.contains("x-forwarded-for: 198.51.100.1, 198.51.100.2, 198.51.100.3, 127.0.0.1\n"),
+        "{answer}"
+    );
+    assert!(answer.contains("x-forwarded-proto: https\n"), "{answer}");
+    assert!(
+        answer.contains("x-forwarded-host: spoofed.example\n"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains(
+            "forwarded: for=198.51.100.1, for=127.0.0.1;proto=http;host=\"public.example\"\n"
+        ),
+        "{answer}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smuggling_forms_are_answered_and_never_forwarded() {
+    let (backend, hits) = counting_echo().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let web = gw.listener("web");
+    let head = "POST /public HTTP/1.1\r\nHost: public.example\r\n";
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "CL+TE",
+            format!("{head}Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+                .into(),
+        ),
+        (
+            "TE+CL",
+            format!("{head}Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n")
+                .into(),
+        ),
+        (
+            "differing Content-Length",
+            format!("{head}Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!").into(),
+        ),
+        (
+            "Content-Length list",
+            format!("{head}Content-Length: 5, 6\r\n\r\nhello!").into(),
+        ),
+        (
+            "TE not ending in chunked",
+            format!("{head}Transfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n").into(),
+        ),
+        (
+            "TE gzip, chunked",
+            format!("{head}Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n").into(),
+        ),
+        (
+            "TE chunked twice",
+            format!(
+                "{head}Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+            )
+            .into(),
+        ),
+        (
+            "TE with a space before the colon",
+            format!("{head}Transfer-Encoding : chunked\r\n\r\n0\r\n\r\n").into(),
+        ),
+        (
+            "obs-fold",
+            format!("{head}X-Folded: a\r\n b\r\nContent-Length: 0\r\n\r\n").into(),
+        ),
+        (
+            "invalid header name",
+            format!("{head}Bad Name: 1\r\nContent-Length: 0\r\n\r\n").into(),
+        ),
+        (
+            "NUL in a value",
+            [head.as_bytes(), b"X-A: a\0b\r\nContent-Length: 0\r\n\r\n"].concat(),
+        ),
+        (
+            "CR in a value",
+            [head.as_bytes(), b"X-A: a\rb\r\nContent-Length: 0\r\n\r\n"].concat(),
+        ),
+        (
+            "chunk size overflow",
+            format!("{head}Transfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\nx\r\n0\r\n\r\n")
+                .into(),
+        ),
+        (
+            "invalid chunk size",
+            format!("{head}Transfer-Encoding: chunked\r\n\r\nzz\r\nx\r\n0\r\n\r\n").into(),
+        ),
+        (
+            "negative chunk size",
+            format!("{head}Transfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n0\r\n\r\n").into(),
+        ),
+    ];
+    for (name, bytes) in cases {
+        let before = hits.load(Ordering::SeqCst);
+        let answer = raw_exchange(web, &bytes).await;
+        assert_eq!(status_of(&answer), 400, "{name}: {answer}");
+        let forwarded = hits.load(Ordering::SeqCst) - before;
+        let chunk_case = name.contains("chunk size");
+        // A bad chunk arrives after the head was forwarded: the backend
+        // then sees a request whose body never completes, never a second
+        // request smuggled inside it.
+        assert!(chunk_case || forwarded == 0, "{name} reached the backend");
+    }
+    // The gateway still serves a well-formed request afterwards.
+    let answer = raw_exchange(
+        web,
+        format!("{head}Content-Length: 5\r\nConnection: close\r\n\r\nhello").as_bytes(),
+    )
+    .await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_lf_line_ends_are_refused() {
+    let (backend, hits) = counting_echo().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let answer = raw_exchange(
+        gw.listener("web"),
+        b"GET /public HTTP/1.1\nHost: public.example\nConnection: close\n\n",
+    )
+    .await;
+    assert_eq!(status_of(&answer), 400, "{answer}");
+    let answer = raw_exchange(
+        gw.listener("web"),
+        b"GET /public HTTP/1.1\r\nHost: public.example\nX-A: 1\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&answer), 400, "{answer}");
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_heads_get_431_and_414() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let web = gw.listener("web");
+    let big = "a".repeat(64 * 1024);
+    let answer = raw_exchange(
+        web,
+        format!("GET /public HTTP/1.1\r\nHost: public.example\r\nX-Big: {big}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert_eq!(
+        status_of(&answer),
+        431,
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
+    let many: String = (0..101).map(|i| format!("X-H{i}: {i}\r\n")).collect();
+    let answer = raw_exchange(
+        web,
+        format!("GET /public HTTP/1.1\r\nHost: public.example\r\n{many}\r\n").as_bytes(),
+    )
+    .await;
+    assert_eq!(status_of(&answer), 431, "{answer}");
+    let long = "b".repeat(70 * 1024);
+    let answer = raw_exchange(
+        web,
+        format!("GET /public/{long} HTTP/1.1\r\nHost: public.example\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(
+        [414, 431].contains(&status_of(&answer)),
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
+    // Fewer are fine (90 here: the backend, hyper too, also counts the
+    // three X-Forwarded-* headers against its limit of 100).
+    let hundred: String = (0..90).map(|i| format!("X-H{i}: {i}\r\n")).collect();
+    let answer = raw_exchange(
+        web,
+        format!(
+            "GET /public HTTP/1.1\r\nHost: public.example\r\n{hundred}Connection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_head_gets_408_while_others_are_served() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let web = gw.listener("web");
+    let mut slow = TcpStream::connect(web).await.unwrap();
+    let started = Instant::now();
+    let head = b"GET /public HTTP/1.1\r\nHost: public.example\r\nX-Slow: ";
+    slow.write_all(head).await.unwrap();
+    // A byte every 50 ms keeps bytes moving but the head never ends.
+    let trickle = async {
+        for _ in 0..100 {
+            if slow.write_all(b"a").await.is_err() {
+                break;
+            }
+            // Meanwhile another client is served.
+            let (status, _, _) = get(web, "public.example", "/public").await;
+            assert_eq!(status, 200);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(3), trickle)
+        .await
+        .ok();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), slow.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_but_flowing_upload_outlasts_the_route_timeout() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let mut client = TcpStream::connect(gw.listener("web")).await.unwrap();
+    client
+        .write_all(b"POST /public HTTP/1.1\r\nHost: public.example\r\nContent-Length: 10\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    // 10 bytes over 2 s: four times the 500 ms route timeout, each gap
+    // well inside the 800 ms idle timeout.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client.write_all(b"x").await.unwrap();
+    }
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(3), client.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    assert!(answer.ends_with("xxxxxxxxxx"), "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_is_closed_at_the_idle_timeout() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let web = gw.listener("web");
+    let mut client = TcpStream::connect(web).await.unwrap();
+    client
+        .write_all(b"POST /public HTTP/1.1\r\nHost: public.example\r\nContent-Length: 10\r\n\r\nxx")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(3), client.read_to_end(&mut answer))
+        .await
+        .expect("closed within 3 s")
+        .ok();
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(700), "{took:?}");
+    // Others were and are served.
+    assert_eq!(get(web, "public.example", "/public").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_idleness_is_not_the_header_timeout() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let mut client = TcpStream::connect(gw.listener("web")).await.unwrap();
+    let request = b"GET /public HTTP/1.1\r\nHost: public.example\r\n\r\n";
+    client.write_all(request).await.unwrap();
+    read_one_response(&mut client).await;
+    // Idle longer than the 400 ms header timeout, inside the 1.5 s
+    // keep-alive timeout: the connection still takes a request.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    client.write_all(request).await.unwrap();
+    read_one_response(&mut client).await;
+    // Idle past the keep-alive timeout: closed without a word.
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(4), client.read_to_end(&mut rest))
+        .await
+        .expect("closed")
+        .ok();
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_millis(2500),
+        "{took:?}"
+    );
+}
+
+/// Reads one `Content-Length` response off a keep-alive connection.
+async fn read_one_response(stream: &mut TcpStream) -> String {
+    let mut buf = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length: usize = text[..end]
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout_at(deadline.into(), stream.read(&mut chunk))
+            .await
+            .expect("a response within 3 s")
+            .unwrap();
+        assert!(n > 0, "closed before a whole response");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_cap_holds_under_thousands_of_idle_clients() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&config(&format!(
+        r#"[[listeners]]
+name = "capped"
+bind = "127.0.0.1:0"
+max_connections = 2000
+header_read_timeout = "30s"
+
+[[routes]]
+name = "all"
+listeners = ["web", "capped"]
+upstream = "app"
+
+[upstreams.app]
+backends = [{{ addr = "{}" }}]
+"#,
+        backend.addr
+    )));
+    let capped = gw.listener("capped");
+    let (rss_before, _) = gw.memory_kib();
+    // 8 000 clients connect and say nothing.
+    let mut idle = Vec::with_capacity(8000);
+    for _ in 0..8000 {
+        match TcpStream::connect(capped).await {
+            Ok(stream) => idle.push(stream),
+            Err(e) => panic!("connect: {e}"),
+        }
+    }
+    // Those beyond the cap are closed by the gateway: reading them ends.
+    let mut closed = 0;
+    for stream in idle.iter_mut().skip(2000) {
+        let mut byte = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_secs(2), stream.read(&mut byte)).await
+        {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 6000, "connections beyond the cap must be closed");
+    // The admin API and the other listener keep answering.
+    let (status, _) = admin_request(gw.admin, "GET", "/admin/runtime/status", None, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(get(gw.listener("web"), "a", "/").await.0, 200);
+    let (rss, _) = gw.memory_kib();
+    assert!(
+        rss < rss_before + 64 * 1024,
+        "RSS grew from {rss_before} to {rss} KiB with 2 000 idle connections"
+    );
+    // Once some leave, new ones are admitted again.
+    idle.truncate(1000);
+    let mut fresh = TcpStream::connect(capped).await.unwrap();
+    fresh
+        .write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), fresh.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status_of(&String::from_utf8_lossy(&answer)), 200);
+}
+
+/// A raw HTTP/2 client: exact frames, for the abuse cases.
+struct RawH2 {
+    stream: TcpStream,
+    next_stream: u32,
+}
+
+const HEADERS: u8 = 1;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const GOAWAY: u8 = 7;
+const CONTINUATION: u8 = 9;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut out = Vec::with_capacity(9 + payload.len());
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.push(kind);
+    out.push(flags);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// An HPACK block of literal fields without indexing (new names), plus
+/// `:method GET`, `:scheme http` and `:authority public.example`.
+fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut block = vec![0x82, 0x86];
+    let mut literal = |name: &str, value: &str| {
+        block.push(0x00);
+        block.push(name.len() as u8);
+        block.extend_from_slice(name.as_bytes());
+        block.push(value.len() as u8);
+        block.extend_from_slice(value.as_bytes());
+    };
+    literal(":authority", "public.example");
+    for (name, value) in fields {
+        literal(name, value);
+    }
+    block
+}
+
+impl RawH2 {
+    async fn connect(addr: SocketAddr) -> RawH2 {
+        Self::connect_with(addr, &[]).await
+    }
+
+    /// Connects and sends the preface with `settings` (id, value) pairs.
+    async fn connect_with(addr: SocketAddr, settings: &[(u16, u32)]) -> RawH2 {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut payload = Vec::new();
+        for (id, value) in settings {
+            payload.extend_from_slice(&id.to_be_bytes());
+            payload.extend_from_slice(&value.to_be_bytes());
+        }
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend(frame(SETTINGS, 0, 0, &payload));
+        stream.write_all(&hello).await.unwrap();
+        RawH2 {
+            stream,
+            next_stream: 1,
+        }
+    }
+
+    async fn request(&mut self, fields: &[(&str, &str)]) -> u32 {
+        let id = self.next_stream;
+        self.next_stream += 2;
+        let bytes = frame(HEADERS, END_STREAM | END_HEADERS, id, &header_block(fields));
+        self.stream.write_all(&bytes).await.unwrap();
+        id
+    }
+
+    /// Reads frames until the response HEADERS of `stream`; returns its
+    /// `:status` (indexed static entries 8-14 or a literal).
+    async fn response_status(&mut self, stream: u32) -> Option<u16> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (kind, flags, id, payload) = self.read_frame(deadline).await?;
+            if kind == SETTINGS && flags & 1 == 0 {
+                let ack = frame(SETTINGS, 1, 0, &[]);
+                self.stream.write_all(&ack).await.ok()?;
+            }
+            if kind == HEADERS && id == stream {
+                let first = *payload.first()?;
+                return match first {
+                    0x88 => Some(200),
+                    0x89 => Some(204),
+                    0x8a => Some(206),
+                    0x8b => Some(304),
+                    0x8c => Some(400),
+                    0x8d => Some(404),
+                    0x8e => Some(500),
+                    // Literal with an indexed :status name: the value follows.
+                    _ => payload
+                        .get(2..5)
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(|v| v.parse().ok()),
+                };
+            }
+        }
+    }
+
+    async fn read_frame(&mut self, deadline: Instant) -> Option<(u8, u8, u32, Vec<u8>)> {
+        let mut head = [0u8; 9];
+        tokio::time::timeout_at(deadline.into(), self.stream.read_exact(&mut head))
+            .await
+            .ok()?
+            .ok()?;
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        tokio::time::timeout_at(deadline.into(), self.stream.read_exact(&mut payload))
+            .await
+            .ok()?
+            .ok()?;
+        let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        Some((head[3], head[4], id, payload))
+    }
+
+    /// Writes `bytes` as long as the gateway accepts them, then reads until
+    /// it closes; true if it sent GOAWAY or closed within `within`.
+    async fn flood_until_closed(&mut self, chunk: &[u8], rounds: usize, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        for _ in 0..rounds {
+            let write =
+                tokio::time::timeout_at(deadline.into(), self.stream.write_all(chunk)).await;
+            if !matches!(write, Ok(Ok(()))) {
+                break;
+            }
+        }
+        let mut goaway = false;
+        loop {
+            match self.read_frame(deadline).await {
+                Some((GOAWAY, ..)) => goaway = true,
+                Some(_) => {}
+                None => {
+                    // Closed, or timed out with the connection still open.
+                    return goaway || Instant::now() < deadline;
+                }
+            }
+        }
+    }
+}
+
+/// Each HTTP/2 abuse closes the offender while another client is served.
+async fn assert_h2_abuse_closed(
+    name: &str,
+    mut abuse: RawH2,
+    chunk: Vec<u8>,
+    rounds: usize,
+    web: SocketAddr,
+) {
+    let closed = abuse
+        .flood_until_closed(&chunk, rounds, Duration::from_secs(10))
+        .await;
+    assert!(closed, "{name}: the offending connection stayed open");
+    let mut polite = RawH2::connect(web).await;
+    let stream = polite.request(&[(":path", "/public")]).await;
+    assert_eq!(polite.response_status(stream).await, Some(200), "{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_floods_close_the_offender() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let web = gw.listener("patient");
+
+    // Rapid reset: open a stream and cancel it, thousands of times.
+    let mut rapid = Vec::new();
+    for i in 0..500u32 {
+        let id = 2 * i + 1;
+        rapid.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            id,
+            &header_block(&[(":path", "/public")]),
+        ));
+        rapid.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
+    }
+    let abuse = RawH2::connect(web).await;
+    assert_h2_abuse_closed("rapid reset", abuse, rapid, 1, web).await;
+
+    // CONTINUATION flood: a header block that never ends.
+    let mut abuse = RawH2::connect(web).await;
+    let opening = frame(HEADERS, 0, 1, &header_block(&[(":path", "/public")]));
+    abuse.stream.write_all(&opening).await.unwrap();
+    let mut filler = Vec::new();
+    for i in 0..200 {
+        filler.push(0x00);
+        filler.push(8);
+        filler.extend_from_slice(format!("x-f{i:05}").as_bytes());
+        filler.push(100);
+        filler.extend_from_slice(&[b'v'; 100]);
+    }
+    let continuation = frame(CONTINUATION, 0, 1, &filler);
+    assert_h2_abuse_closed("CONTINUATION flood", abuse, continuation, 10_000, web).await;
+
+    // SETTINGS and PING floods whose answers are never read: the
+    // gateway sends one acknowledgement at a time and reads the next
+    // frame only once it is written, so the offender's own socket
+    // buffers fill and it stalls; memory stays flat, and the stalled
+    // connection (no request open) is closed by the keep-alive rule.
+    // On `web` that is 1.5 s.
+    let web = gw.listener("web");
+    let (rss_before, _) = gw.memory_kib();
+    let abuse = RawH2::connect(web).await;
+    let settings = frame(SETTINGS, 0, 0, &[0, 3, 0, 0, 0, 100]);
+    assert_h2_abuse_closed("SETTINGS flood", abuse, settings.repeat(1000), 1000, web).await;
+    let abuse = RawH2::connect(web).await;
+    let ping = frame(PING, 0, 0, &[7; 8]);
+    assert_h2_abuse_closed("PING flood", abuse, ping.repeat(1000), 1000, web).await;
+    let (rss, _) = gw.memory_kib();
+    assert!(
+        rss < rss_before + 16 * 1024,
+        "RSS grew from {rss_before} to {rss} KiB under control-frame floods"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_never_opens_its_window_is_closed() {
+    let backend = Backend::start(Arc::new(|_req| {
+        Box::pin(async move { hyper::Response::new(full(vec![b'z'; 1 << 20])) })
+    }))
+    .await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    let web = gw.listener("web");
+    // SETTINGS_INITIAL_WINDOW_SIZE = 0: nothing of the body can be sent.
+    let mut stingy = RawH2::connect_with(web, &[(4, 0)]).await;
+    let stream = stingy.request(&[(":path", "/public")]).await;
+    assert_eq!(stingy.response_status(stream).await, Some(200));
+    let started = Instant::now();
+    let closed = stingy
+        .flood_until_closed(&[], 0, Duration::from_secs(5))
+        .await;
+    assert!(closed, "a stalled stream kept its connection");
+    assert!(started.elapsed() >= Duration::from_millis(700));
+    let mut polite = RawH2::connect(web).await;
+    let stream = polite.request(&[(":path", "/public")]).await;
+    assert_eq!(polite.response_status(stream).await, Some(200));
+}
