@@ -86,6 +86,10 @@ enum CtlCommand {
     Upgrade {
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Start this executable instead of the file the gateway was
+        /// started from (a path on the gateway's machine).
+        #[arg(long)]
+        binary: Option<PathBuf>,
         #[command(flatten)]
         meta: Meta,
     },
@@ -186,10 +190,18 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             };
             client.post("/admin/runtime/reload-certs", body).await?
         }
-        CtlCommand::Upgrade { config, meta } => {
+        CtlCommand::Upgrade {
+            config,
+            binary,
+            meta,
+        } => {
             let mut body = json!({ "reason": meta.reason, "requested_by": meta.requested_by });
             if let Some(file) = config {
                 body["config"] = json!(read(file)?);
+            }
+            if let Some(binary) = binary {
+                let absolute = std::path::absolute(binary).unwrap_or_else(|_| binary.clone());
+                body["binary"] = json!(absolute);
             }
             let started = client.post("/admin/lifecycle/upgrade", body).await?;
             match started.body["operation_id"].as_str() {

@@ -27,6 +27,8 @@ struct CandidateJson {
     expected_generation: Option<u64>,
     reason: Option<String>,
     requested_by: Option<String>,
+    /// Upgrade only: the executable to start.
+    binary: Option<String>,
 }
 
 /// The media type of a request, without parameters, lower-cased.
@@ -43,11 +45,13 @@ pub fn media_type(headers: &HeaderMap) -> Option<String> {
         })
 }
 
+/// A candidate, and the executable an upgrade request names (JSON
+/// `binary`; refused by every other call).
 pub fn parse(
     query: CandidateQuery,
     headers: &HeaderMap,
     body: &Bytes,
-) -> Result<Candidate, ApiError> {
+) -> Result<(Candidate, Option<String>), ApiError> {
     let from_query = |source| Candidate {
         source,
         expected_generation: query.expected_generation.map(GenerationId),
@@ -56,13 +60,13 @@ pub fn parse(
     };
     let media = media_type(headers);
     if body.iter().all(u8::is_ascii_whitespace) && media.as_deref() != Some("application/toml") {
-        return Ok(from_query(CandidateSource::Path(None)));
+        return Ok((from_query(CandidateSource::Path(None)), None));
     }
     match media.as_deref() {
         Some("application/toml") => {
             let text = std::str::from_utf8(body)
                 .map_err(|_| ApiError::BadRequest("the TOML body is not UTF-8".into()))?;
-            Ok(from_query(CandidateSource::Text(text.to_owned())))
+            Ok((from_query(CandidateSource::Text(text.to_owned())), None))
         }
         Some("application/json") => {
             let json: CandidateJson = serde_json::from_slice(body).map_err(|e| {
@@ -77,7 +81,7 @@ pub fn parse(
                 (Some(text), None) => CandidateSource::Text(text),
                 (None, path) => CandidateSource::Path(path.map(Into::into)),
             };
-            Ok(Candidate {
+            let candidate = Candidate {
                 source,
                 expected_generation: json
                     .expected_generation
@@ -85,7 +89,8 @@ pub fn parse(
                     .map(GenerationId),
                 reason: json.reason.or(query.reason),
                 requested_by: json.requested_by.or(query.requested_by),
-            })
+            };
+            Ok((candidate, json.binary))
         }
         other => Err(ApiError::UnsupportedMediaType(format!(
             "Content-Type {} is not accepted; send application/toml or application/json",
@@ -98,19 +103,43 @@ pub fn parse(
 /// Content-Type and a body of at most `MAX_BODY` bytes (413 beyond).
 pub struct CandidateRequest(pub Candidate);
 
+/// An upgrade's candidate and the executable it names, if any.
+pub struct UpgradeCandidate(pub Candidate, pub Option<String>);
+
+async fn extract<S: Send + Sync>(
+    req: axum::extract::Request,
+    state: &S,
+) -> Result<(Candidate, Option<String>), axum::response::Response> {
+    use axum::extract::FromRequest;
+    use axum::response::IntoResponse;
+    let query = axum::extract::Query::<CandidateQuery>::try_from_uri(req.uri())
+        .map_err(IntoResponse::into_response)?;
+    let headers = req.headers().clone();
+    let body = Bytes::from_request(req, state)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    parse(query.0, &headers, &body).map_err(IntoResponse::into_response)
+}
+
 impl<S: Send + Sync> axum::extract::FromRequest<S> for CandidateRequest {
     type Rejection = axum::response::Response;
 
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
         use axum::response::IntoResponse;
-        let query = axum::extract::Query::<CandidateQuery>::try_from_uri(req.uri())
-            .map_err(IntoResponse::into_response)?;
-        let headers = req.headers().clone();
-        let body = Bytes::from_request(req, state)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        parse(query.0, &headers, &body)
-            .map(CandidateRequest)
-            .map_err(IntoResponse::into_response)
+        match extract(req, state).await? {
+            (candidate, None) => Ok(CandidateRequest(candidate)),
+            (_, Some(_)) => {
+                Err(ApiError::BadRequest("binary applies to upgrades only".into()).into_response())
+            }
+        }
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for UpgradeCandidate {
+    type Rejection = axum::response::Response;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
+        let (candidate, binary) = extract(req, state).await?;
+        Ok(UpgradeCandidate(candidate, binary))
     }
 }

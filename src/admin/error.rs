@@ -65,6 +65,9 @@ fn lifecycle_error(error: LifecycleError) -> Response {
         LifecycleError::Unavailable => {
             body(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
         }
+        LifecycleError::Binary(_) => {
+            body(StatusCode::UNPROCESSABLE_ENTITY, "invalid_binary", message)
+        }
         LifecycleError::Failed(_) => {
             body(StatusCode::INTERNAL_SERVER_ERROR, "upgrade_failed", message)
         }

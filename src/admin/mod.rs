@@ -20,7 +20,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use candidate::CandidateRequest;
+use candidate::{CandidateRequest, UpgradeCandidate};
 pub use error::ApiError;
 pub use security::Security;
 
@@ -160,7 +160,7 @@ async fn drain(State(control): Shared) -> Result<Response, ApiError> {
 /// own file by `config_path`) restarts on the active configuration.
 async fn upgrade(
     State(control): Shared,
-    CandidateRequest(candidate): CandidateRequest,
+    UpgradeCandidate(candidate, binary): UpgradeCandidate,
 ) -> Result<Response, ApiError> {
     let config = match candidate.source {
         CandidateSource::Text(text) => Some(text),
@@ -173,6 +173,7 @@ async fn upgrade(
     };
     let operation_id = control.upgrade(UpgradeRequest {
         config,
+        binary: binary.map(Into::into),
         requested_by: candidate.requested_by,
         reason: candidate.reason,
     })?;

@@ -616,6 +616,10 @@ struct FakeProcess {
 }
 
 impl crate::control::ProcessControl for FakeProcess {
+    fn binary(&self) -> Option<crate::control::BinaryView> {
+        None
+    }
+
     fn drain(&self, _control: &Arc<Control>) -> Result<String, crate::control::LifecycleError> {
         if self
             .draining

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 pub use candidate::{Candidate, CandidateError, CandidateSource};
 pub use certs::{CertReload, CertView, ListenerCerts};
-pub use process::{LifecycleError, ProcessControl, UpgradeRequest};
+pub use process::{BinaryView, LifecycleError, ProcessControl, UpgradeRequest};
 pub use views::*;
 
 use crate::config::ConfigText;

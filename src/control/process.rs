@@ -13,8 +13,22 @@ pub struct UpgradeRequest {
     /// A candidate to start the new process with (restart-required changes
     /// allowed); `None` restarts on the active configuration.
     pub config: Option<String>,
+    /// The executable to start instead of the one this process was
+    /// started from (`ctl upgrade --binary`); absolute, checked before use.
+    pub binary: Option<std::path::PathBuf>,
     pub requested_by: Option<String>,
     pub reason: Option<String>,
+}
+
+/// The executable a process runs, as status reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BinaryView {
+    /// The path the process was started from, resolved at start-up; an
+    /// upgrade starts whatever file is at this path then.
+    pub path: std::path::PathBuf,
+    /// `sha256:<hex>` of the image this process runs (`null` for the
+    /// moment it takes to compute, once, after the first status call).
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +45,8 @@ pub enum LifecycleError {
     Unavailable,
     #[error("cannot start the new process: {0}")]
     Failed(String),
+    #[error("{0}")]
+    Binary(String),
 }
 
 /// Drain and upgrade, implemented by the process lifecycle.
@@ -43,6 +59,8 @@ pub trait ProcessControl: Send + Sync {
         control: &Arc<Control>,
         request: UpgradeRequest,
     ) -> Result<String, LifecycleError>;
+    /// The executable this process runs.
+    fn binary(&self) -> Option<BinaryView>;
 }
 
 impl Control {
@@ -56,6 +74,10 @@ impl Control {
             .get()
             .ok_or(LifecycleError::Unavailable)?
             .drain(self)
+    }
+
+    pub fn binary(&self) -> Option<BinaryView> {
+        self.process.get()?.binary()
     }
 
     pub fn upgrade(self: &Arc<Self>, request: UpgradeRequest) -> Result<String, LifecycleError> {

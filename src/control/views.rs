@@ -54,6 +54,8 @@ pub struct OperationBrief {
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusView {
     pub pid: u32,
+    /// The executable this process runs.
+    pub binary: Option<super::BinaryView>,
     pub phase: &'static str,
     pub active_generation: GenerationId,
     pub config_version: String,
@@ -79,6 +81,7 @@ impl Control {
         drop(history);
         StatusView {
             pid: std::process::id(),
+            binary: self.binary(),
             phase: self.phase.get().as_str(),
             active_generation: active.id,
             config_version: active.spec.config_version.clone(),

@@ -93,6 +93,9 @@ struct Start {
 
 /// Runs the gateway until it is told to stop.
 pub fn run(options: Options) -> Result<(), StartError> {
+    // Before anything else: the file at this path may be replaced while
+    // we run, and an upgrade must start the new one.
+    let binary = super::upgrade::Binary::resolve();
     let upgrade = handover::take_state().map_err(StartError::Handover)?;
     let start = choose_start(&options, upgrade)?;
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -101,7 +104,7 @@ pub fn run(options: Options) -> Result<(), StartError> {
         builder.worker_threads(threads);
     }
     let runtime = builder.build().map_err(StartError::Runtime)?;
-    runtime.block_on(serve(options, start))
+    runtime.block_on(serve(options, start, binary))
 }
 
 fn validate(text: &ConfigText) -> Result<Spec, StartError> {
@@ -210,7 +213,11 @@ fn control_socket(
     ))
 }
 
-async fn serve(options: Options, start: Start) -> Result<(), StartError> {
+async fn serve(
+    options: Options,
+    start: Start,
+    binary: super::upgrade::Binary,
+) -> Result<(), StartError> {
     let signals = Signals::install()?;
     let log_level = telemetry::init_logging(&start.spec.log).map_err(StartError::Log)?;
     for note in &start.notes {
@@ -324,7 +331,7 @@ async fn serve(options: Options, start: Start) -> Result<(), StartError> {
         release_memory: options.release_memory,
     }));
     let scratch = state_dir.unwrap_or_else(std::env::temp_dir);
-    let process = Process::new(options.config.clone(), control_sockets, scratch);
+    let process = Process::new(options.config.clone(), binary, control_sockets, scratch);
     control.set_process(Arc::clone(&process) as Arc<dyn crate::control::ProcessControl>);
 
     let security = Security {

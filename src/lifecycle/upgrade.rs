@@ -1,6 +1,9 @@
 //! Drain and drain-aware restart (binary upgrade).
 //!
-//! An upgrade starts this process's own executable again, hands it every
+//! An upgrade starts the executable at the path this process was started
+//! from (resolved at start-up, so a package manager that replaced the file
+//! gets its new code run; `/proc/self/exe` would name the deleted old
+//! one), or another one the request names, hands it every
 //! listening socket (listeners, admin, metrics) and the history, and waits
 //! for its ready line. Only then does this process stop accepting and
 //! drain. If the new process exits or is not ready in time, this one keeps
@@ -35,9 +38,110 @@ pub enum Stop {
     HandedOver,
 }
 
+/// The executable this process was started from.
+#[derive(Debug)]
+pub struct Binary {
+    /// Resolved at start-up; `None` when the system would not say.
+    path: Option<PathBuf>,
+    /// `sha256:<hex>` of the running image, computed once, off the
+    /// serving threads, the first time someone asks.
+    sha256: std::sync::OnceLock<String>,
+    hashing: std::sync::atomic::AtomicBool,
+}
+
+impl Binary {
+    /// The running executable's path, as the system gives it now: call
+    /// once, first thing at start-up.
+    pub fn resolve() -> Self {
+        let path = std::env::current_exe()
+            .inspect_err(|error| tracing::warn!(%error, "cannot resolve this executable's path; upgrades will need --binary"))
+            .ok();
+        Self {
+            path,
+            sha256: std::sync::OnceLock::new(),
+            hashing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn view(self: &Arc<Self>) -> Option<crate::control::BinaryView> {
+        let path = self.path.clone()?;
+        if !self
+            .hashing
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            let this = Arc::clone(self);
+            // /proc/self/exe is the image this process runs, whatever has
+            // happened to the file at `path` since.
+            let spawned = std::thread::Builder::new()
+                .name("cutover-hash".into())
+                .spawn(
+                    move || match hash_file(std::path::Path::new("/proc/self/exe")) {
+                        Ok(digest) => {
+                            let _ = this.sha256.set(digest);
+                        }
+                        Err(error) => tracing::warn!(%error, "cannot hash the running executable"),
+                    },
+                );
+            if let Err(error) = spawned {
+                tracing::warn!(%error, "cannot start hashing the running executable");
+            }
+        }
+        Some(crate::control::BinaryView {
+            path,
+            sha256: self.sha256.get().cloned(),
+        })
+    }
+}
+
+fn hash_file(path: &std::path::Path) -> std::io::Result<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(buf.get(..n).unwrap_or(&[]));
+    }
+    Ok(format!("sha256:{:x}", hasher.finalize()))
+}
+
+/// The executable an upgrade starts: the one named, which must be an
+/// absolute path to an executable regular file, or this process's own.
+fn upgrade_binary(
+    named: Option<PathBuf>,
+    own: Option<&PathBuf>,
+) -> Result<PathBuf, LifecycleError> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = named.or_else(|| own.cloned()) else {
+        return Err(LifecycleError::Binary(
+            "this process's executable path is unknown; name one with binary".into(),
+        ));
+    };
+    if !path.is_absolute() {
+        return Err(LifecycleError::Binary(format!(
+            "binary {} is not an absolute path",
+            path.display()
+        )));
+    }
+    let metadata = std::fs::metadata(&path)
+        .map_err(|error| LifecycleError::Binary(format!("binary {}: {error}", path.display())))?;
+    if !metadata.is_file() || metadata.permissions().mode() & 0o111 == 0 {
+        return Err(LifecycleError::Binary(format!(
+            "binary {} is not an executable file",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
 /// The lifecycle side of the control plane.
 pub struct Process {
     config_path: PathBuf,
+    binary: Arc<Binary>,
     /// Duplicates of the admin and metrics sockets, kept for hand-over.
     control_sockets: Vec<(SocketRole, SocketAddr, std::net::TcpListener)>,
     /// Where the upgrade state file is written.
@@ -48,11 +152,13 @@ pub struct Process {
 impl Process {
     pub fn new(
         config_path: PathBuf,
+        binary: Binary,
         control_sockets: Vec<(SocketRole, SocketAddr, std::net::TcpListener)>,
         scratch_dir: PathBuf,
     ) -> Arc<Self> {
         Arc::new(Self {
             config_path,
+            binary: Arc::new(binary),
             control_sockets,
             scratch_dir,
             stop: watch::channel(None).0,
@@ -91,6 +197,7 @@ impl Process {
                 LifecycleError::Failed("the active configuration is not in history".into())
             })?,
         };
+        let exe = upgrade_binary(request.binary.clone(), self.binary.path.as_ref())?;
         // Descriptors without close-on-exec, closed here once the child has them.
         let mut inherited = Vec::new();
         let mut sockets = Vec::new();
@@ -139,8 +246,8 @@ impl Process {
             reason: request.reason,
         };
         let spawned = handover::write_state(&self.scratch_dir, &state).and_then(|path| {
-            let exe = std::env::current_exe()?;
-            tokio::process::Command::new(exe)
+            tracing::info!(binary = %exe.display(), operation = %operation_id, "starting the new process");
+            tokio::process::Command::new(&exe)
                 .arg("run")
                 .arg("-c")
                 .arg(&self.config_path)
@@ -154,12 +261,7 @@ impl Process {
         match spawned {
             Ok(child) => Ok((operation_id, child)),
             Err(error) => {
-                let message = format!(
-                    "cannot start {}: {error}",
-                    std::env::current_exe()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default()
-                );
+                let message = format!("cannot start {}: {error}", exe.display());
                 finish_failed(control, &operation_id, &message);
                 Err(LifecycleError::Failed(message))
             }
@@ -196,6 +298,10 @@ fn finish_failed(control: &Control, operation_id: &str, message: &str) {
 }
 
 impl ProcessControl for Process {
+    fn binary(&self) -> Option<crate::control::BinaryView> {
+        self.binary.view()
+    }
+
     fn drain(&self, control: &Arc<Control>) -> Result<String, LifecycleError> {
         if control.phase().get() != Phase::Running || self.stop.borrow().is_some() {
             return Err(LifecycleError::AlreadyDraining);

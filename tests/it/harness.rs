@@ -41,9 +41,14 @@ impl Gateway {
     }
 
     pub fn start_in(dir: tempfile::TempDir, config: &str) -> Gateway {
+        Self::start_binary(Path::new(BIN), dir, config)
+    }
+
+    /// As `start_in`, running the executable at `binary`.
+    pub fn start_binary(binary: &Path, dir: tempfile::TempDir, config: &str) -> Gateway {
         let config_path = dir.path().join("gateway.toml");
         std::fs::write(&config_path, config).expect("write config");
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(binary)
             .args(["run", "-c"])
             .arg(&config_path)
             .stdin(Stdio::null())

@@ -333,6 +333,128 @@ async fn drain_cuts_endless_streams_at_the_deadline_and_sends_goaway() {
     assert_eq!(code, Some(0));
 }
 
+/// Installs `bytes` at `path` as a package manager does: a new file
+/// renamed over the old one (which a running process keeps executing).
+fn install(path: &std::path::Path, bytes: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    let staged = path.with_extension("new");
+    std::fs::write(&staged, bytes).unwrap();
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&staged, path).unwrap();
+}
+
+/// The executable the process behind the admin socket runs, once its
+/// digest is known.
+async fn running_binary(gw: &Gateway) -> (u64, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, status) = admin_request(gw.admin, "GET", "/admin/runtime/status", None, None).await;
+        if let Some(sha) = status["binary"]["sha256"].as_str() {
+            return (
+                status["pid"].as_u64().unwrap(),
+                status["binary"]["path"].as_str().unwrap().to_owned(),
+                sha.to_owned(),
+            );
+        }
+        assert!(Instant::now() < deadline, "no binary digest: {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn digest(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{:x}", sha2::Sha256::digest(bytes))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_runs_the_file_now_at_the_path_the_process_was_started_from() {
+    let bin_dir = tempfile::tempdir().unwrap();
+    let installed = bin_dir.path().join("cutover");
+    let original = std::fs::read(BIN).unwrap();
+    install(&installed, &original);
+    let config = config(
+        r#"[[routes]]
+name = "hello"
+listeners = ["web"]
+respond = { body = "hi" }
+"#,
+    );
+    let mut gw = Gateway::start_binary(&installed, tempfile::tempdir().unwrap(), &config);
+    let (old_pid, path, sha) = running_binary(&gw).await;
+    assert_eq!(path, installed.display().to_string());
+    assert_eq!(sha, digest(&original));
+
+    // A package upgrade replaces the file; trailing bytes make it a
+    // different file that still runs.
+    let mut replacement = original.clone();
+    replacement.extend_from_slice(b"\0cutover upgrade test: new build");
+    install(&installed, &replacement);
+    let op = upgrade(&gw, None).await;
+    assert_eq!(op["outcome"], "succeeded", "{op}");
+    gw.adopted.push(op["pid"].as_u64().unwrap() as u32);
+    let (pid, path, sha) = running_binary(&gw).await;
+    assert_ne!(pid, old_pid);
+    assert_eq!(path, installed.display().to_string());
+    assert_eq!(sha, digest(&replacement), "the upgrade ran the old code");
+
+    // Another executable, named by the request.
+    let other = bin_dir.path().join("cutover-next");
+    let mut next = original.clone();
+    next.extend_from_slice(b"\0cutover upgrade test: named build");
+    install(&other, &next);
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/lifecycle/upgrade",
+        Some("application/json"),
+        Some(serde_json::json!({ "binary": other }).to_string()),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (pid, path, sha) = loop {
+        let running = running_binary(&gw).await;
+        if running.0 != pid {
+            break running;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the named binary never took over"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    gw.adopted.push(pid as u32);
+    assert_eq!(path, other.display().to_string());
+    assert_eq!(sha, digest(&next));
+
+    // A relative path or a file that is not executable is refused.
+    for binary in [
+        "cutover".to_owned(),
+        bin_dir.path().join("missing").display().to_string(),
+    ] {
+        let (status, body) = admin_request(
+            gw.admin,
+            "POST",
+            "/admin/lifecycle/upgrade",
+            Some("application/json"),
+            Some(serde_json::json!({ "binary": binary }).to_string()),
+        )
+        .await;
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["error"], "invalid_binary", "{body}");
+    }
+    // Only upgrades take a binary.
+    let (status, _) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/validate",
+        Some("application/json"),
+        Some(serde_json::json!({ "binary": "/bin/true" }).to_string()),
+    )
+    .await;
+    assert_eq!(status, 400);
+}
+
 /// Starts an upgrade through the admin API and waits for its outcome.
 async fn upgrade(gw: &Gateway, config: Option<&str>) -> Value {
     let (status, body) = match config {
