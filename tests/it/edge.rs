@@ -847,3 +847,54 @@ async fn an_http2_client_that_never_opens_its_window_is_closed() {
     let stream = polite.request(&[(":path", "/public")]).await;
     assert_eq!(polite.response_status(stream).await, Some(200));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_faults_become_502_and_504_and_truncation_stays_visible() {
+    const BODY: usize = 256 * 1024;
+    let backend = Backend::start(Arc::new(|_req| {
+        Box::pin(async move { hyper::Response::new(full(vec![b'b'; BODY])) })
+    }))
+    .await;
+    let cases = [
+        ("latency inside the timeout", Fault::Latency(Duration::from_millis(150)), Some(200)),
+        ("latency past the timeout", Fault::Latency(Duration::from_millis(1500)), Some(504)),
+        ("bandwidth cap", Fault::Bandwidth(1024 * 1024), Some(200)),
+        ("reset inside the head", Fault::ResetAfter(10), Some(502)),
+        ("reset inside the body", Fault::ResetAfter(20_000), None),
+        ("blackhole", Fault::Blackhole, Some(504)),
+        ("garbage head", Fault::GarbageHead, Some(502)),
+        ("oversized head", Fault::OversizedHead, Some(502)),
+        ("accepts but never reads", Fault::NeverReads, Some(504)),
+    ];
+    for (name, fault, expected) in cases {
+        let proxy = FaultProxy::start(backend.addr, fault).await;
+        let gw = Gateway::start(&edge_config(proxy.addr, ""));
+        let web = gw.listener("web");
+        let started = Instant::now();
+        let req = Request::get("/public")
+            .header("host", "public.example")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let answer = send(web, req).await;
+        match expected {
+            Some(200) => {
+                let (status, _, body) = answer.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(status, 200, "{name}");
+                assert_eq!(body.len(), BODY, "{name}: the whole body");
+            }
+            Some(status) => {
+                let (got, _, _) = answer.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(got, status, "{name}");
+                // 504s come at the 500 ms route timeout, not later.
+                assert!(started.elapsed() < Duration::from_secs(2), "{name}");
+            }
+            None => {
+                // The head went out before the backend failed: the client
+                // must see the body end early, never a complete response.
+                assert!(answer.is_err(), "{name}: truncation delivered as complete");
+            }
+        }
+        // The gateway keeps serving other requests.
+        assert_eq!(get(web, "x", "/").await.0, 404, "{name}");
+    }
+}

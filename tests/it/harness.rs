@@ -646,3 +646,124 @@ impl KeepAliveLoad {
         out
     }
 }
+
+/// What a [`FaultProxy`] does to the traffic it relays.
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// Holds the response this long before its first byte.
+    Latency(Duration),
+    /// Relays the response at most this many bytes a second.
+    Bandwidth(usize),
+    /// Relays this many response bytes, then resets both connections.
+    ResetAfter(usize),
+    /// Relays the request, never a byte of the response.
+    Blackhole,
+    /// Answers a line that is not HTTP instead of the response.
+    GarbageHead,
+    /// Answers a response head larger than any proxy accepts (70 KiB).
+    OversizedHead,
+    /// Accepts the connection and never reads from it.
+    NeverReads,
+}
+
+/// A TCP proxy in front of a backend that misbehaves as told: the
+/// upstream faults of the abuse suite, between the gateway and a real
+/// backend.
+pub struct FaultProxy {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    pub async fn start(upstream: SocketAddr, fault: Fault) -> FaultProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    if let Fault::NeverReads = fault {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                        return;
+                    }
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (mut client_read, mut client_write) = client.split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let upload = async {
+                        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                    };
+                    let download = async {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        let mut relayed = 0usize;
+                        let mut first = true;
+                        loop {
+                            let n = match server_read.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            let mut chunk = buf.get(..n).unwrap_or(&[]).to_vec();
+                            match fault {
+                                Fault::Latency(delay) if first => tokio::time::sleep(delay).await,
+                                Fault::Blackhole => continue,
+                                Fault::GarbageHead => {
+                                    let _ = client_write.write_all(b"SSH-2.0-OpenSSH_9.2\r\n\r\n").await;
+                                    break;
+                                }
+                                Fault::OversizedHead if first => {
+                                    let mut head = b"HTTP/1.1 200 OK\r\nx-big: ".to_vec();
+                                    head.extend(std::iter::repeat_n(b'a', 70 * 1024));
+                                    head.extend_from_slice(b"\r\ncontent-length: 0\r\n\r\n");
+                                    let _ = client_write.write_all(&head).await;
+                                    break;
+                                }
+                                Fault::ResetAfter(limit) => {
+                                    chunk.truncate(limit.saturating_sub(relayed));
+                                }
+                                _ => {}
+                            }
+                            first = false;
+                            if let Fault::Bandwidth(rate) = fault {
+                                for piece in chunk.chunks((rate / 20).max(1)) {
+                                    if client_write.write_all(piece).await.is_err() {
+                                        return;
+                                    }
+                                    tokio::time::sleep(Duration::from_millis(50)).await;
+                                }
+                            } else if client_write.write_all(&chunk).await.is_err() {
+                                return;
+                            }
+                            relayed += chunk.len();
+                            if matches!(fault, Fault::ResetAfter(limit) if relayed >= limit) {
+                                break;
+                            }
+                        }
+                    };
+                    // Whichever direction ends first ends the connection.
+                    tokio::select! {
+                        _ = upload => {}
+                        _ = download => {}
+                        _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+                    }
+                    if let Fault::ResetAfter(_) = fault {
+                        // A reset, not an orderly close. With a zero linger
+                        // the close does not block: it sends RST at once.
+                        #[allow(deprecated)]
+                        let _ = client.set_linger(Some(Duration::ZERO));
+                    }
+                });
+            }
+        });
+        FaultProxy { addr, task }
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
