@@ -1126,6 +1126,65 @@ mod tests {
         }
     }
 
+    /// A framed response body and how it is cut.
+    fn framed(body: &[u8], chunks: &[usize], chunked: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        if chunked {
+            out.extend_from_slice(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+            let mut rest = body;
+            let mut sizes = chunks.iter().cycle();
+            while !rest.is_empty() {
+                let n = sizes.next().copied().unwrap_or(1).clamp(1, rest.len());
+                out.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+                out.extend_from_slice(&rest[..n]);
+                out.extend_from_slice(b"\r\n");
+                rest = &rest[n..];
+            }
+            out.extend_from_slice(b"0\r\n\r\n");
+        } else {
+            out.extend_from_slice(
+                format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len()).as_bytes(),
+            );
+            out.extend_from_slice(body);
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            // Each case is a real loopback exchange.
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(64),
+            ..Default::default()
+        })]
+
+        /// Arbitrary bytes from a backend: an answer or an error, never a panic.
+        #[test]
+        fn arbitrary_responses_never_panic(response in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let _ = runtime.block_on(exchange(&response, get(Method::GET), 0, true));
+        }
+
+        /// A response cut anywhere before its framing ends is never
+        /// delivered as complete; whole, it is delivered exactly.
+        #[test]
+        fn truncated_bodies_are_never_complete(
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..600),
+            chunks in proptest::collection::vec(1usize..200, 1..6),
+            chunked in proptest::bool::ANY,
+            cut in 0.0f64..1.0,
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let whole = framed(&body, &chunks, chunked);
+            let outcome = runtime.block_on(exchange(&whole, get(Method::GET), 0, true)).0;
+            let outcome = outcome.map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            proptest::prop_assert_eq!(&outcome.body[..], &body[..]);
+            let at = ((whole.len() as f64) * cut) as usize;
+            let cut_short = &whole[..at.min(whole.len() - 1)];
+            let outcome = runtime.block_on(exchange(cut_short, get(Method::GET), 0, true)).0;
+            proptest::prop_assert!(outcome.is_err(), "cut at {} of {} delivered as complete", cut_short.len(), whole.len());
+        }
+    }
+
     #[tokio::test]
     async fn a_length_delimited_response_is_read_and_its_connection_pooled() {
         let (outcome, request) = exchange(

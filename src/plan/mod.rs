@@ -155,6 +155,9 @@ pub fn plan(candidate: &ConfigText, active: Option<(GenerationId, &Spec)>) -> Pl
 }
 
 #[cfg(test)]
+mod proptests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

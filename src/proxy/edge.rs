@@ -525,6 +525,27 @@ mod tests {
         assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.9");
     }
 
+    proptest::proptest! {
+        /// `PROPTEST_CASES=100000 cargo test --lib normalization_` for
+        /// the longer run.
+        #[test]
+        fn normalization_is_idempotent_and_leaves_no_dot_segment(
+            path in "/[a-zA-Z0-9./%~_-]{0,40}",
+            merge in proptest::bool::ANY,
+        ) {
+            let edge = ListenerEdge { merge_slashes: merge, ..ListenerEdge::default() };
+            if let Ok(once) = normalize_path(&path, &edge) {
+                let twice = normalize_path(&once, &edge).expect("a normalized path is valid");
+                proptest::prop_assert_eq!(&*once, &*twice);
+                proptest::prop_assert!(once.starts_with('/'));
+                proptest::prop_assert!(!has_dot_segment(once.as_bytes()), "{}", once);
+                if merge {
+                    proptest::prop_assert!(!once.contains("//"), "{}", once);
+                }
+            }
+        }
+    }
+
     #[test]
     fn smuggling_forms_are_named() {
         let h = |pairs: &[(&'static str, &'static str)]| {

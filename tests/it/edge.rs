@@ -856,8 +856,16 @@ async fn upstream_faults_become_502_and_504_and_truncation_stays_visible() {
     }))
     .await;
     let cases = [
-        ("latency inside the timeout", Fault::Latency(Duration::from_millis(150)), Some(200)),
-        ("latency past the timeout", Fault::Latency(Duration::from_millis(1500)), Some(504)),
+        (
+            "latency inside the timeout",
+            Fault::Latency(Duration::from_millis(150)),
+            Some(200),
+        ),
+        (
+            "latency past the timeout",
+            Fault::Latency(Duration::from_millis(1500)),
+            Some(504),
+        ),
         ("bandwidth cap", Fault::Bandwidth(1024 * 1024), Some(200)),
         ("reset inside the head", Fault::ResetAfter(10), Some(502)),
         ("reset inside the body", Fault::ResetAfter(20_000), None),

@@ -711,7 +711,9 @@ impl FaultProxy {
                                 Fault::Latency(delay) if first => tokio::time::sleep(delay).await,
                                 Fault::Blackhole => continue,
                                 Fault::GarbageHead => {
-                                    let _ = client_write.write_all(b"SSH-2.0-OpenSSH_9.2\r\n\r\n").await;
+                                    let _ = client_write
+                                        .write_all(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+                                        .await;
                                     break;
                                 }
                                 Fault::OversizedHead if first => {
