@@ -160,7 +160,7 @@ pub struct FileListener {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout: Option<String>,
     /// HTTP/2 PING interval for liveness of otherwise silent connections
-    /// (default 30s; `"0s"` turns pings off).
+    /// (default 30s; `"off"` sends none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub h2_keepalive_interval: Option<String>,
     /// Most open client connections; further ones are closed at accept.

@@ -419,16 +419,16 @@ impl Validator<'_> {
                 ("idle_timeout", &l.idle_timeout, &mut limits.idle_timeout),
             ] {
                 if let Some(d) = value.as_ref().and_then(|t| self.duration(at(key), t)) {
-                    if d.is_zero() {
-                        self.error("invalid_value", at(key), format!("{key} must be above 0"));
-                    } else {
-                        *slot = d;
-                    }
+                    *slot = d;
                 }
             }
-            if let Some(t) = &l.h2_keepalive_interval {
-                if let Some(d) = self.duration(at("h2_keepalive_interval"), t) {
-                    limits.h2_keepalive_interval = Some(d).filter(|d| !d.is_zero());
+            match l.h2_keepalive_interval.as_deref() {
+                None => {}
+                Some("off") => limits.h2_keepalive_interval = None,
+                Some(t) => {
+                    if let Some(d) = self.duration(at("h2_keepalive_interval"), t) {
+                        limits.h2_keepalive_interval = Some(d);
+                    }
                 }
             }
             if let Some(n) = l.max_connections {
@@ -577,17 +577,7 @@ impl Validator<'_> {
                 None => Some(DEFAULT_CONNECT_TIMEOUT),
             };
             let idle_timeout = match &u.idle_timeout {
-                Some(t) => self
-                    .duration(at("idle_timeout"), t)
-                    .filter(|d| !d.is_zero())
-                    .or_else(|| {
-                        self.error(
-                            "invalid_value",
-                            at("idle_timeout"),
-                            "idle_timeout must be above 0",
-                        );
-                        None
-                    }),
+                Some(t) => self.duration(at("idle_timeout"), t),
                 None => Some(DEFAULT_UPSTREAM_IDLE_TIMEOUT),
             };
             if u.health.is_some() {

@@ -73,13 +73,19 @@ pub fn route_host(authority: &str) -> &str {
 /// The path routing and forwarding use: percent-encoded unreserved
 /// characters decoded (and other escapes upper-cased), dot segments
 /// removed (RFC 3986 §6.2.2, §5.2.4), runs of `/` merged when the
-/// listener asks. Encoded `/` and `\` stay encoded, or are refused.
+/// listener asks. Encoded `/` and `\` stay encoded, or are refused; a
+/// raw `\` is refused.
 pub fn normalize_path<'p>(path: &'p str, edge: &ListenerEdge) -> Result<Cow<'p, str>, Refusal> {
     if !path.starts_with('/') {
         // `*` (OPTIONS) and authority-form targets have no path to clean.
         return Ok(Cow::Borrowed(path));
     }
     let bytes = path.as_bytes();
+    // Not a URI character (RFC 3986 §3.3), and a path separator to some
+    // backends: `/public\..\admin` would be `/admin` there.
+    if bytes.contains(&b'\\') {
+        return Err("backslash in the path");
+    }
     let escaped = bytes.contains(&b'%');
     let merge = edge.merge_slashes && path.contains("//");
     if !(escaped || merge || has_dot_segment(bytes)) {
@@ -390,6 +396,7 @@ mod tests {
         assert_eq!(norm("/a%5cb"), "/a%5Cb");
         assert_eq!(norm("/%252e%252e/x"), "/%252e%252e/x");
         assert!(normalize_path("/a%2", &keep()).is_err());
+        assert!(normalize_path("/public\\..\\admin", &keep()).is_err());
         assert!(normalize_path("/a%zz", &keep()).is_err());
     }
 

@@ -138,6 +138,13 @@ async fn routed_authority_and_path_are_what_the_backend_receives() {
         let answer = raw_exchange(web, request.as_bytes()).await;
         assert_eq!(status_of(&answer), 404, "{target}: {answer}");
     }
+    // A raw backslash is a separator to some backends: refused.
+    let answer = raw_exchange(
+        web,
+        b"GET /public\\..\\admin HTTP/1.1\r\nHost: public.example\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&answer), 400, "{answer}");
     // ... and the backend receives exactly the routed path.
     let answer = raw_exchange(
         web,
@@ -386,8 +393,9 @@ async fn oversized_heads_get_431_and_414() {
         format!("GET /public/{long} HTTP/1.1\r\nHost: public.example\r\n\r\n").as_bytes(),
     )
     .await;
-    assert!(
-        [414, 431].contains(&status_of(&answer)),
+    assert_eq!(
+        status_of(&answer),
+        431,
         "{}",
         &answer[..answer.len().min(200)]
     );
