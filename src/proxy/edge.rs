@@ -47,18 +47,22 @@ pub fn authority<B>(req: &Request<B>) -> Result<Option<HeaderValue>, Refusal> {
     }
     match host {
         Some(host) if host.is_empty() => Ok(None),
-        Some(host) => {
-            let valid = http::uri::Authority::try_from(host.as_bytes())
-                .is_ok_and(|a| !a.as_str().contains('@'));
-            if valid {
-                Ok(Some(host.clone()))
-            } else {
-                Err("invalid Host header")
-            }
+        Some(host) if host.as_bytes().iter().all(|&b| is_authority_byte(b)) => {
+            Ok(Some(host.clone()))
         }
+        Some(_) => Err("invalid Host header"),
         None if req.version() == Version::HTTP_11 => Err("HTTP/1.1 request without Host"),
         None => Ok(None),
     }
+}
+
+/// A byte an authority may hold (RFC 3986 §3.2: unreserved, escapes,
+/// sub-delims, the port colon and IP-literal brackets), never `@`.
+fn is_authority_byte(b: u8) -> bool {
+    matches!(b,
+        b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~'
+        | b'%' | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b','
+        | b';' | b'=' | b':' | b'[' | b']')
 }
 
 /// The host part of an authority, without port or IPv6 brackets, as the

@@ -56,10 +56,11 @@ struct HeadScan {
     bare_lf: bool,
 }
 
-/// The line being read, across reads.
+/// The start of a line that spans reads.
 #[derive(Debug)]
 struct Line {
     kept: [u8; KEPT],
+    /// Bytes of the line so far (more than `KEPT` were seen, not kept).
     len: usize,
     last_cr: bool,
 }
@@ -75,27 +76,6 @@ impl Default for Line {
 }
 
 impl Line {
-    fn kept(&self) -> &[u8] {
-        self.kept.get(..self.len.min(KEPT)).unwrap_or(&[])
-    }
-
-    /// Takes bytes up to and including the next LF; returns how many it
-    /// took and whether the line ended (and whether with CRLF).
-    fn take(&mut self, data: &[u8]) -> (usize, Option<bool>) {
-        match data.iter().position(|&b| b == b'\n') {
-            Some(at) => {
-                let body = data.get(..at).unwrap_or(&[]);
-                self.push(body);
-                let crlf = self.last_cr;
-                (at + 1, Some(crlf))
-            }
-            None => {
-                self.push(data);
-                (data.len(), None)
-            }
-        }
-    }
-
     fn push(&mut self, bytes: &[u8]) {
         if let Some(&last) = bytes.last() {
             self.last_cr = last == b'\r';
@@ -109,24 +89,6 @@ impl Line {
             dst.copy_from_slice(src);
         }
         self.len = self.len.saturating_add(bytes.len());
-    }
-
-    /// The line without its CR, when it was all kept.
-    fn content(&self) -> Option<&[u8]> {
-        let kept = self.kept();
-        if self.len > KEPT {
-            return None;
-        }
-        Some(kept.strip_suffix(b"\r").unwrap_or(kept))
-    }
-
-    fn is_empty_line(&self) -> bool {
-        self.len == 0 || (self.len == 1 && self.last_cr)
-    }
-
-    fn reset(&mut self) {
-        self.len = 0;
-        self.last_cr = false;
     }
 }
 
@@ -189,12 +151,26 @@ impl Scanner {
                     n
                 }
                 State::Head(_) | State::ChunkSize | State::Trailers => {
-                    let (n, ended) = self.line.take(data);
-                    if let Some(crlf) = ended {
-                        self.line_ended(crlf, flag);
-                        self.line.reset();
+                    match memchr::memchr(b'\n', data) {
+                        // Most lines arrive whole: looked at where they are.
+                        Some(at) if self.line.len == 0 => {
+                            let line = data.get(..at).unwrap_or(&[]);
+                            let crlf = line.last() == Some(&b'\r');
+                            self.line_ended(line, true, crlf, flag);
+                            at + 1
+                        }
+                        Some(at) => {
+                            self.line.push(data.get(..at).unwrap_or(&[]));
+                            let Line { kept, len, last_cr } = std::mem::take(&mut self.line);
+                            let line = kept.get(..len.min(KEPT)).unwrap_or(&[]);
+                            self.line_ended(line, len <= KEPT, last_cr, flag);
+                            at + 1
+                        }
+                        None => {
+                            self.line.push(data);
+                            data.len()
+                        }
                     }
-                    n
                 }
             };
             data = data.get(taken..).unwrap_or(&[]);
@@ -206,8 +182,20 @@ impl Scanner {
         self.state = State::Head(HeadScan::default());
     }
 
-    fn line_ended(&mut self, crlf: bool, flag: &mut impl FnMut(u64, &'static str)) {
-        let empty = self.line.is_empty_line();
+    /// A line ended: `line` is all of it (`complete`) or its first
+    /// `KEPT` bytes, without the LF; `crlf` says whether a CR preceded it.
+    fn line_ended(
+        &mut self,
+        line: &[u8],
+        complete: bool,
+        crlf: bool,
+        flag: &mut impl FnMut(u64, &'static str),
+    ) {
+        let content = match line.strip_suffix(b"\r") {
+            Some(content) if crlf && complete => content,
+            _ => line,
+        };
+        let empty = complete && content.is_empty();
         match &mut self.state {
             State::Head(scan) => {
                 if empty && scan.lines == 0 {
@@ -218,33 +206,37 @@ impl Scanner {
                     scan.bare_lf = true;
                 }
                 if !empty {
-                    let line = self.line.content();
                     if scan.lines == 0 {
-                        if line.is_none_or(|l| l.starts_with(b"PRI ") || l.starts_with(b"CONNECT "))
-                        {
+                        if line.starts_with(b"PRI ") || line.starts_with(b"CONNECT ") {
                             scan.switches = true;
                         }
-                    } else if let Some(line) = line {
-                        if let Some(value) = header_value(line, b"content-length") {
-                            match std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()) {
-                                Some(n) if scan.content_length.is_none_or(|m| m == n) => {
-                                    scan.content_length = Some(n)
+                    } else {
+                        // Only three names matter: a look at the first byte
+                        // passes over every other header.
+                        match line.first().map(|b| b | 0x20) {
+                            Some(b'c') => match header_value(content, b"content-length") {
+                                Some(value) if complete => {
+                                    match std::str::from_utf8(value)
+                                        .ok()
+                                        .and_then(|v| v.parse().ok())
+                                    {
+                                        Some(n) if scan.content_length.is_none_or(|m| m == n) => {
+                                            scan.content_length = Some(n)
+                                        }
+                                        _ => scan.length_invalid = true,
+                                    }
                                 }
-                                _ => scan.length_invalid = true,
+                                Some(_) => scan.length_invalid = true,
+                                None => {}
+                            },
+                            Some(b't') if header_value(line, b"transfer-encoding").is_some() => {
+                                scan.transfer_encoding = true;
                             }
-                        } else if header_value(line, b"transfer-encoding").is_some() {
-                            scan.transfer_encoding = true;
-                        } else if header_value(line, b"upgrade").is_some() {
-                            scan.switches = true;
+                            Some(b'u') if header_value(line, b"upgrade").is_some() => {
+                                scan.switches = true;
+                            }
+                            _ => {}
                         }
-                    } else if self.line.kept().len() >= 15
-                        && self
-                            .line
-                            .kept()
-                            .get(..15)
-                            .is_some_and(|p| p.eq_ignore_ascii_case(b"content-length:"))
-                    {
-                        scan.length_invalid = true;
                     }
                     scan.lines += 1;
                     return;
@@ -273,7 +265,7 @@ impl Scanner {
                 };
             }
             State::ChunkSize => {
-                let size = self.line.content().and_then(|line| {
+                let size = Some(content).filter(|_| complete).and_then(|line| {
                     let digits = line
                         .split(|&b| b == b';' || b == b' ' || b == b'\t')
                         .next()?;
@@ -407,6 +399,22 @@ mod tests {
         // Either order of the two headers.
         let data = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\ncontent-length: 3\r\n\r\n";
         assert_eq!(flags(data, 4), vec![(0, LENGTH_AND_CHUNKED)]);
+    }
+
+    #[test]
+    fn long_lines_are_followed_and_still_checked() {
+        let long = "a".repeat(300);
+        let data = format!(
+            "GET /{long} HTTP/1.1\r\nCookie: {long}\r\nContent-Length: 2\r\n\r\nok\
+             POST /{long} HTTP/1.1\r\nX-Long: {long}\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n"
+        );
+        for step in [1, 10, 70, data.len()] {
+            assert_eq!(
+                flags(data.as_bytes(), step),
+                vec![(1, LENGTH_AND_CHUNKED)],
+                "step {step}"
+            );
+        }
     }
 
     #[test]
