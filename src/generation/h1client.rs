@@ -1186,6 +1186,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_connection_idle_past_the_pool_timeout_is_never_handed_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepting = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let pool = H1Pool::new(4, Duration::from_millis(100));
+        pool.put(connect(&addr, Duration::from_secs(1)).await.unwrap());
+        assert!(pool.take().is_some(), "a fresh connection is reused");
+        pool.put(connect(&addr, Duration::from_secs(1)).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(
+            pool.take().is_none(),
+            "an expired connection was handed out"
+        );
+        accepting.abort();
+    }
+
+    #[tokio::test]
     async fn a_length_delimited_response_is_read_and_its_connection_pooled() {
         let (outcome, request) = exchange(
             b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-app: 1\r\n\r\nhello",

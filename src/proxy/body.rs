@@ -27,6 +27,11 @@ pub struct StreamGuards {
     expiry: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     /// Frames passed on; a stream that never waits is checked every 64.
     frames: u32,
+    /// Fires when the backend has sent nothing for its upstream
+    /// `idle_timeout`; armed the first time the body has to wait.
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Frames seen when `idle` was last armed.
+    idle_frames: u32,
 }
 
 impl StreamGuards {
@@ -43,7 +48,26 @@ impl StreamGuards {
             store,
             expiry: None,
             frames: 0,
+            idle: None,
+            idle_frames: 0,
         }
+    }
+
+    /// Whether the backend has been silent for its `idle_timeout` while
+    /// the body waits; (re)arms the timer when frames came since.
+    fn silent(&mut self, cx: &mut Context<'_>) -> bool {
+        let timeout = self.backend.backend().key.idle_timeout;
+        let moved = self.frames != self.idle_frames;
+        let deadline = tokio::time::Instant::now() + timeout;
+        match &mut self.idle {
+            Some(idle) if moved => idle.as_mut().reset(deadline),
+            Some(_) => {}
+            None => self.idle = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
+        self.idle_frames = self.frames;
+        self.idle
+            .as_mut()
+            .is_some_and(|idle| idle.as_mut().poll(cx).is_ready())
     }
 
     /// Whether the stream's generation was superseded longer ago than
@@ -65,6 +89,12 @@ impl std::fmt::Debug for StreamGuards {
             .finish()
     }
 }
+
+/// A streaming response cut because the backend sent nothing for its
+/// upstream `idle_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("response stream closed: the backend sent nothing for {0:?} (upstream idle_timeout)")]
+pub struct UpstreamIdle(std::time::Duration);
 
 /// A streaming response cut because its generation was superseded longer
 /// ago than `runtime.max_pinned_age`.
@@ -113,6 +143,13 @@ fn guard(
             if guards.as_mut().is_some_and(|g| g.expired(cx)) {
                 guards.take();
                 return Poll::Ready(Some(Err(Box::new(PinnedTooLong))));
+            }
+            if guards.as_mut().is_some_and(|g| g.silent(cx)) {
+                let timeout = guards
+                    .take()
+                    .map(|g| g.backend.backend().key.idle_timeout)
+                    .unwrap_or_default();
+                return Poll::Ready(Some(Err(Box::new(UpstreamIdle(timeout)))));
             }
         }
         Poll::Ready(Some(Ok(_))) => {

@@ -69,10 +69,10 @@ pub async fn handle(
     let (open, refused) = conn.activity.request();
     let started = Instant::now();
     let Pinned { generation, guard } = conn.admission.pin();
-    // Only pay for the access log's copies when it is on; the path is
-    // the normalized one, filled in by `serve`.
+    // Only pay for the access log's copies when it is on; `serve`
+    // replaces the path with the normalized one when it differs.
     let mut access = tracing::enabled!(target: "cutover::access", tracing::Level::INFO)
-        .then(|| (req.method().clone(), String::new()));
+        .then(|| (req.method().clone(), req.uri().path().to_owned()));
     let version = req.version();
     if version == Version::HTTP_2 {
         conn.http2.store(true, Ordering::Relaxed);
@@ -159,8 +159,8 @@ async fn serve<'g>(
         Ok(path) => path,
         Err(reason) => return refuse(reason),
     };
-    if let Some((_, logged)) = access.as_mut() {
-        logged.push_str(&path);
+    if let (Some((_, logged)), Cow::Owned(normalized)) = (access.as_mut(), &path) {
+        logged.clone_from(normalized);
     }
     let host = authority
         .as_ref()

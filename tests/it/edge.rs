@@ -364,7 +364,7 @@ async fn bare_lf_line_ends_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_heads_get_431_and_414() {
+async fn oversized_heads_and_request_lines_get_431() {
     let backend = echo_backend().await;
     let gw = Gateway::start(&edge_config(backend.addr, ""));
     let web = gw.listener("web");
@@ -913,4 +913,39 @@ async fn upstream_faults_become_502_and_504_and_truncation_stays_visible() {
         // The gateway keeps serving other requests.
         assert_eq!(get(web, "x", "/").await.0, 404, "{name}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_silent_mid_body_is_cut_at_the_upstream_idle_timeout() {
+    // Sends a head and half its body, then nothing while the connection
+    // stays open.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut head = [0u8; 1024];
+            let _ = stream.read(&mut head).await;
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello")
+                .await;
+            held.push(stream);
+        }
+    });
+    let gw = Gateway::start(&edge_config(addr, "idle_timeout = \"400ms\""));
+    // `patient` waits a minute for idle clients: what ends this exchange
+    // is the upstream rule.
+    let started = Instant::now();
+    let req = Request::get("/public")
+        .header("host", "public.example")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let answer = send(gw.listener("patient"), req).await;
+    let took = started.elapsed();
+    assert!(answer.is_err(), "a cut body was delivered as complete");
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    silent.abort();
 }
