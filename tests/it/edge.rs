@@ -569,6 +569,18 @@ backends = [{{ addr = "{}" }}]
 "#,
         backend.addr
     )));
+    // 8 000 sockets here and 2 000 in the gateway: both need the room.
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let open_files: u64 = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|soft| soft.parse().ok())
+        .unwrap_or(u64::MAX);
+    if open_files < 9_000 {
+        eprintln!("skipped: the open-file limit is {open_files}, 8 000 idle clients need 9 000 (ulimit -n)");
+        return;
+    }
     let capped = gw.listener("capped");
     let (rss_before, _) = gw.memory_kib();
     // 8 000 clients connect and say nothing.
