@@ -59,6 +59,9 @@ pub struct Activity {
     refused_head: AtomicU64,
     /// ... and why (an index into `REFUSALS`).
     refused_reason: AtomicUsize,
+    /// The connection speaks HTTP/2 (preface or ALPN seen): it is drained
+    /// with GOAWAY, and its PINGs are not activity.
+    http2: AtomicBool,
 }
 
 /// What `framing::HeadCheck` refuses heads for.
@@ -75,6 +78,7 @@ impl Activity {
             started: AtomicU64::new(0),
             refused_head: AtomicU64::new(u64::MAX),
             refused_reason: AtomicUsize::new(0),
+            http2: AtomicBool::new(false),
         })
     }
 
@@ -97,6 +101,14 @@ impl Activity {
     fn wrote(&self, n: usize) {
         self.moved(n);
         self.read_since_write.store(false, Ordering::Relaxed);
+    }
+
+    pub fn mark_http2(&self) {
+        self.http2.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_http2(&self) -> bool {
+        self.http2.load(Ordering::Relaxed)
     }
 
     /// A request was handed to the service; the guard ends it. Also
@@ -183,7 +195,7 @@ pub enum Expired {
 }
 
 /// Completes when the connection has outstayed one of its limits.
-pub async fn watchdog(activity: &Activity, limits: ListenerLimits, http2: &AtomicBool) -> Expired {
+pub async fn watchdog(activity: &Activity, limits: ListenerLimits) -> Expired {
     let mut seen_bytes = activity.bytes.load(Ordering::Relaxed);
     let mut seen_started = activity.started.load(Ordering::Relaxed);
     let mut quiet_since = Instant::now();
@@ -192,7 +204,7 @@ pub async fn watchdog(activity: &Activity, limits: ListenerLimits, http2: &Atomi
         let reading_head = !open && activity.read_since_write.load(Ordering::Relaxed);
         let (limit, expired) = if open {
             (limits.idle_timeout, Expired::Idle)
-        } else if reading_head && !http2.load(Ordering::Relaxed) {
+        } else if reading_head && !activity.is_http2() {
             (limits.header_read_timeout, Expired::Head)
         } else {
             (limits.keepalive_timeout, Expired::KeepAlive)
@@ -215,8 +227,7 @@ pub async fn watchdog(activity: &Activity, limits: ListenerLimits, http2: &Atomi
         // acknowledgements) move bytes on a connection that is otherwise
         // silent: between requests only a new request counts, and during
         // one, only more bytes than the pings of a tick could make.
-        let http2 = http2.load(Ordering::Relaxed);
-        let active = match (expired, http2) {
+        let active = match (expired, activity.is_http2()) {
             (Expired::KeepAlive, true) => started != seen_started,
             (_, true) => {
                 bytes.wrapping_sub(seen_bytes) > ping_noise(limits, limit)

@@ -99,6 +99,8 @@ pub struct Scanner {
     line: Line,
     /// Index of the head being read (0 for the connection's first).
     head: u64,
+    /// The HTTP/2 connection preface was seen.
+    http2: bool,
 }
 
 impl Default for Scanner {
@@ -107,6 +109,7 @@ impl Default for Scanner {
             state: State::Head(HeadScan::default()),
             line: Line::default(),
             head: 0,
+            http2: false,
         }
     }
 }
@@ -207,7 +210,10 @@ impl Scanner {
                 }
                 if !empty {
                     if scan.lines == 0 {
-                        if line.starts_with(b"PRI ") || line.starts_with(b"CONNECT ") {
+                        if line.starts_with(b"PRI ") {
+                            self.http2 = true;
+                            scan.switches = true;
+                        } else if line.starts_with(b"CONNECT ") {
                             scan.switches = true;
                         }
                     } else {
@@ -302,6 +308,7 @@ impl<I> HeadCheck<I> {
         let mut scanner = Scanner::default();
         if !http1 {
             scanner.state = State::Off;
+            activity.mark_http2();
         }
         Self {
             io,
@@ -324,6 +331,9 @@ impl<I: AsyncRead + Unpin> AsyncRead for HeadCheck<I> {
             let activity = &this.activity;
             this.scanner
                 .scan(read, &mut |head, reason| activity.refuse_head(head, reason));
+            if this.scanner.http2 {
+                activity.mark_http2();
+            }
         }
         polled
     }

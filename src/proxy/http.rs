@@ -41,8 +41,6 @@ pub struct ConnContext {
     pub responses: Arc<[Counter; 5]>,
     /// Set for the whole listener set when draining begins.
     pub draining: Arc<AtomicBool>,
-    /// Whether this connection speaks HTTP/2 (decides how it is drained).
-    pub http2: AtomicBool,
     /// What moves on the connection, for its timeouts.
     pub activity: Arc<super::downstream::Activity>,
 }
@@ -75,7 +73,7 @@ pub async fn handle(
         .then(|| (req.method().clone(), req.uri().path().to_owned()));
     let version = req.version();
     if version == Version::HTTP_2 {
-        conn.http2.store(true, Ordering::Relaxed);
+        conn.activity.mark_http2();
     }
     let (route, served) = match refused {
         Some(reason) => (None, Err(ProxyError::BadRequest(reason))),

@@ -382,7 +382,6 @@ impl ListenerSet {
                 scheme: scheme.clone(),
                 responses: Arc::clone(&responses),
                 draining: Arc::clone(&self.draining_flag),
-                http2: AtomicBool::new(false),
                 activity: Activity::new(),
             });
             tokio::spawn(serve_connection(
@@ -513,7 +512,7 @@ async fn serve_http<I>(
     tokio::pin!(conn);
     let expired = tokio::select! {
         result = conn.as_mut() => return finish(result, &listener),
-        expired = watchdog(&shared.activity, limits, &shared.http2) => Some(expired),
+        expired = watchdog(&shared.activity, limits) => Some(expired),
         _ = async { let _ = draining.wait_for(|d| *d).await; } => None,
     };
     match expired {
@@ -538,7 +537,7 @@ async fn serve_http<I>(
             // carry `Connection: close` from now on (see `handle`), so
             // busy keep-alive clients leave cleanly; the rest get a short
             // grace before idle connections are closed.
-            if !shared.http2.load(Ordering::Relaxed) {
+            if !shared.activity.is_http2() {
                 tokio::select! {
                     result = conn.as_mut() => return finish(result, &listener),
                     _ = tokio::time::sleep(DRAIN_IDLE_GRACE) => {}

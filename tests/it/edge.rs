@@ -961,3 +961,30 @@ async fn a_backend_silent_mid_body_is_cut_at_the_upstream_idle_timeout() {
     );
     silent.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_gets_goaway_at_the_keepalive_timeout() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&edge_config(backend.addr, ""));
+    // Preface and SETTINGS, then nothing: neither a half-read HTTP/1 head
+    // (no 408 bytes on an HTTP/2 connection) nor idle before 1.5 s.
+    let mut h2 = RawH2::connect(gw.listener("web")).await;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(5);
+    let mut goaway_at = None;
+    while let Some((kind, flags, _, _)) = h2.read_frame(deadline).await {
+        if kind == SETTINGS && flags & 1 == 0 {
+            let ack = frame(SETTINGS, 1, 0, &[]);
+            h2.stream.write_all(&ack).await.unwrap();
+        }
+        if kind == GOAWAY {
+            goaway_at = Some(started.elapsed());
+            break;
+        }
+    }
+    let took = goaway_at.expect("GOAWAY before the connection closed");
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+}
