@@ -66,7 +66,13 @@ pub async fn guard(
         (Some(host), None) => host.to_str().is_ok_and(|h| security.host_allowed(h)),
         _ => false,
     };
-    if !host_ok {
+    // An absolute-form target names a host of its own, which wins over
+    // Host for any proxy in between (RFC 9112 §3.2.2): it must be ours too.
+    let target_ok = request
+        .uri()
+        .authority()
+        .is_none_or(|a| security.host_allowed(a.as_str()));
+    if !host_ok || !target_ok {
         return StatusCode::FORBIDDEN.into_response();
     }
     for origin in headers.get_all(header::ORIGIN) {

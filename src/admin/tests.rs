@@ -576,8 +576,20 @@ async fn guards_refuse_without_detail() {
     )
     .await;
     assert_eq!(status, StatusCode::OK);
-    // No Host, two Hosts, or a second, foreign Origin: refused like a
-    // wrong Host.
+    // No Host, two Hosts, an absolute-form target naming another host,
+    // or a second, foreign Origin: refused like a wrong Host.
+    let (status, _) = call(
+        &a,
+        authed(Request::get("http://evil.example/admin/runtime/status").header("host", ADMIN)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = call(
+        &a,
+        authed(Request::get(format!("http://{ADMIN}/admin/runtime/status")).header("host", ADMIN)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
     let (status, _) = call(&a, authed(Request::get("/admin/runtime/status"))).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     let (status, _) = call(

@@ -988,3 +988,24 @@ async fn an_idle_http2_connection_gets_goaway_at_the_keepalive_timeout() {
         "{took:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_shows_the_routed_path() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(
+        &edge_config(backend.addr, "")
+            .replace("level = \"warn\"", "level = \"warn,cutover::access=info\""),
+    );
+    let answer = raw_exchange(
+        gw.listener("web"),
+        b"GET /public/a/../b/%7Ec HTTP/1.1\r\nHost: public.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gw.logs().contains("path=/public/b/~c") {
+        assert!(Instant::now() < deadline, "no access line:\n{}", gw.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!gw.logs().contains("/public/a/../b"), "{}", gw.logs());
+}
