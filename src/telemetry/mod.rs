@@ -37,7 +37,8 @@ impl LogLevel {
         if *current == level {
             return;
         }
-        if let (Some(handle), Ok(filter)) = (&self.handle, EnvFilter::builder().parse(level)) {
+        let filter = EnvFilter::builder().parse(filter_directives(level));
+        if let (Some(handle), Ok(filter)) = (&self.handle, filter) {
             match handle.reload(filter) {
                 Ok(()) => {
                     tracing::info!(level, "log level changed");
@@ -49,9 +50,32 @@ impl LogLevel {
     }
 }
 
+/// The levels of the libraries cutover logs through, set here and
+/// nowhere else. Their per-connection complaints about a client would
+/// make the log grow with traffic: rustls warns about every ClientHello
+/// that names an IP address as its server name (wrk, health probes and
+/// many scripts do), 448 lines in a 6 s load run. An operator's level that
+/// names one of them wins (`info,rustls=warn`).
+const DEPENDENCY_LEVELS: &[(&str, &str)] = &[("rustls", "error"), ("tokio_rustls", "error")];
+
+/// The filter for `log.level`: the operator's directives, plus the
+/// dependency levels it does not set itself.
+pub fn filter_directives(level: &str) -> String {
+    let mut directives = level.to_owned();
+    for (target, cap) in DEPENDENCY_LEVELS {
+        let named = level
+            .split(',')
+            .any(|d| d.trim().split(['=', '[', ':']).next() == Some(*target));
+        if !named {
+            directives.push_str(&format!(",{target}={cap}"));
+        }
+    }
+    directives
+}
+
 /// Installs the tracing subscriber: text or JSON, to stderr or a file.
 pub fn init_logging(spec: &LogSpec) -> std::io::Result<LogLevel> {
-    let filter = EnvFilter::builder().parse_lossy(&spec.level);
+    let filter = EnvFilter::builder().parse_lossy(filter_directives(&spec.level));
     let (filter, handle) = reload::Layer::new(filter);
     let writer = match &spec.file {
         Some(path) => {
@@ -171,4 +195,31 @@ pub fn refresh_gauges(loads: &[crate::runtime::GenerationLoad], phase: crate::ru
             .set(connections as f64);
     }
     ::metrics::gauge!(m::OLDEST_PIN_AGE).set(oldest);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter_directives;
+
+    #[test]
+    fn dependency_levels_are_added_unless_the_operator_names_them() {
+        assert_eq!(
+            filter_directives("info"),
+            "info,rustls=error,tokio_rustls=error"
+        );
+        assert_eq!(
+            filter_directives("debug,rustls=warn"),
+            "debug,rustls=warn,tokio_rustls=error"
+        );
+        assert_eq!(
+            filter_directives("rustls::msgs=trace"),
+            "rustls::msgs=trace,tokio_rustls=error"
+        );
+        // Every result is a filter tracing accepts.
+        for level in ["info", "warn,cutover::access=off", "debug,rustls=warn"] {
+            assert!(tracing_subscriber::EnvFilter::builder()
+                .parse(filter_directives(level))
+                .is_ok());
+        }
+    }
 }

@@ -649,3 +649,54 @@ backends = [{{ addr = "{h2c_addr}" }}]
 fn ca_for_test(name: &str) -> Ca {
     ca(name)
 }
+
+/// A TLS ClientHello whose server name extension carries `name`, as wrk
+/// and many probes send an IP address there.
+fn client_hello_with_sni(name: &str) -> Vec<u8> {
+    let mut sni = vec![0u8]; // host_name
+    sni.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    sni.extend_from_slice(name.as_bytes());
+    let mut list = (sni.len() as u16).to_be_bytes().to_vec();
+    list.extend(sni);
+    let mut extensions = vec![0, 0]; // server_name
+    extensions.extend_from_slice(&(list.len() as u16).to_be_bytes());
+    extensions.extend(list);
+    let mut hello = vec![3, 3]; // TLS 1.2 legacy version
+    hello.extend_from_slice(&[7u8; 32]); // random
+    hello.push(0); // no session id
+    hello.extend_from_slice(&[0, 4, 0x13, 0x01, 0xc0, 0x2f]); // two suites
+    hello.extend_from_slice(&[1, 0]); // null compression
+    hello.extend_from_slice(&(extensions.len() as u16).to_be_bytes());
+    hello.extend(extensions);
+    let mut handshake = vec![1]; // client_hello
+    handshake.extend_from_slice(&(hello.len() as u32).to_be_bytes()[1..]);
+    handshake.extend(hello);
+    let mut record = vec![0x16, 3, 1];
+    record.extend_from_slice(&(handshake.len() as u16).to_be_bytes());
+    record.extend(handshake);
+    record
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_quirks_do_not_grow_the_log() {
+    let ca = ca("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = server_leaf(&ca, &["a.test"]);
+    put(dir.path(), "a.pem", &cert);
+    put(dir.path(), "a.key", &key);
+    let gw = Gateway::start_in(
+        dir,
+        &https_config("", r#"{ cert = "a.pem", key = "a.key" }"#),
+    );
+    let before = gw.logs().lines().count();
+    for _ in 0..20 {
+        let answer = raw_exchange(gw.listener("secure"), &client_hello_with_sni("127.0.0.1")).await;
+        // rustls answers the incomplete hello with an alert, or closes.
+        let _ = answer;
+    }
+    // The handshakes are over (each exchange waited for the close); the
+    // log at the default level did not grow with them.
+    let logs = gw.logs();
+    assert!(!logs.contains("Illegal SNI"), "{logs}");
+    assert_eq!(logs.lines().count(), before, "{logs}");
+}
