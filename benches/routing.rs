@@ -3,7 +3,8 @@
 //! Compares the cost of one `Router::route` lookup (hosts, wildcards,
 //! prefixes and regexes mixed, the request matching a route near the end
 //! of its group) and of `plan::validate` + `generation::build` as the
-//! configuration grows. Run: `cargo bench --bench routing`.
+//! configuration grows, and the build of one upstream of 1 000 backends
+//! weighted 1–1 000. Run: `cargo bench --bench routing`.
 
 mod common;
 
@@ -120,5 +121,57 @@ fn bench_generation_build(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_route_match, bench_generation_build);
+/// One upstream of 1 000 backends weighted 1–1 000 (the weighted
+/// schedule's worst case before it stopped unrolling the cycle).
+fn weighted_config() -> String {
+    let backends: Vec<String> = (1..=1000)
+        .map(|i| {
+            format!(
+                "{{ addr = \"10.0.{}.{}:8080\", weight = {i} }}",
+                i / 250,
+                i % 250
+            )
+        })
+        .collect();
+    format!(
+        r#"[admin]
+bind = "127.0.0.1:0"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "all"
+listeners = ["web"]
+upstream = "big"
+
+[upstreams.big]
+policy = "weighted"
+backends = [{}]
+"#,
+        backends.join(", ")
+    )
+}
+
+fn bench_weighted_upstream(c: &mut Criterion) {
+    let mut group = c.benchmark_group("weighted_upstream");
+    group.sample_size(10);
+    let text = ConfigText::inline(weighted_config(), ".".into(), "<bench>");
+    let shared = SharedState::default();
+    group.bench_function("validate_and_build_1000_backends_weights_1_to_1000", |b| {
+        b.iter(|| {
+            let spec = Arc::new(cutover::plan::validate(&text).expect("validates"));
+            black_box(build(spec, GenerationId(2), &shared).expect("builds"))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_route_match,
+    bench_generation_build,
+    bench_weighted_upstream
+);
 criterion_main!(benches);

@@ -23,8 +23,8 @@ pub use ledger::{InflightGuard, Ledger};
 pub use route::{Action, Route, RouteShared, RouteSlot, Saturated};
 pub use router::Router;
 pub use upstream::{
-    smooth_weighted_schedule, AttemptOutcome, Backend, BackendError, BackendGuard, BackendKey,
-    BackendRegistry, SignalledBody, Upstream, UpstreamClient,
+    AttemptOutcome, Backend, BackendError, BackendGuard, BackendKey, BackendRegistry,
+    SignalledBody, Upstream, UpstreamClient,
 };
 
 use crate::ids::GenerationId;

@@ -179,6 +179,32 @@ mod tests {
     }
 
     #[test]
+    fn the_version_is_the_same_however_the_folder_is_spelled() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("admin.token"), "0123456789abcdef-token\n").expect("write");
+        let text = "[admin]\nbind = \"127.0.0.1:0\"\ntoken_file = \"admin.token\"\n";
+        let version = |base: std::path::PathBuf| {
+            validate(&ConfigText::inline(text.to_owned(), base, "<test>"))
+                .unwrap_or_else(|e| panic!("{e:?}"))
+                .config_version
+        };
+        let plain = version(dir.path().to_path_buf());
+        assert_eq!(plain, version(dir.path().join(".")));
+        assert_eq!(
+            plain,
+            version(
+                dir.path()
+                    .join("..")
+                    .join(dir.path().file_name().expect("name"))
+            )
+        );
+        // What the file holds still counts.
+        std::fs::write(dir.path().join("admin.token"), "another-token-0123456789\n")
+            .expect("write");
+        assert_ne!(plain, version(dir.path().to_path_buf()));
+    }
+
+    #[test]
     fn large_configurations_plan_on_two_threads_with_the_same_results() {
         let routes = PARALLEL_FROM_ROUTES + 100;
         let spec = validate(&large(routes, None, "30s")).unwrap_or_else(|e| panic!("{e:?}"));

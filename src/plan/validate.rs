@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,15 +47,19 @@ pub fn validate(source: &ConfigText) -> Result<Spec, Vec<Diagnostic>> {
     Err(diagnostics)
 }
 
-/// `sha256:<hex>` over the canonical text and each referenced file's path
-/// and contents, so that a rotated certificate is a new version.
-fn config_version(canonical: &str, referenced: &[(PathBuf, Vec<u8>)]) -> String {
+/// `sha256:<hex>` over the canonical text and each referenced file as the
+/// configuration names it and as its contents are, so that a rotated
+/// certificate is a new version. Never over where the configuration was
+/// read from: the same text and the same files reached from `-c
+/// gateway.toml` or from an absolute `config_path` are one version.
+fn config_version(canonical: &str, referenced: &[(String, Vec<u8>)]) -> String {
     let mut hasher = Sha256::new();
     hasher.update(canonical.as_bytes());
-    for (path, contents) in referenced {
+    for (name, contents) in referenced {
         hasher.update(b"\0file\0");
-        hasher.update(path.to_string_lossy().as_bytes());
+        hasher.update(name.as_bytes());
         hasher.update(b"\0");
+        hasher.update((contents.len() as u64).to_be_bytes());
         hasher.update(contents);
     }
     let digest = hasher.finalize();
@@ -68,7 +72,8 @@ fn config_version(canonical: &str, referenced: &[(PathBuf, Vec<u8>)]) -> String 
 struct Validator<'a> {
     base_dir: &'a Path,
     diagnostics: Vec<Diagnostic>,
-    referenced: Vec<(PathBuf, Vec<u8>)>,
+    /// Files read, by the name the configuration gives them.
+    referenced: Vec<(String, Vec<u8>)>,
 }
 
 fn is_valid_name(name: &str) -> bool {
@@ -134,7 +139,7 @@ impl Validator<'_> {
         let resolved = self.base_dir.join(name);
         match std::fs::read(&resolved) {
             Ok(contents) => {
-                self.referenced.push((resolved, contents.clone()));
+                self.referenced.push((name.to_owned(), contents.clone()));
                 Some(contents)
             }
             Err(e) => {
