@@ -307,10 +307,12 @@ impl ListenerSet {
         let responses = listener_counters(&name);
         let gauge =
             metrics::gauge!(m::DOWNSTREAM_CONNECTIONS, m::LABEL_LISTENER => name.to_string());
-        let tcp_counters = TcpCounters {
+        // Only TCP listeners get byte series: an HTTP one would export
+        // two that never move.
+        let tcp_counters = (listener.spec.protocol == ListenerProtocol::Tcp).then(|| TcpCounters {
             downstream_to_upstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => name.to_string(), m::LABEL_DIRECTION => "downstream_to_upstream"),
             upstream_to_downstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => name.to_string(), m::LABEL_DIRECTION => "upstream_to_downstream"),
-        };
+        });
         let tls = match listener.spec.protocol {
             ListenerProtocol::Https => match self.certificates.server_config(&name) {
                 Ok(config) => Some(TlsAcceptor::from(config)),
@@ -364,12 +366,12 @@ impl ListenerSet {
                 listener: Arc::clone(&listener_open),
                 gauge: gauge.clone(),
             };
-            if listener.spec.protocol == ListenerProtocol::Tcp {
+            if let Some(counters) = &tcp_counters {
                 tokio::spawn(tcp_connection(
                     stream,
                     Arc::clone(&name),
                     self.admission.clone(),
-                    tcp_counters.clone(),
+                    counters.clone(),
                     guard,
                 ));
                 continue;

@@ -11,8 +11,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use metrics::Counter;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::admission::Admission;
@@ -59,7 +62,7 @@ pub async fn serve(
         TcpStream::connect(backend.key.addr.as_str()),
     )
     .await;
-    let mut upstream = match connect {
+    let upstream = match connect {
         Ok(Ok(stream)) => {
             backend.record(AttemptOutcome::Ok);
             stream
@@ -79,13 +82,12 @@ pub async fn serve(
     };
     let _ = upstream.set_nodelay(true);
     let store = Arc::clone(admission.store());
+    // Counted as they move: a connection that lives for days shows its
+    // traffic while it does, and one closed by max_pinned_age keeps it.
+    let mut downstream = Counted::new(downstream, counters.downstream_to_upstream);
+    let mut upstream = Counted::new(upstream, counters.upstream_to_downstream);
     tokio::select! {
-        copied = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {
-            if let Ok((up, down)) = copied {
-                counters.downstream_to_upstream.increment(up);
-                counters.upstream_to_downstream.increment(down);
-            }
-        }
+        _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {}
         _ = pinned_age_expired(&store, generation_id) => {
             tracing::info!(listener = %listener, generation = %generation_id, "closing a connection pinned past max_pinned_age");
             let _ = downstream.shutdown().await;
@@ -95,6 +97,53 @@ pub async fn serve(
     drop(guard);
 }
 
+/// A stream that counts the bytes read from it.
+struct Counted<S> {
+    stream: S,
+    read: Counter,
+}
+
+impl<S> Counted<S> {
+    fn new(stream: S, read: Counter) -> Self {
+        Self { stream, read }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        if read > 0 {
+            this.read.increment(read as u64);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
 /// Completes when generation `pinned` has been superseded for longer than
 /// the `max_pinned_age` of the newest generation; never when that is off.
 pub async fn pinned_age_expired(store: &GenerationStore, pinned: GenerationId) {
@@ -102,7 +151,12 @@ pub async fn pinned_age_expired(store: &GenerationStore, pinned: GenerationId) {
     if active.wait_for(|id| *id != pinned).await.is_err() {
         return std::future::pending().await;
     }
-    let superseded_at = tokio::time::Instant::now();
+    // From the moment it was superseded, not from when this watcher
+    // started (a streaming response starts watching the first time it
+    // waits, which may be long after).
+    let superseded_at = store
+        .superseded_at(pinned)
+        .map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std);
     loop {
         let max_age: Option<Duration> = store.load_full().spec.runtime.max_pinned_age;
         match max_age {
@@ -118,5 +172,37 @@ pub async fn pinned_age_expired(store: &GenerationStore, pinned: GenerationId) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigText;
+    use crate::generation::{build, SharedState};
+
+    #[tokio::test]
+    async fn pinned_age_counts_from_supersession_not_from_watching() {
+        let shared = SharedState::default();
+        let generation = |id| {
+            let text = "[runtime]\nmax_pinned_age = \"400ms\"\n";
+            let spec = crate::plan::validate(&ConfigText::inline(text.into(), ".".into(), "<t>"))
+                .unwrap_or_else(|e| panic!("{e:?}"));
+            build(Arc::new(spec), GenerationId(id), &shared).expect("builds")
+        };
+        let store = GenerationStore::new(generation(1));
+        // A connection pinned to generation 1 keeps its ledger alive.
+        let pinned = store.load_full().ledger.connection();
+        store
+            .commit(GenerationId(1), generation(2))
+            .expect("commits");
+        // Something that starts watching 300 ms after the supersession...
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = std::time::Instant::now();
+        pinned_age_expired(&store, GenerationId(1)).await;
+        // ... has about 100 ms left, not 400.
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_millis(250), "{waited:?}");
+        drop(pinned);
     }
 }

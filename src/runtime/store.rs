@@ -121,6 +121,17 @@ impl GenerationStore {
         Ok(next)
     }
 
+    /// When generation `id` stopped being the active one: `None` while it
+    /// is active, or once nothing of it is left.
+    pub fn superseded_at(&self, id: GenerationId) -> Option<Instant> {
+        self.published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|p| p.id == id)
+            .and_then(|p| p.superseded_at)
+    }
+
     /// Follows the active generation id.
     pub fn subscribe(&self) -> watch::Receiver<GenerationId> {
         self.notify.subscribe()

@@ -137,6 +137,56 @@ async fn tcp_connections_survive_a_thousand_activations() {
     );
 }
 
+/// `cutover_tcp_bytes_total` for one direction, as `/metrics` shows it.
+async fn tcp_bytes(gw: &Gateway, direction: &str) -> u64 {
+    let (_, _, text) = get(gw.metrics.expect("metrics"), "a", "/metrics").await;
+    text.lines()
+        .find(|l| {
+            l.starts_with("cutover_tcp_bytes_total")
+                && l.contains("listener=\"db\"")
+                && l.contains(direction)
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_bytes_are_counted_as_they_move_and_kept_when_max_pinned_age_closes() {
+    let (echo, _task) = echo_server().await;
+    let config = tcp_config(echo, "max_pinned_age = \"1s\"", "1s")
+        .replace("[log]", "[metrics]\nbind = \"127.0.0.1:0\"\n\n[log]");
+    let gw = Gateway::start(&config);
+    let mut stream = TcpStream::connect(gw.listener("db")).await.unwrap();
+    for n in 0..10 {
+        assert!(ping(&mut stream, n).await);
+    }
+    let sent = (0..10)
+        .map(|n| format!("ping {n}\n").len() as u64)
+        .sum::<u64>();
+    // While the connection is open.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tcp_bytes(&gw, "downstream_to_upstream").await < sent
+        || tcp_bytes(&gw, "upstream_to_downstream").await < sent
+    {
+        assert!(
+            Instant::now() < deadline,
+            "bytes not counted while the connection is open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Closed by max_pinned_age: what moved stays counted.
+    assert_eq!(
+        activate(&gw, &config.replace("timeout = \"1s\"", "timeout = \"2s\"")).await,
+        200
+    );
+    let mut buf = [0u8; 16];
+    let closed = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await;
+    assert!(matches!(closed, Ok(Ok(0))), "{closed:?}");
+    assert_eq!(tcp_bytes(&gw, "downstream_to_upstream").await, sent);
+    assert_eq!(tcp_bytes(&gw, "upstream_to_downstream").await, sent);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_pinned_age_closes_superseded_connections() {
     let (echo, _task) = echo_server().await;
