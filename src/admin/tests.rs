@@ -57,6 +57,7 @@ fn admin_with_hook(text: &str, token: Option<&str>, release_memory: fn()) -> Adm
         build(Arc::clone(&spec), GenerationId::FIRST, &shared).expect("build"),
     ));
     let certificates = Arc::new(crate::tls::CertStore::default());
+    certificates.follow(Arc::clone(&store) as Arc<dyn crate::tls::ActiveMaterial>);
     let listeners = ListenerSet::new(
         Admission::new(Arc::clone(&store)),
         Arc::clone(&certificates),

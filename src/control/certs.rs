@@ -99,7 +99,10 @@ impl Control {
             }
         }
         let previous = self.certificates.load();
-        let mut next = Material::default();
+        let mut next = Material {
+            generation: active.id,
+            ..Material::default()
+        };
         let mut reloaded = Vec::new();
         for listener in &tls_listeners {
             let selected = only

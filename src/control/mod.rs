@@ -485,7 +485,7 @@ impl Control {
                 })
             }
         };
-        let certificates = generation::certificate_material(&spec);
+        let certificates = generation::certificate_material(&spec, next_id);
         let bound = match self.listeners.bind_new(&spec.listeners) {
             Ok(bound) => bound,
             Err(source) => {
@@ -505,9 +505,9 @@ impl Control {
                 expected: c.expected,
                 active: c.active,
             })?;
-        // Certificates are their own ownership class with their own swap
-        // point; a handshake between the two swaps gets the previous
-        // material, which the previous generation was serving anyway.
+        // Handshakes already get the new generation's certificates (the
+        // store follows the active generation); installing them makes
+        // them the stored material that reload-certs starts from.
         self.install_certificates(certificates);
         self.listeners.start(bound);
         self.log_level.apply(&spec.log.level);

@@ -100,13 +100,16 @@ impl Generation {
 /// The certificate material of every TLS listener of `spec`, as
 /// validation loaded it. Swapped into the `CertStore` right after the
 /// generation is committed (and replaced by `reload-certs` on its own).
-pub fn certificate_material(spec: &Spec) -> crate::tls::Material {
+pub fn certificate_material(spec: &Spec, generation: GenerationId) -> crate::tls::Material {
     let listeners = spec
         .listeners
         .iter()
         .filter_map(|l| Some((l.name.clone(), Arc::clone(l.tls_material.as_ref()?))))
         .collect();
-    crate::tls::Material { listeners }
+    crate::tls::Material {
+        generation,
+        listeners,
+    }
 }
 
 /// Compiles `spec` into generation `id`, reusing shared backends.

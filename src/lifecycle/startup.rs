@@ -259,7 +259,8 @@ async fn serve(
     let store = Arc::new(GenerationStore::new(first));
     let admission = Admission::new(Arc::clone(&store));
     let certificates = Arc::new(CertStore::default());
-    certificates.swap(generation::certificate_material(&spec));
+    certificates.swap(generation::certificate_material(&spec, store.active_id()));
+    certificates.follow(Arc::clone(&store) as Arc<dyn crate::tls::ActiveMaterial>);
     let listeners = ListenerSet::new(admission, Arc::clone(&certificates));
     listeners.inherit(inherited_listeners);
     let bound = listeners.bind_new(&spec.listeners)?;

@@ -23,6 +23,22 @@ pub struct Conflict {
     pub active: GenerationId,
 }
 
+impl crate::tls::ActiveMaterial for GenerationStore {
+    fn active_material(
+        &self,
+        listener: &str,
+    ) -> (GenerationId, Option<Arc<crate::tls::ListenerMaterial>>) {
+        let active = self.active.load();
+        let material = active
+            .spec
+            .listeners
+            .iter()
+            .find(|l| l.name == listener)
+            .and_then(|l| l.tls_material.clone());
+        (active.id, material)
+    }
+}
+
 /// Work still pinned to one generation.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct GenerationLoad {

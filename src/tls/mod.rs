@@ -13,7 +13,7 @@ pub use material::{
     fingerprint, load_cert, load_roots, parse_cert, parse_client_verifier, read_chain, CertInfo,
     LoadedCert, TlsError,
 };
-pub use store::{CertStore, ListenerMaterial, ListenerTlsSpec, Material};
+pub use store::{ActiveMaterial, CertStore, ListenerMaterial, ListenerTlsSpec, Material};
 
 /// The one crypto provider cutover uses (ring).
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {

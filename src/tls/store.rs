@@ -6,6 +6,13 @@
 //! read the current material on every handshake, so swapping the material
 //! (reload-certs, activation) changes what new handshakes get, in one step
 //! for all listeners, while established sessions keep theirs.
+//!
+//! The material is tagged with the generation it was loaded for, and the
+//! store follows the active generation (an [`ActiveMaterial`]): when the
+//! active generation is newer than the stored material, a handshake gets
+//! the material that generation was built with. So an activation's
+//! certificates take effect with its compare-and-swap, not a moment after
+//! it: no handshake pairs the new routes with the old certificates.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -19,6 +26,7 @@ use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureSc
 use rustls_pki_types::{CertificateDer, UnixTime};
 
 use super::material::{client_verifier, load_cert, CertInfo, LoadedCert, TlsError};
+use crate::ids::GenerationId;
 
 /// A TLS listener's certificate configuration (paths resolved).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,15 +126,45 @@ impl ListenerMaterial {
 }
 
 /// Certificate material of every TLS listener, by listener name.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Material {
+    /// The generation it was loaded for (by its activation, or by a
+    /// reload-certs while it was active).
+    pub generation: GenerationId,
     pub listeners: HashMap<String, Arc<ListenerMaterial>>,
 }
 
+impl Default for Material {
+    /// No material, older than any generation.
+    fn default() -> Self {
+        Self {
+            generation: GenerationId(0),
+            listeners: HashMap::new(),
+        }
+    }
+}
+
+/// The active generation, as far as certificates go.
+pub trait ActiveMaterial: Send + Sync {
+    /// The active generation's id and the material it was built with for
+    /// `listener`.
+    fn active_material(&self, listener: &str) -> (GenerationId, Option<Arc<ListenerMaterial>>);
+}
+
 /// The one swap point for certificate material.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct CertStore {
     current: ArcSwap<Material>,
+    /// Consulted on every handshake once set (see the module comment).
+    active: std::sync::OnceLock<Arc<dyn ActiveMaterial>>,
+}
+
+impl std::fmt::Debug for CertStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertStore")
+            .field("current", &self.current)
+            .finish_non_exhaustive()
+    }
 }
 
 impl CertStore {
@@ -139,8 +177,22 @@ impl CertStore {
         self.current.swap(Arc::new(material))
     }
 
+    /// Follows the active generation from now on.
+    pub fn follow(&self, active: Arc<dyn ActiveMaterial>) {
+        let _ = self.active.set(active);
+    }
+
+    /// What a handshake on `name` gets: the stored material, unless the
+    /// active generation is newer than it (committed, not yet installed).
     fn listener(&self, name: &str) -> Option<Arc<ListenerMaterial>> {
-        self.current.load().listeners.get(name).cloned()
+        let stored = self.current.load();
+        if let Some(active) = self.active.get() {
+            let (generation, own) = active.active_material(name);
+            if generation > stored.generation {
+                return own;
+            }
+        }
+        stored.listeners.get(name).cloned()
     }
 
     /// The rustls configuration of a TLS listener: TLS 1.2 and 1.3, ALPN
@@ -248,5 +300,54 @@ impl ClientCertVerifier for ClientAuth {
         super::provider()
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    struct Active {
+        generation: Mutex<GenerationId>,
+        own: Arc<ListenerMaterial>,
+    }
+
+    impl ActiveMaterial for Active {
+        fn active_material(&self, _: &str) -> (GenerationId, Option<Arc<ListenerMaterial>>) {
+            let generation = *self.generation.lock().unwrap_or_else(|e| e.into_inner());
+            (generation, Some(Arc::clone(&self.own)))
+        }
+    }
+
+    fn material(generation: u64, listener: &Arc<ListenerMaterial>) -> Material {
+        Material {
+            generation: GenerationId(generation),
+            listeners: [("secure".to_owned(), Arc::clone(listener))].into(),
+        }
+    }
+
+    #[test]
+    fn a_committed_generation_serves_its_certificates_before_they_are_installed() {
+        let empty = || Arc::new(ListenerMaterial::assemble(Vec::new(), None));
+        let (old, new, reloaded) = (empty(), empty(), empty());
+        let store = CertStore::default();
+        store.swap(material(1, &old));
+        let active = Arc::new(Active {
+            generation: Mutex::new(GenerationId(1)),
+            own: Arc::clone(&new),
+        });
+        store.follow(Arc::clone(&active) as Arc<dyn ActiveMaterial>);
+        let served = |store: &CertStore| store.listener("secure").expect("material");
+        assert!(Arc::ptr_eq(&served(&store), &old));
+        // Generation 2 is committed; its material is not installed yet.
+        *active.generation.lock().unwrap_or_else(|e| e.into_inner()) = GenerationId(2);
+        assert!(
+            Arc::ptr_eq(&served(&store), &new),
+            "the old certificate in the window"
+        );
+        // A reload-certs while 2 is active: the stored material wins again.
+        store.swap(material(2, &reloaded));
+        assert!(Arc::ptr_eq(&served(&store), &reloaded));
     }
 }
