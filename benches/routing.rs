@@ -89,6 +89,14 @@ fn bench_generation_build(c: &mut Criterion) {
     for n in [10usize, 1_000, 10_000] {
         let text = ConfigText::inline(config(n), ".".into(), "<bench>");
         let shared = SharedState::default();
+        // The active generation, as in a running gateway: it holds the
+        // compiled regexes the candidate's plan finds in the memo.
+        let _active = build(
+            Arc::new(cutover::plan::validate(&text).expect("validates")),
+            GenerationId(1),
+            &shared,
+        )
+        .expect("builds");
         group.bench_with_input(
             BenchmarkId::new("validate_and_build", n),
             &text,

@@ -8,10 +8,13 @@
 //! boundaries) fall back to `meta::Regex`. Compiled regexes are memoized
 //! per pattern: re-planning a configuration whose regexes did not change,
 //! the common case for a pipeline that edits one route, compiles nothing.
+//! The memo holds its regexes weakly, so it is bounded by what live
+//! generations and plans in progress use: a regex nothing holds any more
+//! is freed, and its entry swept.
 
 use std::collections::HashMap;
 use std::panic::{RefUnwindSafe, UnwindSafe};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use regex_automata::hybrid::dfa::{Cache, DFA};
 use regex_automata::nfa::thompson::{self, WhichCaptures};
@@ -19,6 +22,12 @@ use regex_automata::util::pool::Pool;
 use regex_automata::{meta, Input};
 
 type MakeCache = Box<dyn Fn() -> Cache + Send + Sync + UnwindSafe + RefUnwindSafe>;
+
+/// Compiled regexes by pattern, held weakly.
+fn memo() -> &'static Mutex<HashMap<Arc<str>, Weak<Engine>>> {
+    static MEMO: OnceLock<Mutex<HashMap<Arc<str>, Weak<Engine>>>> = OnceLock::new();
+    MEMO.get_or_init(Mutex::default)
+}
 
 enum Engine {
     Lazy {
@@ -44,28 +53,32 @@ impl std::fmt::Debug for PathRegex {
 }
 
 impl PathRegex {
-    /// Compiles `pattern`, or returns the compiled copy of an earlier call.
+    /// Compiles `pattern`, or returns the compiled copy of an earlier call
+    /// that something still holds.
     pub fn new(pattern: &str) -> Result<Self, String> {
-        static CACHE: OnceLock<Mutex<HashMap<Arc<str>, PathRegex>>> = OnceLock::new();
-        let cache = CACHE.get_or_init(Mutex::default);
-        if let Some(hit) = cache
+        let memo = memo();
+        if let Some((pattern, engine)) = memo
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(pattern)
+            .get_key_value(pattern)
+            .and_then(|(p, weak)| Some((Arc::clone(p), weak.upgrade()?)))
         {
-            return Ok(hit.clone());
+            return Ok(PathRegex { pattern, engine });
         }
         let compiled = PathRegex {
             pattern: Arc::from(pattern),
             engine: Arc::new(compile(pattern)?),
         };
-        let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
-        // Bounded: a process that has seen this many distinct patterns
-        // starts over rather than growing without end.
-        if cache.len() >= 100_000 {
-            cache.clear();
+        let mut memo = memo.lock().unwrap_or_else(PoisonError::into_inner);
+        // Dead entries go when the map has doubled since the last sweep:
+        // sweeping on every insert would make compiling N patterns O(N²).
+        if memo.len() >= 64 && memo.len().is_power_of_two() {
+            memo.retain(|_, weak| weak.strong_count() > 0);
         }
-        cache.insert(Arc::clone(&compiled.pattern), compiled.clone());
+        memo.insert(
+            Arc::clone(&compiled.pattern),
+            Arc::downgrade(&compiled.engine),
+        );
         Ok(compiled)
     }
 
@@ -168,6 +181,29 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{e}")),
             Engine::Lazy { .. }
         ));
+    }
+
+    #[test]
+    fn the_memo_keeps_what_is_held_and_lets_go_of_the_rest() {
+        let held = PathRegex::new("^/memo/held/[0-9]+$").unwrap_or_else(|e| panic!("{e}"));
+        let again = PathRegex::new("^/memo/held/[0-9]+$").unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            Arc::ptr_eq(&held.engine, &again.engine),
+            "a held regex is reused"
+        );
+        // A thousand patterns compiled and dropped, as a thousand
+        // validations of candidates that were never activated.
+        for i in 0..1_000 {
+            drop(
+                PathRegex::new(&format!("^/memo/dropped/{i}/[a-z]+$"))
+                    .unwrap_or_else(|e| panic!("{e}")),
+            );
+        }
+        let entries = memo().lock().unwrap_or_else(PoisonError::into_inner).len();
+        // Other tests compile regexes in parallel: a bound, not an exact count.
+        assert!(entries <= 512, "{entries} entries for 1 held pattern");
+        assert!(PathRegex::new("^/memo/held/[0-9]+$")
+            .is_ok_and(|r| Arc::ptr_eq(&r.engine, &held.engine)));
     }
 
     #[test]
