@@ -24,13 +24,3 @@ impl fmt::Display for GenerationId {
         self.0.fmt(f)
     }
 }
-
-/// Lower-case hex of `bytes` (digests in versions, fingerprints and file
-/// names).
-pub fn lower_hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        out.push_str(&format!("{byte:02x}"));
-    }
-    out
-}

@@ -43,7 +43,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run { config } => match cutover::run(cutover::Options {
             config,
-            release_memory,
+            release_memory: cutover::lifecycle::release_memory,
         }) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
@@ -53,19 +53,6 @@ fn main() -> ExitCode {
         },
         Command::Check { config } => check(&config),
         Command::Ctl(args) => ExitCode::from(cutover::ctl::run(args)),
-    }
-}
-
-/// Returns the pages mimalloc holds free to the system now, instead of at
-/// the next allocation on the same thread after its purge delay: an idle
-/// gateway that has just loaded 10 000 routes would otherwise keep the
-/// 30 MiB peak of parsing them resident.
-fn release_memory() {
-    // SAFETY: `mi_collect` has no preconditions; it only walks and purges
-    // mimalloc's own heaps, and mimalloc is this binary's allocator.
-    #[allow(unsafe_code)]
-    unsafe {
-        libmimalloc_sys::mi_collect(true)
     }
 }
 

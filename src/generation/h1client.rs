@@ -838,7 +838,7 @@ fn decode_chunked(
                     }
                     return Ok(None);
                 };
-                let size = chunk_size(&buffered[..line_end])?;
+                let size = chunk_size(&buffered[..line_end + 2])?;
                 conn.consume(line_end + 2);
                 *state = if size == 0 {
                     Chunked::Trailers
@@ -901,20 +901,23 @@ fn decode_chunked(
     }
 }
 
-/// The size in a chunk-size line: hex digits, then optional extensions.
+/// The size in a chunk-size line (with its CRLF): hex digits, then
+/// optional extensions, as `httparse` reads them. Stricter than it in two
+/// ways that keep framing unambiguous: at least one digit (it reads an
+/// empty line as the last chunk), and no control characters anywhere (a
+/// bare LF in an extension would be a line end to the next parser).
 fn chunk_size(line: &[u8]) -> Result<u64, SendError> {
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    if digits == 0 || digits > 15 {
-        return Err(SendError::Invalid("bad chunk size"));
+    let bad = || SendError::Invalid("bad chunk size");
+    let content = line.strip_suffix(b"\r\n").ok_or_else(bad)?;
+    if !content.first().is_some_and(u8::is_ascii_hexdigit)
+        || content.iter().any(|b| b.is_ascii_control() && *b != b'\t')
+    {
+        return Err(bad());
     }
-    let rest = line[digits..].trim_ascii_start();
-    if !(rest.is_empty() || rest.starts_with(b";")) {
-        return Err(SendError::Invalid("bad chunk size"));
+    match httparse::parse_chunk_size(line) {
+        Ok(httparse::Status::Complete((_, size))) => Ok(size),
+        _ => Err(bad()),
     }
-    std::str::from_utf8(&line[..digits])
-        .ok()
-        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .ok_or(SendError::Invalid("bad chunk size"))
 }
 
 /// A response body read from a plain HTTP/1.1 backend; also finishes
@@ -1589,9 +1592,9 @@ mod tests {
 
     #[test]
     fn chunk_sizes_are_hex_with_optional_extensions() {
-        assert_eq!(chunk_size(b"1a").ok(), Some(26));
-        assert_eq!(chunk_size(b"1A ;ext=\"v\"").ok(), Some(26));
-        assert_eq!(chunk_size(b"0").ok(), Some(0));
+        assert_eq!(chunk_size(b"1a\r\n").ok(), Some(26));
+        assert_eq!(chunk_size(b"1A ;ext=\"v\"\r\n").ok(), Some(26));
+        assert_eq!(chunk_size(b"0\r\n").ok(), Some(0));
         for bad in [
             &b""[..],
             b"zz",
@@ -1599,9 +1602,11 @@ mod tests {
             b"-1",
             b"0x10",
             b"1234567890abcdef0",
+            b"5;a\nb",
+            b"5;a\x00",
         ] {
             assert!(
-                chunk_size(bad).is_err(),
+                chunk_size(&[bad, b"\r\n"].concat()).is_err(),
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );

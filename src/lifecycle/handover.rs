@@ -1,11 +1,13 @@
-//! Socket hand-over for drain-aware restarts: the only `unsafe` in cutover.
+//! Socket hand-over for drain-aware restarts.
 //!
 //! The running process duplicates each listening socket into a descriptor
 //! without close-on-exec, so the new process inherits it, and writes an
 //! [`UpgradeState`] file naming each descriptor and everything else the new
 //! process needs (history, the configuration to start with, the operation
-//! to complete). The new process adopts the descriptors by number.
-#![allow(unsafe_code)]
+//! to complete). The new process adopts the descriptors by number: the one
+//! `unsafe` block in the library, since taking ownership of a descriptor
+//! known only by its number is a promise no type can check (`rustix` does
+//! the duplication and the flags safely).
 
 use std::io;
 use std::net::SocketAddr;
@@ -55,36 +57,31 @@ pub struct UpgradeState {
     pub reason: Option<String>,
 }
 
-/// A duplicate of `fd` that survives `exec` (no `FD_CLOEXEC`).
+/// A duplicate of `fd` that survives `exec` (`dup` leaves `FD_CLOEXEC`
+/// clear).
 pub fn inheritable(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    // SAFETY: `dup` takes a valid descriptor (guaranteed by `BorrowedFd`)
-    // and returns a new one that nothing else owns; we take ownership of it
-    // at once. The duplicate has FD_CLOEXEC clear by definition of `dup`.
-    let duplicate = unsafe { libc::dup(fd.as_raw_fd()) };
-    if duplicate < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `duplicate` is a fresh descriptor owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(duplicate) })
+    Ok(rustix::io::dup(fd)?)
 }
 
 /// Takes ownership of an inherited listening socket by descriptor number,
 /// after checking that the descriptor is open and is a listening TCP
 /// socket bound where the state file says.
 pub fn adopt(socket: &HandedSocket) -> io::Result<std::net::TcpListener> {
-    // SAFETY: F_GETFD only reads descriptor flags; it fails with EBADF for
-    // a descriptor that is not open, which we check before taking it.
-    let flags = unsafe { libc::fcntl(socket.fd, libc::F_GETFD) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
+    // Open, and not one of ours already (those all carry close-on-exec)?
+    // Asked of /proc, which needs no descriptor in hand.
+    if socket.fd < 3 || !Path::new(&format!("/proc/self/fd/{}", socket.fd)).exists() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("descriptor {} was not inherited", socket.fd),
+        ));
     }
-    // SAFETY: the descriptor is open, was handed to this process for this
-    // purpose by its parent, and is named once in the state file; nothing
-    // else in this process refers to it.
+    #[allow(unsafe_code)]
+    // SAFETY: the descriptor is open (checked above), was handed to this
+    // process for this purpose by its parent, and is named once in the
+    // state file; nothing else in this process refers to it.
     let owned = unsafe { OwnedFd::from_raw_fd(socket.fd) };
     // Close it on our own exec, like every other descriptor we own.
-    // SAFETY: sets the close-on-exec flag of a descriptor we now own.
-    unsafe { libc::fcntl(owned.as_raw_fd(), libc::F_SETFD, flags | libc::FD_CLOEXEC) };
+    rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)?;
     let listener = std::net::TcpListener::from(owned);
     let local = listener.local_addr()?;
     if local.ip() != socket.bind.ip()

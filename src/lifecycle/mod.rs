@@ -4,13 +4,16 @@
 //! active generation, or the configuration file), builds the tokio runtime
 //! (its thread count is startup-owned), binds or adopts every socket, and
 //! then reacts to signals: SIGHUP reloads the file, SIGUSR2 upgrades,
-//! SIGTERM drains, SIGINT stops at once. `handover` is the only place that
-//! may use `unsafe` (adopting inherited descriptors).
+//! SIGTERM drains, SIGINT stops at once. The only `unsafe` of cutover is
+//! here: adopting inherited descriptors (`handover`) and asking the
+//! allocator to return free pages (`memory`).
 
 mod control_server;
 mod handover;
+mod memory;
 mod startup;
 mod systemd;
 mod upgrade;
 
+pub use memory::release_memory;
 pub use startup::{run, Options, StartError};

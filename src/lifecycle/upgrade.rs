@@ -329,12 +329,15 @@ impl ProcessControl for Process {
         let stop = self.stop.clone();
         tokio::spawn(async move {
             match wait_ready(child).await {
-                Ok(pid) => {
+                Ok((pid, generation)) => {
                     tracing::info!(operation = %id, new_pid = pid, "the new process is ready; draining this one");
                     metrics::counter!(m::UPGRADES, m::LABEL_OUTCOME => "succeeded").increment(1);
+                    // Both processes answer on the admin socket for a while:
+                    // both records of the operation must say the same.
                     control.with_history(|h| {
                         h.update_operation(&id, |op| {
                             op.outcome = Outcome::Succeeded;
+                            op.generation = generation.or(op.generation);
                             op.pid = pid;
                             op.previous_pid = Some(std::process::id());
                             op.summary = format!(
@@ -358,8 +361,11 @@ impl ProcessControl for Process {
     }
 }
 
-/// Waits for the child's ready line; kills it on timeout.
-async fn wait_ready(mut child: tokio::process::Child) -> Result<u32, String> {
+/// Waits for the child's ready line; kills it on timeout. Returns the new
+/// process's pid and the generation it started with.
+async fn wait_ready(
+    mut child: tokio::process::Child,
+) -> Result<(u32, Option<crate::ids::GenerationId>), String> {
     let Some(stdout) = child.stdout.take() else {
         return Err("no pipe to the new process".into());
     };
@@ -368,7 +374,9 @@ async fn wait_ready(mut child: tokio::process::Child) -> Result<u32, String> {
         while let Ok(Some(line)) = lines.next_line().await {
             if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) {
                 if value["event"] == "ready" {
-                    return value["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
+                    let pid = value["pid"].as_u64().and_then(|p| u32::try_from(p).ok())?;
+                    let generation = value["generation"].as_u64().map(crate::ids::GenerationId);
+                    return Some((pid, generation));
                 }
             }
         }
@@ -376,7 +384,7 @@ async fn wait_ready(mut child: tokio::process::Child) -> Result<u32, String> {
     };
     let outcome = tokio::select! {
         ready = tokio::time::timeout(READY_TIMEOUT, ready) => match ready {
-            Ok(Some(pid)) => Ok(pid),
+            Ok(Some(ready)) => Ok(ready),
             Ok(None) => Err("the new process closed its output before it was ready".to_owned()),
             Err(_) => Err(format!("the new process was not ready within {READY_TIMEOUT:?}")),
         },

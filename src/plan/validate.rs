@@ -62,11 +62,7 @@ fn config_version(canonical: &str, referenced: &[(String, Vec<u8>)]) -> String {
         hasher.update((contents.len() as u64).to_be_bytes());
         hasher.update(contents);
     }
-    let digest = hasher.finalize();
-    let mut out = String::with_capacity(7 + 64);
-    out.push_str("sha256:");
-    out.push_str(&crate::ids::lower_hex(&digest));
-    out
+    format!("sha256:{:x}", hasher.finalize())
 }
 
 struct Validator<'a> {

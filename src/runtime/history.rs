@@ -21,7 +21,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
 use crate::config::ConfigText;
-use crate::ids::{lower_hex, GenerationId};
+use crate::ids::GenerationId;
 
 /// How many operations the log keeps.
 pub const OPERATION_LIMIT: usize = 256;
@@ -401,7 +401,7 @@ impl History {
             };
             let name = match self.stored.get(&record.generation) {
                 Some(name) => name.clone(),
-                None => format!("{}.toml", lower_hex(&Sha256::digest(text()?.as_bytes()))),
+                None => format!("{:x}.toml", Sha256::digest(text()?.as_bytes())),
             };
             // Checked every time rather than remembered: a new process
             // that took over and then failed may have removed a text

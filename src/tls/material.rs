@@ -197,7 +197,7 @@ fn describe(key: &CertifiedKey, cert_file: &Path, key_file: &Path) -> Result<Cer
 
 /// `sha256:<hex>` of a certificate's DER.
 pub fn fingerprint(der: &[u8]) -> String {
-    format!("sha256:{}", crate::ids::lower_hex(&Sha256::digest(der)))
+    format!("sha256:{:x}", Sha256::digest(der))
 }
 
 /// Reads a CA bundle into a root store.
