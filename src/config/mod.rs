@@ -60,6 +60,19 @@ impl ConfigText {
 
 /// Parses TOML text into a [`FileConfig`], reporting every problem found.
 pub fn parse(text: &str) -> Result<FileConfig, Vec<Diagnostic>> {
+    match parse_lenient(text) {
+        Ok((config, unknown)) if unknown.is_empty() => Ok(config),
+        Ok((_, unknown)) => Err(unknown),
+        Err(diagnostics) => Err(diagnostics),
+    }
+}
+
+/// As [`parse`], but a configuration whose only problems are unknown keys
+/// is still returned, without them, beside their diagnostics: validation
+/// can then report everything else about the same entities (a route with
+/// a misspelt key and an unknown upstream shows both at once). Any other
+/// problem is an `Err` with every diagnostic.
+pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Diagnostic>> {
     let (root, syntax_errors) = DeTable::parse_recoverable(text);
     if !syntax_errors.is_empty() {
         let map = SourceMap::new(text, None);
@@ -72,19 +85,21 @@ pub fn parse(text: &str) -> Result<FileConfig, Vec<Diagnostic>> {
     // from a second parse, paid only by a configuration with errors.
     let map = SourceMap::new(text, None);
     let mut decoder = Decoder {
+        text,
         map: &map,
         diagnostics: Vec::new(),
+        only_unknown_keys: true,
     };
     let mut config = FileConfig::default();
     for (key, value) in root.into_inner() {
         let key_name = key.get_ref().to_string();
         match key_name.as_str() {
-            "admin" => decoder.section(&key_name, value, &mut config.admin),
-            "log" => decoder.section(&key_name, value, &mut config.log),
-            "runtime" => decoder.section(&key_name, value, &mut config.runtime),
+            "admin" => decoder.section(&key_name, Locator::Section, value, &mut config.admin),
+            "log" => decoder.section(&key_name, Locator::Section, value, &mut config.log),
+            "runtime" => decoder.section(&key_name, Locator::Section, value, &mut config.runtime),
             "metrics" => {
                 let mut metrics = None;
-                decoder.section(&key_name, value, &mut metrics);
+                decoder.section(&key_name, Locator::Section, value, &mut metrics);
                 config.metrics = metrics;
             }
             "listeners" => config.listeners = decoder.array(&key_name, value),
@@ -94,7 +109,8 @@ pub fn parse(text: &str) -> Result<FileConfig, Vec<Diagnostic>> {
                     for (name, value) in table {
                         let path = format!("upstreams.{}", quote_key(name.get_ref()));
                         let mut upstream = None;
-                        decoder.section(&path, value, &mut upstream);
+                        let at = Locator::Named(name.get_ref());
+                        decoder.section(&path, at, value, &mut upstream);
                         if let Some(upstream) = upstream {
                             config
                                 .upstreams
@@ -102,7 +118,7 @@ pub fn parse(text: &str) -> Result<FileConfig, Vec<Diagnostic>> {
                         }
                     }
                 }
-                _ => decoder.push(Diagnostic::new(
+                _ => decoder.fail(Diagnostic::new(
                     "invalid_type",
                     "upstreams",
                     "`upstreams` must be a table of named upstreams ([upstreams.NAME])",
@@ -123,8 +139,8 @@ pub fn parse(text: &str) -> Result<FileConfig, Vec<Diagnostic>> {
             }
         }
     }
-    if decoder.diagnostics.is_empty() {
-        return Ok(config);
+    if decoder.only_unknown_keys {
+        return Ok((config, decoder.diagnostics));
     }
     let mut diagnostics = decoder.diagnostics;
     if diagnostics.iter().any(|d| d.line.is_none()) {
@@ -149,33 +165,99 @@ pub fn canonical(config: &FileConfig) -> String {
     text
 }
 
-struct Decoder<'m, 'a> {
-    map: &'m SourceMap<'a>,
-    diagnostics: Vec<Diagnostic>,
+/// Where an entity is in the document, to find it again.
+#[derive(Debug, Clone, Copy)]
+enum Locator<'k> {
+    /// A top-level table (`admin`, `log`, …), named by the path.
+    Section,
+    /// Element `i` of an array of tables (`listeners`, `routes`).
+    Item(usize),
+    /// `upstreams.NAME`.
+    Named(&'k str),
 }
 
-impl Decoder<'_, '_> {
-    fn push(&mut self, d: Diagnostic) {
+struct Decoder<'m, 'a> {
+    text: &'a str,
+    map: &'m SourceMap<'a>,
+    diagnostics: Vec<Diagnostic>,
+    /// Every diagnostic so far is an unknown key, and every entity
+    /// decoded once its unknown keys were set aside.
+    only_unknown_keys: bool,
+}
+
+impl<'a> Decoder<'_, 'a> {
+    fn fail(&mut self, d: Diagnostic) {
+        self.only_unknown_keys = false;
         self.diagnostics.push(d);
     }
 
     fn decode<T: DeserializeOwned>(
         &mut self,
         path: &str,
+        at: Locator<'_>,
         value: Spanned<DeValue<'_>>,
     ) -> Option<T> {
-        match T::deserialize(ValueDeserializer::from(value)) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                let code = if e.message().starts_with("unknown field") {
-                    "unknown_key"
-                } else if e.message().starts_with("missing field") {
-                    "missing_key"
-                } else {
-                    "invalid_value"
-                };
-                let d = toml_error(code, path, &e, self.map);
-                self.diagnostics.push(d);
+        let error = match T::deserialize(ValueDeserializer::from(value)) {
+            Ok(v) => return Some(v),
+            Err(e) => e,
+        };
+        if !is_unknown_field(&error) {
+            self.fail(toml_error(error_code(&error), path, &error, self.map));
+            return None;
+        }
+        self.diagnostics
+            .push(toml_error("unknown_key", path, &error, self.map));
+        self.without_unknown_keys(path, at, &error)
+    }
+
+    /// Decodes the entity at `at` again from a fresh parse (the first
+    /// decode consumed it; this is paid only by a configuration with an
+    /// unknown key), setting aside each unknown key as it is reported.
+    fn without_unknown_keys<T: DeserializeOwned>(
+        &mut self,
+        path: &str,
+        at: Locator<'_>,
+        first: &toml::de::Error,
+    ) -> Option<T> {
+        let recovered = (|| {
+            let tree = DeTable::parse(self.text).ok()?.into_inner();
+            let mut value = match (path.split(['[', '.']).next()?, at) {
+                (section, Locator::Section) => tree.get(section)?.clone(),
+                (key, Locator::Item(i)) => match tree.get(key)?.get_ref() {
+                    DeValue::Array(items) => items.get(i)?.clone(),
+                    _ => return None,
+                },
+                (_, Locator::Named(name)) => match tree.get("upstreams")?.get_ref() {
+                    DeValue::Table(table) => table.get(name)?.clone(),
+                    _ => return None,
+                },
+            };
+            let mut span = first.span()?;
+            // Bounded: each round removes one key.
+            for _ in 0..256 {
+                if !remove_key_at(value.get_mut(), span.start) {
+                    return Some(Err(None));
+                }
+                match T::deserialize(ValueDeserializer::from(value.clone())) {
+                    Ok(v) => return Some(Ok(v)),
+                    Err(e) if is_unknown_field(&e) => {
+                        span = e.span()?;
+                        self.diagnostics
+                            .push(toml_error("unknown_key", path, &e, self.map));
+                    }
+                    Err(e) => return Some(Err(Some(e))),
+                }
+            }
+            Some(Err(None))
+        })();
+        match recovered {
+            Some(Ok(v)) => Some(v),
+            Some(Err(Some(e))) => {
+                self.fail(toml_error(error_code(&e), path, &e, self.map));
+                None
+            }
+            Some(Err(None)) | None => {
+                self.only_unknown_keys = false;
                 None
             }
         }
@@ -184,10 +266,11 @@ impl Decoder<'_, '_> {
     fn section<T: DeserializeOwned>(
         &mut self,
         path: &str,
+        at: Locator<'_>,
         value: Spanned<DeValue<'_>>,
         out: &mut T,
     ) {
-        if let Some(v) = self.decode(path, value) {
+        if let Some(v) = self.decode(path, at, value) {
             *out = v;
         }
     }
@@ -198,16 +281,13 @@ impl Decoder<'_, '_> {
                 // Sized up front: a configuration is kept for as long as
                 // its generation, and growth by doubling wastes up to half.
                 let mut out = Vec::with_capacity(items.len());
-                out.extend(
-                    items
-                        .into_iter()
-                        .enumerate()
-                        .filter_map(|(i, item)| self.decode(&format!("{key}[{i}]"), item)),
-                );
+                out.extend(items.into_iter().enumerate().filter_map(|(i, item)| {
+                    self.decode(&format!("{key}[{i}]"), Locator::Item(i), item)
+                }));
                 out
             }
             _ => {
-                self.push(Diagnostic::new(
+                self.fail(Diagnostic::new(
                     "invalid_type",
                     key,
                     format!("`{key}` must be an array of tables ([[{key}]])"),
@@ -215,6 +295,41 @@ impl Decoder<'_, '_> {
                 Vec::new()
             }
         }
+    }
+}
+
+fn is_unknown_field(e: &toml::de::Error) -> bool {
+    e.message().starts_with("unknown field")
+}
+
+fn error_code(e: &toml::de::Error) -> &'static str {
+    if is_unknown_field(e) {
+        "unknown_key"
+    } else if e.message().starts_with("missing field") {
+        "missing_key"
+    } else {
+        "invalid_value"
+    }
+}
+
+/// Removes the key that starts at byte `at` of the text, wherever it is
+/// inside `value`; false when there is none.
+fn remove_key_at(value: &mut DeValue<'_>, at: usize) -> bool {
+    match value {
+        DeValue::Table(table) => {
+            let found = table
+                .keys()
+                .find(|key| key.span().start == at)
+                .map(|key| key.get_ref().to_string());
+            match found {
+                Some(name) => table.remove(name.as_str()).is_some(),
+                None => table
+                    .iter_mut()
+                    .any(|(_, v)| remove_key_at(v.get_mut(), at)),
+            }
+        }
+        DeValue::Array(items) => items.iter_mut().any(|v| remove_key_at(v.get_mut(), at)),
+        _ => false,
     }
 }
 

@@ -179,6 +179,55 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_key_hides_nothing_else_about_its_entity() {
+        let text = r#"
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+colour = "blue"
+
+[[routes]]
+name = "api"
+bogus = 1
+listeners = ["nope"]
+upstream = "missing"
+also_bogus = true
+
+[upstreams.app]
+backends = [{ addr = "127.0.0.1:1", wieght = 2 }]
+"#;
+        let errors = validate(&ConfigText::inline(text.into(), ".".into(), "<t>"))
+            .err()
+            .unwrap_or_default();
+        let found: Vec<_> = errors.iter().map(|d| (d.code, d.line)).collect();
+        assert_eq!(
+            found,
+            vec![
+                ("unknown_key", Some(5)),
+                ("unknown_key", Some(9)),
+                ("unknown_listener", Some(10)),
+                ("unknown_upstream", Some(11)),
+                ("unknown_key", Some(12)),
+                ("unknown_key", Some(15)),
+            ],
+            "{errors:#?}"
+        );
+        // Any other decoding problem still stops at decoding, as the rest
+        // of the entity cannot be trusted.
+        let errors = validate(&ConfigText::inline(
+            "[[routes]]\nname = 5\nbogus = 1\nlisteners = [\"nope\"]\n".into(),
+            ".".into(),
+            "<t>",
+        ))
+        .err()
+        .unwrap_or_default();
+        assert!(
+            errors.iter().all(|d| d.code != "unknown_listener"),
+            "{errors:#?}"
+        );
+    }
+
+    #[test]
     fn the_version_is_the_same_however_the_folder_is_spelled() {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("admin.token"), "0123456789abcdef-token\n").expect("write");

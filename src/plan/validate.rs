@@ -20,14 +20,16 @@ use crate::config::{self, quote_key, ConfigText, Diagnostic, FileConfig, FileRou
 /// Parses and validates configuration text. On failure, every diagnostic
 /// found, each located in the text where possible.
 pub fn validate(source: &ConfigText) -> Result<Spec, Vec<Diagnostic>> {
-    let file = config::parse(&source.text)?;
+    // Unknown keys do not stop validation: everything else wrong with the
+    // same entities is reported with them.
+    let (file, unknown_keys) = config::parse_lenient(&source.text)?;
     let mut v = Validator {
         base_dir: &source.base_dir,
         diagnostics: Vec::new(),
         referenced: Vec::new(),
     };
     let spec = v.spec(file);
-    if v.diagnostics.is_empty() {
+    if v.diagnostics.is_empty() && unknown_keys.is_empty() {
         if let Some(mut spec) = spec {
             spec.config_version = config_version(&spec.canonical, &v.referenced);
             return Ok(spec);
@@ -42,6 +44,7 @@ pub fn validate(source: &ConfigText) -> Result<Spec, Vec<Diagnostic>> {
             d.column = Some(column);
         }
     }
+    diagnostics.extend(unknown_keys);
     // Report in source order, as a compiler would.
     diagnostics.sort_by_key(|d| (d.line.unwrap_or(usize::MAX), d.column.unwrap_or(0)));
     Err(diagnostics)
