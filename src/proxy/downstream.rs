@@ -21,7 +21,7 @@
 //! a plain socket so that a 408 can still be written after hyper's
 //! connection has been dropped.
 
-use std::io::{self, Write};
+use std::io::Write;
 use std::net::TcpStream as StdTcpStream;
 use std::os::fd::AsFd;
 use std::pin::Pin;
@@ -31,10 +31,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::observed::{Observed, Observer};
 use crate::plan::ListenerLimits;
 
 /// What has moved on one client connection. The byte count and the head
@@ -268,9 +268,17 @@ fn ping_noise(limits: ListenerLimits, limit: Duration) -> u64 {
 }
 
 /// A downstream TCP stream that records what moves on it.
-pub struct Downstream {
-    stream: TcpStream,
-    activity: Arc<Activity>,
+pub type Downstream = Observed<TcpStream, Arc<Activity>>;
+
+/// The connection's record, told of every read and write.
+impl Observer for Arc<Activity> {
+    fn read(&mut self, data: &[u8]) {
+        Activity::read(self, data.len());
+    }
+
+    fn wrote(&mut self, n: usize) {
+        Activity::wrote(self, n);
+    }
 }
 
 /// What is needed to answer `408` after hyper dropped the connection.
@@ -278,22 +286,15 @@ pub struct TimeoutReply {
     socket: Option<StdTcpStream>,
 }
 
-impl Downstream {
-    pub fn new(stream: TcpStream, activity: Arc<Activity>) -> Self {
-        Self { stream, activity }
-    }
-
-    /// A second handle on the socket for a late 408 (plain HTTP only:
-    /// under TLS the answer would have to be encrypted).
-    pub fn timeout_reply(&self) -> TimeoutReply {
-        TimeoutReply {
-            socket: self
-                .stream
-                .as_fd()
-                .try_clone_to_owned()
-                .ok()
-                .map(StdTcpStream::from),
-        }
+/// A second handle on a plain socket for a late 408 (plain HTTP only:
+/// under TLS the answer would have to be encrypted).
+pub fn timeout_reply(stream: &TcpStream) -> TimeoutReply {
+    TimeoutReply {
+        socket: stream
+            .as_fd()
+            .try_clone_to_owned()
+            .ok()
+            .map(StdTcpStream::from),
     }
 }
 
@@ -308,62 +309,5 @@ impl TimeoutReply {
             );
             let _ = socket.shutdown(std::net::Shutdown::Write);
         }
-    }
-}
-
-impl AsyncRead for Downstream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
-        let read = buf.filled().len() - before;
-        if read > 0 {
-            this.activity.read(read);
-        }
-        polled
-    }
-}
-
-impl AsyncWrite for Downstream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_write(cx, data);
-        if let Poll::Ready(Ok(n)) = polled {
-            this.activity.wrote(n);
-        }
-        polled
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = polled {
-            this.activity.wrote(n);
-        }
-        polled
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }

@@ -14,14 +14,10 @@
 //! the HTTP/2 preface, and on a head it cannot follow: hyper refuses
 //! those itself, or they are no longer HTTP/1.
 
-use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::downstream::Activity;
+use super::observed::{Observed, Observer};
 
 /// Why a head was refused, as the 400 is logged.
 pub const BARE_LF: &str = "bare LF line end in the request head";
@@ -294,78 +290,33 @@ impl Scanner {
     }
 }
 
-/// A client stream whose HTTP/1 heads are checked as hyper reads them.
-pub struct HeadCheck<I> {
-    io: I,
+/// Checks the HTTP/1 heads of a client stream as hyper reads them.
+pub struct HeadCheck {
     scanner: Scanner,
     activity: Arc<Activity>,
 }
 
-impl<I> HeadCheck<I> {
+impl HeadCheck {
     /// Checks the heads read from `io`; `http1` false (ALPN chose h2)
     /// passes everything through unread.
-    pub fn new(io: I, activity: Arc<Activity>, http1: bool) -> Self {
+    pub fn wrap<I>(io: I, activity: Arc<Activity>, http1: bool) -> Observed<I, Self> {
         let mut scanner = Scanner::default();
         if !http1 {
             scanner.state = State::Off;
             activity.mark_http2();
         }
-        Self {
-            io,
-            scanner,
-            activity,
-        }
+        Observed::new(io, Self { scanner, activity })
     }
 }
 
-impl<I: AsyncRead + Unpin> AsyncRead for HeadCheck<I> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
-        if let Some(read) = buf.filled().get(before..).filter(|r| !r.is_empty()) {
-            let activity = &this.activity;
-            this.scanner
-                .scan(read, &mut |head, reason| activity.refuse_head(head, reason));
-            if this.scanner.http2 {
-                activity.mark_http2();
-            }
+impl Observer for HeadCheck {
+    fn read(&mut self, data: &[u8]) {
+        let activity = &self.activity;
+        self.scanner
+            .scan(data, &mut |head, reason| activity.refuse_head(head, reason));
+        if self.scanner.http2 {
+            activity.mark_http2();
         }
-        polled
-    }
-}
-
-impl<I: AsyncWrite + Unpin> AsyncWrite for HeadCheck<I> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, data)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 

@@ -21,7 +21,7 @@ use serde::Serialize;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Notify};
 
-use super::downstream::{watchdog, Activity, Downstream, Expired, TimeoutReply};
+use super::downstream::{timeout_reply, watchdog, Activity, Downstream, Expired, TimeoutReply};
 use super::framing::HeadCheck;
 use super::http::{client_ip_header, handle, listener_counters, ConnContext};
 use super::tcp::{self, TcpCounters};
@@ -442,19 +442,19 @@ async fn serve_connection(
     if !matches!(first_bytes.await, Ok(Ok(n)) if n > 0) {
         return;
     }
+    let reply = tls.is_none().then(|| timeout_reply(&stream));
     let io = Downstream::new(stream, Arc::clone(&ctx.activity));
     match tls {
         None => {
-            let timeout_reply = io.timeout_reply();
-            let io = HeadCheck::new(io, Arc::clone(&ctx.activity), true);
-            serve_http(io, ctx, limits, draining, Some(timeout_reply)).await;
+            let io = HeadCheck::wrap(io, Arc::clone(&ctx.activity), true);
+            serve_http(io, ctx, limits, draining, reply).await;
         }
         Some(acceptor) => {
             let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(io));
             match handshake.await {
                 Ok(Ok(tls)) => {
                     let http1 = tls.get_ref().1.alpn_protocol() != Some(b"h2");
-                    let io = HeadCheck::new(tls, Arc::clone(&ctx.activity), http1);
+                    let io = HeadCheck::wrap(tls, Arc::clone(&ctx.activity), http1);
                     serve_http(io, ctx, limits, draining, None).await
                 }
                 Ok(Err(error)) => {

@@ -9,6 +9,7 @@ mod error;
 mod framing;
 mod http;
 mod listener;
+mod observed;
 mod tcp;
 
 pub use body::ResponseBody;

@@ -11,13 +11,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use metrics::Counter;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use super::observed::Observed;
 use crate::admission::Admission;
 use crate::generation::AttemptOutcome;
 use crate::ids::GenerationId;
@@ -84,8 +82,8 @@ pub async fn serve(
     let store = Arc::clone(admission.store());
     // Counted as they move: a connection that lives for days shows its
     // traffic while it does, and one closed by max_pinned_age keeps it.
-    let mut downstream = Counted::new(downstream, counters.downstream_to_upstream);
-    let mut upstream = Counted::new(upstream, counters.upstream_to_downstream);
+    let mut downstream = Observed::new(downstream, counters.downstream_to_upstream);
+    let mut upstream = Observed::new(upstream, counters.upstream_to_downstream);
     tokio::select! {
         _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {}
         _ = pinned_age_expired(&store, generation_id) => {
@@ -95,53 +93,6 @@ pub async fn serve(
         }
     }
     drop(guard);
-}
-
-/// A stream that counts the bytes read from it.
-struct Counted<S> {
-    stream: S,
-    read: Counter,
-}
-
-impl<S> Counted<S> {
-    fn new(stream: S, read: Counter) -> Self {
-        Self { stream, read }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
-        let read = buf.filled().len() - before;
-        if read > 0 {
-            this.read.increment(read as u64);
-        }
-        polled
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, data)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
 }
 
 /// Completes when generation `pinned` has been superseded for longer than
