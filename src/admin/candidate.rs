@@ -99,6 +99,20 @@ pub fn parse(
     }
 }
 
+/// `parse`, with its metadata within `limits::MAX_METADATA`.
+fn parse_checked(
+    query: CandidateQuery,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(Candidate, Option<String>), ApiError> {
+    let (candidate, binary) = parse(query, headers, body)?;
+    super::limits::check_metadata(&[
+        ("reason", candidate.reason.as_deref()),
+        ("requested_by", candidate.requested_by.as_deref()),
+    ])?;
+    Ok((candidate, binary))
+}
+
 /// Extracts a candidate from any of its request forms: query metadata,
 /// Content-Type and a body of at most `MAX_BODY` bytes (413 beyond).
 pub struct CandidateRequest(pub Candidate);
@@ -118,7 +132,7 @@ async fn extract<S: Send + Sync>(
     let body = Bytes::from_request(req, state)
         .await
         .map_err(IntoResponse::into_response)?;
-    parse(query.0, &headers, &body).map_err(IntoResponse::into_response)
+    parse_checked(query.0, &headers, &body).map_err(IntoResponse::into_response)
 }
 
 impl<S: Send + Sync> axum::extract::FromRequest<S> for CandidateRequest {

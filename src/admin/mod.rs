@@ -2,11 +2,13 @@
 //!
 //! Handlers turn requests into control calls and results into JSON; they
 //! hold no logic of their own. Errors become responses in `error.rs`.
-//! Guards (token, Host, Origin) are in `security.rs`; bodies are limited to
-//! 1 MiB (413) and mutations are POST only (405 otherwise).
+//! Guards (token, Host, Origin) are in `security.rs`; bodies are read
+//! whole within 1 MiB (413) and 10 s (408), error answers are always JSON
+//! (`limits.rs`), and mutations are POST only (405 otherwise).
 
 mod candidate;
 mod error;
+mod limits;
 mod security;
 
 use std::sync::Arc;
@@ -54,10 +56,12 @@ pub fn router(control: Arc<Control>, security: Security) -> Router {
         .route("/admin/ready", get(ready))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(limits::bounded_body))
         .layer(axum::middleware::from_fn_with_state(
             security,
             security::guard,
         ))
+        .layer(axum::middleware::map_response(limits::json_errors))
         .with_state(control)
 }
 
@@ -112,6 +116,10 @@ async fn rollback(
     }
     let body: RollbackBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("the rollback body is not valid: {e}")))?;
+    limits::check_metadata(&[
+        ("reason", body.reason.as_deref()),
+        ("requested_by", body.requested_by.as_deref()),
+    ])?;
     let activation = control
         .rollback(RollbackRequest {
             target_generation: GenerationId(body.target_generation),

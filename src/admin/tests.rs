@@ -227,10 +227,101 @@ async fn candidate_forms_and_request_errors() {
     )
     .await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    let (status, _) = call(&a, get("/admin/runtime/activate")).await;
+    let (status, body) = call(&a, get("/admin/runtime/activate")).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
-    let (status, _) = call(&a, get("/admin/nothing")).await;
+    assert_eq!(body["error"], "method_not_allowed", "{body}");
+    let (status, body) = call(&a, get("/admin/nothing")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"], "not_found", "{body}");
+    // A query string that does not parse: JSON too.
+    let (status, body) = call(
+        &a,
+        post(
+            "/admin/runtime/validate?expected_generation=seven",
+            "application/toml",
+            "",
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"], "bad_request", "{body}");
+    assert!(
+        body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+}
+
+/// A body that never arrives: the sender is kept, nothing is sent.
+fn stalled_body() -> (Body, http_body_util::channel::Sender<bytes::Bytes>) {
+    let (sender, body) = http_body_util::channel::Channel::<bytes::Bytes>::new(1);
+    (Body::new(body), sender)
+}
+
+#[tokio::test(start_paused = true)]
+async fn bodies_are_bounded_in_size_and_time_before_any_handler() {
+    let a = admin();
+    // Declared over the limit: refused without reading a byte (the body
+    // never arrives, so reading it would never end).
+    let (body, _keep) = stalled_body();
+    let request = Request::post("/admin/runtime/validate")
+        .header("host", ADMIN)
+        .header("content-type", "application/toml")
+        .header("content-length", (2 * 1024 * 1024).to_string())
+        .body(body)
+        .expect("request");
+    let (status, body) = call(&a, request).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["error"], "payload_too_large", "{body}");
+    // A body that stalls: 408 after the body timeout (virtual time).
+    let (body, _keep) = stalled_body();
+    let request = Request::post("/admin/runtime/activate")
+        .header("host", ADMIN)
+        .header("content-type", "application/toml")
+        .body(body)
+        .expect("request");
+    let started = tokio::time::Instant::now();
+    let (status, body) = call(&a, request).await;
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT, "{body}");
+    assert_eq!(body["error"], "request_timeout", "{body}");
+    assert!(started.elapsed() >= super::limits::BODY_TIMEOUT);
+    // The operation lock was never taken: an activation goes through.
+    let (status, _) = call(&a, toml("/admin/runtime/validate", BASE)).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn reason_and_requested_by_are_capped_and_a_refusal_stores_nothing() {
+    let a = admin();
+    let operations = |a: &Admin| a.control.with_history(|h| h.operations().count());
+    let before = operations(&a);
+    let long = "r".repeat(super::limits::MAX_METADATA + 1);
+    let text = serde_json::json!({ "config": BASE, "reason": long }).to_string();
+    let (status, body) = call(
+        &a,
+        post("/admin/runtime/activate", "application/json", text),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let query = format!("/admin/runtime/preview?requested_by={long}");
+    let (status, _) = call(&a, post(&query, "application/toml", BASE)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let rollback = serde_json::json!({ "target_generation": 1, "requested_by": long }).to_string();
+    let (status, _) = call(
+        &a,
+        post("/admin/runtime/rollback", "application/json", rollback),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(operations(&a), before, "a refused call stored something");
+    // At the limit is fine.
+    let fits = "r".repeat(super::limits::MAX_METADATA);
+    let text = serde_json::json!({ "config": BASE, "reason": fits }).to_string();
+    let (status, _) = call(
+        &a,
+        post("/admin/runtime/validate", "application/json", text),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -533,7 +624,11 @@ async fn history_status_and_rollback() {
 async fn guards_refuse_without_detail() {
     let a = admin_with(BASE, Some("0123456789abcdef-secret"));
     let (status, body) = call(&a, get("/admin/runtime/status")).await;
-    assert_eq!((status, body), (StatusCode::UNAUTHORIZED, Value::Null));
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        body,
+        serde_json::json!({ "error": "unauthorized", "message": "authentication required" })
+    );
     let authed = |req: axum::http::request::Builder| {
         req.header("authorization", "Bearer 0123456789abcdef-secret")
             .body(Body::empty())
