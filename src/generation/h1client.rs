@@ -11,9 +11,11 @@
 //! still go through hyper.
 //!
 //! Framing follows RFC 9112 §6: no body for HEAD, 1xx, 204 and 304;
-//! chunked when `Transfer-Encoding` ends in chunked; else `Content-Length`
-//! (conflicting or malformed values are refused); else to end of
-//! connection. A connection is pooled again only after a complete, clean
+//! chunked when `Transfer-Encoding` is exactly `chunked` (any other coding,
+//! or chunked twice, is refused: the body would reach the client in a
+//! coding nobody names); else `Content-Length` (conflicting or malformed
+//! values are refused); else to end of connection. Chunk-size lines with
+//! control characters are refused. A connection is pooled again only after a complete, clean
 //! exchange with nothing left over; interim 1xx responses are skipped.
 
 use std::collections::VecDeque;
@@ -704,14 +706,21 @@ fn body_framing(
         if headers.remove(header::CONTENT_LENGTH).is_some() {
             keep_alive = false;
         }
-        return Ok(
-            match header_tokens(headers, &header::TRANSFER_ENCODING).next_back() {
-                Some(t) if t.eq_ignore_ascii_case("chunked") => {
-                    (BodyFraming::Chunked(Chunked::Size), keep_alive)
-                }
-                _ => (BodyFraming::Close, false),
-            },
-        );
+        // Only `chunked`, once: the gateway decodes it and frames the body
+        // anew for its client, and would have to drop any other coding
+        // (`gzip, chunked` would reach the client as gzip bytes labelled
+        // plain), or decode one layer of two. HAProxy answers 502 too.
+        let mut codings = header_tokens(headers, &header::TRANSFER_ENCODING);
+        let only_chunked = codings
+            .next()
+            .is_some_and(|t| t.eq_ignore_ascii_case("chunked"))
+            && codings.next().is_none();
+        if !only_chunked {
+            return Err(SendError::Invalid(
+                "a transfer coding other than a single chunked",
+            ));
+        }
+        return Ok((BodyFraming::Chunked(Chunked::Size), keep_alive));
     }
     let mut length = None;
     for value in headers.get_all(header::CONTENT_LENGTH) {
@@ -1319,6 +1328,11 @@ mod tests {
             &b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\n\r\n"[..],
             &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"[..],
             &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n"[..],
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"[..],
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"[..],
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"[..],
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nok"[..],
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;a\nb\r\nhello\r\n0\r\n\r\n"[..],
         ] {
             let error = refusal(response).await;
             assert!(matches!(error, SendError::Invalid(_)), "{error}");

@@ -1009,3 +1009,63 @@ async fn the_access_log_shows_the_routed_path() {
     }
     assert!(!gw.logs().contains("/public/a/../b"), "{}", gw.logs());
 }
+
+/// A backend that answers every request with `response`, exactly.
+async fn raw_backend(response: &'static [u8]) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = [0u8; 4096];
+                let _ = stream.read(&mut head).await;
+                let _ = stream.write_all(response).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_framing_the_gateway_cannot_pass_on_is_a_502() {
+    for (name, response) in [
+        (
+            "gzip, chunked",
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"[..],
+        ),
+        (
+            "chunked, chunked",
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, chunked\r\n\r\n7\r\n2\r\nok\r\n\r\n0\r\n\r\n"[..],
+        ),
+        (
+            "chunked twice",
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"[..],
+        ),
+        (
+            "gzip alone",
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nok"[..],
+        ),
+    ] {
+        let (addr, task) = raw_backend(response).await;
+        let gw = Gateway::start(&edge_config(addr, ""));
+        let (status, _, _) = get(gw.listener("web"), "public.example", "/public").await;
+        assert_eq!(status, 502, "{name}");
+        task.abort();
+    }
+    // A bare LF in a chunk extension: the body is cut, never delivered
+    // as complete with the wrong bytes.
+    let (addr, task) = raw_backend(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;a\nhello\r\n5\r\nworld\r\n0\r\n\r\n",
+    )
+    .await;
+    let gw = Gateway::start(&edge_config(addr, ""));
+    let req = Request::get("/public")
+        .header("host", "public.example")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    if let Ok((status, _, body)) = send(gw.listener("web"), req).await {
+        assert_eq!(status, 502, "delivered {body:?}");
+    }
+    task.abort();
+}
