@@ -9,6 +9,7 @@
 
 mod diagnostic;
 mod file;
+mod files;
 mod source;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ use toml::Spanned;
 
 pub use diagnostic::Diagnostic;
 pub use file::*;
+pub use files::{read_regular, MAX_CONFIG_FILE, MAX_REFERENCED_FILE};
 pub use source::SourceMap;
 
 /// Configuration text together with where it came from.
@@ -34,8 +36,9 @@ pub struct ConfigText {
 
 impl ConfigText {
     /// Reads a configuration file from disk.
+    /// Only a regular file of at most `MAX_CONFIG_FILE` bytes is read.
     pub fn read(path: &Path) -> std::io::Result<Self> {
-        let text = std::fs::read_to_string(path)?;
+        let text = files::read_regular_text(path, MAX_CONFIG_FILE)?;
         let base_dir = path
             .parent()
             .map(Path::to_path_buf)

@@ -136,7 +136,7 @@ impl Validator<'_> {
 
     fn read_file(&mut self, path: String, name: &str) -> Option<Vec<u8>> {
         let resolved = self.base_dir.join(name);
-        match std::fs::read(&resolved) {
+        match config::read_regular(&resolved, config::MAX_REFERENCED_FILE) {
             Ok(contents) => {
                 self.referenced.push((name.to_owned(), contents.clone()));
                 Some(contents)

@@ -72,9 +72,11 @@ pub struct LoadedCert {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e| TlsError::Read {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
+    crate::config::read_regular(path, crate::config::MAX_REFERENCED_FILE).map_err(|e| {
+        TlsError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        }
     })
 }
 

@@ -465,3 +465,56 @@ async fn preview_writes_nothing_to_disk() {
         "the next change persists the preview too"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_or_a_device_as_a_certificate_never_stalls_the_control_plane() {
+    let gw = Gateway::start(&config(
+        "[[routes]]\nname = \"hello\"\nlisteners = [\"web\"]\nrespond = { body = \"hi\" }\n",
+    ));
+    let fifo = gw.dir.path().join("site.pem");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo (coreutils)");
+    for cert in ["site.pem", "/dev/zero"] {
+        let candidate = config(&format!(
+            r#"[[listeners]]
+name = "secure"
+bind = "127.0.0.1:0"
+protocol = "https"
+tls.certificates = [{{ cert = "{cert}", key = "{cert}" }}]
+
+[[routes]]
+name = "hello"
+listeners = ["web", "secure"]
+respond = {{ body = "hi" }}
+"#
+        ));
+        let started = std::time::Instant::now();
+        let (status, plan) = admin_request(
+            gw.admin,
+            "POST",
+            "/admin/runtime/validate",
+            Some("application/toml"),
+            Some(candidate.clone()),
+        )
+        .await;
+        assert_eq!(status, 200, "{plan}");
+        assert_eq!(plan["activatable"], false, "{plan}");
+        assert!(
+            plan.to_string().contains("not a regular file"),
+            "{cert}: {plan}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        let (status, _) = activate(&gw, &candidate, "").await;
+        assert_eq!(status, 422, "{cert}");
+    }
+    // Nothing is left holding the operation lock.
+    let (status, body) = activate(
+        &gw,
+        &config(
+            "[[routes]]\nname = \"hello\"\nlisteners = [\"web\"]\nrespond = { body = \"again\" }\n",
+        ),
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
