@@ -38,6 +38,9 @@ pub struct Options {
     pub release_memory: fn(),
 }
 
+/// How long the exit waits for blocking control-plane work after draining.
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -104,7 +107,12 @@ pub fn run(options: Options) -> Result<(), StartError> {
         builder.worker_threads(threads);
     }
     let runtime = builder.build().map_err(StartError::Runtime)?;
-    runtime.block_on(serve(options, start, binary))
+    let result = runtime.block_on(serve(options, start, binary));
+    // Control-plane work still running on the blocking pool (planning a
+    // huge candidate) must not hold the exit once draining is over: its
+    // caller is gone, and nothing it could finish would be recorded.
+    runtime.shutdown_timeout(EXIT_GRACE);
+    result
 }
 
 fn validate(text: &ConfigText) -> Result<Spec, StartError> {

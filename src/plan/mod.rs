@@ -179,6 +179,28 @@ mod tests {
     }
 
     #[test]
+    fn thousands_of_identical_routes_give_a_bounded_answer_at_once() {
+        let mut text = String::from("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n");
+        for i in 0..3_000 {
+            text.push_str(&format!(
+                "\n[[routes]]\nname = \"r{i}\"\nlisteners = [\"web\"]\npath_prefix = \"/same/\"\nrespond = {{ body = \"ok\" }}\n"
+            ));
+        }
+        let started = std::time::Instant::now();
+        let errors = validate(&ConfigText::inline(text, ".".into(), "<t>"))
+            .err()
+            .unwrap_or_default();
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert_eq!(errors.len(), validate::MAX_DIAGNOSTICS_PER_CODE + 1);
+        assert!(errors[..validate::MAX_DIAGNOSTICS_PER_CODE]
+            .iter()
+            .all(|d| d.code == "ambiguous_route" && d.message.contains("'r0'")));
+        let last = errors.last().expect("the count of the rest");
+        assert_eq!(last.code, "ambiguous_route");
+        assert!(last.message.contains("2899 more"), "{}", last.message);
+    }
+
+    #[test]
     fn an_unknown_key_hides_nothing_else_about_its_entity() {
         let text = r#"
 [[listeners]]

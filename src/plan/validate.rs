@@ -47,7 +47,42 @@ pub fn validate(source: &ConfigText) -> Result<Spec, Vec<Diagnostic>> {
     diagnostics.extend(unknown_keys);
     // Report in source order, as a compiler would.
     diagnostics.sort_by_key(|d| (d.line.unwrap_or(usize::MAX), d.column.unwrap_or(0)));
-    Err(diagnostics)
+    Err(capped(diagnostics))
+}
+
+/// At most this many diagnostics of one code are reported; the rest are
+/// counted in one more.
+pub const MAX_DIAGNOSTICS_PER_CODE: usize = 100;
+
+/// Keeps the first `MAX_DIAGNOSTICS_PER_CODE` of each code (in source
+/// order) and says how many more there were: 10 000 copies of one route
+/// must not make an answer of 10 000 errors.
+fn capped(diagnostics: Vec<Diagnostic>) -> Vec<Diagnostic> {
+    let mut per_code: HashMap<&'static str, usize> = HashMap::new();
+    let mut kept = Vec::with_capacity(diagnostics.len().min(1024));
+    for d in diagnostics {
+        let seen = per_code.entry(d.code).or_default();
+        *seen += 1;
+        if *seen <= MAX_DIAGNOSTICS_PER_CODE {
+            kept.push(d);
+        }
+    }
+    let mut more: Vec<_> = per_code
+        .into_iter()
+        .filter(|(_, n)| *n > MAX_DIAGNOSTICS_PER_CODE)
+        .collect();
+    more.sort();
+    for (code, n) in more {
+        kept.push(Diagnostic::new(
+            code,
+            "",
+            format!(
+                "and {} more {code} errors (the first {MAX_DIAGNOSTICS_PER_CODE} are listed)",
+                n - MAX_DIAGNOSTICS_PER_CODE
+            ),
+        ));
+    }
+    kept
 }
 
 /// `sha256:<hex>` over the canonical text and each referenced file as the
@@ -1103,9 +1138,14 @@ impl Validator<'_> {
     /// Two routes on one listener that match exactly the same requests can
     /// never both be reached: the later one is dead configuration, and which
     /// one wins would depend on declaration order alone.
+    ///
+    /// Routes are grouped by what they match; inside a group each method
+    /// remembers the first route that takes it, so a route is checked in
+    /// time proportional to its methods, not to the routes before it, and
+    /// is reported once, against the first route it shadows.
     fn ambiguous_routes(&mut self, routes: &[Arc<RouteSpec>]) {
-        let mut seen: HashMap<MatchKey, Vec<(String, Vec<Method>)>> = HashMap::new();
-        for route in routes {
+        let mut seen: HashMap<MatchKey, MethodOwners> = HashMap::new();
+        for (index, route) in routes.iter().enumerate() {
             let headers = route
                 .headers
                 .iter()
@@ -1125,29 +1165,56 @@ impl Validator<'_> {
                         route.path.key(),
                         headers.clone(),
                     );
-                    let entry = seen.entry(key).or_default();
-                    for (other, methods) in entry.iter() {
-                        let overlap = methods.is_empty()
-                            || route.methods.is_empty()
-                            || methods.iter().any(|m| route.methods.contains(m));
-                        if overlap {
-                            let index = routes
-                                .iter()
-                                .position(|r| r.name == route.name)
-                                .unwrap_or(0);
-                            self.diagnostics.push(Diagnostic::new(
-                                "ambiguous_route",
-                                format!("routes[{index}].name"),
-                                format!(
-                                    "routes '{other}' and '{}' match the same host, path, methods and headers on listener '{listener}'",
-                                    route.name
-                                ),
-                            ));
-                        }
+                    let owners = seen.entry(key).or_default();
+                    if let Some(other) = owners.first_overlapping(&route.methods) {
+                        let other = other.to_owned();
+                        self.diagnostics.push(Diagnostic::new(
+                            "ambiguous_route",
+                            format!("routes[{index}].name"),
+                            format!(
+                                "routes '{other}' and '{}' match the same host, path, methods and headers on listener '{listener}'",
+                                route.name
+                            ),
+                        ));
                     }
-                    entry.push((route.name.clone(), route.methods.clone()));
+                    owners.take(index, &route.name, &route.methods);
                 }
             }
+        }
+    }
+}
+
+/// Within one group of routes that match the same requests: the first
+/// route (index, name) to take each method, and the first that takes
+/// every method.
+#[derive(Default)]
+struct MethodOwners {
+    any: Option<(usize, String)>,
+    by_method: HashMap<Method, (usize, String)>,
+}
+
+impl MethodOwners {
+    /// The earliest route whose methods meet `methods` (empty: all).
+    fn first_overlapping(&self, methods: &[Method]) -> Option<&str> {
+        let by_method: Box<dyn Iterator<Item = &(usize, String)>> = if methods.is_empty() {
+            Box::new(self.by_method.values())
+        } else {
+            Box::new(methods.iter().filter_map(|m| self.by_method.get(m)))
+        };
+        by_method
+            .chain(self.any.as_ref())
+            .min_by_key(|(index, _)| *index)
+            .map(|(_, name)| name.as_str())
+    }
+
+    fn take(&mut self, index: usize, name: &str, methods: &[Method]) {
+        if methods.is_empty() {
+            self.any.get_or_insert_with(|| (index, name.to_owned()));
+        }
+        for method in methods {
+            self.by_method
+                .entry(method.clone())
+                .or_insert_with(|| (index, name.to_owned()));
         }
     }
 }
