@@ -543,6 +543,13 @@ async fn history_status_and_rollback() {
     assert_eq!(generations[1]["rollback_candidate"], false);
     assert_eq!(generations[0]["source"], "activate");
 
+    // Candidacy was planned once for each retained generation, against
+    // generation 3, and a second look plans nothing more.
+    assert_eq!(a.control.cached_candidacy(), (GenerationId(3), 2));
+    let (_, again) = call(&a, get("/admin/runtime/history")).await;
+    assert_eq!(again["generations"], history["generations"]);
+    assert_eq!(a.control.cached_candidacy(), (GenerationId(3), 2));
+
     let (status, detail) = call(&a, get("/admin/runtime/history/2")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(detail["predecessor"], 1);

@@ -201,14 +201,48 @@ impl Control {
 
     /// Whether a retained generation could be activated now: it validates
     /// (its files are still there) and needs no restart.
+    /// The active generation the cached candidacies were planned against,
+    /// and how many there are.
+    #[cfg(test)]
+    pub(crate) fn cached_candidacy(&self) -> (GenerationId, usize) {
+        let cache = self
+            .candidacy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (cache.0, cache.1.len())
+    }
+
+    /// Planned once per retained generation and active generation.
     fn activatable(&self, record: &GenerationRecord) -> bool {
         let active = self.store.load_full();
         if record.config_version == active.spec.config_version {
             // Activating it would change nothing.
             return false;
         }
-        record
+        let known = {
+            let mut cache = self
+                .candidacy
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if cache.0 != active.id {
+                *cache = (active.id, std::collections::HashMap::new());
+            }
+            cache.1.get(&record.generation).copied()
+        };
+        if let Some(known) = known {
+            return known;
+        }
+        // Planned without the lock: two requests at once may both plan.
+        let activatable = record
             .config_text()
-            .is_ok_and(|text| plan::plan(&text, Some((active.id, &active.spec))).activatable)
+            .is_ok_and(|text| plan::plan(&text, Some((active.id, &active.spec))).activatable);
+        let mut cache = self
+            .candidacy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cache.0 == active.id {
+            cache.1.insert(record.generation, activatable);
+        }
+        activatable
     }
 }

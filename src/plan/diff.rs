@@ -114,6 +114,9 @@ pub fn diff(
     }
 }
 
+/// How long the text diff may search for the smallest edit.
+const TEXT_DIFF_BUDGET: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A unified diff of two canonical texts, three lines of context, as
 /// `similar`'s `TextDiff::unified_diff` writes it. Lines are compared as
 /// they are instead of being hashed into ids first, which was most of the
@@ -126,7 +129,16 @@ fn text_diff(from: &str, from_label: &str, to: &str) -> String {
     }
     let old: Vec<&str> = from.split_inclusive('\n').collect();
     let new: Vec<&str> = to.split_inclusive('\n').collect();
-    let ops = similar::capture_diff_slices(similar::Algorithm::Myers, &old, &new);
+    // Myers is quadratic in the worst case (10 000 routes with the middle
+    // rewritten took 3 s): past its budget `similar` finishes with a
+    // coarser diff, still correct, just with larger hunks.
+    let deadline = std::time::Instant::now() + TEXT_DIFF_BUDGET;
+    let ops = similar::capture_diff_slices_deadline(
+        similar::Algorithm::Myers,
+        &old,
+        &new,
+        Some(deadline),
+    );
     let mut out = format!("--- {from_label}\n+++ candidate\n");
     for hunk in similar::group_diff_ops(ops, 3) {
         let _ = writeln!(out, "{}", similar::udiff::UnifiedHunkHeader::new(&hunk));
@@ -357,6 +369,29 @@ fn flatten(path: &str, before: &Value, after: &Value, out: &mut Vec<FieldChange>
 mod tests {
     use super::*;
     use crate::config::{canonical, parse};
+
+    #[test]
+    fn a_text_diff_rewritten_in_the_middle_keeps_to_its_budget() {
+        let lines = |tag: &str| -> String {
+            (0..20_000)
+                .map(|i| {
+                    if (5_000..15_000).contains(&i) {
+                        format!("line {i} {tag}\n")
+                    } else {
+                        format!("line {i}\n")
+                    }
+                })
+                .collect()
+        };
+        let (from, to) = (lines("old"), lines("new"));
+        let started = std::time::Instant::now();
+        let diff = text_diff(&from, "generation 1", &to);
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+        // Coarser past the budget, never wrong: every changed line is in it.
+        assert!(diff.contains("-line 5000 old\n") && diff.contains("+line 14999 new\n"));
+        assert!(!diff.contains("-line 4000\n"));
+    }
 
     #[test]
     fn text_diff_matches_similars_unified_diff() {
