@@ -106,6 +106,10 @@ pub struct FileRuntime {
     pub max_pinned_age: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_threads: Option<u32>,
+    /// Folders (absolute) besides the configuration's own that referenced
+    /// files may be in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub file_roots: Vec<String>,
 }
 
 impl Default for FileRuntime {
@@ -116,6 +120,7 @@ impl Default for FileRuntime {
             drain_timeout: default_drain_timeout(),
             max_pinned_age: None,
             worker_threads: None,
+            file_roots: Vec::new(),
         }
     }
 }

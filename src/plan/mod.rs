@@ -20,7 +20,7 @@ pub use diff::{diff, Change, ChangeKind, Diff, Disposition, FieldChange, Summary
 pub use ownership::{needs_restart, ownership, Ownership};
 pub use pattern::PathRegex;
 pub use spec::*;
-pub use validate::validate;
+pub use validate::{validate, validate_confined};
 
 use crate::config::{ConfigText, Diagnostic};
 use crate::ids::GenerationId;
@@ -96,7 +96,9 @@ const RESTART_ACTION: &str = "apply with a drain-aware restart (POST /admin/life
 
 /// Plans `candidate` against the active generation (`None` at start-up).
 pub fn plan(candidate: &ConfigText, active: Option<(GenerationId, &Spec)>) -> Plan {
-    let spec = match validate(candidate) {
+    // A candidate reads files only where the running process allows.
+    let roots = active.map(|(_, spec)| spec.runtime.file_roots.as_slice());
+    let spec = match validate::validate_confined(candidate, roots) {
         Ok(spec) => spec,
         Err(errors) => {
             return Plan {
@@ -247,6 +249,43 @@ backends = [{ addr = "127.0.0.1:1", wieght = 2 }]
             errors.iter().all(|d| d.code != "unknown_listener"),
             "{errors:#?}"
         );
+    }
+
+    #[test]
+    fn file_roots_of_the_starting_configuration_are_honoured_and_not_a_candidates() {
+        let config_dir = tempfile::tempdir().expect("dir");
+        let secrets = tempfile::tempdir().expect("dir");
+        let token = secrets.path().join("admin.token");
+        std::fs::write(&token, "0123456789abcdef-token\n").expect("write");
+        let text = format!(
+            "[runtime]\nfile_roots = [\"{}\"]\n\n[admin]\nbind = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n",
+            secrets.path().display(),
+            token.display()
+        );
+        let source = ConfigText::inline(text, config_dir.path().to_path_buf(), "<t>");
+        // The operator's own file: its roots count.
+        let spec = validate(&source).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(spec.runtime.file_roots, vec![secrets.path().to_path_buf()]);
+        // The same text as a candidate to a process started without them.
+        let started = validate(&ConfigText::inline(
+            "[admin]\nbind = \"127.0.0.1:0\"\n".into(),
+            config_dir.path().to_path_buf(),
+            "<t>",
+        ))
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        let plan = plan(&source, Some((GenerationId::FIRST, &started)));
+        assert!(
+            plan.errors.iter().any(|d| d.code == "file_outside_roots"),
+            "{:?}",
+            plan.errors
+        );
+        // Relative roots mean nothing safe: refused.
+        let relative = ConfigText::inline(
+            "[runtime]\nfile_roots = [\"certs\"]\n".into(),
+            config_dir.path().to_path_buf(),
+            "<t>",
+        );
+        assert!(validate(&relative).is_err());
     }
 
     #[test]

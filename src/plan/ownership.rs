@@ -29,6 +29,7 @@ const OWNERSHIP: &[(&str, Ownership)] = &[
     ("log.level", Ownership::GenerationOwned),
     ("runtime.worker_threads", Ownership::StartupOwned),
     ("runtime.state_dir", Ownership::StartupOwned),
+    ("runtime.file_roots", Ownership::StartupOwned),
     ("listeners.*.bind", Ownership::StartupOwned),
     ("listeners.*.protocol", Ownership::StartupOwned),
     (

@@ -63,6 +63,9 @@ pub struct RuntimeSpec {
     pub drain_timeout: Duration,
     pub max_pinned_age: Option<Duration>,
     pub worker_threads: Option<usize>,
+    /// Folders besides the configuration's own that referenced files may
+    /// be in (startup-owned: a candidate cannot widen them).
+    pub file_roots: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

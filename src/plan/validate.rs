@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,11 +20,31 @@ use crate::config::{self, quote_key, ConfigText, Diagnostic, FileConfig, FileRou
 /// Parses and validates configuration text. On failure, every diagnostic
 /// found, each located in the text where possible.
 pub fn validate(source: &ConfigText) -> Result<Spec, Vec<Diagnostic>> {
+    validate_confined(source, None)
+}
+
+/// As [`validate`], reading referenced files only inside the
+/// configuration's folder and `file_roots`: the running process's roots
+/// for a candidate (`Some`), which it cannot widen, or the text's own
+/// `runtime.file_roots` for the configuration a process starts with.
+pub fn validate_confined(
+    source: &ConfigText,
+    file_roots: Option<&[PathBuf]>,
+) -> Result<Spec, Vec<Diagnostic>> {
     // Unknown keys do not stop validation: everything else wrong with the
     // same entities is reported with them.
     let (file, unknown_keys) = config::parse_lenient(&source.text)?;
+    let own_roots: Vec<PathBuf>;
+    let roots = match file_roots {
+        Some(roots) => roots,
+        None => {
+            own_roots = file.runtime.file_roots.iter().map(PathBuf::from).collect();
+            &own_roots
+        }
+    };
     let mut v = Validator {
         base_dir: &source.base_dir,
+        roots: confinement(&source.base_dir, roots),
         diagnostics: Vec::new(),
         referenced: Vec::new(),
     };
@@ -103,8 +123,40 @@ fn config_version(canonical: &str, referenced: &[(String, Vec<u8>)]) -> String {
     format!("sha256:{:x}", hasher.finalize())
 }
 
+/// The folders referenced files may be in, symlinks resolved: the
+/// configuration's own and the absolute `roots` that exist.
+fn confinement(base_dir: &Path, roots: &[PathBuf]) -> Vec<PathBuf> {
+    std::iter::once(base_dir)
+        .chain(
+            roots
+                .iter()
+                .map(PathBuf::as_path)
+                .filter(|r| r.is_absolute()),
+        )
+        .filter_map(|root| std::fs::canonicalize(root).ok())
+        .collect()
+}
+
+/// `path` made absolute and its `.` and `..` resolved by text alone.
+fn lexically_absolute(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut out = PathBuf::new();
+    for part in absolute.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 struct Validator<'a> {
     base_dir: &'a Path,
+    /// Where referenced files may be (see `confinement`).
+    roots: Vec<PathBuf>,
     diagnostics: Vec<Diagnostic>,
     /// Files read, by the name the configuration gives them.
     referenced: Vec<(String, Vec<u8>)>,
@@ -171,6 +223,22 @@ impl Validator<'_> {
 
     fn read_file(&mut self, path: String, name: &str) -> Option<Vec<u8>> {
         let resolved = self.base_dir.join(name);
+        // Checked by text first, so that a path outside answers the same
+        // whether or not something is there (no oracle for which files
+        // exist), then with symlinks resolved.
+        let inside = |p: &Path| self.roots.iter().any(|root| p.starts_with(root));
+        let outside = !inside(&lexically_absolute(&resolved))
+            || std::fs::canonicalize(&resolved).is_ok_and(|real| !inside(&real));
+        if outside {
+            self.error(
+                "file_outside_roots",
+                path,
+                format!(
+                    "'{name}' is outside the configuration's folder and runtime.file_roots; referenced files must be inside them"
+                ),
+            );
+            return None;
+        }
         match config::read_regular(&resolved, config::MAX_REFERENCED_FILE) {
             Ok(contents) => {
                 self.referenced.push((name.to_owned(), contents.clone()));
@@ -326,7 +394,21 @@ impl Validator<'_> {
             Some(text) => Some(self.duration("runtime.max_pinned_age".into(), text)?),
             None => None,
         };
+        let mut file_roots = Vec::with_capacity(r.file_roots.len());
+        for (i, root) in r.file_roots.iter().enumerate() {
+            let root = PathBuf::from(root);
+            if root.is_absolute() {
+                file_roots.push(root);
+            } else {
+                self.error(
+                    "invalid_value",
+                    format!("runtime.file_roots[{i}]"),
+                    format!("file root '{}' must be an absolute path", root.display()),
+                );
+            }
+        }
         Some(RuntimeSpec {
+            file_roots,
             state_dir: r.state_dir.as_ref().map(|d| self.base_dir.join(d)),
             history_limit: r.history_limit.clamp(1, 1024) as usize,
             drain_timeout: drain_timeout?,

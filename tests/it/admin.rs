@@ -474,7 +474,12 @@ async fn a_fifo_or_a_device_as_a_certificate_never_stalls_the_control_plane() {
     let fifo = gw.dir.path().join("site.pem");
     let made = Command::new("mkfifo").arg(&fifo).status();
     assert!(made.is_ok_and(|s| s.success()), "mkfifo (coreutils)");
-    for cert in ["site.pem", "/dev/zero"] {
+    // /dev/zero is outside the configuration's folder as well: refused
+    // before anything looks at it.
+    for (cert, refusal) in [
+        ("site.pem", "not a regular file"),
+        ("/dev/zero", "file_outside_roots"),
+    ] {
         let candidate = config(&format!(
             r#"[[listeners]]
 name = "secure"
@@ -499,10 +504,7 @@ respond = {{ body = "hi" }}
         .await;
         assert_eq!(status, 200, "{plan}");
         assert_eq!(plan["activatable"], false, "{plan}");
-        assert!(
-            plan.to_string().contains("not a regular file"),
-            "{cert}: {plan}"
-        );
+        assert!(plan.to_string().contains(refusal), "{cert}: {plan}");
         assert!(started.elapsed() < std::time::Duration::from_secs(2));
         let (status, _) = activate(&gw, &candidate, "").await;
         assert_eq!(status, 422, "{cert}");
@@ -517,4 +519,97 @@ respond = {{ body = "hi" }}
     )
     .await;
     assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn candidates_read_no_file_outside_the_configuration_folder() {
+    let gw = Gateway::start(&config(
+        "[[routes]]\nname = \"hello\"\nlisteners = [\"web\"]\nrespond = { body = \"hi\" }\n",
+    ));
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("exists.pem"), "x").unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("exists.pem"),
+        gw.dir.path().join("link.pem"),
+    )
+    .unwrap();
+    let answer = |cert: String| {
+        let candidate = config(&format!(
+            r#"[[listeners]]
+name = "secure"
+bind = "127.0.0.1:0"
+protocol = "https"
+tls.certificates = [{{ cert = "{cert}", key = "{cert}" }}]
+
+[[routes]]
+name = "hello"
+listeners = ["web", "secure"]
+respond = {{ body = "hi" }}
+"#
+        ));
+        async move {
+            let (status, plan) = admin_request(
+                gw.admin,
+                "POST",
+                "/admin/runtime/validate",
+                Some("application/toml"),
+                Some(candidate),
+            )
+            .await;
+            assert_eq!(status, 200, "{plan}");
+            let codes: HashSet<String> = plan["errors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["code"].as_str().unwrap().to_owned())
+                .collect();
+            codes
+        }
+    };
+    let exists = outside.path().join("exists.pem").display().to_string();
+    let missing = outside.path().join("missing.pem").display().to_string();
+    for cert in [
+        exists,
+        missing,
+        "/etc/shadow".into(),
+        "../escape.pem".into(),
+        "link.pem".into(),
+    ] {
+        let codes = answer(cert.clone()).await;
+        // The same answer whether or not the file is there: no oracle.
+        assert_eq!(
+            codes,
+            HashSet::from(["file_outside_roots".to_owned()]),
+            "{cert}"
+        );
+    }
+    // A candidate cannot widen the roots it is read under.
+    let widening = config(&format!(
+        r#"[runtime]
+file_roots = ["{}"]
+
+[[listeners]]
+name = "secure"
+bind = "127.0.0.1:0"
+protocol = "https"
+tls.certificates = [{{ cert = "{}", key = "{}" }}]
+
+[[routes]]
+name = "hello"
+listeners = ["web", "secure"]
+respond = {{ body = "hi" }}
+"#,
+        outside.path().display(),
+        outside.path().join("exists.pem").display(),
+        outside.path().join("exists.pem").display()
+    ));
+    let (_, plan) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/validate",
+        Some("application/toml"),
+        Some(widening),
+    )
+    .await;
+    assert!(plan.to_string().contains("file_outside_roots"), "{plan}");
 }
