@@ -14,12 +14,12 @@
 //! - no request open for `keepalive_timeout` (for HTTP/1, no byte either;
 //!   HTTP/2 PINGs do not count): close quietly (GOAWAY on HTTP/2).
 //!
-//! Byte counting is a plain store per read or write; the watchdog
-//! wakes four times per limit (and at least once per header timeout
-//! between requests), so an idle or keep-alive limit fires within a
-//! quarter of its length late, never early; the head timeout is exact. [`TimeoutReply`] keeps a duplicate handle on
-//! a plain socket so that a 408 can still be written after hyper's
-//! connection has been dropped.
+//! Byte counting is a plain store per read or write; the watchdog wakes
+//! four times per limit (and at least once per header timeout between
+//! requests), so an idle or keep-alive limit fires within a quarter of
+//! its length late, never early; the head timeout is exact.
+//! [`TimeoutReply`] keeps a duplicate handle on a plain socket so that a
+//! 408 can still be written after hyper's connection has been dropped.
 
 use std::io::Write;
 use std::net::TcpStream as StdTcpStream;
