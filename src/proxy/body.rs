@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::generation::{BackendGuard, InflightGuard, RouteSlot, UpstreamBody};
+use crate::generation::{BackendGuard, InflightGuard, RouteSlot, SendError, UpstreamBody};
 use crate::runtime::GenerationStore;
 
 /// Holds what a streaming response keeps alive: the slim part of its
@@ -114,6 +114,9 @@ pub enum ResponseBody {
     Driven {
         body: Box<UpstreamBody>,
         guards: Option<StreamGuards>,
+        /// A frame read before the head was answered (see `peek`),
+        /// delivered first.
+        first: Option<Frame<Bytes>>,
     },
     Full(Option<Bytes>),
 }
@@ -165,6 +168,23 @@ fn guard(
     polled
 }
 
+/// Reads what a driven body already has, before its head is answered: a
+/// body that fails at once (the backend closed right after its head, or
+/// sent garbage where the body should be) is reported while a 502 can
+/// still be answered instead of a head with nothing behind it. One poll,
+/// with a waker that does nothing: the first real poll registers its own.
+pub fn peek(body: &mut UpstreamBody) -> Result<Option<Frame<Bytes>>, SendError> {
+    if body.is_end_stream() {
+        return Ok(None);
+    }
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match Pin::new(body).poll_frame(&mut cx) {
+        Poll::Ready(Some(Err(error))) => Err(error),
+        Poll::Ready(Some(Ok(frame))) => Ok(Some(frame)),
+        Poll::Ready(None) | Poll::Pending => Ok(None),
+    }
+}
+
 /// Gives a driven connection whose exchange completed back to its pool.
 pub fn return_connection(body: &mut UpstreamBody, guards: Option<&StreamGuards>) {
     if let (Some(conn), Some(g)) = (body.take_connection(), guards) {
@@ -188,8 +208,15 @@ impl Body for ResponseBody {
                 guards,
                 cx,
             ),
-            ResponseBody::Driven { body, guards } => {
-                let polled = Pin::new(&mut **body).poll_frame(cx).map_err(Into::into);
+            ResponseBody::Driven {
+                body,
+                guards,
+                first,
+            } => {
+                let polled = match first.take() {
+                    Some(frame) => Poll::Ready(Some(Ok(frame))),
+                    None => Pin::new(&mut **body).poll_frame(cx).map_err(Into::into),
+                };
                 // Before the guards go: they know the connection's pool.
                 return_connection(body, guards.as_ref());
                 let polled = guard(polled, guards, cx);
@@ -207,7 +234,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Upstream { body, .. } => body.is_end_stream(),
-            ResponseBody::Driven { body, .. } => body.is_end_stream(),
+            ResponseBody::Driven { body, first, .. } => first.is_none() && body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
         }
     }
@@ -215,7 +242,18 @@ impl Body for ResponseBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ResponseBody::Upstream { body, .. } => body.size_hint(),
-            ResponseBody::Driven { body, .. } => body.size_hint(),
+            ResponseBody::Driven { body, first, .. } => {
+                let mut hint = body.size_hint();
+                let held = first
+                    .as_ref()
+                    .and_then(Frame::data_ref)
+                    .map_or(0, |d| d.len() as u64);
+                if let Some(upper) = hint.upper() {
+                    hint.set_upper(upper + held);
+                }
+                hint.set_lower(hint.lower() + held);
+                hint
+            }
             ResponseBody::Full(bytes) => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }

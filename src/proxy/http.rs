@@ -396,17 +396,23 @@ async fn driven_exchange(
             return Err(failed(AttemptOutcome::Error, error_chain(&error)))
         }
     };
-    backend.record(AttemptOutcome::Ok);
     let (mut parts, mut body) = response.into_parts();
+    let first = match super::body::peek(&mut body) {
+        Ok(first) => first,
+        Err(error) => return Err(failed(AttemptOutcome::Error, error_chain(&error))),
+    };
+    backend.record(AttemptOutcome::Ok);
     strip_hop_by_hop(&mut parts.headers);
-    // A response without a body (HEAD, 204, 304, length 0) is complete
-    // already: its connection can serve the next request right away.
+    // A response without a body (HEAD, 204, 304, length 0), or whose body
+    // came whole with its head, is complete already: its connection can
+    // serve the next request right away.
     super::body::return_connection(&mut body, Some(&guards));
     Ok(Response::from_parts(
         parts,
         ResponseBody::Driven {
             body,
             guards: Some(guards),
+            first,
         },
     ))
 }

@@ -1046,6 +1046,12 @@ async fn backend_framing_the_gateway_cannot_pass_on_is_a_502() {
             "gzip alone",
             &b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nok"[..],
         ),
+        // The body fails before a byte of it could go to the client:
+        // a 502, not a 200 head with nothing behind it.
+        (
+            "garbage where the first chunk should be",
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n"[..],
+        ),
     ] {
         let (addr, task) = raw_backend(response).await;
         let gw = Gateway::start(&edge_config(addr, ""));
