@@ -5,6 +5,9 @@
 //!   same counting, single-threaded and with two threads pinning at once.
 //! - `diff`: typed diff plus unified text diff of two 1 000-route
 //!   configurations that differ in 1 % of their routes.
+//! - `control_plane_10000_routes_16_retained`: validate and preview of a
+//!   10 000-route candidate whose middle half is rewritten, and the
+//!   history view, with 16 generations of that size retained.
 //!
 //! Run: `cargo bench --bench control`.
 
@@ -171,5 +174,132 @@ fn bench_activation(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_pin, bench_diff, bench_activation);
+/// A control plane whose active configuration has `routes` routes and
+/// whose history retains `retained` generations of the same size.
+fn control_with_history(
+    runtime: &tokio::runtime::Runtime,
+    routes: usize,
+    retained: usize,
+) -> (Arc<cutover::control::Control>, tempfile::TempDir) {
+    use cutover::control::{Candidate, CandidateSource, Control, ControlParts};
+    use cutover::runtime::{GenerationRecord, History, PersistedState, PhaseCell};
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, config(routes, |_| 30)).expect("write");
+    let source = ConfigText::read(&path).expect("read");
+    let spec = Arc::new(cutover::plan::validate(&source).expect("valid"));
+    let shared = Arc::new(SharedState::default());
+    let first = build(Arc::clone(&spec), GenerationId::FIRST, &shared).expect("builds");
+    let store = Arc::new(GenerationStore::new(first));
+    let certificates = Arc::new(cutover::tls::CertStore::default());
+    let listeners = cutover::proxy::ListenerSet::new(
+        Admission::new(Arc::clone(&store)),
+        Arc::clone(&certificates),
+    );
+    let mut history = History::new(16, None, PersistedState::default());
+    history.record_generation(GenerationRecord {
+        generation: GenerationId::FIRST,
+        config_version: spec.config_version.clone(),
+        activated_at: cutover::runtime::rfc3339(std::time::SystemTime::now()),
+        source: cutover::runtime::Source::Startup,
+        rolled_back_to: None,
+        requested_by: None,
+        reason: None,
+        config: cutover::runtime::RetainedText::new(&source.text),
+        base_dir: source.base_dir.clone(),
+        origin: source.origin.clone(),
+    });
+    let phase = Arc::new(PhaseCell::default());
+    phase.advance(cutover::runtime::Phase::Running);
+    let control = Arc::new(Control::new(ControlParts {
+        store,
+        shared,
+        listeners,
+        certificates,
+        history,
+        config_file: path,
+        log_level: cutover::telemetry::LogLevel::detached(),
+        phase,
+        release_memory: || {},
+    }));
+    for i in 0..retained {
+        let text = config(routes, |r| if r == i { 31 + i as u32 } else { 30 });
+        runtime
+            .block_on(control.activate(
+                Candidate {
+                    source: CandidateSource::Text(text),
+                    expected_generation: None,
+                    reason: None,
+                    requested_by: None,
+                },
+                cutover::runtime::OperationKind::Activate,
+            ))
+            .expect("activates");
+    }
+    (control, dir)
+}
+
+/// The admin calls a pipeline makes, on a 10 000-route configuration with
+/// 16 retained generations: validate and preview of a candidate whose
+/// middle half is rewritten (the text diff's worst case), and the history
+/// view (cold: every retained generation's rollback candidacy planned;
+/// warm: a second look).
+fn bench_control_plane(c: &mut Criterion) {
+    use cutover::control::{Candidate, CandidateSource};
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let routes = 10_000;
+    let (control, _dir) = control_with_history(&runtime, routes, 15);
+    let rewritten = config(routes, |r| {
+        if (routes / 4..3 * routes / 4).contains(&r) {
+            29
+        } else {
+            30
+        }
+    });
+    let candidate = || Candidate {
+        source: CandidateSource::Text(rewritten.clone()),
+        expected_generation: None,
+        reason: None,
+        requested_by: None,
+    };
+    let started = Instant::now();
+    let view = runtime.block_on(control.history_view()).expect("history");
+    eprintln!(
+        "history view, cold ({} retained generations of {routes} routes): {:?}",
+        view.generations.len(),
+        started.elapsed()
+    );
+    let mut group = c.benchmark_group("control_plane_10000_routes_16_retained");
+    group.sample_size(10);
+    group.bench_function("validate_middle_rewritten", |b| {
+        b.iter(|| {
+            black_box(
+                runtime
+                    .block_on(control.validate(candidate()))
+                    .expect("plans"),
+            )
+        })
+    });
+    group.bench_function("preview_middle_rewritten", |b| {
+        b.iter(|| {
+            black_box(
+                runtime
+                    .block_on(control.preview(candidate()))
+                    .expect("plans"),
+            )
+        })
+    });
+    group.bench_function("history_warm", |b| {
+        b.iter(|| black_box(runtime.block_on(control.history_view()).expect("history")))
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_pin,
+    bench_diff,
+    bench_activation,
+    bench_control_plane
+);
 criterion_main!(benches);
