@@ -558,6 +558,27 @@ mod tests {
     }
 
     #[test]
+    fn trust_forwarded_trusts_every_peer_and_trusted_proxies_only_theirs() {
+        let everyone = ListenerEdge {
+            trust_forwarded: true,
+            ..ListenerEdge::default()
+        };
+        let lan = ListenerEdge {
+            trusted_proxies: vec!["10.0.0.0/8".parse().expect("cidr")],
+            ..ListenerEdge::default()
+        };
+        let (inside, outside): (IpAddr, IpAddr) = (
+            "10.1.2.3".parse().expect("ip"),
+            "192.0.2.1".parse().expect("ip"),
+        );
+        assert!(everyone.trusts(inside) && everyone.trusts(outside));
+        assert!(lan.trusts(inside) && !lan.trusts(outside));
+        assert!(!keep().trusts(inside));
+        let h = forwarding(&[("x-forwarded-for", "1.1.1.1")], &everyone);
+        assert_eq!(h["x-forwarded-for"], "1.1.1.1, 10.0.0.9");
+    }
+
+    #[test]
     fn smuggling_forms_are_named() {
         let h = |pairs: &[(&'static str, &'static str)]| {
             let mut map = HeaderMap::new();

@@ -1075,3 +1075,37 @@ async fn backend_framing_the_gateway_cannot_pass_on_is_a_502() {
     }
     task.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_connections_are_pinged_at_the_keepalive_interval() {
+    let backend = echo_backend().await;
+    let gw = Gateway::start(&edge_config(backend.addr, "").replace(
+        "name = \"patient\"\nbind = \"127.0.0.1:0\"\n",
+        "name = \"patient\"\nbind = \"127.0.0.1:0\"\nh2_keepalive_interval = \"300ms\"\n",
+    ));
+    let mut h2 = RawH2::connect(gw.listener("patient")).await;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(5);
+    let mut pinged = None;
+    while let Some((kind, flags, _, payload)) = h2.read_frame(deadline).await {
+        if kind == SETTINGS && flags & 1 == 0 {
+            h2.stream
+                .write_all(&frame(SETTINGS, 1, 0, &[]))
+                .await
+                .unwrap();
+        }
+        if kind == PING && flags & 1 == 0 {
+            pinged = Some(started.elapsed());
+            // Answered: the connection stays.
+            h2.stream
+                .write_all(&frame(PING, 1, 0, &payload))
+                .await
+                .unwrap();
+            break;
+        }
+    }
+    let after = pinged.expect("a PING within 5 s");
+    assert!(after < Duration::from_secs(2), "{after:?}");
+    let stream = h2.request(&[(":path", "/public")]).await;
+    assert_eq!(h2.response_status(stream).await, Some(200));
+}
