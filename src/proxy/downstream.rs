@@ -90,7 +90,9 @@ impl Activity {
 
     fn read(&self, n: usize) {
         self.moved(n);
-        if !self.read_since_write.load(Ordering::Relaxed) {
+        // HTTP/2 frames go both ways all the time and have no head
+        // timeout here: no clock read for them.
+        if !self.read_since_write.load(Ordering::Relaxed) && !self.is_http2() {
             self.read_since_write.store(true, Ordering::Relaxed);
             let since = self.origin.elapsed().as_nanos();
             self.head_started
