@@ -466,6 +466,24 @@ async fn preview_writes_nothing_to_disk() {
     );
 }
 
+/// A candidate adding an `https` listener whose certificate and key are
+/// both `cert`.
+fn tls_candidate(cert: &str) -> String {
+    config(&format!(
+        r#"[[listeners]]
+name = "secure"
+bind = "127.0.0.1:0"
+protocol = "https"
+tls.certificates = [{{ cert = "{cert}", key = "{cert}" }}]
+
+[[routes]]
+name = "hello"
+listeners = ["web", "secure"]
+respond = {{ body = "hi" }}
+"#
+    ))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fifo_or_a_device_as_a_certificate_never_stalls_the_control_plane() {
     let gw = Gateway::start(&config(
@@ -480,19 +498,7 @@ async fn a_fifo_or_a_device_as_a_certificate_never_stalls_the_control_plane() {
         ("site.pem", "not a regular file"),
         ("/dev/zero", "file_outside_roots"),
     ] {
-        let candidate = config(&format!(
-            r#"[[listeners]]
-name = "secure"
-bind = "127.0.0.1:0"
-protocol = "https"
-tls.certificates = [{{ cert = "{cert}", key = "{cert}" }}]
-
-[[routes]]
-name = "hello"
-listeners = ["web", "secure"]
-respond = {{ body = "hi" }}
-"#
-        ));
+        let candidate = tls_candidate(cert);
         let started = std::time::Instant::now();
         let (status, plan) = admin_request(
             gw.admin,
@@ -534,19 +540,7 @@ async fn candidates_read_no_file_outside_the_configuration_folder() {
     )
     .unwrap();
     let answer = |cert: String| {
-        let candidate = config(&format!(
-            r#"[[listeners]]
-name = "secure"
-bind = "127.0.0.1:0"
-protocol = "https"
-tls.certificates = [{{ cert = "{cert}", key = "{cert}" }}]
-
-[[routes]]
-name = "hello"
-listeners = ["web", "secure"]
-respond = {{ body = "hi" }}
-"#
-        ));
+        let candidate = tls_candidate(&cert);
         async move {
             let (status, plan) = admin_request(
                 gw.admin,
