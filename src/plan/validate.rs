@@ -591,6 +591,8 @@ impl Validator<'_> {
         if protocol == Some(ListenerProtocol::Tcp) {
             let http_only = [
                 ("keepalive_timeout", l.keepalive_timeout.is_some()),
+                // The L4 proxy keeps no idle timer yet: refused, not ignored.
+                ("idle_timeout", l.idle_timeout.is_some()),
                 ("h2_keepalive_interval", l.h2_keepalive_interval.is_some()),
                 ("merge_slashes", l.merge_slashes.is_some()),
                 ("encoded_slash", l.encoded_slash.is_some()),
