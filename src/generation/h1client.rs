@@ -16,7 +16,8 @@
 //! coding nobody names); else `Content-Length` (conflicting or malformed
 //! values are refused); else to end of connection. Chunk-size lines with
 //! control characters are refused. A connection is pooled again only after a complete, clean
-//! exchange with nothing left over; interim 1xx responses are skipped.
+//! exchange with nothing left over. Interim 1xx responses are handed to
+//! the caller's [`Informational`] hook, if any, and otherwise skipped.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -42,6 +43,10 @@ const MAX_HEADERS: usize = 128;
 const READ_CHUNK: usize = 16 * 1024;
 /// Longest chunk-size line (size plus extensions) or trailer section.
 const MAX_CHUNK_LINE: usize = 4096;
+
+/// Told each interim (1xx) response head before the final one, as
+/// hyper's `ext::on_informational` is.
+pub type Informational<'a> = &'a (dyn Fn(StatusCode, &HeaderMap) + Sync);
 
 /// Why an exchange on an upstream connection failed.
 #[derive(Debug, thiserror::Error)]
@@ -238,6 +243,7 @@ pub async fn request<'h, B>(
     response_timeout: Duration,
     req: Request<B>,
     extra_headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+    informational: Option<Informational<'_>>,
 ) -> Result<Response<Box<UpstreamBody<B>>>, ExchangeError>
 where
     B: Body<Data = Bytes> + Unpin,
@@ -249,15 +255,18 @@ where
     let mut deadline = Deadline::new(response_timeout);
     let Some(pooled) = pool.take() else {
         let fresh = Box::pin(connect(addr, connect_timeout)).await?;
-        return Ok(send(fresh, encoded, &mut deadline).await?);
+        return Ok(send(fresh, encoded, &mut deadline, informational).await?);
     };
     let replay = encoded.replayable().then(|| encoded.replay());
-    match (send(pooled, encoded, &mut deadline).await, replay) {
+    match (
+        send(pooled, encoded, &mut deadline, informational).await,
+        replay,
+    ) {
         (Err(error), Some(replay)) if error.is_unanswered() => {
             tracing::debug!(backend = addr, %error, "pooled connection closed under the request; sending it again on a new one");
             Box::pin(async {
                 let fresh = connect(addr, connect_timeout).await?;
-                Ok(send(fresh, replay, &mut deadline).await?)
+                Ok(send(fresh, replay, &mut deadline, informational).await?)
             })
             .await
         }
@@ -349,6 +358,7 @@ async fn send<B>(
     mut conn: H1Conn,
     request: Encoded<B>,
     deadline: &mut Deadline,
+    informational: Option<Informational<'_>>,
 ) -> Result<Response<Box<UpstreamBody<B>>>, SendError>
 where
     B: Body<Data = Bytes> + Unpin,
@@ -380,7 +390,7 @@ where
                 Poll::Pending => {}
             }
         }
-        match poll_head(&mut conn, cx) {
+        match poll_head(&mut conn, cx, informational) {
             Poll::Ready(Err(error)) => {
                 return Poll::Ready(Err(write_error.take().unwrap_or(error)))
             }
@@ -424,7 +434,11 @@ struct ParsedHead {
 }
 
 /// Reads until a final (non-1xx) response head is complete.
-fn poll_head(conn: &mut H1Conn, cx: &mut Context<'_>) -> Poll<Result<ParsedHead, SendError>> {
+fn poll_head(
+    conn: &mut H1Conn,
+    cx: &mut Context<'_>,
+    informational: Option<Informational<'_>>,
+) -> Poll<Result<ParsedHead, SendError>> {
     loop {
         if !conn.buffered().is_empty() {
             let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
@@ -453,6 +467,9 @@ fn poll_head(conn: &mut H1Conn, cx: &mut Context<'_>) -> Poll<Result<ParsedHead,
                 }
                 // 100 Continue, 103 Early Hints: interim, the final answer follows.
                 if head.status.is_informational() {
+                    if let Some(hook) = informational {
+                        hook(head.status, &head.headers);
+                    }
                     continue;
                 }
                 return Poll::Ready(Ok(head));
@@ -1100,6 +1117,7 @@ mod tests {
                 conn,
                 Encoded::new(req),
                 &mut Deadline::new(Duration::from_secs(5)),
+                None,
             )
             .await?;
             let (parts, mut body) = response.into_parts();
@@ -1436,6 +1454,7 @@ mod tests {
                 conn,
                 Encoded::new(req),
                 &mut Deadline::new(Duration::from_secs(5)),
+                None,
             ),
         )
         .await;
@@ -1454,6 +1473,7 @@ mod tests {
             conn,
             Encoded::new(get(Method::GET)),
             &mut Deadline::new(Duration::from_secs(5)),
+            None,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -1467,7 +1487,7 @@ mod tests {
 
     #[tokio::test]
     async fn responses_arriving_a_byte_at_a_time_decode_the_same() {
-        let response: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nx-app: 1\r\ntransfer-encoding: chunked\r\n\r\n5;a=b\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 11\r\n\r\n";
+        let response: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\nx-app: 1\r\ntransfer-encoding: chunked\r\n\r\n5;a=b\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 11\r\n\r\n";
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move {
@@ -1482,13 +1502,26 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(5)).await;
         });
         let conn = connect(&addr, Duration::from_secs(1)).await.unwrap();
+        let interim = Mutex::new(Vec::new());
+        let hook = |status: StatusCode, headers: &HeaderMap| {
+            let link = headers.get("link").cloned();
+            interim.lock().unwrap().push((status.as_u16(), link));
+        };
         let response = send(
             conn,
             Encoded::new(get(Method::GET)),
             &mut Deadline::new(Duration::from_secs(5)),
+            Some(&hook),
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            *interim.lock().unwrap(),
+            [
+                (100, None),
+                (103, Some(HeaderValue::from_static("</a.css>")))
+            ]
+        );
         assert_eq!(response.status(), 200);
         assert_eq!(response.headers()["x-app"], "1");
         let mut body = response.into_body();
@@ -1560,6 +1593,7 @@ mod tests {
             Duration::from_secs(5),
             req,
             [],
+            None,
         )
         .await?;
         let mut body = response.into_body();

@@ -43,6 +43,8 @@ pub struct ConnContext {
     pub draining: Arc<AtomicBool>,
     /// What moves on the connection, for its timeouts.
     pub activity: Arc<super::downstream::Activity>,
+    /// Backends' 1xx responses on their way to an HTTP/1.1 client.
+    pub interim: Arc<super::interim::InterimQueue>,
 }
 
 /// The `X-Forwarded-For` value for a client address.
@@ -213,6 +215,9 @@ async fn serve_route(
     let upgrade = requested_upgrade(&req)
         .filter(|_| backend.version == Version::HTTP_11)
         .map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
+    // RFC 9110 §15.2: 1xx go on to HTTP/1.1 clients (not HTTP/1.0, and
+    // hyper's server cannot send them on HTTP/2).
+    let interim = (req.version() == Version::HTTP_11 && upgrade.is_none()).then_some(&conn.interim);
     let driven = backend.h1.as_ref().filter(|_| upgrade.is_none());
     let (mut upstream_req, forwarded) = upstream_request(
         req,
@@ -229,6 +234,7 @@ async fn serve_route(
             pool,
             route,
             backend,
+            interim.map(|queue| &**queue),
             StreamGuards::new(
                 guard,
                 slot,
@@ -239,6 +245,12 @@ async fn serve_route(
         .await;
     }
     forwarded.insert_into(upstream_req.headers_mut());
+    if let Some(queue) = interim.filter(|_| backend.version == Version::HTTP_11) {
+        let queue = Arc::clone(queue);
+        hyper::ext::on_informational(&mut upstream_req, move |response| {
+            queue.push(response.status(), response.headers());
+        });
+    }
     // On the heap: this path's futures are large, and the plain HTTP/1.1
     // path above is the one every request of most deployments takes.
     Box::pin(client_exchange(
@@ -360,6 +372,7 @@ async fn driven_exchange(
     pool: &crate::generation::H1Pool,
     route: &Route,
     backend: &Backend,
+    interim: Option<&super::interim::InterimQueue>,
     guards: StreamGuards,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let failed = |outcome, error: String| {
@@ -371,6 +384,11 @@ async fn driven_exchange(
             _ => ProxyError::Upstream(format!("{}: {error}", backend.key.addr)),
         }
     };
+    let forward_interim = |status, headers: &_| {
+        if let Some(queue) = interim {
+            queue.push(status, headers);
+        }
+    };
     let response = match crate::generation::request_h1(
         pool,
         &backend.key.addr,
@@ -378,6 +396,7 @@ async fn driven_exchange(
         route.timeout(),
         req,
         forwarded.headers(),
+        interim.is_some().then_some(&forward_interim),
     )
     .await
     {

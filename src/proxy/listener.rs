@@ -24,6 +24,7 @@ use tokio::sync::{watch, Notify};
 use super::downstream::{timeout_reply, watchdog, Activity, Downstream, Expired, TimeoutReply};
 use super::framing::HeadCheck;
 use super::http::{client_ip_header, handle, listener_counters, ConnContext};
+use super::interim::{InterimQueue, InterimWriter};
 use super::tcp::{self, TcpCounters};
 use crate::admission::Admission;
 use crate::plan::{ListenerLimits, ListenerProtocol, ListenerSpec};
@@ -385,6 +386,7 @@ impl ListenerSet {
                 responses: Arc::clone(&responses),
                 draining: Arc::clone(&self.draining_flag),
                 activity: Activity::new(),
+                interim: InterimQueue::new(),
             });
             tokio::spawn(serve_connection(
                 stream,
@@ -447,6 +449,7 @@ async fn serve_connection(
     match tls {
         None => {
             let io = HeadCheck::wrap(io, Arc::clone(&ctx.activity), true);
+            let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
             serve_http(io, ctx, limits, draining, reply).await;
         }
         Some(acceptor) => {
@@ -455,6 +458,7 @@ async fn serve_connection(
                 Ok(Ok(tls)) => {
                     let http1 = tls.get_ref().1.alpn_protocol() != Some(b"h2");
                     let io = HeadCheck::wrap(tls, Arc::clone(&ctx.activity), http1);
+                    let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
                     serve_http(io, ctx, limits, draining, None).await
                 }
                 Ok(Err(error)) => {

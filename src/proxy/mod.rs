@@ -8,6 +8,7 @@ mod edge;
 mod error;
 mod framing;
 mod http;
+mod interim;
 mod listener;
 mod observed;
 mod tcp;

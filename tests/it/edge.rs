@@ -1109,3 +1109,98 @@ async fn http2_connections_are_pinged_at_the_keepalive_interval() {
     let stream = h2.request(&[(":path", "/public")]).await;
     assert_eq!(h2.response_status(stream).await, Some(200));
 }
+
+/// A keep-alive backend that answers each request with `parts`, written
+/// one after another with `pause` between them.
+async fn staged_backend(
+    parts: &'static [&'static [u8]],
+    pause: Duration,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut pending = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                        pending.drain(..end + 4);
+                        for (i, part) in parts.iter().enumerate() {
+                            if i > 0 {
+                                tokio::time::sleep(pause).await;
+                            }
+                            if stream.write_all(part).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => pending.extend_from_slice(&buf[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backends_early_hints_reach_http11_clients_before_the_response() {
+    const HINTS: &[u8] = b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\nconnection: x-hop\r\nx-hop: 1\r\n\r\n";
+    const FINAL: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+    // 100 Continue is the gateway's own business (hyper answers a
+    // client's Expect); the backend's is not passed on.
+    let (addr, task) = staged_backend(
+        &[b"HTTP/1.1 100 Continue\r\n\r\n", HINTS, FINAL],
+        Duration::from_millis(150),
+    )
+    .await;
+    let gw = Gateway::start(&edge_config(addr, ""));
+    let hints = "HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n";
+    // The hints go out on their own, while the final answer is pending.
+    let mut client = TcpStream::connect(gw.listener("web")).await.unwrap();
+    client
+        .write_all(b"GET /public HTTP/1.1\r\nHost: public.example\r\n\r\n")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(hints) {
+        let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf))
+            .await
+            .expect("hints within 5 s")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(String::from_utf8_lossy(&seen), hints);
+    drop(client);
+    // Two requests on one connection: framing holds for the next exchange.
+    let answer = raw_exchange(
+        gw.listener("web"),
+        b"GET /public HTTP/1.1\r\nHost: public.example\r\n\r\nGET /public HTTP/1.1\r\nHost: public.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let exchanges: Vec<&str> = answer.split(hints).collect();
+    assert_eq!(exchanges.len(), 3, "{answer}");
+    assert_eq!(exchanges[0], "", "{answer}");
+    for exchange in &exchanges[1..] {
+        assert!(exchange.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(exchange.ends_with("\r\n\r\nok"), "{answer}");
+    }
+    assert!(
+        !answer.contains("x-hop") && !answer.contains("100 Continue"),
+        "{answer}"
+    );
+    // RFC 9110 §15.2: never to an HTTP/1.0 client.
+    let answer = raw_exchange(
+        gw.listener("web"),
+        b"GET /public HTTP/1.0\r\nHost: public.example\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.0 200 OK\r\n"), "{answer}");
+    assert!(!answer.contains("103"), "{answer}");
+    task.abort();
+}

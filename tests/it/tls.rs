@@ -519,23 +519,7 @@ async fn a_rotated_file_behind_the_same_text_is_a_change() {
 
 /// A TLS backend that answers with the protocol version it saw.
 async fn tls_backend(ca: &Ca, name: &str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let (cert, key) = server_leaf(ca, &[name]);
-    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        chain,
-        PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-    )
-    .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let acceptor = backend_acceptor(ca, name, &[b"h2", b"http/1.1"]);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
@@ -559,6 +543,88 @@ async fn tls_backend(ca: &Ca, name: &str) -> (SocketAddr, tokio::task::JoinHandl
         }
     });
     (addr, task)
+}
+
+/// A TLS acceptor for a backend named `name`, offering `alpn`.
+fn backend_acceptor(ca: &Ca, name: &str, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
+    let (cert, key) = server_leaf(ca, &[name]);
+    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        chain,
+        PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_hints_from_an_https_backend_reach_the_client() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = ca("backend ca");
+    let acceptor = backend_acceptor(&ca, "backend.test", &[b"http/1.1"]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend = listener.local_addr().unwrap();
+    let _task = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let mut head = [0u8; 4096];
+                let _ = tls.read(&mut head).await;
+                let _ = tls
+                    .write_all(b"HTTP/1.1 103 Early Hints\r\nlink: </b.js>; rel=preload\r\n\r\n")
+                    .await;
+                let _ = tls.flush().await;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                let _ = tls
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    put(dir.path(), "backend-ca.pem", &ca.pem);
+    let gw = Gateway::start_in(
+        dir,
+        &config(&format!(
+            r#"[[routes]]
+name = "https"
+listeners = ["web"]
+upstream = "https"
+
+[upstreams.https]
+protocol = "https"
+tls = {{ ca = "backend-ca.pem", server_name = "backend.test" }}
+backends = [{{ addr = "{backend}" }}]
+"#
+        )),
+    );
+    let answer = raw_exchange(
+        gw.listener("web"),
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        answer.starts_with(
+            "HTTP/1.1 103 Early Hints\r\nlink: </b.js>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\n"
+        ),
+        "{answer}"
+    );
+    assert!(answer.ends_with("\r\n\r\nok"), "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
