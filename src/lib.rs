@@ -28,6 +28,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod backends;
 pub mod config;
 pub mod control;
 pub mod ctl;

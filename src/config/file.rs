@@ -278,13 +278,61 @@ pub struct FileUpstream {
     /// pooled connection may wait for its next request (default 60s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout: Option<String>,
+    /// Active health checks (`path` or `tcp = true`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub health: Option<toml::Value>,
+    pub health: Option<FileHealth>,
+    /// Passive outlier detection (always on; these override its defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outlier: Option<FileOutlier>,
+    /// How long a backend that has just become healthy takes to reach its
+    /// full share of traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_start: Option<String>,
     #[serde(default)]
     pub backends: Vec<FileBackend>,
     /// TLS to the backends (`protocol = "https"` or `"h2"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<FileUpstreamTls>,
+}
+
+/// `upstreams.NAME.health`: an active check of every backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHealth {
+    /// HTTP check: `GET path`, passing on `expect_status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// TCP check: passing when a connection is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<bool>,
+    /// `Host` of the HTTP check (default: the backend address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_after: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy_after: Option<u32>,
+    /// Statuses that pass (default: any 2xx).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect_status: Option<Vec<u16>>,
+}
+
+/// `upstreams.NAME.outlier`: when failing backends are ejected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileOutlier {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consecutive_failures: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_ejection: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ejection: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ejected_percent: Option<u32>,
 }
 
 /// `upstreams.NAME.tls`: how to verify backends and who we are to them.

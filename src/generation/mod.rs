@@ -5,7 +5,6 @@
 //! shared backends, and the ledger of work pinned to it. It spawns nothing
 //! and binds nothing; once built, a generation never changes.
 
-mod h1client;
 mod ledger;
 mod route;
 mod router;
@@ -15,18 +14,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::SystemTime;
 
-pub use h1client::{
-    header_tokens, request as request_h1, ConnectError, ExchangeError, H1Pool, SendError,
-    UpstreamBody,
-};
 pub use ledger::{InflightGuard, Ledger};
 pub use route::{Action, Route, RouteShared, RouteSlot, Saturated};
 pub use router::Router;
-pub use upstream::{
-    AttemptOutcome, Backend, BackendError, BackendGuard, BackendKey, BackendRegistry,
-    SignalledBody, Upstream, UpstreamClient,
-};
+pub use upstream::{Upstream, WeightedSchedule};
 
+use crate::backends::{BackendError, BackendRegistry};
 use crate::ids::GenerationId;
 use crate::plan::{ListenerProtocol, RouteAction, Spec};
 
@@ -43,18 +36,10 @@ impl SharedState {
         if let Some(live) = routes.get(name).and_then(Weak::upgrade) {
             return live;
         }
-        sweep(&mut routes);
+        crate::backends::sweep(&mut routes);
         let shared = Arc::new(RouteShared::new(name));
         routes.insert(name.to_owned(), Arc::downgrade(&shared));
         shared
-    }
-}
-
-/// Drops dead weak entries, but only when the map has doubled since the
-/// last sweep: sweeping on every insert made building N new entries O(N²).
-pub(crate) fn sweep<K, V>(map: &mut HashMap<K, Weak<V>>) {
-    if map.len() >= 64 && map.len().is_power_of_two() {
-        map.retain(|_, weak| weak.strong_count() > 0);
     }
 }
 

@@ -1,295 +1,15 @@
-//! Upstreams and backends.
-//!
-//! A [`Backend`] is process-shared: its connection pool, in-flight counter
-//! and metric handles are keyed by backend identity (address + transport
-//! settings) in the [`BackendRegistry`] and reused by every generation that
-//! still names it, so an activation never cold-starts connections to an
-//! unchanged backend. An [`Upstream`] belongs to one generation: it holds
-//! the backend set and the load-balancing policy.
+//! An upstream in one generation: the backends it names (handles into
+//! the process-shared `backends` registry) and how it picks one for a
+//! request. Every policy skips backends that are unhealthy or ejected;
+//! when none is left, it fails open to all of them (DESIGN §12).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::uri::{Authority, Scheme};
-use http::Version;
-use http_body::Body as _;
-use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::ResponseFuture;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use metrics::Counter;
-
-use crate::plan::{Policy, UpstreamProtocol, UpstreamSpec};
+use crate::backends::{Attempt, Backend, BackendError, BackendKey, BackendRegistry, Usable};
+use crate::plan::{OutlierSpec, Policy, UpstreamSpec};
 use crate::telemetry::metrics as m;
-use crate::tls::UpstreamTlsSpec;
-
-/// What makes two backends the same backend: address and transport.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct BackendKey {
-    pub addr: String,
-    pub protocol: UpstreamProtocol,
-    pub connect_timeout: Duration,
-    /// How long a connection to it may be silent, pooled or mid-exchange.
-    pub idle_timeout: Duration,
-    /// TLS settings, including a fingerprint of the files they name, so a
-    /// rotated CA or client certificate makes a new backend.
-    pub tls: Option<UpstreamTlsSpec>,
-}
-
-/// A client request body on its way through hyper's client, which says
-/// when it has been read to its end: the route timeout starts there.
-#[derive(Debug)]
-pub struct SignalledBody {
-    body: Incoming,
-    ended: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl SignalledBody {
-    /// The body, and what completes once it has ended (or failed).
-    pub fn new(body: Incoming) -> (Self, tokio::sync::oneshot::Receiver<()>) {
-        let (ended, receiver) = tokio::sync::oneshot::channel();
-        let ended = Some(ended);
-        let mut this = Self { body, ended };
-        if this.body.is_end_stream() {
-            this.end();
-        }
-        (this, receiver)
-    }
-
-    fn end(&mut self) {
-        if let Some(ended) = self.ended.take() {
-            let _ = ended.send(());
-        }
-    }
-}
-
-impl http_body::Body for SignalledBody {
-    type Data = bytes::Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let this = self.get_mut();
-        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
-        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_))))
-            || this.body.is_end_stream()
-        {
-            this.end();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
-/// The pooled client of a backend: plain TCP or TLS.
-#[derive(Debug)]
-pub enum UpstreamClient {
-    Plain(Client<HttpConnector, SignalledBody>),
-    Tls(Client<HttpsConnector<HttpConnector>, SignalledBody>),
-}
-
-impl UpstreamClient {
-    pub fn request(&self, req: http::Request<SignalledBody>) -> ResponseFuture {
-        match self {
-            UpstreamClient::Plain(client) => client.request(req),
-            UpstreamClient::Tls(client) => client.request(req),
-        }
-    }
-}
-
-/// Outcomes of an upstream attempt, for metrics.
-#[derive(Debug, Clone, Copy)]
-pub enum AttemptOutcome {
-    Ok,
-    ConnectError,
-    Timeout,
-    Error,
-}
-
-/// One backend, shared by every generation that names it.
-#[derive(Debug)]
-pub struct Backend {
-    pub key: BackendKey,
-    pub authority: Authority,
-    /// `http` or `https`, for the upstream request URI.
-    pub scheme: Scheme,
-    /// The HTTP version requests to this backend carry.
-    pub version: Version,
-    pub client: UpstreamClient,
-    /// For plain HTTP/1.1 backends: connections driven by the requests'
-    /// own tasks (see `h1pool`). Upgrades still use `client`.
-    pub h1: Option<super::H1Pool>,
-    inflight: AtomicU64,
-    outcomes: [Counter; 4],
-}
-
-impl Backend {
-    fn new(key: BackendKey) -> Result<Self, BackendError> {
-        let authority: Authority = key
-            .addr
-            .parse()
-            .map_err(|_| BackendError::Address(key.addr.clone()))?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(key.connect_timeout));
-        connector.set_keepalive(Some(Duration::from_secs(60)));
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(key.idle_timeout)
-            .pool_max_idle_per_host(1024)
-            .http2_only(key.protocol.is_http2());
-        let client = match &key.tls {
-            Some(tls) => {
-                connector.enforce_http(false);
-                let config = crate::tls::client_config(tls).map_err(BackendError::Tls)?;
-                let https = hyper_rustls::HttpsConnectorBuilder::new()
-                    .with_tls_config(config)
-                    .https_only();
-                let https = match &tls.server_name {
-                    Some(name) => {
-                        let name = rustls_pki_types::ServerName::try_from(name.clone())
-                            .map_err(|_| BackendError::ServerName(name.clone()))?;
-                        https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
-                            name,
-                        ))
-                    }
-                    None => https,
-                };
-                let https = if key.protocol.is_http2() {
-                    https.enable_http2().wrap_connector(connector)
-                } else {
-                    https.enable_http1().wrap_connector(connector)
-                };
-                UpstreamClient::Tls(builder.build(https))
-            }
-            None => UpstreamClient::Plain(builder.build(connector)),
-        };
-        let h1 = (key.tls.is_none() && key.protocol == UpstreamProtocol::Http1)
-            .then(|| super::H1Pool::new(256, key.idle_timeout));
-        let scheme = if key.tls.is_some() {
-            Scheme::HTTPS
-        } else {
-            Scheme::HTTP
-        };
-        let version = if key.protocol.is_http2() {
-            Version::HTTP_2
-        } else {
-            Version::HTTP_11
-        };
-        let addr = key.addr.clone();
-        let outcome = |o: &'static str| metrics::counter!(m::UPSTREAM_ATTEMPTS, m::LABEL_BACKEND => addr.clone(), m::LABEL_OUTCOME => o);
-        Ok(Self {
-            outcomes: [
-                outcome("ok"),
-                outcome("connect_error"),
-                outcome("timeout"),
-                outcome("error"),
-            ],
-            key,
-            authority,
-            scheme,
-            version,
-            h1,
-            client,
-            inflight: AtomicU64::new(0),
-        })
-    }
-
-    pub fn record(&self, outcome: AttemptOutcome) {
-        let index = match outcome {
-            AttemptOutcome::Ok => 0,
-            AttemptOutcome::ConnectError => 1,
-            AttemptOutcome::Timeout => 2,
-            AttemptOutcome::Error => 3,
-        };
-        if let Some(counter) = self.outcomes.get(index) {
-            counter.increment(1);
-        }
-    }
-
-    pub fn inflight(&self) -> u64 {
-        self.inflight.load(Ordering::Relaxed)
-    }
-
-    /// Counts one request to this backend until the guard drops.
-    pub fn start_request(self: &Arc<Self>) -> BackendGuard {
-        self.inflight.fetch_add(1, Ordering::Relaxed);
-        BackendGuard {
-            backend: Arc::clone(self),
-        }
-    }
-}
-
-/// Why a backend could not be set up.
-#[derive(Debug, thiserror::Error)]
-pub enum BackendError {
-    #[error("backend address '{0}' cannot be used as an HTTP authority")]
-    Address(String),
-    #[error("'{0}' is not a TLS server name")]
-    ServerName(String),
-    #[error("upstream TLS: {0}")]
-    Tls(crate::tls::TlsError),
-}
-
-/// One in-flight request to a backend.
-#[derive(Debug)]
-pub struct BackendGuard {
-    backend: Arc<Backend>,
-}
-
-impl BackendGuard {
-    pub fn backend(&self) -> &Arc<Backend> {
-        &self.backend
-    }
-}
-
-impl Drop for BackendGuard {
-    fn drop(&mut self) {
-        self.backend.inflight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// The process-wide set of backends, by identity. Holds them weakly: a
-/// backend no generation names any more is dropped with its pool.
-#[derive(Debug, Default)]
-pub struct BackendRegistry {
-    backends: Mutex<HashMap<BackendKey, Weak<Backend>>>,
-}
-
-impl BackendRegistry {
-    /// The live backend for `key`, or a new one.
-    pub fn get_or_create(&self, key: BackendKey) -> Result<Arc<Backend>, BackendError> {
-        let mut backends = self.backends.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(live) = backends.get(&key).and_then(Weak::upgrade) {
-            return Ok(live);
-        }
-        super::sweep(&mut backends);
-        let backend = Arc::new(Backend::new(key.clone())?);
-        backends.insert(key, Arc::downgrade(&backend));
-        Ok(backend)
-    }
-
-    /// How many backends are alive.
-    pub fn live(&self) -> usize {
-        let backends = self.backends.lock().unwrap_or_else(PoisonError::into_inner);
-        backends.values().filter(|w| w.strong_count() > 0).count()
-    }
-}
 
 /// An upstream in one generation: its backends and how to pick one.
 #[derive(Debug)]
@@ -297,10 +17,16 @@ pub struct Upstream {
     pub name: String,
     pub policy: Policy,
     pub backends: Vec<Arc<Backend>>,
+    pub outlier: OutlierSpec,
+    slow_start: Option<Duration>,
     /// For `weighted`: which backend each turn goes to.
     schedule: WeightedSchedule,
     cursor: AtomicUsize,
+    fail_open: metrics::Counter,
 }
+
+/// The least share of its turns a backend in slow start is offered.
+const SLOW_START_FLOOR: f64 = 0.1;
 
 impl Upstream {
     /// Builds the upstream, reusing live backends from `registry`.
@@ -315,31 +41,138 @@ impl Upstream {
                     connect_timeout: spec.connect_timeout,
                     idle_timeout: spec.idle_timeout,
                     tls: spec.tls.clone(),
+                    health: spec.health.clone(),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let weights: Vec<u32> = spec.backends.iter().map(|b| b.weight).collect();
         let schedule = match spec.policy {
             Policy::Weighted => WeightedSchedule::new(&weights),
-            Policy::RoundRobin => WeightedSchedule::default(),
+            _ => WeightedSchedule::default(),
         };
         Ok(Self {
             name: spec.name.clone(),
             policy: spec.policy,
             backends,
+            outlier: spec.outlier,
+            slow_start: spec.slow_start,
             schedule,
             cursor: AtomicUsize::new(0),
+            fail_open: metrics::counter!(m::FAIL_OPEN, m::LABEL_UPSTREAM => spec.name.clone()),
         })
     }
 
-    /// The backend for the next request.
+    /// The backend for the next request: by the policy, among those that
+    /// pass their checks and are not ejected; when there are none, by
+    /// the policy among all of them (fail open, counted).
     pub fn pick(&self) -> Option<&Arc<Backend>> {
-        let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
-        let index = match self.policy {
-            Policy::RoundRobin => turn % self.backends.len().max(1),
-            Policy::Weighted => self.schedule.pick(turn as u64),
+        let chosen = match self.policy {
+            Policy::RoundRobin | Policy::Weighted => self.pick_scheduled(),
+            Policy::LeastRequests => self.pick_two(|b| b.inflight() as f64),
+            Policy::P2c => self.pick_two(|b| b.load.cost()),
         };
-        self.backends.get(index)
+        if chosen.is_some() {
+            return chosen;
+        }
+        if self.backends.len() > 1 || self.backends.first().is_some_and(|b| !b.is_available()) {
+            self.fail_open.increment(1);
+        }
+        let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
+        self.backends.get(self.scheduled(turn))
+    }
+
+    /// The backend index of turn `turn` under round-robin or weighted.
+    fn scheduled(&self, turn: usize) -> usize {
+        match self.policy {
+            Policy::Weighted => self.schedule.pick(turn as u64),
+            _ => turn % self.backends.len().max(1),
+        }
+    }
+
+    fn pick_scheduled(&self) -> Option<&Arc<Backend>> {
+        let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
+        let n = self.backends.len();
+        // The turns after this one first, so that the schedule's spread
+        // holds among the backends left; then any backend at all.
+        (0..n)
+            .map(|k| self.scheduled(turn.wrapping_add(k)))
+            .chain((0..n).map(|k| (turn + k) % n))
+            .filter_map(|i| self.backends.get(i))
+            .find(|b| self.takes(b))
+    }
+
+    /// Power of two choices: two distinct backends at random, the one
+    /// with the lower `cost` wins.
+    fn pick_two(&self, cost: impl Fn(&Backend) -> f64) -> Option<&Arc<Backend>> {
+        let n = self.backends.len();
+        if n < 2 {
+            return self.backends.first().filter(|b| self.takes(b));
+        }
+        let first = fastrand::usize(..n);
+        let mut second = fastrand::usize(..n - 1);
+        if second >= first {
+            second += 1;
+        }
+        let (a, b) = (self.backends.get(first)?, self.backends.get(second)?);
+        // A backend whose ejection just ended takes its probe at once.
+        let a_ok = self.takes(a);
+        if a_ok && a.outlier.is_ejected() {
+            return Some(a);
+        }
+        let b_ok = self.takes(b);
+        if b_ok && b.outlier.is_ejected() {
+            return Some(b);
+        }
+        match (a_ok, b_ok) {
+            (true, true) => Some(if cost(b) < cost(a) { b } else { a }),
+            (true, false) => Some(a),
+            (false, true) => Some(b),
+            (false, false) => {
+                let start = fastrand::usize(..n);
+                (0..n)
+                    .filter_map(|k| self.backends.get((start + k) % n))
+                    .find(|b| self.takes(b))
+            }
+        }
+    }
+
+    /// Whether `backend` takes this request: checks and outlier state
+    /// allow it, and slow start, if it is ramping, offers it this turn.
+    fn takes(&self, backend: &Backend) -> bool {
+        if let (Some(ramp), Some(recovered)) = (self.slow_start, backend.health.recovered_at()) {
+            let elapsed =
+                Duration::from_millis(crate::backends::now_ms().saturating_sub(recovered));
+            let share = (elapsed.as_secs_f64() / ramp.as_secs_f64()).max(SLOW_START_FLOOR);
+            if share < 1.0 && fastrand::f64() >= share {
+                return false;
+            }
+        }
+        backend.usable() == Usable::Yes
+    }
+
+    /// Records how an attempt at `backend` (one of this upstream's) ended,
+    /// with the time to its answer, and ejects the backend when outlier
+    /// detection asks and at most `max_ejected_percent` of this
+    /// upstream's backends would then be out.
+    pub fn report(&self, backend: &Backend, attempt: Attempt, rtt: Option<Duration>) {
+        if let (Attempt::Answered(_), Some(rtt)) = (attempt, rtt) {
+            backend.load.observe(rtt);
+        }
+        if !backend.record(attempt, &self.outlier) {
+            return;
+        }
+        let ejected = self
+            .backends
+            .iter()
+            .filter(|b| b.outlier.is_ejected())
+            .count();
+        let after = ejected + usize::from(!backend.outlier.is_ejected());
+        let limit = self.outlier.max_ejected_percent as usize * self.backends.len();
+        if after * 100 <= limit {
+            backend.eject(&self.outlier);
+        } else {
+            tracing::debug!(upstream = %self.name, backend = %backend.key.addr, "not ejected: max_ejected_percent of the upstream is out already");
+        }
     }
 }
 
@@ -422,6 +255,7 @@ fn gcd(a: u32, b: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::UpstreamProtocol;
 
     /// Every backend's picks over two cycles of `weights`: exact shares
     /// per cycle, and no gap between two picks of a backend over three
@@ -492,6 +326,9 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(60),
             tls: None,
+            health: None,
+            outlier: OutlierSpec::default(),
+            slow_start: None,
             backends: [(1, 3), (2, 1), (3, 6)]
                 .iter()
                 .map(|(port, weight)| crate::plan::BackendSpec {
@@ -531,6 +368,7 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(60),
             tls: None,
+            health: None,
         };
         let a = registry.get_or_create(key.clone()).expect("a");
         let b = registry.get_or_create(key.clone()).expect("b");

@@ -241,6 +241,65 @@ pub struct RouteSpec {
 pub enum Policy {
     RoundRobin,
     Weighted,
+    /// Power of two choices on in-flight requests (counted across every
+    /// live generation).
+    LeastRequests,
+    /// Power of two choices on peak-EWMA latency × load (Linkerd's).
+    P2c,
+}
+
+/// An active health check: part of a backend's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HealthSpec {
+    pub probe: HealthProbe,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Consecutive failures that make a healthy backend unhealthy.
+    pub unhealthy_after: u32,
+    /// Consecutive passes that make an unhealthy backend healthy.
+    pub healthy_after: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum HealthProbe {
+    /// `GET path` with `Host: host`; passes on one of `expect_status`
+    /// (empty: any 2xx).
+    Http {
+        path: String,
+        host: Option<String>,
+        expect_status: Vec<u16>,
+    },
+    /// Passes when a TCP connection is accepted.
+    Tcp,
+}
+
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_UNHEALTHY_AFTER: u32 = 3;
+pub const DEFAULT_HEALTHY_AFTER: u32 = 2;
+
+/// Passive outlier detection (DESIGN §12): always on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutlierSpec {
+    /// Gateway failures or 5xx in a row that eject a backend.
+    pub consecutive_failures: u32,
+    /// An ejection lasts `base_ejection × ejections so far` ...
+    pub base_ejection: Duration,
+    /// ... capped here.
+    pub max_ejection: Duration,
+    /// At most this share of an upstream's backends is ejected at once.
+    pub max_ejected_percent: u32,
+}
+
+impl Default for OutlierSpec {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 5,
+            base_ejection: Duration::from_secs(30),
+            max_ejection: Duration::from_secs(300),
+            max_ejected_percent: 50,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -276,6 +335,10 @@ pub struct UpstreamSpec {
     pub backends: Vec<BackendSpec>,
     /// For `https` and `h2`: how to verify the backends.
     pub tls: Option<crate::tls::UpstreamTlsSpec>,
+    pub health: Option<HealthSpec>,
+    pub outlier: OutlierSpec,
+    /// Ramp of a backend that has just become healthy.
+    pub slow_start: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

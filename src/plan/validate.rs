@@ -662,7 +662,9 @@ impl Validator<'_> {
             let policy = match u.policy.as_str() {
                 "round_robin" => Some(Policy::RoundRobin),
                 "weighted" => Some(Policy::Weighted),
-                "least_requests" | "p2c" | "hash" => {
+                "least_requests" => Some(Policy::LeastRequests),
+                "p2c" => Some(Policy::P2c),
+                "hash" => {
                     self.unsupported(
                         at("policy"),
                         &format!("load-balancing policy \"{}\"", u.policy),
@@ -703,8 +705,21 @@ impl Validator<'_> {
                 Some(t) => self.duration(at("idle_timeout"), t),
                 None => Some(DEFAULT_UPSTREAM_IDLE_TIMEOUT),
             };
-            if u.health.is_some() {
-                self.unsupported(at("health"), "active health checking");
+            let health = u
+                .health
+                .as_ref()
+                .and_then(|h| self.health(&at("health"), h));
+            let outlier = self.outlier(&at("outlier"), u.outlier.as_ref());
+            let slow_start = u
+                .slow_start
+                .as_ref()
+                .and_then(|t| self.duration(at("slow_start"), t));
+            if slow_start.is_some_and(|d| d > Duration::from_secs(3600)) {
+                self.error(
+                    "invalid_duration",
+                    at("slow_start"),
+                    "slow_start must be at most 1h",
+                );
             }
             if u.backends.is_empty() {
                 self.error(
@@ -777,10 +792,190 @@ impl Validator<'_> {
                     idle_timeout,
                     backends,
                     tls,
+                    health,
+                    outlier,
+                    slow_start,
                 });
             }
         }
         out
+    }
+
+    /// `upstreams.NAME.health`; `None` after reporting what is wrong.
+    fn health(&mut self, base: &str, h: &crate::config::FileHealth) -> Option<HealthSpec> {
+        let at = |field: &str| format!("{base}.{field}");
+        let before = self.diagnostics.len();
+        let probe = match (&h.path, h.tcp) {
+            (Some(_), Some(true)) => {
+                self.error(
+                    "conflicting_options",
+                    base.to_owned(),
+                    "a health check is either `path` (HTTP) or `tcp = true`, not both",
+                );
+                None
+            }
+            (None, Some(true)) => {
+                for (field, set) in [
+                    ("host", h.host.is_some()),
+                    ("expect_status", h.expect_status.is_some()),
+                ] {
+                    if set {
+                        self.error(
+                            "conflicting_options",
+                            at(field),
+                            format!("`{field}` belongs to HTTP checks; this one is `tcp = true`"),
+                        );
+                    }
+                }
+                Some(HealthProbe::Tcp)
+            }
+            (Some(path), _) => {
+                if !path.starts_with('/')
+                    || http::uri::PathAndQuery::try_from(path.as_str()).is_err()
+                {
+                    self.error(
+                        "invalid_path",
+                        at("path"),
+                        format!("health path '{path}' must start with '/' and be a valid request target"),
+                    );
+                }
+                if let Some(host) = &h.host {
+                    if host.parse::<http::uri::Authority>().is_err() {
+                        self.error(
+                            "invalid_host",
+                            at("host"),
+                            format!("'{host}' is not a valid Host header value"),
+                        );
+                    }
+                }
+                let expect_status = h.expect_status.clone().unwrap_or_default();
+                for (i, status) in expect_status.iter().enumerate() {
+                    if !(100..=599).contains(status) {
+                        self.error(
+                            "invalid_status",
+                            format!("{base}.expect_status[{i}]"),
+                            format!("status {status} is not between 100 and 599"),
+                        );
+                    }
+                }
+                Some(HealthProbe::Http {
+                    path: path.clone(),
+                    host: h.host.clone(),
+                    expect_status,
+                })
+            }
+            (None, _) => {
+                self.error(
+                    "missing_key",
+                    base.to_owned(),
+                    "a health check needs `path = \"/healthz\"` (HTTP) or `tcp = true`",
+                );
+                None
+            }
+        };
+        let interval = match &h.interval {
+            Some(t) => self.duration(at("interval"), t),
+            None => Some(DEFAULT_HEALTH_INTERVAL),
+        };
+        let timeout = match &h.timeout {
+            Some(t) => self.duration(at("timeout"), t),
+            None => Some(DEFAULT_HEALTH_TIMEOUT.min(interval.unwrap_or(DEFAULT_HEALTH_TIMEOUT))),
+        };
+        if let Some(interval) = interval.filter(|i| *i < Duration::from_millis(100)) {
+            self.error(
+                "invalid_duration",
+                at("interval"),
+                format!("interval {interval:?} is below 100ms"),
+            );
+        }
+        if let (Some(interval), Some(timeout)) = (interval, timeout) {
+            if timeout > interval {
+                self.error(
+                    "invalid_duration",
+                    at("timeout"),
+                    format!("timeout {timeout:?} is longer than the interval {interval:?}"),
+                );
+            }
+        }
+        let mut count = |field: &str, value: Option<u32>, default: u32| {
+            let value = value.unwrap_or(default);
+            if !(1..=100).contains(&value) {
+                self.error(
+                    "invalid_value",
+                    at(field),
+                    format!("{field} = {value} must be between 1 and 100"),
+                );
+            }
+            value
+        };
+        let unhealthy_after = count(
+            "unhealthy_after",
+            h.unhealthy_after,
+            DEFAULT_UNHEALTHY_AFTER,
+        );
+        let healthy_after = count("healthy_after", h.healthy_after, DEFAULT_HEALTHY_AFTER);
+        if self.diagnostics.len() != before {
+            return None;
+        }
+        Some(HealthSpec {
+            probe: probe?,
+            interval: interval?,
+            timeout: timeout?,
+            unhealthy_after,
+            healthy_after,
+        })
+    }
+
+    /// `upstreams.NAME.outlier` over the defaults of DESIGN §12.
+    fn outlier(&mut self, base: &str, o: Option<&crate::config::FileOutlier>) -> OutlierSpec {
+        let defaults = OutlierSpec::default();
+        let Some(o) = o else {
+            return defaults;
+        };
+        let at = |field: &str| format!("{base}.{field}");
+        let consecutive_failures = o
+            .consecutive_failures
+            .unwrap_or(defaults.consecutive_failures);
+        if !(1..=1000).contains(&consecutive_failures) {
+            self.error(
+                "invalid_value",
+                at("consecutive_failures"),
+                format!("consecutive_failures = {consecutive_failures} must be between 1 and 1000"),
+            );
+        }
+        let base_ejection = match &o.base_ejection {
+            Some(t) => self.duration(at("base_ejection"), t),
+            None => Some(defaults.base_ejection),
+        };
+        let max_ejection = match &o.max_ejection {
+            Some(t) => self.duration(at("max_ejection"), t),
+            None => Some(defaults.max_ejection.max(base_ejection.unwrap_or_default())),
+        };
+        if let (Some(base_ejection), Some(max_ejection)) = (base_ejection, max_ejection) {
+            if max_ejection < base_ejection {
+                self.error(
+                    "invalid_duration",
+                    at("max_ejection"),
+                    format!("max_ejection {max_ejection:?} is shorter than base_ejection {base_ejection:?}"),
+                );
+            }
+        }
+        let max_ejected_percent = o
+            .max_ejected_percent
+            .unwrap_or(defaults.max_ejected_percent);
+        if max_ejected_percent > 100 {
+            self.error(
+                "invalid_value",
+                at("max_ejected_percent"),
+                format!("max_ejected_percent = {max_ejected_percent} must be between 0 and 100"),
+            );
+        }
+        OutlierSpec {
+            consecutive_failures,
+            base_ejection: base_ejection.unwrap_or(defaults.base_ejection),
+            max_ejection: max_ejection.unwrap_or(defaults.max_ejection),
+            max_ejected_percent: max_ejected_percent.min(100),
+        }
     }
 
     /// Reads a listener's certificates (for `config_version`) and loads

@@ -11,7 +11,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::generation::{BackendGuard, InflightGuard, RouteSlot, SendError, UpstreamBody};
+use crate::backends::{BackendGuard, SendError, UpstreamBody};
+use crate::generation::{InflightGuard, RouteSlot};
 use crate::runtime::GenerationStore;
 
 /// Holds what a streaming response keeps alive: the slim part of its

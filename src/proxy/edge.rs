@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Version};
 
-use crate::generation::header_tokens;
+use crate::backends::header_tokens;
 use crate::plan::{EncodedSlash, ListenerEdge};
 
 /// Why a request head is refused (the 400's log reason).

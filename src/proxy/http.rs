@@ -24,9 +24,8 @@ use super::downstream::Tracked;
 use super::edge::{self, Forwarded};
 use super::error::{error_response, ProxyError};
 use crate::admission::{Admission, Pinned};
-use crate::generation::{
-    header_tokens, Action, AttemptOutcome, Backend, ExchangeError, Generation, Route, SendError,
-};
+use crate::backends::{header_tokens, Attempt, Backend, ExchangeError, SendError};
+use crate::generation::{Action, Generation, Route, Upstream};
 use crate::plan::DirectResponse;
 use crate::telemetry::metrics as m;
 
@@ -233,6 +232,7 @@ async fn serve_route(
             &forwarded,
             pool,
             route,
+            upstream,
             backend,
             interim.map(|queue| &**queue),
             StreamGuards::new(
@@ -258,6 +258,7 @@ async fn serve_route(
         upgrade,
         conn,
         route,
+        upstream,
         backend,
         guard,
         slot,
@@ -274,15 +275,16 @@ async fn client_exchange(
     upgrade: Option<(HeaderValue, hyper::upgrade::OnUpgrade)>,
     conn: &ConnContext,
     route: &Route,
+    upstream: &Upstream,
     backend: &Backend,
     guard: crate::generation::InflightGuard,
     slot: Option<crate::generation::RouteSlot>,
-    backend_guard: crate::generation::BackendGuard,
+    backend_guard: crate::backends::BackendGuard,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     // The route timeout counts from the end of the request body.
     let (upstream_req, body_ended) = {
         let (parts, body) = upstream_req.into_parts();
-        let (body, ended) = crate::generation::SignalledBody::new(body);
+        let (body, ended) = crate::backends::SignalledBody::new(body);
         (Request::from_parts(parts, body), ended)
     };
     let timeout = route.timeout();
@@ -290,17 +292,19 @@ async fn client_exchange(
         let _ = body_ended.await;
         tokio::time::sleep(timeout).await;
     };
+    let sent = Instant::now();
     let answered = tokio::select! {
         answered = backend.client.request(upstream_req) => Ok(answered),
         _ = answer_due => Err(()),
     };
     let response = match answered {
         Ok(Ok(response)) => {
-            backend.record(AttemptOutcome::Ok);
+            let attempt = Attempt::Answered(response.status());
+            upstream.report(backend, attempt, Some(sent.elapsed()));
             response
         }
         Ok(Err(e)) if e.is_connect() => {
-            backend.record(AttemptOutcome::ConnectError);
+            upstream.report(backend, Attempt::ConnectError, None);
             return Err(ProxyError::UpstreamConnect(format!(
                 "{}: {}",
                 backend.key.addr,
@@ -308,7 +312,7 @@ async fn client_exchange(
             )));
         }
         Ok(Err(e)) => {
-            backend.record(AttemptOutcome::Error);
+            upstream.report(backend, Attempt::Error, None);
             return Err(ProxyError::Upstream(format!(
                 "{}: {}",
                 backend.key.addr,
@@ -316,7 +320,7 @@ async fn client_exchange(
             )));
         }
         Err(_) => {
-            backend.record(AttemptOutcome::Timeout);
+            upstream.report(backend, Attempt::Timeout, None);
             return Err(ProxyError::UpstreamTimeout(route.timeout()));
         }
     };
@@ -365,20 +369,22 @@ async fn client_exchange(
 }
 
 /// A plain HTTP/1.1 exchange through cutover's own client (see
-/// `generation::h1client`), on a pooled connection or a new one.
+/// `backends::h1`), on a pooled connection or a new one.
+#[allow(clippy::too_many_arguments)]
 async fn driven_exchange(
     req: Request<Incoming>,
     forwarded: &Forwarded,
-    pool: &crate::generation::H1Pool,
+    pool: &crate::backends::H1Pool,
     route: &Route,
+    upstream: &Upstream,
     backend: &Backend,
     interim: Option<&super::interim::InterimQueue>,
     guards: StreamGuards,
 ) -> Result<Response<ResponseBody>, ProxyError> {
-    let failed = |outcome, error: String| {
-        backend.record(outcome);
-        match outcome {
-            AttemptOutcome::ConnectError => {
+    let failed = |attempt, error: String| {
+        upstream.report(backend, attempt, None);
+        match attempt {
+            Attempt::ConnectError => {
                 ProxyError::UpstreamConnect(format!("{}: {error}", backend.key.addr))
             }
             _ => ProxyError::Upstream(format!("{}: {error}", backend.key.addr)),
@@ -389,7 +395,8 @@ async fn driven_exchange(
             queue.push(status, headers);
         }
     };
-    let response = match crate::generation::request_h1(
+    let sent = Instant::now();
+    let response = match crate::backends::request_h1(
         pool,
         &backend.key.addr,
         backend.key.connect_timeout,
@@ -402,25 +409,24 @@ async fn driven_exchange(
     {
         Ok(response) => response,
         Err(ExchangeError::Connect(error)) => {
-            return Err(failed(AttemptOutcome::ConnectError, error_chain(&error)))
+            return Err(failed(Attempt::ConnectError, error_chain(&error)))
         }
         Err(ExchangeError::Send(SendError::RequestBody(error))) => {
             return Err(ProxyError::ClientBody(error_chain(&*error)))
         }
         Err(ExchangeError::Send(SendError::Timeout(timeout))) => {
-            backend.record(AttemptOutcome::Timeout);
+            upstream.report(backend, Attempt::Timeout, None);
             return Err(ProxyError::UpstreamTimeout(timeout));
         }
-        Err(ExchangeError::Send(error)) => {
-            return Err(failed(AttemptOutcome::Error, error_chain(&error)))
-        }
+        Err(ExchangeError::Send(error)) => return Err(failed(Attempt::Error, error_chain(&error))),
     };
+    let rtt = sent.elapsed();
     let (mut parts, mut body) = response.into_parts();
     let first = match super::body::peek(&mut body) {
         Ok(first) => first,
-        Err(error) => return Err(failed(AttemptOutcome::Error, error_chain(&error))),
+        Err(error) => return Err(failed(Attempt::Error, error_chain(&error))),
     };
-    backend.record(AttemptOutcome::Ok);
+    upstream.report(backend, Attempt::Answered(parts.status), Some(rtt));
     strip_hop_by_hop(&mut parts.headers);
     // A response without a body (HEAD, 204, 304, length 0), or whose body
     // came whole with its head, is complete already: its connection can
@@ -534,7 +540,7 @@ fn requested_upgrade(req: &Request<Incoming>) -> Option<HeaderValue> {
 /// An upgraded connection (WebSocket, …) spliced to its backend.
 struct Tunnel {
     pinned: crate::generation::InflightGuard,
-    backend: crate::generation::BackendGuard,
+    backend: crate::backends::BackendGuard,
     route: Option<crate::generation::RouteSlot>,
     store: Arc<crate::runtime::GenerationStore>,
 }

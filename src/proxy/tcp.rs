@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 
 use super::observed::Observed;
 use crate::admission::Admission;
-use crate::generation::AttemptOutcome;
+use crate::backends::Attempt;
 use crate::ids::GenerationId;
 use crate::runtime::GenerationStore;
 
@@ -47,10 +47,10 @@ pub async fn serve(
         .find(|l| *l.name == *listener)
         .and_then(|l| l.upstream.as_deref())
         .and_then(|name| generation.upstream(name))
-        .and_then(|upstream| upstream.pick().cloned());
+        .and_then(|upstream| Some((Arc::clone(upstream), Arc::clone(upstream.pick()?))));
     // Only the guard and the backend outlive set-up.
     crate::admission::release(generation);
-    let Some(backend) = backend else {
+    let Some((upstream, backend)) = backend else {
         tracing::warn!(listener = %listener, "tcp listener has no upstream in the active generation");
         return;
     };
@@ -62,17 +62,18 @@ pub async fn serve(
     .await;
     let upstream = match connect {
         Ok(Ok(stream)) => {
-            backend.record(AttemptOutcome::Ok);
+            upstream.report(&backend, Attempt::Answered(http::StatusCode::OK), None);
+            drop(upstream);
             stream
         }
         Ok(Err(error)) => {
-            backend.record(AttemptOutcome::ConnectError);
+            upstream.report(&backend, Attempt::ConnectError, None);
             tracing::warn!(listener = %listener, backend = %backend.key.addr, %error, "tcp upstream connect failed");
             let _ = downstream.shutdown().await;
             return;
         }
         Err(_) => {
-            backend.record(AttemptOutcome::Timeout);
+            upstream.report(&backend, Attempt::Timeout, None);
             tracing::warn!(listener = %listener, backend = %backend.key.addr, "tcp upstream connect timed out");
             let _ = downstream.shutdown().await;
             return;

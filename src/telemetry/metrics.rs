@@ -43,6 +43,15 @@ pub const CERT_NOT_AFTER: &str = "cutover_certificate_not_after_seconds";
 pub const CERT_RELOADS: &str = "cutover_certificate_reloads_total";
 /// Drain-aware restarts by `outcome`.
 pub const UPGRADES: &str = "cutover_upgrades_total";
+/// Active health check results, by backend and `outcome` (pass, fail).
+pub const HEALTH_CHECKS: &str = "cutover_health_checks_total";
+/// 1 while a backend passes its active checks (or has none), else 0.
+pub const BACKEND_HEALTHY: &str = "cutover_backend_healthy";
+/// Outlier ejections, by backend.
+pub const EJECTIONS: &str = "cutover_backend_ejections_total";
+/// Picks made with every backend of an upstream unhealthy or ejected
+/// (traffic fails open to all of them), by upstream.
+pub const FAIL_OPEN: &str = "cutover_upstream_fail_open_total";
 
 /// Bucket bounds (seconds) of `REQUEST_DURATION`: sub-millisecond answers
 /// up to the longest upstream timeouts.
@@ -64,6 +73,7 @@ pub const LABEL_KIND: &str = "kind";
 pub const LABEL_GENERATION: &str = "generation";
 pub const LABEL_DIRECTION: &str = "direction";
 pub const LABEL_NAME: &str = "name";
+pub const LABEL_UPSTREAM: &str = "upstream";
 
 /// Status classes in label order; index with `status / 100 - 1`.
 pub const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];

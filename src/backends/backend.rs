@@ -1,0 +1,251 @@
+//! One backend: its clients and pools, and the state traffic and checks
+//! keep about it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::uri::{Authority, Scheme};
+use http::{StatusCode, Version};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use metrics::Counter;
+
+use super::client::UpstreamClient;
+use super::health::Health;
+use super::load::Load;
+use super::outlier::{Failure, Outlier};
+use super::BackendKey;
+use crate::plan::{OutlierSpec, UpstreamProtocol};
+use crate::telemetry::metrics as m;
+
+/// How one attempt at a backend ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// A response head came back (for TCP: the connection was made).
+    Answered(StatusCode),
+    ConnectError,
+    Timeout,
+    /// Reset, closed early, or an answer that could not be read.
+    Error,
+}
+
+impl Attempt {
+    /// Whether outlier detection counts it against the backend: gateway
+    /// failures and 5xx (DESIGN §12).
+    pub fn is_failure(self) -> bool {
+        match self {
+            Attempt::Answered(status) => status.is_server_error(),
+            _ => true,
+        }
+    }
+
+    fn counter_index(self) -> usize {
+        match self {
+            Attempt::Answered(_) => 0,
+            Attempt::ConnectError => 1,
+            Attempt::Timeout => 2,
+            Attempt::Error => 3,
+        }
+    }
+}
+
+/// Whether a backend takes traffic now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Usable {
+    Yes,
+    /// Unhealthy, unknown or ejected.
+    No,
+}
+
+/// One backend, shared by every generation that names it.
+#[derive(Debug)]
+pub struct Backend {
+    pub key: BackendKey,
+    pub authority: Authority,
+    /// `http` or `https`, for the upstream request URI.
+    pub scheme: Scheme,
+    /// The HTTP version requests to this backend carry.
+    pub version: Version,
+    pub client: UpstreamClient,
+    /// For plain HTTP/1.1 backends: connections driven by the requests'
+    /// own tasks (see `h1`). Upgrades still use `client`.
+    pub h1: Option<super::H1Pool>,
+    pub load: Load,
+    pub health: Health,
+    pub outlier: Outlier,
+    attempts: AtomicU64,
+    failures: AtomicU64,
+    outcomes: [Counter; 4],
+    ejections: Counter,
+}
+
+impl Backend {
+    pub(super) fn new(key: BackendKey) -> Result<Self, BackendError> {
+        let authority: Authority = key
+            .addr
+            .parse()
+            .map_err(|_| BackendError::Address(key.addr.clone()))?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(key.connect_timeout));
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(key.idle_timeout)
+            .pool_max_idle_per_host(1024)
+            .http2_only(key.protocol.is_http2());
+        let client = match &key.tls {
+            Some(tls) => {
+                connector.enforce_http(false);
+                let config = crate::tls::client_config(tls).map_err(BackendError::Tls)?;
+                let https = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(config)
+                    .https_only();
+                let https = match &tls.server_name {
+                    Some(name) => {
+                        let name = rustls_pki_types::ServerName::try_from(name.clone())
+                            .map_err(|_| BackendError::ServerName(name.clone()))?;
+                        https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
+                            name,
+                        ))
+                    }
+                    None => https,
+                };
+                let https = if key.protocol.is_http2() {
+                    https.enable_http2().wrap_connector(connector)
+                } else {
+                    https.enable_http1().wrap_connector(connector)
+                };
+                UpstreamClient::Tls(builder.build(https))
+            }
+            None => UpstreamClient::Plain(builder.build(connector)),
+        };
+        let h1 = (key.tls.is_none() && key.protocol == UpstreamProtocol::Http1)
+            .then(|| super::H1Pool::new(256, key.idle_timeout));
+        let scheme = if key.tls.is_some() {
+            Scheme::HTTPS
+        } else {
+            Scheme::HTTP
+        };
+        let version = if key.protocol.is_http2() {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        let addr = key.addr.clone();
+        let outcome = |o: &'static str| metrics::counter!(m::UPSTREAM_ATTEMPTS, m::LABEL_BACKEND => addr.clone(), m::LABEL_OUTCOME => o);
+        Ok(Self {
+            outcomes: [
+                outcome("ok"),
+                outcome("connect_error"),
+                outcome("timeout"),
+                outcome("error"),
+            ],
+            ejections: metrics::counter!(m::EJECTIONS, m::LABEL_BACKEND => addr.clone()),
+            health: Health::new(key.health.is_some()),
+            key,
+            authority,
+            scheme,
+            version,
+            h1,
+            client,
+            load: Load::default(),
+            outlier: Outlier::default(),
+            attempts: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether checks and outlier detection let a request through now.
+    /// After an ejection this lets exactly one probe through: call it for
+    /// the backend a request will go to, not for every candidate.
+    pub fn usable(&self) -> Usable {
+        if self.health.passing() && self.outlier.admits() {
+            Usable::Yes
+        } else {
+            Usable::No
+        }
+    }
+
+    /// Whether it would take traffic, without claiming a probe.
+    pub fn is_available(&self) -> bool {
+        self.health.passing() && !self.outlier.is_ejected()
+    }
+
+    /// Records an attempt; returns whether outlier detection wants the
+    /// backend ejected (the upstream decides, see `eject`).
+    pub fn record(&self, attempt: Attempt, spec: &OutlierSpec) -> bool {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        if let Some(counter) = self.outcomes.get(attempt.counter_index()) {
+            counter.increment(1);
+        }
+        if attempt.is_failure() {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+            self.outlier.failure(spec) == Failure::Eject
+        } else {
+            self.outlier.success();
+            false
+        }
+    }
+
+    /// Ejects the backend (outlier detection asked, the upstream agreed).
+    pub fn eject(&self, spec: &OutlierSpec) -> Duration {
+        self.ejections.increment(1);
+        let length = self.outlier.eject(spec);
+        tracing::warn!(backend = %self.key.addr, ejection = ?length, "backend ejected after consecutive failures");
+        length
+    }
+
+    pub fn attempts(&self) -> u64 {
+        self.attempts.load(Ordering::Relaxed)
+    }
+
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    pub fn inflight(&self) -> u64 {
+        self.load.inflight()
+    }
+
+    /// Counts one request to this backend until the guard drops.
+    pub fn start_request(self: &Arc<Self>) -> BackendGuard {
+        self.load.start();
+        BackendGuard {
+            backend: Arc::clone(self),
+        }
+    }
+}
+
+/// Why a backend could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend address '{0}' cannot be used as an HTTP authority")]
+    Address(String),
+    #[error("'{0}' is not a TLS server name")]
+    ServerName(String),
+    #[error("upstream TLS: {0}")]
+    Tls(crate::tls::TlsError),
+}
+
+/// One in-flight request to a backend.
+#[derive(Debug)]
+pub struct BackendGuard {
+    backend: Arc<Backend>,
+}
+
+impl BackendGuard {
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
+}
+
+impl Drop for BackendGuard {
+    fn drop(&mut self) {
+        self.backend.load.finish();
+    }
+}

@@ -1,0 +1,94 @@
+//! The clients that carry requests to a backend through hyper: TLS, h2
+//! and h2c backends, protocol upgrades and health checks. (Plain
+//! HTTP/1.1 traffic goes through cutover's own codec, `h1`.)
+
+use http_body::Body as _;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
+
+/// A client request body on its way through hyper's client, which says
+/// when it has been read to its end: the route timeout starts there.
+#[derive(Debug)]
+pub struct SignalledBody {
+    /// `None`: an empty body (the health checks' requests).
+    body: Option<Incoming>,
+    ended: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl SignalledBody {
+    /// The body, and what completes once it has ended (or failed).
+    pub fn new(body: Incoming) -> (Self, tokio::sync::oneshot::Receiver<()>) {
+        let (ended, receiver) = tokio::sync::oneshot::channel();
+        let ended = Some(ended);
+        let mut this = Self {
+            body: Some(body),
+            ended,
+        };
+        if this.is_end_stream() {
+            this.end();
+        }
+        (this, receiver)
+    }
+
+    /// A body with nothing in it.
+    pub fn empty() -> Self {
+        Self {
+            body: None,
+            ended: None,
+        }
+    }
+
+    fn end(&mut self) {
+        if let Some(ended) = self.ended.take() {
+            let _ = ended.send(());
+        }
+    }
+}
+
+impl http_body::Body for SignalledBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let Some(body) = this.body.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        let polled = std::pin::Pin::new(&mut *body).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) || body.is_end_stream() {
+            this.end();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(Incoming::is_end_stream)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body
+            .as_ref()
+            .map_or_else(|| http_body::SizeHint::with_exact(0), Incoming::size_hint)
+    }
+}
+
+/// The pooled client of a backend: plain TCP or TLS.
+#[derive(Debug)]
+pub enum UpstreamClient {
+    Plain(Client<HttpConnector, SignalledBody>),
+    Tls(Client<HttpsConnector<HttpConnector>, SignalledBody>),
+}
+
+impl UpstreamClient {
+    pub fn request(&self, req: http::Request<SignalledBody>) -> ResponseFuture {
+        match self {
+            UpstreamClient::Plain(client) => client.request(req),
+            UpstreamClient::Tls(client) => client.request(req),
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Process-shared backend state, keyed by backend identity (DESIGN §12).
+//!
+//! A [`Backend`] is everything about one backend that outlives a
+//! generation: its connection pools and client codecs (`client`, `h1`),
+//! its load (in-flight requests, peak-EWMA latency), its health as active
+//! checks see it (`health`), its outlier state as traffic sees it
+//! (`outlier`) and its counters. The [`BackendRegistry`] hands out one
+//! `Arc<Backend>` per [`BackendKey`] (address, protocol, timeouts, TLS
+//! settings, health check) to every generation that names it, so an
+//! activation that keeps a backend's identity keeps all of that; a changed
+//! identity is a different backend and starts fresh. The registry holds
+//! backends weakly: when no live generation names a backend any more it
+//! is dropped with its pools, and its health checker stops.
+//!
+//! This module knows nothing of generations: `generation::Upstream` holds
+//! handles into it and decides, with its own policy, which backend a
+//! request goes to.
+
+mod backend;
+mod client;
+mod h1;
+mod health;
+mod load;
+mod outlier;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+pub use backend::{Attempt, Backend, BackendError, BackendGuard, Usable};
+pub use client::{SignalledBody, UpstreamClient};
+pub use h1::{
+    header_tokens, request as request_h1, ConnectError, ExchangeError, H1Pool, SendError,
+    UpstreamBody,
+};
+pub use health::HealthState;
+
+use crate::plan::{HealthSpec, UpstreamProtocol};
+use crate::tls::UpstreamTlsSpec;
+
+/// What makes two backends the same backend: address, transport and the
+/// active check that judges it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BackendKey {
+    pub addr: String,
+    pub protocol: UpstreamProtocol,
+    pub connect_timeout: Duration,
+    /// How long a connection to it may be silent, pooled or mid-exchange.
+    pub idle_timeout: Duration,
+    /// TLS settings, including a fingerprint of the files they name, so a
+    /// rotated CA or client certificate makes a new backend.
+    pub tls: Option<UpstreamTlsSpec>,
+    pub health: Option<HealthSpec>,
+}
+
+/// The process-wide set of backends, by identity. Holds them weakly: a
+/// backend no generation names any more is dropped with its pool.
+#[derive(Debug, Default)]
+pub struct BackendRegistry {
+    backends: Mutex<HashMap<BackendKey, Weak<Backend>>>,
+}
+
+impl BackendRegistry {
+    /// The live backend for `key`, or a new one (whose first health
+    /// check, if it has one, starts at once).
+    pub fn get_or_create(&self, key: BackendKey) -> Result<Arc<Backend>, BackendError> {
+        let mut backends = self.backends.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(live) = backends.get(&key).and_then(Weak::upgrade) {
+            return Ok(live);
+        }
+        sweep(&mut backends);
+        let backend = Arc::new(Backend::new(key.clone())?);
+        health::start(&backend);
+        backends.insert(key, Arc::downgrade(&backend));
+        Ok(backend)
+    }
+
+    /// How many backends are alive.
+    pub fn live(&self) -> usize {
+        let backends = self.backends.lock().unwrap_or_else(PoisonError::into_inner);
+        backends.values().filter(|w| w.strong_count() > 0).count()
+    }
+}
+
+/// Drops dead weak entries, but only when the map has doubled since the
+/// last sweep: sweeping on every insert made building N new entries O(N²).
+pub(crate) fn sweep<K, V>(map: &mut HashMap<K, Weak<V>>) {
+    if map.len() >= 64 && map.len().is_power_of_two() {
+        map.retain(|_, weak| weak.strong_count() > 0);
+    }
+}
+
+/// Milliseconds since the process's first call: the time base of every
+/// deadline kept in an atomic here (0 means "none").
+pub(crate) fn now_ms() -> u64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    let origin = ORIGIN.get_or_init(|| Instant::now() - Duration::from_millis(1));
+    u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A point of [`now_ms`]'s time base as a wall-clock-free `Instant`.
+pub(crate) fn ms_to_duration_from_now(at_ms: u64) -> Duration {
+    Duration::from_millis(at_ms.saturating_sub(now_ms()))
+}
