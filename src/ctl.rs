@@ -74,6 +74,9 @@ enum CtlCommand {
     },
     /// Show the active generation, phase and in-flight work.
     Status,
+    /// Show every backend of the active generation: health, ejection,
+    /// in-flight requests, latency, attempts and failures.
+    Backends,
     /// Re-read listener certificates (all TLS listeners, or `--listener`).
     ReloadCerts {
         #[arg(long = "listener")]
@@ -181,6 +184,7 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
         }
         CtlCommand::History => client.get("/admin/runtime/history").await?,
         CtlCommand::Status => client.get("/admin/runtime/status").await?,
+        CtlCommand::Backends => client.get("/admin/runtime/backends").await?,
         CtlCommand::Drain => client.post("/admin/lifecycle/drain", json!({})).await?,
         CtlCommand::ReloadCerts { listeners } => {
             let body = if listeners.is_empty() {
@@ -350,6 +354,38 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
         }
         CtlCommand::Status => {
             println!("{}", serde_json::to_string_pretty(body).unwrap_or_default())
+        }
+        CtlCommand::Backends => {
+            println!(
+                "{:<16} {:<24} {:<10} {:<9} {:>8} {:>9} {:>10} {:>9}",
+                "upstream",
+                "backend",
+                "health",
+                "ejected",
+                "inflight",
+                "ewma_ms",
+                "attempts",
+                "failures"
+            );
+            for upstream in body["upstreams"].as_array().into_iter().flatten() {
+                for b in upstream["backends"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:<16} {:<24} {:<10} {:<9} {:>8} {:>9.1} {:>10} {:>9}",
+                        upstream["name"].as_str().unwrap_or("-"),
+                        b["addr"].as_str().unwrap_or("-"),
+                        b["health"].as_str().unwrap_or("-"),
+                        if b["ejected"] == json!(true) {
+                            "yes"
+                        } else {
+                            "no"
+                        },
+                        b["inflight"].as_u64().unwrap_or(0),
+                        b["ewma_ms"].as_f64().unwrap_or(0.0),
+                        b["attempts"].as_u64().unwrap_or(0),
+                        b["failures"].as_u64().unwrap_or(0),
+                    );
+                }
+            }
         }
         CtlCommand::Drain => println!(
             "draining ({})",

@@ -49,6 +49,7 @@ pub fn router(control: Arc<Control>, security: Security) -> Router {
             get(history_generation),
         )
         .route("/admin/runtime/status", get(status))
+        .route("/admin/runtime/backends", get(backends))
         .route("/admin/runtime/operations/{id}", get(operation))
         .route("/admin/lifecycle/drain", post(drain))
         .route("/admin/lifecycle/upgrade", post(upgrade))
@@ -212,6 +213,10 @@ async fn history_generation(
 
 async fn status(State(control): Shared) -> Response {
     Json(control.status()).into_response()
+}
+
+async fn backends(State(control): Shared) -> Response {
+    Json(control.backends()).into_response()
 }
 
 async fn operation(State(control): Shared, Path(id): Path<String>) -> Result<Response, ApiError> {

@@ -25,7 +25,7 @@ mod outlier;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 pub use backend::{Attempt, Backend, BackendError, BackendGuard, Usable};
 pub use client::{SignalledBody, UpstreamClient};
@@ -90,15 +90,81 @@ pub(crate) fn sweep<K, V>(map: &mut HashMap<K, Weak<V>>) {
     }
 }
 
-/// Milliseconds since the process's first call: the time base of every
-/// deadline kept in an atomic here (0 means "none").
-pub(crate) fn now_ms() -> u64 {
-    static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    let origin = ORIGIN.get_or_init(|| Instant::now() - Duration::from_millis(1));
-    u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+/// The origin of [`now_ms`], on the monotonic and on the wall clock.
+fn origin() -> &'static (Instant, SystemTime) {
+    static ORIGIN: OnceLock<(Instant, SystemTime)> = OnceLock::new();
+    ORIGIN.get_or_init(|| {
+        let ms = Duration::from_millis(1);
+        (Instant::now() - ms, SystemTime::now() - ms)
+    })
 }
 
-/// A point of [`now_ms`]'s time base as a wall-clock-free `Instant`.
-pub(crate) fn ms_to_duration_from_now(at_ms: u64) -> Duration {
-    Duration::from_millis(at_ms.saturating_sub(now_ms()))
+/// Milliseconds since the process's first call: the time base of every
+/// deadline kept in an atomic here (0 means "none").
+pub fn now_ms() -> u64 {
+    u64::try_from(origin().0.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `at_ms` as Unix milliseconds: stable from one call to the next, so
+/// two views of one deadline compare equal.
+fn unix_ms(at_ms: u64) -> u64 {
+    let at = origin().1 + Duration::from_millis(at_ms);
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What `GET /admin/runtime/backends` shows of one backend.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BackendView {
+    pub addr: String,
+    pub protocol: &'static str,
+    pub health: HealthState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_check: Option<CheckView>,
+    pub ejected: bool,
+    /// End of the current ejection, Unix milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ejected_until_unix_ms: Option<u64>,
+    pub ejections: u64,
+    pub inflight: u64,
+    /// Peak-EWMA latency to the response head, milliseconds.
+    pub ewma_ms: f64,
+    pub attempts: u64,
+    pub failures: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CheckView {
+    pub ago_ms: u64,
+    pub passed: bool,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+impl Backend {
+    pub fn view(&self) -> BackendView {
+        let until = self.outlier.ejected_until_ms();
+        BackendView {
+            addr: self.key.addr.clone(),
+            protocol: match self.key.protocol {
+                UpstreamProtocol::Http1 => "http1",
+                UpstreamProtocol::H2c => "h2c",
+                UpstreamProtocol::Https => "https",
+                UpstreamProtocol::H2 => "h2",
+            },
+            health: self.health.state(),
+            last_check: self.health.last().map(|c| CheckView {
+                ago_ms: now_ms().saturating_sub(c.at_ms),
+                passed: c.passed,
+                detail: c.detail,
+            }),
+            ejected: until.is_some(),
+            ejected_until_unix_ms: until.map(unix_ms),
+            ejections: self.outlier.ejections(),
+            inflight: self.inflight(),
+            ewma_ms: self.load.ewma().as_secs_f64() * 1000.0,
+            attempts: self.attempts(),
+            failures: self.failures(),
+        }
+    }
 }

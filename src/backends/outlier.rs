@@ -69,11 +69,11 @@ impl Outlier {
         self.ejected_until.load(Ordering::Acquire) != 0
     }
 
-    /// The end of the current ejection, if any, from now.
-    pub fn ejected_for(&self) -> Option<Duration> {
+    /// The end of the current ejection (`now_ms`), if any.
+    pub fn ejected_until_ms(&self) -> Option<u64> {
         match self.ejected_until.load(Ordering::Acquire) {
             0 => None,
-            until => Some(super::ms_to_duration_from_now(until)),
+            until => Some(until),
         }
     }
 

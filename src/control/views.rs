@@ -246,3 +246,37 @@ impl Control {
         activatable
     }
 }
+
+/// `GET /admin/runtime/backends`: every upstream of the active generation
+/// and the live state of each of its backends (DESIGN §12).
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendsView {
+    pub active_generation: GenerationId,
+    pub upstreams: Vec<UpstreamView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UpstreamView {
+    pub name: String,
+    pub policy: &'static str,
+    pub backends: Vec<crate::backends::BackendView>,
+}
+
+impl Control {
+    pub fn backends(&self) -> BackendsView {
+        let active = self.store.load_full();
+        let mut upstreams: Vec<UpstreamView> = active
+            .upstreams()
+            .map(|u| UpstreamView {
+                name: u.name.clone(),
+                policy: u.policy.as_str(),
+                backends: u.backends.iter().map(|b| b.view()).collect(),
+            })
+            .collect();
+        upstreams.sort_by(|a, b| a.name.cmp(&b.name));
+        BackendsView {
+            active_generation: active.id,
+            upstreams,
+        }
+    }
+}

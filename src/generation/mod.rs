@@ -77,6 +77,10 @@ impl Generation {
         self.upstreams.get(name)
     }
 
+    pub fn upstreams(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.upstreams.values()
+    }
+
     pub fn config_version(&self) -> &str {
         &self.spec.config_version
     }

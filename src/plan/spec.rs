@@ -248,6 +248,17 @@ pub enum Policy {
     P2c,
 }
 
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::RoundRobin => "round_robin",
+            Policy::Weighted => "weighted",
+            Policy::LeastRequests => "least_requests",
+            Policy::P2c => "p2c",
+        }
+    }
+}
+
 /// An active health check: part of a backend's identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HealthSpec {

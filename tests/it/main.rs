@@ -8,4 +8,5 @@ mod harness;
 mod lifecycle;
 mod proxy;
 mod reload;
+mod resilience;
 mod tls;

@@ -1,0 +1,563 @@
+//! Routing around failure (DESIGN §12): active health checks, passive
+//! outlier ejection, load-aware balancing, and backend state that
+//! survives activation.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+use crate::harness::*;
+
+/// What a [`Controlled`] backend does, changeable while it runs.
+struct Behaviour {
+    /// Status of ordinary requests.
+    status: AtomicU16,
+    /// Whether `/healthz` answers 200 (else 503).
+    healthy: AtomicBool,
+    /// Ordinary requests wait until this is false.
+    hold: tokio::sync::watch::Sender<bool>,
+    /// Ordinary requests being served now.
+    inflight: AtomicU64,
+    /// When each ordinary request arrived.
+    hits: Mutex<Vec<Instant>>,
+}
+
+/// A backend that answers with its name, counts what it serves, fails on
+/// demand, and can be killed (listener and every open connection closed)
+/// and started again on the same port.
+struct Controlled {
+    name: &'static str,
+    addr: SocketAddr,
+    behaviour: Arc<Behaviour>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Controlled {
+    async fn start(name: &'static str) -> Controlled {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let behaviour = Arc::new(Behaviour {
+            status: AtomicU16::new(200),
+            healthy: AtomicBool::new(true),
+            hold: tokio::sync::watch::channel(false).0,
+            inflight: AtomicU64::new(0),
+            hits: Mutex::new(Vec::new()),
+        });
+        let mut this = Controlled {
+            name,
+            addr,
+            behaviour,
+            task: None,
+        };
+        this.serve(listener);
+        this
+    }
+
+    fn serve(&mut self, listener: tokio::net::TcpListener) {
+        let (name, behaviour) = (self.name, Arc::clone(&self.behaviour));
+        self.task = Some(tokio::spawn(async move {
+            // Owned by this task: killing it closes every connection.
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                let behaviour = Arc::clone(&behaviour);
+                connections.spawn(async move {
+                    let service = hyper::service::service_fn(move |req: Request<_>| {
+                        let behaviour = Arc::clone(&behaviour);
+                        async move {
+                            if req.uri().path() == "/healthz" {
+                                let status = if behaviour.healthy.load(Ordering::SeqCst) {
+                                    200
+                                } else {
+                                    503
+                                };
+                                let mut response = hyper::Response::new(full("check"));
+                                *response.status_mut() = status.try_into().unwrap();
+                                return Ok::<_, std::convert::Infallible>(response);
+                            }
+                            behaviour.hits.lock().unwrap().push(Instant::now());
+                            behaviour.inflight.fetch_add(1, Ordering::SeqCst);
+                            let mut hold = behaviour.hold.subscribe();
+                            let _ = hold.wait_for(|held| !held).await;
+                            behaviour.inflight.fetch_sub(1, Ordering::SeqCst);
+                            let mut response = hyper::Response::new(full(name));
+                            *response.status_mut() =
+                                behaviour.status.load(Ordering::SeqCst).try_into().unwrap();
+                            Ok(response)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }));
+    }
+
+    /// Closes the listener and every open connection.
+    async fn kill(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Listens again on the same port.
+    async fn revive(&mut self) {
+        let listener = tokio::net::TcpListener::bind(self.addr).await.unwrap();
+        self.serve(listener);
+    }
+
+    fn hits(&self) -> usize {
+        self.behaviour.hits.lock().unwrap().len()
+    }
+
+    fn hits_after(&self, at: Instant) -> usize {
+        self.behaviour
+            .hits
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| **h > at)
+            .count()
+    }
+
+    fn hits_between(&self, from: Instant, to: Instant) -> usize {
+        self.behaviour
+            .hits
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| **h > from && **h <= to)
+            .count()
+    }
+
+    fn first_hit_after(&self, at: Instant) -> Option<Instant> {
+        self.behaviour
+            .hits
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .find(|h| *h > at)
+    }
+}
+
+impl Drop for Controlled {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Keep-alive clients that GET `/` back to back until stopped, counting
+/// every answer; a failed connection is replaced and counted as a failure.
+struct Load {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    /// When each failure happened, and what it was.
+    failures: Arc<Mutex<Vec<(SystemTime, String)>>>,
+    clients: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(addr: SocketAddr, clients: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let clients = (0..clients)
+            .map(|_| {
+                let (stop, ok, failures) =
+                    (Arc::clone(&stop), Arc::clone(&ok), Arc::clone(&failures));
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(stream) = tokio::net::TcpStream::connect(addr).await else {
+                            failures
+                                .lock()
+                                .unwrap()
+                                .push((SystemTime::now(), "connect".into()));
+                            continue;
+                        };
+                        let Ok((mut sender, conn)) =
+                            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+                        else {
+                            continue;
+                        };
+                        tokio::spawn(conn);
+                        while !stop.load(Ordering::Relaxed) {
+                            let req = Request::builder()
+                                .uri("/")
+                                .header("host", "a")
+                                .body(Full::new(Bytes::new()))
+                                .unwrap();
+                            let answer = match sender.send_request(req).await {
+                                Ok(response) => {
+                                    let status = response.status();
+                                    match response.into_body().collect().await {
+                                        Ok(_) if status.is_success() => Ok(()),
+                                        Ok(body) => Err(format!(
+                                            "{status} {:?}",
+                                            String::from_utf8_lossy(&body.to_bytes())
+                                        )),
+                                        Err(e) => Err(format!("body: {e}")),
+                                    }
+                                }
+                                Err(e) => Err(format!("request: {e}")),
+                            };
+                            match answer {
+                                Ok(()) => {
+                                    ok.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Err(error) => {
+                                    failures.lock().unwrap().push((SystemTime::now(), error));
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            ok,
+            failures,
+            clients,
+        }
+    }
+
+    /// Stops the clients; returns (answered, failures).
+    async fn stop(self) -> (u64, Vec<(SystemTime, String)>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for client in self.clients {
+            let _ = client.await;
+        }
+        let failures = std::mem::take(&mut *self.failures.lock().unwrap());
+        (self.ok.load(Ordering::Relaxed), failures)
+    }
+}
+
+fn upstream_config(backends: &[&Controlled], upstream_extra: &str) -> String {
+    let list: Vec<String> = backends
+        .iter()
+        .map(|b| format!("{{ addr = \"{}\" }}", b.addr))
+        .collect();
+    config(&format!(
+        r#"[[routes]]
+name = "all"
+listeners = ["web"]
+upstream = "app"
+
+[[routes]]
+name = "unrelated"
+listeners = ["web"]
+path_exact = "/version"
+respond = {{ status = 200, body = "v0" }}
+
+[upstreams.app]
+backends = [{}]
+{upstream_extra}
+"#,
+        list.join(", ")
+    ))
+}
+
+async fn backends_view(gw: &Gateway) -> Value {
+    let (status, body) =
+        admin_request(gw.admin, "GET", "/admin/runtime/backends", None, None).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The view of the backend at `addr` in upstream `app`.
+fn backend_in(view: &Value, addr: SocketAddr) -> Value {
+    view["upstreams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|u| u["name"] == "app")
+        .flat_map(|u| u["backends"].as_array().cloned().unwrap_or_default())
+        .find(|b| b["addr"] == addr.to_string().as_str())
+        .unwrap_or(Value::Null)
+}
+
+/// Polls the backends view until `check` holds for `addr` (at most 10 s).
+async fn wait_backend(gw: &Gateway, addr: SocketAddr, what: &str, check: impl Fn(&Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let view = backends_view(gw).await;
+        let backend = backend_in(&view, addr);
+        if check(&backend) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{addr} never {what}: {view}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_killed_under_load_is_ejected_and_costs_at_most_a_thousandth() {
+    let a = Controlled::start("a").await;
+    let b = Controlled::start("b").await;
+    let mut c = Controlled::start("c").await;
+    let gw = Gateway::start(&upstream_config(&[&a, &b, &c], ""));
+    let load = Load::start(gw.listener("web"), 32);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(c.hits() > 0, "c took no traffic before it died");
+    c.kill().await;
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let (ok, failures) = load.stop().await;
+    let total = ok + failures.len() as u64;
+    assert_eq!(c.hits_after(killed), 0);
+    // Ejected by outlier detection (defaults: 5 failures in a row, 30 s).
+    let view = backends_view(&gw).await;
+    let dead = backend_in(&view, c.addr);
+    assert_eq!(dead["ejected"], true, "{view}");
+    let ejected_at = dead["ejected_until_unix_ms"].as_u64().unwrap() - 30_000;
+    let late: Vec<_> = failures
+        .iter()
+        .filter(|(at, _)| unix_ms(*at) > ejected_at + 200)
+        .collect();
+    assert!(late.is_empty(), "failures after the ejection: {late:?}");
+    assert!(
+        failures.len() as f64 <= total as f64 * 0.001,
+        "{} of {total} requests failed: {failures:?}",
+        failures.len()
+    );
+    assert!(total > 10_000, "too little traffic to judge: {total}");
+    eprintln!(
+        "killed backend: {} of {total} requests failed ({:.4} %)",
+        failures.len(),
+        failures.len() as f64 * 100.0 / total as f64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_checks_take_a_failing_backend_out_and_ramp_it_back_in() {
+    let a = Controlled::start("a").await;
+    let b = Controlled::start("b").await;
+    let c = Controlled::start("c").await;
+    let interval = Duration::from_millis(200);
+    let gw = Gateway::start(&upstream_config(
+        &[&a, &b, &c],
+        r#"health = { path = "/healthz", interval = "200ms", timeout = "100ms", unhealthy_after = 2, healthy_after = 2 }
+slow_start = "2s""#,
+    ));
+    for backend in [&a, &b, &c] {
+        wait_backend(&gw, backend.addr, "healthy", |b| b["health"] == "healthy").await;
+    }
+    let load = Load::start(gw.listener("web"), 8);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.behaviour.healthy.store(false, Ordering::SeqCst);
+    let failing = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // interval × unhealthy_after + interval, with the checks' ±10 % jitter.
+    let out_by = failing + interval.mul_f64(3.0 * 1.1) + Duration::from_millis(50);
+    assert_eq!(c.hits_after(out_by), 0, "traffic after the checks failed");
+    assert!(a.hits_after(out_by) > 0 && b.hits_after(out_by) > 0);
+    c.behaviour.healthy.store(true, Ordering::SeqCst);
+    let passing = Instant::now();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, failures) = load.stop().await;
+    assert!(failures.is_empty(), "{failures:?}");
+    // Back after two passing checks: not before the second (an interval
+    // after the first at the least), not much after.
+    let back = c.first_hit_after(passing).expect("c takes traffic again");
+    let waited = back - passing;
+    assert!(
+        waited >= interval.mul_f64(0.9)
+            && waited <= interval.mul_f64(3.0 * 1.1) + Duration::from_millis(100),
+        "back after {waited:?}"
+    );
+    // Slow start: its share grows over 2 s.
+    let window = Duration::from_millis(400);
+    let early = c.hits_between(back, back + window) as f64
+        / a.hits_between(back, back + window).max(1) as f64;
+    let late_from = back + Duration::from_millis(2_300);
+    let late = c.hits_between(late_from, late_from + window) as f64
+        / a.hits_between(late_from, late_from + window).max(1) as f64;
+    assert!(late > 0.7, "c's share once ramped: {late:.2} of a's");
+    assert!(
+        early < 0.5 * late,
+        "no ramp: {early:.2} then {late:.2} of a's share"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ejection_survives_a_hundred_activations_and_a_new_port_starts_fresh() {
+    let a = Controlled::start("a").await;
+    let b = Controlled::start("b").await;
+    let c = Controlled::start("c").await;
+    let health = r#"health = { path = "/healthz", interval = "300ms" }
+outlier = { consecutive_failures = 3, base_ejection = "60s" }"#;
+    let gw = Gateway::start(&upstream_config(&[&a, &b, &c], health));
+    for backend in [&a, &b, &c] {
+        wait_backend(&gw, backend.addr, "healthy", |b| b["health"] == "healthy").await;
+    }
+    // c passes its checks but fails every request: outlier detection.
+    c.behaviour.status.store(503, Ordering::SeqCst);
+    let web = gw.listener("web");
+    for _ in 0..20 {
+        get(web, "a", "/").await;
+    }
+    let before = backend_in(&backends_view(&gw).await, c.addr);
+    assert_eq!(before["ejected"], true, "{before}");
+    let activate = |i: usize| {
+        let text = upstream_config(&[&a, &b, &c], health)
+            .replace("body = \"v0\"", &format!("body = \"v{i}\""));
+        admin_request(
+            gw.admin,
+            "POST",
+            "/admin/runtime/activate",
+            Some("application/toml"),
+            Some(text),
+        )
+    };
+    for i in 1..=100 {
+        let (status, body) = activate(i).await;
+        assert_eq!(
+            (status, body["outcome"].as_str()),
+            (200, Some("activated")),
+            "{body}"
+        );
+    }
+    assert_eq!(get(web, "a", "/version").await.2, "v100");
+    let hits = c.hits();
+    for _ in 0..1000 {
+        let (status, _, _) = get(web, "a", "/").await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(c.hits(), hits, "an ejected backend took traffic");
+    let after = backend_in(&backends_view(&gw).await, c.addr);
+    assert_eq!(
+        after["ejected_until_unix_ms"],
+        before["ejected_until_unix_ms"]
+    );
+    assert_eq!(after["ejections"], before["ejections"]);
+    assert_eq!(after["health"], "healthy");
+
+    // The same backend process on a new port is a new identity: checked
+    // afresh, nothing of c's record applies.
+    let d = Controlled::start("d").await;
+    let text = upstream_config(&[&a, &b, &d], health);
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(text),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let fresh = backend_in(&backends_view(&gw).await, d.addr);
+    assert_eq!(
+        (fresh["ejected"].as_bool(), fresh["ejections"].as_u64()),
+        (Some(false), Some(0)),
+        "{fresh}"
+    );
+    assert!(fresh["attempts"] == 0, "{fresh}");
+    wait_backend(&gw, d.addr, "healthy", |b| b["health"] == "healthy").await;
+    for _ in 0..30 {
+        get(web, "a", "/").await;
+    }
+    assert!(d.hits() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_requests_counts_what_older_generations_have_in_flight() {
+    let a = Controlled::start("a").await;
+    let b = Controlled::start("b").await;
+    a.behaviour.hold.send_replace(true);
+    let gw = Gateway::start(&upstream_config(&[&a], ""));
+    let web = gw.listener("web");
+    let slow: Vec<_> = (0..50)
+        .map(|_| tokio::spawn(async move { get(web, "a", "/").await }))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.behaviour.inflight.load(Ordering::SeqCst) < 50 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow requests did not all arrive"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(upstream_config(&[&a, &b], "policy = \"least_requests\"")),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let fast: Vec<_> = (0..50)
+        .map(|_| tokio::spawn(async move { get(web, "a", "/").await }))
+        .collect();
+    for request in fast {
+        let (status, _, body) = request.await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "b"));
+    }
+    a.behaviour.hold.send_replace(false);
+    for request in slow {
+        let (status, _, body) = request.await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "a"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_active_checks_a_killed_backend_stops_failing_requests_and_returns_when_revived() {
+    let a = Controlled::start("a").await;
+    let b = Controlled::start("b").await;
+    let mut c = Controlled::start("c").await;
+    let interval = Duration::from_millis(200);
+    let gw = Gateway::start(&upstream_config(
+        &[&a, &b, &c],
+        // Outlier detection would eject it first: make it too patient.
+        r#"health = { path = "/healthz", interval = "200ms", timeout = "100ms", unhealthy_after = 2, healthy_after = 2 }
+outlier = { consecutive_failures = 1000 }"#,
+    ));
+    for backend in [&a, &b, &c] {
+        wait_backend(&gw, backend.addr, "healthy", |b| b["health"] == "healthy").await;
+    }
+    let load = Load::start(gw.listener("web"), 8);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.kill().await;
+    let killed = SystemTime::now();
+    wait_backend(&gw, c.addr, "unhealthy", |b| b["health"] == "unhealthy").await;
+    c.revive().await;
+    let revived = Instant::now();
+    wait_backend(&gw, c.addr, "healthy again", |b| b["health"] == "healthy").await;
+    let back = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (ok, failures) = load.stop().await;
+    // Requests fail only until the checks notice.
+    let out_by = unix_ms(killed) + interval.mul_f64(3.0 * 1.1).as_millis() as u64 + 50;
+    let late: Vec<_> = failures
+        .iter()
+        .filter(|(at, _)| unix_ms(*at) > out_by)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "failures once the checks had failed: {late:?}"
+    );
+    assert!(ok > 1000, "{ok}");
+    assert!(back - revived <= interval.mul_f64(3.0 * 1.1) + Duration::from_millis(200));
+    assert!(
+        c.hits_after(back) > 0,
+        "c took no traffic once healthy again"
+    );
+}
