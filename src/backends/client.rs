@@ -2,30 +2,69 @@
 //! and h2c backends, protocol upgrades and health checks. (Plain
 //! HTTP/1.1 traffic goes through cutover's own codec, `h1`.)
 
+use bytes::Bytes;
 use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 
+/// A request body on its way to a backend: the client's, streamed, or
+/// one read in full beforehand so that it can be sent more than once
+/// (retries, hedging; `None` is an empty body).
+#[derive(Debug)]
+pub enum RequestBody {
+    Streaming(Incoming),
+    Buffered(Option<Bytes>),
+}
+
+impl http_body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            RequestBody::Streaming(body) => std::pin::Pin::new(body).poll_frame(cx),
+            RequestBody::Buffered(bytes) => {
+                std::task::Poll::Ready(bytes.take().map(|b| Ok(http_body::Frame::data(b))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Streaming(body) => body.is_end_stream(),
+            RequestBody::Buffered(bytes) => bytes.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            RequestBody::Streaming(body) => body.size_hint(),
+            RequestBody::Buffered(bytes) => {
+                http_body::SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
+        }
+    }
+}
+
 /// A client request body on its way through hyper's client, which says
 /// when it has been read to its end: the route timeout starts there.
 #[derive(Debug)]
 pub struct SignalledBody {
-    /// `None`: an empty body (the health checks' requests).
-    body: Option<Incoming>,
+    body: RequestBody,
     ended: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl SignalledBody {
     /// The body, and what completes once it has ended (or failed).
-    pub fn new(body: Incoming) -> (Self, tokio::sync::oneshot::Receiver<()>) {
+    pub fn new(body: RequestBody) -> (Self, tokio::sync::oneshot::Receiver<()>) {
         let (ended, receiver) = tokio::sync::oneshot::channel();
         let ended = Some(ended);
-        let mut this = Self {
-            body: Some(body),
-            ended,
-        };
+        let mut this = Self { body, ended };
         if this.is_end_stream() {
             this.end();
         }
@@ -35,7 +74,7 @@ impl SignalledBody {
     /// A body with nothing in it.
     pub fn empty() -> Self {
         Self {
-            body: None,
+            body: RequestBody::Buffered(None),
             ended: None,
         }
     }
@@ -56,24 +95,21 @@ impl http_body::Body for SignalledBody {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let this = self.get_mut();
-        let Some(body) = this.body.as_mut() else {
-            return std::task::Poll::Ready(None);
-        };
-        let polled = std::pin::Pin::new(&mut *body).poll_frame(cx);
-        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) || body.is_end_stream() {
+        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_))))
+            || this.body.is_end_stream()
+        {
             this.end();
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.as_ref().is_none_or(Incoming::is_end_stream)
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body
-            .as_ref()
-            .map_or_else(|| http_body::SizeHint::with_exact(0), Incoming::size_hint)
+        self.body.size_hint()
     }
 }
 

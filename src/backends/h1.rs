@@ -31,7 +31,6 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -948,7 +947,7 @@ fn chunk_size(line: &[u8]) -> Result<u64, SendError> {
 
 /// A response body read from a plain HTTP/1.1 backend; also finishes
 /// writing the request body, for backends that answer while they read.
-pub struct UpstreamBody<B = Incoming> {
+pub struct UpstreamBody<B = super::RequestBody> {
     conn: Option<H1Conn>,
     writer: Option<RequestWriter<B>>,
     write_failed: bool,

@@ -17,6 +17,7 @@
 //! request goes to.
 
 mod backend;
+mod budget;
 mod client;
 mod h1;
 mod health;
@@ -28,7 +29,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 pub use backend::{Attempt, Backend, BackendError, BackendGuard, Usable};
-pub use client::{SignalledBody, UpstreamClient};
+pub use budget::RetryBudget;
+pub use client::{RequestBody, SignalledBody, UpstreamClient};
 pub use h1::{
     header_tokens, request as request_h1, ConnectError, ExchangeError, H1Pool, SendError,
     UpstreamBody,
@@ -53,11 +55,13 @@ pub struct BackendKey {
     pub health: Option<HealthSpec>,
 }
 
-/// The process-wide set of backends, by identity. Holds them weakly: a
-/// backend no generation names any more is dropped with its pool.
+/// The process-wide set of backends, by identity, and the retry budgets,
+/// by upstream name. Holds both weakly: what no generation names any more
+/// is dropped (a backend with its pool).
 #[derive(Debug, Default)]
 pub struct BackendRegistry {
     backends: Mutex<HashMap<BackendKey, Weak<Backend>>>,
+    budgets: Mutex<HashMap<String, Weak<RetryBudget>>>,
 }
 
 impl BackendRegistry {
@@ -73,6 +77,18 @@ impl BackendRegistry {
         health::start(&backend);
         backends.insert(key, Arc::downgrade(&backend));
         Ok(backend)
+    }
+
+    /// The retry budget of upstream `name`: the live one, or a new one.
+    pub fn budget(&self, name: &str) -> Arc<RetryBudget> {
+        let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(live) = budgets.get(name).and_then(Weak::upgrade) {
+            return live;
+        }
+        sweep(&mut budgets);
+        let budget = Arc::new(RetryBudget::default());
+        budgets.insert(name.to_owned(), Arc::downgrade(&budget));
+        budget
     }
 
     /// How many backends are alive.

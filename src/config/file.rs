@@ -236,14 +236,76 @@ pub struct FileRoute {
     pub respond: Option<FileRespond>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// Retries of failed attempts (on other backends, within `timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry: Option<toml::Value>,
+    pub retry: Option<FileRetry>,
+    /// A second attempt when the first has not answered within `delay`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hedge: Option<toml::Value>,
+    pub hedge: Option<FileHedge>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<toml::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_inflight: Option<u64>,
+}
+
+/// `routes.retry`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRetry {
+    /// Attempts in all, the first included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// What is retried: `connect_failure`, `refused`, `reset`, `timeout`,
+    /// `gateway_error`, `5xx`, or a status such as `"503"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_try_timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<FileBackoff>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<FileBudget>,
+    /// Methods that may be retried (default: the idempotent ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub methods: Option<Vec<String>>,
+    /// Largest request body, in bytes, kept for sending again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_replay_body: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileBackoff {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<String>,
+}
+
+/// `budget = 0.2` or `budget = { ratio = 0.2, min_per_second = 10 }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FileBudget {
+    Ratio(f64),
+    Table(FileBudgetTable),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileBudgetTable {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_per_second: Option<u32>,
+}
+
+/// `routes.hedge`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHedge {
+    pub delay: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_extra: Option<u32>,
 }
 
 /// `routes.respond`: answer directly, without an upstream.

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backends::{Attempt, Backend, BackendError, BackendKey, BackendRegistry, Usable};
+use crate::backends::{
+    Attempt, Backend, BackendError, BackendKey, BackendRegistry, RetryBudget, Usable,
+};
 use crate::plan::{OutlierSpec, Policy, UpstreamSpec};
 use crate::telemetry::metrics as m;
 
@@ -23,6 +25,8 @@ pub struct Upstream {
     schedule: WeightedSchedule,
     cursor: AtomicUsize,
     fail_open: metrics::Counter,
+    /// Shared with every generation that has an upstream of this name.
+    budget: Arc<RetryBudget>,
 }
 
 /// The least share of its turns a backend in slow start is offered.
@@ -59,6 +63,7 @@ impl Upstream {
             schedule,
             cursor: AtomicUsize::new(0),
             fail_open: metrics::counter!(m::FAIL_OPEN, m::LABEL_UPSTREAM => spec.name.clone()),
+            budget: registry.budget(&spec.name),
         })
     }
 
@@ -79,6 +84,10 @@ impl Upstream {
         }
         let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
         self.backends.get(self.scheduled(turn))
+    }
+
+    pub fn budget(&self) -> &Arc<RetryBudget> {
+        &self.budget
     }
 
     /// The backend index of turn `turn` under round-robin or weighted.

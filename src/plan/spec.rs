@@ -235,6 +235,73 @@ pub struct RouteSpec {
     pub timeout: Duration,
     /// Admission limit: concurrent requests beyond it get 503.
     pub max_inflight: Option<u64>,
+    pub retry: Option<RetrySpec>,
+    pub hedge: Option<HedgeSpec>,
+}
+
+/// `routes.retry`: when a failed attempt is made again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetrySpec {
+    /// Attempts in all, the first included (2–10).
+    pub attempts: u32,
+    pub on: RetryOn,
+    /// Deadline of each attempt's response head (always within the
+    /// route's `timeout`, which covers every attempt).
+    pub per_try_timeout: Option<Duration>,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    pub budget: BudgetSpec,
+    pub methods: Vec<Method>,
+    pub max_replay_body: u64,
+}
+
+/// What makes an attempt worth repeating.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RetryOn {
+    /// The connection could not be made (refused, unreachable, timed out).
+    pub connect_failure: bool,
+    /// The connection was refused.
+    pub refused: bool,
+    /// The connection broke before a response head.
+    pub reset: bool,
+    /// No response head within the attempt's deadline.
+    pub timeout: bool,
+    /// 502, 503 or 504 from the backend.
+    pub gateway_error: bool,
+    /// Any 5xx from the backend.
+    pub server_error: bool,
+    /// These statuses from the backend.
+    pub statuses: Vec<u16>,
+}
+
+/// Retries (and hedges) allowed per upstream: `ratio` of the requests
+/// plus `min_per_second`, over a 10 s window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetSpec {
+    pub ratio: f64,
+    pub min_per_second: u32,
+}
+
+impl Default for BudgetSpec {
+    fn default() -> Self {
+        Self {
+            ratio: 0.2,
+            min_per_second: 10,
+        }
+    }
+}
+
+pub const DEFAULT_RETRY_ATTEMPTS: u32 = 2;
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(25);
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_millis(250);
+pub const DEFAULT_MAX_REPLAY_BODY: u64 = 64 * 1024;
+
+/// `routes.hedge`: more attempts when the first is slow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HedgeSpec {
+    pub delay: Duration,
+    /// Extra attempts at most (1–3), each `delay` after the previous.
+    pub max_extra: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

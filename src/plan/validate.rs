@@ -1361,14 +1361,23 @@ impl Validator<'_> {
                 "max_inflight must be at least 1",
             );
         }
-        for (field, value) in [
-            ("retry", &r.retry),
-            ("hedge", &r.hedge),
-            ("quota", &r.quota),
-        ] {
-            if value.is_some() {
-                self.unsupported(at(field), &format!("route {field}"));
+        if r.quota.is_some() {
+            self.unsupported(at("quota"), "route quota");
+        }
+        let retry = r.retry.as_ref().and_then(|retry| self.retry(&at("retry"), retry));
+        let hedge = r.hedge.as_ref().and_then(|hedge| self.hedge(&at("hedge"), hedge));
+        let proxies = matches!(action, Some(RouteAction::Proxy { .. }));
+        for (field, set) in [("retry", r.retry.is_some()), ("hedge", r.hedge.is_some())] {
+            if set && !proxies && action.is_some() {
+                self.error(
+                    "unexpected_option",
+                    at(field),
+                    format!("`{field}` applies to routes with an upstream, not to `respond`"),
+                );
             }
+        }
+        if (r.retry.is_some() && retry.is_none()) || (r.hedge.is_some() && hedge.is_none()) {
+            ok = false;
         }
         if !ok {
             return None;
@@ -1383,6 +1392,147 @@ impl Validator<'_> {
             action: action?,
             timeout: timeout?,
             max_inflight: r.max_inflight.filter(|n| *n > 0),
+            retry,
+            hedge,
+        })
+    }
+
+    /// `routes[i].retry`; `None` after reporting what is wrong.
+    fn retry(&mut self, base: &str, r: &crate::config::FileRetry) -> Option<RetrySpec> {
+        let at = |field: &str| format!("{base}.{field}");
+        let before = self.diagnostics.len();
+        let attempts = r.attempts.unwrap_or(DEFAULT_RETRY_ATTEMPTS);
+        if !(2..=10).contains(&attempts) {
+            self.error(
+                "invalid_value",
+                at("attempts"),
+                format!("attempts = {attempts} must be between 2 and 10 (the first attempt included)"),
+            );
+        }
+        let mut on = RetryOn::default();
+        let conditions = r.on.clone().unwrap_or_else(|| {
+            vec!["connect_failure".into(), "reset".into(), "gateway_error".into()]
+        });
+        for (k, condition) in conditions.iter().enumerate() {
+            match condition.as_str() {
+                "connect_failure" => on.connect_failure = true,
+                "refused" => on.refused = true,
+                "reset" => on.reset = true,
+                "timeout" => on.timeout = true,
+                "gateway_error" => on.gateway_error = true,
+                "5xx" => on.server_error = true,
+                other => match other.parse::<u16>() {
+                    Ok(status) if (400..=599).contains(&status) => on.statuses.push(status),
+                    _ => self.error(
+                        "invalid_value",
+                        format!("{base}.on[{k}]"),
+                        format!("'{other}' is not connect_failure, refused, reset, timeout, gateway_error, 5xx or a status from 400 to 599"),
+                    ),
+                },
+            }
+        }
+        let per_try_timeout = r
+            .per_try_timeout
+            .as_ref()
+            .and_then(|t| self.duration(at("per_try_timeout"), t));
+        let backoff = r.backoff.as_ref();
+        let backoff_base = match backoff.and_then(|b| b.base.as_ref()) {
+            Some(t) => self.duration(format!("{base}.backoff.base"), t),
+            None => Some(DEFAULT_BACKOFF_BASE),
+        };
+        let backoff_max = match backoff.and_then(|b| b.max.as_ref()) {
+            Some(t) => self.duration(format!("{base}.backoff.max"), t),
+            None => Some(DEFAULT_BACKOFF_MAX.max(backoff_base.unwrap_or_default())),
+        };
+        if let (Some(b), Some(m)) = (backoff_base, backoff_max) {
+            if m < b {
+                self.error(
+                    "invalid_duration",
+                    format!("{base}.backoff.max"),
+                    format!("backoff.max {m:?} is shorter than backoff.base {b:?}"),
+                );
+            }
+        }
+        let budget = match &r.budget {
+            None => BudgetSpec::default(),
+            Some(crate::config::FileBudget::Ratio(ratio)) => BudgetSpec {
+                ratio: *ratio,
+                ..BudgetSpec::default()
+            },
+            Some(crate::config::FileBudget::Table(t)) => BudgetSpec {
+                ratio: t.ratio.unwrap_or(BudgetSpec::default().ratio),
+                min_per_second: t.min_per_second.unwrap_or(BudgetSpec::default().min_per_second),
+            },
+        };
+        if !(0.0..=1.0).contains(&budget.ratio) {
+            self.error(
+                "invalid_value",
+                at("budget"),
+                format!("budget ratio {} must be between 0 and 1", budget.ratio),
+            );
+        }
+        if budget.min_per_second > 10_000 {
+            self.error(
+                "invalid_value",
+                at("budget"),
+                format!("budget min_per_second {} must be at most 10000", budget.min_per_second),
+            );
+        }
+        let methods = match &r.methods {
+            None => [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE, Method::PUT, Method::DELETE].to_vec(),
+            Some(methods) => {
+                let mut out = Vec::new();
+                for (k, m) in methods.iter().enumerate() {
+                    match Method::from_bytes(m.as_bytes()) {
+                        Ok(method) => out.push(method),
+                        Err(_) => self.error(
+                            "invalid_method",
+                            format!("{base}.methods[{k}]"),
+                            format!("'{m}' is not an HTTP method"),
+                        ),
+                    }
+                }
+                out
+            }
+        };
+        let max_replay_body = r.max_replay_body.unwrap_or(DEFAULT_MAX_REPLAY_BODY);
+        if max_replay_body > 16 * 1024 * 1024 {
+            self.error(
+                "invalid_value",
+                at("max_replay_body"),
+                format!("max_replay_body = {max_replay_body} must be at most 16 MiB (16777216)"),
+            );
+        }
+        if self.diagnostics.len() != before {
+            return None;
+        }
+        Some(RetrySpec {
+            attempts,
+            on,
+            per_try_timeout,
+            backoff_base: backoff_base?,
+            backoff_max: backoff_max?,
+            budget,
+            methods,
+            max_replay_body,
+        })
+    }
+
+    /// `routes[i].hedge`.
+    fn hedge(&mut self, base: &str, h: &crate::config::FileHedge) -> Option<HedgeSpec> {
+        let delay = self.duration(format!("{base}.delay"), &h.delay);
+        let max_extra = h.max_extra.unwrap_or(1);
+        if !(1..=3).contains(&max_extra) {
+            self.error(
+                "invalid_value",
+                format!("{base}.max_extra"),
+                format!("max_extra = {max_extra} must be between 1 and 3"),
+            );
+            return None;
+        }
+        Some(HedgeSpec {
+            delay: delay?,
+            max_extra,
         })
     }
 

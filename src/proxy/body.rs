@@ -126,6 +126,16 @@ impl ResponseBody {
     pub fn full(bytes: Bytes) -> Self {
         ResponseBody::Full(Some(bytes).filter(|b| !b.is_empty()))
     }
+
+    /// The guards a streamed body carries, if it still has them.
+    pub fn guards_mut(&mut self) -> Option<&mut StreamGuards> {
+        match self {
+            ResponseBody::Upstream { guards, .. } | ResponseBody::Driven { guards, .. } => {
+                guards.as_mut()
+            }
+            ResponseBody::Full(_) => None,
+        }
+    }
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

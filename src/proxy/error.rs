@@ -24,6 +24,9 @@ pub enum ProxyError {
     /// The backend could not be connected to in time.
     #[error("upstream connect failed: {0}")]
     UpstreamConnect(String),
+    /// The backend refused the connection.
+    #[error("upstream refused the connection: {0}")]
+    UpstreamRefused(String),
     /// The backend did not answer within the route's timeout.
     #[error("upstream did not answer within {0:?}")]
     UpstreamTimeout(std::time::Duration),
@@ -44,7 +47,9 @@ impl ProxyError {
             ProxyError::BadRequest(_) | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::Saturated | ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::UpstreamConnect(_) | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamConnect(_)
+            | ProxyError::UpstreamRefused(_)
+            | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -54,6 +59,7 @@ impl ProxyError {
         matches!(
             self,
             ProxyError::UpstreamConnect(_)
+                | ProxyError::UpstreamRefused(_)
                 | ProxyError::UpstreamTimeout(_)
                 | ProxyError::Upstream(_)
         )

@@ -24,7 +24,7 @@ use super::downstream::Tracked;
 use super::edge::{self, Forwarded};
 use super::error::{error_response, ProxyError};
 use crate::admission::{Admission, Pinned};
-use crate::backends::{header_tokens, Attempt, Backend, ExchangeError, SendError};
+use crate::backends::{header_tokens, Attempt, Backend, ExchangeError, RequestBody, SendError};
 use crate::generation::{Action, Generation, Route, Upstream};
 use crate::plan::DirectResponse;
 use crate::telemetry::metrics as m;
@@ -186,7 +186,8 @@ async fn serve<'g>(
 }
 
 /// Where a request goes, as the edge rules settled it.
-struct Target<'g> {
+#[derive(Clone)]
+pub(super) struct Target<'g> {
     /// Routed by, and sent upstream as `Host`.
     authority: Option<HeaderValue>,
     /// The normalized path, when it differs from the one the client sent.
@@ -206,6 +207,12 @@ async fn serve_route(
         Action::Respond(direct) => return Ok(direct_response(direct)),
         Action::Proxy(upstream) => upstream,
     };
+    if super::retry::applies(route, &req) {
+        return Box::pin(super::retry::serve(
+            req, target, conn, route, upstream, guard, slot,
+        ))
+        .await;
+    }
     let backend = upstream.pick().ok_or(ProxyError::NoBackend)?;
     let backend_guard = backend.start_request();
     let mut req = req;
@@ -217,77 +224,96 @@ async fn serve_route(
     // RFC 9110 §15.2: 1xx go on to HTTP/1.1 clients (not HTTP/1.0, and
     // hyper's server cannot send them on HTTP/2).
     let interim = (req.version() == Version::HTTP_11 && upgrade.is_none()).then_some(&conn.interim);
-    let driven = backend.h1.as_ref().filter(|_| upgrade.is_none());
-    let (mut upstream_req, forwarded) = upstream_request(
-        req,
-        target,
+    let hop = Hop {
         conn,
+        upstream,
         backend,
-        upgrade.as_ref().map(|(p, _)| p),
-        driven.is_some(),
-    )?;
+        timeout: route.timeout(),
+    };
+    let req = req.map(RequestBody::Streaming);
+    let guards = StreamGuards::new(
+        guard,
+        slot,
+        backend_guard,
+        Arc::clone(conn.admission.store()),
+    );
+    match upgrade {
+        None => exchange(req, target, &hop, interim.map(|q| &**q), guards).await,
+        Some((protocol, downstream)) => {
+            let (upstream_req, forwarded) =
+                upstream_request(req, target, conn, backend, Some(&protocol), false)?;
+            let mut upstream_req = upstream_req;
+            forwarded.insert_into(upstream_req.headers_mut());
+            Box::pin(client_exchange(
+                upstream_req,
+                Some((protocol, downstream)),
+                &hop,
+                guards,
+            ))
+            .await
+        }
+    }
+}
+
+/// Where one attempt goes and how long it may wait for its answer.
+pub(super) struct Hop<'a> {
+    pub conn: &'a ConnContext,
+    pub upstream: &'a Upstream,
+    pub backend: &'a Arc<Backend>,
+    /// For the response head, from the end of the request body.
+    pub timeout: std::time::Duration,
+}
+
+/// One attempt at a backend (no protocol upgrade): the request rewritten
+/// for it, sent through the client that backend takes, the answer with
+/// `guards` riding on its body.
+pub(super) async fn exchange(
+    req: Request<RequestBody>,
+    target: Target<'_>,
+    hop: &Hop<'_>,
+    interim: Option<&super::interim::InterimQueue>,
+    guards: StreamGuards,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let backend = hop.backend;
+    let driven = backend.h1.as_ref();
+    let (mut upstream_req, forwarded) =
+        upstream_request(req, target, hop.conn, backend, None, driven.is_some())?;
     if let Some(pool) = driven {
-        return driven_exchange(
-            upstream_req,
-            &forwarded,
-            pool,
-            route,
-            upstream,
-            backend,
-            interim.map(|queue| &**queue),
-            StreamGuards::new(
-                guard,
-                slot,
-                backend_guard,
-                Arc::clone(conn.admission.store()),
-            ),
-        )
-        .await;
+        return driven_exchange(upstream_req, &forwarded, pool, hop, interim, guards).await;
     }
     forwarded.insert_into(upstream_req.headers_mut());
-    if let Some(queue) = interim.filter(|_| backend.version == Version::HTTP_11) {
-        let queue = Arc::clone(queue);
+    // `interim` is the connection's own queue; hyper's hook needs it owned.
+    if interim.is_some() && backend.version == Version::HTTP_11 {
+        let queue = Arc::clone(&hop.conn.interim);
         hyper::ext::on_informational(&mut upstream_req, move |response| {
             queue.push(response.status(), response.headers());
         });
     }
     // On the heap: this path's futures are large, and the plain HTTP/1.1
     // path above is the one every request of most deployments takes.
-    Box::pin(client_exchange(
-        upstream_req,
-        upgrade,
-        conn,
-        route,
-        upstream,
-        backend,
-        guard,
-        slot,
-        backend_guard,
-    ))
-    .await
+    Box::pin(client_exchange(upstream_req, None, hop, guards)).await
 }
 
 /// An exchange through hyper-util's pooled client (TLS, h2 and h2c
 /// backends, and protocol upgrades).
-#[allow(clippy::too_many_arguments)]
 async fn client_exchange(
-    upstream_req: Request<Incoming>,
+    upstream_req: Request<RequestBody>,
     upgrade: Option<(HeaderValue, hyper::upgrade::OnUpgrade)>,
-    conn: &ConnContext,
-    route: &Route,
-    upstream: &Upstream,
-    backend: &Backend,
-    guard: crate::generation::InflightGuard,
-    slot: Option<crate::generation::RouteSlot>,
-    backend_guard: crate::backends::BackendGuard,
+    hop: &Hop<'_>,
+    guards: StreamGuards,
 ) -> Result<Response<ResponseBody>, ProxyError> {
+    let Hop {
+        conn,
+        upstream,
+        backend,
+        timeout,
+    } = *hop;
     // The route timeout counts from the end of the request body.
     let (upstream_req, body_ended) = {
         let (parts, body) = upstream_req.into_parts();
         let (body, ended) = crate::backends::SignalledBody::new(body);
         (Request::from_parts(parts, body), ended)
     };
-    let timeout = route.timeout();
     let answer_due = async move {
         let _ = body_ended.await;
         tokio::time::sleep(timeout).await;
@@ -305,11 +331,7 @@ async fn client_exchange(
         }
         Ok(Err(e)) if e.is_connect() => {
             upstream.report(backend, Attempt::ConnectError, None);
-            return Err(ProxyError::UpstreamConnect(format!(
-                "{}: {}",
-                backend.key.addr,
-                error_chain(&e)
-            )));
+            return Err(connect_failed(backend, &e));
         }
         Ok(Err(e)) => {
             upstream.report(backend, Attempt::Error, None);
@@ -321,7 +343,7 @@ async fn client_exchange(
         }
         Err(_) => {
             upstream.report(backend, Attempt::Timeout, None);
-            return Err(ProxyError::UpstreamTimeout(route.timeout()));
+            return Err(ProxyError::UpstreamTimeout(timeout));
         }
     };
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -342,12 +364,12 @@ async fn client_exchange(
         let tunnel = Tunnel {
             // The upgraded stream pins its generation for its lifetime, as
             // a connection: only the ledger entry and the backend are kept.
-            pinned: guard.ledger().connection(),
-            backend: backend_guard,
-            route: slot,
-            store: Arc::clone(conn.admission.store()),
+            pinned: guards.inflight.ledger().connection(),
+            backend: guards.backend,
+            route: guards.route,
+            store: guards.store,
         };
-        drop(guard);
+        drop(guards.inflight);
         tokio::spawn(tunnel.run(downstream, upstream_half, Arc::clone(&conn.listener)));
         return Ok(Response::from_parts(
             parts,
@@ -358,37 +380,25 @@ async fn client_exchange(
     strip_hop_by_hop(&mut parts.headers);
     let body = ResponseBody::Upstream {
         body,
-        guards: Some(StreamGuards::new(
-            guard,
-            slot,
-            backend_guard,
-            Arc::clone(conn.admission.store()),
-        )),
+        guards: Some(guards),
     };
     Ok(Response::from_parts(parts, body))
 }
 
 /// A plain HTTP/1.1 exchange through cutover's own client (see
 /// `backends::h1`), on a pooled connection or a new one.
-#[allow(clippy::too_many_arguments)]
 async fn driven_exchange(
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     forwarded: &Forwarded,
     pool: &crate::backends::H1Pool,
-    route: &Route,
-    upstream: &Upstream,
-    backend: &Backend,
+    hop: &Hop<'_>,
     interim: Option<&super::interim::InterimQueue>,
     guards: StreamGuards,
 ) -> Result<Response<ResponseBody>, ProxyError> {
+    let (upstream, backend) = (hop.upstream, &**hop.backend);
     let failed = |attempt, error: String| {
         upstream.report(backend, attempt, None);
-        match attempt {
-            Attempt::ConnectError => {
-                ProxyError::UpstreamConnect(format!("{}: {error}", backend.key.addr))
-            }
-            _ => ProxyError::Upstream(format!("{}: {error}", backend.key.addr)),
-        }
+        ProxyError::Upstream(format!("{}: {error}", backend.key.addr))
     };
     let forward_interim = |status, headers: &_| {
         if let Some(queue) = interim {
@@ -400,7 +410,7 @@ async fn driven_exchange(
         pool,
         &backend.key.addr,
         backend.key.connect_timeout,
-        route.timeout(),
+        hop.timeout,
         req,
         forwarded.headers(),
         interim.is_some().then_some(&forward_interim),
@@ -409,7 +419,8 @@ async fn driven_exchange(
     {
         Ok(response) => response,
         Err(ExchangeError::Connect(error)) => {
-            return Err(failed(Attempt::ConnectError, error_chain(&error)))
+            upstream.report(backend, Attempt::ConnectError, None);
+            return Err(connect_failed(backend, &error));
         }
         Err(ExchangeError::Send(SendError::RequestBody(error))) => {
             return Err(ProxyError::ClientBody(error_chain(&*error)))
@@ -465,13 +476,13 @@ fn direct_response(direct: &DirectResponse) -> Response<ResponseBody> {
 /// them would grow the header map on every request); for hyper's client
 /// they go into the map.
 fn upstream_request(
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     target: Target<'_>,
     conn: &ConnContext,
     backend: &Backend,
     upgrade: Option<&HeaderValue>,
     origin_form: bool,
-) -> Result<(Request<Incoming>, Forwarded), ProxyError> {
+) -> Result<(Request<RequestBody>, Forwarded), ProxyError> {
     let (mut parts, body) = req.into_parts();
     let unforwardable = || ProxyError::BadRequest("request target cannot be forwarded");
     // HTTP/2 and absolute-form requests carry the authority in the URI;
@@ -605,6 +616,22 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     // Framing is re-done by our own client and server.
     headers.remove(header::TRANSFER_ENCODING);
+}
+
+/// A failed connection attempt, refused or not (retries tell them apart).
+fn connect_failed(backend: &Backend, error: &(dyn std::error::Error + 'static)) -> ProxyError {
+    let detail = format!("{}: {}", backend.key.addr, error_chain(error));
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return ProxyError::UpstreamRefused(detail);
+        }
+        source = cause.source();
+    }
+    ProxyError::UpstreamConnect(detail)
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

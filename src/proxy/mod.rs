@@ -11,6 +11,7 @@ mod http;
 mod interim;
 mod listener;
 mod observed;
+mod retry;
 mod tcp;
 
 pub use body::ResponseBody;

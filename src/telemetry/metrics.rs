@@ -52,6 +52,11 @@ pub const EJECTIONS: &str = "cutover_backend_ejections_total";
 /// Picks made with every backend of an upstream unhealthy or ejected
 /// (traffic fails open to all of them), by upstream.
 pub const FAIL_OPEN: &str = "cutover_upstream_fail_open_total";
+/// Retries by upstream and `outcome` (`retried`, `budget_exhausted`).
+pub const RETRIES: &str = "cutover_retries_total";
+/// Hedged requests by upstream and `outcome`: `won` (an extra attempt
+/// answered first) or `lost` (the first attempt did).
+pub const HEDGES: &str = "cutover_hedges_total";
 
 /// Bucket bounds (seconds) of `REQUEST_DURATION`: sub-millisecond answers
 /// up to the longest upstream timeouts.

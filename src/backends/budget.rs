@@ -1,0 +1,102 @@
+//! Retry budgets (DESIGN §12): per upstream name, shared by every
+//! generation, so an activation neither refills nor empties one. Over a
+//! sliding 10 s window, retries (and hedges) may number
+//! `ratio × requests + min_per_second × 10`: a steady failure costs the
+//! backends at most `1 + ratio` times the traffic, plus a floor that lets
+//! a quiet upstream still retry.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::plan::BudgetSpec;
+
+/// Seconds the window spans (one slot each).
+const WINDOW: u64 = 10;
+
+#[derive(Debug, Default)]
+pub struct RetryBudget {
+    slots: [Slot; WINDOW as usize],
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    /// The second (since the process's clock origin) this slot counts.
+    second: AtomicU64,
+    requests: AtomicU64,
+    retries: AtomicU64,
+}
+
+impl RetryBudget {
+    /// Counts a request (its first attempt).
+    pub fn request(&self) {
+        self.current().requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes one retry from the budget, if it has one.
+    pub fn try_spend(&self, spec: &BudgetSpec) -> bool {
+        let now = second();
+        let (mut requests, mut retries) = (0u64, 0u64);
+        for slot in &self.slots {
+            if now.saturating_sub(slot.second.load(Ordering::Relaxed)) < WINDOW {
+                requests += slot.requests.load(Ordering::Relaxed);
+                retries += slot.retries.load(Ordering::Relaxed);
+            }
+        }
+        let allowed = spec.ratio * requests as f64 + f64::from(spec.min_per_second) * WINDOW as f64;
+        if (retries + 1) as f64 > allowed {
+            return false;
+        }
+        self.current().retries.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// The slot of this second, cleared if it last counted an older one.
+    /// Two threads crossing into a new second at once may lose a count
+    /// or two: a budget is an estimate, not an account.
+    fn current(&self) -> &Slot {
+        let now = second();
+        let index = usize::try_from(now % WINDOW).unwrap_or(0);
+        let slot = &self.slots[index];
+        let seen = slot.second.load(Ordering::Relaxed);
+        if seen != now
+            && slot
+                .second
+                .compare_exchange(seen, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            slot.requests.store(0, Ordering::Relaxed);
+            slot.retries.store(0, Ordering::Relaxed);
+        }
+        slot
+    }
+}
+
+fn second() -> u64 {
+    // Offset by a window so that never-used slots (second 0) are stale.
+    super::now_ms() / 1000 + WINDOW
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_are_a_share_of_requests_plus_a_floor() {
+        let budget = RetryBudget::default();
+        let spec = BudgetSpec {
+            ratio: 0.2,
+            min_per_second: 1,
+        };
+        // The floor: 10 retries in the window with no requests at all.
+        assert_eq!((0..50).filter(|_| budget.try_spend(&spec)).count(), 10);
+        for _ in 0..100 {
+            budget.request();
+        }
+        // 20 % of 100 requests on top.
+        assert_eq!((0..50).filter(|_| budget.try_spend(&spec)).count(), 20);
+        let none = BudgetSpec {
+            ratio: 0.0,
+            min_per_second: 0,
+        };
+        assert!(!RetryBudget::default().try_spend(&none));
+    }
+}

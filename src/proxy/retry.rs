@@ -1,0 +1,335 @@
+//! Requests that may take more than one attempt: `retry` and `hedge`.
+//!
+//! Such a request's body is read first (at most `max_replay_body`, with
+//! its length declared or the body already complete); one whose body
+//! cannot be kept takes the single-attempt path. Each attempt goes to a
+//! backend the request has not tried yet when the upstream has one, gets
+//! the rest of the route's `timeout` (or `per_try_timeout`, if shorter),
+//! and its own guards; the answer that is kept gets the route slot.
+//!
+//! A failed attempt is made again when its failure is one `retry.on`
+//! names, attempts are left, the method may be retried, and the
+//! upstream's retry budget allows it, after a jittered exponential
+//! backoff. With `hedge`, an attempt that has not answered within `delay`
+//! is joined by another on a different backend (budget permitting); the
+//! first usable response head wins and the others are dropped, which
+//! closes their connections.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use super::body::{ResponseBody, StreamGuards};
+use super::error::ProxyError;
+use super::http::{exchange, ConnContext, Hop, Target};
+use crate::backends::{Backend, RequestBody, RetryBudget};
+use crate::generation::{InflightGuard, Ledger, Route, RouteSlot, Upstream};
+use crate::plan::{BudgetSpec, HedgeSpec, RetrySpec};
+use crate::telemetry::metrics as m;
+
+/// Whether a request takes this path: its route retries or hedges, its
+/// method may be sent again, and its body can be kept.
+pub(super) fn applies(route: &Route, req: &Request<Incoming>) -> bool {
+    let spec = &route.spec;
+    if spec.retry.is_none() && spec.hedge.is_none() {
+        return false;
+    }
+    let method_ok = match &spec.retry {
+        Some(retry) => retry.methods.contains(req.method()),
+        None => req.method().is_idempotent(),
+    };
+    method_ok && replayable(req.body(), max_replay(spec.retry.as_ref()))
+}
+
+fn max_replay(retry: Option<&RetrySpec>) -> u64 {
+    retry.map_or(crate::plan::DEFAULT_MAX_REPLAY_BODY, |r| r.max_replay_body)
+}
+
+/// A body that is complete already, or says how long it is and is short
+/// enough to keep.
+fn replayable(body: &Incoming, max: u64) -> bool {
+    body.is_end_stream() || body.size_hint().exact().is_some_and(|n| n <= max)
+}
+
+/// How an attempt ended.
+type Outcome = Result<Response<ResponseBody>, ProxyError>;
+
+/// Whether an attempt's outcome is worth another attempt.
+fn worth_retrying(outcome: &Outcome, retry: Option<&RetrySpec>) -> bool {
+    let Some(on) = retry.map(|r| &r.on) else {
+        // Hedging alone: any failure to answer, not an answer.
+        return matches!(outcome, Err(e) if e.is_upstream());
+    };
+    match outcome {
+        Ok(response) => {
+            let status = response.status();
+            (on.gateway_error
+                && matches!(
+                    status,
+                    StatusCode::BAD_GATEWAY
+                        | StatusCode::SERVICE_UNAVAILABLE
+                        | StatusCode::GATEWAY_TIMEOUT
+                ))
+                || (on.server_error && status.is_server_error())
+                || on.statuses.contains(&status.as_u16())
+        }
+        Err(ProxyError::UpstreamRefused(_)) => on.refused || on.connect_failure,
+        Err(ProxyError::UpstreamConnect(_)) => on.connect_failure,
+        Err(ProxyError::Upstream(_)) => on.reset || on.server_error,
+        Err(ProxyError::UpstreamTimeout(_)) => on.timeout || on.server_error,
+        Err(_) => false,
+    }
+}
+
+/// Serves a request that may take several attempts (see the module notes).
+pub(super) async fn serve(
+    req: Request<Incoming>,
+    target: Target<'_>,
+    conn: &ConnContext,
+    route: &Route,
+    upstream: &Arc<Upstream>,
+    guard: InflightGuard,
+    slot: Option<RouteSlot>,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let spec = &route.spec;
+    let retry = spec.retry.as_ref();
+    let (parts, body) = req.into_parts();
+    let body = read_body(body, max_replay(retry)).await?;
+    let started = Instant::now();
+    let deadline = started + route.timeout();
+    let budget = upstream.budget();
+    budget.request();
+    let budget_spec = retry.map_or_else(BudgetSpec::default, |r| r.budget);
+    let attempts = retry.map_or(1, |r| r.attempts);
+    let mut tried: Vec<usize> = Vec::with_capacity(attempts as usize);
+    let template = Template {
+        ledger: Arc::clone(guard.ledger()),
+        parts,
+        body,
+        target,
+        conn,
+        route,
+        upstream,
+    };
+    let mut last = None;
+    for attempt in 1..=attempts {
+        if attempt > 1 {
+            if !budget.try_spend(&budget_spec) {
+                metrics::counter!(m::RETRIES, m::LABEL_UPSTREAM => upstream.name.clone(), m::LABEL_OUTCOME => "budget_exhausted").increment(1);
+                break;
+            }
+            metrics::counter!(m::RETRIES, m::LABEL_UPSTREAM => upstream.name.clone(), m::LABEL_OUTCOME => "retried").increment(1);
+            if let Some(retry) = retry {
+                let pause = backoff(retry, attempt - 1);
+                if Instant::now() + pause >= deadline {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+            }
+        }
+        let outcome = match spec.hedge {
+            Some(hedge) => {
+                hedged(&template, hedge, deadline, &mut tried, budget, &budget_spec).await
+            }
+            None => template.attempt(deadline, &mut tried).await,
+        };
+        let again = attempt < attempts && worth_retrying(&outcome, retry);
+        last = Some(outcome);
+        if !again {
+            break;
+        }
+    }
+    let mut response = last.unwrap_or(Err(ProxyError::NoBackend))?;
+    // The kept answer holds the route slot; the request's own guard gives
+    // way to the attempt's.
+    if let Some(guards) = response.body_mut().guards_mut() {
+        guards.route = slot;
+    }
+    drop(guard);
+    Ok(response)
+}
+
+/// What every attempt of one request is made from.
+struct Template<'a> {
+    /// Of the generation the request is pinned to: each attempt holds
+    /// its own entry.
+    ledger: Arc<Ledger>,
+    parts: http::request::Parts,
+    body: Option<Bytes>,
+    target: Target<'a>,
+    conn: &'a ConnContext,
+    route: &'a Route,
+    upstream: &'a Arc<Upstream>,
+}
+
+impl Template<'_> {
+    /// A copy of the request for one more attempt.
+    fn request(&self) -> Request<RequestBody> {
+        let mut req = Request::new(RequestBody::Buffered(self.body.clone()));
+        *req.method_mut() = self.parts.method.clone();
+        *req.uri_mut() = self.parts.uri.clone();
+        *req.version_mut() = self.parts.version;
+        *req.headers_mut() = self.parts.headers.clone();
+        req
+    }
+
+    /// The next backend: one not tried yet, if the upstream has any.
+    fn pick(&self, tried: &mut Vec<usize>) -> Option<&Arc<Backend>> {
+        let mut picked = None;
+        for _ in 0..self.upstream.backends.len().max(1) {
+            let backend = self.upstream.pick()?;
+            let fresh = !tried.contains(&address(backend));
+            picked = Some(backend);
+            if fresh {
+                break;
+            }
+        }
+        let backend = picked?;
+        tried.push(address(backend));
+        Some(backend)
+    }
+
+    /// One attempt at the next backend, within the route's deadline.
+    fn attempt<'s>(
+        &'s self,
+        deadline: Instant,
+        tried: &mut Vec<usize>,
+    ) -> Pin<Box<dyn Future<Output = Outcome> + Send + 's>> {
+        let backend = self.pick(tried);
+        Box::pin(async move {
+            let Some(backend) = backend else {
+                return Err(ProxyError::NoBackend);
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let timeout = self
+                .route
+                .spec
+                .retry
+                .as_ref()
+                .and_then(|r| r.per_try_timeout)
+                .map_or(left, |per_try| per_try.min(left));
+            if timeout.is_zero() {
+                return Err(ProxyError::UpstreamTimeout(self.route.timeout()));
+            }
+            let hop = Hop {
+                conn: self.conn,
+                upstream: self.upstream,
+                backend,
+                timeout,
+            };
+            let guards = StreamGuards::new(
+                self.ledger.request(),
+                None,
+                backend.start_request(),
+                Arc::clone(self.conn.admission.store()),
+            );
+            exchange(self.request(), self.target.clone(), &hop, None, guards).await
+        })
+    }
+}
+
+/// Attempts started `delay` apart (at most `1 + max_extra`), the first
+/// usable answer kept.
+async fn hedged(
+    template: &Template<'_>,
+    hedge: HedgeSpec,
+    deadline: Instant,
+    tried: &mut Vec<usize>,
+    budget: &RetryBudget,
+    budget_spec: &BudgetSpec,
+) -> Outcome {
+    let retry = template.route.spec.retry.as_ref();
+    let mut running = vec![(0usize, template.attempt(deadline, tried))];
+    let mut started = 1u32;
+    let mut next = Instant::now() + hedge.delay;
+    let mut last = None;
+    loop {
+        let can_hedge = started <= hedge.max_extra && next < deadline;
+        let finished = {
+            let hedge_due = tokio::time::sleep_until(next);
+            tokio::pin!(hedge_due);
+            std::future::poll_fn(|cx| {
+                for (i, (_, attempt)) in running.iter_mut().enumerate() {
+                    if let Poll::Ready(outcome) = attempt.as_mut().poll(cx) {
+                        return Poll::Ready(Some((i, outcome)));
+                    }
+                }
+                if can_hedge && hedge_due.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                Poll::Pending
+            })
+            .await
+        };
+        match finished {
+            Some((i, outcome)) => {
+                let (index, _) = running.swap_remove(i);
+                let usable = !worth_retrying(&outcome, retry)
+                    && !matches!(outcome, Err(ref e) if e.is_upstream());
+                if usable || (running.is_empty() && !can_hedge) {
+                    if started > 1 {
+                        let outcome_label = if index > 0 { "won" } else { "lost" };
+                        metrics::counter!(m::HEDGES, m::LABEL_UPSTREAM => template.upstream.name.clone(), m::LABEL_OUTCOME => outcome_label).increment(1);
+                    }
+                    // The others are dropped here: their connections close.
+                    return outcome;
+                }
+                last = Some(outcome);
+                if running.is_empty() {
+                    // Nothing left in flight: the next attempt need not wait.
+                    next = Instant::now();
+                }
+            }
+            None => {
+                if budget.try_spend(budget_spec) {
+                    running.push((started as usize, template.attempt(deadline, tried)));
+                    started += 1;
+                    next = Instant::now() + hedge.delay;
+                } else {
+                    metrics::counter!(m::RETRIES, m::LABEL_UPSTREAM => template.upstream.name.clone(), m::LABEL_OUTCOME => "budget_exhausted").increment(1);
+                    started = hedge.max_extra + 1;
+                    if running.is_empty() {
+                        return last.unwrap_or(Err(ProxyError::NoBackend));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Tells backends apart (an `Arc`'s address, kept as a number so that
+/// the request's future stays `Send`).
+fn address(backend: &Arc<Backend>) -> usize {
+    Arc::as_ptr(backend) as usize
+}
+
+/// The pause before retry number `retry` (1 for the first): full jitter
+/// over `base × 2^(retry-1)`, capped at `max`.
+fn backoff(spec: &RetrySpec, retry: u32) -> Duration {
+    let ceiling = spec
+        .backoff_base
+        .saturating_mul(1u32 << (retry - 1).min(16))
+        .min(spec.backoff_max);
+    ceiling.mul_f64(fastrand::f64())
+}
+
+/// Reads a body the caller has checked is short or complete.
+async fn read_body(body: Incoming, max: u64) -> Result<Option<Bytes>, ProxyError> {
+    if body.is_end_stream() {
+        return Ok(None);
+    }
+    let limited = http_body_util::Limited::new(body, usize::try_from(max).unwrap_or(usize::MAX));
+    match limited.collect().await {
+        Ok(collected) => Ok(Some(collected.to_bytes()).filter(|b| !b.is_empty())),
+        Err(error) => Err(ProxyError::ClientBody(error.to_string())),
+    }
+}
