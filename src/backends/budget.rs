@@ -3,7 +3,9 @@
 //! sliding 10 s window, retries (and hedges) may number
 //! `ratio × requests + min_per_second × 10`: a steady failure costs the
 //! backends at most `1 + ratio` times the traffic, plus a floor that lets
-//! a quiet upstream still retry.
+//! a quiet upstream still retry. The floor builds up at `min_per_second`
+//! from the budget's creation, so a new upstream cannot spend ten seconds'
+//! worth of it at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -12,9 +14,20 @@ use crate::plan::BudgetSpec;
 /// Seconds the window spans (one slot each).
 const WINDOW: u64 = 10;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RetryBudget {
     slots: [Slot; WINDOW as usize],
+    /// When it was made (`second()`).
+    created: u64,
+}
+
+impl Default for RetryBudget {
+    fn default() -> Self {
+        Self {
+            slots: Default::default(),
+            created: second(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -41,7 +54,9 @@ impl RetryBudget {
                 retries += slot.retries.load(Ordering::Relaxed);
             }
         }
-        let allowed = spec.ratio * requests as f64 + f64::from(spec.min_per_second) * WINDOW as f64;
+        let floor_seconds = (now.saturating_sub(self.created) + 1).min(WINDOW);
+        let allowed =
+            spec.ratio * requests as f64 + f64::from(spec.min_per_second) * floor_seconds as f64;
         if (retries + 1) as f64 > allowed {
             return false;
         }
@@ -86,13 +101,19 @@ mod tests {
             ratio: 0.2,
             min_per_second: 1,
         };
-        // The floor: 10 retries in the window with no requests at all.
-        assert_eq!((0..50).filter(|_| budget.try_spend(&spec)).count(), 10);
+        // The floor of a new budget: one second's worth.
+        assert_eq!((0..50).filter(|_| budget.try_spend(&spec)).count(), 1);
         for _ in 0..100 {
             budget.request();
         }
         // 20 % of 100 requests on top.
         assert_eq!((0..50).filter(|_| budget.try_spend(&spec)).count(), 20);
+        // A budget that has been around the whole window has all of it.
+        let old = RetryBudget {
+            created: second() - WINDOW,
+            ..RetryBudget::default()
+        };
+        assert_eq!((0..50).filter(|_| old.try_spend(&spec)).count(), 10);
         let none = BudgetSpec {
             ratio: 0.0,
             min_per_second: 0,

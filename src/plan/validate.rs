@@ -1364,8 +1364,14 @@ impl Validator<'_> {
         if r.quota.is_some() {
             self.unsupported(at("quota"), "route quota");
         }
-        let retry = r.retry.as_ref().and_then(|retry| self.retry(&at("retry"), retry));
-        let hedge = r.hedge.as_ref().and_then(|hedge| self.hedge(&at("hedge"), hedge));
+        let retry = r
+            .retry
+            .as_ref()
+            .and_then(|retry| self.retry(&at("retry"), retry));
+        let hedge = r
+            .hedge
+            .as_ref()
+            .and_then(|hedge| self.hedge(&at("hedge"), hedge));
         let proxies = matches!(action, Some(RouteAction::Proxy { .. }));
         for (field, set) in [("retry", r.retry.is_some()), ("hedge", r.hedge.is_some())] {
             if set && !proxies && action.is_some() {
@@ -1406,12 +1412,18 @@ impl Validator<'_> {
             self.error(
                 "invalid_value",
                 at("attempts"),
-                format!("attempts = {attempts} must be between 2 and 10 (the first attempt included)"),
+                format!(
+                    "attempts = {attempts} must be between 2 and 10 (the first attempt included)"
+                ),
             );
         }
         let mut on = RetryOn::default();
         let conditions = r.on.clone().unwrap_or_else(|| {
-            vec!["connect_failure".into(), "reset".into(), "gateway_error".into()]
+            vec![
+                "connect_failure".into(),
+                "reset".into(),
+                "gateway_error".into(),
+            ]
         });
         for (k, condition) in conditions.iter().enumerate() {
             match condition.as_str() {
@@ -1461,7 +1473,9 @@ impl Validator<'_> {
             },
             Some(crate::config::FileBudget::Table(t)) => BudgetSpec {
                 ratio: t.ratio.unwrap_or(BudgetSpec::default().ratio),
-                min_per_second: t.min_per_second.unwrap_or(BudgetSpec::default().min_per_second),
+                min_per_second: t
+                    .min_per_second
+                    .unwrap_or(BudgetSpec::default().min_per_second),
             },
         };
         if !(0.0..=1.0).contains(&budget.ratio) {
@@ -1475,11 +1489,22 @@ impl Validator<'_> {
             self.error(
                 "invalid_value",
                 at("budget"),
-                format!("budget min_per_second {} must be at most 10000", budget.min_per_second),
+                format!(
+                    "budget min_per_second {} must be at most 10000",
+                    budget.min_per_second
+                ),
             );
         }
         let methods = match &r.methods {
-            None => [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE, Method::PUT, Method::DELETE].to_vec(),
+            None => [
+                Method::GET,
+                Method::HEAD,
+                Method::OPTIONS,
+                Method::TRACE,
+                Method::PUT,
+                Method::DELETE,
+            ]
+            .to_vec(),
             Some(methods) => {
                 let mut out = Vec::new();
                 for (k, m) in methods.iter().enumerate() {

@@ -68,30 +68,33 @@ impl Controlled {
             while let Ok((stream, _)) = listener.accept().await {
                 let behaviour = Arc::clone(&behaviour);
                 connections.spawn(async move {
-                    let service = hyper::service::service_fn(move |req: Request<_>| {
-                        let behaviour = Arc::clone(&behaviour);
-                        async move {
-                            if req.uri().path() == "/healthz" {
-                                let status = if behaviour.healthy.load(Ordering::SeqCst) {
-                                    200
-                                } else {
-                                    503
-                                };
-                                let mut response = hyper::Response::new(full("check"));
-                                *response.status_mut() = status.try_into().unwrap();
-                                return Ok::<_, std::convert::Infallible>(response);
+                    let service =
+                        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                            let behaviour = Arc::clone(&behaviour);
+                            async move {
+                                if req.uri().path() == "/healthz" {
+                                    let status = if behaviour.healthy.load(Ordering::SeqCst) {
+                                        200
+                                    } else {
+                                        503
+                                    };
+                                    let mut response = hyper::Response::new(full("check"));
+                                    *response.status_mut() = status.try_into().unwrap();
+                                    return Ok::<_, std::convert::Infallible>(response);
+                                }
+                                // Read the whole request, as real servers do.
+                                let _ = req.into_body().collect().await;
+                                behaviour.hits.lock().unwrap().push(Instant::now());
+                                behaviour.inflight.fetch_add(1, Ordering::SeqCst);
+                                let mut hold = behaviour.hold.subscribe();
+                                let _ = hold.wait_for(|held| !held).await;
+                                behaviour.inflight.fetch_sub(1, Ordering::SeqCst);
+                                let mut response = hyper::Response::new(full(name));
+                                *response.status_mut() =
+                                    behaviour.status.load(Ordering::SeqCst).try_into().unwrap();
+                                Ok(response)
                             }
-                            behaviour.hits.lock().unwrap().push(Instant::now());
-                            behaviour.inflight.fetch_add(1, Ordering::SeqCst);
-                            let mut hold = behaviour.hold.subscribe();
-                            let _ = hold.wait_for(|held| !held).await;
-                            behaviour.inflight.fetch_sub(1, Ordering::SeqCst);
-                            let mut response = hyper::Response::new(full(name));
-                            *response.status_mut() =
-                                behaviour.status.load(Ordering::SeqCst).try_into().unwrap();
-                            Ok(response)
-                        }
-                    });
+                        });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
@@ -560,4 +563,201 @@ outlier = { consecutive_failures = 1000 }"#,
         c.hits_after(back) > 0,
         "c took no traffic once healthy again"
     );
+}
+
+fn route_config(backends: &[&Controlled], route_extra: &str, upstream_extra: &str) -> String {
+    upstream_config(backends, upstream_extra).replace(
+        "upstream = \"app\"\n",
+        &format!("upstream = \"app\"\n{route_extra}\n"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_is_retried_on_the_other_backend_and_a_large_post_is_not() {
+    let a = Controlled::start("a").await;
+    let b = Controlled::start("b").await;
+    a.behaviour.status.store(503, Ordering::SeqCst);
+    let gw = Gateway::start(&route_config(
+        &[&a, &b],
+        r#"retry = { attempts = 2, on = ["503"], methods = ["GET", "POST"], budget = { ratio = 1.0, min_per_second = 100 } }"#,
+        // Keep a in play: this test is about retries, not ejection.
+        "outlier = { consecutive_failures = 1000 }",
+    ));
+    let web = gw.listener("web");
+    for _ in 0..20 {
+        let (status, _, body) = get(web, "a", "/").await;
+        assert_eq!((status, body.as_str()), (200, "b"));
+    }
+    assert_eq!(b.hits(), 20);
+    assert!(
+        a.hits() >= 5,
+        "round-robin should have sent some to a first"
+    );
+    // A small POST is kept and sent again.
+    let post = |body: Full<Bytes>| Request::post("/").header("host", "a").body(body).unwrap();
+    for _ in 0..4 {
+        let (status, _, body) = send(web, post(Full::new(Bytes::from_static(b"order"))))
+            .await
+            .unwrap();
+        assert_eq!((status, &body[..]), (200, &b"b"[..]));
+    }
+    // A 1 MiB streamed body is not kept: one attempt, whatever it gets.
+    let (a_before, b_before) = (a.hits(), b.hits());
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let req = Request::post("/")
+            .header("host", "a")
+            .body(Generated::new(1024 * 1024))
+            .unwrap();
+        statuses.push(open(web, req).await.status().as_u16());
+    }
+    assert_eq!(a.hits() - a_before + b.hits() - b_before, 4, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 503).count(),
+        a.hits() - a_before,
+        "{statuses:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_budget_bounds_attempts_across_an_activation() {
+    let a = Controlled::start("a").await;
+    let b = Controlled::start("b").await;
+    for backend in [&a, &b] {
+        backend.behaviour.status.store(503, Ordering::SeqCst);
+    }
+    let retry = r#"retry = { attempts = 3, on = ["503"], backoff = { base = "1ms", max = "2ms" }, budget = { ratio = 0.2, min_per_second = 5 } }"#;
+    let no_ejection = "outlier = { consecutive_failures = 1000 }";
+    // The budget's floor builds up from when the upstream first exists.
+    let born = Instant::now();
+    let gw = Gateway::start(&route_config(&[&a, &b], retry, no_ejection));
+    let web = gw.listener("web");
+    // A steady 100 requests a second for 4 s, an activation half-way.
+    let started = Instant::now();
+    let mut requests = 0u64;
+    let mut ticker = tokio::time::interval(Duration::from_millis(10));
+    let mut activated = false;
+    while started.elapsed() < Duration::from_secs(4) {
+        ticker.tick().await;
+        tokio::spawn(async move { get(web, "a", "/").await });
+        requests += 1;
+        if !activated && started.elapsed() > Duration::from_secs(2) {
+            let text = route_config(&[&a, &b], retry, no_ejection).replace("\"v0\"", "\"v1\"");
+            let (status, body) = admin_request(
+                gw.admin,
+                "POST",
+                "/admin/runtime/activate",
+                Some("application/toml"),
+                Some(text),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            activated = true;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let seconds = born.elapsed().as_secs_f64();
+    let attempts = (a.hits() + b.hits()) as f64;
+    let bound = requests as f64 * 1.2 + 5.0 * seconds.ceil();
+    eprintln!(
+        "retry budget: {requests} requests, {attempts} attempts, bound {bound:.0} (no budget: {})",
+        requests * 3
+    );
+    assert!(
+        attempts > requests as f64 * 1.1,
+        "the budget allowed hardly any retry: {attempts}"
+    );
+    assert!(
+        attempts <= bound + 5.0,
+        "{attempts} attempts for {requests} requests"
+    );
+}
+
+/// A backend that answers `name` after `delay`, and notes when the peer
+/// closes the connection before that (the hedge it lost was cancelled).
+async fn timed_backend(
+    name: &'static str,
+    delay: Duration,
+) -> (SocketAddr, Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cancelled = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&cancelled);
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut pending = Vec::new();
+                loop {
+                    while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                        pending.drain(..end + 4);
+                        tokio::select! {
+                            read = stream.read(&mut buf) => {
+                                if matches!(read, Ok(0) | Err(_)) {
+                                    seen.fetch_add(1, Ordering::SeqCst);
+                                }
+                                return;
+                            }
+                            _ = tokio::time::sleep(delay) => {}
+                        }
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{name}",
+                            name.len()
+                        );
+                        if stream.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => pending.extend_from_slice(&buf[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, cancelled, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedge_answers_from_the_fast_backend_and_cancels_the_slow_attempt() {
+    let (slow, cancelled, _slow_task) = timed_backend("slow", Duration::from_millis(200)).await;
+    let (fast, _, _fast_task) = timed_backend("fast", Duration::ZERO).await;
+    let gw = Gateway::start(&config(&format!(
+        r#"[[routes]]
+name = "all"
+listeners = ["web"]
+upstream = "app"
+hedge = {{ delay = "20ms" }}
+# Hedges spend from the retry budget: room for one per request.
+retry = {{ attempts = 2, on = ["reset"], budget = {{ ratio = 1.0, min_per_second = 100 }} }}
+
+[upstreams.app]
+backends = [{{ addr = "{slow}" }}, {{ addr = "{fast}" }}]
+"#
+    )));
+    let web = gw.listener("web");
+    for _ in 0..20 {
+        let started = Instant::now();
+        let (status, _, body) = get(web, "a", "/").await;
+        assert_eq!((status, body.as_str()), (200, "fast"));
+        assert!(
+            started.elapsed() < Duration::from_millis(180),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    // Half of the requests went to the slow backend first; each of those
+    // attempts was dropped, its connection closed under it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cancelled.load(Ordering::SeqCst) < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "cancelled: {}",
+            cancelled.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
