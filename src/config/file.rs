@@ -330,8 +330,14 @@ fn default_respond_status() -> u16 {
 pub struct FileUpstream {
     #[serde(default = "default_policy")]
     pub policy: String,
+    /// For `policy = "hash"`: `header:NAME`, `cookie:NAME`, `client_ip`
+    /// or `path`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hash_key: Option<String>,
+    /// For `policy = "hash"`: a percentage above 100 bounding any
+    /// backend's load relative to the average.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_balance_factor: Option<u32>,
     #[serde(default = "default_upstream_protocol")]
     pub protocol: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -6,6 +6,7 @@
 //! and binds nothing; once built, a generation never changes.
 
 mod ledger;
+mod maglev;
 mod route;
 mod router;
 mod upstream;
@@ -15,6 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::SystemTime;
 
 pub use ledger::{InflightGuard, Ledger};
+pub use maglev::{hash_key, Maglev};
 pub use route::{Action, Route, RouteShared, RouteSlot, Saturated};
 pub use router::Router;
 pub use upstream::{Upstream, WeightedSchedule};

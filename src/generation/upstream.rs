@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::maglev::Maglev;
 use crate::backends::{
     Attempt, Backend, BackendError, BackendKey, BackendRegistry, RetryBudget, Usable,
 };
-use crate::plan::{OutlierSpec, Policy, UpstreamSpec};
+use crate::plan::{HashKey, OutlierSpec, Policy, UpstreamSpec};
 use crate::telemetry::metrics as m;
 
 /// An upstream in one generation: its backends and how to pick one.
@@ -27,6 +28,10 @@ pub struct Upstream {
     fail_open: metrics::Counter,
     /// Shared with every generation that has an upstream of this name.
     budget: Arc<RetryBudget>,
+    /// For `hash`: what is hashed, the table, and the load bound.
+    pub hash_key: Option<HashKey>,
+    maglev: Maglev,
+    hash_balance_factor: Option<u32>,
 }
 
 /// The least share of its turns a backend in slow start is offered.
@@ -54,6 +59,13 @@ impl Upstream {
             Policy::Weighted => WeightedSchedule::new(&weights),
             _ => WeightedSchedule::default(),
         };
+        let maglev = match spec.policy {
+            Policy::Hash => {
+                let names: Vec<&str> = spec.backends.iter().map(|b| b.addr.as_str()).collect();
+                Maglev::new(&names)
+            }
+            _ => Maglev::default(),
+        };
         Ok(Self {
             name: spec.name.clone(),
             policy: spec.policy,
@@ -64,6 +76,9 @@ impl Upstream {
             cursor: AtomicUsize::new(0),
             fail_open: metrics::counter!(m::FAIL_OPEN, m::LABEL_UPSTREAM => spec.name.clone()),
             budget: registry.budget(&spec.name),
+            hash_key: spec.hash_key.clone(),
+            maglev,
+            hash_balance_factor: spec.hash_balance_factor,
         })
     }
 
@@ -72,7 +87,9 @@ impl Upstream {
     /// the policy among all of them (fail open, counted).
     pub fn pick(&self) -> Option<&Arc<Backend>> {
         let chosen = match self.policy {
-            Policy::RoundRobin | Policy::Weighted => self.pick_scheduled(),
+            // `pick_hashed` is for requests with a key; without one,
+            // hashing falls back to round-robin, as HAProxy's does.
+            Policy::RoundRobin | Policy::Weighted | Policy::Hash => self.pick_scheduled(),
             Policy::LeastRequests => self.pick_two(|b| b.inflight() as f64),
             Policy::P2c => self.pick_two(|b| b.load.cost()),
         };
@@ -88,6 +105,54 @@ impl Upstream {
 
     pub fn budget(&self) -> &Arc<RetryBudget> {
         &self.budget
+    }
+
+    /// The backend for a request whose `hash_key` hashes to `hash`: the
+    /// owner of its Maglev slot, or, when that one is unusable or over
+    /// `hash_balance_factor` of the average load, the next in the key's
+    /// walk (the same order for every request with that key).
+    pub fn pick_hashed(&self, hash: u64) -> Option<&Arc<Backend>> {
+        let n = self.backends.len();
+        let mut total = None;
+        let mut overloaded = None;
+        let mut previous = usize::MAX;
+        // Bounded: far more steps than distinct backends a walk needs.
+        for index in self.maglev.walk(hash).take(4 * n + 16) {
+            if index == previous {
+                continue;
+            }
+            previous = index;
+            let Some(backend) = self.backends.get(index) else {
+                continue;
+            };
+            if let Some(factor) = self.hash_balance_factor {
+                let load = backend.inflight();
+                // An idle backend is under any bound: no sum needed.
+                if load > 0 {
+                    let total = *total.get_or_insert_with(|| {
+                        self.backends.iter().map(|b| b.inflight()).sum::<u64>()
+                    });
+                    let bound = ((total + 1) * u64::from(factor)).div_ceil(100 * n as u64);
+                    if load + 1 > bound {
+                        if overloaded.is_none() && backend.is_available() {
+                            overloaded = Some(backend);
+                        }
+                        continue;
+                    }
+                }
+            }
+            if self.takes(backend) {
+                return Some(backend);
+            }
+        }
+        if overloaded.is_some() {
+            return overloaded;
+        }
+        self.fail_open.increment(1);
+        self.maglev
+            .walk(hash)
+            .next()
+            .and_then(|i| self.backends.get(i))
     }
 
     /// The backend index of turn `turn` under round-robin or weighted.
@@ -338,6 +403,8 @@ mod tests {
             health: None,
             outlier: OutlierSpec::default(),
             slow_start: None,
+            hash_key: None,
+            hash_balance_factor: None,
             backends: [(1, 3), (2, 1), (3, 6)]
                 .iter()
                 .map(|(port, weight)| crate::plan::BackendSpec {

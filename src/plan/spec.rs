@@ -313,6 +313,21 @@ pub enum Policy {
     LeastRequests,
     /// Power of two choices on peak-EWMA latency × load (Linkerd's).
     P2c,
+    /// Consistent hashing (Maglev) of `hash_key`.
+    Hash,
+}
+
+/// What `policy = "hash"` hashes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    /// A request header's value (`header:NAME`).
+    Header(HeaderName),
+    /// A cookie's value (`cookie:NAME`).
+    Cookie(String),
+    /// The client address (after trusted forwarding headers, if any).
+    ClientIp,
+    /// The normalized request path.
+    Path,
 }
 
 impl Policy {
@@ -322,6 +337,7 @@ impl Policy {
             Policy::Weighted => "weighted",
             Policy::LeastRequests => "least_requests",
             Policy::P2c => "p2c",
+            Policy::Hash => "hash",
         }
     }
 }
@@ -417,6 +433,12 @@ pub struct UpstreamSpec {
     pub outlier: OutlierSpec,
     /// Ramp of a backend that has just become healthy.
     pub slow_start: Option<Duration>,
+    /// For `hash`: what is hashed.
+    pub hash_key: Option<HashKey>,
+    /// For `hash`: no backend takes more than this percentage of the
+    /// average in-flight load; the rest spills to the next (HAProxy's
+    /// `hash-balance-factor`).
+    pub hash_balance_factor: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -664,13 +664,7 @@ impl Validator<'_> {
                 "weighted" => Some(Policy::Weighted),
                 "least_requests" => Some(Policy::LeastRequests),
                 "p2c" => Some(Policy::P2c),
-                "hash" => {
-                    self.unsupported(
-                        at("policy"),
-                        &format!("load-balancing policy \"{}\"", u.policy),
-                    );
-                    None
-                }
+                "hash" => Some(Policy::Hash),
                 other => {
                     self.error(
                         "invalid_policy",
@@ -680,8 +674,40 @@ impl Validator<'_> {
                     None
                 }
             };
-            if u.hash_key.is_some() {
-                self.unsupported(at("hash_key"), "hash_key");
+            let hash_key = match (&u.hash_key, policy) {
+                (Some(key), Some(Policy::Hash)) => self.hash_key(&at("hash_key"), key),
+                (None, Some(Policy::Hash)) => {
+                    self.error(
+                        "missing_key",
+                        at("hash_key"),
+                        "policy = \"hash\" needs hash_key = \"header:NAME\", \"cookie:NAME\", \"client_ip\" or \"path\"",
+                    );
+                    None
+                }
+                (Some(_), _) => {
+                    self.error(
+                        "unexpected_option",
+                        at("hash_key"),
+                        "hash_key applies to policy = \"hash\" only",
+                    );
+                    None
+                }
+                (None, _) => None,
+            };
+            if let Some(factor) = u.hash_balance_factor {
+                if policy.is_some() && policy != Some(Policy::Hash) {
+                    self.error(
+                        "unexpected_option",
+                        at("hash_balance_factor"),
+                        "hash_balance_factor applies to policy = \"hash\" only",
+                    );
+                } else if !(101..=1000).contains(&factor) {
+                    self.error(
+                        "invalid_value",
+                        at("hash_balance_factor"),
+                        format!("hash_balance_factor = {factor} must be a percentage from 101 to 1000 (150: at most 1.5 times the average load)"),
+                    );
+                }
             }
             let protocol = match u.protocol.as_str() {
                 "http1" => Some(UpstreamProtocol::Http1),
@@ -754,11 +780,11 @@ impl Validator<'_> {
                         format!("weight {weight} must be between 1 and 1000"),
                     );
                 }
-                if backend.weight.is_some() && policy == Some(Policy::RoundRobin) && weight != 1 {
+                if let Some(policy) = policy.filter(|p| *p != Policy::Weighted && weight != 1) {
                     self.error(
                         "ignored_weight",
                         bat("weight"),
-                        format!("upstream '{name}' uses round_robin, which ignores weights; set policy = \"weighted\""),
+                        format!("upstream '{name}' uses {}, which ignores weights; set policy = \"weighted\"", policy.as_str()),
                     );
                 }
                 backends.push(BackendSpec {
@@ -795,10 +821,39 @@ impl Validator<'_> {
                     health,
                     outlier,
                     slow_start,
+                    hash_key,
+                    hash_balance_factor: u.hash_balance_factor.filter(|f| (101..=1000).contains(f)),
                 });
             }
         }
         out
+    }
+
+    fn hash_key(&mut self, path: &str, key: &str) -> Option<HashKey> {
+        let parsed = match key.split_once(':') {
+            None if key == "client_ip" => Some(HashKey::ClientIp),
+            None if key == "path" => Some(HashKey::Path),
+            Some(("header", name)) => HeaderName::from_bytes(name.as_bytes())
+                .ok()
+                .map(HashKey::Header),
+            Some(("cookie", name))
+                if !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b)) =>
+            {
+                Some(HashKey::Cookie(name.to_owned()))
+            }
+            _ => None,
+        };
+        if parsed.is_none() {
+            self.error(
+                "invalid_value",
+                path.to_owned(),
+                format!("hash_key '{key}' is not header:NAME, cookie:NAME, client_ip or path"),
+            );
+        }
+        parsed
     }
 
     /// `upstreams.NAME.health`; `None` after reporting what is wrong.

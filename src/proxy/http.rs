@@ -26,7 +26,7 @@ use super::error::{error_response, ProxyError};
 use crate::admission::{Admission, Pinned};
 use crate::backends::{header_tokens, Attempt, Backend, ExchangeError, RequestBody, SendError};
 use crate::generation::{Action, Generation, Route, Upstream};
-use crate::plan::DirectResponse;
+use crate::plan::{DirectResponse, HashKey};
 use crate::telemetry::metrics as m;
 
 /// What every request on one downstream connection shares.
@@ -213,7 +213,12 @@ async fn serve_route(
         ))
         .await;
     }
-    let backend = upstream.pick().ok_or(ProxyError::NoBackend)?;
+    let hash = request_hash(upstream, &req, conn, &target);
+    let backend = match hash {
+        Some(hash) => upstream.pick_hashed(hash),
+        None => upstream.pick(),
+    }
+    .ok_or(ProxyError::NoBackend)?;
     let backend_guard = backend.start_request();
     let mut req = req;
     // An HTTP/1.1 upgrade (WebSocket and the like) to an HTTP/1.1 backend:
@@ -253,6 +258,45 @@ async fn serve_route(
             .await
         }
     }
+}
+
+/// What `policy = "hash"` hashes for this request, if the upstream
+/// hashes and the request has the key.
+pub(super) fn request_hash(
+    upstream: &Upstream,
+    req: &Request<Incoming>,
+    conn: &ConnContext,
+    target: &Target<'_>,
+) -> Option<u64> {
+    let key = upstream.hash_key.as_ref()?;
+    let bytes: Cow<'_, [u8]> = match key {
+        HashKey::Header(name) => Cow::Borrowed(req.headers().get(name)?.as_bytes()),
+        HashKey::Cookie(name) => Cow::Borrowed(cookie(req.headers(), name)?.as_bytes()),
+        HashKey::ClientIp => Cow::Owned(match conn.remote.ip() {
+            std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
+            std::net::IpAddr::V6(ip) => ip.octets().to_vec(),
+        }),
+        HashKey::Path => Cow::Borrowed(
+            target
+                .path
+                .as_deref()
+                .unwrap_or(req.uri().path())
+                .as_bytes(),
+        ),
+    };
+    Some(crate::generation::hash_key(&bytes))
+}
+
+/// The value of cookie `name` (the first, over every `Cookie` field).
+fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(n, _)| *n == name)
+        .map(|(_, value)| value.trim_matches('"'))
 }
 
 /// Where one attempt goes and how long it may wait for its answer.

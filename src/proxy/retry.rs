@@ -101,6 +101,7 @@ pub(super) async fn serve(
     slot: Option<RouteSlot>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let spec = &route.spec;
+    let hash = super::http::request_hash(upstream, &req, conn, &target);
     let retry = spec.retry.as_ref();
     let (parts, body) = req.into_parts();
     let body = read_body(body, max_replay(retry)).await?;
@@ -112,6 +113,7 @@ pub(super) async fn serve(
     let attempts = retry.map_or(1, |r| r.attempts);
     let mut tried: Vec<usize> = Vec::with_capacity(attempts as usize);
     let template = Template {
+        hash,
         ledger: Arc::clone(guard.ledger()),
         parts,
         body,
@@ -160,6 +162,8 @@ pub(super) async fn serve(
 
 /// What every attempt of one request is made from.
 struct Template<'a> {
+    /// For `policy = "hash"`: the first attempt goes where the key does.
+    hash: Option<u64>,
     /// Of the generation the request is pinned to: each attempt holds
     /// its own entry.
     ledger: Arc<Ledger>,
@@ -184,6 +188,11 @@ impl Template<'_> {
 
     /// The next backend: one not tried yet, if the upstream has any.
     fn pick(&self, tried: &mut Vec<usize>) -> Option<&Arc<Backend>> {
+        if let Some(hash) = self.hash.filter(|_| tried.is_empty()) {
+            let backend = self.upstream.pick_hashed(hash)?;
+            tried.push(address(backend));
+            return Some(backend);
+        }
         let mut picked = None;
         for _ in 0..self.upstream.backends.len().max(1) {
             let backend = self.upstream.pick()?;

@@ -37,6 +37,7 @@ pub async fn serve(
     counters: TcpCounters,
 ) {
     let _ = downstream.set_nodelay(true);
+    let peer = downstream.peer_addr().ok();
     let generation = admission.store().load_full();
     let guard = generation.ledger.connection();
     let generation_id = generation.id;
@@ -47,7 +48,20 @@ pub async fn serve(
         .find(|l| *l.name == *listener)
         .and_then(|l| l.upstream.as_deref())
         .and_then(|name| generation.upstream(name))
-        .and_then(|upstream| Some((Arc::clone(upstream), Arc::clone(upstream.pick()?))));
+        .and_then(|upstream| {
+            // A TCP connection has one key to hash: its client's address.
+            let picked = match (&upstream.hash_key, peer) {
+                (Some(crate::plan::HashKey::ClientIp), Some(peer)) => {
+                    let ip = match peer.ip() {
+                        std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
+                        std::net::IpAddr::V6(ip) => ip.octets().to_vec(),
+                    };
+                    upstream.pick_hashed(crate::generation::hash_key(&ip))
+                }
+                _ => upstream.pick(),
+            };
+            Some((Arc::clone(upstream), Arc::clone(picked?)))
+        });
     // Only the guard and the backend outlive set-up.
     crate::admission::release(generation);
     let Some((upstream, backend)) = backend else {

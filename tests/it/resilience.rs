@@ -761,3 +761,147 @@ backends = [{{ addr = "{slow}" }}, {{ addr = "{fast}" }}]
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Sends `GET /` with `x-user: KEY` for every key, over 16 keep-alive
+/// connections; returns the backend that answered each key.
+async fn owners(web: SocketAddr, keys: std::ops::Range<u32>) -> Vec<String> {
+    let keys: Vec<u32> = keys.collect();
+    let chunks: Vec<Vec<u32>> = keys
+        .chunks(keys.len().div_ceil(16))
+        .map(<[u32]>::to_vec)
+        .collect();
+    let tasks: Vec<_> = chunks
+        .into_iter()
+        .map(|chunk| {
+            tokio::spawn(async move {
+                let stream = tokio::net::TcpStream::connect(web).await.unwrap();
+                let (mut sender, conn) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                        .await
+                        .unwrap();
+                tokio::spawn(conn);
+                let mut out = Vec::with_capacity(chunk.len());
+                for key in chunk {
+                    let req = Request::get("/")
+                        .header("host", "a")
+                        .header("x-user", format!("user-{key}"))
+                        .body(Full::new(Bytes::new()))
+                        .unwrap();
+                    let response = sender.send_request(req).await.unwrap();
+                    assert_eq!(response.status(), 200);
+                    let body = response.into_body().collect().await.unwrap().to_bytes();
+                    out.push(String::from_utf8_lossy(&body).into_owned());
+                }
+                out
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(keys.len());
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hashing_keeps_keys_in_place_and_spills_a_hot_key() {
+    let names = ["a", "b", "c", "d", "e"];
+    let mut backends = Vec::new();
+    for name in names {
+        backends.push(Controlled::start(name).await);
+    }
+    let all: Vec<&Controlled> = backends.iter().collect();
+    // Pure consistent hashing first: a bound on load would move keys
+    // whenever their owner is busy.
+    let hash = "policy = \"hash\"\nhash_key = \"header:x-user\"";
+    let gw = Gateway::start(&upstream_config(&all, hash));
+    let web = gw.listener("web");
+    let before = owners(web, 0..10_000).await;
+    // One key, one backend, every time.
+    assert_eq!(owners(web, 0..200).await, before[..200]);
+    for name in names {
+        let share = before.iter().filter(|o| *o == name).count();
+        assert!(
+            (1_500..=2_500).contains(&share),
+            "{name} owns {share} of 10 000 keys"
+        );
+    }
+    // Remove c: only about its fifth of the keys move.
+    let four: Vec<&Controlled> = backends.iter().filter(|b| b.name != "c").collect();
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(upstream_config(&four, hash)),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let after = owners(web, 0..10_000).await;
+    let moved = before.iter().zip(&after).filter(|(b, a)| b != a).count();
+    let from_c = before.iter().filter(|o| *o == "c").count();
+    eprintln!("hash: {moved} of 10 000 keys moved when c (owner of {from_c}) left");
+    assert!(moved <= 2_500, "{moved} keys moved");
+    assert!(after.iter().all(|o| o != "c"));
+
+    // A hot key: with every request held, its owner takes no more than
+    // 1.5 × the average; the rest spill along the key's walk.
+    let bounded = format!("{hash}\nhash_balance_factor = 150");
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(upstream_config(&four, &bounded)),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for backend in &backends {
+        backend.behaviour.hold.send_replace(true);
+    }
+    let hot: Vec<_> = (0..20)
+        .map(|_| {
+            tokio::spawn(async move {
+                let req = Request::get("/")
+                    .header("host", "a")
+                    .header("x-user", "user-7")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                send(web, req).await.unwrap()
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let held = || -> u64 {
+        backends
+            .iter()
+            .map(|b| b.behaviour.inflight.load(Ordering::SeqCst))
+            .sum()
+    };
+    while held() < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} requests arrived",
+            held()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let owner = &after[7];
+    let loads: Vec<(&str, u64)> = backends
+        .iter()
+        .map(|b| (b.name, b.behaviour.inflight.load(Ordering::SeqCst)))
+        .collect();
+    let owner_load = loads.iter().find(|(n, _)| n == owner).unwrap().1;
+    // 20 in flight over 4 backends: average 5, bound ceil(1.5 × 5) = 8.
+    assert!(owner_load <= 8, "{loads:?}");
+    assert!(
+        loads.iter().filter(|(_, l)| *l > 0).count() >= 3,
+        "{loads:?}"
+    );
+    for backend in &backends {
+        backend.behaviour.hold.send_replace(false);
+    }
+    for request in hot {
+        assert_eq!(request.await.unwrap().0, 200);
+    }
+}
