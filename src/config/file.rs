@@ -171,6 +171,10 @@ pub struct FileListener {
     /// Most open client connections; further ones are closed at accept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
+    /// Most requests in flight on the listener, over every route and
+    /// generation; further ones get 503.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_inflight: Option<u64>,
     /// Collapse runs of `/` in request paths (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge_slashes: Option<bool>,
@@ -242,8 +246,9 @@ pub struct FileRoute {
     /// A second attempt when the first has not answered within `delay`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hedge: Option<FileHedge>,
+    /// A request rate per key (token buckets): beyond it, 429.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quota: Option<toml::Value>,
+    pub quota: Option<FileQuota>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_inflight: Option<u64>,
 }
@@ -297,6 +302,25 @@ pub struct FileBudgetTable {
     pub ratio: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_per_second: Option<u32>,
+}
+
+/// `routes.quota`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileQuota {
+    /// Requests per `per`.
+    pub rate: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per: Option<String>,
+    /// Requests a key may send at once after a quiet spell (default `rate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    /// `client_ip` (default), `header:NAME` or `route` (one bucket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Keys remembered at most; beyond, the longest idle are forgotten.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_keys: Option<u32>,
 }
 
 /// `routes.hedge`.

@@ -7,6 +7,7 @@
 
 mod ledger;
 mod maglev;
+mod quota;
 mod route;
 mod router;
 mod upstream;
@@ -17,7 +18,8 @@ use std::time::SystemTime;
 
 pub use ledger::{InflightGuard, Ledger};
 pub use maglev::{hash_key, Maglev};
-pub use route::{Action, Route, RouteShared, RouteSlot, Saturated};
+pub use quota::QuotaTable;
+pub use route::{Action, ListenerSlot, Route, RouteShared, RouteSlot, Saturated};
 pub use router::Router;
 pub use upstream::{Upstream, WeightedSchedule};
 
@@ -30,9 +32,40 @@ use crate::plan::{ListenerProtocol, RouteAction, Spec};
 pub struct SharedState {
     pub backends: BackendRegistry,
     routes: Mutex<HashMap<String, Weak<RouteShared>>>,
+    listeners: Mutex<HashMap<String, Weak<route::ListenerShared>>>,
+    /// Quota buckets by route name and quota: kept while both are.
+    quotas: Mutex<HashMap<(String, crate::plan::QuotaSpec), Weak<QuotaTable>>>,
 }
 
 impl SharedState {
+    /// The buckets of route `name`'s quota: the live table if the route
+    /// had this same quota before, else a new one.
+    fn quota(&self, name: &str, spec: &crate::plan::QuotaSpec) -> Arc<QuotaTable> {
+        let mut quotas = self.quotas.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (name.to_owned(), spec.clone());
+        if let Some(live) = quotas.get(&key).and_then(Weak::upgrade) {
+            return live;
+        }
+        crate::backends::sweep(&mut quotas);
+        let table = Arc::new(QuotaTable::new(spec.clone()));
+        quotas.insert(key, Arc::downgrade(&table));
+        table
+    }
+
+    fn listener(&self, name: &str) -> Arc<route::ListenerShared> {
+        let mut listeners = self
+            .listeners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(live) = listeners.get(name).and_then(Weak::upgrade) {
+            return live;
+        }
+        crate::backends::sweep(&mut listeners);
+        let shared = Arc::new(route::ListenerShared::new(name));
+        listeners.insert(name.to_owned(), Arc::downgrade(&shared));
+        shared
+    }
+
     fn route(&self, name: &str) -> Arc<RouteShared> {
         let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(live) = routes.get(name).and_then(Weak::upgrade) {
@@ -140,6 +173,7 @@ pub fn build(
             spec: Arc::clone(r),
             action,
             shared: shared.route(&r.name),
+            quota: r.quota.as_ref().map(|q| shared.quota(&r.name, q)),
         });
         for listener in &r.listeners {
             if let Some((_, routes)) = per_listener.get_mut(listener.as_str()) {
@@ -150,7 +184,12 @@ pub fn build(
     let routers = per_listener
         .into_iter()
         .map(|(name, (edge, routes))| {
-            (name.to_owned(), Router::new(routes).with_edge(edge.clone()))
+            let router = Router::new(routes).with_edge(edge.clone());
+            let router = match edge.max_inflight {
+                Some(_) => router.with_shared(shared.listener(name)),
+                None => router,
+            };
+            (name.to_owned(), router)
         })
         .collect();
     Ok(Generation {

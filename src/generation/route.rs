@@ -32,6 +32,7 @@ pub struct RouteShared {
     responses: [OnceLock<Counter>; 5],
     duration: OnceLock<Histogram>,
     rejections: OnceLock<Counter>,
+    limited: OnceLock<Counter>,
 }
 
 impl RouteShared {
@@ -42,6 +43,7 @@ impl RouteShared {
             responses: Default::default(),
             duration: OnceLock::new(),
             rejections: OnceLock::new(),
+            limited: OnceLock::new(),
         }
     }
 
@@ -62,6 +64,15 @@ impl RouteShared {
             .record(duration.as_secs_f64());
     }
 
+    /// Counts a request its quota turned away.
+    pub fn rate_limited(&self) {
+        self.limited
+            .get_or_init(
+                || metrics::counter!(m::QUOTA_REJECTIONS, m::LABEL_ROUTE => self.name.clone()),
+            )
+            .increment(1);
+    }
+
     fn reject(&self) {
         self.rejections
             .get_or_init(
@@ -78,6 +89,7 @@ pub struct Route {
     pub spec: Arc<RouteSpec>,
     pub action: Action,
     pub shared: Arc<RouteShared>,
+    pub quota: Option<Arc<super::QuotaTable>>,
 }
 
 impl Route {
@@ -135,6 +147,57 @@ pub struct RouteSlot {
 }
 
 impl Drop for RouteSlot {
+    fn drop(&mut self) {
+        self.shared.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Listener state that outlives generations: the counter behind the
+/// listener's `max_inflight`, over every route and generation.
+#[derive(Debug)]
+pub struct ListenerShared {
+    name: String,
+    inflight: AtomicU64,
+    rejections: OnceLock<Counter>,
+}
+
+impl ListenerShared {
+    pub fn new(listener: &str) -> Self {
+        Self {
+            name: listener.to_owned(),
+            inflight: AtomicU64::new(0),
+            rejections: OnceLock::new(),
+        }
+    }
+
+    /// Takes a place under `max` (`Ok(None)`: no limit to count).
+    pub fn admit(self: &Arc<Self>, max: Option<u64>) -> Result<Option<ListenerSlot>, Saturated> {
+        let Some(max) = max else {
+            return Ok(None);
+        };
+        let previous = self.inflight.fetch_add(1, Ordering::AcqRel);
+        if previous >= max {
+            self.inflight.fetch_sub(1, Ordering::AcqRel);
+            self.rejections
+                .get_or_init(|| {
+                    metrics::counter!(m::LISTENER_ADMISSION_REJECTIONS, m::LABEL_LISTENER => self.name.clone())
+                })
+                .increment(1);
+            return Err(Saturated);
+        }
+        Ok(Some(ListenerSlot {
+            shared: Arc::clone(self),
+        }))
+    }
+}
+
+/// One admitted request on a listener; frees its place on drop.
+#[derive(Debug)]
+pub struct ListenerSlot {
+    shared: Arc<ListenerShared>,
+}
+
+impl Drop for ListenerSlot {
     fn drop(&mut self) {
         self.shared.inflight.fetch_sub(1, Ordering::AcqRel);
     }

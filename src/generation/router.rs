@@ -108,6 +108,8 @@ pub struct Router {
     any_host: RouteGroup,
     /// The listener's request rules, read before routing.
     pub edge: ListenerEdge,
+    /// The listener's admission counter, shared across generations.
+    pub shared: Option<Arc<super::route::ListenerShared>>,
 }
 
 impl Router {
@@ -115,6 +117,20 @@ impl Router {
     pub fn with_edge(mut self, edge: ListenerEdge) -> Self {
         self.edge = edge;
         self
+    }
+
+    /// The same router counting requests in `shared`.
+    pub fn with_shared(mut self, shared: Arc<super::route::ListenerShared>) -> Self {
+        self.shared = Some(shared);
+        self
+    }
+
+    /// Takes a place under the listener's `max_inflight`.
+    pub fn admit(&self) -> Result<Option<super::route::ListenerSlot>, super::Saturated> {
+        match &self.shared {
+            Some(shared) => shared.admit(self.edge.max_inflight),
+            None => Ok(None),
+        }
     }
 
     /// Builds the router from routes in declaration order.

@@ -128,6 +128,8 @@ pub struct ListenerEdge {
     pub trust_forwarded: bool,
     /// These peers' forwarding headers are extended.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Admission limit over the whole listener: more requests get 503.
+    pub max_inflight: Option<u64>,
 }
 
 impl ListenerEdge {
@@ -237,7 +239,31 @@ pub struct RouteSpec {
     pub max_inflight: Option<u64>,
     pub retry: Option<RetrySpec>,
     pub hedge: Option<HedgeSpec>,
+    pub quota: Option<QuotaSpec>,
 }
+
+/// `routes.quota`: token buckets per key. Part of the buckets' identity:
+/// an activation that keeps a route's quota unchanged keeps its buckets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct QuotaSpec {
+    /// Tokens added per `per`.
+    pub rate: u32,
+    pub per: Duration,
+    /// Bucket size.
+    pub burst: u32,
+    pub key: QuotaKey,
+    pub max_keys: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum QuotaKey {
+    ClientIp,
+    Header(HeaderName),
+    /// One bucket for the whole route.
+    Route,
+}
+
+pub const DEFAULT_QUOTA_MAX_KEYS: u32 = 100_000;
 
 /// `routes.retry`: when a failed attempt is made again.
 #[derive(Debug, Clone, PartialEq)]

@@ -255,14 +255,6 @@ impl Validator<'_> {
         }
     }
 
-    fn unsupported(&mut self, path: String, what: &str) {
-        self.error(
-            "unsupported",
-            path,
-            format!("{what} is not supported by this version of cutover yet; remove it to activate this configuration"),
-        );
-    }
-
     fn spec(&mut self, file: FileConfig) -> Option<Spec> {
         // Serializing a large configuration costs about as much as all
         // the checks: do both at once.
@@ -598,6 +590,7 @@ impl Validator<'_> {
                 ("encoded_slash", l.encoded_slash.is_some()),
                 ("trust_forwarded", l.trust_forwarded.is_some()),
                 ("trusted_proxies", !l.trusted_proxies.is_empty()),
+                ("max_inflight", l.max_inflight.is_some()),
             ];
             for (key, _) in http_only.iter().filter(|(_, set)| *set) {
                 self.error(
@@ -645,7 +638,15 @@ impl Validator<'_> {
                 ),
             }
         }
+        if l.max_inflight == Some(0) {
+            self.error(
+                "invalid_value",
+                at("max_inflight"),
+                "max_inflight must be at least 1",
+            );
+        }
         ListenerEdge {
+            max_inflight: l.max_inflight.filter(|n| *n > 0),
             merge_slashes: l.merge_slashes.unwrap_or(false),
             encoded_slash,
             trust_forwarded,
@@ -1416,8 +1417,9 @@ impl Validator<'_> {
                 "max_inflight must be at least 1",
             );
         }
-        if r.quota.is_some() {
-            self.unsupported(at("quota"), "route quota");
+        let quota = r.quota.as_ref().and_then(|q| self.quota(&at("quota"), q));
+        if r.quota.is_some() && quota.is_none() {
+            ok = false;
         }
         let retry = r
             .retry
@@ -1428,6 +1430,8 @@ impl Validator<'_> {
             .as_ref()
             .and_then(|hedge| self.hedge(&at("hedge"), hedge));
         let proxies = matches!(action, Some(RouteAction::Proxy { .. }));
+        // (A quota applies to `respond` routes too: it limits requests,
+        // not upstream traffic.)
         for (field, set) in [("retry", r.retry.is_some()), ("hedge", r.hedge.is_some())] {
             if set && !proxies && action.is_some() {
                 self.error(
@@ -1455,6 +1459,71 @@ impl Validator<'_> {
             max_inflight: r.max_inflight.filter(|n| *n > 0),
             retry,
             hedge,
+            quota,
+        })
+    }
+
+    /// `routes[i].quota`.
+    fn quota(&mut self, base: &str, q: &crate::config::FileQuota) -> Option<QuotaSpec> {
+        let at = |field: &str| format!("{base}.{field}");
+        let before = self.diagnostics.len();
+        if !(1..=1_000_000).contains(&q.rate) {
+            self.error(
+                "invalid_value",
+                at("rate"),
+                format!("rate = {} must be between 1 and 1000000", q.rate),
+            );
+        }
+        let per = match &q.per {
+            Some(t) => self.duration(at("per"), t),
+            None => Some(Duration::from_secs(1)),
+        };
+        if per.is_some_and(|p| p > Duration::from_secs(86_400)) {
+            self.error("invalid_duration", at("per"), "per must be at most 24h");
+        }
+        let burst = q.burst.unwrap_or(q.rate);
+        if !(1..=10_000_000).contains(&burst) {
+            self.error(
+                "invalid_value",
+                at("burst"),
+                format!("burst = {burst} must be between 1 and 10000000"),
+            );
+        }
+        let key = match q.key.as_deref().unwrap_or("client_ip") {
+            "client_ip" => Some(QuotaKey::ClientIp),
+            "route" => Some(QuotaKey::Route),
+            other => match other
+                .strip_prefix("header:")
+                .map(|n| HeaderName::from_bytes(n.as_bytes()))
+            {
+                Some(Ok(name)) => Some(QuotaKey::Header(name)),
+                _ => {
+                    self.error(
+                        "invalid_value",
+                        at("key"),
+                        format!("quota key '{other}' is not client_ip, header:NAME or route"),
+                    );
+                    None
+                }
+            },
+        };
+        let max_keys = q.max_keys.unwrap_or(DEFAULT_QUOTA_MAX_KEYS);
+        if !(16..=10_000_000).contains(&max_keys) {
+            self.error(
+                "invalid_value",
+                at("max_keys"),
+                format!("max_keys = {max_keys} must be between 16 and 10000000"),
+            );
+        }
+        if self.diagnostics.len() != before {
+            return None;
+        }
+        Some(QuotaSpec {
+            rate: q.rate,
+            per: per?,
+            burst,
+            key: key?,
+            max_keys,
         })
     }
 

@@ -12,7 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::backends::{BackendGuard, SendError, UpstreamBody};
-use crate::generation::{InflightGuard, RouteSlot};
+use crate::generation::{InflightGuard, ListenerSlot, RouteSlot};
 use crate::runtime::GenerationStore;
 
 /// Holds what a streaming response keeps alive: the slim part of its
@@ -20,6 +20,8 @@ use crate::runtime::GenerationStore;
 pub struct StreamGuards {
     pub inflight: InflightGuard,
     pub route: Option<RouteSlot>,
+    /// The listener's `max_inflight` place, if it has one.
+    pub listener: Option<ListenerSlot>,
     pub backend: BackendGuard,
     /// To follow supersession for `runtime.max_pinned_age`.
     pub store: Arc<GenerationStore>,
@@ -45,6 +47,7 @@ impl StreamGuards {
         Self {
             inflight,
             route,
+            listener: None,
             backend,
             store,
             expiry: None,

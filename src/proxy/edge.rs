@@ -357,6 +357,15 @@ pub fn smuggling_risk(headers: &HeaderMap) -> Option<Refusal> {
     None
 }
 
+/// A client address as 16 bytes (IPv4 mapped into IPv6), the key that
+/// hashing and quotas use for `client_ip`.
+pub fn client_key(ip: std::net::IpAddr) -> [u8; 16] {
+    match ip {
+        std::net::IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
+        std::net::IpAddr::V6(ip) => ip.octets(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,9 @@ pub enum ProxyError {
     /// The route's `max_inflight` is reached.
     #[error("route is at its max_inflight limit")]
     Saturated,
+    /// The route's quota is spent for this key: the time until a token.
+    #[error("quota exceeded")]
+    RateLimited(std::time::Duration),
     /// The route's upstream has no backend to offer.
     #[error("upstream has no backend")]
     NoBackend,
@@ -46,6 +49,7 @@ impl ProxyError {
         match self {
             ProxyError::BadRequest(_) | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Saturated | ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamConnect(_)
             | ProxyError::UpstreamRefused(_)
@@ -83,6 +87,11 @@ pub fn error_response(error: &ProxyError) -> Response<ResponseBody> {
     );
     if status == StatusCode::SERVICE_UNAVAILABLE {
         headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    if let ProxyError::RateLimited(wait) = error {
+        // Whole seconds (RFC 9110 §10.2.3), rounded up: never too early.
+        let seconds = (wait.as_secs_f64().ceil() as u64).max(1);
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
 }

@@ -26,7 +26,7 @@ use super::error::{error_response, ProxyError};
 use crate::admission::{Admission, Pinned};
 use crate::backends::{header_tokens, Attempt, Backend, ExchangeError, RequestBody, SendError};
 use crate::generation::{Action, Generation, Route, Upstream};
-use crate::plan::{DirectResponse, HashKey};
+use crate::plan::{DirectResponse, HashKey, QuotaKey};
 use crate::telemetry::metrics as m;
 
 /// What every request on one downstream connection shares.
@@ -154,6 +154,9 @@ async fn serve<'g>(
     let Some(router) = generation.router(&conn.listener) else {
         return (None, Err(ProxyError::NoRoute));
     };
+    let Ok(listener_slot) = router.admit() else {
+        return (None, Err(ProxyError::Saturated));
+    };
     let path = match edge::normalize_path(req.uri().path(), &router.edge) {
         Ok(path) => path,
         Err(reason) => return refuse(reason),
@@ -176,7 +179,13 @@ async fn serve<'g>(
         },
         edge: &router.edge,
     };
-    let result = serve_route(req, target, conn, route, guard).await;
+    let mut result = serve_route(req, target, conn, route, guard).await;
+    // A streamed answer keeps the listener's place until its last byte.
+    if let (Some(slot), Ok(response)) = (listener_slot, result.as_mut()) {
+        if let Some(guards) = response.body_mut().guards_mut() {
+            guards.listener = Some(slot);
+        }
+    }
     let status = match &result {
         Ok(r) => r.status().as_u16(),
         Err(e) => e.status().as_u16(),
@@ -202,6 +211,20 @@ async fn serve_route(
     route: &Route,
     guard: crate::generation::InflightGuard,
 ) -> Result<Response<ResponseBody>, ProxyError> {
+    if let Some(quota) = &route.quota {
+        let key: Cow<'_, [u8]> = match &quota.spec().key {
+            QuotaKey::ClientIp => Cow::Owned(edge::client_key(conn.remote.ip()).to_vec()),
+            // Requests without the header share one bucket.
+            QuotaKey::Header(name) => {
+                Cow::Borrowed(req.headers().get(name).map_or(&b""[..], |v| v.as_bytes()))
+            }
+            QuotaKey::Route => Cow::Borrowed(&b""[..]),
+        };
+        if let Err(wait) = quota.take(&key) {
+            route.shared.rate_limited();
+            return Err(ProxyError::RateLimited(wait));
+        }
+    }
     let slot = route.admit().map_err(|_| ProxyError::Saturated)?;
     let upstream = match &route.action {
         Action::Respond(direct) => return Ok(direct_response(direct)),
@@ -272,10 +295,7 @@ pub(super) fn request_hash(
     let bytes: Cow<'_, [u8]> = match key {
         HashKey::Header(name) => Cow::Borrowed(req.headers().get(name)?.as_bytes()),
         HashKey::Cookie(name) => Cow::Borrowed(cookie(req.headers(), name)?.as_bytes()),
-        HashKey::ClientIp => Cow::Owned(match conn.remote.ip() {
-            std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
-            std::net::IpAddr::V6(ip) => ip.octets().to_vec(),
-        }),
+        HashKey::ClientIp => Cow::Owned(edge::client_key(conn.remote.ip()).to_vec()),
         HashKey::Path => Cow::Borrowed(
             target
                 .path

@@ -51,13 +51,9 @@ pub async fn serve(
         .and_then(|upstream| {
             // A TCP connection has one key to hash: its client's address.
             let picked = match (&upstream.hash_key, peer) {
-                (Some(crate::plan::HashKey::ClientIp), Some(peer)) => {
-                    let ip = match peer.ip() {
-                        std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
-                        std::net::IpAddr::V6(ip) => ip.octets().to_vec(),
-                    };
-                    upstream.pick_hashed(crate::generation::hash_key(&ip))
-                }
+                (Some(crate::plan::HashKey::ClientIp), Some(peer)) => upstream.pick_hashed(
+                    crate::generation::hash_key(&super::edge::client_key(peer.ip())),
+                ),
                 _ => upstream.pick(),
             };
             Some((Arc::clone(upstream), Arc::clone(picked?)))

@@ -52,6 +52,10 @@ pub const EJECTIONS: &str = "cutover_backend_ejections_total";
 /// Picks made with every backend of an upstream unhealthy or ejected
 /// (traffic fails open to all of them), by upstream.
 pub const FAIL_OPEN: &str = "cutover_upstream_fail_open_total";
+/// Requests refused by a listener's `max_inflight`, by listener.
+pub const LISTENER_ADMISSION_REJECTIONS: &str = "cutover_listener_admission_rejections_total";
+/// Requests a route's quota answered 429, by route.
+pub const QUOTA_REJECTIONS: &str = "cutover_quota_rejections_total";
 /// Retries by upstream and `outcome` (`retried`, `budget_exhausted`).
 pub const RETRIES: &str = "cutover_retries_total";
 /// Hedged requests by upstream and `outcome`: `won` (an extra attempt

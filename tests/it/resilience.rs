@@ -905,3 +905,108 @@ async fn hashing_keeps_keys_in_place_and_spills_a_hot_key() {
         assert_eq!(request.await.unwrap().0, 200);
     }
 }
+
+async fn get_as(web: SocketAddr, client: &str) -> (u16, hyper::HeaderMap) {
+    let req = Request::get("/")
+        .header("host", "a")
+        .header("x-client", client)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, headers, _) = send(web, req).await.unwrap();
+    (status, headers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_answers_429_with_retry_after_and_keeps_its_buckets_across_activation() {
+    let a = Controlled::start("a").await;
+    let quota = r#"quota = { rate = 1, per = "10s", burst = 3, key = "header:x-client" }"#;
+    let gw = Gateway::start(&route_config(&[&a], quota, ""));
+    let web = gw.listener("web");
+    for _ in 0..3 {
+        assert_eq!(get_as(web, "alice").await.0, 200);
+    }
+    let (status, headers) = get_as(web, "alice").await;
+    assert_eq!(status, 429);
+    // One token per 10 s: the next is due in 10 s at most, never 0.
+    let wait: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=10).contains(&wait), "{wait}");
+    assert_eq!(
+        get_as(web, "bob").await.0,
+        200,
+        "another key has its own bucket"
+    );
+    // An activation that keeps the quota keeps the buckets.
+    let activate = |text: String| {
+        admin_request(
+            gw.admin,
+            "POST",
+            "/admin/runtime/activate",
+            Some("application/toml"),
+            Some(text),
+        )
+    };
+    let (status, body) = activate(route_config(&[&a], quota, "").replace("\"v0\"", "\"v1\"")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(get_as(web, "alice").await.0, 429);
+    // A changed quota starts afresh.
+    let wider = quota.replace("burst = 3", "burst = 5");
+    let (status, body) = activate(route_config(&[&a], &wider, "")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(get_as(web, "alice").await.0, 200);
+    assert_eq!(a.hits(), 3 + 1 + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_max_inflight_of_four_turns_away_exactly_four_of_eight() {
+    let a = Controlled::start("a").await;
+    a.behaviour.hold.send_replace(true);
+    let text = upstream_config(&[&a], "").replace(
+        "name = \"web\"\nbind = \"127.0.0.1:0\"\n",
+        "name = \"web\"\nbind = \"127.0.0.1:0\"\nmax_inflight = 4\n",
+    );
+    assert!(text.contains("max_inflight = 4"));
+    let gw = Gateway::start(&text);
+    let web = gw.listener("web");
+    let requests: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(async move { get(web, "a", "/").await.0 }))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.behaviour.inflight.load(Ordering::SeqCst) < 4 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The other four are answered while the first four are still held.
+    let mut refused = 0;
+    let mut held = Vec::new();
+    for request in requests {
+        if request.is_finished() {
+            assert_eq!(request.await.unwrap(), 503);
+            refused += 1;
+        } else {
+            held.push(request);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while refused < 4 {
+        assert!(Instant::now() < deadline, "only {refused} refused");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let mut still = Vec::new();
+        for request in held {
+            if request.is_finished() {
+                assert_eq!(request.await.unwrap(), 503);
+                refused += 1;
+            } else {
+                still.push(request);
+            }
+        }
+        held = still;
+    }
+    assert_eq!(held.len(), 4);
+    // A direct answer on another route still counts against the listener.
+    assert_eq!(get(web, "a", "/version").await.0, 503);
+    a.behaviour.hold.send_replace(false);
+    for request in held {
+        assert_eq!(request.await.unwrap(), 200);
+    }
+    assert_eq!(get(web, "a", "/version").await.0, 200);
+}

@@ -1,0 +1,161 @@
+//! Route quotas: token buckets per key (`routes.quota`). A bucket holds
+//! up to `burst` tokens and gains `rate` per `per`; a request takes one
+//! or is answered 429 with the time until the next token.
+//!
+//! Memory is bounded: keys live in 16 shards of at most `max_keys / 16`
+//! entries each. A shard that is full first forgets buckets that have
+//! refilled (a full bucket behaves exactly like a key never seen), then,
+//! if it must, the half that was idle longest. The table is shared by
+//! every generation whose route keeps the same quota (see
+//! `SharedState::quota`), so an activation neither refills nor resets it.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::backends::now_ms;
+use crate::plan::QuotaSpec;
+
+const SHARDS: usize = 16;
+
+#[derive(Debug)]
+pub struct QuotaTable {
+    spec: QuotaSpec,
+    shards: [Mutex<HashMap<Box<[u8]>, Bucket>>; SHARDS],
+    hasher: std::hash::RandomState,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    /// When `tokens` was last brought up to date (`now_ms`).
+    at_ms: u64,
+}
+
+impl QuotaTable {
+    pub fn new(spec: QuotaSpec) -> Self {
+        Self {
+            spec,
+            shards: Default::default(),
+            hasher: std::hash::RandomState::new(),
+        }
+    }
+
+    pub fn spec(&self) -> &QuotaSpec {
+        &self.spec
+    }
+
+    /// Takes a token for `key`; `Err` holds how long until one is free.
+    pub fn take(&self, key: &[u8]) -> Result<(), Duration> {
+        self.take_at(key, now_ms())
+    }
+
+    fn take_at(&self, key: &[u8], now: u64) -> Result<(), Duration> {
+        let shard = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
+        let Some(shard) = self.shards.get(shard) else {
+            return Ok(());
+        };
+        let mut buckets = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        let burst = f64::from(self.spec.burst);
+        let bucket = match buckets.get_mut(key) {
+            Some(bucket) => {
+                bucket.tokens = self.refilled(bucket, now);
+                bucket.at_ms = now;
+                bucket
+            }
+            None => {
+                let cap = (self.spec.max_keys as usize / SHARDS).max(1);
+                if buckets.len() >= cap {
+                    self.evict(&mut buckets, now, cap);
+                }
+                buckets.entry(key.into()).or_insert(Bucket {
+                    tokens: burst,
+                    at_ms: now,
+                })
+            }
+        };
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            return Ok(());
+        }
+        let per_token_ms = self.spec.per.as_secs_f64() * 1000.0 / f64::from(self.spec.rate);
+        Err(Duration::from_secs_f64(
+            (1.0 - bucket.tokens) * per_token_ms / 1000.0,
+        ))
+    }
+
+    fn refilled(&self, bucket: &Bucket, now: u64) -> f64 {
+        let elapsed = now.saturating_sub(bucket.at_ms) as f64;
+        let per_ms = self.spec.per.as_secs_f64() * 1000.0;
+        (bucket.tokens + elapsed * f64::from(self.spec.rate) / per_ms)
+            .min(f64::from(self.spec.burst))
+    }
+
+    /// Makes room in a full shard (see the module notes).
+    fn evict(&self, buckets: &mut HashMap<Box<[u8]>, Bucket>, now: u64, cap: usize) {
+        let burst = f64::from(self.spec.burst);
+        buckets.retain(|_, bucket| self.refilled(bucket, now) < burst);
+        if buckets.len() < cap {
+            return;
+        }
+        let mut ages: Vec<u64> = buckets.values().map(|b| b.at_ms).collect();
+        let middle = ages.len() / 2;
+        let (_, median, _) = ages.select_nth_unstable(middle);
+        let median = *median;
+        buckets.retain(|_, bucket| bucket.at_ms > median);
+    }
+
+    /// Keys remembered now.
+    pub fn keys(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::QuotaKey;
+
+    fn table(rate: u32, burst: u32, max_keys: u32) -> QuotaTable {
+        QuotaTable::new(QuotaSpec {
+            rate,
+            per: Duration::from_secs(1),
+            burst,
+            key: QuotaKey::ClientIp,
+            max_keys,
+        })
+    }
+
+    #[test]
+    fn a_burst_then_the_rate_with_the_wait_until_the_next_token() {
+        let quota = table(10, 5, 100);
+        for _ in 0..5 {
+            assert!(quota.take_at(b"k", 1_000).is_ok());
+        }
+        let wait = quota.take_at(b"k", 1_000).unwrap_err();
+        assert_eq!(wait, Duration::from_millis(100));
+        // 50 ms later, half a token: 50 ms to go.
+        let wait = quota.take_at(b"k", 1_050).unwrap_err();
+        assert!((wait.as_secs_f64() - 0.05).abs() < 1e-6, "{wait:?}");
+        assert!(quota.take_at(b"k", 1_100).is_ok());
+        // Another key has its own bucket.
+        assert!(quota.take_at(b"other", 1_100).is_ok());
+    }
+
+    #[test]
+    fn two_hundred_thousand_keys_stay_within_the_cap() {
+        let quota = table(1, 1, 10_000);
+        for key in 0u32..200_000 {
+            let _ = quota.take_at(&key.to_le_bytes(), 1_000 + u64::from(key / 1000));
+        }
+        let keys = quota.keys();
+        assert!(keys <= 10_000, "{keys} keys kept");
+        assert!(keys >= 2_000, "{keys}: eviction forgot too much");
+        // The most recent keys are still limited.
+        assert!(quota.take_at(&199_999u32.to_le_bytes(), 1_199).is_err());
+    }
+}
