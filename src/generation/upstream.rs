@@ -3,7 +3,7 @@
 //! request. Every policy skips backends that are unhealthy or ejected;
 //! when none is left, it fails open to all of them (DESIGN §12).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +32,14 @@ pub struct Upstream {
     pub hash_key: Option<HashKey>,
     maglev: Maglev,
     hash_balance_factor: Option<u32>,
+    load_sum: LoadSum,
+}
+
+/// The last sum of the backends' loads, and when it was taken.
+#[derive(Debug, Default)]
+struct LoadSum {
+    total: AtomicU64,
+    at_ms: AtomicU64,
 }
 
 /// The least share of its turns a backend in slow start is offered.
@@ -79,6 +87,7 @@ impl Upstream {
             hash_key: spec.hash_key.clone(),
             maglev,
             hash_balance_factor: spec.hash_balance_factor,
+            load_sum: LoadSum::default(),
         })
     }
 
@@ -129,11 +138,17 @@ impl Upstream {
                 let load = backend.inflight();
                 // An idle backend is under any bound: no sum needed.
                 if load > 0 {
-                    let total = *total.get_or_insert_with(|| {
-                        self.backends.iter().map(|b| b.inflight()).sum::<u64>()
-                    });
-                    let bound = ((total + 1) * u64::from(factor)).div_ceil(100 * n as u64);
-                    if load + 1 > bound {
+                    let bound =
+                        |total: u64| ((total + 1) * u64::from(factor)).div_ceil(100 * n as u64);
+                    let (mut sum, mut exact) =
+                        *total.get_or_insert_with(|| (self.total_load(), false));
+                    // A recent sum may lag a burst: before calling a
+                    // backend overloaded, make sure with an exact one.
+                    if load + 1 > bound(sum) && !exact {
+                        (sum, exact) = (self.total_load_now(), true);
+                        total = Some((sum, exact));
+                    }
+                    if load + 1 > bound(sum) {
                         if overloaded.is_none() && backend.is_available() {
                             overloaded = Some(backend);
                         }
@@ -153,6 +168,28 @@ impl Upstream {
             .walk(hash)
             .next()
             .and_then(|i| self.backends.get(i))
+    }
+
+    /// Requests in flight over this upstream's backends, summed at most
+    /// once a millisecond: the load bound needs an average, not an
+    /// account, and summing 100 counters on every request cost more than
+    /// the rest of the pick.
+    fn total_load(&self) -> u64 {
+        let now = crate::backends::now_ms();
+        if self.load_sum.at_ms.load(Ordering::Relaxed) == now {
+            return self.load_sum.total.load(Ordering::Relaxed);
+        }
+        self.total_load_now()
+    }
+
+    /// Requests in flight over this upstream's backends, summed now.
+    fn total_load_now(&self) -> u64 {
+        let total = self.backends.iter().map(|b| b.inflight()).sum::<u64>();
+        self.load_sum.total.store(total, Ordering::Relaxed);
+        self.load_sum
+            .at_ms
+            .store(crate::backends::now_ms(), Ordering::Relaxed);
+        total
     }
 
     /// The backend index of turn `turn` under round-robin or weighted.
