@@ -10,6 +10,10 @@
 #
 # e.g. build the previous commit in a worktree, then
 #   benches/ab.sh /tmp/old/target/release/cutover target/release/cutover 6 5
+# AB_B_UPSTREAM adds lines to side B's upstream only: the same binary with
+# and without a feature, e.g.
+#   AB_B_UPSTREAM='health = { path = "/", interval = "1s" }' \
+#     benches/ab.sh target/release/cutover target/release/cutover
 # Installs wrk and nginx-light from Debian's packages when missing.
 # Loopback only; every process it starts is stopped by pid on exit.
 set -euo pipefail
@@ -49,7 +53,7 @@ http {
 CONF
 nginx -c "$work/nginx.conf"
 
-start() { # NAME BINARY -> "pid port"
+start() { # NAME BINARY UPSTREAM_EXTRA -> "pid port"
   local port admin
   port=$(free_port); admin=$(free_port)
   cat > "$work/$1.toml" <<CONF
@@ -66,12 +70,13 @@ listeners = ["web"]
 upstream = "app"
 [upstreams.app]
 backends = [{ addr = "127.0.0.1:$backend" }]
+$3
 CONF
   "$2" run -c "$work/$1.toml" >"$work/$1.log" 2>&1 &
   echo "$! $port"
 }
-read -r a_pid a_port < <(start a "$a_bin"); pids+=("$a_pid")
-read -r b_pid b_port < <(start b "$b_bin"); pids+=("$b_pid")
+read -r a_pid a_port < <(start a "$a_bin" ""); pids+=("$a_pid")
+read -r b_pid b_port < <(start b "$b_bin" "${AB_B_UPSTREAM:-}"); pids+=("$b_pid")
 for port in "$a_port" "$b_port"; do
   for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
 done

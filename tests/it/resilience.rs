@@ -1010,3 +1010,63 @@ async fn a_listener_max_inflight_of_four_turns_away_exactly_four_of_eight() {
     }
     assert_eq!(get(web, "a", "/version").await.0, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_thousand_quota_keys_keep_memory_bounded() {
+    let a = Controlled::start("a").await;
+    // One request per key per hour: every new key passes once.
+    let quota =
+        r#"quota = { rate = 1, per = "1h", burst = 1, key = "header:x-client", max_keys = 1000 }"#;
+    let gw = Gateway::start(&route_config(&[&a], quota, ""));
+    let web = gw.listener("web");
+    let send_keys = |keys: std::ops::Range<u32>| async move {
+        let keys: Vec<u32> = keys.collect();
+        let chunks: Vec<Vec<u32>> = keys
+            .chunks(keys.len().div_ceil(16))
+            .map(<[u32]>::to_vec)
+            .collect();
+        let tasks: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                tokio::spawn(async move {
+                    let stream = tokio::net::TcpStream::connect(web).await.unwrap();
+                    let (mut sender, conn) =
+                        hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                            .await
+                            .unwrap();
+                    tokio::spawn(conn);
+                    let mut refused = 0u32;
+                    for key in chunk {
+                        let req = Request::get("/")
+                            .header("host", "a")
+                            .header("x-client", format!("client-{key}"))
+                            .body(Full::new(Bytes::new()))
+                            .unwrap();
+                        let response = sender.send_request(req).await.unwrap();
+                        if response.status() != 200 {
+                            refused += 1;
+                        }
+                        let _ = response.into_body().collect().await;
+                    }
+                    refused
+                })
+            })
+            .collect();
+        let mut refused = 0;
+        for task in tasks {
+            refused += task.await.unwrap();
+        }
+        refused
+    };
+    assert_eq!(send_keys(0..20_000).await, 0, "a new key was refused");
+    let (rss_early, _) = gw.memory_kib();
+    assert_eq!(send_keys(20_000..200_000).await, 0, "a new key was refused");
+    let (rss_late, _) = gw.memory_kib();
+    // Without the cap: 180 000 more buckets, about 14 MB.
+    let grown = rss_late.saturating_sub(rss_early);
+    eprintln!("quota keys: RSS {rss_early} KiB after 20 000 keys, {rss_late} KiB after 200 000");
+    assert!(grown < 6 * 1024, "RSS grew {grown} KiB over 180 000 keys");
+    // The newest keys are remembered (spent), the oldest forgotten.
+    assert_eq!(get_as(web, "client-199999").await.0, 429);
+    assert_eq!(get_as(web, "client-0").await.0, 200);
+}
