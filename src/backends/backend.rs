@@ -1,8 +1,9 @@
 //! One backend: its clients and pools, and the state traffic and checks
 //! keep about it.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
@@ -79,7 +80,13 @@ pub struct Backend {
     failures: AtomicU64,
     outcomes: [Counter; 4],
     ejections: Counter,
+    /// Ids of the most recent generations built with this backend (an
+    /// opaque number here), for the admin view.
+    named_by: Mutex<VecDeque<u64>>,
 }
+
+/// Generation ids a backend remembers naming it.
+const NAMED_BY: usize = 64;
 
 impl Backend {
     pub(super) fn new(key: BackendKey) -> Result<Self, BackendError> {
@@ -157,6 +164,7 @@ impl Backend {
             outlier: Outlier::default(),
             attempts: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            named_by: Mutex::new(VecDeque::new()),
         })
     }
 
@@ -198,6 +206,23 @@ impl Backend {
         let length = self.outlier.eject(spec);
         tracing::warn!(backend = %self.key.addr, ejection = ?length, "backend ejected after consecutive failures");
         length
+    }
+
+    /// Notes that generation `id` was built with this backend.
+    pub fn named_by(&self, id: u64) {
+        let mut ids = self.named_by.lock().unwrap_or_else(PoisonError::into_inner);
+        if ids.back() != Some(&id) {
+            if ids.len() == NAMED_BY {
+                ids.pop_front();
+            }
+            ids.push_back(id);
+        }
+    }
+
+    /// The generations among `live` that were built with this backend.
+    pub fn named_by_any_of(&self, live: &[u64]) -> Vec<u64> {
+        let ids = self.named_by.lock().unwrap_or_else(PoisonError::into_inner);
+        ids.iter().copied().filter(|id| live.contains(id)).collect()
     }
 
     pub fn attempts(&self) -> u64 {

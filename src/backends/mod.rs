@@ -147,6 +147,8 @@ pub struct BackendView {
     pub ewma_ms: f64,
     pub attempts: u64,
     pub failures: u64,
+    /// Live generations (active, or with work pinned) that name it.
+    pub generations: Vec<u64>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -158,7 +160,8 @@ pub struct CheckView {
 }
 
 impl Backend {
-    pub fn view(&self) -> BackendView {
+    /// The admin view; `live` are the ids of the live generations.
+    pub fn view(&self, live: &[u64]) -> BackendView {
         let until = self.outlier.ejected_until_ms();
         BackendView {
             addr: self.key.addr.clone(),
@@ -181,6 +184,7 @@ impl Backend {
             ewma_ms: self.load.ewma().as_secs_f64() * 1000.0,
             attempts: self.attempts(),
             failures: self.failures(),
+            generations: self.named_by_any_of(live),
         }
     }
 }

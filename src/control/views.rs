@@ -265,12 +265,13 @@ pub struct UpstreamView {
 impl Control {
     pub fn backends(&self) -> BackendsView {
         let active = self.store.load_full();
+        let live: Vec<u64> = self.store.loads().iter().map(|l| l.generation.0).collect();
         let mut upstreams: Vec<UpstreamView> = active
             .upstreams()
             .map(|u| UpstreamView {
                 name: u.name.clone(),
                 policy: u.policy.as_str(),
-                backends: u.backends.iter().map(|b| b.view()).collect(),
+                backends: u.backends.iter().map(|b| b.view(&live)).collect(),
             })
             .collect();
         upstreams.sort_by(|a, b| a.name.cmp(&b.name));

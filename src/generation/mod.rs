@@ -149,6 +149,9 @@ pub fn build(
                 upstream: u.name.clone(),
                 source,
             })?;
+        for backend in &upstream.backends {
+            backend.named_by(id.0);
+        }
         upstreams.insert(u.name.clone(), Arc::new(upstream));
     }
     let mut per_listener: HashMap<&str, (&crate::plan::ListenerEdge, Vec<Arc<Route>>)> = spec

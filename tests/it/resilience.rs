@@ -27,6 +27,8 @@ struct Behaviour {
     inflight: AtomicU64,
     /// When each ordinary request arrived.
     hits: Mutex<Vec<Instant>>,
+    /// Health checks answered.
+    checks: AtomicU64,
 }
 
 /// A backend that answers with its name, counts what it serves, fails on
@@ -49,6 +51,7 @@ impl Controlled {
             hold: tokio::sync::watch::channel(false).0,
             inflight: AtomicU64::new(0),
             hits: Mutex::new(Vec::new()),
+            checks: AtomicU64::new(0),
         });
         let mut this = Controlled {
             name,
@@ -466,6 +469,14 @@ outlier = { consecutive_failures = 3, base_ejection = "60s" }"#;
     )
     .await;
     assert_eq!(status, 200, "{body}");
+    // Nothing names c any more: its checker stops.
+    let checks = c.behaviour.checks.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let after_removal = c.behaviour.checks.load(Ordering::SeqCst);
+    assert!(
+        after_removal <= checks + 1,
+        "c still checked: {checks} then {after_removal}"
+    );
     let fresh = backend_in(&backends_view(&gw).await, d.addr);
     assert_eq!(
         (fresh["ejected"].as_bool(), fresh["ejections"].as_u64()),
@@ -507,6 +518,19 @@ async fn least_requests_counts_what_older_generations_have_in_flight() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
+    // a serves both live generations; b only the new one.
+    let view = backends_view(&gw).await;
+    assert_eq!(
+        backend_in(&view, a.addr)["generations"],
+        serde_json::json!([1, 2]),
+        "{view}"
+    );
+    assert_eq!(
+        backend_in(&view, b.addr)["generations"],
+        serde_json::json!([2]),
+        "{view}"
+    );
+    assert_eq!(backend_in(&view, a.addr)["inflight"], 50, "{view}");
     let fast: Vec<_> = (0..50)
         .map(|_| tokio::spawn(async move { get(web, "a", "/").await }))
         .collect();
