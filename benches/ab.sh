@@ -96,7 +96,7 @@ for round in $(seq "$rounds"); do
       'BEGIN { printf "round %d %s rps=%.0f cpu_us_per_req=%.2f\n", r, s, rps, c * 1e6 / hz / t }'
   done
 done | tee "$work/rounds"
-awk '{ split($3, r, "="); split($4, c, "="); n[$2]++; rps[$2] += r[2]; cpu[$2] += c[2] }
+awk '{ split($4, r, "="); split($5, c, "="); n[$3]++; rps[$3] += r[2]; cpu[$3] += c[2] }
      END { printf "A: %.0f req/s, %.2f us/req\nB: %.0f req/s, %.2f us/req\nB / A: throughput %.3f, CPU per request %.3f\n",
            rps["a"]/n["a"], cpu["a"]/n["a"], rps["b"]/n["b"], cpu["b"]/n["b"],
            (rps["b"]/n["b"]) / (rps["a"]/n["a"]), (cpu["b"]/n["b"]) / (cpu["a"]/n["a"]) }' "$work/rounds"

@@ -171,6 +171,7 @@ impl Backend {
     /// Whether checks and outlier detection let a request through now.
     /// After an ejection this lets exactly one probe through: call it for
     /// the backend a request will go to, not for every candidate.
+    #[inline]
     pub fn usable(&self) -> Usable {
         if self.health.passing() && self.outlier.admits() {
             Usable::Yes

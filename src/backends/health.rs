@@ -94,6 +94,7 @@ impl Health {
     }
 
     /// Whether active checks let traffic through.
+    #[inline]
     pub fn passing(&self) -> bool {
         matches!(self.state(), HealthState::Unchecked | HealthState::Healthy)
     }

@@ -42,13 +42,16 @@ impl Load {
     pub fn observe(&self, rtt: Duration) {
         let now = now_ms();
         let sample = rtt.as_nanos() as f64;
-        let previous = self.estimate_at(now);
+        let updated = self.updated_ms.load(Ordering::Relaxed);
+        let previous = if updated == 0 {
+            DEFAULT_RTT.as_nanos() as f64
+        } else {
+            f64::from_bits(self.rtt_ns.load(Ordering::Relaxed))
+        };
         let next = if sample > previous {
             sample
         } else {
-            let decay = (-(now.saturating_sub(self.updated_ms.load(Ordering::Relaxed)) as f64)
-                / DECAY_MS)
-                .exp();
+            let decay = (-(now.saturating_sub(updated) as f64) / DECAY_MS).exp();
             previous * decay + sample * (1.0 - decay)
         };
         self.rtt_ns.store(next.to_bits(), Ordering::Relaxed);
@@ -66,9 +69,11 @@ impl Load {
         rtt * (-idle / DECAY_MS).exp()
     }
 
-    /// The latency estimate, for the admin view.
-    pub fn ewma(&self) -> Duration {
-        Duration::from_nanos(self.estimate_at(now_ms()) as u64)
+    /// The latency estimate, for the admin view; `None` before the first
+    /// sample (only `p2c` upstreams time their attempts).
+    pub fn ewma(&self) -> Option<Duration> {
+        (self.updated_ms.load(Ordering::Relaxed) != 0)
+            .then(|| Duration::from_nanos(self.estimate_at(now_ms()) as u64))
     }
 
     /// What p2c compares: expected latency times the queue it would join.
@@ -84,15 +89,15 @@ mod tests {
     #[test]
     fn a_slow_sample_wins_at_once_and_fast_ones_pull_it_down() {
         let load = Load::default();
-        assert_eq!(load.ewma(), DEFAULT_RTT);
+        assert_eq!(load.ewma(), None);
         load.observe(Duration::from_millis(200));
-        let peak = load.ewma();
+        let peak = load.ewma().unwrap();
         assert!(peak > Duration::from_millis(190), "{peak:?}");
         for _ in 0..5 {
             load.observe(Duration::from_millis(1));
         }
         // Samples within the same few milliseconds barely move it...
-        assert!(load.ewma() > Duration::from_millis(150));
+        assert!(load.ewma().unwrap() > Duration::from_millis(150));
         // ... and a queue makes a backend costlier.
         let idle = load.cost();
         load.start();

@@ -143,8 +143,9 @@ pub struct BackendView {
     pub ejected_until_unix_ms: Option<u64>,
     pub ejections: u64,
     pub inflight: u64,
-    /// Peak-EWMA latency to the response head, milliseconds.
-    pub ewma_ms: f64,
+    /// Peak-EWMA latency to the response head, milliseconds (timed for
+    /// `p2c` upstreams only; `null` before a sample).
+    pub ewma_ms: Option<f64>,
     pub attempts: u64,
     pub failures: u64,
     /// Live generations (active, or with work pinned) that name it.
@@ -181,7 +182,7 @@ impl Backend {
             ejected_until_unix_ms: until.map(unix_ms),
             ejections: self.outlier.ejections(),
             inflight: self.inflight(),
-            ewma_ms: self.load.ewma().as_secs_f64() * 1000.0,
+            ewma_ms: self.load.ewma().map(|d| d.as_secs_f64() * 1000.0),
             attempts: self.attempts(),
             failures: self.failures(),
             generations: self.named_by_any_of(live),

@@ -46,11 +46,17 @@ pub enum Failure {
 impl Outlier {
     /// Whether a request may go to the backend now. Cheap while trusted;
     /// after an ejection ends it admits one probe at a time.
+    #[inline]
     pub fn admits(&self) -> bool {
-        let until = self.ejected_until.load(Ordering::Acquire);
-        if until == 0 {
-            return true;
+        match self.ejected_until.load(Ordering::Acquire) {
+            0 => true,
+            until => self.admits_after(until),
         }
+    }
+
+    /// `admits` for a backend that is or was ejected.
+    #[cold]
+    fn admits_after(&self, until: u64) -> bool {
         let now = now_ms();
         if now < until {
             return false;
@@ -81,6 +87,7 @@ impl Outlier {
         self.ejections.load(Ordering::Relaxed)
     }
 
+    #[inline]
     pub fn success(&self) {
         if self.consecutive.load(Ordering::Relaxed) != 0 {
             self.consecutive.store(0, Ordering::Relaxed);

@@ -112,6 +112,12 @@ impl Upstream {
         self.backends.get(self.scheduled(turn))
     }
 
+    /// Whether attempts should be timed: only `p2c` reads the latency
+    /// estimate, and a clock read per request is not free.
+    pub fn measures_latency(&self) -> bool {
+        self.policy == Policy::P2c
+    }
+
     pub fn budget(&self) -> &Arc<RetryBudget> {
         &self.budget
     }
@@ -202,10 +208,21 @@ impl Upstream {
 
     fn pick_scheduled(&self) -> Option<&Arc<Backend>> {
         let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
+        // Nearly always: the scheduled backend takes it.
+        let first = self.backends.get(self.scheduled(turn))?;
+        if self.takes(first) {
+            return Some(first);
+        }
+        self.pick_scheduled_after(turn)
+    }
+
+    /// The first usable backend after turn `turn`'s.
+    #[cold]
+    fn pick_scheduled_after(&self, turn: usize) -> Option<&Arc<Backend>> {
         let n = self.backends.len();
         // The turns after this one first, so that the schedule's spread
         // holds among the backends left; then any backend at all.
-        (0..n)
+        (1..n)
             .map(|k| self.scheduled(turn.wrapping_add(k)))
             .chain((0..n).map(|k| (turn + k) % n))
             .filter_map(|i| self.backends.get(i))
@@ -249,6 +266,7 @@ impl Upstream {
 
     /// Whether `backend` takes this request: checks and outlier state
     /// allow it, and slow start, if it is ramping, offers it this turn.
+    #[inline]
     fn takes(&self, backend: &Backend) -> bool {
         if let (Some(ramp), Some(recovered)) = (self.slow_start, backend.health.recovered_at()) {
             let elapsed =

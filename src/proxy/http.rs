@@ -236,7 +236,10 @@ async fn serve_route(
         ))
         .await;
     }
-    let hash = request_hash(upstream, &req, conn, &target);
+    let hash = upstream
+        .hash_key
+        .as_ref()
+        .and_then(|_| request_hash(upstream, &req, conn, &target));
     let backend = match hash {
         Some(hash) => upstream.pick_hashed(hash),
         None => upstream.pick(),
@@ -266,7 +269,26 @@ async fn serve_route(
         Arc::clone(conn.admission.store()),
     );
     match upgrade {
-        None => exchange(req, target, &hop, interim.map(|q| &**q), guards).await,
+        None => {
+            let driven = backend.h1.as_ref();
+            let (mut upstream_req, forwarded) =
+                upstream_request(req, target, conn, backend, None, driven.is_some())?;
+            if let Some(pool) = driven {
+                let interim = interim.map(|q| &**q);
+                return driven_exchange(upstream_req, &forwarded, pool, &hop, interim, guards)
+                    .await;
+            }
+            forwarded.insert_into(upstream_req.headers_mut());
+            if interim.is_some() && backend.version == Version::HTTP_11 {
+                let queue = Arc::clone(&conn.interim);
+                hyper::ext::on_informational(&mut upstream_req, move |response| {
+                    queue.push(response.status(), response.headers());
+                });
+            }
+            // On the heap: this path's futures are large, and the plain
+            // HTTP/1.1 one above is what most deployments take.
+            Box::pin(client_exchange(upstream_req, None, &hop, guards)).await
+        }
         Some((protocol, downstream)) => {
             let (upstream_req, forwarded) =
                 upstream_request(req, target, conn, backend, Some(&protocol), false)?;
@@ -328,33 +350,23 @@ pub(super) struct Hop<'a> {
     pub timeout: std::time::Duration,
 }
 
-/// One attempt at a backend (no protocol upgrade): the request rewritten
-/// for it, sent through the client that backend takes, the answer with
-/// `guards` riding on its body.
+/// One attempt at a backend (no protocol upgrade, no 1xx forwarding), the
+/// answer with `guards` riding on its body: the retry path's. (The
+/// single-attempt path in `serve_route` spells the same steps out: an
+/// async layer and a returned request less per request.)
 pub(super) async fn exchange(
     req: Request<RequestBody>,
     target: Target<'_>,
     hop: &Hop<'_>,
-    interim: Option<&super::interim::InterimQueue>,
     guards: StreamGuards,
 ) -> Result<Response<ResponseBody>, ProxyError> {
-    let backend = hop.backend;
-    let driven = backend.h1.as_ref();
+    let driven = hop.backend.h1.as_ref();
     let (mut upstream_req, forwarded) =
-        upstream_request(req, target, hop.conn, backend, None, driven.is_some())?;
+        upstream_request(req, target, hop.conn, hop.backend, None, driven.is_some())?;
     if let Some(pool) = driven {
-        return driven_exchange(upstream_req, &forwarded, pool, hop, interim, guards).await;
+        return driven_exchange(upstream_req, &forwarded, pool, hop, None, guards).await;
     }
     forwarded.insert_into(upstream_req.headers_mut());
-    // `interim` is the connection's own queue; hyper's hook needs it owned.
-    if interim.is_some() && backend.version == Version::HTTP_11 {
-        let queue = Arc::clone(&hop.conn.interim);
-        hyper::ext::on_informational(&mut upstream_req, move |response| {
-            queue.push(response.status(), response.headers());
-        });
-    }
-    // On the heap: this path's futures are large, and the plain HTTP/1.1
-    // path above is the one every request of most deployments takes.
     Box::pin(client_exchange(upstream_req, None, hop, guards)).await
 }
 
@@ -382,7 +394,7 @@ async fn client_exchange(
         let _ = body_ended.await;
         tokio::time::sleep(timeout).await;
     };
-    let sent = Instant::now();
+    let sent = upstream.measures_latency().then(Instant::now);
     let answered = tokio::select! {
         answered = backend.client.request(upstream_req) => Ok(answered),
         _ = answer_due => Err(()),
@@ -390,7 +402,7 @@ async fn client_exchange(
     let response = match answered {
         Ok(Ok(response)) => {
             let attempt = Attempt::Answered(response.status());
-            upstream.report(backend, attempt, Some(sent.elapsed()));
+            upstream.report(backend, attempt, sent.map(|s| s.elapsed()));
             response
         }
         Ok(Err(e)) if e.is_connect() => {
@@ -469,7 +481,7 @@ async fn driven_exchange(
             queue.push(status, headers);
         }
     };
-    let sent = Instant::now();
+    let sent = upstream.measures_latency().then(Instant::now);
     let response = match crate::backends::request_h1(
         pool,
         &backend.key.addr,
@@ -495,13 +507,13 @@ async fn driven_exchange(
         }
         Err(ExchangeError::Send(error)) => return Err(failed(Attempt::Error, error_chain(&error))),
     };
-    let rtt = sent.elapsed();
+    let rtt = sent.map(|s| s.elapsed());
     let (mut parts, mut body) = response.into_parts();
     let first = match super::body::peek(&mut body) {
         Ok(first) => first,
         Err(error) => return Err(failed(Attempt::Error, error_chain(&error))),
     };
-    upstream.report(backend, Attempt::Answered(parts.status), Some(rtt));
+    upstream.report(backend, Attempt::Answered(parts.status), rtt);
     strip_hop_by_hop(&mut parts.headers);
     // A response without a body (HEAD, 204, 304, length 0), or whose body
     // came whole with its head, is complete already: its connection can

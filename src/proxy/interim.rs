@@ -73,15 +73,19 @@ impl InterimQueue {
         true
     }
 
+    /// Whether anything waits: the one check every write makes.
+    #[inline]
+    fn is_pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
     /// Writes what is queued to `stream`; ready once nothing is left.
+    #[cold]
     fn poll_drain<S: AsyncWrite + Unpin>(
         &self,
         stream: &mut S,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
-        if !self.pending.load(Ordering::Acquire) {
-            return Poll::Ready(Ok(()));
-        }
         let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             let Queued { bytes, written } = &mut *queued;
@@ -144,8 +148,9 @@ impl<S> InterimWriter<S> {
 
 impl<S: AsyncWrite + Unpin> InterimWriter<S> {
     /// Drains the queue if hyper's output is at a boundary.
+    #[inline]
     fn poll_interim(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.mid_message {
+        if self.mid_message || !self.queue.is_pending() {
             return Poll::Ready(Ok(()));
         }
         self.queue.poll_drain(&mut self.stream, cx)

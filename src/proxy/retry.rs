@@ -241,7 +241,7 @@ impl Template<'_> {
                 backend.start_request(),
                 Arc::clone(self.conn.admission.store()),
             );
-            exchange(self.request(), self.target.clone(), &hop, None, guards).await
+            exchange(self.request(), self.target.clone(), &hop, guards).await
         })
     }
 }
