@@ -70,6 +70,10 @@ impl Maglev {
         Self { table }
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
     /// Backend indexes for `hash`: the owner of its slot first, then the
     /// owners of the slots after it (repeats included).
     pub fn walk(&self, hash: u64) -> impl Iterator<Item = usize> + '_ {

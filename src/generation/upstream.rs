@@ -127,6 +127,10 @@ impl Upstream {
     /// `hash_balance_factor` of the average load, the next in the key's
     /// walk (the same order for every request with that key).
     pub fn pick_hashed(&self, hash: u64) -> Option<&Arc<Backend>> {
+        if self.maglev.is_empty() {
+            // Not a hashing upstream (or no backends): no key to follow.
+            return self.pick();
+        }
         let n = self.backends.len();
         let mut total = None;
         let mut overloaded = None;
@@ -488,6 +492,84 @@ mod tests {
                 "share {share} for weight {weight}"
             );
         }
+    }
+
+    fn spec(policy: Policy, ports: &[u16]) -> UpstreamSpec {
+        UpstreamSpec {
+            name: "u".into(),
+            policy,
+            protocol: UpstreamProtocol::Http1,
+            connect_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(60),
+            tls: None,
+            health: None,
+            outlier: OutlierSpec {
+                consecutive_failures: 1,
+                max_ejected_percent: 100,
+                ..OutlierSpec::default()
+            },
+            slow_start: None,
+            hash_key: None,
+            hash_balance_factor: None,
+            backends: ports
+                .iter()
+                .map(|port| crate::plan::BackendSpec {
+                    addr: format!("127.0.0.1:{port}"),
+                    weight: 1,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn every_policy_skips_ejected_backends_and_fails_open_when_all_are() {
+        for policy in [
+            Policy::RoundRobin,
+            Policy::Weighted,
+            Policy::LeastRequests,
+            Policy::P2c,
+        ] {
+            let registry = BackendRegistry::default();
+            let upstream = Upstream::build(&spec(policy, &[1, 2, 3]), &registry).expect("builds");
+            let (a, b) = (&upstream.backends[0], &upstream.backends[1]);
+            upstream.report(a, Attempt::ConnectError, None);
+            upstream.report(b, Attempt::Answered(http::StatusCode::BAD_GATEWAY), None);
+            assert!(
+                a.outlier.is_ejected() && b.outlier.is_ejected(),
+                "{policy:?}"
+            );
+            for _ in 0..50 {
+                let picked = upstream.pick().expect("a backend");
+                assert_eq!(picked.key.addr, "127.0.0.1:3", "{policy:?}");
+            }
+            let keyed = upstream.pick_hashed(42).expect("a backend");
+            assert_eq!(keyed.key.addr, "127.0.0.1:3", "{policy:?}");
+            // The last one out too: traffic fails open to all of them
+            // rather than nowhere.
+            upstream.report(&upstream.backends[2], Attempt::Timeout, None);
+            let picked: std::collections::HashSet<_> = (0..30)
+                .filter_map(|_| upstream.pick())
+                .map(|b| b.key.addr.clone())
+                .collect();
+            assert!(!picked.is_empty(), "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn max_ejected_percent_keeps_the_rest_in() {
+        let registry = BackendRegistry::default();
+        let mut half = spec(Policy::RoundRobin, &[1, 2, 3, 4]);
+        half.outlier.max_ejected_percent = 50;
+        let upstream = Upstream::build(&half, &registry).expect("builds");
+        for backend in &upstream.backends {
+            upstream.report(backend, Attempt::ConnectError, None);
+        }
+        let ejected = upstream
+            .backends
+            .iter()
+            .filter(|b| b.outlier.is_ejected())
+            .count();
+        assert_eq!(ejected, 2);
     }
 
     #[test]

@@ -414,6 +414,16 @@ async fn ctl_exit_codes_follow_the_contract() {
     assert_eq!(code, Some(0));
     let (code, _, _) = ctl(&["status"]);
     assert_eq!(code, Some(0));
+    let (code, out, _) = ctl(&["backends"]);
+    assert_eq!(code, Some(0));
+    let row = out
+        .lines()
+        .find(|l| l.contains(&backend.addr.to_string()))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        row.starts_with("app ") && row.contains(" unchecked ") && row.contains(" no "),
+        "{out}"
+    );
     let unreachable = Command::new(BIN)
         .args([
             "ctl",
