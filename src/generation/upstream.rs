@@ -528,9 +528,14 @@ mod tests {
             Policy::Weighted,
             Policy::LeastRequests,
             Policy::P2c,
+            Policy::Hash,
         ] {
             let registry = BackendRegistry::default();
-            let upstream = Upstream::build(&spec(policy, &[1, 2, 3]), &registry).expect("builds");
+            let mut spec = spec(policy, &[1, 2, 3]);
+            if policy == Policy::Hash {
+                spec.hash_key = Some(HashKey::Path);
+            }
+            let upstream = Upstream::build(&spec, &registry).expect("builds");
             let (a, b) = (&upstream.backends[0], &upstream.backends[1]);
             upstream.report(a, Attempt::ConnectError, None);
             upstream.report(b, Attempt::Answered(http::StatusCode::BAD_GATEWAY), None);
@@ -542,8 +547,10 @@ mod tests {
                 let picked = upstream.pick().expect("a backend");
                 assert_eq!(picked.key.addr, "127.0.0.1:3", "{policy:?}");
             }
-            let keyed = upstream.pick_hashed(42).expect("a backend");
-            assert_eq!(keyed.key.addr, "127.0.0.1:3", "{policy:?}");
+            for key in 0..50 {
+                let keyed = upstream.pick_hashed(key).expect("a backend");
+                assert_eq!(keyed.key.addr, "127.0.0.1:3", "{policy:?}");
+            }
             // The last one out too: traffic fails open to all of them
             // rather than nowhere.
             upstream.report(&upstream.backends[2], Attempt::Timeout, None);
