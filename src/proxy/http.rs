@@ -614,7 +614,7 @@ fn upstream_request(
 
 /// The protocol an HTTP/1.1 request asks to switch to (`Connection:
 /// upgrade` plus `Upgrade`), if any.
-fn requested_upgrade(req: &Request<Incoming>) -> Option<HeaderValue> {
+pub(super) fn requested_upgrade(req: &Request<Incoming>) -> Option<HeaderValue> {
     if req.version() != Version::HTTP_11 {
         return None;
     }

@@ -37,7 +37,8 @@ use crate::plan::{BudgetSpec, HedgeSpec, RetrySpec};
 use crate::telemetry::metrics as m;
 
 /// Whether a request takes this path: its route retries or hedges, its
-/// method may be sent again, and its body can be kept.
+/// method may be sent again, its body can be kept, and it asks for no
+/// protocol upgrade.
 pub(super) fn applies(route: &Route, req: &Request<Incoming>) -> bool {
     let spec = &route.spec;
     if spec.retry.is_none() && spec.hedge.is_none() {
@@ -47,7 +48,10 @@ pub(super) fn applies(route: &Route, req: &Request<Incoming>) -> bool {
         Some(retry) => retry.methods.contains(req.method()),
         None => req.method().is_idempotent(),
     };
-    method_ok && replayable(req.body(), max_replay(spec.retry.as_ref()))
+    // A protocol upgrade (WebSocket) is a tunnel, not an answer to repeat.
+    method_ok
+        && replayable(req.body(), max_replay(spec.retry.as_ref()))
+        && super::http::requested_upgrade(req).is_none()
 }
 
 fn max_replay(retry: Option<&RetrySpec>) -> u64 {

@@ -878,7 +878,13 @@ async fn upgrading_backend() -> Backend {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgraded_connections_are_tunnelled_and_survive_activations() {
     let backend = upgrading_backend().await;
-    let base = slow_backend_config(backend.addr, "5s");
+    // A route that retries and hedges still tunnels upgrades: they take
+    // the single-attempt path.
+    let base = slow_backend_config(backend.addr, "5s").replace(
+        "upstream = \"app\"\n",
+        "upstream = \"app\"\nretry = { attempts = 2 }\nhedge = { delay = \"50ms\" }\n",
+    );
+    assert!(base.contains("hedge"));
     let gw = Gateway::start(&base);
     let web = gw.listener("web");
     let mut stream = TcpStream::connect(web).await.unwrap();
