@@ -1,31 +1,41 @@
-//! End-to-end load: direct to a backend versus through cutover, in one run.
+//! End-to-end load: direct to a backend, through cutover, through nginx and
+//! through HAProxy, in one run, against a backend that costs next to
+//! nothing in its own process.
 //!
-//! Starts a small hyper backend (HTTP/1.1 and h2c) on loopback and the real
-//! `cutover` binary in front of it, then drives keep-alive load with `wrk`
-//! (HTTP/1.1) and `h2load` (h2c) from Debian's packages when installed,
-//! or with a built-in hyper load generator otherwise. Prints requests/s and
-//! p50/p99 latency for (a) direct, (b) through cutover, and the ratios b/a;
-//! then (c) the same load through cutover while 1 000 activations run,
-//! with the error count and the p99 ratio against (b); and (d) the latency
-//! each target adds below saturation: an open-loop rate of half cutover's
-//! closed-loop throughput (`CUTOVER_BENCH_PACED_PERCENT`) on every target,
+//! The backend is nginx answering `return 200` from one worker (HTTP/1.1
+//! and h2c); without `nginx-light` it is an in-process hyper server, and
+//! the bench says so (that backend competes with everything for the same
+//! cores and hides most of a proxy's own cost). Every proxy, cutover
+//! included, gets the same work on three fronts and keep-alive HTTP/1.1 to
+//! the backend:
+//!
+//! - HTTP/1.1 keep-alive: `wrk -t1 -c64` (or a built-in generator);
+//! - h2c with prior knowledge: `h2load -c16 -m10`;
+//! - HTTPS, TLS 1.3 keep-alive: `wrk` over TLS, every proxy terminating
+//!   with the same certificate (rcgen, P-256).
+//!
+//! Each front is measured in rounds (`CUTOVER_BENCH_ROUNDS`, default 3)
+//! of alternating order, so that a neighbour that comes and goes weighs on
+//! every target alike. For each proxy it reports requests/s, **CPU per
+//! proxied request** (the utime + stime of its processes, workers
+//! included, over the requests of the run, from `/proc`) and latency,
+//! each as the mean and the spread over the rounds, and the ratios
+//! against nginx and HAProxy.
+//!
+//! Then, HTTP/1.1 only: (c) cutover while 1 000 activations alternate two
+//! configurations (errors, p99 against the run without); (d) the latency
+//! each target adds below saturation: the same open-loop rate (half of
+//! cutover's throughput, `CUTOVER_BENCH_PACED_PERCENT`) on every target,
 //! from the built-in generator, which charges a request the wait when its
-//! connection fell behind.
+//! connection fell behind; (e) direct and cutover against the in-process
+//! hyper backend, the second backend.
 //!
-//! nginx and HAProxy, when installed, do the same work (HTTP/1.1 and h2c
-//! in front, keep-alive HTTP/1.1 to the backend; nginx with
-//! `keepalive_requests` raised, as its default of 1 000 closes client
-//! connections, and h2load does not follow a GOAWAY).
-//!
-//! The HTTP/1.1 runs (direct, cutover, nginx, HAProxy) are repeated in
-//! rounds of alternating order and averaged, so that a neighbour that
-//! comes and goes during the benchmark weighs on all of them alike.
-//!
-//! Run: `cargo bench --bench proxy` (`CUTOVER_BENCH_SECONDS` sets the
-//! duration of each run, default 10; `CUTOVER_BENCH_ROUNDS` the number of
-//! HTTP/1.1 rounds, default 2).
+//! Run: `cargo bench --bench proxy` (`CUTOVER_BENCH_SECONDS` sets each
+//! run's length, default 10). Installs nothing: `apt-get install wrk
+//! nghttp2-client nginx-light haproxy` for the full picture.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,12 +50,61 @@ mod common;
 
 const CONNECTIONS: usize = 64;
 
+/// One measured run.
+#[derive(Clone)]
 struct Run {
-    label: String,
     requests_per_sec: f64,
+    /// Requests the run completed (for CPU per request).
+    requests: u64,
+    /// CPU seconds the target's processes used during the run.
+    cpu_seconds: f64,
     p50_ms: f64,
     p99_ms: f64,
     errors: u64,
+}
+
+impl Run {
+    fn cpu_us_per_request(&self) -> f64 {
+        self.cpu_seconds * 1e6 / self.requests.max(1) as f64
+    }
+}
+
+/// What one load of one front says about a target.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Front {
+    Http1,
+    H2c,
+    Https,
+}
+
+impl Front {
+    fn name(self) -> &'static str {
+        match self {
+            Front::Http1 => "HTTP/1.1",
+            Front::H2c => "h2c",
+            Front::Https => "HTTPS (TLS 1.3)",
+        }
+    }
+}
+
+/// Something load goes to: the backend itself or a proxy in front of it.
+struct Target {
+    label: &'static str,
+    http1: SocketAddr,
+    h2c: Option<SocketAddr>,
+    https: Option<SocketAddr>,
+    /// Processes whose CPU counts (none for the direct runs).
+    pid: Option<u32>,
+}
+
+impl Target {
+    fn address(&self, front: Front) -> Option<SocketAddr> {
+        match front {
+            Front::Http1 => Some(self.http1),
+            Front::H2c => self.h2c,
+            Front::Https => self.https,
+        }
+    }
 }
 
 fn main() {
@@ -60,308 +119,238 @@ fn main() {
             .unwrap_or(default)
     };
     let seconds = setting("CUTOVER_BENCH_SECONDS", 10);
-    let rounds = setting("CUTOVER_BENCH_ROUNDS", 2).max(1);
+    let rounds = setting("CUTOVER_BENCH_ROUNDS", 3).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .expect("runtime");
-    let backend = runtime.block_on(start_backend());
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = format!(
-        "[admin]\nbind = \"127.0.0.1:0\"\n\n[log]\nlevel = \"warn\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n[[routes]]\nname = \"all\"\nlisteners = [\"web\"]\nupstream = \"app\"\n\n[upstreams.app]\nbackends = [{{ addr = \"{backend}\" }}]\n"
-    );
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, &config).expect("write config");
-    let (mut gateway, web, admin) = start_gateway(&path);
-    let have_wrk = which("wrk");
-    let have_h2load = which("h2load");
+    let tools = Tools::find();
+    let hyper_backend = runtime.block_on(start_hyper_backend());
+    let mut processes = Processes::default();
+    let backend = match NginxBackend::start(dir.path(), &tools) {
+        Some((backend, child)) => {
+            processes.backend = Some(child);
+            backend
+        }
+        None => {
+            println!("backend: in-process hyper (install nginx-light for one in its own process)");
+            NginxBackend {
+                http1: hyper_backend,
+                h2c: hyper_backend,
+            }
+        }
+    };
+    let (cert, key) = certificate(dir.path());
+    let (gateway, gateway_config) =
+        Gateway::start(dir.path(), &backend, hyper_backend, &cert, &key);
+    let gateway_pid = gateway.child.id();
     println!(
-        "load: {CONNECTIONS} keep-alive connections, {seconds}s per run, {rounds} HTTP/1.1 rounds, generator: {}",
-        if have_wrk { "wrk -t1" } else { "built-in" }
+        "load: {CONNECTIONS} keep-alive connections (h2c: 16 × 10 streams), {seconds}s per run, {rounds} rounds, HTTP/1.1 generator: {}",
+        if tools.wrk { "wrk -t1" } else { "built-in" }
     );
 
-    // The same work through nginx and HAProxy, when installed, for scale.
-    let mut targets = vec![("a) direct", backend), ("b) cutover", web)];
-    let mut running_references = Vec::new();
+    let mut targets = vec![
+        Target {
+            label: "direct",
+            http1: backend.http1,
+            h2c: Some(backend.h2c),
+            https: None,
+            pid: None,
+        },
+        Target {
+            label: "cutover",
+            http1: gateway.web,
+            h2c: Some(gateway.web),
+            https: Some(gateway.secure),
+            pid: Some(gateway_pid),
+        },
+    ];
     for reference in [Reference::Nginx, Reference::Haproxy] {
-        if let Some(running) = reference.start(dir.path(), backend) {
-            targets.push((reference.label(), running.address));
-            running_references.push(running);
+        if let Some((target, child)) =
+            reference.start(dir.path(), &tools, backend.http1, &cert, &key)
+        {
+            targets.push(target);
+            processes.references.push(child);
         }
     }
-    let mut measured: Vec<Vec<Run>> = targets.iter().map(|_| Vec::new()).collect();
+
+    for front in [Front::Http1, Front::H2c, Front::Https] {
+        let usable = match front {
+            Front::Http1 => true,
+            Front::H2c => tools.h2load,
+            Front::Https => tools.wrk,
+        };
+        if !usable {
+            println!(
+                "\n{}: skipped ({} not installed)",
+                front.name(),
+                if front == Front::H2c { "h2load" } else { "wrk" }
+            );
+            continue;
+        }
+        measure_front(&runtime, &tools, &targets, front, rounds, seconds);
+    }
+
+    // (d) open loop at half of cutover's closed-loop throughput.
+    let fraction = setting("CUTOVER_BENCH_PACED_PERCENT", 50) as f64 / 100.0;
+    let cutover_rate = http1(&runtime, &tools, gateway.web, seconds.min(5), None).requests_per_sec;
+    let rate = cutover_rate * fraction;
+    println!(
+        "\nd) open loop at {rate:.0} req/s ({:.0} % of cutover's closed-loop HTTP/1.1 throughput):",
+        fraction * 100.0
+    );
+    let mut paced_runs = Vec::new();
+    for target in &targets {
+        let run = runtime.block_on(paced(target.http1, rate, seconds));
+        println!(
+            "  {:<10} p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}",
+            target.label, run.p50_ms, run.p99_ms, run.errors
+        );
+        paced_runs.push((target.label, run));
+    }
+    if let Some((_, direct)) = paced_runs.first() {
+        for (label, run) in &paced_runs[1..] {
+            println!(
+                "  {label:<10} p99 / direct {:.3}, p50 / direct {:.3}",
+                run.p99_ms / direct.p99_ms,
+                run.p50_ms / direct.p50_ms
+            );
+        }
+    }
+    drop(targets.split_off(2));
+    processes.stop_references();
+
+    // (c) HTTP/1.1 through cutover while 1 000 activations run.
+    let without = http1(&runtime, &tools, gateway.web, seconds, Some(gateway_pid));
+    let (during, activations, failed) =
+        during_activations(&runtime, &tools, &gateway, &gateway_config, seconds);
+    println!(
+        "\nc) cutover during {activations} activations: {} errors ({failed} failed activations), p99 {:.3} ms vs {:.3} without (ratio {:.3}), throughput ratio {:.3}",
+        during.errors + failed,
+        during.p99_ms,
+        without.p99_ms,
+        during.p99_ms / without.p99_ms,
+        during.requests_per_sec / without.requests_per_sec
+    );
+
+    // (e) the second backend: the in-process hyper server.
+    let direct = http1(&runtime, &tools, hyper_backend, seconds, None);
+    let through = http1(&runtime, &tools, gateway.hyper, seconds, Some(gateway_pid));
+    println!(
+        "\ne) in-process hyper backend: direct {:.0} req/s, cutover {:.0} req/s ({:.3}), cutover CPU {:.2} µs/request",
+        direct.requests_per_sec,
+        through.requests_per_sec,
+        through.requests_per_sec / direct.requests_per_sec,
+        through.cpu_us_per_request()
+    );
+    drop(gateway);
+    drop(processes);
+}
+
+/// Rounds of one front over every target that speaks it, then the table.
+fn measure_front(
+    runtime: &tokio::runtime::Runtime,
+    tools: &Tools,
+    targets: &[Target],
+    front: Front,
+    rounds: u64,
+    seconds: u64,
+) {
+    let present: Vec<&Target> = targets
+        .iter()
+        .filter(|t| t.address(front).is_some())
+        .collect();
+    let mut runs: Vec<Vec<Run>> = present.iter().map(|_| Vec::new()).collect();
     for round in 0..rounds {
-        let mut order: Vec<usize> = (0..targets.len()).collect();
+        let mut order: Vec<usize> = (0..present.len()).collect();
         if round % 2 == 1 {
             order.reverse();
         }
         for i in order {
-            let (label, address) = targets[i];
-            let run = http1(&runtime, have_wrk, address, seconds, label);
-            println!(
-                "  round {}: {label:<14} {:>9.0} req/s, p99 {:.3} ms",
-                round + 1,
-                run.requests_per_sec,
-                run.p99_ms
-            );
-            measured[i].push(run);
+            let target = present[i];
+            let Some(address) = target.address(front) else {
+                continue;
+            };
+            let run = match front {
+                Front::Http1 => http1(runtime, tools, address, seconds, target.pid),
+                Front::H2c => h2c(address, seconds, target.pid),
+                Front::Https => https(address, seconds, target.pid),
+            };
+            runs[i].push(run);
         }
     }
-    let mut means = measured.iter().map(|runs| mean(runs));
-    let mut runs: Vec<Run> = means.by_ref().take(2).collect();
-    let mut references: Vec<Run> = means.collect();
-
-    // (d) The latency each adds below saturation: the same open-loop rate
-    // (a fraction of cutover's closed-loop throughput) on every target.
-    let fraction = setting("CUTOVER_BENCH_PACED_PERCENT", 50) as f64 / 100.0;
-    let rate = runs[1].requests_per_sec * fraction;
-    let paced: Vec<Run> = targets
-        .iter()
-        .map(|(label, address)| {
-            runtime.block_on(paced(*address, rate, seconds, &format!("{label} paced")))
-        })
-        .collect();
-    if have_h2load {
-        runs.push(h2(backend, seconds, "a) direct h2c"));
-        runs.push(h2(web, seconds, "b) cutover h2c"));
-        for (running, i) in running_references.iter().zip(2..) {
-            let label = format!("{} h2c", targets[i].0);
-            references.push(h2(running.h2c, seconds, &label));
-        }
-    }
-    for running in &mut running_references {
-        running.stop();
-    }
-
-    // (c) the HTTP/1.1 load again, while 1 000 activations alternate two configurations.
-    let stop = Arc::new(AtomicBool::new(false));
-    let activations = Arc::new(AtomicU64::new(0));
-    let activation_errors = Arc::new(AtomicU64::new(0));
-    let activator = {
-        let (stop, activations, errors) = (
-            Arc::clone(&stop),
-            Arc::clone(&activations),
-            Arc::clone(&activation_errors),
-        );
-        let config = config.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("rt");
-            rt.block_on(async move {
-                let mut i = 0u64;
-                while i < 1000 && !stop.load(Ordering::Relaxed) {
-                    let candidate = config.replace(
-                        "upstream = \"app\"",
-                        &format!("upstream = \"app\"\ntimeout = \"{}s\"", 10 + i % 2),
-                    );
-                    match post_toml(admin, "/admin/runtime/activate", candidate).await {
-                        Ok(200) => {}
-                        _ => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    activations.fetch_add(1, Ordering::Relaxed);
-                    i += 1;
-                }
-            });
-        })
-    };
-    let mut during = http1(&runtime, have_wrk, web, seconds, "c) cutover + activations");
-    stop.store(true, Ordering::Relaxed);
-    let _ = activator.join();
-    during.errors += activation_errors.load(Ordering::Relaxed);
-    runs.push(during);
-
-    println!();
+    println!("\n{} ({} rounds):", front.name(), rounds);
     println!(
-        "{:<28} {:>12} {:>10} {:>10} {:>8}",
-        "run", "req/s", "p50 ms", "p99 ms", "errors"
+        "  {:<10} {:>20} {:>22} {:>10} {:>10} {:>7}",
+        "target", "req/s (spread)", "CPU µs/req (spread)", "p50 ms", "p99 ms", "errors"
     );
-    for r in &runs {
+    for (target, runs) in present.iter().zip(&runs) {
+        let rps = spread(runs, |r| r.requests_per_sec);
+        let cpu = spread(runs, Run::cpu_us_per_request);
+        let cpu = if target.pid.is_some() {
+            format!("{:.2} ({:.2}–{:.2})", cpu.0, cpu.1, cpu.2)
+        } else {
+            "-".into()
+        };
         println!(
-            "{:<28} {:>12.0} {:>10.3} {:>10.3} {:>8}",
-            r.label, r.requests_per_sec, r.p50_ms, r.p99_ms, r.errors
+            "  {:<10} {:>20} {:>22} {:>10.3} {:>10.3} {:>7}",
+            target.label,
+            format!("{:.0} ({:.0}–{:.0})", rps.0, rps.1, rps.2),
+            cpu,
+            spread(runs, |r| r.p50_ms).0,
+            spread(runs, |r| r.p99_ms).0,
+            runs.iter().map(|r| r.errors).sum::<u64>()
         );
     }
-    for r in &references {
-        println!(
-            "{:<28} {:>12.0} {:>10.3} {:>10.3} {:>8}",
-            r.label, r.requests_per_sec, r.p50_ms, r.p99_ms, r.errors
-        );
-    }
-    println!();
-    println!(
-        "d) open loop at {rate:.0} req/s ({:.0} % of cutover's closed-loop throughput):",
-        fraction * 100.0
-    );
-    for r in &paced {
-        println!(
-            "{:<28} {:>12.0} {:>10.3} {:>10.3} {:>8}",
-            r.label, r.requests_per_sec, r.p50_ms, r.p99_ms, r.errors
-        );
-    }
-    for r in &paced[1..] {
-        println!(
-            "{} p50 ratio /a: {:.3}, p99 ratio /a: {:.3}",
-            r.label,
-            r.p50_ms / paced[0].p50_ms,
-            r.p99_ms / paced[0].p99_ms
-        );
-    }
-    let (a, b, c) = (&runs[0], &runs[1], &runs[runs.len() - 1]);
-    println!();
-    println!(
-        "HTTP/1.1 throughput ratio b/a: {:.3}",
-        b.requests_per_sec / a.requests_per_sec
-    );
-    println!("HTTP/1.1 p99 ratio b/a:        {:.3}", b.p99_ms / a.p99_ms);
-    for r in references.iter().filter(|r| !r.label.ends_with("h2c")) {
-        println!(
-            "{} throughput ratio /a: {:.3}, p99 ratio /a: {:.3}",
-            r.label.trim_start_matches("r) "),
-            r.requests_per_sec / a.requests_per_sec,
-            r.p99_ms / a.p99_ms
-        );
-    }
-    if runs.len() > 3 {
-        let direct_h2c = runs[2].requests_per_sec;
-        println!(
-            "h2c throughput ratio b/a:      {:.3}",
-            runs[3].requests_per_sec / direct_h2c
-        );
-        for r in references.iter().filter(|r| r.label.ends_with("h2c")) {
+    let find = |label: &str| present.iter().position(|t| t.label == label);
+    if let Some(c) = find("cutover") {
+        for reference in ["nginx", "haproxy", "direct"] {
+            let Some(r) = find(reference) else { continue };
+            let ratio = |f: fn(&Run) -> f64| spread(&runs[c], f).0 / spread(&runs[r], f).0;
+            let cpu = if present[r].pid.is_some() {
+                format!(", CPU per request {:.3}", ratio(Run::cpu_us_per_request))
+            } else {
+                String::new()
+            };
             println!(
-                "{} throughput ratio /a: {:.3}",
-                r.label.trim_start_matches("r) "),
-                r.requests_per_sec / direct_h2c
+                "  cutover / {reference}: throughput {:.3}{cpu}, p99 {:.3}",
+                ratio(|r| r.requests_per_sec),
+                ratio(|r| r.p99_ms)
             );
         }
     }
-    println!(
-        "during {} activations: {} errors, p99 ratio c/b {:.3}, throughput ratio c/b {:.3}",
-        activations.load(Ordering::Relaxed),
-        c.errors,
-        c.p99_ms / b.p99_ms,
-        c.requests_per_sec / b.requests_per_sec
-    );
-    let _ = gateway.kill();
-    let _ = gateway.wait();
 }
 
-/// The average of repeated runs of one target (errors are summed).
-fn mean(runs: &[Run]) -> Run {
-    let n = runs.len().max(1) as f64;
-    let average = |f: fn(&Run) -> f64| runs.iter().map(f).sum::<f64>() / n;
-    Run {
-        label: runs.first().map(|r| r.label.clone()).unwrap_or_default(),
-        requests_per_sec: average(|r| r.requests_per_sec),
-        p50_ms: average(|r| r.p50_ms),
-        p99_ms: average(|r| r.p99_ms),
-        errors: runs.iter().map(|r| r.errors).sum(),
+/// Mean, minimum and maximum of one figure over runs.
+fn spread(runs: &[Run], f: impl Fn(&Run) -> f64) -> (f64, f64, f64) {
+    let values: Vec<f64> = runs.iter().map(f).filter(|v| v.is_finite()).collect();
+    if values.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
     }
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (mean, min, max)
 }
 
-/// Reference proxies run in the same benchmark, when installed
-/// (`apt-get install nginx-light haproxy`), with keep-alive to the backend
-/// and two workers, like cutover on this machine.
-#[derive(Clone, Copy)]
-enum Reference {
-    Nginx,
-    Haproxy,
+/// The load tools found on this machine.
+struct Tools {
+    wrk: bool,
+    h2load: bool,
+    nginx: bool,
+    haproxy: bool,
 }
 
-struct RunningReference {
-    address: SocketAddr,
-    /// The same proxy speaking h2c (prior knowledge).
-    h2c: SocketAddr,
-    child: Child,
-}
-
-impl RunningReference {
-    /// SIGTERM, so that nginx's master takes its workers down with it
-    /// (killed outright, it left them running, orphaned); SIGKILL if it
-    /// is not gone within 5 s.
-    fn stop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+impl Tools {
+    fn find() -> Self {
+        Self {
+            wrk: which("wrk"),
+            h2load: which("h2load"),
+            nginx: which("nginx"),
+            haproxy: which("haproxy"),
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Reference {
-    fn label(self) -> &'static str {
-        match self {
-            Reference::Nginx => "r) nginx",
-            Reference::Haproxy => "r) haproxy",
-        }
-    }
-
-    fn start(self, dir: &std::path::Path, backend: SocketAddr) -> Option<RunningReference> {
-        let binary = match self {
-            Reference::Nginx => "nginx",
-            Reference::Haproxy => "haproxy",
-        };
-        if !which(binary) {
-            return None;
-        }
-        let free = || -> Option<SocketAddr> {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .ok()?
-                .local_addr()
-                .ok()
-        };
-        let (address, h2c) = (free()?, free()?);
-        let d = dir.display();
-        let (config, args): (String, Vec<String>) = match self {
-            Reference::Nginx => (
-                format!(
-                    "daemon off;\nworker_processes 2;\nerror_log {d}/nginx-error.log;\npid {d}/nginx.pid;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  keepalive_requests 10000000;\n  client_body_temp_path {d};\n  proxy_temp_path {d};\n  upstream backend {{ server {backend}; keepalive 128; }}\n  server {{\n    listen {address};\n    listen {h2c} http2;\n    location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n  }}\n}}\n"
-                ),
-                vec!["-c".into(), format!("{d}/nginx.conf"), "-e".into(), format!("{d}/nginx-error.log")],
-            ),
-            Reference::Haproxy => (
-                format!(
-                    "global\n  nbthread 2\n  maxconn 4096\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n  option http-keep-alive\nfrontend fe\n  bind {address}\n  bind {h2c} proto h2\n  default_backend be\nbackend be\n  http-reuse always\n  server s1 {backend}\n"
-                ),
-                vec!["-f".into(), format!("{d}/haproxy.cfg")],
-            ),
-        };
-        let file = match self {
-            Reference::Nginx => dir.join("nginx.conf"),
-            Reference::Haproxy => dir.join("haproxy.cfg"),
-        };
-        std::fs::write(file, config).ok()?;
-        let child = Command::new(binary)
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        // Bounded wait for the port to accept.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::net::TcpStream::connect(address).is_err() {
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(RunningReference {
-            address,
-            h2c,
-            child,
-        })
     }
 }
 
@@ -372,21 +361,330 @@ fn which(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn start_gateway(config: &std::path::Path) -> (Child, SocketAddr, SocketAddr) {
-    let (child, ready) = common::start_gateway(config);
-    let address = |value: &serde_json::Value| {
-        value
-            .as_str()
-            .expect("address in the ready line")
-            .parse()
-            .expect("address")
-    };
-    let web = address(&ready["listeners"][0]["address"]);
-    let admin = address(&ready["admin"]);
-    (child, web, admin)
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
 }
 
-async fn start_backend() -> SocketAddr {
+/// Waits (bounded) until `address` accepts connections.
+fn wait_for(address: SocketAddr) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(address).is_err() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// Child processes stopped with SIGTERM (nginx's master takes its
+/// workers down with it; SIGKILL on the master had left them running),
+/// then SIGKILL if still there after 5 s.
+#[derive(Default)]
+struct Processes {
+    backend: Option<Child>,
+    references: Vec<Child>,
+}
+
+impl Processes {
+    /// Stops the reference proxies.
+    fn stop_references(&mut self) {
+        for child in &mut self.references {
+            stop(child);
+        }
+        self.references.clear();
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        self.stop_references();
+        if let Some(child) = &mut self.backend {
+            stop(child);
+        }
+    }
+}
+
+fn stop(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// CPU seconds used so far by `pid` and its child processes (nginx's
+/// workers), from `/proc`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let ticks = |pid: u32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                // Fields after the command name, which may hold spaces.
+                let rest = stat.rsplit_once(')')?.1;
+                let fields: Vec<&str> = rest.split_whitespace().collect();
+                let utime: u64 = fields.get(11)?.parse().ok()?;
+                let stime: u64 = fields.get(12)?.parse().ok()?;
+                Some(utime + stime)
+            })
+            .unwrap_or(0)
+    };
+    let children = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        });
+    let total: u64 = ticks(pid) + children.map(ticks).sum::<u64>();
+    total as f64 / clock_ticks_per_second()
+}
+
+fn clock_ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// Runs `load`, charging the CPU `pid` used meanwhile to the run.
+fn with_cpu(pid: Option<u32>, load: impl FnOnce() -> Run) -> Run {
+    let before = pid.map(cpu_seconds);
+    let mut run = load();
+    if let (Some(pid), Some(before)) = (pid, before) {
+        run.cpu_seconds = cpu_seconds(pid) - before;
+    }
+    run
+}
+
+/// nginx answering `return 200` from one worker: the backend.
+struct NginxBackend {
+    http1: SocketAddr,
+    h2c: SocketAddr,
+}
+
+impl NginxBackend {
+    fn start(dir: &Path, tools: &Tools) -> Option<(Self, Child)> {
+        if !tools.nginx {
+            return None;
+        }
+        let (http1, h2c) = (free_port(), free_port());
+        let d = dir.display();
+        let config = format!(
+            "daemon off;\nworker_processes 1;\nerror_log {d}/backend-error.log;\npid {d}/backend.pid;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  keepalive_requests 10000000;\n  client_body_temp_path {d};\n  server {{\n    listen {http1};\n    listen {h2c} http2;\n    location / {{ return 200 \"hello, world\\n\"; }}\n  }}\n}}\n"
+        );
+        std::fs::write(dir.join("backend.conf"), config).ok()?;
+        let child = Command::new("nginx")
+            .args([
+                "-c",
+                &format!("{d}/backend.conf"),
+                "-e",
+                &format!("{d}/backend-error.log"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        wait_for(http1).then_some((Self { http1, h2c }, child))
+    }
+}
+
+/// A self-signed certificate every TLS front uses.
+fn certificate(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    let cert = params.self_signed(&key).expect("certificate");
+    let (cert_path, key_path) = (dir.join("site.pem"), dir.join("site.key"));
+    std::fs::write(&cert_path, cert.pem()).expect("write cert");
+    std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+    // HAProxy wants both in one file.
+    std::fs::write(
+        dir.join("site-combined.pem"),
+        format!("{}{}", cert.pem(), key.serialize_pem()),
+    )
+    .expect("write combined");
+    (cert_path, key_path)
+}
+
+/// The real `cutover` binary: `web` (HTTP/1.1 and h2c) and `secure` (TLS)
+/// to the backend, `hyper` to the in-process hyper backend.
+struct Gateway {
+    child: Child,
+    web: SocketAddr,
+    secure: SocketAddr,
+    hyper: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Gateway {
+    fn start(
+        dir: &Path,
+        backend: &NginxBackend,
+        hyper_backend: SocketAddr,
+        cert: &Path,
+        key: &Path,
+    ) -> (Self, String) {
+        let config = format!(
+            r#"[admin]
+bind = "127.0.0.1:0"
+
+[log]
+level = "warn"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[listeners]]
+name = "secure"
+bind = "127.0.0.1:0"
+protocol = "https"
+tls.certificates = [{{ cert = "{}", key = "{}" }}]
+
+[[listeners]]
+name = "hyper"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "all"
+listeners = ["web", "secure"]
+upstream = "app"
+
+[[routes]]
+name = "second"
+listeners = ["hyper"]
+upstream = "hyper"
+
+[upstreams.app]
+backends = [{{ addr = "{}" }}]
+
+[upstreams.hyper]
+backends = [{{ addr = "{hyper_backend}" }}]
+"#,
+            cert.display(),
+            key.display(),
+            backend.http1
+        );
+        let path = dir.join("gateway.toml");
+        std::fs::write(&path, &config).expect("write config");
+        let (child, ready) = common::start_gateway(&path);
+        let listener = |name: &str| -> SocketAddr {
+            ready["listeners"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|l| l["name"] == name)
+                .and_then(|l| l["address"].as_str())
+                .and_then(|a| a.parse().ok())
+                .expect("listener in the ready line")
+        };
+        let admin = ready["admin"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .expect("admin address");
+        let gateway = Self {
+            web: listener("web"),
+            secure: listener("secure"),
+            hyper: listener("hyper"),
+            admin,
+            child,
+        };
+        (gateway, config)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// nginx and HAProxy doing cutover's work, with two workers like cutover
+/// on this machine and keep-alive to the backend.
+#[derive(Clone, Copy)]
+enum Reference {
+    Nginx,
+    Haproxy,
+}
+
+impl Reference {
+    fn start(
+        self,
+        dir: &Path,
+        tools: &Tools,
+        backend: SocketAddr,
+        cert: &Path,
+        key: &Path,
+    ) -> Option<(Target, Child)> {
+        let (installed, binary, label) = match self {
+            Reference::Nginx => (tools.nginx, "nginx", "nginx"),
+            Reference::Haproxy => (tools.haproxy, "haproxy", "haproxy"),
+        };
+        if !installed {
+            println!("{label}: not installed, left out");
+            return None;
+        }
+        let (http1, h2c, https) = (free_port(), free_port(), free_port());
+        let d = dir.display();
+        let (file, config, args) = match self {
+            Reference::Nginx => (
+                dir.join("nginx.conf"),
+                format!(
+                    "daemon off;\nworker_processes 2;\nerror_log {d}/nginx-error.log;\npid {d}/nginx.pid;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  keepalive_requests 10000000;\n  client_body_temp_path {d};\n  proxy_temp_path {d};\n  ssl_protocols TLSv1.3;\n  ssl_session_cache shared:SSL:10m;\n  upstream backend {{ server {backend}; keepalive 128; }}\n  server {{\n    listen {http1};\n    listen {h2c} http2;\n    listen {https} ssl;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n  }}\n}}\n",
+                    cert.display(),
+                    key.display()
+                ),
+                vec!["-c".to_owned(), format!("{d}/nginx.conf"), "-e".to_owned(), format!("{d}/nginx-error.log")],
+            ),
+            Reference::Haproxy => (
+                dir.join("haproxy.cfg"),
+                format!(
+                    "global\n  nbthread 2\n  maxconn 4096\n  ssl-default-bind-options ssl-min-ver TLSv1.3\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n  option http-keep-alive\nfrontend fe\n  bind {http1}\n  bind {h2c} proto h2\n  bind {https} ssl crt {d}/site-combined.pem alpn http/1.1\n  default_backend be\nbackend be\n  http-reuse always\n  server s1 {backend}\n"
+                ),
+                vec!["-f".to_owned(), format!("{d}/haproxy.cfg")],
+            ),
+        };
+        std::fs::write(file, config).ok()?;
+        let child = Command::new(binary)
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        if !wait_for(http1) {
+            println!("{label}: did not start, left out");
+            return None;
+        }
+        let pid = child.id();
+        Some((
+            Target {
+                label,
+                http1,
+                h2c: Some(h2c),
+                https: Some(https),
+                pid: Some(pid),
+            },
+            child,
+        ))
+    }
+}
+
+async fn start_hyper_backend() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -412,31 +710,43 @@ async fn start_backend() -> SocketAddr {
     addr
 }
 
+/// Keep-alive HTTP/1.1: `wrk -t1 -c64`, or the built-in generator.
 fn http1(
     runtime: &tokio::runtime::Runtime,
-    have_wrk: bool,
+    tools: &Tools,
     target: SocketAddr,
     seconds: u64,
-    label: &str,
+    pid: Option<u32>,
 ) -> Run {
-    if have_wrk {
-        let out = Command::new("wrk")
-            .args([
-                "-t1",
-                &format!("-c{CONNECTIONS}"),
-                &format!("-d{seconds}s"),
-                "--latency",
-            ])
-            .arg(format!("http://{target}/"))
-            .output()
-            .expect("wrk");
-        parse_wrk(label, &String::from_utf8_lossy(&out.stdout))
-    } else {
-        runtime.block_on(builtin_load(target, seconds, label))
-    }
+    with_cpu(pid, || {
+        if tools.wrk {
+            wrk(&format!("http://{target}/"), seconds)
+        } else {
+            runtime.block_on(builtin_load(target, seconds))
+        }
+    })
 }
 
-fn parse_wrk(label: &str, out: &str) -> Run {
+/// Keep-alive HTTPS (TLS 1.3 where both ends have it, as all of these do).
+fn https(target: SocketAddr, seconds: u64, pid: Option<u32>) -> Run {
+    with_cpu(pid, || wrk(&format!("https://{target}/"), seconds))
+}
+
+fn wrk(url: &str, seconds: u64) -> Run {
+    let out = Command::new("wrk")
+        .args([
+            "-t1",
+            &format!("-c{CONNECTIONS}"),
+            &format!("-d{seconds}s"),
+            "--latency",
+            url,
+        ])
+        .output()
+        .expect("wrk");
+    parse_wrk(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn parse_wrk(out: &str) -> Run {
     let value = |prefix: &str| -> Option<&str> {
         out.lines()
             .map(str::trim)
@@ -463,87 +773,160 @@ fn parse_wrk(label: &str, out: &str) -> Run {
                 .filter_map(|n| n.parse::<u64>().ok())
         })
         .sum();
+    let requests = out
+        .lines()
+        .find(|l| l.contains("requests in"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     Run {
-        label: label.to_owned(),
         requests_per_sec: value("Requests/sec:")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0),
+        requests,
+        cpu_seconds: 0.0,
         p50_ms: ms(value("50%")),
         p99_ms: ms(value("99%")),
         errors,
     }
 }
 
-fn h2(target: SocketAddr, seconds: u64, label: &str) -> Run {
-    let out = Command::new("h2load")
-        .args(["-c16", "-m10", "-t1", "-D", &seconds.to_string()])
-        .arg(format!("http://{target}/"))
-        .output()
-        .expect("h2load");
-    let out = String::from_utf8_lossy(&out.stdout);
-    let rps = out
-        .lines()
-        .find(|l| l.starts_with("finished in"))
-        .and_then(|l| l.split(',').nth(1))
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    let failed = out
-        .lines()
-        .find(|l| l.starts_with("requests:"))
-        .and_then(|l| l.split(',').find(|p| p.contains("failed")))
-        .and_then(|p| p.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    // h2load reports mean and spread, not percentiles: keep the mean as p50.
-    let mean_ms = out
-        .lines()
-        .find(|l| l.trim_start().starts_with("time for request:"))
-        .and_then(|l| l.split_whitespace().nth(5))
-        .map(|v| {
-            if let Some(x) = v.strip_suffix("us") {
-                x.parse::<f64>().unwrap_or(0.0) / 1000.0
-            } else {
-                v.trim_end_matches("ms").parse().unwrap_or(0.0)
-            }
-        })
-        .unwrap_or(0.0);
-    Run {
-        label: label.to_owned(),
-        requests_per_sec: rps,
-        p50_ms: mean_ms,
-        p99_ms: f64::NAN,
-        errors: failed,
-    }
+/// h2c with prior knowledge: 16 connections of 10 concurrent streams.
+fn h2c(target: SocketAddr, seconds: u64, pid: Option<u32>) -> Run {
+    with_cpu(pid, || {
+        let out = Command::new("h2load")
+            .args(["-c16", "-m10", "-t1", "-D", &seconds.to_string()])
+            .arg(format!("http://{target}/"))
+            .output()
+            .expect("h2load");
+        let out = String::from_utf8_lossy(&out.stdout);
+        let rps = out
+            .lines()
+            .find(|l| l.starts_with("finished in"))
+            .and_then(|l| l.split(',').nth(1))
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        let field = |name: &str| -> u64 {
+            out.lines()
+                .find(|l| l.starts_with("requests:"))
+                .and_then(|l| l.split(',').find(|p| p.contains(name)))
+                .and_then(|p| p.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        // h2load reports mean and spread, not percentiles: the mean as p50.
+        let mean_ms = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("time for request:"))
+            .and_then(|l| l.split_whitespace().nth(5))
+            .map(|v| {
+                if let Some(x) = v.strip_suffix("us") {
+                    x.parse::<f64>().unwrap_or(0.0) / 1000.0
+                } else {
+                    v.trim_end_matches("ms").parse().unwrap_or(0.0)
+                }
+            })
+            .unwrap_or(0.0);
+        Run {
+            requests_per_sec: rps,
+            requests: field("succeeded"),
+            cpu_seconds: 0.0,
+            p50_ms: mean_ms,
+            p99_ms: f64::NAN,
+            errors: field("failed") + field("errored"),
+        }
+    })
 }
 
 /// Keep-alive HTTP/1.1 load without external tools.
-async fn builtin_load(target: SocketAddr, seconds: u64, label: &str) -> Run {
+async fn builtin_load(target: SocketAddr, seconds: u64) -> Run {
     let (all, errors) =
         common::keep_alive_load(target, "/", CONNECTIONS, Duration::from_secs(seconds)).await;
-    summarise(all, errors, seconds, label)
+    summarise(all, errors, seconds)
 }
 
 /// Open-loop HTTP/1.1 load at `rate` requests a second.
-async fn paced(target: SocketAddr, rate: f64, seconds: u64, label: &str) -> Run {
+async fn paced(target: SocketAddr, rate: f64, seconds: u64) -> Run {
     let (all, errors) =
         common::paced_load(target, "/", CONNECTIONS, rate, Duration::from_secs(seconds)).await;
-    summarise(all, errors, seconds, label)
+    summarise(all, errors, seconds)
 }
 
-fn summarise(mut all: Vec<Duration>, errors: u64, seconds: u64, label: &str) -> Run {
+fn summarise(mut all: Vec<Duration>, errors: u64, seconds: u64) -> Run {
     all.sort();
     let pct = |p: f64| {
         all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
     };
     Run {
-        label: label.to_owned(),
         requests_per_sec: all.len() as f64 / seconds as f64,
+        requests: all.len() as u64,
+        cpu_seconds: 0.0,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
         errors,
     }
+}
+
+/// HTTP/1.1 through cutover while 1 000 activations alternate two
+/// configurations; returns the run, the activations made and how many
+/// failed.
+fn during_activations(
+    runtime: &tokio::runtime::Runtime,
+    tools: &Tools,
+    gateway: &Gateway,
+    config: &str,
+    seconds: u64,
+) -> (Run, u64, u64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let activations = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let activator = {
+        let (stop, activations, failed) = (
+            Arc::clone(&stop),
+            Arc::clone(&activations),
+            Arc::clone(&failed),
+        );
+        let (config, admin) = (config.to_owned(), gateway.admin);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("rt");
+            rt.block_on(async move {
+                let mut i = 0u64;
+                while i < 1000 && !stop.load(Ordering::Relaxed) {
+                    let candidate = config.replace(
+                        "upstream = \"app\"",
+                        &format!("upstream = \"app\"\ntimeout = \"{}s\"", 10 + i % 2),
+                    );
+                    if !matches!(
+                        post_toml(admin, "/admin/runtime/activate", candidate).await,
+                        Ok(200)
+                    ) {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    activations.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            });
+        })
+    };
+    let run = http1(
+        runtime,
+        tools,
+        gateway.web,
+        seconds,
+        Some(gateway.child.id()),
+    );
+    stop.store(true, Ordering::Relaxed);
+    let _ = activator.join();
+    (
+        run,
+        activations.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+    )
 }
 
 async fn post_toml(admin: SocketAddr, path: &str, body: String) -> Result<u16, String> {
