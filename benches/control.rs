@@ -195,6 +195,7 @@ fn control_with_history(
     let listeners = cutover::proxy::ListenerSet::new(
         Admission::new(Arc::clone(&store)),
         Arc::clone(&certificates),
+        None,
     );
     let mut history = History::new(16, None, PersistedState::default());
     history.record_generation(GenerationRecord {

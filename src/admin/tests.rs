@@ -61,6 +61,7 @@ fn admin_with_hook(text: &str, token: Option<&str>, release_memory: fn()) -> Adm
     let listeners = ListenerSet::new(
         Admission::new(Arc::clone(&store)),
         Arc::clone(&certificates),
+        None,
     );
     listeners.start(listeners.bind_new(&spec.listeners).expect("bind"));
     let mut history = History::new(spec.runtime.history_limit, None, PersistedState::default());

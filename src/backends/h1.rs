@@ -151,10 +151,15 @@ impl H1Conn {
     }
 }
 
-/// Idle connections of one backend, most recently used last.
+/// One worker's idle connections, with the time each became idle.
+type Share = Mutex<VecDeque<(Instant, H1Conn)>>;
+
+/// Idle connections of one backend, most recently used last, in one
+/// share per data-plane worker (see `set_shards`): a connection is taken
+/// and returned by the worker whose reactor drives it.
 #[derive(Debug)]
 pub struct H1Pool {
-    idle: Mutex<VecDeque<(Instant, H1Conn)>>,
+    shares: Box<[Share]>,
     max_idle: usize,
     /// A connection idle longer is never handed out again.
     idle_timeout: Duration,
@@ -163,10 +168,20 @@ pub struct H1Pool {
 impl H1Pool {
     pub fn new(max_idle: usize, idle_timeout: Duration) -> Self {
         Self {
-            idle: Mutex::new(VecDeque::new()),
+            shares: (0..super::shards())
+                .map(|_| Mutex::new(VecDeque::new()))
+                .collect(),
             max_idle,
             idle_timeout,
         }
+    }
+
+    /// The calling worker's share.
+    fn share(&self) -> &Share {
+        // INVARIANT: `shares` is never empty (`shards()` is at least 1), so
+        // the index is in range.
+        debug_assert!(!self.shares.is_empty());
+        &self.shares[super::shard() % self.shares.len()]
     }
 
     /// The most recently used idle connection that is still usable and
@@ -175,7 +190,7 @@ impl H1Pool {
     fn take(&self) -> Option<H1Conn> {
         let now = Instant::now();
         loop {
-            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut idle = self.share().lock().unwrap_or_else(PoisonError::into_inner);
             let (since, mut conn) = idle.pop_back()?;
             if now.duration_since(since) > self.idle_timeout {
                 // The newest is too old: so is every other one.
@@ -193,7 +208,7 @@ impl H1Pool {
     /// those idle longer than `idle_timeout` (the least recently used end).
     pub fn put(&self, conn: H1Conn) {
         let now = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut idle = self.share().lock().unwrap_or_else(PoisonError::into_inner);
         while idle
             .front()
             .is_some_and(|(since, _)| now.duration_since(*since) > self.idle_timeout)

@@ -106,6 +106,34 @@ pub(crate) fn sweep<K, V>(map: &mut HashMap<K, Weak<V>>) {
     }
 }
 
+/// Data-plane workers: backends keep their pooled HTTP/1.1 connections in
+/// one share per worker, so that a connection is only ever driven by the
+/// thread whose reactor it is registered with.
+static SHARDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+thread_local! {
+    static SHARD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Sets how many workers there are; before any backend is created.
+pub fn set_shards(workers: usize) {
+    SHARDS.store(workers.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Marks the calling thread as worker `index`.
+pub fn enter_shard(index: usize) {
+    SHARD.with(|shard| shard.set(index));
+}
+
+fn shards() -> usize {
+    SHARDS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The calling thread's share (0 off the workers).
+fn shard() -> usize {
+    SHARD.with(std::cell::Cell::get)
+}
+
 /// The origin of [`now_ms`], on the monotonic and on the wall clock.
 fn origin() -> &'static (Instant, SystemTime) {
     static ORIGIN: OnceLock<(Instant, SystemTime)> = OnceLock::new();

@@ -18,7 +18,7 @@ use crate::control::{Candidate, Control, ControlParts, UpgradeRequest};
 use crate::generation::{self, SharedState};
 use crate::ids::GenerationId;
 use crate::plan::{self, Spec};
-use crate::proxy::ListenerSet;
+use crate::proxy::{ListenerSet, Workers};
 use crate::runtime::{
     rfc3339, GenerationRecord, GenerationStore, History, OperationKind, Outcome, PersistedState,
     Phase, PhaseCell, RetainedText, Source,
@@ -101,13 +101,21 @@ pub fn run(options: Options) -> Result<(), StartError> {
     let binary = super::upgrade::Binary::resolve();
     let upgrade = handover::take_state().map_err(StartError::Handover)?;
     let start = choose_start(&options, upgrade)?;
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all();
-    if let Some(threads) = start.spec.runtime.worker_threads {
-        builder.worker_threads(threads);
-    }
-    let runtime = builder.build().map_err(StartError::Runtime)?;
-    let result = runtime.block_on(serve(options, start, binary));
+    // Connections are served on `worker_threads` data-plane threads (one
+    // per core by default), each its own current-thread runtime; the
+    // control plane (admin, activation, accept loops, health checks) has a
+    // runtime of its own, with one thread and the blocking pool.
+    let threads = start.spec.runtime.worker_threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let workers = Arc::new(Workers::start(threads).map_err(StartError::Runtime)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("cutover-control")
+        .enable_all()
+        .build()
+        .map_err(StartError::Runtime)?;
+    let result = runtime.block_on(serve(options, start, binary, workers));
     // Control-plane work still running on the blocking pool (planning a
     // huge candidate) must not hold the exit once draining is over: its
     // caller is gone, and nothing it could finish would be recorded.
@@ -225,6 +233,7 @@ async fn serve(
     options: Options,
     start: Start,
     binary: super::upgrade::Binary,
+    workers: Arc<Workers>,
 ) -> Result<(), StartError> {
     let signals = Signals::install()?;
     let log_level = telemetry::init_logging(&start.spec.log).map_err(StartError::Log)?;
@@ -269,7 +278,7 @@ async fn serve(
     let certificates = Arc::new(CertStore::default());
     certificates.swap(generation::certificate_material(&spec, store.active_id()));
     certificates.follow(Arc::clone(&store) as Arc<dyn crate::tls::ActiveMaterial>);
-    let listeners = ListenerSet::new(admission, Arc::clone(&certificates));
+    let listeners = ListenerSet::new(admission, Arc::clone(&certificates), Some(workers));
     listeners.inherit(inherited_listeners);
     let bound = listeners.bind_new(&spec.listeners)?;
     listeners.release_unadopted();

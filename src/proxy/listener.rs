@@ -26,6 +26,7 @@ use super::framing::HeadCheck;
 use super::http::{client_ip_header, handle, listener_counters, ConnContext};
 use super::interim::{InterimQueue, InterimWriter};
 use super::tcp::{self, TcpCounters};
+use super::workers::Workers;
 use crate::admission::Admission;
 use crate::plan::{ListenerLimits, ListenerProtocol, ListenerSpec};
 use crate::telemetry::metrics as m;
@@ -83,6 +84,8 @@ pub struct ListeningSocket {
 
 /// Every listener of the process.
 pub struct ListenerSet {
+    /// The data-plane threads connections are handed to.
+    workers: Option<Arc<Workers>>,
     admission: Admission,
     certificates: Arc<CertStore>,
     running: Mutex<BTreeMap<String, RunningListener>>,
@@ -173,10 +176,17 @@ fn adopt_socket(
 }
 
 impl ListenerSet {
-    pub fn new(admission: Admission, certificates: Arc<CertStore>) -> Arc<Self> {
+    /// A listener set whose connections are served by `workers`, or by
+    /// the calling runtime when there are none.
+    pub fn new(
+        admission: Admission,
+        certificates: Arc<CertStore>,
+        workers: Option<Arc<Workers>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             admission,
             certificates,
+            workers,
             running: Mutex::new(BTreeMap::new()),
             inherited: Mutex::new(BTreeMap::new()),
             draining: watch::channel(false).0,
@@ -368,13 +378,11 @@ impl ListenerSet {
                 gauge: gauge.clone(),
             };
             if let Some(counters) = &tcp_counters {
-                tokio::spawn(tcp_connection(
-                    stream,
-                    Arc::clone(&name),
-                    self.admission.clone(),
-                    counters.clone(),
-                    guard,
-                ));
+                let (name, admission, counters) =
+                    (Arc::clone(&name), self.admission.clone(), counters.clone());
+                self.serve_on_worker(stream, move |stream| {
+                    tcp_connection(stream, name, admission, counters, guard)
+                });
                 continue;
             }
             let ctx = Arc::new(ConnContext {
@@ -388,16 +396,43 @@ impl ListenerSet {
                 activity: Activity::new(),
                 interim: InterimQueue::new(),
             });
-            tokio::spawn(serve_connection(
-                stream,
-                ctx,
-                limits,
-                self.draining.subscribe(),
-                guard,
-                tls.clone(),
-            ));
+            let (draining, tls) = (self.draining.subscribe(), tls.clone());
+            self.serve_on_worker(stream, move |stream| {
+                serve_connection(stream, ctx, limits, draining, guard, tls)
+            });
         }
         tracing::info!(listener = %name, "listener closed");
+    }
+
+    /// Serves an accepted connection on the next worker (see `workers`),
+    /// re-registered with that worker's reactor; on this runtime when
+    /// there are no workers.
+    fn serve_on_worker<F, Fut>(&self, stream: TcpStream, serve: F)
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let Some(workers) = &self.workers else {
+            tokio::spawn(serve(stream));
+            return;
+        };
+        let socket = match stream.into_std() {
+            Ok(socket) => socket,
+            Err(error) => {
+                tracing::debug!(%error, "could not hand an accepted connection to a worker");
+                return;
+            }
+        };
+        workers.spawn(Box::new(move || {
+            Box::pin(async move {
+                match TcpStream::from_std(socket) {
+                    Ok(stream) => serve(stream).await,
+                    Err(error) => {
+                        tracing::debug!(%error, "a worker could not take an accepted connection")
+                    }
+                }
+            })
+        }));
     }
 
     /// The limits the active generation sets for a listener.

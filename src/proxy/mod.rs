@@ -13,8 +13,10 @@ mod listener;
 mod observed;
 mod retry;
 mod tcp;
+mod workers;
 
 pub use body::ResponseBody;
 pub use error::{error_response, ProxyError};
 pub use listener::{BindError, BoundListener, ListenerInfo, ListenerSet, ListeningSocket};
 pub use tcp::pinned_age_expired;
+pub use workers::Workers;

@@ -473,7 +473,11 @@ async fn counting_backend_framed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_connections_are_reused_after_chunked_responses() {
     let (backend, accepted) = counting_backend_framed(false, Framing::Chunked).await;
-    let gw = Gateway::start(&proxy_config(backend, ""));
+    // One data-plane worker: pools are per worker.
+    let gw = Gateway::start(&format!(
+        "[runtime]\nworker_threads = 1\n{}",
+        proxy_config(backend, "")
+    ));
     let web = gw.listener("web");
     for _ in 0..20 {
         let (status, headers, body) = get(web, "a", "/").await;
@@ -487,8 +491,12 @@ async fn upstream_connections_are_reused_after_chunked_responses() {
 async fn upstream_connections_are_reused_and_closed_ones_are_not() {
     let (keep, kept) = counting_backend(false).await;
     let (close, closed) = counting_backend(true).await;
+    // One data-plane worker: pools are per worker.
     let gw = Gateway::start(&config(&format!(
-        r#"[[routes]]
+        r#"[runtime]
+worker_threads = 1
+
+[[routes]]
 name = "keep"
 listeners = ["web"]
 path_prefix = "/keep"

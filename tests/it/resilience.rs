@@ -328,7 +328,9 @@ async fn a_backend_killed_under_load_is_ejected_and_costs_at_most_a_thousandth()
     tokio::time::sleep(Duration::from_secs(7)).await;
     let (ok, failures) = load.stop().await;
     let total = ok + failures.len() as u64;
-    assert_eq!(c.hits_after(killed), 0);
+    // (A handler already running on another test thread when its task
+    // was aborted may still note its hit: allow it a moment.)
+    assert_eq!(c.hits_after(killed + Duration::from_millis(100)), 0);
     // Ejected by outlier detection (defaults: 5 failures in a row, 30 s).
     let view = backends_view(&gw).await;
     let dead = backend_in(&view, c.addr);

@@ -1,0 +1,85 @@
+//! Data-plane threads: one current-thread tokio runtime per core.
+//!
+//! The accept loops run on the control runtime; each accepted connection
+//! is handed, as a plain socket, to one worker (round-robin), which
+//! registers it with its own reactor and serves it to the end: the
+//! client's requests, their upstream exchanges on connections from that
+//! worker's share of each backend's pool, their timers. A request never
+//! wakes another thread; in the shared multi-thread runtime about a fifth
+//! of the CPU went to waking the other worker (`sock_def_readable`,
+//! `finish_task_switch`).
+//!
+//! What stays shared: the one `ArcSwap` of the active generation, backend
+//! state (in-flight counts, health, outlier state), counters. hyper's
+//! pooled client (TLS, h2 and h2c backends) is shared too: a connection's
+//! task runs on the worker that opened it, and a request from another
+//! worker reaches it through hyper's channel.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::mpsc;
+
+/// Work handed to a worker: made into a future on the worker's thread,
+/// so that the sockets it opens register with that worker's reactor.
+pub type Job = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+pub struct Workers {
+    queues: Vec<mpsc::UnboundedSender<Job>>,
+    next: AtomicUsize,
+}
+
+impl std::fmt::Debug for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workers")
+            .field("threads", &self.queues.len())
+            .finish()
+    }
+}
+
+impl Workers {
+    /// Starts `threads` workers (at least one).
+    pub fn start(threads: usize) -> std::io::Result<Workers> {
+        let threads = threads.max(1);
+        crate::backends::set_shards(threads);
+        let mut queues = Vec::with_capacity(threads);
+        for index in 0..threads {
+            let (queue, mut jobs) = mpsc::unbounded_channel::<Job>();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            std::thread::Builder::new()
+                .name(format!("cutover-worker-{index}"))
+                .spawn(move || {
+                    crate::backends::enter_shard(index);
+                    runtime.block_on(async move {
+                        while let Some(job) = jobs.recv().await {
+                            tokio::spawn(job());
+                        }
+                    });
+                })?;
+            queues.push(queue);
+        }
+        Ok(Workers {
+            queues,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// Hands `job` to the next worker.
+    pub fn spawn(&self, job: Job) {
+        let turn = self.next.fetch_add(1, Ordering::Relaxed);
+        let Some(queue) = self.queues.get(turn % self.queues.len().max(1)) else {
+            return;
+        };
+        if let Err(mpsc::error::SendError(job)) = queue.send(job) {
+            // The worker is gone (only at exit): serve it here.
+            tokio::spawn(job());
+        }
+    }
+}
