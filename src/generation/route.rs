@@ -124,9 +124,7 @@ impl Route {
         let Some(max) = self.spec.max_inflight else {
             return Ok(None);
         };
-        let previous = self.shared.inflight.fetch_add(1, Ordering::AcqRel);
-        if previous >= max {
-            self.shared.inflight.fetch_sub(1, Ordering::AcqRel);
+        if !take_place(&self.shared.inflight, max) {
             self.shared.reject();
             return Err(Saturated);
         }
@@ -134,6 +132,15 @@ impl Route {
             shared: Arc::clone(&self.shared),
         }))
     }
+}
+
+/// Counts one more in `inflight` if that stays within `max`.
+fn take_place(inflight: &AtomicU64, max: u64) -> bool {
+    if inflight.fetch_add(1, Ordering::AcqRel) >= max {
+        inflight.fetch_sub(1, Ordering::AcqRel);
+        return false;
+    }
+    true
 }
 
 /// The route's `max_inflight` is reached.
@@ -175,9 +182,7 @@ impl ListenerShared {
         let Some(max) = max else {
             return Ok(None);
         };
-        let previous = self.inflight.fetch_add(1, Ordering::AcqRel);
-        if previous >= max {
-            self.inflight.fetch_sub(1, Ordering::AcqRel);
+        if !take_place(&self.inflight, max) {
             self.rejections
                 .get_or_init(|| {
                     metrics::counter!(m::LISTENER_ADMISSION_REJECTIONS, m::LABEL_LISTENER => self.name.clone())
