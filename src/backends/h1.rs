@@ -444,7 +444,16 @@ where
 struct ParsedHead {
     status: StatusCode,
     version: Version,
+    /// Without `Keep-Alive`, and without `Connection` when it held only
+    /// `close` and `keep-alive` (what nearly every backend sends): both
+    /// are hop-by-hop, and removing them later cost more than the rest
+    /// of the head. A `Connection` that names other headers stays, for
+    /// the proxy to strip those too.
     headers: HeaderMap,
+    /// `Connection` has `close`.
+    close: bool,
+    /// `Connection` has `keep-alive`.
+    keep_alive: bool,
 }
 
 /// Reads until a final (non-1xx) response head is complete.
@@ -516,8 +525,27 @@ fn build_head(response: &httparse::Response<'_, '_>) -> Result<ParsedHead, SendE
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
+    let (mut close, mut keep_alive, mut names_others) = (false, false, false);
+    for h in response.headers.iter() {
+        if h.name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    keep_alive = true;
+                } else if !token.is_empty() {
+                    names_others = true;
+                }
+            }
+        }
+    }
     let mut headers = HeaderMap::with_capacity(response.headers.len());
     for h in response.headers.iter() {
+        let hop = h.name.eq_ignore_ascii_case("keep-alive")
+            || (!names_others && h.name.eq_ignore_ascii_case("connection"));
+        if hop {
+            continue;
+        }
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| SendError::Invalid("bad header name"))?;
         let value =
@@ -528,6 +556,8 @@ fn build_head(response: &httparse::Response<'_, '_>) -> Result<ParsedHead, SendE
         status,
         version,
         headers,
+        close,
+        keep_alive,
     })
 }
 
@@ -710,11 +740,6 @@ pub fn header_tokens<'a>(
         .filter(|t| !t.is_empty())
 }
 
-/// Whether a comma-separated header has `token` (case-insensitive).
-fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    header_tokens(headers, name).any(|t| t.eq_ignore_ascii_case(token))
-}
-
 /// How the response body is delimited (RFC 9112 §6.3), and whether the
 /// connection may carry another request after it.
 fn body_framing(
@@ -723,8 +748,8 @@ fn body_framing(
 ) -> Result<(BodyFraming, bool), SendError> {
     let headers = &mut head.headers;
     let mut keep_alive = match head.version {
-        Version::HTTP_10 => has_token(headers, &header::CONNECTION, "keep-alive"),
-        _ => !has_token(headers, &header::CONNECTION, "close"),
+        Version::HTTP_10 => head.keep_alive,
+        _ => !head.close,
     };
     let status = head.status;
     if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
@@ -1326,6 +1351,28 @@ mod tests {
             (StatusCode::CREATED, &b"ok"[..])
         );
         assert!(!outcome.headers.contains_key("link"));
+    }
+
+    #[tokio::test]
+    async fn hop_by_hop_connection_fields_are_left_out_of_the_head() {
+        let plain = answer(
+            b"HTTP/1.1 200 OK\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\ncontent-length: 2\r\nx-app: 1\r\n\r\nok",
+        )
+        .await;
+        assert!(plain.reusable);
+        assert!(
+            !plain.headers.contains_key("connection") && !plain.headers.contains_key("keep-alive")
+        );
+        assert_eq!(plain.headers["x-app"], "1");
+        // A Connection that names another field stays, for the proxy to
+        // strip that field too.
+        let naming = answer(
+            b"HTTP/1.1 200 OK\r\nconnection: close, x-hop\r\nx-hop: 1\r\ncontent-length: 2\r\n\r\nok",
+        )
+        .await;
+        assert!(!naming.reusable);
+        assert_eq!(naming.headers["connection"], "close, x-hop");
+        assert_eq!(naming.headers["x-hop"], "1");
     }
 
     #[tokio::test]

