@@ -267,6 +267,11 @@ async fn hedged(
     let mut last = None;
     loop {
         let can_hedge = started <= hedge.max_extra && next < deadline;
+        if running.is_empty() && !can_hedge {
+            // Nothing in flight and nothing more to start (out of extra
+            // attempts, or of time): the last answer is the answer.
+            return last.unwrap_or(Err(ProxyError::NoBackend));
+        }
         let finished = {
             let hedge_due = tokio::time::sleep_until(next);
             tokio::pin!(hedge_due);

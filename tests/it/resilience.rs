@@ -1081,3 +1081,33 @@ async fn two_hundred_thousand_quota_keys_keep_memory_bounded() {
     assert_eq!(get_as(web, "client-199999").await.0, 429);
     assert_eq!(get_as(web, "client-0").await.0, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hedged_request_whose_every_attempt_fails_is_answered_at_once() {
+    let (a, b) = (closed_port(), closed_port());
+    let gw = Gateway::start(&config(&format!(
+        r#"[[routes]]
+name = "all"
+listeners = ["web"]
+upstream = "app"
+timeout = "2s"
+hedge = {{ delay = "20ms", max_extra = 3 }}
+
+[upstreams.app]
+backends = [{{ addr = "{a}" }}, {{ addr = "{b}" }}]
+"#
+    )));
+    for _ in 0..5 {
+        let started = Instant::now();
+        let (status, _, _) =
+            tokio::time::timeout(Duration::from_secs(5), get(gw.listener("web"), "a", "/"))
+                .await
+                .expect("answered, not hung");
+        assert_eq!(status, 502);
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}
