@@ -22,8 +22,15 @@ const SHARDS: usize = 16;
 #[derive(Debug)]
 pub struct QuotaTable {
     spec: QuotaSpec,
-    shards: [Mutex<HashMap<Box<[u8]>, Bucket>>; SHARDS],
+    shards: [Mutex<Shard>; SHARDS],
     hasher: std::hash::RandomState,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    buckets: HashMap<Box<[u8]>, Bucket>,
+    /// Counts every use, for recency: milliseconds tie within a burst.
+    uses: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -31,6 +38,8 @@ struct Bucket {
     tokens: f64,
     /// When `tokens` was last brought up to date (`now_ms`).
     at_ms: u64,
+    /// The shard's `uses` when the key was last seen.
+    seen: u64,
 }
 
 impl QuotaTable {
@@ -56,24 +65,26 @@ impl QuotaTable {
         let Some(shard) = self.shards.get(shard) else {
             return Ok(());
         };
-        let mut buckets = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        shard.uses += 1;
+        let seen = shard.uses;
         let burst = f64::from(self.spec.burst);
-        let bucket = match buckets.get_mut(key) {
+        let cap = (self.spec.max_keys as usize / SHARDS).max(1);
+        if !shard.buckets.contains_key(key) && shard.buckets.len() >= cap {
+            self.evict(&mut shard.buckets, now, cap);
+        }
+        let bucket = match shard.buckets.get_mut(key) {
             Some(bucket) => {
                 bucket.tokens = self.refilled(bucket, now);
                 bucket.at_ms = now;
+                bucket.seen = seen;
                 bucket
             }
-            None => {
-                let cap = (self.spec.max_keys as usize / SHARDS).max(1);
-                if buckets.len() >= cap {
-                    self.evict(&mut buckets, now, cap);
-                }
-                buckets.entry(key.into()).or_insert(Bucket {
-                    tokens: burst,
-                    at_ms: now,
-                })
-            }
+            None => shard.buckets.entry(key.into()).or_insert(Bucket {
+                tokens: burst,
+                at_ms: now,
+                seen,
+            }),
         };
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;
@@ -99,18 +110,23 @@ impl QuotaTable {
         if buckets.len() < cap {
             return;
         }
-        let mut ages: Vec<u64> = buckets.values().map(|b| b.at_ms).collect();
-        let middle = ages.len() / 2;
-        let (_, median, _) = ages.select_nth_unstable(middle);
+        let mut seen: Vec<u64> = buckets.values().map(|b| b.seen).collect();
+        let middle = seen.len() / 2;
+        let (_, median, _) = seen.select_nth_unstable(middle);
         let median = *median;
-        buckets.retain(|_, bucket| bucket.at_ms > median);
+        buckets.retain(|_, bucket| bucket.seen > median);
     }
 
     /// Keys remembered now.
     pub fn keys(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .map(|s| {
+                s.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .buckets
+                    .len()
+            })
             .sum()
     }
 }
@@ -144,6 +160,17 @@ mod tests {
         assert!(quota.take_at(b"k", 1_100).is_ok());
         // Another key has its own bucket.
         assert!(quota.take_at(b"other", 1_100).is_ok());
+    }
+
+    #[test]
+    fn a_burst_within_one_millisecond_keeps_its_newest_keys() {
+        let quota = table(1, 1, 160);
+        for key in 0u32..10_000 {
+            let _ = quota.take_at(&key.to_le_bytes(), 5_000);
+        }
+        assert!(quota.keys() <= 160);
+        // Spent and remembered: the last key of each shard at least.
+        assert!(quota.take_at(&9_999u32.to_le_bytes(), 5_000).is_err());
     }
 
     #[test]
