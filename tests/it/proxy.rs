@@ -488,6 +488,23 @@ async fn upstream_connections_are_reused_after_chunked_responses() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_data_plane_worker_keeps_its_own_upstream_connections() {
+    let (backend, accepted) = counting_backend_framed(false, Framing::Chunked).await;
+    let gw = Gateway::start(&format!(
+        "[runtime]\nworker_threads = 3\n{}",
+        proxy_config(backend, "")
+    ));
+    let web = gw.listener("web");
+    // Client connections are dealt to the workers in turn; each worker
+    // opens one upstream connection and reuses it.
+    for _ in 0..30 {
+        let (status, _, body) = get(web, "a", "/").await;
+        assert_eq!((status, body.as_str()), (200, "counted"));
+    }
+    assert_eq!(accepted.load(Ordering::Relaxed), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_connections_are_reused_and_closed_ones_are_not() {
     let (keep, kept) = counting_backend(false).await;
     let (close, closed) = counting_backend(true).await;
