@@ -23,9 +23,9 @@ mod h1;
 mod health;
 mod load;
 mod outlier;
+mod weak_map;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 pub use backend::{Attempt, Backend, BackendError, BackendGuard, Usable};
@@ -36,6 +36,7 @@ pub use h1::{
     UpstreamBody,
 };
 pub use health::HealthState;
+pub use weak_map::WeakMap;
 
 use crate::plan::{HealthSpec, UpstreamProtocol};
 use crate::tls::UpstreamTlsSpec;
@@ -60,49 +61,29 @@ pub struct BackendKey {
 /// is dropped (a backend with its pool).
 #[derive(Debug, Default)]
 pub struct BackendRegistry {
-    backends: Mutex<HashMap<BackendKey, Weak<Backend>>>,
-    budgets: Mutex<HashMap<String, Weak<RetryBudget>>>,
+    backends: WeakMap<BackendKey, Backend>,
+    budgets: WeakMap<String, RetryBudget>,
 }
 
 impl BackendRegistry {
     /// The live backend for `key`, or a new one (whose first health
     /// check, if it has one, starts at once).
     pub fn get_or_create(&self, key: BackendKey) -> Result<Arc<Backend>, BackendError> {
-        let mut backends = self.backends.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(live) = backends.get(&key).and_then(Weak::upgrade) {
-            return Ok(live);
-        }
-        sweep(&mut backends);
-        let backend = Arc::new(Backend::new(key.clone())?);
-        health::start(&backend);
-        backends.insert(key, Arc::downgrade(&backend));
-        Ok(backend)
+        self.backends.get_or_try_insert(&key, || {
+            let backend = Arc::new(Backend::new(key.clone())?);
+            health::start(&backend);
+            Ok(backend)
+        })
     }
 
     /// The retry budget of upstream `name`: the live one, or a new one.
     pub fn budget(&self, name: &str) -> Arc<RetryBudget> {
-        let mut budgets = self.budgets.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(live) = budgets.get(name).and_then(Weak::upgrade) {
-            return live;
-        }
-        sweep(&mut budgets);
-        let budget = Arc::new(RetryBudget::default());
-        budgets.insert(name.to_owned(), Arc::downgrade(&budget));
-        budget
+        self.budgets.get_or_insert(name, RetryBudget::default)
     }
 
     /// How many backends are alive.
     pub fn live(&self) -> usize {
-        let backends = self.backends.lock().unwrap_or_else(PoisonError::into_inner);
-        backends.values().filter(|w| w.strong_count() > 0).count()
-    }
-}
-
-/// Drops dead weak entries, but only when the map has doubled since the
-/// last sweep: sweeping on every insert made building N new entries O(N²).
-pub(crate) fn sweep<K, V>(map: &mut HashMap<K, Weak<V>>) {
-    if map.len() >= 64 && map.len().is_power_of_two() {
-        map.retain(|_, weak| weak.strong_count() > 0);
+        self.backends.live()
     }
 }
 

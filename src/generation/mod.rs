@@ -13,7 +13,7 @@ mod router;
 mod upstream;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 pub use ledger::{InflightGuard, Ledger};
@@ -23,7 +23,7 @@ pub use route::{Action, ListenerSlot, Route, RouteShared, RouteSlot, Saturated};
 pub use router::Router;
 pub use upstream::{Upstream, WeightedSchedule};
 
-use crate::backends::{BackendError, BackendRegistry};
+use crate::backends::{BackendError, BackendRegistry, WeakMap};
 use crate::ids::GenerationId;
 use crate::plan::{ListenerProtocol, RouteAction, Spec};
 
@@ -31,50 +31,29 @@ use crate::plan::{ListenerProtocol, RouteAction, Spec};
 #[derive(Debug, Default)]
 pub struct SharedState {
     pub backends: BackendRegistry,
-    routes: Mutex<HashMap<String, Weak<RouteShared>>>,
-    listeners: Mutex<HashMap<String, Weak<route::ListenerShared>>>,
+    routes: WeakMap<String, RouteShared>,
+    listeners: WeakMap<String, route::ListenerShared>,
     /// Quota buckets by route name and quota: kept while both are.
-    quotas: Mutex<HashMap<(String, crate::plan::QuotaSpec), Weak<QuotaTable>>>,
+    quotas: WeakMap<(String, crate::plan::QuotaSpec), QuotaTable>,
 }
 
 impl SharedState {
     /// The buckets of route `name`'s quota: the live table if the route
     /// had this same quota before, else a new one.
     fn quota(&self, name: &str, spec: &crate::plan::QuotaSpec) -> Arc<QuotaTable> {
-        let mut quotas = self.quotas.lock().unwrap_or_else(PoisonError::into_inner);
-        let key = (name.to_owned(), spec.clone());
-        if let Some(live) = quotas.get(&key).and_then(Weak::upgrade) {
-            return live;
-        }
-        crate::backends::sweep(&mut quotas);
-        let table = Arc::new(QuotaTable::new(spec.clone()));
-        quotas.insert(key, Arc::downgrade(&table));
-        table
+        self.quotas
+            .get_or_insert(&(name.to_owned(), spec.clone()), || {
+                QuotaTable::new(spec.clone())
+            })
     }
 
     fn listener(&self, name: &str) -> Arc<route::ListenerShared> {
-        let mut listeners = self
-            .listeners
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(live) = listeners.get(name).and_then(Weak::upgrade) {
-            return live;
-        }
-        crate::backends::sweep(&mut listeners);
-        let shared = Arc::new(route::ListenerShared::new(name));
-        listeners.insert(name.to_owned(), Arc::downgrade(&shared));
-        shared
+        self.listeners
+            .get_or_insert(name, || route::ListenerShared::new(name))
     }
 
     fn route(&self, name: &str) -> Arc<RouteShared> {
-        let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(live) = routes.get(name).and_then(Weak::upgrade) {
-            return live;
-        }
-        crate::backends::sweep(&mut routes);
-        let shared = Arc::new(RouteShared::new(name));
-        routes.insert(name.to_owned(), Arc::downgrade(&shared));
-        shared
+        self.routes.get_or_insert(name, || RouteShared::new(name))
     }
 }
 
