@@ -29,6 +29,8 @@ struct Behaviour {
     hits: Mutex<Vec<Instant>>,
     /// Health checks answered.
     checks: AtomicU64,
+    /// The `Host` of the last health check.
+    check_host: Mutex<Option<String>>,
 }
 
 /// A backend that answers with its name, counts what it serves, fails on
@@ -52,6 +54,7 @@ impl Controlled {
             inflight: AtomicU64::new(0),
             hits: Mutex::new(Vec::new()),
             checks: AtomicU64::new(0),
+            check_host: Mutex::new(None),
         });
         let mut this = Controlled {
             name,
@@ -76,6 +79,12 @@ impl Controlled {
                             let behaviour = Arc::clone(&behaviour);
                             async move {
                                 if req.uri().path() == "/healthz" {
+                                    behaviour.checks.fetch_add(1, Ordering::SeqCst);
+                                    *behaviour.check_host.lock().unwrap() = req
+                                        .headers()
+                                        .get("host")
+                                        .and_then(|h| h.to_str().ok())
+                                        .map(str::to_owned);
                                     let status = if behaviour.healthy.load(Ordering::SeqCst) {
                                         200
                                     } else {
@@ -473,6 +482,7 @@ outlier = { consecutive_failures = 3, base_ejection = "60s" }"#;
     assert_eq!(status, 200, "{body}");
     // Nothing names c any more: its checker stops.
     let checks = c.behaviour.checks.load(Ordering::SeqCst);
+    assert!(checks > 0, "c was never checked");
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let after_removal = c.behaviour.checks.load(Ordering::SeqCst);
     assert!(
@@ -1112,4 +1122,80 @@ backends = [{{ addr = "{a}" }}, {{ addr = "{b}" }}]
             started.elapsed()
         );
     }
+}
+
+/// The view of the backend at `addr` in upstream `upstream`.
+fn backend_of(view: &Value, upstream: &str, addr: SocketAddr) -> Value {
+    view["upstreams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|u| u["name"] == upstream)
+        .flat_map(|u| u["backends"].as_array().cloned().unwrap_or_default())
+        .find(|b| b["addr"] == addr.to_string().as_str())
+        .unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_honour_host_expect_status_and_tcp() {
+    let http = Controlled::start("http").await;
+    let picky = Controlled::start("picky").await;
+    let tcp = Controlled::start("tcp").await;
+    // The TCP check passes on a connection: the HTTP answer is not asked.
+    tcp.behaviour.healthy.store(false, Ordering::SeqCst);
+    let gw = Gateway::start(&config(&format!(
+        r#"[[routes]]
+name = "http"
+listeners = ["web"]
+path_prefix = "/http"
+upstream = "http"
+
+[[routes]]
+name = "picky"
+listeners = ["web"]
+path_prefix = "/picky"
+upstream = "picky"
+
+[[routes]]
+name = "tcp"
+listeners = ["web"]
+path_prefix = "/tcp"
+upstream = "tcp"
+
+[upstreams.http]
+health = {{ path = "/healthz", host = "checks.internal", interval = "200ms" }}
+backends = [{{ addr = "{}" }}]
+
+[upstreams.picky]
+health = {{ path = "/healthz", expect_status = [204], interval = "200ms", unhealthy_after = 2 }}
+backends = [{{ addr = "{}" }}]
+
+[upstreams.tcp]
+health = {{ tcp = true, interval = "200ms" }}
+backends = [{{ addr = "{}" }}]
+"#,
+        http.addr, picky.addr, tcp.addr
+    )));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let view = backends_view(&gw).await;
+        let states = (
+            backend_of(&view, "http", http.addr)["health"].clone(),
+            backend_of(&view, "picky", picky.addr)["health"].clone(),
+            backend_of(&view, "tcp", tcp.addr)["health"].clone(),
+        );
+        if states == ("healthy".into(), "unhealthy".into(), "healthy".into()) {
+            let picky = backend_of(&view, "picky", picky.addr);
+            assert_eq!(picky["last_check"]["detail"], "status 200", "{picky}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{states:?}\n{view}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        http.behaviour.check_host.lock().unwrap().as_deref(),
+        Some("checks.internal")
+    );
+    // The TCP check never asked for /healthz.
+    assert_eq!(tcp.behaviour.checks.load(Ordering::SeqCst), 0);
 }
