@@ -64,6 +64,8 @@ pub enum Usable {
 #[derive(Debug)]
 pub struct Backend {
     pub key: BackendKey,
+    /// The address, shared with access-log lines.
+    pub label: Arc<str>,
     pub authority: Authority,
     /// `http` or `https`, for the upstream request URI.
     pub scheme: Scheme,
@@ -154,6 +156,7 @@ impl Backend {
             ],
             ejections: metrics::counter!(m::EJECTIONS, m::LABEL_BACKEND => addr.clone()),
             health: Health::new(key.health.is_some()),
+            label: Arc::from(key.addr.as_str()),
             key,
             authority,
             scheme,

@@ -2,6 +2,8 @@
 //! and h2c backends, protocol upgrades and health checks. (Plain
 //! HTTP/1.1 traffic goes through cutover's own codec, `h1`.)
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http_body::Body as _;
 use hyper::body::Incoming;
@@ -9,12 +11,16 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 
+use crate::telemetry::access::Trail;
+
 /// A request body on its way to a backend: the client's, streamed, or
 /// one read in full beforehand so that it can be sent more than once
 /// (retries, hedging; `None` is an empty body).
 #[derive(Debug)]
 pub enum RequestBody {
-    Streaming(Incoming),
+    /// The client's body as it arrives, its bytes counted for the access
+    /// log when a trail is given.
+    Streaming(Incoming, Option<Arc<Trail>>),
     Buffered(Option<Bytes>),
 }
 
@@ -27,7 +33,15 @@ impl http_body::Body for RequestBody {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
-            RequestBody::Streaming(body) => std::pin::Pin::new(body).poll_frame(cx),
+            RequestBody::Streaming(body, trail) => {
+                let polled = std::pin::Pin::new(body).poll_frame(cx);
+                if let (Some(trail), std::task::Poll::Ready(Some(Ok(frame)))) = (trail, &polled) {
+                    if let Some(data) = frame.data_ref() {
+                        trail.add_bytes_in(data.len());
+                    }
+                }
+                polled
+            }
             RequestBody::Buffered(bytes) => {
                 std::task::Poll::Ready(bytes.take().map(|b| Ok(http_body::Frame::data(b))))
             }
@@ -36,14 +50,14 @@ impl http_body::Body for RequestBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            RequestBody::Streaming(body) => body.is_end_stream(),
+            RequestBody::Streaming(body, _) => body.is_end_stream(),
             RequestBody::Buffered(bytes) => bytes.is_none(),
         }
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
         match self {
-            RequestBody::Streaming(body) => body.size_hint(),
+            RequestBody::Streaming(body, _) => body.size_hint(),
             RequestBody::Buffered(bytes) => {
                 http_body::SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }

@@ -62,7 +62,8 @@ pub struct FileMetrics {
     pub bind: String,
 }
 
-/// `[log]`: `level` is live, `format` and `file` need a restart.
+/// `[log]`: `level` and `access` are live; `format`, `file` and
+/// `access_file` need a restart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileLog {
@@ -72,6 +73,12 @@ pub struct FileLog {
     pub format: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
+    /// One access-log line per request and per TCP connection (live).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub access: bool,
+    /// Where access lines go; absent: the log sink (`file`, or stderr).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_file: Option<String>,
 }
 
 impl Default for FileLog {
@@ -80,6 +87,8 @@ impl Default for FileLog {
             level: default_log_level(),
             format: default_log_format(),
             file: None,
+            access: false,
+            access_file: None,
         }
     }
 }

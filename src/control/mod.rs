@@ -517,6 +517,7 @@ impl Control {
         self.install_certificates(certificates);
         self.listeners.start(bound);
         self.log_level.apply(&spec.log.level);
+        crate::telemetry::access::set_enabled(spec.log.access);
         metrics::gauge!(m::ACTIVE_GENERATION).set(committed.id.0 as f64);
         let summary = format!(
             "+{} -{} ~{}",

@@ -27,7 +27,7 @@ pub enum Action {
 /// not 70 000 (7 per route; 25 MiB of registry at 10 000 routes).
 #[derive(Debug)]
 pub struct RouteShared {
-    name: String,
+    name: Arc<str>,
     inflight: AtomicU64,
     responses: [OnceLock<Counter>; 5],
     duration: OnceLock<Histogram>,
@@ -38,7 +38,7 @@ pub struct RouteShared {
 impl RouteShared {
     pub fn new(route: &str) -> Self {
         Self {
-            name: route.to_owned(),
+            name: Arc::from(route),
             inflight: AtomicU64::new(0),
             responses: Default::default(),
             duration: OnceLock::new(),
@@ -47,19 +47,24 @@ impl RouteShared {
         }
     }
 
+    /// The route's name, shared with access-log lines.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
     /// Counts a response by status class and records its duration.
     pub fn record(&self, status: u16, duration: Duration) {
         let class = usize::from(status / 100).clamp(1, 5) - 1;
         if let (Some(counter), Some(label)) = (self.responses.get(class), m::CLASSES.get(class)) {
             counter
                 .get_or_init(|| {
-                    metrics::counter!(m::REQUESTS, m::LABEL_ROUTE => self.name.clone(), m::LABEL_CLASS => *label)
+                    metrics::counter!(m::REQUESTS, m::LABEL_ROUTE => self.name.to_string(), m::LABEL_CLASS => *label)
                 })
                 .increment(1);
         }
         self.duration
             .get_or_init(
-                || metrics::histogram!(m::REQUEST_DURATION, m::LABEL_ROUTE => self.name.clone()),
+                || metrics::histogram!(m::REQUEST_DURATION, m::LABEL_ROUTE => self.name.to_string()),
             )
             .record(duration.as_secs_f64());
     }
@@ -68,7 +73,7 @@ impl RouteShared {
     pub fn rate_limited(&self) {
         self.limited
             .get_or_init(
-                || metrics::counter!(m::QUOTA_REJECTIONS, m::LABEL_ROUTE => self.name.clone()),
+                || metrics::counter!(m::QUOTA_REJECTIONS, m::LABEL_ROUTE => self.name.to_string()),
             )
             .increment(1);
     }
@@ -76,7 +81,7 @@ impl RouteShared {
     fn reject(&self) {
         self.rejections
             .get_or_init(
-                || metrics::counter!(m::ADMISSION_REJECTIONS, m::LABEL_ROUTE => self.name.clone()),
+                || metrics::counter!(m::ADMISSION_REJECTIONS, m::LABEL_ROUTE => self.name.to_string()),
             )
             .increment(1);
     }

@@ -120,6 +120,8 @@ pub fn run(options: Options) -> Result<(), StartError> {
     // huge candidate) must not hold the exit once draining is over: its
     // caller is gone, and nothing it could finish would be recorded.
     runtime.shutdown_timeout(EXIT_GRACE);
+    // The last requests' access lines, before the process is gone.
+    crate::telemetry::access::flush(EXIT_GRACE);
     result
 }
 
@@ -439,6 +441,7 @@ struct Signals {
     hangup: Signal,
     terminate: Signal,
     interrupt: Signal,
+    user1: Signal,
     user2: Signal,
 }
 
@@ -449,6 +452,7 @@ impl Signals {
             hangup: install(SignalKind::hangup())?,
             terminate: install(SignalKind::terminate())?,
             interrupt: install(SignalKind::interrupt())?,
+            user1: install(SignalKind::user_defined1())?,
             user2: install(SignalKind::user_defined2())?,
         })
     }
@@ -463,6 +467,7 @@ async fn signal_loop(
         mut hangup,
         mut terminate,
         mut interrupt,
+        mut user1,
         mut user2,
     } = signals;
     let mut stopping = process.stopping();
@@ -474,6 +479,10 @@ async fn signal_loop(
                     Ok(activation) => tracing::info!(outcome = activation.outcome, generation = %activation.generation, "reload finished"),
                     Err(error) => log_refusal(&error),
                 }
+            }
+            _ = user1.recv() => {
+                tracing::info!("SIGUSR1: reopening the log files");
+                telemetry::reopen_logs();
             }
             _ = user2.recv() => {
                 tracing::info!("SIGUSR2: drain-aware restart");

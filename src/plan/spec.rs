@@ -54,6 +54,10 @@ pub struct LogSpec {
     pub level: String,
     pub format: LogFormat,
     pub file: Option<PathBuf>,
+    /// Whether access lines are written (live).
+    pub access: bool,
+    /// The access log's own file; `None`: the log sink.
+    pub access_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]

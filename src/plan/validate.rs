@@ -357,6 +357,8 @@ impl Validator<'_> {
             level,
             format,
             file: file.log.file.as_ref().map(|f| self.base_dir.join(f)),
+            access: file.log.access,
+            access_file: file.log.access_file.as_ref().map(|f| self.base_dir.join(f)),
         })
     }
 

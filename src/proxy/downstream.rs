@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use super::observed::{Observed, Observer};
 use crate::plan::ListenerLimits;
+use crate::telemetry::access::Pending;
 
 /// What has moved on one client connection. The byte count and the head
 /// state are written by the connection's own task only (it does all the
@@ -152,20 +153,28 @@ impl Drop for OpenRequest {
 }
 
 /// A response body that keeps its request counted as open until hyper
-/// has finished with it.
+/// has finished with it, and holds its access-log line until then.
 #[derive(Debug)]
 pub struct Tracked<B> {
     body: B,
     _open: OpenRequest,
+    log: Option<Box<Pending>>,
 }
 
 impl<B> Tracked<B> {
-    pub fn new(body: B, open: OpenRequest) -> Self {
-        Self { body, _open: open }
+    pub fn new(body: B, open: OpenRequest, log: Option<Box<Pending>>) -> Self {
+        Self {
+            body,
+            _open: open,
+            log,
+        }
     }
 }
 
-impl<B: Body + Unpin> Body for Tracked<B> {
+impl<B: Body + Unpin> Body for Tracked<B>
+where
+    B::Data: bytes::Buf,
+{
     type Data = B::Data;
     type Error = B::Error;
 
@@ -173,7 +182,24 @@ impl<B: Body + Unpin> Body for Tracked<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if let (Some(log), Poll::Ready(frame)) = (this.log.as_mut(), &polled) {
+            match frame {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        log.sent(bytes::Buf::remaining(data));
+                    }
+                    // hyper stops polling once the body says it is done.
+                    if this.body.is_end_stream() {
+                        log.ended(false);
+                    }
+                }
+                Some(Err(_)) => log.ended(true),
+                None => log.ended(false),
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

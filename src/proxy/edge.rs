@@ -197,6 +197,8 @@ pub struct Forwarded {
     proto: HeaderValue,
     host: Option<HeaderValue>,
     forwarded: Option<HeaderValue>,
+    /// The W3C `traceparent` naming the gateway's span.
+    pub traceparent: Option<HeaderValue>,
 }
 
 impl Forwarded {
@@ -218,6 +220,7 @@ impl Forwarded {
             proto,
             host: authority.cloned(),
             forwarded: None,
+            traceparent: None,
         };
         // Most requests carry none: one look at the names instead of
         // hashing four absent ones.
@@ -267,6 +270,11 @@ impl Forwarded {
         .into_iter()
         .chain(self.host.as_ref().map(|host| (&X_FORWARDED_HOST, host)))
         .chain(self.forwarded.as_ref().map(|f| (&header::FORWARDED, f)))
+        .chain(
+            self.traceparent
+                .as_ref()
+                .map(|t| (&crate::telemetry::trace::TRACEPARENT, t)),
+        )
     }
 
     pub fn insert_into(self, headers: &mut HeaderMap) {
@@ -277,6 +285,9 @@ impl Forwarded {
         }
         if let Some(forwarded) = self.forwarded {
             headers.insert(header::FORWARDED, forwarded);
+        }
+        if let Some(traceparent) = self.traceparent {
+            headers.insert(crate::telemetry::trace::TRACEPARENT.clone(), traceparent);
         }
     }
 }

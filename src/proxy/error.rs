@@ -5,6 +5,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
 use super::body::ResponseBody;
+use crate::telemetry::access::Flags;
 
 /// Why a request could not be served, by whose fault.
 #[derive(Debug, thiserror::Error)]
@@ -40,14 +41,19 @@ pub enum ProxyError {
     /// (the client went away, or sent a malformed chunked body): the
     /// client's doing, so neither logged as nor counted against the
     /// backend.
-    #[error("client request body failed: {0}")]
-    ClientBody(String),
+    #[error("client request body failed: {detail}")]
+    ClientBody {
+        detail: String,
+        /// The client went away before its body ended (rather than
+        /// sending one that breaks the framing rules).
+        closed: bool,
+    },
 }
 
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::BadRequest(_) | ProxyError::ClientBody(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequest(_) | ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Saturated | ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
@@ -55,6 +61,50 @@ impl ProxyError {
             | ProxyError::UpstreamRefused(_)
             | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// A failure of the client's request body, told apart by its cause.
+    pub fn client_body(error: &(dyn std::error::Error + 'static)) -> Self {
+        let mut closed = false;
+        let mut source = Some(error);
+        while let Some(cause) = source {
+            if let Some(hyper) = cause.downcast_ref::<hyper::Error>() {
+                closed |= hyper.is_incomplete_message() || hyper.is_canceled();
+            }
+            if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+                closed |= matches!(
+                    io.kind(),
+                    std::io::ErrorKind::UnexpectedEof
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::ConnectionAborted
+                );
+            }
+            source = cause.source();
+        }
+        ProxyError::ClientBody {
+            detail: super::http::error_chain(error),
+            closed,
+        }
+    }
+
+    /// How the request ended, for its access-log line.
+    pub fn flags(&self) -> Flags {
+        match self {
+            ProxyError::BadRequest(_) | ProxyError::ClientBody { closed: false, .. } => {
+                Flags::PROTOCOL_ERROR
+            }
+            ProxyError::ClientBody { closed: true, .. } => Flags::CLIENT_CLOSED,
+            ProxyError::NoRoute => Flags::NO_ROUTE,
+            ProxyError::Saturated => Flags::ADMISSION_REJECTED,
+            ProxyError::RateLimited(_) => Flags::RATE_LIMITED,
+            ProxyError::NoBackend => Flags::NO_HEALTHY_BACKEND,
+            ProxyError::UpstreamConnect(_) | ProxyError::UpstreamRefused(_) => {
+                Flags::CONNECT_FAILURE
+            }
+            ProxyError::UpstreamTimeout(_) => Flags::UPSTREAM_TIMEOUT,
+            ProxyError::Upstream(_) => Flags::UPSTREAM_RESET,
         }
     }
 

@@ -27,7 +27,9 @@ use crate::admission::{Admission, Pinned};
 use crate::backends::{header_tokens, Attempt, Backend, ExchangeError, RequestBody, SendError};
 use crate::generation::{Action, Generation, Route, Upstream};
 use crate::plan::{DirectResponse, HashKey, QuotaKey};
+use crate::telemetry::access::{self, Flags, Trail};
 use crate::telemetry::metrics as m;
+use crate::telemetry::trace::TraceContext;
 
 /// What every request on one downstream connection shares.
 pub struct ConnContext {
@@ -60,33 +62,58 @@ pub fn listener_counters(listener: &str) -> Arc<[Counter; 5]> {
     }))
 }
 
+/// What a request's access-log line needs from its path through `serve`
+/// (noted only while the access log is on).
+struct Noted {
+    method: http::Method,
+    /// As routed: replaced by the normalized path when that differs.
+    path: String,
+    authority: Option<HeaderValue>,
+}
+
 /// Serves one request. Never fails: errors become responses here.
 pub async fn handle(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     conn: Arc<ConnContext>,
 ) -> Result<Response<Tracked<ResponseBody>>, Infallible> {
     let (open, refused) = conn.activity.request();
     let started = Instant::now();
     let Pinned { generation, guard } = conn.admission.pin();
-    // Only pay for the access log's copies when it is on; `serve`
-    // replaces the path with the normalized one when it differs.
-    let mut access = tracing::enabled!(target: "cutover::access", tracing::Level::INFO)
-        .then(|| (req.method().clone(), req.uri().path().to_owned()));
+    let trace = TraceContext::take(req.headers_mut());
+    // Only pay for the access log's copies when it is on.
+    let mut noted = access::enabled().then(|| Noted {
+        method: req.method().clone(),
+        path: req.uri().path().to_owned(),
+        authority: None,
+    });
+    let trail = noted.as_ref().map(|_| Trail::new());
     let version = req.version();
     if version == Version::HTTP_2 {
         conn.activity.mark_http2();
     }
     let (route, served) = match refused {
         Some(reason) => (None, Err(ProxyError::BadRequest(reason))),
-        None => serve(req, &conn, &generation, guard, started, &mut access).await,
+        None => {
+            let context = RequestContext {
+                started,
+                trace: &trace,
+                trail: trail.as_ref(),
+            };
+            serve(req, &conn, &generation, guard, context, noted.as_mut()).await
+        }
     };
     let route_name = route.map_or("-", |r| r.name());
+    let mut flags = Flags::NONE;
     let mut response = match served {
         Ok(response) => response,
         Err(error) => {
+            flags = error.flags();
             if error.is_upstream() {
                 tracing::warn!(listener = %conn.listener, generation = %generation.id, route = route_name, %error, "upstream failure");
-            } else if matches!(error, ProxyError::ClientBody(_) | ProxyError::BadRequest(_)) {
+            } else if matches!(
+                error,
+                ProxyError::ClientBody { .. } | ProxyError::BadRequest(_)
+            ) {
                 tracing::debug!(listener = %conn.listener, client = %conn.remote, route = route_name, %error, "request refused");
             }
             let mut response = error_response(&error);
@@ -108,26 +135,62 @@ pub async fn handle(
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    let status = response.status().as_u16();
-    let class = usize::from(status / 100).clamp(1, 5) - 1;
+    let status = response.status();
+    let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
     if let Some(counter) = conn.responses.get(class) {
         counter.increment(1);
     }
-    if let Some((method, path)) = access {
-        tracing::info!(
-            target: "cutover::access",
-            listener = %conn.listener,
-            generation = %generation.id,
-            client = %conn.remote,
-            %method,
-            path = %path,
-            route = route_name,
-            status,
-            duration_us = started.elapsed().as_micros() as u64,
-        );
-    }
+    let log = noted.map(|noted| {
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            flags |= Flags::UPGRADED;
+        }
+        // Nothing more to wait for: hyper sends no body for these.
+        let bodiless = noted.method == http::Method::HEAD
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+            || http_body::Body::is_end_stream(response.body());
+        let line = access::Line {
+            ended: std::time::SystemTime::UNIX_EPOCH,
+            duration: std::time::Duration::ZERO,
+            protocol: protocol_name(version),
+            listener: Arc::clone(&conn.listener),
+            generation: generation.id.0,
+            client: conn.remote,
+            method: Some(noted.method),
+            authority: noted.authority,
+            path: Some(noted.path),
+            route: route.map(|r| Arc::clone(r.shared.name())),
+            status: status.as_u16(),
+            bytes_in: 0,
+            bytes_out: 0,
+            upstream_time: None,
+            backend: None,
+            attempts: 0,
+            trace_id: Some(trace.trace_id),
+            flags,
+        };
+        access::Pending::new(line, trail, started, bodiless)
+    });
     crate::admission::release(generation);
-    Ok(response.map(|body| Tracked::new(body, open)))
+    Ok(response.map(|body| Tracked::new(body, open, log)))
+}
+
+fn protocol_name(version: Version) -> &'static str {
+    match version {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_2 => "HTTP/2",
+        Version::HTTP_3 => "HTTP/3",
+        _ => "HTTP/1.1",
+    }
+}
+
+/// What one request carries through `serve` besides the request itself.
+struct RequestContext<'r> {
+    started: Instant,
+    trace: &'r TraceContext,
+    trail: Option<&'r Arc<Trail>>,
 }
 
 /// Routes and serves a request on its pinned generation; returns the
@@ -137,8 +200,8 @@ async fn serve<'g>(
     conn: &ConnContext,
     generation: &'g Generation,
     guard: crate::generation::InflightGuard,
-    started: Instant,
-    access: &mut Option<(http::Method, String)>,
+    context: RequestContext<'_>,
+    noted: Option<&mut Noted>,
 ) -> (
     Option<&'g Arc<Route>>,
     Result<Response<ResponseBody>, ProxyError>,
@@ -161,8 +224,11 @@ async fn serve<'g>(
         Ok(path) => path,
         Err(reason) => return refuse(reason),
     };
-    if let (Some((_, logged)), Cow::Owned(normalized)) = (access.as_mut(), &path) {
-        logged.clone_from(normalized);
+    if let Some(noted) = noted {
+        if let Cow::Owned(normalized) = &path {
+            noted.path.clone_from(normalized);
+        }
+        noted.authority.clone_from(&authority);
     }
     let host = authority
         .as_ref()
@@ -178,6 +244,8 @@ async fn serve<'g>(
             Cow::Owned(path) => Some(path),
         },
         edge: &router.edge,
+        traceparent: context.trace.traceparent(),
+        trail: context.trail.cloned(),
     };
     let mut result = serve_route(req, target, conn, route, guard).await;
     // A streamed answer keeps the listener's place until its last byte.
@@ -190,7 +258,7 @@ async fn serve<'g>(
         Ok(r) => r.status().as_u16(),
         Err(e) => e.status().as_u16(),
     };
-    route.shared.record(status, started.elapsed());
+    route.shared.record(status, context.started.elapsed());
     (Some(route), result)
 }
 
@@ -202,6 +270,10 @@ pub(super) struct Target<'g> {
     /// The normalized path, when it differs from the one the client sent.
     path: Option<String>,
     edge: &'g crate::plan::ListenerEdge,
+    /// Sent upstream: the request's trace, the gateway's span.
+    traceparent: HeaderValue,
+    /// Where attempts leave what the access log reports.
+    pub trail: Option<Arc<Trail>>,
 }
 
 async fn serve_route(
@@ -260,8 +332,9 @@ async fn serve_route(
         upstream,
         backend,
         timeout: route.timeout(),
+        trail: target.trail.clone(),
     };
-    let req = req.map(RequestBody::Streaming);
+    let req = req.map(|body| RequestBody::Streaming(body, target.trail.clone()));
     let guards = StreamGuards::new(
         guard,
         slot,
@@ -348,6 +421,38 @@ pub(super) struct Hop<'a> {
     pub backend: &'a Arc<Backend>,
     /// For the response head, from the end of the request body.
     pub timeout: std::time::Duration,
+    pub trail: Option<Arc<Trail>>,
+}
+
+impl Hop<'_> {
+    /// An attempt at the hop's backend begins: the time it starts, when
+    /// anything will want it.
+    fn begin(&self) -> Option<Instant> {
+        if let Some(trail) = &self.trail {
+            trail.attempt(&self.backend.label);
+        }
+        (self.upstream.measures_latency() || self.trail.is_some()).then(Instant::now)
+    }
+
+    /// How the attempt ended: for the upstream's balancing and outlier
+    /// state, and for the access log.
+    fn report(&self, attempt: Attempt, sent: Option<Instant>) {
+        let rtt = sent.map(|s| s.elapsed());
+        let measured = rtt.filter(|_| self.upstream.measures_latency());
+        self.upstream.report(self.backend, attempt, measured);
+        if let Some(trail) = &self.trail {
+            match attempt {
+                Attempt::Answered(_) => {
+                    if let Some(rtt) = rtt {
+                        trail.answered(rtt);
+                    }
+                }
+                Attempt::ConnectError => trail.flag(Flags::CONNECT_FAILURE),
+                Attempt::Timeout => trail.flag(Flags::UPSTREAM_TIMEOUT),
+                Attempt::Error => trail.flag(Flags::UPSTREAM_RESET),
+            }
+        }
+    }
 }
 
 /// One attempt at a backend (no protocol upgrade, no 1xx forwarding), the
@@ -380,9 +485,9 @@ async fn client_exchange(
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let Hop {
         conn,
-        upstream,
         backend,
         timeout,
+        ..
     } = *hop;
     // The route timeout counts from the end of the request body.
     let (upstream_req, body_ended) = {
@@ -394,23 +499,22 @@ async fn client_exchange(
         let _ = body_ended.await;
         tokio::time::sleep(timeout).await;
     };
-    let sent = upstream.measures_latency().then(Instant::now);
+    let sent = hop.begin();
     let answered = tokio::select! {
         answered = backend.client.request(upstream_req) => Ok(answered),
         _ = answer_due => Err(()),
     };
     let response = match answered {
         Ok(Ok(response)) => {
-            let attempt = Attempt::Answered(response.status());
-            upstream.report(backend, attempt, sent.map(|s| s.elapsed()));
+            hop.report(Attempt::Answered(response.status()), sent);
             response
         }
         Ok(Err(e)) if e.is_connect() => {
-            upstream.report(backend, Attempt::ConnectError, None);
+            hop.report(Attempt::ConnectError, None);
             return Err(connect_failed(backend, &e));
         }
         Ok(Err(e)) => {
-            upstream.report(backend, Attempt::Error, None);
+            hop.report(Attempt::Error, None);
             return Err(ProxyError::Upstream(format!(
                 "{}: {}",
                 backend.key.addr,
@@ -418,7 +522,7 @@ async fn client_exchange(
             )));
         }
         Err(_) => {
-            upstream.report(backend, Attempt::Timeout, None);
+            hop.report(Attempt::Timeout, None);
             return Err(ProxyError::UpstreamTimeout(timeout));
         }
     };
@@ -471,9 +575,9 @@ async fn driven_exchange(
     interim: Option<&super::interim::InterimQueue>,
     guards: StreamGuards,
 ) -> Result<Response<ResponseBody>, ProxyError> {
-    let (upstream, backend) = (hop.upstream, &**hop.backend);
+    let backend = &**hop.backend;
     let failed = |attempt, error: String| {
-        upstream.report(backend, attempt, None);
+        hop.report(attempt, None);
         ProxyError::Upstream(format!("{}: {error}", backend.key.addr))
     };
     let forward_interim = |status, headers: &_| {
@@ -481,7 +585,7 @@ async fn driven_exchange(
             queue.push(status, headers);
         }
     };
-    let sent = upstream.measures_latency().then(Instant::now);
+    let sent = hop.begin();
     let response = match crate::backends::request_h1(
         pool,
         &backend.key.addr,
@@ -495,25 +599,24 @@ async fn driven_exchange(
     {
         Ok(response) => response,
         Err(ExchangeError::Connect(error)) => {
-            upstream.report(backend, Attempt::ConnectError, None);
+            hop.report(Attempt::ConnectError, None);
             return Err(connect_failed(backend, &error));
         }
         Err(ExchangeError::Send(SendError::RequestBody(error))) => {
-            return Err(ProxyError::ClientBody(error_chain(&*error)))
+            return Err(ProxyError::client_body(&*error))
         }
         Err(ExchangeError::Send(SendError::Timeout(timeout))) => {
-            upstream.report(backend, Attempt::Timeout, None);
+            hop.report(Attempt::Timeout, None);
             return Err(ProxyError::UpstreamTimeout(timeout));
         }
         Err(ExchangeError::Send(error)) => return Err(failed(Attempt::Error, error_chain(&error))),
     };
-    let rtt = sent.map(|s| s.elapsed());
     let (mut parts, mut body) = response.into_parts();
     let first = match super::body::peek(&mut body) {
         Ok(first) => first,
         Err(error) => return Err(failed(Attempt::Error, error_chain(&error))),
     };
-    upstream.report(backend, Attempt::Answered(parts.status), rtt);
+    hop.report(Attempt::Answered(parts.status), sent);
     strip_hop_by_hop(&mut parts.headers);
     // A response without a body (HEAD, 204, 304, length 0), or whose body
     // came whole with its head, is complete already: its connection can
@@ -601,7 +704,7 @@ fn upstream_request(
         headers.insert(header::UPGRADE, protocol.clone());
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
-    let forwarded = Forwarded::take(
+    let mut forwarded = Forwarded::take(
         headers,
         target.edge,
         conn.remote.ip(),
@@ -609,6 +712,7 @@ fn upstream_request(
         conn.scheme == Scheme::HTTPS,
         target.authority.as_ref(),
     );
+    forwarded.traceparent = Some(target.traceparent);
     Ok((Request::from_parts(parts, body), forwarded))
 }
 
@@ -737,7 +841,7 @@ fn connect_failed(backend: &Backend, error: &(dyn std::error::Error + 'static)) 
     ProxyError::UpstreamConnect(detail)
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http::uri::Scheme;
+use http::StatusCode;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -29,6 +30,7 @@ use super::tcp::{self, TcpCounters};
 use super::workers::Workers;
 use crate::admission::Admission;
 use crate::plan::{ListenerLimits, ListenerProtocol, ListenerSpec};
+use crate::telemetry::access::{self, Flags};
 use crate::telemetry::metrics as m;
 use crate::tls::CertStore;
 use tokio_rustls::TlsAcceptor;
@@ -552,7 +554,7 @@ async fn serve_http<I>(
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let expired = tokio::select! {
-        result = conn.as_mut() => return finish(result, &listener),
+        result = conn.as_mut() => return finish(result, &shared),
         expired = watchdog(&shared.activity, limits) => Some(expired),
         _ = async { let _ = draining.wait_for(|d| *d).await; } => None,
     };
@@ -562,6 +564,7 @@ async fn serve_http<I>(
             if let Some(reply) = timeout_reply {
                 reply.send();
             }
+            refused_head_line(&shared, StatusCode::REQUEST_TIMEOUT, Flags::HEADER_TIMEOUT);
         }
         Some(Expired::Idle) => {
             tracing::debug!(listener = %listener, client = %shared.remote, "no byte moved within idle_timeout; closing");
@@ -570,7 +573,7 @@ async fn serve_http<I>(
             // HTTP/2 gets GOAWAY; an idle HTTP/1 connection just closes.
             conn.as_mut().graceful_shutdown();
             if let Ok(result) = tokio::time::timeout(DRAIN_IDLE_GRACE, conn.as_mut()).await {
-                finish(result, &listener);
+                finish(result, &shared);
             }
         }
         None => {
@@ -580,12 +583,12 @@ async fn serve_http<I>(
             // grace before idle connections are closed.
             if !shared.activity.is_http2() {
                 tokio::select! {
-                    result = conn.as_mut() => return finish(result, &listener),
+                    result = conn.as_mut() => return finish(result, &shared),
                     _ = tokio::time::sleep(DRAIN_IDLE_GRACE) => {}
                 }
             }
             conn.as_mut().graceful_shutdown();
-            finish(conn.as_mut().await, &listener);
+            finish(conn.as_mut().await, &shared);
         }
     }
 }
@@ -620,8 +623,48 @@ const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
 /// taken for dead.
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
-fn finish(result: Result<(), Box<dyn std::error::Error + Send + Sync>>, listener: &str) {
-    if let Err(error) = result {
-        tracing::debug!(listener = %listener, %error, "downstream connection ended with an error");
+fn finish(result: Result<(), Box<dyn std::error::Error + Send + Sync>>, ctx: &ConnContext) {
+    let Err(error) = result else { return };
+    tracing::debug!(listener = %ctx.listener, %error, "downstream connection ended with an error");
+    // A head hyper refused never reached `handle`: its line is written here.
+    if let Some(hyper) = error.downcast_ref::<hyper::Error>() {
+        if hyper.is_parse_too_large() {
+            refused_head_line(
+                ctx,
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                Flags::PROTOCOL_ERROR,
+            );
+        } else if hyper.is_parse() {
+            refused_head_line(ctx, StatusCode::BAD_REQUEST, Flags::PROTOCOL_ERROR);
+        }
     }
+}
+
+/// The access-log line of a request refused before it had a head that
+/// could be handed on: a malformed or oversized head (hyper answers it),
+/// or one that did not arrive within `header_read_timeout` (408).
+fn refused_head_line(ctx: &ConnContext, status: StatusCode, flags: Flags) {
+    if !access::enabled() {
+        return;
+    }
+    access::emit(access::Line {
+        ended: std::time::SystemTime::now(),
+        duration: std::time::Duration::ZERO,
+        protocol: "HTTP/1.1",
+        listener: Arc::clone(&ctx.listener),
+        generation: ctx.admission.store().active_id().0,
+        client: ctx.remote,
+        method: None,
+        authority: None,
+        path: None,
+        route: None,
+        status: status.as_u16(),
+        bytes_in: 0,
+        bytes_out: 0,
+        upstream_time: None,
+        backend: None,
+        attempts: 0,
+        trace_id: None,
+        flags,
+    });
 }

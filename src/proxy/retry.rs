@@ -109,6 +109,9 @@ pub(super) async fn serve(
     let retry = spec.retry.as_ref();
     let (parts, body) = req.into_parts();
     let body = read_body(body, max_replay(retry)).await?;
+    if let (Some(trail), Some(body)) = (&target.trail, &body) {
+        trail.add_bytes_in(body.len());
+    }
     let started = Instant::now();
     let deadline = started + route.timeout();
     let budget = upstream.budget();
@@ -238,6 +241,7 @@ impl Template<'_> {
                 upstream: self.upstream,
                 backend,
                 timeout,
+                trail: self.target.trail.clone(),
             };
             let guards = StreamGuards::new(
                 self.ledger.request(),
@@ -348,6 +352,6 @@ async fn read_body(body: Incoming, max: u64) -> Result<Option<Bytes>, ProxyError
     let limited = http_body_util::Limited::new(body, usize::try_from(max).unwrap_or(usize::MAX));
     match limited.collect().await {
         Ok(collected) => Ok(Some(collected.to_bytes()).filter(|b| !b.is_empty())),
-        Err(error) => Err(ProxyError::ClientBody(error.to_string())),
+        Err(error) => Err(ProxyError::client_body(&*error)),
     }
 }

@@ -20,6 +20,7 @@ use crate::admission::Admission;
 use crate::backends::Attempt;
 use crate::ids::GenerationId;
 use crate::runtime::GenerationStore;
+use crate::telemetry::access::{self, Flags};
 
 /// Byte counters of one TCP listener.
 #[derive(Clone)]
@@ -37,6 +38,7 @@ pub async fn serve(
     counters: TcpCounters,
 ) {
     let _ = downstream.set_nodelay(true);
+    let started = std::time::Instant::now();
     let peer = downstream.peer_addr().ok();
     let generation = admission.store().load_full();
     let guard = generation.ledger.connection();
@@ -60,10 +62,46 @@ pub async fn serve(
         });
     // Only the guard and the backend outlive set-up.
     crate::admission::release(generation);
+    // The connection's access-log line, when the access log is on.
+    let mut line = access::enabled().then(|| access::Line {
+        ended: std::time::SystemTime::UNIX_EPOCH,
+        duration: Duration::ZERO,
+        protocol: "tcp",
+        listener: Arc::clone(&listener),
+        generation: generation_id.0,
+        client: peer.unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], 0))),
+        method: None,
+        authority: None,
+        path: None,
+        route: None,
+        status: 0,
+        bytes_in: 0,
+        bytes_out: 0,
+        upstream_time: None,
+        backend: None,
+        attempts: 0,
+        trace_id: None,
+        flags: Flags::NONE,
+    });
+    let finish = |line: Option<access::Line>| {
+        if let Some(mut line) = line {
+            line.duration = started.elapsed();
+            line.ended = std::time::SystemTime::now();
+            access::emit(line);
+        }
+    };
     let Some((upstream, backend)) = backend else {
         tracing::warn!(listener = %listener, "tcp listener has no upstream in the active generation");
+        finish(line.map(|l| access::Line {
+            flags: Flags::NO_HEALTHY_BACKEND,
+            ..l
+        }));
         return;
     };
+    if let Some(line) = line.as_mut() {
+        line.backend = Some(Arc::clone(&backend.label));
+        line.attempts = 1;
+    }
     let _backend_guard = backend.start_request();
     let connect = tokio::time::timeout(
         backend.key.connect_timeout,
@@ -73,6 +111,9 @@ pub async fn serve(
     let upstream = match connect {
         Ok(Ok(stream)) => {
             upstream.report(&backend, Attempt::Answered(http::StatusCode::OK), None);
+            if let Some(line) = line.as_mut() {
+                line.upstream_time = Some(started.elapsed());
+            }
             drop(upstream);
             stream
         }
@@ -80,12 +121,20 @@ pub async fn serve(
             upstream.report(&backend, Attempt::ConnectError, None);
             tracing::warn!(listener = %listener, backend = %backend.key.addr, %error, "tcp upstream connect failed");
             let _ = downstream.shutdown().await;
+            finish(line.map(|l| access::Line {
+                flags: Flags::CONNECT_FAILURE,
+                ..l
+            }));
             return;
         }
         Err(_) => {
             upstream.report(&backend, Attempt::Timeout, None);
             tracing::warn!(listener = %listener, backend = %backend.key.addr, "tcp upstream connect timed out");
             let _ = downstream.shutdown().await;
+            finish(line.map(|l| access::Line {
+                flags: Flags::CONNECT_FAILURE | Flags::UPSTREAM_TIMEOUT,
+                ..l
+            }));
             return;
         }
     };
@@ -93,17 +142,50 @@ pub async fn serve(
     let store = Arc::clone(admission.store());
     // Counted as they move: a connection that lives for days shows its
     // traffic while it does, and one closed by max_pinned_age keeps it.
-    let mut downstream = Observed::new(downstream, counters.downstream_to_upstream);
-    let mut upstream = Observed::new(upstream, counters.upstream_to_downstream);
-    tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {}
+    let mut downstream = Observed::new(downstream, Tally::new(counters.downstream_to_upstream));
+    let mut upstream = Observed::new(upstream, Tally::new(counters.upstream_to_downstream));
+    let flags = tokio::select! {
+        copied = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {
+            match copied {
+                Ok(_) => Flags::NONE,
+                // Reset by one side or the other; which one is not known.
+                Err(_) => Flags::UPSTREAM_RESET,
+            }
+        }
         _ = pinned_age_expired(&store, generation_id) => {
             tracing::info!(listener = %listener, generation = %generation_id, "closing a connection pinned past max_pinned_age");
             let _ = downstream.shutdown().await;
             let _ = upstream.shutdown().await;
+            Flags::NONE
         }
-    }
+    };
     drop(guard);
+    finish(line.map(|l| access::Line {
+        bytes_in: downstream.observer.bytes,
+        bytes_out: upstream.observer.bytes,
+        flags,
+        ..l
+    }));
+}
+
+/// Counts what a TCP connection reads on one side: into the listener's
+/// counter as it moves, and for the connection's access-log line.
+struct Tally {
+    counter: Counter,
+    bytes: u64,
+}
+
+impl Tally {
+    fn new(counter: Counter) -> Self {
+        Self { counter, bytes: 0 }
+    }
+}
+
+impl super::observed::Observer for Tally {
+    fn read(&mut self, data: &[u8]) {
+        self.counter.increment(data.len() as u64);
+        self.bytes += data.len() as u64;
+    }
 }
 
 /// Completes when generation `pinned` has been superseded for longer than

@@ -62,6 +62,10 @@ pub const RETRIES: &str = "cutover_retries_total";
 /// answered first) or `lost` (the first attempt did).
 pub const HEDGES: &str = "cutover_hedges_total";
 
+/// Access-log lines dropped because the writer was behind or its file
+/// could not be written.
+pub const LOG_DROPPED: &str = "cutover_log_dropped_total";
+
 /// Bucket bounds (seconds) of `REQUEST_DURATION`: sub-millisecond answers
 /// up to the longest upstream timeouts.
 pub const REQUEST_DURATION_BUCKETS: &[f64] = &[
@@ -126,6 +130,10 @@ pub fn describe() {
     describe_gauge!(
         LIVE_GENERATIONS,
         "Generations alive: the active one and those with pinned work"
+    );
+    describe_counter!(
+        LOG_DROPPED,
+        "Access-log lines dropped: the writer was behind, or its file failed"
     );
     describe_gauge!(
         DOWNSTREAM_CONNECTIONS,

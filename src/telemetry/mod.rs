@@ -1,9 +1,13 @@
 //! Telemetry: tracing initialisation with a live log level, metric names,
 //! and the Prometheus recorder.
 
+pub mod access;
 pub mod metrics;
+pub mod trace;
 
-use std::sync::Mutex;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
@@ -79,14 +83,13 @@ pub fn init_logging(spec: &LogSpec) -> std::io::Result<LogLevel> {
     let (filter, handle) = reload::Layer::new(filter);
     let writer = match &spec.file {
         Some(path) => {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?;
-            tracing_subscriber::fmt::writer::BoxMakeWriter::new(Mutex::new(file))
+            let file = Arc::new(Mutex::new(open_append(path)?));
+            let _ = LOG_FILE.set((path.clone(), Arc::clone(&file)));
+            tracing_subscriber::fmt::writer::BoxMakeWriter::new(SharedFile(file))
         }
         None => tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr),
     };
+    access::init(spec)?;
     let ansi = spec.file.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let registry = tracing_subscriber::registry().with(filter);
     let result = match spec.format {
@@ -108,6 +111,62 @@ pub fn init_logging(spec: &LogSpec) -> std::io::Result<LogLevel> {
         handle: Some(handle),
         current: Mutex::new(spec.level.clone()),
     })
+}
+
+/// The log file and its path, for reopening.
+static LOG_FILE: OnceLock<(PathBuf, Arc<Mutex<File>>)> = OnceLock::new();
+
+fn open_append(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+/// The log file as tracing writes it: one line per lock, so a reopen
+/// swaps the file between lines.
+struct SharedFile(Arc<Mutex<File>>);
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for SharedFile {
+    type Writer = FileGuard<'a>;
+
+    fn make_writer(&'a self) -> FileGuard<'a> {
+        FileGuard(
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
+struct FileGuard<'a>(std::sync::MutexGuard<'a, File>);
+
+impl std::io::Write for FileGuard<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// Reopens the log file and the access log's (SIGUSR1, after logrotate
+/// moved them); stderr needs nothing.
+pub fn reopen_logs() {
+    if let Some((path, file)) = LOG_FILE.get() {
+        match open_append(path) {
+            Ok(fresh) => {
+                *file
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+            }
+            Err(error) => {
+                tracing::error!(path = %path.display(), %error, "cannot reopen the log file; still writing to the old one")
+            }
+        }
+    }
+    access::reopen();
 }
 
 /// How often recorded durations are folded into their histogram buckets.
@@ -136,6 +195,8 @@ pub fn init_metrics() -> PrometheusHandle {
             let handle = recorder.handle();
             if ::metrics::set_global_recorder(recorder).is_ok() {
                 self::metrics::describe();
+                // At 0 from the start, so an alert on its rate has a series.
+                ::metrics::counter!(self::metrics::LOG_DROPPED).absolute(0);
                 spawn_upkeep(handle.clone());
             }
             handle

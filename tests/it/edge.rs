@@ -994,7 +994,7 @@ async fn the_access_log_shows_the_routed_path() {
     let backend = echo_backend().await;
     let gw = Gateway::start(
         &edge_config(backend.addr, "")
-            .replace("level = \"warn\"", "level = \"warn,cutover::access=info\""),
+            .replace("level = \"warn\"", "level = \"warn\"\naccess = true"),
     );
     let answer = raw_exchange(
         gw.listener("web"),

@@ -6,6 +6,7 @@ mod examples;
 mod fixtures;
 mod harness;
 mod lifecycle;
+mod observability;
 mod proxy;
 mod reload;
 mod resilience;

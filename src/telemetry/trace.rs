@@ -1,0 +1,239 @@
+//! W3C Trace Context (`traceparent`, `tracestate`) at the edge.
+//!
+//! Every proxied request carries a `traceparent` to its backend: the
+//! client's trace continues with the gateway's own span as the parent;
+//! a request without one, or with one that does not parse, starts a new
+//! trace (and its `tracestate`, which belongs to the trace it came with,
+//! is dropped). The trace id goes into the access log.
+
+use std::fmt::Write as _;
+
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
+
+pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+pub static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// The trace a request belongs to and the gateway's span in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceContext {
+    pub trace_id: [u8; 16],
+    /// The gateway's span: the parent the backend sees.
+    pub span_id: [u8; 8],
+    /// The caller's span, when the trace came with the request.
+    pub parent_id: Option<[u8; 8]>,
+    /// `trace-flags` (bit 0: sampled), kept from the caller.
+    pub flags: u8,
+}
+
+impl TraceContext {
+    /// Takes the trace headers out of a request: continues a valid
+    /// `traceparent` (and keeps its `tracestate` in place), otherwise
+    /// starts a new trace and removes both.
+    pub fn take(headers: &mut HeaderMap) -> Self {
+        // One pass over the names; most requests carry neither field.
+        let (mut parent, mut state) = (false, false);
+        for name in headers.keys() {
+            let name = name.as_str();
+            if name.len() == 11 && name.starts_with("trace") {
+                parent |= name == "traceparent";
+            } else if name.len() == 10 && name.starts_with("trace") {
+                state |= name == "tracestate";
+            }
+        }
+        let continued = if parent {
+            match headers.entry(&TRACEPARENT) {
+                Entry::Occupied(entry) => {
+                    let (_, mut values) = entry.remove_entry_mult();
+                    let first = values.next();
+                    // Two `traceparent` fields are no trace context at all.
+                    let single = values.next().is_none();
+                    first
+                        .filter(|_| single)
+                        .and_then(|v| Self::parse(v.as_bytes()))
+                }
+                Entry::Vacant(_) => None,
+            }
+        } else {
+            None
+        };
+        match continued {
+            Some(context) => context,
+            None => {
+                if state {
+                    headers.remove(&TRACESTATE);
+                }
+                Self::start()
+            }
+        }
+    }
+
+    /// A new trace, not sampled.
+    pub fn start() -> Self {
+        Self {
+            // Never zero, which the standard reserves for "invalid".
+            trace_id: fastrand::u128(1..).to_be_bytes(),
+            span_id: span_id(),
+            parent_id: None,
+            flags: 0,
+        }
+    }
+
+    /// Parses a `traceparent` value (W3C Trace Context §3.2): version 00
+    /// exactly, a later version by its first four fields.
+    pub fn parse(value: &[u8]) -> Option<Self> {
+        if value.len() < 55 || value[2] != b'-' || value[35] != b'-' || value[52] != b'-' {
+            return None;
+        }
+        let version = hex::<1>(&value[0..2])?[0];
+        if version == 0xff || (version == 0 && value.len() != 55) {
+            return None;
+        }
+        // A later version may append fields after a dash.
+        if value.len() > 55 && value[55] != b'-' {
+            return None;
+        }
+        let trace_id = hex::<16>(&value[3..35])?;
+        let parent_id = hex::<8>(&value[36..52])?;
+        let flags = hex::<1>(&value[53..55])?[0];
+        if trace_id == [0; 16] || parent_id == [0; 8] {
+            return None;
+        }
+        Some(Self {
+            trace_id,
+            span_id: span_id(),
+            parent_id: Some(parent_id),
+            flags,
+        })
+    }
+
+    /// The `traceparent` the backend gets: this trace, the gateway's span.
+    pub fn traceparent(&self) -> HeaderValue {
+        let mut text = String::with_capacity(55);
+        text.push_str("00-");
+        push_hex(&mut text, &self.trace_id);
+        text.push('-');
+        push_hex(&mut text, &self.span_id);
+        let _ = write!(text, "-{:02x}", self.flags);
+        HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
+
+    pub fn trace_id_hex(&self) -> String {
+        let mut text = String::with_capacity(32);
+        push_hex(&mut text, &self.trace_id);
+        text
+    }
+}
+
+fn span_id() -> [u8; 8] {
+    fastrand::u64(1..).to_be_bytes()
+}
+
+/// Lower-case hex, as the standard requires (upper case is invalid).
+pub fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
+}
+
+fn hex<const N: usize>(text: &[u8]) -> Option<[u8; N]> {
+    if text.len() != 2 * N {
+        return None;
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut out = [0u8; N];
+    for (i, pair) in text.chunks_exact(2).enumerate() {
+        out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn a_valid_traceparent_is_continued_with_a_new_span() {
+        let mut map = headers(&[("traceparent", VALID), ("tracestate", "vendor=x")]);
+        let context = TraceContext::take(&mut map);
+        assert_eq!(context.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(
+            context.parent_id,
+            Some(*b"\x00\xf0\x67\xaa\x0b\xa9\x02\xb7")
+        );
+        assert_eq!(context.flags, 1);
+        let sent = context.traceparent();
+        let sent = sent.to_str().unwrap();
+        assert!(
+            sent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+            "{sent}"
+        );
+        assert!(sent.ends_with("-01"));
+        assert_ne!(
+            &sent[36..52],
+            "00f067aa0ba902b7",
+            "the gateway's span is the parent"
+        );
+        // The client's field is taken out (ours replaces it), its state kept.
+        assert!(map.get("traceparent").is_none());
+        assert_eq!(map.get("tracestate").unwrap(), "vendor=x");
+        assert_eq!(
+            TraceContext::parse(sent.as_bytes()).unwrap().trace_id,
+            context.trace_id
+        );
+    }
+
+    #[test]
+    fn an_invalid_or_absent_traceparent_starts_a_new_trace_without_its_state() {
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "0x-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(TraceContext::parse(bad.as_bytes()), None, "{bad:?}");
+        }
+        // A later version may carry more fields.
+        assert!(TraceContext::parse(
+            b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-future"
+        )
+        .is_some());
+        let mut map = headers(&[("traceparent", "garbage"), ("tracestate", "vendor=x")]);
+        let context = TraceContext::take(&mut map);
+        assert_eq!(context.parent_id, None);
+        assert_eq!(context.flags, 0);
+        assert!(map.is_empty(), "{map:?}");
+        // Two traceparent fields are invalid too.
+        let mut map = headers(&[("traceparent", VALID), ("traceparent", VALID)]);
+        assert_eq!(TraceContext::take(&mut map).parent_id, None);
+        // Nothing at all: a new trace, the map untouched.
+        let mut map = headers(&[("x-app", "1")]);
+        let context = TraceContext::take(&mut map);
+        assert_ne!(context.trace_id, [0; 16]);
+        assert_eq!(map.len(), 1);
+        let sent = context.traceparent();
+        assert!(TraceContext::parse(sent.as_bytes()).is_some(), "{sent:?}");
+    }
+}

@@ -1,0 +1,444 @@
+//! Access log, trace propagation and metrics, seen from outside the process.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::harness::*;
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// Waits until the access log at `path` has at least `n` lines; returns
+/// them parsed (JSON format).
+async fn access_lines(path: &std::path::Path, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} access lines after 10 s:\n{text}",
+            lines.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The one line whose `path` (or, for TCP, `protocol`) is `key`.
+fn line_for<'a>(lines: &'a [Value], key: &str) -> &'a Value {
+    let found: Vec<_> = lines
+        .iter()
+        .filter(|l| l["path"] == key || (key == "tcp" && l["protocol"] == "tcp"))
+        .collect();
+    assert_eq!(found.len(), 1, "lines for {key}: {lines:#?}");
+    found[0]
+}
+
+fn flags(line: &Value) -> Vec<&str> {
+    line["flags"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{line}"))
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect()
+}
+
+/// A backend that answers after `delay`.
+async fn slow_backend(delay: Duration) -> Backend {
+    Backend::start(Arc::new(move |_req| {
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            hyper::Response::new(full("late"))
+        })
+    }))
+    .await
+}
+
+/// A backend that streams 256 MiB, far more than any client here reads.
+async fn endless_backend() -> Backend {
+    Backend::start(Arc::new(|_req| {
+        Box::pin(async move { hyper::Response::new(Generated::new(256 << 20).boxed()) })
+    }))
+    .await
+}
+
+async fn echo_tcp() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = stream.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+fn observed_config(
+    echo: SocketAddr,
+    slow: SocketAddr,
+    endless: SocketAddr,
+    tcp: SocketAddr,
+) -> String {
+    let dead = closed_port();
+    format!(
+        r#"[admin]
+bind = "127.0.0.1:0"
+
+[metrics]
+bind = "127.0.0.1:0"
+
+[log]
+level = "warn"
+format = "json"
+access = true
+access_file = "access.log"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[listeners]]
+name = "db"
+bind = "127.0.0.1:0"
+protocol = "tcp"
+upstream = "tcp_echo"
+
+[[routes]]
+name = "ok"
+listeners = ["web"]
+path_exact = "/ok"
+upstream = "echo"
+
+[[routes]]
+name = "dead"
+listeners = ["web"]
+path_exact = "/dead"
+upstream = "dead"
+
+[[routes]]
+name = "retried"
+listeners = ["web"]
+path_prefix = "/retried"
+upstream = "half"
+retry = {{ attempts = 2, on = ["connect_failure"] }}
+
+[[routes]]
+name = "limited"
+listeners = ["web"]
+path_exact = "/limited"
+upstream = "echo"
+quota = {{ rate = 1, per = "1h", burst = 1 }}
+
+[[routes]]
+name = "slow"
+listeners = ["web"]
+path_exact = "/slow"
+upstream = "slow"
+timeout = "200ms"
+
+[[routes]]
+name = "busy"
+listeners = ["web"]
+path_exact = "/busy"
+upstream = "slow"
+max_inflight = 1
+
+[[routes]]
+name = "endless"
+listeners = ["web"]
+path_exact = "/endless"
+upstream = "endless"
+
+[upstreams.echo]
+backends = [{{ addr = "{echo}" }}]
+
+[upstreams.dead]
+backends = [{{ addr = "{dead}" }}]
+
+[upstreams.half]
+backends = [{{ addr = "{dead}" }}, {{ addr = "{echo}" }}]
+
+[upstreams.slow]
+backends = [{{ addr = "{slow}" }}]
+
+[upstreams.endless]
+backends = [{{ addr = "{endless}" }}]
+
+[upstreams.tcp_echo]
+backends = [{{ addr = "{tcp}" }}]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_access_line_field_and_flag_on_real_requests() {
+    let echo = echo_backend().await;
+    let slow = slow_backend(Duration::from_millis(800)).await;
+    let endless = endless_backend().await;
+    let (tcp, _tcp_task) = echo_tcp().await;
+    let gw = Gateway::start(&observed_config(echo.addr, slow.addr, endless.addr, tcp));
+    let web = gw.listener("web");
+    let generation = gw.active_generation().await;
+
+    // 200, with a body in and a trace that continues.
+    let req = Request::post("/ok")
+        .header("host", "app.example")
+        .header("traceparent", TRACEPARENT)
+        .header("tracestate", "vendor=x")
+        .body(Full::new(Bytes::from_static(b"hello")))
+        .unwrap();
+    let (status, _, body) = send(web, req).await.unwrap();
+    assert_eq!(status, 200);
+    let echoed = String::from_utf8_lossy(&body);
+    let sent = echoed
+        .lines()
+        .find_map(|l| l.strip_prefix("traceparent: "))
+        .unwrap_or_else(|| panic!("no traceparent upstream:\n{echoed}"));
+    assert!(sent.starts_with(&format!("00-{TRACE_ID}-")), "{sent}");
+    assert!(sent.ends_with("-01"), "{sent}");
+    assert!(
+        !sent.contains("00f067aa0ba902b7"),
+        "the gateway's span is the parent: {sent}"
+    );
+    assert!(echoed.contains("tracestate: vendor=x"), "{echoed}");
+
+    // A 502 from a dead backend.
+    let (status, _, _) = get(web, "app.example", "/dead").await;
+    assert_eq!(status, 502);
+    // No route.
+    let (status, _, _) = get(web, "app.example", "/nowhere").await;
+    assert_eq!(status, 404);
+    // Rate limited: the second of two.
+    assert_eq!(get(web, "app.example", "/limited").await.0, 200);
+    assert_eq!(get(web, "app.example", "/limited").await.0, 429);
+    // Upstream timeout.
+    assert_eq!(get(web, "app.example", "/slow").await.0, 504);
+    // Admission: two at once on a route that takes one.
+    let (a, b) = tokio::join!(get(web, "app.example", "/busy"), async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        get(web, "app.example", "/busy").await
+    });
+    assert_eq!((a.0, b.0), (200, 503));
+    // A malformed head: refused by the codec, before routing.
+    let answer = raw_exchange(web, b"GET /bad HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    // A client that leaves before the body ends.
+    let response = open(
+        web,
+        Request::get("/endless")
+            .header("host", "app.example")
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    drop(response);
+    // A TCP connection.
+    let mut stream = tokio::net::TcpStream::connect(gw.listener("db"))
+        .await
+        .unwrap();
+    stream.write_all(b"ping\n").await.unwrap();
+    let mut pong = [0u8; 5];
+    stream.read_exact(&mut pong).await.unwrap();
+    drop(stream);
+    // Retried: the backends alternate, so one of two requests meets the
+    // dead one first.
+    for i in 0..2 {
+        assert_eq!(
+            get(web, "app.example", &format!("/retried/{i}")).await.0,
+            200
+        );
+    }
+
+    let lines = access_lines(&gw.path("access.log"), 13).await;
+    for line in &lines {
+        assert_eq!(line["target"], "cutover::access");
+        assert_eq!(line["generation"], generation);
+        assert!(line["time"].as_str().unwrap().ends_with('Z'), "{line}");
+        assert!(
+            line["client"].as_str().unwrap().starts_with("127.0.0.1:"),
+            "{line}"
+        );
+        assert!(line["duration_ms"].as_f64().unwrap() >= 0.0, "{line}");
+    }
+
+    let ok = line_for(&lines, "/ok");
+    assert_eq!(ok["listener"], "web");
+    assert_eq!(ok["protocol"], "HTTP/1.1");
+    assert_eq!(ok["method"], "POST");
+    assert_eq!(ok["authority"], "app.example");
+    assert_eq!(ok["route"], "ok");
+    assert_eq!(ok["status"], 200);
+    assert_eq!(ok["bytes_in"], 5);
+    assert_eq!(ok["bytes_out"], body.len());
+    assert!(ok["upstream_ms"].as_f64().unwrap() > 0.0, "{ok}");
+    assert_eq!(ok["backend"], echo.addr.to_string());
+    assert_eq!(ok["attempts"], 1);
+    assert_eq!(ok["trace_id"], TRACE_ID);
+    assert!(flags(ok).is_empty(), "{ok}");
+
+    let dead = line_for(&lines, "/dead");
+    assert_eq!(dead["status"], 502);
+    assert_eq!(dead["route"], "dead");
+    assert_eq!(dead["attempts"], 1);
+    assert!(dead["upstream_ms"].is_null(), "{dead}");
+    assert_eq!(flags(dead), ["connect_failure"]);
+    // A trace started here: 32 hex digits, not the one above.
+    let started = dead["trace_id"].as_str().unwrap();
+    assert_eq!(started.len(), 32);
+    assert_ne!(started, TRACE_ID);
+
+    let none = line_for(&lines, "/nowhere");
+    assert_eq!(
+        (none["status"].as_u64(), none["route"].is_null()),
+        (Some(404), true)
+    );
+    assert_eq!(flags(none), ["no_route"]);
+
+    let limited: Vec<_> = lines.iter().filter(|l| l["path"] == "/limited").collect();
+    assert_eq!(limited.len(), 2);
+    assert!(flags(limited[0]).is_empty() || flags(limited[1]).is_empty());
+    let refused = limited
+        .iter()
+        .find(|l| l["status"] == 429)
+        .expect("a 429 line");
+    assert_eq!(flags(refused), ["rate_limited"]);
+
+    let slow_line = line_for(&lines, "/slow");
+    assert_eq!(slow_line["status"], 504);
+    assert_eq!(flags(slow_line), ["upstream_timeout"]);
+
+    let busy: Vec<_> = lines.iter().filter(|l| l["path"] == "/busy").collect();
+    let rejected = busy
+        .iter()
+        .find(|l| l["status"] == 503)
+        .expect("a 503 line");
+    assert_eq!(flags(rejected), ["admission_rejected"]);
+
+    let bad = lines
+        .iter()
+        .find(|l| l["status"] == 400)
+        .unwrap_or_else(|| panic!("no 400 line: {lines:#?}"));
+    assert_eq!(flags(bad), ["protocol_error"]);
+
+    let endless_line = line_for(&lines, "/endless");
+    assert_eq!(endless_line["status"], 200);
+    assert_eq!(flags(endless_line), ["client_closed"]);
+    assert!(endless_line["bytes_out"].as_u64().unwrap() < 256 << 20);
+
+    let tcp_line = line_for(&lines, "tcp");
+    assert_eq!(tcp_line["listener"], "db");
+    assert_eq!(tcp_line["bytes_in"], 5);
+    assert_eq!(tcp_line["bytes_out"], 5);
+    assert_eq!(tcp_line["backend"], tcp.to_string());
+    assert!(
+        tcp_line["method"].is_null() && tcp_line["status"] == 0,
+        "{tcp_line}"
+    );
+
+    let retried: Vec<_> = lines.iter().filter(|l| l["route"] == "retried").collect();
+    assert_eq!(retried.len(), 2);
+    let twice = retried
+        .iter()
+        .find(|l| l["attempts"] == 2)
+        .unwrap_or_else(|| panic!("no retried line: {retried:#?}"));
+    assert_eq!(twice["status"], 200);
+    assert_eq!(twice["backend"], echo.addr.to_string());
+    assert_eq!(flags(twice), ["connect_failure", "retried"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_turns_on_live_and_reopens_on_sigusr1() {
+    let backend = Backend::named("a").await;
+    let config = |access: bool| {
+        proxy_config(backend.addr, "").replace(
+            "level = \"warn\"",
+            &format!("level = \"warn\"\nformat = \"json\"\naccess = {access}\naccess_file = \"access.log\""),
+        )
+    };
+    let gw = Gateway::start(&config(false));
+    let web = gw.listener("web");
+    assert_eq!(get(web, "x", "/before").await.0, 200);
+    // Turned on by an activation: no restart.
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(config(true)),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(get(web, "x", "/first").await.0, 200);
+    let log = gw.path("access.log");
+    let lines = access_lines(&log, 1).await;
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert_eq!(lines[0]["path"], "/first");
+
+    // logrotate moves the file, then signals.
+    let rotated = gw.path("access.log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    gw.signal("USR1");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !log.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no new access.log:\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(get(web, "x", "/second").await.0, 200);
+    let lines = access_lines(&log, 1).await;
+    assert_eq!(lines[0]["path"], "/second");
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    assert_eq!(old.lines().count(), 1, "{old}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lines_the_sink_cannot_take_are_dropped_and_counted() {
+    let backend = Backend::named("a").await;
+    // Every write to /dev/full fails: nothing can be written, and the
+    // requests must not notice.
+    let config = proxy_config(backend.addr, "")
+        .replace(
+            "level = \"warn\"",
+            "level = \"error\"\naccess = true\naccess_file = \"/dev/full\"",
+        )
+        .replace("[log]", "[metrics]\nbind = \"127.0.0.1:0\"\n\n[log]");
+    let gw = Gateway::start(&config);
+    let web = gw.listener("web");
+    for _ in 0..20 {
+        assert_eq!(get(web, "x", "/").await.0, 200);
+    }
+    let metrics = gw.metrics.expect("metrics endpoint");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, _, text) = get(metrics, "x", "/metrics").await;
+        let dropped = text
+            .lines()
+            .find_map(|l| l.strip_prefix("cutover_log_dropped_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        if dropped == Some(20.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "dropped {dropped:?}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
