@@ -11,7 +11,6 @@ use http::{StatusCode, Version};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use metrics::Counter;
 
 use super::client::UpstreamClient;
 use super::health::Health;
@@ -20,6 +19,7 @@ use super::outlier::{Failure, Outlier};
 use super::BackendKey;
 use crate::plan::{OutlierSpec, UpstreamProtocol};
 use crate::telemetry::metrics as m;
+use crate::telemetry::series::{self, Count, Exported, Sample};
 
 /// How one attempt at a backend ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +80,13 @@ pub struct Backend {
     pub outlier: Outlier,
     attempts: AtomicU64,
     failures: AtomicU64,
-    outcomes: [Counter; 4],
-    ejections: Counter,
+    /// Attempts by outcome, in `Attempt::counter_index` order.
+    outcomes: [Count; 4],
+    ejections: Count,
+    /// Active health check results: passed, failed.
+    pub checks: [Count; 2],
+    /// Whether the series budget took this backend's series.
+    exported: bool,
     /// Ids of the most recent generations built with this backend (an
     /// opaque number here), for the admin view.
     named_by: Mutex<VecDeque<u64>>,
@@ -145,16 +150,11 @@ impl Backend {
         } else {
             Version::HTTP_11
         };
-        let addr = key.addr.clone();
-        let outcome = |o: &'static str| metrics::counter!(m::UPSTREAM_ATTEMPTS, m::LABEL_BACKEND => addr.clone(), m::LABEL_OUTCOME => o);
         Ok(Self {
-            outcomes: [
-                outcome("ok"),
-                outcome("connect_error"),
-                outcome("timeout"),
-                outcome("error"),
-            ],
-            ejections: metrics::counter!(m::EJECTIONS, m::LABEL_BACKEND => addr.clone()),
+            outcomes: Default::default(),
+            ejections: Count::default(),
+            checks: Default::default(),
+            exported: false,
             health: Health::new(key.health.is_some()),
             label: Arc::from(key.addr.as_str()),
             key,
@@ -193,7 +193,7 @@ impl Backend {
     pub fn record(&self, attempt: Attempt, spec: &OutlierSpec) -> bool {
         self.attempts.fetch_add(1, Ordering::Relaxed);
         if let Some(counter) = self.outcomes.get(attempt.counter_index()) {
-            counter.increment(1);
+            counter.add(1);
         }
         if attempt.is_failure() {
             self.failures.fetch_add(1, Ordering::Relaxed);
@@ -206,7 +206,7 @@ impl Backend {
 
     /// Ejects the backend (outlier detection asked, the upstream agreed).
     pub fn eject(&self, spec: &OutlierSpec) -> Duration {
-        self.ejections.increment(1);
+        self.ejections.add(1);
         let length = self.outlier.eject(spec);
         tracing::warn!(backend = %self.key.addr, ejection = ?length, "backend ejected after consecutive failures");
         length
@@ -270,6 +270,84 @@ pub struct BackendGuard {
 impl BackendGuard {
     pub fn backend(&self) -> &Arc<Backend> {
         &self.backend
+    }
+}
+
+/// Series of one backend: 4 outcomes, ejections, health, 2 check
+/// outcomes, in flight, and the connect-time histogram.
+const BACKEND_SERIES: usize = 4 + 1 + 1 + 2 + 1 + m::CONNECT_DURATION_BUCKETS.len() + 3;
+
+impl Backend {
+    /// Makes the backend and starts exporting its series (if they fit).
+    pub(super) fn exported(key: BackendKey) -> Result<Arc<Self>, BackendError> {
+        let mut backend = Self::new(key)?;
+        backend.exported = series::admit(BACKEND_SERIES);
+        let backend = Arc::new(backend);
+        if backend.exported {
+            series::register(&backend);
+        }
+        Ok(backend)
+    }
+}
+
+impl Exported for Backend {
+    fn samples(&self, out: &mut Vec<Sample>) {
+        let labels = series::named(m::LABEL_BACKEND, &self.label);
+        let with = |key, value: &'static str| {
+            let mut labels = labels.clone();
+            labels.push((key, value.into()));
+            labels
+        };
+        for (count, outcome) in
+            self.outcomes
+                .iter()
+                .zip(["ok", "connect_error", "timeout", "error"])
+        {
+            out.push(series::sample(
+                &series::BACKEND_ATTEMPTS,
+                with(m::LABEL_OUTCOME, outcome),
+                count.get() as f64,
+            ));
+        }
+        out.push(series::sample(
+            &series::BACKEND_EJECTIONS,
+            labels.clone(),
+            self.ejections.get() as f64,
+        ));
+        out.push(series::sample(
+            &series::BACKEND_HEALTHY,
+            labels.clone(),
+            if self.health.passing() { 1.0 } else { 0.0 },
+        ));
+        if self.key.health.is_some() {
+            for (count, outcome) in self.checks.iter().zip(["pass", "fail"]) {
+                out.push(series::sample(
+                    &series::BACKEND_CHECKS,
+                    with(m::LABEL_OUTCOME, outcome),
+                    count.get() as f64,
+                ));
+            }
+        }
+        out.push(series::sample(
+            &series::BACKEND_INFLIGHT,
+            labels.clone(),
+            self.load.inflight() as f64,
+        ));
+        if let Some(pool) = &self.h1 {
+            if pool.connect_time.count() > 0 {
+                pool.connect_time
+                    .samples(&series::BACKEND_CONNECT, &labels, out);
+            }
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if self.exported {
+            series::retire(self);
+            series::release(BACKEND_SERIES);
+        }
     }
 }
 

@@ -8,24 +8,97 @@
 //! worth of it at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::plan::BudgetSpec;
+use crate::telemetry::metrics as m;
+use crate::telemetry::series::{self, Count, Exported, Sample};
 
 /// Seconds the window spans (one slot each).
 const WINDOW: u64 = 10;
 
+/// The retry budget of one upstream name, and the upstream's counters
+/// (exported as its series while a live generation names it).
 #[derive(Debug)]
 pub struct RetryBudget {
     slots: [Slot; WINDOW as usize],
     /// When it was made (`second()`).
     created: u64,
+    name: Arc<str>,
+    pub fail_open: Count,
+    pub retried: Count,
+    pub exhausted: Count,
+    pub hedges_won: Count,
+    pub hedges_lost: Count,
+    exported: bool,
 }
 
-impl Default for RetryBudget {
-    fn default() -> Self {
-        Self {
+/// Series of one upstream: fail-open, two retry and two hedge outcomes.
+const UPSTREAM_SERIES: usize = 5;
+
+impl RetryBudget {
+    /// The budget of upstream `name`, exporting its series if they fit.
+    pub fn new(name: &str) -> Arc<Self> {
+        Self::made_at(name, second())
+    }
+
+    fn made_at(name: &str, created: u64) -> Arc<Self> {
+        let budget = Arc::new(Self {
             slots: Default::default(),
-            created: second(),
+            created,
+            name: Arc::from(name),
+            fail_open: Count::default(),
+            retried: Count::default(),
+            exhausted: Count::default(),
+            hedges_won: Count::default(),
+            hedges_lost: Count::default(),
+            exported: series::admit(UPSTREAM_SERIES),
+        });
+        if budget.exported {
+            series::register(&budget);
+        }
+        budget
+    }
+}
+
+impl Exported for RetryBudget {
+    fn samples(&self, out: &mut Vec<Sample>) {
+        let labels = series::named(m::LABEL_UPSTREAM, &self.name);
+        let with = |outcome: &'static str| {
+            let mut labels = labels.clone();
+            labels.push((m::LABEL_OUTCOME, outcome.into()));
+            labels
+        };
+        out.push(series::sample(
+            &series::UPSTREAM_FAIL_OPEN,
+            labels.clone(),
+            self.fail_open.get() as f64,
+        ));
+        for (count, outcome) in [
+            (&self.retried, "retried"),
+            (&self.exhausted, "budget_exhausted"),
+        ] {
+            out.push(series::sample(
+                &series::UPSTREAM_RETRIES,
+                with(outcome),
+                count.get() as f64,
+            ));
+        }
+        for (count, outcome) in [(&self.hedges_won, "won"), (&self.hedges_lost, "lost")] {
+            out.push(series::sample(
+                &series::UPSTREAM_HEDGES,
+                with(outcome),
+                count.get() as f64,
+            ));
+        }
+    }
+}
+
+impl Drop for RetryBudget {
+    fn drop(&mut self) {
+        if self.exported {
+            series::retire(self);
+            series::release(UPSTREAM_SERIES);
         }
     }
 }
@@ -96,7 +169,7 @@ mod tests {
 
     #[test]
     fn retries_are_a_share_of_requests_plus_a_floor() {
-        let budget = RetryBudget::default();
+        let budget = RetryBudget::new("test");
         let spec = BudgetSpec {
             ratio: 0.2,
             min_per_second: 1,
@@ -109,15 +182,12 @@ mod tests {
         // 20 % of 100 requests on top.
         assert_eq!((0..50).filter(|_| budget.try_spend(&spec)).count(), 20);
         // A budget that has been around the whole window has all of it.
-        let old = RetryBudget {
-            created: second() - WINDOW,
-            ..RetryBudget::default()
-        };
+        let old = RetryBudget::made_at("test", second() - WINDOW);
         assert_eq!((0..50).filter(|_| old.try_spend(&spec)).count(), 10);
         let none = BudgetSpec {
             ratio: 0.0,
             min_per_second: 0,
         };
-        assert!(!RetryBudget::default().try_spend(&none));
+        assert!(!RetryBudget::new("test").try_spend(&none));
     }
 }

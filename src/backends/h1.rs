@@ -19,6 +19,7 @@
 //! exchange with nothing left over. Interim 1xx responses are handed to
 //! the caller's [`Informational`] hook, if any, and otherwise skipped.
 
+use crate::telemetry::series::Histogram;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io::{self, IoSlice};
@@ -163,6 +164,8 @@ pub struct H1Pool {
     max_idle: usize,
     /// A connection idle longer is never handed out again.
     idle_timeout: Duration,
+    /// How long new connections took to open.
+    pub connect_time: Histogram,
 }
 
 impl H1Pool {
@@ -173,7 +176,16 @@ impl H1Pool {
                 .collect(),
             max_idle,
             idle_timeout,
+            connect_time: Histogram::new(crate::telemetry::metrics::CONNECT_DURATION_BUCKETS),
         }
+    }
+
+    /// A new connection to `addr`, its connect time recorded.
+    async fn connect(&self, addr: &str, timeout: Duration) -> Result<H1Conn, ConnectError> {
+        let started = Instant::now();
+        let conn = connect(addr, timeout).await?;
+        self.connect_time.record(started.elapsed());
+        Ok(conn)
     }
 
     /// The calling worker's share.
@@ -268,7 +280,7 @@ where
     let encoded = Encoded::with_headers(req, extra_headers);
     let mut deadline = Deadline::new(response_timeout);
     let Some(pooled) = pool.take() else {
-        let fresh = Box::pin(connect(addr, connect_timeout)).await?;
+        let fresh = Box::pin(pool.connect(addr, connect_timeout)).await?;
         return Ok(send(fresh, encoded, &mut deadline, informational).await?);
     };
     let replay = encoded.replayable().then(|| encoded.replay());
@@ -279,7 +291,7 @@ where
         (Err(error), Some(replay)) if error.is_unanswered() => {
             tracing::debug!(backend = addr, %error, "pooled connection closed under the request; sending it again on a new one");
             Box::pin(async {
-                let fresh = connect(addr, connect_timeout).await?;
+                let fresh = pool.connect(addr, connect_timeout).await?;
                 Ok(send(fresh, replay, &mut deadline, informational).await?)
             })
             .await

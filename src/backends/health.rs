@@ -21,7 +21,6 @@ use http_body_util::BodyExt;
 
 use super::{now_ms, Backend, SignalledBody};
 use crate::plan::{HealthProbe, HealthSpec};
-use crate::telemetry::metrics as m;
 
 /// Most of a check response's body that is read (so that its connection
 /// can be reused); the rest is dropped with the connection.
@@ -173,10 +172,9 @@ async fn run(backend: Weak<Backend>, spec: HealthSpec) {
                 health.recovered_at.store(0, Ordering::Relaxed);
             }
         }
-        metrics::gauge!(m::BACKEND_HEALTHY, m::LABEL_BACKEND => live.key.addr.clone())
-            .set(if health.passing() { 1.0 } else { 0.0 });
-        metrics::counter!(m::HEALTH_CHECKS, m::LABEL_BACKEND => live.key.addr.clone(), m::LABEL_OUTCOME => if passed { "pass" } else { "fail" })
-            .increment(1);
+        if let Some(count) = live.checks.get(usize::from(!passed)) {
+            count.add(1);
+        }
         *health.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(LastCheck {
             at_ms: now_ms(),
             passed,

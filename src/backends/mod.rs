@@ -70,7 +70,7 @@ impl BackendRegistry {
     /// check, if it has one, starts at once).
     pub fn get_or_create(&self, key: BackendKey) -> Result<Arc<Backend>, BackendError> {
         self.backends.get_or_try_insert(&key, || {
-            let backend = Arc::new(Backend::new(key.clone())?);
+            let backend = Backend::exported(key.clone())?;
             health::start(&backend);
             Ok(backend)
         })
@@ -78,7 +78,12 @@ impl BackendRegistry {
 
     /// The retry budget of upstream `name`: the live one, or a new one.
     pub fn budget(&self, name: &str) -> Arc<RetryBudget> {
-        self.budgets.get_or_insert(name, RetryBudget::default)
+        match self.budgets.get_or_try_insert(name, || {
+            Ok::<_, std::convert::Infallible>(RetryBudget::new(name))
+        }) {
+            Ok(budget) => budget,
+            Err(never) => match never {},
+        }
     }
 
     /// How many backends are alive.

@@ -60,6 +60,9 @@ fn default_admin_bind() -> String {
 #[serde(deny_unknown_fields)]
 pub struct FileMetrics {
     pub bind: String,
+    /// The most labelled series exported at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_series: Option<usize>,
 }
 
 /// `[log]`: `level` and `access` are live; `format`, `file` and

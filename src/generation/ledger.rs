@@ -9,13 +9,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::ids::GenerationId;
+use crate::telemetry::series::{Count, Histogram};
 
-/// Counters of work pinned to one generation.
+/// Counters of work pinned to one generation, and of how its requests
+/// were answered (what a guarded activation compares, and the
+/// `generation="active" | "previous"` series).
 #[derive(Debug)]
 pub struct Ledger {
     generation: GenerationId,
     inflight_requests: AtomicU64,
     open_connections: AtomicU64,
+    pub requests: Count,
+    /// Answered 5xx, by the gateway or the backend.
+    pub errors: Count,
+    pub duration: Histogram,
 }
 
 impl Ledger {
@@ -24,7 +31,19 @@ impl Ledger {
             generation,
             inflight_requests: AtomicU64::new(0),
             open_connections: AtomicU64::new(0),
+            requests: Count::default(),
+            errors: Count::default(),
+            duration: Histogram::new(crate::telemetry::metrics::REQUEST_DURATION_BUCKETS),
         }
+    }
+
+    /// Counts a request answered `status` after `duration` (to its head).
+    pub fn answered(&self, status: u16, duration: std::time::Duration) {
+        self.requests.add(1);
+        if status >= 500 {
+            self.errors.add(1);
+        }
+        self.duration.record(duration);
     }
 
     pub fn generation(&self) -> GenerationId {

@@ -53,7 +53,12 @@ impl SharedState {
     }
 
     fn route(&self, name: &str) -> Arc<RouteShared> {
-        self.routes.get_or_insert(name, || RouteShared::new(name))
+        match self.routes.get_or_try_insert(name, || {
+            Ok::<_, std::convert::Infallible>(RouteShared::new(name))
+        }) {
+            Ok(shared) => shared,
+            Err(never) => match never {},
+        }
     }
 }
 

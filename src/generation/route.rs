@@ -6,11 +6,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::{HeaderMap, Method};
-use metrics::{Counter, Histogram};
+use metrics::Counter;
 
 use super::upstream::Upstream;
 use crate::plan::{DirectResponse, RouteSpec};
 use crate::telemetry::metrics as m;
+use crate::telemetry::series::{self, Count, Exported, Histogram, Sample};
 
 /// What a route does with a matched request.
 #[derive(Debug)]
@@ -21,30 +22,40 @@ pub enum Action {
 
 /// Route state that outlives generations: the admission counter behind
 /// `max_inflight` (so a limit holds across an activation) and the route's
-/// metric handles. Those are registered on first use, then kept: nothing
-/// is looked up per request, and a configuration with 10 000 routes of
-/// which a hundred see traffic exports (and holds) series for a hundred,
-/// not 70 000 (7 per route; 25 MiB of registry at 10 000 routes).
+/// metric series (see `telemetry::series`), which go when no live
+/// generation names the route. A route exports its series from its first
+/// request on: a configuration with 10 000 routes of which a hundred see
+/// traffic exports a hundred routes' series, not 260 000 zeros.
 #[derive(Debug)]
 pub struct RouteShared {
     name: Arc<str>,
     inflight: AtomicU64,
-    responses: [OnceLock<Counter>; 5],
-    duration: OnceLock<Histogram>,
-    rejections: OnceLock<Counter>,
-    limited: OnceLock<Counter>,
+    responses: [Count; 5],
+    duration: Histogram,
+    rejections: Count,
+    limited: Count,
+    /// Whether the series budget took this route's series (decided at
+    /// its first request).
+    exported: OnceLock<bool>,
 }
 
+/// Series of one route: 5 classes, the histogram (its buckets, `+Inf`,
+/// sum and count), two rejection counters.
+const ROUTE_SERIES: usize = 5 + m::REQUEST_DURATION_BUCKETS.len() + 3 + 2;
+
 impl RouteShared {
-    pub fn new(route: &str) -> Self {
-        Self {
+    pub fn new(route: &str) -> Arc<Self> {
+        let shared = Arc::new(Self {
             name: Arc::from(route),
             inflight: AtomicU64::new(0),
             responses: Default::default(),
-            duration: OnceLock::new(),
-            rejections: OnceLock::new(),
-            limited: OnceLock::new(),
-        }
+            duration: Histogram::new(m::REQUEST_DURATION_BUCKETS),
+            rejections: Count::default(),
+            limited: Count::default(),
+            exported: OnceLock::new(),
+        });
+        series::register(&shared);
+        shared
     }
 
     /// The route's name, shared with access-log lines.
@@ -52,38 +63,71 @@ impl RouteShared {
         &self.name
     }
 
+    #[inline]
+    fn touch(&self) {
+        self.exported.get_or_init(|| series::admit(ROUTE_SERIES));
+    }
+
     /// Counts a response by status class and records its duration.
     pub fn record(&self, status: u16, duration: Duration) {
+        self.touch();
         let class = usize::from(status / 100).clamp(1, 5) - 1;
-        if let (Some(counter), Some(label)) = (self.responses.get(class), m::CLASSES.get(class)) {
-            counter
-                .get_or_init(|| {
-                    metrics::counter!(m::REQUESTS, m::LABEL_ROUTE => self.name.to_string(), m::LABEL_CLASS => *label)
-                })
-                .increment(1);
+        if let Some(counter) = self.responses.get(class) {
+            counter.add(1);
         }
-        self.duration
-            .get_or_init(
-                || metrics::histogram!(m::REQUEST_DURATION, m::LABEL_ROUTE => self.name.to_string()),
-            )
-            .record(duration.as_secs_f64());
+        self.duration.record(duration);
     }
 
     /// Counts a request its quota turned away.
     pub fn rate_limited(&self) {
-        self.limited
-            .get_or_init(
-                || metrics::counter!(m::QUOTA_REJECTIONS, m::LABEL_ROUTE => self.name.to_string()),
-            )
-            .increment(1);
+        self.touch();
+        self.limited.add(1);
     }
 
     fn reject(&self) {
-        self.rejections
-            .get_or_init(
-                || metrics::counter!(m::ADMISSION_REJECTIONS, m::LABEL_ROUTE => self.name.to_string()),
-            )
-            .increment(1);
+        self.touch();
+        self.rejections.add(1);
+    }
+}
+
+impl Exported for RouteShared {
+    fn samples(&self, out: &mut Vec<Sample>) {
+        if self.exported.get() != Some(&true) {
+            return;
+        }
+        let labels = series::named(m::LABEL_ROUTE, &self.name);
+        for (count, class) in self.responses.iter().zip(m::CLASSES) {
+            // A class appears with its first response.
+            if count.get() > 0 {
+                let mut labels = labels.clone();
+                labels.push((m::LABEL_CLASS, class.into()));
+                out.push(series::sample(
+                    &series::ROUTE_REQUESTS,
+                    labels,
+                    count.get() as f64,
+                ));
+            }
+        }
+        if self.duration.count() > 0 {
+            self.duration.samples(&series::ROUTE_DURATION, &labels, out);
+        }
+        for (family, count) in [
+            (&series::ROUTE_QUOTA, &self.limited),
+            (&series::ROUTE_ADMISSION, &self.rejections),
+        ] {
+            if count.get() > 0 {
+                out.push(series::sample(family, labels.clone(), count.get() as f64));
+            }
+        }
+    }
+}
+
+impl Drop for RouteShared {
+    fn drop(&mut self) {
+        if self.exported.get() == Some(&true) {
+            series::retire(self);
+            series::release(ROUTE_SERIES);
+        }
     }
 }
 

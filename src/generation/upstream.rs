@@ -12,7 +12,6 @@ use crate::backends::{
     Attempt, Backend, BackendError, BackendKey, BackendRegistry, RetryBudget, Usable,
 };
 use crate::plan::{HashKey, OutlierSpec, Policy, UpstreamSpec};
-use crate::telemetry::metrics as m;
 
 /// An upstream in one generation: its backends and how to pick one.
 #[derive(Debug)]
@@ -25,7 +24,6 @@ pub struct Upstream {
     /// For `weighted`: which backend each turn goes to.
     schedule: WeightedSchedule,
     cursor: AtomicUsize,
-    fail_open: metrics::Counter,
     /// Shared with every generation that has an upstream of this name.
     budget: Arc<RetryBudget>,
     /// For `hash`: what is hashed, the table, and the load bound.
@@ -82,7 +80,6 @@ impl Upstream {
             slow_start: spec.slow_start,
             schedule,
             cursor: AtomicUsize::new(0),
-            fail_open: metrics::counter!(m::FAIL_OPEN, m::LABEL_UPSTREAM => spec.name.clone()),
             budget: registry.budget(&spec.name),
             hash_key: spec.hash_key.clone(),
             maglev,
@@ -106,7 +103,7 @@ impl Upstream {
             return chosen;
         }
         if self.backends.len() > 1 || self.backends.first().is_some_and(|b| !b.is_available()) {
-            self.fail_open.increment(1);
+            self.budget.fail_open.add(1);
         }
         let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
         self.backends.get(self.scheduled(turn))
@@ -173,7 +170,7 @@ impl Upstream {
         if overloaded.is_some() {
             return overloaded;
         }
-        self.fail_open.increment(1);
+        self.budget.fail_open.add(1);
         self.maglev
             .walk(hash)
             .next()

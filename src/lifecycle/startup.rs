@@ -269,6 +269,8 @@ async fn serve(
         }
     }
 
+    // Before anything that exports series is made.
+    telemetry::series::set_max_series(spec.metrics_max_series);
     let shared = Arc::new(SharedState::default());
     let first = generation::build(Arc::clone(&spec), id, &shared)?;
     // The parse tree is gone: its pages go back before anything else is
@@ -368,16 +370,20 @@ async fn serve(
     let metrics_address = match metrics_socket {
         Some(socket) => {
             let address = socket.local_addr().ok();
+            let store = Arc::clone(control.store());
             let router = axum::Router::new().route(
                 "/metrics",
                 axum::routing::get(move || {
                     let prometheus = prometheus.clone();
+                    let store = Arc::clone(&store);
                     // Rendering thousands of series takes milliseconds:
                     // not on a thread that serves requests.
                     async move {
-                        tokio::task::spawn_blocking(move || prometheus.render())
-                            .await
-                            .map_err(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR)
+                        tokio::task::spawn_blocking(move || {
+                            telemetry::series::scrape(&prometheus, &store)
+                        })
+                        .await
+                        .map_err(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR)
                     }
                 }),
             );

@@ -24,6 +24,7 @@ const OWNERSHIP: &[(&str, Ownership)] = &[
     ("admin.*", Ownership::StartupOwned),
     ("metrics", Ownership::StartupOwned),
     ("metrics.bind", Ownership::StartupOwned),
+    ("metrics.max_series", Ownership::StartupOwned),
     ("log.format", Ownership::StartupOwned),
     ("log.file", Ownership::StartupOwned),
     ("log.access_file", Ownership::StartupOwned),

@@ -26,6 +26,8 @@ pub struct Spec {
     pub config_version: String,
     pub admin: AdminSpec,
     pub metrics_bind: Option<SocketAddr>,
+    /// `metrics.max_series`: the cap on labelled series.
+    pub metrics_max_series: usize,
     pub log: LogSpec,
     pub runtime: RuntimeSpec,
     pub listeners: Vec<ListenerSpec>,

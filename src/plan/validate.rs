@@ -276,6 +276,18 @@ impl Validator<'_> {
             .metrics
             .as_ref()
             .and_then(|m| self.socket_addr("metrics.bind".into(), &m.bind));
+        let metrics_max_series = file
+            .metrics
+            .as_ref()
+            .and_then(|m| m.max_series)
+            .unwrap_or(crate::telemetry::series::DEFAULT_MAX_SERIES);
+        if metrics_max_series == 0 {
+            self.error(
+                "invalid_max_series",
+                "metrics.max_series",
+                "metrics.max_series must be at least 1".to_owned(),
+            );
+        }
         let log = self.log(file);
         let runtime = self.runtime(file);
         let upstreams = self.upstreams(&file.upstreams);
@@ -288,6 +300,7 @@ impl Validator<'_> {
             config_version: String::new(),
             admin: admin?,
             metrics_bind,
+            metrics_max_series,
             log: log?,
             runtime: runtime?,
             listeners,

@@ -136,6 +136,9 @@ pub async fn handle(
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     let status = response.status();
+    generation
+        .ledger
+        .answered(status.as_u16(), started.elapsed());
     let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
     if let Some(counter) = conn.responses.get(class) {
         counter.increment(1);

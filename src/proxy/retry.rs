@@ -34,7 +34,6 @@ use super::http::{exchange, ConnContext, Hop, Target};
 use crate::backends::{Backend, RequestBody, RetryBudget};
 use crate::generation::{InflightGuard, Ledger, Route, RouteSlot, Upstream};
 use crate::plan::{BudgetSpec, HedgeSpec, RetrySpec};
-use crate::telemetry::metrics as m;
 
 /// Whether a request takes this path: its route retries or hedges, its
 /// method may be sent again, its body can be kept, and it asks for no
@@ -133,10 +132,10 @@ pub(super) async fn serve(
     for attempt in 1..=attempts {
         if attempt > 1 {
             if !budget.try_spend(&budget_spec) {
-                metrics::counter!(m::RETRIES, m::LABEL_UPSTREAM => upstream.name.clone(), m::LABEL_OUTCOME => "budget_exhausted").increment(1);
+                budget.exhausted.add(1);
                 break;
             }
-            metrics::counter!(m::RETRIES, m::LABEL_UPSTREAM => upstream.name.clone(), m::LABEL_OUTCOME => "retried").increment(1);
+            budget.retried.add(1);
             if let Some(retry) = retry {
                 let pause = backoff(retry, attempt - 1);
                 if Instant::now() + pause >= deadline {
@@ -299,8 +298,13 @@ async fn hedged(
                     && !matches!(outcome, Err(ref e) if e.is_upstream());
                 if usable || (running.is_empty() && !can_hedge) {
                     if started > 1 {
-                        let outcome_label = if index > 0 { "won" } else { "lost" };
-                        metrics::counter!(m::HEDGES, m::LABEL_UPSTREAM => template.upstream.name.clone(), m::LABEL_OUTCOME => outcome_label).increment(1);
+                        let budget = template.upstream.budget();
+                        let outcome = if index > 0 {
+                            &budget.hedges_won
+                        } else {
+                            &budget.hedges_lost
+                        };
+                        outcome.add(1);
                     }
                     // The others are dropped here: their connections close.
                     return outcome;
@@ -317,7 +321,7 @@ async fn hedged(
                     started += 1;
                     next = Instant::now() + hedge.delay;
                 } else {
-                    metrics::counter!(m::RETRIES, m::LABEL_UPSTREAM => template.upstream.name.clone(), m::LABEL_OUTCOME => "budget_exhausted").increment(1);
+                    budget.exhausted.add(1);
                     started = hedge.max_extra + 1;
                     if running.is_empty() {
                         return last.unwrap_or(Err(ProxyError::NoBackend));

@@ -153,6 +153,18 @@ impl GenerationStore {
         self.notify.subscribe()
     }
 
+    /// The ledgers of every live generation, oldest first.
+    pub fn ledgers(&self) -> Vec<Arc<Ledger>> {
+        let published = self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        published
+            .iter()
+            .filter_map(|p| p.ledger.upgrade())
+            .collect()
+    }
+
     /// In-flight work per live generation, oldest first. A superseded
     /// generation is listed while anything is still pinned to it.
     pub fn loads(&self) -> Vec<GenerationLoad> {

@@ -62,6 +62,20 @@ pub const RETRIES: &str = "cutover_retries_total";
 /// answered first) or `lost` (the first attempt did).
 pub const HEDGES: &str = "cutover_hedges_total";
 
+/// Requests in flight to a backend, by `backend`.
+pub const BACKEND_INFLIGHT: &str = "cutover_backend_inflight_requests";
+/// Time to connect to a backend, by `backend`.
+pub const CONNECT_DURATION: &str = "cutover_backend_connect_duration_seconds";
+/// Requests answered, by `generation` role (`active`, `previous`,
+/// `pending`) and `id`.
+pub const GENERATION_REQUESTS: &str = "cutover_generation_requests_total";
+/// Requests answered 5xx, by `generation` role and `id`.
+pub const GENERATION_ERRORS: &str = "cutover_generation_errors_total";
+/// Admission to response head, by `generation` role and `id`.
+pub const GENERATION_DURATION: &str = "cutover_generation_request_duration_seconds";
+/// Series not exported because `metrics.max_series` was reached.
+pub const SERIES_REFUSED: &str = "cutover_metrics_series_refused_total";
+
 /// Access-log lines dropped because the writer was behind or its file
 /// could not be written.
 pub const LOG_DROPPED: &str = "cutover_log_dropped_total";
@@ -71,6 +85,10 @@ pub const LOG_DROPPED: &str = "cutover_log_dropped_total";
 pub const REQUEST_DURATION_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0,
+];
+/// Bucket bounds (seconds) of `CONNECT_DURATION`.
+pub const CONNECT_DURATION_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 /// Bucket bounds (seconds) of `ACTIVATION_DURATION`.
 pub const ACTIVATION_DURATION_BUCKETS: &[f64] = &[
@@ -94,23 +112,9 @@ pub const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 /// Registers descriptions so `/metrics` explains each family.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(REQUESTS, "Requests answered, by route and status class");
     describe_counter!(
         LISTENER_REQUESTS,
         "Requests answered, by listener and status class"
-    );
-    describe_histogram!(
-        REQUEST_DURATION,
-        Unit::Seconds,
-        "Time from admission to response head"
-    );
-    describe_counter!(
-        UPSTREAM_ATTEMPTS,
-        "Upstream attempts by backend and outcome"
-    );
-    describe_counter!(
-        ADMISSION_REJECTIONS,
-        "Requests refused by a route's max_inflight"
     );
     describe_counter!(ACTIVATIONS, "Configuration activations by kind and outcome");
     describe_histogram!(
@@ -130,6 +134,10 @@ pub fn describe() {
     describe_gauge!(
         LIVE_GENERATIONS,
         "Generations alive: the active one and those with pinned work"
+    );
+    describe_counter!(
+        SERIES_REFUSED,
+        "Series not exported because metrics.max_series was reached"
     );
     describe_counter!(
         LOG_DROPPED,

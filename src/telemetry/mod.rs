@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod metrics;
+pub mod series;
 pub mod trace;
 
 use std::fs::File;
@@ -197,6 +198,7 @@ pub fn init_metrics() -> PrometheusHandle {
                 self::metrics::describe();
                 // At 0 from the start, so an alert on its rate has a series.
                 ::metrics::counter!(self::metrics::LOG_DROPPED).absolute(0);
+                ::metrics::counter!(self::metrics::SERIES_REFUSED).absolute(0);
                 spawn_upkeep(handle.clone());
             }
             handle
@@ -206,15 +208,10 @@ pub fn init_metrics() -> PrometheusHandle {
 
 fn builder() -> Result<PrometheusBuilder, BuildError> {
     use self::metrics as m;
-    PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full(m::REQUEST_DURATION.to_owned()),
-            m::REQUEST_DURATION_BUCKETS,
-        )?
-        .set_buckets_for_metric(
-            Matcher::Full(m::ACTIVATION_DURATION.to_owned()),
-            m::ACTIVATION_DURATION_BUCKETS,
-        )
+    PrometheusBuilder::new().set_buckets_for_metric(
+        Matcher::Full(m::ACTIVATION_DURATION.to_owned()),
+        m::ACTIVATION_DURATION_BUCKETS,
+    )
 }
 
 /// Folds histogram samples on a thread of its own, off the runtime that

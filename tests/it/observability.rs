@@ -442,3 +442,119 @@ async fn lines_the_sink_cannot_take_are_dropped_and_counted() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The series on a `/metrics` page whose labels contain `needle`.
+fn series_with(text: &str, needle: &str) -> usize {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.contains(needle))
+        .count()
+}
+
+async fn scrape(gw: &Gateway) -> String {
+    let metrics = gw.metrics.expect("metrics endpoint");
+    let (status, _, text) = get(metrics, "x", "/metrics").await;
+    assert_eq!(status, 200);
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_churn_leaves_only_the_series_live_generations_name() {
+    let backend = Backend::named("a").await;
+    let config = |i: usize| {
+        config(&format!(
+            r#"[[routes]]
+name = "churn-{i}"
+listeners = ["web"]
+upstream = "app"
+
+[upstreams.app]
+backends = [{{ addr = "{}" }}]
+"#,
+            backend.addr
+        ))
+        .replace("[log]", "[metrics]\nbind = \"127.0.0.1:0\"\n\n[log]")
+    };
+    let gw = Gateway::start(&config(0));
+    let web = gw.listener("web");
+    let activations = 2_000;
+    let mut most = 0;
+    for i in 1..=activations {
+        let (status, body) = admin_request(
+            gw.admin,
+            "POST",
+            "/admin/runtime/activate",
+            Some("application/toml"),
+            Some(config(i)),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(get(web, "x", "/").await.0, 200);
+        // Prometheus scrapes between activations: each scrape shows the
+        // live route, and the one renamed away since the last scrape
+        // (its final values, once); the one before that is gone.
+        let text = scrape(&gw).await;
+        most = most.max(series_with(&text, "route=\"churn-"));
+        assert!(text.contains(&format!("route=\"churn-{i}\"")), "{text}");
+        if i >= 2 {
+            let gone = format!("route=\"churn-{}\"", i - 2);
+            assert_eq!(series_with(&text, &gone), 0, "{text}");
+        }
+    }
+    // Twice: the last renamed route's final values go out once, then go.
+    scrape(&gw).await;
+    let text = scrape(&gw).await;
+    let routes = series_with(&text, "route=\"churn-");
+    // One route with one status class: 1 + 17 buckets + sum + count.
+    assert_eq!(routes, 20, "{text}");
+    assert!(
+        most <= 2 * 20,
+        "at most the live route and the one just retired: {most}"
+    );
+    println!("series with a route label after {activations} renames: {routes} (at most {most} at any scrape)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_beyond_max_series_are_refused_and_counted() {
+    let backend = Backend::named("a").await;
+    // A backend (26 series) and its upstream (5) take 31 of 60; the first
+    // route to answer (26) fits, the second does not.
+    let gw = Gateway::start(
+        &config(&format!(
+            r#"[[routes]]
+name = "first"
+listeners = ["web"]
+path_prefix = "/first"
+upstream = "app"
+
+[[routes]]
+name = "second"
+listeners = ["web"]
+path_prefix = "/second"
+upstream = "app"
+
+[upstreams.app]
+backends = [{{ addr = "{}" }}]
+"#,
+            backend.addr
+        ))
+        .replace(
+            "[log]",
+            "[metrics]\nbind = \"127.0.0.1:0\"\nmax_series = 60\n\n[log]",
+        ),
+    );
+    let web = gw.listener("web");
+    assert_eq!(get(web, "x", "/first").await.0, 200);
+    assert_eq!(get(web, "x", "/second").await.0, 200);
+    let text = scrape(&gw).await;
+    assert!(series_with(&text, "route=\"first\"") > 0, "{text}");
+    assert_eq!(series_with(&text, "route=\"second\""), 0, "{text}");
+    assert!(
+        text.contains("cutover_metrics_series_refused_total 26\n"),
+        "{text}"
+    );
+    // The generation series are not capped: they are two at most.
+    assert!(
+        text.contains("cutover_generation_requests_total{generation=\"active\",id=\"1\"} 2\n"),
+        "{text}"
+    );
+}

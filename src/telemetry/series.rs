@@ -1,0 +1,573 @@
+//! Metric series labelled by configured names: routes, backends,
+//! upstreams, and generations by role (DESIGN §16).
+//!
+//! The `metrics` recorder keeps every series it was ever given, so a
+//! pipeline that renames a route on each activation would grow `/metrics`
+//! without bound (2 000 activations left 40 000 stale series). These
+//! series are kept here instead, by the state they describe: each
+//! [`Exported`] value (a route's, a backend's or an upstream's shared
+//! state) registers itself when made and is read at each scrape while it
+//! lives. It lives while a live generation names it; when the last one
+//! lets go it hands its final values over once more, so the next scrape
+//! sees them, and then its series are gone.
+//!
+//! Every value admitted to export takes its series from a process-wide
+//! budget (`metrics.max_series`); what does not fit is not exported and
+//! is counted in `cutover_metrics_series_refused_total`.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use super::metrics as m;
+
+/// The series cap when `metrics.max_series` is not set.
+pub const DEFAULT_MAX_SERIES: usize = 50_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One metric family: its name, type and help text, and how two series
+/// with the same labels (two backend identities at one address) combine.
+#[derive(Debug)]
+pub struct Family {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+    /// Combined by the smaller value (health), not the sum.
+    pub min: bool,
+}
+
+const fn family(name: &'static str, kind: Kind, help: &'static str) -> Family {
+    Family {
+        name,
+        kind,
+        help,
+        min: false,
+    }
+}
+
+pub static ROUTE_REQUESTS: Family = family(
+    m::REQUESTS,
+    Kind::Counter,
+    "Requests answered, by route and status class",
+);
+pub static ROUTE_DURATION: Family = family(
+    m::REQUEST_DURATION,
+    Kind::Histogram,
+    "Time from admission to response head, by route",
+);
+pub static ROUTE_QUOTA: Family = family(
+    m::QUOTA_REJECTIONS,
+    Kind::Counter,
+    "Requests a route's quota answered 429",
+);
+pub static ROUTE_ADMISSION: Family = family(
+    m::ADMISSION_REJECTIONS,
+    Kind::Counter,
+    "Requests refused by a route's max_inflight",
+);
+pub static BACKEND_ATTEMPTS: Family = family(
+    m::UPSTREAM_ATTEMPTS,
+    Kind::Counter,
+    "Upstream attempts by backend and outcome",
+);
+pub static BACKEND_EJECTIONS: Family =
+    family(m::EJECTIONS, Kind::Counter, "Outlier ejections, by backend");
+pub static BACKEND_HEALTHY: Family = Family {
+    name: m::BACKEND_HEALTHY,
+    kind: Kind::Gauge,
+    help: "1 while a backend passes its active checks (or has none)",
+    min: true,
+};
+pub static BACKEND_CHECKS: Family = family(
+    m::HEALTH_CHECKS,
+    Kind::Counter,
+    "Active health check results, by backend and outcome",
+);
+pub static BACKEND_INFLIGHT: Family = family(
+    m::BACKEND_INFLIGHT,
+    Kind::Gauge,
+    "Requests in flight to a backend, over every live generation",
+);
+pub static BACKEND_CONNECT: Family = family(
+    m::CONNECT_DURATION,
+    Kind::Histogram,
+    "Time to open a connection to a backend (plain HTTP/1.1 and TCP)",
+);
+pub static UPSTREAM_FAIL_OPEN: Family = family(
+    m::FAIL_OPEN,
+    Kind::Counter,
+    "Picks made with every backend of an upstream unhealthy or ejected",
+);
+pub static UPSTREAM_RETRIES: Family = family(
+    m::RETRIES,
+    Kind::Counter,
+    "Retries by upstream and outcome (retried, budget_exhausted)",
+);
+pub static UPSTREAM_HEDGES: Family = family(
+    m::HEDGES,
+    Kind::Counter,
+    "Hedged requests by upstream and outcome (won, lost)",
+);
+pub static GENERATION_REQUESTS: Family = family(
+    m::GENERATION_REQUESTS,
+    Kind::Counter,
+    "Requests answered, by the role of the generation they were pinned to",
+);
+pub static GENERATION_ERRORS: Family = family(
+    m::GENERATION_ERRORS,
+    Kind::Counter,
+    "Requests answered 5xx (by the gateway or the backend), by generation role",
+);
+pub static GENERATION_DURATION: Family = family(
+    m::GENERATION_DURATION,
+    Kind::Histogram,
+    "Time from admission to response head, by generation role",
+);
+
+/// Families in output order.
+static FAMILIES: [&Family; 16] = [
+    &ROUTE_REQUESTS,
+    &ROUTE_DURATION,
+    &ROUTE_QUOTA,
+    &ROUTE_ADMISSION,
+    &BACKEND_ATTEMPTS,
+    &BACKEND_EJECTIONS,
+    &BACKEND_HEALTHY,
+    &BACKEND_CHECKS,
+    &BACKEND_INFLIGHT,
+    &BACKEND_CONNECT,
+    &UPSTREAM_FAIL_OPEN,
+    &UPSTREAM_RETRIES,
+    &UPSTREAM_HEDGES,
+    &GENERATION_REQUESTS,
+    &GENERATION_ERRORS,
+    &GENERATION_DURATION,
+];
+
+pub type Labels = Vec<(&'static str, Cow<'static, str>)>;
+
+/// One value of one series.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub family: &'static Family,
+    /// `""`, or `_bucket`, `_sum`, `_count` for a histogram.
+    pub suffix: &'static str,
+    pub labels: Labels,
+    pub value: f64,
+}
+
+/// State that exports series while it lives.
+pub trait Exported: Send + Sync {
+    fn samples(&self, out: &mut Vec<Sample>);
+}
+
+/// A counter that is a plain atomic: read at scrape time only.
+#[derive(Debug, Default)]
+pub struct Count(AtomicU64);
+
+impl Count {
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A histogram with fixed bucket bounds (seconds), kept as atomics.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Per bucket, not cumulative; the last one is `+Inf`.
+    buckets: Box<[AtomicU64]>,
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    pub fn record(&self, duration: Duration) {
+        let seconds = duration.as_secs_f64();
+        let index = self
+            .bounds
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(self.bounds.len());
+        if let Some(bucket) = self.buckets.get(index) {
+            bucket.fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Cumulative `_bucket` series with `le`, then `_sum` and `_count`.
+    pub fn samples(&self, family: &'static Family, labels: &Labels, out: &mut Vec<Sample>) {
+        let mut cumulative = 0u64;
+        for (i, bucket) in self.buckets.iter().enumerate() {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let le = match self.bounds.get(i) {
+                Some(bound) => Cow::Owned(bound.to_string()),
+                None => Cow::Borrowed("+Inf"),
+            };
+            let mut labels = labels.clone();
+            labels.push(("le", le));
+            out.push(Sample {
+                family,
+                suffix: "_bucket",
+                labels,
+                value: cumulative as f64,
+            });
+        }
+        out.push(Sample {
+            family,
+            suffix: "_sum",
+            labels: labels.clone(),
+            value: self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+        });
+        out.push(Sample {
+            family,
+            suffix: "_count",
+            labels: labels.clone(),
+            value: cumulative as f64,
+        });
+    }
+}
+
+/// A sample helper for the common one-value series.
+pub fn sample(family: &'static Family, labels: Labels, value: f64) -> Sample {
+    Sample {
+        family,
+        suffix: "",
+        labels,
+        value,
+    }
+}
+
+struct Registry {
+    live: Vec<Weak<dyn Exported>>,
+    /// Final values of exported state that is gone, for one more scrape.
+    retired: Vec<Sample>,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    live: Vec::new(),
+    retired: Vec::new(),
+});
+static MAX_SERIES: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_SERIES);
+static USED_SERIES: AtomicUsize = AtomicUsize::new(0);
+/// Retired samples kept at most, should nothing scrape for a long time.
+const MAX_RETIRED: usize = 100_000;
+
+/// Sets the series cap (`metrics.max_series`, at startup).
+pub fn set_max_series(max: usize) {
+    MAX_SERIES.store(max, Ordering::Relaxed);
+}
+
+/// Takes `series` from the budget; false (and counted) when they do
+/// not fit.
+pub fn admit(series: usize) -> bool {
+    let max = MAX_SERIES.load(Ordering::Relaxed);
+    let admitted = USED_SERIES
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+            (used + series <= max).then_some(used + series)
+        })
+        .is_ok();
+    if !admitted {
+        metrics::counter!(m::SERIES_REFUSED).increment(series as u64);
+    }
+    admitted
+}
+
+/// Gives `series` back to the budget.
+pub fn release(series: usize) {
+    let _ = USED_SERIES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+        Some(used.saturating_sub(series))
+    });
+}
+
+/// Starts exporting `entry`'s series, read at each scrape while it lives.
+pub fn register<E: Exported + 'static>(entry: &Arc<E>) {
+    let weak: Weak<dyn Exported> = Arc::downgrade(entry) as Weak<dyn Exported>;
+    let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+    // Dead entries go when the list has doubled since the last sweep.
+    let len = registry.live.len();
+    if len >= 64 && len.is_power_of_two() {
+        registry.live.retain(|w| w.strong_count() > 0);
+    }
+    registry.live.push(weak);
+}
+
+/// Keeps `entry`'s final values for the next scrape (from its `Drop`).
+pub fn retire(entry: &dyn Exported) {
+    let mut samples = Vec::new();
+    entry.samples(&mut samples);
+    let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+    if registry.retired.len() + samples.len() <= MAX_RETIRED {
+        registry.retired.extend(samples);
+    }
+}
+
+/// Every live entry's samples, and the retired ones (which are then
+/// forgotten).
+pub fn collect(out: &mut Vec<Sample>) {
+    let (entries, retired) = {
+        let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+        registry.live.retain(|w| w.strong_count() > 0);
+        let entries: Vec<Arc<dyn Exported>> =
+            registry.live.iter().filter_map(Weak::upgrade).collect();
+        (entries, std::mem::take(&mut registry.retired))
+    };
+    for entry in &entries {
+        entry.samples(out);
+    }
+    out.extend(retired);
+    // An entry whose last holder let go meanwhile retires here, with the
+    // registry unlocked.
+    drop(entries);
+}
+
+/// The `generation="active" | "previous"` series, from the live
+/// generations' ledgers: the active one, and the newest older one that
+/// is still alive. (`pending` joins them with guarded activation.)
+pub fn generation_samples(store: &crate::runtime::GenerationStore, out: &mut Vec<Sample>) {
+    let active = store.active_id();
+    let ledgers = store.ledgers();
+    let previous = ledgers
+        .iter()
+        .filter(|l| l.generation() < active)
+        .max_by_key(|l| l.generation());
+    let current = ledgers.iter().find(|l| l.generation() == active);
+    for (role, ledger) in [("active", current), ("previous", previous)] {
+        let Some(ledger) = ledger else { continue };
+        let labels: Labels = vec![
+            (m::LABEL_GENERATION, role.into()),
+            ("id", ledger.generation().0.to_string().into()),
+        ];
+        out.push(sample(
+            &GENERATION_REQUESTS,
+            labels.clone(),
+            ledger.requests.get() as f64,
+        ));
+        out.push(sample(
+            &GENERATION_ERRORS,
+            labels.clone(),
+            ledger.errors.get() as f64,
+        ));
+        ledger.duration.samples(&GENERATION_DURATION, &labels, out);
+    }
+}
+
+/// `/metrics`: the recorder's series, then the labelled ones kept here.
+pub fn scrape(
+    recorder: &metrics_exporter_prometheus::PrometheusHandle,
+    store: &crate::runtime::GenerationStore,
+) -> String {
+    let mut text = recorder.render();
+    let mut samples = Vec::new();
+    collect(&mut samples);
+    generation_samples(store, &mut samples);
+    render(samples, &mut text);
+    text
+}
+
+/// Prometheus text for `samples`: families in a fixed order, each with
+/// its help and type once; series with the same labels (two backend
+/// identities at one address, or a retired value and a live one)
+/// combined by sum, or by minimum for health.
+pub fn render(samples: Vec<Sample>, out: &mut String) {
+    let mut by_family: HashMap<&'static str, Vec<Sample>> = HashMap::new();
+    let mut index: HashMap<(&'static str, &'static str, Labels), usize> = HashMap::new();
+    for sample in samples {
+        let key = (sample.family.name, sample.suffix, sample.labels.clone());
+        let family = by_family.entry(sample.family.name).or_default();
+        match index.get(&key) {
+            Some(&i) => {
+                if let Some(existing) = family.get_mut(i) {
+                    existing.value = if sample.family.min {
+                        existing.value.min(sample.value)
+                    } else {
+                        existing.value + sample.value
+                    };
+                }
+            }
+            None => {
+                index.insert(key, family.len());
+                family.push(sample);
+            }
+        }
+    }
+    for family in FAMILIES {
+        let Some(samples) = by_family.get(family.name) else {
+            continue;
+        };
+        let kind = match family.kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        };
+        let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
+        let _ = writeln!(out, "# TYPE {} {kind}", family.name);
+        for sample in samples {
+            out.push_str(family.name);
+            out.push_str(sample.suffix);
+            if !sample.labels.is_empty() {
+                out.push('{');
+                for (i, (key, value)) in sample.labels.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    let _ = write!(out, "{key}=\"");
+                    escape_label(out, value);
+                    out.push('"');
+                }
+                out.push('}');
+            }
+            let _ = writeln!(out, " {}", sample.value);
+        }
+        out.push('\n');
+    }
+}
+
+/// Label values escape `\`, `"` and newlines (exposition format).
+fn escape_label(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// The label set of one named thing.
+pub fn named(key: &'static str, name: &Arc<str>) -> Labels {
+    vec![(key, Cow::Owned(name.to_string()))]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed(Vec<Sample>);
+
+    impl Exported for Fixed {
+        fn samples(&self, out: &mut Vec<Sample>) {
+            out.extend(self.0.iter().cloned());
+        }
+    }
+
+    #[test]
+    fn a_histogram_renders_cumulative_buckets_sum_and_count() {
+        static BOUNDS: [f64; 2] = [0.001, 0.01];
+        let h = Histogram::new(&BOUNDS);
+        h.record(Duration::from_micros(500));
+        h.record(Duration::from_millis(5));
+        h.record(Duration::from_secs(1));
+        let mut samples = Vec::new();
+        h.samples(
+            &ROUTE_DURATION,
+            &named("route", &Arc::from("a")),
+            &mut samples,
+        );
+        let mut text = String::new();
+        render(samples, &mut text);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "# HELP cutover_request_duration_seconds Time from admission to response head, by route",
+                "# TYPE cutover_request_duration_seconds histogram",
+                "cutover_request_duration_seconds_bucket{route=\"a\",le=\"0.001\"} 1",
+                "cutover_request_duration_seconds_bucket{route=\"a\",le=\"0.01\"} 2",
+                "cutover_request_duration_seconds_bucket{route=\"a\",le=\"+Inf\"} 3",
+                "cutover_request_duration_seconds_sum{route=\"a\"} 1.0055",
+                "cutover_request_duration_seconds_count{route=\"a\"} 3",
+                "",
+            ]
+        );
+    }
+
+    #[test]
+    fn same_labels_combine_and_families_keep_their_order() {
+        let up = |v| sample(&BACKEND_HEALTHY, named("backend", &Arc::from("x:1")), v);
+        let tries = |v| {
+            sample(
+                &BACKEND_ATTEMPTS,
+                vec![("backend", "x:1".into()), ("outcome", "ok".into())],
+                v,
+            )
+        };
+        let mut text = String::new();
+        render(vec![up(1.0), tries(2.0), up(0.0), tries(3.0)], &mut text);
+        assert!(
+            text.contains("cutover_upstream_attempts_total{backend=\"x:1\",outcome=\"ok\"} 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cutover_backend_healthy{backend=\"x:1\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.find("cutover_upstream_attempts_total").unwrap()
+                < text.find("cutover_backend_healthy").unwrap()
+        );
+        let mut text = String::new();
+        render(
+            vec![sample(
+                &ROUTE_QUOTA,
+                named("route", &Arc::from("a\"b\\c\nd")),
+                1.0,
+            )],
+            &mut text,
+        );
+        assert!(text.contains("{route=\"a\\\"b\\\\c\\nd\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn retired_values_are_scraped_once_then_gone() {
+        let entry = Arc::new(Fixed(vec![sample(
+            &UPSTREAM_FAIL_OPEN,
+            named("upstream", &Arc::from("retired-test")),
+            7.0,
+        )]));
+        register(&entry);
+        let scrape = || {
+            let mut samples = Vec::new();
+            collect(&mut samples);
+            samples
+                .iter()
+                .filter(|s| s.labels.first().is_some_and(|(_, v)| v == "retired-test"))
+                .count()
+        };
+        assert_eq!(scrape(), 1);
+        retire(&*entry);
+        drop(entry);
+        assert_eq!(scrape(), 1, "the final values, once");
+        assert_eq!(scrape(), 0);
+    }
+}
