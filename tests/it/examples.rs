@@ -58,3 +58,40 @@ async fn the_pipeline_step_activates_and_rolls_back_on_a_failed_smoke_test() {
     assert_eq!(history["generations"][0]["rolled_back_to"], 2);
     assert_eq!(history["generations"][1]["requested_by"], "ci");
 }
+
+/// Every `cutover_…` series the alert rules and the dashboard query is
+/// one the gateway exports (histogram suffixes aside): a renamed metric
+/// cannot leave them silently querying nothing.
+#[test]
+fn the_observability_examples_query_only_exported_series() {
+    let names = std::fs::read_to_string(workspace().join("src/telemetry/metrics.rs")).unwrap();
+    let dashboard =
+        std::fs::read_to_string(workspace().join("examples/observability/grafana-dashboard.json"))
+            .unwrap();
+    let parsed: serde_json::Value = serde_json::from_str(&dashboard).expect("dashboard is JSON");
+    assert!(parsed["panels"].as_array().is_some_and(|p| p.len() >= 10));
+    let rules =
+        std::fs::read_to_string(workspace().join("examples/observability/alerts.yml")).unwrap();
+    let scrape =
+        std::fs::read_to_string(workspace().join("examples/observability/prometheus.yml")).unwrap();
+    assert!(scrape.contains("alerts.yml"));
+    let mut seen = 0;
+    for text in [&dashboard, &rules] {
+        for (start, _) in text.match_indices("cutover_") {
+            let name: String = text[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(&name);
+            assert!(
+                names.contains(&format!("\"{family}\"")),
+                "{name} is queried but not exported"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen > 20, "{seen}");
+}

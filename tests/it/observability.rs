@@ -558,3 +558,203 @@ backends = [{{ addr = "{}" }}]
         "{text}"
     );
 }
+
+/// The path of `program` on `PATH`, if it is installed.
+fn installed(program: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// A Prometheus server on loopback; killed on drop.
+struct Prometheus {
+    child: std::process::Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    fn start(binary: &std::path::Path, target: SocketAddr) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: cutover\n    static_configs:\n      - targets: [\"{target}\"]\n"
+            ),
+        )
+        .unwrap();
+        // Prometheus cannot report a port it chose: take a free one.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+        let child = std::process::Command::new(binary)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn prometheus");
+        Prometheus {
+            child,
+            addr,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// An instant query; the first result's value, if there is one.
+    async fn query(&self, expr: &str) -> Option<f64> {
+        let encoded: String = expr
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    char::from(b).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let req = Request::get(format!("/api/v1/query?query={encoded}"))
+            .header("host", self.addr.to_string())
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (status, _, body) = send(self.addr, req).await.ok()?;
+        let answer: Value = serde_json::from_slice(&body).ok()?;
+        assert_eq!(status, 200, "{expr}: {answer}");
+        answer["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+    }
+
+    /// Waits (up to 30 s) until `expr` has a value that `ok` accepts.
+    async fn wait_for(&self, expr: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(value) = self.query(expr).await.filter(|v| ok(*v)) {
+                return value;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{expr}: no acceptable value within 30 s ({:?})\n{}",
+                self.query(expr).await,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_scrapes_the_gateway_and_accepts_the_rules() {
+    let (Some(prometheus), Some(promtool)) = (installed("prometheus"), installed("promtool"))
+    else {
+        eprintln!(
+            "SKIPPED: prometheus and promtool are not installed \
+             (apt-get install prometheus; .ci/run installs them)"
+        );
+        return;
+    };
+    let rules = workspace().join("examples/observability/alerts.yml");
+    let checked = std::process::Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .expect("run promtool");
+    assert!(
+        checked.status.success(),
+        "promtool refused the rules:\n{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
+    let backend = Backend::named("a").await;
+    let config = |extra: &str| {
+        proxy_config(backend.addr, "")
+            .replace("[log]", "[metrics]\nbind = \"127.0.0.1:0\"\n\n[log]")
+            + extra
+    };
+    let gw = Gateway::start(&config(""));
+    let server = Prometheus::start(&prometheus, gw.metrics.expect("metrics endpoint"));
+    let web = gw.listener("web");
+    // Steady traffic while Prometheus scrapes: rate() needs increases.
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let traffic = tokio::spawn({
+        let running = Arc::clone(&running);
+        async move {
+            let mut sent = 0u64;
+            while running.load(std::sync::atomic::Ordering::Relaxed) {
+                assert_eq!(get(web, "x", "/").await.0, 200);
+                sent += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            sent
+        }
+    });
+    let before = server
+        .wait_for(r#"cutover_requests_total{route="all",class="2xx"}"#, |v| {
+            v >= 20.0
+        })
+        .await;
+    // The route histogram answers histogram_quantile.
+    let p99 = server
+        .wait_for(
+            r#"histogram_quantile(0.99, sum by (le) (rate(cutover_request_duration_seconds_bucket{route="all"}[30s])))"#,
+            |v| v.is_finite() && v > 0.0,
+        )
+        .await;
+    assert!(p99 < 1.0, "{p99}");
+
+    // An activation that keeps the route: its counters carry on.
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(config(
+            "\n[[routes]]\nname = \"other\"\nlisteners = [\"web\"]\npath_prefix = \"/other\"\nrespond = { body = \"x\" }\n",
+        )),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let after = server
+        .wait_for(r#"cutover_requests_total{route="all",class="2xx"}"#, |v| {
+            v >= before + 20.0
+        })
+        .await;
+    assert!(after >= 40.0, "{after}");
+    running.store(false, std::sync::atomic::Ordering::Relaxed);
+    let sent = traffic.await.expect("traffic task");
+    assert!(sent as f64 >= after, "{sent} sent, Prometheus saw {after}");
+    let resets = server
+        .wait_for(
+            r#"resets(cutover_requests_total{route="all",class="2xx"}[5m])"#,
+            |_| true,
+        )
+        .await;
+    assert_eq!(resets, 0.0, "the counter went back across the activation");
+    // Both generations' series were seen under their roles.
+    server
+        .wait_for(
+            r#"count(count by (id) (count_over_time(cutover_generation_requests_total[5m])))"#,
+            |v| v >= 2.0,
+        )
+        .await;
+}
