@@ -72,8 +72,19 @@ enum CtlCommand {
         #[command(flatten)]
         meta: Meta,
     },
-    /// Show the active generation, phase and in-flight work.
-    Status,
+    /// Show the active generation, live generations with their in-flight
+    /// work, request and error rates, backends and recent history.
+    Status {
+        /// Refresh in place until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Time between refreshes with `--watch`.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: Duration,
+        /// Stop after this many refreshes (default: never).
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// Show every backend of the active generation: health, ejection,
     /// in-flight requests, latency, attempts and failures.
     Backends,
@@ -183,7 +194,15 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             client.post("/admin/runtime/rollback", body).await?
         }
         CtlCommand::History => client.get("/admin/runtime/history").await?,
-        CtlCommand::Status => client.get("/admin/runtime/status").await?,
+        CtlCommand::Status {
+            watch,
+            interval,
+            count,
+        } if !args.json => {
+            let frames = if *watch { *count } else { Some(1) };
+            return watch_status(&client, *interval, frames).await;
+        }
+        CtlCommand::Status { .. } => client.get("/admin/runtime/status").await?,
         CtlCommand::Backends => client.get("/admin/runtime/backends").await?,
         CtlCommand::Drain => client.post("/admin/lifecycle/drain", json!({})).await?,
         CtlCommand::ReloadCerts { listeners } => {
@@ -352,7 +371,7 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
                 );
             }
         }
-        CtlCommand::Status => {
+        CtlCommand::Status { .. } => {
             println!("{}", serde_json::to_string_pretty(body).unwrap_or_default())
         }
         CtlCommand::Backends => {
@@ -424,6 +443,177 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
             }
         }
     }
+}
+
+/// `ctl status`: one frame, or (`--watch`) a frame every `interval`,
+/// redrawn in place on a terminal, until `frames` have been shown.
+async fn watch_status(
+    client: &Client,
+    interval: Duration,
+    frames: Option<u64>,
+) -> Result<u8, CtlError> {
+    use std::io::{IsTerminal, Write};
+    let terminal = std::io::stdout().is_terminal();
+    let mut last: Option<(std::time::Instant, u64, u64)> = None;
+    // History plans every retained configuration: read again only when
+    // the last operation changed.
+    let mut history: (Value, Value) = (Value::Null, Value::Null);
+    let mut shown = 0u64;
+    loop {
+        let status = client.get("/admin/runtime/status").await?;
+        if !status.status.is_success() {
+            print_human(&CtlCommand::History, &status);
+            return Ok(EXIT_OTHER);
+        }
+        let backends = client.get("/admin/runtime/backends").await?;
+        let last_operation = status.body["last_operation"]["id"].clone();
+        if history.0 != last_operation || history.1.is_null() {
+            let answer = client.get("/admin/runtime/history").await?;
+            history = (last_operation, answer.body);
+        }
+        let now = std::time::Instant::now();
+        let totals = (
+            status.body["requests_total"].as_u64().unwrap_or(0),
+            status.body["errors_total"].as_u64().unwrap_or(0),
+        );
+        let rates = last.map(|(at, requests, errors)| {
+            let seconds = now.duration_since(at).as_secs_f64().max(1e-3);
+            (
+                totals.0.saturating_sub(requests) as f64 / seconds,
+                totals.1.saturating_sub(errors) as f64 / seconds,
+            )
+        });
+        last = Some((now, totals.0, totals.1));
+        let frame = status_frame(&status.body, &backends.body, &history.1, rates);
+        let mut out = std::io::stdout().lock();
+        if terminal && frames != Some(1) {
+            // Home and clear: the frame replaces the last one.
+            let _ = write!(out, "\x1b[H\x1b[2J");
+        } else if shown > 0 {
+            let _ = writeln!(out);
+        }
+        let _ = write!(out, "{frame}");
+        let _ = out.flush();
+        drop(out);
+        shown += 1;
+        if frames.is_some_and(|n| shown >= n) {
+            return Ok(EXIT_OK);
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// The facts of one `ctl status` frame, as text.
+fn status_frame(
+    status: &Value,
+    backends: &Value,
+    history: &Value,
+    rates: Option<(f64, f64)>,
+) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let text = |v: &Value| v.as_str().unwrap_or("-").to_owned();
+    let active = status["active_generation"].as_u64().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "cutover pid {}  {}  generation {}  config {}  activated {}",
+        status["pid"],
+        text(&status["phase"]),
+        active,
+        text(&status["config_version"]),
+        text(&status["activated_at"]),
+    );
+    match rates {
+        Some((requests, errors)) => {
+            let ratio = if requests > 0.0 {
+                errors / requests * 100.0
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                out,
+                "requests {requests:.1}/s  errors {errors:.1}/s ({ratio:.2} %)"
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "requests {} answered since start, {} of them 5xx",
+                status["requests_total"], status["errors_total"]
+            );
+        }
+    }
+    let _ = writeln!(out, "\nlive generations");
+    let _ = writeln!(
+        out,
+        "  {:>6}  {:<10} {:>9} {:>11} {:>10} {:>8}",
+        "gen", "state", "inflight", "connections", "requests", "errors"
+    );
+    for g in status["generations"].as_array().into_iter().flatten() {
+        let id = g["generation"].as_u64().unwrap_or(0);
+        let state = match g["superseded_secs"].as_f64() {
+            Some(secs) => format!("old {secs:.0}s"),
+            None => "active".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "  {:>6}  {:<10} {:>9} {:>11} {:>10} {:>8}",
+            id,
+            state,
+            g["inflight_requests"].as_u64().unwrap_or(0),
+            g["open_connections"].as_u64().unwrap_or(0),
+            g["requests"].as_u64().unwrap_or(0),
+            g["errors"].as_u64().unwrap_or(0),
+        );
+    }
+    let _ = writeln!(out, "\nbackends");
+    let _ = writeln!(
+        out,
+        "  {:<16} {:<24} {:<10} {:<8} {:>8} {:>9} {:>9}",
+        "upstream", "backend", "health", "ejected", "inflight", "attempts", "failures"
+    );
+    for upstream in backends["upstreams"].as_array().into_iter().flatten() {
+        for b in upstream["backends"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  {:<16} {:<24} {:<10} {:<8} {:>8} {:>9} {:>9}",
+                text(&upstream["name"]),
+                text(&b["addr"]),
+                text(&b["health"]),
+                if b["ejected"] == json!(true) {
+                    "yes"
+                } else {
+                    "no"
+                },
+                b["inflight"].as_u64().unwrap_or(0),
+                b["attempts"].as_u64().unwrap_or(0),
+                b["failures"].as_u64().unwrap_or(0),
+            );
+        }
+    }
+    let _ = writeln!(out, "\nhistory (newest first)");
+    for g in history["generations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(10)
+    {
+        let who = [&g["requested_by"], &g["reason"]]
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect::<Vec<_>>()
+            .join(": ");
+        let _ = writeln!(
+            out,
+            "  {:>6}  {:<9} {:<13} {}  {}",
+            g["generation"].as_u64().unwrap_or(0),
+            text(&g["status"]),
+            text(&g["source"]),
+            text(&g["activated_at"]),
+            who,
+        );
+    }
+    out
 }
 
 struct Client {

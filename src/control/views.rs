@@ -63,6 +63,9 @@ pub struct StatusView {
     pub generations: Vec<GenerationLoad>,
     pub listeners: Vec<crate::proxy::ListenerInfo>,
     pub last_operation: Option<OperationBrief>,
+    /// Requests answered since the process started, and how many 5xx.
+    pub requests_total: u64,
+    pub errors_total: u64,
 }
 
 impl Control {
@@ -79,6 +82,7 @@ impl Control {
             at: o.at.clone(),
         });
         drop(history);
+        let (requests_total, errors_total) = crate::generation::answered_totals();
         StatusView {
             pid: std::process::id(),
             binary: self.binary(),
@@ -89,6 +93,8 @@ impl Control {
             generations: self.store.loads(),
             listeners: self.listeners.info(),
             last_operation,
+            requests_total,
+            errors_total,
         }
     }
 

@@ -40,12 +40,27 @@ impl Ledger {
     /// Counts a request answered `status` after `duration` (to its head).
     pub fn answered(&self, status: u16, duration: std::time::Duration) {
         self.requests.add(1);
+        ANSWERED.add(1);
         if status >= 500 {
             self.errors.add(1);
+            FAILED.add(1);
         }
         self.duration.record(duration);
     }
+}
 
+/// Requests answered by the process, over every generation.
+static ANSWERED: Count = Count::new();
+/// Of them, answered 5xx.
+static FAILED: Count = Count::new();
+
+/// Requests the process answered so far, and how many 5xx: a watcher
+/// takes rates from two readings.
+pub fn answered_totals() -> (u64, u64) {
+    (ANSWERED.get(), FAILED.get())
+}
+
+impl Ledger {
     pub fn generation(&self) -> GenerationId {
         self.generation
     }

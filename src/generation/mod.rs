@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-pub use ledger::{InflightGuard, Ledger};
+pub use ledger::{answered_totals, InflightGuard, Ledger};
 pub use maglev::{hash_key, Maglev};
 pub use quota::QuotaTable;
 pub use route::{Action, ListenerSlot, Route, RouteShared, RouteSlot, Saturated};

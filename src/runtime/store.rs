@@ -45,6 +45,9 @@ pub struct GenerationLoad {
     pub generation: GenerationId,
     pub inflight_requests: u64,
     pub open_connections: u64,
+    /// Requests answered on it so far, and how many of them 5xx.
+    pub requests: u64,
+    pub errors: u64,
     /// Seconds since a newer generation replaced it; `None` while active.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub superseded_secs: Option<f64>,
@@ -184,6 +187,8 @@ impl GenerationStore {
                 generation: p.id,
                 inflight_requests: ledger.inflight_requests(),
                 open_connections: ledger.open_connections(),
+                requests: ledger.requests.get(),
+                errors: ledger.errors.get(),
                 superseded_secs: p.superseded_at.map(|at| at.elapsed().as_secs_f64()),
             })
             .collect()

@@ -175,6 +175,10 @@ pub trait Exported: Send + Sync {
 pub struct Count(AtomicU64);
 
 impl Count {
+    pub const fn new() -> Self {
+        Self(AtomicU64::new(0))
+    }
+
     #[inline]
     pub fn add(&self, n: u64) {
         self.0.fetch_add(n, Ordering::Relaxed);

@@ -758,3 +758,70 @@ async fn a_real_prometheus_scrapes_the_gateway_and_accepts_the_rules() {
         )
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_status_watch_shows_rates_generations_backends_and_history() {
+    let backend = Backend::named("a").await;
+    let gw = Gateway::start(&proxy_config(backend.addr, ""));
+    let web = gw.listener("web");
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/json"),
+        Some(
+            serde_json::json!({
+                "config": proxy_config(backend.addr, "timeout = \"3s\""),
+                "requested_by": "pipeline-42",
+                "reason": "longer timeout",
+            })
+            .to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Traffic while it watches (all 200: the error rate must read 0).
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let traffic = tokio::spawn({
+        let running = Arc::clone(&running);
+        async move {
+            while running.load(std::sync::atomic::Ordering::Relaxed) {
+                assert_eq!(get(web, "x", "/").await.0, 200);
+            }
+        }
+    });
+    let admin = gw.admin_url();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(BIN)
+            .args(["ctl", "--admin", &admin, "status", "--watch"])
+            .args(["--interval", "300ms", "--count", "3"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    running.store(false, std::sync::atomic::Ordering::Relaxed);
+    traffic.await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Three frames (not a terminal: separated, not redrawn).
+    assert_eq!(text.matches("live generations").count(), 3, "{text}");
+    assert!(!text.contains('\x1b'), "{text}");
+    assert!(text.contains("running  generation 2"), "{text}");
+    // The first frame has no rate yet; the later ones do, and traffic flowed.
+    let rates: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("requests "))
+        .filter_map(|l| l.split("/s").next()?.parse().ok())
+        .collect();
+    assert_eq!(rates.len(), 2, "{text}");
+    assert!(rates.iter().all(|r| *r > 0.0), "{text}");
+    assert!(text.contains("errors 0.0/s (0.00 %)"), "{text}");
+    assert!(text.contains(&backend.addr.to_string()), "{text}");
+    assert!(text.contains("pipeline-42: longer timeout"), "{text}");
+}
