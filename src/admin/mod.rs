@@ -10,6 +10,7 @@ mod candidate;
 mod error;
 mod limits;
 mod security;
+mod ui;
 
 use std::sync::Arc;
 
@@ -53,6 +54,13 @@ pub fn router(control: Arc<Control>, security: Security) -> Router {
         .route("/admin/runtime/operations/{id}", get(operation))
         .route("/admin/lifecycle/drain", post(drain))
         .route("/admin/lifecycle/upgrade", post(upgrade))
+        .route(
+            "/admin",
+            get(|| async { axum::response::Redirect::permanent("/admin/") }),
+        )
+        .route("/admin/", get(ui::index))
+        .route("/admin/ui/app.js", get(ui::script))
+        .route("/admin/ui/app.css", get(ui::style))
         .route("/admin/health", get(health))
         .route("/admin/ready", get(ready))
         .fallback(not_found)

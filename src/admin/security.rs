@@ -38,15 +38,29 @@ impl Security {
             .is_some_and(|host| self.host_allowed(host))
     }
 
+    /// The token as a bearer token, or as the password of HTTP Basic
+    /// credentials (any user name): how a browser on the admin page
+    /// presents it, since a page cannot add a header to its own loading.
     fn token_ok(&self, presented: Option<&HeaderValue>) -> bool {
         let Some(expected) = &self.token else {
             return true;
         };
-        let presented = presented
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        bool::from(presented.as_bytes().ct_eq(expected.as_bytes()))
+        let presented = presented.and_then(|v| v.to_str().ok()).unwrap_or("");
+        let token: Vec<u8> = if let Some(bearer) = presented.strip_prefix("Bearer ") {
+            bearer.as_bytes().to_vec()
+        } else if let Some(basic) = presented.strip_prefix("Basic ") {
+            use base64::Engine as _;
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(basic.trim())
+                .unwrap_or_default();
+            match decoded.iter().position(|b| *b == b':') {
+                Some(colon) => decoded[colon + 1..].to_vec(),
+                None => Vec::new(),
+            }
+        } else {
+            Vec::new()
+        };
+        bool::from(token.ct_eq(expected.as_bytes()))
     }
 }
 
@@ -82,9 +96,16 @@ pub async fn guard(
     }
     if !security.token_ok(headers.get(header::AUTHORIZATION)) {
         let mut response = StatusCode::UNAUTHORIZED.into_response();
+        // The page asks the browser for the token as a Basic password;
+        // API clients are told to send a bearer token.
+        let challenge = if super::ui::is_page(request.uri().path()) {
+            HeaderValue::from_static("Basic realm=\"cutover admin\", charset=\"UTF-8\"")
+        } else {
+            HeaderValue::from_static("Bearer")
+        };
         response
             .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            .insert(header::WWW_AUTHENTICATE, challenge);
         return response;
     }
     next.run(request).await

@@ -863,3 +863,112 @@ async fn reload_certs_request_errors() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(a.control.store().active_id(), GenerationId::FIRST);
 }
+
+#[tokio::test]
+async fn the_admin_page_is_served_with_a_strict_policy_and_no_inline_code() {
+    let a = admin_with(BASE, None);
+    for (path, kind) in [
+        ("/admin/", "text/html"),
+        ("/admin/ui/app.js", "text/javascript"),
+        ("/admin/ui/app.css", "text/css"),
+    ] {
+        let response = a
+            .router
+            .clone()
+            .oneshot(get(path))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        let headers = response.headers();
+        assert!(headers["content-type"].to_str().unwrap().starts_with(kind));
+        let policy = headers["content-security-policy"].to_str().unwrap();
+        assert!(
+            policy.starts_with("default-src 'none'; script-src 'self';"),
+            "{policy}"
+        );
+        assert!(!policy.contains("unsafe"), "{policy}");
+        assert_eq!(headers["x-frame-options"], "DENY");
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+    }
+    let page = a
+        .router
+        .clone()
+        .oneshot(get("/admin/"))
+        .await
+        .expect("infallible");
+    let html = page.into_body().collect().await.expect("body").to_bytes();
+    let html = String::from_utf8_lossy(&html);
+    // Every script and style comes from the page's own files.
+    assert_eq!(html.matches("<script").count(), 1, "{html}");
+    assert!(html.contains(r#"<script src="/admin/ui/app.js" defer></script>"#));
+    assert!(!html.contains("<style") && !html.contains(" style=") && !html.contains(" on"));
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "no outside assets"
+    );
+    // The script writes data as text, never as markup.
+    let script = include_str!("ui/app.js");
+    assert!(!script.contains("innerHTML") && !script.contains("eval("));
+}
+
+#[tokio::test]
+async fn the_admin_page_asks_a_browser_for_the_token_and_keeps_every_guard() {
+    let a = admin_with(BASE, Some("0123456789abcdef-secret"));
+    let response = a
+        .router
+        .clone()
+        .oneshot(get("/admin/"))
+        .await
+        .expect("infallible");
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        response.headers()["www-authenticate"],
+        r#"Basic realm="cutover admin", charset="UTF-8""#
+    );
+    // The API itself still asks for a bearer token.
+    let response = a
+        .router
+        .clone()
+        .oneshot(get("/admin/runtime/status"))
+        .await
+        .expect("infallible");
+    assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    use base64::Engine as _;
+    let basic = |password: &str| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("operator:{password}"))
+        )
+    };
+    for (path, credentials, expected) in [
+        ("/admin/", basic("0123456789abcdef-secret"), StatusCode::OK),
+        (
+            "/admin/runtime/status",
+            basic("0123456789abcdef-secret"),
+            StatusCode::OK,
+        ),
+        ("/admin/", basic("wrong"), StatusCode::UNAUTHORIZED),
+        ("/admin/", "Basic !!!".to_owned(), StatusCode::UNAUTHORIZED),
+        ("/admin/", basic(""), StatusCode::UNAUTHORIZED),
+    ] {
+        let request = Request::get(path)
+            .header("host", ADMIN)
+            .header("authorization", credentials.as_str())
+            .body(Body::empty())
+            .expect("request");
+        let (status, _) = call(&a, request).await;
+        assert_eq!(status, expected, "{path} {credentials}");
+    }
+    // Host and Origin are checked for the page as for any call.
+    let credentials = basic("0123456789abcdef-secret");
+    for (host, origin) in [("evil.example", None), (ADMIN, Some("http://evil.example"))] {
+        let mut request = Request::get("/admin/")
+            .header("host", host)
+            .header("authorization", credentials.as_str());
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        let (status, _) = call(&a, request.body(Body::empty()).expect("request")).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{host} {origin:?}");
+    }
+}

@@ -19,6 +19,8 @@ pub struct FileConfig {
     pub metrics: Option<FileMetrics>,
     #[serde(default)]
     pub log: FileLog,
+    #[serde(default, skip_serializing_if = "FileTracing::is_empty")]
+    pub tracing: FileTracing,
     #[serde(default)]
     pub runtime: FileRuntime,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -102,6 +104,25 @@ fn default_log_level() -> String {
 
 fn default_log_format() -> String {
     "text".to_owned()
+}
+
+/// `[tracing]`: span export over OTLP/HTTP (the exporter is
+/// startup-owned; `sample_ratio` is live).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileTracing {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_ratio: Option<f64>,
+}
+
+impl FileTracing {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// `[runtime]`: generation bookkeeping and process settings.

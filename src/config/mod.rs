@@ -99,6 +99,7 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
         match key_name.as_str() {
             "admin" => decoder.section(&key_name, Locator::Section, value, &mut config.admin),
             "log" => decoder.section(&key_name, Locator::Section, value, &mut config.log),
+            "tracing" => decoder.section(&key_name, Locator::Section, value, &mut config.tracing),
             "runtime" => decoder.section(&key_name, Locator::Section, value, &mut config.runtime),
             "metrics" => {
                 let mut metrics = None;
@@ -132,7 +133,7 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                     "unknown_key",
                     other,
                     format!(
-                        "unknown top-level key `{other}`; expected one of admin, metrics, log, runtime, listeners, routes, upstreams"
+                        "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, listeners, routes, upstreams"
                     ),
                 );
                 let (line, column) = map.line_column(key.span().start);

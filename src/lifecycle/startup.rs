@@ -243,6 +243,7 @@ async fn serve(
         tracing::info!("{note}");
     }
     let prometheus = telemetry::init_metrics();
+    telemetry::otlp::init(&start.spec.tracing).map_err(StartError::Log)?;
     let phase = Arc::new(PhaseCell::default());
     let Start {
         text,

@@ -199,6 +199,13 @@ fn split_domains(config: &FileConfig, other: &FileConfig) -> BTreeMap<EntityKey,
     }
     put(2, "log", "log", "log".into(), json(&config.log));
     put(
+        2,
+        "tracing",
+        "tracing",
+        "tracing".into(),
+        json(&config.tracing),
+    );
+    put(
         3,
         "runtime",
         "runtime",

@@ -28,6 +28,9 @@ const OWNERSHIP: &[(&str, Ownership)] = &[
     ("log.format", Ownership::StartupOwned),
     ("log.file", Ownership::StartupOwned),
     ("log.access_file", Ownership::StartupOwned),
+    ("tracing.otlp_endpoint", Ownership::StartupOwned),
+    ("tracing.service_name", Ownership::StartupOwned),
+    ("tracing.sample_ratio", Ownership::GenerationOwned),
     ("log.level", Ownership::GenerationOwned),
     ("log.access", Ownership::GenerationOwned),
     ("runtime.worker_threads", Ownership::StartupOwned),
@@ -103,6 +106,15 @@ mod tests {
         assert_eq!(ownership("listeners.web.bind"), Ownership::StartupOwned);
         assert_eq!(ownership("admin.bind"), Ownership::StartupOwned);
         assert_eq!(ownership("log.level"), Ownership::GenerationOwned);
+        assert_eq!(ownership("log.access"), Ownership::GenerationOwned);
+        assert_eq!(ownership("log.access_file"), Ownership::StartupOwned);
+        assert_eq!(ownership("metrics.max_series"), Ownership::StartupOwned);
+        assert_eq!(ownership("tracing.otlp_endpoint"), Ownership::StartupOwned);
+        assert_eq!(ownership("tracing.service_name"), Ownership::StartupOwned);
+        assert_eq!(
+            ownership("tracing.sample_ratio"),
+            Ownership::GenerationOwned
+        );
         assert_eq!(ownership("routes.api.timeout"), Ownership::GenerationOwned);
         assert_eq!(ownership("listeners.\"a.b\".bind"), Ownership::StartupOwned);
         assert_eq!(

@@ -29,6 +29,7 @@ pub struct Spec {
     /// `metrics.max_series`: the cap on labelled series.
     pub metrics_max_series: usize,
     pub log: LogSpec,
+    pub tracing: TracingSpec,
     pub runtime: RuntimeSpec,
     pub listeners: Vec<ListenerSpec>,
     /// Shared with the generation built from them.
@@ -48,6 +49,17 @@ pub struct AdminSpec {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// `[tracing]`: where spans go, and which new traces are sampled.
+#[derive(Debug, Clone)]
+pub struct TracingSpec {
+    /// The OTLP/HTTP collector (`…/v1/traces` is appended), if any.
+    pub otlp_endpoint: Option<http::Uri>,
+    pub service_name: String,
+    /// The share of new traces (no `traceparent`) that are sampled and
+    /// exported; continued traces follow their caller's decision.
+    pub sample_ratio: f64,
 }
 
 #[derive(Debug, Clone)]

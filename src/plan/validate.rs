@@ -289,6 +289,7 @@ impl Validator<'_> {
             );
         }
         let log = self.log(file);
+        let tracing = self.tracing(file);
         let runtime = self.runtime(file);
         let upstreams = self.upstreams(&file.upstreams);
         let listeners = self.listeners(file);
@@ -302,6 +303,7 @@ impl Validator<'_> {
             metrics_bind,
             metrics_max_series,
             log: log?,
+            tracing,
             runtime: runtime?,
             listeners,
             routes,
@@ -339,6 +341,49 @@ impl Validator<'_> {
             token,
             require_expected_generation: file.admin.require_expected_generation,
         })
+    }
+
+    fn tracing(&mut self, file: &FileConfig) -> TracingSpec {
+        let section = file.tracing.clone();
+        let otlp_endpoint = section.otlp_endpoint.as_deref().and_then(|text| {
+            if !cfg!(feature = "otlp") {
+                self.error(
+                    "otlp_not_built",
+                    "tracing.otlp_endpoint",
+                    "this cutover was built without the `otlp` feature: it cannot export spans",
+                );
+                return None;
+            }
+            match text.parse::<http::Uri>() {
+                Ok(uri)
+                    if matches!(uri.scheme_str(), Some("http" | "https"))
+                        && uri.authority().is_some() =>
+                {
+                    Some(uri)
+                }
+                _ => {
+                    self.error(
+                        "invalid_otlp_endpoint",
+                        "tracing.otlp_endpoint",
+                        format!("'{text}' is not an http:// or https:// URL with a host"),
+                    );
+                    None
+                }
+            }
+        });
+        let sample_ratio = section.sample_ratio.unwrap_or(1.0);
+        if !(0.0..=1.0).contains(&sample_ratio) {
+            self.error(
+                "invalid_sample_ratio",
+                "tracing.sample_ratio",
+                format!("sample_ratio {sample_ratio} is not between 0 and 1"),
+            );
+        }
+        TracingSpec {
+            otlp_endpoint,
+            service_name: section.service_name.unwrap_or_else(|| "cutover".to_owned()),
+            sample_ratio: sample_ratio.clamp(0.0, 1.0),
+        }
     }
 
     fn log(&mut self, file: &FileConfig) -> Option<LogSpec> {

@@ -80,8 +80,11 @@ pub async fn handle(
     let started = Instant::now();
     let Pinned { generation, guard } = conn.admission.pin();
     let trace = TraceContext::take(req.headers_mut());
-    // Only pay for the access log's copies when it is on.
-    let mut noted = access::enabled().then(|| Noted {
+    // Only pay for the line's copies when the access log is on or the
+    // request's span is exported.
+    let logged = access::enabled();
+    let sampled = trace.sampled() && crate::telemetry::otlp::enabled();
+    let mut noted = (logged || sampled).then(|| Noted {
         method: req.method().clone(),
         path: req.uri().path().to_owned(),
         authority: None,
@@ -171,6 +174,10 @@ pub async fn handle(
             backend: None,
             attempts: 0,
             trace_id: Some(trace.trace_id),
+            span_id: Some(trace.span_id),
+            parent_span_id: trace.parent_id,
+            sampled,
+            logged,
             flags,
         };
         access::Pending::new(line, trail, started, bodiless)

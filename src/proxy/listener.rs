@@ -665,6 +665,10 @@ fn refused_head_line(ctx: &ConnContext, status: StatusCode, flags: Flags) {
         backend: None,
         attempts: 0,
         trace_id: None,
+        span_id: None,
+        parent_span_id: None,
+        sampled: false,
+        logged: true,
         flags,
     });
 }

@@ -81,6 +81,10 @@ pub async fn serve(
         backend: None,
         attempts: 0,
         trace_id: None,
+        span_id: None,
+        parent_span_id: None,
+        sampled: false,
+        logged: true,
         flags: Flags::NONE,
     });
     let finish = |line: Option<access::Line>| {

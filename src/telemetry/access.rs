@@ -155,6 +155,13 @@ pub struct Line {
     pub backend: Option<Arc<str>>,
     pub attempts: u32,
     pub trace_id: Option<[u8; 16]>,
+    /// The gateway's span, and the caller's, when the request had one.
+    pub span_id: Option<[u8; 8]>,
+    pub parent_span_id: Option<[u8; 8]>,
+    /// Exported as a span (see `otlp`).
+    pub sampled: bool,
+    /// Written to the access log.
+    pub logged: bool,
     pub flags: Flags,
 }
 
@@ -370,7 +377,14 @@ fn write_lines(lines: Receiver<Message>, mut output: Output, format: LogFormat) 
         let mut next = Some(first);
         while let Some(message) = next.take() {
             match message {
-                Message::Line(line) => format_line(&mut batch, &line, format),
+                Message::Line(line) => {
+                    if line.logged {
+                        format_line(&mut batch, &line, format);
+                    }
+                    if line.sampled {
+                        super::otlp::submit(&line);
+                    }
+                }
                 Message::Reopen => {
                     flush_batch(&mut output, &mut batch, &mut failed_at);
                     output.reopen();
@@ -551,6 +565,10 @@ mod tests {
             backend: Some("127.0.0.1:9001".into()),
             attempts: 2,
             trace_id: Some([0xab; 16]),
+            span_id: Some([0x01; 8]),
+            parent_span_id: None,
+            sampled: false,
+            logged: true,
             flags: Flags::CONNECT_FAILURE | Flags::RETRIED,
         }
     }

@@ -76,6 +76,8 @@ pub const GENERATION_DURATION: &str = "cutover_generation_request_duration_secon
 /// Series not exported because `metrics.max_series` was reached.
 pub const SERIES_REFUSED: &str = "cutover_metrics_series_refused_total";
 
+/// Spans not exported: the exporter was behind or the collector failed.
+pub const TRACE_SPANS_DROPPED: &str = "cutover_trace_spans_dropped_total";
 /// Access-log lines dropped because the writer was behind or its file
 /// could not be written.
 pub const LOG_DROPPED: &str = "cutover_log_dropped_total";
@@ -138,6 +140,10 @@ pub fn describe() {
     describe_counter!(
         SERIES_REFUSED,
         "Series not exported because metrics.max_series was reached"
+    );
+    describe_counter!(
+        TRACE_SPANS_DROPPED,
+        "Spans not exported: the exporter was behind or the collector failed"
     );
     describe_counter!(
         LOG_DROPPED,

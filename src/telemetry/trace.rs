@@ -62,20 +62,25 @@ impl TraceContext {
                 if state {
                     headers.remove(&TRACESTATE);
                 }
-                Self::start()
+                Self::start(super::otlp::sample_new_trace())
             }
         }
     }
 
-    /// A new trace, not sampled.
-    pub fn start() -> Self {
+    /// A new trace, sampled or not.
+    pub fn start(sampled: bool) -> Self {
         Self {
             // Never zero, which the standard reserves for "invalid".
             trace_id: fastrand::u128(1..).to_be_bytes(),
             span_id: span_id(),
             parent_id: None,
-            flags: 0,
+            flags: u8::from(sampled),
         }
+    }
+
+    /// `trace-flags` bit 0: the trace is recorded.
+    pub fn sampled(&self) -> bool {
+        self.flags & 1 == 1
     }
 
     /// Parses a `traceparent` value (W3C Trace Context §3.2): version 00

@@ -825,3 +825,210 @@ async fn ctl_status_watch_shows_rates_generations_backends_and_history() {
     assert!(text.contains(&backend.addr.to_string()), "{text}");
     assert!(text.contains("pipeline-42: longer timeout"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_page_shows_both_generations_and_the_diff_in_a_real_browser() {
+    let Some(chromium) = installed("chromium") else {
+        eprintln!(
+            "SKIPPED: chromium is not installed \
+             (apt-get install chromium; .ci/run installs it)"
+        );
+        return;
+    };
+    let backend = Backend::named("a").await;
+    let gw = Gateway::start(&proxy_config(backend.addr, "timeout = \"15s\""));
+    for (timeout, reason) in [("3s", "tighter timeout"), ("5s", "a little looser")] {
+        let (status, body) = admin_request(
+            gw.admin,
+            "POST",
+            "/admin/runtime/activate",
+            Some("application/json"),
+            Some(
+                serde_json::json!({
+                    "config": proxy_config(backend.addr, &format!("timeout = \"{timeout}\"")),
+                    "requested_by": "pipeline-7",
+                    "reason": reason,
+                })
+                .to_string(),
+            ),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let profile = tempfile::tempdir().unwrap();
+    let url = format!("{}/admin/", gw.admin_url());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            // Long enough for the page's fetches and first render.
+            .arg("--virtual-time-budget=5000")
+            .arg("--dump-dom")
+            .arg(&url)
+            .output()
+            .expect("run chromium")
+    })
+    .await
+    .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && dom.contains("<html"),
+        "chromium failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The page ran (the summary replaced "loading…") with no API error.
+    assert!(dom.contains("generation 3 · sha256:"), "{dom}");
+    assert!(dom.contains(r#"id="error" class="error" hidden"#), "{dom}");
+    // The timeline shows every retained generation, with who and why.
+    for id in 1..=3 {
+        assert!(dom.contains(&format!("generation {id}</span>")), "{dom}");
+    }
+    assert!(dom.contains("pipeline-7: a little looser"), "{dom}");
+    // The newest entry's diff, side by side.
+    assert!(dom.contains("Changes from generation 2 to 3"), "{dom}");
+    assert!(
+        dom.contains(r#"<td class="del">timeout = "3s"</td>"#),
+        "{dom}"
+    );
+    assert!(
+        dom.contains(r#"<td class="add">timeout = "5s"</td>"#),
+        "{dom}"
+    );
+    // Live generations and backends are filled in.
+    assert!(dom.contains(r#"<tr class="generation">"#), "{dom}");
+    assert!(dom.contains(&backend.addr.to_string()), "{dom}");
+}
+
+/// An OTLP/HTTP collector: keeps every export's JSON body.
+async fn otlp_receiver() -> (Backend, Arc<std::sync::Mutex<Vec<Value>>>) {
+    let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let store = Arc::clone(&received);
+    let backend = Backend::start(Arc::new(move |req: Request<hyper::body::Incoming>| {
+        let store = Arc::clone(&store);
+        Box::pin(async move {
+            assert_eq!(req.uri().path(), "/v1/traces");
+            assert_eq!(req.headers()["content-type"], "application/json");
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            store
+                .lock()
+                .unwrap()
+                .push(serde_json::from_slice(&body).expect("an OTLP/JSON body"));
+            hyper::Response::new(full("{}"))
+        })
+    }))
+    .await;
+    (backend, received)
+}
+
+fn exported_spans(received: &std::sync::Mutex<Vec<Value>>) -> Vec<Value> {
+    let mut spans = Vec::new();
+    for body in received.lock().unwrap().iter() {
+        for resource in body["resourceSpans"].as_array().into_iter().flatten() {
+            assert_eq!(
+                resource["resource"]["attributes"][0],
+                serde_json::json!({ "key": "service.name", "value": { "stringValue": "edge-gw" } })
+            );
+            for scope in resource["scopeSpans"].as_array().into_iter().flatten() {
+                spans.extend(scope["spans"].as_array().into_iter().flatten().cloned());
+            }
+        }
+    }
+    spans
+}
+
+#[cfg(feature = "otlp")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_requests_are_exported_as_spans_over_otlp() {
+    let echo = echo_backend().await;
+    let (collector, received) = otlp_receiver().await;
+    let gw = Gateway::start(&format!(
+        "{}\n[tracing]\notlp_endpoint = \"http://{}\"\nservice_name = \"edge-gw\"\nsample_ratio = 1.0\n",
+        proxy_config(echo.addr, ""),
+        collector.addr
+    ));
+    let web = gw.listener("web");
+    let upstream_traceparent = |body: &Bytes| {
+        String::from_utf8_lossy(body)
+            .lines()
+            .find_map(|l| l.strip_prefix("traceparent: ").map(str::to_owned))
+            .expect("traceparent upstream")
+    };
+    let request = |traceparent: Option<&str>| {
+        let mut req = Request::get("/traced").header("host", "app.example");
+        if let Some(t) = traceparent {
+            req = req.header("traceparent", t);
+        }
+        req.body(Full::new(Bytes::new())).unwrap()
+    };
+    // A sampled trace from the client: continued, exported.
+    let (status, _, body) = send(web, request(Some(TRACEPARENT))).await.unwrap();
+    assert_eq!(status, 200);
+    let continued = upstream_traceparent(&body);
+    // A trace the client does not record: continued, not exported.
+    let unsampled = "00-11111111111111111111111111111111-2222222222222222-00";
+    let (_, _, body) = send(web, request(Some(unsampled))).await.unwrap();
+    assert!(upstream_traceparent(&body).ends_with("-00"));
+    // No trace: a new one, sampled at sample_ratio = 1.
+    let (_, _, body) = send(web, request(None)).await.unwrap();
+    let started = upstream_traceparent(&body);
+    assert!(started.ends_with("-01"), "{started}");
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while exported_spans(&received).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "spans: {:#?}",
+            exported_spans(&received)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // One more flush interval: the unsampled request must not follow.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let spans = exported_spans(&received);
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    let of = |traceparent: &str| {
+        spans
+            .iter()
+            .find(|s| s["traceId"] == traceparent[3..35])
+            .unwrap_or_else(|| panic!("no span for {traceparent}: {spans:#?}"))
+            .clone()
+    };
+    let child = of(&continued);
+    assert_eq!(child["traceId"], TRACE_ID);
+    assert_eq!(child["parentSpanId"], "00f067aa0ba902b7");
+    // The backend's parent is the gateway's span.
+    assert_eq!(child["spanId"], continued[36..52]);
+    assert_eq!(child["kind"], 2);
+    assert_eq!(child["name"], "GET all");
+    let attribute = |span: &Value, key: &str| {
+        span["attributes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["key"] == key)
+            .map(|a| a["value"].clone())
+    };
+    assert_eq!(
+        attribute(&child, "http.response.status_code"),
+        Some(serde_json::json!({ "intValue": "200" }))
+    );
+    assert_eq!(
+        attribute(&child, "cutover.backend"),
+        Some(serde_json::json!({ "stringValue": echo.addr.to_string() }))
+    );
+    let start: u128 = child["startTimeUnixNano"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let end: u128 = child["endTimeUnixNano"].as_str().unwrap().parse().unwrap();
+    assert!(start > 0 && end >= start);
+    let root = of(&started);
+    assert!(root.get("parentSpanId").is_none(), "{root}");
+    assert_eq!(root["spanId"], started[36..52]);
+}
