@@ -28,7 +28,8 @@
 //! cutover's throughput, `CUTOVER_BENCH_PACED_PERCENT`) on every target,
 //! from the built-in generator, which charges a request the wait when its
 //! connection fell behind; (e) direct and cutover against the in-process
-//! hyper backend, the second backend.
+//! hyper backend, the second backend; (f) cutover with the access log
+//! (JSON, to a file) off and on, in alternating rounds.
 //!
 //! Run: `cargo bench --bench proxy` (`CUTOVER_BENCH_SECONDS` sets each
 //! run's length, default 10). Installs nothing: `apt-get install wrk
@@ -118,6 +119,13 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(default)
     };
+    // `CUTOVER_BENCH_ONLY=access-log,activations`: only those parts (http1,
+    // h2c, https, open-loop, activations, access-log, hyper-backend).
+    let only = std::env::var("CUTOVER_BENCH_ONLY").ok();
+    let part = |name: &str| {
+        only.as_deref()
+            .is_none_or(|only| only.split(',').any(|p| p.trim() == name))
+    };
     let seconds = setting("CUTOVER_BENCH_SECONDS", 10);
     let rounds = setting("CUTOVER_BENCH_ROUNDS", 3).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -177,6 +185,14 @@ fn main() {
     }
 
     for front in [Front::Http1, Front::H2c, Front::Https] {
+        let wanted = match front {
+            Front::Http1 => part("http1"),
+            Front::H2c => part("h2c"),
+            Front::Https => part("https"),
+        };
+        if !wanted {
+            continue;
+        }
         let usable = match front {
             Front::Http1 => true,
             Front::H2c => tools.h2load,
@@ -194,15 +210,82 @@ fn main() {
     }
 
     // (d) open loop at half of cutover's closed-loop throughput.
-    let fraction = setting("CUTOVER_BENCH_PACED_PERCENT", 50) as f64 / 100.0;
-    let cutover_rate = http1(&runtime, &tools, gateway.web, seconds.min(5), None).requests_per_sec;
+    if part("open-loop") {
+        open_loop(
+            &runtime,
+            &tools,
+            &targets,
+            gateway.web,
+            setting("CUTOVER_BENCH_PACED_PERCENT", 50),
+            seconds,
+        );
+    }
+    drop(targets.split_off(2));
+    processes.stop_references();
+
+    // (c) HTTP/1.1 through cutover while 1 000 activations run.
+    if part("activations") {
+        let without = http1(&runtime, &tools, gateway.web, seconds, Some(gateway_pid));
+        let (during, activations, failed) =
+            during_activations(&runtime, &tools, &gateway, &gateway_config, seconds);
+        println!(
+            "\nc) cutover during {activations} activations: {} errors ({failed} failed activations), p99 {:.3} ms vs {:.3} without (ratio {:.3}), throughput ratio {:.3}",
+            during.errors + failed,
+            during.p99_ms,
+            without.p99_ms,
+            during.p99_ms / without.p99_ms,
+            during.requests_per_sec / without.requests_per_sec
+        );
+    }
+
+    // (f) the access log (JSON, to a file) on and off, alternating rounds.
+    if part("access-log") {
+        access_log(
+            &runtime,
+            &tools,
+            &gateway,
+            &gateway_config,
+            rounds,
+            seconds,
+            dir.path(),
+        );
+    }
+
+    // (e) the second backend: the in-process hyper server.
+    if part("hyper-backend") {
+        let direct = http1(&runtime, &tools, hyper_backend, seconds, None);
+        let through = http1(&runtime, &tools, gateway.hyper, seconds, Some(gateway_pid));
+        println!(
+            "\ne) in-process hyper backend: direct {:.0} req/s, cutover {:.0} req/s ({:.3}), cutover CPU {:.2} µs/request",
+            direct.requests_per_sec,
+            through.requests_per_sec,
+            through.requests_per_sec / direct.requests_per_sec,
+            through.cpu_us_per_request()
+        );
+    }
+    drop(gateway);
+    drop(processes);
+}
+
+/// (d): the same open-loop rate, `percent` of cutover's closed-loop
+/// throughput, on every target.
+fn open_loop(
+    runtime: &tokio::runtime::Runtime,
+    tools: &Tools,
+    targets: &[Target],
+    cutover: SocketAddr,
+    percent: u64,
+    seconds: u64,
+) {
+    let fraction = percent as f64 / 100.0;
+    let cutover_rate = http1(runtime, tools, cutover, seconds.min(5), None).requests_per_sec;
     let rate = cutover_rate * fraction;
     println!(
         "\nd) open loop at {rate:.0} req/s ({:.0} % of cutover's closed-loop HTTP/1.1 throughput):",
         fraction * 100.0
     );
     let mut paced_runs = Vec::new();
-    for target in &targets {
+    for target in targets {
         let run = runtime.block_on(paced(target.http1, rate, seconds));
         println!(
             "  {:<10} p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}",
@@ -219,34 +302,6 @@ fn main() {
             );
         }
     }
-    drop(targets.split_off(2));
-    processes.stop_references();
-
-    // (c) HTTP/1.1 through cutover while 1 000 activations run.
-    let without = http1(&runtime, &tools, gateway.web, seconds, Some(gateway_pid));
-    let (during, activations, failed) =
-        during_activations(&runtime, &tools, &gateway, &gateway_config, seconds);
-    println!(
-        "\nc) cutover during {activations} activations: {} errors ({failed} failed activations), p99 {:.3} ms vs {:.3} without (ratio {:.3}), throughput ratio {:.3}",
-        during.errors + failed,
-        during.p99_ms,
-        without.p99_ms,
-        during.p99_ms / without.p99_ms,
-        during.requests_per_sec / without.requests_per_sec
-    );
-
-    // (e) the second backend: the in-process hyper server.
-    let direct = http1(&runtime, &tools, hyper_backend, seconds, None);
-    let through = http1(&runtime, &tools, gateway.hyper, seconds, Some(gateway_pid));
-    println!(
-        "\ne) in-process hyper backend: direct {:.0} req/s, cutover {:.0} req/s ({:.3}), cutover CPU {:.2} µs/request",
-        direct.requests_per_sec,
-        through.requests_per_sec,
-        through.requests_per_sec / direct.requests_per_sec,
-        through.cpu_us_per_request()
-    );
-    drop(gateway);
-    drop(processes);
 }
 
 /// Rounds of one front over every target that speaks it, then the table.
@@ -544,6 +599,9 @@ bind = "127.0.0.1:0"
 
 [log]
 level = "warn"
+format = "json"
+access = false
+access_file = "{}"
 
 [[listeners]]
 name = "web"
@@ -575,6 +633,7 @@ backends = [{{ addr = "{}" }}]
 [upstreams.hyper]
 backends = [{{ addr = "{hyper_backend}" }}]
 "#,
+            dir.join("access.log").display(),
             cert.display(),
             key.display(),
             backend.http1
@@ -927,6 +986,69 @@ fn during_activations(
         activations.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed),
     )
+}
+
+/// HTTP/1.1 through cutover with `log.access` off and on (live, by
+/// activation), in alternating rounds: throughput and CPU per request.
+fn access_log(
+    runtime: &tokio::runtime::Runtime,
+    tools: &Tools,
+    gateway: &Gateway,
+    config: &str,
+    rounds: u64,
+    seconds: u64,
+    dir: &Path,
+) {
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for access in order {
+            let candidate = config.replace("access = false", &format!("access = {access}"));
+            let activated = runtime.block_on(post_toml(
+                gateway.admin,
+                "/admin/runtime/activate",
+                candidate,
+            ));
+            assert!(
+                matches!(activated, Ok(200)),
+                "activating access = {access}: {activated:?}"
+            );
+            let run = http1(
+                runtime,
+                tools,
+                gateway.web,
+                seconds,
+                Some(gateway.child.id()),
+            );
+            if access {
+                on.push(run)
+            } else {
+                off.push(run)
+            }
+        }
+    }
+    let lines = std::fs::read(dir.join("access.log"))
+        .map(|b| b.iter().filter(|c| **c == b'\n').count())
+        .unwrap_or(0);
+    let rps = |runs: &[Run]| spread(runs, |r| r.requests_per_sec);
+    let cpu = |runs: &[Run]| spread(runs, Run::cpu_us_per_request);
+    println!("\nf) access log, JSON to a file ({rounds} rounds each, {lines} lines written):");
+    for (label, runs) in [("off", &off), ("on", &on)] {
+        let (r, c) = (rps(runs), cpu(runs));
+        println!(
+            "  {label:<4} {:.0} req/s ({:.0}–{:.0})  CPU {:.2} µs/request ({:.2}–{:.2})  p99 {:.3} ms",
+            r.0, r.1, r.2, c.0, c.1, c.2, spread(runs, |r| r.p99_ms).0
+        );
+    }
+    println!(
+        "  on / off: throughput {:.3}, CPU per request {:.3}",
+        rps(&on).0 / rps(&off).0,
+        cpu(&on).0 / cpu(&off).0
+    );
 }
 
 async fn post_toml(admin: SocketAddr, path: &str, body: String) -> Result<u16, String> {

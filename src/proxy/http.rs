@@ -68,7 +68,7 @@ struct Noted {
     method: http::Method,
     /// As routed: replaced by the normalized path when that differs.
     path: String,
-    authority: Option<HeaderValue>,
+    authority: Option<String>,
 }
 
 /// Serves one request. Never fails: errors become responses here.
@@ -238,7 +238,9 @@ async fn serve<'g>(
         if let Cow::Owned(normalized) = &path {
             noted.path.clone_from(normalized);
         }
-        noted.authority.clone_from(&authority);
+        noted.authority = authority
+            .as_ref()
+            .map(|a| String::from_utf8_lossy(a.as_bytes()).into_owned());
     }
     let host = authority
         .as_ref()

@@ -139,7 +139,7 @@ pub fn span(line: &Line) -> Option<Value> {
     if let Some(path) = &line.path {
         attributes.push(text("url.path", path));
     }
-    if let Some(authority) = line.authority.as_ref().and_then(|a| a.to_str().ok()) {
+    if let Some(authority) = &line.authority {
         attributes.push(text("server.address", authority));
     }
     if let Some(route) = &line.route {
@@ -265,7 +265,7 @@ mod tests {
             generation: 7,
             client: "10.0.0.1:5555".parse().unwrap(),
             method: Some(http::Method::POST),
-            authority: Some(http::HeaderValue::from_static("api.example.com")),
+            authority: Some("api.example.com".into()),
             path: Some("/v1/orders".into()),
             route: Some("api".into()),
             status: 503,
