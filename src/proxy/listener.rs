@@ -345,6 +345,8 @@ impl ListenerSet {
         let listener_open = Arc::new(AtomicUsize::new(0));
         let refused =
             metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => name.to_string());
+        let accepted_total =
+            metrics::counter!(m::CONNECTIONS_ACCEPTED, m::LABEL_LISTENER => name.to_string());
         loop {
             let accepted = tokio::select! {
                 accepted = listener.socket.accept() => accepted,
@@ -374,6 +376,7 @@ impl ListenerSet {
             listener_open.fetch_add(1, Ordering::AcqRel);
             self.open.count.fetch_add(1, Ordering::AcqRel);
             gauge.increment(1.0);
+            accepted_total.increment(1);
             let guard = ConnectionGuard {
                 all: Arc::clone(&self.open),
                 listener: Arc::clone(&listener_open),
@@ -491,7 +494,14 @@ async fn serve_connection(
         }
         Some(acceptor) => {
             let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(io));
-            match handshake.await {
+            let handshake = handshake.await;
+            let outcome = match &handshake {
+                Ok(Ok(_)) => "ok",
+                Ok(Err(_)) => "failed",
+                Err(_) => "timeout",
+            };
+            metrics::counter!(m::TLS_HANDSHAKES, m::LABEL_LISTENER => ctx.listener.to_string(), m::LABEL_OUTCOME => outcome).increment(1);
+            match handshake {
                 Ok(Ok(tls)) => {
                     let http1 = tls.get_ref().1.alpn_protocol() != Some(b"h2");
                     let io = HeadCheck::wrap(tls, Arc::clone(&ctx.activity), http1);

@@ -37,6 +37,11 @@ pub const TLS_HANDSHAKE_FAILURES: &str = "cutover_tls_handshake_failures_total";
 /// Client connections closed at accept because the listener was at
 /// `max_connections`.
 pub const CONNECTIONS_REFUSED: &str = "cutover_connections_refused_total";
+/// Client connections accepted (not refused at `max_connections`), by
+/// `listener`.
+pub const CONNECTIONS_ACCEPTED: &str = "cutover_listener_connections_total";
+/// TLS handshakes by `listener` and `outcome` (`ok`, `failed`, `timeout`).
+pub const TLS_HANDSHAKES: &str = "cutover_tls_handshakes_total";
 /// A certificate's `not_after` as Unix seconds, by `listener` and `name`.
 pub const CERT_NOT_AFTER: &str = "cutover_certificate_not_after_seconds";
 /// Certificate reloads by `outcome`.
@@ -136,6 +141,14 @@ pub fn describe() {
     describe_gauge!(
         LIVE_GENERATIONS,
         "Generations alive: the active one and those with pinned work"
+    );
+    describe_counter!(
+        CONNECTIONS_ACCEPTED,
+        "Client connections accepted, by listener"
+    );
+    describe_counter!(
+        TLS_HANDSHAKES,
+        "TLS handshakes by listener and outcome (ok, failed, timeout)"
     );
     describe_counter!(
         SERIES_REFUSED,

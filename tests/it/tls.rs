@@ -69,6 +69,9 @@ fn https_config(extra_tls: &str, certificates: &str) -> String {
         r#"[admin]
 bind = "127.0.0.1:0"
 
+[metrics]
+bind = "127.0.0.1:0"
+
 [log]
 level = "warn"
 
@@ -317,6 +320,28 @@ async fn required_client_certificates() {
         Ok(stream) => h1_get(stream, "default.test").await.is_err(),
     };
     assert!(refused);
+
+    // Each handshake is counted by outcome, each connection once.
+    let metrics = gw.metrics.expect("metrics endpoint");
+    let (_, _, text) = get(metrics, "x", "/metrics").await;
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series}:\n{text}"))
+    };
+    assert_eq!(
+        value(r#"cutover_tls_handshakes_total{listener="secure",outcome="ok"} "#),
+        1.0
+    );
+    assert_eq!(
+        value(r#"cutover_tls_handshakes_total{listener="secure",outcome="failed"} "#),
+        2.0
+    );
+    assert_eq!(
+        value(r#"cutover_listener_connections_total{listener="secure"} "#),
+        3.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
