@@ -157,28 +157,23 @@ pub async fn handle(
             || status == StatusCode::NOT_MODIFIED
             || http_body::Body::is_end_stream(response.body());
         let line = access::Line {
-            ended: std::time::SystemTime::UNIX_EPOCH,
-            duration: std::time::Duration::ZERO,
-            protocol: protocol_name(version),
-            listener: Arc::clone(&conn.listener),
-            generation: generation.id.0,
-            client: conn.remote,
             method: Some(noted.method),
             authority: noted.authority,
             path: Some(noted.path),
             route: route.map(|r| Arc::clone(r.shared.name())),
             status: status.as_u16(),
-            bytes_in: 0,
-            bytes_out: 0,
-            upstream_time: None,
-            backend: None,
-            attempts: 0,
             trace_id: Some(trace.trace_id),
             span_id: Some(trace.span_id),
             parent_span_id: trace.parent_id,
             sampled,
             logged,
             flags,
+            ..access::Line::new(
+                protocol_name(version),
+                Arc::clone(&conn.listener),
+                generation.id.0,
+                conn.remote,
+            )
         };
         access::Pending::new(line, trail, started, bodiless)
     });

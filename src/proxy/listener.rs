@@ -657,28 +657,12 @@ fn refused_head_line(ctx: &ConnContext, status: StatusCode, flags: Flags) {
     if !access::enabled() {
         return;
     }
+    let listener = Arc::clone(&ctx.listener);
+    let generation = ctx.admission.store().active_id().0;
     access::emit(access::Line {
         ended: std::time::SystemTime::now(),
-        duration: std::time::Duration::ZERO,
-        protocol: "HTTP/1.1",
-        listener: Arc::clone(&ctx.listener),
-        generation: ctx.admission.store().active_id().0,
-        client: ctx.remote,
-        method: None,
-        authority: None,
-        path: None,
-        route: None,
         status: status.as_u16(),
-        bytes_in: 0,
-        bytes_out: 0,
-        upstream_time: None,
-        backend: None,
-        attempts: 0,
-        trace_id: None,
-        span_id: None,
-        parent_span_id: None,
-        sampled: false,
-        logged: true,
         flags,
+        ..access::Line::new("HTTP/1.1", listener, generation, ctx.remote)
     });
 }

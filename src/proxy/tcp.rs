@@ -63,29 +63,9 @@ pub async fn serve(
     // Only the guard and the backend outlive set-up.
     crate::admission::release(generation);
     // The connection's access-log line, when the access log is on.
-    let mut line = access::enabled().then(|| access::Line {
-        ended: std::time::SystemTime::UNIX_EPOCH,
-        duration: Duration::ZERO,
-        protocol: "tcp",
-        listener: Arc::clone(&listener),
-        generation: generation_id.0,
-        client: peer.unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], 0))),
-        method: None,
-        authority: None,
-        path: None,
-        route: None,
-        status: 0,
-        bytes_in: 0,
-        bytes_out: 0,
-        upstream_time: None,
-        backend: None,
-        attempts: 0,
-        trace_id: None,
-        span_id: None,
-        parent_span_id: None,
-        sampled: false,
-        logged: true,
-        flags: Flags::NONE,
+    let mut line = access::enabled().then(|| {
+        let client = peer.unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+        access::Line::new("tcp", Arc::clone(&listener), generation_id.0, client)
     });
     let finish = |line: Option<access::Line>| {
         if let Some(mut line) = line {

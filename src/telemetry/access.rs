@@ -168,6 +168,40 @@ pub struct Line {
 }
 
 impl Line {
+    /// A line that knows only where the request or connection came in;
+    /// the rest is filled in as it is served.
+    pub fn new(
+        protocol: &'static str,
+        listener: Arc<str>,
+        generation: u64,
+        client: SocketAddr,
+    ) -> Self {
+        Self {
+            ended: SystemTime::UNIX_EPOCH,
+            duration: Duration::ZERO,
+            protocol,
+            listener,
+            generation,
+            client,
+            method: None,
+            authority: None,
+            path: None,
+            route: None,
+            status: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            upstream_time: None,
+            backend: None,
+            attempts: 0,
+            trace_id: None,
+            span_id: None,
+            parent_span_id: None,
+            sampled: false,
+            logged: true,
+            flags: Flags::NONE,
+        }
+    }
+
     /// Takes what the request's trail collected.
     pub fn absorb(&mut self, trail: &Trail) {
         self.bytes_in += trail.bytes_in.load(Ordering::Relaxed);
