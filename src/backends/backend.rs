@@ -12,14 +12,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::client::UpstreamClient;
+use super::client::{TimedConnector, UpstreamClient};
 use super::health::Health;
 use super::load::Load;
 use super::outlier::{Failure, Outlier};
 use super::BackendKey;
 use crate::plan::{OutlierSpec, UpstreamProtocol};
 use crate::telemetry::metrics as m;
-use crate::telemetry::series::{self, Count, Exported, Sample};
+use crate::telemetry::series::{self, Count, Exported, Histogram, Sample};
 
 /// How one attempt at a backend ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +87,9 @@ pub struct Backend {
     pub checks: [Count; 2],
     /// Whether the series budget took this backend's series.
     exported: bool,
+    /// How long new connections took to open (every protocol; for TLS,
+    /// the TCP part).
+    connect_time: Arc<Histogram>,
     /// Ids of the most recent generations built with this backend (an
     /// opaque number here), for the admin view.
     named_by: Mutex<VecDeque<u64>>,
@@ -105,6 +108,7 @@ impl Backend {
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(key.connect_timeout));
         connector.set_keepalive(Some(Duration::from_secs(60)));
+        let connect_time = Arc::new(Histogram::new(m::CONNECT_DURATION_BUCKETS));
         let mut builder = Client::builder(TokioExecutor::new());
         builder
             .pool_timer(TokioTimer::new())
@@ -130,16 +134,22 @@ impl Backend {
                     None => https,
                 };
                 let https = if key.protocol.is_http2() {
-                    https.enable_http2().wrap_connector(connector)
+                    https
+                        .enable_http2()
+                        .wrap_connector(TimedConnector::new(connector, Arc::clone(&connect_time)))
                 } else {
-                    https.enable_http1().wrap_connector(connector)
+                    https
+                        .enable_http1()
+                        .wrap_connector(TimedConnector::new(connector, Arc::clone(&connect_time)))
                 };
                 UpstreamClient::Tls(builder.build(https))
             }
-            None => UpstreamClient::Plain(builder.build(connector)),
+            None => UpstreamClient::Plain(
+                builder.build(TimedConnector::new(connector, Arc::clone(&connect_time))),
+            ),
         };
         let h1 = (key.tls.is_none() && key.protocol == UpstreamProtocol::Http1)
-            .then(|| super::H1Pool::new(256, key.idle_timeout));
+            .then(|| super::H1Pool::new(256, key.idle_timeout, Arc::clone(&connect_time)));
         let scheme = if key.tls.is_some() {
             Scheme::HTTPS
         } else {
@@ -155,6 +165,7 @@ impl Backend {
             ejections: Count::default(),
             checks: Default::default(),
             exported: false,
+            connect_time,
             health: Health::new(key.health.is_some()),
             label: Arc::from(key.addr.as_str()),
             key,
@@ -210,6 +221,12 @@ impl Backend {
         let length = self.outlier.eject(spec);
         tracing::warn!(backend = %self.key.addr, ejection = ?length, "backend ejected after consecutive failures");
         length
+    }
+
+    /// Records how long a connection to it took to open (TCP listeners
+    /// connect themselves; hyper's client and the h1 pool record their own).
+    pub fn connected_in(&self, elapsed: Duration) {
+        self.connect_time.record(elapsed);
     }
 
     /// Notes that generation `id` was built with this backend.
@@ -333,11 +350,9 @@ impl Exported for Backend {
             labels.clone(),
             self.load.inflight() as f64,
         ));
-        if let Some(pool) = &self.h1 {
-            if pool.connect_time.count() > 0 {
-                pool.connect_time
-                    .samples(&series::BACKEND_CONNECT, &labels, out);
-            }
+        if self.connect_time.count() > 0 {
+            self.connect_time
+                .samples(&series::BACKEND_CONNECT, &labels, out);
         }
     }
 }

@@ -12,6 +12,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 
 use crate::telemetry::access::Trail;
+use crate::telemetry::series::Histogram;
 
 /// A request body on its way to a backend: the client's, streamed, or
 /// one read in full beforehand so that it can be sent more than once
@@ -130,8 +131,51 @@ impl http_body::Body for SignalledBody {
 /// The pooled client of a backend: plain TCP or TLS.
 #[derive(Debug)]
 pub enum UpstreamClient {
-    Plain(Client<HttpConnector, SignalledBody>),
-    Tls(Client<HttpsConnector<HttpConnector>, SignalledBody>),
+    Plain(Client<TimedConnector, SignalledBody>),
+    Tls(Client<HttpsConnector<TimedConnector>, SignalledBody>),
+}
+
+/// hyper-util's connector, each new TCP connection's connect time
+/// recorded in the backend's histogram (`cutover_backend_connect_duration_seconds`;
+/// for TLS backends the handshake is not in it).
+#[derive(Clone)]
+pub struct TimedConnector {
+    inner: HttpConnector,
+    times: Arc<Histogram>,
+}
+
+impl TimedConnector {
+    pub fn new(inner: HttpConnector, times: Arc<Histogram>) -> Self {
+        Self { inner, times }
+    }
+}
+
+impl tower::Service<http::Uri> for TimedConnector {
+    type Response = <HttpConnector as tower::Service<http::Uri>>::Response;
+    type Error = <HttpConnector as tower::Service<http::Uri>>::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let started = std::time::Instant::now();
+        let times = Arc::clone(&self.times);
+        let connecting = self.inner.call(uri);
+        Box::pin(async move {
+            let connected = connecting.await;
+            if connected.is_ok() {
+                times.record(started.elapsed());
+            }
+            connected
+        })
+    }
 }
 
 impl UpstreamClient {

@@ -164,19 +164,23 @@ pub struct H1Pool {
     max_idle: usize,
     /// A connection idle longer is never handed out again.
     idle_timeout: Duration,
-    /// How long new connections took to open.
-    pub connect_time: Histogram,
+    /// How long new connections took to open (the backend's histogram).
+    connect_time: std::sync::Arc<Histogram>,
 }
 
 impl H1Pool {
-    pub fn new(max_idle: usize, idle_timeout: Duration) -> Self {
+    pub fn new(
+        max_idle: usize,
+        idle_timeout: Duration,
+        connect_time: std::sync::Arc<Histogram>,
+    ) -> Self {
         Self {
             shares: (0..super::shards())
                 .map(|_| Mutex::new(VecDeque::new()))
                 .collect(),
             max_idle,
             idle_timeout,
-            connect_time: Histogram::new(crate::telemetry::metrics::CONNECT_DURATION_BUCKETS),
+            connect_time,
         }
     }
 
@@ -1088,6 +1092,12 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn test_histogram() -> std::sync::Arc<Histogram> {
+        std::sync::Arc::new(Histogram::new(
+            crate::telemetry::metrics::CONNECT_DURATION_BUCKETS,
+        ))
+    }
     use http_body_util::channel::Channel;
     use http_body_util::{BodyExt, Empty, Full};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1276,7 +1286,7 @@ mod tests {
                 held.push(stream);
             }
         });
-        let pool = H1Pool::new(4, Duration::from_millis(100));
+        let pool = H1Pool::new(4, Duration::from_millis(100), test_histogram());
         pool.put(connect(&addr, Duration::from_secs(1)).await.unwrap());
         assert!(pool.take().is_some(), "a fresh connection is reused");
         pool.put(connect(&addr, Duration::from_secs(1)).await.unwrap());
@@ -1551,7 +1561,7 @@ mod tests {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
         let conn = response.body_mut().take_connection().expect("complete");
-        let pool = H1Pool::new(4, Duration::from_secs(60));
+        let pool = H1Pool::new(4, Duration::from_secs(60), test_histogram());
         pool.put(conn);
         // The backend closes right after answering.
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1685,7 +1695,7 @@ mod tests {
     #[tokio::test]
     async fn an_idempotent_request_on_a_connection_closed_under_it_is_sent_again() {
         let addr = closes_its_first_connection_under_the_second_request().await;
-        let pool = H1Pool::new(4, Duration::from_secs(60));
+        let pool = H1Pool::new(4, Duration::from_secs(60), test_histogram());
         let first = through_pool(&pool, &addr, get(Method::GET)).await;
         assert_eq!(first.ok().as_deref(), Some(&b"first"[..]));
         let second = through_pool(&pool, &addr, get(Method::GET)).await;
@@ -1695,7 +1705,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_with_a_body_is_not_sent_twice() {
         let addr = closes_its_first_connection_under_the_second_request().await;
-        let pool = H1Pool::new(4, Duration::from_secs(60));
+        let pool = H1Pool::new(4, Duration::from_secs(60), test_histogram());
         let first = through_pool(&pool, &addr, get(Method::GET)).await;
         assert_eq!(first.ok().as_deref(), Some(&b"first"[..]));
         let mut post = Request::new(Full::new(Bytes::from_static(b"order #1")));

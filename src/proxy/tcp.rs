@@ -87,6 +87,7 @@ pub async fn serve(
         line.attempts = 1;
     }
     let _backend_guard = backend.start_request();
+    let connecting = std::time::Instant::now();
     let connect = tokio::time::timeout(
         backend.key.connect_timeout,
         TcpStream::connect(backend.key.addr.as_str()),
@@ -94,6 +95,7 @@ pub async fn serve(
     .await;
     let upstream = match connect {
         Ok(Ok(stream)) => {
+            backend.connected_in(connecting.elapsed());
             upstream.report(&backend, Attempt::Answered(http::StatusCode::OK), None);
             if let Some(line) = line.as_mut() {
                 line.upstream_time = Some(started.elapsed());

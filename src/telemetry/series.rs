@@ -100,7 +100,7 @@ pub static BACKEND_INFLIGHT: Family = family(
 pub static BACKEND_CONNECT: Family = family(
     m::CONNECT_DURATION,
     Kind::Histogram,
-    "Time to open a connection to a backend (plain HTTP/1.1 and TCP)",
+    "Time to open a TCP connection to a backend (TLS handshakes not included)",
 );
 pub static UPSTREAM_FAIL_OPEN: Family = family(
     m::FAIL_OPEN,

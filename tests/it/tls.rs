@@ -713,12 +713,27 @@ backends = [{{ addr = "{tls_addr}" }}]
 protocol = "h2c"
 backends = [{{ addr = "{h2c_addr}" }}]
 "#
-        )),
+        ))
+        .replace("[log]", "[metrics]\nbind = \"127.0.0.1:0\"\n\n[log]"),
     );
     let web = gw.listener("web");
     assert_eq!(get(web, "a", "/https").await.2, "tls HTTP/1.1");
     assert_eq!(get(web, "a", "/h2").await.2, "tls HTTP/2.0");
     assert_eq!(get(web, "a", "/plain").await.2, "plain HTTP/2.0");
+    // Connections opened by hyper's client are timed too (TLS: the TCP
+    // part): one for the TLS backend's identities, one for h2c.
+    let metrics = gw.metrics.expect("metrics endpoint");
+    let (_, _, text) = get(metrics, "x", "/metrics").await;
+    for backend in [tls_addr, h2c_addr] {
+        let count =
+            format!("cutover_backend_connect_duration_seconds_count{{backend=\"{backend}\"}} ");
+        let value: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(count.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {count}:\n{text}"));
+        assert!(value >= 1.0, "{count}{value}");
+    }
 
     // A backend whose certificate the configured CA did not sign: 502.
     let stranger = ca_for_test("stranger");
@@ -728,9 +743,12 @@ backends = [{{ addr = "{h2c_addr}" }}]
         "POST",
         "/admin/runtime/activate",
         Some("application/toml"),
-        Some(config(&format!(
-            "[[routes]]\nname = \"https\"\nlisteners = [\"web\"]\nupstream = \"https\"\n\n[upstreams.https]\nprotocol = \"https\"\n{tls}\nbackends = [{{ addr = \"{bad_addr}\" }}]\n"
-        ))),
+        Some(
+            config(&format!(
+                "[[routes]]\nname = \"https\"\nlisteners = [\"web\"]\nupstream = \"https\"\n\n[upstreams.https]\nprotocol = \"https\"\n{tls}\nbackends = [{{ addr = \"{bad_addr}\" }}]\n"
+            ))
+            .replace("[log]", "[metrics]\nbind = \"127.0.0.1:0\"\n\n[log]"),
+        ),
     )
     .await;
     assert_eq!(status, 200, "{body}");
