@@ -146,7 +146,7 @@ pub async fn handle(
     if let Some(counter) = conn.responses.get(class) {
         counter.increment(1);
     }
-    let log = noted.map(|noted| {
+    let log = noted.and_then(|noted| {
         if status == StatusCode::SWITCHING_PROTOCOLS {
             flags |= Flags::UPGRADED;
         }
@@ -175,7 +175,15 @@ pub async fn handle(
                 conn.remote,
             )
         };
-        access::Pending::new(line, trail, started, bodiless)
+        let pending = access::Pending::new(line, trail.clone(), started, bodiless);
+        // A protocol switch is logged when its tunnel closes.
+        match (&trail, status == StatusCode::SWITCHING_PROTOCOLS) {
+            (Some(trail), true) => {
+                trail.defer(pending);
+                None
+            }
+            _ => Some(pending),
+        }
     });
     crate::admission::release(generation);
     Ok(response.map(|body| Tracked::new(body, open, log)))
@@ -555,6 +563,7 @@ async fn client_exchange(
             backend: guards.backend,
             route: guards.route,
             store: guards.store,
+            trail: hop.trail.clone(),
         };
         drop(guards.inflight);
         tokio::spawn(tunnel.run(downstream, upstream_half, Arc::clone(&conn.listener)));
@@ -741,6 +750,9 @@ struct Tunnel {
     backend: crate::backends::BackendGuard,
     route: Option<crate::generation::RouteSlot>,
     store: Arc<crate::runtime::GenerationStore>,
+    /// Holds the request's access-log line (`handle` leaves it there for
+    /// a 101) until the tunnel closes.
+    trail: Option<Arc<Trail>>,
 }
 
 impl Tunnel {
@@ -750,7 +762,12 @@ impl Tunnel {
         upstream: hyper::upgrade::OnUpgrade,
         listener: Arc<str>,
     ) {
-        let (downstream, upstream) = match tokio::join!(downstream, upstream) {
+        let joined = tokio::join!(downstream, upstream);
+        // The 101 has been sent by now, so `handle` has left the line in
+        // the trail: it is taken out on every path (the line holds the
+        // trail too), and written when it drops.
+        let mut line = self.trail.as_ref().and_then(|t| t.take_deferred());
+        let (downstream, upstream) = match joined {
             (Ok(d), Ok(u)) => (d, u),
             (Err(error), _) | (_, Err(error)) => {
                 tracing::debug!(listener = %listener, %error, "protocol switch did not complete");
@@ -760,13 +777,19 @@ impl Tunnel {
         let mut downstream = hyper_util::rt::TokioIo::new(downstream);
         let mut upstream = hyper_util::rt::TokioIo::new(upstream);
         let generation = self.pinned.ledger().generation();
-        tokio::select! {
-            _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {}
+        let copied = tokio::select! {
+            copied = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => copied.ok(),
             _ = super::tcp::pinned_age_expired(&self.store, generation) => {
                 tracing::info!(listener = %listener, %generation, "closing an upgraded connection pinned past max_pinned_age");
+                None
             }
+        };
+        // The line covers the whole session: its bytes each way, and its
+        // duration to the close.
+        if let (Some(line), Some((sent, received))) = (line.as_mut(), copied) {
+            line.tunnelled(sent, received);
         }
-        drop((self.pinned, self.backend, self.route));
+        drop((line, self.pinned, self.backend, self.route));
     }
 }
 

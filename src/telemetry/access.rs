@@ -99,6 +99,9 @@ pub struct Trail {
     upstream_us: AtomicU64,
     /// The last backend an attempt went to.
     backend: Mutex<Option<Arc<str>>>,
+    /// The line of a request that switched protocols, until its tunnel
+    /// closes.
+    deferred: Mutex<Option<Box<Pending>>>,
 }
 
 impl Trail {
@@ -129,6 +132,22 @@ impl Trail {
 
     pub fn flag(&self, flags: Flags) {
         self.flags.fetch_or(flags.0, Ordering::Relaxed);
+    }
+
+    /// Keeps a line until the tunnel that follows it closes (or, should
+    /// it never open, until the trail is dropped).
+    pub fn defer(&self, line: Box<Pending>) {
+        *self
+            .deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(line);
+    }
+
+    pub fn take_deferred(&self) -> Option<Box<Pending>> {
+        self.deferred
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 }
 
@@ -250,6 +269,16 @@ impl Pending {
         if let Some(line) = self.line.as_mut() {
             line.bytes_out += n as u64;
         }
+    }
+
+    /// A tunnel (after a protocol switch) moved `sent` bytes from the
+    /// client and `received` to it before it closed.
+    pub fn tunnelled(&mut self, sent: u64, received: u64) {
+        if let Some(line) = self.line.as_mut() {
+            line.bytes_in += sent;
+            line.bytes_out += received;
+        }
+        self.complete = true;
     }
 
     /// The body ended: by its last frame, or (`broken`) by an error of

@@ -880,11 +880,16 @@ async fn upgraded_connections_are_tunnelled_and_survive_activations() {
     let backend = upgrading_backend().await;
     // A route that retries and hedges still tunnels upgrades: they take
     // the single-attempt path.
-    let base = slow_backend_config(backend.addr, "5s").replace(
-        "upstream = \"app\"\n",
-        "upstream = \"app\"\nretry = { attempts = 2 }\nhedge = { delay = \"50ms\" }\n",
-    );
-    assert!(base.contains("hedge"));
+    let base = slow_backend_config(backend.addr, "5s")
+        .replace(
+            "upstream = \"app\"\n",
+            "upstream = \"app\"\nretry = { attempts = 2 }\nhedge = { delay = \"50ms\" }\n",
+        )
+        .replace(
+            "level = \"warn\"",
+            "level = \"warn\"\nformat = \"json\"\naccess = true\naccess_file = \"access.log\"",
+        );
+    assert!(base.contains("hedge") && base.contains("access_file"));
     let gw = Gateway::start(&base);
     let web = gw.listener("web");
     let mut stream = TcpStream::connect(web).await.unwrap();
@@ -935,6 +940,44 @@ async fn upgraded_connections_are_tunnelled_and_survive_activations() {
     assert_eq!(status["generations"][0]["generation"], 1, "{status}");
     assert_eq!(status["generations"][0]["open_connections"], 1, "{status}");
     assert_eq!(get(web, "a", "/").await.2, "plain");
+    // The tunnel's access line is written when it closes, and covers it.
+    let log = gw.path("access.log");
+    let socket_lines = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|l| l["path"] == "/socket")
+            .collect::<Vec<_>>()
+    };
+    // The plain request's line is out, so the writer has run since the
+    // tunnel opened: none for the open tunnel yet.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("\"path\":\"/\"")
+    {
+        assert!(Instant::now() < deadline, "no line for the plain request");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(socket_lines().is_empty());
+    drop(stream);
+    let line = loop {
+        if let Some(line) = socket_lines().pop() {
+            break line;
+        }
+        assert!(Instant::now() < deadline, "no line for the closed tunnel");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(line["status"], 101, "{line}");
+    assert_eq!(line["flags"], serde_json::json!(["upgraded"]), "{line}");
+    // Two pings each way ("ping 1\n", "ping 2\n").
+    assert_eq!(
+        (line["bytes_in"].as_u64(), line["bytes_out"].as_u64()),
+        (Some(14), Some(14)),
+        "{line}"
+    );
+    assert!(line["duration_ms"].as_f64().unwrap() > 1.0, "{line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
