@@ -181,7 +181,7 @@ fn control_with_history(
     routes: usize,
     retained: usize,
 ) -> (Arc<cutover::control::Control>, tempfile::TempDir) {
-    use cutover::control::{Candidate, CandidateSource, Control, ControlParts};
+    use cutover::control::{Candidate, Control, ControlParts};
     use cutover::runtime::{GenerationRecord, History, PersistedState, PhaseCell};
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("gateway.toml");
@@ -227,12 +227,7 @@ fn control_with_history(
         let text = config(routes, |r| if r == i { 31 + i as u32 } else { 30 });
         runtime
             .block_on(control.activate(
-                Candidate {
-                    source: CandidateSource::Text(text),
-                    expected_generation: None,
-                    reason: None,
-                    requested_by: None,
-                },
+                Candidate::text(text),
                 cutover::runtime::OperationKind::Activate,
             ))
             .expect("activates");
@@ -246,7 +241,7 @@ fn control_with_history(
 /// view (cold: every retained generation's rollback candidacy planned;
 /// warm: a second look).
 fn bench_control_plane(c: &mut Criterion) {
-    use cutover::control::{Candidate, CandidateSource};
+    use cutover::control::Candidate;
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let routes = 10_000;
     let (control, _dir) = control_with_history(&runtime, routes, 15);
@@ -257,12 +252,7 @@ fn bench_control_plane(c: &mut Criterion) {
             30
         }
     });
-    let candidate = || Candidate {
-        source: CandidateSource::Text(rewritten.clone()),
-        expected_generation: None,
-        reason: None,
-        requested_by: None,
-    };
+    let candidate = || Candidate::text(rewritten.clone());
     let started = Instant::now();
     let view = runtime.block_on(control.history_view()).expect("history");
     eprintln!(

@@ -62,6 +62,21 @@ enum CtlCommand {
         file: PathBuf,
         #[command(flatten)]
         meta: Meta,
+        /// Roll back unless `ctl confirm` follows within this long ("2m").
+        #[arg(long = "confirm-within")]
+        confirm_within: Option<String>,
+    },
+    /// Make the pending generation final.
+    Confirm {
+        generation: u64,
+        #[command(flatten)]
+        meta: Meta,
+    },
+    /// Roll the pending generation back now.
+    Abort {
+        generation: u64,
+        #[command(flatten)]
+        meta: Meta,
     },
     /// Show retained generations and the operation log.
     History,
@@ -179,10 +194,30 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
                 .post("/admin/runtime/preview", candidate(file, Some(meta))?)
                 .await?
         }
-        CtlCommand::Activate { file, meta } => {
-            client
-                .post("/admin/runtime/activate", candidate(file, Some(meta))?)
-                .await?
+        CtlCommand::Activate {
+            file,
+            meta,
+            confirm_within,
+        } => {
+            let mut body = candidate(file, Some(meta))?;
+            if let Some(within) = confirm_within {
+                body["confirm_within"] = json!(within);
+            }
+            client.post("/admin/runtime/activate", body).await?
+        }
+        CtlCommand::Confirm { generation, meta } | CtlCommand::Abort { generation, meta } => {
+            let path = if matches!(args.command, CtlCommand::Confirm { .. }) {
+                "/admin/runtime/confirm"
+            } else {
+                "/admin/runtime/abort"
+            };
+            let body = json!({
+                "generation": generation,
+                "expected_active_generation": meta.expect,
+                "reason": meta.reason,
+                "requested_by": meta.requested_by,
+            });
+            client.post(path, body).await?
         }
         CtlCommand::Rollback { to, meta } => {
             let body = json!({
@@ -348,7 +383,26 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
                 body["operation_id"].as_str().unwrap_or("-"),
                 body["duration_ms"]
             );
+            if let Some(pending) = body.get("pending") {
+                println!(
+                    "pending: confirm generation {} by {} or it rolls back to {}",
+                    pending["generation"],
+                    pending["deadline"].as_str().unwrap_or("-"),
+                    pending["rollback_to"]
+                );
+            }
             print_diff(&body["diff"]);
+        }
+        CtlCommand::Confirm { .. } | CtlCommand::Abort { .. } => {
+            println!(
+                "{}: generation {} active{} ({})",
+                body["outcome"].as_str().unwrap_or("-"),
+                body["generation"],
+                body["rolled_back_to"]
+                    .as_u64()
+                    .map_or(String::new(), |to| format!(", the configuration of {to}")),
+                body["operation_id"].as_str().unwrap_or("-"),
+            );
         }
         CtlCommand::History => {
             println!(
@@ -523,6 +577,15 @@ fn status_frame(
         text(&status["config_version"]),
         text(&status["activated_at"]),
     );
+    if let Some(pending) = status.get("pending").filter(|p| !p.is_null()) {
+        let _ = writeln!(
+            out,
+            "PENDING: generation {} rolls back to {} in {:.0}s unless confirmed",
+            pending["generation"],
+            pending["rollback_to"],
+            pending["seconds_left"].as_f64().unwrap_or(0.0)
+        );
+    }
     match rates {
         Some((requests, errors)) => {
             let ratio = if requests > 0.0 {

@@ -16,6 +16,23 @@ pub struct CandidateQuery {
     pub expected_generation: Option<u64>,
     pub reason: Option<String>,
     pub requested_by: Option<String>,
+    pub confirm_within: Option<String>,
+}
+
+/// `confirm_within` ("120s", "2m"): at least 1 s, at most a day.
+fn confirm_within(text: Option<&str>) -> Result<Option<std::time::Duration>, ApiError> {
+    let Some(text) = text else { return Ok(None) };
+    match humantime::parse_duration(text) {
+        Ok(within)
+            if within >= std::time::Duration::from_secs(1)
+                && within <= std::time::Duration::from_secs(86_400) =>
+        {
+            Ok(Some(within))
+        }
+        _ => Err(ApiError::BadRequest(format!(
+            "confirm_within '{text}' is not a duration between 1s and 24h"
+        ))),
+    }
 }
 
 /// The JSON candidate form.
@@ -29,6 +46,7 @@ struct CandidateJson {
     requested_by: Option<String>,
     /// Upgrade only: the executable to start.
     binary: Option<String>,
+    confirm_within: Option<String>,
 }
 
 /// The media type of a request, without parameters, lower-cased.
@@ -52,11 +70,13 @@ pub fn parse(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<(Candidate, Option<String>), ApiError> {
+    let query_within = confirm_within(query.confirm_within.as_deref())?;
     let from_query = |source| Candidate {
         source,
         expected_generation: query.expected_generation.map(GenerationId),
         reason: query.reason.clone(),
         requested_by: query.requested_by.clone(),
+        confirm_within: query_within,
     };
     let media = media_type(headers);
     if body.iter().all(u8::is_ascii_whitespace) && media.as_deref() != Some("application/toml") {
@@ -89,6 +109,10 @@ pub fn parse(
                     .map(GenerationId),
                 reason: json.reason.or(query.reason),
                 requested_by: json.requested_by.or(query.requested_by),
+                confirm_within: match json.confirm_within {
+                    Some(text) => confirm_within(Some(&text))?,
+                    None => query_within,
+                },
             };
             Ok((candidate, json.binary))
         }

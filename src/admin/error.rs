@@ -135,6 +135,16 @@ fn control_error(error: ControlError) -> Response {
                 .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("5"));
             response
         }
+        ControlError::PendingActivation { pending } => (
+            StatusCode::CONFLICT,
+            Json(json!({ "error": "pending_activation", "pending_generation": pending, "message": message })),
+        )
+            .into_response(),
+        ControlError::NotPending(generation) => (
+            StatusCode::CONFLICT,
+            Json(json!({ "error": "not_pending", "generation": generation, "message": message })),
+        )
+            .into_response(),
         ControlError::NotRetained(target) => (
             StatusCode::NOT_FOUND,
             Json(json!({ "error": "generation_not_retained", "target_generation": target, "message": message })),

@@ -27,7 +27,9 @@ use candidate::{CandidateRequest, UpgradeCandidate};
 pub use error::ApiError;
 pub use security::Security;
 
-use crate::control::{CandidateSource, Control, RollbackRequest, UpgradeRequest};
+use crate::control::{
+    CandidateSource, Control, RollbackRequest, Settle, SettleRequest, UpgradeRequest,
+};
 use crate::ids::GenerationId;
 use crate::runtime::{OperationKind, Phase};
 
@@ -43,6 +45,8 @@ pub fn router(control: Arc<Control>, security: Security) -> Router {
         .route("/admin/runtime/activate", post(activate))
         .route("/admin/runtime/reload", post(reload))
         .route("/admin/runtime/rollback", post(rollback))
+        .route("/admin/runtime/confirm", post(confirm))
+        .route("/admin/runtime/abort", post(abort))
         .route("/admin/runtime/reload-certs", post(reload_certs))
         .route("/admin/runtime/history", get(history))
         .route(
@@ -138,6 +142,63 @@ async fn rollback(
         })
         .await?;
     Ok(Json(activation).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettleBody {
+    generation: u64,
+    expected_active_generation: Option<u64>,
+    reason: Option<String>,
+    requested_by: Option<String>,
+}
+
+async fn confirm(
+    State(control): Shared,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    settle(control, &headers, &body, Settle::Confirm).await
+}
+
+async fn abort(
+    State(control): Shared,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    settle(control, &headers, &body, Settle::Abort).await
+}
+
+/// `confirm` and `abort`: compare-and-swap on the pending generation.
+async fn settle(
+    control: Arc<Control>,
+    headers: &HeaderMap,
+    body: &Bytes,
+    how: Settle,
+) -> Result<Response, ApiError> {
+    if candidate::media_type(headers).as_deref() != Some("application/json") {
+        return Err(ApiError::UnsupportedMediaType(
+            "confirm and abort take application/json".into(),
+        ));
+    }
+    let body: SettleBody = serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("the body is not valid: {e}")))?;
+    limits::check_metadata(&[
+        ("reason", body.reason.as_deref()),
+        ("requested_by", body.requested_by.as_deref()),
+    ])?;
+    let settled = control
+        .settle(
+            SettleRequest {
+                generation: GenerationId(body.generation),
+                expected_active_generation: body.expected_active_generation.map(GenerationId),
+                requested_by: body.requested_by,
+                reason: body.reason,
+            },
+            how,
+        )
+        .await?;
+    Ok(Json(settled).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]

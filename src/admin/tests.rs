@@ -972,3 +972,28 @@ async fn the_admin_page_asks_a_browser_for_the_token_and_keeps_every_guard() {
         assert_eq!(status, StatusCode::FORBIDDEN, "{host} {origin:?}");
     }
 }
+
+#[tokio::test]
+async fn confirm_and_abort_check_their_request_and_need_a_pending_generation() {
+    let a = admin_with(BASE, None);
+    for path in ["/admin/runtime/confirm", "/admin/runtime/abort"] {
+        let (status, _) = call(&a, post(path, "text/plain", "{}")).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{path}");
+        let (status, body) = call(&a, post(path, "application/json", "{}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        let (status, body) = call(&a, post(path, "application/json", r#"{"generation": 1}"#)).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{path}");
+        assert_eq!(body["error"], "not_pending", "{body}");
+    }
+    // confirm_within is checked before anything is planned.
+    let (status, body) = call(
+        &a,
+        post(
+            "/admin/runtime/activate?confirm_within=forever",
+            "application/toml",
+            BASE,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}

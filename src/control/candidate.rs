@@ -21,6 +21,8 @@ pub struct Candidate {
     pub expected_generation: Option<GenerationId>,
     pub reason: Option<String>,
     pub requested_by: Option<String>,
+    /// Activate only: roll back unless confirmed within this long.
+    pub confirm_within: Option<std::time::Duration>,
 }
 
 impl Candidate {
@@ -31,6 +33,7 @@ impl Candidate {
             expected_generation: None,
             reason: None,
             requested_by: None,
+            confirm_within: None,
         }
     }
 
@@ -40,6 +43,7 @@ impl Candidate {
             expected_generation: None,
             reason: None,
             requested_by: None,
+            confirm_within: None,
         }
     }
 }

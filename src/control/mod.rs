@@ -14,7 +14,7 @@ mod views;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
@@ -81,6 +81,10 @@ pub enum ControlError {
         target: GenerationId,
         plan: Box<Plan>,
     },
+    #[error("generation {pending} is pending confirmation: confirm or abort it, or name it as expected_generation to supersede it")]
+    PendingActivation { pending: GenerationId },
+    #[error("generation {0} is not pending")]
+    NotPending(GenerationId),
 }
 
 /// The result of activate, reload and rollback.
@@ -94,6 +98,74 @@ pub struct Activation {
     pub duration_ms: u64,
     pub listeners: Vec<ListenerInfo>,
     pub diff: Diff,
+    pub operation_id: String,
+    /// Set when the activation must be confirmed (`confirm_within`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<PendingView>,
+}
+
+/// A generation on probation (DESIGN §14): active, and rolled back to
+/// `rollback_to` unless confirmed by `deadline`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PendingView {
+    pub generation: GenerationId,
+    /// The last final generation: what a missed deadline or an abort
+    /// brings back.
+    pub rollback_to: GenerationId,
+    pub deadline: String,
+    pub seconds_left: f64,
+}
+
+/// The pending generation, while there is one.
+#[derive(Debug, Clone)]
+struct Pending {
+    generation: GenerationId,
+    rollback_to: GenerationId,
+    deadline: tokio::time::Instant,
+    deadline_wall: SystemTime,
+}
+
+impl Pending {
+    fn view(&self) -> PendingView {
+        PendingView {
+            generation: self.generation,
+            rollback_to: self.rollback_to,
+            deadline: rfc3339(self.deadline_wall),
+            seconds_left: self
+                .deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .as_secs_f64(),
+        }
+    }
+}
+
+/// How a pending generation is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    Confirm,
+    Abort,
+    /// The deadline passed (the gateway's own timer).
+    Expired,
+}
+
+/// A request to confirm or abort the pending generation.
+#[derive(Debug, Clone)]
+pub struct SettleRequest {
+    pub generation: GenerationId,
+    pub expected_active_generation: Option<GenerationId>,
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// What confirm and abort answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settled {
+    pub outcome: &'static str,
+    /// The active generation after it: the confirmed one, or the one the
+    /// rollback minted.
+    pub generation: GenerationId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rolled_back_to: Option<GenerationId>,
     pub operation_id: String,
 }
 
@@ -148,6 +220,9 @@ pub struct Control {
     /// the active generation named here: once per activation, not once
     /// per history request (about 25 ms a 10 000-route configuration).
     candidacy: Mutex<(GenerationId, HashMap<GenerationId, bool>)>,
+    /// The generation awaiting confirmation, if any (changed only under
+    /// the operation lock).
+    pending: Mutex<Option<Pending>>,
 }
 
 impl Control {
@@ -165,6 +240,7 @@ impl Control {
             process: std::sync::OnceLock::new(),
             release_memory: parts.release_memory,
             candidacy: Mutex::new((GenerationId(0), HashMap::new())),
+            pending: Mutex::new(None),
         }
     }
 
@@ -314,20 +390,205 @@ impl Control {
     }
 
     /// Plans, builds and commits a candidate (`activate` and `reload`).
+    /// With `confirm_within`, the new generation is pending: a timer rolls
+    /// it back unless it is confirmed in time.
     pub async fn activate(
         self: &Arc<Self>,
         candidate: Candidate,
         kind: OperationKind,
     ) -> Result<Activation, ControlError> {
+        let activation = self
+            .off_the_data_plane(move |c| {
+                let started = Instant::now();
+                let result = c.try_activate(&candidate, kind, started);
+                if let Err(error) = &result {
+                    c.record_failure(kind, started, &Requester::of(&candidate), error);
+                }
+                result
+            })
+            .await?;
+        if let Some(pending) = &activation.pending {
+            let this = Arc::clone(self);
+            let generation = pending.generation;
+            let deadline =
+                tokio::time::Instant::now() + Duration::from_secs_f64(pending.seconds_left);
+            tokio::spawn(async move { this.expire(generation, deadline).await });
+        }
+        Ok(activation)
+    }
+
+    /// The pending generation, if there is one.
+    pub fn pending(&self) -> Option<PendingView> {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(Pending::view)
+    }
+
+    /// Sets or clears the pending generation, in memory and (with a
+    /// state dir) on disk: a restart or an upgrade during its window
+    /// resumes it.
+    fn set_pending(&self, pending: Option<Pending>) {
+        let record = pending.as_ref().map(|p| crate::runtime::PendingRecord {
+            generation: p.generation,
+            rollback_to: p.rollback_to,
+            deadline_unix_ms: p
+                .deadline_wall
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        });
+        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = pending;
+        if self.history().pending() != record {
+            self.with_history(|history| history.set_pending(record));
+        }
+    }
+
+    /// After a restart or an upgrade: takes up the pending generation the
+    /// history kept, with the time its deadline leaves (a deadline already
+    /// passed rolls back at once). Nothing when the active generation is
+    /// not the pending one any more.
+    pub fn resume_pending(self: &Arc<Self>) {
+        let Some(record) = self.history().pending() else {
+            return;
+        };
+        if record.generation != self.store.active_id() {
+            self.set_pending(None);
+            return;
+        }
+        let deadline_wall = SystemTime::UNIX_EPOCH + Duration::from_millis(record.deadline_unix_ms);
+        let left = deadline_wall
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        let deadline = tokio::time::Instant::now() + left;
+        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(Pending {
+            generation: record.generation,
+            rollback_to: record.rollback_to,
+            deadline,
+            deadline_wall,
+        });
+        tracing::info!(generation = %record.generation, rollback_to = %record.rollback_to, seconds_left = left.as_secs_f64(), "resuming a pending generation");
+        let this = Arc::clone(self);
+        tokio::spawn(async move { this.expire(record.generation, deadline).await });
+    }
+
+    /// Rolls `generation` back once `deadline` passes, unless it was
+    /// settled before: the same compare-and-swap as confirm and abort, so
+    /// exactly one of them wins.
+    async fn expire(self: Arc<Self>, generation: GenerationId, deadline: tokio::time::Instant) {
+        tokio::time::sleep_until(deadline).await;
+        loop {
+            let request = SettleRequest {
+                generation,
+                expected_active_generation: None,
+                requested_by: Some("cutover".into()),
+                reason: Some("confirm deadline passed".into()),
+            };
+            match self.settle(request, Settle::Expired).await {
+                // Another operation holds the lock: try again shortly.
+                Err(ControlError::InProgress) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(ControlError::Draining) | Err(ControlError::NotPending(_)) | Ok(_) => return,
+                Err(error) => {
+                    tracing::error!(%generation, %error, "rolling back a pending generation whose deadline passed failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Confirms or rolls back the pending generation (DESIGN §14).
+    pub async fn settle(
+        self: &Arc<Self>,
+        request: SettleRequest,
+        how: Settle,
+    ) -> Result<Settled, ControlError> {
         self.off_the_data_plane(move |c| {
             let started = Instant::now();
-            let result = c.try_activate(&candidate, kind, started);
+            let kind = match how {
+                Settle::Confirm => OperationKind::Confirm,
+                Settle::Abort => OperationKind::Abort,
+                Settle::Expired => OperationKind::AutoRollback,
+            };
+            let requester = Requester {
+                requested_by: request.requested_by.clone(),
+                reason: request.reason.clone(),
+            };
+            let result = c.try_settle(&request, how, kind, &requester, started);
             if let Err(error) = &result {
-                c.record_failure(kind, started, &Requester::of(&candidate), error);
+                if !matches!(error, ControlError::InProgress) || how != Settle::Expired {
+                    c.record_failure(kind, started, &requester, error);
+                }
             }
             result
         })
         .await
+    }
+
+    fn try_settle(
+        &self,
+        request: &SettleRequest,
+        how: Settle,
+        kind: OperationKind,
+        requester: &Requester,
+        started: Instant,
+    ) -> Result<Settled, ControlError> {
+        let (_operation, active) = self.begin_change()?;
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|p| p.generation == request.generation && p.generation == active.id)
+            .ok_or(ControlError::NotPending(request.generation))?;
+        check_expected(request.expected_active_generation, active.id)?;
+        if how == Settle::Confirm {
+            self.set_pending(None);
+            let operation_id = self.record(
+                kind,
+                started,
+                Outcome::Succeeded,
+                (Some(active.id), Some(pending.rollback_to)),
+                requester,
+                format!("generation {} confirmed", active.id),
+                None,
+            );
+            tracing::info!(generation = %active.id, "pending generation confirmed");
+            return Ok(Settled {
+                outcome: "confirmed",
+                generation: active.id,
+                rolled_back_to: None,
+                operation_id,
+            });
+        }
+        let source = if how == Settle::Expired {
+            Source::AutoRollback
+        } else {
+            Source::Rollback
+        };
+        let activation = self.rollback_locked(
+            &active,
+            pending.rollback_to,
+            kind,
+            source,
+            requester,
+            started,
+        )?;
+        self.set_pending(None);
+        tracing::warn!(
+            pending = %pending.generation,
+            generation = %activation.generation,
+            rolled_back_to = %pending.rollback_to,
+            reason = requester.reason.as_deref().unwrap_or("-"),
+            "pending generation rolled back"
+        );
+        Ok(Settled {
+            outcome: "rolled_back",
+            generation: activation.generation,
+            rolled_back_to: Some(pending.rollback_to),
+            operation_id: activation.operation_id,
+        })
     }
 
     fn try_activate(
@@ -344,6 +605,21 @@ impl Control {
             return Err(ControlError::ExpectedGenerationRequired);
         }
         check_expected(candidate.expected_generation, active.id)?;
+        // One pending change at a time: a new one must name the pending
+        // generation to supersede it; the rollback target stays the last
+        // final generation.
+        let superseded = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(pending) = &superseded {
+            if candidate.expected_generation != Some(pending.generation) {
+                return Err(ControlError::PendingActivation {
+                    pending: pending.generation,
+                });
+            }
+        }
         let text = candidate::read(&candidate.source, &self.config_file)?;
         let plan = plan::plan(&text, Some((active.id, &active.spec)));
         let meta = CommitMeta {
@@ -357,7 +633,19 @@ impl Control {
             requester: Requester::of(candidate),
             text,
         };
-        self.commit(&active, plan, meta, started)
+        let mut activation = self.commit(&active, plan, meta, started)?;
+        if activation.outcome == "unchanged" {
+            return Ok(activation);
+        }
+        let pending = candidate.confirm_within.map(|within| Pending {
+            generation: activation.generation,
+            rollback_to: superseded.as_ref().map_or(active.id, |p| p.rollback_to),
+            deadline: tokio::time::Instant::now() + within,
+            deadline_wall: SystemTime::now() + within,
+        });
+        activation.pending = pending.as_ref().map(Pending::view);
+        self.set_pending(pending);
+        Ok(activation)
     }
 
     /// Activates the content of a retained generation as a new generation.
@@ -389,12 +677,43 @@ impl Control {
     ) -> Result<Activation, ControlError> {
         let (_operation, active) = self.begin_change()?;
         let target = request.target_generation;
+        if self.history().generation(target).is_none() {
+            return Err(ControlError::NotRetained(target));
+        }
+        check_expected(request.expected_active_generation, active.id)?;
+        let requester = Requester {
+            requested_by: request.requested_by.clone(),
+            reason: request.reason.clone(),
+        };
+        let activation = self.rollback_locked(
+            &active,
+            target,
+            OperationKind::Rollback,
+            Source::Rollback,
+            &requester,
+            started,
+        )?;
+        // An operator's rollback settles a pending generation too.
+        self.set_pending(None);
+        Ok(activation)
+    }
+
+    /// Activates retained generation `target`'s configuration as a new
+    /// generation; the operation lock is held by the caller.
+    fn rollback_locked(
+        &self,
+        active: &Arc<Generation>,
+        target: GenerationId,
+        kind: OperationKind,
+        source: Source,
+        requester: &Requester,
+        started: Instant,
+    ) -> Result<Activation, ControlError> {
         let record = self
             .history()
             .generation(target)
             .cloned()
             .ok_or(ControlError::NotRetained(target))?;
-        check_expected(request.expected_active_generation, active.id)?;
         if target == active.id {
             return Err(ControlError::TargetActive(target));
         }
@@ -409,16 +728,13 @@ impl Control {
             });
         }
         let meta = CommitMeta {
-            kind: OperationKind::Rollback,
-            source: Source::Rollback,
+            kind,
+            source,
             rolled_back_to: Some(target),
-            requester: Requester {
-                requested_by: request.requested_by.clone(),
-                reason: request.reason.clone(),
-            },
+            requester: requester.clone(),
             text,
         };
-        self.commit(&active, plan, meta, started)
+        self.commit(active, plan, meta, started)
     }
 
     /// Starts a mutating operation: the one-writer lock (409 while another
@@ -479,6 +795,7 @@ impl Control {
                 listeners: self.listeners.info(),
                 diff: plan.diff,
                 operation_id,
+                pending: None,
             });
         }
         let next_id = active.id.next();
@@ -570,6 +887,7 @@ impl Control {
             listeners: self.listeners.info(),
             diff: plan.diff,
             operation_id,
+            pending: None,
         })
     }
 
@@ -713,5 +1031,8 @@ pub fn operation_kind_name(kind: OperationKind) -> &'static str {
         OperationKind::ReloadCerts => "reload_certs",
         OperationKind::Drain => "drain",
         OperationKind::Upgrade => "upgrade",
+        OperationKind::Confirm => "confirm",
+        OperationKind::Abort => "abort",
+        OperationKind::AutoRollback => "auto_rollback",
     }
 }

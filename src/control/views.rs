@@ -66,6 +66,8 @@ pub struct StatusView {
     /// Requests answered since the process started, and how many 5xx.
     pub requests_total: u64,
     pub errors_total: u64,
+    /// The generation awaiting confirmation, if any.
+    pub pending: Option<super::PendingView>,
 }
 
 impl Control {
@@ -95,6 +97,7 @@ impl Control {
             last_operation,
             requests_total,
             errors_total,
+            pending: self.pending(),
         }
     }
 

@@ -88,6 +88,8 @@ struct Start {
     id: GenerationId,
     /// `Some` when the id is new and must be recorded, with how it came to be.
     new_record: Option<Source>,
+    /// For a new record minted at startup: the generation it brings back.
+    rolled_back_to: Option<GenerationId>,
     history: PersistedState,
     upgrade: Option<UpgradeState>,
     /// Said before logging was set up; logged right after.
@@ -150,6 +152,7 @@ fn choose_start(options: &Options, upgrade: Option<UpgradeState>) -> Result<Star
             spec,
             id,
             new_record,
+            rolled_back_to: None,
             history: state.history.clone(),
             notes: vec![format!(
                 "taking over from pid {} ({})",
@@ -171,11 +174,44 @@ fn choose_start(options: &Options, upgrade: Option<UpgradeState>) -> Result<Star
             spec: Arc::new(file_spec),
             id: GenerationId::FIRST,
             new_record: Some(Source::Startup),
+            rolled_back_to: None,
             history: persisted,
             upgrade: None,
             notes: Vec::new(),
         });
     };
+    // A pending generation whose confirm deadline passed while no process
+    // ran: start on the generation it would have been rolled back to.
+    let expired = persisted.pending.filter(|p| {
+        p.generation == last.generation
+            && SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(p.deadline_unix_ms)
+                <= SystemTime::now()
+    });
+    if let Some(pending) = expired {
+        let target = persisted
+            .generations
+            .iter()
+            .find(|g| g.generation == pending.rollback_to)
+            .map(GenerationRecord::config_text)
+            .transpose()?;
+        if let Some(spec) = target.as_ref().and_then(|t| plan::validate(t).ok()) {
+            let mut history = persisted;
+            history.pending = None;
+            return Ok(Start {
+                text: target.unwrap_or(text),
+                spec: Arc::new(spec),
+                id: last.generation.next(),
+                new_record: Some(Source::AutoRollback),
+                rolled_back_to: Some(pending.rollback_to),
+                history,
+                upgrade: None,
+                notes: vec![format!(
+                    "generation {} was pending and its confirm deadline passed while no process ran: starting on generation {}",
+                    pending.generation, pending.rollback_to
+                )],
+            });
+        }
+    }
     let resumed = last.config_text()?;
     Ok(match plan::validate(&resumed) {
         Ok(spec) => Start {
@@ -183,6 +219,7 @@ fn choose_start(options: &Options, upgrade: Option<UpgradeState>) -> Result<Star
             spec: Arc::new(spec),
             id: last.generation,
             new_record: None,
+            rolled_back_to: None,
             history: persisted,
             upgrade: None,
             notes: vec![format!("resuming the persisted active generation {}", last.generation)],
@@ -197,6 +234,7 @@ fn choose_start(options: &Options, upgrade: Option<UpgradeState>) -> Result<Star
             spec: Arc::new(file_spec),
             id: last.generation.next(),
             new_record: Some(Source::Startup),
+            rolled_back_to: None,
             history: persisted,
             upgrade: None,
         },
@@ -250,6 +288,7 @@ async fn serve(
         spec,
         id,
         new_record,
+        rolled_back_to,
         history,
         upgrade,
         ..
@@ -303,15 +342,22 @@ async fn serve(
     drop(inherited_control);
 
     if let Some(source) = new_record {
-        let (requested_by, reason) = upgrade
-            .as_ref()
-            .map_or((None, None), |u| (u.requested_by.clone(), u.reason.clone()));
+        let (requested_by, reason) = if source == Source::AutoRollback {
+            (
+                Some("cutover".to_owned()),
+                Some("confirm deadline passed while no process ran".to_owned()),
+            )
+        } else {
+            upgrade
+                .as_ref()
+                .map_or((None, None), |u| (u.requested_by.clone(), u.reason.clone()))
+        };
         history.record_generation(GenerationRecord {
             generation: id,
             config_version: spec.config_version.clone(),
             activated_at: rfc3339(SystemTime::now()),
             source,
-            rolled_back_to: None,
+            rolled_back_to,
             requested_by,
             reason,
             config: RetainedText::new(&text.text),
@@ -356,6 +402,9 @@ async fn serve(
     let scratch = state_dir.unwrap_or_else(std::env::temp_dir);
     let process = Process::new(options.config.clone(), binary, control_sockets, scratch);
     control.set_process(Arc::clone(&process) as Arc<dyn crate::control::ProcessControl>);
+    // A generation that was pending when the last process stopped (or
+    // handed over) is pending again, with what is left of its window.
+    control.resume_pending();
 
     let security = Security {
         address: admin_address,

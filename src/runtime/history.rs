@@ -38,6 +38,9 @@ pub enum Source {
     Reload,
     Rollback,
     Upgrade,
+    /// A pending generation rolled back by the gateway itself (its confirm
+    /// deadline passed).
+    AutoRollback,
 }
 
 /// One retained generation.
@@ -124,6 +127,12 @@ pub enum OperationKind {
     Activate,
     Reload,
     Rollback,
+    /// A pending generation made final.
+    Confirm,
+    /// A pending generation rolled back by an operator.
+    Abort,
+    /// A pending generation rolled back when its confirm deadline passed.
+    AutoRollback,
     ReloadCerts,
     Drain,
     Upgrade,
@@ -167,6 +176,19 @@ pub struct PersistedState {
     pub generations: VecDeque<GenerationRecord>,
     pub operations: VecDeque<OperationRecord>,
     pub next_operation: u64,
+    /// The generation awaiting confirmation, so that a restart or an
+    /// upgrade during its window resumes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<PendingRecord>,
+}
+
+/// A pending generation as the state keeps it (DESIGN §14).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingRecord {
+    pub generation: GenerationId,
+    pub rollback_to: GenerationId,
+    /// Milliseconds since the Unix epoch.
+    pub deadline_unix_ms: u64,
 }
 
 /// `state.json` as written: each generation names its text's file in
@@ -177,6 +199,8 @@ struct StoredState<'a> {
     generations: Vec<StoredRecord<'a>>,
     operations: &'a VecDeque<OperationRecord>,
     next_operation: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pending: Option<PendingRecord>,
 }
 
 #[derive(Serialize)]
@@ -200,6 +224,8 @@ struct LoadedState {
     generations: VecDeque<LoadedRecord>,
     operations: VecDeque<OperationRecord>,
     next_operation: u64,
+    #[serde(default)]
+    pending: Option<PendingRecord>,
 }
 
 #[derive(Deserialize)]
@@ -293,6 +319,7 @@ impl History {
             generations,
             operations: loaded.operations,
             next_operation: loaded.next_operation,
+            pending: loaded.pending,
         }))
     }
 
@@ -369,6 +396,16 @@ impl History {
         }
     }
 
+    /// Sets (or clears) the pending generation; persisted with the next
+    /// write.
+    pub fn set_pending(&mut self, pending: Option<PendingRecord>) {
+        self.state.pending = pending;
+    }
+
+    pub fn pending(&self) -> Option<PendingRecord> {
+        self.state.pending
+    }
+
     /// Everything a new process needs to continue this history.
     pub fn snapshot(&self) -> PersistedState {
         self.state.clone()
@@ -436,6 +473,7 @@ impl History {
                 .collect(),
             operations: &self.state.operations,
             next_operation: self.state.next_operation,
+            pending: self.state.pending,
         };
         write_atomically(&dir, STATE_FILE, |out| {
             serde_json::to_writer_pretty(out, &stored).map_err(std::io::Error::other)
@@ -688,6 +726,7 @@ mod tests {
             generations: [with_text(7, "# inline\n")].into(),
             operations: VecDeque::new(),
             next_operation: 3,
+            pending: None,
         };
         std::fs::write(
             dir.path().join(STATE_FILE),

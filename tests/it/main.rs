@@ -4,6 +4,7 @@ mod admin;
 mod edge;
 mod examples;
 mod fixtures;
+mod guarded;
 mod harness;
 mod lifecycle;
 mod observability;

@@ -44,9 +44,13 @@ function showError(error) {
 }
 
 function renderStatus(status) {
+  const pending = status.pending
+    ? ` · PENDING: rolls back to generation ${status.pending.rollback_to} in ` +
+      `${Math.round(status.pending.seconds_left)} s unless confirmed`
+    : "";
   document.getElementById("summary").textContent =
     `pid ${status.pid} · ${status.phase} · generation ${status.active_generation} · ` +
-    `${status.config_version} · activated ${status.activated_at}`;
+    `${status.config_version} · activated ${status.activated_at}${pending}`;
   const now = performance.now();
   if (last) {
     const seconds = Math.max((now - last.at) / 1000, 0.001);

@@ -1,0 +1,411 @@
+//! Guarded activation (DESIGN §14): confirm-or-revert.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::harness::*;
+
+/// A gateway whose one route answers `body`.
+fn answering(body: &str) -> String {
+    config(&format!(
+        "[[routes]]\nname = \"all\"\nlisteners = [\"web\"]\nrespond = {{ body = \"{body}\" }}\n"
+    ))
+}
+
+async fn post_json(gw: &Gateway, path: &str, body: Value) -> (u16, Value) {
+    admin_request(
+        gw.admin,
+        "POST",
+        path,
+        Some("application/json"),
+        Some(body.to_string()),
+    )
+    .await
+}
+
+async fn activate_pending(gw: &Gateway, body: &str, expected: u64, within: &str) -> (u16, Value) {
+    post_json(
+        gw,
+        "/admin/runtime/activate",
+        json!({
+            "config": answering(body),
+            "expected_generation": expected,
+            "confirm_within": within,
+            "requested_by": "pipeline",
+        }),
+    )
+    .await
+}
+
+async fn answer(gw: &Gateway) -> String {
+    get(gw.listener("web"), "x", "/").await.2
+}
+
+/// Waits (bounded) until the active generation is `id`.
+async fn wait_active(gw: &Gateway, id: u64, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let status = gw.status().await;
+        if status["active_generation"] == id {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "generation {id} not active: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn history_entry(gw: &Gateway, id: u64) -> Value {
+    let (status, body) = admin_request(
+        gw.admin,
+        "GET",
+        &format!("/admin/runtime/history/{id}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missed_confirm_deadline_rolls_back_to_the_last_final_generation() {
+    let gw = Gateway::start(&answering("old"));
+    let (status, body) = activate_pending(&gw, "new", 1, "2s").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["pending"]["generation"], 2, "{body}");
+    assert_eq!(body["pending"]["rollback_to"], 1, "{body}");
+    // Active (and serving) but pending, until the deadline.
+    let status = gw.status().await;
+    assert_eq!(status["active_generation"], 2);
+    assert_eq!(status["pending"]["generation"], 2, "{status}");
+    assert_eq!(answer(&gw).await, "new");
+    let started = Instant::now();
+    let status = wait_active(&gw, 3, Duration::from_secs(6)).await;
+    assert!(
+        started.elapsed() > Duration::from_millis(1200),
+        "rolled back early"
+    );
+    assert!(status["pending"].is_null(), "{status}");
+    assert_eq!(answer(&gw).await, "old");
+    let entry = history_entry(&gw, 3).await;
+    assert_eq!(entry["source"], "auto_rollback", "{entry}");
+    assert_eq!(entry["rolled_back_to"], 1, "{entry}");
+    assert_eq!(entry["reason"], "confirm deadline passed", "{entry}");
+    // A confirm after the fact changes nothing.
+    let (status, body) = post_json(&gw, "/admin/runtime/confirm", json!({ "generation": 2 })).await;
+    assert_eq!((status, body["error"].clone()), (409, json!("not_pending")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_keeps_the_generation_and_abort_rolls_back_at_once() {
+    let gw = Gateway::start(&answering("old"));
+    let (status, body) = activate_pending(&gw, "new", 1, "2s").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/confirm",
+        json!({ "generation": 2, "expected_active_generation": 2 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outcome"], "confirmed");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let status = gw.status().await;
+    assert_eq!(
+        status["active_generation"], 2,
+        "confirmed: the deadline does nothing"
+    );
+    assert!(status["pending"].is_null(), "{status}");
+
+    let (status, body) = activate_pending(&gw, "newer", 2, "60s").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(answer(&gw).await, "newer");
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/abort",
+        json!({ "generation": 3, "reason": "smoke test failed" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outcome"], "rolled_back");
+    assert_eq!(body["generation"], 4);
+    assert_eq!(body["rolled_back_to"], 2);
+    assert_eq!(answer(&gw).await, "new");
+    let entry = history_entry(&gw, 4).await;
+    assert_eq!(entry["rolled_back_to"], 2, "{entry}");
+    assert_eq!(entry["reason"], "smoke test failed", "{entry}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pending_change_at_a_time_unless_it_is_superseded() {
+    let gw = Gateway::start(&answering("v1"));
+    assert_eq!(activate_pending(&gw, "v2", 1, "60s").await.0, 200);
+    // Planned against the last final generation: refused while 2 pends.
+    let (status, body) = activate_pending(&gw, "v3", 1, "60s").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "generation_conflict", "{body}");
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({ "config": answering("v3") }),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].clone()),
+        (409, json!("pending_activation")),
+        "{body}"
+    );
+    assert_eq!(body["pending_generation"], 2);
+    // Naming the pending generation supersedes it; the rollback target
+    // stays generation 1.
+    let (status, body) = activate_pending(&gw, "v3", 2, "60s").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["pending"]["generation"], 3);
+    assert_eq!(body["pending"]["rollback_to"], 1);
+    let (status, body) = post_json(&gw, "/admin/runtime/abort", json!({ "generation": 3 })).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["rolled_back_to"], 1);
+    assert_eq!(answer(&gw).await, "v1");
+    // Nothing pends now: plain activations go through again.
+    let (status, _) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({ "config": answering("v5") }),
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_and_abort_racing_have_exactly_one_winner() {
+    let gw = Gateway::start(&answering("old"));
+    for round in 0..5u64 {
+        let active = gw.active_generation().await;
+        let (status, body) = activate_pending(&gw, &format!("new{round}"), active, "60s").await;
+        assert_eq!(status, 200, "{body}");
+        let pending = active + 1;
+        let (a, b) = tokio::join!(
+            post_json(
+                &gw,
+                "/admin/runtime/confirm",
+                json!({ "generation": pending })
+            ),
+            post_json(
+                &gw,
+                "/admin/runtime/abort",
+                json!({ "generation": pending })
+            ),
+        );
+        let statuses = [a.0, b.0];
+        assert!(
+            statuses.contains(&200) && statuses.iter().filter(|s| **s == 200).count() == 1,
+            "round {round}: {a:?} {b:?}"
+        );
+        // The loser is told why: not pending any more, or busy.
+        let loser = if a.0 == 200 { &b.1 } else { &a.1 };
+        assert!(
+            loser["error"] == "not_pending" || loser["error"] == "operation_in_progress",
+            "{loser}"
+        );
+        let status = gw.status().await;
+        assert!(status["pending"].is_null(), "{status}");
+        let expected = if a.0 == 200 {
+            format!("new{round}")
+        } else {
+            "old".to_owned()
+        };
+        if a.0 == 200 {
+            assert_eq!(status["active_generation"], pending);
+        }
+        if expected == "old" {
+            // Aborted: the rollback brought back what was final before.
+            assert_ne!(answer(&gw).await, format!("new{round}"));
+        } else {
+            assert_eq!(answer(&gw).await, expected);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_racing_the_deadline_has_exactly_one_outcome() {
+    let gw = Gateway::start(&answering("old"));
+    let (status, _) = activate_pending(&gw, "new", 1, "1s").await;
+    assert_eq!(status, 200);
+    // Confirm as close to the deadline as the clock allows.
+    tokio::time::sleep(Duration::from_millis(990)).await;
+    let (status, body) = post_json(&gw, "/admin/runtime/confirm", json!({ "generation": 2 })).await;
+    // Give the timer its chance, then look.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let state = gw.status().await;
+    assert!(state["pending"].is_null(), "{state}");
+    match status {
+        200 => {
+            assert_eq!(
+                state["active_generation"], 2,
+                "confirmed, then rolled back: {state}"
+            );
+            assert_eq!(answer(&gw).await, "new");
+        }
+        409 => {
+            // Lost to the timer: settled already, or settling right then.
+            assert!(
+                body["error"] == "not_pending" || body["error"] == "operation_in_progress",
+                "{body}"
+            );
+            assert_eq!(state["active_generation"], 3, "{state}");
+            assert_eq!(answer(&gw).await, "old");
+        }
+        other => panic!("confirm answered {other}: {body}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_within_is_checked() {
+    let gw = Gateway::start(&answering("old"));
+    for bad in ["soon", "0s", "500ms", "2d"] {
+        let (status, body) = activate_pending(&gw, "new", 1, bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    assert_eq!(gw.active_generation().await, 1);
+}
+
+/// Stops `gw` with SIGKILL (nothing is flushed on the way out) and
+/// returns its folder for the next process.
+fn kill(gw: Gateway) -> tempfile::TempDir {
+    let mut gw = gw;
+    gw.signal("KILL");
+    // Reaped before the next process starts (a killed process has no
+    // exit code to check).
+    let _ = gw.wait_exit(Duration::from_secs(10));
+    std::mem::replace(&mut gw.dir, tempfile::tempdir().unwrap())
+}
+
+fn with_state(dir: &std::path::Path, body: &str) -> String {
+    format!(
+        "[runtime]\nstate_dir = \"{}\"\n{}",
+        dir.join("state").display(),
+        answering(body)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_during_the_window_resumes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let gw = Gateway::start_in(dir, &with_state(&root, "old"));
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({ "config": with_state(&root, "new"), "expected_generation": 1, "confirm_within": "4s" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let started = Instant::now();
+    let dir = kill(gw);
+    let gw = Gateway::start_in(dir, &with_state(&root, "old"));
+    // Back on the pending generation, with what is left of its window.
+    let status = gw.status().await;
+    assert_eq!(status["active_generation"], 2, "{status}");
+    assert_eq!(status["pending"]["generation"], 2, "{status}");
+    assert_eq!(status["pending"]["rollback_to"], 1, "{status}");
+    let left = status["pending"]["seconds_left"].as_f64().unwrap();
+    assert!(
+        left <= 4.0 - started.elapsed().as_secs_f64() + 0.1,
+        "{left}"
+    );
+    assert_eq!(answer(&gw).await, "new");
+    // And it still rolls back when the window closes.
+    wait_active(&gw, 3, Duration::from_secs(8)).await;
+    assert_eq!(answer(&gw).await, "old");
+    assert_eq!(history_entry(&gw, 3).await["source"], "auto_rollback");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_the_deadline_boots_the_previous_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let gw = Gateway::start_in(dir, &with_state(&root, "old"));
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({ "config": with_state(&root, "new"), "expected_generation": 1, "confirm_within": "1s" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let dir = kill(gw);
+    // Down past the deadline.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let gw = Gateway::start_in(dir, &with_state(&root, "old"));
+    let status = gw.status().await;
+    assert_eq!(status["active_generation"], 3, "{status}");
+    assert!(status["pending"].is_null(), "{status}");
+    assert_eq!(answer(&gw).await, "old");
+    let entry = history_entry(&gw, 3).await;
+    assert_eq!(entry["source"], "auto_rollback", "{entry}");
+    assert_eq!(entry["rolled_back_to"], 1, "{entry}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_activates_with_a_window_and_confirms() {
+    let gw = Gateway::start(&answering("old"));
+    let file = gw.path("candidate.toml");
+    std::fs::write(&file, answering("new")).unwrap();
+    let admin = gw.admin_url();
+    let ctl = |args: &[&str]| {
+        let out = std::process::Command::new(BIN)
+            .args(["ctl", "--admin", &admin])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let file = file.to_str().unwrap();
+    let (code, out) = ctl(&["activate", file, "--expect", "1", "--confirm-within", "30s"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("pending: confirm generation 2 by "), "{out}");
+    let (code, out) = ctl(&["status"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("PENDING: generation 2 rolls back to 1 in "),
+        "{out}"
+    );
+    let (code, out) = ctl(&["confirm", "2", "--expect", "2"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("confirmed: generation 2 active"), "{out}");
+    // Nothing pends any more: a second confirm is a conflict (exit 2).
+    let (code, _) = ctl(&["abort", "2"]);
+    assert_eq!(code, Some(2));
+    assert!(gw.status().await["pending"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_automatic_rollback_under_load_fails_no_request() {
+    let gw = Gateway::start(&answering("old"));
+    let load = KeepAliveLoad::start(gw.listener("web"), 32, &["old", "new"]);
+    let (status, body) = activate_pending(&gw, "new", 1, "1s").await;
+    assert_eq!(status, 200, "{body}");
+    wait_active(&gw, 3, Duration::from_secs(6)).await;
+    let answered_before = load.answered();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(load.answered() > answered_before, "traffic kept flowing");
+    let mut seen = std::collections::HashSet::new();
+    for client in load.stop().await {
+        seen.extend(client.expect("every request of every client answered 200"));
+    }
+    // Both generations served, and nothing failed across the rollback.
+    assert!(
+        seen.contains(&bytes::Bytes::from_static(b"new")),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&bytes::Bytes::from_static(b"old")),
+        "{seen:?}"
+    );
+}
