@@ -384,12 +384,16 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
                 body["duration_ms"]
             );
             if let Some(pending) = body.get("pending") {
-                println!(
-                    "pending: confirm generation {} by {} or it rolls back to {}",
-                    pending["generation"],
-                    pending["deadline"].as_str().unwrap_or("-"),
-                    pending["rollback_to"]
-                );
+                match pending["deadline"].as_str() {
+                    Some(deadline) => println!(
+                        "pending: confirm generation {} by {deadline} or it rolls back to {}",
+                        pending["generation"], pending["rollback_to"]
+                    ),
+                    None => println!(
+                        "pending: generation {} is judged by its guard (rollback to {})",
+                        pending["generation"], pending["rollback_to"]
+                    ),
+                }
             }
             print_diff(&body["diff"]);
         }
@@ -578,12 +582,15 @@ fn status_frame(
         text(&status["activated_at"]),
     );
     if let Some(pending) = status.get("pending").filter(|p| !p.is_null()) {
+        let when = pending["seconds_left"]
+            .as_f64()
+            .map_or("when its guard says so".to_owned(), |s| {
+                format!("in {s:.0}s unless confirmed")
+            });
         let _ = writeln!(
             out,
-            "PENDING: generation {} rolls back to {} in {:.0}s unless confirmed",
-            pending["generation"],
-            pending["rollback_to"],
-            pending["seconds_left"].as_f64().unwrap_or(0.0)
+            "PENDING: generation {} rolls back to {} {when}",
+            pending["generation"], pending["rollback_to"],
         );
     }
     match rates {

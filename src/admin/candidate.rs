@@ -6,7 +6,7 @@ use axum::http::{header, HeaderMap};
 use serde::Deserialize;
 
 use super::error::ApiError;
-use crate::control::{Candidate, CandidateSource};
+use crate::control::{Candidate, CandidateSource, GuardSpec};
 use crate::ids::GenerationId;
 
 /// Metadata sent in the query string (with raw TOML or an empty body).
@@ -47,6 +47,94 @@ struct CandidateJson {
     /// Upgrade only: the executable to start.
     binary: Option<String>,
     confirm_within: Option<String>,
+    guard: Option<GuardJson>,
+    confirm_on_pass: Option<bool>,
+}
+
+/// `guard` of an activation (DESIGN §14).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GuardJson {
+    window: String,
+    #[serde(default = "default_min_requests")]
+    min_requests: u64,
+    #[serde(default = "default_max_error_ratio")]
+    max_error_ratio: f64,
+    max_p99: Option<String>,
+    #[serde(default = "default_on_no_data")]
+    on_no_data: String,
+}
+
+fn default_min_requests() -> u64 {
+    100
+}
+
+fn default_max_error_ratio() -> f64 {
+    0.01
+}
+
+fn default_on_no_data() -> String {
+    "hold".to_owned()
+}
+
+/// A checked guard: a window of 1 s to 24 h, a ratio within 0..=1, a
+/// known `on_no_data`; one that holds without data needs a deadline.
+fn guard(
+    json: Option<GuardJson>,
+    confirm_on_pass: Option<bool>,
+    confirm_within: Option<std::time::Duration>,
+) -> Result<Option<GuardSpec>, ApiError> {
+    let bad = |message: String| Err(ApiError::BadRequest(message));
+    let Some(json) = json else {
+        return match confirm_on_pass {
+            Some(_) => bad("confirm_on_pass needs a guard".into()),
+            None => Ok(None),
+        };
+    };
+    let window = match humantime::parse_duration(&json.window) {
+        Ok(w)
+            if w >= std::time::Duration::from_secs(1)
+                && w <= std::time::Duration::from_secs(86_400) =>
+        {
+            w
+        }
+        _ => {
+            return bad(format!(
+                "guard.window '{}' is not a duration between 1s and 24h",
+                json.window
+            ))
+        }
+    };
+    if !(0.0..=1.0).contains(&json.max_error_ratio) {
+        return bad(format!(
+            "guard.max_error_ratio {} is not between 0 and 1",
+            json.max_error_ratio
+        ));
+    }
+    let max_p99 = match json.max_p99.as_deref().map(humantime::parse_duration) {
+        None => None,
+        Some(Ok(p99)) if !p99.is_zero() => Some(p99),
+        Some(_) => return bad("guard.max_p99 is not a positive duration".into()),
+    };
+    let fail_on_no_data = match json.on_no_data.as_str() {
+        "fail" => true,
+        "hold" => false,
+        other => return bad(format!("guard.on_no_data '{other}' is not hold or fail")),
+    };
+    if !fail_on_no_data && confirm_within.is_none() && confirm_on_pass != Some(true) {
+        return bad(
+            "a guard that holds without data and does not confirm on pass needs confirm_within"
+                .into(),
+        );
+    }
+    Ok(Some(GuardSpec {
+        window,
+        min_requests: json.min_requests,
+        max_error_ratio: json.max_error_ratio,
+        max_p99,
+        fail_on_no_data,
+        confirm_on_pass: confirm_on_pass.unwrap_or(false),
+    }))
 }
 
 /// The media type of a request, without parameters, lower-cased.
@@ -77,6 +165,7 @@ pub fn parse(
         reason: query.reason.clone(),
         requested_by: query.requested_by.clone(),
         confirm_within: query_within,
+        guard: None,
     };
     let media = media_type(headers);
     if body.iter().all(u8::is_ascii_whitespace) && media.as_deref() != Some("application/toml") {
@@ -113,6 +202,11 @@ pub fn parse(
                     Some(text) => confirm_within(Some(&text))?,
                     None => query_within,
                 },
+                guard: None,
+            };
+            let candidate = Candidate {
+                guard: guard(json.guard, json.confirm_on_pass, candidate.confirm_within)?,
+                ..candidate
             };
             Ok((candidate, json.binary))
         }

@@ -23,6 +23,24 @@ pub struct Candidate {
     pub requested_by: Option<String>,
     /// Activate only: roll back unless confirmed within this long.
     pub confirm_within: Option<std::time::Duration>,
+    /// Activate only: judge the new generation by its own answers.
+    pub guard: Option<GuardSpec>,
+}
+
+/// A guard (DESIGN §14): the pending generation's answers over `window`,
+/// judged once `min_requests` of them came.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GuardSpec {
+    pub window: std::time::Duration,
+    pub min_requests: u64,
+    /// Answers 5xx (by the gateway or the backend) over answers.
+    pub max_error_ratio: f64,
+    pub max_p99: Option<std::time::Duration>,
+    /// Fewer than `min_requests` when the window closes: keep waiting
+    /// (the confirm deadline decides) or roll back.
+    pub fail_on_no_data: bool,
+    /// A window passed makes the generation final.
+    pub confirm_on_pass: bool,
 }
 
 impl Candidate {
@@ -34,6 +52,7 @@ impl Candidate {
             reason: None,
             requested_by: None,
             confirm_within: None,
+            guard: None,
         }
     }
 
@@ -44,6 +63,7 @@ impl Candidate {
             reason: None,
             requested_by: None,
             confirm_within: None,
+            guard: None,
         }
     }
 }

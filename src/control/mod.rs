@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
-pub use candidate::{Candidate, CandidateError, CandidateSource};
+pub use candidate::{Candidate, CandidateError, CandidateSource, GuardSpec};
 pub use certs::{CertReload, CertView, ListenerCerts};
 pub use process::{BinaryView, LifecycleError, ProcessControl, UpgradeRequest};
 pub use views::*;
@@ -112,9 +112,14 @@ pub struct PendingView {
     /// The last final generation: what a missed deadline or an abort
     /// brings back.
     pub rollback_to: GenerationId,
-    pub deadline: String,
-    pub seconds_left: f64,
+    /// `null` for a guard without `confirm_within`: its window decides.
+    pub deadline: Option<String>,
+    pub seconds_left: Option<f64>,
 }
+
+/// The deadline of a guarded generation without `confirm_within`: none
+/// in practice (about 34 years).
+const NO_DEADLINE_SECS: u64 = 1 << 30;
 
 /// The pending generation, while there is one.
 #[derive(Debug, Clone)]
@@ -125,16 +130,68 @@ struct Pending {
     deadline_wall: SystemTime,
 }
 
+/// What a guard concluded from the pending generation's answers so far.
+#[derive(Debug, Clone, PartialEq)]
+enum Verdict {
+    /// Not enough answers yet, or the window is still open.
+    Wait,
+    Pass(String),
+    Breach(String),
+    /// The window closed with fewer than `min_requests` answers.
+    NoData(String),
+}
+
+/// Judges `requests` answers, `errors` of them 5xx, with p99 bound
+/// `p99` (seconds), `elapsed` into the window: a breach as soon as
+/// `min_requests` answers show one, a pass when the window closes.
+fn judge(
+    spec: &GuardSpec,
+    requests: u64,
+    errors: u64,
+    p99: Option<f64>,
+    elapsed: Duration,
+) -> Verdict {
+    let closed = elapsed >= spec.window;
+    if requests < spec.min_requests.max(1) {
+        return if closed {
+            Verdict::NoData(format!(
+                "guard: {requests} requests in {:?}, fewer than min_requests {}",
+                spec.window, spec.min_requests
+            ))
+        } else {
+            Verdict::Wait
+        };
+    }
+    let ratio = errors as f64 / requests as f64;
+    let p99_text = p99.map_or("-".to_owned(), |s| format!("{:.1}ms", s * 1000.0));
+    let measured = format!(
+        "error ratio {ratio:.4} ({errors} of {requests}), p99 <= {p99_text}; thresholds max_error_ratio {}, max_p99 {}",
+        spec.max_error_ratio,
+        spec.max_p99
+            .map_or("-".to_owned(), |d| format!("{:.1}ms", d.as_secs_f64() * 1000.0))
+    );
+    let slow = matches!((p99, spec.max_p99), (Some(p99), Some(max)) if p99 > max.as_secs_f64());
+    if ratio > spec.max_error_ratio || slow {
+        return Verdict::Breach(format!("guard breached: {measured}"));
+    }
+    if closed {
+        Verdict::Pass(format!("guard passed: {measured}"))
+    } else {
+        Verdict::Wait
+    }
+}
+
 impl Pending {
     fn view(&self) -> PendingView {
+        let left = self
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now());
+        let set = left < Duration::from_secs(NO_DEADLINE_SECS / 2);
         PendingView {
             generation: self.generation,
             rollback_to: self.rollback_to,
-            deadline: rfc3339(self.deadline_wall),
-            seconds_left: self
-                .deadline
-                .saturating_duration_since(tokio::time::Instant::now())
-                .as_secs_f64(),
+            deadline: set.then(|| rfc3339(self.deadline_wall)),
+            seconds_left: set.then_some(left.as_secs_f64()),
         }
     }
 }
@@ -397,6 +454,7 @@ impl Control {
         candidate: Candidate,
         kind: OperationKind,
     ) -> Result<Activation, ControlError> {
+        let guard = candidate.guard.clone();
         let activation = self
             .off_the_data_plane(move |c| {
                 let started = Instant::now();
@@ -408,13 +466,80 @@ impl Control {
             })
             .await?;
         if let Some(pending) = &activation.pending {
-            let this = Arc::clone(self);
             let generation = pending.generation;
-            let deadline =
-                tokio::time::Instant::now() + Duration::from_secs_f64(pending.seconds_left);
-            tokio::spawn(async move { this.expire(generation, deadline).await });
+            if let Some(left) = pending.seconds_left {
+                let this = Arc::clone(self);
+                let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(left);
+                tokio::spawn(async move { this.expire(generation, deadline).await });
+            }
+            if let Some(spec) = guard {
+                let this = Arc::clone(self);
+                tokio::spawn(async move { this.watch(generation, spec).await });
+            }
         }
         Ok(activation)
+    }
+
+    /// Judges a pending generation by its own answers (see `judge`) every
+    /// tenth of its window (between 100 ms and 1 s) from its activation
+    /// on: rolls it back on a breach, confirms it on a pass with
+    /// `confirm_on_pass`, rolls it back when the window closes without
+    /// enough answers and `on_no_data = "fail"`.
+    async fn watch(self: Arc<Self>, generation: GenerationId, spec: GuardSpec) {
+        let started = tokio::time::Instant::now();
+        let every = (spec.window / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        loop {
+            tokio::time::sleep(every).await;
+            if self.pending().map(|p| p.generation) != Some(generation) {
+                return;
+            }
+            let Some(ledger) = self
+                .store
+                .ledgers()
+                .into_iter()
+                .find(|l| l.generation() == generation)
+            else {
+                return;
+            };
+            let verdict = judge(
+                &spec,
+                ledger.requests.get(),
+                ledger.errors.get(),
+                ledger.duration.quantile_bound(0.99),
+                started.elapsed(),
+            );
+            drop(ledger);
+            let (how, reason) = match verdict {
+                Verdict::Wait => continue,
+                Verdict::Breach(reason) => (Settle::Expired, reason),
+                Verdict::NoData(reason) if spec.fail_on_no_data => (Settle::Expired, reason),
+                Verdict::Pass(reason) if spec.confirm_on_pass => (Settle::Confirm, reason),
+                // Passed without confirm_on_pass, or no data and "hold":
+                // the operator or the deadline decides.
+                Verdict::Pass(reason) | Verdict::NoData(reason) => {
+                    tracing::info!(%generation, "{reason}; left pending");
+                    return;
+                }
+            };
+            loop {
+                let request = SettleRequest {
+                    generation,
+                    expected_active_generation: None,
+                    requested_by: Some("cutover-guard".into()),
+                    reason: Some(reason.clone()),
+                };
+                match self.settle(request, how).await {
+                    Err(ControlError::InProgress) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(ControlError::Draining | ControlError::NotPending(_)) | Ok(_) => return,
+                    Err(error) => {
+                        tracing::error!(%generation, %error, "the guard could not settle its generation");
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     /// The pending generation, if there is one.
@@ -637,7 +762,15 @@ impl Control {
         if activation.outcome == "unchanged" {
             return Ok(activation);
         }
-        let pending = candidate.confirm_within.map(|within| Pending {
+        // A guard without a confirm window waits as long as it takes:
+        // its own window decides (see `watch`).
+        let within = candidate.confirm_within.or_else(|| {
+            candidate
+                .guard
+                .as_ref()
+                .map(|_| Duration::from_secs(NO_DEADLINE_SECS))
+        });
+        let pending = within.map(|within| Pending {
             generation: activation.generation,
             rollback_to: superseded.as_ref().map_or(active.id, |p| p.rollback_to),
             deadline: tokio::time::Instant::now() + within,
@@ -1034,5 +1167,52 @@ pub fn operation_kind_name(kind: OperationKind) -> &'static str {
         OperationKind::Confirm => "confirm",
         OperationKind::Abort => "abort",
         OperationKind::AutoRollback => "auto_rollback",
+    }
+}
+
+#[cfg(test)]
+mod guard_tests {
+    use super::*;
+
+    fn spec() -> GuardSpec {
+        GuardSpec {
+            window: Duration::from_secs(10),
+            min_requests: 100,
+            max_error_ratio: 0.01,
+            max_p99: Some(Duration::from_millis(500)),
+            fail_on_no_data: false,
+            confirm_on_pass: true,
+        }
+    }
+
+    #[test]
+    fn a_guard_waits_for_its_data_then_breaches_at_once_or_passes_at_the_end() {
+        let early = Duration::from_secs(1);
+        let late = Duration::from_secs(10);
+        assert_eq!(judge(&spec(), 99, 99, Some(0.1), early), Verdict::Wait);
+        assert!(matches!(
+            judge(&spec(), 99, 0, Some(0.1), late),
+            Verdict::NoData(_)
+        ));
+        // Enough answers and a breach: no need to wait for the window.
+        let Verdict::Breach(reason) = judge(&spec(), 100, 2, Some(0.1), early) else {
+            panic!("2 % errors breach 1 %");
+        };
+        assert!(reason.contains("error ratio 0.0200 (2 of 100)"), "{reason}");
+        assert!(reason.contains("max_error_ratio 0.01"), "{reason}");
+        assert!(matches!(
+            judge(&spec(), 100, 0, Some(1.0), early),
+            Verdict::Breach(_)
+        ));
+        assert!(matches!(
+            judge(&spec(), 100, 0, Some(f64::INFINITY), early),
+            Verdict::Breach(_)
+        ));
+        // Within the thresholds: a pass once the window is over.
+        assert_eq!(judge(&spec(), 100, 1, Some(0.25), early), Verdict::Wait);
+        assert!(matches!(
+            judge(&spec(), 100, 1, Some(0.25), late),
+            Verdict::Pass(_)
+        ));
     }
 }

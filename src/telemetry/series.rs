@@ -228,6 +228,25 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
+    /// The `q` quantile's upper bound: the bound of the bucket its sample
+    /// falls in (`f64::INFINITY` past the last bound), as
+    /// `histogram_quantile` would bound it; `None` with no sample.
+    pub fn quantile_bound(&self, q: f64) -> Option<f64> {
+        let total: u64 = self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = (q * total as f64).ceil().max(1.0) as u64;
+        let mut cumulative = 0;
+        for (i, bucket) in self.buckets.iter().enumerate() {
+            cumulative += bucket.load(Ordering::Relaxed);
+            if cumulative >= rank {
+                return Some(self.bounds.get(i).copied().unwrap_or(f64::INFINITY));
+            }
+        }
+        Some(f64::INFINITY)
+    }
+
     /// Cumulative `_bucket` series with `le`, then `_sum` and `_count`.
     pub fn samples(&self, family: &'static Family, labels: &Labels, out: &mut Vec<Sample>) {
         let mut cumulative = 0u64;
@@ -514,6 +533,21 @@ mod tests {
                 "",
             ]
         );
+    }
+
+    #[test]
+    fn quantile_bounds_come_from_the_buckets() {
+        static BOUNDS: [f64; 3] = [0.001, 0.01, 0.1];
+        let h = Histogram::new(&BOUNDS);
+        assert_eq!(h.quantile_bound(0.99), None);
+        for _ in 0..98 {
+            h.record(Duration::from_micros(500));
+        }
+        h.record(Duration::from_millis(5));
+        h.record(Duration::from_secs(1));
+        assert_eq!(h.quantile_bound(0.5), Some(0.001));
+        assert_eq!(h.quantile_bound(0.99), Some(0.01));
+        assert_eq!(h.quantile_bound(1.0), Some(f64::INFINITY));
     }
 
     #[test]

@@ -409,3 +409,145 @@ async fn an_automatic_rollback_under_load_fails_no_request() {
         "{seen:?}"
     );
 }
+
+/// `/api` to `backend`, anything else answered directly.
+fn api_to(backend: std::net::SocketAddr) -> String {
+    config(&format!(
+        "[[routes]]\nname = \"api\"\nlisteners = [\"web\"]\npath_prefix = \"/api\"\nupstream = \"api\"\n\n[[routes]]\nname = \"rest\"\nlisteners = [\"web\"]\nrespond = {{ body = \"rest\" }}\n\n[upstreams.api]\nbackends = [{{ addr = \"{backend}\" }}]\n"
+    ))
+}
+
+/// A backend that answers every request with `status`.
+async fn answering_status(status: u16) -> Backend {
+    Backend::start(std::sync::Arc::new(move |_req| {
+        Box::pin(async move {
+            let mut response = hyper::Response::new(full("x"));
+            *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+            response
+        })
+    }))
+    .await
+}
+
+async fn guarded(gw: &Gateway, config: String, guard: Value, extra: Value) -> (u16, Value) {
+    let mut body = json!({ "config": config, "expected_generation": 1, "guard": guard });
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        body.extend(extra.clone());
+    }
+    post_json(gw, "/admin/runtime/activate", body).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_rolls_back_a_generation_whose_backend_fails() {
+    let good = answering_status(200).await;
+    let bad = answering_status(500).await;
+    let gw = Gateway::start(&api_to(good.addr));
+    let (status, body) = guarded(
+        &gw,
+        api_to(bad.addr),
+        json!({ "window": "20s", "min_requests": 20, "max_error_ratio": 0.05 }),
+        json!({ "confirm_within": "60s" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let web = gw.listener("web");
+    for _ in 0..20 {
+        assert_eq!(get(web, "x", "/api/a").await.0, 500);
+    }
+    // Evaluated every second (a tenth of the window, at most 1 s): rolled
+    // back within two evaluations of min_requests.
+    let reached = Instant::now();
+    wait_active(&gw, 3, Duration::from_secs(3)).await;
+    assert!(reached.elapsed() < Duration::from_millis(2500));
+    assert_eq!(get(web, "x", "/api/a").await.0, 200);
+    let entry = history_entry(&gw, 3).await;
+    assert_eq!(entry["source"], "auto_rollback", "{entry}");
+    assert_eq!(entry["requested_by"], "cutover-guard", "{entry}");
+    let reason = entry["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("guard breached: error ratio 1.0000 (20 of 20)"),
+        "{reason}"
+    );
+    assert!(reason.contains("max_error_ratio 0.05"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_confirms_a_healthy_generation_when_its_window_passes() {
+    let first = answering_status(200).await;
+    let second = answering_status(200).await;
+    let gw = Gateway::start(&api_to(first.addr));
+    let (status, body) = guarded(
+        &gw,
+        api_to(second.addr),
+        json!({ "window": "2s", "min_requests": 10, "max_error_ratio": 0.01, "max_p99": "1s" }),
+        json!({ "confirm_on_pass": true }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["pending"]["deadline"].is_null(),
+        "no confirm window: {body}"
+    );
+    let web = gw.listener("web");
+    for _ in 0..20 {
+        assert_eq!(get(web, "x", "/api/a").await.0, 200);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = gw.status().await;
+        if status["pending"].is_null() {
+            assert_eq!(status["active_generation"], 2, "{status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still pending: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, history) = admin_request(gw.admin, "GET", "/admin/runtime/history", None, None).await;
+    let confirm = history["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["kind"] == "confirm")
+        .unwrap_or_else(|| panic!("{history}"))
+        .clone();
+    assert_eq!(confirm["requested_by"], "cutover-guard", "{confirm}");
+    assert!(
+        confirm["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("guard passed: error ratio 0.0000 (0 of 20)"),
+        "{confirm}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_without_traffic_fails_when_told_to() {
+    let backend = answering_status(200).await;
+    let gw = Gateway::start(&api_to(backend.addr));
+    let (status, body) = guarded(
+        &gw,
+        api_to(backend.addr).replace("body = \"rest\"", "body = \"rest2\""),
+        json!({ "window": "1s", "min_requests": 5, "on_no_data": "fail" }),
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    wait_active(&gw, 3, Duration::from_secs(4)).await;
+    let reason = history_entry(&gw, 3).await["reason"].clone();
+    assert!(
+        reason
+            .as_str()
+            .unwrap()
+            .contains("fewer than min_requests 5"),
+        "{reason}"
+    );
+    // A guard that would hold forever is refused up front.
+    let (status, body) = guarded(
+        &gw,
+        api_to(backend.addr),
+        json!({ "window": "1s" }),
+        json!({ "expected_generation": 3 }),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+}

@@ -44,10 +44,11 @@ function showError(error) {
 }
 
 function renderStatus(status) {
-  const pending = status.pending
-    ? ` · PENDING: rolls back to generation ${status.pending.rollback_to} in ` +
-      `${Math.round(status.pending.seconds_left)} s unless confirmed`
-    : "";
+  const pending = !status.pending ? "" :
+    ` · PENDING: rolls back to generation ${status.pending.rollback_to} ` +
+    (status.pending.seconds_left === null
+      ? "if its guard fails"
+      : `in ${Math.round(status.pending.seconds_left)} s unless confirmed`);
   document.getElementById("summary").textContent =
     `pid ${status.pid} · ${status.phase} · generation ${status.active_generation} · ` +
     `${status.config_version} · activated ${status.activated_at}${pending}`;
