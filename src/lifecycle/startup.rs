@@ -420,17 +420,18 @@ async fn serve(
     let metrics_address = match metrics_socket {
         Some(socket) => {
             let address = socket.local_addr().ok();
-            let store = Arc::clone(control.store());
+            let scraped = Arc::clone(&control);
             let router = axum::Router::new().route(
                 "/metrics",
                 axum::routing::get(move || {
                     let prometheus = prometheus.clone();
-                    let store = Arc::clone(&store);
+                    let control = Arc::clone(&scraped);
                     // Rendering thousands of series takes milliseconds:
                     // not on a thread that serves requests.
                     async move {
                         tokio::task::spawn_blocking(move || {
-                            telemetry::series::scrape(&prometheus, &store)
+                            let pending = control.pending().map(|p| (p.generation, p.rollback_to));
+                            telemetry::series::scrape(&prometheus, control.store(), pending)
                         })
                         .await
                         .map_err(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR)

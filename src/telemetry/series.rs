@@ -373,18 +373,37 @@ pub fn collect(out: &mut Vec<Sample>) {
     drop(entries);
 }
 
-/// The `generation="active" | "previous"` series, from the live
-/// generations' ledgers: the active one, and the newest older one that
-/// is still alive. (`pending` joins them with guarded activation.)
-pub fn generation_samples(store: &crate::runtime::GenerationStore, out: &mut Vec<Sample>) {
+/// The `generation="active" | "pending" | "previous"` series, from the
+/// live generations' ledgers. While a generation is pending (guarded
+/// activation, `pending` names it and the generation it would roll back
+/// to) it is `pending` and that one is `previous`; otherwise the active
+/// generation is `active` and the newest older one still alive is
+/// `previous`.
+pub fn generation_samples(
+    store: &crate::runtime::GenerationStore,
+    pending: Option<(crate::ids::GenerationId, crate::ids::GenerationId)>,
+    out: &mut Vec<Sample>,
+) {
     let active = store.active_id();
     let ledgers = store.ledgers();
-    let previous = ledgers
-        .iter()
-        .filter(|l| l.generation() < active)
-        .max_by_key(|l| l.generation());
-    let current = ledgers.iter().find(|l| l.generation() == active);
-    for (role, ledger) in [("active", current), ("previous", previous)] {
+    let find = |id| ledgers.iter().find(|l| l.generation() == id);
+    let roles = match pending.filter(|(generation, _)| *generation == active) {
+        Some((generation, rollback_to)) => [
+            ("pending", find(generation)),
+            ("previous", find(rollback_to)),
+        ],
+        None => [
+            ("active", find(active)),
+            (
+                "previous",
+                ledgers
+                    .iter()
+                    .filter(|l| l.generation() < active)
+                    .max_by_key(|l| l.generation()),
+            ),
+        ],
+    };
+    for (role, ledger) in roles {
         let Some(ledger) = ledger else { continue };
         let labels: Labels = vec![
             (m::LABEL_GENERATION, role.into()),
@@ -408,11 +427,12 @@ pub fn generation_samples(store: &crate::runtime::GenerationStore, out: &mut Vec
 pub fn scrape(
     recorder: &metrics_exporter_prometheus::PrometheusHandle,
     store: &crate::runtime::GenerationStore,
+    pending: Option<(crate::ids::GenerationId, crate::ids::GenerationId)>,
 ) -> String {
     let mut text = recorder.render();
     let mut samples = Vec::new();
     collect(&mut samples);
-    generation_samples(store, &mut samples);
+    generation_samples(store, pending, &mut samples);
     render(samples, &mut text);
     text
 }

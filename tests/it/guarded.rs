@@ -551,3 +551,37 @@ async fn a_guard_without_traffic_fails_when_told_to() {
     .await;
     assert_eq!(status, 400, "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pending_generation_has_its_own_series() {
+    let with_metrics =
+        |body: &str| answering(body).replace("[log]", "[metrics]\nbind = \"127.0.0.1:0\"\n\n[log]");
+    let gw = Gateway::start(&with_metrics("old"));
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({ "config": with_metrics("new"), "expected_generation": 1, "confirm_within": "60s" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for _ in 0..3 {
+        assert_eq!(answer(&gw).await, "new");
+    }
+    let metrics = gw.metrics.expect("metrics endpoint");
+    let (_, _, text) = get(metrics, "x", "/metrics").await;
+    assert!(
+        text.contains("cutover_generation_requests_total{generation=\"pending\",id=\"2\"} 3\n"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("cutover_generation_requests_total{generation=\"active\""),
+        "{text}"
+    );
+    let (status, _) = post_json(&gw, "/admin/runtime/confirm", json!({ "generation": 2 })).await;
+    assert_eq!(status, 200);
+    let (_, _, text) = get(metrics, "x", "/metrics").await;
+    assert!(
+        text.contains("cutover_generation_requests_total{generation=\"active\",id=\"2\"} 3\n"),
+        "{text}"
+    );
+}
