@@ -582,9 +582,16 @@ impl Control {
             return;
         }
         let deadline_wall = SystemTime::UNIX_EPOCH + Duration::from_millis(record.deadline_unix_ms);
-        let left = deadline_wall
+        let mut left = deadline_wall
             .duration_since(SystemTime::now())
             .unwrap_or(Duration::ZERO);
+        // Judged by a guard alone (no confirm window): the guard's window
+        // and counts did not survive the restart, so nothing would ever
+        // settle it. When in doubt, the last final generation wins.
+        if left >= Duration::from_secs(NO_DEADLINE_SECS / 2) {
+            tracing::warn!(generation = %record.generation, "a guarded generation was pending when the process stopped; its guard cannot resume: rolling back");
+            left = Duration::ZERO;
+        }
         let deadline = tokio::time::Instant::now() + left;
         *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(Pending {
             generation: record.generation,

@@ -585,3 +585,28 @@ async fn the_pending_generation_has_its_own_series() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_only_its_guard_would_settle_is_rolled_back_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let gw = Gateway::start_in(dir, &with_state(&root, "old"));
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({
+            "config": with_state(&root, "new"),
+            "expected_generation": 1,
+            "guard": { "window": "60s", "min_requests": 1000 },
+            "confirm_on_pass": true,
+        }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["pending"]["deadline"].is_null(), "{body}");
+    let dir = kill(gw);
+    let gw = Gateway::start_in(dir, &with_state(&root, "old"));
+    wait_active(&gw, 3, Duration::from_secs(5)).await;
+    assert_eq!(answer(&gw).await, "old");
+    assert_eq!(history_entry(&gw, 3).await["source"], "auto_rollback");
+}
