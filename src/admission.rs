@@ -34,6 +34,38 @@ impl Admission {
         Pinned { generation, guard }
     }
 
+    /// Pins a request arriving on `listener`: the active generation, or
+    /// during a canary the previous one for the share of requests the
+    /// canary does not take. `sticky` hashes the canary's key for this
+    /// request (`None`: the request lacks it, and is placed at random).
+    pub fn pin_request(
+        &self,
+        listener: &str,
+        sticky: impl FnOnce(&crate::plan::HashKey) -> Option<u64>,
+    ) -> Pinned {
+        if !self.store.canarying() {
+            return self.pin();
+        }
+        let Some(canary) = self.store.canary() else {
+            return self.pin();
+        };
+        let percent = canary.percent.load(std::sync::atomic::Ordering::Relaxed);
+        let bucket = canary
+            .key
+            .as_ref()
+            .and_then(sticky)
+            .map_or_else(|| fastrand::u8(0..100), |hash| (hash % 100) as u8);
+        // A listener the previous generation does not serve stays with the
+        // new one.
+        let generation = if bucket >= percent && canary.previous.router(listener).is_some() {
+            Arc::clone(&canary.previous)
+        } else {
+            self.store.load_full()
+        };
+        let guard = generation.ledger.request();
+        Pinned { generation, guard }
+    }
+
     pub fn store(&self) -> &Arc<GenerationStore> {
         &self.store
     }

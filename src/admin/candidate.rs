@@ -6,7 +6,7 @@ use axum::http::{header, HeaderMap};
 use serde::Deserialize;
 
 use super::error::ApiError;
-use crate::control::{Candidate, CandidateSource, GuardSpec};
+use crate::control::{CanarySpec, Candidate, CandidateSource, GuardSpec};
 use crate::ids::GenerationId;
 
 /// Metadata sent in the query string (with raw TOML or an empty body).
@@ -49,6 +49,63 @@ struct CandidateJson {
     confirm_within: Option<String>,
     guard: Option<GuardJson>,
     confirm_on_pass: Option<bool>,
+    steps: Option<Vec<u8>>,
+    step_interval: Option<String>,
+    hash_key: Option<String>,
+}
+
+/// Checked canary steps: strictly growing percentages ending at 100, an
+/// interval of 1 s to 24 h, a known key.
+fn canary(
+    steps: Option<Vec<u8>>,
+    interval: Option<String>,
+    key: Option<String>,
+) -> Result<Option<CanarySpec>, ApiError> {
+    let bad = |message: String| Err(ApiError::BadRequest(message));
+    let Some(steps) = steps else {
+        return match (interval, key) {
+            (None, None) => Ok(None),
+            _ => bad("step_interval and hash_key need steps".into()),
+        };
+    };
+    let growing = steps.windows(2).all(|w| w[0] < w[1]);
+    if steps.is_empty() || !growing || steps[0] == 0 || steps.last() != Some(&100) {
+        return bad(format!(
+            "steps {steps:?} must grow strictly from at least 1 and end at 100"
+        ));
+    }
+    let Some(interval) = interval else {
+        return bad("steps need step_interval".into());
+    };
+    let step_interval = match humantime::parse_duration(&interval) {
+        Ok(d)
+            if d >= std::time::Duration::from_secs(1)
+                && d <= std::time::Duration::from_secs(86_400) =>
+        {
+            d
+        }
+        _ => {
+            return bad(format!(
+                "step_interval '{interval}' is not a duration between 1s and 24h"
+            ))
+        }
+    };
+    let key = match key {
+        None => None,
+        Some(text) => match crate::plan::parse_hash_key(&text) {
+            Some(key) => Some(key),
+            None => {
+                return bad(format!(
+                    "hash_key '{text}' is not header:NAME, cookie:NAME, client_ip or path"
+                ))
+            }
+        },
+    };
+    Ok(Some(CanarySpec {
+        steps,
+        step_interval,
+        key,
+    }))
 }
 
 /// `guard` of an activation (DESIGN §14).
@@ -166,6 +223,7 @@ pub fn parse(
         requested_by: query.requested_by.clone(),
         confirm_within: query_within,
         guard: None,
+        canary: None,
     };
     let media = media_type(headers);
     if body.iter().all(u8::is_ascii_whitespace) && media.as_deref() != Some("application/toml") {
@@ -203,9 +261,15 @@ pub fn parse(
                     None => query_within,
                 },
                 guard: None,
+                canary: canary(json.steps, json.step_interval, json.hash_key)?,
             };
+            // Canary steps end in a confirmation of their own: a guard
+            // that holds needs no deadline then.
+            let settles = candidate
+                .confirm_within
+                .or(candidate.canary.as_ref().map(|c| c.step_interval));
             let candidate = Candidate {
-                guard: guard(json.guard, json.confirm_on_pass, candidate.confirm_within)?,
+                guard: guard(json.guard, json.confirm_on_pass, settles)?,
                 ..candidate
             };
             Ok((candidate, json.binary))

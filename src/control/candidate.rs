@@ -25,6 +25,19 @@ pub struct Candidate {
     pub confirm_within: Option<std::time::Duration>,
     /// Activate only: judge the new generation by its own answers.
     pub guard: Option<GuardSpec>,
+    /// Activate only: send the new generation a growing share of new
+    /// requests.
+    pub canary: Option<CanarySpec>,
+}
+
+/// Canary steps (DESIGN §14): the pending generation takes `steps[i]` %
+/// of new requests for `step_interval` each (sticky by `key` when set);
+/// the last step, 100, makes it final.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CanarySpec {
+    pub steps: Vec<u8>,
+    pub step_interval: std::time::Duration,
+    pub key: Option<crate::plan::HashKey>,
 }
 
 /// A guard (DESIGN §14): the pending generation's answers over `window`,
@@ -53,6 +66,7 @@ impl Candidate {
             requested_by: None,
             confirm_within: None,
             guard: None,
+            canary: None,
         }
     }
 
@@ -64,6 +78,7 @@ impl Candidate {
             requested_by: None,
             confirm_within: None,
             guard: None,
+            canary: None,
         }
     }
 }

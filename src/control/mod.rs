@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
-pub use candidate::{Candidate, CandidateError, CandidateSource, GuardSpec};
+pub use candidate::{CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec};
 pub use certs::{CertReload, CertView, ListenerCerts};
 pub use process::{BinaryView, LifecycleError, ProcessControl, UpgradeRequest};
 pub use views::*;
@@ -115,6 +115,9 @@ pub struct PendingView {
     /// `null` for a guard without `confirm_within`: its window decides.
     pub deadline: Option<String>,
     pub seconds_left: Option<f64>,
+    /// During canary steps: the share of new requests it takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canary_percent: Option<u8>,
 }
 
 /// The deadline of a guarded generation without `confirm_within`: none
@@ -192,6 +195,7 @@ impl Pending {
             rollback_to: self.rollback_to,
             deadline: set.then(|| rfc3339(self.deadline_wall)),
             seconds_left: set.then_some(left.as_secs_f64()),
+            canary_percent: None,
         }
     }
 }
@@ -455,6 +459,7 @@ impl Control {
         kind: OperationKind,
     ) -> Result<Activation, ControlError> {
         let guard = candidate.guard.clone();
+        let canary = candidate.canary.clone();
         let activation = self
             .off_the_data_plane(move |c| {
                 let started = Instant::now();
@@ -472,12 +477,117 @@ impl Control {
                 let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(left);
                 tokio::spawn(async move { this.expire(generation, deadline).await });
             }
-            if let Some(spec) = guard {
-                let this = Arc::clone(self);
-                tokio::spawn(async move { this.watch(generation, spec).await });
+            match (canary, guard) {
+                // The steps judge each step themselves.
+                (Some(canary), guard) => {
+                    let this = Arc::clone(self);
+                    tokio::spawn(async move { this.advance(generation, canary, guard).await });
+                }
+                (None, Some(spec)) => {
+                    let this = Arc::clone(self);
+                    tokio::spawn(async move { this.watch(generation, spec).await });
+                }
+                (None, None) => {}
             }
         }
         Ok(activation)
+    }
+
+    /// Walks a canary through its steps: each step's share for
+    /// `step_interval`, then (with a guard) a verdict on the pending
+    /// generation's answers so far; a breach, or no data with
+    /// `on_no_data = "fail"`, rolls back; no data with "hold" repeats the
+    /// step. The last step, 100 %, confirms it.
+    async fn advance(
+        self: Arc<Self>,
+        generation: GenerationId,
+        canary: CanarySpec,
+        guard: Option<GuardSpec>,
+    ) {
+        let started = tokio::time::Instant::now();
+        let mut step = 0;
+        loop {
+            let Some(percent) = canary.steps.get(step).copied() else {
+                return;
+            };
+            let Some(current) = self.store.canary() else {
+                return;
+            };
+            if self.pending().map(|p| p.generation) != Some(generation) {
+                return;
+            }
+            current
+                .percent
+                .store(percent, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(%generation, percent, "canary step");
+            let outcome = if percent >= 100 {
+                Some((
+                    Settle::Confirm,
+                    format!("canary steps {:?} completed", canary.steps),
+                ))
+            } else {
+                tokio::time::sleep(canary.step_interval).await;
+                let verdict = match &guard {
+                    None => Verdict::Wait,
+                    Some(spec) => {
+                        let ledger = self
+                            .store
+                            .ledgers()
+                            .into_iter()
+                            .find(|l| l.generation() == generation);
+                        match ledger {
+                            None => return,
+                            // The window is the time so far: every step
+                            // ends with a verdict.
+                            Some(l) => judge(
+                                spec,
+                                l.requests.get(),
+                                l.errors.get(),
+                                l.duration.quantile_bound(0.99),
+                                started.elapsed().max(spec.window),
+                            ),
+                        }
+                    }
+                };
+                match verdict {
+                    Verdict::Breach(reason) => {
+                        Some((Settle::Expired, format!("canary at {percent} %: {reason}")))
+                    }
+                    Verdict::NoData(reason)
+                        if guard.as_ref().is_some_and(|g| g.fail_on_no_data) =>
+                    {
+                        Some((Settle::Expired, format!("canary at {percent} %: {reason}")))
+                    }
+                    // Hold: the same step again.
+                    Verdict::NoData(_) => continue,
+                    Verdict::Pass(_) | Verdict::Wait => {
+                        step += 1;
+                        None
+                    }
+                }
+            };
+            let Some((how, reason)) = outcome else {
+                continue;
+            };
+            loop {
+                let request = SettleRequest {
+                    generation,
+                    expected_active_generation: None,
+                    requested_by: Some("cutover-canary".into()),
+                    reason: Some(reason.clone()),
+                };
+                match self.settle(request, how).await {
+                    Err(ControlError::InProgress) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(ControlError::Draining | ControlError::NotPending(_)) | Ok(_) => return,
+                    Err(error) => {
+                        tracing::error!(%generation, %error, "the canary could not settle its generation");
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     /// Judges a pending generation by its own answers (see `judge`) every
@@ -544,11 +654,17 @@ impl Control {
 
     /// The pending generation, if there is one.
     pub fn pending(&self) -> Option<PendingView> {
-        self.pending
+        let mut view = self
+            .pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .map(Pending::view)
+            .map(Pending::view)?;
+        view.canary_percent = self
+            .store
+            .canary()
+            .map(|c| c.percent.load(std::sync::atomic::Ordering::Relaxed));
+        Some(view)
     }
 
     /// Sets or clears the pending generation, in memory and (with a
@@ -676,6 +792,7 @@ impl Control {
             .ok_or(ControlError::NotPending(request.generation))?;
         check_expected(request.expected_active_generation, active.id)?;
         if how == Settle::Confirm {
+            self.store.set_canary(None);
             self.set_pending(None);
             let operation_id = self.record(
                 kind,
@@ -752,6 +869,11 @@ impl Control {
                 });
             }
         }
+        // A canary's other side is the last final generation.
+        let previous = self
+            .store
+            .canary()
+            .map_or_else(|| Arc::clone(&active), |c| Arc::clone(&c.previous));
         let text = candidate::read(&candidate.source, &self.config_file)?;
         let plan = plan::plan(&text, Some((active.id, &active.spec)));
         let meta = CommitMeta {
@@ -772,10 +894,8 @@ impl Control {
         // A guard without a confirm window waits as long as it takes:
         // its own window decides (see `watch`).
         let within = candidate.confirm_within.or_else(|| {
-            candidate
-                .guard
-                .as_ref()
-                .map(|_| Duration::from_secs(NO_DEADLINE_SECS))
+            (candidate.guard.is_some() || candidate.canary.is_some())
+                .then(|| Duration::from_secs(NO_DEADLINE_SECS))
         });
         let pending = within.map(|within| Pending {
             generation: activation.generation,
@@ -783,8 +903,17 @@ impl Control {
             deadline: tokio::time::Instant::now() + within,
             deadline_wall: SystemTime::now() + within,
         });
-        activation.pending = pending.as_ref().map(Pending::view);
+        if let (Some(spec), Some(_)) = (&candidate.canary, &pending) {
+            self.store.set_canary(Some(Arc::new(crate::runtime::Canary {
+                previous,
+                percent: std::sync::atomic::AtomicU8::new(
+                    spec.steps.first().copied().unwrap_or(100),
+                ),
+                key: spec.key.clone(),
+            })));
+        }
         self.set_pending(pending);
+        activation.pending = self.pending();
         Ok(activation)
     }
 
@@ -968,6 +1097,9 @@ impl Control {
                 expected: c.expected,
                 active: c.active,
             })?;
+        // Whatever canary ran is over: new requests go to the new
+        // generation (the caller starts the next canary, if any).
+        self.store.set_canary(None);
         // Handshakes already get the new generation's certificates (the
         // store follows the active generation); installing them makes
         // them the stored material that reload-certs starts from.

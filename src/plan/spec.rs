@@ -374,6 +374,26 @@ pub enum HashKey {
     Path,
 }
 
+/// `header:NAME`, `cookie:NAME`, `client_ip` or `path`.
+pub fn parse_hash_key(key: &str) -> Option<HashKey> {
+    match key.split_once(':') {
+        None if key == "client_ip" => Some(HashKey::ClientIp),
+        None if key == "path" => Some(HashKey::Path),
+        Some(("header", name)) => http::HeaderName::from_bytes(name.as_bytes())
+            .ok()
+            .map(HashKey::Header),
+        Some(("cookie", name))
+            if !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b)) =>
+        {
+            Some(HashKey::Cookie(name.to_owned()))
+        }
+        _ => None,
+    }
+}
+
 impl Policy {
     pub fn as_str(self) -> &'static str {
         match self {

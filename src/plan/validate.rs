@@ -891,22 +891,7 @@ impl Validator<'_> {
     }
 
     fn hash_key(&mut self, path: &str, key: &str) -> Option<HashKey> {
-        let parsed = match key.split_once(':') {
-            None if key == "client_ip" => Some(HashKey::ClientIp),
-            None if key == "path" => Some(HashKey::Path),
-            Some(("header", name)) => HeaderName::from_bytes(name.as_bytes())
-                .ok()
-                .map(HashKey::Header),
-            Some(("cookie", name))
-                if !name.is_empty()
-                    && name
-                        .bytes()
-                        .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b)) =>
-            {
-                Some(HashKey::Cookie(name.to_owned()))
-            }
-            _ => None,
-        };
+        let parsed = parse_hash_key(key);
         if parsed.is_none() {
             self.error(
                 "invalid_value",

@@ -78,7 +78,9 @@ pub async fn handle(
 ) -> Result<Response<Tracked<ResponseBody>>, Infallible> {
     let (open, refused) = conn.activity.request();
     let started = Instant::now();
-    let Pinned { generation, guard } = conn.admission.pin();
+    let Pinned { generation, guard } = conn
+        .admission
+        .pin_request(&conn.listener, |key| canary_key(key, &req, &conn));
     let trace = TraceContext::take(req.headers_mut());
     // Only pay for the line's copies when the access log is on or the
     // request's span is exported.
@@ -413,6 +415,18 @@ pub(super) fn request_hash(
                 .unwrap_or(req.uri().path())
                 .as_bytes(),
         ),
+    };
+    Some(crate::generation::hash_key(&bytes))
+}
+
+/// The hash of a request's canary key (DESIGN §14): the same value, the
+/// same generation.
+fn canary_key(key: &HashKey, req: &Request<Incoming>, conn: &ConnContext) -> Option<u64> {
+    let bytes: Cow<'_, [u8]> = match key {
+        HashKey::Header(name) => Cow::Borrowed(req.headers().get(name)?.as_bytes()),
+        HashKey::Cookie(name) => Cow::Borrowed(cookie(req.headers(), name)?.as_bytes()),
+        HashKey::ClientIp => Cow::Owned(edge::client_key(conn.remote.ip()).to_vec()),
+        HashKey::Path => Cow::Borrowed(req.uri().path().as_bytes()),
     };
     Some(crate::generation::hash_key(&bytes))
 }

@@ -4,7 +4,7 @@ mod history;
 mod store;
 
 pub use history::*;
-pub use store::{Conflict, GenerationLoad, GenerationStore};
+pub use store::{Canary, Conflict, GenerationLoad, GenerationStore};
 
 mod phase;
 pub use phase::{Phase, PhaseCell};

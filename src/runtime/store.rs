@@ -63,9 +63,23 @@ struct Published {
 /// Holds the active generation.
 pub struct GenerationStore {
     active: ArcSwap<Generation>,
+    /// While a pending generation is canaried (DESIGN §14): the previous
+    /// generation, which keeps the rest of new requests.
+    canary: arc_swap::ArcSwapOption<Canary>,
     published: Mutex<Vec<Published>>,
     /// The active id, for long-lived connections that watch for supersession.
     notify: watch::Sender<GenerationId>,
+}
+
+/// A canary: the active generation takes `percent` of new requests, the
+/// previous one the rest.
+#[derive(Debug)]
+pub struct Canary {
+    pub previous: Arc<Generation>,
+    pub percent: std::sync::atomic::AtomicU8,
+    /// Sticky by this key (the same value, the same generation); per
+    /// request without it.
+    pub key: Option<crate::plan::HashKey>,
 }
 
 impl GenerationStore {
@@ -79,6 +93,7 @@ impl GenerationStore {
         Self {
             notify: watch::channel(first.id).0,
             active: ArcSwap::new(first),
+            canary: arc_swap::ArcSwapOption::empty(),
             published: Mutex::new(published),
         }
     }
@@ -86,6 +101,21 @@ impl GenerationStore {
     /// Pins the active generation: the caller holds it as long as it needs.
     pub fn load_full(&self) -> Arc<Generation> {
         self.active.load_full()
+    }
+
+    /// The canary, while one runs.
+    pub fn canary(&self) -> Option<Arc<Canary>> {
+        self.canary.load_full()
+    }
+
+    /// Starts, changes or (with `None`) ends a canary.
+    pub fn set_canary(&self, canary: Option<Arc<Canary>>) {
+        self.canary.store(canary);
+    }
+
+    /// Whether a canary runs: one atomic load, for the request path.
+    pub fn canarying(&self) -> bool {
+        self.canary.load().is_some()
     }
 
     /// The active generation's id, without pinning it.
@@ -172,6 +202,9 @@ impl GenerationStore {
     /// generation is listed while anything is still pinned to it.
     pub fn loads(&self) -> Vec<GenerationLoad> {
         let active = self.active_id();
+        // A canary's previous generation takes new requests too: listed
+        // even in a moment when none is in flight.
+        let canary = self.canary.load().as_ref().map(|c| c.previous.id);
         let mut published = self
             .published
             .lock()
@@ -181,7 +214,10 @@ impl GenerationStore {
             .iter()
             .filter_map(|p| p.ledger.upgrade().map(|ledger| (p, ledger)))
             .filter(|(p, ledger)| {
-                p.id == active || ledger.inflight_requests() > 0 || ledger.open_connections() > 0
+                p.id == active
+                    || Some(p.id) == canary
+                    || ledger.inflight_requests() > 0
+                    || ledger.open_connections() > 0
             })
             .map(|(p, ledger)| GenerationLoad {
                 generation: p.id,

@@ -610,3 +610,182 @@ async fn a_generation_only_its_guard_would_settle_is_rolled_back_after_a_restart
     assert_eq!(answer(&gw).await, "old");
     assert_eq!(history_entry(&gw, 3).await["source"], "auto_rollback");
 }
+
+/// Sends `n` GETs on one keep-alive connection (with `header`, if given);
+/// returns the bodies.
+async fn keep_alive_bodies(
+    addr: std::net::SocketAddr,
+    n: usize,
+    header: Option<(&str, String)>,
+) -> Vec<String> {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut bodies = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut req = hyper::Request::get("/").header("host", "x");
+        if let Some((name, value)) = &header {
+            req = req.header(*name, value.as_str());
+        }
+        sender.ready().await.unwrap();
+        let response = sender
+            .send_request(
+                req.body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        bodies.push(String::from_utf8_lossy(&body).into_owned());
+    }
+    bodies
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_at_ten_percent_takes_a_tenth_of_new_requests() {
+    let gw = Gateway::start(&answering("old"));
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({ "config": answering("new"), "expected_generation": 1,
+                "steps": [10, 100], "step_interval": "10m" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["pending"]["canary_percent"], 10, "{body}");
+    let bodies = keep_alive_bodies(gw.listener("web"), 10_000, None).await;
+    let new = bodies.iter().filter(|b| *b == "new").count();
+    let old = bodies.iter().filter(|b| *b == "old").count();
+    assert_eq!(new + old, 10_000);
+    // Binomial(10 000, 0.1): 1 000 ± 90 is three standard deviations.
+    assert!(
+        (910..=1090).contains(&new),
+        "{new} of 10 000 to the pending generation"
+    );
+    // Both generations are live and visible.
+    let status = gw.status().await;
+    let live: Vec<u64> = status["generations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["generation"].as_u64().unwrap())
+        .collect();
+    assert!(live.contains(&1) && live.contains(&2), "{status}");
+    assert_eq!(status["pending"]["canary_percent"], 10, "{status}");
+    let per_generation = |id: u64| {
+        status["generations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["generation"] == id)
+            .map(|g| g["requests"].as_u64().unwrap())
+            .unwrap()
+    };
+    assert_eq!(
+        per_generation(2) as usize,
+        new,
+        "every request pinned to one generation"
+    );
+    // Abort: back to 1, and every new request with it.
+    let (status, body) = post_json(&gw, "/admin/runtime/abort", json!({ "generation": 2 })).await;
+    assert_eq!(status, 200, "{body}");
+    let bodies = keep_alive_bodies(gw.listener("web"), 200, None).await;
+    assert!(bodies.iter().all(|b| b == "old"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sticky_canary_keeps_each_key_on_one_generation() {
+    let gw = Gateway::start(&answering("old"));
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({ "config": answering("new"), "expected_generation": 1,
+                "steps": [50, 100], "step_interval": "10m", "hash_key": "header:x-user" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let mut sides = std::collections::HashSet::new();
+    for user in 0..40 {
+        let bodies = keep_alive_bodies(
+            gw.listener("web"),
+            10,
+            Some(("x-user", format!("user-{user}"))),
+        )
+        .await;
+        assert!(
+            bodies.iter().all(|b| *b == bodies[0]),
+            "user {user}: {bodies:?}"
+        );
+        sides.insert(bodies[0].clone());
+    }
+    assert_eq!(sides.len(), 2, "40 users at 50 % land on both sides");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_steps_end_in_a_confirmation_or_a_guarded_rollback() {
+    let gw = Gateway::start(&answering("old"));
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({ "config": answering("new"), "expected_generation": 1,
+                "steps": [50, 100], "step_interval": "1s" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gw.status().await["pending"].is_null() {
+        assert!(Instant::now() < deadline, "still canarying");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(gw.active_generation().await, 2);
+    let bodies = keep_alive_bodies(gw.listener("web"), 100, None).await;
+    assert!(bodies.iter().all(|b| b == "new"), "final: every request");
+
+    // A failing canary, judged at its first step.
+    let good = answering_status(200).await;
+    let bad = answering_status(500).await;
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({ "config": api_to(good.addr), "expected_generation": 2 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({ "config": api_to(bad.addr), "expected_generation": 3,
+                "steps": [50, 100], "step_interval": "1s",
+                "guard": { "window": "1s", "min_requests": 10, "max_error_ratio": 0.05 } }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let web = gw.listener("web");
+    let mut failed = 0;
+    for _ in 0..60 {
+        if get(web, "x", "/api/x").await.0 == 500 {
+            failed += 1;
+        }
+    }
+    assert!(
+        failed > 10 && failed < 60,
+        "about half to the canary: {failed}"
+    );
+    wait_active(&gw, 5, Duration::from_secs(5)).await;
+    let entry = history_entry(&gw, 5).await;
+    assert_eq!(entry["rolled_back_to"], 3, "{entry}");
+    assert_eq!(entry["requested_by"], "cutover-canary", "{entry}");
+    assert!(
+        entry["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("canary at 50 %: guard breached"),
+        "{entry}"
+    );
+    assert_eq!(get(web, "x", "/api/x").await.0, 200);
+}
