@@ -144,37 +144,105 @@ enum Verdict {
     NoData(String),
 }
 
-/// Judges `requests` answers, `errors` of them 5xx, with p99 bound
-/// `p99` (seconds), `elapsed` into the window: a breach as soon as
-/// `min_requests` answers show one, a pass when the window closes.
-fn judge(
-    spec: &GuardSpec,
+/// Answers of one generation over a guard's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Answers {
     requests: u64,
     errors: u64,
+}
+
+impl Answers {
+    fn of(ledger: &crate::generation::Ledger) -> Self {
+        Self {
+            requests: ledger.requests.get(),
+            errors: ledger.errors.get(),
+        }
+    }
+
+    fn since(self, start: Answers) -> Self {
+        Self {
+            requests: self.requests.saturating_sub(start.requests),
+            errors: self.errors.saturating_sub(start.errors),
+        }
+    }
+
+    fn ratio(self) -> f64 {
+        self.errors as f64 / self.requests.max(1) as f64
+    }
+}
+
+/// The previous generation's answers since a guard started: what the
+/// pending generation is compared with over the same window.
+struct Baseline {
+    ledger: Option<Arc<crate::generation::Ledger>>,
+    start: Answers,
+}
+
+impl Baseline {
+    fn start(store: &GenerationStore, generation: Option<GenerationId>) -> Self {
+        let ledger =
+            generation.and_then(|id| store.ledgers().into_iter().find(|l| l.generation() == id));
+        let start = ledger.as_deref().map(Answers::of).unwrap_or_default();
+        Self { ledger, start }
+    }
+
+    fn answers(&self) -> Option<Answers> {
+        self.ledger
+            .as_deref()
+            .map(|l| Answers::of(l).since(self.start))
+    }
+}
+
+/// Judges the pending generation's answers (`p99`: the bound of their
+/// 99th percentile, seconds), `elapsed` into the window, against the
+/// previous generation's over the same window: a breach, as soon as
+/// `min_requests` answers show one, is an error ratio more than
+/// `max_error_ratio` above the previous generation's (above zero when
+/// that one has fewer than `min_requests` answers in the window, as
+/// without a canary), or a p99 over `max_p99`; a pass when the window
+/// closes.
+fn judge(
+    spec: &GuardSpec,
+    pending: Answers,
     p99: Option<f64>,
+    previous: Option<Answers>,
     elapsed: Duration,
 ) -> Verdict {
     let closed = elapsed >= spec.window;
-    if requests < spec.min_requests.max(1) {
+    let enough = spec.min_requests.max(1);
+    if pending.requests < enough {
         return if closed {
             Verdict::NoData(format!(
-                "guard: {requests} requests in {:?}, fewer than min_requests {}",
-                spec.window, spec.min_requests
+                "guard: {} requests in {:?}, fewer than min_requests {}",
+                pending.requests, spec.window, spec.min_requests
             ))
         } else {
             Verdict::Wait
         };
     }
-    let ratio = errors as f64 / requests as f64;
+    let baseline = previous.filter(|p| p.requests >= enough);
     let p99_text = p99.map_or("-".to_owned(), |s| format!("{:.1}ms", s * 1000.0));
+    let previous_text = match baseline {
+        Some(p) => format!(
+            "previous generation {:.4} ({} of {})",
+            p.ratio(),
+            p.errors,
+            p.requests
+        ),
+        None => "previous generation: too few requests to compare".to_owned(),
+    };
     let measured = format!(
-        "error ratio {ratio:.4} ({errors} of {requests}), p99 <= {p99_text}; thresholds max_error_ratio {}, max_p99 {}",
+        "error ratio {:.4} ({} of {}), p99 <= {p99_text}; {previous_text}; thresholds max_error_ratio {}, max_p99 {}",
+        pending.ratio(),
+        pending.errors,
+        pending.requests,
         spec.max_error_ratio,
         spec.max_p99
             .map_or("-".to_owned(), |d| format!("{:.1}ms", d.as_secs_f64() * 1000.0))
     );
+    let allowed = baseline.map_or(0.0, Answers::ratio) + spec.max_error_ratio;
     let slow = matches!((p99, spec.max_p99), (Some(p99), Some(max)) if p99 > max.as_secs_f64());
-    if ratio > spec.max_error_ratio || slow {
+    if pending.ratio() > allowed || slow {
         return Verdict::Breach(format!("guard breached: {measured}"));
     }
     if closed {
@@ -505,6 +573,7 @@ impl Control {
         guard: Option<GuardSpec>,
     ) {
         let started = tokio::time::Instant::now();
+        let baseline = Baseline::start(&self.store, self.pending().map(|p| p.rollback_to));
         let mut step = 0;
         loop {
             let Some(percent) = canary.steps.get(step).copied() else {
@@ -541,9 +610,9 @@ impl Control {
                             // ends with a verdict.
                             Some(l) => judge(
                                 spec,
-                                l.requests.get(),
-                                l.errors.get(),
+                                Answers::of(&l),
                                 l.duration.quantile_bound(0.99),
+                                baseline.answers(),
                                 started.elapsed().max(spec.window),
                             ),
                         }
@@ -597,6 +666,7 @@ impl Control {
     /// enough answers and `on_no_data = "fail"`.
     async fn watch(self: Arc<Self>, generation: GenerationId, spec: GuardSpec) {
         let started = tokio::time::Instant::now();
+        let baseline = Baseline::start(&self.store, self.pending().map(|p| p.rollback_to));
         let every = (spec.window / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
         loop {
             tokio::time::sleep(every).await;
@@ -613,9 +683,9 @@ impl Control {
             };
             let verdict = judge(
                 &spec,
-                ledger.requests.get(),
-                ledger.errors.get(),
+                Answers::of(&ledger),
                 ledger.duration.quantile_bound(0.99),
+                baseline.answers(),
                 started.elapsed(),
             );
             drop(ledger);
@@ -1324,34 +1394,73 @@ mod guard_tests {
         }
     }
 
+    fn answers(requests: u64, errors: u64) -> Answers {
+        Answers { requests, errors }
+    }
+
     #[test]
     fn a_guard_waits_for_its_data_then_breaches_at_once_or_passes_at_the_end() {
         let early = Duration::from_secs(1);
         let late = Duration::from_secs(10);
-        assert_eq!(judge(&spec(), 99, 99, Some(0.1), early), Verdict::Wait);
+        let judge = |a, p99, e| judge(&spec(), a, p99, None, e);
+        assert_eq!(judge(answers(99, 99), Some(0.1), early), Verdict::Wait);
         assert!(matches!(
-            judge(&spec(), 99, 0, Some(0.1), late),
+            judge(answers(99, 0), Some(0.1), late),
             Verdict::NoData(_)
         ));
         // Enough answers and a breach: no need to wait for the window.
-        let Verdict::Breach(reason) = judge(&spec(), 100, 2, Some(0.1), early) else {
+        let Verdict::Breach(reason) = judge(answers(100, 2), Some(0.1), early) else {
             panic!("2 % errors breach 1 %");
         };
         assert!(reason.contains("error ratio 0.0200 (2 of 100)"), "{reason}");
         assert!(reason.contains("max_error_ratio 0.01"), "{reason}");
         assert!(matches!(
-            judge(&spec(), 100, 0, Some(1.0), early),
+            judge(answers(100, 0), Some(1.0), early),
             Verdict::Breach(_)
         ));
         assert!(matches!(
-            judge(&spec(), 100, 0, Some(f64::INFINITY), early),
+            judge(answers(100, 0), Some(f64::INFINITY), early),
             Verdict::Breach(_)
         ));
         // Within the thresholds: a pass once the window is over.
-        assert_eq!(judge(&spec(), 100, 1, Some(0.25), early), Verdict::Wait);
+        assert_eq!(judge(answers(100, 1), Some(0.25), early), Verdict::Wait);
         assert!(matches!(
-            judge(&spec(), 100, 1, Some(0.25), late),
+            judge(answers(100, 1), Some(0.25), late),
             Verdict::Pass(_)
+        ));
+    }
+
+    #[test]
+    fn a_guard_compares_with_the_previous_generation_over_the_same_window() {
+        let early = Duration::from_secs(1);
+        // Both fail alike (a backend outage, not the new configuration):
+        // no breach.
+        let same = judge(
+            &spec(),
+            answers(100, 5),
+            None,
+            Some(answers(900, 45)),
+            early,
+        );
+        assert_eq!(same, Verdict::Wait);
+        // 8 % against 5 %: more than 1 % worse.
+        let Verdict::Breach(reason) = judge(
+            &spec(),
+            answers(100, 8),
+            None,
+            Some(answers(900, 45)),
+            early,
+        ) else {
+            panic!("8 % against 5 % breaches");
+        };
+        assert!(
+            reason.contains("previous generation 0.0500 (45 of 900)"),
+            "{reason}"
+        );
+        // Too little to compare with: measured against zero.
+        assert!(matches!(
+            judge(&spec(), answers(100, 5), None, Some(answers(10, 1)), early),
+            Verdict::Breach(_)
         ));
     }
 }
