@@ -789,3 +789,27 @@ async fn canary_steps_end_in_a_confirmation_or_a_guarded_rollback() {
     );
     assert_eq!(get(web, "x", "/api/x").await.0, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_generation_survives_a_drain_aware_upgrade() {
+    let mut gw = Gateway::start(&answering("old"));
+    let (status, body) = activate_pending(&gw, "new", 1, "30s").await;
+    assert_eq!(status, 200, "{body}");
+    let op = crate::lifecycle::upgrade(&gw, None).await;
+    assert_eq!(op["outcome"], "succeeded", "{op}");
+    let new_pid = op["pid"].as_u64().unwrap();
+    gw.adopted.push(new_pid as u32);
+    let status = gw.status().await;
+    assert_eq!(status["pid"], new_pid, "{status}");
+    assert_eq!(status["active_generation"], 2, "{status}");
+    assert_eq!(status["pending"]["generation"], 2, "{status}");
+    assert!(
+        status["pending"]["seconds_left"].as_f64().unwrap() <= 30.0,
+        "{status}"
+    );
+    assert_eq!(answer(&gw).await, "new");
+    // Settled in the new process.
+    let (status, body) = post_json(&gw, "/admin/runtime/abort", json!({ "generation": 2 })).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(answer(&gw).await, "old");
+}

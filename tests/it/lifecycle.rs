@@ -506,7 +506,7 @@ respond = { body = "hi" }
 }
 
 /// Starts an upgrade through the admin API and waits for its outcome.
-async fn upgrade(gw: &Gateway, config: Option<&str>) -> Value {
+pub(crate) async fn upgrade(gw: &Gateway, config: Option<&str>) -> Value {
     let (status, body) = match config {
         Some(text) => {
             admin_request(
