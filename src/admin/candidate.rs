@@ -335,7 +335,19 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for UpgradeCandidate {
     type Rejection = axum::response::Response;
 
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
+        use axum::response::IntoResponse;
         let (candidate, binary) = extract(req, state).await?;
+        // A drain-aware restart activates nothing that could be pending.
+        if candidate.confirm_within.is_some()
+            || candidate.guard.is_some()
+            || candidate.canary.is_some()
+        {
+            return Err(ApiError::BadRequest(
+                "confirm_within, guard and steps apply to activate and reload, not to upgrades"
+                    .into(),
+            )
+            .into_response());
+        }
         Ok(UpgradeCandidate(candidate, binary))
     }
 }

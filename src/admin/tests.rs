@@ -997,3 +997,21 @@ async fn confirm_and_abort_check_their_request_and_need_a_pending_generation() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 }
+
+#[tokio::test]
+async fn an_upgrade_refuses_what_only_an_activation_honours() {
+    let a = admin_with(BASE, None);
+    for extra in [
+        r#""confirm_within": "1m""#,
+        r#""guard": { "window": "10s", "on_no_data": "fail" }"#,
+        r#""steps": [10, 100], "step_interval": "10s""#,
+    ] {
+        let body = format!(r#"{{ {extra} }}"#);
+        let (status, answer) = call(
+            &a,
+            post("/admin/lifecycle/upgrade", "application/json", body),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}: {answer}");
+    }
+}
