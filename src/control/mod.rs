@@ -180,8 +180,7 @@ struct Baseline {
 
 impl Baseline {
     fn start(store: &GenerationStore, generation: Option<GenerationId>) -> Self {
-        let ledger =
-            generation.and_then(|id| store.ledgers().into_iter().find(|l| l.generation() == id));
+        let ledger = generation.and_then(|id| store.ledger(id));
         let start = ledger.as_deref().map(Answers::of).unwrap_or_default();
         Self { ledger, start }
     }
@@ -599,11 +598,7 @@ impl Control {
                 let verdict = match &guard {
                     None => Verdict::Wait,
                     Some(spec) => {
-                        let ledger = self
-                            .store
-                            .ledgers()
-                            .into_iter()
-                            .find(|l| l.generation() == generation);
+                        let ledger = self.store.ledger(generation);
                         match ledger {
                             None => return,
                             // The window is the time so far: every step
@@ -635,26 +630,10 @@ impl Control {
                     }
                 }
             };
-            let Some((how, reason)) = outcome else {
-                continue;
-            };
-            loop {
-                let request = SettleRequest {
-                    generation,
-                    expected_active_generation: None,
-                    requested_by: Some("cutover-canary".into()),
-                    reason: Some(reason.clone()),
-                };
-                match self.settle(request, how).await {
-                    Err(ControlError::InProgress) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(ControlError::Draining | ControlError::NotPending(_)) | Ok(_) => return,
-                    Err(error) => {
-                        tracing::error!(%generation, %error, "the canary could not settle its generation");
-                        return;
-                    }
-                }
+            if let Some((how, reason)) = outcome {
+                self.settle_by_gateway(generation, how, "cutover-canary", reason)
+                    .await;
+                return;
             }
         }
     }
@@ -673,12 +652,7 @@ impl Control {
             if self.pending().map(|p| p.generation) != Some(generation) {
                 return;
             }
-            let Some(ledger) = self
-                .store
-                .ledgers()
-                .into_iter()
-                .find(|l| l.generation() == generation)
-            else {
+            let Some(ledger) = self.store.ledger(generation) else {
                 return;
             };
             let verdict = judge(
@@ -701,24 +675,9 @@ impl Control {
                     return;
                 }
             };
-            loop {
-                let request = SettleRequest {
-                    generation,
-                    expected_active_generation: None,
-                    requested_by: Some("cutover-guard".into()),
-                    reason: Some(reason.clone()),
-                };
-                match self.settle(request, how).await {
-                    Err(ControlError::InProgress) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(ControlError::Draining | ControlError::NotPending(_)) | Ok(_) => return,
-                    Err(error) => {
-                        tracing::error!(%generation, %error, "the guard could not settle its generation");
-                        return;
-                    }
-                }
-            }
+            self.settle_by_gateway(generation, how, "cutover-guard", reason)
+                .await;
+            return;
         }
     }
 
@@ -795,21 +754,40 @@ impl Control {
     /// exactly one of them wins.
     async fn expire(self: Arc<Self>, generation: GenerationId, deadline: tokio::time::Instant) {
         tokio::time::sleep_until(deadline).await;
+        self.settle_by_gateway(
+            generation,
+            Settle::Expired,
+            "cutover",
+            "confirm deadline passed".into(),
+        )
+        .await;
+    }
+
+    /// Settles `generation` on the gateway's own behalf (`who`: the
+    /// deadline, a guard or a canary), waiting its turn while another
+    /// operation holds the lock; a generation settled meanwhile is left
+    /// as it is.
+    async fn settle_by_gateway(
+        self: &Arc<Self>,
+        generation: GenerationId,
+        how: Settle,
+        who: &str,
+        reason: String,
+    ) {
         loop {
             let request = SettleRequest {
                 generation,
                 expected_active_generation: None,
-                requested_by: Some("cutover".into()),
-                reason: Some("confirm deadline passed".into()),
+                requested_by: Some(who.to_owned()),
+                reason: Some(reason.clone()),
             };
-            match self.settle(request, Settle::Expired).await {
-                // Another operation holds the lock: try again shortly.
+            match self.settle(request, how).await {
                 Err(ControlError::InProgress) => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                Err(ControlError::Draining) | Err(ControlError::NotPending(_)) | Ok(_) => return,
+                Err(ControlError::Draining | ControlError::NotPending(_)) | Ok(_) => return,
                 Err(error) => {
-                    tracing::error!(%generation, %error, "rolling back a pending generation whose deadline passed failed");
+                    tracing::error!(%generation, %error, who, "settling a pending generation failed");
                     return;
                 }
             }

@@ -198,6 +198,18 @@ impl GenerationStore {
             .collect()
     }
 
+    /// The ledger of generation `id`, while it is alive.
+    pub fn ledger(&self, id: GenerationId) -> Option<Arc<Ledger>> {
+        let published = self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        published
+            .iter()
+            .find(|p| p.id == id)
+            .and_then(|p| p.ledger.upgrade())
+    }
+
     /// In-flight work per live generation, oldest first. A superseded
     /// generation is listed while anything is still pinned to it.
     pub fn loads(&self) -> Vec<GenerationLoad> {
