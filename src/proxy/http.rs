@@ -100,7 +100,6 @@ pub async fn handle(
         Some(reason) => (None, Err(ProxyError::BadRequest(reason))),
         None => {
             let context = RequestContext {
-                started,
                 trace: &trace,
                 trail: trail.as_ref(),
             };
@@ -141,9 +140,12 @@ pub async fn handle(
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     let status = response.status();
-    generation
-        .ledger
-        .answered(status.as_u16(), started.elapsed());
+    // One clock read for the route's and the generation's records.
+    let elapsed = started.elapsed();
+    if let Some(route) = route {
+        route.shared.record(status.as_u16(), elapsed);
+    }
+    generation.ledger.answered(status.as_u16(), elapsed);
     let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
     if let Some(counter) = conn.responses.get(class) {
         counter.increment(1);
@@ -203,7 +205,6 @@ fn protocol_name(version: Version) -> &'static str {
 
 /// What one request carries through `serve` besides the request itself.
 struct RequestContext<'r> {
-    started: Instant,
     trace: &'r TraceContext,
     trail: Option<&'r Arc<Trail>>,
 }
@@ -271,11 +272,6 @@ async fn serve<'g>(
             guards.listener = Some(slot);
         }
     }
-    let status = match &result {
-        Ok(r) => r.status().as_u16(),
-        Err(e) => e.status().as_u16(),
-    };
-    route.shared.record(status, context.started.elapsed());
     (Some(route), result)
 }
 
