@@ -8,21 +8,6 @@ use tokio::net::TcpStream;
 
 use crate::harness::*;
 
-/// A TCP echo server on loopback.
-async fn echo_server() -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = stream.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    (addr, task)
-}
-
 fn tcp_config(echo: SocketAddr, runtime: &str, timeout: &str) -> String {
     format!(
         r#"[admin]

@@ -75,20 +75,6 @@ async fn endless_backend() -> Backend {
     .await
 }
 
-async fn echo_tcp() -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = stream.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    (addr, task)
-}
-
 fn observed_config(
     echo: SocketAddr,
     slow: SocketAddr,
@@ -191,7 +177,7 @@ async fn every_access_line_field_and_flag_on_real_requests() {
     let echo = echo_backend().await;
     let slow = slow_backend(Duration::from_millis(800)).await;
     let endless = endless_backend().await;
-    let (tcp, _tcp_task) = echo_tcp().await;
+    let (tcp, _tcp_task) = echo_server().await;
     let gw = Gateway::start(&observed_config(echo.addr, slow.addr, endless.addr, tcp));
     let web = gw.listener("web");
     let generation = gw.active_generation().await;
