@@ -2,7 +2,7 @@
 //!
 //! Exit codes are the contract CI scripts rely on: 0 success (or
 //! unchanged), 1 rejected or invalid, 2 conflict, 3 unreachable or any
-//! other failure.
+//! other failure, 4 (`activate --wait`) rolled back.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,6 +18,7 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_REJECTED: u8 = 1;
 pub const EXIT_CONFLICT: u8 = 2;
 pub const EXIT_OTHER: u8 = 3;
+pub const EXIT_ROLLED_BACK: u8 = 4;
 
 #[derive(Debug, Args)]
 pub struct CtlArgs {
@@ -47,6 +48,88 @@ struct Meta {
     requested_by: String,
 }
 
+/// A guarded activation (DESIGN §14): a confirm window, a guard, canary
+/// steps, and whether to follow it to its end.
+#[derive(Debug, Args)]
+struct Guarded {
+    /// Roll back unless confirmed within this long ("2m").
+    #[arg(long = "confirm-within")]
+    confirm_within: Option<String>,
+    /// Guard: roll back when the new generation's 5xx ratio exceeds the
+    /// previous generation's by more than this (0.01 = one point).
+    #[arg(long = "guard-error-ratio")]
+    guard_error_ratio: Option<f64>,
+    /// Guard: roll back when the new generation's p99 exceeds this ("500ms").
+    #[arg(long = "guard-p99")]
+    guard_p99: Option<String>,
+    /// Guard: answers needed before it judges (default 100).
+    #[arg(long = "min-requests")]
+    min_requests: Option<u64>,
+    /// Guard: how long it watches; passing it confirms the generation
+    /// (default 1m; shorter than --confirm-within).
+    #[arg(long = "guard-window")]
+    guard_window: Option<String>,
+    /// Guard: when the window closes with fewer than --min-requests
+    /// answers, "hold" (the deadline decides) or "fail" (roll back).
+    #[arg(long = "on-no-data")]
+    on_no_data: Option<String>,
+    /// Canary: the share of new requests per step ("1,10,50,100").
+    #[arg(long, value_delimiter = ',')]
+    steps: Vec<u8>,
+    /// Canary: how long each step lasts ("30s").
+    #[arg(long = "step-interval")]
+    step_interval: Option<String>,
+    /// Canary: keep each value of this key on one side
+    /// ("header:x-user", "cookie:NAME", "client_ip", "path").
+    #[arg(long = "hash-key")]
+    hash_key: Option<String>,
+    /// Follow the activation until it is final (exit 0) or rolled back
+    /// (exit 4).
+    #[arg(long)]
+    wait: bool,
+}
+
+impl Guarded {
+    /// Adds this guarded activation's fields to an activate request.
+    fn apply(&self, body: &mut Value) {
+        if let Some(within) = &self.confirm_within {
+            body["confirm_within"] = json!(within);
+        }
+        let guarded = self.guard_error_ratio.is_some()
+            || self.guard_p99.is_some()
+            || self.min_requests.is_some()
+            || self.guard_window.is_some()
+            || self.on_no_data.is_some();
+        if guarded {
+            let mut guard = json!({ "window": self.guard_window.as_deref().unwrap_or("1m") });
+            if let Some(ratio) = self.guard_error_ratio {
+                guard["max_error_ratio"] = json!(ratio);
+            }
+            if let Some(p99) = &self.guard_p99 {
+                guard["max_p99"] = json!(p99);
+            }
+            if let Some(n) = self.min_requests {
+                guard["min_requests"] = json!(n);
+            }
+            if let Some(on_no_data) = &self.on_no_data {
+                guard["on_no_data"] = json!(on_no_data);
+            }
+            body["guard"] = guard;
+            // A pipeline's guard decides: a pass makes it final.
+            body["confirm_on_pass"] = json!(true);
+        }
+        if !self.steps.is_empty() {
+            body["steps"] = json!(self.steps);
+        }
+        if let Some(interval) = &self.step_interval {
+            body["step_interval"] = json!(interval);
+        }
+        if let Some(key) = &self.hash_key {
+            body["hash_key"] = json!(key);
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum CtlCommand {
     /// Plan a candidate file against the active generation; records nothing.
@@ -62,9 +145,8 @@ enum CtlCommand {
         file: PathBuf,
         #[command(flatten)]
         meta: Meta,
-        /// Roll back unless `ctl confirm` follows within this long ("2m").
-        #[arg(long = "confirm-within")]
-        confirm_within: Option<String>,
+        #[command(flatten)]
+        guarded: Guarded,
     },
     /// Make the pending generation final.
     Confirm {
@@ -72,6 +154,9 @@ enum CtlCommand {
         #[command(flatten)]
         meta: Meta,
     },
+    /// Follow a pending generation until it is final (exit 0) or rolled
+    /// back (exit 4), as `activate --wait` does.
+    Wait { generation: u64 },
     /// Roll the pending generation back now.
     Abort {
         generation: u64,
@@ -197,13 +282,21 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
         CtlCommand::Activate {
             file,
             meta,
-            confirm_within,
+            guarded,
         } => {
             let mut body = candidate(file, Some(meta))?;
-            if let Some(within) = confirm_within {
-                body["confirm_within"] = json!(within);
+            guarded.apply(&mut body);
+            let answer = client.post("/admin/runtime/activate", body).await?;
+            let pending = answer.body["pending"]["generation"].as_u64();
+            match pending {
+                Some(generation) if guarded.wait && answer.status.is_success() => {
+                    if !args.json {
+                        print_human(&args.command, &answer);
+                    }
+                    return wait_settled(&client, generation, args.json).await;
+                }
+                _ => answer,
             }
-            client.post("/admin/runtime/activate", body).await?
         }
         CtlCommand::Confirm { generation, meta } | CtlCommand::Abort { generation, meta } => {
             let path = if matches!(args.command, CtlCommand::Confirm { .. }) {
@@ -227,6 +320,9 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
                 "requested_by": meta.requested_by,
             });
             client.post("/admin/runtime/rollback", body).await?
+        }
+        CtlCommand::Wait { generation } => {
+            return wait_settled(&client, *generation, args.json).await;
         }
         CtlCommand::History => client.get("/admin/runtime/history").await?,
         CtlCommand::Status {
@@ -277,6 +373,83 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
         print_human(&args.command, &answer);
     }
     Ok(exit_code(&args.command, &answer))
+}
+
+/// Follows pending generation `generation` until it is settled: exit 0
+/// when it was confirmed, 4 when it was rolled back, 2 when another
+/// activation superseded it. Prints the operation that settled it.
+async fn wait_settled(client: &Client, generation: u64, json: bool) -> Result<u8, CtlError> {
+    let mut percent = Value::Null;
+    let mut failures = 0;
+    loop {
+        // The admin socket may pass to a new process on the way (an
+        // upgrade): a few failed polls are not the end.
+        let status = match client.get("/admin/runtime/status").await {
+            Ok(answer) if answer.status.is_success() => answer.body,
+            Ok(_) | Err(_) if failures < 60 => {
+                failures += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Ok(answer) => return Ok(exit_code(&CtlCommand::History, &answer)),
+            Err(error) => return Err(error),
+        };
+        failures = 0;
+        let pending = &status["pending"];
+        if pending["generation"] == json!(generation) {
+            if !json && pending["canary_percent"] != percent {
+                percent = pending["canary_percent"].clone();
+                if !percent.is_null() {
+                    println!("canary: generation {generation} takes {percent} % of new requests");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        let history = client.get("/admin/runtime/history").await?;
+        let settled = history.body["operations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .rev()
+            .find(|op| {
+                op["outcome"] == json!("succeeded")
+                    && match op["kind"].as_str() {
+                        Some("confirm") => op["generation"] == json!(generation),
+                        Some("abort" | "auto_rollback" | "rollback") => {
+                            op["previous_generation"] == json!(generation)
+                        }
+                        _ => false,
+                    }
+            })
+            .cloned();
+        let (code, what) = match &settled {
+            Some(op) if op["kind"] == json!("confirm") => (EXIT_OK, "confirmed"),
+            Some(_) => (EXIT_ROLLED_BACK, "rolled back"),
+            None => (EXIT_CONFLICT, "superseded"),
+        };
+        let op = settled.unwrap_or(Value::Null);
+        if json {
+            println!("{}", serde_json::to_string_pretty(&op).unwrap_or_default());
+        } else {
+            println!(
+                "generation {generation} {what}{}{}",
+                op["reason"]
+                    .as_str()
+                    .map_or(String::new(), |r| format!(": {r}")),
+                op["requested_by"]
+                    .as_str()
+                    .map_or(String::new(), |by| format!(" (by {by})")),
+            );
+            if what == "superseded" {
+                println!(
+                    "generation {} is active: another activation replaced it",
+                    status["active_generation"]
+                );
+            }
+        }
+        return Ok(code);
+    }
 }
 
 fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
@@ -429,6 +602,8 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
                 );
             }
         }
+        // Printed as it follows the generation.
+        CtlCommand::Wait { .. } => {}
         CtlCommand::Status { .. } => {
             println!("{}", serde_json::to_string_pretty(body).unwrap_or_default())
         }

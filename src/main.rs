@@ -35,7 +35,7 @@ enum Command {
         config: PathBuf,
     },
     /// Talk to a running gateway's admin API.
-    Ctl(cutover::ctl::CtlArgs),
+    Ctl(Box<cutover::ctl::CtlArgs>),
 }
 
 fn main() -> ExitCode {
@@ -52,7 +52,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Check { config } => check(&config),
-        Command::Ctl(args) => ExitCode::from(cutover::ctl::run(args)),
+        Command::Ctl(args) => ExitCode::from(cutover::ctl::run(*args)),
     }
 }
 

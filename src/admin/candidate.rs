@@ -135,11 +135,14 @@ fn default_on_no_data() -> String {
 }
 
 /// A checked guard: a window of 1 s to 24 h, a ratio within 0..=1, a
-/// known `on_no_data`; one that holds without data needs a deadline.
+/// known `on_no_data`; one that holds without data needs a deadline
+/// (canary steps end in a confirmation of their own: not with them); one
+/// that confirms on pass, a window shorter than the deadline.
 fn guard(
     json: Option<GuardJson>,
     confirm_on_pass: Option<bool>,
     confirm_within: Option<std::time::Duration>,
+    canary: bool,
 ) -> Result<Option<GuardSpec>, ApiError> {
     let bad = |message: String| Err(ApiError::BadRequest(message));
     let Some(json) = json else {
@@ -178,11 +181,18 @@ fn guard(
         "hold" => false,
         other => return bad(format!("guard.on_no_data '{other}' is not hold or fail")),
     };
-    if !fail_on_no_data && confirm_within.is_none() && confirm_on_pass != Some(true) {
+    if !fail_on_no_data && confirm_within.is_none() && !canary && confirm_on_pass != Some(true) {
         return bad(
             "a guard that holds without data and does not confirm on pass needs confirm_within"
                 .into(),
         );
+    }
+    if let Some(within) = confirm_within.filter(|w| confirm_on_pass == Some(true) && window >= *w) {
+        return bad(format!(
+            "guard.window {} is not shorter than confirm_within {}: the deadline would roll back a generation before its guard could pass it",
+            json.window,
+            humantime::format_duration(within)
+        ));
     }
     Ok(Some(GuardSpec {
         window,
@@ -263,13 +273,13 @@ pub fn parse(
                 guard: None,
                 canary: canary(json.steps, json.step_interval, json.hash_key)?,
             };
-            // Canary steps end in a confirmation of their own: a guard
-            // that holds needs no deadline then.
-            let settles = candidate
-                .confirm_within
-                .or(candidate.canary.as_ref().map(|c| c.step_interval));
             let candidate = Candidate {
-                guard: guard(json.guard, json.confirm_on_pass, settles)?,
+                guard: guard(
+                    json.guard,
+                    json.confirm_on_pass,
+                    candidate.confirm_within,
+                    candidate.canary.is_some(),
+                )?,
                 ..candidate
             };
             Ok((candidate, json.binary))

@@ -999,6 +999,62 @@ async fn confirm_and_abort_check_their_request_and_need_a_pending_generation() {
 }
 
 #[tokio::test]
+async fn guards_and_canary_steps_are_checked_before_anything_is_planned() {
+    let a = admin_with(BASE, None);
+    let config = serde_json::to_string(BASE).expect("json");
+    for (extra, says) in [
+        (
+            r#""guard": { "window": "0s", "on_no_data": "fail" }"#,
+            "guard.window",
+        ),
+        (
+            r#""guard": { "window": "10s", "max_error_ratio": 2, "on_no_data": "fail" }"#,
+            "max_error_ratio",
+        ),
+        (
+            r#""guard": { "window": "10s", "on_no_data": "maybe" }"#,
+            "on_no_data",
+        ),
+        (
+            r#""guard": { "window": "10s", "max_p99": "0s", "on_no_data": "fail" }"#,
+            "max_p99",
+        ),
+        // Nothing would ever settle it.
+        (r#""guard": { "window": "10s" }"#, "needs confirm_within"),
+        // The deadline would always come first.
+        (
+            r#""guard": { "window": "2m" }, "confirm_on_pass": true, "confirm_within": "1m""#,
+            "not shorter than confirm_within",
+        ),
+        (r#""confirm_on_pass": true"#, "needs a guard"),
+        (
+            r#""steps": [10, 5, 100], "step_interval": "10s""#,
+            "must grow",
+        ),
+        (r#""steps": [10, 50], "step_interval": "10s""#, "end at 100"),
+        (r#""steps": [10, 100]"#, "need step_interval"),
+        (
+            r#""steps": [10, 100], "step_interval": "10s", "hash_key": "body""#,
+            "hash_key",
+        ),
+        (r#""step_interval": "10s""#, "need steps"),
+    ] {
+        let body = format!(r#"{{ "config": {config}, {extra} }}"#);
+        let (status, answer) = call(
+            &a,
+            post("/admin/runtime/activate", "application/json", body),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}: {answer}");
+        let message = answer["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{extra}: {message}");
+    }
+    let (status, body) = call(&a, get("/admin/runtime/status")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["active_generation"], 1, "{body}");
+}
+
+#[tokio::test]
 async fn an_upgrade_refuses_what_only_an_activation_honours() {
     let a = admin_with(BASE, None);
     for extra in [

@@ -56,6 +56,60 @@ pub struct GuardSpec {
     pub confirm_on_pass: bool,
 }
 
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl GuardSpec {
+    /// As a pending record keeps it.
+    pub fn record(&self) -> crate::runtime::GuardRecord {
+        crate::runtime::GuardRecord {
+            window_ms: millis(self.window),
+            min_requests: self.min_requests,
+            max_error_ratio: self.max_error_ratio,
+            max_p99_ms: self.max_p99.map(millis),
+            fail_on_no_data: self.fail_on_no_data,
+            confirm_on_pass: self.confirm_on_pass,
+        }
+    }
+
+    pub fn from_record(record: &crate::runtime::GuardRecord) -> Self {
+        Self {
+            window: std::time::Duration::from_millis(record.window_ms),
+            min_requests: record.min_requests,
+            max_error_ratio: record.max_error_ratio,
+            max_p99: record.max_p99_ms.map(std::time::Duration::from_millis),
+            fail_on_no_data: record.fail_on_no_data,
+            confirm_on_pass: record.confirm_on_pass,
+        }
+    }
+}
+
+impl CanarySpec {
+    /// As a pending record keeps it, on step `step`.
+    pub fn record(&self, step: usize) -> crate::runtime::CanaryRecord {
+        crate::runtime::CanaryRecord {
+            steps: self.steps.clone(),
+            step_interval_ms: millis(self.step_interval),
+            hash_key: self.key.as_ref().map(ToString::to_string),
+            step,
+        }
+    }
+
+    /// `None` when the record's `hash_key` does not read.
+    pub fn from_record(record: &crate::runtime::CanaryRecord) -> Option<Self> {
+        let key = match &record.hash_key {
+            Some(text) => Some(crate::plan::parse_hash_key(text)?),
+            None => None,
+        };
+        Some(Self {
+            steps: record.steps.clone(),
+            step_interval: std::time::Duration::from_millis(record.step_interval_ms),
+            key,
+        })
+    }
+}
+
 impl Candidate {
     /// The process's own configuration file, with no metadata.
     pub fn config_file() -> Self {

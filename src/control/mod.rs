@@ -120,17 +120,53 @@ pub struct PendingView {
     pub canary_percent: Option<u8>,
 }
 
-/// The deadline of a guarded generation without `confirm_within`: none
-/// in practice (about 34 years).
-const NO_DEADLINE_SECS: u64 = 1 << 30;
-
-/// The pending generation, while there is one.
+/// The pending generation, while there is one: what settles it, and
+/// (persisted as a `PendingRecord`) what a restart needs to resume it.
 #[derive(Debug, Clone)]
 struct Pending {
     generation: GenerationId,
     rollback_to: GenerationId,
-    deadline: tokio::time::Instant,
-    deadline_wall: SystemTime,
+    /// `confirm_within`; none when a guard or a canary alone settles it.
+    deadline: Option<Deadline>,
+    guard: Option<GuardSpec>,
+    canary: Option<CanarySpec>,
+    /// The canary step it is on: an index into `canary.steps`.
+    step: usize,
+}
+
+/// A confirm deadline, on the timer's clock and on the wall clock (which
+/// is what survives a restart).
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    at: tokio::time::Instant,
+    wall: SystemTime,
+}
+
+impl Deadline {
+    fn after(within: Duration) -> Self {
+        Self {
+            at: tokio::time::Instant::now() + within,
+            wall: SystemTime::now() + within,
+        }
+    }
+
+    /// A persisted deadline, with what is left of it (nothing, once past).
+    fn from_unix_ms(ms: u64) -> Self {
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        let left = wall
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        Self {
+            at: tokio::time::Instant::now() + left,
+            wall,
+        }
+    }
+
+    fn unix_ms(self) -> u64 {
+        self.wall
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
 }
 
 /// What a guard concluded from the pending generation's answers so far.
@@ -253,17 +289,44 @@ fn judge(
 
 impl Pending {
     fn view(&self) -> PendingView {
-        let left = self
-            .deadline
-            .saturating_duration_since(tokio::time::Instant::now());
-        let set = left < Duration::from_secs(NO_DEADLINE_SECS / 2);
         PendingView {
             generation: self.generation,
             rollback_to: self.rollback_to,
-            deadline: set.then(|| rfc3339(self.deadline_wall)),
-            seconds_left: set.then_some(left.as_secs_f64()),
+            deadline: self.deadline.map(|d| rfc3339(d.wall)),
+            seconds_left: self.deadline.map(|d| {
+                d.at.saturating_duration_since(tokio::time::Instant::now())
+                    .as_secs_f64()
+            }),
             canary_percent: None,
         }
+    }
+
+    fn record(&self) -> crate::runtime::PendingRecord {
+        crate::runtime::PendingRecord {
+            generation: self.generation,
+            rollback_to: self.rollback_to,
+            deadline_unix_ms: self.deadline.map(Deadline::unix_ms),
+            guard: self.guard.as_ref().map(GuardSpec::record),
+            canary: self.canary.as_ref().map(|c| c.record(self.step)),
+        }
+    }
+
+    /// A persisted pending generation; `None` when its canary's
+    /// `hash_key` no longer reads (it did when it was written).
+    fn resume(record: &crate::runtime::PendingRecord) -> Option<Self> {
+        let canary = match &record.canary {
+            Some(c) => Some(CanarySpec::from_record(c)?),
+            None => None,
+        };
+        let step = record.canary.as_ref().map_or(0, |c| c.step);
+        Some(Self {
+            generation: record.generation,
+            rollback_to: record.rollback_to,
+            deadline: record.deadline_unix_ms.map(Deadline::from_unix_ms),
+            guard: record.guard.as_ref().map(GuardSpec::from_record),
+            canary,
+            step,
+        })
     }
 }
 
@@ -525,8 +588,6 @@ impl Control {
         candidate: Candidate,
         kind: OperationKind,
     ) -> Result<Activation, ControlError> {
-        let guard = candidate.guard.clone();
-        let canary = candidate.canary.clone();
         let activation = self
             .off_the_data_plane(move |c| {
                 let started = Instant::now();
@@ -537,43 +598,62 @@ impl Control {
                 result
             })
             .await?;
-        if let Some(pending) = &activation.pending {
-            let generation = pending.generation;
-            if let Some(left) = pending.seconds_left {
-                let this = Arc::clone(self);
-                let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(left);
-                tokio::spawn(async move { this.expire(generation, deadline).await });
-            }
-            match (canary, guard) {
-                // The steps judge each step themselves.
-                (Some(canary), guard) => {
-                    let this = Arc::clone(self);
-                    tokio::spawn(async move { this.advance(generation, canary, guard).await });
-                }
-                (None, Some(spec)) => {
-                    let this = Arc::clone(self);
-                    tokio::spawn(async move { this.watch(generation, spec).await });
-                }
-                (None, None) => {}
+        if let Some(view) = &activation.pending {
+            // Superseded or settled since, its successor's own call (or
+            // nothing) supervises.
+            let pending = self
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+                .filter(|p| p.generation == view.generation);
+            if let Some(pending) = pending {
+                self.supervise(&pending);
             }
         }
         Ok(activation)
+    }
+
+    /// Starts what settles a pending generation: the deadline's timer, and
+    /// its canary's steps (which judge each step by the guard) or its
+    /// guard's watch.
+    fn supervise(self: &Arc<Self>, pending: &Pending) {
+        let generation = pending.generation;
+        if let Some(deadline) = pending.deadline {
+            let this = Arc::clone(self);
+            tokio::spawn(async move { this.expire(generation, deadline.at).await });
+        }
+        match (&pending.canary, &pending.guard) {
+            (Some(canary), guard) => {
+                let this = Arc::clone(self);
+                let (canary, guard, step) = (canary.clone(), guard.clone(), pending.step);
+                tokio::spawn(async move { this.advance(generation, canary, guard, step).await });
+            }
+            (None, Some(spec)) => {
+                let this = Arc::clone(self);
+                let spec = spec.clone();
+                tokio::spawn(async move { this.watch(generation, spec).await });
+            }
+            (None, None) => {}
+        }
     }
 
     /// Walks a canary through its steps: each step's share for
     /// `step_interval`, then (with a guard) a verdict on the pending
     /// generation's answers so far; a breach, or no data with
     /// `on_no_data = "fail"`, rolls back; no data with "hold" repeats the
-    /// step. The last step, 100 %, confirms it.
+    /// step. The last step, 100 %, confirms it. Starts at step `first`
+    /// (a resumed canary); each step reached is persisted.
     async fn advance(
         self: Arc<Self>,
         generation: GenerationId,
         canary: CanarySpec,
         guard: Option<GuardSpec>,
+        first: usize,
     ) {
         let started = tokio::time::Instant::now();
         let baseline = Baseline::start(&self.store, self.pending().map(|p| p.rollback_to));
-        let mut step = 0;
+        let mut step = first;
         loop {
             let Some(percent) = canary.steps.get(step).copied() else {
                 return;
@@ -626,6 +706,9 @@ impl Control {
                     Verdict::NoData(_) => continue,
                     Verdict::Pass(_) | Verdict::Wait => {
                         step += 1;
+                        if !self.record_step(generation, step) {
+                            return;
+                        }
                         None
                     }
                 }
@@ -700,53 +783,114 @@ impl Control {
     /// state dir) on disk: a restart or an upgrade during its window
     /// resumes it.
     fn set_pending(&self, pending: Option<Pending>) {
-        let record = pending.as_ref().map(|p| crate::runtime::PendingRecord {
-            generation: p.generation,
-            rollback_to: p.rollback_to,
-            deadline_unix_ms: p
-                .deadline_wall
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-        });
+        let record = pending.as_ref().map(Pending::record);
         *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = pending;
-        if self.history().pending() != record {
+        if self.history().pending() != record.as_ref() {
             self.with_history(|history| history.set_pending(record));
         }
     }
 
+    /// Moves the pending canary to `step`, in memory and on disk; `false`
+    /// when `generation` is not pending any more or the process hands
+    /// over (the new process owns the record then).
+    fn record_step(&self, generation: GenerationId, step: usize) -> bool {
+        if self.check_running().is_err() {
+            return false;
+        }
+        // Held until the record is written: a settle clears the record
+        // after this, never before.
+        let mut slot = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(pending) = slot.as_mut().filter(|p| p.generation == generation) else {
+            return false;
+        };
+        pending.step = step;
+        let record = pending.record();
+        self.with_history(|history| history.set_pending(Some(record)));
+        true
+    }
+
     /// After a restart or an upgrade: takes up the pending generation the
-    /// history kept, with the time its deadline leaves (a deadline already
-    /// passed rolls back at once). Nothing when the active generation is
-    /// not the pending one any more.
+    /// history kept, with what its deadline leaves (a deadline already
+    /// passed rolls back at once), its canary on the step it had reached
+    /// (the previous generation rebuilt to take the rest of new requests)
+    /// and its guard with a new window (the answers it had counted were
+    /// the old process's). Nothing when the active generation is not the
+    /// pending one any more.
     pub fn resume_pending(self: &Arc<Self>) {
-        let Some(record) = self.history().pending() else {
+        let Some(record) = self.history().pending().cloned() else {
             return;
         };
         if record.generation != self.store.active_id() {
             self.set_pending(None);
             return;
         }
-        let deadline_wall = SystemTime::UNIX_EPOCH + Duration::from_millis(record.deadline_unix_ms);
-        let mut left = deadline_wall
-            .duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO);
-        // Judged by a guard alone (no confirm window): the guard's window
-        // and counts did not survive the restart, so nothing would ever
-        // settle it. When in doubt, the last final generation wins.
-        if left >= Duration::from_secs(NO_DEADLINE_SECS / 2) {
-            tracing::warn!(generation = %record.generation, "a guarded generation was pending when the process stopped; its guard cannot resume: rolling back");
-            left = Duration::ZERO;
-        }
-        let deadline = tokio::time::Instant::now() + left;
-        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(Pending {
-            generation: record.generation,
-            rollback_to: record.rollback_to,
-            deadline,
-            deadline_wall,
+        let resumed = Pending::resume(&record)
+            .ok_or_else(|| "its canary's hash_key no longer reads".to_owned());
+        let resumed = resumed.and_then(|mut pending| {
+            if let Some(canary) = &pending.canary {
+                let previous = self.rebuild(pending.rollback_to)?;
+                let step = pending.step.min(canary.steps.len().saturating_sub(1));
+                pending.step = step;
+                self.store.set_canary(Some(Arc::new(crate::runtime::Canary {
+                    previous,
+                    percent: std::sync::atomic::AtomicU8::new(
+                        canary.steps.get(step).copied().unwrap_or(100),
+                    ),
+                    key: canary.key.clone(),
+                })));
+            }
+            Ok(pending)
         });
-        tracing::info!(generation = %record.generation, rollback_to = %record.rollback_to, seconds_left = left.as_secs_f64(), "resuming a pending generation");
-        let this = Arc::clone(self);
-        tokio::spawn(async move { this.expire(record.generation, deadline).await });
+        let pending = match resumed {
+            Ok(pending) => pending,
+            Err(why) => {
+                // When in doubt, the last final generation wins.
+                tracing::error!(generation = %record.generation, "a pending generation cannot resume ({why}): rolling back");
+                let pending = Pending {
+                    generation: record.generation,
+                    rollback_to: record.rollback_to,
+                    deadline: Some(Deadline::after(Duration::ZERO)),
+                    guard: None,
+                    canary: None,
+                    step: 0,
+                };
+                *self.pending.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some(pending.clone());
+                self.supervise(&pending);
+                return;
+            }
+        };
+        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(pending.clone());
+        let view = pending.view();
+        tracing::info!(
+            generation = %pending.generation,
+            rollback_to = %pending.rollback_to,
+            seconds_left = ?view.seconds_left,
+            canary_step = ?pending.canary.as_ref().map(|c| c.steps.get(pending.step)),
+            guard = pending.guard.is_some(),
+            "resuming a pending generation"
+        );
+        self.supervise(&pending);
+    }
+
+    /// Builds retained generation `id` again, under its own id, as a live
+    /// generation beside the active one (a resumed canary's other side).
+    fn rebuild(&self, id: GenerationId) -> Result<Arc<Generation>, String> {
+        let text = self
+            .history()
+            .generation(id)
+            .ok_or_else(|| format!("generation {id} is not retained"))?
+            .config_text()
+            .map_err(|e| e.to_string())?;
+        let spec = plan::validate(&text).map_err(|errors| {
+            format!(
+                "generation {id} no longer validates ({} errors)",
+                errors.len()
+            )
+        })?;
+        let generation = generation::build(Arc::new(spec), id, &self.shared)
+            .map_err(|e| format!("generation {id} cannot be built: {e}"))?;
+        Ok(self.store.publish_previous(generation))
     }
 
     /// Rolls `generation` back once `deadline` passes, unless it was
@@ -939,17 +1083,18 @@ impl Control {
         if activation.outcome == "unchanged" {
             return Ok(activation);
         }
-        // A guard without a confirm window waits as long as it takes:
-        // its own window decides (see `watch`).
-        let within = candidate.confirm_within.or_else(|| {
-            (candidate.guard.is_some() || candidate.canary.is_some())
-                .then(|| Duration::from_secs(NO_DEADLINE_SECS))
-        });
-        let pending = within.map(|within| Pending {
+        // Without a confirm window, a guard's window or the canary's
+        // steps decide (see `watch` and `advance`).
+        let guarded = candidate.confirm_within.is_some()
+            || candidate.guard.is_some()
+            || candidate.canary.is_some();
+        let pending = guarded.then(|| Pending {
             generation: activation.generation,
             rollback_to: superseded.as_ref().map_or(active.id, |p| p.rollback_to),
-            deadline: tokio::time::Instant::now() + within,
-            deadline_wall: SystemTime::now() + within,
+            deadline: candidate.confirm_within.map(Deadline::after),
+            guard: candidate.guard.clone(),
+            canary: candidate.canary.clone(),
+            step: 0,
         });
         if let (Some(spec), Some(_)) = (&candidate.canary, &pending) {
             self.store.set_canary(Some(Arc::new(crate::runtime::Canary {
@@ -1374,6 +1519,39 @@ mod guard_tests {
 
     fn answers(requests: u64, errors: u64) -> Answers {
         Answers { requests, errors }
+    }
+
+    #[test]
+    fn a_pending_record_keeps_the_deadline_guard_canary_and_step() {
+        let pending = Pending {
+            generation: GenerationId(7),
+            rollback_to: GenerationId(5),
+            deadline: Some(Deadline::after(Duration::from_secs(60))),
+            guard: Some(spec()),
+            canary: Some(CanarySpec {
+                steps: vec![1, 10, 50, 100],
+                step_interval: Duration::from_secs(30),
+                key: crate::plan::parse_hash_key("header:x-user"),
+            }),
+            step: 2,
+        };
+        let json = serde_json::to_string(&pending.record()).unwrap();
+        let record: crate::runtime::PendingRecord = serde_json::from_str(&json).unwrap();
+        let resumed = Pending::resume(&record).unwrap();
+        assert_eq!(resumed.record(), pending.record(), "{json}");
+        assert_eq!(resumed.guard, pending.guard);
+        assert_eq!(resumed.canary, pending.canary);
+        assert_eq!(resumed.step, 2);
+        let left = resumed.view().seconds_left.unwrap();
+        assert!((58.0..=60.0).contains(&left), "{left}");
+        // A generation without a confirm window has no deadline at all.
+        let open = Pending {
+            deadline: None,
+            ..pending
+        };
+        let json = serde_json::to_string(&open.record()).unwrap();
+        assert!(!json.contains("deadline"), "{json}");
+        assert!(open.view().seconds_left.is_none());
     }
 
     #[test]

@@ -22,6 +22,53 @@ pub struct GenerationView {
     pub rollback_candidate: bool,
     pub inflight_requests: u64,
     pub open_connections: u64,
+    /// For a guarded activation (DESIGN §14): pending, or how it was
+    /// settled and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settlement: Option<Settlement>,
+}
+
+/// How a pending generation ended, or that it still pends.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settlement {
+    /// `pending`, `confirmed`, `aborted` or `auto_rolled_back`.
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The settlements the operation log records, by the generation they
+/// settled (a confirm names it as `generation`; an abort or an automatic
+/// rollback as `previous_generation`, the generation it replaced).
+fn settlements<'a>(
+    operations: impl Iterator<Item = &'a OperationRecord>,
+) -> std::collections::HashMap<GenerationId, Settlement> {
+    use crate::runtime::{OperationKind, Outcome};
+    let mut settled = std::collections::HashMap::new();
+    for op in operations.filter(|op| op.outcome == Outcome::Succeeded) {
+        let (state, generation) = match op.kind {
+            OperationKind::Confirm => ("confirmed", op.generation),
+            OperationKind::Abort => ("aborted", op.previous_generation),
+            OperationKind::AutoRollback => ("auto_rolled_back", op.previous_generation),
+            _ => continue,
+        };
+        if let Some(generation) = generation {
+            settled.entry(generation).or_insert_with(|| Settlement {
+                state,
+                operation_id: Some(op.id.clone()),
+                at: Some(op.at.clone()),
+                requested_by: op.requested_by.clone(),
+                reason: op.reason.clone(),
+            });
+        }
+    }
+    settled
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -132,9 +179,10 @@ impl Control {
         }
         let active = self.store.load_full();
         let loads = self.store.loads();
+        let mut settled = settlements(operations.iter());
         let generations = records
             .iter()
-            .map(|r| self.view(r, active.id, &loads))
+            .map(|r| self.view(r, active.id, &loads, settled.remove(&r.generation)))
             .collect();
         HistoryView {
             active_generation: active.id,
@@ -145,15 +193,16 @@ impl Control {
     }
 
     fn build_generation_detail(&self, id: GenerationId) -> Option<GenerationDetail> {
-        let (record, predecessor) = {
+        let (record, predecessor, settlement) = {
             let history = self.history();
             (
                 history.generation(id).cloned()?,
                 history.predecessor(id).cloned(),
+                settlements(history.operations()).remove(&id),
             )
         };
         let active = self.store.active_id();
-        let summary = self.view(&record, active, &self.store.loads());
+        let summary = self.view(&record, active, &self.store.loads(), settlement);
         let config = record.config_text().ok()?;
         let diff = predecessor.as_ref().and_then(|p| {
             let before = plan::validate(&p.config_text().ok()?).ok()?;
@@ -184,9 +233,21 @@ impl Control {
         record: &GenerationRecord,
         active: GenerationId,
         loads: &[GenerationLoad],
+        settlement: Option<Settlement>,
     ) -> GenerationView {
         let load = loads.iter().find(|l| l.generation == record.generation);
         let is_active = record.generation == active;
+        let settlement = settlement.or_else(|| {
+            self.pending()
+                .filter(|p| p.generation == record.generation)
+                .map(|_| Settlement {
+                    state: "pending",
+                    operation_id: None,
+                    at: None,
+                    requested_by: None,
+                    reason: None,
+                })
+        });
         GenerationView {
             generation: record.generation,
             status: if is_active {
@@ -205,6 +266,7 @@ impl Control {
             rollback_candidate: !is_active && self.activatable(record),
             inflight_requests: load.map_or(0, |l| l.inflight_requests),
             open_connections: load.map_or(0, |l| l.open_connections),
+            settlement,
         }
     }
 

@@ -182,10 +182,11 @@ fn choose_start(options: &Options, upgrade: Option<UpgradeState>) -> Result<Star
     };
     // A pending generation whose confirm deadline passed while no process
     // ran: start on the generation it would have been rolled back to.
-    let expired = persisted.pending.filter(|p| {
+    let expired = persisted.pending.clone().filter(|p| {
         p.generation == last.generation
-            && SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(p.deadline_unix_ms)
-                <= SystemTime::now()
+            && p.deadline_unix_ms.is_some_and(|ms| {
+                SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ms) <= SystemTime::now()
+            })
     });
     if let Some(pending) = expired {
         let target = persisted

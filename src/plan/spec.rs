@@ -374,6 +374,18 @@ pub enum HashKey {
     Path,
 }
 
+/// As `parse_hash_key` reads it.
+impl std::fmt::Display for HashKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HashKey::Header(name) => write!(f, "header:{name}"),
+            HashKey::Cookie(name) => write!(f, "cookie:{name}"),
+            HashKey::ClientIp => f.write_str("client_ip"),
+            HashKey::Path => f.write_str("path"),
+        }
+    }
+}
+
 /// `header:NAME`, `cookie:NAME`, `client_ip` or `path`.
 pub fn parse_hash_key(key: &str) -> Option<HashKey> {
     match key.split_once(':') {

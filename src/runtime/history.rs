@@ -182,13 +182,43 @@ pub struct PersistedState {
     pub pending: Option<PendingRecord>,
 }
 
-/// A pending generation as the state keeps it (DESIGN §14).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// A pending generation as the state keeps it (DESIGN §14): what a
+/// restart or an upgrade needs to take it up again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingRecord {
     pub generation: GenerationId,
     pub rollback_to: GenerationId,
-    /// Milliseconds since the Unix epoch.
-    pub deadline_unix_ms: u64,
+    /// The confirm deadline, milliseconds since the Unix epoch; none when
+    /// only a guard or a canary settles it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_unix_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<GuardRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryRecord>,
+}
+
+/// A pending generation's guard, as activate was given it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GuardRecord {
+    pub window_ms: u64,
+    pub min_requests: u64,
+    pub max_error_ratio: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_p99_ms: Option<u64>,
+    pub fail_on_no_data: bool,
+    pub confirm_on_pass: bool,
+}
+
+/// A pending generation's canary: its steps and the one it is on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CanaryRecord {
+    pub steps: Vec<u8>,
+    pub step_interval_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_key: Option<String>,
+    /// Index into `steps`.
+    pub step: usize,
 }
 
 /// `state.json` as written: each generation names its text's file in
@@ -200,7 +230,7 @@ struct StoredState<'a> {
     operations: &'a VecDeque<OperationRecord>,
     next_operation: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pending: Option<PendingRecord>,
+    pending: Option<&'a PendingRecord>,
 }
 
 #[derive(Serialize)]
@@ -402,8 +432,8 @@ impl History {
         self.state.pending = pending;
     }
 
-    pub fn pending(&self) -> Option<PendingRecord> {
-        self.state.pending
+    pub fn pending(&self) -> Option<&PendingRecord> {
+        self.state.pending.as_ref()
     }
 
     /// Everything a new process needs to continue this history.
@@ -473,7 +503,7 @@ impl History {
                 .collect(),
             operations: &self.state.operations,
             next_operation: self.state.next_operation,
-            pending: self.state.pending,
+            pending: self.state.pending.as_ref(),
         };
         write_atomically(&dir, STATE_FILE, |out| {
             serde_json::to_writer_pretty(out, &stored).map_err(std::io::Error::other)

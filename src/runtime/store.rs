@@ -170,6 +170,29 @@ impl GenerationStore {
         Ok(next)
     }
 
+    /// Publishes `previous`, built again after a restart under the id it
+    /// had, beside the active generation (a resumed canary's other side):
+    /// superseded, and listed while anything uses it.
+    pub fn publish_previous(&self, previous: Generation) -> Arc<Generation> {
+        let previous = Arc::new(previous);
+        debug_assert!(
+            previous.id < self.active_id(),
+            "INVARIANT: only an older generation is published beside the active one"
+        );
+        self.published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                0,
+                Published {
+                    id: previous.id,
+                    ledger: Arc::downgrade(&previous.ledger),
+                    superseded_at: Some(Instant::now()),
+                },
+            );
+        previous
+    }
+
     /// When generation `id` stopped being the active one: `None` while it
     /// is active, or once nothing of it is left.
     pub fn superseded_at(&self, id: GenerationId) -> Option<Instant> {

@@ -4,10 +4,16 @@ use std::process::Command;
 
 use crate::harness::*;
 
-fn ci_activate(gw: &Gateway, candidate: &str, smoke_url: &str) -> (Option<i32>, String) {
+fn ci_activate(
+    gw: &Gateway,
+    candidate: &str,
+    smoke_url: &str,
+    guard: &str,
+) -> (Option<i32>, String) {
     let file = gw.path("candidate.toml");
     std::fs::write(&file, candidate).unwrap();
     let out = Command::new("bash")
+        .env("CUTOVER_GUARD", guard)
         .arg(workspace().join("examples/ci-activate.sh"))
         .arg(&file)
         .arg(smoke_url)
@@ -33,17 +39,20 @@ async fn the_pipeline_step_activates_and_rolls_back_on_a_failed_smoke_test() {
     let smoke = format!("http://{web}/");
 
     let (code, log) =
-        tokio::task::block_in_place(|| ci_activate(&gw, &proxy_config(b.addr, ""), &smoke));
+        tokio::task::block_in_place(|| ci_activate(&gw, &proxy_config(b.addr, ""), &smoke, ""));
     assert_eq!(code, Some(0), "{log}");
     assert!(
-        log.contains("planned against generation 1") && log.contains("smoke test passed"),
+        log.contains("planned against generation 1")
+            && log.contains("smoke test passed")
+            && log.contains("confirmed: generation 2 active"),
         "{log}"
     );
     assert_eq!(get(web, "a", "/").await.2, "B");
+    assert!(gw.status().await["pending"].is_null());
 
     // A candidate whose backend is down: the smoke test fails, the step rolls back.
     let broken = proxy_config(closed_port(), "");
-    let (code, log) = tokio::task::block_in_place(|| ci_activate(&gw, &broken, &smoke));
+    let (code, log) = tokio::task::block_in_place(|| ci_activate(&gw, &broken, &smoke, ""));
     assert_eq!(code, Some(4), "{log}");
     assert!(log.contains("rolling back to generation 2"), "{log}");
     assert_eq!(
@@ -57,6 +66,19 @@ async fn the_pipeline_step_activates_and_rolls_back_on_a_failed_smoke_test() {
     assert_eq!(history["generations"][0]["generation"], 4);
     assert_eq!(history["generations"][0]["rolled_back_to"], 2);
     assert_eq!(history["generations"][1]["requested_by"], "ci");
+
+    // With a guard, the gateway has the last word: its window passes on
+    // the smoke test's answer and it confirms.
+    let c = Backend::named("C").await;
+    let guard = "--guard-error-ratio 0.05 --min-requests 1 --guard-window 1s";
+    let (code, log) =
+        tokio::task::block_in_place(|| ci_activate(&gw, &proxy_config(c.addr, ""), &smoke, guard));
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        log.contains("generation 5 confirmed: guard passed: error ratio 0.0000"),
+        "{log}"
+    );
+    assert_eq!(get(web, "a", "/").await.2, "C");
 }
 
 /// Every `cutover_…` series the alert rules and the dashboard query is

@@ -469,6 +469,10 @@ async fn a_guard_rolls_back_a_generation_whose_backend_fails() {
         "{reason}"
     );
     assert!(reason.contains("max_error_ratio 0.05"), "{reason}");
+    // The rolled-back generation says how it ended, and why.
+    let settled = history_entry(&gw, 2).await["settlement"].clone();
+    assert_eq!(settled["state"], "auto_rolled_back", "{settled}");
+    assert_eq!(settled["reason"], reason, "{settled}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -587,7 +591,7 @@ async fn the_pending_generation_has_its_own_series() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_generation_only_its_guard_would_settle_is_rolled_back_after_a_restart() {
+async fn a_guard_resumes_after_a_restart_with_a_new_window() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
     let gw = Gateway::start_in(dir, &with_state(&root, "old"));
@@ -597,7 +601,7 @@ async fn a_generation_only_its_guard_would_settle_is_rolled_back_after_a_restart
         json!({
             "config": with_state(&root, "new"),
             "expected_generation": 1,
-            "guard": { "window": "60s", "min_requests": 1000 },
+            "guard": { "window": "2s", "min_requests": 20 },
             "confirm_on_pass": true,
         }),
     )
@@ -606,9 +610,80 @@ async fn a_generation_only_its_guard_would_settle_is_rolled_back_after_a_restart
     assert!(body["pending"]["deadline"].is_null(), "{body}");
     let dir = kill(gw);
     let gw = Gateway::start_in(dir, &with_state(&root, "old"));
-    wait_active(&gw, 3, Duration::from_secs(5)).await;
-    assert_eq!(answer(&gw).await, "old");
-    assert_eq!(history_entry(&gw, 3).await["source"], "auto_rollback");
+    // Pending again, judged by its guard: no deadline, and no verdict
+    // before the new window has its 20 answers.
+    let status = gw.status().await;
+    assert_eq!(status["active_generation"], 2, "{status}");
+    assert_eq!(status["pending"]["generation"], 2, "{status}");
+    assert!(status["pending"]["deadline"].is_null(), "{status}");
+    let bodies = keep_alive_bodies(gw.listener("web"), 40, None).await;
+    assert!(bodies.iter().all(|b| b == "new"), "{bodies:?}");
+    // The window passes with 40 healthy answers: confirmed, not rolled back.
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let status = loop {
+        let status = gw.status().await;
+        if status["pending"].is_null() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "still pending: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status["active_generation"], 2, "{status}");
+    let (code, ops) = admin_request(gw.admin, "GET", "/admin/runtime/history", None, None).await;
+    assert_eq!(code, 200, "{ops}");
+    let confirmed = ops["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|op| op["kind"] == "confirm" && op["requested_by"] == "cutover-guard");
+    assert!(confirmed, "{ops}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_resumes_on_its_step_after_a_drain_aware_upgrade() {
+    let mut gw = Gateway::start(&answering("old"));
+    let (status, body) = post_json(
+        &gw,
+        "/admin/runtime/activate",
+        json!({ "config": answering("new"), "expected_generation": 1,
+                "steps": [10, 50, 100], "step_interval": "3s" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while gw.status().await["pending"]["canary_percent"] != 50 {
+        assert!(Instant::now() < deadline, "never reached 50 %");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let op = crate::lifecycle::upgrade(&gw, None).await;
+    assert_eq!(op["outcome"], "succeeded", "{op}");
+    let new_pid = op["pid"].as_u64().unwrap();
+    gw.adopted.push(new_pid as u32);
+    // The new process canaries on the step the old one had reached, with
+    // the previous generation built again to take the other half.
+    let status = gw.status().await;
+    assert_eq!(status["pid"], new_pid, "{status}");
+    assert_eq!(status["pending"]["generation"], 2, "{status}");
+    assert_eq!(status["pending"]["canary_percent"], 50, "{status}");
+    let live: Vec<u64> = status["generations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["generation"].as_u64().unwrap())
+        .collect();
+    assert!(live.contains(&1) && live.contains(&2), "{status}");
+    let bodies = keep_alive_bodies(gw.listener("web"), 200, None).await;
+    let new = bodies.iter().filter(|b| *b == "new").count();
+    assert!((40..=160).contains(&new), "{new} of 200 at 50 %");
+    // And it goes on to 100 %: final.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while !gw.status().await["pending"].is_null() {
+        assert!(Instant::now() < deadline, "still canarying");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(gw.active_generation().await, 2);
+    let bodies = keep_alive_bodies(gw.listener("web"), 50, None).await;
+    assert!(bodies.iter().all(|b| b == "new"), "{bodies:?}");
 }
 
 /// Sends `n` GETs on one keep-alive connection (with `header`, if given);
@@ -812,4 +887,100 @@ async fn a_pending_generation_survives_a_drain_aware_upgrade() {
     let (status, body) = post_json(&gw, "/admin/runtime/abort", json!({ "generation": 2 })).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(answer(&gw).await, "old");
+}
+
+/// Runs `cutover ctl activate FILE ARGS --wait` against `gw` while
+/// sending requests to `/api` (the guard needs answers to judge); returns
+/// its exit code and output.
+async fn ctl_wait(gw: &Gateway, file: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let mut command = std::process::Command::new(BIN);
+    command
+        .args(["ctl", "--admin", &gw.admin_url(), "activate"])
+        .arg(file)
+        .args(args)
+        .arg("--wait");
+    let ctl = tokio::task::spawn_blocking(move || command.output().unwrap());
+    let web = gw.listener("web");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ctl.is_finished() {
+        assert!(Instant::now() < deadline, "ctl --wait never returned");
+        get(web, "x", "/api/a").await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let out = ctl.await.unwrap();
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_wait_follows_a_guarded_activation_to_its_end() {
+    let good = answering_status(200).await;
+    let bad = answering_status(500).await;
+    let gw = Gateway::start(&api_to(good.addr));
+    let file = gw.path("candidate.toml");
+    // A failing backend: the guard rolls it back, ctl exits 4 and says why.
+    std::fs::write(&file, api_to(bad.addr)).unwrap();
+    let (code, out) = ctl_wait(
+        &gw,
+        &file,
+        &[
+            "--expect",
+            "1",
+            "--confirm-within",
+            "30s",
+            "--guard-error-ratio",
+            "0.05",
+            "--min-requests",
+            "10",
+            "--guard-window",
+            "10s",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(4), "{out}");
+    assert!(
+        out.contains("generation 2 rolled back: guard breached: error ratio"),
+        "{out}"
+    );
+    assert!(out.contains("(by cutover-guard)"), "{out}");
+    assert_eq!(gw.active_generation().await, 3);
+    // A healthy one through canary steps: final, exit 0.
+    let other = answering_status(200).await;
+    std::fs::write(&file, api_to(other.addr)).unwrap();
+    let (code, out) = ctl_wait(
+        &gw,
+        &file,
+        &[
+            "--expect",
+            "3",
+            "--steps",
+            "50,100",
+            "--step-interval",
+            "1s",
+            "--guard-error-ratio",
+            "0.05",
+            "--min-requests",
+            "5",
+            "--guard-window",
+            "1s",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("canary: generation 4 takes 50 % of new requests"),
+        "{out}"
+    );
+    assert!(
+        out.contains("generation 4 confirmed: canary steps [50, 100] completed"),
+        "{out}"
+    );
+    assert_eq!(gw.active_generation().await, 4);
+    assert!(gw.status().await["pending"].is_null());
 }

@@ -823,24 +823,44 @@ async fn the_admin_page_shows_both_generations_and_the_diff_in_a_real_browser() 
     };
     let backend = Backend::named("a").await;
     let gw = Gateway::start(&proxy_config(backend.addr, "timeout = \"15s\""));
-    for (timeout, reason) in [("3s", "tighter timeout"), ("5s", "a little looser")] {
-        let (status, body) = admin_request(
-            gw.admin,
-            "POST",
-            "/admin/runtime/activate",
-            Some("application/json"),
-            Some(
-                serde_json::json!({
-                    "config": proxy_config(backend.addr, &format!("timeout = \"{timeout}\"")),
-                    "requested_by": "pipeline-7",
-                    "reason": reason,
-                })
-                .to_string(),
-            ),
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
-    }
+    let post = |path: &'static str, body: Value| {
+        let admin = gw.admin;
+        async move {
+            let (status, answer) = admin_request(
+                admin,
+                "POST",
+                path,
+                Some("application/json"),
+                Some(body.to_string()),
+            )
+            .await;
+            assert_eq!(status, 200, "{path}: {answer}");
+        }
+    };
+    let timeout = |t: &str| proxy_config(backend.addr, &format!("timeout = \"{t}\""));
+    // 2: final; 3: pending, aborted (4 brings 2's configuration back);
+    // 5: pending.
+    post(
+        "/admin/runtime/activate",
+        serde_json::json!({ "config": timeout("3s"), "requested_by": "pipeline-7", "reason": "tighter timeout" }),
+    )
+    .await;
+    post(
+        "/admin/runtime/activate",
+        serde_json::json!({ "config": timeout("5s"), "confirm_within": "10m" }),
+    )
+    .await;
+    post(
+        "/admin/runtime/abort",
+        serde_json::json!({ "generation": 3, "requested_by": "pipeline-7", "reason": "smoke test failed" }),
+    )
+    .await;
+    post(
+        "/admin/runtime/activate",
+        serde_json::json!({ "config": timeout("5s"), "confirm_within": "10m",
+                            "requested_by": "pipeline-7", "reason": "a little looser" }),
+    )
+    .await;
     let profile = tempfile::tempdir().unwrap();
     let url = format!("{}/admin/", gw.admin_url());
     let out = tokio::task::spawn_blocking(move || {
@@ -868,15 +888,27 @@ async fn the_admin_page_shows_both_generations_and_the_diff_in_a_real_browser() 
         String::from_utf8_lossy(&out.stderr)
     );
     // The page ran (the summary replaced "loading…") with no API error.
-    assert!(dom.contains("generation 3 · sha256:"), "{dom}");
+    assert!(dom.contains("generation 5 · sha256:"), "{dom}");
+    assert!(dom.contains("PENDING: rolls back to generation 4"), "{dom}");
     assert!(dom.contains(r#"id="error" class="error" hidden"#), "{dom}");
-    // The timeline shows every retained generation, with who and why.
-    for id in 1..=3 {
+    // The timeline shows every retained generation, with who and why,
+    // and how each guarded one ended.
+    for id in 1..=5 {
         assert!(dom.contains(&format!("generation {id}</span>")), "{dom}");
     }
     assert!(dom.contains("pipeline-7: a little looser"), "{dom}");
+    assert!(
+        dom.contains(r#"<span class="settlement pending">pending</span>"#),
+        "{dom}"
+    );
+    assert!(
+        dom.contains(
+            r#"<span class="settlement aborted">aborted · pipeline-7: smoke test failed</span>"#
+        ),
+        "{dom}"
+    );
     // The newest entry's diff, side by side.
-    assert!(dom.contains("Changes from generation 2 to 3"), "{dom}");
+    assert!(dom.contains("Changes from generation 4 to 5"), "{dom}");
     assert!(
         dom.contains(r#"<td class="del">timeout = "3s"</td>"#),
         "{dom}"

@@ -95,6 +95,13 @@ function renderTimeline() {
     item.appendChild(el("span", `generation ${g.generation}`, "id"));
     const who = [g.requested_by, g.reason].filter(Boolean).join(": ");
     item.appendChild(el("span", `${g.status} · ${g.source} · ${g.activated_at}${who ? " · " + who : ""}`));
+    if (g.settlement) {
+      // A guarded activation: pending, or how it ended and why.
+      const s = g.settlement;
+      const why = [s.requested_by, s.reason].filter(Boolean).join(": ");
+      item.appendChild(el("span", `${s.state.replaceAll("_", " ")}${why ? " · " + why : ""}`,
+        `settlement ${s.state}`));
+    }
     item.addEventListener("click", () => select(g.generation));
     return item;
   }));
