@@ -218,9 +218,38 @@ pub struct FileListener {
     /// they are replaced unless the peer is in `trusted_proxies`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust_forwarded: Option<bool>,
-    /// Peers (CIDRs) whose forwarding headers are extended, not replaced.
+    /// Peers (CIDRs) whose forwarding headers are extended, not replaced;
+    /// with `accept_proxy_protocol`, the only peers whose PROXY header is
+    /// taken.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trusted_proxies: Vec<String>,
+    /// Every connection starts with a PROXY protocol header (v1 or v2)
+    /// from a peer in `trusted_proxies`; its address is the client's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accept_proxy_protocol: Option<bool>,
+    /// `tcp` listeners: TLS pass-through routes by the ClientHello's
+    /// server name (and ALPN).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sni_routes: Vec<FileSniRoute>,
+    /// `tcp` listeners with `sni_routes`: where a name no route names goes
+    /// (closed without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_upstream: Option<String>,
+    /// `tcp` listeners with `sni_routes`: longest wait for the ClientHello
+    /// (default 5s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_hello_timeout: Option<String>,
+}
+
+/// `listeners.sni_routes`: names (exact, or `*.suffix`) to an upstream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSniRoute {
+    pub hosts: Vec<String>,
+    pub upstream: String,
+    /// Only when the client offers one of these ALPN protocols.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alpn: Vec<String>,
 }
 
 fn default_listener_protocol() -> String {
@@ -418,6 +447,10 @@ pub struct FileUpstream {
     /// TLS to the backends (`protocol = "https"` or `"h2"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<FileUpstreamTls>,
+    /// `"v1"` or `"v2"`: each connection to a backend starts with a PROXY
+    /// protocol header naming the client (`tcp` upstreams).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<String>,
 }
 
 /// `upstreams.NAME.health`: an active check of every backend.

@@ -31,6 +31,8 @@ pub struct Upstream {
     maglev: Maglev,
     hash_balance_factor: Option<u32>,
     load_sum: LoadSum,
+    /// For connections of `tcp` listeners: the PROXY header they start with.
+    pub proxy_protocol: Option<crate::plan::ProxyProtocol>,
 }
 
 /// The last sum of the backends' loads, and when it was taken.
@@ -85,6 +87,7 @@ impl Upstream {
             maglev,
             hash_balance_factor: spec.hash_balance_factor,
             load_sum: LoadSum::default(),
+            proxy_protocol: spec.proxy_protocol,
         })
     }
 
@@ -107,6 +110,31 @@ impl Upstream {
         }
         let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
         self.backends.get(self.scheduled(turn))
+    }
+
+    /// The backend for the next attempt of a request or connection that
+    /// has tried the backends in `tried` (their addresses; the pick is
+    /// added): the key's backend first (`hash`, when it has one), then by
+    /// the policy one not tried yet, if the upstream has any left.
+    pub fn pick_untried(&self, hash: Option<u64>, tried: &mut Vec<usize>) -> Option<&Arc<Backend>> {
+        let address = |backend: &Arc<Backend>| Arc::as_ptr(backend) as usize;
+        if let Some(hash) = hash.filter(|_| tried.is_empty()) {
+            let backend = self.pick_hashed(hash)?;
+            tried.push(address(backend));
+            return Some(backend);
+        }
+        let mut picked = None;
+        for _ in 0..self.backends.len().max(1) {
+            let backend = self.pick()?;
+            let fresh = !tried.contains(&address(backend));
+            picked = Some(backend);
+            if fresh {
+                break;
+            }
+        }
+        let backend = picked?;
+        tried.push(address(backend));
+        Some(backend)
     }
 
     /// Whether attempts should be timed: only `p2c` reads the latency
@@ -461,6 +489,7 @@ mod tests {
             slow_start: None,
             hash_key: None,
             hash_balance_factor: None,
+            proxy_protocol: None,
             backends: [(1, 3), (2, 1), (3, 6)]
                 .iter()
                 .map(|(port, weight)| crate::plan::BackendSpec {
@@ -508,6 +537,7 @@ mod tests {
             slow_start: None,
             hash_key: None,
             hash_balance_factor: None,
+            proxy_protocol: None,
             backends: ports
                 .iter()
                 .map(|port| crate::plan::BackendSpec {

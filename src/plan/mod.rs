@@ -163,6 +163,106 @@ mod proptests;
 mod tests {
     use super::*;
 
+    fn text(s: &str) -> ConfigText {
+        ConfigText::inline(s.to_owned(), ".".into(), "<test>")
+    }
+
+    const L4: &str = r#"
+[[listeners]]
+name = "tls"
+bind = "127.0.0.1:0"
+protocol = "tcp"
+idle_timeout = "10m"
+default_upstream = "fallback"
+client_hello_timeout = "2s"
+sni_routes = [
+  { hosts = ["db.example.com"], upstream = "exact" },
+  { hosts = ["*.example.com"], upstream = "short" },
+  { hosts = ["*.db.example.com"], upstream = "long" },
+  { hosts = ["h2.example.com"], alpn = ["h2"], upstream = "h2" },
+  { hosts = ["h2.example.com"], upstream = "exact" },
+]
+
+[[listeners]]
+name = "plain"
+bind = "127.0.0.1:0"
+protocol = "tcp"
+upstream = "fallback"
+accept_proxy_protocol = true
+trusted_proxies = ["10.0.0.0/8"]
+
+[upstreams.exact]
+backends = [{ addr = "127.0.0.1:1" }]
+[upstreams.short]
+backends = [{ addr = "127.0.0.1:1" }]
+[upstreams.long]
+backends = [{ addr = "127.0.0.1:1" }]
+[upstreams.h2]
+backends = [{ addr = "127.0.0.1:1" }]
+[upstreams.fallback]
+proxy_protocol = "v2"
+backends = [{ addr = "127.0.0.1:1" }]
+"#;
+
+    #[test]
+    fn sni_routes_take_the_exact_name_then_the_longest_wildcard_then_the_default() {
+        let spec = validate(&text(L4)).unwrap_or_else(|e| panic!("{e:?}"));
+        let tls = &spec.listeners[0];
+        assert_eq!(
+            tls.l4.idle_timeout,
+            Some(std::time::Duration::from_secs(600))
+        );
+        let sni = tls.l4.sni.as_ref().expect("sni");
+        assert_eq!(sni.client_hello_timeout, std::time::Duration::from_secs(2));
+        let pick = |name: Option<&str>, alpn: &[&[u8]]| sni.upstream_for(name, alpn);
+        assert_eq!(pick(Some("db.example.com"), &[]), Some("exact"));
+        assert_eq!(pick(Some("eu.db.example.com"), &[]), Some("long"));
+        assert_eq!(pick(Some("api.example.com"), &[]), Some("short"));
+        assert_eq!(pick(Some("example.com"), &[]), Some("fallback"));
+        assert_eq!(pick(None, &[]), Some("fallback"));
+        assert_eq!(
+            pick(Some("h2.example.com"), &[b"http/1.1", b"h2"]),
+            Some("h2")
+        );
+        assert_eq!(pick(Some("h2.example.com"), &[b"http/1.1"]), Some("exact"));
+        let plain = &spec.listeners[1];
+        assert!(plain.accept_proxy_protocol);
+        assert_eq!(
+            plain.l4.idle_timeout,
+            Some(crate::plan::spec::DEFAULT_TCP_IDLE_TIMEOUT)
+        );
+        assert!(plain.l4.sni.is_none());
+        let fallback = spec
+            .upstreams
+            .iter()
+            .find(|u| u.name == "fallback")
+            .expect("fallback");
+        assert_eq!(fallback.proxy_protocol, Some(ProxyProtocol::V2));
+    }
+
+    #[test]
+    fn l4_options_are_refused_where_they_cannot_be_honoured() {
+        let cases = [
+            // SNI routes and a fixed upstream at once.
+            (L4.replace("default_upstream = \"fallback\"", "upstream = \"fallback\""), "conflicting_options"),
+            // The same name twice with the same ALPN.
+            (L4.replace("\"*.example.com\"], upstream = \"short\"", "\"db.example.com\"], upstream = \"short\""), "ambiguous_sni_route"),
+            (L4.replace("upstream = \"long\"", "upstream = \"nope\""), "unknown_upstream"),
+            (L4.replace("\"*.db.example.com\"", "\"db.*.com\""), "invalid_host"),
+            // PROXY from anyone.
+            (L4.replace("trusted_proxies = [\"10.0.0.0/8\"]", ""), "missing_trusted_proxies"),
+            (L4.replace("proxy_protocol = \"v2\"", "proxy_protocol = \"v3\""), "invalid_value"),
+            // An HTTP route would pool connections across clients.
+            (format!("{L4}\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n[[routes]]\nname = \"r\"\nlisteners = [\"web\"]\nupstream = \"fallback\"\n"), "unsupported_option"),
+            // SNI options on an HTTP listener.
+            (format!("{L4}\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nclient_hello_timeout = \"1s\"\n"), "unexpected_option"),
+        ];
+        for (candidate, code) in cases {
+            let errors = validate(&text(&candidate)).expect_err(code);
+            assert!(errors.iter().any(|d| d.code == code), "{code}: {errors:?}");
+        }
+    }
+
     /// `routes` routes, each on its own upstream-less direct response
     /// except `bad`, which names an upstream that does not exist.
     fn large(routes: usize, bad: Option<usize>, timeout: &str) -> ConfigText {

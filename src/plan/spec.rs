@@ -173,6 +173,88 @@ pub struct ListenerSpec {
     /// ... and the material itself, loaded by validation from the bytes
     /// that `config_version` hashes.
     pub tls_material: Option<std::sync::Arc<crate::tls::ListenerMaterial>>,
+    /// Connections start with a PROXY protocol header from a trusted
+    /// proxy (`edge.trusted_proxies`).
+    pub accept_proxy_protocol: bool,
+    /// For `tcp` listeners.
+    pub l4: L4Spec,
+}
+
+/// What a `tcp` listener does beyond relaying to `upstream`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct L4Spec {
+    /// TLS pass-through by server name, when set.
+    pub sni: Option<SniSpec>,
+    /// No byte either way for this long ends a connection (`None`: never).
+    pub idle_timeout: Option<Duration>,
+}
+
+/// TLS pass-through routes of a `tcp` listener.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SniSpec {
+    pub routes: Vec<SniRoute>,
+    pub default_upstream: Option<String>,
+    pub client_hello_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SniRoute {
+    pub hosts: Vec<HostMatch>,
+    /// Empty: any (or no) ALPN.
+    pub alpn: Vec<String>,
+    pub upstream: String,
+}
+
+impl SniSpec {
+    /// The upstream for a ClientHello naming `name` (lower-cased by the
+    /// caller) and offering `alpn`: an exact name first, then the longest
+    /// wildcard; among routes for the same name, the first whose ALPN
+    /// list the client meets; else the default.
+    pub fn upstream_for(&self, name: Option<&str>, alpn: &[&[u8]]) -> Option<&str> {
+        let offers = |route: &SniRoute| {
+            route.alpn.is_empty() || route.alpn.iter().any(|p| alpn.contains(&p.as_bytes()))
+        };
+        let chosen = name.and_then(|name| {
+            let exact = self.routes.iter().find(|r| {
+                offers(r)
+                    && r.hosts
+                        .iter()
+                        .any(|h| matches!(h, HostMatch::Exact(e) if e == name))
+            });
+            exact.or_else(|| {
+                self.routes
+                    .iter()
+                    .filter(|r| offers(r))
+                    .filter_map(|r| {
+                        r.hosts
+                            .iter()
+                            .filter_map(|h| match h {
+                                HostMatch::Suffix(s) if h.matches(name) => Some(s.len()),
+                                _ => None,
+                            })
+                            .max()
+                            .map(|len| (len, r))
+                    })
+                    .max_by_key(|(len, _)| *len)
+                    .map(|(_, r)| r)
+            })
+        });
+        chosen
+            .map(|r| r.upstream.as_str())
+            .or(self.default_upstream.as_deref())
+    }
+}
+
+/// `tcp` listener default `idle_timeout` (Envoy's TCP proxy's).
+pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Longest wait for a pass-through listener's ClientHello by default.
+pub const DEFAULT_CLIENT_HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The PROXY protocol header an upstream's connections start with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyProtocol {
+    V1,
+    V2,
 }
 
 /// How a route matches the request host.
@@ -515,6 +597,8 @@ pub struct UpstreamSpec {
     /// average in-flight load; the rest spills to the next (HAProxy's
     /// `hash-balance-factor`).
     pub hash_balance_factor: Option<u32>,
+    /// `tcp` upstreams: the PROXY header each connection starts with.
+    pub proxy_protocol: Option<ProxyProtocol>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -526,8 +526,8 @@ impl Validator<'_> {
                         format!("https listener '{}' needs tls.certificates", l.name),
                     ),
                 },
-                Some(ListenerProtocol::Tcp) => match &l.upstream {
-                    Some(u) if !file.upstreams.contains_key(u) => self.error(
+                Some(ListenerProtocol::Tcp) => match (&l.upstream, l.sni_routes.is_empty()) {
+                    (Some(u), true) if !file.upstreams.contains_key(u) => self.error(
                         "unknown_upstream",
                         at("upstream"),
                         format!(
@@ -535,11 +535,17 @@ impl Validator<'_> {
                             l.name
                         ),
                     ),
-                    Some(_) => {}
-                    None => self.error(
+                    (Some(_), true) => {}
+                    (Some(_), false) => self.error(
+                        "conflicting_options",
+                        at("upstream"),
+                        format!("tcp listener '{}' routes by SNI: name the fallback with default_upstream, not upstream", l.name),
+                    ),
+                    (None, false) => {}
+                    (None, true) => self.error(
                         "missing_upstream",
                         at("protocol"),
-                        format!("tcp listener '{}' needs an upstream", l.name),
+                        format!("tcp listener '{}' needs an upstream (or sni_routes)", l.name),
                     ),
                 },
                 None => {}
@@ -615,6 +621,14 @@ impl Validator<'_> {
                 limits.max_connections = Some(n.max(1) as usize);
             }
             let edge = self.listener_edge(i, l, protocol);
+            let l4 = self.listener_l4(i, l, protocol, file);
+            if l.accept_proxy_protocol == Some(true) && edge.trusted_proxies.is_empty() {
+                self.error(
+                    "missing_trusted_proxies",
+                    at("accept_proxy_protocol"),
+                    format!("listener '{}' accepts the PROXY protocol: name the peers that may send it in trusted_proxies (anyone else could claim any address)", l.name),
+                );
+            }
             if let (Some(bind), Some(protocol)) = (bind, protocol) {
                 out.push(ListenerSpec {
                     name: l.name.clone(),
@@ -625,6 +639,8 @@ impl Validator<'_> {
                     upstream: l.upstream.clone(),
                     tls_material: listener_tls.as_ref().map(|(_, m)| Arc::clone(m)),
                     tls: listener_tls.map(|(spec, _)| spec),
+                    accept_proxy_protocol: l.accept_proxy_protocol.unwrap_or(false),
+                    l4,
                 });
             }
         }
@@ -643,13 +659,15 @@ impl Validator<'_> {
         if protocol == Some(ListenerProtocol::Tcp) {
             let http_only = [
                 ("keepalive_timeout", l.keepalive_timeout.is_some()),
-                // The L4 proxy keeps no idle timer yet: refused, not ignored.
-                ("idle_timeout", l.idle_timeout.is_some()),
                 ("h2_keepalive_interval", l.h2_keepalive_interval.is_some()),
                 ("merge_slashes", l.merge_slashes.is_some()),
                 ("encoded_slash", l.encoded_slash.is_some()),
                 ("trust_forwarded", l.trust_forwarded.is_some()),
-                ("trusted_proxies", !l.trusted_proxies.is_empty()),
+                // Only as the peers that may send a PROXY header.
+                (
+                    "trusted_proxies",
+                    !l.trusted_proxies.is_empty() && l.accept_proxy_protocol != Some(true),
+                ),
                 ("max_inflight", l.max_inflight.is_some()),
             ];
             for (key, _) in http_only.iter().filter(|(_, set)| *set) {
@@ -711,6 +729,130 @@ impl Validator<'_> {
             encoded_slash,
             trust_forwarded,
             trusted_proxies,
+        }
+    }
+
+    /// A `tcp` listener's idle timeout and SNI routes; the SNI options
+    /// on any other listener are refused rather than ignored.
+    fn listener_l4(
+        &mut self,
+        i: usize,
+        l: &crate::config::FileListener,
+        protocol: Option<ListenerProtocol>,
+        file: &FileConfig,
+    ) -> L4Spec {
+        let at = |field: &str| format!("listeners[{i}].{field}");
+        if protocol != Some(ListenerProtocol::Tcp) {
+            for (key, set) in [
+                ("sni_routes", !l.sni_routes.is_empty()),
+                ("default_upstream", l.default_upstream.is_some()),
+                ("client_hello_timeout", l.client_hello_timeout.is_some()),
+            ] {
+                if set {
+                    self.error(
+                        "unexpected_option",
+                        at(key),
+                        format!("{key} routes TLS pass-through on tcp listeners; listener '{}' is not one", l.name),
+                    );
+                }
+            }
+            return L4Spec::default();
+        }
+        let idle_timeout = match l.idle_timeout.as_deref() {
+            None => Some(DEFAULT_TCP_IDLE_TIMEOUT),
+            Some("off") => None,
+            Some(text) => self.duration(at("idle_timeout"), text),
+        };
+        if l.sni_routes.is_empty() {
+            for (key, set) in [
+                ("default_upstream", l.default_upstream.is_some()),
+                ("client_hello_timeout", l.client_hello_timeout.is_some()),
+            ] {
+                if set {
+                    self.error(
+                        "unexpected_option",
+                        at(key),
+                        format!(
+                            "{key} applies to sni_routes, and tcp listener '{}' has none",
+                            l.name
+                        ),
+                    );
+                }
+            }
+            return L4Spec {
+                sni: None,
+                idle_timeout,
+            };
+        }
+        let known = |this: &mut Self, path: String, name: &str| {
+            if !file.upstreams.contains_key(name) {
+                this.error(
+                    "unknown_upstream",
+                    path,
+                    format!(
+                        "listener '{}' names upstream '{name}', which is not defined",
+                        l.name
+                    ),
+                );
+            }
+        };
+        let mut routes = Vec::with_capacity(l.sni_routes.len());
+        let mut seen: HashMap<(String, Vec<String>), usize> = HashMap::new();
+        for (r, route) in l.sni_routes.iter().enumerate() {
+            let path = |field: &str| format!("listeners[{i}].sni_routes[{r}].{field}");
+            known(self, path("upstream"), &route.upstream);
+            if route.hosts.is_empty() {
+                self.error(
+                    "missing_hosts",
+                    path("hosts"),
+                    "an SNI route needs at least one host",
+                );
+            }
+            let mut hosts = Vec::with_capacity(route.hosts.len());
+            for (h, host) in route.hosts.iter().enumerate() {
+                match parse_host(host) {
+                    Some(m) => {
+                        let key = (host.to_ascii_lowercase(), route.alpn.clone());
+                        if let Some(first) = seen.insert(key, r) {
+                            self.error(
+                                "ambiguous_sni_route",
+                                format!("listeners[{i}].sni_routes[{r}].hosts[{h}]"),
+                                format!("'{host}' is already routed by sni_routes[{first}] with the same alpn"),
+                            );
+                        }
+                        hosts.push(m);
+                    }
+                    None => self.error(
+                        "invalid_host",
+                        format!("listeners[{i}].sni_routes[{r}].hosts[{h}]"),
+                        format!(
+                            "'{host}' is not a host name or a leading wildcard like *.example.com"
+                        ),
+                    ),
+                }
+            }
+            routes.push(SniRoute {
+                hosts,
+                alpn: route.alpn.clone(),
+                upstream: route.upstream.clone(),
+            });
+        }
+        if let Some(name) = &l.default_upstream {
+            known(self, at("default_upstream"), name);
+        }
+        let client_hello_timeout = match &l.client_hello_timeout {
+            Some(text) => self
+                .duration(at("client_hello_timeout"), text)
+                .unwrap_or(DEFAULT_CLIENT_HELLO_TIMEOUT),
+            None => DEFAULT_CLIENT_HELLO_TIMEOUT,
+        };
+        L4Spec {
+            sni: Some(SniSpec {
+                routes,
+                default_upstream: l.default_upstream.clone(),
+                client_hello_timeout,
+            }),
+            idle_timeout,
         }
     }
 
@@ -868,6 +1010,19 @@ impl Validator<'_> {
                 }
                 _ => None,
             };
+            let proxy_protocol = match u.proxy_protocol.as_deref() {
+                None => None,
+                Some("v1") => Some(ProxyProtocol::V1),
+                Some("v2") => Some(ProxyProtocol::V2),
+                Some(other) => {
+                    self.error(
+                        "invalid_value",
+                        at("proxy_protocol"),
+                        format!("proxy_protocol '{other}' is not v1 or v2"),
+                    );
+                    None
+                }
+            };
             if let (Some(policy), Some(protocol), Some(connect_timeout), Some(idle_timeout)) =
                 (policy, protocol, connect_timeout, idle_timeout)
             {
@@ -884,6 +1039,7 @@ impl Validator<'_> {
                     slow_start,
                     hash_key,
                     hash_balance_factor: u.hash_balance_factor.filter(|f| (101..=1000).contains(f)),
+                    proxy_protocol,
                 });
             }
         }
@@ -1410,7 +1566,23 @@ impl Validator<'_> {
                 None
             }
             (Some(u), None) => {
-                if file.upstreams.contains_key(u) {
+                let proxy_protocol = file
+                    .upstreams
+                    .get(u)
+                    .and_then(|f| f.proxy_protocol.as_ref());
+                if proxy_protocol.is_some() {
+                    // Refused, not ignored: HTTP connections are pooled
+                    // across clients, and a PROXY header names one.
+                    self.error(
+                        "unsupported_option",
+                        at("upstream"),
+                        format!(
+                            "route '{}' names upstream '{u}', which has proxy_protocol; only tcp listeners send a PROXY header in this version",
+                            r.name
+                        ),
+                    );
+                    None
+                } else if file.upstreams.contains_key(u) {
                     Some(RouteAction::Proxy {
                         upstream: u.clone(),
                     })

@@ -347,6 +347,9 @@ impl ListenerSet {
             metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => name.to_string());
         let accepted_total =
             metrics::counter!(m::CONNECTIONS_ACCEPTED, m::LABEL_LISTENER => name.to_string());
+        let untrusted = metrics::counter!(m::PROXY_HEADERS, m::LABEL_LISTENER => name.to_string(), m::LABEL_OUTCOME => "untrusted");
+        // At most one warning a second while the cap turns clients away.
+        let mut warned_at: Option<std::time::Instant> = None;
         loop {
             let accepted = tokio::select! {
                 accepted = listener.socket.accept() => accepted,
@@ -362,17 +365,32 @@ impl ListenerSet {
                     continue;
                 }
             };
-            let limits = self.limits(&name);
+            let (limits, proxied) = self.admit(&name);
             // Over the listener's cap: closed at once, before it costs a
             // task or a buffer (the client sees a reset or an EOF).
-            if limits
+            if let Some(max) = limits
                 .max_connections
-                .is_some_and(|max| listener_open.load(Ordering::Acquire) >= max)
+                .filter(|max| listener_open.load(Ordering::Acquire) >= *max)
             {
                 refused.increment(1);
                 drop(stream);
+                if warned_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                    warned_at = Some(std::time::Instant::now());
+                    tracing::warn!(listener = %name, max_connections = max, "max_connections reached: closing new connections at accept");
+                }
                 continue;
             }
+            // A PROXY header is taken only from the proxies trusted to
+            // send one: anyone else could claim any address.
+            if let Some(trusted) = &proxied {
+                if !trusted.iter().any(|net| net.contains(&remote.ip())) {
+                    untrusted.increment(1);
+                    tracing::debug!(listener = %name, peer = %remote, "PROXY header expected from an untrusted peer; closing");
+                    drop(stream);
+                    continue;
+                }
+            }
+            let proxied = proxied.is_some();
             listener_open.fetch_add(1, Ordering::AcqRel);
             self.open.count.fetch_add(1, Ordering::AcqRel);
             gauge.increment(1.0);
@@ -382,28 +400,47 @@ impl ListenerSet {
                 listener: Arc::clone(&listener_open),
                 gauge: gauge.clone(),
             };
+            let header_timeout = limits.header_read_timeout;
             if let Some(counters) = &tcp_counters {
                 let (name, admission, counters) =
                     (Arc::clone(&name), self.admission.clone(), counters.clone());
-                self.serve_on_worker(stream, move |stream| {
-                    tcp_connection(stream, name, admission, counters, guard)
+                self.serve_on_worker(stream, move |mut stream| async move {
+                    let Some(client) =
+                        client_address(&mut stream, remote, proxied, header_timeout, &name).await
+                    else {
+                        return;
+                    };
+                    tcp::serve(stream, client, name, admission, counters).await;
+                    drop(guard);
                 });
                 continue;
             }
-            let ctx = Arc::new(ConnContext {
-                listener: Arc::clone(&name),
-                admission: self.admission.clone(),
-                remote,
-                client_ip: client_ip_header(remote),
-                scheme: scheme.clone(),
-                responses: Arc::clone(&responses),
-                draining: Arc::clone(&self.draining_flag),
-                activity: Activity::new(),
-                interim: InterimQueue::new(),
-            });
+            let (name, admission, scheme, responses, draining_flag) = (
+                Arc::clone(&name),
+                self.admission.clone(),
+                scheme.clone(),
+                Arc::clone(&responses),
+                Arc::clone(&self.draining_flag),
+            );
             let (draining, tls) = (self.draining.subscribe(), tls.clone());
-            self.serve_on_worker(stream, move |stream| {
-                serve_connection(stream, ctx, limits, draining, guard, tls)
+            self.serve_on_worker(stream, move |mut stream| async move {
+                let Some(remote) =
+                    client_address(&mut stream, remote, proxied, header_timeout, &name).await
+                else {
+                    return;
+                };
+                let ctx = Arc::new(ConnContext {
+                    listener: name,
+                    admission,
+                    remote,
+                    client_ip: client_ip_header(remote),
+                    scheme,
+                    responses,
+                    draining: draining_flag,
+                    activity: Activity::new(),
+                    interim: InterimQueue::new(),
+                });
+                serve_connection(stream, ctx, limits, draining, guard, tls).await
             });
         }
         tracing::info!(listener = %name, "listener closed");
@@ -440,29 +477,55 @@ impl ListenerSet {
         }));
     }
 
-    /// The limits the active generation sets for a listener.
-    fn limits(&self, listener: &str) -> ListenerLimits {
+    /// The limits the active generation sets for a listener, and the
+    /// proxies trusted to send a PROXY header when it takes one.
+    fn admit(&self, listener: &str) -> (ListenerLimits, Option<Vec<ipnet::IpNet>>) {
         let generation = self.admission.store().load_full();
-        let limits = generation
+        let admit = generation
             .spec
             .listeners
             .iter()
             .find(|l| l.name == listener)
-            .map(|l| l.limits)
+            .map(|l| {
+                let proxied = l
+                    .accept_proxy_protocol
+                    .then(|| l.edge.trusted_proxies.clone());
+                (l.limits, proxied)
+            })
             .unwrap_or_default();
         crate::admission::release(generation);
-        limits
+        admit
     }
 }
 
-async fn tcp_connection(
-    stream: TcpStream,
-    listener: Arc<str>,
-    admission: Admission,
-    counters: TcpCounters,
-    _guard: ConnectionGuard,
-) {
-    tcp::serve(stream, listener, admission, counters).await;
+/// The client of a connection: its peer, or, on a listener that takes a
+/// PROXY header (`proxied`, the peer already known trusted), the address
+/// the header carries (the peer for a `LOCAL` one). `None` when the
+/// header is missing, malformed or late: the connection is closed.
+async fn client_address(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    proxied: bool,
+    timeout: Duration,
+    listener: &Arc<str>,
+) -> Option<SocketAddr> {
+    if !proxied {
+        return Some(peer);
+    }
+    let read = super::proxy_header::read(stream, timeout).await;
+    let outcome = match &read {
+        Ok(_) => "accepted",
+        Err(super::proxy_header::HeaderError::Timeout(_)) => "timeout",
+        Err(_) => "invalid",
+    };
+    metrics::counter!(m::PROXY_HEADERS, m::LABEL_LISTENER => listener.to_string(), m::LABEL_OUTCOME => outcome).increment(1);
+    match read {
+        Ok(carried) => Some(carried.unwrap_or(peer)),
+        Err(error) => {
+            tracing::debug!(listener = %listener, %peer, %error, "no usable PROXY header; closing");
+            None
+        }
+    }
 }
 
 async fn serve_connection(

@@ -3,6 +3,7 @@
 //! through `admission` and never imports `config`, `control` or `admin`.
 
 mod body;
+mod client_hello;
 mod downstream;
 mod edge;
 mod error;
@@ -11,6 +12,8 @@ mod http;
 mod interim;
 mod listener;
 mod observed;
+mod proxy_header;
+mod relay;
 mod retry;
 mod tcp;
 mod workers;

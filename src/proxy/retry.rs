@@ -194,23 +194,7 @@ impl Template<'_> {
 
     /// The next backend: one not tried yet, if the upstream has any.
     fn pick(&self, tried: &mut Vec<usize>) -> Option<&Arc<Backend>> {
-        if let Some(hash) = self.hash.filter(|_| tried.is_empty()) {
-            let backend = self.upstream.pick_hashed(hash)?;
-            tried.push(address(backend));
-            return Some(backend);
-        }
-        let mut picked = None;
-        for _ in 0..self.upstream.backends.len().max(1) {
-            let backend = self.upstream.pick()?;
-            let fresh = !tried.contains(&address(backend));
-            picked = Some(backend);
-            if fresh {
-                break;
-            }
-        }
-        let backend = picked?;
-        tried.push(address(backend));
-        Some(backend)
+        self.upstream.pick_untried(self.hash, tried)
     }
 
     /// One attempt at the next backend, within the route's deadline.
@@ -334,10 +318,6 @@ async fn hedged(
 
 /// Tells backends apart (an `Arc`'s address, kept as a number so that
 /// the request's future stays `Send`).
-fn address(backend: &Arc<Backend>) -> usize {
-    Arc::as_ptr(backend) as usize
-}
-
 /// The pause before retry number `retry` (1 for the first): full jitter
 /// over `base × 2^(retry-1)`, capped at `max`.
 fn backoff(spec: &RetrySpec, retry: u32) -> Duration {

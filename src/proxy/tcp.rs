@@ -7,7 +7,14 @@
 //! thousands of activations with long-lived connections open cost bounded
 //! memory, and activations never cut them. `runtime.max_pinned_age`
 //! closes connections whose generation was superseded longer ago than that.
+//!
+//! A listener with `sni_routes` reads the ClientHello first and picks the
+//! upstream by its server name (TLS pass-through: the gateway never
+//! terminates it). An upstream with `proxy_protocol` gets a PROXY header
+//! naming the client before the first byte of the client's. The bytes are
+//! relayed by `relay` (zero-copy `splice` on Linux).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,10 +22,12 @@ use metrics::Counter;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::observed::Observed;
+use super::relay::{self, Meters, Progress};
 use crate::admission::Admission;
-use crate::backends::Attempt;
+use crate::backends::{Attempt, Backend};
+use crate::generation::Upstream;
 use crate::ids::GenerationId;
+use crate::plan::ProxyProtocol;
 use crate::runtime::GenerationStore;
 use crate::telemetry::access::{self, Flags};
 
@@ -29,149 +38,261 @@ pub struct TcpCounters {
     pub upstream_to_downstream: Counter,
 }
 
-/// Proxies one accepted TCP connection until either side closes, or its
-/// generation has been superseded for longer than `max_pinned_age`.
+/// Most backends one connection tries before it gives up.
+const MAX_CONNECT_ATTEMPTS: usize = 3;
+
+/// A connection as it is being set up: where it came from and its
+/// access-log line.
+struct Setup {
+    listener: Arc<str>,
+    client: SocketAddr,
+    started: std::time::Instant,
+    line: Option<access::Line>,
+}
+
+impl Setup {
+    /// Writes the line (when the access log is on) with `flags`, and the
+    /// bytes moved.
+    fn finish(self, flags: Flags, progress: Option<&Progress>) {
+        if let Some(mut line) = self.line {
+            line.duration = self.started.elapsed();
+            line.ended = std::time::SystemTime::now();
+            line.flags |= flags;
+            if let Some(p) = progress {
+                line.bytes_in = p.up.load(std::sync::atomic::Ordering::Relaxed);
+                line.bytes_out = p.down.load(std::sync::atomic::Ordering::Relaxed);
+            }
+            access::emit(line);
+        }
+    }
+}
+
+/// Proxies one accepted TCP connection from `client` (the peer, or the
+/// address a trusted PROXY header carried) until either side closes, it
+/// idles past the listener's `idle_timeout`, or its generation has been
+/// superseded for longer than `max_pinned_age`.
 pub async fn serve(
     mut downstream: TcpStream,
+    client: SocketAddr,
     listener: Arc<str>,
     admission: Admission,
     counters: TcpCounters,
 ) {
     let _ = downstream.set_nodelay(true);
-    let started = std::time::Instant::now();
-    let peer = downstream.peer_addr().ok();
+    let local = downstream
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let generation = admission.store().load_full();
     let guard = generation.ledger.connection();
     let generation_id = generation.id;
-    let backend = generation
+    let mut setup = Setup {
+        line: access::enabled()
+            .then(|| access::Line::new("tcp", Arc::clone(&listener), generation_id.0, client)),
+        listener,
+        client,
+        started: std::time::Instant::now(),
+    };
+    let Some(spec) = generation
         .spec
         .listeners
         .iter()
-        .find(|l| *l.name == *listener)
-        .and_then(|l| l.upstream.as_deref())
-        .and_then(|name| generation.upstream(name))
-        .and_then(|upstream| {
-            // A TCP connection has one key to hash: its client's address.
-            let picked = match (&upstream.hash_key, peer) {
-                (Some(crate::plan::HashKey::ClientIp), Some(peer)) => upstream.pick_hashed(
-                    crate::generation::hash_key(&super::edge::client_key(peer.ip())),
-                ),
-                _ => upstream.pick(),
-            };
-            Some((Arc::clone(upstream), Arc::clone(picked?)))
-        });
-    // Only the guard and the backend outlive set-up.
-    crate::admission::release(generation);
-    // The connection's access-log line, when the access log is on.
-    let mut line = access::enabled().then(|| {
-        let client = peer.unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
-        access::Line::new("tcp", Arc::clone(&listener), generation_id.0, client)
-    });
-    let finish = |line: Option<access::Line>| {
-        if let Some(mut line) = line {
-            line.duration = started.elapsed();
-            line.ended = std::time::SystemTime::now();
-            access::emit(line);
-        }
-    };
-    let Some((upstream, backend)) = backend else {
-        tracing::warn!(listener = %listener, "tcp listener has no upstream in the active generation");
-        finish(line.map(|l| access::Line {
-            flags: Flags::NO_HEALTHY_BACKEND,
-            ..l
-        }));
+        .find(|l| *l.name == *setup.listener)
+    else {
+        crate::admission::release(generation);
+        setup.finish(Flags::NO_ROUTE, None);
         return;
     };
-    if let Some(line) = line.as_mut() {
-        line.backend = Some(Arc::clone(&backend.label));
-        line.attempts = 1;
-    }
-    let _backend_guard = backend.start_request();
-    let connecting = std::time::Instant::now();
-    let connect = tokio::time::timeout(
-        backend.key.connect_timeout,
-        TcpStream::connect(backend.key.addr.as_str()),
-    )
-    .await;
-    let upstream = match connect {
-        Ok(Ok(stream)) => {
-            backend.connected_in(connecting.elapsed());
-            upstream.report(&backend, Attempt::Answered(http::StatusCode::OK), None);
-            if let Some(line) = line.as_mut() {
-                line.upstream_time = Some(started.elapsed());
+    let idle_timeout = spec.l4.idle_timeout;
+    // Pass-through: the ClientHello names the upstream; its bytes go on
+    // to the backend ahead of the rest.
+    let (upstream_name, prefix) = match &spec.l4.sni {
+        None => (spec.upstream.clone(), Vec::new()),
+        Some(sni) => {
+            match super::client_hello::read(&mut downstream, sni.client_hello_timeout).await {
+                Ok(hello) => {
+                    let alpn: Vec<&[u8]> = hello.alpn.iter().map(Vec::as_slice).collect();
+                    let chosen = sni.upstream_for(hello.server_name.as_deref(), &alpn);
+                    if let Some(line) = setup.line.as_mut() {
+                        line.authority = hello.server_name.clone();
+                    }
+                    if chosen.is_none() {
+                        tracing::debug!(listener = %setup.listener, server_name = ?hello.server_name, "no SNI route for this name; closing");
+                    }
+                    (chosen.map(str::to_owned), hello.bytes)
+                }
+                Err(error) => {
+                    tracing::debug!(listener = %setup.listener, client = %client, %error, "no usable ClientHello; closing");
+                    crate::admission::release(generation);
+                    let flags = match error {
+                        super::client_hello::HelloError::Timeout(_) => Flags::HEADER_TIMEOUT,
+                        super::client_hello::HelloError::Closed => Flags::CLIENT_CLOSED,
+                        _ => Flags::PROTOCOL_ERROR,
+                    };
+                    setup.finish(flags, None);
+                    return;
+                }
             }
-            drop(upstream);
-            stream
         }
-        Ok(Err(error)) => {
-            upstream.report(&backend, Attempt::ConnectError, None);
-            tracing::warn!(listener = %listener, backend = %backend.key.addr, %error, "tcp upstream connect failed");
+    };
+    let Some(upstream) = upstream_name.and_then(|name| generation.upstream(&name).map(Arc::clone))
+    else {
+        crate::admission::release(generation);
+        setup.finish(Flags::NO_ROUTE, None);
+        return;
+    };
+    // Only the guard, the upstream and the backend outlive set-up.
+    crate::admission::release(generation);
+    let (server, backend, attempts) = match connect(&upstream, &mut setup).await {
+        Ok(connected) => connected,
+        Err(flags) => {
             let _ = downstream.shutdown().await;
-            finish(line.map(|l| access::Line {
-                flags: Flags::CONNECT_FAILURE,
-                ..l
-            }));
-            return;
-        }
-        Err(_) => {
-            upstream.report(&backend, Attempt::Timeout, None);
-            tracing::warn!(listener = %listener, backend = %backend.key.addr, "tcp upstream connect timed out");
-            let _ = downstream.shutdown().await;
-            finish(line.map(|l| access::Line {
-                flags: Flags::CONNECT_FAILURE | Flags::UPSTREAM_TIMEOUT,
-                ..l
-            }));
+            setup.finish(flags, None);
             return;
         }
     };
-    let _ = upstream.set_nodelay(true);
+    let proxy_protocol = upstream.proxy_protocol;
+    drop(upstream);
+    let _backend_guard = backend.start_request();
+    if let Some(line) = setup.line.as_mut() {
+        line.backend = Some(Arc::clone(&backend.label));
+        line.attempts = attempts;
+        line.upstream_time = Some(setup.started.elapsed());
+    }
+    let progress = Progress::new();
+    let _ = server.set_nodelay(true);
+    if let Err(error) = send_first(&server, proxy_protocol, client, local, &prefix).await {
+        tracing::debug!(listener = %setup.listener, backend = %backend.key.addr, %error, "upstream closed before the first bytes");
+        setup.finish(Flags::UPSTREAM_RESET, Some(&progress));
+        return;
+    }
+    // The ClientHello counts as client bytes, as it would unread.
+    progress
+        .up
+        .fetch_add(prefix.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    counters
+        .downstream_to_upstream
+        .increment(prefix.len() as u64);
+    drop(prefix);
     let store = Arc::clone(admission.store());
-    // Counted as they move: a connection that lives for days shows its
-    // traffic while it does, and one closed by max_pinned_age keeps it.
-    let mut downstream = Observed::new(downstream, Tally::new(counters.downstream_to_upstream));
-    let mut upstream = Observed::new(upstream, Tally::new(counters.upstream_to_downstream));
+    let meters = Meters {
+        progress: &progress,
+        up: &counters.downstream_to_upstream,
+        down: &counters.upstream_to_downstream,
+    };
+    let idle = async {
+        match idle_timeout {
+            Some(idle) => progress.idle_for(idle).await,
+            None => std::future::pending().await,
+        }
+    };
     let flags = tokio::select! {
-        copied = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {
-            match copied {
-                Ok(_) => Flags::NONE,
-                // Reset by one side or the other; which one is not known.
-                Err(_) => Flags::UPSTREAM_RESET,
-            }
+        relayed = relay::relay(&downstream, &server, meters) => match relayed {
+            Ok(()) => Flags::NONE,
+            // Reset by one side or the other; which one is not known.
+            Err(_) => Flags::UPSTREAM_RESET,
+        },
+        _ = idle => {
+            tracing::debug!(listener = %setup.listener, client = %client, "no byte moved within idle_timeout; closing");
+            Flags::IDLE_TIMEOUT
         }
         _ = pinned_age_expired(&store, generation_id) => {
-            tracing::info!(listener = %listener, generation = %generation_id, "closing a connection pinned past max_pinned_age");
-            let _ = downstream.shutdown().await;
-            let _ = upstream.shutdown().await;
+            tracing::info!(listener = %setup.listener, generation = %generation_id, "closing a connection pinned past max_pinned_age");
             Flags::NONE
         }
     };
+    drop((downstream, server));
     drop(guard);
-    finish(line.map(|l| access::Line {
-        bytes_in: downstream.observer.bytes,
-        bytes_out: upstream.observer.bytes,
-        flags,
-        ..l
-    }));
+    setup.finish(flags, Some(&progress));
 }
 
-/// Counts what a TCP connection reads on one side: into the listener's
-/// counter as it moves, and for the connection's access-log line.
-struct Tally {
-    counter: Counter,
-    bytes: u64,
-}
-
-impl Tally {
-    fn new(counter: Counter) -> Self {
-        Self { counter, bytes: 0 }
+/// Connects to a backend of `upstream`: the client's by its address when
+/// the upstream hashes `client_ip`, else by the policy; a failed connect
+/// (reported to the backend's health) moves on to a backend not tried
+/// yet, up to `MAX_CONNECT_ATTEMPTS`. The flags for the access log when
+/// none answered.
+async fn connect(
+    upstream: &Upstream,
+    setup: &mut Setup,
+) -> Result<(TcpStream, Arc<Backend>, u32), Flags> {
+    let hash = match upstream.hash_key {
+        Some(crate::plan::HashKey::ClientIp) => Some(crate::generation::hash_key(
+            &super::edge::client_key(setup.client.ip()),
+        )),
+        _ => None,
+    };
+    let mut tried = Vec::with_capacity(MAX_CONNECT_ATTEMPTS);
+    let mut flags = Flags::NONE;
+    let attempts = upstream.backends.len().clamp(1, MAX_CONNECT_ATTEMPTS);
+    for attempt in 1..=attempts {
+        let Some(backend) = upstream.pick_untried(hash, &mut tried).map(Arc::clone) else {
+            break;
+        };
+        if attempt > 1 {
+            flags |= Flags::RETRIED;
+        }
+        let connecting = std::time::Instant::now();
+        let connected = tokio::time::timeout(
+            backend.key.connect_timeout,
+            TcpStream::connect(backend.key.addr.as_str()),
+        )
+        .await;
+        match connected {
+            Ok(Ok(stream)) => {
+                backend.connected_in(connecting.elapsed());
+                upstream.report(&backend, Attempt::Answered(http::StatusCode::OK), None);
+                if let Some(line) = setup.line.as_mut() {
+                    line.flags |= flags;
+                }
+                return Ok((stream, backend, attempt as u32));
+            }
+            Ok(Err(error)) => {
+                upstream.report(&backend, Attempt::ConnectError, None);
+                flags |= Flags::CONNECT_FAILURE;
+                tracing::warn!(listener = %setup.listener, backend = %backend.key.addr, %error, attempt, "tcp upstream connect failed");
+            }
+            Err(_) => {
+                upstream.report(&backend, Attempt::Timeout, None);
+                flags |= Flags::CONNECT_FAILURE | Flags::UPSTREAM_TIMEOUT;
+                tracing::warn!(listener = %setup.listener, backend = %backend.key.addr, attempt, "tcp upstream connect timed out");
+            }
+        }
+        if let Some(line) = setup.line.as_mut() {
+            line.backend = Some(Arc::clone(&backend.label));
+            line.attempts = attempt as u32;
+        }
     }
+    if tried.is_empty() {
+        tracing::warn!(listener = %setup.listener, upstream = %upstream.name, "tcp upstream has no backend");
+        flags |= Flags::NO_HEALTHY_BACKEND;
+    }
+    Err(flags)
 }
 
-impl super::observed::Observer for Tally {
-    fn read(&mut self, data: &[u8]) {
-        self.counter.increment(data.len() as u64);
-        self.bytes += data.len() as u64;
+/// What the upstream reads before the client's own bytes: the PROXY
+/// header, if the upstream wants one, and what set-up read off the
+/// client (a ClientHello).
+async fn send_first(
+    server: &TcpStream,
+    proxy_protocol: Option<ProxyProtocol>,
+    client: SocketAddr,
+    local: SocketAddr,
+    prefix: &[u8],
+) -> std::io::Result<()> {
+    let mut first = match proxy_protocol {
+        Some(version) => super::proxy_header::header(version, client, local),
+        None => Vec::new(),
+    };
+    first.extend_from_slice(prefix);
+    let mut written = 0;
+    while written < first.len() {
+        server.writable().await?;
+        match server.try_write(&first[written..]) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
     }
+    Ok(())
 }
 
 /// Completes when generation `pinned` has been superseded for longer than

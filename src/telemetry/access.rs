@@ -42,9 +42,11 @@ impl Flags {
     pub const PROTOCOL_ERROR: Flags = Flags(1 << 9);
     pub const UPGRADED: Flags = Flags(1 << 10);
     pub const HEADER_TIMEOUT: Flags = Flags(1 << 11);
+    /// A TCP connection closed by its listener's `idle_timeout`.
+    pub const IDLE_TIMEOUT: Flags = Flags(1 << 12);
 
     /// Names in output order.
-    const NAMES: [(Flags, &'static str); 12] = [
+    const NAMES: [(Flags, &'static str); 13] = [
         (Flags::NO_ROUTE, "no_route"),
         (Flags::NO_HEALTHY_BACKEND, "no_healthy_backend"),
         (Flags::CONNECT_FAILURE, "connect_failure"),
@@ -57,6 +59,7 @@ impl Flags {
         (Flags::PROTOCOL_ERROR, "protocol_error"),
         (Flags::UPGRADED, "upgraded"),
         (Flags::HEADER_TIMEOUT, "header_timeout"),
+        (Flags::IDLE_TIMEOUT, "idle_timeout"),
     ];
 
     pub fn contains(self, other: Flags) -> bool {

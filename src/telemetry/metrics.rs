@@ -37,6 +37,10 @@ pub const TLS_HANDSHAKE_FAILURES: &str = "cutover_tls_handshake_failures_total";
 /// Client connections closed at accept because the listener was at
 /// `max_connections`.
 pub const CONNECTIONS_REFUSED: &str = "cutover_connections_refused_total";
+/// PROXY protocol headers on listeners that take them, by `listener` and
+/// `outcome`: accepted, untrusted (the peer is not in `trusted_proxies`),
+/// invalid, timeout. Every outcome but accepted closes the connection.
+pub const PROXY_HEADERS: &str = "cutover_proxy_protocol_headers_total";
 /// Client connections accepted (not refused at `max_connections`), by
 /// `listener`.
 pub const CONNECTIONS_ACCEPTED: &str = "cutover_listener_connections_total";
@@ -145,6 +149,10 @@ pub fn describe() {
     describe_counter!(
         CONNECTIONS_ACCEPTED,
         "Client connections accepted, by listener"
+    );
+    describe_counter!(
+        PROXY_HEADERS,
+        "PROXY protocol headers on listeners that take them, by listener and outcome"
     );
     describe_counter!(
         TLS_HANDSHAKES,

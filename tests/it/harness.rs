@@ -784,3 +784,25 @@ impl Drop for FaultProxy {
         self.task.abort();
     }
 }
+
+/// Waits until the access log at `path` has at least `n` lines; returns
+/// them parsed (JSON format).
+pub async fn access_lines(path: &std::path::Path, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} access lines after 10 s:\n{text}",
+            lines.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

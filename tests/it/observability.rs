@@ -15,28 +15,6 @@ use crate::harness::*;
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-/// Waits until the access log at `path` has at least `n` lines; returns
-/// them parsed (JSON format).
-async fn access_lines(path: &std::path::Path, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-            .collect();
-        if lines.len() >= n {
-            return lines;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} access lines after 10 s:\n{text}",
-            lines.len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The one line whose `path` (or, for TCP, `protocol`) is `key`.
 fn line_for<'a>(lines: &'a [Value], key: &str) -> &'a Value {
     let found: Vec<_> = lines

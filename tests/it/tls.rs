@@ -10,47 +10,14 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-};
+use rcgen::ExtendedKeyUsagePurpose;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use crate::harness::*;
-
-struct Ca {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-}
-
-fn ca(name: &str) -> Ca {
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    let pem = params.self_signed(&key).unwrap().pem();
-    Ca {
-        issuer: Issuer::new(params, key),
-        pem,
-    }
-}
-
-/// A certificate for `names` signed by `ca`: (chain PEM, key PEM).
-fn leaf(ca: &Ca, names: &[&str], usage: ExtendedKeyUsagePurpose) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let mut params =
-        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
-    params.distinguished_name.push(DnType::CommonName, names[0]);
-    params.extended_key_usages = vec![usage];
-    let cert = params.signed_by(&key, &ca.issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
-fn server_leaf(ca: &Ca, names: &[&str]) -> (String, String) {
-    leaf(ca, names, ExtendedKeyUsagePurpose::ServerAuth)
-}
+use crate::pki::*;
 
 /// Writes a file the way an operator should: temporary file, then rename.
 fn put(dir: &Path, name: &str, contents: &str) {
@@ -568,27 +535,6 @@ async fn tls_backend(ca: &Ca, name: &str) -> (SocketAddr, tokio::task::JoinHandl
         }
     });
     (addr, task)
-}
-
-/// A TLS acceptor for a backend named `name`, offering `alpn`.
-fn backend_acceptor(ca: &Ca, name: &str, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
-    let (cert, key) = server_leaf(ca, &[name]);
-    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        chain,
-        PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-    )
-    .unwrap();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

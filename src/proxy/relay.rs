@@ -1,0 +1,331 @@
+//! Relaying the bytes of an L4 connection: each direction moves on its
+//! own until its source ends (then the other side's write half is shut,
+//! so half-close reaches the peer) or either fails.
+//!
+//! On Linux each direction goes through a pipe with `splice(2)`, so the
+//! payload never enters this process's memory: socket → pipe → socket,
+//! the kernel moving page references. Where a pipe cannot be had (not
+//! Linux, or out of descriptors), the direction copies through a buffer
+//! of its own instead.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use metrics::Counter;
+use tokio::net::TcpStream;
+
+/// What a relay has moved so far, and when it last moved anything;
+/// shared with whoever watches it (idle timeout, access log).
+pub struct Progress {
+    started: Instant,
+    /// Client to upstream, upstream to client.
+    pub up: AtomicU64,
+    pub down: AtomicU64,
+    /// Milliseconds after `started` of the last move in either direction.
+    last: AtomicU64,
+}
+
+impl Progress {
+    pub fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn moved(&self, way: &AtomicU64, n: usize) {
+        way.fetch_add(n as u64, Ordering::Relaxed);
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(now, Ordering::Relaxed);
+    }
+
+    /// Completes once nothing moved either way for `idle`: a connection
+    /// that is busy, even in one direction only, is never cut.
+    pub async fn idle_for(&self, idle: Duration) {
+        loop {
+            let last = self.started + Duration::from_millis(self.last.load(Ordering::Relaxed));
+            let deadline = last + idle;
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline.into()).await;
+        }
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The byte counters each direction feeds as it moves.
+pub struct Meters<'a> {
+    pub progress: &'a Progress,
+    pub up: &'a Counter,
+    pub down: &'a Counter,
+}
+
+/// Relays between `client` and `server` until both directions ended
+/// (`Ok`), or either failed (the error; both are then dropped by the
+/// caller, which resets them).
+pub async fn relay(client: &TcpStream, server: &TcpStream, meters: Meters<'_>) -> io::Result<()> {
+    let up = one_way(
+        client,
+        server,
+        &meters.progress.up,
+        meters.up,
+        meters.progress,
+    );
+    let down = one_way(
+        server,
+        client,
+        &meters.progress.down,
+        meters.down,
+        meters.progress,
+    );
+    tokio::try_join!(up, down).map(|_| ())
+}
+
+/// Moves `src`'s bytes to `dst` until `src` ends, then shuts `dst`'s
+/// write half.
+async fn one_way(
+    src: &TcpStream,
+    dst: &TcpStream,
+    way: &AtomicU64,
+    counter: &Counter,
+    progress: &Progress,
+) -> io::Result<()> {
+    let moved = |n: usize| {
+        progress.moved(way, n);
+        counter.increment(n as u64);
+    };
+    #[cfg(target_os = "linux")]
+    match splice::Pipe::new() {
+        Ok(pipe) => pipe.relay(src, dst, moved).await?,
+        Err(error) => {
+            tracing::debug!(%error, "no pipe for splice; copying through a buffer");
+            copy(src, dst, moved).await?;
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    copy(src, dst, moved).await?;
+    shutdown_write(dst)
+}
+
+/// Moves `src`'s bytes to `dst` through a buffer of this process's.
+async fn copy(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) -> io::Result<()> {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        src.readable().await?;
+        let n = match src.try_read(&mut buffer) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        };
+        let mut written = 0;
+        while written < n {
+            dst.writable().await?;
+            match dst.try_write(&buffer[written..n]) {
+                Ok(m) => written += m,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        moved(n);
+    }
+}
+
+/// Half-closes `stream`: the peer reads EOF, and can still send.
+fn shutdown_write(stream: &TcpStream) -> io::Result<()> {
+    match rustix::net::shutdown(stream, rustix::net::Shutdown::Write) {
+        Ok(()) => Ok(()),
+        // The peer is already gone: nothing left to tell it.
+        Err(rustix::io::Errno::NOTCONN) => Ok(()),
+        Err(errno) => Err(errno.into()),
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod splice {
+    use std::io;
+    use std::os::fd::{AsFd, OwnedFd};
+
+    use rustix::pipe::{pipe_with, splice, PipeFlags, SpliceFlags};
+    use tokio::io::Interest;
+    use tokio::net::TcpStream;
+
+    /// A pipe of one direction of one connection.
+    pub struct Pipe {
+        read: OwnedFd,
+        write: OwnedFd,
+        /// How much one splice moves at most: the pipe's capacity, so
+        /// that filling an empty pipe never waits on the pipe.
+        capacity: usize,
+    }
+
+    /// A pipe's capacity when it is made (Linux's default).
+    const DEFAULT_CAPACITY: usize = 16 * 4096;
+    /// What a pipe is grown to when Linux allows: a quarter of the
+    /// wake-ups and splices per megabyte.
+    const WANTED_CAPACITY: usize = 256 * 1024;
+
+    impl Pipe {
+        /// A pipe for one direction; an error when Linux gives no pipe, or
+        /// only a small one: an unprivileged process past
+        /// `fs.pipe-user-pages-soft` gets two-page pipes, slower than
+        /// copying, so the direction copies instead (HAProxy's `maxpipes`
+        /// fallback, found rather than configured).
+        pub fn new() -> io::Result<Self> {
+            let (read, write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+            let made = rustix::pipe::fcntl_getpipe_size(&write)?;
+            if made < DEFAULT_CAPACITY {
+                return Err(io::Error::other(format!(
+                    "pipes are limited to {made} bytes (fs.pipe-user-pages-soft)"
+                )));
+            }
+            let capacity =
+                rustix::pipe::fcntl_setpipe_size(&write, WANTED_CAPACITY).unwrap_or(made);
+            Ok(Self {
+                read,
+                write,
+                capacity,
+            })
+        }
+
+        /// Socket → pipe → socket until `src` ends. Each round fills the
+        /// empty pipe from `src`, then drains it into `dst`: so an EAGAIN
+        /// from the first splice means `src` has nothing, and from the
+        /// second that `dst` cannot take more, never that the pipe is
+        /// full or empty; each clears the readiness of the socket it
+        /// names, as tokio requires.
+        pub async fn relay(
+            &self,
+            src: &TcpStream,
+            dst: &TcpStream,
+            moved: impl Fn(usize),
+        ) -> io::Result<()> {
+            let flags = SpliceFlags::NONBLOCK | SpliceFlags::MOVE;
+            loop {
+                let n = loop {
+                    src.readable().await?;
+                    let filled = src.try_io(Interest::READABLE, || {
+                        splice(src.as_fd(), None, &self.write, None, self.capacity, flags)
+                            .map_err(io::Error::from)
+                    });
+                    match filled {
+                        Ok(n) => break n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        Err(e) => return Err(e),
+                    }
+                };
+                if n == 0 {
+                    return Ok(());
+                }
+                let mut left = n;
+                while left > 0 {
+                    dst.writable().await?;
+                    let drained = dst.try_io(Interest::WRITABLE, || {
+                        splice(&self.read, None, dst.as_fd(), None, left, flags)
+                            .map_err(io::Error::from)
+                    });
+                    match drained {
+                        Ok(m) => left -= m,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                moved(n);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (a.expect("connect"), b.expect("accept").0)
+    }
+
+    #[tokio::test]
+    async fn relays_both_ways_counts_bytes_and_passes_half_close_on() {
+        // client_end <-> [client | relay | server] <-> server_end
+        let (mut client_end, client) = pair().await;
+        let (server, mut server_end) = pair().await;
+        let progress = Progress::new();
+        let (up, down) = (Counter::noop(), Counter::noop());
+        let relaying = async {
+            relay(
+                &client,
+                &server,
+                Meters {
+                    progress: &progress,
+                    up: &up,
+                    down: &down,
+                },
+            )
+            .await
+        };
+        let talking = async {
+            // 3 MiB up, then half-close; the server still answers.
+            let payload: Vec<u8> = (0..3 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+            let sending = async {
+                client_end.write_all(&payload).await.expect("write");
+                client_end.shutdown().await.expect("half-close");
+            };
+            let mut received = Vec::new();
+            let receiving = async {
+                server_end.read_to_end(&mut received).await.expect("read");
+            };
+            tokio::join!(sending, receiving);
+            assert_eq!(received, payload, "every byte, in order, then EOF");
+            server_end
+                .write_all(b"after half-close")
+                .await
+                .expect("answer");
+            server_end.shutdown().await.expect("close");
+            let mut answer = Vec::new();
+            client_end
+                .read_to_end(&mut answer)
+                .await
+                .expect("read answer");
+            assert_eq!(answer, b"after half-close");
+        };
+        let (relayed, ()) = tokio::join!(relaying, talking);
+        relayed.expect("relay ends cleanly");
+        assert_eq!(progress.up.load(Ordering::Relaxed), 3 * 1024 * 1024);
+        assert_eq!(progress.down.load(Ordering::Relaxed), 16);
+    }
+
+    #[tokio::test]
+    async fn idle_for_waits_for_a_quiet_spell_not_for_the_first_byte() {
+        let progress = Progress::new();
+        let started = Instant::now();
+        let idle = Duration::from_millis(200);
+        let mover = async {
+            for _ in 0..5 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                progress.moved(&progress.up, 1);
+            }
+        };
+        tokio::join!(progress.idle_for(idle), mover);
+        // Moving every 100 ms for 500 ms, then 200 ms of quiet.
+        assert!(
+            started.elapsed() >= Duration::from_millis(650),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}
