@@ -2,11 +2,14 @@
 //! own until its source ends (then the other side's write half is shut,
 //! so half-close reaches the peer) or either fails.
 //!
-//! On Linux each direction goes through a pipe with `splice(2)`, so the
-//! payload never enters this process's memory: socket → pipe → socket,
-//! the kernel moving page references. Where a pipe cannot be had (not
-//! Linux, or out of descriptors), the direction copies through a buffer
-//! of its own instead.
+//! Each direction starts by copying through a small buffer of its own.
+//! On Linux, the first read that fills it marks the direction as bulk,
+//! and from then on its bytes go through a pipe with `splice(2)`, never
+//! entering this process's memory: socket → pipe → socket, the kernel
+//! moving page references (HAProxy's `splice-auto`). Request-response
+//! traffic never costs a pipe, and idle connections hold none. Where a
+//! pipe cannot be had (not Linux, out of descriptors, or past the user's
+//! pipe budget), the direction goes on copying.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,26 +106,47 @@ async fn one_way(
         progress.moved(way, n);
         counter.increment(n as u64);
     };
-    #[cfg(target_os = "linux")]
-    match splice::Pipe::new() {
-        Ok(pipe) => pipe.relay(src, dst, moved).await?,
-        Err(error) => {
-            tracing::debug!(%error, "no pipe for splice; copying through a buffer");
-            copy(src, dst, moved).await?;
+    let splice = cfg!(target_os = "linux");
+    let mut buffer = vec![0u8; BUFFER];
+    if copy(src, dst, &moved, &mut buffer, splice).await? == Copied::Bulk {
+        drop(buffer);
+        #[cfg(target_os = "linux")]
+        match splice::Pipe::new() {
+            Ok(pipe) => pipe.relay(src, dst, &moved).await?,
+            Err(error) => {
+                tracing::debug!(%error, "no pipe for splice; copying through a buffer");
+                let mut buffer = vec![0u8; BUFFER];
+                copy(src, dst, &moved, &mut buffer, false).await?;
+            }
         }
     }
-    #[cfg(not(target_os = "linux"))]
-    copy(src, dst, moved).await?;
     shutdown_write(dst)
 }
 
-/// Moves `src`'s bytes to `dst` through a buffer of this process's.
-async fn copy(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) -> io::Result<()> {
-    let mut buffer = vec![0u8; 64 * 1024];
+/// A direction's buffer: tokio's `copy_bidirectional`'s size.
+const BUFFER: usize = 8 * 1024;
+
+#[derive(Debug, PartialEq, Eq)]
+enum Copied {
+    /// `src` ended.
+    Ended,
+    /// A read filled the buffer, and `until_bulk` was asked.
+    Bulk,
+}
+
+/// Moves `src`'s bytes to `dst` through `buffer` until `src` ends, or
+/// (with `until_bulk`) until a read fills the buffer.
+async fn copy(
+    src: &TcpStream,
+    dst: &TcpStream,
+    moved: impl Fn(usize),
+    buffer: &mut [u8],
+    until_bulk: bool,
+) -> io::Result<Copied> {
     loop {
         src.readable().await?;
-        let n = match src.try_read(&mut buffer) {
-            Ok(0) => return Ok(()),
+        let n = match src.try_read(buffer) {
+            Ok(0) => return Ok(Copied::Ended),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
@@ -137,6 +161,9 @@ async fn copy(src: &TcpStream, dst: &TcpStream, moved: impl Fn(usize)) -> io::Re
             }
         }
         moved(n);
+        if until_bulk && n == buffer.len() {
+            return Ok(Copied::Bulk);
+        }
     }
 }
 
