@@ -325,6 +325,7 @@ impl ListenerSet {
         let tcp_counters = (listener.spec.protocol == ListenerProtocol::Tcp).then(|| TcpCounters {
             downstream_to_upstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => name.to_string(), m::LABEL_DIRECTION => "downstream_to_upstream"),
             upstream_to_downstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => name.to_string(), m::LABEL_DIRECTION => "upstream_to_downstream"),
+            duration: metrics::histogram!(m::TCP_CONNECTION_DURATION, m::LABEL_LISTENER => name.to_string()),
         });
         let tls = match listener.spec.protocol {
             ListenerProtocol::Https => match self.certificates.server_config(&name) {

@@ -31,11 +31,13 @@ use crate::plan::ProxyProtocol;
 use crate::runtime::GenerationStore;
 use crate::telemetry::access::{self, Flags};
 
-/// Byte counters of one TCP listener.
+/// Byte counters and the connection-duration histogram of one TCP
+/// listener.
 #[derive(Clone)]
 pub struct TcpCounters {
     pub downstream_to_upstream: Counter,
     pub upstream_to_downstream: Counter,
+    pub duration: metrics::Histogram,
 }
 
 /// Most backends one connection tries before it gives up.
@@ -48,14 +50,17 @@ struct Setup {
     client: SocketAddr,
     started: std::time::Instant,
     line: Option<access::Line>,
+    duration: metrics::Histogram,
 }
 
 impl Setup {
-    /// Writes the line (when the access log is on) with `flags`, and the
-    /// bytes moved.
+    /// Records the connection's duration, and writes its line (when the
+    /// access log is on) with `flags` and the bytes moved.
     fn finish(self, flags: Flags, progress: Option<&Progress>) {
+        let lived = self.started.elapsed();
+        self.duration.record(lived.as_secs_f64());
         if let Some(mut line) = self.line {
-            line.duration = self.started.elapsed();
+            line.duration = lived;
             line.ended = std::time::SystemTime::now();
             line.flags |= flags;
             if let Some(p) = progress {
@@ -91,6 +96,7 @@ pub async fn serve(
         listener,
         client,
         started: std::time::Instant::now(),
+        duration: counters.duration.clone(),
     };
     let Some(spec) = generation
         .spec

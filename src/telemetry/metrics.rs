@@ -28,6 +28,13 @@ pub const DOWNSTREAM_CONNECTIONS: &str = "cutover_downstream_connections";
 
 /// Bytes proxied by TCP listeners, by `listener` and `direction`.
 pub const TCP_BYTES: &str = "cutover_tcp_bytes_total";
+/// How long `tcp` listeners' connections lived, set-up included, by
+/// `listener`.
+pub const TCP_CONNECTION_DURATION: &str = "cutover_tcp_connection_duration_seconds";
+/// Its buckets: from a refused connection to a day-long session.
+pub const TCP_CONNECTION_DURATION_BUCKETS: &[f64] = &[
+    0.005, 0.05, 0.5, 5.0, 30.0, 300.0, 1800.0, 3600.0, 14400.0, 86400.0,
+];
 /// The lifecycle phase: 0 starting, 1 running, 2 draining, 3 stopped.
 pub const PHASE: &str = "cutover_phase";
 /// Age in seconds of the oldest superseded generation that still has pinned work.
@@ -149,6 +156,11 @@ pub fn describe() {
     describe_counter!(
         CONNECTIONS_ACCEPTED,
         "Client connections accepted, by listener"
+    );
+    describe_histogram!(
+        TCP_CONNECTION_DURATION,
+        Unit::Seconds,
+        "How long tcp listeners' connections lived, by listener"
     );
     describe_counter!(
         PROXY_HEADERS,

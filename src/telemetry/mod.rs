@@ -229,10 +229,15 @@ pub fn init_metrics() -> PrometheusHandle {
 
 fn builder() -> Result<PrometheusBuilder, BuildError> {
     use self::metrics as m;
-    PrometheusBuilder::new().set_buckets_for_metric(
-        Matcher::Full(m::ACTIVATION_DURATION.to_owned()),
-        m::ACTIVATION_DURATION_BUCKETS,
-    )
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(m::ACTIVATION_DURATION.to_owned()),
+            m::ACTIVATION_DURATION_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full(m::TCP_CONNECTION_DURATION.to_owned()),
+            m::TCP_CONNECTION_DURATION_BUCKETS,
+        )
 }
 
 /// Folds histogram samples on a thread of its own, off the runtime that

@@ -486,6 +486,17 @@ backends = [{{ addr = "{}" }}, {{ addr = "{echo_addr}" }}]
     );
     drop(busy);
     let lines = access_lines(&gw.path("access.log"), 6).await;
+    // Each connection's life is in the histogram (folded in within a
+    // second of its end).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, _, text) = get(gw.metrics.expect("metrics"), "x", "/metrics").await;
+        if text.contains("cutover_tcp_connection_duration_seconds_count{listener=\"tcp\"} 6\n") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(
         lines.iter().any(|l| l["flags"]
             .as_array()
@@ -501,4 +512,39 @@ backends = [{{ addr = "{}" }}, {{ addr = "{echo_addr}" }}]
         }),
         "{lines:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_cuts_tcp_connections_at_the_deadline_and_not_before() {
+    let (echo_addr, _echo) = echo_server().await;
+    let mut gw = Gateway::start(&head(&format!(
+        "[runtime]\ndrain_timeout = \"2s\"\n\n[[listeners]]\nname = \"tcp\"\nbind = \"127.0.0.1:0\"\nprotocol = \"tcp\"\nupstream = \"echo\"\n\n[upstreams.echo]\nbackends = [{{ addr = \"{echo_addr}\" }}]\n"
+    )));
+    let mut stream = TcpStream::connect(gw.listener("tcp")).await.unwrap();
+    let mut one = [0u8; 1];
+    stream.write_all(b"a").await.unwrap();
+    stream.read_exact(&mut one).await.unwrap();
+    let signalled = Instant::now();
+    gw.signal("TERM");
+    // Round trips every 100 ms until the connection is cut.
+    let cut = loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let alive = stream.write_all(b"z").await.is_ok()
+            && matches!(
+                tokio::time::timeout(Duration::from_secs(1), stream.read_exact(&mut one)).await,
+                Ok(Ok(_))
+            );
+        if !alive {
+            break signalled.elapsed();
+        }
+        assert!(signalled.elapsed() < Duration::from_secs(6), "never cut");
+    };
+    assert!(
+        cut >= Duration::from_millis(1800) && cut < Duration::from_secs(4),
+        "cut {cut:?} after SIGTERM, with drain_timeout 2s"
+    );
+    let exited = tokio::task::spawn_blocking(move || gw.wait_exit(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert!(exited.is_some(), "the process did not exit");
 }
