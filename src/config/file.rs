@@ -239,6 +239,9 @@ pub struct FileListener {
     /// (default 5s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_hello_timeout: Option<String>,
+    /// `udp` listeners: most client sessions at once (default 10000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<u32>,
 }
 
 /// `listeners.sni_routes`: names (exact, or `*.suffix`) to an upstream.

@@ -25,7 +25,7 @@ pub use upstream::{Upstream, WeightedSchedule};
 
 use crate::backends::{BackendError, BackendRegistry, WeakMap};
 use crate::ids::GenerationId;
-use crate::plan::{ListenerProtocol, RouteAction, Spec};
+use crate::plan::{RouteAction, Spec};
 
 /// State that outlives generations and is carried into each new one.
 #[derive(Debug, Default)]
@@ -141,7 +141,7 @@ pub fn build(
     let mut per_listener: HashMap<&str, (&crate::plan::ListenerEdge, Vec<Arc<Route>>)> = spec
         .listeners
         .iter()
-        .filter(|l| l.protocol != ListenerProtocol::Tcp)
+        .filter(|l| !l.protocol.is_l4())
         .map(|l| (l.name.as_str(), (&l.edge, Vec::new())))
         .collect();
     for r in &spec.routes {

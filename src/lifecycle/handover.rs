@@ -63,10 +63,11 @@ pub fn inheritable(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     Ok(rustix::io::dup(fd)?)
 }
 
-/// Takes ownership of an inherited listening socket by descriptor number,
-/// after checking that the descriptor is open and is a listening TCP
-/// socket bound where the state file says.
-pub fn adopt(socket: &HandedSocket) -> io::Result<std::net::TcpListener> {
+/// Takes ownership of an inherited socket by descriptor number, after
+/// checking that the descriptor is open and is a socket bound where the
+/// state file says (a listening TCP socket, or a listener's UDP socket:
+/// the caller knows which it asked for).
+pub fn adopt(socket: &HandedSocket) -> io::Result<OwnedFd> {
     // Open, and not one of ours already (those all carry close-on-exec)?
     // Asked of /proc, which needs no descriptor in hand.
     if socket.fd < 3 || !Path::new(&format!("/proc/self/fd/{}", socket.fd)).exists() {
@@ -82,8 +83,12 @@ pub fn adopt(socket: &HandedSocket) -> io::Result<std::net::TcpListener> {
     let owned = unsafe { OwnedFd::from_raw_fd(socket.fd) };
     // Close it on our own exec, like every other descriptor we own.
     rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)?;
-    let listener = std::net::TcpListener::from(owned);
-    let local = listener.local_addr()?;
+    let local = SocketAddr::try_from(rustix::net::getsockname(&owned)?).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("descriptor {} is not an IP socket", socket.fd),
+        )
+    })?;
     if local.ip() != socket.bind.ip()
         || (socket.bind.port() != 0 && local.port() != socket.bind.port())
     {
@@ -95,7 +100,7 @@ pub fn adopt(socket: &HandedSocket) -> io::Result<std::net::TcpListener> {
             ),
         ));
     }
-    Ok(listener)
+    Ok(owned)
 }
 
 /// Writes the state file readable by this user only.

@@ -306,7 +306,9 @@ async fn serve(
             SocketRole::Listener => {
                 inherited_listeners.push((socket.name.clone(), socket.bind, listener))
             }
-            role => inherited_control.push((role, socket.bind, listener)),
+            role => {
+                inherited_control.push((role, socket.bind, std::net::TcpListener::from(listener)))
+            }
         }
     }
 

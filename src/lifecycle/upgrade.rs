@@ -202,7 +202,7 @@ impl Process {
         let mut inherited = Vec::new();
         let mut sockets = Vec::new();
         for listener in control.listeners().sockets() {
-            let fd = handover::inheritable(std::os::fd::AsFd::as_fd(&*listener.socket))
+            let fd = handover::inheritable(std::os::fd::AsFd::as_fd(&listener.socket))
                 .map_err(|e| LifecycleError::Failed(e.to_string()))?;
             sockets.push(HandedSocket {
                 role: SocketRole::Listener,

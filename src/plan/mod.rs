@@ -240,6 +240,51 @@ backends = [{ addr = "127.0.0.1:1" }]
         assert_eq!(fallback.proxy_protocol, Some(ProxyProtocol::V2));
     }
 
+    const UDP: &str = r#"
+[[listeners]]
+name = "dns_udp"
+bind = "127.0.0.1:5353"
+protocol = "udp"
+upstream = "resolvers"
+max_sessions = 500
+
+[[listeners]]
+name = "dns_tcp"
+bind = "127.0.0.1:5353"
+protocol = "tcp"
+upstream = "resolvers"
+
+[upstreams.resolvers]
+backends = [{ addr = "127.0.0.1:53" }]
+"#;
+
+    #[test]
+    fn a_udp_listener_has_sessions_and_may_share_its_port_with_a_tcp_one() {
+        let spec = validate(&text(UDP)).unwrap_or_else(|e| panic!("{e:?}"));
+        let udp = &spec.listeners[0];
+        assert_eq!(udp.protocol, ListenerProtocol::Udp);
+        assert_eq!(udp.l4.max_sessions, 500);
+        assert_eq!(
+            udp.l4.idle_timeout,
+            Some(crate::plan::spec::DEFAULT_UDP_IDLE_TIMEOUT)
+        );
+        let cases = [
+            (UDP.replace("max_sessions = 500", "max_connections = 5"), "unexpected_option"),
+            (UDP.replace("max_sessions = 500", "idle_timeout = \"off\""), "invalid_value"),
+            (UDP.replace("max_sessions = 500", "accept_proxy_protocol = true"), "unexpected_option"),
+            (UDP.replace("protocol = \"tcp\"", "protocol = \"udp\""), "duplicate_bind"),
+            (UDP.replace("backends = [", "proxy_protocol = \"v2\"\nbackends = ["), "unsupported_option"),
+            (UDP.replace("backends = [", "health = { tcp = true }\nbackends = ["), "unsupported_option"),
+            (UDP.replace("upstream = \"resolvers\"\nmax_sessions", "max_sessions"), "missing_upstream"),
+            (format!("{UDP}\n[[routes]]\nname = \"r\"\nlisteners = [\"dns_udp\"]\nrespond = {{ body = \"x\" }}\n"), "tcp_listener_route"),
+            (UDP.replace("protocol = \"tcp\"\nupstream = \"resolvers\"", "protocol = \"tcp\"\nupstream = \"resolvers\"\nmax_sessions = 5"), "unexpected_option"),
+        ];
+        for (candidate, code) in cases {
+            let errors = validate(&text(&candidate)).expect_err(code);
+            assert!(errors.iter().any(|d| d.code == code), "{code}: {errors:?}");
+        }
+    }
+
     #[test]
     fn l4_options_are_refused_where_they_cannot_be_honoured() {
         let cases = [

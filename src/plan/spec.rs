@@ -91,6 +91,15 @@ pub enum ListenerProtocol {
     Http,
     Https,
     Tcp,
+    /// Datagrams relayed per client session to `upstream`.
+    Udp,
+}
+
+impl ListenerProtocol {
+    /// `tcp` or `udp`: no HTTP, an upstream of its own.
+    pub fn is_l4(self) -> bool {
+        matches!(self, ListenerProtocol::Tcp | ListenerProtocol::Udp)
+    }
 }
 
 /// Per-listener data-plane limits (DESIGN §10 and §13 defaults).
@@ -180,13 +189,17 @@ pub struct ListenerSpec {
     pub l4: L4Spec,
 }
 
-/// What a `tcp` listener does beyond relaying to `upstream`.
+/// What a `tcp` or `udp` listener does beyond relaying to `upstream`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct L4Spec {
-    /// TLS pass-through by server name, when set.
+    /// TLS pass-through by server name, when set (`tcp`).
     pub sni: Option<SniSpec>,
-    /// No byte either way for this long ends a connection (`None`: never).
+    /// No byte either way for this long ends a connection or a session
+    /// (`None`: never; `udp` always has one).
     pub idle_timeout: Option<Duration>,
+    /// `udp`: most sessions at once; a datagram that would open one more
+    /// is dropped.
+    pub max_sessions: usize,
 }
 
 /// TLS pass-through routes of a `tcp` listener.
@@ -247,6 +260,11 @@ impl SniSpec {
 
 /// `tcp` listener default `idle_timeout` (Envoy's TCP proxy's).
 pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// `udp` listener default `idle_timeout` (a DNS or syslog exchange is
+/// long over by then).
+pub const DEFAULT_UDP_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// `udp` listener default `max_sessions`.
+pub const DEFAULT_UDP_MAX_SESSIONS: usize = 10_000;
 /// Longest wait for a pass-through listener's ClientHello by default.
 pub const DEFAULT_CLIENT_HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 

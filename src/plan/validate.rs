@@ -472,7 +472,9 @@ impl Validator<'_> {
     fn listeners(&mut self, file: &FileConfig) -> Vec<ListenerSpec> {
         let mut out = Vec::new();
         let mut names = HashSet::new();
-        let mut binds: HashMap<SocketAddr, String> = HashMap::new();
+        // A udp and a tcp listener may share an address (DNS on 53 both
+        // ways); two of the same kind may not.
+        let mut binds: HashMap<(bool, SocketAddr), String> = HashMap::new();
         for (i, l) in file.listeners.iter().enumerate() {
             let at = |field: &str| format!("listeners[{i}].{field}");
             self.name("listener", at("name"), &l.name);
@@ -485,7 +487,7 @@ impl Validator<'_> {
             }
             let bind = self.socket_addr(at("bind"), &l.bind);
             if let Some(bind) = bind.filter(|b| b.port() != 0) {
-                if let Some(other) = binds.insert(bind, l.name.clone()) {
+                if let Some(other) = binds.insert((l.protocol == "udp", bind), l.name.clone()) {
                     self.error(
                         "duplicate_bind",
                         at("bind"),
@@ -498,11 +500,12 @@ impl Validator<'_> {
                 "http" => Some(ListenerProtocol::Http),
                 "https" => Some(ListenerProtocol::Https),
                 "tcp" => Some(ListenerProtocol::Tcp),
+                "udp" => Some(ListenerProtocol::Udp),
                 other => {
                     self.error(
                         "invalid_protocol",
                         at("protocol"),
-                        format!("listener protocol '{other}' is not http, https or tcp"),
+                        format!("listener protocol '{other}' is not http, https, tcp or udp"),
                     );
                     None
                 }
@@ -548,15 +551,38 @@ impl Validator<'_> {
                         format!("tcp listener '{}' needs an upstream (or sni_routes)", l.name),
                     ),
                 },
+                Some(ListenerProtocol::Udp) => match &l.upstream {
+                    Some(u) => match file.upstreams.get(u) {
+                        None => self.error(
+                            "unknown_upstream",
+                            at("upstream"),
+                            format!("listener '{}' names upstream '{u}', which is not defined", l.name),
+                        ),
+                        Some(fu) => {
+                            // Refused rather than ignored: neither speaks UDP.
+                            if fu.proxy_protocol.is_some() {
+                                self.error("unsupported_option", at("upstream"), format!("udp listener '{}' names upstream '{u}', which has proxy_protocol; no PROXY header is sent over udp", l.name));
+                            }
+                            if fu.health.is_some() {
+                                self.error("unsupported_option", at("upstream"), format!("udp listener '{}' names upstream '{u}', which has active health checks; they speak http or tcp, not udp", l.name));
+                            }
+                        }
+                    },
+                    None => self.error(
+                        "missing_upstream",
+                        at("protocol"),
+                        format!("udp listener '{}' needs an upstream", l.name),
+                    ),
+                },
                 None => {}
             }
-            if protocol == Some(ListenerProtocol::Tcp) && l.tls.is_some() {
+            if protocol.is_some_and(ListenerProtocol::is_l4) && l.tls.is_some() {
                 self.error(
                     "unexpected_tls",
                     at("tls"),
                     format!(
-                        "tcp listener '{}' cannot terminate TLS in this version",
-                        l.name
+                        "{} listener '{}' cannot terminate TLS in this version",
+                        l.protocol, l.name
                     ),
                 );
             }
@@ -656,6 +682,38 @@ impl Validator<'_> {
         protocol: Option<ListenerProtocol>,
     ) -> ListenerEdge {
         let at = |field: &str| format!("listeners[{i}].{field}");
+        if protocol == Some(ListenerProtocol::Udp) {
+            let not_udp = [
+                ("header_read_timeout", l.header_read_timeout.is_some()),
+                ("max_header_bytes", l.max_header_bytes.is_some()),
+                ("max_headers", l.max_headers.is_some()),
+                ("max_concurrent_streams", l.max_concurrent_streams.is_some()),
+                ("keepalive_timeout", l.keepalive_timeout.is_some()),
+                ("h2_keepalive_interval", l.h2_keepalive_interval.is_some()),
+                ("max_connections", l.max_connections.is_some()),
+                ("max_inflight", l.max_inflight.is_some()),
+                ("merge_slashes", l.merge_slashes.is_some()),
+                ("encoded_slash", l.encoded_slash.is_some()),
+                ("trust_forwarded", l.trust_forwarded.is_some()),
+                ("trusted_proxies", !l.trusted_proxies.is_empty()),
+                ("accept_proxy_protocol", l.accept_proxy_protocol.is_some()),
+            ];
+            for (key, _) in not_udp.iter().filter(|(_, set)| *set) {
+                let hint = if *key == "max_connections" {
+                    " (max_sessions bounds sessions)"
+                } else {
+                    ""
+                };
+                self.error(
+                    "unexpected_option",
+                    at(key),
+                    format!(
+                        "udp listener '{}' carries datagrams; {key} does not apply{hint}",
+                        l.name
+                    ),
+                );
+            }
+        }
         if protocol == Some(ListenerProtocol::Tcp) {
             let http_only = [
                 ("keepalive_timeout", l.keepalive_timeout.is_some()),
@@ -742,6 +800,57 @@ impl Validator<'_> {
         file: &FileConfig,
     ) -> L4Spec {
         let at = |field: &str| format!("listeners[{i}].{field}");
+        if protocol != Some(ListenerProtocol::Udp) && l.max_sessions.is_some() {
+            self.error(
+                "unexpected_option",
+                at("max_sessions"),
+                format!("max_sessions bounds udp sessions; listener '{}' is not udp (max_connections bounds connections)", l.name),
+            );
+        }
+        if protocol == Some(ListenerProtocol::Udp) {
+            for (key, set) in [
+                ("sni_routes", !l.sni_routes.is_empty()),
+                ("default_upstream", l.default_upstream.is_some()),
+                ("client_hello_timeout", l.client_hello_timeout.is_some()),
+            ] {
+                if set {
+                    self.error(
+                        "unexpected_option",
+                        at(key),
+                        format!(
+                            "{key} routes TLS pass-through on tcp listeners; listener '{}' is udp",
+                            l.name
+                        ),
+                    );
+                }
+            }
+            let idle_timeout = match l.idle_timeout.as_deref() {
+                None => Some(DEFAULT_UDP_IDLE_TIMEOUT),
+                Some("off") => {
+                    self.error(
+                        "invalid_value",
+                        at("idle_timeout"),
+                        "a udp session ends only when it idles: idle_timeout cannot be off",
+                    );
+                    None
+                }
+                Some(text) => self.duration(at("idle_timeout"), text),
+            };
+            if l.max_sessions == Some(0) {
+                self.error(
+                    "invalid_value",
+                    at("max_sessions"),
+                    "max_sessions must be at least 1",
+                );
+            }
+            return L4Spec {
+                sni: None,
+                idle_timeout,
+                max_sessions: l
+                    .max_sessions
+                    .map_or(DEFAULT_UDP_MAX_SESSIONS, |n| n.max(1) as usize),
+            };
+        }
         if protocol != Some(ListenerProtocol::Tcp) {
             for (key, set) in [
                 ("sni_routes", !l.sni_routes.is_empty()),
@@ -782,6 +891,7 @@ impl Validator<'_> {
             return L4Spec {
                 sni: None,
                 idle_timeout,
+                max_sessions: 0,
             };
         }
         let known = |this: &mut Self, path: String, name: &str| {
@@ -853,6 +963,7 @@ impl Validator<'_> {
                 client_hello_timeout,
             }),
             idle_timeout,
+            max_sessions: 0,
         }
     }
 
@@ -1454,11 +1565,11 @@ impl Validator<'_> {
                     );
                     ok = false;
                 }
-                Some(fl) if fl.protocol == "tcp" => {
+                Some(fl) if fl.protocol == "tcp" || fl.protocol == "udp" => {
                     self.error(
                         "tcp_listener_route",
                         format!("routes[{i}].listeners[{l}]"),
-                        format!("route '{}' names tcp listener '{listener}'; tcp listeners forward to their upstream and have no routes", r.name),
+                        format!("route '{}' names {} listener '{listener}'; {} listeners forward to their upstream and have no routes", r.name, fl.protocol, fl.protocol),
                     );
                     ok = false;
                 }

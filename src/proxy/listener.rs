@@ -35,10 +35,27 @@ use crate::telemetry::metrics as m;
 use crate::tls::CertStore;
 use tokio_rustls::TlsAcceptor;
 
+/// A listener's socket: listening TCP, or the UDP socket a `udp`
+/// listener receives every client's datagrams on.
+#[derive(Clone)]
+pub enum ListenerSocket {
+    Tcp(Arc<TcpListener>),
+    Udp(Arc<tokio::net::UdpSocket>),
+}
+
+impl std::os::fd::AsFd for ListenerSocket {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            ListenerSocket::Tcp(socket) => socket.as_fd(),
+            ListenerSocket::Udp(socket) => socket.as_fd(),
+        }
+    }
+}
+
 /// A listener bound but not yet accepting (between bind and commit).
 pub struct BoundListener {
     spec: ListenerSpec,
-    socket: Arc<TcpListener>,
+    socket: ListenerSocket,
     local_addr: SocketAddr,
 }
 
@@ -74,14 +91,14 @@ struct RunningListener {
     local_addr: SocketAddr,
     /// Kept for a socket hand-over; released when draining so that new
     /// connection attempts are refused once the accept loop has stopped.
-    socket: Option<Arc<TcpListener>>,
+    socket: Option<ListenerSocket>,
 }
 
 /// A listening socket as a drain-aware restart hands it over.
 pub struct ListeningSocket {
     pub name: String,
     pub bind: SocketAddr,
-    pub socket: Arc<TcpListener>,
+    pub socket: ListenerSocket,
 }
 
 /// Every listener of the process.
@@ -93,7 +110,7 @@ pub struct ListenerSet {
     running: Mutex<BTreeMap<String, RunningListener>>,
     /// Sockets handed over by the previous process, by listener name and
     /// configured bind; adopted instead of bound.
-    inherited: Mutex<BTreeMap<(String, SocketAddr), std::net::TcpListener>>,
+    inherited: Mutex<BTreeMap<(String, SocketAddr), std::os::fd::OwnedFd>>,
     draining: watch::Sender<bool>,
     /// The same as `draining`, read on every response.
     draining_flag: Arc<AtomicBool>,
@@ -104,6 +121,29 @@ pub struct ListenerSet {
 struct OpenConnections {
     count: AtomicUsize,
     idle: Notify,
+}
+
+/// Counts work that drain waits for besides connections (a `udp`
+/// listener's sessions).
+#[derive(Clone)]
+pub struct OpenWork(Arc<OpenConnections>);
+
+/// One unit of open work, until dropped.
+pub struct OpenHold(Arc<OpenConnections>);
+
+impl OpenWork {
+    pub fn hold(&self) -> OpenHold {
+        self.0.count.fetch_add(1, Ordering::AcqRel);
+        OpenHold(Arc::clone(&self.0))
+    }
+}
+
+impl Drop for OpenHold {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 /// Counts a client connection as open, for the whole set (drain waits
@@ -129,6 +169,7 @@ fn protocol_name(p: ListenerProtocol) -> &'static str {
         ListenerProtocol::Http => "http",
         ListenerProtocol::Https => "https",
         ListenerProtocol::Tcp => "tcp",
+        ListenerProtocol::Udp => "udp",
     }
 }
 
@@ -139,6 +180,18 @@ fn bind_socket(spec: &ListenerSpec) -> Result<BoundListener, BindError> {
         bind: spec.bind,
         source,
     };
+    if spec.protocol == ListenerProtocol::Udp {
+        let socket = std::net::UdpSocket::bind(spec.bind)
+            .and_then(|s| s.set_nonblocking(true).map(|()| s))
+            .and_then(tokio::net::UdpSocket::from_std)
+            .map_err(fail)?;
+        let local_addr = socket.local_addr().map_err(fail)?;
+        return Ok(BoundListener {
+            spec: spec.clone(),
+            socket: ListenerSocket::Udp(Arc::new(socket)),
+            local_addr,
+        });
+    }
     let socket = if spec.bind.is_ipv4() {
         TcpSocket::new_v4()
     } else {
@@ -151,28 +204,39 @@ fn bind_socket(spec: &ListenerSpec) -> Result<BoundListener, BindError> {
     let local_addr = socket.local_addr().map_err(fail)?;
     Ok(BoundListener {
         spec: spec.clone(),
-        socket: Arc::new(socket),
+        socket: ListenerSocket::Tcp(Arc::new(socket)),
         local_addr,
     })
 }
 
-/// Takes over a socket the previous process was listening on.
+/// Takes over a socket the previous process was listening on (or, for
+/// a `udp` listener, receiving on).
 fn adopt_socket(
     spec: &ListenerSpec,
-    socket: std::net::TcpListener,
+    socket: std::os::fd::OwnedFd,
 ) -> Result<BoundListener, BindError> {
     let fail = |source| BindError {
         name: spec.name.clone(),
         bind: spec.bind,
         source,
     };
-    socket.set_nonblocking(true).map_err(fail)?;
-    let socket = TcpListener::from_std(socket).map_err(fail)?;
-    let local_addr = socket.local_addr().map_err(fail)?;
+    let (socket, local_addr) = if spec.protocol == ListenerProtocol::Udp {
+        let socket = std::net::UdpSocket::from(socket);
+        socket.set_nonblocking(true).map_err(fail)?;
+        let socket = tokio::net::UdpSocket::from_std(socket).map_err(fail)?;
+        let local = socket.local_addr().map_err(fail)?;
+        (ListenerSocket::Udp(Arc::new(socket)), local)
+    } else {
+        let socket = std::net::TcpListener::from(socket);
+        socket.set_nonblocking(true).map_err(fail)?;
+        let socket = TcpListener::from_std(socket).map_err(fail)?;
+        let local = socket.local_addr().map_err(fail)?;
+        (ListenerSocket::Tcp(Arc::new(socket)), local)
+    };
     tracing::info!(listener = %spec.name, address = %local_addr, "adopted listening socket from the previous process");
     Ok(BoundListener {
         spec: spec.clone(),
-        socket: Arc::new(socket),
+        socket,
         local_addr,
     })
 }
@@ -219,7 +283,7 @@ impl ListenerSet {
 
     /// Offers sockets handed over by the previous process; `bind_new`
     /// adopts those whose listener name and configured bind match.
-    pub fn inherit(&self, sockets: Vec<(String, SocketAddr, std::net::TcpListener)>) {
+    pub fn inherit(&self, sockets: Vec<(String, SocketAddr, std::os::fd::OwnedFd)>) {
         let mut inherited = self
             .inherited
             .lock()
@@ -249,10 +313,14 @@ impl ListenerSet {
                 Some(ListeningSocket {
                     name: l.spec.name.clone(),
                     bind: l.spec.bind,
-                    socket: Arc::clone(l.socket.as_ref()?),
+                    socket: l.socket.clone()?,
                 })
             })
             .collect()
+    }
+
+    fn open_guard(&self) -> OpenWork {
+        OpenWork(Arc::clone(&self.open))
     }
 
     /// Starts accepting on listeners bound by `bind_new`.
@@ -265,10 +333,25 @@ impl ListenerSet {
                 RunningListener {
                     spec: listener.spec.clone(),
                     local_addr: listener.local_addr,
-                    socket: Some(Arc::clone(&listener.socket)),
+                    socket: Some(listener.socket.clone()),
                 },
             );
-            tokio::spawn(Arc::clone(self).accept_loop(listener));
+            match &listener.socket {
+                ListenerSocket::Tcp(socket) => {
+                    let socket = Arc::clone(socket);
+                    tokio::spawn(Arc::clone(self).accept_loop(listener, socket));
+                }
+                ListenerSocket::Udp(socket) => {
+                    let name: Arc<str> = Arc::from(listener.spec.name.as_str());
+                    tokio::spawn(super::udp::serve(
+                        Arc::clone(socket),
+                        name,
+                        self.admission.clone(),
+                        self.draining.subscribe(),
+                        self.open_guard(),
+                    ));
+                }
+            }
         }
     }
 
@@ -315,7 +398,7 @@ impl ListenerSet {
         }
     }
 
-    async fn accept_loop(self: Arc<Self>, listener: BoundListener) {
+    async fn accept_loop(self: Arc<Self>, listener: BoundListener, socket: Arc<TcpListener>) {
         let name: Arc<str> = Arc::from(listener.spec.name.as_str());
         let responses = listener_counters(&name);
         let gauge =
@@ -353,7 +436,7 @@ impl ListenerSet {
         let mut warned_at: Option<std::time::Instant> = None;
         loop {
             let accepted = tokio::select! {
-                accepted = listener.socket.accept() => accepted,
+                accepted = socket.accept() => accepted,
                 _ = async { let _ = draining.wait_for(|d| *d).await; } => break,
             };
             let (stream, remote) = match accepted {

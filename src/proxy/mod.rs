@@ -16,10 +16,13 @@ mod proxy_header;
 mod relay;
 mod retry;
 mod tcp;
+mod udp;
 mod workers;
 
 pub use body::ResponseBody;
 pub use error::{error_response, ProxyError};
-pub use listener::{BindError, BoundListener, ListenerInfo, ListenerSet, ListeningSocket};
+pub use listener::{
+    BindError, BoundListener, ListenerInfo, ListenerSet, ListenerSocket, ListeningSocket,
+};
 pub use tcp::pinned_age_expired;
 pub use workers::Workers;

@@ -39,7 +39,7 @@ impl Progress {
         }
     }
 
-    fn moved(&self, way: &AtomicU64, n: usize) {
+    pub fn moved(&self, way: &AtomicU64, n: usize) {
         way.fetch_add(n as u64, Ordering::Relaxed);
         let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last.store(now, Ordering::Relaxed);

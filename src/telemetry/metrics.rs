@@ -28,6 +28,19 @@ pub const DOWNSTREAM_CONNECTIONS: &str = "cutover_downstream_connections";
 
 /// Bytes proxied by TCP listeners, by `listener` and `direction`.
 pub const TCP_BYTES: &str = "cutover_tcp_bytes_total";
+/// `udp` listeners: datagrams and their bytes relayed, by `listener` and
+/// `direction` (`downstream_to_upstream`, `upstream_to_downstream`).
+pub const UDP_DATAGRAMS: &str = "cutover_udp_datagrams_total";
+pub const UDP_BYTES: &str = "cutover_udp_bytes_total";
+/// `udp` listeners: datagrams dropped, by `listener` and `reason`
+/// (`max_sessions`: it would have opened a session past the cap;
+/// `queue_full`: its session had 64 waiting for the backend).
+pub const UDP_DROPPED: &str = "cutover_udp_datagrams_dropped_total";
+/// `udp` listeners: open sessions, by `listener`.
+pub const UDP_SESSIONS: &str = "cutover_udp_sessions";
+/// `udp` listeners: how long sessions lived, by `listener` (the TCP
+/// connection buckets).
+pub const UDP_SESSION_DURATION: &str = "cutover_udp_session_duration_seconds";
 /// How long `tcp` listeners' connections lived, set-up included, by
 /// `listener`.
 pub const TCP_CONNECTION_DURATION: &str = "cutover_tcp_connection_duration_seconds";
@@ -161,6 +174,25 @@ pub fn describe() {
         TCP_CONNECTION_DURATION,
         Unit::Seconds,
         "How long tcp listeners' connections lived, by listener"
+    );
+    describe_counter!(
+        UDP_DATAGRAMS,
+        "Datagrams relayed by udp listeners, by listener and direction"
+    );
+    describe_counter!(
+        UDP_BYTES,
+        Unit::Bytes,
+        "Bytes relayed by udp listeners, by listener and direction"
+    );
+    describe_counter!(
+        UDP_DROPPED,
+        "Datagrams udp listeners dropped, by listener and reason"
+    );
+    describe_gauge!(UDP_SESSIONS, "Open udp sessions, by listener");
+    describe_histogram!(
+        UDP_SESSION_DURATION,
+        Unit::Seconds,
+        "How long udp sessions lived, by listener"
     );
     describe_counter!(
         PROXY_HEADERS,

@@ -237,6 +237,10 @@ fn builder() -> Result<PrometheusBuilder, BuildError> {
         .set_buckets_for_metric(
             Matcher::Full(m::TCP_CONNECTION_DURATION.to_owned()),
             m::TCP_CONNECTION_DURATION_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full(m::UDP_SESSION_DURATION.to_owned()),
+            m::TCP_CONNECTION_DURATION_BUCKETS,
         )
 }
 

@@ -548,3 +548,125 @@ async fn draining_cuts_tcp_connections_at_the_deadline_and_not_before() {
         .unwrap();
     assert!(exited.is_some(), "the process did not exit");
 }
+
+/// A UDP backend that answers each datagram with `id:` and the datagram.
+async fn udp_echo(id: &'static str) -> SocketAddr {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 2048];
+        while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+            let answer = [format!("{id}:").as_bytes(), &buf[..n]].concat();
+            let _ = socket.send_to(&answer, from).await;
+        }
+    });
+    addr
+}
+
+/// Sends `text` from `client` to `to` and returns the answer.
+async fn ask(client: &tokio::net::UdpSocket, to: SocketAddr, text: &str) -> String {
+    client.send_to(text.as_bytes(), to).await.unwrap();
+    let mut buf = [0u8; 2048];
+    let (n, from) = tokio::time::timeout(Duration::from_secs(5), client.recv_from(&mut buf))
+        .await
+        .expect("an answer within 5 s")
+        .unwrap();
+    assert_eq!(from, to, "answered from the listener's address");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+fn udp_config(backends: &[SocketAddr]) -> String {
+    let list: Vec<String> = backends
+        .iter()
+        .map(|b| format!("{{ addr = \"{b}\" }}"))
+        .collect();
+    head(&format!(
+        "[[listeners]]\nname = \"dns\"\nbind = \"127.0.0.1:0\"\nprotocol = \"udp\"\nupstream = \"resolvers\"\nidle_timeout = \"1s\"\n\n[upstreams.resolvers]\nbackends = [{}]\n",
+        list.join(", ")
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_sessions_keep_their_backend_activation_moves_new_ones_and_idle_ones_end() {
+    let (a, b, c) = (
+        udp_echo("a").await,
+        udp_echo("b").await,
+        udp_echo("c").await,
+    );
+    let gw = Gateway::start(&udp_config(&[a, b]));
+    let dns = gw.listener("dns");
+    let one = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let two = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    // Each client keeps one backend for its session; round-robin gave
+    // them one each.
+    let first_one = ask(&one, dns, "q0").await;
+    let first_two = ask(&two, dns, "q0").await;
+    let backend_of = |answer: &str| answer.split(':').next().unwrap().to_owned();
+    let (one_backend, two_backend) = (backend_of(&first_one), backend_of(&first_two));
+    assert_ne!(one_backend, two_backend);
+    for i in 1..5 {
+        assert_eq!(
+            ask(&one, dns, &format!("q{i}")).await,
+            format!("{one_backend}:q{i}")
+        );
+        assert_eq!(
+            ask(&two, dns, &format!("q{i}")).await,
+            format!("{two_backend}:q{i}")
+        );
+    }
+    // An activation sends new sessions to c; the open one stays.
+    activate(&gw, &udp_config(&[c])).await;
+    assert_eq!(
+        ask(&one, dns, "after").await,
+        format!("{one_backend}:after")
+    );
+    let three = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    assert_eq!(ask(&three, dns, "new").await, "c:new");
+    // Idle for longer than idle_timeout (1 s): the session ended, and the
+    // client's next datagram opens one on the active generation.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(ask(&one, dns, "later").await, "c:later");
+    // One access-log line per ended session, with its bytes.
+    let lines = access_lines(&gw.path("access.log"), 3).await;
+    let me = one.local_addr().unwrap().to_string();
+    let ended = lines
+        .iter()
+        .find(|l| l["client"] == me.as_str())
+        .unwrap_or_else(|| panic!("no line for {me}: {lines:?}"));
+    assert_eq!(ended["protocol"], "udp");
+    assert_eq!(ended["generation"], 1);
+    // "q0".."q4" and "after" in; each with "x:" prepended out.
+    assert_eq!(ended["bytes_in"], 15);
+    assert_eq!(ended["bytes_out"], 15 + 6 * 2);
+    // Client one sent 7, two 5, three 1.
+    let (_, _, text) = get(gw.metrics.expect("metrics"), "x", "/metrics").await;
+    assert!(
+        text.contains("cutover_udp_datagrams_total{listener=\"dns\",direction=\"downstream_to_upstream\"} 13\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("cutover_udp_sessions{listener=\"dns\"}"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_udp_listener_keeps_answering_through_a_drain_aware_upgrade() {
+    let a = udp_echo("a").await;
+    let mut gw = Gateway::start(&udp_config(&[a]));
+    let dns = gw.listener("dns");
+    let before = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    assert_eq!(ask(&before, dns, "one").await, "a:one");
+    let op = crate::lifecycle::upgrade(&gw, None).await;
+    assert_eq!(op["outcome"], "succeeded", "{op}");
+    gw.adopted.push(op["pid"].as_u64().unwrap() as u32);
+    // The new process took the socket over: same address, new clients
+    // answered; the old client too (by whichever process has its
+    // session, or a new one).
+    assert_eq!(gw.status().await["pid"], op["pid"]);
+    let after = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    for i in 0..5 {
+        assert_eq!(ask(&after, dns, &format!("n{i}")).await, format!("a:n{i}"));
+        assert_eq!(ask(&before, dns, &format!("o{i}")).await, format!("a:o{i}"));
+    }
+}
