@@ -81,6 +81,8 @@ pub struct H1Conn {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    /// The client its PROXY header named: it serves no other.
+    client: Option<std::net::SocketAddr>,
 }
 
 impl std::fmt::Debug for H1Conn {
@@ -92,12 +94,13 @@ impl std::fmt::Debug for H1Conn {
 }
 
 impl H1Conn {
-    fn new(stream: TcpStream) -> Self {
+    fn new(stream: TcpStream, client: Option<std::net::SocketAddr>) -> Self {
         Self {
             stream,
             buf: vec![0; READ_CHUNK],
             start: 0,
             end: 0,
+            client,
         }
     }
 
@@ -184,11 +187,22 @@ impl H1Pool {
         }
     }
 
-    /// A new connection to `addr`, its connect time recorded.
-    async fn connect(&self, addr: &str, timeout: Duration) -> Result<H1Conn, ConnectError> {
+    /// A new connection to `addr`, its connect time recorded; with
+    /// `proxy`, its PROXY header written first.
+    async fn connect(
+        &self,
+        addr: &str,
+        timeout: Duration,
+        proxy: Option<&super::ProxyHeader>,
+    ) -> Result<H1Conn, ConnectError> {
         let started = Instant::now();
-        let conn = connect(addr, timeout).await?;
+        let mut conn = connect(addr, timeout).await?;
         self.connect_time.record(started.elapsed());
+        if let Some(proxy) = proxy {
+            let header = proxy.bytes();
+            tokio::io::AsyncWriteExt::write_all(&mut conn.stream, &header).await?;
+            conn.client = Some(proxy.client);
+        }
         Ok(conn)
     }
 
@@ -202,15 +216,21 @@ impl H1Pool {
 
     /// The most recently used idle connection that is still usable and
     /// has not been idle past `idle_timeout` (the backend may be about to
-    /// close it, or have closed it already).
-    fn take(&self) -> Option<H1Conn> {
+    /// close it, or have closed it already); for a backend that gets PROXY
+    /// headers, one whose header named `client`.
+    fn take(&self, client: Option<std::net::SocketAddr>) -> Option<H1Conn> {
         let now = Instant::now();
         loop {
             let mut idle = self.share().lock().unwrap_or_else(PoisonError::into_inner);
-            let (since, mut conn) = idle.pop_back()?;
+            let at = if client.is_none() {
+                idle.len().checked_sub(1)?
+            } else {
+                idle.iter().rposition(|(_, conn)| conn.client == client)?
+            };
+            let (since, mut conn) = idle.remove(at)?;
             if now.duration_since(since) > self.idle_timeout {
-                // The newest is too old: so is every other one.
-                idle.clear();
+                // The newest is too old: so is every older one.
+                idle.drain(..at);
                 return None;
             }
             drop(idle);
@@ -243,7 +263,7 @@ async fn connect(addr: &str, timeout: Duration) -> Result<H1Conn, ConnectError> 
         .await
         .map_err(|_| ConnectError::Timeout(timeout))??;
     let _ = stream.set_nodelay(true);
-    Ok(H1Conn::new(stream))
+    Ok(H1Conn::new(stream, None))
 }
 
 /// Why an exchange through a backend's pool failed.
@@ -266,6 +286,7 @@ pub enum ExchangeError {
 /// without an answer. An idempotent request without a body is then sent
 /// once more on a new connection, as nginx and Envoy do; anything else
 /// fails (502).
+#[allow(clippy::too_many_arguments)]
 pub async fn request<'h, B>(
     pool: &H1Pool,
     addr: &str,
@@ -274,6 +295,7 @@ pub async fn request<'h, B>(
     req: Request<B>,
     extra_headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
     informational: Option<Informational<'_>>,
+    proxy: Option<&super::ProxyHeader>,
 ) -> Result<Response<Box<UpstreamBody<B>>>, ExchangeError>
 where
     B: Body<Data = Bytes> + Unpin,
@@ -283,8 +305,8 @@ where
     // on the heap so that this one, moved on every request, stays small.
     let encoded = Encoded::with_headers(req, extra_headers);
     let mut deadline = Deadline::new(response_timeout);
-    let Some(pooled) = pool.take() else {
-        let fresh = Box::pin(pool.connect(addr, connect_timeout)).await?;
+    let Some(pooled) = pool.take(proxy.map(|p| p.client)) else {
+        let fresh = Box::pin(pool.connect(addr, connect_timeout, proxy)).await?;
         return Ok(send(fresh, encoded, &mut deadline, informational).await?);
     };
     let replay = encoded.replayable().then(|| encoded.replay());
@@ -295,7 +317,7 @@ where
         (Err(error), Some(replay)) if error.is_unanswered() => {
             tracing::debug!(backend = addr, %error, "pooled connection closed under the request; sending it again on a new one");
             Box::pin(async {
-                let fresh = pool.connect(addr, connect_timeout).await?;
+                let fresh = pool.connect(addr, connect_timeout, proxy).await?;
                 Ok(send(fresh, replay, &mut deadline, informational).await?)
             })
             .await
@@ -1288,11 +1310,11 @@ mod tests {
         });
         let pool = H1Pool::new(4, Duration::from_millis(100), test_histogram());
         pool.put(connect(&addr, Duration::from_secs(1)).await.unwrap());
-        assert!(pool.take().is_some(), "a fresh connection is reused");
+        assert!(pool.take(None).is_some(), "a fresh connection is reused");
         pool.put(connect(&addr, Duration::from_secs(1)).await.unwrap());
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(
-            pool.take().is_none(),
+            pool.take(None).is_none(),
             "an expired connection was handed out"
         );
         accepting.abort();
@@ -1565,7 +1587,7 @@ mod tests {
         pool.put(conn);
         // The backend closes right after answering.
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(pool.take().is_none());
+        assert!(pool.take(None).is_none());
     }
 
     #[tokio::test]
@@ -1676,6 +1698,7 @@ mod tests {
             Duration::from_secs(5),
             req,
             [],
+            None,
             None,
         )
         .await?;

@@ -23,6 +23,7 @@ mod h1;
 mod health;
 mod load;
 mod outlier;
+mod proxy_header;
 mod weak_map;
 
 use std::sync::{Arc, OnceLock};
@@ -54,6 +55,19 @@ pub struct BackendKey {
     /// rotated CA or client certificate makes a new backend.
     pub tls: Option<UpstreamTlsSpec>,
     pub health: Option<HealthSpec>,
+    /// Each connection starts with a PROXY header naming its client: its
+    /// connections are then never shared between clients.
+    pub proxy_protocol: Option<crate::plan::ProxyProtocol>,
+}
+
+/// The PROXY header a backend connection for one client starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyHeader {
+    pub version: crate::plan::ProxyProtocol,
+    /// The client (the peer, or what a trusted PROXY header carried).
+    pub client: std::net::SocketAddr,
+    /// Where the client connected: the listener's address.
+    pub local: std::net::SocketAddr,
 }
 
 /// The process-wide set of backends, by identity, and the retry budgets,

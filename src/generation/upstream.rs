@@ -59,6 +59,7 @@ impl Upstream {
                     idle_timeout: spec.idle_timeout,
                     tls: spec.tls.clone(),
                     health: spec.health.clone(),
+                    proxy_protocol: spec.proxy_protocol,
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -616,6 +617,7 @@ mod tests {
             idle_timeout: Duration::from_secs(60),
             tls: None,
             health: None,
+            proxy_protocol: None,
         };
         let a = registry.get_or_create(key.clone()).expect("a");
         let b = registry.get_or_create(key.clone()).expect("b");

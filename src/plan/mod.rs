@@ -297,8 +297,8 @@ backends = [{ addr = "127.0.0.1:53" }]
             // PROXY from anyone.
             (L4.replace("trusted_proxies = [\"10.0.0.0/8\"]", ""), "missing_trusted_proxies"),
             (L4.replace("proxy_protocol = \"v2\"", "proxy_protocol = \"v3\""), "invalid_value"),
-            // An HTTP route would pool connections across clients.
-            (format!("{L4}\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n[[routes]]\nname = \"r\"\nlisteners = [\"web\"]\nupstream = \"fallback\"\n"), "unsupported_option"),
+            // hyper's client pools TLS and HTTP/2 connections across clients.
+            (L4.replace("proxy_protocol = \"v2\"", "proxy_protocol = \"v2\"\nprotocol = \"h2c\""), "unsupported_option"),
             // SNI options on an HTTP listener.
             (format!("{L4}\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\nclient_hello_timeout = \"1s\"\n"), "unexpected_option"),
         ];

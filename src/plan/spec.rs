@@ -269,7 +269,7 @@ pub const DEFAULT_UDP_MAX_SESSIONS: usize = 10_000;
 pub const DEFAULT_CLIENT_HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The PROXY protocol header an upstream's connections start with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ProxyProtocol {
     V1,
     V2,

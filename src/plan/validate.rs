@@ -1134,6 +1134,19 @@ impl Validator<'_> {
                     None
                 }
             };
+            if proxy_protocol.is_some() && u.protocol != "http1" {
+                // Refused, not ignored: the connections of TLS and HTTP/2
+                // backends are pooled by hyper's client across clients,
+                // and a PROXY header names one.
+                self.error(
+                    "unsupported_option",
+                    at("proxy_protocol"),
+                    format!(
+                        "upstream '{name}' is {}: proxy_protocol is sent on http1 connections (and tcp listeners') only in this version",
+                        u.protocol
+                    ),
+                );
+            }
             if let (Some(policy), Some(protocol), Some(connect_timeout), Some(idle_timeout)) =
                 (policy, protocol, connect_timeout, idle_timeout)
             {
@@ -1677,23 +1690,7 @@ impl Validator<'_> {
                 None
             }
             (Some(u), None) => {
-                let proxy_protocol = file
-                    .upstreams
-                    .get(u)
-                    .and_then(|f| f.proxy_protocol.as_ref());
-                if proxy_protocol.is_some() {
-                    // Refused, not ignored: HTTP connections are pooled
-                    // across clients, and a PROXY header names one.
-                    self.error(
-                        "unsupported_option",
-                        at("upstream"),
-                        format!(
-                            "route '{}' names upstream '{u}', which has proxy_protocol; only tcp listeners send a PROXY header in this version",
-                            r.name
-                        ),
-                    );
-                    None
-                } else if file.upstreams.contains_key(u) {
+                if file.upstreams.contains_key(u) {
                     Some(RouteAction::Proxy {
                         upstream: u.clone(),
                     })

@@ -36,6 +36,8 @@ pub struct ConnContext {
     pub listener: Arc<str>,
     pub admission: Admission,
     pub remote: SocketAddr,
+    /// Where the client connected (for a PROXY header to a backend).
+    pub local: SocketAddr,
     /// The client IP as an `X-Forwarded-For` value, formatted once.
     pub client_ip: HeaderValue,
     pub scheme: Scheme,
@@ -525,8 +527,27 @@ async fn client_exchange(
         tokio::time::sleep(timeout).await;
     };
     let sent = hop.begin();
+    // A backend that gets PROXY headers (only upgrades come this way for
+    // it) is asked on a connection of the request's own.
+    let proxy = proxy_header(backend, conn);
+    let sending = async {
+        match &proxy {
+            Some(proxy) => proxied_request(backend, proxy, upstream_req).await,
+            None => backend
+                .client
+                .request(upstream_req)
+                .await
+                .map_err(|e| match e.is_connect() {
+                    true => (Attempt::ConnectError, connect_failed(backend, &e)),
+                    false => (
+                        Attempt::Error,
+                        ProxyError::Upstream(format!("{}: {}", backend.key.addr, error_chain(&e))),
+                    ),
+                }),
+        }
+    };
     let answered = tokio::select! {
-        answered = backend.client.request(upstream_req) => Ok(answered),
+        answered = sending => Ok(answered),
         _ = answer_due => Err(()),
     };
     let response = match answered {
@@ -534,17 +555,9 @@ async fn client_exchange(
             hop.report(Attempt::Answered(response.status()), sent);
             response
         }
-        Ok(Err(e)) if e.is_connect() => {
-            hop.report(Attempt::ConnectError, None);
-            return Err(connect_failed(backend, &e));
-        }
-        Ok(Err(e)) => {
-            hop.report(Attempt::Error, None);
-            return Err(ProxyError::Upstream(format!(
-                "{}: {}",
-                backend.key.addr,
-                error_chain(&e)
-            )));
+        Ok(Err((attempt, error))) => {
+            hop.report(attempt, None);
+            return Err(error);
         }
         Err(_) => {
             hop.report(Attempt::Timeout, None);
@@ -612,6 +625,7 @@ async fn driven_exchange(
         }
     };
     let sent = hop.begin();
+    let proxy = proxy_header(backend, hop.conn);
     let response = match crate::backends::request_h1(
         pool,
         &backend.key.addr,
@@ -620,6 +634,7 @@ async fn driven_exchange(
         req,
         forwarded.headers(),
         interim.is_some().then_some(&forward_interim),
+        proxy.as_ref(),
     )
     .await
     {
@@ -866,6 +881,59 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// A failed connection attempt, refused or not (retries tell them apart).
+/// The PROXY header a connection to `backend` for this client starts
+/// with, when the backend's upstream sends one.
+fn proxy_header(backend: &Backend, conn: &ConnContext) -> Option<crate::backends::ProxyHeader> {
+    backend
+        .key
+        .proxy_protocol
+        .map(|version| crate::backends::ProxyHeader {
+            version,
+            client: conn.remote,
+            local: conn.local,
+        })
+}
+
+/// A request on a connection of its own (never pooled: a protocol
+/// upgrade takes it over) that starts with `proxy`'s header.
+async fn proxied_request(
+    backend: &Backend,
+    proxy: &crate::backends::ProxyHeader,
+    req: Request<crate::backends::SignalledBody>,
+) -> Result<Response<Incoming>, (Attempt, ProxyError)> {
+    use tokio::io::AsyncWriteExt;
+    let connect = tokio::net::TcpStream::connect(backend.key.addr.as_str());
+    let mut stream = match tokio::time::timeout(backend.key.connect_timeout, connect).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => return Err((Attempt::ConnectError, connect_failed(backend, &error))),
+        Err(_) => {
+            let detail = format!("{}: connect timed out", backend.key.addr);
+            return Err((Attempt::ConnectError, ProxyError::UpstreamConnect(detail)));
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let upstream = |e: &dyn std::error::Error| {
+        let detail = format!("{}: {}", backend.key.addr, error_chain(e));
+        (Attempt::Error, ProxyError::Upstream(detail))
+    };
+    stream
+        .write_all(&proxy.bytes())
+        .await
+        .map_err(|e| upstream(&e))?;
+    // hyper's connection writes the target as given: origin-form here,
+    // as cutover's own client writes it (the routed Host is a header).
+    let mut req = req;
+    if let Some(target) = req.uri().path_and_query().cloned() {
+        *req.uri_mut() = http::Uri::from(target);
+    }
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| upstream(&e))?;
+    tokio::spawn(connection.with_upgrades());
+    sender.send_request(req).await.map_err(|e| upstream(&e))
+}
+
 fn connect_failed(backend: &Backend, error: &(dyn std::error::Error + 'static)) -> ProxyError {
     let detail = format!("{}: {}", backend.key.addr, error_chain(error));
     let mut source = Some(error);

@@ -399,6 +399,10 @@ impl ListenerSet {
     }
 
     async fn accept_loop(self: Arc<Self>, listener: BoundListener, socket: Arc<TcpListener>) {
+        // Where clients connect: the bound address, unless it is a
+        // wildcard (then each connection's own, asked of the socket).
+        let bound = listener.local_addr;
+        let wildcard = bound.ip().is_unspecified();
         let name: Arc<str> = Arc::from(listener.spec.name.as_str());
         let responses = listener_counters(&name);
         let gauge =
@@ -513,10 +517,16 @@ impl ListenerSet {
                 else {
                     return;
                 };
+                let local = if wildcard {
+                    stream.local_addr().unwrap_or(bound)
+                } else {
+                    bound
+                };
                 let ctx = Arc::new(ConnContext {
                     listener: name,
                     admission,
                     remote,
+                    local,
                     client_ip: client_ip_header(remote),
                     scheme,
                     responses,

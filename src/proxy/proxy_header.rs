@@ -1,49 +1,15 @@
-//! The PROXY protocol (HAProxy's, v1 text and v2 binary): the header a
-//! connection to an upstream starts with, so that the backend sees the
-//! client's address, and the header a trusted proxy in front of a
-//! listener starts its connections with. The `ppp` crate writes and
-//! parses the headers; this module frames them on the socket.
+//! The PROXY protocol (HAProxy's, v1 text and v2 binary) as a trusted
+//! proxy in front of a listener starts its connections with: the `ppp`
+//! crate parses the header; this module frames it on the socket. (The
+//! header towards backends is `backends::ProxyHeader`.)
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use ppp::v2;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-
-use crate::plan::ProxyProtocol;
-
-/// The header telling an upstream that `client` connected to `local` (the
-/// gateway's listening address). Mixed families are both written as IPv6
-/// (an IPv4 address as `::ffff:a.b.c.d`), since a header carries one.
-pub fn header(version: ProxyProtocol, client: SocketAddr, local: SocketAddr) -> Vec<u8> {
-    let (client, local) = match (client, local) {
-        (SocketAddr::V4(_), SocketAddr::V6(_)) => (as_v6(client), local),
-        (SocketAddr::V6(_), SocketAddr::V4(_)) => (client, as_v6(local)),
-        same => same,
-    };
-    match version {
-        ProxyProtocol::V1 => ppp::v1::Addresses::from((client, local))
-            .to_string()
-            .into_bytes(),
-        ProxyProtocol::V2 => v2::Builder::with_addresses(
-            v2::Version::Two | v2::Command::Proxy,
-            v2::Protocol::Stream,
-            (client, local),
-        )
-        .build()
-        // Only writes into a Vec: it cannot fail for two socket addresses.
-        .unwrap_or_default(),
-    }
-}
-
-fn as_v6(address: SocketAddr) -> SocketAddr {
-    match address.ip() {
-        IpAddr::V4(ip) => SocketAddr::new(IpAddr::V6(ip.to_ipv6_mapped()), address.port()),
-        IpAddr::V6(_) => address,
-    }
-}
 
 /// Why a connection's PROXY header was refused.
 #[derive(Debug, thiserror::Error)]
@@ -153,36 +119,20 @@ mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
 
+    use crate::backends::ProxyHeader;
+    use crate::plan::ProxyProtocol;
+
     fn addr(text: &str) -> SocketAddr {
         text.parse().expect("address")
     }
 
-    #[test]
-    fn headers_are_byte_exact_for_both_versions_and_families() {
-        let v1 = header(
-            ProxyProtocol::V1,
-            addr("127.0.0.1:51000"),
-            addr("127.0.0.1:443"),
-        );
-        assert_eq!(v1, b"PROXY TCP4 127.0.0.1 127.0.0.1 51000 443\r\n");
-        let v1 = header(ProxyProtocol::V1, addr("[::1]:51000"), addr("[::1]:443"));
-        assert_eq!(v1, b"PROXY TCP6 ::1 ::1 51000 443\r\n");
-        let v2 = header(
-            ProxyProtocol::V2,
-            addr("127.0.0.1:51000"),
-            addr("10.0.0.1:443"),
-        );
-        let mut expected = V2_SIGNATURE.to_vec();
-        expected.extend([0x21, 0x11, 0, 12, 127, 0, 0, 1, 10, 0, 0, 1]);
-        expected.extend(51000u16.to_be_bytes());
-        expected.extend(443u16.to_be_bytes());
-        assert_eq!(v2, expected);
-        let v2 = header(ProxyProtocol::V2, addr("[::1]:51000"), addr("[::1]:443"));
-        assert_eq!(&v2[12..16], &[0x21, 0x21, 0, 36]);
-        assert_eq!(v2.len(), 16 + 36);
-        // An IPv4 client on an IPv6 listener: both as IPv6.
-        let v1 = header(ProxyProtocol::V1, addr("127.0.0.1:5"), addr("[::1]:443"));
-        assert_eq!(v1, b"PROXY TCP6 ::ffff:127.0.0.1 ::1 5 443\r\n");
+    fn header(version: ProxyProtocol, client: SocketAddr, local: SocketAddr) -> Vec<u8> {
+        ProxyHeader {
+            version,
+            client,
+            local,
+        }
+        .bytes()
     }
 
     async fn read_from(bytes: Vec<Vec<u8>>) -> (Result<Option<SocketAddr>, HeaderError>, Vec<u8>) {

@@ -107,15 +107,17 @@ async fn one_way(
         counter.increment(n as u64);
     };
     let splice = cfg!(target_os = "linux");
-    let mut buffer = vec![0u8; BUFFER];
+    // Not zeroed: `try_read_buf` writes only into the spare capacity.
+    let mut buffer = Vec::with_capacity(BUFFER);
     if copy(src, dst, &moved, &mut buffer, splice).await? == Copied::Bulk {
-        drop(buffer);
         #[cfg(target_os = "linux")]
         match splice::Pipe::new() {
-            Ok(pipe) => pipe.relay(src, dst, &moved).await?,
+            Ok(pipe) => {
+                drop(buffer);
+                pipe.relay(src, dst, &moved).await?;
+            }
             Err(error) => {
                 tracing::debug!(%error, "no pipe for splice; copying through a buffer");
-                let mut buffer = vec![0u8; BUFFER];
                 copy(src, dst, &moved, &mut buffer, false).await?;
             }
         }
@@ -134,18 +136,20 @@ enum Copied {
     Bulk,
 }
 
-/// Moves `src`'s bytes to `dst` through `buffer` until `src` ends, or
-/// (with `until_bulk`) until a read fills the buffer.
+/// Moves `src`'s bytes to `dst` through `buffer` (its capacity; it is
+/// left empty) until `src` ends, or (with `until_bulk`) until a read
+/// fills the buffer.
 async fn copy(
     src: &TcpStream,
     dst: &TcpStream,
     moved: impl Fn(usize),
-    buffer: &mut [u8],
+    buffer: &mut Vec<u8>,
     until_bulk: bool,
 ) -> io::Result<Copied> {
     loop {
+        buffer.clear();
         src.readable().await?;
-        let n = match src.try_read(buffer) {
+        let n = match src.try_read_buf(buffer) {
             Ok(0) => return Ok(Copied::Ended),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
@@ -161,7 +165,7 @@ async fn copy(
             }
         }
         moved(n);
-        if until_bulk && n == buffer.len() {
+        if until_bulk && n == buffer.capacity() {
             return Ok(Copied::Bulk);
         }
     }

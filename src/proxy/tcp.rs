@@ -84,9 +84,6 @@ pub async fn serve(
     counters: TcpCounters,
 ) {
     let _ = downstream.set_nodelay(true);
-    let local = downstream
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let generation = admission.store().load_full();
     let guard = generation.ledger.connection();
     let generation_id = generation.id;
@@ -166,7 +163,14 @@ pub async fn serve(
     }
     let progress = Progress::new();
     let _ = server.set_nodelay(true);
-    if let Err(error) = send_first(&server, proxy_protocol, client, local, &prefix).await {
+    // The listener's address, for a PROXY header only (a system call).
+    let local = proxy_protocol.map(|version| {
+        let local = downstream
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        (version, local)
+    });
+    if let Err(error) = send_first(&server, local, client, &prefix).await {
         tracing::debug!(listener = %setup.listener, backend = %backend.key.addr, %error, "upstream closed before the first bytes");
         setup.finish(Flags::UPSTREAM_RESET, Some(&progress));
         return;
@@ -279,13 +283,17 @@ async fn connect(
 /// client (a ClientHello).
 async fn send_first(
     server: &TcpStream,
-    proxy_protocol: Option<ProxyProtocol>,
+    proxy_protocol: Option<(ProxyProtocol, SocketAddr)>,
     client: SocketAddr,
-    local: SocketAddr,
     prefix: &[u8],
 ) -> std::io::Result<()> {
     let mut first = match proxy_protocol {
-        Some(version) => super::proxy_header::header(version, client, local),
+        Some((version, local)) => crate::backends::ProxyHeader {
+            version,
+            client,
+            local,
+        }
+        .bytes(),
         None => Vec::new(),
     };
     first.extend_from_slice(prefix);

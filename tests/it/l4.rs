@@ -670,3 +670,147 @@ async fn a_udp_listener_keeps_answering_through_a_drain_aware_upgrade() {
         assert_eq!(ask(&before, dns, &format!("o{i}")).await, format!("a:o{i}"));
     }
 }
+
+/// A raw HTTP/1.1 backend whose connections start with a PROXY v1 line:
+/// each request is answered with that line as its body (keep-alive); an
+/// upgrade request gets 101 and its bytes echoed. Counts connections.
+async fn proxied_http_backend() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&connections);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut stream = BufReader::new(stream);
+                let mut proxy_line = String::new();
+                if stream.read_line(&mut proxy_line).await.is_err() {
+                    return;
+                }
+                let proxy_line = proxy_line.trim_end().to_owned();
+                loop {
+                    let mut head = String::new();
+                    loop {
+                        let mut line = String::new();
+                        match stream.read_line(&mut line).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        head.push_str(&line.to_ascii_lowercase());
+                    }
+                    if head.contains("upgrade: websocket") {
+                        let answer = "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n";
+                        if stream.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        let _ = stream
+                            .get_mut()
+                            .write_all(format!("{proxy_line}\n").as_bytes())
+                            .await;
+                        let mut buf = [0u8; 256];
+                        while let Ok(n) = stream.read(&mut buf).await {
+                            if n == 0 || stream.get_mut().write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                        return;
+                    }
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{proxy_line}",
+                        proxy_line.len()
+                    );
+                    if stream.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, connections)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_backends_get_a_proxy_header_per_client_and_never_share_its_connection() {
+    use std::sync::atomic::Ordering;
+    let (backend, connections) = proxied_http_backend().await;
+    let gw = Gateway::start(&head(&format!(
+        "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n[[routes]]\nname = \"all\"\nlisteners = [\"web\"]\nupstream = \"app\"\n\n[upstreams.app]\nproxy_protocol = \"v1\"\nbackends = [{{ addr = \"{backend}\" }}]\n"
+    )));
+    let web = gw.listener("web");
+    let expected = |client: SocketAddr| {
+        format!(
+            "PROXY TCP4 {} {} {} {}",
+            client.ip(),
+            web.ip(),
+            client.port(),
+            web.port()
+        )
+    };
+    // Two requests from each of two clients, interleaved: each backend
+    // connection serves the one client its header names.
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let stream = TcpStream::connect(web).await.unwrap();
+        let me = stream.local_addr().unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        clients.push((me, sender));
+    }
+    for round in 0..2 {
+        for (me, sender) in &mut clients {
+            use http_body_util::BodyExt;
+            sender.ready().await.unwrap();
+            let request = hyper::Request::get("/")
+                .header("host", "x")
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .unwrap();
+            let response = sender.send_request(request).await.unwrap();
+            assert_eq!(response.status(), 200);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(
+                String::from_utf8_lossy(&body),
+                expected(*me),
+                "round {round}"
+            );
+        }
+    }
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        2,
+        "one backend connection per client, reused"
+    );
+    // A protocol upgrade goes on a connection of its own, with its header.
+    let mut ws = TcpStream::connect(web).await.unwrap();
+    let me = ws.local_addr().unwrap();
+    ws.write_all(
+        b"GET /chat HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut ws = BufReader::new(ws);
+    let mut status = String::new();
+    ws.read_line(&mut status).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 101"), "{status}");
+    loop {
+        let mut line = String::new();
+        ws.read_line(&mut line).await.unwrap();
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut greeting = String::new();
+    ws.read_line(&mut greeting).await.unwrap();
+    assert_eq!(greeting.trim_end(), expected(me));
+    ws.get_mut().write_all(b"ping\n").await.unwrap();
+    let mut echoed = String::new();
+    ws.read_line(&mut echoed).await.unwrap();
+    assert_eq!(echoed, "ping\n");
+}
