@@ -102,7 +102,9 @@ pub async fn serve(
         let datagram = Bytes::copy_from_slice(&buffer[..n]);
         let sender = {
             let mut live = sessions.lock().unwrap_or_else(PoisonError::into_inner);
-            match live.get(&client) {
+            // A session that has ended but is still in the table (it takes
+            // itself out as it ends) counts as none.
+            match live.get(&client).filter(|(_, sender)| !sender.is_closed()) {
                 Some((_, sender)) => Some(sender.clone()),
                 None => {
                     let max = max_sessions(&admission, &listener);
@@ -336,7 +338,12 @@ impl Session {
                 },
                 _ = progress.idle_for(idle) => return Flags::NONE,
                 // Draining shortens the idle wait: look again.
-                _ = self.draining.changed(), if !draining => {}
+                changed = self.draining.changed(), if !draining => {
+                    // The listener set is gone: so is the process.
+                    if changed.is_err() {
+                        return Flags::NONE;
+                    }
+                }
             }
         }
     }
