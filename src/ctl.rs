@@ -165,6 +165,9 @@ enum CtlCommand {
     },
     /// Show retained generations and the operation log.
     History,
+    /// Print the active generation's configuration, as it was activated
+    /// (to commit it back, or to compare with the file).
+    Export,
     /// Activate a retained generation's configuration again.
     Rollback {
         #[arg(long = "to")]
@@ -325,6 +328,15 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             return wait_settled(&client, *generation, args.json).await;
         }
         CtlCommand::History => client.get("/admin/runtime/history").await?,
+        CtlCommand::Export => {
+            let status = client.get("/admin/runtime/status").await?;
+            match status.body["active_generation"].as_u64() {
+                Some(id) if status.status.is_success() => {
+                    client.get(&format!("/admin/runtime/history/{id}")).await?
+                }
+                _ => status,
+            }
+        }
         CtlCommand::Status {
             watch,
             interval,
@@ -604,6 +616,8 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
         }
         // Printed as it follows the generation.
         CtlCommand::Wait { .. } => {}
+        // The text as it was activated, byte for byte.
+        CtlCommand::Export => print!("{}", body["config"].as_str().unwrap_or_default()),
         CtlCommand::Status { .. } => {
             println!("{}", serde_json::to_string_pretty(body).unwrap_or_default())
         }

@@ -28,6 +28,11 @@ enum Command {
     Run {
         #[arg(short, long)]
         config: PathBuf,
+        /// Activate the file (and the files it references) whenever it
+        /// changes: an atomic rename and a Kubernetes ConfigMap update
+        /// are seen; an invalid write is recorded and changes nothing.
+        #[arg(long)]
+        watch: bool,
     },
     /// Validate a configuration file offline; exit 1 on any error.
     Check {
@@ -41,8 +46,9 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { config } => match cutover::run(cutover::Options {
+        Command::Run { config, watch } => match cutover::run(cutover::Options {
             config,
+            watch,
             release_memory: cutover::lifecycle::release_memory,
         }) {
             Ok(()) => ExitCode::SUCCESS,

@@ -222,7 +222,7 @@ async fn reload_certs(
             "reload-certs takes application/json".into(),
         ));
     };
-    Ok(Json(control.reload_certs(body.listeners).await?).into_response())
+    Ok(Json(control.reload_certs(body.listeners, None).await?).into_response())
 }
 
 async fn drain(State(control): Shared) -> Result<Response, ApiError> {

@@ -48,9 +48,10 @@ impl Control {
     pub(super) fn reload_certs_now(
         &self,
         only: Option<Vec<String>>,
+        requester: &Requester,
     ) -> Result<CertReload, ControlError> {
         let started = Instant::now();
-        let result = self.try_reload_certs(only, started);
+        let result = self.try_reload_certs(only, started, requester);
         let outcome = if result.is_ok() {
             "succeeded"
         } else {
@@ -67,7 +68,7 @@ impl Control {
                     _ => Outcome::Rejected,
                 },
                 (None, Some(self.store.active_id())),
-                &Requester::default(),
+                requester,
                 error.to_string(),
                 Some(error.to_string()),
             );
@@ -79,6 +80,7 @@ impl Control {
         &self,
         only: Option<Vec<String>>,
         started: Instant,
+        requester: &Requester,
     ) -> Result<CertReload, ControlError> {
         let _operation = self
             .operation
@@ -165,7 +167,7 @@ impl Control {
             started,
             Outcome::Succeeded,
             (Some(active.id), Some(active.id)),
-            &Requester::default(),
+            requester,
             format!(
                 "{} listeners reloaded, {changed} certificates changed",
                 listeners.len()

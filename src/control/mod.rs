@@ -414,6 +414,9 @@ pub struct Control {
     /// The generation awaiting confirmation, if any (changed only under
     /// the operation lock).
     pending: Mutex<Option<Pending>>,
+    /// See `file_matches_active`.
+    #[allow(clippy::type_complexity)]
+    file_match: Mutex<Option<(GenerationId, Option<(u64, Option<SystemTime>)>, bool)>>,
 }
 
 impl Control {
@@ -432,6 +435,7 @@ impl Control {
             release_memory: parts.release_memory,
             candidacy: Mutex::new((GenerationId(0), HashMap::new())),
             pending: Mutex::new(None),
+            file_match: Mutex::new(None),
         }
     }
 
@@ -572,11 +576,18 @@ impl Control {
     }
 
     /// Re-reads listener certificate material; see `reload_certs_now`.
+    /// Re-reads certificate material (see `certs`); `requested_by` goes
+    /// into the operation log.
     pub async fn reload_certs(
         self: &Arc<Self>,
         only: Option<Vec<String>>,
+        requested_by: Option<String>,
     ) -> Result<CertReload, ControlError> {
-        self.off_the_data_plane(move |c| c.reload_certs_now(only))
+        let requester = Requester {
+            requested_by,
+            reason: None,
+        };
+        self.off_the_data_plane(move |c| c.reload_certs_now(only, &requester))
             .await
     }
 

@@ -115,6 +115,10 @@ pub struct StatusView {
     pub errors_total: u64,
     /// The generation awaiting confirmation, if any.
     pub pending: Option<super::PendingView>,
+    /// Whether the configuration file's text is the active generation's
+    /// (`false` after an API activation, until the file is updated; a
+    /// rotated certificate behind the same text is not looked at).
+    pub config_file_matches_active: bool,
 }
 
 impl Control {
@@ -145,7 +149,33 @@ impl Control {
             requests_total,
             errors_total,
             pending: self.pending(),
+            config_file_matches_active: self.file_matches_active(active.id),
         }
+    }
+
+    /// Whether the configuration file's text is generation `active`'s,
+    /// remembered while neither the file (length, modification time) nor
+    /// the active generation changes: status is polled every second.
+    fn file_matches_active(&self, active: super::GenerationId) -> bool {
+        let stamp = std::fs::metadata(&self.config_file)
+            .ok()
+            .map(|m| (m.len(), m.modified().ok()));
+        let mut seen = self
+            .file_match
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((id, at, matches)) = &*seen {
+            if *id == active && *at == stamp {
+                return *matches;
+            }
+        }
+        let matches = stamp.is_some()
+            && crate::config::ConfigText::read(&self.config_file)
+                .ok()
+                .zip(self.active_config())
+                .is_some_and(|(file, active)| file.text == active.text);
+        *seen = Some((active, stamp, matches));
+        matches
     }
 
     /// Retained generations and the operation log. Runs off the data

@@ -14,6 +14,7 @@ mod memory;
 mod startup;
 mod systemd;
 mod upgrade;
+mod watch;
 
 pub use memory::release_memory;
 pub use startup::{run, Options, StartError};

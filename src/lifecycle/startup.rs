@@ -30,6 +30,9 @@ use crate::tls::CertStore;
 #[derive(Debug, Clone)]
 pub struct Options {
     pub config: PathBuf,
+    /// `--watch`: activate the file (and what it references) when it
+    /// changes.
+    pub watch: bool,
     /// Hands memory the allocator holds but no longer uses back to the
     /// system. Called after loading a configuration (startup, each
     /// activation), on the thread that loaded it: the transient peak of
@@ -46,6 +49,8 @@ const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 pub enum StartError {
     #[error("cannot read configuration {0}: {1}")]
     Read(PathBuf, #[source] std::io::Error),
+    #[error("cannot watch the configuration: {0}")]
+    Watch(String),
     #[error("configuration {origin} is invalid:\n{}", render(.origin, .diagnostics))]
     Invalid {
         origin: String,
@@ -403,11 +408,25 @@ async fn serve(
         release_memory: options.release_memory,
     }));
     let scratch = state_dir.unwrap_or_else(std::env::temp_dir);
-    let process = Process::new(options.config.clone(), binary, control_sockets, scratch);
+    let process = Process::new(
+        options.config.clone(),
+        options.watch,
+        binary,
+        control_sockets,
+        scratch,
+    );
     control.set_process(Arc::clone(&process) as Arc<dyn crate::control::ProcessControl>);
     // A generation that was pending when the last process stopped (or
     // handed over) is pending again, with what is left of its window.
     control.resume_pending();
+    if options.watch {
+        match super::watch::spawn(Arc::clone(&control), options.config.clone()) {
+            Ok(()) => {
+                tracing::info!(config = %options.config.display(), "watching the configuration file and the files it references")
+            }
+            Err(error) => return Err(StartError::Watch(error.to_string())),
+        }
+    }
 
     let security = Security {
         address: admin_address,

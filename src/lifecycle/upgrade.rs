@@ -141,6 +141,8 @@ fn upgrade_binary(
 /// The lifecycle side of the control plane.
 pub struct Process {
     config_path: PathBuf,
+    /// Started with `--watch`: so is the new process.
+    watch: bool,
     binary: Arc<Binary>,
     /// Duplicates of the admin and metrics sockets, kept for hand-over.
     control_sockets: Vec<(SocketRole, SocketAddr, std::net::TcpListener)>,
@@ -152,12 +154,14 @@ pub struct Process {
 impl Process {
     pub fn new(
         config_path: PathBuf,
+        watch: bool,
         binary: Binary,
         control_sockets: Vec<(SocketRole, SocketAddr, std::net::TcpListener)>,
         scratch_dir: PathBuf,
     ) -> Arc<Self> {
         Arc::new(Self {
             config_path,
+            watch,
             binary: Arc::new(binary),
             control_sockets,
             scratch_dir,
@@ -251,6 +255,7 @@ impl Process {
                 .arg("run")
                 .arg("-c")
                 .arg(&self.config_path)
+                .args(self.watch.then_some("--watch"))
                 .env(handover::STATE_ENV, &path)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

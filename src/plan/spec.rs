@@ -24,6 +24,9 @@ pub struct Spec {
     pub canonical: String,
     /// `sha256:<hex>` over the canonical text and every referenced file.
     pub config_version: String,
+    /// Every file it references (certificates, keys, token files), as
+    /// read: what `run --watch` watches besides the file itself.
+    pub referenced_files: Vec<std::path::PathBuf>,
     pub admin: AdminSpec,
     pub metrics_bind: Option<SocketAddr>,
     /// `metrics.max_series`: the cap on labelled series.

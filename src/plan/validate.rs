@@ -52,6 +52,11 @@ pub fn validate_confined(
     if v.diagnostics.is_empty() && unknown_keys.is_empty() {
         if let Some(mut spec) = spec {
             spec.config_version = config_version(&spec.canonical, &v.referenced);
+            spec.referenced_files = v
+                .referenced
+                .iter()
+                .map(|(name, _)| source.base_dir.join(name))
+                .collect();
             return Ok(spec);
         }
     }
@@ -299,6 +304,7 @@ impl Validator<'_> {
             file: FileConfig::default(),
             canonical: String::new(),
             config_version: String::new(),
+            referenced_files: Vec::new(),
             admin: admin?,
             metrics_bind,
             metrics_max_series,

@@ -46,11 +46,27 @@ impl Gateway {
 
     /// As `start_in`, running the executable at `binary`.
     pub fn start_binary(binary: &Path, dir: tempfile::TempDir, config: &str) -> Gateway {
+        Self::start_with(binary, dir, config, &[])
+    }
+
+    /// As `start`, with `extra` arguments after `run -c FILE`.
+    pub fn start_args(config: &str, extra: &[&str]) -> Gateway {
+        let dir = tempfile::tempdir().expect("temp dir");
+        Self::start_args_in(dir, config, extra)
+    }
+
+    /// As `start_in`, with `extra` arguments after `run -c FILE`.
+    pub fn start_args_in(dir: tempfile::TempDir, config: &str, extra: &[&str]) -> Gateway {
+        Self::start_with(Path::new(BIN), dir, config, extra)
+    }
+
+    fn start_with(binary: &Path, dir: tempfile::TempDir, config: &str, extra: &[&str]) -> Gateway {
         let config_path = dir.path().join("gateway.toml");
         std::fs::write(&config_path, config).expect("write config");
         let mut child = Command::new(binary)
             .args(["run", "-c"])
             .arg(&config_path)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -14,3 +14,4 @@ mod proxy;
 mod reload;
 mod resilience;
 mod tls;
+mod watch;

@@ -755,3 +755,40 @@ async fn client_quirks_do_not_grow_the_log() {
     assert!(!logs.contains("Illegal SNI"), "{logs}");
     assert_eq!(logs.lines().count(), before, "{logs}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_certificate_rotation_goes_through_reload_certs() {
+    let ca = ca("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    let a = server_leaf(&ca, &["default.test"]);
+    put(dir.path(), "site.pem", &a.0);
+    put(dir.path(), "site.key", &a.1);
+    let gw = Gateway::start_args_in(
+        dir,
+        &https_config("", r#"{ cert = "site.pem", key = "site.key" }"#),
+        &["--watch"],
+    );
+    let secure = gw.listener("secure");
+    let client = Client::trusting(&ca);
+    let b = server_leaf(&ca, &["default.test"]);
+    // The key first, then the chain: one settled change either way.
+    put(gw.dir.path(), "site.key", &b.1);
+    put(gw.dir.path(), "site.pem", &b.0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let op = loop {
+        let history = admin_request(gw.admin, "GET", "/admin/runtime/history", None, None)
+            .await
+            .1;
+        let op = history["operations"][0].clone();
+        if op["kind"] == "reload_certs" && op["outcome"] == "succeeded" {
+            break op;
+        }
+        assert!(std::time::Instant::now() < deadline, "{history}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(op["requested_by"], "watch", "{op}");
+    // No generation minted; new handshakes get the new certificate.
+    assert_eq!(gw.active_generation().await, 1);
+    let after = client.connect(secure, None, &[b"http/1.1"]).await.unwrap();
+    assert_eq!(peer_fingerprint(&after), fingerprint(&b.0));
+}

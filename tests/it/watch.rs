@@ -1,0 +1,106 @@
+//! `cutover run --watch` (DESIGN §15's file-watch trigger), and whether the
+//! file still matches the active generation.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::harness::*;
+
+fn answering(body: &str) -> String {
+    config(&format!(
+        "[[routes]]\nname = \"all\"\nlisteners = [\"web\"]\nrespond = {{ body = \"{body}\" }}\n"
+    ))
+}
+
+/// Replaces the file the way editors and ConfigMaps do: a new file
+/// renamed over the old one.
+fn replace(gw: &Gateway, text: &str) {
+    let tmp = gw.path(".gateway.toml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, gw.path("gateway.toml")).unwrap();
+}
+
+/// The newest operation of `kind`, waited for (bounded).
+async fn newest(gw: &Gateway, kind: &str, after: usize) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, history) =
+            admin_request(gw.admin, "GET", "/admin/runtime/history", None, None).await;
+        let ops: Vec<Value> = history["operations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|op| op["kind"] == kind)
+            .collect();
+        if ops.len() > after {
+            return ops[0].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {kind} operation after {after}: {history}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_file_is_activated_when_replaced_and_an_invalid_one_is_recorded() {
+    let gw = Gateway::start_args(&answering("one"), &["--watch"]);
+    let web = gw.listener("web");
+    assert_eq!(gw.status().await["config_file_matches_active"], true);
+    // An atomic rename: activated, recorded as the watch's.
+    replace(&gw, &answering("two"));
+    gw.wait_generation(2).await;
+    assert_eq!(get(web, "x", "/").await.2, "two");
+    let op = newest(&gw, "reload", 0).await;
+    assert_eq!(op["requested_by"], "watch", "{op}");
+    assert_eq!(op["outcome"], "succeeded", "{op}");
+    assert_eq!(gw.status().await["config_file_matches_active"], true);
+    // A burst of writes is one activation of the last.
+    for body in ["three", "four", "five"] {
+        replace(&gw, &answering(body));
+    }
+    gw.wait_generation(3).await;
+    assert_eq!(get(web, "x", "/").await.2, "five");
+    // An invalid write: recorded, refused, nothing changes.
+    replace(&gw, &answering("six").replace("respond", "respnod"));
+    let refused = newest(&gw, "reload", 2).await;
+    assert_eq!(refused["outcome"], "rejected", "{refused}");
+    assert_eq!(refused["requested_by"], "watch", "{refused}");
+    assert_eq!(gw.active_generation().await, 3);
+    assert_eq!(get(web, "x", "/").await.2, "five");
+    assert_eq!(gw.status().await["config_file_matches_active"], false);
+    // Touching something else in the folder changes nothing.
+    std::fs::write(gw.path("notes.txt"), "unrelated").unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(gw.active_generation().await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_whether_the_file_matches_and_ctl_export_prints_the_active_configuration() {
+    let gw = Gateway::start(&answering("one"));
+    assert_eq!(gw.status().await["config_file_matches_active"], true);
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(answering("two")),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Activated through the API: the file is behind now.
+    assert_eq!(gw.status().await["config_file_matches_active"], false);
+    let out = std::process::Command::new(BIN)
+        .args(["ctl", "--admin", &gw.admin_url(), "export"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let exported = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(exported, answering("two"));
+    // Written back by hand: they match again.
+    std::fs::write(gw.path("gateway.toml"), &exported).unwrap();
+    assert_eq!(gw.status().await["config_file_matches_active"], true);
+}
