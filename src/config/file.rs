@@ -143,6 +143,10 @@ pub struct FileRuntime {
     /// files may be in.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub file_roots: Vec<String>,
+    /// A successful activation or rollback through the admin API rewrites
+    /// the configuration file (the previous one kept as `FILE.bak`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_back: Option<bool>,
 }
 
 impl Default for FileRuntime {
@@ -154,6 +158,7 @@ impl Default for FileRuntime {
             max_pinned_age: None,
             worker_threads: None,
             file_roots: Vec::new(),
+            write_back: None,
         }
     }
 }

@@ -1007,6 +1007,7 @@ impl Control {
                 None,
             );
             tracing::info!(generation = %active.id, "pending generation confirmed");
+            self.write_back();
             return Ok(Settled {
                 outcome: "confirmed",
                 generation: active.id,
@@ -1028,6 +1029,7 @@ impl Control {
             started,
         )?;
         self.set_pending(None);
+        self.write_back();
         tracing::warn!(
             pending = %pending.generation,
             generation = %activation.generation,
@@ -1116,9 +1118,61 @@ impl Control {
                 key: spec.key.clone(),
             })));
         }
+        let final_now = pending.is_none();
         self.set_pending(pending);
         activation.pending = self.pending();
+        if final_now && kind == OperationKind::Activate {
+            self.write_back();
+        }
         Ok(activation)
+    }
+
+    /// With the active generation's `runtime.write_back`, rewrites the
+    /// configuration file with its text, the previous file kept as
+    /// `FILE.bak`, so that a restart without a state dir comes up on what
+    /// runs. Called once a change through the API is final (not while it
+    /// pends); a failure is logged, and status then says the file does
+    /// not match.
+    fn write_back(&self) {
+        if !self.store.load_full().spec.runtime.write_back {
+            return;
+        }
+        let Some(text) = self.active_config() else {
+            return;
+        };
+        if std::fs::read_to_string(&self.config_file).is_ok_and(|file| file == text.text) {
+            return;
+        }
+        let (Some(dir), Some(name)) = (
+            self.config_file.parent(),
+            self.config_file.file_name().and_then(|n| n.to_str()),
+        ) else {
+            return;
+        };
+        let dir = if dir.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            dir
+        };
+        let written = std::fs::copy(&self.config_file, dir.join(format!("{name}.bak")))
+            .map(|_| ())
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+            .and_then(|()| {
+                crate::runtime::write_atomically(dir, name, |out| {
+                    std::io::Write::write_all(out, text.text.as_bytes())
+                })
+            });
+        match written {
+            Ok(()) => {
+                tracing::info!(file = %self.config_file.display(), "write_back: the configuration file now holds the active generation")
+            }
+            Err(error) => {
+                tracing::error!(file = %self.config_file.display(), %error, "write_back failed: the configuration file does not match the active generation")
+            }
+        }
     }
 
     /// Activates the content of a retained generation as a new generation.
@@ -1168,6 +1222,7 @@ impl Control {
         )?;
         // An operator's rollback settles a pending generation too.
         self.set_pending(None);
+        self.write_back();
         Ok(activation)
     }
 

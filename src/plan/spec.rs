@@ -87,6 +87,8 @@ pub struct RuntimeSpec {
     /// Folders besides the configuration's own that referenced files may
     /// be in (startup-owned: a candidate cannot widen them).
     pub file_roots: Vec<PathBuf>,
+    /// See `FileRuntime::write_back`.
+    pub write_back: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -472,6 +472,7 @@ impl Validator<'_> {
             drain_timeout: drain_timeout?,
             max_pinned_age,
             worker_threads: r.worker_threads.map(|t| t as usize),
+            write_back: r.write_back.unwrap_or(false),
         })
     }
 

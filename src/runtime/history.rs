@@ -546,7 +546,9 @@ fn remove_unnamed(configs: &Path, names: &[String]) {
 
 /// Temporary file, fsync, rename over the target, fsync of the folder: a
 /// crash leaves either the old or the new file, never a torn one.
-fn write_atomically(
+/// Writes `dir/name` as a whole or not at all: a temporary file, synced,
+/// renamed over it, the folder synced.
+pub fn write_atomically(
     dir: &Path,
     name: &str,
     write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>,

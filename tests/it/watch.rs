@@ -104,3 +104,63 @@ async fn status_says_whether_the_file_matches_and_ctl_export_prints_the_active_c
     std::fs::write(gw.path("gateway.toml"), &exported).unwrap();
     assert_eq!(gw.status().await["config_file_matches_active"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_keeps_the_file_on_what_runs_after_an_activation_and_a_rollback() {
+    let with =
+        |body: &str| answering(body).replace("[log]", "[runtime]\nwrite_back = true\n\n[log]");
+    let gw = Gateway::start(&with("one"));
+    let file = gw.path("gateway.toml");
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(with("two")),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), with("two"));
+    assert_eq!(
+        std::fs::read_to_string(gw.path("gateway.toml.bak")).unwrap(),
+        with("one")
+    );
+    assert_eq!(gw.status().await["config_file_matches_active"], true);
+    // A pending activation is not written until it is final: a restart
+    // in its window must not come up on it.
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate?confirm_within=1m",
+        Some("application/toml"),
+        Some(with("three")),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), with("two"));
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/confirm",
+        Some("application/json"),
+        Some(r#"{"generation": 3}"#.to_owned()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), with("three"));
+    // A rollback writes the configuration it brings back.
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/rollback",
+        Some("application/json"),
+        Some(r#"{"target_generation": 1}"#.to_owned()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), with("one"));
+    assert_eq!(
+        std::fs::read_to_string(gw.path("gateway.toml.bak")).unwrap(),
+        with("three")
+    );
+}
