@@ -443,23 +443,41 @@ async fn serve(
         Some(socket) => {
             let address = socket.local_addr().ok();
             let scraped = Arc::clone(&control);
-            let router = axum::Router::new().route(
-                "/metrics",
-                axum::routing::get(move || {
-                    let prometheus = prometheus.clone();
-                    let control = Arc::clone(&scraped);
-                    // Rendering thousands of series takes milliseconds:
-                    // not on a thread that serves requests.
-                    async move {
-                        tokio::task::spawn_blocking(move || {
-                            let pending = control.pending().map(|p| (p.generation, p.rollback_to));
-                            telemetry::series::scrape(&prometheus, control.store(), pending)
-                        })
-                        .await
-                        .map_err(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR)
-                    }
-                }),
-            );
+            let probed = Arc::clone(&control);
+            let router = axum::Router::new()
+                // Readiness without the admin token, for probes that
+                // cannot carry one (a kubelet): the phase, nothing more.
+                .route(
+                    "/ready",
+                    axum::routing::get(move || {
+                        let running = probed.phase().get() == Phase::Running;
+                        async move {
+                            if running {
+                                (axum::http::StatusCode::OK, "ready\n")
+                            } else {
+                                (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                            }
+                        }
+                    }),
+                )
+                .route(
+                    "/metrics",
+                    axum::routing::get(move || {
+                        let prometheus = prometheus.clone();
+                        let control = Arc::clone(&scraped);
+                        // Rendering thousands of series takes milliseconds:
+                        // not on a thread that serves requests.
+                        async move {
+                            tokio::task::spawn_blocking(move || {
+                                let pending =
+                                    control.pending().map(|p| (p.generation, p.rollback_to));
+                                telemetry::series::scrape(&prometheus, control.store(), pending)
+                            })
+                            .await
+                            .map_err(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR)
+                        }
+                    }),
+                );
             tokio::spawn(super::control_server::serve(
                 socket,
                 router,

@@ -164,3 +164,55 @@ async fn write_back_keeps_the_file_on_what_runs_after_an_activation_and_a_rollba
         with("three")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_without_the_token_on_the_metrics_listener_until_draining() {
+    let (echo, _task) = echo_server().await;
+    // A TCP connection kept open holds the drain for its 5 s.
+    let text = answering("one").replace(
+        "[log]",
+        &format!("[metrics]\nbind = \"127.0.0.1:0\"\n\n[runtime]\ndrain_timeout = \"5s\"\n\n[[listeners]]\nname = \"db\"\nbind = \"127.0.0.1:0\"\nprotocol = \"tcp\"\nupstream = \"echo\"\n\n[upstreams.echo]\nbackends = [{{ addr = \"{echo}\" }}]\n\n[log]"),
+    );
+    let gw = Gateway::start(&text);
+    let metrics = gw.metrics.expect("metrics");
+    assert_eq!(probe(metrics).await, Some(200));
+    let _held = tokio::net::TcpStream::connect(gw.listener("db"))
+        .await
+        .unwrap();
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/lifecycle/drain",
+        Some("application/json"),
+        Some("{}".into()),
+    )
+    .await;
+    assert!(status < 300, "{status} {body}");
+    // Still up (the held connection keeps it draining), and not ready.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        match probe(metrics).await {
+            Some(503) => break,
+            other => assert_eq!(other, Some(200), "the process went away instead"),
+        }
+        assert!(Instant::now() < deadline, "still ready while draining");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `GET /ready`'s status, or `None` when nothing answers.
+async fn probe(addr: std::net::SocketAddr) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream
+        .write_all(b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.ok()?;
+    String::from_utf8_lossy(&answer)
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
