@@ -117,3 +117,148 @@ fn the_observability_examples_query_only_exported_series() {
     }
     assert!(seen > 20, "{seen}");
 }
+
+/// The Kubernetes example's manifests, as JSON (PyYAML as glue).
+fn kubernetes_manifests() -> Vec<serde_json::Value> {
+    let dir = workspace().join("examples/kubernetes");
+    let mut docs = Vec::new();
+    for file in [
+        "deployment.yaml",
+        "services.yaml",
+        "networkpolicy.yaml",
+        "kustomization.yaml",
+    ] {
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
+            ])
+            .arg(dir.join(file))
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "{file} does not parse (python3 with PyYAML is needed: apt-get install python3-yaml): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let parsed: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        docs.extend(parsed);
+    }
+    docs
+}
+
+/// Lays `text` and an admin token out as the kubelet does for a projected
+/// ConfigMap and Secret: the files are symlinks through `..data` to a
+/// timestamped folder, swapped as a whole on an update.
+fn configmap_folder(dir: &std::path::Path, version: &str, text: &str) {
+    let data = dir.join(format!("..{version}"));
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("gateway.toml"), text).unwrap();
+    std::fs::write(
+        data.join("admin-token"),
+        "k8s-example-token-0123456789abcdef\n",
+    )
+    .unwrap();
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(format!("..{version}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    for name in ["gateway.toml", "admin-token"] {
+        let link = dir.join(name);
+        if !link.exists() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), link).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_example_serves_its_configmap_and_follows_its_updates() {
+    let docs = kubernetes_manifests();
+    let kind = |k: &'static str| docs.iter().filter(move |d| d["kind"] == k);
+    let deployment = kind("Deployment").next().expect("a Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["args"],
+        serde_json::json!(["run", "-c", "/etc/cutover/gateway.toml", "--watch"])
+    );
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/ready");
+    assert!(container["lifecycle"]["preStop"].is_object());
+    assert!(
+        container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m.get("subPath").is_none()),
+        "a subPath mount is never updated"
+    );
+    assert_eq!(
+        deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"],
+        "true"
+    );
+    assert_eq!(kind("Service").count(), 2);
+    assert_eq!(kind("NetworkPolicy").count(), 1);
+    let ports: Vec<u64> = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["containerPort"].as_u64().unwrap())
+        .collect();
+    let text =
+        std::fs::read_to_string(workspace().join("examples/kubernetes/gateway.toml")).unwrap();
+    for port in &ports {
+        assert!(
+            text.contains(&format!("0.0.0.0:{port}\"")),
+            "port {port} is not bound in gateway.toml"
+        );
+    }
+
+    // Run it as the pod would, on ephemeral ports, from a ConfigMap-style
+    // folder; then update the ConfigMap the kubelet's way.
+    let local = text
+        .replace("0.0.0.0:8080", "127.0.0.1:0")
+        .replace("0.0.0.0:9190", "0.0.0.0:0")
+        .replace("0.0.0.0:9191", "127.0.0.1:0");
+    let dir = tempfile::tempdir().unwrap();
+    configmap_folder(dir.path(), "2026_11_30_a", &local);
+    let gw = Gateway::start_args_in(dir, &local, &["--watch"]);
+    let metrics = gw.metrics.expect("metrics");
+    let (status, _, body) = get(metrics, "10.1.2.3:9191", "/ready").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "ready\n"),
+        "the kubelet's probe"
+    );
+    // The admin API: the token, and any Host (a wildcard bind: the
+    // Service's name).
+    let admin_port = gw.admin.port();
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], admin_port));
+    let (status, _, _) = get(admin, "cutover-admin:9190", "/admin/runtime/status").await;
+    assert_eq!(status, 401);
+    let updated = local.replace("timeout = \"10s\"", "timeout = \"20s\"");
+    configmap_folder(gw.dir.path(), "2026_11_30_b", &updated);
+    // What runs, asked with the token: the update, within a few seconds.
+    let export = || {
+        let out = Command::new(BIN)
+            .args(["ctl", "--admin", &format!("http://{admin}"), "--token-file"])
+            .arg(gw.path("admin-token"))
+            .arg("export")
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while export() != updated {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ConfigMap update was not activated"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
