@@ -157,6 +157,13 @@ fn max_sessions(admission: &Admission, listener: &str) -> usize {
     max
 }
 
+/// Why a session could not reach its backend: the backend's doing (its
+/// name, its address), or this process's (no socket to be had).
+enum Unusable {
+    Backend(std::io::Error),
+    Local(std::io::Error),
+}
+
 /// One client's session.
 struct Session {
     number: u64,
@@ -223,9 +230,15 @@ impl Session {
                             .connect(&backend.key.addr, backend.key.connect_timeout)
                             .await
                         {
-                            Err(error) => {
+                            Err(Unusable::Backend(error)) => {
                                 upstream.report(&backend, Attempt::ConnectError, None);
                                 tracing::warn!(listener = %self.listener, backend = %backend.key.addr, %error, "udp backend unusable");
+                                Flags::CONNECT_FAILURE
+                            }
+                            // Not the backend's doing (out of descriptors):
+                            // its health is left alone.
+                            Err(Unusable::Local(error)) => {
+                                tracing::error!(listener = %self.listener, %error, "cannot open a socket for a udp session");
                                 Flags::CONNECT_FAILURE
                             }
                             Ok(server) => {
@@ -270,21 +283,28 @@ impl Session {
 
     /// A socket of the session's own, connected to the backend (so that
     /// only its answers arrive on it).
-    async fn connect(&self, addr: &str, timeout: Duration) -> std::io::Result<UdpSocket> {
+    async fn connect(&self, addr: &str, timeout: Duration) -> Result<UdpSocket, Unusable> {
         let resolve = tokio::time::timeout(timeout, tokio::net::lookup_host(addr)).await;
         let target = resolve
             .map_err(|_| {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "name resolution timed out")
-            })??
+            })
+            .and_then(|found| found)
+            .map_err(Unusable::Backend)?
             .next()
-            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))?;
+            .ok_or_else(|| {
+                Unusable::Backend(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no address",
+                ))
+            })?;
         let local: SocketAddr = if target.is_ipv4() {
             (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
         } else {
             (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
         };
-        let socket = UdpSocket::bind(local).await?;
-        socket.connect(target).await?;
+        let socket = UdpSocket::bind(local).await.map_err(Unusable::Local)?;
+        socket.connect(target).await.map_err(Unusable::Backend)?;
         Ok(socket)
     }
 
