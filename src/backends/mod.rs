@@ -60,6 +60,23 @@ pub struct BackendKey {
     pub proxy_protocol: Option<crate::plan::ProxyProtocol>,
 }
 
+/// Whether a failed connect was this process's doing (descriptors,
+/// memory, local ports) rather than the backend's.
+pub fn local_failure(error: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    error.raw_os_error().is_some_and(|code| {
+        [
+            Errno::MFILE,
+            Errno::NFILE,
+            Errno::NOBUFS,
+            Errno::NOMEM,
+            Errno::ADDRNOTAVAIL,
+        ]
+        .iter()
+        .any(|e| e.raw_os_error() == code)
+    })
+}
+
 /// The PROXY header a backend connection for one client starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProxyHeader {

@@ -640,7 +640,17 @@ async fn driven_exchange(
     {
         Ok(response) => response,
         Err(ExchangeError::Connect(error)) => {
-            hop.report(Attempt::ConnectError, None);
+            // Out of descriptors or local ports is this process's
+            // trouble: the backend's health is left alone.
+            match &error {
+                crate::backends::ConnectError::Io(io) if crate::backends::local_failure(io) => {
+                    tracing::error!(backend = %backend.key.addr, %io, "cannot open a connection to a backend");
+                    if let Some(trail) = &hop.trail {
+                        trail.flag(Flags::CONNECT_FAILURE);
+                    }
+                }
+                _ => hop.report(Attempt::ConnectError, None),
+            }
             return Err(connect_failed(backend, &error));
         }
         Err(ExchangeError::Send(SendError::RequestBody(error))) => {

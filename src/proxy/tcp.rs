@@ -258,7 +258,7 @@ async fn connect(
             // Out of descriptors, buffers or local ports: this process's
             // trouble, not the backend's. Its health is left alone, and
             // no other backend would fare better.
-            Ok(Err(error)) if local_failure(&error) => {
+            Ok(Err(error)) if crate::backends::local_failure(&error) => {
                 tracing::error!(listener = %setup.listener, backend = %backend.key.addr, %error, "cannot open a connection to a tcp backend");
                 return Err(flags | Flags::CONNECT_FAILURE);
             }
@@ -283,23 +283,6 @@ async fn connect(
         flags |= Flags::NO_HEALTHY_BACKEND;
     }
     Err(flags)
-}
-
-/// Whether a failed connect was this process's doing (descriptors,
-/// memory, local ports) rather than the backend's.
-fn local_failure(error: &std::io::Error) -> bool {
-    use rustix::io::Errno;
-    error.raw_os_error().is_some_and(|code| {
-        [
-            Errno::MFILE,
-            Errno::NFILE,
-            Errno::NOBUFS,
-            Errno::NOMEM,
-            Errno::ADDRNOTAVAIL,
-        ]
-        .iter()
-        .any(|e| e.raw_os_error() == code)
-    })
 }
 
 /// What the upstream reads before the client's own bytes: the PROXY
@@ -374,11 +357,12 @@ mod tests {
     fn running_out_of_descriptors_is_not_the_backends_failure() {
         use rustix::io::Errno;
         let os = |e: Errno| std::io::Error::from_raw_os_error(e.raw_os_error());
-        assert!(local_failure(&os(Errno::MFILE)));
-        assert!(local_failure(&os(Errno::ADDRNOTAVAIL)));
-        assert!(!local_failure(&os(Errno::CONNREFUSED)));
-        assert!(!local_failure(&os(Errno::HOSTUNREACH)));
-        assert!(!local_failure(&std::io::Error::other("not an OS error")));
+        let local = crate::backends::local_failure;
+        assert!(local(&os(Errno::MFILE)));
+        assert!(local(&os(Errno::ADDRNOTAVAIL)));
+        assert!(!local(&os(Errno::CONNREFUSED)));
+        assert!(!local(&os(Errno::HOSTUNREACH)));
+        assert!(!local(&std::io::Error::other("not an OS error")));
     }
 
     #[tokio::test]
