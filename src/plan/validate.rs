@@ -705,21 +705,17 @@ impl Validator<'_> {
                 ("trusted_proxies", !l.trusted_proxies.is_empty()),
                 ("accept_proxy_protocol", l.accept_proxy_protocol.is_some()),
             ];
-            for (key, _) in not_udp.iter().filter(|(_, set)| *set) {
-                let hint = if *key == "max_connections" {
+            self.refuse(i, &not_udp, |key| {
+                let hint = if key == "max_connections" {
                     " (max_sessions bounds sessions)"
                 } else {
                     ""
                 };
-                self.error(
-                    "unexpected_option",
-                    at(key),
-                    format!(
-                        "udp listener '{}' carries datagrams; {key} does not apply{hint}",
-                        l.name
-                    ),
-                );
-            }
+                format!(
+                    "udp listener '{}' carries datagrams; {key} does not apply{hint}",
+                    l.name
+                )
+            });
         }
         if protocol == Some(ListenerProtocol::Tcp) {
             let http_only = [
@@ -735,16 +731,12 @@ impl Validator<'_> {
                 ),
                 ("max_inflight", l.max_inflight.is_some()),
             ];
-            for (key, _) in http_only.iter().filter(|(_, set)| *set) {
-                self.error(
-                    "unexpected_option",
-                    at(key),
-                    format!(
-                        "tcp listener '{}' carries no HTTP; {key} does not apply",
-                        l.name
-                    ),
-                );
-            }
+            self.refuse(i, &http_only, |key| {
+                format!(
+                    "tcp listener '{}' carries no HTTP; {key} does not apply",
+                    l.name
+                )
+            });
         }
         let encoded_slash = match l.encoded_slash.as_deref() {
             None | Some("keep") => EncodedSlash::Keep,
@@ -797,6 +789,18 @@ impl Validator<'_> {
         }
     }
 
+    /// Refuses (`unexpected_option`) each key of listener `i` that is set
+    /// but cannot be honoured there, saying `why`.
+    fn refuse(&mut self, i: usize, keys: &[(&str, bool)], why: impl Fn(&str) -> String) {
+        for (key, _) in keys.iter().filter(|(_, set)| *set) {
+            self.error(
+                "unexpected_option",
+                format!("listeners[{i}].{key}"),
+                why(key),
+            );
+        }
+    }
+
     /// A `tcp` listener's idle timeout and SNI routes; the SNI options
     /// on any other listener are refused rather than ignored.
     fn listener_l4(
@@ -814,23 +818,20 @@ impl Validator<'_> {
                 format!("max_sessions bounds udp sessions; listener '{}' is not udp (max_connections bounds connections)", l.name),
             );
         }
-        if protocol == Some(ListenerProtocol::Udp) {
-            for (key, set) in [
+        if protocol.is_some() && protocol != Some(ListenerProtocol::Tcp) {
+            let sni = [
                 ("sni_routes", !l.sni_routes.is_empty()),
                 ("default_upstream", l.default_upstream.is_some()),
                 ("client_hello_timeout", l.client_hello_timeout.is_some()),
-            ] {
-                if set {
-                    self.error(
-                        "unexpected_option",
-                        at(key),
-                        format!(
-                            "{key} routes TLS pass-through on tcp listeners; listener '{}' is udp",
-                            l.name
-                        ),
-                    );
-                }
-            }
+            ];
+            self.refuse(i, &sni, |key| {
+                format!(
+                    "{key} routes TLS pass-through on tcp listeners; listener '{}' is {}",
+                    l.name, l.protocol
+                )
+            });
+        }
+        if protocol == Some(ListenerProtocol::Udp) {
             let idle_timeout = match l.idle_timeout.as_deref() {
                 None => Some(DEFAULT_UDP_IDLE_TIMEOUT),
                 Some("off") => {
@@ -859,19 +860,6 @@ impl Validator<'_> {
             };
         }
         if protocol != Some(ListenerProtocol::Tcp) {
-            for (key, set) in [
-                ("sni_routes", !l.sni_routes.is_empty()),
-                ("default_upstream", l.default_upstream.is_some()),
-                ("client_hello_timeout", l.client_hello_timeout.is_some()),
-            ] {
-                if set {
-                    self.error(
-                        "unexpected_option",
-                        at(key),
-                        format!("{key} routes TLS pass-through on tcp listeners; listener '{}' is not one", l.name),
-                    );
-                }
-            }
             return L4Spec::default();
         }
         let idle_timeout = match l.idle_timeout.as_deref() {
@@ -880,21 +868,16 @@ impl Validator<'_> {
             Some(text) => self.duration(at("idle_timeout"), text),
         };
         if l.sni_routes.is_empty() {
-            for (key, set) in [
+            let sni_only = [
                 ("default_upstream", l.default_upstream.is_some()),
                 ("client_hello_timeout", l.client_hello_timeout.is_some()),
-            ] {
-                if set {
-                    self.error(
-                        "unexpected_option",
-                        at(key),
-                        format!(
-                            "{key} applies to sni_routes, and tcp listener '{}' has none",
-                            l.name
-                        ),
-                    );
-                }
-            }
+            ];
+            self.refuse(i, &sni_only, |key| {
+                format!(
+                    "{key} applies to sni_routes, and tcp listener '{}' has none",
+                    l.name
+                )
+            });
             return L4Spec {
                 sni: None,
                 idle_timeout,
