@@ -453,7 +453,7 @@ impl ListenerSet {
                     continue;
                 }
             };
-            let (limits, proxied) = self.admit(&name);
+            let (limits, proxy) = self.admit(&name, remote.ip());
             // Over the listener's cap: closed at once, before it costs a
             // task or a buffer (the client sees a reset or an EOF).
             if let Some(max) = limits
@@ -470,15 +470,13 @@ impl ListenerSet {
             }
             // A PROXY header is taken only from the proxies trusted to
             // send one: anyone else could claim any address.
-            if let Some(trusted) = &proxied {
-                if !trusted.iter().any(|net| net.contains(&remote.ip())) {
-                    untrusted.increment(1);
-                    tracing::debug!(listener = %name, peer = %remote, "PROXY header expected from an untrusted peer; closing");
-                    drop(stream);
-                    continue;
-                }
+            if proxy == Proxy::Untrusted {
+                untrusted.increment(1);
+                tracing::debug!(listener = %name, peer = %remote, "PROXY header expected from an untrusted peer; closing");
+                drop(stream);
+                continue;
             }
-            let proxied = proxied.is_some();
+            let proxied = proxy == Proxy::Trusted;
             listener_open.fetch_add(1, Ordering::AcqRel);
             self.open.count.fetch_add(1, Ordering::AcqRel);
             gauge.increment(1.0);
@@ -571,9 +569,9 @@ impl ListenerSet {
         }));
     }
 
-    /// The limits the active generation sets for a listener, and the
-    /// proxies trusted to send a PROXY header when it takes one.
-    fn admit(&self, listener: &str) -> (ListenerLimits, Option<Vec<ipnet::IpNet>>) {
+    /// The limits the active generation sets for a listener, and whether
+    /// `peer` may (or must not) send it a PROXY header.
+    fn admit(&self, listener: &str, peer: std::net::IpAddr) -> (ListenerLimits, Proxy) {
         let generation = self.admission.store().load_full();
         let admit = generation
             .spec
@@ -581,15 +579,32 @@ impl ListenerSet {
             .iter()
             .find(|l| l.name == listener)
             .map(|l| {
-                let proxied = l
-                    .accept_proxy_protocol
-                    .then(|| l.edge.trusted_proxies.clone());
-                (l.limits, proxied)
+                // `trusts` is `trusted_proxies` here: validation refuses
+                // the PROXY protocol without them, and them together with
+                // `trust_forwarded`.
+                let proxy = match (l.accept_proxy_protocol, l.edge.trusts(peer)) {
+                    (false, _) => Proxy::None,
+                    (true, true) => Proxy::Trusted,
+                    (true, false) => Proxy::Untrusted,
+                };
+                (l.limits, proxy)
             })
-            .unwrap_or_default();
+            .unwrap_or((ListenerLimits::default(), Proxy::None));
         crate::admission::release(generation);
         admit
     }
+}
+
+/// Whether a connection starts with a PROXY header, as its listener and
+/// peer have it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proxy {
+    /// The listener takes none.
+    None,
+    /// From a peer in `trusted_proxies`: read and believed.
+    Trusted,
+    /// From anyone else: the connection is closed at accept.
+    Untrusted,
 }
 
 /// The client of a connection: its peer, or, on a listener that takes a
