@@ -174,6 +174,37 @@ fn rounds_of(
     }
 }
 
+/// `backend` directly, through cutover and (when installed) through
+/// HAProxy; the proxies' processes live as long as the first value.
+fn targets(dir: &Path, name: &str, backend: SocketAddr) -> (Vec<Owned>, Vec<Target>) {
+    let (cutover, through_cutover) = start_cutover(dir, name, backend);
+    let mut targets = vec![
+        Target {
+            name: "direct",
+            address: backend,
+            pid: None,
+        },
+        Target {
+            name: "cutover",
+            address: through_cutover,
+            pid: Some(cutover.0.id()),
+        },
+    ];
+    let mut proxies = vec![cutover];
+    match start_haproxy(dir, name, backend) {
+        Some((haproxy, address)) => {
+            targets.push(Target {
+                name: "haproxy",
+                address,
+                pid: Some(haproxy.0.id()),
+            });
+            proxies.push(haproxy);
+        }
+        None => println!("({name}) HAProxy is not installed: cutover against direct only"),
+    }
+    (proxies, targets)
+}
+
 fn bulk(dir: &Path, seconds: u64, rounds: usize) {
     let port = free_port();
     let server = Command::new("iperf3")
@@ -184,29 +215,7 @@ fn bulk(dir: &Path, seconds: u64, rounds: usize) {
         .expect("iperf3 -s");
     let _server = Owned(server);
     assert!(wait_for(port), "iperf3 is not listening");
-    let (cutover, through_cutover) = start_cutover(dir, "bulk", port);
-    let haproxy = start_haproxy(dir, "bulk", port);
-    let mut targets = vec![
-        Target {
-            name: "direct",
-            address: port,
-            pid: None,
-        },
-        Target {
-            name: "cutover",
-            address: through_cutover,
-            pid: Some(cutover.0.id()),
-        },
-    ];
-    if let Some((child, address)) = &haproxy {
-        targets.push(Target {
-            name: "haproxy",
-            address: *address,
-            pid: Some(child.0.id()),
-        });
-    } else {
-        println!("(a) HAProxy is not installed: cutover against direct only");
-    }
+    let (_proxies, targets) = targets(dir, "bulk", port);
     rounds_of(
         &format!("(a) bulk transfer, one iperf3 stream for {seconds} s"),
         "GB/s",
@@ -259,27 +268,7 @@ fn connection_rate(dir: &Path, seconds: u64, rounds: usize) {
         .expect("nginx");
     let _nginx = Owned(nginx);
     assert!(wait_for(backend), "nginx is not listening");
-    let (cutover, through_cutover) = start_cutover(dir, "rate", backend);
-    let haproxy = start_haproxy(dir, "rate", backend);
-    let mut targets = vec![
-        Target {
-            name: "direct",
-            address: backend,
-            pid: None,
-        },
-        Target {
-            name: "cutover",
-            address: through_cutover,
-            pid: Some(cutover.0.id()),
-        },
-    ];
-    if let Some((child, address)) = &haproxy {
-        targets.push(Target {
-            name: "haproxy",
-            address: *address,
-            pid: Some(child.0.id()),
-        });
-    }
+    let (_proxies, targets) = targets(dir, "rate", backend);
     rounds_of(
         &format!("(b) connection rate, a new connection per request, wrk -t1 -c32 for {seconds} s"),
         "conn/s",
