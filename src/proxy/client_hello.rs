@@ -92,7 +92,6 @@ async fn read_hello(stream: &mut TcpStream) -> Result<Hello, HelloError> {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use tokio::io::AsyncWriteExt;
 
     /// The first flight of a rustls client for `name` offering `alpn`.
     fn client_hello(name: &str, alpn: &[&[u8]]) -> Vec<u8> {
@@ -116,21 +115,8 @@ mod tests {
     /// Sends `chunks` (pausing between them, so that they arrive as
     /// separate segments) and reads a ClientHello off the other end.
     async fn read_chunks(chunks: Vec<Vec<u8>>, timeout: Duration) -> Result<Hello, HelloError> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let at = listener.local_addr().expect("addr");
-        let writer = tokio::spawn(async move {
-            let mut client = TcpStream::connect(at).await.expect("connect");
-            client.set_nodelay(true).expect("nodelay");
-            for chunk in chunks {
-                let _ = client.write_all(&chunk).await;
-                tokio::time::sleep(Duration::from_millis(30)).await;
-            }
-            // Held open: the reader decides when it is done.
-            tokio::time::sleep(Duration::from_millis(1500)).await;
-        });
-        let (mut server, _) = listener.accept().await.expect("accept");
+        // Held open: the reader decides when it is done.
+        let (mut server, writer) = crate::proxy::test_io::sent_in_pieces(chunks, false).await;
         let read = read(&mut server, timeout).await;
         writer.abort();
         read

@@ -26,3 +26,41 @@ pub use listener::{
 };
 pub use tcp::pinned_age_expired;
 pub use workers::Workers;
+
+#[cfg(test)]
+mod test_io {
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+
+    /// The server end of a loopback connection whose client writes
+    /// `chunks`, pausing between them so that they arrive as separate
+    /// segments, then half-closes (`close`) or stays open and silent for
+    /// a second and a half; and the client's task.
+    pub async fn sent_in_pieces(
+        chunks: Vec<Vec<u8>>,
+        close: bool,
+    ) -> (TcpStream, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let at = listener.local_addr().expect("addr");
+        let writer = tokio::spawn(async move {
+            let mut client = TcpStream::connect(at).await.expect("connect");
+            client.set_nodelay(true).expect("nodelay");
+            for chunk in chunks {
+                // The reader may have closed already (it refused them).
+                let _ = client.write_all(&chunk).await;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            if close {
+                let _ = client.shutdown().await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+            }
+        });
+        let (server, _) = listener.accept().await.expect("accept");
+        (server, writer)
+    }
+}

@@ -117,7 +117,6 @@ async fn read_v1_rest(stream: &mut TcpStream, head: &mut Vec<u8>) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncWriteExt;
 
     use crate::backends::ProxyHeader;
     use crate::plan::ProxyProtocol;
@@ -136,19 +135,7 @@ mod tests {
     }
 
     async fn read_from(bytes: Vec<Vec<u8>>) -> (Result<Option<SocketAddr>, HeaderError>, Vec<u8>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let at = listener.local_addr().expect("addr");
-        let writer = tokio::spawn(async move {
-            let mut client = TcpStream::connect(at).await.expect("connect");
-            for chunk in bytes {
-                client.write_all(&chunk).await.expect("write");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            client.shutdown().await.expect("shutdown");
-        });
-        let (mut server, _) = listener.accept().await.expect("accept");
+        let (mut server, writer) = crate::proxy::test_io::sent_in_pieces(bytes, true).await;
         let read = read(&mut server, Duration::from_secs(2)).await;
         let mut rest = Vec::new();
         if read.is_ok() {
