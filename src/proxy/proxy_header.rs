@@ -24,7 +24,9 @@ pub enum HeaderError {
     Io(#[from] io::Error),
 }
 
-const V2_SIGNATURE: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
+/// A v2 header's fixed part: signature, version and command, family and
+/// protocol, and the length of what follows.
+const V2_FIXED: usize = 16;
 /// The shortest v1 header, `PROXY UNKNOWN\r\n`.
 const V1_SHORTEST: usize = 15;
 /// The longest v1 header (the specification's 107 bytes).
@@ -48,12 +50,13 @@ async fn read_header(stream: &mut TcpStream) -> Result<Option<SocketAddr>, Heade
     // client's own bytes.
     let mut head = vec![0u8; V1_SHORTEST];
     stream.read_exact(&mut head).await?;
-    if head.starts_with(&V2_SIGNATURE[..]) {
-        head.resize(16, 0);
+    if head.starts_with(v2::PROTOCOL_PREFIX) {
+        // The fixed part ends with the length of what follows.
+        head.resize(V2_FIXED, 0);
         stream.read_exact(&mut head[V1_SHORTEST..]).await?;
         let length = usize::from(u16::from_be_bytes([head[14], head[15]]));
-        head.resize(16 + length, 0);
-        stream.read_exact(&mut head[16..]).await?;
+        head.resize(V2_FIXED + length, 0);
+        stream.read_exact(&mut head[V2_FIXED..]).await?;
         let header = v2::Header::try_from(head.as_slice())
             .map_err(|e| HeaderError::Malformed(e.to_string()))?;
         return Ok(match (header.command, header.addresses) {
