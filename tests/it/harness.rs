@@ -284,6 +284,19 @@ impl Drop for Gateway {
 }
 
 /// One HTTP/1.1 request on a fresh connection.
+/// Activates `config` (TOML) through the admin API; the status code.
+pub async fn activate_status(gw: &Gateway, config: &str) -> u16 {
+    admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(config.to_owned()),
+    )
+    .await
+    .0
+}
+
 pub async fn admin_request(
     addr: SocketAddr,
     method: &str,

@@ -124,18 +124,6 @@ sni_routes = [
     text
 }
 
-async fn activate(gw: &Gateway, config: &str) {
-    let (status, body) = admin_request(
-        gw.admin,
-        "POST",
-        "/admin/runtime/activate",
-        Some("application/toml"),
-        Some(config.to_owned()),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sni_routes_pass_tls_through_by_name_and_close_what_they_cannot_route() {
     let ca = ca("l4 test CA");
@@ -209,7 +197,7 @@ async fn pass_through_connections_keep_their_backend_across_activations() {
     let tls = gw.listener("tls");
     let (mut pinned, greeting) = connect_tls(tls, &ca, "db.example.com").await.unwrap();
     assert_eq!(greeting, "a");
-    activate(&gw, &second).await;
+    assert_eq!(activate_status(&gw, &second).await, 200);
     // Opened before: still on a. Opened after: b.
     assert!(echo(&mut pinned, "still here").await);
     let (_, greeting) = connect_tls(tls, &ca, "db.example.com").await.unwrap();
@@ -224,7 +212,8 @@ async fn pass_through_connections_keep_their_backend_across_activations() {
         open.push(stream);
     }
     for i in 0..100 {
-        activate(&gw, if i % 2 == 0 { &first } else { &second }).await;
+        let config = if i % 2 == 0 { &first } else { &second };
+        assert_eq!(activate_status(&gw, config).await, 200);
     }
     for (i, stream) in open.iter_mut().enumerate() {
         assert!(
@@ -615,7 +604,7 @@ async fn udp_sessions_keep_their_backend_activation_moves_new_ones_and_idle_ones
         );
     }
     // An activation sends new sessions to c; the open one stays.
-    activate(&gw, &udp_config(&[c])).await;
+    assert_eq!(activate_status(&gw, &udp_config(&[c])).await, 200);
     assert_eq!(
         ask(&one, dns, "after").await,
         format!("{one_backend}:after")

@@ -53,18 +53,6 @@ async fn ping(stream: &mut TcpStream, n: u32) -> bool {
     ) && buf == message.as_bytes()
 }
 
-async fn activate(gw: &Gateway, config: &str) -> u16 {
-    admin_request(
-        gw.admin,
-        "POST",
-        "/admin/runtime/activate",
-        Some("application/toml"),
-        Some(config.to_owned()),
-    )
-    .await
-    .0
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_connections_survive_a_thousand_activations() {
     let (echo, _task) = echo_server().await;
@@ -84,14 +72,14 @@ async fn tcp_connections_survive_a_thousand_activations() {
     // Warm up so that the operation log is at its bound, then measure.
     for i in 0..300 {
         assert_eq!(
-            activate(&gw, &tcp_config(echo, "", &format!("{}s", 2 + i % 2))).await,
+            activate_status(&gw, &tcp_config(echo, "", &format!("{}s", 2 + i % 2))).await,
             200
         );
     }
     let (rss_before, _) = gw.memory_kib();
     for i in 0..1000 {
         assert_eq!(
-            activate(&gw, &tcp_config(echo, "", &format!("{}s", 2 + i % 2))).await,
+            activate_status(&gw, &tcp_config(echo, "", &format!("{}s", 2 + i % 2))).await,
             200
         );
     }
@@ -162,7 +150,7 @@ async fn tcp_bytes_are_counted_as_they_move_and_kept_when_max_pinned_age_closes(
     }
     // Closed by max_pinned_age: what moved stays counted.
     assert_eq!(
-        activate(&gw, &config.replace("timeout = \"1s\"", "timeout = \"2s\"")).await,
+        activate_status(&gw, &config.replace("timeout = \"1s\"", "timeout = \"2s\"")).await,
         200
     );
     let mut buf = [0u8; 16];
@@ -180,7 +168,7 @@ async fn max_pinned_age_closes_superseded_connections() {
     let mut old = TcpStream::connect(db).await.unwrap();
     assert!(ping(&mut old, 1).await);
     assert_eq!(
-        activate(&gw, &tcp_config(echo, "max_pinned_age = \"2s\"", "2s")).await,
+        activate_status(&gw, &tcp_config(echo, "max_pinned_age = \"2s\"", "2s")).await,
         200
     );
     let superseded = Instant::now();

@@ -82,15 +82,7 @@ async fn a_watched_file_is_activated_when_replaced_and_an_invalid_one_is_recorde
 async fn status_says_whether_the_file_matches_and_ctl_export_prints_the_active_configuration() {
     let gw = Gateway::start(&answering("one"));
     assert_eq!(gw.status().await["config_file_matches_active"], true);
-    let (status, body) = admin_request(
-        gw.admin,
-        "POST",
-        "/admin/runtime/activate",
-        Some("application/toml"),
-        Some(answering("two")),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    assert_eq!(activate_status(&gw, &answering("two")).await, 200);
     // Activated through the API: the file is behind now.
     assert_eq!(gw.status().await["config_file_matches_active"], false);
     let out = std::process::Command::new(BIN)
@@ -111,15 +103,7 @@ async fn write_back_keeps_the_file_on_what_runs_after_an_activation_and_a_rollba
         |body: &str| answering(body).replace("[log]", "[runtime]\nwrite_back = true\n\n[log]");
     let gw = Gateway::start(&with("one"));
     let file = gw.path("gateway.toml");
-    let (status, body) = admin_request(
-        gw.admin,
-        "POST",
-        "/admin/runtime/activate",
-        Some("application/toml"),
-        Some(with("two")),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    assert_eq!(activate_status(&gw, &with("two")).await, 200);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), with("two"));
     assert_eq!(
         std::fs::read_to_string(gw.path("gateway.toml.bak")).unwrap(),
