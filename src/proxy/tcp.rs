@@ -224,12 +224,7 @@ async fn connect(
     upstream: &Upstream,
     setup: &mut Setup,
 ) -> Result<(TcpStream, Arc<Backend>, u32), Flags> {
-    let hash = match upstream.hash_key {
-        Some(crate::plan::HashKey::ClientIp) => Some(crate::generation::hash_key(
-            &super::edge::client_key(setup.client.ip()),
-        )),
-        _ => None,
-    };
+    let hash = client_hash(upstream, setup.client);
     let mut tried = Vec::with_capacity(MAX_CONNECT_ATTEMPTS);
     let mut flags = Flags::NONE;
     let attempts = upstream.backends.len().clamp(1, MAX_CONNECT_ATTEMPTS);
@@ -283,6 +278,17 @@ async fn connect(
         flags |= Flags::NO_HEALTHY_BACKEND;
     }
     Err(flags)
+}
+
+/// What an L4 connection or session hashes, when its upstream hashes:
+/// the one key it has, its client's address.
+pub(super) fn client_hash(upstream: &Upstream, client: SocketAddr) -> Option<u64> {
+    match upstream.hash_key {
+        Some(crate::plan::HashKey::ClientIp) => Some(crate::generation::hash_key(
+            &super::edge::client_key(client.ip()),
+        )),
+        _ => None,
+    }
 }
 
 /// What the upstream reads before the client's own bytes: the PROXY

@@ -207,17 +207,8 @@ impl Session {
         let flags = match upstream {
             None => Flags::NO_ROUTE,
             Some(upstream) => {
-                let hash = match upstream.hash_key {
-                    Some(crate::plan::HashKey::ClientIp) => Some(crate::generation::hash_key(
-                        &super::edge::client_key(self.client.ip()),
-                    )),
-                    _ => None,
-                };
-                let backend = match hash {
-                    Some(hash) => upstream.pick_hashed(hash),
-                    None => upstream.pick(),
-                }
-                .map(Arc::clone);
+                let hash = super::tcp::client_hash(&upstream, self.client);
+                let backend = upstream.pick_untried(hash, &mut Vec::new()).map(Arc::clone);
                 match backend {
                     None => Flags::NO_HEALTHY_BACKEND,
                     Some(backend) => {
