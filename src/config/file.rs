@@ -29,6 +29,37 @@ pub struct FileConfig {
     pub routes: Vec<FileRoute>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub upstreams: BTreeMap<String, FileUpstream>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FileFleet>,
+}
+
+/// `[fleet]`: the etcd cluster this instance shares generations through
+/// (startup-owned; DESIGN §15).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileFleet {
+    /// etcd client URLs (`http://10.0.0.1:2379`, or `host:port`).
+    pub endpoints: Vec<String>,
+    /// The key prefix the fleet's generations live under (`/cutover/prod`).
+    pub prefix: String,
+    /// This instance's name within the fleet.
+    pub instance: String,
+    /// How long this instance's status outlives it (default 10s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl: Option<String>,
+    /// CA bundle that signs etcd's certificate (turns TLS on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    /// Client certificate and key for etcd's client authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// etcd user, with its password in `password_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<String>,
 }
 
 /// `[admin]`: the control API's own socket and credentials (startup-owned).

@@ -7,6 +7,7 @@
 //! bad route does not hide a bad upstream further down. Meaning (durations,
 //! references, addresses) is checked later by `plan::validate`.
 
+mod compose;
 mod diagnostic;
 mod file;
 mod files;
@@ -18,6 +19,7 @@ use serde::de::DeserializeOwned;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 use toml::Spanned;
 
+pub use compose::{check_shared, compose, SHARED_DOMAINS};
 pub use diagnostic::Diagnostic;
 pub use file::*;
 pub use files::{read_regular, MAX_CONFIG_FILE, MAX_REFERENCED_FILE};
@@ -106,6 +108,11 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                 decoder.section(&key_name, Locator::Section, value, &mut metrics);
                 config.metrics = metrics;
             }
+            "fleet" => {
+                let mut fleet = None;
+                decoder.section(&key_name, Locator::Section, value, &mut fleet);
+                config.fleet = fleet;
+            }
             "listeners" => config.listeners = decoder.array(&key_name, value),
             "routes" => config.routes = decoder.array(&key_name, value),
             "upstreams" => match value.into_inner() {
@@ -133,7 +140,7 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                     "unknown_key",
                     other,
                     format!(
-                        "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, listeners, routes, upstreams"
+                        "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, listeners, routes, upstreams, fleet"
                     ),
                 );
                 let (line, column) = map.line_column(key.span().start);

@@ -22,6 +22,8 @@ pub enum Ownership {
 const OWNERSHIP: &[(&str, Ownership)] = &[
     ("admin", Ownership::StartupOwned),
     ("admin.*", Ownership::StartupOwned),
+    ("fleet", Ownership::StartupOwned),
+    ("fleet.*", Ownership::StartupOwned),
     ("metrics", Ownership::StartupOwned),
     ("metrics.bind", Ownership::StartupOwned),
     ("metrics.max_series", Ownership::StartupOwned),

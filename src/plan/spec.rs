@@ -38,6 +38,29 @@ pub struct Spec {
     /// Shared with the generation built from them.
     pub routes: Vec<Arc<RouteSpec>>,
     pub upstreams: Vec<UpstreamSpec>,
+    /// `[fleet]`: where the shared generations come from, if anywhere.
+    pub fleet: Option<FleetSpec>,
+}
+
+/// `[fleet]`, resolved.
+#[derive(Debug, Clone)]
+pub struct FleetSpec {
+    /// `http://` or `https://` URLs.
+    pub endpoints: Vec<String>,
+    /// Without a trailing slash.
+    pub prefix: String,
+    pub instance: String,
+    pub lease_ttl: Duration,
+    pub tls: Option<FleetTls>,
+    /// User and password.
+    pub credentials: Option<(String, String)>,
+}
+
+/// TLS towards etcd: its CA, and our client identity if it asks for one.
+#[derive(Debug, Clone)]
+pub struct FleetTls {
+    pub ca: Vec<u8>,
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 #[derive(Debug, Clone)]

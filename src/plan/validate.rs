@@ -300,6 +300,7 @@ impl Validator<'_> {
         let listeners = self.listeners(file);
         let routes = self.routes(file);
         self.ambiguous_routes(&routes);
+        let fleet = file.fleet.as_ref().and_then(|f| self.fleet(f));
         Some(Spec {
             file: FileConfig::default(),
             canonical: String::new(),
@@ -314,6 +315,127 @@ impl Validator<'_> {
             listeners,
             routes,
             upstreams,
+            fleet,
+        })
+    }
+
+    fn fleet(&mut self, f: &crate::config::FileFleet) -> Option<FleetSpec> {
+        if !cfg!(feature = "fleet") {
+            self.error(
+                "fleet_not_built",
+                "fleet",
+                "this cutover was built without the `fleet` feature: it cannot join a fleet",
+            );
+            return None;
+        }
+        let before = self.diagnostics.len();
+        self.name("instance", "fleet.instance".into(), &f.instance);
+        if f.endpoints.is_empty() {
+            self.error(
+                "invalid_value",
+                "fleet.endpoints",
+                "fleet.endpoints must name at least one etcd endpoint",
+            );
+        }
+        let tls = f.ca.is_some();
+        let mut endpoints = Vec::with_capacity(f.endpoints.len());
+        for (i, text) in f.endpoints.iter().enumerate() {
+            let url = if text.contains("://") {
+                text.clone()
+            } else {
+                format!("{}://{text}", if tls { "https" } else { "http" })
+            };
+            match url.parse::<http::Uri>() {
+                Ok(uri)
+                    if uri.authority().is_some_and(|a| a.port().is_some())
+                        && matches!(uri.path(), "" | "/")
+                        && uri.scheme_str() == Some(if tls { "https" } else { "http" }) =>
+                {
+                    endpoints.push(url)
+                }
+                _ => self.error(
+                    "invalid_endpoint",
+                    format!("fleet.endpoints[{i}]"),
+                    format!(
+                        "'{text}' is not an etcd endpoint: write host:port or {}://host:port ({} because fleet.ca {})",
+                        if tls { "https" } else { "http" },
+                        if tls { "https" } else { "http" },
+                        if tls { "is set" } else { "is not set" }
+                    ),
+                ),
+            }
+        }
+        let prefix = f.prefix.trim_end_matches('/').to_owned();
+        if !prefix.starts_with('/') || prefix.len() < 2 || prefix.chars().any(char::is_whitespace) {
+            self.error(
+                "invalid_value",
+                "fleet.prefix",
+                format!("fleet.prefix '{}' must start with '/' and name a key prefix without spaces (e.g. \"/cutover/prod\")", f.prefix),
+            );
+        }
+        let lease_ttl = match &f.lease_ttl {
+            None => Some(Duration::from_secs(10)),
+            Some(text) => self
+                .duration("fleet.lease_ttl".into(), text)
+                .filter(|ttl| {
+                    let ok = (Duration::from_secs(2)..=Duration::from_secs(300)).contains(ttl);
+                    if !ok {
+                        self.error(
+                            "invalid_value",
+                            "fleet.lease_ttl",
+                            format!("fleet.lease_ttl '{text}' must be between 2s and 5m"),
+                        );
+                    }
+                    ok
+                }),
+        };
+        let ca = f.ca.as_ref().and_then(|name| self.read_file("fleet.ca".into(), name));
+        let identity = match (&f.cert, &f.key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) if tls => {
+                let cert = self.read_file("fleet.cert".into(), cert);
+                let key = self.read_file("fleet.key".into(), key);
+                cert.zip(key)
+            }
+            _ => {
+                self.error(
+                    "invalid_value",
+                    "fleet.cert",
+                    "fleet.cert and fleet.key go together, and need fleet.ca",
+                );
+                None
+            }
+        };
+        let credentials = match (&f.username, &f.password_file) {
+            (None, None) => None,
+            (Some(user), Some(file)) => self
+                .read_file("fleet.password_file".into(), file)
+                .and_then(|bytes| match String::from_utf8(bytes) {
+                    Ok(text) => Some((user.clone(), text.trim_end_matches(['\r', '\n']).to_owned())),
+                    Err(_) => {
+                        self.error("invalid_value", "fleet.password_file", "the password file is not UTF-8");
+                        None
+                    }
+                }),
+            _ => {
+                self.error(
+                    "invalid_value",
+                    "fleet.username",
+                    "fleet.username and fleet.password_file go together",
+                );
+                None
+            }
+        };
+        if self.diagnostics.len() != before {
+            return None;
+        }
+        Some(FleetSpec {
+            endpoints,
+            prefix,
+            instance: f.instance.clone(),
+            lease_ttl: lease_ttl?,
+            tls: ca.map(|ca| FleetTls { ca, identity }),
+            credentials,
         })
     }
 
