@@ -196,6 +196,9 @@ enum CtlCommand {
         #[arg(long = "listener")]
         listeners: Vec<String>,
     },
+    /// The fleet this gateway is in (`[fleet]`).
+    #[command(subcommand)]
+    Fleet(FleetCommand),
     /// Start draining the gateway (as SIGTERM).
     Drain,
     /// Drain-aware restart on the active configuration, or on `--config`
@@ -210,6 +213,14 @@ enum CtlCommand {
         #[command(flatten)]
         meta: Meta,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum FleetCommand {
+    /// The fleet's active generation and, per instance, synced, applying,
+    /// nacked (with the error), stale or gone; exit 0 only when every
+    /// instance is synced.
+    Status,
 }
 
 struct Answer {
@@ -347,6 +358,7 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
         }
         CtlCommand::Status { .. } => client.get("/admin/runtime/status").await?,
         CtlCommand::Backends => client.get("/admin/runtime/backends").await?,
+        CtlCommand::Fleet(FleetCommand::Status) => client.get("/admin/fleet/status").await?,
         CtlCommand::Drain => client.post("/admin/lifecycle/drain", json!({})).await?,
         CtlCommand::ReloadCerts { listeners } => {
             let body = if listeners.is_empty() {
@@ -468,6 +480,13 @@ fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
     match answer.status {
         StatusCode::CONFLICT => EXIT_CONFLICT,
         s if s.is_success() && answer.body["outcome"] == json!("failed") => EXIT_OTHER,
+        // Answered, but not every instance serves the active generation.
+        s if s.is_success()
+            && matches!(command, CtlCommand::Fleet(FleetCommand::Status))
+            && answer.body["synced"] != answer.body["total"] =>
+        {
+            EXIT_OTHER
+        }
         s if s.is_success() => {
             let planned = matches!(
                 command,
@@ -559,6 +578,35 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
                 body["operation_id"].as_str().unwrap_or("-")
             );
         }
+        CtlCommand::Activate { .. } | CtlCommand::Rollback { .. }
+            if body.get("instance").is_some() =>
+        {
+            let instance = &body["instance"];
+            println!(
+                "{}: fleet generation {} (previous {}), {}",
+                body["outcome"].as_str().unwrap_or("-"),
+                body["generation"],
+                body["previous_generation"],
+                body["config_version"].as_str().unwrap_or("-"),
+            );
+            match instance.get("activation") {
+                Some(activation) => {
+                    println!(
+                        "instance {}: local generation {} ({})",
+                        instance["instance"].as_str().unwrap_or("-"),
+                        activation["generation"],
+                        activation["outcome"].as_str().unwrap_or("-")
+                    );
+                    print_diff(&activation["diff"]);
+                }
+                None => println!(
+                    "instance {}: {}",
+                    instance["instance"].as_str().unwrap_or("-"),
+                    instance["error"].as_str().unwrap_or("-")
+                ),
+            }
+            println!("other instances follow through etcd: `cutover ctl fleet status`");
+        }
         CtlCommand::Activate { .. } | CtlCommand::Rollback { .. } => {
             println!(
                 "{}: generation {} (previous {}), {} in {} ms",
@@ -621,6 +669,7 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
         CtlCommand::Status { .. } => {
             println!("{}", serde_json::to_string_pretty(body).unwrap_or_default())
         }
+        CtlCommand::Fleet(FleetCommand::Status) => print!("{}", fleet_table(body)),
         CtlCommand::Backends => {
             println!(
                 "{:<16} {:<24} {:<10} {:<9} {:>8} {:>9} {:>10} {:>9}",
@@ -751,6 +800,39 @@ async fn watch_status(
 }
 
 /// The facts of one `ctl status` frame, as text.
+/// `ctl fleet status`: one line per instance.
+fn fleet_table(body: &Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let active = &body["active"];
+    let _ = writeln!(
+        out,
+        "fleet {}: generation {} ({}), {} of {} instances synced",
+        body["prefix"].as_str().unwrap_or("-"),
+        active["generation"],
+        active["config_version"].as_str().unwrap_or("-"),
+        body["synced"],
+        body["total"]
+    );
+    let _ = writeln!(
+        out,
+        "{:<20} {:<9} {:>10}  {:<5}  error",
+        "instance", "status", "generation", "drift"
+    );
+    for i in body["instances"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "{:<20} {:<9} {:>10}  {:<5}  {}",
+            i["instance"].as_str().unwrap_or("-"),
+            i["status"].as_str().unwrap_or("-"),
+            i["generation"].as_u64().map_or("-".into(), |g| g.to_string()),
+            if i["drift"] == json!(true) { "yes" } else { "no" },
+            i["error"].as_str().unwrap_or("")
+        );
+    }
+    out
+}
+
 fn status_frame(
     status: &Value,
     backends: &Value,

@@ -32,6 +32,8 @@ pub mod backends;
 pub mod config;
 pub mod control;
 pub mod ctl;
+#[cfg(feature = "fleet")]
+pub mod fleet;
 pub mod generation;
 pub mod ids;
 pub mod lifecycle;

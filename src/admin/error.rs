@@ -145,6 +145,12 @@ fn control_error(error: ControlError) -> Response {
             Json(json!({ "error": "not_pending", "generation": generation, "message": message })),
         )
             .into_response(),
+        ControlError::FleetUnavailable(_) => {
+            body(StatusCode::SERVICE_UNAVAILABLE, "fleet_unavailable", message)
+        }
+        ControlError::FleetUnsupported(_) => {
+            body(StatusCode::BAD_REQUEST, "unsupported_in_fleet", message)
+        }
         ControlError::NotRetained(target) => (
             StatusCode::NOT_FOUND,
             Json(json!({ "error": "generation_not_retained", "target_generation": target, "message": message })),

@@ -28,7 +28,7 @@ pub use error::ApiError;
 pub use security::Security;
 
 use crate::control::{
-    CandidateSource, Control, RollbackRequest, Settle, SettleRequest, UpgradeRequest,
+    Candidate, CandidateSource, Control, RollbackRequest, Settle, SettleRequest, UpgradeRequest,
 };
 use crate::ids::GenerationId;
 use crate::runtime::{OperationKind, Phase};
@@ -54,6 +54,7 @@ pub fn router(control: Arc<Control>, security: Security) -> Router {
             get(history_generation),
         )
         .route("/admin/runtime/status", get(status))
+        .route("/admin/fleet/status", get(fleet_status))
         .route("/admin/runtime/backends", get(backends))
         .route("/admin/runtime/operations/{id}", get(operation))
         .route("/admin/lifecycle/drain", post(drain))
@@ -80,10 +81,29 @@ pub fn router(control: Arc<Control>, security: Security) -> Router {
 
 type Shared = State<Arc<Control>>;
 
+/// In a fleet, a candidate is a shared document: planned as this
+/// instance's file composed with it.
+fn as_planned(control: &Control, candidate: Candidate) -> Result<Candidate, ApiError> {
+    #[cfg(feature = "fleet")]
+    if let Some(fleet) = control.fleet() {
+        return Ok(fleet.compose(candidate)?);
+    }
+    let _ = control;
+    Ok(candidate)
+}
+
 async fn validate(
     State(control): Shared,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
+    let candidate = match as_planned(&control, candidate) {
+        Ok(candidate) => candidate,
+        // An invalid shared document is a plan like any other.
+        Err(ApiError::Control(crate::control::ControlError::Invalid(plan))) => {
+            return Ok(Json(plan).into_response())
+        }
+        Err(error) => return Err(error),
+    };
     Ok(Json(control.validate(candidate).await?).into_response())
 }
 
@@ -91,13 +111,20 @@ async fn preview(
     State(control): Shared,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
+    let candidate = as_planned(&control, candidate)?;
     Ok(Json(control.preview(candidate).await?).into_response())
 }
 
+/// Activates on this instance, or (in a fleet) on every instance through
+/// etcd.
 async fn activate(
     State(control): Shared,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
+    #[cfg(feature = "fleet")]
+    if let Some(fleet) = control.fleet() {
+        return Ok(Json(fleet.activate(candidate).await?).into_response());
+    }
     Ok(Json(control.activate(candidate, OperationKind::Activate).await?).into_response())
 }
 
@@ -105,7 +132,19 @@ async fn reload(
     State(control): Shared,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    Ok(Json(control.activate(candidate, OperationKind::Reload).await?).into_response())
+    Ok(Json(control.reload(candidate).await?).into_response())
+}
+
+/// The fleet's active generation and where each instance stands.
+async fn fleet_status(State(control): Shared) -> Result<Response, ApiError> {
+    #[cfg(feature = "fleet")]
+    if let Some(fleet) = control.fleet() {
+        return Ok(Json(fleet.status().await?).into_response());
+    }
+    let _ = control;
+    Err(ApiError::NotFound(
+        "this instance is not in a fleet (no [fleet] section)".into(),
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -133,6 +172,18 @@ async fn rollback(
         ("reason", body.reason.as_deref()),
         ("requested_by", body.requested_by.as_deref()),
     ])?;
+    #[cfg(feature = "fleet")]
+    if let Some(fleet) = control.fleet() {
+        let answer = fleet
+            .rollback(
+                body.target_generation,
+                body.expected_active_generation,
+                body.requested_by,
+                body.reason,
+            )
+            .await?;
+        return Ok(Json(answer).into_response());
+    }
     let activation = control
         .rollback(RollbackRequest {
             target_generation: GenerationId(body.target_generation),
@@ -243,7 +294,7 @@ async fn upgrade(
     let config = match candidate.source {
         CandidateSource::Text(text) => Some(text),
         CandidateSource::Path(None) => None,
-        CandidateSource::Path(Some(_)) => {
+        CandidateSource::Path(Some(_)) | CandidateSource::Composed { .. } => {
             return Err(ApiError::BadRequest(
                 "upgrade takes the candidate text, not config_path".into(),
             ));

@@ -12,6 +12,9 @@ pub enum CandidateSource {
     Text(String),
     /// A file: `None` is the file the process was started with.
     Path(Option<PathBuf>),
+    /// Text composed by the gateway (a fleet generation with the
+    /// instance's own file), named by `origin` in diagnostics.
+    Composed { text: String, origin: String },
 }
 
 /// A candidate configuration and the metadata of the request that sent it.
@@ -157,6 +160,9 @@ pub fn read(source: &CandidateSource, config_file: &Path) -> Result<ConfigText, 
         .unwrap_or_else(|| PathBuf::from("."));
     match source {
         CandidateSource::Text(text) => Ok(ConfigText::inline(text.clone(), folder, "<admin>")),
+        CandidateSource::Composed { text, origin } => {
+            Ok(ConfigText::inline(text.clone(), folder, origin))
+        }
         CandidateSource::Path(None) => ConfigText::read(config_file)
             .map_err(|e| CandidateError::Unreadable(config_file.to_path_buf(), e)),
         CandidateSource::Path(Some(path)) => {

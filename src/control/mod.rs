@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 
 pub use candidate::{CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec};
+pub use candidate::read as read_candidate;
 pub use certs::{CertReload, CertView, ListenerCerts};
 pub use process::{BinaryView, LifecycleError, ProcessControl, UpgradeRequest};
 pub use views::*;
@@ -85,6 +86,12 @@ pub enum ControlError {
     PendingActivation { pending: GenerationId },
     #[error("generation {0} is not pending")]
     NotPending(GenerationId),
+    /// Fleet mode: etcd did not answer, so nothing was changed.
+    #[error("the fleet's etcd cannot be reached: {0}")]
+    FleetUnavailable(String),
+    /// Fleet mode: an operation that works on one instance only.
+    #[error("{0}")]
+    FleetUnsupported(&'static str),
 }
 
 /// The result of activate, reload and rollback.
@@ -414,6 +421,10 @@ pub struct Control {
     /// The generation awaiting confirmation, if any (changed only under
     /// the operation lock).
     pending: Mutex<Option<Pending>>,
+    /// The fleet this instance is in (`[fleet]`). The fleet holds this
+    /// control plane too: both live as long as the process.
+    #[cfg(feature = "fleet")]
+    fleet: std::sync::OnceLock<Arc<crate::fleet::Fleet>>,
     /// See `file_matches_active`.
     #[allow(clippy::type_complexity)]
     file_match: Mutex<Option<(GenerationId, Option<(u64, Option<SystemTime>)>, bool)>>,
@@ -436,6 +447,23 @@ impl Control {
             candidacy: Mutex::new((GenerationId(0), HashMap::new())),
             pending: Mutex::new(None),
             file_match: Mutex::new(None),
+            #[cfg(feature = "fleet")]
+            fleet: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The fleet this instance is in, if any.
+    #[cfg(feature = "fleet")]
+    pub fn fleet(&self) -> Option<&Arc<crate::fleet::Fleet>> {
+        self.fleet.get()
+    }
+
+    /// Joins the fleet `[fleet]` names (once, at start-up).
+    #[cfg(feature = "fleet")]
+    pub fn join_fleet(self: &Arc<Self>, spec: crate::plan::FleetSpec) {
+        let fleet = crate::fleet::Fleet::start(Arc::clone(self), spec);
+        if self.fleet.set(fleet).is_err() {
+            tracing::error!("the fleet was joined twice; the second is ignored");
         }
     }
 
@@ -623,6 +651,16 @@ impl Control {
             }
         }
         Ok(activation)
+    }
+
+    /// Reloads the configuration file (SIGHUP, `reload`); in a fleet,
+    /// composed with the shared document the instance serves.
+    pub async fn reload(self: &Arc<Self>, candidate: Candidate) -> Result<Activation, ControlError> {
+        #[cfg(feature = "fleet")]
+        if let Some(fleet) = self.fleet() {
+            return fleet.reload(candidate).await;
+        }
+        self.activate(candidate, OperationKind::Reload).await
     }
 
     /// Starts what settles a pending generation: the deadline's timer, and

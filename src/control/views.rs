@@ -119,6 +119,10 @@ pub struct StatusView {
     /// (`false` after an API activation, until the file is updated; a
     /// rotated certificate behind the same text is not looked at).
     pub config_file_matches_active: bool,
+    /// In a fleet: the fleet generation served and the etcd session.
+    #[cfg(feature = "fleet")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<crate::fleet::LocalView>,
 }
 
 impl Control {
@@ -150,6 +154,8 @@ impl Control {
             errors_total,
             pending: self.pending(),
             config_file_matches_active: self.file_matches_active(active.id),
+            #[cfg(feature = "fleet")]
+            fleet: self.fleet().map(|f| f.local_view()),
         }
     }
 

@@ -20,7 +20,7 @@ use crate::ids::GenerationId;
 use crate::plan::{self, Spec};
 use crate::proxy::{ListenerSet, Workers};
 use crate::runtime::{
-    rfc3339, GenerationRecord, GenerationStore, History, OperationKind, Outcome, PersistedState,
+    rfc3339, GenerationRecord, GenerationStore, History, Outcome, PersistedState,
     Phase, PhaseCell, RetainedText, Source,
 };
 use crate::telemetry::{self, metrics as m};
@@ -419,6 +419,15 @@ async fn serve(
     // A generation that was pending when the last process stopped (or
     // handed over) is pending again, with what is left of its window.
     control.resume_pending();
+    #[cfg(feature = "fleet")]
+    if let Some(fleet) = spec.fleet.clone() {
+        if options.watch {
+            return Err(StartError::Watch(
+                "--watch and [fleet] would be two sources of truth for the routes: a fleet instance takes its shared configuration from etcd".into(),
+            ));
+        }
+        control.join_fleet(fleet);
+    }
     if options.watch {
         match super::watch::spawn(Arc::clone(&control), options.config.clone()) {
             Ok(()) => {
@@ -572,7 +581,7 @@ async fn signal_loop(
         tokio::select! {
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading the configuration file");
-                match control.activate(Candidate::config_file(), OperationKind::Reload).await {
+                match control.reload(Candidate::config_file()).await {
                     Ok(activation) => tracing::info!(outcome = activation.outcome, generation = %activation.generation, "reload finished"),
                     Err(error) => log_refusal(&error),
                 }

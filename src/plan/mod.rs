@@ -52,6 +52,20 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// A plan refused before validation could run (a shared document
+    /// that does not compose), with its findings.
+    pub fn refused(errors: Vec<Diagnostic>, active: Option<GenerationId>) -> Self {
+        Plan {
+            activatable: false,
+            config_version: None,
+            active_generation: active,
+            errors,
+            rejected: Vec::new(),
+            diff: Diff::default(),
+            spec: None,
+        }
+    }
+
     /// Whether the candidate equals the active configuration (same
     /// `config_version`, files included): activating it changes nothing.
     pub fn is_unchanged(&self, active: Option<&Spec>) -> bool {

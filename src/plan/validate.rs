@@ -301,6 +301,13 @@ impl Validator<'_> {
         let routes = self.routes(file);
         self.ambiguous_routes(&routes);
         let fleet = file.fleet.as_ref().and_then(|f| self.fleet(f));
+        if file.fleet.is_some() && file.runtime.write_back == Some(true) {
+            self.error(
+                "conflicting_options",
+                "runtime.write_back",
+                "runtime.write_back cannot be set with [fleet]: the fleet's shared document, not this file, holds the routes",
+            );
+        }
         Some(Spec {
             file: FileConfig::default(),
             canonical: String::new(),

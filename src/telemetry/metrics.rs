@@ -48,6 +48,12 @@ pub const TCP_CONNECTION_DURATION: &str = "cutover_tcp_connection_duration_secon
 pub const TCP_CONNECTION_DURATION_BUCKETS: &[f64] = &[
     0.005, 0.05, 0.5, 5.0, 30.0, 300.0, 1800.0, 3600.0, 14400.0, 86400.0,
 ];
+/// Fleet mode: the fleet generation this instance serves (0: none yet).
+pub const FLEET_GENERATION: &str = "cutover_fleet_generation";
+/// Fleet mode: 1 while the session with etcd is up.
+pub const FLEET_CONNECTED: &str = "cutover_fleet_connected";
+/// Fleet mode: generations applied (`ack`) or refused (`nack`), by `outcome`.
+pub const FLEET_APPLIES: &str = "cutover_fleet_applies_total";
 /// The lifecycle phase: 0 starting, 1 running, 2 draining, 3 stopped.
 pub const PHASE: &str = "cutover_phase";
 /// Age in seconds of the oldest superseded generation that still has pinned work.

@@ -1,0 +1,381 @@
+//! The per-instance agent: one session with etcd at a time, re-opened with
+//! back-off when it fails. A session checks the prefix's format, takes a
+//! lease for the instance's status key, reads `active` (applying it when
+//! newer than what the instance serves) and watches it from the revision
+//! read. A cancelled or compacted watch lists again; a failed one ends the
+//! session. Nothing here can stop traffic: the data plane serves whatever
+//! generation was applied last.
+
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
+
+use super::records::{
+    self, ActiveRecord, BoundListener, GenerationDoc, InstanceRecord, Meta, Report,
+};
+use super::{within, Applied, Fleet, FleetError};
+use crate::control::{Activation, Candidate, CandidateSource, ControlError};
+use crate::runtime::{rfc3339, OperationKind};
+use crate::telemetry::metrics as m;
+
+/// The first retry after a failed session, doubled up to `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+const MAX_BACKOFF: Duration = Duration::from_secs(3);
+/// A prefix of another format is looked at again this often (someone may
+/// fix it), without filling the log.
+const REFUSED_RETRY: Duration = Duration::from_secs(30);
+
+/// Runs sessions for as long as the process lives.
+pub(super) async fn run(fleet: Arc<Fleet>) {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let error = session(&fleet).await;
+        metrics::gauge!(m::FLEET_CONNECTED).set(0.0);
+        *fleet.lease.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        let wait = match &error {
+            FleetError::Refused(message) => {
+                tracing::error!(prefix = %fleet.spec.prefix, "fleet: {message}");
+                REFUSED_RETRY
+            }
+            other => {
+                tracing::warn!(prefix = %fleet.spec.prefix, error = %other, retry_in = ?backoff, "fleet: etcd session lost; serving the applied generation");
+                let wait = backoff;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                wait
+            }
+        };
+        *fleet.session.lock().unwrap_or_else(PoisonError::into_inner) = Err(error.to_string());
+        tokio::time::sleep(wait).await;
+        if fleet.session.lock().unwrap_or_else(PoisonError::into_inner).is_ok() {
+            backoff = FIRST_BACKOFF;
+        }
+    }
+}
+
+/// One session; returns why it ended.
+async fn session(fleet: &Arc<Fleet>) -> FleetError {
+    let mut client = match fleet.client().await {
+        Ok(client) => client,
+        Err(error) => return error,
+    };
+    if let Err(error) = check_format(fleet, &mut client).await {
+        return error;
+    }
+    let ttl = i64::try_from(fleet.spec.lease_ttl.as_secs()).unwrap_or(10);
+    let lease = match within(client.lease_grant(ttl, None)).await {
+        Ok(lease) => lease.id(),
+        Err(error) => return error,
+    };
+    let (mut keeper, mut keepalive) = match within(client.lease_keep_alive(lease)).await {
+        Ok(pair) => pair,
+        Err(error) => return error,
+    };
+    *fleet.lease.lock().unwrap_or_else(PoisonError::into_inner) = Some(lease);
+    let member = serde_json::json!({ "instance": fleet.spec.instance, "joined_at": rfc3339(SystemTime::now()) });
+    if let Err(error) = within(client.put(
+        fleet.keys.member(&fleet.spec.instance),
+        member.to_string(),
+        None,
+    ))
+    .await
+    {
+        return error;
+    }
+    if let Err(error) = fleet.report_now(&mut client, Report::Ack, None, None, Vec::new()).await {
+        return error;
+    }
+    *fleet.session.lock().unwrap_or_else(PoisonError::into_inner) = Ok(());
+    metrics::gauge!(m::FLEET_CONNECTED).set(1.0);
+    tracing::info!(prefix = %fleet.spec.prefix, instance = %fleet.spec.instance, "fleet: joined");
+    let mut renew = tokio::time::interval(fleet.spec.lease_ttl / 3);
+    loop {
+        // List: what is active now, and from which revision to watch.
+        let revision = match within(client.get(fleet.keys.active(), None)).await {
+            Ok(answer) => {
+                let revision = answer.header().map_or(0, |h| h.revision());
+                if let Some(kv) = answer.kvs().first() {
+                    fleet.on_active(kv.value()).await;
+                }
+                revision
+            }
+            Err(error) => return error,
+        };
+        let options = WatchOptions::new().with_start_revision(revision + 1);
+        let mut watch = match within(client.watch(fleet.keys.active(), Some(options))).await {
+            Ok(watch) => watch,
+            Err(error) => return error,
+        };
+        loop {
+            tokio::select! {
+                message = watch.message() => match message {
+                    Ok(Some(answer)) if answer.canceled() || answer.compact_revision() > 0 => {
+                        tracing::warn!(
+                            compact_revision = answer.compact_revision(),
+                            reason = answer.cancel_reason(),
+                            "fleet: watch cancelled; listing again"
+                        );
+                        break;
+                    }
+                    Ok(Some(answer)) => {
+                        for event in answer.events() {
+                            match (event.event_type(), event.kv()) {
+                                (EventType::Put, Some(kv)) => fleet.on_active(kv.value()).await,
+                                _ => tracing::warn!("fleet: the active key was deleted; serving the applied generation"),
+                            }
+                        }
+                    }
+                    Ok(None) => return FleetError::Refused("etcd closed the watch".into()).into_transient(),
+                    Err(error) => return error.into(),
+                },
+                _ = renew.tick() => {
+                    if let Err(error) = within(keeper.keep_alive()).await {
+                        return error;
+                    }
+                    match within(keepalive.message()).await {
+                        Ok(Some(answer)) if answer.ttl() > 0 => {}
+                        Ok(_) => return FleetError::Refused("the lease expired".into()).into_transient(),
+                        Err(error) => return error,
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl FleetError {
+    /// A session that ended for a reason worth retrying soon.
+    fn into_transient(self) -> FleetError {
+        match self {
+            FleetError::Refused(message) => FleetError::Etcd(etcd_client::Error::WatchError(message)),
+            other => other,
+        }
+    }
+}
+
+/// Writes `meta` when the prefix is new; refuses a prefix of another
+/// format.
+async fn check_format(fleet: &Fleet, client: &mut Client) -> Result<(), FleetError> {
+    let key = fleet.keys.meta();
+    let ours = serde_json::to_vec(&Meta::current()).map_err(|e| FleetError::Refused(e.to_string()))?;
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(key.clone(), ours, None)])
+        .or_else([TxnOp::get(key.clone(), None)]);
+    let answer = within(client.txn(txn)).await?;
+    if answer.succeeded() {
+        return Ok(());
+    }
+    let existing = answer.op_responses().into_iter().find_map(|op| match op {
+        etcd_client::TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+        _ => None,
+    });
+    let meta: Option<Meta> = existing.and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    match meta {
+        Some(meta) if meta.format == records::FORMAT => Ok(()),
+        Some(meta) => Err(FleetError::Refused(format!(
+            "the fleet prefix {} holds layout format {} (created by {}); this {} reads format {}: use another prefix, or run the same version on every instance",
+            fleet.keys.prefix(),
+            meta.format,
+            meta.created_by,
+            Meta::current().created_by,
+            records::FORMAT
+        ))),
+        None => Err(FleetError::Refused(format!(
+            "{key} is not a cutover fleet's meta record: the prefix {} is used by something else",
+            fleet.keys.prefix()
+        ))),
+    }
+}
+
+impl Fleet {
+    /// A value of `active` seen by the watch or a list.
+    async fn on_active(self: &Arc<Self>, value: &[u8]) {
+        match serde_json::from_slice::<ActiveRecord>(value) {
+            Ok(record) => {
+                self.apply(&record, None).await.ok();
+            }
+            Err(error) => {
+                tracing::error!(%error, "fleet: the active record is unreadable; ignored");
+            }
+        }
+    }
+
+    /// Applies the fleet's `active` generation here when it is newer than
+    /// what this instance serves: composes its document with the instance
+    /// file, plans and commits it (the same code as any activation), and
+    /// acks; or nacks with why, and keeps serving what it has. `doc` is
+    /// the document when the caller has it already.
+    pub(super) async fn apply(
+        self: &Arc<Self>,
+        active: &ActiveRecord,
+        doc: Option<GenerationDoc>,
+    ) -> Result<Option<Activation>, String> {
+        let _one = self.applying.lock().await;
+        let applied = self.applied();
+        if active.generation <= applied.generation {
+            // Stale or replayed: never go back.
+            tracing::debug!(generation = active.generation, applied = applied.generation, "fleet: not newer than what is applied; ignored");
+            return Ok(None);
+        }
+        let target = active.generation;
+        self.report(Report::Applying, Some(target), None, Vec::new()).await;
+        let outcome = match doc {
+            Some(doc) => Ok(doc),
+            None => self.fetch(target).await,
+        };
+        let result = match outcome {
+            Ok(doc) => self.commit(&doc).await,
+            Err(error) => Err((error, Vec::new())),
+        };
+        match result {
+            Ok((activation, shared)) => {
+                self.record_applied(Applied {
+                    generation: target,
+                    config_version: Some(active.config_version.clone()),
+                    shared: Some(shared),
+                    local_generation: activation.generation.0,
+                });
+                metrics::gauge!(m::FLEET_GENERATION).set(target as f64);
+                metrics::counter!(m::FLEET_APPLIES, "outcome" => "ack").increment(1);
+                self.report(Report::Ack, None, None, Vec::new()).await;
+                tracing::info!(generation = target, local = %activation.generation, "fleet: generation applied");
+                Ok(Some(activation))
+            }
+            Err((error, diagnostics)) => {
+                metrics::counter!(m::FLEET_APPLIES, "outcome" => "nack").increment(1);
+                tracing::error!(generation = target, %error, "fleet: generation refused; serving the applied one");
+                self.report(Report::Nack, Some(target), Some(error.clone()), diagnostics).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// The document of generation `id`, checked against its version.
+    async fn fetch(&self, id: u64) -> Result<GenerationDoc, String> {
+        let mut client = self.client().await.map_err(|e| e.to_string())?;
+        let answer = within(client.get(self.keys.generation(id), None))
+            .await
+            .map_err(|e| format!("cannot read generation {id}: {e}"))?;
+        let kv = answer
+            .kvs()
+            .first()
+            .ok_or_else(|| format!("generation {id} is active but its document {} is missing", self.keys.generation(id)))?;
+        let doc: GenerationDoc = serde_json::from_slice(kv.value())
+            .map_err(|e| format!("the document of generation {id} is unreadable: {e}"))?;
+        let version = records::config_version(&doc.config);
+        if doc.generation != id || doc.config_version != version {
+            return Err(format!(
+                "the document of generation {id} does not match its record (generation {}, {} but the text hashes to {version})",
+                doc.generation, doc.config_version
+            ));
+        }
+        Ok(doc)
+    }
+
+    /// Composes, plans and commits `doc` here; on refusal, why, with the
+    /// plan's findings.
+    async fn commit(&self, doc: &GenerationDoc) -> Result<(Activation, String), (String, Vec<String>)> {
+        let origin = format!("{} (fleet generation {})", self.keys.generation(doc.generation), doc.generation);
+        let text = self
+            .composed(&doc.config, &origin)
+            .map_err(|e| findings(&e))?;
+        let candidate = Candidate {
+            source: CandidateSource::Composed { text, origin },
+            expected_generation: Some(self.control.store().active_id()),
+            reason: Some(match &doc.reason {
+                Some(reason) => format!("fleet generation {}: {reason}", doc.generation),
+                None => format!("fleet generation {}", doc.generation),
+            }),
+            requested_by: Some(doc.requested_by.clone().unwrap_or_else(|| "fleet".into())),
+            confirm_within: None,
+            guard: None,
+            canary: None,
+        };
+        match self.control.activate(candidate, OperationKind::Activate).await {
+            Ok(activation) => Ok((activation, doc.config.clone())),
+            Err(error) => Err(findings(&error)),
+        }
+    }
+
+    /// Writes this instance's status key (best effort: a failed write is
+    /// logged, and the next session writes it again).
+    pub(super) async fn report(&self, report: Report, target: Option<u64>, error: Option<String>, diagnostics: Vec<String>) {
+        let Ok(mut client) = self.client().await else { return };
+        if let Err(e) = self.report_now(&mut client, report, target, error, diagnostics).await {
+            tracing::warn!(error = %e, "fleet: cannot write this instance's status");
+        }
+    }
+
+    async fn report_now(
+        &self,
+        client: &mut Client,
+        report: Report,
+        target: Option<u64>,
+        error: Option<String>,
+        diagnostics: Vec<String>,
+    ) -> Result<(), FleetError> {
+        let Some(lease) = *self.lease.lock().unwrap_or_else(PoisonError::into_inner) else {
+            return Ok(());
+        };
+        let applied = self.applied();
+        let record = InstanceRecord {
+            instance: self.spec.instance.clone(),
+            report,
+            generation: (applied.generation > 0).then_some(applied.generation),
+            config_version: applied.config_version,
+            target,
+            error,
+            diagnostics,
+            local_generation: self.control.store().active_id().0,
+            listeners: self
+                .control
+                .listeners()
+                .info()
+                .into_iter()
+                .map(|l| BoundListener {
+                    name: l.name,
+                    address: l.address.to_string(),
+                    state: l.state.to_owned(),
+                })
+                .collect(),
+            updated_at: rfc3339(SystemTime::now()),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        let value = serde_json::to_vec(&record).map_err(|e| FleetError::Refused(e.to_string()))?;
+        within(client.put(
+            self.keys.instance(&self.spec.instance),
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        ))
+        .await?;
+        Ok(())
+    }
+}
+
+/// A refusal as the nack carries it: the message, and each finding of a
+/// refused plan as `code at path (line L): message`.
+fn findings(error: &ControlError) -> (String, Vec<String>) {
+    let plan = match error {
+        ControlError::Invalid(plan) | ControlError::RestartRequired(plan) => Some(plan),
+        ControlError::Bind { plan, .. } | ControlError::Build { plan, .. } => Some(plan),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    if let Some(plan) = plan {
+        for d in &plan.errors {
+            out.push(match d.line {
+                Some(line) => format!("{} at {} (line {line}): {}", d.code, d.path, d.message),
+                None => format!("{} at {}: {}", d.code, d.path, d.message),
+            });
+        }
+        for r in &plan.rejected {
+            out.push(format!("{} at {}: {}", r.reason, r.path, r.action));
+        }
+    }
+    let message = match (error, out.first()) {
+        (ControlError::Invalid(_), Some(first)) => format!("{error}: {first}"),
+        _ => error.to_string(),
+    };
+    (message, out)
+}

@@ -1,0 +1,678 @@
+//! Fleets (DESIGN §15): many instances activated as one through etcd.
+//!
+//! Each instance's own file keeps what it owns (listeners and their
+//! binds, admin, metrics, `[fleet]`); the fleet shares one document of
+//! routes, upstreams and `log.level`. An activation through any instance's
+//! admin API writes the document once under `generations/<id>` and moves
+//! `active` in one transaction that compares its revision: etcd's
+//! compare-and-swap is the fleet's `expected_generation`. Every instance
+//! (the agent in `agent.rs`) watches `active`, composes the document with
+//! its own file, plans it with the same code as validate, and acks or
+//! nacks under its lease. Losing etcd never stops traffic: an instance
+//! serves what it has and catches up when etcd returns.
+
+mod agent;
+mod records;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
+use serde::Serialize;
+
+pub use records::{ActiveRecord, InstanceRecord, Report};
+use records::{GenerationDoc, Keys};
+
+use crate::config::ConfigText;
+use crate::control::{Activation, Candidate, CandidateSource, Control, ControlError};
+use crate::ids::GenerationId;
+use crate::plan::{FleetSpec, Plan};
+use crate::runtime::rfc3339;
+
+/// What was applied, in `runtime.state_dir`.
+const STATE_FILE: &str = "fleet.json";
+
+/// How long one etcd request may take before the fleet counts it failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// An etcd request that failed or timed out.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("etcd did not answer within {REQUEST_TIMEOUT:?}")]
+    Timeout,
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// One etcd request, bounded by `REQUEST_TIMEOUT`.
+async fn within<T>(
+    request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, FleetError> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+        Ok(answer) => Ok(answer?),
+        Err(_) => Err(FleetError::Timeout),
+    }
+}
+
+impl From<FleetError> for ControlError {
+    fn from(error: FleetError) -> Self {
+        ControlError::FleetUnavailable(error.to_string())
+    }
+}
+
+/// What this instance serves of the fleet, kept in `state_dir` so that a
+/// restart while etcd is down knows it (the generation itself is in the
+/// local history).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+struct Applied {
+    /// `0`: none yet (the instance file's own routes serve).
+    generation: u64,
+    config_version: Option<String>,
+    /// The shared document, to compose again when the instance file is
+    /// reloaded.
+    shared: Option<String>,
+    /// The local generation it became.
+    local_generation: u64,
+}
+
+/// The answer of a fleet-wide activation or rollback.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetActivation {
+    pub outcome: &'static str,
+    /// Fleet generation ids.
+    pub generation: u64,
+    pub previous_generation: Option<u64>,
+    /// Of the shared document.
+    pub config_version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rolled_back_to: Option<u64>,
+    /// How the instance that answered applied it: its local activation,
+    /// or why it refused.
+    pub instance: InstanceOutcome,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum InstanceOutcome {
+    Applied {
+        instance: String,
+        activation: Box<Activation>,
+    },
+    Refused {
+        instance: String,
+        error: String,
+    },
+}
+
+/// An instance's place in the fleet, for `GET /admin/fleet/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberView {
+    pub instance: String,
+    /// `synced`, `applying`, `nacked`, `stale` or `gone`.
+    pub status: &'static str,
+    /// What it serves, and of which shared document.
+    pub generation: Option<u64>,
+    pub config_version: Option<String>,
+    /// Serving another `config_version` than the fleet's active one.
+    pub drift: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub diagnostics: Vec<String>,
+    pub listeners: Vec<records::BoundListener>,
+    pub updated_at: Option<String>,
+    pub version: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetStatus {
+    pub prefix: String,
+    pub active: Option<ActiveRecord>,
+    pub instances: Vec<MemberView>,
+    pub synced: usize,
+    pub total: usize,
+}
+
+/// This instance's view of its fleet, for `/admin/runtime/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LocalView {
+    pub instance: String,
+    pub prefix: String,
+    /// The fleet generation served (`null`: the instance file's own
+    /// routes, before any was applied).
+    pub generation: Option<u64>,
+    pub config_version: Option<String>,
+    /// Whether the session with etcd is up.
+    pub connected: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// This instance's membership in a fleet.
+pub struct Fleet {
+    spec: FleetSpec,
+    keys: Keys,
+    control: Arc<Control>,
+    client: tokio::sync::OnceCell<Client>,
+    applied: Mutex<Applied>,
+    /// Serialises applying (watch, admin, reload): one at a time, in order.
+    applying: tokio::sync::Mutex<()>,
+    /// Where `fleet.json` is kept (`runtime.state_dir`).
+    state_dir: Option<PathBuf>,
+    /// The agent's session: up, or why not.
+    session: Mutex<Result<(), String>>,
+    /// The lease the status key lives under, while the session is up.
+    lease: Mutex<Option<i64>>,
+}
+
+impl Fleet {
+    /// Joins the fleet `spec` names: reads what was applied before (from
+    /// `state_dir`), then starts the agent, which connects (retrying with
+    /// back-off while the local configuration serves).
+    pub fn start(control: Arc<Control>, spec: FleetSpec) -> Arc<Self> {
+        let active = control.store().load_full();
+        let state_dir = active.spec.runtime.state_dir.clone();
+        // What was applied counts only if the local history still serves
+        // it (a state dir that was reset starts on the file's routes).
+        let applied = state_dir
+            .as_ref()
+            .and_then(|dir| std::fs::read(dir.join(STATE_FILE)).ok())
+            .and_then(|bytes| serde_json::from_slice::<Applied>(&bytes).ok())
+            .filter(|a| a.local_generation == active.id.0)
+            .unwrap_or_default();
+        if applied.generation > 0 {
+            tracing::info!(
+                generation = applied.generation,
+                "fleet: serving the last applied fleet generation"
+            );
+        }
+        let fleet = Arc::new(Self {
+            keys: Keys::new(&spec.prefix),
+            spec,
+            control,
+            client: tokio::sync::OnceCell::new(),
+            applied: Mutex::new(applied),
+            applying: tokio::sync::Mutex::new(()),
+            state_dir,
+            session: Mutex::new(Err("connecting".into())),
+            lease: Mutex::new(None),
+        });
+        tokio::spawn(agent::run(Arc::clone(&fleet)));
+        fleet
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.spec.instance
+    }
+
+    fn applied(&self) -> Applied {
+        self.applied
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The etcd client: built once (it reconnects by itself).
+    async fn client(&self) -> Result<Client, FleetError> {
+        let client = self
+            .client
+            .get_or_try_init(|| async {
+                let mut options = etcd_client::ConnectOptions::new()
+                    .with_connect_timeout(Duration::from_secs(2))
+                    // Finds a dead etcd under an idle watch.
+                    .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
+                    .with_keep_alive_while_idle(true);
+                if let Some((user, password)) = &self.spec.credentials {
+                    options = options.with_user(user, password);
+                }
+                if let Some(tls) = &self.spec.tls {
+                    let mut config = etcd_client::TlsOptions::new()
+                        .ca_certificate(etcd_client::Certificate::from_pem(&tls.ca));
+                    if let Some((cert, key)) = &tls.identity {
+                        config = config.identity(etcd_client::Identity::from_pem(cert, key));
+                    }
+                    options = options.with_tls(config);
+                }
+                within(Client::connect(&self.spec.endpoints, Some(options))).await
+            })
+            .await?;
+        Ok(client.clone())
+    }
+
+    /// This instance's view of its fleet.
+    pub fn local_view(&self) -> LocalView {
+        let applied = self.applied();
+        let session = self
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        LocalView {
+            instance: self.spec.instance.clone(),
+            prefix: self.spec.prefix.clone(),
+            generation: (applied.generation > 0).then_some(applied.generation),
+            config_version: applied.config_version,
+            connected: session.is_ok(),
+            last_error: session.err(),
+        }
+    }
+
+    /// The candidate a shared document makes on this instance: its own
+    /// file with the document's domains (what validate and preview plan).
+    pub fn compose(&self, candidate: Candidate) -> Result<Candidate, ControlError> {
+        let shared = self.shared_text(&candidate)?;
+        let text = self.composed(&shared, "<admin>")?;
+        Ok(Candidate {
+            source: CandidateSource::Composed {
+                text,
+                origin: "<admin> with the instance file".into(),
+            },
+            ..candidate
+        })
+    }
+
+    /// The shared document a request sent.
+    fn shared_text(&self, candidate: &Candidate) -> Result<String, ControlError> {
+        let text = crate::control::read_candidate(&candidate.source, self.control.config_file())?;
+        Ok(text.text)
+    }
+
+    /// `shared` composed with the instance file as it is on disk now.
+    fn composed(&self, shared: &str, origin: &str) -> Result<String, ControlError> {
+        let own = ConfigText::read(self.control.config_file()).map_err(|e| {
+            ControlError::Candidate(crate::control::CandidateError::Unreadable(
+                self.control.config_file().to_path_buf(),
+                e,
+            ))
+        })?;
+        crate::config::compose(&own.text, shared).map_err(|errors| {
+            let active = self.control.store().active_id();
+            tracing::debug!(origin, "shared document refused");
+            ControlError::Invalid(Box::new(Plan::refused(errors, Some(active))))
+        })
+    }
+
+    /// Activates a shared document fleet-wide: checks it on this instance,
+    /// writes it as the next generation and moves `active` in one
+    /// transaction, then applies it here. Other instances follow by their
+    /// watch.
+    pub async fn activate(self: &Arc<Self>, candidate: Candidate) -> Result<FleetActivation, ControlError> {
+        if candidate.confirm_within.is_some() || candidate.guard.is_some() || candidate.canary.is_some() {
+            return Err(ControlError::FleetUnsupported(
+                "confirm_within, guards and canaries judge one instance's traffic and are not built for fleets yet: activate without them, or roll back through any instance",
+            ));
+        }
+        let shared = self.shared_text(&candidate)?;
+        // Checked here first: a document this instance would refuse is
+        // never written.
+        let plan = self
+            .control
+            .validate(self.compose(candidate.clone())?)
+            .await?;
+        if !plan.errors.is_empty() {
+            return Err(ControlError::Invalid(Box::new(plan)));
+        }
+        if !plan.rejected.is_empty() {
+            return Err(ControlError::RestartRequired(Box::new(plan)));
+        }
+        let require = self
+            .control
+            .store()
+            .load_full()
+            .spec
+            .admin
+            .require_expected_generation;
+        if require && candidate.expected_generation.is_none() {
+            return Err(ControlError::ExpectedGenerationRequired);
+        }
+        self.publish(
+            shared,
+            candidate.expected_generation.map(|g| g.0),
+            candidate.requested_by,
+            candidate.reason,
+            None,
+        )
+        .await
+    }
+
+    /// Rolls the fleet back to generation `target`'s document, as a new
+    /// generation.
+    pub async fn rollback(
+        self: &Arc<Self>,
+        target: u64,
+        expected: Option<u64>,
+        requested_by: Option<String>,
+        reason: Option<String>,
+    ) -> Result<FleetActivation, ControlError> {
+        let mut client = self.client().await?;
+        let found = within(client.get(self.keys.generation(target), None)).await?;
+        let Some(kv) = found.kvs().first() else {
+            return Err(ControlError::NotRetained(GenerationId(target)));
+        };
+        let doc: GenerationDoc = serde_json::from_slice(kv.value()).map_err(|e| {
+            ControlError::Internal(format!("fleet generation {target} is unreadable: {e}"))
+        })?;
+        let (active, _) = self.read_active(&mut client).await?;
+        if active.as_ref().map(|a| a.generation) == Some(target) {
+            return Err(ControlError::TargetActive(GenerationId(target)));
+        }
+        self.publish(doc.config, expected, requested_by, reason, Some(target))
+            .await
+    }
+
+    /// The active record and its `mod_revision` (0 when absent).
+    async fn read_active(
+        &self,
+        client: &mut Client,
+    ) -> Result<(Option<ActiveRecord>, i64), FleetError> {
+        let answer = within(client.get(self.keys.active(), None)).await?;
+        match answer.kvs().first() {
+            None => Ok((None, 0)),
+            Some(kv) => {
+                let record = serde_json::from_slice(kv.value()).map_err(|e| {
+                    FleetError::Refused(format!("{} is unreadable: {e}", self.keys.active()))
+                })?;
+                Ok((Some(record), kv.mod_revision()))
+            }
+        }
+    }
+
+    /// The highest generation id ever written (ids are never reused, also
+    /// after a lost race left a document that never became active).
+    async fn highest_generation(&self, client: &mut Client) -> Result<u64, FleetError> {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Key, SortOrder::Descend)
+            .with_limit(1);
+        let answer = within(client.get(self.keys.generations(), Some(options))).await?;
+        Ok(answer
+            .kvs()
+            .first()
+            .and_then(|kv| kv.key_str().ok())
+            .and_then(|key| key.rsplit('/').next())
+            .and_then(|id| id.parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// Writes `shared` as the next generation and makes it active, in one
+    /// transaction that compares `active`'s revision with the one read
+    /// (and that the generation key is new), then applies it here.
+    async fn publish(
+        self: &Arc<Self>,
+        shared: String,
+        expected: Option<u64>,
+        requested_by: Option<String>,
+        reason: Option<String>,
+        rolled_back_to: Option<u64>,
+    ) -> Result<FleetActivation, ControlError> {
+        let mut client = self.client().await?;
+        let (active, revision) = self.read_active(&mut client).await?;
+        let current = active.as_ref().map(|a| a.generation);
+        if let Some(expected) = expected {
+            if current != Some(expected) {
+                return Err(ControlError::Conflict {
+                    expected: GenerationId(expected),
+                    active: GenerationId(current.unwrap_or(0)),
+                });
+            }
+        }
+        let config_version = records::config_version(&shared);
+        if let Some(active) = active.as_ref().filter(|a| a.config_version == config_version) {
+            return Ok(FleetActivation {
+                outcome: "unchanged",
+                generation: active.generation,
+                previous_generation: active.previous,
+                config_version,
+                rolled_back_to: None,
+                instance: self.outcome(Ok(None)),
+            });
+        }
+        let id = self.highest_generation(&mut client).await?.max(current.unwrap_or(0)) + 1;
+        let now = rfc3339(SystemTime::now());
+        let doc = GenerationDoc {
+            generation: id,
+            config_version: config_version.clone(),
+            config: shared,
+            created_at: now.clone(),
+            created_on: self.spec.instance.clone(),
+            requested_by: requested_by.clone(),
+            reason,
+            rolled_back_to,
+        };
+        let record = ActiveRecord {
+            generation: id,
+            config_version: config_version.clone(),
+            previous: current,
+            activated_at: now,
+            requested_by,
+        };
+        let (doc_json, record_json) = match (serde_json::to_vec(&doc), serde_json::to_vec(&record)) {
+            (Ok(d), Ok(r)) => (d, r),
+            (Err(e), _) | (_, Err(e)) => return Err(ControlError::Internal(e.to_string())),
+        };
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(self.keys.active(), CompareOp::Equal, revision),
+                Compare::create_revision(self.keys.generation(id), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(self.keys.generation(id), doc_json, None),
+                TxnOp::put(self.keys.active(), record_json, None),
+            ]);
+        if !within(client.txn(txn)).await?.succeeded() {
+            // Another activation won between our read and our write.
+            let (now_active, _) = self.read_active(&mut client).await?;
+            let active = GenerationId(now_active.map_or(0, |a| a.generation));
+            return Err(ControlError::Conflict {
+                expected: GenerationId(expected.or(current).unwrap_or(0)),
+                active,
+            });
+        }
+        tracing::info!(generation = id, previous = ?current, %config_version, "fleet generation activated");
+        let applied = self.apply(&record, Some(doc)).await;
+        Ok(FleetActivation {
+            outcome: "activated",
+            generation: id,
+            previous_generation: current,
+            config_version,
+            rolled_back_to,
+            instance: self.outcome(applied),
+        })
+    }
+
+    fn outcome(&self, applied: Result<Option<Activation>, String>) -> InstanceOutcome {
+        let instance = self.spec.instance.clone();
+        match applied {
+            Ok(Some(activation)) => InstanceOutcome::Applied {
+                instance,
+                activation: Box::new(activation),
+            },
+            Ok(None) => InstanceOutcome::Refused {
+                instance,
+                error: "nothing to apply: this instance already serves it".into(),
+            },
+            Err(error) => InstanceOutcome::Refused { instance, error },
+        }
+    }
+
+    /// Reloads the instance file: composes it again with the shared
+    /// document served (a plain reload before any was applied).
+    pub async fn reload(self: &Arc<Self>, candidate: Candidate) -> Result<Activation, ControlError> {
+        let _one = self.applying.lock().await;
+        let applied = self.applied();
+        let Some(shared) = applied.shared.clone() else {
+            return self
+                .control
+                .activate(candidate, crate::runtime::OperationKind::Reload)
+                .await;
+        };
+        let text = self.composed(&shared, "the instance file")?;
+        let activation = self
+            .control
+            .activate(
+                Candidate {
+                    source: CandidateSource::Composed {
+                        text,
+                        origin: format!("{} with fleet generation {}", self.control.config_file().display(), applied.generation),
+                    },
+                    ..candidate
+                },
+                crate::runtime::OperationKind::Reload,
+            )
+            .await?;
+        self.record_applied(Applied {
+            local_generation: activation.generation.0,
+            ..applied
+        });
+        self.report(Report::Ack, None, None, Vec::new()).await;
+        Ok(activation)
+    }
+
+    /// Keeps what was applied, in memory and in `state_dir`.
+    fn record_applied(&self, applied: Applied) {
+        if let Some(dir) = &self.state_dir {
+            let written = serde_json::to_vec(&applied)
+                .map_err(std::io::Error::other)
+                .and_then(|bytes| {
+                    crate::runtime::write_atomically(dir, STATE_FILE, |out| {
+                        std::io::Write::write_all(out, &bytes)
+                    })
+                });
+            if let Err(error) = written {
+                tracing::error!(%error, dir = %dir.display(), "fleet: cannot keep the applied generation");
+            }
+        }
+        *self.applied.lock().unwrap_or_else(PoisonError::into_inner) = applied;
+    }
+
+    /// Reads the fleet's state: the active generation and every member.
+    pub async fn status(&self) -> Result<FleetStatus, ControlError> {
+        let mut client = self.client().await?;
+        let (active, _) = self.read_active(&mut client).await?;
+        let members = within(client.get(self.keys.members(), Some(GetOptions::new().with_prefix().with_keys_only()))).await?;
+        let live = within(client.get(self.keys.instances(), Some(GetOptions::new().with_prefix()))).await?;
+        let records: Vec<InstanceRecord> = live
+            .kvs()
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+            .collect();
+        let mut names: Vec<String> = members
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key_str().ok())
+            .filter_map(|key| key.rsplit('/').next())
+            .map(str::to_owned)
+            .collect();
+        for record in &records {
+            if !names.contains(&record.instance) {
+                names.push(record.instance.clone());
+            }
+        }
+        names.sort();
+        let instances: Vec<MemberView> = names
+            .into_iter()
+            .map(|name| {
+                let record = records.iter().find(|r| r.instance == name);
+                member_view(name, record, active.as_ref())
+            })
+            .collect();
+        Ok(FleetStatus {
+            prefix: self.spec.prefix.clone(),
+            synced: instances.iter().filter(|m| m.status == "synced").count(),
+            total: instances.len(),
+            active,
+            instances,
+        })
+    }
+}
+
+/// Where one member stands against the active generation.
+fn member_view(name: String, record: Option<&InstanceRecord>, active: Option<&ActiveRecord>) -> MemberView {
+    let Some(record) = record else {
+        return MemberView {
+            instance: name,
+            status: "gone",
+            generation: None,
+            config_version: None,
+            drift: false,
+            target: None,
+            error: None,
+            diagnostics: Vec::new(),
+            listeners: Vec::new(),
+            updated_at: None,
+            version: None,
+        };
+    };
+    let active_generation = active.map(|a| a.generation);
+    let status = match record.report {
+        Report::Applying => "applying",
+        Report::Nack if record.target == active_generation => "nacked",
+        _ if record.generation == active_generation => "synced",
+        _ => "stale",
+    };
+    MemberView {
+        instance: name,
+        status,
+        generation: record.generation,
+        config_version: record.config_version.clone(),
+        drift: active.is_some_and(|a| record.config_version.as_deref() != Some(&a.config_version)),
+        target: record.target,
+        error: record.error.clone(),
+        diagnostics: record.diagnostics.clone(),
+        listeners: record.listeners.clone(),
+        updated_at: Some(record.updated_at.clone()),
+        version: Some(record.version.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(report: Report, generation: Option<u64>, target: Option<u64>, version: &str) -> InstanceRecord {
+        InstanceRecord {
+            instance: "a".into(),
+            report,
+            generation,
+            config_version: Some(version.into()),
+            target,
+            error: None,
+            diagnostics: Vec::new(),
+            local_generation: 1,
+            listeners: Vec::new(),
+            updated_at: String::new(),
+            version: String::new(),
+        }
+    }
+
+    #[test]
+    fn members_are_synced_applying_nacked_stale_or_gone() {
+        let active = ActiveRecord {
+            generation: 5,
+            config_version: "v5".into(),
+            previous: Some(4),
+            activated_at: String::new(),
+            requested_by: None,
+        };
+        let view = |r: Option<&InstanceRecord>| member_view("a".into(), r, Some(&active));
+        let synced = record(Report::Ack, Some(5), None, "v5");
+        assert_eq!(view(Some(&synced)).status, "synced");
+        assert!(!view(Some(&synced)).drift);
+        let applying = record(Report::Applying, Some(4), Some(5), "v4");
+        assert_eq!(view(Some(&applying)).status, "applying");
+        let nacked = record(Report::Nack, Some(4), Some(5), "v4");
+        assert_eq!(view(Some(&nacked)).status, "nacked");
+        assert!(view(Some(&nacked)).drift, "it serves another version");
+        let stale = record(Report::Ack, Some(3), None, "v3");
+        assert_eq!(view(Some(&stale)).status, "stale");
+        let old_nack = record(Report::Nack, Some(3), Some(4), "v3");
+        assert_eq!(view(Some(&old_nack)).status, "stale");
+        assert_eq!(view(None).status, "gone");
+    }
+}

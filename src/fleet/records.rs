@@ -1,0 +1,195 @@
+//! What a fleet keeps in etcd (DESIGN §15), as JSON values under the
+//! prefix:
+//!
+//! - `meta`: the layout's format, written once by the first instance.
+//! - `generations/<id>`: one shared document, immutable (put only if absent).
+//! - `active`: the fleet's active generation, changed only in a
+//!   transaction that compares its revision.
+//! - `members/<name>`: every instance that ever joined (no lease), so that
+//!   one whose status key expired shows as `gone`.
+//! - `instances/<name>`: each live instance's status, under its lease.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The layout this build reads and writes. An instance that finds another
+/// format under its prefix refuses to join.
+pub const FORMAT: u32 = 1;
+
+/// Key names under one prefix.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn meta(&self) -> String {
+        format!("{}/meta", self.prefix)
+    }
+
+    pub fn active(&self) -> String {
+        format!("{}/active", self.prefix)
+    }
+
+    /// Zero-padded, so that keys sort by id.
+    pub fn generation(&self, id: u64) -> String {
+        format!("{}/generations/{id:020}", self.prefix)
+    }
+
+    pub fn generations(&self) -> String {
+        format!("{}/generations/", self.prefix)
+    }
+
+    pub fn member(&self, name: &str) -> String {
+        format!("{}/members/{name}", self.prefix)
+    }
+
+    pub fn members(&self) -> String {
+        format!("{}/members/", self.prefix)
+    }
+
+    pub fn instance(&self, name: &str) -> String {
+        format!("{}/instances/{name}", self.prefix)
+    }
+
+    pub fn instances(&self) -> String {
+        format!("{}/instances/", self.prefix)
+    }
+}
+
+/// `meta`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Meta {
+    pub format: u32,
+    /// The cutover version that created the prefix, for the refusal message.
+    pub created_by: String,
+}
+
+impl Meta {
+    pub fn current() -> Self {
+        Self {
+            format: FORMAT,
+            created_by: format!("cutover {}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+/// `generations/<id>`: a shared document, as activated.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GenerationDoc {
+    pub generation: u64,
+    /// `sha256:<hex>` of `config`.
+    pub config_version: String,
+    /// The shared document's text: routes, upstreams, `log.level`.
+    pub config: String,
+    pub created_at: String,
+    /// The instance whose admin API wrote it.
+    pub created_on: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Set when the document is a rollback to an earlier generation's text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolled_back_to: Option<u64>,
+}
+
+/// `active`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActiveRecord {
+    pub generation: u64,
+    pub config_version: String,
+    pub previous: Option<u64>,
+    pub activated_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+}
+
+/// What an instance says about the last generation it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Report {
+    /// It serves `generation`.
+    Ack,
+    /// It refused `target` and serves `generation`.
+    Nack,
+    /// It is planning `target`.
+    Applying,
+}
+
+/// A listener as an instance has it bound.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BoundListener {
+    pub name: String,
+    pub address: String,
+    pub state: String,
+}
+
+/// `instances/<name>`, under the instance's lease.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InstanceRecord {
+    pub instance: String,
+    pub report: Report,
+    /// The fleet generation it serves (`None`: its own file's, before it
+    /// applied any).
+    pub generation: Option<u64>,
+    pub config_version: Option<String>,
+    /// The generation it is applying or refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The refused plan's findings, each `code at path: message`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diagnostics: Vec<String>,
+    /// The instance's own generation id for what it serves.
+    pub local_generation: u64,
+    pub listeners: Vec<BoundListener>,
+    pub updated_at: String,
+    pub version: String,
+}
+
+/// `sha256:<hex>` of a shared document.
+pub fn config_version(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256:");
+    for byte in digest {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_keys_sort_by_id() {
+        let keys = Keys::new("/cutover/prod");
+        assert!(keys.generation(9) < keys.generation(10));
+        assert_eq!(
+            keys.generation(7),
+            "/cutover/prod/generations/00000000000000000007"
+        );
+        assert!(keys.generation(7).starts_with(&keys.generations()));
+    }
+
+    #[test]
+    fn the_version_is_the_text_hash() {
+        assert_eq!(
+            config_version(""),
+            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}
