@@ -4,6 +4,7 @@ mod admin;
 mod edge;
 mod examples;
 mod fixtures;
+mod fleet;
 mod guarded;
 mod harness;
 mod l4;

@@ -1,0 +1,597 @@
+//! Fleets (DESIGN §15) against a real etcd: Debian's `etcd-server`, started
+//! by each test on loopback ports with a temporary data dir. When the
+//! binary is absent the tests say so and skip (`.ci/run` installs it).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::harness::{admin_request, get, Backend, Gateway};
+
+const ETCD: &str = "/usr/bin/etcd";
+
+/// A single-member etcd on loopback; killed when dropped.
+struct Etcd {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    client: SocketAddr,
+    peer: SocketAddr,
+}
+
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+impl Etcd {
+    /// `None` (with the reason on stderr) when etcd is not installed.
+    async fn start() -> Option<Etcd> {
+        if !Path::new(ETCD).exists() {
+            eprintln!("SKIPPED: {ETCD} is not installed (Debian package etcd-server; .ci/run installs it)");
+            return None;
+        }
+        let mut etcd = Etcd {
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            client: free_port(),
+            peer: free_port(),
+        };
+        etcd.resume().await;
+        Some(etcd)
+    }
+
+    /// Starts the member again on its data dir and ports; waits until it
+    /// answers.
+    async fn resume(&mut self) {
+        let client = format!("http://{}", self.client);
+        let peer = format!("http://{}", self.peer);
+        let child = Command::new(ETCD)
+            .arg("--name=t")
+            .arg(format!("--data-dir={}", self.dir.path().join("data").display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=t={peer}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(answer) = self.call("/v3/kv/range", json!({ "key": b64("/") })).await {
+                if answer.get("header").is_some() {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "etcd did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        self.client.to_string()
+    }
+
+    /// A call to etcd's JSON gateway.
+    async fn call(&self, path: &str, body: Value) -> Result<Value, String> {
+        let req = hyper::Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("host", self.client.to_string())
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+            .unwrap();
+        let (_, _, bytes) = crate::harness::send(self.client, req).await?;
+        serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+    }
+
+    async fn put(&self, key: &str, value: &str) {
+        self.call("/v3/kv/put", json!({ "key": b64(key), "value": b64(value) }))
+            .await
+            .expect("etcd put");
+    }
+
+    /// Compacts everything before the current revision.
+    async fn compact(&self) {
+        let answer = self
+            .call("/v3/kv/range", json!({ "key": b64("/") }))
+            .await
+            .unwrap();
+        let revision = answer["header"]["revision"].as_str().unwrap().to_owned();
+        self.call(
+            "/v3/kv/compaction",
+            json!({ "revision": revision, "physical": true }),
+        )
+        .await
+        .expect("compaction");
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn b64(text: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// An instance's own file: one `web` listener, a state dir, `[fleet]`.
+fn instance(etcd: &Etcd, prefix: &str, name: &str) -> String {
+    format!(
+        r#"[admin]
+bind = "127.0.0.1:0"
+
+[log]
+level = "warn"
+
+[runtime]
+state_dir = "state"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[fleet]
+endpoints = ["{}"]
+prefix = "{prefix}"
+instance = "{name}"
+lease_ttl = "2s"
+"#,
+        etcd.endpoint()
+    )
+}
+
+/// A shared document routing everything on `web` to `backend`.
+fn shared(backend: SocketAddr, extra: &str) -> String {
+    format!(
+        r#"log.level = "warn"
+
+[[routes]]
+name = "all"
+listeners = ["web"]
+upstream = "app"
+
+[upstreams.app]
+backends = [{{ addr = "{backend}" }}]
+{extra}"#
+    )
+}
+
+fn prefix(test: &str) -> String {
+    format!("/cutover-test/{test}-{}", std::process::id())
+}
+
+async fn activate(gw: &Gateway, document: &str, expected: Option<u64>) -> (u16, Value) {
+    let query = expected.map_or(String::new(), |g| format!("?expected_generation={g}"));
+    admin_request(
+        gw.admin,
+        "POST",
+        &format!("/admin/runtime/activate{query}"),
+        Some("application/toml"),
+        Some(document.to_owned()),
+    )
+    .await
+}
+
+async fn fleet_status(gw: &Gateway) -> Value {
+    let (status, body) = admin_request(gw.admin, "GET", "/admin/fleet/status", None, None).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// Waits (bounded by `within`) until `check` holds for the fleet status
+/// read through `gw`; returns it and how long it took.
+async fn wait_fleet(
+    gw: &Gateway,
+    within: Duration,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> (Value, Duration) {
+    let started = Instant::now();
+    loop {
+        let (status, body) =
+            admin_request(gw.admin, "GET", "/admin/fleet/status", None, None).await;
+        if status == 200 && check(&body) {
+            return (body, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < within,
+            "{what} within {within:?}; last fleet status: {body}\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn all_synced_on(generation: u64, count: usize) -> impl Fn(&Value) -> bool {
+    move |s: &Value| {
+        s["active"]["generation"] == json!(generation)
+            && s["synced"] == json!(count)
+            && s["total"] == json!(count)
+    }
+}
+
+fn member<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["instance"] == json!(name))
+        .unwrap_or_else(|| panic!("{name} is not in {status}"))
+}
+
+/// Three instances that joined one prefix (each wrote its status).
+async fn three(etcd: &Etcd, prefix: &str) -> Vec<Gateway> {
+    let gateways: Vec<Gateway> = ["a", "b", "c"]
+        .iter()
+        .map(|name| Gateway::start(&instance(etcd, prefix, name)))
+        .collect();
+    wait_fleet(&gateways[0], Duration::from_secs(10), "three instances join", |s| {
+        s["total"] == json!(3)
+    })
+    .await;
+    gateways
+}
+
+async fn body_through(gw: &Gateway) -> String {
+    let (status, _, body) = get(gw.listener("web"), "fleet.test", "/").await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_activation_reaches_three_instances_within_two_seconds() {
+    let Some(etcd) = Etcd::start().await else { return };
+    let prefix = prefix("reach");
+    let gws = three(&etcd, &prefix).await;
+    let one = Backend::named("one").await;
+    let two = Backend::named("two").await;
+
+    let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
+    assert_eq!(status, 200, "{body}");
+    let first = body["generation"].as_u64().unwrap();
+    assert_eq!(body["outcome"], "activated");
+    assert_eq!(body["instance"]["instance"], "a");
+    let (_, took) = wait_fleet(&gws[1], Duration::from_secs(2), "all ack", all_synced_on(first, 3)).await;
+    eprintln!("generation {first}: all three acked in {took:?}");
+    for gw in &gws {
+        assert_eq!(body_through(gw).await, "one");
+    }
+
+    // The next one through another instance, against the generation seen.
+    let (status, body) = activate(&gws[1], &shared(two.addr, ""), Some(first)).await;
+    assert_eq!(status, 200, "{body}");
+    let second = body["generation"].as_u64().unwrap();
+    assert_eq!(second, first + 1);
+    assert_eq!(body["previous_generation"], json!(first));
+    let (status_body, took) =
+        wait_fleet(&gws[2], Duration::from_secs(2), "all ack", all_synced_on(second, 3)).await;
+    eprintln!("generation {second}: all three acked in {took:?}");
+    for gw in &gws {
+        assert_eq!(body_through(gw).await, "two");
+    }
+    // Acks carry the listeners each instance has bound.
+    let c = member(&status_body, "c");
+    assert_eq!(c["listeners"][0]["name"], "web");
+    assert_eq!(c["listeners"][0]["address"], gws[2].listener("web").to_string());
+    assert_eq!(c["drift"], false);
+    // Local status names the fleet generation it serves.
+    let local = gws[2].status().await;
+    assert_eq!(local["fleet"]["generation"], json!(second));
+    assert_eq!(local["fleet"]["connected"], true);
+
+    // Rollback through any instance: a new generation with the old text.
+    let (status, body) = admin_request(
+        gws[2].admin,
+        "POST",
+        "/admin/runtime/rollback",
+        Some("application/json"),
+        Some(json!({ "target_generation": first, "expected_active_generation": second }).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["rolled_back_to"], json!(first));
+    let third = body["generation"].as_u64().unwrap();
+    wait_fleet(&gws[0], Duration::from_secs(2), "all ack the rollback", all_synced_on(third, 3)).await;
+    for gw in &gws {
+        assert_eq!(body_through(gw).await, "one");
+    }
+    // The same document again changes nothing.
+    let (status, body) = activate(&gws[0], &shared(one.addr, ""), Some(third)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outcome"], "unchanged");
+    assert_eq!(body["generation"], json!(third));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_activations_against_the_same_expected_generation_exactly_one_wins() {
+    let Some(etcd) = Etcd::start().await else { return };
+    let prefix = prefix("race");
+    let gws = three(&etcd, &prefix).await;
+    let backends = [
+        Backend::named("left").await,
+        Backend::named("right").await,
+    ];
+    let (status, body) = activate(&gws[2], &shared(backends[0].addr, "# start\n"), None).await;
+    assert_eq!(status, 200, "{body}");
+    let mut expected = body["generation"].as_u64().unwrap();
+    for round in 0..5 {
+        let left = shared(backends[0].addr, &format!("# left {round}\n"));
+        let right = shared(backends[1].addr, &format!("# right {round}\n"));
+        let (a, b) = tokio::join!(
+            activate(&gws[0], &left, Some(expected)),
+            activate(&gws[1], &right, Some(expected)),
+        );
+        let statuses = [a.0, b.0];
+        assert!(
+            statuses.contains(&200) && statuses.contains(&409),
+            "round {round}: exactly one wins: {a:?} {b:?}"
+        );
+        let (winner, loser) = if a.0 == 200 { (a.1, b.1) } else { (b.1, a.1) };
+        assert_eq!(loser["error"], "generation_conflict", "{loser}");
+        let generation = winner["generation"].as_u64().unwrap();
+        assert!(generation > expected);
+        let (_, _) = wait_fleet(&gws[2], Duration::from_secs(5), "all converge", all_synced_on(generation, 3)).await;
+        let name = if a.0 == 200 { "left" } else { "right" };
+        for gw in &gws {
+            assert_eq!(body_through(gw).await, name, "round {round}");
+        }
+        expected = generation;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_missing_a_referenced_file_nacks_and_keeps_serving() {
+    let Some(etcd) = Etcd::start().await else { return };
+    let prefix = prefix("nack");
+    let gws = three(&etcd, &prefix).await;
+    let one = Backend::named("one").await;
+    let two = Backend::named("two").await;
+    let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
+    assert_eq!(status, 200, "{body}");
+    let first = body["generation"].as_u64().unwrap();
+    wait_fleet(&gws[0], Duration::from_secs(2), "all ack", all_synced_on(first, 3)).await;
+
+    // The CA file the document names exists beside a and b only.
+    let ca = crate::pki::ca("upstream ca");
+    for gw in &gws[..2] {
+        std::fs::write(gw.path("upstream-ca.pem"), &ca.pem).unwrap();
+    }
+    let extra = r#"
+[upstreams.secure]
+protocol = "https"
+tls = { ca = "upstream-ca.pem" }
+backends = [{ addr = "127.0.0.1:9" }]
+"#;
+    let (status, body) = activate(&gws[0], &shared(two.addr, extra), Some(first)).await;
+    assert_eq!(status, 200, "{body}");
+    let second = body["generation"].as_u64().unwrap();
+    let (s, _) = wait_fleet(&gws[0], Duration::from_secs(3), "two ack and one nacks", |s| {
+        s["active"]["generation"] == json!(second)
+            && s["synced"] == json!(2)
+            && member(s, "c")["status"] == "nacked"
+    })
+    .await;
+    let c = member(&s, "c");
+    assert_eq!(c["generation"], json!(first), "c serves what it had");
+    assert_eq!(c["drift"], true);
+    assert!(c["error"].as_str().unwrap().contains("upstream-ca.pem"), "{c}");
+    assert!(
+        c["diagnostics"][0].as_str().unwrap().starts_with("unreadable_file"),
+        "{c}"
+    );
+    assert_eq!(body_through(&gws[0]).await, "two");
+    assert_eq!(body_through(&gws[1]).await, "two");
+    assert_eq!(body_through(&gws[2]).await, "one");
+    // `ctl fleet status` shows it, and says not every instance is synced.
+    let out = std::process::Command::new(crate::harness::BIN)
+        .args(["ctl", "--admin", &gws[2].admin_url(), "fleet", "status"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(text.contains("2 of 3 instances synced"), "{text}");
+    let line = text.lines().find(|l| l.starts_with("c ")).unwrap();
+    assert!(line.contains("nacked") && line.contains("upstream-ca.pem"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_etcd_never_stops_traffic_and_instances_follow_it_back_and_past_compaction() {
+    let Some(mut etcd) = Etcd::start().await else { return };
+    let prefix = prefix("outage");
+    let gws = three(&etcd, &prefix).await;
+    let one = Backend::named("one").await;
+    let two = Backend::named("two").await;
+    let three_ = Backend::named("three").await;
+    let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
+    assert_eq!(status, 200, "{body}");
+    let first = body["generation"].as_u64().unwrap();
+    wait_fleet(&gws[0], Duration::from_secs(2), "all ack", all_synced_on(first, 3)).await;
+
+    etcd.stop();
+    for gw in &gws {
+        for _ in 0..100 {
+            assert_eq!(body_through(gw).await, "one");
+        }
+    }
+    // Status answers 503 while etcd is away; activation changes nothing.
+    let (status, body) = admin_request(gws[0].admin, "GET", "/admin/fleet/status", None, None).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"], "fleet_unavailable");
+    let (status, _) = activate(&gws[0], &shared(two.addr, ""), Some(first)).await;
+    assert_eq!(status, 503);
+
+    etcd.resume().await;
+    // Every instance comes back by itself (no restart).
+    for gw in &gws {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while gw.status().await["fleet"]["connected"] != true {
+            assert!(Instant::now() < deadline, "{}", gw.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let (status, body) = activate(&gws[1], &shared(two.addr, ""), Some(first)).await;
+    assert_eq!(status, 200, "{body}");
+    let second = body["generation"].as_u64().unwrap();
+    wait_fleet(&gws[2], Duration::from_secs(3), "all ack after etcd returned", all_synced_on(second, 3)).await;
+    for gw in &gws {
+        assert_eq!(body_through(gw).await, "two");
+    }
+
+    // c frozen past its lease while the fleet moves on and etcd compacts
+    // past its watch revision: it lists again and acks the next one.
+    let pid = gws[2].pid().to_string();
+    Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    let mut current = second;
+    for i in 0..3 {
+        let (status, body) = activate(&gws[0], &shared(two.addr, &format!("# {i}\n")), Some(current)).await;
+        assert_eq!(status, 200, "{body}");
+        current = body["generation"].as_u64().unwrap();
+    }
+    etcd.compact().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+    let (status, body) = activate(&gws[0], &shared(three_.addr, ""), Some(current)).await;
+    assert_eq!(status, 200, "{body}");
+    let last = body["generation"].as_u64().unwrap();
+    wait_fleet(&gws[0], Duration::from_secs(10), "c re-lists and acks", all_synced_on(last, 3)).await;
+    assert_eq!(body_through(&gws[2]).await, "three");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instance_is_gone_within_its_lease_and_restarts_on_its_last_generation_without_etcd() {
+    let Some(mut etcd) = Etcd::start().await else { return };
+    let prefix = prefix("gone");
+    let mut gws = three(&etcd, &prefix).await;
+    let one = Backend::named("one").await;
+    let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
+    assert_eq!(status, 200, "{body}");
+    let first = body["generation"].as_u64().unwrap();
+    wait_fleet(&gws[0], Duration::from_secs(2), "all ack", all_synced_on(first, 3)).await;
+
+    let mut c = gws.pop().unwrap();
+    Command::new("kill").args(["-9", &c.pid().to_string()]).status().unwrap();
+    let _ = c.wait_exit(Duration::from_secs(5));
+    // The lease is 2 s; etcd expires leases on its own clock.
+    let (s, took) = wait_fleet(&gws[0], Duration::from_secs(4), "c is gone", |s| {
+        member(s, "c")["status"] == "gone"
+    })
+    .await;
+    eprintln!("c shown gone {took:?} after kill -9");
+    assert_eq!(s["synced"], json!(2));
+
+    // Restarted while etcd is down: it serves the generation it applied.
+    etcd.stop();
+    let dir = std::mem::replace(&mut c.dir, tempfile::tempdir().unwrap());
+    drop(c);
+    let c = Gateway::start_in(dir, &instance(&etcd, &prefix, "c"));
+    assert_eq!(body_through(&c).await, "one");
+    let local = c.status().await;
+    assert_eq!(local["fleet"]["generation"], json!(first), "{local}");
+    assert_eq!(local["fleet"]["connected"], false);
+    etcd.resume().await;
+    wait_fleet(&gws[0], Duration::from_secs(10), "c rejoins", all_synced_on(first, 3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_documents_are_refused_and_never_applied() {
+    let Some(etcd) = Etcd::start().await else { return };
+    let prefix = prefix("bad");
+    let gws = three(&etcd, &prefix).await;
+    let one = Backend::named("one").await;
+    let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
+    assert_eq!(status, 200, "{body}");
+    let first = body["generation"].as_u64().unwrap();
+    wait_fleet(&gws[0], Duration::from_secs(2), "all ack", all_synced_on(first, 3)).await;
+
+    // Instance-owned settings in a shared document: refused where they
+    // are, and nothing is written.
+    let (status, body) = activate(
+        &gws[0],
+        &format!("[admin]\nbind = \"0.0.0.0:1\"\n\n{}", shared(one.addr, "")),
+        Some(first),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["errors"][0]["code"], "not_shared");
+    assert_eq!(body["errors"][0]["line"], 1);
+    // Validate answers the same plan for a shared document.
+    let (status, body) = admin_request(
+        gws[1].admin,
+        "POST",
+        "/admin/runtime/validate",
+        Some("application/toml"),
+        Some(shared(one.addr, "[log]\nformat = \"json\"\n")),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["activatable"], false, "{body}");
+    // A route naming a listener the instances do not have.
+    let (status, body) = activate(
+        &gws[0],
+        &shared(one.addr, "").replace("listeners = [\"web\"]", "listeners = [\"web\", \"other\"]"),
+        Some(first),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(fleet_status(&gws[0]).await["active"]["generation"], json!(first));
+
+    // A document that does not parse, made active behind the API's back:
+    // every instance nacks it and serves what it had.
+    etcd.put(&format!("{prefix}/generations/{:020}", first + 1), "{ not json").await;
+    etcd.put(
+        &format!("{prefix}/active"),
+        &json!({ "generation": first + 1, "config_version": "sha256:x", "previous": first, "activated_at": "now" }).to_string(),
+    )
+    .await;
+    let (s, _) = wait_fleet(&gws[0], Duration::from_secs(3), "all nack", |s| {
+        s["instances"].as_array().unwrap().iter().all(|m| m["status"] == "nacked")
+    })
+    .await;
+    assert!(member(&s, "a")["error"].as_str().unwrap().contains("unreadable"), "{s}");
+    for gw in &gws {
+        assert_eq!(body_through(gw).await, "one");
+    }
+    // An older generation replayed is ignored.
+    etcd.put(
+        &format!("{prefix}/active"),
+        &json!({ "generation": first, "config_version": "sha256:x", "previous": null, "activated_at": "now" }).to_string(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(gws[0].status().await["fleet"]["generation"], json!(first));
+
+    // A prefix another layout format owns is refused with a clear message.
+    let other = format!("{prefix}-future");
+    etcd.put(&format!("{other}/meta"), r#"{"format":99,"created_by":"cutover 9.0.0"}"#).await;
+    let d = Gateway::start(&instance(&etcd, &other, "d"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let local = d.status().await;
+        if let Some(error) = local["fleet"]["last_error"].as_str() {
+            if error.contains("format 99") {
+                assert!(error.contains("cutover 9.0.0"), "{error}");
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "{local}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
