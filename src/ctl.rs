@@ -825,8 +825,14 @@ fn fleet_table(body: &Value) -> String {
             "{:<20} {:<9} {:>10}  {:<5}  {}",
             i["instance"].as_str().unwrap_or("-"),
             i["status"].as_str().unwrap_or("-"),
-            i["generation"].as_u64().map_or("-".into(), |g| g.to_string()),
-            if i["drift"] == json!(true) { "yes" } else { "no" },
+            i["generation"]
+                .as_u64()
+                .map_or("-".into(), |g| g.to_string()),
+            if i["drift"] == json!(true) {
+                "yes"
+            } else {
+                "no"
+            },
             i["error"].as_str().unwrap_or("")
         );
     }

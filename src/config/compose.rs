@@ -153,7 +153,7 @@ backends = [{ addr = "127.0.0.1:9001" }]
         assert_eq!(file.routes[0].name, "api");
         assert_eq!(file.upstreams.keys().collect::<Vec<_>>(), ["api"]);
         assert_eq!(file.listeners[0].name, "web");
-        assert_eq!(file.fleet.unwrap().instance, "a");
+        assert_eq!(file.fleet.unwrap().instance.as_deref(), Some("a"));
     }
 
     #[test]

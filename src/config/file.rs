@@ -42,8 +42,10 @@ pub struct FileFleet {
     pub endpoints: Vec<String>,
     /// The key prefix the fleet's generations live under (`/cutover/prod`).
     pub prefix: String,
-    /// This instance's name within the fleet.
-    pub instance: String,
+    /// This instance's name within the fleet (default: the host name's
+    /// first label, which is the pod's name in a Kubernetes StatefulSet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     /// How long this instance's status outlives it (default 10s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ttl: Option<String>,

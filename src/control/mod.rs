@@ -18,8 +18,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
-pub use candidate::{CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec};
 pub use candidate::read as read_candidate;
+pub use candidate::{CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec};
 pub use certs::{CertReload, CertView, ListenerCerts};
 pub use process::{BinaryView, LifecycleError, ProcessControl, UpgradeRequest};
 pub use views::*;
@@ -655,7 +655,10 @@ impl Control {
 
     /// Reloads the configuration file (SIGHUP, `reload`); in a fleet,
     /// composed with the shared document the instance serves.
-    pub async fn reload(self: &Arc<Self>, candidate: Candidate) -> Result<Activation, ControlError> {
+    pub async fn reload(
+        self: &Arc<Self>,
+        candidate: Candidate,
+    ) -> Result<Activation, ControlError> {
         #[cfg(feature = "fleet")]
         if let Some(fleet) = self.fleet() {
             return fleet.reload(candidate).await;

@@ -47,7 +47,12 @@ pub(super) async fn run(fleet: Arc<Fleet>) {
         };
         *fleet.session.lock().unwrap_or_else(PoisonError::into_inner) = Err(error.to_string());
         tokio::time::sleep(wait).await;
-        if fleet.session.lock().unwrap_or_else(PoisonError::into_inner).is_ok() {
+        if fleet
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_ok()
+        {
             backoff = FIRST_BACKOFF;
         }
     }
@@ -82,7 +87,10 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
     {
         return error;
     }
-    if let Err(error) = fleet.report_now(&mut client, Report::Ack, None, None, Vec::new()).await {
+    if let Err(error) = fleet
+        .report_now(&mut client, Report::Ack, None, None, Vec::new())
+        .await
+    {
         return error;
     }
     *fleet.session.lock().unwrap_or_else(PoisonError::into_inner) = Ok(());
@@ -147,7 +155,9 @@ impl FleetError {
     /// A session that ended for a reason worth retrying soon.
     fn into_transient(self) -> FleetError {
         match self {
-            FleetError::Refused(message) => FleetError::Etcd(etcd_client::Error::WatchError(message)),
+            FleetError::Refused(message) => {
+                FleetError::Etcd(etcd_client::Error::WatchError(message))
+            }
             other => other,
         }
     }
@@ -157,7 +167,8 @@ impl FleetError {
 /// format.
 async fn check_format(fleet: &Fleet, client: &mut Client) -> Result<(), FleetError> {
     let key = fleet.keys.meta();
-    let ours = serde_json::to_vec(&Meta::current()).map_err(|e| FleetError::Refused(e.to_string()))?;
+    let ours =
+        serde_json::to_vec(&Meta::current()).map_err(|e| FleetError::Refused(e.to_string()))?;
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(key.clone(), ours, None)])
@@ -215,11 +226,16 @@ impl Fleet {
         let applied = self.applied();
         if active.generation <= applied.generation {
             // Stale or replayed: never go back.
-            tracing::debug!(generation = active.generation, applied = applied.generation, "fleet: not newer than what is applied; ignored");
+            tracing::debug!(
+                generation = active.generation,
+                applied = applied.generation,
+                "fleet: not newer than what is applied; ignored"
+            );
             return Ok(None);
         }
         let target = active.generation;
-        self.report(Report::Applying, Some(target), None, Vec::new()).await;
+        self.report(Report::Applying, Some(target), None, Vec::new())
+            .await;
         let outcome = match doc {
             Some(doc) => Ok(doc),
             None => self.fetch(target).await,
@@ -245,7 +261,8 @@ impl Fleet {
             Err((error, diagnostics)) => {
                 metrics::counter!(m::FLEET_APPLIES, "outcome" => "nack").increment(1);
                 tracing::error!(generation = target, %error, "fleet: generation refused; serving the applied one");
-                self.report(Report::Nack, Some(target), Some(error.clone()), diagnostics).await;
+                self.report(Report::Nack, Some(target), Some(error.clone()), diagnostics)
+                    .await;
                 Err(error)
             }
         }
@@ -257,10 +274,12 @@ impl Fleet {
         let answer = within(client.get(self.keys.generation(id), None))
             .await
             .map_err(|e| format!("cannot read generation {id}: {e}"))?;
-        let kv = answer
-            .kvs()
-            .first()
-            .ok_or_else(|| format!("generation {id} is active but its document {} is missing", self.keys.generation(id)))?;
+        let kv = answer.kvs().first().ok_or_else(|| {
+            format!(
+                "generation {id} is active but its document {} is missing",
+                self.keys.generation(id)
+            )
+        })?;
         let doc: GenerationDoc = serde_json::from_slice(kv.value())
             .map_err(|e| format!("the document of generation {id} is unreadable: {e}"))?;
         let version = records::config_version(&doc.config);
@@ -275,8 +294,15 @@ impl Fleet {
 
     /// Composes, plans and commits `doc` here; on refusal, why, with the
     /// plan's findings.
-    async fn commit(&self, doc: &GenerationDoc) -> Result<(Activation, String), (String, Vec<String>)> {
-        let origin = format!("{} (fleet generation {})", self.keys.generation(doc.generation), doc.generation);
+    async fn commit(
+        &self,
+        doc: &GenerationDoc,
+    ) -> Result<(Activation, String), (String, Vec<String>)> {
+        let origin = format!(
+            "{} (fleet generation {})",
+            self.keys.generation(doc.generation),
+            doc.generation
+        );
         let text = self
             .composed(&doc.config, &origin)
             .map_err(|e| findings(&e))?;
@@ -292,7 +318,11 @@ impl Fleet {
             guard: None,
             canary: None,
         };
-        match self.control.activate(candidate, OperationKind::Activate).await {
+        match self
+            .control
+            .activate(candidate, OperationKind::Activate)
+            .await
+        {
             Ok(activation) => Ok((activation, doc.config.clone())),
             Err(error) => Err(findings(&error)),
         }
@@ -300,9 +330,20 @@ impl Fleet {
 
     /// Writes this instance's status key (best effort: a failed write is
     /// logged, and the next session writes it again).
-    pub(super) async fn report(&self, report: Report, target: Option<u64>, error: Option<String>, diagnostics: Vec<String>) {
-        let Ok(mut client) = self.client().await else { return };
-        if let Err(e) = self.report_now(&mut client, report, target, error, diagnostics).await {
+    pub(super) async fn report(
+        &self,
+        report: Report,
+        target: Option<u64>,
+        error: Option<String>,
+        diagnostics: Vec<String>,
+    ) {
+        let Ok(mut client) = self.client().await else {
+            return;
+        };
+        if let Err(e) = self
+            .report_now(&mut client, report, target, error, diagnostics)
+            .await
+        {
             tracing::warn!(error = %e, "fleet: cannot write this instance's status");
         }
     }

@@ -301,8 +301,14 @@ impl Fleet {
     /// writes it as the next generation and moves `active` in one
     /// transaction, then applies it here. Other instances follow by their
     /// watch.
-    pub async fn activate(self: &Arc<Self>, candidate: Candidate) -> Result<FleetActivation, ControlError> {
-        if candidate.confirm_within.is_some() || candidate.guard.is_some() || candidate.canary.is_some() {
+    pub async fn activate(
+        self: &Arc<Self>,
+        candidate: Candidate,
+    ) -> Result<FleetActivation, ControlError> {
+        if candidate.confirm_within.is_some()
+            || candidate.guard.is_some()
+            || candidate.canary.is_some()
+        {
             return Err(ControlError::FleetUnsupported(
                 "confirm_within, guards and canaries judge one instance's traffic and are not built for fleets yet: activate without them, or roll back through any instance",
             ));
@@ -414,8 +420,9 @@ impl Fleet {
         let mut client = self.client().await?;
         let (active, revision) = self.read_active(&mut client).await?;
         let current = active.as_ref().map(|a| a.generation);
+        // `0` expects a fleet with no generation yet.
         if let Some(expected) = expected {
-            if current != Some(expected) {
+            if current.unwrap_or(0) != expected {
                 return Err(ControlError::Conflict {
                     expected: GenerationId(expected),
                     active: GenerationId(current.unwrap_or(0)),
@@ -423,7 +430,10 @@ impl Fleet {
             }
         }
         let config_version = records::config_version(&shared);
-        if let Some(active) = active.as_ref().filter(|a| a.config_version == config_version) {
+        if let Some(active) = active
+            .as_ref()
+            .filter(|a| a.config_version == config_version)
+        {
             return Ok(FleetActivation {
                 outcome: "unchanged",
                 generation: active.generation,
@@ -433,7 +443,11 @@ impl Fleet {
                 instance: self.outcome(Ok(None)),
             });
         }
-        let id = self.highest_generation(&mut client).await?.max(current.unwrap_or(0)) + 1;
+        let id = self
+            .highest_generation(&mut client)
+            .await?
+            .max(current.unwrap_or(0))
+            + 1;
         let now = rfc3339(SystemTime::now());
         let doc = GenerationDoc {
             generation: id,
@@ -452,7 +466,8 @@ impl Fleet {
             activated_at: now,
             requested_by,
         };
-        let (doc_json, record_json) = match (serde_json::to_vec(&doc), serde_json::to_vec(&record)) {
+        let (doc_json, record_json) = match (serde_json::to_vec(&doc), serde_json::to_vec(&record))
+        {
             (Ok(d), Ok(r)) => (d, r),
             (Err(e), _) | (_, Err(e)) => return Err(ControlError::Internal(e.to_string())),
         };
@@ -503,7 +518,10 @@ impl Fleet {
 
     /// Reloads the instance file: composes it again with the shared
     /// document served (a plain reload before any was applied).
-    pub async fn reload(self: &Arc<Self>, candidate: Candidate) -> Result<Activation, ControlError> {
+    pub async fn reload(
+        self: &Arc<Self>,
+        candidate: Candidate,
+    ) -> Result<Activation, ControlError> {
         let _one = self.applying.lock().await;
         let applied = self.applied();
         let Some(shared) = applied.shared.clone() else {
@@ -519,7 +537,11 @@ impl Fleet {
                 Candidate {
                     source: CandidateSource::Composed {
                         text,
-                        origin: format!("{} with fleet generation {}", self.control.config_file().display(), applied.generation),
+                        origin: format!(
+                            "{} with fleet generation {}",
+                            self.control.config_file().display(),
+                            applied.generation
+                        ),
                     },
                     ..candidate
                 },
@@ -555,8 +577,13 @@ impl Fleet {
     pub async fn status(&self) -> Result<FleetStatus, ControlError> {
         let mut client = self.client().await?;
         let (active, _) = self.read_active(&mut client).await?;
-        let members = within(client.get(self.keys.members(), Some(GetOptions::new().with_prefix().with_keys_only()))).await?;
-        let live = within(client.get(self.keys.instances(), Some(GetOptions::new().with_prefix()))).await?;
+        let members = within(client.get(
+            self.keys.members(),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        ))
+        .await?;
+        let live = within(client.get(self.keys.instances(), Some(GetOptions::new().with_prefix())))
+            .await?;
         let records: Vec<InstanceRecord> = live
             .kvs()
             .iter()
@@ -593,7 +620,11 @@ impl Fleet {
 }
 
 /// Where one member stands against the active generation.
-fn member_view(name: String, record: Option<&InstanceRecord>, active: Option<&ActiveRecord>) -> MemberView {
+fn member_view(
+    name: String,
+    record: Option<&InstanceRecord>,
+    active: Option<&ActiveRecord>,
+) -> MemberView {
     let Some(record) = record else {
         return MemberView {
             instance: name,
@@ -635,7 +666,12 @@ fn member_view(name: String, record: Option<&InstanceRecord>, active: Option<&Ac
 mod tests {
     use super::*;
 
-    fn record(report: Report, generation: Option<u64>, target: Option<u64>, version: &str) -> InstanceRecord {
+    fn record(
+        report: Report,
+        generation: Option<u64>,
+        target: Option<u64>,
+        version: &str,
+    ) -> InstanceRecord {
         InstanceRecord {
             instance: "a".into(),
             report,

@@ -20,8 +20,8 @@ use crate::ids::GenerationId;
 use crate::plan::{self, Spec};
 use crate::proxy::{ListenerSet, Workers};
 use crate::runtime::{
-    rfc3339, GenerationRecord, GenerationStore, History, Outcome, PersistedState,
-    Phase, PhaseCell, RetainedText, Source,
+    rfc3339, GenerationRecord, GenerationStore, History, Outcome, PersistedState, Phase, PhaseCell,
+    RetainedText, Source,
 };
 use crate::telemetry::{self, metrics as m};
 use crate::tls::CertStore;

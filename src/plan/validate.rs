@@ -173,6 +173,20 @@ fn is_valid_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
+/// The host name's first label, lower-cased: the default fleet instance
+/// name.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default()
+        .trim()
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+}
+
 impl Validator<'_> {
     fn error(&mut self, code: &'static str, path: impl Into<String>, message: impl Into<String>) {
         self.diagnostics.push(Diagnostic::new(code, path, message));
@@ -336,7 +350,19 @@ impl Validator<'_> {
             return None;
         }
         let before = self.diagnostics.len();
-        self.name("instance", "fleet.instance".into(), &f.instance);
+        let instance = match &f.instance {
+            Some(name) => name.clone(),
+            None => host_name(),
+        };
+        if f.instance.is_none() && !is_valid_name(&instance) {
+            self.error(
+                "invalid_name",
+                "fleet",
+                format!("the host name '{instance}' is not an instance name ([a-z0-9][a-z0-9_-]*): set fleet.instance"),
+            );
+        } else {
+            self.name("instance", "fleet.instance".into(), &instance);
+        }
         if f.endpoints.is_empty() {
             self.error(
                 "invalid_value",
@@ -382,21 +408,21 @@ impl Validator<'_> {
         }
         let lease_ttl = match &f.lease_ttl {
             None => Some(Duration::from_secs(10)),
-            Some(text) => self
-                .duration("fleet.lease_ttl".into(), text)
-                .filter(|ttl| {
-                    let ok = (Duration::from_secs(2)..=Duration::from_secs(300)).contains(ttl);
-                    if !ok {
-                        self.error(
-                            "invalid_value",
-                            "fleet.lease_ttl",
-                            format!("fleet.lease_ttl '{text}' must be between 2s and 5m"),
-                        );
-                    }
-                    ok
-                }),
+            Some(text) => self.duration("fleet.lease_ttl".into(), text).filter(|ttl| {
+                let ok = (Duration::from_secs(2)..=Duration::from_secs(300)).contains(ttl);
+                if !ok {
+                    self.error(
+                        "invalid_value",
+                        "fleet.lease_ttl",
+                        format!("fleet.lease_ttl '{text}' must be between 2s and 5m"),
+                    );
+                }
+                ok
+            }),
         };
-        let ca = f.ca.as_ref().and_then(|name| self.read_file("fleet.ca".into(), name));
+        let ca =
+            f.ca.as_ref()
+                .and_then(|name| self.read_file("fleet.ca".into(), name));
         let identity = match (&f.cert, &f.key) {
             (None, None) => None,
             (Some(cert), Some(key)) if tls => {
@@ -418,9 +444,15 @@ impl Validator<'_> {
             (Some(user), Some(file)) => self
                 .read_file("fleet.password_file".into(), file)
                 .and_then(|bytes| match String::from_utf8(bytes) {
-                    Ok(text) => Some((user.clone(), text.trim_end_matches(['\r', '\n']).to_owned())),
+                    Ok(text) => {
+                        Some((user.clone(), text.trim_end_matches(['\r', '\n']).to_owned()))
+                    }
                     Err(_) => {
-                        self.error("invalid_value", "fleet.password_file", "the password file is not UTF-8");
+                        self.error(
+                            "invalid_value",
+                            "fleet.password_file",
+                            "the password file is not UTF-8",
+                        );
                         None
                     }
                 }),
@@ -439,7 +471,7 @@ impl Validator<'_> {
         Some(FleetSpec {
             endpoints,
             prefix,
-            instance: f.instance.clone(),
+            instance,
             lease_ttl: lease_ttl?,
             tls: ca.map(|ca| FleetTls { ca, identity }),
             credentials,

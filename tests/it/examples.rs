@@ -120,14 +120,22 @@ fn the_observability_examples_query_only_exported_series() {
 
 /// The Kubernetes example's manifests, as JSON (PyYAML as glue).
 fn kubernetes_manifests() -> Vec<serde_json::Value> {
-    let dir = workspace().join("examples/kubernetes");
+    yaml_documents(
+        "examples/kubernetes",
+        &[
+            "deployment.yaml",
+            "services.yaml",
+            "networkpolicy.yaml",
+            "kustomization.yaml",
+        ],
+    )
+}
+
+/// Every YAML document in `files` of the workspace folder `dir`, as JSON.
+pub fn yaml_documents(dir: &str, files: &[&str]) -> Vec<serde_json::Value> {
+    let dir = workspace().join(dir);
     let mut docs = Vec::new();
-    for file in [
-        "deployment.yaml",
-        "services.yaml",
-        "networkpolicy.yaml",
-        "kustomization.yaml",
-    ] {
+    for file in files {
         let out = Command::new("python3")
             .args([
                 "-c",

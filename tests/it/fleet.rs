@@ -53,7 +53,10 @@ impl Etcd {
         let peer = format!("http://{}", self.peer);
         let child = Command::new(ETCD)
             .arg("--name=t")
-            .arg(format!("--data-dir={}", self.dir.path().join("data").display()))
+            .arg(format!(
+                "--data-dir={}",
+                self.dir.path().join("data").display()
+            ))
             .arg(format!("--listen-client-urls={client}"))
             .arg(format!("--advertise-client-urls={client}"))
             .arg(format!("--listen-peer-urls={peer}"))
@@ -94,16 +97,21 @@ impl Etcd {
             .uri(path)
             .header("host", self.client.to_string())
             .header("content-type", "application/json")
-            .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_string(),
+            )))
             .unwrap();
         let (_, _, bytes) = crate::harness::send(self.client, req).await?;
         serde_json::from_slice(&bytes).map_err(|e| e.to_string())
     }
 
     async fn put(&self, key: &str, value: &str) {
-        self.call("/v3/kv/put", json!({ "key": b64(key), "value": b64(value) }))
-            .await
-            .expect("etcd put");
+        self.call(
+            "/v3/kv/put",
+            json!({ "key": b64(key), "value": b64(value) }),
+        )
+        .await
+        .expect("etcd put");
     }
 
     /// Compacts everything before the current revision.
@@ -243,9 +251,12 @@ async fn three(etcd: &Etcd, prefix: &str) -> Vec<Gateway> {
         .iter()
         .map(|name| Gateway::start(&instance(etcd, prefix, name)))
         .collect();
-    wait_fleet(&gateways[0], Duration::from_secs(10), "three instances join", |s| {
-        s["total"] == json!(3)
-    })
+    wait_fleet(
+        &gateways[0],
+        Duration::from_secs(10),
+        "three instances join",
+        |s| s["total"] == json!(3),
+    )
     .await;
     gateways
 }
@@ -258,7 +269,9 @@ async fn body_through(gw: &Gateway) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_activation_reaches_three_instances_within_two_seconds() {
-    let Some(etcd) = Etcd::start().await else { return };
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
     let prefix = prefix("reach");
     let gws = three(&etcd, &prefix).await;
     let one = Backend::named("one").await;
@@ -269,7 +282,13 @@ async fn an_activation_reaches_three_instances_within_two_seconds() {
     let first = body["generation"].as_u64().unwrap();
     assert_eq!(body["outcome"], "activated");
     assert_eq!(body["instance"]["instance"], "a");
-    let (_, took) = wait_fleet(&gws[1], Duration::from_secs(2), "all ack", all_synced_on(first, 3)).await;
+    let (_, took) = wait_fleet(
+        &gws[1],
+        Duration::from_secs(2),
+        "all ack",
+        all_synced_on(first, 3),
+    )
+    .await;
     eprintln!("generation {first}: all three acked in {took:?}");
     for gw in &gws {
         assert_eq!(body_through(gw).await, "one");
@@ -281,8 +300,13 @@ async fn an_activation_reaches_three_instances_within_two_seconds() {
     let second = body["generation"].as_u64().unwrap();
     assert_eq!(second, first + 1);
     assert_eq!(body["previous_generation"], json!(first));
-    let (status_body, took) =
-        wait_fleet(&gws[2], Duration::from_secs(2), "all ack", all_synced_on(second, 3)).await;
+    let (status_body, took) = wait_fleet(
+        &gws[2],
+        Duration::from_secs(2),
+        "all ack",
+        all_synced_on(second, 3),
+    )
+    .await;
     eprintln!("generation {second}: all three acked in {took:?}");
     for gw in &gws {
         assert_eq!(body_through(gw).await, "two");
@@ -290,7 +314,10 @@ async fn an_activation_reaches_three_instances_within_two_seconds() {
     // Acks carry the listeners each instance has bound.
     let c = member(&status_body, "c");
     assert_eq!(c["listeners"][0]["name"], "web");
-    assert_eq!(c["listeners"][0]["address"], gws[2].listener("web").to_string());
+    assert_eq!(
+        c["listeners"][0]["address"],
+        gws[2].listener("web").to_string()
+    );
     assert_eq!(c["drift"], false);
     // Local status names the fleet generation it serves.
     let local = gws[2].status().await;
@@ -303,13 +330,21 @@ async fn an_activation_reaches_three_instances_within_two_seconds() {
         "POST",
         "/admin/runtime/rollback",
         Some("application/json"),
-        Some(json!({ "target_generation": first, "expected_active_generation": second }).to_string()),
+        Some(
+            json!({ "target_generation": first, "expected_active_generation": second }).to_string(),
+        ),
     )
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["rolled_back_to"], json!(first));
     let third = body["generation"].as_u64().unwrap();
-    wait_fleet(&gws[0], Duration::from_secs(2), "all ack the rollback", all_synced_on(third, 3)).await;
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(2),
+        "all ack the rollback",
+        all_synced_on(third, 3),
+    )
+    .await;
     for gw in &gws {
         assert_eq!(body_through(gw).await, "one");
     }
@@ -322,13 +357,12 @@ async fn an_activation_reaches_three_instances_within_two_seconds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_activations_against_the_same_expected_generation_exactly_one_wins() {
-    let Some(etcd) = Etcd::start().await else { return };
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
     let prefix = prefix("race");
     let gws = three(&etcd, &prefix).await;
-    let backends = [
-        Backend::named("left").await,
-        Backend::named("right").await,
-    ];
+    let backends = [Backend::named("left").await, Backend::named("right").await];
     let (status, body) = activate(&gws[2], &shared(backends[0].addr, "# start\n"), None).await;
     assert_eq!(status, 200, "{body}");
     let mut expected = body["generation"].as_u64().unwrap();
@@ -348,7 +382,13 @@ async fn two_activations_against_the_same_expected_generation_exactly_one_wins()
         assert_eq!(loser["error"], "generation_conflict", "{loser}");
         let generation = winner["generation"].as_u64().unwrap();
         assert!(generation > expected);
-        let (_, _) = wait_fleet(&gws[2], Duration::from_secs(5), "all converge", all_synced_on(generation, 3)).await;
+        let (_, _) = wait_fleet(
+            &gws[2],
+            Duration::from_secs(5),
+            "all converge",
+            all_synced_on(generation, 3),
+        )
+        .await;
         let name = if a.0 == 200 { "left" } else { "right" };
         for gw in &gws {
             assert_eq!(body_through(gw).await, name, "round {round}");
@@ -359,7 +399,9 @@ async fn two_activations_against_the_same_expected_generation_exactly_one_wins()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_missing_a_referenced_file_nacks_and_keeps_serving() {
-    let Some(etcd) = Etcd::start().await else { return };
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
     let prefix = prefix("nack");
     let gws = three(&etcd, &prefix).await;
     let one = Backend::named("one").await;
@@ -367,7 +409,13 @@ async fn an_instance_missing_a_referenced_file_nacks_and_keeps_serving() {
     let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
     assert_eq!(status, 200, "{body}");
     let first = body["generation"].as_u64().unwrap();
-    wait_fleet(&gws[0], Duration::from_secs(2), "all ack", all_synced_on(first, 3)).await;
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(2),
+        "all ack",
+        all_synced_on(first, 3),
+    )
+    .await;
 
     // The CA file the document names exists beside a and b only.
     let ca = crate::pki::ca("upstream ca");
@@ -383,18 +431,29 @@ backends = [{ addr = "127.0.0.1:9" }]
     let (status, body) = activate(&gws[0], &shared(two.addr, extra), Some(first)).await;
     assert_eq!(status, 200, "{body}");
     let second = body["generation"].as_u64().unwrap();
-    let (s, _) = wait_fleet(&gws[0], Duration::from_secs(3), "two ack and one nacks", |s| {
-        s["active"]["generation"] == json!(second)
-            && s["synced"] == json!(2)
-            && member(s, "c")["status"] == "nacked"
-    })
+    let (s, _) = wait_fleet(
+        &gws[0],
+        Duration::from_secs(3),
+        "two ack and one nacks",
+        |s| {
+            s["active"]["generation"] == json!(second)
+                && s["synced"] == json!(2)
+                && member(s, "c")["status"] == "nacked"
+        },
+    )
     .await;
     let c = member(&s, "c");
     assert_eq!(c["generation"], json!(first), "c serves what it had");
     assert_eq!(c["drift"], true);
-    assert!(c["error"].as_str().unwrap().contains("upstream-ca.pem"), "{c}");
     assert!(
-        c["diagnostics"][0].as_str().unwrap().starts_with("unreadable_file"),
+        c["error"].as_str().unwrap().contains("upstream-ca.pem"),
+        "{c}"
+    );
+    assert!(
+        c["diagnostics"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("unreadable_file"),
         "{c}"
     );
     assert_eq!(body_through(&gws[0]).await, "two");
@@ -409,12 +468,17 @@ backends = [{ addr = "127.0.0.1:9" }]
     assert_eq!(out.status.code(), Some(3), "{text}");
     assert!(text.contains("2 of 3 instances synced"), "{text}");
     let line = text.lines().find(|l| l.starts_with("c ")).unwrap();
-    assert!(line.contains("nacked") && line.contains("upstream-ca.pem"), "{line}");
+    assert!(
+        line.contains("nacked") && line.contains("upstream-ca.pem"),
+        "{line}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_etcd_never_stops_traffic_and_instances_follow_it_back_and_past_compaction() {
-    let Some(mut etcd) = Etcd::start().await else { return };
+    let Some(mut etcd) = Etcd::start().await else {
+        return;
+    };
     let prefix = prefix("outage");
     let gws = three(&etcd, &prefix).await;
     let one = Backend::named("one").await;
@@ -423,7 +487,13 @@ async fn losing_etcd_never_stops_traffic_and_instances_follow_it_back_and_past_c
     let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
     assert_eq!(status, 200, "{body}");
     let first = body["generation"].as_u64().unwrap();
-    wait_fleet(&gws[0], Duration::from_secs(2), "all ack", all_synced_on(first, 3)).await;
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(2),
+        "all ack",
+        all_synced_on(first, 3),
+    )
+    .await;
 
     etcd.stop();
     for gw in &gws {
@@ -432,7 +502,8 @@ async fn losing_etcd_never_stops_traffic_and_instances_follow_it_back_and_past_c
         }
     }
     // Status answers 503 while etcd is away; activation changes nothing.
-    let (status, body) = admin_request(gws[0].admin, "GET", "/admin/fleet/status", None, None).await;
+    let (status, body) =
+        admin_request(gws[0].admin, "GET", "/admin/fleet/status", None, None).await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"], "fleet_unavailable");
     let (status, _) = activate(&gws[0], &shared(two.addr, ""), Some(first)).await;
@@ -450,7 +521,13 @@ async fn losing_etcd_never_stops_traffic_and_instances_follow_it_back_and_past_c
     let (status, body) = activate(&gws[1], &shared(two.addr, ""), Some(first)).await;
     assert_eq!(status, 200, "{body}");
     let second = body["generation"].as_u64().unwrap();
-    wait_fleet(&gws[2], Duration::from_secs(3), "all ack after etcd returned", all_synced_on(second, 3)).await;
+    wait_fleet(
+        &gws[2],
+        Duration::from_secs(3),
+        "all ack after etcd returned",
+        all_synced_on(second, 3),
+    )
+    .await;
     for gw in &gws {
         assert_eq!(body_through(gw).await, "two");
     }
@@ -461,7 +538,12 @@ async fn losing_etcd_never_stops_traffic_and_instances_follow_it_back_and_past_c
     Command::new("kill").args(["-STOP", &pid]).status().unwrap();
     let mut current = second;
     for i in 0..3 {
-        let (status, body) = activate(&gws[0], &shared(two.addr, &format!("# {i}\n")), Some(current)).await;
+        let (status, body) = activate(
+            &gws[0],
+            &shared(two.addr, &format!("# {i}\n")),
+            Some(current),
+        )
+        .await;
         assert_eq!(status, 200, "{body}");
         current = body["generation"].as_u64().unwrap();
     }
@@ -471,23 +553,46 @@ async fn losing_etcd_never_stops_traffic_and_instances_follow_it_back_and_past_c
     let (status, body) = activate(&gws[0], &shared(three_.addr, ""), Some(current)).await;
     assert_eq!(status, 200, "{body}");
     let last = body["generation"].as_u64().unwrap();
-    wait_fleet(&gws[0], Duration::from_secs(10), "c re-lists and acks", all_synced_on(last, 3)).await;
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(10),
+        "c re-lists and acks",
+        all_synced_on(last, 3),
+    )
+    .await;
     assert_eq!(body_through(&gws[2]).await, "three");
+    let logs = gws[2].logs();
+    assert!(
+        logs.contains("listing again") || logs.contains("etcd session lost"),
+        "c listed again rather than catching up on a live watch:\n{logs}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_instance_is_gone_within_its_lease_and_restarts_on_its_last_generation_without_etcd() {
-    let Some(mut etcd) = Etcd::start().await else { return };
+async fn a_killed_instance_is_gone_within_its_lease_and_restarts_on_its_last_generation_without_etcd(
+) {
+    let Some(mut etcd) = Etcd::start().await else {
+        return;
+    };
     let prefix = prefix("gone");
     let mut gws = three(&etcd, &prefix).await;
     let one = Backend::named("one").await;
     let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
     assert_eq!(status, 200, "{body}");
     let first = body["generation"].as_u64().unwrap();
-    wait_fleet(&gws[0], Duration::from_secs(2), "all ack", all_synced_on(first, 3)).await;
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(2),
+        "all ack",
+        all_synced_on(first, 3),
+    )
+    .await;
 
     let mut c = gws.pop().unwrap();
-    Command::new("kill").args(["-9", &c.pid().to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-9", &c.pid().to_string()])
+        .status()
+        .unwrap();
     let _ = c.wait_exit(Duration::from_secs(5));
     // The lease is 2 s; etcd expires leases on its own clock.
     let (s, took) = wait_fleet(&gws[0], Duration::from_secs(4), "c is gone", |s| {
@@ -507,19 +612,33 @@ async fn a_killed_instance_is_gone_within_its_lease_and_restarts_on_its_last_gen
     assert_eq!(local["fleet"]["generation"], json!(first), "{local}");
     assert_eq!(local["fleet"]["connected"], false);
     etcd.resume().await;
-    wait_fleet(&gws[0], Duration::from_secs(10), "c rejoins", all_synced_on(first, 3)).await;
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(10),
+        "c rejoins",
+        all_synced_on(first, 3),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_documents_are_refused_and_never_applied() {
-    let Some(etcd) = Etcd::start().await else { return };
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
     let prefix = prefix("bad");
     let gws = three(&etcd, &prefix).await;
     let one = Backend::named("one").await;
     let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
     assert_eq!(status, 200, "{body}");
     let first = body["generation"].as_u64().unwrap();
-    wait_fleet(&gws[0], Duration::from_secs(2), "all ack", all_synced_on(first, 3)).await;
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(2),
+        "all ack",
+        all_synced_on(first, 3),
+    )
+    .await;
 
     // Instance-owned settings in a shared document: refused where they
     // are, and nothing is written.
@@ -551,21 +670,38 @@ async fn bad_documents_are_refused_and_never_applied() {
     )
     .await;
     assert_eq!(status, 422, "{body}");
-    assert_eq!(fleet_status(&gws[0]).await["active"]["generation"], json!(first));
+    assert_eq!(
+        fleet_status(&gws[0]).await["active"]["generation"],
+        json!(first)
+    );
 
     // A document that does not parse, made active behind the API's back:
     // every instance nacks it and serves what it had.
-    etcd.put(&format!("{prefix}/generations/{:020}", first + 1), "{ not json").await;
+    etcd.put(
+        &format!("{prefix}/generations/{:020}", first + 1),
+        "{ not json",
+    )
+    .await;
     etcd.put(
         &format!("{prefix}/active"),
         &json!({ "generation": first + 1, "config_version": "sha256:x", "previous": first, "activated_at": "now" }).to_string(),
     )
     .await;
     let (s, _) = wait_fleet(&gws[0], Duration::from_secs(3), "all nack", |s| {
-        s["instances"].as_array().unwrap().iter().all(|m| m["status"] == "nacked")
+        s["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["status"] == "nacked")
     })
     .await;
-    assert!(member(&s, "a")["error"].as_str().unwrap().contains("unreadable"), "{s}");
+    assert!(
+        member(&s, "a")["error"]
+            .as_str()
+            .unwrap()
+            .contains("unreadable"),
+        "{s}"
+    );
     for gw in &gws {
         assert_eq!(body_through(gw).await, "one");
     }
@@ -580,7 +716,11 @@ async fn bad_documents_are_refused_and_never_applied() {
 
     // A prefix another layout format owns is refused with a clear message.
     let other = format!("{prefix}-future");
-    etcd.put(&format!("{other}/meta"), r#"{"format":99,"created_by":"cutover 9.0.0"}"#).await;
+    etcd.put(
+        &format!("{other}/meta"),
+        r#"{"format":99,"created_by":"cutover 9.0.0"}"#,
+    )
+    .await;
     let d = Gateway::start(&instance(&etcd, &other, "d"));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -594,4 +734,119 @@ async fn bad_documents_are_refused_and_never_applied() {
         assert!(Instant::now() < deadline, "{local}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_fleet_example_joins_etcd_and_serves_its_shared_document() {
+    let docs = crate::examples::yaml_documents(
+        "examples/kubernetes/fleet",
+        &["kustomization.yaml", "statefulset.yaml"],
+    );
+    let kustomization = docs.iter().find(|d| d["kind"] == "Kustomization").unwrap();
+    assert_eq!(
+        kustomization["resources"],
+        json!(["..", "statefulset.yaml"])
+    );
+    assert!(
+        kustomization["patches"][0]["patch"]
+            .as_str()
+            .unwrap()
+            .contains("$patch: delete"),
+        "the overlay removes the single-source Deployment"
+    );
+    let set = docs.iter().find(|d| d["kind"] == "StatefulSet").unwrap();
+    let container = &set["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["args"],
+        json!(["run", "-c", "/etc/cutover/gateway.toml"]),
+        "no --watch in a fleet"
+    );
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/ready");
+    let mounts = container["volumeMounts"].as_array().unwrap();
+    assert!(mounts
+        .iter()
+        .any(|m| m["name"] == "state" && m["mountPath"] == "/var/lib/cutover"));
+    assert_eq!(
+        set["spec"]["template"]["metadata"]["labels"]["app"],
+        "cutover"
+    );
+
+    let dir = crate::harness::workspace().join("examples/kubernetes/fleet");
+    let own = std::fs::read_to_string(dir.join("gateway.toml")).unwrap();
+    let shared_doc = std::fs::read_to_string(dir.join("shared.toml")).unwrap();
+    assert!(own.contains("state_dir = \"/var/lib/cutover\""));
+    // The two compose into a valid configuration (every instance plans that).
+    let composed = cutover::config::compose(&own, &shared_doc).unwrap();
+    let text = cutover::config::ConfigText::inline(composed, dir.clone(), "composed");
+    let dummy_token = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dummy_token.path().join("admin-token"),
+        "k8s-example-token-0123456789abcdef\n",
+    )
+    .unwrap();
+    let text = cutover::config::ConfigText {
+        base_dir: dummy_token.path().to_path_buf(),
+        ..text
+    };
+    if let Err(d) = cutover::plan::validate(&text) {
+        panic!("the fleet example does not compose into a valid configuration: {d:#?}");
+    }
+
+    // Run one instance of it, as cutover-0, against a real etcd.
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let endpoints =
+        "[\"http://etcd-0.etcd:2379\", \"http://etcd-1.etcd:2379\", \"http://etcd-2.etcd:2379\"]";
+    assert!(own.contains(endpoints));
+    let local = own
+        .replace("0.0.0.0:8080", "127.0.0.1:0")
+        .replace("0.0.0.0:9190", "0.0.0.0:0")
+        .replace("0.0.0.0:9191", "127.0.0.1:0")
+        .replace("/var/lib/cutover", "state")
+        .replace(endpoints, &format!("[\"http://{}\"]", etcd.endpoint()))
+        .replace("/cutover/prod", &prefix("k8s"))
+        + "instance = \"cutover-0\"\n";
+    let folder = tempfile::tempdir().unwrap();
+    std::fs::write(
+        folder.path().join("admin-token"),
+        "k8s-example-token-0123456789abcdef\n",
+    )
+    .unwrap();
+    let gw = Gateway::start_in(folder, &local);
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], gw.admin.port()));
+    let ctl = |args: &[&str]| {
+        let out = Command::new(crate::harness::BIN)
+            .args(["ctl", "--admin", &format!("http://{admin}"), "--token-file"])
+            .arg(gw.path("admin-token"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // require_expected_generation: the first activation expects 0.
+    let shared_path = dir.join("shared.toml");
+    let (code, out, err) = ctl(&["activate", shared_path.to_str().unwrap(), "--expect", "0"]);
+    assert_eq!(code, Some(0), "{out}{err}\n{}", gw.logs());
+    assert!(out.contains("activated: fleet generation 1"), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (code, out, _) = ctl(&["fleet", "status"]);
+        if code == Some(0) {
+            assert!(out.contains("1 of 1 instances synced"), "{out}");
+            assert!(out.contains("cutover-0"), "{out}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{out}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // It routes by the shared document: /api/ to the api upstream (not
+    // resolvable here, so 502), no 404.
+    let (status, _, _) = get(gw.listener("web"), "example.test", "/api/x").await;
+    assert_ne!(status, 404);
 }

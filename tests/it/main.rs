@@ -2,7 +2,7 @@
 
 mod admin;
 mod edge;
-mod examples;
+pub mod examples;
 mod fixtures;
 mod fleet;
 mod guarded;
