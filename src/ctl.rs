@@ -301,7 +301,12 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             let mut body = candidate(file, Some(meta))?;
             guarded.apply(&mut body);
             let answer = client.post("/admin/runtime/activate", body).await?;
-            let pending = answer.body["pending"]["generation"].as_u64();
+            // A fleet's answer names the pending generation at the top.
+            let fleet = answer.body.get("instance").is_some();
+            let pending = match answer.body["pending"].is_object() {
+                true if fleet => answer.body["generation"].as_u64(),
+                _ => answer.body["pending"]["generation"].as_u64(),
+            };
             match pending {
                 Some(generation) if guarded.wait && answer.status.is_success() => {
                     if !args.json {
@@ -419,6 +424,9 @@ async fn wait_settled(client: &Client, generation: u64, json: bool) -> Result<u8
             Err(error) => return Err(error),
         };
         failures = 0;
+        if status.get("fleet").is_some() {
+            return wait_fleet_settled(client, generation, json).await;
+        }
         let pending = &status["pending"];
         if pending["generation"] == json!(generation) {
             if !json && pending["canary_percent"] != percent {
@@ -470,6 +478,58 @@ async fn wait_settled(client: &Client, generation: u64, json: bool) -> Result<u8
                     "generation {} is active: another activation replaced it",
                     status["active_generation"]
                 );
+            }
+        }
+        return Ok(code);
+    }
+}
+
+/// `wait_settled` in a fleet: follows the fleet's `active` record until
+/// `generation` is no longer pending; its settlement says how it ended.
+async fn wait_fleet_settled(client: &Client, generation: u64, json: bool) -> Result<u8, CtlError> {
+    let mut failures = 0;
+    loop {
+        let status = match client.get("/admin/fleet/status").await {
+            Ok(answer) if answer.status.is_success() => answer.body,
+            Ok(_) | Err(_) if failures < 120 => {
+                failures += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Ok(answer) => return Ok(exit_code(&CtlCommand::History, &answer)),
+            Err(error) => return Err(error),
+        };
+        failures = 0;
+        let active = &status["active"];
+        if active["generation"] == json!(generation) && !active["pending"].is_null() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        let settlement = &active["settlement"];
+        let (code, what) = if settlement["generation"] != json!(generation) {
+            (EXIT_CONFLICT, "superseded")
+        } else if settlement["outcome"] == json!("confirmed") {
+            (EXIT_OK, "confirmed")
+        } else {
+            (EXIT_ROLLED_BACK, "rolled back")
+        };
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(settlement).unwrap_or_default()
+            );
+        } else {
+            println!(
+                "fleet generation {generation} {what}{}{}",
+                settlement["reason"]
+                    .as_str()
+                    .map_or(String::new(), |r| format!(": {r}")),
+                settlement["by"]
+                    .as_str()
+                    .map_or(String::new(), |by| format!(" (by {by})")),
+            );
+            if what != "confirmed" {
+                println!("fleet generation {} is active", active["generation"]);
             }
         }
         return Ok(code);

@@ -238,6 +238,19 @@ async fn settle(
         ("reason", body.reason.as_deref()),
         ("requested_by", body.requested_by.as_deref()),
     ])?;
+    #[cfg(feature = "fleet")]
+    if let Some(fleet) = control.fleet() {
+        let settled = fleet
+            .settle(
+                body.generation,
+                body.expected_active_generation,
+                how,
+                body.requested_by,
+                body.reason,
+            )
+            .await?;
+        return Ok(Json(settled).into_response());
+    }
     let settled = control
         .settle(
             SettleRequest {

@@ -178,7 +178,7 @@ impl Deadline {
 
 /// What a guard concluded from the pending generation's answers so far.
 #[derive(Debug, Clone, PartialEq)]
-enum Verdict {
+pub(crate) enum Verdict {
     /// Not enough answers yet, or the window is still open.
     Wait,
     Pass(String),
@@ -189,20 +189,20 @@ enum Verdict {
 
 /// Answers of one generation over a guard's window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct Answers {
-    requests: u64,
-    errors: u64,
+pub(crate) struct Answers {
+    pub(crate) requests: u64,
+    pub(crate) errors: u64,
 }
 
 impl Answers {
-    fn of(ledger: &crate::generation::Ledger) -> Self {
+    pub(crate) fn of(ledger: &crate::generation::Ledger) -> Self {
         Self {
             requests: ledger.requests.get(),
             errors: ledger.errors.get(),
         }
     }
 
-    fn since(self, start: Answers) -> Self {
+    pub(crate) fn since(self, start: Answers) -> Self {
         Self {
             requests: self.requests.saturating_sub(start.requests),
             errors: self.errors.saturating_sub(start.errors),
@@ -216,19 +216,19 @@ impl Answers {
 
 /// The previous generation's answers since a guard started: what the
 /// pending generation is compared with over the same window.
-struct Baseline {
+pub(crate) struct Baseline {
     ledger: Option<Arc<crate::generation::Ledger>>,
     start: Answers,
 }
 
 impl Baseline {
-    fn start(store: &GenerationStore, generation: Option<GenerationId>) -> Self {
+    pub(crate) fn start(store: &GenerationStore, generation: Option<GenerationId>) -> Self {
         let ledger = generation.and_then(|id| store.ledger(id));
         let start = ledger.as_deref().map(Answers::of).unwrap_or_default();
         Self { ledger, start }
     }
 
-    fn answers(&self) -> Option<Answers> {
+    pub(crate) fn answers(&self) -> Option<Answers> {
         self.ledger
             .as_deref()
             .map(|l| Answers::of(l).since(self.start))
@@ -243,7 +243,7 @@ impl Baseline {
 /// that one has fewer than `min_requests` answers in the window, as
 /// without a canary), or a p99 over `max_p99`; a pass when the window
 /// closes.
-fn judge(
+pub(crate) fn judge(
     spec: &GuardSpec,
     pending: Answers,
     p99: Option<f64>,

@@ -87,10 +87,7 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
     {
         return error;
     }
-    if let Err(error) = fleet
-        .report_now(&mut client, Report::Ack, None, None, Vec::new())
-        .await
-    {
+    if let Err(error) = fleet.report_now(&mut client).await {
         return error;
     }
     *fleet.session.lock().unwrap_or_else(PoisonError::into_inner) = Ok(());
@@ -204,7 +201,12 @@ impl Fleet {
     async fn on_active(self: &Arc<Self>, value: &[u8]) {
         match serde_json::from_slice::<ActiveRecord>(value) {
             Ok(record) => {
+                *self
+                    .last_active
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(record.clone());
                 self.apply(&record, None).await.ok();
+                self.supervise(&record);
             }
             Err(error) => {
                 tracing::error!(%error, "fleet: the active record is unreadable; ignored");
@@ -240,8 +242,9 @@ impl Fleet {
             Some(doc) => Ok(doc),
             None => self.fetch(target).await,
         };
+        let previous_local = self.control.store().active_id().0;
         let result = match outcome {
-            Ok(doc) => self.commit(&doc).await,
+            Ok(doc) => self.commit(&doc, active).await,
             Err(error) => Err((error, Vec::new())),
         };
         match result {
@@ -251,6 +254,7 @@ impl Fleet {
                     config_version: Some(active.config_version.clone()),
                     shared: Some(shared),
                     local_generation: activation.generation.0,
+                    previous_local,
                 });
                 metrics::gauge!(m::FLEET_GENERATION).set(target as f64);
                 metrics::counter!(m::FLEET_APPLIES, "outcome" => "ack").increment(1);
@@ -297,6 +301,7 @@ impl Fleet {
     async fn commit(
         &self,
         doc: &GenerationDoc,
+        active: &ActiveRecord,
     ) -> Result<(Activation, String), (String, Vec<String>)> {
         let origin = format!(
             "{} (fleet generation {})",
@@ -316,7 +321,17 @@ impl Fleet {
             requested_by: Some(doc.requested_by.clone().unwrap_or_else(|| "fleet".into())),
             confirm_within: None,
             guard: None,
-            canary: None,
+            // A fleet canary: each instance walks the steps on its own
+            // traffic; the fleet's probation (not the instance) decides.
+            canary: active
+                .pending
+                .as_ref()
+                .and_then(|p| p.canary.as_ref())
+                .map(|c| crate::control::CanarySpec {
+                    steps: c.steps.clone(),
+                    step_interval: Duration::from_millis(c.step_interval_ms),
+                    key: c.hash_key.as_deref().and_then(crate::plan::parse_hash_key),
+                }),
         };
         match self
             .control
@@ -328,8 +343,9 @@ impl Fleet {
         }
     }
 
-    /// Writes this instance's status key (best effort: a failed write is
-    /// logged, and the next session writes it again).
+    /// Says `report` about generation `target` (with why, for a nack) in
+    /// this instance's status key: best effort, a failed write is logged
+    /// and the next session writes it again.
     pub(super) async fn report(
         &self,
         report: Report,
@@ -337,37 +353,44 @@ impl Fleet {
         error: Option<String>,
         diagnostics: Vec<String>,
     ) {
+        {
+            let mut said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
+            said.report = report;
+            said.target = target;
+            said.error = error;
+            said.diagnostics = diagnostics;
+        }
+        self.say().await;
+    }
+
+    /// Writes the status key again with what was last said.
+    pub(super) async fn say(&self) {
         let Ok(mut client) = self.client().await else {
             return;
         };
-        if let Err(e) = self
-            .report_now(&mut client, report, target, error, diagnostics)
-            .await
-        {
+        if let Err(e) = self.report_now(&mut client).await {
             tracing::warn!(error = %e, "fleet: cannot write this instance's status");
         }
     }
 
-    async fn report_now(
-        &self,
-        client: &mut Client,
-        report: Report,
-        target: Option<u64>,
-        error: Option<String>,
-        diagnostics: Vec<String>,
-    ) -> Result<(), FleetError> {
+    async fn report_now(&self, client: &mut Client) -> Result<(), FleetError> {
         let Some(lease) = *self.lease.lock().unwrap_or_else(PoisonError::into_inner) else {
             return Ok(());
         };
         let applied = self.applied();
+        let said = self
+            .said
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let record = InstanceRecord {
             instance: self.spec.instance.clone(),
-            report,
+            report: said.report,
             generation: (applied.generation > 0).then_some(applied.generation),
             config_version: applied.config_version,
-            target,
-            error,
-            diagnostics,
+            target: said.target,
+            error: said.error,
+            diagnostics: said.diagnostics,
             local_generation: self.control.store().active_id().0,
             listeners: self
                 .control
@@ -382,6 +405,7 @@ impl Fleet {
                 .collect(),
             updated_at: rfc3339(SystemTime::now()),
             version: env!("CARGO_PKG_VERSION").to_owned(),
+            answers: said.answers,
         };
         let value = serde_json::to_vec(&record).map_err(|e| FleetError::Refused(e.to_string()))?;
         within(client.put(

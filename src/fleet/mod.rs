@@ -12,6 +12,7 @@
 //! serves what it has and catches up when etcd returns.
 
 mod agent;
+mod probation;
 mod records;
 
 use std::path::PathBuf;
@@ -21,7 +22,9 @@ use std::time::{Duration, SystemTime};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
 use serde::Serialize;
 
-pub use records::{ActiveRecord, InstanceRecord, Report};
+pub use probation::FleetSettled;
+use probation::Probation;
+pub use records::{ActiveRecord, FleetPending, InstanceRecord, Report, Settlement};
 use records::{GenerationDoc, Keys};
 
 use crate::config::ConfigText;
@@ -76,6 +79,9 @@ struct Applied {
     shared: Option<String>,
     /// The local generation it became.
     local_generation: u64,
+    /// The local generation before it: a guard's baseline.
+    #[serde(default)]
+    previous_local: u64,
 }
 
 /// The answer of a fleet-wide activation or rollback.
@@ -89,6 +95,9 @@ pub struct FleetActivation {
     pub config_version: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rolled_back_to: Option<u64>,
+    /// Set when the generation is on probation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<FleetPending>,
     /// How the instance that answered applied it: its local activation,
     /// or why it refused.
     pub instance: InstanceOutcome,
@@ -151,6 +160,9 @@ pub struct LocalView {
     pub connected: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The fleet generation on probation, as last seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<FleetPending>,
 }
 
 /// This instance's membership in a fleet.
@@ -168,6 +180,22 @@ pub struct Fleet {
     session: Mutex<Result<(), String>>,
     /// The lease the status key lives under, while the session is up.
     lease: Mutex<Option<i64>>,
+    /// The last `active` record seen.
+    last_active: Mutex<Option<ActiveRecord>>,
+    /// The pending generation a probation task watches, if any.
+    supervising: Mutex<Option<u64>>,
+    /// What this instance last said (repeated when its answers change).
+    said: Mutex<Said>,
+}
+
+/// An instance's last report, and its answers while a guard judges.
+#[derive(Debug, Clone)]
+struct Said {
+    report: Report,
+    target: Option<u64>,
+    error: Option<String>,
+    diagnostics: Vec<String>,
+    answers: Option<records::PendingAnswers>,
 }
 
 impl Fleet {
@@ -201,6 +229,15 @@ impl Fleet {
             state_dir,
             session: Mutex::new(Err("connecting".into())),
             lease: Mutex::new(None),
+            last_active: Mutex::new(None),
+            supervising: Mutex::new(None),
+            said: Mutex::new(Said {
+                report: Report::Ack,
+                target: None,
+                error: None,
+                diagnostics: Vec::new(),
+                answers: None,
+            }),
         });
         tokio::spawn(agent::run(Arc::clone(&fleet)));
         fleet
@@ -259,6 +296,12 @@ impl Fleet {
             config_version: applied.config_version,
             connected: session.is_ok(),
             last_error: session.err(),
+            pending: self
+                .last_active
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .and_then(|a| a.pending.clone()),
         }
     }
 
@@ -305,14 +348,7 @@ impl Fleet {
         self: &Arc<Self>,
         candidate: Candidate,
     ) -> Result<FleetActivation, ControlError> {
-        if candidate.confirm_within.is_some()
-            || candidate.guard.is_some()
-            || candidate.canary.is_some()
-        {
-            return Err(ControlError::FleetUnsupported(
-                "confirm_within, guards and canaries judge one instance's traffic and are not built for fleets yet: activate without them, or roll back through any instance",
-            ));
-        }
+        let probation = Probation::of(&candidate);
         let shared = self.shared_text(&candidate)?;
         // Checked here first: a document this instance would refuse is
         // never written.
@@ -342,6 +378,7 @@ impl Fleet {
             candidate.requested_by,
             candidate.reason,
             None,
+            probation,
         )
         .await
     }
@@ -367,8 +404,15 @@ impl Fleet {
         if active.as_ref().map(|a| a.generation) == Some(target) {
             return Err(ControlError::TargetActive(GenerationId(target)));
         }
-        self.publish(doc.config, expected, requested_by, reason, Some(target))
-            .await
+        self.publish(
+            doc.config,
+            expected,
+            requested_by,
+            reason,
+            Some(target),
+            None,
+        )
+        .await
     }
 
     /// The active record and its `mod_revision` (0 when absent).
@@ -406,9 +450,10 @@ impl Fleet {
             .unwrap_or(0))
     }
 
-    /// Writes `shared` as the next generation and makes it active, in one
-    /// transaction that compares `active`'s revision with the one read
-    /// (and that the generation key is new), then applies it here.
+    /// Writes `shared` as the next generation and makes it active (see
+    /// `commit_generation`), then applies it here. With `probation`, the
+    /// generation is pending until it is confirmed or rolled back
+    /// (`probation.rs`).
     async fn publish(
         self: &Arc<Self>,
         shared: String,
@@ -416,6 +461,7 @@ impl Fleet {
         requested_by: Option<String>,
         reason: Option<String>,
         rolled_back_to: Option<u64>,
+        probation: Option<Probation>,
     ) -> Result<FleetActivation, ControlError> {
         let mut client = self.client().await?;
         let (active, revision) = self.read_active(&mut client).await?;
@@ -429,10 +475,20 @@ impl Fleet {
                 });
             }
         }
+        // One pending change at a time: a new one must name the pending
+        // generation to supersede it.
+        let pending = active.as_ref().and_then(|a| a.pending.as_ref());
+        if let (Some(pending_of), Some(_)) = (current, pending) {
+            if expected != Some(pending_of) {
+                return Err(ControlError::PendingActivation {
+                    pending: GenerationId(pending_of),
+                });
+            }
+        }
         let config_version = records::config_version(&shared);
         if let Some(active) = active
             .as_ref()
-            .filter(|a| a.config_version == config_version)
+            .filter(|a| a.config_version == config_version && probation.is_none())
         {
             return Ok(FleetActivation {
                 outcome: "unchanged",
@@ -440,9 +496,21 @@ impl Fleet {
                 previous_generation: active.previous,
                 config_version,
                 rolled_back_to: None,
+                pending: active.pending.clone(),
                 instance: self.outcome(Ok(None)),
             });
         }
+        // The rollback target stays the last final generation.
+        let rollback_to = pending.map(|p| p.rollback_to).or(current);
+        let pending = match (probation, rollback_to) {
+            (None, _) => None,
+            (Some(p), Some(rollback_to)) => Some(p.record(rollback_to)),
+            (Some(_), None) => {
+                return Err(ControlError::FleetUnsupported(
+                    "the fleet's first generation has nothing to roll back to: activate it without confirm_within, a guard or canary steps",
+                ))
+            }
+        };
         let id = self
             .highest_generation(&mut client)
             .await?
@@ -465,22 +533,13 @@ impl Fleet {
             previous: current,
             activated_at: now,
             requested_by,
+            pending,
+            settlement: None,
         };
-        let (doc_json, record_json) = match (serde_json::to_vec(&doc), serde_json::to_vec(&record))
+        if !self
+            .commit_generation(&mut client, revision, &doc, &record)
+            .await?
         {
-            (Ok(d), Ok(r)) => (d, r),
-            (Err(e), _) | (_, Err(e)) => return Err(ControlError::Internal(e.to_string())),
-        };
-        let txn = Txn::new()
-            .when([
-                Compare::mod_revision(self.keys.active(), CompareOp::Equal, revision),
-                Compare::create_revision(self.keys.generation(id), CompareOp::Equal, 0),
-            ])
-            .and_then([
-                TxnOp::put(self.keys.generation(id), doc_json, None),
-                TxnOp::put(self.keys.active(), record_json, None),
-            ]);
-        if !within(client.txn(txn)).await?.succeeded() {
             // Another activation won between our read and our write.
             let (now_active, _) = self.read_active(&mut client).await?;
             let active = GenerationId(now_active.map_or(0, |a| a.generation));
@@ -489,16 +548,45 @@ impl Fleet {
                 active,
             });
         }
-        tracing::info!(generation = id, previous = ?current, %config_version, "fleet generation activated");
+        tracing::info!(generation = id, previous = ?current, %config_version, pending = record.pending.is_some(), "fleet generation activated");
         let applied = self.apply(&record, Some(doc)).await;
+        self.supervise(&record);
         Ok(FleetActivation {
             outcome: "activated",
             generation: id,
             previous_generation: current,
             config_version,
             rolled_back_to,
+            pending: record.pending,
             instance: self.outcome(applied),
         })
+    }
+
+    /// Puts `doc` (only if its key is new) and `record` as `active` (only
+    /// if `active` is still at `revision`), in one transaction: whether
+    /// it won.
+    async fn commit_generation(
+        &self,
+        client: &mut Client,
+        revision: i64,
+        doc: &GenerationDoc,
+        record: &ActiveRecord,
+    ) -> Result<bool, ControlError> {
+        let (doc_json, record_json) = match (serde_json::to_vec(doc), serde_json::to_vec(record)) {
+            (Ok(d), Ok(r)) => (d, r),
+            (Err(e), _) | (_, Err(e)) => return Err(ControlError::Internal(e.to_string())),
+        };
+        let key = self.keys.generation(doc.generation);
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(self.keys.active(), CompareOp::Equal, revision),
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(key, doc_json, None),
+                TxnOp::put(self.keys.active(), record_json, None),
+            ]);
+        Ok(within(client.txn(txn)).await?.succeeded())
     }
 
     fn outcome(&self, applied: Result<Option<Activation>, String>) -> InstanceOutcome {
@@ -684,6 +772,7 @@ mod tests {
             listeners: Vec::new(),
             updated_at: String::new(),
             version: String::new(),
+            answers: None,
         }
     }
 
@@ -695,6 +784,8 @@ mod tests {
             previous: Some(4),
             activated_at: String::new(),
             requested_by: None,
+            pending: None,
+            settlement: None,
         };
         let view = |r: Option<&InstanceRecord>| member_view("a".into(), r, Some(&active));
         let synced = record(Report::Ack, Some(5), None, "v5");

@@ -113,6 +113,64 @@ pub struct ActiveRecord {
     pub activated_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// Set while the generation is on probation (DESIGN §14, fleet-wide).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<FleetPending>,
+    /// How the last pending generation ended (kept until the next one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settlement: Option<Settlement>,
+}
+
+/// A fleet generation on probation: confirmed by an operator, by its
+/// guard (over every instance's answers) or by its canary's last step;
+/// or rolled back to `rollback_to`'s document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetPending {
+    /// The last final generation: what a rollback brings back.
+    pub rollback_to: u64,
+    pub started_unix_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_unix_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<crate::runtime::GuardRecord>,
+    /// Each instance walks the steps on its own traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CanaryPlan {
+    pub steps: Vec<u8>,
+    pub step_interval_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_key: Option<String>,
+}
+
+/// How a pending generation ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Settlement {
+    pub generation: u64,
+    /// `confirmed`, `aborted` or `auto_rolled_back`.
+    pub outcome: String,
+    pub at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One instance's answers for a pending generation with a guard, since
+/// it applied it, and its previous generation's over the same time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PendingAnswers {
+    pub generation: u64,
+    pub requests: u64,
+    pub errors: u64,
+    /// Bound of the 99th percentile, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p99: Option<f64>,
+    pub previous_requests: u64,
+    pub previous_errors: u64,
 }
 
 /// What an instance says about the last generation it was given.
@@ -157,6 +215,9 @@ pub struct InstanceRecord {
     pub listeners: Vec<BoundListener>,
     pub updated_at: String,
     pub version: String,
+    /// While a guarded generation is pending: this instance's answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answers: Option<PendingAnswers>,
 }
 
 /// `sha256:<hex>` of a shared document.

@@ -850,3 +850,325 @@ async fn the_kubernetes_fleet_example_joins_etcd_and_serves_its_shared_document(
     let (status, _, _) = get(gw.listener("web"), "example.test", "/api/x").await;
     assert_ne!(status, 404);
 }
+
+/// Activates `document` through `gw` with the JSON form's `extra` fields
+/// (confirm_within, guard, steps ...).
+async fn activate_json(gw: &Gateway, document: &str, expected: u64, extra: Value) -> (u16, Value) {
+    let mut body = json!({ "config": document, "expected_generation": expected });
+    for (key, value) in extra.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/json"),
+        Some(body.to_string()),
+    )
+    .await
+}
+
+/// Two instances serving generation 1 (`one`); returns them and its id.
+async fn two_on(etcd: &Etcd, prefix: &str, one: SocketAddr) -> (Vec<Gateway>, u64) {
+    let gws: Vec<Gateway> = ["a", "b"]
+        .iter()
+        .map(|name| Gateway::start(&instance(etcd, prefix, name)))
+        .collect();
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(10),
+        "two instances join",
+        |s| s["total"] == json!(2),
+    )
+    .await;
+    let (status, body) = activate(&gws[0], &shared(one, ""), None).await;
+    assert_eq!(status, 200, "{body}");
+    let first = body["generation"].as_u64().unwrap();
+    wait_fleet(
+        &gws[1],
+        Duration::from_secs(2),
+        "both ack",
+        all_synced_on(first, 2),
+    )
+    .await;
+    (gws, first)
+}
+
+/// Waits until the pending `generation` is settled; the fleet status.
+async fn wait_settled(gw: &Gateway, generation: u64, within: Duration) -> Value {
+    wait_fleet(gw, within, "the pending generation is settled", |s| {
+        s["active"]["settlement"]["generation"] == json!(generation)
+            && s["active"]["pending"].is_null()
+            && s["instances"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|m| m["status"] == "synced" || m["status"] == "gone")
+    })
+    .await
+    .0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_fleet_generation_is_settled_by_its_deadline_by_confirm_or_by_abort_from_any_instance(
+) {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let prefix = prefix("pending");
+    let one = Backend::named("one").await;
+    let two = Backend::named("two").await;
+    let (mut gws, first) = two_on(&etcd, &prefix, one.addr).await;
+
+    // Pending with a 2 s deadline, activated through a, which is then
+    // killed: b enforces the deadline.
+    let (status, body) = activate_json(
+        &gws[0],
+        &shared(two.addr, ""),
+        first,
+        json!({ "confirm_within": "2s" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let pending = body["generation"].as_u64().unwrap();
+    assert_eq!(body["pending"]["rollback_to"], json!(first));
+    assert!(body["pending"]["deadline_unix_ms"].is_u64());
+    wait_fleet(
+        &gws[1],
+        Duration::from_secs(2),
+        "b serves it",
+        all_synced_on(pending, 2),
+    )
+    .await;
+    assert_eq!(body_through(&gws[1]).await, "two");
+    // One pending change at a time.
+    let (status, body) = activate(&gws[1], &shared(one.addr, "# other\n"), Some(first)).await;
+    assert_eq!(status, 409, "{body}");
+    let local = gws[1].status().await;
+    assert_eq!(local["fleet"]["pending"]["rollback_to"], json!(first));
+    let a = gws.remove(0);
+    drop(a);
+    let s = wait_fleet(
+        &gws[0],
+        Duration::from_secs(8),
+        "b rolls back at the deadline",
+        |s| {
+            s["active"]["settlement"]["generation"] == json!(pending)
+                && member(s, "b")["status"] == "synced"
+        },
+    )
+    .await
+    .0;
+    let settlement = &s["active"]["settlement"];
+    assert_eq!(settlement["outcome"], "auto_rolled_back", "{s}");
+    assert_eq!(settlement["by"], "cutover-deadline");
+    let rolled = s["active"]["generation"].as_u64().unwrap();
+    assert!(rolled > pending);
+    assert_eq!(body_through(&gws[0]).await, "one");
+
+    // Confirmed through an instance: final, no new generation.
+    let b = &gws[0];
+    let (status, body) = activate_json(
+        b,
+        &shared(two.addr, ""),
+        rolled,
+        json!({ "confirm_within": "60s" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let g = body["generation"].as_u64().unwrap();
+    let (status, body) = admin_request(
+        b.admin,
+        "POST",
+        "/admin/runtime/confirm",
+        Some("application/json"),
+        Some(json!({ "generation": g, "reason": "smoke tests passed" }).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outcome"], "confirmed");
+    let s = wait_settled(b, g, Duration::from_secs(2)).await;
+    assert_eq!(s["active"]["generation"], json!(g));
+    assert_eq!(s["active"]["settlement"]["reason"], "smoke tests passed");
+    assert_eq!(body_through(b).await, "two");
+
+    // Aborted: back to the last final generation's document.
+    let (status, body) = activate_json(
+        b,
+        &shared(one.addr, "# abort me\n"),
+        g,
+        json!({ "confirm_within": "60s" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let h = body["generation"].as_u64().unwrap();
+    let (status, body) = admin_request(
+        b.admin,
+        "POST",
+        "/admin/runtime/abort",
+        Some("application/json"),
+        Some(json!({ "generation": h }).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outcome"], "rolled_back");
+    assert_eq!(body["rolled_back_to"], json!(g));
+    let s = wait_settled(b, h, Duration::from_secs(2)).await;
+    assert_eq!(s["active"]["settlement"]["outcome"], "aborted");
+    assert_eq!(body_through(b).await, "two");
+    // Settling what is not pending.
+    let (status, body) = admin_request(
+        b.admin,
+        "POST",
+        "/admin/runtime/confirm",
+        Some("application/json"),
+        Some(json!({ "generation": h }).to_string()),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "not_pending");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_guard_judges_the_sum_of_every_instance_answers() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let prefix = prefix("guard");
+    let one = Backend::named("one").await;
+    let failing = Backend::start(std::sync::Arc::new(|_req| {
+        Box::pin(async move {
+            let mut response = hyper::Response::new(crate::harness::full("broken"));
+            *response.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
+            response
+        })
+    }))
+    .await;
+    let (gws, first) = two_on(&etcd, &prefix, one.addr).await;
+
+    // 20 answers are needed; each instance gets 12: only their sum shows
+    // the breach.
+    let guard = json!({ "confirm_within": "60s", "guard": { "window": "30s", "min_requests": 20, "max_error_ratio": 0.1 } });
+    let (status, body) = activate_json(&gws[0], &shared(failing.addr, ""), first, guard).await;
+    assert_eq!(status, 200, "{body}");
+    let bad = body["generation"].as_u64().unwrap();
+    wait_fleet(
+        &gws[1],
+        Duration::from_secs(2),
+        "both serve it",
+        all_synced_on(bad, 2),
+    )
+    .await;
+    for gw in &gws {
+        for _ in 0..12 {
+            let (status, _, _) = get(gw.listener("web"), "fleet.test", "/").await;
+            assert_eq!(status, 500);
+        }
+    }
+    let s = wait_settled(&gws[1], bad, Duration::from_secs(10)).await;
+    let settlement = &s["active"]["settlement"];
+    assert_eq!(settlement["outcome"], "auto_rolled_back", "{s}");
+    assert_eq!(settlement["by"], "cutover-guard");
+    let reason = settlement["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("guard breached") && reason.contains("of 24"),
+        "{reason}"
+    );
+    for gw in &gws {
+        assert_eq!(body_through(gw).await, "one");
+    }
+
+    // A healthy one passes the guard and is confirmed by it.
+    let current = s["active"]["generation"].as_u64().unwrap();
+    let two = Backend::named("two").await;
+    let guard = json!({ "guard": { "window": "1s", "min_requests": 10 }, "confirm_on_pass": true });
+    let (status, body) = activate_json(&gws[1], &shared(two.addr, ""), current, guard).await;
+    assert_eq!(status, 200, "{body}");
+    let good = body["generation"].as_u64().unwrap();
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(2),
+        "both serve it",
+        all_synced_on(good, 2),
+    )
+    .await;
+    for gw in &gws {
+        for _ in 0..6 {
+            assert_eq!(body_through(gw).await, "two");
+        }
+    }
+    let s = wait_settled(&gws[0], good, Duration::from_secs(10)).await;
+    assert_eq!(s["active"]["settlement"]["outcome"], "confirmed", "{s}");
+    assert_eq!(s["active"]["settlement"]["by"], "cutover-guard");
+    assert_eq!(s["active"]["generation"], json!(good));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_canary_splits_each_instance_traffic_and_ctl_waits_for_its_end() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let prefix = prefix("canary");
+    let one = Backend::named("one").await;
+    let two = Backend::named("two").await;
+    let (gws, first) = two_on(&etcd, &prefix, one.addr).await;
+    let file = gws[0].path("shared.toml");
+    std::fs::write(&file, shared(two.addr, "")).unwrap();
+    let admin = gws[0].admin_url();
+    let ctl = std::thread::spawn(move || {
+        Command::new(crate::harness::BIN)
+            .args(["ctl", "--admin", &admin, "activate"])
+            .arg(&file)
+            .args([
+                "--expect",
+                &first.to_string(),
+                "--steps",
+                "50,100",
+                "--step-interval",
+                "2s",
+                "--wait",
+            ])
+            .output()
+            .unwrap()
+    });
+    // During the 50 % step each instance sends new requests both ways.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for gw in &gws {
+        let mut seen = std::collections::HashSet::new();
+        while seen.len() < 2 {
+            seen.insert(body_through(gw).await);
+            assert!(Instant::now() < deadline, "{seen:?}");
+        }
+    }
+    let out = ctl.join().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("confirmed: canary steps [50, 100] completed (by cutover-canary)"),
+        "{text}"
+    );
+    // Final everywhere: every new request goes to the new backend.
+    for gw in &gws {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let bodies: Vec<String> = futures_join(gw, 10).await;
+            if bodies.iter().all(|b| b == "two") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{bodies:?}");
+        }
+    }
+}
+
+async fn futures_join(gw: &Gateway, n: usize) -> Vec<String> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(body_through(gw).await);
+    }
+    out
+}
