@@ -221,6 +221,8 @@ enum FleetCommand {
     /// nacked (with the error), stale or gone; exit 0 only when every
     /// instance is synced.
     Status,
+    /// Stop listing a gone instance (scaled down, renamed).
+    Forget { instance: String },
 }
 
 struct Answer {
@@ -364,6 +366,11 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
         CtlCommand::Status { .. } => client.get("/admin/runtime/status").await?,
         CtlCommand::Backends => client.get("/admin/runtime/backends").await?,
         CtlCommand::Fleet(FleetCommand::Status) => client.get("/admin/fleet/status").await?,
+        CtlCommand::Fleet(FleetCommand::Forget { instance }) => {
+            client
+                .post("/admin/fleet/forget", json!({ "instance": instance }))
+                .await?
+        }
         CtlCommand::Drain => client.post("/admin/lifecycle/drain", json!({})).await?,
         CtlCommand::ReloadCerts { listeners } => {
             let body = if listeners.is_empty() {
@@ -649,6 +656,28 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
                 body["previous_generation"],
                 body["config_version"].as_str().unwrap_or("-"),
             );
+            let pending = &body["pending"];
+            if pending.is_object() {
+                let mut how = Vec::new();
+                if let Some(ms) = pending["deadline_unix_ms"].as_u64() {
+                    let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+                    how.push(format!(
+                        "confirm by {}",
+                        humantime::format_rfc3339_seconds(at)
+                    ));
+                }
+                if pending["guard"].is_object() {
+                    how.push("its guard judges every instance's answers".into());
+                }
+                if pending["canary"]["steps"].is_array() {
+                    how.push(format!("canary steps {}", pending["canary"]["steps"]));
+                }
+                println!(
+                    "pending: rolls back to fleet generation {} unless settled ({})",
+                    pending["rollback_to"],
+                    how.join("; ")
+                );
+            }
             match instance.get("activation") {
                 Some(activation) => {
                     println!(
@@ -730,6 +759,9 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
             println!("{}", serde_json::to_string_pretty(body).unwrap_or_default())
         }
         CtlCommand::Fleet(FleetCommand::Status) => print!("{}", fleet_table(body)),
+        CtlCommand::Fleet(FleetCommand::Forget { instance }) => {
+            println!("instance {instance} forgotten")
+        }
         CtlCommand::Backends => {
             println!(
                 "{:<16} {:<24} {:<10} {:<9} {:>8} {:>9} {:>10} {:>9}",

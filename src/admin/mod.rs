@@ -55,6 +55,7 @@ pub fn router(control: Arc<Control>, security: Security) -> Router {
         )
         .route("/admin/runtime/status", get(status))
         .route("/admin/fleet/status", get(fleet_status))
+        .route("/admin/fleet/forget", post(fleet_forget))
         .route("/admin/runtime/backends", get(backends))
         .route("/admin/runtime/operations/{id}", get(operation))
         .route("/admin/lifecycle/drain", post(drain))
@@ -133,6 +134,45 @@ async fn reload(
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
     Ok(Json(control.reload(candidate).await?).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForgetBody {
+    instance: String,
+}
+
+/// Forgets a gone member of the fleet.
+async fn fleet_forget(
+    State(control): Shared,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if candidate::media_type(&headers).as_deref() != Some("application/json") {
+        return Err(ApiError::UnsupportedMediaType(
+            "forget takes application/json".into(),
+        ));
+    }
+    let body: ForgetBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("the forget body is not valid: {e}")))?;
+    #[cfg(feature = "fleet")]
+    if let Some(fleet) = control.fleet() {
+        use crate::fleet::ForgetError;
+        return match fleet.forget(&body.instance).await {
+            Ok(()) => Ok(Json(json!({ "forgotten": body.instance })).into_response()),
+            Err(ForgetError::Control(error)) => Err(error.into()),
+            Err(error @ ForgetError::Live(_)) => Ok((
+                StatusCode::CONFLICT,
+                Json(json!({ "error": "instance_live", "message": error.to_string() })),
+            )
+                .into_response()),
+            Err(error @ ForgetError::Unknown(_)) => Err(ApiError::NotFound(error.to_string())),
+        };
+    }
+    let _ = (control, body);
+    Err(ApiError::NotFound(
+        "this instance is not in a fleet (no [fleet] section)".into(),
+    ))
 }
 
 /// The fleet's active generation and where each instance stands.

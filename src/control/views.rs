@@ -179,9 +179,19 @@ impl Control {
             && crate::config::ConfigText::read(&self.config_file)
                 .ok()
                 .zip(self.active_config())
-                .is_some_and(|(file, active)| file.text == active.text);
+                .is_some_and(|(file, active)| self.as_planned_text(file.text) == active.text);
         *seen = Some((active, stamp, matches));
         matches
+    }
+
+    /// The text the configuration file makes when activated: itself, or
+    /// in a fleet, composed with the shared document served.
+    fn as_planned_text(&self, file: String) -> String {
+        #[cfg(feature = "fleet")]
+        if let Some(fleet) = self.fleet() {
+            return fleet.as_composed(file);
+        }
+        file
     }
 
     /// Retained generations and the operation log. Runs off the data

@@ -16,7 +16,7 @@ use super::records::{
 };
 use super::{within, Applied, Fleet, FleetError};
 use crate::control::{Activation, Candidate, CandidateSource, ControlError};
-use crate::runtime::{rfc3339, OperationKind};
+use crate::runtime::{rfc3339, OperationKind, Phase};
 use crate::telemetry::metrics as m;
 
 /// The first retry after a failed session, doubled up to `MAX_BACKOFF`.
@@ -31,6 +31,10 @@ pub(super) async fn run(fleet: Arc<Fleet>) {
     let mut backoff = FIRST_BACKOFF;
     loop {
         let error = session(&fleet).await;
+        if leaving(&fleet) {
+            tracing::info!("fleet: draining; this instance left the fleet");
+            return;
+        }
         metrics::gauge!(m::FLEET_CONNECTED).set(0.0);
         *fleet.lease.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let wait = match &error {
@@ -56,6 +60,15 @@ pub(super) async fn run(fleet: Arc<Fleet>) {
             backoff = FIRST_BACKOFF;
         }
     }
+}
+
+/// Whether the process is draining (or stopped): it applies nothing more
+/// and its status key goes with its lease.
+fn leaving(fleet: &Fleet) -> bool {
+    matches!(
+        fleet.control.phase().get(),
+        Phase::Draining | Phase::Stopped
+    )
 }
 
 /// One session; returns why it ended.
@@ -94,6 +107,7 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
     metrics::gauge!(m::FLEET_CONNECTED).set(1.0);
     tracing::info!(prefix = %fleet.spec.prefix, instance = %fleet.spec.instance, "fleet: joined");
     let mut renew = tokio::time::interval(fleet.spec.lease_ttl / 3);
+    let mut phase = fleet.control.phase().subscribe();
     loop {
         // List: what is active now, and from which revision to watch.
         let revision = match within(client.get(fleet.keys.active(), None)).await {
@@ -133,6 +147,12 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
                     Ok(None) => return FleetError::Refused("etcd closed the watch".into()).into_transient(),
                     Err(error) => return error.into(),
                 },
+                _ = phase.changed() => {
+                    // The drain revokes the lease (`Fleet::leave`).
+                    if leaving(fleet) {
+                        return FleetError::Refused("draining".into());
+                    }
+                }
                 _ = renew.tick() => {
                     if let Err(error) = within(keeper.keep_alive()).await {
                         return error;

@@ -116,6 +116,17 @@ pub enum InstanceOutcome {
     },
 }
 
+/// Why `forget` did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ForgetError {
+    #[error("instance '{0}' is live: stop it first (its status key goes with its lease)")]
+    Live(String),
+    #[error("instance '{0}' is not a member of this fleet")]
+    Unknown(String),
+    #[error(transparent)]
+    Control(#[from] ControlError),
+}
+
 /// An instance's place in the fleet, for `GET /admin/fleet/status`.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemberView {
@@ -317,6 +328,15 @@ impl Fleet {
             },
             ..candidate
         })
+    }
+
+    /// `own` (the instance file's text) composed with the shared document
+    /// this instance serves; `own` itself before any was applied.
+    pub fn as_composed(&self, own: String) -> String {
+        match self.applied().shared {
+            Some(shared) => crate::config::compose(&own, &shared).unwrap_or(own),
+            None => own,
+        }
     }
 
     /// The shared document a request sent.
@@ -659,6 +679,54 @@ impl Fleet {
             }
         }
         *self.applied.lock().unwrap_or_else(PoisonError::into_inner) = applied;
+    }
+
+    /// Leaves the fleet as the process drains: its status key goes with
+    /// its lease at once, not a TTL later. A process that takes over (a
+    /// drain-aware upgrade) has a lease of its own.
+    pub async fn leave(&self) {
+        let lease = self
+            .lease
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let (Some(lease), Ok(mut client)) = (lease, self.client().await) {
+            match within(client.lease_revoke(lease)).await {
+                Ok(_) => tracing::info!("fleet: left (lease revoked)"),
+                Err(error) => {
+                    tracing::warn!(%error, "fleet: cannot revoke the lease; it expires by itself")
+                }
+            }
+        }
+    }
+
+    /// Forgets a member that is gone (a scaled-down or renamed instance),
+    /// so that status stops listing it. A live instance is not forgotten.
+    pub async fn forget(&self, name: &str) -> Result<(), ForgetError> {
+        let mut client = self.client().await.map_err(ControlError::from)?;
+        let member = self.keys.member(name);
+        // Only while the instance has no status key: one transaction.
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.keys.instance(name),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([TxnOp::delete(member, None)]);
+        let answer = within(client.txn(txn)).await.map_err(ControlError::from)?;
+        if !answer.succeeded() {
+            return Err(ForgetError::Live(name.to_owned()));
+        }
+        let deleted = answer
+            .op_responses()
+            .into_iter()
+            .any(|op| matches!(op, etcd_client::TxnOpResponse::Delete(d) if d.deleted() > 0));
+        if deleted {
+            tracing::info!(instance = name, "fleet: member forgotten");
+            Ok(())
+        } else {
+            Err(ForgetError::Unknown(name.to_owned()))
+        }
     }
 
     /// Reads the fleet's state: the active generation and every member.

@@ -649,6 +649,11 @@ async fn drain(control: &Control, stop: Stop) {
     telemetry::refresh_gauges(&control.store().loads(), Phase::Draining);
     let timeout = control.store().load_full().spec.runtime.drain_timeout;
     control.listeners().drain();
+    // Out of the fleet at once; bounded, as etcd may be away.
+    #[cfg(feature = "fleet")]
+    if let Some(fleet) = control.fleet() {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), fleet.leave()).await;
+    }
     tracing::info!(
         ?stop,
         ?timeout,

@@ -20,6 +20,9 @@ struct Etcd {
     dir: tempfile::TempDir,
     client: SocketAddr,
     peer: SocketAddr,
+    /// Client TLS with client certificates: (CA, server cert, server key)
+    /// files in `dir`.
+    tls: bool,
 }
 
 fn free_port() -> SocketAddr {
@@ -41,6 +44,30 @@ impl Etcd {
             dir: tempfile::tempdir().unwrap(),
             client: free_port(),
             peer: free_port(),
+            tls: false,
+        };
+        etcd.resume().await;
+        Some(etcd)
+    }
+
+    /// Serving clients over TLS only, and only those with a certificate
+    /// `ca` signed; its own certificate is for 127.0.0.1.
+    async fn start_tls(ca: &crate::pki::Ca) -> Option<Etcd> {
+        if !Path::new(ETCD).exists() {
+            eprintln!("SKIPPED: {ETCD} is not installed (Debian package etcd-server; .ci/run installs it)");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = crate::pki::server_leaf(ca, &["127.0.0.1"]);
+        std::fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
+        std::fs::write(dir.path().join("server.pem"), cert).unwrap();
+        std::fs::write(dir.path().join("server.key"), key).unwrap();
+        let mut etcd = Etcd {
+            child: None,
+            dir,
+            client: free_port(),
+            peer: free_port(),
+            tls: true,
         };
         etcd.resume().await;
         Some(etcd)
@@ -49,9 +76,19 @@ impl Etcd {
     /// Starts the member again on its data dir and ports; waits until it
     /// answers.
     async fn resume(&mut self) {
-        let client = format!("http://{}", self.client);
+        let scheme = if self.tls { "https" } else { "http" };
+        let client = format!("{scheme}://{}", self.client);
         let peer = format!("http://{}", self.peer);
-        let child = Command::new(ETCD)
+        let mut command = Command::new(ETCD);
+        if self.tls {
+            let file = |name: &str| self.dir.path().join(name).display().to_string();
+            command
+                .arg(format!("--cert-file={}", file("server.pem")))
+                .arg(format!("--key-file={}", file("server.key")))
+                .arg(format!("--trusted-ca-file={}", file("ca.pem")))
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .arg("--name=t")
             .arg(format!(
                 "--data-dir={}",
@@ -68,6 +105,15 @@ impl Etcd {
             .expect("start etcd");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
+        if self.tls {
+            // Its JSON gateway wants a client certificate: a TCP accept
+            // is readiness enough (instances retry until it answers).
+            while tokio::net::TcpStream::connect(self.client).await.is_err() {
+                assert!(Instant::now() < deadline, "etcd did not start");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            return;
+        }
         loop {
             if let Ok(answer) = self.call("/v3/kv/range", json!({ "key": b64("/") })).await {
                 if answer.get("header").is_some() {
@@ -144,6 +190,9 @@ fn b64(text: &str) -> String {
 fn instance(etcd: &Etcd, prefix: &str, name: &str) -> String {
     format!(
         r#"[admin]
+bind = "127.0.0.1:0"
+
+[metrics]
 bind = "127.0.0.1:0"
 
 [log]
@@ -323,6 +372,15 @@ async fn an_activation_reaches_three_instances_within_two_seconds() {
     let local = gws[2].status().await;
     assert_eq!(local["fleet"]["generation"], json!(second));
     assert_eq!(local["fleet"]["connected"], true);
+    assert_eq!(local["config_file_matches_active"], true, "{local}");
+    let (_, _, metrics) = get(gws[2].metrics.unwrap(), "m", "/metrics").await;
+    for line in [
+        format!("cutover_fleet_generation {second}"),
+        "cutover_fleet_connected 1".to_owned(),
+        "cutover_fleet_applies_total{outcome=\"ack\"} 2".to_owned(),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
 
     // Rollback through any instance: a new generation with the old text.
     let (status, body) = admin_request(
@@ -619,6 +677,16 @@ async fn a_killed_instance_is_gone_within_its_lease_and_restarts_on_its_last_gen
         all_synced_on(first, 3),
     )
     .await;
+
+    // A draining instance leaves at once (its lease revoked), not a TTL
+    // later.
+    gws[1].signal("TERM");
+    let (_, took) = wait_fleet(&gws[0], Duration::from_secs(1), "b leaves on drain", |s| {
+        member(s, "b")["status"] == "gone"
+    })
+    .await;
+    eprintln!("b shown gone {took:?} after SIGTERM");
+    drop(c);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -965,6 +1033,41 @@ async fn a_pending_fleet_generation_is_settled_by_its_deadline_by_confirm_or_by_
     let rolled = s["active"]["generation"].as_u64().unwrap();
     assert!(rolled > pending);
     assert_eq!(body_through(&gws[0]).await, "one");
+    // A gone member can be forgotten; a live one cannot.
+    let forget = |name: &str| {
+        Command::new(crate::harness::BIN)
+            .args([
+                "ctl",
+                "--admin",
+                &gws[0].admin_url(),
+                "fleet",
+                "forget",
+                name,
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = forget("b");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is live"));
+    wait_fleet(&gws[0], Duration::from_secs(5), "a is gone", |s| {
+        member(s, "a")["status"] == "gone"
+    })
+    .await;
+    let out = forget("a");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fleet_status(&gws[0]).await["total"], json!(1));
+    assert_eq!(forget("a").status.code(), Some(1), "not a member any more");
 
     // Confirmed through an instance: final, no new generation.
     let b = &gws[0];
@@ -1171,4 +1274,45 @@ async fn futures_join(gw: &Gateway, n: usize) -> Vec<String> {
         out.push(body_through(gw).await);
     }
     out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_reach_an_etcd_that_requires_tls_client_certificates() {
+    let ca = crate::pki::ca("etcd ca");
+    let Some(etcd) = Etcd::start_tls(&ca).await else {
+        return;
+    };
+    let prefix = prefix("tls");
+    let one = Backend::named("one").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = crate::pki::leaf(
+        &ca,
+        &["gateway"],
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    std::fs::write(dir.path().join("etcd-ca.pem"), &ca.pem).unwrap();
+    std::fs::write(dir.path().join("client.pem"), cert).unwrap();
+    std::fs::write(dir.path().join("client.key"), key).unwrap();
+    let config = instance(&etcd, &prefix, "a")
+        + "ca = \"etcd-ca.pem\"\ncert = \"client.pem\"\nkey = \"client.key\"\n";
+    let gw = Gateway::start_in(dir, &config);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while gw.status().await["fleet"]["connected"] != true {
+        assert!(Instant::now() < deadline, "{}", gw.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = activate(&gw, &shared(one.addr, ""), Some(0)).await;
+    assert_eq!(status, 200, "{body}");
+    wait_fleet(&gw, Duration::from_secs(2), "it acks", all_synced_on(1, 1)).await;
+    assert_eq!(body_through(&gw).await, "one");
+
+    // Without a client certificate etcd refuses it: never connected.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("etcd-ca.pem"), &ca.pem).unwrap();
+    let config = instance(&etcd, &prefix, "b") + "ca = \"etcd-ca.pem\"\n";
+    let b = Gateway::start_in(dir, &config);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let local = b.status().await;
+    assert_eq!(local["fleet"]["connected"], false, "{local}");
+    assert!(local["fleet"]["last_error"].is_string(), "{local}");
 }
