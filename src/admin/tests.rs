@@ -1071,3 +1071,28 @@ async fn an_upgrade_refuses_what_only_an_activation_honours() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}: {answer}");
     }
 }
+
+#[tokio::test]
+async fn fleet_endpoints_say_when_the_instance_is_not_in_a_fleet() {
+    let a = admin();
+    let (status, body) = call(&a, get("/admin/fleet/status")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body["message"].as_str().unwrap().contains("not in a fleet"));
+    let (status, _) = call(
+        &a,
+        post("/admin/fleet/forget", "application/json", r#"{"instance":"a"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = call(
+        &a,
+        post("/admin/fleet/forget", "application/json", r#"{"name":"a"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = call(&a, post("/admin/fleet/forget", "text/plain", "a")).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // Status carries no fleet block outside a fleet.
+    let (_, status) = call(&a, get("/admin/runtime/status")).await;
+    assert!(status.get("fleet").is_none());
+}

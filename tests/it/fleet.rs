@@ -1316,3 +1316,42 @@ async fn instances_reach_an_etcd_that_requires_tls_client_certificates() {
     assert_eq!(local["fleet"]["connected"], false, "{local}");
     assert!(local["fleet"]["last_error"].is_string(), "{local}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_authenticate_to_etcd_with_a_user_and_password_file() {
+    let Some(etcd) = Etcd::start().await else { return };
+    // etcd's own authentication: a root user, then auth on.
+    for (path, body) in [
+        ("/v3/auth/user/add", json!({ "name": "root", "password": "s3cret-pass" })),
+        ("/v3/auth/user/grant", json!({ "user": "root", "role": "root" })),
+        ("/v3/auth/enable", json!({})),
+    ] {
+        let answer = etcd.call(path, body).await.unwrap();
+        assert!(answer.get("header").is_some(), "{path}: {answer}");
+    }
+    let prefix = prefix("auth");
+    let one = Backend::named("one").await;
+    let start = |name: &str, password: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("etcd-password"), format!("{password}\n")).unwrap();
+        let config = instance(&etcd, &prefix, name)
+            + "username = \"root\"\npassword_file = \"etcd-password\"\n";
+        Gateway::start_in(dir, &config)
+    };
+    let a = start("a", "s3cret-pass");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while a.status().await["fleet"]["connected"] != true {
+        assert!(Instant::now() < deadline, "{}", a.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = activate(&a, &shared(one.addr, ""), Some(0)).await;
+    assert_eq!(status, 200, "{body}");
+    wait_fleet(&a, Duration::from_secs(2), "it acks", all_synced_on(1, 1)).await;
+
+    let b = start("b", "wrong");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let local = b.status().await;
+    assert_eq!(local["fleet"]["connected"], false, "{local}");
+    let error = local["fleet"]["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("authentication failed"), "{local}");
+}
