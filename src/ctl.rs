@@ -411,6 +411,34 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
     Ok(exit_code(&args.command, &answer))
 }
 
+/// One poll of a follower (`wait`).
+enum Polled {
+    Body(Value),
+    /// Failed, but not for long enough to give up: poll again.
+    Again,
+    /// Gave up: the exit code.
+    Failed(u8),
+}
+
+/// GETs `path` for a follower. The admin socket may pass to a new process
+/// on the way (an upgrade), and etcd may be away for a while (a fleet):
+/// up to a minute of failed polls, half a second apart, is not the end.
+async fn poll(client: &Client, path: &str, failures: &mut u32) -> Result<Polled, CtlError> {
+    match client.get(path).await {
+        Ok(answer) if answer.status.is_success() => {
+            *failures = 0;
+            Ok(Polled::Body(answer.body))
+        }
+        Ok(_) | Err(_) if *failures < 120 => {
+            *failures += 1;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Ok(Polled::Again)
+        }
+        Ok(answer) => Ok(Polled::Failed(exit_code(&CtlCommand::History, &answer))),
+        Err(error) => Err(error),
+    }
+}
+
 /// Follows pending generation `generation` until it is settled: exit 0
 /// when it was confirmed, 4 when it was rolled back, 2 when another
 /// activation superseded it. Prints the operation that settled it.
@@ -418,19 +446,11 @@ async fn wait_settled(client: &Client, generation: u64, json: bool) -> Result<u8
     let mut percent = Value::Null;
     let mut failures = 0;
     loop {
-        // The admin socket may pass to a new process on the way (an
-        // upgrade): a few failed polls are not the end.
-        let status = match client.get("/admin/runtime/status").await {
-            Ok(answer) if answer.status.is_success() => answer.body,
-            Ok(_) | Err(_) if failures < 60 => {
-                failures += 1;
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-            Ok(answer) => return Ok(exit_code(&CtlCommand::History, &answer)),
-            Err(error) => return Err(error),
+        let status = match poll(client, "/admin/runtime/status", &mut failures).await? {
+            Polled::Body(body) => body,
+            Polled::Again => continue,
+            Polled::Failed(code) => return Ok(code),
         };
-        failures = 0;
         if status.get("fleet").is_some() {
             return wait_fleet_settled(client, generation, json).await;
         }
@@ -496,17 +516,11 @@ async fn wait_settled(client: &Client, generation: u64, json: bool) -> Result<u8
 async fn wait_fleet_settled(client: &Client, generation: u64, json: bool) -> Result<u8, CtlError> {
     let mut failures = 0;
     loop {
-        let status = match client.get("/admin/fleet/status").await {
-            Ok(answer) if answer.status.is_success() => answer.body,
-            Ok(_) | Err(_) if failures < 120 => {
-                failures += 1;
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-            Ok(answer) => return Ok(exit_code(&CtlCommand::History, &answer)),
-            Err(error) => return Err(error),
+        let status = match poll(client, "/admin/fleet/status", &mut failures).await? {
+            Polled::Body(body) => body,
+            Polled::Again => continue,
+            Polled::Failed(code) => return Ok(code),
         };
-        failures = 0;
         let active = &status["active"];
         if active["generation"] == json!(generation) && !active["pending"].is_null() {
             tokio::time::sleep(Duration::from_millis(500)).await;

@@ -82,6 +82,22 @@ pub fn router(control: Arc<Control>, security: Security) -> Router {
 
 type Shared = State<Arc<Control>>;
 
+/// The JSON body of a call that takes only JSON (`what` names the call in
+/// the refusal).
+fn json_body<T: serde::de::DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &Bytes,
+    what: &str,
+) -> Result<T, ApiError> {
+    if candidate::media_type(headers).as_deref() != Some("application/json") {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "{what}: the body must be application/json"
+        )));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("the {what} body is not valid: {e}")))
+}
+
 /// In a fleet, a candidate is a shared document: planned as this
 /// instance's file composed with it.
 fn as_planned(control: &Control, candidate: Candidate) -> Result<Candidate, ApiError> {
@@ -148,13 +164,7 @@ async fn fleet_forget(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    if candidate::media_type(&headers).as_deref() != Some("application/json") {
-        return Err(ApiError::UnsupportedMediaType(
-            "forget takes application/json".into(),
-        ));
-    }
-    let body: ForgetBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::BadRequest(format!("the forget body is not valid: {e}")))?;
+    let body: ForgetBody = json_body(&headers, &body, "forget")?;
     #[cfg(feature = "fleet")]
     if let Some(fleet) = control.fleet() {
         use crate::fleet::ForgetError;
@@ -201,13 +211,7 @@ async fn rollback(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    if candidate::media_type(&headers).as_deref() != Some("application/json") {
-        return Err(ApiError::UnsupportedMediaType(
-            "rollback takes application/json".into(),
-        ));
-    }
-    let body: RollbackBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::BadRequest(format!("the rollback body is not valid: {e}")))?;
+    let body: RollbackBody = json_body(&headers, &body, "rollback")?;
     limits::check_metadata(&[
         ("reason", body.reason.as_deref()),
         ("requested_by", body.requested_by.as_deref()),
@@ -267,13 +271,7 @@ async fn settle(
     body: &Bytes,
     how: Settle,
 ) -> Result<Response, ApiError> {
-    if candidate::media_type(headers).as_deref() != Some("application/json") {
-        return Err(ApiError::UnsupportedMediaType(
-            "confirm and abort take application/json".into(),
-        ));
-    }
-    let body: SettleBody = serde_json::from_slice(body)
-        .map_err(|e| ApiError::BadRequest(format!("the body is not valid: {e}")))?;
+    let body: SettleBody = json_body(headers, body, "confirm and abort")?;
     limits::check_metadata(&[
         ("reason", body.reason.as_deref()),
         ("requested_by", body.requested_by.as_deref()),

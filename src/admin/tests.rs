@@ -1080,7 +1080,11 @@ async fn fleet_endpoints_say_when_the_instance_is_not_in_a_fleet() {
     assert!(body["message"].as_str().unwrap().contains("not in a fleet"));
     let (status, _) = call(
         &a,
-        post("/admin/fleet/forget", "application/json", r#"{"instance":"a"}"#),
+        post(
+            "/admin/fleet/forget",
+            "application/json",
+            r#"{"instance":"a"}"#,
+        ),
     )
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);

@@ -7,16 +7,7 @@ use std::process::Command;
 
 use crate::harness::*;
 
-async fn activate(gw: &Gateway, config: &str, query: &str) -> (u16, Value) {
-    admin_request(
-        gw.admin,
-        "POST",
-        &format!("/admin/runtime/activate{query}"),
-        Some("application/toml"),
-        Some(config.to_owned()),
-    )
-    .await
-}
+use crate::harness::activate_with as activate;
 
 async fn history(gw: &Gateway) -> Value {
     admin_request(gw.admin, "GET", "/admin/runtime/history", None, None)

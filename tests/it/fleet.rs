@@ -237,14 +237,7 @@ fn prefix(test: &str) -> String {
 
 async fn activate(gw: &Gateway, document: &str, expected: Option<u64>) -> (u16, Value) {
     let query = expected.map_or(String::new(), |g| format!("?expected_generation={g}"));
-    admin_request(
-        gw.admin,
-        "POST",
-        &format!("/admin/runtime/activate{query}"),
-        Some("application/toml"),
-        Some(document.to_owned()),
-    )
-    .await
+    crate::harness::activate_with(gw, document, &query).await
 }
 
 async fn fleet_status(gw: &Gateway) -> Value {
@@ -294,17 +287,35 @@ fn member<'a>(status: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{name} is not in {status}"))
 }
 
-/// Three instances that joined one prefix (each wrote its status).
-async fn three(etcd: &Etcd, prefix: &str) -> Vec<Gateway> {
-    let gateways: Vec<Gateway> = ["a", "b", "c"]
+/// Instances `names` that joined one prefix and acked its first
+/// generation, which routes to `backend`; returns them and its id.
+async fn serving(
+    etcd: &Etcd,
+    prefix: &str,
+    names: &[&str],
+    backend: SocketAddr,
+) -> (Vec<Gateway>, u64) {
+    let gws = join(etcd, prefix, names).await;
+    let (status, body) = activate(&gws[0], &shared(backend, ""), None).await;
+    assert_eq!(status, 200, "{body}");
+    let first = body["generation"].as_u64().unwrap();
+    let all = all_synced_on(first, names.len());
+    wait_fleet(&gws[0], Duration::from_secs(2), "all ack", all).await;
+    (gws, first)
+}
+
+/// Instances `names` that joined one prefix (each wrote its status).
+async fn join(etcd: &Etcd, prefix: &str, names: &[&str]) -> Vec<Gateway> {
+    let gateways: Vec<Gateway> = names
         .iter()
         .map(|name| Gateway::start(&instance(etcd, prefix, name)))
         .collect();
+    let count = names.len();
     wait_fleet(
         &gateways[0],
         Duration::from_secs(10),
-        "three instances join",
-        |s| s["total"] == json!(3),
+        "the instances join",
+        |s| s["total"] == json!(count),
     )
     .await;
     gateways
@@ -322,7 +333,7 @@ async fn an_activation_reaches_three_instances_within_two_seconds() {
         return;
     };
     let prefix = prefix("reach");
-    let gws = three(&etcd, &prefix).await;
+    let gws = join(&etcd, &prefix, &["a", "b", "c"]).await;
     let one = Backend::named("one").await;
     let two = Backend::named("two").await;
 
@@ -419,11 +430,8 @@ async fn two_activations_against_the_same_expected_generation_exactly_one_wins()
         return;
     };
     let prefix = prefix("race");
-    let gws = three(&etcd, &prefix).await;
     let backends = [Backend::named("left").await, Backend::named("right").await];
-    let (status, body) = activate(&gws[2], &shared(backends[0].addr, "# start\n"), None).await;
-    assert_eq!(status, 200, "{body}");
-    let mut expected = body["generation"].as_u64().unwrap();
+    let (gws, mut expected) = serving(&etcd, &prefix, &["a", "b", "c"], backends[0].addr).await;
     for round in 0..5 {
         let left = shared(backends[0].addr, &format!("# left {round}\n"));
         let right = shared(backends[1].addr, &format!("# right {round}\n"));
@@ -461,19 +469,9 @@ async fn an_instance_missing_a_referenced_file_nacks_and_keeps_serving() {
         return;
     };
     let prefix = prefix("nack");
-    let gws = three(&etcd, &prefix).await;
     let one = Backend::named("one").await;
     let two = Backend::named("two").await;
-    let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
-    assert_eq!(status, 200, "{body}");
-    let first = body["generation"].as_u64().unwrap();
-    wait_fleet(
-        &gws[0],
-        Duration::from_secs(2),
-        "all ack",
-        all_synced_on(first, 3),
-    )
-    .await;
+    let (gws, first) = serving(&etcd, &prefix, &["a", "b", "c"], one.addr).await;
 
     // The CA file the document names exists beside a and b only.
     let ca = crate::pki::ca("upstream ca");
@@ -538,20 +536,10 @@ async fn losing_etcd_never_stops_traffic_and_instances_follow_it_back_and_past_c
         return;
     };
     let prefix = prefix("outage");
-    let gws = three(&etcd, &prefix).await;
     let one = Backend::named("one").await;
     let two = Backend::named("two").await;
     let three_ = Backend::named("three").await;
-    let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
-    assert_eq!(status, 200, "{body}");
-    let first = body["generation"].as_u64().unwrap();
-    wait_fleet(
-        &gws[0],
-        Duration::from_secs(2),
-        "all ack",
-        all_synced_on(first, 3),
-    )
-    .await;
+    let (gws, first) = serving(&etcd, &prefix, &["a", "b", "c"], one.addr).await;
 
     etcd.stop();
     for gw in &gws {
@@ -633,18 +621,8 @@ async fn a_killed_instance_is_gone_within_its_lease_and_restarts_on_its_last_gen
         return;
     };
     let prefix = prefix("gone");
-    let mut gws = three(&etcd, &prefix).await;
     let one = Backend::named("one").await;
-    let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
-    assert_eq!(status, 200, "{body}");
-    let first = body["generation"].as_u64().unwrap();
-    wait_fleet(
-        &gws[0],
-        Duration::from_secs(2),
-        "all ack",
-        all_synced_on(first, 3),
-    )
-    .await;
+    let (mut gws, first) = serving(&etcd, &prefix, &["a", "b", "c"], one.addr).await;
 
     let mut c = gws.pop().unwrap();
     Command::new("kill")
@@ -695,18 +673,8 @@ async fn bad_documents_are_refused_and_never_applied() {
         return;
     };
     let prefix = prefix("bad");
-    let gws = three(&etcd, &prefix).await;
     let one = Backend::named("one").await;
-    let (status, body) = activate(&gws[0], &shared(one.addr, ""), None).await;
-    assert_eq!(status, 200, "{body}");
-    let first = body["generation"].as_u64().unwrap();
-    wait_fleet(
-        &gws[0],
-        Duration::from_secs(2),
-        "all ack",
-        all_synced_on(first, 3),
-    )
-    .await;
+    let (gws, first) = serving(&etcd, &prefix, &["a", "b", "c"], one.addr).await;
 
     // Instance-owned settings in a shared document: refused where they
     // are, and nothing is written.
@@ -936,32 +904,6 @@ async fn activate_json(gw: &Gateway, document: &str, expected: u64, extra: Value
     .await
 }
 
-/// Two instances serving generation 1 (`one`); returns them and its id.
-async fn two_on(etcd: &Etcd, prefix: &str, one: SocketAddr) -> (Vec<Gateway>, u64) {
-    let gws: Vec<Gateway> = ["a", "b"]
-        .iter()
-        .map(|name| Gateway::start(&instance(etcd, prefix, name)))
-        .collect();
-    wait_fleet(
-        &gws[0],
-        Duration::from_secs(10),
-        "two instances join",
-        |s| s["total"] == json!(2),
-    )
-    .await;
-    let (status, body) = activate(&gws[0], &shared(one, ""), None).await;
-    assert_eq!(status, 200, "{body}");
-    let first = body["generation"].as_u64().unwrap();
-    wait_fleet(
-        &gws[1],
-        Duration::from_secs(2),
-        "both ack",
-        all_synced_on(first, 2),
-    )
-    .await;
-    (gws, first)
-}
-
 /// Waits until the pending `generation` is settled; the fleet status.
 async fn wait_settled(gw: &Gateway, generation: u64, within: Duration) -> Value {
     wait_fleet(gw, within, "the pending generation is settled", |s| {
@@ -986,7 +928,7 @@ async fn a_pending_fleet_generation_is_settled_by_its_deadline_by_confirm_or_by_
     let prefix = prefix("pending");
     let one = Backend::named("one").await;
     let two = Backend::named("two").await;
-    let (mut gws, first) = two_on(&etcd, &prefix, one.addr).await;
+    let (mut gws, first) = serving(&etcd, &prefix, &["a", "b"], one.addr).await;
 
     // Pending with a 2 s deadline, activated through a, which is then
     // killed: b enforces the deadline.
@@ -1147,7 +1089,7 @@ async fn a_fleet_guard_judges_the_sum_of_every_instance_answers() {
         })
     }))
     .await;
-    let (gws, first) = two_on(&etcd, &prefix, one.addr).await;
+    let (gws, first) = serving(&etcd, &prefix, &["a", "b"], one.addr).await;
 
     // 20 answers are needed; each instance gets 12: only their sum shows
     // the breach.
@@ -1214,7 +1156,7 @@ async fn a_fleet_canary_splits_each_instance_traffic_and_ctl_waits_for_its_end()
     let prefix = prefix("canary");
     let one = Backend::named("one").await;
     let two = Backend::named("two").await;
-    let (gws, first) = two_on(&etcd, &prefix, one.addr).await;
+    let (gws, first) = serving(&etcd, &prefix, &["a", "b"], one.addr).await;
     let file = gws[0].path("shared.toml");
     std::fs::write(&file, shared(two.addr, "")).unwrap();
     let admin = gws[0].admin_url();
@@ -1319,11 +1261,19 @@ async fn instances_reach_an_etcd_that_requires_tls_client_certificates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_authenticate_to_etcd_with_a_user_and_password_file() {
-    let Some(etcd) = Etcd::start().await else { return };
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
     // etcd's own authentication: a root user, then auth on.
     for (path, body) in [
-        ("/v3/auth/user/add", json!({ "name": "root", "password": "s3cret-pass" })),
-        ("/v3/auth/user/grant", json!({ "user": "root", "role": "root" })),
+        (
+            "/v3/auth/user/add",
+            json!({ "name": "root", "password": "s3cret-pass" }),
+        ),
+        (
+            "/v3/auth/user/grant",
+            json!({ "user": "root", "role": "root" }),
+        ),
         ("/v3/auth/enable", json!({})),
     ] {
         let answer = etcd.call(path, body).await.unwrap();

@@ -286,15 +286,20 @@ impl Drop for Gateway {
 /// One HTTP/1.1 request on a fresh connection.
 /// Activates `config` (TOML) through the admin API; the status code.
 pub async fn activate_status(gw: &Gateway, config: &str) -> u16 {
+    activate_with(gw, config, "").await.0
+}
+
+/// Activates `config` (TOML) with `query` (`""` or `?key=value&…`); the
+/// status code and the answer.
+pub async fn activate_with(gw: &Gateway, config: &str, query: &str) -> (u16, Value) {
     admin_request(
         gw.admin,
         "POST",
-        "/admin/runtime/activate",
+        &format!("/admin/runtime/activate{query}"),
         Some("application/toml"),
         Some(config.to_owned()),
     )
     .await
-    .0
 }
 
 pub async fn admin_request(
