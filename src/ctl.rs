@@ -693,6 +693,12 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
                 );
             }
             match instance.get("activation") {
+                None if instance.get("local_generation").is_some() => println!(
+                    "instance {}: serves fleet generation {} as local generation {}",
+                    instance["instance"].as_str().unwrap_or("-"),
+                    instance["generation"],
+                    instance["local_generation"]
+                ),
                 Some(activation) => {
                     println!(
                         "instance {}: local generation {} ({})",

@@ -114,6 +114,13 @@ pub enum InstanceOutcome {
         instance: String,
         error: String,
     },
+    /// It serves the generation already (its watch was first, or the
+    /// activation changed nothing).
+    Serving {
+        instance: String,
+        generation: u64,
+        local_generation: u64,
+    },
 }
 
 /// Why `forget` did nothing.
@@ -276,7 +283,10 @@ impl Fleet {
                     .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
                     .with_keep_alive_while_idle(true);
                 if let Some((user, password)) = &self.spec.credentials {
-                    options = options.with_user(user, password);
+                    // etcd's auth token expires; a long watch must not.
+                    options = options
+                        .with_user(user, password)
+                        .with_auto_token_refresh(true);
                 }
                 if let Some(tls) = &self.spec.tls {
                     let mut config = etcd_client::TlsOptions::new()
@@ -616,10 +626,14 @@ impl Fleet {
                 instance,
                 activation: Box::new(activation),
             },
-            Ok(None) => InstanceOutcome::Refused {
-                instance,
-                error: "nothing to apply: this instance already serves it".into(),
-            },
+            Ok(None) => {
+                let applied = self.applied();
+                InstanceOutcome::Serving {
+                    instance,
+                    generation: applied.generation,
+                    local_generation: applied.local_generation,
+                }
+            }
             Err(error) => InstanceOutcome::Refused { instance, error },
         }
     }

@@ -422,6 +422,8 @@ async fn an_activation_reaches_three_instances_within_two_seconds() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["outcome"], "unchanged");
     assert_eq!(body["generation"], json!(third));
+    assert_eq!(body["instance"]["generation"], json!(third));
+    assert!(body["instance"]["local_generation"].is_u64(), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
