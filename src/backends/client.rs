@@ -14,6 +14,57 @@ use hyper_util::client::legacy::{Client, ResponseFuture};
 use crate::telemetry::access::Trail;
 use crate::telemetry::series::Histogram;
 
+/// An error of a request body: whatever failed, boxed (hyper's and
+/// HTTP/3's both end here; causes are told apart by downcasting).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A client's request body as it arrives: from hyper's server (HTTP/1.1,
+/// HTTP/2), or another (an HTTP/3 request stream).
+pub enum ClientBody {
+    Hyper(Incoming),
+    Other(std::pin::Pin<Box<dyn http_body::Body<Data = Bytes, Error = BoxError> + Send>>),
+}
+
+impl std::fmt::Debug for ClientBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientBody::Hyper(body) => body.fmt(f),
+            ClientBody::Other(_) => f.write_str("ClientBody::Other"),
+        }
+    }
+}
+
+impl http_body::Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ClientBody::Hyper(body) => std::pin::Pin::new(body)
+                .poll_frame(cx)
+                .map(|frame| frame.map(|f| f.map_err(|e| Box::new(e) as BoxError))),
+            ClientBody::Other(body) => body.as_mut().poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Hyper(body) => body.is_end_stream(),
+            ClientBody::Other(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            ClientBody::Hyper(body) => body.size_hint(),
+            ClientBody::Other(body) => body.size_hint(),
+        }
+    }
+}
+
 /// A request body on its way to a backend: the client's, streamed, or
 /// one read in full beforehand so that it can be sent more than once
 /// (retries, hedging; `None` is an empty body).
@@ -21,18 +72,18 @@ use crate::telemetry::series::Histogram;
 pub enum RequestBody {
     /// The client's body as it arrives, its bytes counted for the access
     /// log when a trail is given.
-    Streaming(Incoming, Option<Arc<Trail>>),
+    Streaming(ClientBody, Option<Arc<Trail>>),
     Buffered(Option<Bytes>),
 }
 
 impl http_body::Body for RequestBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             RequestBody::Streaming(body, trail) => {
                 let polled = std::pin::Pin::new(body).poll_frame(cx);
@@ -103,7 +154,7 @@ impl SignalledBody {
 
 impl http_body::Body for SignalledBody {
     type Data = bytes::Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: std::pin::Pin<&mut Self>,

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 pub use backend::{Attempt, Backend, BackendError, BackendGuard, Usable};
 pub use budget::RetryBudget;
-pub use client::{RequestBody, SignalledBody, UpstreamClient};
+pub use client::{BoxError, ClientBody, RequestBody, SignalledBody, UpstreamClient};
 pub use h1::{
     header_tokens, request as request_h1, ConnectError, ExchangeError, H1Pool, SendError,
     UpstreamBody,

@@ -280,6 +280,10 @@ pub struct FileListener {
     /// `udp` listeners: most client sessions at once (default 10000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_sessions: Option<u32>,
+    /// `https` listeners: also serve HTTP/3 over QUIC on the same address
+    /// (UDP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http3: Option<bool>,
 }
 
 /// `listeners.sni_routes`: names (exact, or `*.suffix`) to an upstream.

@@ -40,6 +40,7 @@ const OWNERSHIP: &[(&str, Ownership)] = &[
     ("runtime.file_roots", Ownership::StartupOwned),
     ("listeners.*.bind", Ownership::StartupOwned),
     ("listeners.*.protocol", Ownership::StartupOwned),
+    ("listeners.*.http3", Ownership::StartupOwned),
     (
         "listeners.*.tls.certificates",
         Ownership::CertificateMaterial,

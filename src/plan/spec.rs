@@ -213,6 +213,8 @@ pub struct ListenerSpec {
     /// Connections start with a PROXY protocol header from a trusted
     /// proxy (`edge.trusted_proxies`).
     pub accept_proxy_protocol: bool,
+    /// `https` listeners: HTTP/3 on UDP at the same address.
+    pub http3: bool,
     /// For `tcp` listeners.
     pub l4: L4Spec,
 }

@@ -816,6 +816,16 @@ impl Validator<'_> {
             }
             let edge = self.listener_edge(i, l, protocol);
             let l4 = self.listener_l4(i, l, protocol, file);
+            if l.http3 == Some(true) && protocol.is_some_and(|p| p != ListenerProtocol::Https) {
+                self.error(
+                    "unexpected_option",
+                    at("http3"),
+                    format!(
+                        "listener '{}': http3 needs protocol = \"https\" (QUIC is TLS 1.3)",
+                        l.name
+                    ),
+                );
+            }
             if l.accept_proxy_protocol == Some(true) && edge.trusted_proxies.is_empty() {
                 self.error(
                     "missing_trusted_proxies",
@@ -834,6 +844,7 @@ impl Validator<'_> {
                     tls_material: listener_tls.as_ref().map(|(_, m)| Arc::clone(m)),
                     tls: listener_tls.map(|(spec, _)| spec),
                     accept_proxy_protocol: l.accept_proxy_protocol.unwrap_or(false),
+                    http3: l.http3.unwrap_or(false),
                     l4,
                 });
             }

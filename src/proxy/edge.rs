@@ -34,7 +34,7 @@ pub fn authority<B>(req: &Request<B>) -> Result<Option<HeaderValue>, Refusal> {
         if authority.contains('@') {
             return Err("userinfo in the request target");
         }
-        if req.version() == Version::HTTP_2 {
+        if matches!(req.version(), Version::HTTP_2 | Version::HTTP_3) {
             if let Some(host) = host {
                 if !host.as_bytes().eq_ignore_ascii_case(authority.as_bytes()) {
                     return Err("host header disagrees with :authority");

@@ -17,6 +17,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme, Uri};
 use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
+
+use crate::backends::ClientBody;
 use metrics::Counter;
 
 use super::body::{ResponseBody, StreamGuards};
@@ -48,6 +50,9 @@ pub struct ConnContext {
     pub activity: Arc<super::downstream::Activity>,
     /// Backends' 1xx responses on their way to an HTTP/1.1 client.
     pub interim: Arc<super::interim::InterimQueue>,
+    /// On the TCP side of a listener that also serves HTTP/3: what
+    /// responses advertise while it does.
+    pub alt_svc: Option<Arc<super::h3::AltSvc>>,
 }
 
 /// The `X-Forwarded-For` value for a client address.
@@ -75,7 +80,7 @@ struct Noted {
 
 /// Serves one request. Never fails: errors become responses here.
 pub async fn handle(
-    mut req: Request<Incoming>,
+    mut req: Request<ClientBody>,
     conn: Arc<ConnContext>,
 ) -> Result<Response<Tracked<ResponseBody>>, Infallible> {
     let (open, refused) = conn.activity.request();
@@ -140,6 +145,13 @@ pub async fn handle(
         response
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    if let Some(value) = conn.alt_svc.as_ref().and_then(|a| a.current()) {
+        if !conn.draining.load(Ordering::Relaxed) {
+            response
+                .headers_mut()
+                .insert(header::ALT_SVC, value.clone());
+        }
     }
     let status = response.status();
     // One clock read for the route's and the generation's records.
@@ -214,7 +226,7 @@ struct RequestContext<'r> {
 /// Routes and serves a request on its pinned generation; returns the
 /// route that took it (for logs) and the response or the error.
 async fn serve<'g>(
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     conn: &ConnContext,
     generation: &'g Generation,
     guard: crate::generation::InflightGuard,
@@ -292,7 +304,7 @@ pub(super) struct Target<'g> {
 }
 
 async fn serve_route(
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     target: Target<'_>,
     conn: &ConnContext,
     route: &Route,
@@ -397,7 +409,7 @@ async fn serve_route(
 /// hashes and the request has the key.
 pub(super) fn request_hash(
     upstream: &Upstream,
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     conn: &ConnContext,
     target: &Target<'_>,
 ) -> Option<u64> {
@@ -419,7 +431,7 @@ pub(super) fn request_hash(
 
 /// The hash of a request's canary key (DESIGN §14): the same value, the
 /// same generation.
-fn canary_key(key: &HashKey, req: &Request<Incoming>, conn: &ConnContext) -> Option<u64> {
+fn canary_key(key: &HashKey, req: &Request<ClientBody>, conn: &ConnContext) -> Option<u64> {
     let bytes: Cow<'_, [u8]> = match key {
         HashKey::Header(name) => Cow::Borrowed(req.headers().get(name)?.as_bytes()),
         HashKey::Cookie(name) => Cow::Borrowed(cookie(req.headers(), name)?.as_bytes()),
@@ -769,7 +781,7 @@ fn upstream_request(
 
 /// The protocol an HTTP/1.1 request asks to switch to (`Connection:
 /// upgrade` plus `Upgrade`), if any.
-pub(super) fn requested_upgrade(req: &Request<Incoming>) -> Option<HeaderValue> {
+pub(super) fn requested_upgrade(req: &Request<ClientBody>) -> Option<HeaderValue> {
     if req.version() != Version::HTTP_11 {
         return None;
     }

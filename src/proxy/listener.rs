@@ -429,6 +429,22 @@ impl ListenerSet {
         } else {
             Scheme::HTTP
         };
+        // HTTP/3 beside it, advertised on this side while it serves.
+        let alt_svc = (listener.spec.http3 && tls.is_some()).then(|| {
+            let alt_svc = super::h3::AltSvc::new(bound.port());
+            tokio::spawn(super::h3::serve(super::h3::Http3 {
+                name: Arc::clone(&name),
+                address: bound,
+                admission: self.admission.clone(),
+                certificates: Arc::clone(&self.certificates),
+                limits: listener.spec.limits,
+                draining: self.draining.subscribe(),
+                draining_flag: Arc::clone(&self.draining_flag),
+                open: self.open_guard(),
+                alt_svc: Arc::clone(&alt_svc),
+            }));
+            alt_svc
+        });
         let mut draining = self.draining.subscribe();
         let listener_open = Arc::new(AtomicUsize::new(0));
         let refused =
@@ -508,7 +524,8 @@ impl ListenerSet {
                 Arc::clone(&responses),
                 Arc::clone(&self.draining_flag),
             );
-            let (draining, tls) = (self.draining.subscribe(), tls.clone());
+            let (draining, tls, alt_svc) =
+                (self.draining.subscribe(), tls.clone(), alt_svc.clone());
             self.serve_on_worker(stream, move |mut stream| async move {
                 let Some(remote) =
                     client_address(&mut stream, remote, proxied, header_timeout, &name).await
@@ -531,6 +548,7 @@ impl ListenerSet {
                     draining: draining_flag,
                     activity: Activity::new(),
                     interim: InterimQueue::new(),
+                    alt_svc,
                 });
                 serve_connection(stream, ctx, limits, draining, guard, tls).await
             });
@@ -732,7 +750,12 @@ async fn serve_http<I>(
         .keep_alive_timeout(H2_PING_TIMEOUT);
     let listener = Arc::clone(&ctx.listener);
     let shared = Arc::clone(&ctx);
-    let service = service_fn(move |req| handle(req, Arc::clone(&ctx)));
+    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        handle(
+            req.map(crate::backends::ClientBody::Hyper),
+            Arc::clone(&ctx),
+        )
+    });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let expired = tokio::select! {

@@ -8,6 +8,7 @@ mod downstream;
 mod edge;
 mod error;
 mod framing;
+mod h3;
 mod http;
 mod interim;
 mod listener;

@@ -21,11 +21,11 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use crate::backends::ClientBody;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::body::{ResponseBody, StreamGuards};
@@ -38,7 +38,7 @@ use crate::plan::{BudgetSpec, HedgeSpec, RetrySpec};
 /// Whether a request takes this path: its route retries or hedges, its
 /// method may be sent again, its body can be kept, and it asks for no
 /// protocol upgrade.
-pub(super) fn applies(route: &Route, req: &Request<Incoming>) -> bool {
+pub(super) fn applies(route: &Route, req: &Request<ClientBody>) -> bool {
     let spec = &route.spec;
     if spec.retry.is_none() && spec.hedge.is_none() {
         return false;
@@ -59,7 +59,7 @@ fn max_replay(retry: Option<&RetrySpec>) -> u64 {
 
 /// A body that is complete already, or says how long it is and is short
 /// enough to keep.
-fn replayable(body: &Incoming, max: u64) -> bool {
+fn replayable(body: &ClientBody, max: u64) -> bool {
     body.is_end_stream() || body.size_hint().exact().is_some_and(|n| n <= max)
 }
 
@@ -95,7 +95,7 @@ fn worth_retrying(outcome: &Outcome, retry: Option<&RetrySpec>) -> bool {
 
 /// Serves a request that may take several attempts (see the module notes).
 pub(super) async fn serve(
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     target: Target<'_>,
     conn: &ConnContext,
     route: &Route,
@@ -329,7 +329,7 @@ fn backoff(spec: &RetrySpec, retry: u32) -> Duration {
 }
 
 /// Reads a body the caller has checked is short or complete.
-async fn read_body(body: Incoming, max: u64) -> Result<Option<Bytes>, ProxyError> {
+async fn read_body(body: ClientBody, max: u64) -> Result<Option<Bytes>, ProxyError> {
     if body.is_end_stream() {
         return Ok(None);
     }

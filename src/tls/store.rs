@@ -202,8 +202,30 @@ impl CertStore {
         self: &Arc<Self>,
         listener: &str,
     ) -> Result<Arc<ServerConfig>, rustls::Error> {
+        self.server_config_for(listener, false)
+    }
+
+    /// The same for HTTP/3 on the listener: TLS 1.3 only (QUIC), ALPN
+    /// `h3`, no early data (0-RTT off).
+    pub fn quic_server_config(
+        self: &Arc<Self>,
+        listener: &str,
+    ) -> Result<Arc<ServerConfig>, rustls::Error> {
+        self.server_config_for(listener, true)
+    }
+
+    fn server_config_for(
+        self: &Arc<Self>,
+        listener: &str,
+        quic: bool,
+    ) -> Result<Arc<ServerConfig>, rustls::Error> {
+        let versions: &[&rustls::SupportedProtocolVersion] = if quic {
+            &[&rustls::version::TLS13]
+        } else {
+            &[&rustls::version::TLS13, &rustls::version::TLS12]
+        };
         let mut config = ServerConfig::builder_with_provider(super::provider())
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+            .with_protocol_versions(versions)?
             .with_client_cert_verifier(Arc::new(ClientAuth {
                 store: Arc::clone(self),
                 listener: listener.to_owned(),
@@ -212,8 +234,13 @@ impl CertStore {
                 store: Arc::clone(self),
                 listener: listener.to_owned(),
             }));
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.alpn_protocols = if quic {
+            vec![b"h3".to_vec()]
+        } else {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        };
         config.ticketer = rustls::crypto::ring::Ticketer::new()?;
+        config.max_early_data_size = 0;
         Ok(Arc::new(config))
     }
 }

@@ -7,6 +7,7 @@ mod fixtures;
 mod fleet;
 mod guarded;
 mod harness;
+mod http3;
 mod l4;
 mod lifecycle;
 mod observability;

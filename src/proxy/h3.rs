@@ -1,0 +1,392 @@
+//! HTTP/3 on `https` listeners with `http3 = true`: QUIC (quinn) on UDP
+//! at the listener's address, HTTP/3 framing (h3). Each request stream is
+//! served by the same `handle` as HTTP/1.1 and HTTP/2 requests, so it is
+//! pinned to the generation that admits it and every route, upstream and
+//! policy applies; one QUIC connection may carry requests of several
+//! generations. Handshakes take the listener's certificates from the
+//! process's certificate store, so `reload-certs` covers them.
+//!
+//! Lifecycle. While HTTP/3 serves, the TCP side advertises it
+//! (`alt-svc`). Draining stops that, refuses new QUIC connections, sends
+//! every connection a GOAWAY and lets its streams finish (drain waits for
+//! them like for TCP connections). A drain-aware upgrade does not hand
+//! the UDP socket over: the successor binds it when this process is gone
+//! (it retries), so that no packet of a connection this process serves
+//! reaches a process that does not know it. Meanwhile clients reach the
+//! new process over TCP, where `alt-svc` is not yet advertised.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use http::{HeaderValue, Version};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tokio::sync::watch;
+
+use super::downstream::Activity;
+use super::http::{client_ip_header, handle, listener_counters, ConnContext};
+use super::interim::InterimQueue;
+use super::listener::OpenWork;
+use crate::admission::Admission;
+use crate::backends::{BoxError, ClientBody};
+use crate::plan::ListenerLimits;
+use crate::telemetry::metrics as m;
+use crate::tls::CertStore;
+
+/// What the TCP side of the listener advertises while HTTP/3 serves.
+#[derive(Debug)]
+pub struct AltSvc {
+    value: HeaderValue,
+    serving: AtomicBool,
+}
+
+impl AltSvc {
+    pub fn new(port: u16) -> Arc<Self> {
+        let value = HeaderValue::from_str(&format!("h3=\":{port}\"; ma=86400"))
+            .unwrap_or_else(|_| HeaderValue::from_static("clear"));
+        Arc::new(Self {
+            value,
+            serving: AtomicBool::new(false),
+        })
+    }
+
+    /// The header value, while HTTP/3 is serving.
+    pub fn current(&self) -> Option<&HeaderValue> {
+        self.serving.load(Ordering::Relaxed).then_some(&self.value)
+    }
+}
+
+/// What serving one listener's HTTP/3 needs.
+pub struct Http3 {
+    pub name: Arc<str>,
+    pub address: SocketAddr,
+    pub admission: Admission,
+    pub certificates: Arc<CertStore>,
+    pub limits: ListenerLimits,
+    pub draining: watch::Receiver<bool>,
+    pub draining_flag: Arc<std::sync::atomic::AtomicBool>,
+    pub open: OpenWork,
+    pub alt_svc: Arc<AltSvc>,
+}
+
+/// How often a taken UDP port is tried again (a predecessor draining).
+const BIND_RETRY: Duration = Duration::from_millis(100);
+
+/// Serves HTTP/3 until the listener drains.
+pub async fn serve(mut h3: Http3) {
+    let Some(socket) = bind(&mut h3).await else {
+        return;
+    };
+    let endpoint = match endpoint(&h3, socket) {
+        Ok(endpoint) => endpoint,
+        Err(error) => {
+            tracing::error!(listener = %h3.name, %error, "cannot serve HTTP/3");
+            return;
+        }
+    };
+    let local = endpoint.local_addr().unwrap_or(h3.address);
+    tracing::info!(listener = %h3.name, address = %local, "HTTP/3 accepting");
+    h3.alt_svc.serving.store(true, Ordering::Relaxed);
+    let responses = listener_counters(&h3.name);
+    let open_connections = Arc::new(AtomicUsize::new(0));
+    let refused =
+        metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => h3.name.to_string());
+    let mut draining = h3.draining.clone();
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => incoming,
+            _ = async { let _ = draining.wait_for(|d| *d).await; } => break,
+        };
+        let Some(incoming) = incoming else { break };
+        if h3
+            .limits
+            .max_connections
+            .is_some_and(|max| open_connections.load(Ordering::Acquire) >= max)
+        {
+            refused.increment(1);
+            incoming.refuse();
+            continue;
+        }
+        let remote = incoming.remote_address();
+        let ctx = Arc::new(ConnContext {
+            listener: Arc::clone(&h3.name),
+            admission: h3.admission.clone(),
+            remote,
+            local,
+            client_ip: client_ip_header(remote),
+            scheme: http::uri::Scheme::HTTPS,
+            responses: Arc::clone(&responses),
+            draining: Arc::clone(&h3.draining_flag),
+            activity: Activity::new(),
+            interim: InterimQueue::new(),
+            alt_svc: None,
+        });
+        let hold = h3.open.hold();
+        let counted = Counted::new(&open_connections);
+        let (limits, draining) = (h3.limits, h3.draining.clone());
+        tokio::spawn(async move {
+            connection(incoming, ctx, limits, draining).await;
+            drop((hold, counted));
+        });
+    }
+    // Draining: no more advertising, no new connections; those open get
+    // a GOAWAY from their own task and finish their streams.
+    h3.alt_svc.serving.store(false, Ordering::Relaxed);
+    endpoint.set_server_config(None);
+    tracing::info!(listener = %h3.name, "HTTP/3 closed to new connections");
+    // The endpoint (and its socket) lives while connections do.
+    endpoint.wait_idle().await;
+}
+
+/// Binds the UDP socket, waiting while the port is taken (a predecessor
+/// still draining its HTTP/3 connections).
+async fn bind(h3: &mut Http3) -> Option<std::net::UdpSocket> {
+    let mut warned = false;
+    loop {
+        match std::net::UdpSocket::bind(h3.address) {
+            Ok(socket) => return Some(socket),
+            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => {
+                if !warned {
+                    warned = true;
+                    tracing::warn!(listener = %h3.name, address = %h3.address, "HTTP/3: the UDP port is taken (a previous process draining?); retrying until it is free");
+                }
+            }
+            Err(error) => {
+                tracing::error!(listener = %h3.name, address = %h3.address, %error, "HTTP/3: cannot bind the UDP socket; serving TCP only");
+                return None;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(BIND_RETRY) => {}
+            _ = async { let _ = h3.draining.wait_for(|d| *d).await; } => return None,
+        }
+    }
+}
+
+/// The QUIC endpoint: the listener's certificates (TLS 1.3, ALPN h3, no
+/// 0-RTT), its stream cap and idle timeout.
+fn endpoint(h3: &Http3, socket: std::net::UdpSocket) -> Result<quinn::Endpoint, BoxError> {
+    let tls = h3.certificates.quic_server_config(&h3.name)?;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .max_concurrent_bidi_streams(h3.limits.max_concurrent_streams.into())
+        .max_idle_timeout(Some(quinn::IdleTimeout::try_from(
+            h3.limits.keepalive_timeout,
+        )?));
+    config.transport_config(Arc::new(transport));
+    Ok(quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(config),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )?)
+}
+
+/// Counts a QUIC connection against the listener's `max_connections`.
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One QUIC connection: the handshake (within `header_read_timeout`),
+/// then its request streams, each a task of its own; a GOAWAY when the
+/// listener drains, then its open streams finish.
+async fn connection(
+    incoming: quinn::Incoming,
+    ctx: Arc<ConnContext>,
+    limits: ListenerLimits,
+    mut draining: watch::Receiver<bool>,
+) {
+    let connecting = match incoming.accept() {
+        Ok(connecting) => connecting,
+        Err(error) => {
+            tracing::debug!(client = %ctx.remote, %error, "QUIC connection refused");
+            return;
+        }
+    };
+    let connection = match tokio::time::timeout(limits.header_read_timeout, connecting).await {
+        Ok(Ok(connection)) => connection,
+        Ok(Err(error)) => {
+            metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
+            tracing::debug!(client = %ctx.remote, %error, "QUIC handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(client = %ctx.remote, "QUIC handshake timed out");
+            return;
+        }
+    };
+    let field_section = u64::try_from(limits.max_header_bytes).unwrap_or(u64::MAX);
+    let built = h3::server::builder()
+        .max_field_section_size(field_section)
+        .build::<_, Bytes>(h3_quinn::Connection::new(connection))
+        .await;
+    let mut conn = match built {
+        Ok(conn) => conn,
+        Err(error) => {
+            tracing::debug!(client = %ctx.remote, %error, "HTTP/3 connection failed");
+            return;
+        }
+    };
+    let mut requests = tokio::task::JoinSet::new();
+    let mut goaway_sent = false;
+    loop {
+        tokio::select! {
+            accepted = conn.accept() => match accepted {
+                Ok(Some(resolver)) => {
+                    let ctx = Arc::clone(&ctx);
+                    requests.spawn(request(resolver, ctx));
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::debug!(client = %ctx.remote, %error, "HTTP/3 connection closed");
+                    break;
+                }
+            },
+            // Finished request tasks are collected as they end.
+            Some(_) = requests.join_next(), if !requests.is_empty() => {}
+            _ = async { let _ = draining.wait_for(|d| *d).await; }, if !goaway_sent => {
+                goaway_sent = true;
+                if let Err(error) = conn.shutdown(0).await {
+                    tracing::debug!(client = %ctx.remote, %error, "HTTP/3 GOAWAY failed");
+                }
+            }
+        }
+    }
+    while requests.join_next().await.is_some() {}
+}
+
+/// One request stream: read as a request, served by `handle`, its
+/// answer written back.
+async fn request(
+    resolver: h3::server::RequestResolver<h3_quinn::Connection, Bytes>,
+    ctx: Arc<ConnContext>,
+) {
+    let (req, stream) = match resolver.resolve_request().await {
+        Ok(pair) => pair,
+        Err(error) => {
+            tracing::debug!(client = %ctx.remote, %error, "malformed HTTP/3 request");
+            return;
+        }
+    };
+    let (mut send, recv) = stream.split();
+    let mut req = req.map(|()| ClientBody::Other(Box::pin(QuicBody::new(recv))));
+    *req.version_mut() = Version::HTTP_3;
+    let response = match handle(req, ctx).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    };
+    let (mut parts, mut body) = response.into_parts();
+    // Connection-specific fields have no place in HTTP/3 (RFC 9114 §4.2).
+    for name in [
+        http::header::CONNECTION,
+        http::header::TRANSFER_ENCODING,
+        http::header::UPGRADE,
+        http::header::HeaderName::from_static("keep-alive"),
+        http::header::HeaderName::from_static("proxy-connection"),
+    ] {
+        parts.headers.remove(name);
+    }
+    parts.version = Version::HTTP_3;
+    if send
+        .send_response(http::Response::from_parts(parts, ()))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    while let Some(frame) = body.frame().await {
+        let sent = match frame {
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => send.send_data(data).await,
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => send.send_trailers(trailers).await,
+                    Err(_) => Ok(()),
+                },
+            },
+            Err(error) => {
+                tracing::debug!(%error, "response body failed; resetting the HTTP/3 stream");
+                send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+                return;
+            }
+        };
+        if sent.is_err() {
+            return;
+        }
+    }
+    let _ = send.finish().await;
+}
+
+/// A request body read from an HTTP/3 stream: its DATA frames, then its
+/// trailers.
+struct QuicBody {
+    stream: h3::server::RequestStream<h3_quinn::RecvStream, Bytes>,
+    data_done: bool,
+    done: bool,
+}
+
+impl QuicBody {
+    fn new(stream: h3::server::RequestStream<h3_quinn::RecvStream, Bytes>) -> Self {
+        Self {
+            stream,
+            data_done: false,
+            done: false,
+        }
+    }
+}
+
+impl Body for QuicBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if !this.data_done {
+            match ready!(this.stream.poll_recv_data(cx)) {
+                Ok(Some(mut chunk)) => {
+                    let bytes = chunk.copy_to_bytes(chunk.remaining());
+                    return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                }
+                Ok(None) => this.data_done = true,
+                Err(error) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(Box::new(error))));
+                }
+            }
+        }
+        let trailers = ready!(this.stream.poll_recv_trailers(cx));
+        this.done = true;
+        match trailers {
+            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Ok(None) => Poll::Ready(None),
+            Err(error) => Poll::Ready(Some(Err(Box::new(error)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}

@@ -1,0 +1,257 @@
+//! HTTP/3 on `https` listeners, with an in-process client (quinn + h3)
+//! and certificates made in the test.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use serde_json::Value;
+
+use crate::harness::*;
+use crate::pki::*;
+
+/// A gateway with an `https` listener `secure` serving HTTP/3 too, and a
+/// plain `web` listener, both routing to `backend`.
+fn config(dir: &std::path::Path, ca: &Ca, backend: SocketAddr, extra: &str) -> String {
+    let (cert, key) = server_leaf(ca, &["localhost"]);
+    std::fs::write(dir.join("site.pem"), cert).unwrap();
+    std::fs::write(dir.join("site.key"), key).unwrap();
+    format!(
+        r#"[admin]
+bind = "127.0.0.1:0"
+
+[log]
+level = "warn"
+access = true
+access_file = "access.log"
+format = "json"
+
+[[listeners]]
+name = "secure"
+bind = "127.0.0.1:0"
+protocol = "https"
+http3 = true
+tls.certificates = [{{ cert = "site.pem", key = "site.key" }}]
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "all"
+listeners = ["secure", "web"]
+upstream = "app"
+{extra}
+
+[upstreams.app]
+backends = [{{ addr = "{backend}" }}]
+"#
+    )
+}
+
+/// An HTTP/3 client trusting `ca`.
+fn client(ca: &Ca) -> quinn::Endpoint {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
+        .unwrap();
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    endpoint
+}
+
+type Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
+
+/// One QUIC connection to `addr` as `localhost`: its request sender and
+/// the server's certificate.
+async fn connect(
+    endpoint: &quinn::Endpoint,
+    addr: SocketAddr,
+) -> (Sender, CertificateDer<'static>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let connection = loop {
+        // HTTP/3 starts beside the TCP listener: a first attempt may
+        // come before the UDP socket is bound.
+        match endpoint.connect(addr, "localhost").unwrap().await {
+            Ok(connection) => break connection,
+            Err(error) => {
+                assert!(Instant::now() < deadline, "no HTTP/3 at {addr}: {error}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let certificate = connection
+        .peer_identity()
+        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .map(|chain| chain[0].clone())
+        .expect("a server certificate");
+    let (mut driver, sender) = h3::client::new(h3_quinn::Connection::new(connection))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+    });
+    (sender, certificate)
+}
+
+/// One request on `sender`: status, headers, body.
+async fn exchange(
+    sender: &mut Sender,
+    method: &str,
+    path: &str,
+    body: Option<Bytes>,
+) -> (u16, http::HeaderMap, String) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(format!("https://localhost{path}"))
+        .body(())
+        .unwrap();
+    let mut stream = sender.send_request(req).await.unwrap();
+    if let Some(body) = body {
+        stream.send_data(body).await.unwrap();
+    }
+    stream.finish().await.unwrap();
+    let response = stream.recv_response().await.unwrap();
+    let mut out = Vec::new();
+    while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+        out.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+    }
+    (
+        response.status().as_u16(),
+        response.headers().clone(),
+        String::from_utf8_lossy(&out).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_proxies_get_and_post_with_bodies_and_tcp_advertises_it() {
+    let backend = echo_backend().await;
+    let ca = ca("h3 ca");
+    let dir = tempfile::tempdir().unwrap();
+    let text = config(dir.path(), &ca, backend.addr, "");
+    let gw = Gateway::start_in(dir, &text);
+    let secure = gw.listener("secure");
+    let endpoint = client(&ca);
+    let (mut sender, _) = connect(&endpoint, secure).await;
+
+    let (status, _, body) = exchange(&mut sender, "GET", "/hello?x=1", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("GET /hello?x=1\n"), "{body}");
+    // A body both ways, larger than one QUIC packet and one h3 frame.
+    let payload: String = (0..20_000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let (status, _, body) = exchange(
+        &mut sender,
+        "POST",
+        "/upload",
+        Some(Bytes::from(payload.clone())),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(body.starts_with("POST /upload\n"), "{body}");
+    assert!(body.ends_with(&payload), "the body came back whole");
+
+    // The TCP side of the same listener advertises HTTP/3 at its port; a
+    // listener without HTTP/3 does not.
+    let tls = connector(&ca, &[b"http/1.1"]);
+    let tcp = tokio::net::TcpStream::connect(secure).await.unwrap();
+    let stream = tls
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let response = send
+        .send_request(
+            hyper::Request::builder()
+                .uri("/")
+                .header("host", "localhost")
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers()["alt-svc"],
+        format!("h3=\":{}\"; ma=86400", secure.port()).as_str()
+    );
+    let (_, headers, _) = get(gw.listener("web"), "localhost", "/").await;
+    assert!(headers.get("alt-svc").is_none());
+
+    // The access log names the protocol.
+    let lines = access_lines(&gw.path("access.log"), 4).await;
+    let h3_lines: Vec<&Value> = lines.iter().filter(|l| l["protocol"] == "HTTP/3").collect();
+    assert_eq!(h3_lines.len(), 2, "{lines:?}");
+    assert_eq!(h3_lines[1]["bytes_in"], 20_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_quic_connection_carries_requests_of_two_generations() {
+    let one = Backend::named("one").await;
+    let two = Backend::named("two").await;
+    let ca = ca("h3 ca");
+    let dir = tempfile::tempdir().unwrap();
+    let text = config(dir.path(), &ca, one.addr, "");
+    let gw = Gateway::start_in(dir, &text);
+    let endpoint = client(&ca);
+    let (mut sender, _) = connect(&endpoint, gw.listener("secure")).await;
+    let first = gw.active_generation().await;
+    assert_eq!(exchange(&mut sender, "GET", "/", None).await.2, "one");
+    let next = text.replace(&one.addr.to_string(), &two.addr.to_string());
+    assert_eq!(activate_status(&gw, &next).await, 200);
+    // The same connection: the new generation.
+    assert_eq!(exchange(&mut sender, "GET", "/", None).await.2, "two");
+    let lines = access_lines(&gw.path("access.log"), 2).await;
+    assert_eq!(lines[0]["generation"], first);
+    assert_eq!(lines[1]["generation"], first + 1);
+    assert_eq!(lines[0]["protocol"], "HTTP/3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_certificate_is_seen_by_new_http3_handshakes_while_old_connections_work() {
+    let backend = Backend::named("ok").await;
+    let ca = ca("h3 ca");
+    let dir = tempfile::tempdir().unwrap();
+    let text = config(dir.path(), &ca, backend.addr, "");
+    let gw = Gateway::start_in(dir, &text);
+    let endpoint = client(&ca);
+    let (mut old, before) = connect(&endpoint, gw.listener("secure")).await;
+    let (cert, key) = server_leaf(&ca, &["localhost"]);
+    std::fs::write(gw.path("site.pem.new"), &cert).unwrap();
+    std::fs::write(gw.path("site.key.new"), key).unwrap();
+    std::fs::rename(gw.path("site.key.new"), gw.path("site.key")).unwrap();
+    std::fs::rename(gw.path("site.pem.new"), gw.path("site.pem")).unwrap();
+    let (status, body) =
+        admin_request(gw.admin, "POST", "/admin/runtime/reload-certs", None, None).await;
+    assert_eq!(status, 200, "{body}");
+    // A client without the old session to resume.
+    let (_, after) = connect(&client(&ca), gw.listener("secure")).await;
+    assert_ne!(before, after, "a new handshake gets the new certificate");
+    assert_eq!(
+        after.as_ref(),
+        CertificateDer::from_pem_slice(cert.as_bytes())
+            .unwrap()
+            .as_ref()
+    );
+    assert_eq!(
+        exchange(&mut old, "GET", "/", None).await.0,
+        200,
+        "the old connection works"
+    );
+}
