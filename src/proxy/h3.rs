@@ -234,6 +234,7 @@ async fn connection(
         }
     };
     let field_section = u64::try_from(limits.max_header_bytes).unwrap_or(u64::MAX);
+    let quic = connection.clone();
     let built = h3::server::builder()
         .max_field_section_size(field_section)
         .build::<_, Bytes>(h3_quinn::Connection::new(connection))
@@ -248,6 +249,11 @@ async fn connection(
     let mut requests = tokio::task::JoinSet::new();
     let mut goaway_sent = false;
     loop {
+        // After the GOAWAY, the connection ends with its last stream
+        // (a client may keep an idle one open: drain would wait for it).
+        if goaway_sent && requests.is_empty() {
+            break;
+        }
         tokio::select! {
             accepted = conn.accept() => match accepted {
                 Ok(Some(resolver)) => {
@@ -271,6 +277,13 @@ async fn connection(
         }
     }
     while requests.join_next().await.is_some() {}
+    if goaway_sent {
+        // The last bytes of the last answers may still be in flight:
+        // give the client a few round trips to close first.
+        let grace = (quic.rtt() * 8).clamp(Duration::from_millis(500), Duration::from_secs(5));
+        let _ = tokio::time::timeout(grace, quic.closed()).await;
+        quic.close(0u32.into(), b"draining");
+    }
 }
 
 /// One request stream: read as a request, served by `handle`, its

@@ -255,3 +255,104 @@ async fn a_rotated_certificate_is_seen_by_new_http3_handshakes_while_old_connect
         "the old connection works"
     );
 }
+
+/// Answers every request with `n` lines, one every `every`.
+async fn slow_backend(n: usize, every: Duration) -> Backend {
+    use http_body_util::BodyExt;
+    Backend::start(Arc::new(move |_req| {
+        Box::pin(async move {
+            let (mut tx, body) = http_body_util::channel::Channel::<Bytes, std::io::Error>::new(4);
+            tokio::spawn(async move {
+                for i in 0..n {
+                    if tx
+                        .send_data(Bytes::from(format!("line {i}\n")))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(every).await;
+                }
+            });
+            hyper::Response::new(body.boxed())
+        })
+    }))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_downloads_complete_through_a_drain_aware_upgrade() {
+    let backend = slow_backend(20, Duration::from_millis(100)).await;
+    let ca = ca("h3 ca");
+    let dir = tempfile::tempdir().unwrap();
+    let text = config(dir.path(), &ca, backend.addr, "").replace(
+        "[[listeners]]\nname = \"secure\"",
+        "[runtime]\ndrain_timeout = \"20s\"\n\n[[listeners]]\nname = \"secure\"",
+    );
+    let mut gw = Gateway::start_in(dir, &text);
+    let secure = gw.listener("secure");
+    let old_pid = gw.pid();
+    let endpoint = client(&ca);
+    // 20 downloads over 4 connections, each under way before the upgrade.
+    let mut senders = Vec::new();
+    for _ in 0..4 {
+        senders.push(connect(&endpoint, secure).await.0);
+    }
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::channel::<()>(20);
+    let mut downloads = Vec::new();
+    for i in 0..20 {
+        let mut sender = senders[i % 4].clone();
+        let started = started_tx.clone();
+        downloads.push(tokio::spawn(async move {
+            let req = http::Request::builder()
+                .uri("https://localhost/download")
+                .body(())
+                .unwrap();
+            let mut stream = sender.send_request(req).await.map_err(|e| e.to_string())?;
+            stream.finish().await.map_err(|e| e.to_string())?;
+            let response = stream.recv_response().await.map_err(|e| e.to_string())?;
+            let mut body = Vec::new();
+            let mut first = true;
+            while let Some(mut chunk) = stream.recv_data().await.map_err(|e| e.to_string())? {
+                body.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+                if first {
+                    first = false;
+                    let _ = started.send(()).await;
+                }
+            }
+            Ok::<_, String>((
+                response.status().as_u16(),
+                String::from_utf8_lossy(&body).into_owned(),
+            ))
+        }));
+    }
+    for _ in 0..20 {
+        started_rx.recv().await.unwrap();
+    }
+    let op = crate::lifecycle::upgrade(&gw, None).await;
+    assert_eq!(op["outcome"], "succeeded", "{op}");
+    let mut complete = 0;
+    for download in downloads {
+        let (status, body) = download.await.unwrap().expect("the download finished");
+        assert_eq!(status, 200);
+        assert_eq!(body.lines().count(), 20, "{body}");
+        complete += 1;
+    }
+    assert_eq!(complete, 20);
+    // The old process exits once its streams are done; the new one then
+    // takes the UDP port and serves HTTP/3.
+    assert!(
+        gw.wait_exit(Duration::from_secs(20)).is_some(),
+        "the old process exited"
+    );
+    let new_pid = gw.gateway_pids();
+    assert_eq!(new_pid.len(), 1, "{new_pid:?}");
+    assert_ne!(new_pid[0], old_pid);
+    gw.adopted = new_pid.clone();
+    let (mut sender, _) = connect(&client(&ca), secure).await;
+    let (status, _, body) = exchange(&mut sender, "GET", "/after", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(body.lines().count(), 20);
+    let status = gw.status().await;
+    assert_eq!(status["pid"], new_pid[0]);
+}
