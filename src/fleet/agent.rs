@@ -80,7 +80,9 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
     if let Err(error) = check_format(fleet, &mut client).await {
         return error;
     }
-    let ttl = i64::try_from(fleet.spec.lease_ttl.as_secs()).unwrap_or(10);
+    // etcd expires leases in a sweep every half second, after their TTL
+    // in whole seconds: a second less than `lease_ttl` ends within it.
+    let ttl = i64::try_from(fleet.spec.lease_ttl.as_secs().saturating_sub(1)).unwrap_or(9);
     let lease = match within(client.lease_grant(ttl, None)).await {
         Ok(lease) => lease.id(),
         Err(error) => return error,
@@ -106,7 +108,7 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
     *fleet.session.lock().unwrap_or_else(PoisonError::into_inner) = Ok(());
     metrics::gauge!(m::FLEET_CONNECTED).set(1.0);
     tracing::info!(prefix = %fleet.spec.prefix, instance = %fleet.spec.instance, "fleet: joined");
-    let mut renew = tokio::time::interval(fleet.spec.lease_ttl / 3);
+    let mut renew = tokio::time::interval(Duration::from_secs(ttl.unsigned_abs()) / 3);
     let mut phase = fleet.control.phase().subscribe();
     loop {
         // List: what is active now, and from which revision to watch.

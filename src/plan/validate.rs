@@ -409,12 +409,12 @@ impl Validator<'_> {
         let lease_ttl = match &f.lease_ttl {
             None => Some(Duration::from_secs(10)),
             Some(text) => self.duration("fleet.lease_ttl".into(), text).filter(|ttl| {
-                let ok = (Duration::from_secs(2)..=Duration::from_secs(300)).contains(ttl);
+                let ok = (Duration::from_secs(3)..=Duration::from_secs(300)).contains(ttl);
                 if !ok {
                     self.error(
                         "invalid_value",
                         "fleet.lease_ttl",
-                        format!("fleet.lease_ttl '{text}' must be between 2s and 5m"),
+                        format!("fleet.lease_ttl '{text}' must be between 3s and 5m"),
                     );
                 }
                 ok

@@ -209,7 +209,7 @@ bind = "127.0.0.1:0"
 endpoints = ["{}"]
 prefix = "{prefix}"
 instance = "{name}"
-lease_ttl = "2s"
+lease_ttl = "3s"
 "#,
         etcd.endpoint()
     )
@@ -632,8 +632,8 @@ async fn a_killed_instance_is_gone_within_its_lease_and_restarts_on_its_last_gen
         .status()
         .unwrap();
     let _ = c.wait_exit(Duration::from_secs(5));
-    // The lease is 2 s; etcd expires leases on its own clock.
-    let (s, took) = wait_fleet(&gws[0], Duration::from_secs(4), "c is gone", |s| {
+    // Within the lease TTL (3 s here).
+    let (s, took) = wait_fleet(&gws[0], Duration::from_secs(3), "c is gone", |s| {
         member(s, "c")["status"] == "gone"
     })
     .await;
