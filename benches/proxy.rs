@@ -50,6 +50,7 @@ use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 mod common;
+mod http3;
 
 const CONNECTIONS: usize = 64;
 
@@ -265,8 +266,81 @@ fn main() {
             through.cpu_us_per_request()
         );
     }
+    // (g) HTTP/3 next to HTTPS over TCP on the same listener.
+    if part("http3") {
+        http3_front(&runtime, &gateway, &cert, rounds, seconds);
+    }
     drop(gateway);
     drop(processes);
+}
+
+/// (g): HTTP/3 GETs and HTTPS GETs on `secure`, from in-process
+/// generators, in alternating rounds: throughput and the gateway's CPU
+/// per request.
+fn http3_front(
+    runtime: &tokio::runtime::Runtime,
+    gateway: &Gateway,
+    cert: &Path,
+    rounds: u64,
+    seconds: u64,
+) {
+    let pid = Some(gateway.child.id());
+    let (mut tcp, mut quic) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let https = || {
+            with_cpu(pid, || {
+                let (all, errors) = runtime.block_on(http3::https_load(
+                    gateway.secure,
+                    cert,
+                    CONNECTIONS,
+                    seconds,
+                ));
+                summarise(all, errors, seconds)
+            })
+        };
+        let h3 = || {
+            with_cpu(pid, || {
+                let (all, errors) = runtime.block_on(http3::h3_load(gateway.secure, cert, seconds));
+                summarise(all, errors, seconds)
+            })
+        };
+        if round % 2 == 0 {
+            tcp.push(https());
+            quic.push(h3());
+        } else {
+            quic.push(h3());
+            tcp.push(https());
+        }
+    }
+    let mean =
+        |runs: &[Run], f: &dyn Fn(&Run) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;
+    let (tcp_rps, quic_rps) = (
+        mean(&tcp, &|r| r.requests_per_sec),
+        mean(&quic, &|r| r.requests_per_sec),
+    );
+    let (tcp_cpu, quic_cpu) = (
+        mean(&tcp, &|r| r.cpu_us_per_request()),
+        mean(&quic, &|r| r.cpu_us_per_request()),
+    );
+    let errors: u64 = tcp.iter().chain(&quic).map(|r| r.errors).sum();
+    println!(
+        "\ng) cutover HTTPS over TCP ({CONNECTIONS} keep-alive connections) vs HTTP/3 ({} connections × {} streams), built-in generators, {rounds} rounds:",
+        http3::H3_CONNECTIONS,
+        http3::H3_STREAMS
+    );
+    println!(
+        "   HTTPS/TCP {tcp_rps:>9.0} req/s  {tcp_cpu:>7.1} µs CPU/request  p99 {:.2} ms",
+        mean(&tcp, &|r| r.p99_ms)
+    );
+    println!(
+        "   HTTP/3    {quic_rps:>9.0} req/s  {quic_cpu:>7.1} µs CPU/request  p99 {:.2} ms",
+        mean(&quic, &|r| r.p99_ms)
+    );
+    println!(
+        "   HTTP/3 / HTTPS: throughput {:.3}, CPU per request {:.3}; errors {errors}",
+        quic_rps / tcp_rps,
+        quic_cpu / tcp_cpu
+    );
 }
 
 /// (d): the same open-loop rate, `percent` of cutover's closed-loop
@@ -534,6 +608,7 @@ bind = "127.0.0.1:0"
 name = "secure"
 bind = "127.0.0.1:0"
 protocol = "https"
+http3 = true
 tls.certificates = [{{ cert = "{}", key = "{}" }}]
 
 [[listeners]]

@@ -1,0 +1,170 @@
+//! (g) of the proxy bench: HTTP/3 GETs through cutover next to HTTPS over
+//! TCP on the same listener, both from in-process generators of the same
+//! kind (closed loop, TLS 1.3, the bench's self-signed certificate). No
+//! peer on this machine serves HTTP/3, so the figures are cutover's own:
+//! requests/s and the gateway's CPU per request, HTTP/3 against HTTPS.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+
+/// QUIC connections and concurrent streams on each.
+pub const H3_CONNECTIONS: usize = 4;
+pub const H3_STREAMS: usize = 16;
+
+fn tls_config(cert: &Path, alpn: &[u8]) -> rustls::ClientConfig {
+    let pem = std::fs::read(cert).expect("certificate");
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(&pem).expect("PEM"))
+        .expect("root");
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .expect("TLS 1.3")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    config
+}
+
+/// Closed-loop HTTP/3 GETs for `seconds`: every request's latency, and
+/// the failures.
+pub async fn h3_load(target: SocketAddr, cert: &Path, seconds: u64) -> (Vec<Duration>, u64) {
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls_config(cert, b"h3"))
+        .expect("QUIC client");
+    let mut endpoint =
+        quinn::Endpoint::client("127.0.0.1:0".parse().expect("addr")).expect("endpoint");
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for _ in 0..H3_CONNECTIONS {
+        let Ok(connecting) = endpoint.connect(target, "localhost") else {
+            return (Vec::new(), 1);
+        };
+        let Ok(connection) = connecting.await else {
+            return (Vec::new(), 1);
+        };
+        let Ok((mut driver, sender)) = h3::client::new(h3_quinn::Connection::new(connection)).await
+        else {
+            return (Vec::new(), 1);
+        };
+        tokio::spawn(async move {
+            let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+        });
+        for _ in 0..H3_STREAMS {
+            let mut sender = sender.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut errors = 0u64;
+                while Instant::now() < until {
+                    let started = Instant::now();
+                    match h3_get(&mut sender).await {
+                        Ok(true) => latencies.push(started.elapsed()),
+                        _ => errors += 1,
+                    }
+                }
+                (latencies, errors)
+            }));
+        }
+    }
+    let gathered = gather(tasks).await;
+    endpoint.close(0u32.into(), b"done");
+    gathered
+}
+
+async fn h3_get(
+    sender: &mut h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+) -> Result<bool, h3::error::StreamError> {
+    let req = http::Request::get("https://localhost/")
+        .body(())
+        .expect("request");
+    let mut stream = sender.send_request(req).await?;
+    stream.finish().await?;
+    let response = stream.recv_response().await?;
+    while let Some(mut chunk) = stream.recv_data().await? {
+        chunk.advance(chunk.remaining());
+    }
+    Ok(response.status().is_success())
+}
+
+/// Closed-loop HTTPS (HTTP/1.1 keep-alive over TLS 1.3) GETs on
+/// `connections` connections for `seconds`.
+pub async fn https_load(
+    target: SocketAddr,
+    cert: &Path,
+    connections: usize,
+    seconds: u64,
+) -> (Vec<Duration>, u64) {
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls_config(cert, b"http/1.1")));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for _ in 0..connections {
+        let connector = connector.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let Ok(tcp) = tokio::net::TcpStream::connect(target).await else {
+                return (latencies, 1);
+            };
+            let _ = tcp.set_nodelay(true);
+            let Ok(tls) = connector
+                .connect("localhost".try_into().expect("name"), tcp)
+                .await
+            else {
+                return (latencies, 1);
+            };
+            let Ok((mut sender, conn)) =
+                hyper::client::conn::http1::handshake(TokioIo::new(tls)).await
+            else {
+                return (latencies, 1);
+            };
+            tokio::spawn(conn);
+            let mut errors = 0u64;
+            while Instant::now() < until {
+                let started = Instant::now();
+                let req = hyper::Request::get("/")
+                    .header("host", "localhost")
+                    .body(Empty::<Bytes>::new())
+                    .expect("request");
+                let ok = match sender.send_request(req).await {
+                    Ok(response) => {
+                        let status = response.status();
+                        response.into_body().collect().await.is_ok() && status.is_success()
+                    }
+                    Err(_) => false,
+                };
+                if ok {
+                    latencies.push(started.elapsed());
+                } else {
+                    errors += 1;
+                    break;
+                }
+            }
+            (latencies, errors)
+        }));
+    }
+    gather(tasks).await
+}
+
+async fn gather(tasks: Vec<tokio::task::JoinHandle<(Vec<Duration>, u64)>>) -> (Vec<Duration>, u64) {
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        match task.await {
+            Ok((latencies, e)) => {
+                all.extend(latencies);
+                errors += e;
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    (all, errors)
+}
