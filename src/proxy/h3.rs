@@ -67,7 +67,9 @@ pub struct Http3 {
     pub address: SocketAddr,
     pub admission: Admission,
     pub certificates: Arc<CertStore>,
-    pub limits: ListenerLimits,
+    /// The listener's limits as the active generation sets them (read
+    /// for every new connection: they are live).
+    pub limits: Arc<dyn Fn() -> ListenerLimits + Send + Sync>,
     pub draining: watch::Receiver<bool>,
     pub draining_flag: Arc<std::sync::atomic::AtomicBool>,
     pub open: OpenWork,
@@ -82,7 +84,15 @@ pub async fn serve(mut h3: Http3) {
     let Some(socket) = bind(&mut h3).await else {
         return;
     };
-    let endpoint = match endpoint(&h3, socket) {
+    let mut applied = (h3.limits)();
+    let endpoint = match server_config(&h3, &applied).and_then(|config| {
+        Ok(quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(config),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )?)
+    }) {
         Ok(endpoint) => endpoint,
         Err(error) => {
             tracing::error!(listener = %h3.name, %error, "cannot serve HTTP/3");
@@ -96,6 +106,10 @@ pub async fn serve(mut h3: Http3) {
     let open_connections = Arc::new(AtomicUsize::new(0));
     let refused =
         metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => h3.name.to_string());
+    let accepted =
+        metrics::counter!(m::CONNECTIONS_ACCEPTED, m::LABEL_LISTENER => h3.name.to_string());
+    let gauge =
+        metrics::gauge!(m::DOWNSTREAM_CONNECTIONS, m::LABEL_LISTENER => h3.name.to_string());
     let mut draining = h3.draining.clone();
     loop {
         let incoming = tokio::select! {
@@ -103,8 +117,22 @@ pub async fn serve(mut h3: Http3) {
             _ = async { let _ = draining.wait_for(|d| *d).await; } => break,
         };
         let Some(incoming) = incoming else { break };
-        if h3
-            .limits
+        let limits = (h3.limits)();
+        // Stream cap and idle timeout apply to connections from now on.
+        if (limits.max_concurrent_streams, limits.keepalive_timeout)
+            != (applied.max_concurrent_streams, applied.keepalive_timeout)
+        {
+            match server_config(&h3, &limits) {
+                Ok(config) => {
+                    endpoint.set_server_config(Some(config));
+                    applied = limits;
+                }
+                Err(error) => {
+                    tracing::error!(listener = %h3.name, %error, "HTTP/3 limits not applied")
+                }
+            }
+        }
+        if limits
             .max_connections
             .is_some_and(|max| open_connections.load(Ordering::Acquire) >= max)
         {
@@ -128,9 +156,12 @@ pub async fn serve(mut h3: Http3) {
         });
         let hold = h3.open.hold();
         let counted = Counted::new(&open_connections);
-        let (limits, draining) = (h3.limits, h3.draining.clone());
+        accepted.increment(1);
+        gauge.increment(1.0);
+        let (gauge, draining) = (gauge.clone(), h3.draining.clone());
         tokio::spawn(async move {
             connection(incoming, ctx, limits, draining).await;
+            gauge.decrement(1.0);
             drop((hold, counted));
         });
     }
@@ -168,25 +199,21 @@ async fn bind(h3: &mut Http3) -> Option<std::net::UdpSocket> {
     }
 }
 
-/// The QUIC endpoint: the listener's certificates (TLS 1.3, ALPN h3, no
-/// 0-RTT), its stream cap and idle timeout.
-fn endpoint(h3: &Http3, socket: std::net::UdpSocket) -> Result<quinn::Endpoint, BoxError> {
+/// The QUIC server side: the listener's certificates (TLS 1.3, ALPN h3,
+/// no 0-RTT), its stream cap (`max_concurrent_streams`) and idle timeout
+/// (`keepalive_timeout`: how long a connection may carry no request).
+fn server_config(h3: &Http3, limits: &ListenerLimits) -> Result<quinn::ServerConfig, BoxError> {
     let tls = h3.certificates.quic_server_config(&h3.name)?;
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
     transport
-        .max_concurrent_bidi_streams(h3.limits.max_concurrent_streams.into())
+        .max_concurrent_bidi_streams(limits.max_concurrent_streams.into())
         .max_idle_timeout(Some(quinn::IdleTimeout::try_from(
-            h3.limits.keepalive_timeout,
+            limits.keepalive_timeout,
         )?));
     config.transport_config(Arc::new(transport));
-    Ok(quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
-        Some(config),
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )?)
+    Ok(config)
 }
 
 /// Counts a QUIC connection against the listener's `max_connections`.

@@ -437,7 +437,10 @@ impl ListenerSet {
                 address: bound,
                 admission: self.admission.clone(),
                 certificates: Arc::clone(&self.certificates),
-                limits: listener.spec.limits,
+                limits: {
+                    let (set, name) = (Arc::clone(&self), Arc::clone(&name));
+                    Arc::new(move || set.admit(&name, std::net::Ipv4Addr::UNSPECIFIED.into()).0)
+                },
                 draining: self.draining.subscribe(),
                 draining_flag: Arc::clone(&self.draining_flag),
                 open: self.open_guard(),
