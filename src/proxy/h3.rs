@@ -248,14 +248,26 @@ async fn connection(
             return;
         }
     };
-    let connection = match tokio::time::timeout(limits.header_read_timeout, connecting).await {
+    let handshake = tokio::time::timeout(limits.header_read_timeout, connecting).await;
+    // Counted with the listener's TLS handshakes (QUIC carries TLS 1.3).
+    let outcome = match &handshake {
+        Ok(Ok(_)) => "ok",
+        Ok(Err(_)) => "failed",
+        Err(_) => "timeout",
+    };
+    let listener = ctx.listener.to_string();
+    metrics::counter!(m::TLS_HANDSHAKES, m::LABEL_LISTENER => listener.clone(), m::LABEL_OUTCOME => outcome).increment(1);
+    let connection = match handshake {
         Ok(Ok(connection)) => connection,
         Ok(Err(error)) => {
-            metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
+            metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => listener)
+                .increment(1);
             tracing::debug!(client = %ctx.remote, %error, "QUIC handshake failed");
             return;
         }
         Err(_) => {
+            metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => listener)
+                .increment(1);
             tracing::debug!(client = %ctx.remote, "QUIC handshake timed out");
             return;
         }
