@@ -284,6 +284,9 @@ pub struct FileListener {
     /// (UDP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http3: Option<bool>,
+    /// With `http3`: accept 0-RTT early data (idempotent requests only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http3_early_data: Option<bool>,
 }
 
 /// `listeners.sni_routes`: names (exact, or `*.suffix`) to an upstream.

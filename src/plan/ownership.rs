@@ -41,6 +41,7 @@ const OWNERSHIP: &[(&str, Ownership)] = &[
     ("listeners.*.bind", Ownership::StartupOwned),
     ("listeners.*.protocol", Ownership::StartupOwned),
     ("listeners.*.http3", Ownership::StartupOwned),
+    ("listeners.*.http3_early_data", Ownership::StartupOwned),
     (
         "listeners.*.tls.certificates",
         Ownership::CertificateMaterial,

@@ -215,6 +215,8 @@ pub struct ListenerSpec {
     pub accept_proxy_protocol: bool,
     /// `https` listeners: HTTP/3 on UDP at the same address.
     pub http3: bool,
+    /// With `http3`: 0-RTT accepted, early requests idempotent only.
+    pub http3_early_data: bool,
     /// For `tcp` listeners.
     pub l4: L4Spec,
 }

@@ -826,6 +826,21 @@ impl Validator<'_> {
                     ),
                 );
             }
+            if l.http3_early_data == Some(true) {
+                if l.http3 != Some(true) {
+                    self.error(
+                        "unexpected_option",
+                        at("http3_early_data"),
+                        format!("listener '{}': http3_early_data needs http3 = true", l.name),
+                    );
+                } else if l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
+                    self.error(
+                        "conflicting_options",
+                        at("http3_early_data"),
+                        format!("listener '{}': early data would be served before the client certificate is checked; not with tls.client_ca", l.name),
+                    );
+                }
+            }
             if l.accept_proxy_protocol == Some(true) && edge.trusted_proxies.is_empty() {
                 self.error(
                     "missing_trusted_proxies",
@@ -845,6 +860,7 @@ impl Validator<'_> {
                     tls: listener_tls.map(|(spec, _)| spec),
                     accept_proxy_protocol: l.accept_proxy_protocol.unwrap_or(false),
                     http3: l.http3.unwrap_or(false),
+                    http3_early_data: l.http3_early_data.unwrap_or(false),
                     l4,
                 });
             }

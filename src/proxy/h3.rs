@@ -74,6 +74,8 @@ pub struct Http3 {
     pub draining_flag: Arc<std::sync::atomic::AtomicBool>,
     pub open: OpenWork,
     pub alt_svc: Arc<AltSvc>,
+    /// `http3_early_data`: accept 0-RTT requests (idempotent ones).
+    pub early_data: bool,
 }
 
 /// How often a taken UDP port is tried again (a predecessor draining).
@@ -158,9 +160,9 @@ pub async fn serve(mut h3: Http3) {
         let counted = Counted::new(&open_connections);
         accepted.increment(1);
         gauge.increment(1.0);
-        let (gauge, draining) = (gauge.clone(), h3.draining.clone());
+        let (gauge, draining, early_data) = (gauge.clone(), h3.draining.clone(), h3.early_data);
         tokio::spawn(async move {
-            connection(incoming, ctx, limits, draining).await;
+            connection(incoming, ctx, limits, draining, early_data).await;
             gauge.decrement(1.0);
             drop((hold, counted));
         });
@@ -203,7 +205,9 @@ async fn bind(h3: &mut Http3) -> Option<std::net::UdpSocket> {
 /// no 0-RTT), its stream cap (`max_concurrent_streams`) and idle timeout
 /// (`keepalive_timeout`: how long a connection may carry no request).
 fn server_config(h3: &Http3, limits: &ListenerLimits) -> Result<quinn::ServerConfig, BoxError> {
-    let tls = h3.certificates.quic_server_config(&h3.name)?;
+    let tls = h3
+        .certificates
+        .quic_server_config(&h3.name, h3.early_data)?;
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
@@ -214,6 +218,13 @@ fn server_config(h3: &Http3, limits: &ListenerLimits) -> Result<quinn::ServerCon
         )?));
     config.transport_config(Arc::new(transport));
     Ok(config)
+}
+
+/// A connection attempt: already usable (0-RTT accepted), or after its
+/// handshake.
+enum Either {
+    Early(quinn::Connection),
+    Full(quinn::Connecting),
 }
 
 /// Counts a QUIC connection against the listener's `max_connections`.
@@ -240,6 +251,7 @@ async fn connection(
     ctx: Arc<ConnContext>,
     limits: ListenerLimits,
     mut draining: watch::Receiver<bool>,
+    early_data: bool,
 ) {
     let connecting = match incoming.accept() {
         Ok(connecting) => connecting,
@@ -248,7 +260,31 @@ async fn connection(
             return;
         }
     };
-    let handshake = tokio::time::timeout(limits.header_read_timeout, connecting).await;
+    // With early data, requests are read before the handshake completes;
+    // until it does, they may be 0-RTT (replayable) ones.
+    let confirmed = Arc::new(AtomicBool::new(true));
+    let connecting = if early_data {
+        match connecting.into_0rtt() {
+            Ok((connection, accepted)) => {
+                confirmed.store(false, Ordering::Release);
+                let flag = Arc::clone(&confirmed);
+                tokio::spawn(async move {
+                    accepted.await;
+                    flag.store(true, Ordering::Release);
+                });
+                Either::Early(connection)
+            }
+            Err(connecting) => Either::Full(connecting),
+        }
+    } else {
+        Either::Full(connecting)
+    };
+    let handshake = match connecting {
+        Either::Early(connection) => Ok(Ok(connection)),
+        Either::Full(connecting) => {
+            tokio::time::timeout(limits.header_read_timeout, connecting).await
+        }
+    };
     // Counted with the listener's TLS handshakes (QUIC carries TLS 1.3).
     let outcome = match &handshake {
         Ok(Ok(_)) => "ok",
@@ -297,7 +333,8 @@ async fn connection(
             accepted = conn.accept() => match accepted {
                 Ok(Some(resolver)) => {
                     let ctx = Arc::clone(&ctx);
-                    requests.spawn(request(resolver, ctx));
+                    let early = !confirmed.load(Ordering::Acquire);
+                    requests.spawn(request(resolver, ctx, early));
                 }
                 Ok(None) => break,
                 Err(error) => {
@@ -330,17 +367,33 @@ async fn connection(
 async fn request(
     resolver: h3::server::RequestResolver<h3_quinn::Connection, Bytes>,
     ctx: Arc<ConnContext>,
+    early: bool,
 ) {
-    let (req, stream) = match resolver.resolve_request().await {
+    let (req, mut stream) = match resolver.resolve_request().await {
         Ok(pair) => pair,
         Err(error) => {
             tracing::debug!(client = %ctx.remote, %error, "malformed HTTP/3 request");
             return;
         }
     };
+    // Early data may be replayed: only idempotent requests are served
+    // from it, marked for the backend (RFC 8470); others get 425.
+    if early && !req.method().is_idempotent() {
+        tracing::debug!(client = %ctx.remote, method = %req.method(), "non-idempotent request in early data: 425");
+        let mut response = http::Response::new(());
+        *response.status_mut() = http::StatusCode::TOO_EARLY;
+        if stream.send_response(response).await.is_ok() {
+            let _ = stream.finish().await;
+        }
+        return;
+    }
     let (mut send, recv) = stream.split();
     let mut req = req.map(|()| ClientBody::Other(Box::pin(QuicBody::new(recv))));
     *req.version_mut() = Version::HTTP_3;
+    if early {
+        req.headers_mut()
+            .insert("early-data", HeaderValue::from_static("1"));
+    }
     let response = match handle(req, ctx).await {
         Ok(response) => response,
         Err(never) => match never {},
@@ -390,17 +443,29 @@ async fn request(
 /// trailers.
 struct QuicBody {
     stream: h3::server::RequestStream<h3_quinn::RecvStream, Bytes>,
+    /// What was read ahead (see `new`), delivered first.
+    first: Option<Result<Frame<Bytes>, BoxError>>,
     data_done: bool,
     done: bool,
 }
 
 impl QuicBody {
+    /// Reads ahead what has already arrived: a request whose stream ended
+    /// with its head (a GET) is then known to have no body, and is
+    /// forwarded without one (not as an empty chunked body).
     fn new(stream: h3::server::RequestStream<h3_quinn::RecvStream, Bytes>) -> Self {
-        Self {
+        let mut body = Self {
             stream,
+            first: None,
             data_done: false,
             done: false,
+        };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match Pin::new(&mut body).poll_frame(&mut cx) {
+            Poll::Ready(Some(read)) => body.first = Some(read),
+            Poll::Ready(None) | Poll::Pending => {}
         }
+        body
     }
 }
 
@@ -413,6 +478,9 @@ impl Body for QuicBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if let Some(read) = this.first.take() {
+            return Poll::Ready(Some(read));
+        }
         if this.done {
             return Poll::Ready(None);
         }
@@ -439,6 +507,6 @@ impl Body for QuicBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done
+        self.done && self.first.is_none()
     }
 }

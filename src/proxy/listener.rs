@@ -445,6 +445,7 @@ impl ListenerSet {
                 draining_flag: Arc::clone(&self.draining_flag),
                 open: self.open_guard(),
                 alt_svc: Arc::clone(&alt_svc),
+                early_data: listener.spec.http3_early_data,
             }));
             alt_svc
         });

@@ -202,22 +202,24 @@ impl CertStore {
         self: &Arc<Self>,
         listener: &str,
     ) -> Result<Arc<ServerConfig>, rustls::Error> {
-        self.server_config_for(listener, false)
+        self.server_config_for(listener, false, false)
     }
 
     /// The same for HTTP/3 on the listener: TLS 1.3 only (QUIC), ALPN
-    /// `h3`, no early data (0-RTT off).
+    /// `h3`; early data (0-RTT) only with `early_data`.
     pub fn quic_server_config(
         self: &Arc<Self>,
         listener: &str,
+        early_data: bool,
     ) -> Result<Arc<ServerConfig>, rustls::Error> {
-        self.server_config_for(listener, true)
+        self.server_config_for(listener, true, early_data)
     }
 
     fn server_config_for(
         self: &Arc<Self>,
         listener: &str,
         quic: bool,
+        early_data: bool,
     ) -> Result<Arc<ServerConfig>, rustls::Error> {
         let versions: &[&rustls::SupportedProtocolVersion] = if quic {
             &[&rustls::version::TLS13]
@@ -239,8 +241,16 @@ impl CertStore {
         } else {
             vec![b"h2".to_vec(), b"http/1.1".to_vec()]
         };
-        config.ticketer = rustls::crypto::ring::Ticketer::new()?;
-        config.max_early_data_size = 0;
+        if early_data {
+            // rustls accepts early data only on sessions it can take out
+            // of its own cache (each at most once): no tickets then. QUIC
+            // takes 0 or all: its stream limits bound early data.
+            config.session_storage = rustls::server::ServerSessionMemoryCache::new(4096);
+            config.max_early_data_size = u32::MAX;
+        } else {
+            config.ticketer = rustls::crypto::ring::Ticketer::new()?;
+            config.max_early_data_size = 0;
+        }
         Ok(Arc::new(config))
     }
 }

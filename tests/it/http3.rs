@@ -149,6 +149,10 @@ async fn http3_proxies_get_and_post_with_bodies_and_tcp_advertises_it() {
     let (status, _, body) = exchange(&mut sender, "GET", "/hello?x=1", None).await;
     assert_eq!(status, 200, "{body}");
     assert!(body.starts_with("GET /hello?x=1\n"), "{body}");
+    assert!(
+        !body.contains("transfer-encoding"),
+        "a GET has no body: {body}"
+    );
     // A body both ways, larger than one QUIC packet and one h3 frame.
     let payload: String = (0..20_000)
         .map(|i| char::from(b'a' + (i % 26) as u8))
@@ -355,4 +359,89 @@ async fn http3_downloads_complete_through_a_drain_aware_upgrade() {
     assert_eq!(body.lines().count(), 20);
     let status = gw.status().await;
     assert_eq!(status["pid"], new_pid[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_data_serves_idempotent_requests_and_answers_others_425() {
+    let backend = echo_backend().await;
+    let ca = ca("h3 ca");
+    let dir = tempfile::tempdir().unwrap();
+    let text = config(dir.path(), &ca, backend.addr, "")
+        .replace("http3 = true\n", "http3 = true\nhttp3_early_data = true\n");
+    let gw = Gateway::start_in(dir, &text);
+    let secure = gw.listener("secure");
+    // A client that resumes sessions and sends early data on them.
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
+        .unwrap();
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    tls.enable_early_data = true;
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    // The first connection gets a ticket.
+    let (mut first, _) = connect(&endpoint, secure).await;
+    assert_eq!(exchange(&mut first, "GET", "/", None).await.0, 200);
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Later connections send their requests in 0-RTT, before the
+    // handshake completes. Whether the gateway reads them before it
+    // completes is a race on loopback: a request read after it counts as
+    // an ordinary one (the handshake vouches for it). Every early one
+    // must be marked (idempotent) or refused with 425 (not idempotent).
+    let mut early_seen = 0;
+    let mut sender = None;
+    for attempt in 0..40 {
+        let connecting = endpoint.connect(secure, "localhost").unwrap();
+        let (connection, accepted) = connecting
+            .into_0rtt()
+            .unwrap_or_else(|_| panic!("attempt {attempt}: no ticket with early data"));
+        let (mut driver, this) = h3::client::new(h3_quinn::Connection::new(connection))
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+        });
+        let (mut get, mut post) = (this.clone(), this.clone());
+        let (got, posted) = tokio::join!(
+            exchange(&mut get, "GET", "/early", None),
+            exchange(&mut post, "POST", "/early", Some(Bytes::from_static(b"x"))),
+        );
+        assert!(accepted.await, "0-RTT accepted");
+        assert_eq!(got.0, 200, "{}", got.2);
+        match posted.0 {
+            425 => early_seen += 1,
+            200 => assert!(
+                !posted.2.contains("early-data"),
+                "a non-idempotent request served as early data: {}",
+                posted.2
+            ),
+            other => panic!("POST in 0-RTT: {other}"),
+        }
+        if got.2.contains("early-data: 1") {
+            early_seen += 1;
+        }
+        sender = Some(this);
+        if early_seen >= 2 {
+            break;
+        }
+    }
+    assert!(
+        early_seen > 0,
+        "no request was read as early data in 40 attempts"
+    );
+    let mut sender = sender.unwrap();
+    // After the handshake, the same request is served.
+    let (status, _, body) =
+        exchange(&mut sender, "POST", "/late", Some(Bytes::from_static(b"x"))).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("early-data"), "{body}");
 }
