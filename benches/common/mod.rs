@@ -149,7 +149,9 @@ pub async fn paced_load(
 }
 
 /// Every connection's latencies, and the failures summed.
-async fn gather(tasks: Vec<tokio::task::JoinHandle<(Vec<Duration>, u64)>>) -> (Vec<Duration>, u64) {
+pub async fn gather(
+    tasks: Vec<tokio::task::JoinHandle<(Vec<Duration>, u64)>>,
+) -> (Vec<Duration>, u64) {
     let mut all = Vec::new();
     let mut errors = 0;
     for task in tasks {

@@ -76,7 +76,7 @@ pub async fn h3_load(target: SocketAddr, cert: &Path, seconds: u64) -> (Vec<Dura
             }));
         }
     }
-    let gathered = gather(tasks).await;
+    let gathered = super::common::gather(tasks).await;
     endpoint.close(0u32.into(), b"done");
     gathered
 }
@@ -151,20 +151,5 @@ pub async fn https_load(
             (latencies, errors)
         }));
     }
-    gather(tasks).await
-}
-
-async fn gather(tasks: Vec<tokio::task::JoinHandle<(Vec<Duration>, u64)>>) -> (Vec<Duration>, u64) {
-    let mut all = Vec::new();
-    let mut errors = 0;
-    for task in tasks {
-        match task.await {
-            Ok((latencies, e)) => {
-                all.extend(latencies);
-                errors += e;
-            }
-            Err(_) => errors += 1,
-        }
-    }
-    (all, errors)
+    super::common::gather(tasks).await
 }

@@ -54,6 +54,12 @@ backends = [{{ addr = "{backend}" }}]
 
 /// An HTTP/3 client trusting `ca`.
 fn client(ca: &Ca) -> quinn::Endpoint {
+    client_with(ca, false)
+}
+
+/// An HTTP/3 client trusting `ca`; with `early_data`, it sends requests
+/// in 0-RTT on resumed sessions.
+fn client_with(ca: &Ca, early_data: bool) -> quinn::Endpoint {
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
@@ -66,6 +72,7 @@ fn client(ca: &Ca) -> quinn::Endpoint {
     .with_root_certificates(roots)
     .with_no_client_auth();
     tls.alpn_protocols = vec![b"h3".to_vec()];
+    tls.enable_early_data = early_data;
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
@@ -371,22 +378,7 @@ async fn early_data_serves_idempotent_requests_and_answers_others_425() {
     let gw = Gateway::start_in(dir, &text);
     let secure = gw.listener("secure");
     // A client that resumes sessions and sends early data on them.
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
-        .unwrap();
-    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&[&rustls::version::TLS13])
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h3".to_vec()];
-    tls.enable_early_data = true;
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    let endpoint = client_with(&ca, true);
     // The first connection gets a ticket.
     let (mut first, _) = connect(&endpoint, secure).await;
     assert_eq!(exchange(&mut first, "GET", "/", None).await.0, 200);
