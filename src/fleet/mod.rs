@@ -644,6 +644,26 @@ impl Fleet {
         self: &Arc<Self>,
         candidate: Candidate,
     ) -> Result<Activation, ControlError> {
+        let activation = self.reload_own(candidate).await?;
+        // What the file lacked may be there now: a generation this
+        // instance refused is tried again.
+        let active = self
+            .last_active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(active) = active.filter(|a| a.generation > self.applied().generation) {
+            if let Err(error) = self.apply(&active, None).await {
+                tracing::warn!(generation = active.generation, %error, "fleet: still refused after the reload");
+            }
+        }
+        Ok(activation)
+    }
+
+    async fn reload_own(
+        self: &Arc<Self>,
+        candidate: Candidate,
+    ) -> Result<Activation, ControlError> {
         let _one = self.applying.lock().await;
         let applied = self.applied();
         let Some(shared) = applied.shared.clone() else {

@@ -530,6 +530,17 @@ backends = [{ addr = "127.0.0.1:9" }]
         line.contains("nacked") && line.contains("upstream-ca.pem"),
         "{line}"
     );
+    // The file put in place, a SIGHUP: c tries the generation again.
+    std::fs::write(gws[2].path("upstream-ca.pem"), &ca.pem).unwrap();
+    gws[2].signal("HUP");
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(5),
+        "c acks after its reload",
+        all_synced_on(second, 3),
+    )
+    .await;
+    assert_eq!(body_through(&gws[2]).await, "two");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
