@@ -143,11 +143,15 @@ pub async fn serve(mut h3: Http3) {
             continue;
         }
         let remote = incoming.remote_address();
+        // On a wildcard bind, the address the client reached.
+        let reached = incoming
+            .local_ip()
+            .map_or(local, |ip| SocketAddr::new(ip, local.port()));
         let ctx = Arc::new(ConnContext {
             listener: Arc::clone(&h3.name),
             admission: h3.admission.clone(),
             remote,
-            local,
+            local: reached,
             client_ip: client_ip_header(remote),
             scheme: http::uri::Scheme::HTTPS,
             responses: Arc::clone(&responses),
