@@ -75,6 +75,10 @@ pub struct ListenerInfo {
     pub address: SocketAddr,
     pub protocol: &'static str,
     pub state: &'static str,
+    /// Listeners with `http3`: `serving`, or `waiting` (the UDP port is
+    /// not bound yet, or no longer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http3: Option<&'static str>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +96,8 @@ struct RunningListener {
     /// Kept for a socket hand-over; released when draining so that new
     /// connection attempts are refused once the accept loop has stopped.
     socket: Option<ListenerSocket>,
+    /// With `http3`: what its TCP side advertises while HTTP/3 serves.
+    alt_svc: Option<Arc<super::h3::AltSvc>>,
 }
 
 /// A listening socket as a drain-aware restart hands it over.
@@ -328,18 +334,22 @@ impl ListenerSet {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         for listener in bound {
             tracing::info!(listener = %listener.spec.name, address = %listener.local_addr, protocol = protocol_name(listener.spec.protocol), "listener accepting");
+            let alt_svc = (listener.spec.http3
+                && listener.spec.protocol == ListenerProtocol::Https)
+                .then(|| super::h3::AltSvc::new(listener.local_addr.port()));
             running.insert(
                 listener.spec.name.clone(),
                 RunningListener {
                     spec: listener.spec.clone(),
                     local_addr: listener.local_addr,
                     socket: Some(listener.socket.clone()),
+                    alt_svc: alt_svc.clone(),
                 },
             );
             match &listener.socket {
                 ListenerSocket::Tcp(socket) => {
                     let socket = Arc::clone(socket);
-                    tokio::spawn(Arc::clone(self).accept_loop(listener, socket));
+                    tokio::spawn(Arc::clone(self).accept_loop(listener, socket, alt_svc));
                 }
                 ListenerSocket::Udp(socket) => {
                     let name: Arc<str> = Arc::from(listener.spec.name.as_str());
@@ -367,6 +377,13 @@ impl ListenerSet {
                 address: l.local_addr,
                 protocol: protocol_name(l.spec.protocol),
                 state: if draining { "closed" } else { "bound" },
+                http3: l.alt_svc.as_ref().map(|a| {
+                    if a.current().is_some() {
+                        "serving"
+                    } else {
+                        "waiting"
+                    }
+                }),
             })
             .collect()
     }
@@ -398,7 +415,12 @@ impl ListenerSet {
         }
     }
 
-    async fn accept_loop(self: Arc<Self>, listener: BoundListener, socket: Arc<TcpListener>) {
+    async fn accept_loop(
+        self: Arc<Self>,
+        listener: BoundListener,
+        socket: Arc<TcpListener>,
+        alt_svc: Option<Arc<super::h3::AltSvc>>,
+    ) {
         // Where clients connect: the bound address, unless it is a
         // wildcard (then each connection's own, asked of the socket).
         let bound = listener.local_addr;
@@ -430,8 +452,7 @@ impl ListenerSet {
             Scheme::HTTP
         };
         // HTTP/3 beside it, advertised on this side while it serves.
-        let alt_svc = (listener.spec.http3 && tls.is_some()).then(|| {
-            let alt_svc = super::h3::AltSvc::new(bound.port());
+        let alt_svc = alt_svc.filter(|_| tls.is_some()).inspect(|alt_svc| {
             tokio::spawn(super::h3::serve(super::h3::Http3 {
                 name: Arc::clone(&name),
                 address: bound,
@@ -444,10 +465,9 @@ impl ListenerSet {
                 draining: self.draining.subscribe(),
                 draining_flag: Arc::clone(&self.draining_flag),
                 open: self.open_guard(),
-                alt_svc: Arc::clone(&alt_svc),
+                alt_svc: Arc::clone(alt_svc),
                 early_data: listener.spec.http3_early_data,
             }));
-            alt_svc
         });
         let mut draining = self.draining.subscribe();
         let listener_open = Arc::new(AtomicUsize::new(0));

@@ -153,6 +153,18 @@ async fn http3_proxies_get_and_post_with_bodies_and_tcp_advertises_it() {
     let endpoint = client(&ca);
     let (mut sender, _) = connect(&endpoint, secure).await;
 
+    let listeners = gw.status().await["listeners"].clone();
+    let by_name = |name: &str| {
+        listeners
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(by_name("secure")["http3"], "serving");
+    assert!(by_name("web").get("http3").is_none());
     let (status, _, body) = exchange(&mut sender, "GET", "/hello?x=1", None).await;
     assert_eq!(status, 200, "{body}");
     assert!(body.starts_with("GET /hello?x=1\n"), "{body}");
