@@ -76,6 +76,9 @@ pub struct Http3 {
     pub alt_svc: Arc<AltSvc>,
     /// `http3_early_data`: accept 0-RTT requests (idempotent ones).
     pub early_data: bool,
+    /// The data-plane threads each connection's requests are served on
+    /// (the endpoint's packets are on this runtime).
+    pub workers: Option<Arc<super::workers::Workers>>,
 }
 
 /// How often a taken UDP port is tried again (a predecessor draining).
@@ -165,11 +168,17 @@ pub async fn serve(mut h3: Http3) {
         accepted.increment(1);
         gauge.increment(1.0);
         let (gauge, draining, early_data) = (gauge.clone(), h3.draining.clone(), h3.early_data);
-        tokio::spawn(async move {
+        let serve = async move {
             connection(incoming, ctx, limits, draining, early_data).await;
             gauge.decrement(1.0);
             drop((hold, counted));
-        });
+        };
+        match &h3.workers {
+            Some(workers) => workers.spawn(Box::new(move || Box::pin(serve))),
+            None => {
+                tokio::spawn(serve);
+            }
+        }
     }
     // Draining: no more advertising, no new connections; those open get
     // a GOAWAY from their own task and finish their streams.

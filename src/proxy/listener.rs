@@ -467,6 +467,7 @@ impl ListenerSet {
                 open: self.open_guard(),
                 alt_svc: Arc::clone(alt_svc),
                 early_data: listener.spec.http3_early_data,
+                workers: self.workers.clone(),
             }));
         });
         let mut draining = self.draining.subscribe();
