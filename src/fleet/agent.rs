@@ -37,6 +37,15 @@ pub(super) async fn run(fleet: Arc<Fleet>) {
         }
         metrics::gauge!(m::FLEET_CONNECTED).set(0.0);
         *fleet.lease.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        // A session that was up starts the back-off over.
+        let was_up = fleet
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_ok();
+        if was_up {
+            backoff = FIRST_BACKOFF;
+        }
         let wait = match &error {
             FleetError::Refused(message) => {
                 tracing::error!(prefix = %fleet.spec.prefix, "fleet: {message}");
@@ -51,14 +60,6 @@ pub(super) async fn run(fleet: Arc<Fleet>) {
         };
         *fleet.session.lock().unwrap_or_else(PoisonError::into_inner) = Err(error.to_string());
         tokio::time::sleep(wait).await;
-        if fleet
-            .session
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_ok()
-        {
-            backoff = FIRST_BACKOFF;
-        }
     }
 }
 

@@ -152,17 +152,26 @@ async fn write_back_keeps_the_file_on_what_runs_after_an_activation_and_a_rollba
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_without_the_token_on_the_metrics_listener_until_draining() {
     let (echo, _task) = echo_server().await;
-    // A TCP connection kept open holds the drain for its 5 s.
+    // A TCP connection kept open holds the drain (for up to 30 s).
     let text = answering("one").replace(
         "[log]",
-        &format!("[metrics]\nbind = \"127.0.0.1:0\"\n\n[runtime]\ndrain_timeout = \"5s\"\n\n[[listeners]]\nname = \"db\"\nbind = \"127.0.0.1:0\"\nprotocol = \"tcp\"\nupstream = \"echo\"\n\n[upstreams.echo]\nbackends = [{{ addr = \"{echo}\" }}]\n\n[log]"),
+        &format!("[metrics]\nbind = \"127.0.0.1:0\"\n\n[runtime]\ndrain_timeout = \"30s\"\n\n[[listeners]]\nname = \"db\"\nbind = \"127.0.0.1:0\"\nprotocol = \"tcp\"\nupstream = \"echo\"\n\n[upstreams.echo]\nbackends = [{{ addr = \"{echo}\" }}]\n\n[log]"),
     );
     let gw = Gateway::start(&text);
     let metrics = gw.metrics.expect("metrics");
     assert_eq!(probe(metrics).await, Some(200));
-    let _held = tokio::net::TcpStream::connect(gw.listener("db"))
+    let mut held = tokio::net::TcpStream::connect(gw.listener("db"))
         .await
         .unwrap();
+    // Echoed through the gateway: accepted and counted, so it holds the
+    // drain (a connection still in the kernel's backlog would not).
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        held.write_all(b"ping").await.unwrap();
+        let mut echoed = [0u8; 4];
+        held.read_exact(&mut echoed).await.unwrap();
+        assert_eq!(&echoed, b"ping");
+    }
     let (status, body) = admin_request(
         gw.admin,
         "POST",
@@ -173,7 +182,7 @@ async fn readiness_without_the_token_on_the_metrics_listener_until_draining() {
     .await;
     assert!(status < 300, "{status} {body}");
     // Still up (the held connection keeps it draining), and not ready.
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match probe(metrics).await {
             Some(503) => break,
