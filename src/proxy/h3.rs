@@ -463,9 +463,10 @@ struct QuicBody {
 }
 
 impl QuicBody {
-    /// Reads ahead what has already arrived: a request whose stream ended
-    /// with its head (a GET) is then known to have no body, and is
-    /// forwarded without one (not as an empty chunked body).
+    /// Reads ahead what has already arrived: a request whose stream's end
+    /// came with its head (a GET, usually) is then known to have no body
+    /// and is forwarded without one. When the end comes later, it is
+    /// forwarded as an empty chunked body.
     fn new(stream: h3::server::RequestStream<h3_quinn::RecvStream, Bytes>) -> Self {
         let mut body = Self {
             stream,
