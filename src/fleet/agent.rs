@@ -147,13 +147,13 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
                             }
                         }
                     }
-                    Ok(None) => return FleetError::Refused("etcd closed the watch".into()).into_transient(),
+                    Ok(None) => return FleetError::Lost("etcd closed the watch"),
                     Err(error) => return error.into(),
                 },
                 _ = phase.changed() => {
                     // The drain revokes the lease (`Fleet::leave`).
                     if leaving(fleet) {
-                        return FleetError::Refused("draining".into());
+                        return FleetError::Lost("draining");
                     }
                 }
                 _ = renew.tick() => {
@@ -162,23 +162,11 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
                     }
                     match within(keepalive.message()).await {
                         Ok(Some(answer)) if answer.ttl() > 0 => {}
-                        Ok(_) => return FleetError::Refused("the lease expired".into()).into_transient(),
+                        Ok(_) => return FleetError::Lost("the lease expired"),
                         Err(error) => return error,
                     }
                 }
             }
-        }
-    }
-}
-
-impl FleetError {
-    /// A session that ended for a reason worth retrying soon.
-    fn into_transient(self) -> FleetError {
-        match self {
-            FleetError::Refused(message) => {
-                FleetError::Etcd(etcd_client::Error::WatchError(message))
-            }
-            other => other,
         }
     }
 }

@@ -46,8 +46,14 @@ pub enum FleetError {
     Etcd(#[from] etcd_client::Error),
     #[error("etcd did not answer within {REQUEST_TIMEOUT:?}")]
     Timeout,
+    /// The prefix cannot be joined (another layout format): retried
+    /// slowly.
     #[error("{0}")]
     Refused(String),
+    /// The session ended (watch closed, lease expired, draining): a
+    /// new one is opened after the back-off.
+    #[error("{0}")]
+    Lost(&'static str),
 }
 
 /// One etcd request, bounded by `REQUEST_TIMEOUT`.
