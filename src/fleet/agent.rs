@@ -9,8 +9,8 @@
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use etcd_client::{Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchOptions};
-
+use super::etcd::wire::{EventType, Response, TxnRequest};
+use super::etcd::{self, Client};
 use super::records::{
     self, ActiveRecord, BoundListener, GenerationDoc, InstanceRecord, Meta, Report,
 };
@@ -74,22 +74,22 @@ fn leaving(fleet: &Fleet) -> bool {
 
 /// One session; returns why it ended.
 async fn session(fleet: &Arc<Fleet>) -> FleetError {
-    let mut client = match fleet.client().await {
+    let client = match fleet.client().await {
         Ok(client) => client,
         Err(error) => return error,
     };
-    if let Err(error) = check_format(fleet, &mut client).await {
+    if let Err(error) = check_format(fleet, &client).await {
         return error;
     }
     // etcd expires leases in a sweep every half second, after their TTL
     // in whole seconds: a second less than `lease_ttl` ends within it.
     let ttl = i64::try_from(fleet.spec.lease_ttl.as_secs().saturating_sub(1)).unwrap_or(9);
-    let lease = match within(client.lease_grant(ttl, None)).await {
-        Ok(lease) => lease.id(),
+    let lease = match within(client.lease_grant(ttl)).await {
+        Ok(lease) => lease,
         Err(error) => return error,
     };
-    let (mut keeper, mut keepalive) = match within(client.lease_keep_alive(lease)).await {
-        Ok(pair) => pair,
+    let mut keeper = match within(client.lease_keep_alive(lease)).await {
+        Ok(keeper) => keeper,
         Err(error) => return error,
     };
     *fleet.lease.lock().unwrap_or_else(PoisonError::into_inner) = Some(lease);
@@ -97,13 +97,13 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
     if let Err(error) = within(client.put(
         fleet.keys.member(&fleet.spec.instance),
         member.to_string(),
-        None,
+        0,
     ))
     .await
     {
         return error;
     }
-    if let Err(error) = fleet.report_now(&mut client).await {
+    if let Err(error) = fleet.report_now(&client).await {
         return error;
     }
     *fleet.session.lock().unwrap_or_else(PoisonError::into_inner) = Ok(());
@@ -113,36 +113,35 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
     let mut phase = fleet.control.phase().subscribe();
     loop {
         // List: what is active now, and from which revision to watch.
-        let revision = match within(client.get(fleet.keys.active(), None)).await {
+        let revision = match within(client.get(fleet.keys.active())).await {
             Ok(answer) => {
-                let revision = answer.header().map_or(0, |h| h.revision());
-                if let Some(kv) = answer.kvs().first() {
-                    fleet.on_active(kv.value()).await;
+                let revision = answer.header.map_or(0, |h| h.revision);
+                if let Some(kv) = answer.kvs.first() {
+                    fleet.on_active(&kv.value).await;
                 }
                 revision
             }
             Err(error) => return error,
         };
-        let options = WatchOptions::new().with_start_revision(revision + 1);
-        let mut watch = match within(client.watch(fleet.keys.active(), Some(options))).await {
+        let mut watch = match within(client.watch(fleet.keys.active(), revision + 1)).await {
             Ok(watch) => watch,
             Err(error) => return error,
         };
         loop {
             tokio::select! {
                 message = watch.message() => match message {
-                    Ok(Some(answer)) if answer.canceled() || answer.compact_revision() > 0 => {
+                    Ok(Some(answer)) if answer.canceled || answer.compact_revision > 0 => {
                         tracing::warn!(
-                            compact_revision = answer.compact_revision(),
-                            reason = answer.cancel_reason(),
+                            compact_revision = answer.compact_revision,
+                            reason = answer.cancel_reason,
                             "fleet: watch cancelled; listing again"
                         );
                         break;
                     }
                     Ok(Some(answer)) => {
-                        for event in answer.events() {
-                            match (event.event_type(), event.kv()) {
-                                (EventType::Put, Some(kv)) => fleet.on_active(kv.value()).await,
+                        for event in &answer.events {
+                            match (EventType::try_from(event.r#type), &event.kv) {
+                                (Ok(EventType::Put), Some(kv)) => fleet.on_active(&kv.value).await,
                                 _ => tracing::warn!("fleet: the active key was deleted; serving the applied generation"),
                             }
                         }
@@ -157,11 +156,8 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
                     }
                 }
                 _ = renew.tick() => {
-                    if let Err(error) = within(keeper.keep_alive()).await {
-                        return error;
-                    }
-                    match within(keepalive.message()).await {
-                        Ok(Some(answer)) if answer.ttl() > 0 => {}
+                    match within(keeper.keep_alive()).await {
+                        Ok(Some(answer)) if answer.ttl > 0 => {}
                         Ok(_) => return FleetError::Lost("the lease expired"),
                         Err(error) => return error,
                     }
@@ -173,20 +169,21 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
 
 /// Writes `meta` when the prefix is new; refuses a prefix of another
 /// format.
-async fn check_format(fleet: &Fleet, client: &mut Client) -> Result<(), FleetError> {
+async fn check_format(fleet: &Fleet, client: &Client) -> Result<(), FleetError> {
     let key = fleet.keys.meta();
     let ours =
         serde_json::to_vec(&Meta::current()).map_err(|e| FleetError::Refused(e.to_string()))?;
-    let txn = Txn::new()
-        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(key.clone(), ours, None)])
-        .or_else([TxnOp::get(key.clone(), None)]);
+    let txn = TxnRequest {
+        compare: vec![etcd::created_at(key.clone(), 0)],
+        success: vec![etcd::put_op(key.clone(), ours)],
+        failure: vec![etcd::get_op(key.clone())],
+    };
     let answer = within(client.txn(txn)).await?;
-    if answer.succeeded() {
+    if answer.succeeded {
         return Ok(());
     }
-    let existing = answer.op_responses().into_iter().find_map(|op| match op {
-        etcd_client::TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+    let existing = answer.responses.into_iter().find_map(|op| match op.response {
+        Some(Response::Range(get)) => get.kvs.into_iter().next().map(|kv| kv.value),
         _ => None,
     });
     let meta: Option<Meta> = existing.and_then(|bytes| serde_json::from_slice(&bytes).ok());
@@ -285,17 +282,17 @@ impl Fleet {
 
     /// The document of generation `id`, checked against its version.
     async fn fetch(&self, id: u64) -> Result<GenerationDoc, String> {
-        let mut client = self.client().await.map_err(|e| e.to_string())?;
-        let answer = within(client.get(self.keys.generation(id), None))
+        let client = self.client().await.map_err(|e| e.to_string())?;
+        let answer = within(client.get(self.keys.generation(id)))
             .await
             .map_err(|e| format!("cannot read generation {id}: {e}"))?;
-        let kv = answer.kvs().first().ok_or_else(|| {
+        let kv = answer.kvs.first().ok_or_else(|| {
             format!(
                 "generation {id} is active but its document {} is missing",
                 self.keys.generation(id)
             )
         })?;
-        let doc: GenerationDoc = serde_json::from_slice(kv.value())
+        let doc: GenerationDoc = serde_json::from_slice(&kv.value)
             .map_err(|e| format!("the document of generation {id} is unreadable: {e}"))?;
         let version = records::config_version(&doc.config);
         if doc.generation != id || doc.config_version != version {
@@ -376,15 +373,15 @@ impl Fleet {
 
     /// Writes the status key again with what was last said.
     pub(super) async fn say(&self) {
-        let Ok(mut client) = self.client().await else {
+        let Ok(client) = self.client().await else {
             return;
         };
-        if let Err(e) = self.report_now(&mut client).await {
+        if let Err(e) = self.report_now(&client).await {
             tracing::warn!(error = %e, "fleet: cannot write this instance's status");
         }
     }
 
-    async fn report_now(&self, client: &mut Client) -> Result<(), FleetError> {
+    async fn report_now(&self, client: &Client) -> Result<(), FleetError> {
         let Some(lease) = *self.lease.lock().unwrap_or_else(PoisonError::into_inner) else {
             return Ok(());
         };
@@ -419,12 +416,7 @@ impl Fleet {
             answers: said.answers,
         };
         let value = serde_json::to_vec(&record).map_err(|e| FleetError::Refused(e.to_string()))?;
-        within(client.put(
-            self.keys.instance(&self.spec.instance),
-            value,
-            Some(PutOptions::new().with_lease(lease)),
-        ))
-        .await?;
+        within(client.put(self.keys.instance(&self.spec.instance), value, lease)).await?;
         Ok(())
     }
 }

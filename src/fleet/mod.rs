@@ -12,6 +12,7 @@
 //! serves what it has and catches up when etcd returns.
 
 mod agent;
+mod etcd;
 mod probation;
 mod records;
 
@@ -19,12 +20,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
 use serde::Serialize;
 
 pub use probation::FleetSettled;
 use probation::Probation;
 pub use records::{ActiveRecord, FleetPending, InstanceRecord, Report, Settlement};
+use etcd::{Client, EtcdError};
 use records::{GenerationDoc, Keys};
 
 use crate::config::ConfigText;
@@ -43,7 +44,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     #[error("etcd: {0}")]
-    Etcd(#[from] etcd_client::Error),
+    Etcd(#[from] EtcdError),
     #[error("etcd did not answer within {REQUEST_TIMEOUT:?}")]
     Timeout,
     /// The prefix cannot be joined (another layout format): retried
@@ -58,7 +59,7 @@ pub enum FleetError {
 
 /// One etcd request, bounded by `REQUEST_TIMEOUT`.
 async fn within<T>(
-    request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    request: impl std::future::Future<Output = Result<T, EtcdError>>,
 ) -> Result<T, FleetError> {
     match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
         Ok(answer) => Ok(answer?),
@@ -282,28 +283,7 @@ impl Fleet {
     async fn client(&self) -> Result<Client, FleetError> {
         let client = self
             .client
-            .get_or_try_init(|| async {
-                let mut options = etcd_client::ConnectOptions::new()
-                    .with_connect_timeout(Duration::from_secs(2))
-                    // Finds a dead etcd under an idle watch.
-                    .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
-                    .with_keep_alive_while_idle(true);
-                if let Some((user, password)) = &self.spec.credentials {
-                    // etcd's auth token expires; a long watch must not.
-                    options = options
-                        .with_user(user, password)
-                        .with_auto_token_refresh(true);
-                }
-                if let Some(tls) = &self.spec.tls {
-                    let mut config = etcd_client::TlsOptions::new()
-                        .ca_certificate(etcd_client::Certificate::from_pem(&tls.ca));
-                    if let Some((cert, key)) = &tls.identity {
-                        config = config.identity(etcd_client::Identity::from_pem(cert, key));
-                    }
-                    options = options.with_tls(config);
-                }
-                within(Client::connect(&self.spec.endpoints, Some(options))).await
-            })
+            .get_or_try_init(|| within(Client::connect(&self.spec)))
             .await?;
         Ok(client.clone())
     }
@@ -428,15 +408,15 @@ impl Fleet {
         requested_by: Option<String>,
         reason: Option<String>,
     ) -> Result<FleetActivation, ControlError> {
-        let mut client = self.client().await?;
-        let found = within(client.get(self.keys.generation(target), None)).await?;
-        let Some(kv) = found.kvs().first() else {
+        let client = self.client().await?;
+        let found = within(client.get(self.keys.generation(target))).await?;
+        let Some(kv) = found.kvs.first() else {
             return Err(ControlError::NotRetained(GenerationId(target)));
         };
-        let doc: GenerationDoc = serde_json::from_slice(kv.value()).map_err(|e| {
+        let doc: GenerationDoc = serde_json::from_slice(&kv.value).map_err(|e| {
             ControlError::Internal(format!("fleet generation {target} is unreadable: {e}"))
         })?;
-        let (active, _) = self.read_active(&mut client).await?;
+        let (active, _) = self.read_active(&client).await?;
         if active.as_ref().map(|a| a.generation) == Some(target) {
             return Err(ControlError::TargetActive(GenerationId(target)));
         }
@@ -454,33 +434,37 @@ impl Fleet {
     /// The active record and its `mod_revision` (0 when absent).
     async fn read_active(
         &self,
-        client: &mut Client,
+        client: &Client,
     ) -> Result<(Option<ActiveRecord>, i64), FleetError> {
-        let answer = within(client.get(self.keys.active(), None)).await?;
-        match answer.kvs().first() {
+        let answer = within(client.get(self.keys.active())).await?;
+        match answer.kvs.first() {
             None => Ok((None, 0)),
             Some(kv) => {
-                let record = serde_json::from_slice(kv.value()).map_err(|e| {
+                let record = serde_json::from_slice(&kv.value).map_err(|e| {
                     FleetError::Refused(format!("{} is unreadable: {e}", self.keys.active()))
                 })?;
-                Ok((Some(record), kv.mod_revision()))
+                Ok((Some(record), kv.mod_revision))
             }
         }
     }
 
     /// The highest generation id ever written (ids are never reused, also
     /// after a lost race left a document that never became active).
-    async fn highest_generation(&self, client: &mut Client) -> Result<u64, FleetError> {
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Key, SortOrder::Descend)
-            .with_limit(1);
-        let answer = within(client.get(self.keys.generations(), Some(options))).await?;
+    async fn highest_generation(&self, client: &Client) -> Result<u64, FleetError> {
+        let prefix = self.keys.generations().into_bytes();
+        let request = etcd::wire::RangeRequest {
+            range_end: etcd::prefix_end(&prefix),
+            key: prefix,
+            limit: 1,
+            sort_order: etcd::wire::SortOrder::Descend as i32,
+            sort_target: etcd::wire::SortTarget::Key as i32,
+            keys_only: true,
+        };
+        let answer = within(client.range(request)).await?;
         Ok(answer
-            .kvs()
+            .kvs
             .first()
-            .and_then(|kv| kv.key_str().ok())
+            .and_then(|kv| std::str::from_utf8(&kv.key).ok())
             .and_then(|key| key.rsplit('/').next())
             .and_then(|id| id.parse().ok())
             .unwrap_or(0))
@@ -499,8 +483,8 @@ impl Fleet {
         rolled_back_to: Option<u64>,
         probation: Option<Probation>,
     ) -> Result<FleetActivation, ControlError> {
-        let mut client = self.client().await?;
-        let (active, revision) = self.read_active(&mut client).await?;
+        let client = self.client().await?;
+        let (active, revision) = self.read_active(&client).await?;
         let current = active.as_ref().map(|a| a.generation);
         // `0` expects a fleet with no generation yet.
         if let Some(expected) = expected {
@@ -548,7 +532,7 @@ impl Fleet {
             }
         };
         let id = self
-            .highest_generation(&mut client)
+            .highest_generation(&client)
             .await?
             .max(current.unwrap_or(0))
             + 1;
@@ -573,11 +557,11 @@ impl Fleet {
             settlement: None,
         };
         if !self
-            .commit_generation(&mut client, revision, &doc, &record)
+            .commit_generation(&client, revision, &doc, &record)
             .await?
         {
             // Another activation won between our read and our write.
-            let (now_active, _) = self.read_active(&mut client).await?;
+            let (now_active, _) = self.read_active(&client).await?;
             let active = GenerationId(now_active.map_or(0, |a| a.generation));
             return Err(ControlError::Conflict {
                 expected: GenerationId(expected.or(current).unwrap_or(0)),
@@ -603,7 +587,7 @@ impl Fleet {
     /// it won.
     async fn commit_generation(
         &self,
-        client: &mut Client,
+        client: &Client,
         revision: i64,
         doc: &GenerationDoc,
         record: &ActiveRecord,
@@ -613,16 +597,18 @@ impl Fleet {
             (Err(e), _) | (_, Err(e)) => return Err(ControlError::Internal(e.to_string())),
         };
         let key = self.keys.generation(doc.generation);
-        let txn = Txn::new()
-            .when([
-                Compare::mod_revision(self.keys.active(), CompareOp::Equal, revision),
-                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-            ])
-            .and_then([
-                TxnOp::put(key, doc_json, None),
-                TxnOp::put(self.keys.active(), record_json, None),
-            ]);
-        Ok(within(client.txn(txn)).await?.succeeded())
+        let txn = etcd::wire::TxnRequest {
+            compare: vec![
+                etcd::modified_at(self.keys.active(), revision),
+                etcd::created_at(key.clone(), 0),
+            ],
+            success: vec![
+                etcd::put_op(key, doc_json),
+                etcd::put_op(self.keys.active(), record_json),
+            ],
+            failure: Vec::new(),
+        };
+        Ok(within(client.txn(txn)).await?.succeeded)
     }
 
     fn outcome(&self, applied: Result<Option<Activation>, String>) -> InstanceOutcome {
@@ -730,7 +716,7 @@ impl Fleet {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        if let (Some(lease), Ok(mut client)) = (lease, self.client().await) {
+        if let (Some(lease), Ok(client)) = (lease, self.client().await) {
             match within(client.lease_revoke(lease)).await {
                 Ok(_) => tracing::info!("fleet: left (lease revoked)"),
                 Err(error) => {
@@ -743,24 +729,21 @@ impl Fleet {
     /// Forgets a member that is gone (a scaled-down or renamed instance),
     /// so that status stops listing it. A live instance is not forgotten.
     pub async fn forget(&self, name: &str) -> Result<(), ForgetError> {
-        let mut client = self.client().await.map_err(ControlError::from)?;
+        let client = self.client().await.map_err(ControlError::from)?;
         let member = self.keys.member(name);
         // Only while the instance has no status key: one transaction.
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.keys.instance(name),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([TxnOp::delete(member, None)]);
+        let txn = etcd::wire::TxnRequest {
+            compare: vec![etcd::created_at(self.keys.instance(name), 0)],
+            success: vec![etcd::delete_op(member)],
+            failure: Vec::new(),
+        };
         let answer = within(client.txn(txn)).await.map_err(ControlError::from)?;
-        if !answer.succeeded() {
+        if !answer.succeeded {
             return Err(ForgetError::Live(name.to_owned()));
         }
-        let deleted = answer
-            .op_responses()
-            .into_iter()
-            .any(|op| matches!(op, etcd_client::TxnOpResponse::Delete(d) if d.deleted() > 0));
+        let deleted = answer.responses.iter().any(|op| {
+            matches!(&op.response, Some(etcd::wire::Response::DeleteRange(d)) if d.deleted > 0)
+        });
         if deleted {
             tracing::info!(instance = name, "fleet: member forgotten");
             Ok(())
@@ -771,24 +754,19 @@ impl Fleet {
 
     /// Reads the fleet's state: the active generation and every member.
     pub async fn status(&self) -> Result<FleetStatus, ControlError> {
-        let mut client = self.client().await?;
-        let (active, _) = self.read_active(&mut client).await?;
-        let members = within(client.get(
-            self.keys.members(),
-            Some(GetOptions::new().with_prefix().with_keys_only()),
-        ))
-        .await?;
-        let live = within(client.get(self.keys.instances(), Some(GetOptions::new().with_prefix())))
-            .await?;
+        let client = self.client().await?;
+        let (active, _) = self.read_active(&client).await?;
+        let members = within(client.get_prefix(self.keys.members(), true)).await?;
+        let live = within(client.get_prefix(self.keys.instances(), false)).await?;
         let records: Vec<InstanceRecord> = live
-            .kvs()
+            .kvs
             .iter()
-            .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
             .collect();
         let mut names: Vec<String> = members
-            .kvs()
+            .kvs
             .iter()
-            .filter_map(|kv| kv.key_str().ok())
+            .filter_map(|kv| std::str::from_utf8(&kv.key).ok())
             .filter_map(|key| key.rsplit('/').next())
             .map(str::to_owned)
             .collect();

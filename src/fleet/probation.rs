@@ -24,7 +24,7 @@ use super::records::{
     ActiveRecord, CanaryPlan, FleetPending, GenerationDoc, InstanceRecord, PendingAnswers,
     Settlement,
 };
-use super::{within, Fleet};
+use super::{etcd, within, Fleet};
 use crate::control::{
     judge, Answers, Baseline, Candidate, ControlError, GuardSpec, Settle, Verdict,
 };
@@ -265,18 +265,17 @@ impl Fleet {
     /// The sum of every live instance's answers for `generation`, the
     /// worst p99 among them, and the sum of their baselines.
     async fn fleet_answers(&self, generation: u64) -> Option<(Answers, Option<f64>, Answers)> {
-        let mut client = self.client().await.ok()?;
-        let options = etcd_client::GetOptions::new().with_prefix();
-        let live = within(client.get(self.keys.instances(), Some(options)))
+        let client = self.client().await.ok()?;
+        let live = within(client.get_prefix(self.keys.instances(), false))
             .await
             .ok()?;
         let mut answers = Answers::default();
         let mut previous = Answers::default();
         let mut p99: Option<f64> = None;
         for record in live
-            .kvs()
+            .kvs
             .iter()
-            .filter_map(|kv| serde_json::from_slice::<InstanceRecord>(kv.value()).ok())
+            .filter_map(|kv| serde_json::from_slice::<InstanceRecord>(&kv.value).ok())
         {
             let Some(a) = record.answers.filter(|a| a.generation == generation) else {
                 continue;
@@ -337,8 +336,8 @@ impl Fleet {
         by: Option<String>,
         reason: Option<String>,
     ) -> Result<FleetSettled, ControlError> {
-        let mut client = self.client().await?;
-        let (active, revision) = self.read_active(&mut client).await?;
+        let client = self.client().await?;
+        let (active, revision) = self.read_active(&client).await?;
         let Some(active) = active.filter(|a| a.generation == generation && a.pending.is_some())
         else {
             return Err(ControlError::NotPending(GenerationId(generation)));
@@ -367,15 +366,13 @@ impl Fleet {
             };
             let value =
                 serde_json::to_vec(&record).map_err(|e| ControlError::Internal(e.to_string()))?;
-            let txn = etcd_client::Txn::new()
-                .when([etcd_client::Compare::mod_revision(
-                    self.keys.active(),
-                    etcd_client::CompareOp::Equal,
-                    revision,
-                )])
-                .and_then([etcd_client::TxnOp::put(self.keys.active(), value, None)]);
-            if !within(client.txn(txn)).await?.succeeded() {
-                return Err(self.lost_race(&mut client, generation).await);
+            let txn = etcd::wire::TxnRequest {
+                compare: vec![etcd::modified_at(self.keys.active(), revision)],
+                success: vec![etcd::put_op(self.keys.active(), value)],
+                failure: Vec::new(),
+            };
+            if !within(client.txn(txn)).await?.succeeded {
+                return Err(self.lost_race(&client, generation).await);
             }
             tracing::info!(generation, "fleet: pending generation confirmed");
             *self
@@ -389,13 +386,13 @@ impl Fleet {
             });
         }
         let target = pending.rollback_to;
-        let found = within(client.get(self.keys.generation(target), None)).await?;
+        let found = within(client.get(self.keys.generation(target))).await?;
         let doc: GenerationDoc = found
-            .kvs()
+            .kvs
             .first()
-            .and_then(|kv| serde_json::from_slice(kv.value()).ok())
+            .and_then(|kv| serde_json::from_slice(&kv.value).ok())
             .ok_or_else(|| ControlError::NotRetained(GenerationId(target)))?;
-        let id = self.highest_generation(&mut client).await?.max(generation) + 1;
+        let id = self.highest_generation(&client).await?.max(generation) + 1;
         let now = rfc3339(SystemTime::now());
         let outcome = if how == Settle::Abort {
             "aborted"
@@ -421,10 +418,10 @@ impl Fleet {
             settlement: Some(settlement(outcome)),
         };
         if !self
-            .commit_generation(&mut client, revision, &doc, &record)
+            .commit_generation(&client, revision, &doc, &record)
             .await?
         {
-            return Err(self.lost_race(&mut client, generation).await);
+            return Err(self.lost_race(&client, generation).await);
         }
         tracing::info!(
             generation,
@@ -449,7 +446,7 @@ impl Fleet {
 
     /// Why a settling transaction lost: the generation was settled or
     /// replaced meanwhile.
-    async fn lost_race(&self, client: &mut etcd_client::Client, generation: u64) -> ControlError {
+    async fn lost_race(&self, client: &etcd::Client, generation: u64) -> ControlError {
         match self.read_active(client).await {
             Ok((Some(now), _)) if now.generation == generation && now.pending.is_some() => {
                 ControlError::InProgress

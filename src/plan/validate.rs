@@ -226,6 +226,23 @@ impl Validator<'_> {
         }
     }
 
+    /// A method name as requests spell it: methods are case-sensitive
+    /// (RFC 9110 §9.1), so `get` would never match a `GET`.
+    fn method(&mut self, path: String, text: &str) -> Option<Method> {
+        let upper = !text.is_empty() && text.bytes().all(|b| b.is_ascii_uppercase());
+        match Method::from_bytes(text.as_bytes()) {
+            Ok(method) if upper => Some(method),
+            _ => {
+                self.error(
+                    "invalid_method",
+                    path,
+                    format!("'{text}' is not an HTTP method (upper case, e.g. GET)"),
+                );
+                None
+            }
+        }
+    }
+
     fn socket_addr(&mut self, path: String, text: &str) -> Option<SocketAddr> {
         match text.parse() {
             Ok(addr) => Some(addr),
@@ -312,6 +329,7 @@ impl Validator<'_> {
         let runtime = self.runtime(file);
         let upstreams = self.upstreams(&file.upstreams);
         let listeners = self.listeners(file);
+        self.l4_upstreams(file);
         let routes = self.routes(file);
         self.ambiguous_routes(&routes);
         let fleet = file.fleet.as_ref().and_then(|f| self.fleet(f));
@@ -781,6 +799,13 @@ impl Validator<'_> {
                 limits.max_headers = n.max(1) as usize;
             }
             if let Some(n) = l.max_concurrent_streams {
+                if n == 0 {
+                    self.error(
+                        "invalid_value",
+                        at("max_concurrent_streams"),
+                        "max_concurrent_streams must be at least 1",
+                    );
+                }
                 limits.max_concurrent_streams = n.max(1);
             }
             for (key, value, slot) in [
@@ -907,6 +932,9 @@ impl Validator<'_> {
         }
         if protocol == Some(ListenerProtocol::Tcp) {
             let http_only = [
+                ("max_header_bytes", l.max_header_bytes.is_some()),
+                ("max_headers", l.max_headers.is_some()),
+                ("max_concurrent_streams", l.max_concurrent_streams.is_some()),
                 ("keepalive_timeout", l.keepalive_timeout.is_some()),
                 ("h2_keepalive_interval", l.h2_keepalive_interval.is_some()),
                 ("merge_slashes", l.merge_slashes.is_some()),
@@ -1142,6 +1170,45 @@ impl Validator<'_> {
             }),
             idle_timeout,
             max_sessions: 0,
+        }
+    }
+
+    /// An upstream a `tcp` or `udp` listener names gets the client's bytes
+    /// as they are: its HTTP-only settings would be ignored there, and a
+    /// `tls` one would send in cleartext what the operator meant to
+    /// encrypt. Each is refused, once per upstream.
+    fn l4_upstreams(&mut self, file: &FileConfig) {
+        let mut named: BTreeMap<&str, &str> = BTreeMap::new();
+        for l in file.listeners.iter().filter(|l| l.protocol == "tcp" || l.protocol == "udp") {
+            let names = l
+                .upstream
+                .iter()
+                .chain(&l.default_upstream)
+                .chain(l.sni_routes.iter().map(|r| &r.upstream));
+            for name in names {
+                named.entry(name.as_str()).or_insert(l.name.as_str());
+            }
+        }
+        for (name, listener) in named {
+            let Some(u) = file.upstreams.get(name) else {
+                continue;
+            };
+            let at = |field: &str| format!("upstreams.{name}.{field}");
+            let why = |what: &str| format!("upstream '{name}' carries the raw bytes of listener '{listener}': {what}; give the listener an upstream of its own");
+            if u.protocol != "http1" {
+                let what = format!("protocol = \"{}\" does not apply (the client's own protocol is relayed)", u.protocol);
+                self.error("unsupported_option", at("protocol"), why(&what));
+            }
+            if u.tls.is_some() {
+                self.error("unsupported_option", at("tls"), why("TLS origination is not supported on a relayed connection, and the bytes would go in cleartext"));
+            }
+            if let Some(key) = u.hash_key.as_deref().filter(|k| *k != "client_ip") {
+                let what = format!("hash_key = \"{key}\" has nothing to hash on a connection (only client_ip applies)");
+                self.error("unsupported_option", at("hash_key"), why(&what));
+            }
+            if u.idle_timeout.is_some() {
+                self.error("unsupported_option", at("idle_timeout"), why("the listener's idle_timeout bounds a relayed connection"));
+            }
         }
     }
 
@@ -1834,17 +1901,9 @@ impl Validator<'_> {
         };
         let mut methods = Vec::new();
         for (m, method) in r.methods.iter().enumerate() {
-            let valid = !method.is_empty() && method.bytes().all(|b| b.is_ascii_uppercase());
-            match Method::from_bytes(method.as_bytes()) {
-                Ok(parsed) if valid => methods.push(parsed),
-                _ => {
-                    self.error(
-                        "invalid_method",
-                        format!("routes[{i}].methods[{m}]"),
-                        format!("'{method}' is not an HTTP method (upper case, e.g. GET)"),
-                    );
-                    ok = false;
-                }
+            match self.method(format!("routes[{i}].methods[{m}]"), method) {
+                Some(parsed) => methods.push(parsed),
+                None => ok = false,
             }
         }
         methods.sort_by(|a, b| a.as_str().cmp(b.as_str()));
@@ -1887,7 +1946,7 @@ impl Validator<'_> {
             (None, Some(respond)) => {
                 let status = StatusCode::from_u16(respond.status)
                     .ok()
-                    .filter(|s| !s.is_informational());
+                    .filter(|s| (200..=599).contains(&s.as_u16()));
                 if status.is_none() {
                     self.error(
                         "invalid_status",
@@ -2135,14 +2194,7 @@ impl Validator<'_> {
             Some(methods) => {
                 let mut out = Vec::new();
                 for (k, m) in methods.iter().enumerate() {
-                    match Method::from_bytes(m.as_bytes()) {
-                        Ok(method) => out.push(method),
-                        Err(_) => self.error(
-                            "invalid_method",
-                            format!("{base}.methods[{k}]"),
-                            format!("'{m}' is not an HTTP method"),
-                        ),
-                    }
+                    out.extend(self.method(format!("{base}.methods[{k}]"), m));
                 }
                 out
             }
