@@ -182,10 +182,13 @@ async fn check_format(fleet: &Fleet, client: &Client) -> Result<(), FleetError> 
     if answer.succeeded {
         return Ok(());
     }
-    let existing = answer.responses.into_iter().find_map(|op| match op.response {
-        Some(Response::Range(get)) => get.kvs.into_iter().next().map(|kv| kv.value),
-        _ => None,
-    });
+    let existing = answer
+        .responses
+        .into_iter()
+        .find_map(|op| match op.response {
+            Some(Response::Range(get)) => get.kvs.into_iter().next().map(|kv| kv.value),
+            _ => None,
+        });
     let meta: Option<Meta> = existing.and_then(|bytes| serde_json::from_slice(&bytes).ok());
     match meta {
         Some(meta) if meta.format == records::FORMAT => Ok(()),

@@ -22,10 +22,10 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
+use etcd::{Client, EtcdError};
 pub use probation::FleetSettled;
 use probation::Probation;
 pub use records::{ActiveRecord, FleetPending, InstanceRecord, Report, Settlement};
-use etcd::{Client, EtcdError};
 use records::{GenerationDoc, Keys};
 
 use crate::config::ConfigText;

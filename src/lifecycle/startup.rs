@@ -408,6 +408,7 @@ async fn serve(
         release_memory: options.release_memory,
     }));
     let scratch = state_dir.unwrap_or_else(std::env::temp_dir);
+    let hashed = binary.hashed();
     let process = Process::new(
         options.config.clone(),
         options.watch,
@@ -498,6 +499,8 @@ async fn serve(
         None => None,
     };
 
+    // Status names the running binary's hash from its first answer.
+    hashed.await;
     phase.advance(Phase::Running);
     metrics::gauge!(m::ACTIVE_GENERATION).set(id.0 as f64);
     tokio::spawn(refresh_gauges(Arc::clone(&control)));

@@ -43,51 +43,64 @@ pub enum Stop {
 pub struct Binary {
     /// Resolved at start-up; `None` when the system would not say.
     path: Option<PathBuf>,
-    /// `sha256:<hex>` of the running image, computed once, off the
-    /// serving threads, the first time someone asks.
-    sha256: std::sync::OnceLock<String>,
-    hashing: std::sync::atomic::AtomicBool,
+    /// `sha256:<hex>` of the running image, hashed from start-up on a
+    /// thread of its own (never a serving thread); readiness waits for it,
+    /// so status shows it from its first answer.
+    sha256: Arc<std::sync::OnceLock<String>>,
+    hasher: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Binary {
-    /// The running executable's path, as the system gives it now: call
-    /// once, first thing at start-up.
+    /// The running executable's path, as the system gives it now, and its
+    /// hash begun: call once, first thing at start-up.
     pub fn resolve() -> Self {
         let path = std::env::current_exe()
             .inspect_err(|error| tracing::warn!(%error, "cannot resolve this executable's path; upgrades will need --binary"))
             .ok();
+        let sha256 = Arc::new(std::sync::OnceLock::new());
+        let slot = Arc::clone(&sha256);
+        // /proc/self/exe is the image this process runs, whatever happens
+        // to the file at `path` later.
+        let hasher = std::thread::Builder::new()
+            .name("cutover-hash".into())
+            .spawn(
+                move || match hash_file(std::path::Path::new("/proc/self/exe")) {
+                    Ok(digest) => {
+                        let _ = slot.set(digest);
+                    }
+                    Err(error) => tracing::warn!(%error, "cannot hash the running executable"),
+                },
+            )
+            .inspect_err(
+                |error| tracing::warn!(%error, "cannot start hashing the running executable"),
+            )
+            .ok();
         Self {
             path,
-            sha256: std::sync::OnceLock::new(),
-            hashing: std::sync::atomic::AtomicBool::new(false),
+            sha256,
+            hasher: std::sync::Mutex::new(hasher),
         }
     }
 
-    fn view(self: &Arc<Self>) -> Option<crate::control::BinaryView> {
-        let path = self.path.clone()?;
-        if !self
-            .hashing
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            let this = Arc::clone(self);
-            // /proc/self/exe is the image this process runs, whatever has
-            // happened to the file at `path` since.
-            let spawned = std::thread::Builder::new()
-                .name("cutover-hash".into())
-                .spawn(
-                    move || match hash_file(std::path::Path::new("/proc/self/exe")) {
-                        Ok(digest) => {
-                            let _ = this.sha256.set(digest);
-                        }
-                        Err(error) => tracing::warn!(%error, "cannot hash the running executable"),
-                    },
-                );
-            if let Err(error) = spawned {
-                tracing::warn!(%error, "cannot start hashing the running executable");
+    /// Resolves once the hash is known (or could not be had), waiting off
+    /// the runtime's threads. Borrows nothing: take it before the binary
+    /// moves, await it before announcing readiness.
+    pub fn hashed(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let hasher = self
+            .hasher
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        async move {
+            if let Some(hasher) = hasher {
+                let _ = tokio::task::spawn_blocking(move || hasher.join()).await;
             }
         }
+    }
+
+    fn view(&self) -> Option<crate::control::BinaryView> {
         Some(crate::control::BinaryView {
-            path,
+            path: self.path.clone()?,
             sha256: self.sha256.get().cloned(),
         })
     }

@@ -1179,7 +1179,11 @@ impl Validator<'_> {
     /// encrypt. Each is refused, once per upstream.
     fn l4_upstreams(&mut self, file: &FileConfig) {
         let mut named: BTreeMap<&str, &str> = BTreeMap::new();
-        for l in file.listeners.iter().filter(|l| l.protocol == "tcp" || l.protocol == "udp") {
+        for l in file
+            .listeners
+            .iter()
+            .filter(|l| l.protocol == "tcp" || l.protocol == "udp")
+        {
             let names = l
                 .upstream
                 .iter()
@@ -1194,9 +1198,14 @@ impl Validator<'_> {
                 continue;
             };
             let at = |field: &str| format!("upstreams.{name}.{field}");
-            let why = |what: &str| format!("upstream '{name}' carries the raw bytes of listener '{listener}': {what}; give the listener an upstream of its own");
+            let why = |what: &str| {
+                format!("upstream '{name}' carries the raw bytes of listener '{listener}': {what}; give the listener an upstream of its own")
+            };
             if u.protocol != "http1" {
-                let what = format!("protocol = \"{}\" does not apply (the client's own protocol is relayed)", u.protocol);
+                let what = format!(
+                    "protocol = \"{}\" does not apply (the client's own protocol is relayed)",
+                    u.protocol
+                );
                 self.error("unsupported_option", at("protocol"), why(&what));
             }
             if u.tls.is_some() {
@@ -1207,7 +1216,11 @@ impl Validator<'_> {
                 self.error("unsupported_option", at("hash_key"), why(&what));
             }
             if u.idle_timeout.is_some() {
-                self.error("unsupported_option", at("idle_timeout"), why("the listener's idle_timeout bounds a relayed connection"));
+                self.error(
+                    "unsupported_option",
+                    at("idle_timeout"),
+                    why("the listener's idle_timeout bounds a relayed connection"),
+                );
             }
         }
     }

@@ -136,7 +136,9 @@ pub fn yaml_documents(dir: &str, files: &[&str]) -> Vec<serde_json::Value> {
     let dir = workspace().join(dir);
     let mut docs = Vec::new();
     for file in files {
-        let out = Command::new("python3")
+        // Debian's interpreter, which python3-yaml serves (`.ci/run`
+        // installs both), not whichever python3 is first on PATH.
+        let out = Command::new("/usr/bin/python3")
             .args([
                 "-c",
                 "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))",
@@ -146,7 +148,7 @@ pub fn yaml_documents(dir: &str, files: &[&str]) -> Vec<serde_json::Value> {
             .expect("python3");
         assert!(
             out.status.success(),
-            "{file} does not parse (python3 with PyYAML is needed: apt-get install python3-yaml): {}",
+            "{file} does not parse (/usr/bin/python3 with PyYAML is needed: apt-get install python3 python3-yaml): {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let parsed: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();

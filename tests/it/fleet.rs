@@ -23,6 +23,8 @@ struct Etcd {
     /// Client TLS with client certificates: (CA, server cert, server key)
     /// files in `dir`.
     tls: bool,
+    /// More command-line flags.
+    flags: Vec<String>,
 }
 
 fn free_port() -> SocketAddr {
@@ -35,6 +37,11 @@ fn free_port() -> SocketAddr {
 impl Etcd {
     /// `None` (with the reason on stderr) when etcd is not installed.
     async fn start() -> Option<Etcd> {
+        Self::start_with(&[]).await
+    }
+
+    /// With more command-line flags.
+    async fn start_with(flags: &[&str]) -> Option<Etcd> {
         if !Path::new(ETCD).exists() {
             eprintln!("SKIPPED: {ETCD} is not installed (Debian package etcd-server; .ci/run installs it)");
             return None;
@@ -45,6 +52,7 @@ impl Etcd {
             client: free_port(),
             peer: free_port(),
             tls: false,
+            flags: flags.iter().map(|f| f.to_string()).collect(),
         };
         etcd.resume().await;
         Some(etcd)
@@ -68,6 +76,7 @@ impl Etcd {
             client: free_port(),
             peer: free_port(),
             tls: true,
+            flags: Vec::new(),
         };
         etcd.resume().await;
         Some(etcd)
@@ -89,6 +98,7 @@ impl Etcd {
                 .arg("--client-cert-auth");
         }
         let child = command
+            .args(&self.flags)
             .arg("--name=t")
             .arg(format!(
                 "--data-dir={}",
@@ -1274,7 +1284,9 @@ async fn instances_reach_an_etcd_that_requires_tls_client_certificates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_authenticate_to_etcd_with_a_user_and_password_file() {
-    let Some(etcd) = Etcd::start().await else {
+    // Tokens that expire a second after their last use: the instance must
+    // take a new one by itself.
+    let Some(etcd) = Etcd::start_with(&["--auth-token-ttl=1"]).await else {
         return;
     };
     // etcd's own authentication: a root user, then auth on.
@@ -1311,10 +1323,22 @@ async fn instances_authenticate_to_etcd_with_a_user_and_password_file() {
     assert_eq!(status, 200, "{body}");
     wait_fleet(&a, Duration::from_secs(2), "it acks", all_synced_on(1, 1)).await;
 
+    // Past the token's life: the next calls re-authenticate.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (status, body) = activate(&a, &shared(one.addr, "# again\n"), Some(1)).await;
+    assert_eq!(status, 200, "an expired token is taken again: {body}");
+    wait_fleet(&a, Duration::from_secs(2), "it acks", all_synced_on(2, 1)).await;
+
     let b = start("b", "wrong");
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let local = b.status().await;
-    assert_eq!(local["fleet"]["connected"], false, "{local}");
-    let error = local["fleet"]["last_error"].as_str().unwrap_or_default();
-    assert!(error.contains("authentication failed"), "{local}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let local = b.status().await;
+        let error = local["fleet"]["last_error"].as_str().unwrap_or_default();
+        if error.contains("authentication failed") {
+            assert_eq!(local["fleet"]["connected"], false, "{local}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{local}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

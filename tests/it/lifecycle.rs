@@ -389,6 +389,15 @@ fn digest(bytes: &[u8]) -> String {
     format!("sha256:{:x}", sha2::Sha256::digest(bytes))
 }
 
+#[tokio::test]
+async fn status_names_the_running_binary_and_its_digest_from_the_first_answer() {
+    let gw = Gateway::start(&config(""));
+    let (_, status) = admin_request(gw.admin, "GET", "/admin/runtime/status", None, None).await;
+    let expected = digest(&std::fs::read(BIN).unwrap());
+    assert_eq!(status["binary"]["sha256"], expected.as_str(), "{status}");
+    assert_eq!(status["binary"]["path"], BIN, "{status}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_runs_the_file_now_at_the_path_the_process_was_started_from() {
     let bin_dir = tempfile::tempdir().unwrap();

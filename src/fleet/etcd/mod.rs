@@ -109,7 +109,10 @@ impl Client {
             password: credentials.1.clone(),
         };
         let answer: AuthenticateResponse = self
-            .unary_once(tonic::Request::new(request), "/etcdserverpb.Auth/Authenticate")
+            .unary_once(
+                tonic::Request::new(request),
+                "/etcdserverpb.Auth/Authenticate",
+            )
             .await?;
         let token = MetadataValue::try_from(answer.token).map_err(|_| EtcdError::Token)?;
         *self.token.lock().unwrap_or_else(PoisonError::into_inner) = Some(token);
@@ -129,7 +132,11 @@ impl Client {
         request
     }
 
-    async fn unary_once<Q, A>(&self, request: tonic::Request<Q>, path: &'static str) -> Result<A, EtcdError>
+    async fn unary_once<Q, A>(
+        &self,
+        request: tonic::Request<Q>,
+        path: &'static str,
+    ) -> Result<A, EtcdError>
     where
         Q: prost::Message + Send + Sync + 'static,
         A: prost::Message + Default + Send + Sync + 'static,
@@ -139,7 +146,11 @@ impl Client {
             .await
             .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
         let answer = grpc
-            .unary(request, PathAndQuery::from_static(path), ProstCodec::<Q, A>::default())
+            .unary(
+                request,
+                PathAndQuery::from_static(path),
+                ProstCodec::<Q, A>::default(),
+            )
             .await?;
         Ok(answer.into_inner())
     }
@@ -190,7 +201,10 @@ impl Client {
                 .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
             let request = self.request(ReceiverStream::new(receiver));
             let codec = ProstCodec::<Q, A>::default();
-            match grpc.streaming(request, PathAndQuery::from_static(path), codec).await {
+            match grpc
+                .streaming(request, PathAndQuery::from_static(path), codec)
+                .await
+            {
                 Ok(answer) => return Ok((sender, answer.into_inner())),
                 Err(status) if attempt == 0 && self.token_expired(&status) => {
                     attempt += 1;
@@ -215,7 +229,11 @@ impl Client {
     }
 
     /// Every key under `prefix`, in key order.
-    pub async fn get_prefix(&self, prefix: impl Into<Vec<u8>>, keys_only: bool) -> Result<RangeResponse, EtcdError> {
+    pub async fn get_prefix(
+        &self,
+        prefix: impl Into<Vec<u8>>,
+        keys_only: bool,
+    ) -> Result<RangeResponse, EtcdError> {
         let key = prefix.into();
         self.range(RangeRequest {
             range_end: prefix_end(&key),
@@ -227,7 +245,12 @@ impl Client {
     }
 
     /// `lease` 0: none.
-    pub async fn put(&self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, lease: i64) -> Result<PutResponse, EtcdError> {
+    pub async fn put(
+        &self,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        lease: i64,
+    ) -> Result<PutResponse, EtcdError> {
         let request = PutRequest {
             key: key.into(),
             value: value.into(),
@@ -241,7 +264,11 @@ impl Client {
     }
 
     /// Watches `key` from `start_revision` on.
-    pub async fn watch(&self, key: impl Into<Vec<u8>>, start_revision: i64) -> Result<Watch, EtcdError> {
+    pub async fn watch(
+        &self,
+        key: impl Into<Vec<u8>>,
+        start_revision: i64,
+    ) -> Result<Watch, EtcdError> {
         let create = WatchRequest {
             request_union: Some(WatchRequestUnion::Create(WatchCreateRequest {
                 key: key.into(),

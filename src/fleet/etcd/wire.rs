@@ -355,12 +355,16 @@ mod tests {
             0x0a, 0x02, 0x18, 0x09, // header (1) { revision (3) = 9 }
             0x5a, 0x0c, // events (11, LEN 12)
             0x12, 0x0a, //   kv (2, LEN 10)
-            0x0a, 0x01, b'a', 0x18, 0x09, 0x20, 0x01, 0x2a, 0x01, b'x', // key, mod_revision, version (skipped), value
+            0x0a, 0x01, b'a', 0x18, 0x09, 0x20, 0x01, 0x2a, 0x01,
+            b'x', // key, mod_revision, version (skipped), value
         ];
         let answer = WatchResponse::decode(bytes).unwrap();
         assert_eq!(answer.header.map(|h| h.revision), Some(9));
         let kv = answer.events[0].kv.clone().unwrap();
         assert_eq!(answer.events[0].r#type, EventType::Put as i32);
-        assert_eq!((kv.key.as_slice(), kv.value.as_slice(), kv.mod_revision), (&b"a"[..], &b"x"[..], 9));
+        assert_eq!(
+            (kv.key.as_slice(), kv.value.as_slice(), kv.mod_revision),
+            (&b"a"[..], &b"x"[..], 9)
+        );
     }
 }
