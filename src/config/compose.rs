@@ -6,7 +6,7 @@
 
 use toml_edit::{DocumentMut, Item};
 
-use super::{Diagnostic, SourceMap};
+use super::{Code, Diagnostic, SourceMap};
 
 /// What a shared document may hold: routes, upstreams and `log.level`.
 pub const SHARED_DOMAINS: &str = "routes, upstreams and log.level";
@@ -26,14 +26,14 @@ pub fn check_shared(shared: &str) -> Result<DocumentMut, Vec<Diagnostic>> {
     };
     let document = toml_edit::Document::parse(shared).map_err(|e| {
         vec![locate(
-            Diagnostic::new("invalid_toml", "", e.message().trim().to_owned()),
+            Diagnostic::new(Code::InvalidToml, "", e.message().trim().to_owned()),
             e.span(),
         )]
     })?;
     let mut errors = Vec::new();
     let not_shared = |path: String| {
         Diagnostic::new(
-            "not_shared",
+            Code::NotShared,
             path.clone(),
             format!(
                 "'{path}' belongs in each instance's own file, not in the fleet's shared document (which holds {SHARED_DOMAINS})"
@@ -52,7 +52,7 @@ pub fn check_shared(shared: &str) -> Result<DocumentMut, Vec<Diagnostic>> {
                     }
                 }
                 None => errors.push(locate(
-                    Diagnostic::new("invalid_type", "log", "log must be a table"),
+                    Diagnostic::new(Code::InvalidType, "log", "log must be a table"),
                     span,
                 )),
             },
@@ -73,7 +73,7 @@ pub fn compose(instance: &str, shared: &str) -> Result<String, Vec<Diagnostic>> 
     let shared = check_shared(shared)?;
     let mut composed: DocumentMut = instance.parse().map_err(|e: toml_edit::TomlError| {
         vec![Diagnostic::new(
-            "invalid_toml",
+            Code::InvalidToml,
             "",
             format!("the instance file: {}", e.message().trim()),
         )]
@@ -184,7 +184,7 @@ upstream = "api"
         let errors = check_shared(shared).unwrap_err();
         let found: Vec<_> = errors
             .iter()
-            .map(|d| (d.code, d.path.as_str(), d.line))
+            .map(|d| (d.code.as_str(), d.path.as_str(), d.line))
             .collect();
         assert_eq!(
             found,

@@ -20,7 +20,7 @@ use toml::de::{DeTable, DeValue, ValueDeserializer};
 use toml::Spanned;
 
 pub use compose::{check_shared, compose, SHARED_DOMAINS};
-pub use diagnostic::Diagnostic;
+pub use diagnostic::{Code, Diagnostic};
 pub use file::*;
 pub use files::{read_regular, MAX_CONFIG_FILE, MAX_REFERENCED_FILE};
 pub use source::SourceMap;
@@ -83,7 +83,7 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
         let map = SourceMap::new(text, None);
         return Err(syntax_errors
             .iter()
-            .map(|e| toml_error("syntax_error", "", e, &map))
+            .map(|e| toml_error(Code::SyntaxError, "", e, &map))
             .collect());
     }
     // Decoding consumes the parse tree, so positions found by path come
@@ -130,14 +130,14 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                     }
                 }
                 _ => decoder.fail(Diagnostic::new(
-                    "invalid_type",
+                    Code::InvalidType,
                     "upstreams",
                     "`upstreams` must be a table of named upstreams ([upstreams.NAME])",
                 )),
             },
             other => {
                 let mut d = Diagnostic::new(
-                    "unknown_key",
+                    Code::UnknownKey,
                     other,
                     format!(
                         "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, listeners, routes, upstreams, fleet"
@@ -217,7 +217,7 @@ impl<'a> Decoder<'_, 'a> {
             return None;
         }
         self.diagnostics
-            .push(toml_error("unknown_key", path, &error, self.map));
+            .push(toml_error(Code::UnknownKey, path, &error, self.map));
         self.without_unknown_keys(path, at, &error)
     }
 
@@ -254,7 +254,7 @@ impl<'a> Decoder<'_, 'a> {
                     Err(e) if is_unknown_field(&e) => {
                         span = e.span()?;
                         self.diagnostics
-                            .push(toml_error("unknown_key", path, &e, self.map));
+                            .push(toml_error(Code::UnknownKey, path, &e, self.map));
                     }
                     Err(e) => return Some(Err(Some(e))),
                 }
@@ -299,7 +299,7 @@ impl<'a> Decoder<'_, 'a> {
             }
             _ => {
                 self.fail(Diagnostic::new(
-                    "invalid_type",
+                    Code::InvalidType,
                     key,
                     format!("`{key}` must be an array of tables ([[{key}]])"),
                 ));
@@ -313,13 +313,13 @@ fn is_unknown_field(e: &toml::de::Error) -> bool {
     e.message().starts_with("unknown field")
 }
 
-fn error_code(e: &toml::de::Error) -> &'static str {
+fn error_code(e: &toml::de::Error) -> Code {
     if is_unknown_field(e) {
-        "unknown_key"
+        Code::UnknownKey
     } else if e.message().starts_with("missing field") {
-        "missing_key"
+        Code::MissingKey
     } else {
-        "invalid_value"
+        Code::InvalidValue
     }
 }
 
@@ -344,12 +344,7 @@ fn remove_key_at(value: &mut DeValue<'_>, at: usize) -> bool {
     }
 }
 
-fn toml_error(
-    code: &'static str,
-    path: &str,
-    e: &toml::de::Error,
-    map: &SourceMap<'_>,
-) -> Diagnostic {
+fn toml_error(code: Code, path: &str, e: &toml::de::Error, map: &SourceMap<'_>) -> Diagnostic {
     let mut d = Diagnostic::new(code, path, e.message().trim().to_owned());
     if !path.is_empty() {
         d.message = format!("{path}: {}", d.message);
@@ -395,7 +390,7 @@ name = "b"
 mystery = true
 "#;
         let errors = parse(text).err().unwrap_or_default();
-        let found: Vec<_> = errors.iter().map(|d| (d.code, d.line)).collect();
+        let found: Vec<_> = errors.iter().map(|d| (d.code.as_str(), d.line)).collect();
         assert_eq!(
             found,
             vec![

@@ -632,7 +632,7 @@ fn log_refusal(error: &crate::control::ControlError) {
     match error {
         ControlError::Invalid(plan) | ControlError::RestartRequired(plan) => {
             for d in &plan.errors {
-                tracing::error!(code = d.code, line = d.line, column = d.column, path = %d.path, "{}", d.message);
+                tracing::error!(code = d.code.as_str(), line = d.line, column = d.column, path = %d.path, "{}", d.message);
             }
             for r in &plan.rejected {
                 tracing::error!(path = %r.path, reason = r.reason, "{}", r.action);

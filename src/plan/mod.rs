@@ -382,7 +382,7 @@ backends = [{ addr = "127.0.0.1:1", wieght = 2 }]
         let errors = validate(&ConfigText::inline(text.into(), ".".into(), "<t>"))
             .err()
             .unwrap_or_default();
-        let found: Vec<_> = errors.iter().map(|d| (d.code, d.line)).collect();
+        let found: Vec<_> = errors.iter().map(|d| (d.code.as_str(), d.line)).collect();
         assert_eq!(
             found,
             vec![

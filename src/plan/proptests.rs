@@ -21,7 +21,7 @@ fn plan_within_a_second(text: String) {
     assert!(took < Duration::from_secs(1), "planning took {took:?}");
     // Every diagnostic names where it applies.
     for error in &plan.errors {
-        assert!(!error.code.is_empty() && !error.message.is_empty());
+        assert!(!error.message.is_empty());
     }
 }
 

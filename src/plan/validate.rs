@@ -15,7 +15,9 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::spec::*;
-use crate::config::{self, quote_key, ConfigText, Diagnostic, FileConfig, FileRoute, FileUpstream};
+use crate::config::{
+    self, quote_key, Code, ConfigText, Diagnostic, FileConfig, FileRoute, FileUpstream,
+};
 
 /// Parses and validates configuration text. On failure, every diagnostic
 /// found, each located in the text where possible.
@@ -83,7 +85,7 @@ pub const MAX_DIAGNOSTICS_PER_CODE: usize = 100;
 /// order) and says how many more there were: 10 000 copies of one route
 /// must not make an answer of 10 000 errors.
 fn capped(diagnostics: Vec<Diagnostic>) -> Vec<Diagnostic> {
-    let mut per_code: HashMap<&'static str, usize> = HashMap::new();
+    let mut per_code: HashMap<Code, usize> = HashMap::new();
     let mut kept = Vec::with_capacity(diagnostics.len().min(1024));
     for d in diagnostics {
         let seen = per_code.entry(d.code).or_default();
@@ -188,14 +190,14 @@ fn host_name() -> String {
 }
 
 impl Validator<'_> {
-    fn error(&mut self, code: &'static str, path: impl Into<String>, message: impl Into<String>) {
+    fn error(&mut self, code: Code, path: impl Into<String>, message: impl Into<String>) {
         self.diagnostics.push(Diagnostic::new(code, path, message));
     }
 
     fn name(&mut self, kind: &str, path: String, name: &str) {
         if !is_valid_name(name) {
             self.error(
-                "invalid_name",
+                Code::InvalidName,
                 path,
                 format!("{kind} name '{name}' is invalid: names are [a-z0-9][a-z0-9_-]*"),
             );
@@ -207,7 +209,7 @@ impl Validator<'_> {
             Ok(d) if !d.is_zero() => Some(d),
             Ok(_) => {
                 self.error(
-                    "invalid_duration",
+                    Code::InvalidDuration,
                     path,
                     format!("duration '{text}' must be greater than zero"),
                 );
@@ -215,7 +217,7 @@ impl Validator<'_> {
             }
             Err(e) => {
                 self.error(
-                    "invalid_duration",
+                    Code::InvalidDuration,
                     path,
                     format!(
                         "'{text}' is not a duration ({e}); write e.g. \"250ms\", \"5s\", \"2m\""
@@ -234,9 +236,9 @@ impl Validator<'_> {
             Ok(method) if upper => Some(method),
             _ => {
                 self.error(
-                    "invalid_method",
+                    Code::InvalidMethod,
                     path,
-                    format!("'{text}' is not an HTTP method (upper case, e.g. GET)"),
+                    format!("'{text}' is not an HTTP method as requests spell it (methods are case-sensitive: GET, POST, …)"),
                 );
                 None
             }
@@ -248,7 +250,7 @@ impl Validator<'_> {
             Ok(addr) => Some(addr),
             Err(_) => {
                 self.error(
-                    "invalid_address",
+                    Code::InvalidAddress,
                     path,
                     format!("'{text}' is not an IP:port socket address (e.g. \"127.0.0.1:8080\")"),
                 );
@@ -267,7 +269,7 @@ impl Validator<'_> {
             || std::fs::canonicalize(&resolved).is_ok_and(|real| !inside(&real));
         if outside {
             self.error(
-                "file_outside_roots",
+                Code::FileOutsideRoots,
                 path,
                 format!(
                     "'{name}' is outside the configuration's folder and runtime.file_roots; referenced files must be inside them"
@@ -282,7 +284,7 @@ impl Validator<'_> {
             }
             Err(e) => {
                 self.error(
-                    "unreadable_file",
+                    Code::UnreadableFile,
                     path,
                     format!("cannot read '{}': {e}", resolved.display()),
                 );
@@ -319,7 +321,7 @@ impl Validator<'_> {
             .unwrap_or(crate::telemetry::series::DEFAULT_MAX_SERIES);
         if metrics_max_series == 0 {
             self.error(
-                "invalid_max_series",
+                Code::InvalidMaxSeries,
                 "metrics.max_series",
                 "metrics.max_series must be at least 1".to_owned(),
             );
@@ -335,7 +337,7 @@ impl Validator<'_> {
         let fleet = file.fleet.as_ref().and_then(|f| self.fleet(f));
         if file.fleet.is_some() && file.runtime.write_back == Some(true) {
             self.error(
-                "conflicting_options",
+                Code::ConflictingOptions,
                 "runtime.write_back",
                 "runtime.write_back cannot be set with [fleet]: the fleet's shared document, not this file, holds the routes",
             );
@@ -361,7 +363,7 @@ impl Validator<'_> {
     fn fleet(&mut self, f: &crate::config::FileFleet) -> Option<FleetSpec> {
         if !cfg!(feature = "fleet") {
             self.error(
-                "fleet_not_built",
+                Code::FleetNotBuilt,
                 "fleet",
                 "this cutover was built without the `fleet` feature: it cannot join a fleet",
             );
@@ -374,7 +376,7 @@ impl Validator<'_> {
         };
         if f.instance.is_none() && !is_valid_name(&instance) {
             self.error(
-                "invalid_name",
+                Code::InvalidName,
                 "fleet",
                 format!("the host name '{instance}' is not an instance name ([a-z0-9][a-z0-9_-]*): set fleet.instance"),
             );
@@ -383,7 +385,7 @@ impl Validator<'_> {
         }
         if f.endpoints.is_empty() {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 "fleet.endpoints",
                 "fleet.endpoints must name at least one etcd endpoint",
             );
@@ -405,7 +407,7 @@ impl Validator<'_> {
                     endpoints.push(url)
                 }
                 _ => self.error(
-                    "invalid_endpoint",
+                    Code::InvalidEndpoint,
                     format!("fleet.endpoints[{i}]"),
                     format!(
                         "'{text}' is not an etcd endpoint: write host:port or {}://host:port ({} because fleet.ca {})",
@@ -419,7 +421,7 @@ impl Validator<'_> {
         let prefix = f.prefix.trim_end_matches('/').to_owned();
         if !prefix.starts_with('/') || prefix.len() < 2 || prefix.chars().any(char::is_whitespace) {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 "fleet.prefix",
                 format!("fleet.prefix '{}' must start with '/' and name a key prefix without spaces (e.g. \"/cutover/prod\")", f.prefix),
             );
@@ -430,7 +432,7 @@ impl Validator<'_> {
                 let ok = (Duration::from_secs(3)..=Duration::from_secs(300)).contains(ttl);
                 if !ok {
                     self.error(
-                        "invalid_value",
+                        Code::InvalidValue,
                         "fleet.lease_ttl",
                         format!("fleet.lease_ttl '{text}' must be between 3s and 5m"),
                     );
@@ -450,7 +452,7 @@ impl Validator<'_> {
             }
             _ => {
                 self.error(
-                    "invalid_value",
+                    Code::InvalidValue,
                     "fleet.cert",
                     "fleet.cert and fleet.key go together, and need fleet.ca",
                 );
@@ -467,7 +469,7 @@ impl Validator<'_> {
                     }
                     Err(_) => {
                         self.error(
-                            "invalid_value",
+                            Code::InvalidValue,
                             "fleet.password_file",
                             "the password file is not UTF-8",
                         );
@@ -476,7 +478,7 @@ impl Validator<'_> {
                 }),
             _ => {
                 self.error(
-                    "invalid_value",
+                    Code::InvalidValue,
                     "fleet.username",
                     "fleet.username and fleet.password_file go together",
                 );
@@ -504,7 +506,7 @@ impl Validator<'_> {
                 let token = String::from_utf8_lossy(&contents).trim().to_owned();
                 if token.len() < 16 {
                     self.error(
-                        "weak_token",
+                        Code::WeakToken,
                         "admin.token_file",
                         format!("the admin token in '{name}' must be at least 16 characters"),
                     );
@@ -516,7 +518,7 @@ impl Validator<'_> {
         let bind = bind?;
         if !bind.ip().is_loopback() && token.is_none() {
             self.error(
-                "admin_unprotected",
+                Code::AdminUnprotected,
                 "admin.bind",
                 format!("admin bind {bind} is not a loopback address; set admin.token_file to protect it"),
             );
@@ -533,7 +535,7 @@ impl Validator<'_> {
         let otlp_endpoint = section.otlp_endpoint.as_deref().and_then(|text| {
             if !cfg!(feature = "otlp") {
                 self.error(
-                    "otlp_not_built",
+                    Code::OtlpNotBuilt,
                     "tracing.otlp_endpoint",
                     "this cutover was built without the `otlp` feature: it cannot export spans",
                 );
@@ -548,7 +550,7 @@ impl Validator<'_> {
                 }
                 _ => {
                     self.error(
-                        "invalid_otlp_endpoint",
+                        Code::InvalidOtlpEndpoint,
                         "tracing.otlp_endpoint",
                         format!("'{text}' is not an http:// or https:// URL with a host"),
                     );
@@ -559,7 +561,7 @@ impl Validator<'_> {
         let sample_ratio = section.sample_ratio.unwrap_or(1.0);
         if !(0.0..=1.0).contains(&sample_ratio) {
             self.error(
-                "invalid_sample_ratio",
+                Code::InvalidSampleRatio,
                 "tracing.sample_ratio",
                 format!("sample_ratio {sample_ratio} is not between 0 and 1"),
             );
@@ -579,7 +581,7 @@ impl Validator<'_> {
             || level.is_empty()
         {
             self.error(
-                "invalid_log_level",
+                Code::InvalidLogLevel,
                 "log.level",
                 format!("'{level}' is not a log level or filter (trace, debug, info, warn, error, or target=level)"),
             );
@@ -589,7 +591,7 @@ impl Validator<'_> {
             "json" => LogFormat::Json,
             other => {
                 self.error(
-                    "invalid_log_format",
+                    Code::InvalidLogFormat,
                     "log.format",
                     format!("log format '{other}' is not text or json"),
                 );
@@ -609,7 +611,7 @@ impl Validator<'_> {
         let r = &file.runtime;
         if !(1..=1024).contains(&r.history_limit) {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 "runtime.history_limit",
                 format!(
                     "history_limit {} must be between 1 and 1024",
@@ -620,7 +622,7 @@ impl Validator<'_> {
         if let Some(threads) = r.worker_threads {
             if !(1..=1024).contains(&threads) {
                 self.error(
-                    "invalid_value",
+                    Code::InvalidValue,
                     "runtime.worker_threads",
                     format!("worker_threads {threads} must be between 1 and 1024"),
                 );
@@ -638,7 +640,7 @@ impl Validator<'_> {
                 file_roots.push(root);
             } else {
                 self.error(
-                    "invalid_value",
+                    Code::InvalidValue,
                     format!("runtime.file_roots[{i}]"),
                     format!("file root '{}' must be an absolute path", root.display()),
                 );
@@ -666,7 +668,7 @@ impl Validator<'_> {
             self.name("listener", at("name"), &l.name);
             if !names.insert(l.name.as_str()) {
                 self.error(
-                    "duplicate_name",
+                    Code::DuplicateName,
                     at("name"),
                     format!("listener '{}' is defined twice", l.name),
                 );
@@ -675,7 +677,7 @@ impl Validator<'_> {
             if let Some(bind) = bind.filter(|b| b.port() != 0) {
                 if let Some(other) = binds.insert((l.protocol == "udp", bind), l.name.clone()) {
                     self.error(
-                        "duplicate_bind",
+                        Code::DuplicateBind,
                         at("bind"),
                         format!("listeners '{other}' and '{}' both bind {bind}", l.name),
                     );
@@ -689,7 +691,7 @@ impl Validator<'_> {
                 "udp" => Some(ListenerProtocol::Udp),
                 other => {
                     self.error(
-                        "invalid_protocol",
+                        Code::InvalidProtocol,
                         at("protocol"),
                         format!("listener protocol '{other}' is not http, https, tcp or udp"),
                     );
@@ -699,25 +701,30 @@ impl Validator<'_> {
             match protocol {
                 Some(ListenerProtocol::Http) => {
                     if l.tls.is_some() {
-                        self.error("unexpected_tls", at("tls"), format!("listener '{}' speaks plain http but has a tls section; use protocol = \"https\"", l.name));
+                        self.error(Code::UnexpectedTls, at("tls"), format!("listener '{}' speaks plain http but has a tls section; use protocol = \"https\"", l.name));
                     }
                     if l.upstream.is_some() {
-                        self.error("unexpected_upstream", at("upstream"), format!("http listener '{}' cannot name an upstream; routes choose upstreams", l.name));
+                        self.error(Code::UnexpectedUpstream, at("upstream"), format!("http listener '{}' cannot name an upstream; routes choose upstreams", l.name));
                     }
                 }
-                Some(ListenerProtocol::Https) => match &l.tls {
-                    Some(tls) if !tls.certificates.is_empty() => {
-                        listener_tls = self.listener_tls(i, tls);
+                Some(ListenerProtocol::Https) => {
+                    match &l.tls {
+                        Some(tls) if !tls.certificates.is_empty() => {
+                            listener_tls = self.listener_tls(i, tls);
+                        }
+                        _ => self.error(
+                            Code::MissingTls,
+                            at("protocol"),
+                            format!("https listener '{}' needs tls.certificates", l.name),
+                        ),
                     }
-                    _ => self.error(
-                        "missing_tls",
-                        at("protocol"),
-                        format!("https listener '{}' needs tls.certificates", l.name),
-                    ),
-                },
+                    if l.upstream.is_some() {
+                        self.error(Code::UnexpectedUpstream, at("upstream"), format!("https listener '{}' cannot name an upstream; routes choose upstreams", l.name));
+                    }
+                }
                 Some(ListenerProtocol::Tcp) => match (&l.upstream, l.sni_routes.is_empty()) {
                     (Some(u), true) if !file.upstreams.contains_key(u) => self.error(
-                        "unknown_upstream",
+                        Code::UnknownUpstream,
                         at("upstream"),
                         format!(
                             "listener '{}' names upstream '{u}', which is not defined",
@@ -726,13 +733,13 @@ impl Validator<'_> {
                     ),
                     (Some(_), true) => {}
                     (Some(_), false) => self.error(
-                        "conflicting_options",
+                        Code::ConflictingOptions,
                         at("upstream"),
                         format!("tcp listener '{}' routes by SNI: name the fallback with default_upstream, not upstream", l.name),
                     ),
                     (None, false) => {}
                     (None, true) => self.error(
-                        "missing_upstream",
+                        Code::MissingUpstream,
                         at("protocol"),
                         format!("tcp listener '{}' needs an upstream (or sni_routes)", l.name),
                     ),
@@ -740,22 +747,22 @@ impl Validator<'_> {
                 Some(ListenerProtocol::Udp) => match &l.upstream {
                     Some(u) => match file.upstreams.get(u) {
                         None => self.error(
-                            "unknown_upstream",
+                            Code::UnknownUpstream,
                             at("upstream"),
                             format!("listener '{}' names upstream '{u}', which is not defined", l.name),
                         ),
                         Some(fu) => {
                             // Refused rather than ignored: neither speaks UDP.
                             if fu.proxy_protocol.is_some() {
-                                self.error("unsupported_option", at("upstream"), format!("udp listener '{}' names upstream '{u}', which has proxy_protocol; no PROXY header is sent over udp", l.name));
+                                self.error(Code::UnsupportedOption, at("upstream"), format!("udp listener '{}' names upstream '{u}', which has proxy_protocol; no PROXY header is sent over udp", l.name));
                             }
                             if fu.health.is_some() {
-                                self.error("unsupported_option", at("upstream"), format!("udp listener '{}' names upstream '{u}', which has active health checks; they speak http or tcp, not udp", l.name));
+                                self.error(Code::UnsupportedOption, at("upstream"), format!("udp listener '{}' names upstream '{u}', which has active health checks; they speak http or tcp, not udp", l.name));
                             }
                         }
                     },
                     None => self.error(
-                        "missing_upstream",
+                        Code::MissingUpstream,
                         at("protocol"),
                         format!("udp listener '{}' needs an upstream", l.name),
                     ),
@@ -764,7 +771,7 @@ impl Validator<'_> {
             }
             if protocol.is_some_and(ListenerProtocol::is_l4) && l.tls.is_some() {
                 self.error(
-                    "unexpected_tls",
+                    Code::UnexpectedTls,
                     at("tls"),
                     format!(
                         "{} listener '{}' cannot terminate TLS in this version",
@@ -781,7 +788,7 @@ impl Validator<'_> {
             if let Some(n) = l.max_header_bytes {
                 if n < 8192 {
                     self.error(
-                        "invalid_value",
+                        Code::InvalidValue,
                         at("max_header_bytes"),
                         format!("max_header_bytes {n} must be at least 8192"),
                     );
@@ -791,7 +798,7 @@ impl Validator<'_> {
             if let Some(n) = l.max_headers {
                 if n == 0 {
                     self.error(
-                        "invalid_value",
+                        Code::InvalidValue,
                         at("max_headers"),
                         "max_headers must be at least 1",
                     );
@@ -801,7 +808,7 @@ impl Validator<'_> {
             if let Some(n) = l.max_concurrent_streams {
                 if n == 0 {
                     self.error(
-                        "invalid_value",
+                        Code::InvalidValue,
                         at("max_concurrent_streams"),
                         "max_concurrent_streams must be at least 1",
                     );
@@ -832,7 +839,7 @@ impl Validator<'_> {
             if let Some(n) = l.max_connections {
                 if n == 0 {
                     self.error(
-                        "invalid_value",
+                        Code::InvalidValue,
                         at("max_connections"),
                         "max_connections must be at least 1",
                     );
@@ -843,7 +850,7 @@ impl Validator<'_> {
             let l4 = self.listener_l4(i, l, protocol, file);
             if l.http3 == Some(true) && protocol.is_some_and(|p| p != ListenerProtocol::Https) {
                 self.error(
-                    "unexpected_option",
+                    Code::UnexpectedOption,
                     at("http3"),
                     format!(
                         "listener '{}': http3 needs protocol = \"https\" (QUIC is TLS 1.3)",
@@ -854,13 +861,13 @@ impl Validator<'_> {
             if l.http3_early_data == Some(true) {
                 if l.http3 != Some(true) {
                     self.error(
-                        "unexpected_option",
+                        Code::UnexpectedOption,
                         at("http3_early_data"),
                         format!("listener '{}': http3_early_data needs http3 = true", l.name),
                     );
                 } else if l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
                     self.error(
-                        "conflicting_options",
+                        Code::ConflictingOptions,
                         at("http3_early_data"),
                         format!("listener '{}': early data would be served before the client certificate is checked; not with tls.client_ca", l.name),
                     );
@@ -868,7 +875,7 @@ impl Validator<'_> {
             }
             if l.accept_proxy_protocol == Some(true) && edge.trusted_proxies.is_empty() {
                 self.error(
-                    "missing_trusted_proxies",
+                    Code::MissingTrustedProxies,
                     at("accept_proxy_protocol"),
                     format!("listener '{}' accepts the PROXY protocol: name the peers that may send it in trusted_proxies (anyone else could claim any address)", l.name),
                 );
@@ -932,6 +939,11 @@ impl Validator<'_> {
         }
         if protocol == Some(ListenerProtocol::Tcp) {
             let http_only = [
+                // Only as the PROXY header's deadline.
+                (
+                    "header_read_timeout",
+                    l.header_read_timeout.is_some() && l.accept_proxy_protocol != Some(true),
+                ),
                 ("max_header_bytes", l.max_header_bytes.is_some()),
                 ("max_headers", l.max_headers.is_some()),
                 ("max_concurrent_streams", l.max_concurrent_streams.is_some()),
@@ -959,7 +971,7 @@ impl Validator<'_> {
             Some("reject") => EncodedSlash::Reject,
             Some(other) => {
                 self.error(
-                    "invalid_value",
+                    Code::InvalidValue,
                     at("encoded_slash"),
                     format!("encoded_slash '{other}' is not keep or reject"),
                 );
@@ -969,7 +981,7 @@ impl Validator<'_> {
         let trust_forwarded = l.trust_forwarded.unwrap_or(false);
         if trust_forwarded && !l.trusted_proxies.is_empty() {
             self.error(
-                "conflicting_options",
+                Code::ConflictingOptions,
                 at("trusted_proxies"),
                 "trust_forwarded = true trusts every peer, so trusted_proxies would have no effect; set one of them",
             );
@@ -983,7 +995,7 @@ impl Validator<'_> {
             match parsed {
                 Ok(net) => trusted_proxies.push(net.trunc()),
                 Err(_) => self.error(
-                    "invalid_address",
+                    Code::InvalidAddress,
                     format!("listeners[{i}].trusted_proxies[{p}]"),
                     format!("'{text}' is not an IP address or CIDR (10.0.0.0/8, ::1/128)"),
                 ),
@@ -991,7 +1003,7 @@ impl Validator<'_> {
         }
         if l.max_inflight == Some(0) {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 at("max_inflight"),
                 "max_inflight must be at least 1",
             );
@@ -1010,7 +1022,7 @@ impl Validator<'_> {
     fn refuse(&mut self, i: usize, keys: &[(&str, bool)], why: impl Fn(&str) -> String) {
         for (key, _) in keys.iter().filter(|(_, set)| *set) {
             self.error(
-                "unexpected_option",
+                Code::UnexpectedOption,
                 format!("listeners[{i}].{key}"),
                 why(key),
             );
@@ -1029,7 +1041,7 @@ impl Validator<'_> {
         let at = |field: &str| format!("listeners[{i}].{field}");
         if protocol != Some(ListenerProtocol::Udp) && l.max_sessions.is_some() {
             self.error(
-                "unexpected_option",
+                Code::UnexpectedOption,
                 at("max_sessions"),
                 format!("max_sessions bounds udp sessions; listener '{}' is not udp (max_connections bounds connections)", l.name),
             );
@@ -1052,7 +1064,7 @@ impl Validator<'_> {
                 None => Some(DEFAULT_UDP_IDLE_TIMEOUT),
                 Some("off") => {
                     self.error(
-                        "invalid_value",
+                        Code::InvalidValue,
                         at("idle_timeout"),
                         "a udp session ends only when it idles: idle_timeout cannot be off",
                     );
@@ -1062,7 +1074,7 @@ impl Validator<'_> {
             };
             if l.max_sessions == Some(0) {
                 self.error(
-                    "invalid_value",
+                    Code::InvalidValue,
                     at("max_sessions"),
                     "max_sessions must be at least 1",
                 );
@@ -1103,7 +1115,7 @@ impl Validator<'_> {
         let known = |this: &mut Self, path: String, name: &str| {
             if !file.upstreams.contains_key(name) {
                 this.error(
-                    "unknown_upstream",
+                    Code::UnknownUpstream,
                     path,
                     format!(
                         "listener '{}' names upstream '{name}', which is not defined",
@@ -1119,7 +1131,7 @@ impl Validator<'_> {
             known(self, path("upstream"), &route.upstream);
             if route.hosts.is_empty() {
                 self.error(
-                    "missing_hosts",
+                    Code::MissingHosts,
                     path("hosts"),
                     "an SNI route needs at least one host",
                 );
@@ -1131,7 +1143,7 @@ impl Validator<'_> {
                         let key = (host.to_ascii_lowercase(), route.alpn.clone());
                         if let Some(first) = seen.insert(key, r) {
                             self.error(
-                                "ambiguous_sni_route",
+                                Code::AmbiguousSniRoute,
                                 format!("listeners[{i}].sni_routes[{r}].hosts[{h}]"),
                                 format!("'{host}' is already routed by sni_routes[{first}] with the same alpn"),
                             );
@@ -1139,7 +1151,7 @@ impl Validator<'_> {
                         hosts.push(m);
                     }
                     None => self.error(
-                        "invalid_host",
+                        Code::InvalidHost,
                         format!("listeners[{i}].sni_routes[{r}].hosts[{h}]"),
                         format!(
                             "'{host}' is not a host name or a leading wildcard like *.example.com"
@@ -1206,18 +1218,23 @@ impl Validator<'_> {
                     "protocol = \"{}\" does not apply (the client's own protocol is relayed)",
                     u.protocol
                 );
-                self.error("unsupported_option", at("protocol"), why(&what));
+                self.error(Code::UnsupportedOption, at("protocol"), why(&what));
             }
             if u.tls.is_some() {
-                self.error("unsupported_option", at("tls"), why("TLS origination is not supported on a relayed connection, and the bytes would go in cleartext"));
+                self.error(Code::UnsupportedOption, at("tls"), why("TLS origination is not supported on a relayed connection, and the bytes would go in cleartext"));
             }
             if let Some(key) = u.hash_key.as_deref().filter(|k| *k != "client_ip") {
                 let what = format!("hash_key = \"{key}\" has nothing to hash on a connection (only client_ip applies)");
-                self.error("unsupported_option", at("hash_key"), why(&what));
+                self.error(Code::UnsupportedOption, at("hash_key"), why(&what));
             }
-            if u.idle_timeout.is_some() {
+            // Honoured for the routes that share the upstream, if any.
+            let routed = file
+                .routes
+                .iter()
+                .any(|r| r.upstream.as_deref() == Some(name));
+            if u.idle_timeout.is_some() && !routed {
                 self.error(
-                    "unsupported_option",
+                    Code::UnsupportedOption,
                     at("idle_timeout"),
                     why("the listener's idle_timeout bounds a relayed connection"),
                 );
@@ -1239,7 +1256,7 @@ impl Validator<'_> {
                 "hash" => Some(Policy::Hash),
                 other => {
                     self.error(
-                        "invalid_policy",
+                        Code::InvalidPolicy,
                         at("policy"),
                         format!("policy '{other}' is not round_robin, weighted, least_requests, p2c or hash"),
                     );
@@ -1250,7 +1267,7 @@ impl Validator<'_> {
                 (Some(key), Some(Policy::Hash)) => self.hash_key(&at("hash_key"), key),
                 (None, Some(Policy::Hash)) => {
                     self.error(
-                        "missing_key",
+                        Code::MissingKey,
                         at("hash_key"),
                         "policy = \"hash\" needs hash_key = \"header:NAME\", \"cookie:NAME\", \"client_ip\" or \"path\"",
                     );
@@ -1258,7 +1275,7 @@ impl Validator<'_> {
                 }
                 (Some(_), _) => {
                     self.error(
-                        "unexpected_option",
+                        Code::UnexpectedOption,
                         at("hash_key"),
                         "hash_key applies to policy = \"hash\" only",
                     );
@@ -1269,13 +1286,13 @@ impl Validator<'_> {
             if let Some(factor) = u.hash_balance_factor {
                 if policy.is_some() && policy != Some(Policy::Hash) {
                     self.error(
-                        "unexpected_option",
+                        Code::UnexpectedOption,
                         at("hash_balance_factor"),
                         "hash_balance_factor applies to policy = \"hash\" only",
                     );
                 } else if !(101..=1000).contains(&factor) {
                     self.error(
-                        "invalid_value",
+                        Code::InvalidValue,
                         at("hash_balance_factor"),
                         format!("hash_balance_factor = {factor} must be a percentage from 101 to 1000 (150: at most 1.5 times the average load)"),
                     );
@@ -1288,7 +1305,7 @@ impl Validator<'_> {
                 "h2" => Some(UpstreamProtocol::H2),
                 other => {
                     self.error(
-                        "invalid_protocol",
+                        Code::InvalidProtocol,
                         at("protocol"),
                         format!("upstream protocol '{other}' is not http1, h2c, https or h2"),
                     );
@@ -1314,14 +1331,14 @@ impl Validator<'_> {
                 .and_then(|t| self.duration(at("slow_start"), t));
             if slow_start.is_some_and(|d| d > Duration::from_secs(3600)) {
                 self.error(
-                    "invalid_duration",
+                    Code::InvalidDuration,
                     at("slow_start"),
                     "slow_start must be at most 1h",
                 );
             }
             if u.backends.is_empty() {
                 self.error(
-                    "empty_backends",
+                    Code::EmptyBackends,
                     at("backends"),
                     format!("upstream '{name}' has no backends"),
                 );
@@ -1332,14 +1349,14 @@ impl Validator<'_> {
                 let bat = |field: &str| format!("{base}.backends[{b}].{field}");
                 if !is_host_port(&backend.addr) {
                     self.error(
-                        "invalid_address",
+                        Code::InvalidAddress,
                         bat("addr"),
                         format!("backend '{}' is not host:port", backend.addr),
                     );
                 }
                 if !seen.insert(backend.addr.as_str()) {
                     self.error(
-                        "duplicate_backend",
+                        Code::DuplicateBackend,
                         bat("addr"),
                         format!("upstream '{name}' lists backend {} twice", backend.addr),
                     );
@@ -1347,14 +1364,14 @@ impl Validator<'_> {
                 let weight = backend.weight.unwrap_or(1);
                 if !(1..=1000).contains(&weight) {
                     self.error(
-                        "invalid_weight",
+                        Code::InvalidWeight,
                         bat("weight"),
                         format!("weight {weight} must be between 1 and 1000"),
                     );
                 }
                 if let Some(policy) = policy.filter(|p| *p != Policy::Weighted && weight != 1) {
                     self.error(
-                        "ignored_weight",
+                        Code::IgnoredWeight,
                         bat("weight"),
                         format!("upstream '{name}' uses {}, which ignores weights; set policy = \"weighted\"", policy.as_str()),
                     );
@@ -1368,7 +1385,7 @@ impl Validator<'_> {
                 (Some(p), tls) if p.is_tls() => self.upstream_tls(&base, tls.as_ref()),
                 (_, Some(_)) => {
                     self.error(
-                        "unexpected_tls",
+                        Code::UnexpectedTls,
                         at("tls"),
                         format!(
                             "upstream '{name}' has a tls section but protocol \"{}\" is not https or h2",
@@ -1385,7 +1402,7 @@ impl Validator<'_> {
                 Some("v2") => Some(ProxyProtocol::V2),
                 Some(other) => {
                     self.error(
-                        "invalid_value",
+                        Code::InvalidValue,
                         at("proxy_protocol"),
                         format!("proxy_protocol '{other}' is not v1 or v2"),
                     );
@@ -1397,7 +1414,7 @@ impl Validator<'_> {
                 // backends are pooled by hyper's client across clients,
                 // and a PROXY header names one.
                 self.error(
-                    "unsupported_option",
+                    Code::UnsupportedOption,
                     at("proxy_protocol"),
                     format!(
                         "upstream '{name}' is {}: proxy_protocol is sent on http1 connections (and tcp listeners') only in this version",
@@ -1432,7 +1449,7 @@ impl Validator<'_> {
         let parsed = parse_hash_key(key);
         if parsed.is_none() {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 path.to_owned(),
                 format!("hash_key '{key}' is not header:NAME, cookie:NAME, client_ip or path"),
             );
@@ -1447,7 +1464,7 @@ impl Validator<'_> {
         let probe = match (&h.path, h.tcp) {
             (Some(_), Some(true)) => {
                 self.error(
-                    "conflicting_options",
+                    Code::ConflictingOptions,
                     base.to_owned(),
                     "a health check is either `path` (HTTP) or `tcp = true`, not both",
                 );
@@ -1460,7 +1477,7 @@ impl Validator<'_> {
                 ] {
                     if set {
                         self.error(
-                            "conflicting_options",
+                            Code::ConflictingOptions,
                             at(field),
                             format!("`{field}` belongs to HTTP checks; this one is `tcp = true`"),
                         );
@@ -1473,7 +1490,7 @@ impl Validator<'_> {
                     || http::uri::PathAndQuery::try_from(path.as_str()).is_err()
                 {
                     self.error(
-                        "invalid_path",
+                        Code::InvalidPath,
                         at("path"),
                         format!("health path '{path}' must start with '/' and be a valid request target"),
                     );
@@ -1481,7 +1498,7 @@ impl Validator<'_> {
                 if let Some(host) = &h.host {
                     if host.parse::<http::uri::Authority>().is_err() {
                         self.error(
-                            "invalid_host",
+                            Code::InvalidHost,
                             at("host"),
                             format!("'{host}' is not a valid Host header value"),
                         );
@@ -1491,7 +1508,7 @@ impl Validator<'_> {
                 for (i, status) in expect_status.iter().enumerate() {
                     if !(100..=599).contains(status) {
                         self.error(
-                            "invalid_status",
+                            Code::InvalidStatus,
                             format!("{base}.expect_status[{i}]"),
                             format!("status {status} is not between 100 and 599"),
                         );
@@ -1505,7 +1522,7 @@ impl Validator<'_> {
             }
             (None, _) => {
                 self.error(
-                    "missing_key",
+                    Code::MissingKey,
                     base.to_owned(),
                     "a health check needs `path = \"/healthz\"` (HTTP) or `tcp = true`",
                 );
@@ -1522,7 +1539,7 @@ impl Validator<'_> {
         };
         if let Some(interval) = interval.filter(|i| *i < Duration::from_millis(100)) {
             self.error(
-                "invalid_duration",
+                Code::InvalidDuration,
                 at("interval"),
                 format!("interval {interval:?} is below 100ms"),
             );
@@ -1530,7 +1547,7 @@ impl Validator<'_> {
         if let (Some(interval), Some(timeout)) = (interval, timeout) {
             if timeout > interval {
                 self.error(
-                    "invalid_duration",
+                    Code::InvalidDuration,
                     at("timeout"),
                     format!("timeout {timeout:?} is longer than the interval {interval:?}"),
                 );
@@ -1540,7 +1557,7 @@ impl Validator<'_> {
             let value = value.unwrap_or(default);
             if !(1..=100).contains(&value) {
                 self.error(
-                    "invalid_value",
+                    Code::InvalidValue,
                     at(field),
                     format!("{field} = {value} must be between 1 and 100"),
                 );
@@ -1577,7 +1594,7 @@ impl Validator<'_> {
             .unwrap_or(defaults.consecutive_failures);
         if !(1..=1000).contains(&consecutive_failures) {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 at("consecutive_failures"),
                 format!("consecutive_failures = {consecutive_failures} must be between 1 and 1000"),
             );
@@ -1593,7 +1610,7 @@ impl Validator<'_> {
         if let (Some(base_ejection), Some(max_ejection)) = (base_ejection, max_ejection) {
             if max_ejection < base_ejection {
                 self.error(
-                    "invalid_duration",
+                    Code::InvalidDuration,
                     at("max_ejection"),
                     format!("max_ejection {max_ejection:?} is shorter than base_ejection {base_ejection:?}"),
                 );
@@ -1604,7 +1621,7 @@ impl Validator<'_> {
             .unwrap_or(defaults.max_ejected_percent);
         if max_ejected_percent > 100 {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 at("max_ejected_percent"),
                 format!("max_ejected_percent = {max_ejected_percent} must be between 0 and 100"),
             );
@@ -1634,7 +1651,7 @@ impl Validator<'_> {
             Some("optional") => false,
             Some(other) => {
                 self.error(
-                    "invalid_value",
+                    Code::InvalidValue,
                     format!("listeners[{i}].tls.client_auth"),
                     format!("client_auth '{other}' is not required or optional"),
                 );
@@ -1643,7 +1660,7 @@ impl Validator<'_> {
         };
         if tls.client_auth.is_some() && tls.client_ca.is_none() {
             self.error(
-                "missing_client_ca",
+                Code::MissingClientCa,
                 format!("listeners[{i}].tls.client_auth"),
                 "client_auth needs tls.client_ca, the bundle client certificates are checked against",
             );
@@ -1667,7 +1684,7 @@ impl Validator<'_> {
                     match crate::tls::parse_cert(&cert, &cert_pem, &key, &key_pem) {
                         Ok(certificate) => loaded.push(certificate),
                         Err(e) => {
-                            self.error("invalid_certificate", cert_at, e.to_string());
+                            self.error(Code::InvalidCertificate, cert_at, e.to_string());
                             ok = false;
                         }
                     }
@@ -1685,7 +1702,7 @@ impl Validator<'_> {
                     match crate::tls::parse_client_verifier(path, &pem, client_auth_required) {
                         Ok(verifier) => client = Some((verifier, client_auth_required)),
                         Err(e) => {
-                            self.error("invalid_certificate", at, e.to_string());
+                            self.error(Code::InvalidCertificate, at, e.to_string());
                             ok = false;
                         }
                     }
@@ -1727,7 +1744,7 @@ impl Validator<'_> {
             if self.read_file(format!("{base}.tls.ca"), name).is_some() {
                 if let Err(e) = crate::tls::load_roots(path) {
                     self.error(
-                        "invalid_certificate",
+                        Code::InvalidCertificate,
                         format!("{base}.tls.ca"),
                         e.to_string(),
                     );
@@ -1740,7 +1757,7 @@ impl Validator<'_> {
         if let Some(name) = &tls.server_name {
             if rustls_pki_types::ServerName::try_from(name.as_str()).is_err() {
                 self.error(
-                    "invalid_host",
+                    Code::InvalidHost,
                     format!("{base}.tls.server_name"),
                     format!("'{name}' is not a server name"),
                 );
@@ -1755,7 +1772,7 @@ impl Validator<'_> {
                 if have_cert && have_key {
                     if let Err(e) = crate::tls::load_cert(&cert_path, &key_path) {
                         self.error(
-                            "invalid_certificate",
+                            Code::InvalidCertificate,
                             format!("{base}.tls.cert"),
                             e.to_string(),
                         );
@@ -1769,7 +1786,7 @@ impl Validator<'_> {
             (None, None) => None,
             _ => {
                 self.error(
-                    "invalid_value",
+                    Code::InvalidValue,
                     format!("{base}.tls"),
                     "tls.cert and tls.key go together",
                 );
@@ -1800,7 +1817,7 @@ impl Validator<'_> {
             self.name("route", at("name"), &r.name);
             if !names.insert(r.name.as_str()) {
                 self.error(
-                    "duplicate_name",
+                    Code::DuplicateName,
                     at("name"),
                     format!("route '{}' is defined twice", r.name),
                 );
@@ -1817,7 +1834,7 @@ impl Validator<'_> {
         let mut ok = true;
         if r.listeners.is_empty() {
             self.error(
-                "missing_listeners",
+                Code::MissingListeners,
                 at("listeners"),
                 format!("route '{}' names no listeners", r.name),
             );
@@ -1827,7 +1844,7 @@ impl Validator<'_> {
             match file.listeners.iter().find(|fl| &fl.name == listener) {
                 None => {
                     self.error(
-                        "unknown_listener",
+                        Code::UnknownListener,
                         format!("routes[{i}].listeners[{l}]"),
                         format!(
                             "route '{}' names listener '{listener}', which is not defined",
@@ -1838,7 +1855,7 @@ impl Validator<'_> {
                 }
                 Some(fl) if fl.protocol == "tcp" || fl.protocol == "udp" => {
                     self.error(
-                        "tcp_listener_route",
+                        Code::TcpListenerRoute,
                         format!("routes[{i}].listeners[{l}]"),
                         format!("route '{}' names {} listener '{listener}'; {} listeners forward to their upstream and have no routes", r.name, fl.protocol, fl.protocol),
                     );
@@ -1853,7 +1870,7 @@ impl Validator<'_> {
                 Some(m) => hosts.push(m),
                 None => {
                     self.error(
-                        "invalid_host",
+                        Code::InvalidHost,
                         format!("routes[{i}].hosts[{h}]"),
                         format!(
                             "'{host}' is not a host name or a leading wildcard like *.example.com"
@@ -1873,7 +1890,7 @@ impl Validator<'_> {
         .collect();
         if given.len() > 1 {
             self.error(
-                "conflicting_path",
+                Code::ConflictingPath,
                 at(given.get(1).map_or("path_prefix", |g| g.0)),
                 format!(
                     "route '{}' sets more than one of path_exact, path_prefix, path_regex",
@@ -1888,7 +1905,7 @@ impl Validator<'_> {
                 Ok(re) => PathMatch::Regex(re),
                 Err(e) => {
                     self.error(
-                        "invalid_regex",
+                        Code::InvalidRegex,
                         at("path_regex"),
                         format!("path_regex '{re}' does not compile: {e}"),
                     );
@@ -1899,7 +1916,7 @@ impl Validator<'_> {
             Some((field, p)) => {
                 if !p.starts_with('/') {
                     self.error(
-                        "invalid_path",
+                        Code::InvalidPath,
                         at(field),
                         format!("{field} '{p}' must start with '/'"),
                     );
@@ -1925,7 +1942,7 @@ impl Validator<'_> {
         let action = match (&r.upstream, &r.respond) {
             (Some(_), Some(_)) => {
                 self.error(
-                    "conflicting_action",
+                    Code::ConflictingAction,
                     at("respond"),
                     format!("route '{}' sets both upstream and respond", r.name),
                 );
@@ -1933,7 +1950,7 @@ impl Validator<'_> {
             }
             (None, None) => {
                 self.error(
-                    "missing_action",
+                    Code::MissingAction,
                     at("name"),
                     format!("route '{}' needs an upstream or a respond action", r.name),
                 );
@@ -1946,7 +1963,7 @@ impl Validator<'_> {
                     })
                 } else {
                     self.error(
-                        "unknown_upstream",
+                        Code::UnknownUpstream,
                         at("upstream"),
                         format!(
                             "route '{}' names upstream '{u}', which is not defined",
@@ -1962,7 +1979,7 @@ impl Validator<'_> {
                     .filter(|s| (200..=599).contains(&s.as_u16()));
                 if status.is_none() {
                     self.error(
-                        "invalid_status",
+                        Code::InvalidStatus,
                         format!("routes[{i}].respond.status"),
                         format!(
                             "respond status {} must be between 200 and 599",
@@ -1987,7 +2004,7 @@ impl Validator<'_> {
         };
         if r.max_inflight == Some(0) {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 at("max_inflight"),
                 "max_inflight must be at least 1",
             );
@@ -2010,7 +2027,7 @@ impl Validator<'_> {
         for (field, set) in [("retry", r.retry.is_some()), ("hedge", r.hedge.is_some())] {
             if set && !proxies && action.is_some() {
                 self.error(
-                    "unexpected_option",
+                    Code::UnexpectedOption,
                     at(field),
                     format!("`{field}` applies to routes with an upstream, not to `respond`"),
                 );
@@ -2044,7 +2061,7 @@ impl Validator<'_> {
         let before = self.diagnostics.len();
         if !(1..=1_000_000).contains(&q.rate) {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 at("rate"),
                 format!("rate = {} must be between 1 and 1000000", q.rate),
             );
@@ -2054,12 +2071,12 @@ impl Validator<'_> {
             None => Some(Duration::from_secs(1)),
         };
         if per.is_some_and(|p| p > Duration::from_secs(86_400)) {
-            self.error("invalid_duration", at("per"), "per must be at most 24h");
+            self.error(Code::InvalidDuration, at("per"), "per must be at most 24h");
         }
         let burst = q.burst.unwrap_or(q.rate);
         if !(1..=10_000_000).contains(&burst) {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 at("burst"),
                 format!("burst = {burst} must be between 1 and 10000000"),
             );
@@ -2074,7 +2091,7 @@ impl Validator<'_> {
                 Some(Ok(name)) => Some(QuotaKey::Header(name)),
                 _ => {
                     self.error(
-                        "invalid_value",
+                        Code::InvalidValue,
                         at("key"),
                         format!("quota key '{other}' is not client_ip, header:NAME or route"),
                     );
@@ -2085,7 +2102,7 @@ impl Validator<'_> {
         let max_keys = q.max_keys.unwrap_or(DEFAULT_QUOTA_MAX_KEYS);
         if !(16..=10_000_000).contains(&max_keys) {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 at("max_keys"),
                 format!("max_keys = {max_keys} must be between 16 and 10000000"),
             );
@@ -2109,7 +2126,7 @@ impl Validator<'_> {
         let attempts = r.attempts.unwrap_or(DEFAULT_RETRY_ATTEMPTS);
         if !(2..=10).contains(&attempts) {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 at("attempts"),
                 format!(
                     "attempts = {attempts} must be between 2 and 10 (the first attempt included)"
@@ -2135,7 +2152,7 @@ impl Validator<'_> {
                 other => match other.parse::<u16>() {
                     Ok(status) if (400..=599).contains(&status) => on.statuses.push(status),
                     _ => self.error(
-                        "invalid_value",
+                        Code::InvalidValue,
                         format!("{base}.on[{k}]"),
                         format!("'{other}' is not connect_failure, refused, reset, timeout, gateway_error, 5xx or a status from 400 to 599"),
                     ),
@@ -2158,7 +2175,7 @@ impl Validator<'_> {
         if let (Some(b), Some(m)) = (backoff_base, backoff_max) {
             if m < b {
                 self.error(
-                    "invalid_duration",
+                    Code::InvalidDuration,
                     format!("{base}.backoff.max"),
                     format!("backoff.max {m:?} is shorter than backoff.base {b:?}"),
                 );
@@ -2179,14 +2196,14 @@ impl Validator<'_> {
         };
         if !(0.0..=1.0).contains(&budget.ratio) {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 at("budget"),
                 format!("budget ratio {} must be between 0 and 1", budget.ratio),
             );
         }
         if budget.min_per_second > 10_000 {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 at("budget"),
                 format!(
                     "budget min_per_second {} must be at most 10000",
@@ -2215,7 +2232,7 @@ impl Validator<'_> {
         let max_replay_body = r.max_replay_body.unwrap_or(DEFAULT_MAX_REPLAY_BODY);
         if max_replay_body > 16 * 1024 * 1024 {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 at("max_replay_body"),
                 format!("max_replay_body = {max_replay_body} must be at most 16 MiB (16777216)"),
             );
@@ -2241,7 +2258,7 @@ impl Validator<'_> {
         let max_extra = h.max_extra.unwrap_or(1);
         if !(1..=3).contains(&max_extra) {
             self.error(
-                "invalid_value",
+                Code::InvalidValue,
                 format!("{base}.max_extra"),
                 format!("max_extra = {max_extra} must be between 1 and 3"),
             );
@@ -2267,12 +2284,12 @@ impl Validator<'_> {
             ) {
                 (Ok(n), Ok(v)) => out.push((n, v)),
                 (Err(_), _) => self.error(
-                    "invalid_header",
+                    Code::InvalidHeader,
                     path,
                     format!("'{name}' is not a valid header name"),
                 ),
                 (_, Err(_)) => self.error(
-                    "invalid_header",
+                    Code::InvalidHeader,
                     path,
                     format!("the value of header '{name}' is not a valid header value"),
                 ),
@@ -2315,7 +2332,7 @@ impl Validator<'_> {
                     if let Some(other) = owners.first_overlapping(&route.methods) {
                         let other = other.to_owned();
                         self.diagnostics.push(Diagnostic::new(
-                            "ambiguous_route",
+                            Code::AmbiguousRoute,
                             format!("routes[{index}].name"),
                             format!(
                                 "routes '{other}' and '{}' match the same host, path, methods and headers on listener '{listener}'",

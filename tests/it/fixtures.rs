@@ -51,7 +51,7 @@ fn invalid_fixtures_report_every_expected_error() {
         let diagnostics = cutover::plan::validate(&text).err().unwrap_or_default();
         let mut found: Vec<(String, usize)> = diagnostics
             .iter()
-            .map(|d| (d.code.to_owned(), d.line.unwrap_or(0)))
+            .map(|d| (d.code.as_str().to_owned(), d.line.unwrap_or(0)))
             .collect();
         let mut expected_sorted = expected.clone();
         found.sort();

@@ -1,6 +1,7 @@
 //! Integration tests: the real `cutover` binary on ephemeral loopback ports.
 
 mod admin;
+mod docs;
 mod edge;
 pub mod examples;
 mod fixtures;
@@ -8,6 +9,7 @@ mod fleet;
 mod guarded;
 mod harness;
 mod http3;
+mod keys;
 mod l4;
 mod lifecycle;
 mod observability;
