@@ -443,6 +443,10 @@ async fn serve(
         token: spec.admin.token.clone(),
     };
     let admin_router = admin::router(Arc::clone(&control), security);
+    // Status names the running binary's hash from its first answer, and
+    // an upgrading parent keeps the admin socket until this process can
+    // answer it fully.
+    hashed.await;
     tokio::spawn(super::control_server::serve(
         admin_socket,
         admin_router,
@@ -499,8 +503,6 @@ async fn serve(
         None => None,
     };
 
-    // Status names the running binary's hash from its first answer.
-    hashed.await;
     phase.advance(Phase::Running);
     metrics::gauge!(m::ACTIVE_GENERATION).set(id.0 as f64);
     tokio::spawn(refresh_gauges(Arc::clone(&control)));
