@@ -74,7 +74,7 @@ impl Admission {
 /// Lets go of a generation held on a thread that serves requests (a
 /// request's pin, a new connection's look at its limits or backend).
 /// Whoever holds a superseded generation last frees it, which for a large
-/// configuration takes milliseconds (about 4 ms at 10 000 routes): when
+/// configuration takes milliseconds (`docs/performance.md`): when
 /// that is this holder, the freeing goes to the blocking pool instead of
 /// stalling the thread. Every such holder lets go through here.
 pub fn release<T: Send + Sync + 'static>(pinned: Arc<T>) {

@@ -18,8 +18,13 @@
 //! ```
 //!
 //! Arrows point one way: `config ← plan ← generation ← runtime ←
-//! admission ← proxy`; `control` drives `plan`, `generation` and `runtime`;
-//! `admin` talks to `control` only. `lifecycle` starts the process.
+//! admission ← proxy`; `generation` holds handles into `backends`, which
+//! knows nothing of generations; `control` (the local writer) drives
+//! `plan`, `generation` and `runtime`; `fleet` sits above `control`;
+//! `writer` chooses between them; `admin` talks to the writer and reads
+//! `control`'s views; `lifecycle` starts the process. `telemetry` is the
+//! floor everyone stands on and imports none of them. No import cycles
+//! (`tests/it/layers.rs`).
 #![deny(unsafe_code)]
 #![cfg_attr(
     not(test),
@@ -42,5 +47,6 @@ pub mod proxy;
 pub mod runtime;
 pub mod telemetry;
 pub mod tls;
+pub mod writer;
 
 pub use lifecycle::{run, Options};

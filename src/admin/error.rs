@@ -6,6 +6,7 @@ use axum::Json;
 use serde_json::json;
 
 use crate::control::{CandidateError, ControlError, LifecycleError};
+use crate::writer::FleetCallError;
 
 /// An admin API failure.
 #[derive(Debug)]
@@ -17,6 +18,17 @@ pub enum ApiError {
     UnsupportedMediaType(String),
     NotFound(String),
     Lifecycle(LifecycleError),
+    /// A fleet-only call (`/admin/fleet/…`).
+    Fleet(FleetCallError),
+}
+
+impl From<FleetCallError> for ApiError {
+    fn from(e: FleetCallError) -> Self {
+        match e {
+            FleetCallError::Control(error) => ApiError::Control(error),
+            other => ApiError::Fleet(other),
+        }
+    }
 }
 
 impl From<LifecycleError> for ApiError {
@@ -47,7 +59,19 @@ impl IntoResponse for ApiError {
             ApiError::NotFound(message) => body(StatusCode::NOT_FOUND, "not_found", message),
             ApiError::Control(error) => control_error(error),
             ApiError::Lifecycle(error) => lifecycle_error(error),
+            ApiError::Fleet(error) => fleet_error(error),
         }
+    }
+}
+
+fn fleet_error(error: FleetCallError) -> Response {
+    let message = error.to_string();
+    match error {
+        FleetCallError::NotInFleet | FleetCallError::Unknown(_) => {
+            body(StatusCode::NOT_FOUND, "not_found", message)
+        }
+        FleetCallError::Live(_) => body(StatusCode::CONFLICT, "instance_live", message),
+        FleetCallError::Control(error) => control_error(error),
     }
 }
 

@@ -1,7 +1,8 @@
-//! The admin API: a thin axum surface over `control`.
+//! The admin API: a thin axum surface over the writer (`writer.rs`).
 //!
-//! Handlers turn requests into control calls and results into JSON; they
-//! hold no logic of their own. Errors become responses in `error.rs`.
+//! Handlers turn requests into writer calls (changes) or control calls
+//! (reads) and results into JSON; they hold no logic of their own, and
+//! never ask whether the instance is in a fleet. Errors become responses in `error.rs`.
 //! Guards (token, Host, Origin) are in `security.rs`; bodies are read
 //! whole within 1 MiB (413) and 10 s (408), error answers are always JSON
 //! (`limits.rs`), and mutations are POST only (405 otherwise).
@@ -27,17 +28,16 @@ use candidate::{CandidateRequest, UpgradeCandidate};
 pub use error::ApiError;
 pub use security::Security;
 
-use crate::control::{
-    Candidate, CandidateSource, Control, RollbackRequest, Settle, SettleRequest, UpgradeRequest,
-};
+use crate::control::{CandidateSource, RollbackRequest, Settle, SettleRequest, UpgradeRequest};
 use crate::ids::GenerationId;
-use crate::runtime::{OperationKind, Phase};
+use crate::runtime::Phase;
+use crate::writer::Writer;
 
 /// Largest request body the admin API reads.
 pub const MAX_BODY: usize = 1024 * 1024;
 
-/// The admin router over `control`, guarded by `security`.
-pub fn router(control: Arc<Control>, security: Security) -> Router {
+/// The admin router over `writer`, guarded by `security`.
+pub fn router(writer: Writer, security: Security) -> Router {
     let security = Arc::new(security);
     Router::new()
         .route("/admin/runtime/validate", post(validate))
@@ -77,10 +77,10 @@ pub fn router(control: Arc<Control>, security: Security) -> Router {
             security::guard,
         ))
         .layer(axum::middleware::map_response(limits::json_errors))
-        .with_state(control)
+        .with_state(Arc::new(writer))
 }
 
-type Shared = State<Arc<Control>>;
+type Shared = State<Arc<Writer>>;
 
 /// The JSON body of a call that takes only JSON (`what` names the call in
 /// the refusal).
@@ -98,58 +98,41 @@ fn json_body<T: serde::de::DeserializeOwned>(
         .map_err(|e| ApiError::BadRequest(format!("the {what} body is not valid: {e}")))
 }
 
-/// In a fleet, a candidate is a shared document: planned as this
-/// instance's file composed with it.
-fn as_planned(control: &Control, candidate: Candidate) -> Result<Candidate, ApiError> {
-    #[cfg(feature = "fleet")]
-    if let Some(fleet) = control.fleet() {
-        return Ok(fleet.compose(candidate)?);
-    }
-    let _ = control;
-    Ok(candidate)
-}
-
 async fn validate(
-    State(control): Shared,
+    State(writer): Shared,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    let candidate = match as_planned(&control, candidate) {
+    let candidate = match writer.as_planned(candidate) {
         Ok(candidate) => candidate,
         // An invalid shared document is a plan like any other.
-        Err(ApiError::Control(crate::control::ControlError::Invalid(plan))) => {
-            return Ok(Json(plan).into_response())
-        }
-        Err(error) => return Err(error),
+        Err(crate::control::ControlError::Invalid(plan)) => return Ok(Json(plan).into_response()),
+        Err(error) => return Err(error.into()),
     };
-    Ok(Json(control.validate(candidate).await?).into_response())
+    Ok(Json(writer.control().validate(candidate).await?).into_response())
 }
 
 async fn preview(
-    State(control): Shared,
+    State(writer): Shared,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    let candidate = as_planned(&control, candidate)?;
-    Ok(Json(control.preview(candidate).await?).into_response())
+    let candidate = writer.as_planned(candidate)?;
+    Ok(Json(writer.control().preview(candidate).await?).into_response())
 }
 
 /// Activates on this instance, or (in a fleet) on every instance through
 /// etcd.
 async fn activate(
-    State(control): Shared,
+    State(writer): Shared,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    #[cfg(feature = "fleet")]
-    if let Some(fleet) = control.fleet() {
-        return Ok(Json(fleet.activate(candidate).await?).into_response());
-    }
-    Ok(Json(control.activate(candidate, OperationKind::Activate).await?).into_response())
+    Ok(Json(writer.activate(candidate).await?).into_response())
 }
 
 async fn reload(
-    State(control): Shared,
+    State(writer): Shared,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
-    Ok(Json(control.reload(candidate).await?).into_response())
+    Ok(Json(writer.reload(candidate).await?).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -160,41 +143,38 @@ struct ForgetBody {
 
 /// Forgets a gone member of the fleet.
 async fn fleet_forget(
-    State(control): Shared,
+    State(writer): Shared,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let body: ForgetBody = json_body(&headers, &body, "forget")?;
     #[cfg(feature = "fleet")]
-    if let Some(fleet) = control.fleet() {
-        use crate::fleet::ForgetError;
-        return match fleet.forget(&body.instance).await {
-            Ok(()) => Ok(Json(json!({ "forgotten": body.instance })).into_response()),
-            Err(ForgetError::Control(error)) => Err(error.into()),
-            Err(error @ ForgetError::Live(_)) => Ok((
-                StatusCode::CONFLICT,
-                Json(json!({ "error": "instance_live", "message": error.to_string() })),
-            )
-                .into_response()),
-            Err(error @ ForgetError::Unknown(_)) => Err(ApiError::NotFound(error.to_string())),
-        };
+    {
+        writer.forget(&body.instance).await?;
+        Ok(Json(json!({ "forgotten": body.instance })).into_response())
     }
-    let _ = (control, body);
-    Err(ApiError::NotFound(
-        "this instance is not in a fleet (no [fleet] section)".into(),
-    ))
+    #[cfg(not(feature = "fleet"))]
+    {
+        let _ = (writer, body);
+        Err(ApiError::NotFound(
+            "this instance is not in a fleet (no [fleet] section)".into(),
+        ))
+    }
 }
 
 /// The fleet's active generation and where each instance stands.
-async fn fleet_status(State(control): Shared) -> Result<Response, ApiError> {
+async fn fleet_status(State(writer): Shared) -> Result<Response, ApiError> {
     #[cfg(feature = "fleet")]
-    if let Some(fleet) = control.fleet() {
-        return Ok(Json(fleet.status().await?).into_response());
+    {
+        Ok(Json(writer.fleet_status().await?).into_response())
     }
-    let _ = control;
-    Err(ApiError::NotFound(
-        "this instance is not in a fleet (no [fleet] section)".into(),
-    ))
+    #[cfg(not(feature = "fleet"))]
+    {
+        let _ = writer;
+        Err(ApiError::NotFound(
+            "this instance is not in a fleet (no [fleet] section)".into(),
+        ))
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -207,7 +187,7 @@ struct RollbackBody {
 }
 
 async fn rollback(
-    State(control): Shared,
+    State(writer): Shared,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -216,19 +196,7 @@ async fn rollback(
         ("reason", body.reason.as_deref()),
         ("requested_by", body.requested_by.as_deref()),
     ])?;
-    #[cfg(feature = "fleet")]
-    if let Some(fleet) = control.fleet() {
-        let answer = fleet
-            .rollback(
-                body.target_generation,
-                body.expected_active_generation,
-                body.requested_by,
-                body.reason,
-            )
-            .await?;
-        return Ok(Json(answer).into_response());
-    }
-    let activation = control
+    let activated = writer
         .rollback(RollbackRequest {
             target_generation: GenerationId(body.target_generation),
             expected_active_generation: body.expected_active_generation.map(GenerationId),
@@ -236,7 +204,7 @@ async fn rollback(
             requested_by: body.requested_by,
         })
         .await?;
-    Ok(Json(activation).into_response())
+    Ok(Json(activated).into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -249,24 +217,24 @@ struct SettleBody {
 }
 
 async fn confirm(
-    State(control): Shared,
+    State(writer): Shared,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    settle(control, &headers, &body, Settle::Confirm).await
+    settle(&writer, &headers, &body, Settle::Confirm).await
 }
 
 async fn abort(
-    State(control): Shared,
+    State(writer): Shared,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    settle(control, &headers, &body, Settle::Abort).await
+    settle(&writer, &headers, &body, Settle::Abort).await
 }
 
 /// `confirm` and `abort`: compare-and-swap on the pending generation.
 async fn settle(
-    control: Arc<Control>,
+    writer: &Writer,
     headers: &HeaderMap,
     body: &Bytes,
     how: Settle,
@@ -276,20 +244,7 @@ async fn settle(
         ("reason", body.reason.as_deref()),
         ("requested_by", body.requested_by.as_deref()),
     ])?;
-    #[cfg(feature = "fleet")]
-    if let Some(fleet) = control.fleet() {
-        let settled = fleet
-            .settle(
-                body.generation,
-                body.expected_active_generation,
-                how,
-                body.requested_by,
-                body.reason,
-            )
-            .await?;
-        return Ok(Json(settled).into_response());
-    }
-    let settled = control
+    let settled = writer
         .settle(
             SettleRequest {
                 generation: GenerationId(body.generation),
@@ -310,10 +265,11 @@ struct ReloadCertsBody {
 }
 
 async fn reload_certs(
-    State(control): Shared,
+    State(writer): Shared,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let control = writer.control();
     let body: ReloadCertsBody = if body.iter().all(u8::is_ascii_whitespace) {
         ReloadCertsBody::default()
     } else if candidate::media_type(&headers).as_deref() == Some("application/json") {
@@ -327,7 +283,8 @@ async fn reload_certs(
     Ok(Json(control.reload_certs(body.listeners, None).await?).into_response())
 }
 
-async fn drain(State(control): Shared) -> Result<Response, ApiError> {
+async fn drain(State(writer): Shared) -> Result<Response, ApiError> {
+    let control = writer.control();
     let operation_id = control.drain()?;
     Ok((
         StatusCode::ACCEPTED,
@@ -339,9 +296,10 @@ async fn drain(State(control): Shared) -> Result<Response, ApiError> {
 /// Takes a candidate in the usual forms; an empty body (or the process's
 /// own file by `config_path`) restarts on the active configuration.
 async fn upgrade(
-    State(control): Shared,
+    State(writer): Shared,
     UpgradeCandidate(candidate, binary): UpgradeCandidate,
 ) -> Result<Response, ApiError> {
+    let control = writer.control();
     let config = match candidate.source {
         CandidateSource::Text(text) => Some(text),
         CandidateSource::Path(None) => None,
@@ -364,14 +322,16 @@ async fn upgrade(
         .into_response())
 }
 
-async fn history(State(control): Shared) -> Result<Response, ApiError> {
+async fn history(State(writer): Shared) -> Result<Response, ApiError> {
+    let control = writer.control();
     Ok(Json(control.history_view().await?).into_response())
 }
 
 async fn history_generation(
-    State(control): Shared,
+    State(writer): Shared,
     Path(generation): Path<String>,
 ) -> Result<Response, ApiError> {
+    let control = writer.control();
     let id = generation
         .parse::<u64>()
         .map_err(|_| ApiError::BadRequest(format!("'{generation}' is not a generation id")))?;
@@ -382,15 +342,17 @@ async fn history_generation(
         .ok_or_else(|| ApiError::NotFound(format!("generation {id} is not retained")))
 }
 
-async fn status(State(control): Shared) -> Response {
-    Json(control.status()).into_response()
+async fn status(State(writer): Shared) -> Response {
+    Json(writer.status()).into_response()
 }
 
-async fn backends(State(control): Shared) -> Response {
+async fn backends(State(writer): Shared) -> Response {
+    let control = writer.control();
     Json(control.backends()).into_response()
 }
 
-async fn operation(State(control): Shared, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn operation(State(writer): Shared, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let control = writer.control();
     control
         .operation(&id)
         .map(|o| Json(o).into_response())
@@ -401,7 +363,8 @@ async fn health() -> Response {
     Json(json!({ "status": "ok" })).into_response()
 }
 
-async fn ready(State(control): Shared) -> Response {
+async fn ready(State(writer): Shared) -> Response {
+    let control = writer.control();
     let phase = control.phase().get();
     let body =
         Json(json!({ "phase": phase.as_str(), "active_generation": control.store().active_id() }));

@@ -95,7 +95,7 @@ fn admin_with_hook(text: &str, token: Option<&str>, release_memory: fn()) -> Adm
         token: token.map(str::to_owned),
     };
     Admin {
-        router: router(Arc::clone(&control), security),
+        router: router(crate::writer::Writer::Local(Arc::clone(&control)), security),
         control,
         _dir: dir,
     }

@@ -23,7 +23,7 @@ mod h1;
 mod health;
 mod load;
 mod outlier;
-mod proxy_header;
+mod send_proxy;
 mod weak_map;
 
 use std::sync::{Arc, OnceLock};

@@ -119,14 +119,10 @@ pub struct StatusView {
     /// (`false` after an API activation, until the file is updated; a
     /// rotated certificate behind the same text is not looked at).
     pub config_file_matches_active: bool,
-    /// In a fleet: the fleet generation served and the etcd session.
-    #[cfg(feature = "fleet")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fleet: Option<crate::fleet::LocalView>,
 }
 
 impl Control {
-    pub fn status(&self) -> StatusView {
+    pub fn status_view(&self) -> StatusView {
         let active = self.store.load_full();
         let history = self.history();
         let activated_at = history
@@ -154,8 +150,6 @@ impl Control {
             errors_total,
             pending: self.pending(),
             config_file_matches_active: self.file_matches_active(active.id),
-            #[cfg(feature = "fleet")]
-            fleet: self.fleet().map(|f| f.local_view()),
         }
     }
 
@@ -187,17 +181,16 @@ impl Control {
     /// The text the configuration file makes when activated: itself, or
     /// in a fleet, composed with the shared document served.
     fn as_planned_text(&self, file: String) -> String {
-        #[cfg(feature = "fleet")]
-        if let Some(fleet) = self.fleet() {
-            return fleet.as_composed(file);
+        match self.file_composer.get() {
+            Some(compose) => compose(file),
+            None => file,
         }
-        file
     }
 
     /// Retained generations and the operation log. Runs off the data
     /// plane's threads: `rollback_candidate` plans every retained
-    /// configuration against the active one (about 20 ms each at 10 000
-    /// routes).
+    /// configuration against the active one (milliseconds each for a
+    /// large configuration: `docs/performance.md`).
     pub async fn history_view(self: &Arc<Self>) -> Result<HistoryView, ControlError> {
         self.off_the_data_plane(|c| Ok(c.build_history_view()))
             .await

@@ -16,6 +16,7 @@ use super::records::{
 };
 use super::{within, Applied, Fleet, FleetError};
 use crate::control::{Activation, Candidate, CandidateSource, ControlError};
+use crate::ids::GenerationId;
 use crate::runtime::{rfc3339, OperationKind, Phase};
 use crate::telemetry::metrics as m;
 
@@ -240,8 +241,8 @@ impl Fleet {
         if active.generation <= applied.generation {
             // Stale or replayed: never go back.
             tracing::debug!(
-                generation = active.generation,
-                applied = applied.generation,
+                generation = %active.generation,
+                applied = %applied.generation,
                 "fleet: not newer than what is applied; ignored"
             );
             return Ok(None);
@@ -253,7 +254,7 @@ impl Fleet {
             Some(doc) => Ok(doc),
             None => self.fetch(target).await,
         };
-        let previous_local = self.control.store().active_id().0;
+        let previous_local = self.control.store().active_id();
         let result = match outcome {
             Ok(doc) => self.commit(&doc, active).await,
             Err(error) => Err((error, Vec::new())),
@@ -264,18 +265,18 @@ impl Fleet {
                     generation: target,
                     config_version: Some(active.config_version.clone()),
                     shared: Some(shared),
-                    local_generation: activation.generation.0,
+                    local_generation: activation.generation,
                     previous_local,
                 });
-                metrics::gauge!(m::FLEET_GENERATION).set(target as f64);
+                metrics::gauge!(m::FLEET_GENERATION).set(target.0 as f64);
                 metrics::counter!(m::FLEET_APPLIES, "outcome" => "ack").increment(1);
                 self.report(Report::Ack, None, None, Vec::new()).await;
-                tracing::info!(generation = target, local = %activation.generation, "fleet: generation applied");
+                tracing::info!(generation = %target, local = %activation.generation, "fleet: generation applied");
                 Ok(Some(activation))
             }
             Err((error, diagnostics)) => {
                 metrics::counter!(m::FLEET_APPLIES, "outcome" => "nack").increment(1);
-                tracing::error!(generation = target, %error, "fleet: generation refused; serving the applied one");
+                tracing::error!(generation = %target, %error, "fleet: generation refused; serving the applied one");
                 self.report(Report::Nack, Some(target), Some(error.clone()), diagnostics)
                     .await;
                 Err(error)
@@ -284,7 +285,7 @@ impl Fleet {
     }
 
     /// The document of generation `id`, checked against its version.
-    async fn fetch(&self, id: u64) -> Result<GenerationDoc, String> {
+    async fn fetch(&self, id: GenerationId) -> Result<GenerationDoc, String> {
         let client = self.client().await.map_err(|e| e.to_string())?;
         let answer = within(client.get(self.keys.generation(id)))
             .await
@@ -360,7 +361,7 @@ impl Fleet {
     pub(super) async fn report(
         &self,
         report: Report,
-        target: Option<u64>,
+        target: Option<GenerationId>,
         error: Option<String>,
         diagnostics: Vec<String>,
     ) {
@@ -397,12 +398,12 @@ impl Fleet {
         let record = InstanceRecord {
             instance: self.spec.instance.clone(),
             report: said.report,
-            generation: (applied.generation > 0).then_some(applied.generation),
+            generation: (applied.generation > GenerationId::NONE).then_some(applied.generation),
             config_version: applied.config_version,
             target: said.target,
             error: said.error,
             diagnostics: said.diagnostics,
-            local_generation: self.control.store().active_id().0,
+            local_generation: self.control.store().active_id(),
             listeners: self
                 .control
                 .listeners()

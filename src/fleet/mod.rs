@@ -29,7 +29,9 @@ pub use records::{ActiveRecord, FleetPending, InstanceRecord, Report, Settlement
 use records::{GenerationDoc, Keys};
 
 use crate::config::ConfigText;
-use crate::control::{Activation, Candidate, CandidateSource, Control, ControlError};
+use crate::control::{
+    Activation, Candidate, CandidateSource, Control, ControlError, RollbackRequest,
+};
 use crate::ids::GenerationId;
 use crate::plan::{FleetSpec, Plan};
 use crate::runtime::rfc3339;
@@ -79,16 +81,16 @@ impl From<FleetError> for ControlError {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
 struct Applied {
     /// `0`: none yet (the instance file's own routes serve).
-    generation: u64,
+    generation: GenerationId,
     config_version: Option<String>,
     /// The shared document, to compose again when the instance file is
     /// reloaded.
     shared: Option<String>,
     /// The local generation it became.
-    local_generation: u64,
+    local_generation: GenerationId,
     /// The local generation before it: a guard's baseline.
     #[serde(default)]
-    previous_local: u64,
+    previous_local: GenerationId,
 }
 
 /// The answer of a fleet-wide activation or rollback.
@@ -96,12 +98,12 @@ struct Applied {
 pub struct FleetActivation {
     pub outcome: &'static str,
     /// Fleet generation ids.
-    pub generation: u64,
-    pub previous_generation: Option<u64>,
+    pub generation: GenerationId,
+    pub previous_generation: Option<GenerationId>,
     /// Of the shared document.
     pub config_version: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rolled_back_to: Option<u64>,
+    pub rolled_back_to: Option<GenerationId>,
     /// Set when the generation is on probation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending: Option<FleetPending>,
@@ -125,8 +127,8 @@ pub enum InstanceOutcome {
     /// activation changed nothing).
     Serving {
         instance: String,
-        generation: u64,
-        local_generation: u64,
+        generation: GenerationId,
+        local_generation: GenerationId,
     },
 }
 
@@ -148,12 +150,12 @@ pub struct MemberView {
     /// `synced`, `applying`, `nacked`, `stale` or `gone`.
     pub status: &'static str,
     /// What it serves, and of which shared document.
-    pub generation: Option<u64>,
+    pub generation: Option<GenerationId>,
     pub config_version: Option<String>,
     /// Serving another `config_version` than the fleet's active one.
     pub drift: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub target: Option<u64>,
+    pub target: Option<GenerationId>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -179,7 +181,7 @@ pub struct LocalView {
     pub prefix: String,
     /// The fleet generation served (`null`: the instance file's own
     /// routes, before any was applied).
-    pub generation: Option<u64>,
+    pub generation: Option<GenerationId>,
     pub config_version: Option<String>,
     /// Whether the session with etcd is up.
     pub connected: bool,
@@ -208,7 +210,7 @@ pub struct Fleet {
     /// The last `active` record seen.
     last_active: Mutex<Option<ActiveRecord>>,
     /// The pending generation a probation task watches, if any.
-    supervising: Mutex<Option<u64>>,
+    supervising: Mutex<Option<GenerationId>>,
     /// What this instance last said (repeated when its answers change).
     said: Mutex<Said>,
 }
@@ -217,7 +219,7 @@ pub struct Fleet {
 #[derive(Debug, Clone)]
 struct Said {
     report: Report,
-    target: Option<u64>,
+    target: Option<GenerationId>,
     error: Option<String>,
     diagnostics: Vec<String>,
     answers: Option<records::PendingAnswers>,
@@ -236,11 +238,11 @@ impl Fleet {
             .as_ref()
             .and_then(|dir| std::fs::read(dir.join(STATE_FILE)).ok())
             .and_then(|bytes| serde_json::from_slice::<Applied>(&bytes).ok())
-            .filter(|a| a.local_generation == active.id.0)
+            .filter(|a| a.local_generation == active.id)
             .unwrap_or_default();
-        if applied.generation > 0 {
+        if applied.generation > GenerationId::NONE {
             tracing::info!(
-                generation = applied.generation,
+                generation = %applied.generation,
                 "fleet: serving the last applied fleet generation"
             );
         }
@@ -266,6 +268,12 @@ impl Fleet {
         });
         tokio::spawn(agent::run(Arc::clone(&fleet)));
         fleet
+    }
+
+    /// This instance's control plane, which applies what the fleet
+    /// activates.
+    pub fn control(&self) -> &Arc<Control> {
+        &self.control
     }
 
     pub fn instance(&self) -> &str {
@@ -299,7 +307,7 @@ impl Fleet {
         LocalView {
             instance: self.spec.instance.clone(),
             prefix: self.spec.prefix.clone(),
-            generation: (applied.generation > 0).then_some(applied.generation),
+            generation: (applied.generation > GenerationId::NONE).then_some(applied.generation),
             config_version: applied.config_version,
             connected: session.is_ok(),
             last_error: session.err(),
@@ -390,7 +398,7 @@ impl Fleet {
         }
         self.publish(
             shared,
-            candidate.expected_generation.map(|g| g.0),
+            candidate.expected_generation,
             candidate.requested_by,
             candidate.reason,
             None,
@@ -403,22 +411,25 @@ impl Fleet {
     /// generation.
     pub async fn rollback(
         self: &Arc<Self>,
-        target: u64,
-        expected: Option<u64>,
-        requested_by: Option<String>,
-        reason: Option<String>,
+        request: RollbackRequest,
     ) -> Result<FleetActivation, ControlError> {
+        let RollbackRequest {
+            target_generation: target,
+            expected_active_generation: expected,
+            requested_by,
+            reason,
+        } = request;
         let client = self.client().await?;
         let found = within(client.get(self.keys.generation(target))).await?;
         let Some(kv) = found.kvs.first() else {
-            return Err(ControlError::NotRetained(GenerationId(target)));
+            return Err(ControlError::NotRetained(target));
         };
         let doc: GenerationDoc = serde_json::from_slice(&kv.value).map_err(|e| {
             ControlError::Internal(format!("fleet generation {target} is unreadable: {e}"))
         })?;
         let (active, _) = self.read_active(&client).await?;
         if active.as_ref().map(|a| a.generation) == Some(target) {
-            return Err(ControlError::TargetActive(GenerationId(target)));
+            return Err(ControlError::TargetActive(target));
         }
         self.publish(
             doc.config,
@@ -450,7 +461,7 @@ impl Fleet {
 
     /// The highest generation id ever written (ids are never reused, also
     /// after a lost race left a document that never became active).
-    async fn highest_generation(&self, client: &Client) -> Result<u64, FleetError> {
+    async fn highest_generation(&self, client: &Client) -> Result<GenerationId, FleetError> {
         let prefix = self.keys.generations().into_bytes();
         let request = etcd::wire::RangeRequest {
             range_end: etcd::prefix_end(&prefix),
@@ -467,7 +478,7 @@ impl Fleet {
             .and_then(|kv| std::str::from_utf8(&kv.key).ok())
             .and_then(|key| key.rsplit('/').next())
             .and_then(|id| id.parse().ok())
-            .unwrap_or(0))
+            .unwrap_or(GenerationId::NONE))
     }
 
     /// Writes `shared` as the next generation and makes it active (see
@@ -477,34 +488,23 @@ impl Fleet {
     async fn publish(
         self: &Arc<Self>,
         shared: String,
-        expected: Option<u64>,
+        expected: Option<GenerationId>,
         requested_by: Option<String>,
         reason: Option<String>,
-        rolled_back_to: Option<u64>,
+        rolled_back_to: Option<GenerationId>,
         probation: Option<Probation>,
     ) -> Result<FleetActivation, ControlError> {
         let client = self.client().await?;
         let (active, revision) = self.read_active(&client).await?;
         let current = active.as_ref().map(|a| a.generation);
-        // `0` expects a fleet with no generation yet.
-        if let Some(expected) = expected {
-            if current.unwrap_or(0) != expected {
-                return Err(ControlError::Conflict {
-                    expected: GenerationId(expected),
-                    active: GenerationId(current.unwrap_or(0)),
-                });
-            }
-        }
-        // One pending change at a time: a new one must name the pending
-        // generation to supersede it.
+        // The same rules as on one instance; `0` expects a fleet with no
+        // generation yet, and a pending generation is the active one.
         let pending = active.as_ref().and_then(|a| a.pending.as_ref());
-        if let (Some(pending_of), Some(_)) = (current, pending) {
-            if expected != Some(pending_of) {
-                return Err(ControlError::PendingActivation {
-                    pending: GenerationId(pending_of),
-                });
-            }
-        }
+        crate::control::admit_change(
+            expected,
+            current.unwrap_or(GenerationId::NONE),
+            current.filter(|_| pending.is_some()),
+        )?;
         let config_version = records::config_version(&shared);
         if let Some(active) = active
             .as_ref()
@@ -534,8 +534,8 @@ impl Fleet {
         let id = self
             .highest_generation(&client)
             .await?
-            .max(current.unwrap_or(0))
-            + 1;
+            .max(current.unwrap_or(GenerationId::NONE))
+            .next();
         let now = rfc3339(SystemTime::now());
         let doc = GenerationDoc {
             generation: id,
@@ -562,13 +562,13 @@ impl Fleet {
         {
             // Another activation won between our read and our write.
             let (now_active, _) = self.read_active(&client).await?;
-            let active = GenerationId(now_active.map_or(0, |a| a.generation));
+            let active = now_active.map_or(GenerationId::NONE, |a| a.generation);
             return Err(ControlError::Conflict {
-                expected: GenerationId(expected.or(current).unwrap_or(0)),
+                expected: expected.or(current).unwrap_or(GenerationId::NONE),
                 active,
             });
         }
-        tracing::info!(generation = id, previous = ?current, %config_version, pending = record.pending.is_some(), "fleet generation activated");
+        tracing::info!(generation = %id, previous = ?current, %config_version, pending = record.pending.is_some(), "fleet generation activated");
         let applied = self.apply(&record, Some(doc)).await;
         self.supervise(&record);
         Ok(FleetActivation {
@@ -646,7 +646,7 @@ impl Fleet {
             .clone();
         if let Some(active) = active.filter(|a| a.generation > self.applied().generation) {
             if let Err(error) = self.apply(&active, None).await {
-                tracing::warn!(generation = active.generation, %error, "fleet: still refused after the reload");
+                tracing::warn!(generation = %active.generation, %error, "fleet: still refused after the reload");
             }
         }
         Ok(activation)
@@ -683,7 +683,7 @@ impl Fleet {
             )
             .await?;
         self.record_applied(Applied {
-            local_generation: activation.generation.0,
+            local_generation: activation.generation,
             ..applied
         });
         self.report(Report::Ack, None, None, Vec::new()).await;
@@ -842,8 +842,8 @@ mod tests {
 
     fn record(
         report: Report,
-        generation: Option<u64>,
-        target: Option<u64>,
+        generation: Option<GenerationId>,
+        target: Option<GenerationId>,
         version: &str,
     ) -> InstanceRecord {
         InstanceRecord {
@@ -854,7 +854,7 @@ mod tests {
             target,
             error: None,
             diagnostics: Vec::new(),
-            local_generation: 1,
+            local_generation: GenerationId(1),
             listeners: Vec::new(),
             updated_at: String::new(),
             version: String::new(),
@@ -865,26 +865,41 @@ mod tests {
     #[test]
     fn members_are_synced_applying_nacked_stale_or_gone() {
         let active = ActiveRecord {
-            generation: 5,
+            generation: GenerationId(5),
             config_version: "v5".into(),
-            previous: Some(4),
+            previous: Some(GenerationId(4)),
             activated_at: String::new(),
             requested_by: None,
             pending: None,
             settlement: None,
         };
         let view = |r: Option<&InstanceRecord>| member_view("a".into(), r, Some(&active));
-        let synced = record(Report::Ack, Some(5), None, "v5");
+        let synced = record(Report::Ack, Some(GenerationId(5)), None, "v5");
         assert_eq!(view(Some(&synced)).status, "synced");
         assert!(!view(Some(&synced)).drift);
-        let applying = record(Report::Applying, Some(4), Some(5), "v4");
+        let applying = record(
+            Report::Applying,
+            Some(GenerationId(4)),
+            Some(GenerationId(5)),
+            "v4",
+        );
         assert_eq!(view(Some(&applying)).status, "applying");
-        let nacked = record(Report::Nack, Some(4), Some(5), "v4");
+        let nacked = record(
+            Report::Nack,
+            Some(GenerationId(4)),
+            Some(GenerationId(5)),
+            "v4",
+        );
         assert_eq!(view(Some(&nacked)).status, "nacked");
         assert!(view(Some(&nacked)).drift, "it serves another version");
-        let stale = record(Report::Ack, Some(3), None, "v3");
+        let stale = record(Report::Ack, Some(GenerationId(3)), None, "v3");
         assert_eq!(view(Some(&stale)).status, "stale");
-        let old_nack = record(Report::Nack, Some(3), Some(4), "v3");
+        let old_nack = record(
+            Report::Nack,
+            Some(GenerationId(3)),
+            Some(GenerationId(4)),
+            "v3",
+        );
         assert_eq!(view(Some(&old_nack)).status, "stale");
         assert_eq!(view(None).status, "gone");
     }

@@ -26,7 +26,7 @@ use super::records::{
 };
 use super::{etcd, within, Fleet};
 use crate::control::{
-    judge, Answers, Baseline, Candidate, ControlError, GuardSpec, Settle, Verdict,
+    judge, Answers, Baseline, Candidate, ControlError, GuardSpec, Settle, SettleRequest, Verdict,
 };
 use crate::ids::GenerationId;
 use crate::runtime::{rfc3339, GuardRecord};
@@ -58,7 +58,7 @@ impl Probation {
     }
 
     /// As `active` keeps it, from now on.
-    pub(super) fn record(self, rollback_to: u64) -> FleetPending {
+    pub(super) fn record(self, rollback_to: GenerationId) -> FleetPending {
         let now = unix_ms(SystemTime::now());
         FleetPending {
             rollback_to,
@@ -84,9 +84,9 @@ pub struct FleetSettled {
     /// `confirmed` or `rolled_back`.
     pub outcome: &'static str,
     /// The fleet's active generation after it.
-    pub generation: u64,
+    pub generation: GenerationId,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rolled_back_to: Option<u64>,
+    pub rolled_back_to: Option<GenerationId>,
 }
 
 impl Fleet {
@@ -120,7 +120,7 @@ impl Fleet {
         });
     }
 
-    fn still_pending(&self, generation: u64) -> bool {
+    fn still_pending(&self, generation: GenerationId) -> bool {
         self.last_active
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -130,7 +130,7 @@ impl Fleet {
 
     /// Watches pending `generation` until it is settled: the deadline, the
     /// guard over every instance's answers, the canary's end.
-    async fn watch_pending(self: &Arc<Self>, generation: u64, pending: FleetPending) {
+    async fn watch_pending(self: &Arc<Self>, generation: GenerationId, pending: FleetPending) {
         let mut guard = pending.guard.as_ref().map(GuardSpec::from_record);
         let every = guard.as_ref().map_or(Duration::from_millis(250), |g| {
             (g.window / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
@@ -145,8 +145,8 @@ impl Fleet {
         let own = (applied.generation == generation).then(|| {
             let store = self.control.store();
             (
-                GenerationId(applied.local_generation),
-                Baseline::start(store, Some(GenerationId(applied.previous_local))),
+                applied.local_generation,
+                Baseline::start(store, Some(applied.previous_local)),
             )
         });
         loop {
@@ -201,7 +201,7 @@ impl Fleet {
                 // Passed, with neither a canary nor confirm_on_pass: the
                 // operator or the deadline decides.
                 Verdict::Pass(reason) => {
-                    tracing::info!(generation, "fleet: {reason}; left pending");
+                    tracing::info!(%generation, "fleet: {reason}; left pending");
                     guard = None;
                     None
                 }
@@ -236,7 +236,12 @@ impl Fleet {
     }
 
     /// Writes this instance's answers for `generation` into its status.
-    async fn publish_answers(&self, generation: u64, local: GenerationId, baseline: &Baseline) {
+    async fn publish_answers(
+        &self,
+        generation: GenerationId,
+        local: GenerationId,
+        baseline: &Baseline,
+    ) {
         let Some(ledger) = self.control.store().ledger(local) else {
             return;
         };
@@ -264,7 +269,10 @@ impl Fleet {
 
     /// The sum of every live instance's answers for `generation`, the
     /// worst p99 among them, and the sum of their baselines.
-    async fn fleet_answers(&self, generation: u64) -> Option<(Answers, Option<f64>, Answers)> {
+    async fn fleet_answers(
+        &self,
+        generation: GenerationId,
+    ) -> Option<(Answers, Option<f64>, Answers)> {
         let client = self.client().await.ok()?;
         let live = within(client.get_prefix(self.keys.instances(), false))
             .await
@@ -296,26 +304,28 @@ impl Fleet {
     /// retried while etcd is away; done when anyone settled it.
     async fn settle_by_gateway(
         self: &Arc<Self>,
-        generation: u64,
+        generation: GenerationId,
         how: Settle,
         by: &str,
         reason: String,
     ) {
-        tracing::info!(generation, ?how, by, %reason, "fleet: settling the pending generation");
+        tracing::info!(%generation, ?how, by, %reason, "fleet: settling the pending generation");
         loop {
             match self
                 .settle(
-                    generation,
-                    None,
+                    SettleRequest {
+                        generation,
+                        expected_active_generation: None,
+                        requested_by: Some(by.to_owned()),
+                        reason: Some(reason.clone()),
+                    },
                     how,
-                    Some(by.to_owned()),
-                    Some(reason.clone()),
                 )
                 .await
             {
                 Ok(_) | Err(ControlError::NotPending(_) | ControlError::Conflict { .. }) => return,
                 Err(error) => {
-                    tracing::warn!(generation, %error, "fleet: cannot settle yet; retrying");
+                    tracing::warn!(%generation, %error, "fleet: cannot settle yet; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     if !self.still_pending(generation) {
                         return;
@@ -330,26 +340,29 @@ impl Fleet {
     /// on `active`'s revision.
     pub async fn settle(
         self: &Arc<Self>,
-        generation: u64,
-        expected_active: Option<u64>,
+        request: SettleRequest,
         how: Settle,
-        by: Option<String>,
-        reason: Option<String>,
     ) -> Result<FleetSettled, ControlError> {
+        let SettleRequest {
+            generation,
+            expected_active_generation: expected_active,
+            requested_by: by,
+            reason,
+        } = request;
         let client = self.client().await?;
         let (active, revision) = self.read_active(&client).await?;
         let Some(active) = active.filter(|a| a.generation == generation && a.pending.is_some())
         else {
-            return Err(ControlError::NotPending(GenerationId(generation)));
+            return Err(ControlError::NotPending(generation));
         };
         if let Some(expected) = expected_active.filter(|e| *e != active.generation) {
             return Err(ControlError::Conflict {
-                expected: GenerationId(expected),
-                active: GenerationId(active.generation),
+                expected,
+                active: active.generation,
             });
         }
         let Some(pending) = active.pending.clone() else {
-            return Err(ControlError::NotPending(GenerationId(generation)));
+            return Err(ControlError::NotPending(generation));
         };
         let settlement = |outcome: &str| Settlement {
             generation,
@@ -374,7 +387,7 @@ impl Fleet {
             if !within(client.txn(txn)).await?.succeeded {
                 return Err(self.lost_race(&client, generation).await);
             }
-            tracing::info!(generation, "fleet: pending generation confirmed");
+            tracing::info!(%generation, "fleet: pending generation confirmed");
             *self
                 .last_active
                 .lock()
@@ -391,8 +404,12 @@ impl Fleet {
             .kvs
             .first()
             .and_then(|kv| serde_json::from_slice(&kv.value).ok())
-            .ok_or_else(|| ControlError::NotRetained(GenerationId(target)))?;
-        let id = self.highest_generation(&client).await?.max(generation) + 1;
+            .ok_or_else(|| ControlError::NotRetained(target))?;
+        let id = self
+            .highest_generation(&client)
+            .await?
+            .max(generation)
+            .next();
         let now = rfc3339(SystemTime::now());
         let outcome = if how == Settle::Abort {
             "aborted"
@@ -424,9 +441,9 @@ impl Fleet {
             return Err(self.lost_race(&client, generation).await);
         }
         tracing::info!(
-            generation,
-            rolled_back_to = target,
-            new = id,
+            %generation,
+            rolled_back_to = %target,
+            new = %id,
             outcome,
             "fleet: pending generation rolled back"
         );
@@ -446,16 +463,16 @@ impl Fleet {
 
     /// Why a settling transaction lost: the generation was settled or
     /// replaced meanwhile.
-    async fn lost_race(&self, client: &etcd::Client, generation: u64) -> ControlError {
+    async fn lost_race(&self, client: &etcd::Client, generation: GenerationId) -> ControlError {
         match self.read_active(client).await {
             Ok((Some(now), _)) if now.generation == generation && now.pending.is_some() => {
                 ControlError::InProgress
             }
             Ok((Some(now), _)) if now.generation != generation => ControlError::Conflict {
-                expected: GenerationId(generation),
-                active: GenerationId(now.generation),
+                expected: generation,
+                active: now.generation,
             },
-            Ok(_) => ControlError::NotPending(GenerationId(generation)),
+            Ok(_) => ControlError::NotPending(generation),
             Err(error) => error.into(),
         }
     }

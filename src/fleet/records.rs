@@ -9,6 +9,7 @@
 //!   one whose status key expired shows as `gone`.
 //! - `instances/<name>`: each live instance's status, under its lease.
 
+use crate::ids::GenerationId;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -42,7 +43,7 @@ impl Keys {
     }
 
     /// Zero-padded, so that keys sort by id.
-    pub fn generation(&self, id: u64) -> String {
+    pub fn generation(&self, id: GenerationId) -> String {
         format!("{}/generations/{id:020}", self.prefix)
     }
 
@@ -87,7 +88,7 @@ impl Meta {
 /// `generations/<id>`: a shared document, as activated.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GenerationDoc {
-    pub generation: u64,
+    pub generation: GenerationId,
     /// `sha256:<hex>` of `config`.
     pub config_version: String,
     /// The shared document's text: routes, upstreams, `log.level`.
@@ -101,15 +102,15 @@ pub struct GenerationDoc {
     pub reason: Option<String>,
     /// Set when the document is a rollback to an earlier generation's text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rolled_back_to: Option<u64>,
+    pub rolled_back_to: Option<GenerationId>,
 }
 
 /// `active`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ActiveRecord {
-    pub generation: u64,
+    pub generation: GenerationId,
     pub config_version: String,
-    pub previous: Option<u64>,
+    pub previous: Option<GenerationId>,
     pub activated_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
@@ -127,7 +128,7 @@ pub struct ActiveRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FleetPending {
     /// The last final generation: what a rollback brings back.
-    pub rollback_to: u64,
+    pub rollback_to: GenerationId,
     pub started_unix_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_unix_ms: Option<u64>,
@@ -149,7 +150,7 @@ pub struct CanaryPlan {
 /// How a pending generation ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settlement {
-    pub generation: u64,
+    pub generation: GenerationId,
     /// `confirmed`, `aborted` or `auto_rolled_back`.
     pub outcome: String,
     pub at: String,
@@ -163,7 +164,7 @@ pub struct Settlement {
 /// it applied it, and its previous generation's over the same time.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PendingAnswers {
-    pub generation: u64,
+    pub generation: GenerationId,
     pub requests: u64,
     pub errors: u64,
     /// Bound of the 99th percentile, seconds.
@@ -200,18 +201,18 @@ pub struct InstanceRecord {
     pub report: Report,
     /// The fleet generation it serves (`None`: its own file's, before it
     /// applied any).
-    pub generation: Option<u64>,
+    pub generation: Option<GenerationId>,
     pub config_version: Option<String>,
     /// The generation it is applying or refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target: Option<u64>,
+    pub target: Option<GenerationId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// The refused plan's findings, each `code at path: message`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub diagnostics: Vec<String>,
     /// The instance's own generation id for what it serves.
-    pub local_generation: u64,
+    pub local_generation: GenerationId,
     pub listeners: Vec<BoundListener>,
     pub updated_at: String,
     pub version: String,
@@ -238,12 +239,14 @@ mod tests {
     #[test]
     fn generation_keys_sort_by_id() {
         let keys = Keys::new("/cutover/prod");
-        assert!(keys.generation(9) < keys.generation(10));
+        assert!(keys.generation(GenerationId(9)) < keys.generation(GenerationId(10)));
         assert_eq!(
-            keys.generation(7),
+            keys.generation(GenerationId(7)),
             "/cutover/prod/generations/00000000000000000007"
         );
-        assert!(keys.generation(7).starts_with(&keys.generations()));
+        assert!(keys
+            .generation(GenerationId(7))
+            .starts_with(&keys.generations()));
     }
 
     #[test]

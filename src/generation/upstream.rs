@@ -346,8 +346,9 @@ impl Upstream {
 /// distinct gaps between visits of any range (the three-distance
 /// theorem), each within about 2.6 × the ideal `total / weight`. Building
 /// is O(backends), picking is O(log backends) and lock-free; nginx's
-/// algorithm, unrolled, was O(total × backends) to build (391 ms for
-/// 1 000 backends weighted 1–1 000).
+/// algorithm, unrolled, was O(total × backends) to build: hundreds of
+/// milliseconds for a thousand heavily weighted backends
+/// (`docs/performance.md`, "Figures behind choices in the code").
 #[derive(Debug, Default)]
 pub struct WeightedSchedule {
     /// Cumulative reduced weights: backend `i` owns positions

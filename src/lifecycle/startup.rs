@@ -25,6 +25,7 @@ use crate::runtime::{
 };
 use crate::telemetry::{self, metrics as m};
 use crate::tls::CertStore;
+use crate::writer::Writer;
 
 /// How the process was asked to run.
 #[derive(Debug, Clone)]
@@ -420,15 +421,12 @@ async fn serve(
     // A generation that was pending when the last process stopped (or
     // handed over) is pending again, with what is left of its window.
     control.resume_pending();
-    #[cfg(feature = "fleet")]
-    if let Some(fleet) = spec.fleet.clone() {
-        if options.watch {
-            return Err(StartError::Watch(
-                "--watch and [fleet] would be two sources of truth for the routes: a fleet instance takes its shared configuration from etcd".into(),
-            ));
-        }
-        control.join_fleet(fleet);
+    if spec.fleet.is_some() && options.watch {
+        return Err(StartError::Watch(
+            "--watch and [fleet] would be two sources of truth for the routes: a fleet instance takes its shared configuration from etcd".into(),
+        ));
     }
+    let writer = Writer::start(Arc::clone(&control), spec.fleet.clone());
     if options.watch {
         match super::watch::spawn(Arc::clone(&control), options.config.clone()) {
             Ok(()) => {
@@ -442,7 +440,7 @@ async fn serve(
         address: admin_address,
         token: spec.admin.token.clone(),
     };
-    let admin_router = admin::router(Arc::clone(&control), security);
+    let admin_router = admin::router(writer.clone(), security);
     // Status names the running binary's hash from its first answer, and
     // an upgrading parent keeps the admin socket until this process can
     // answer it fully.
@@ -485,7 +483,18 @@ async fn serve(
                             tokio::task::spawn_blocking(move || {
                                 let pending =
                                     control.pending().map(|p| (p.generation, p.rollback_to));
-                                telemetry::series::scrape(&prometheus, control.store(), pending)
+                                let roles = control.store().roles(pending);
+                                let generations: Vec<_> = roles
+                                    .iter()
+                                    .map(|(role, ledger)| telemetry::series::GenerationSeries {
+                                        role,
+                                        id: ledger.generation().0,
+                                        requests: ledger.requests.get(),
+                                        errors: ledger.errors.get(),
+                                        duration: &ledger.duration,
+                                    })
+                                    .collect();
+                                telemetry::series::scrape(&prometheus, &generations)
                             })
                             .await
                             .map_err(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR)
@@ -507,15 +516,31 @@ async fn serve(
     metrics::gauge!(m::ACTIVE_GENERATION).set(id.0 as f64);
     tokio::spawn(refresh_gauges(Arc::clone(&control)));
     announce_ready(&control, admin_address, metrics_address);
-    signal_loop(control, process, signals).await
+    signal_loop(writer, process, signals).await
 }
 
 async fn refresh_gauges(control: Arc<Control>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tick.tick().await;
-        telemetry::refresh_gauges(&control.store().loads(), control.phase().get());
+        publish_gauges(&control);
     }
+}
+
+/// Pushes the phase and the work pinned to each live generation to the
+/// gauges telemetry keeps.
+fn publish_gauges(control: &Control) {
+    let loads: Vec<_> = control
+        .store()
+        .loads()
+        .iter()
+        .map(|load| telemetry::PinnedLoad {
+            inflight_requests: load.inflight_requests,
+            open_connections: load.open_connections,
+            superseded_secs: load.superseded_secs,
+        })
+        .collect();
+    telemetry::refresh_gauges(control.phase().get().as_gauge(), &loads);
 }
 
 /// One JSON line on stdout once every socket is bound and the first
@@ -570,10 +595,11 @@ impl Signals {
 }
 
 async fn signal_loop(
-    control: Arc<Control>,
+    writer: Writer,
     process: Arc<Process>,
     signals: Signals,
 ) -> Result<(), StartError> {
+    let control = Arc::clone(writer.control());
     let Signals {
         mut hangup,
         mut terminate,
@@ -586,7 +612,7 @@ async fn signal_loop(
         tokio::select! {
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading the configuration file");
-                match control.reload(Candidate::config_file()).await {
+                match writer.reload(Candidate::config_file()).await {
                     Ok(activation) => tracing::info!(outcome = activation.outcome, generation = %activation.generation, "reload finished"),
                     Err(error) => log_refusal(&error),
                 }
@@ -622,7 +648,7 @@ async fn signal_loop(
         }
     };
     tokio::select! {
-        _ = drain(&control, stop) => {}
+        _ = drain(&writer, stop) => {}
         _ = interrupt.recv() => tracing::info!("SIGINT: stopping now"),
     }
     control.phase().advance(Phase::Stopped);
@@ -649,16 +675,14 @@ fn log_refusal(error: &crate::control::ControlError) {
 
 /// Stops accepting, lets in-flight work finish until `drain_timeout`,
 /// then returns so the process exits.
-async fn drain(control: &Control, stop: Stop) {
+async fn drain(writer: &Writer, stop: Stop) {
+    let control = writer.control();
     control.phase().advance(Phase::Draining);
-    telemetry::refresh_gauges(&control.store().loads(), Phase::Draining);
+    publish_gauges(control);
     let timeout = control.store().load_full().spec.runtime.drain_timeout;
     control.listeners().drain();
-    // Out of the fleet at once; bounded, as etcd may be away.
-    #[cfg(feature = "fleet")]
-    if let Some(fleet) = control.fleet() {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), fleet.leave()).await;
-    }
+    // Out of the fleet at once (bounded, as etcd may be away).
+    writer.leave().await;
     tracing::info!(
         ?stop,
         ?timeout,

@@ -15,6 +15,9 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::config::FileConfig;
 
+/// Telemetry's own settings, produced by validation.
+pub use crate::telemetry::{LogFormat, LogSpec, TracingSpec};
+
 /// A configuration that passed validation, with everything resolved.
 #[derive(Debug, Clone)]
 pub struct Spec {
@@ -69,35 +72,6 @@ pub struct AdminSpec {
     /// Bearer token every admin call must carry, read from `token_file`.
     pub token: Option<String>,
     pub require_expected_generation: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-/// `[tracing]`: where spans go, and which new traces are sampled.
-#[derive(Debug, Clone)]
-pub struct TracingSpec {
-    /// The OTLP/HTTP collector (`…/v1/traces` is appended), if any.
-    pub otlp_endpoint: Option<http::Uri>,
-    pub service_name: String,
-    /// The share of new traces (no `traceparent`) that are sampled and
-    /// exported; continued traces follow their caller's decision.
-    pub sample_ratio: f64,
-}
-
-#[derive(Debug, Clone)]
-pub struct LogSpec {
-    /// A `tracing_subscriber::EnvFilter` directive (`info`, `cutover=debug`).
-    pub level: String,
-    pub format: LogFormat,
-    pub file: Option<PathBuf>,
-    /// Whether access lines are written (live).
-    pub access: bool,
-    /// The access log's own file; `None`: the log sink.
-    pub access_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]

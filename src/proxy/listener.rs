@@ -664,10 +664,10 @@ async fn client_address(
     if !proxied {
         return Some(peer);
     }
-    let read = super::proxy_header::read(stream, timeout).await;
+    let read = super::accept_proxy::read(stream, timeout).await;
     let outcome = match &read {
         Ok(_) => "accepted",
-        Err(super::proxy_header::HeaderError::Timeout(_)) => "timeout",
+        Err(super::accept_proxy::HeaderError::Timeout(_)) => "timeout",
         Err(_) => "invalid",
     };
     metrics::counter!(m::PROXY_HEADERS, m::LABEL_LISTENER => listener.to_string(), m::LABEL_OUTCOME => outcome).increment(1);

@@ -2,6 +2,7 @@
 //! one function that turns errors into responses. It reads generations
 //! through `admission` and never imports `config`, `control` or `admin`.
 
+mod accept_proxy;
 mod body;
 mod client_hello;
 mod downstream;
@@ -13,7 +14,6 @@ mod http;
 mod interim;
 mod listener;
 mod observed;
-mod proxy_header;
 mod relay;
 mod retry;
 mod tcp;

@@ -221,6 +221,41 @@ impl GenerationStore {
             .collect()
     }
 
+    /// The live generations that name a role in the metrics: while a
+    /// generation is pending (guarded activation; `pending` names it and
+    /// the generation it would roll back to) it is `pending` and that one
+    /// is `previous`; otherwise the active generation is `active` and the
+    /// newest older one still alive is `previous`.
+    pub fn roles(
+        &self,
+        pending: Option<(GenerationId, GenerationId)>,
+    ) -> Vec<(&'static str, Arc<Ledger>)> {
+        let active = self.active_id();
+        let ledgers = self.ledgers();
+        let find = |id| ledgers.iter().find(|l| l.generation() == id).cloned();
+        let roles = match pending.filter(|(generation, _)| *generation == active) {
+            Some((generation, rollback_to)) => [
+                ("pending", find(generation)),
+                ("previous", find(rollback_to)),
+            ],
+            None => [
+                ("active", find(active)),
+                (
+                    "previous",
+                    ledgers
+                        .iter()
+                        .filter(|l| l.generation() < active)
+                        .max_by_key(|l| l.generation())
+                        .cloned(),
+                ),
+            ],
+        };
+        roles
+            .into_iter()
+            .filter_map(|(role, ledger)| Some((role, ledger?)))
+            .collect()
+    }
+
     /// The ledger of generation `id`, while it is alive.
     pub fn ledger(&self, id: GenerationId) -> Option<Arc<Ledger>> {
         let published = self

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use http::Method;
 
-use crate::plan::{LogFormat, LogSpec};
+use super::{LogFormat, LogSpec};
 
 /// How a request or connection ended, besides its status: a set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -516,7 +516,8 @@ fn flush_batch(
 
 /// Appends one line, text (`key=value`, values quoted when they need it)
 /// or JSON, and a newline. Numbers, addresses and the time are written
-/// without `fmt` (through it, a line cost 4 300 instructions more).
+/// without `fmt`, which costs several times as much
+/// (`docs/performance.md`, "Figures behind choices in the code").
 pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
     let start = line.ended.checked_sub(line.duration).unwrap_or(line.ended);
     let method = line.method.as_ref().map(Method::as_str);

@@ -6,13 +6,16 @@ pub mod metrics;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 pub mod series;
+mod settings;
 pub mod trace;
+
+pub use settings::{LogFormat, LogSpec, TracingSpec};
 
 /// Without the `otlp` feature nothing is exported (and validation refuses
 /// `tracing.otlp_endpoint`).
 #[cfg(not(feature = "otlp"))]
 pub mod otlp {
-    pub fn init(spec: &crate::plan::TracingSpec) -> std::io::Result<()> {
+    pub fn init(spec: &super::TracingSpec) -> std::io::Result<()> {
         set_sample_ratio(spec.sample_ratio);
         Ok(())
     }
@@ -35,8 +38,6 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, Promet
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter, Registry};
-
-use crate::plan::{LogFormat, LogSpec};
 
 /// Changes the log level of the running process (`log.level` is live).
 pub struct LogLevel {
@@ -258,11 +259,21 @@ fn spawn_upkeep(handle: PrometheusHandle) {
     }
 }
 
+/// Work pinned to one live generation, as `refresh_gauges` reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct PinnedLoad {
+    pub inflight_requests: u64,
+    pub open_connections: u64,
+    /// Seconds since a newer generation replaced it; `None` while active.
+    pub superseded_secs: Option<f64>,
+}
+
 /// Publishes the gauges that are read off state rather than counted on
-/// the request path: phase, live generations, pinned work, oldest pin age.
-pub fn refresh_gauges(loads: &[crate::runtime::GenerationLoad], phase: crate::runtime::Phase) {
+/// the request path: phase (as its gauge value), live generations, pinned
+/// work, oldest pin age. The owners of that state push it here.
+pub fn refresh_gauges(phase: f64, loads: &[PinnedLoad]) {
     use self::metrics as m;
-    ::metrics::gauge!(m::PHASE).set(phase.as_gauge());
+    ::metrics::gauge!(m::PHASE).set(phase);
     ::metrics::gauge!(m::LIVE_GENERATIONS).set(loads.len() as f64);
     let (mut active, mut superseded) = ((0u64, 0u64), (0u64, 0u64));
     let mut oldest: f64 = 0.0;

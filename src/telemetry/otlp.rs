@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{json, Value};
 
 use super::access::Line;
-use crate::plan::TracingSpec;
+use super::TracingSpec;
 
 /// Spans waiting for the exporter before new ones are dropped.
 const QUEUE: usize = 8 * 1024;

@@ -373,66 +373,49 @@ pub fn collect(out: &mut Vec<Sample>) {
     drop(entries);
 }
 
-/// The `generation="active" | "pending" | "previous"` series, from the
-/// live generations' ledgers. While a generation is pending (guarded
-/// activation, `pending` names it and the generation it would roll back
-/// to) it is `pending` and that one is `previous`; otherwise the active
-/// generation is `active` and the newest older one still alive is
-/// `previous`.
-pub fn generation_samples(
-    store: &crate::runtime::GenerationStore,
-    pending: Option<(crate::ids::GenerationId, crate::ids::GenerationId)>,
-    out: &mut Vec<Sample>,
-) {
-    let active = store.active_id();
-    let ledgers = store.ledgers();
-    let find = |id| ledgers.iter().find(|l| l.generation() == id);
-    let roles = match pending.filter(|(generation, _)| *generation == active) {
-        Some((generation, rollback_to)) => [
-            ("pending", find(generation)),
-            ("previous", find(rollback_to)),
-        ],
-        None => [
-            ("active", find(active)),
-            (
-                "previous",
-                ledgers
-                    .iter()
-                    .filter(|l| l.generation() < active)
-                    .max_by_key(|l| l.generation()),
-            ),
-        ],
-    };
-    for (role, ledger) in roles {
-        let Some(ledger) = ledger else { continue };
+/// One live generation's answers, under the role it plays now
+/// (`active`, `pending` or `previous`): what the store pushes for a scrape.
+pub struct GenerationSeries<'a> {
+    pub role: &'static str,
+    pub id: u64,
+    pub requests: u64,
+    pub errors: u64,
+    pub duration: &'a Histogram,
+}
+
+/// The `generation="active" | "pending" | "previous"` series.
+pub fn generation_samples(generations: &[GenerationSeries<'_>], out: &mut Vec<Sample>) {
+    for generation in generations {
         let labels: Labels = vec![
-            (m::LABEL_GENERATION, role.into()),
-            ("id", ledger.generation().0.to_string().into()),
+            (m::LABEL_GENERATION, generation.role.into()),
+            ("id", generation.id.to_string().into()),
         ];
         out.push(sample(
             &GENERATION_REQUESTS,
             labels.clone(),
-            ledger.requests.get() as f64,
+            generation.requests as f64,
         ));
         out.push(sample(
             &GENERATION_ERRORS,
             labels.clone(),
-            ledger.errors.get() as f64,
+            generation.errors as f64,
         ));
-        ledger.duration.samples(&GENERATION_DURATION, &labels, out);
+        generation
+            .duration
+            .samples(&GENERATION_DURATION, &labels, out);
     }
 }
 
-/// `/metrics`: the recorder's series, then the labelled ones kept here.
+/// `/metrics`: the recorder's series, then the labelled ones kept here,
+/// then the generations' series.
 pub fn scrape(
     recorder: &metrics_exporter_prometheus::PrometheusHandle,
-    store: &crate::runtime::GenerationStore,
-    pending: Option<(crate::ids::GenerationId, crate::ids::GenerationId)>,
+    generations: &[GenerationSeries<'_>],
 ) -> String {
     let mut text = recorder.render();
     let mut samples = Vec::new();
     collect(&mut samples);
-    generation_samples(store, pending, &mut samples);
+    generation_samples(generations, &mut samples);
     render(samples, &mut text);
     text
 }

@@ -11,6 +11,7 @@ mod harness;
 mod http3;
 mod keys;
 mod l4;
+mod layers;
 mod lifecycle;
 mod observability;
 mod pki;

@@ -1,0 +1,376 @@
+//! The commit path every change takes: the lock-and-check of `begin_change`, the expected-generation rule, compare-and-swap, history, persistence and the operation record.
+
+use super::*;
+
+/// The rules every writer (this instance, or the fleet) applies before a
+/// change, in this order: an expected generation must be the active one
+/// (409 `generation_conflict`), and while generation `pending` awaits
+/// confirmation a new change must name it, superseding it (409
+/// `pending_activation`).
+pub fn admit_change(
+    expected: Option<GenerationId>,
+    active: GenerationId,
+    pending: Option<GenerationId>,
+) -> Result<(), ControlError> {
+    if let Some(expected) = expected.filter(|expected| *expected != active) {
+        return Err(ControlError::Conflict { expected, active });
+    }
+    match pending {
+        Some(pending) if expected != Some(pending) => {
+            Err(ControlError::PendingActivation { pending })
+        }
+        _ => Ok(()),
+    }
+}
+
+pub(super) fn plan_summary(plan: &Plan) -> String {
+    if !plan.errors.is_empty() {
+        return format!("{} errors", plan.errors.len());
+    }
+    let s = &plan.diff.summary;
+    format!(
+        "+{} -{} ~{}, {} restart-required",
+        s.added, s.removed, s.modified, s.restart_required
+    )
+}
+
+pub(super) fn elapsed_ms(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+pub fn operation_kind_name(kind: OperationKind) -> &'static str {
+    match kind {
+        OperationKind::Preview => "preview",
+        OperationKind::Activate => "activate",
+        OperationKind::Reload => "reload",
+        OperationKind::Rollback => "rollback",
+        OperationKind::ReloadCerts => "reload_certs",
+        OperationKind::Drain => "drain",
+        OperationKind::Upgrade => "upgrade",
+        OperationKind::Confirm => "confirm",
+        OperationKind::Abort => "abort",
+        OperationKind::AutoRollback => "auto_rollback",
+    }
+}
+
+impl Control {
+    pub(super) fn try_activate(
+        &self,
+        candidate: &Candidate,
+        kind: OperationKind,
+        started: Instant,
+    ) -> Result<Activation, ControlError> {
+        let (_operation, active) = self.begin_change()?;
+        if candidate.expected_generation.is_none()
+            && active.spec.admin.require_expected_generation
+            && kind == OperationKind::Activate
+        {
+            return Err(ControlError::ExpectedGenerationRequired);
+        }
+        // One pending change at a time: a new one must name the pending
+        // generation to supersede it; the rollback target stays the last
+        // final generation.
+        let superseded = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        admit_change(
+            candidate.expected_generation,
+            active.id,
+            superseded.as_ref().map(|p| p.generation),
+        )?;
+        // A canary's other side is the last final generation.
+        let previous = self
+            .store
+            .canary()
+            .map_or_else(|| Arc::clone(&active), |c| Arc::clone(&c.previous));
+        let text = candidate::read(&candidate.source, &self.config_file)?;
+        let plan = plan::plan(&text, Some((active.id, &active.spec)));
+        let meta = CommitMeta {
+            kind,
+            source: if kind == OperationKind::Reload {
+                Source::Reload
+            } else {
+                Source::Activate
+            },
+            rolled_back_to: None,
+            requester: Requester::of(candidate),
+            text,
+        };
+        let mut activation = self.commit(&active, plan, meta, started)?;
+        if activation.outcome == "unchanged" {
+            return Ok(activation);
+        }
+        // Without a confirm window, a guard's window or the canary's
+        // steps decide (see `watch` and `advance`).
+        let guarded = candidate.confirm_within.is_some()
+            || candidate.guard.is_some()
+            || candidate.canary.is_some();
+        let pending = guarded.then(|| Pending {
+            generation: activation.generation,
+            rollback_to: superseded.as_ref().map_or(active.id, |p| p.rollback_to),
+            deadline: candidate.confirm_within.map(Deadline::after),
+            guard: candidate.guard.clone(),
+            canary: candidate.canary.clone(),
+            step: 0,
+        });
+        if let (Some(spec), Some(_)) = (&candidate.canary, &pending) {
+            self.store.set_canary(Some(Arc::new(crate::runtime::Canary {
+                previous,
+                percent: std::sync::atomic::AtomicU8::new(
+                    spec.steps.first().copied().unwrap_or(100),
+                ),
+                key: spec.key.clone(),
+            })));
+        }
+        let final_now = pending.is_none();
+        self.set_pending(pending);
+        activation.pending = self.pending();
+        if final_now && kind == OperationKind::Activate {
+            self.write_back();
+        }
+        Ok(activation)
+    }
+
+    /// Starts a mutating operation: the one-writer lock (409 while another
+    /// runs), a running process (503 while draining), the active generation.
+    pub(super) fn begin_change(
+        &self,
+    ) -> Result<(tokio::sync::MutexGuard<'_, ()>, Arc<Generation>), ControlError> {
+        let guard = self
+            .operation
+            .try_lock()
+            .map_err(|_| ControlError::InProgress)?;
+        self.check_running()?;
+        Ok((guard, self.store.load_full()))
+    }
+
+    pub(super) fn check_running(&self) -> Result<(), ControlError> {
+        match self.phase.get() {
+            Phase::Draining | Phase::Stopped => Err(ControlError::Draining),
+            Phase::Starting | Phase::Running => Ok(()),
+        }
+    }
+
+    /// plan → build → bind → compare-and-swap → history → persist.
+    pub(super) fn commit(
+        &self,
+        active: &Arc<Generation>,
+        plan: Plan,
+        meta: CommitMeta,
+        started: Instant,
+    ) -> Result<Activation, ControlError> {
+        if !plan.errors.is_empty() {
+            return Err(ControlError::Invalid(Box::new(plan)));
+        }
+        if !plan.rejected.is_empty() {
+            return Err(ControlError::RestartRequired(Box::new(plan)));
+        }
+        let Some(spec) = plan.spec.clone() else {
+            return Err(ControlError::Invalid(Box::new(plan)));
+        };
+        if plan.is_unchanged(Some(&active.spec)) {
+            let operation_id = self.record(
+                meta.kind,
+                started,
+                Outcome::Unchanged,
+                (Some(active.id), Some(active.id)),
+                &meta.requester,
+                "configuration unchanged".into(),
+                None,
+            );
+            self.count_activation(meta.kind, "unchanged", started);
+            return Ok(Activation {
+                outcome: "unchanged",
+                generation: active.id,
+                previous_generation: active.id,
+                config_version: spec.config_version.clone(),
+                rolled_back_to: None,
+                duration_ms: elapsed_ms(started),
+                listeners: self.listeners.info(),
+                diff: plan.diff,
+                operation_id,
+                pending: None,
+            });
+        }
+        let next_id = active.id.next();
+        let next = match generation::build(Arc::clone(&spec), next_id, &self.shared) {
+            Ok(next) => next,
+            Err(source) => {
+                return Err(ControlError::Build {
+                    source,
+                    plan: Box::new(plan),
+                })
+            }
+        };
+        let certificates = generation::certificate_material(&spec, next_id);
+        let bound = match self.listeners.bind_new(&spec.listeners) {
+            Ok(bound) => bound,
+            Err(source) => {
+                return Err(ControlError::Bind {
+                    source,
+                    plan: Box::new(plan),
+                })
+            }
+        };
+        // INVARIANT: we hold the operation lock, so the active generation
+        // cannot have moved since `active` was loaded; the CAS still
+        // guards against a writer outside this type.
+        let committed = self
+            .store
+            .commit(active.id, next)
+            .map_err(|c| ControlError::Conflict {
+                expected: c.expected,
+                active: c.active,
+            })?;
+        // Whatever canary ran is over: new requests go to the new
+        // generation (the caller starts the next canary, if any).
+        self.store.set_canary(None);
+        // Handshakes already get the new generation's certificates (the
+        // store follows the active generation); installing them makes
+        // them the stored material that reload-certs starts from.
+        self.install_certificates(certificates);
+        self.listeners.start(bound);
+        self.log_level.apply(&spec.log.level);
+        crate::telemetry::access::set_enabled(spec.log.access);
+        crate::telemetry::otlp::set_sample_ratio(spec.tracing.sample_ratio);
+        metrics::gauge!(m::ACTIVE_GENERATION).set(committed.id.0 as f64);
+        let summary = format!(
+            "+{} -{} ~{}",
+            plan.diff.summary.added, plan.diff.summary.removed, plan.diff.summary.modified
+        );
+        {
+            // Compressed before the history lock is taken.
+            let config = RetainedText::new(&meta.text.text);
+            let mut history = self.history();
+            history.set_limit(spec.runtime.history_limit);
+            history.record_generation(GenerationRecord {
+                generation: committed.id,
+                config_version: spec.config_version.clone(),
+                activated_at: rfc3339(SystemTime::now()),
+                source: meta.source,
+                rolled_back_to: meta.rolled_back_to,
+                requested_by: meta.requester.requested_by.clone(),
+                reason: meta.requester.reason.clone(),
+                config,
+                base_dir: meta.text.base_dir.clone(),
+                origin: meta.text.origin.clone(),
+            });
+        }
+        let operation_id = self.record(
+            meta.kind,
+            started,
+            Outcome::Succeeded,
+            (Some(committed.id), Some(active.id)),
+            &meta.requester,
+            summary,
+            None,
+        );
+        self.count_activation(meta.kind, "succeeded", started);
+        tracing::info!(
+            generation = %committed.id,
+            previous = %active.id,
+            config_version = %spec.config_version,
+            kind = ?meta.kind,
+            requested_by = meta.requester.requested_by.as_deref().unwrap_or("-"),
+            "generation activated"
+        );
+        Ok(Activation {
+            outcome: "activated",
+            generation: committed.id,
+            previous_generation: active.id,
+            config_version: spec.config_version.clone(),
+            rolled_back_to: meta.rolled_back_to,
+            duration_ms: elapsed_ms(started),
+            listeners: self.listeners.info(),
+            diff: plan.diff,
+            operation_id,
+            pending: None,
+        })
+    }
+
+    pub(super) fn count_activation(
+        &self,
+        kind: OperationKind,
+        outcome: &'static str,
+        started: Instant,
+    ) {
+        let kind = operation_kind_name(kind);
+        metrics::counter!(m::ACTIVATIONS, m::LABEL_KIND => kind, m::LABEL_OUTCOME => outcome)
+            .increment(1);
+        metrics::histogram!(m::ACTIVATION_DURATION).record(started.elapsed().as_secs_f64());
+    }
+
+    pub(super) fn record_failure(
+        &self,
+        kind: OperationKind,
+        started: Instant,
+        requester: &Requester,
+        error: &ControlError,
+    ) {
+        let outcome = match error {
+            ControlError::Conflict { .. }
+            | ControlError::InProgress
+            | ControlError::TargetActive(_) => Outcome::Conflict,
+            ControlError::Build { .. } | ControlError::Bind { .. } => Outcome::Failed,
+            _ => Outcome::Rejected,
+        };
+        let label = match outcome {
+            Outcome::Conflict => "conflict",
+            Outcome::Failed => "failed",
+            _ => "rejected",
+        };
+        self.count_activation(kind, label, started);
+        tracing::warn!(kind = ?kind, %error, "configuration change refused");
+        self.record(
+            kind,
+            started,
+            outcome,
+            (None, Some(self.store.active_id())),
+            requester,
+            error.to_string(),
+            Some(error.to_string()),
+        );
+    }
+
+    /// Appends to the operation log and persists; returns the operation id.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record(
+        &self,
+        kind: OperationKind,
+        started: Instant,
+        outcome: Outcome,
+        (generation, previous_generation): (Option<GenerationId>, Option<GenerationId>),
+        requester: &Requester,
+        summary: String,
+        error: Option<String>,
+    ) -> String {
+        let mut history = self.history();
+        let id = history.next_operation_id();
+        history.record_operation(OperationRecord {
+            id: id.clone(),
+            kind,
+            at: rfc3339(SystemTime::now()),
+            duration_ms: elapsed_ms(started),
+            outcome,
+            generation,
+            previous_generation,
+            requested_by: requester.requested_by.clone(),
+            reason: requester.reason.clone(),
+            summary,
+            error,
+            pid: std::process::id(),
+            previous_pid: None,
+        });
+        // A preview is kept in memory only: validate and preview never
+        // write (DESIGN §10); the next change persists it with the rest.
+        if kind == OperationKind::Preview {
+            return id;
+        }
+        if let Err(error) = history.persist() {
+            tracing::error!(%error, "cannot persist history; the change is live but will not survive a restart");
+        }
+        id
+    }
+}

@@ -1,0 +1,722 @@
+//! Guarded activation (DESIGN §14): the pending generation, its deadline, guard and canary steps, and how it is settled (confirm, abort, breach, missed deadline) through the one commit path.
+
+use super::*;
+
+impl Deadline {
+    pub(super) fn after(within: Duration) -> Self {
+        Self {
+            at: tokio::time::Instant::now() + within,
+            wall: SystemTime::now() + within,
+        }
+    }
+
+    /// A persisted deadline, with what is left of it (nothing, once past).
+    pub(super) fn from_unix_ms(ms: u64) -> Self {
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        let left = wall
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        Self {
+            at: tokio::time::Instant::now() + left,
+            wall,
+        }
+    }
+
+    pub(super) fn unix_ms(self) -> u64 {
+        self.wall
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// What a guard concluded from the pending generation's answers so far.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Verdict {
+    /// Not enough answers yet, or the window is still open.
+    Wait,
+    Pass(String),
+    Breach(String),
+    /// The window closed with fewer than `min_requests` answers.
+    NoData(String),
+}
+
+impl Answers {
+    pub(crate) fn of(ledger: &crate::generation::Ledger) -> Self {
+        Self {
+            requests: ledger.requests.get(),
+            errors: ledger.errors.get(),
+        }
+    }
+
+    pub(crate) fn since(self, start: Answers) -> Self {
+        Self {
+            requests: self.requests.saturating_sub(start.requests),
+            errors: self.errors.saturating_sub(start.errors),
+        }
+    }
+
+    pub(super) fn ratio(self) -> f64 {
+        self.errors as f64 / self.requests.max(1) as f64
+    }
+}
+
+impl Baseline {
+    pub(crate) fn start(store: &GenerationStore, generation: Option<GenerationId>) -> Self {
+        let ledger = generation.and_then(|id| store.ledger(id));
+        let start = ledger.as_deref().map(Answers::of).unwrap_or_default();
+        Self { ledger, start }
+    }
+
+    pub(crate) fn answers(&self) -> Option<Answers> {
+        self.ledger
+            .as_deref()
+            .map(|l| Answers::of(l).since(self.start))
+    }
+}
+
+/// Judges the pending generation's answers (`p99`: the bound of their
+/// 99th percentile, seconds), `elapsed` into the window, against the
+/// previous generation's over the same window: a breach, as soon as
+/// `min_requests` answers show one, is an error ratio more than
+/// `max_error_ratio` above the previous generation's (above zero when
+/// that one has fewer than `min_requests` answers in the window, as
+/// without a canary), or a p99 over `max_p99`; a pass when the window
+/// closes.
+pub(crate) fn judge(
+    spec: &GuardSpec,
+    pending: Answers,
+    p99: Option<f64>,
+    previous: Option<Answers>,
+    elapsed: Duration,
+) -> Verdict {
+    let closed = elapsed >= spec.window;
+    let enough = spec.min_requests.max(1);
+    if pending.requests < enough {
+        return if closed {
+            Verdict::NoData(format!(
+                "guard: {} requests in {:?}, fewer than min_requests {}",
+                pending.requests, spec.window, spec.min_requests
+            ))
+        } else {
+            Verdict::Wait
+        };
+    }
+    let baseline = previous.filter(|p| p.requests >= enough);
+    let p99_text = p99.map_or("-".to_owned(), |s| format!("{:.1}ms", s * 1000.0));
+    let previous_text = match baseline {
+        Some(p) => format!(
+            "previous generation {:.4} ({} of {})",
+            p.ratio(),
+            p.errors,
+            p.requests
+        ),
+        None => "previous generation: too few requests to compare".to_owned(),
+    };
+    let measured = format!(
+        "error ratio {:.4} ({} of {}), p99 <= {p99_text}; {previous_text}; thresholds max_error_ratio {}, max_p99 {}",
+        pending.ratio(),
+        pending.errors,
+        pending.requests,
+        spec.max_error_ratio,
+        spec.max_p99
+            .map_or("-".to_owned(), |d| format!("{:.1}ms", d.as_secs_f64() * 1000.0))
+    );
+    let allowed = baseline.map_or(0.0, Answers::ratio) + spec.max_error_ratio;
+    let slow = matches!((p99, spec.max_p99), (Some(p99), Some(max)) if p99 > max.as_secs_f64());
+    if pending.ratio() > allowed || slow {
+        return Verdict::Breach(format!("guard breached: {measured}"));
+    }
+    if closed {
+        Verdict::Pass(format!("guard passed: {measured}"))
+    } else {
+        Verdict::Wait
+    }
+}
+
+impl Pending {
+    pub(super) fn view(&self) -> PendingView {
+        PendingView {
+            generation: self.generation,
+            rollback_to: self.rollback_to,
+            deadline: self.deadline.map(|d| rfc3339(d.wall)),
+            seconds_left: self.deadline.map(|d| {
+                d.at.saturating_duration_since(tokio::time::Instant::now())
+                    .as_secs_f64()
+            }),
+            canary_percent: None,
+        }
+    }
+
+    pub(super) fn record(&self) -> crate::runtime::PendingRecord {
+        crate::runtime::PendingRecord {
+            generation: self.generation,
+            rollback_to: self.rollback_to,
+            deadline_unix_ms: self.deadline.map(Deadline::unix_ms),
+            guard: self.guard.as_ref().map(GuardSpec::record),
+            canary: self.canary.as_ref().map(|c| c.record(self.step)),
+        }
+    }
+
+    /// A persisted pending generation; `None` when its canary's
+    /// `hash_key` no longer reads (it did when it was written).
+    pub(super) fn resume(record: &crate::runtime::PendingRecord) -> Option<Self> {
+        let canary = match &record.canary {
+            Some(c) => Some(CanarySpec::from_record(c)?),
+            None => None,
+        };
+        let step = record.canary.as_ref().map_or(0, |c| c.step);
+        Some(Self {
+            generation: record.generation,
+            rollback_to: record.rollback_to,
+            deadline: record.deadline_unix_ms.map(Deadline::from_unix_ms),
+            guard: record.guard.as_ref().map(GuardSpec::from_record),
+            canary,
+            step,
+        })
+    }
+}
+
+impl Control {
+    /// Starts what settles a pending generation: the deadline's timer, and
+    /// its canary's steps (which judge each step by the guard) or its
+    /// guard's watch.
+    pub(super) fn supervise(self: &Arc<Self>, pending: &Pending) {
+        let generation = pending.generation;
+        if let Some(deadline) = pending.deadline {
+            let this = Arc::clone(self);
+            tokio::spawn(async move { this.expire(generation, deadline.at).await });
+        }
+        match (&pending.canary, &pending.guard) {
+            (Some(canary), guard) => {
+                let this = Arc::clone(self);
+                let (canary, guard, step) = (canary.clone(), guard.clone(), pending.step);
+                tokio::spawn(async move { this.advance(generation, canary, guard, step).await });
+            }
+            (None, Some(spec)) => {
+                let this = Arc::clone(self);
+                let spec = spec.clone();
+                tokio::spawn(async move { this.watch(generation, spec).await });
+            }
+            (None, None) => {}
+        }
+    }
+
+    /// Walks a canary through its steps: each step's share for
+    /// `step_interval`, then (with a guard) a verdict on the pending
+    /// generation's answers so far; a breach, or no data with
+    /// `on_no_data = "fail"`, rolls back; no data with "hold" repeats the
+    /// step. The last step, 100 %, confirms it. Starts at step `first`
+    /// (a resumed canary); each step reached is persisted.
+    pub(super) async fn advance(
+        self: Arc<Self>,
+        generation: GenerationId,
+        canary: CanarySpec,
+        guard: Option<GuardSpec>,
+        first: usize,
+    ) {
+        let started = tokio::time::Instant::now();
+        let baseline = Baseline::start(&self.store, self.pending().map(|p| p.rollback_to));
+        let mut step = first;
+        loop {
+            let Some(percent) = canary.steps.get(step).copied() else {
+                return;
+            };
+            let Some(current) = self.store.canary() else {
+                return;
+            };
+            if self.pending().map(|p| p.generation) != Some(generation) {
+                return;
+            }
+            current
+                .percent
+                .store(percent, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(%generation, percent, "canary step");
+            let outcome = if percent >= 100 {
+                Some((
+                    Settle::Confirm,
+                    format!("canary steps {:?} completed", canary.steps),
+                ))
+            } else {
+                tokio::time::sleep(canary.step_interval).await;
+                let verdict = match &guard {
+                    None => Verdict::Wait,
+                    Some(spec) => {
+                        let ledger = self.store.ledger(generation);
+                        match ledger {
+                            None => return,
+                            // The window is the time so far: every step
+                            // ends with a verdict.
+                            Some(l) => judge(
+                                spec,
+                                Answers::of(&l),
+                                l.duration.quantile_bound(0.99),
+                                baseline.answers(),
+                                started.elapsed().max(spec.window),
+                            ),
+                        }
+                    }
+                };
+                match verdict {
+                    Verdict::Breach(reason) => {
+                        Some((Settle::Expired, format!("canary at {percent} %: {reason}")))
+                    }
+                    Verdict::NoData(reason)
+                        if guard.as_ref().is_some_and(|g| g.fail_on_no_data) =>
+                    {
+                        Some((Settle::Expired, format!("canary at {percent} %: {reason}")))
+                    }
+                    // Hold: the same step again.
+                    Verdict::NoData(_) => continue,
+                    Verdict::Pass(_) | Verdict::Wait => {
+                        step += 1;
+                        if !self.record_step(generation, step) {
+                            return;
+                        }
+                        None
+                    }
+                }
+            };
+            if let Some((how, reason)) = outcome {
+                self.settle_by_gateway(generation, how, "cutover-canary", reason)
+                    .await;
+                return;
+            }
+        }
+    }
+
+    /// Judges a pending generation by its own answers (see `judge`) every
+    /// tenth of its window (between 100 ms and 1 s) from its activation
+    /// on: rolls it back on a breach, confirms it on a pass with
+    /// `confirm_on_pass`, rolls it back when the window closes without
+    /// enough answers and `on_no_data = "fail"`.
+    pub(super) async fn watch(self: Arc<Self>, generation: GenerationId, spec: GuardSpec) {
+        let started = tokio::time::Instant::now();
+        let baseline = Baseline::start(&self.store, self.pending().map(|p| p.rollback_to));
+        let every = (spec.window / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        loop {
+            tokio::time::sleep(every).await;
+            if self.pending().map(|p| p.generation) != Some(generation) {
+                return;
+            }
+            let Some(ledger) = self.store.ledger(generation) else {
+                return;
+            };
+            let verdict = judge(
+                &spec,
+                Answers::of(&ledger),
+                ledger.duration.quantile_bound(0.99),
+                baseline.answers(),
+                started.elapsed(),
+            );
+            drop(ledger);
+            let (how, reason) = match verdict {
+                Verdict::Wait => continue,
+                Verdict::Breach(reason) => (Settle::Expired, reason),
+                Verdict::NoData(reason) if spec.fail_on_no_data => (Settle::Expired, reason),
+                Verdict::Pass(reason) if spec.confirm_on_pass => (Settle::Confirm, reason),
+                // Passed without confirm_on_pass, or no data and "hold":
+                // the operator or the deadline decides.
+                Verdict::Pass(reason) | Verdict::NoData(reason) => {
+                    tracing::info!(%generation, "{reason}; left pending");
+                    return;
+                }
+            };
+            self.settle_by_gateway(generation, how, "cutover-guard", reason)
+                .await;
+            return;
+        }
+    }
+
+    /// The pending generation, if there is one.
+    pub fn pending(&self) -> Option<PendingView> {
+        let mut view = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(Pending::view)?;
+        view.canary_percent = self
+            .store
+            .canary()
+            .map(|c| c.percent.load(std::sync::atomic::Ordering::Relaxed));
+        Some(view)
+    }
+
+    /// Sets or clears the pending generation, in memory and (with a
+    /// state dir) on disk: a restart or an upgrade during its window
+    /// resumes it.
+    pub(super) fn set_pending(&self, pending: Option<Pending>) {
+        let record = pending.as_ref().map(Pending::record);
+        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = pending;
+        if self.history().pending() != record.as_ref() {
+            self.with_history(|history| history.set_pending(record));
+        }
+    }
+
+    /// Moves the pending canary to `step`, in memory and on disk; `false`
+    /// when `generation` is not pending any more or the process hands
+    /// over (the new process owns the record then).
+    pub(super) fn record_step(&self, generation: GenerationId, step: usize) -> bool {
+        if self.check_running().is_err() {
+            return false;
+        }
+        // Held until the record is written: a settle clears the record
+        // after this, never before.
+        let mut slot = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(pending) = slot.as_mut().filter(|p| p.generation == generation) else {
+            return false;
+        };
+        pending.step = step;
+        let record = pending.record();
+        self.with_history(|history| history.set_pending(Some(record)));
+        true
+    }
+
+    /// After a restart or an upgrade: takes up the pending generation the
+    /// history kept, with what its deadline leaves (a deadline already
+    /// passed rolls back at once), its canary on the step it had reached
+    /// (the previous generation rebuilt to take the rest of new requests)
+    /// and its guard with a new window (the answers it had counted were
+    /// the old process's). Nothing when the active generation is not the
+    /// pending one any more.
+    pub fn resume_pending(self: &Arc<Self>) {
+        let Some(record) = self.history().pending().cloned() else {
+            return;
+        };
+        if record.generation != self.store.active_id() {
+            self.set_pending(None);
+            return;
+        }
+        let resumed = Pending::resume(&record)
+            .ok_or_else(|| "its canary's hash_key no longer reads".to_owned());
+        let resumed = resumed.and_then(|mut pending| {
+            if let Some(canary) = &pending.canary {
+                let previous = self.rebuild(pending.rollback_to)?;
+                let step = pending.step.min(canary.steps.len().saturating_sub(1));
+                pending.step = step;
+                self.store.set_canary(Some(Arc::new(crate::runtime::Canary {
+                    previous,
+                    percent: std::sync::atomic::AtomicU8::new(
+                        canary.steps.get(step).copied().unwrap_or(100),
+                    ),
+                    key: canary.key.clone(),
+                })));
+            }
+            Ok(pending)
+        });
+        let pending = match resumed {
+            Ok(pending) => pending,
+            Err(why) => {
+                // When in doubt, the last final generation wins.
+                tracing::error!(generation = %record.generation, "a pending generation cannot resume ({why}): rolling back");
+                let pending = Pending {
+                    generation: record.generation,
+                    rollback_to: record.rollback_to,
+                    deadline: Some(Deadline::after(Duration::ZERO)),
+                    guard: None,
+                    canary: None,
+                    step: 0,
+                };
+                *self.pending.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some(pending.clone());
+                self.supervise(&pending);
+                return;
+            }
+        };
+        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(pending.clone());
+        let view = pending.view();
+        tracing::info!(
+            generation = %pending.generation,
+            rollback_to = %pending.rollback_to,
+            seconds_left = ?view.seconds_left,
+            canary_step = ?pending.canary.as_ref().map(|c| c.steps.get(pending.step)),
+            guard = pending.guard.is_some(),
+            "resuming a pending generation"
+        );
+        self.supervise(&pending);
+    }
+
+    /// Builds retained generation `id` again, under its own id, as a live
+    /// generation beside the active one (a resumed canary's other side).
+    pub(super) fn rebuild(&self, id: GenerationId) -> Result<Arc<Generation>, String> {
+        let text = self
+            .history()
+            .generation(id)
+            .ok_or_else(|| format!("generation {id} is not retained"))?
+            .config_text()
+            .map_err(|e| e.to_string())?;
+        let spec = plan::validate(&text).map_err(|errors| {
+            format!(
+                "generation {id} no longer validates ({} errors)",
+                errors.len()
+            )
+        })?;
+        let generation = generation::build(Arc::new(spec), id, &self.shared)
+            .map_err(|e| format!("generation {id} cannot be built: {e}"))?;
+        Ok(self.store.publish_previous(generation))
+    }
+
+    /// Rolls `generation` back once `deadline` passes, unless it was
+    /// settled before: the same compare-and-swap as confirm and abort, so
+    /// exactly one of them wins.
+    pub(super) async fn expire(
+        self: Arc<Self>,
+        generation: GenerationId,
+        deadline: tokio::time::Instant,
+    ) {
+        tokio::time::sleep_until(deadline).await;
+        self.settle_by_gateway(
+            generation,
+            Settle::Expired,
+            "cutover",
+            "confirm deadline passed".into(),
+        )
+        .await;
+    }
+
+    /// Settles `generation` on the gateway's own behalf (`who`: the
+    /// deadline, a guard or a canary), waiting its turn while another
+    /// operation holds the lock; a generation settled meanwhile is left
+    /// as it is.
+    pub(super) async fn settle_by_gateway(
+        self: &Arc<Self>,
+        generation: GenerationId,
+        how: Settle,
+        who: &str,
+        reason: String,
+    ) {
+        loop {
+            let request = SettleRequest {
+                generation,
+                expected_active_generation: None,
+                requested_by: Some(who.to_owned()),
+                reason: Some(reason.clone()),
+            };
+            match self.settle(request, how).await {
+                Err(ControlError::InProgress) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(ControlError::Draining | ControlError::NotPending(_)) | Ok(_) => return,
+                Err(error) => {
+                    tracing::error!(%generation, %error, who, "settling a pending generation failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Confirms or rolls back the pending generation (DESIGN §14).
+    pub async fn settle(
+        self: &Arc<Self>,
+        request: SettleRequest,
+        how: Settle,
+    ) -> Result<Settled, ControlError> {
+        self.off_the_data_plane(move |c| {
+            let started = Instant::now();
+            let kind = match how {
+                Settle::Confirm => OperationKind::Confirm,
+                Settle::Abort => OperationKind::Abort,
+                Settle::Expired => OperationKind::AutoRollback,
+            };
+            let requester = Requester {
+                requested_by: request.requested_by.clone(),
+                reason: request.reason.clone(),
+            };
+            let result = c.try_settle(&request, how, kind, &requester, started);
+            if let Err(error) = &result {
+                if !matches!(error, ControlError::InProgress) || how != Settle::Expired {
+                    c.record_failure(kind, started, &requester, error);
+                }
+            }
+            result
+        })
+        .await
+    }
+
+    pub(super) fn try_settle(
+        &self,
+        request: &SettleRequest,
+        how: Settle,
+        kind: OperationKind,
+        requester: &Requester,
+        started: Instant,
+    ) -> Result<Settled, ControlError> {
+        let (_operation, active) = self.begin_change()?;
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|p| p.generation == request.generation && p.generation == active.id)
+            .ok_or(ControlError::NotPending(request.generation))?;
+        admit_change(request.expected_active_generation, active.id, None)?;
+        if how == Settle::Confirm {
+            self.store.set_canary(None);
+            self.set_pending(None);
+            let operation_id = self.record(
+                kind,
+                started,
+                Outcome::Succeeded,
+                (Some(active.id), Some(pending.rollback_to)),
+                requester,
+                format!("generation {} confirmed", active.id),
+                None,
+            );
+            tracing::info!(generation = %active.id, "pending generation confirmed");
+            self.write_back();
+            return Ok(Settled {
+                outcome: "confirmed",
+                generation: active.id,
+                rolled_back_to: None,
+                operation_id,
+            });
+        }
+        let source = if how == Settle::Expired {
+            Source::AutoRollback
+        } else {
+            Source::Rollback
+        };
+        let activation = self.rollback_locked(
+            &active,
+            pending.rollback_to,
+            kind,
+            source,
+            requester,
+            started,
+        )?;
+        self.set_pending(None);
+        self.write_back();
+        tracing::warn!(
+            pending = %pending.generation,
+            generation = %activation.generation,
+            rolled_back_to = %pending.rollback_to,
+            reason = requester.reason.as_deref().unwrap_or("-"),
+            "pending generation rolled back"
+        );
+        Ok(Settled {
+            outcome: "rolled_back",
+            generation: activation.generation,
+            rolled_back_to: Some(pending.rollback_to),
+            operation_id: activation.operation_id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod guard_tests {
+    use super::*;
+
+    fn spec() -> GuardSpec {
+        GuardSpec {
+            window: Duration::from_secs(10),
+            min_requests: 100,
+            max_error_ratio: 0.01,
+            max_p99: Some(Duration::from_millis(500)),
+            fail_on_no_data: false,
+            confirm_on_pass: true,
+        }
+    }
+
+    fn answers(requests: u64, errors: u64) -> Answers {
+        Answers { requests, errors }
+    }
+
+    #[test]
+    fn a_pending_record_keeps_the_deadline_guard_canary_and_step() {
+        let pending = Pending {
+            generation: GenerationId(7),
+            rollback_to: GenerationId(5),
+            deadline: Some(Deadline::after(Duration::from_secs(60))),
+            guard: Some(spec()),
+            canary: Some(CanarySpec {
+                steps: vec![1, 10, 50, 100],
+                step_interval: Duration::from_secs(30),
+                key: crate::plan::parse_hash_key("header:x-user"),
+            }),
+            step: 2,
+        };
+        let json = serde_json::to_string(&pending.record()).unwrap();
+        let record: crate::runtime::PendingRecord = serde_json::from_str(&json).unwrap();
+        let resumed = Pending::resume(&record).unwrap();
+        assert_eq!(resumed.record(), pending.record(), "{json}");
+        assert_eq!(resumed.guard, pending.guard);
+        assert_eq!(resumed.canary, pending.canary);
+        assert_eq!(resumed.step, 2);
+        let left = resumed.view().seconds_left.unwrap();
+        assert!((58.0..=60.0).contains(&left), "{left}");
+        // A generation without a confirm window has no deadline at all.
+        let open = Pending {
+            deadline: None,
+            ..pending
+        };
+        let json = serde_json::to_string(&open.record()).unwrap();
+        assert!(!json.contains("deadline"), "{json}");
+        assert!(open.view().seconds_left.is_none());
+    }
+
+    #[test]
+    fn a_guard_waits_for_its_data_then_breaches_at_once_or_passes_at_the_end() {
+        let early = Duration::from_secs(1);
+        let late = Duration::from_secs(10);
+        let judge = |a, p99, e| judge(&spec(), a, p99, None, e);
+        assert_eq!(judge(answers(99, 99), Some(0.1), early), Verdict::Wait);
+        assert!(matches!(
+            judge(answers(99, 0), Some(0.1), late),
+            Verdict::NoData(_)
+        ));
+        // Enough answers and a breach: no need to wait for the window.
+        let Verdict::Breach(reason) = judge(answers(100, 2), Some(0.1), early) else {
+            panic!("2 % errors breach 1 %");
+        };
+        assert!(reason.contains("error ratio 0.0200 (2 of 100)"), "{reason}");
+        assert!(reason.contains("max_error_ratio 0.01"), "{reason}");
+        assert!(matches!(
+            judge(answers(100, 0), Some(1.0), early),
+            Verdict::Breach(_)
+        ));
+        assert!(matches!(
+            judge(answers(100, 0), Some(f64::INFINITY), early),
+            Verdict::Breach(_)
+        ));
+        // Within the thresholds: a pass once the window is over.
+        assert_eq!(judge(answers(100, 1), Some(0.25), early), Verdict::Wait);
+        assert!(matches!(
+            judge(answers(100, 1), Some(0.25), late),
+            Verdict::Pass(_)
+        ));
+    }
+
+    #[test]
+    fn a_guard_compares_with_the_previous_generation_over_the_same_window() {
+        let early = Duration::from_secs(1);
+        // Both fail alike (a backend outage, not the new configuration):
+        // no breach.
+        let same = judge(
+            &spec(),
+            answers(100, 5),
+            None,
+            Some(answers(900, 45)),
+            early,
+        );
+        assert_eq!(same, Verdict::Wait);
+        // 8 % against 5 %: more than 1 % worse.
+        let Verdict::Breach(reason) = judge(
+            &spec(),
+            answers(100, 8),
+            None,
+            Some(answers(900, 45)),
+            early,
+        ) else {
+            panic!("8 % against 5 % breaches");
+        };
+        assert!(
+            reason.contains("previous generation 0.0500 (45 of 900)"),
+            "{reason}"
+        );
+        // Too little to compare with: measured against zero.
+        assert!(matches!(
+            judge(&spec(), answers(100, 5), None, Some(answers(10, 1)), early),
+            Verdict::Breach(_)
+        ));
+    }
+}

@@ -1,0 +1,260 @@
+//! The operations a writer offers on this instance: validate, preview, activate, reload, rollback and certificate reload, each planned off the data plane.
+
+use super::*;
+
+impl Control {
+    /// Plans a candidate against the active generation. Pure: binds,
+    /// writes and records nothing.
+    pub(super) fn plan_candidate(&self, candidate: &Candidate) -> Result<Plan, ControlError> {
+        let text = candidate::read(&candidate.source, &self.config_file)?;
+        let active = self.store.load_full();
+        Ok(plan::plan(&text, Some((active.id, &active.spec))))
+    }
+
+    /// Plans like `validate` and records the preview in the operation log.
+    pub(super) fn preview_now(&self, candidate: &Candidate) -> Result<RecordedPlan, ControlError> {
+        let started = Instant::now();
+        let plan = self.plan_candidate(candidate)?;
+        let outcome = if plan.activatable {
+            Outcome::Succeeded
+        } else {
+            Outcome::Rejected
+        };
+        let summary = plan_summary(&plan);
+        let operation_id = self.record(
+            OperationKind::Preview,
+            started,
+            outcome,
+            (Some(self.store.active_id()), None),
+            &Requester::of(candidate),
+            summary,
+            None,
+        );
+        Ok(RecordedPlan { plan, operation_id })
+    }
+
+    /// Runs control-plane work (parsing, hashing files, building, fsync)
+    /// on the blocking pool, so that an activation never stalls a worker
+    /// thread that is serving requests; then returns what its transient
+    /// allocations left free to the system.
+    pub(super) async fn off_the_data_plane<T: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl FnOnce(&Control) -> Result<T, ControlError> + Send + 'static,
+    ) -> Result<T, ControlError> {
+        let this = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let done = work(&this);
+            (this.release_memory)();
+            done
+        })
+        .await
+        .map_err(|e| ControlError::Internal(e.to_string()))?
+    }
+
+    /// Plans a candidate against the active generation. Pure: binds,
+    /// writes and records nothing. Runs off the data plane's threads.
+    pub async fn validate(self: &Arc<Self>, candidate: Candidate) -> Result<Plan, ControlError> {
+        self.off_the_data_plane(move |c| c.plan_candidate(&candidate))
+            .await
+    }
+
+    /// Plans like `validate` and records the preview in the operation log.
+    pub async fn preview(
+        self: &Arc<Self>,
+        candidate: Candidate,
+    ) -> Result<RecordedPlan, ControlError> {
+        self.off_the_data_plane(move |c| c.preview_now(&candidate))
+            .await
+    }
+
+    /// Re-reads listener certificate material; see `reload_certs_now`.
+    /// Re-reads certificate material (see `certs`); `requested_by` goes
+    /// into the operation log.
+    pub async fn reload_certs(
+        self: &Arc<Self>,
+        only: Option<Vec<String>>,
+        requested_by: Option<String>,
+    ) -> Result<CertReload, ControlError> {
+        let requester = Requester {
+            requested_by,
+            reason: None,
+        };
+        self.off_the_data_plane(move |c| c.reload_certs_now(only, &requester))
+            .await
+    }
+
+    /// Plans, builds and commits a candidate (`activate` and `reload`).
+    /// With `confirm_within`, the new generation is pending: a timer rolls
+    /// it back unless it is confirmed in time.
+    pub async fn activate(
+        self: &Arc<Self>,
+        candidate: Candidate,
+        kind: OperationKind,
+    ) -> Result<Activation, ControlError> {
+        let activation = self
+            .off_the_data_plane(move |c| {
+                let started = Instant::now();
+                let result = c.try_activate(&candidate, kind, started);
+                if let Err(error) = &result {
+                    c.record_failure(kind, started, &Requester::of(&candidate), error);
+                }
+                result
+            })
+            .await?;
+        if let Some(view) = &activation.pending {
+            // Superseded or settled since, its successor's own call (or
+            // nothing) supervises.
+            let pending = self
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+                .filter(|p| p.generation == view.generation);
+            if let Some(pending) = pending {
+                self.supervise(&pending);
+            }
+        }
+        Ok(activation)
+    }
+
+    /// With the active generation's `runtime.write_back`, rewrites the
+    /// configuration file with its text, the previous file kept as
+    /// `FILE.bak`, so that a restart without a state dir comes up on what
+    /// runs. Called once a change through the API is final (not while it
+    /// pends); a failure is logged, and status then says the file does
+    /// not match.
+    pub(super) fn write_back(&self) {
+        if !self.store.load_full().spec.runtime.write_back {
+            return;
+        }
+        let Some(text) = self.active_config() else {
+            return;
+        };
+        if std::fs::read_to_string(&self.config_file).is_ok_and(|file| file == text.text) {
+            return;
+        }
+        let (Some(dir), Some(name)) = (
+            self.config_file.parent(),
+            self.config_file.file_name().and_then(|n| n.to_str()),
+        ) else {
+            return;
+        };
+        let dir = if dir.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            dir
+        };
+        let written = std::fs::copy(&self.config_file, dir.join(format!("{name}.bak")))
+            .map(|_| ())
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+            .and_then(|()| {
+                crate::runtime::write_atomically(dir, name, |out| {
+                    std::io::Write::write_all(out, text.text.as_bytes())
+                })
+            });
+        match written {
+            Ok(()) => {
+                tracing::info!(file = %self.config_file.display(), "write_back: the configuration file now holds the active generation")
+            }
+            Err(error) => {
+                tracing::error!(file = %self.config_file.display(), %error, "write_back failed: the configuration file does not match the active generation")
+            }
+        }
+    }
+
+    /// Activates the content of a retained generation as a new generation.
+    pub async fn rollback(
+        self: &Arc<Self>,
+        request: RollbackRequest,
+    ) -> Result<Activation, ControlError> {
+        self.off_the_data_plane(move |c| c.rollback_now(request))
+            .await
+    }
+
+    pub(super) fn rollback_now(
+        &self,
+        request: RollbackRequest,
+    ) -> Result<Activation, ControlError> {
+        let started = Instant::now();
+        let result = self.try_rollback(&request, started);
+        if let Err(error) = &result {
+            let requester = Requester {
+                requested_by: request.requested_by.clone(),
+                reason: request.reason.clone(),
+            };
+            self.record_failure(OperationKind::Rollback, started, &requester, error);
+        }
+        result
+    }
+
+    pub(super) fn try_rollback(
+        &self,
+        request: &RollbackRequest,
+        started: Instant,
+    ) -> Result<Activation, ControlError> {
+        let (_operation, active) = self.begin_change()?;
+        let target = request.target_generation;
+        if self.history().generation(target).is_none() {
+            return Err(ControlError::NotRetained(target));
+        }
+        admit_change(request.expected_active_generation, active.id, None)?;
+        let requester = Requester {
+            requested_by: request.requested_by.clone(),
+            reason: request.reason.clone(),
+        };
+        let activation = self.rollback_locked(
+            &active,
+            target,
+            OperationKind::Rollback,
+            Source::Rollback,
+            &requester,
+            started,
+        )?;
+        // An operator's rollback settles a pending generation too.
+        self.set_pending(None);
+        self.write_back();
+        Ok(activation)
+    }
+
+    /// Activates retained generation `target`'s configuration as a new
+    /// generation; the operation lock is held by the caller.
+    pub(super) fn rollback_locked(
+        &self,
+        active: &Arc<Generation>,
+        target: GenerationId,
+        kind: OperationKind,
+        source: Source,
+        requester: &Requester,
+        started: Instant,
+    ) -> Result<Activation, ControlError> {
+        let record = self
+            .history()
+            .generation(target)
+            .cloned()
+            .ok_or(ControlError::NotRetained(target))?;
+        if target == active.id {
+            return Err(ControlError::TargetActive(target));
+        }
+        let text = record
+            .config_text()
+            .map_err(|e| ControlError::Internal(e.to_string()))?;
+        let plan = plan::plan(&text, Some((active.id, &active.spec)));
+        if !plan.errors.is_empty() || !plan.rejected.is_empty() {
+            return Err(ControlError::NotActivatable {
+                target,
+                plan: Box::new(plan),
+            });
+        }
+        let meta = CommitMeta {
+            kind,
+            source,
+            rolled_back_to: Some(target),
+            requester: requester.clone(),
+            text,
+        };
+        self.commit(active, plan, meta, started)
+    }
+}

@@ -1,0 +1,164 @@
+//! Process settings: `[admin]`, `[tracing]`, `[log]`, `[runtime]`.
+
+use super::*;
+
+impl Validator<'_> {
+    pub(super) fn admin(&mut self, file: &FileConfig) -> Option<AdminSpec> {
+        let bind = self.socket_addr("admin.bind".into(), &file.admin.bind);
+        let token = match &file.admin.token_file {
+            Some(name) => {
+                let contents = self.read_file("admin.token_file".into(), name)?;
+                let token = String::from_utf8_lossy(&contents).trim().to_owned();
+                if token.len() < 16 {
+                    self.error(
+                        Code::WeakToken,
+                        "admin.token_file",
+                        format!("the admin token in '{name}' must be at least 16 characters"),
+                    );
+                }
+                Some(token)
+            }
+            None => None,
+        };
+        let bind = bind?;
+        if !bind.ip().is_loopback() && token.is_none() {
+            self.error(
+                Code::AdminUnprotected,
+                "admin.bind",
+                format!("admin bind {bind} is not a loopback address; set admin.token_file to protect it"),
+            );
+        }
+        Some(AdminSpec {
+            bind,
+            token,
+            require_expected_generation: file.admin.require_expected_generation,
+        })
+    }
+
+    pub(super) fn tracing(&mut self, file: &FileConfig) -> TracingSpec {
+        let section = file.tracing.clone();
+        let otlp_endpoint = section.otlp_endpoint.as_deref().and_then(|text| {
+            if !cfg!(feature = "otlp") {
+                self.error(
+                    Code::OtlpNotBuilt,
+                    "tracing.otlp_endpoint",
+                    "this cutover was built without the `otlp` feature: it cannot export spans",
+                );
+                return None;
+            }
+            match text.parse::<http::Uri>() {
+                Ok(uri)
+                    if matches!(uri.scheme_str(), Some("http" | "https"))
+                        && uri.authority().is_some() =>
+                {
+                    Some(uri)
+                }
+                _ => {
+                    self.error(
+                        Code::InvalidOtlpEndpoint,
+                        "tracing.otlp_endpoint",
+                        format!("'{text}' is not an http:// or https:// URL with a host"),
+                    );
+                    None
+                }
+            }
+        });
+        let sample_ratio = section.sample_ratio.unwrap_or(1.0);
+        if !(0.0..=1.0).contains(&sample_ratio) {
+            self.error(
+                Code::InvalidSampleRatio,
+                "tracing.sample_ratio",
+                format!("sample_ratio {sample_ratio} is not between 0 and 1"),
+            );
+        }
+        TracingSpec {
+            otlp_endpoint,
+            service_name: section.service_name.unwrap_or_else(|| "cutover".to_owned()),
+            sample_ratio: sample_ratio.clamp(0.0, 1.0),
+        }
+    }
+
+    pub(super) fn log(&mut self, file: &FileConfig) -> Option<LogSpec> {
+        let level = file.log.level.trim().to_owned();
+        if tracing_subscriber::EnvFilter::builder()
+            .parse(&level)
+            .is_err()
+            || level.is_empty()
+        {
+            self.error(
+                Code::InvalidLogLevel,
+                "log.level",
+                format!("'{level}' is not a log level or filter (trace, debug, info, warn, error, or target=level)"),
+            );
+        }
+        let format = match file.log.format.as_str() {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                self.error(
+                    Code::InvalidLogFormat,
+                    "log.format",
+                    format!("log format '{other}' is not text or json"),
+                );
+                LogFormat::Text
+            }
+        };
+        Some(LogSpec {
+            level,
+            format,
+            file: file.log.file.as_ref().map(|f| self.base_dir.join(f)),
+            access: file.log.access,
+            access_file: file.log.access_file.as_ref().map(|f| self.base_dir.join(f)),
+        })
+    }
+
+    pub(super) fn runtime(&mut self, file: &FileConfig) -> Option<RuntimeSpec> {
+        let r = &file.runtime;
+        if !(1..=1024).contains(&r.history_limit) {
+            self.error(
+                Code::InvalidValue,
+                "runtime.history_limit",
+                format!(
+                    "history_limit {} must be between 1 and 1024",
+                    r.history_limit
+                ),
+            );
+        }
+        if let Some(threads) = r.worker_threads {
+            if !(1..=1024).contains(&threads) {
+                self.error(
+                    Code::InvalidValue,
+                    "runtime.worker_threads",
+                    format!("worker_threads {threads} must be between 1 and 1024"),
+                );
+            }
+        }
+        let drain_timeout = self.duration("runtime.drain_timeout".into(), &r.drain_timeout);
+        let max_pinned_age = match &r.max_pinned_age {
+            Some(text) => Some(self.duration("runtime.max_pinned_age".into(), text)?),
+            None => None,
+        };
+        let mut file_roots = Vec::with_capacity(r.file_roots.len());
+        for (i, root) in r.file_roots.iter().enumerate() {
+            let root = PathBuf::from(root);
+            if root.is_absolute() {
+                file_roots.push(root);
+            } else {
+                self.error(
+                    Code::InvalidValue,
+                    format!("runtime.file_roots[{i}]"),
+                    format!("file root '{}' must be an absolute path", root.display()),
+                );
+            }
+        }
+        Some(RuntimeSpec {
+            file_roots,
+            state_dir: r.state_dir.as_ref().map(|d| self.base_dir.join(d)),
+            history_limit: r.history_limit.clamp(1, 1024) as usize,
+            drain_timeout: drain_timeout?,
+            max_pinned_age,
+            worker_threads: r.worker_threads.map(|t| t as usize),
+            write_back: r.write_back.unwrap_or(false),
+        })
+    }
+}

@@ -1,0 +1,408 @@
+//! `[[routes]]`: matching (hosts, paths, methods, headers), actions, and the ambiguity rules of route selection.
+
+use super::*;
+
+impl Validator<'_> {
+    pub(super) fn routes(&mut self, file: &FileConfig) -> Vec<Arc<RouteSpec>> {
+        let mut out = Vec::with_capacity(file.routes.len());
+        let mut names = HashSet::new();
+        for (i, r) in file.routes.iter().enumerate() {
+            let at = |field: &str| format!("routes[{i}].{field}");
+            self.name("route", at("name"), &r.name);
+            if !names.insert(r.name.as_str()) {
+                self.error(
+                    Code::DuplicateName,
+                    at("name"),
+                    format!("route '{}' is defined twice", r.name),
+                );
+            }
+            if let Some(route) = self.route(file, i, r) {
+                out.push(Arc::new(route));
+            }
+        }
+        out
+    }
+
+    pub(super) fn route(
+        &mut self,
+        file: &FileConfig,
+        i: usize,
+        r: &FileRoute,
+    ) -> Option<RouteSpec> {
+        let at = |field: &str| format!("routes[{i}].{field}");
+        let mut ok = true;
+        if r.listeners.is_empty() {
+            self.error(
+                Code::MissingListeners,
+                at("listeners"),
+                format!("route '{}' names no listeners", r.name),
+            );
+            ok = false;
+        }
+        for (l, listener) in r.listeners.iter().enumerate() {
+            match file.listeners.iter().find(|fl| &fl.name == listener) {
+                None => {
+                    self.error(
+                        Code::UnknownListener,
+                        format!("routes[{i}].listeners[{l}]"),
+                        format!(
+                            "route '{}' names listener '{listener}', which is not defined",
+                            r.name
+                        ),
+                    );
+                    ok = false;
+                }
+                Some(fl) if fl.protocol == "tcp" || fl.protocol == "udp" => {
+                    self.error(
+                        Code::TcpListenerRoute,
+                        format!("routes[{i}].listeners[{l}]"),
+                        format!("route '{}' names {} listener '{listener}'; {} listeners forward to their upstream and have no routes", r.name, fl.protocol, fl.protocol),
+                    );
+                    ok = false;
+                }
+                Some(_) => {}
+            }
+        }
+        let mut hosts = Vec::new();
+        for (h, host) in r.hosts.iter().enumerate() {
+            match parse_host(host) {
+                Some(m) => hosts.push(m),
+                None => {
+                    self.error(
+                        Code::InvalidHost,
+                        format!("routes[{i}].hosts[{h}]"),
+                        format!(
+                            "'{host}' is not a host name or a leading wildcard like *.example.com"
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let given: Vec<_> = [
+            r.path_exact.as_ref().map(|p| ("path_exact", p)),
+            r.path_prefix.as_ref().map(|p| ("path_prefix", p)),
+            r.path_regex.as_ref().map(|p| ("path_regex", p)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if given.len() > 1 {
+            self.error(
+                Code::ConflictingPath,
+                at(given.get(1).map_or("path_prefix", |g| g.0)),
+                format!(
+                    "route '{}' sets more than one of path_exact, path_prefix, path_regex",
+                    r.name
+                ),
+            );
+            ok = false;
+        }
+        let path = match given.first() {
+            None => PathMatch::Any,
+            Some(("path_regex", re)) => match PathRegex::new(re) {
+                Ok(re) => PathMatch::Regex(re),
+                Err(e) => {
+                    self.error(
+                        Code::InvalidRegex,
+                        at("path_regex"),
+                        format!("path_regex '{re}' does not compile: {e}"),
+                    );
+                    ok = false;
+                    PathMatch::Any
+                }
+            },
+            Some((field, p)) => {
+                if !p.starts_with('/') {
+                    self.error(
+                        Code::InvalidPath,
+                        at(field),
+                        format!("{field} '{p}' must start with '/'"),
+                    );
+                    ok = false;
+                }
+                if *field == "path_exact" {
+                    PathMatch::Exact((*p).clone())
+                } else {
+                    PathMatch::Prefix((*p).clone())
+                }
+            }
+        };
+        let mut methods = Vec::new();
+        for (m, method) in r.methods.iter().enumerate() {
+            match self.method(format!("routes[{i}].methods[{m}]"), method) {
+                Some(parsed) => methods.push(parsed),
+                None => ok = false,
+            }
+        }
+        methods.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        methods.dedup();
+        let headers = self.header_pairs(&format!("routes[{i}].headers"), &r.headers);
+        let action = match (&r.upstream, &r.respond) {
+            (Some(_), Some(_)) => {
+                self.error(
+                    Code::ConflictingAction,
+                    at("respond"),
+                    format!("route '{}' sets both upstream and respond", r.name),
+                );
+                None
+            }
+            (None, None) => {
+                self.error(
+                    Code::MissingAction,
+                    at("name"),
+                    format!("route '{}' needs an upstream or a respond action", r.name),
+                );
+                None
+            }
+            (Some(u), None) => {
+                if file.upstreams.contains_key(u) {
+                    Some(RouteAction::Proxy {
+                        upstream: u.clone(),
+                    })
+                } else {
+                    self.error(
+                        Code::UnknownUpstream,
+                        at("upstream"),
+                        format!(
+                            "route '{}' names upstream '{u}', which is not defined",
+                            r.name
+                        ),
+                    );
+                    None
+                }
+            }
+            (None, Some(respond)) => {
+                let status = StatusCode::from_u16(respond.status)
+                    .ok()
+                    .filter(|s| (200..=599).contains(&s.as_u16()));
+                if status.is_none() {
+                    self.error(
+                        Code::InvalidStatus,
+                        format!("routes[{i}].respond.status"),
+                        format!(
+                            "respond status {} must be between 200 and 599",
+                            respond.status
+                        ),
+                    );
+                }
+                let headers =
+                    self.header_pairs(&format!("routes[{i}].respond.headers"), &respond.headers);
+                status.map(|status| {
+                    RouteAction::Respond(DirectResponse {
+                        status,
+                        body: bytes::Bytes::from(respond.body.clone()),
+                        headers,
+                    })
+                })
+            }
+        };
+        let timeout = match &r.timeout {
+            Some(t) => self.duration(at("timeout"), t),
+            None => Some(DEFAULT_ROUTE_TIMEOUT),
+        };
+        if r.max_inflight == Some(0) {
+            self.error(
+                Code::InvalidValue,
+                at("max_inflight"),
+                "max_inflight must be at least 1",
+            );
+        }
+        let quota = r.quota.as_ref().and_then(|q| self.quota(&at("quota"), q));
+        if r.quota.is_some() && quota.is_none() {
+            ok = false;
+        }
+        let retry = r
+            .retry
+            .as_ref()
+            .and_then(|retry| self.retry(&at("retry"), retry));
+        let hedge = r
+            .hedge
+            .as_ref()
+            .and_then(|hedge| self.hedge(&at("hedge"), hedge));
+        let proxies = matches!(action, Some(RouteAction::Proxy { .. }));
+        // (A quota applies to `respond` routes too: it limits requests,
+        // not upstream traffic.)
+        for (field, set) in [("retry", r.retry.is_some()), ("hedge", r.hedge.is_some())] {
+            if set && !proxies && action.is_some() {
+                self.error(
+                    Code::UnexpectedOption,
+                    at(field),
+                    format!("`{field}` applies to routes with an upstream, not to `respond`"),
+                );
+            }
+        }
+        if (r.retry.is_some() && retry.is_none()) || (r.hedge.is_some() && hedge.is_none()) {
+            ok = false;
+        }
+        if !ok {
+            return None;
+        }
+        Some(RouteSpec {
+            name: r.name.clone(),
+            listeners: r.listeners.clone(),
+            hosts,
+            path,
+            methods,
+            headers,
+            action: action?,
+            timeout: timeout?,
+            max_inflight: r.max_inflight.filter(|n| *n > 0),
+            retry,
+            hedge,
+            quota,
+        })
+    }
+
+    pub(super) fn header_pairs(
+        &mut self,
+        base: &str,
+        headers: &BTreeMap<String, String>,
+    ) -> Vec<(HeaderName, HeaderValue)> {
+        let mut out = Vec::new();
+        for (name, value) in headers {
+            let path = format!("{base}.{}", quote_key(name));
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                (Ok(n), Ok(v)) => out.push((n, v)),
+                (Err(_), _) => self.error(
+                    Code::InvalidHeader,
+                    path,
+                    format!("'{name}' is not a valid header name"),
+                ),
+                (_, Err(_)) => self.error(
+                    Code::InvalidHeader,
+                    path,
+                    format!("the value of header '{name}' is not a valid header value"),
+                ),
+            }
+        }
+        out
+    }
+
+    /// Two routes on one listener that match exactly the same requests can
+    /// never both be reached: the later one is dead configuration, and which
+    /// one wins would depend on declaration order alone.
+    ///
+    /// Routes are grouped by what they match; inside a group each method
+    /// remembers the first route that takes it, so a route is checked in
+    /// time proportional to its methods, not to the routes before it, and
+    /// is reported once, against the first route it shadows.
+    pub(super) fn ambiguous_routes(&mut self, routes: &[Arc<RouteSpec>]) {
+        let mut seen: HashMap<MatchKey, MethodOwners> = HashMap::new();
+        for (index, route) in routes.iter().enumerate() {
+            let headers = route
+                .headers
+                .iter()
+                .map(|(n, v)| format!("{n}={}", String::from_utf8_lossy(v.as_bytes())))
+                .collect::<Vec<_>>()
+                .join("&");
+            let hosts: Vec<Option<HostMatch>> = if route.hosts.is_empty() {
+                vec![None]
+            } else {
+                route.hosts.iter().cloned().map(Some).collect()
+            };
+            for listener in &route.listeners {
+                for host in &hosts {
+                    let key = (
+                        listener.clone(),
+                        host.clone(),
+                        route.path.key(),
+                        headers.clone(),
+                    );
+                    let owners = seen.entry(key).or_default();
+                    if let Some(other) = owners.first_overlapping(&route.methods) {
+                        let other = other.to_owned();
+                        self.diagnostics.push(Diagnostic::new(
+                            Code::AmbiguousRoute,
+                            format!("routes[{index}].name"),
+                            format!(
+                                "routes '{other}' and '{}' match the same host, path, methods and headers on listener '{listener}'",
+                                route.name
+                            ),
+                        ));
+                    }
+                    owners.take(index, &route.name, &route.methods);
+                }
+            }
+        }
+    }
+}
+
+/// Within one group of routes that match the same requests: the first
+/// route (index, name) to take each method, and the first that takes
+/// every method.
+#[derive(Default)]
+pub(super) struct MethodOwners {
+    any: Option<(usize, String)>,
+    by_method: HashMap<Method, (usize, String)>,
+}
+
+impl MethodOwners {
+    /// The earliest route whose methods meet `methods` (empty: all).
+    fn first_overlapping(&self, methods: &[Method]) -> Option<&str> {
+        let by_method: Box<dyn Iterator<Item = &(usize, String)>> = if methods.is_empty() {
+            Box::new(self.by_method.values())
+        } else {
+            Box::new(methods.iter().filter_map(|m| self.by_method.get(m)))
+        };
+        by_method
+            .chain(self.any.as_ref())
+            .min_by_key(|(index, _)| *index)
+            .map(|(_, name)| name.as_str())
+    }
+
+    fn take(&mut self, index: usize, name: &str, methods: &[Method]) {
+        if methods.is_empty() {
+            self.any.get_or_insert_with(|| (index, name.to_owned()));
+        }
+        for method in methods {
+            self.by_method
+                .entry(method.clone())
+                .or_insert_with(|| (index, name.to_owned()));
+        }
+    }
+}
+
+/// Listener, host, path matcher and header matchers of a route: two
+/// routes with equal keys and overlapping methods are ambiguous.
+type MatchKey = (String, Option<HostMatch>, String, String);
+
+pub(super) fn parse_host(host: &str) -> Option<HostMatch> {
+    let lower = host.to_ascii_lowercase();
+    let (wildcard, name) = match lower.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, lower.as_str()),
+    };
+    let valid = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if !valid {
+        return None;
+    }
+    Some(if wildcard {
+        HostMatch::Suffix(format!(".{name}"))
+    } else {
+        HostMatch::Exact(name.to_owned())
+    })
+}
+
+pub(super) fn is_host_port(addr: &str) -> bool {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return true;
+    }
+    match addr.rsplit_once(':') {
+        Some((host, port)) => {
+            port.parse::<u16>().is_ok_and(|p| p != 0) && parse_host(host).is_some()
+        }
+        None => false,
+    }
+}
