@@ -84,7 +84,7 @@ impl ProxyError {
             source = cause.source();
         }
         ProxyError::ClientBody {
-            detail: super::http::error_chain(error),
+            detail: super::exchange::error_chain(error),
             closed,
         }
     }

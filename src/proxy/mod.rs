@@ -8,6 +8,7 @@ mod client_hello;
 mod downstream;
 mod edge;
 mod error;
+mod exchange;
 mod framing;
 mod h3;
 mod http;

@@ -30,7 +30,8 @@ use tokio::time::Instant;
 
 use super::body::{ResponseBody, StreamGuards};
 use super::error::ProxyError;
-use super::http::{exchange, ConnContext, Hop, Target};
+use super::exchange::{exchange, request_hash, requested_upgrade, Hop, Target};
+use super::http::ConnContext;
 use crate::backends::{Backend, RequestBody, RetryBudget};
 use crate::generation::{InflightGuard, Ledger, Route, RouteSlot, Upstream};
 use crate::plan::{BudgetSpec, HedgeSpec, RetrySpec};
@@ -50,7 +51,7 @@ pub(super) fn applies(route: &Route, req: &Request<ClientBody>) -> bool {
     // A protocol upgrade (WebSocket) is a tunnel, not an answer to repeat.
     method_ok
         && replayable(req.body(), max_replay(spec.retry.as_ref()))
-        && super::http::requested_upgrade(req).is_none()
+        && requested_upgrade(req).is_none()
 }
 
 fn max_replay(retry: Option<&RetrySpec>) -> u64 {
@@ -104,7 +105,7 @@ pub(super) async fn serve(
     slot: Option<RouteSlot>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let spec = &route.spec;
-    let hash = super::http::request_hash(upstream, &req, conn, &target);
+    let hash = request_hash(upstream, &req, conn, &target);
     let retry = spec.retry.as_ref();
     let (parts, body) = req.into_parts();
     let body = read_body(body, max_replay(retry)).await?;

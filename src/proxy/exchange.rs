@@ -1,0 +1,738 @@
+//! The last step of a request: where it goes (`Target`), the backend it
+//! is sent to (`Hop`), the upstream request built from it, and the
+//! exchange with the backend, whose answer streams back with the
+//! request's guards riding on its body. Called by `http.rs` (one
+//! attempt) and `retry.rs` (several); it calls neither.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{PathAndQuery, Scheme, Uri};
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+
+use crate::backends::ClientBody;
+
+use super::body::{ResponseBody, StreamGuards};
+use super::edge::{self, Forwarded};
+use super::error::ProxyError;
+use super::http::ConnContext;
+use crate::backends::{header_tokens, Attempt, Backend, ExchangeError, RequestBody, SendError};
+use crate::generation::{Route, Upstream};
+use crate::plan::HashKey;
+use crate::telemetry::access::{Flags, Trail};
+
+/// The single-attempt path: pick a backend, send the request once (an
+/// HTTP/1.1 upgrade joined to its backend on 101), answer with what
+/// comes back. Retried and hedged requests go through `retry.rs`.
+pub(super) async fn forward(
+    req: Request<ClientBody>,
+    target: Target<'_>,
+    conn: &ConnContext,
+    route: &Route,
+    upstream: &Upstream,
+    guard: crate::generation::InflightGuard,
+    slot: Option<crate::generation::RouteSlot>,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let hash = upstream
+        .hash_key
+        .as_ref()
+        .and_then(|_| request_hash(upstream, &req, conn, &target));
+    let backend = match hash {
+        Some(hash) => upstream.pick_hashed(hash),
+        None => upstream.pick(),
+    }
+    .ok_or(ProxyError::NoBackend)?;
+    let backend_guard = backend.start_request();
+    let mut req = req;
+    // An HTTP/1.1 upgrade (WebSocket and the like) to an HTTP/1.1 backend:
+    // keep the downstream half to join with the upstream half on 101.
+    let upgrade = requested_upgrade(&req)
+        .filter(|_| backend.version == Version::HTTP_11)
+        .map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
+    // RFC 9110 §15.2: 1xx go on to HTTP/1.1 clients (not HTTP/1.0, and
+    // hyper's server cannot send them on HTTP/2).
+    let interim = (req.version() == Version::HTTP_11 && upgrade.is_none()).then_some(&conn.interim);
+    let hop = Hop {
+        conn,
+        upstream,
+        backend,
+        timeout: route.timeout(),
+        trail: target.trail.clone(),
+    };
+    let req = req.map(|body| RequestBody::Streaming(body, target.trail.clone()));
+    let guards = StreamGuards::new(
+        guard,
+        slot,
+        backend_guard,
+        Arc::clone(conn.admission.store()),
+    );
+    match upgrade {
+        None => {
+            let driven = backend.h1.as_ref();
+            let (mut upstream_req, forwarded) =
+                upstream_request(req, target, conn, backend, None, driven.is_some())?;
+            if let Some(pool) = driven {
+                let interim = interim.map(|q| &**q);
+                return driven_exchange(upstream_req, &forwarded, pool, &hop, interim, guards)
+                    .await;
+            }
+            forwarded.insert_into(upstream_req.headers_mut());
+            if interim.is_some() && backend.version == Version::HTTP_11 {
+                let queue = Arc::clone(&conn.interim);
+                hyper::ext::on_informational(&mut upstream_req, move |response| {
+                    queue.push(response.status(), response.headers());
+                });
+            }
+            // On the heap: this path's futures are large, and the plain
+            // HTTP/1.1 one above is what most deployments take.
+            Box::pin(client_exchange(upstream_req, None, &hop, guards)).await
+        }
+        Some((protocol, downstream)) => {
+            let (upstream_req, forwarded) =
+                upstream_request(req, target, conn, backend, Some(&protocol), false)?;
+            let mut upstream_req = upstream_req;
+            forwarded.insert_into(upstream_req.headers_mut());
+            Box::pin(client_exchange(
+                upstream_req,
+                Some((protocol, downstream)),
+                &hop,
+                guards,
+            ))
+            .await
+        }
+    }
+}
+
+/// Where a request goes, as the edge rules settled it.
+#[derive(Clone)]
+pub(super) struct Target<'g> {
+    /// Routed by, and sent upstream as `Host`.
+    pub(super) authority: Option<HeaderValue>,
+    /// The normalized path, when it differs from the one the client sent.
+    pub(super) path: Option<String>,
+    pub(super) edge: &'g crate::plan::ListenerEdge,
+    /// Sent upstream: the request's trace, the gateway's span.
+    pub(super) traceparent: HeaderValue,
+    /// Where attempts leave what the access log reports.
+    pub trail: Option<Arc<Trail>>,
+}
+
+/// What `policy = "hash"` hashes for this request, if the upstream
+/// hashes and the request has the key.
+pub(super) fn request_hash(
+    upstream: &Upstream,
+    req: &Request<ClientBody>,
+    conn: &ConnContext,
+    target: &Target<'_>,
+) -> Option<u64> {
+    let key = upstream.hash_key.as_ref()?;
+    let bytes: Cow<'_, [u8]> = match key {
+        HashKey::Header(name) => Cow::Borrowed(req.headers().get(name)?.as_bytes()),
+        HashKey::Cookie(name) => Cow::Borrowed(cookie(req.headers(), name)?.as_bytes()),
+        HashKey::ClientIp => Cow::Owned(edge::client_key(conn.remote.ip()).to_vec()),
+        HashKey::Path => Cow::Borrowed(
+            target
+                .path
+                .as_deref()
+                .unwrap_or(req.uri().path())
+                .as_bytes(),
+        ),
+    };
+    Some(crate::generation::hash_key(&bytes))
+}
+
+/// The value of cookie `name` (the first, over every `Cookie` field).
+pub(super) fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(n, _)| *n == name)
+        .map(|(_, value)| value.trim_matches('"'))
+}
+
+/// Where one attempt goes and how long it may wait for its answer.
+pub(super) struct Hop<'a> {
+    pub conn: &'a ConnContext,
+    pub upstream: &'a Upstream,
+    pub backend: &'a Arc<Backend>,
+    /// For the response head, from the end of the request body.
+    pub timeout: std::time::Duration,
+    pub trail: Option<Arc<Trail>>,
+}
+
+impl Hop<'_> {
+    /// An attempt at the hop's backend begins: the time it starts, when
+    /// anything will want it.
+    fn begin(&self) -> Option<Instant> {
+        if let Some(trail) = &self.trail {
+            trail.attempt(&self.backend.label);
+        }
+        (self.upstream.measures_latency() || self.trail.is_some()).then(Instant::now)
+    }
+
+    /// How the attempt ended: for the upstream's balancing and outlier
+    /// state, and for the access log.
+    fn report(&self, attempt: Attempt, sent: Option<Instant>) {
+        let rtt = sent.map(|s| s.elapsed());
+        let measured = rtt.filter(|_| self.upstream.measures_latency());
+        self.upstream.report(self.backend, attempt, measured);
+        if let Some(trail) = &self.trail {
+            match attempt {
+                Attempt::Answered(_) => {
+                    if let Some(rtt) = rtt {
+                        trail.answered(rtt);
+                    }
+                }
+                Attempt::ConnectError => trail.flag(Flags::CONNECT_FAILURE),
+                Attempt::Timeout => trail.flag(Flags::UPSTREAM_TIMEOUT),
+                Attempt::Error => trail.flag(Flags::UPSTREAM_RESET),
+            }
+        }
+    }
+}
+
+/// One attempt at a backend (no protocol upgrade, no 1xx forwarding), the
+/// answer with `guards` riding on its body: the retry path's. (The
+/// single-attempt path in `serve_route` spells the same steps out: an
+/// async layer and a returned request less per request.)
+pub(super) async fn exchange(
+    req: Request<RequestBody>,
+    target: Target<'_>,
+    hop: &Hop<'_>,
+    guards: StreamGuards,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let driven = hop.backend.h1.as_ref();
+    let (mut upstream_req, forwarded) =
+        upstream_request(req, target, hop.conn, hop.backend, None, driven.is_some())?;
+    if let Some(pool) = driven {
+        return driven_exchange(upstream_req, &forwarded, pool, hop, None, guards).await;
+    }
+    forwarded.insert_into(upstream_req.headers_mut());
+    Box::pin(client_exchange(upstream_req, None, hop, guards)).await
+}
+
+/// An exchange through hyper-util's pooled client (TLS, h2 and h2c
+/// backends, and protocol upgrades).
+async fn client_exchange(
+    upstream_req: Request<RequestBody>,
+    upgrade: Option<(HeaderValue, hyper::upgrade::OnUpgrade)>,
+    hop: &Hop<'_>,
+    guards: StreamGuards,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let Hop {
+        conn,
+        backend,
+        timeout,
+        ..
+    } = *hop;
+    // The route timeout counts from the end of the request body.
+    let (upstream_req, body_ended) = {
+        let (parts, body) = upstream_req.into_parts();
+        let (body, ended) = crate::backends::SignalledBody::new(body);
+        (Request::from_parts(parts, body), ended)
+    };
+    let answer_due = async move {
+        let _ = body_ended.await;
+        tokio::time::sleep(timeout).await;
+    };
+    let sent = hop.begin();
+    // A backend that gets PROXY headers (only upgrades come this way for
+    // it) is asked on a connection of the request's own.
+    let proxy = proxy_header(backend, conn);
+    let sending = async {
+        match &proxy {
+            Some(proxy) => proxied_request(backend, proxy, upstream_req).await,
+            None => backend
+                .client
+                .request(upstream_req)
+                .await
+                .map_err(|e| match e.is_connect() {
+                    true => (Attempt::ConnectError, connect_failed(backend, &e)),
+                    false => (
+                        Attempt::Error,
+                        ProxyError::Upstream(format!("{}: {}", backend.key.addr, error_chain(&e))),
+                    ),
+                }),
+        }
+    };
+    let answered = tokio::select! {
+        answered = sending => Ok(answered),
+        _ = answer_due => Err(()),
+    };
+    let response = match answered {
+        Ok(Ok(response)) => {
+            hop.report(Attempt::Answered(response.status()), sent);
+            response
+        }
+        Ok(Err((attempt, error))) => {
+            hop.report(attempt, None);
+            return Err(error);
+        }
+        Err(_) => {
+            hop.report(Attempt::Timeout, None);
+            return Err(ProxyError::UpstreamTimeout(timeout));
+        }
+    };
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some((protocol, downstream)) = upgrade else {
+            return Err(ProxyError::Upstream(format!(
+                "{} switched protocols without being asked to",
+                backend.key.addr
+            )));
+        };
+        let mut response = response;
+        let upstream_half = hyper::upgrade::on(&mut response);
+        let (mut parts, _) = response.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.insert(header::UPGRADE, protocol);
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        let tunnel = Tunnel {
+            // The upgraded stream pins its generation for its lifetime, as
+            // a connection: only the ledger entry and the backend are kept.
+            pinned: guards.inflight.ledger().connection(),
+            backend: guards.backend,
+            route: guards.route,
+            store: guards.store,
+            trail: hop.trail.clone(),
+        };
+        drop(guards.inflight);
+        tokio::spawn(tunnel.run(downstream, upstream_half, Arc::clone(&conn.listener)));
+        return Ok(Response::from_parts(
+            parts,
+            ResponseBody::full(Bytes::new()),
+        ));
+    }
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    let body = ResponseBody::Upstream {
+        body,
+        guards: Some(guards),
+    };
+    Ok(Response::from_parts(parts, body))
+}
+
+/// A plain HTTP/1.1 exchange through cutover's own client (see
+/// `backends::h1`), on a pooled connection or a new one.
+async fn driven_exchange(
+    req: Request<RequestBody>,
+    forwarded: &Forwarded,
+    pool: &crate::backends::H1Pool,
+    hop: &Hop<'_>,
+    interim: Option<&super::interim::InterimQueue>,
+    guards: StreamGuards,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let backend = &**hop.backend;
+    let failed = |attempt, error: String| {
+        hop.report(attempt, None);
+        ProxyError::Upstream(format!("{}: {error}", backend.key.addr))
+    };
+    let forward_interim = |status, headers: &_| {
+        if let Some(queue) = interim {
+            queue.push(status, headers);
+        }
+    };
+    let sent = hop.begin();
+    let proxy = proxy_header(backend, hop.conn);
+    let response = match crate::backends::request_h1(
+        pool,
+        &backend.key.addr,
+        backend.key.connect_timeout,
+        hop.timeout,
+        req,
+        forwarded.headers(),
+        interim.is_some().then_some(&forward_interim),
+        proxy.as_ref(),
+    )
+    .await
+    {
+        Ok(response) => response,
+        Err(ExchangeError::Connect(error)) => {
+            // Out of descriptors or local ports is this process's
+            // trouble: the backend's health is left alone.
+            match &error {
+                crate::backends::ConnectError::Io(io) if crate::backends::local_failure(io) => {
+                    tracing::error!(backend = %backend.key.addr, %io, "cannot open a connection to a backend");
+                    if let Some(trail) = &hop.trail {
+                        trail.flag(Flags::CONNECT_FAILURE);
+                    }
+                }
+                _ => hop.report(Attempt::ConnectError, None),
+            }
+            return Err(connect_failed(backend, &error));
+        }
+        Err(ExchangeError::Send(SendError::RequestBody(error))) => {
+            return Err(ProxyError::client_body(&*error))
+        }
+        Err(ExchangeError::Send(SendError::Timeout(timeout))) => {
+            hop.report(Attempt::Timeout, None);
+            return Err(ProxyError::UpstreamTimeout(timeout));
+        }
+        Err(ExchangeError::Send(error)) => return Err(failed(Attempt::Error, error_chain(&error))),
+    };
+    let (mut parts, mut body) = response.into_parts();
+    let first = match super::body::peek(&mut body) {
+        Ok(first) => first,
+        Err(error) => return Err(failed(Attempt::Error, error_chain(&error))),
+    };
+    hop.report(Attempt::Answered(parts.status), sent);
+    strip_hop_by_hop(&mut parts.headers);
+    // A response without a body (HEAD, 204, 304, length 0), or whose body
+    // came whole with its head, is complete already: its connection can
+    // serve the next request right away.
+    super::body::return_connection(&mut body, Some(&guards));
+    Ok(Response::from_parts(
+        parts,
+        ResponseBody::Driven {
+            body,
+            guards: Some(guards),
+            first,
+        },
+    ))
+}
+
+/// Rewrites a downstream request into the upstream request: the routed
+/// authority as `Host`, the routed path, HTTP/1.1, hop-by-hop headers
+/// gone. Its forwarding headers are returned apart: cutover's own
+/// HTTP/1.1 client writes them straight into the request head (inserting
+/// them would grow the header map on every request); for hyper's client
+/// they go into the map.
+fn upstream_request(
+    req: Request<RequestBody>,
+    target: Target<'_>,
+    conn: &ConnContext,
+    backend: &Backend,
+    upgrade: Option<&HeaderValue>,
+    origin_form: bool,
+) -> Result<(Request<RequestBody>, Forwarded), ProxyError> {
+    let (mut parts, body) = req.into_parts();
+    let unforwardable = || ProxyError::BadRequest("request target cannot be forwarded");
+    // HTTP/2 and absolute-form requests carry the authority in the URI;
+    // it wins over any Host the client sent (see `edge::authority`).
+    let authority_in_uri = parts.uri.authority().is_some();
+    let path_and_query = match (target.path, parts.uri.path_and_query()) {
+        (Some(path), original) => {
+            let query = original.and_then(PathAndQuery::query);
+            let text = match query {
+                Some(query) => format!("{path}?{query}"),
+                None => path,
+            };
+            PathAndQuery::try_from(text).map_err(|_| unforwardable())?
+        }
+        (None, Some(original)) => original.clone(),
+        (None, None) => PathAndQuery::from_static("/"),
+    };
+    // A driven connection writes the target as is: origin-form, as to any
+    // origin server. hyper-util's client wants the absolute URI to pick
+    // its pooled connection, and writes origin-form itself.
+    parts.uri = if origin_form {
+        Uri::from(path_and_query)
+    } else {
+        Uri::builder()
+            .scheme(backend.scheme.clone())
+            .authority(backend.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|_| unforwardable())?
+    };
+    parts.version = backend.version;
+    let headers = &mut parts.headers;
+    strip_hop_by_hop(headers);
+    if authority_in_uri {
+        if let Some(authority) = &target.authority {
+            headers.insert(header::HOST, authority.clone());
+        }
+    }
+    if let Some(protocol) = upgrade {
+        headers.insert(header::UPGRADE, protocol.clone());
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    let mut forwarded = Forwarded::take(
+        headers,
+        target.edge,
+        conn.remote.ip(),
+        &conn.client_ip,
+        conn.scheme == Scheme::HTTPS,
+        target.authority.as_ref(),
+    );
+    forwarded.traceparent = Some(target.traceparent);
+    Ok((Request::from_parts(parts, body), forwarded))
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to (`Connection:
+/// upgrade` plus `Upgrade`), if any.
+pub(super) fn requested_upgrade(req: &Request<ClientBody>) -> Option<HeaderValue> {
+    if req.version() != Version::HTTP_11 {
+        return None;
+    }
+    let asks = header_tokens(req.headers(), &header::CONNECTION)
+        .any(|token| token.eq_ignore_ascii_case("upgrade"));
+    asks.then(|| req.headers().get(header::UPGRADE).cloned())
+        .flatten()
+}
+
+/// An upgraded connection (WebSocket, …) spliced to its backend.
+struct Tunnel {
+    pinned: crate::generation::InflightGuard,
+    backend: crate::backends::BackendGuard,
+    route: Option<crate::generation::RouteSlot>,
+    store: Arc<crate::runtime::GenerationStore>,
+    /// Holds the request's access-log line (`handle` leaves it there for
+    /// a 101) until the tunnel closes.
+    trail: Option<Arc<Trail>>,
+}
+
+impl Tunnel {
+    async fn run(
+        self,
+        downstream: hyper::upgrade::OnUpgrade,
+        upstream: hyper::upgrade::OnUpgrade,
+        listener: Arc<str>,
+    ) {
+        let joined = tokio::join!(downstream, upstream);
+        // The 101 has been sent by now, so `handle` has left the line in
+        // the trail: it is taken out on every path (the line holds the
+        // trail too), and written when it drops.
+        let mut line = self.trail.as_ref().and_then(|t| t.take_deferred());
+        let (downstream, upstream) = match joined {
+            (Ok(d), Ok(u)) => (d, u),
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::debug!(listener = %listener, %error, "protocol switch did not complete");
+                return;
+            }
+        };
+        let mut downstream = hyper_util::rt::TokioIo::new(downstream);
+        let mut upstream = hyper_util::rt::TokioIo::new(upstream);
+        let generation = self.pinned.ledger().generation();
+        let copied = tokio::select! {
+            copied = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => copied.ok(),
+            _ = super::tcp::pinned_age_expired(&self.store, generation) => {
+                tracing::info!(listener = %listener, %generation, "closing an upgraded connection pinned past max_pinned_age");
+                None
+            }
+        };
+        // The line covers the whole session: its bytes each way, and its
+        // duration to the close.
+        if let (Some(line), Some((sent, received))) = (line.as_mut(), copied) {
+            line.tunnelled(sent, received);
+        }
+        drop((line, self.pinned, self.backend, self.route));
+    }
+}
+
+/// Headers that describe one connection and must not cross the proxy
+/// (RFC 9110 §7.6.1), plus any the `Connection` header names.
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the names says which of them are here; only those
+    // are removed. Most messages carry none; most that do carry only
+    // `Connection: keep-alive` (every nginx response), and for that a
+    // removal of each of ten names cost thousands of instructions a
+    // response (`docs/performance.md`).
+    let mut present = 0u16;
+    for name in headers.keys() {
+        // The names' lengths (2, 7, 10, 16–19) rule most fields out
+        // before any comparison.
+        if !matches!(name.as_str().len(), 2 | 7 | 10 | 16..=19) {
+            continue;
+        }
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present |= 1 << i;
+        } else if name == header::TRANSFER_ENCODING {
+            present |= 1 << HOP_BY_HOP.len();
+        }
+    }
+    if present == 0 {
+        return;
+    }
+    // Headers the `Connection` field names, besides the listed ones and
+    // its own options (`close`, `keep-alive`, `upgrade` are names or
+    // options already covered).
+    if present & 1 != 0 {
+        let named: Vec<HeaderName> = header_tokens(headers, &header::CONNECTION)
+            .filter(|token| {
+                !token.eq_ignore_ascii_case("close")
+                    && !HOP_BY_HOP
+                        .iter()
+                        .any(|h| token.eq_ignore_ascii_case(h.as_str()))
+            })
+            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+    // Framing is re-done by our own client and server.
+    if present & (1 << HOP_BY_HOP.len()) != 0 {
+        headers.remove(header::TRANSFER_ENCODING);
+    }
+}
+
+/// A failed connection attempt, refused or not (retries tell them apart).
+/// The PROXY header a connection to `backend` for this client starts
+/// with, when the backend's upstream sends one.
+fn proxy_header(backend: &Backend, conn: &ConnContext) -> Option<crate::backends::ProxyHeader> {
+    backend
+        .key
+        .proxy_protocol
+        .map(|version| crate::backends::ProxyHeader {
+            version,
+            client: conn.remote,
+            local: conn.local,
+        })
+}
+
+/// A request on a connection of its own (never pooled: a protocol
+/// upgrade takes it over) that starts with `proxy`'s header.
+async fn proxied_request(
+    backend: &Backend,
+    proxy: &crate::backends::ProxyHeader,
+    req: Request<crate::backends::SignalledBody>,
+) -> Result<Response<Incoming>, (Attempt, ProxyError)> {
+    use tokio::io::AsyncWriteExt;
+    let connect = tokio::net::TcpStream::connect(backend.key.addr.as_str());
+    let mut stream = match tokio::time::timeout(backend.key.connect_timeout, connect).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => return Err((Attempt::ConnectError, connect_failed(backend, &error))),
+        Err(_) => {
+            let detail = format!("{}: connect timed out", backend.key.addr);
+            return Err((Attempt::ConnectError, ProxyError::UpstreamConnect(detail)));
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let upstream = |e: &dyn std::error::Error| {
+        let detail = format!("{}: {}", backend.key.addr, error_chain(e));
+        (Attempt::Error, ProxyError::Upstream(detail))
+    };
+    stream
+        .write_all(&proxy.bytes())
+        .await
+        .map_err(|e| upstream(&e))?;
+    // hyper's connection writes the target as given: origin-form here,
+    // as cutover's own client writes it (the routed Host is a header).
+    let mut req = req;
+    if let Some(target) = req.uri().path_and_query().cloned() {
+        *req.uri_mut() = http::Uri::from(target);
+    }
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| upstream(&e))?;
+    tokio::spawn(connection.with_upgrades());
+    sender.send_request(req).await.map_err(|e| upstream(&e))
+}
+
+fn connect_failed(backend: &Backend, error: &(dyn std::error::Error + 'static)) -> ProxyError {
+    let detail = format!("{}: {}", backend.key.addr, error_chain(error));
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return ProxyError::UpstreamRefused(detail);
+        }
+        source = cause.source();
+    }
+    ProxyError::UpstreamConnect(detail)
+}
+
+pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(n, v)| (HeaderName::from_static(n), HeaderValue::from_static(v)))
+            .collect()
+    }
+
+    #[test]
+    fn stripping_leaves_end_to_end_headers_alone() {
+        let mut h = headers(&[("content-length", "5"), ("x-app", "1"), ("date", "now")]);
+        let before = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
+    }
+
+    #[test]
+    fn stripping_removes_hop_by_hop_and_connection_named_headers() {
+        let mut h = headers(&[
+            ("connection", "close, x-session"),
+            ("x-session", "abc"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("x-app", "1"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, headers(&[("x-app", "1")]));
+        // A lone Transfer-Encoding is framing: gone as well.
+        let mut h = headers(&[("transfer-encoding", "chunked"), ("x-app", "1")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, headers(&[("x-app", "1")]));
+    }
+
+    #[test]
+    fn connection_options_and_listed_names_need_no_second_removal() {
+        let mut h = headers(&[
+            ("connection", "keep-alive, Upgrade, X-Trace"),
+            ("keep-alive", "timeout=5"),
+            ("x-trace", "1"),
+            ("x-app", "1"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, headers(&[("x-app", "1")]));
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_alone_is_stripped() {
+        // The quick check by name and the list of removals must agree.
+        for name in HOP_BY_HOP.iter().chain([&header::TRANSFER_ENCODING]) {
+            assert!(
+                matches!(name.as_str().len(), 2 | 7 | 10 | 16..=19),
+                "{name}: outside the lengths the scan looks at"
+            );
+            let mut h = HeaderMap::new();
+            h.insert(name.clone(), HeaderValue::from_static("x"));
+            h.insert("x-app", HeaderValue::from_static("1"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h, headers(&[("x-app", "1")]), "{name}");
+        }
+    }
+}
