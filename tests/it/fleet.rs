@@ -1276,10 +1276,16 @@ async fn instances_reach_an_etcd_that_requires_tls_client_certificates() {
     std::fs::write(dir.path().join("etcd-ca.pem"), &ca.pem).unwrap();
     let config = instance(&etcd, &prefix, "b") + "ca = \"etcd-ca.pem\"\n";
     let b = Gateway::start_in(dir, &config);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let local = b.status().await;
-    assert_eq!(local["fleet"]["connected"], false, "{local}");
-    assert!(local["fleet"]["last_error"].is_string(), "{local}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let local = b.status().await;
+        if local["fleet"]["last_error"].is_string() {
+            assert_eq!(local["fleet"]["connected"], false, "{local}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{local}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
