@@ -65,10 +65,10 @@ pub struct Status {
 pub enum FleetCallError {
     #[error("this instance is not in a fleet (no [fleet] section)")]
     NotInFleet,
-    #[error("instance '{0}' is live: stop it first (its status key goes with its lease)")]
-    Live(String),
-    #[error("instance '{0}' is not a member of this fleet")]
-    Unknown(String),
+    /// `forget` named a live instance or none.
+    #[cfg(feature = "fleet")]
+    #[error(transparent)]
+    Forget(ForgetError),
     #[error(transparent)]
     Control(#[from] ControlError),
 }
@@ -190,9 +190,8 @@ impl Writer {
     pub async fn forget(&self, instance: &str) -> Result<(), FleetCallError> {
         match self {
             Writer::Fleet(fleet) => fleet.forget(instance).await.map_err(|e| match e {
-                ForgetError::Live(name) => FleetCallError::Live(name),
-                ForgetError::Unknown(name) => FleetCallError::Unknown(name),
                 ForgetError::Control(error) => FleetCallError::Control(error),
+                other => FleetCallError::Forget(other),
             }),
             Writer::Local(_) => Err(FleetCallError::NotInFleet),
         }

@@ -67,10 +67,17 @@ impl IntoResponse for ApiError {
 fn fleet_error(error: FleetCallError) -> Response {
     let message = error.to_string();
     match error {
-        FleetCallError::NotInFleet | FleetCallError::Unknown(_) => {
+        FleetCallError::NotInFleet => body(StatusCode::NOT_FOUND, "not_found", message),
+        #[cfg(feature = "fleet")]
+        FleetCallError::Forget(crate::fleet::ForgetError::Live(_)) => {
+            body(StatusCode::CONFLICT, "instance_live", message)
+        }
+        #[cfg(feature = "fleet")]
+        FleetCallError::Forget(crate::fleet::ForgetError::Control(error)) => control_error(error),
+        #[cfg(feature = "fleet")]
+        FleetCallError::Forget(crate::fleet::ForgetError::Unknown(_)) => {
             body(StatusCode::NOT_FOUND, "not_found", message)
         }
-        FleetCallError::Live(_) => body(StatusCode::CONFLICT, "instance_live", message),
         FleetCallError::Control(error) => control_error(error),
     }
 }

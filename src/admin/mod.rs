@@ -155,10 +155,11 @@ async fn fleet_forget(
     }
     #[cfg(not(feature = "fleet"))]
     {
-        let _ = (writer, body);
-        Err(ApiError::NotFound(
-            "this instance is not in a fleet (no [fleet] section)".into(),
-        ))
+        let _ = writer;
+        Err(ApiError::NotFound(format!(
+            "this instance is not in a fleet (no [fleet] section): there is no '{}' to forget",
+            body.instance
+        )))
     }
 }
 

@@ -33,6 +33,7 @@ pub use certs::{CertReload, CertView, ListenerCerts};
 use commit::plan_summary;
 pub use commit::{admit_change, operation_kind_name};
 pub use error::ControlError;
+#[cfg(feature = "fleet")]
 pub(crate) use guarded::{judge, Verdict};
 pub use process::{BinaryView, LifecycleError, ProcessControl, UpgradeRequest};
 pub use views::*;
