@@ -1,4 +1,6 @@
-//! The commit path every change takes: the lock-and-check of `begin_change`, the expected-generation rule, compare-and-swap, history, persistence and the operation record.
+//! The commit path every change takes: the lock-and-check of
+//! `begin_change`, the expected-generation rule, compare-and-swap, history,
+//! persistence and the operation record.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Why a control operation did not succeed: one enum, mapped to HTTP answers in `admin/error.rs` only.
+//! Why a control operation did not succeed: one enum, mapped to HTTP
+//! answers in `admin/error.rs` only.
 
 use super::*;
 

@@ -1,4 +1,6 @@
-//! Guarded activation (DESIGN §14): the pending generation, its deadline, guard and canary steps, and how it is settled (confirm, abort, breach, missed deadline) through the one commit path.
+//! Guarded activation (DESIGN §14): the pending generation, its deadline,
+//! guard and canary steps, and how it is settled (confirm, abort, breach,
+//! missed deadline) through the one commit path.
 
 use super::*;
 

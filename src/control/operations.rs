@@ -1,4 +1,6 @@
-//! The operations a writer offers on this instance: validate, preview, activate, reload, rollback and certificate reload, each planned off the data plane.
+//! The operations a writer offers on this instance: validate, preview,
+//! activate, reload, rollback and certificate reload, each planned off the
+//! data plane.
 
 use super::*;
 

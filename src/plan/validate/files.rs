@@ -1,4 +1,5 @@
-//! Referenced files: read once, confined to the configuration's folder and `runtime.file_roots`, kept for hashing.
+//! Referenced files: read once, confined to the configuration's folder and
+//! `runtime.file_roots`, kept for hashing.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! `[fleet]`: endpoints, prefix, instance name, lease, TLS and credentials towards etcd.
+//! `[fleet]`: endpoints, prefix, instance name, lease, TLS and credentials
+//! towards etcd.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! L4 listeners (`tcp`, `udp`): idle timeouts, sessions, SNI routes, and the upstream settings a relayed connection cannot honour.
+//! L4 listeners (`tcp`, `udp`): idle timeouts, sessions, SNI routes, and
+//! the upstream settings a relayed connection cannot honour.
 
 use super::*;
 

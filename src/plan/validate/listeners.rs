@@ -1,4 +1,6 @@
-//! `[[listeners]]`: names, binds, protocols, limits and the edge rules (DESIGN §13); HTTP options on a listener that carries no HTTP are refused.
+//! `[[listeners]]`: names, binds, protocols, limits and the edge rules
+//! (DESIGN §13); HTTP options on a listener that carries no HTTP are
+//! refused.
 
 use super::*;
 

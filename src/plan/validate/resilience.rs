@@ -1,4 +1,5 @@
-//! What keeps a request alive or bounded: active health checks, passive outlier detection, retries, hedging and quotas.
+//! What keeps a request alive or bounded: active health checks, passive
+//! outlier detection, retries, hedging and quotas.
 
 use super::*;
 

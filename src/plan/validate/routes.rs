@@ -1,4 +1,5 @@
-//! `[[routes]]`: matching (hosts, paths, methods, headers), actions, and the ambiguity rules of route selection.
+//! `[[routes]]`: matching (hosts, paths, methods, headers), actions, and
+//! the ambiguity rules of route selection.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! TLS material: listener certificates and client CAs, and how upstreams verify their backends.
+//! TLS material: listener certificates and client CAs, and how upstreams
+//! verify their backends.
 
 use super::*;
 

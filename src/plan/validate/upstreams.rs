@@ -1,4 +1,5 @@
-//! `[upstreams.NAME]`: policy, hashing, protocol, timeouts, backends, PROXY protocol.
+//! `[upstreams.NAME]`: policy, hashing, protocol, timeouts, backends, PROXY
+//! protocol.
 
 use super::*;
 
