@@ -65,7 +65,7 @@ pub struct Status {
 pub enum FleetCallError {
     #[error("this instance is not in a fleet (no [fleet] section)")]
     NotInFleet,
-    /// `forget` named a live instance or none.
+    /// `forget` refused: a live instance, none of that name, or etcd away.
     #[cfg(feature = "fleet")]
     #[error(transparent)]
     Forget(ForgetError),
@@ -189,10 +189,7 @@ impl Writer {
     #[cfg(feature = "fleet")]
     pub async fn forget(&self, instance: &str) -> Result<(), FleetCallError> {
         match self {
-            Writer::Fleet(fleet) => fleet.forget(instance).await.map_err(|e| match e {
-                ForgetError::Control(error) => FleetCallError::Control(error),
-                other => FleetCallError::Forget(other),
-            }),
+            Writer::Fleet(fleet) => fleet.forget(instance).await.map_err(FleetCallError::Forget),
             Writer::Local(_) => Err(FleetCallError::NotInFleet),
         }
     }

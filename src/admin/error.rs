@@ -24,10 +24,7 @@ pub enum ApiError {
 
 impl From<FleetCallError> for ApiError {
     fn from(e: FleetCallError) -> Self {
-        match e {
-            FleetCallError::Control(error) => ApiError::Control(error),
-            other => ApiError::Fleet(other),
-        }
+        ApiError::Fleet(e)
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! Handlers turn requests into writer calls (changes) or control calls
 //! (reads) and results into JSON; they hold no logic of their own, and
-//! never ask whether the instance is in a fleet. Errors become responses in `error.rs`.
+//! never ask whether the instance is in a fleet. Errors become responses
+//! in `error.rs`.
 //! Guards (token, Host, Origin) are in `security.rs`; bodies are read
 //! whole within 1 MiB (413) and 10 s (408), error answers are always JSON
 //! (`limits.rs`), and mutations are POST only (405 otherwise).

@@ -20,8 +20,8 @@ use crate::ids::GenerationId;
 use crate::plan::{self, Spec};
 use crate::proxy::{ListenerSet, Workers};
 use crate::runtime::{
-    rfc3339, GenerationRecord, GenerationStore, History, Outcome, PersistedState, Phase, PhaseCell,
-    RetainedText, Source,
+    rfc3339, GenerationLoad, GenerationRecord, GenerationStore, History, Outcome, PersistedState,
+    Phase, PhaseCell, RetainedText, Source,
 };
 use crate::telemetry::{self, metrics as m};
 use crate::tls::CertStore;
@@ -534,11 +534,7 @@ fn publish_gauges(control: &Control) {
         .store()
         .loads()
         .iter()
-        .map(|load| telemetry::PinnedLoad {
-            inflight_requests: load.inflight_requests,
-            open_connections: load.open_connections,
-            superseded_secs: load.superseded_secs,
-        })
+        .map(GenerationLoad::pinned)
         .collect();
     telemetry::refresh_gauges(control.phase().get().as_gauge(), &loads);
 }

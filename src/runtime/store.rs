@@ -53,6 +53,17 @@ pub struct GenerationLoad {
     pub superseded_secs: Option<f64>,
 }
 
+impl GenerationLoad {
+    /// What the pinned-work gauges read of it (telemetry knows no store).
+    pub fn pinned(&self) -> crate::telemetry::PinnedLoad {
+        crate::telemetry::PinnedLoad {
+            inflight_requests: self.inflight_requests,
+            open_connections: self.open_connections,
+            superseded_secs: self.superseded_secs,
+        }
+    }
+}
+
 /// A generation the store made active once.
 struct Published {
     id: GenerationId,

@@ -141,11 +141,9 @@ impl Client {
         Q: prost::Message + Send + Sync + 'static,
         A: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = Grpc::new(self.channel.clone());
-        grpc.ready()
-            .await
-            .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
-        let answer = grpc
+        let answer = self
+            .grpc()
+            .await?
             .unary(
                 request,
                 PathAndQuery::from_static(path),
@@ -153,6 +151,15 @@ impl Client {
             )
             .await?;
         Ok(answer.into_inner())
+    }
+
+    /// A gRPC client on the channel, once the channel can take a call.
+    async fn grpc(&self) -> Result<Grpc<Channel>, EtcdError> {
+        let mut grpc = Grpc::new(self.channel.clone());
+        grpc.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
+        Ok(grpc)
     }
 
     /// One call; an expired token is taken again and the call repeated once.
@@ -195,13 +202,11 @@ impl Client {
                 .send(first.clone())
                 .await
                 .map_err(|_| EtcdError::Closed(path))?;
-            let mut grpc = Grpc::new(self.channel.clone());
-            grpc.ready()
-                .await
-                .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
             let request = self.request(ReceiverStream::new(receiver));
             let codec = ProstCodec::<Q, A>::default();
-            match grpc
+            match self
+                .grpc()
+                .await?
                 .streaming(request, PathAndQuery::from_static(path), codec)
                 .await
             {
@@ -215,7 +220,7 @@ impl Client {
         }
     }
 
-    /// The value of `key` (`prefix = false`) or of every key under it.
+    /// The keys `request` asks for.
     pub async fn range(&self, request: RangeRequest) -> Result<RangeResponse, EtcdError> {
         self.unary(request, "/etcdserverpb.KV/Range").await
     }
