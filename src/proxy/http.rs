@@ -4,9 +4,10 @@
 //! head is read), and runs on that generation to the end: a reload during
 //! the request changes nothing for it. Bodies stream in both directions;
 //! nothing here buffers a whole body. The path reads forward: `edge.rs`
-//! (the request rules) → admission → the route (quota, `max_inflight`,
-//! its action) → `retry.rs` (several attempts) or `exchange.rs` (one) →
-//! the response; neither of those calls back into this file.
+//! (the request rules) → admission → the route (`admit_route`: quota,
+//! `max_inflight`, its action) → `retry.rs` (several attempts) or
+//! `exchange.rs` (one) → the response; neither of those calls back
+//! into this file.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -28,7 +29,7 @@ use super::edge::{self};
 use super::error::{error_response, ProxyError};
 use super::exchange::{cookie, Target};
 use crate::admission::{Admission, Pinned};
-use crate::generation::{Action, Generation, Route};
+use crate::generation::{Action, Generation, Route, Upstream};
 use crate::plan::{DirectResponse, HashKey, QuotaKey};
 use crate::telemetry::access::{self, Flags, Trail};
 use crate::telemetry::metrics as m;
@@ -280,7 +281,21 @@ async fn serve<'g>(
         traceparent: context.trace.traceparent(),
         trail: context.trail.cloned(),
     };
-    let mut result = serve_route(req, target, conn, route, guard).await;
+    // The route's own admission, then one step forward: a direct answer,
+    // several attempts (`retry.rs`) or one (`exchange.rs`).
+    let mut result = match admit_route(&req, conn, route) {
+        Err(refused) => Err(refused),
+        Ok(Step::Respond(direct)) => Ok(direct_response(direct)),
+        Ok(Step::Proxy(upstream, slot)) if super::retry::applies(route, &req) => {
+            Box::pin(super::retry::serve(
+                req, target, conn, route, upstream, guard, slot,
+            ))
+            .await
+        }
+        Ok(Step::Proxy(upstream, slot)) => {
+            super::exchange::forward(req, target, conn, route, upstream, guard, slot).await
+        }
+    };
     // A streamed answer keeps the listener's place until its last byte.
     if let (Some(slot), Ok(response)) = (listener_slot, result.as_mut()) {
         if let Some(guards) = response.body_mut().guards_mut() {
@@ -290,13 +305,19 @@ async fn serve<'g>(
     (Some(route), result)
 }
 
-async fn serve_route(
-    req: Request<ClientBody>,
-    target: Target<'_>,
+/// Where a route sends an admitted request.
+enum Step<'r> {
+    Respond(&'r DirectResponse),
+    /// With the route's `max_inflight` slot.
+    Proxy(&'r Arc<Upstream>, Option<crate::generation::RouteSlot>),
+}
+
+/// The route's own admission: its quota, then its `max_inflight`.
+fn admit_route<'r>(
+    req: &Request<ClientBody>,
     conn: &ConnContext,
-    route: &Route,
-    guard: crate::generation::InflightGuard,
-) -> Result<Response<ResponseBody>, ProxyError> {
+    route: &'r Route,
+) -> Result<Step<'r>, ProxyError> {
     if let Some(quota) = &route.quota {
         let key: Cow<'_, [u8]> = match &quota.spec().key {
             QuotaKey::ClientIp => Cow::Owned(edge::client_key(conn.remote.ip()).to_vec()),
@@ -312,17 +333,11 @@ async fn serve_route(
         }
     }
     let slot = route.admit().map_err(|_| ProxyError::Saturated)?;
-    let upstream = match &route.action {
-        Action::Respond(direct) => return Ok(direct_response(direct)),
-        Action::Proxy(upstream) => upstream,
-    };
-    if super::retry::applies(route, &req) {
-        return Box::pin(super::retry::serve(
-            req, target, conn, route, upstream, guard, slot,
-        ))
-        .await;
-    }
-    super::exchange::forward(req, target, conn, route, upstream, guard, slot).await
+    Ok(match &route.action {
+        // A direct answer is made at once: it holds no slot.
+        Action::Respond(direct) => Step::Respond(direct),
+        Action::Proxy(upstream) => Step::Proxy(upstream, slot),
+    })
 }
 
 /// The hash of a request's canary key (DESIGN §14): the same value, the
