@@ -166,11 +166,24 @@ impl Validator<'_> {
     /// encrypt. Each is refused, once per upstream.
     pub(super) fn l4_upstreams(&mut self, file: &FileConfig) {
         let mut named: BTreeMap<&str, &str> = BTreeMap::new();
-        for l in file
+        for (i, l) in file
             .listeners
             .iter()
-            .filter(|l| l.protocol == "tcp" || l.protocol == "udp")
+            .enumerate()
+            .filter(|(_, l)| l.protocol == "tcp" || l.protocol == "udp")
         {
+            // Neither speaks UDP: refused, at the listener that would
+            // need them.
+            let udp = l.upstream.as_deref().filter(|_| l.protocol == "udp");
+            if let Some((u, fu)) = udp.and_then(|u| Some((u, file.upstreams.get(u)?))) {
+                let at = format!("listeners[{i}].upstream");
+                if fu.proxy_protocol.is_some() {
+                    self.error(Code::UnsupportedOption, at.clone(), format!("udp listener '{}' names upstream '{u}', which has proxy_protocol; no PROXY header is sent over udp", l.name));
+                }
+                if fu.health.is_some() {
+                    self.error(Code::UnsupportedOption, at, format!("udp listener '{}' names upstream '{u}', which has active health checks; they speak http or tcp, not udp", l.name));
+                }
+            }
             let names = l
                 .upstream
                 .iter()

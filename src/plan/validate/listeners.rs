@@ -92,23 +92,14 @@ impl Validator<'_> {
                         format!("tcp listener '{}' needs an upstream (or sni_routes)", l.name),
                     ),
                 },
+                // What its upstream may not have: `l4_upstreams`.
                 Some(ListenerProtocol::Udp) => match &l.upstream {
-                    Some(u) => match file.upstreams.get(u) {
-                        None => self.error(
-                            Code::UnknownUpstream,
-                            at("upstream"),
-                            format!("listener '{}' names upstream '{u}', which is not defined", l.name),
-                        ),
-                        Some(fu) => {
-                            // Refused rather than ignored: neither speaks UDP.
-                            if fu.proxy_protocol.is_some() {
-                                self.error(Code::UnsupportedOption, at("upstream"), format!("udp listener '{}' names upstream '{u}', which has proxy_protocol; no PROXY header is sent over udp", l.name));
-                            }
-                            if fu.health.is_some() {
-                                self.error(Code::UnsupportedOption, at("upstream"), format!("udp listener '{}' names upstream '{u}', which has active health checks; they speak http or tcp, not udp", l.name));
-                            }
-                        }
-                    },
+                    Some(u) if !file.upstreams.contains_key(u) => self.error(
+                        Code::UnknownUpstream,
+                        at("upstream"),
+                        format!("listener '{}' names upstream '{u}', which is not defined", l.name),
+                    ),
+                    Some(_) => {}
                     None => self.error(
                         Code::MissingUpstream,
                         at("protocol"),
