@@ -515,8 +515,11 @@ async fn serve(
     phase.advance(Phase::Running);
     metrics::gauge!(m::ACTIVE_GENERATION).set(id.0 as f64);
     tokio::spawn(refresh_gauges(Arc::clone(&control)));
+    // Subscribed before anyone can learn we are ready: a drain requested
+    // the moment after the announcement must still be seen.
+    let stopping = process.stopping();
     announce_ready(&control, admin_address, metrics_address);
-    signal_loop(writer, process, signals).await
+    signal_loop(writer, process, signals, stopping).await
 }
 
 async fn refresh_gauges(control: Arc<Control>) {
@@ -594,6 +597,7 @@ async fn signal_loop(
     writer: Writer,
     process: Arc<Process>,
     signals: Signals,
+    mut stopping: tokio::sync::watch::Receiver<Option<Stop>>,
 ) -> Result<(), StartError> {
     let control = Arc::clone(writer.control());
     let Signals {
@@ -603,7 +607,6 @@ async fn signal_loop(
         mut user1,
         mut user2,
     } = signals;
-    let mut stopping = process.stopping();
     let stop = loop {
         tokio::select! {
             _ = hangup.recv() => {
@@ -633,13 +636,10 @@ async fn signal_loop(
                 control.phase().advance(Phase::Stopped);
                 return Ok(());
             }
-            changed = stopping.changed() => {
-                if changed.is_err() {
-                    break Stop::Drain;
-                }
-                if let Some(stop) = *stopping.borrow() {
-                    break stop;
-                }
+            // `wait_for` also sees a stop requested before this loop
+            // first ran (`changed` would wait for the next one).
+            requested = stopping.wait_for(Option::is_some) => {
+                break requested.ok().and_then(|stop| *stop).unwrap_or(Stop::Drain);
             }
         }
     };
