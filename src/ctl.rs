@@ -12,7 +12,20 @@ use clap::{Args, Subcommand};
 use http::{header, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::{json, Value};
+
+use crate::admin::{ErrorBody, Started};
+use crate::control::{
+    Activation, BackendsView, CertReload, GenerationDetail, HistoryView, RecordedPlan, StatusView,
+};
+#[cfg(feature = "fleet")]
+use crate::fleet::{FleetActivation, FleetStatus};
+use crate::ids::GenerationId;
+use crate::plan::{Diff, Plan};
+use crate::runtime::{OperationKind, OperationRecord, Outcome};
+use crate::writer::{Activated, Settlement, Status};
 
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_REJECTED: u8 = 1;
@@ -225,9 +238,19 @@ enum FleetCommand {
     Forget { instance: String },
 }
 
+/// An admin API answer: its status and its JSON, read as the API's own
+/// types where a command needs its facts.
 struct Answer {
     status: StatusCode,
     body: Value,
+}
+
+impl Answer {
+    /// The answer as `T`, the type the admin API serialized it from;
+    /// `None` when it does not read as one (another version's shape).
+    fn read<T: DeserializeOwned>(&self) -> Option<T> {
+        T::deserialize(&self.body).ok()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -303,11 +326,17 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             let mut body = candidate(file, Some(meta))?;
             guarded.apply(&mut body);
             let answer = client.post("/admin/runtime/activate", body).await?;
-            // A fleet's answer names the pending generation at the top.
-            let fleet = answer.body.get("instance").is_some();
-            let pending = match answer.body["pending"].is_object() {
-                true if fleet => answer.body["generation"].as_u64(),
-                _ => answer.body["pending"]["generation"].as_u64(),
+            let pending = match answer.read::<Activated>() {
+                Some(Activated::Local(activation)) => {
+                    activation.pending.as_ref().map(|p| p.generation)
+                }
+                // A fleet's answer names the pending generation at the top.
+                #[cfg(feature = "fleet")]
+                Some(Activated::Fleet(activation)) => activation
+                    .pending
+                    .is_some()
+                    .then_some(activation.generation),
+                None => None,
             };
             match pending {
                 Some(generation) if guarded.wait && answer.status.is_success() => {
@@ -343,13 +372,14 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             client.post("/admin/runtime/rollback", body).await?
         }
         CtlCommand::Wait { generation } => {
-            return wait_settled(&client, *generation, args.json).await;
+            return wait_settled(&client, GenerationId(*generation), args.json).await;
         }
         CtlCommand::History => client.get("/admin/runtime/history").await?,
         CtlCommand::Export => {
             let status = client.get("/admin/runtime/status").await?;
-            match status.body["active_generation"].as_u64() {
-                Some(id) if status.status.is_success() => {
+            match status.read::<Status>() {
+                Some(active) if status.status.is_success() => {
+                    let id = active.local.active_generation;
                     client.get(&format!("/admin/runtime/history/{id}")).await?
                 }
                 _ => status,
@@ -394,26 +424,41 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
                 body["binary"] = json!(absolute);
             }
             let started = client.post("/admin/lifecycle/upgrade", body).await?;
-            match started.body["operation_id"].as_str() {
-                Some(id) if started.status == StatusCode::ACCEPTED => client.follow(id).await?,
+            match started.read::<Started>() {
+                Some(s) if started.status == StatusCode::ACCEPTED => {
+                    client.follow(&s.operation_id).await?
+                }
                 _ => started,
             }
         }
     };
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&answer.body).unwrap_or_default()
-        );
+        print_json(&answer.body);
     } else {
         print_human(&args.command, &answer);
     }
     Ok(exit_code(&args.command, &answer))
 }
 
+fn print_json(value: &impl Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
+/// An enum as the admin API spells it (`auto_rollback`, `startup`).
+fn spelled(value: &impl Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(text)) => text,
+        Ok(other) => other.to_string(),
+        Err(_) => "-".into(),
+    }
+}
+
 /// One poll of a follower (`wait`).
-enum Polled {
-    Body(Value),
+enum Polled<T> {
+    Read(T),
     /// Failed, but not for long enough to give up: poll again.
     Again,
     /// Gave up: the exit code.
@@ -423,12 +468,22 @@ enum Polled {
 /// GETs `path` for a follower. The admin socket may pass to a new process
 /// on the way (an upgrade), and etcd may be away for a while (a fleet):
 /// up to a minute of failed polls, half a second apart, is not the end.
-async fn poll(client: &Client, path: &str, failures: &mut u32) -> Result<Polled, CtlError> {
+async fn poll<T: DeserializeOwned>(
+    client: &Client,
+    path: &str,
+    failures: &mut u32,
+) -> Result<Polled<T>, CtlError> {
     match client.get(path).await {
-        Ok(answer) if answer.status.is_success() => {
-            *failures = 0;
-            Ok(Polled::Body(answer.body))
-        }
+        Ok(answer) if answer.status.is_success() => match answer.read() {
+            Some(read) => {
+                *failures = 0;
+                Ok(Polled::Read(read))
+            }
+            None => {
+                eprintln!("cutover ctl: {path} answered in a shape this ctl does not read");
+                Ok(Polled::Failed(EXIT_OTHER))
+            }
+        },
         Ok(_) | Err(_) if *failures < 120 => {
             *failures += 1;
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -442,23 +497,27 @@ async fn poll(client: &Client, path: &str, failures: &mut u32) -> Result<Polled,
 /// Follows pending generation `generation` until it is settled: exit 0
 /// when it was confirmed, 4 when it was rolled back, 2 when another
 /// activation superseded it. Prints the operation that settled it.
-async fn wait_settled(client: &Client, generation: u64, json: bool) -> Result<u8, CtlError> {
-    let mut percent = Value::Null;
+async fn wait_settled(
+    client: &Client,
+    generation: GenerationId,
+    json: bool,
+) -> Result<u8, CtlError> {
+    let mut percent = None;
     let mut failures = 0;
     loop {
-        let status = match poll(client, "/admin/runtime/status", &mut failures).await? {
-            Polled::Body(body) => body,
+        let status: Status = match poll(client, "/admin/runtime/status", &mut failures).await? {
+            Polled::Read(status) => status,
             Polled::Again => continue,
             Polled::Failed(code) => return Ok(code),
         };
-        if status.get("fleet").is_some() {
+        #[cfg(feature = "fleet")]
+        if status.fleet.is_some() {
             return wait_fleet_settled(client, generation, json).await;
         }
-        let pending = &status["pending"];
-        if pending["generation"] == json!(generation) {
-            if !json && pending["canary_percent"] != percent {
-                percent = pending["canary_percent"].clone();
-                if !percent.is_null() {
+        if let Some(pending) = status.local.pending.filter(|p| p.generation == generation) {
+            if !json && pending.canary_percent != percent {
+                percent = pending.canary_percent;
+                if let Some(percent) = percent {
                     println!("canary: generation {generation} takes {percent} % of new requests");
                 }
             }
@@ -466,44 +525,38 @@ async fn wait_settled(client: &Client, generation: u64, json: bool) -> Result<u8
             continue;
         }
         let history = client.get("/admin/runtime/history").await?;
-        let settled = history.body["operations"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .rev()
-            .find(|op| {
-                op["outcome"] == json!("succeeded")
-                    && match op["kind"].as_str() {
-                        Some("confirm") => op["generation"] == json!(generation),
-                        Some("abort" | "auto_rollback" | "rollback") => {
-                            op["previous_generation"] == json!(generation)
-                        }
-                        _ => false,
-                    }
-            })
-            .cloned();
+        let operations = history
+            .read::<HistoryView>()
+            .map(|h| h.operations)
+            .unwrap_or_default();
+        let settled = operations.into_iter().rev().find(|op| {
+            op.outcome == Outcome::Succeeded
+                && match op.kind {
+                    OperationKind::Confirm => op.generation == Some(generation),
+                    OperationKind::Abort
+                    | OperationKind::AutoRollback
+                    | OperationKind::Rollback => op.previous_generation == Some(generation),
+                    _ => false,
+                }
+        });
         let (code, what) = match &settled {
-            Some(op) if op["kind"] == json!("confirm") => (EXIT_OK, "confirmed"),
+            Some(op) if op.kind == OperationKind::Confirm => (EXIT_OK, "confirmed"),
             Some(_) => (EXIT_ROLLED_BACK, "rolled back"),
             None => (EXIT_CONFLICT, "superseded"),
         };
-        let op = settled.unwrap_or(Value::Null);
         if json {
-            println!("{}", serde_json::to_string_pretty(&op).unwrap_or_default());
+            print_json(&settled);
         } else {
+            let op = settled.as_ref();
             println!(
                 "generation {generation} {what}{}{}",
-                op["reason"]
-                    .as_str()
-                    .map_or(String::new(), |r| format!(": {r}")),
-                op["requested_by"]
-                    .as_str()
-                    .map_or(String::new(), |by| format!(" (by {by})")),
+                because(op.and_then(|op| op.reason.as_deref())),
+                by(op.and_then(|op| op.requested_by.as_deref())),
             );
-            if what == "superseded" {
+            if settled.is_none() {
                 println!(
                     "generation {} is active: another activation replaced it",
-                    status["active_generation"]
+                    status.local.active_generation
                 );
             }
         }
@@ -511,46 +564,54 @@ async fn wait_settled(client: &Client, generation: u64, json: bool) -> Result<u8
     }
 }
 
+fn because(reason: Option<&str>) -> String {
+    reason.map_or(String::new(), |r| format!(": {r}"))
+}
+
+fn by(who: Option<&str>) -> String {
+    who.map_or(String::new(), |by| format!(" (by {by})"))
+}
+
 /// `wait_settled` in a fleet: follows the fleet's `active` record until
 /// `generation` is no longer pending; its settlement says how it ended.
-async fn wait_fleet_settled(client: &Client, generation: u64, json: bool) -> Result<u8, CtlError> {
+#[cfg(feature = "fleet")]
+async fn wait_fleet_settled(
+    client: &Client,
+    generation: GenerationId,
+    json: bool,
+) -> Result<u8, CtlError> {
     let mut failures = 0;
     loop {
-        let status = match poll(client, "/admin/fleet/status", &mut failures).await? {
-            Polled::Body(body) => body,
+        let status: FleetStatus = match poll(client, "/admin/fleet/status", &mut failures).await? {
+            Polled::Read(status) => status,
             Polled::Again => continue,
             Polled::Failed(code) => return Ok(code),
         };
-        let active = &status["active"];
-        if active["generation"] == json!(generation) && !active["pending"].is_null() {
+        let Some(active) = status.active else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        if active.generation == generation && active.pending.is_some() {
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
-        let settlement = &active["settlement"];
-        let (code, what) = if settlement["generation"] != json!(generation) {
-            (EXIT_CONFLICT, "superseded")
-        } else if settlement["outcome"] == json!("confirmed") {
-            (EXIT_OK, "confirmed")
-        } else {
-            (EXIT_ROLLED_BACK, "rolled back")
+        let settlement = active.settlement.filter(|s| s.generation == generation);
+        let (code, what) = match &settlement {
+            None => (EXIT_CONFLICT, "superseded"),
+            Some(s) if s.outcome == "confirmed" => (EXIT_OK, "confirmed"),
+            Some(_) => (EXIT_ROLLED_BACK, "rolled back"),
         };
         if json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(settlement).unwrap_or_default()
-            );
+            print_json(&settlement);
         } else {
+            let s = settlement.as_ref();
             println!(
                 "fleet generation {generation} {what}{}{}",
-                settlement["reason"]
-                    .as_str()
-                    .map_or(String::new(), |r| format!(": {r}")),
-                settlement["by"]
-                    .as_str()
-                    .map_or(String::new(), |by| format!(" (by {by})")),
+                because(s.and_then(|s| s.reason.as_deref())),
+                by(s.and_then(|s| s.by.as_deref())),
             );
             if what != "confirmed" {
-                println!("fleet generation {} is active", active["generation"]);
+                println!("fleet generation {} is active", active.generation);
             }
         }
         return Ok(code);
@@ -560,25 +621,25 @@ async fn wait_fleet_settled(client: &Client, generation: u64, json: bool) -> Res
 fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
     match answer.status {
         StatusCode::CONFLICT => EXIT_CONFLICT,
-        s if s.is_success() && answer.body["outcome"] == json!("failed") => EXIT_OTHER,
-        // Answered, but not every instance serves the active generation.
-        s if s.is_success()
-            && matches!(command, CtlCommand::Fleet(FleetCommand::Status))
-            && answer.body["synced"] != answer.body["total"] =>
-        {
-            EXIT_OTHER
-        }
-        s if s.is_success() => {
-            let planned = matches!(
-                command,
-                CtlCommand::Validate { .. } | CtlCommand::Preview { .. }
-            );
-            if planned && answer.body["activatable"] == json!(false) {
-                EXIT_REJECTED
-            } else {
-                EXIT_OK
+        s if s.is_success() => match command {
+            CtlCommand::Upgrade { .. } => match answer.read::<OperationRecord>() {
+                Some(op) if op.outcome != Outcome::Failed => EXIT_OK,
+                _ => EXIT_OTHER,
+            },
+            // Answered, but not every instance serves the active generation.
+            #[cfg(feature = "fleet")]
+            CtlCommand::Fleet(FleetCommand::Status) => match answer.read::<FleetStatus>() {
+                Some(fleet) if fleet.synced == fleet.total => EXIT_OK,
+                _ => EXIT_OTHER,
+            },
+            CtlCommand::Validate { .. } | CtlCommand::Preview { .. } => {
+                match answer.read::<Plan>() {
+                    Some(plan) if plan.activatable => EXIT_OK,
+                    _ => EXIT_REJECTED,
+                }
             }
-        }
+            _ => EXIT_OK,
+        },
         StatusCode::BAD_REQUEST
         | StatusCode::NOT_FOUND
         | StatusCode::PAYLOAD_TOO_LARGE
@@ -589,181 +650,120 @@ fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
     }
 }
 
-fn print_plan(body: &Value) {
-    let activatable = body["activatable"].as_bool().unwrap_or(false);
+fn or_dash(id: Option<GenerationId>) -> String {
+    id.map_or("-".into(), |id| id.to_string())
+}
+
+fn print_plan(plan: &Plan) {
     println!(
         "activatable: {}  (against generation {}, config_version {})",
-        if activatable { "yes" } else { "no" },
-        body["active_generation"],
-        body["config_version"].as_str().unwrap_or("-")
+        if plan.activatable { "yes" } else { "no" },
+        or_dash(plan.active_generation),
+        plan.config_version.as_deref().unwrap_or("-")
     );
-    for e in body["errors"].as_array().into_iter().flatten() {
+    for e in &plan.errors {
         println!(
             "error: {}:{}: {}: {}",
-            e["line"].as_u64().map_or("?".into(), |l| l.to_string()),
-            e["column"].as_u64().map_or("?".into(), |c| c.to_string()),
-            e["code"].as_str().unwrap_or(""),
-            e["message"].as_str().unwrap_or("")
+            e.line.map_or("?".into(), |l| l.to_string()),
+            e.column.map_or("?".into(), |c| c.to_string()),
+            e.code.as_str(),
+            e.message
         );
     }
-    for r in body["rejected"].as_array().into_iter().flatten() {
+    for r in &plan.rejected {
         println!(
             "restart required: {} ({} → {}); {}",
-            r["path"].as_str().unwrap_or(""),
-            r["from"],
-            r["to"],
-            r["action"].as_str().unwrap_or("")
+            r.path, r.from, r.to, r.action
         );
     }
-    print_diff(&body["diff"]);
+    print_diff(&plan.diff);
 }
 
-fn print_diff(diff: &Value) {
-    let s = &diff["summary"];
-    if diff["changes"].as_array().is_some_and(|c| !c.is_empty()) {
+fn print_diff(diff: &Diff) {
+    let s = &diff.summary;
+    if !diff.changes.is_empty() {
         println!(
             "changes: {} added, {} removed, {} modified, {} restart-required",
-            s["added"], s["removed"], s["modified"], s["restart_required"]
+            s.added, s.removed, s.modified, s.restart_required
         );
     }
-    if let Some(text) = diff["text"].as_str().filter(|t| !t.is_empty()) {
-        print!("{text}");
-    }
+    print!("{}", diff.text);
 }
 
+/// A summary of `answer` for a person; an answer this ctl cannot read
+/// (a gateway of another version) is printed as its JSON.
 fn print_human(command: &CtlCommand, answer: &Answer) {
-    let body = &answer.body;
     if !answer.status.is_success() {
-        let label = if body.get("activatable").is_some() {
-            "rejected"
-        } else {
-            "error"
-        };
+        let refusal = answer.read::<ErrorBody>();
+        let plan = answer.read::<Plan>();
         eprintln!(
             "{} {}: {}",
             answer.status.as_u16(),
-            body["error"].as_str().unwrap_or(label),
-            body["message"].as_str().unwrap_or("")
+            refusal
+                .as_ref()
+                .and_then(|r| r.error.as_deref())
+                .unwrap_or(if plan.is_some() { "rejected" } else { "error" }),
+            refusal
+                .as_ref()
+                .and_then(|r| r.message.as_deref())
+                .unwrap_or("")
         );
-        if body.get("errors").is_some() || body.get("rejected").is_some() {
-            print_plan(body);
+        if let Some(plan) = &plan {
+            print_plan(plan);
         }
         return;
     }
+    if summarize(command, answer).is_none() {
+        eprintln!("(an answer this ctl does not know the shape of; as sent:)");
+        print_json(&answer.body);
+    }
+}
+
+/// `print_human` for a successful answer; `None` when it does not read
+/// as the type the command expects.
+fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
     match command {
-        CtlCommand::Validate { .. } => print_plan(body),
+        CtlCommand::Validate { .. } => print_plan(&answer.read::<Plan>()?),
         CtlCommand::Preview { .. } => {
-            print_plan(body);
-            println!(
-                "recorded as {}",
-                body["operation_id"].as_str().unwrap_or("-")
-            );
-        }
-        CtlCommand::Activate { .. } | CtlCommand::Rollback { .. }
-            if body.get("instance").is_some() =>
-        {
-            let instance = &body["instance"];
-            println!(
-                "{}: fleet generation {} (previous {}), {}",
-                body["outcome"].as_str().unwrap_or("-"),
-                body["generation"],
-                body["previous_generation"],
-                body["config_version"].as_str().unwrap_or("-"),
-            );
-            let pending = &body["pending"];
-            if pending.is_object() {
-                let mut how = Vec::new();
-                if let Some(ms) = pending["deadline_unix_ms"].as_u64() {
-                    let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
-                    how.push(format!(
-                        "confirm by {}",
-                        humantime::format_rfc3339_seconds(at)
-                    ));
-                }
-                if pending["guard"].is_object() {
-                    how.push("its guard judges every instance's answers".into());
-                }
-                if pending["canary"]["steps"].is_array() {
-                    how.push(format!("canary steps {}", pending["canary"]["steps"]));
-                }
-                println!(
-                    "pending: rolls back to fleet generation {} unless settled ({})",
-                    pending["rollback_to"],
-                    how.join("; ")
-                );
-            }
-            match instance.get("activation") {
-                None if instance.get("local_generation").is_some() => println!(
-                    "instance {}: serves fleet generation {} as local generation {}",
-                    instance["instance"].as_str().unwrap_or("-"),
-                    instance["generation"],
-                    instance["local_generation"]
-                ),
-                Some(activation) => {
-                    println!(
-                        "instance {}: local generation {} ({})",
-                        instance["instance"].as_str().unwrap_or("-"),
-                        activation["generation"],
-                        activation["outcome"].as_str().unwrap_or("-")
-                    );
-                    print_diff(&activation["diff"]);
-                }
-                None => println!(
-                    "instance {}: {}",
-                    instance["instance"].as_str().unwrap_or("-"),
-                    instance["error"].as_str().unwrap_or("-")
-                ),
-            }
-            println!("other instances follow through etcd: `cutover ctl fleet status`");
+            let recorded = answer.read::<RecordedPlan>()?;
+            print_plan(&recorded.plan);
+            println!("recorded as {}", recorded.operation_id);
         }
         CtlCommand::Activate { .. } | CtlCommand::Rollback { .. } => {
-            println!(
-                "{}: generation {} (previous {}), {} in {} ms",
-                body["outcome"].as_str().unwrap_or("-"),
-                body["generation"],
-                body["previous_generation"],
-                body["operation_id"].as_str().unwrap_or("-"),
-                body["duration_ms"]
-            );
-            if let Some(pending) = body.get("pending") {
-                match pending["deadline"].as_str() {
-                    Some(deadline) => println!(
-                        "pending: confirm generation {} by {deadline} or it rolls back to {}",
-                        pending["generation"], pending["rollback_to"]
-                    ),
-                    None => println!(
-                        "pending: generation {} is judged by its guard (rollback to {})",
-                        pending["generation"], pending["rollback_to"]
-                    ),
-                }
+            match answer.read::<Activated>()? {
+                Activated::Local(activation) => print_activation(&activation),
+                #[cfg(feature = "fleet")]
+                Activated::Fleet(activation) => print_fleet_activation(&activation),
             }
-            print_diff(&body["diff"]);
         }
         CtlCommand::Confirm { .. } | CtlCommand::Abort { .. } => {
+            let (outcome, generation, rolled_back_to, operation) = match answer
+                .read::<Settlement>()?
+            {
+                Settlement::Local(s) => (s.outcome, s.generation, s.rolled_back_to, s.operation_id),
+                #[cfg(feature = "fleet")]
+                Settlement::Fleet(s) => (s.outcome, s.generation, s.rolled_back_to, "fleet".into()),
+            };
             println!(
-                "{}: generation {} active{} ({})",
-                body["outcome"].as_str().unwrap_or("-"),
-                body["generation"],
-                body["rolled_back_to"]
-                    .as_u64()
-                    .map_or(String::new(), |to| format!(", the configuration of {to}")),
-                body["operation_id"].as_str().unwrap_or("-"),
+                "{outcome}: generation {generation} active{} ({operation})",
+                rolled_back_to.map_or(String::new(), |to| format!(", the configuration of {to}")),
             );
         }
         CtlCommand::History => {
+            let history = answer.read::<HistoryView>()?;
             println!(
                 "active generation {} (keeping {})",
-                body["active_generation"], body["history_limit"]
+                history.active_generation, history.history_limit
             );
-            for g in body["generations"].as_array().into_iter().flatten() {
+            for g in &history.generations {
                 println!(
                     "{:>6}  {:<9} {:<8} {}  {}{}",
-                    g["generation"].as_u64().unwrap_or(0),
-                    g["status"].as_str().unwrap_or(""),
-                    g["source"].as_str().unwrap_or(""),
-                    g["activated_at"].as_str().unwrap_or(""),
-                    g["config_version"].as_str().unwrap_or(""),
-                    if g["rollback_candidate"] == json!(true) {
+                    g.generation,
+                    g.status,
+                    spelled(&g.source),
+                    g.activated_at,
+                    g.config_version,
+                    if g.rollback_candidate {
                         "  (rollback candidate)"
                     } else {
                         ""
@@ -774,11 +774,14 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
         // Printed as it follows the generation.
         CtlCommand::Wait { .. } => {}
         // The text as it was activated, byte for byte.
-        CtlCommand::Export => print!("{}", body["config"].as_str().unwrap_or_default()),
-        CtlCommand::Status { .. } => {
-            println!("{}", serde_json::to_string_pretty(body).unwrap_or_default())
+        CtlCommand::Export => print!("{}", answer.read::<GenerationDetail>()?.config),
+        CtlCommand::Status { .. } => print_json(&answer.read::<Status>()?),
+        #[cfg(feature = "fleet")]
+        CtlCommand::Fleet(FleetCommand::Status) => {
+            print!("{}", fleet_table(&answer.read::<FleetStatus>()?))
         }
-        CtlCommand::Fleet(FleetCommand::Status) => print!("{}", fleet_table(body)),
+        #[cfg(not(feature = "fleet"))]
+        CtlCommand::Fleet(FleetCommand::Status) => return None,
         CtlCommand::Fleet(FleetCommand::Forget { instance }) => {
             println!("instance {instance} forgotten")
         }
@@ -794,63 +797,141 @@ fn print_human(command: &CtlCommand, answer: &Answer) {
                 "attempts",
                 "failures"
             );
-            for upstream in body["upstreams"].as_array().into_iter().flatten() {
-                for b in upstream["backends"].as_array().into_iter().flatten() {
+            for upstream in &answer.read::<BackendsView>()?.upstreams {
+                for b in &upstream.backends {
                     println!(
                         "{:<16} {:<24} {:<10} {:<9} {:>8} {:>9.1} {:>10} {:>9}",
-                        upstream["name"].as_str().unwrap_or("-"),
-                        b["addr"].as_str().unwrap_or("-"),
-                        b["health"].as_str().unwrap_or("-"),
-                        if b["ejected"] == json!(true) {
-                            "yes"
-                        } else {
-                            "no"
-                        },
-                        b["inflight"].as_u64().unwrap_or(0),
-                        b["ewma_ms"].as_f64().unwrap_or(0.0),
-                        b["attempts"].as_u64().unwrap_or(0),
-                        b["failures"].as_u64().unwrap_or(0),
+                        upstream.name,
+                        b.addr,
+                        spelled(&b.health),
+                        yes_no(b.ejected),
+                        b.inflight,
+                        b.ewma_ms.unwrap_or(0.0),
+                        b.attempts,
+                        b.failures,
                     );
                 }
             }
         }
-        CtlCommand::Drain => println!(
-            "draining ({})",
-            body["operation_id"].as_str().unwrap_or("-")
-        ),
+        CtlCommand::Drain => println!("draining ({})", answer.read::<Started>()?.operation_id),
         CtlCommand::ReloadCerts { .. } => {
-            for listener in body["listeners"].as_array().into_iter().flatten() {
-                for cert in listener["certificates"].as_array().into_iter().flatten() {
+            let reload = answer.read::<CertReload>()?;
+            for listener in &reload.listeners {
+                for cert in &listener.certificates {
                     println!(
-                        "{}: {} {} not_after {}{}",
-                        listener["listener"].as_str().unwrap_or("-"),
-                        cert["fingerprint"].as_str().unwrap_or("-"),
-                        cert["names"],
-                        cert["not_after"].as_str().unwrap_or("-"),
-                        if cert["changed"] == json!(true) {
-                            " (changed)"
-                        } else {
-                            ""
-                        }
+                        "{}: {} {:?} not_after {}{}",
+                        listener.listener,
+                        cert.fingerprint,
+                        cert.names,
+                        cert.not_after,
+                        if cert.changed { " (changed)" } else { "" }
                     );
                 }
             }
-            for warning in body["warnings"].as_array().into_iter().flatten() {
-                println!("warning: {}", warning.as_str().unwrap_or(""));
+            for warning in &reload.warnings {
+                println!("warning: {warning}");
             }
         }
         CtlCommand::Upgrade { .. } => {
+            let op = answer.read::<OperationRecord>()?;
             println!(
                 "upgrade {}: {} ({})",
-                body["outcome"].as_str().unwrap_or("-"),
-                body["summary"].as_str().unwrap_or(""),
-                body["id"].as_str().unwrap_or("-")
+                spelled(&op.outcome),
+                op.summary,
+                op.id
             );
-            if let Some(error) = body["error"].as_str() {
+            if let Some(error) = &op.error {
                 println!("error: {error}");
             }
         }
     }
+    Some(())
+}
+
+fn yes_no(flag: bool) -> &'static str {
+    if flag {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn print_activation(activation: &Activation) {
+    println!(
+        "{}: generation {} (previous {}), {} in {} ms",
+        activation.outcome,
+        activation.generation,
+        activation.previous_generation,
+        activation.operation_id,
+        activation.duration_ms
+    );
+    if let Some(pending) = &activation.pending {
+        match &pending.deadline {
+            Some(deadline) => println!(
+                "pending: confirm generation {} by {deadline} or it rolls back to {}",
+                pending.generation, pending.rollback_to
+            ),
+            None => println!(
+                "pending: generation {} is judged by its guard (rollback to {})",
+                pending.generation, pending.rollback_to
+            ),
+        }
+    }
+    print_diff(&activation.diff);
+}
+
+#[cfg(feature = "fleet")]
+fn print_fleet_activation(activation: &FleetActivation) {
+    use crate::fleet::InstanceOutcome;
+    println!(
+        "{}: fleet generation {} (previous {}), {}",
+        activation.outcome,
+        activation.generation,
+        or_dash(activation.previous_generation),
+        activation.config_version,
+    );
+    if let Some(pending) = &activation.pending {
+        let mut how = Vec::new();
+        if let Some(ms) = pending.deadline_unix_ms {
+            let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+            how.push(format!(
+                "confirm by {}",
+                humantime::format_rfc3339_seconds(at)
+            ));
+        }
+        if pending.guard.is_some() {
+            how.push("its guard judges every instance's answers".into());
+        }
+        if let Some(canary) = &pending.canary {
+            how.push(format!("canary steps {:?}", canary.steps));
+        }
+        println!(
+            "pending: rolls back to fleet generation {} unless settled ({})",
+            pending.rollback_to,
+            how.join("; ")
+        );
+    }
+    match &activation.instance {
+        InstanceOutcome::Serving {
+            instance,
+            generation,
+            local_generation,
+        } => println!(
+            "instance {instance}: serves fleet generation {generation} as local generation {local_generation}"
+        ),
+        InstanceOutcome::Applied {
+            instance,
+            activation,
+        } => {
+            println!(
+                "instance {instance}: local generation {} ({})",
+                activation.generation, activation.outcome
+            );
+            print_diff(&activation.diff);
+        }
+        InstanceOutcome::Refused { instance, error } => println!("instance {instance}: {error}"),
+    }
+    println!("other instances follow through etcd: `cutover ctl fleet status`");
 }
 
 /// `ctl status`: one frame, or (`--watch`) a frame every `interval`,
@@ -865,25 +946,34 @@ async fn watch_status(
     let mut last: Option<(std::time::Instant, u64, u64)> = None;
     // History plans every retained configuration: read again only when
     // the last operation changed.
-    let mut history: (Value, Value) = (Value::Null, Value::Null);
+    let mut history: Option<(Option<String>, HistoryView)> = None;
     let mut shown = 0u64;
     loop {
-        let status = client.get("/admin/runtime/status").await?;
-        if !status.status.is_success() {
-            print_human(&CtlCommand::History, &status);
+        let answer = client.get("/admin/runtime/status").await?;
+        let Some(status) = answer
+            .status
+            .is_success()
+            .then(|| answer.read::<Status>())
+            .flatten()
+        else {
+            print_human(&CtlCommand::History, &answer);
             return Ok(EXIT_OTHER);
-        }
-        let backends = client.get("/admin/runtime/backends").await?;
-        let last_operation = status.body["last_operation"]["id"].clone();
-        if history.0 != last_operation || history.1.is_null() {
+        };
+        let status = status.local;
+        let backends = client
+            .get("/admin/runtime/backends")
+            .await?
+            .read::<BackendsView>();
+        let last_operation = status.last_operation.as_ref().map(|o| o.id.clone());
+        if history
+            .as_ref()
+            .is_none_or(|(seen, _)| *seen != last_operation)
+        {
             let answer = client.get("/admin/runtime/history").await?;
-            history = (last_operation, answer.body);
+            history = answer.read().map(|h| (last_operation, h));
         }
         let now = std::time::Instant::now();
-        let totals = (
-            status.body["requests_total"].as_u64().unwrap_or(0),
-            status.body["errors_total"].as_u64().unwrap_or(0),
-        );
+        let totals = (status.requests_total, status.errors_total);
         let rates = last.map(|(at, requests, errors)| {
             let seconds = now.duration_since(at).as_secs_f64().max(1e-3);
             (
@@ -892,7 +982,12 @@ async fn watch_status(
             )
         });
         last = Some((now, totals.0, totals.1));
-        let frame = status_frame(&status.body, &backends.body, &history.1, rates);
+        let frame = status_frame(
+            &status,
+            backends.as_ref(),
+            history.as_ref().map(|(_, h)| h),
+            rates,
+        );
         let mut out = std::io::stdout().lock();
         if terminal && frames != Some(1) {
             // Home and clear: the frame replaces the last one.
@@ -911,75 +1006,70 @@ async fn watch_status(
     }
 }
 
-/// The facts of one `ctl status` frame, as text.
 /// `ctl fleet status`: one line per instance.
-fn fleet_table(body: &Value) -> String {
+#[cfg(feature = "fleet")]
+fn fleet_table(fleet: &FleetStatus) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let active = &body["active"];
     let _ = writeln!(
         out,
         "fleet {}: generation {} ({}), {} of {} instances synced",
-        body["prefix"].as_str().unwrap_or("-"),
-        active["generation"],
-        active["config_version"].as_str().unwrap_or("-"),
-        body["synced"],
-        body["total"]
+        fleet.prefix,
+        or_dash(fleet.active.as_ref().map(|a| a.generation)),
+        fleet
+            .active
+            .as_ref()
+            .map_or("-", |a| a.config_version.as_str()),
+        fleet.synced,
+        fleet.total
     );
     let _ = writeln!(
         out,
         "{:<20} {:<9} {:>10}  {:<5}  error",
         "instance", "status", "generation", "drift"
     );
-    for i in body["instances"].as_array().into_iter().flatten() {
+    for i in &fleet.instances {
         let _ = writeln!(
             out,
             "{:<20} {:<9} {:>10}  {:<5}  {}",
-            i["instance"].as_str().unwrap_or("-"),
-            i["status"].as_str().unwrap_or("-"),
-            i["generation"]
-                .as_u64()
-                .map_or("-".into(), |g| g.to_string()),
-            if i["drift"] == json!(true) {
-                "yes"
-            } else {
-                "no"
-            },
-            i["error"].as_str().unwrap_or("")
+            i.instance,
+            i.status,
+            or_dash(i.generation),
+            yes_no(i.drift),
+            i.error.as_deref().unwrap_or("")
         );
     }
     out
 }
 
+/// The facts of one `ctl status` frame, as text.
 fn status_frame(
-    status: &Value,
-    backends: &Value,
-    history: &Value,
+    status: &StatusView,
+    backends: Option<&BackendsView>,
+    history: Option<&HistoryView>,
     rates: Option<(f64, f64)>,
 ) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let text = |v: &Value| v.as_str().unwrap_or("-").to_owned();
-    let active = status["active_generation"].as_u64().unwrap_or(0);
     let _ = writeln!(
         out,
         "cutover pid {}  {}  generation {}  config {}  activated {}",
-        status["pid"],
-        text(&status["phase"]),
-        active,
-        text(&status["config_version"]),
-        text(&status["activated_at"]),
+        status.pid,
+        status.phase.as_str(),
+        status.active_generation,
+        status.config_version,
+        status.activated_at,
     );
-    if let Some(pending) = status.get("pending").filter(|p| !p.is_null()) {
-        let when = pending["seconds_left"]
-            .as_f64()
+    if let Some(pending) = &status.pending {
+        let when = pending
+            .seconds_left
             .map_or("when its guard says so".to_owned(), |s| {
                 format!("in {s:.0}s unless confirmed")
             });
         let _ = writeln!(
             out,
             "PENDING: generation {} rolls back to {} {when}",
-            pending["generation"], pending["rollback_to"],
+            pending.generation, pending.rollback_to,
         );
     }
     match rates {
@@ -998,7 +1088,7 @@ fn status_frame(
             let _ = writeln!(
                 out,
                 "requests {} answered since start, {} of them 5xx",
-                status["requests_total"], status["errors_total"]
+                status.requests_total, status.errors_total
             );
         }
     }
@@ -1008,21 +1098,15 @@ fn status_frame(
         "  {:>6}  {:<10} {:>9} {:>11} {:>10} {:>8}",
         "gen", "state", "inflight", "connections", "requests", "errors"
     );
-    for g in status["generations"].as_array().into_iter().flatten() {
-        let id = g["generation"].as_u64().unwrap_or(0);
-        let state = match g["superseded_secs"].as_f64() {
+    for g in &status.generations {
+        let state = match g.superseded_secs {
             Some(secs) => format!("old {secs:.0}s"),
             None => "active".to_owned(),
         };
         let _ = writeln!(
             out,
             "  {:>6}  {:<10} {:>9} {:>11} {:>10} {:>8}",
-            id,
-            state,
-            g["inflight_requests"].as_u64().unwrap_or(0),
-            g["open_connections"].as_u64().unwrap_or(0),
-            g["requests"].as_u64().unwrap_or(0),
-            g["errors"].as_u64().unwrap_or(0),
+            g.generation, state, g.inflight_requests, g.open_connections, g.requests, g.errors,
         );
     }
     let _ = writeln!(out, "\nbackends");
@@ -1031,44 +1115,35 @@ fn status_frame(
         "  {:<16} {:<24} {:<10} {:<8} {:>8} {:>9} {:>9}",
         "upstream", "backend", "health", "ejected", "inflight", "attempts", "failures"
     );
-    for upstream in backends["upstreams"].as_array().into_iter().flatten() {
-        for b in upstream["backends"].as_array().into_iter().flatten() {
+    for upstream in backends.iter().flat_map(|b| &b.upstreams) {
+        for b in &upstream.backends {
             let _ = writeln!(
                 out,
                 "  {:<16} {:<24} {:<10} {:<8} {:>8} {:>9} {:>9}",
-                text(&upstream["name"]),
-                text(&b["addr"]),
-                text(&b["health"]),
-                if b["ejected"] == json!(true) {
-                    "yes"
-                } else {
-                    "no"
-                },
-                b["inflight"].as_u64().unwrap_or(0),
-                b["attempts"].as_u64().unwrap_or(0),
-                b["failures"].as_u64().unwrap_or(0),
+                upstream.name,
+                b.addr,
+                spelled(&b.health),
+                yes_no(b.ejected),
+                b.inflight,
+                b.attempts,
+                b.failures,
             );
         }
     }
     let _ = writeln!(out, "\nhistory (newest first)");
-    for g in history["generations"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .take(10)
-    {
-        let who = [&g["requested_by"], &g["reason"]]
-            .iter()
-            .filter_map(|v| v.as_str())
+    for g in history.iter().flat_map(|h| &h.generations).take(10) {
+        let who = [g.requested_by.as_deref(), g.reason.as_deref()]
+            .into_iter()
+            .flatten()
             .collect::<Vec<_>>()
             .join(": ");
         let _ = writeln!(
             out,
             "  {:>6}  {:<9} {:<13} {}  {}",
-            g["generation"].as_u64().unwrap_or(0),
-            text(&g["status"]),
-            text(&g["source"]),
-            text(&g["activated_at"]),
+            g.generation,
+            g.status,
+            spelled(&g.source),
+            g.activated_at,
             who,
         );
     }
@@ -1096,7 +1171,10 @@ impl Client {
             // The admin socket passes to the new process mid-way: a poll
             // may briefly fail while it does.
             if let Ok(answer) = self.get(&format!("/admin/runtime/operations/{id}")).await {
-                if answer.status.is_success() && answer.body["outcome"] != json!("running") {
+                let settled = answer
+                    .read::<OperationRecord>()
+                    .is_some_and(|op| op.outcome != Outcome::Running);
+                if answer.status.is_success() && settled {
                     return Ok(answer);
                 }
             }

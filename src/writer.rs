@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::control::{
     Activation, Candidate, Control, ControlError, RollbackRequest, Settle, SettleRequest, Settled,
@@ -32,7 +32,7 @@ pub enum Writer {
 
 /// An activation or rollback: this instance's, or the fleet's (with how
 /// this instance applied it).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Activated {
     Local(Box<Activation>),
@@ -41,7 +41,7 @@ pub enum Activated {
 }
 
 /// A settled pending generation: this instance's or the fleet's.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Settlement {
     Local(Settled),
@@ -51,7 +51,7 @@ pub enum Settlement {
 
 /// `GET /admin/runtime/status`: this instance's status, and where it
 /// stands in its fleet when it is in one.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Status {
     #[serde(flatten)]
     pub local: StatusView,

@@ -3,7 +3,9 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use std::borrow::Cow;
 
 use crate::control::{CandidateError, ControlError, LifecycleError};
 use crate::writer::FleetCallError;
@@ -40,8 +42,21 @@ impl From<ControlError> for ApiError {
     }
 }
 
-fn body(status: StatusCode, code: &str, message: String) -> Response {
-    (status, Json(json!({ "error": code, "message": message }))).into_response()
+/// What every refusal carries (some add the plan or the generations
+/// involved); `cutover ctl` reads it back.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable, machine-readable (`generation_conflict`, `draining`, …).
+    pub error: Option<Cow<'static, str>>,
+    pub message: Option<String>,
+}
+
+fn body(status: StatusCode, code: &'static str, message: String) -> Response {
+    let body = ErrorBody {
+        error: Some(code.into()),
+        message: Some(message),
+    };
+    (status, Json(body)).into_response()
 }
 
 impl IntoResponse for ApiError {

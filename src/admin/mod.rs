@@ -22,11 +22,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use candidate::{CandidateRequest, UpgradeCandidate};
-pub use error::ApiError;
+pub use error::{ApiError, ErrorBody};
 pub use security::Security;
 
 use crate::control::{CandidateSource, RollbackRequest, Settle, SettleRequest, UpgradeRequest};
@@ -285,12 +285,23 @@ async fn reload_certs(
     Ok(Json(control.reload_certs(body.listeners, None).await?).into_response())
 }
 
+/// What drain and upgrade answer: the operation that follows them.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Started {
+    pub operation_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+}
+
 async fn drain(State(writer): Shared) -> Result<Response, ApiError> {
     let control = writer.control();
     let operation_id = control.drain()?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "operation_id": operation_id, "phase": "draining" })),
+        Json(Started {
+            operation_id,
+            phase: Some(Phase::Draining),
+        }),
     )
         .into_response())
 }
@@ -319,7 +330,10 @@ async fn upgrade(
     })?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "operation_id": operation_id })),
+        Json(Started {
+            operation_id,
+            phase: None,
+        }),
     )
         .into_response())
 }

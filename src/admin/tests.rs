@@ -1100,3 +1100,93 @@ async fn fleet_endpoints_say_when_the_instance_is_not_in_a_fleet() {
     let (_, status) = call(&a, get("/admin/runtime/status")).await;
     assert!(status.get("fleet").is_none());
 }
+
+/// `cutover ctl` reads answers as the types the API serializes them
+/// from: every answer must read back as its type and serialize to the
+/// same JSON (a field skipped without a default, or renamed one way only,
+/// fails here instead of in an operator's pipeline).
+#[tokio::test]
+async fn every_answer_reads_back_as_the_type_it_was_written_from() {
+    use crate::control::{BackendsView, CertReload, GenerationDetail, HistoryView, RecordedPlan};
+    use crate::plan::Plan;
+    use crate::runtime::OperationRecord;
+    use crate::writer::{Activated, Settlement, Status};
+    use serde::de::DeserializeOwned;
+
+    fn same<T: DeserializeOwned + serde::Serialize>(what: &str, value: &Value) {
+        let read: T = serde_json::from_value(value.clone())
+            .unwrap_or_else(|e| panic!("{what} does not read back: {e}\n{value:#}"));
+        assert_eq!(&serde_json::to_value(read).unwrap(), value, "{what}");
+    }
+
+    let a = admin();
+    let candidate = BASE.replace("\"15s\"", "\"5s\"");
+    let (_, plan) = call(&a, toml("/admin/runtime/validate", &candidate)).await;
+    same::<Plan>("validate", &plan);
+    let invalid = BASE.replace("respond = { body = \"hello\" }", "upstream = \"nope\"");
+    let (_, refused) = call(&a, toml("/admin/runtime/validate", &invalid)).await;
+    same::<Plan>("validate (refused)", &refused);
+    let (_, preview) = call(&a, toml("/admin/runtime/preview", &candidate)).await;
+    same::<RecordedPlan>("preview", &preview);
+
+    let (status, activated) = call(
+        &a,
+        toml(
+            "/admin/runtime/activate?expected_generation=1&confirm_within=5m",
+            &candidate,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{activated}");
+    assert!(activated["pending"].is_object(), "{activated}");
+    same::<Activated>("activate", &activated);
+    let (_, status_view) = call(&a, get("/admin/runtime/status")).await;
+    assert!(status_view["pending"].is_object(), "{status_view}");
+    same::<Status>("status", &status_view);
+    let (_, settled) = call(
+        &a,
+        post(
+            "/admin/runtime/confirm",
+            "application/json",
+            r#"{"generation": 2}"#,
+        ),
+    )
+    .await;
+    same::<Settlement>("confirm", &settled);
+
+    let (status, rolled) = call(
+        &a,
+        post(
+            "/admin/runtime/rollback",
+            "application/json",
+            r#"{"target_generation": 1}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{rolled}");
+    same::<Activated>("rollback", &rolled);
+    let (_, history) = call(&a, get("/admin/runtime/history")).await;
+    same::<HistoryView>("history", &history);
+    let (_, detail) = call(&a, get("/admin/runtime/history/2")).await;
+    same::<GenerationDetail>("history/2", &detail);
+    let (_, backends) = call(&a, get("/admin/runtime/backends")).await;
+    same::<BackendsView>("backends", &backends);
+    let (_, certs) = call(
+        &a,
+        post("/admin/runtime/reload-certs", "application/json", "{}"),
+    )
+    .await;
+    same::<CertReload>("reload-certs", &certs);
+    let operation = history["operations"][0]["id"].as_str().unwrap_or_default();
+    let (_, record) = call(&a, get(&format!("/admin/runtime/operations/{operation}"))).await;
+    same::<OperationRecord>("operations/{id}", &record);
+
+    let (status, conflict) = call(
+        &a,
+        toml("/admin/runtime/activate?expected_generation=1", BASE),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{conflict}");
+    let refusal: super::ErrorBody = serde_json::from_value(conflict).unwrap();
+    assert_eq!(refusal.error.as_deref(), Some("generation_conflict"));
+}

@@ -26,7 +26,7 @@ use crate::plan::{HealthProbe, HealthSpec};
 /// can be reused); the rest is dropped with the connection.
 const MAX_CHECK_BODY: usize = 64 * 1024;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthState {
     /// No active check configured: trusted.

@@ -26,6 +26,7 @@ mod outlier;
 mod send_proxy;
 mod weak_map;
 
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -175,10 +176,10 @@ fn unix_ms(at_ms: u64) -> u64 {
 }
 
 /// What `GET /admin/runtime/backends` shows of one backend.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BackendView {
     pub addr: String,
-    pub protocol: &'static str,
+    pub protocol: Cow<'static, str>,
     pub health: HealthState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_check: Option<CheckView>,
@@ -197,11 +198,11 @@ pub struct BackendView {
     pub generations: Vec<u64>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CheckView {
     pub ago_ms: u64,
     pub passed: bool,
-    #[serde(skip_serializing_if = "String::is_empty")]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
 }
 
@@ -212,10 +213,10 @@ impl Backend {
         BackendView {
             addr: self.key.addr.clone(),
             protocol: match self.key.protocol {
-                UpstreamProtocol::Http1 => "http1",
-                UpstreamProtocol::H2c => "h2c",
-                UpstreamProtocol::Https => "https",
-                UpstreamProtocol::H2 => "h2",
+                UpstreamProtocol::Http1 => "http1".into(),
+                UpstreamProtocol::H2c => "h2c".into(),
+                UpstreamProtocol::Https => "https".into(),
+                UpstreamProtocol::H2 => "h2".into(),
             },
             health: self.health.state(),
             last_check: self.health.last().map(|c| CheckView {

@@ -6,7 +6,7 @@
 //! in one round trip. `path` is the document path (`routes[1].upstream`),
 //! `line`/`column` are 1-based and resolved from the source text.
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Declares [`Code`] and the list of every code, in one place: a code the
 /// code base can emit is a variant here, and `docs/config.md` lists them
@@ -103,6 +103,17 @@ impl Serialize for Code {
     }
 }
 
+impl<'de> Deserialize<'de> for Code {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        Code::ALL
+            .iter()
+            .copied()
+            .find(|code| code.as_str() == text)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown diagnostic code '{text}'")))
+    }
+}
+
 impl PartialEq<&str> for Code {
     fn eq(&self, other: &&str) -> bool {
         self.as_str() == *other
@@ -110,7 +121,7 @@ impl PartialEq<&str> for Code {
 }
 
 /// One problem found in a configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Diagnostic {
     /// Stable, machine-readable code (`unknown_upstream`, `invalid_duration`, ...).
     pub code: Code,

@@ -1,9 +1,10 @@
 //! Certificate-only reload: new material for TLS listeners, no generation.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Control, ControlError, Requester};
 use crate::plan::{HostMatch, Spec};
@@ -12,7 +13,7 @@ use crate::telemetry::metrics as m;
 use crate::tls::{ListenerMaterial, Material};
 
 /// One certificate as `reload-certs` reports it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CertView {
     pub names: Vec<String>,
     pub fingerprint: String,
@@ -21,16 +22,16 @@ pub struct CertView {
     pub changed: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ListenerCerts {
     pub listener: String,
     pub certificates: Vec<CertView>,
 }
 
 /// The answer to `reload-certs`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CertReload {
-    pub outcome: &'static str,
+    pub outcome: Cow<'static, str>,
     pub generation: crate::ids::GenerationId,
     pub listeners: Vec<ListenerCerts>,
     /// Certificates that expire within 7 days, or do not cover a host the
@@ -180,7 +181,7 @@ impl Control {
             "certificates reloaded"
         );
         Ok(CertReload {
-            outcome: "reloaded",
+            outcome: "reloaded".into(),
             generation: active.id,
             listeners,
             warnings,

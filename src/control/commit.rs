@@ -184,7 +184,7 @@ impl Control {
             );
             self.count_activation(meta.kind, "unchanged", started);
             return Ok(Activation {
-                outcome: "unchanged",
+                outcome: "unchanged".into(),
                 generation: active.id,
                 previous_generation: active.id,
                 config_version: spec.config_version.clone(),
@@ -279,7 +279,7 @@ impl Control {
             "generation activated"
         );
         Ok(Activation {
-            outcome: "activated",
+            outcome: "activated".into(),
             generation: committed.id,
             previous_generation: active.id,
             config_version: spec.config_version.clone(),

@@ -567,7 +567,7 @@ impl Control {
             tracing::info!(generation = %active.id, "pending generation confirmed");
             self.write_back();
             return Ok(Settled {
-                outcome: "confirmed",
+                outcome: "confirmed".into(),
                 generation: active.id,
                 rolled_back_to: None,
                 operation_id,
@@ -596,7 +596,7 @@ impl Control {
             "pending generation rolled back"
         );
         Ok(Settled {
-            outcome: "rolled_back",
+            outcome: "rolled_back".into(),
             generation: activation.generation,
             rolled_back_to: Some(pending.rollback_to),
             operation_id: activation.operation_id,

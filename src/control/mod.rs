@@ -20,12 +20,13 @@ mod operations;
 mod process;
 mod views;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use candidate::read as read_candidate;
 pub use candidate::{CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec};
@@ -51,9 +52,9 @@ use crate::telemetry::metrics as m;
 use crate::telemetry::LogLevel;
 
 /// The result of activate, reload and rollback.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Activation {
-    pub outcome: &'static str,
+    pub outcome: Cow<'static, str>,
     pub generation: GenerationId,
     pub previous_generation: GenerationId,
     pub config_version: String,
@@ -69,7 +70,7 @@ pub struct Activation {
 
 /// A generation on probation (DESIGN §14): active, and rolled back to
 /// `rollback_to` unless confirmed by `deadline`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PendingView {
     pub generation: GenerationId,
     /// The last final generation: what a missed deadline or an abort
@@ -138,9 +139,9 @@ pub struct SettleRequest {
 }
 
 /// What confirm and abort answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Settled {
-    pub outcome: &'static str,
+    pub outcome: Cow<'static, str>,
     /// The active generation after it: the confirmed one, or the one the
     /// rollback minted.
     pub generation: GenerationId,
@@ -150,7 +151,7 @@ pub struct Settled {
 }
 
 /// A plan with the operation it was recorded as (preview).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RecordedPlan {
     #[serde(flatten)]
     pub plan: Plan,

@@ -21,7 +21,7 @@ pub struct UpgradeRequest {
 }
 
 /// The executable a process runs, as status reports it.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct BinaryView {
     /// The path the process was started from, resolved at start-up; an
     /// upgrade starts whatever file is at this path then.

@@ -1,18 +1,19 @@
 //! Read-only views of the control plane: status, history, operations.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Control, ControlError};
 use crate::ids::GenerationId;
 use crate::plan::{self, Diff};
 use crate::runtime::{rfc3339, GenerationLoad, GenerationRecord, OperationRecord, Source};
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GenerationView {
     pub generation: GenerationId,
-    pub status: &'static str,
+    pub status: Cow<'static, str>,
     pub config_version: String,
     pub activated_at: String,
     pub source: Source,
@@ -29,10 +30,10 @@ pub struct GenerationView {
 }
 
 /// How a pending generation ended, or that it still pends.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Settlement {
     /// `pending`, `confirmed`, `aborted` or `auto_rolled_back`.
-    pub state: &'static str,
+    pub state: Cow<'static, str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub operation_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -60,7 +61,7 @@ fn settlements<'a>(
         };
         if let Some(generation) = generation {
             settled.entry(generation).or_insert_with(|| Settlement {
-                state,
+                state: state.into(),
                 operation_id: Some(op.id.clone()),
                 at: Some(op.at.clone()),
                 requested_by: op.requested_by.clone(),
@@ -71,7 +72,7 @@ fn settlements<'a>(
     settled
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HistoryView {
     pub active_generation: GenerationId,
     pub history_limit: usize,
@@ -79,7 +80,7 @@ pub struct HistoryView {
     pub operations: Vec<OperationRecord>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GenerationDetail {
     #[serde(flatten)]
     pub summary: GenerationView,
@@ -90,7 +91,7 @@ pub struct GenerationDetail {
     pub diff: Option<Diff>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OperationBrief {
     pub id: String,
     pub kind: crate::runtime::OperationKind,
@@ -98,12 +99,12 @@ pub struct OperationBrief {
     pub at: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusView {
     pub pid: u32,
     /// The executable this process runs.
     pub binary: Option<super::BinaryView>,
-    pub phase: &'static str,
+    pub phase: crate::runtime::Phase,
     pub active_generation: GenerationId,
     pub config_version: String,
     pub activated_at: String,
@@ -139,7 +140,7 @@ impl Control {
         StatusView {
             pid: std::process::id(),
             binary: self.binary(),
-            phase: self.phase.get().as_str(),
+            phase: self.phase.get(),
             active_generation: active.id,
             config_version: active.spec.config_version.clone(),
             activated_at,
@@ -280,7 +281,7 @@ impl Control {
             self.pending()
                 .filter(|p| p.generation == record.generation)
                 .map(|_| Settlement {
-                    state: "pending",
+                    state: "pending".into(),
                     operation_id: None,
                     at: None,
                     requested_by: None,
@@ -290,11 +291,11 @@ impl Control {
         GenerationView {
             generation: record.generation,
             status: if is_active {
-                "active"
+                "active".into()
             } else if load.is_some() {
-                "draining"
+                "draining".into()
             } else {
-                "retained"
+                "retained".into()
             },
             config_version: record.config_version.clone(),
             activated_at: record.activated_at.clone(),
@@ -359,16 +360,16 @@ impl Control {
 
 /// `GET /admin/runtime/backends`: every upstream of the active generation
 /// and the live state of each of its backends (DESIGN §12).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BackendsView {
     pub active_generation: GenerationId,
     pub upstreams: Vec<UpstreamView>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UpstreamView {
     pub name: String,
-    pub policy: &'static str,
+    pub policy: Cow<'static, str>,
     pub backends: Vec<crate::backends::BackendView>,
 }
 
@@ -380,7 +381,7 @@ impl Control {
             .upstreams()
             .map(|u| UpstreamView {
                 name: u.name.clone(),
-                policy: u.policy.as_str(),
+                policy: u.policy.as_str().into(),
                 backends: u.backends.iter().map(|b| b.view(&live)).collect(),
             })
             .collect();

@@ -412,7 +412,7 @@ impl Fleet {
                 .map(|l| BoundListener {
                     name: l.name,
                     address: l.address.to_string(),
-                    state: l.state.to_owned(),
+                    state: l.state.into_owned(),
                 })
                 .collect(),
             updated_at: rfc3339(SystemTime::now()),

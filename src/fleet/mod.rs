@@ -16,11 +16,12 @@ mod etcd;
 mod probation;
 mod records;
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use etcd::{Client, EtcdError};
 pub use probation::FleetSettled;
@@ -94,9 +95,9 @@ struct Applied {
 }
 
 /// The answer of a fleet-wide activation or rollback.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FleetActivation {
-    pub outcome: &'static str,
+    pub outcome: Cow<'static, str>,
     /// Fleet generation ids.
     pub generation: GenerationId,
     pub previous_generation: Option<GenerationId>,
@@ -112,7 +113,7 @@ pub struct FleetActivation {
     pub instance: InstanceOutcome,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum InstanceOutcome {
     Applied {
@@ -144,11 +145,11 @@ pub enum ForgetError {
 }
 
 /// An instance's place in the fleet, for `GET /admin/fleet/status`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MemberView {
     pub instance: String,
     /// `synced`, `applying`, `nacked`, `stale` or `gone`.
-    pub status: &'static str,
+    pub status: Cow<'static, str>,
     /// What it serves, and of which shared document.
     pub generation: Option<GenerationId>,
     pub config_version: Option<String>,
@@ -158,14 +159,14 @@ pub struct MemberView {
     pub target: Option<GenerationId>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub diagnostics: Vec<String>,
     pub listeners: Vec<records::BoundListener>,
     pub updated_at: Option<String>,
     pub version: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FleetStatus {
     pub prefix: String,
     pub active: Option<ActiveRecord>,
@@ -175,7 +176,7 @@ pub struct FleetStatus {
 }
 
 /// This instance's view of its fleet, for `/admin/runtime/status`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LocalView {
     pub instance: String,
     pub prefix: String,
@@ -511,7 +512,7 @@ impl Fleet {
             .filter(|a| a.config_version == config_version && probation.is_none())
         {
             return Ok(FleetActivation {
-                outcome: "unchanged",
+                outcome: "unchanged".into(),
                 generation: active.generation,
                 previous_generation: active.previous,
                 config_version,
@@ -572,7 +573,7 @@ impl Fleet {
         let applied = self.apply(&record, Some(doc)).await;
         self.supervise(&record);
         Ok(FleetActivation {
-            outcome: "activated",
+            outcome: "activated".into(),
             generation: id,
             previous_generation: current,
             config_version,
@@ -802,7 +803,7 @@ fn member_view(
     let Some(record) = record else {
         return MemberView {
             instance: name,
-            status: "gone",
+            status: "gone".into(),
             generation: None,
             config_version: None,
             drift: false,
@@ -823,7 +824,7 @@ fn member_view(
     };
     MemberView {
         instance: name,
-        status,
+        status: status.into(),
         generation: record.generation,
         config_version: record.config_version.clone(),
         drift: active.is_some_and(|a| record.config_version.as_deref() != Some(&a.config_version)),

@@ -15,10 +15,11 @@
 //!
 //! An operator confirms or aborts through any instance's admin API.
 
+use std::borrow::Cow;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::records::{
     ActiveRecord, CanaryPlan, FleetPending, GenerationDoc, InstanceRecord, PendingAnswers,
@@ -79,10 +80,10 @@ fn unix_ms(at: SystemTime) -> u64 {
 }
 
 /// What confirm and abort answer in a fleet.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FleetSettled {
     /// `confirmed` or `rolled_back`.
-    pub outcome: &'static str,
+    pub outcome: Cow<'static, str>,
     /// The fleet's active generation after it.
     pub generation: GenerationId,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -393,7 +394,7 @@ impl Fleet {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(record);
             return Ok(FleetSettled {
-                outcome: "confirmed",
+                outcome: "confirmed".into(),
                 generation,
                 rolled_back_to: None,
             });
@@ -455,7 +456,7 @@ impl Fleet {
             tracing::error!(%error, "fleet: the rollback generation was refused here");
         }
         Ok(FleetSettled {
-            outcome: "rolled_back",
+            outcome: "rolled_back".into(),
             generation: id,
             rolled_back_to: Some(target),
         })

@@ -612,7 +612,7 @@ async fn signal_loop(
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading the configuration file");
                 match writer.reload(Candidate::config_file()).await {
-                    Ok(activation) => tracing::info!(outcome = activation.outcome, generation = %activation.generation, "reload finished"),
+                    Ok(activation) => tracing::info!(outcome = %activation.outcome, generation = %activation.generation, "reload finished"),
                     Err(error) => log_refusal(&error),
                 }
             }
@@ -659,7 +659,7 @@ fn log_refusal(error: &crate::control::ControlError) {
                 tracing::error!(code = d.code.as_str(), line = d.line, column = d.column, path = %d.path, "{}", d.message);
             }
             for r in &plan.rejected {
-                tracing::error!(path = %r.path, reason = r.reason, "{}", r.action);
+                tracing::error!(path = %r.path, reason = %r.reason, "{}", r.action);
             }
             tracing::error!("reload refused; the active generation is unchanged");
         }

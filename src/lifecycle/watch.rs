@@ -142,7 +142,7 @@ async fn act(control: &Arc<Control>) {
         match control.activate(candidate, OperationKind::Reload).await {
             Ok(activation) => {
                 tracing::info!(
-                    outcome = activation.outcome,
+                    outcome = %activation.outcome,
                     generation = %activation.generation,
                     "watch: configuration file activated"
                 );

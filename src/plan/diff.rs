@@ -6,15 +6,16 @@
 //! with its disposition (`live` or `restart_required`), plus a unified text
 //! diff of the canonical texts. `flip` turns it around for a rollback.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::ownership::needs_restart;
 use crate::config::{quote_key, FileConfig};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ChangeKind {
     Added,
@@ -22,30 +23,30 @@ pub enum ChangeKind {
     Modified,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Disposition {
     Live,
     RestartRequired,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FieldChange {
     pub path: String,
     pub from: Value,
     pub to: Value,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Change {
-    pub domain: &'static str,
+    pub domain: Cow<'static, str>,
     pub name: String,
     pub change: ChangeKind,
     pub disposition: Disposition,
     pub fields: Vec<FieldChange>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {
     pub added: usize,
     pub removed: usize,
@@ -53,7 +54,7 @@ pub struct Summary {
     pub restart_required: usize,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Diff {
     pub changes: Vec<Change>,
     pub summary: Summary,
@@ -337,7 +338,7 @@ fn entity_change(key: &EntityKey, before: &Value, after: &Value) -> Change {
             && key.domain != "listeners"
             && needs_restart(&key.path, before, after));
     Change {
-        domain: key.domain,
+        domain: key.domain.into(),
         name: key.name.clone(),
         change,
         disposition: if restart {
@@ -466,7 +467,7 @@ backends = [{ addr = "127.0.0.1:9001" }]
         assert_eq!(d.changes.len(), 1);
         let c = &d.changes[0];
         assert_eq!(
-            (c.domain, c.change, c.disposition),
+            (c.domain.as_ref(), c.change, c.disposition),
             ("policies", ChangeKind::Modified, Disposition::Live)
         );
         assert_eq!(c.fields[0].path, "routes.api.timeout");

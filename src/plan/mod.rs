@@ -11,9 +11,10 @@ mod pattern;
 mod spec;
 mod validate;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use diff::{diff, Change, ChangeKind, Diff, Disposition, FieldChange, Summary};
@@ -26,18 +27,18 @@ use crate::config::{ConfigText, Diagnostic};
 use crate::ids::GenerationId;
 
 /// A change planning refused because the running process cannot honour it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rejection {
-    pub domain: &'static str,
+    pub domain: Cow<'static, str>,
     pub path: String,
     pub from: Value,
     pub to: Value,
-    pub reason: &'static str,
-    pub action: &'static str,
+    pub reason: Cow<'static, str>,
+    pub action: Cow<'static, str>,
 }
 
 /// What activating a candidate would do, and whether it may.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Plan {
     pub activatable: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -150,12 +151,12 @@ pub fn plan(candidate: &ConfigText, active: Option<(GenerationId, &Spec)>) -> Pl
                 _ => c.fields.iter().collect(),
             };
             restart_fields.into_iter().map(move |f| Rejection {
-                domain: c.domain,
+                domain: c.domain.clone(),
                 path: f.path.clone(),
                 from: f.from.clone(),
                 to: f.to.clone(),
-                reason: "restart_required",
-                action: RESTART_ACTION,
+                reason: "restart_required".into(),
+                action: RESTART_ACTION.into(),
             })
         })
         .collect();

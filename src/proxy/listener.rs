@@ -7,6 +7,7 @@
 //! limits the active generation sets for its listener; each request on it
 //! pins the generation active when its head arrived.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -18,7 +19,7 @@ use http::StatusCode;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Notify};
 
@@ -66,19 +67,19 @@ impl BoundListener {
 }
 
 /// A listener as reported by status and activation responses.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ListenerInfo {
     pub name: String,
     /// The configured bind.
     pub bind: SocketAddr,
     /// The address actually bound (differs from `bind` for port 0).
     pub address: SocketAddr,
-    pub protocol: &'static str,
-    pub state: &'static str,
+    pub protocol: Cow<'static, str>,
+    pub state: Cow<'static, str>,
     /// Listeners with `http3`: `serving`, or `waiting` (the UDP port is
     /// not bound yet, or no longer).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub http3: Option<&'static str>,
+    pub http3: Option<Cow<'static, str>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -375,14 +376,15 @@ impl ListenerSet {
                 name: l.spec.name.clone(),
                 bind: l.spec.bind,
                 address: l.local_addr,
-                protocol: protocol_name(l.spec.protocol),
-                state: if draining { "closed" } else { "bound" },
+                protocol: protocol_name(l.spec.protocol).into(),
+                state: if draining { "closed" } else { "bound" }.into(),
                 http3: l.alt_svc.as_ref().map(|a| {
                     if a.current().is_some() {
                         "serving"
                     } else {
                         "waiting"
                     }
+                    .into()
                 }),
             })
             .collect()

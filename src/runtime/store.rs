@@ -40,7 +40,7 @@ impl crate::tls::ActiveMaterial for GenerationStore {
 }
 
 /// Work still pinned to one generation.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GenerationLoad {
     pub generation: GenerationId,
     pub inflight_requests: u64,

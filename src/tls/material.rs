@@ -15,7 +15,7 @@ use rustls::sign::CertifiedKey;
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// Why certificate material could not be used.
@@ -50,7 +50,7 @@ impl TlsError {
 }
 
 /// What a loaded certificate is, for responses, logs and metrics.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CertInfo {
     /// DNS names from the subject alternative names (the CN without them).
     pub names: Vec<String>,
