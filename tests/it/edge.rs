@@ -18,46 +18,29 @@ use crate::harness::*;
 /// closed connection there was closed for what it did, not for idling),
 /// all routing `public.example/public` to `app`.
 fn edge_config(backend: SocketAddr, extra_upstream: &str) -> String {
-    format!(
-        r#"[admin]
-bind = "127.0.0.1:0"
-
-[log]
-level = "warn"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-header_read_timeout = "400ms"
-keepalive_timeout = "1500ms"
-idle_timeout = "800ms"
-
-[[listeners]]
-name = "trusting"
-bind = "127.0.0.1:0"
-trusted_proxies = ["127.0.0.0/8"]
-encoded_slash = "reject"
-merge_slashes = true
-
-[[listeners]]
-name = "patient"
-bind = "127.0.0.1:0"
-keepalive_timeout = "60s"
-idle_timeout = "60s"
-
-[[routes]]
-name = "public"
-listeners = ["web", "trusting", "patient"]
+    Config::new()
+        .listener(
+            "web",
+            "header_read_timeout = \"400ms\"\nkeepalive_timeout = \"1500ms\"\nidle_timeout = \"800ms\"",
+        )
+        .listener(
+            "trusting",
+            "trusted_proxies = [\"127.0.0.0/8\"]\nencoded_slash = \"reject\"\nmerge_slashes = true",
+        )
+        .listener(
+            "patient",
+            "keepalive_timeout = \"60s\"\nidle_timeout = \"60s\"",
+        )
+        .route(
+            "public",
+            r#"listeners = ["web", "trusting", "patient"]
 hosts = ["public.example"]
 path_prefix = "/public"
 upstream = "app"
-timeout = "500ms"
-
-[upstreams.app]
-backends = [{{ addr = "{backend}" }}]
-{extra_upstream}
-"#
-    )
+timeout = "500ms""#,
+        )
+        .upstream("app", &[backend], extra_upstream)
+        .build()
 }
 
 /// The status code of a raw HTTP/1.1 answer (0 when there is none).

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{json, Value};
 
-use crate::harness::{admin_request, get, Backend, Gateway};
+use crate::harness::{admin_request, get, Backend, Config, Gateway};
 
 const ETCD: &str = "/usr/bin/etcd";
 
@@ -198,31 +198,15 @@ fn b64(text: &str) -> String {
 
 /// An instance's own file: one `web` listener, a state dir, `[fleet]`.
 fn instance(etcd: &Etcd, prefix: &str, name: &str) -> String {
-    format!(
-        r#"[admin]
-bind = "127.0.0.1:0"
-
-[metrics]
-bind = "127.0.0.1:0"
-
-[log]
-level = "warn"
-
-[runtime]
-state_dir = "state"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
-[fleet]
-endpoints = ["{}"]
-prefix = "{prefix}"
-instance = "{name}"
-lease_ttl = "3s"
-"#,
-        etcd.endpoint()
-    )
+    Config::new()
+        .metrics()
+        .runtime("state_dir = \"state\"")
+        .listener("web", "")
+        .text(&format!(
+            "[fleet]\nendpoints = [\"{}\"]\nprefix = \"{prefix}\"\ninstance = \"{name}\"\nlease_ttl = \"3s\"",
+            etcd.endpoint()
+        ))
+        .build()
 }
 
 /// A shared document routing everything on `web` to `backend`.

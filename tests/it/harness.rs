@@ -538,37 +538,104 @@ pub fn closed_port() -> SocketAddr {
     listener.local_addr().unwrap()
 }
 
+/// The one way tests write a configuration: the admin API on port 0 and
+/// a quiet log first, then what the test adds, in order. Every listener
+/// binds port 0 (read the address back with `Gateway::listener`).
+#[derive(Default)]
+pub struct Config {
+    metrics: bool,
+    log: String,
+    runtime: String,
+    sections: Vec<String>,
+}
+
+impl Config {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A metrics listener on port 0 (`Gateway::metrics`).
+    pub fn metrics(mut self) -> Self {
+        self.metrics = true;
+        self
+    }
+
+    /// Lines for `[log]`, after `level = "warn"`.
+    pub fn log(mut self, lines: &str) -> Self {
+        self.log.push_str(lines.trim_end());
+        self.log.push('\n');
+        self
+    }
+
+    /// Lines for `[runtime]`.
+    pub fn runtime(mut self, lines: &str) -> Self {
+        self.runtime.push_str(lines.trim_end());
+        self.runtime.push('\n');
+        self
+    }
+
+    pub fn listener(self, name: &str, lines: &str) -> Self {
+        self.text(&format!(
+            "[[listeners]]\nname = \"{name}\"\nbind = \"127.0.0.1:0\"\n{lines}"
+        ))
+    }
+
+    pub fn route(self, name: &str, lines: &str) -> Self {
+        self.text(&format!("[[routes]]\nname = \"{name}\"\n{lines}"))
+    }
+
+    pub fn upstream(self, name: &str, backends: &[SocketAddr], lines: &str) -> Self {
+        let list: Vec<String> = backends
+            .iter()
+            .map(|b| format!("{{ addr = \"{b}\" }}"))
+            .collect();
+        self.text(&format!(
+            "[upstreams.{name}]\nbackends = [{}]\n{lines}",
+            list.join(", ")
+        ))
+    }
+
+    /// Anything else (a section, routes written out), as given.
+    pub fn text(mut self, text: &str) -> Self {
+        self.sections.push(text.trim_end().to_owned());
+        self
+    }
+
+    pub fn build(self) -> String {
+        let mut out = String::from("[admin]\nbind = \"127.0.0.1:0\"\n\n");
+        if self.metrics {
+            out.push_str("[metrics]\nbind = \"127.0.0.1:0\"\n\n");
+        }
+        out.push_str("[log]\nlevel = \"warn\"\n");
+        out.push_str(&self.log);
+        if !self.runtime.is_empty() {
+            out.push_str("\n[runtime]\n");
+            out.push_str(&self.runtime);
+        }
+        for section in &self.sections {
+            out.push('\n');
+            out.push_str(section);
+            out.push('\n');
+        }
+        out
+    }
+}
+
 /// A minimal configuration: one `web` listener, routes as given.
 pub fn config(body: &str) -> String {
-    format!(
-        r#"[admin]
-bind = "127.0.0.1:0"
-
-[log]
-level = "warn"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
-{body}
-"#
-    )
+    Config::new().listener("web", "").text(body).build()
 }
 
 /// A configuration routing everything on `web` to one backend.
 pub fn proxy_config(backend: SocketAddr, extra: &str) -> String {
-    config(&format!(
-        r#"[[routes]]
-name = "all"
-listeners = ["web"]
-upstream = "app"
-{extra}
-
-[upstreams.app]
-backends = [{{ addr = "{backend}" }}]
-"#
-    ))
+    Config::new()
+        .listener("web", "")
+        .route(
+            "all",
+            &format!("listeners = [\"web\"]\nupstream = \"app\"\n{extra}"),
+        )
+        .upstream("app", &[backend], "")
+        .build()
 }
 
 pub fn workspace() -> &'static Path {

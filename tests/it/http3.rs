@@ -19,37 +19,21 @@ fn config(dir: &std::path::Path, ca: &Ca, backend: SocketAddr, extra: &str) -> S
     let (cert, key) = server_leaf(ca, &["localhost"]);
     std::fs::write(dir.join("site.pem"), cert).unwrap();
     std::fs::write(dir.join("site.key"), key).unwrap();
-    format!(
-        r#"[admin]
-bind = "127.0.0.1:0"
-
-[log]
-level = "warn"
-access = true
-access_file = "access.log"
-format = "json"
-
-[[listeners]]
-name = "secure"
-bind = "127.0.0.1:0"
-protocol = "https"
+    Config::new()
+        .log("access = true\naccess_file = \"access.log\"\nformat = \"json\"")
+        .listener(
+            "secure",
+            r#"protocol = "https"
 http3 = true
-tls.certificates = [{{ cert = "site.pem", key = "site.key" }}]
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
-[[routes]]
-name = "all"
-listeners = ["secure", "web"]
-upstream = "app"
-{extra}
-
-[upstreams.app]
-backends = [{{ addr = "{backend}" }}]
-"#
-    )
+tls.certificates = [{ cert = "site.pem", key = "site.key" }]"#,
+        )
+        .listener("web", "")
+        .route(
+            "all",
+            &format!("listeners = [\"secure\", \"web\"]\nupstream = \"app\"\n{extra}"),
+        )
+        .upstream("app", &[backend], "")
+        .build()
 }
 
 /// An HTTP/3 client trusting `ca`.

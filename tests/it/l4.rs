@@ -93,10 +93,13 @@ async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Duration {
     }
 }
 
-fn head(listeners: &str) -> String {
-    format!(
-        "[admin]\nbind = \"127.0.0.1:0\"\n\n[metrics]\nbind = \"127.0.0.1:0\"\n\n[log]\nlevel = \"warn\"\nformat = \"json\"\naccess = true\naccess_file = \"access.log\"\n\n{listeners}"
-    )
+/// A configuration with metrics and a JSON access log, then `text`.
+fn head(text: &str) -> String {
+    Config::new()
+        .metrics()
+        .log("format = \"json\"\naccess = true\naccess_file = \"access.log\"")
+        .text(text)
+        .build()
 }
 
 /// A pass-through listener routing db, the *.db wildcard and api to

@@ -9,36 +9,18 @@ use tokio::net::TcpStream;
 use crate::harness::*;
 
 fn tcp_config(echo: SocketAddr, runtime: &str, timeout: &str) -> String {
-    format!(
-        r#"[admin]
-bind = "127.0.0.1:0"
-
-[log]
-level = "warn"
-
-[runtime]
-{runtime}
-
-[[listeners]]
-name = "db"
-bind = "127.0.0.1:0"
-protocol = "tcp"
-upstream = "echo"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
-[[routes]]
-name = "hello"
-listeners = ["web"]
-timeout = "{timeout}"
-respond = {{ body = "hello" }}
-
-[upstreams.echo]
-backends = [{{ addr = "{echo}" }}]
-"#
-    )
+    Config::new()
+        .runtime(runtime)
+        .listener("db", "protocol = \"tcp\"\nupstream = \"echo\"")
+        .listener("web", "")
+        .route(
+            "hello",
+            &format!(
+                "listeners = [\"web\"]\ntimeout = \"{timeout}\"\nrespond = {{ body = \"hello\" }}"
+            ),
+        )
+        .upstream("echo", &[echo], "")
+        .build()
 }
 
 async fn ping(stream: &mut TcpStream, n: u32) -> bool {
@@ -198,29 +180,12 @@ async fn max_pinned_age_closes_superseded_connections() {
 }
 
 fn slow_backend_config(backend: SocketAddr, drain_timeout: &str) -> String {
-    format!(
-        r#"[admin]
-bind = "127.0.0.1:0"
-
-[log]
-level = "warn"
-
-[runtime]
-drain_timeout = "{drain_timeout}"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
-[[routes]]
-name = "all"
-listeners = ["web"]
-upstream = "app"
-
-[upstreams.app]
-backends = [{{ addr = "{backend}" }}]
-"#
-    )
+    Config::new()
+        .runtime(&format!("drain_timeout = \"{drain_timeout}\""))
+        .listener("web", "")
+        .route("all", "listeners = [\"web\"]\nupstream = \"app\"")
+        .upstream("app", &[backend], "")
+        .build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

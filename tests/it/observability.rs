@@ -60,94 +60,56 @@ fn observed_config(
     tcp: SocketAddr,
 ) -> String {
     let dead = closed_port();
-    format!(
-        r#"[admin]
-bind = "127.0.0.1:0"
-
-[metrics]
-bind = "127.0.0.1:0"
-
-[log]
-level = "warn"
-format = "json"
-access = true
-access_file = "access.log"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
-[[listeners]]
-name = "db"
-bind = "127.0.0.1:0"
-protocol = "tcp"
-upstream = "tcp_echo"
-
-[[routes]]
-name = "ok"
-listeners = ["web"]
-path_exact = "/ok"
-upstream = "echo"
-
-[[routes]]
-name = "dead"
-listeners = ["web"]
-path_exact = "/dead"
-upstream = "dead"
-
-[[routes]]
-name = "retried"
-listeners = ["web"]
-path_prefix = "/retried"
-upstream = "half"
-retry = {{ attempts = 2, on = ["connect_failure"] }}
-
-[[routes]]
-name = "limited"
-listeners = ["web"]
-path_exact = "/limited"
-upstream = "echo"
-quota = {{ rate = 1, per = "1h", burst = 1 }}
-
-[[routes]]
-name = "slow"
-listeners = ["web"]
-path_exact = "/slow"
-upstream = "slow"
-timeout = "200ms"
-
-[[routes]]
-name = "busy"
-listeners = ["web"]
-path_exact = "/busy"
-upstream = "slow"
-max_inflight = 1
-
-[[routes]]
-name = "endless"
-listeners = ["web"]
-path_exact = "/endless"
-upstream = "endless"
-
-[upstreams.echo]
-backends = [{{ addr = "{echo}" }}]
-
-[upstreams.dead]
-backends = [{{ addr = "{dead}" }}]
-
-[upstreams.half]
-backends = [{{ addr = "{dead}" }}, {{ addr = "{echo}" }}]
-
-[upstreams.slow]
-backends = [{{ addr = "{slow}" }}]
-
-[upstreams.endless]
-backends = [{{ addr = "{endless}" }}]
-
-[upstreams.tcp_echo]
-backends = [{{ addr = "{tcp}" }}]
-"#
-    )
+    let web = |path: &str, lines: &str| format!("listeners = [\"web\"]\n{path}\n{lines}");
+    Config::new()
+        .metrics()
+        .log("format = \"json\"\naccess = true\naccess_file = \"access.log\"")
+        .listener("web", "")
+        .listener("db", "protocol = \"tcp\"\nupstream = \"tcp_echo\"")
+        .route("ok", &web("path_exact = \"/ok\"", "upstream = \"echo\""))
+        .route(
+            "dead",
+            &web("path_exact = \"/dead\"", "upstream = \"dead\""),
+        )
+        .route(
+            "retried",
+            &web(
+                "path_prefix = \"/retried\"",
+                "upstream = \"half\"\nretry = { attempts = 2, on = [\"connect_failure\"] }",
+            ),
+        )
+        .route(
+            "limited",
+            &web(
+                "path_exact = \"/limited\"",
+                "upstream = \"echo\"\nquota = { rate = 1, per = \"1h\", burst = 1 }",
+            ),
+        )
+        .route(
+            "slow",
+            &web(
+                "path_exact = \"/slow\"",
+                "upstream = \"slow\"\ntimeout = \"200ms\"",
+            ),
+        )
+        .route(
+            "busy",
+            &web(
+                "path_exact = \"/busy\"",
+                "upstream = \"slow\"\nmax_inflight = 1",
+            ),
+        )
+        .route(
+            "endless",
+            &web("path_exact = \"/endless\"", "upstream = \"endless\""),
+        )
+        .upstream("echo", &[echo], "")
+        .upstream("dead", &[dead], "")
+        .upstream("half", &[dead, echo], "")
+        .upstream("slow", &[slow], "")
+        .upstream("endless", &[endless], "")
+        .upstream("tcp_echo", &[tcp], "")
+        .build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -189,22 +189,16 @@ async fn a_failing_client_body_is_not_blamed_on_the_backend() {
     assert!(!gw.logs().contains("upstream failure"), "{}", gw.logs());
 }
 
+/// A route on `web` answering "hi".
+const HELLO: &str = "listeners = [\"web\"]\nrespond = { body = \"hi\" }";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_header_count_limit_is_enforced() {
     let gw = Gateway::start(
-        r#"[admin]
-bind = "127.0.0.1:0"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-max_headers = 10
-
-[[routes]]
-name = "hello"
-listeners = ["web"]
-respond = { body = "hi" }
-"#,
+        &Config::new()
+            .listener("web", "max_headers = 10")
+            .route("hello", HELLO)
+            .build(),
     );
     let web = gw.listener("web");
     let with_headers = |n: usize| {
@@ -221,34 +215,16 @@ respond = { body = "hi" }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_metrics_appear_with_the_first_request() {
     let gw = Gateway::start(
-        r#"[admin]
-bind = "127.0.0.1:0"
-
-[metrics]
-bind = "127.0.0.1:0"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
-[[routes]]
-name = "busy"
-listeners = ["web"]
-path_prefix = "/busy"
-respond = { body = "hi" }
-
-[[routes]]
-name = "idle"
-listeners = ["web"]
-path_prefix = "/idle"
-respond = { body = "hi" }
-
-[[routes]]
-name = "gone"
-listeners = ["web"]
-path_prefix = "/gone"
-respond = { status = 410 }
-"#,
+        &Config::new()
+            .metrics()
+            .listener("web", "")
+            .route("busy", &format!("path_prefix = \"/busy\"\n{HELLO}"))
+            .route("idle", &format!("path_prefix = \"/idle\"\n{HELLO}"))
+            .route(
+                "gone",
+                "listeners = [\"web\"]\npath_prefix = \"/gone\"\nrespond = { status = 410 }",
+            )
+            .build(),
     );
     let web = gw.listener("web");
     let metrics = gw.metrics.expect("metrics endpoint");
@@ -295,19 +271,10 @@ respond = { status = 410 }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_read_timeout_answers_408() {
     let gw = Gateway::start(
-        r#"[admin]
-bind = "127.0.0.1:0"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-header_read_timeout = "300ms"
-
-[[routes]]
-name = "hello"
-listeners = ["web"]
-respond = { body = "hi" }
-"#,
+        &Config::new()
+            .listener("web", "header_read_timeout = \"300ms\"")
+            .route("hello", HELLO)
+            .build(),
     );
     let answer = raw_exchange(gw.listener("web"), b"GET / HTTP/1.1\r\nhost: a").await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");

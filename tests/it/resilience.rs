@@ -260,28 +260,18 @@ impl Load {
 }
 
 fn upstream_config(backends: &[&Controlled], upstream_extra: &str) -> String {
-    let list: Vec<String> = backends
-        .iter()
-        .map(|b| format!("{{ addr = \"{}\" }}", b.addr))
-        .collect();
-    config(&format!(
-        r#"[[routes]]
-name = "all"
-listeners = ["web"]
-upstream = "app"
-
-[[routes]]
-name = "unrelated"
-listeners = ["web"]
+    let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr).collect();
+    Config::new()
+        .listener("web", "")
+        .route("all", "listeners = [\"web\"]\nupstream = \"app\"")
+        .route(
+            "unrelated",
+            r#"listeners = ["web"]
 path_exact = "/version"
-respond = {{ status = 200, body = "v0" }}
-
-[upstreams.app]
-backends = [{}]
-{upstream_extra}
-"#,
-        list.join(", ")
-    ))
+respond = { status = 200, body = "v0" }"#,
+        )
+        .upstream("app", &addrs, upstream_extra)
+        .build()
 }
 
 async fn backends_view(gw: &Gateway) -> Value {

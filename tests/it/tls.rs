@@ -32,29 +32,17 @@ fn fingerprint(pem: &str) -> String {
 }
 
 fn https_config(extra_tls: &str, certificates: &str) -> String {
-    format!(
-        r#"[admin]
-bind = "127.0.0.1:0"
-
-[metrics]
-bind = "127.0.0.1:0"
-
-[log]
-level = "warn"
-
-[[listeners]]
-name = "secure"
-bind = "127.0.0.1:0"
-protocol = "https"
-tls.certificates = [{certificates}]
-{extra_tls}
-
-[[routes]]
-name = "hello"
-listeners = ["secure"]
-respond = {{ body = "secure hello" }}
-"#
-    )
+    Config::new()
+        .metrics()
+        .listener(
+            "secure",
+            &format!("protocol = \"https\"\ntls.certificates = [{certificates}]\n{extra_tls}"),
+        )
+        .route(
+            "hello",
+            "listeners = [\"secure\"]\nrespond = { body = \"secure hello\" }",
+        )
+        .build()
 }
 
 struct Client {
