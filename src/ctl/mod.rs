@@ -1,0 +1,474 @@
+//! `cutover ctl`: a command-line client of the admin API for pipelines.
+//!
+//! Exit codes are the contract CI scripts rely on: 0 success (or
+//! unchanged), 1 rejected or invalid, 2 conflict, 3 unreachable or any
+//! other failure, 4 (`activate --wait`) rolled back.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use http::StatusCode;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+
+mod client;
+mod follow;
+mod print;
+
+use client::Client;
+use follow::wait_settled;
+use print::{print_human, print_json, watch_status};
+
+use crate::admin::Started;
+#[cfg(feature = "fleet")]
+use crate::fleet::FleetStatus;
+use crate::ids::GenerationId;
+use crate::plan::Plan;
+use crate::runtime::{OperationRecord, Outcome};
+use crate::writer::{Activated, Status};
+
+pub const EXIT_OK: u8 = 0;
+pub const EXIT_REJECTED: u8 = 1;
+pub const EXIT_CONFLICT: u8 = 2;
+pub const EXIT_OTHER: u8 = 3;
+pub const EXIT_ROLLED_BACK: u8 = 4;
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// Admin API base URL.
+    #[arg(long, default_value = "http://127.0.0.1:9190", env = "CUTOVER_ADMIN")]
+    admin: String,
+    /// File holding the admin bearer token.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Print the API's JSON answer instead of a summary.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Debug, Args)]
+struct Meta {
+    /// Generation the candidate was planned against (expected_generation).
+    #[arg(long = "expect")]
+    expect: Option<u64>,
+    /// Why the change is made, for history.
+    #[arg(long)]
+    reason: Option<String>,
+    /// Who or what makes the change, for history.
+    #[arg(long, default_value = "cutover-ctl")]
+    requested_by: String,
+}
+
+/// A guarded activation (DESIGN §14): a confirm window, a guard, canary
+/// steps, and whether to follow it to its end.
+#[derive(Debug, Args)]
+struct Guarded {
+    /// Roll back unless confirmed within this long ("2m").
+    #[arg(long = "confirm-within")]
+    confirm_within: Option<String>,
+    /// Guard: roll back when the new generation's 5xx ratio exceeds the
+    /// previous generation's by more than this (0.01 = one point).
+    #[arg(long = "guard-error-ratio")]
+    guard_error_ratio: Option<f64>,
+    /// Guard: roll back when the new generation's p99 exceeds this ("500ms").
+    #[arg(long = "guard-p99")]
+    guard_p99: Option<String>,
+    /// Guard: answers needed before it judges (default 100).
+    #[arg(long = "min-requests")]
+    min_requests: Option<u64>,
+    /// Guard: how long it watches; passing it confirms the generation
+    /// (default 1m; shorter than --confirm-within).
+    #[arg(long = "guard-window")]
+    guard_window: Option<String>,
+    /// Guard: when the window closes with fewer than --min-requests
+    /// answers, "hold" (the deadline decides) or "fail" (roll back).
+    #[arg(long = "on-no-data")]
+    on_no_data: Option<String>,
+    /// Canary: the share of new requests per step ("1,10,50,100").
+    #[arg(long, value_delimiter = ',')]
+    steps: Vec<u8>,
+    /// Canary: how long each step lasts ("30s").
+    #[arg(long = "step-interval")]
+    step_interval: Option<String>,
+    /// Canary: keep each value of this key on one side
+    /// ("header:x-user", "cookie:NAME", "client_ip", "path").
+    #[arg(long = "hash-key")]
+    hash_key: Option<String>,
+    /// Follow the activation until it is final (exit 0) or rolled back
+    /// (exit 4).
+    #[arg(long)]
+    wait: bool,
+}
+
+impl Guarded {
+    /// Adds this guarded activation's fields to an activate request.
+    fn apply(&self, body: &mut Value) {
+        if let Some(within) = &self.confirm_within {
+            body["confirm_within"] = json!(within);
+        }
+        let guarded = self.guard_error_ratio.is_some()
+            || self.guard_p99.is_some()
+            || self.min_requests.is_some()
+            || self.guard_window.is_some()
+            || self.on_no_data.is_some();
+        if guarded {
+            let mut guard = json!({ "window": self.guard_window.as_deref().unwrap_or("1m") });
+            if let Some(ratio) = self.guard_error_ratio {
+                guard["max_error_ratio"] = json!(ratio);
+            }
+            if let Some(p99) = &self.guard_p99 {
+                guard["max_p99"] = json!(p99);
+            }
+            if let Some(n) = self.min_requests {
+                guard["min_requests"] = json!(n);
+            }
+            if let Some(on_no_data) = &self.on_no_data {
+                guard["on_no_data"] = json!(on_no_data);
+            }
+            body["guard"] = guard;
+            // A pipeline's guard decides: a pass makes it final.
+            body["confirm_on_pass"] = json!(true);
+        }
+        if !self.steps.is_empty() {
+            body["steps"] = json!(self.steps);
+        }
+        if let Some(interval) = &self.step_interval {
+            body["step_interval"] = json!(interval);
+        }
+        if let Some(key) = &self.hash_key {
+            body["hash_key"] = json!(key);
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum CtlCommand {
+    /// Plan a candidate file against the active generation; records nothing.
+    Validate { file: PathBuf },
+    /// Plan a candidate and record the preview in history.
+    Preview {
+        file: PathBuf,
+        #[command(flatten)]
+        meta: Meta,
+    },
+    /// Activate a candidate file; prints the diff it applied.
+    Activate {
+        file: PathBuf,
+        #[command(flatten)]
+        meta: Meta,
+        #[command(flatten)]
+        guarded: Guarded,
+    },
+    /// Make the pending generation final.
+    Confirm {
+        generation: u64,
+        #[command(flatten)]
+        meta: Meta,
+    },
+    /// Follow a pending generation until it is final (exit 0) or rolled
+    /// back (exit 4), as `activate --wait` does.
+    Wait { generation: u64 },
+    /// Roll the pending generation back now.
+    Abort {
+        generation: u64,
+        #[command(flatten)]
+        meta: Meta,
+    },
+    /// Show retained generations and the operation log.
+    History,
+    /// Print the active generation's configuration, as it was activated
+    /// (to commit it back, or to compare with the file).
+    Export,
+    /// Activate a retained generation's configuration again.
+    Rollback {
+        #[arg(long = "to")]
+        to: u64,
+        #[command(flatten)]
+        meta: Meta,
+    },
+    /// Show the active generation, live generations with their in-flight
+    /// work, request and error rates, backends and recent history.
+    Status {
+        /// Refresh in place until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Time between refreshes with `--watch`.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: Duration,
+        /// Stop after this many refreshes (default: never).
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// Show every backend of the active generation: health, ejection,
+    /// in-flight requests, latency, attempts and failures.
+    Backends,
+    /// Re-read listener certificates (all TLS listeners, or `--listener`).
+    ReloadCerts {
+        #[arg(long = "listener")]
+        listeners: Vec<String>,
+    },
+    /// The fleet this gateway is in (`[fleet]`).
+    #[command(subcommand)]
+    Fleet(FleetCommand),
+    /// Start draining the gateway (as SIGTERM).
+    Drain,
+    /// Drain-aware restart on the active configuration, or on `--config`
+    /// (which may carry restart-required changes); waits for the outcome.
+    Upgrade {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Start this executable instead of the file the gateway was
+        /// started from (a path on the gateway's machine).
+        #[arg(long)]
+        binary: Option<PathBuf>,
+        #[command(flatten)]
+        meta: Meta,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum FleetCommand {
+    /// The fleet's active generation and, per instance, synced, applying,
+    /// nacked (with the error), stale or gone; exit 0 only when every
+    /// instance is synced.
+    Status,
+    /// Stop listing a gone instance (scaled down, renamed).
+    Forget { instance: String },
+}
+
+/// An admin API answer: its status and its JSON, read as the API's own
+/// types where a command needs its facts.
+struct Answer {
+    status: StatusCode,
+    body: Value,
+}
+
+impl Answer {
+    /// The answer as `T`, the type the admin API serialized it from;
+    /// `None` when it does not read as one (another version's shape).
+    fn read<T: DeserializeOwned>(&self) -> Option<T> {
+        T::deserialize(&self.body).ok()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CtlError {
+    #[error("cannot read {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("invalid admin URL '{0}'")]
+    Url(String),
+    #[error("cannot reach the admin API at {0}: {1}")]
+    Unreachable(String, String),
+}
+
+/// Runs one ctl command and returns the process exit code.
+pub fn run(args: CtlArgs) -> u8 {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cutover ctl: {e}");
+            return EXIT_OTHER;
+        }
+    };
+    match runtime.block_on(execute(&args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cutover ctl: {e}");
+            EXIT_OTHER
+        }
+    }
+}
+
+fn read(path: &PathBuf) -> Result<String, CtlError> {
+    std::fs::read_to_string(path).map_err(|e| CtlError::Read(path.clone(), e))
+}
+
+fn candidate(file: &PathBuf, meta: Option<&Meta>) -> Result<Value, CtlError> {
+    let mut body = json!({ "config": read(file)? });
+    if let Some(meta) = meta {
+        body["expected_generation"] = json!(meta.expect);
+        body["reason"] = json!(meta.reason);
+        body["requested_by"] = json!(meta.requested_by);
+    }
+    Ok(body)
+}
+
+async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
+    let token = match &args.token_file {
+        Some(path) => Some(read(path)?.trim().to_owned()),
+        None => None,
+    };
+    let client = Client {
+        base: args.admin.trim_end_matches('/').to_owned(),
+        token,
+    };
+    let answer = match &args.command {
+        CtlCommand::Validate { file } => {
+            client
+                .post("/admin/runtime/validate", candidate(file, None)?)
+                .await?
+        }
+        CtlCommand::Preview { file, meta } => {
+            client
+                .post("/admin/runtime/preview", candidate(file, Some(meta))?)
+                .await?
+        }
+        CtlCommand::Activate {
+            file,
+            meta,
+            guarded,
+        } => {
+            let mut body = candidate(file, Some(meta))?;
+            guarded.apply(&mut body);
+            let answer = client.post("/admin/runtime/activate", body).await?;
+            let pending = match answer.read::<Activated>() {
+                Some(Activated::Local(activation)) => {
+                    activation.pending.as_ref().map(|p| p.generation)
+                }
+                // A fleet's answer names the pending generation at the top.
+                #[cfg(feature = "fleet")]
+                Some(Activated::Fleet(activation)) => activation
+                    .pending
+                    .is_some()
+                    .then_some(activation.generation),
+                None => None,
+            };
+            match pending {
+                Some(generation) if guarded.wait && answer.status.is_success() => {
+                    if !args.json {
+                        print_human(&args.command, &answer);
+                    }
+                    return wait_settled(&client, generation, args.json).await;
+                }
+                _ => answer,
+            }
+        }
+        CtlCommand::Confirm { generation, meta } | CtlCommand::Abort { generation, meta } => {
+            let path = if matches!(args.command, CtlCommand::Confirm { .. }) {
+                "/admin/runtime/confirm"
+            } else {
+                "/admin/runtime/abort"
+            };
+            let body = json!({
+                "generation": generation,
+                "expected_active_generation": meta.expect,
+                "reason": meta.reason,
+                "requested_by": meta.requested_by,
+            });
+            client.post(path, body).await?
+        }
+        CtlCommand::Rollback { to, meta } => {
+            let body = json!({
+                "target_generation": to,
+                "expected_active_generation": meta.expect,
+                "reason": meta.reason,
+                "requested_by": meta.requested_by,
+            });
+            client.post("/admin/runtime/rollback", body).await?
+        }
+        CtlCommand::Wait { generation } => {
+            return wait_settled(&client, GenerationId(*generation), args.json).await;
+        }
+        CtlCommand::History => client.get("/admin/runtime/history").await?,
+        CtlCommand::Export => {
+            let status = client.get("/admin/runtime/status").await?;
+            match status.read::<Status>() {
+                Some(active) if status.status.is_success() => {
+                    let id = active.local.active_generation;
+                    client.get(&format!("/admin/runtime/history/{id}")).await?
+                }
+                _ => status,
+            }
+        }
+        CtlCommand::Status {
+            watch,
+            interval,
+            count,
+        } if !args.json => {
+            let frames = if *watch { *count } else { Some(1) };
+            return watch_status(&client, *interval, frames).await;
+        }
+        CtlCommand::Status { .. } => client.get("/admin/runtime/status").await?,
+        CtlCommand::Backends => client.get("/admin/runtime/backends").await?,
+        CtlCommand::Fleet(FleetCommand::Status) => client.get("/admin/fleet/status").await?,
+        CtlCommand::Fleet(FleetCommand::Forget { instance }) => {
+            client
+                .post("/admin/fleet/forget", json!({ "instance": instance }))
+                .await?
+        }
+        CtlCommand::Drain => client.post("/admin/lifecycle/drain", json!({})).await?,
+        CtlCommand::ReloadCerts { listeners } => {
+            let body = if listeners.is_empty() {
+                json!({})
+            } else {
+                json!({ "listeners": listeners })
+            };
+            client.post("/admin/runtime/reload-certs", body).await?
+        }
+        CtlCommand::Upgrade {
+            config,
+            binary,
+            meta,
+        } => {
+            let mut body = json!({ "reason": meta.reason, "requested_by": meta.requested_by });
+            if let Some(file) = config {
+                body["config"] = json!(read(file)?);
+            }
+            if let Some(binary) = binary {
+                let absolute = std::path::absolute(binary).unwrap_or_else(|_| binary.clone());
+                body["binary"] = json!(absolute);
+            }
+            let started = client.post("/admin/lifecycle/upgrade", body).await?;
+            match started.read::<Started>() {
+                Some(s) if started.status == StatusCode::ACCEPTED => {
+                    client.follow(&s.operation_id).await?
+                }
+                _ => started,
+            }
+        }
+    };
+    if args.json {
+        print_json(&answer.body);
+    } else {
+        print_human(&args.command, &answer);
+    }
+    Ok(exit_code(&args.command, &answer))
+}
+
+fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
+    match answer.status {
+        StatusCode::CONFLICT => EXIT_CONFLICT,
+        s if s.is_success() => match command {
+            CtlCommand::Upgrade { .. } => match answer.read::<OperationRecord>() {
+                Some(op) if op.outcome != Outcome::Failed => EXIT_OK,
+                _ => EXIT_OTHER,
+            },
+            // Answered, but not every instance serves the active generation.
+            #[cfg(feature = "fleet")]
+            CtlCommand::Fleet(FleetCommand::Status) => match answer.read::<FleetStatus>() {
+                Some(fleet) if fleet.synced == fleet.total => EXIT_OK,
+                _ => EXIT_OTHER,
+            },
+            CtlCommand::Validate { .. } | CtlCommand::Preview { .. } => {
+                match answer.read::<Plan>() {
+                    Some(plan) if plan.activatable => EXIT_OK,
+                    _ => EXIT_REJECTED,
+                }
+            }
+            _ => EXIT_OK,
+        },
+        StatusCode::BAD_REQUEST
+        | StatusCode::NOT_FOUND
+        | StatusCode::PAYLOAD_TOO_LARGE
+        | StatusCode::UNSUPPORTED_MEDIA_TYPE
+        | StatusCode::UNPROCESSABLE_ENTITY
+        | StatusCode::PRECONDITION_REQUIRED => EXIT_REJECTED,
+        _ => EXIT_OTHER,
+    }
+}

@@ -1,0 +1,535 @@
+//! What ctl prints for a person: summaries of answers, status frames.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::client::Client;
+use super::{Answer, CtlCommand, CtlError, FleetCommand, EXIT_OK, EXIT_OTHER};
+use crate::admin::{ErrorBody, Started};
+use crate::control::{
+    Activation, BackendsView, CertReload, GenerationDetail, HistoryView, RecordedPlan, StatusView,
+};
+#[cfg(feature = "fleet")]
+use crate::fleet::{FleetActivation, FleetStatus};
+use crate::ids::GenerationId;
+use crate::plan::{Diff, Plan};
+use crate::runtime::OperationRecord;
+use crate::writer::{Activated, Settlement, Status};
+
+pub(super) fn print_json(value: &impl Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
+/// An enum as the admin API spells it (`auto_rollback`, `startup`).
+pub(super) fn spelled(value: &impl Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(text)) => text,
+        Ok(other) => other.to_string(),
+        Err(_) => "-".into(),
+    }
+}
+
+pub(super) fn or_dash(id: Option<GenerationId>) -> String {
+    id.map_or("-".into(), |id| id.to_string())
+}
+
+pub(super) fn print_plan(plan: &Plan) {
+    println!(
+        "activatable: {}  (against generation {}, config_version {})",
+        if plan.activatable { "yes" } else { "no" },
+        or_dash(plan.active_generation),
+        plan.config_version.as_deref().unwrap_or("-")
+    );
+    for e in &plan.errors {
+        println!(
+            "error: {}:{}: {}: {}",
+            e.line.map_or("?".into(), |l| l.to_string()),
+            e.column.map_or("?".into(), |c| c.to_string()),
+            e.code.as_str(),
+            e.message
+        );
+    }
+    for r in &plan.rejected {
+        println!(
+            "restart required: {} ({} → {}); {}",
+            r.path, r.from, r.to, r.action
+        );
+    }
+    print_diff(&plan.diff);
+}
+
+pub(super) fn print_diff(diff: &Diff) {
+    let s = &diff.summary;
+    if !diff.changes.is_empty() {
+        println!(
+            "changes: {} added, {} removed, {} modified, {} restart-required",
+            s.added, s.removed, s.modified, s.restart_required
+        );
+    }
+    print!("{}", diff.text);
+}
+
+/// A summary of `answer` for a person; an answer this ctl cannot read
+/// (a gateway of another version) is printed as its JSON.
+pub(super) fn print_human(command: &CtlCommand, answer: &Answer) {
+    if !answer.status.is_success() {
+        let refusal = answer.read::<ErrorBody>();
+        let plan = answer.read::<Plan>();
+        eprintln!(
+            "{} {}: {}",
+            answer.status.as_u16(),
+            refusal
+                .as_ref()
+                .and_then(|r| r.error.as_deref())
+                .unwrap_or(if plan.is_some() { "rejected" } else { "error" }),
+            refusal
+                .as_ref()
+                .and_then(|r| r.message.as_deref())
+                .unwrap_or("")
+        );
+        if let Some(plan) = &plan {
+            print_plan(plan);
+        }
+        return;
+    }
+    if summarize(command, answer).is_none() {
+        eprintln!("(an answer this ctl does not know the shape of; as sent:)");
+        print_json(&answer.body);
+    }
+}
+
+/// `print_human` for a successful answer; `None` when it does not read
+/// as the type the command expects.
+pub(super) fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
+    match command {
+        CtlCommand::Validate { .. } => print_plan(&answer.read::<Plan>()?),
+        CtlCommand::Preview { .. } => {
+            let recorded = answer.read::<RecordedPlan>()?;
+            print_plan(&recorded.plan);
+            println!("recorded as {}", recorded.operation_id);
+        }
+        CtlCommand::Activate { .. } | CtlCommand::Rollback { .. } => {
+            match answer.read::<Activated>()? {
+                Activated::Local(activation) => print_activation(&activation),
+                #[cfg(feature = "fleet")]
+                Activated::Fleet(activation) => print_fleet_activation(&activation),
+            }
+        }
+        CtlCommand::Confirm { .. } | CtlCommand::Abort { .. } => {
+            let (outcome, generation, rolled_back_to, operation) = match answer
+                .read::<Settlement>()?
+            {
+                Settlement::Local(s) => (s.outcome, s.generation, s.rolled_back_to, s.operation_id),
+                #[cfg(feature = "fleet")]
+                Settlement::Fleet(s) => (s.outcome, s.generation, s.rolled_back_to, "fleet".into()),
+            };
+            println!(
+                "{outcome}: generation {generation} active{} ({operation})",
+                rolled_back_to.map_or(String::new(), |to| format!(", the configuration of {to}")),
+            );
+        }
+        CtlCommand::History => {
+            let history = answer.read::<HistoryView>()?;
+            println!(
+                "active generation {} (keeping {})",
+                history.active_generation, history.history_limit
+            );
+            for g in &history.generations {
+                println!(
+                    "{:>6}  {:<9} {:<8} {}  {}{}",
+                    g.generation,
+                    g.status,
+                    spelled(&g.source),
+                    g.activated_at,
+                    g.config_version,
+                    if g.rollback_candidate {
+                        "  (rollback candidate)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+        // Printed as it follows the generation.
+        CtlCommand::Wait { .. } => {}
+        // The text as it was activated, byte for byte.
+        CtlCommand::Export => print!("{}", answer.read::<GenerationDetail>()?.config),
+        CtlCommand::Status { .. } => print_json(&answer.read::<Status>()?),
+        #[cfg(feature = "fleet")]
+        CtlCommand::Fleet(FleetCommand::Status) => {
+            print!("{}", fleet_table(&answer.read::<FleetStatus>()?))
+        }
+        #[cfg(not(feature = "fleet"))]
+        CtlCommand::Fleet(FleetCommand::Status) => return None,
+        CtlCommand::Fleet(FleetCommand::Forget { instance }) => {
+            println!("instance {instance} forgotten")
+        }
+        CtlCommand::Backends => {
+            println!(
+                "{:<16} {:<24} {:<10} {:<9} {:>8} {:>9} {:>10} {:>9}",
+                "upstream",
+                "backend",
+                "health",
+                "ejected",
+                "inflight",
+                "ewma_ms",
+                "attempts",
+                "failures"
+            );
+            for upstream in &answer.read::<BackendsView>()?.upstreams {
+                for b in &upstream.backends {
+                    println!(
+                        "{:<16} {:<24} {:<10} {:<9} {:>8} {:>9.1} {:>10} {:>9}",
+                        upstream.name,
+                        b.addr,
+                        spelled(&b.health),
+                        yes_no(b.ejected),
+                        b.inflight,
+                        b.ewma_ms.unwrap_or(0.0),
+                        b.attempts,
+                        b.failures,
+                    );
+                }
+            }
+        }
+        CtlCommand::Drain => println!("draining ({})", answer.read::<Started>()?.operation_id),
+        CtlCommand::ReloadCerts { .. } => {
+            let reload = answer.read::<CertReload>()?;
+            for listener in &reload.listeners {
+                for cert in &listener.certificates {
+                    println!(
+                        "{}: {} {:?} not_after {}{}",
+                        listener.listener,
+                        cert.fingerprint,
+                        cert.names,
+                        cert.not_after,
+                        if cert.changed { " (changed)" } else { "" }
+                    );
+                }
+            }
+            for warning in &reload.warnings {
+                println!("warning: {warning}");
+            }
+        }
+        CtlCommand::Upgrade { .. } => {
+            let op = answer.read::<OperationRecord>()?;
+            println!(
+                "upgrade {}: {} ({})",
+                spelled(&op.outcome),
+                op.summary,
+                op.id
+            );
+            if let Some(error) = &op.error {
+                println!("error: {error}");
+            }
+        }
+    }
+    Some(())
+}
+
+pub(super) fn yes_no(flag: bool) -> &'static str {
+    if flag {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+pub(super) fn print_activation(activation: &Activation) {
+    println!(
+        "{}: generation {} (previous {}), {} in {} ms",
+        activation.outcome,
+        activation.generation,
+        activation.previous_generation,
+        activation.operation_id,
+        activation.duration_ms
+    );
+    if let Some(pending) = &activation.pending {
+        match &pending.deadline {
+            Some(deadline) => println!(
+                "pending: confirm generation {} by {deadline} or it rolls back to {}",
+                pending.generation, pending.rollback_to
+            ),
+            None => println!(
+                "pending: generation {} is judged by its guard (rollback to {})",
+                pending.generation, pending.rollback_to
+            ),
+        }
+    }
+    print_diff(&activation.diff);
+}
+
+#[cfg(feature = "fleet")]
+pub(super) fn print_fleet_activation(activation: &FleetActivation) {
+    use crate::fleet::InstanceOutcome;
+    println!(
+        "{}: fleet generation {} (previous {}), {}",
+        activation.outcome,
+        activation.generation,
+        or_dash(activation.previous_generation),
+        activation.config_version,
+    );
+    if let Some(pending) = &activation.pending {
+        let mut how = Vec::new();
+        if let Some(ms) = pending.deadline_unix_ms {
+            let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+            how.push(format!(
+                "confirm by {}",
+                humantime::format_rfc3339_seconds(at)
+            ));
+        }
+        if pending.guard.is_some() {
+            how.push("its guard judges every instance's answers".into());
+        }
+        if let Some(canary) = &pending.canary {
+            how.push(format!("canary steps {:?}", canary.steps));
+        }
+        println!(
+            "pending: rolls back to fleet generation {} unless settled ({})",
+            pending.rollback_to,
+            how.join("; ")
+        );
+    }
+    match &activation.instance {
+        InstanceOutcome::Serving {
+            instance,
+            generation,
+            local_generation,
+        } => println!(
+            "instance {instance}: serves fleet generation {generation} as local generation {local_generation}"
+        ),
+        InstanceOutcome::Applied {
+            instance,
+            activation,
+        } => {
+            println!(
+                "instance {instance}: local generation {} ({})",
+                activation.generation, activation.outcome
+            );
+            print_diff(&activation.diff);
+        }
+        InstanceOutcome::Refused { instance, error } => println!("instance {instance}: {error}"),
+    }
+    println!("other instances follow through etcd: `cutover ctl fleet status`");
+}
+
+/// `ctl status`: one frame, or (`--watch`) a frame every `interval`,
+/// redrawn in place on a terminal, until `frames` have been shown.
+pub(super) async fn watch_status(
+    client: &Client,
+    interval: Duration,
+    frames: Option<u64>,
+) -> Result<u8, CtlError> {
+    use std::io::{IsTerminal, Write};
+    let terminal = std::io::stdout().is_terminal();
+    let mut last: Option<(std::time::Instant, u64, u64)> = None;
+    // History plans every retained configuration: read again only when
+    // the last operation changed.
+    let mut history: Option<(Option<String>, HistoryView)> = None;
+    let mut shown = 0u64;
+    loop {
+        let answer = client.get("/admin/runtime/status").await?;
+        let Some(status) = answer
+            .status
+            .is_success()
+            .then(|| answer.read::<Status>())
+            .flatten()
+        else {
+            print_human(&CtlCommand::History, &answer);
+            return Ok(EXIT_OTHER);
+        };
+        let status = status.local;
+        let backends = client
+            .get("/admin/runtime/backends")
+            .await?
+            .read::<BackendsView>();
+        let last_operation = status.last_operation.as_ref().map(|o| o.id.clone());
+        if history
+            .as_ref()
+            .is_none_or(|(seen, _)| *seen != last_operation)
+        {
+            let answer = client.get("/admin/runtime/history").await?;
+            history = answer.read().map(|h| (last_operation, h));
+        }
+        let now = std::time::Instant::now();
+        let totals = (status.requests_total, status.errors_total);
+        let rates = last.map(|(at, requests, errors)| {
+            let seconds = now.duration_since(at).as_secs_f64().max(1e-3);
+            (
+                totals.0.saturating_sub(requests) as f64 / seconds,
+                totals.1.saturating_sub(errors) as f64 / seconds,
+            )
+        });
+        last = Some((now, totals.0, totals.1));
+        let frame = status_frame(
+            &status,
+            backends.as_ref(),
+            history.as_ref().map(|(_, h)| h),
+            rates,
+        );
+        let mut out = std::io::stdout().lock();
+        if terminal && frames != Some(1) {
+            // Home and clear: the frame replaces the last one.
+            let _ = write!(out, "\x1b[H\x1b[2J");
+        } else if shown > 0 {
+            let _ = writeln!(out);
+        }
+        let _ = write!(out, "{frame}");
+        let _ = out.flush();
+        drop(out);
+        shown += 1;
+        if frames.is_some_and(|n| shown >= n) {
+            return Ok(EXIT_OK);
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// `ctl fleet status`: one line per instance.
+#[cfg(feature = "fleet")]
+pub(super) fn fleet_table(fleet: &FleetStatus) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "fleet {}: generation {} ({}), {} of {} instances synced",
+        fleet.prefix,
+        or_dash(fleet.active.as_ref().map(|a| a.generation)),
+        fleet
+            .active
+            .as_ref()
+            .map_or("-", |a| a.config_version.as_str()),
+        fleet.synced,
+        fleet.total
+    );
+    let _ = writeln!(
+        out,
+        "{:<20} {:<9} {:>10}  {:<5}  error",
+        "instance", "status", "generation", "drift"
+    );
+    for i in &fleet.instances {
+        let _ = writeln!(
+            out,
+            "{:<20} {:<9} {:>10}  {:<5}  {}",
+            i.instance,
+            i.status,
+            or_dash(i.generation),
+            yes_no(i.drift),
+            i.error.as_deref().unwrap_or("")
+        );
+    }
+    out
+}
+
+/// The facts of one `ctl status` frame, as text.
+pub(super) fn status_frame(
+    status: &StatusView,
+    backends: Option<&BackendsView>,
+    history: Option<&HistoryView>,
+    rates: Option<(f64, f64)>,
+) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "cutover pid {}  {}  generation {}  config {}  activated {}",
+        status.pid,
+        status.phase.as_str(),
+        status.active_generation,
+        status.config_version,
+        status.activated_at,
+    );
+    if let Some(pending) = &status.pending {
+        let when = pending
+            .seconds_left
+            .map_or("when its guard says so".to_owned(), |s| {
+                format!("in {s:.0}s unless confirmed")
+            });
+        let _ = writeln!(
+            out,
+            "PENDING: generation {} rolls back to {} {when}",
+            pending.generation, pending.rollback_to,
+        );
+    }
+    match rates {
+        Some((requests, errors)) => {
+            let ratio = if requests > 0.0 {
+                errors / requests * 100.0
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                out,
+                "requests {requests:.1}/s  errors {errors:.1}/s ({ratio:.2} %)"
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "requests {} answered since start, {} of them 5xx",
+                status.requests_total, status.errors_total
+            );
+        }
+    }
+    let _ = writeln!(out, "\nlive generations");
+    let _ = writeln!(
+        out,
+        "  {:>6}  {:<10} {:>9} {:>11} {:>10} {:>8}",
+        "gen", "state", "inflight", "connections", "requests", "errors"
+    );
+    for g in &status.generations {
+        let state = match g.superseded_secs {
+            Some(secs) => format!("old {secs:.0}s"),
+            None => "active".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "  {:>6}  {:<10} {:>9} {:>11} {:>10} {:>8}",
+            g.generation, state, g.inflight_requests, g.open_connections, g.requests, g.errors,
+        );
+    }
+    let _ = writeln!(out, "\nbackends");
+    let _ = writeln!(
+        out,
+        "  {:<16} {:<24} {:<10} {:<8} {:>8} {:>9} {:>9}",
+        "upstream", "backend", "health", "ejected", "inflight", "attempts", "failures"
+    );
+    for upstream in backends.iter().flat_map(|b| &b.upstreams) {
+        for b in &upstream.backends {
+            let _ = writeln!(
+                out,
+                "  {:<16} {:<24} {:<10} {:<8} {:>8} {:>9} {:>9}",
+                upstream.name,
+                b.addr,
+                spelled(&b.health),
+                yes_no(b.ejected),
+                b.inflight,
+                b.attempts,
+                b.failures,
+            );
+        }
+    }
+    let _ = writeln!(out, "\nhistory (newest first)");
+    for g in history.iter().flat_map(|h| &h.generations).take(10) {
+        let who = [g.requested_by.as_deref(), g.reason.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(": ");
+        let _ = writeln!(
+            out,
+            "  {:>6}  {:<9} {:<13} {}  {}",
+            g.generation,
+            g.status,
+            spelled(&g.source),
+            g.activated_at,
+            who,
+        );
+    }
+    out
+}
