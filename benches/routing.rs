@@ -17,7 +17,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use cutover::config::ConfigText;
-use cutover::generation::{build, SharedState};
+use cutover::generation::{build, RequestHead, SharedState};
 use cutover::ids::GenerationId;
 use http::{HeaderMap, Method};
 
@@ -63,11 +63,15 @@ fn bench_route_match(c: &mut Criterion) {
                 "/nothing/here".to_owned(),
             ),
         ];
+        let head = RequestHead {
+            method: &Method::GET,
+            headers: &headers,
+            query: None,
+        };
         let routed = router.route(
             Some(&format!("re{last_regex}.example.com")),
             &format!("/items/12345/{last_regex}/0"),
-            &Method::GET,
-            &headers,
+            &head,
         );
         assert!(routed.is_some(), "the regex case matches its route");
         for (name, host, path) in cases {
@@ -75,7 +79,7 @@ fn bench_route_match(c: &mut Criterion) {
                 BenchmarkId::new(name, n),
                 &(host, path),
                 |b, (host, path)| {
-                    b.iter(|| black_box(router.route(Some(host), path, &Method::GET, &headers)))
+                    b.iter(|| black_box(router.route(Some(host), path, &head)))
                 },
             );
         }

@@ -89,6 +89,10 @@ codes! {
     InvalidEndpoint = "invalid_endpoint",
     FleetNotBuilt = "fleet_not_built",
     NotShared = "not_shared",
+    InvalidTemplate = "invalid_template",
+    UnknownVariable = "unknown_variable",
+    InvalidRewrite = "invalid_rewrite",
+    RedirectLoop = "redirect_loop",
 }
 
 impl std::fmt::Display for Code {

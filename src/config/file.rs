@@ -287,6 +287,29 @@ pub struct FileListener {
     /// With `http3`: accept 0-RTT early data (idempotent requests only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http3_early_data: Option<bool>,
+    /// Clients (CIDRs) the listener serves; others get 403.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_from: Option<Vec<String>>,
+    /// Clients (CIDRs) the listener refuses (403).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny_from: Option<Vec<String>>,
+    /// Filters every route of the listener has unless it sets its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defaults: Option<FileDefaults>,
+}
+
+/// `listeners.defaults`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileDefaults {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_headers: Option<FileHeaderOps>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_headers: Option<FileHeaderOps>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_request_body: Option<FileSize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<bool>,
 }
 
 /// `listeners.sni_routes`: names (exact, or `*.suffix`) to an upstream.
@@ -361,6 +384,88 @@ pub struct FileRoute {
     pub quota: Option<FileQuota>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_inflight: Option<u64>,
+    /// Query parameters the request must carry: a value, `*` (present)
+    /// or `~regex`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub query: BTreeMap<String, String>,
+    /// A third action beside `upstream` and `respond`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<FileRedirect>,
+    /// The forwarded path, made from the routed one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<FileRewrite>,
+    /// The forwarded `Host`: a name, or `"backend"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_rewrite: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_headers: Option<FileHeaderOps>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_headers: Option<FileHeaderOps>,
+    /// `"10MiB"` or bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_request_body: Option<FileSize>,
+    /// Clients (CIDRs) the route serves; others get 403.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_from: Option<Vec<String>>,
+    /// Clients (CIDRs) the route refuses (403).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny_from: Option<Vec<String>>,
+    /// Keep a valid `x-request-id` or make one; sent up, returned, logged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<bool>,
+}
+
+/// `request_headers` / `response_headers`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHeaderOps {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub set: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub add: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+}
+
+/// A size: bytes, or text with a unit (`"512KiB"`, `"10MiB"`, `"1GB"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FileSize {
+    Bytes(u64),
+    Text(String),
+}
+
+/// `routes.rewrite`: exactly one of the three.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRewrite {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strip_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_prefix: Option<String>,
+    /// `[pattern, replacement]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<Vec<String>>,
+}
+
+/// `routes.redirect`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRedirect {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_query: Option<bool>,
 }
 
 /// `routes.retry`.

@@ -19,7 +19,7 @@ use std::time::SystemTime;
 pub use ledger::{answered_totals, InflightGuard, Ledger};
 pub use maglev::{hash_key, Maglev};
 pub use quota::QuotaTable;
-pub use route::{Action, ListenerSlot, Route, RouteShared, RouteSlot, Saturated};
+pub use route::{Action, ListenerSlot, RequestHead, Route, RouteShared, RouteSlot, Saturated};
 pub use router::Router;
 pub use upstream::{Upstream, WeightedSchedule};
 
@@ -155,6 +155,7 @@ pub fn build(
                 })?))
             }
             RouteAction::Respond(response) => Action::Respond(response.clone()),
+            RouteAction::Redirect(redirect) => Action::Redirect(redirect.clone()),
         };
         let route = Arc::new(Route {
             spec: Arc::clone(r),
@@ -216,8 +217,17 @@ mod tests {
             );
         }
         let method = Method::from_bytes(method.as_bytes()).expect("method");
+        let (path, query) = match path.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (path, None),
+        };
+        let head = RequestHead {
+            method: &method,
+            headers: &map,
+            query,
+        };
         g.router("web")?
-            .route(Some(host), path, &method, &map)
+            .route(Some(host), path, &head)
             .map(|r| r.name())
     }
 

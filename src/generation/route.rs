@@ -18,6 +18,7 @@ use crate::telemetry::series::{self, Count, Exported, Histogram, Sample};
 pub enum Action {
     Proxy(Arc<Upstream>),
     Respond(DirectResponse),
+    Redirect(crate::plan::Redirect),
 }
 
 /// Route state that outlives generations: the admission counter behind
@@ -131,6 +132,67 @@ impl Drop for RouteShared {
     }
 }
 
+/// What routing looks at besides the host and the path.
+pub struct RequestHead<'a> {
+    pub method: &'a Method,
+    pub headers: &'a HeaderMap,
+    /// The raw query string (after `?`), if any.
+    pub query: Option<&'a str>,
+}
+
+/// Whether every `(name, matcher)` finds a parameter of that name whose
+/// value it accepts (names and values percent-decoded, `+` a space).
+fn query_matches(wanted: &[(String, crate::plan::ValueMatch)], query: Option<&str>) -> bool {
+    let Some(query) = query else {
+        return false;
+    };
+    let pairs: Vec<(std::borrow::Cow<'_, str>, std::borrow::Cow<'_, str>)> = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (form_decode(name), form_decode(value))
+        })
+        .collect();
+    wanted.iter().all(|(name, matcher)| {
+        pairs
+            .iter()
+            .any(|(n, v)| n == name && matcher.matches(v.as_bytes()))
+    })
+}
+
+/// `application/x-www-form-urlencoded` decoding of one name or value;
+/// an invalid escape is kept as written.
+fn form_decode(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.bytes().any(|b| b == b'%' || b == b'+') {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(decoded) => {
+                        out.push(decoded);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            other => out.push(other),
+        }
+        i += 1;
+    }
+    std::borrow::Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+}
+
 /// A route in one generation: its validated definition (shared with the
 /// spec, not copied), what it does, and its cross-generation state.
 #[derive(Debug)]
@@ -142,10 +204,10 @@ pub struct Route {
 }
 
 impl Route {
-    /// Whether the request's path, method and headers match (the host was
-    /// matched by the router).
-    pub fn matches(&self, path: &str, method: &Method, headers: &HeaderMap) -> bool {
-        self.spec.path.matches(path) && self.matches_request(method, headers)
+    /// Whether the request's path, method, headers and query match (the
+    /// host was matched by the router).
+    pub fn matches(&self, path: &str, head: &RequestHead<'_>) -> bool {
+        self.spec.path.matches(path) && self.matches_request(head)
     }
 
     pub fn name(&self) -> &str {
@@ -157,14 +219,17 @@ impl Route {
         self.spec.timeout
     }
 
-    /// Whether the method and header matchers accept the request.
-    pub fn matches_request(&self, method: &Method, headers: &HeaderMap) -> bool {
+    /// Whether the method, header and query matchers accept the request.
+    pub fn matches_request(&self, head: &RequestHead<'_>) -> bool {
         let spec = &self.spec;
-        (spec.methods.is_empty() || spec.methods.contains(method))
-            && spec
-                .headers
-                .iter()
-                .all(|(name, value)| headers.get(name) == Some(value))
+        (spec.methods.is_empty() || spec.methods.contains(head.method))
+            && spec.headers.iter().all(|(name, matcher)| {
+                head.headers
+                    .get_all(name)
+                    .iter()
+                    .any(|v| matcher.matches(v.as_bytes()))
+            })
+            && (spec.query.is_empty() || query_matches(&spec.query, head.query))
     }
 
     /// Takes an admission slot: `Ok(None)` when the route has no limit

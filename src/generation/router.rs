@@ -13,9 +13,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::{HeaderMap, Method};
 
-use super::route::Route;
+use super::route::{RequestHead, Route};
 use crate::plan::{HostMatch, ListenerEdge, PathMatch};
 
 /// Routes by literal path (exact, or prefix of one length), each list in
@@ -60,11 +59,11 @@ impl RouteGroup {
         }
     }
 
-    fn find(&self, path: &str, method: &Method, headers: &HeaderMap) -> Option<&Arc<Route>> {
+    fn find(&self, path: &str, head: &RequestHead<'_>) -> Option<&Arc<Route>> {
         let pick = |routes: &'_ [Arc<Route>]| -> Option<usize> {
             routes
                 .iter()
-                .position(|r| r.matches_request(method, headers))
+                .position(|r| r.matches_request(head))
         };
         if let Some(routes) = self.exact.get(path) {
             if let Some(i) = pick(routes) {
@@ -83,11 +82,11 @@ impl RouteGroup {
         }
         self.regexes
             .iter()
-            .find(|r| r.spec.path.matches(path) && r.matches_request(method, headers))
+            .find(|r| r.spec.path.matches(path) && r.matches_request(head))
             .or_else(|| {
                 self.any_path
                     .iter()
-                    .find(|r| r.matches_request(method, headers))
+                    .find(|r| r.matches_request(head))
             })
     }
 
@@ -163,8 +162,7 @@ impl Router {
         &'r self,
         host: Option<&str>,
         path: &str,
-        method: &Method,
-        headers: &HeaderMap,
+        head: &RequestHead<'_>,
     ) -> Option<&'r Arc<Route>> {
         if let Some(host) = host.filter(|h| !h.is_empty()) {
             let host: Cow<'_, str> = if host.bytes().any(|b| b.is_ascii_uppercase()) {
@@ -175,7 +173,7 @@ impl Router {
             if let Some(found) = self
                 .exact
                 .get(host.as_ref())
-                .and_then(|g| g.find(path, method, headers))
+                .and_then(|g| g.find(path, head))
             {
                 return Some(found);
             }
@@ -185,14 +183,14 @@ impl Router {
                     let found = host
                         .get(i..)
                         .and_then(|s| self.suffix.get(s))
-                        .and_then(|g| g.find(path, method, headers));
+                        .and_then(|g| g.find(path, head));
                     if found.is_some() {
                         return found;
                     }
                 }
             }
         }
-        self.any_host.find(path, method, headers)
+        self.any_host.find(path, head)
     }
 
     /// Whether the router has no routes at all.

@@ -127,7 +127,7 @@ fn compile(pattern: &str) -> Result<Engine, String> {
 }
 
 /// What is wrong with a pattern, in one line: `unclosed group`.
-fn describe(error: &meta::BuildError) -> String {
+pub(super) fn describe(error: &meta::BuildError) -> String {
     let Some(syntax) = error.syntax_error() else {
         return error.to_string();
     };

@@ -159,6 +159,8 @@ pub struct ListenerEdge {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Admission limit over the whole listener: more requests get 503.
     pub max_inflight: Option<u64>,
+    /// `allow_from` / `deny_from`: judged before routing (403).
+    pub access: Option<super::IpRules>,
 }
 
 impl ListenerEdge {
@@ -339,6 +341,7 @@ impl PathMatch {
 pub enum RouteAction {
     Proxy { upstream: String },
     Respond(DirectResponse),
+    Redirect(super::Redirect),
 }
 
 #[derive(Debug, Clone)]
@@ -355,8 +358,12 @@ pub struct RouteSpec {
     pub hosts: Vec<HostMatch>,
     pub path: PathMatch,
     pub methods: Vec<Method>,
-    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub headers: Vec<(HeaderName, super::ValueMatch)>,
+    /// Query parameters (decoded names) and what their values must be.
+    pub query: Vec<(String, super::ValueMatch)>,
     pub action: RouteAction,
+    /// `None` when the route changes nothing (DESIGN §17).
+    pub filters: Option<Arc<super::Filters>>,
     /// Upstream response deadline (default 30s, then 504).
     pub timeout: Duration,
     /// Admission limit: concurrent requests beyond it get 503.

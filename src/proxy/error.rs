@@ -22,6 +22,13 @@ pub enum ProxyError {
     /// The route's quota is spent for this key: the time until a token.
     #[error("quota exceeded")]
     RateLimited(std::time::Duration),
+    /// `allow_from` / `deny_from` refused the client.
+    #[error("client address refused")]
+    Forbidden,
+    /// The body is larger than `max_request_body` (declared, or found so
+    /// while it streamed before the answer began).
+    #[error("request body exceeds max_request_body")]
+    PayloadTooLarge,
     /// The route's upstream has no backend to offer.
     #[error("upstream has no backend")]
     NoBackend,
@@ -55,6 +62,8 @@ impl ProxyError {
         match self {
             ProxyError::BadRequest(_) | ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::Forbidden => StatusCode::FORBIDDEN,
+            ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Saturated | ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamConnect(_)
@@ -66,6 +75,9 @@ impl ProxyError {
 
     /// A failure of the client's request body, told apart by its cause.
     pub fn client_body(error: &(dyn std::error::Error + 'static)) -> Self {
+        if super::filters::too_large(error) {
+            return ProxyError::PayloadTooLarge;
+        }
         let mut closed = false;
         let mut source = Some(error);
         while let Some(cause) = source {
@@ -97,6 +109,8 @@ impl ProxyError {
             }
             ProxyError::ClientBody { closed: true, .. } => Flags::CLIENT_CLOSED,
             ProxyError::NoRoute => Flags::NO_ROUTE,
+            ProxyError::Forbidden => Flags::DENIED,
+            ProxyError::PayloadTooLarge => Flags::BODY_TOO_LARGE,
             ProxyError::Saturated => Flags::ADMISSION_REJECTED,
             ProxyError::RateLimited(_) => Flags::RATE_LIMITED,
             ProxyError::NoBackend => Flags::NO_HEALTHY_BACKEND,

@@ -112,8 +112,11 @@ pub(super) async fn forward(
 pub(super) struct Target<'g> {
     /// Routed by, and sent upstream as `Host`.
     pub(super) authority: Option<HeaderValue>,
-    /// The normalized path, when it differs from the one the client sent.
+    /// The path to forward (normalized, or rewritten), when it differs
+    /// from the one the client sent.
     pub(super) path: Option<String>,
+    /// The route's `host_rewrite`: the `Host` the backend is sent.
+    pub(super) host_rewrite: Option<&'g crate::plan::HostRewrite>,
     pub(super) edge: &'g crate::plan::ListenerEdge,
     /// Sent upstream: the request's trace, the gateway's span.
     pub(super) traceparent: HeaderValue,
@@ -255,6 +258,9 @@ async fn client_exchange(
                 .await
                 .map_err(|e| match e.is_connect() {
                     true => (Attempt::ConnectError, connect_failed(backend, &e)),
+                    false if super::filters::too_large(&e) => {
+                        (Attempt::Error, ProxyError::PayloadTooLarge)
+                    }
                     false => (
                         Attempt::Error,
                         ProxyError::Upstream(format!("{}: {}", backend.key.addr, error_chain(&e))),
@@ -272,7 +278,10 @@ async fn client_exchange(
             response
         }
         Ok(Err((attempt, error))) => {
-            hop.report(attempt, None);
+            // A body past `max_request_body` is not the backend's doing.
+            if !matches!(error, ProxyError::PayloadTooLarge) {
+                hop.report(attempt, None);
+            }
             return Err(error);
         }
         Err(_) => {
@@ -450,6 +459,17 @@ fn upstream_request(
         if let Some(authority) = &target.authority {
             headers.insert(header::HOST, authority.clone());
         }
+    }
+    match target.host_rewrite {
+        Some(crate::plan::HostRewrite::Literal(host)) => {
+            headers.insert(header::HOST, host.clone());
+        }
+        Some(crate::plan::HostRewrite::Backend) => {
+            if let Ok(host) = HeaderValue::from_str(backend.authority.as_str()) {
+                headers.insert(header::HOST, host);
+            }
+        }
+        None => {}
     }
     if let Some(protocol) = upgrade {
         headers.insert(header::UPGRADE, protocol.clone());

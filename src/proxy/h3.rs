@@ -162,6 +162,7 @@ pub async fn serve(mut h3: Http3) {
             activity: Activity::new(),
             interim: InterimQueue::new(),
             alt_svc: None,
+            tls: std::sync::OnceLock::new(),
         });
         let hold = h3.open.hold();
         let counted = Counted::new(&open_connections);
@@ -321,6 +322,19 @@ async fn connection(
             return;
         }
     };
+    // (With 0-RTT the client's certificate may not be known yet: the
+    // templates then read none.)
+    let sni = connection
+        .handshake_data()
+        .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|d| d.server_name);
+    let certificates = connection
+        .peer_identity()
+        .and_then(|i| i.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok());
+    let _ = ctx.tls.set(super::http::TlsInfo::from_parts(
+        sni.as_deref(),
+        certificates.as_deref().and_then(|c| c.first()),
+    ));
     let field_section = u64::try_from(limits.max_header_bytes).unwrap_or(u64::MAX);
     let quic = connection.clone();
     let built = h3::server::builder()

@@ -28,8 +28,9 @@ use super::downstream::Tracked;
 use super::edge::{self};
 use super::error::{error_response, ProxyError};
 use super::exchange::{cookie, Target};
+use super::filters;
 use crate::admission::{Admission, Pinned};
-use crate::generation::{Action, Generation, Route, Upstream};
+use crate::generation::{Action, Generation, RequestHead, Route, Upstream};
 use crate::plan::{DirectResponse, HashKey, QuotaKey};
 use crate::telemetry::access::{self, Flags, Trail};
 use crate::telemetry::metrics as m;
@@ -55,6 +56,43 @@ pub struct ConnContext {
     /// On the TCP side of a listener that also serves HTTP/3: what
     /// responses advertise while it does.
     pub alt_svc: Option<Arc<super::h3::AltSvc>>,
+    /// What the TLS handshake said (HTTPS connections), for templates.
+    pub tls: std::sync::OnceLock<TlsInfo>,
+}
+
+/// An HTTPS connection's server name and client certificate.
+#[derive(Debug, Default)]
+pub struct TlsInfo {
+    pub sni: Option<String>,
+    /// The client certificate's subject (RFC 4514) and `sha256:` of its
+    /// DER, when one was presented.
+    pub client_subject: Option<String>,
+    pub client_fingerprint: Option<String>,
+}
+
+impl TlsInfo {
+    pub fn of(connection: &rustls::ServerConnection) -> Self {
+        Self::from_parts(
+            connection.server_name(),
+            connection.peer_certificates().and_then(|c| c.first()),
+        )
+    }
+
+    pub fn from_parts(
+        sni: Option<&str>,
+        client: Option<&rustls::pki_types::CertificateDer<'_>>,
+    ) -> Self {
+        let subject = client.and_then(|der| {
+            x509_parser::parse_x509_certificate(der)
+                .ok()
+                .map(|(_, cert)| cert.subject().to_string())
+        });
+        TlsInfo {
+            sni: sni.map(str::to_owned),
+            client_subject: subject,
+            client_fingerprint: client.map(|der| crate::tls::fingerprint(der)),
+        }
+    }
 }
 
 /// The `X-Forwarded-For` value for a client address.
@@ -77,6 +115,9 @@ struct Noted {
     method: http::Method,
     /// As routed: replaced by the normalized path when that differs.
     path: String,
+    /// As forwarded, when a `rewrite` changed it.
+    upstream_path: Option<String>,
+    request_id: Option<String>,
     authority: Option<String>,
 }
 
@@ -98,6 +139,8 @@ pub async fn handle(
     let mut noted = (logged || sampled).then(|| Noted {
         method: req.method().clone(),
         path: req.uri().path().to_owned(),
+        upstream_path: None,
+        request_id: None,
         authority: None,
     });
     let trail = noted.as_ref().map(|_| Trail::new());
@@ -105,8 +148,12 @@ pub async fn handle(
     if version == Version::HTTP_2 {
         conn.activity.mark_http2();
     }
-    let (route, served) = match refused {
-        Some(reason) => (None, Err(ProxyError::BadRequest(reason))),
+    let Served {
+        route,
+        result: served,
+        shaped,
+    } = match refused {
+        Some(reason) => Served::refused(ProxyError::BadRequest(reason)),
         None => {
             let context = RequestContext {
                 trace: &trace,
@@ -140,6 +187,9 @@ pub async fn handle(
             response
         }
     };
+    if let Some(shaped) = shaped {
+        shaped.apply(response.headers_mut());
+    }
     if version < Version::HTTP_2
         && conn.draining.load(Ordering::Relaxed)
         && response.status() != StatusCode::SWITCHING_PROTOCOLS
@@ -180,6 +230,8 @@ pub async fn handle(
             method: Some(noted.method),
             authority: noted.authority,
             path: Some(noted.path),
+            upstream_path: noted.upstream_path,
+            request_id: noted.request_id,
             route: route.map(|r| Arc::clone(r.shared.name())),
             status: status.as_u16(),
             trace_id: Some(trace.trace_id),
@@ -225,38 +277,57 @@ struct RequestContext<'r> {
     trail: Option<&'r Arc<Trail>>,
 }
 
-/// Routes and serves a request on its pinned generation; returns the
-/// route that took it (for logs) and the response or the error.
+/// What `serve` did: the route that took the request (for logs), the
+/// answer or the error, and the route's response header changes, which
+/// apply to either.
+struct Served<'g> {
+    route: Option<&'g Arc<Route>>,
+    result: Result<Response<ResponseBody>, ProxyError>,
+    shaped: Option<filters::Shaped<'g>>,
+}
+
+impl Served<'_> {
+    fn refused(error: ProxyError) -> Self {
+        Served {
+            route: None,
+            result: Err(error),
+            shaped: None,
+        }
+    }
+}
+
+/// Routes and serves a request on its pinned generation.
 async fn serve<'g>(
     req: Request<ClientBody>,
     conn: &ConnContext,
     generation: &'g Generation,
     guard: crate::generation::InflightGuard,
     context: RequestContext<'_>,
-    noted: Option<&mut Noted>,
-) -> (
-    Option<&'g Arc<Route>>,
-    Result<Response<ResponseBody>, ProxyError>,
-) {
-    let refuse = |reason| (None, Err(ProxyError::BadRequest(reason)));
+    mut noted: Option<&mut Noted>,
+) -> Served<'g> {
     if let Some(reason) = edge::smuggling_risk(req.headers()) {
-        return refuse(reason);
+        return Served::refused(ProxyError::BadRequest(reason));
     }
     let authority = match edge::authority(&req) {
         Ok(authority) => authority,
-        Err(reason) => return refuse(reason),
+        Err(reason) => return Served::refused(ProxyError::BadRequest(reason)),
     };
     let Some(router) = generation.router(&conn.listener) else {
-        return (None, Err(ProxyError::NoRoute));
+        return Served::refused(ProxyError::NoRoute);
     };
+    if let Some(access) = &router.edge.access {
+        if !access.admits(filters::client_ip(conn, req.headers(), &router.edge)) {
+            return Served::refused(ProxyError::Forbidden);
+        }
+    }
     let Ok(listener_slot) = router.admit() else {
-        return (None, Err(ProxyError::Saturated));
+        return Served::refused(ProxyError::Saturated);
     };
     let path = match edge::normalize_path(req.uri().path(), &router.edge) {
         Ok(path) => path,
-        Err(reason) => return refuse(reason),
+        Err(reason) => return Served::refused(ProxyError::BadRequest(reason)),
     };
-    if let Some(noted) = noted {
+    if let Some(noted) = noted.as_deref_mut() {
         if let Cow::Owned(normalized) = &path {
             noted.path.clone_from(normalized);
         }
@@ -268,24 +339,85 @@ async fn serve<'g>(
         .as_ref()
         .and_then(|a| a.to_str().ok())
         .map(edge::route_host);
-    let Some(route) = router.route(host, &path, req.method(), req.headers()) else {
-        return (None, Err(ProxyError::NoRoute));
+    let head = RequestHead {
+        method: req.method(),
+        headers: req.headers(),
+        query: req.uri().query(),
     };
-    let target = Target {
+    let Some(route) = router.route(host, &path, &head) else {
+        return Served::refused(ProxyError::NoRoute);
+    };
+    let normalized = match path {
+        Cow::Owned(path) => Some(path),
+        Cow::Borrowed(_) => None,
+    };
+    let mut target = Target {
         authority,
-        path: match path {
-            Cow::Borrowed(_) => None,
-            Cow::Owned(path) => Some(path),
-        },
+        path: normalized,
+        host_rewrite: None,
         edge: &router.edge,
         traceparent: context.trace.traceparent(),
         trail: context.trail.cloned(),
     };
+    // The route's filters, in the order of DESIGN §17; a route without
+    // any pays this one check.
+    let (req, shaped, request_id) = match route.spec.filters.as_deref() {
+        None => (req, None, None),
+        Some(f) => {
+            let routed = target
+                .path
+                .clone()
+                .unwrap_or_else(|| req.uri().path().to_owned());
+            let prepared = filters::prepare(
+                req,
+                conn,
+                route,
+                f,
+                &router.edge,
+                &routed,
+                target.authority.as_ref(),
+                generation.id.0,
+            );
+            if let Some(noted) = noted.as_deref_mut() {
+                noted.request_id = prepared
+                    .request_id
+                    .as_ref()
+                    .map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned());
+                noted.upstream_path.clone_from(&prepared.path);
+            }
+            let req = match prepared.request {
+                Ok(req) => req,
+                Err(error) => {
+                    return Served {
+                        route: Some(route),
+                        result: Err(error),
+                        shaped: prepared.shaped,
+                    }
+                }
+            };
+            if prepared.path.is_some() {
+                target.path = prepared.path;
+            }
+            target.host_rewrite = f.host_rewrite.as_ref();
+            (req, prepared.shaped, prepared.request_id)
+        }
+    };
     // The route's own admission, then one step forward: a direct answer,
-    // several attempts (`retry.rs`) or one (`exchange.rs`).
+    // a redirect, several attempts (`retry.rs`) or one (`exchange.rs`).
     let mut result = match admit_route(&req, conn, route) {
         Err(refused) => Err(refused),
         Ok(Step::Respond(direct)) => Ok(direct_response(direct)),
+        Ok(Step::Redirect(redirect)) => Ok(filters::redirect_for(
+            redirect,
+            &req,
+            conn,
+            route,
+            &router.edge,
+            target.path.as_deref().unwrap_or(req.uri().path()),
+            target.authority.as_ref(),
+            generation.id.0,
+            request_id.as_ref(),
+        )),
         Ok(Step::Proxy(upstream, slot)) if super::retry::applies(route, &req) => {
             Box::pin(super::retry::serve(
                 req, target, conn, route, upstream, guard, slot,
@@ -302,12 +434,17 @@ async fn serve<'g>(
             guards.listener = Some(slot);
         }
     }
-    (Some(route), result)
+    Served {
+        route: Some(route),
+        result,
+        shaped,
+    }
 }
 
 /// Where a route sends an admitted request.
 enum Step<'r> {
     Respond(&'r DirectResponse),
+    Redirect(&'r crate::plan::Redirect),
     /// With the route's `max_inflight` slot.
     Proxy(&'r Arc<Upstream>, Option<crate::generation::RouteSlot>),
 }
@@ -336,6 +473,7 @@ fn admit_route<'r>(
     Ok(match &route.action {
         // A direct answer is made at once: it holds no slot.
         Action::Respond(direct) => Step::Respond(direct),
+        Action::Redirect(redirect) => Step::Redirect(redirect),
         Action::Proxy(upstream) => Step::Proxy(upstream, slot),
     })
 }

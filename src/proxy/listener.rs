@@ -576,6 +576,7 @@ impl ListenerSet {
                     activity: Activity::new(),
                     interim: InterimQueue::new(),
                     alt_svc,
+                    tls: std::sync::OnceLock::new(),
                 });
                 serve_connection(stream, ctx, limits, draining, guard, tls).await
             });
@@ -720,6 +721,7 @@ async fn serve_connection(
             metrics::counter!(m::TLS_HANDSHAKES, m::LABEL_LISTENER => ctx.listener.to_string(), m::LABEL_OUTCOME => outcome).increment(1);
             match handshake {
                 Ok(Ok(tls)) => {
+                    let _ = ctx.tls.set(super::http::TlsInfo::of(tls.get_ref().1));
                     let http1 = tls.get_ref().1.alpn_protocol() != Some(b"h2");
                     let io = HeadCheck::wrap(tls, Arc::clone(&ctx.activity), http1);
                     let io = InterimWriter::new(io, Arc::clone(&ctx.interim));

@@ -9,6 +9,7 @@ mod downstream;
 mod edge;
 mod error;
 mod exchange;
+mod filters;
 mod framing;
 mod h3;
 mod http;

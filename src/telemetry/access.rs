@@ -44,9 +44,13 @@ impl Flags {
     pub const HEADER_TIMEOUT: Flags = Flags(1 << 11);
     /// A TCP connection closed by its listener's `idle_timeout`.
     pub const IDLE_TIMEOUT: Flags = Flags(1 << 12);
+    /// Refused by `allow_from` / `deny_from`.
+    pub const DENIED: Flags = Flags(1 << 13);
+    /// Refused by `max_request_body`.
+    pub const BODY_TOO_LARGE: Flags = Flags(1 << 14);
 
     /// Names in output order.
-    const NAMES: [(Flags, &'static str); 13] = [
+    const NAMES: [(Flags, &'static str); 15] = [
         (Flags::NO_ROUTE, "no_route"),
         (Flags::NO_HEALTHY_BACKEND, "no_healthy_backend"),
         (Flags::CONNECT_FAILURE, "connect_failure"),
@@ -60,6 +64,8 @@ impl Flags {
         (Flags::UPGRADED, "upgraded"),
         (Flags::HEADER_TIMEOUT, "header_timeout"),
         (Flags::IDLE_TIMEOUT, "idle_timeout"),
+        (Flags::DENIED, "denied"),
+        (Flags::BODY_TOO_LARGE, "body_too_large"),
     ];
 
     pub fn contains(self, other: Flags) -> bool {
@@ -170,6 +176,10 @@ pub struct Line {
     pub authority: Option<String>,
     /// The path as routed (normalized), without the query.
     pub path: Option<String>,
+    /// The path forwarded, when a `rewrite` changed it.
+    pub upstream_path: Option<String>,
+    /// The route's `request_id`, when it has one.
+    pub request_id: Option<String>,
     pub route: Option<Arc<str>>,
     /// 0 for a TCP connection.
     pub status: u16,
@@ -208,6 +218,8 @@ impl Line {
             method: None,
             authority: None,
             path: None,
+            upstream_path: None,
+            request_id: None,
             route: None,
             status: 0,
             bytes_in: 0,
@@ -548,8 +560,12 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
             push_json_opt(out, authority);
             out.extend_from_slice(b",\"path\":");
             push_json_opt(out, line.path.as_deref());
+            out.extend_from_slice(b",\"upstream_path\":");
+            push_json_opt(out, line.upstream_path.as_deref());
             out.extend_from_slice(b",\"route\":");
             push_json_opt(out, line.route.as_deref());
+            out.extend_from_slice(b",\"request_id\":");
+            push_json_opt(out, line.request_id.as_deref());
             out.extend_from_slice(b",\"status\":");
             push_u64(out, u64::from(line.status));
             out.extend_from_slice(b",\"bytes_in\":");
@@ -594,7 +610,9 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
                 ("method", method.unwrap_or(dash)),
                 ("authority", authority.unwrap_or(dash)),
                 ("path", line.path.as_deref().unwrap_or(dash)),
+                ("upstream_path", line.upstream_path.as_deref().unwrap_or(dash)),
                 ("route", line.route.as_deref().unwrap_or(dash)),
+                ("request_id", line.request_id.as_deref().unwrap_or(dash)),
             ] {
                 out.push(b' ');
                 push_field(out, key, value);
@@ -770,6 +788,8 @@ mod tests {
             method: Some(Method::GET),
             authority: Some("api.example.com".into()),
             path: Some("/v1/a b".into()),
+            upstream_path: None,
+            request_id: None,
             route: Some("api".into()),
             status: 502,
             bytes_in: 3,
@@ -794,7 +814,8 @@ mod tests {
         assert_eq!(
             text,
             "time=2025-11-30T14:31:24.121Z listener=web protocol=HTTP/1.1 client=127.0.0.1:5555 \
-             method=GET authority=api.example.com path=\"/v1/a b\" route=api generation=7 \
+             method=GET authority=api.example.com path=\"/v1/a b\" upstream_path=- route=api \
+             request_id=- generation=7 \
              status=502 bytes_in=3 bytes_out=12 duration_ms=1.500 upstream_ms=- \
              backend=127.0.0.1:9001 attempts=2 trace_id=abababababababababababababababab \
              flags=connect_failure,retried\n"

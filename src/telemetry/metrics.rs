@@ -115,6 +115,12 @@ pub const SERIES_REFUSED: &str = "cutover_metrics_series_refused_total";
 pub const TRACE_SPANS_DROPPED: &str = "cutover_trace_spans_dropped_total";
 /// Access-log lines dropped because the writer was behind or its file
 /// could not be written.
+/// Requests a route filter refused, by `route` and `reason`
+/// (`forbidden`: allow/deny; `body_too_large`: `max_request_body`).
+pub const FILTER_REFUSALS: &str = "cutover_filter_refusals_total";
+/// Header values a template made invalid (a client's bytes a header may
+/// not hold), dropped instead of sent, by `route`.
+pub const FILTER_VALUES_DROPPED: &str = "cutover_filter_values_dropped_total";
 pub const LOG_DROPPED: &str = "cutover_log_dropped_total";
 
 /// Bucket bounds (seconds) of `REQUEST_DURATION`: sub-millisecond answers
@@ -140,6 +146,7 @@ pub const LABEL_OUTCOME: &str = "outcome";
 pub const LABEL_KIND: &str = "kind";
 pub const LABEL_GENERATION: &str = "generation";
 pub const LABEL_DIRECTION: &str = "direction";
+pub const LABEL_REASON: &str = "reason";
 pub const LABEL_NAME: &str = "name";
 pub const LABEL_UPSTREAM: &str = "upstream";
 
@@ -154,6 +161,14 @@ pub fn describe() {
         "Requests answered, by listener and status class"
     );
     describe_counter!(ACTIVATIONS, "Configuration activations by kind and outcome");
+    describe_counter!(
+        FILTER_REFUSALS,
+        "Requests a route filter refused, by route and reason"
+    );
+    describe_counter!(
+        FILTER_VALUES_DROPPED,
+        "Templated header values dropped as invalid, by route"
+    );
     describe_histogram!(
         ACTIVATION_DURATION,
         Unit::Seconds,

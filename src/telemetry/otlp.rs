@@ -142,6 +142,9 @@ pub fn span(line: &Line) -> Option<Value> {
     if let Some(authority) = &line.authority {
         attributes.push(text("server.address", authority));
     }
+    if let Some(id) = &line.request_id {
+        attributes.push(text("http.request.header.x-request-id", id));
+    }
     if let Some(route) = &line.route {
         attributes.push(text("http.route", route));
     }
@@ -267,6 +270,8 @@ mod tests {
             method: Some(http::Method::POST),
             authority: Some("api.example.com".into()),
             path: Some("/v1/orders".into()),
+            upstream_path: None,
+            request_id: None,
             route: Some("api".into()),
             status: 503,
             bytes_in: 3,

@@ -4,6 +4,7 @@ mod admin;
 mod docs;
 mod edge;
 pub mod examples;
+mod filters;
 mod fixtures;
 mod fleet;
 mod guarded;

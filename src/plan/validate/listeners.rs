@@ -263,6 +263,9 @@ impl Validator<'_> {
                 ("trust_forwarded", l.trust_forwarded.is_some()),
                 ("trusted_proxies", !l.trusted_proxies.is_empty()),
                 ("accept_proxy_protocol", l.accept_proxy_protocol.is_some()),
+                ("allow_from", l.allow_from.is_some()),
+                ("deny_from", l.deny_from.is_some()),
+                ("defaults", l.defaults.is_some()),
             ];
             self.refuse(i, &not_udp, |key| {
                 let hint = if key == "max_connections" {
@@ -297,6 +300,9 @@ impl Validator<'_> {
                     !l.trusted_proxies.is_empty() && l.accept_proxy_protocol != Some(true),
                 ),
                 ("max_inflight", l.max_inflight.is_some()),
+                ("allow_from", l.allow_from.is_some()),
+                ("deny_from", l.deny_from.is_some()),
+                ("defaults", l.defaults.is_some()),
             ];
             self.refuse(i, &http_only, |key| {
                 format!(
@@ -347,12 +353,20 @@ impl Validator<'_> {
                 "max_inflight must be at least 1",
             );
         }
+        let access = self
+            .ip_rules(
+                &format!("listeners[{i}]."),
+                l.allow_from.as_deref(),
+                l.deny_from.as_deref(),
+            )
+            .flatten();
         ListenerEdge {
             max_inflight: l.max_inflight.filter(|n| *n > 0),
             merge_slashes: l.merge_slashes.unwrap_or(false),
             encoded_slash,
             trust_forwarded,
             trusted_proxies,
+            access,
         }
     }
 

@@ -8,7 +8,7 @@
 //! room of their own: `process.rs` (`[admin]`, `[log]`, `[tracing]`,
 //! `[runtime]`), `fleet.rs`, `listeners.rs`, `l4.rs` (`tcp`/`udp`),
 //! `tls.rs`, `upstreams.rs`, `resilience.rs` (health, outlier, retry,
-//! hedge, quota), `routes.rs` and `files.rs` (referenced files). This file
+//! hedge, quota), `routes.rs`, `filters.rs` (route filters, DESIGN §17) and `files.rs` (referenced files). This file
 //! holds the entry points, the shared helpers (names, durations, methods,
 //! addresses) and the order of the checks (`checked`). The fixtures of a
 //! domain are `fixtures/configs/invalid/<domain>.toml`.
@@ -29,6 +29,7 @@ use crate::config::{
 };
 
 mod files;
+mod filters;
 mod fleet;
 mod l4;
 mod listeners;

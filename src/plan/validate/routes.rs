@@ -138,25 +138,58 @@ impl Validator<'_> {
         }
         methods.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         methods.dedup();
-        let headers = self.header_pairs(&format!("routes[{i}].headers"), &r.headers);
-        let action = match (&r.upstream, &r.respond) {
-            (Some(_), Some(_)) => {
+        let headers = self.value_matchers(
+            &format!("routes[{i}].headers"),
+            &r.headers,
+            |name| HeaderName::from_bytes(name.as_bytes()).ok(),
+            "header",
+        );
+        let query = self.value_matchers(
+            &format!("routes[{i}].query"),
+            &r.query,
+            |name| (!name.is_empty()).then(|| name.to_owned()),
+            "query parameter",
+        );
+        ok &= headers.is_some() && query.is_some();
+        let actions: Vec<&str> = [
+            r.upstream.as_ref().map(|_| "upstream"),
+            r.respond.as_ref().map(|_| "respond"),
+            r.redirect.as_ref().map(|_| "redirect"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let action = match (&r.upstream, &r.respond, &r.redirect) {
+            _ if actions.len() > 1 => {
                 self.error(
                     Code::ConflictingAction,
-                    at("respond"),
-                    format!("route '{}' sets both upstream and respond", r.name),
+                    at(actions.get(1).copied().unwrap_or("respond")),
+                    format!("route '{}' sets {}: a route has one action", r.name, actions.join(" and ")),
                 );
                 None
             }
-            (None, None) => {
+            (None, None, None) => {
                 self.error(
                     Code::MissingAction,
                     at("name"),
-                    format!("route '{}' needs an upstream or a respond action", r.name),
+                    format!(
+                        "route '{}' needs an action: upstream, respond or redirect",
+                        r.name
+                    ),
                 );
                 None
             }
-            (Some(u), None) => {
+            (None, None, Some(redirect)) => {
+                let schemes: Vec<&str> = r
+                    .listeners
+                    .iter()
+                    .filter_map(|name| file.listeners.iter().find(|l| &l.name == name))
+                    .map(|l| if l.protocol == "https" { "https" } else { "http" })
+                    .collect();
+                self.redirect(i, r, redirect, &path, &schemes)
+                    .map(RouteAction::Redirect)
+            }
+            (Some(u), None, None) => {
                 if file.upstreams.contains_key(u) {
                     Some(RouteAction::Proxy {
                         upstream: u.clone(),
@@ -173,7 +206,7 @@ impl Validator<'_> {
                     None
                 }
             }
-            (None, Some(respond)) => {
+            (_, Some(respond), _) => {
                 let status = StatusCode::from_u16(respond.status)
                     .ok()
                     .filter(|s| (200..=599).contains(&s.as_u16()));
@@ -197,6 +230,8 @@ impl Validator<'_> {
                     })
                 })
             }
+            // More than one action: refused above.
+            _ => None,
         };
         let timeout = match &r.timeout {
             Some(t) => self.duration(at("timeout"), t),
@@ -236,6 +271,7 @@ impl Validator<'_> {
         if (r.retry.is_some() && retry.is_none()) || (r.hedge.is_some() && hedge.is_none()) {
             ok = false;
         }
+        let filters = self.route_filters(file, i, r, &path);
         if !ok {
             return None;
         }
@@ -245,8 +281,10 @@ impl Validator<'_> {
             hosts,
             path,
             methods,
-            headers,
+            headers: headers?,
+            query: query?,
             action: action?,
+            filters: filters?,
             timeout: timeout?,
             max_inflight: r.max_inflight.filter(|n| *n > 0),
             retry,
@@ -297,7 +335,8 @@ impl Validator<'_> {
             let headers = route
                 .headers
                 .iter()
-                .map(|(n, v)| format!("{n}={}", String::from_utf8_lossy(v.as_bytes())))
+                .map(|(n, v)| format!("{n}={}", v.source()))
+                .chain(route.query.iter().map(|(n, v)| format!("?{n}={}", v.source())))
                 .collect::<Vec<_>>()
                 .join("&");
             let hosts: Vec<Option<HostMatch>> = if route.hosts.is_empty() {
@@ -320,7 +359,7 @@ impl Validator<'_> {
                             Code::AmbiguousRoute,
                             format!("routes[{index}].name"),
                             format!(
-                                "routes '{other}' and '{}' match the same host, path, methods and headers on listener '{listener}'",
+                                "routes '{other}' and '{}' match the same host, path, methods, headers and query on listener '{listener}'",
                                 route.name
                             ),
                         ));

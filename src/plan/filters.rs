@@ -1,0 +1,467 @@
+//! Route filters (DESIGN §17), as planned: what a route changes in the
+//! requests and answers it passes, compiled once per plan (templates
+//! parsed, regexes built, CIDRs read) so that the request path only
+//! applies them. A route without filters carries `None`: one check.
+
+use std::fmt;
+
+use http::{HeaderName, HeaderValue, StatusCode};
+use regex_automata::meta;
+
+use super::pattern::PathRegex;
+
+/// Everything a route may change. Listener `defaults` are merged in at
+/// plan time (a route's own key replaces the default whole).
+#[derive(Debug, Clone, Default)]
+pub struct Filters {
+    /// Judged first, on the client address of the edge rules (§13).
+    pub access: Option<IpRules>,
+    /// Bytes; 413 when `Content-Length` says more, the stream cut past it.
+    pub max_request_body: Option<u64>,
+    pub rewrite: Option<Rewrite>,
+    pub host_rewrite: Option<HostRewrite>,
+    /// Keep a valid `x-request-id` or make one; sent up and back, logged.
+    pub request_id: bool,
+    pub request_headers: HeaderOps,
+    pub response_headers: HeaderOps,
+}
+
+impl Filters {
+    /// Whether any filter is set (a route without any carries none).
+    pub fn is_empty(&self) -> bool {
+        self.access.is_none()
+            && self.max_request_body.is_none()
+            && self.rewrite.is_none()
+            && self.host_rewrite.is_none()
+            && !self.request_id
+            && self.request_headers.is_empty()
+            && self.response_headers.is_empty()
+    }
+}
+
+/// `allow_from` / `deny_from`: a client in `deny` is refused; with an
+/// `allow` list, so is a client outside it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IpRules {
+    pub allow: Option<Vec<ipnet::IpNet>>,
+    pub deny: Vec<ipnet::IpNet>,
+}
+
+impl IpRules {
+    pub fn admits(&self, client: std::net::IpAddr) -> bool {
+        // An IPv4 client seen through a dual-stack socket is itself.
+        let client = match client {
+            std::net::IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .map_or(client, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        !self.deny.iter().any(|net| net.contains(&client))
+            && self
+                .allow
+                .as_ref()
+                .is_none_or(|allow| allow.iter().any(|net| net.contains(&client)))
+    }
+}
+
+/// How the forwarded path is made from the routed one.
+#[derive(Debug, Clone)]
+pub enum Rewrite {
+    /// Removed when the path starts with it at a segment boundary.
+    StripPrefix(String),
+    /// The route's `path_prefix` (`.0`) replaced by `.1`.
+    ReplacePrefix(String, String),
+    /// The first match replaced; `$1`, `${name}` name its groups.
+    Regex(RewriteRegex),
+}
+
+#[derive(Clone)]
+pub struct RewriteRegex {
+    pub regex: meta::Regex,
+    pub pattern: String,
+    pub replacement: String,
+}
+
+impl fmt::Debug for RewriteRegex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RewriteRegex")
+            .field(&self.pattern)
+            .field(&self.replacement)
+            .finish()
+    }
+}
+
+impl Rewrite {
+    /// The path forwarded for `path` (normalized, starting with `/`), or
+    /// `None` when this rewrite leaves it as it is.
+    pub fn apply(&self, path: &str) -> Option<String> {
+        match self {
+            Rewrite::StripPrefix(prefix) => {
+                let rest = strip_segment_prefix(path, prefix)?;
+                Some(if rest.is_empty() {
+                    "/".to_owned()
+                } else {
+                    rest.to_owned()
+                })
+            }
+            Rewrite::ReplacePrefix(prefix, with) => {
+                // Literal, as Envoy's `prefix_rewrite`; a slash on both
+                // sides of the seam is written once.
+                let rest = path.strip_prefix(prefix.as_str())?;
+                let rest = match with.ends_with('/') {
+                    true => rest.strip_prefix('/').unwrap_or(rest),
+                    false => rest,
+                };
+                let out = format!("{with}{rest}");
+                Some(if out.is_empty() { "/".to_owned() } else { out })
+            }
+            Rewrite::Regex(re) => {
+                let mut caps = re.regex.create_captures();
+                re.regex.captures(path, &mut caps);
+                if !caps.is_match() {
+                    return None;
+                }
+                let whole = caps.get_match()?;
+                let mut out = String::with_capacity(path.len() + re.replacement.len());
+                out.push_str(path.get(..whole.start())?);
+                caps.interpolate_string_into(path, &re.replacement, &mut out);
+                out.push_str(path.get(whole.end()..)?);
+                Some(out)
+            }
+        }
+    }
+}
+
+/// `path` without `prefix`, when `prefix` ends where a segment does
+/// (`/api` strips `/api` and `/api/x`, not `/apix`).
+fn strip_segment_prefix<'p>(path: &'p str, prefix: &str) -> Option<&'p str> {
+    let prefix = prefix.trim_end_matches('/');
+    let rest = path.strip_prefix(prefix)?;
+    (rest.is_empty() || rest.starts_with('/')).then_some(rest)
+}
+
+/// What the forwarded `Host` becomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostRewrite {
+    Literal(HeaderValue),
+    /// The backend's own address (`host:port` as configured).
+    Backend,
+}
+
+/// `request_headers` / `response_headers`: `remove`, then `set`, then
+/// `add`.
+#[derive(Debug, Clone, Default)]
+pub struct HeaderOps {
+    pub remove: Vec<HeaderName>,
+    pub set: Vec<(HeaderName, Template)>,
+    pub add: Vec<(HeaderName, Template)>,
+}
+
+impl HeaderOps {
+    pub fn is_empty(&self) -> bool {
+        self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
+    }
+
+    /// Whether applying them needs anything of the request.
+    pub fn templated(&self) -> bool {
+        self.set
+            .iter()
+            .chain(&self.add)
+            .any(|(_, t)| t.literal().is_none())
+    }
+}
+
+/// `redirect = { … }`: an answer made from the request. Unset parts are
+/// the request's own.
+#[derive(Debug, Clone)]
+pub struct Redirect {
+    pub scheme: Option<Template>,
+    pub host: Option<Template>,
+    pub port: Option<u16>,
+    pub path: RedirectPath,
+    pub status: StatusCode,
+    pub keep_query: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum RedirectPath {
+    /// The request's path.
+    Same,
+    Template(Template),
+    /// The route's `path_prefix` (`.0`) replaced by `.1`.
+    ReplacePrefix(String, String),
+}
+
+/// A value with `{variable}`s from the closed set of §17, parsed at plan
+/// time. `{{` and `}}` are literal braces.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Template {
+    parts: Vec<Part>,
+    /// The value when it has no variable, checked once.
+    literal: Option<HeaderValue>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Text(String),
+    Var(Var),
+}
+
+/// The variables a template may name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Var {
+    ClientIp,
+    ClientPort,
+    Host,
+    Path,
+    Query,
+    Method,
+    Scheme,
+    RequestId,
+    Route,
+    Generation,
+    TlsSni,
+    TlsClientSubject,
+    TlsClientFingerprint,
+    Header(HeaderName),
+}
+
+/// The names `Var` is spelled with, for messages and docs.
+pub const TEMPLATE_VARIABLES: &[&str] = &[
+    "client_ip",
+    "client_port",
+    "host",
+    "path",
+    "query",
+    "method",
+    "scheme",
+    "request_id",
+    "route",
+    "generation",
+    "tls.sni",
+    "tls.client.subject",
+    "tls.client.fingerprint",
+    "header.NAME",
+];
+
+/// Why a template was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateError {
+    UnknownVariable(String),
+    Unclosed,
+    /// A `}` without its `{` (write `}}` for a brace).
+    StrayBrace,
+    /// Bytes a header value may not hold (CR, LF, NUL, other controls).
+    InvalidValue,
+}
+
+impl fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TemplateError::UnknownVariable(name) => write!(
+                f,
+                "unknown template variable '{{{name}}}' (known: {})",
+                TEMPLATE_VARIABLES.join(", ")
+            ),
+            TemplateError::Unclosed => write!(f, "a '{{' is not closed (write '{{{{' for a brace)"),
+            TemplateError::StrayBrace => {
+                write!(f, "a '}}' closes nothing (write '}}}}' for a brace)")
+            }
+            TemplateError::InvalidValue => write!(
+                f,
+                "holds a byte a header value may not (CR, LF, NUL or another control character)"
+            ),
+        }
+    }
+}
+
+impl Template {
+    pub fn parse(text: &str) -> Result<Self, TemplateError> {
+        let mut parts = Vec::new();
+        let mut literal = String::new();
+        let mut chars = text.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '{' if chars.peek().is_some_and(|(_, n)| *n == '{') => {
+                    chars.next();
+                    literal.push('{');
+                }
+                '}' if chars.peek().is_some_and(|(_, n)| *n == '}') => {
+                    chars.next();
+                    literal.push('}');
+                }
+                '}' => return Err(TemplateError::StrayBrace),
+                '{' => {
+                    let rest = text.get(i + 1..).unwrap_or_default();
+                    let end = rest.find('}').ok_or(TemplateError::Unclosed)?;
+                    let name = rest.get(..end).unwrap_or_default();
+                    let var = Var::parse(name)
+                        .ok_or_else(|| TemplateError::UnknownVariable(name.to_owned()))?;
+                    if !literal.is_empty() {
+                        parts.push(Part::Text(std::mem::take(&mut literal)));
+                    }
+                    parts.push(Part::Var(var));
+                    for _ in 0..=end {
+                        chars.next();
+                    }
+                }
+                c if c != '\t' && (c.is_control() || c == '\u{7f}') => {
+                    return Err(TemplateError::InvalidValue)
+                }
+                c => literal.push(c),
+            }
+        }
+        if !literal.is_empty() {
+            parts.push(Part::Text(literal));
+        }
+        let literal = match parts.as_slice() {
+            [] => Some(HeaderValue::from_static("")),
+            [Part::Text(text)] => {
+                Some(HeaderValue::from_str(text).map_err(|_| TemplateError::InvalidValue)?)
+            }
+            _ => None,
+        };
+        Ok(Template { parts, literal })
+    }
+
+    /// The value, when the template names no variable.
+    pub fn literal(&self) -> Option<&HeaderValue> {
+        self.literal.as_ref()
+    }
+
+    pub fn parts(&self) -> &[Part] {
+        &self.parts
+    }
+
+    /// Whether the template names `var`.
+    pub fn names(&self, var: &Var) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Var(v) if v == var))
+    }
+}
+
+impl Var {
+    fn parse(name: &str) -> Option<Var> {
+        Some(match name {
+            "client_ip" => Var::ClientIp,
+            "client_port" => Var::ClientPort,
+            "host" => Var::Host,
+            "path" => Var::Path,
+            "query" => Var::Query,
+            "method" => Var::Method,
+            "scheme" => Var::Scheme,
+            "request_id" => Var::RequestId,
+            "route" => Var::Route,
+            "generation" => Var::Generation,
+            "tls.sni" => Var::TlsSni,
+            "tls.client.subject" => Var::TlsClientSubject,
+            "tls.client.fingerprint" => Var::TlsClientFingerprint,
+            other => {
+                let header = other.strip_prefix("header.")?;
+                Var::Header(HeaderName::from_bytes(header.as_bytes()).ok()?)
+            }
+        })
+    }
+}
+
+/// A `query` or `headers` matcher value: exact, present (`*`), or a
+/// regex (`~pattern`, anchored as written).
+#[derive(Debug, Clone)]
+pub enum ValueMatch {
+    Exact(String),
+    Present,
+    Regex(PathRegex),
+}
+
+impl ValueMatch {
+    pub fn matches(&self, value: &[u8]) -> bool {
+        match self {
+            ValueMatch::Present => true,
+            ValueMatch::Exact(expected) => expected.as_bytes() == value,
+            ValueMatch::Regex(re) => std::str::from_utf8(value).is_ok_and(|v| re.is_match(v)),
+        }
+    }
+
+    /// How it is written in the configuration (for ambiguity keys).
+    pub fn source(&self) -> String {
+        match self {
+            ValueMatch::Exact(v) => v.clone(),
+            ValueMatch::Present => "*".into(),
+            ValueMatch::Regex(re) => format!("~{}", re.as_str()),
+        }
+    }
+}
+
+impl PartialEq for ValueMatch {
+    fn eq(&self, other: &Self) -> bool {
+        self.source() == other.source()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_parse_variables_braces_and_refuse_the_rest() {
+        let t = Template::parse("{client_ip}:{client_port} via {header.x-env}").unwrap();
+        assert_eq!(
+            t.parts(),
+            &[
+                Part::Var(Var::ClientIp),
+                Part::Text(":".into()),
+                Part::Var(Var::ClientPort),
+                Part::Text(" via ".into()),
+                Part::Var(Var::Header(HeaderName::from_static("x-env"))),
+            ]
+        );
+        assert!(t.literal().is_none());
+        let braces = Template::parse("{{json}}").unwrap();
+        assert_eq!(braces.literal().unwrap(), "{json}");
+        assert_eq!(
+            Template::parse("{nope}"),
+            Err(TemplateError::UnknownVariable("nope".into()))
+        );
+        assert_eq!(Template::parse("{host"), Err(TemplateError::Unclosed));
+        assert_eq!(Template::parse("a}b"), Err(TemplateError::StrayBrace));
+        assert_eq!(
+            Template::parse("a\r\nx-evil: 1"),
+            Err(TemplateError::InvalidValue)
+        );
+        assert_eq!(
+            Template::parse("{header.bad name}"),
+            Err(TemplateError::UnknownVariable("header.bad name".into()))
+        );
+    }
+
+    #[test]
+    fn rewrites_keep_a_leading_slash_and_segment_boundaries() {
+        let strip = Rewrite::StripPrefix("/api".into());
+        assert_eq!(strip.apply("/api/users").as_deref(), Some("/users"));
+        assert_eq!(strip.apply("/api").as_deref(), Some("/"));
+        assert_eq!(strip.apply("/apix"), None);
+        let replace = Rewrite::ReplacePrefix("/v1/".into(), "/v2/".into());
+        assert_eq!(replace.apply("/v1/users").as_deref(), Some("/v2/users"));
+        let to_root = Rewrite::ReplacePrefix("/old".into(), "/".into());
+        assert_eq!(to_root.apply("/old/x").as_deref(), Some("/x"));
+        assert_eq!(to_root.apply("/old").as_deref(), Some("/"));
+        let regex = Rewrite::Regex(RewriteRegex {
+            regex: meta::Regex::new(r"^/u/(\d+)$").unwrap(),
+            pattern: r"^/u/(\d+)$".into(),
+            replacement: "/users/$1".into(),
+        });
+        assert_eq!(regex.apply("/u/42").as_deref(), Some("/users/42"));
+        assert_eq!(regex.apply("/u/x"), None);
+    }
+
+    #[test]
+    fn ip_rules_deny_first_then_allow() {
+        let rules = IpRules {
+            allow: Some(vec!["10.0.0.0/8".parse().unwrap()]),
+            deny: vec!["10.9.0.0/16".parse().unwrap()],
+        };
+        assert!(rules.admits("10.1.2.3".parse().unwrap()));
+        assert!(!rules.admits("10.9.2.3".parse().unwrap()));
+        assert!(!rules.admits("192.168.1.1".parse().unwrap()));
+        assert!(rules.admits("::ffff:10.1.2.3".parse().unwrap()));
+    }
+}

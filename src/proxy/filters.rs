@@ -1,0 +1,553 @@
+//! Route filters on the request path (DESIGN §17), applied in the fixed
+//! order of the contract: allow/deny, declared body length, then the
+//! action (redirect, or rewrite, host rewrite, request id and request
+//! headers before the exchange, with the streamed body limit), then
+//! response headers. Called by `http.rs` for routes that have filters;
+//! a route without any never reaches this file.
+
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::Scheme;
+use http::{Method, Response};
+
+use super::body::ResponseBody;
+use super::edge;
+use super::error::ProxyError;
+use super::http::ConnContext;
+use crate::backends::ClientBody;
+use crate::generation::Route;
+use crate::plan::{Filters, HeaderOps, ListenerEdge, Part, Redirect, RedirectPath, Template, Var};
+use crate::telemetry::metrics as m;
+
+/// What the filters before the action made of a request.
+pub(super) struct Prepared<'g> {
+    /// Refused (403, 413, a rewrite the listener refuses), or on its way.
+    pub request: Result<http::Request<ClientBody>, ProxyError>,
+    /// For whatever answer the route gives, refusals included.
+    pub shaped: Option<Shaped<'g>>,
+    /// The path to forward, when `rewrite` changed it.
+    pub path: Option<String>,
+    pub request_id: Option<HeaderValue>,
+}
+
+/// Allow/deny, the declared body length, then what the request carries
+/// forward: request id, rewrite, request headers; the response header
+/// changes rendered for later.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn prepare<'g>(
+    mut req: http::Request<ClientBody>,
+    conn: &ConnContext,
+    route: &'g Route,
+    filters: &'g Filters,
+    edge_rules: &ListenerEdge,
+    path: &str,
+    authority: Option<&HeaderValue>,
+    generation: u64,
+) -> Prepared<'g> {
+    let client = client_ip(conn, req.headers(), edge_rules);
+    let request_id = filters.request_id.then(|| request_id(req.headers()));
+    if let Some(id) = &request_id {
+        req.headers_mut().insert(X_REQUEST_ID.clone(), id.clone());
+    }
+    let (shaped, request_values) = {
+        let vars = Vars {
+            conn,
+            client,
+            host: authority,
+            path,
+            query: req.uri().query(),
+            method: req.method(),
+            request_id: request_id.as_ref(),
+            route: route.name(),
+            generation,
+            headers: req.headers(),
+        };
+        let shaped = (!filters.response_headers.is_empty() || request_id.is_some())
+            .then(|| Shaped::new(&filters.response_headers, &vars, request_id.clone()));
+        let request_values =
+            (!filters.request_headers.is_empty()).then(|| Rendered::new(&filters.request_headers, &vars));
+        (shaped, request_values)
+    };
+    let refuse = |error: ProxyError, reason: &'static str, shaped| {
+        metrics::counter!(m::FILTER_REFUSALS, m::LABEL_ROUTE => route.name().to_owned(), m::LABEL_REASON => reason)
+            .increment(1);
+        Prepared {
+            request: Err(error),
+            shaped,
+            path: None,
+            request_id: request_id.clone(),
+        }
+    };
+    if let Some(access) = &filters.access {
+        if !access.admits(client) {
+            return refuse(ProxyError::Forbidden, "forbidden", shaped);
+        }
+    }
+    if let Some(limit) = filters.max_request_body {
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        match declared {
+            Some(length) if length > limit => {
+                return refuse(ProxyError::PayloadTooLarge, "body_too_large", shaped);
+            }
+            // The framing holds a declared length to its word.
+            Some(_) => {}
+            None if http_body::Body::is_end_stream(req.body()) => {}
+            None => req = req.map(|body| limited(body, limit)),
+        }
+    }
+    let mut forwarded = None;
+    if let Some(rewrite) = &filters.rewrite {
+        if let Some(rewritten) = rewrite.apply(path) {
+            match edge::normalize_path(&rewritten, edge_rules) {
+                Ok(normalized) if normalized.starts_with('/') => {
+                    forwarded = Some(normalized.into_owned())
+                }
+                _ => {
+                    return refuse(
+                        ProxyError::BadRequest("the rewritten path is not one the listener forwards"),
+                        "rewrite",
+                        shaped,
+                    )
+                }
+            }
+        }
+    }
+    if let Some(values) = request_values {
+        values.apply(req.headers_mut());
+    }
+    Prepared {
+        request: Ok(req),
+        shaped,
+        path: forwarded,
+        request_id,
+    }
+}
+
+/// The answer of a `redirect` route.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn redirect_for(
+    target: &Redirect,
+    req: &http::Request<ClientBody>,
+    conn: &ConnContext,
+    route: &Route,
+    edge_rules: &ListenerEdge,
+    path: &str,
+    authority: Option<&HeaderValue>,
+    generation: u64,
+    request_id: Option<&HeaderValue>,
+) -> Response<ResponseBody> {
+    let vars = Vars {
+        conn,
+        client: client_ip(conn, req.headers(), edge_rules),
+        host: authority,
+        path,
+        query: req.uri().query(),
+        method: req.method(),
+        request_id,
+        route: route.name(),
+        generation,
+        headers: req.headers(),
+    };
+    redirect(target, &vars)
+}
+
+pub(super) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The client the edge rules produced: the peer (the PROXY header's
+/// address, when there was one), or, for a trusted peer, the nearest
+/// address its `X-Forwarded-For` names that is not itself trusted.
+pub(super) fn client_ip(conn: &ConnContext, headers: &HeaderMap, edge: &ListenerEdge) -> IpAddr {
+    let peer = conn.remote.ip();
+    if !edge.trusts(peer) {
+        return peer;
+    }
+    let mut client = peer;
+    let lines: Vec<&HeaderValue> = headers.get_all("x-forwarded-for").iter().collect();
+    for entry in lines
+        .iter()
+        .rev()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.rsplit(','))
+    {
+        let Ok(ip) = entry.trim().parse::<IpAddr>() else {
+            // Unreadable: nothing further left is believed.
+            break;
+        };
+        client = ip;
+        if !edge.trusts(ip) {
+            break;
+        }
+    }
+    client
+}
+
+/// The request's id: the client's `x-request-id` when it is 1 to 128
+/// characters of `[A-Za-z0-9._:-]`, else a new random one (UUID form).
+pub(super) fn request_id(headers: &HeaderMap) -> HeaderValue {
+    if let Some(given) = headers.get(&X_REQUEST_ID) {
+        let bytes = given.as_bytes();
+        let valid = (1..=128).contains(&bytes.len())
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+        if valid {
+            return given.clone();
+        }
+    }
+    let n = fastrand::u128(..);
+    // Version 4, variant 1 (RFC 9562), as every log tool reads them.
+    let n = (n & !(0xf << 76) | (0x4 << 76)) & !(0x3 << 62) | (0x2 << 62);
+    let hex = format!("{n:032x}");
+    let id = format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    );
+    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("-"))
+}
+
+/// What one request's templates read.
+pub(super) struct Vars<'r> {
+    pub conn: &'r ConnContext,
+    pub client: IpAddr,
+    pub host: Option<&'r HeaderValue>,
+    /// As routed (normalized).
+    pub path: &'r str,
+    pub query: Option<&'r str>,
+    pub method: &'r Method,
+    pub request_id: Option<&'r HeaderValue>,
+    pub route: &'r str,
+    pub generation: u64,
+    pub headers: &'r HeaderMap,
+}
+
+impl Vars<'_> {
+    /// The template's value for this request; `None` when it would not be
+    /// a valid header value (a client's bytes made it so): dropped, and
+    /// counted.
+    pub(super) fn render(&self, template: &Template) -> Option<HeaderValue> {
+        if let Some(literal) = template.literal() {
+            return Some(literal.clone());
+        }
+        let mut out: Vec<u8> = Vec::with_capacity(64);
+        for part in template.parts() {
+            match part {
+                Part::Text(text) => out.extend_from_slice(text.as_bytes()),
+                Part::Var(var) => self.push(var, &mut out),
+            }
+        }
+        let value = HeaderValue::from_bytes(&out).ok();
+        if value.is_none() {
+            metrics::counter!(m::FILTER_VALUES_DROPPED, m::LABEL_ROUTE => self.route.to_owned())
+                .increment(1);
+        }
+        value
+    }
+
+    fn push(&self, var: &Var, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let tls = self.conn.tls.get();
+        let bytes: &[u8] = match var {
+            Var::ClientIp => {
+                let _ = write!(out, "{}", self.client);
+                return;
+            }
+            Var::ClientPort => {
+                let _ = write!(out, "{}", self.conn.remote.port());
+                return;
+            }
+            Var::Generation => {
+                let _ = write!(out, "{}", self.generation);
+                return;
+            }
+            Var::Host => self.host.map_or(&[][..], HeaderValue::as_bytes),
+            Var::Path => self.path.as_bytes(),
+            Var::Query => self.query.unwrap_or_default().as_bytes(),
+            Var::Method => self.method.as_str().as_bytes(),
+            Var::Scheme => {
+                if self.conn.scheme == Scheme::HTTPS {
+                    b"https"
+                } else {
+                    b"http"
+                }
+            }
+            Var::RequestId => self.request_id.map_or(&[][..], HeaderValue::as_bytes),
+            Var::Route => self.route.as_bytes(),
+            Var::TlsSni => tls.and_then(|t| t.sni.as_deref()).unwrap_or_default().as_bytes(),
+            Var::TlsClientSubject => tls
+                .and_then(|t| t.client_subject.as_deref())
+                .unwrap_or_default()
+                .as_bytes(),
+            Var::TlsClientFingerprint => tls
+                .and_then(|t| t.client_fingerprint.as_deref())
+                .unwrap_or_default()
+                .as_bytes(),
+            Var::Header(name) => self.headers.get(name).map_or(&[][..], HeaderValue::as_bytes),
+        };
+        out.extend_from_slice(bytes);
+    }
+}
+
+/// Request header changes rendered from the request as the client sent
+/// it, applied after: `remove`, then `set`, then `add`.
+struct Rendered<'g> {
+    remove: &'g [HeaderName],
+    set: Vec<(HeaderName, Option<HeaderValue>)>,
+    add: Vec<(HeaderName, Option<HeaderValue>)>,
+}
+
+impl<'g> Rendered<'g> {
+    fn new(ops: &'g HeaderOps, vars: &Vars<'_>) -> Self {
+        let render = |list: &[(HeaderName, Template)]| {
+            list.iter()
+                .map(|(n, t)| (n.clone(), vars.render(t)))
+                .collect()
+        };
+        Rendered {
+            remove: &ops.remove,
+            set: render(&ops.set),
+            add: render(&ops.add),
+        }
+    }
+
+    fn apply(self, headers: &mut HeaderMap) {
+        for name in self.remove {
+            headers.remove(name);
+        }
+        for (name, value) in self.set {
+            headers.remove(&name);
+            if let Some(value) = value {
+                headers.insert(name, value);
+            }
+        }
+        for (name, value) in self.add.into_iter() {
+            if let Some(value) = value {
+                headers.append(name, value);
+            }
+        }
+    }
+}
+
+/// Response header changes, rendered while the request is at hand (a
+/// template reads the request, never the response), and the request id.
+pub(super) struct Shaped<'g> {
+    values: Rendered<'g>,
+    request_id: Option<HeaderValue>,
+}
+
+impl<'g> Shaped<'g> {
+    fn new(ops: &'g HeaderOps, vars: &Vars<'_>, request_id: Option<HeaderValue>) -> Self {
+        Shaped {
+            values: Rendered::new(ops, vars),
+            request_id,
+        }
+    }
+
+    /// Onto any answer of the route: the backend's, a direct one, a
+    /// redirect, or one the gateway made for a failure.
+    pub(super) fn apply(self, headers: &mut HeaderMap) {
+        if let Some(id) = self.request_id {
+            headers.insert(X_REQUEST_ID.clone(), id);
+        }
+        self.values.apply(headers);
+    }
+}
+
+/// The redirect `redirect` makes of this request.
+fn redirect(
+    redirect: &Redirect,
+    vars: &Vars<'_>,
+) -> Response<ResponseBody> {
+    let scheme: Vec<u8> = match &redirect.scheme {
+        Some(t) => render_bytes(t, vars),
+        None => vars.push_to_vec(&Var::Scheme),
+    };
+    let host: Vec<u8> = match &redirect.host {
+        Some(t) => render_bytes(t, vars),
+        // The request's host without its port (a port of its own, or the
+        // scheme's default, follows).
+        None => {
+            let host = vars.host.map_or(&[][..], HeaderValue::as_bytes);
+            strip_port(host).to_vec()
+        }
+    };
+    let mut location = Vec::with_capacity(64);
+    location.extend_from_slice(&scheme);
+    location.extend_from_slice(b"://");
+    location.extend_from_slice(&host);
+    match redirect.port {
+        Some(port) => {
+            location.push(b':');
+            location.extend_from_slice(port.to_string().as_bytes());
+        }
+        // Unchanged scheme, unchanged host: keep the request's port.
+        None if redirect.scheme.is_none() && redirect.host.is_none() => {
+            let host = vars.host.map_or(&[][..], HeaderValue::as_bytes);
+            location.extend_from_slice(host.get(strip_port(host).len()..).unwrap_or_default());
+        }
+        None => {}
+    }
+    match &redirect.path {
+        RedirectPath::Same => location.extend_from_slice(vars.path.as_bytes()),
+        RedirectPath::Template(t) => location.extend_from_slice(&render_bytes(t, vars)),
+        RedirectPath::ReplacePrefix(prefix, with) => {
+            let rest = vars.path.strip_prefix(prefix.as_str()).unwrap_or(vars.path);
+            let rest = match with.ends_with('/') {
+                true => rest.strip_prefix('/').unwrap_or(rest),
+                false => rest,
+            };
+            location.extend_from_slice(with.as_bytes());
+            location.extend_from_slice(rest.as_bytes());
+        }
+    }
+    if redirect.keep_query {
+        if let Some(query) = vars.query.filter(|q| !q.is_empty()) {
+            location.push(b'?');
+            location.extend_from_slice(query.as_bytes());
+        }
+    }
+    let mut response = Response::new(ResponseBody::full(Bytes::new()));
+    match HeaderValue::from_bytes(&location) {
+        Ok(value) => {
+            *response.status_mut() = redirect.status;
+            response.headers_mut().insert(header::LOCATION, value);
+        }
+        // A client's bytes (a template over its headers) made it invalid.
+        Err(_) => {
+            metrics::counter!(m::FILTER_VALUES_DROPPED, m::LABEL_ROUTE => vars.route.to_owned())
+                .increment(1);
+            *response.status_mut() = http::StatusCode::BAD_REQUEST;
+        }
+    }
+    response
+}
+
+fn render_bytes(template: &Template, vars: &Vars<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32);
+    for part in template.parts() {
+        match part {
+            Part::Text(text) => out.extend_from_slice(text.as_bytes()),
+            Part::Var(var) => vars.push(var, &mut out),
+        }
+    }
+    out
+}
+
+impl Vars<'_> {
+    fn push_to_vec(&self, var: &Var) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.push(var, &mut out);
+        out
+    }
+}
+
+/// `host` without a `:port` (an IPv6 literal keeps its brackets).
+fn strip_port(host: &[u8]) -> &[u8] {
+    let end = match host.iter().rposition(|b| *b == b':') {
+        Some(colon) if !host.get(colon..).is_some_and(|rest| rest.contains(&b']')) => colon,
+        _ => host.len(),
+    };
+    host.get(..end).unwrap_or(host)
+}
+
+/// A request body past `max_request_body`.
+#[derive(Debug, thiserror::Error)]
+#[error("request body exceeds max_request_body ({0} bytes)")]
+pub struct BodyTooLarge(pub u64);
+
+/// Whether `error`'s chain holds a `BodyTooLarge`.
+pub(super) fn too_large(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if cause.is::<BodyTooLarge>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// The client's body, failing with `BodyTooLarge` once it passes `limit`.
+pub(super) fn limited(body: ClientBody, limit: u64) -> ClientBody {
+    ClientBody::Other(Box::pin(Limited {
+        inner: body,
+        left: limit,
+        limit,
+    }))
+}
+
+struct Limited {
+    inner: ClientBody,
+    left: u64,
+    limit: u64,
+}
+
+impl http_body::Body for Limited {
+    type Data = Bytes;
+    type Error = crate::backends::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let len = data.len() as u64;
+                    if len > this.left {
+                        return Poll::Ready(Some(Err(Box::new(BodyTooLarge(this.limit)))));
+                    }
+                    this.left -= len;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_kept_when_valid_and_made_otherwise() {
+        let mut headers = HeaderMap::new();
+        headers.insert(&X_REQUEST_ID, HeaderValue::from_static("abc-123.x:y_z"));
+        assert_eq!(request_id(&headers), "abc-123.x:y_z");
+        headers.insert(&X_REQUEST_ID, HeaderValue::from_static("has space"));
+        let made = request_id(&headers);
+        let text = made.to_str().unwrap();
+        assert_eq!(text.len(), 36, "{text}");
+        assert_eq!(text.as_bytes()[14], b'4', "version 4: {text}");
+        assert_ne!(request_id(&HeaderMap::new()), made);
+    }
+
+    #[test]
+    fn ports_come_off_hosts_but_not_off_ipv6_literals() {
+        assert_eq!(strip_port(b"example.com:8080"), b"example.com");
+        assert_eq!(strip_port(b"example.com"), b"example.com");
+        assert_eq!(strip_port(b"[::1]:8443"), b"[::1]");
+        assert_eq!(strip_port(b"[::1]"), b"[::1]");
+    }
+}
