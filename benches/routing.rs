@@ -78,9 +78,7 @@ fn bench_route_match(c: &mut Criterion) {
             group.bench_with_input(
                 BenchmarkId::new(name, n),
                 &(host, path),
-                |b, (host, path)| {
-                    b.iter(|| black_box(router.route(Some(host), path, &head)))
-                },
+                |b, (host, path)| b.iter(|| black_box(router.route(Some(host), path, &head))),
             );
         }
     }

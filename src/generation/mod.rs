@@ -341,6 +341,65 @@ respond = { body = "canary" }
     }
 
     #[test]
+    fn query_and_header_patterns_pick_the_first_route_that_accepts_them() {
+        let g = generation(
+            r#"
+[admin]
+bind = "127.0.0.1:0"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "v2"
+listeners = ["web"]
+path_exact = "/s"
+query = { version = "2", lang = "~^(en|de)$", debug = "*" }
+respond = { body = "v2" }
+
+[[routes]]
+name = "canary"
+listeners = ["web"]
+path_exact = "/s"
+headers = { "x-env" = "~^(staging|prod)$", "x-canary" = "*" }
+respond = { body = "canary" }
+
+[[routes]]
+name = "rest"
+listeners = ["web"]
+path_exact = "/s"
+respond = { body = "rest" }
+"#,
+        );
+        let at = |path: &str, headers: &[(&str, &str)]| pick(&g, "h", path, "GET", headers);
+        assert_eq!(at("/s?version=2&lang=en&debug", &[]), Some("v2"));
+        assert_eq!(at("/s?debug=&lang=d%65&version=2", &[]), Some("v2"));
+        assert_eq!(
+            at("/s?version=2+&lang=en&debug", &[]),
+            Some("rest"),
+            "'2 ' is not '2'"
+        );
+        assert_eq!(at("/s?version=2&lang=fr&debug", &[]), Some("rest"));
+        assert_eq!(
+            at("/s?version=2&lang=en", &[]),
+            Some("rest"),
+            "debug absent"
+        );
+        assert_eq!(at("/s", &[]), Some("rest"));
+        assert_eq!(
+            at("/s", &[("x-env", "prod"), ("x-canary", "")]),
+            Some("canary"),
+            "present with an empty value"
+        );
+        assert_eq!(
+            at("/s", &[("x-env", "production"), ("x-canary", "1")]),
+            Some("rest")
+        );
+        assert_eq!(at("/s", &[("x-env", "staging")]), Some("rest"));
+    }
+
+    #[test]
     fn method_and_header_matchers_filter() {
         let text = ROUTES.replace(
             "[[routes]]\nname = \"exact-short\"",

@@ -13,7 +13,6 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-
 use super::route::{RequestHead, Route};
 use crate::plan::{HostMatch, ListenerEdge, PathMatch};
 
@@ -61,9 +60,7 @@ impl RouteGroup {
 
     fn find(&self, path: &str, head: &RequestHead<'_>) -> Option<&Arc<Route>> {
         let pick = |routes: &'_ [Arc<Route>]| -> Option<usize> {
-            routes
-                .iter()
-                .position(|r| r.matches_request(head))
+            routes.iter().position(|r| r.matches_request(head))
         };
         if let Some(routes) = self.exact.get(path) {
             if let Some(i) = pick(routes) {
@@ -83,11 +80,7 @@ impl RouteGroup {
         self.regexes
             .iter()
             .find(|r| r.spec.path.matches(path) && r.matches_request(head))
-            .or_else(|| {
-                self.any_path
-                    .iter()
-                    .find(|r| r.matches_request(head))
-            })
+            .or_else(|| self.any_path.iter().find(|r| r.matches_request(head)))
     }
 
     fn is_empty(&self) -> bool {

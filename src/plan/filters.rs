@@ -10,8 +10,10 @@ use regex_automata::meta;
 
 use super::pattern::PathRegex;
 
-/// Everything a route may change. Listener `defaults` are merged in at
-/// plan time (a route's own key replaces the default whole).
+/// Everything a route may change. What it leaves unset of
+/// `request_headers`, `response_headers`, `max_request_body` and
+/// `request_id` comes from its listener's `defaults` (a route's own key
+/// replaces the default whole).
 #[derive(Debug, Clone, Default)]
 pub struct Filters {
     /// Judged first, on the client address of the edge rules (§13).
@@ -21,9 +23,9 @@ pub struct Filters {
     pub rewrite: Option<Rewrite>,
     pub host_rewrite: Option<HostRewrite>,
     /// Keep a valid `x-request-id` or make one; sent up and back, logged.
-    pub request_id: bool,
-    pub request_headers: HeaderOps,
-    pub response_headers: HeaderOps,
+    pub request_id: Option<bool>,
+    pub request_headers: Option<HeaderOps>,
+    pub response_headers: Option<HeaderOps>,
 }
 
 impl Filters {
@@ -33,10 +35,20 @@ impl Filters {
             && self.max_request_body.is_none()
             && self.rewrite.is_none()
             && self.host_rewrite.is_none()
-            && !self.request_id
-            && self.request_headers.is_empty()
-            && self.response_headers.is_empty()
+            && self.request_id.is_none()
+            && self.request_headers.is_none()
+            && self.response_headers.is_none()
     }
+}
+
+/// A listener's `defaults`: the filters its routes have unless they set
+/// the key themselves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Defaults {
+    pub request_headers: Option<HeaderOps>,
+    pub response_headers: Option<HeaderOps>,
+    pub max_request_body: Option<u64>,
+    pub request_id: Option<bool>,
 }
 
 /// `allow_from` / `deny_from`: a client in `deny` is refused; with an
@@ -51,9 +63,7 @@ impl IpRules {
     pub fn admits(&self, client: std::net::IpAddr) -> bool {
         // An IPv4 client seen through a dual-stack socket is itself.
         let client = match client {
-            std::net::IpAddr::V6(v6) => v6
-                .to_ipv4_mapped()
-                .map_or(client, std::net::IpAddr::V4),
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(client, std::net::IpAddr::V4),
             v4 => v4,
         };
         !self.deny.iter().any(|net| net.contains(&client))
@@ -150,7 +160,7 @@ pub enum HostRewrite {
 
 /// `request_headers` / `response_headers`: `remove`, then `set`, then
 /// `add`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeaderOps {
     pub remove: Vec<HeaderName>,
     pub set: Vec<(HeaderName, Template)>,
@@ -194,14 +204,14 @@ pub enum RedirectPath {
 
 /// A value with `{variable}`s from the closed set of §17, parsed at plan
 /// time. `{{` and `}}` are literal braces.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template {
     parts: Vec<Part>,
     /// The value when it has no variable, checked once.
     literal: Option<HeaderValue>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
     Text(String),
     Var(Var),
@@ -335,7 +345,9 @@ impl Template {
 
     /// Whether the template names `var`.
     pub fn names(&self, var: &Var) -> bool {
-        self.parts.iter().any(|p| matches!(p, Part::Var(v) if v == var))
+        self.parts
+            .iter()
+            .any(|p| matches!(p, Part::Var(v) if v == var))
     }
 }
 

@@ -18,11 +18,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod filters;
-pub use filters::{
-    Filters, HeaderOps, HostRewrite, IpRules, Part, Redirect, RedirectPath, Rewrite, RewriteRegex,
-    Template, TemplateError, ValueMatch, Var, TEMPLATE_VARIABLES,
-};
 pub use diff::{diff, Change, ChangeKind, Diff, Disposition, FieldChange, Summary};
+pub use filters::{
+    Defaults, Filters, HeaderOps, HostRewrite, IpRules, Part, Redirect, RedirectPath, Rewrite,
+    RewriteRegex, Template, TemplateError, ValueMatch, Var, TEMPLATE_VARIABLES,
+};
 pub use ownership::{needs_restart, ownership, Ownership};
 pub use pattern::PathRegex;
 pub use spec::*;

@@ -161,6 +161,8 @@ pub struct ListenerEdge {
     pub max_inflight: Option<u64>,
     /// `allow_from` / `deny_from`: judged before routing (403).
     pub access: Option<super::IpRules>,
+    /// `defaults`: filters its routes have unless they set their own.
+    pub defaults: Option<Arc<super::Defaults>>,
 }
 
 impl ListenerEdge {

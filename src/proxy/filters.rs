@@ -20,7 +20,9 @@ use super::error::ProxyError;
 use super::http::ConnContext;
 use crate::backends::ClientBody;
 use crate::generation::Route;
-use crate::plan::{Filters, HeaderOps, ListenerEdge, Part, Redirect, RedirectPath, Template, Var};
+use crate::plan::{
+    Defaults, Filters, HeaderOps, ListenerEdge, Part, Redirect, RedirectPath, Template, Var,
+};
 use crate::telemetry::metrics as m;
 
 /// What the filters before the action made of a request.
@@ -34,6 +36,44 @@ pub(super) struct Prepared<'g> {
     pub request_id: Option<HeaderValue>,
 }
 
+/// A route's own filters over its listener's defaults: what applies.
+pub(super) struct Effective<'g> {
+    own: Option<&'g Filters>,
+    defaults: Option<&'g Defaults>,
+}
+
+impl<'g> Effective<'g> {
+    /// `None` when neither the route nor its listener has a filter.
+    pub(super) fn of(own: Option<&'g Filters>, defaults: Option<&'g Defaults>) -> Option<Self> {
+        (own.is_some() || defaults.is_some()).then_some(Effective { own, defaults })
+    }
+
+    fn request_headers(&self) -> Option<&'g HeaderOps> {
+        let own = self.own.and_then(|f| f.request_headers.as_ref());
+        own.or_else(|| self.defaults.and_then(|d| d.request_headers.as_ref()))
+    }
+
+    fn response_headers(&self) -> Option<&'g HeaderOps> {
+        let own = self.own.and_then(|f| f.response_headers.as_ref());
+        own.or_else(|| self.defaults.and_then(|d| d.response_headers.as_ref()))
+    }
+
+    fn max_request_body(&self) -> Option<u64> {
+        let own = self.own.and_then(|f| f.max_request_body);
+        own.or_else(|| self.defaults.and_then(|d| d.max_request_body))
+    }
+
+    fn request_id(&self) -> bool {
+        let own = self.own.and_then(|f| f.request_id);
+        own.or_else(|| self.defaults.and_then(|d| d.request_id))
+            .unwrap_or(false)
+    }
+
+    pub(super) fn host_rewrite(&self) -> Option<&'g crate::plan::HostRewrite> {
+        self.own.and_then(|f| f.host_rewrite.as_ref())
+    }
+}
+
 /// Allow/deny, the declared body length, then what the request carries
 /// forward: request id, rewrite, request headers; the response header
 /// changes rendered for later.
@@ -42,17 +82,19 @@ pub(super) fn prepare<'g>(
     mut req: http::Request<ClientBody>,
     conn: &ConnContext,
     route: &'g Route,
-    filters: &'g Filters,
+    filters: &Effective<'g>,
     edge_rules: &ListenerEdge,
     path: &str,
     authority: Option<&HeaderValue>,
     generation: u64,
 ) -> Prepared<'g> {
     let client = client_ip(conn, req.headers(), edge_rules);
-    let request_id = filters.request_id.then(|| request_id(req.headers()));
+    let request_id = filters.request_id().then(|| request_id(req.headers()));
     if let Some(id) = &request_id {
         req.headers_mut().insert(X_REQUEST_ID.clone(), id.clone());
     }
+    // Only what is forwarded has request headers to shape.
+    let forwards = matches!(route.action, crate::generation::Action::Proxy(_));
     let (shaped, request_values) = {
         let vars = Vars {
             conn,
@@ -66,10 +108,13 @@ pub(super) fn prepare<'g>(
             generation,
             headers: req.headers(),
         };
-        let shaped = (!filters.response_headers.is_empty() || request_id.is_some())
-            .then(|| Shaped::new(&filters.response_headers, &vars, request_id.clone()));
-        let request_values =
-            (!filters.request_headers.is_empty()).then(|| Rendered::new(&filters.request_headers, &vars));
+        let response = filters.response_headers();
+        let shaped = (response.is_some() || request_id.is_some())
+            .then(|| Shaped::new(response, &vars, request_id.clone()));
+        let request_values = filters
+            .request_headers()
+            .filter(|_| forwards)
+            .map(|ops| Rendered::new(ops, &vars));
         (shaped, request_values)
     };
     let refuse = |error: ProxyError, reason: &'static str, shaped| {
@@ -82,12 +127,12 @@ pub(super) fn prepare<'g>(
             request_id: request_id.clone(),
         }
     };
-    if let Some(access) = &filters.access {
+    if let Some(access) = filters.own.and_then(|f| f.access.as_ref()) {
         if !access.admits(client) {
             return refuse(ProxyError::Forbidden, "forbidden", shaped);
         }
     }
-    if let Some(limit) = filters.max_request_body {
+    if let Some(limit) = filters.max_request_body() {
         let declared = req
             .headers()
             .get(header::CONTENT_LENGTH)
@@ -104,7 +149,7 @@ pub(super) fn prepare<'g>(
         }
     }
     let mut forwarded = None;
-    if let Some(rewrite) = &filters.rewrite {
+    if let Some(rewrite) = filters.own.and_then(|f| f.rewrite.as_ref()) {
         if let Some(rewritten) = rewrite.apply(path) {
             match edge::normalize_path(&rewritten, edge_rules) {
                 Ok(normalized) if normalized.starts_with('/') => {
@@ -112,7 +157,9 @@ pub(super) fn prepare<'g>(
                 }
                 _ => {
                     return refuse(
-                        ProxyError::BadRequest("the rewritten path is not one the listener forwards"),
+                        ProxyError::BadRequest(
+                            "the rewritten path is not one the listener forwards",
+                        ),
                         "rewrite",
                         shaped,
                     )
@@ -284,7 +331,10 @@ impl Vars<'_> {
             }
             Var::RequestId => self.request_id.map_or(&[][..], HeaderValue::as_bytes),
             Var::Route => self.route.as_bytes(),
-            Var::TlsSni => tls.and_then(|t| t.sni.as_deref()).unwrap_or_default().as_bytes(),
+            Var::TlsSni => tls
+                .and_then(|t| t.sni.as_deref())
+                .unwrap_or_default()
+                .as_bytes(),
             Var::TlsClientSubject => tls
                 .and_then(|t| t.client_subject.as_deref())
                 .unwrap_or_default()
@@ -293,7 +343,10 @@ impl Vars<'_> {
                 .and_then(|t| t.client_fingerprint.as_deref())
                 .unwrap_or_default()
                 .as_bytes(),
-            Var::Header(name) => self.headers.get(name).map_or(&[][..], HeaderValue::as_bytes),
+            Var::Header(name) => self
+                .headers
+                .get(name)
+                .map_or(&[][..], HeaderValue::as_bytes),
         };
         out.extend_from_slice(bytes);
     }
@@ -342,14 +395,14 @@ impl<'g> Rendered<'g> {
 /// Response header changes, rendered while the request is at hand (a
 /// template reads the request, never the response), and the request id.
 pub(super) struct Shaped<'g> {
-    values: Rendered<'g>,
+    values: Option<Rendered<'g>>,
     request_id: Option<HeaderValue>,
 }
 
 impl<'g> Shaped<'g> {
-    fn new(ops: &'g HeaderOps, vars: &Vars<'_>, request_id: Option<HeaderValue>) -> Self {
+    fn new(ops: Option<&'g HeaderOps>, vars: &Vars<'_>, request_id: Option<HeaderValue>) -> Self {
         Shaped {
-            values: Rendered::new(ops, vars),
+            values: ops.map(|ops| Rendered::new(ops, vars)),
             request_id,
         }
     }
@@ -360,15 +413,14 @@ impl<'g> Shaped<'g> {
         if let Some(id) = self.request_id {
             headers.insert(X_REQUEST_ID.clone(), id);
         }
-        self.values.apply(headers);
+        if let Some(values) = self.values {
+            values.apply(headers);
+        }
     }
 }
 
 /// The redirect `redirect` makes of this request.
-fn redirect(
-    redirect: &Redirect,
-    vars: &Vars<'_>,
-) -> Response<ResponseBody> {
+fn redirect(redirect: &Redirect, vars: &Vars<'_>) -> Response<ResponseBody> {
     let scheme: Vec<u8> = match &redirect.scheme {
         Some(t) => render_bytes(t, vars),
         None => vars.push_to_vec(&Var::Scheme),

@@ -328,9 +328,10 @@ async fn connection(
         .handshake_data()
         .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
         .and_then(|d| d.server_name);
-    let certificates = connection
-        .peer_identity()
-        .and_then(|i| i.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok());
+    let certificates = connection.peer_identity().and_then(|i| {
+        i.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+            .ok()
+    });
     let _ = ctx.tls.set(super::http::TlsInfo::from_parts(
         sni.as_deref(),
         certificates.as_deref().and_then(|c| c.first()),

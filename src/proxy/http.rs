@@ -361,7 +361,11 @@ async fn serve<'g>(
     };
     // The route's filters, in the order of DESIGN §17; a route without
     // any pays this one check.
-    let (req, shaped, request_id) = match route.spec.filters.as_deref() {
+    let effective = filters::Effective::of(
+        route.spec.filters.as_deref(),
+        router.edge.defaults.as_deref(),
+    );
+    let (req, shaped, request_id) = match effective {
         None => (req, None, None),
         Some(f) => {
             let routed = target
@@ -372,13 +376,13 @@ async fn serve<'g>(
                 req,
                 conn,
                 route,
-                f,
+                &f,
                 &router.edge,
                 &routed,
                 target.authority.as_ref(),
                 generation.id.0,
             );
-            if let Some(noted) = noted.as_deref_mut() {
+            if let Some(noted) = noted {
                 noted.request_id = prepared
                     .request_id
                     .as_ref()
@@ -398,7 +402,7 @@ async fn serve<'g>(
             if prepared.path.is_some() {
                 target.path = prepared.path;
             }
-            target.host_rewrite = f.host_rewrite.as_ref();
+            target.host_rewrite = f.host_rewrite();
             (req, prepared.shaped, prepared.request_id)
         }
     };

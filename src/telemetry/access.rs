@@ -610,7 +610,10 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
                 ("method", method.unwrap_or(dash)),
                 ("authority", authority.unwrap_or(dash)),
                 ("path", line.path.as_deref().unwrap_or(dash)),
-                ("upstream_path", line.upstream_path.as_deref().unwrap_or(dash)),
+                (
+                    "upstream_path",
+                    line.upstream_path.as_deref().unwrap_or(dash),
+                ),
                 ("route", line.route.as_deref().unwrap_or(dash)),
                 ("request_id", line.request_id.as_deref().unwrap_or(dash)),
             ] {

@@ -114,7 +114,10 @@ async fn rewrites_headers_templates_and_request_ids_reach_the_backend_and_the_cl
     let text = String::from_utf8_lossy(&body).into_owned();
     assert_eq!(status, 200, "{text}");
     let (line, sent) = echoed(&text);
-    assert_eq!(line, "GET /orders/7?x=1", "the prefix stripped, the query kept");
+    assert_eq!(
+        line, "GET /orders/7?x=1",
+        "the prefix stripped, the query kept"
+    );
     assert_eq!(header(&sent, "host"), Some("internal.example"));
     assert_eq!(
         header(&sent, "x-forwarded-host"),
@@ -129,14 +132,19 @@ async fn rewrites_headers_templates_and_request_ids_reach_the_backend_and_the_cl
     );
     assert_eq!(header(&sent, "x-via"), Some("cutover"));
     assert_eq!(header(&sent, "x-debug"), None, "removed before forwarding");
-    let id = header(&sent, "x-request-id").expect("a request id was made").to_owned();
+    let id = header(&sent, "x-request-id")
+        .expect("a request id was made")
+        .to_owned();
     assert_eq!(id.len(), 36, "{id}");
     // The answer: the route's own response headers replace the listener's
     // defaults whole (no HSTS here), the id comes back.
     assert_eq!(headers["x-request-id"], id.as_str());
     assert_eq!(headers["x-served-by"], "api");
     assert_eq!(headers["cache-control"], "no-store");
-    assert_eq!(headers["x-backend"], "echo", "the default's remove does not apply");
+    assert_eq!(
+        headers["x-backend"], "echo",
+        "the default's remove does not apply"
+    );
     assert!(!headers.contains_key("strict-transport-security"));
 
     // A valid incoming id is kept.
@@ -194,14 +202,23 @@ async fn query_and_header_patterns_select_routes_and_redirects_keep_what_they_sh
     let body = |r: Result<(u16, http::HeaderMap, Bytes), String>| {
         String::from_utf8_lossy(&r.unwrap().2).into_owned()
     };
-    assert_eq!(body(search("?version=2&lang=de&debug", &[]).await), "query v2");
+    assert_eq!(
+        body(search("?version=2&lang=de&debug", &[]).await),
+        "query v2"
+    );
     // Decoded before matching; order and other parameters do not matter.
     assert_eq!(
         body(search("?debug=1&other=x&lang=%65n&version=2", &[]).await),
         "query v2"
     );
-    assert_eq!(body(search("?version=2&lang=fr&debug", &[]).await), "plain search");
-    assert_eq!(body(search("?version=2&lang=en", &[]).await), "plain search");
+    assert_eq!(
+        body(search("?version=2&lang=fr&debug", &[]).await),
+        "plain search"
+    );
+    assert_eq!(
+        body(search("?version=2&lang=en", &[]).await),
+        "plain search"
+    );
     assert_eq!(
         body(search("", &[("x-env", "staging"), ("x-canary", "")]).await),
         "headed"
@@ -216,7 +233,10 @@ async fn query_and_header_patterns_select_routes_and_redirects_keep_what_they_sh
     let plain = gw.listener("plain");
     let (status, headers, _) = get(plain, "shop.example:8080", "/cart/3?coupon=a%20b").await;
     assert_eq!(status, 308);
-    assert_eq!(headers["location"], "https://shop.example/cart/3?coupon=a%20b");
+    assert_eq!(
+        headers["location"],
+        "https://shop.example/cart/3?coupon=a%20b"
+    );
     // A prefix moved, the query dropped as configured; the port kept.
     let (status, headers, _) = get(web, "shop.example:8080", "/old/page?x=1").await;
     assert_eq!(status, 301);
@@ -290,7 +310,9 @@ upstream = "app""#,
         "{scrape}"
     );
     assert!(
-        scrape.contains(r#"cutover_filter_refusals_total{route="uploads",reason="body_too_large"} 1"#),
+        scrape.contains(
+            r#"cutover_filter_refusals_total{route="uploads",reason="body_too_large"} 1"#
+        ),
         "{scrape}"
     );
 }
@@ -321,7 +343,9 @@ request_headers = { set = { "x-client" = "{client_ip}" } }"#,
         send(web, req)
     };
     // The nearest address that is not a trusted proxy is the client.
-    let (status, _, body) = through("198.51.100.9, 203.0.113.7, 127.0.0.5").await.unwrap();
+    let (status, _, body) = through("198.51.100.9, 203.0.113.7, 127.0.0.5")
+        .await
+        .unwrap();
     assert_eq!(status, 200);
     let (_, sent) = echoed(&String::from_utf8_lossy(&body));
     assert_eq!(header(&sent, "x-client"), Some("203.0.113.7"));
@@ -366,8 +390,8 @@ async fn bad_filters_are_refused_at_activation_with_their_positions() {
     let gw = Gateway::start(&config(
         "[[routes]]\nname = \"hello\"\nlisteners = [\"web\"]\nrespond = { body = \"hi\" }\n",
     ));
-    let candidate = std::fs::read_to_string(workspace().join("fixtures/configs/invalid/filters.toml"))
-        .unwrap();
+    let candidate =
+        std::fs::read_to_string(workspace().join("fixtures/configs/invalid/filters.toml")).unwrap();
     let (status, body) = admin_request(
         gw.admin,
         "POST",

@@ -445,6 +445,27 @@ fn rows() -> Vec<Row> {
         )
         .on(HTTP),
         row("listeners", "trusted_proxies", Http, &[TRUSTED]).on(HTTP),
+        row(
+            "listeners",
+            "allow_from",
+            Http,
+            &["allow_from = [\"10.0.0.0/8\"]"],
+        )
+        .on(HTTP),
+        row(
+            "listeners",
+            "deny_from",
+            Http,
+            &["deny_from = [\"10.0.0.0/8\"]"],
+        )
+        .on(HTTP),
+        row(
+            "listeners",
+            "defaults",
+            Http,
+            &["defaults = { request_id = true }"],
+        )
+        .on(HTTP),
         row("routes", "name", Route, &["name = \"r2\""]).replaces(&["name = \"r\""]),
         row("routes", "listeners", Route, &["listeners = [\"web\"]"])
             .replaces(&["listeners = [\"web\", \"secure\"]"]),
@@ -468,6 +489,57 @@ fn rows() -> Vec<Row> {
         row("routes", "retry", Route, &["retry = { attempts = 3 }"]).replaces(&["[routes.retry]"]),
         row("routes", "hedge", Route, &["hedge = { delay = \"50ms\" }"]),
         row("routes", "quota", Route, &["quota = { rate = 10 }"]),
+        row("routes", "query", Route, &["query = { v = \"2\" }"]),
+        row(
+            "routes",
+            "redirect",
+            Route,
+            &["redirect = { host = \"www.example.com\" }"],
+        )
+        .replaces(&["upstream = \"app\"", "[routes.retry]"]),
+        row(
+            "routes",
+            "rewrite",
+            Route,
+            &["rewrite = { strip_prefix = \"/x\" }"],
+        ),
+        row(
+            "routes",
+            "host_rewrite",
+            Route,
+            &["host_rewrite = \"internal\""],
+        ),
+        row(
+            "routes",
+            "request_headers",
+            Route,
+            &["request_headers = { set = { \"x-a\" = \"{client_ip}\" } }"],
+        ),
+        row(
+            "routes",
+            "response_headers",
+            Route,
+            &["response_headers = { remove = [\"server\"] }"],
+        ),
+        row(
+            "routes",
+            "max_request_body",
+            Route,
+            &["max_request_body = \"1MiB\""],
+        ),
+        row(
+            "routes",
+            "allow_from",
+            Route,
+            &["allow_from = [\"10.0.0.0/8\"]"],
+        ),
+        row(
+            "routes",
+            "deny_from",
+            Route,
+            &["deny_from = [\"10.0.0.0/8\"]"],
+        ),
+        row("routes", "request_id", Route, &["request_id = true"]),
         row("retry", "attempts", Retry, &["attempts = 3"]),
         row("retry", "on", Retry, &["on = [\"reset\"]"]),
         row(

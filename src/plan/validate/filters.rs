@@ -9,8 +9,8 @@ use regex_automata::meta;
 use super::*;
 use crate::config::{FileDefaults, FileHeaderOps, FileRedirect, FileRewrite, FileSize};
 use crate::plan::{
-    Filters, HeaderOps, HostRewrite, IpRules, Redirect, RedirectPath, Rewrite, RewriteRegex,
-    Template, TemplateError, ValueMatch,
+    Defaults, Filters, HeaderOps, HostRewrite, IpRules, Redirect, RedirectPath, Rewrite,
+    RewriteRegex, Template, TemplateError, ValueMatch,
 };
 
 /// Header names no filter may touch: they frame the message or belong to
@@ -81,42 +81,23 @@ impl Validator<'_> {
         ok.then_some(out)
     }
 
-    /// The filters of route `r`, its listener's `defaults` filling in what
-    /// it leaves unset. `Some(None)`: valid, and nothing to do.
+    /// The filters route `r` sets itself. `Some(None)`: valid, and none.
     pub(super) fn route_filters(
         &mut self,
-        file: &FileConfig,
         i: usize,
         r: &FileRoute,
         path: &PathMatch,
     ) -> Option<Option<Arc<Filters>>> {
         let at = |field: &str| format!("routes[{i}].{field}");
         let mut ok = true;
-        // The defaults of the route's listeners: one set, so they must
-        // agree where they differ (a route on two listeners with different
-        // defaults would be two routes).
-        let defaults = self.route_defaults(file, i, r);
-        let request_headers = match (&r.request_headers, defaults.and_then(|d| d.1.request_headers.as_ref())) {
-            (Some(ops), _) => self.header_ops(&at("request_headers"), ops),
-            (None, Some(ops)) => self.header_ops(&defaults_at(defaults, "request_headers"), ops),
-            (None, None) => Some(HeaderOps::default()),
+        let request_headers =
+            self.optional_header_ops(&at("request_headers"), r.request_headers.as_ref());
+        let response_headers =
+            self.optional_header_ops(&at("response_headers"), r.response_headers.as_ref());
+        let max_request_body = match &r.max_request_body {
+            Some(size) => self.size(at("max_request_body"), size).map(Some),
+            None => Some(None),
         };
-        let response_headers = match (&r.response_headers, defaults.and_then(|d| d.1.response_headers.as_ref())) {
-            (Some(ops), _) => self.header_ops(&at("response_headers"), ops),
-            (None, Some(ops)) => self.header_ops(&defaults_at(defaults, "response_headers"), ops),
-            (None, None) => Some(HeaderOps::default()),
-        };
-        let max_request_body = match (&r.max_request_body, defaults.and_then(|d| d.1.max_request_body.as_ref())) {
-            (Some(size), _) => self.size(at("max_request_body"), size).map(Some),
-            (None, Some(size)) => self
-                .size(defaults_at(defaults, "max_request_body"), size)
-                .map(Some),
-            (None, None) => Some(None),
-        };
-        let request_id = r
-            .request_id
-            .or_else(|| defaults.and_then(|d| d.1.request_id))
-            .unwrap_or(false);
         let access = self.ip_rules(&at(""), r.allow_from.as_deref(), r.deny_from.as_deref());
         let rewrite = match &r.rewrite {
             Some(rewrite) => self.rewrite(&at("rewrite"), rewrite, path).map(Some),
@@ -125,28 +106,27 @@ impl Validator<'_> {
         let host_rewrite = match r.host_rewrite.as_deref() {
             None => Some(None),
             Some("backend") => Some(Some(HostRewrite::Backend)),
-            Some(host) => match HeaderValue::from_str(host) {
-                Ok(value) if parse_host(host).is_some() || is_host_port(host) => {
-                    Some(Some(HostRewrite::Literal(value)))
-                }
-                _ => {
-                    self.error(
+            Some(host) => {
+                match HeaderValue::from_str(host) {
+                    Ok(value) if parse_host(host).is_some() || is_host_port(host) => {
+                        Some(Some(HostRewrite::Literal(value)))
+                    }
+                    _ => {
+                        self.error(
                         Code::InvalidHost,
                         at("host_rewrite"),
                         format!("host_rewrite '{host}' is not a host name, host:port or \"backend\""),
                     );
-                    None
+                        None
+                    }
                 }
-            },
+            }
         };
         let proxies = r.upstream.is_some();
         for (key, set) in [
             ("rewrite", r.rewrite.is_some()),
             ("host_rewrite", r.host_rewrite.is_some()),
-            (
-                "request_headers",
-                r.request_headers.is_some(),
-            ),
+            ("request_headers", r.request_headers.is_some()),
         ] {
             if set && !proxies && (r.respond.is_some() || r.redirect.is_some()) {
                 self.error(
@@ -162,9 +142,8 @@ impl Validator<'_> {
             max_request_body: max_request_body?,
             rewrite: rewrite?,
             host_rewrite: host_rewrite?,
-            request_id,
-            // Only what is forwarded has request headers to shape.
-            request_headers: if proxies { request_headers? } else { HeaderOps::default() },
+            request_id: r.request_id,
+            request_headers: request_headers?,
             response_headers: response_headers?,
         };
         if !ok {
@@ -173,44 +152,40 @@ impl Validator<'_> {
         Some((!filters.is_empty()).then(|| Arc::new(filters)))
     }
 
-    /// The defaults of the listeners route `i` is on, when any has them.
-    fn route_defaults<'f>(
+    /// Listener `i`'s `defaults`.
+    pub(super) fn listener_defaults(
         &mut self,
-        file: &'f FileConfig,
         i: usize,
-        r: &FileRoute,
-    ) -> Option<(usize, &'f FileDefaults)> {
-        let mut found: Option<(usize, &FileDefaults)> = None;
-        for name in &r.listeners {
-            let Some((l, listener)) = file
-                .listeners
-                .iter()
-                .enumerate()
-                .find(|(_, l)| &l.name == name)
-            else {
-                continue;
-            };
-            let defaults = listener.defaults.as_ref();
-            match (found, defaults) {
-                (None, Some(d)) => found = Some((l, d)),
-                (Some((_, seen)), Some(d)) if seen != d => {
-                    self.error(
-                        Code::ConflictingOptions,
-                        format!("routes[{i}].listeners"),
-                        format!("route '{}' is on listeners with different defaults; set its filters on the route, or give the listeners the same defaults", r.name),
-                    );
-                }
-                (Some(_), None) => {
-                    self.error(
-                        Code::ConflictingOptions,
-                        format!("routes[{i}].listeners"),
-                        format!("route '{}' is on listeners with and without defaults; set its filters on the route, or give the listeners the same defaults", r.name),
-                    );
-                }
-                _ => {}
-            }
+        defaults: Option<&FileDefaults>,
+    ) -> Option<Arc<Defaults>> {
+        let d = defaults?;
+        let at = |field: &str| format!("listeners[{i}].defaults.{field}");
+        let max_request_body = match &d.max_request_body {
+            Some(size) => self.size(at("max_request_body"), size),
+            None => None,
+        };
+        let defaults = Defaults {
+            request_headers: self
+                .optional_header_ops(&at("request_headers"), d.request_headers.as_ref())
+                .flatten(),
+            response_headers: self
+                .optional_header_ops(&at("response_headers"), d.response_headers.as_ref())
+                .flatten(),
+            max_request_body,
+            request_id: d.request_id,
+        };
+        (defaults != Defaults::default()).then(|| Arc::new(defaults))
+    }
+
+    fn optional_header_ops(
+        &mut self,
+        base: &str,
+        ops: Option<&FileHeaderOps>,
+    ) -> Option<Option<HeaderOps>> {
+        match ops {
+            Some(ops) => self.header_ops(base, ops).map(Some),
+            None => Some(None),
         }
-        found
     }
 
     /// `allow_from` / `deny_from` at `base` (`routes[0].` or
@@ -246,7 +221,9 @@ impl Validator<'_> {
             nets
         };
         let allow = allow.map(|list| parse("allow_from", list));
-        let deny = deny.map(|list| parse("deny_from", list)).unwrap_or_default();
+        let deny = deny
+            .map(|list| parse("deny_from", list))
+            .unwrap_or_default();
         if allow.as_ref().is_some_and(Vec::is_empty) && ok {
             self.error(
                 Code::InvalidValue,
@@ -363,7 +340,11 @@ impl Validator<'_> {
                 base.to_owned(),
                 format!(
                     "rewrite takes exactly one of strip_prefix, replace_prefix, regex (got {})",
-                    if given.is_empty() { "none".to_owned() } else { given.join(", ") }
+                    if given.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        given.join(", ")
+                    }
                 ),
             );
             return None;
@@ -389,7 +370,10 @@ impl Validator<'_> {
             self.error(
                 Code::InvalidRewrite,
                 format!("{base}.regex"),
-                format!("regex takes [pattern, replacement], got {} strings", parts.len()),
+                format!(
+                    "regex takes [pattern, replacement], got {} strings",
+                    parts.len()
+                ),
             );
             return None;
         };
@@ -492,7 +476,11 @@ impl Validator<'_> {
             None => None,
         };
         if redirect.port == Some(0) {
-            self.error(Code::InvalidValue, format!("{base}.port"), "port 0 is not a port");
+            self.error(
+                Code::InvalidValue,
+                format!("{base}.port"),
+                "port 0 is not a port",
+            );
             ok = false;
         }
         let target = match (&redirect.path, &redirect.replace_prefix) {
@@ -537,15 +525,16 @@ impl Validator<'_> {
         }
         let target = target?;
         // Nothing changes the place: every request would come back here.
+        // (On any of its listeners: one loop is enough.)
         let same_scheme = redirect
             .scheme
             .as_deref()
-            .is_none_or(|s| schemes.iter().all(|l| *l == s));
+            .is_none_or(|s| schemes.contains(&s));
         let same_path = match (&target, path) {
             (RedirectPath::Same, _) => true,
-            (RedirectPath::Template(t), PathMatch::Exact(exact)) => {
-                t.literal().is_some_and(|v| v.as_bytes() == exact.as_bytes())
-            }
+            (RedirectPath::Template(t), PathMatch::Exact(exact)) => t
+                .literal()
+                .is_some_and(|v| v.as_bytes() == exact.as_bytes()),
             _ => false,
         };
         if same_scheme && redirect.host.is_none() && redirect.port.is_none() && same_path {
@@ -565,11 +554,6 @@ impl Validator<'_> {
             keep_query: redirect.keep_query.unwrap_or(true),
         })
     }
-}
-
-fn defaults_at(defaults: Option<(usize, &FileDefaults)>, key: &str) -> String {
-    let l = defaults.map_or(0, |d| d.0);
-    format!("listeners[{l}].defaults.{key}")
 }
 
 /// `10MiB`, `512KB`, `1G`, `4096`: bytes.

@@ -360,6 +360,7 @@ impl Validator<'_> {
                 l.deny_from.as_deref(),
             )
             .flatten();
+        let defaults = self.listener_defaults(i, l.defaults.as_ref());
         ListenerEdge {
             max_inflight: l.max_inflight.filter(|n| *n > 0),
             merge_slashes: l.merge_slashes.unwrap_or(false),
@@ -367,6 +368,7 @@ impl Validator<'_> {
             trust_forwarded,
             trusted_proxies,
             access,
+            defaults,
         }
     }
 

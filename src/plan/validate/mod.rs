@@ -278,7 +278,7 @@ impl Validator<'_> {
         let listeners = self.listeners(file);
         self.l4_upstreams(file);
         let routes = self.routes(file);
-        self.ambiguous_routes(&routes);
+        self.ambiguous_routes(file, &routes);
         let fleet = file.fleet.as_ref().and_then(|f| self.fleet(f));
         if file.fleet.is_some() && file.runtime.write_back == Some(true) {
             self.error(

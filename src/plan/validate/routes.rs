@@ -164,7 +164,11 @@ impl Validator<'_> {
                 self.error(
                     Code::ConflictingAction,
                     at(actions.get(1).copied().unwrap_or("respond")),
-                    format!("route '{}' sets {}: a route has one action", r.name, actions.join(" and ")),
+                    format!(
+                        "route '{}' sets {}: a route has one action",
+                        r.name,
+                        actions.join(" and ")
+                    ),
                 );
                 None
             }
@@ -184,7 +188,13 @@ impl Validator<'_> {
                     .listeners
                     .iter()
                     .filter_map(|name| file.listeners.iter().find(|l| &l.name == name))
-                    .map(|l| if l.protocol == "https" { "https" } else { "http" })
+                    .map(|l| {
+                        if l.protocol == "https" {
+                            "https"
+                        } else {
+                            "http"
+                        }
+                    })
                     .collect();
                 self.redirect(i, r, redirect, &path, &schemes)
                     .map(RouteAction::Redirect)
@@ -271,7 +281,7 @@ impl Validator<'_> {
         if (r.retry.is_some() && retry.is_none()) || (r.hedge.is_some() && hedge.is_none()) {
             ok = false;
         }
-        let filters = self.route_filters(file, i, r, &path);
+        let filters = self.route_filters(i, r, &path);
         if !ok {
             return None;
         }
@@ -329,14 +339,29 @@ impl Validator<'_> {
     /// remembers the first route that takes it, so a route is checked in
     /// time proportional to its methods, not to the routes before it, and
     /// is reported once, against the first route it shadows.
-    pub(super) fn ambiguous_routes(&mut self, routes: &[Arc<RouteSpec>]) {
+    pub(super) fn ambiguous_routes(&mut self, file: &FileConfig, routes: &[Arc<RouteSpec>]) {
         let mut seen: HashMap<MatchKey, MethodOwners> = HashMap::new();
+        // Reported at the route's place in the file: invalid routes before
+        // it are not in `routes`. (Names are unique, or already an error.)
+        let place: HashMap<&str, usize> = file
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.name.as_str(), i))
+            .rev()
+            .collect();
         for (index, route) in routes.iter().enumerate() {
+            let at = place.get(route.name.as_str()).copied().unwrap_or(index);
             let headers = route
                 .headers
                 .iter()
                 .map(|(n, v)| format!("{n}={}", v.source()))
-                .chain(route.query.iter().map(|(n, v)| format!("?{n}={}", v.source())))
+                .chain(
+                    route
+                        .query
+                        .iter()
+                        .map(|(n, v)| format!("?{n}={}", v.source())),
+                )
                 .collect::<Vec<_>>()
                 .join("&");
             let hosts: Vec<Option<HostMatch>> = if route.hosts.is_empty() {
@@ -357,7 +382,7 @@ impl Validator<'_> {
                         let other = other.to_owned();
                         self.diagnostics.push(Diagnostic::new(
                             Code::AmbiguousRoute,
-                            format!("routes[{index}].name"),
+                            format!("routes[{at}].name"),
                             format!(
                                 "routes '{other}' and '{}' match the same host, path, methods, headers and query on listener '{listener}'",
                                 route.name
