@@ -88,6 +88,12 @@ respond = { body = "headed" }"#,
             "listeners = [\"web\"]\npath_exact = \"/search\"\nrespond = { body = \"plain search\" }",
         )
         .route(
+            "elsewhere",
+            r#"listeners = ["web"]
+path_prefix = "/go/"
+redirect = { scheme = "https", host = "{header.x-target}", port = 8443, path = "/landing{path}", status = 307 }"#,
+        )
+        .route(
             "moved",
             r#"listeners = ["web"]
 path_prefix = "/old/"
@@ -241,6 +247,19 @@ async fn query_and_header_patterns_select_routes_and_redirects_keep_what_they_sh
     let (status, headers, _) = get(web, "shop.example:8080", "/old/page?x=1").await;
     assert_eq!(status, 301);
     assert_eq!(headers["location"], "http://shop.example:8080/new/page");
+    // Every part set, from templates.
+    let req = Request::builder()
+        .uri("/go/x?y=1")
+        .header("host", "shop.example")
+        .header("x-target", "eu.shop.example")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, headers, _) = send(web, req).await.unwrap();
+    assert_eq!(status, 307);
+    assert_eq!(
+        headers["location"],
+        "https://eu.shop.example:8443/landing/go/x?y=1"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,6 +269,10 @@ async fn address_rules_and_body_limits_refuse_before_the_backend_sees_anything()
         .metrics()
         .listener("web", "")
         .listener("fenced", "deny_from = [\"127.0.0.0/8\"]")
+        .listener(
+            "office",
+            "allow_from = [\"127.0.0.1\"]\ndeny_from = [\"10.0.0.0/8\"]",
+        )
         .route(
             "internal",
             r#"listeners = ["web"]
@@ -259,7 +282,7 @@ upstream = "app""#,
         )
         .route(
             "uploads",
-            r#"listeners = ["web", "fenced"]
+            r#"listeners = ["web", "fenced", "office"]
 path_prefix = "/upload"
 max_request_body = "1KiB"
 upstream = "app""#,
@@ -273,6 +296,8 @@ upstream = "app""#,
     assert_eq!(status, 403);
     let (status, _, _) = get(gw.listener("fenced"), "a.test", "/upload").await;
     assert_eq!(status, 403, "the listener's own rule, before routing");
+    let (status, _, _) = get(gw.listener("office"), "a.test", "/upload").await;
+    assert_eq!(status, 200, "allowed by the listener");
 
     // Declared too large: 413 before a byte of the body is read.
     let post = |body: Vec<u8>, chunked: bool| {
@@ -289,7 +314,7 @@ upstream = "app""#,
     assert_eq!(status, 413);
     let (status, _, body) = send(web, post(vec![b'x'; 1024], false)).await.unwrap();
     assert_eq!(status, 200, "{body:?}");
-    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 2);
 
     // Streamed (chunked, no length): cut when it passes the limit.
     let answer = raw_exchange(
@@ -461,4 +486,50 @@ async fn wait_for_access_lines(gw: &Gateway, n: usize) -> Vec<Value> {
         assert!(std::time::Instant::now() < deadline, "{lines:?}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_are_generation_owned_shown_in_preview_and_activated_live() {
+    let echo = echo_backend().await;
+    let before = shaping_config(echo.addr);
+    let gw = Gateway::start(&before);
+    let after = before.replace(
+        "rewrite = { strip_prefix = \"/api\" }",
+        "rewrite = { replace_prefix = \"/internal/\" }",
+    );
+    assert_ne!(before, after);
+    let (status, plan) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/preview",
+        Some("application/toml"),
+        Some(after.clone()),
+    )
+    .await;
+    assert_eq!(status, 200, "{plan}");
+    assert_eq!(plan["activatable"], true, "{plan}");
+    let fields: Vec<&str> = plan["diff"]["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["fields"].as_array().unwrap())
+        .filter_map(|f| f["path"].as_str())
+        .collect();
+    assert!(
+        fields.contains(&"routes.api.rewrite.replace_prefix")
+            && fields.contains(&"routes.api.rewrite.strip_prefix"),
+        "{fields:?}"
+    );
+    assert_eq!(plan["diff"]["changes"][0]["disposition"], "live");
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(after),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, _, answer) = get(gw.listener("web"), "shop.example", "/api/orders").await;
+    assert_eq!(echoed(&answer).0, "GET /internal/orders");
 }
