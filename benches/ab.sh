@@ -14,6 +14,10 @@
 # and without a feature, e.g.
 #   AB_B_UPSTREAM='health = { path = "/", interval = "1s" }' \
 #     benches/ab.sh target/release/cutover target/release/cutover
+# AB_B_ROUTE does the same for side B's route, and AB_PATH is the path
+# requested (default /): the route filters' cost, e.g.
+#   AB_PATH=/api/orders/7 AB_B_ROUTE='rewrite = { strip_prefix = "/api" }
+#   request_id = true' benches/ab.sh target/release/cutover target/release/cutover
 # Installs wrk and nginx-light from Debian's packages when missing.
 # Loopback only; every process it starts is stopped by pid on exit.
 set -euo pipefail
@@ -53,7 +57,7 @@ http {
 CONF
 nginx -c "$work/nginx.conf"
 
-start() { # NAME BINARY UPSTREAM_EXTRA -> "pid port"
+start() { # NAME BINARY UPSTREAM_EXTRA ROUTE_EXTRA -> "pid port"
   local port admin
   port=$(free_port); admin=$(free_port)
   cat > "$work/$1.toml" <<CONF
@@ -68,6 +72,7 @@ bind = "127.0.0.1:$port"
 name = "all"
 listeners = ["web"]
 upstream = "app"
+$4
 [upstreams.app]
 backends = [{ addr = "127.0.0.1:$backend" }]
 $3
@@ -75,8 +80,9 @@ CONF
   "$2" run -c "$work/$1.toml" >"$work/$1.log" 2>&1 &
   echo "$! $port"
 }
-read -r a_pid a_port < <(start a "$a_bin" ""); pids+=("$a_pid")
-read -r b_pid b_port < <(start b "$b_bin" "${AB_B_UPSTREAM:-}"); pids+=("$b_pid")
+read -r a_pid a_port < <(start a "$a_bin" "" ""); pids+=("$a_pid")
+read -r b_pid b_port < <(start b "$b_bin" "${AB_B_UPSTREAM:-}" "${AB_B_ROUTE:-}"); pids+=("$b_pid")
+path=${AB_PATH:-/}
 for port in "$a_port" "$b_port"; do
   for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
 done
@@ -86,7 +92,7 @@ for round in $(seq "$rounds"); do
   for side in a b; do
     if [ $side = a ]; then pid=$a_pid; port=$a_port; else pid=$b_pid; port=$b_port; fi
     before=$(cpu "$pid")
-    out=$(wrk -t1 -c64 -d"${seconds}s" "http://127.0.0.1:$port/")
+    out=$(wrk -t1 -c64 -d"${seconds}s" "http://127.0.0.1:$port$path")
     after=$(cpu "$pid")
     rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
     total=$(awk '/requests in/ {print $1}' <<<"$out")

@@ -30,7 +30,7 @@ pub(super) struct Prepared<'g> {
     /// Refused (403, 413, a rewrite the listener refuses), or on its way.
     pub request: Result<http::Request<ClientBody>, ProxyError>,
     /// For whatever answer the route gives, refusals included.
-    pub shaped: Option<Shaped<'g>>,
+    pub shaped: Option<Box<Shaped<'g>>>,
     /// The path to forward, when `rewrite` changed it.
     pub path: Option<String>,
     pub request_id: Option<HeaderValue>,
@@ -110,7 +110,7 @@ pub(super) fn prepare<'g>(
         };
         let response = filters.response_headers();
         let shaped = (response.is_some() || request_id.is_some())
-            .then(|| Shaped::new(response, &vars, request_id.clone()));
+            .then(|| Box::new(Shaped::new(response, &vars, request_id.clone())));
         let request_values = filters
             .request_headers()
             .filter(|_| forwards)
@@ -151,9 +151,13 @@ pub(super) fn prepare<'g>(
     let mut forwarded = None;
     if let Some(rewrite) = filters.own.and_then(|f| f.rewrite.as_ref()) {
         if let Some(rewritten) = rewrite.apply(path) {
-            match edge::normalize_path(&rewritten, edge_rules) {
-                Ok(normalized) if normalized.starts_with('/') => {
-                    forwarded = Some(normalized.into_owned())
+            let normalized = edge::normalize_path(&rewritten, edge_rules).map(|n| match n {
+                std::borrow::Cow::Owned(changed) => Some(changed),
+                std::borrow::Cow::Borrowed(_) => None,
+            });
+            match normalized {
+                Ok(normalized) if normalized.as_deref().unwrap_or(&rewritten).starts_with('/') => {
+                    forwarded = Some(normalized.unwrap_or(rewritten))
                 }
                 _ => {
                     return refuse(
@@ -252,16 +256,18 @@ pub(super) fn request_id(headers: &HeaderMap) -> HeaderValue {
     let n = fastrand::u128(..);
     // Version 4, variant 1 (RFC 9562), as every log tool reads them.
     let n = (n & !(0xf << 76) | (0x4 << 76)) & !(0x3 << 62) | (0x2 << 62);
-    let hex = format!("{n:032x}");
-    let id = format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    );
-    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("-"))
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = [b'-'; 36];
+    let mut nibble = 0;
+    for (i, slot) in id.iter_mut().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            continue;
+        }
+        let shift = 124 - 4 * nibble;
+        *slot = HEX[((n >> shift) & 0xf) as usize];
+        nibble += 1;
+    }
+    HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("-"))
 }
 
 /// What one request's templates read.
@@ -306,6 +312,8 @@ impl Vars<'_> {
         use std::io::Write;
         let tls = self.conn.tls.get();
         let bytes: &[u8] = match var {
+            // The peer's address is formatted once per connection.
+            Var::ClientIp if self.client == self.conn.remote.ip() => self.conn.client_ip.as_bytes(),
             Var::ClientIp => {
                 let _ = write!(out, "{}", self.client);
                 return;
@@ -352,41 +360,52 @@ impl Vars<'_> {
     }
 }
 
-/// Request header changes rendered from the request as the client sent
-/// it, applied after: `remove`, then `set`, then `add`.
+/// Header changes with their templates rendered from the request as the
+/// client sent it, applied later: `remove`, then `set`, then `add`.
+/// Literal values are used as they are; only templated ones are rendered
+/// (and so allocated for).
 struct Rendered<'g> {
-    remove: &'g [HeaderName],
-    set: Vec<(HeaderName, Option<HeaderValue>)>,
-    add: Vec<(HeaderName, Option<HeaderValue>)>,
+    ops: &'g HeaderOps,
+    /// One per templated value of `set`, then of `add`, in order; `None`
+    /// when a client's bytes made it invalid (dropped).
+    values: Vec<Option<HeaderValue>>,
 }
 
 impl<'g> Rendered<'g> {
     fn new(ops: &'g HeaderOps, vars: &Vars<'_>) -> Self {
-        let render = |list: &[(HeaderName, Template)]| {
-            list.iter()
-                .map(|(n, t)| (n.clone(), vars.render(t)))
-                .collect()
-        };
-        Rendered {
-            remove: &ops.remove,
-            set: render(&ops.set),
-            add: render(&ops.add),
-        }
+        let values = ops
+            .set
+            .iter()
+            .chain(&ops.add)
+            .filter(|(_, t)| t.literal().is_none())
+            .map(|(_, t)| vars.render(t))
+            .collect();
+        Rendered { ops, values }
     }
 
     fn apply(self, headers: &mut HeaderMap) {
-        for name in self.remove {
+        let mut rendered = self.values.into_iter();
+        let mut value = |template: &Template| match template.literal() {
+            Some(literal) => Some(literal.clone()),
+            None => rendered.next().flatten(),
+        };
+        for name in &self.ops.remove {
             headers.remove(name);
         }
-        for (name, value) in self.set {
-            headers.remove(&name);
-            if let Some(value) = value {
-                headers.insert(name, value);
+        for (name, template) in &self.ops.set {
+            // `insert` replaces every line of the name.
+            match value(template) {
+                Some(v) => {
+                    headers.insert(name.clone(), v);
+                }
+                None => {
+                    headers.remove(name);
+                }
             }
         }
-        for (name, value) in self.add.into_iter() {
-            if let Some(value) = value {
-                headers.append(name, value);
+        for (name, template) in &self.ops.add {
+            if let Some(v) = value(template) {
+                headers.append(name.clone(), v);
             }
         }
     }

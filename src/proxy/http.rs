@@ -283,7 +283,8 @@ struct RequestContext<'r> {
 struct Served<'g> {
     route: Option<&'g Arc<Route>>,
     result: Result<Response<ResponseBody>, ProxyError>,
-    shaped: Option<filters::Shaped<'g>>,
+    /// Boxed: a route without filters carries one word for it.
+    shaped: Option<Box<filters::Shaped<'g>>>,
 }
 
 impl Served<'_> {
@@ -368,17 +369,17 @@ async fn serve<'g>(
     let (req, shaped, request_id) = match effective {
         None => (req, None, None),
         Some(f) => {
-            let routed = target
-                .path
-                .clone()
-                .unwrap_or_else(|| req.uri().path().to_owned());
+            // (A `Uri` clone shares its bytes: the routed path without a
+            // copy while the request moves on.)
+            let uri = req.uri().clone();
+            let routed = target.path.as_deref().unwrap_or(uri.path());
             let prepared = filters::prepare(
                 req,
                 conn,
                 route,
                 &f,
                 &router.edge,
-                &routed,
+                routed,
                 target.authority.as_ref(),
                 generation.id.0,
             );
@@ -422,14 +423,17 @@ async fn serve<'g>(
             generation.id.0,
             request_id.as_ref(),
         )),
-        Ok(Step::Proxy(upstream, slot)) if super::retry::applies(route, &req) => {
-            Box::pin(super::retry::serve(
-                req, target, conn, route, upstream, guard, slot,
-            ))
-            .await
-        }
         Ok(Step::Proxy(upstream, slot)) => {
-            super::exchange::forward(req, target, conn, route, upstream, guard, slot).await
+            // Not kept across the exchange (the future stays small).
+            drop(request_id);
+            if super::retry::applies(route, &req) {
+                Box::pin(super::retry::serve(
+                    req, target, conn, route, upstream, guard, slot,
+                ))
+                .await
+            } else {
+                super::exchange::forward(req, target, conn, route, upstream, guard, slot).await
+            }
         }
     };
     // A streamed answer keeps the listener's place until its last byte.
