@@ -25,15 +25,15 @@ use crate::plan::{
 };
 use crate::telemetry::metrics as m;
 
-/// What the filters before the action made of a request.
-pub(super) struct Prepared<'g> {
-    /// Refused (403, 413, a rewrite the listener refuses), or on its way.
-    pub request: Result<http::Request<ClientBody>, ProxyError>,
-    /// For whatever answer the route gives, refusals included.
-    pub shaped: Option<Box<Shaped<'g>>>,
-    /// The path to forward, when `rewrite` changed it.
-    pub path: Option<String>,
+/// What the first filters found: the request may go on to the route's
+/// quota and action. Refusals get the response header changes too.
+pub(super) struct Checked<'g> {
+    client: IpAddr,
     pub request_id: Option<HeaderValue>,
+    /// For whatever answer the route gives.
+    pub shaped: Option<Box<Shaped<'g>>>,
+    /// The body must be counted as it streams (no declared length).
+    count_body: Option<u64>,
 }
 
 /// A route's own filters over its listener's defaults: what applies.
@@ -74,12 +74,13 @@ impl<'g> Effective<'g> {
     }
 }
 
-/// Allow/deny, the declared body length, then what the request carries
-/// forward: request id, rewrite, request headers; the response header
-/// changes rendered for later.
+/// The filters before the route's quota (DESIGN §17, cheapest refusal
+/// first): allow/deny, then the declared body length. The response
+/// header changes are rendered here from the request as the client sent
+/// it; a refusal carries them.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn prepare<'g>(
-    mut req: http::Request<ClientBody>,
+pub(super) fn check<'g>(
+    req: &http::Request<ClientBody>,
     conn: &ConnContext,
     route: &'g Route,
     filters: &Effective<'g>,
@@ -87,15 +88,11 @@ pub(super) fn prepare<'g>(
     path: &str,
     authority: Option<&HeaderValue>,
     generation: u64,
-) -> Prepared<'g> {
+) -> Result<Checked<'g>, (ProxyError, Option<Box<Shaped<'g>>>)> {
     let client = client_ip(conn, req.headers(), edge_rules);
     let request_id = filters.request_id().then(|| request_id(req.headers()));
-    if let Some(id) = &request_id {
-        req.headers_mut().insert(X_REQUEST_ID.clone(), id.clone());
-    }
-    // Only what is forwarded has request headers to shape.
-    let forwards = matches!(route.action, crate::generation::Action::Proxy(_));
-    let (shaped, request_values) = {
+    let response = filters.response_headers();
+    let shaped = (response.is_some() || request_id.is_some()).then(|| {
         let vars = Vars {
             conn,
             client,
@@ -108,30 +105,19 @@ pub(super) fn prepare<'g>(
             generation,
             headers: req.headers(),
         };
-        let response = filters.response_headers();
-        let shaped = (response.is_some() || request_id.is_some())
-            .then(|| Box::new(Shaped::new(response, &vars, request_id.clone())));
-        let request_values = filters
-            .request_headers()
-            .filter(|_| forwards)
-            .map(|ops| Rendered::new(ops, &vars));
-        (shaped, request_values)
-    };
+        Box::new(Shaped::new(response, &vars, request_id.clone()))
+    });
     let refuse = |error: ProxyError, reason: &'static str, shaped| {
         metrics::counter!(m::FILTER_REFUSALS, m::LABEL_ROUTE => route.name().to_owned(), m::LABEL_REASON => reason)
             .increment(1);
-        Prepared {
-            request: Err(error),
-            shaped,
-            path: None,
-            request_id: request_id.clone(),
-        }
+        Err((error, shaped))
     };
     if let Some(access) = filters.own.and_then(|f| f.access.as_ref()) {
         if !access.admits(client) {
             return refuse(ProxyError::Forbidden, "forbidden", shaped);
         }
     }
+    let mut count_body = None;
     if let Some(limit) = filters.max_request_body() {
         let declared = req
             .headers()
@@ -145,8 +131,56 @@ pub(super) fn prepare<'g>(
             // The framing holds a declared length to its word.
             Some(_) => {}
             None if http_body::Body::is_end_stream(req.body()) => {}
-            None => req = req.map(|body| limited(body, limit)),
+            None => count_body = Some(limit),
         }
+    }
+    Ok(Checked {
+        client,
+        request_id,
+        shaped,
+        count_body,
+    })
+}
+
+/// The filters after the route's quota admitted the request, on what it
+/// carries forward: the request id, the streamed body limit, `rewrite`
+/// (the path to forward, when it changed) and `request_headers`. (So a
+/// quota keyed on a header sees the client's, not one a filter set.)
+#[allow(clippy::too_many_arguments)]
+pub(super) fn prepare<'g>(
+    mut req: http::Request<ClientBody>,
+    checked: &Checked<'g>,
+    conn: &ConnContext,
+    route: &'g Route,
+    filters: &Effective<'g>,
+    edge_rules: &ListenerEdge,
+    path: &str,
+    authority: Option<&HeaderValue>,
+    generation: u64,
+) -> Result<(http::Request<ClientBody>, Option<String>), ProxyError> {
+    // Only what is forwarded has request headers to shape; templates read
+    // the request as the client sent it.
+    let forwards = matches!(route.action, crate::generation::Action::Proxy(_));
+    let request_values = filters.request_headers().filter(|_| forwards).map(|ops| {
+        let vars = Vars {
+            conn,
+            client: checked.client,
+            host: authority,
+            path,
+            query: req.uri().query(),
+            method: req.method(),
+            request_id: checked.request_id.as_ref(),
+            route: route.name(),
+            generation,
+            headers: req.headers(),
+        };
+        Rendered::new(ops, &vars)
+    });
+    if let Some(id) = &checked.request_id {
+        req.headers_mut().insert(X_REQUEST_ID.clone(), id.clone());
+    }
+    if let Some(limit) = checked.count_body {
+        req = req.map(|body| limited(body, limit));
     }
     let mut forwarded = None;
     if let Some(rewrite) = filters.own.and_then(|f| f.rewrite.as_ref()) {
@@ -160,13 +194,11 @@ pub(super) fn prepare<'g>(
                     forwarded = Some(normalized.unwrap_or(rewritten))
                 }
                 _ => {
-                    return refuse(
-                        ProxyError::BadRequest(
-                            "the rewritten path is not one the listener forwards",
-                        ),
-                        "rewrite",
-                        shaped,
-                    )
+                    metrics::counter!(m::FILTER_REFUSALS, m::LABEL_ROUTE => route.name().to_owned(), m::LABEL_REASON => "rewrite")
+                        .increment(1);
+                    return Err(ProxyError::BadRequest(
+                        "the rewritten path is not one the listener forwards",
+                    ));
                 }
             }
         }
@@ -174,12 +206,7 @@ pub(super) fn prepare<'g>(
     if let Some(values) = request_values {
         values.apply(req.headers_mut());
     }
-    Prepared {
-        request: Ok(req),
-        shaped,
-        path: forwarded,
-        request_id,
-    }
+    Ok((req, forwarded))
 }
 
 /// The answer of a `redirect` route.

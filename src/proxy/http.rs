@@ -361,58 +361,101 @@ async fn serve<'g>(
         trail: context.trail.cloned(),
     };
     // The route's filters, in the order of DESIGN §17; a route without
-    // any pays this one check.
+    // any (and a listener without defaults) pays this one check.
     let effective = filters::Effective::of(
         route.spec.filters.as_deref(),
         router.edge.defaults.as_deref(),
     );
-    let (req, shaped, request_id) = match effective {
-        None => (req, None, None),
+    // (A `Uri` clone shares its bytes: the routed path stays at hand while
+    // the request moves on.)
+    let uri = effective.as_ref().map(|_| req.uri().clone());
+    let routed = || {
+        target
+            .path
+            .as_deref()
+            .or(uri.as_ref().map(http::Uri::path))
+            .unwrap_or("/")
+    };
+    let mut checked = match &effective {
+        None => None,
         Some(f) => {
-            // (A `Uri` clone shares its bytes: the routed path without a
-            // copy while the request moves on.)
-            let uri = req.uri().clone();
-            let routed = target.path.as_deref().unwrap_or(uri.path());
-            let prepared = filters::prepare(
-                req,
+            let checked = filters::check(
+                &req,
                 conn,
                 route,
-                &f,
+                f,
                 &router.edge,
-                routed,
+                routed(),
                 target.authority.as_ref(),
                 generation.id.0,
             );
-            if let Some(noted) = noted {
-                noted.request_id = prepared
-                    .request_id
-                    .as_ref()
-                    .map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned());
-                noted.upstream_path.clone_from(&prepared.path);
-            }
-            let req = match prepared.request {
-                Ok(req) => req,
-                Err(error) => {
+            match checked {
+                Ok(checked) => Some(checked),
+                Err((error, shaped)) => {
                     return Served {
                         route: Some(route),
                         result: Err(error),
-                        shaped: prepared.shaped,
+                        shaped,
                     }
                 }
-            };
-            if prepared.path.is_some() {
-                target.path = prepared.path;
             }
-            target.host_rewrite = f.host_rewrite();
-            (req, prepared.shaped, prepared.request_id)
         }
     };
-    // The route's own admission, then one step forward: a direct answer,
-    // a redirect, several attempts (`retry.rs`) or one (`exchange.rs`).
-    let mut result = match admit_route(&req, conn, route) {
-        Err(refused) => Err(refused),
-        Ok(Step::Respond(direct)) => Ok(direct_response(direct)),
-        Ok(Step::Redirect(redirect)) => Ok(filters::redirect_for(
+    let shaped = checked.as_mut().and_then(|c| c.shaped.take());
+    // The route's own admission (quota, `max_inflight`).
+    let step = match admit_route(&req, conn, route) {
+        Ok(step) => step,
+        Err(refused) => {
+            return Served {
+                route: Some(route),
+                result: Err(refused),
+                shaped,
+            }
+        }
+    };
+    let mut req = req;
+    let mut request_id = None;
+    if let (Some(f), Some(checked)) = (&effective, checked) {
+        let prepared = filters::prepare(
+            req,
+            &checked,
+            conn,
+            route,
+            f,
+            &router.edge,
+            routed(),
+            target.authority.as_ref(),
+            generation.id.0,
+        );
+        let (prepared, forwarded) = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                return Served {
+                    route: Some(route),
+                    result: Err(error),
+                    shaped,
+                }
+            }
+        };
+        if let Some(noted) = noted {
+            noted.request_id = checked
+                .request_id
+                .as_ref()
+                .map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned());
+            noted.upstream_path.clone_from(&forwarded);
+        }
+        req = prepared;
+        if forwarded.is_some() {
+            target.path = forwarded;
+        }
+        target.host_rewrite = f.host_rewrite();
+        request_id = checked.request_id;
+    }
+    // One step forward: a direct answer, a redirect, several attempts
+    // (`retry.rs`) or one (`exchange.rs`).
+    let mut result = match step {
+        Step::Respond(direct) => Ok(direct_response(direct)),
+        Step::Redirect(redirect) => Ok(filters::redirect_for(
             redirect,
             &req,
             conn,
@@ -423,7 +466,7 @@ async fn serve<'g>(
             generation.id.0,
             request_id.as_ref(),
         )),
-        Ok(Step::Proxy(upstream, slot)) => {
+        Step::Proxy(upstream, slot) => {
             // Not kept across the exchange (the future stays small).
             drop(request_id);
             if super::retry::applies(route, &req) {

@@ -533,3 +533,46 @@ async fn filters_are_generation_owned_shown_in_preview_and_activated_live() {
     let (_, _, answer) = get(gw.listener("web"), "shop.example", "/api/orders").await;
     assert_eq!(echoed(&answer).0, "GET /internal/orders");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_keyed_on_a_header_sees_the_clients_not_one_a_filter_sets() {
+    let echo = echo_backend().await;
+    let text = Config::new()
+        .listener("web", "")
+        .route(
+            "limited",
+            r#"listeners = ["web"]
+upstream = "app"
+quota = { rate = 1, per = "1h", burst = 1, key = "header:x-user" }
+request_headers = { set = { "x-user" = "everyone" } }
+response_headers = { set = { "x-shaped" = "yes" } }"#,
+        )
+        .upstream("app", &[echo.addr], "")
+        .build();
+    let gw = Gateway::start(&text);
+    let as_user = |user: &'static str| {
+        let req = Request::builder()
+            .uri("/")
+            .header("host", "a.test")
+            .header("x-user", user)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send(gw.listener("web"), req)
+    };
+    let (status, _, body) = as_user("ann").await.unwrap();
+    assert_eq!(status, 200);
+    let (_, sent) = echoed(&String::from_utf8_lossy(&body));
+    assert_eq!(
+        header(&sent, "x-user"),
+        Some("everyone"),
+        "set after the quota"
+    );
+    let (status, _, _) = as_user("bob").await.unwrap();
+    assert_eq!(status, 200, "bob has a bucket of his own");
+    let (status, headers, _) = as_user("ann").await.unwrap();
+    assert_eq!(status, 429, "ann's bucket is spent");
+    assert_eq!(
+        headers["x-shaped"], "yes",
+        "response headers on a refusal too"
+    );
+}
