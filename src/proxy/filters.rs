@@ -25,6 +25,40 @@ use crate::plan::{
 };
 use crate::telemetry::metrics as m;
 
+/// What the filters know of a request besides the request itself.
+pub(super) struct Seen<'r, 'g> {
+    pub conn: &'r ConnContext,
+    pub route: &'g Route,
+    pub edge: &'r ListenerEdge,
+    /// As routed (normalized, before any rewrite).
+    pub path: &'r str,
+    pub authority: Option<&'r HeaderValue>,
+    pub generation: u64,
+}
+
+impl<'r> Seen<'r, '_> {
+    /// The template variables of `req` (as the client sent it).
+    fn vars<'a>(
+        &'a self,
+        req: &'a http::Request<ClientBody>,
+        client: IpAddr,
+        request_id: Option<&'a HeaderValue>,
+    ) -> Vars<'a> {
+        Vars {
+            conn: self.conn,
+            client,
+            host: self.authority,
+            path: self.path,
+            query: req.uri().query(),
+            method: req.method(),
+            request_id,
+            route: self.route.name(),
+            generation: self.generation,
+            headers: req.headers(),
+        }
+    }
+}
+
 /// What the first filters found: the request may go on to the route's
 /// quota and action. Refusals get the response header changes too.
 pub(super) struct Checked<'g> {
@@ -78,33 +112,17 @@ impl<'g> Effective<'g> {
 /// first): allow/deny, then the declared body length. The response
 /// header changes are rendered here from the request as the client sent
 /// it; a refusal carries them.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn check<'g>(
     req: &http::Request<ClientBody>,
-    conn: &ConnContext,
-    route: &'g Route,
+    seen: &Seen<'_, 'g>,
     filters: &Effective<'g>,
-    edge_rules: &ListenerEdge,
-    path: &str,
-    authority: Option<&HeaderValue>,
-    generation: u64,
 ) -> Result<Checked<'g>, (ProxyError, Option<Box<Shaped<'g>>>)> {
-    let client = client_ip(conn, req.headers(), edge_rules);
+    let route = seen.route;
+    let client = client_ip(seen.conn, req.headers(), seen.edge);
     let request_id = filters.request_id().then(|| request_id(req.headers()));
     let response = filters.response_headers();
     let shaped = (response.is_some() || request_id.is_some()).then(|| {
-        let vars = Vars {
-            conn,
-            client,
-            host: authority,
-            path,
-            query: req.uri().query(),
-            method: req.method(),
-            request_id: request_id.as_ref(),
-            route: route.name(),
-            generation,
-            headers: req.headers(),
-        };
+        let vars = seen.vars(req, client, request_id.as_ref());
         Box::new(Shaped::new(response, &vars, request_id.clone()))
     });
     let refuse = |error: ProxyError, reason: &'static str, shaped| {
@@ -146,34 +164,18 @@ pub(super) fn check<'g>(
 /// carries forward: the request id, the streamed body limit, `rewrite`
 /// (the path to forward, when it changed) and `request_headers`. (So a
 /// quota keyed on a header sees the client's, not one a filter set.)
-#[allow(clippy::too_many_arguments)]
 pub(super) fn prepare<'g>(
     mut req: http::Request<ClientBody>,
     checked: &Checked<'g>,
-    conn: &ConnContext,
-    route: &'g Route,
+    seen: &Seen<'_, 'g>,
     filters: &Effective<'g>,
-    edge_rules: &ListenerEdge,
-    path: &str,
-    authority: Option<&HeaderValue>,
-    generation: u64,
 ) -> Result<(http::Request<ClientBody>, Option<String>), ProxyError> {
+    let route = seen.route;
     // Only what is forwarded has request headers to shape; templates read
     // the request as the client sent it.
     let forwards = matches!(route.action, crate::generation::Action::Proxy(_));
     let request_values = filters.request_headers().filter(|_| forwards).map(|ops| {
-        let vars = Vars {
-            conn,
-            client: checked.client,
-            host: authority,
-            path,
-            query: req.uri().query(),
-            method: req.method(),
-            request_id: checked.request_id.as_ref(),
-            route: route.name(),
-            generation,
-            headers: req.headers(),
-        };
+        let vars = seen.vars(&req, checked.client, checked.request_id.as_ref());
         Rendered::new(ops, &vars)
     });
     if let Some(id) = &checked.request_id {
@@ -184,8 +186,8 @@ pub(super) fn prepare<'g>(
     }
     let mut forwarded = None;
     if let Some(rewrite) = filters.own.and_then(|f| f.rewrite.as_ref()) {
-        if let Some(rewritten) = rewrite.apply(path) {
-            let normalized = edge::normalize_path(&rewritten, edge_rules).map(|n| match n {
+        if let Some(rewritten) = rewrite.apply(seen.path) {
+            let normalized = edge::normalize_path(&rewritten, seen.edge).map(|n| match n {
                 std::borrow::Cow::Owned(changed) => Some(changed),
                 std::borrow::Cow::Borrowed(_) => None,
             });
@@ -210,31 +212,14 @@ pub(super) fn prepare<'g>(
 }
 
 /// The answer of a `redirect` route.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn redirect_for(
     target: &Redirect,
     req: &http::Request<ClientBody>,
-    conn: &ConnContext,
-    route: &Route,
-    edge_rules: &ListenerEdge,
-    path: &str,
-    authority: Option<&HeaderValue>,
-    generation: u64,
+    seen: &Seen<'_, '_>,
     request_id: Option<&HeaderValue>,
 ) -> Response<ResponseBody> {
-    let vars = Vars {
-        conn,
-        client: client_ip(conn, req.headers(), edge_rules),
-        host: authority,
-        path,
-        query: req.uri().query(),
-        method: req.method(),
-        request_id,
-        route: route.name(),
-        generation,
-        headers: req.headers(),
-    };
-    redirect(target, &vars)
+    let client = client_ip(seen.conn, req.headers(), seen.edge);
+    redirect(target, &seen.vars(req, client, request_id))
 }
 
 pub(super) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

@@ -366,40 +366,35 @@ async fn serve<'g>(
         route.spec.filters.as_deref(),
         router.edge.defaults.as_deref(),
     );
-    // (A `Uri` clone shares its bytes: the routed path stays at hand while
-    // the request moves on.)
-    let uri = effective.as_ref().map(|_| req.uri().clone());
-    let routed = || {
-        target
-            .path
+    // What the filters and a redirect read of the request: the routed path
+    // from a `Uri` clone (it shares its bytes) or, when normalizing changed
+    // it, a copy, so that the request can move on.
+    let needs_seen = effective.is_some() || matches!(route.action, Action::Redirect(_));
+    let uri = needs_seen.then(|| req.uri().clone());
+    let changed = needs_seen.then(|| target.path.clone()).flatten();
+    let seen = filters::Seen {
+        conn,
+        route,
+        edge: &router.edge,
+        path: changed
             .as_deref()
             .or(uri.as_ref().map(http::Uri::path))
-            .unwrap_or("/")
+            .unwrap_or("/"),
+        authority: target.authority.as_ref(),
+        generation: generation.id.0,
     };
     let mut checked = match &effective {
         None => None,
-        Some(f) => {
-            let checked = filters::check(
-                &req,
-                conn,
-                route,
-                f,
-                &router.edge,
-                routed(),
-                target.authority.as_ref(),
-                generation.id.0,
-            );
-            match checked {
-                Ok(checked) => Some(checked),
-                Err((error, shaped)) => {
-                    return Served {
-                        route: Some(route),
-                        result: Err(error),
-                        shaped,
-                    }
+        Some(f) => match filters::check(&req, &seen, f) {
+            Ok(checked) => Some(checked),
+            Err((error, shaped)) => {
+                return Served {
+                    route: Some(route),
+                    result: Err(error),
+                    shaped,
                 }
             }
-        }
+        },
     };
     let shaped = checked.as_mut().and_then(|c| c.shaped.take());
     // The route's own admission (quota, `max_inflight`).
@@ -416,17 +411,7 @@ async fn serve<'g>(
     let mut req = req;
     let mut request_id = None;
     if let (Some(f), Some(checked)) = (&effective, checked) {
-        let prepared = filters::prepare(
-            req,
-            &checked,
-            conn,
-            route,
-            f,
-            &router.edge,
-            routed(),
-            target.authority.as_ref(),
-            generation.id.0,
-        );
+        let prepared = filters::prepare(req, &checked, &seen, f);
         let (prepared, forwarded) = match prepared {
             Ok(prepared) => prepared,
             Err(error) => {
@@ -458,12 +443,7 @@ async fn serve<'g>(
         Step::Redirect(redirect) => Ok(filters::redirect_for(
             redirect,
             &req,
-            conn,
-            route,
-            &router.edge,
-            target.path.as_deref().unwrap_or(req.uri().path()),
-            target.authority.as_ref(),
-            generation.id.0,
+            &seen,
             request_id.as_ref(),
         )),
         Step::Proxy(upstream, slot) => {
