@@ -1,9 +1,10 @@
-//! Route filters on the request path (DESIGN §17), applied in the fixed
-//! order of the contract: allow/deny, declared body length, then the
-//! action (redirect, or rewrite, host rewrite, request id and request
-//! headers before the exchange, with the streamed body limit), then
-//! response headers. Called by `http.rs` for routes that have filters;
-//! a route without any never reaches this file.
+//! Route filters on the request path (DESIGN §17), in the fixed order of
+//! the contract: `check` (allow/deny, the declared body length) before
+//! the route's quota, `prepare` (request id, streamed body limit,
+//! rewrite, request headers) after it, redirects as an action, and the
+//! response header changes on whatever answer the route gives. Called by
+//! `http.rs` for a route with filters or on a listener with `defaults`;
+//! any other route never reaches this file.
 
 use std::net::IpAddr;
 use std::pin::Pin;
