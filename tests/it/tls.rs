@@ -780,3 +780,65 @@ async fn a_watched_certificate_rotation_goes_through_reload_certs() {
     let after = client.connect(secure, None, &[b"http/1.1"]).await.unwrap();
     assert_eq!(peer_fingerprint(&after), fingerprint(&b.0));
 }
+
+/// Route filter templates (DESIGN §17) read the handshake: the server
+/// name and the client certificate's subject and fingerprint; empty
+/// without a certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_template_variables_name_the_server_name_and_the_client_certificate() {
+    let echo = echo_backend().await;
+    let ca = ca("test ca");
+    let clients = self::ca("client ca");
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_leaf(&ca, &["default.test"]);
+    put(dir.path(), "s.pem", &server.0);
+    put(dir.path(), "s.key", &server.1);
+    put(dir.path(), "clients.pem", &clients.pem);
+    let text = Config::new()
+        .listener(
+            "secure",
+            r#"protocol = "https"
+tls.certificates = [{ cert = "s.pem", key = "s.key" }]
+tls.client_ca = "clients.pem"
+tls.client_auth = "optional""#,
+        )
+        .route(
+            "echo",
+            r#"listeners = ["secure"]
+upstream = "app"
+request_headers = { set = { "x-sni" = "{tls.sni}", "x-subject" = "{tls.client.subject}", "x-fingerprint" = "{tls.client.fingerprint}", "x-scheme" = "{scheme}" } }"#,
+        )
+        .upstream("app", &[echo.addr], "")
+        .build();
+    let gw = Gateway::start_in(dir, &text);
+    let secure = gw.listener("secure");
+    let identity = leaf(
+        &clients,
+        &["client.test"],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let expected = fingerprint(&identity.0);
+    let stream = Client::trusting(&ca)
+        .with_identity(identity)
+        .connect(secure, Some("default.test"), &[b"http/1.1"])
+        .await
+        .unwrap();
+    let (status, body, _) = h1_get(stream, "default.test").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    for line in [
+        "x-sni: default.test".to_owned(),
+        "x-subject: CN=client.test".to_owned(),
+        format!("x-fingerprint: {expected}"),
+        "x-scheme: https".to_owned(),
+    ] {
+        assert!(body.lines().any(|l| l == line), "{line} in\n{body}");
+    }
+    let stream = Client::trusting(&ca)
+        .connect(secure, Some("default.test"), &[b"http/1.1"])
+        .await
+        .unwrap();
+    let (status, body, _) = h1_get(stream, "default.test").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.lines().any(|l| l == "x-sni: default.test"), "{body}");
+    assert!(body.lines().any(|l| l == "x-subject: "), "{body}");
+}
