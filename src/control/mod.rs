@@ -286,9 +286,15 @@ impl Control {
 
     /// The configuration text of the active generation, as retained.
     pub fn active_config(&self) -> Option<ConfigText> {
-        let active = self.store.active_id();
+        self.config_of(self.store.active_id())
+    }
+
+    /// The configuration text generation `id` was activated with, once
+    /// history has recorded it (an activation publishes first, then
+    /// records).
+    pub(crate) fn config_of(&self, id: GenerationId) -> Option<ConfigText> {
         let history = self.history();
-        let record = history.generation(active)?;
+        let record = history.generation(id)?;
         match record.config_text() {
             Ok(text) => Some(text),
             Err(error) => {

@@ -170,11 +170,15 @@ impl Control {
                 return *matches;
             }
         }
+        // Between publishing a generation and recording it, its text is
+        // not in history yet: say no, and remember nothing (a remembered
+        // "no" would stand until the file or the generation changed).
+        let Some(active_text) = self.config_of(active) else {
+            return false;
+        };
         let matches = stamp.is_some()
             && crate::config::ConfigText::read(&self.config_file)
-                .ok()
-                .zip(self.active_config())
-                .is_some_and(|(file, active)| self.as_planned_text(file.text) == active.text);
+                .is_ok_and(|file| self.as_planned_text(file.text) == active_text.text);
         *seen = Some((active, stamp, matches));
         matches
     }
