@@ -114,17 +114,7 @@ impl Rewrite {
                     rest.to_owned()
                 })
             }
-            Rewrite::ReplacePrefix(prefix, with) => {
-                // Literal, as Envoy's `prefix_rewrite`; a slash on both
-                // sides of the seam is written once.
-                let rest = path.strip_prefix(prefix.as_str())?;
-                let rest = match with.ends_with('/') {
-                    true => rest.strip_prefix('/').unwrap_or(rest),
-                    false => rest,
-                };
-                let out = format!("{with}{rest}");
-                Some(if out.is_empty() { "/".to_owned() } else { out })
-            }
+            Rewrite::ReplacePrefix(prefix, with) => replace_prefix(path, prefix, with),
             Rewrite::Regex(re) => {
                 let mut caps = re.regex.create_captures();
                 re.regex.captures(path, &mut caps);
@@ -140,6 +130,20 @@ impl Rewrite {
             }
         }
     }
+}
+
+/// `path` with `prefix` replaced by `with`, literally (as Envoy's
+/// `prefix_rewrite`; a slash on both sides of the seam is written once);
+/// `None` when `path` does not start with `prefix`. For `rewrite` and a
+/// redirect's `replace_prefix` alike.
+pub fn replace_prefix(path: &str, prefix: &str, with: &str) -> Option<String> {
+    let rest = path.strip_prefix(prefix)?;
+    let rest = match with.ends_with('/') {
+        true => rest.strip_prefix('/').unwrap_or(rest),
+        false => rest,
+    };
+    let out = format!("{with}{rest}");
+    Some(if out.is_empty() { "/".to_owned() } else { out })
 }
 
 /// `path` without `prefix`, when `prefix` ends where a segment does
@@ -170,14 +174,6 @@ pub struct HeaderOps {
 impl HeaderOps {
     pub fn is_empty(&self) -> bool {
         self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
-    }
-
-    /// Whether applying them needs anything of the request.
-    pub fn templated(&self) -> bool {
-        self.set
-            .iter()
-            .chain(&self.add)
-            .any(|(_, t)| t.literal().is_none())
     }
 }
 
@@ -341,13 +337,6 @@ impl Template {
 
     pub fn parts(&self) -> &[Part] {
         &self.parts
-    }
-
-    /// Whether the template names `var`.
-    pub fn names(&self, var: &Var) -> bool {
-        self.parts
-            .iter()
-            .any(|p| matches!(p, Part::Var(v) if v == var))
     }
 }
 

@@ -306,14 +306,7 @@ impl Vars<'_> {
         if let Some(literal) = template.literal() {
             return Some(literal.clone());
         }
-        let mut out: Vec<u8> = Vec::with_capacity(64);
-        for part in template.parts() {
-            match part {
-                Part::Text(text) => out.extend_from_slice(text.as_bytes()),
-                Part::Var(var) => self.push(var, &mut out),
-            }
-        }
-        let value = HeaderValue::from_bytes(&out).ok();
+        let value = HeaderValue::from_bytes(&render_bytes(template, self)).ok();
         if value.is_none() {
             metrics::counter!(m::FILTER_VALUES_DROPPED, m::LABEL_ROUTE => self.route.to_owned())
                 .increment(1);
@@ -455,7 +448,11 @@ impl<'g> Shaped<'g> {
 fn redirect(redirect: &Redirect, vars: &Vars<'_>) -> Response<ResponseBody> {
     let scheme: Vec<u8> = match &redirect.scheme {
         Some(t) => render_bytes(t, vars),
-        None => vars.push_to_vec(&Var::Scheme),
+        None => {
+            let mut scheme = Vec::new();
+            vars.push(&Var::Scheme, &mut scheme);
+            scheme
+        }
     };
     let host: Vec<u8> = match &redirect.host {
         Some(t) => render_bytes(t, vars),
@@ -486,13 +483,8 @@ fn redirect(redirect: &Redirect, vars: &Vars<'_>) -> Response<ResponseBody> {
         RedirectPath::Same => location.extend_from_slice(vars.path.as_bytes()),
         RedirectPath::Template(t) => location.extend_from_slice(&render_bytes(t, vars)),
         RedirectPath::ReplacePrefix(prefix, with) => {
-            let rest = vars.path.strip_prefix(prefix.as_str()).unwrap_or(vars.path);
-            let rest = match with.ends_with('/') {
-                true => rest.strip_prefix('/').unwrap_or(rest),
-                false => rest,
-            };
-            location.extend_from_slice(with.as_bytes());
-            location.extend_from_slice(rest.as_bytes());
+            let path = crate::plan::replace_prefix(vars.path, prefix, with);
+            location.extend_from_slice(path.as_deref().unwrap_or(vars.path).as_bytes());
         }
     }
     if redirect.keep_query {
@@ -526,14 +518,6 @@ fn render_bytes(template: &Template, vars: &Vars<'_>) -> Vec<u8> {
         }
     }
     out
-}
-
-impl Vars<'_> {
-    fn push_to_vec(&self, var: &Var) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.push(var, &mut out);
-        out
-    }
 }
 
 /// `host` without a `:port` (an IPv6 literal keeps its brackets).

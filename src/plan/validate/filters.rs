@@ -199,31 +199,11 @@ impl Validator<'_> {
         if allow.is_none() && deny.is_none() {
             return Some(None);
         }
-        let mut ok = true;
-        let mut parse = |key: &str, list: &[String]| -> Vec<ipnet::IpNet> {
-            let mut nets = Vec::with_capacity(list.len());
-            for (n, text) in list.iter().enumerate() {
-                let parsed = text
-                    .parse::<ipnet::IpNet>()
-                    .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
-                match parsed {
-                    Ok(net) => nets.push(net.trunc()),
-                    Err(_) => {
-                        self.error(
-                            Code::InvalidAddress,
-                            format!("{base}{key}[{n}]"),
-                            format!("'{text}' is not an IP address or CIDR (10.0.0.0/8, ::1/128)"),
-                        );
-                        ok = false;
-                    }
-                }
-            }
-            nets
-        };
-        let allow = allow.map(|list| parse("allow_from", list));
-        let deny = deny
-            .map(|list| parse("deny_from", list))
-            .unwrap_or_default();
+        let allow = allow.map(|list| self.networks(&format!("{base}allow_from"), list));
+        let deny = deny.map(|list| self.networks(&format!("{base}deny_from"), list));
+        let mut ok = !matches!(allow, Some(None)) && !matches!(deny, Some(None));
+        let allow = allow.flatten();
+        let deny = deny.flatten().unwrap_or_default();
         if allow.as_ref().is_some_and(Vec::is_empty) && ok {
             self.error(
                 Code::InvalidValue,

@@ -331,21 +331,12 @@ impl Validator<'_> {
                 "trust_forwarded = true trusts every peer, so trusted_proxies would have no effect; set one of them",
             );
         }
-        let mut trusted_proxies = Vec::with_capacity(l.trusted_proxies.len());
-        for (p, text) in l.trusted_proxies.iter().enumerate() {
-            // A bare address is a network of one.
-            let parsed = text
-                .parse::<ipnet::IpNet>()
-                .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
-            match parsed {
-                Ok(net) => trusted_proxies.push(net.trunc()),
-                Err(_) => self.error(
-                    Code::InvalidAddress,
-                    format!("listeners[{i}].trusted_proxies[{p}]"),
-                    format!("'{text}' is not an IP address or CIDR (10.0.0.0/8, ::1/128)"),
-                ),
-            }
-        }
+        let trusted_proxies = self
+            .networks(
+                &format!("listeners[{i}].trusted_proxies"),
+                &l.trusted_proxies,
+            )
+            .unwrap_or_default();
         if l.max_inflight == Some(0) {
             self.error(
                 Code::InvalidValue,

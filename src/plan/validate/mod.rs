@@ -183,6 +183,30 @@ impl Validator<'_> {
         }
     }
 
+    /// CIDRs (a bare address is a network of one), each refused at its
+    /// own index under `path`; `None` when any is.
+    fn networks(&mut self, path: &str, list: &[String]) -> Option<Vec<ipnet::IpNet>> {
+        let mut nets = Vec::with_capacity(list.len());
+        let mut ok = true;
+        for (n, text) in list.iter().enumerate() {
+            let parsed = text
+                .parse::<ipnet::IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
+            match parsed {
+                Ok(net) => nets.push(net.trunc()),
+                Err(_) => {
+                    self.error(
+                        Code::InvalidAddress,
+                        format!("{path}[{n}]"),
+                        format!("'{text}' is not an IP address or CIDR (10.0.0.0/8, ::1/128)"),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(nets)
+    }
+
     fn duration(&mut self, path: String, text: &str) -> Option<Duration> {
         match humantime::parse_duration(text) {
             Ok(d) if !d.is_zero() => Some(d),
