@@ -40,6 +40,7 @@ pub mod ctl;
 #[cfg(feature = "fleet")]
 pub mod fleet;
 pub mod generation;
+pub mod grpc;
 pub mod ids;
 pub mod lifecycle;
 pub mod plan;

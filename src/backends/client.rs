@@ -118,19 +118,33 @@ impl http_body::Body for RequestBody {
 }
 
 /// A client request body on its way through hyper's client, which says
-/// when it has been read to its end: the route timeout starts there.
+/// when it has been read to its end (the route timeout starts there) and
+/// keeps the error it failed with, if it did: hyper's HTTP/2 client
+/// reports a failed request body as a reset stream, which says nothing
+/// of whose fault it was.
 #[derive(Debug)]
 pub struct SignalledBody {
     body: RequestBody,
     ended: Option<tokio::sync::oneshot::Sender<()>>,
+    failure: Arc<std::sync::Mutex<Option<BoxError>>>,
 }
+
+/// What hyper is told when the client's body failed (the cause is kept
+/// by the `SignalledBody`).
+#[derive(Debug, thiserror::Error)]
+#[error("the client's request body failed")]
+pub struct ClientBodyFailed;
 
 impl SignalledBody {
     /// The body, and what completes once it has ended (or failed).
     pub fn new(body: RequestBody) -> (Self, tokio::sync::oneshot::Receiver<()>) {
         let (ended, receiver) = tokio::sync::oneshot::channel();
         let ended = Some(ended);
-        let mut this = Self { body, ended };
+        let mut this = Self {
+            body,
+            ended,
+            failure: Arc::default(),
+        };
         if this.is_end_stream() {
             this.end();
         }
@@ -142,7 +156,13 @@ impl SignalledBody {
         Self {
             body: RequestBody::Buffered(None),
             ended: None,
+            failure: Arc::default(),
         }
+    }
+
+    /// Where the error the body fails with will be, if it fails.
+    pub fn failure(&self) -> Arc<std::sync::Mutex<Option<BoxError>>> {
+        Arc::clone(&self.failure)
     }
 
     fn end(&mut self) {
@@ -167,7 +187,17 @@ impl http_body::Body for SignalledBody {
         {
             this.end();
         }
-        polled
+        match polled {
+            std::task::Poll::Ready(Some(Err(error))) => {
+                let mut slot = this
+                    .failure
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                *slot = Some(error);
+                std::task::Poll::Ready(Some(Err(Box::new(ClientBodyFailed))))
+            }
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {

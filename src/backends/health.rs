@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use http::header::{HeaderValue, HOST, USER_AGENT};
+use http::header::{HeaderValue, CONTENT_TYPE, HOST, TE, USER_AGENT};
 use http::{Request, Uri};
 use http_body_util::BodyExt;
 
@@ -196,6 +196,7 @@ async fn check(backend: &Backend, spec: &HealthSpec) -> Result<(), String> {
             .await
             .map(drop)
             .map_err(|e| format!("connect: {e}")),
+        HealthProbe::Grpc { service } => grpc_check(backend, service).await,
         HealthProbe::Http {
             path,
             host,
@@ -243,5 +244,53 @@ async fn check(backend: &Backend, spec: &HealthSpec) -> Result<(), String> {
                 Err(format!("status {}", status.as_u16()))
             }
         }
+    }
+}
+
+/// `grpc.health.v1.Health/Check` for `service` over the backend's own
+/// HTTP/2 connection: passes when the call ends OK with SERVING.
+async fn grpc_check(backend: &Backend, service: &str) -> Result<(), String> {
+    let uri = Uri::builder()
+        .scheme(backend.scheme.clone())
+        .authority(backend.authority.clone())
+        .path_and_query("/grpc.health.v1.Health/Check")
+        .build()
+        .map_err(|e| format!("check request: {e}"))?;
+    let body = super::RequestBody::Buffered(Some(crate::grpc::health_request(service)));
+    let (body, _) = SignalledBody::new(body);
+    let mut request = Request::new(body);
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = uri;
+    *request.version_mut() = backend.version;
+    let headers = request.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(TE, HeaderValue::from_static("trailers"));
+    headers.insert(USER_AGENT, HeaderValue::from_static("cutover-health-check"));
+    let response = backend
+        .client
+        .request(request)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    if response.status() != http::StatusCode::OK {
+        return Err(format!("status {}", response.status().as_u16()));
+    }
+    let head_status = crate::grpc::Code::of(response.headers());
+    let collected = http_body_util::Limited::new(response.into_body(), MAX_CHECK_BODY)
+        .collect()
+        .await
+        .map_err(|e| format!("response: {e}"))?;
+    let code = head_status
+        .or_else(|| collected.trailers().and_then(crate::grpc::Code::of))
+        .ok_or("the call ended without a grpc-status")?;
+    if code != crate::grpc::Code::Ok {
+        return Err(format!("grpc-status {} ({})", code as u8, code.name()));
+    }
+    match crate::grpc::health_status(&collected.to_bytes()) {
+        Ok(1) => Ok(()),
+        Ok(0) => Err("UNKNOWN".to_owned()),
+        Ok(2) => Err("NOT_SERVING".to_owned()),
+        Ok(3) => Err("SERVICE_UNKNOWN".to_owned()),
+        Ok(other) => Err(format!("serving status {other}")),
+        Err(reason) => Err(format!("health response: {reason}")),
     }
 }

@@ -93,6 +93,7 @@ codes! {
     UnknownVariable = "unknown_variable",
     InvalidRewrite = "invalid_rewrite",
     RedirectLoop = "redirect_loop",
+    GrpcNeedsHttp2 = "grpc_needs_http2",
 }
 
 impl std::fmt::Display for Code {

@@ -413,6 +413,9 @@ pub struct FileRoute {
     /// Keep a valid `x-request-id` or make one; sent up, returned, logged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<bool>,
+    /// Translate gRPC-Web calls (binary and text) to gRPC for the upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_web: Option<bool>,
 }
 
 /// `request_headers` / `response_headers`.
@@ -616,6 +619,10 @@ pub struct FileHealth {
     /// TCP check: passing when a connection is accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp: Option<bool>,
+    /// gRPC check: `grpc.health.v1.Health/Check` for this service name
+    /// (`""`: the server as a whole), passing on SERVING.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc: Option<String>,
     /// `Host` of the HTTP check (default: the backend address).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,

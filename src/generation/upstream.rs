@@ -92,6 +92,13 @@ impl Upstream {
         })
     }
 
+    /// Whether its backends speak HTTP/2 (`h2c`, `h2`), as gRPC needs.
+    pub fn speaks_http2(&self) -> bool {
+        self.backends
+            .first()
+            .is_none_or(|b| b.version == http::Version::HTTP_2)
+    }
+
     /// The backend for the next request: by the policy, among those that
     /// pass their checks and are not ejected; when there are none, by
     /// the policy among all of them (fail open, counted).

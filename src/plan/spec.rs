@@ -373,6 +373,8 @@ pub struct RouteSpec {
     pub retry: Option<RetrySpec>,
     pub hedge: Option<HedgeSpec>,
     pub quota: Option<QuotaSpec>,
+    /// gRPC-Web calls are translated to gRPC (DESIGN §18).
+    pub grpc_web: bool,
 }
 
 /// `routes.quota`: token buckets per key. Part of the buckets' identity:
@@ -431,7 +433,19 @@ pub struct RetryOn {
     pub server_error: bool,
     /// These statuses from the backend.
     pub statuses: Vec<u16>,
+    /// These gRPC statuses in a trailers-only answer (`Code::bit`s).
+    pub grpc: u32,
 }
+
+/// The gRPC statuses `retry.on` may name (`grpc:NAME`): the ones that
+/// say the call may succeed when made again.
+pub const RETRYABLE_GRPC: [crate::grpc::Code; 5] = [
+    crate::grpc::Code::Unavailable,
+    crate::grpc::Code::ResourceExhausted,
+    crate::grpc::Code::Cancelled,
+    crate::grpc::Code::DeadlineExceeded,
+    crate::grpc::Code::Internal,
+];
 
 /// Retries (and hedges) allowed per upstream: `ratio` of the requests
 /// plus `min_per_second`, over a 10 s window.
@@ -556,6 +570,8 @@ pub enum HealthProbe {
     },
     /// Passes when a TCP connection is accepted.
     Tcp,
+    /// `grpc.health.v1.Health/Check` for `service`; passes on SERVING.
+    Grpc { service: String },
 }
 
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);

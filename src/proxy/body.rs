@@ -123,6 +123,8 @@ pub enum ResponseBody {
         first: Option<Frame<Bytes>>,
     },
     Full(Option<Bytes>),
+    /// A gRPC answer from a backend (`grpc.rs`).
+    Grpc(Box<super::grpc::CallBody>),
 }
 
 impl ResponseBody {
@@ -137,6 +139,7 @@ impl ResponseBody {
                 guards.as_mut()
             }
             ResponseBody::Full(_) => None,
+            ResponseBody::Grpc(call) => call.inner_mut().guards_mut(),
         }
     }
 }
@@ -242,6 +245,7 @@ impl Body for ResponseBody {
                 polled
             }
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            ResponseBody::Grpc(call) => Pin::new(&mut **call).poll_frame(cx),
         }
     }
 
@@ -250,6 +254,7 @@ impl Body for ResponseBody {
             ResponseBody::Upstream { body, .. } => body.is_end_stream(),
             ResponseBody::Driven { body, first, .. } => first.is_none() && body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
+            ResponseBody::Grpc(call) => call.is_end_stream(),
         }
     }
 
@@ -271,6 +276,7 @@ impl Body for ResponseBody {
             ResponseBody::Full(bytes) => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
+            ResponseBody::Grpc(call) => call.size_hint(),
         }
     }
 }

@@ -44,6 +44,9 @@ pub enum ProxyError {
     /// The backend broke the exchange.
     #[error("upstream failed: {0}")]
     Upstream(String),
+    /// A gRPC call for an upstream that speaks only HTTP/1.1.
+    #[error("gRPC call for an HTTP/1.1 upstream")]
+    GrpcOverHttp1,
     /// The client's request body failed while it was being forwarded
     /// (the client went away, or sent a malformed chunked body): the
     /// client's doing, so neither logged as nor counted against the
@@ -68,7 +71,8 @@ impl ProxyError {
             ProxyError::Saturated | ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamConnect(_)
             | ProxyError::UpstreamRefused(_)
-            | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            | ProxyError::Upstream(_)
+            | ProxyError::GrpcOverHttp1 => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -119,6 +123,7 @@ impl ProxyError {
             }
             ProxyError::UpstreamTimeout(_) => Flags::UPSTREAM_TIMEOUT,
             ProxyError::Upstream(_) => Flags::UPSTREAM_RESET,
+            ProxyError::GrpcOverHttp1 => Flags::UPSTREAM_PROTOCOL,
         }
     }
 

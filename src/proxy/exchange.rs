@@ -122,6 +122,9 @@ pub(super) struct Target<'g> {
     pub(super) traceparent: HeaderValue,
     /// Where attempts leave what the access log reports.
     pub trail: Option<Arc<Trail>>,
+    /// A gRPC call's deadline: each attempt sends what is left of it as
+    /// `grpc-timeout`.
+    pub grpc_deadline: Option<tokio::time::Instant>,
 }
 
 /// What `policy = "hash"` hashes for this request, if the upstream
@@ -236,10 +239,20 @@ async fn client_exchange(
         ..
     } = *hop;
     // The route timeout counts from the end of the request body.
-    let (upstream_req, body_ended) = {
+    let (upstream_req, body_ended, body_failure) = {
         let (parts, body) = upstream_req.into_parts();
         let (body, ended) = crate::backends::SignalledBody::new(body);
-        (Request::from_parts(parts, body), ended)
+        let failure = body.failure();
+        (Request::from_parts(parts, body), ended, failure)
+    };
+    // The client's body failing is the client's doing, however the
+    // exchange reports it.
+    let client_failed = || {
+        body_failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .map(|error| (Attempt::Error, ProxyError::client_body(&*error)))
     };
     let answer_due = async move {
         let _ = body_ended.await;
@@ -258,9 +271,10 @@ async fn client_exchange(
                 .await
                 .map_err(|e| match e.is_connect() {
                     true => (Attempt::ConnectError, connect_failed(backend, &e)),
-                    false if super::filters::too_large(&e) => {
-                        (Attempt::Error, ProxyError::PayloadTooLarge)
-                    }
+                    false if client_failed_now(&body_failure) => client_failed().unwrap_or((
+                        Attempt::Error,
+                        ProxyError::Upstream(format!("{}: {}", backend.key.addr, error_chain(&e))),
+                    )),
                     false => (
                         Attempt::Error,
                         ProxyError::Upstream(format!("{}: {}", backend.key.addr, error_chain(&e))),
@@ -278,8 +292,12 @@ async fn client_exchange(
             response
         }
         Ok(Err((attempt, error))) => {
-            // A body past `max_request_body` is not the backend's doing.
-            if !matches!(error, ProxyError::PayloadTooLarge) {
+            // A body past `max_request_body`, or one the client broke, is
+            // not the backend's doing.
+            if !matches!(
+                error,
+                ProxyError::PayloadTooLarge | ProxyError::ClientBody { .. }
+            ) {
                 hop.report(attempt, None);
             }
             return Err(error);
@@ -454,7 +472,15 @@ fn upstream_request(
     };
     parts.version = backend.version;
     let headers = &mut parts.headers;
-    strip_hop_by_hop(headers);
+    // HTTP/2 carries `te: trailers` end to end (gRPC servers require it);
+    // HTTP/1.1 would need it named in `Connection` as well.
+    strip(headers, backend.version == Version::HTTP_2);
+    if let Some(deadline) = target.grpc_deadline {
+        headers.insert(
+            crate::grpc::GRPC_TIMEOUT.clone(),
+            super::grpc::Call::forwarded_timeout(deadline),
+        );
+    }
     if authority_in_uri {
         if let Some(authority) = &target.authority {
             headers.insert(header::HOST, authority.clone());
@@ -562,6 +588,15 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    strip(headers, false);
+}
+
+/// The index of `TE` in `HOP_BY_HOP`.
+const TE: usize = 5;
+
+/// Strips hop-by-hop headers; with `keep_trailers`, a `TE` that lists
+/// `trailers` is forwarded as `te: trailers` (that value only).
+fn strip(headers: &mut HeaderMap, keep_trailers: bool) {
     // One pass over the names says which of them are here; only those
     // are removed. Most messages carry none; most that do carry only
     // `Connection: keep-alive` (every nginx response), and for that a
@@ -600,10 +635,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
+    let trailers = keep_trailers
+        && present & (1 << TE) != 0
+        && header_tokens(headers, &header::TE).any(|t| t.eq_ignore_ascii_case("trailers"));
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
         if present & (1 << i) != 0 {
             headers.remove(name);
         }
+    }
+    if trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
     // Framing is re-done by our own client and server.
     if present & (1 << HOP_BY_HOP.len()) != 0 {
@@ -611,7 +652,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// A failed connection attempt, refused or not (retries tell them apart).
+/// Whether the client's body has failed (its error is kept to be read).
+fn client_failed_now(failure: &std::sync::Mutex<Option<crate::backends::BoxError>>) -> bool {
+    failure
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .is_some()
+}
+
 /// The PROXY header a connection to `backend` for this client starts
 /// with, when the backend's upstream sends one.
 fn proxy_header(backend: &Backend, conn: &ConnContext) -> Option<crate::backends::ProxyHeader> {
@@ -737,6 +785,20 @@ mod tests {
             ("x-app", "1"),
         ]);
         strip_hop_by_hop(&mut h);
+        assert_eq!(h, headers(&[("x-app", "1")]));
+    }
+
+    #[test]
+    fn te_trailers_alone_crosses_to_http2_backends() {
+        assert_eq!(HOP_BY_HOP[TE], header::TE);
+        let mut h = headers(&[("te", "trailers, deflate;q=0.5"), ("x-app", "1")]);
+        strip(&mut h, true);
+        assert_eq!(h, headers(&[("x-app", "1"), ("te", "trailers")]));
+        let mut h = headers(&[("te", "deflate"), ("x-app", "1")]);
+        strip(&mut h, true);
+        assert_eq!(h, headers(&[("x-app", "1")]));
+        let mut h = headers(&[("te", "trailers"), ("x-app", "1")]);
+        strip(&mut h, false);
         assert_eq!(h, headers(&[("x-app", "1")]));
     }
 

@@ -144,6 +144,7 @@ pub async fn handle(
         authority: None,
     });
     let trail = noted.as_ref().map(|_| Trail::new());
+    let mut call = super::grpc::Call::of(&req);
     let version = req.version();
     if version == Version::HTTP_2 {
         conn.activity.mark_http2();
@@ -158,14 +159,27 @@ pub async fn handle(
             let context = RequestContext {
                 trace: &trace,
                 trail: trail.as_ref(),
+                grpc: call.as_mut(),
             };
             serve(req, &conn, &generation, guard, context, noted.as_mut()).await
         }
     };
     let route_name = route.map_or("-", |r| r.name());
     let mut flags = Flags::NONE;
+    // What the route's and the generation's records count: the status
+    // sent, except for a gRPC call the gateway failed, whose 200 stands
+    // for the HTTP status of its failure (guards must see it).
+    let mut accounted = None;
     let mut response = match served {
-        Ok(response) => response,
+        Ok(response) => match &call {
+            Some(call) => call.answer(
+                response,
+                route.map(|r| Arc::clone(r.shared.name())),
+                trail.clone(),
+                version < Version::HTTP_2,
+            ),
+            None => response,
+        },
         Err(error) => {
             flags = error.flags();
             if error.is_upstream() {
@@ -176,7 +190,15 @@ pub async fn handle(
             ) {
                 tracing::debug!(listener = %conn.listener, client = %conn.remote, route = route_name, %error, "request refused");
             }
-            let mut response = error_response(&error);
+            let mut response = match &call {
+                Some(call) => {
+                    let (response, code) = call.error_answer(&error);
+                    super::grpc::count(route.map(|r| r.name()), trail.as_deref(), code);
+                    accounted = Some(error.status());
+                    response
+                }
+                None => error_response(&error),
+            };
             // A head we refused may be followed by bytes we cannot frame:
             // nothing more is read from this HTTP/1 connection.
             if matches!(error, ProxyError::BadRequest(_)) && version < Version::HTTP_2 {
@@ -208,10 +230,11 @@ pub async fn handle(
     let status = response.status();
     // One clock read for the route's and the generation's records.
     let elapsed = started.elapsed();
+    let counted = accounted.unwrap_or(status).as_u16();
     if let Some(route) = route {
-        route.shared.record(status.as_u16(), elapsed);
+        route.shared.record(counted, elapsed);
     }
-    generation.ledger.answered(status.as_u16(), elapsed);
+    generation.ledger.answered(counted, elapsed);
     let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
     if let Some(counter) = conn.responses.get(class) {
         counter.increment(1);
@@ -275,6 +298,9 @@ fn protocol_name(version: Version) -> &'static str {
 struct RequestContext<'r> {
     trace: &'r TraceContext,
     trail: Option<&'r Arc<Trail>>,
+    /// Set for a gRPC call: its deadline and gRPC-Web mode are settled
+    /// here.
+    grpc: Option<&'r mut super::grpc::Call>,
 }
 
 /// What `serve` did: the route that took the request (for logs), the
@@ -303,7 +329,7 @@ async fn serve<'g>(
     conn: &ConnContext,
     generation: &'g Generation,
     guard: crate::generation::InflightGuard,
-    context: RequestContext<'_>,
+    mut context: RequestContext<'_>,
     mut noted: Option<&mut Noted>,
 ) -> Served<'g> {
     if let Some(reason) = edge::smuggling_risk(req.headers()) {
@@ -359,7 +385,12 @@ async fn serve<'g>(
         edge: &router.edge,
         traceparent: context.trace.traceparent(),
         trail: context.trail.cloned(),
+        grpc_deadline: None,
     };
+    if let Some(call) = context.grpc.as_deref_mut() {
+        call.routed(route.timeout());
+        target.grpc_deadline = call.deadline;
+    }
     // The route's filters, in the order of DESIGN §17; a route without
     // any (and a listener without defaults) pays this one check.
     let effective = filters::Effective::of(
@@ -436,6 +467,16 @@ async fn serve<'g>(
         target.host_rewrite = f.host_rewrite();
         request_id = checked.request_id;
     }
+    if let Some(call) = context.grpc.as_deref_mut() {
+        if call.malformed_timeout {
+            req.headers_mut().remove(&crate::grpc::GRPC_TIMEOUT);
+        }
+        if route.spec.grpc_web {
+            let (translated, mode) = super::grpc_web::translate(req);
+            req = translated;
+            call.web = mode;
+        }
+    }
     // One step forward: a direct answer, a redirect, several attempts
     // (`retry.rs`) or one (`exchange.rs`).
     let mut result = match step {
@@ -449,13 +490,31 @@ async fn serve<'g>(
         Step::Proxy(upstream, slot) => {
             // Not kept across the exchange (the future stays small).
             drop(request_id);
-            if super::retry::applies(route, &req) {
-                Box::pin(super::retry::serve(
-                    req, target, conn, route, upstream, guard, slot,
-                ))
-                .await
-            } else {
-                super::exchange::forward(req, target, conn, route, upstream, guard, slot).await
+            match target.grpc_deadline {
+                _ if context.grpc.is_some() && !upstream.speaks_http2() => {
+                    Err(ProxyError::GrpcOverHttp1)
+                }
+                // A gRPC call with a deadline: the answer's head is due by
+                // then (its body is held to it in `grpc.rs`).
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    let forwarding =
+                        Box::pin(proxy(req, target, conn, route, upstream, guard, slot));
+                    tokio::time::timeout_at(deadline, forwarding)
+                        .await
+                        .unwrap_or(Err(ProxyError::UpstreamTimeout(left)))
+                }
+                // Spelled out rather than through `proxy`: an async layer
+                // less for every other request.
+                None if super::retry::applies(route, &req) => {
+                    Box::pin(super::retry::serve(
+                        req, target, conn, route, upstream, guard, slot,
+                    ))
+                    .await
+                }
+                None => {
+                    super::exchange::forward(req, target, conn, route, upstream, guard, slot).await
+                }
             }
         }
     };
@@ -469,6 +528,27 @@ async fn serve<'g>(
         route: Some(route),
         result,
         shaped,
+    }
+}
+
+/// Forwards a request with a deadline: several attempts (`retry.rs`) or
+/// one (`exchange.rs`).
+async fn proxy(
+    req: Request<ClientBody>,
+    target: Target<'_>,
+    conn: &ConnContext,
+    route: &Route,
+    upstream: &Arc<Upstream>,
+    guard: crate::generation::InflightGuard,
+    slot: Option<crate::generation::RouteSlot>,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    if super::retry::applies(route, &req) {
+        Box::pin(super::retry::serve(
+            req, target, conn, route, upstream, guard, slot,
+        ))
+        .await
+    } else {
+        super::exchange::forward(req, target, conn, route, upstream, guard, slot).await
     }
 }
 

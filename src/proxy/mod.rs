@@ -11,6 +11,8 @@ mod error;
 mod exchange;
 mod filters;
 mod framing;
+mod grpc;
+mod grpc_web;
 mod h3;
 mod http;
 mod interim;

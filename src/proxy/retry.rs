@@ -2,7 +2,11 @@
 //!
 //! Such a request's body is read first (at most `max_replay_body`, with
 //! its length declared or the body already complete); one whose body
-//! cannot be kept takes the single-attempt path. Each attempt goes to a
+//! cannot be kept takes the single-attempt path. A gRPC call's body has
+//! no declared length (and a streaming call's may not end before its
+//! answer begins): it is sent as it arrives and a copy kept on the side
+//! (`Tee`); the call can be made again only if that copy is whole (the
+//! body ended within `max_replay_body`) when it is needed. Each attempt goes to a
 //! backend the request has not tried yet when the upstream has one, gets
 //! the rest of the route's `timeout` (or `per_try_timeout`, if shorter),
 //! and its own guards; the answer that is kept gets the route slot.
@@ -17,7 +21,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -50,7 +54,8 @@ pub(super) fn applies(route: &Route, req: &Request<ClientBody>) -> bool {
     };
     // A protocol upgrade (WebSocket) is a tunnel, not an answer to repeat.
     method_ok
-        && replayable(req.body(), max_replay(spec.retry.as_ref()))
+        && (replayable(req.body(), max_replay(spec.retry.as_ref()))
+            || crate::grpc::is_grpc(req.headers()))
         && requested_upgrade(req).is_none()
 }
 
@@ -76,7 +81,11 @@ fn worth_retrying(outcome: &Outcome, retry: Option<&RetrySpec>) -> bool {
     match outcome {
         Ok(response) => {
             let status = response.status();
-            (on.gateway_error
+            // A trailers-only gRPC answer carries its status in the head.
+            let grpc = on.grpc != 0
+                && crate::grpc::Code::of(response.headers())
+                    .is_some_and(|c| on.grpc & c.bit() != 0);
+            grpc || (on.gateway_error
                 && matches!(
                     status,
                     StatusCode::BAD_GATEWAY
@@ -108,10 +117,16 @@ pub(super) async fn serve(
     let hash = request_hash(upstream, &req, conn, &target);
     let retry = spec.retry.as_ref();
     let (parts, body) = req.into_parts();
-    let body = read_body(body, max_replay(retry)).await?;
-    if let (Some(trail), Some(body)) = (&target.trail, &body) {
-        trail.add_bytes_in(body.len());
-    }
+    let max = max_replay(retry);
+    let body = if replayable(&body, max) {
+        let body = read_body(body, max).await?;
+        if let (Some(trail), Some(body)) = (&target.trail, &body) {
+            trail.add_bytes_in(body.len());
+        }
+        Replay::Kept(body)
+    } else {
+        Replay::Teed(Tee::new(body, max))
+    };
     let started = Instant::now();
     let deadline = started + route.timeout();
     let budget = upstream.budget();
@@ -132,6 +147,9 @@ pub(super) async fn serve(
     let mut last = None;
     for attempt in 1..=attempts {
         if attempt > 1 {
+            if !template.body.again() {
+                break;
+            }
             if !budget.try_spend(&budget_spec) {
                 budget.exhausted.add(1);
                 break;
@@ -175,7 +193,7 @@ struct Template<'a> {
     /// its own entry.
     ledger: Arc<Ledger>,
     parts: http::request::Parts,
-    body: Option<Bytes>,
+    body: Replay,
     target: Target<'a>,
     conn: &'a ConnContext,
     route: &'a Route,
@@ -183,14 +201,19 @@ struct Template<'a> {
 }
 
 impl Template<'_> {
-    /// A copy of the request for one more attempt.
-    fn request(&self) -> Request<RequestBody> {
-        let mut req = Request::new(RequestBody::Buffered(self.body.clone()));
+    /// A copy of the request for one more attempt, if its body can be
+    /// sent (again).
+    fn request(&self) -> Option<Request<RequestBody>> {
+        let body = match &self.body {
+            Replay::Kept(body) => RequestBody::Buffered(body.clone()),
+            Replay::Teed(tee) => tee.next(self.target.trail.clone())?,
+        };
+        let mut req = Request::new(body);
         *req.method_mut() = self.parts.method.clone();
         *req.uri_mut() = self.parts.uri.clone();
         *req.version_mut() = self.parts.version;
         *req.headers_mut() = self.parts.headers.clone();
-        req
+        Some(req)
     }
 
     /// The next backend: one not tried yet, if the upstream has any.
@@ -208,6 +231,11 @@ impl Template<'_> {
         Box::pin(async move {
             let Some(backend) = backend else {
                 return Err(ProxyError::NoBackend);
+            };
+            let Some(request) = self.request() else {
+                return Err(ProxyError::Upstream(
+                    "the request body could not be sent again".into(),
+                ));
             };
             let left = deadline.saturating_duration_since(Instant::now());
             let timeout = self
@@ -233,7 +261,7 @@ impl Template<'_> {
                 backend.start_request(),
                 Arc::clone(self.conn.admission.store()),
             );
-            exchange(self.request(), self.target.clone(), &hop, guards).await
+            exchange(request, self.target.clone(), &hop, guards).await
         })
     }
 }
@@ -254,7 +282,7 @@ async fn hedged(
     let mut next = Instant::now() + hedge.delay;
     let mut last = None;
     loop {
-        let can_hedge = started <= hedge.max_extra && next < deadline;
+        let can_hedge = started <= hedge.max_extra && next < deadline && template.body.again();
         if running.is_empty() && !can_hedge {
             // Nothing in flight and nothing more to start (out of extra
             // attempts, or of time): the last answer is the answer.
@@ -327,6 +355,138 @@ fn backoff(spec: &RetrySpec, retry: u32) -> Duration {
         .saturating_mul(1u32 << (retry - 1).min(16))
         .min(spec.backoff_max);
     ceiling.mul_f64(fastrand::f64())
+}
+
+/// A request body as the attempts need it.
+enum Replay {
+    /// Read whole before the first attempt (or empty).
+    Kept(Option<Bytes>),
+    /// Sent as it arrives by the first attempt, a copy kept on the side.
+    Teed(Tee),
+}
+
+impl Replay {
+    /// Whether another attempt could send the body now.
+    fn again(&self) -> bool {
+        match self {
+            Replay::Kept(_) => true,
+            Replay::Teed(tee) => tee.whole().is_some(),
+        }
+    }
+}
+
+/// The body of a request whose length is unknown (a gRPC call's): the
+/// first attempt takes it, later ones a copy when it came whole.
+struct Tee {
+    first: Mutex<Option<ClientBody>>,
+    copy: Arc<Mutex<Copied>>,
+}
+
+/// What the first attempt's body has passed so far.
+#[derive(Default)]
+struct Copied {
+    frames: Vec<Bytes>,
+    len: u64,
+    /// The body ended within the limit, with nothing but data.
+    ended: bool,
+    /// Past the limit, failed, or carried trailers: never replayed.
+    lost: bool,
+    max: u64,
+}
+
+impl Tee {
+    fn new(body: ClientBody, max: u64) -> Self {
+        Tee {
+            first: Mutex::new(Some(body)),
+            copy: Arc::new(Mutex::new(Copied {
+                max,
+                ..Copied::default()
+            })),
+        }
+    }
+
+    fn lock(copy: &Mutex<Copied>) -> std::sync::MutexGuard<'_, Copied> {
+        copy.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The body, whole, once the first attempt has sent all of it.
+    fn whole(&self) -> Option<Bytes> {
+        let copy = Self::lock(&self.copy);
+        (copy.ended && !copy.lost).then(|| copy.frames.concat().into())
+    }
+
+    /// The body for the next attempt: the client's own the first time, the
+    /// copy after (if whole).
+    fn next(&self, trail: Option<Arc<crate::telemetry::access::Trail>>) -> Option<RequestBody> {
+        let first = self
+            .first
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        match first {
+            Some(inner) => {
+                let teed = Teeing {
+                    inner,
+                    copy: Arc::clone(&self.copy),
+                };
+                Some(RequestBody::Streaming(
+                    ClientBody::Other(Box::pin(teed)),
+                    trail,
+                ))
+            }
+            None => self
+                .whole()
+                .map(|b| RequestBody::Buffered(Some(b).filter(|b| !b.is_empty()))),
+        }
+    }
+}
+
+/// The first attempt's body: the client's, copied as it passes.
+struct Teeing {
+    inner: ClientBody,
+    copy: Arc<Mutex<Copied>>,
+}
+
+impl http_body::Body for Teeing {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(result) = &polled {
+            let mut copy = Tee::lock(&this.copy);
+            match result {
+                Some(Ok(frame)) => match frame.data_ref() {
+                    Some(data) if !copy.lost && copy.len + data.len() as u64 <= copy.max => {
+                        copy.len += data.len() as u64;
+                        copy.frames.push(data.clone());
+                        // The last frame: the body's sender will not poll again.
+                        copy.ended |= this.inner.is_end_stream();
+                    }
+                    _ => {
+                        copy.lost = true;
+                        copy.frames = Vec::new();
+                    }
+                },
+                None => copy.ended = true,
+                Some(Err(_)) => copy.lost = true,
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// Reads a body the caller has checked is short or complete.

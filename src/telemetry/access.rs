@@ -48,9 +48,12 @@ impl Flags {
     pub const DENIED: Flags = Flags(1 << 13);
     /// Refused by `max_request_body`.
     pub const BODY_TOO_LARGE: Flags = Flags(1 << 14);
+    /// The upstream cannot carry the request's protocol (gRPC for an
+    /// HTTP/1.1 upstream).
+    pub const UPSTREAM_PROTOCOL: Flags = Flags(1 << 15);
 
     /// Names in output order.
-    const NAMES: [(Flags, &'static str); 15] = [
+    const NAMES: [(Flags, &'static str); 16] = [
         (Flags::NO_ROUTE, "no_route"),
         (Flags::NO_HEALTHY_BACKEND, "no_healthy_backend"),
         (Flags::CONNECT_FAILURE, "connect_failure"),
@@ -66,6 +69,7 @@ impl Flags {
         (Flags::IDLE_TIMEOUT, "idle_timeout"),
         (Flags::DENIED, "denied"),
         (Flags::BODY_TOO_LARGE, "body_too_large"),
+        (Flags::UPSTREAM_PROTOCOL, "upstream_protocol"),
     ];
 
     pub fn contains(self, other: Flags) -> bool {
@@ -108,6 +112,8 @@ pub struct Trail {
     upstream_us: AtomicU64,
     /// The last backend an attempt went to.
     backend: Mutex<Option<Arc<str>>>,
+    /// A gRPC call's status plus one (0: none yet).
+    grpc_status: AtomicU32,
     /// The line of a request that switched protocols, until its tunnel
     /// closes.
     deferred: Mutex<Option<Box<Pending>>>,
@@ -137,6 +143,12 @@ impl Trail {
         let us = u64::try_from(upstream.as_micros()).unwrap_or(u64::MAX);
         // 0 means "no answer": an answer is at least a microsecond.
         self.upstream_us.store(us.max(1), Ordering::Relaxed);
+    }
+
+    /// A gRPC call ended with status `code`.
+    pub fn grpc_status(&self, code: u8) {
+        self.grpc_status
+            .store(u32::from(code) + 1, Ordering::Relaxed);
     }
 
     pub fn flag(&self, flags: Flags) {
@@ -183,6 +195,8 @@ pub struct Line {
     pub route: Option<Arc<str>>,
     /// 0 for a TCP connection.
     pub status: u16,
+    /// A gRPC call's status (from the backend or the gateway).
+    pub grpc_status: Option<u8>,
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub upstream_time: Option<Duration>,
@@ -222,6 +236,7 @@ impl Line {
             request_id: None,
             route: None,
             status: 0,
+            grpc_status: None,
             bytes_in: 0,
             bytes_out: 0,
             upstream_time: None,
@@ -244,6 +259,8 @@ impl Line {
         if self.attempts > 1 {
             self.flags |= Flags::RETRIED;
         }
+        let grpc = trail.grpc_status.load(Ordering::Relaxed);
+        self.grpc_status = grpc.checked_sub(1).and_then(|c| u8::try_from(c).ok());
         let us = trail.upstream_us.load(Ordering::Relaxed);
         self.upstream_time = (us > 0).then(|| Duration::from_micros(us));
         self.backend = trail
@@ -568,6 +585,11 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
             push_json_opt(out, line.request_id.as_deref());
             out.extend_from_slice(b",\"status\":");
             push_u64(out, u64::from(line.status));
+            out.extend_from_slice(b",\"grpc_status\":");
+            match line.grpc_status {
+                Some(code) => push_u64(out, u64::from(code)),
+                None => out.extend_from_slice(b"null"),
+            }
             out.extend_from_slice(b",\"bytes_in\":");
             push_u64(out, line.bytes_in);
             out.extend_from_slice(b",\"bytes_out\":");
@@ -624,6 +646,11 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
             push_u64(out, line.generation);
             out.extend_from_slice(b" status=");
             push_u64(out, u64::from(line.status));
+            out.extend_from_slice(b" grpc_status=");
+            match line.grpc_status {
+                Some(code) => push_u64(out, u64::from(code)),
+                None => out.push(b'-'),
+            }
             out.extend_from_slice(b" bytes_in=");
             push_u64(out, line.bytes_in);
             out.extend_from_slice(b" bytes_out=");
@@ -795,6 +822,7 @@ mod tests {
             request_id: None,
             route: Some("api".into()),
             status: 502,
+            grpc_status: None,
             bytes_in: 3,
             bytes_out: 12,
             upstream_time: None,
@@ -819,7 +847,7 @@ mod tests {
             "time=2025-11-30T14:31:24.121Z listener=web protocol=HTTP/1.1 client=127.0.0.1:5555 \
              method=GET authority=api.example.com path=\"/v1/a b\" upstream_path=- route=api \
              request_id=- generation=7 \
-             status=502 bytes_in=3 bytes_out=12 duration_ms=1.500 upstream_ms=- \
+             status=502 grpc_status=- bytes_in=3 bytes_out=12 duration_ms=1.500 upstream_ms=- \
              backend=127.0.0.1:9001 attempts=2 trace_id=abababababababababababababababab \
              flags=connect_failure,retried\n"
         );

@@ -113,15 +113,20 @@ pub const SERIES_REFUSED: &str = "cutover_metrics_series_refused_total";
 
 /// Spans not exported: the exporter was behind or the collector failed.
 pub const TRACE_SPANS_DROPPED: &str = "cutover_trace_spans_dropped_total";
-/// Access-log lines dropped because the writer was behind or its file
-/// could not be written.
 /// Requests a route filter refused, by `route` and `reason`
 /// (`forbidden`: allow/deny; `body_too_large`: `max_request_body`).
 pub const FILTER_REFUSALS: &str = "cutover_filter_refusals_total";
 /// Header values a template made invalid (a client's bytes a header may
 /// not hold), dropped instead of sent, by `route`.
 pub const FILTER_VALUES_DROPPED: &str = "cutover_filter_values_dropped_total";
+/// Access-log lines dropped because the writer was behind or its file
+/// could not be written.
 pub const LOG_DROPPED: &str = "cutover_log_dropped_total";
+/// gRPC calls answered, by `route` and `code` (the status's lower-case
+/// name: a closed set of 17).
+pub const GRPC_RESPONSES: &str = "cutover_grpc_responses_total";
+/// `grpc-timeout` values that were not of the protocol's form (ignored).
+pub const GRPC_TIMEOUT_INVALID: &str = "cutover_grpc_timeout_invalid_total";
 
 /// Bucket bounds (seconds) of `REQUEST_DURATION`: sub-millisecond answers
 /// up to the longest upstream timeouts.
@@ -149,6 +154,7 @@ pub const LABEL_DIRECTION: &str = "direction";
 pub const LABEL_REASON: &str = "reason";
 pub const LABEL_NAME: &str = "name";
 pub const LABEL_UPSTREAM: &str = "upstream";
+pub const LABEL_CODE: &str = "code";
 
 /// Status classes in label order; index with `status / 100 - 1`.
 pub const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -164,6 +170,14 @@ pub fn describe() {
     describe_counter!(
         FILTER_REFUSALS,
         "Requests a route filter refused, by route and reason"
+    );
+    describe_counter!(
+        GRPC_RESPONSES,
+        "gRPC calls answered, by route and status code name"
+    );
+    describe_counter!(
+        GRPC_TIMEOUT_INVALID,
+        "grpc-timeout values not of the protocol's form, ignored"
     );
     describe_counter!(
         FILTER_VALUES_DROPPED,

@@ -151,6 +151,9 @@ pub fn span(line: &Line) -> Option<Value> {
     if let Some(backend) = &line.backend {
         attributes.push(text("cutover.backend", backend));
     }
+    if let Some(code) = line.grpc_status {
+        attributes.push(int("rpc.grpc.status_code", u64::from(code)));
+    }
     if !line.flags.is_empty() {
         let flags: Vec<&str> = line.flags.names().collect();
         attributes.push(text("cutover.flags", &flags.join(",")));
@@ -274,6 +277,7 @@ mod tests {
             request_id: None,
             route: Some("api".into()),
             status: 503,
+            grpc_status: None,
             bytes_in: 3,
             bytes_out: 4,
             upstream_time: None,

@@ -7,6 +7,7 @@ pub mod examples;
 mod filters;
 mod fixtures;
 mod fleet;
+mod grpc;
 mod guarded;
 mod harness;
 mod http3;

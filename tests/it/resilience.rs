@@ -282,7 +282,7 @@ async fn backends_view(gw: &Gateway) -> Value {
 }
 
 /// The view of the backend at `addr` in upstream `app`.
-fn backend_in(view: &Value, addr: SocketAddr) -> Value {
+pub(crate) fn backend_in(view: &Value, addr: SocketAddr) -> Value {
     view["upstreams"]
         .as_array()
         .into_iter()

@@ -12,14 +12,40 @@ impl Validator<'_> {
     ) -> Option<HealthSpec> {
         let at = |field: &str| format!("{base}.{field}");
         let before = self.diagnostics.len();
+        let kinds = usize::from(h.path.is_some())
+            + usize::from(h.tcp == Some(true))
+            + usize::from(h.grpc.is_some());
         let probe = match (&h.path, h.tcp) {
-            (Some(_), Some(true)) => {
+            _ if kinds > 1 => {
                 self.error(
                     Code::ConflictingOptions,
                     base.to_owned(),
-                    "a health check is either `path` (HTTP) or `tcp = true`, not both",
+                    "a health check is one of `path` (HTTP), `tcp = true` or `grpc = \"service\"`",
                 );
                 None
+            }
+            (None, _) if h.grpc.is_some() => {
+                let service = h.grpc.clone().unwrap_or_default();
+                for (field, set) in [
+                    ("host", h.host.is_some()),
+                    ("expect_status", h.expect_status.is_some()),
+                ] {
+                    if set {
+                        self.error(
+                            Code::ConflictingOptions,
+                            at(field),
+                            format!("`{field}` belongs to HTTP checks; this one is `grpc`"),
+                        );
+                    }
+                }
+                if service.chars().any(|c| c.is_control() || c == '/') {
+                    self.error(
+                        Code::InvalidValue,
+                        at("grpc"),
+                        format!("'{service}' is not a gRPC service name (like \"pkg.Service\")"),
+                    );
+                }
+                Some(HealthProbe::Grpc { service })
             }
             (None, Some(true)) => {
                 for (field, set) in [
@@ -75,7 +101,7 @@ impl Validator<'_> {
                 self.error(
                     Code::MissingKey,
                     base.to_owned(),
-                    "a health check needs `path = \"/healthz\"` (HTTP) or `tcp = true`",
+                    "a health check needs `path = \"/healthz\"` (HTTP), `tcp = true` or `grpc = \"service\"`",
                 );
                 None
             }
@@ -283,12 +309,26 @@ impl Validator<'_> {
                 "timeout" => on.timeout = true,
                 "gateway_error" => on.gateway_error = true,
                 "5xx" => on.server_error = true,
+                other if other.starts_with("grpc:") => {
+                    let name = &other["grpc:".len()..];
+                    match RETRYABLE_GRPC.iter().find(|c| c.name() == name) {
+                        Some(code) => on.grpc |= code.bit(),
+                        None => self.error(
+                            Code::InvalidValue,
+                            format!("{base}.on[{k}]"),
+                            format!(
+                                "'{other}' is not a retryable gRPC status: grpc:{}",
+                                RETRYABLE_GRPC.map(|c| c.name()).join(", grpc:")
+                            ),
+                        ),
+                    }
+                }
                 other => match other.parse::<u16>() {
                     Ok(status) if (400..=599).contains(&status) => on.statuses.push(status),
                     _ => self.error(
                         Code::InvalidValue,
                         format!("{base}.on[{k}]"),
-                        format!("'{other}' is not connect_failure, refused, reset, timeout, gateway_error, 5xx or a status from 400 to 599"),
+                        format!("'{other}' is not connect_failure, refused, reset, timeout, gateway_error, 5xx, grpc:CODE or a status from 400 to 599"),
                     ),
                 },
             }

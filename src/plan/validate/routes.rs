@@ -281,6 +281,34 @@ impl Validator<'_> {
         if (r.retry.is_some() && retry.is_none()) || (r.hedge.is_some() && hedge.is_none()) {
             ok = false;
         }
+        // What says a route carries gRPC: its upstream must speak HTTP/2.
+        if let Some(RouteAction::Proxy { upstream }) = &action {
+            let protocol = file.upstreams.get(upstream).map(|u| u.protocol.as_str());
+            let grpc_retry = retry.as_ref().is_some_and(|r| r.on.grpc != 0);
+            for (field, set) in [
+                ("grpc_web", r.grpc_web == Some(true)),
+                ("retry.on", grpc_retry),
+            ] {
+                if set && !matches!(protocol, Some("h2c" | "h2")) {
+                    self.error(
+                        Code::GrpcNeedsHttp2,
+                        at(field),
+                        format!(
+                            "route '{}' carries gRPC (`{field}`), which needs an upstream of protocol \"h2c\" or \"h2\"; '{upstream}' is \"{}\"",
+                            r.name,
+                            protocol.unwrap_or("http1")
+                        ),
+                    );
+                }
+            }
+        }
+        if r.grpc_web.is_some() && !proxies && action.is_some() {
+            self.error(
+                Code::UnexpectedOption,
+                at("grpc_web"),
+                "`grpc_web` applies to routes with an upstream, not to `respond` or `redirect`",
+            );
+        }
         let filters = self.route_filters(i, r, &path);
         if !ok {
             return None;
@@ -300,6 +328,7 @@ impl Validator<'_> {
             retry,
             hedge,
             quota,
+            grpc_web: r.grpc_web.unwrap_or(false),
         })
     }
 

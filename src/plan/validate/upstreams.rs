@@ -89,6 +89,23 @@ impl Validator<'_> {
                 .health
                 .as_ref()
                 .and_then(|h| self.health(&at("health"), h));
+            if let (
+                Some(HealthSpec {
+                    probe: HealthProbe::Grpc { .. },
+                    ..
+                }),
+                false,
+            ) = (&health, matches!(u.protocol.as_str(), "h2c" | "h2"))
+            {
+                self.error(
+                    Code::GrpcNeedsHttp2,
+                    at("health.grpc"),
+                    format!(
+                        "a gRPC health check needs protocol \"h2c\" or \"h2\"; upstream '{name}' is \"{}\"",
+                        u.protocol
+                    ),
+                );
+            }
             let outlier = self.outlier(&at("outlier"), u.outlier.as_ref());
             let slow_start = u
                 .slow_start
