@@ -1028,14 +1028,19 @@ impl tonic::codec::Decoder for RawCodec {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_c_core_server_answers_through_the_gateway() {
     use std::io::BufRead;
-    let probe = std::process::Command::new("python3")
-        .args(["-c", "import grpc"])
-        .output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        eprintln!("SKIPPED: python3 with the grpc module (Debian package python3-grpcio) is not installed; .ci/run installs it");
+    // Debian's interpreter first: python3-grpcio installs for it, and a
+    // `python3` earlier on PATH may be another one.
+    let python = ["/usr/bin/python3", "python3"].into_iter().find(|python| {
+        std::process::Command::new(python)
+            .args(["-c", "import grpc"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let Some(python) = python else {
+        eprintln!("SKIPPED: no python3 with the grpc module (Debian package python3-grpcio) is installed; .ci/run installs it");
         return;
-    }
-    let mut server = std::process::Command::new("python3")
+    };
+    let mut server = std::process::Command::new(python)
         .args(["-c", PYTHON_SERVER])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -140,6 +140,8 @@ struct Row {
     after: &'static [&'static str],
     replaces: &'static [&'static str],
     without: &'static [&'static str],
+    /// Lines both configurations get in other places.
+    also: &'static [(Place, &'static str)],
 }
 
 const fn row(
@@ -157,6 +159,7 @@ const fn row(
         after,
         replaces: &[],
         without: &[],
+        also: &[],
     }
 }
 
@@ -177,6 +180,11 @@ impl Row {
     /// Baseline lines both configurations go without.
     const fn without(mut self, lines: &'static [&'static str]) -> Row {
         self.without = lines;
+        self
+    }
+    /// Lines both configurations get in other places.
+    const fn also(mut self, lines: &'static [(Place, &'static str)]) -> Row {
+        self.also = lines;
         self
     }
     fn applies(&self) -> Vec<Place> {
@@ -540,6 +548,8 @@ fn rows() -> Vec<Row> {
             &["deny_from = [\"10.0.0.0/8\"]"],
         ),
         row("routes", "request_id", Route, &["request_id = true"]),
+        row("routes", "grpc_web", Route, &["grpc_web = true"])
+            .also(&[(Upstream, "protocol = \"h2c\"")]),
         row("retry", "attempts", Retry, &["attempts = 3"]),
         row("retry", "on", Retry, &["on = [\"reset\"]"]),
         row(
@@ -639,6 +649,9 @@ fn rows() -> Vec<Row> {
         ),
         row("health", "path", Health, &["path = \"/live\""]).replaces(&["path = \"/healthz\""]),
         row("health", "tcp", Health, &["tcp = true"]).replaces(&["path = \"/healthz\""]),
+        row("health", "grpc", Health, &["grpc = \"pkg.Service\""])
+            .replaces(&["path = \"/healthz\""])
+            .also(&[(Upstream, "protocol = \"h2c\"")]),
         row("health", "host", Health, &["host = \"app.internal\""]),
         row(
             "health",
@@ -685,8 +698,13 @@ fn rows() -> Vec<Row> {
 /// The baseline with `extra` lines in `place` (the fleet section only
 /// when it is the place), without the lines of `place` that `drop` names
 /// and without every section whose header it names; and the line number
-/// of the first of `extra`.
-fn configuration(place: Place, extra: &[&str], drop: &[&str]) -> (String, usize) {
+/// of the first of `extra`; `also` adds lines to other places.
+fn configuration(
+    place: Place,
+    extra: &[&str],
+    drop: &[&str],
+    also: &[(Place, &str)],
+) -> (String, usize) {
     let mut text = String::new();
     let mut lines = 0;
     let mut first_extra = 0;
@@ -706,6 +724,9 @@ fn configuration(place: Place, extra: &[&str], drop: &[&str]) -> (String, usize)
             if p != place || !drop.contains(line) {
                 push(&mut text, line);
             }
+        }
+        for (_, line) in also.iter().filter(|(at, _)| *at == p) {
+            push(&mut text, line);
         }
         if p == place {
             for (i, line) in extra.iter().enumerate() {
@@ -829,9 +850,9 @@ fn every_documented_key_changes_the_configuration_where_it_belongs() {
     let dir = files();
     let mut silent = Vec::new();
     for row in rows() {
-        let (reference, _) = configuration(row.checked, row.before, row.without);
+        let (reference, _) = configuration(row.checked, row.before, row.without, row.also);
         let dropped = [row.replaces, row.without].concat();
-        let (changed, _) = configuration(row.checked, row.after, &dropped);
+        let (changed, _) = configuration(row.checked, row.after, &dropped, row.also);
         let reference = validate(dir.path(), &reference).unwrap_or_else(|e| {
             panic!(
                 "{}.{}: the reference must validate: {e:#?}\n{reference}",
@@ -872,7 +893,7 @@ fn every_documented_key_is_refused_where_it_does_not_belong() {
             }
             probes += 1;
             let line = row.line();
-            let (text, at) = configuration(place, &[line], &[]);
+            let (text, at) = configuration(place, &[line], &[], &[]);
             match validate(dir.path(), &text) {
                 Ok(_) => accepted.push(format!(
                     "{}.{} in {place:?}: accepted",
