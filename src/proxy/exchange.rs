@@ -271,14 +271,10 @@ async fn client_exchange(
                 .await
                 .map_err(|e| match e.is_connect() {
                     true => (Attempt::ConnectError, connect_failed(backend, &e)),
-                    false if client_failed_now(&body_failure) => client_failed().unwrap_or((
-                        Attempt::Error,
-                        ProxyError::Upstream(format!("{}: {}", backend.key.addr, error_chain(&e))),
-                    )),
-                    false => (
-                        Attempt::Error,
-                        ProxyError::Upstream(format!("{}: {}", backend.key.addr, error_chain(&e))),
-                    ),
+                    false => client_failed().unwrap_or_else(|| {
+                        let detail = format!("{}: {}", backend.key.addr, error_chain(&e));
+                        (Attempt::Error, ProxyError::Upstream(detail))
+                    }),
                 }),
         }
     };
@@ -650,14 +646,6 @@ fn strip(headers: &mut HeaderMap, keep_trailers: bool) {
     if present & (1 << HOP_BY_HOP.len()) != 0 {
         headers.remove(header::TRANSFER_ENCODING);
     }
-}
-
-/// Whether the client's body has failed (its error is kept to be read).
-fn client_failed_now(failure: &std::sync::Mutex<Option<crate::backends::BoxError>>) -> bool {
-    failure
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .is_some()
 }
 
 /// The PROXY header a connection to `backend` for this client starts

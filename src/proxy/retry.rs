@@ -4,9 +4,10 @@
 //! its length declared or the body already complete); one whose body
 //! cannot be kept takes the single-attempt path. A gRPC call's body has
 //! no declared length (and a streaming call's may not end before its
-//! answer begins): it is sent as it arrives and a copy kept on the side
-//! (`Tee`); the call can be made again only if that copy is whole (the
-//! body ended within `max_replay_body`) when it is needed. Each attempt goes to a
+//! answer begins): it is read only as the attempts ask for it, each
+//! attempt replaying what was kept before reading on (`Tee`); the call
+//! can be made again as long as no more than `max_replay_body` has
+//! passed. Each attempt goes to a
 //! backend the request has not tried yet when the upstream has one, gets
 //! the rest of the route's `timeout` (or `per_try_timeout`, if shorter),
 //! and its own guards; the answer that is kept gets the route slot.
@@ -125,7 +126,9 @@ pub(super) async fn serve(
         }
         Replay::Kept(body)
     } else {
-        Replay::Teed(Tee::new(body, max))
+        // A gRPC body of unknown length: shared by the attempts as it
+        // arrives (see `Tee`).
+        Replay::Teed(Tee::new(body, max, target.trail.clone()))
     };
     let started = Instant::now();
     let deadline = started + route.timeout();
@@ -206,7 +209,7 @@ impl Template<'_> {
     fn request(&self) -> Option<Request<RequestBody>> {
         let body = match &self.body {
             Replay::Kept(body) => RequestBody::Buffered(body.clone()),
-            Replay::Teed(tee) => tee.next(self.target.trail.clone())?,
+            Replay::Teed(tee) => tee.cursor()?,
         };
         let mut req = Request::new(body);
         *req.method_mut() = self.parts.method.clone();
@@ -370,85 +373,96 @@ impl Replay {
     fn again(&self) -> bool {
         match self {
             Replay::Kept(_) => true,
-            Replay::Teed(tee) => tee.whole().is_some(),
+            Replay::Teed(tee) => tee.replayable(),
         }
     }
 }
 
-/// The body of a request whose length is unknown (a gRPC call's): the
-/// first attempt takes it, later ones a copy when it came whole.
+/// The body of a request whose length is unknown (a gRPC call's), read
+/// from the client only as the attempts ask for it, and kept as it
+/// passes, up to `max_replay_body`. Each attempt gets a `Cursor` that
+/// replays what was kept and then reads on from the client: an attempt
+/// that never read the body (its connection was refused) costs nothing,
+/// and a later one still gets all of it. Once more than `max` has passed
+/// (or the body failed, or carried trailers) no new attempt can be made.
 struct Tee {
-    first: Mutex<Option<ClientBody>>,
-    copy: Arc<Mutex<Copied>>,
+    shared: Arc<Mutex<Shared>>,
 }
 
-/// What the first attempt's body has passed so far.
-#[derive(Default)]
-struct Copied {
+struct Shared {
+    /// The client's body, until it ends or fails.
+    inner: Option<ClientBody>,
+    /// The frames read so far (emptied once `lost`).
     frames: Vec<Bytes>,
+    /// Frames read so far, kept or not.
+    read: usize,
     len: u64,
-    /// The body ended within the limit, with nothing but data.
-    ended: bool,
-    /// Past the limit, failed, or carried trailers: never replayed.
-    lost: bool,
     max: u64,
+    ended: bool,
+    /// Past `max`, failed, or carried trailers: cannot be replayed.
+    lost: bool,
+    /// Cursors waiting for the client's next frame.
+    waiting: Vec<std::task::Waker>,
+    trail: Option<Arc<crate::telemetry::access::Trail>>,
 }
 
 impl Tee {
-    fn new(body: ClientBody, max: u64) -> Self {
+    fn new(
+        body: ClientBody,
+        max: u64,
+        trail: Option<Arc<crate::telemetry::access::Trail>>,
+    ) -> Self {
+        let ended = body.is_end_stream();
         Tee {
-            first: Mutex::new(Some(body)),
-            copy: Arc::new(Mutex::new(Copied {
+            shared: Arc::new(Mutex::new(Shared {
+                inner: Some(body),
+                frames: Vec::new(),
+                read: 0,
+                len: 0,
                 max,
-                ..Copied::default()
+                ended,
+                lost: false,
+                waiting: Vec::new(),
+                trail,
             })),
         }
     }
 
-    fn lock(copy: &Mutex<Copied>) -> std::sync::MutexGuard<'_, Copied> {
-        copy.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// Whether another attempt can be sent the whole body.
+    fn replayable(&self) -> bool {
+        !lock(&self.shared).lost
     }
 
-    /// The body, whole, once the first attempt has sent all of it.
-    fn whole(&self) -> Option<Bytes> {
-        let copy = Self::lock(&self.copy);
-        (copy.ended && !copy.lost).then(|| copy.frames.concat().into())
-    }
-
-    /// The body for the next attempt: the client's own the first time, the
-    /// copy after (if whole).
-    fn next(&self, trail: Option<Arc<crate::telemetry::access::Trail>>) -> Option<RequestBody> {
-        let first = self
-            .first
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        match first {
-            Some(inner) => {
-                let teed = Teeing {
-                    inner,
-                    copy: Arc::clone(&self.copy),
-                };
-                Some(RequestBody::Streaming(
-                    ClientBody::Other(Box::pin(teed)),
-                    trail,
-                ))
-            }
-            None => self
-                .whole()
-                .map(|b| RequestBody::Buffered(Some(b).filter(|b| !b.is_empty()))),
-        }
+    /// The body of one more attempt, if it can have all of it.
+    fn cursor(&self) -> Option<RequestBody> {
+        let cursor = Cursor {
+            shared: Arc::clone(&self.shared),
+            at: 0,
+        };
+        self.replayable()
+            .then(|| RequestBody::Streaming(ClientBody::Other(Box::pin(cursor)), None))
     }
 }
 
-/// The first attempt's body: the client's, copied as it passes.
-struct Teeing {
-    inner: ClientBody,
-    copy: Arc<Mutex<Copied>>,
+fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-impl http_body::Body for Teeing {
+/// What the client sent, read again from the start for one attempt.
+struct Cursor {
+    shared: Arc<Mutex<Shared>>,
+    /// The next frame this attempt is due.
+    at: usize,
+}
+
+/// A body that cannot be sent (again) whole.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body cannot be replayed")]
+struct NotReplayable;
+
+impl http_body::Body for Cursor {
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -457,35 +471,66 @@ impl http_body::Body for Teeing {
         cx: &mut std::task::Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(result) = &polled {
-            let mut copy = Tee::lock(&this.copy);
-            match result {
-                Some(Ok(frame)) => match frame.data_ref() {
-                    Some(data) if !copy.lost && copy.len + data.len() as u64 <= copy.max => {
-                        copy.len += data.len() as u64;
-                        copy.frames.push(data.clone());
-                        // The last frame: the body's sender will not poll again.
-                        copy.ended |= this.inner.is_end_stream();
-                    }
-                    _ => {
-                        copy.lost = true;
-                        copy.frames = Vec::new();
-                    }
-                },
-                None => copy.ended = true,
-                Some(Err(_)) => copy.lost = true,
+        let mut shared = lock(&this.shared);
+        if this.at < shared.read {
+            let Some(frame) = shared.frames.get(this.at).filter(|_| !shared.lost) else {
+                return Poll::Ready(Some(Err(Box::new(NotReplayable))));
+            };
+            let frame = http_body::Frame::data(frame.clone());
+            this.at += 1;
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        if shared.ended {
+            return Poll::Ready(None);
+        }
+        let Some(inner) = shared.inner.as_mut() else {
+            return Poll::Ready(Some(Err(Box::new(NotReplayable))));
+        };
+        let polled = Pin::new(inner).poll_frame(cx);
+        let ended_now = shared.inner.as_ref().is_some_and(|b| b.is_end_stream());
+        match &polled {
+            Poll::Pending => {
+                if !shared.waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                    shared.waiting.push(cx.waker().clone());
+                }
+                return Poll::Pending;
             }
+            Poll::Ready(Some(Ok(frame))) => {
+                shared.read += 1;
+                this.at = shared.read;
+                match frame.data_ref() {
+                    Some(data) => {
+                        if let Some(trail) = &shared.trail {
+                            trail.add_bytes_in(data.len());
+                        }
+                        shared.len += data.len() as u64;
+                        if !shared.lost && shared.len <= shared.max {
+                            shared.frames.push(data.clone());
+                        } else {
+                            shared.lost = true;
+                            shared.frames = Vec::new();
+                        }
+                    }
+                    None => shared.lost = true,
+                }
+                // The last frame: the attempt's sender will not poll again.
+                shared.ended |= ended_now;
+            }
+            Poll::Ready(None) => shared.ended = true,
+            Poll::Ready(Some(Err(_))) => {
+                shared.lost = true;
+                shared.inner = None;
+            }
+        }
+        for waker in std::mem::take(&mut shared.waiting) {
+            waker.wake();
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+        let shared = lock(&self.shared);
+        self.at >= shared.read && shared.ended
     }
 }
 

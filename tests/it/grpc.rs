@@ -682,6 +682,20 @@ async fn unavailable_calls_are_retried_on_another_backend() {
         failing.calls()
     );
     assert_eq!(working.calls(), 10);
+    // A backend that refuses connections never read the call's body: the
+    // body (which had arrived with the call) is sent again all the same.
+    let gw = Gateway::start(&grpc_config(
+        &[closed_port(), working.addr],
+        "retry = { attempts = 2, on = [\"connect_failure\"], methods = [\"POST\"] }",
+        "",
+    ));
+    let mut client = connect(gw.listener("web")).await;
+    for i in 0..6 {
+        let answer = unary(&mut client, Request::new(msg(&format!("again {i}"))))
+            .await
+            .unwrap_or_else(|status| panic!("call {i}: {status:?}"));
+        assert_eq!(answer.get_ref().text, format!("again {i}"));
+    }
     // A status the route does not name is the answer.
     let refusing = GrpcBackend::start(Some(Code::PermissionDenied)).await;
     let gw = Gateway::start(&grpc_config(
