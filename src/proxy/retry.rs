@@ -545,3 +545,72 @@ async fn read_body(body: ClientBody, max: u64) -> Result<Option<Bytes>, ProxyErr
         Err(error) => Err(ProxyError::client_body(&*error)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+    fn channel() -> (http_body_util::channel::Sender<Bytes, BoxError>, ClientBody) {
+        let (sender, body) = http_body_util::channel::Channel::<Bytes, BoxError>::new(8);
+        (sender, ClientBody::Other(Box::pin(body)))
+    }
+
+    async fn read(body: RequestBody) -> Result<Bytes, BoxError> {
+        Ok(body.collect().await?.to_bytes())
+    }
+
+    #[tokio::test]
+    async fn an_attempt_that_never_read_the_body_leaves_all_of_it_to_the_next() {
+        let (mut sender, body) = channel();
+        let tee = Tee::new(body, 1024, None);
+        // The first attempt's connection was refused: its body is dropped
+        // unread.
+        drop(tee.cursor().unwrap());
+        sender
+            .send_data(Bytes::from_static(b"hello "))
+            .await
+            .unwrap();
+        sender
+            .send_data(Bytes::from_static(b"world"))
+            .await
+            .unwrap();
+        drop(sender);
+        assert_eq!(read(tee.cursor().unwrap()).await.unwrap(), "hello world");
+        // And the one after that replays what was kept.
+        assert_eq!(read(tee.cursor().unwrap()).await.unwrap(), "hello world");
+    }
+
+    #[tokio::test]
+    async fn a_second_attempt_replays_the_start_and_reads_on_with_the_first() {
+        let (mut sender, body) = channel();
+        let tee = Tee::new(body, 1024, None);
+        let mut first = tee.cursor().unwrap();
+        sender.send_data(Bytes::from_static(b"one,")).await.unwrap();
+        let frame = first.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "one,");
+        // The first attempt failed with the body still streaming.
+        drop(first);
+        let second = tokio::spawn(read(tee.cursor().unwrap()));
+        sender.send_data(Bytes::from_static(b"two")).await.unwrap();
+        drop(sender);
+        assert_eq!(second.await.unwrap().unwrap(), "one,two");
+    }
+
+    #[tokio::test]
+    async fn a_body_past_the_limit_is_sent_once_and_never_again() {
+        let (mut sender, body) = channel();
+        let tee = Tee::new(body, 4, None);
+        let first = tee.cursor().unwrap();
+        sender
+            .send_data(Bytes::from_static(b"too long"))
+            .await
+            .unwrap();
+        drop(sender);
+        assert_eq!(read(first).await.unwrap(), "too long");
+        assert!(!tee.replayable());
+        assert!(tee.cursor().is_none());
+    }
+}
