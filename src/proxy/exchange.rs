@@ -477,21 +477,29 @@ fn upstream_request(
             super::grpc::Call::forwarded_timeout(deadline),
         );
     }
-    if authority_in_uri {
-        if let Some(authority) = &target.authority {
-            headers.insert(header::HOST, authority.clone());
-        }
-    }
-    match target.host_rewrite {
-        Some(crate::plan::HostRewrite::Literal(host)) => {
-            headers.insert(header::HOST, host.clone());
-        }
-        Some(crate::plan::HostRewrite::Backend) => {
-            if let Ok(host) = HeaderValue::from_str(backend.authority.as_str()) {
-                headers.insert(header::HOST, host);
+    if backend.version == Version::HTTP_2 {
+        // Its `:authority` is the backend's address (hyper's pooled client
+        // keys connections by it); a `host` beside it that differs is
+        // malformed (RFC 9113 §8.3.1), and strict servers (nginx) refuse
+        // it. The client's host goes as `X-Forwarded-Host`.
+        headers.remove(header::HOST);
+    } else {
+        if authority_in_uri {
+            if let Some(authority) = &target.authority {
+                headers.insert(header::HOST, authority.clone());
             }
         }
-        None => {}
+        match target.host_rewrite {
+            Some(crate::plan::HostRewrite::Literal(host)) => {
+                headers.insert(header::HOST, host.clone());
+            }
+            Some(crate::plan::HostRewrite::Backend) => {
+                if let Ok(host) = HeaderValue::from_str(backend.authority.as_str()) {
+                    headers.insert(header::HOST, host);
+                }
+            }
+            None => {}
+        }
     }
     if let Some(protocol) = upgrade {
         headers.insert(header::UPGRADE, protocol.clone());

@@ -48,6 +48,8 @@ struct Seen {
     timeouts: Mutex<Vec<String>>,
     /// Whether each call came with `te: trailers`.
     te: Mutex<Vec<String>>,
+    /// `host` fields beside `:authority` (strict servers refuse them).
+    hosts: Mutex<Vec<String>>,
 }
 
 /// `test.Echo`: Unary, Stream (server streaming), Collect (client
@@ -124,6 +126,9 @@ impl Echo {
             .lock()
             .unwrap()
             .push(header("te").unwrap_or_default());
+        if let Some(host) = header("host") {
+            self.seen.hosts.lock().unwrap().push(host);
+        }
     }
 
     async fn unary(self, request: Request<Msg>) -> Result<tonic::Response<Msg>, Status> {
@@ -422,6 +427,9 @@ async fn calls_of_every_kind_pass_with_their_messages_status_and_metadata() {
         .unwrap()
         .iter()
         .all(|te| te == "trailers"));
+    // And without a `host` that differs from `:authority` (nginx refuses
+    // such a request with 400).
+    assert_eq!(*backend.seen.hosts.lock().unwrap(), Vec::<String>::new());
 
     // The access log and the metric name each call's status.
     let lines = access_lines(&gw.path("access.log"), 5).await;

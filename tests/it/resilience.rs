@@ -583,7 +583,9 @@ outlier = { consecutive_failures = 1000 }"#,
         late.is_empty(),
         "failures once the checks had failed: {late:?}"
     );
-    assert!(ok > 1000, "{ok}");
+    // The load ran throughout (a floor, not a throughput target: a busy
+    // machine halves the rate).
+    assert!(ok > 300, "{ok}");
     assert!(back - revived <= interval.mul_f64(3.0 * 1.1) + Duration::from_millis(200));
     assert!(
         c.hits_after(back) > 0,

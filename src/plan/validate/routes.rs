@@ -284,6 +284,17 @@ impl Validator<'_> {
         // What says a route carries gRPC: its upstream must speak HTTP/2.
         if let Some(RouteAction::Proxy { upstream }) = &action {
             let protocol = file.upstreams.get(upstream).map(|u| u.protocol.as_str());
+            if let (Some("h2c" | "h2"), Some(host)) = (protocol, r.host_rewrite.as_deref()) {
+                if host != "backend" {
+                    self.error(
+                        Code::UnsupportedOption,
+                        at("host_rewrite"),
+                        format!(
+                            "an HTTP/2 upstream ('{upstream}') is sent its backend's address as :authority: host_rewrite = \"{host}\" cannot apply (\"backend\" can)"
+                        ),
+                    );
+                }
+            }
             let grpc_retry = retry.as_ref().is_some_and(|r| r.on.grpc != 0);
             for (field, set) in [
                 ("grpc_web", r.grpc_web == Some(true)),
