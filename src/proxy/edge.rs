@@ -286,7 +286,11 @@ impl Forwarded {
         if let Some(forwarded) = self.forwarded {
             headers.insert(header::FORWARDED, forwarded);
         }
-        if let Some(traceparent) = self.traceparent {
+        if let Some(mut traceparent) = self.traceparent {
+            // New with every request: HPACK must not index it (each
+            // insertion would evict a reusable entry from an HTTP/2
+            // backend connection's table).
+            traceparent.set_sensitive(true);
             headers.insert(crate::telemetry::trace::TRACEPARENT.clone(), traceparent);
         }
     }
