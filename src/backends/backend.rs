@@ -71,7 +71,9 @@ pub struct Backend {
     pub scheme: Scheme,
     /// The HTTP version requests to this backend carry.
     pub version: Version,
-    pub client: UpstreamClient,
+    /// hyper-util's pooled clients (TLS, h2 and h2c backends, upgrades,
+    /// health checks): one per worker, and one for other threads.
+    clients: Box<[UpstreamClient]>,
     /// For plain HTTP/1.1 backends: connections driven by the requests'
     /// own tasks (see `h1`). Upgrades still use `client`.
     pub h1: Option<super::H1Pool>,
@@ -109,45 +111,17 @@ impl Backend {
         connector.set_connect_timeout(Some(key.connect_timeout));
         connector.set_keepalive(Some(Duration::from_secs(60)));
         let connect_time = Arc::new(Histogram::new(m::CONNECT_DURATION_BUCKETS));
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(key.idle_timeout)
-            .pool_max_idle_per_host(1024)
-            .http2_only(key.protocol.is_http2());
-        let client = match &key.tls {
-            Some(tls) => {
-                connector.enforce_http(false);
-                let config = crate::tls::client_config(tls).map_err(BackendError::Tls)?;
-                let https = hyper_rustls::HttpsConnectorBuilder::new()
-                    .with_tls_config(config)
-                    .https_only();
-                let https = match &tls.server_name {
-                    Some(name) => {
-                        let name = rustls_pki_types::ServerName::try_from(name.clone())
-                            .map_err(|_| BackendError::ServerName(name.clone()))?;
-                        https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
-                            name,
-                        ))
-                    }
-                    None => https,
-                };
-                let https = if key.protocol.is_http2() {
-                    https
-                        .enable_http2()
-                        .wrap_connector(TimedConnector::new(connector, Arc::clone(&connect_time)))
-                } else {
-                    https
-                        .enable_http1()
-                        .wrap_connector(TimedConnector::new(connector, Arc::clone(&connect_time)))
-                };
-                UpstreamClient::Tls(builder.build(https))
-            }
-            None => UpstreamClient::Plain(
-                builder.build(TimedConnector::new(connector, Arc::clone(&connect_time))),
-            ),
+        // One pooled client per worker (and one for other threads): an
+        // HTTP/2 connection's task runs on the thread that opened it, so a
+        // connection shared by the workers woke another thread for half of
+        // the requests (`docs/performance.md`, gRPC).
+        let tls = match &key.tls {
+            Some(tls) => Some(crate::tls::client_config(tls).map_err(BackendError::Tls)?),
+            None => None,
         };
+        let clients = (0..=super::shards())
+            .map(|_| Self::pooled_client(&key, tls.as_ref(), &connector, &connect_time))
+            .collect::<Result<Box<[_]>, _>>()?;
         let h1 = (key.tls.is_none() && key.protocol == UpstreamProtocol::Http1)
             .then(|| super::H1Pool::new(256, key.idle_timeout, Arc::clone(&connect_time)));
         let scheme = if key.tls.is_some() {
@@ -173,12 +147,64 @@ impl Backend {
             scheme,
             version,
             h1,
-            client,
+            clients,
             load: Load::default(),
             outlier: Outlier::default(),
             attempts: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             named_by: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// The pooled client of the calling thread.
+    pub fn client(&self) -> &UpstreamClient {
+        // INVARIANT: `clients` holds at least two (`shards()` is at least
+        // 1), and `client_shard` returns an index below its length.
+        &self.clients[super::client_shard(self.clients.len())]
+    }
+
+    fn pooled_client(
+        key: &BackendKey,
+        config: Option<&rustls::ClientConfig>,
+        connector: &HttpConnector,
+        connect_time: &Arc<Histogram>,
+    ) -> Result<UpstreamClient, BackendError> {
+        let connector = connector.clone();
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(key.idle_timeout)
+            .pool_max_idle_per_host(1024)
+            .http2_only(key.protocol.is_http2());
+        Ok(match (&key.tls, config) {
+            (Some(tls), Some(config)) => {
+                let mut connector = connector;
+                connector.enforce_http(false);
+                let https = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(config.clone())
+                    .https_only();
+                let https = match &tls.server_name {
+                    Some(name) => {
+                        let name = rustls_pki_types::ServerName::try_from(name.clone())
+                            .map_err(|_| BackendError::ServerName(name.clone()))?;
+                        https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
+                            name,
+                        ))
+                    }
+                    None => https,
+                };
+                let timed = TimedConnector::new(connector, Arc::clone(connect_time));
+                let https = if key.protocol.is_http2() {
+                    https.enable_http2().wrap_connector(timed)
+                } else {
+                    https.enable_http1().wrap_connector(timed)
+                };
+                UpstreamClient::Tls(builder.build(https))
+            }
+            _ => UpstreamClient::Plain(
+                builder.build(TimedConnector::new(connector, Arc::clone(connect_time))),
+            ),
         })
     }
 

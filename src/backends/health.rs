@@ -224,7 +224,7 @@ async fn check(backend: &Backend, spec: &HealthSpec) -> Result<(), String> {
                 .headers_mut()
                 .insert(USER_AGENT, HeaderValue::from_static("cutover-health-check"));
             let response = backend
-                .client
+                .client()
                 .request(request)
                 .await
                 .map_err(|e| format!("request: {e}"))?;
@@ -267,7 +267,7 @@ async fn grpc_check(backend: &Backend, service: &str) -> Result<(), String> {
     headers.insert(TE, HeaderValue::from_static("trailers"));
     headers.insert(USER_AGENT, HeaderValue::from_static("cutover-health-check"));
     let response = backend
-        .client
+        .client()
         .request(request)
         .await
         .map_err(|e| format!("request: {e}"))?;

@@ -131,6 +131,7 @@ static SHARDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::
 
 thread_local! {
     static SHARD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static ON_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Sets how many workers there are; before any backend is created.
@@ -141,6 +142,7 @@ pub fn set_shards(workers: usize) {
 /// Marks the calling thread as worker `index`.
 pub fn enter_shard(index: usize) {
     SHARD.with(|shard| shard.set(index));
+    ON_WORKER.with(|on| on.set(true));
 }
 
 fn shards() -> usize {
@@ -150,6 +152,17 @@ fn shards() -> usize {
 /// The calling thread's share (0 off the workers).
 fn shard() -> usize {
     SHARD.with(std::cell::Cell::get)
+}
+
+/// The calling thread's pooled client among `clients` (one per worker,
+/// and the last for every other thread: health checks, the control
+/// runtime).
+fn client_shard(clients: usize) -> usize {
+    if ON_WORKER.with(std::cell::Cell::get) {
+        shard() % clients.saturating_sub(1).max(1)
+    } else {
+        clients.saturating_sub(1)
+    }
 }
 
 /// The origin of [`now_ms`], on the monotonic and on the wall clock.

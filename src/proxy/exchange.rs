@@ -265,17 +265,19 @@ async fn client_exchange(
     let sending = async {
         match &proxy {
             Some(proxy) => proxied_request(backend, proxy, upstream_req).await,
-            None => backend
-                .client
-                .request(upstream_req)
-                .await
-                .map_err(|e| match e.is_connect() {
-                    true => (Attempt::ConnectError, connect_failed(backend, &e)),
-                    false => client_failed().unwrap_or_else(|| {
-                        let detail = format!("{}: {}", backend.key.addr, error_chain(&e));
-                        (Attempt::Error, ProxyError::Upstream(detail))
-                    }),
-                }),
+            None => {
+                backend
+                    .client()
+                    .request(upstream_req)
+                    .await
+                    .map_err(|e| match e.is_connect() {
+                        true => (Attempt::ConnectError, connect_failed(backend, &e)),
+                        false => client_failed().unwrap_or_else(|| {
+                            let detail = format!("{}: {}", backend.key.addr, error_chain(&e));
+                            (Attempt::Error, ProxyError::Upstream(detail))
+                        }),
+                    })
+            }
         }
     };
     let answered = tokio::select! {

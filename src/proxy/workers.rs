@@ -11,9 +11,9 @@
 //!
 //! What stays shared: the one `ArcSwap` of the active generation, backend
 //! state (in-flight counts, health, outlier state), counters. hyper's
-//! pooled client (TLS, h2 and h2c backends) is shared too: a connection's
-//! task runs on the worker that opened it, and a request from another
-//! worker reaches it through hyper's channel.
+//! pooled client (TLS, h2 and h2c backends) is one per worker and backend
+//! as well: a connection's task runs on the worker that opened it, so a
+//! shared one woke another thread for half of the requests.
 
 use std::future::Future;
 use std::pin::Pin;
