@@ -338,6 +338,10 @@ pub struct FileListenerTls {
     /// `required` (default when `client_ca` is set) or `optional`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_auth: Option<String>,
+    /// Pass the client certificate's subject, SANs and fingerprint on
+    /// as `x-client-cert-*` headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_identity_headers: Option<bool>,
 }
 
 /// One certificate chain and its private key, both PEM files.

@@ -163,6 +163,9 @@ pub struct ListenerEdge {
     pub access: Option<super::IpRules>,
     /// `defaults`: filters its routes have unless they set their own.
     pub defaults: Option<Arc<super::Defaults>>,
+    /// `tls.client_identity_headers`: the client certificate's identity
+    /// goes upstream as `x-client-cert-*`.
+    pub client_identity: bool,
 }
 
 impl ListenerEdge {

@@ -472,7 +472,10 @@ fn upstream_request(
     let headers = &mut parts.headers;
     // HTTP/2 carries `te: trailers` end to end (gRPC servers require it);
     // HTTP/1.1 would need it named in `Connection` as well.
-    strip(headers, backend.version == Version::HTTP_2);
+    strip(headers, backend.version == Version::HTTP_2, true);
+    if target.edge.client_identity {
+        client_identity(headers, conn);
+    }
     if let Some(deadline) = target.grpc_deadline {
         headers.insert(
             crate::grpc::GRPC_TIMEOUT.clone(),
@@ -594,15 +597,43 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    strip(headers, false);
+    strip(headers, false, false);
+}
+
+/// The client certificate's identity as `x-client-cert-*` headers (what
+/// the client sent of them is gone already). A value a header cannot
+/// carry (a subject with non-ASCII text) is left out.
+fn client_identity(headers: &mut HeaderMap, conn: &ConnContext) {
+    let Some(tls) = conn.tls.get() else {
+        return;
+    };
+    for (name, value) in [
+        (&CLIENT_CERT_SUBJECT, &tls.client_subject),
+        (&CLIENT_CERT_SAN, &tls.client_san),
+        (&CLIENT_CERT_FINGERPRINT, &tls.client_fingerprint),
+    ] {
+        if let Some(value) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+            headers.insert(name.clone(), value);
+        }
+    }
 }
 
 /// The index of `TE` in `HOP_BY_HOP`.
 const TE: usize = 5;
 
+/// What the gateway says of a client certificate (listener
+/// `tls.client_identity_headers`): never taken from the client.
+static CLIENT_CERT_SUBJECT: HeaderName = HeaderName::from_static("x-client-cert-subject");
+static CLIENT_CERT_SAN: HeaderName = HeaderName::from_static("x-client-cert-san");
+static CLIENT_CERT_FINGERPRINT: HeaderName = HeaderName::from_static("x-client-cert-fingerprint");
+/// Their common start; their lengths are 17, 21 and 25.
+const CLIENT_CERT: &str = "x-client-cert-";
+
 /// Strips hop-by-hop headers; with `keep_trailers`, a `TE` that lists
-/// `trailers` is forwarded as `te: trailers` (that value only).
-fn strip(headers: &mut HeaderMap, keep_trailers: bool) {
+/// `trailers` is forwarded as `te: trailers` (that value only). For a
+/// `request`, the `x-client-cert-*` headers a client sent go as well
+/// (only the gateway says who a certificate names).
+fn strip(headers: &mut HeaderMap, keep_trailers: bool, request: bool) {
     // One pass over the names says which of them are here; only those
     // are removed. Most messages carry none; most that do carry only
     // `Connection: keep-alive` (every nginx response), and for that a
@@ -610,15 +641,17 @@ fn strip(headers: &mut HeaderMap, keep_trailers: bool) {
     // response (`docs/performance.md`).
     let mut present = 0u16;
     for name in headers.keys() {
-        // The names' lengths (2, 7, 10, 16–19) rule most fields out
-        // before any comparison.
-        if !matches!(name.as_str().len(), 2 | 7 | 10 | 16..=19) {
+        // The names' lengths (2, 7, 10, 16–19, 21, 25) rule most fields
+        // out before any comparison.
+        if !matches!(name.as_str().len(), 2 | 7 | 10 | 16..=19 | 21 | 25) {
             continue;
         }
         if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
             present |= 1 << i;
         } else if name == header::TRANSFER_ENCODING {
             present |= 1 << HOP_BY_HOP.len();
+        } else if request && name.as_str().starts_with(CLIENT_CERT) {
+            present |= 1 << (HOP_BY_HOP.len() + 1);
         }
     }
     if present == 0 {
@@ -655,6 +688,15 @@ fn strip(headers: &mut HeaderMap, keep_trailers: bool) {
     // Framing is re-done by our own client and server.
     if present & (1 << HOP_BY_HOP.len()) != 0 {
         headers.remove(header::TRANSFER_ENCODING);
+    }
+    if present & (1 << (HOP_BY_HOP.len() + 1)) != 0 {
+        for name in [
+            &CLIENT_CERT_SUBJECT,
+            &CLIENT_CERT_SAN,
+            &CLIENT_CERT_FINGERPRINT,
+        ] {
+            headers.remove(name);
+        }
     }
 }
 
@@ -790,14 +832,37 @@ mod tests {
     fn te_trailers_alone_crosses_to_http2_backends() {
         assert_eq!(HOP_BY_HOP[TE], header::TE);
         let mut h = headers(&[("te", "trailers, deflate;q=0.5"), ("x-app", "1")]);
-        strip(&mut h, true);
+        strip(&mut h, true, true);
         assert_eq!(h, headers(&[("x-app", "1"), ("te", "trailers")]));
         let mut h = headers(&[("te", "deflate"), ("x-app", "1")]);
-        strip(&mut h, true);
+        strip(&mut h, true, true);
         assert_eq!(h, headers(&[("x-app", "1")]));
         let mut h = headers(&[("te", "trailers"), ("x-app", "1")]);
-        strip(&mut h, false);
+        strip(&mut h, false, true);
         assert_eq!(h, headers(&[("x-app", "1")]));
+    }
+
+    #[test]
+    fn a_client_cannot_send_the_identity_headers_of_a_certificate() {
+        for name in [
+            &CLIENT_CERT_SUBJECT,
+            &CLIENT_CERT_SAN,
+            &CLIENT_CERT_FINGERPRINT,
+        ] {
+            assert!(matches!(name.as_str().len(), 17 | 21 | 25), "{name}");
+            let mut h = HeaderMap::new();
+            h.insert(name.clone(), HeaderValue::from_static("CN=admin"));
+            h.insert("x-app", HeaderValue::from_static("1"));
+            strip(&mut h, false, true);
+            assert_eq!(h, headers(&[("x-app", "1")]), "{name}");
+        }
+        // A lookalike stays; responses keep theirs.
+        let mut h = headers(&[("x-client-cert-other", "1")]);
+        strip(&mut h, false, true);
+        assert_eq!(h.len(), 1);
+        let mut h = headers(&[("x-client-cert-subject", "CN=x")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
     }
 
     #[test]

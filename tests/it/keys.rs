@@ -357,6 +357,16 @@ fn rows() -> Vec<Row> {
             ],
         )
         .before(&["tls.client_ca = \"ca.pem\""]),
+        row(
+            "listeners",
+            "tls.client_identity_headers",
+            Https,
+            &[
+                "tls.client_ca = \"ca.pem\"",
+                "tls.client_identity_headers = true",
+            ],
+        )
+        .before(&["tls.client_ca = \"ca.pem\""]),
         row("listeners", "upstream", Tcp, &["upstream = \"datagrams\""])
             .on(&[Tcp, Udp])
             .replaces(&["upstream = \"relayed\""]),

@@ -842,3 +842,102 @@ request_headers = { set = { "x-sni" = "{tls.sni}", "x-subject" = "{tls.client.su
     assert!(body.lines().any(|l| l == "x-sni: default.test"), "{body}");
     assert!(body.lines().any(|l| l == "x-subject: "), "{body}");
 }
+
+/// One request with spoofed identity headers on a new connection.
+async fn spoofing_get(stream: TlsStream<TcpStream>, host: &str) -> (u16, String) {
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .uri("/")
+        .header("host", host)
+        .header("x-client-cert-subject", "CN=admin")
+        .header("x-client-cert-san", "DNS:admin.internal")
+        .header("x-client-cert-fingerprint", "sha256:00")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(req).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn client_identity_headers_name_the_certificate_and_cannot_be_spoofed() {
+    let echo = echo_backend().await;
+    let ca = ca("test ca");
+    let clients = self::ca("client ca");
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_leaf(&ca, &["default.test"]);
+    put(dir.path(), "s.pem", &server.0);
+    put(dir.path(), "s.key", &server.1);
+    put(dir.path(), "clients.pem", &clients.pem);
+    let text = Config::new()
+        .listener(
+            "secure",
+            r#"protocol = "https"
+tls.certificates = [{ cert = "s.pem", key = "s.key" }]
+tls.client_ca = "clients.pem"
+tls.client_auth = "optional"
+tls.client_identity_headers = true"#,
+        )
+        .listener(
+            "plain",
+            r#"protocol = "https"
+tls.certificates = [{ cert = "s.pem", key = "s.key" }]"#,
+        )
+        .route(
+            "echo",
+            "listeners = [\"secure\", \"plain\"]\nupstream = \"app\"",
+        )
+        .upstream("app", &[echo.addr], "")
+        .build();
+    let gw = Gateway::start_in(dir, &text);
+    let identity = leaf(
+        &clients,
+        &["client.test"],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let expected = fingerprint(&identity.0);
+    let header = |body: &str, name: &str| -> Vec<String> {
+        body.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .map(str::to_owned)
+            .collect()
+    };
+    // With a certificate: the gateway's values, the client's gone.
+    let stream = Client::trusting(&ca)
+        .with_identity(identity)
+        .connect(gw.listener("secure"), Some("default.test"), &[b"http/1.1"])
+        .await
+        .unwrap();
+    let (status, body) = spoofing_get(stream, "default.test").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        header(&body, "x-client-cert-subject"),
+        ["CN=client.test"],
+        "{body}"
+    );
+    assert_eq!(
+        header(&body, "x-client-cert-san"),
+        ["DNS:client.test"],
+        "{body}"
+    );
+    assert_eq!(
+        header(&body, "x-client-cert-fingerprint"),
+        [expected],
+        "{body}"
+    );
+    // Without one, and on a listener that sets none: nothing of the
+    // client's reaches the backend.
+    for listener in ["secure", "plain"] {
+        let stream = Client::trusting(&ca)
+            .connect(gw.listener(listener), Some("default.test"), &[b"http/1.1"])
+            .await
+            .unwrap();
+        let (status, body) = spoofing_get(stream, "default.test").await;
+        assert_eq!(status, 200, "{body}");
+        assert!(!body.contains("x-client-cert-"), "{listener}: {body}");
+    }
+}

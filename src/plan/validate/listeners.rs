@@ -352,7 +352,20 @@ impl Validator<'_> {
             )
             .flatten();
         let defaults = self.listener_defaults(i, l.defaults.as_ref());
+        let client_identity = l
+            .tls
+            .as_ref()
+            .and_then(|t| t.client_identity_headers)
+            .unwrap_or(false);
+        if client_identity && l.tls.as_ref().is_some_and(|t| t.client_ca.is_none()) {
+            self.error(
+                Code::MissingClientCa,
+                at("tls.client_identity_headers"),
+                "client_identity_headers passes on client certificates: it needs tls.client_ca",
+            );
+        }
         ListenerEdge {
+            client_identity,
             max_inflight: l.max_inflight.filter(|n| *n > 0),
             merge_slashes: l.merge_slashes.unwrap_or(false),
             encoded_slash,
