@@ -19,7 +19,9 @@ use std::time::SystemTime;
 pub use ledger::{answered_totals, InflightGuard, Ledger};
 pub use maglev::{hash_key, Maglev};
 pub use quota::QuotaTable;
-pub use route::{Action, ListenerSlot, RequestHead, Route, RouteShared, RouteSlot, Saturated};
+pub use route::{
+    Action, ListenerSlot, Refusal, RequestHead, Route, RouteShared, RouteSlot, Saturated,
+};
 pub use router::Router;
 pub use upstream::{Upstream, WeightedSchedule};
 

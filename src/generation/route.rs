@@ -9,6 +9,7 @@ use http::{HeaderMap, Method};
 use metrics::Counter;
 
 use super::upstream::Upstream;
+use crate::grpc::Code;
 use crate::plan::{DirectResponse, RouteSpec};
 use crate::telemetry::metrics as m;
 use crate::telemetry::series::{self, Count, Exported, Histogram, Sample};
@@ -26,7 +27,7 @@ pub enum Action {
 /// metric series (see `telemetry::series`), which go when no live
 /// generation names the route. A route exports its series from its first
 /// request on: a configuration with 10 000 routes of which a hundred see
-/// traffic exports a hundred routes' series, not 260 000 zeros.
+/// traffic exports a hundred routes' series, not 300 000 zeros.
 #[derive(Debug)]
 pub struct RouteShared {
     name: Arc<str>,
@@ -35,14 +36,49 @@ pub struct RouteShared {
     duration: Histogram,
     rejections: Count,
     limited: Count,
+    /// Requests its filters refused, by [`Refusal`].
+    refusals: [Count; Refusal::ALL.len()],
+    /// Templated header values dropped as invalid.
+    dropped: Count,
     /// Whether the series budget took this route's series (decided at
     /// its first request).
     exported: OnceLock<bool>,
+    /// gRPC calls by status code; their series are admitted apart, at the
+    /// route's first call, so that routes without gRPC reserve none.
+    grpc: [Count; Code::ALL.len()],
+    grpc_exported: OnceLock<bool>,
+}
+
+/// Why a route's filters refused a request (`reason` of
+/// `cutover_filter_refusals_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `allow_from` / `deny_from`.
+    Forbidden,
+    /// `max_request_body`.
+    BodyTooLarge,
+    /// A `rewrite` whose result the listener would not forward.
+    Rewrite,
+}
+
+impl Refusal {
+    const ALL: [Refusal; 3] = [Refusal::Forbidden, Refusal::BodyTooLarge, Refusal::Rewrite];
+
+    fn name(self) -> &'static str {
+        match self {
+            Refusal::Forbidden => "forbidden",
+            Refusal::BodyTooLarge => "body_too_large",
+            Refusal::Rewrite => "rewrite",
+        }
+    }
 }
 
 /// Series of one route: 5 classes, the histogram (its buckets, `+Inf`,
-/// sum and count), two rejection counters.
-const ROUTE_SERIES: usize = 5 + m::REQUEST_DURATION_BUCKETS.len() + 3 + 2;
+/// sum and count), two rejection counters, the filters' refusals and
+/// dropped values.
+const ROUTE_SERIES: usize = 5 + m::REQUEST_DURATION_BUCKETS.len() + 3 + 2 + Refusal::ALL.len() + 1;
+/// Series of one route's gRPC calls: one per status code.
+const GRPC_SERIES: usize = Code::ALL.len();
 
 impl RouteShared {
     pub fn new(route: &str) -> Arc<Self> {
@@ -53,7 +89,11 @@ impl RouteShared {
             duration: Histogram::new(m::REQUEST_DURATION_BUCKETS),
             rejections: Count::default(),
             limited: Count::default(),
+            refusals: Default::default(),
+            dropped: Count::default(),
             exported: OnceLock::new(),
+            grpc: Default::default(),
+            grpc_exported: OnceLock::new(),
         });
         series::register(&shared);
         shared
@@ -85,6 +125,35 @@ impl RouteShared {
         self.limited.add(1);
     }
 
+    /// Counts a request one of its filters refused.
+    pub fn refused(&self, why: Refusal) {
+        self.touch();
+        if let Some(count) = self.refusals.get(why as usize) {
+            count.add(1);
+        }
+    }
+
+    /// Counts a templated header value dropped as invalid.
+    pub fn value_dropped(&self) {
+        self.touch();
+        self.dropped.add(1);
+    }
+
+    /// Counts a gRPC call's status.
+    pub fn grpc(&self, code: Code) {
+        self.grpc_exported
+            .get_or_init(|| series::admit(GRPC_SERIES));
+        if let Some(count) = self.grpc.get(code as usize) {
+            count.add(1);
+        }
+    }
+
+    /// Where gRPC calls no route took are counted (`route="-"`).
+    pub fn unrouted() -> &'static RouteShared {
+        static UNROUTED: OnceLock<Arc<RouteShared>> = OnceLock::new();
+        UNROUTED.get_or_init(|| RouteShared::new("-"))
+    }
+
     fn reject(&self) {
         self.touch();
         self.rejections.add(1);
@@ -93,10 +162,23 @@ impl RouteShared {
 
 impl Exported for RouteShared {
     fn samples(&self, out: &mut Vec<Sample>) {
+        let labels = series::named(m::LABEL_ROUTE, &self.name);
+        if self.grpc_exported.get() == Some(&true) {
+            for (count, code) in self.grpc.iter().zip(Code::ALL) {
+                if count.get() > 0 {
+                    let mut labels = labels.clone();
+                    labels.push((m::LABEL_CODE, code.name().into()));
+                    out.push(series::sample(
+                        &series::ROUTE_GRPC,
+                        labels,
+                        count.get() as f64,
+                    ));
+                }
+            }
+        }
         if self.exported.get() != Some(&true) {
             return;
         }
-        let labels = series::named(m::LABEL_ROUTE, &self.name);
         for (count, class) in self.responses.iter().zip(m::CLASSES) {
             // A class appears with its first response.
             if count.get() > 0 {
@@ -115,9 +197,21 @@ impl Exported for RouteShared {
         for (family, count) in [
             (&series::ROUTE_QUOTA, &self.limited),
             (&series::ROUTE_ADMISSION, &self.rejections),
+            (&series::ROUTE_VALUES_DROPPED, &self.dropped),
         ] {
             if count.get() > 0 {
                 out.push(series::sample(family, labels.clone(), count.get() as f64));
+            }
+        }
+        for (count, why) in self.refusals.iter().zip(Refusal::ALL) {
+            if count.get() > 0 {
+                let mut labels = labels.clone();
+                labels.push((m::LABEL_REASON, why.name().into()));
+                out.push(series::sample(
+                    &series::ROUTE_REFUSALS,
+                    labels,
+                    count.get() as f64,
+                ));
             }
         }
     }
@@ -125,9 +219,16 @@ impl Exported for RouteShared {
 
 impl Drop for RouteShared {
     fn drop(&mut self) {
-        if self.exported.get() == Some(&true) {
+        let route = self.exported.get() == Some(&true);
+        let grpc = self.grpc_exported.get() == Some(&true);
+        if route || grpc {
             series::retire(self);
+        }
+        if route {
             series::release(ROUTE_SERIES);
+        }
+        if grpc {
+            series::release(GRPC_SERIES);
         }
     }
 }

@@ -24,7 +24,6 @@ use crate::generation::Route;
 use crate::plan::{
     Defaults, Filters, HeaderOps, ListenerEdge, Part, Redirect, RedirectPath, Template, Var,
 };
-use crate::telemetry::metrics as m;
 
 /// What the filters know of a request besides the request itself.
 pub(super) struct Seen<'r, 'g> {
@@ -53,7 +52,7 @@ impl<'r> Seen<'r, '_> {
             query: req.uri().query(),
             method: req.method(),
             request_id,
-            route: self.route.name(),
+            route: &self.route.shared,
             generation: self.generation,
             headers: req.headers(),
         }
@@ -118,7 +117,6 @@ pub(super) fn check<'g>(
     seen: &Seen<'_, 'g>,
     filters: &Effective<'g>,
 ) -> Result<Checked<'g>, (ProxyError, Option<Box<Shaped<'g>>>)> {
-    let route = seen.route;
     let client = client_ip(seen.conn, req.headers(), seen.edge);
     let request_id = filters.request_id().then(|| request_id(req.headers()));
     let response = filters.response_headers();
@@ -126,14 +124,10 @@ pub(super) fn check<'g>(
         let vars = seen.vars(req, client, request_id.as_ref());
         Box::new(Shaped::new(response, &vars, request_id.clone()))
     });
-    let refuse = |error: ProxyError, reason: &'static str, shaped| {
-        metrics::counter!(m::FILTER_REFUSALS, m::LABEL_ROUTE => route.name().to_owned(), m::LABEL_REASON => reason)
-            .increment(1);
-        Err((error, shaped))
-    };
     if let Some(access) = filters.own.and_then(|f| f.access.as_ref()) {
         if !access.admits(client) {
-            return refuse(ProxyError::Forbidden, "forbidden", shaped);
+            // Counted by `handle`, as every refusal the error names.
+            return Err((ProxyError::Forbidden, shaped));
         }
     }
     let mut count_body = None;
@@ -145,7 +139,7 @@ pub(super) fn check<'g>(
             .and_then(|v| v.parse::<u64>().ok());
         match declared {
             Some(length) if length > limit => {
-                return refuse(ProxyError::PayloadTooLarge, "body_too_large", shaped);
+                return Err((ProxyError::PayloadTooLarge, shaped));
             }
             // The framing holds a declared length to its word.
             Some(_) => {}
@@ -197,8 +191,7 @@ pub(super) fn prepare<'g>(
                     forwarded = Some(normalized.unwrap_or(rewritten))
                 }
                 _ => {
-                    metrics::counter!(m::FILTER_REFUSALS, m::LABEL_ROUTE => route.name().to_owned(), m::LABEL_REASON => "rewrite")
-                        .increment(1);
+                    route.shared.refused(crate::generation::Refusal::Rewrite);
                     return Err(ProxyError::BadRequest(
                         "the rewritten path is not one the listener forwards",
                     ));
@@ -293,7 +286,7 @@ pub(super) struct Vars<'r> {
     pub query: Option<&'r str>,
     pub method: &'r Method,
     pub request_id: Option<&'r HeaderValue>,
-    pub route: &'r str,
+    pub route: &'r crate::generation::RouteShared,
     pub generation: u64,
     pub headers: &'r HeaderMap,
 }
@@ -308,8 +301,7 @@ impl Vars<'_> {
         }
         let value = HeaderValue::from_bytes(&render_bytes(template, self)).ok();
         if value.is_none() {
-            metrics::counter!(m::FILTER_VALUES_DROPPED, m::LABEL_ROUTE => self.route.to_owned())
-                .increment(1);
+            self.route.value_dropped();
         }
         value
     }
@@ -344,7 +336,7 @@ impl Vars<'_> {
                 }
             }
             Var::RequestId => self.request_id.map_or(&[][..], HeaderValue::as_bytes),
-            Var::Route => self.route.as_bytes(),
+            Var::Route => self.route.name().as_bytes(),
             Var::TlsSni => tls
                 .and_then(|t| t.sni.as_deref())
                 .unwrap_or_default()
@@ -501,8 +493,7 @@ fn redirect(redirect: &Redirect, vars: &Vars<'_>) -> Response<ResponseBody> {
         }
         // A client's bytes (a template over its headers) made it invalid.
         Err(_) => {
-            metrics::counter!(m::FILTER_VALUES_DROPPED, m::LABEL_ROUTE => vars.route.to_owned())
-                .increment(1);
+            vars.route.value_dropped();
             *response.status_mut() = http::StatusCode::BAD_REQUEST;
         }
     }

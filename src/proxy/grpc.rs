@@ -27,6 +27,7 @@ use super::body::ResponseBody;
 use super::error::ProxyError;
 use super::grpc_web::{Encoder, Mode};
 use crate::backends::ClientBody;
+use crate::generation::RouteShared;
 use crate::grpc::{Code, GRPC_MESSAGE, GRPC_STATUS, GRPC_TIMEOUT};
 use crate::telemetry::access::Trail;
 use crate::telemetry::metrics as m;
@@ -97,7 +98,7 @@ impl Call {
     pub fn answer(
         &self,
         response: Response<ResponseBody>,
-        route: Option<Arc<str>>,
+        route: Option<Arc<RouteShared>>,
         trail: Option<Arc<Trail>>,
         http1: bool,
     ) -> Response<ResponseBody> {
@@ -140,14 +141,10 @@ impl Call {
     }
 }
 
-/// Counts one call's status: the metric, and the access log's field.
-pub fn count(route: Option<&str>, trail: Option<&Trail>, code: Code) {
-    metrics::counter!(
-        m::GRPC_RESPONSES,
-        m::LABEL_ROUTE => route.unwrap_or("-").to_owned(),
-        m::LABEL_CODE => code.name()
-    )
-    .increment(1);
+/// Counts one call's status: the route's series (`route="-"` for a call
+/// no route took), and the access log's field.
+pub fn count(route: Option<&RouteShared>, trail: Option<&Trail>, code: Code) {
+    route.unwrap_or_else(|| RouteShared::unrouted()).grpc(code);
     if let Some(trail) = trail {
         trail.grpc_status(code as u8);
     }
@@ -187,7 +184,7 @@ fn status_of(error: &ProxyError) -> (Code, &'static str) {
 pub struct CallBody {
     inner: ResponseBody,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-    route: Option<Arc<str>>,
+    route: Option<Arc<RouteShared>>,
     trail: Option<Arc<Trail>>,
     web: Option<Encoder>,
     done: bool,

@@ -201,7 +201,7 @@ pub async fn handle(
         Ok(response) => match &call {
             Some(call) => call.answer(
                 response,
-                route.map(|r| Arc::clone(r.shared.name())),
+                route.map(|r| Arc::clone(&r.shared)),
                 trail.clone(),
                 version < Version::HTTP_2,
             ),
@@ -209,6 +209,16 @@ pub async fn handle(
         },
         Err(error) => {
             flags = error.flags();
+            // The refusals of a route's filters, whichever step found them
+            // (a streamed body passes `max_request_body` mid-exchange).
+            let refusal = match error {
+                ProxyError::Forbidden => Some(crate::generation::Refusal::Forbidden),
+                ProxyError::PayloadTooLarge => Some(crate::generation::Refusal::BodyTooLarge),
+                _ => None,
+            };
+            if let (Some(route), Some(why)) = (route, refusal) {
+                route.shared.refused(why);
+            }
             if error.is_upstream() {
                 tracing::warn!(listener = %conn.listener, generation = %generation.id, route = route_name, %error, "upstream failure");
             } else if matches!(
@@ -220,7 +230,7 @@ pub async fn handle(
             let mut response = match &call {
                 Some(call) => {
                     let (response, code) = call.error_answer(&error);
-                    super::grpc::count(route.map(|r| r.name()), trail.as_deref(), code);
+                    super::grpc::count(route.map(|r| &*r.shared), trail.as_deref(), code);
                     accounted = Some(error.status());
                     response
                 }

@@ -114,7 +114,9 @@ pub const SERIES_REFUSED: &str = "cutover_metrics_series_refused_total";
 /// Spans not exported: the exporter was behind or the collector failed.
 pub const TRACE_SPANS_DROPPED: &str = "cutover_trace_spans_dropped_total";
 /// Requests a route filter refused, by `route` and `reason`
-/// (`forbidden`: allow/deny; `body_too_large`: `max_request_body`).
+/// (`forbidden`: allow/deny; `body_too_large`: `max_request_body`;
+/// `rewrite`: a rewritten path the listener would not forward). Kept with
+/// the route's other series (`telemetry::series`).
 pub const FILTER_REFUSALS: &str = "cutover_filter_refusals_total";
 /// Header values a template made invalid (a client's bytes a header may
 /// not hold), dropped instead of sent, by `route`.
@@ -168,20 +170,8 @@ pub fn describe() {
     );
     describe_counter!(ACTIVATIONS, "Configuration activations by kind and outcome");
     describe_counter!(
-        FILTER_REFUSALS,
-        "Requests a route filter refused, by route and reason"
-    );
-    describe_counter!(
-        GRPC_RESPONSES,
-        "gRPC calls answered, by route and status code name"
-    );
-    describe_counter!(
         GRPC_TIMEOUT_INVALID,
         "grpc-timeout values not of the protocol's form, ignored"
-    );
-    describe_counter!(
-        FILTER_VALUES_DROPPED,
-        "Templated header values dropped as invalid, by route"
     );
     describe_histogram!(
         ACTIVATION_DURATION,

@@ -74,6 +74,21 @@ pub static ROUTE_ADMISSION: Family = family(
     Kind::Counter,
     "Requests refused by a route's max_inflight",
 );
+pub static ROUTE_REFUSALS: Family = family(
+    m::FILTER_REFUSALS,
+    Kind::Counter,
+    "Requests a route filter refused, by route and reason",
+);
+pub static ROUTE_VALUES_DROPPED: Family = family(
+    m::FILTER_VALUES_DROPPED,
+    Kind::Counter,
+    "Templated header values dropped as invalid, by route",
+);
+pub static ROUTE_GRPC: Family = family(
+    m::GRPC_RESPONSES,
+    Kind::Counter,
+    "gRPC calls answered, by route and status code name",
+);
 pub static BACKEND_ATTEMPTS: Family = family(
     m::UPSTREAM_ATTEMPTS,
     Kind::Counter,
@@ -134,11 +149,14 @@ pub static GENERATION_DURATION: Family = family(
 );
 
 /// Families in output order.
-static FAMILIES: [&Family; 16] = [
+static FAMILIES: [&Family; 19] = [
     &ROUTE_REQUESTS,
     &ROUTE_DURATION,
     &ROUTE_QUOTA,
     &ROUTE_ADMISSION,
+    &ROUTE_REFUSALS,
+    &ROUTE_VALUES_DROPPED,
+    &ROUTE_GRPC,
     &BACKEND_ATTEMPTS,
     &BACKEND_EJECTIONS,
     &BACKEND_HEALTHY,

@@ -1167,3 +1167,29 @@ async fn routes_that_carry_grpc_need_an_http2_upstream() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_series_go_with_the_route_they_name() {
+    let backend = GrpcBackend::start(None).await;
+    let config = |route: &str| {
+        grpc_config(&[backend.addr], "", "")
+            .replace("name = \"echo\"", &format!("name = \"{route}\""))
+    };
+    let gw = Gateway::start(&config("echo-0"));
+    let mut client = connect(gw.listener("web")).await;
+    for i in 1..=3 {
+        unary(&mut client, Request::new(msg("x"))).await.unwrap();
+        let (status, body) = activate_with(&gw, &config(&format!("echo-{i}")), "").await;
+        assert_eq!(status, 200, "{body}");
+        // The renamed-away route's final values go out once, then go.
+        scrape(&gw).await;
+        let text = scrape(&gw).await;
+        let gone = format!("route=\"echo-{}\"", i - 1);
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("cutover_grpc_responses_total") && l.contains(&gone)),
+            "{gone} is still exported:\n{text}"
+        );
+    }
+}
