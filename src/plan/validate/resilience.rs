@@ -15,7 +15,22 @@ impl Validator<'_> {
         let kinds = usize::from(h.path.is_some())
             + usize::from(h.tcp == Some(true))
             + usize::from(h.grpc.is_some());
-        let probe = match (&h.path, h.tcp) {
+        // The keys only an HTTP check has, refused on the other kinds.
+        let http_only = |this: &mut Self, kind: &str| {
+            for (field, set) in [
+                ("host", h.host.is_some()),
+                ("expect_status", h.expect_status.is_some()),
+            ] {
+                if set {
+                    this.error(
+                        Code::ConflictingOptions,
+                        at(field),
+                        format!("`{field}` belongs to HTTP checks; this one is `{kind}`"),
+                    );
+                }
+            }
+        };
+        let probe = match (&h.path, h.tcp == Some(true), &h.grpc) {
             _ if kinds > 1 => {
                 self.error(
                     Code::ConflictingOptions,
@@ -24,20 +39,8 @@ impl Validator<'_> {
                 );
                 None
             }
-            (None, _) if h.grpc.is_some() => {
-                let service = h.grpc.clone().unwrap_or_default();
-                for (field, set) in [
-                    ("host", h.host.is_some()),
-                    ("expect_status", h.expect_status.is_some()),
-                ] {
-                    if set {
-                        self.error(
-                            Code::ConflictingOptions,
-                            at(field),
-                            format!("`{field}` belongs to HTTP checks; this one is `grpc`"),
-                        );
-                    }
-                }
+            (None, _, Some(service)) => {
+                http_only(self, "grpc");
                 if service.chars().any(|c| c.is_control() || c == '/') {
                     self.error(
                         Code::InvalidValue,
@@ -45,24 +48,15 @@ impl Validator<'_> {
                         format!("'{service}' is not a gRPC service name (like \"pkg.Service\")"),
                     );
                 }
-                Some(HealthProbe::Grpc { service })
+                Some(HealthProbe::Grpc {
+                    service: service.clone(),
+                })
             }
-            (None, Some(true)) => {
-                for (field, set) in [
-                    ("host", h.host.is_some()),
-                    ("expect_status", h.expect_status.is_some()),
-                ] {
-                    if set {
-                        self.error(
-                            Code::ConflictingOptions,
-                            at(field),
-                            format!("`{field}` belongs to HTTP checks; this one is `tcp = true`"),
-                        );
-                    }
-                }
+            (None, true, None) => {
+                http_only(self, "tcp = true");
                 Some(HealthProbe::Tcp)
             }
-            (Some(path), _) => {
+            (Some(path), _, _) => {
                 if !path.starts_with('/')
                     || http::uri::PathAndQuery::try_from(path.as_str()).is_err()
                 {
@@ -97,7 +91,7 @@ impl Validator<'_> {
                     expect_status,
                 })
             }
-            (None, _) => {
+            (None, _, _) => {
                 self.error(
                     Code::MissingKey,
                     base.to_owned(),
