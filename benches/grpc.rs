@@ -23,50 +23,13 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
-use common::{cpu_seconds, free_port, stop, wait_for, which};
+use common::{env_u64, free_port, rounds_of, wait_for, which, Owned, Run, Target};
 
 /// One framed `grpc.health.v1.HealthCheckResponse { status: SERVING }`:
 /// the request body and the backend's answer.
 const MESSAGE: &[u8] = &[0, 0, 0, 0, 2, 8, 1];
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// A process that is stopped when this is dropped.
-struct Owned(Child);
-
-impl Drop for Owned {
-    fn drop(&mut self) {
-        stop(&mut self.0);
-    }
-}
-
-struct Target {
-    name: &'static str,
-    address: SocketAddr,
-    /// The proxy's process (`None`: the backend itself).
-    pid: Option<u32>,
-}
-
-#[derive(Clone, Copy)]
-struct Run {
-    rate: f64,
-    calls: f64,
-    cpu: f64,
-}
-
-fn spread(values: &[f64]) -> (f64, f64) {
-    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
-    let min = values.iter().cloned().fold(f64::INFINITY, f64::min);
-    let max = values.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    (mean, (max - min) / 2.0)
-}
 
 fn main() {
     let seconds = env_u64("CUTOVER_BENCH_SECONDS", 5);
@@ -108,95 +71,38 @@ fn main() {
         pid: None,
     }];
     let mut proxies = Vec::new();
-    let (cutover, address) = start_cutover(d, backend);
-    targets.push(Target {
-        name: "cutover",
-        address,
-        pid: Some(cutover.0.id()),
-    });
-    proxies.push(cutover);
-    match start_nginx(d, backend) {
-        Some((nginx, address)) => {
-            targets.push(Target {
-                name: "nginx",
-                address,
-                pid: Some(nginx.0.id()),
-            });
-            proxies.push(nginx);
-        }
-        None => println!("nginx grpc_pass: SKIPPED, could not start it"),
-    }
-    match start_haproxy(d, backend) {
-        Some((haproxy, address)) => {
-            targets.push(Target {
-                name: "haproxy",
-                address,
-                pid: Some(haproxy.0.id()),
-            });
-            proxies.push(haproxy);
-        }
-        None => println!("haproxy: SKIPPED, not installed (apt-get install haproxy)"),
+    let started = [
+        ("cutover", Some(start_cutover(d, backend))),
+        ("nginx", start_nginx(d, backend)),
+        ("haproxy", start_haproxy(d, backend)),
+    ];
+    for (name, proxy) in started {
+        let Some((process, address)) = proxy else {
+            println!("{name}: SKIPPED, not installed or would not start (apt-get install nginx-light haproxy)");
+            continue;
+        };
+        targets.push(Target {
+            name,
+            address,
+            pid: Some(process.0.id()),
+        });
+        proxies.push(process);
     }
 
     let request = d.join("request.bin");
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); targets.len()];
-    for round in 0..rounds {
-        let order: Vec<usize> = if round % 2 == 0 {
-            (0..targets.len()).collect()
-        } else {
-            (0..targets.len()).rev().collect()
-        };
-        for i in order {
-            let target = &targets[i];
-            let before = target.pid.map(cpu_seconds);
-            let Some(mut run) = h2load(target.address, &request, seconds) else {
-                println!("  {}: measurement failed", target.name);
-                continue;
-            };
-            if let (Some(pid), Some(before)) = (target.pid, before) {
-                run.cpu = cpu_seconds(pid) - before;
-            }
-            runs[i].push(run);
-        }
-    }
-    println!("unary gRPC, h2load -t1 -c16 -m10 for {seconds} s, {rounds} rounds");
-    let rate = |i: usize| spread(&runs[i].iter().map(|r| r.rate).collect::<Vec<_>>());
-    let (direct, _) = rate(0);
-    let haproxy = targets
-        .iter()
-        .position(|t| t.name == "haproxy")
-        .map(|i| rate(i).0);
-    let haproxy_cpu = targets.iter().position(|t| t.name == "haproxy").map(|i| {
-        let cpu: f64 = runs[i].iter().map(|r| r.cpu).sum();
-        let calls: f64 = runs[i].iter().map(|r| r.calls).sum();
-        cpu / calls
-    });
-    for (i, target) in targets.iter().enumerate() {
-        let (mean, half) = rate(i);
-        let mut line = format!("  {:<8} {mean:>9.0} ± {half:.0} calls/s", target.name);
-        if i > 0 {
-            line.push_str(&format!("   {:.3} × backend", mean / direct));
-            if let Some(h) = haproxy.filter(|_| target.name != "haproxy") {
-                line.push_str(&format!("   {:.3} × haproxy", mean / h));
-            }
-            let cpu: f64 = runs[i].iter().map(|r| r.cpu).sum();
-            let calls: f64 = runs[i].iter().map(|r| r.calls).sum();
-            if calls > 0.0 {
-                line.push_str(&format!(
-                    "   CPU {:.3} ms per 1 000 calls",
-                    cpu / calls * 1e6
-                ));
-                if let Some(h) = haproxy_cpu.filter(|_| target.name != "haproxy") {
-                    line.push_str(&format!(" ({:.3} × haproxy)", cpu / calls / h));
-                }
-            }
-        }
-        println!("{line}");
-    }
+    rounds_of(
+        &format!("unary gRPC, h2load -t1 -c16 -m10 for {seconds} s, {rounds} rounds"),
+        "calls/s",
+        "ms per 1 000 calls",
+        &targets,
+        rounds,
+        |target| h2load(target.address, &request, seconds),
+    );
     drop(proxies);
 }
 
-/// One h2load run: calls/s and calls that succeeded.
+/// One h2load run: calls/s, and the calls that succeeded in the unit CPU
+/// is reported per (CPU seconds per million calls: ms per 1 000).
 fn h2load(address: SocketAddr, request: &Path, seconds: u64) -> Option<Run> {
     let out = Command::new("h2load")
         .args([
@@ -233,8 +139,8 @@ fn h2load(address: SocketAddr, request: &Path, seconds: u64) -> Option<Run> {
         .ok()?;
     Some(Run {
         rate,
-        calls: ok,
         cpu: 0.0,
+        work: ok / 1e6,
     })
 }
 

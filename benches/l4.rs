@@ -21,49 +21,9 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
-use common::{cpu_seconds, free_port, stop, wait_for, which};
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// A process that is stopped when this is dropped.
-struct Owned(Child);
-
-impl Drop for Owned {
-    fn drop(&mut self) {
-        stop(&mut self.0);
-    }
-}
-
-/// One measured run: the rate and the proxy's CPU seconds meanwhile.
-#[derive(Clone, Copy)]
-struct Run {
-    rate: f64,
-    cpu: f64,
-    /// GB moved (bulk) or requests answered (connection rate).
-    work: f64,
-}
-
-/// Mean and (max - min) / 2 of `values`.
-fn spread(values: &[f64]) -> (f64, f64) {
-    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
-    let min = values.iter().cloned().fold(f64::INFINITY, f64::min);
-    let max = values.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    (mean, (max - min) / 2.0)
-}
-
-/// A proxy under test: `None` for the direct connection.
-struct Target {
-    name: &'static str,
-    address: SocketAddr,
-    pid: Option<u32>,
-}
+use common::{env_u64, free_port, rounds_of, wait_for, which, Owned, Run, Target};
 
 fn main() {
     // `cargo bench` passes `--bench`; nothing else is taken.
@@ -117,61 +77,6 @@ fn start_haproxy(dir: &Path, name: &str, backend: SocketAddr) -> Option<(Owned, 
         .ok()?;
     let child = Owned(child);
     wait_for(listen).then_some((child, listen))
-}
-
-/// Runs `measure` on every target in `rounds` rounds, each round in the
-/// opposite order of the one before; prints the table.
-fn rounds_of(
-    title: &str,
-    unit: &str,
-    per: &str,
-    targets: &[Target],
-    rounds: usize,
-    measure: impl Fn(&Target) -> Option<Run>,
-) {
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); targets.len()];
-    for round in 0..rounds {
-        let order: Vec<usize> = if round % 2 == 0 {
-            (0..targets.len()).collect()
-        } else {
-            (0..targets.len()).rev().collect()
-        };
-        for i in order {
-            let target = &targets[i];
-            let before = target.pid.map(cpu_seconds);
-            let Some(mut run) = measure(target) else {
-                println!("  {}: measurement failed", target.name);
-                continue;
-            };
-            if let (Some(pid), Some(before)) = (target.pid, before) {
-                run.cpu = cpu_seconds(pid) - before;
-            }
-            runs[i].push(run);
-        }
-    }
-    println!("{title}");
-    let rate = |i: usize| spread(&runs[i].iter().map(|r| r.rate).collect::<Vec<_>>());
-    let (direct, _) = rate(0);
-    let haproxy = targets
-        .iter()
-        .position(|t| t.name == "haproxy")
-        .map(|i| rate(i).0);
-    for (i, target) in targets.iter().enumerate() {
-        let (mean, half) = rate(i);
-        let mut line = format!("  {:<8} {mean:>10.3} ± {half:.3} {unit}", target.name);
-        if i > 0 {
-            line.push_str(&format!("   {:.3} × direct", mean / direct));
-            if let Some(h) = haproxy.filter(|_| target.name != "haproxy") {
-                line.push_str(&format!("   {:.3} × haproxy", mean / h));
-            }
-            let cpu: f64 = runs[i].iter().map(|r| r.cpu).sum();
-            let work: f64 = runs[i].iter().map(|r| r.work).sum();
-            if work > 0.0 {
-                line.push_str(&format!("   CPU {:.3} {per}", cpu / work));
-            }
-        }
-        println!("{line}");
-    }
 }
 
 /// `backend` directly, through cutover and (when installed) through

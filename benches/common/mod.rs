@@ -300,3 +300,107 @@ pub fn clock_ticks_per_second() -> f64 {
         .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
         .unwrap_or(100.0)
 }
+
+/// A number from the environment, or `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A process that is stopped when this is dropped.
+pub struct Owned(pub Child);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        stop(&mut self.0);
+    }
+}
+
+/// One measured run: the rate, the target's CPU seconds meanwhile, and
+/// the work done, in the unit CPU is reported per.
+#[derive(Clone, Copy)]
+pub struct Run {
+    pub rate: f64,
+    pub cpu: f64,
+    pub work: f64,
+}
+
+/// What a run measures: the first of a list is the reference (the
+/// backend itself), the others proxies in front of it.
+pub struct Target {
+    pub name: &'static str,
+    pub address: SocketAddr,
+    /// The proxy's process (`None`: the reference).
+    pub pid: Option<u32>,
+}
+
+/// Mean and (max - min) / 2 of `values`.
+pub fn spread(values: &[f64]) -> (f64, f64) {
+    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let min = values.iter().cloned().fold(f64::INFINITY, f64::min);
+    let max = values.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    (mean, (max - min) / 2.0)
+}
+
+/// Runs `measure` on every target in `rounds` rounds, each round in the
+/// opposite order of the one before, the proxies' CPU read from `/proc`
+/// around each run; prints each target's rate against the first target
+/// and HAProxy, and its CPU per unit of work (and against HAProxy's).
+pub fn rounds_of(
+    title: &str,
+    unit: &str,
+    per: &str,
+    targets: &[Target],
+    rounds: usize,
+    measure: impl Fn(&Target) -> Option<Run>,
+) {
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); targets.len()];
+    for round in 0..rounds {
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..targets.len()).collect()
+        } else {
+            (0..targets.len()).rev().collect()
+        };
+        for i in order {
+            let target = &targets[i];
+            let before = target.pid.map(cpu_seconds);
+            let Some(mut run) = measure(target) else {
+                println!("  {}: measurement failed", target.name);
+                continue;
+            };
+            if let (Some(pid), Some(before)) = (target.pid, before) {
+                run.cpu = cpu_seconds(pid) - before;
+            }
+            runs[i].push(run);
+        }
+    }
+    println!("{title}");
+    let rate = |i: usize| spread(&runs[i].iter().map(|r| r.rate).collect::<Vec<_>>());
+    let cpu_per_work = |i: usize| {
+        let cpu: f64 = runs[i].iter().map(|r| r.cpu).sum();
+        let work: f64 = runs[i].iter().map(|r| r.work).sum();
+        (work > 0.0).then(|| cpu / work)
+    };
+    let reference = rate(0).0;
+    let haproxy = targets.iter().position(|t| t.name == "haproxy");
+    for (i, target) in targets.iter().enumerate() {
+        let (mean, half) = rate(i);
+        let mut line = format!("  {:<8} {mean:>10.3} ± {half:.3} {unit}", target.name);
+        if i > 0 {
+            line.push_str(&format!("   {:.3} × {}", mean / reference, targets[0].name));
+            let versus = haproxy.filter(|&h| h != i);
+            if let Some(h) = versus {
+                line.push_str(&format!("   {:.3} × haproxy", mean / rate(h).0));
+            }
+            if let Some(cpu) = cpu_per_work(i) {
+                line.push_str(&format!("   CPU {cpu:.3} {per}"));
+                if let Some(theirs) = versus.and_then(cpu_per_work) {
+                    line.push_str(&format!(" ({:.3} × haproxy)", cpu / theirs));
+                }
+            }
+        }
+        println!("{line}");
+    }
+}
