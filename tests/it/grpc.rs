@@ -298,6 +298,32 @@ fn msg(text: &str) -> Msg {
     }
 }
 
+/// The texts of a server-streaming call for `count` messages of `text`,
+/// over any client (plain gRPC or gRPC-Web).
+async fn streamed<T>(client: &mut tonic::client::Grpc<T>, text: &str, count: u32) -> Vec<String>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    T::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error:
+        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+{
+    let ready: Result<(), Box<dyn std::error::Error + Send + Sync>> =
+        client.ready().await.map_err(Into::into);
+    ready.unwrap();
+    let request = Msg { count, ..msg(text) };
+    let mut stream = client
+        .server_streaming(Request::new(request), path("Stream"), Codec::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut texts = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        texts.push(m.text);
+    }
+    texts
+}
+
 async fn unary(client: &mut Client, request: Request<Msg>) -> Result<tonic::Response<Msg>, Status> {
     client.ready().await.unwrap();
     client.unary(request, path("Unary"), Codec::default()).await
@@ -353,21 +379,10 @@ async fn calls_of_every_kind_pass_with_their_messages_status_and_metadata() {
     );
 
     // Server streaming.
-    client.ready().await.unwrap();
-    let request = Msg {
-        count: 5,
-        ..msg("s")
-    };
-    let mut stream = client
-        .server_streaming(Request::new(request), path("Stream"), Codec::default())
-        .await
-        .unwrap()
-        .into_inner();
-    let mut texts = Vec::new();
-    while let Some(m) = stream.message().await.unwrap() {
-        texts.push(m.text);
-    }
-    assert_eq!(texts, ["s-0", "s-1", "s-2", "s-3", "s-4"]);
+    assert_eq!(
+        streamed(&mut client, "s", 5).await,
+        ["s-0", "s-1", "s-2", "s-3", "s-4"]
+    );
 
     // Client streaming.
     client.ready().await.unwrap();
@@ -903,21 +918,7 @@ async fn grpc_web_calls_are_translated_both_ways() {
         .await
         .unwrap();
     assert_eq!(answer.get_ref().text, "from a browser");
-    client.ready().await.unwrap();
-    let request = Msg {
-        count: 3,
-        ..msg("w")
-    };
-    let mut stream = client
-        .server_streaming(Request::new(request), path("Stream"), Codec::default())
-        .await
-        .unwrap()
-        .into_inner();
-    let mut texts = Vec::new();
-    while let Some(m) = stream.message().await.unwrap() {
-        texts.push(m.text);
-    }
-    assert_eq!(texts, ["w-0", "w-1", "w-2"]);
+    assert_eq!(streamed(&mut client, "w", 3).await, ["w-0", "w-1", "w-2"]);
     client.ready().await.unwrap();
     let status = client
         .unary(Request::new(msg("fail")), path("Unary"), Codec::default())

@@ -26,6 +26,26 @@ fn put(dir: &Path, name: &str, contents: &str) {
     std::fs::rename(&tmp, dir.join(name)).unwrap();
 }
 
+/// An HTTPS listener on `s.pem` that asks for client certificates from
+/// `clients.pem` and takes connections without one.
+const MTLS_OPTIONAL: &str = r#"protocol = "https"
+tls.certificates = [{ cert = "s.pem", key = "s.key" }]
+tls.client_ca = "clients.pem"
+tls.client_auth = "optional""#;
+
+/// A server CA, a client CA, and a folder with `s.pem`/`s.key` (a leaf
+/// for `default.test`) and `clients.pem`.
+fn mtls_files() -> (Ca, Ca, tempfile::TempDir) {
+    let ca = ca("test ca");
+    let clients = self::ca("client ca");
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_leaf(&ca, &["default.test"]);
+    put(dir.path(), "s.pem", &server.0);
+    put(dir.path(), "s.key", &server.1);
+    put(dir.path(), "clients.pem", &clients.pem);
+    (ca, clients, dir)
+}
+
 fn fingerprint(pem: &str) -> String {
     let der = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
     cutover::tls::fingerprint(&der)
@@ -130,11 +150,20 @@ async fn h1_again(
     sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
     host: &str,
 ) -> Result<(u16, String), String> {
-    let req = Request::builder()
-        .uri("/")
-        .header("host", host)
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    h1_again_with(sender, host, &[]).await
+}
+
+/// `h1_again` with these extra headers.
+async fn h1_again_with(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    host: &str,
+    headers: &[(&str, &str)],
+) -> Result<(u16, String), String> {
+    let mut req = Request::builder().uri("/").header("host", host);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(Full::new(Bytes::new())).unwrap();
     let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
     let status = response.status().as_u16();
     let body = response
@@ -787,20 +816,11 @@ async fn a_watched_certificate_rotation_goes_through_reload_certs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_template_variables_name_the_server_name_and_the_client_certificate() {
     let echo = echo_backend().await;
-    let ca = ca("test ca");
-    let clients = self::ca("client ca");
-    let dir = tempfile::tempdir().unwrap();
-    let server = server_leaf(&ca, &["default.test"]);
-    put(dir.path(), "s.pem", &server.0);
-    put(dir.path(), "s.key", &server.1);
-    put(dir.path(), "clients.pem", &clients.pem);
+    let (ca, clients, dir) = mtls_files();
     let text = Config::new()
         .listener(
             "secure",
-            r#"protocol = "https"
-tls.certificates = [{ cert = "s.pem", key = "s.key" }]
-tls.client_ca = "clients.pem"
-tls.client_auth = "optional""#,
+            MTLS_OPTIONAL,
         )
         .route(
             "echo",
@@ -849,38 +869,22 @@ async fn spoofing_get(stream: TlsStream<TcpStream>, host: &str) -> (u16, String)
         .await
         .unwrap();
     tokio::spawn(conn);
-    let req = Request::builder()
-        .uri("/")
-        .header("host", host)
-        .header("x-client-cert-subject", "CN=admin")
-        .header("x-client-cert-san", "DNS:admin.internal")
-        .header("x-client-cert-fingerprint", "sha256:00")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let response = sender.send_request(req).await.unwrap();
-    let status = response.status().as_u16();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    let spoofed = [
+        ("x-client-cert-subject", "CN=admin"),
+        ("x-client-cert-san", "DNS:admin.internal"),
+        ("x-client-cert-fingerprint", "sha256:00"),
+    ];
+    h1_again_with(&mut sender, host, &spoofed).await.unwrap()
 }
 
 #[tokio::test]
 async fn client_identity_headers_name_the_certificate_and_cannot_be_spoofed() {
     let echo = echo_backend().await;
-    let ca = ca("test ca");
-    let clients = self::ca("client ca");
-    let dir = tempfile::tempdir().unwrap();
-    let server = server_leaf(&ca, &["default.test"]);
-    put(dir.path(), "s.pem", &server.0);
-    put(dir.path(), "s.key", &server.1);
-    put(dir.path(), "clients.pem", &clients.pem);
+    let (ca, clients, dir) = mtls_files();
     let text = Config::new()
         .listener(
             "secure",
-            r#"protocol = "https"
-tls.certificates = [{ cert = "s.pem", key = "s.key" }]
-tls.client_ca = "clients.pem"
-tls.client_auth = "optional"
-tls.client_identity_headers = true"#,
+            &format!("{MTLS_OPTIONAL}\ntls.client_identity_headers = true"),
         )
         .listener(
             "plain",
