@@ -124,7 +124,13 @@ pub struct StatusView {
 
 impl Control {
     pub fn status_view(&self) -> StatusView {
+        // Pending before active: a settle swaps the generation first and
+        // clears the pending record after, so a pending record read first
+        // and naming another generation than the active one is already
+        // settled.
+        let pending = self.pending();
         let active = self.store.load_full();
+        let pending = pending.filter(|p| p.generation == active.id);
         let history = self.history();
         let activated_at = history
             .generation(active.id)
@@ -149,7 +155,7 @@ impl Control {
             last_operation,
             requests_total,
             errors_total,
-            pending: self.pending(),
+            pending,
             config_file_matches_active: self.file_matches_active(active.id),
         }
     }
