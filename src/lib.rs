@@ -33,6 +33,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod auth;
 pub mod backends;
 pub mod config;
 pub mod control;

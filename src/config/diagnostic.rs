@@ -94,6 +94,7 @@ codes! {
     InvalidRewrite = "invalid_rewrite",
     RedirectLoop = "redirect_loop",
     GrpcNeedsHttp2 = "grpc_needs_http2",
+    InvalidSecretFile = "invalid_secret_file",
 }
 
 impl std::fmt::Display for Code {

@@ -310,6 +310,72 @@ pub struct FileDefaults {
     pub max_request_body: Option<FileSize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<bool>,
+    /// Authentication every route of the listener has unless it sets its
+    /// own (`auth = "none"` written out to opt out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<FileAuth>,
+}
+
+/// `auth`: `"none"` (a route opting out of its listener's default), or
+/// one method (DESIGN §19).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FileAuth {
+    Keyword(String),
+    Method(FileAuthMethod),
+}
+
+/// Exactly one of the methods.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAuthMethod {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic: Option<FileBasicAuth>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<FileJwtAuth>,
+}
+
+/// `auth = { basic = { … } }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileBasicAuth {
+    /// An htpasswd file of bcrypt or argon2id hashes.
+    pub users_file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub realm: Option<String>,
+}
+
+/// `auth = { jwt = { … } }`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileJwtAuth {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audiences: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_url: Option<String>,
+    /// CA bundle for `jwks_url` (the WebPKI roots otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_ca: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks_refresh: Option<String>,
+    /// An HMAC secret (HS256/384/512), at least 32 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hmac_key_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub algorithms: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leeway: Option<String>,
+    /// `header:NAME`, `query:NAME` or `cookie:NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims_to_headers: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_token: Option<bool>,
 }
 
 /// `listeners.sni_routes`: names (exact, or `*.suffix`) to an upstream.
@@ -420,6 +486,9 @@ pub struct FileRoute {
     /// Translate gRPC-Web calls (binary and text) to gRPC for the upstream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grpc_web: Option<bool>,
+    /// Authentication (DESIGN §19), or `"none"` against the listener's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<FileAuth>,
 }
 
 /// `request_headers` / `response_headers`.

@@ -28,6 +28,17 @@ pub struct ListenerCerts {
     pub certificates: Vec<CertView>,
 }
 
+/// A secret file (an htpasswd file, a JWKS, an HMAC key) as
+/// `reload-certs` reports it: whether it changed, or why the last good
+/// contents stay. Never its contents.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SecretView {
+    pub file: String,
+    pub changed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// The answer to `reload-certs`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CertReload {
@@ -37,6 +48,10 @@ pub struct CertReload {
     /// Certificates that expire within 7 days, or do not cover a host the
     /// listener's routes serve.
     pub warnings: Vec<String>,
+    /// The route authentication's secret files (all of them, when no
+    /// listener is named).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretView>,
     pub operation_id: String,
 }
 
@@ -129,7 +144,7 @@ impl Control {
             };
             next.listeners.insert(listener.name.clone(), material);
         }
-        let warnings = warnings(&active.spec, &next);
+        let mut warnings = warnings(&active.spec, &next);
         let listeners = reloaded
             .iter()
             .filter_map(|name| {
@@ -155,6 +170,10 @@ impl Control {
             })
             .collect::<Vec<_>>();
         self.install_certificates(next);
+        let secrets = match only {
+            Some(_) => Vec::new(),
+            None => reload_secrets(&active.spec, &mut warnings),
+        };
         let changed = listeners
             .iter()
             .flat_map(|l| &l.certificates)
@@ -170,8 +189,10 @@ impl Control {
             (Some(active.id), Some(active.id)),
             requester,
             format!(
-                "{} listeners reloaded, {changed} certificates changed",
-                listeners.len()
+                "{} listeners reloaded, {changed} certificates changed, {} of {} secret files changed",
+                listeners.len(),
+                secrets.iter().filter(|s| s.changed).count(),
+                secrets.len()
             ),
             None,
         );
@@ -185,6 +206,7 @@ impl Control {
             generation: active.id,
             listeners,
             warnings,
+            secrets,
             operation_id,
         })
     }
@@ -201,6 +223,36 @@ impl Control {
         }
         self.certificates.swap(material);
     }
+}
+
+/// Reads every secret file of `spec`'s authentication again; one that
+/// does not read or parse keeps its last good contents and is reported.
+fn reload_secrets(spec: &Spec, warnings: &mut Vec<String>) -> Vec<SecretView> {
+    let mut out = Vec::new();
+    for auth in crate::plan::auths(spec) {
+        for secret in auth.secrets() {
+            let view = match secret.reload() {
+                Ok(changed) => SecretView {
+                    file: secret.file().to_owned(),
+                    changed,
+                    error: None,
+                },
+                Err(error) => {
+                    warnings.push(format!(
+                        "secret file '{}' was not reloaded ({error}); its last good contents stay",
+                        secret.file()
+                    ));
+                    SecretView {
+                        file: secret.file().to_owned(),
+                        changed: false,
+                        error: Some(error),
+                    }
+                }
+            };
+            out.push(view);
+        }
+    }
+    out
 }
 
 /// Expiring certificates, and route hosts no certificate of their listener covers.

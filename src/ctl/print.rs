@@ -212,6 +212,14 @@ pub(super) fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
                     );
                 }
             }
+            for secret in &reload.secrets {
+                let state = match (&secret.error, secret.changed) {
+                    (Some(_), _) => "not reloaded (last good kept)",
+                    (None, true) => "changed",
+                    (None, false) => "unchanged",
+                };
+                println!("secret {}: {state}", secret.file);
+            }
             for warning in &reload.warnings {
                 println!("warning: {warning}");
             }

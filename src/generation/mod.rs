@@ -171,6 +171,11 @@ pub fn build(
             }
         }
     }
+    // What authentication runs beside the requests (a JWKS URL's fetches)
+    // starts with the first generation that names it.
+    for auth in crate::plan::auths(&spec) {
+        auth.start();
+    }
     let routers = per_listener
         .into_iter()
         .map(|(name, (edge, routes))| {

@@ -9,6 +9,7 @@ use http::{HeaderMap, Method};
 use metrics::Counter;
 
 use super::upstream::Upstream;
+use crate::auth::{Method as AuthMethod, Outcome};
 use crate::grpc::Code;
 use crate::plan::{DirectResponse, RouteSpec};
 use crate::telemetry::metrics as m;
@@ -47,6 +48,10 @@ pub struct RouteShared {
     /// route's first call, so that routes without gRPC reserve none.
     grpc: [Count; Code::ALL.len()],
     grpc_exported: OnceLock<bool>,
+    /// Authentication checks by method and outcome; admitted apart, at
+    /// the route's first check.
+    auth: [[Count; Outcome::ALL.len()]; AuthMethod::ALL.len()],
+    auth_exported: OnceLock<bool>,
 }
 
 /// Why a route's filters refused a request (`reason` of
@@ -79,6 +84,8 @@ impl Refusal {
 const ROUTE_SERIES: usize = 5 + m::REQUEST_DURATION_BUCKETS.len() + 3 + 2 + Refusal::ALL.len() + 1;
 /// Series of one route's gRPC calls: one per status code.
 const GRPC_SERIES: usize = Code::ALL.len();
+/// Series of one route's authentication checks.
+const AUTH_SERIES: usize = Outcome::ALL.len() * AuthMethod::ALL.len();
 
 impl RouteShared {
     pub fn new(route: &str) -> Arc<Self> {
@@ -94,6 +101,8 @@ impl RouteShared {
             exported: OnceLock::new(),
             grpc: Default::default(),
             grpc_exported: OnceLock::new(),
+            auth: Default::default(),
+            auth_exported: OnceLock::new(),
         });
         series::register(&shared);
         shared
@@ -148,6 +157,19 @@ impl RouteShared {
         }
     }
 
+    /// Counts an authentication check.
+    pub fn authenticated(&self, method: AuthMethod, outcome: Outcome) {
+        self.auth_exported
+            .get_or_init(|| series::admit(AUTH_SERIES));
+        if let Some(count) = self
+            .auth
+            .get(method as usize)
+            .and_then(|m| m.get(outcome as usize))
+        {
+            count.add(1);
+        }
+    }
+
     /// Where gRPC calls no route took are counted (`route="-"`).
     pub fn unrouted() -> &'static RouteShared {
         static UNROUTED: OnceLock<Arc<RouteShared>> = OnceLock::new();
@@ -173,6 +195,22 @@ impl Exported for RouteShared {
                         labels,
                         count.get() as f64,
                     ));
+                }
+            }
+        }
+        if self.auth_exported.get() == Some(&true) {
+            for (counts, method) in self.auth.iter().zip(AuthMethod::ALL) {
+                for (count, outcome) in counts.iter().zip(Outcome::ALL) {
+                    if count.get() > 0 {
+                        let mut labels = labels.clone();
+                        labels.push((m::LABEL_METHOD, method.name().into()));
+                        labels.push((m::LABEL_OUTCOME, outcome.name().into()));
+                        out.push(series::sample(
+                            &series::ROUTE_AUTH,
+                            labels,
+                            count.get() as f64,
+                        ));
+                    }
                 }
             }
         }
@@ -221,7 +259,8 @@ impl Drop for RouteShared {
     fn drop(&mut self) {
         let route = self.exported.get() == Some(&true);
         let grpc = self.grpc_exported.get() == Some(&true);
-        if route || grpc {
+        let auth = self.auth_exported.get() == Some(&true);
+        if route || grpc || auth {
             series::retire(self);
         }
         if route {
@@ -229,6 +268,9 @@ impl Drop for RouteShared {
         }
         if grpc {
             series::release(GRPC_SERIES);
+        }
+        if auth {
+            series::release(AUTH_SERIES);
         }
     }
 }

@@ -4,6 +4,9 @@
 //! applies them. A route without filters carries `None`: one check.
 
 use std::fmt;
+use std::sync::Arc;
+
+use crate::auth::Auth;
 
 use http::{HeaderName, HeaderValue, StatusCode};
 use regex_automata::meta;
@@ -26,6 +29,17 @@ pub struct Filters {
     pub request_id: Option<bool>,
     pub request_headers: Option<HeaderOps>,
     pub response_headers: Option<HeaderOps>,
+    /// `auth` (DESIGN §19): a method, or `"none"` written out against the
+    /// listener's default.
+    pub auth: Option<RouteAuth>,
+}
+
+/// A route's own `auth`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteAuth {
+    /// `auth = "none"`: the listener's default does not apply.
+    Off,
+    On(Arc<Auth>),
 }
 
 impl Filters {
@@ -38,6 +52,7 @@ impl Filters {
             && self.request_id.is_none()
             && self.request_headers.is_none()
             && self.response_headers.is_none()
+            && self.auth.is_none()
     }
 }
 
@@ -49,6 +64,7 @@ pub struct Defaults {
     pub response_headers: Option<HeaderOps>,
     pub max_request_body: Option<u64>,
     pub request_id: Option<bool>,
+    pub auth: Option<Arc<Auth>>,
 }
 
 /// `allow_from` / `deny_from`: a client in `deny` is refused; with an

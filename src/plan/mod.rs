@@ -21,7 +21,7 @@ mod filters;
 pub use diff::{diff, Change, ChangeKind, Diff, Disposition, FieldChange, Summary};
 pub use filters::{
     replace_prefix, Defaults, Filters, HeaderOps, HostRewrite, IpRules, Part, Redirect,
-    RedirectPath, Rewrite, RewriteRegex, Template, TemplateError, ValueMatch, Var,
+    RedirectPath, Rewrite, RewriteRegex, RouteAuth, Template, TemplateError, ValueMatch, Var,
     TEMPLATE_VARIABLES,
 };
 pub use ownership::{needs_restart, ownership, Ownership};

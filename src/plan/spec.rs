@@ -666,3 +666,26 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Upstream response deadline when a route sets none (then 504).
 pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Every `auth` a configuration compiled: routes' own and listeners'
+/// defaults (each once).
+pub fn auths(spec: &Spec) -> Vec<&crate::auth::Auth> {
+    let mut out: Vec<&crate::auth::Auth> = Vec::new();
+    let routes = spec
+        .routes
+        .iter()
+        .filter_map(|r| match r.filters.as_deref()?.auth.as_ref()? {
+            super::RouteAuth::On(auth) => Some(&**auth),
+            super::RouteAuth::Off => None,
+        });
+    let defaults = spec
+        .listeners
+        .iter()
+        .filter_map(|l| l.edge.defaults.as_deref()?.auth.as_deref());
+    for auth in routes.chain(defaults) {
+        if !out.iter().any(|seen| std::ptr::eq(*seen, auth)) {
+            out.push(auth);
+        }
+    }
+    out
+}

@@ -29,6 +29,10 @@ pub enum ProxyError {
     /// while it streamed before the answer began).
     #[error("request body exceeds max_request_body")]
     PayloadTooLarge,
+    /// The route's `auth` refused the request (401 with a challenge), or
+    /// could not check it (503).
+    #[error("authentication: {}", .0.outcome().name())]
+    Unauthenticated(crate::auth::Denial),
     /// The route's upstream has no backend to offer.
     #[error("upstream has no backend")]
     NoBackend,
@@ -66,6 +70,10 @@ impl ProxyError {
             ProxyError::BadRequest(_) | ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::Forbidden => StatusCode::FORBIDDEN,
+            ProxyError::Unauthenticated(denial) => match denial.challenge() {
+                Some(_) => StatusCode::UNAUTHORIZED,
+                None => StatusCode::SERVICE_UNAVAILABLE,
+            },
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Saturated | ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
@@ -114,6 +122,7 @@ impl ProxyError {
             ProxyError::ClientBody { closed: true, .. } => Flags::CLIENT_CLOSED,
             ProxyError::NoRoute => Flags::NO_ROUTE,
             ProxyError::Forbidden => Flags::DENIED,
+            ProxyError::Unauthenticated(_) => Flags::NONE,
             ProxyError::PayloadTooLarge => Flags::BODY_TOO_LARGE,
             ProxyError::Saturated => Flags::ADMISSION_REJECTED,
             ProxyError::RateLimited(_) => Flags::RATE_LIMITED,
@@ -156,6 +165,12 @@ pub fn error_response(error: &ProxyError) -> Response<ResponseBody> {
     );
     if status == StatusCode::SERVICE_UNAVAILABLE {
         headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    if let Some(challenge) = match error {
+        ProxyError::Unauthenticated(denial) => denial.challenge(),
+        _ => None,
+    } {
+        headers.insert(header::WWW_AUTHENTICATE, challenge.clone());
     }
     if let ProxyError::RateLimited(wait) = error {
         // Whole seconds (RFC 9110 §10.2.3), rounded up: never too early.

@@ -22,7 +22,8 @@ use super::http::ConnContext;
 use crate::backends::ClientBody;
 use crate::generation::Route;
 use crate::plan::{
-    Defaults, Filters, HeaderOps, ListenerEdge, Part, Redirect, RedirectPath, Template, Var,
+    Defaults, Filters, HeaderOps, ListenerEdge, Part, Redirect, RedirectPath, RouteAuth, Template,
+    Var,
 };
 
 /// What the filters know of a request besides the request itself.
@@ -101,6 +102,16 @@ impl<'g> Effective<'g> {
         let own = self.own.and_then(|f| f.request_id);
         own.or_else(|| self.defaults.and_then(|d| d.request_id))
             .unwrap_or(false)
+    }
+
+    /// The route's `auth`, else its listener's (unless the route wrote
+    /// `auth = "none"`).
+    pub(super) fn auth(&self) -> Option<&'g crate::auth::Auth> {
+        match self.own.and_then(|f| f.auth.as_ref()) {
+            Some(RouteAuth::Off) => None,
+            Some(RouteAuth::On(auth)) => Some(auth),
+            None => self.defaults.and_then(|d| d.auth.as_deref()),
+        }
     }
 
     pub(super) fn host_rewrite(&self) -> Option<&'g crate::plan::HostRewrite> {

@@ -172,6 +172,10 @@ fn status_of(error: &ProxyError) -> (Code, &'static str) {
             "request body exceeds max_request_body",
         ),
         ProxyError::Forbidden => (Code::PermissionDenied, "client address refused"),
+        ProxyError::Unauthenticated(denial) => match denial.challenge() {
+            Some(_) => (Code::Unauthenticated, "authentication required"),
+            None => (Code::Unavailable, "authentication could not be checked"),
+        },
         ProxyError::ClientBody { closed: true, .. } => (Code::Cancelled, "the client went away"),
         ProxyError::ClientBody { closed: false, .. } | ProxyError::BadRequest(_) => {
             (Code::Internal, "malformed request")

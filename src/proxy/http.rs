@@ -30,6 +30,7 @@ use super::error::{error_response, ProxyError};
 use super::exchange::{cookie, Target};
 use super::filters;
 use crate::admission::{Admission, Pinned};
+use crate::auth::Verdict;
 use crate::generation::{Action, Generation, RequestHead, Route, Upstream};
 use crate::plan::{DirectResponse, HashKey, QuotaKey};
 use crate::telemetry::access::{self, Flags, Trail};
@@ -146,6 +147,9 @@ struct Noted {
     upstream_path: Option<String>,
     request_id: Option<String>,
     authority: Option<String>,
+    /// The route's `auth` outcome, and who it found.
+    auth: Option<crate::auth::Outcome>,
+    subject: Option<String>,
 }
 
 /// Serves one request. Never fails: errors become responses here.
@@ -169,6 +173,8 @@ pub async fn handle(
         upstream_path: None,
         request_id: None,
         authority: None,
+        auth: None,
+        subject: None,
     });
     let trail = noted.as_ref().map(|_| Trail::new());
     let mut call = super::grpc::Call::of(&req);
@@ -292,6 +298,8 @@ pub async fn handle(
             path: Some(noted.path),
             upstream_path: noted.upstream_path,
             request_id: noted.request_id,
+            auth: noted.auth.map(crate::auth::Outcome::name),
+            subject: noted.subject,
             route: route.map(|r| Arc::clone(r.shared.name())),
             status: status.as_u16(),
             trace_id: Some(trace.trace_id),
@@ -477,6 +485,35 @@ async fn serve<'g>(
         }
     };
     let mut req = req;
+    // Authentication (DESIGN §19), after the quota: a flood of bad
+    // credentials is rate-limited before it costs a password hash.
+    if let Some(auth) = effective.as_ref().and_then(filters::Effective::auth) {
+        auth.strip_identity(req.headers_mut());
+        let verdict = auth.check(req.headers(), req.uri().query()).await;
+        let outcome = match &verdict {
+            Verdict::Allowed(_) => crate::auth::Outcome::Allowed,
+            Verdict::Denied(denial) => denial.outcome(),
+        };
+        route.shared.authenticated(auth.method(), outcome);
+        let identity = match verdict {
+            Verdict::Allowed(identity) => identity,
+            Verdict::Denied(denial) => {
+                if let Some(noted) = noted {
+                    noted.auth = Some(outcome);
+                }
+                return Served {
+                    route: Some(route),
+                    result: Err(ProxyError::Unauthenticated(denial)),
+                    shaped,
+                };
+            }
+        };
+        auth.apply(&identity, req.headers_mut());
+        if let Some(noted) = noted.as_deref_mut() {
+            noted.auth = Some(outcome);
+            noted.subject = identity.subject;
+        }
+    }
     let mut request_id = None;
     if let (Some(f), Some(checked)) = (&effective, checked) {
         let prepared = filters::prepare(req, &checked, &seen, f);

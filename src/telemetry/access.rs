@@ -192,6 +192,10 @@ pub struct Line {
     pub upstream_path: Option<String>,
     /// The route's `request_id`, when it has one.
     pub request_id: Option<String>,
+    /// The route's `auth` outcome (`allowed`, `missing`, `invalid`,
+    /// `unavailable`), and the subject it found (a user, a token's `sub`).
+    pub auth: Option<&'static str>,
+    pub subject: Option<String>,
     pub route: Option<Arc<str>>,
     /// 0 for a TCP connection.
     pub status: u16,
@@ -234,6 +238,8 @@ impl Line {
             path: None,
             upstream_path: None,
             request_id: None,
+            auth: None,
+            subject: None,
             route: None,
             status: 0,
             grpc_status: None,
@@ -583,6 +589,10 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
             push_json_opt(out, line.route.as_deref());
             out.extend_from_slice(b",\"request_id\":");
             push_json_opt(out, line.request_id.as_deref());
+            out.extend_from_slice(b",\"auth\":");
+            push_json_opt(out, line.auth);
+            out.extend_from_slice(b",\"subject\":");
+            push_json_opt(out, line.subject.as_deref());
             out.extend_from_slice(b",\"status\":");
             push_u64(out, u64::from(line.status));
             out.extend_from_slice(b",\"grpc_status\":");
@@ -638,6 +648,8 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
                 ),
                 ("route", line.route.as_deref().unwrap_or(dash)),
                 ("request_id", line.request_id.as_deref().unwrap_or(dash)),
+                ("auth", line.auth.unwrap_or(dash)),
+                ("subject", line.subject.as_deref().unwrap_or(dash)),
             ] {
                 out.push(b' ');
                 push_field(out, key, value);
@@ -820,6 +832,8 @@ mod tests {
             path: Some("/v1/a b".into()),
             upstream_path: None,
             request_id: None,
+            auth: None,
+            subject: None,
             route: Some("api".into()),
             status: 502,
             grpc_status: None,

@@ -127,6 +127,9 @@ pub const LOG_DROPPED: &str = "cutover_log_dropped_total";
 /// gRPC calls answered, by `route` and `code` (the status's lower-case
 /// name: a closed set of 17).
 pub const GRPC_RESPONSES: &str = "cutover_grpc_responses_total";
+/// Authentication checks, by `route`, `method` (`basic`, `jwt`) and
+/// `outcome` (`allowed`, `missing`, `invalid`, `unavailable`).
+pub const AUTH: &str = "cutover_auth_total";
 /// `grpc-timeout` values that were not of the protocol's form (ignored).
 pub const GRPC_TIMEOUT_INVALID: &str = "cutover_grpc_timeout_invalid_total";
 
@@ -157,6 +160,7 @@ pub const LABEL_REASON: &str = "reason";
 pub const LABEL_NAME: &str = "name";
 pub const LABEL_UPSTREAM: &str = "upstream";
 pub const LABEL_CODE: &str = "code";
+pub const LABEL_METHOD: &str = "method";
 
 /// Status classes in label order; index with `status / 100 - 1`.
 pub const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];

@@ -275,6 +275,8 @@ mod tests {
             path: Some("/v1/orders".into()),
             upstream_path: None,
             request_id: None,
+            auth: None,
+            subject: None,
             route: Some("api".into()),
             status: 503,
             grpc_status: None,

@@ -89,6 +89,11 @@ pub static ROUTE_GRPC: Family = family(
     Kind::Counter,
     "gRPC calls answered, by route and status code name",
 );
+pub static ROUTE_AUTH: Family = family(
+    m::AUTH,
+    Kind::Counter,
+    "Authentication checks, by route, method and outcome",
+);
 pub static BACKEND_ATTEMPTS: Family = family(
     m::UPSTREAM_ATTEMPTS,
     Kind::Counter,
@@ -149,7 +154,7 @@ pub static GENERATION_DURATION: Family = family(
 );
 
 /// Families in output order.
-static FAMILIES: [&Family; 19] = [
+static FAMILIES: [&Family; 20] = [
     &ROUTE_REQUESTS,
     &ROUTE_DURATION,
     &ROUTE_QUOTA,
@@ -157,6 +162,7 @@ static FAMILIES: [&Family; 19] = [
     &ROUTE_REFUSALS,
     &ROUTE_VALUES_DROPPED,
     &ROUTE_GRPC,
+    &ROUTE_AUTH,
     &BACKEND_ATTEMPTS,
     &BACKEND_EJECTIONS,
     &BACKEND_HEALTHY,

@@ -122,6 +122,10 @@ impl Validator<'_> {
                 }
             }
         };
+        let auth = match &r.auth {
+            Some(given) => self.route_auth(&at("auth"), given).map(Some),
+            None => Some(None),
+        };
         let proxies = r.upstream.is_some();
         for (key, set) in [
             ("rewrite", r.rewrite.is_some()),
@@ -145,6 +149,7 @@ impl Validator<'_> {
             request_id: r.request_id,
             request_headers: request_headers?,
             response_headers: response_headers?,
+            auth: auth?,
         };
         if !ok {
             return None;
@@ -173,6 +178,7 @@ impl Validator<'_> {
                 .flatten(),
             max_request_body,
             request_id: d.request_id,
+            auth: d.auth.as_ref().and_then(|a| self.auth(&at("auth"), a)),
         };
         (defaults != Defaults::default()).then(|| Arc::new(defaults))
     }
@@ -278,7 +284,7 @@ impl Validator<'_> {
     }
 
     /// A header name a filter may change.
-    fn filter_header_name(&mut self, path: String, text: &str) -> Option<HeaderName> {
+    pub(super) fn filter_header_name(&mut self, path: String, text: &str) -> Option<HeaderName> {
         match HeaderName::from_bytes(text.as_bytes()) {
             Ok(n) if UNTOUCHABLE.contains(&n.as_str()) => {
                 let hint = if n == http::header::HOST {

@@ -28,6 +28,7 @@ use crate::config::{
     self, quote_key, Code, ConfigText, Diagnostic, FileConfig, FileRoute, FileUpstream,
 };
 
+mod auth;
 mod files;
 mod filters;
 mod fleet;

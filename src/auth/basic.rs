@@ -1,0 +1,358 @@
+//! HTTP Basic authentication against an htpasswd file of bcrypt or
+//! argon2id hashes (DESIGN §19).
+//!
+//! A hash costs tens of milliseconds by design, so verification runs on
+//! the blocking pool, at most one per core at a time, and a success is
+//! remembered for [`REMEMBERED`] keyed by a salted hash of the user, the
+//! stored hash and the password (never the password itself); a changed
+//! hash in the file changes the key, so a rotated password is asked again.
+//! A user the file does not name costs a verification all the same, so
+//! timing does not tell which users exist.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use http::{HeaderMap, HeaderValue};
+use sha2::{Digest, Sha256};
+
+use super::secret::SecretFile;
+use super::{Denial, Identity, Verdict};
+
+/// How long a verified password is taken without hashing it again.
+pub const REMEMBERED: Duration = Duration::from_secs(60);
+/// Most remembered successes per route.
+const REMEMBERED_MAX: usize = 4096;
+/// Requests waiting for a verification beyond which the gateway answers
+/// 503 rather than queueing more hashing.
+const MAX_WAITING: usize = 1024;
+
+/// `auth = { basic = { users_file, realm } }`.
+#[derive(Debug)]
+pub struct Basic {
+    pub users: SecretFile<Users>,
+    pub realm: String,
+    challenge: HeaderValue,
+    remembered: Mutex<HashMap<[u8; 32], Instant>>,
+}
+
+/// An htpasswd file: user → hash.
+pub struct Users {
+    by_name: HashMap<String, Hash>,
+    /// Checked when the user is unknown (same algorithm and cost as the
+    /// file's first line), so that an unknown user costs a known one's
+    /// time.
+    decoy: Option<Hash>,
+}
+
+#[derive(Clone)]
+enum Hash {
+    Bcrypt(String),
+    Argon2id(String),
+}
+
+impl Hash {
+    fn text(&self) -> &str {
+        match self {
+            Hash::Bcrypt(h) | Hash::Argon2id(h) => h,
+        }
+    }
+
+    fn verify(&self, password: &[u8]) -> bool {
+        match self {
+            Hash::Bcrypt(hash) => bcrypt::verify(password, hash).unwrap_or(false),
+            Hash::Argon2id(hash) => {
+                use argon2::PasswordVerifier as _;
+                argon2::PasswordHash::new(hash).is_ok_and(|parsed| {
+                    argon2::Argon2::default()
+                        .verify_password(password, &parsed)
+                        .is_ok()
+                })
+            }
+        }
+    }
+}
+
+/// Parses an htpasswd file: `user:hash` lines, `#` comments and blank
+/// lines. Only bcrypt (`$2a$`, `$2b$`, `$2y$`) and argon2id hashes are
+/// taken; MD5-crypt, SHA-1, crypt(3) and plain text are refused with
+/// their line (and never their text).
+pub fn parse_users(bytes: &[u8]) -> Result<Users, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned())?;
+    let mut by_name = HashMap::new();
+    let mut decoy = None;
+    for (n, line) in text.lines().enumerate() {
+        let n = n + 1;
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((user, hash)) = line.split_once(':') else {
+            return Err(format!("line {n}: not 'user:hash'"));
+        };
+        if user.is_empty() {
+            return Err(format!("line {n}: no user name"));
+        }
+        let hash = hash_of(hash).map_err(|why| format!("line {n}: {why}"))?;
+        decoy.get_or_insert_with(|| hash.clone());
+        if by_name.insert(user.to_owned(), hash).is_some() {
+            return Err(format!("line {n}: user '{user}' is named twice"));
+        }
+    }
+    Ok(Users { by_name, decoy })
+}
+
+fn hash_of(text: &str) -> Result<Hash, &'static str> {
+    if ["$2a$", "$2b$", "$2y$"].iter().any(|p| text.starts_with(p)) {
+        text.parse::<bcrypt::HashParts>()
+            .map_err(|_| "a malformed bcrypt hash")?;
+        return Ok(Hash::Bcrypt(text.to_owned()));
+    }
+    if text.starts_with("$argon2id$") {
+        argon2::PasswordHash::new(text).map_err(|_| "a malformed argon2id hash")?;
+        return Ok(Hash::Argon2id(text.to_owned()));
+    }
+    Err(if text.starts_with("$apr1$") || text.starts_with("$1$") {
+        "an MD5-crypt hash is refused; use bcrypt (htpasswd -B) or argon2id"
+    } else if text.starts_with("{SHA}") {
+        "a SHA-1 hash is refused; use bcrypt (htpasswd -B) or argon2id"
+    } else if text.starts_with("$argon2") {
+        "only argon2id is taken of the argon2 variants"
+    } else if text.starts_with('$') {
+        "this hash scheme is refused; use bcrypt (htpasswd -B) or argon2id"
+    } else {
+        "a plain-text or crypt(3) password is refused; use bcrypt (htpasswd -B) or argon2id"
+    })
+}
+
+impl Basic {
+    pub fn new(users: SecretFile<Users>, realm: String) -> Result<Self, String> {
+        let challenge =
+            HeaderValue::from_str(&format!("Basic realm=\"{realm}\", charset=\"UTF-8\""))
+                .map_err(|_| "the realm must be printable text".to_owned())?;
+        Ok(Self {
+            users,
+            realm,
+            challenge,
+            remembered: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn deny(&self, denial: fn(HeaderValue) -> Denial) -> Verdict {
+        Verdict::Denied(denial(self.challenge.clone()))
+    }
+
+    pub async fn check(&self, headers: &HeaderMap) -> Verdict {
+        let Some((user, password)) = credentials(headers) else {
+            return self.deny(Denial::Missing);
+        };
+        let users = self.users.get();
+        let known = users.by_name.get(&user);
+        let Some(hash) = known.or(users.decoy.as_ref()).cloned() else {
+            return self.deny(Denial::Invalid);
+        };
+        let key = remember_key(&user, hash.text(), &password);
+        if known.is_some() && self.recalls(&key) {
+            return Verdict::Allowed(Identity::subject(user));
+        }
+        let verified = match verify_off_thread(hash, password).await {
+            Some(verified) => verified,
+            None => return Verdict::Denied(Denial::Busy),
+        };
+        if !(verified && known.is_some()) {
+            return self.deny(Denial::Invalid);
+        }
+        self.remember(key);
+        Verdict::Allowed(Identity::subject(user))
+    }
+
+    fn recalls(&self, key: &[u8; 32]) -> bool {
+        let remembered = self
+            .remembered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        remembered
+            .get(key)
+            .is_some_and(|until| *until > Instant::now())
+    }
+
+    fn remember(&self, key: [u8; 32]) {
+        let now = Instant::now();
+        let mut remembered = self
+            .remembered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if remembered.len() >= REMEMBERED_MAX {
+            remembered.retain(|_, until| *until > now);
+            if remembered.len() >= REMEMBERED_MAX {
+                remembered.clear();
+            }
+        }
+        remembered.insert(key, now + REMEMBERED);
+    }
+}
+
+/// `Authorization: Basic base64(user:password)`.
+fn credentials(headers: &HeaderMap) -> Option<(String, Vec<u8>)> {
+    let value = headers.get(http::header::AUTHORIZATION)?.as_bytes();
+    let (scheme, rest) = value.split_at(value.iter().position(|b| *b == b' ')?);
+    if !scheme.eq_ignore_ascii_case(b"basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim_ascii())
+        .ok()?;
+    let colon = decoded.iter().position(|b| *b == b':')?;
+    let user = std::str::from_utf8(decoded.get(..colon)?).ok()?.to_owned();
+    let password = decoded.get(colon + 1..)?.to_vec();
+    Some((user, password))
+}
+
+/// sha256(process salt ‖ user ‖ stored hash ‖ password).
+fn remember_key(user: &str, hash: &str, password: &[u8]) -> [u8; 32] {
+    static SALT: OnceLock<[u8; 32]> = OnceLock::new();
+    let salt = SALT.get_or_init(|| {
+        let mut salt = [0u8; 32];
+        // Without the system's randomness the salt is the clock: the
+        // key still never holds the password.
+        if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut salt).is_err() {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            salt[..16].copy_from_slice(&now.as_nanos().to_le_bytes());
+        }
+        salt
+    });
+    let mut hasher = Sha256::new();
+    hasher.update(salt);
+    for part in [user.as_bytes(), hash.as_bytes(), password] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize().into()
+}
+
+/// Verifies on the blocking pool, one verification per core at a time;
+/// `None` when too many requests wait already.
+async fn verify_off_thread(hash: Hash, password: Vec<u8>) -> Option<bool> {
+    static SLOTS: OnceLock<tokio::sync::Semaphore> = OnceLock::new();
+    static WAITING: AtomicUsize = AtomicUsize::new(0);
+    let slots = SLOTS.get_or_init(|| {
+        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    });
+    if WAITING.fetch_add(1, Ordering::Relaxed) >= MAX_WAITING {
+        WAITING.fetch_sub(1, Ordering::Relaxed);
+        return None;
+    }
+    let permit = slots.acquire().await;
+    WAITING.fetch_sub(1, Ordering::Relaxed);
+    let _permit = permit.ok()?;
+    tokio::task::spawn_blocking(move || hash.verify(&password))
+        .await
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Hashes of "secret" (the integration tests use `htpasswd -B`'s).
+    fn bcrypt() -> String {
+        bcrypt::hash("secret", 4).unwrap()
+    }
+
+    fn argon2id() -> String {
+        use argon2::PasswordHasher as _;
+        argon2::Argon2::default()
+            .hash_password_with_salt(b"secret", b"0123456789abcdef")
+            .map(|h| h.to_string())
+            .unwrap_or_default()
+    }
+
+    fn basic(users: &str) -> Basic {
+        let file = SecretFile::new("users", "users".into(), users.as_bytes(), parse_users).unwrap();
+        Basic::new(file, "ops".into()).unwrap()
+    }
+
+    fn with(user: &str, password: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        headers.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Basic {token}")).unwrap(),
+        );
+        headers
+    }
+
+    #[test]
+    fn only_bcrypt_and_argon2id_lines_are_taken() {
+        let ok =
+            parse_users(format!("# ops\n\nalice:{}\nbob:{}\n", bcrypt(), argon2id()).as_bytes())
+                .unwrap();
+        assert_eq!(ok.by_name.len(), 2);
+        for (line, why) in [
+            ("carol:$apr1$abc$def", "MD5-crypt"),
+            ("carol:{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=", "SHA-1"),
+            ("carol:plaintext", "plain-text"),
+            (
+                "carol:$argon2i$v=19$m=16,t=2,p=1$c2FsdHNhbHQ$aGFzaA",
+                "argon2id",
+            ),
+            ("carol:$2y$04$short", "malformed bcrypt"),
+            ("carol", "not 'user:hash'"),
+        ] {
+            let text = format!("alice:{}\n{line}\n", bcrypt());
+            let error = parse_users(text.as_bytes()).err().unwrap();
+            assert!(error.starts_with("line 2: "), "{error}");
+            assert!(error.contains(why), "{line}: {error}");
+            // The refused text itself is never repeated.
+            assert!(
+                !error.contains(line.split_once(':').map_or(line, |(_, h)| h)),
+                "{error}"
+            );
+        }
+        assert!(parse_users(format!("a:{}\na:{}\n", bcrypt(), bcrypt()).as_bytes()).is_err());
+    }
+
+    #[tokio::test]
+    async fn the_right_password_passes_and_is_remembered_under_a_hash() {
+        let basic = basic(&format!("alice:{}\nbob:{}\n", bcrypt(), argon2id()));
+        assert!(matches!(
+            basic.check(&HeaderMap::new()).await,
+            Verdict::Denied(Denial::Missing(_))
+        ));
+        assert!(matches!(
+            basic.check(&with("alice", "wrong")).await,
+            Verdict::Denied(Denial::Invalid(_))
+        ));
+        assert!(matches!(
+            basic.check(&with("nobody", "secret")).await,
+            Verdict::Denied(Denial::Invalid(_))
+        ));
+        for user in ["alice", "bob"] {
+            match basic.check(&with(user, "secret")).await {
+                Verdict::Allowed(identity) => assert_eq!(identity.subject.as_deref(), Some(user)),
+                Verdict::Denied(d) => panic!("{user}: {d:?}"),
+            }
+        }
+        let remembered = basic.remembered.lock().unwrap();
+        assert_eq!(remembered.len(), 2);
+        drop(remembered);
+        // A remembered success is keyed by a hash: a wrong password for a
+        // remembered user still costs a verification and fails.
+        assert!(matches!(
+            basic.check(&with("alice", "secreT")).await,
+            Verdict::Denied(Denial::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn the_challenge_names_the_realm() {
+        assert_eq!(
+            basic(&format!("alice:{}\n", bcrypt())).challenge,
+            "Basic realm=\"ops\", charset=\"UTF-8\""
+        );
+    }
+}

@@ -1,0 +1,568 @@
+//! JWT bearer tokens (DESIGN §19): signatures by the keys of a JWKS (a
+//! file, or a URL fetched off the serving threads) or an HMAC key file,
+//! `exp`/`nbf`/`iss`/`aud` checked, claims passed on as headers.
+//!
+//! A key is used only with the algorithms of its own type (an RSA key
+//! never verifies an HMAC signature: no algorithm confusion), only with
+//! the algorithms the route lists, and never from a JWKS for HMAC
+//! (symmetric keys are secrets; a JWKS is published).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use arc_swap::ArcSwapOption;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+
+use super::secret::SecretFile;
+use super::{Denial, Identity, Verdict};
+
+/// Longest token taken; a longer one is refused unread.
+pub const MAX_TOKEN: usize = 8 * 1024;
+/// Largest JWKS answer read from a URL.
+pub const MAX_JWKS: usize = 1024 * 1024;
+/// Time for a JWKS fetch, connection included.
+pub const JWKS_TIMEOUT: Duration = Duration::from_secs(5);
+/// An unknown `kid` fetches the JWKS again at most this often.
+pub const UNKNOWN_KID_REFRESH: Duration = Duration::from_secs(30);
+
+/// `auth = { jwt = { … } }`.
+#[derive(Debug)]
+pub struct Jwt {
+    pub issuer: Option<String>,
+    pub audiences: Vec<String>,
+    pub keys: Keys,
+    pub algorithms: Vec<Algorithm>,
+    pub leeway: Duration,
+    pub from: TokenSource,
+    /// Claim → request header.
+    pub claims_to_headers: Vec<(String, HeaderName)>,
+    /// Leave the token in the request (default); `false` removes it.
+    pub forward_token: bool,
+    challenge: HeaderValue,
+}
+
+/// Where the keys come from.
+#[derive(Debug)]
+pub enum Keys {
+    File(SecretFile<KeySet>),
+    Url(Arc<Remote>),
+    Hmac(SecretFile<HmacKey>),
+}
+
+/// Where the token is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `header:NAME`; for `authorization`, after `Bearer `.
+    Header(HeaderName),
+    Query(String),
+    Cookie(String),
+}
+
+impl TokenSource {
+    pub fn parse(text: &str) -> Option<Self> {
+        let (kind, name) = text.split_once(':')?;
+        if name.is_empty() {
+            return None;
+        }
+        match kind {
+            "header" => HeaderName::from_bytes(name.as_bytes())
+                .ok()
+                .map(TokenSource::Header),
+            "query" => Some(TokenSource::Query(name.to_owned())),
+            "cookie" => Some(TokenSource::Cookie(name.to_owned())),
+            _ => None,
+        }
+    }
+
+    fn token<'a>(&self, headers: &'a HeaderMap, query: Option<&'a str>) -> Option<&'a str> {
+        match self {
+            TokenSource::Header(name) => {
+                let value = headers.get(name)?.to_str().ok()?;
+                if name == http::header::AUTHORIZATION {
+                    let (scheme, token) = value.split_once(' ')?;
+                    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+                } else {
+                    Some(value.trim())
+                }
+            }
+            TokenSource::Query(name) => query?
+                .split('&')
+                .filter_map(|pair| pair.split_once('='))
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v),
+            TokenSource::Cookie(name) => headers
+                .get_all(http::header::COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(';'))
+                .filter_map(|c| c.trim().split_once('='))
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v),
+        }
+        .filter(|t| !t.is_empty())
+    }
+}
+
+/// Public keys by `kid`; keys without one are tried in turn.
+#[derive(Default)]
+pub struct KeySet {
+    by_kid: HashMap<String, Vec<Key>>,
+    anonymous: Vec<Key>,
+}
+
+struct Key {
+    decoding: DecodingKey,
+    kind: KeyKind,
+    /// The key's own `alg`, when the JWKS names one.
+    alg: Option<Algorithm>,
+}
+
+/// What a key can verify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyKind {
+    Rsa,
+    P256,
+    P384,
+    Ed25519,
+    Hmac,
+}
+
+impl KeyKind {
+    fn verifies(self, alg: Algorithm) -> bool {
+        use Algorithm::*;
+        matches!(
+            (self, alg),
+            (KeyKind::Rsa, RS256 | RS384 | RS512 | PS256 | PS384 | PS512)
+                | (KeyKind::P256, ES256)
+                | (KeyKind::P384, ES384)
+                | (KeyKind::Ed25519, EdDSA)
+                | (KeyKind::Hmac, HS256 | HS384 | HS512)
+        )
+    }
+}
+
+impl KeySet {
+    fn keys_for(&self, kid: Option<&str>) -> Option<&[Key]> {
+        match kid {
+            Some(kid) => self.by_kid.get(kid).map(Vec::as_slice),
+            None => Some(&self.anonymous),
+        }
+    }
+}
+
+/// Parses a JWKS document. Symmetric (`oct`) keys are refused; keys of a
+/// type `ring` cannot verify (P-521, X25519, encryption keys) are skipped.
+pub fn parse_jwks(bytes: &[u8]) -> Result<KeySet, String> {
+    let set: JwkSet =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a JWKS (JSON Web Key Set): {e}"))?;
+    let mut keys = KeySet::default();
+    let mut usable = 0;
+    for (n, jwk) in set.keys.iter().enumerate() {
+        let kind = match &jwk.algorithm {
+            AlgorithmParameters::RSA(_) => KeyKind::Rsa,
+            AlgorithmParameters::EllipticCurve(ec) => match ec.curve {
+                EllipticCurve::P256 => KeyKind::P256,
+                EllipticCurve::P384 => KeyKind::P384,
+                _ => continue,
+            },
+            AlgorithmParameters::OctetKeyPair(okp) if okp.curve == EllipticCurve::Ed25519 => {
+                KeyKind::Ed25519
+            }
+            AlgorithmParameters::OctetKeyPair(_) => continue,
+            AlgorithmParameters::OctetKey(_) => {
+                return Err(format!(
+                    "key {n} is symmetric (kty \"oct\"): a JWKS is public; HMAC keys go in hmac_key_file"
+                ))
+            }
+        };
+        if matches!(
+            jwk.common.public_key_use,
+            Some(jsonwebtoken::jwk::PublicKeyUse::Encryption)
+        ) {
+            continue;
+        }
+        let alg = match jwk.common.key_algorithm {
+            None => None,
+            Some(a) => match a.to_string().parse::<Algorithm>() {
+                Ok(alg) => Some(alg),
+                Err(_) => continue,
+            },
+        };
+        let decoding = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {n}: {e}"))?;
+        let key = Key {
+            decoding,
+            kind,
+            alg,
+        };
+        usable += 1;
+        match &jwk.common.key_id {
+            Some(kid) => keys.by_kid.entry(kid.clone()).or_default().push(key),
+            None => keys.anonymous.push(key),
+        }
+    }
+    if usable == 0 {
+        return Err("no key this gateway can verify with (RSA, P-256, P-384 or Ed25519)".into());
+    }
+    Ok(keys)
+}
+
+/// An HMAC secret, at least 32 bytes (trailing whitespace is not part
+/// of it).
+pub struct HmacKey(KeySet);
+
+pub fn parse_hmac_key(bytes: &[u8]) -> Result<HmacKey, String> {
+    let key = bytes.trim_ascii_end();
+    if key.len() < 32 {
+        return Err(format!(
+            "an HMAC key must be at least 32 bytes (this one is {})",
+            key.len()
+        ));
+    }
+    Ok(HmacKey(KeySet {
+        by_kid: HashMap::new(),
+        anonymous: vec![Key {
+            decoding: DecodingKey::from_secret(key),
+            kind: KeyKind::Hmac,
+            alg: None,
+        }],
+    }))
+}
+
+impl Jwt {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        issuer: Option<String>,
+        audiences: Vec<String>,
+        keys: Keys,
+        algorithms: Vec<Algorithm>,
+        leeway: Duration,
+        from: TokenSource,
+        claims_to_headers: Vec<(String, HeaderName)>,
+        forward_token: bool,
+    ) -> Self {
+        Self {
+            issuer,
+            audiences,
+            keys,
+            algorithms,
+            leeway,
+            from,
+            claims_to_headers,
+            forward_token,
+            challenge: HeaderValue::from_static("Bearer"),
+        }
+    }
+
+    fn invalid(&self, error: &'static str) -> Verdict {
+        let challenge = HeaderValue::from_str(&format!(
+            "Bearer error=\"invalid_token\", error_description=\"{error}\""
+        ))
+        .unwrap_or_else(|_| self.challenge.clone());
+        Verdict::Denied(Denial::Invalid(challenge))
+    }
+
+    /// The headers the route sets from a token: removed from what the
+    /// client sent.
+    pub fn identity_headers(&self) -> impl Iterator<Item = &HeaderName> {
+        self.claims_to_headers.iter().map(|(_, h)| h)
+    }
+
+    pub async fn check(&self, headers: &HeaderMap, query: Option<&str>) -> Verdict {
+        let Some(token) = self.from.token(headers, query) else {
+            return Verdict::Denied(Denial::Missing(self.challenge.clone()));
+        };
+        if token.len() > MAX_TOKEN {
+            return self.invalid("token too large");
+        }
+        let Ok(header) = jsonwebtoken::decode_header(token) else {
+            return self.invalid("malformed token");
+        };
+        if !self.algorithms.contains(&header.alg) {
+            return self.invalid("algorithm not accepted");
+        }
+        let kid = header.kid.as_deref();
+        let claims = match &self.keys {
+            Keys::File(file) => self.verify(token, header.alg, file.get().keys_for(kid)),
+            Keys::Hmac(file) => self.verify(token, header.alg, Some(&file.get().0.anonymous)),
+            Keys::Url(remote) => {
+                let mut set = remote.keys.load_full();
+                let known = set.as_ref().and_then(|s| s.keys_for(kid)).is_some();
+                if !known && remote.refresh_for_unknown_kid().await {
+                    set = remote.keys.load_full();
+                }
+                if set.is_none() {
+                    return Verdict::Denied(Denial::Unavailable);
+                }
+                self.verify(
+                    token,
+                    header.alg,
+                    set.as_ref().and_then(|s| s.keys_for(kid)),
+                )
+            }
+        };
+        let claims = match claims {
+            Ok(claims) => claims,
+            Err(why) => return self.invalid(why),
+        };
+        if let Err(why) = self.check_times(&claims) {
+            return self.invalid(why);
+        }
+        let subject = claims
+            .get("sub")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned);
+        let mut identity = Identity {
+            subject,
+            headers: Vec::with_capacity(self.claims_to_headers.len()),
+            remove_credentials: !self.forward_token,
+        };
+        for (claim, header) in &self.claims_to_headers {
+            let value = match claims.get(claim) {
+                Some(serde_json::Value::String(s)) => HeaderValue::from_str(s).ok(),
+                Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => {
+                    HeaderValue::from_str(&v.to_string()).ok()
+                }
+                _ => None,
+            };
+            if let Some(value) = value {
+                identity.headers.push((header.clone(), value));
+            }
+        }
+        Verdict::Allowed(identity)
+    }
+
+    /// The claims of a token whose signature one of `keys` verifies, and
+    /// whose `iss` and `aud` are the route's.
+    fn verify(
+        &self,
+        token: &str,
+        alg: Algorithm,
+        keys: Option<&[Key]>,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, &'static str> {
+        let keys = keys.ok_or("unknown key id")?;
+        let mut validation = Validation::new(alg);
+        // Times are checked in `check_times` (exp required).
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
+        validation.leeway = 0;
+        let mut required = Vec::new();
+        if let Some(issuer) = &self.issuer {
+            validation.set_issuer(&[issuer]);
+            required.push("iss");
+        }
+        if self.audiences.is_empty() {
+            validation.validate_aud = false;
+        } else {
+            validation.set_audience(&self.audiences);
+            required.push("aud");
+        }
+        validation.set_required_spec_claims(&required);
+        let mut last = "no key verifies the signature";
+        for key in keys
+            .iter()
+            .filter(|k| k.kind.verifies(alg) && k.alg.is_none_or(|a| a == alg))
+        {
+            match jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
+                token,
+                &key.decoding,
+                &validation,
+            ) {
+                Ok(data) => return Ok(data.claims),
+                Err(error) => {
+                    use jsonwebtoken::errors::ErrorKind as K;
+                    last = match error.kind() {
+                        K::InvalidIssuer => return Err("wrong issuer"),
+                        K::InvalidAudience => return Err("wrong audience"),
+                        K::MissingRequiredClaim(_) => return Err("a required claim is missing"),
+                        K::InvalidSignature => "bad signature",
+                        _ => "malformed token",
+                    }
+                }
+            }
+        }
+        Err(last)
+    }
+
+    fn check_times(
+        &self,
+        claims: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), &'static str> {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let leeway = self.leeway.as_secs_f64();
+        let exp = claims
+            .get("exp")
+            .and_then(serde_json::Value::as_f64)
+            .ok_or("no exp claim")?;
+        if exp + leeway <= now {
+            return Err("token expired");
+        }
+        if let Some(nbf) = claims.get("nbf") {
+            let nbf = nbf.as_f64().ok_or("malformed nbf claim")?;
+            if nbf - leeway > now {
+                return Err("token not yet valid");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A JWKS URL's keys, shared by every generation that names the same
+/// URL, CA and refresh interval (an activation does not fetch again);
+/// fetched by a task on the control runtime while a generation holds it.
+pub struct Remote {
+    url: http::Uri,
+    ca: Option<PathBuf>,
+    refresh: Duration,
+    keys: ArcSwapOption<KeySet>,
+    started: AtomicBool,
+    /// Asks the task to fetch now.
+    wake: tokio::sync::Notify,
+    /// Bumped after every fetch, good or bad.
+    fetched: tokio::sync::watch::Sender<u64>,
+    /// When an unknown `kid` last asked for a fetch.
+    asked: Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Remote").field(&self.url).finish()
+    }
+}
+
+type RemoteKey = (String, Option<PathBuf>, Duration);
+
+impl Remote {
+    /// The shared keys of `url` (made, not fetched, when new).
+    pub fn shared(url: http::Uri, ca: Option<PathBuf>, refresh: Duration) -> Arc<Remote> {
+        static REMOTES: OnceLock<Mutex<HashMap<RemoteKey, Weak<Remote>>>> = OnceLock::new();
+        let mut remotes = REMOTES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        remotes.retain(|_, r| r.strong_count() > 0);
+        let key = (url.to_string(), ca.clone(), refresh);
+        if let Some(remote) = remotes.get(&key).and_then(Weak::upgrade) {
+            return remote;
+        }
+        let remote = Arc::new(Remote {
+            url,
+            ca,
+            refresh,
+            keys: ArcSwapOption::empty(),
+            started: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+            fetched: tokio::sync::watch::channel(0).0,
+            asked: Mutex::new(None),
+        });
+        remotes.insert(key, Arc::downgrade(&remote));
+        remote
+    }
+
+    /// Starts fetching on the current runtime (the control runtime, when a
+    /// generation is built), once.
+    pub fn start(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        runtime.spawn(refresh_loop(Arc::downgrade(self)));
+    }
+
+    /// For a `kid` the keys do not hold (or no keys yet): asks for a fetch
+    /// unless one was asked within [`UNKNOWN_KID_REFRESH`], and waits for
+    /// it; whether there is something new to look at.
+    async fn refresh_for_unknown_kid(&self) -> bool {
+        let have_keys = self.keys.load().is_some();
+        {
+            let mut asked = self.asked.lock().unwrap_or_else(PoisonError::into_inner);
+            let recent = asked.is_some_and(|at| at.elapsed() < UNKNOWN_KID_REFRESH);
+            if recent && have_keys {
+                return false;
+            }
+            if !recent {
+                *asked = Some(Instant::now());
+            }
+        }
+        let mut fetched = self.fetched.subscribe();
+        self.wake.notify_one();
+        tokio::time::timeout(JWKS_TIMEOUT + Duration::from_secs(1), fetched.changed())
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    async fn fetch(&self) -> Result<KeySet, String> {
+        use http_body_util::BodyExt as _;
+        let tls = crate::tls::client_config(&crate::tls::UpstreamTlsSpec {
+            ca: self.ca.clone(),
+            server_name: None,
+            client_cert: None,
+            files_fingerprint: String::new(),
+        })
+        .map_err(|e| e.to_string())?;
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build::<_, http_body_util::Empty<bytes::Bytes>>(https);
+        let request = http::Request::get(self.url.clone())
+            .header(http::header::ACCEPT, "application/json")
+            .body(http_body_util::Empty::new())
+            .map_err(|e| e.to_string())?;
+        let work = async {
+            let response = client.request(request).await.map_err(|e| e.to_string())?;
+            if !response.status().is_success() {
+                return Err(format!("answered {}", response.status()));
+            }
+            let body = http_body_util::Limited::new(response.into_body(), MAX_JWKS)
+                .collect()
+                .await
+                .map_err(|e| format!("the answer failed or is larger than {MAX_JWKS} bytes: {e}"))?
+                .to_bytes();
+            parse_jwks(&body)
+        };
+        tokio::time::timeout(JWKS_TIMEOUT, work)
+            .await
+            .map_err(|_| format!("no answer within {JWKS_TIMEOUT:?}"))?
+    }
+}
+
+/// Fetches every `refresh` (sooner when asked), retrying a failure after
+/// 5 s, doubling to `refresh`; the last good keys stay meanwhile. Ends
+/// when no generation holds the keys.
+async fn refresh_loop(remote: Weak<Remote>) {
+    let mut backoff = Duration::from_secs(5);
+    loop {
+        let Some(live) = remote.upgrade() else {
+            return;
+        };
+        let wait = match live.fetch().await {
+            Ok(keys) => {
+                live.keys.store(Some(Arc::new(keys)));
+                backoff = Duration::from_secs(5);
+                live.refresh
+            }
+            Err(error) => {
+                tracing::warn!(url = %live.url, %error, "JWKS fetch failed; the last good keys stay");
+                let wait = backoff.min(live.refresh);
+                backoff = (backoff * 2).min(live.refresh);
+                wait
+            }
+        };
+        live.fetched.send_modify(|n| *n += 1);
+        // Held while it waits: keys a generation let go of are fetched
+        // at most once more.
+        let _ = tokio::time::timeout(wait, live.wake.notified()).await;
+    }
+}

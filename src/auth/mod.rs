@@ -1,0 +1,202 @@
+//! Authentication at the gateway (DESIGN §19): a route's (or its
+//! listener's default) `auth`, compiled at plan time, checked on the
+//! request path after the route's quota and before its action.
+//!
+//! - `basic.rs`: htpasswd files of bcrypt / argon2id hashes;
+//! - `jwt.rs`: bearer tokens, keys from a JWKS file or URL, or an HMAC key;
+//! - `secret.rs`: the files secrets live in, re-read by `reload-certs`.
+//!
+//! Every header the gateway sets from an identity is removed from what
+//! the client sent before the check: a client cannot spoof one.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+pub mod basic;
+pub mod jwt;
+pub mod secret;
+
+pub use secret::{Reload, SecretFile};
+
+/// How a route authenticates.
+#[derive(Debug)]
+pub enum Auth {
+    Basic(basic::Basic),
+    Jwt(jwt::Jwt),
+}
+
+/// Two compiled methods are equal when they are one: each holds its own
+/// secrets and caches.
+impl PartialEq for Auth {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for Auth {}
+
+/// The method, for `cutover_auth_total{method}` and the docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Basic,
+    Jwt,
+}
+
+impl Method {
+    pub const ALL: [Method; 2] = [Method::Basic, Method::Jwt];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Basic => "basic",
+            Method::Jwt => "jwt",
+        }
+    }
+}
+
+/// What a check found, for `cutover_auth_total{outcome}` and the access
+/// log's `auth` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed,
+    /// No credentials (401).
+    Missing,
+    /// Credentials that do not hold (401).
+    Invalid,
+    /// The keys could not be had, or verification is saturated (503).
+    Unavailable,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 4] = [
+        Outcome::Allowed,
+        Outcome::Missing,
+        Outcome::Invalid,
+        Outcome::Unavailable,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Missing => "missing",
+            Outcome::Invalid => "invalid",
+            Outcome::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Who a request was found to be.
+#[derive(Debug, Default)]
+pub struct Identity {
+    /// The user, or the token's `sub`.
+    pub subject: Option<String>,
+    /// Set on the request (`claims_to_headers`).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Remove the credentials before forwarding (`forward_token = false`).
+    pub remove_credentials: bool,
+}
+
+impl Identity {
+    fn subject(subject: String) -> Self {
+        Identity {
+            subject: Some(subject),
+            ..Identity::default()
+        }
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug)]
+pub enum Denial {
+    /// 401 with this `WWW-Authenticate`.
+    Missing(HeaderValue),
+    Invalid(HeaderValue),
+    /// 503: keys not to be had, or too many verifications waiting.
+    Unavailable,
+    Busy,
+}
+
+impl Denial {
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Denial::Missing(_) => Outcome::Missing,
+            Denial::Invalid(_) => Outcome::Invalid,
+            Denial::Unavailable | Denial::Busy => Outcome::Unavailable,
+        }
+    }
+
+    /// The `WWW-Authenticate` of a 401.
+    pub fn challenge(&self) -> Option<&HeaderValue> {
+        match self {
+            Denial::Missing(c) | Denial::Invalid(c) => Some(c),
+            Denial::Unavailable | Denial::Busy => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum Verdict {
+    Allowed(Identity),
+    Denied(Denial),
+}
+
+impl Auth {
+    pub fn method(&self) -> Method {
+        match self {
+            Auth::Basic(_) => Method::Basic,
+            Auth::Jwt(_) => Method::Jwt,
+        }
+    }
+
+    /// Checks a request's credentials. The identity headers the client
+    /// sent must be gone already (`strip_identity`).
+    pub async fn check(&self, headers: &HeaderMap, query: Option<&str>) -> Verdict {
+        match self {
+            Auth::Basic(basic) => basic.check(headers).await,
+            Auth::Jwt(jwt) => jwt.check(headers, query).await,
+        }
+    }
+
+    /// Removes from a client's request every header this method sets.
+    pub fn strip_identity(&self, headers: &mut HeaderMap) {
+        if let Auth::Jwt(jwt) = self {
+            for name in jwt.identity_headers() {
+                headers.remove(name);
+            }
+        }
+    }
+
+    /// Sets what the check found on the request to forward.
+    pub fn apply(&self, identity: &Identity, headers: &mut HeaderMap) {
+        if identity.remove_credentials {
+            if let Auth::Jwt(jwt) = self {
+                if let jwt::TokenSource::Header(name) = &jwt.from {
+                    headers.remove(name);
+                }
+            }
+        }
+        for (name, value) in &identity.headers {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+
+    /// The secret files it reads, for `reload-certs`.
+    pub fn secrets(&self) -> Vec<&dyn Reload> {
+        match self {
+            Auth::Basic(basic) => vec![&basic.users as &dyn Reload],
+            Auth::Jwt(jwt) => match &jwt.keys {
+                jwt::Keys::File(file) => vec![file as &dyn Reload],
+                jwt::Keys::Hmac(file) => vec![file as &dyn Reload],
+                jwt::Keys::Url(_) => Vec::new(),
+            },
+        }
+    }
+
+    /// Starts what runs beside the requests (a JWKS URL's fetches), on
+    /// the current runtime.
+    pub fn start(&self) {
+        if let Auth::Jwt(jwt) = self {
+            if let jwt::Keys::Url(remote) = &jwt.keys {
+                remote.start();
+            }
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Secret files (DESIGN §19): htpasswd files, JWKS and HMAC keys.
+//!
+//! A secret file is read by validation (so its bytes are hashed into
+//! `config_version` like a certificate's), parsed into what the request
+//! path checks against, and read again by `reload-certs`. A file that no
+//! longer reads or parses then keeps its last good contents, and the
+//! reload reports it. Contents never leave this type: errors name the
+//! file and a line, `Debug` names the file.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use sha2::{Digest, Sha256};
+
+/// Parses a secret file's bytes; the error names a line, never a value.
+pub type Parse<T> = fn(&[u8]) -> Result<T, String>;
+
+pub struct SecretFile<T> {
+    /// As the configuration names it (relative names stay relative).
+    shown: String,
+    /// Resolved against the configuration's folder.
+    path: PathBuf,
+    parse: Parse<T>,
+    current: ArcSwap<Loaded<T>>,
+}
+
+struct Loaded<T> {
+    value: Arc<T>,
+    digest: [u8; 32],
+}
+
+impl<T> std::fmt::Debug for SecretFile<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SecretFile").field(&self.shown).finish()
+    }
+}
+
+impl<T: Send + Sync + 'static> SecretFile<T> {
+    /// From the bytes validation read.
+    pub fn new(shown: &str, path: PathBuf, bytes: &[u8], parse: Parse<T>) -> Result<Self, String> {
+        let value = parse(bytes)?;
+        Ok(Self {
+            shown: shown.to_owned(),
+            path,
+            parse,
+            current: ArcSwap::from_pointee(Loaded {
+                value: Arc::new(value),
+                digest: Sha256::digest(bytes).into(),
+            }),
+        })
+    }
+
+    /// What requests check against now.
+    pub fn get(&self) -> Arc<T> {
+        Arc::clone(&self.current.load().value)
+    }
+}
+
+/// A secret file as `reload-certs` sees it, whatever it holds.
+pub trait Reload: Send + Sync {
+    /// The file as the configuration names it.
+    fn file(&self) -> &str;
+    /// Reads and parses the file again: whether its bytes changed, or why
+    /// it could not be taken (the last good contents stay).
+    fn reload(&self) -> Result<bool, String>;
+}
+
+impl<T: Send + Sync + 'static> Reload for SecretFile<T> {
+    fn file(&self) -> &str {
+        &self.shown
+    }
+
+    fn reload(&self) -> Result<bool, String> {
+        let bytes = crate::config::read_regular(&self.path, crate::config::MAX_REFERENCED_FILE)
+            .map_err(|e| format!("cannot read '{}': {e}", self.path.display()))?;
+        let digest: [u8; 32] = Sha256::digest(&bytes).into();
+        if digest == self.current.load().digest {
+            return Ok(false);
+        }
+        let value = (self.parse)(&bytes).map_err(|e| format!("'{}': {e}", self.shown))?;
+        self.current.store(Arc::new(Loaded {
+            value: Arc::new(value),
+            digest,
+        }));
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(bytes: &[u8]) -> Result<usize, String> {
+        let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8".to_owned())?;
+        if text.contains("bad") {
+            return Err("line 1: refused".into());
+        }
+        Ok(text.lines().count())
+    }
+
+    #[test]
+    fn a_reload_takes_good_contents_and_keeps_the_last_good_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        std::fs::write(&path, "a\n").unwrap();
+        let file = SecretFile::new("s", path.clone(), b"a\n", lines).unwrap();
+        assert_eq!(*file.get(), 1);
+        assert_eq!(file.reload(), Ok(false));
+        std::fs::write(&path, "a\nb\n").unwrap();
+        assert_eq!(file.reload(), Ok(true));
+        assert_eq!(*file.get(), 2);
+        std::fs::write(&path, "bad\n").unwrap();
+        assert!(file.reload().unwrap_err().contains("line 1"));
+        std::fs::remove_file(&path).unwrap();
+        assert!(file.reload().unwrap_err().contains("cannot read"));
+        assert_eq!(*file.get(), 2);
+        assert_eq!(format!("{file:?}"), "SecretFile(\"s\")");
+    }
+}
