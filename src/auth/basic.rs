@@ -145,8 +145,10 @@ impl Basic {
     }
 
     pub async fn check(&self, headers: &HeaderMap) -> Verdict {
-        let Some((user, password)) = credentials(headers) else {
-            return self.deny(Denial::Missing);
+        let (user, password) = match credentials(headers) {
+            Credentials::None => return self.deny(Denial::Missing),
+            Credentials::Malformed => return self.deny(Denial::Invalid),
+            Credentials::Given(user, password) => (user, password),
         };
         let users = self.users.get();
         let known = users.by_name.get(&user);
@@ -194,13 +196,31 @@ impl Basic {
     }
 }
 
+enum Credentials {
+    /// No `Authorization`, or another scheme's.
+    None,
+    Malformed,
+    Given(String, Vec<u8>),
+}
+
 /// `Authorization: Basic base64(user:password)`.
-fn credentials(headers: &HeaderMap) -> Option<(String, Vec<u8>)> {
-    let value = headers.get(http::header::AUTHORIZATION)?.as_bytes();
-    let (scheme, rest) = value.split_at(value.iter().position(|b| *b == b' ')?);
+fn credentials(headers: &HeaderMap) -> Credentials {
+    let Some(value) = headers.get(http::header::AUTHORIZATION) else {
+        return Credentials::None;
+    };
+    let value = value.as_bytes();
+    let split = value.iter().position(|b| *b == b' ').unwrap_or(value.len());
+    let (scheme, rest) = value.split_at(split);
     if !scheme.eq_ignore_ascii_case(b"basic") {
-        return None;
+        return Credentials::None;
     }
+    match decode(rest) {
+        Some((user, password)) => Credentials::Given(user, password),
+        None => Credentials::Malformed,
+    }
+}
+
+fn decode(rest: &[u8]) -> Option<(String, Vec<u8>)> {
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(rest.trim_ascii())
         .ok()?;

@@ -1,6 +1,7 @@
 //! Integration tests: the real `cutover` binary on ephemeral loopback ports.
 
 mod admin;
+mod auth;
 mod docs;
 mod edge;
 pub mod examples;

@@ -1,0 +1,773 @@
+//! Route authentication (DESIGN §19) through the real binary, with
+//! artefacts from other implementations: users files made by `htpasswd
+//! -B` (apache2-utils) and tokens and JWKS made by PyJWT (python3-jwt);
+//! `.ci/run` installs both. A test whose tool is absent says so and
+//! skips.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use serde_json::Value;
+
+use crate::harness::*;
+
+fn tool(path: &str, package: &str) -> bool {
+    let present = Path::new(path).exists();
+    if !present {
+        eprintln!("skipped: {path} is absent (Debian package {package}; .ci/run installs it)");
+    }
+    present
+}
+
+fn htpasswd(file: &Path, user: &str, password: &str, scheme: &str) {
+    let mut args = vec!["-b", scheme];
+    if !file.exists() {
+        args.insert(0, "-c");
+    }
+    let status = Command::new("/usr/bin/htpasswd")
+        .args(&args)
+        .arg(file)
+        .args([user, password])
+        .output()
+        .expect("htpasswd runs");
+    assert!(status.status.success(), "{status:?}");
+}
+
+async fn request(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, http::HeaderMap, String) {
+    let mut req = Request::builder().uri(path).header("host", "api.test");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let (status, headers, body) = send(addr, req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .expect("gateway answers");
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn basic(user: &str, password: &str) -> String {
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    )
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// A header's value in the echo backend's answer.
+fn echoed<'a>(body: &'a str, name: &str) -> Option<&'a str> {
+    body.lines()
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(": "))
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v)
+}
+
+async fn scrape(gw: &Gateway) -> String {
+    let (status, _, text) = get(gw.metrics.expect("metrics endpoint"), "x", "/metrics").await;
+    assert_eq!(status, 200);
+    text
+}
+
+fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn reload_certs(gw: &Gateway) -> (u16, Value) {
+    admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/reload-certs",
+        Some("application/json"),
+        Some("{}".into()),
+    )
+    .await
+}
+
+fn basic_config(backend: SocketAddr) -> String {
+    Config::new()
+        .metrics()
+        .log("access = true\naccess_file = \"access.log\"\nformat = \"json\"")
+        .listener(
+            "web",
+            r#"defaults = { auth = { basic = { users_file = "users.htpasswd", realm = "ops" } } }"#,
+        )
+        .route(
+            "health",
+            "listeners = [\"web\"]\npath_exact = \"/healthz\"\nauth = \"none\"\nrespond = { status = 200, body = \"ok\" }",
+        )
+        .route("api", "listeners = [\"web\"]\npath_prefix = \"/\"\nupstream = \"app\"")
+        .upstream("app", &[backend], "")
+        .build()
+}
+
+fn argon2id(password: &str) -> String {
+    use argon2::PasswordHasher as _;
+    argon2::Argon2::default()
+        .hash_password_with_salt(password.as_bytes(), b"an-argon2-salt16")
+        .expect("argon2 hash")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_auth_takes_htpasswd_bcrypt_and_argon2id_and_reloads_its_file() {
+    if !tool("/usr/bin/htpasswd", "apache2-utils") {
+        return;
+    }
+    let backend = echo_backend().await;
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.htpasswd");
+    htpasswd(&users, "alice", "alice-pass", "-B");
+    let mut text = std::fs::read_to_string(&users).unwrap();
+    text.push_str(&format!("bob:{}\n", argon2id("bob-pass")));
+    std::fs::write(&users, &text).unwrap();
+    let gw = Gateway::start_in(dir, &basic_config(backend.addr));
+    let web = gw.listener("web");
+
+    let (status, headers, _) = request(web, "/x", &[]).await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        headers["www-authenticate"],
+        "Basic realm=\"ops\", charset=\"UTF-8\""
+    );
+    let (status, _, _) = request(web, "/x", &[("authorization", &basic("alice", "nope"))]).await;
+    assert_eq!(status, 401);
+    let (status, _, _) =
+        request(web, "/x", &[("authorization", &basic("eve", "alice-pass"))]).await;
+    assert_eq!(status, 401);
+    let (status, _, _) = request(web, "/x", &[("authorization", "Basic !!not-base64")]).await;
+    assert_eq!(status, 401);
+    for (user, password) in [
+        ("alice", "alice-pass"),
+        ("bob", "bob-pass"),
+        ("alice", "alice-pass"),
+    ] {
+        let (status, _, body) =
+            request(web, "/x", &[("authorization", &basic(user, password))]).await;
+        assert_eq!(status, 200, "{user}: {body}");
+    }
+    // `auth = "none"` written out opts out of the listener's default.
+    let (status, _, body) = request(web, "/healthz", &[]).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+
+    let metrics = scrape(&gw).await;
+    let auth = |outcome: &str| {
+        sample(
+            &metrics,
+            "cutover_auth_total",
+            &[
+                "route=\"api\"",
+                "method=\"basic\"",
+                &format!("outcome=\"{outcome}\""),
+            ],
+        )
+    };
+    assert_eq!(
+        (auth("allowed"), auth("missing"), auth("invalid")),
+        (3.0, 1.0, 3.0)
+    );
+    let lines = access_lines(&gw.path("access.log"), 8).await;
+    let allowed: Vec<&Value> = lines.iter().filter(|l| l["auth"] == "allowed").collect();
+    assert_eq!(allowed.len(), 3, "{lines:?}");
+    assert_eq!(allowed[1]["subject"], "bob");
+    assert!(lines
+        .iter()
+        .any(|l| l["auth"] == "missing" && l["status"] == 401));
+    assert!(lines
+        .iter()
+        .any(|l| l["route"] == "health" && l["auth"].is_null()));
+
+    // A rotated users file goes live through reload-certs, and only then.
+    htpasswd(&gw.path("users.htpasswd"), "alice", "new-pass", "-B");
+    let (status, _, _) =
+        request(web, "/x", &[("authorization", &basic("alice", "new-pass"))]).await;
+    assert_eq!(status, 401, "a changed file waits for reload-certs");
+    let (status, body) = reload_certs(&gw).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["secrets"][0]["file"], "users.htpasswd", "{body}");
+    assert_eq!(body["secrets"][0]["changed"], true, "{body}");
+    let (status, _, _) =
+        request(web, "/x", &[("authorization", &basic("alice", "new-pass"))]).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = request(
+        web,
+        "/x",
+        &[("authorization", &basic("alice", "alice-pass"))],
+    )
+    .await;
+    assert_eq!(
+        status, 401,
+        "the old password is gone, remembered success or not"
+    );
+
+    // Removed, or rewritten with an MD5 line: the last good file stays.
+    std::fs::remove_file(gw.path("users.htpasswd")).unwrap();
+    let (status, body) = reload_certs(&gw).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["secrets"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot read"),
+        "{body}"
+    );
+    assert!(body["warnings"].to_string().contains("last good"), "{body}");
+    let (status, _, _) = request(web, "/x", &[("authorization", &basic("bob", "bob-pass"))]).await;
+    assert_eq!(status, 200);
+
+    // At activation, a file with an MD5-crypt line is refused with its line.
+    std::fs::write(gw.path("users.htpasswd"), &text).unwrap();
+    htpasswd(&gw.path("users.htpasswd"), "carol", "carol-pass", "-m");
+    let (status, body) = activate_with(&gw, &basic_config(backend.addr), "").await;
+    assert_eq!(status, 422, "{body}");
+    let error = &body["errors"][0];
+    assert_eq!(error["code"], "invalid_secret_file", "{body}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("line 3") && message.contains("MD5-crypt"),
+        "{message}"
+    );
+    assert!(!message.contains("$apr1$"), "{message}");
+}
+
+/// PyJWT makes the keys, the JWKS and the tokens.
+const MAKE_TOKENS: &str = r#"
+import base64, hmac, hashlib, json, sys, time
+import jwt
+from jwt.algorithms import RSAAlgorithm, ECAlgorithm, OKPAlgorithm
+from cryptography.hazmat.primitives.asymmetric import rsa, ec, ed25519
+from cryptography.hazmat.primitives import serialization
+
+out = sys.argv[1]
+now = int(time.time())
+rsa1 = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+rsa2 = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+ec1 = ec.generate_private_key(ec.SECP256R1())
+ed1 = ed25519.Ed25519PrivateKey.generate()
+
+def jwk(alg, key, kid):
+    k = json.loads(alg.to_jwk(key.public_key()))
+    k["kid"] = kid
+    k["use"] = "sig"
+    return k
+
+jwks1 = {"keys": [jwk(RSAAlgorithm, rsa1, "rsa-1"), jwk(ECAlgorithm, ec1, "ec-1"), jwk(OKPAlgorithm, ed1, "ed-1")]}
+jwks2 = {"keys": jwks1["keys"] + [jwk(RSAAlgorithm, rsa2, "rsa-2")]}
+
+def claims(**over):
+    c = {"iss": "https://idp.test", "aud": "api", "sub": "alice", "exp": now + 600, "iat": now, "role": "admin"}
+    c.update(over)
+    return {k: v for k, v in c.items() if v is not None}
+
+def b64(data):
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+def unsigned(header, payload):
+    return b64(json.dumps(header).encode()) + "." + b64(json.dumps(payload).encode())
+
+public_pem = rsa1.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+confused = unsigned({"alg": "HS256", "typ": "JWT", "kid": "rsa-1"}, claims(sub="mallory"))
+confused += "." + b64(hmac.new(public_pem, confused.encode(), hashlib.sha256).digest())
+good = jwt.encode(claims(), rsa1, algorithm="RS256", headers={"kid": "rsa-1"})
+head, body, sig = good.split(".")
+tampered = head + "." + b64(json.dumps(claims(sub="mallory")).encode()) + "." + sig
+hmac_key = b"k" * 40
+
+tokens = {
+    "rs256": good,
+    "es256": jwt.encode(claims(sub="bob"), ec1, algorithm="ES256", headers={"kid": "ec-1"}),
+    "eddsa": jwt.encode(claims(sub="carol"), ed1, algorithm="EdDSA", headers={"kid": "ed-1"}),
+    "expired": jwt.encode(claims(exp=now - 3600), rsa1, algorithm="RS256", headers={"kid": "rsa-1"}),
+    "early": jwt.encode(claims(nbf=now + 3600), rsa1, algorithm="RS256", headers={"kid": "rsa-1"}),
+    "wrong_iss": jwt.encode(claims(iss="https://evil.test"), rsa1, algorithm="RS256", headers={"kid": "rsa-1"}),
+    "wrong_aud": jwt.encode(claims(aud="other"), rsa1, algorithm="RS256", headers={"kid": "rsa-1"}),
+    "no_exp": jwt.encode(claims(exp=None), rsa1, algorithm="RS256", headers={"kid": "rsa-1"}),
+    "unknown_kid": jwt.encode(claims(sub="dave"), rsa2, algorithm="RS256", headers={"kid": "rsa-2"}),
+    "alg_none": unsigned({"alg": "none", "typ": "JWT"}, claims(sub="mallory")) + ".",
+    "confused": confused,
+    "tampered": tampered,
+    "hs256": jwt.encode(claims(sub="erin"), hmac_key, algorithm="HS256"),
+    "hs256_other_key": jwt.encode(claims(sub="erin"), b"x" * 40, algorithm="HS256"),
+}
+json.dump(jwks1, open(out + "/jwks.json", "w"))
+json.dump(jwks2, open(out + "/jwks2.json", "w"))
+open(out + "/hmac.key", "wb").write(hmac_key + b"\n")
+json.dump(tokens, open(out + "/tokens.json", "w"))
+"#;
+
+fn make_tokens(dir: &Path) -> Option<Value> {
+    if !tool("/usr/bin/python3", "python3") {
+        return None;
+    }
+    let probe = Command::new("/usr/bin/python3")
+        .args(["-c", "import jwt, cryptography"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !probe {
+        eprintln!("skipped: PyJWT is absent (Debian packages python3-jwt, python3-cryptography; .ci/run installs them)");
+        return None;
+    }
+    let script = dir.join("make_tokens.py");
+    std::fs::write(&script, MAKE_TOKENS).unwrap();
+    let output = Command::new("/usr/bin/python3")
+        .arg(&script)
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::remove_file(&script).unwrap();
+    Some(serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap()).unwrap())
+}
+
+fn jwt_config(backend: SocketAddr, keys: &str) -> String {
+    Config::new()
+        .metrics()
+        .log("access = true\naccess_file = \"access.log\"\nformat = \"json\"")
+        .listener("web", "")
+        .route(
+            "api",
+            &format!(
+                r#"listeners = ["web"]
+path_prefix = "/"
+upstream = "app"
+auth = {{ jwt = {{ issuer = "https://idp.test", audiences = ["api"], {keys}, leeway = "5s", claims_to_headers = {{ sub = "x-user", role = "x-role" }}, forward_token = false }} }}"#
+            ),
+        )
+        .upstream("app", &[backend], "")
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_tokens_from_pyjwt_pass_or_fail_on_signature_time_issuer_and_audience() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tokens) = make_tokens(dir.path()) else {
+        return;
+    };
+    let token = |name: &str| tokens[name].as_str().unwrap().to_owned();
+    let backend = echo_backend().await;
+    let keys = r#"jwks_file = "jwks.json", algorithms = ["RS256", "ES256", "EdDSA"]"#;
+    let gw = Gateway::start_in(dir, &jwt_config(backend.addr, keys));
+    let web = gw.listener("web");
+
+    for (name, user) in [("rs256", "alice"), ("es256", "bob"), ("eddsa", "carol")] {
+        let auth = bearer(&token(name));
+        // The identity headers a client sends are replaced, never passed.
+        let (status, _, body) = request(
+            web,
+            "/x",
+            &[
+                ("authorization", &auth),
+                ("x-user", "root"),
+                ("x-role", "root"),
+            ],
+        )
+        .await;
+        assert_eq!(status, 200, "{name}: {body}");
+        assert_eq!(echoed(&body, "x-user"), Some(user), "{body}");
+        assert_eq!(echoed(&body, "x-role"), Some("admin"), "{body}");
+        // forward_token = false: the backend does not see the token.
+        assert_eq!(echoed(&body, "authorization"), None, "{body}");
+    }
+    let (status, headers, _) = request(web, "/x", &[("x-user", "root")]).await;
+    assert_eq!(status, 401);
+    assert_eq!(headers["www-authenticate"], "Bearer");
+    let oversized = format!(
+        "{}.{}.{}",
+        "a".repeat(3000),
+        "b".repeat(3000),
+        "c".repeat(3000)
+    );
+    for name in [
+        "expired",
+        "early",
+        "wrong_iss",
+        "wrong_aud",
+        "no_exp",
+        "unknown_kid",
+        "alg_none",
+        "confused",
+        "tampered",
+        "hs256",
+    ] {
+        let (status, headers, _) =
+            request(web, "/x", &[("authorization", &bearer(&token(name)))]).await;
+        assert_eq!(status, 401, "{name}");
+        let challenge = headers["www-authenticate"].to_str().unwrap();
+        assert!(
+            challenge.starts_with("Bearer error=\"invalid_token\""),
+            "{name}: {challenge}"
+        );
+    }
+    for bad in [oversized.as_str(), "not.a.token", "%%%.$$$.###"] {
+        let (status, _, _) = request(web, "/x", &[("authorization", &bearer(bad))]).await;
+        assert_eq!(status, 401, "{bad:.40}");
+    }
+    let metrics = scrape(&gw).await;
+    let count = |outcome: &str| {
+        sample(
+            &metrics,
+            "cutover_auth_total",
+            &["method=\"jwt\"", &format!("outcome=\"{outcome}\"")],
+        )
+    };
+    assert_eq!(
+        (count("allowed"), count("missing"), count("invalid")),
+        (3.0, 1.0, 13.0)
+    );
+    let lines = access_lines(&gw.path("access.log"), 17).await;
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["auth"] == "allowed" && l["subject"] == "carol"),
+        "{lines:?}"
+    );
+
+    // HMAC only from a key file, and only with HS algorithms.
+    let keys = r#"hmac_key_file = "hmac.key", algorithms = ["HS256"]"#;
+    let (status, body) = activate_with(&gw, &jwt_config(backend.addr, keys), "").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) =
+        request(web, "/x", &[("authorization", &bearer(&token("hs256")))]).await;
+    assert_eq!(
+        (status, echoed(&body, "x-user")),
+        (200, Some("erin")),
+        "{body}"
+    );
+    for name in ["hs256_other_key", "rs256"] {
+        let (status, _, _) = request(web, "/x", &[("authorization", &bearer(&token(name)))]).await;
+        assert_eq!(status, 401, "{name}");
+    }
+    for (keys, wanted) in [
+        (
+            r#"jwks_file = "jwks.json", algorithms = ["HS256"]"#,
+            "needs hmac_key_file",
+        ),
+        (
+            r#"hmac_key_file = "hmac.key", algorithms = ["RS256"]"#,
+            "not an HMAC algorithm",
+        ),
+        (
+            r#"jwks_file = "jwks.json", algorithms = ["none"]"#,
+            "not an algorithm",
+        ),
+        (
+            r#"jwks_url = "http://idp.example/jwks.json""#,
+            "must be https",
+        ),
+        (
+            r#"jwks_file = "jwks.json", jwks_url = "https://idp.example/jwks.json""#,
+            "exactly one",
+        ),
+    ] {
+        let (status, body) = activate_with(&gw, &jwt_config(backend.addr, keys), "").await;
+        assert_eq!(status, 422, "{keys}: {body}");
+        assert!(body.to_string().contains(wanted), "{keys}: {body}");
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Serve {
+    Keys(usize),
+    Fail500,
+    Huge,
+    NotJson,
+    Hang,
+}
+
+/// A JWKS endpoint over HTTPS that serves what the test says and counts
+/// its fetches.
+struct JwksServer {
+    addr: SocketAddr,
+    mode: Arc<Mutex<Serve>>,
+    fetches: Arc<AtomicU64>,
+}
+
+impl JwksServer {
+    async fn start(ca: &crate::pki::Ca, sets: Vec<String>) -> JwksServer {
+        let acceptor = crate::pki::backend_acceptor(ca, "localhost", &[b"http/1.1"]);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mode = Arc::new(Mutex::new(Serve::Keys(0)));
+        let fetches = Arc::new(AtomicU64::new(0));
+        let (m, f) = (Arc::clone(&mode), Arc::clone(&fetches));
+        let sets = Arc::new(sets);
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let (acceptor, m, f, sets) = (
+                    acceptor.clone(),
+                    Arc::clone(&m),
+                    Arc::clone(&f),
+                    Arc::clone(&sets),
+                );
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(move |_req| {
+                        f.fetch_add(1, Ordering::SeqCst);
+                        let mode = *m.lock().unwrap();
+                        let sets = Arc::clone(&sets);
+                        async move {
+                            let (status, body) = match mode {
+                                Serve::Keys(i) => (200, Bytes::from(sets[i].clone())),
+                                Serve::Fail500 => (500, Bytes::from_static(b"oops")),
+                                Serve::Huge => (200, Bytes::from(vec![b' '; 10 * 1024 * 1024])),
+                                Serve::NotJson => (200, Bytes::from_static(b"{\"keys\": [")),
+                                Serve::Hang => {
+                                    tokio::time::sleep(Duration::from_secs(30)).await;
+                                    (200, Bytes::new())
+                                }
+                            };
+                            let mut response = hyper::Response::new(Full::new(body));
+                            *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        JwksServer {
+            addr,
+            mode,
+            fetches,
+        }
+    }
+
+    fn set(&self, mode: Serve) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    fn fetches(&self) -> u64 {
+        self.fetches.load(Ordering::SeqCst)
+    }
+
+    /// Waits for `n` more fetches than `from`.
+    async fn wait_fetches(&self, from: u64, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.fetches() < from + n {
+            assert!(Instant::now() < deadline, "no JWKS fetch within 15 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwks_url_rotates_and_keeps_its_last_good_keys_through_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tokens) = make_tokens(dir.path()) else {
+        return;
+    };
+    let token = |name: &str| bearer(tokens[name].as_str().unwrap());
+    let ca = crate::pki::ca("jwks ca");
+    std::fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
+    let sets = ["jwks.json", "jwks2.json"]
+        .map(|f| std::fs::read_to_string(dir.path().join(f)).unwrap())
+        .to_vec();
+    let server = JwksServer::start(&ca, sets).await;
+    let backend = echo_backend().await;
+    let keys = format!(
+        r#"jwks_url = "https://localhost:{}/jwks.json", jwks_ca = "ca.pem", jwks_refresh = "2s""#,
+        server.addr.port()
+    );
+    let gw = Gateway::start_in(dir, &jwt_config(backend.addr, &keys));
+    let web = gw.listener("web");
+    let (status, _, body) = request(web, "/x", &[("authorization", &token("rs256"))]).await;
+    assert_eq!(status, 200, "{body}");
+
+    // An unknown kid asks for a fetch at once, then not again for 30 s.
+    let before = server.fetches();
+    let (status, _, _) = request(web, "/x", &[("authorization", &token("unknown_kid"))]).await;
+    assert_eq!(status, 401);
+    let asked = server.fetches();
+    assert_eq!(asked, before + 1, "an unknown kid fetched once");
+    let (status, _, _) = request(web, "/x", &[("authorization", &token("unknown_kid"))]).await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        server.fetches(),
+        asked,
+        "a second unknown kid within 30 s fetches nothing"
+    );
+
+    // Rotation: the next scheduled fetch brings the new key.
+    server.set(Serve::Keys(1));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _, _) = request(web, "/x", &[("authorization", &token("unknown_kid"))]).await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the rotated key never arrived");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A failing endpoint leaves the last good keys in place.
+    for mode in [Serve::Fail500, Serve::Huge, Serve::NotJson, Serve::Hang] {
+        server.set(mode);
+        let from = server.fetches();
+        server.wait_fetches(from, 1).await;
+        let started = Instant::now();
+        for name in ["rs256", "unknown_kid"] {
+            let (status, _, _) = request(web, "/x", &[("authorization", &token(name))]).await;
+            assert_eq!(status, 200, "{name} while the endpoint fails");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "requests never wait on a failing fetch"
+        );
+    }
+    assert!(gw.logs().contains("JWKS fetch failed"), "{}", gw.logs());
+}
+
+/// What must never appear anywhere the gateway shows or writes things.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_reaches_history_preview_status_the_admin_page_metrics_or_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tokens) = make_tokens(dir.path()) else {
+        return;
+    };
+    let hash = argon2id("basic-password-1");
+    std::fs::write(dir.path().join("users.htpasswd"), format!("alice:{hash}\n")).unwrap();
+    let backend = echo_backend().await;
+    let config = Config::new()
+        .metrics()
+        .log("access = true\naccess_file = \"access.log\"\nformat = \"json\"")
+        .listener("web", "")
+        .route(
+            "basic",
+            "listeners = [\"web\"]\npath_prefix = \"/b/\"\nupstream = \"app\"\nauth = { basic = { users_file = \"users.htpasswd\" } }",
+        )
+        .route(
+            "jwks",
+            "listeners = [\"web\"]\npath_prefix = \"/j/\"\nupstream = \"app\"\nauth = { jwt = { jwks_file = \"jwks.json\", audiences = [\"api\"] } }",
+        )
+        .route(
+            "hmac",
+            "listeners = [\"web\"]\npath_prefix = \"/h/\"\nupstream = \"app\"\nauth = { jwt = { hmac_key_file = \"hmac.key\", audiences = [\"api\"], from = \"cookie:session\" } }",
+        )
+        .upstream("app", &[backend.addr], "")
+        .build();
+    let gw = Gateway::start_in(dir, &config);
+    let web = gw.listener("web");
+    let rs = tokens["rs256"].as_str().unwrap();
+    let hs = tokens["hs256"].as_str().unwrap();
+    let password = basic("alice", "basic-password-1");
+    for (path, header, value, want) in [
+        ("/b/x", "authorization", password.clone(), 200),
+        (
+            "/b/x",
+            "authorization",
+            basic("alice", "basic-password-2"),
+            401,
+        ),
+        ("/j/x", "authorization", bearer(rs), 200),
+        ("/h/x", "cookie", format!("session={hs}"), 200),
+    ] {
+        let (status, _, _) = request(web, path, &[(header, &value)]).await;
+        assert_eq!(status, want, "{path}");
+    }
+    let (status, _) = activate_with(&gw, &config.replace("/b/", "/basic/"), "").await;
+    assert_eq!(status, 200);
+    let (status, _) = reload_certs(&gw).await;
+    assert_eq!(status, 200);
+
+    let mut seen = Vec::new();
+    for path in [
+        "/admin/runtime/history",
+        "/admin/runtime/history/1",
+        "/admin/runtime/history/2",
+        "/admin/runtime/status",
+        "/admin/runtime/backends",
+        "/admin/",
+    ] {
+        let (status, _, body) = get(gw.admin, &gw.admin.to_string(), path).await;
+        assert_eq!(status, 200, "{path}");
+        seen.push((path.to_owned(), body));
+    }
+    for kind in ["preview", "validate"] {
+        let (_, body) = admin_request(
+            gw.admin,
+            "POST",
+            &format!("/admin/runtime/{kind}"),
+            Some("application/toml"),
+            Some(config.clone()),
+        )
+        .await;
+        seen.push((kind.to_owned(), body.to_string()));
+    }
+    let export = Command::new(env!("CARGO_BIN_EXE_cutover"))
+        .args(["ctl", "--admin", &format!("http://{}", gw.admin), "export"])
+        .output()
+        .unwrap();
+    seen.push((
+        "ctl export".into(),
+        String::from_utf8_lossy(&export.stdout).into_owned(),
+    ));
+    assert!(
+        seen.last().unwrap().1.contains("users.htpasswd"),
+        "export printed the configuration"
+    );
+    seen.push(("metrics".into(), scrape(&gw).await));
+    access_lines(&gw.path("access.log"), 4).await;
+    seen.push((
+        "access log".into(),
+        std::fs::read_to_string(gw.path("access.log")).unwrap(),
+    ));
+    seen.push(("process log".into(), gw.logs()));
+    seen.push((
+        "state".into(),
+        std::fs::read_dir(gw.dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+            .filter(|e| {
+                !e.file_name().to_string_lossy().starts_with("jwks")
+                    && e.file_name() != "tokens.json"
+            })
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect(),
+    ));
+    let hmac_key = "k".repeat(40);
+    let jwks = std::fs::read_to_string(gw.path("jwks.json")).unwrap();
+    let modulus: Value = serde_json::from_str(&jwks).unwrap();
+    let modulus = modulus["keys"][0]["n"].as_str().unwrap().to_owned();
+    let secrets = [
+        ("argon2 hash", hash.as_str()),
+        ("password", "basic-password-1"),
+        ("wrong password", "basic-password-2"),
+        ("Basic header", password.trim_start_matches("Basic ")),
+        ("RS256 token", rs),
+        ("HS256 token", hs),
+        ("HMAC key", hmac_key.as_str()),
+        ("JWKS key", modulus.as_str()),
+    ];
+    for (place, text) in &seen {
+        for (what, secret) in secrets {
+            assert!(!text.contains(secret), "the {what} appears in {place}");
+        }
+    }
+}
