@@ -4,14 +4,19 @@
 //!
 //! - `basic.rs`: htpasswd files of bcrypt / argon2id hashes;
 //! - `jwt.rs`: bearer tokens, keys from a JWKS file or URL, or an HMAC key;
+//! - `forward.rs`: an auth service, one of the configuration's upstreams;
 //! - `secret.rs`: the files secrets live in, re-read by `reload-certs`.
 //!
 //! Every header the gateway sets from an identity is removed from what
 //! the client sent before the check: a client cannot spoof one.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method as HttpMethod};
 
 pub mod basic;
+pub mod forward;
 pub mod jwt;
 pub mod secret;
 
@@ -22,6 +27,19 @@ pub use secret::{Reload, SecretFile};
 pub enum Auth {
     Basic(basic::Basic),
     Jwt(jwt::Jwt),
+    Forward(forward::Forward),
+}
+
+/// The request as a check needs it.
+pub struct Asked<'a> {
+    pub method: &'a HttpMethod,
+    pub uri: &'a http::Uri,
+    pub headers: &'a HeaderMap,
+    pub authority: Option<&'a HeaderValue>,
+    pub scheme: &'static str,
+    pub client: IpAddr,
+    /// For forward auth: the upstream it names, in the pinned generation.
+    pub service: Option<&'a Arc<crate::generation::Upstream>>,
 }
 
 /// Two compiled methods are equal when they are one: each holds its own
@@ -39,15 +57,17 @@ impl Eq for Auth {}
 pub enum Method {
     Basic,
     Jwt,
+    Forward,
 }
 
 impl Method {
-    pub const ALL: [Method; 2] = [Method::Basic, Method::Jwt];
+    pub const ALL: [Method; 3] = [Method::Basic, Method::Jwt, Method::Forward];
 
     pub fn name(self) -> &'static str {
         match self {
             Method::Basic => "basic",
             Method::Jwt => "jwt",
+            Method::Forward => "forward",
         }
     }
 }
@@ -61,16 +81,23 @@ pub enum Outcome {
     Missing,
     /// Credentials that do not hold (401).
     Invalid,
-    /// The keys could not be had, or verification is saturated (503).
+    /// The keys or the auth service could not be had, or verification is
+    /// saturated (503).
     Unavailable,
+    /// The auth service answered something other than 2xx (passed on).
+    Refused,
+    /// The auth service failed and `failure = "allow"` let the request on.
+    FailedOpen,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 4] = [
+    pub const ALL: [Outcome; 6] = [
         Outcome::Allowed,
         Outcome::Missing,
         Outcome::Invalid,
         Outcome::Unavailable,
+        Outcome::Refused,
+        Outcome::FailedOpen,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +106,8 @@ impl Outcome {
             Outcome::Missing => "missing",
             Outcome::Invalid => "invalid",
             Outcome::Unavailable => "unavailable",
+            Outcome::Refused => "refused",
+            Outcome::FailedOpen => "failed_open",
         }
     }
 }
@@ -109,9 +138,12 @@ pub enum Denial {
     /// 401 with this `WWW-Authenticate`.
     Missing(HeaderValue),
     Invalid(HeaderValue),
-    /// 503: keys not to be had, or too many verifications waiting.
+    /// 503: keys or the auth service not to be had, or too many
+    /// verifications waiting.
     Unavailable,
     Busy,
+    /// The auth service's refusal, passed to the client.
+    Answer(Box<http::Response<bytes::Bytes>>),
 }
 
 impl Denial {
@@ -120,6 +152,15 @@ impl Denial {
             Denial::Missing(_) => Outcome::Missing,
             Denial::Invalid(_) => Outcome::Invalid,
             Denial::Unavailable | Denial::Busy => Outcome::Unavailable,
+            Denial::Answer(_) => Outcome::Refused,
+        }
+    }
+
+    pub fn status(&self) -> http::StatusCode {
+        match self {
+            Denial::Missing(_) | Denial::Invalid(_) => http::StatusCode::UNAUTHORIZED,
+            Denial::Unavailable | Denial::Busy => http::StatusCode::SERVICE_UNAVAILABLE,
+            Denial::Answer(answer) => answer.status(),
         }
     }
 
@@ -127,7 +168,7 @@ impl Denial {
     pub fn challenge(&self) -> Option<&HeaderValue> {
         match self {
             Denial::Missing(c) | Denial::Invalid(c) => Some(c),
-            Denial::Unavailable | Denial::Busy => None,
+            Denial::Unavailable | Denial::Busy | Denial::Answer(_) => None,
         }
     }
 }
@@ -136,6 +177,19 @@ impl Denial {
 pub enum Verdict {
     Allowed(Identity),
     Denied(Denial),
+    /// The auth service failed; `failure = "allow"` lets the request on
+    /// without an identity.
+    FailedOpen,
+}
+
+impl Verdict {
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Verdict::Allowed(_) => Outcome::Allowed,
+            Verdict::Denied(denial) => denial.outcome(),
+            Verdict::FailedOpen => Outcome::FailedOpen,
+        }
+    }
 }
 
 impl Auth {
@@ -143,24 +197,38 @@ impl Auth {
         match self {
             Auth::Basic(_) => Method::Basic,
             Auth::Jwt(_) => Method::Jwt,
+            Auth::Forward(_) => Method::Forward,
         }
     }
 
     /// Checks a request's credentials. The identity headers the client
     /// sent must be gone already (`strip_identity`).
-    pub async fn check(&self, headers: &HeaderMap, query: Option<&str>) -> Verdict {
+    pub async fn check(&self, asked: &Asked<'_>) -> Verdict {
         match self {
-            Auth::Basic(basic) => basic.check(headers).await,
-            Auth::Jwt(jwt) => jwt.check(headers, query).await,
+            Auth::Basic(basic) => basic.check(asked.headers).await,
+            Auth::Jwt(jwt) => jwt.check(asked.headers, asked.uri.query()).await,
+            Auth::Forward(forward) => forward.check(asked).await,
+        }
+    }
+
+    /// The upstream a forward auth asks (for the request path to find in
+    /// its generation).
+    pub fn service(&self) -> Option<&str> {
+        match self {
+            Auth::Forward(forward) => Some(&forward.upstream),
+            _ => None,
         }
     }
 
     /// Removes from a client's request every header this method sets.
     pub fn strip_identity(&self, headers: &mut HeaderMap) {
-        if let Auth::Jwt(jwt) = self {
-            for name in jwt.identity_headers() {
-                headers.remove(name);
-            }
+        let names: &mut dyn Iterator<Item = &HeaderName> = match self {
+            Auth::Basic(_) => &mut std::iter::empty(),
+            Auth::Jwt(jwt) => &mut jwt.identity_headers(),
+            Auth::Forward(forward) => &mut forward.response_headers.iter(),
+        };
+        for name in names {
+            headers.remove(name);
         }
     }
 
@@ -187,6 +255,7 @@ impl Auth {
                 jwt::Keys::Hmac(file) => vec![file as &dyn Reload],
                 jwt::Keys::Url(_) => Vec::new(),
             },
+            Auth::Forward(_) => Vec::new(),
         }
     }
 

@@ -318,11 +318,36 @@ pub struct FileDefaults {
 
 /// `auth`: `"none"` (a route opting out of its listener's default), or
 /// one method (DESIGN §19).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum FileAuth {
     Keyword(String),
     Method(FileAuthMethod),
+}
+
+/// By hand rather than `untagged`, so that a table's own error (an
+/// unknown method, a misspelt key) reaches the diagnostic.
+impl<'de> Deserialize<'de> for FileAuth {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = FileAuth;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"none\" or a table naming one method ({ basic = { … } }, { jwt = { … } } or { forward = { … } })")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<FileAuth, E> {
+                Ok(FileAuth::Keyword(text.to_owned()))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<FileAuth, A::Error> {
+                FileAuthMethod::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(FileAuth::Method)
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 /// Exactly one of the methods.
@@ -333,6 +358,26 @@ pub struct FileAuthMethod {
     pub basic: Option<FileBasicAuth>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwt: Option<FileJwtAuth>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward: Option<FileForwardAuth>,
+}
+
+/// `auth = { forward = { … } }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileForwardAuth {
+    /// `http://UPSTREAM/path` (or `https://` for an upstream with `tls`):
+    /// the host names one of the configuration's upstreams.
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_headers: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub response_headers: Vec<String>,
+    /// `"deny"` (default) or `"allow"` when the auth service fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 /// `auth = { basic = { … } }`.

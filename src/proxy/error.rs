@@ -70,10 +70,7 @@ impl ProxyError {
             ProxyError::BadRequest(_) | ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::Forbidden => StatusCode::FORBIDDEN,
-            ProxyError::Unauthenticated(denial) => match denial.challenge() {
-                Some(_) => StatusCode::UNAUTHORIZED,
-                None => StatusCode::SERVICE_UNAVAILABLE,
-            },
+            ProxyError::Unauthenticated(denial) => denial.status(),
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Saturated | ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
@@ -151,6 +148,13 @@ impl ProxyError {
 /// The response for an error: status, a one-line plain-text reason that
 /// names no internals, and `Retry-After` where retrying makes sense.
 pub fn error_response(error: &ProxyError) -> Response<ResponseBody> {
+    // A forward auth service's refusal goes to the client as it said it.
+    if let ProxyError::Unauthenticated(crate::auth::Denial::Answer(answer)) = error {
+        let mut response = Response::new(ResponseBody::full(answer.body().clone()));
+        *response.status_mut() = answer.status();
+        *response.headers_mut() = answer.headers().clone();
+        return response;
+    }
     let status = error.status();
     let reason = status.canonical_reason().unwrap_or("error");
     let mut response = Response::new(ResponseBody::full(Bytes::from(format!(

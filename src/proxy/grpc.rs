@@ -172,9 +172,13 @@ fn status_of(error: &ProxyError) -> (Code, &'static str) {
             "request body exceeds max_request_body",
         ),
         ProxyError::Forbidden => (Code::PermissionDenied, "client address refused"),
-        ProxyError::Unauthenticated(denial) => match denial.challenge() {
-            Some(_) => (Code::Unauthenticated, "authentication required"),
-            None => (Code::Unavailable, "authentication could not be checked"),
+        ProxyError::Unauthenticated(denial) => match denial.status() {
+            StatusCode::UNAUTHORIZED => (Code::Unauthenticated, "authentication required"),
+            StatusCode::FORBIDDEN => (Code::PermissionDenied, "refused by the auth service"),
+            StatusCode::SERVICE_UNAVAILABLE => {
+                (Code::Unavailable, "authentication could not be checked")
+            }
+            other => (Code::from_http(other), "refused by the auth service"),
         },
         ProxyError::ClientBody { closed: true, .. } => (Code::Cancelled, "the client went away"),
         ProxyError::ClientBody { closed: false, .. } | ProxyError::BadRequest(_) => {

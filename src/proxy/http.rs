@@ -489,29 +489,40 @@ async fn serve<'g>(
     // credentials is rate-limited before it costs a password hash.
     if let Some(auth) = effective.as_ref().and_then(filters::Effective::auth) {
         auth.strip_identity(req.headers_mut());
-        let verdict = auth.check(req.headers(), req.uri().query()).await;
-        let outcome = match &verdict {
-            Verdict::Allowed(_) => crate::auth::Outcome::Allowed,
-            Verdict::Denied(denial) => denial.outcome(),
+        let asked = crate::auth::Asked {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+            authority: target.authority.as_ref(),
+            scheme: if conn.scheme == http::uri::Scheme::HTTPS {
+                "https"
+            } else {
+                "http"
+            },
+            client: filters::client_ip(conn, req.headers(), &router.edge),
+            service: auth.service().and_then(|name| generation.upstream(name)),
         };
+        let verdict = auth.check(&asked).await;
+        let outcome = verdict.outcome();
         route.shared.authenticated(auth.method(), outcome);
-        let identity = match verdict {
-            Verdict::Allowed(identity) => identity,
-            Verdict::Denied(denial) => {
-                if let Some(noted) = noted {
-                    noted.auth = Some(outcome);
+        if let Some(noted) = noted.as_deref_mut() {
+            noted.auth = Some(outcome);
+        }
+        match verdict {
+            Verdict::Allowed(identity) => {
+                auth.apply(&identity, req.headers_mut());
+                if let Some(noted) = noted.as_deref_mut() {
+                    noted.subject = identity.subject;
                 }
+            }
+            Verdict::FailedOpen => {}
+            Verdict::Denied(denial) => {
                 return Served {
                     route: Some(route),
                     result: Err(ProxyError::Unauthenticated(denial)),
                     shaped,
                 };
             }
-        };
-        auth.apply(&identity, req.headers_mut());
-        if let Some(noted) = noted.as_deref_mut() {
-            noted.auth = Some(outcome);
-            noted.subject = identity.subject;
         }
     }
     let mut request_id = None;

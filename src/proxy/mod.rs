@@ -26,6 +26,7 @@ mod workers;
 
 pub use body::ResponseBody;
 pub use error::{error_response, ProxyError};
+pub use exchange::error_chain;
 pub use listener::{
     BindError, BoundListener, ListenerInfo, ListenerSet, ListenerSocket, ListeningSocket,
 };

@@ -192,8 +192,7 @@ pub struct Line {
     pub upstream_path: Option<String>,
     /// The route's `request_id`, when it has one.
     pub request_id: Option<String>,
-    /// The route's `auth` outcome (`allowed`, `missing`, `invalid`,
-    /// `unavailable`), and the subject it found (a user, a token's `sub`).
+    /// The route's `auth` outcome (`cutover_auth_total`'s), and the subject it found (a user, a token's `sub`).
     pub auth: Option<&'static str>,
     pub subject: Option<String>,
     pub route: Option<Arc<str>>,

@@ -127,8 +127,9 @@ pub const LOG_DROPPED: &str = "cutover_log_dropped_total";
 /// gRPC calls answered, by `route` and `code` (the status's lower-case
 /// name: a closed set of 17).
 pub const GRPC_RESPONSES: &str = "cutover_grpc_responses_total";
-/// Authentication checks, by `route`, `method` (`basic`, `jwt`) and
-/// `outcome` (`allowed`, `missing`, `invalid`, `unavailable`).
+/// Authentication checks, by `route`, `method` (`basic`, `jwt`,
+/// `forward`) and `outcome` (`allowed`, `missing`, `invalid`,
+/// `unavailable`, `refused`, `failed_open`).
 pub const AUTH: &str = "cutover_auth_total";
 /// `grpc-timeout` values that were not of the protocol's form (ignored).
 pub const GRPC_TIMEOUT_INVALID: &str = "cutover_grpc_timeout_invalid_total";

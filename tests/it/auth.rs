@@ -771,3 +771,199 @@ async fn no_secret_reaches_history_preview_status_the_admin_page_metrics_or_logs
         }
     }
 }
+
+/// An auth service in the test: `Bearer ok` passes as alice, `Bearer
+/// forbidden` gets 403, `Bearer login` a redirect, `Bearer slow` an answer
+/// after 2 s, `Bearer broken` a 500; anything else 401. It remembers the
+/// last request's forwarded headers.
+async fn auth_service(seen: Arc<Mutex<Vec<(String, String)>>>) -> Backend {
+    Backend::start(Arc::new(move |req: Request<hyper::body::Incoming>| {
+        let seen = Arc::clone(&seen);
+        Box::pin(async move {
+            *seen.lock().unwrap() = req
+                .headers()
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("?").to_owned()))
+                .chain(std::iter::once(("path".to_owned(), req.uri().to_string())))
+                .collect();
+            let token = req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let mut response = hyper::Response::new(full("denied by authz\n"));
+            match token.as_str() {
+                "Bearer ok" => {
+                    *response.body_mut() = full("");
+                    let headers = response.headers_mut();
+                    headers.insert("x-user", "alice".parse().unwrap());
+                    headers.insert("x-tenant", "blue".parse().unwrap());
+                    headers.insert("x-internal", "never copied".parse().unwrap());
+                }
+                "Bearer forbidden" => *response.status_mut() = http::StatusCode::FORBIDDEN,
+                "Bearer login" => {
+                    *response.status_mut() = http::StatusCode::FOUND;
+                    response
+                        .headers_mut()
+                        .insert("location", "https://login.test/?next=%2Fx".parse().unwrap());
+                }
+                "Bearer slow" => {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                "Bearer broken" => *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR,
+                _ => {
+                    *response.status_mut() = http::StatusCode::UNAUTHORIZED;
+                    response.headers_mut().insert(
+                        "www-authenticate",
+                        "Bearer realm=\"authz\"".parse().unwrap(),
+                    );
+                    response
+                        .headers_mut()
+                        .insert("x-internal", "not for clients".parse().unwrap());
+                }
+            }
+            response
+        })
+    }))
+    .await
+}
+
+fn forward_config(backend: SocketAddr, authz: SocketAddr, failure: &str) -> String {
+    Config::new()
+        .metrics()
+        .log("access = true\naccess_file = \"access.log\"\nformat = \"json\"")
+        .listener("web", "")
+        .route(
+            "api",
+            &format!(
+                r#"listeners = ["web"]
+path_prefix = "/"
+upstream = "app"
+auth = {{ forward = {{ url = "http://authz/check?v=1", timeout = "500ms", response_headers = ["x-user", "x-tenant"], failure = "{failure}" }} }}"#
+            ),
+        )
+        .upstream("app", &[backend], "")
+        .upstream("authz", &[authz], "")
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_auth_asks_an_upstream_and_passes_its_refusals_on() {
+    let backend = echo_backend().await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let authz = auth_service(Arc::clone(&seen)).await;
+    let gw = Gateway::start(&forward_config(backend.addr, authz.addr, "deny"));
+    let web = gw.listener("web");
+
+    let (status, _, body) = request(
+        web,
+        "/x?q=1",
+        &[
+            ("authorization", "Bearer ok"),
+            ("x-user", "root"),
+            ("cookie", "s=1"),
+            ("x-other", "y"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(echoed(&body, "x-user"), Some("alice"), "{body}");
+    assert_eq!(echoed(&body, "x-tenant"), Some("blue"), "{body}");
+    assert_eq!(
+        echoed(&body, "x-internal"),
+        None,
+        "only response_headers are copied"
+    );
+    let asked: Vec<(String, String)> = seen.lock().unwrap().clone();
+    let field = |name: &str| {
+        asked
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(field("path").as_deref(), Some("/check?v=1"));
+    assert_eq!(field("x-forwarded-method").as_deref(), Some("GET"));
+    assert_eq!(field("x-forwarded-uri").as_deref(), Some("/x?q=1"));
+    assert_eq!(field("x-forwarded-host").as_deref(), Some("api.test"));
+    assert_eq!(field("x-forwarded-proto").as_deref(), Some("http"));
+    assert_eq!(field("x-forwarded-for").as_deref(), Some("127.0.0.1"));
+    assert_eq!(field("authorization").as_deref(), Some("Bearer ok"));
+    assert_eq!(field("cookie").as_deref(), Some("s=1"));
+    assert_eq!(field("x-other"), None, "only request_headers are sent");
+
+    let (status, headers, body) = request(web, "/x", &[]).await;
+    assert_eq!((status, body.as_str()), (401, "denied by authz\n"));
+    assert_eq!(headers["www-authenticate"], "Bearer realm=\"authz\"");
+    assert!(headers.get("x-internal").is_none(), "{headers:?}");
+    let (status, _, body) = request(web, "/x", &[("authorization", "Bearer forbidden")]).await;
+    assert_eq!((status, body.as_str()), (403, "denied by authz\n"));
+    let (status, headers, _) = request(web, "/x", &[("authorization", "Bearer login")]).await;
+    assert_eq!(status, 302);
+    assert_eq!(headers["location"], "https://login.test/?next=%2Fx");
+    // A failing auth service follows `failure`: deny (503) ...
+    for token in ["Bearer slow", "Bearer broken"] {
+        let started = Instant::now();
+        let (status, _, _) = request(web, "/x", &[("authorization", token)]).await;
+        assert_eq!(status, 503, "{token}");
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "{token}: the timeout holds"
+        );
+    }
+    let metrics = scrape(&gw).await;
+    let count = |outcome: &str| {
+        sample(
+            &metrics,
+            "cutover_auth_total",
+            &["method=\"forward\"", &format!("outcome=\"{outcome}\"")],
+        )
+    };
+    assert_eq!(
+        (count("allowed"), count("refused"), count("unavailable")),
+        (1.0, 3.0, 2.0)
+    );
+    let lines = access_lines(&gw.path("access.log"), 6).await;
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["auth"] == "allowed" && l["subject"] == "alice"),
+        "{lines:?}"
+    );
+
+    // ... or allow, without an identity; so does a service that is down.
+    let config = forward_config(backend.addr, closed_port(), "allow");
+    assert_eq!(activate_status(&gw, &config).await, 200);
+    let (status, _, body) = request(
+        web,
+        "/x",
+        &[("authorization", "Bearer ok"), ("x-user", "root")],
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        echoed(&body, "x-user"),
+        None,
+        "no identity, and the client's is gone"
+    );
+    let config = forward_config(backend.addr, closed_port(), "deny");
+    assert_eq!(activate_status(&gw, &config).await, 200);
+    let (status, _, _) = request(web, "/x", &[("authorization", "Bearer ok")]).await;
+    assert_eq!(status, 503);
+    assert!(scrape(&gw).await.contains("outcome=\"failed_open\""));
+
+    for (url, wanted) in [
+        ("http://nowhere/check", "not an upstream"),
+        (
+            "http://authz:9000/check",
+            "the upstream's backends give the address",
+        ),
+        ("https://authz/check", "https needs tls"),
+    ] {
+        let config =
+            forward_config(backend.addr, authz.addr, "deny").replace("http://authz/check?v=1", url);
+        let (status, body) = activate_with(&gw, &config, "").await;
+        assert_eq!(status, 422, "{url}");
+        assert!(body.to_string().contains(wanted), "{url}: {body}");
+    }
+}

@@ -4,8 +4,8 @@
 //! diagnostic. Fixtures: `fixtures/configs/invalid/auth.toml`.
 
 use super::*;
-use crate::auth::{self, basic, jwt, Auth, SecretFile};
-use crate::config::{FileAuth, FileBasicAuth, FileJwtAuth};
+use crate::auth::{self, basic, forward, jwt, Auth, SecretFile};
+use crate::config::{FileAuth, FileBasicAuth, FileForwardAuth, FileJwtAuth};
 use crate::plan::RouteAuth;
 
 /// Algorithms a JWKS verifies when the route lists none.
@@ -43,22 +43,25 @@ impl Validator<'_> {
                 return None;
             }
         };
-        let auth = match (&method.basic, &method.jwt) {
-            (Some(b), None) => Auth::Basic(self.basic_auth(&format!("{base}.basic"), b)?),
-            (None, Some(j)) => Auth::Jwt(self.jwt_auth(&format!("{base}.jwt"), j)?),
-            (None, None) => {
+        let auth = match (&method.basic, &method.jwt, &method.forward) {
+            (Some(b), None, None) => Auth::Basic(self.basic_auth(&format!("{base}.basic"), b)?),
+            (None, Some(j), None) => Auth::Jwt(self.jwt_auth(&format!("{base}.jwt"), j)?),
+            (None, None, Some(f)) => {
+                Auth::Forward(self.forward_auth(&format!("{base}.forward"), f)?)
+            }
+            (None, None, None) => {
                 self.error(
                     Code::InvalidValue,
                     base,
-                    "auth names no method: write { basic = { … } } or { jwt = { … } }",
+                    "auth names no method: write { basic = { … } }, { jwt = { … } } or { forward = { … } }",
                 );
                 return None;
             }
-            (Some(_), Some(_)) => {
+            _ => {
                 self.error(
                     Code::ConflictingOptions,
                     base,
-                    "auth names two methods; a route has one",
+                    "auth names more than one method; a route has one",
                 );
                 return None;
             }
@@ -118,6 +121,20 @@ impl Validator<'_> {
         .into_iter()
         .flatten()
         .collect();
+        let mut ok = true;
+        for (key, set) in [
+            ("jwks_ca", j.jwks_ca.is_some()),
+            ("jwks_refresh", j.jwks_refresh.is_some()),
+        ] {
+            if set && j.jwks_url.is_none() {
+                self.error(
+                    Code::UnexpectedOption,
+                    at(key),
+                    format!("{key} applies to jwks_url only"),
+                );
+                ok = false;
+            }
+        }
         if sources.len() != 1 {
             self.error(
                 if sources.is_empty() {
@@ -132,20 +149,6 @@ impl Validator<'_> {
                 ),
             );
             return None;
-        }
-        let mut ok = true;
-        for (key, set) in [
-            ("jwks_ca", j.jwks_ca.is_some()),
-            ("jwks_refresh", j.jwks_refresh.is_some()),
-        ] {
-            if set && j.jwks_url.is_none() {
-                self.error(
-                    Code::UnexpectedOption,
-                    at(key),
-                    format!("{key} applies to jwks_url only"),
-                );
-                ok = false;
-            }
         }
         let hmac = j.hmac_key_file.is_some();
         let names: Vec<&str> = match (j.algorithms.is_empty(), hmac) {
@@ -233,19 +236,18 @@ impl Validator<'_> {
             jwt::Keys::Hmac(self.secret_file(at("hmac_key_file"), name, jwt::parse_hmac_key)?)
         } else {
             let url = j.jwks_url.as_deref().unwrap_or_default();
-            let uri = self.jwks_url(&at("jwks_url"), url)?;
+            let uri = self.jwks_url(&at("jwks_url"), url);
             let ca = match &j.jwks_ca {
-                Some(ca) => {
-                    self.read_file(at("jwks_ca"), ca)?;
-                    Some(self.base_dir.join(ca))
-                }
-                None => None,
+                Some(ca) => self
+                    .read_file(at("jwks_ca"), ca)
+                    .map(|_| Some(self.base_dir.join(ca))),
+                None => Some(None),
             };
             let refresh = match j.jwks_refresh.as_deref() {
                 None => Some(DEFAULT_JWKS_REFRESH),
                 Some(text) => self.duration(at("jwks_refresh"), text),
             };
-            jwt::Keys::Url(jwt::Remote::shared(uri, ca, refresh?))
+            jwt::Keys::Url(jwt::Remote::shared(uri?, ca?, refresh?))
         };
         if !ok {
             return None;
@@ -260,6 +262,107 @@ impl Validator<'_> {
             claims_to_headers,
             j.forward_token.unwrap_or(true),
         ))
+    }
+
+    fn forward_auth(&mut self, base: &str, f: &FileForwardAuth) -> Option<forward::Forward> {
+        let at = |key: &str| format!("{base}.{key}");
+        let mut ok = true;
+        let uri = f.url.parse::<http::Uri>().ok();
+        let target = uri.as_ref().and_then(|u| {
+            let host = u.host()?;
+            Some((
+                u.scheme_str()?,
+                host,
+                u.port_u16(),
+                u.path_and_query().cloned(),
+            ))
+        });
+        let mut upstream = None;
+        let mut path = None;
+        match target {
+            None => {
+                self.error(
+                    Code::InvalidValue,
+                    at("url"),
+                    format!("url '{}' is not an absolute http:// or https:// URL", f.url),
+                );
+                ok = false;
+            }
+            Some((scheme, host, port, path_and_query)) => {
+                match self.upstream_tls.get(host).copied() {
+                    None => {
+                        self.error(
+                        Code::UnknownUpstream,
+                        at("url"),
+                        format!("the host of url '{}' names the upstream the auth service is in (its pool, health checks and TLS); '{host}' is not an upstream of this configuration", f.url),
+                    );
+                        ok = false;
+                    }
+                    Some(tls) => {
+                        if port.is_some() || scheme != if tls { "https" } else { "http" } {
+                            self.error(
+                            Code::InvalidValue,
+                            at("url"),
+                            format!(
+                                "write the url as {}://{host}/PATH: the upstream's backends give the address and port{}",
+                                if tls { "https" } else { "http" },
+                                if tls { ", and its tls the https" } else { "; https needs tls on the upstream" }
+                            ),
+                        );
+                            ok = false;
+                        }
+                        upstream = Some(host.to_owned());
+                        path = Some(
+                            path_and_query
+                                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+                        );
+                    }
+                }
+            }
+        }
+        let timeout = match f.timeout.as_deref() {
+            None => Some(Duration::from_secs(1)),
+            Some(text) => self.duration(at("timeout"), text),
+        };
+        let fail_open = match f.failure.as_deref() {
+            None | Some("deny") => Some(false),
+            Some("allow") => Some(true),
+            Some(other) => {
+                self.error(
+                    Code::InvalidValue,
+                    at("failure"),
+                    format!("failure = '{other}': write \"deny\" or \"allow\""),
+                );
+                None
+            }
+        };
+        let default_asked = ["authorization", "cookie"].map(str::to_owned);
+        let asked = f.request_headers.as_deref().unwrap_or(&default_asked);
+        let mut request_headers = Vec::with_capacity(asked.len());
+        for (n, name) in asked.iter().enumerate() {
+            match self.filter_header_name(format!("{base}.request_headers[{n}]"), name) {
+                Some(name) => request_headers.push(name),
+                None => ok = false,
+            }
+        }
+        let mut response_headers = Vec::with_capacity(f.response_headers.len());
+        for (n, name) in f.response_headers.iter().enumerate() {
+            match self.filter_header_name(format!("{base}.response_headers[{n}]"), name) {
+                Some(name) => response_headers.push(name),
+                None => ok = false,
+            }
+        }
+        if !ok {
+            return None;
+        }
+        Some(forward::Forward {
+            upstream: upstream?,
+            path: path?,
+            timeout: timeout?,
+            request_headers,
+            response_headers,
+            fail_open: fail_open?,
+        })
     }
 
     /// An `https` URL, or `http` to a loopback address (keys fetched in

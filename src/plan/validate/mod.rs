@@ -73,6 +73,7 @@ pub fn validate_confined(
         roots: confinement(&source.base_dir, roots),
         diagnostics: Vec::new(),
         referenced: Vec::new(),
+        upstream_tls: HashMap::new(),
     };
     let spec = v.spec(file);
     if v.diagnostics.is_empty() && unknown_keys.is_empty() {
@@ -161,6 +162,8 @@ struct Validator<'a> {
     diagnostics: Vec<Diagnostic>,
     /// Files read, by the name the configuration gives them.
     referenced: Vec<(String, Vec<u8>)>,
+    /// The configuration's upstreams, and whether each has `tls`.
+    upstream_tls: HashMap<String, bool>,
 }
 
 fn is_valid_name(name: &str) -> bool {
@@ -279,6 +282,11 @@ impl Validator<'_> {
     /// Every check; the spec it returns lacks only the file and its
     /// canonical text.
     fn checked(&mut self, file: &FileConfig) -> Option<Spec> {
+        self.upstream_tls = file
+            .upstreams
+            .iter()
+            .map(|(name, u)| (name.clone(), u.tls.is_some()))
+            .collect();
         let admin = self.admin(file);
         let metrics_bind = file
             .metrics
