@@ -967,3 +967,40 @@ async fn forward_auth_asks_an_upstream_and_passes_its_refusals_on() {
         assert!(body.to_string().contains(wanted), "{url}: {body}");
     }
 }
+
+/// `examples/auth.toml` as shipped (its ports moved to free ones, its
+/// backends to a test's): the demo user gets in, nobody else does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_auth_example_serves_its_demo_user() {
+    let backend = echo_backend().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("auth")).unwrap();
+    for file in ["users.htpasswd", "jwks.json"] {
+        std::fs::copy(
+            workspace().join("examples/auth").join(file),
+            dir.path().join("auth").join(file),
+        )
+        .unwrap();
+    }
+    let text = std::fs::read_to_string(workspace().join("examples/auth.toml"))
+        .unwrap()
+        .replace("127.0.0.1:9190", "127.0.0.1:0")
+        .replace("127.0.0.1:8080", "127.0.0.1:0");
+    let text = ["9001", "9002", "9003"].iter().fold(text, |text, port| {
+        text.replace(&format!("127.0.0.1:{port}"), &backend.addr.to_string())
+    });
+    let gw = Gateway::start_in(dir, &text);
+    let web = gw.listener("web");
+    let (status, _, body) = request(web, "/", &[("authorization", &basic("demo", "demo"))]).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, headers, _) = request(web, "/", &[]).await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        headers["www-authenticate"],
+        "Basic realm=\"example\", charset=\"UTF-8\""
+    );
+    let (status, _, _) = request(web, "/healthz", &[]).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = request(web, "/api/x", &[("authorization", "Bearer a.b.c")]).await;
+    assert_eq!(status, 401);
+}
