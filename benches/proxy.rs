@@ -29,7 +29,10 @@
 //! from the built-in generator, which charges a request the wait when its
 //! connection fell behind; (e) direct and cutover against the in-process
 //! hyper backend, the second backend; (f) cutover with the access log
-//! (JSON, to a file) off and on, in alternating rounds.
+//! (JSON, to a file) off and on, in alternating rounds; (h) the route
+//! without `auth`, with `auth = "none"`, and with forward auth asking the
+//! same nginx (`return 200`) as its auth service, in alternating rounds:
+//! the added latency of the auth round trip and the cost of the opt-out.
 //!
 //! Run: `cargo bench --bench proxy` (`CUTOVER_BENCH_SECONDS` sets each
 //! run's length, default 10). Installs nothing: `apt-get install wrk
@@ -265,6 +268,10 @@ fn main() {
             through.requests_per_sec / direct.requests_per_sec,
             through.cpu_us_per_request()
         );
+    }
+    // (h) route authentication: none, `auth = "none"`, forward auth.
+    if part("auth") {
+        auth_costs(&runtime, &tools, &gateway, &gateway_config, rounds, seconds);
     }
     // (g) HTTP/3 next to HTTPS over TCP on the same listener.
     if part("http3") {
@@ -1047,6 +1054,87 @@ fn access_log(
         rps(&on).0 / rps(&off).0,
         cpu(&on).0 / cpu(&off).0
     );
+}
+
+/// (h): the same route three ways, alternating per round.
+fn auth_costs(
+    runtime: &tokio::runtime::Runtime,
+    tools: &Tools,
+    gateway: &Gateway,
+    config: &str,
+    rounds: u64,
+    seconds: u64,
+) {
+    let route = "upstream = \"app\"\n\n[[routes]]\nname = \"second\"";
+    assert!(config.contains(route), "the bench's route layout changed");
+    let app = config
+        .split("[upstreams.app]\nbackends = ")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .expect("the app upstream");
+    let variants = [
+        ("no auth", config.to_owned()),
+        (
+            "auth = \"none\"",
+            config.replacen(route, &format!("auth = \"none\"\n{route}"), 1),
+        ),
+        (
+            "forward auth",
+            format!(
+                "{}\n[upstreams.authz]\nbackends = {app}\n",
+                config.replacen(
+                    route,
+                    &format!(
+                        "auth = {{ forward = {{ url = \"http://authz/auth\", timeout = \"1s\" }} }}\n{route}"
+                    ),
+                    1
+                )
+            ),
+        ),
+    ];
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); variants.len()];
+    for round in 0..rounds as usize {
+        for k in 0..variants.len() {
+            let i = (k + round) % variants.len();
+            let activated = runtime.block_on(post_toml(
+                gateway.admin,
+                "/admin/runtime/activate",
+                variants[i].1.clone(),
+            ));
+            assert!(
+                matches!(activated, Ok(200)),
+                "{}: {activated:?}",
+                variants[i].0
+            );
+            runs[i].push(http1(
+                runtime,
+                tools,
+                gateway.web,
+                seconds,
+                Some(gateway.child.id()),
+            ));
+        }
+    }
+    println!("\nh) route authentication ({rounds} rounds each, alternating):");
+    for ((label, _), runs) in variants.iter().zip(&runs) {
+        println!(
+            "  {label:<14} {:.0} req/s  CPU {:.2} µs/request  p50 {:.3} ms  p99 {:.3} ms  errors {}",
+            spread(runs, |r| r.requests_per_sec).0,
+            spread(runs, Run::cpu_us_per_request).0,
+            spread(runs, |r| r.p50_ms).0,
+            spread(runs, |r| r.p99_ms).0,
+            runs.iter().map(|r| r.errors).sum::<u64>()
+        );
+    }
+    let base = &runs[0];
+    for (i, label) in [(1, "auth = \"none\""), (2, "forward auth")] {
+        println!(
+            "  {label} / no auth: throughput {:.3}, CPU per request {:.3}, p50 {:.3}",
+            spread(&runs[i], |r| r.requests_per_sec).0 / spread(base, |r| r.requests_per_sec).0,
+            spread(&runs[i], Run::cpu_us_per_request).0 / spread(base, Run::cpu_us_per_request).0,
+            spread(&runs[i], |r| r.p50_ms).0 / spread(base, |r| r.p50_ms).0,
+        );
+    }
 }
 
 async fn post_toml(admin: SocketAddr, path: &str, body: String) -> Result<u16, String> {

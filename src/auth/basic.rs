@@ -354,12 +354,10 @@ mod tests {
         for user in ["alice", "bob"] {
             match basic.check(&with(user, "secret")).await {
                 Verdict::Allowed(identity) => assert_eq!(identity.subject.as_deref(), Some(user)),
-                Verdict::Denied(d) => panic!("{user}: {d:?}"),
+                other => panic!("{user}: {other:?}"),
             }
         }
-        let remembered = basic.remembered.lock().unwrap();
-        assert_eq!(remembered.len(), 2);
-        drop(remembered);
+        assert_eq!(basic.remembered.lock().unwrap().len(), 2);
         // A remembered success is keyed by a hash: a wrong password for a
         // remembered user still costs a verification and fails.
         assert!(matches!(

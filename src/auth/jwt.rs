@@ -478,22 +478,33 @@ impl Remote {
     }
 
     /// For a `kid` the keys do not hold (or no keys yet): asks for a fetch
-    /// unless one was asked within [`UNKNOWN_KID_REFRESH`], and waits for
-    /// it; whether there is something new to look at.
+    /// unless one was asked within [`UNKNOWN_KID_REFRESH`] (a second
+    /// without keys), and waits for the next fetch; whether one came.
     async fn refresh_for_unknown_kid(&self) -> bool {
+        // Without keys (none fetched yet, or the first fetch failed) a
+        // request may ask once a second: the issuer is not hammered
+        // either way.
         let have_keys = self.keys.load().is_some();
-        {
+        let every = if have_keys {
+            UNKNOWN_KID_REFRESH
+        } else {
+            Duration::from_secs(1)
+        };
+        let wake = {
             let mut asked = self.asked.lock().unwrap_or_else(PoisonError::into_inner);
-            let recent = asked.is_some_and(|at| at.elapsed() < UNKNOWN_KID_REFRESH);
-            if recent && have_keys {
-                return false;
-            }
-            if !recent {
+            let due = asked.is_none_or(|at| at.elapsed() >= every);
+            if due {
                 *asked = Some(Instant::now());
             }
+            due
+        };
+        if !wake && have_keys {
+            return false;
         }
         let mut fetched = self.fetched.subscribe();
-        self.wake.notify_one();
+        if wake {
+            self.wake.notify_one();
+        }
         tokio::time::timeout(JWKS_TIMEOUT + Duration::from_secs(1), fetched.changed())
             .await
             .is_ok_and(|r| r.is_ok())
@@ -564,5 +575,149 @@ async fn refresh_loop(remote: Weak<Remote>) {
         // Held while it waits: keys a generation let go of are fetched
         // at most once more.
         let _ = tokio::time::timeout(wait, live.wake.notified()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{EncodingKey, Header};
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    fn hmac_jwt(leeway: Duration) -> Jwt {
+        let file = SecretFile::new("k", "k".into(), SECRET, parse_hmac_key).unwrap();
+        Jwt::new(
+            Some("iss".into()),
+            vec!["api".into()],
+            Keys::Hmac(file),
+            vec![Algorithm::HS256],
+            leeway,
+            TokenSource::Header(http::header::AUTHORIZATION),
+            vec![("sub".into(), HeaderName::from_static("x-user"))],
+            true,
+        )
+    }
+
+    fn now() -> i64 {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    }
+
+    fn token(claims: serde_json::Value) -> String {
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(SECRET),
+        )
+        .unwrap()
+    }
+
+    fn bearer(token: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        headers
+    }
+
+    async fn verdict(jwt: &Jwt, claims: serde_json::Value) -> Result<Identity, String> {
+        match jwt.check(&bearer(&token(claims)), None).await {
+            Verdict::Allowed(identity) => Ok(identity),
+            Verdict::Denied(Denial::Invalid(challenge)) => {
+                Err(challenge.to_str().unwrap_or_default().to_owned())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    #[tokio::test]
+    async fn times_issuer_and_audience_are_checked_with_the_leeway() {
+        let jwt = hmac_jwt(Duration::from_secs(30));
+        let t = now();
+        let ok = serde_json::json!({ "iss": "iss", "aud": "api", "sub": "u1", "exp": t + 60 });
+        let identity = verdict(&jwt, ok.clone()).await.unwrap();
+        assert_eq!(identity.subject.as_deref(), Some("u1"));
+        assert_eq!(identity.headers[0].1, "u1");
+        // Within the leeway on both sides, and past it.
+        let mut within = ok.clone();
+        within["exp"] = (t - 10).into();
+        within["nbf"] = (t + 10).into();
+        assert!(verdict(&jwt, within).await.is_ok());
+        for (key, value, why) in [
+            ("exp", serde_json::json!(t - 31), "token expired"),
+            ("nbf", serde_json::json!(t + 31), "not yet valid"),
+            ("exp", serde_json::json!("soon"), "no exp"),
+            ("iss", serde_json::json!("other"), "wrong issuer"),
+            ("aud", serde_json::json!(["x", "y"]), "wrong audience"),
+        ] {
+            let mut claims = ok.clone();
+            claims[key] = value;
+            let error = verdict(&jwt, claims).await.unwrap_err();
+            assert!(error.contains(why), "{key}: {error}");
+        }
+        let mut claims = ok.clone();
+        claims.as_object_mut().unwrap().remove("aud");
+        assert!(verdict(&jwt, claims)
+            .await
+            .unwrap_err()
+            .contains("required claim"));
+        claims = ok;
+        claims.as_object_mut().unwrap().remove("exp");
+        assert!(verdict(&jwt, claims).await.unwrap_err().contains("no exp"));
+    }
+
+    #[test]
+    fn a_key_verifies_only_its_own_type() {
+        use Algorithm::*;
+        assert!(KeyKind::Rsa.verifies(RS256) && KeyKind::Rsa.verifies(PS512));
+        assert!(!KeyKind::Rsa.verifies(HS256) && !KeyKind::Rsa.verifies(ES256));
+        assert!(KeyKind::P256.verifies(ES256) && !KeyKind::P256.verifies(ES384));
+        assert!(KeyKind::Ed25519.verifies(EdDSA) && !KeyKind::Hmac.verifies(RS256));
+    }
+
+    #[test]
+    fn jwks_refuse_symmetric_keys_and_need_a_usable_one() {
+        let oct = br#"{"keys":[{"kty":"oct","k":"c2VjcmV0","kid":"h"}]}"#;
+        assert!(parse_jwks(oct).err().unwrap().contains("symmetric"));
+        let only_p521 = br#"{"keys":[{"kty":"EC","crv":"P-521","x":"AA","y":"AA"}]}"#;
+        assert!(parse_jwks(only_p521).err().unwrap().contains("no key"));
+        assert!(parse_jwks(b"{\"keys\": [")
+            .err()
+            .unwrap()
+            .contains("not a JWKS"));
+        assert!(parse_hmac_key(b"short\n")
+            .err()
+            .unwrap()
+            .contains("at least 32"));
+    }
+
+    #[test]
+    fn tokens_are_read_where_from_says() {
+        let mut headers = HeaderMap::new();
+        headers.insert("cookie", HeaderValue::from_static("a=1; session=tok; b=2"));
+        headers.insert("x-token", HeaderValue::from_static(" raw "));
+        headers.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_static("Basic abc"),
+        );
+        let from = |s: &str| TokenSource::parse(s).unwrap();
+        assert_eq!(from("cookie:session").token(&headers, None), Some("tok"));
+        assert_eq!(from("header:x-token").token(&headers, None), Some("raw"));
+        assert_eq!(from("header:authorization").token(&headers, None), None);
+        assert_eq!(
+            from("query:access_token").token(&headers, Some("x=1&access_token=q")),
+            Some("q")
+        );
+        assert_eq!(
+            from("query:access_token").token(&headers, Some("x=1")),
+            None
+        );
+        for bad in ["body:x", "header:", "cookie", "header:bad name"] {
+            assert!(TokenSource::parse(bad).is_none(), "{bad}");
+        }
     }
 }

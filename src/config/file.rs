@@ -322,7 +322,7 @@ pub struct FileDefaults {
 #[serde(untagged)]
 pub enum FileAuth {
     Keyword(String),
-    Method(FileAuthMethod),
+    Method(Box<FileAuthMethod>),
 }
 
 /// By hand rather than `untagged`, so that a table's own error (an
@@ -343,7 +343,7 @@ impl<'de> Deserialize<'de> for FileAuth {
 
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<FileAuth, A::Error> {
                 FileAuthMethod::deserialize(serde::de::value::MapAccessDeserializer::new(map))
-                    .map(FileAuth::Method)
+                    .map(|m| FileAuth::Method(Box::new(m)))
             }
         }
         deserializer.deserialize_any(Visitor)
