@@ -56,6 +56,20 @@ impl Filters {
     }
 }
 
+impl Filters {
+    /// Whether `auth = "none"` is all the route sets.
+    pub fn only_opts_out_of_auth(&self) -> bool {
+        matches!(self.auth, Some(RouteAuth::Off))
+            && self.access.is_none()
+            && self.max_request_body.is_none()
+            && self.rewrite.is_none()
+            && self.host_rewrite.is_none()
+            && self.request_id.is_none()
+            && self.request_headers.is_none()
+            && self.response_headers.is_none()
+    }
+}
+
 /// A listener's `defaults`: the filters its routes have unless they set
 /// the key themselves.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

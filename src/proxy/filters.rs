@@ -80,6 +80,12 @@ pub(super) struct Effective<'g> {
 impl<'g> Effective<'g> {
     /// `None` when neither the route nor its listener has a filter.
     pub(super) fn of(own: Option<&'g Filters>, defaults: Option<&'g Defaults>) -> Option<Self> {
+        // A route whose only filter is `auth = "none"` changes nothing
+        // where its listener has no default auth: it costs what a route
+        // without filters costs.
+        let own = own.filter(|f| {
+            !(f.only_opts_out_of_auth() && defaults.is_none_or(|d| d.auth.is_none()))
+        });
         (own.is_some() || defaults.is_some()).then_some(Effective { own, defaults })
     }
 

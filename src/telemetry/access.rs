@@ -859,7 +859,7 @@ mod tests {
             text,
             "time=2025-11-30T14:31:24.121Z listener=web protocol=HTTP/1.1 client=127.0.0.1:5555 \
              method=GET authority=api.example.com path=\"/v1/a b\" upstream_path=- route=api \
-             request_id=- generation=7 \
+             request_id=- auth=- subject=- generation=7 \
              status=502 grpc_status=- bytes_in=3 bytes_out=12 duration_ms=1.500 upstream_ms=- \
              backend=127.0.0.1:9001 attempts=2 trace_id=abababababababababababababababab \
              flags=connect_failure,retried\n"
@@ -878,6 +878,8 @@ mod tests {
         let mut l = line();
         l.upstream_time = Some(Duration::from_micros(250));
         l.flags = Flags::NONE;
+        l.auth = Some("allowed");
+        l.subject = Some("alice \"a\"".into());
         format_line(&mut out, &l, LogFormat::Json);
         assert_eq!(out.last(), Some(&b'\n'));
         let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
@@ -901,9 +903,12 @@ mod tests {
             "duration_ms",
             "backend",
             "trace_id",
+            "auth",
+            "subject",
         ] {
             assert!(!value[key].is_null(), "{key}");
         }
+        assert_eq!(value["subject"], "alice \"a\"");
     }
 
     #[test]
