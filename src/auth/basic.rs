@@ -11,20 +11,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::OnceLock;
 
-use base64::Engine as _;
-use http::{HeaderMap, HeaderValue};
-use sha2::{Digest, Sha256};
-
+use super::remember::{Remembered, REMEMBERED};
 use super::secret::SecretFile;
 use super::{Denial, Identity, Verdict};
+use base64::Engine as _;
+use http::{HeaderMap, HeaderValue};
 
-/// How long a verified password is taken without hashing it again.
-pub const REMEMBERED: Duration = Duration::from_secs(60);
-/// Most remembered successes per route.
-const REMEMBERED_MAX: usize = 4096;
 /// Requests waiting for a verification beyond which the gateway answers
 /// 503 rather than queueing more hashing.
 const MAX_WAITING: usize = 1024;
@@ -35,7 +29,7 @@ pub struct Basic {
     pub users: SecretFile<Users>,
     pub realm: String,
     challenge: HeaderValue,
-    remembered: Mutex<HashMap<[u8; 32], Instant>>,
+    remembered: Remembered<()>,
 }
 
 /// An htpasswd file: user → hash.
@@ -136,7 +130,7 @@ impl Basic {
             users,
             realm,
             challenge,
-            remembered: Mutex::new(HashMap::new()),
+            remembered: Remembered::new(),
         })
     }
 
@@ -155,8 +149,8 @@ impl Basic {
         let Some(hash) = known.or(users.decoy.as_ref()).cloned() else {
             return self.deny(Denial::Invalid);
         };
-        let key = remember_key(&user, hash.text(), &password);
-        if known.is_some() && self.recalls(&key) {
+        let key = Remembered::<()>::key(&[user.as_bytes(), hash.text().as_bytes(), &password]);
+        if known.is_some() && self.remembered.get(&key).is_some() {
             return Verdict::Allowed(Identity::subject(user));
         }
         let verified = match verify_off_thread(hash, password).await {
@@ -166,33 +160,8 @@ impl Basic {
         if !(verified && known.is_some()) {
             return self.deny(Denial::Invalid);
         }
-        self.remember(key);
+        self.remembered.put(key, REMEMBERED, ());
         Verdict::Allowed(Identity::subject(user))
-    }
-
-    fn recalls(&self, key: &[u8; 32]) -> bool {
-        let remembered = self
-            .remembered
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        remembered
-            .get(key)
-            .is_some_and(|until| *until > Instant::now())
-    }
-
-    fn remember(&self, key: [u8; 32]) {
-        let now = Instant::now();
-        let mut remembered = self
-            .remembered
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if remembered.len() >= REMEMBERED_MAX {
-            remembered.retain(|_, until| *until > now);
-            if remembered.len() >= REMEMBERED_MAX {
-                remembered.clear();
-            }
-        }
-        remembered.insert(key, now + REMEMBERED);
     }
 }
 
@@ -228,30 +197,6 @@ fn decode(rest: &[u8]) -> Option<(String, Vec<u8>)> {
     let user = std::str::from_utf8(decoded.get(..colon)?).ok()?.to_owned();
     let password = decoded.get(colon + 1..)?.to_vec();
     Some((user, password))
-}
-
-/// sha256(process salt ‖ user ‖ stored hash ‖ password).
-fn remember_key(user: &str, hash: &str, password: &[u8]) -> [u8; 32] {
-    static SALT: OnceLock<[u8; 32]> = OnceLock::new();
-    let salt = SALT.get_or_init(|| {
-        let mut salt = [0u8; 32];
-        // Without the system's randomness the salt is the clock: the
-        // key still never holds the password.
-        if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut salt).is_err() {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default();
-            salt[..16].copy_from_slice(&now.as_nanos().to_le_bytes());
-        }
-        salt
-    });
-    let mut hasher = Sha256::new();
-    hasher.update(salt);
-    for part in [user.as_bytes(), hash.as_bytes(), password] {
-        hasher.update((part.len() as u64).to_be_bytes());
-        hasher.update(part);
-    }
-    hasher.finalize().into()
 }
 
 /// Verifies on the blocking pool, one verification per core at a time;
@@ -357,7 +302,7 @@ mod tests {
                 other => panic!("{user}: {other:?}"),
             }
         }
-        assert_eq!(basic.remembered.lock().unwrap().len(), 2);
+        assert_eq!(basic.remembered.len(), 2);
         // A remembered success is keyed by a hash: a wrong password for a
         // remembered user still costs a verification and fails.
         assert!(matches!(

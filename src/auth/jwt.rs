@@ -18,6 +18,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
+use super::remember::Remembered;
 use super::secret::SecretFile;
 use super::{Denial, Identity, Verdict};
 
@@ -44,14 +45,19 @@ pub struct Jwt {
     /// Leave the token in the request (default); `false` removes it.
     pub forward_token: bool,
     challenge: HeaderValue,
+    /// Tokens verified lately, with the keys that verified them.
+    remembered: Remembered<Remembers>,
 }
+
+type Remembers = (Arc<KeySet>, Identity);
 
 /// Where the keys come from.
 #[derive(Debug)]
 pub enum Keys {
     File(SecretFile<KeySet>),
     Url(Arc<Remote>),
-    Hmac(SecretFile<HmacKey>),
+    /// One anonymous HMAC key.
+    Hmac(SecretFile<KeySet>),
 }
 
 /// Where the token is read.
@@ -212,10 +218,8 @@ pub fn parse_jwks(bytes: &[u8]) -> Result<KeySet, String> {
 }
 
 /// An HMAC secret, at least 32 bytes (trailing whitespace is not part
-/// of it).
-pub struct HmacKey(KeySet);
-
-pub fn parse_hmac_key(bytes: &[u8]) -> Result<HmacKey, String> {
+/// of it), as a key set of one key without a `kid`.
+pub fn parse_hmac_key(bytes: &[u8]) -> Result<KeySet, String> {
     let key = bytes.trim_ascii_end();
     if key.len() < 32 {
         return Err(format!(
@@ -223,14 +227,14 @@ pub fn parse_hmac_key(bytes: &[u8]) -> Result<HmacKey, String> {
             key.len()
         ));
     }
-    Ok(HmacKey(KeySet {
+    Ok(KeySet {
         by_kid: HashMap::new(),
         anonymous: vec![Key {
             decoding: DecodingKey::from_secret(key),
             kind: KeyKind::Hmac,
             alg: None,
         }],
-    }))
+    })
 }
 
 impl Jwt {
@@ -255,6 +259,7 @@ impl Jwt {
             claims_to_headers,
             forward_token,
             challenge: HeaderValue::from_static("Bearer"),
+            remembered: Remembered::new(),
         }
     }
 
@@ -285,33 +290,46 @@ impl Jwt {
         if !self.algorithms.contains(&header.alg) {
             return self.invalid("algorithm not accepted");
         }
+        // A token verified a moment ago with the keys in effect now is
+        // taken again without its signature (ES256 costs ~90 µs).
+        let remembered = Remembered::<Remembers>::key(&[token.as_bytes()]);
+        let current = self.current_keys();
+        if let (Some(current), Some((keys, identity))) =
+            (&current, self.remembered.get(&remembered))
+        {
+            if Arc::ptr_eq(current, &keys) {
+                return Verdict::Allowed(identity);
+            }
+        }
         let kid = header.kid.as_deref();
-        let claims = match &self.keys {
-            Keys::File(file) => self.verify(token, header.alg, file.get().keys_for(kid)),
-            Keys::Hmac(file) => self.verify(token, header.alg, Some(&file.get().0.anonymous)),
-            Keys::Url(remote) => {
-                let mut set = remote.keys.load_full();
+        let keys = match (&self.keys, current) {
+            (Keys::Url(remote), set) => {
+                let mut set = set;
                 let known = set.as_ref().and_then(|s| s.keys_for(kid)).is_some();
                 if !known && remote.refresh_for_unknown_kid().await {
                     set = remote.keys.load_full();
                 }
-                if set.is_none() {
-                    return Verdict::Denied(Denial::Unavailable);
+                match set {
+                    Some(set) => set,
+                    None => return Verdict::Denied(Denial::Unavailable),
                 }
-                self.verify(
-                    token,
-                    header.alg,
-                    set.as_ref().and_then(|s| s.keys_for(kid)),
-                )
             }
+            (_, Some(set)) => set,
+            (_, None) => return Verdict::Denied(Denial::Unavailable),
         };
-        let claims = match claims {
+        // An HMAC key file is one key, whatever `kid` the token names.
+        let candidates = match &self.keys {
+            Keys::Hmac(_) => Some(keys.anonymous.as_slice()),
+            _ => keys.keys_for(kid),
+        };
+        let claims = match self.verify(token, header.alg, candidates) {
             Ok(claims) => claims,
             Err(why) => return self.invalid(why),
         };
-        if let Err(why) = self.check_times(&claims) {
-            return self.invalid(why);
-        }
+        let left = match self.check_times(&claims) {
+            Ok(left) => left,
+            Err(why) => return self.invalid(why),
+        };
         let subject = claims
             .get("sub")
             .and_then(serde_json::Value::as_str)
@@ -333,7 +351,18 @@ impl Jwt {
                 identity.headers.push((header.clone(), value));
             }
         }
+        self.remembered
+            .put(remembered, left, (keys, identity.clone()));
         Verdict::Allowed(identity)
+    }
+
+    /// The keys requests are checked with now (none yet for a URL never
+    /// fetched).
+    fn current_keys(&self) -> Option<Arc<KeySet>> {
+        match &self.keys {
+            Keys::File(file) | Keys::Hmac(file) => Some(file.get()),
+            Keys::Url(remote) => remote.keys.load_full(),
+        }
     }
 
     /// The claims of a token whose signature one of `keys` verifies, and
@@ -388,10 +417,12 @@ impl Jwt {
         Err(last)
     }
 
+    /// `exp` and `nbf` against the clock with the leeway; how long the
+    /// token has left.
     fn check_times(
         &self,
         claims: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<(), &'static str> {
+    ) -> Result<Duration, &'static str> {
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
@@ -409,7 +440,7 @@ impl Jwt {
                 return Err("token not yet valid");
             }
         }
-        Ok(())
+        Ok(Duration::try_from_secs_f64(exp + leeway - now).unwrap_or(Duration::ZERO))
     }
 }
 
@@ -668,6 +699,35 @@ mod tests {
         claims = ok;
         claims.as_object_mut().unwrap().remove("exp");
         assert!(verdict(&jwt, claims).await.unwrap_err().contains("no exp"));
+    }
+
+    #[tokio::test]
+    async fn a_verified_token_is_remembered_until_the_keys_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k");
+        std::fs::write(&path, SECRET).unwrap();
+        let file = SecretFile::new("k", path.clone(), SECRET, parse_hmac_key).unwrap();
+        let mut jwt = hmac_jwt(Duration::ZERO);
+        jwt.keys = Keys::Hmac(file);
+        let claims =
+            serde_json::json!({ "iss": "iss", "aud": "api", "sub": "u", "exp": now() + 60 });
+        assert!(verdict(&jwt, claims.clone()).await.is_ok());
+        assert_eq!(jwt.remembered.len(), 1);
+        assert!(verdict(&jwt, claims.clone()).await.is_ok());
+        assert_eq!(jwt.remembered.len(), 1, "taken from memory");
+        // Another key in the file: the remembered token is checked again,
+        // and fails.
+        std::fs::write(&path, b"another-secret-of-at-least-32-bytes").unwrap();
+        let Keys::Hmac(file) = &jwt.keys else {
+            unreachable!()
+        };
+        assert_eq!(crate::auth::Reload::reload(file), Ok(true));
+        assert!(verdict(&jwt, claims)
+            .await
+            .unwrap_err()
+            .contains("bad signature"));
+        // A refused token is never remembered.
+        assert_eq!(jwt.remembered.len(), 1);
     }
 
     #[test]

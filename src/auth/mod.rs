@@ -18,6 +18,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method as HttpMethod};
 pub mod basic;
 pub mod forward;
 pub mod jwt;
+mod remember;
 pub mod secret;
 
 pub use secret::{Reload, SecretFile};
@@ -113,7 +114,7 @@ impl Outcome {
 }
 
 /// Who a request was found to be.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Identity {
     /// The user, or the token's `sub`.
     pub subject: Option<String>,

@@ -83,9 +83,8 @@ impl<'g> Effective<'g> {
         // A route whose only filter is `auth = "none"` changes nothing
         // where its listener has no default auth: it costs what a route
         // without filters costs.
-        let own = own.filter(|f| {
-            !(f.only_opts_out_of_auth() && defaults.is_none_or(|d| d.auth.is_none()))
-        });
+        let own = own
+            .filter(|f| !(f.only_opts_out_of_auth() && defaults.is_none_or(|d| d.auth.is_none())));
         (own.is_some() || defaults.is_some()).then_some(Effective { own, defaults })
     }
 
