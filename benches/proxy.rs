@@ -797,10 +797,14 @@ fn https(target: SocketAddr, seconds: u64, pid: Option<u32>) -> Run {
 }
 
 fn wrk(url: &str, seconds: u64) -> Run {
+    wrk_with(url, seconds, CONNECTIONS)
+}
+
+fn wrk_with(url: &str, seconds: u64, connections: usize) -> Run {
     let out = Command::new("wrk")
         .args([
             "-t1",
-            &format!("-c{CONNECTIONS}"),
+            &format!("-c{connections}"),
             &format!("-d{seconds}s"),
             "--latency",
             url,
@@ -1093,6 +1097,8 @@ fn auth_costs(
         ),
     ];
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); variants.len()];
+    // One connection, one request at a time: the latency each adds.
+    let mut alone: Vec<Vec<Run>> = vec![Vec::new(); variants.len()];
     for round in 0..rounds as usize {
         for k in 0..variants.len() {
             let i = (k + round) % variants.len();
@@ -1113,6 +1119,13 @@ fn auth_costs(
                 seconds,
                 Some(gateway.child.id()),
             ));
+            if tools.wrk {
+                alone[i].push(wrk_with(
+                    &format!("http://{}/", gateway.web),
+                    seconds.div_ceil(2),
+                    1,
+                ));
+            }
         }
     }
     println!("\nh) route authentication ({rounds} rounds each, alternating):");
@@ -1124,6 +1137,16 @@ fn auth_costs(
             spread(runs, |r| r.p50_ms).0,
             spread(runs, |r| r.p99_ms).0,
             runs.iter().map(|r| r.errors).sum::<u64>()
+        );
+    }
+    if tools.wrk {
+        let p50 = |i: usize| spread(&alone[i], |r| r.p50_ms).0 * 1000.0;
+        println!(
+            "  one connection, p50: no auth {:.0} µs, auth = \"none\" {:.0} µs, forward auth {:.0} µs (+{:.0} µs for the auth round trip)",
+            p50(0),
+            p50(1),
+            p50(2),
+            p50(2) - p50(0)
         );
     }
     let base = &runs[0];

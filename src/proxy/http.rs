@@ -502,7 +502,9 @@ async fn serve<'g>(
             client: filters::client_ip(conn, req.headers(), &router.edge),
             service: auth.service().and_then(|name| generation.upstream(name)),
         };
-        let verdict = auth.check(&asked).await;
+        // Boxed: the serve future of every other request stays as small
+        // as it was.
+        let verdict = Box::pin(auth.check(&asked)).await;
         let outcome = verdict.outcome();
         route.shared.authenticated(auth.method(), outcome);
         if let Some(noted) = noted.as_deref_mut() {
