@@ -2,16 +2,17 @@
 //! `forwardAuth`): an auth service, reached as one of the configuration's
 //! upstreams (its pool, health checks, outlier detection and TLS), is
 //! asked about each request; a 2xx lets it on, with `response_headers`
-//! copied onto it; any other answer goes back to the client as it is.
+//! copied onto it; any other answer below 500 goes back to the client as
+//! it is; no answer or a 5xx follows `failure`. What is asked and what an
+//! answer means are here; the exchange itself is the data plane's
+//! (`proxy/auth.rs`), through the generation's upstream.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
-use http_body_util::BodyExt as _;
 
 use super::{Asked, Denial, Identity, Verdict};
-use crate::backends::{Attempt, SignalledBody};
 
 /// Largest body of an auth service's refusal passed to the client.
 pub const MAX_ANSWER_BODY: usize = 64 * 1024;
@@ -33,17 +34,12 @@ pub struct Forward {
     pub fail_open: bool,
 }
 
-/// What the auth service said.
-enum Said {
-    Allowed(Response<Bytes>),
-    Refused(Response<Bytes>),
-    Failed(String),
-}
-
 impl Forward {
-    pub async fn check(&self, asked: &Asked<'_>) -> Verdict {
-        match self.ask(asked).await {
-            Said::Allowed(answer) => {
+    /// What the auth service's answer (or its failure) means for the
+    /// request.
+    pub fn judge(&self, said: Said) -> Verdict {
+        match said {
+            Said::Answered(answer) if answer.status().is_success() => {
                 let mut identity = Identity::default();
                 for name in &self.response_headers {
                     for value in answer.headers().get_all(name) {
@@ -55,42 +51,41 @@ impl Forward {
                 }
                 Verdict::Allowed(identity)
             }
-            Said::Refused(answer) => Verdict::Denied(Denial::Answer(Box::new(answer))),
-            Said::Failed(why) => {
-                tracing::warn!(upstream = %self.upstream, error = %why, fail_open = self.fail_open, "forward auth failed");
-                if self.fail_open {
-                    Verdict::FailedOpen
-                } else {
-                    Verdict::Denied(Denial::Unavailable)
-                }
+            Said::Answered(answer) if answer.status().is_server_error() => {
+                self.failed(&format!("answered {}", answer.status()))
             }
+            Said::Answered(answer) => Verdict::Denied(Denial::Answer(Box::new(refusal(answer)))),
+            Said::Failed(why) => self.failed(&why),
         }
     }
 
-    async fn ask(&self, asked: &Asked<'_>) -> Said {
-        let Some(service) = asked.service else {
-            return Said::Failed(format!(
-                "upstream '{}' is not in the generation",
-                self.upstream
-            ));
-        };
-        let Some(backend) = service.pick() else {
-            return Said::Failed(format!(
-                "upstream '{}' has no usable backend",
-                self.upstream
-            ));
-        };
+    fn failed(&self, why: &str) -> Verdict {
+        tracing::warn!(upstream = %self.upstream, error = %why, fail_open = self.fail_open, "forward auth failed");
+        if self.fail_open {
+            Verdict::FailedOpen
+        } else {
+            Verdict::Denied(Denial::Unavailable)
+        }
+    }
+
+    /// The request to send the auth service, for a backend at
+    /// `scheme://authority`: `GET` of the url's path and query with the
+    /// listed headers and the `X-Forwarded-*` of the client's request.
+    pub fn request<B>(
+        &self,
+        asked: &Asked<'_>,
+        scheme: http::uri::Scheme,
+        authority: http::uri::Authority,
+        body: B,
+    ) -> Option<Request<B>> {
         let uri = http::Uri::builder()
-            .scheme(backend.scheme.clone())
-            .authority(backend.authority.clone())
+            .scheme(scheme)
+            .authority(authority)
             .path_and_query(self.path.clone())
-            .build();
-        let Ok(uri) = uri else {
-            return Said::Failed("the auth service's address makes no URI".into());
-        };
-        let mut request = Request::new(SignalledBody::empty());
+            .build()
+            .ok()?;
+        let mut request = Request::new(body);
         *request.uri_mut() = uri;
-        *request.version_mut() = backend.version;
         let headers = request.headers_mut();
         for name in &self.request_headers {
             for value in asked.headers.get_all(name) {
@@ -124,57 +119,16 @@ impl Forward {
                 headers.insert(HeaderName::from_static(name), value);
             }
         }
-        let _inflight = backend.start_request();
-        let sent = Instant::now();
-        let exchange = async {
-            let response = backend.client().request(request).await.map_err(|e| {
-                let attempt = if e.is_connect() {
-                    Attempt::ConnectError
-                } else {
-                    Attempt::Error
-                };
-                (attempt, crate::proxy::error_chain(&e))
-            })?;
-            let status = response.status();
-            let (parts, body) = response.into_parts();
-            // A refusal's body goes to the client (bounded); a success's
-            // is not needed.
-            let body = if status.is_success() {
-                Bytes::new()
-            } else {
-                http_body_util::Limited::new(body, MAX_ANSWER_BODY)
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .unwrap_or_default()
-            };
-            Ok(Response::from_parts(parts, body))
-        };
-        let result = tokio::time::timeout(self.timeout, exchange).await;
-        let (attempt, said) = match result {
-            Err(_) => (
-                Attempt::Timeout,
-                Said::Failed(format!("no answer within {:?}", self.timeout)),
-            ),
-            Ok(Err((attempt, why))) => (
-                attempt,
-                Said::Failed(format!("{}: {why}", backend.key.addr)),
-            ),
-            Ok(Ok(answer)) => {
-                let status = answer.status();
-                let said = if status.is_success() {
-                    Said::Allowed(answer)
-                } else if status.is_server_error() {
-                    Said::Failed(format!("{}: answered {status}", backend.key.addr))
-                } else {
-                    Said::Refused(refusal(answer))
-                };
-                (Attempt::Answered(status), said)
-            }
-        };
-        service.report(backend, attempt, Some(sent.elapsed()));
-        said
+        Some(request)
     }
+}
+
+/// What became of asking the auth service.
+pub enum Said {
+    /// Its answer; a refusal's body read (at most [`MAX_ANSWER_BODY`]).
+    Answered(Response<Bytes>),
+    /// No answer: no usable backend, a connection failure, the timeout.
+    Failed(String),
 }
 
 /// The part of a refusal the client gets: its status, `Location`,

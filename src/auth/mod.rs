@@ -4,14 +4,14 @@
 //!
 //! - `basic.rs`: htpasswd files of bcrypt / argon2id hashes;
 //! - `jwt.rs`: bearer tokens, keys from a JWKS file or URL, or an HMAC key;
-//! - `forward.rs`: an auth service, one of the configuration's upstreams;
+//! - `forward.rs`: an auth service, one of the configuration's upstreams
+//!   (asked by `proxy/auth.rs`);
 //! - `secret.rs`: the files secrets live in, re-read by `reload-certs`.
 //!
 //! Every header the gateway sets from an identity is removed from what
 //! the client sent before the check: a client cannot spoof one.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method as HttpMethod};
 
@@ -39,8 +39,6 @@ pub struct Asked<'a> {
     pub authority: Option<&'a HeaderValue>,
     pub scheme: &'static str,
     pub client: IpAddr,
-    /// For forward auth: the upstream it names, in the pinned generation.
-    pub service: Option<&'a Arc<crate::generation::Upstream>>,
 }
 
 /// Two compiled methods are equal when they are one: each holds its own
@@ -202,22 +200,15 @@ impl Auth {
         }
     }
 
-    /// Checks a request's credentials. The identity headers the client
-    /// sent must be gone already (`strip_identity`).
-    pub async fn check(&self, asked: &Asked<'_>) -> Verdict {
+    /// Checks a request's credentials (Basic and JWT; forward auth is
+    /// asked by the data plane, through its generation's upstream). The
+    /// identity headers the client sent must be gone already
+    /// (`strip_identity`).
+    pub async fn check(&self, asked: &Asked<'_>) -> Option<Verdict> {
         match self {
-            Auth::Basic(basic) => basic.check(asked.headers).await,
-            Auth::Jwt(jwt) => jwt.check(asked.headers, asked.uri.query()).await,
-            Auth::Forward(forward) => forward.check(asked).await,
-        }
-    }
-
-    /// The upstream a forward auth asks (for the request path to find in
-    /// its generation).
-    pub fn service(&self) -> Option<&str> {
-        match self {
-            Auth::Forward(forward) => Some(&forward.upstream),
-            _ => None,
+            Auth::Basic(basic) => Some(basic.check(asked.headers).await),
+            Auth::Jwt(jwt) => Some(jwt.check(asked.headers, asked.uri.query()).await),
+            Auth::Forward(_) => None,
         }
     }
 

@@ -768,7 +768,7 @@ fn connect_failed(backend: &Backend, error: &(dyn std::error::Error + 'static)) 
     ProxyError::UpstreamConnect(detail)
 }
 
-pub fn error_chain(error: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut out = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -500,11 +500,14 @@ async fn serve<'g>(
                 "http"
             },
             client: filters::client_ip(conn, req.headers(), &router.edge),
-            service: auth.service().and_then(|name| generation.upstream(name)),
+        };
+        let service = match auth {
+            crate::auth::Auth::Forward(forward) => generation.upstream(&forward.upstream),
+            _ => None,
         };
         // Boxed: the serve future of every other request stays as small
         // as it was.
-        let verdict = Box::pin(auth.check(&asked)).await;
+        let verdict = Box::pin(super::auth::check(auth, &asked, service)).await;
         let outcome = verdict.outcome();
         route.shared.authenticated(auth.method(), outcome);
         if let Some(noted) = noted.as_deref_mut() {

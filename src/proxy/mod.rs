@@ -3,6 +3,7 @@
 //! through `admission` and never imports `config`, `control` or `admin`.
 
 mod accept_proxy;
+mod auth;
 mod body;
 mod client_hello;
 mod downstream;
@@ -26,7 +27,6 @@ mod workers;
 
 pub use body::ResponseBody;
 pub use error::{error_response, ProxyError};
-pub use exchange::error_chain;
 pub use listener::{
     BindError, BoundListener, ListenerInfo, ListenerSet, ListenerSocket, ListeningSocket,
 };

@@ -560,6 +560,12 @@ fn rows() -> Vec<Row> {
         row("routes", "request_id", Route, &["request_id = true"]),
         row("routes", "grpc_web", Route, &["grpc_web = true"])
             .also(&[(Upstream, "protocol = \"h2c\"")]),
+        row(
+            "routes",
+            "auth",
+            Route,
+            &["auth = { forward = { url = \"http://app/check\" } }"],
+        ),
         row("retry", "attempts", Retry, &["attempts = 3"]),
         row("retry", "on", Retry, &["on = [\"reset\"]"]),
         row(

@@ -1,0 +1,94 @@
+//! Route authentication on the request path (DESIGN §19): the checks of
+//! `auth/`, and forward auth's exchange with its auth service through
+//! the pinned generation's upstream (pool, health, outlier detection and
+//! TLS as for any upstream).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http_body_util::BodyExt as _;
+
+use crate::auth::forward::{Forward, Said, MAX_ANSWER_BODY};
+use crate::auth::{Asked, Auth, Verdict};
+use crate::backends::{Attempt, SignalledBody};
+use crate::generation::Upstream;
+
+/// Checks `asked` by `auth`; `service` is the upstream a forward auth
+/// names, in the request's generation.
+pub(super) async fn check(
+    auth: &Auth,
+    asked: &Asked<'_>,
+    service: Option<&Arc<Upstream>>,
+) -> Verdict {
+    if let Some(verdict) = auth.check(asked).await {
+        return verdict;
+    }
+    match auth {
+        Auth::Forward(forward) => forward.judge(ask(forward, asked, service).await),
+        // `Auth::check` answers every other method.
+        _ => Verdict::Denied(crate::auth::Denial::Unavailable),
+    }
+}
+
+async fn ask(forward: &Forward, asked: &Asked<'_>, service: Option<&Arc<Upstream>>) -> Said {
+    let Some(service) = service else {
+        return Said::Failed(format!(
+            "upstream '{}' is not in the generation",
+            forward.upstream
+        ));
+    };
+    let Some(backend) = service.pick() else {
+        return Said::Failed(format!(
+            "upstream '{}' has no usable backend",
+            forward.upstream
+        ));
+    };
+    let request = forward.request(
+        asked,
+        backend.scheme.clone(),
+        backend.authority.clone(),
+        SignalledBody::empty(),
+    );
+    let Some(mut request) = request else {
+        return Said::Failed("the auth service's address makes no URI".into());
+    };
+    *request.version_mut() = backend.version;
+    let _inflight = backend.start_request();
+    let sent = Instant::now();
+    let exchange = async {
+        let response = backend.client().request(request).await.map_err(|e| {
+            let attempt = if e.is_connect() {
+                Attempt::ConnectError
+            } else {
+                Attempt::Error
+            };
+            (attempt, super::exchange::error_chain(&e))
+        })?;
+        let (parts, body) = response.into_parts();
+        // A refusal's body goes to the client (bounded; a longer one is
+        // sent empty); a success's is not needed.
+        let body = if parts.status.is_success() {
+            bytes::Bytes::new()
+        } else {
+            http_body_util::Limited::new(body, MAX_ANSWER_BODY)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default()
+        };
+        Ok(http::Response::from_parts(parts, body))
+    };
+    let (attempt, said) = match tokio::time::timeout(forward.timeout, exchange).await {
+        Err(_) => (
+            Attempt::Timeout,
+            Said::Failed(format!("no answer within {:?}", forward.timeout)),
+        ),
+        Ok(Err((attempt, why))) => (
+            attempt,
+            Said::Failed(format!("{}: {why}", backend.key.addr)),
+        ),
+        Ok(Ok(answer)) => (Attempt::Answered(answer.status()), Said::Answered(answer)),
+    };
+    service.report(backend, attempt, Some(sent.elapsed()));
+    said
+}
