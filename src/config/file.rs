@@ -314,6 +314,27 @@ pub struct FileDefaults {
     /// own (`auth = "none"` written out to opt out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<FileAuth>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cors: Option<FileCors>,
+}
+
+/// `cors = { … }`: cross-origin requests from browsers (DESIGN §17).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCors {
+    /// Exact origins (`https://app.example`), `"~regex"` (the whole
+    /// origin must match), or `"*"` alone.
+    pub allow_origins: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_methods: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_headers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expose_headers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_credentials: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<String>,
 }
 
 /// `auth`: `"none"` (a route opting out of its listener's default), or
@@ -534,6 +555,9 @@ pub struct FileRoute {
     /// Authentication (DESIGN §19), or `"none"` against the listener's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<FileAuth>,
+    /// Cross-origin requests: preflights answered, responses marked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cors: Option<FileCors>,
 }
 
 /// `request_headers` / `response_headers`.

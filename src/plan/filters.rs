@@ -32,6 +32,76 @@ pub struct Filters {
     /// `auth` (DESIGN §19): a method, or `"none"` written out against the
     /// listener's default.
     pub auth: Option<RouteAuth>,
+    pub cors: Option<Arc<Cors>>,
+}
+
+/// `cors = { … }`, with every header value it answers made at plan time.
+#[derive(Debug)]
+pub struct Cors {
+    pub origins: Origins,
+    pub methods: Vec<http::Method>,
+    /// `Access-Control-Allow-Methods`.
+    pub methods_value: HeaderValue,
+    pub allow_headers: AllowHeaders,
+    /// `Access-Control-Expose-Headers`, when there are any.
+    pub expose: Option<HeaderValue>,
+    pub credentials: bool,
+    /// `Access-Control-Max-Age`, in seconds.
+    pub max_age: Option<HeaderValue>,
+}
+
+/// Two compiled CORS policies are equal when they are one.
+impl PartialEq for Cors {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for Cors {}
+
+#[derive(Debug)]
+pub enum Origins {
+    /// `"*"`: every origin, answered `*` (never with credentials).
+    Any,
+    List {
+        exact: Vec<String>,
+        /// Each must match the whole origin.
+        patterns: Vec<PathRegex>,
+    },
+}
+
+impl Origins {
+    pub fn admits(&self, origin: &str) -> bool {
+        match self {
+            Origins::Any => true,
+            Origins::List { exact, patterns } => {
+                exact.iter().any(|o| o.eq_ignore_ascii_case(origin))
+                    || patterns.iter().any(|p| p.is_match(origin))
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum AllowHeaders {
+    /// `"*"`: whatever a preflight asks for (never with credentials).
+    Any,
+    List(Vec<HeaderName>, Option<HeaderValue>),
+}
+
+impl AllowHeaders {
+    /// Whether every name of an `Access-Control-Request-Headers` value
+    /// is allowed.
+    pub fn admits(&self, requested: &str) -> bool {
+        match self {
+            AllowHeaders::Any => true,
+            AllowHeaders::List(names, _) => requested
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .all(|n| names.iter().any(|a| a.as_str().eq_ignore_ascii_case(n))),
+        }
+    }
 }
 
 /// A route's own `auth`.
@@ -53,6 +123,7 @@ impl Filters {
             && self.request_headers.is_none()
             && self.response_headers.is_none()
             && self.auth.is_none()
+            && self.cors.is_none()
     }
 }
 
@@ -67,6 +138,7 @@ impl Filters {
             && self.request_id.is_none()
             && self.request_headers.is_none()
             && self.response_headers.is_none()
+            && self.cors.is_none()
     }
 }
 
@@ -79,6 +151,7 @@ pub struct Defaults {
     pub max_request_body: Option<u64>,
     pub request_id: Option<bool>,
     pub auth: Option<Arc<Auth>>,
+    pub cors: Option<Arc<Cors>>,
 }
 
 /// `allow_from` / `deny_from`: a client in `deny` is refused; with an

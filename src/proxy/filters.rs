@@ -22,8 +22,8 @@ use super::http::ConnContext;
 use crate::backends::ClientBody;
 use crate::generation::Route;
 use crate::plan::{
-    Defaults, Filters, HeaderOps, ListenerEdge, Part, Redirect, RedirectPath, RouteAuth, Template,
-    Var,
+    AllowHeaders, Cors, Defaults, Filters, HeaderOps, ListenerEdge, Origins, Part, Redirect,
+    RedirectPath, RouteAuth, Template, Var,
 };
 
 /// What the filters know of a request besides the request itself.
@@ -69,6 +69,8 @@ pub(super) struct Checked<'g> {
     pub shaped: Option<Box<Shaped<'g>>>,
     /// The body must be counted as it streams (no declared length).
     count_body: Option<u64>,
+    /// A CORS preflight the route answers itself (before its quota).
+    pub preflight: Option<Response<ResponseBody>>,
 }
 
 /// A route's own filters over its listener's defaults: what applies.
@@ -109,6 +111,11 @@ impl<'g> Effective<'g> {
             .unwrap_or(false)
     }
 
+    fn cors(&self) -> Option<&'g Cors> {
+        let own = self.own.and_then(|f| f.cors.as_deref());
+        own.or_else(|| self.defaults.and_then(|d| d.cors.as_deref()))
+    }
+
     /// The route's `auth`, else its listener's (unless the route wrote
     /// `auth = "none"`).
     pub(super) fn auth(&self) -> Option<&'g crate::auth::Auth> {
@@ -136,9 +143,31 @@ pub(super) fn check<'g>(
     let client = client_ip(seen.conn, req.headers(), seen.edge);
     let request_id = filters.request_id().then(|| request_id(req.headers()));
     let response = filters.response_headers();
-    let shaped = (response.is_some() || request_id.is_some()).then(|| {
+    let cors = filters.cors();
+    // A preflight is answered here, after the cheaper refusals (below)
+    // and before the quota and authentication (a browser sends no
+    // credentials with one).
+    let preflight = cors.and_then(|cors| preflight(cors, req));
+    let shaped = (response.is_some() || request_id.is_some() || cors.is_some()).then(|| {
         let vars = seen.vars(req, client, request_id.as_ref());
-        Box::new(Shaped::new(response, &vars, request_id.clone()))
+        let mut shaped = Shaped::new(response, &vars, request_id.clone());
+        shaped.cors = cors.map(|cors| {
+            let mark = CorsMark::of(cors, req.headers());
+            match &preflight {
+                // A refused preflight gets no CORS headers at all.
+                Some((_, false)) => CorsMark {
+                    allowed: None,
+                    preflight: true,
+                    ..mark
+                },
+                Some((_, true)) => CorsMark {
+                    preflight: true,
+                    ..mark
+                },
+                None => mark,
+            }
+        });
+        Box::new(shaped)
     });
     if let Some(access) = filters.own.and_then(|f| f.access.as_ref()) {
         if !access.admits(client) {
@@ -163,12 +192,132 @@ pub(super) fn check<'g>(
             None => count_body = Some(limit),
         }
     }
+    let preflight = preflight.map(|(response, _)| response);
     Ok(Checked {
         client,
         request_id,
         shaped,
         count_body,
+        preflight,
     })
+}
+
+/// The method a CORS preflight asks about (`OPTIONS` with `Origin` and
+/// `Access-Control-Request-Method`): routes are matched by it, so that a
+/// route limited to `POST` answers the preflight of its `POST`s.
+pub(super) fn preflight_method(req: &http::Request<ClientBody>) -> Option<Method> {
+    if req.method() != Method::OPTIONS || !req.headers().contains_key(header::ORIGIN) {
+        return None;
+    }
+    let asked = req.headers().get(header::ACCESS_CONTROL_REQUEST_METHOD)?;
+    Method::from_bytes(asked.as_bytes()).ok()
+}
+
+/// The answer to a preflight: 204, with what the route allows when the
+/// origin, the method and every requested header are allowed (the
+/// `Access-Control-Allow-Origin` and `-Credentials` come with the other
+/// CORS marks, in `Shaped`), and without them otherwise, which the
+/// browser takes as a refusal.
+fn preflight(
+    cors: &Cors,
+    req: &http::Request<ClientBody>,
+) -> Option<(Response<ResponseBody>, bool)> {
+    let method = preflight_method(req)?;
+    let headers = req.headers();
+    let mut response = Response::new(ResponseBody::full(Bytes::new()));
+    *response.status_mut() = http::StatusCode::NO_CONTENT;
+    let out = response.headers_mut();
+    out.append(
+        header::VARY,
+        HeaderValue::from_static("access-control-request-method, access-control-request-headers"),
+    );
+    let origin = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok());
+    let requested = headers
+        .get_all(header::ACCESS_CONTROL_REQUEST_HEADERS)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join(",");
+    let allowed = origin.is_some_and(|o| cors.origins.admits(o))
+        && cors.methods.contains(&method)
+        && cors.allow_headers.admits(&requested);
+    if !allowed {
+        return Some((response, false));
+    }
+    out.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        cors.methods_value.clone(),
+    );
+    let allow_headers = match &cors.allow_headers {
+        AllowHeaders::Any => HeaderValue::from_str(&requested).ok(),
+        AllowHeaders::List(_, value) => value.clone(),
+    };
+    if let Some(value) = allow_headers.filter(|v| !v.is_empty()) {
+        out.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, value);
+    }
+    if let Some(age) = &cors.max_age {
+        out.insert(header::ACCESS_CONTROL_MAX_AGE, age.clone());
+    }
+    Some((response, true))
+}
+
+/// What a route's `cors` adds to an answer for this request's `Origin`.
+pub(super) struct CorsMark<'g> {
+    cors: &'g Cors,
+    /// The request's origin, when allowed.
+    allowed: Option<HeaderValue>,
+    /// The answer is a preflight's (no `Expose-Headers`).
+    preflight: bool,
+}
+
+impl<'g> CorsMark<'g> {
+    fn of(cors: &'g Cors, headers: &HeaderMap) -> Self {
+        let allowed = headers
+            .get(header::ORIGIN)
+            .filter(|o| o.to_str().is_ok_and(|o| cors.origins.admits(o)))
+            .cloned();
+        CorsMark {
+            cors,
+            allowed,
+            preflight: false,
+        }
+    }
+
+    fn apply(self, headers: &mut HeaderMap) {
+        // The gateway answers for the route's CORS: whatever the backend
+        // said of it goes.
+        for name in [
+            header::ACCESS_CONTROL_ALLOW_ORIGIN,
+            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        ] {
+            headers.remove(name);
+        }
+        let wildcard = matches!(self.cors.origins, Origins::Any) && !self.cors.credentials;
+        if !wildcard {
+            headers.append(header::VARY, HeaderValue::from_static("origin"));
+        }
+        let Some(origin) = self.allowed else {
+            return;
+        };
+        if wildcard {
+            headers.insert(
+                header::ACCESS_CONTROL_ALLOW_ORIGIN,
+                HeaderValue::from_static("*"),
+            );
+        } else {
+            headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        }
+        if self.cors.credentials {
+            headers.insert(
+                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                HeaderValue::from_static("true"),
+            );
+        }
+        if let Some(expose) = self.cors.expose.as_ref().filter(|_| !self.preflight) {
+            headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, expose.clone());
+        }
+    }
 }
 
 /// The filters after the route's quota admitted the request, on what it
@@ -430,6 +579,8 @@ impl<'g> Rendered<'g> {
 pub(super) struct Shaped<'g> {
     values: Option<Rendered<'g>>,
     request_id: Option<HeaderValue>,
+    /// After the response headers (DESIGN §17's order).
+    cors: Option<CorsMark<'g>>,
 }
 
 impl<'g> Shaped<'g> {
@@ -437,17 +588,21 @@ impl<'g> Shaped<'g> {
         Shaped {
             values: ops.map(|ops| Rendered::new(ops, vars)),
             request_id,
+            cors: None,
         }
     }
 
     /// Onto any answer of the route: the backend's, a direct one, a
-    /// redirect, or one the gateway made for a failure.
+    /// redirect, a preflight, or one the gateway made for a failure.
     pub(super) fn apply(self, headers: &mut HeaderMap) {
         if let Some(id) = self.request_id {
             headers.insert(X_REQUEST_ID.clone(), id);
         }
         if let Some(values) = self.values {
             values.apply(headers);
+        }
+        if let Some(cors) = self.cors {
+            cors.apply(headers);
         }
     }
 }

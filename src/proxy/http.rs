@@ -411,8 +411,10 @@ async fn serve<'g>(
         .as_ref()
         .and_then(|a| a.to_str().ok())
         .map(edge::route_host);
+    // A CORS preflight is routed by the method it asks about.
+    let asked_method = filters::preflight_method(&req);
     let head = RequestHead {
-        method: req.method(),
+        method: asked_method.as_ref().unwrap_or(req.method()),
         headers: req.headers(),
         query: req.uri().query(),
     };
@@ -473,6 +475,13 @@ async fn serve<'g>(
         },
     };
     let shaped = checked.as_mut().and_then(|c| c.shaped.take());
+    if let Some(preflight) = checked.as_mut().and_then(|c| c.preflight.take()) {
+        return Served {
+            route: Some(route),
+            result: Ok(preflight),
+            shaped,
+        };
+    }
     // The route's own admission (quota, `max_inflight`).
     let step = match admit_route(&req, conn, route) {
         Ok(step) => step,

@@ -562,6 +562,12 @@ fn rows() -> Vec<Row> {
             .also(&[(Upstream, "protocol = \"h2c\"")]),
         row(
             "routes",
+            "cors",
+            Route,
+            &["cors = { allow_origins = [\"https://app.example\"] }"],
+        ),
+        row(
+            "routes",
             "auth",
             Route,
             &["auth = { forward = { url = \"http://app/check\" } }"],

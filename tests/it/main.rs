@@ -2,6 +2,7 @@
 
 mod admin;
 mod auth;
+mod cors;
 mod docs;
 mod edge;
 pub mod examples;
@@ -16,7 +17,7 @@ mod keys;
 mod l4;
 mod layers;
 mod lifecycle;
-mod observability;
+pub mod observability;
 mod pki;
 mod proxy;
 mod reload;

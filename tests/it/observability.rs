@@ -487,7 +487,7 @@ backends = [{{ addr = "{}" }}]
 }
 
 /// The path of `program` on `PATH`, if it is installed.
-fn installed(program: &str) -> Option<std::path::PathBuf> {
+pub fn installed(program: &str) -> Option<std::path::PathBuf> {
     std::env::var_os("PATH").and_then(|path| {
         std::env::split_paths(&path)
             .map(|dir| dir.join(program))

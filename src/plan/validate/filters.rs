@@ -126,6 +126,10 @@ impl Validator<'_> {
             Some(given) => self.route_auth(&at("auth"), given).map(Some),
             None => Some(None),
         };
+        let cors = match &r.cors {
+            Some(given) => self.cors(&at("cors"), given).map(Some),
+            None => Some(None),
+        };
         let proxies = r.upstream.is_some();
         for (key, set) in [
             ("rewrite", r.rewrite.is_some()),
@@ -150,6 +154,7 @@ impl Validator<'_> {
             request_headers: request_headers?,
             response_headers: response_headers?,
             auth: auth?,
+            cors: cors?,
         };
         if !ok {
             return None;
@@ -179,6 +184,7 @@ impl Validator<'_> {
             max_request_body,
             request_id: d.request_id,
             auth: d.auth.as_ref().and_then(|a| self.auth(&at("auth"), a)),
+            cors: d.cors.as_ref().and_then(|c| self.cors(&at("cors"), c)),
         };
         (defaults != Defaults::default()).then(|| Arc::new(defaults))
     }
