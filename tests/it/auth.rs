@@ -1004,3 +1004,41 @@ async fn the_auth_example_serves_its_demo_user() {
     let (status, _, _) = request(web, "/api/x", &[("authorization", "Bearer a.b.c")]).await;
     assert_eq!(status, 401);
 }
+
+/// With `run --watch`, replacing a users file (write, then rename) is
+/// enough: the watch sees a referenced file change under the same text
+/// and calls reload-certs, which takes the new file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_users_file_is_taken_when_replaced() {
+    if !tool("/usr/bin/htpasswd", "apache2-utils") {
+        return;
+    }
+    let backend = echo_backend().await;
+    let dir = tempfile::tempdir().unwrap();
+    htpasswd(&dir.path().join("users.htpasswd"), "alice", "first", "-B");
+    let gw = Gateway::start_args_in(dir, &basic_config(backend.addr), &["--watch"]);
+    let web = gw.listener("web");
+    let (status, _, _) = request(web, "/x", &[("authorization", &basic("alice", "first"))]).await;
+    assert_eq!(status, 200);
+    let next = gw.path("users.next");
+    htpasswd(&next, "alice", "second", "-B");
+    std::fs::rename(&next, gw.path("users.htpasswd")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, _, _) =
+            request(web, "/x", &[("authorization", &basic("alice", "second"))]).await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replaced file was never taken:\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, _, _) = request(web, "/x", &[("authorization", &basic("alice", "first"))]).await;
+    assert_eq!(status, 401);
+    // A certificate operation, not a new generation.
+    assert_eq!(gw.active_generation().await, 1);
+}
