@@ -31,7 +31,8 @@ pub enum Auth {
     Forward(forward::Forward),
 }
 
-/// The request as a check needs it.
+/// The request as a check needs it (the checks run in `proxy/auth.rs`:
+/// forward auth's goes through a generation's upstream).
 pub struct Asked<'a> {
     pub method: &'a HttpMethod,
     pub uri: &'a http::Uri,
@@ -197,18 +198,6 @@ impl Auth {
             Auth::Basic(_) => Method::Basic,
             Auth::Jwt(_) => Method::Jwt,
             Auth::Forward(_) => Method::Forward,
-        }
-    }
-
-    /// Checks a request's credentials (Basic and JWT; forward auth is
-    /// asked by the data plane, through its generation's upstream). The
-    /// identity headers the client sent must be gone already
-    /// (`strip_identity`).
-    pub async fn check(&self, asked: &Asked<'_>) -> Option<Verdict> {
-        match self {
-            Auth::Basic(basic) => Some(basic.check(asked.headers).await),
-            Auth::Jwt(jwt) => Some(jwt.check(asked.headers, asked.uri.query()).await),
-            Auth::Forward(_) => None,
         }
     }
 
