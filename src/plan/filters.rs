@@ -115,23 +115,16 @@ pub enum RouteAuth {
 impl Filters {
     /// Whether any filter is set (a route without any carries none).
     pub fn is_empty(&self) -> bool {
-        self.access.is_none()
-            && self.max_request_body.is_none()
-            && self.rewrite.is_none()
-            && self.host_rewrite.is_none()
-            && self.request_id.is_none()
-            && self.request_headers.is_none()
-            && self.response_headers.is_none()
-            && self.auth.is_none()
-            && self.cors.is_none()
+        self.auth.is_none() && self.sets_nothing_but_auth()
     }
-}
 
-impl Filters {
     /// Whether `auth = "none"` is all the route sets.
     pub fn only_opts_out_of_auth(&self) -> bool {
-        matches!(self.auth, Some(RouteAuth::Off))
-            && self.access.is_none()
+        matches!(self.auth, Some(RouteAuth::Off)) && self.sets_nothing_but_auth()
+    }
+
+    fn sets_nothing_but_auth(&self) -> bool {
+        self.access.is_none()
             && self.max_request_body.is_none()
             && self.rewrite.is_none()
             && self.host_rewrite.is_none()
