@@ -46,14 +46,7 @@ async fn request(
     path: &str,
     headers: &[(&str, &str)],
 ) -> (u16, http::HeaderMap, String) {
-    let mut req = Request::builder().uri(path).header("host", "api.test");
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    let (status, headers, body) = send(addr, req.body(Full::new(Bytes::new())).unwrap())
-        .await
-        .expect("gateway answers");
-    (status, headers, String::from_utf8_lossy(&body).into_owned())
+    request_with(addr, "GET", path, headers).await
 }
 
 fn basic(user: &str, password: &str) -> String {
@@ -74,30 +67,6 @@ fn echoed<'a>(body: &'a str, name: &str) -> Option<&'a str> {
         .filter_map(|l| l.split_once(": "))
         .find(|(n, _)| *n == name)
         .map(|(_, v)| v)
-}
-
-async fn scrape(gw: &Gateway) -> String {
-    let (status, _, text) = get(gw.metrics.expect("metrics endpoint"), "x", "/metrics").await;
-    assert_eq!(status, 200);
-    text
-}
-
-fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-async fn reload_certs(gw: &Gateway) -> (u16, Value) {
-    admin_request(
-        gw.admin,
-        "POST",
-        "/admin/runtime/reload-certs",
-        Some("application/json"),
-        Some("{}".into()),
-    )
-    .await
 }
 
 fn basic_config(backend: SocketAddr) -> String {

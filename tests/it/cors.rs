@@ -5,30 +5,8 @@
 
 use std::net::SocketAddr;
 
-use bytes::Bytes;
-use http::Request;
-use http_body_util::Full;
 
-use crate::harness::*;
-
-async fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (u16, http::HeaderMap, String) {
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "api.test");
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    let (status, headers, body) = send(addr, req.body(Full::new(Bytes::new())).unwrap())
-        .await
-        .expect("gateway answers");
-    (status, headers, String::from_utf8_lossy(&body).into_owned())
-}
+use crate::harness::{request_with as request, *};
 
 fn cors_config(backend: SocketAddr, origin: &str) -> String {
     Config::new()
@@ -228,25 +206,7 @@ const ask = (path, id) => fetch("{api}" + path, {{ method: "PUT", headers: {{ "x
 ask("/api/items", "allowed").then(() => ask("/closed/items", "refused"));
 </script></body></html>"#
     );
-    let profile = tempfile::tempdir().unwrap();
-    let url = format!("{origin}/");
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(chromium)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .arg("--virtual-time-budget=5000")
-            .arg("--dump-dom")
-            .arg(&url)
-            .output()
-            .expect("run chromium")
-    })
-    .await
-    .unwrap();
+    let out = headless_dom(chromium, format!("{origin}/")).await;
     let dom = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && dom.contains("<html"),

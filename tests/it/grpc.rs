@@ -346,20 +346,6 @@ fn grpc_config(backends: &[SocketAddr], route: &str, upstream: &str) -> String {
         .build()
 }
 
-async fn scrape(gw: &Gateway) -> String {
-    let (status, _, text) = get(gw.metrics.expect("metrics endpoint"), "x", "/metrics").await;
-    assert_eq!(status, 200);
-    text
-}
-
-/// The value of the series of `name` whose labels include each of `labels`.
-fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_of_every_kind_pass_with_their_messages_status_and_metadata() {
     let backend = GrpcBackend::start(None).await;

@@ -393,6 +393,77 @@ pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// `method path` with `Host: api.test` and `headers`, on a new
+/// connection; the status, headers and body as text.
+pub async fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, hyper::HeaderMap, String) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "api.test");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let (status, headers, body) = send(addr, req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .expect("gateway answers");
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The gateway's `/metrics` text.
+pub async fn scrape(gw: &Gateway) -> String {
+    let (status, _, text) = get(gw.metrics.expect("metrics endpoint"), "x", "/metrics").await;
+    assert_eq!(status, 200);
+    text
+}
+
+/// The sum of the series of `name` whose labels include each of `labels`.
+pub fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `POST /admin/runtime/reload-certs` with every listener.
+pub async fn reload_certs(gw: &Gateway) -> (u16, Value) {
+    admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/reload-certs",
+        Some("application/json"),
+        Some("{}".into()),
+    )
+    .await
+}
+
+/// Loads `url` in headless Chromium (a fresh profile, 5 s of virtual
+/// time for the page's fetches) and returns what it printed: the DOM.
+pub async fn headless_dom(chromium: PathBuf, url: String) -> std::process::Output {
+    let profile = tempfile::tempdir().unwrap();
+    tokio::task::spawn_blocking(move || {
+        Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("--virtual-time-budget=5000")
+            .arg("--dump-dom")
+            .arg(&url)
+            .output()
+            .expect("run chromium")
+    })
+    .await
+    .unwrap()
+}
+
 /// GET `path` with `Host: host` on a new connection.
 pub async fn get(addr: SocketAddr, host: &str, path: &str) -> (u16, hyper::HeaderMap, String) {
     let req = Request::builder()

@@ -376,13 +376,6 @@ fn series_with(text: &str, needle: &str) -> usize {
         .count()
 }
 
-async fn scrape(gw: &Gateway) -> String {
-    let metrics = gw.metrics.expect("metrics endpoint");
-    let (status, _, text) = get(metrics, "x", "/metrics").await;
-    assert_eq!(status, 200);
-    text
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_churn_leaves_only_the_series_live_generations_name() {
     let backend = Backend::named("a").await;
@@ -802,26 +795,7 @@ async fn the_admin_page_shows_both_generations_and_the_diff_in_a_real_browser() 
                             "requested_by": "pipeline-7", "reason": "a little looser" }),
     )
     .await;
-    let profile = tempfile::tempdir().unwrap();
-    let url = format!("{}/admin/", gw.admin_url());
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(chromium)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            // Long enough for the page's fetches and first render.
-            .arg("--virtual-time-budget=5000")
-            .arg("--dump-dom")
-            .arg(&url)
-            .output()
-            .expect("run chromium")
-    })
-    .await
-    .unwrap();
+    let out = headless_dom(chromium, format!("{}/admin/", gw.admin_url())).await;
     let dom = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && dom.contains("<html"),

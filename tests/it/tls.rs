@@ -175,17 +175,6 @@ async fn h1_again_with(
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
-async fn reload_certs(gw: &Gateway) -> (u16, serde_json::Value) {
-    admin_request(
-        gw.admin,
-        "POST",
-        "/admin/runtime/reload-certs",
-        Some("application/json"),
-        Some("{}".into()),
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sni_alpn_and_the_default_certificate() {
     let ca = ca("test ca");
