@@ -1017,22 +1017,8 @@ fn access_log(
         };
         for access in order {
             let candidate = config.replace("access = false", &format!("access = {access}"));
-            let activated = runtime.block_on(post_toml(
-                gateway.admin,
-                "/admin/runtime/activate",
-                candidate,
-            ));
-            assert!(
-                matches!(activated, Ok(200)),
-                "activating access = {access}: {activated:?}"
-            );
-            let run = http1(
-                runtime,
-                tools,
-                gateway.web,
-                seconds,
-                Some(gateway.child.id()),
-            );
+            let label = format!("access = {access}");
+            let run = activated_http1(runtime, tools, gateway, candidate, &label, seconds);
             if access {
                 on.push(run)
             } else {
@@ -1058,6 +1044,31 @@ fn access_log(
         rps(&on).0 / rps(&off).0,
         cpu(&on).0 / cpu(&off).0
     );
+}
+
+/// Activates `candidate` on the gateway, then loads its `web` listener
+/// with HTTP/1.1 for `seconds` (the gateway's CPU counted).
+fn activated_http1(
+    runtime: &tokio::runtime::Runtime,
+    tools: &Tools,
+    gateway: &Gateway,
+    candidate: String,
+    label: &str,
+    seconds: u64,
+) -> Run {
+    let activated = runtime.block_on(post_toml(
+        gateway.admin,
+        "/admin/runtime/activate",
+        candidate,
+    ));
+    assert!(matches!(activated, Ok(200)), "{label}: {activated:?}");
+    http1(
+        runtime,
+        tools,
+        gateway.web,
+        seconds,
+        Some(gateway.child.id()),
+    )
 }
 
 /// (h): the same route three ways, alternating per round.
@@ -1102,22 +1113,14 @@ fn auth_costs(
     for round in 0..rounds as usize {
         for k in 0..variants.len() {
             let i = (k + round) % variants.len();
-            let activated = runtime.block_on(post_toml(
-                gateway.admin,
-                "/admin/runtime/activate",
-                variants[i].1.clone(),
-            ));
-            assert!(
-                matches!(activated, Ok(200)),
-                "{}: {activated:?}",
-                variants[i].0
-            );
-            runs[i].push(http1(
+            let (label, candidate) = &variants[i];
+            runs[i].push(activated_http1(
                 runtime,
                 tools,
-                gateway.web,
+                gateway,
+                candidate.clone(),
+                label,
                 seconds,
-                Some(gateway.child.id()),
             ));
             if tools.wrk {
                 alone[i].push(wrk_with(

@@ -5,7 +5,6 @@
 
 use std::net::SocketAddr;
 
-
 use crate::harness::{request_with as request, *};
 
 fn cors_config(backend: SocketAddr, origin: &str) -> String {
