@@ -316,6 +316,28 @@ pub struct FileDefaults {
     pub auth: Option<FileAuth>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cors: Option<FileCors>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<FileCompress>,
+}
+
+/// `compress = { … }`: answers compressed for the clients that accept
+/// it (DESIGN §17). Every key has a default: `compress = {}` is zstd,
+/// brotli and gzip for text types of 1 KiB and more.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCompress {
+    /// `"zstd"`, `"br"`, `"gzip"`, in the gateway's order of preference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encodings: Option<Vec<String>>,
+    /// Answers known to be shorter are sent as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_bytes: Option<FileSize>,
+    /// Media types (`text/html`), `type/*` or `type/*+suffix`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub types: Option<Vec<String>>,
+    /// `"fastest"`, `"default"` or `"best"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<String>,
 }
 
 /// `cors = { … }`: cross-origin requests from browsers (DESIGN §17).
@@ -558,6 +580,9 @@ pub struct FileRoute {
     /// Cross-origin requests: preflights answered, responses marked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cors: Option<FileCors>,
+    /// Answers compressed for the clients that accept it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<FileCompress>,
 }
 
 /// `request_headers` / `response_headers`.

@@ -33,6 +33,103 @@ pub struct Filters {
     /// listener's default.
     pub auth: Option<RouteAuth>,
     pub cors: Option<Arc<Cors>>,
+    pub compress: Option<Arc<Compress>>,
+}
+
+/// `compress = { … }`: answers of the listed types, long enough, are
+/// compressed for the clients that accept one of the encodings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compress {
+    /// The gateway's preference, first first; a client's q-values rank
+    /// above it.
+    pub encodings: Vec<Encoding>,
+    /// Answers whose length is known and shorter go as they are.
+    pub min_bytes: u64,
+    pub types: Vec<MediaRange>,
+    pub level: Level,
+}
+
+/// A content coding the gateway makes (it never decodes one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Encoding {
+    Zstd,
+    Brotli,
+    Gzip,
+}
+
+impl Encoding {
+    pub const ALL: [Encoding; 3] = [Encoding::Zstd, Encoding::Brotli, Encoding::Gzip];
+
+    /// Its `Content-Encoding` token.
+    pub fn token(self) -> &'static str {
+        match self {
+            Encoding::Zstd => "zstd",
+            Encoding::Brotli => "br",
+            Encoding::Gzip => "gzip",
+        }
+    }
+
+    /// `token` in a client's `Accept-Encoding` names this coding.
+    pub fn named(self, token: &str) -> bool {
+        token.eq_ignore_ascii_case(self.token())
+            || (self == Encoding::Gzip && token.eq_ignore_ascii_case("x-gzip"))
+    }
+}
+
+/// `compress.level`, one name for every encoding (their numeric scales
+/// differ): gzip 1 / 6 / 9, brotli 1 / 4 / 11, zstd 1 / 3 / 19.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Level {
+    Fastest,
+    #[default]
+    Default,
+    Best,
+}
+
+impl Level {
+    pub fn of(self, encoding: Encoding) -> i32 {
+        match (encoding, self) {
+            (_, Level::Fastest) => 1,
+            (Encoding::Gzip, Level::Default) => 6,
+            (Encoding::Brotli, Level::Default) => 4,
+            (Encoding::Zstd, Level::Default) => 3,
+            (Encoding::Gzip, Level::Best) => 9,
+            (Encoding::Brotli, Level::Best) => 11,
+            (Encoding::Zstd, Level::Best) => 19,
+        }
+    }
+}
+
+/// One entry of `compress.types`, lower-cased.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MediaRange {
+    /// `text/html`.
+    Exact(String),
+    /// `text/*`: the top-level type.
+    Type(String),
+    /// `application/*+json`: the top-level type and the `+suffix`.
+    Suffix(String, String),
+}
+
+impl MediaRange {
+    /// Whether a `Content-Type` value (parameters allowed) is in range.
+    pub fn admits(&self, content_type: &str) -> bool {
+        let essence = content_type.split(';').next().unwrap_or_default().trim();
+        let Some((top, sub)) = essence.split_once('/') else {
+            return false;
+        };
+        match self {
+            MediaRange::Exact(exact) => essence.eq_ignore_ascii_case(exact),
+            MediaRange::Type(t) => top.eq_ignore_ascii_case(t),
+            MediaRange::Suffix(t, suffix) => {
+                top.eq_ignore_ascii_case(t)
+                    && sub.len() > suffix.len()
+                    && sub
+                        .get(sub.len() - suffix.len()..)
+                        .is_some_and(|end| end.eq_ignore_ascii_case(suffix))
+            }
+        }
+    }
 }
 
 /// `cors = { … }`, with every header value it answers made at plan time.
@@ -132,6 +229,7 @@ impl Filters {
             && self.request_headers.is_none()
             && self.response_headers.is_none()
             && self.cors.is_none()
+            && self.compress.is_none()
     }
 }
 
@@ -145,6 +243,7 @@ pub struct Defaults {
     pub request_id: Option<bool>,
     pub auth: Option<Arc<Auth>>,
     pub cors: Option<Arc<Cors>>,
+    pub compress: Option<Arc<Compress>>,
 }
 
 /// `allow_from` / `deny_from`: a client in `deny` is refused; with an

@@ -20,9 +20,9 @@ use serde_json::Value;
 mod filters;
 pub use diff::{diff, Change, ChangeKind, Diff, Disposition, FieldChange, Summary};
 pub use filters::{
-    replace_prefix, AllowHeaders, Cors, Defaults, Filters, HeaderOps, HostRewrite, IpRules,
-    Origins, Part, Redirect, RedirectPath, Rewrite, RewriteRegex, RouteAuth, Template,
-    TemplateError, ValueMatch, Var, TEMPLATE_VARIABLES,
+    replace_prefix, AllowHeaders, Compress, Cors, Defaults, Encoding, Filters, HeaderOps,
+    HostRewrite, IpRules, Level, MediaRange, Origins, Part, Redirect, RedirectPath, Rewrite,
+    RewriteRegex, RouteAuth, Template, TemplateError, ValueMatch, Var, TEMPLATE_VARIABLES,
 };
 pub use ownership::{needs_restart, ownership, Ownership};
 pub use pattern::PathRegex;

@@ -125,6 +125,8 @@ pub enum ResponseBody {
     Full(Option<Bytes>),
     /// A gRPC answer from a backend (`grpc.rs`).
     Grpc(Box<super::grpc::CallBody>),
+    /// Compressed as it streams (`compress.rs`, `encode.rs`).
+    Compressed(Box<super::encode::Compressing<ResponseBody>>),
 }
 
 impl ResponseBody {
@@ -140,6 +142,7 @@ impl ResponseBody {
             }
             ResponseBody::Full(_) => None,
             ResponseBody::Grpc(call) => call.inner_mut().guards_mut(),
+            ResponseBody::Compressed(body) => body.inner_mut().guards_mut(),
         }
     }
 }
@@ -246,6 +249,7 @@ impl Body for ResponseBody {
             }
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseBody::Grpc(call) => Pin::new(&mut **call).poll_frame(cx),
+            ResponseBody::Compressed(body) => Pin::new(&mut **body).poll_frame(cx),
         }
     }
 
@@ -255,6 +259,7 @@ impl Body for ResponseBody {
             ResponseBody::Driven { body, first, .. } => first.is_none() && body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
             ResponseBody::Grpc(call) => call.is_end_stream(),
+            ResponseBody::Compressed(body) => body.is_end_stream(),
         }
     }
 
@@ -277,6 +282,7 @@ impl Body for ResponseBody {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
             ResponseBody::Grpc(call) => call.size_hint(),
+            ResponseBody::Compressed(body) => body.size_hint(),
         }
     }
 }

@@ -16,15 +16,17 @@ use http::uri::Scheme;
 use http::{Method, Response};
 
 use super::body::ResponseBody;
+use super::compress::CompressMark;
 use super::edge;
 use super::error::ProxyError;
 use super::http::ConnContext;
 use crate::backends::ClientBody;
 use crate::generation::Route;
 use crate::plan::{
-    AllowHeaders, Cors, Defaults, Filters, HeaderOps, ListenerEdge, Origins, Part, Redirect,
-    RedirectPath, RouteAuth, Template, Var,
+    AllowHeaders, Compress, Cors, Defaults, Encoding, Filters, HeaderOps, ListenerEdge, Origins,
+    Part, Redirect, RedirectPath, RouteAuth, Template, Var,
 };
+use crate::telemetry::access::Trail;
 
 /// What the filters know of a request besides the request itself.
 pub(super) struct Seen<'r, 'g> {
@@ -111,6 +113,11 @@ impl<'g> Effective<'g> {
             .unwrap_or(false)
     }
 
+    fn compress(&self) -> Option<&'g Compress> {
+        let own = self.own.and_then(|f| f.compress.as_deref());
+        own.or_else(|| self.defaults.and_then(|d| d.compress.as_deref()))
+    }
+
     fn cors(&self) -> Option<&'g Cors> {
         let own = self.own.and_then(|f| f.cors.as_deref());
         own.or_else(|| self.defaults.and_then(|d| d.cors.as_deref()))
@@ -148,27 +155,32 @@ pub(super) fn check<'g>(
     // and before the quota and authentication (a browser sends no
     // credentials with one).
     let preflight = cors.and_then(|cors| preflight(cors, req));
-    let shaped = (response.is_some() || request_id.is_some() || cors.is_some()).then(|| {
-        let vars = seen.vars(req, client, request_id.as_ref());
-        let mut shaped = Shaped::new(response, &vars, request_id.clone());
-        shaped.cors = cors.map(|cors| {
-            let mark = CorsMark::of(cors, req.headers());
-            match &preflight {
-                // A refused preflight gets no CORS headers at all.
-                Some((_, false)) => CorsMark {
-                    allowed: None,
-                    preflight: true,
-                    ..mark
-                },
-                Some((_, true)) => CorsMark {
-                    preflight: true,
-                    ..mark
-                },
-                None => mark,
-            }
-        });
-        Box::new(shaped)
-    });
+    let compress = filters.compress();
+    let shaped =
+        (response.is_some() || request_id.is_some() || cors.is_some() || compress.is_some()).then(
+            || {
+                let vars = seen.vars(req, client, request_id.as_ref());
+                let mut shaped = Shaped::new(response, &vars, request_id.clone());
+                shaped.cors = cors.map(|cors| {
+                    let mark = CorsMark::of(cors, req.headers());
+                    match &preflight {
+                        // A refused preflight gets no CORS headers at all.
+                        Some((_, false)) => CorsMark {
+                            allowed: None,
+                            preflight: true,
+                            ..mark
+                        },
+                        Some((_, true)) => CorsMark {
+                            preflight: true,
+                            ..mark
+                        },
+                        None => mark,
+                    }
+                });
+                shaped.compress = compress.map(|c| CompressMark::of(c, req));
+                Box::new(shaped)
+            },
+        );
     if let Some(access) = filters.own.and_then(|f| f.access.as_ref()) {
         if !access.admits(client) {
             // Counted by `handle`, as every refusal the error names.
@@ -581,6 +593,8 @@ pub(super) struct Shaped<'g> {
     request_id: Option<HeaderValue>,
     /// After the response headers (DESIGN §17's order).
     cors: Option<CorsMark<'g>>,
+    /// Last of all.
+    compress: Option<CompressMark<'g>>,
 }
 
 impl<'g> Shaped<'g> {
@@ -589,12 +603,20 @@ impl<'g> Shaped<'g> {
             values: ops.map(|ops| Rendered::new(ops, vars)),
             request_id,
             cors: None,
+            compress: None,
         }
     }
 
     /// Onto any answer of the route: the backend's, a direct one, a
     /// redirect, a preflight, or one the gateway made for a failure.
-    pub(super) fn apply(self, headers: &mut HeaderMap) {
+    /// Returns the encoding `compress` used, if it did (the body's bytes
+    /// before it go to `trail`).
+    pub(super) fn apply(
+        self,
+        response: &mut Response<ResponseBody>,
+        trail: Option<&std::sync::Arc<Trail>>,
+    ) -> Option<Encoding> {
+        let headers = response.headers_mut();
         if let Some(id) = self.request_id {
             headers.insert(X_REQUEST_ID.clone(), id);
         }
@@ -604,6 +626,7 @@ impl<'g> Shaped<'g> {
         if let Some(cors) = self.cors {
             cors.apply(headers);
         }
+        self.compress.and_then(|c| c.apply(response, trail))
     }
 }
 

@@ -252,9 +252,11 @@ pub async fn handle(
             response
         }
     };
-    if let Some(shaped) = shaped {
-        shaped.apply(response.headers_mut());
-    }
+    // Response headers, CORS marks, then compression (DESIGN §17).
+    let encoding = match shaped {
+        Some(shaped) => shaped.apply(&mut response, trail.as_ref()),
+        None => None,
+    };
     if version < Version::HTTP_2
         && conn.draining.load(Ordering::Relaxed)
         && response.status() != StatusCode::SWITCHING_PROTOCOLS
@@ -300,6 +302,7 @@ pub async fn handle(
             request_id: noted.request_id,
             auth: noted.auth.map(crate::auth::Outcome::name),
             subject: noted.subject,
+            encoding: encoding.map(crate::plan::Encoding::token),
             route: route.map(|r| Arc::clone(r.shared.name())),
             status: status.as_u16(),
             trace_id: Some(trace.trace_id),

@@ -106,6 +106,8 @@ impl std::ops::BitOrAssign for Flags {
 #[derive(Debug, Default)]
 pub struct Trail {
     bytes_in: AtomicU64,
+    /// The answer's body before `compress` (when it was compressed).
+    uncompressed: AtomicU64,
     attempts: AtomicU32,
     flags: AtomicU32,
     /// Microseconds from the last answered attempt's start to its head.
@@ -126,6 +128,11 @@ impl Trail {
 
     pub fn add_bytes_in(&self, n: usize) {
         self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// `n` bytes of the answer's body went into its compressor.
+    pub fn add_uncompressed(&self, n: usize) {
+        self.uncompressed.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// An attempt at `backend` begins.
@@ -202,6 +209,10 @@ pub struct Line {
     pub grpc_status: Option<u8>,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// The route's `compress` coding of the answer, and its body's bytes
+    /// before it (`bytes_out` counts them after).
+    pub encoding: Option<&'static str>,
+    pub bytes_uncompressed: u64,
     pub upstream_time: Option<Duration>,
     pub backend: Option<Arc<str>>,
     pub attempts: u32,
@@ -244,6 +255,8 @@ impl Line {
             grpc_status: None,
             bytes_in: 0,
             bytes_out: 0,
+            encoding: None,
+            bytes_uncompressed: 0,
             upstream_time: None,
             backend: None,
             attempts: 0,
@@ -259,6 +272,7 @@ impl Line {
     /// Takes what the request's trail collected.
     pub fn absorb(&mut self, trail: &Trail) {
         self.bytes_in += trail.bytes_in.load(Ordering::Relaxed);
+        self.bytes_uncompressed += trail.uncompressed.load(Ordering::Relaxed);
         self.attempts = trail.attempts.load(Ordering::Relaxed);
         self.flags |= Flags(trail.flags.load(Ordering::Relaxed));
         if self.attempts > 1 {
@@ -603,6 +617,13 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
             push_u64(out, line.bytes_in);
             out.extend_from_slice(b",\"bytes_out\":");
             push_u64(out, line.bytes_out);
+            out.extend_from_slice(b",\"encoding\":");
+            push_json_opt(out, line.encoding);
+            out.extend_from_slice(b",\"bytes_uncompressed\":");
+            match line.encoding {
+                Some(_) => push_u64(out, line.bytes_uncompressed),
+                None => out.extend_from_slice(b"null"),
+            }
             out.extend_from_slice(b",\"duration_ms\":");
             push_millis(out, line.duration);
             out.extend_from_slice(b",\"upstream_ms\":");
@@ -666,6 +687,13 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
             push_u64(out, line.bytes_in);
             out.extend_from_slice(b" bytes_out=");
             push_u64(out, line.bytes_out);
+            out.extend_from_slice(b" encoding=");
+            out.extend_from_slice(line.encoding.unwrap_or(dash).as_bytes());
+            out.extend_from_slice(b" bytes_uncompressed=");
+            match line.encoding {
+                Some(_) => push_u64(out, line.bytes_uncompressed),
+                None => out.push(b'-'),
+            }
             out.extend_from_slice(b" duration_ms=");
             push_millis(out, line.duration);
             out.extend_from_slice(b" upstream_ms=");
@@ -838,6 +866,8 @@ mod tests {
             grpc_status: None,
             bytes_in: 3,
             bytes_out: 12,
+            encoding: None,
+            bytes_uncompressed: 0,
             upstream_time: None,
             backend: Some("127.0.0.1:9001".into()),
             attempts: 2,
@@ -860,7 +890,7 @@ mod tests {
             "time=2025-11-30T14:31:24.121Z listener=web protocol=HTTP/1.1 client=127.0.0.1:5555 \
              method=GET authority=api.example.com path=\"/v1/a b\" upstream_path=- route=api \
              request_id=- auth=- subject=- generation=7 \
-             status=502 grpc_status=- bytes_in=3 bytes_out=12 duration_ms=1.500 upstream_ms=- \
+             status=502 grpc_status=- bytes_in=3 bytes_out=12 encoding=- bytes_uncompressed=- duration_ms=1.500 upstream_ms=- \
              backend=127.0.0.1:9001 attempts=2 trace_id=abababababababababababababababab \
              flags=connect_failure,retried\n"
         );

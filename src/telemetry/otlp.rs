@@ -282,6 +282,8 @@ mod tests {
             grpc_status: None,
             bytes_in: 3,
             bytes_out: 4,
+            encoding: None,
+            bytes_uncompressed: 0,
             upstream_time: None,
             backend: Some("10.0.1.4:9001".into()),
             attempts: 2,

@@ -130,6 +130,10 @@ impl Validator<'_> {
             Some(given) => self.cors(&at("cors"), given).map(Some),
             None => Some(None),
         };
+        let compress = match &r.compress {
+            Some(given) => self.compress(&at("compress"), given).map(Some),
+            None => Some(None),
+        };
         let proxies = r.upstream.is_some();
         for (key, set) in [
             ("rewrite", r.rewrite.is_some()),
@@ -155,6 +159,7 @@ impl Validator<'_> {
             response_headers: response_headers?,
             auth: auth?,
             cors: cors?,
+            compress: compress?,
         };
         if !ok {
             return None;
@@ -185,6 +190,10 @@ impl Validator<'_> {
             request_id: d.request_id,
             auth: d.auth.as_ref().and_then(|a| self.auth(&at("auth"), a)),
             cors: d.cors.as_ref().and_then(|c| self.cors(&at("cors"), c)),
+            compress: d
+                .compress
+                .as_ref()
+                .and_then(|c| self.compress(&at("compress"), c)),
         };
         (defaults != Defaults::default()).then(|| Arc::new(defaults))
     }
@@ -549,7 +558,7 @@ impl Validator<'_> {
 }
 
 /// `10MiB`, `512KB`, `1G`, `4096`: bytes.
-fn parse_size(text: &str) -> Option<u64> {
+pub(super) fn parse_size(text: &str) -> Option<u64> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())

@@ -29,6 +29,7 @@ use crate::config::{
 };
 
 mod auth;
+mod compress;
 mod cors;
 mod files;
 mod filters;
