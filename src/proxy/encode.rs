@@ -270,3 +270,4 @@ impl<B> std::fmt::Debug for Compressing<B> {
             .finish()
     }
 }
+

@@ -432,3 +432,50 @@ async fn early_data_serves_idempotent_requests_and_answers_others_425() {
     assert_eq!(status, 200, "{body}");
     assert!(!body.contains("early-data"), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_answers_are_compressed_as_the_client_accepts() {
+    if !crate::compress::decoders() {
+        return;
+    }
+    let text: Bytes = "{\"items\": [1, 2, 3], \"name\": \"compressible\"}\n"
+        .repeat(200)
+        .into();
+    let served = text.clone();
+    let backend = Backend::start(Arc::new(move |_req| {
+        let body = served.clone();
+        Box::pin(async move {
+            let mut response = hyper::Response::new(full(body));
+            response
+                .headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            response
+        })
+    }))
+    .await;
+    let ca = ca("h3 ca");
+    let dir = tempfile::tempdir().unwrap();
+    let text_config = config(dir.path(), &ca, backend.addr, "compress = {}");
+    let gw = Gateway::start_in(dir, &text_config);
+    let endpoint = client(&ca);
+    let (mut sender, _) = connect(&endpoint, gw.listener("secure")).await;
+    for encoding in ["zstd", "br", "gzip"] {
+        let req = http::Request::builder()
+            .uri("https://localhost/data")
+            .header("accept-encoding", encoding)
+            .body(())
+            .unwrap();
+        let mut stream = sender.send_request(req).await.unwrap();
+        stream.finish().await.unwrap();
+        let response = stream.recv_response().await.unwrap();
+        assert_eq!(response.headers()["content-encoding"], encoding);
+        assert!(response.headers().get("content-length").is_none());
+        let mut body = Vec::new();
+        while let Some(mut chunk) = stream.recv_data().await.unwrap() {
+            body.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
+        }
+        assert!(body.len() < text.len() / 4, "{encoding}: {} bytes", body.len());
+        let decoded = crate::compress::decode(encoding, &body, true).unwrap();
+        assert!(decoded == text, "HTTP/3 {encoding} decodes to the backend's bytes");
+    }
+}

@@ -566,6 +566,7 @@ fn rows() -> Vec<Row> {
             Route,
             &["cors = { allow_origins = [\"https://app.example\"] }"],
         ),
+        row("routes", "compress", Route, &["compress = {}"]),
         row(
             "routes",
             "auth",

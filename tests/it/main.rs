@@ -2,6 +2,7 @@
 
 mod admin;
 mod auth;
+mod compress;
 mod cors;
 mod docs;
 mod edge;
