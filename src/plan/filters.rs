@@ -103,8 +103,8 @@ impl Level {
 /// One entry of `compress.types`, lower-cased.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MediaRange {
-    /// `text/html`.
-    Exact(String),
+    /// `text/html`: the type and the subtype.
+    Exact(String, String),
     /// `text/*`: the top-level type.
     Type(String),
     /// `application/*+json`: the top-level type and the `+suffix`.
@@ -112,14 +112,11 @@ pub enum MediaRange {
 }
 
 impl MediaRange {
-    /// Whether a `Content-Type` value (parameters allowed) is in range.
-    pub fn admits(&self, content_type: &str) -> bool {
-        let essence = content_type.split(';').next().unwrap_or_default().trim();
-        let Some((top, sub)) = essence.split_once('/') else {
-            return false;
-        };
+    /// Whether a `Content-Type` of `top/sub` (its parameters left off)
+    /// is in range.
+    pub fn admits(&self, top: &str, sub: &str) -> bool {
         match self {
-            MediaRange::Exact(exact) => essence.eq_ignore_ascii_case(exact),
+            MediaRange::Exact(t, s) => top.eq_ignore_ascii_case(t) && sub.eq_ignore_ascii_case(s),
             MediaRange::Type(t) => top.eq_ignore_ascii_case(t),
             MediaRange::Suffix(t, suffix) => {
                 top.eq_ignore_ascii_case(t)

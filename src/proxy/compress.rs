@@ -173,6 +173,31 @@ fn eligible(compress: &Compress, response: &Response<ResponseBody>) -> Option<Op
         return None;
     }
     let headers = response.headers();
+    // The length first: most answers too short to compress stop here,
+    // after one lookup.
+    let length = match headers.get(header::CONTENT_LENGTH) {
+        Some(value) => Some(
+            std::str::from_utf8(value.as_bytes())
+                .ok()?
+                .parse::<u64>()
+                .ok()?,
+        ),
+        None => http_body::Body::size_hint(response.body()).exact(),
+    };
+    // An empty body has nothing to gain, whatever `min_bytes` says.
+    if length.is_some_and(|n| n == 0 || n < compress.min_bytes) {
+        return None;
+    }
+    let (top, sub) = essence(headers.get(header::CONTENT_TYPE)?.as_bytes())?;
+    // gRPC (and gRPC-Web) compresses its own messages.
+    if top.eq_ignore_ascii_case("application")
+        && sub.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("grpc"))
+    {
+        return None;
+    }
+    if !compress.types.iter().any(|t| t.admits(top, sub)) {
+        return None;
+    }
     if headers.contains_key(header::CONTENT_RANGE) {
         return None;
     }
@@ -194,22 +219,14 @@ fn eligible(compress: &Compress, response: &Response<ResponseBody>) -> Option<Op
     if no_transform {
         return None;
     }
-    // gRPC compresses its own messages.
-    if crate::grpc::is_grpc(headers) {
-        return None;
-    }
-    let content_type = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
-    if !compress.types.iter().any(|t| t.admits(content_type)) {
-        return None;
-    }
-    let length = match headers.get(header::CONTENT_LENGTH) {
-        Some(value) => Some(value.to_str().ok()?.parse::<u64>().ok()?),
-        None => http_body::Body::size_hint(response.body()).exact(),
-    };
-    if length.is_some_and(|n| n < compress.min_bytes) {
-        return None;
-    }
     Some(length)
+}
+
+/// A `Content-Type`'s type and subtype, without parameters.
+fn essence(value: &[u8]) -> Option<(&str, &str)> {
+    let end = memchr::memchr(b';', value).unwrap_or(value.len());
+    let text = std::str::from_utf8(value.get(..end)?).ok()?.trim_ascii();
+    text.split_once('/')
 }
 
 /// `Vary: Accept-Encoding`, unless the answer says so already (or
@@ -397,6 +414,17 @@ mod tests {
             eligible(&c, &answer(200, &[text, ("content-length", "x")], long)),
             None
         );
+    }
+
+    #[test]
+    fn empty_answers_are_never_compressed() {
+        let c = Compress {
+            min_bytes: 0,
+            ..compress()
+        };
+        let text = ("content-type", "text/plain");
+        assert_eq!(eligible(&c, &answer(200, &[text], b"")), None);
+        assert_eq!(eligible(&c, &answer(200, &[text], b"x")), Some(Some(1)));
     }
 
     #[test]

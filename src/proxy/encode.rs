@@ -270,4 +270,3 @@ impl<B> std::fmt::Debug for Compressing<B> {
             .finish()
     }
 }
-

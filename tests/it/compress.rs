@@ -126,9 +126,7 @@ fn answer(
     let mut response = hyper::Response::new(full(body.into()));
     *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
     for (name, value) in headers {
-        response
-            .headers_mut()
-            .append(*name, value.parse().unwrap());
+        response.headers_mut().append(*name, value.parse().unwrap());
     }
     response
 }
@@ -163,10 +161,16 @@ async fn backend() -> Answers {
                 // Says gzip, sends plain text: passed as it is (the
                 // gateway neither decodes nor codes it again).
                 "/lying" => answer(200, &[text, ("content-encoding", "gzip")], json()),
-                "/range" => answer(206, &[text, ("content-range", "bytes 0-4095/9000")], noise(4096)),
-                "/no-transform" => {
-                    answer(200, &[text, ("cache-control", "public, no-transform")], json())
-                }
+                "/range" => answer(
+                    206,
+                    &[text, ("content-range", "bytes 0-4095/9000")],
+                    noise(4096),
+                ),
+                "/no-transform" => answer(
+                    200,
+                    &[text, ("cache-control", "public, no-transform")],
+                    json(),
+                ),
                 // Compressed already, and labelled as text.
                 "/packed" => answer(200, &[text], packed),
                 "/events" => {
@@ -206,7 +210,9 @@ async fn backend() -> Answers {
                             .map(|b| Ok::<_, std::io::Error>(Frame::data(b))),
                     );
                     let mut response = hyper::Response::new(body.boxed());
-                    response.headers_mut().insert("content-type", "text/plain".parse().unwrap());
+                    response
+                        .headers_mut()
+                        .insert("content-type", "text/plain".parse().unwrap());
                     response
                 }
                 _ => answer(404, &[text], "no such answer"),
@@ -241,7 +247,10 @@ async fn fetch(
     path: &str,
     accept: Option<&str>,
 ) -> (u16, hyper::HeaderMap, Bytes) {
-    let mut req = Request::builder().method(method).uri(path).header("host", "api.test");
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "api.test");
     if let Some(accept) = accept {
         req = req.header("accept-encoding", accept);
     }
@@ -277,17 +286,29 @@ async fn answers_are_compressed_as_the_client_accepts_and_decode_with_other_deco
         assert_eq!(headers["etag"], "W/\"v1\"");
         let vary: Vec<_> = headers.get_all("vary").iter().collect();
         assert_eq!(vary, ["origin", "accept-encoding"]);
-        assert!(body.len() < original.len() / 4, "{want}: {} bytes", body.len());
+        assert!(
+            body.len() < original.len() / 4,
+            "{want}: {} bytes",
+            body.len()
+        );
         let decoded = decode(want, &body, true).unwrap();
         assert!(decoded == original, "{want} decodes to the backend's bytes");
     }
     // Nothing acceptable: the backend's answer, which still says it
     // varies by Accept-Encoding (a cache must not serve it to all).
-    for accept in [None, Some("identity"), Some("gzip;q=0, identity"), Some("deflate")] {
+    for accept in [
+        None,
+        Some("identity"),
+        Some("gzip;q=0, identity"),
+        Some("deflate"),
+    ] {
         let (status, headers, body) = fetch(web, "GET", "/json", accept).await;
         assert_eq!(status, 200);
         assert!(headers.get("content-encoding").is_none(), "{accept:?}");
-        assert_eq!(headers["content-length"], original.len().to_string().as_str());
+        assert_eq!(
+            headers["content-length"],
+            original.len().to_string().as_str()
+        );
         assert_eq!(headers["etag"], "\"v1\"");
         let vary: Vec<_> = headers.get_all("vary").iter().collect();
         assert_eq!(vary, ["origin", "accept-encoding"]);
@@ -296,9 +317,10 @@ async fn answers_are_compressed_as_the_client_accepts_and_decode_with_other_deco
 
     // HTTP/2 (cleartext, prior knowledge): the same bodies.
     let tcp = tokio::net::TcpStream::connect(web).await.unwrap();
-    let (mut h2, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-        .await
-        .unwrap();
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
     tokio::spawn(conn);
     for encoding in ["zstd", "br", "gzip"] {
         let req = Request::builder()
@@ -309,7 +331,10 @@ async fn answers_are_compressed_as_the_client_accepts_and_decode_with_other_deco
         let response = h2.send_request(req).await.unwrap();
         assert_eq!(response.headers()["content-encoding"], encoding);
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        assert!(decode(encoding, &body, true).unwrap() == original, "HTTP/2 {encoding}");
+        assert!(
+            decode(encoding, &body, true).unwrap() == original,
+            "HTTP/2 {encoding}"
+        );
     }
 
     // The access log: the coding, the bytes before it and after it.
@@ -336,13 +361,23 @@ async fn encoded_ranged_no_transform_small_and_unlisted_answers_pass_as_they_are
         r#"{ encodings = ["gzip"], min_bytes = 100, types = ["text/*", "application/json"] }"#,
     ));
     let web = gw.listener("web");
-    for path in ["/small", "/png", "/untyped", "/lying", "/range", "/no-transform"] {
+    for path in [
+        "/small",
+        "/png",
+        "/untyped",
+        "/lying",
+        "/range",
+        "/no-transform",
+    ] {
         let (status, headers, body) = fetch(web, "GET", path, Some("gzip")).await;
         assert!(status == 200 || status == 206, "{path}: {status}");
         let coding = headers.get("content-encoding").map(|v| v.to_str().unwrap());
         let expected = (path == "/lying").then_some("gzip");
         assert_eq!(coding, expected, "{path}: untouched");
-        assert!(headers.get("content-length").is_some(), "{path}: length kept");
+        assert!(
+            headers.get("content-length").is_some(),
+            "{path}: length kept"
+        );
         if path == "/lying" {
             // The backend's bytes, exactly: never decoded, never coded
             // twice.
@@ -421,7 +456,10 @@ async fn events_stream_each_decodable_before_the_backend_sends_the_next() {
             }
         })
         .await;
-        assert!(first.is_ok(), "{encoding}: the first event arrives before the second is sent");
+        assert!(
+            first.is_ok(),
+            "{encoding}: the first event arrives before the second is sent"
+        );
         answers.next_event.notify_one();
         while let Some(frame) = body.frame().await {
             if let Some(data) = frame.unwrap().data_ref() {
@@ -477,12 +515,19 @@ async fn a_client_that_stops_reading_holds_the_backend_back_not_the_gateways_mem
     }
     let produced = answers.produced.load(Ordering::Relaxed);
     let (after, _) = gw.memory_kib();
-    eprintln!("stalled: {} MiB produced, {} KiB more held", produced >> 20, after.saturating_sub(before));
+    eprintln!(
+        "stalled: {} MiB produced, {} KiB more held",
+        produced >> 20,
+        after.saturating_sub(before)
+    );
     assert!(
         produced < 64 << 20,
         "the backend was held back: {} MiB produced for three stalled clients",
         produced >> 20
     );
-    assert!(after < before + 32 * 1024, "the gateway holds {after} KiB, {before} KiB before");
+    assert!(
+        after < before + 32 * 1024,
+        "the gateway holds {after} KiB, {before} KiB before"
+    );
     drop(responses);
 }

@@ -474,8 +474,15 @@ async fn http3_answers_are_compressed_as_the_client_accepts() {
         while let Some(mut chunk) = stream.recv_data().await.unwrap() {
             body.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
         }
-        assert!(body.len() < text.len() / 4, "{encoding}: {} bytes", body.len());
+        assert!(
+            body.len() < text.len() / 4,
+            "{encoding}: {} bytes",
+            body.len()
+        );
         let decoded = crate::compress::decode(encoding, &body, true).unwrap();
-        assert!(decoded == text, "HTTP/3 {encoding} decodes to the backend's bytes");
+        assert!(
+            decoded == text,
+            "HTTP/3 {encoding} decodes to the backend's bytes"
+        );
     }
 }

@@ -158,7 +158,7 @@ fn media_range(text: &str) -> Result<MediaRange, &'static str> {
             return Ok(MediaRange::Suffix(top.to_owned(), format!("+{suffix}")));
         }
     } else if token(sub) {
-        return Ok(MediaRange::Exact(lower));
+        return Ok(MediaRange::Exact(top.to_owned(), sub.to_owned()));
     }
     Err("is not a media type: type/subtype, type/* or type/*+suffix")
 }
@@ -167,19 +167,27 @@ fn media_range(text: &str) -> Result<MediaRange, &'static str> {
 mod tests {
     use super::*;
 
+    impl MediaRange {
+        fn admits_type(&self, content_type: &str) -> bool {
+            let essence = content_type.split(';').next().unwrap().trim();
+            let (top, sub) = essence.split_once('/').unwrap_or((essence, ""));
+            self.admits(top, sub)
+        }
+    }
+
     #[test]
     fn media_ranges_are_exact_by_type_or_by_suffix() {
         let json = media_range("application/JSON").unwrap();
-        assert!(json.admits("application/json; charset=utf-8"));
-        assert!(!json.admits("application/jsonl"));
+        assert!(json.admits_type("application/json; charset=utf-8"));
+        assert!(!json.admits_type("application/jsonl"));
         let text = media_range("text/*").unwrap();
-        assert!(text.admits("Text/HTML"));
-        assert!(!text.admits("textual/html"));
+        assert!(text.admits_type("Text/HTML"));
+        assert!(!text.admits_type("textual/html"));
         let suffixed = media_range("application/*+json").unwrap();
-        assert!(suffixed.admits("application/problem+json"));
-        assert!(!suffixed.admits("application/json"));
-        assert!(!suffixed.admits("application/+json"));
-        assert!(!suffixed.admits("image/svg+json"));
+        assert!(suffixed.admits_type("application/problem+json"));
+        assert!(!suffixed.admits_type("application/json"));
+        assert!(!suffixed.admits_type("application/+json"));
+        assert!(!suffixed.admits_type("image/svg+json"));
         for bad in ["*/*", "json", "text/", "/json", "text/*+", "a b/c"] {
             assert!(media_range(bad).is_err(), "{bad}");
         }
