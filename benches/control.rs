@@ -8,6 +8,11 @@
 //! - `control_plane_10000_routes_16_retained`: validate and preview of a
 //!   10 000-route candidate whose middle half is rewritten, and the
 //!   history view, with 16 generations of that size retained.
+//! - `impact`: live impact (DESIGN §22) of a candidate over 10 000
+//!   sampled request heads with 10 000 routes (`common::mixed_config`:
+//!   exact hosts, wildcards, host-less prefixes, regexes), every route
+//!   moved to another upstream: the candidate's routers built and every
+//!   head routed through both generations.
 //!
 //! Run: `cargo bench --bench control`.
 
@@ -26,6 +31,8 @@ use cutover::config::ConfigText;
 use cutover::generation::{build, Generation, SharedState};
 use cutover::ids::GenerationId;
 use cutover::runtime::GenerationStore;
+
+mod common;
 
 fn config(routes: usize, timeout_of: impl Fn(usize) -> u32) -> String {
     let mut out = String::from("[admin]\nbind = \"127.0.0.1:0\"\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n");
@@ -286,11 +293,73 @@ fn bench_control_plane(c: &mut Criterion) {
     group.finish();
 }
 
+/// The heads of `n` requests over `mixed_config`'s four kinds of route.
+fn heads(n: usize) -> Vec<cutover::generation::sample::Head> {
+    let at = Instant::now();
+    (0..n)
+        .map(|i| {
+            let (host, path) = match i % 4 {
+                0 => (format!("svc{i}.example.com"), format!("/api/{i}/orders")),
+                1 => (format!("a.tenant{i}.example.com"), "/".to_owned()),
+                2 => ("cdn.example.com".to_owned(), format!("/static/{i}/app.js")),
+                _ => (format!("re{i}.example.com"), format!("/items/42/{i}/0")),
+            };
+            cutover::generation::sample::Head {
+                at,
+                method: http::Method::GET,
+                host,
+                path,
+                query: None,
+                headers: Vec::new(),
+            }
+        })
+        .collect()
+}
+
+fn bench_impact(c: &mut Criterion) {
+    let mut group = c.benchmark_group("impact");
+    group.sample_size(10);
+    let n = 10_000;
+    let active_text = ConfigText::inline(common::mixed_config(n, 0), ".".into(), "<bench>");
+    let active = Arc::new(cutover::plan::validate(&active_text).expect("valid"));
+    let generation = build(active, GenerationId::FIRST, &SharedState::default()).expect("builds");
+    // Every route to the next upstream: every head moves.
+    let upstreams = n / 10;
+    let moved: String = common::mixed_config(n, 0)
+        .lines()
+        .map(|line| match line.strip_prefix("upstream = \"u") {
+            Some(rest) => {
+                let k: usize = rest.trim_end_matches('"').parse().expect("upstream index");
+                format!("upstream = \"u{}\"\n", (k + 1) % upstreams)
+            }
+            None => format!("{line}\n"),
+        })
+        .collect();
+    let candidate =
+        cutover::plan::validate(&ConfigText::inline(moved, ".".into(), "<bench>")).expect("valid");
+    let samples = vec![("web".to_owned(), heads(n))];
+    let impact = cutover::impact::assess(&samples, &generation.spec, &candidate, &generation);
+    assert_eq!(impact.sample_size, n);
+    assert_eq!(impact.moved.count, n, "every head routes, and moves");
+    group.bench_function("10000_samples_10000_routes", |b| {
+        b.iter(|| {
+            black_box(cutover::impact::assess(
+                &samples,
+                &generation.spec,
+                &candidate,
+                &generation,
+            ))
+        })
+    });
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_pin,
     bench_diff,
     bench_activation,
-    bench_control_plane
+    bench_control_plane,
+    bench_impact
 );
 criterion_main!(benches);

@@ -43,6 +43,7 @@ pub mod fleet;
 pub mod generation;
 pub mod grpc;
 pub mod ids;
+pub mod impact;
 pub mod lifecycle;
 pub mod plan;
 pub mod proxy;

@@ -180,6 +180,9 @@ pub struct FileRuntime {
     /// the configuration file (the previous one kept as `FILE.bak`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_back: Option<bool>,
+    /// Request heads each HTTP listener keeps for `impact` (0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impact_sample: Option<u32>,
 }
 
 impl Default for FileRuntime {
@@ -192,6 +195,7 @@ impl Default for FileRuntime {
             worker_threads: None,
             file_roots: Vec::new(),
             write_back: None,
+            impact_sample: None,
         }
     }
 }

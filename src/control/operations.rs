@@ -10,7 +10,32 @@ impl Control {
     pub(super) fn plan_candidate(&self, candidate: &Candidate) -> Result<Plan, ControlError> {
         let text = candidate::read(&candidate.source, &self.config_file)?;
         let active = self.store.load_full();
-        Ok(plan::plan(&text, Some((active.id, &active.spec))))
+        let mut plan = plan::plan(&text, Some((active.id, &active.spec)));
+        // What it would do to the traffic sampled now (DESIGN §22).
+        if let Some(spec) = &plan.spec {
+            plan.impact = self.impact(&active.spec, spec, &active);
+        }
+        Ok(plan)
+    }
+
+    /// What going from `before` to `after` does to the requests the
+    /// listeners sampled (DESIGN §22); `None` while sampling is off and
+    /// nothing was sampled.
+    pub(super) fn impact(
+        &self,
+        before: &crate::plan::Spec,
+        after: &crate::plan::Spec,
+        active: &crate::generation::Generation,
+    ) -> Option<crate::plan::impact::Impact> {
+        let samples: Vec<_> = self
+            .shared
+            .samples()
+            .into_iter()
+            .map(|(listener, sample)| (listener, sample.heads()))
+            .filter(|(_, heads)| !heads.is_empty())
+            .collect();
+        (active.spec.runtime.impact_sample > 0 || !samples.is_empty())
+            .then(|| crate::impact::assess(&samples, before, after, active))
     }
 
     /// Plans like `validate` and records the preview in the operation log.

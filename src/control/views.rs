@@ -89,6 +89,10 @@ pub struct GenerationDetail {
     /// Diff against the retained generation before it, when there is one.
     pub predecessor: Option<GenerationId>,
     pub diff: Option<Diff>,
+    /// What going from the predecessor to it does to the requests the
+    /// listeners sampled now (DESIGN §22).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impact: Option<crate::plan::impact::Impact>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -254,23 +258,30 @@ impl Control {
         let active = self.store.active_id();
         let summary = self.view(&record, active, &self.store.loads(), settlement);
         let config = record.config_text().ok()?;
-        let diff = predecessor.as_ref().and_then(|p| {
+        let compared = predecessor.as_ref().and_then(|p| {
             let before = plan::validate(&p.config_text().ok()?).ok()?;
             let after = plan::validate(&config).ok()?;
-            Some(plan::diff(
+            let diff = plan::diff(
                 &before.file,
                 &before.canonical,
                 &format!("generation {}", p.generation),
                 &after.file,
                 &after.canonical,
-            ))
+            );
+            let impact = self.impact(&before, &after, &self.store.load_full());
+            Some((diff, impact))
         });
+        let (diff, impact) = match compared {
+            Some((diff, impact)) => (Some(diff), impact),
+            None => (None, None),
+        };
         Some(GenerationDetail {
             summary,
             origin: record.origin,
             config: config.text,
             predecessor: predecessor.map(|p| p.generation),
             diff,
+            impact,
         })
     }
 

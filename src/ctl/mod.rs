@@ -33,6 +33,8 @@ pub const EXIT_REJECTED: u8 = 1;
 pub const EXIT_CONFLICT: u8 = 2;
 pub const EXIT_OTHER: u8 = 3;
 pub const EXIT_ROLLED_BACK: u8 = 4;
+/// `activate --max-moved`: more of the sampled traffic would move.
+pub const EXIT_MOVED: u8 = 5;
 
 #[derive(Debug, Args)]
 pub struct CtlArgs {
@@ -144,6 +146,8 @@ impl Guarded {
     }
 }
 
+// Parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum CtlCommand {
     /// Plan a candidate file against the active generation; records nothing.
@@ -161,6 +165,14 @@ enum CtlCommand {
         meta: Meta,
         #[command(flatten)]
         guarded: Guarded,
+        /// Refuse (exit 5) when more than this share of the sampled
+        /// requests would move to another route or upstream or find no
+        /// route ("5%" or "5"); the candidate is validated first.
+        #[arg(long = "max-moved", value_parser = parse_percent)]
+        max_moved: Option<f64>,
+        /// Activate even when --max-moved would refuse.
+        #[arg(long)]
+        force: bool,
     },
     /// Make the pending generation final.
     Confirm {
@@ -285,6 +297,15 @@ pub fn run(args: CtlArgs) -> u8 {
     }
 }
 
+/// `"5%"`, `"5"`, `"0.5 %"`: a share from 0 to 100.
+fn parse_percent(text: &str) -> Result<f64, String> {
+    let number = text.trim().trim_end_matches('%').trim();
+    match number.parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(format!("'{text}' is not a percentage from 0 to 100")),
+    }
+}
+
 fn read(path: &PathBuf) -> Result<String, CtlError> {
     std::fs::read_to_string(path).map_err(|e| CtlError::Read(path.clone(), e))
 }
@@ -323,7 +344,31 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             file,
             meta,
             guarded,
+            max_moved,
+            force,
         } => {
+            if let Some(max) = max_moved {
+                let checked = client
+                    .post("/admin/runtime/validate", candidate(file, None)?)
+                    .await?;
+                let moved = checked
+                    .read::<crate::plan::Plan>()
+                    .and_then(|plan| plan.impact)
+                    .map(|impact| (impact.moved_percent(), impact));
+                if let Some((share, impact)) = moved.filter(|(share, _)| share > max) {
+                    if *force {
+                        eprintln!("--force: {share:.2} % of the sampled requests would move (more than --max-moved {max} %); activating anyway");
+                    } else {
+                        if args.json {
+                            print_json(&checked.body);
+                        } else {
+                            print::print_impact(&impact);
+                        }
+                        eprintln!("refused: {share:.2} % of the sampled requests would move or find no route, more than --max-moved {max} % (--force activates anyway)");
+                        return Ok(EXIT_MOVED);
+                    }
+                }
+            }
             let mut body = candidate(file, Some(meta))?;
             guarded.apply(&mut body);
             let answer = client.post("/admin/runtime/activate", body).await?;

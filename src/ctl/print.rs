@@ -61,6 +61,71 @@ pub(super) fn print_plan(plan: &Plan) {
         );
     }
     print_diff(&plan.diff);
+    if let Some(impact) = &plan.impact {
+        print_impact(impact);
+    }
+}
+
+/// The impact table: the kinds, then each route's and upstream's share,
+/// then the examples of each kind.
+pub(super) fn print_impact(impact: &crate::plan::impact::Impact) {
+    if impact.sample_size == 0 {
+        println!("impact: no data (no request sampled yet)");
+        return;
+    }
+    println!(
+        "impact: {} sampled requests over {:.0}s",
+        impact.sample_size, impact.span_seconds
+    );
+    for (label, kind) in [
+        ("moved", &impact.moved),
+        ("unrouted (404 after)", &impact.unrouted),
+        ("unusable upstream", &impact.unusable),
+        ("newly routed", &impact.newly_routed),
+    ] {
+        println!("  {label:<22} {:>7}  {:>6.2} %", kind.count, kind.percent);
+    }
+    for (title, shares) in [("route", &impact.routes), ("upstream", &impact.upstreams)] {
+        if shares.is_empty() {
+            continue;
+        }
+        println!("  {title:<22} {:>8} {:>8}", "before", "after");
+        for share in shares {
+            let marker = if share.before == share.after {
+                " "
+            } else {
+                "*"
+            };
+            println!(
+                "{marker} {:<22} {:>7.2}% {:>7.2}%",
+                share.name, share.before_percent, share.after_percent
+            );
+        }
+    }
+    let place = |d: &Option<crate::plan::impact::Destination>| match d {
+        Some(d) => match &d.upstream {
+            Some(u) => format!("{} → {u}", d.route),
+            None => d.route.clone(),
+        },
+        None => "404".to_owned(),
+    };
+    for (label, kind) in [
+        ("moved", &impact.moved),
+        ("unrouted", &impact.unrouted),
+        ("unusable", &impact.unusable),
+    ] {
+        for e in &kind.examples {
+            println!(
+                "  {label}: {} {}{} ({}): {} ⇒ {}",
+                e.method,
+                e.host,
+                e.path,
+                e.listener,
+                place(&e.before),
+                place(&e.after)
+            );
+        }
+    }
 }
 
 pub(super) fn print_diff(diff: &Diff) {

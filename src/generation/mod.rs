@@ -10,6 +10,7 @@ mod maglev;
 mod quota;
 mod route;
 mod router;
+pub mod sample;
 mod upstream;
 
 use std::collections::HashMap;
@@ -20,9 +21,10 @@ pub use ledger::{answered_totals, InflightGuard, Ledger};
 pub use maglev::{hash_key, Maglev};
 pub use quota::QuotaTable;
 pub use route::{
-    Action, ListenerSlot, Refusal, RequestHead, Route, RouteShared, RouteSlot, Saturated,
+    matches_request, Action, ListenerSlot, Refusal, RequestHead, Route, RouteShared, RouteSlot,
+    Saturated,
 };
-pub use router::Router;
+pub use router::{Routed, Router};
 pub use upstream::{Upstream, WeightedSchedule};
 
 use crate::backends::{BackendError, BackendRegistry, WeakMap};
@@ -37,9 +39,35 @@ pub struct SharedState {
     listeners: WeakMap<String, route::ListenerShared>,
     /// Quota buckets by route name and quota: kept while both are.
     quotas: WeakMap<(String, crate::plan::QuotaSpec), QuotaTable>,
+    /// Each HTTP listener's impact sample, kept across generations.
+    samples: std::sync::Mutex<HashMap<String, Arc<sample::ListenerSample>>>,
 }
 
 impl SharedState {
+    /// Listener `name`'s impact sample, sized to `capacity` (`None` when
+    /// that is 0: nothing is recorded, what was is dropped).
+    pub fn sample(&self, name: &str, capacity: usize) -> Option<Arc<sample::ListenerSample>> {
+        let mut samples = self
+            .samples
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let sample = samples
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(sample::ListenerSample::new(capacity)));
+        sample.resize(capacity);
+        (capacity > 0).then(|| Arc::clone(sample))
+    }
+
+    /// The samples of the listeners that have one.
+    pub fn samples(&self) -> Vec<(String, Arc<sample::ListenerSample>)> {
+        self.samples
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(name, sample)| (name.clone(), Arc::clone(sample)))
+            .collect()
+    }
+
     /// The buckets of route `name`'s quota: the live table if the route
     /// had this same quota before, else a new one.
     fn quota(&self, name: &str, spec: &crate::plan::QuotaSpec) -> Arc<QuotaTable> {
@@ -179,7 +207,10 @@ pub fn build(
     let routers = per_listener
         .into_iter()
         .map(|(name, (edge, routes))| {
-            let router = Router::new(routes).with_edge(edge.clone());
+            let names = sample::matched_names(routes.iter().map(|r| &*r.spec));
+            let mut router = Router::new(routes).with_edge(edge.clone());
+            router.sample = shared.sample(name, spec.runtime.impact_sample);
+            router.sample_names = names;
             let router = match edge.max_inflight {
                 Some(_) => router.with_shared(shared.listener(name)),
                 None => router,

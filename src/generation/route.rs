@@ -283,6 +283,19 @@ pub struct RequestHead<'a> {
     pub query: Option<&'a str>,
 }
 
+/// Whether `spec`'s method, header and query matchers accept the request
+/// (the host and the path were matched by the router).
+pub fn matches_request(spec: &RouteSpec, head: &RequestHead<'_>) -> bool {
+    (spec.methods.is_empty() || spec.methods.contains(head.method))
+        && spec.headers.iter().all(|(name, matcher)| {
+            head.headers
+                .get_all(name)
+                .iter()
+                .any(|v| matcher.matches(v.as_bytes()))
+        })
+        && (spec.query.is_empty() || query_matches(&spec.query, head.query))
+}
+
 /// Whether every `(name, matcher)` finds a parameter of that name whose
 /// value it accepts (names and values percent-decoded, `+` a space).
 fn query_matches(wanted: &[(String, crate::plan::ValueMatch)], query: Option<&str>) -> bool {
@@ -364,15 +377,7 @@ impl Route {
 
     /// Whether the method, header and query matchers accept the request.
     pub fn matches_request(&self, head: &RequestHead<'_>) -> bool {
-        let spec = &self.spec;
-        (spec.methods.is_empty() || spec.methods.contains(head.method))
-            && spec.headers.iter().all(|(name, matcher)| {
-                head.headers
-                    .get_all(name)
-                    .iter()
-                    .any(|v| matcher.matches(v.as_bytes()))
-            })
-            && (spec.query.is_empty() || query_matches(&spec.query, head.query))
+        matches_request(&self.spec, head)
     }
 
     /// Takes an admission slot: `Ok(None)` when the route has no limit

@@ -13,27 +13,56 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::route::{RequestHead, Route};
-use crate::plan::{HostMatch, ListenerEdge, PathMatch};
+use super::route::{matches_request, RequestHead, Route};
+use crate::plan::{HostMatch, ListenerEdge, PathMatch, RouteSpec};
+
+/// What a router indexes: a generation's compiled routes, or only their
+/// specs (a candidate's, to replay sampled requests through: `impact`).
+pub trait Routed: std::fmt::Debug {
+    fn route_spec(&self) -> &RouteSpec;
+}
+
+impl Routed for Route {
+    fn route_spec(&self) -> &RouteSpec {
+        &self.spec
+    }
+}
+
+impl Routed for RouteSpec {
+    fn route_spec(&self) -> &RouteSpec {
+        self
+    }
+}
 
 /// Routes by literal path (exact, or prefix of one length), each list in
 /// declaration order.
-type PathIndex = HashMap<Box<str>, Vec<Arc<Route>>>;
+type PathIndex<R> = HashMap<Box<str>, Vec<Arc<R>>>;
 
 /// The routes of one host group, indexed by path.
-#[derive(Debug, Default)]
-struct RouteGroup {
-    exact: PathIndex,
+#[derive(Debug)]
+struct RouteGroup<R> {
+    exact: PathIndex<R>,
     /// `(prefix length, prefix → routes)`, longest first.
-    prefixes: Vec<(usize, PathIndex)>,
-    regexes: Vec<Arc<Route>>,
-    any_path: Vec<Arc<Route>>,
+    prefixes: Vec<(usize, PathIndex<R>)>,
+    regexes: Vec<Arc<R>>,
+    any_path: Vec<Arc<R>>,
 }
 
-impl RouteGroup {
+impl<R> Default for RouteGroup<R> {
+    fn default() -> Self {
+        RouteGroup {
+            exact: HashMap::new(),
+            prefixes: Vec::new(),
+            regexes: Vec::new(),
+            any_path: Vec::new(),
+        }
+    }
+}
+
+impl<R: Routed> RouteGroup<R> {
     /// Adds a route; routes must be added in declaration order.
-    fn add(&mut self, route: Arc<Route>) {
-        match &route.spec.path {
+    fn add(&mut self, route: Arc<R>) {
+        match &route.route_spec().path {
             PathMatch::Exact(p) => self.exact.entry(p.as_str().into()).or_default().push(route),
             PathMatch::Prefix(p) => {
                 let len = p.len();
@@ -58,9 +87,11 @@ impl RouteGroup {
         }
     }
 
-    fn find(&self, path: &str, head: &RequestHead<'_>) -> Option<&Arc<Route>> {
-        let pick = |routes: &'_ [Arc<Route>]| -> Option<usize> {
-            routes.iter().position(|r| r.matches_request(head))
+    fn find(&self, path: &str, head: &RequestHead<'_>) -> Option<&Arc<R>> {
+        let pick = |routes: &'_ [Arc<R>]| -> Option<usize> {
+            routes
+                .iter()
+                .position(|r| matches_request(r.route_spec(), head))
         };
         if let Some(routes) = self.exact.get(path) {
             if let Some(i) = pick(routes) {
@@ -79,8 +110,12 @@ impl RouteGroup {
         }
         self.regexes
             .iter()
-            .find(|r| r.spec.path.matches(path) && r.matches_request(head))
-            .or_else(|| self.any_path.iter().find(|r| r.matches_request(head)))
+            .find(|r| r.route_spec().path.matches(path) && matches_request(r.route_spec(), head))
+            .or_else(|| {
+                self.any_path
+                    .iter()
+                    .find(|r| matches_request(r.route_spec(), head))
+            })
     }
 
     fn is_empty(&self) -> bool {
@@ -92,19 +127,37 @@ impl RouteGroup {
 }
 
 /// Routes of one listener, indexed by host.
-#[derive(Debug, Default)]
-pub struct Router {
-    exact: HashMap<String, RouteGroup>,
+#[derive(Debug)]
+pub struct Router<R = Route> {
+    exact: HashMap<String, RouteGroup<R>>,
     /// Keyed by `.suffix`; probed for every label boundary of the host.
-    suffix: HashMap<String, RouteGroup>,
-    any_host: RouteGroup,
+    suffix: HashMap<String, RouteGroup<R>>,
+    any_host: RouteGroup<R>,
     /// The listener's request rules, read before routing.
     pub edge: ListenerEdge,
     /// The listener's admission counter, shared across generations.
     pub shared: Option<Arc<super::route::ListenerShared>>,
+    /// The listener's impact sample (DESIGN §22), and the header names
+    /// this generation's routes match on (what a head keeps).
+    pub sample: Option<Arc<super::sample::ListenerSample>>,
+    pub sample_names: Vec<http::HeaderName>,
 }
 
-impl Router {
+impl<R> Default for Router<R> {
+    fn default() -> Self {
+        Router {
+            exact: HashMap::new(),
+            suffix: HashMap::new(),
+            any_host: RouteGroup::default(),
+            edge: ListenerEdge::default(),
+            shared: None,
+            sample: None,
+            sample_names: Vec::new(),
+        }
+    }
+}
+
+impl<R: Routed> Router<R> {
     /// The same router under a listener's request rules.
     pub fn with_edge(mut self, edge: ListenerEdge) -> Self {
         self.edge = edge;
@@ -126,15 +179,15 @@ impl Router {
     }
 
     /// Builds the router from routes in declaration order.
-    pub fn new(routes: impl IntoIterator<Item = Arc<Route>>) -> Self {
+    pub fn new(routes: impl IntoIterator<Item = Arc<R>>) -> Self {
         let mut router = Router::default();
         for route in routes {
-            if route.spec.hosts.is_empty() {
+            if route.route_spec().hosts.is_empty() {
                 router.any_host.add(route);
                 continue;
             }
             let mut seen: Vec<&HostMatch> = Vec::new();
-            for host in &route.spec.hosts {
+            for host in &route.route_spec().hosts {
                 if seen.contains(&host) {
                     continue;
                 }
@@ -156,7 +209,7 @@ impl Router {
         host: Option<&str>,
         path: &str,
         head: &RequestHead<'_>,
-    ) -> Option<&'r Arc<Route>> {
+    ) -> Option<&'r Arc<R>> {
         if let Some(host) = host.filter(|h| !h.is_empty()) {
             let host: Cow<'_, str> = if host.bytes().any(|b| b.is_ascii_uppercase()) {
                 Cow::Owned(host.to_ascii_lowercase())

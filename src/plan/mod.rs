@@ -6,6 +6,7 @@
 //! whether the candidate can be activated live. Pure: no bind, no write.
 
 mod diff;
+pub mod impact;
 mod ownership;
 mod pattern;
 mod spec;
@@ -53,6 +54,10 @@ pub struct Plan {
     pub errors: Vec<Diagnostic>,
     pub rejected: Vec<Rejection>,
     pub diff: Diff,
+    /// What the candidate would do to the sampled traffic (DESIGN §22):
+    /// when it validated and the process samples its listeners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub impact: Option<impact::Impact>,
     /// The validated candidate, when it validated.
     #[serde(skip)]
     pub spec: Option<Arc<Spec>>,
@@ -69,6 +74,7 @@ impl Plan {
             errors,
             rejected: Vec::new(),
             diff: Diff::default(),
+            impact: None,
             spec: None,
         }
     }
@@ -129,6 +135,7 @@ pub fn plan(candidate: &ConfigText, active: Option<(GenerationId, &Spec)>) -> Pl
                 errors,
                 rejected: Vec::new(),
                 diff: Diff::default(),
+                impact: None,
                 spec: None,
             }
         }
@@ -173,6 +180,7 @@ pub fn plan(candidate: &ConfigText, active: Option<(GenerationId, &Spec)>) -> Pl
         errors: Vec::new(),
         rejected,
         diff,
+        impact: None,
         spec: Some(Arc::new(spec)),
     }
 }

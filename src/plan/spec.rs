@@ -86,6 +86,8 @@ pub struct RuntimeSpec {
     pub file_roots: Vec<PathBuf>,
     /// See `FileRuntime::write_back`.
     pub write_back: bool,
+    /// Request heads each HTTP listener keeps for `impact` (0: none).
+    pub impact_sample: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -421,6 +421,17 @@ async fn serve<'g>(
         headers: req.headers(),
         query: req.uri().query(),
     };
+    // One request in a few, on each serving thread, is kept for `impact`.
+    if let Some(sample) = router.sample.as_ref().filter(|s| s.offered()) {
+        let offered = crate::generation::sample::Offered {
+            method: head.method,
+            host,
+            path: &path,
+            query: head.query,
+            headers: head.headers,
+        };
+        sample.record(&offered, &router.sample_names);
+    }
     let Some(route) = router.route(host, &path, &head) else {
         return Served::refused(ProxyError::NoRoute);
     };

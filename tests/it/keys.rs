@@ -248,6 +248,12 @@ fn rows() -> Vec<Row> {
         row("runtime", "history_limit", Runtime, &["history_limit = 4"]),
         row(
             "runtime",
+            "impact_sample",
+            Runtime,
+            &["impact_sample = 100"],
+        ),
+        row(
+            "runtime",
             "drain_timeout",
             Runtime,
             &["drain_timeout = \"5s\""],

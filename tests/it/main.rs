@@ -14,6 +14,7 @@ mod grpc;
 mod guarded;
 mod harness;
 mod http3;
+mod impact;
 mod keys;
 mod l4;
 mod layers;

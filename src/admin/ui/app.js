@@ -161,6 +161,35 @@ async function select(generation) {
     summary.textContent = "no earlier retained generation to compare with";
     renderDiff("");
   }
+  renderImpact(detail.impact);
+}
+
+// What the change does to the requests sampled now (DESIGN §22).
+function renderImpact(impact) {
+  const summary = document.getElementById("impact-summary");
+  const examples = document.getElementById("impact-examples");
+  if (!impact) {
+    summary.textContent = "";
+    examples.replaceChildren();
+    return;
+  }
+  if (impact.sample_size === 0) {
+    summary.textContent = "impact: no data (no request sampled yet)";
+    examples.replaceChildren();
+    return;
+  }
+  const pct = (kind) => `${kind.percent.toFixed(2)} %`;
+  summary.textContent = `impact on the ${impact.sample_size} requests sampled now: ` +
+    `${pct(impact.moved)} moved, ${pct(impact.unrouted)} unrouted (404), ` +
+    `${pct(impact.unusable)} to an unusable upstream`;
+  const place = (d) => d ? (d.upstream ? `${d.route} → ${d.upstream}` : d.route) : "404";
+  const items = [];
+  for (const [label, kind] of [["moved", impact.moved], ["unrouted", impact.unrouted], ["unusable", impact.unusable]]) {
+    for (const e of kind.examples.slice(0, 5)) {
+      items.push(el("li", `${label}: ${e.method} ${e.host}${e.path}: ${place(e.before)} ⇒ ${place(e.after)}`));
+    }
+  }
+  examples.replaceChildren(...items);
 }
 
 async function refresh() {

@@ -2,6 +2,11 @@
 
 use super::*;
 
+/// Request heads a listener keeps for `impact` unless told otherwise.
+pub const DEFAULT_IMPACT_SAMPLE: u32 = 10_000;
+/// At most this many (each head is at most ~4 KiB: see `generation/sample.rs`).
+pub const MAX_IMPACT_SAMPLE: u32 = 100_000;
+
 impl Validator<'_> {
     pub(super) fn admin(&mut self, file: &FileConfig) -> Option<AdminSpec> {
         let bind = self.socket_addr("admin.bind".into(), &file.admin.bind);
@@ -133,6 +138,14 @@ impl Validator<'_> {
                 );
             }
         }
+        let impact_sample = r.impact_sample.unwrap_or(DEFAULT_IMPACT_SAMPLE);
+        if impact_sample > MAX_IMPACT_SAMPLE {
+            self.error(
+                Code::InvalidValue,
+                "runtime.impact_sample",
+                format!("impact_sample {impact_sample} must be at most {MAX_IMPACT_SAMPLE} (0 turns sampling off)"),
+            );
+        }
         let drain_timeout = self.duration("runtime.drain_timeout".into(), &r.drain_timeout);
         let max_pinned_age = match &r.max_pinned_age {
             Some(text) => Some(self.duration("runtime.max_pinned_age".into(), text)?),
@@ -159,6 +172,7 @@ impl Validator<'_> {
             max_pinned_age,
             worker_threads: r.worker_threads.map(|t| t as usize),
             write_back: r.write_back.unwrap_or(false),
+            impact_sample: impact_sample.min(MAX_IMPACT_SAMPLE) as usize,
         })
     }
 }
