@@ -757,6 +757,11 @@ async fn the_admin_page_shows_both_generations_and_the_diff_in_a_real_browser() 
     };
     let backend = Backend::named("a").await;
     let gw = Gateway::start(&proxy_config(backend.addr, "timeout = \"15s\""));
+    // Traffic for the impact sample.
+    for _ in 0..40 {
+        let (status, _, _) = get(gw.listener("web"), "api.test", "/").await;
+        assert_eq!(status, 200);
+    }
     let post = |path: &'static str, body: Value| {
         let admin = gw.admin;
         async move {
@@ -830,6 +835,13 @@ async fn the_admin_page_shows_both_generations_and_the_diff_in_a_real_browser() 
     );
     assert!(
         dom.contains(r#"<td class="add">timeout = "5s"</td>"#),
+        "{dom}"
+    );
+    // Next to it, what the change does to the requests sampled now: a
+    // timeout moves none.
+    assert!(dom.contains("impact on the "), "{dom}");
+    assert!(
+        dom.contains("requests sampled now: 0.00 % moved, 0.00 % unrouted (404)"),
         "{dom}"
     );
     // Live generations and backends are filled in.
