@@ -338,14 +338,19 @@ fn bench_impact(c: &mut Criterion) {
     let candidate =
         cutover::plan::validate(&ConfigText::inline(moved, ".".into(), "<bench>")).expect("valid");
     let samples = vec![("web".to_owned(), heads(n))];
-    let impact = cutover::impact::assess(&samples, &generation.spec, &candidate, &generation);
+    let impact = cutover::impact::assess(
+        &samples,
+        cutover::impact::Before::Active,
+        &candidate,
+        &generation,
+    );
     assert_eq!(impact.sample_size, n);
     assert_eq!(impact.moved.count, n, "every head routes, and moves");
     group.bench_function("10000_samples_10000_routes", |b| {
         b.iter(|| {
             black_box(cutover::impact::assess(
                 &samples,
-                &generation.spec,
+                cutover::impact::Before::Active,
                 &candidate,
                 &generation,
             ))

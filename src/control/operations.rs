@@ -13,7 +13,7 @@ impl Control {
         let mut plan = plan::plan(&text, Some((active.id, &active.spec)));
         // What it would do to the traffic sampled now (DESIGN §22).
         if let Some(spec) = &plan.spec {
-            plan.impact = self.impact(&active.spec, spec, &active);
+            plan.impact = self.impact(crate::impact::Before::Active, spec, &active);
         }
         Ok(plan)
     }
@@ -23,7 +23,7 @@ impl Control {
     /// nothing was sampled.
     pub(super) fn impact(
         &self,
-        before: &crate::plan::Spec,
+        before: crate::impact::Before<'_>,
         after: &crate::plan::Spec,
         active: &crate::generation::Generation,
     ) -> Option<crate::plan::impact::Impact> {

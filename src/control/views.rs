@@ -268,7 +268,11 @@ impl Control {
                 &after.file,
                 &after.canonical,
             );
-            let impact = self.impact(&before, &after, &self.store.load_full());
+            let impact = self.impact(
+                crate::impact::Before::Spec(&before),
+                &after,
+                &self.store.load_full(),
+            );
             Some((diff, impact))
         });
         let (diff, impact) = match compared {

@@ -27,88 +27,138 @@ pub const EXAMPLES: usize = 20;
 /// Paths in examples are cut to this many characters.
 const EXAMPLE_PATH: usize = 100;
 
-fn destination(spec: &RouteSpec) -> Destination {
-    Destination {
-        route: spec.name.clone(),
-        upstream: match &spec.action {
-            RouteAction::Proxy { upstream } => Some(upstream.clone()),
-            RouteAction::Respond(_) | RouteAction::Redirect(_) => None,
-        },
+/// Where "before" routes: the active generation's own routers (a
+/// candidate against what runs), or a retained configuration's specs.
+pub enum Before<'a> {
+    Active,
+    Spec(&'a Spec),
+}
+
+/// The routers of one side, by listener.
+enum Routers<'a> {
+    Generation(&'a Generation),
+    Specs(HashMap<&'a str, Router<RouteSpec>>),
+}
+
+impl Routers<'_> {
+    fn route(
+        &self,
+        listener: &str,
+        host: &str,
+        path: &str,
+        head: &RequestHead<'_>,
+    ) -> Option<&RouteSpec> {
+        match self {
+            Routers::Generation(g) => g
+                .router(listener)?
+                .route(Some(host), path, head)
+                .map(|route| &*route.spec),
+            Routers::Specs(routers) => routers
+                .get(listener)?
+                .route(Some(host), path, head)
+                .map(|spec| &**spec),
+        }
+    }
+}
+
+/// A route, and its upstream when it forwards, borrowed from its spec.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Landing<'a> {
+    route: &'a str,
+    upstream: Option<&'a str>,
+}
+
+impl<'a> Landing<'a> {
+    fn of(spec: &'a RouteSpec) -> Self {
+        Landing {
+            route: &spec.name,
+            upstream: match &spec.action {
+                RouteAction::Proxy { upstream } => Some(upstream),
+                RouteAction::Respond(_) | RouteAction::Redirect(_) => None,
+            },
+        }
+    }
+
+    fn owned(self) -> Destination {
+        Destination {
+            route: self.route.to_owned(),
+            upstream: self.upstream.map(str::to_owned),
+        }
     }
 }
 
 /// Replays `samples` (per listener, oldest first) through `before`'s
 /// routes and `after`'s; which backends take traffic now is `active`'s
-/// to say. For a candidate, `before` is the active generation's spec; for
-/// a retained generation, its predecessor's.
+/// to say. For a candidate, `before` is the active generation; for a
+/// retained generation, its predecessor's configuration.
 pub fn assess(
     samples: &[(String, Vec<Head>)],
-    before: &Spec,
+    before: Before<'_>,
     after: &Spec,
     active: &Generation,
 ) -> Impact {
-    let before_routers = spec_routers(before);
-    let after_routers = spec_routers(after);
+    let before_routers = match before {
+        Before::Active => Routers::Generation(active),
+        Before::Spec(spec) => Routers::Specs(spec_routers(spec)),
+    };
+    let after_routers = Routers::Specs(spec_routers(after));
     let usable = usable_upstreams(active, after);
     let mut impact = Impact::default();
-    let mut routes: HashMap<String, (usize, usize)> = HashMap::new();
-    let mut upstreams: HashMap<String, (usize, usize)> = HashMap::new();
+    let mut routes: HashMap<&str, (usize, usize)> = HashMap::new();
+    let mut upstreams: HashMap<&str, (usize, usize)> = HashMap::new();
     let (mut oldest, mut newest) = (None, None);
+    let no_headers = http::HeaderMap::new();
     for (listener, heads) in samples {
-        let before_router = before_routers.get(listener.as_str());
-        let after_router = after_routers.get(listener.as_str());
         for head in heads {
             oldest = Some(oldest.map_or(head.at, |o: std::time::Instant| o.min(head.at)));
             newest = Some(newest.map_or(head.at, |n: std::time::Instant| n.max(head.at)));
-            let headers = head.header_map();
+            let kept;
+            let headers = if head.headers.is_empty() {
+                &no_headers
+            } else {
+                kept = head.header_map();
+                &kept
+            };
             let request = RequestHead {
                 method: &head.method,
-                headers: &headers,
+                headers,
                 query: head.query.as_deref(),
             };
-            let host = Some(head.host.as_str());
-            let before = before_router
-                .and_then(|r| r.route(host, &head.path, &request))
-                .map(|spec| destination(spec));
-            let after = after_router
-                .and_then(|r| r.route(host, &head.path, &request))
-                .map(|spec| destination(spec));
+            let before = before_routers
+                .route(listener, &head.host, &head.path, &request)
+                .map(Landing::of);
+            let after = after_routers
+                .route(listener, &head.host, &head.path, &request)
+                .map(Landing::of);
             impact.sample_size += 1;
-            for (side, landed) in [(0, &before), (1, &after)] {
-                if let Some(d) = landed {
-                    let counts = routes.entry(d.route.clone()).or_default();
-                    *if side == 0 {
-                        &mut counts.0
-                    } else {
-                        &mut counts.1
-                    } += 1;
-                    if let Some(u) = &d.upstream {
-                        let counts = upstreams.entry(u.clone()).or_default();
-                        *if side == 0 {
-                            &mut counts.0
-                        } else {
-                            &mut counts.1
-                        } += 1;
-                    }
+            if let Some(b) = before {
+                routes.entry(b.route).or_default().0 += 1;
+                if let Some(u) = b.upstream {
+                    upstreams.entry(u).or_default().0 += 1;
                 }
             }
-            let kind = match (&before, &after) {
+            if let Some(a) = after {
+                routes.entry(a.route).or_default().1 += 1;
+                if let Some(u) = a.upstream {
+                    upstreams.entry(u).or_default().1 += 1;
+                }
+            }
+            let kind = match (before, after) {
                 (Some(b), Some(a)) if b != a => Some(&mut impact.moved),
                 (Some(_), None) => Some(&mut impact.unrouted),
                 (None, Some(_)) => Some(&mut impact.newly_routed),
                 _ => None,
             };
             let unusable = after
-                .as_ref()
-                .and_then(|a| a.upstream.as_deref())
+                .and_then(|a| a.upstream)
                 .is_some_and(|u| !usable.get(u).copied().unwrap_or(true));
             let example = || Example {
                 listener: listener.clone(),
                 method: head.method.to_string(),
                 host: head.host.clone(),
                 path: cut(&head.path, head.query.as_deref()),
-                before: before.clone(),
-                after: after.clone(),
+                before: before.map(Landing::owned),
+                after: after.map(Landing::owned),
             };
             if let Some(kind) = kind {
                 kind.count += 1;
@@ -158,11 +208,11 @@ fn spec_routers(spec: &Spec) -> HashMap<&str, Router<RouteSpec>> {
         .collect()
 }
 
-fn shares(counts: HashMap<String, (usize, usize)>, n: usize) -> Vec<Share> {
+fn shares(counts: HashMap<&str, (usize, usize)>, n: usize) -> Vec<Share> {
     let mut out: Vec<Share> = counts
         .into_iter()
         .map(|(name, (before, after))| Share {
-            name,
+            name: name.to_owned(),
             before,
             after,
             before_percent: percent(before, n),
