@@ -587,6 +587,24 @@ pub struct FileRoute {
     /// Answers compressed for the clients that accept it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compress: Option<FileCompress>,
+    /// Copies of a share of the requests to another upstream, answers
+    /// discarded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<FileMirror>,
+    /// Methods beyond the idempotent ones that `mirror` copies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror_methods: Option<Vec<String>>,
+}
+
+/// `mirror = { upstream, percent, max_inflight }` (DESIGN §17, §22).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileMirror {
+    pub upstream: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_inflight: Option<u32>,
 }
 
 /// `request_headers` / `response_headers`.

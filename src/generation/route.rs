@@ -52,6 +52,12 @@ pub struct RouteShared {
     /// the route's first check.
     auth: [[Count; Outcome::ALL.len()]; AuthMethod::ALL.len()],
     auth_exported: OnceLock<bool>,
+    /// Copies of its requests in flight to its `mirror` (every
+    /// generation's), bounded by the mirror's `max_inflight`.
+    pub mirror_inflight: Arc<AtomicU64>,
+    /// `cutover_shadow_requests_total{route,outcome}`, by outcome index
+    /// (registered at the route's first copy).
+    shadow: OnceLock<Vec<Counter>>,
 }
 
 /// Why a route's filters refused a request (`reason` of
@@ -88,6 +94,26 @@ const GRPC_SERIES: usize = Code::ALL.len();
 const AUTH_SERIES: usize = Outcome::ALL.len() * AuthMethod::ALL.len();
 
 impl RouteShared {
+    /// Counts a copy of one of its requests that ended as `outcomes[i]`
+    /// (`outcomes`: the names, always the same list).
+    pub fn copied(&self, outcomes: &[&'static str], i: usize) {
+        let counters = self.shadow.get_or_init(|| {
+            outcomes
+                .iter()
+                .map(|outcome| {
+                    metrics::counter!(
+                        m::SHADOW_REQUESTS,
+                        m::LABEL_ROUTE => self.name.to_string(),
+                        m::LABEL_OUTCOME => *outcome
+                    )
+                })
+                .collect()
+        });
+        if let Some(counter) = counters.get(i) {
+            counter.increment(1);
+        }
+    }
+
     pub fn new(route: &str) -> Arc<Self> {
         let shared = Arc::new(Self {
             name: Arc::from(route),
@@ -103,6 +129,8 @@ impl RouteShared {
             grpc_exported: OnceLock::new(),
             auth: Default::default(),
             auth_exported: OnceLock::new(),
+            mirror_inflight: Arc::default(),
+            shadow: OnceLock::new(),
         });
         series::register(&shared);
         shared

@@ -34,6 +34,23 @@ pub struct Filters {
     pub auth: Option<RouteAuth>,
     pub cors: Option<Arc<Cors>>,
     pub compress: Option<Arc<Compress>>,
+    /// Copies to another upstream (routes with `upstream` only).
+    pub mirror: Option<Arc<Mirror>>,
+}
+
+/// `mirror = { upstream, percent, max_inflight }` with the route's
+/// `mirror_methods`: a share of the route's requests copied to another
+/// upstream, the copies' answers discarded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mirror {
+    pub upstream: String,
+    /// 0 < percent ≤ 100.
+    pub percent: f64,
+    /// Copies of the route in flight at once; more are dropped.
+    pub max_inflight: u32,
+    /// Copied besides the idempotent methods (GET, HEAD, OPTIONS, TRACE,
+    /// PUT, DELETE).
+    pub methods: Vec<http::Method>,
 }
 
 /// `compress = { … }`: answers of the listed types, long enough, are
@@ -227,6 +244,7 @@ impl Filters {
             && self.response_headers.is_none()
             && self.cors.is_none()
             && self.compress.is_none()
+            && self.mirror.is_none()
     }
 }
 

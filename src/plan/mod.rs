@@ -22,8 +22,8 @@ mod filters;
 pub use diff::{diff, Change, ChangeKind, Diff, Disposition, FieldChange, Summary};
 pub use filters::{
     replace_prefix, AllowHeaders, Compress, Cors, Defaults, Encoding, Filters, HeaderOps,
-    HostRewrite, IpRules, Level, MediaRange, Origins, Part, Redirect, RedirectPath, Rewrite,
-    RewriteRegex, RouteAuth, Template, TemplateError, ValueMatch, Var, TEMPLATE_VARIABLES,
+    HostRewrite, IpRules, Level, MediaRange, Mirror, Origins, Part, Redirect, RedirectPath,
+    Rewrite, RewriteRegex, RouteAuth, Template, TemplateError, ValueMatch, Var, TEMPLATE_VARIABLES,
 };
 pub use ownership::{needs_restart, ownership, Ownership};
 pub use pattern::PathRegex;

@@ -133,6 +133,11 @@ impl<'g> Effective<'g> {
         }
     }
 
+    /// The route's own `mirror` (not a listener default).
+    pub(super) fn mirror(&self) -> Option<&'g crate::plan::Mirror> {
+        self.own.and_then(|f| f.mirror.as_deref())
+    }
+
     pub(super) fn host_rewrite(&self) -> Option<&'g crate::plan::HostRewrite> {
         self.own.and_then(|f| f.host_rewrite.as_ref())
     }

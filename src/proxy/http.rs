@@ -579,6 +579,12 @@ async fn serve<'g>(
         }
         target.host_rewrite = f.host_rewrite();
         request_id = checked.request_id;
+        // A copy to the route's mirror, as it is forwarded.
+        if let (Some(mirror), Step::Proxy(..)) = (f.mirror(), &step) {
+            if let Some(upstream) = generation.upstream(&mirror.upstream) {
+                req = super::mirror::copy(req, mirror, route, upstream, target.path.as_deref());
+            }
+        }
     }
     if let Some(call) = context.grpc.as_deref_mut() {
         if call.malformed_timeout {

@@ -20,6 +20,7 @@ mod h3;
 mod http;
 mod interim;
 mod listener;
+mod mirror;
 mod observed;
 mod relay;
 mod retry;

@@ -36,6 +36,7 @@ mod filters;
 mod fleet;
 mod l4;
 mod listeners;
+mod mirror;
 mod process;
 mod resilience;
 mod routes;
