@@ -575,6 +575,21 @@ fn rows() -> Vec<Row> {
         row("routes", "compress", Route, &["compress = {}"]),
         row(
             "routes",
+            "mirror",
+            Route,
+            &["mirror = { upstream = \"spare\", percent = 5 }"],
+        ),
+        row(
+            "routes",
+            "mirror_methods",
+            Route,
+            &[
+                "mirror = { upstream = \"spare\" }",
+                "mirror_methods = [\"POST\"]",
+            ],
+        ),
+        row(
+            "routes",
             "auth",
             Route,
             &["auth = { forward = { url = \"http://app/check\" } }"],
