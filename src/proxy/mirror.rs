@@ -117,13 +117,18 @@ pub(super) fn copy(
             .path_and_query()
             .map_or_else(|| "/".to_owned(), |pq| pq.as_str().to_owned()),
     };
-    let mut head = http::Request::builder()
-        .method(req.method().clone())
-        .body(())
-        .map(|r| r.into_parts().0)
-        .unwrap_or_else(|_| http::Request::new(()).into_parts().0);
+    let (mut head, ()) = Request::new(()).into_parts();
+    head.method = req.method().clone();
     head.headers = req.headers().clone();
     super::exchange::strip_hop_by_hop(&mut head.headers);
+    // An HTTP/2 client's host is its `:authority`.
+    if !head.headers.contains_key(header::HOST) {
+        if let Some(authority) = req.uri().authority() {
+            if let Ok(value) = http::HeaderValue::from_str(authority.as_str()) {
+                head.headers.insert(header::HOST, value);
+            }
+        }
+    }
     let (req, body) = if http_body::Body::is_end_stream(req.body()) {
         (req, None)
     } else {
@@ -181,6 +186,11 @@ async fn send(
     );
     *request.uri_mut() = uri;
     *request.version_mut() = backend.version;
+    // An HTTP/2 backend is told its own address as `:authority`, as the
+    // route's requests are.
+    if backend.version == http::Version::HTTP_2 {
+        request.headers_mut().remove(header::HOST);
+    }
     let _inflight = backend.start_request();
     let sent = Instant::now();
     let exchange = async {
