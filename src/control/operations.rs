@@ -31,6 +31,9 @@ impl Control {
             .shared
             .samples()
             .into_iter()
+            // A listener the configuration no longer has keeps its
+            // sample (bounded) but is no traffic of now.
+            .filter(|(listener, _)| active.router(listener).is_some())
             .map(|(listener, sample)| (listener, sample.heads()))
             .filter(|(_, heads)| !heads.is_empty())
             .collect();
