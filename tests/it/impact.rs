@@ -359,34 +359,56 @@ async fn a_hanging_mirror_never_slows_the_primary() {
         .unwrap();
     tokio::spawn(conn);
     let paths = ["/plain/x", "/healthy/x", "/hanging/x"];
-    let mut took: [Vec<Duration>; 3] = Default::default();
-    // Interleaved on one connection, so that the machine's noise falls
-    // on every route alike.
-    for i in 0..9000 {
-        let req = Request::builder()
-            .uri(paths[i % 3])
-            .header("host", "api.test")
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        let started = Instant::now();
-        sender.ready().await.unwrap();
-        let response = sender.send_request(req).await.unwrap();
-        assert_eq!(response.status(), 200);
-        let _ = response.into_body().collect().await;
-        took[i % 3].push(started.elapsed());
+    // Rounds of requests interleaved on one connection, so that the
+    // machine's noise falls on every route alike; each round's p99 per
+    // route, and the median round decides (a neighbour's burst in one
+    // round decides nothing).
+    let mut excess = Vec::new();
+    for round in 0..9 {
+        let mut took: [Vec<Duration>; 3] = Default::default();
+        // Each route in every position of a triple alike: a copy the
+        // answering mirror makes runs beside whichever request follows.
+        let mut order = Vec::with_capacity(1200);
+        for _ in 0..400 {
+            let mut triple = [0, 1, 2];
+            fastrand::shuffle(&mut triple);
+            order.extend(triple);
+        }
+        for &k in &order {
+            let req = Request::builder()
+                .uri(paths[k])
+                .header("host", "api.test")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let started = Instant::now();
+            sender.ready().await.unwrap();
+            let response = sender.send_request(req).await.unwrap();
+            assert_eq!(response.status(), 200);
+            let _ = response.into_body().collect().await;
+            took[k].push(started.elapsed());
+        }
+        let [plain, healthy, hanging] = took.map(|mut all| {
+            all.sort();
+            all[all.len() * 99 / 100].as_secs_f64()
+        });
+        eprintln!(
+            "round {round} p99: no mirror {:.3} ms, a mirror that answers {:.3} ms, a mirror that hangs {:.3} ms",
+            plain * 1e3,
+            healthy * 1e3,
+            hanging * 1e3
+        );
+        excess.push(hanging - healthy * 1.05);
     }
-    let [plain, healthy, hanging] = took.map(|mut all| {
-        all.sort();
-        all[all.len() * 99 / 100]
-    });
-    eprintln!("p99: no mirror {plain:?}, a mirror that answers {healthy:?}, a mirror that hangs {hanging:?}");
+    excess.sort_by(f64::total_cmp);
+    let median = excess[excess.len() / 2];
     // Against the same route with a mirror that answers: what hanging
-    // adds, apart from what a mirror costs at all (that is measured in
-    // release: docs/performance.md). 5 %, and 0.3 ms for a debug build's
-    // tail on a shared 2-core machine.
+    // adds, apart from what a mirror costs at all (measured in release:
+    // docs/performance.md). 5 %, and 0.3 ms for a debug build's tail on
+    // a shared 2-core machine.
     assert!(
-        hanging.as_secs_f64() <= healthy.as_secs_f64() * 1.05 + 0.000_3,
-        "p99 with a hanging mirror {hanging:?} against {healthy:?} with one that answers"
+        median <= 0.000_3,
+        "the median round's p99 with a hanging mirror exceeds 1.05 × that with one that answers by {:.3} ms",
+        median * 1e3
     );
     // Eight copies hang until their timeout; the rest were dropped.
     let metrics = scrape(&gw).await;
@@ -395,6 +417,6 @@ async fn a_hanging_mirror_never_slows_the_primary() {
         "cutover_shadow_requests_total",
         &["route=\"hanging\"", "outcome=\"dropped\""],
     );
-    assert!(dropped >= 2900.0, "{metrics}");
+    assert!(dropped >= 3500.0, "{metrics}");
     held.abort();
 }
