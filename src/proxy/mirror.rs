@@ -161,9 +161,11 @@ pub(super) fn copy(
 }
 
 /// Sends one copy through `upstream` (its pool, health and outlier
-/// detection) and reads its answer only to discard it.
+/// detection) and reads its answer only to discard it: on the driven
+/// HTTP/1.1 client for a plain HTTP/1.1 backend, as the route's own
+/// requests go, else on hyper's pooled client.
 async fn send(
-    head: http::request::Parts,
+    mut head: http::request::Parts,
     path_and_query: String,
     body: Bytes,
     upstream: &Upstream,
@@ -172,27 +174,110 @@ async fn send(
     let Some(backend) = upstream.pick() else {
         return Outcome::Failed;
     };
-    let uri = http::Uri::builder()
-        .scheme(backend.scheme.clone())
-        .authority(backend.authority.clone())
-        .path_and_query(path_and_query)
-        .build();
-    let Ok(uri) = uri else {
-        return Outcome::Failed;
-    };
-    let mut request = Request::from_parts(
-        head,
-        SignalledBody::new(RequestBody::Buffered(Some(body))).0,
-    );
-    *request.uri_mut() = uri;
-    *request.version_mut() = backend.version;
-    // An HTTP/2 backend is told its own address as `:authority`, as the
-    // route's requests are.
-    if backend.version == http::Version::HTTP_2 {
-        request.headers_mut().remove(header::HOST);
-    }
     let _inflight = backend.start_request();
     let sent = Instant::now();
+    let answered = match &backend.h1 {
+        Some(pool) => {
+            let Ok(target) = http::Uri::try_from(path_and_query) else {
+                return Outcome::Failed;
+            };
+            head.uri = target;
+            let request = Request::from_parts(head, http_body_util::Full::new(body));
+            driven(pool, backend, request, timeout).await
+        }
+        None => {
+            let uri = http::Uri::builder()
+                .scheme(backend.scheme.clone())
+                .authority(backend.authority.clone())
+                .path_and_query(path_and_query)
+                .build();
+            let Ok(uri) = uri else {
+                return Outcome::Failed;
+            };
+            head.uri = uri;
+            head.version = backend.version;
+            // An HTTP/2 backend is told its own address as `:authority`,
+            // as the route's requests are.
+            if backend.version == http::Version::HTTP_2 {
+                head.headers.remove(header::HOST);
+            }
+            let body = SignalledBody::new(RequestBody::Buffered(Some(body))).0;
+            pooled(backend, Request::from_parts(head, body), timeout).await
+        }
+    };
+    match answered {
+        Err(Attempt::Timeout) => {
+            upstream.report(backend, Attempt::Timeout, None);
+            Outcome::Timeout
+        }
+        Err(attempt) => {
+            upstream.report(backend, attempt, None);
+            Outcome::Failed
+        }
+        Ok(status) => {
+            upstream.report(backend, Attempt::Answered(status), Some(sent.elapsed()));
+            Outcome::Answered
+        }
+    }
+}
+
+/// One copy on the driven HTTP/1.1 client; its connection goes back to
+/// the pool once the answer is read.
+async fn driven(
+    pool: &crate::backends::H1Pool,
+    backend: &crate::backends::Backend,
+    request: Request<http_body_util::Full<Bytes>>,
+    timeout: std::time::Duration,
+) -> Result<http::StatusCode, Attempt> {
+    let exchange = async {
+        let response = crate::backends::request_h1(
+            pool,
+            &backend.key.addr,
+            backend.key.connect_timeout,
+            timeout,
+            request,
+            std::iter::empty(),
+            None,
+            None,
+        )
+        .await
+        .map_err(|error| match error {
+            crate::backends::ExchangeError::Connect(_) => Attempt::ConnectError,
+            crate::backends::ExchangeError::Send(crate::backends::SendError::Timeout(_)) => {
+                Attempt::Timeout
+            }
+            crate::backends::ExchangeError::Send(_) => Attempt::Error,
+        })?;
+        let status = response.status();
+        let mut body = response.into_body();
+        let mut read = 0;
+        // Never past its end: a driven body is not polled again once it
+        // says it is done.
+        while !http_body::Body::is_end_stream(&*body) {
+            let Some(Ok(frame)) = body.frame().await else {
+                break;
+            };
+            read += frame.data_ref().map_or(0, Bytes::len);
+            if read > MAX_ANSWER_READ {
+                break;
+            }
+        }
+        if let Some(conn) = body.take_connection() {
+            pool.put(conn);
+        }
+        Ok(status)
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .unwrap_or(Err(Attempt::Timeout))
+}
+
+/// One copy on hyper's pooled client (TLS, h2 and h2c backends).
+async fn pooled(
+    backend: &crate::backends::Backend,
+    request: Request<SignalledBody>,
+    timeout: std::time::Duration,
+) -> Result<http::StatusCode, Attempt> {
     let exchange = async {
         let response = backend.client().request(request).await.map_err(|e| {
             if e.is_connect() {
@@ -202,26 +287,14 @@ async fn send(
             }
         })?;
         let status = response.status();
-        let rtt = sent.elapsed();
         let _ = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_READ)
             .collect()
             .await;
-        Ok((status, rtt))
+        Ok(status)
     };
-    match tokio::time::timeout(timeout, exchange).await {
-        Err(_) => {
-            upstream.report(backend, Attempt::Timeout, None);
-            Outcome::Timeout
-        }
-        Ok(Err(attempt)) => {
-            upstream.report(backend, attempt, None);
-            Outcome::Failed
-        }
-        Ok(Ok((status, rtt))) => {
-            upstream.report(backend, Attempt::Answered(status), Some(rtt));
-            Outcome::Answered
-        }
-    }
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .unwrap_or(Err(Attempt::Timeout))
 }
 
 /// The client's body on its way to the route's upstream, kept (up to
