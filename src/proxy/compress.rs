@@ -52,6 +52,18 @@ impl<'g> CompressMark<'g> {
         let length = eligible(self.compress, response)?;
         add_vary(response.headers_mut());
         let encoding = self.chosen.filter(|_| !self.http10)?;
+        // The encoder first: an answer whose encoder cannot be set up goes
+        // as it is, head untouched.
+        let encoder = match self.head {
+            true => None,
+            false => match Encoder::new(encoding, self.compress.level, length) {
+                Ok(encoder) => Some(encoder),
+                Err(error) => {
+                    tracing::warn!(%error, encoding = encoding.token(), "compressor set-up failed");
+                    return None;
+                }
+            },
+        };
         let headers = response.headers_mut();
         headers.remove(header::CONTENT_LENGTH);
         // Byte ranges of the compressed answer are not ranges of the
@@ -62,22 +74,11 @@ impl<'g> CompressMark<'g> {
             HeaderValue::from_static(encoding.token()),
         );
         weaken_etag(headers);
-        if self.head {
-            return Some(encoding);
+        if let Some(encoder) = encoder {
+            let body = std::mem::replace(response.body_mut(), ResponseBody::Full(None));
+            *response.body_mut() =
+                ResponseBody::Compressed(Box::new(Compressing::new(body, encoder, trail.cloned())));
         }
-        let encoder = match Encoder::new(encoding, self.compress.level, length) {
-            Ok(encoder) => encoder,
-            // Not a reason to fail the answer: it goes as it is.
-            Err(error) => {
-                tracing::warn!(%error, encoding = encoding.token(), "compressor set-up failed");
-                let headers = response.headers_mut();
-                headers.remove(header::CONTENT_ENCODING);
-                return None;
-            }
-        };
-        let body = std::mem::replace(response.body_mut(), ResponseBody::Full(None));
-        *response.body_mut() =
-            ResponseBody::Compressed(Box::new(Compressing::new(body, encoder, trail.cloned())));
         Some(encoding)
     }
 }
