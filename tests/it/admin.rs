@@ -362,20 +362,7 @@ async fn ctl_exit_codes_follow_the_contract() {
     )
     .unwrap();
     let admin = gw.admin_url();
-    let ctl = |args: &[&str]| {
-        let out = Command::new(BIN)
-            .arg("ctl")
-            .arg("--admin")
-            .arg(&admin)
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let ctl = |args: &[&str]| ctl(&admin, args);
     let good = good.to_str().unwrap();
     let bad = bad.to_str().unwrap();
     let (code, out, _) = ctl(&["validate", good]);

@@ -859,18 +859,10 @@ async fn the_kubernetes_fleet_example_joins_etcd_and_serves_its_shared_document(
     .unwrap();
     let gw = Gateway::start_in(folder, &local);
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], gw.admin.port()));
+    let (admin, token) = (format!("http://{admin}"), gw.path("admin-token"));
     let ctl = |args: &[&str]| {
-        let out = Command::new(crate::harness::BIN)
-            .args(["ctl", "--admin", &format!("http://{admin}"), "--token-file"])
-            .arg(gw.path("admin-token"))
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        let token = token.to_str().unwrap();
+        crate::harness::ctl(&admin, &[&["--token-file", token], args].concat())
     };
     // require_expected_generation: the first activation expects 0.
     let shared_path = dir.join("shared.toml");

@@ -356,15 +356,8 @@ async fn ctl_activates_with_a_window_and_confirms() {
     std::fs::write(&file, answering("new")).unwrap();
     let admin = gw.admin_url();
     let ctl = |args: &[&str]| {
-        let out = std::process::Command::new(BIN)
-            .args(["ctl", "--admin", &admin])
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
+        let (code, out, _) = ctl(&admin, args);
+        (code, out)
     };
     let file = file.to_str().unwrap();
     let (code, out) = ctl(&["activate", file, "--expect", "1", "--confirm-within", "30s"]);

@@ -393,6 +393,21 @@ pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// `cutover ctl --admin ADMIN ARGS…`, as a pipeline runs it: the exit
+/// code, stdout and stderr.
+pub fn ctl(admin: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(BIN)
+        .args(["ctl", "--admin", admin])
+        .args(args)
+        .output()
+        .expect("run cutover ctl");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `method path` with `Host: api.test` and `headers`, on a new
 /// connection; the status, headers and body as text.
 pub async fn request_with(

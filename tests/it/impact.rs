@@ -7,7 +7,6 @@
 //! the methods it lists, and a mirror that never answers costing the
 //! primary nothing (bounded in flight, the rest dropped and counted).
 
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -167,18 +166,7 @@ async fn preview_says_what_a_candidate_would_do_to_the_sampled_traffic() {
     let candidate = gw.path("reordered.toml");
     std::fs::write(&candidate, &reordered).unwrap();
     let admin = gw.admin_url();
-    let ctl = |args: &[&str]| {
-        let out = Command::new(BIN)
-            .args(["ctl", "--admin", &admin])
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let ctl = |args: &[&str]| ctl(&admin, args);
     let file = candidate.to_str().unwrap();
     let (code, out, _) = ctl(&["preview", file]);
     assert_eq!(code, Some(0));
