@@ -259,6 +259,24 @@ async fn fetch(
         .expect("the gateway answers")
 }
 
+/// GET `path` accepting `encoding` on a new HTTP/1.1 connection; the
+/// answer, which must be in that encoding, with its body left to stream.
+async fn streamed(
+    addr: SocketAddr,
+    path: &str,
+    encoding: &str,
+) -> hyper::Response<hyper::body::Incoming> {
+    let req = Request::builder()
+        .uri(path)
+        .header("host", "api.test")
+        .header("accept-encoding", encoding)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = open(addr, req).await;
+    assert_eq!(response.headers()["content-encoding"], encoding);
+    response
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_are_compressed_as_the_client_accepts_and_decode_with_other_decoders() {
     if !decoders() {
@@ -431,14 +449,7 @@ async fn events_stream_each_decodable_before_the_backend_sends_the_next() {
     ));
     let web = gw.listener("web");
     for encoding in ["zstd", "br", "gzip"] {
-        let req = Request::builder()
-            .uri("/events")
-            .header("host", "api.test")
-            .header("accept-encoding", encoding)
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        let response = open(web, req).await;
-        assert_eq!(response.headers()["content-encoding"], encoding);
+        let response = streamed(web, "/events", encoding).await;
         let mut body = response.into_body();
         let mut received = Vec::new();
         // The first event, whole, while the backend still holds the
@@ -488,14 +499,7 @@ async fn a_client_that_stops_reading_holds_the_backend_back_not_the_gateways_mem
     let (before, _) = gw.memory_kib();
     let mut responses = Vec::new();
     for encoding in ["zstd", "br", "gzip"] {
-        let req = Request::builder()
-            .uri("/endless")
-            .header("host", "api.test")
-            .header("accept-encoding", encoding)
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        let response = open(web, req).await;
-        assert_eq!(response.headers()["content-encoding"], encoding);
+        let response = streamed(web, "/endless", encoding).await;
         // Read a little, then stop reading (the connection stays open).
         let mut body = response.into_body();
         let frame = body.frame().await.unwrap().unwrap();
