@@ -138,16 +138,7 @@ backends = [{{ addr = "{backend}" }}]
     std::fs::write(d.join("gateway.toml"), config).expect("write config");
     let (child, ready) = common::start_gateway(&d.join("gateway.toml"));
     let cutover = Owned(child);
-    let listener = |name: &str| -> SocketAddr {
-        ready["listeners"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|l| l["name"] == name)
-            .and_then(|l| l["address"].as_str())
-            .and_then(|a| a.parse().ok())
-            .expect("listener in the ready line")
-    };
+    let listener = |name: &str| common::ready_listener(&ready, name);
     let (web, fast) = (listener("web"), listener("fast"));
     let (gw, ng) = (cutover.0.id(), reference.0.id());
     let rows = [

@@ -646,16 +646,7 @@ backends = [{{ addr = "{hyper_backend}" }}]
         let path = dir.join("gateway.toml");
         std::fs::write(&path, &config).expect("write config");
         let (child, ready) = common::start_gateway(&path);
-        let listener = |name: &str| -> SocketAddr {
-            ready["listeners"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|l| l["name"] == name)
-                .and_then(|l| l["address"].as_str())
-                .and_then(|a| a.parse().ok())
-                .expect("listener in the ready line")
-        };
+        let listener = |name: &str| common::ready_listener(&ready, name);
         let admin = ready["admin"]
             .as_str()
             .and_then(|a| a.parse().ok())

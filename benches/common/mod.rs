@@ -39,6 +39,18 @@ pub fn start_gateway(config: &std::path::Path) -> (Child, serde_json::Value) {
     (child, serde_json::from_str(&ready).expect("ready JSON"))
 }
 
+/// The address listener `name` bound, from the gateway's ready line.
+pub fn ready_listener(ready: &serde_json::Value, name: &str) -> SocketAddr {
+    ready["listeners"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|l| l["name"] == name)
+        .and_then(|l| l["address"].as_str())
+        .and_then(|a| a.parse().ok())
+        .expect("listener in the ready line")
+}
+
 /// A configuration with `n` routes over `n / 10` upstreams: a quarter
 /// exact hosts, a quarter wildcards, a quarter host-less prefixes, a
 /// quarter regexes (unique to `salt`, so that nothing is cached).
