@@ -6,7 +6,7 @@ use axum::http::{header, HeaderMap};
 use serde::Deserialize;
 
 use super::error::ApiError;
-use crate::control::{CanarySpec, Candidate, CandidateSource, GuardSpec};
+use crate::control::{CanarySpec, Candidate, CandidateSource, GuardSpec, ShadowSpec};
 use crate::ids::GenerationId;
 
 /// Metadata sent in the query string (with raw TOML or an empty body).
@@ -52,6 +52,7 @@ struct CandidateJson {
     steps: Option<Vec<u8>>,
     step_interval: Option<String>,
     hash_key: Option<String>,
+    shadow: Option<ShadowJson>,
 }
 
 /// Checked canary steps: strictly growing percentages ending at 100, an
@@ -204,6 +205,94 @@ fn guard(
     }))
 }
 
+/// `shadow` of an activation (DESIGN §22).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShadowJson {
+    #[serde(default = "default_shadow_percent")]
+    percent: f64,
+    duration: String,
+    #[serde(default = "default_max_error_ratio")]
+    max_error_ratio: f64,
+    max_p99_ratio: Option<f64>,
+    #[serde(default = "default_shadow_inflight")]
+    max_inflight: u32,
+    #[serde(default = "default_min_requests")]
+    min_requests: u64,
+    #[serde(default = "default_shadow_on_no_data")]
+    on_no_data: String,
+}
+
+fn default_shadow_percent() -> f64 {
+    10.0
+}
+
+fn default_shadow_inflight() -> u32 {
+    64
+}
+
+fn default_shadow_on_no_data() -> String {
+    "fail".to_owned()
+}
+
+/// The longest shadow: copies of live traffic for longer are a mirror's
+/// job, and an activation request would stay open for it.
+const MAX_SHADOW: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// A checked shadow: a share above 0 up to 100 %, a duration of 1 s to
+/// 1 h, a ratio within 0..=1, a p99 ratio of at least 1, 1 to 10 000
+/// copies in flight, a known `on_no_data`.
+fn shadow(json: Option<ShadowJson>) -> Result<Option<ShadowSpec>, ApiError> {
+    let bad = |message: String| Err(ApiError::BadRequest(message));
+    let Some(json) = json else { return Ok(None) };
+    if !(json.percent > 0.0 && json.percent <= 100.0) {
+        return bad(format!(
+            "shadow.percent {} is not above 0 and at most 100",
+            json.percent
+        ));
+    }
+    let duration = match humantime::parse_duration(&json.duration) {
+        Ok(d) if d >= std::time::Duration::from_secs(1) && d <= MAX_SHADOW => d,
+        _ => {
+            return bad(format!(
+                "shadow.duration '{}' is not a duration between 1s and 1h",
+                json.duration
+            ))
+        }
+    };
+    if !(0.0..=1.0).contains(&json.max_error_ratio) {
+        return bad(format!(
+            "shadow.max_error_ratio {} is not between 0 and 1",
+            json.max_error_ratio
+        ));
+    }
+    if let Some(ratio) = json.max_p99_ratio.filter(|r| !(*r >= 1.0 && r.is_finite())) {
+        return bad(format!(
+            "shadow.max_p99_ratio {ratio} is not a finite ratio of at least 1"
+        ));
+    }
+    if !(1..=10_000).contains(&json.max_inflight) {
+        return bad(format!(
+            "shadow.max_inflight {} is not between 1 and 10000",
+            json.max_inflight
+        ));
+    }
+    let fail_on_no_data = match json.on_no_data.as_str() {
+        "fail" => true,
+        "hold" => false,
+        other => return bad(format!("shadow.on_no_data '{other}' is not hold or fail")),
+    };
+    Ok(Some(ShadowSpec {
+        percent: json.percent,
+        duration,
+        max_error_ratio: json.max_error_ratio,
+        max_p99_ratio: json.max_p99_ratio,
+        max_inflight: json.max_inflight,
+        min_requests: json.min_requests.max(1),
+        fail_on_no_data,
+    }))
+}
+
 /// The media type of a request, without parameters, lower-cased.
 pub fn media_type(headers: &HeaderMap) -> Option<String> {
     headers
@@ -234,6 +323,7 @@ pub fn parse(
         confirm_within: query_within,
         guard: None,
         canary: None,
+        shadow: None,
     };
     let media = media_type(headers);
     if body.iter().all(u8::is_ascii_whitespace) && media.as_deref() != Some("application/toml") {
@@ -272,6 +362,7 @@ pub fn parse(
                 },
                 guard: None,
                 canary: canary(json.steps, json.step_interval, json.hash_key)?,
+                shadow: shadow(json.shadow)?,
             };
             let candidate = Candidate {
                 guard: guard(
@@ -351,9 +442,10 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for UpgradeCandidate {
         if candidate.confirm_within.is_some()
             || candidate.guard.is_some()
             || candidate.canary.is_some()
+            || candidate.shadow.is_some()
         {
             return Err(ApiError::BadRequest(
-                "confirm_within, guard and steps apply to activate and reload, not to upgrades"
+                "confirm_within, guard, steps and shadow apply to activate and reload, not to upgrades"
                     .into(),
             )
             .into_response());

@@ -8,6 +8,7 @@ use serde_json::json;
 use std::borrow::Cow;
 
 use crate::control::{CandidateError, ControlError, LifecycleError};
+use crate::runtime::shadow::ShadowVerdict;
 use crate::writer::FleetCallError;
 
 /// An admin API failure.
@@ -179,6 +180,23 @@ fn control_error(error: ControlError) -> Response {
             response
         }
         ControlError::PendingActivation { pending } => (
+            StatusCode::CONFLICT,
+            Json(json!({ "error": "pending_activation", "pending_generation": pending, "message": message })),
+        )
+            .into_response(),
+        ControlError::ShadowRefused(report) => {
+            let (status, code) = match report.verdict {
+                ShadowVerdict::Aborted => (StatusCode::CONFLICT, "shadow_aborted"),
+                ShadowVerdict::Interrupted => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+                _ => (StatusCode::CONFLICT, "shadow_breach"),
+            };
+            (
+                status,
+                Json(json!({ "error": code, "message": message, "shadow": report })),
+            )
+                .into_response()
+        }
+        ControlError::ShadowWhilePending(pending) => (
             StatusCode::CONFLICT,
             Json(json!({ "error": "pending_activation", "pending_generation": pending, "message": message })),
         )

@@ -1038,6 +1038,37 @@ async fn guards_and_canary_steps_are_checked_before_anything_is_planned() {
             "hash_key",
         ),
         (r#""step_interval": "10s""#, "need steps"),
+        (
+            r#""shadow": { "percent": 0, "duration": "10s" }"#,
+            "shadow.percent",
+        ),
+        (
+            r#""shadow": { "percent": 101, "duration": "10s" }"#,
+            "shadow.percent",
+        ),
+        (r#""shadow": { "duration": "2h" }"#, "between 1s and 1h"),
+        (r#""shadow": { "duration": "soon" }"#, "shadow.duration"),
+        (r#""shadow": { "percent": 10 }"#, "missing field `duration`"),
+        (
+            r#""shadow": { "duration": "10s", "max_error_ratio": -1 }"#,
+            "shadow.max_error_ratio",
+        ),
+        (
+            r#""shadow": { "duration": "10s", "max_p99_ratio": 0.5 }"#,
+            "shadow.max_p99_ratio",
+        ),
+        (
+            r#""shadow": { "duration": "10s", "max_inflight": 0 }"#,
+            "shadow.max_inflight",
+        ),
+        (
+            r#""shadow": { "duration": "10s", "on_no_data": "maybe" }"#,
+            "shadow.on_no_data",
+        ),
+        (
+            r#""shadow": { "duration": "10s", "copies": 3 }"#,
+            "unknown field `copies`",
+        ),
     ] {
         let body = format!(r#"{{ "config": {config}, {extra} }}"#);
         let (status, answer) = call(
@@ -1061,6 +1092,7 @@ async fn an_upgrade_refuses_what_only_an_activation_honours() {
         r#""confirm_within": "1m""#,
         r#""guard": { "window": "10s", "on_no_data": "fail" }"#,
         r#""steps": [10, 100], "step_interval": "10s""#,
+        r#""shadow": { "duration": "10s" }"#,
     ] {
         let body = format!(r#"{{ {extra} }}"#);
         let (status, answer) = call(

@@ -31,6 +31,34 @@ pub struct Candidate {
     /// Activate only: send the new generation a growing share of new
     /// requests.
     pub canary: Option<CanarySpec>,
+    /// Activate only: before anything else, copy live requests through
+    /// the candidate and compare its answers (DESIGN §22).
+    pub shadow: Option<ShadowSpec>,
+}
+
+/// A shadow stage (DESIGN §22): for `duration`, `percent` % of the
+/// active generation's safe requests are also sent through the
+/// candidate; the activation goes on only when the candidate's answers
+/// to them are no worse than the active generation's by more than the
+/// thresholds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShadowSpec {
+    pub percent: f64,
+    pub duration: std::time::Duration,
+    /// The candidate's 5xx ratio may exceed the active generation's, on
+    /// the same requests, by at most this.
+    pub max_error_ratio: f64,
+    /// The candidate's p99 may be at most this many times the active
+    /// generation's (latencies under 1 ms count as 1 ms).
+    pub max_p99_ratio: Option<f64>,
+    /// Copies in flight at once; more are dropped and counted.
+    pub max_inflight: u32,
+    /// Pairs of answers needed before it judges (in all, and per route
+    /// for a route's own verdict).
+    pub min_requests: u64,
+    /// Fewer than `min_requests` when it ends: refuse (`fail`) or go on
+    /// to the activation (`hold`: its confirm window or guard decides).
+    pub fail_on_no_data: bool,
 }
 
 /// Canary steps (DESIGN §14): the pending generation takes `steps[i]` %
@@ -124,6 +152,7 @@ impl Candidate {
             confirm_within: None,
             guard: None,
             canary: None,
+            shadow: None,
         }
     }
 
@@ -136,6 +165,7 @@ impl Candidate {
             confirm_within: None,
             guard: None,
             canary: None,
+            shadow: None,
         }
     }
 }

@@ -63,6 +63,17 @@ impl Control {
         started: Instant,
     ) -> Result<Activation, ControlError> {
         let (_operation, active) = self.begin_change()?;
+        self.activate_locked(candidate, kind, started, active)
+    }
+
+    /// `try_activate` once the operation lock is held (by the caller).
+    pub(super) fn activate_locked(
+        &self,
+        candidate: &Candidate,
+        kind: OperationKind,
+        started: Instant,
+        active: Arc<Generation>,
+    ) -> Result<Activation, ControlError> {
         if candidate.expected_generation.is_none()
             && active.spec.admin.require_expected_generation
             && kind == OperationKind::Activate
@@ -194,6 +205,7 @@ impl Control {
                 diff: plan.diff,
                 operation_id,
                 pending: None,
+                shadow: None,
             });
         }
         let next_id = active.id.next();
@@ -289,6 +301,7 @@ impl Control {
             diff: plan.diff,
             operation_id,
             pending: None,
+            shadow: None,
         })
     }
 
@@ -364,6 +377,7 @@ impl Control {
             error,
             pid: std::process::id(),
             previous_pid: None,
+            shadow: None,
         });
         // A preview is kept in memory only: validate and preview never
         // write (DESIGN §10); the next change persists it with the rest.

@@ -51,6 +51,13 @@ pub enum ControlError {
     },
     #[error("generation {pending} is pending confirmation: confirm or abort it, or name it as expected_generation to supersede it")]
     PendingActivation { pending: GenerationId },
+    /// A shadow stage refused the activation (or was stopped).
+    #[error("{}", .0.reason)]
+    ShadowRefused(Box<crate::runtime::shadow::ShadowReport>),
+    #[error(
+        "generation {0} is pending confirmation: confirm or abort it before a shadowed activation"
+    )]
+    ShadowWhilePending(GenerationId),
     #[error("generation {0} is not pending")]
     NotPending(GenerationId),
     /// Fleet mode: etcd did not answer, so nothing was changed.

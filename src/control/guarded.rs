@@ -513,6 +513,9 @@ impl Control {
         request: SettleRequest,
         how: Settle,
     ) -> Result<Settled, ControlError> {
+        if how == Settle::Abort && self.abort_shadow(request.generation) {
+            return self.shadow_aborted(request.generation).await;
+        }
         self.off_the_data_plane(move |c| {
             let started = Instant::now();
             let kind = match how {

@@ -18,6 +18,7 @@ mod error;
 mod guarded;
 mod operations;
 mod process;
+mod shadow;
 mod views;
 
 use std::borrow::Cow;
@@ -29,7 +30,9 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 
 pub use candidate::read as read_candidate;
-pub use candidate::{CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec};
+pub use candidate::{
+    CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec, ShadowSpec,
+};
 pub use certs::{CertReload, CertView, ListenerCerts};
 use commit::plan_summary;
 pub use commit::{admit_change, operation_kind_name};
@@ -66,6 +69,9 @@ pub struct Activation {
     /// Set when the activation must be confirmed (`confirm_within`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending: Option<PendingView>,
+    /// What its shadow stage showed, when it had one (DESIGN §22).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<crate::runtime::shadow::ShadowReport>,
 }
 
 /// A generation on probation (DESIGN §14): active, and rolled back to
@@ -215,6 +221,10 @@ pub struct Control {
     /// See `file_matches_active`.
     #[allow(clippy::type_complexity)]
     file_match: Mutex<Option<(GenerationId, Option<(u64, Option<SystemTime>)>, bool)>>,
+    /// The shadow stage running, for `abort` (DESIGN §22).
+    shadowing: Mutex<Option<shadow::ShadowRun>>,
+    /// The report of the last shadow stage that ended.
+    last_shadow: Mutex<Option<crate::runtime::shadow::ShadowReport>>,
 }
 
 impl Control {
@@ -235,6 +245,8 @@ impl Control {
             pending: Mutex::new(None),
             file_match: Mutex::new(None),
             file_composer: std::sync::OnceLock::new(),
+            shadowing: Mutex::new(None),
+            last_shadow: Mutex::new(None),
         }
     }
 

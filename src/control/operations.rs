@@ -121,6 +121,9 @@ impl Control {
         candidate: Candidate,
         kind: OperationKind,
     ) -> Result<Activation, ControlError> {
+        if let Some(spec) = candidate.shadow.clone() {
+            return self.activate_shadowed(candidate, kind, spec).await;
+        }
         let activation = self
             .off_the_data_plane(move |c| {
                 let started = Instant::now();
@@ -131,6 +134,12 @@ impl Control {
                 result
             })
             .await?;
+        self.supervise_new(&activation);
+        Ok(activation)
+    }
+
+    /// Starts supervising the generation an activation left pending.
+    pub(super) fn supervise_new(self: &Arc<Self>, activation: &Activation) {
         if let Some(view) = &activation.pending {
             // Superseded or settled since, its successor's own call (or
             // nothing) supervises.
@@ -144,7 +153,6 @@ impl Control {
                 self.supervise(&pending);
             }
         }
-        Ok(activation)
     }
 
     /// With the active generation's `runtime.write_back`, rewrites the

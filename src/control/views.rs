@@ -124,6 +124,10 @@ pub struct StatusView {
     /// (`false` after an API activation, until the file is updated; a
     /// rotated certificate behind the same text is not looked at).
     pub config_file_matches_active: bool,
+    /// The shadow stage running (its report so far), or else the last one
+    /// that ended (DESIGN §22).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<crate::runtime::shadow::ShadowReport>,
 }
 
 impl Control {
@@ -161,6 +165,7 @@ impl Control {
             errors_total,
             pending,
             config_file_matches_active: self.file_matches_active(active.id),
+            shadow: self.shadow_report(),
         }
     }
 

@@ -11,6 +11,9 @@ use serde_json::{json, Value};
 use super::{Answer, CtlError};
 use crate::runtime::{OperationRecord, Outcome};
 
+/// How long a call may take to be answered.
+const ANSWER_WITHIN: Duration = Duration::from_secs(120);
+
 pub(super) struct Client {
     pub(super) base: String,
     pub(super) token: Option<String>,
@@ -18,11 +21,24 @@ pub(super) struct Client {
 
 impl Client {
     pub(super) async fn get(&self, path: &str) -> Result<Answer, CtlError> {
-        self.send(Method::GET, path, None).await
+        self.send(Method::GET, path, None, ANSWER_WITHIN).await
     }
 
     pub(super) async fn post(&self, path: &str, body: Value) -> Result<Answer, CtlError> {
-        self.send(Method::POST, path, Some(body)).await
+        self.send(Method::POST, path, Some(body), ANSWER_WITHIN)
+            .await
+    }
+
+    /// A call that may take `within` to be answered (a shadowed
+    /// activation's stage).
+    pub(super) async fn post_within(
+        &self,
+        path: &str,
+        body: Value,
+        within: Duration,
+    ) -> Result<Answer, CtlError> {
+        self.send(Method::POST, path, Some(body), within.max(ANSWER_WITHIN))
+            .await
     }
 
     /// Polls an operation until it is no longer running (an upgrade).
@@ -54,6 +70,7 @@ impl Client {
         method: Method,
         path: &str,
         body: Option<Value>,
+        within: Duration,
     ) -> Result<Answer, CtlError> {
         let url = format!("{}{}", self.base, path);
         let uri: Uri = url.parse().map_err(|_| CtlError::Url(self.base.clone()))?;
@@ -99,7 +116,7 @@ impl Client {
         let request = request
             .body(Full::new(payload))
             .map_err(|e| unreachable(&e))?;
-        let response = tokio::time::timeout(Duration::from_secs(120), sender.send_request(request))
+        let response = tokio::time::timeout(within, sender.send_request(request))
             .await
             .map_err(|e| unreachable(&e))?
             .map_err(|e| unreachable(&e))?;

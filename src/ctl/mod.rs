@@ -2,7 +2,9 @@
 //!
 //! Exit codes are the contract CI scripts rely on: 0 success (or
 //! unchanged), 1 rejected or invalid, 2 conflict, 3 unreachable or any
-//! other failure, 4 (`activate --wait`) rolled back.
+//! other failure, 4 (`activate --wait`) rolled back, 5 (`activate
+//! --max-moved`) too much traffic would move, 6 (`activate --shadow`)
+//! the shadow stage refused it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -35,6 +37,9 @@ pub const EXIT_OTHER: u8 = 3;
 pub const EXIT_ROLLED_BACK: u8 = 4;
 /// `activate --max-moved`: more of the sampled traffic would move.
 pub const EXIT_MOVED: u8 = 5;
+/// `activate --shadow`: the shadow stage refused the activation (a
+/// breach, no data with `--shadow-on-no-data fail`, or an abort).
+pub const EXIT_SHADOW: u8 = 6;
 
 #[derive(Debug, Args)]
 pub struct CtlArgs {
@@ -103,6 +108,70 @@ struct Guarded {
     /// (exit 4).
     #[arg(long)]
     wait: bool,
+    #[command(flatten)]
+    shadow: Shadowed,
+}
+
+/// A shadow stage before the activation (DESIGN §22).
+#[derive(Debug, Args)]
+struct Shadowed {
+    /// Shadow the candidate this long first ("60s", at most 1h): copies
+    /// of live GET/HEAD/OPTIONS requests go through it and its answers are
+    /// compared with the active generation's; a breach refuses (exit 6).
+    #[arg(id = "shadow_duration", long = "shadow")]
+    duration: Option<String>,
+    /// Shadow: the share of requests copied (default 10).
+    #[arg(id = "shadow_percent", long = "shadow-percent", value_parser = parse_percent)]
+    percent: Option<f64>,
+    /// Shadow: how much worse the candidate's 5xx ratio may be (default 0.01).
+    #[arg(id = "shadow_error_ratio", long = "shadow-error-ratio")]
+    error_ratio: Option<f64>,
+    /// Shadow: how many times the active generation's p99 the
+    /// candidate's may be ("1.5"; default: latency does not decide).
+    #[arg(id = "shadow_p99_ratio", long = "shadow-p99-ratio")]
+    p99_ratio: Option<f64>,
+    /// Shadow: copies in flight at once (default 64).
+    #[arg(id = "shadow_max_inflight", long = "shadow-max-inflight")]
+    max_inflight: Option<u32>,
+    /// Shadow: requests compared before it judges (default 100).
+    #[arg(id = "shadow_min_requests", long = "shadow-min-requests")]
+    min_requests: Option<u64>,
+    /// Shadow: fewer than --shadow-min-requests at its end: "fail"
+    /// (refuse; the default) or "hold" (activate anyway).
+    #[arg(id = "shadow_on_no_data", long = "shadow-on-no-data")]
+    on_no_data: Option<String>,
+}
+
+impl Shadowed {
+    /// The `shadow` of an activate request, when asked for.
+    fn body(&self) -> Option<Value> {
+        let duration = self.duration.as_ref()?;
+        let mut shadow = json!({ "duration": duration });
+        let fields = [
+            ("percent", self.percent.map(|v| json!(v))),
+            ("max_error_ratio", self.error_ratio.map(|v| json!(v))),
+            ("max_p99_ratio", self.p99_ratio.map(|v| json!(v))),
+            ("max_inflight", self.max_inflight.map(|v| json!(v))),
+            ("min_requests", self.min_requests.map(|v| json!(v))),
+            ("on_no_data", self.on_no_data.as_ref().map(|v| json!(v))),
+        ];
+        for (name, value) in fields {
+            if let Some(value) = value {
+                shadow[name] = value;
+            }
+        }
+        Some(shadow)
+    }
+
+    /// How long the activate call may take: the stage, and two minutes.
+    fn wait(&self) -> Duration {
+        let stage = self
+            .duration
+            .as_deref()
+            .and_then(|d| humantime::parse_duration(d).ok())
+            .unwrap_or_default();
+        stage + Duration::from_secs(120)
+    }
 }
 
 impl Guarded {
@@ -142,6 +211,9 @@ impl Guarded {
         }
         if let Some(key) = &self.hash_key {
             body["hash_key"] = json!(key);
+        }
+        if let Some(shadow) = self.shadow.body() {
+            body["shadow"] = shadow;
         }
     }
 }
@@ -371,7 +443,9 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             }
             let mut body = candidate(file, Some(meta))?;
             guarded.apply(&mut body);
-            let answer = client.post("/admin/runtime/activate", body).await?;
+            let answer = client
+                .post_within("/admin/runtime/activate", body, guarded.shadow.wait())
+                .await?;
             let pending = match answer.read::<Activated>() {
                 Some(Activated::Local(activation)) => {
                     activation.pending.as_ref().map(|p| p.generation)
@@ -487,7 +561,16 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
 }
 
 fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
+    let refusal = || answer.read::<crate::admin::ErrorBody>()?.error;
     match answer.status {
+        StatusCode::CONFLICT
+            if matches!(
+                refusal().as_deref(),
+                Some("shadow_breach" | "shadow_aborted")
+            ) =>
+        {
+            EXIT_SHADOW
+        }
         StatusCode::CONFLICT => EXIT_CONFLICT,
         s if s.is_success() => match command {
             CtlCommand::Upgrade { .. } => match answer.read::<OperationRecord>() {

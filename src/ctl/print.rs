@@ -15,6 +15,7 @@ use crate::control::{
 use crate::fleet::{FleetActivation, FleetStatus};
 use crate::ids::GenerationId;
 use crate::plan::{Diff, Plan};
+use crate::runtime::shadow::ShadowReport;
 use crate::runtime::OperationRecord;
 use crate::writer::{Activated, Settlement, Status};
 
@@ -159,6 +160,13 @@ pub(super) fn print_human(command: &CtlCommand, answer: &Answer) {
         );
         if let Some(plan) = &plan {
             print_plan(plan);
+        }
+        let shadow = answer
+            .body
+            .get("shadow")
+            .and_then(|v| serde_json::from_value::<ShadowReport>(v.clone()).ok());
+        if let Some(report) = &shadow {
+            print_shadow(report);
         }
         return;
     }
@@ -334,7 +342,52 @@ pub(super) fn print_activation(activation: &Activation) {
             ),
         }
     }
+    if let Some(report) = &activation.shadow {
+        print_shadow(report);
+    }
     print_diff(&activation.diff);
+}
+
+/// A shadow stage's report: its verdict, what became of the copies,
+/// then both generations' answers in all and per route.
+pub(super) fn print_shadow(report: &ShadowReport) {
+    println!("{}", report.reason);
+    let c = &report.copies;
+    println!(
+        "shadow of generation {} against {}: {:.2} % of safe requests for {:.0} s; {} compared ({} dropped, {} skipped, {} timed out, {} failed)",
+        report.candidate_generation,
+        report.active_generation,
+        report.percent,
+        report.seconds,
+        c.compared,
+        c.dropped,
+        c.skipped,
+        c.timeout,
+        c.failed
+    );
+    println!(
+        "  {:<24} {:>8} {:>10} {:>10} {:>11} {:>11} {:>8}",
+        "route", "compared", "5xx now", "5xx cand.", "p99 now", "p99 cand.", "changed"
+    );
+    let ms = |p: Option<f64>| p.map_or("-".to_owned(), |p| format!("{p:.2} ms"));
+    for route in std::iter::once(&report.total).chain(&report.routes) {
+        println!(
+            "  {:<24} {:>8} {:>9.2}% {:>9.2}% {:>11} {:>11} {:>8}",
+            route.route,
+            route.compared,
+            route.active.error_ratio * 100.0,
+            route.candidate.error_ratio * 100.0,
+            ms(route.active.p99_ms),
+            ms(route.candidate.p99_ms),
+            route.changed_class
+        );
+    }
+    if report.routes_tallied > report.routes.len() {
+        println!(
+            "  ({} more routes in the total)",
+            report.routes_tallied - report.routes.len()
+        );
+    }
 }
 
 #[cfg(feature = "fleet")]
@@ -527,6 +580,21 @@ pub(super) fn status_frame(
             out,
             "PENDING: generation {} rolls back to {} {when}",
             pending.generation, pending.rollback_to,
+        );
+    }
+    if let Some(shadow) = status
+        .shadow
+        .as_ref()
+        .filter(|s| s.verdict == crate::runtime::shadow::ShadowVerdict::Running)
+    {
+        let _ = writeln!(
+            out,
+            "SHADOW: candidate generation {} for {:.0}s so far, {} requests compared, 5xx {:.2} % (active {:.2} %)",
+            shadow.candidate_generation,
+            shadow.seconds,
+            shadow.total.compared,
+            shadow.total.candidate.error_ratio * 100.0,
+            shadow.total.active.error_ratio * 100.0,
         );
     }
     match rates {

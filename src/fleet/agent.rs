@@ -344,6 +344,8 @@ impl Fleet {
                     step_interval: Duration::from_millis(c.step_interval_ms),
                     key: c.hash_key.as_deref().and_then(crate::plan::parse_hash_key),
                 }),
+            // A fleet's shadow ran before the document was written.
+            shadow: None,
         };
         match self
             .control

@@ -373,6 +373,11 @@ impl Fleet {
         self: &Arc<Self>,
         candidate: Candidate,
     ) -> Result<FleetActivation, ControlError> {
+        if candidate.shadow.is_some() {
+            return Err(ControlError::FleetUnsupported(
+                "a shadow stage runs on one instance's traffic; in a fleet, activate without shadow",
+            ));
+        }
         let probation = Probation::of(&candidate);
         let shared = self.shared_text(&candidate)?;
         // Checked here first: a document this instance would refuse is

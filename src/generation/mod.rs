@@ -21,8 +21,8 @@ pub use ledger::{answered_totals, InflightGuard, Ledger};
 pub use maglev::{hash_key, Maglev};
 pub use quota::QuotaTable;
 pub use route::{
-    matches_request, Action, ListenerSlot, Refusal, RequestHead, Route, RouteShared, RouteSlot,
-    Saturated,
+    matches_request, Action, CopyKind, ListenerSlot, Refusal, RequestHead, Route, RouteShared,
+    RouteSlot, Saturated, COPY_OUTCOMES,
 };
 pub use router::{Routed, Router};
 pub use upstream::{Upstream, WeightedSchedule};

@@ -55,10 +55,34 @@ pub struct RouteShared {
     /// Copies of its requests in flight to its `mirror` (every
     /// generation's), bounded by the mirror's `max_inflight`.
     pub mirror_inflight: Arc<AtomicU64>,
-    /// `cutover_shadow_requests_total{route,outcome}`, by outcome index
-    /// (registered at the route's first copy).
-    shadow: OnceLock<Vec<Counter>>,
+    /// `cutover_shadow_requests_total{route,kind,outcome}`, by kind and
+    /// outcome index (each kind registered at the route's first copy).
+    copies: [OnceLock<Vec<Counter>>; 2],
 }
+
+/// What made a copy of a route's request (the `kind` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyKind {
+    /// The route's `mirror` (DESIGN §17).
+    Mirror = 0,
+    /// An activation's shadow stage (DESIGN §22): the copy went through
+    /// the candidate generation's route of this name.
+    Shadow = 1,
+}
+
+impl CopyKind {
+    fn name(self) -> &'static str {
+        match self {
+            CopyKind::Mirror => "mirror",
+            CopyKind::Shadow => "shadow",
+        }
+    }
+}
+
+/// The `outcome` label of a copy, by index: its upstream answered, it
+/// failed (no backend, refused, reset), timed out, was dropped (too many
+/// in flight) or skipped (a body too long, or never finished).
+pub const COPY_OUTCOMES: [&str; 5] = ["answered", "failed", "timeout", "dropped", "skipped"];
 
 /// Why a route's filters refused a request (`reason` of
 /// `cutover_filter_refusals_total`).
@@ -94,16 +118,20 @@ const GRPC_SERIES: usize = Code::ALL.len();
 const AUTH_SERIES: usize = Outcome::ALL.len() * AuthMethod::ALL.len();
 
 impl RouteShared {
-    /// Counts a copy of one of its requests that ended as `outcomes[i]`
-    /// (`outcomes`: the names, always the same list).
-    pub fn copied(&self, outcomes: &[&'static str], i: usize) {
-        let counters = self.shadow.get_or_init(|| {
-            outcomes
+    /// Counts a copy of one of its requests that ended as
+    /// `COPY_OUTCOMES[i]`.
+    pub fn copied(&self, kind: CopyKind, i: usize) {
+        let Some(cell) = self.copies.get(kind as usize) else {
+            return;
+        };
+        let counters = cell.get_or_init(|| {
+            COPY_OUTCOMES
                 .iter()
                 .map(|outcome| {
                     metrics::counter!(
                         m::SHADOW_REQUESTS,
                         m::LABEL_ROUTE => self.name.to_string(),
+                        m::LABEL_KIND => kind.name(),
                         m::LABEL_OUTCOME => *outcome
                     )
                 })
@@ -130,7 +158,7 @@ impl RouteShared {
             auth: Default::default(),
             auth_exported: OnceLock::new(),
             mirror_inflight: Arc::default(),
-            shadow: OnceLock::new(),
+            copies: Default::default(),
         });
         series::register(&shared);
         shared

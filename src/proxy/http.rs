@@ -162,6 +162,16 @@ pub async fn handle(
     let Pinned { generation, guard } = conn
         .admission
         .pin_request(&conn.listener, |key| canary_key(key, &req, &conn));
+    // While an activation shadows its candidate (DESIGN §22): one atomic
+    // load otherwise.
+    let mut offered = None;
+    if refused.is_none() {
+        if let Some(shadow) = conn.admission.store().shadow() {
+            let (copied, waiting) = super::shadow::offer(req, &conn, shadow, &generation);
+            req = copied;
+            offered = waiting;
+        }
+    }
     let trace = TraceContext::take(req.headers_mut());
     // Only pay for the line's copies when the access log is on or the
     // request's span is exported.
@@ -280,6 +290,9 @@ pub async fn handle(
         route.shared.record(counted, elapsed);
     }
     generation.ledger.answered(counted, elapsed);
+    if let Some(offered) = offered {
+        offered.answered(counted, elapsed);
+    }
     let class = usize::from(status.as_u16() / 100).clamp(1, 5) - 1;
     if let Some(counter) = conn.responses.get(class) {
         counter.increment(1);

@@ -168,6 +168,9 @@ pub struct OperationRecord {
     /// For a drain-aware restart: the process that handed over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_pid: Option<u32>,
+    /// An activation's shadow stage, what it showed (DESIGN §22).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<super::shadow::ShadowReport>,
 }
 
 /// Everything that survives a restart.

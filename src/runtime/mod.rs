@@ -1,6 +1,7 @@
 //! The runtime: the active generation, its history, and persistence.
 
 mod history;
+pub mod shadow;
 mod store;
 
 pub use history::*;

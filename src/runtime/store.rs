@@ -77,6 +77,8 @@ pub struct GenerationStore {
     /// While a pending generation is canaried (DESIGN §14): the previous
     /// generation, which keeps the rest of new requests.
     canary: arc_swap::ArcSwapOption<Canary>,
+    /// While an activation shadows its candidate (DESIGN §22).
+    shadow: arc_swap::ArcSwapOption<super::shadow::Shadow>,
     published: Mutex<Vec<Published>>,
     /// The active id, for long-lived connections that watch for supersession.
     notify: watch::Sender<GenerationId>,
@@ -105,6 +107,7 @@ impl GenerationStore {
             notify: watch::channel(first.id).0,
             active: ArcSwap::new(first),
             canary: arc_swap::ArcSwapOption::empty(),
+            shadow: arc_swap::ArcSwapOption::empty(),
             published: Mutex::new(published),
         }
     }
@@ -127,6 +130,20 @@ impl GenerationStore {
     /// Whether a canary runs: one atomic load, for the request path.
     pub fn canarying(&self) -> bool {
         self.canary.load().is_some()
+    }
+
+    /// The shadow stage, while one runs: `None` costs the request path
+    /// one atomic load.
+    pub fn shadow(&self) -> Option<Arc<super::shadow::Shadow>> {
+        if self.shadow.load().is_none() {
+            return None;
+        }
+        self.shadow.load_full()
+    }
+
+    /// Starts or (with `None`) ends a shadow stage.
+    pub fn set_shadow(&self, shadow: Option<Arc<super::shadow::Shadow>>) {
+        self.shadow.store(shadow);
     }
 
     /// The active generation's id, without pinning it.

@@ -24,5 +24,6 @@ mod pki;
 mod proxy;
 mod reload;
 mod resilience;
+mod shadow;
 mod tls;
 mod watch;

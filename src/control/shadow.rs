@@ -1,0 +1,516 @@
+//! The shadow stage of an activation (DESIGN §22): the candidate is
+//! planned and built (not made active), installed in the store for
+//! `duration` so that copies of live requests go through it
+//! (`proxy/shadow.rs`), judged on the pairs of answers, and only then,
+//! if it passed, activated through the one commit path (with whatever
+//! confirm window, guard or canary steps the activation also asked for).
+//!
+//! The operation lock is held from the first step to the last: nothing
+//! else activates meanwhile, so the generation the copies were compared
+//! with is the one the candidate replaces. The stage runs on a task of
+//! its own, so that a client that goes away mid-stage cannot leave the
+//! candidate installed; an operator stops it with `abort` naming the
+//! candidate's generation, and a drain stops it too.
+
+use std::time::Duration;
+
+use super::*;
+use crate::runtime::shadow::{Shadow, ShadowReport, ShadowVerdict, SideReport};
+
+/// A shadow stage in progress, for `abort`.
+pub(super) struct ShadowRun {
+    pub(super) candidate: GenerationId,
+    pub(super) stop: Arc<tokio::sync::Notify>,
+}
+
+/// Latencies under this count as this in a p99 ratio: at loopback
+/// speeds, 0.2 ms against 0.4 ms is noise, not a regression.
+const P99_FLOOR_MS: f64 = 1.0;
+
+/// What the pairs so far say: `None` while the stage should go on.
+/// A breach is found as soon as `min_requests` pairs show it (in all, or
+/// on one route with that many of its own); a pass only at the end.
+pub(crate) fn judge(
+    spec: &ShadowSpec,
+    report: &ShadowReport,
+    ended: bool,
+) -> Option<(ShadowVerdict, String)> {
+    let enough = spec.min_requests.max(1);
+    let total = &report.total;
+    let thresholds = format!(
+        "thresholds max_error_ratio {}, max_p99_ratio {}",
+        spec.max_error_ratio,
+        spec.max_p99_ratio.map_or("-".to_owned(), |r| r.to_string())
+    );
+    if total.compared < enough {
+        return ended.then(|| {
+            (
+                ShadowVerdict::NoData,
+                format!(
+                    "shadow: {} requests compared in {:.0} s, fewer than min_requests {enough} ({} dropped, {} skipped)",
+                    total.compared, report.seconds, report.copies.dropped, report.copies.skipped
+                ),
+            )
+        });
+    }
+    let routes = report.routes.iter().filter(|r| r.compared >= enough);
+    for (name, route) in
+        std::iter::once(("all routes", total)).chain(routes.map(|r| (r.route.as_str(), r)))
+    {
+        if let Some(why) = worse(spec, &route.active, &route.candidate) {
+            return Some((
+                ShadowVerdict::Breached,
+                format!(
+                    "shadow breached on {name} ({} requests compared): {why}; {thresholds}",
+                    route.compared
+                ),
+            ));
+        }
+    }
+    ended.then(|| {
+        (
+            ShadowVerdict::Passed,
+            format!(
+                "shadow passed: {} requests compared; candidate {}, active {}; {thresholds}",
+                total.compared,
+                figures(&total.candidate),
+                figures(&total.active)
+            ),
+        )
+    })
+}
+
+/// How the candidate's answers are worse than the active generation's
+/// beyond the thresholds, if they are.
+fn worse(spec: &ShadowSpec, active: &SideReport, candidate: &SideReport) -> Option<String> {
+    if candidate.error_ratio > active.error_ratio + spec.max_error_ratio {
+        return Some(format!(
+            "error ratio {:.4} against {:.4}",
+            candidate.error_ratio, active.error_ratio
+        ));
+    }
+    let max = spec.max_p99_ratio?;
+    let (Some(c), Some(a)) = (candidate.p99_ms, active.p99_ms) else {
+        return None;
+    };
+    let ratio = c.max(P99_FLOOR_MS) / a.max(P99_FLOOR_MS);
+    (ratio > max).then(|| format!("p99 <= {c:.2} ms against {a:.2} ms ({ratio:.2}x)"))
+}
+
+fn figures(side: &SideReport) -> String {
+    format!(
+        "error ratio {:.4}, p99 <= {}",
+        side.error_ratio,
+        side.p99_ms.map_or("-".to_owned(), |p| format!("{p:.2} ms"))
+    )
+}
+
+impl Control {
+    /// An activation with a shadow stage: the stage first (see the
+    /// module), then, if it passed, the activation as without one.
+    pub(super) async fn activate_shadowed(
+        self: &Arc<Self>,
+        candidate: Candidate,
+        kind: OperationKind,
+        spec: ShadowSpec,
+    ) -> Result<Activation, ControlError> {
+        let this = Arc::clone(self);
+        tokio::spawn(async move { this.shadow_stage(candidate, kind, spec).await })
+            .await
+            .map_err(|e| ControlError::Internal(e.to_string()))?
+    }
+
+    async fn shadow_stage(
+        self: Arc<Self>,
+        candidate: Candidate,
+        kind: OperationKind,
+        spec: ShadowSpec,
+    ) -> Result<Activation, ControlError> {
+        let started = Instant::now();
+        let requester = Requester::of(&candidate);
+        let refused = |c: &Control, error: ControlError| {
+            c.record_failure(kind, started, &requester, &error);
+            Err(error)
+        };
+        let Ok(lock) = Arc::clone(&self.operation).try_lock_owned() else {
+            return refused(&self, ControlError::InProgress);
+        };
+        let planned = {
+            let candidate = candidate.clone();
+            self.off_the_data_plane(move |c| c.build_shadowed(&candidate))
+                .await
+        };
+        let (active, built) = match planned {
+            Ok(Some(built)) => built,
+            // Nothing to shadow: the activation answers "unchanged".
+            Ok(None) => {
+                return self
+                    .activate_held(candidate, kind, started, lock, None)
+                    .await
+            }
+            Err(error) => return refused(&self, error),
+        };
+        let shadow = Arc::new(Shadow::new(built, active, spec.percent, spec.max_inflight));
+        let stop = Arc::new(tokio::sync::Notify::new());
+        *self
+            .shadowing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(ShadowRun {
+            candidate: shadow.candidate.id,
+            stop: Arc::clone(&stop),
+        });
+        self.store.set_shadow(Some(Arc::clone(&shadow)));
+        tracing::info!(candidate = %shadow.candidate.id, %active, percent = spec.percent, duration = ?spec.duration, "shadow stage started");
+        let (verdict, reason) = self.watch_shadow(&shadow, &spec, &stop).await;
+        self.store.set_shadow(None);
+        *self
+            .shadowing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        let mut report = shadow.report();
+        drop(shadow);
+        report.verdict = verdict;
+        report.reason = reason;
+        *self
+            .last_shadow
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(report.clone());
+        tracing::info!(verdict = ?report.verdict, reason = %report.reason, "shadow stage ended");
+        let goes_on = match verdict {
+            ShadowVerdict::Passed => true,
+            ShadowVerdict::NoData => !spec.fail_on_no_data,
+            _ => false,
+        };
+        if !goes_on {
+            let error = ControlError::ShadowRefused(Box::new(report.clone()));
+            self.record_failure(kind, started, &requester, &error);
+            self.attach_shadow(report);
+            return Err(error);
+        }
+        self.activate_held(candidate, kind, started, lock, Some(report))
+            .await
+    }
+
+    /// Judges the shadow every twentieth of its duration (between 100 ms
+    /// and 1 s) until it ends, breaches, is stopped or the process drains.
+    async fn watch_shadow(
+        &self,
+        shadow: &Shadow,
+        spec: &ShadowSpec,
+        stop: &tokio::sync::Notify,
+    ) -> (ShadowVerdict, String) {
+        let every = (spec.duration / 20).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let end = tokio::time::Instant::now() + spec.duration;
+        loop {
+            let next = (tokio::time::Instant::now() + every).min(end);
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                () = stop.notified() => {
+                    return (ShadowVerdict::Aborted, "shadow aborted by an operator".into());
+                }
+            }
+            if self.check_running().is_err() {
+                return (
+                    ShadowVerdict::Interrupted,
+                    "shadow interrupted: the gateway is draining".into(),
+                );
+            }
+            let ended = tokio::time::Instant::now() >= end;
+            if let Some(verdict) = judge(spec, &shadow.report(), ended) {
+                return verdict;
+            }
+        }
+    }
+
+    /// Plans and builds the candidate beside the active generation (which
+    /// it is compared with): `None` when it changes nothing. The same
+    /// rules as any change first; a generation pending confirmation
+    /// refuses a shadow (its own window would run out meanwhile).
+    fn build_shadowed(
+        &self,
+        candidate: &Candidate,
+    ) -> Result<Option<(GenerationId, Arc<Generation>)>, ControlError> {
+        self.check_running()?;
+        let active = self.store.load_full();
+        if candidate.expected_generation.is_none() && active.spec.admin.require_expected_generation
+        {
+            return Err(ControlError::ExpectedGenerationRequired);
+        }
+        if let Some(pending) = self.pending() {
+            return Err(ControlError::ShadowWhilePending(pending.generation));
+        }
+        admit_change(candidate.expected_generation, active.id, None)?;
+        let text = candidate::read(&candidate.source, &self.config_file)?;
+        let plan = plan::plan(&text, Some((active.id, &active.spec)));
+        if !plan.errors.is_empty() {
+            return Err(ControlError::Invalid(Box::new(plan)));
+        }
+        if !plan.rejected.is_empty() {
+            return Err(ControlError::RestartRequired(Box::new(plan)));
+        }
+        let Some(spec) = plan.spec.clone() else {
+            return Err(ControlError::Invalid(Box::new(plan)));
+        };
+        if plan.is_unchanged(Some(&active.spec)) {
+            return Ok(None);
+        }
+        match generation::build(spec, active.id.next(), &self.shared) {
+            Ok(built) => Ok(Some((active.id, Arc::new(built)))),
+            Err(source) => Err(ControlError::Build {
+                source,
+                plan: Box::new(plan),
+            }),
+        }
+    }
+
+    /// The activation, under the operation lock the shadow stage held.
+    async fn activate_held(
+        self: &Arc<Self>,
+        candidate: Candidate,
+        kind: OperationKind,
+        started: Instant,
+        lock: tokio::sync::OwnedMutexGuard<()>,
+        report: Option<ShadowReport>,
+    ) -> Result<Activation, ControlError> {
+        let activation = self
+            .off_the_data_plane(move |c| {
+                let result = c.check_running().and_then(|()| {
+                    c.activate_locked(&candidate, kind, started, c.store.load_full())
+                });
+                match &result {
+                    Err(error) => {
+                        c.record_failure(kind, started, &Requester::of(&candidate), error)
+                    }
+                    Ok(activation) => {
+                        if let Some(report) = &report {
+                            c.attach_shadow_to(&activation.operation_id, report.clone());
+                        }
+                    }
+                }
+                drop(lock);
+                result.map(|mut activation| {
+                    activation.shadow = report;
+                    activation
+                })
+            })
+            .await?;
+        self.supervise_new(&activation);
+        Ok(activation)
+    }
+
+    /// Keeps a refused stage's report with the operation just recorded.
+    fn attach_shadow(&self, report: ShadowReport) {
+        let id = self.history().operations().next().map(|o| o.id.clone());
+        if let Some(id) = id {
+            self.attach_shadow_to(&id, report);
+        }
+    }
+
+    fn attach_shadow_to(&self, operation: &str, report: ShadowReport) {
+        self.with_history(|history| {
+            history.update_operation(operation, |record| record.shadow = Some(report));
+        });
+    }
+
+    /// Stops the shadow stage of `candidate`, if one runs: its activation
+    /// is refused (409 `shadow_aborted`). `false` when none does.
+    pub fn abort_shadow(&self, candidate: GenerationId) -> bool {
+        let running = self
+            .shadowing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match running.as_ref().filter(|run| run.candidate == candidate) {
+            Some(run) => {
+                run.stop.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Once an aborted shadow stage has recorded its refusal: what abort
+    /// answers (the active generation is unchanged).
+    pub(super) async fn shadow_aborted(
+        &self,
+        candidate: GenerationId,
+    ) -> Result<Settled, ControlError> {
+        for _ in 0..200 {
+            let running = self
+                .shadowing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .is_some_and(|run| run.candidate == candidate);
+            if !running {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let operation_id = self
+            .history()
+            .operations()
+            .next()
+            .map(|o| o.id.clone())
+            .unwrap_or_default();
+        Ok(Settled {
+            outcome: "shadow_aborted".into(),
+            generation: self.store.active_id(),
+            rolled_back_to: None,
+            operation_id,
+        })
+    }
+
+    /// The shadow stage now running (its report so far), or else the last
+    /// one that ended.
+    pub fn shadow_report(&self) -> Option<ShadowReport> {
+        match self.store.shadow() {
+            Some(shadow) => Some(shadow.report()),
+            None => self
+                .last_shadow
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod shadow_tests {
+    use super::*;
+    use crate::runtime::shadow::{CopyCounts, RouteReport};
+
+    fn spec() -> ShadowSpec {
+        ShadowSpec {
+            percent: 10.0,
+            duration: Duration::from_secs(30),
+            max_error_ratio: 0.01,
+            max_p99_ratio: Some(1.5),
+            max_inflight: 64,
+            min_requests: 100,
+            fail_on_no_data: true,
+        }
+    }
+
+    fn side(requests: u64, errors: u64, p99_ms: f64) -> SideReport {
+        SideReport {
+            status_classes: Default::default(),
+            errors,
+            error_ratio: errors as f64 / requests.max(1) as f64,
+            p50_ms: Some(p99_ms / 2.0),
+            p99_ms: Some(p99_ms),
+        }
+    }
+
+    fn route(name: &str, compared: u64, active: SideReport, candidate: SideReport) -> RouteReport {
+        RouteReport {
+            route: name.into(),
+            compared,
+            changed_class: 0,
+            active,
+            candidate,
+        }
+    }
+
+    fn report(total: RouteReport, routes: Vec<RouteReport>) -> ShadowReport {
+        ShadowReport {
+            candidate_generation: GenerationId(8),
+            active_generation: GenerationId(7),
+            percent: 10.0,
+            seconds: 12.0,
+            verdict: ShadowVerdict::Running,
+            reason: String::new(),
+            copies: CopyCounts::default(),
+            total,
+            routes,
+            routes_tallied: 1,
+        }
+    }
+
+    #[test]
+    fn a_shadow_waits_for_its_data_and_says_no_data_at_the_end() {
+        let few = report(route("*", 99, side(99, 0, 2.0), side(99, 99, 2.0)), vec![]);
+        assert_eq!(judge(&spec(), &few, false), None);
+        let (verdict, reason) = judge(&spec(), &few, true).unwrap();
+        assert_eq!(verdict, ShadowVerdict::NoData);
+        assert!(reason.contains("99 requests compared"), "{reason}");
+    }
+
+    #[test]
+    fn a_breach_is_found_early_in_all_or_on_one_busy_route() {
+        // 5 % against 1 %: over one point worse.
+        let bad = report(
+            route("*", 200, side(200, 2, 2.0), side(200, 10, 2.0)),
+            vec![],
+        );
+        let (verdict, reason) = judge(&spec(), &bad, false).unwrap();
+        assert_eq!(verdict, ShadowVerdict::Breached);
+        assert!(
+            reason.contains("error ratio 0.0500 against 0.0100"),
+            "{reason}"
+        );
+        // In all within the threshold, but one route with enough pairs
+        // fails entirely.
+        let one = report(
+            route("*", 10_000, side(10_000, 0, 2.0), side(10_000, 100, 2.0)),
+            vec![
+                route("big", 9_900, side(9_900, 0, 2.0), side(9_900, 0, 2.0)),
+                route("small", 100, side(100, 0, 2.0), side(100, 100, 2.0)),
+            ],
+        );
+        let (verdict, reason) = judge(&spec(), &one, false).unwrap();
+        assert_eq!(verdict, ShadowVerdict::Breached);
+        assert!(
+            reason.contains("on small (100 requests compared)"),
+            "{reason}"
+        );
+        // A route with too few pairs of its own is judged in the total only.
+        let thin = report(
+            route("*", 10_000, side(10_000, 0, 2.0), side(10_000, 50, 2.0)),
+            vec![route("small", 50, side(50, 0, 2.0), side(50, 50, 2.0))],
+        );
+        assert_eq!(judge(&spec(), &thin, false), None);
+        assert_eq!(
+            judge(&spec(), &thin, true).unwrap().0,
+            ShadowVerdict::Passed
+        );
+    }
+
+    #[test]
+    fn p99_is_compared_as_a_ratio_above_a_millisecond() {
+        let slow = report(
+            route("*", 500, side(500, 0, 10.0), side(500, 0, 16.0)),
+            vec![],
+        );
+        let (verdict, reason) = judge(&spec(), &slow, false).unwrap();
+        assert_eq!(verdict, ShadowVerdict::Breached);
+        assert!(reason.contains("(1.60x)"), "{reason}");
+        // 0.2 ms against 0.6 ms: both under the floor, no breach.
+        let fast = report(
+            route("*", 500, side(500, 0, 0.2), side(500, 0, 0.6)),
+            vec![],
+        );
+        assert_eq!(
+            judge(&spec(), &fast, true).unwrap().0,
+            ShadowVerdict::Passed
+        );
+        // Without max_p99_ratio, latency does not decide.
+        let lax = ShadowSpec {
+            max_p99_ratio: None,
+            ..spec()
+        };
+        assert_eq!(judge(&lax, &slow, true).unwrap().0, ShadowVerdict::Passed);
+    }
+
+    #[test]
+    fn both_failing_alike_is_no_breach() {
+        // A backend outage, not the candidate: the same 20 % on both.
+        let outage = report(
+            route("*", 500, side(500, 100, 2.0), side(500, 104, 2.0)),
+            vec![],
+        );
+        assert_eq!(
+            judge(&spec(), &outage, true).unwrap().0,
+            ShadowVerdict::Passed
+        );
+    }
+}

@@ -1,0 +1,248 @@
+//! The shadow stage on the request path (DESIGN §22): while an
+//! activation shadows its candidate, a share of the requests the active
+//! generation admits is copied through the candidate generation (built,
+//! not active) to its upstreams; the copy's answer is discarded, and its
+//! status and latency are compared with the active generation's answer
+//! to the same request, under the candidate's route.
+//!
+//! Only safe methods are copied (GET, HEAD, OPTIONS): a shadow usually
+//! reaches the same backends as the active generation, and a copy of a
+//! write arriving after a later write would undo it, idempotent or not.
+//! A copy never delays or changes the client's answer: it is taken before
+//! the request is served (its body, if any, teed up to 64 KiB as it
+//! streams), runs on its own task, holds no part of the active
+//! generation's in-flight count, and at most `max_inflight` run at once
+//! (one more is dropped and counted). It takes no quota token or route
+//! slot (those are the live traffic's), runs no `auth` (a password check
+//! would take the serving pool's turn; the identity headers the active
+//! path adds are not added), makes one attempt (no retry), and reports
+//! nothing to passive health or outlier detection (a candidate's mistake
+//! must not eject a backend the active generation serves from).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, Method, Request, StatusCode};
+use http_body_util::BodyExt as _;
+
+use super::copy::{self, Outcome, Report, Slot};
+use super::edge;
+use super::filters;
+use super::http::ConnContext;
+use crate::backends::{Attempt, ClientBody};
+use crate::generation::{Action, CopyKind, Generation, RequestHead, RouteShared};
+use crate::runtime::shadow::{Answer, Shadow};
+
+/// A request that was copied: the copy waits for the client's answer.
+pub(super) struct Offered {
+    tx: tokio::sync::oneshot::Sender<Answer>,
+}
+
+impl Offered {
+    /// The active generation's answer to the request: `status` (as the
+    /// generation's ledger counts it) after `elapsed`.
+    pub(super) fn answered(self, status: u16, elapsed: Duration) {
+        let _ = self.tx.send(Answer { status, elapsed });
+    }
+}
+
+fn count(shadow: &Shadow, route: &RouteShared, outcome: Outcome) {
+    shadow.counted(outcome.index());
+    route.copied(CopyKind::Shadow, outcome.index());
+}
+
+/// Copies `req` through the shadow's candidate when its share picks it;
+/// returns the request to serve (its body teed when it has one) and,
+/// for a copy, what waits for its answer. `pinned`: the generation that
+/// admitted it (only the active generation's answers are compared).
+pub(super) fn offer(
+    req: Request<ClientBody>,
+    conn: &Arc<ConnContext>,
+    shadow: Arc<Shadow>,
+    pinned: &Generation,
+) -> (Request<ClientBody>, Option<Offered>) {
+    let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if !safe
+        || pinned.id != shadow.active
+        || fastrand::f64() * 100.0 >= shadow.percent
+        || req.headers().contains_key(header::UPGRADE)
+        || edge::smuggling_risk(req.headers()).is_some()
+        || shadow.candidate.router(&conn.listener).is_none()
+    {
+        return (req, None);
+    }
+    let unrouted = RouteShared::unrouted();
+    if copy::declared_too_long(&req) {
+        count(&shadow, unrouted, Outcome::Skipped);
+        return (req, None);
+    }
+    let Some(slot) = Slot::take(&shadow.inflight, shadow.max_inflight) else {
+        count(&shadow, unrouted, Outcome::Dropped);
+        return (req, None);
+    };
+    // The client's request as it came: the candidate applies its own
+    // routing and filters to it.
+    let mut copied = Request::new(());
+    *copied.method_mut() = req.method().clone();
+    *copied.uri_mut() = req.uri().clone();
+    *copied.version_mut() = req.version();
+    *copied.headers_mut() = req.headers().clone();
+    let (req, body) = copy::tee(req);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let conn = Arc::clone(conn);
+    tokio::spawn(async move {
+        let _slot = slot;
+        let body = match body {
+            None => Bytes::new(),
+            Some(rx) => match rx.await {
+                Ok(body) => body,
+                Err(_) => return count(&shadow, unrouted, Outcome::Skipped),
+            },
+        };
+        let started = Instant::now();
+        let replayed = replay(copied.map(|()| body), &conn, &shadow.candidate).await;
+        let candidate = Answer {
+            status: replayed.status.as_u16(),
+            elapsed: started.elapsed(),
+        };
+        let route = replayed.route.unwrap_or(unrouted);
+        match rx.await {
+            Ok(active) => {
+                shadow.compared(route.name(), active, candidate);
+                count(&shadow, route, replayed.outcome);
+            }
+            // The client went before its answer: nothing to compare.
+            Err(_) => count(&shadow, route, Outcome::Skipped),
+        }
+    });
+    (req, Some(Offered { tx }))
+}
+
+/// What the candidate did with a copy.
+struct Replayed<'g> {
+    route: Option<&'g RouteShared>,
+    status: StatusCode,
+    outcome: Outcome,
+}
+
+impl<'g> Replayed<'g> {
+    fn local(route: Option<&'g RouteShared>, status: StatusCode) -> Self {
+        Replayed {
+            route,
+            status,
+            outcome: Outcome::Answered,
+        }
+    }
+}
+
+/// Runs a copy through `candidate`: its listener rules, its routes, its
+/// filters, its action; a proxied copy goes to its upstream once.
+async fn replay<'g>(
+    req: Request<Bytes>,
+    conn: &ConnContext,
+    candidate: &'g Generation,
+) -> Replayed<'g> {
+    let (parts, body) = req.into_parts();
+    let req = Request::from_parts(
+        parts,
+        ClientBody::Other(Box::pin(
+            http_body_util::Full::new(body.clone()).map_err(|never| match never {}),
+        )),
+    );
+    let refused = |error: super::error::ProxyError| Replayed::local(None, error.status());
+    let Some(router) = candidate.router(&conn.listener) else {
+        return Replayed::local(None, StatusCode::NOT_FOUND);
+    };
+    let authority = match edge::authority(&req) {
+        Ok(authority) => authority,
+        Err(reason) => return refused(super::error::ProxyError::BadRequest(reason)),
+    };
+    if let Some(access) = &router.edge.access {
+        if !access.admits(filters::client_ip(conn, req.headers(), &router.edge)) {
+            return refused(super::error::ProxyError::Forbidden);
+        }
+    }
+    let path = match edge::normalize_path(req.uri().path(), &router.edge) {
+        Ok(path) => path.into_owned(),
+        Err(reason) => return refused(super::error::ProxyError::BadRequest(reason)),
+    };
+    let host = authority
+        .as_ref()
+        .and_then(|a| a.to_str().ok())
+        .map(edge::route_host);
+    let asked_method = filters::preflight_method(&req);
+    let head = RequestHead {
+        method: asked_method.as_ref().unwrap_or(req.method()),
+        headers: req.headers(),
+        query: req.uri().query(),
+    };
+    let Some(route) = router.route(host, &path, &head) else {
+        return Replayed::local(None, StatusCode::NOT_FOUND);
+    };
+    let shared = Some(&*route.shared);
+    let effective = filters::Effective::of(
+        route.spec.filters.as_deref(),
+        router.edge.defaults.as_deref(),
+    );
+    let mut forwarded = (path != req.uri().path()).then(|| path.clone());
+    let mut req = req;
+    if let Some(f) = &effective {
+        let seen = filters::Seen {
+            conn,
+            route,
+            edge: &router.edge,
+            path: &path,
+            authority: authority.as_ref(),
+            generation: candidate.id.0,
+        };
+        let checked = match filters::check(&req, &seen, f) {
+            Ok(checked) => checked,
+            Err((error, _)) => return Replayed::local(shared, error.status()),
+        };
+        if let Some(preflight) = &checked.preflight {
+            return Replayed::local(shared, preflight.status());
+        }
+        match filters::prepare(req, &checked, &seen, f) {
+            Ok((prepared, rewritten)) => {
+                req = prepared;
+                if rewritten.is_some() {
+                    forwarded = rewritten;
+                }
+            }
+            Err(error) => return Replayed::local(shared, error.status()),
+        }
+    }
+    let upstream = match &route.action {
+        Action::Respond(direct) => return Replayed::local(shared, direct.status),
+        Action::Redirect(redirect) => return Replayed::local(shared, redirect.status),
+        Action::Proxy(upstream) => upstream,
+    };
+    let (mut head, path_and_query) = copy::head(&req, forwarded.as_deref());
+    let rewrite = effective
+        .as_ref()
+        .and_then(filters::Effective::host_rewrite);
+    if let Some(crate::plan::HostRewrite::Literal(host)) = rewrite {
+        head.headers.insert(header::HOST, host.clone());
+    }
+    let sent = copy::send(
+        head,
+        path_and_query,
+        body,
+        upstream,
+        route.timeout(),
+        Report::Nothing,
+        matches!(rewrite, Some(crate::plan::HostRewrite::Backend)),
+    );
+    let (status, outcome) = match sent.await {
+        Some(Ok(status)) => (status, Outcome::Answered),
+        Some(Err(Attempt::Timeout)) => (StatusCode::GATEWAY_TIMEOUT, Outcome::Timeout),
+        Some(Err(_)) => (StatusCode::BAD_GATEWAY, Outcome::Failed),
+        None => (StatusCode::SERVICE_UNAVAILABLE, Outcome::Failed),
+    };
+    Replayed {
+        route: shared,
+        status,
+        outcome,
+    }
+}
