@@ -779,9 +779,11 @@ async fn the_admin_page_shows_both_generations_and_the_diff_in_a_real_browser() 
     let timeout = |t: &str| proxy_config(backend.addr, &format!("timeout = \"{t}\""));
     // 2: final; 3: pending, aborted (4 brings 2's configuration back);
     // 5: pending.
+    // Shadowed first: with no traffic meanwhile, "no data", and on.
     post(
         "/admin/runtime/activate",
-        serde_json::json!({ "config": timeout("3s"), "requested_by": "pipeline-7", "reason": "tighter timeout" }),
+        serde_json::json!({ "config": timeout("3s"), "requested_by": "pipeline-7", "reason": "tighter timeout",
+                            "shadow": { "duration": "1s", "on_no_data": "hold" } }),
     )
     .await;
     post(
@@ -842,6 +844,15 @@ async fn the_admin_page_shows_both_generations_and_the_diff_in_a_real_browser() 
     assert!(dom.contains("impact on the "), "{dom}");
     assert!(
         dom.contains("requests sampled now: 0.00 % moved, 0.00 % unrouted (404)"),
+        "{dom}"
+    );
+    // The last shadow stage, with both sides' figures.
+    assert!(
+        dom.contains("no data: generation 2 against 1, 10 % of safe requests"),
+        "{dom}"
+    );
+    assert!(
+        dom.contains(r#"<tr class="shadow"><td>(all routes)</td><td>0</td>"#),
         "{dom}"
     );
     // Live generations and backends are filled in.

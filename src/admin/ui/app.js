@@ -49,9 +49,14 @@ function renderStatus(status) {
     (status.pending.seconds_left === null
       ? "if its guard fails"
       : `in ${Math.round(status.pending.seconds_left)} s unless confirmed`);
+  const shadowing = status.shadow && status.shadow.verdict === "running"
+    ? ` · SHADOW: candidate generation ${status.shadow.candidate_generation}, ` +
+      `${status.shadow.total.compared} requests compared in ${Math.round(status.shadow.seconds)} s`
+    : "";
   document.getElementById("summary").textContent =
     `pid ${status.pid} · ${status.phase} · generation ${status.active_generation} · ` +
-    `${status.config_version} · activated ${status.activated_at}${pending}`;
+    `${status.config_version} · activated ${status.activated_at}${pending}${shadowing}`;
+  renderShadow(status.shadow);
   const now = performance.now();
   if (last) {
     const seconds = Math.max((now - last.at) / 1000, 0.001);
@@ -68,6 +73,27 @@ function renderStatus(status) {
     g.superseded_secs === undefined ? "active" : `superseded ${Math.round(g.superseded_secs)} s ago`,
     g.inflight_requests, g.open_connections, g.requests, g.errors,
   ], "generation")));
+}
+
+// The shadow stage running, or the last one (DESIGN §22): both
+// generations' answers to the same requests, in all and per route.
+function renderShadow(report) {
+  const section = document.getElementById("shadow-section");
+  section.hidden = !report;
+  if (!report) return;
+  const verdict = report.verdict.replaceAll("_", " ");
+  const c = report.copies;
+  document.getElementById("shadow-summary").textContent =
+    `${verdict}: generation ${report.candidate_generation} against ${report.active_generation}, ` +
+    `${report.percent} % of safe requests for ${Math.round(report.seconds)} s; ` +
+    `${c.compared} compared, ${c.dropped} dropped, ${c.skipped} skipped, ${c.timeout} timed out` +
+    (report.reason ? ` · ${report.reason}` : "");
+  const pct = (side) => `${(100 * side.error_ratio).toFixed(2)} %`;
+  const ms = (v) => v === null || v === undefined ? "–" : `${v.toFixed(2)} ms`;
+  fill(document.querySelector("#shadow tbody"), [report.total, ...report.routes].map((r) => row([
+    r.route, r.compared, pct(r.active), pct(r.candidate), ms(r.active.p99_ms), ms(r.candidate.p99_ms),
+    r.changed_class,
+  ], r.candidate.error_ratio > r.active.error_ratio ? "shadow worse" : "shadow")));
 }
 
 function renderBackends(view) {
