@@ -40,6 +40,9 @@ pub use error::ControlError;
 #[cfg(feature = "fleet")]
 pub(crate) use guarded::{judge, Verdict};
 pub use process::{BinaryView, LifecycleError, ProcessControl, UpgradeRequest};
+#[cfg(feature = "fleet")]
+pub(crate) use shadow::judge as judge_shadow;
+pub use shadow::ShadowHandle;
 pub use views::*;
 
 use crate::config::ConfigText;

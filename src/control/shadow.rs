@@ -23,6 +23,32 @@ pub(super) struct ShadowRun {
     pub(super) stop: Arc<tokio::sync::Notify>,
 }
 
+/// A shadow stage installed for another writer (`start_shadow`): it
+/// ends when this is dropped.
+pub struct ShadowHandle {
+    store: Arc<crate::runtime::GenerationStore>,
+    shadow: Arc<Shadow>,
+}
+
+impl ShadowHandle {
+    /// What the copies showed so far.
+    pub fn report(&self) -> ShadowReport {
+        self.shadow.report()
+    }
+}
+
+impl Drop for ShadowHandle {
+    fn drop(&mut self) {
+        if self
+            .store
+            .shadow()
+            .is_some_and(|installed| Arc::ptr_eq(&installed, &self.shadow))
+        {
+            self.store.set_shadow(None);
+        }
+    }
+}
+
 /// Latencies under this count as this in a p99 ratio: at loopback
 /// speeds, 0.2 ms against 0.4 ms is noise, not a regression.
 const P99_FLOOR_MS: f64 = 1.0;
@@ -240,6 +266,18 @@ impl Control {
             return Err(ControlError::ShadowWhilePending(pending.generation));
         }
         admit_change(candidate.expected_generation, active.id, None)?;
+        Ok(self
+            .build_candidate(candidate, &active)?
+            .map(|built| (active.id, built)))
+    }
+
+    /// The candidate planned against `active` and built under the next id;
+    /// `None` when it changes nothing.
+    fn build_candidate(
+        &self,
+        candidate: &Candidate,
+        active: &Generation,
+    ) -> Result<Option<Arc<Generation>>, ControlError> {
         let text = candidate::read(&candidate.source, &self.config_file)?;
         let plan = plan::plan(&text, Some((active.id, &active.spec)));
         if !plan.errors.is_empty() {
@@ -255,7 +293,7 @@ impl Control {
             return Ok(None);
         }
         match generation::build(spec, active.id.next(), &self.shared) {
-            Ok(built) => Ok(Some((active.id, Arc::new(built)))),
+            Ok(built) => Ok(Some(Arc::new(built))),
             Err(source) => Err(ControlError::Build {
                 source,
                 plan: Box::new(plan),
@@ -326,6 +364,36 @@ impl Control {
             }
             None => false,
         }
+    }
+
+    /// Starts shadowing `candidate` for another writer that judges it (a
+    /// fleet's stage: each instance shadows its own traffic, and the
+    /// writer sums the reports): built and installed, with no operation
+    /// lock held, until the handle is dropped. `None` when the candidate
+    /// changes nothing here.
+    pub async fn start_shadow(
+        self: &Arc<Self>,
+        candidate: Candidate,
+        percent: f64,
+        max_inflight: u32,
+    ) -> Result<Option<ShadowHandle>, ControlError> {
+        self.off_the_data_plane(move |c| {
+            c.check_running()?;
+            if c.store.shadow().is_some() {
+                return Err(ControlError::InProgress);
+            }
+            let active = c.store.load_full();
+            let Some(built) = c.build_candidate(&candidate, &active)? else {
+                return Ok(None);
+            };
+            let shadow = Arc::new(Shadow::new(built, active.id, percent, max_inflight));
+            c.store.set_shadow(Some(Arc::clone(&shadow)));
+            Ok(Some(ShadowHandle {
+                store: Arc::clone(&c.store),
+                shadow,
+            }))
+        })
+        .await
     }
 
     /// Once an aborted shadow stage has recorded its refusal: what abort

@@ -421,6 +421,9 @@ pub(super) fn print_fleet_activation(activation: &FleetActivation) {
             how.join("; ")
         );
     }
+    if let Some(report) = &activation.shadow {
+        print_shadow(report);
+    }
     match &activation.instance {
         InstanceOutcome::Serving {
             instance,

@@ -219,6 +219,7 @@ impl Fleet {
                     .unwrap_or_else(PoisonError::into_inner) = Some(record.clone());
                 self.apply(&record, None).await.ok();
                 self.supervise(&record);
+                self.follow_stage(&record);
             }
             Err(error) => {
                 tracing::error!(%error, "fleet: the active record is unreadable; ignored");
@@ -420,6 +421,7 @@ impl Fleet {
             updated_at: rfc3339(SystemTime::now()),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             answers: said.answers,
+            shadow: said.shadow,
         };
         let value = serde_json::to_vec(&record).map_err(|e| FleetError::Refused(e.to_string()))?;
         within(client.put(self.keys.instance(&self.spec.instance), value, lease)).await?;

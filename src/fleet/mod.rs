@@ -15,6 +15,7 @@ mod agent;
 mod etcd;
 mod probation;
 mod records;
+mod shadow;
 
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -111,6 +112,9 @@ pub struct FleetActivation {
     /// How the instance that answered applied it: its local activation,
     /// or why it refused.
     pub instance: InstanceOutcome,
+    /// What its shadow stage showed, summed over the fleet (DESIGN §22).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<crate::runtime::shadow::ShadowReport>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -214,6 +218,9 @@ pub struct Fleet {
     supervising: Mutex<Option<GenerationId>>,
     /// What this instance last said (repeated when its answers change).
     said: Mutex<Said>,
+    /// The fleet-wide shadow stage this instance runs: its id, and what
+    /// stops it early.
+    shadowing: Mutex<Option<(String, Arc<tokio::sync::Notify>)>>,
 }
 
 /// An instance's last report, and its answers while a guard judges.
@@ -224,6 +231,8 @@ struct Said {
     error: Option<String>,
     diagnostics: Vec<String>,
     answers: Option<records::PendingAnswers>,
+    /// While a fleet-wide shadow stage runs: this instance's report.
+    shadow: Option<records::InstanceShadow>,
 }
 
 impl Fleet {
@@ -265,7 +274,9 @@ impl Fleet {
                 error: None,
                 diagnostics: Vec::new(),
                 answers: None,
+                shadow: None,
             }),
+            shadowing: Mutex::new(None),
         });
         tokio::spawn(agent::run(Arc::clone(&fleet)));
         fleet
@@ -373,11 +384,6 @@ impl Fleet {
         self: &Arc<Self>,
         candidate: Candidate,
     ) -> Result<FleetActivation, ControlError> {
-        if candidate.shadow.is_some() {
-            return Err(ControlError::FleetUnsupported(
-                "a shadow stage runs on one instance's traffic; in a fleet, activate without shadow",
-            ));
-        }
         let probation = Probation::of(&candidate);
         let shared = self.shared_text(&candidate)?;
         // Checked here first: a document this instance would refuse is
@@ -401,6 +407,11 @@ impl Fleet {
             .require_expected_generation;
         if require && candidate.expected_generation.is_none() {
             return Err(ControlError::ExpectedGenerationRequired);
+        }
+        if let Some(spec) = candidate.shadow.clone() {
+            return self
+                .activate_shadowed(candidate, spec, shared, probation)
+                .await;
         }
         self.publish(
             shared,
@@ -524,6 +535,7 @@ impl Fleet {
                 rolled_back_to: None,
                 pending: active.pending.clone(),
                 instance: self.outcome(Ok(None)),
+                shadow: None,
             });
         }
         // The rollback target stays the last final generation.
@@ -561,6 +573,7 @@ impl Fleet {
             requested_by,
             pending,
             settlement: None,
+            shadow: None,
         };
         if !self
             .commit_generation(&client, revision, &doc, &record)
@@ -585,6 +598,7 @@ impl Fleet {
             rolled_back_to,
             pending: record.pending,
             instance: self.outcome(applied),
+            shadow: None,
         })
     }
 
@@ -865,6 +879,7 @@ mod tests {
             updated_at: String::new(),
             version: String::new(),
             answers: None,
+            shadow: None,
         }
     }
 
@@ -878,6 +893,7 @@ mod tests {
             requested_by: None,
             pending: None,
             settlement: None,
+            shadow: None,
         };
         let view = |r: Option<&InstanceRecord>| member_view("a".into(), r, Some(&active));
         let synced = record(Report::Ack, Some(GenerationId(5)), None, "v5");

@@ -350,6 +350,15 @@ impl Fleet {
             requested_by: by,
             reason,
         } = request;
+        if how == Settle::Abort {
+            if let Some(active) = self.abort_stage(generation).await? {
+                return Ok(FleetSettled {
+                    outcome: "shadow_aborted".into(),
+                    generation: active,
+                    rolled_back_to: None,
+                });
+            }
+        }
         let client = self.client().await?;
         let (active, revision) = self.read_active(&client).await?;
         let Some(active) = active.filter(|a| a.generation == generation && a.pending.is_some())
@@ -434,6 +443,7 @@ impl Fleet {
             requested_by: by.clone(),
             pending: None,
             settlement: Some(settlement(outcome)),
+            shadow: None,
         };
         if !self
             .commit_generation(&client, revision, &doc, &record)

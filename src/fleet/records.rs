@@ -66,6 +66,11 @@ impl Keys {
     pub fn instances(&self) -> String {
         format!("{}/instances/", self.prefix)
     }
+
+    /// A fleet-wide shadow stage's document, under its writer's lease.
+    pub fn shadow(&self, id: &str) -> String {
+        format!("{}/shadows/{id}", self.prefix)
+    }
 }
 
 /// `meta`.
@@ -120,6 +125,36 @@ pub struct ActiveRecord {
     /// How the last pending generation ended (kept until the next one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settlement: Option<Settlement>,
+    /// While a fleet-wide shadow stage runs against this generation
+    /// (DESIGN §22): every instance shadows the document of `shadows/<id>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowRef>,
+}
+
+/// A fleet-wide shadow stage, as `active` names it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShadowRef {
+    pub id: String,
+    /// What the candidate would become: what `abort` names.
+    pub candidate: GenerationId,
+    pub percent: f64,
+    pub max_inflight: u32,
+    /// Instances stop shadowing then, whatever happens to the writer.
+    pub until_unix_ms: u64,
+}
+
+/// `shadows/<id>`: the shared document a shadow stage runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShadowDoc {
+    pub id: String,
+    pub config: String,
+}
+
+/// An instance's report of a fleet-wide shadow stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceShadow {
+    pub id: String,
+    pub report: crate::runtime::shadow::ShadowReport,
 }
 
 /// A fleet generation on probation: confirmed by an operator, by its
@@ -219,6 +254,9 @@ pub struct InstanceRecord {
     /// While a guarded generation is pending: this instance's answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answers: Option<PendingAnswers>,
+    /// While a fleet-wide shadow stage runs: this instance's report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<InstanceShadow>,
 }
 
 /// `sha256:<hex>` of a shared document.

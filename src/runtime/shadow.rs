@@ -344,6 +344,84 @@ pub struct ShadowReport {
     pub routes_tallied: usize,
 }
 
+impl SideReport {
+    /// Both sides' answers as one (a fleet's instances): counts added,
+    /// the ratio recomputed, the worse of the quantile bounds.
+    fn add(&mut self, other: &SideReport) {
+        for (class, n) in &other.status_classes {
+            *self.status_classes.entry(class.clone()).or_default() += n;
+        }
+        self.errors += other.errors;
+        let requests: u64 = self.status_classes.values().sum();
+        self.error_ratio = self.errors as f64 / requests.max(1) as f64;
+        let worse = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.p50_ms = worse(self.p50_ms, other.p50_ms);
+        self.p99_ms = worse(self.p99_ms, other.p99_ms);
+    }
+}
+
+impl RouteReport {
+    fn add(&mut self, other: &RouteReport) {
+        self.compared += other.compared;
+        self.changed_class += other.changed_class;
+        self.active.add(&other.active);
+        self.candidate.add(&other.candidate);
+    }
+}
+
+impl ShadowReport {
+    /// A report of nothing compared yet.
+    pub fn empty(candidate: GenerationId, active: GenerationId, percent: f64) -> Self {
+        ShadowReport {
+            candidate_generation: candidate,
+            active_generation: active,
+            percent,
+            seconds: 0.0,
+            verdict: ShadowVerdict::Running,
+            reason: String::new(),
+            copies: CopyCounts::default(),
+            total: RouteTally::default().report("(all routes)"),
+            routes: Vec::new(),
+            routes_tallied: 0,
+        }
+    }
+
+    /// The sum of several instances' reports of one fleet-wide stage
+    /// (DESIGN §22: each shadows its own traffic, the sums decide): the
+    /// counts added, each quantile the worst instance's (as a fleet
+    /// guard takes the worst p99), the longest time, routes by name.
+    pub fn sum(reports: &[ShadowReport]) -> Option<ShadowReport> {
+        let (first, rest) = reports.split_first()?;
+        let mut sum = first.clone();
+        for report in rest {
+            sum.seconds = sum.seconds.max(report.seconds);
+            let (a, b) = (&mut sum.copies, &report.copies);
+            a.compared += b.compared;
+            a.answered += b.answered;
+            a.failed += b.failed;
+            a.timeout += b.timeout;
+            a.dropped += b.dropped;
+            a.skipped += b.skipped;
+            sum.total.add(&report.total);
+            for route in &report.routes {
+                match sum.routes.iter_mut().find(|r| r.route == route.route) {
+                    Some(known) => known.add(route),
+                    None => sum.routes.push(route.clone()),
+                }
+            }
+            sum.routes_tallied = sum.routes_tallied.max(report.routes_tallied);
+        }
+        sum.routes
+            .sort_by(|a, b| b.compared.cmp(&a.compared).then(a.route.cmp(&b.route)));
+        sum.routes.truncate(REPORTED_ROUTES);
+        sum.routes_tallied = sum.routes_tallied.max(sum.routes.len());
+        Some(sum)
+    }
+}
+
 // The outcome indices of `Shadow::counted` follow the metric's labels.
 const _: () = assert!(COPY_OUTCOMES.len() == 5);
 
@@ -397,5 +475,47 @@ mod tests {
         assert_eq!(report.candidate.status_classes.get("5xx"), Some(&2));
         assert!(!report.active.status_classes.contains_key("4xx"));
         assert!((report.candidate.error_ratio - 2.0 / 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn instances_reports_sum_with_the_worst_quantiles() {
+        let ok = Answer {
+            status: 200,
+            elapsed: ms(1.0),
+        };
+        let slow_failure = Answer {
+            status: 502,
+            elapsed: ms(40.0),
+        };
+        let mut a = RouteTally::default();
+        a.add(ok, ok);
+        let mut b = RouteTally::default();
+        b.add(ok, slow_failure);
+        b.add(ok, ok);
+        let report = |t: &RouteTally, copies: u64| ShadowReport {
+            candidate_generation: GenerationId(3),
+            active_generation: GenerationId(2),
+            percent: 10.0,
+            seconds: copies as f64,
+            verdict: ShadowVerdict::Running,
+            reason: String::new(),
+            copies: CopyCounts {
+                compared: copies,
+                ..CopyCounts::default()
+            },
+            total: t.report("(all routes)"),
+            routes: vec![t.report("api")],
+            routes_tallied: 1,
+        };
+        let sum = ShadowReport::sum(&[report(&a, 1), report(&b, 2)]).unwrap();
+        assert_eq!(sum.copies.compared, 3);
+        assert_eq!(sum.total.compared, 3);
+        assert_eq!(sum.routes.len(), 1);
+        assert_eq!(sum.routes[0].compared, 3);
+        assert_eq!(sum.total.candidate.errors, 1);
+        assert!((sum.total.candidate.error_ratio - 1.0 / 3.0).abs() < 1e-9);
+        assert!(sum.total.candidate.p99_ms.unwrap() >= 40.0);
+        assert_eq!(sum.seconds, 2.0);
+        assert!(ShadowReport::sum(&[]).is_none());
     }
 }

@@ -1324,3 +1324,150 @@ async fn instances_authenticate_to_etcd_with_a_user_and_password_file() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Waits until every one of `gws` shadows a stage (its own status says
+/// so).
+async fn all_shadowing(gws: &[Gateway]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for gw in gws {
+        loop {
+            let status = gw.status().await;
+            if status["shadow"]["verdict"] == "running" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no shadow stage here: {status}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// An activation with `extra` through `gw`, on a task of its own (a
+/// shadowed one answers when its stage ends).
+fn activate_later(
+    gw: &Gateway,
+    document: String,
+    expected: u64,
+    extra: Value,
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    let admin = gw.admin;
+    tokio::spawn(async move {
+        let mut body = json!({ "config": document, "expected_generation": expected });
+        for (key, value) in extra.as_object().unwrap() {
+            body[key] = value.clone();
+        }
+        admin_request(
+            admin,
+            "POST",
+            "/admin/runtime/activate",
+            Some("application/json"),
+            Some(body.to_string()),
+        )
+        .await
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_shadow_stage_is_judged_on_the_sum_of_every_instance_copies() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let prefix = prefix("shadow");
+    let one = Backend::named("one").await;
+    let failing = Backend::start(std::sync::Arc::new(|_req| {
+        Box::pin(async move {
+            let mut response = hyper::Response::new(crate::harness::full("broken"));
+            *response.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
+            response
+        })
+    }))
+    .await;
+    let (gws, first) = serving(&etcd, &prefix, &["a", "b"], one.addr).await;
+
+    // 20 pairs are needed; each instance sees 12: only their sum shows
+    // the breach. Clients get the active generation's answers only.
+    let shadow = json!({ "shadow": { "percent": 100, "duration": "30s", "min_requests": 20 } });
+    let stage = activate_later(&gws[0], shared(failing.addr, ""), first, shadow);
+    all_shadowing(&gws).await;
+    for gw in &gws {
+        for _ in 0..12 {
+            assert_eq!(body_through(gw).await, "one");
+        }
+    }
+    let (status, body) = tokio::time::timeout(Duration::from_secs(10), stage)
+        .await
+        .expect("the breach is found before the stage ends")
+        .unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "shadow_breach");
+    let total = &body["shadow"]["total"];
+    assert_eq!(total["compared"], 24, "{body}");
+    assert_eq!(total["candidate"]["errors"], 24, "{body}");
+    assert_eq!(total["active"]["errors"], 0, "{body}");
+    let s = fleet_status(&gws[1]).await;
+    assert_eq!(s["active"]["generation"], json!(first), "{s}");
+    assert!(s["active"]["shadow"].is_null(), "the stage is cleared: {s}");
+
+    // A healthy document passes on both instances' copies, then is
+    // activated fleet-wide.
+    let two = Backend::named("two").await;
+    let shadow = json!({ "shadow": { "percent": 100, "duration": "2s", "min_requests": 10 } });
+    let stage = activate_later(&gws[1], shared(two.addr, ""), first, shadow);
+    all_shadowing(&gws).await;
+    for gw in &gws {
+        for _ in 0..8 {
+            assert_eq!(body_through(gw).await, "one");
+        }
+    }
+    let (status, body) = stage.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["shadow"]["verdict"], "passed", "{body}");
+    assert_eq!(body["shadow"]["total"]["compared"], 16, "{body}");
+    let good = body["generation"].as_u64().unwrap();
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(2),
+        "both serve it",
+        all_synced_on(good, 2),
+    )
+    .await;
+    for gw in &gws {
+        assert_eq!(body_through(gw).await, "two");
+    }
+
+    // An operator aborts a stage through another instance than its
+    // writer, by the candidate generation fleet status names.
+    let stage = activate_later(
+        &gws[0],
+        shared(one.addr, ""),
+        good,
+        json!({ "shadow": { "duration": "10m" } }),
+    );
+    let (s, _) = wait_fleet(&gws[1], Duration::from_secs(5), "the stage runs", |s| {
+        !s["active"]["shadow"].is_null()
+    })
+    .await;
+    let candidate = s["active"]["shadow"]["candidate"].clone();
+    let (status, aborted) = admin_request(
+        gws[1].admin,
+        "POST",
+        "/admin/runtime/abort",
+        Some("application/json"),
+        Some(json!({ "generation": candidate }).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{aborted}");
+    assert_eq!(aborted["outcome"], "shadow_aborted");
+    let (status, body) = tokio::time::timeout(Duration::from_secs(10), stage)
+        .await
+        .expect("the writer sees the stage gone")
+        .unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "shadow_aborted");
+    wait_fleet(
+        &gws[0],
+        Duration::from_secs(5),
+        "no instance shadows",
+        |s| s["active"]["shadow"].is_null() && s["active"]["generation"] == json!(good),
+    )
+    .await;
+}
