@@ -56,8 +56,9 @@ pub struct RouteShared {
     /// generation's), bounded by the mirror's `max_inflight`.
     pub mirror_inflight: Arc<AtomicU64>,
     /// `cutover_shadow_requests_total{route,kind,outcome}`, by kind and
-    /// outcome index (each kind registered at the route's first copy).
-    copies: [OnceLock<Vec<Counter>>; 2],
+    /// outcome index; admitted apart, at the route's first copy.
+    copies: [[Count; COPY_OUTCOMES.len()]; 2],
+    copies_exported: OnceLock<bool>,
 }
 
 /// What made a copy of a route's request (the `kind` label).
@@ -116,29 +117,17 @@ const ROUTE_SERIES: usize = 5 + m::REQUEST_DURATION_BUCKETS.len() + 3 + 2 + Refu
 const GRPC_SERIES: usize = Code::ALL.len();
 /// Series of one route's authentication checks.
 const AUTH_SERIES: usize = Outcome::ALL.len() * AuthMethod::ALL.len();
+/// Series a route's copies may take.
+const COPY_SERIES: usize = 2 * COPY_OUTCOMES.len();
 
 impl RouteShared {
     /// Counts a copy of one of its requests that ended as
     /// `COPY_OUTCOMES[i]`.
     pub fn copied(&self, kind: CopyKind, i: usize) {
-        let Some(cell) = self.copies.get(kind as usize) else {
-            return;
-        };
-        let counters = cell.get_or_init(|| {
-            COPY_OUTCOMES
-                .iter()
-                .map(|outcome| {
-                    metrics::counter!(
-                        m::SHADOW_REQUESTS,
-                        m::LABEL_ROUTE => self.name.to_string(),
-                        m::LABEL_KIND => kind.name(),
-                        m::LABEL_OUTCOME => *outcome
-                    )
-                })
-                .collect()
-        });
-        if let Some(counter) = counters.get(i) {
-            counter.increment(1);
+        self.copies_exported
+            .get_or_init(|| series::admit(COPY_SERIES));
+        if let Some(count) = self.copies.get(kind as usize).and_then(|k| k.get(i)) {
+            count.add(1);
         }
     }
 
@@ -159,6 +148,7 @@ impl RouteShared {
             auth_exported: OnceLock::new(),
             mirror_inflight: Arc::default(),
             copies: Default::default(),
+            copies_exported: OnceLock::new(),
         });
         series::register(&shared);
         shared
@@ -270,6 +260,22 @@ impl Exported for RouteShared {
                 }
             }
         }
+        if self.copies_exported.get() == Some(&true) {
+            for (counts, kind) in self.copies.iter().zip([CopyKind::Mirror, CopyKind::Shadow]) {
+                for (count, outcome) in counts.iter().zip(COPY_OUTCOMES) {
+                    if count.get() > 0 {
+                        let mut labels = labels.clone();
+                        labels.push((m::LABEL_KIND, kind.name().into()));
+                        labels.push((m::LABEL_OUTCOME, outcome.into()));
+                        out.push(series::sample(
+                            &series::ROUTE_COPIES,
+                            labels,
+                            count.get() as f64,
+                        ));
+                    }
+                }
+            }
+        }
         if self.exported.get() != Some(&true) {
             return;
         }
@@ -316,8 +322,12 @@ impl Drop for RouteShared {
         let route = self.exported.get() == Some(&true);
         let grpc = self.grpc_exported.get() == Some(&true);
         let auth = self.auth_exported.get() == Some(&true);
-        if route || grpc || auth {
+        let copies = self.copies_exported.get() == Some(&true);
+        if route || grpc || auth || copies {
             series::retire(self);
+        }
+        if copies {
+            series::release(COPY_SERIES);
         }
         if route {
             series::release(ROUTE_SERIES);

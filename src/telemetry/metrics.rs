@@ -113,13 +113,15 @@ pub const SERIES_REFUSED: &str = "cutover_metrics_series_refused_total";
 
 /// Spans not exported: the exporter was behind or the collector failed.
 pub const TRACE_SPANS_DROPPED: &str = "cutover_trace_spans_dropped_total";
+/// Copies of requests by `route`, `kind` (`mirror`: the route's mirror;
+/// `shadow`: a shadow stage's, by the candidate's route) and `outcome`
+/// (answered, failed, timeout, dropped, skipped). Kept with the route's
+/// other series (`telemetry::series`).
+pub const SHADOW_REQUESTS: &str = "cutover_shadow_requests_total";
 /// Requests a route filter refused, by `route` and `reason`
 /// (`forbidden`: allow/deny; `body_too_large`: `max_request_body`;
 /// `rewrite`: a rewritten path the listener would not forward). Kept with
 /// the route's other series (`telemetry::series`).
-/// Copies of requests (route `mirror`; DESIGN §22 shadow) by how they
-/// ended: answered, failed, timeout, dropped, skipped.
-pub const SHADOW_REQUESTS: &str = "cutover_shadow_requests_total";
 pub const FILTER_REFUSALS: &str = "cutover_filter_refusals_total";
 /// Header values a template made invalid (a client's bytes a header may
 /// not hold), dropped instead of sent, by `route`.

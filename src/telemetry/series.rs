@@ -89,6 +89,11 @@ pub static ROUTE_GRPC: Family = family(
     Kind::Counter,
     "gRPC calls answered, by route and status code name",
 );
+pub static ROUTE_COPIES: Family = family(
+    m::SHADOW_REQUESTS,
+    Kind::Counter,
+    "Copies of a route's requests (mirror, shadow stage), by kind and outcome",
+);
 pub static ROUTE_AUTH: Family = family(
     m::AUTH,
     Kind::Counter,
@@ -154,7 +159,7 @@ pub static GENERATION_DURATION: Family = family(
 );
 
 /// Families in output order.
-static FAMILIES: [&Family; 20] = [
+static FAMILIES: [&Family; 21] = [
     &ROUTE_REQUESTS,
     &ROUTE_DURATION,
     &ROUTE_QUOTA,
@@ -163,6 +168,7 @@ static FAMILIES: [&Family; 20] = [
     &ROUTE_VALUES_DROPPED,
     &ROUTE_GRPC,
     &ROUTE_AUTH,
+    &ROUTE_COPIES,
     &BACKEND_ATTEMPTS,
     &BACKEND_EJECTIONS,
     &BACKEND_HEALTHY,
