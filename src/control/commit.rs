@@ -36,6 +36,21 @@ pub(super) fn plan_summary(plan: &Plan) -> String {
     )
 }
 
+/// The plan with its spec when it can be activated; refused with it
+/// otherwise (its errors, or its restart-required changes).
+pub(super) fn activatable(plan: Plan) -> Result<(Plan, Arc<plan::Spec>), ControlError> {
+    if !plan.errors.is_empty() {
+        return Err(ControlError::Invalid(Box::new(plan)));
+    }
+    if !plan.rejected.is_empty() {
+        return Err(ControlError::RestartRequired(Box::new(plan)));
+    }
+    match plan.spec.clone() {
+        Some(spec) => Ok((plan, spec)),
+        None => Err(ControlError::Invalid(Box::new(plan))),
+    }
+}
+
 pub(super) fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
@@ -174,15 +189,7 @@ impl Control {
         meta: CommitMeta,
         started: Instant,
     ) -> Result<Activation, ControlError> {
-        if !plan.errors.is_empty() {
-            return Err(ControlError::Invalid(Box::new(plan)));
-        }
-        if !plan.rejected.is_empty() {
-            return Err(ControlError::RestartRequired(Box::new(plan)));
-        }
-        let Some(spec) = plan.spec.clone() else {
-            return Err(ControlError::Invalid(Box::new(plan)));
-        };
+        let (plan, spec) = activatable(plan)?;
         if plan.is_unchanged(Some(&active.spec)) {
             let operation_id = self.record(
                 meta.kind,

@@ -279,16 +279,8 @@ impl Control {
         active: &Generation,
     ) -> Result<Option<Arc<Generation>>, ControlError> {
         let text = candidate::read(&candidate.source, &self.config_file)?;
-        let plan = plan::plan(&text, Some((active.id, &active.spec)));
-        if !plan.errors.is_empty() {
-            return Err(ControlError::Invalid(Box::new(plan)));
-        }
-        if !plan.rejected.is_empty() {
-            return Err(ControlError::RestartRequired(Box::new(plan)));
-        }
-        let Some(spec) = plan.spec.clone() else {
-            return Err(ControlError::Invalid(Box::new(plan)));
-        };
+        let planned = plan::plan(&text, Some((active.id, &active.spec)));
+        let (plan, spec) = super::commit::activatable(planned)?;
         if plan.is_unchanged(Some(&active.spec)) {
             return Ok(None);
         }

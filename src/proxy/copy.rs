@@ -127,6 +127,15 @@ pub(super) fn tee(
     (req, Some(rx))
 }
 
+/// The copy's body once the client's has ended (empty without one);
+/// `None` when it was too long to keep or the client never finished it.
+pub(super) async fn received(teed: Option<tokio::sync::oneshot::Receiver<Bytes>>) -> Option<Bytes> {
+    match teed {
+        None => Some(Bytes::new()),
+        Some(rx) => rx.await.ok(),
+    }
+}
+
 /// Whether a copy's answer feeds the upstream's passive health and
 /// outlier detection: a mirror's does (it is that upstream's real
 /// traffic); a shadow's does not (a candidate's mistakes must not eject

@@ -423,17 +423,8 @@ async fn serve<'g>(
             .as_ref()
             .map(|a| String::from_utf8_lossy(a.as_bytes()).into_owned());
     }
-    let host = authority
-        .as_ref()
-        .and_then(|a| a.to_str().ok())
-        .map(edge::route_host);
-    // A CORS preflight is routed by the method it asks about.
     let asked_method = filters::preflight_method(&req);
-    let head = RequestHead {
-        method: asked_method.as_ref().unwrap_or(req.method()),
-        headers: req.headers(),
-        query: req.uri().query(),
-    };
+    let (host, head) = routing_head(&req, authority.as_ref(), asked_method.as_ref());
     // One request in a few, on each serving thread, is kept for `impact`.
     if let Some(sample) = router.sample.as_ref().filter(|s| s.offered()) {
         let offered = crate::generation::sample::Offered {
@@ -661,6 +652,25 @@ async fn serve<'g>(
         result,
         shaped,
     }
+}
+
+/// What routing reads of a request: the host of its authority, and its
+/// method (for a CORS preflight, `asked`: the method it asks about),
+/// headers and query.
+pub(super) fn routing_head<'r>(
+    req: &'r Request<ClientBody>,
+    authority: Option<&'r HeaderValue>,
+    asked: Option<&'r http::Method>,
+) -> (Option<&'r str>, RequestHead<'r>) {
+    let host = authority
+        .and_then(|a| a.to_str().ok())
+        .map(edge::route_host);
+    let head = RequestHead {
+        method: asked.unwrap_or(req.method()),
+        headers: req.headers(),
+        query: req.uri().query(),
+    };
+    (host, head)
 }
 
 /// Forwards a request with a deadline: several attempts (`retry.rs`) or

@@ -15,7 +15,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{Method, Request};
 
 use super::copy::{self, Outcome, Report, Slot};
@@ -67,12 +66,8 @@ pub(super) fn copy(
     let timeout = route.timeout();
     tokio::spawn(async move {
         let _slot = slot;
-        let body = match body {
-            None => Bytes::new(),
-            Some(rx) => match rx.await {
-                Ok(body) => body,
-                Err(_) => return count(&shared, Outcome::Skipped),
-            },
+        let Some(body) = copy::received(body).await else {
+            return count(&shared, Outcome::Skipped);
         };
         let sent = copy::send(
             head,

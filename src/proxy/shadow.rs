@@ -31,7 +31,7 @@ use super::edge;
 use super::filters;
 use super::http::ConnContext;
 use crate::backends::{Attempt, ClientBody};
-use crate::generation::{Action, CopyKind, Generation, RequestHead, RouteShared};
+use crate::generation::{Action, CopyKind, Generation, RouteShared};
 use crate::runtime::shadow::{Answer, Shadow};
 
 /// A request that was copied: the copy waits for the client's answer.
@@ -93,12 +93,8 @@ pub(super) fn offer(
     let conn = Arc::clone(conn);
     tokio::spawn(async move {
         let _slot = slot;
-        let body = match body {
-            None => Bytes::new(),
-            Some(rx) => match rx.await {
-                Ok(body) => body,
-                Err(_) => return count(&shadow, unrouted, Outcome::Skipped),
-            },
+        let Some(body) = copy::received(body).await else {
+            return count(&shadow, unrouted, Outcome::Skipped);
         };
         let started = Instant::now();
         let replayed = replay(copied.map(|()| body), &conn, &shadow.candidate).await;
@@ -167,16 +163,8 @@ async fn replay<'g>(
         Ok(path) => path.into_owned(),
         Err(reason) => return refused(super::error::ProxyError::BadRequest(reason)),
     };
-    let host = authority
-        .as_ref()
-        .and_then(|a| a.to_str().ok())
-        .map(edge::route_host);
     let asked_method = filters::preflight_method(&req);
-    let head = RequestHead {
-        method: asked_method.as_ref().unwrap_or(req.method()),
-        headers: req.headers(),
-        query: req.uri().query(),
-    };
+    let (host, head) = super::http::routing_head(&req, authority.as_ref(), asked_method.as_ref());
     let Some(route) = router.route(host, &path, &head) else {
         return Replayed::local(None, StatusCode::NOT_FOUND);
     };

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{json, Value};
 
-use crate::harness::{admin_request, get, Backend, Config, Gateway};
+use crate::harness::{admin_request, failing_backend, get, post_json, Backend, Config, Gateway};
 
 const ETCD: &str = "/usr/bin/etcd";
 
@@ -1080,14 +1080,7 @@ async fn a_fleet_guard_judges_the_sum_of_every_instance_answers() {
     };
     let prefix = prefix("guard");
     let one = Backend::named("one").await;
-    let failing = Backend::start(std::sync::Arc::new(|_req| {
-        Box::pin(async move {
-            let mut response = hyper::Response::new(crate::harness::full("broken"));
-            *response.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
-            response
-        })
-    }))
-    .await;
+    let failing = failing_backend().await;
     let (gws, first) = serving(&etcd, &prefix, &["a", "b"], one.addr).await;
 
     // 20 answers are needed; each instance gets 12: only their sum shows
@@ -1350,20 +1343,11 @@ fn activate_later(
     extra: Value,
 ) -> tokio::task::JoinHandle<(u16, Value)> {
     let admin = gw.admin;
-    tokio::spawn(async move {
-        let mut body = json!({ "config": document, "expected_generation": expected });
-        for (key, value) in extra.as_object().unwrap() {
-            body[key] = value.clone();
-        }
-        admin_request(
-            admin,
-            "POST",
-            "/admin/runtime/activate",
-            Some("application/json"),
-            Some(body.to_string()),
-        )
-        .await
-    })
+    let mut body = json!({ "config": document, "expected_generation": expected });
+    for (key, value) in extra.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    tokio::spawn(async move { post_json(admin, "/admin/runtime/activate", body).await })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1373,14 +1357,7 @@ async fn a_fleet_shadow_stage_is_judged_on_the_sum_of_every_instance_copies() {
     };
     let prefix = prefix("shadow");
     let one = Backend::named("one").await;
-    let failing = Backend::start(std::sync::Arc::new(|_req| {
-        Box::pin(async move {
-            let mut response = hyper::Response::new(crate::harness::full("broken"));
-            *response.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
-            response
-        })
-    }))
-    .await;
+    let failing = failing_backend().await;
     let (gws, first) = serving(&etcd, &prefix, &["a", "b"], one.addr).await;
 
     // 20 pairs are needed; each instance sees 12: only their sum shows
@@ -1447,12 +1424,10 @@ async fn a_fleet_shadow_stage_is_judged_on_the_sum_of_every_instance_copies() {
     })
     .await;
     let candidate = s["active"]["shadow"]["candidate"].clone();
-    let (status, aborted) = admin_request(
+    let (status, aborted) = post_json(
         gws[1].admin,
-        "POST",
         "/admin/runtime/abort",
-        Some("application/json"),
-        Some(json!({ "generation": candidate }).to_string()),
+        json!({ "generation": candidate }),
     )
     .await;
     assert_eq!(status, 200, "{aborted}");

@@ -13,20 +13,9 @@ fn answering(body: &str) -> String {
     ))
 }
 
-async fn post_json(gw: &Gateway, path: &str, body: Value) -> (u16, Value) {
-    admin_request(
-        gw.admin,
-        "POST",
-        path,
-        Some("application/json"),
-        Some(body.to_string()),
-    )
-    .await
-}
-
 async fn activate_pending(gw: &Gateway, body: &str, expected: u64, within: &str) -> (u16, Value) {
     post_json(
-        gw,
+        gw.admin,
         "/admin/runtime/activate",
         json!({
             "config": answering(body),
@@ -96,7 +85,12 @@ async fn a_missed_confirm_deadline_rolls_back_to_the_last_final_generation() {
     assert_eq!(entry["rolled_back_to"], 1, "{entry}");
     assert_eq!(entry["reason"], "confirm deadline passed", "{entry}");
     // A confirm after the fact changes nothing.
-    let (status, body) = post_json(&gw, "/admin/runtime/confirm", json!({ "generation": 2 })).await;
+    let (status, body) = post_json(
+        gw.admin,
+        "/admin/runtime/confirm",
+        json!({ "generation": 2 }),
+    )
+    .await;
     assert_eq!((status, body["error"].clone()), (409, json!("not_pending")));
 }
 
@@ -106,7 +100,7 @@ async fn confirm_keeps_the_generation_and_abort_rolls_back_at_once() {
     let (status, body) = activate_pending(&gw, "new", 1, "2s").await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/confirm",
         json!({ "generation": 2, "expected_active_generation": 2 }),
     )
@@ -125,7 +119,7 @@ async fn confirm_keeps_the_generation_and_abort_rolls_back_at_once() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(answer(&gw).await, "newer");
     let (status, body) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/abort",
         json!({ "generation": 3, "reason": "smoke test failed" }),
     )
@@ -149,7 +143,7 @@ async fn one_pending_change_at_a_time_unless_it_is_superseded() {
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"], "generation_conflict", "{body}");
     let (status, body) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/activate",
         json!({ "config": answering("v3") }),
     )
@@ -166,13 +160,14 @@ async fn one_pending_change_at_a_time_unless_it_is_superseded() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["pending"]["generation"], 3);
     assert_eq!(body["pending"]["rollback_to"], 1);
-    let (status, body) = post_json(&gw, "/admin/runtime/abort", json!({ "generation": 3 })).await;
+    let (status, body) =
+        post_json(gw.admin, "/admin/runtime/abort", json!({ "generation": 3 })).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["rolled_back_to"], 1);
     assert_eq!(answer(&gw).await, "v1");
     // Nothing pends now: plain activations go through again.
     let (status, _) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/activate",
         json!({ "config": answering("v5") }),
     )
@@ -190,12 +185,12 @@ async fn confirm_and_abort_racing_have_exactly_one_winner() {
         let pending = active + 1;
         let (a, b) = tokio::join!(
             post_json(
-                &gw,
+                gw.admin,
                 "/admin/runtime/confirm",
                 json!({ "generation": pending })
             ),
             post_json(
-                &gw,
+                gw.admin,
                 "/admin/runtime/abort",
                 json!({ "generation": pending })
             ),
@@ -237,7 +232,12 @@ async fn confirm_racing_the_deadline_has_exactly_one_outcome() {
     assert_eq!(status, 200);
     // Confirm as close to the deadline as the clock allows.
     tokio::time::sleep(Duration::from_millis(990)).await;
-    let (status, body) = post_json(&gw, "/admin/runtime/confirm", json!({ "generation": 2 })).await;
+    let (status, body) = post_json(
+        gw.admin,
+        "/admin/runtime/confirm",
+        json!({ "generation": 2 }),
+    )
+    .await;
     // Give the timer its chance, then look.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let state = gw.status().await;
@@ -297,8 +297,7 @@ async fn a_restart_during_the_window_resumes_it() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
     let gw = Gateway::start_in(dir, &with_state(&root, "old"));
-    let (status, body) = post_json(
-        &gw,
+    let (status, body) = post_json(gw.admin,
         "/admin/runtime/activate",
         json!({ "config": with_state(&root, "new"), "expected_generation": 1, "confirm_within": "4s" }),
     )
@@ -329,8 +328,7 @@ async fn a_restart_after_the_deadline_boots_the_previous_generation() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
     let gw = Gateway::start_in(dir, &with_state(&root, "old"));
-    let (status, body) = post_json(
-        &gw,
+    let (status, body) = post_json(gw.admin,
         "/admin/runtime/activate",
         json!({ "config": with_state(&root, "new"), "expected_generation": 1, "confirm_within": "1s" }),
     )
@@ -427,7 +425,7 @@ async fn guarded(gw: &Gateway, config: String, guard: Value, extra: Value) -> (u
     if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
         body.extend(extra.clone());
     }
-    post_json(gw, "/admin/runtime/activate", body).await
+    post_json(gw.admin, "/admin/runtime/activate", body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -555,7 +553,7 @@ async fn the_pending_generation_has_its_own_series() {
         |body: &str| answering(body).replace("[log]", "[metrics]\nbind = \"127.0.0.1:0\"\n\n[log]");
     let gw = Gateway::start(&with_metrics("old"));
     let (status, body) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/activate",
         json!({ "config": with_metrics("new"), "expected_generation": 1, "confirm_within": "60s" }),
     )
@@ -574,7 +572,12 @@ async fn the_pending_generation_has_its_own_series() {
         !text.contains("cutover_generation_requests_total{generation=\"active\""),
         "{text}"
     );
-    let (status, _) = post_json(&gw, "/admin/runtime/confirm", json!({ "generation": 2 })).await;
+    let (status, _) = post_json(
+        gw.admin,
+        "/admin/runtime/confirm",
+        json!({ "generation": 2 }),
+    )
+    .await;
     assert_eq!(status, 200);
     let (_, _, text) = get(metrics, "x", "/metrics").await;
     assert!(
@@ -589,7 +592,7 @@ async fn a_guard_resumes_after_a_restart_with_a_new_window() {
     let root = dir.path().to_path_buf();
     let gw = Gateway::start_in(dir, &with_state(&root, "old"));
     let (status, body) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/activate",
         json!({
             "config": with_state(&root, "new"),
@@ -636,7 +639,7 @@ async fn a_guard_resumes_after_a_restart_with_a_new_window() {
 async fn a_canary_resumes_on_its_step_after_a_drain_aware_upgrade() {
     let mut gw = Gateway::start(&answering("old"));
     let (status, body) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/activate",
         json!({ "config": answering("new"), "expected_generation": 1,
                 "steps": [10, 50, 100], "step_interval": "3s" }),
@@ -718,7 +721,7 @@ async fn keep_alive_bodies(
 async fn a_canary_at_ten_percent_takes_a_tenth_of_new_requests() {
     let gw = Gateway::start(&answering("old"));
     let (status, body) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/activate",
         json!({ "config": answering("new"), "expected_generation": 1,
                 "steps": [10, 100], "step_interval": "10m" }),
@@ -760,7 +763,8 @@ async fn a_canary_at_ten_percent_takes_a_tenth_of_new_requests() {
         "every request pinned to one generation"
     );
     // Abort: back to 1, and every new request with it.
-    let (status, body) = post_json(&gw, "/admin/runtime/abort", json!({ "generation": 2 })).await;
+    let (status, body) =
+        post_json(gw.admin, "/admin/runtime/abort", json!({ "generation": 2 })).await;
     assert_eq!(status, 200, "{body}");
     let bodies = keep_alive_bodies(gw.listener("web"), 200, None).await;
     assert!(bodies.iter().all(|b| b == "old"));
@@ -770,7 +774,7 @@ async fn a_canary_at_ten_percent_takes_a_tenth_of_new_requests() {
 async fn a_sticky_canary_keeps_each_key_on_one_generation() {
     let gw = Gateway::start(&answering("old"));
     let (status, body) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/activate",
         json!({ "config": answering("new"), "expected_generation": 1,
                 "steps": [50, 100], "step_interval": "10m", "hash_key": "header:x-user" }),
@@ -798,7 +802,7 @@ async fn a_sticky_canary_keeps_each_key_on_one_generation() {
 async fn canary_steps_end_in_a_confirmation_or_a_guarded_rollback() {
     let gw = Gateway::start(&answering("old"));
     let (status, body) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/activate",
         json!({ "config": answering("new"), "expected_generation": 1,
                 "steps": [50, 100], "step_interval": "1s" }),
@@ -818,14 +822,14 @@ async fn canary_steps_end_in_a_confirmation_or_a_guarded_rollback() {
     let good = answering_status(200).await;
     let bad = answering_status(500).await;
     let (status, body) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/activate",
         json!({ "config": api_to(good.addr), "expected_generation": 2 }),
     )
     .await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = post_json(
-        &gw,
+        gw.admin,
         "/admin/runtime/activate",
         json!({ "config": api_to(bad.addr), "expected_generation": 3,
                 "steps": [50, 100], "step_interval": "1s",
@@ -877,7 +881,8 @@ async fn a_pending_generation_survives_a_drain_aware_upgrade() {
     );
     assert_eq!(answer(&gw).await, "new");
     // Settled in the new process.
-    let (status, body) = post_json(&gw, "/admin/runtime/abort", json!({ "generation": 2 })).await;
+    let (status, body) =
+        post_json(gw.admin, "/admin/runtime/abort", json!({ "generation": 2 })).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(answer(&gw).await, "old");
 }

@@ -302,6 +302,18 @@ pub async fn activate_with(gw: &Gateway, config: &str, query: &str) -> (u16, Val
     .await
 }
 
+/// POSTs `body` as JSON to the admin API at `addr`.
+pub async fn post_json(addr: SocketAddr, path: &str, body: Value) -> (u16, Value) {
+    admin_request(
+        addr,
+        "POST",
+        path,
+        Some("application/json"),
+        Some(body.to_string()),
+    )
+    .await
+}
+
 pub async fn admin_request(
     addr: SocketAddr,
     method: &str,
@@ -556,6 +568,18 @@ impl Drop for Backend {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Answers every request 500 with `broken` as the body.
+pub async fn failing_backend() -> Backend {
+    Backend::start(Arc::new(|_req| {
+        Box::pin(async move {
+            let mut response = hyper::Response::new(full("broken"));
+            *response.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
+            response
+        })
+    }))
+    .await
 }
 
 /// Echoes method, path, selected request headers and the body.

@@ -33,14 +33,7 @@ async fn activate_json(gw: &Gateway, config: &str, fields: Value) -> (u16, Value
     if let (Some(body), Some(fields)) = (body.as_object_mut(), fields.as_object()) {
         body.extend(fields.clone());
     }
-    admin_request(
-        gw.admin,
-        "POST",
-        "/admin/runtime/activate",
-        Some("application/json"),
-        Some(body.to_string()),
-    )
-    .await
+    post_json(gw.admin, "/admin/runtime/activate", body).await
 }
 
 /// Every client's answers were 2xx with an expected body.
@@ -53,14 +46,7 @@ async fn no_client_error(load: KeepAliveLoad) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidate_whose_upstream_fails_is_refused_while_clients_see_no_error() {
     let ok = Backend::named("ok").await;
-    let broken = Backend::start(std::sync::Arc::new(|_req| {
-        Box::pin(async move {
-            let mut response = hyper::Response::new(full("broken"));
-            *response.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
-            response
-        })
-    }))
-    .await;
+    let broken = failing_backend().await;
     let gw = Gateway::start(&shadow_config(&[ok.addr], "all", ""));
     let load = KeepAliveLoad::start(gw.listener("web"), 8, &["ok"]);
     let candidate = shadow_config(&[broken.addr], "all", "");
@@ -146,12 +132,10 @@ async fn a_healthy_candidate_passes_its_shadow_then_takes_the_guarded_switch() {
     .await;
     assert_eq!(status, 409, "{refused}");
     assert_eq!(refused["error"], "pending_activation");
-    let (status, _) = admin_request(
+    let (status, _) = post_json(
         gw.admin,
-        "POST",
         "/admin/runtime/confirm",
-        Some("application/json"),
-        Some(json!({ "generation": 2 }).to_string()),
+        json!({ "generation": 2 }),
     )
     .await;
     assert_eq!(status, 200);
@@ -279,16 +263,9 @@ async fn an_operator_stops_a_shadow_with_abort() {
     let admin = gw.admin;
     let candidate = shadow_config(&[ok.addr], "long", "");
     let stage = tokio::spawn(async move {
-        let mut body = json!({ "config": candidate, "shadow": { "duration": "10m" } });
-        body["requested_by"] = json!("ci");
-        admin_request(
-            admin,
-            "POST",
-            "/admin/runtime/activate",
-            Some("application/json"),
-            Some(body.to_string()),
-        )
-        .await
+        let body =
+            json!({ "config": candidate, "requested_by": "ci", "shadow": { "duration": "10m" } });
+        post_json(admin, "/admin/runtime/activate", body).await
     });
     // Status shows it while it runs.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -306,12 +283,10 @@ async fn an_operator_stops_a_shadow_with_abort() {
         activate_status(&gw, &shadow_config(&[ok.addr], "other", "")).await,
         409
     );
-    let (status, aborted) = admin_request(
+    let (status, aborted) = post_json(
         gw.admin,
-        "POST",
         "/admin/runtime/abort",
-        Some("application/json"),
-        Some(json!({ "generation": 2, "requested_by": "operator" }).to_string()),
+        json!({ "generation": 2, "requested_by": "operator" }),
     )
     .await;
     assert_eq!(status, 200, "{aborted}");
