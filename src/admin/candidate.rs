@@ -397,7 +397,8 @@ fn parse_checked(
 }
 
 /// Extracts a candidate from any of its request forms: query metadata,
-/// Content-Type and a body of at most `MAX_BODY` bytes (413 beyond).
+/// Content-Type and a body of at most `admin.max_body` bytes (413
+/// beyond).
 pub struct CandidateRequest(pub Candidate);
 
 /// An upgrade's candidate and the executable it names, if any.

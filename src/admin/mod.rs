@@ -34,11 +34,9 @@ use crate::ids::GenerationId;
 use crate::runtime::Phase;
 use crate::writer::Writer;
 
-/// Largest request body the admin API reads.
-pub const MAX_BODY: usize = 1024 * 1024;
-
 /// The admin router over `writer`, guarded by `security`.
 pub fn router(writer: Writer, security: Security) -> Router {
+    let max_body = security.max_body;
     let security = Arc::new(security);
     Router::new()
         .route("/admin/runtime/validate", post(validate))
@@ -55,6 +53,7 @@ pub fn router(writer: Writer, security: Security) -> Router {
             get(history_generation),
         )
         .route("/admin/runtime/status", get(status))
+        .route("/admin/runtime/timeline", get(timeline))
         .route("/admin/fleet/status", get(fleet_status))
         .route("/admin/fleet/forget", post(fleet_forget))
         .route("/admin/runtime/backends", get(backends))
@@ -68,11 +67,15 @@ pub fn router(writer: Writer, security: Security) -> Router {
         .route("/admin/", get(ui::index))
         .route("/admin/ui/app.js", get(ui::script))
         .route("/admin/ui/app.css", get(ui::style))
+        .route("/admin/ui/session", get(ui::session))
         .route("/admin/health", get(health))
         .route("/admin/ready", get(ready))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(MAX_BODY))
-        .layer(axum::middleware::from_fn(limits::bounded_body))
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            max_body,
+            limits::bounded_body,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             security,
             security::guard,
@@ -360,6 +363,11 @@ async fn history_generation(
 
 async fn status(State(writer): Shared) -> Response {
     Json(writer.status()).into_response()
+}
+
+/// The last 15 minutes, one point a second (the console's charts).
+async fn timeline(State(writer): Shared) -> Response {
+    Json(writer.control().timeline_view()).into_response()
 }
 
 async fn backends(State(writer): Shared) -> Response {

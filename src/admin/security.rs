@@ -1,5 +1,6 @@
 //! Admin API guards (DESIGN §10): bearer token in constant time, Host
-//! check against DNS rebinding, foreign browser Origins refused.
+//! check against DNS rebinding, foreign browser Origins refused, and a
+//! browser's writes held to the console session's CSRF token.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,16 +11,48 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
-/// What the guards check requests against.
+/// What the guards and limits check requests against.
 #[derive(Debug, Clone)]
 pub struct Security {
     /// The admin socket's bound address.
     pub address: SocketAddr,
     /// Expected bearer token, if one is configured.
     pub token: Option<String>,
+    /// The largest request body read, once decompressed (`admin.max_body`).
+    pub max_body: usize,
+    /// What this process derives the console's CSRF tokens from.
+    csrf_key: ring::hmac::Key,
 }
 
+/// The header a browser's write must carry (see `guard`).
+pub const CSRF_HEADER: &str = "x-cutover-csrf";
+
+/// The console session's CSRF token, for `GET /admin/ui/session`.
+#[derive(Debug, Clone)]
+pub struct Csrf(pub String);
+
 impl Security {
+    pub fn new(address: SocketAddr, token: Option<String>, max_body: usize) -> Self {
+        let rng = ring::rand::SystemRandom::new();
+        let key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng)
+            .unwrap_or_else(|_| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &[0; 32]));
+        Self {
+            address,
+            token,
+            max_body,
+            csrf_key: key,
+        }
+    }
+
+    /// The CSRF token of a session: bound to this process and to the
+    /// credentials the browser presents, so that a token read under one
+    /// login (or by a process before a restart) is worth nothing under
+    /// another.
+    fn csrf_token(&self, authorization: Option<&HeaderValue>) -> String {
+        let presented = authorization.map_or(&b""[..], HeaderValue::as_bytes);
+        let tag = ring::hmac::sign(&self.csrf_key, presented);
+        tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    }
     /// Host values a request may carry: the bound address, and `localhost`
     /// for loopback binds. A wildcard bind accepts any host.
     fn host_allowed(&self, host: &str) -> bool {
@@ -108,5 +141,30 @@ pub async fn guard(
             .insert(header::WWW_AUTHENTICATE, challenge);
         return response;
     }
+    // A browser's write (the page's Basic login, or any request a browser
+    // marks with Origin or Sec-Fetch-Site) must carry the session's CSRF
+    // token in a header: a cross-site form cannot set one, and a page of
+    // another origin cannot read the token. Scripts with a bearer token
+    // send none of these and are not asked.
+    let browser = headers.contains_key(header::ORIGIN)
+        || headers.contains_key("sec-fetch-site")
+        || headers
+            .get(header::AUTHORIZATION)
+            .is_some_and(|v| v.as_bytes().starts_with(b"Basic "));
+    let csrf = Csrf(security.csrf_token(headers.get(header::AUTHORIZATION)));
+    let reads = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    if browser && !reads {
+        let presented = headers
+            .get(CSRF_HEADER)
+            .map_or(&b""[..], HeaderValue::as_bytes);
+        if !bool::from(presented.ct_eq(csrf.0.as_bytes())) {
+            return StatusCode::FORBIDDEN.into_response();
+        }
+    }
+    let mut request = request;
+    request.extensions_mut().insert(csrf);
     next.run(request).await
 }

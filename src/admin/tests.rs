@@ -90,10 +90,11 @@ fn admin_with_hook(text: &str, token: Option<&str>, release_memory: fn()) -> Adm
         log_level: LogLevel::detached(),
         phase,
     }));
-    let security = Security {
-        address: ADMIN.parse().expect("addr"),
-        token: token.map(str::to_owned),
-    };
+    let security = Security::new(
+        ADMIN.parse().expect("addr"),
+        token.map(str::to_owned),
+        control.store().load_full().spec.admin.max_body,
+    );
     Admin {
         router: router(crate::writer::Writer::Local(Arc::clone(&control)), security),
         control,
@@ -250,6 +251,74 @@ async fn candidate_forms_and_request_errors() {
         body["message"].as_str().is_some_and(|m| !m.is_empty()),
         "{body}"
     );
+}
+
+fn compressed(encoding: &str, body: Vec<u8>) -> Request<Body> {
+    Request::post("/admin/runtime/validate")
+        .header("host", ADMIN)
+        .header("content-type", "application/toml")
+        .header("content-encoding", encoding)
+        .body(Body::from(body))
+        .expect("request")
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    encoder.write_all(bytes).expect("gzip");
+    encoder.finish().expect("gzip")
+}
+
+#[tokio::test]
+async fn compressed_bodies_are_read_within_the_same_bound() {
+    let a = admin();
+    // A configuration over the 1 MiB default, sent gzip and zstd: read.
+    let padding = "# padding\n".repeat(150_000);
+    let large = format!("{BASE}{padding}");
+    assert!(large.len() > 1024 * 1024);
+    for (encoding, body) in [
+        ("gzip", gzip(BASE.as_bytes())),
+        ("zstd", zstd::encode_all(BASE.as_bytes(), 3).expect("zstd")),
+    ] {
+        let (status, plan) = call(&a, compressed(encoding, body)).await;
+        assert_eq!(status, StatusCode::OK, "{encoding}: {plan}");
+        assert_eq!(plan["activatable"], true, "{plan}");
+    }
+    // Small on the wire, past the limit once inflated: 413, and no more
+    // than the limit was ever held.
+    for (encoding, body) in [
+        ("gzip", gzip(large.as_bytes())),
+        (
+            "zstd",
+            zstd::encode_all(large.as_bytes(), 19).expect("zstd"),
+        ),
+    ] {
+        assert!(body.len() < 64 * 1024, "{encoding}: {}", body.len());
+        let (status, answer) = call(&a, compressed(encoding, body)).await;
+        assert_eq!(
+            status,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "{encoding}: {answer}"
+        );
+        assert_eq!(answer["error"], "payload_too_large");
+    }
+    let (status, answer) = call(&a, compressed("br", b"x".to_vec())).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{answer}");
+    assert_eq!(answer["error"], "unsupported_encoding");
+    let (status, answer) = call(&a, compressed("gzip", b"not gzip at all".to_vec())).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+
+    // With admin.max_body = "4MiB", the large one is read.
+    let roomy = admin_with(
+        &BASE.replace("[admin]\n", "[admin]\nmax_body = \"4MiB\"\n"),
+        None,
+    );
+    let (status, plan) = call(
+        &roomy,
+        compressed("zstd", zstd::encode_all(large.as_bytes(), 3).expect("zstd")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{plan}");
 }
 
 /// A body that never arrives: the sender is kept, nothing is sent.
@@ -996,6 +1065,130 @@ async fn confirm_and_abort_check_their_request_and_need_a_pending_generation() {
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}
+
+#[tokio::test]
+async fn a_browser_write_needs_the_console_session_token() {
+    use base64::Engine as _;
+    let a = admin_with(BASE, Some("0123456789abcdef-secret"));
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("operator:0123456789abcdef-secret")
+    );
+    let with = |headers: &[(&str, &str)], path: &str| {
+        let mut request = Request::post(path)
+            .header("host", ADMIN)
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request
+            .body(Body::from(r#"{"generation": 1}"#))
+            .expect("request")
+    };
+    // The session's token, read with the page's login.
+    let session = Request::get("/admin/ui/session")
+        .header("host", ADMIN)
+        .header("authorization", &basic)
+        .body(Body::empty())
+        .expect("request");
+    let (status, body) = call(&a, session).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let token = body["csrf"].as_str().expect("a token").to_owned();
+    assert_eq!(token.len(), 64);
+    let origin = format!("http://{ADMIN}");
+    for (headers, expected) in [
+        // The page's login without the token: refused, whatever else.
+        (
+            vec![("authorization", basic.as_str())],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            vec![
+                ("authorization", basic.as_str()),
+                ("x-cutover-csrf", "0000"),
+            ],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            vec![
+                ("authorization", "Bearer 0123456789abcdef-secret"),
+                ("origin", origin.as_str()),
+            ],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            vec![
+                ("authorization", "Bearer 0123456789abcdef-secret"),
+                ("sec-fetch-site", "same-origin"),
+            ],
+            StatusCode::FORBIDDEN,
+        ),
+        // With it: the call is made (nothing pends: 409 not_pending).
+        (
+            vec![
+                ("authorization", basic.as_str()),
+                ("x-cutover-csrf", token.as_str()),
+            ],
+            StatusCode::CONFLICT,
+        ),
+        // A script's bearer token needs none.
+        (
+            vec![("authorization", "Bearer 0123456789abcdef-secret")],
+            StatusCode::CONFLICT,
+        ),
+        // No credentials at all: 401 first.
+        (vec![("origin", origin.as_str())], StatusCode::UNAUTHORIZED),
+    ] {
+        let (status, body) = call(&a, with(&headers, "/admin/runtime/confirm")).await;
+        assert_eq!(status, expected, "{headers:?}: {body}");
+    }
+    // A token read under one login is worth nothing under another.
+    let other = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("someone:0123456789abcdef-secret")
+    );
+    let (status, _) = call(
+        &a,
+        with(
+            &[
+                ("authorization", other.as_str()),
+                ("x-cutover-csrf", token.as_str()),
+            ],
+            "/admin/runtime/confirm",
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // Reads need no token.
+    let (status, _) = call(
+        &a,
+        Request::get("/admin/runtime/timeline")
+            .header("host", ADMIN)
+            .header("authorization", &basic)
+            .header("origin", origin.as_str())
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_timeline_answers_points_backends_and_events() {
+    let a = admin();
+    a.control.sample_timeline();
+    a.control.sample_timeline();
+    let (status, body) = call(&a, get("/admin/runtime/timeline")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["interval_seconds"], 1);
+    assert_eq!(body["window_seconds"], 900);
+    let points = body["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2, "{body}");
+    assert_eq!(points[0]["roles"][0]["role"], "active", "{body}");
+    assert_eq!(points[0]["roles"][0]["generation"], 1, "{body}");
+    assert!(body["backends"].is_array());
+    assert!(body["events"].is_array());
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! The admin page (`GET /admin/`): plain HTML, CSS and JavaScript in the
-//! binary, read-only, fed by the admin API's own JSON from the same
-//! origin. It sits behind the same guards as every admin call (token,
+//! binary, fed by the admin API's own JSON from the same origin; its
+//! actions (confirm, abort, roll back, preview) are calls to the same API
+//! carrying the session's CSRF token. It sits behind the same guards as every admin call (token,
 //! Host, Origin) and sends a Content-Security-Policy that allows nothing
 //! but its own two files and same-origin requests: no inline script, no
 //! other origin, no framing.
@@ -48,4 +49,15 @@ pub async fn script() -> Response {
 
 pub async fn style() -> Response {
     asset(STYLE, "text/css; charset=utf-8")
+}
+
+/// The console session's CSRF token, which its writes carry in
+/// `X-Cutover-Csrf` (see `security::guard`). Same-origin only: another
+/// origin's page cannot read it.
+pub async fn session(axum::Extension(csrf): axum::Extension<super::security::Csrf>) -> Response {
+    let mut response = axum::Json(serde_json::json!({ "csrf": csrf.0 })).into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
 }

@@ -47,6 +47,16 @@ impl HealthState {
         }
     }
 
+    /// As the admin API spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            HealthState::Unchecked => "unchecked",
+            HealthState::Unknown => "unknown",
+            HealthState::Healthy => "healthy",
+            HealthState::Unhealthy => "unhealthy",
+        }
+    }
+
     fn as_u8(self) -> u8 {
         match self {
             HealthState::Unchecked => 0,

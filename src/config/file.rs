@@ -74,6 +74,9 @@ pub struct FileAdmin {
     pub token_file: Option<String>,
     #[serde(default)]
     pub require_expected_generation: bool,
+    /// The largest request body the admin API reads (decompressed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_body: Option<FileSize>,
 }
 
 impl Default for FileAdmin {
@@ -82,6 +85,7 @@ impl Default for FileAdmin {
             bind: default_admin_bind(),
             token_file: None,
             require_expected_generation: false,
+            max_body: None,
         }
     }
 }

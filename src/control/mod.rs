@@ -19,6 +19,7 @@ mod guarded;
 mod operations;
 mod process;
 mod shadow;
+mod timeline;
 mod views;
 
 use std::borrow::Cow;
@@ -43,6 +44,7 @@ pub use process::{BinaryView, LifecycleError, ProcessControl, UpgradeRequest};
 #[cfg(feature = "fleet")]
 pub(crate) use shadow::judge as judge_shadow;
 pub use shadow::ShadowHandle;
+pub use timeline::TimelineView;
 pub use views::*;
 
 use crate::config::ConfigText;
@@ -228,6 +230,8 @@ pub struct Control {
     shadowing: Mutex<Option<shadow::ShadowRun>>,
     /// The report of the last shadow stage that ended.
     last_shadow: Mutex<Option<crate::runtime::shadow::ShadowReport>>,
+    /// The console's last 15 minutes (`timeline.rs`).
+    timeline: Mutex<timeline::Timeline>,
 }
 
 impl Control {
@@ -250,6 +254,7 @@ impl Control {
             file_composer: std::sync::OnceLock::new(),
             shadowing: Mutex::new(None),
             last_shadow: Mutex::new(None),
+            timeline: Mutex::default(),
         }
     }
 

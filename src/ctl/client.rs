@@ -11,6 +11,9 @@ use serde_json::{json, Value};
 use super::{Answer, CtlError};
 use crate::runtime::{OperationRecord, Outcome};
 
+/// Request bodies longer than this are sent zstd-compressed.
+const COMPRESS_OVER: usize = 64 * 1024;
+
 /// How long a call may take to be answered.
 const ANSWER_WITHIN: Duration = Duration::from_secs(120);
 
@@ -109,7 +112,19 @@ impl Client {
         let payload = match body {
             Some(body) => {
                 request = request.header(header::CONTENT_TYPE, "application/json");
-                Bytes::from(body.to_string())
+                let text = body.to_string();
+                // A large configuration goes compressed: the admin API
+                // reads it within `admin.max_body` once decompressed.
+                match (text.len() > COMPRESS_OVER)
+                    .then(|| zstd::encode_all(text.as_bytes(), 3).ok())
+                    .flatten()
+                {
+                    Some(compressed) => {
+                        request = request.header(header::CONTENT_ENCODING, "zstd");
+                        Bytes::from(compressed)
+                    }
+                    None => Bytes::from(text),
+                }
             }
             None => Bytes::new(),
         };

@@ -436,10 +436,7 @@ async fn serve(
         }
     }
 
-    let security = Security {
-        address: admin_address,
-        token: spec.admin.token.clone(),
-    };
+    let security = Security::new(admin_address, spec.admin.token.clone(), spec.admin.max_body);
     let admin_router = admin::router(writer.clone(), security);
     // Status names the running binary's hash from its first answer, and
     // an upgrading parent keeps the admin socket until this process can
@@ -527,6 +524,7 @@ async fn refresh_gauges(control: Arc<Control>) {
     loop {
         tick.tick().await;
         publish_gauges(&control);
+        control.sample_timeline();
     }
 }
 

@@ -72,6 +72,8 @@ pub struct AdminSpec {
     /// Bearer token every admin call must carry, read from `token_file`.
     pub token: Option<String>,
     pub require_expected_generation: bool,
+    /// The largest request body the admin API reads, once decompressed.
+    pub max_body: usize,
 }
 
 #[derive(Debug, Clone)]

@@ -219,6 +219,25 @@ impl Count {
     }
 }
 
+/// The `q` quantile's upper bound over bucket `counts` (one per bound,
+/// then `+Inf`'s), as `histogram_quantile` would bound it; `None` with
+/// no sample.
+pub fn quantile_bound_of(bounds: &[f64], counts: &[u64], q: f64) -> Option<f64> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = (q * total as f64).ceil().max(1.0) as u64;
+    let mut cumulative = 0;
+    for (i, n) in counts.iter().enumerate() {
+        cumulative += n;
+        if cumulative >= rank {
+            return Some(bounds.get(i).copied().unwrap_or(f64::INFINITY));
+        }
+    }
+    Some(f64::INFINITY)
+}
+
 /// A histogram with fixed bucket bounds (seconds), kept as atomics.
 #[derive(Debug)]
 pub struct Histogram {
@@ -262,19 +281,19 @@ impl Histogram {
     /// falls in (`f64::INFINITY` past the last bound), as
     /// `histogram_quantile` would bound it; `None` with no sample.
     pub fn quantile_bound(&self, q: f64) -> Option<f64> {
-        let total: u64 = self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum();
-        if total == 0 {
-            return None;
-        }
-        let rank = (q * total as f64).ceil().max(1.0) as u64;
-        let mut cumulative = 0;
-        for (i, bucket) in self.buckets.iter().enumerate() {
-            cumulative += bucket.load(Ordering::Relaxed);
-            if cumulative >= rank {
-                return Some(self.bounds.get(i).copied().unwrap_or(f64::INFINITY));
-            }
-        }
-        Some(f64::INFINITY)
+        quantile_bound_of(self.bounds, &self.counts(), q)
+    }
+
+    /// Each bucket's count (not cumulative; the last is `+Inf`'s).
+    pub fn counts(&self) -> Vec<u64> {
+        self.buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    pub fn bounds(&self) -> &'static [f64] {
+        self.bounds
     }
 
     /// Cumulative `_bucket` series with `le`, then `_sum` and `_count`.

@@ -415,6 +415,32 @@ async fn ctl_exit_codes_follow_the_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_over_a_megabyte_goes_through_ctl_within_admin_max_body() {
+    let backend = Backend::named("A").await;
+    let base = proxy_config(backend.addr, "");
+    let roomy = base.replace("[admin]\n", "[admin]\nmax_body = \"4MiB\"\n");
+    // 1.3 MB of TOML (a 10 000-route configuration is 1.24 MB).
+    let large = format!(
+        "{roomy}\n{}",
+        "# a comment line as long as a route's\n".repeat(40_000)
+    );
+    assert!(large.len() > 1_300_000);
+    let gw = Gateway::start(&base);
+    let file = gw.path("large.toml");
+    std::fs::write(&file, &large).unwrap();
+    let file = file.to_str().unwrap().to_owned();
+    // Over the default 1 MiB once decompressed: 413, refused.
+    let (code, _, err) = ctl(&gw.admin_url(), &["validate", &file]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("413 payload_too_large"), "{err}");
+    // With room for it: ctl sends it zstd-compressed, the gateway reads it.
+    let gw = Gateway::start(&roomy);
+    let (code, out, err) = ctl(&gw.admin_url(), &["validate", &file]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("activatable: yes"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preview_writes_nothing_to_disk() {
     let backend = Backend::named("A").await;
     let dir = tempfile::tempdir().unwrap();

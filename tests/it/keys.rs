@@ -223,6 +223,7 @@ fn rows() -> Vec<Row> {
             Admin,
             &["require_expected_generation = true"],
         ),
+        row("admin", "max_body", Admin, &["max_body = \"8MiB\""]),
         row("metrics", "bind", Metrics, &["bind = \"127.0.0.1:19191\""])
             .replaces(&["bind = \"127.0.0.1:0\""]),
         row("metrics", "max_series", Metrics, &["max_series = 100"]),

@@ -3,6 +3,7 @@
 mod admin;
 mod auth;
 mod compress;
+mod console;
 mod cors;
 mod docs;
 mod edge;

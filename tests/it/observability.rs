@@ -812,7 +812,10 @@ async fn the_admin_page_shows_both_generations_and_the_diff_in_a_real_browser() 
     // The page ran (the summary replaced "loading…") with no API error.
     assert!(dom.contains("generation 5 · sha256:"), "{dom}");
     assert!(dom.contains("PENDING: rolls back to generation 4"), "{dom}");
-    assert!(dom.contains(r#"id="error" class="error" hidden"#), "{dom}");
+    assert!(
+        dom.contains(r#"id="error" class="error" role="alert" hidden"#),
+        "{dom}"
+    );
     // The timeline shows every retained generation, with who and why,
     // and how each guarded one ended.
     for id in 1..=5 {

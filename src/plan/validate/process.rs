@@ -7,6 +7,11 @@ pub const DEFAULT_IMPACT_SAMPLE: u32 = 10_000;
 /// At most this many (each head is at most ~4 KiB: see `generation/sample.rs`).
 pub const MAX_IMPACT_SAMPLE: u32 = 100_000;
 
+/// The admin API's body limit unless `admin.max_body` says otherwise.
+pub const DEFAULT_ADMIN_BODY: usize = 1024 * 1024;
+const MIN_ADMIN_BODY: u64 = 64 * 1024;
+const MAX_ADMIN_BODY: u64 = 64 * 1024 * 1024;
+
 impl Validator<'_> {
     pub(super) fn admin(&mut self, file: &FileConfig) -> Option<AdminSpec> {
         let bind = self.socket_addr("admin.bind".into(), &file.admin.bind);
@@ -33,10 +38,25 @@ impl Validator<'_> {
                 format!("admin bind {bind} is not a loopback address; set admin.token_file to protect it"),
             );
         }
+        let max_body = match &file.admin.max_body {
+            None => DEFAULT_ADMIN_BODY,
+            Some(size) => match self.size("admin.max_body".into(), size)? {
+                n if (MIN_ADMIN_BODY..=MAX_ADMIN_BODY).contains(&n) => n as usize,
+                n => {
+                    self.error(
+                        Code::InvalidValue,
+                        "admin.max_body",
+                        format!("admin.max_body {n} bytes is not between 64 KiB and 64 MiB"),
+                    );
+                    return None;
+                }
+            },
+        };
         Some(AdminSpec {
             bind,
             token,
             require_expected_generation: file.admin.require_expected_generation,
+            max_body,
         })
     }
 

@@ -1,0 +1,484 @@
+//! The admin page as an operator console (issue 34), driven in a real
+//! headless Chromium through ChromeDriver (WebDriver over HTTP): confirm
+//! and abort a pending generation by clicking (a double click is one
+//! action; a page showing an old generation gets the 409 and says so),
+//! roll back by clicking, preview a pasted candidate, the charts of a
+//! canary whose two series count what the generations' ledgers count,
+//! a phone-width layout without sideways scrolling, and a cross-origin
+//! form post that changes nothing. The screenshots it takes are the ones
+//! `docs/operations.md` shows (`CUTOVER_SCREENSHOTS=1` writes them to
+//! `docs/img/`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::Request;
+use serde_json::{json, Value};
+
+use crate::harness::*;
+use crate::observability::installed;
+
+/// A WebDriver session on a ChromeDriver of our own; the browser is shut
+/// and the driver killed on drop.
+struct Driver {
+    child: Child,
+    addr: SocketAddr,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Driver {
+    async fn start(chromedriver: &Path, chromium: &Path) -> Driver {
+        let mut child = Command::new(chromedriver)
+            .arg("--port=0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let stdout = child.stdout.take().expect("stdout");
+        let port = tokio::task::spawn_blocking(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let line = line.ok()?;
+                if let Some(rest) = line.split("started successfully on port ").nth(1) {
+                    return rest.trim_end_matches('.').trim().parse::<u16>().ok();
+                }
+            }
+            None
+        })
+        .await
+        .unwrap()
+        .expect("chromedriver says its port");
+        let profile = tempfile::tempdir().unwrap();
+        let mut driver = Driver {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            session: String::new(),
+            _profile: profile,
+        };
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1280,1000",
+        ];
+        let mut args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        args.push(format!(
+            "--user-data-dir={}",
+            driver._profile.path().display()
+        ));
+        let answer = driver
+            .call(
+                "POST",
+                "/session",
+                json!({ "capabilities": { "alwaysMatch": { "browserName": "chrome",
+                    "goog:chromeOptions": { "binary": chromium, "args": args } } } }),
+            )
+            .await;
+        driver.session = answer["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {answer}"))
+            .to_owned();
+        driver
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", self.addr.to_string())
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let (_, _, bytes) = send(self.addr, req).await.expect("chromedriver answers");
+        let answer: Value = serde_json::from_slice(&bytes).expect("WebDriver JSON");
+        answer["value"].clone()
+    }
+
+    fn at(&self, path: &str) -> String {
+        format!("/session/{}{path}", self.session)
+    }
+
+    async fn go(&self, url: &str) {
+        self.call("POST", &self.at("/url"), json!({ "url": url }))
+            .await;
+    }
+
+    /// Runs `script` (a function body) in the page; its return value.
+    async fn script(&self, script: &str) -> Value {
+        self.call(
+            "POST",
+            &self.at("/execute/sync"),
+            json!({ "script": script, "args": [] }),
+        )
+        .await
+    }
+
+    /// Waits (bounded) until `condition` (an expression) holds in the page.
+    async fn wait(&self, condition: &str, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if self.script(&format!("return !!({condition});")).await == json!(true) {
+                return;
+            }
+            if Instant::now() > deadline {
+                let text = self.script("return document.body.innerText;").await;
+                panic!("{what}: `{condition}` never held; the page said:\n{text}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A WebDriver click on the element `css` selects: scrolled into
+    /// view, refused if something covers it; found again if the page
+    /// re-rendered it in between.
+    async fn click(&self, css: &str) {
+        let mut clicked = Value::Null;
+        for _ in 0..5 {
+            let found = self
+                .call(
+                    "POST",
+                    &self.at("/element"),
+                    json!({ "using": "css selector", "value": css }),
+                )
+                .await;
+            let id = found
+                .as_object()
+                .and_then(|o| o.values().next())
+                .and_then(Value::as_str)
+                .unwrap_or_else(|| panic!("no element {css}: {found}"))
+                .to_owned();
+            clicked = self
+                .call("POST", &self.at(&format!("/element/{id}/click")), json!({}))
+                .await;
+            if clicked["error"] != "stale element reference" {
+                break;
+            }
+        }
+        assert!(clicked.is_null(), "click on {css}: {clicked}");
+    }
+
+    async fn resize(&self, width: u32, height: u32) {
+        self.call(
+            "POST",
+            &self.at("/window/rect"),
+            json!({ "width": width, "height": height }),
+        )
+        .await;
+    }
+
+    async fn screenshot(&self, name: &str) {
+        use base64::Engine as _;
+        let png = self.call("GET", &self.at("/screenshot"), json!({})).await;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap_or_default())
+            .expect("a PNG");
+        let dir = if std::env::var_os("CUTOVER_SCREENSHOTS").is_some() {
+            workspace().join("docs/img")
+        } else {
+            std::env::temp_dir()
+        };
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // Shuts the browser (blocking: this may run while a test panics).
+        if !self.session.is_empty() {
+            use std::io::{Read, Write};
+            if let Ok(mut stream) = std::net::TcpStream::connect(self.addr) {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let _ = write!(
+                    stream,
+                    "DELETE /session/{} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    self.session, self.addr
+                );
+                let _ = stream.read_to_end(&mut Vec::new());
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tools() -> Option<(PathBuf, PathBuf)> {
+    match (installed("chromedriver"), installed("chromium")) {
+        (Some(driver), Some(chromium)) => Some((driver, chromium)),
+        _ => {
+            eprintln!(
+                "SKIPPED: chromium or chromedriver is not installed \
+                 (apt-get install chromium chromium-driver; .ci/run installs them)"
+            );
+            None
+        }
+    }
+}
+
+async fn activate_json(gw: &Gateway, body: Value) -> Value {
+    let (status, answer) = post_json(gw.admin, "/admin/runtime/activate", body).await;
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
+fn page_says(text: &str) -> String {
+    format!(
+        "document.getElementById('action-result').textContent.includes({})",
+        json!(text)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_confirms_aborts_rolls_back_and_previews_by_clicking() {
+    let Some((chromedriver, chromium)) = tools() else {
+        return;
+    };
+    let backend = Backend::named("a").await;
+    let config = |timeout: &str| proxy_config(backend.addr, &format!("timeout = \"{timeout}\""));
+    let gw = Gateway::start(&config("15s"));
+    activate_json(
+        &gw,
+        json!({ "config": config("3s"), "requested_by": "pipeline" }),
+    )
+    .await;
+    activate_json(
+        &gw,
+        json!({ "config": config("5s"), "confirm_within": "10m" }),
+    )
+    .await;
+    let driver = Driver::start(&chromedriver, &chromium).await;
+    let page = format!("{}/admin/", gw.admin_url());
+    driver.go(&page).await;
+    driver
+        .wait(
+            "!document.getElementById('actions').hidden",
+            "the pending actions show",
+        )
+        .await;
+    driver
+        .wait(
+            "document.getElementById('confirm').textContent === 'Confirm generation 3'",
+            "the confirm button names the pending generation",
+        )
+        .await;
+    driver.screenshot("console-1280.png").await;
+
+    // A page that shows an old active generation: the API's 409, said.
+    driver
+        .script("shown = Object.assign({}, shown, { active_generation: 2 }); document.getElementById('confirm').click(); return true;")
+        .await;
+    driver
+        .wait(
+            &page_says("refused (409 generation_conflict)"),
+            "the 409 is shown",
+        )
+        .await;
+    assert_eq!(gw.status().await["pending"]["generation"], 3);
+
+    // Confirm, double-clicked: one action.
+    driver
+        .script("const b = document.getElementById('confirm'); b.click(); b.click(); return true;")
+        .await;
+    driver
+        .wait(&page_says("confirmed"), "the confirmation is shown")
+        .await;
+    assert!(gw.status().await["pending"].is_null());
+    let (_, history) = admin_request(gw.admin, "GET", "/admin/runtime/history", None, None).await;
+    // The stale page's refused one, and one more: a second call would
+    // have been recorded too (refused: nothing pends any more).
+    let confirms: Vec<&Value> = history["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["kind"] == "confirm")
+        .collect();
+    assert_eq!(confirms.len(), 2, "a double click is one action: {history}");
+    assert_eq!(confirms[0]["outcome"], "succeeded");
+    assert_eq!(confirms[1]["outcome"], "conflict");
+    driver
+        .wait("document.getElementById('actions').hidden", "nothing pends")
+        .await;
+
+    // Abort a new pending generation by clicking.
+    activate_json(
+        &gw,
+        json!({ "config": config("7s"), "confirm_within": "10m" }),
+    )
+    .await;
+    driver
+        .wait(
+            "document.getElementById('abort').textContent === 'Abort: roll back to generation 3'",
+            "the abort button names the rollback target",
+        )
+        .await;
+    driver.click("#abort").await;
+    driver
+        .wait(&page_says("rolled back"), "the abort is shown")
+        .await;
+    let status = gw.status().await;
+    assert_eq!(status["active_generation"], 5, "{status}");
+    assert!(status["pending"].is_null());
+
+    // Roll back to generation 2 from the history: two clicks.
+    driver.click("li[data-generation=\"2\"]").await;
+    driver
+        .wait(
+            "!document.getElementById('rollback').hidden && document.getElementById('rollback').textContent === 'Roll back to generation 2'",
+            "the rollback button",
+        )
+        .await;
+    driver.click("#rollback").await;
+    driver
+        .wait(
+            "document.getElementById('rollback').textContent.startsWith('Click again')",
+            "the first click arms it",
+        )
+        .await;
+    assert_eq!(gw.active_generation().await, 5, "one click changes nothing");
+    driver.click("#rollback").await;
+    driver
+        .wait(
+            &page_says("roll back to generation 2"),
+            "the rollback is shown",
+        )
+        .await;
+    gw.wait_generation(6).await;
+    let (_, detail) = admin_request(gw.admin, "GET", "/admin/runtime/history/6", None, None).await;
+    assert_eq!(detail["rolled_back_to"], 2, "{detail}");
+
+    // Preview a pasted candidate: its diff, nothing activated.
+    let candidate = config("9s");
+    driver
+        .script(&format!(
+            "document.getElementById('candidate').value = {}; return true;",
+            json!(candidate)
+        ))
+        .await;
+    driver.click("#preview").await;
+    driver
+        .wait(
+            "document.getElementById('preview-summary').textContent.startsWith('activatable against generation 6')",
+            "the preview's plan",
+        )
+        .await;
+    driver
+        .wait(
+            "[...document.querySelectorAll('#preview-diff td.add')].some((td) => td.textContent.includes('timeout = \"9s\"'))",
+            "the preview's diff",
+        )
+        .await;
+    assert_eq!(gw.active_generation().await, 6);
+
+    // A canary: the charts' two series count what the ledgers count.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let canary = activate_json(
+        &gw,
+        json!({ "config": config("11s"), "expected_generation": 6,
+                "steps": [50, 100], "step_interval": "10m", "confirm_within": "20m" }),
+    )
+    .await;
+    assert_eq!(canary["pending"]["canary_percent"], 50, "{canary}");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    for _ in 0..200 {
+        let (status, _, _) = get(gw.listener("web"), "api.test", "/").await;
+        assert_eq!(status, 200);
+    }
+    let ledgers = gw.status().await["generations"].clone();
+    let requests = |id: u64| {
+        ledgers
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["generation"] == id)
+            .map_or(0, |g| g["requests"].as_u64().unwrap())
+    };
+    let (pending, previous) = (requests(7), requests(6));
+    assert_eq!(pending + previous, 200, "{ledgers}");
+    assert!(pending > 40 && previous > 40, "{ledgers}");
+    let series = |role: &str| {
+        format!(
+            "(document.querySelector('#charts svg polyline.series.{role}') || {{}}).getAttribute && document.querySelector('#charts svg polyline.series.{role}').getAttribute('data-total')"
+        )
+    };
+    driver
+        .wait(
+            &format!(
+                "{} === '{pending}' && {} === '{previous}'",
+                series("pending"),
+                series("previous")
+            ),
+            "the requests/s chart's two series match the ledgers",
+        )
+        .await;
+    let legend = driver
+        .script("return document.querySelector('#charts .legend').textContent;")
+        .await;
+    assert!(
+        legend.as_str().unwrap().contains("pending (generation 7)")
+            && legend.as_str().unwrap().contains("previous (generation 6)"),
+        "{legend}"
+    );
+    // Activations are marked on the time axis.
+    let marks = driver
+        .script("return document.querySelectorAll('#charts figure:first-child line.event').length;")
+        .await;
+    assert!(marks.as_u64().unwrap() >= 4, "{marks}");
+    driver.script("window.scrollTo(0, 0); return true;").await;
+    driver.screenshot("console-canary.png").await;
+
+    // A phone's width: nothing scrolls sideways but the wide tables.
+    driver.resize(390, 844).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let wider = driver
+        .script(
+            "return [...document.querySelectorAll('body *')]\
+               .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1 && !e.closest('.scroll') && !e.closest('svg'))\
+               .map((e) => `${e.tagName}#${e.id}.${e.className.baseVal ?? e.className}`);",
+        )
+        .await;
+    assert_eq!(wider, json!([]), "wider than a phone");
+    driver
+        .wait(
+            "document.documentElement.scrollWidth <= window.innerWidth + 1",
+            "the page fits a phone's width",
+        )
+        .await;
+    driver.script("window.scrollTo(0, 0); return true;").await;
+    driver.screenshot("console-phone.png").await;
+
+    // A page of another origin posts a form to confirm: refused, the
+    // generation still pends.
+    let admin = gw.admin;
+    let evil = Backend::start(std::sync::Arc::new(move |_req| {
+        let form = format!(
+            "<!doctype html><form id=f method=post enctype=text/plain action=\"http://{admin}/admin/runtime/confirm\">\
+             <input name='{{\"generation\":7,\"x\":\"' value='\"}}'></form><script>document.getElementById('f').submit()</script>"
+        );
+        Box::pin(async move {
+            let mut response = hyper::Response::new(full(form));
+            response
+                .headers_mut()
+                .insert("content-type", "text/html".parse().unwrap());
+            response
+        })
+    }))
+    .await;
+    driver.go(&format!("http://{}/", evil.addr)).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let status = gw.status().await;
+    assert_eq!(
+        status["pending"]["generation"], 7,
+        "still pending: {status}"
+    );
+    assert_eq!(status["active_generation"], 7);
+}
