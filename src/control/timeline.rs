@@ -8,8 +8,9 @@
 //! Read from what already counts (the generations' ledgers, the backends'
 //! state) by a task on the control runtime once a second: the request
 //! path does nothing more for it. Bounded: `POINTS` points of at most
-//! three roles each (about 150 KiB), and at most `CHANGES` health changes
-//! for at most `BACKENDS` backends (about 1.1 MiB at worst).
+//! three roles each (224 bytes a point: about 200 KiB), and at most
+//! `CHANGES` health changes (32 bytes each) for at most `BACKENDS`
+//! backends (about 2 MiB at worst).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -274,6 +275,15 @@ mod timeline_tests {
         assert_eq!(last.roles[1].requests, 0);
         // Only the generations of the last point are remembered.
         assert_eq!(timeline.last.len(), 2);
+    }
+
+    #[test]
+    fn the_bound_the_docs_state_holds() {
+        // Three roles and the point itself, per second: 224 bytes.
+        let point = 3 * std::mem::size_of::<RolePoint>() + std::mem::size_of::<Point>();
+        assert!(point <= 224, "{point}");
+        assert!(point * POINTS <= 200 * 1024);
+        assert!(std::mem::size_of::<Change>() * CHANGES * BACKENDS <= 2 * 1024 * 1024);
     }
 
     #[test]

@@ -51,6 +51,12 @@ function utc(seconds) {
   return new Date(seconds * 1000).toISOString().replace(".000", "");
 }
 
+// An RFC 3339 instant from the API in the viewer's zone (date and time).
+function local(rfc3339) {
+  const at = new Date(rfc3339);
+  return Number.isNaN(at.getTime()) ? rfc3339 : at.toLocaleString([], { hour12: false });
+}
+
 async function api(path) {
   const response = await fetch(path, { headers: { accept: "application/json" }, cache: "no-store" });
   if (!response.ok) throw new Error(`${path}: ${response.status}`);
@@ -153,9 +159,11 @@ function renderStatus(status) {
     ? ` · SHADOW: candidate generation ${status.shadow.candidate_generation}, ` +
       `${status.shadow.total.compared} requests compared in ${Math.round(status.shadow.seconds)} s`
     : "";
-  document.getElementById("summary").textContent =
+  const summary = document.getElementById("summary");
+  summary.textContent =
     `pid ${status.pid} · ${status.phase} · generation ${status.active_generation} · ` +
-    `${status.config_version} · activated ${status.activated_at}${pending}${shadowing}`;
+    `${status.config_version} · activated ${local(status.activated_at)}${pending}${shadowing}`;
+  summary.title = `activated ${status.activated_at} (UTC)`;
   renderActions(status);
   renderShadow(status.shadow);
   const now = performance.now();
@@ -344,7 +352,9 @@ function renderTimeline() {
     item.tabIndex = 0;
     item.appendChild(el("span", `generation ${g.generation}`, "id"));
     const who = [g.requested_by, g.reason].filter(Boolean).join(": ");
-    item.appendChild(el("span", `${g.status} · ${g.source} · ${g.activated_at}${who ? " · " + who : ""}`));
+    const line = el("span", `${g.status} · ${g.source} · ${local(g.activated_at)}${who ? " · " + who : ""}`);
+    line.title = `${g.activated_at} (UTC)`;
+    item.appendChild(line);
     if (g.settlement) {
       // A guarded activation: pending, or how it ended and why.
       const s = g.settlement;
