@@ -98,6 +98,8 @@ pub(super) struct Timeline {
     points: VecDeque<Point>,
     last: HashMap<GenerationId, Reading>,
     health: Vec<BackendTimeline>,
+    /// Where each followed backend (upstream, address) is in `health`.
+    followed: HashMap<(String, String), usize>,
 }
 
 impl Timeline {
@@ -154,18 +156,16 @@ impl Timeline {
                 } else {
                     Cow::Borrowed(backend.health.name())
                 };
-                let known = self
-                    .health
-                    .iter()
-                    .position(|b| b.upstream == upstream.name && b.addr == backend.addr);
-                let index = match known {
-                    Some(index) => index,
+                let key = (upstream.name.clone(), backend.addr.clone());
+                let index = match self.followed.get(&key) {
+                    Some(index) => *index,
                     None if self.health.len() < BACKENDS => {
                         self.health.push(BackendTimeline {
-                            upstream: upstream.name.clone(),
-                            addr: backend.addr.clone(),
+                            upstream: key.0.clone(),
+                            addr: key.1.clone(),
                             changes: Vec::new(),
                         });
+                        self.followed.insert(key, self.health.len() - 1);
                         self.health.len() - 1
                     }
                     None => continue,
