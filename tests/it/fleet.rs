@@ -889,18 +889,17 @@ async fn the_kubernetes_fleet_example_joins_etcd_and_serves_its_shared_document(
 /// Activates `document` through `gw` with the JSON form's `extra` fields
 /// (confirm_within, guard, steps ...).
 async fn activate_json(gw: &Gateway, document: &str, expected: u64, extra: Value) -> (u16, Value) {
+    let body = activation(document, expected, extra);
+    post_json(gw.admin, "/admin/runtime/activate", body).await
+}
+
+/// The JSON activation of `document` against `expected`, with `extra`.
+fn activation(document: &str, expected: u64, extra: Value) -> Value {
     let mut body = json!({ "config": document, "expected_generation": expected });
     for (key, value) in extra.as_object().unwrap() {
         body[key] = value.clone();
     }
-    admin_request(
-        gw.admin,
-        "POST",
-        "/admin/runtime/activate",
-        Some("application/json"),
-        Some(body.to_string()),
-    )
-    .await
+    body
 }
 
 /// Waits until the pending `generation` is settled; the fleet status.
@@ -1343,10 +1342,7 @@ fn activate_later(
     extra: Value,
 ) -> tokio::task::JoinHandle<(u16, Value)> {
     let admin = gw.admin;
-    let mut body = json!({ "config": document, "expected_generation": expected });
-    for (key, value) in extra.as_object().unwrap() {
-        body[key] = value.clone();
-    }
+    let body = activation(&document, expected, extra);
     tokio::spawn(async move { post_json(admin, "/admin/runtime/activate", body).await })
 }
 
