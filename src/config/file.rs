@@ -6,6 +6,7 @@
 //! to them by `plan::validate`, never here.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -26,7 +27,7 @@ pub struct FileConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<FileListener>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub routes: Vec<FileRoute>,
+    pub routes: Vec<Arc<FileRoute>>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub upstreams: BTreeMap<String, FileUpstream>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -11,9 +11,11 @@ mod compose;
 mod diagnostic;
 mod file;
 mod files;
+pub mod segments;
 mod source;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
@@ -170,10 +172,113 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
 /// keys in a fixed order, comments and formatting gone. Two texts that mean
 /// the same configuration have the same canonical form.
 pub fn canonical(config: &FileConfig) -> String {
-    let mut text = toml::to_string(config)
-        .unwrap_or_else(|e| format!("# unserializable configuration: {e}\n"));
+    Canonical::of(config).text()
+}
+
+/// The canonical text in pieces: every section but the routes, the
+/// upstreams and `[fleet]`; each route; each upstream (by name); then
+/// `[fleet]`. Joined, they are exactly the whole configuration's canonical
+/// text; apart, a route the candidate did not change keeps its piece (the
+/// same allocation) from one generation to the next.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Canonical {
+    pub head: String,
+    pub routes: Vec<Arc<str>>,
+    pub upstreams: Vec<Arc<str>>,
+    pub tail: String,
+}
+
+impl Canonical {
+    pub fn of(config: &FileConfig) -> Self {
+        Self {
+            head: canonical_head(config),
+            routes: config.routes.iter().map(|r| canonical_route(r)).collect(),
+            upstreams: config
+                .upstreams
+                .iter()
+                .map(|(name, u)| canonical_upstream(name, u))
+                .collect(),
+            tail: canonical_tail(config),
+        }
+    }
+
+    /// The pieces in order, each starting a table (the text joins them
+    /// with one blank line).
+    pub fn pieces(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.head.as_str())
+            .chain(self.routes.iter().map(|r| &**r))
+            .chain(self.upstreams.iter().map(|u| &**u))
+            .chain(std::iter::once(self.tail.as_str()))
+            .filter(|p| !p.is_empty())
+    }
+
+    /// Calls `out` with the text's bytes in order, without joining them.
+    pub fn write(&self, mut out: impl FnMut(&str)) {
+        for (i, piece) in self.pieces().enumerate() {
+            if i > 0 {
+                out("\n");
+            }
+            out(piece);
+        }
+    }
+
+    pub fn text(&self) -> String {
+        let mut text = String::with_capacity(self.pieces().map(|p| p.len() + 1).sum());
+        self.write(|piece| text.push_str(piece));
+        text
+    }
+}
+
+fn to_toml<T: serde::Serialize>(value: &T) -> String {
+    let mut text = toml::to_string(value).unwrap_or_else(|e| format!("# unserializable: {e}\n"));
     text.shrink_to_fit();
     text
+}
+
+/// Every section but the routes, the upstreams and `[fleet]`.
+pub fn canonical_head(config: &FileConfig) -> String {
+    to_toml(&FileConfig {
+        admin: config.admin.clone(),
+        metrics: config.metrics.clone(),
+        log: config.log.clone(),
+        tracing: config.tracing.clone(),
+        runtime: config.runtime.clone(),
+        listeners: config.listeners.clone(),
+        ..FileConfig::default()
+    })
+}
+
+/// One route as the whole text has it (`[[routes]]` and its tables).
+pub fn canonical_route(route: &FileRoute) -> Arc<str> {
+    #[derive(serde::Serialize)]
+    struct Piece<'a> {
+        routes: [&'a FileRoute; 1],
+    }
+    to_toml(&Piece { routes: [route] }).into()
+}
+
+/// One upstream as the whole text has it (`[upstreams.NAME]`).
+pub fn canonical_upstream(name: &str, upstream: &FileUpstream) -> Arc<str> {
+    #[derive(serde::Serialize)]
+    struct Piece<'a> {
+        upstreams: std::collections::BTreeMap<&'a str, &'a FileUpstream>,
+    }
+    to_toml(&Piece {
+        upstreams: std::iter::once((name, upstream)).collect(),
+    })
+    .into()
+}
+
+/// `[fleet]`, which the whole text writes after the upstreams.
+pub fn canonical_tail(config: &FileConfig) -> String {
+    #[derive(serde::Serialize)]
+    struct Piece<'a> {
+        fleet: &'a FileFleet,
+    }
+    match &config.fleet {
+        Some(fleet) => to_toml(&Piece { fleet }),
+        None => String::new(),
+    }
 }
 
 /// Where an entity is in the document, to find it again.
@@ -408,6 +513,31 @@ mystery = true
         assert!(errors
             .iter()
             .all(|d| d.code == "syntax_error" && d.line == Some(1)));
+    }
+
+    /// The pieces join into exactly what serializing the whole
+    /// configuration at once writes, so versions do not change with how
+    /// the text was put together.
+    #[test]
+    fn canonical_pieces_join_into_the_whole_serialization() {
+        let folders = ["fixtures/configs/valid", "examples", "examples/kubernetes"];
+        let mut checked = 0;
+        for entry in folders
+            .iter()
+            .filter_map(|f| std::fs::read_dir(f).ok())
+            .flatten()
+        {
+            let path = entry.expect("entry").path();
+            if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("read");
+            let Ok(file) = parse(&text) else { continue };
+            let whole = toml::to_string(&file).expect("serializes");
+            assert_eq!(canonical(&file), whole, "{}", path.display());
+            checked += 1;
+        }
+        assert!(checked >= 8, "only {checked} configurations checked");
     }
 
     #[test]

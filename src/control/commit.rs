@@ -216,15 +216,16 @@ impl Control {
             });
         }
         let next_id = active.id.next();
-        let next = match generation::build(Arc::clone(&spec), next_id, &self.shared) {
-            Ok(next) => next,
-            Err(source) => {
-                return Err(ControlError::Build {
-                    source,
-                    plan: Box::new(plan),
-                })
-            }
-        };
+        let next =
+            match generation::build_from(Arc::clone(&spec), next_id, &self.shared, Some(active)) {
+                Ok(next) => next,
+                Err(source) => {
+                    return Err(ControlError::Build {
+                        source,
+                        plan: Box::new(plan),
+                    })
+                }
+            };
         let certificates = generation::certificate_material(&spec, next_id);
         let bound = match self.listeners.bind_new(&spec.listeners) {
             Ok(bound) => bound,

@@ -284,7 +284,7 @@ impl Control {
         if plan.is_unchanged(Some(&active.spec)) {
             return Ok(None);
         }
-        match generation::build(spec, active.id.next(), &self.shared) {
+        match generation::build_from(spec, active.id.next(), &self.shared, Some(active)) {
             Ok(built) => Ok(Some(Arc::new(built))),
             Err(source) => Err(ControlError::Build {
                 source,

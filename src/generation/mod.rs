@@ -114,6 +114,8 @@ pub struct Generation {
     pub built_at: SystemTime,
     routers: HashMap<String, Router>,
     upstreams: HashMap<String, Arc<Upstream>>,
+    /// Every compiled route, aligned with `spec.routes`.
+    routes: Vec<Arc<Route>>,
 }
 
 impl Generation {
@@ -128,6 +130,11 @@ impl Generation {
 
     pub fn upstreams(&self) -> impl Iterator<Item = &Arc<Upstream>> {
         self.upstreams.values()
+    }
+
+    /// Every compiled route, in declaration order.
+    pub fn routes(&self) -> &[Arc<Route>] {
+        &self.routes
     }
 
     pub fn config_version(&self) -> &str {
@@ -156,17 +163,39 @@ pub fn build(
     id: GenerationId,
     shared: &SharedState,
 ) -> Result<Generation, BuildError> {
+    build_from(spec, id, shared, None)
+}
+
+/// As [`build`], keeping from `previous` (the active generation) every
+/// upstream and route the candidate took over unchanged: the same
+/// allocations, so that a generation costs what its change costs (issue
+/// "scale"). Neither generation is changed by this: what they share is
+/// immutable, and each holds what it uses for as long as it lives.
+pub fn build_from(
+    spec: Arc<Spec>,
+    id: GenerationId,
+    shared: &SharedState,
+    previous: Option<&Generation>,
+) -> Result<Generation, BuildError> {
     let mut upstreams = HashMap::with_capacity(spec.upstreams.len());
     for u in &spec.upstreams {
-        let upstream =
-            Upstream::build(u, &shared.backends).map_err(|source| BuildError::Backend {
-                upstream: u.name.clone(),
-                source,
-            })?;
+        let same = previous.and_then(|p| {
+            let piece = spec.pieces.upstreams.get(&u.name)?;
+            (p.spec.pieces.upstreams.get(&u.name)? == piece).then_some(p.upstreams.get(&u.name)?)
+        });
+        let upstream = match same {
+            Some(same) => Arc::clone(same),
+            None => Arc::new(Upstream::build(u, &shared.backends).map_err(|source| {
+                BuildError::Backend {
+                    upstream: u.name.clone(),
+                    source,
+                }
+            })?),
+        };
         for backend in &upstream.backends {
             backend.named_by(id.0);
         }
-        upstreams.insert(u.name.clone(), Arc::new(upstream));
+        upstreams.insert(u.name.clone(), upstream);
     }
     let mut per_listener: HashMap<&str, (&crate::plan::ListenerEdge, Vec<Arc<Route>>)> = spec
         .listeners
@@ -174,7 +203,9 @@ pub fn build(
         .filter(|l| !l.protocol.is_l4())
         .map(|l| (l.name.as_str(), (&l.edge, Vec::new())))
         .collect();
-    for r in &spec.routes {
+    let kept = Kept::new(previous);
+    let mut routes = Vec::with_capacity(spec.routes.len());
+    for (i, r) in spec.routes.iter().enumerate() {
         let action = match &r.action {
             RouteAction::Proxy { upstream } => {
                 Action::Proxy(Arc::clone(upstreams.get(upstream).ok_or_else(|| {
@@ -187,17 +218,21 @@ pub fn build(
             RouteAction::Respond(response) => Action::Respond(response.clone()),
             RouteAction::Redirect(redirect) => Action::Redirect(redirect.clone()),
         };
-        let route = Arc::new(Route {
-            spec: Arc::clone(r),
-            action,
-            shared: shared.route(&r.name),
-            quota: r.quota.as_ref().map(|q| shared.quota(&r.name, q)),
-        });
+        let route = match kept.route(i, r).filter(|same| same.action.same_as(&action)) {
+            Some(same) => Arc::clone(same),
+            None => Arc::new(Route {
+                spec: Arc::clone(r),
+                action,
+                shared: shared.route(&r.name),
+                quota: r.quota.as_ref().map(|q| shared.quota(&r.name, q)),
+            }),
+        };
         for listener in &r.listeners {
             if let Some((_, routes)) = per_listener.get_mut(listener.as_str()) {
                 routes.push(Arc::clone(&route));
             }
         }
+        routes.push(route);
     }
     // What authentication runs beside the requests (a JWKS URL's fetches)
     // starts with the first generation that names it.
@@ -208,7 +243,11 @@ pub fn build(
         .into_iter()
         .map(|(name, (edge, routes))| {
             let names = sample::matched_names(routes.iter().map(|r| &*r.spec));
-            let mut router = Router::new(routes).with_edge(edge.clone());
+            let mut router = match previous.and_then(|p| p.router(name)) {
+                Some(before) => Router::patched(before, routes),
+                None => Router::new(routes),
+            }
+            .with_edge(edge.clone());
             router.sample = shared.sample(name, spec.runtime.impact_sample);
             router.sample_names = names;
             let router = match edge.max_inflight {
@@ -225,7 +264,47 @@ pub fn build(
         built_at: SystemTime::now(),
         routers,
         upstreams,
+        routes,
     })
+}
+
+/// The previous generation's compiled routes, found by their spec: a
+/// route whose spec the candidate took over (the same allocation).
+struct Kept<'g> {
+    previous: Option<&'g Generation>,
+    /// Built on the first route that moved from its index.
+    by_spec: std::cell::OnceCell<HashMap<*const crate::plan::RouteSpec, &'g Arc<Route>>>,
+}
+
+impl<'g> Kept<'g> {
+    fn new(previous: Option<&'g Generation>) -> Self {
+        Self {
+            previous,
+            by_spec: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn route(&self, i: usize, spec: &Arc<crate::plan::RouteSpec>) -> Option<&'g Arc<Route>> {
+        let previous = self.previous?;
+        // Most routes are where they were.
+        if let Some(same) = previous
+            .routes
+            .get(i)
+            .filter(|r| Arc::ptr_eq(&r.spec, spec))
+        {
+            return Some(same);
+        }
+        self.by_spec
+            .get_or_init(|| {
+                previous
+                    .routes
+                    .iter()
+                    .map(|r| (Arc::as_ptr(&r.spec), r))
+                    .collect()
+            })
+            .get(&Arc::as_ptr(spec))
+            .copied()
+    }
 }
 
 #[cfg(test)]

@@ -23,6 +23,20 @@ pub enum Action {
     Redirect(crate::plan::Redirect),
 }
 
+impl Action {
+    /// Whether a route built from the same spec with `other` would act
+    /// alike: the same upstream (the same allocation) for a proxy; a
+    /// response or redirect comes from the spec alone.
+    pub fn same_as(&self, other: &Action) -> bool {
+        match (self, other) {
+            (Action::Proxy(a), Action::Proxy(b)) => Arc::ptr_eq(a, b),
+            (Action::Respond(_), Action::Respond(_))
+            | (Action::Redirect(_), Action::Redirect(_)) => true,
+            _ => false,
+        }
+    }
+}
+
 /// Route state that outlives generations: the admission counter behind
 /// `max_inflight` (so a limit holds across an activation) and the route's
 /// metric series (see `telemetry::series`), which go when no live

@@ -34,6 +34,32 @@ impl Routed for RouteSpec {
     }
 }
 
+/// Which host group a route is in: one per distinct host it names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum GroupKey<'a> {
+    Exact(&'a str),
+    Suffix(&'a str),
+    AnyHost,
+}
+
+/// The groups of `spec`, each once.
+fn group_keys(spec: &RouteSpec) -> Vec<GroupKey<'_>> {
+    if spec.hosts.is_empty() {
+        return vec![GroupKey::AnyHost];
+    }
+    let mut keys = Vec::with_capacity(spec.hosts.len());
+    for host in &spec.hosts {
+        let key = match host {
+            HostMatch::Exact(name) => GroupKey::Exact(name),
+            HostMatch::Suffix(suffix) => GroupKey::Suffix(suffix),
+        };
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys
+}
+
 /// Routes by literal path (exact, or prefix of one length), each list in
 /// declaration order.
 type PathIndex<R> = HashMap<Box<str>, Vec<Arc<R>>>;
@@ -126,13 +152,16 @@ impl<R: Routed> RouteGroup<R> {
     }
 }
 
-/// Routes of one listener, indexed by host.
+/// Routes of one listener, indexed by host. Host groups are shared with
+/// the router of the generation it was patched from (`patched`).
 #[derive(Debug)]
 pub struct Router<R = Route> {
-    exact: HashMap<String, RouteGroup<R>>,
+    exact: HashMap<Arc<str>, Arc<RouteGroup<R>>>,
     /// Keyed by `.suffix`; probed for every label boundary of the host.
-    suffix: HashMap<String, RouteGroup<R>>,
-    any_host: RouteGroup<R>,
+    suffix: HashMap<Arc<str>, Arc<RouteGroup<R>>>,
+    any_host: Arc<RouteGroup<R>>,
+    /// Every route, in declaration order.
+    routes: Vec<Arc<R>>,
     /// The listener's request rules, read before routing.
     pub edge: ListenerEdge,
     /// The listener's admission counter, shared across generations.
@@ -148,7 +177,8 @@ impl<R> Default for Router<R> {
         Router {
             exact: HashMap::new(),
             suffix: HashMap::new(),
-            any_host: RouteGroup::default(),
+            any_host: Arc::default(),
+            routes: Vec::new(),
             edge: ListenerEdge::default(),
             shared: None,
             sample: None,
@@ -180,26 +210,108 @@ impl<R: Routed> Router<R> {
 
     /// Builds the router from routes in declaration order.
     pub fn new(routes: impl IntoIterator<Item = Arc<R>>) -> Self {
-        let mut router = Router::default();
-        for route in routes {
-            if route.route_spec().hosts.is_empty() {
-                router.any_host.add(route);
-                continue;
-            }
-            let mut seen: Vec<&HostMatch> = Vec::new();
-            for host in &route.route_spec().hosts {
-                if seen.contains(&host) {
-                    continue;
-                }
-                seen.push(host);
-                let group = match host {
-                    HostMatch::Exact(name) => router.exact.entry(name.clone()).or_default(),
-                    HostMatch::Suffix(suffix) => router.suffix.entry(suffix.clone()).or_default(),
+        let routes: Vec<Arc<R>> = routes.into_iter().collect();
+        let mut exact: HashMap<Arc<str>, RouteGroup<R>> = HashMap::new();
+        let mut suffix: HashMap<Arc<str>, RouteGroup<R>> = HashMap::new();
+        let mut any_host = RouteGroup::default();
+        for route in &routes {
+            for key in group_keys(route.route_spec()) {
+                let group = match key {
+                    GroupKey::Exact(name) => exact.entry(name.into()).or_default(),
+                    GroupKey::Suffix(suffix_) => suffix.entry(suffix_.into()).or_default(),
+                    GroupKey::AnyHost => &mut any_host,
                 };
-                group.add(Arc::clone(&route));
+                group.add(Arc::clone(route));
             }
         }
-        router
+        Router {
+            exact: exact.into_iter().map(|(k, g)| (k, Arc::new(g))).collect(),
+            suffix: suffix.into_iter().map(|(k, g)| (k, Arc::new(g))).collect(),
+            any_host: Arc::new(any_host),
+            routes,
+            ..Router::default()
+        }
+    }
+
+    /// The router of `routes`, sharing with `previous` every host group
+    /// none of whose routes changed: the work follows the change, not the
+    /// number of routes (issue "scale"). Built whole when the routes that
+    /// stayed are in another order, or when most groups changed.
+    pub fn patched(previous: &Router<R>, routes: Vec<Arc<R>>) -> Self {
+        use std::collections::HashSet;
+        let ptr = |r: &Arc<R>| Arc::as_ptr(r) as *const () as usize;
+        let changed: Vec<&Arc<R>> = if previous.routes.len() == routes.len() {
+            // Edited in place, the usual change: what differs by index.
+            previous
+                .routes
+                .iter()
+                .zip(&routes)
+                .filter(|(a, b)| !Arc::ptr_eq(a, b))
+                .flat_map(|(a, b)| [a, b])
+                .collect()
+        } else {
+            let now: HashSet<usize> = routes.iter().map(ptr).collect();
+            let before: HashSet<usize> = previous.routes.iter().map(ptr).collect();
+            // The routes that stayed must stay in their order: it decides
+            // between routes of one group.
+            let stayed_before = previous.routes.iter().filter(|r| now.contains(&ptr(r)));
+            let stayed_now = routes.iter().filter(|r| before.contains(&ptr(r)));
+            if !stayed_before.map(ptr).eq(stayed_now.map(ptr)) {
+                return Router::new(routes);
+            }
+            previous
+                .routes
+                .iter()
+                .filter(|r| !now.contains(&ptr(r)))
+                .chain(routes.iter().filter(|r| !before.contains(&ptr(r))))
+                .collect()
+        };
+        let mut touched: HashSet<GroupKey<'_>> = HashSet::new();
+        for route in changed {
+            touched.extend(group_keys(route.route_spec()));
+            if touched.len() > routes.len() / 4 + 16 {
+                return Router::new(routes);
+            }
+        }
+        let mut groups: HashMap<GroupKey<'_>, RouteGroup<R>> = touched
+            .iter()
+            .map(|k| (k.clone(), RouteGroup::default()))
+            .collect();
+        for route in &routes {
+            for key in group_keys(route.route_spec()) {
+                if let Some(group) = groups.get_mut(&key) {
+                    group.add(Arc::clone(route));
+                }
+            }
+        }
+        let mut exact = previous.exact.clone();
+        let mut suffix = previous.suffix.clone();
+        let mut any_host = Arc::clone(&previous.any_host);
+        for (key, group) in groups {
+            let group = (!group.is_empty()).then(|| Arc::new(group));
+            match (key, group) {
+                (GroupKey::Exact(name), Some(g)) => {
+                    exact.insert(name.into(), g);
+                }
+                (GroupKey::Exact(name), None) => {
+                    exact.remove(name);
+                }
+                (GroupKey::Suffix(s), Some(g)) => {
+                    suffix.insert(s.into(), g);
+                }
+                (GroupKey::Suffix(s), None) => {
+                    suffix.remove(s);
+                }
+                (GroupKey::AnyHost, g) => any_host = g.unwrap_or_default(),
+            }
+        }
+        Router {
+            exact,
+            suffix,
+            any_host,
+            routes,
+            ..Router::default()
+        }
     }
 
     /// The route for a request, if any. `host` is the request's host

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::ownership::needs_restart;
-use crate::config::{quote_key, FileConfig};
+use crate::config::{quote_key, Canonical, FileConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -71,17 +71,17 @@ impl Diff {
 /// Compares `from` (labelled `from_label` in the text diff) with `to`.
 pub fn diff(
     from: &FileConfig,
-    from_canonical: &str,
+    from_canonical: &Canonical,
     from_label: &str,
     to: &FileConfig,
-    to_canonical: &str,
+    to_canonical: &Canonical,
 ) -> Diff {
     // The text diff of a large configuration costs about twice the typed
     // one: do both at once.
     let large = from.routes.len().max(to.routes.len()) >= super::PARALLEL_FROM_ROUTES;
     let (text, (a, b)) = super::in_parallel(
         large,
-        || text_diff(from_canonical, from_label, to_canonical),
+        || pieces_diff(from_canonical, from_label, to_canonical),
         || (split_domains(from, to), split_domains(to, from)),
     );
     let mut changes = Vec::new();
@@ -118,44 +118,255 @@ pub fn diff(
 /// How long the text diff may search for the smallest edit.
 const TEXT_DIFF_BUDGET: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// A unified diff of two canonical texts, three lines of context, as
-/// `similar`'s `TextDiff::unified_diff` writes it. Lines are compared as
-/// they are instead of being hashed into ids first, which was most of the
-/// cost of diffing 10 000 routes.
+/// A unified diff of two texts, three lines of context, as `similar`'s
+/// `TextDiff::unified_diff` writes it.
+#[cfg(test)]
 fn text_diff(from: &str, from_label: &str, to: &str) -> String {
-    use similar::ChangeTag;
+    unified(&Lines::new(vec![from]), from_label, &Lines::new(vec![to]))
+}
+
+/// A unified diff of two canonical texts (see `unified`).
+fn pieces_diff(from: &Canonical, from_label: &str, to: &Canonical) -> String {
+    unified(
+        &Lines::new(from.pieces().collect()),
+        from_label,
+        &Lines::new(to.pieces().collect()),
+    )
+}
+
+/// A text as its pieces (a route's, an upstream's, …), each after the
+/// first preceded by one blank line, as `Canonical::text` joins them.
+struct Lines<'a> {
+    pieces: Vec<&'a str>,
+    /// The index of each piece's first line (its blank line, after the
+    /// first piece) in the whole text.
+    starts: Vec<usize>,
+    total: usize,
+    /// Where each line of a piece starts, for the pieces a hunk shows.
+    offsets: std::cell::RefCell<std::collections::HashMap<usize, Vec<usize>>>,
+}
+
+impl<'a> Lines<'a> {
+    fn new(pieces: Vec<&'a str>) -> Self {
+        let mut starts = Vec::with_capacity(pieces.len());
+        let mut total = 0;
+        for (k, piece) in pieces.iter().enumerate() {
+            starts.push(total);
+            let newlines = memchr::memchr_iter(b'\n', piece.as_bytes()).count();
+            let unterminated = usize::from(!piece.is_empty() && !piece.ends_with('\n'));
+            total += usize::from(k > 0) + newlines + unterminated;
+        }
+        Self {
+            pieces,
+            starts,
+            total,
+            offsets: Default::default(),
+        }
+    }
+
+    /// The line range of pieces `units`.
+    fn span(&self, units: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        let at = |k: usize| self.starts.get(k).copied().unwrap_or(self.total);
+        at(units.start)..at(units.end)
+    }
+
+    /// The lines of piece `k`.
+    fn piece_lines(&self, k: usize) -> impl Iterator<Item = &'a str> {
+        let piece = self.pieces.get(k).copied().unwrap_or("");
+        (k > 0)
+            .then_some("\n")
+            .into_iter()
+            .chain(piece.split_inclusive('\n'))
+    }
+
+    /// Line `i` of the whole text.
+    fn line(&self, i: usize) -> &'a str {
+        let k = self.starts.partition_point(|&s| s <= i).saturating_sub(1);
+        let mut n = i - self.starts.get(k).copied().unwrap_or(0);
+        if k > 0 {
+            if n == 0 {
+                return "\n";
+            }
+            n -= 1;
+        }
+        let piece = self.pieces.get(k).copied().unwrap_or("");
+        let mut offsets = self.offsets.borrow_mut();
+        let starts = offsets.entry(k).or_insert_with(|| {
+            std::iter::once(0)
+                .chain(memchr::memchr_iter(b'\n', piece.as_bytes()).map(|at| at + 1))
+                .filter(|&at| at < piece.len())
+                .collect()
+        });
+        let start = starts.get(n).copied().unwrap_or(piece.len());
+        let end = starts.get(n + 1).copied().unwrap_or(piece.len());
+        piece.get(start..end).unwrap_or("")
+    }
+}
+
+/// Appends `op`, merging it into the previous one when both are equal
+/// runs that follow each other.
+fn push_op(ops: &mut Vec<similar::DiffOp>, op: similar::DiffOp) {
+    use similar::DiffOp::Equal;
+    if let (
+        Some(Equal { old_index, len, .. }),
+        Equal {
+            old_index: next,
+            len: more,
+            ..
+        },
+    ) = (ops.last_mut(), op)
+    {
+        if *old_index + *len == next {
+            *len += more;
+            return;
+        }
+    }
+    ops.push(op);
+}
+
+/// `op` moved by `old` and `new` lines.
+fn shifted(op: similar::DiffOp, old: usize, new: usize) -> similar::DiffOp {
+    use similar::DiffOp::*;
+    match op {
+        Equal {
+            old_index,
+            new_index,
+            len,
+        } => Equal {
+            old_index: old_index + old,
+            new_index: new_index + new,
+            len,
+        },
+        Delete {
+            old_index,
+            old_len,
+            new_index,
+        } => Delete {
+            old_index: old_index + old,
+            old_len,
+            new_index: new_index + new,
+        },
+        Insert {
+            old_index,
+            new_index,
+            new_len,
+        } => Insert {
+            old_index: old_index + old,
+            new_index: new_index + new,
+            new_len,
+        },
+        Replace {
+            old_index,
+            old_len,
+            new_index,
+            new_len,
+        } => Replace {
+            old_index: old_index + old,
+            old_len,
+            new_index: new_index + new,
+            new_len,
+        },
+    }
+}
+
+/// The pieces' edits: in place when both texts have as many pieces (a
+/// pipeline's usual change: entities edited where they are), otherwise
+/// the smallest edit `similar` finds within the budget.
+fn piece_ops(old: &[&str], new: &[&str], deadline: std::time::Instant) -> Vec<similar::DiffOp> {
+    if old.len() != new.len() {
+        return similar::capture_diff_slices_deadline(
+            similar::Algorithm::Myers,
+            old,
+            new,
+            Some(deadline),
+        );
+    }
+    let mut ops = Vec::new();
+    for (k, (a, b)) in old.iter().zip(new).enumerate() {
+        let op = if a == b {
+            similar::DiffOp::Equal {
+                old_index: k,
+                new_index: k,
+                len: 1,
+            }
+        } else {
+            similar::DiffOp::Replace {
+                old_index: k,
+                old_len: 1,
+                new_index: k,
+                new_len: 1,
+            }
+        };
+        push_op(&mut ops, op);
+    }
+    ops
+}
+
+/// A unified diff, three lines of context, as `similar`'s
+/// `TextDiff::unified_diff` writes it. Pieces are compared first, so that
+/// only the lines of changed pieces are diffed: the cost follows the
+/// change, not the configuration. Myers is quadratic in the worst case
+/// (10 000 routes with the middle rewritten took 3 s): past its budget
+/// `similar` finishes with a coarser diff, still correct, just with
+/// larger hunks.
+fn unified(old: &Lines<'_>, from_label: &str, new: &Lines<'_>) -> String {
     use std::fmt::Write as _;
-    if from == to {
+    if old.pieces == new.pieces {
         return String::new();
     }
-    let old: Vec<&str> = from.split_inclusive('\n').collect();
-    let new: Vec<&str> = to.split_inclusive('\n').collect();
-    // Myers is quadratic in the worst case (10 000 routes with the middle
-    // rewritten took 3 s): past its budget `similar` finishes with a
-    // coarser diff, still correct, just with larger hunks.
     let deadline = std::time::Instant::now() + TEXT_DIFF_BUDGET;
-    let ops = similar::capture_diff_slices_deadline(
-        similar::Algorithm::Myers,
-        &old,
-        &new,
-        Some(deadline),
-    );
+    let mut ops = Vec::new();
+    for op in piece_ops(&old.pieces, &new.pieces, deadline) {
+        let (tag, o, n) = op.as_tag_tuple();
+        let (lo, ln) = (old.span(o.clone()), new.span(n.clone()));
+        if tag == similar::DiffTag::Equal {
+            push_op(
+                &mut ops,
+                similar::DiffOp::Equal {
+                    old_index: lo.start,
+                    new_index: ln.start,
+                    len: lo.len(),
+                },
+            );
+            continue;
+        }
+        let a: Vec<&str> = o.flat_map(|k| old.piece_lines(k)).collect();
+        let b: Vec<&str> = n.flat_map(|k| new.piece_lines(k)).collect();
+        let lines = similar::capture_diff_slices_deadline(
+            similar::Algorithm::Myers,
+            &a,
+            &b,
+            Some(deadline),
+        );
+        for op in lines {
+            push_op(&mut ops, shifted(op, lo.start, ln.start));
+        }
+    }
     let mut out = format!("--- {from_label}\n+++ candidate\n");
     for hunk in similar::group_diff_ops(ops, 3) {
         let _ = writeln!(out, "{}", similar::udiff::UnifiedHunkHeader::new(&hunk));
-        for change in hunk.iter().flat_map(|op| op.iter_changes(&old, &new)) {
-            out.push(match change.tag() {
-                ChangeTag::Equal => ' ',
-                ChangeTag::Delete => '-',
-                ChangeTag::Insert => '+',
-            });
-            out.push_str(change.value());
-            if !change.value().ends_with('\n') {
-                out.push_str("\n\\ No newline at end of file\n");
+        for op in &hunk {
+            let (tag, o, n) = op.as_tag_tuple();
+            match tag {
+                similar::DiffTag::Equal => o.for_each(|i| put_line(&mut out, ' ', old.line(i))),
+                similar::DiffTag::Delete => o.for_each(|i| put_line(&mut out, '-', old.line(i))),
+                similar::DiffTag::Insert => n.for_each(|i| put_line(&mut out, '+', new.line(i))),
+                similar::DiffTag::Replace => {
+                    o.for_each(|i| put_line(&mut out, '-', old.line(i)));
+                    n.for_each(|i| put_line(&mut out, '+', new.line(i)));
+                }
             }
         }
     }
     out
+}
+
+fn put_line(out: &mut String, sign: char, line: &str) {
+    out.push(sign);
+    out.push_str(line);
+    if !line.ends_with('\n') {
+        out.push_str("\n\\ No newline at end of file\n");
+    }
 }
 
 /// Where an entity lives: its domain, its name, and its path prefix.
@@ -175,8 +386,22 @@ struct EntityKey {
 /// out: they cannot differ, and converting thousands of unchanged routes
 /// to JSON was most of the cost of planning a one-route change.
 fn split_domains(config: &FileConfig, other: &FileConfig) -> BTreeMap<EntityKey, Value> {
-    let same_routes: std::collections::HashMap<&str, &crate::config::FileRoute> =
-        other.routes.iter().map(|r| (r.name.as_str(), r)).collect();
+    // A route the other side took over unchanged is the same allocation,
+    // usually at the same index; names are unique on both sides, so a
+    // route's counterpart is there or among the other's unaligned routes.
+    let aligned = |i: usize, r: &std::sync::Arc<crate::config::FileRoute>, side: &FileConfig| {
+        side.routes
+            .get(i)
+            .is_some_and(|o| std::sync::Arc::ptr_eq(o, r))
+    };
+    let same_routes: std::collections::HashMap<&str, &std::sync::Arc<crate::config::FileRoute>> =
+        other
+            .routes
+            .iter()
+            .enumerate()
+            .filter(|(j, o)| !aligned(*j, o, config))
+            .map(|(_, r)| (r.name.as_str(), r))
+            .collect();
     let same_listeners: std::collections::HashMap<&str, &crate::config::FileListener> = other
         .listeners
         .iter()
@@ -227,8 +452,12 @@ fn split_domains(config: &FileConfig, other: &FileConfig) -> BTreeMap<EntityKey,
             v,
         );
     }
-    for r in &config.routes {
-        if same_routes.get(r.name.as_str()) == Some(&r) {
+    for (i, r) in config.routes.iter().enumerate() {
+        if aligned(i, r, other)
+            || same_routes
+                .get(r.name.as_str())
+                .is_some_and(|o| std::sync::Arc::ptr_eq(o, r) || o == &r)
+        {
             continue;
         }
         let mut v = json(r);
@@ -376,7 +605,7 @@ fn flatten(path: &str, before: &Value, after: &Value, out: &mut Vec<FieldChange>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{canonical, parse};
+    use crate::config::parse;
 
     #[test]
     fn a_text_diff_rewritten_in_the_middle_keeps_to_its_budget() {
@@ -451,7 +680,13 @@ backends = [{ addr = "127.0.0.1:9001" }]
 
     fn diff_texts(a: &str, b: &str) -> Diff {
         let (a, b) = (cfg(a), cfg(b));
-        diff(&a, &canonical(&a), "generation 1", &b, &canonical(&b))
+        diff(
+            &a,
+            &Canonical::of(&a),
+            "generation 1",
+            &b,
+            &Canonical::of(&b),
+        )
     }
 
     #[test]

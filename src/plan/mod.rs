@@ -125,7 +125,8 @@ const RESTART_ACTION: &str = "apply with a drain-aware restart (POST /admin/life
 pub fn plan(candidate: &ConfigText, active: Option<(GenerationId, &Spec)>) -> Plan {
     // A candidate reads files only where the running process allows.
     let roots = active.map(|(_, spec)| spec.runtime.file_roots.as_slice());
-    let spec = match validate::validate_confined(candidate, roots) {
+    // What the candidate did not change is taken over, not made again.
+    let spec = match validate::validate_against(candidate, roots, active.map(|(_, spec)| spec)) {
         Ok(spec) => spec,
         Err(errors) => {
             return Plan {
@@ -493,7 +494,7 @@ backends = [{ addr = "127.0.0.1:1", wieght = 2 }]
         let routes = PARALLEL_FROM_ROUTES + 100;
         let spec = validate(&large(routes, None, "30s")).unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(spec.routes.len(), routes);
-        assert_eq!(spec.canonical, crate::config::canonical(&spec.file));
+        assert_eq!(spec.canonical.text(), crate::config::canonical(&spec.file));
         let again = validate(&large(routes, None, "30s")).unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(spec.config_version, again.config_version);
 

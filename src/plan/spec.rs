@@ -23,8 +23,10 @@ pub use crate::telemetry::{LogFormat, LogSpec, TracingSpec};
 pub struct Spec {
     /// The decoded file, kept for diffs and history.
     pub file: FileConfig,
-    /// Canonical text (see `config::canonical`).
-    pub canonical: String,
+    /// Canonical text (see `config::canonical`), in pieces.
+    pub canonical: crate::config::Canonical,
+    /// What a later candidate may take over unchanged (`validate::reuse`).
+    pub pieces: Pieces,
     /// `sha256:<hex>` over the canonical text and every referenced file.
     pub config_version: String,
     /// Every file it references (certificates, keys, token files), as
@@ -43,6 +45,35 @@ pub struct Spec {
     pub upstreams: Vec<UpstreamSpec>,
     /// `[fleet]`: where the shared generations come from, if anywhere.
     pub fleet: Option<FleetSpec>,
+}
+
+/// A SHA-256 digest.
+pub type Digest = [u8; 32];
+
+/// Where a configuration's routes and upstreams came from, so that a later
+/// candidate can take over what it did not change (issue "scale"): a
+/// route whose source piece, files and context are those of the active
+/// configuration keeps its validated spec, canonical text and compiled
+/// route (the same allocations); an upstream keeps its compiled upstream.
+#[derive(Debug, Clone, Default)]
+pub struct Pieces {
+    /// Aligned with `routes` (and `file.routes`); empty when the text was
+    /// not cut into pieces (`config::segments`).
+    pub routes: Vec<Piece>,
+    /// By upstream name; empty when the text was not cut into pieces.
+    pub upstreams: std::collections::HashMap<String, Piece>,
+    /// What a route's validation reads besides its own piece and files:
+    /// the listeners' names and protocols, the upstreams' names, protocols
+    /// and TLS, where files are read from.
+    pub route_context: Digest,
+}
+
+/// One route's or upstream's source: the digest of its text as written,
+/// and of each file its validation read (by the name the text gives).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Piece {
+    pub text: Digest,
+    pub files: Vec<(String, Digest)>,
 }
 
 /// `[fleet]`, resolved.
@@ -331,6 +362,16 @@ impl PathMatch {
             PathMatch::Exact(p) => path == p,
             PathMatch::Prefix(p) => path.starts_with(p.as_str()),
             PathMatch::Regex(re) => re.is_match(path),
+        }
+    }
+
+    /// What identifies the matcher, for duplicate detection, borrowed.
+    pub fn key_ref(&self) -> (char, &str) {
+        match self {
+            PathMatch::Any => (' ', ""),
+            PathMatch::Exact(p) => ('=', p),
+            PathMatch::Prefix(p) => ('^', p),
+            PathMatch::Regex(re) => ('~', re.as_str()),
         }
     }
 

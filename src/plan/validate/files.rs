@@ -4,7 +4,8 @@
 use super::*;
 
 impl Validator<'_> {
-    pub(super) fn read_file(&mut self, path: String, name: &str) -> Option<Vec<u8>> {
+    /// Where file `name` is, and whether it is inside the roots.
+    fn confined(&self, name: &str) -> (PathBuf, bool) {
         let resolved = self.base_dir.join(name);
         // Checked by text first, so that a path outside answers the same
         // whether or not something is there (no oracle for which files
@@ -12,7 +13,21 @@ impl Validator<'_> {
         let inside = |p: &Path| self.roots.iter().any(|root| p.starts_with(root));
         let outside = !inside(&lexically_absolute(&resolved))
             || std::fs::canonicalize(&resolved).is_ok_and(|real| !inside(&real));
-        if outside {
+        (resolved, !outside)
+    }
+
+    /// File `name`'s contents when `read_file` would read it, without a
+    /// diagnostic or a record when it would not.
+    pub(super) fn probe_file(&self, name: &str) -> Option<Vec<u8>> {
+        match self.confined(name) {
+            (resolved, true) => config::read_regular(&resolved, config::MAX_REFERENCED_FILE).ok(),
+            (_, false) => None,
+        }
+    }
+
+    pub(super) fn read_file(&mut self, path: String, name: &str) -> Option<Vec<u8>> {
+        let (resolved, inside) = self.confined(name);
+        if !inside {
             self.error(
                 Code::FileOutsideRoots,
                 path,

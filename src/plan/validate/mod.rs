@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use super::pattern::PathRegex;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
-use sha2::{Digest, Sha256};
+use sha2::{Digest as _, Sha256};
 
 use super::spec::*;
 use crate::config::{
@@ -39,6 +39,7 @@ mod listeners;
 mod mirror;
 mod process;
 mod resilience;
+mod reuse;
 mod routes;
 mod tls;
 mod upstreams;
@@ -49,7 +50,7 @@ use routes::{is_host_port, parse_host};
 /// Parses and validates configuration text. On failure, every diagnostic
 /// found, each located in the text where possible.
 pub fn validate(source: &ConfigText) -> Result<Spec, Vec<Diagnostic>> {
-    validate_confined(source, None)
+    validate_against(source, None, None)
 }
 
 /// As [`validate`], reading referenced files only inside the
@@ -60,9 +61,34 @@ pub fn validate_confined(
     source: &ConfigText,
     file_roots: Option<&[PathBuf]>,
 ) -> Result<Spec, Vec<Diagnostic>> {
+    validate_against(source, file_roots, None)
+}
+
+/// As [`validate_confined`], taking over from the `active` configuration
+/// every route and upstream the candidate did not change (see `reuse`):
+/// the result is the one validating from scratch gives, with unchanged
+/// entities shared instead of made again.
+pub fn validate_against(
+    source: &ConfigText,
+    file_roots: Option<&[PathBuf]>,
+    active: Option<&Spec>,
+) -> Result<Spec, Vec<Diagnostic>> {
     // Unknown keys do not stop validation: everything else wrong with the
     // same entities is reported with them.
-    let (file, unknown_keys) = config::parse_lenient(&source.text)?;
+    let reuse::Parsed {
+        file,
+        unknown_keys,
+        route_texts,
+        upstream_texts,
+        from_active,
+    } = reuse::parse(&source.text, active)?;
+    let parsed = reuse::Parsed {
+        file: FileConfig::default(),
+        unknown_keys: Vec::new(),
+        route_texts: None,
+        upstream_texts,
+        from_active,
+    };
     let own_roots: Vec<PathBuf>;
     let roots = match file_roots {
         Some(roots) => roots,
@@ -77,8 +103,16 @@ pub fn validate_confined(
         diagnostics: Vec::new(),
         referenced: Vec::new(),
         upstream_tls: HashMap::new(),
+        hints: Vec::new(),
+        route_files: Vec::new(),
+        route_reused: Vec::new(),
+        upstream_files: Vec::new(),
     };
-    let spec = v.spec(file);
+    let context = reuse::route_context(&file, &source.base_dir, &v.roots);
+    if let Some(active) = active.filter(|a| a.pieces.route_context == context) {
+        v.hints = parsed.hints(active);
+    }
+    let spec = v.spec(file, |file| parsed.canonical(file, active));
     if v.diagnostics.is_empty() && unknown_keys.is_empty() {
         if let Some(mut spec) = spec {
             spec.config_version = config_version(&spec.canonical, &v.referenced);
@@ -87,6 +121,13 @@ pub fn validate_confined(
                 .iter()
                 .map(|(name, _)| source.base_dir.join(name))
                 .collect();
+            spec.pieces = reuse::pieces(
+                route_texts,
+                parsed.upstream_texts,
+                std::mem::take(&mut v.route_files),
+                std::mem::take(&mut v.upstream_files),
+                context,
+            );
             return Ok(spec);
         }
     }
@@ -145,9 +186,9 @@ fn capped(diagnostics: Vec<Diagnostic>) -> Vec<Diagnostic> {
 /// certificate is a new version. Never over where the configuration was
 /// read from: the same text and the same files reached from `-c
 /// gateway.toml` or from an absolute `config_path` are one version.
-fn config_version(canonical: &str, referenced: &[(String, Vec<u8>)]) -> String {
+fn config_version(canonical: &config::Canonical, referenced: &[(String, Vec<u8>)]) -> String {
     let mut hasher = Sha256::new();
-    hasher.update(canonical.as_bytes());
+    canonical.write(|piece| hasher.update(piece.as_bytes()));
     for (name, contents) in referenced {
         hasher.update(b"\0file\0");
         hasher.update(name.as_bytes());
@@ -167,6 +208,14 @@ struct Validator<'a> {
     referenced: Vec<(String, Vec<u8>)>,
     /// The configuration's upstreams, and whether each has `tls`.
     upstream_tls: HashMap<String, bool>,
+    /// Per route: the active configuration's spec, when its piece is
+    /// unchanged and its context the same (`reuse`).
+    hints: Vec<Option<reuse::Hint>>,
+    /// The files each valid route and each upstream read.
+    route_files: Vec<Vec<(String, Digest)>>,
+    /// Per valid route: whether it is the active configuration's.
+    route_reused: Vec<bool>,
+    upstream_files: Vec<(String, Vec<(String, Digest)>)>,
 }
 
 fn is_valid_name(name: &str) -> bool {
@@ -269,12 +318,16 @@ impl Validator<'_> {
         }
     }
 
-    fn spec(&mut self, file: FileConfig) -> Option<Spec> {
+    fn spec(
+        &mut self,
+        file: FileConfig,
+        canonical: impl Fn(&FileConfig) -> config::Canonical + Sync,
+    ) -> Option<Spec> {
         // Serializing a large configuration costs about as much as all
         // the checks: do both at once.
         let large = file.routes.len() >= super::PARALLEL_FROM_ROUTES;
         let (canonical, checked) =
-            super::in_parallel(large, || config::canonical(&file), || self.checked(&file));
+            super::in_parallel(large, || canonical(&file), || self.checked(&file));
         Some(Spec {
             file,
             canonical,
@@ -325,7 +378,8 @@ impl Validator<'_> {
         }
         Some(Spec {
             file: FileConfig::default(),
-            canonical: String::new(),
+            canonical: config::Canonical::default(),
+            pieces: Pieces::default(),
             config_version: String::new(),
             referenced_files: Vec::new(),
             admin: admin?,

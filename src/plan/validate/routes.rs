@@ -9,7 +9,9 @@ impl Validator<'_> {
         let mut names = HashSet::new();
         for (i, r) in file.routes.iter().enumerate() {
             let at = |field: &str| format!("routes[{i}].{field}");
-            self.name("route", at("name"), &r.name);
+            if !is_valid_name(&r.name) {
+                self.name("route", at("name"), &r.name);
+            }
             if !names.insert(r.name.as_str()) {
                 self.error(
                     Code::DuplicateName,
@@ -17,8 +19,17 @@ impl Validator<'_> {
                     format!("route '{}' is defined twice", r.name),
                 );
             }
-            if let Some(route) = self.route(file, i, r) {
-                out.push(Arc::new(route));
+            let read_before = self.referenced.len();
+            let hint = self.hints.get_mut(i).and_then(Option::take);
+            let (route, reused) = match hint.and_then(|hint| self.take_over(hint)) {
+                Some(same) => (Some(same), true),
+                None => (self.route(file, i, r).map(Arc::new), false),
+            };
+            if let Some(route) = route {
+                out.push(route);
+                self.route_reused.push(reused);
+                let files = self.files_since(read_before);
+                self.route_files.push(files);
             }
         }
         out
@@ -380,58 +391,102 @@ impl Validator<'_> {
     /// time proportional to its methods, not to the routes before it, and
     /// is reported once, against the first route it shadows.
     pub(super) fn ambiguous_routes(&mut self, file: &FileConfig, routes: &[Arc<RouteSpec>]) {
-        let mut seen: HashMap<MatchKey, MethodOwners> = HashMap::new();
+        // Keys borrow from the routes: checking 100 000 routes allocates
+        // only for routes that match on headers or query.
+        // Routes taken over from the active configuration were not
+        // ambiguous among themselves there (ambiguity does not depend on
+        // order): only the groups a new route is in can be.
+        let reused = &self.route_reused;
+        let only_new = reused.len() == routes.len() && reused.iter().any(|r| *r);
+        let mut seen: HashMap<MatchKey<'_>, MethodOwners<'_>> = HashMap::new();
+        if only_new {
+            for (route, _) in routes.iter().zip(reused).filter(|(_, reused)| !**reused) {
+                for_each_key(route, |key| {
+                    seen.entry(key).or_default();
+                });
+            }
+        }
+        let mut ambiguous = Vec::new();
+        for (index, route) in routes.iter().enumerate() {
+            for_each_key(route, |key| {
+                let listener = key.0;
+                let owners = match seen.entry(key) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(_) if only_new => return,
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(MethodOwners::default())
+                    }
+                };
+                if let Some(other) = owners.first_overlapping(&route.methods) {
+                    ambiguous.push((index, other, listener));
+                }
+                owners.take(index, &route.name, &route.methods);
+            });
+        }
         // Reported at the route's place in the file: invalid routes before
         // it are not in `routes`. (Names are unique, or already an error.)
-        let place: HashMap<&str, usize> = file
-            .routes
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.name.as_str(), i))
-            .rev()
-            .collect();
-        for (index, route) in routes.iter().enumerate() {
-            let at = place.get(route.name.as_str()).copied().unwrap_or(index);
-            let headers = route
-                .headers
+        let place: HashMap<&str, usize> = match ambiguous.is_empty() {
+            true => HashMap::new(),
+            false => file
+                .routes
                 .iter()
-                .map(|(n, v)| format!("{n}={}", v.source()))
-                .chain(
-                    route
-                        .query
-                        .iter()
-                        .map(|(n, v)| format!("?{n}={}", v.source())),
-                )
-                .collect::<Vec<_>>()
-                .join("&");
-            let hosts: Vec<Option<HostMatch>> = if route.hosts.is_empty() {
-                vec![None]
-            } else {
-                route.hosts.iter().cloned().map(Some).collect()
+                .enumerate()
+                .map(|(i, r)| (r.name.as_str(), i))
+                .rev()
+                .collect(),
+        };
+        for (index, other, listener) in ambiguous {
+            let Some(route) = routes.get(index) else {
+                continue;
             };
-            for listener in &route.listeners {
-                for host in &hosts {
-                    let key = (
-                        listener.clone(),
-                        host.clone(),
-                        route.path.key(),
-                        headers.clone(),
-                    );
-                    let owners = seen.entry(key).or_default();
-                    if let Some(other) = owners.first_overlapping(&route.methods) {
-                        let other = other.to_owned();
-                        self.diagnostics.push(Diagnostic::new(
-                            Code::AmbiguousRoute,
-                            format!("routes[{at}].name"),
-                            format!(
-                                "routes '{other}' and '{}' match the same host, path, methods, headers and query on listener '{listener}'",
-                                route.name
-                            ),
-                        ));
-                    }
-                    owners.take(index, &route.name, &route.methods);
-                }
-            }
+            let at = place.get(route.name.as_str()).copied().unwrap_or(index);
+            self.diagnostics.push(Diagnostic::new(
+                Code::AmbiguousRoute,
+                format!("routes[{at}].name"),
+                format!(
+                    "routes '{other}' and '{}' match the same host, path, methods, headers and query on listener '{listener}'",
+                    route.name
+                ),
+            ));
+        }
+    }
+}
+
+/// Calls `f` with each key `route` is grouped under: one per listener and
+/// host (or none).
+fn for_each_key<'r>(route: &'r RouteSpec, mut f: impl FnMut(MatchKey<'r>)) {
+    let headers = if route.headers.is_empty() && route.query.is_empty() {
+        String::new()
+    } else {
+        route
+            .headers
+            .iter()
+            .map(|(n, v)| format!("{n}={}", v.source()))
+            .chain(
+                route
+                    .query
+                    .iter()
+                    .map(|(n, v)| format!("?{n}={}", v.source())),
+            )
+            .collect::<Vec<_>>()
+            .join("&")
+    };
+    for listener in &route.listeners {
+        if route.hosts.is_empty() {
+            f((
+                listener.as_str(),
+                None,
+                route.path.key_ref(),
+                headers.clone(),
+            ));
+        }
+        for host in &route.hosts {
+            f((
+                listener.as_str(),
+                Some(host),
+                route.path.key_ref(),
+                headers.clone(),
+            ));
         }
     }
 }
@@ -440,40 +495,38 @@ impl Validator<'_> {
 /// route (index, name) to take each method, and the first that takes
 /// every method.
 #[derive(Default)]
-pub(super) struct MethodOwners {
-    any: Option<(usize, String)>,
-    by_method: HashMap<Method, (usize, String)>,
+pub(super) struct MethodOwners<'r> {
+    any: Option<(usize, &'r str)>,
+    by_method: Vec<(&'r Method, usize, &'r str)>,
 }
 
-impl MethodOwners {
+impl<'r> MethodOwners<'r> {
     /// The earliest route whose methods meet `methods` (empty: all).
-    fn first_overlapping(&self, methods: &[Method]) -> Option<&str> {
-        let by_method: Box<dyn Iterator<Item = &(usize, String)>> = if methods.is_empty() {
-            Box::new(self.by_method.values())
-        } else {
-            Box::new(methods.iter().filter_map(|m| self.by_method.get(m)))
-        };
-        by_method
-            .chain(self.any.as_ref())
+    fn first_overlapping(&self, methods: &[Method]) -> Option<&'r str> {
+        self.by_method
+            .iter()
+            .filter(|(m, _, _)| methods.is_empty() || methods.contains(m))
+            .map(|(_, index, name)| (*index, *name))
+            .chain(self.any)
             .min_by_key(|(index, _)| *index)
-            .map(|(_, name)| name.as_str())
+            .map(|(_, name)| name)
     }
 
-    fn take(&mut self, index: usize, name: &str, methods: &[Method]) {
+    fn take(&mut self, index: usize, name: &'r str, methods: &'r [Method]) {
         if methods.is_empty() {
-            self.any.get_or_insert_with(|| (index, name.to_owned()));
+            self.any.get_or_insert((index, name));
         }
         for method in methods {
-            self.by_method
-                .entry(method.clone())
-                .or_insert_with(|| (index, name.to_owned()));
+            if !self.by_method.iter().any(|(m, _, _)| *m == method) {
+                self.by_method.push((method, index, name));
+            }
         }
     }
 }
 
 /// Listener, host, path matcher and header matchers of a route: two
 /// routes with equal keys and overlapping methods are ambiguous.
-type MatchKey = (String, Option<HostMatch>, String, String);
+type MatchKey<'r> = (&'r str, Option<&'r HostMatch>, (char, &'r str), String);
 
 pub(super) fn parse_host(host: &str) -> Option<HostMatch> {
     let lower = host.to_ascii_lowercase();

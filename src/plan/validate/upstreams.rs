@@ -10,6 +10,7 @@ impl Validator<'_> {
     ) -> Vec<UpstreamSpec> {
         let mut out = Vec::new();
         for (name, u) in upstreams {
+            let read_before = self.referenced.len();
             let base = format!("upstreams.{}", quote_key(name));
             let at = |field: &str| format!("{base}.{field}");
             self.name("upstream", base.clone(), name);
@@ -223,6 +224,8 @@ impl Validator<'_> {
                     proxy_protocol,
                 });
             }
+            let files = self.files_since(read_before);
+            self.upstream_files.push((name.clone(), files));
         }
         out
     }

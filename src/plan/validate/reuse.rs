@@ -1,0 +1,371 @@
+//! Taking over what a candidate did not change (issue "scale").
+//!
+//! A candidate's text is cut into pieces (`config::segments`); a route or
+//! upstream whose piece has the digest of one of the active
+//! configuration's is not parsed again: it is the active one's decoded
+//! value (the same allocation), with its canonical text. A route whose
+//! piece, context (`route_context`) and files are unchanged is not
+//! validated again either: its spec is the active one's, so the generation
+//! built from it keeps the compiled route (`generation::build`). Anything
+//! this cannot prove equal is parsed and validated as if it were new, and
+//! a text whose layout is not cut parses whole: the result is always what
+//! validating the text from scratch gives.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::*;
+use crate::config::segments::{segment, Segments};
+use crate::config::Canonical;
+
+/// The SHA-256 of `bytes`.
+pub(crate) fn digest(bytes: &[u8]) -> Digest {
+    Sha256::digest(bytes).into()
+}
+
+/// Digests are uniformly distributed: their first eight bytes are the
+/// hash.
+#[derive(Default)]
+pub(super) struct DigestHasher(u64);
+
+impl Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for (i, b) in bytes.iter().take(8).enumerate() {
+            self.0 ^= u64::from(*b) << (8 * i);
+        }
+    }
+}
+
+type DigestMap<V> = HashMap<Digest, V, BuildHasherDefault<DigestHasher>>;
+
+/// A candidate decoded, with where its pieces came from.
+pub(super) struct Parsed {
+    pub file: FileConfig,
+    pub unknown_keys: Vec<Diagnostic>,
+    /// Per route (aligned with `file.routes`) and per upstream: the digest
+    /// of its source piece; `None` when the text was not cut.
+    pub route_texts: Option<Vec<Digest>>,
+    pub upstream_texts: Option<HashMap<String, Digest>>,
+    /// Per route: the index of the active route with the same piece.
+    pub from_active: Vec<Option<usize>>,
+}
+
+/// Decodes `text`, taking over from `active` every route and upstream
+/// whose piece is unchanged. Errors are those of decoding the whole text.
+pub(super) fn parse(text: &str, active: Option<&Spec>) -> Result<Parsed, Vec<Diagnostic>> {
+    let segments = segment(text);
+    if let (Some(segments), Some(active)) = (&segments, active) {
+        if let Some(parsed) = parse_pieces(text, segments, active) {
+            return Ok(parsed);
+        }
+    }
+    // The whole text: every diagnostic with its position.
+    let (mut file, unknown_keys) = config::parse_lenient(text)?;
+    let mut parsed = Parsed {
+        route_texts: None,
+        upstream_texts: None,
+        from_active: vec![None; file.routes.len()],
+        unknown_keys,
+        file: FileConfig::default(),
+    };
+    if let Some(segments) = segments.filter(|s| {
+        s.routes.len() == file.routes.len()
+            && s.upstreams.len() == file.upstreams.len()
+            && s.upstreams
+                .iter()
+                .all(|(name, _)| file.upstreams.contains_key(name))
+    }) {
+        let piece =
+            |r: &std::ops::Range<usize>| digest(text.get(r.clone()).unwrap_or("").as_bytes());
+        let routes: Vec<Digest> = segments.routes.iter().map(piece).collect();
+        if let Some(active) = active {
+            let by_text = active_routes(active);
+            for (i, d) in routes.iter().enumerate() {
+                if let (Some(&j), Some(slot)) = (by_text.get(d), file.routes.get_mut(i)) {
+                    // The same piece decodes to the same value: keep one.
+                    if let Some(same) = active.file.routes.get(j) {
+                        *slot = Arc::clone(same);
+                        parsed.from_active[i] = Some(j);
+                    }
+                }
+            }
+        }
+        parsed.route_texts = Some(routes);
+        parsed.upstream_texts = Some(
+            segments
+                .upstreams
+                .iter()
+                .map(|(name, r)| (name.clone(), piece(r)))
+                .collect(),
+        );
+    }
+    parsed.file = file;
+    Ok(parsed)
+}
+
+/// The active routes by the digest of their piece.
+fn active_routes(active: &Spec) -> DigestMap<usize> {
+    if active.pieces.routes.len() != active.file.routes.len() {
+        return DigestMap::default();
+    }
+    active
+        .pieces
+        .routes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.text, i))
+        .collect()
+}
+
+/// Decodes only the pieces `active` does not have; `None` when any piece
+/// does not decode alone (the whole text then says why, with positions).
+fn parse_pieces(text: &str, segments: &Segments, active: &Spec) -> Option<Parsed> {
+    let mut rest = String::with_capacity(segments.rest.iter().map(|r| r.len()).sum());
+    for r in &segments.rest {
+        rest.push_str(text.get(r.clone())?);
+    }
+    let mut file = config::parse(&rest).ok()?;
+    if !file.routes.is_empty() || !file.upstreams.is_empty() {
+        return None;
+    }
+    let by_text = std::cell::OnceCell::new();
+    let mut route_texts = Vec::with_capacity(segments.routes.len());
+    let mut from_active = Vec::with_capacity(segments.routes.len());
+    file.routes.reserve(segments.routes.len());
+    for (i, r) in segments.routes.iter().enumerate() {
+        let piece = text.get(r.clone())?;
+        let d = digest(piece.as_bytes());
+        // Most routes are where they were; the index of every active
+        // route is made only when one moved.
+        let j = match active.pieces.routes.get(i) {
+            Some(p) if p.text == d => Some(i),
+            _ => by_text
+                .get_or_init(|| active_routes(active))
+                .get(&d)
+                .copied(),
+        };
+        match j.and_then(|j| Some((j, active.file.routes.get(j)?))) {
+            Some((j, same)) => {
+                file.routes.push(Arc::clone(same));
+                from_active.push(Some(j));
+            }
+            None => {
+                let mut one = config::parse(piece).ok()?;
+                let route = one.routes.pop().filter(|_| one.routes.is_empty())?;
+                file.routes.push(route);
+                from_active.push(None);
+            }
+        }
+        route_texts.push(d);
+    }
+    let mut upstream_texts = HashMap::with_capacity(segments.upstreams.len());
+    for (name, r) in &segments.upstreams {
+        let piece = text.get(r.clone())?;
+        let d = digest(piece.as_bytes());
+        let same = active
+            .pieces
+            .upstreams
+            .get(name)
+            .filter(|p| p.text == d)
+            .and_then(|_| active.file.upstreams.get(name));
+        let upstream = match same {
+            Some(same) => same.clone(),
+            None => {
+                let mut one = config::parse(piece).ok()?;
+                let upstream = one.upstreams.remove(name)?;
+                if !one.upstreams.is_empty() {
+                    return None;
+                }
+                upstream
+            }
+        };
+        file.upstreams.insert(name.clone(), upstream);
+        upstream_texts.insert(name.clone(), d);
+    }
+    Some(Parsed {
+        file,
+        unknown_keys: Vec::new(),
+        route_texts: Some(route_texts),
+        upstream_texts: Some(upstream_texts),
+        from_active,
+    })
+}
+
+/// What a route's validation reads besides its own piece and files.
+pub(super) fn route_context(file: &FileConfig, base_dir: &Path, roots: &[PathBuf]) -> Digest {
+    let mut h = Sha256::new();
+    h.update(base_dir.as_os_str().as_encoded_bytes());
+    for root in roots {
+        h.update(b"\0root\0");
+        h.update(root.as_os_str().as_encoded_bytes());
+    }
+    for l in &file.listeners {
+        h.update(b"\0listener\0");
+        h.update(l.name.as_bytes());
+        h.update(b"\0");
+        h.update(l.protocol.as_bytes());
+    }
+    for (name, u) in &file.upstreams {
+        h.update(b"\0upstream\0");
+        h.update(name.as_bytes());
+        h.update(b"\0");
+        h.update(u.protocol.as_bytes());
+        h.update(if u.tls.is_some() { b"\0tls" } else { b"\0---" });
+    }
+    h.finalize().into()
+}
+
+impl Parsed {
+    /// The canonical text, taking over the active pieces of unchanged
+    /// routes and upstreams.
+    pub fn canonical(&self, file: &FileConfig, active: Option<&Spec>) -> Canonical {
+        let routes = file
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let same = self.from_active.get(i).copied().flatten();
+                match same.and_then(|j| active?.canonical.routes.get(j)) {
+                    Some(piece) => Arc::clone(piece),
+                    None => config::canonical_route(r),
+                }
+            })
+            .collect();
+        let active_upstreams: HashMap<&str, &Arc<str>> = match active {
+            Some(a) if a.canonical.upstreams.len() == a.file.upstreams.len() => a
+                .file
+                .upstreams
+                .keys()
+                .map(String::as_str)
+                .zip(&a.canonical.upstreams)
+                .collect(),
+            _ => HashMap::new(),
+        };
+        let upstreams = file
+            .upstreams
+            .iter()
+            .map(|(name, u)| {
+                let unchanged = match (&self.upstream_texts, active) {
+                    (Some(texts), Some(active)) => texts.get(name).is_some_and(|d| {
+                        active
+                            .pieces
+                            .upstreams
+                            .get(name)
+                            .is_some_and(|p| p.text == *d)
+                    }),
+                    _ => false,
+                };
+                match active_upstreams.get(name.as_str()).filter(|_| unchanged) {
+                    Some(piece) => Arc::clone(piece),
+                    None => config::canonical_upstream(name, u),
+                }
+            })
+            .collect();
+        Canonical {
+            head: config::canonical_head(file),
+            routes,
+            upstreams,
+            tail: config::canonical_tail(file),
+        }
+    }
+
+    /// Per route, the active spec it may keep if its files are unchanged.
+    pub fn hints(&self, active: &Spec) -> Vec<Option<Hint>> {
+        self.from_active
+            .iter()
+            .map(|same| {
+                let j = (*same)?;
+                Some(Hint {
+                    spec: Arc::clone(active.routes.get(j)?),
+                    files: active.pieces.routes.get(j)?.files.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// An active route's validated spec and the files it read.
+pub(super) struct Hint {
+    pub spec: Arc<RouteSpec>,
+    pub files: Vec<(String, Digest)>,
+}
+
+impl Validator<'_> {
+    /// The digests of the files read since `before`.
+    pub(super) fn files_since(&self, before: usize) -> Vec<(String, Digest)> {
+        self.referenced
+            .get(before..)
+            .unwrap_or_default()
+            .iter()
+            .map(|(name, contents)| (name.clone(), digest(contents)))
+            .collect()
+    }
+
+    /// The hinted spec when every file it read is still what it was
+    /// (read again, and kept for the version's hash, in the same order);
+    /// `None`, with nothing kept, otherwise.
+    pub(super) fn take_over(&mut self, hint: Hint) -> Option<Arc<RouteSpec>> {
+        let before = self.referenced.len();
+        for (name, was) in &hint.files {
+            match self.probe_file(name) {
+                Some(contents) if digest(&contents) == *was => {
+                    self.referenced.push((name.clone(), contents));
+                }
+                _ => {
+                    self.referenced.truncate(before);
+                    return None;
+                }
+            }
+        }
+        Some(hint.spec)
+    }
+}
+
+/// The pieces of a validated configuration, for the next candidate.
+pub(super) fn pieces(
+    parsed_routes: Option<Vec<Digest>>,
+    parsed_upstreams: Option<HashMap<String, Digest>>,
+    route_files: Vec<Vec<(String, Digest)>>,
+    upstream_files: Vec<(String, Vec<(String, Digest)>)>,
+    route_context: Digest,
+) -> Pieces {
+    let routes = match parsed_routes {
+        Some(texts) if texts.len() == route_files.len() => texts
+            .into_iter()
+            .zip(route_files)
+            .map(|(text, files)| Piece { text, files })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let upstreams = match parsed_upstreams {
+        Some(mut texts) => upstream_files
+            .into_iter()
+            .filter_map(|(name, files)| {
+                let text = texts.remove(&name)?;
+                Some((name, Piece { text, files }))
+            })
+            .collect(),
+        None => HashMap::new(),
+    };
+    Pieces {
+        routes,
+        upstreams,
+        route_context,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digest_hasher_takes_the_first_eight_bytes() {
+        let mut h = DigestHasher::default();
+        h.write(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(h.finish(), u64::from_le_bytes([1, 2, 3, 4, 5, 6, 7, 8]));
+    }
+}
