@@ -66,6 +66,9 @@ pub struct Pieces {
     /// the listeners' names and protocols, the upstreams' names, protocols
     /// and TLS, where files are read from.
     pub route_context: Digest,
+    /// The text and where its pieces are, when it was cut: the next
+    /// candidate is cut only where it differs from it.
+    pub cut: Option<Arc<crate::config::segments::Cut>>,
 }
 
 /// One route's or upstream's source: the digest of its text as written,

@@ -81,6 +81,7 @@ pub fn validate_against(
         route_texts,
         upstream_texts,
         from_active,
+        segments,
     } = reuse::parse(&source.text, active)?;
     let parsed = reuse::Parsed {
         file: FileConfig::default(),
@@ -88,6 +89,7 @@ pub fn validate_against(
         route_texts: None,
         upstream_texts,
         from_active,
+        segments: None,
     };
     let own_roots: Vec<PathBuf>;
     let roots = match file_roots {
@@ -108,7 +110,7 @@ pub fn validate_against(
         route_reused: Vec::new(),
         upstream_files: Vec::new(),
     };
-    let context = reuse::route_context(&file, &source.base_dir, &v.roots);
+    let context = reuse::route_context(&file, &v.roots);
     if let Some(active) = active.filter(|a| a.pieces.route_context == context) {
         v.hints = parsed.hints(active);
     }
@@ -122,6 +124,8 @@ pub fn validate_against(
                 .map(|(name, _)| source.base_dir.join(name))
                 .collect();
             spec.pieces = reuse::pieces(
+                &source.text,
+                segments,
                 route_texts,
                 parsed.upstream_texts,
                 std::mem::take(&mut v.route_files),

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::*;
-use crate::config::segments::{segment, Segments};
+use crate::config::segments::{segment, segment_after, Cut, Recut, Segments};
 use crate::config::Canonical;
 
 /// The SHA-256 of `bytes`.
@@ -52,17 +52,33 @@ pub(super) struct Parsed {
     pub upstream_texts: Option<HashMap<String, Digest>>,
     /// Per route: the index of the active route with the same piece.
     pub from_active: Vec<Option<usize>>,
+    /// Where the pieces are, when the text was cut.
+    pub segments: Option<Segments>,
 }
 
 /// Decodes `text`, taking over from `active` every route and upstream
 /// whose piece is unchanged. Errors are those of decoding the whole text.
 pub(super) fn parse(text: &str, active: Option<&Spec>) -> Result<Parsed, Vec<Diagnostic>> {
-    let segments = segment(text);
-    if let (Some(segments), Some(active)) = (&segments, active) {
-        if let Some(parsed) = parse_pieces(text, segments, active) {
-            return Ok(parsed);
-        }
+    // Cut where it differs from the active text, when that is kept.
+    let recut = match active.and_then(|a| a.pieces.cut.as_deref()) {
+        Some(cut) => segment_after(text, cut),
+        None => segment(text).map(|segments| Recut {
+            routes_from: vec![None; segments.routes.len()],
+            upstreams_from: vec![None; segments.upstreams.len()],
+            segments,
+        }),
+    };
+    let pieces = match (&recut, active) {
+        (Some(recut), Some(active)) => parse_pieces(text, recut, active),
+        _ => None,
+    };
+    if let Some(parsed) = pieces {
+        return Ok(Parsed {
+            segments: recut.map(|r| r.segments),
+            ..parsed
+        });
     }
+    let segments = recut.map(|r| r.segments);
     // The whole text: every diagnostic with its position.
     let (mut file, unknown_keys) = config::parse_lenient(text)?;
     let mut parsed = Parsed {
@@ -71,6 +87,7 @@ pub(super) fn parse(text: &str, active: Option<&Spec>) -> Result<Parsed, Vec<Dia
         from_active: vec![None; file.routes.len()],
         unknown_keys,
         file: FileConfig::default(),
+        segments: None,
     };
     if let Some(segments) = segments.filter(|s| {
         s.routes.len() == file.routes.len()
@@ -102,6 +119,7 @@ pub(super) fn parse(text: &str, active: Option<&Spec>) -> Result<Parsed, Vec<Dia
                 .map(|(name, r)| (name.clone(), piece(r)))
                 .collect(),
         );
+        parsed.segments = Some(segments);
     }
     parsed.file = file;
     Ok(parsed)
@@ -123,7 +141,11 @@ fn active_routes(active: &Spec) -> DigestMap<usize> {
 
 /// Decodes only the pieces `active` does not have; `None` when any piece
 /// does not decode alone (the whole text then says why, with positions).
-fn parse_pieces(text: &str, segments: &Segments, active: &Spec) -> Option<Parsed> {
+fn parse_pieces(text: &str, recut: &Recut, active: &Spec) -> Option<Parsed> {
+    let segments = &recut.segments;
+    // A piece known to be an active one by where it is needs no digest.
+    let cut_aligned =
+        active.pieces.cut.is_some() && active.pieces.routes.len() == active.file.routes.len();
     let mut rest = String::with_capacity(segments.rest.iter().map(|r| r.len()).sum());
     for r in &segments.rest {
         rest.push_str(text.get(r.clone())?);
@@ -135,8 +157,27 @@ fn parse_pieces(text: &str, segments: &Segments, active: &Spec) -> Option<Parsed
     let by_text = std::cell::OnceCell::new();
     let mut route_texts = Vec::with_capacity(segments.routes.len());
     let mut from_active = Vec::with_capacity(segments.routes.len());
-    file.routes.reserve(segments.routes.len());
+    let mut routes: Vec<Option<Arc<FileRoute>>> = Vec::with_capacity(segments.routes.len());
+    // The new pieces, decoded together: one parse, not one per piece.
+    let mut batch = String::new();
     for (i, r) in segments.routes.iter().enumerate() {
+        let known = recut
+            .routes_from
+            .get(i)
+            .copied()
+            .flatten()
+            .filter(|_| cut_aligned);
+        if let Some((j, (same, piece))) = known.and_then(|j| {
+            Some((
+                j,
+                (active.file.routes.get(j)?, active.pieces.routes.get(j)?),
+            ))
+        }) {
+            routes.push(Some(Arc::clone(same)));
+            from_active.push(Some(j));
+            route_texts.push(piece.text);
+            continue;
+        }
         let piece = text.get(r.clone())?;
         let d = digest(piece.as_bytes());
         // Most routes are where they were; the index of every active
@@ -150,41 +191,63 @@ fn parse_pieces(text: &str, segments: &Segments, active: &Spec) -> Option<Parsed
         };
         match j.and_then(|j| Some((j, active.file.routes.get(j)?))) {
             Some((j, same)) => {
-                file.routes.push(Arc::clone(same));
+                routes.push(Some(Arc::clone(same)));
                 from_active.push(Some(j));
             }
             None => {
-                let mut one = config::parse(piece).ok()?;
-                let route = one.routes.pop().filter(|_| one.routes.is_empty())?;
-                file.routes.push(route);
+                add_piece(&mut batch, piece);
+                routes.push(None);
                 from_active.push(None);
             }
         }
         route_texts.push(d);
     }
+    if !batch.is_empty() {
+        let mut new = config::parse(&batch).ok()?.routes.into_iter();
+        for slot in routes.iter_mut().filter(|r| r.is_none()) {
+            *slot = Some(new.next()?);
+        }
+        if new.next().is_some() {
+            return None;
+        }
+    }
+    file.routes = routes.into_iter().collect::<Option<_>>()?;
     let mut upstream_texts = HashMap::with_capacity(segments.upstreams.len());
-    for (name, r) in &segments.upstreams {
+    let mut fresh = Vec::new();
+    batch.clear();
+    for (k, (name, r)) in segments.upstreams.iter().enumerate() {
         let piece = text.get(r.clone())?;
-        let d = digest(piece.as_bytes());
+        let known = recut.upstreams_from.get(k).copied().flatten().is_some();
+        let d = match active.pieces.upstreams.get(name).filter(|_| known) {
+            Some(p) => p.text,
+            None => digest(piece.as_bytes()),
+        };
         let same = active
             .pieces
             .upstreams
             .get(name)
             .filter(|p| p.text == d)
             .and_then(|_| active.file.upstreams.get(name));
-        let upstream = match same {
-            Some(same) => same.clone(),
-            None => {
-                let mut one = config::parse(piece).ok()?;
-                let upstream = one.upstreams.remove(name)?;
-                if !one.upstreams.is_empty() {
-                    return None;
-                }
-                upstream
+        match same {
+            Some(same) => {
+                file.upstreams.insert(name.clone(), same.clone());
             }
-        };
-        file.upstreams.insert(name.clone(), upstream);
+            None => {
+                add_piece(&mut batch, piece);
+                fresh.push(name);
+            }
+        }
         upstream_texts.insert(name.clone(), d);
+    }
+    if !batch.is_empty() {
+        let mut new = config::parse(&batch).ok()?.upstreams;
+        for name in fresh {
+            let upstream = new.remove(name)?;
+            file.upstreams.insert(name.clone(), upstream);
+        }
+        if !new.is_empty() {
+            return None;
+        }
     }
     Some(Parsed {
         file,
@@ -192,13 +255,26 @@ fn parse_pieces(text: &str, segments: &Segments, active: &Spec) -> Option<Parsed
         route_texts: Some(route_texts),
         upstream_texts: Some(upstream_texts),
         from_active,
+        segments: None,
     })
 }
 
+/// Appends a piece to a batch of pieces decoded together: each starts a
+/// table of its own, so each must start a line.
+fn add_piece(batch: &mut String, piece: &str) {
+    batch.push_str(piece);
+    if !piece.ends_with('\n') {
+        batch.push('\n');
+    }
+}
+
 /// What a route's validation reads besides its own piece and files.
-pub(super) fn route_context(file: &FileConfig, base_dir: &Path, roots: &[PathBuf]) -> Digest {
+/// Where files are read from is in it as the roots, resolved (the
+/// configuration's folder first): the same folder named another way is
+/// the same context, and a route's files are read again and compared
+/// anyway.
+pub(super) fn route_context(file: &FileConfig, roots: &[PathBuf]) -> Digest {
     let mut h = Sha256::new();
-    h.update(base_dir.as_os_str().as_encoded_bytes());
     for root in roots {
         h.update(b"\0root\0");
         h.update(root.as_os_str().as_encoded_bytes());
@@ -325,8 +401,11 @@ impl Validator<'_> {
     }
 }
 
-/// The pieces of a validated configuration, for the next candidate.
+/// The pieces of a validated configuration, for the next candidate: with
+/// its text, to cut the next one only where it differs.
 pub(super) fn pieces(
+    text: &str,
+    segments: Option<Segments>,
     parsed_routes: Option<Vec<Digest>>,
     parsed_upstreams: Option<HashMap<String, Digest>>,
     route_files: Vec<Vec<(String, Digest)>>,
@@ -351,10 +430,19 @@ pub(super) fn pieces(
             .collect(),
         None => HashMap::new(),
     };
+    let cut = segments
+        .filter(|s| s.routes.len() == routes.len() && s.upstreams.len() == upstreams.len())
+        .map(|segments| {
+            Arc::new(Cut {
+                text: text.to_owned(),
+                segments,
+            })
+        });
     Pieces {
         routes,
         upstreams,
         route_context,
+        cut,
     }
 }
 

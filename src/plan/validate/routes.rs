@@ -406,8 +406,19 @@ impl Validator<'_> {
                 });
             }
         }
+        // Hosts are what keys differ in most: a route none of whose hosts
+        // a new route names is not hashed whole.
+        let new_hosts: HashSet<Option<&HostMatch>> = seen.keys().map(|k| k.1).collect();
         let mut ambiguous = Vec::new();
         for (index, route) in routes.iter().enumerate() {
+            let may_clash = !only_new
+                || match route.hosts.is_empty() {
+                    true => new_hosts.contains(&None),
+                    false => route.hosts.iter().any(|h| new_hosts.contains(&Some(h))),
+                };
+            if !may_clash {
+                continue;
+            }
             for_each_key(route, |key| {
                 let listener = key.0;
                 let owners = match seen.entry(key) {
