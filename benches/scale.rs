@@ -167,8 +167,9 @@ fn main() {
         let after_narrow = memory(pid).0;
         let mut ten = Vec::with_capacity(wide);
         for n in 0..wide {
-            // A different tenth of the routes renamed each time.
-            let text = config(routes, |i| (i % 10 == n % 10).then_some(1000 + n));
+            // One more tenth of the routes renamed each time: each
+            // candidate differs from the active one in a tenth.
+            let text = config(routes, |i| (i % 10 <= n % 10).then_some(1000 + i % 10));
             ten.push(activate(admin, pid, dir.path(), &text));
         }
         let durations = |a: &[Activated]| a.iter().map(|a| a.duration_ms).collect::<Vec<_>>();
@@ -177,6 +178,14 @@ fn main() {
                 .map(|a| a.peak_mib / a.before_mib)
                 .fold(0.0, f64::max)
         };
+        if std::env::var_os("CUTOVER_SCALE_VERBOSE").is_some() {
+            for (n, a) in one.iter().enumerate() {
+                eprintln!(
+                    "activation {n}: {:.0} ms, RSS before {:.1} MiB, peak {:.1} MiB",
+                    a.duration_ms, a.before_mib, a.peak_mib
+                );
+            }
+        }
         let one_ms = durations(&one);
         let ten_ms = durations(&ten);
         println!(

@@ -415,6 +415,151 @@ headers = { "x-canary" = "1" }
 respond = { body = "canary" }
 "#;
 
+    const SHARED: &str = r#"
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "api"
+listeners = ["web"]
+hosts = ["api.example.com"]
+upstream = "api"
+
+[[routes]]
+name = "hello"
+listeners = ["web"]
+hosts = ["hello.example.com"]
+respond = { body = "hello" }
+
+[[routes]]
+name = "private"
+listeners = ["web"]
+hosts = ["private.example.com"]
+upstream = "other"
+auth = { basic = { users_file = "users.htpasswd" } }
+
+[upstreams.api]
+backends = [{ addr = "127.0.0.1:9001" }]
+
+[upstreams.other]
+backends = [{ addr = "127.0.0.1:9002" }]
+"#;
+
+    /// The body `host`'s route answers with in `g`, or its upstream.
+    fn answer(g: &Generation, host: &str) -> String {
+        let method = Method::GET;
+        let headers = HeaderMap::new();
+        let head = RequestHead {
+            method: &method,
+            headers: &headers,
+            query: None,
+        };
+        let route = g
+            .router("web")
+            .and_then(|r| r.route(Some(host), "/", &head));
+        match route.map(|r| &r.action) {
+            Some(Action::Respond(response)) => String::from_utf8_lossy(&response.body).into_owned(),
+            Some(Action::Proxy(upstream)) => format!("upstream {}", upstream.name),
+            _ => "none".into(),
+        }
+    }
+
+    /// What a candidate does not change is the active generation's own
+    /// compiled route, upstream and router group (the same allocations),
+    /// what it changes is not, and the generation requests are pinned to
+    /// goes on answering as it did (issue "scale").
+    #[test]
+    fn a_generation_shares_what_the_candidate_did_not_change() {
+        let dir = tempfile::tempdir().expect("dir");
+        let users = dir.path().join("users.htpasswd");
+        std::fs::write(
+            &users,
+            "demo:$2y$10$Xl6Oc/K9C22SAVMrBxC2b.2f.kdY07J41OBCVTm8TK/hg1JK3cXJG\n",
+        )
+        .expect("write");
+        let text = |t: &str| ConfigText::inline(t.to_owned(), dir.path().into(), "<test>");
+        let shared = SharedState::default();
+        let first = crate::plan::validate(&text(SHARED)).expect("valid");
+        let g1 = build(Arc::new(first), GenerationId::FIRST, &shared).expect("builds");
+        let next = |active: &Generation, t: &str| {
+            let plan = crate::plan::plan(&text(t), Some((active.id, &active.spec)));
+            let spec = plan.spec.unwrap_or_else(|| panic!("{:?}", plan.errors));
+            build_from(spec, active.id.next(), &shared, Some(active)).expect("builds")
+        };
+        let same =
+            |a: &Generation, b: &Generation, i: usize| Arc::ptr_eq(&a.routes()[i], &b.routes()[i]);
+
+        // One route's answer changed.
+        let g2 = next(
+            &g1,
+            &SHARED.replace("body = \"hello\"", "body = \"bonjour\""),
+        );
+        assert!(
+            same(&g1, &g2, 0) && same(&g1, &g2, 2),
+            "unchanged routes are shared"
+        );
+        assert!(!same(&g1, &g2, 1), "the changed route is new");
+        assert!(Arc::ptr_eq(&g1.spec.routes[0], &g2.spec.routes[0]));
+        assert!(Arc::ptr_eq(
+            &g1.spec.file.routes[0],
+            &g2.spec.file.routes[0]
+        ));
+        assert!(Arc::ptr_eq(
+            g1.upstream("api").expect("api"),
+            g2.upstream("api").expect("api")
+        ));
+        // The generation requests are pinned to answers as it did.
+        assert_eq!(answer(&g1, "hello.example.com"), "hello");
+        assert_eq!(answer(&g2, "hello.example.com"), "bonjour");
+        assert_eq!(answer(&g1, "api.example.com"), "upstream api");
+        assert_eq!(answer(&g2, "api.example.com"), "upstream api");
+
+        // The same text, but a file the route reads changed: not shared.
+        std::fs::write(
+            &users,
+            "other:$2y$10$Xl6Oc/K9C22SAVMrBxC2b.2f.kdY07J41OBCVTm8TK/hg1JK3cXJG\n",
+        )
+        .expect("write");
+        let g3 = next(
+            &g2,
+            &SHARED.replace("body = \"hello\"", "body = \"bonjour\""),
+        );
+        assert!(same(&g2, &g3, 0) && same(&g2, &g3, 1));
+        assert!(
+            !same(&g2, &g3, 2),
+            "a route whose users file changed is built again"
+        );
+        assert_ne!(g2.spec.config_version, g3.spec.config_version);
+
+        // An upstream's backends changed: it and the route to it are new,
+        // the rest is shared.
+        let g4 = next(&g3, &SHARED.replace("127.0.0.1:9002", "127.0.0.1:9003"));
+        assert!(!Arc::ptr_eq(
+            g3.upstream("other").expect("other"),
+            g4.upstream("other").expect("other")
+        ));
+        assert!(Arc::ptr_eq(
+            g3.upstream("api").expect("api"),
+            g4.upstream("api").expect("api")
+        ));
+        assert!(same(&g3, &g4, 0) && !same(&g3, &g4, 2));
+        assert_eq!(answer(&g4, "hello.example.com"), "hello");
+
+        // A route moved (another inserted before it) is still shared, and
+        // routed as before.
+        let inserted = SHARED.replacen(
+            "[[routes]]",
+            "[[routes]]\nname = \"first\"\nlisteners = [\"web\"]\nhosts = [\"first.example.com\"]\nrespond = { body = \"first\" }\n\n[[routes]]",
+            1,
+        );
+        let g5 = next(&g4, &inserted);
+        assert!(Arc::ptr_eq(&g4.routes()[0], &g5.routes()[1]));
+        assert_eq!(answer(&g5, "first.example.com"), "first");
+        assert_eq!(answer(&g5, "api.example.com"), "upstream api");
+        assert_eq!(answer(&g4, "first.example.com"), "none");
+    }
+
     #[test]
     fn most_specific_host_then_longest_path_then_order() {
         let g = generation(ROUTES);

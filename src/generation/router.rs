@@ -42,22 +42,24 @@ enum GroupKey<'a> {
     AnyHost,
 }
 
-/// The groups of `spec`, each once.
-fn group_keys(spec: &RouteSpec) -> Vec<GroupKey<'_>> {
+/// Calls `f` with each group of `spec`, once.
+fn for_each_group<'s>(spec: &'s RouteSpec, mut f: impl FnMut(GroupKey<'s>)) {
     if spec.hosts.is_empty() {
-        return vec![GroupKey::AnyHost];
+        return f(GroupKey::AnyHost);
     }
-    let mut keys = Vec::with_capacity(spec.hosts.len());
-    for host in &spec.hosts {
-        let key = match host {
+    for (n, host) in spec.hosts.iter().enumerate() {
+        if spec
+            .hosts
+            .get(..n)
+            .is_some_and(|before| before.contains(host))
+        {
+            continue;
+        }
+        f(match host {
             HostMatch::Exact(name) => GroupKey::Exact(name),
             HostMatch::Suffix(suffix) => GroupKey::Suffix(suffix),
-        };
-        if !keys.contains(&key) {
-            keys.push(key);
-        }
+        });
     }
-    keys
 }
 
 /// Routes by literal path (exact, or prefix of one length), each list in
@@ -215,14 +217,14 @@ impl<R: Routed> Router<R> {
         let mut suffix: HashMap<Arc<str>, RouteGroup<R>> = HashMap::new();
         let mut any_host = RouteGroup::default();
         for route in &routes {
-            for key in group_keys(route.route_spec()) {
+            for_each_group(route.route_spec(), |key| {
                 let group = match key {
                     GroupKey::Exact(name) => exact.entry(name.into()).or_default(),
                     GroupKey::Suffix(suffix_) => suffix.entry(suffix_.into()).or_default(),
                     GroupKey::AnyHost => &mut any_host,
                 };
                 group.add(Arc::clone(route));
-            }
+            });
         }
         Router {
             exact: exact.into_iter().map(|(k, g)| (k, Arc::new(g))).collect(),
@@ -238,7 +240,7 @@ impl<R: Routed> Router<R> {
     /// number of routes (issue "scale"). Built whole when the routes that
     /// stayed are in another order, or when most groups changed.
     pub fn patched(previous: &Router<R>, routes: Vec<Arc<R>>) -> Self {
-        use std::collections::HashSet;
+        use foldhash::HashSet;
         let ptr = |r: &Arc<R>| Arc::as_ptr(r) as *const () as usize;
         let changed: Vec<&Arc<R>> = if previous.routes.len() == routes.len() {
             // Edited in place, the usual change: what differs by index.
@@ -266,23 +268,25 @@ impl<R: Routed> Router<R> {
                 .chain(routes.iter().filter(|r| !before.contains(&ptr(r))))
                 .collect()
         };
-        let mut touched: HashSet<GroupKey<'_>> = HashSet::new();
+        let mut touched: HashSet<GroupKey<'_>> = HashSet::default();
         for route in changed {
-            touched.extend(group_keys(route.route_spec()));
+            for_each_group(route.route_spec(), |key| {
+                touched.insert(key);
+            });
             if touched.len() > routes.len() / 4 + 16 {
                 return Router::new(routes);
             }
         }
-        let mut groups: HashMap<GroupKey<'_>, RouteGroup<R>> = touched
+        let mut groups: foldhash::HashMap<GroupKey<'_>, RouteGroup<R>> = touched
             .iter()
             .map(|k| (k.clone(), RouteGroup::default()))
             .collect();
         for route in &routes {
-            for key in group_keys(route.route_spec()) {
+            for_each_group(route.route_spec(), |key| {
                 if let Some(group) = groups.get_mut(&key) {
                     group.add(Arc::clone(route));
                 }
-            }
+            });
         }
         let mut exact = previous.exact.clone();
         let mut suffix = previous.suffix.clone();

@@ -394,14 +394,13 @@ fn split_domains(config: &FileConfig, other: &FileConfig) -> BTreeMap<EntityKey,
             .get(i)
             .is_some_and(|o| std::sync::Arc::ptr_eq(o, r))
     };
-    let same_routes: std::collections::HashMap<&str, &std::sync::Arc<crate::config::FileRoute>> =
-        other
-            .routes
-            .iter()
-            .enumerate()
-            .filter(|(j, o)| !aligned(*j, o, config))
-            .map(|(_, r)| (r.name.as_str(), r))
-            .collect();
+    let same_routes: foldhash::HashMap<&str, &std::sync::Arc<crate::config::FileRoute>> = other
+        .routes
+        .iter()
+        .enumerate()
+        .filter(|(j, o)| !aligned(*j, o, config))
+        .map(|(_, r)| (r.name.as_str(), r))
+        .collect();
     let same_listeners: std::collections::HashMap<&str, &crate::config::FileListener> = other
         .listeners
         .iter()

@@ -100,7 +100,7 @@ pub(super) fn parse(text: &str, active: Option<&Spec>) -> Result<Parsed, Vec<Dia
             |r: &std::ops::Range<usize>| digest(text.get(r.clone()).unwrap_or("").as_bytes());
         let routes: Vec<Digest> = segments.routes.iter().map(piece).collect();
         if let Some(active) = active {
-            let by_text = active_routes(active);
+            let by_text = active_routes(active, &[]);
             for (i, d) in routes.iter().enumerate() {
                 if let (Some(&j), Some(slot)) = (by_text.get(d), file.routes.get_mut(i)) {
                     // The same piece decodes to the same value: keep one.
@@ -125,16 +125,24 @@ pub(super) fn parse(text: &str, active: Option<&Spec>) -> Result<Parsed, Vec<Dia
     Ok(parsed)
 }
 
-/// The active routes by the digest of their piece.
-fn active_routes(active: &Spec) -> DigestMap<usize> {
+/// The active routes by the digest of their piece, but for those `taken`
+/// (known by where they are) already.
+fn active_routes(active: &Spec, taken: &[Option<usize>]) -> DigestMap<usize> {
     if active.pieces.routes.len() != active.file.routes.len() {
         return DigestMap::default();
+    }
+    let mut free = vec![true; active.pieces.routes.len()];
+    for j in taken.iter().flatten() {
+        if let Some(slot) = free.get_mut(*j) {
+            *slot = false;
+        }
     }
     active
         .pieces
         .routes
         .iter()
         .enumerate()
+        .filter(|(i, _)| free.get(*i).copied().unwrap_or(false))
         .map(|(i, p)| (p.text, i))
         .collect()
 }
@@ -185,7 +193,7 @@ fn parse_pieces(text: &str, recut: &Recut, active: &Spec) -> Option<Parsed> {
         let j = match active.pieces.routes.get(i) {
             Some(p) if p.text == d => Some(i),
             _ => by_text
-                .get_or_init(|| active_routes(active))
+                .get_or_init(|| active_routes(active, &recut.routes_from))
                 .get(&d)
                 .copied(),
         };
@@ -449,6 +457,64 @@ pub(super) fn pieces(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `validate_against` makes of a candidate, compared with
+    /// validating it from scratch: the same version, canonical text and
+    /// routes, or the same diagnostics.
+    fn outcome(spec: &Result<Spec, Vec<Diagnostic>>) -> String {
+        match spec {
+            Ok(spec) => format!(
+                "{}\n{}\n{:?}\n{:?}",
+                spec.config_version,
+                spec.canonical.text(),
+                spec.routes,
+                spec.upstreams
+            ),
+            Err(errors) => format!("{errors:?}"),
+        }
+    }
+
+    #[test]
+    fn taking_over_gives_what_validating_from_scratch_gives() {
+        let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let base = std::fs::read_to_string(folder.join("auth.toml")).expect("example");
+        let text = |t: &str| ConfigText::inline(t.to_owned(), folder.clone(), "<test>");
+        let active = validate(&text(&base)).expect("the example validates");
+        assert!(active.pieces.cut.is_some() && !active.pieces.routes.is_empty());
+        let first_route = base.find("[[routes]]").expect("a route");
+        let candidates = [
+            base.clone(),
+            base.replace("name = \"api\"", "name = \"api2\""),
+            format!("{base}\n[[routes]]\nname = \"late\"\nlisteners = [\"web\"]\npath_prefix = \"/late/\"\nrespond = {{ body = \"late\" }}\n"),
+            format!("{}[[routes]]\nname = \"early\"\nlisteners = [\"web\"]\npath_exact = \"/early\"\nrespond = {{ body = \"x\" }}\n\n{}", &base[..first_route], &base[first_route..]),
+            // Errors in a changed route: each with its line.
+            base.replace("name = \"api\"", "name = \"api\"\nmystery = 1"),
+            base.replace("name = \"api\"", "name = \"Api!\""),
+            base.replacen("[[routes]]", "[[routes]\n", 1),
+            format!("{base}\n[[routes]]\nname = \"api\"\nlisteners = [\"web\"]\nrespond = {{ body = \"twice\" }}\n"),
+            format!("{base}\n[[routes]]\nname = \"nowhere\"\nlisteners = [\"web\"]\nupstream = \"missing\"\n"),
+            // The routes' context changed: every route is validated again.
+            base.replace("name = \"web\"", "name = \"www\""),
+            format!("{base}\n[[listeners]]\nname = \"more\"\nbind = \"127.0.0.1:0\"\n"),
+        ];
+        for (n, candidate) in candidates.iter().enumerate() {
+            assert!(
+                n == 0 || *candidate != base,
+                "candidate {n} changes nothing"
+            );
+            let scratch = validate(&text(candidate));
+            let taken = validate_against(&text(candidate), None, Some(&active));
+            assert_eq!(outcome(&taken), outcome(&scratch), "candidate {n}");
+        }
+        // And it did take over: the unchanged routes are the active ones.
+        let renamed = validate_against(&text(&candidates[1]), None, Some(&active)).expect("valid");
+        assert!(Arc::ptr_eq(&renamed.routes[0], &active.routes[0]));
+        assert!(!Arc::ptr_eq(&renamed.routes[1], &active.routes[1]));
+        assert!(Arc::ptr_eq(
+            &renamed.canonical.routes[2],
+            &active.canonical.routes[2]
+        ));
+    }
 
     #[test]
     fn the_digest_hasher_takes_the_first_eight_bytes() {

@@ -6,7 +6,7 @@ use super::*;
 impl Validator<'_> {
     pub(super) fn routes(&mut self, file: &FileConfig) -> Vec<Arc<RouteSpec>> {
         let mut out = Vec::with_capacity(file.routes.len());
-        let mut names = HashSet::new();
+        let mut names = foldhash::HashSet::default();
         for (i, r) in file.routes.iter().enumerate() {
             let at = |field: &str| format!("routes[{i}].{field}");
             if !is_valid_name(&r.name) {
@@ -398,7 +398,7 @@ impl Validator<'_> {
         // order): only the groups a new route is in can be.
         let reused = &self.route_reused;
         let only_new = reused.len() == routes.len() && reused.iter().any(|r| *r);
-        let mut seen: HashMap<MatchKey<'_>, MethodOwners<'_>> = HashMap::new();
+        let mut seen: foldhash::HashMap<MatchKey<'_>, MethodOwners<'_>> = Default::default();
         if only_new {
             for (route, _) in routes.iter().zip(reused).filter(|(_, reused)| !**reused) {
                 for_each_key(route, |key| {
@@ -408,7 +408,7 @@ impl Validator<'_> {
         }
         // Hosts are what keys differ in most: a route none of whose hosts
         // a new route names is not hashed whole.
-        let new_hosts: HashSet<Option<&HostMatch>> = seen.keys().map(|k| k.1).collect();
+        let new_hosts: foldhash::HashSet<Option<&HostMatch>> = seen.keys().map(|k| k.1).collect();
         let mut ambiguous = Vec::new();
         for (index, route) in routes.iter().enumerate() {
             let may_clash = !only_new
