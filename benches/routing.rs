@@ -1,4 +1,5 @@
-//! Route matching and generation build at 10, 1 000 and 10 000 routes.
+//! Route matching at 10, 1 000, 10 000 and 100 000 routes, generation
+//! build at 10, 1 000 and 10 000.
 //!
 //! Compares the cost of one `Router::route` lookup (hosts, wildcards,
 //! prefixes and regexes mixed, the request matching a route near the end
@@ -28,7 +29,7 @@ fn config(n: usize) -> String {
 
 fn bench_route_match(c: &mut Criterion) {
     let mut group = c.benchmark_group("route_match");
-    for n in [10usize, 1_000, 10_000] {
+    for n in [10usize, 1_000, 10_000, 100_000] {
         let text = ConfigText::inline(config(n), ".".into(), "<bench>");
         let spec = Arc::new(cutover::plan::validate(&text).expect("bench config validates"));
         let generation = build(spec, GenerationId::FIRST, &SharedState::default()).expect("builds");

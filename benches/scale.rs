@@ -15,7 +15,9 @@
 //!
 //! `CUTOVER_SCALE_ACTIVATIONS` (default 100) one-route activations per
 //! size, `CUTOVER_SCALE_WIDE` (default 10) 10 % ones,
-//! `CUTOVER_SCALE_ROUTES` (e.g. `100000`) to run one size only.
+//! `CUTOVER_SCALE_ROUTES` (e.g. `100000`) to run one size only,
+//! `CUTOVER_BENCH_BINARY` to measure another build (an earlier commit),
+//! `CUTOVER_SCALE_VERBOSE` to print each activation.
 //! Linux only (`/proc`). Run: `cargo bench --bench scale`.
 
 mod common;
@@ -196,30 +198,32 @@ fn main() {
             quantile(&one_ms, 1.0),
             quantile(&ten_ms, 0.5),
         );
+        // The steady RSS: where activating levels off.
+        let peak = one.iter().map(|a| a.peak_mib).fold(0.0, f64::max);
         println!(
-            "  RSS: {started_mib:.0} MiB after start, {after_first:.0} after the first activation, {after_narrow:.0} after {narrow} (x{:.2}); peak during an activation up to x{:.2} of the RSS before it (one route), x{:.2} (10 %)",
+            "  RSS: {started_mib:.0} MiB after start, {after_first:.0} after the first activation, {after_narrow:.0} after {narrow} (x{:.2}); peak during an activation {peak:.0} MiB, x{:.2} of the steady RSS; up to x{:.2} of the RSS just before it (one route), x{:.2} (10 %)",
             after_narrow / after_first,
+            peak / after_narrow,
             peak_ratio(&one),
             peak_ratio(&ten),
         );
         rows.push((
             routes,
-            quantile(&one_ms, 0.5),
+            (quantile(&one_ms, 0.5), quantile(&one_ms, 0.9)),
             quantile(&ten_ms, 0.5),
-            started_mib,
-            after_first,
-            after_narrow,
-            peak_ratio(&one),
+            (started_mib, after_first, after_narrow),
+            peak,
         ));
     }
     println!(
-        "\n| routes | one route: median ms | 10 %: median ms | RSS start | after 1st | after {narrow} | ratio | peak / before |"
+        "\n| routes | one route: median (p90) ms | 10 %: median ms | RSS start | after 1st | after {narrow} | ratio | peak | peak / steady |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    for (routes, one, ten, start, first, last, peak) in rows {
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (routes, (one, one_p90), ten, (start, first, last), peak) in rows {
         println!(
-            "| {routes} | {one:.0} | {ten:.0} | {start:.0} MiB | {first:.0} MiB | {last:.0} MiB | {:.2} | {peak:.2} |",
-            last / first
+            "| {routes} | {one:.0} ({one_p90:.0}) | {ten:.0} | {start:.0} MiB | {first:.0} MiB | {last:.0} MiB | {:.2} | {peak:.0} MiB | {:.2} |",
+            last / first,
+            peak / last
         );
     }
 }

@@ -15,8 +15,12 @@ use hyper_util::rt::TokioIo;
 
 /// Starts the real `cutover` binary on `config` and waits for its ready
 /// line; returns the child and the ready line's JSON (addresses, pid).
+/// `CUTOVER_BENCH_BINARY` names another build to measure (an A/B against
+/// an earlier commit).
 pub fn start_gateway(config: &std::path::Path) -> (Child, serde_json::Value) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cutover"))
+    let binary = std::env::var_os("CUTOVER_BENCH_BINARY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_cutover").into());
+    let mut child = Command::new(binary)
         .args(["run", "-c"])
         .arg(config)
         .stdout(Stdio::piped())

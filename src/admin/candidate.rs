@@ -416,8 +416,21 @@ async fn extract<S: Send + Sync>(
     let body = Bytes::from_request(req, state)
         .await
         .map_err(IntoResponse::into_response)?;
-    parse_checked(query.0, &headers, &body).map_err(IntoResponse::into_response)
+    // Megabytes of configuration in a JSON string are decoded off the
+    // admin runtime's threads, as they are then planned.
+    if body.len() <= OFF_THE_REACTOR_FROM {
+        return parse_checked(query.0, &headers, &body).map_err(IntoResponse::into_response);
+    }
+    tokio::task::spawn_blocking(move || parse_checked(query.0, &headers, &body))
+        .await
+        .map_err(|e| {
+            ApiError::Control(crate::control::ControlError::Internal(e.to_string())).into_response()
+        })?
+        .map_err(IntoResponse::into_response)
 }
+
+/// Bodies larger than this are decoded on the blocking pool.
+const OFF_THE_REACTOR_FROM: usize = 64 * 1024;
 
 impl<S: Send + Sync> axum::extract::FromRequest<S> for CandidateRequest {
     type Rejection = axum::response::Response;

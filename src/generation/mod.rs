@@ -273,7 +273,7 @@ pub fn build_from(
 struct Kept<'g> {
     previous: Option<&'g Generation>,
     /// Built on the first route that moved from its index.
-    by_spec: std::cell::OnceCell<HashMap<*const crate::plan::RouteSpec, &'g Arc<Route>>>,
+    by_spec: std::cell::OnceCell<foldhash::HashMap<*const crate::plan::RouteSpec, &'g Arc<Route>>>,
 }
 
 impl<'g> Kept<'g> {
