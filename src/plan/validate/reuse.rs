@@ -6,7 +6,7 @@
 //! value (the same allocation), with its canonical text. A route whose
 //! piece, context (`route_context`) and files are unchanged is not
 //! validated again either: its spec is the active one's, so the generation
-//! built from it keeps the compiled route (`generation::build`). Anything
+//! built from it keeps the compiled route (`generation::build_from`). Anything
 //! this cannot prove equal is parsed and validated as if it were new, and
 //! a text whose layout is not cut parses whole: the result is always what
 //! validating the text from scratch gives.
