@@ -360,3 +360,120 @@ impl<R: Routed> Router<R> {
         self.exact.is_empty() && self.suffix.is_empty() && self.any_host.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigText;
+
+    /// Routes (name, host, path prefix); a name ending in `-hdr` also
+    /// asks for header `x-a`, which every request below has: it and a
+    /// route without it are not ambiguous, and their order decides.
+    fn specs(routes: &[(&str, &str, &str)]) -> Vec<Arc<RouteSpec>> {
+        let mut text = String::from("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n");
+        for (name, host, path) in routes {
+            let hosts = match *host {
+                "" => String::new(),
+                host => format!("hosts = [\"{host}\"]\n"),
+            };
+            let matchers = match name.ends_with("-hdr") {
+                true => "headers = { \"x-a\" = \"*\" }\n",
+                false => "",
+            };
+            text.push_str(&format!(
+                "\n[[routes]]\nname = \"{name}\"\nlisteners = [\"web\"]\n{hosts}{matchers}path_prefix = \"{path}\"\nrespond = {{ body = \"{name}\" }}\n"
+            ));
+        }
+        let source = ConfigText::inline(text, ".".into(), "<test>");
+        crate::plan::validate(&source)
+            .unwrap_or_else(|e| panic!("{e:?}"))
+            .routes
+    }
+
+    /// Each request's route name in `router`.
+    fn answers(router: &Router<RouteSpec>) -> Vec<Option<String>> {
+        let method = http::Method::GET;
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-a", http::HeaderValue::from_static("1"));
+        let head = RequestHead {
+            method: &method,
+            headers: &headers,
+            query: None,
+        };
+        let hosts = [
+            "a.example.com",
+            "b.example.com",
+            "x.wild.example.com",
+            "other.test",
+        ];
+        let paths = ["/", "/v1/x", "/v1/users/1", "/v2/"];
+        hosts
+            .iter()
+            .flat_map(|h| paths.iter().map(move |p| (h, p)))
+            .map(|(h, p)| router.route(Some(h), p, &head).map(|r| r.name.clone()))
+            .collect()
+    }
+
+    /// A router patched from the previous one routes every request as a
+    /// router built from scratch does: routes edited in place, inserted,
+    /// removed, moved between hosts, and reordered within a group.
+    #[test]
+    fn a_patched_router_routes_as_one_built_from_scratch() {
+        let base = [
+            ("a1", "a.example.com", "/v1/"),
+            ("a2-hdr", "a.example.com", "/v1/"),
+            ("b1", "b.example.com", "/"),
+            ("w1", "*.wild.example.com", "/v1/"),
+            ("any", "", "/v2/"),
+            ("fallback", "", "/"),
+        ];
+        let before = specs(&base);
+        let previous = Router::new(before.iter().cloned());
+        let edits: Vec<Vec<(&str, &str, &str)>> = vec![
+            // In place: a route's host changed.
+            base.iter()
+                .map(|r| {
+                    if r.0 == "b1" {
+                        ("b1", "a.example.com", "/v1/users/")
+                    } else {
+                        *r
+                    }
+                })
+                .collect(),
+            // Two routes of one group swapped (order decides between them).
+            vec![base[1], base[0], base[2], base[3], base[4], base[5]],
+            // Inserted before everything, and one removed.
+            std::iter::once(("new", "b.example.com", "/v1/"))
+                .chain(base.iter().copied().filter(|r| r.0 != "w1"))
+                .collect(),
+            // The host-less group changed.
+            base.iter()
+                .map(|r| {
+                    if r.0 == "any" {
+                        ("any", "", "/v1/")
+                    } else {
+                        *r
+                    }
+                })
+                .collect(),
+        ];
+        for (n, edit) in edits.iter().enumerate() {
+            let fresh = specs(edit);
+            // What the candidate took over is the same allocation.
+            let after: Vec<Arc<RouteSpec>> = fresh
+                .iter()
+                .map(|f| {
+                    before
+                        .iter()
+                        .find(|b| b.name == f.name && format!("{b:?}") == format!("{f:?}"))
+                        .cloned()
+                        .unwrap_or_else(|| Arc::clone(f))
+                })
+                .collect();
+            let patched = Router::patched(&previous, after.clone());
+            let scratch = Router::new(after);
+            assert_ne!(answers(&previous), answers(&scratch), "edit {n} shows");
+            assert_eq!(answers(&patched), answers(&scratch), "edit {n}");
+        }
+    }
+}
