@@ -311,12 +311,13 @@ fn piece_ops(old: &[&str], new: &[&str], deadline: std::time::Instant) -> Vec<si
 /// larger hunks.
 fn unified(old: &Lines<'_>, from_label: &str, new: &Lines<'_>) -> String {
     use std::fmt::Write as _;
-    if old.pieces == new.pieces {
+    let deadline = std::time::Instant::now() + TEXT_DIFF_BUDGET;
+    let pieces = piece_ops(&old.pieces, &new.pieces, deadline);
+    if pieces.iter().all(|op| op.tag() == similar::DiffTag::Equal) {
         return String::new();
     }
-    let deadline = std::time::Instant::now() + TEXT_DIFF_BUDGET;
     let mut ops = Vec::new();
-    for op in piece_ops(&old.pieces, &new.pieces, deadline) {
+    for op in pieces {
         let (tag, o, n) = op.as_tag_tuple();
         let (lo, ln) = (old.span(o.clone()), new.span(n.clone()));
         if tag == similar::DiffTag::Equal {

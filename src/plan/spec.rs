@@ -368,23 +368,13 @@ impl PathMatch {
         }
     }
 
-    /// What identifies the matcher, for duplicate detection, borrowed.
-    pub fn key_ref(&self) -> (char, &str) {
+    /// What identifies the matcher, for duplicate detection.
+    pub fn key(&self) -> (char, &str) {
         match self {
             PathMatch::Any => (' ', ""),
             PathMatch::Exact(p) => ('=', p),
             PathMatch::Prefix(p) => ('^', p),
             PathMatch::Regex(re) => ('~', re.as_str()),
-        }
-    }
-
-    /// Text that identifies the matcher, for duplicate detection.
-    pub fn key(&self) -> String {
-        match self {
-            PathMatch::Any => String::new(),
-            PathMatch::Exact(p) => format!("={p}"),
-            PathMatch::Prefix(p) => format!("^{p}"),
-            PathMatch::Regex(re) => format!("~{}", re.as_str()),
         }
     }
 }

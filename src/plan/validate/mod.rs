@@ -75,22 +75,10 @@ pub fn validate_against(
 ) -> Result<Spec, Vec<Diagnostic>> {
     // Unknown keys do not stop validation: everything else wrong with the
     // same entities is reported with them.
-    let reuse::Parsed {
-        file,
-        unknown_keys,
-        route_texts,
-        upstream_texts,
-        from_active,
-        segments,
-    } = reuse::parse(&source.text, active)?;
-    let parsed = reuse::Parsed {
-        file: FileConfig::default(),
-        unknown_keys: Vec::new(),
-        route_texts: None,
-        upstream_texts,
-        from_active,
-        segments: None,
-    };
+    let mut parsed = reuse::parse(&source.text, active)?;
+    let file = std::mem::take(&mut parsed.file);
+    let unknown_keys = std::mem::take(&mut parsed.unknown_keys);
+    let (route_texts, segments) = (parsed.route_texts.take(), parsed.segments.take());
     let own_roots: Vec<PathBuf>;
     let roots = match file_roots {
         Some(roots) => roots,
@@ -127,7 +115,7 @@ pub fn validate_against(
                 &source.text,
                 segments,
                 route_texts,
-                parsed.upstream_texts,
+                parsed.upstream_texts.take(),
                 std::mem::take(&mut v.route_files),
                 std::mem::take(&mut v.upstream_files),
                 context,

@@ -487,7 +487,7 @@ fn for_each_key<'r>(route: &'r RouteSpec, mut f: impl FnMut(MatchKey<'r>)) {
             f((
                 listener.as_str(),
                 None,
-                route.path.key_ref(),
+                route.path.key(),
                 headers.clone(),
             ));
         }
@@ -495,7 +495,7 @@ fn for_each_key<'r>(route: &'r RouteSpec, mut f: impl FnMut(MatchKey<'r>)) {
             f((
                 listener.as_str(),
                 Some(host),
-                route.path.key_ref(),
+                route.path.key(),
                 headers.clone(),
             ));
         }
