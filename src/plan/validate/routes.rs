@@ -484,12 +484,7 @@ fn for_each_key<'r>(route: &'r RouteSpec, mut f: impl FnMut(MatchKey<'r>)) {
     };
     for listener in &route.listeners {
         if route.hosts.is_empty() {
-            f((
-                listener.as_str(),
-                None,
-                route.path.key(),
-                headers.clone(),
-            ));
+            f((listener.as_str(), None, route.path.key(), headers.clone()));
         }
         for host in &route.hosts {
             f((
