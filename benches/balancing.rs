@@ -64,7 +64,9 @@ fn bench_pick(c: &mut Criterion) {
         ("p2c", "p2c"),
     ] {
         let upstream = upstream(name);
-        group.bench_function(label, |b| b.iter(|| black_box(upstream.pick())));
+        group.bench_function(label, |b| {
+            b.iter(|| black_box(upstream.pick(&upstream.members()).is_some()))
+        });
     }
     let keys: Vec<u64> = (0..1024u32)
         .map(|k| hash_key(format!("user-{k}").as_bytes()))
@@ -75,18 +77,23 @@ fn bench_pick(c: &mut Criterion) {
         group.bench_function(label, |b| {
             b.iter(|| {
                 i = (i + 1) % keys.len();
-                black_box(upstream.pick_hashed(keys[i]))
+                black_box(upstream.pick_hashed(&upstream.members(), keys[i]).is_some())
             })
         });
     }
     // Every backend busy: the bound has to sum the loads.
     let bounded = upstream("bounded");
-    let _busy: Vec<_> = bounded.backends.iter().map(|b| b.start_request()).collect();
+    let _busy: Vec<_> = bounded
+        .members()
+        .backends
+        .iter()
+        .map(|b| b.start_request())
+        .collect();
     let mut i = 0;
     group.bench_function("hash_bounded_loaded", |b| {
         b.iter(|| {
             i = (i + 1) % keys.len();
-            black_box(bounded.pick_hashed(keys[i]))
+            black_box(bounded.pick_hashed(&bounded.members(), keys[i]).is_some())
         })
     });
     // The key's hash itself (SipHash of a short header value).

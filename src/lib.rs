@@ -38,6 +38,7 @@ pub mod backends;
 pub mod config;
 pub mod control;
 pub mod ctl;
+pub mod discovery;
 #[cfg(feature = "fleet")]
 pub mod fleet;
 pub mod generation;

@@ -91,10 +91,10 @@ pub struct ProxyHeader {
 /// The process-wide set of backends, by identity, and the retry budgets,
 /// by upstream name. Holds both weakly: what no generation names any more
 /// is dropped (a backend with its pool).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct BackendRegistry {
-    backends: WeakMap<BackendKey, Backend>,
-    budgets: WeakMap<String, RetryBudget>,
+    backends: Arc<WeakMap<BackendKey, Backend>>,
+    budgets: Arc<WeakMap<String, RetryBudget>>,
 }
 
 impl BackendRegistry {
@@ -182,7 +182,7 @@ pub fn now_ms() -> u64 {
 
 /// `at_ms` as Unix milliseconds: stable from one call to the next, so
 /// two views of one deadline compare equal.
-fn unix_ms(at_ms: u64) -> u64 {
+pub fn unix_ms(at_ms: u64) -> u64 {
     let at = origin().1 + Duration::from_millis(at_ms);
     at.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -209,6 +209,16 @@ pub struct BackendView {
     pub failures: u64,
     /// Live generations (active, or with work pinned) that name it.
     pub generations: Vec<u64>,
+    /// The discovery source it is a member by (`dns:…`, `srv:…`,
+    /// `file:…`); absent for an `addr` entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Its weight, when not 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    /// Its priority (SRV, endpoints files), when not 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u16>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -245,6 +255,9 @@ impl Backend {
             attempts: self.attempts(),
             failures: self.failures(),
             generations: self.named_by_any_of(live),
+            source: None,
+            weight: None,
+            priority: None,
         }
     }
 }

@@ -58,6 +58,16 @@ impl<K: Eq + Hash, V> WeakMap<K, V> {
         }
     }
 
+    /// The live value for `key`, if there is one.
+    pub fn get<Q>(&self, key: &Q) -> Option<Arc<V>>
+    where
+        K: Borrow<Q>,
+        Q: Eq + Hash + ?Sized,
+    {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(key).and_then(Weak::upgrade)
+    }
+
     /// How many values are alive.
     pub fn live(&self) -> usize {
         let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);

@@ -95,6 +95,9 @@ codes! {
     RedirectLoop = "redirect_loop",
     GrpcNeedsHttp2 = "grpc_needs_http2",
     InvalidSecretFile = "invalid_secret_file",
+    InvalidBackend = "invalid_backend",
+    UnresolvedName = "unresolved_name",
+    InvalidEndpoints = "invalid_endpoints",
 }
 
 impl std::fmt::Display for Code {

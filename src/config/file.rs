@@ -24,6 +24,8 @@ pub struct FileConfig {
     pub tracing: FileTracing,
     #[serde(default)]
     pub runtime: FileRuntime,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<FileDiscovery>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<FileListener>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -794,6 +796,11 @@ pub struct FileUpstream {
     pub slow_start: Option<String>,
     #[serde(default)]
     pub backends: Vec<FileBackend>,
+    /// Most members the upstream takes from its `dns`, `srv` and
+    /// `endpoints_file` entries (default 1000); the rest are left out,
+    /// counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_members: Option<u32>,
     /// TLS to the backends (`protocol = "https"` or `"h2"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<FileUpstreamTls>,
@@ -872,11 +879,62 @@ fn default_upstream_protocol() -> String {
     "http1".to_owned()
 }
 
-/// One backend address with an optional weight (default 1).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One entry of `backends`: a fixed address (`addr`, with an optional
+/// weight), or a source of members (`dns`, `srv`, `endpoints_file`) whose
+/// set changes without a generation (DESIGN §20). Exactly one of the four.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileBackend {
-    pub addr: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    /// Of `addr`, or of every member of `dns` (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
+    /// `name:port`: every A/AAAA record of `name` is a member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<String>,
+    /// `_service._proto.name`: every SRV target is a member, with its
+    /// record's priority, weight and port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub srv: Option<String>,
+    /// A JSON file of members, watched: `[{ "addr": "ip:port", "weight": 3 }]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints_file: Option<String>,
+    /// For `dns` and `srv`: the longest between two resolutions (records'
+    /// TTLs may make it shorter, never under 1s; default 30s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<String>,
+    /// For `dns`: `any` (default), `ipv4` or `ipv6`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<String>,
+}
+
+impl FileBackend {
+    /// What names the entry among an upstream's: its address, or its
+    /// source (`dns:NAME:PORT`, `srv:NAME`, `file:PATH`).
+    pub fn key(&self) -> String {
+        match (&self.addr, &self.dns, &self.srv, &self.endpoints_file) {
+            (Some(addr), ..) => addr.clone(),
+            (_, Some(dns), ..) => format!("dns:{dns}"),
+            (_, _, Some(srv), _) => format!("srv:{srv}"),
+            (_, _, _, Some(file)) => format!("file:{file}"),
+            _ => String::new(),
+        }
+    }
+}
+
+/// `[discovery]`: how names in `backends` are resolved (startup-owned).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileDiscovery {
+    /// `ip` or `ip:port` (default port 53); the system's resolv.conf when
+    /// empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nameservers: Vec<String>,
+    /// Per query (default 2s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// Queries per resolution before it counts as failed (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
 }

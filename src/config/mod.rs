@@ -243,6 +243,7 @@ pub fn canonical_head(config: &FileConfig) -> String {
         log: config.log.clone(),
         tracing: config.tracing.clone(),
         runtime: config.runtime.clone(),
+        discovery: config.discovery.clone(),
         listeners: config.listeners.clone(),
         ..FileConfig::default()
     })

@@ -312,8 +312,12 @@ mod timeline_tests {
                         attempts: 0,
                         failures: 0,
                         generations: vec![1],
+                        source: None,
+                        weight: None,
+                        priority: None,
                     })
                     .collect(),
+                sources: Vec::new(),
             }],
         };
         // A flapping backend, for longer than the window.

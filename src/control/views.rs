@@ -401,6 +401,30 @@ pub struct UpstreamView {
     pub name: String,
     pub policy: Cow<'static, str>,
     pub backends: Vec<crate::backends::BackendView>,
+    /// Its discovery sources: what each gives, when it last resolved,
+    /// when it resolves next, and its last error.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<crate::discovery::SourceView>,
+}
+
+/// Each member's view, with where it came from, its weight and priority.
+pub fn member_views(
+    members: &crate::generation::Members,
+    live: &[u64],
+) -> Vec<crate::backends::BackendView> {
+    members
+        .backends
+        .iter()
+        .zip(&members.origins)
+        .zip(members.weights().zip(members.priorities()))
+        .map(|((backend, origin), (weight, priority))| {
+            let mut view = backend.view(live);
+            view.source = origin.as_deref().map(str::to_owned);
+            view.weight = (weight != 1).then_some(weight);
+            view.priority = (priority != 0).then_some(priority);
+            view
+        })
+        .collect()
 }
 
 impl Control {
@@ -412,7 +436,11 @@ impl Control {
             .map(|u| UpstreamView {
                 name: u.name.clone(),
                 policy: u.policy.as_str().into(),
-                backends: u.backends.iter().map(|b| b.view(&live)).collect(),
+                backends: member_views(&u.members(), &live),
+                sources: u
+                    .membership()
+                    .map(|m| m.sources.iter().map(|s| s.view()).collect())
+                    .unwrap_or_default(),
             })
             .collect();
         upstreams.sort_by(|a, b| a.name.cmp(&b.name));

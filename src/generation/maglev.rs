@@ -29,10 +29,22 @@ impl Maglev {
     /// The table for backends named `names` (their identities: the same
     /// name owns the same slots in every generation).
     pub fn new(names: &[&str]) -> Self {
+        Self::weighted(names, &[])
+    }
+
+    /// As [`Maglev::new`], each backend owning a share of slots in
+    /// proportion to its weight (`weights` aligned with `names`; empty:
+    /// all alike). Each round of the fill gives a backend a credit of
+    /// its weight and a slot per heaviest weight of credit, so equal
+    /// weights fill exactly as the unweighted table does.
+    pub fn weighted(names: &[&str], weights: &[u32]) -> Self {
         let n = names.len();
         if n == 0 || n > usize::from(u16::MAX) {
             return Self::default();
         }
+        let weight = |i: usize| u64::from(weights.get(i).copied().unwrap_or(1).max(1));
+        let heaviest = (0..n).map(weight).max().unwrap_or(1);
+        let mut credit = vec![0u64; n];
         let m = TABLE_SIZE as u64;
         let permutations: Vec<(u64, u64)> = names
             .iter()
@@ -51,6 +63,13 @@ impl Maglev {
                 let Some(turn) = next.get_mut(i) else {
                     continue;
                 };
+                if let Some(c) = credit.get_mut(i) {
+                    *c += weight(i);
+                    if *c < heaviest {
+                        continue;
+                    }
+                    *c -= heaviest;
+                }
                 // Each backend takes the next free slot of its own
                 // permutation; a permutation visits every slot once.
                 loop {
@@ -126,6 +145,25 @@ mod tests {
         assert!(
             moved >= 1_800,
             "{moved}: the removed backend's keys must move"
+        );
+    }
+
+    #[test]
+    fn weighted_shares_follow_the_weights() {
+        let names = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"];
+        let table = Maglev::weighted(&names, &[1, 3, 6]);
+        let mut counts = [0usize; 3];
+        for slot in &table.table {
+            counts[usize::from(*slot)] += 1;
+        }
+        for (count, weight) in counts.iter().zip([1.0, 3.0, 6.0]) {
+            let share = *count as f64 / TABLE_SIZE as f64;
+            assert!((share - weight / 10.0).abs() < 0.01, "{counts:?}");
+        }
+        // Equal weights are the unweighted table, slot for slot.
+        assert_eq!(
+            Maglev::weighted(&names, &[4, 4, 4]).table,
+            Maglev::new(&names).table
         );
     }
 

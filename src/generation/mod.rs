@@ -7,6 +7,7 @@
 
 mod ledger;
 mod maglev;
+mod members;
 mod quota;
 mod route;
 mod router;
@@ -19,6 +20,7 @@ use std::time::SystemTime;
 
 pub use ledger::{answered_totals, InflightGuard, Ledger};
 pub use maglev::{hash_key, Maglev};
+pub use members::{Members, MembersRef, Membership};
 pub use quota::QuotaTable;
 pub use route::{
     matches_request, Action, CopyKind, ListenerSlot, Refusal, RequestHead, Route, RouteShared,
@@ -35,6 +37,8 @@ use crate::plan::{RouteAction, Spec};
 #[derive(Debug, Default)]
 pub struct SharedState {
     pub backends: BackendRegistry,
+    /// Members from DNS, SRV and files (DESIGN §20), by upstream and source.
+    pub discovery: crate::discovery::Discovery,
     routes: WeakMap<String, RouteShared>,
     listeners: WeakMap<String, route::ListenerShared>,
     /// Quota buckets by route name and quota: kept while both are.
@@ -185,16 +189,14 @@ pub fn build_from(
         });
         let upstream = match same {
             Some(same) => Arc::clone(same),
-            None => Arc::new(Upstream::build(u, &shared.backends).map_err(|source| {
-                BuildError::Backend {
+            None => Arc::new(
+                Upstream::build(u, shared).map_err(|source| BuildError::Backend {
                     upstream: u.name.clone(),
                     source,
-                }
-            })?),
+                })?,
+            ),
         };
-        for backend in &upstream.backends {
-            backend.named_by(id.0);
-        }
+        upstream.named_by(id.0);
         upstreams.insert(u.name.clone(), upstream);
     }
     let mut per_listener: HashMap<&str, (&crate::plan::ListenerEdge, Vec<Arc<Route>>)> = spec

@@ -1,139 +1,160 @@
-//! An upstream in one generation: the backends it names (handles into
-//! the process-shared `backends` registry) and how it picks one for a
+//! An upstream in one generation: its members (handles into the
+//! process-shared `backends` registry) and how it picks one for a
 //! request. Every policy skips backends that are unhealthy or ejected;
 //! when none is left, it fails open to all of them (DESIGN §12).
+//!
+//! Members are fixed (`addr` entries: the generation holds them) or
+//! follow discovery sources (`members.rs`: swapped without a generation,
+//! DESIGN §20). A request takes the members of the moment once
+//! ([`Upstream::members`]) and picks, retries and reports within them.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::maglev::Maglev;
-use crate::backends::{
-    Attempt, Backend, BackendError, BackendKey, BackendRegistry, RetryBudget, Usable,
-};
+use super::members::{Members, MembersRef, Membership, Tier};
+use crate::backends::{Attempt, Backend, BackendError, RetryBudget, Usable};
 use crate::plan::{HashKey, OutlierSpec, Policy, UpstreamSpec};
 
-/// An upstream in one generation: its backends and how to pick one.
+/// An upstream in one generation: its members and how to pick one.
 #[derive(Debug)]
 pub struct Upstream {
     pub name: String,
     pub policy: Policy,
-    pub backends: Vec<Arc<Backend>>,
     pub outlier: OutlierSpec,
     slow_start: Option<Duration>,
-    /// For `weighted`: which backend each turn goes to.
-    schedule: WeightedSchedule,
     cursor: AtomicUsize,
     /// Shared with every generation that has an upstream of this name.
     budget: Arc<RetryBudget>,
-    /// For `hash`: what is hashed, the table, and the load bound.
+    /// For `hash`: what is hashed, and the load bound.
     pub hash_key: Option<HashKey>,
-    maglev: Maglev,
     hash_balance_factor: Option<u32>,
-    load_sum: LoadSum,
     /// For connections of `tcp` listeners: the PROXY header they start with.
     pub proxy_protocol: Option<crate::plan::ProxyProtocol>,
+    http2: bool,
+    roster: Roster,
 }
 
-/// The last sum of the backends' loads, and when it was taken.
-#[derive(Debug, Default)]
-struct LoadSum {
-    total: AtomicU64,
-    at_ms: AtomicU64,
+/// Where an upstream's members are.
+#[derive(Debug)]
+enum Roster {
+    /// Only `addr` entries: fixed for the generation's life.
+    Fixed(Members),
+    /// With `dns`, `srv` or `endpoints_file` entries.
+    Discovered(Arc<Membership>),
 }
 
 /// The least share of its turns a backend in slow start is offered.
 const SLOW_START_FLOOR: f64 = 0.1;
 
 impl Upstream {
-    /// Builds the upstream, reusing live backends from `registry`.
-    pub fn build(spec: &UpstreamSpec, registry: &BackendRegistry) -> Result<Self, BackendError> {
-        let backends = spec
-            .backends
-            .iter()
-            .map(|b| {
-                registry.get_or_create(BackendKey {
-                    addr: b.addr.clone(),
-                    protocol: spec.protocol,
-                    connect_timeout: spec.connect_timeout,
-                    idle_timeout: spec.idle_timeout,
-                    tls: spec.tls.clone(),
-                    health: spec.health.clone(),
-                    proxy_protocol: spec.proxy_protocol,
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let weights: Vec<u32> = spec.backends.iter().map(|b| b.weight).collect();
-        let schedule = match spec.policy {
-            Policy::Weighted => WeightedSchedule::new(&weights),
-            _ => WeightedSchedule::default(),
-        };
-        let maglev = match spec.policy {
-            Policy::Hash => {
-                let names: Vec<&str> = spec.backends.iter().map(|b| b.addr.as_str()).collect();
-                Maglev::new(&names)
-            }
-            _ => Maglev::default(),
+    /// Builds the upstream, reusing live backends and sources from
+    /// `shared`.
+    pub fn build(spec: &UpstreamSpec, shared: &super::SharedState) -> Result<Self, BackendError> {
+        let roster = if spec.sources.is_empty() {
+            let fixed = super::members::fixed(spec, &shared.backends)?;
+            Roster::Fixed(Members::new(fixed, spec.policy))
+        } else {
+            Roster::Discovered(Membership::start(spec, shared)?)
         };
         Ok(Self {
             name: spec.name.clone(),
             policy: spec.policy,
-            backends,
             outlier: spec.outlier,
             slow_start: spec.slow_start,
-            schedule,
             cursor: AtomicUsize::new(0),
-            budget: registry.budget(&spec.name),
+            budget: shared.backends.budget(&spec.name),
             hash_key: spec.hash_key.clone(),
-            maglev,
             hash_balance_factor: spec.hash_balance_factor,
-            load_sum: LoadSum::default(),
             proxy_protocol: spec.proxy_protocol,
+            http2: spec.protocol.is_http2(),
+            roster,
         })
+    }
+
+    /// Its members now: what one request picks, retries and reports
+    /// within (a discovered set changing meanwhile does not move it).
+    #[inline]
+    pub fn members(&self) -> MembersRef<'_> {
+        match &self.roster {
+            Roster::Fixed(members) => MembersRef::Fixed(members),
+            Roster::Discovered(membership) => MembersRef::Shared(membership.current()),
+        }
+    }
+
+    /// Its discovery sources (none for fixed members).
+    pub fn membership(&self) -> Option<&Arc<Membership>> {
+        match &self.roster {
+            Roster::Fixed(_) => None,
+            Roster::Discovered(membership) => Some(membership),
+        }
+    }
+
+    /// Notes that generation `id` was built with this upstream.
+    pub fn named_by(&self, id: u64) {
+        match &self.roster {
+            Roster::Fixed(members) => members.backends.iter().for_each(|b| b.named_by(id)),
+            Roster::Discovered(membership) => membership.named_by(id),
+        }
     }
 
     /// Whether its backends speak HTTP/2 (`h2c`, `h2`), as gRPC needs.
     pub fn speaks_http2(&self) -> bool {
-        self.backends
-            .first()
-            .is_none_or(|b| b.version == http::Version::HTTP_2)
+        self.http2
     }
 
     /// The backend for the next request: by the policy, among those that
-    /// pass their checks and are not ejected; when there are none, by
-    /// the policy among all of them (fail open, counted).
-    pub fn pick(&self) -> Option<&Arc<Backend>> {
-        let chosen = match self.policy {
-            // `pick_hashed` is for requests with a key; without one,
-            // hashing falls back to round-robin, as HAProxy's does.
-            Policy::RoundRobin | Policy::Weighted | Policy::Hash => self.pick_scheduled(),
-            Policy::LeastRequests => self.pick_two(|b| b.inflight() as f64),
-            Policy::P2c => self.pick_two(|b| b.load.cost()),
-        };
-        if chosen.is_some() {
-            return chosen;
+    /// pass their checks and are not ejected, in the most preferred
+    /// priority that has one; when there are none, by the policy among
+    /// all of the first priority's (fail open, counted). `None` only when
+    /// the upstream has no members at all.
+    pub fn pick<'m>(&self, members: &'m Members) -> Option<&'m Arc<Backend>> {
+        for tier in &members.tiers {
+            let backends = members
+                .backends
+                .get(tier.start..tier.end)
+                .unwrap_or_default();
+            let chosen = match self.policy {
+                // `pick_hashed` is for requests with a key; without one,
+                // hashing falls back to round-robin, as HAProxy's does.
+                Policy::RoundRobin | Policy::Weighted | Policy::Hash => {
+                    self.pick_scheduled(tier, backends)
+                }
+                Policy::LeastRequests => self.pick_two(tier, backends, |b| b.inflight() as f64),
+                Policy::P2c => self.pick_two(tier, backends, |b| b.load.cost()),
+            };
+            if chosen.is_some() {
+                return chosen;
+            }
         }
-        if self.backends.len() > 1 || self.backends.first().is_some_and(|b| !b.is_available()) {
+        let tier = members.tiers.first()?;
+        let backends = members.backends.get(tier.start..tier.end)?;
+        if members.backends.len() > 1 || backends.first().is_some_and(|b| !b.is_available()) {
             self.budget.fail_open.add(1);
         }
         let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
-        self.backends.get(self.scheduled(turn))
+        backends.get(self.scheduled(tier, turn))
     }
 
     /// The backend for the next attempt of a request or connection that
     /// has tried the backends in `tried` (their addresses; the pick is
     /// added): the key's backend first (`hash`, when it has one), then by
     /// the policy one not tried yet, if the upstream has any left.
-    pub fn pick_untried(&self, hash: Option<u64>, tried: &mut Vec<usize>) -> Option<&Arc<Backend>> {
+    pub fn pick_untried<'m>(
+        &self,
+        members: &'m Members,
+        hash: Option<u64>,
+        tried: &mut Vec<usize>,
+    ) -> Option<&'m Arc<Backend>> {
         let address = |backend: &Arc<Backend>| Arc::as_ptr(backend) as usize;
         if let Some(hash) = hash.filter(|_| tried.is_empty()) {
-            let backend = self.pick_hashed(hash)?;
+            let backend = self.pick_hashed(members, hash)?;
             tried.push(address(backend));
             return Some(backend);
         }
         let mut picked = None;
-        for _ in 0..self.backends.len().max(1) {
-            let backend = self.pick()?;
+        for _ in 0..members.backends.len().max(1) {
+            let backend = self.pick(members)?;
             let fresh = !tried.contains(&address(backend));
             picked = Some(backend);
             if fresh {
@@ -158,23 +179,47 @@ impl Upstream {
     /// The backend for a request whose `hash_key` hashes to `hash`: the
     /// owner of its Maglev slot, or, when that one is unusable or over
     /// `hash_balance_factor` of the average load, the next in the key's
-    /// walk (the same order for every request with that key).
-    pub fn pick_hashed(&self, hash: u64) -> Option<&Arc<Backend>> {
-        if self.maglev.is_empty() {
-            // Not a hashing upstream (or no backends): no key to follow.
-            return self.pick();
+    /// walk (the same order for every request with that key); in the
+    /// next priority when the first has none usable.
+    pub fn pick_hashed<'m>(&self, members: &'m Members, hash: u64) -> Option<&'m Arc<Backend>> {
+        if members.tiers.first()?.maglev.is_empty() {
+            // Not a hashing upstream: no key to follow.
+            return self.pick(members);
         }
-        let n = self.backends.len();
+        for tier in &members.tiers {
+            let backends = members
+                .backends
+                .get(tier.start..tier.end)
+                .unwrap_or_default();
+            if let Some(backend) = self.hashed_in(tier, backends, hash) {
+                return Some(backend);
+            }
+        }
+        self.budget.fail_open.add(1);
+        let tier = members.tiers.first()?;
+        tier.maglev
+            .walk(hash)
+            .next()
+            .and_then(|i| members.backends.get(tier.start + i))
+    }
+
+    fn hashed_in<'m>(
+        &self,
+        tier: &Tier,
+        backends: &'m [Arc<Backend>],
+        hash: u64,
+    ) -> Option<&'m Arc<Backend>> {
+        let n = backends.len();
         let mut total = None;
         let mut overloaded = None;
         let mut previous = usize::MAX;
         // Bounded: far more steps than distinct backends a walk needs.
-        for index in self.maglev.walk(hash).take(4 * n + 16) {
+        for index in tier.maglev.walk(hash).take(4 * n + 16) {
             if index == previous {
                 continue;
             }
             previous = index;
-            let Some(backend) = self.backends.get(index) else {
+            let Some(backend) = backends.get(index) else {
                 continue;
             };
             if let Some(factor) = self.hash_balance_factor {
@@ -184,11 +229,11 @@ impl Upstream {
                     let bound =
                         |total: u64| ((total + 1) * u64::from(factor)).div_ceil(100 * n as u64);
                     let (mut sum, mut exact) =
-                        *total.get_or_insert_with(|| (self.total_load(), false));
+                        *total.get_or_insert_with(|| (tier.total_load(backends), false));
                     // A recent sum may lag a burst: before calling a
                     // backend overloaded, make sure with an exact one.
                     if load + 1 > bound(sum) && !exact {
-                        (sum, exact) = (self.total_load_now(), true);
+                        (sum, exact) = (tier.total_load_now(backends), true);
                         total = Some((sum, exact));
                     }
                     if load + 1 > bound(sum) {
@@ -203,82 +248,69 @@ impl Upstream {
                 return Some(backend);
             }
         }
-        if overloaded.is_some() {
-            return overloaded;
-        }
-        self.budget.fail_open.add(1);
-        self.maglev
-            .walk(hash)
-            .next()
-            .and_then(|i| self.backends.get(i))
+        overloaded
     }
 
-    /// Requests in flight over this upstream's backends, summed at most
-    /// once a millisecond: the load bound needs an average, not an
-    /// account, and summing 100 counters on every request cost more than
-    /// the rest of the pick.
-    fn total_load(&self) -> u64 {
-        let now = crate::backends::now_ms();
-        if self.load_sum.at_ms.load(Ordering::Relaxed) == now {
-            return self.load_sum.total.load(Ordering::Relaxed);
-        }
-        self.total_load_now()
-    }
-
-    /// Requests in flight over this upstream's backends, summed now.
-    fn total_load_now(&self) -> u64 {
-        let total = self.backends.iter().map(|b| b.inflight()).sum::<u64>();
-        self.load_sum.total.store(total, Ordering::Relaxed);
-        self.load_sum
-            .at_ms
-            .store(crate::backends::now_ms(), Ordering::Relaxed);
-        total
-    }
-
-    /// The backend index of turn `turn` under round-robin or weighted.
-    fn scheduled(&self, turn: usize) -> usize {
+    /// The backend index (within the tier) of turn `turn` under
+    /// round-robin or weighted.
+    fn scheduled(&self, tier: &Tier, turn: usize) -> usize {
         match self.policy {
-            Policy::Weighted => self.schedule.pick(turn as u64),
-            _ => turn % self.backends.len().max(1),
+            Policy::Weighted => tier.schedule.pick(turn as u64),
+            _ => turn % (tier.end - tier.start).max(1),
         }
     }
 
-    fn pick_scheduled(&self) -> Option<&Arc<Backend>> {
+    fn pick_scheduled<'m>(
+        &self,
+        tier: &Tier,
+        backends: &'m [Arc<Backend>],
+    ) -> Option<&'m Arc<Backend>> {
         let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
         // Nearly always: the scheduled backend takes it.
-        let first = self.backends.get(self.scheduled(turn))?;
+        let first = backends.get(self.scheduled(tier, turn))?;
         if self.takes(first) {
             return Some(first);
         }
-        self.pick_scheduled_after(turn)
+        self.pick_scheduled_after(tier, backends, turn)
     }
 
     /// The first usable backend after turn `turn`'s.
     #[cold]
-    fn pick_scheduled_after(&self, turn: usize) -> Option<&Arc<Backend>> {
-        let n = self.backends.len();
+    fn pick_scheduled_after<'m>(
+        &self,
+        tier: &Tier,
+        backends: &'m [Arc<Backend>],
+        turn: usize,
+    ) -> Option<&'m Arc<Backend>> {
+        let n = backends.len();
         // The turns after this one first, so that the schedule's spread
         // holds among the backends left; then any backend at all.
         (1..n)
-            .map(|k| self.scheduled(turn.wrapping_add(k)))
+            .map(|k| self.scheduled(tier, turn.wrapping_add(k)))
             .chain((0..n).map(|k| (turn + k) % n))
-            .filter_map(|i| self.backends.get(i))
+            .filter_map(|i| backends.get(i))
             .find(|b| self.takes(b))
     }
 
-    /// Power of two choices: two distinct backends at random, the one
-    /// with the lower `cost` wins.
-    fn pick_two(&self, cost: impl Fn(&Backend) -> f64) -> Option<&Arc<Backend>> {
-        let n = self.backends.len();
+    /// Power of two choices: two distinct backends at random (in
+    /// proportion to their weights, when they differ), the one with the
+    /// lower `cost` per unit of weight wins.
+    fn pick_two<'m>(
+        &self,
+        tier: &Tier,
+        backends: &'m [Arc<Backend>],
+        cost: impl Fn(&Backend) -> f64,
+    ) -> Option<&'m Arc<Backend>> {
+        let n = backends.len();
         if n < 2 {
-            return self.backends.first().filter(|b| self.takes(b));
+            return backends.first().filter(|b| self.takes(b));
         }
-        let first = fastrand::usize(..n);
-        let mut second = fastrand::usize(..n - 1);
-        if second >= first {
-            second += 1;
-        }
-        let (a, b) = (self.backends.get(first)?, self.backends.get(second)?);
+        let (first, second) = if self.policy.honours_weights() {
+            tier.two_by_weight()
+        } else {
+            Tier::two_alike(n)
+        };
+        let (a, b) = (backends.get(first)?, backends.get(second)?);
         // A backend whose ejection just ended takes its probe at once.
         let a_ok = self.takes(a);
         if a_ok && a.outlier.is_ejected() {
@@ -289,13 +321,20 @@ impl Upstream {
             return Some(b);
         }
         match (a_ok, b_ok) {
-            (true, true) => Some(if cost(b) < cost(a) { b } else { a }),
+            (true, true) => {
+                let (ca, cb) = if self.policy.honours_weights() {
+                    (cost(a) / tier.weight(first), cost(b) / tier.weight(second))
+                } else {
+                    (cost(a), cost(b))
+                };
+                Some(if cb < ca { b } else { a })
+            }
             (true, false) => Some(a),
             (false, true) => Some(b),
             (false, false) => {
                 let start = fastrand::usize(..n);
                 (0..n)
-                    .filter_map(|k| self.backends.get((start + k) % n))
+                    .filter_map(|k| backends.get((start + k) % n))
                     .find(|b| self.takes(b))
             }
         }
@@ -316,10 +355,10 @@ impl Upstream {
         backend.usable() == Usable::Yes
     }
 
-    /// Records how an attempt at `backend` (one of this upstream's) ended,
+    /// Records how an attempt at `backend` (one of its members) ended,
     /// with the time to its answer, and ejects the backend when outlier
-    /// detection asks and at most `max_ejected_percent` of this
-    /// upstream's backends would then be out.
+    /// detection asks and at most `max_ejected_percent` of the members
+    /// would then be out.
     pub fn report(&self, backend: &Backend, attempt: Attempt, rtt: Option<Duration>) {
         if let (Attempt::Answered(_), Some(rtt)) = (attempt, rtt) {
             backend.load.observe(rtt);
@@ -327,13 +366,14 @@ impl Upstream {
         if !backend.record(attempt, &self.outlier) {
             return;
         }
-        let ejected = self
+        let members = self.members();
+        let ejected = members
             .backends
             .iter()
             .filter(|b| b.outlier.is_ejected())
             .count();
         let after = ejected + usize::from(!backend.outlier.is_ejected());
-        let limit = self.outlier.max_ejected_percent as usize * self.backends.len();
+        let limit = self.outlier.max_ejected_percent as usize * members.backends.len();
         if after * 100 <= limit {
             backend.eject(&self.outlier);
         } else {
@@ -499,6 +539,8 @@ mod tests {
             hash_key: None,
             hash_balance_factor: None,
             proxy_protocol: None,
+            sources: Vec::new(),
+            max_members: crate::plan::DEFAULT_MAX_MEMBERS,
             backends: [(1, 3), (2, 1), (3, 6)]
                 .iter()
                 .map(|(port, weight)| crate::plan::BackendSpec {
@@ -507,13 +549,15 @@ mod tests {
                 })
                 .collect(),
         };
-        let registry = BackendRegistry::default();
+        let registry = crate::generation::SharedState::default();
         let upstream = Upstream::build(&spec, &registry).expect("builds");
         let mut counts = [0usize; 3];
         let picks = 10_000;
         for _ in 0..picks {
-            let b = upstream.pick().expect("a backend");
+            let members = upstream.members();
+            let b = upstream.pick(&members).expect("a backend");
             let i = upstream
+                .members()
                 .backends
                 .iter()
                 .position(|x| Arc::ptr_eq(x, b))
@@ -547,6 +591,8 @@ mod tests {
             hash_key: None,
             hash_balance_factor: None,
             proxy_protocol: None,
+            sources: Vec::new(),
+            max_members: crate::plan::DEFAULT_MAX_MEMBERS,
             backends: ports
                 .iter()
                 .map(|port| crate::plan::BackendSpec {
@@ -566,13 +612,14 @@ mod tests {
             Policy::P2c,
             Policy::Hash,
         ] {
-            let registry = BackendRegistry::default();
+            let registry = crate::generation::SharedState::default();
             let mut spec = spec(policy, &[1, 2, 3]);
             if policy == Policy::Hash {
                 spec.hash_key = Some(HashKey::Path);
             }
             let upstream = Upstream::build(&spec, &registry).expect("builds");
-            let (a, b) = (&upstream.backends[0], &upstream.backends[1]);
+            let members = upstream.members();
+            let (a, b) = (&members.backends[0], &members.backends[1]);
             upstream.report(a, Attempt::ConnectError, None);
             upstream.report(b, Attempt::Answered(http::StatusCode::BAD_GATEWAY), None);
             assert!(
@@ -580,18 +627,18 @@ mod tests {
                 "{policy:?}"
             );
             for _ in 0..50 {
-                let picked = upstream.pick().expect("a backend");
+                let picked = upstream.pick(&members).expect("a backend");
                 assert_eq!(picked.key.addr, "127.0.0.1:3", "{policy:?}");
             }
             for key in 0..50 {
-                let keyed = upstream.pick_hashed(key).expect("a backend");
+                let keyed = upstream.pick_hashed(&members, key).expect("a backend");
                 assert_eq!(keyed.key.addr, "127.0.0.1:3", "{policy:?}");
             }
             // The last one out too: traffic fails open to all of them
             // rather than nowhere.
-            upstream.report(&upstream.backends[2], Attempt::Timeout, None);
+            upstream.report(&members.backends[2], Attempt::Timeout, None);
             let picked: std::collections::HashSet<_> = (0..30)
-                .filter_map(|_| upstream.pick())
+                .filter_map(|_| upstream.pick(&members).map(Arc::clone))
                 .map(|b| b.key.addr.clone())
                 .collect();
             assert!(!picked.is_empty(), "{policy:?}");
@@ -600,14 +647,15 @@ mod tests {
 
     #[test]
     fn max_ejected_percent_keeps_the_rest_in() {
-        let registry = BackendRegistry::default();
+        let registry = crate::generation::SharedState::default();
         let mut half = spec(Policy::RoundRobin, &[1, 2, 3, 4]);
         half.outlier.max_ejected_percent = 50;
         let upstream = Upstream::build(&half, &registry).expect("builds");
-        for backend in &upstream.backends {
+        let members = upstream.members();
+        for backend in &members.backends {
             upstream.report(backend, Attempt::ConnectError, None);
         }
-        let ejected = upstream
+        let ejected = members
             .backends
             .iter()
             .filter(|b| b.outlier.is_ejected())
@@ -617,8 +665,8 @@ mod tests {
 
     #[test]
     fn registry_reuses_live_backends() {
-        let registry = BackendRegistry::default();
-        let key = BackendKey {
+        let registry = crate::generation::SharedState::default();
+        let key = crate::backends::BackendKey {
             addr: "127.0.0.1:1".into(),
             protocol: UpstreamProtocol::Http1,
             connect_timeout: Duration::from_secs(1),
@@ -627,10 +675,10 @@ mod tests {
             health: None,
             proxy_protocol: None,
         };
-        let a = registry.get_or_create(key.clone()).expect("a");
-        let b = registry.get_or_create(key.clone()).expect("b");
+        let a = registry.backends.get_or_create(key.clone()).expect("a");
+        let b = registry.backends.get_or_create(key.clone()).expect("b");
         assert!(Arc::ptr_eq(&a, &b));
         drop((a, b));
-        assert_eq!(registry.live(), 0);
+        assert_eq!(registry.backends.live(), 0);
     }
 }

@@ -258,10 +258,18 @@ fn cut(path: &str, query: Option<&str>) -> String {
 /// backend the process does not have yet is presumed usable (its checks
 /// have not run).
 fn usable_upstreams(active: &Generation, candidate: &Spec) -> HashMap<String, bool> {
-    let mut available: HashMap<&str, bool> = HashMap::new();
+    let mut available: HashMap<String, bool> = HashMap::new();
+    let mut discovered: HashMap<&str, bool> = HashMap::new();
     for upstream in active.upstreams() {
-        for backend in &upstream.backends {
-            let entry = available.entry(backend.key.addr.as_str()).or_insert(false);
+        let members = upstream.members();
+        if upstream.membership().is_some() {
+            discovered.insert(
+                upstream.name.as_str(),
+                members.backends.iter().any(|b| b.is_available()),
+            );
+        }
+        for backend in &members.backends {
+            let entry = available.entry(backend.key.addr.clone()).or_insert(false);
             *entry |= backend.is_available();
         }
     }
@@ -269,10 +277,19 @@ fn usable_upstreams(active: &Generation, candidate: &Spec) -> HashMap<String, bo
         .upstreams
         .iter()
         .map(|u| {
-            let usable = u.backends.is_empty()
-                || u.backends
-                    .iter()
-                    .any(|b| available.get(b.addr.as_str()).copied().unwrap_or(true));
+            // Members from sources: what the active upstream of that name
+            // has now, if it follows sources; else presumed usable.
+            let usable = if u.sources.is_empty() {
+                u.backends.is_empty()
+                    || u.backends
+                        .iter()
+                        .any(|b| available.get(b.addr.as_str()).copied().unwrap_or(true))
+            } else {
+                discovered.get(u.name.as_str()).copied().unwrap_or(true)
+                    || u.backends
+                        .iter()
+                        .any(|b| available.get(b.addr.as_str()).copied().unwrap_or(true))
+            };
             (u.name.clone(), usable)
         })
         .collect()

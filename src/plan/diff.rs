@@ -438,6 +438,15 @@ fn split_domains(config: &FileConfig, other: &FileConfig) -> BTreeMap<EntityKey,
         "runtime".into(),
         json(&config.runtime),
     );
+    if let Some(discovery) = &config.discovery {
+        put(
+            3,
+            "discovery",
+            "discovery",
+            "discovery".into(),
+            json(discovery),
+        );
+    }
     for l in &config.listeners {
         if same_listeners.get(l.name.as_str()) == Some(&l) {
             continue;
@@ -487,10 +496,14 @@ fn split_domains(config: &FileConfig, other: &FileConfig) -> BTreeMap<EntityKey,
             .backends
             .iter()
             .map(|b| {
-                (
-                    quote_key(&b.addr),
-                    serde_json::json!({ "weight": b.weight.unwrap_or(1) }),
-                )
+                let mut v = json(b);
+                strip(&mut v, &["addr", "dns", "srv", "endpoints_file"]);
+                if b.addr.is_some() || b.dns.is_some() {
+                    if let Value::Object(map) = &mut v {
+                        map.insert("weight".into(), b.weight.unwrap_or(1).into());
+                    }
+                }
+                (quote_key(&b.key()), v)
             })
             .collect();
         let policy = take(&mut v, &["policy", "hash_key", "health"]);

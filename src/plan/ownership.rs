@@ -22,6 +22,8 @@ pub enum Ownership {
 const OWNERSHIP: &[(&str, Ownership)] = &[
     ("admin", Ownership::StartupOwned),
     ("admin.*", Ownership::StartupOwned),
+    ("discovery", Ownership::StartupOwned),
+    ("discovery.*", Ownership::StartupOwned),
     ("fleet", Ownership::StartupOwned),
     ("fleet.*", Ownership::StartupOwned),
     ("metrics", Ownership::StartupOwned),

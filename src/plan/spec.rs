@@ -45,6 +45,8 @@ pub struct Spec {
     pub upstreams: Vec<UpstreamSpec>,
     /// `[fleet]`: where the shared generations come from, if anywhere.
     pub fleet: Option<FleetSpec>,
+    /// `[discovery]`: how member names are resolved.
+    pub discovery: DiscoverySpec,
 }
 
 /// A SHA-256 digest.
@@ -577,6 +579,12 @@ pub fn parse_hash_key(key: &str) -> Option<HashKey> {
 }
 
 impl Policy {
+    /// Whether backends' weights shape its picks (`weighted`, `p2c`,
+    /// `hash`); `round_robin` and `least_requests` treat all alike.
+    pub fn honours_weights(self) -> bool {
+        matches!(self, Policy::Weighted | Policy::P2c | Policy::Hash)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Policy::RoundRobin => "round_robin",
@@ -674,7 +682,13 @@ pub struct UpstreamSpec {
     pub connect_timeout: Duration,
     /// Longest a backend connection may be silent (mid-exchange or pooled).
     pub idle_timeout: Duration,
+    /// Fixed addresses (`addr` entries).
     pub backends: Vec<BackendSpec>,
+    /// Where members come from besides `backends` (DESIGN §20): the
+    /// generation pins these; the members they give are process-shared.
+    pub sources: Vec<SourceSpec>,
+    /// Most members taken from `sources` (the fixed backends come first).
+    pub max_members: usize,
     /// For `https` and `h2`: how to verify the backends.
     pub tls: Option<crate::tls::UpstreamTlsSpec>,
     pub health: Option<HealthSpec>,
@@ -697,6 +711,70 @@ pub struct BackendSpec {
     pub addr: String,
     pub weight: u32,
 }
+
+/// A source of an upstream's members (`dns`, `srv`, `endpoints_file`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SourceSpec {
+    /// Every A/AAAA record of `name` is a member on `port`.
+    Dns {
+        name: String,
+        port: u16,
+        family: Family,
+        refresh: Duration,
+        weight: u32,
+    },
+    /// Every target of the SRV records of `name`, with their priority,
+    /// weight and port.
+    Srv { name: String, refresh: Duration },
+    /// The members a JSON file lists, read again whenever it changes.
+    File { path: std::path::PathBuf },
+}
+
+impl SourceSpec {
+    /// As the configuration names it: `dns:app.internal:8080`,
+    /// `srv:_http._tcp.app.internal`, `file:endpoints.json`.
+    pub fn label(&self) -> String {
+        match self {
+            SourceSpec::Dns { name, port, .. } => format!("dns:{name}:{port}"),
+            SourceSpec::Srv { name, .. } => format!("srv:{name}"),
+            SourceSpec::File { path } => format!("file:{}", path.display()),
+        }
+    }
+}
+
+/// Which address records a `dns` source takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    Any,
+    Ipv4,
+    Ipv6,
+}
+
+/// `[discovery]`: how names are resolved (startup-owned).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoverySpec {
+    /// Empty: the system's resolv.conf.
+    pub nameservers: Vec<SocketAddr>,
+    pub timeout: Duration,
+    pub attempts: u32,
+}
+
+impl Default for DiscoverySpec {
+    fn default() -> Self {
+        Self {
+            nameservers: Vec::new(),
+            timeout: Duration::from_secs(2),
+            attempts: 2,
+        }
+    }
+}
+
+/// Most members an upstream takes from its sources when it sets no
+/// `max_members`.
+pub const DEFAULT_MAX_MEMBERS: usize = 1000;
+/// Between two resolutions of a `dns` or `srv` source that sets no
+/// `refresh`.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
 
 /// Upstream connect deadline when none is configured (then 502).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -34,12 +34,13 @@ async fn ask(forward: &Forward, asked: &Asked<'_>, service: Option<&Arc<Upstream
             forward.upstream
         ));
     };
-    let Some(backend) = service.pick() else {
+    let Some(backend) = service.pick(&service.members()).map(Arc::clone) else {
         return Said::Failed(format!(
             "upstream '{}' has no usable backend",
             forward.upstream
         ));
     };
+    let backend = &backend;
     let request = forward.request(
         asked,
         backend.scheme.clone(),

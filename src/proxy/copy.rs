@@ -161,7 +161,8 @@ pub(super) async fn send(
     report: Report,
     backend_host: bool,
 ) -> Option<Result<http::StatusCode, Attempt>> {
-    let backend = upstream.pick()?;
+    let backend = upstream.pick(&upstream.members()).map(Arc::clone)?;
+    let backend = &backend;
     if backend_host {
         if let Ok(host) = http::HeaderValue::from_str(backend.authority.as_str()) {
             head.headers.insert(header::HOST, host);

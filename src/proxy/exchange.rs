@@ -41,9 +41,10 @@ pub(super) async fn forward(
         .hash_key
         .as_ref()
         .and_then(|_| request_hash(upstream, &req, conn, &target));
+    let members = upstream.members();
     let backend = match hash {
-        Some(hash) => upstream.pick_hashed(hash),
-        None => upstream.pick(),
+        Some(hash) => upstream.pick_hashed(&members, hash),
+        None => upstream.pick(&members),
     }
     .ok_or(ProxyError::NoBackend)?;
     let backend_guard = backend.start_request();

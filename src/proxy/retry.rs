@@ -146,6 +146,7 @@ pub(super) async fn serve(
         conn,
         route,
         upstream,
+        members: upstream.members(),
     };
     let mut last = None;
     for attempt in 1..=attempts {
@@ -201,6 +202,8 @@ struct Template<'a> {
     conn: &'a ConnContext,
     route: &'a Route,
     upstream: &'a Arc<Upstream>,
+    /// The members every attempt picks among.
+    members: crate::generation::MembersRef<'a>,
 }
 
 impl Template<'_> {
@@ -221,7 +224,7 @@ impl Template<'_> {
 
     /// The next backend: one not tried yet, if the upstream has any.
     fn pick(&self, tried: &mut Vec<usize>) -> Option<&Arc<Backend>> {
-        self.upstream.pick_untried(self.hash, tried)
+        self.upstream.pick_untried(&self.members, self.hash, tried)
     }
 
     /// One attempt at the next backend, within the route's deadline.

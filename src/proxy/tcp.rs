@@ -227,9 +227,13 @@ async fn connect(
     let hash = client_hash(upstream, setup.client);
     let mut tried = Vec::with_capacity(MAX_CONNECT_ATTEMPTS);
     let mut flags = Flags::NONE;
-    let attempts = upstream.backends.len().clamp(1, MAX_CONNECT_ATTEMPTS);
+    let members = upstream.members();
+    let attempts = members.backends.len().clamp(1, MAX_CONNECT_ATTEMPTS);
     for attempt in 1..=attempts {
-        let Some(backend) = upstream.pick_untried(hash, &mut tried).map(Arc::clone) else {
+        let Some(backend) = upstream
+            .pick_untried(&members, hash, &mut tried)
+            .map(Arc::clone)
+        else {
             break;
         };
         if attempt > 1 {

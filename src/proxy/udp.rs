@@ -208,7 +208,9 @@ impl Session {
             None => Flags::NO_ROUTE,
             Some(upstream) => {
                 let hash = super::tcp::client_hash(&upstream, self.client);
-                let backend = upstream.pick_untried(hash, &mut Vec::new()).map(Arc::clone);
+                let backend = upstream
+                    .pick_untried(&upstream.members(), hash, &mut Vec::new())
+                    .map(Arc::clone);
                 match backend {
                     None => Flags::NO_HEALTHY_BACKEND,
                     Some(backend) => {

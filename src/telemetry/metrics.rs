@@ -48,6 +48,14 @@ pub const TCP_CONNECTION_DURATION: &str = "cutover_tcp_connection_duration_secon
 pub const TCP_CONNECTION_DURATION_BUCKETS: &[f64] = &[
     0.005, 0.05, 0.5, 5.0, 30.0, 300.0, 1800.0, 3600.0, 14400.0, 86400.0,
 ];
+/// Resolutions of discovery sources, by `upstream` and `outcome` (`ok`,
+/// `empty`, `nxdomain`, `error`, `timeout`, `invalid` for an endpoints
+/// file that does not parse).
+pub const DISCOVERY_RESOLUTIONS: &str = "cutover_discovery_resolutions_total";
+/// Members an upstream takes from its sources, by `upstream`.
+pub const DISCOVERY_MEMBERS: &str = "cutover_discovery_members";
+/// Members left out by `max_members`, by `upstream`.
+pub const DISCOVERY_LEFT_OUT: &str = "cutover_discovery_members_left_out";
 /// Fleet mode: the fleet generation this instance serves (0: none yet).
 pub const FLEET_GENERATION: &str = "cutover_fleet_generation";
 /// Fleet mode: 1 while the session with etcd is up.

@@ -142,6 +142,21 @@ pub static UPSTREAM_HEDGES: Family = family(
     Kind::Counter,
     "Hedged requests by upstream and outcome (won, lost)",
 );
+pub static DISCOVERY_RESOLUTIONS: Family = family(
+    m::DISCOVERY_RESOLUTIONS,
+    Kind::Counter,
+    "Resolutions of an upstream's dns, srv and endpoints_file sources, by outcome",
+);
+pub static DISCOVERY_MEMBERS: Family = family(
+    m::DISCOVERY_MEMBERS,
+    Kind::Gauge,
+    "Members an upstream takes from its sources now",
+);
+pub static DISCOVERY_LEFT_OUT: Family = family(
+    m::DISCOVERY_LEFT_OUT,
+    Kind::Gauge,
+    "Members an upstream's sources give that max_members leaves out",
+);
 pub static GENERATION_REQUESTS: Family = family(
     m::GENERATION_REQUESTS,
     Kind::Counter,
@@ -159,7 +174,7 @@ pub static GENERATION_DURATION: Family = family(
 );
 
 /// Families in output order.
-static FAMILIES: [&Family; 21] = [
+static FAMILIES: [&Family; 24] = [
     &ROUTE_REQUESTS,
     &ROUTE_DURATION,
     &ROUTE_QUOTA,
@@ -178,6 +193,9 @@ static FAMILIES: [&Family; 21] = [
     &UPSTREAM_FAIL_OPEN,
     &UPSTREAM_RETRIES,
     &UPSTREAM_HEDGES,
+    &DISCOVERY_RESOLUTIONS,
+    &DISCOVERY_MEMBERS,
+    &DISCOVERY_LEFT_OUT,
     &GENERATION_REQUESTS,
     &GENERATION_ERRORS,
     &GENERATION_DURATION,

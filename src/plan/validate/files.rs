@@ -5,7 +5,7 @@ use super::*;
 
 impl Validator<'_> {
     /// Where file `name` is, and whether it is inside the roots.
-    fn confined(&self, name: &str) -> (PathBuf, bool) {
+    pub(super) fn confined(&self, name: &str) -> (PathBuf, bool) {
         let resolved = self.base_dir.join(name);
         // Checked by text first, so that a path outside answers the same
         // whether or not something is there (no oracle for which files

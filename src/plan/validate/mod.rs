@@ -361,6 +361,7 @@ impl Validator<'_> {
         let routes = self.routes(file);
         self.ambiguous_routes(file, &routes);
         let fleet = file.fleet.as_ref().and_then(|f| self.fleet(f));
+        let discovery = self.discovery(file);
         if file.fleet.is_some() && file.runtime.write_back == Some(true) {
             self.error(
                 Code::ConflictingOptions,
@@ -384,6 +385,7 @@ impl Validator<'_> {
             routes,
             upstreams,
             fleet,
+            discovery,
         })
     }
 }

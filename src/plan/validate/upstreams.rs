@@ -128,22 +128,9 @@ impl Validator<'_> {
             }
             let mut seen = HashSet::new();
             let mut backends = Vec::new();
+            let mut sources = Vec::new();
             for (b, backend) in u.backends.iter().enumerate() {
                 let bat = |field: &str| format!("{base}.backends[{b}].{field}");
-                if !is_host_port(&backend.addr) {
-                    self.error(
-                        Code::InvalidAddress,
-                        bat("addr"),
-                        format!("backend '{}' is not host:port", backend.addr),
-                    );
-                }
-                if !seen.insert(backend.addr.as_str()) {
-                    self.error(
-                        Code::DuplicateBackend,
-                        bat("addr"),
-                        format!("upstream '{name}' lists backend {} twice", backend.addr),
-                    );
-                }
                 let weight = backend.weight.unwrap_or(1);
                 if !(1..=1000).contains(&weight) {
                     self.error(
@@ -152,18 +139,49 @@ impl Validator<'_> {
                         format!("weight {weight} must be between 1 and 1000"),
                     );
                 }
-                if let Some(policy) = policy.filter(|p| *p != Policy::Weighted && weight != 1) {
+                if let Some(policy) = policy.filter(|p| !p.honours_weights() && weight != 1) {
                     self.error(
                         Code::IgnoredWeight,
                         bat("weight"),
-                        format!("upstream '{name}' uses {}, which ignores weights; set policy = \"weighted\"", policy.as_str()),
+                        format!("upstream '{name}' uses {}, which ignores weights; set policy = \"weighted\", \"p2c\" or \"hash\"", policy.as_str()),
                     );
                 }
-                backends.push(BackendSpec {
-                    addr: backend.addr.clone(),
-                    weight: weight.clamp(1, 1000),
-                });
+                if !seen.insert(backend.key()) {
+                    self.error(
+                        Code::DuplicateBackend,
+                        bat("addr"),
+                        format!("upstream '{name}' lists backend {} twice", backend.key()),
+                    );
+                }
+                match self.backend_entry(&bat, backend) {
+                    Some(Entry::Fixed(addr)) => backends.push(BackendSpec {
+                        addr,
+                        weight: weight.clamp(1, 1000),
+                    }),
+                    Some(Entry::Source(source)) => sources.push(source),
+                    None => {}
+                }
             }
+            let max_members = match u.max_members {
+                Some(0) => {
+                    self.error(
+                        Code::InvalidValue,
+                        at("max_members"),
+                        "max_members must be at least 1",
+                    );
+                    DEFAULT_MAX_MEMBERS
+                }
+                Some(_) if sources.is_empty() => {
+                    self.error(
+                        Code::UnexpectedOption,
+                        at("max_members"),
+                        format!("max_members bounds members from dns, srv and endpoints_file entries; upstream '{name}' has none"),
+                    );
+                    DEFAULT_MAX_MEMBERS
+                }
+                Some(n) => n as usize,
+                None => DEFAULT_MAX_MEMBERS,
+            };
             let tls = match (protocol, &u.tls) {
                 (Some(p), tls) if p.is_tls() => self.upstream_tls(&base, tls.as_ref()),
                 (_, Some(_)) => {
@@ -215,6 +233,8 @@ impl Validator<'_> {
                     connect_timeout,
                     idle_timeout,
                     backends,
+                    sources,
+                    max_members,
                     tls,
                     health,
                     outlier,
@@ -230,6 +250,190 @@ impl Validator<'_> {
         out
     }
 
+    /// One `backends` entry: exactly one of `addr`, `dns`, `srv` and
+    /// `endpoints_file`, with only the options that one takes.
+    fn backend_entry(
+        &mut self,
+        at: &dyn Fn(&str) -> String,
+        backend: &crate::config::FileBackend,
+    ) -> Option<Entry> {
+        let kinds: Vec<&str> = [
+            ("addr", backend.addr.is_some()),
+            ("dns", backend.dns.is_some()),
+            ("srv", backend.srv.is_some()),
+            ("endpoints_file", backend.endpoints_file.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(kind, set)| set.then_some(kind))
+        .collect();
+        if kinds.len() != 1 {
+            let path = at(kinds.get(1).copied().unwrap_or("addr"));
+            self.error(
+                Code::InvalidBackend,
+                path,
+                match kinds.len() {
+                    0 => "a backend needs one of addr, dns, srv or endpoints_file".to_owned(),
+                    _ => format!(
+                        "a backend is one of addr, dns, srv or endpoints_file; this one sets {}",
+                        kinds.join(" and ")
+                    ),
+                },
+            );
+            return None;
+        }
+        let kind = kinds.first().copied().unwrap_or("addr");
+        for (option, set, takes) in [
+            (
+                "weight",
+                backend.weight.is_some(),
+                ["addr", "dns"].as_slice(),
+            ),
+            ("refresh", backend.refresh.is_some(), &["dns", "srv"]),
+            ("family", backend.family.is_some(), &["dns"]),
+        ] {
+            if set && !takes.contains(&kind) {
+                let why = match option {
+                    "weight" if kind == "srv" => "SRV records carry their own weights",
+                    "weight" => "the file gives each member its weight",
+                    "refresh" => "the file is watched and read again when it changes",
+                    _ => "it picks A or AAAA records of a dns entry",
+                };
+                self.error(
+                    Code::UnexpectedOption,
+                    at(option),
+                    format!("{option} does not apply to a {kind} backend: {why}"),
+                );
+            }
+        }
+        let refresh = match &backend.refresh {
+            Some(text) => {
+                let refresh = self.duration(at("refresh"), text)?;
+                if refresh < Duration::from_secs(1) {
+                    self.error(
+                        Code::InvalidDuration,
+                        at("refresh"),
+                        format!("refresh = \"{text}\" is under the 1s floor"),
+                    );
+                    return None;
+                }
+                refresh
+            }
+            None => DEFAULT_REFRESH,
+        };
+        if let Some(addr) = &backend.addr {
+            if !is_host_port(addr) {
+                self.error(
+                    Code::InvalidAddress,
+                    at("addr"),
+                    format!("backend '{addr}' is not host:port"),
+                );
+            }
+            return Some(Entry::Fixed(addr.to_string()));
+        }
+        if let Some(dns) = &backend.dns {
+            let family = match backend.family.as_deref() {
+                None | Some("any") => Family::Any,
+                Some("ipv4") => Family::Ipv4,
+                Some("ipv6") => Family::Ipv6,
+                Some(other) => {
+                    self.error(
+                        Code::InvalidValue,
+                        at("family"),
+                        format!("family '{other}' is not any, ipv4 or ipv6"),
+                    );
+                    return None;
+                }
+            };
+            let parsed = dns
+                .rsplit_once(':')
+                .and_then(|(name, port)| Some((name, port.parse::<u16>().ok()?)))
+                .filter(|(name, port)| is_dns_name(name) && *port != 0);
+            let Some((name, port)) = parsed else {
+                self.error(
+                    Code::InvalidAddress,
+                    at("dns"),
+                    format!("dns = \"{dns}\" is not name:port (e.g. \"app.internal:8080\")"),
+                );
+                return None;
+            };
+            return Some(Entry::Source(SourceSpec::Dns {
+                name: name.to_ascii_lowercase(),
+                port,
+                family,
+                refresh,
+                weight: backend.weight.unwrap_or(1).clamp(1, 1000),
+            }));
+        }
+        if let Some(srv) = &backend.srv {
+            if !is_dns_name(srv) || !srv.starts_with('_') {
+                self.error(
+                    Code::InvalidAddress,
+                    at("srv"),
+                    format!(
+                        "srv = \"{srv}\" is not an SRV name (e.g. \"_http._tcp.app.internal\")"
+                    ),
+                );
+                return None;
+            }
+            return Some(Entry::Source(SourceSpec::Srv {
+                name: srv.to_ascii_lowercase(),
+                refresh,
+            }));
+        }
+        let file = backend.endpoints_file.as_deref()?;
+        let (path, inside) = self.confined(file);
+        if !inside {
+            self.error(
+                Code::FileOutsideRoots,
+                at("endpoints_file"),
+                format!("'{file}' is outside the configuration's folder and runtime.file_roots; referenced files must be inside them"),
+            );
+            return None;
+        }
+        Some(Entry::Source(SourceSpec::File {
+            path: super::files::lexically_absolute(&path),
+        }))
+    }
+
+    /// `[discovery]`: resolvers and their patience.
+    pub(super) fn discovery(&mut self, file: &FileConfig) -> DiscoverySpec {
+        let mut spec = DiscoverySpec::default();
+        let Some(d) = &file.discovery else {
+            return spec;
+        };
+        for (i, server) in d.nameservers.iter().enumerate() {
+            let parsed = server
+                .parse::<SocketAddr>()
+                .ok()
+                .or_else(|| Some(SocketAddr::new(server.parse().ok()?, 53)));
+            match parsed {
+                Some(addr) => spec.nameservers.push(addr),
+                None => self.error(
+                    Code::InvalidAddress,
+                    format!("discovery.nameservers[{i}]"),
+                    format!("nameserver '{server}' is not an IP address or IP:port"),
+                ),
+            }
+        }
+        if let Some(timeout) = d
+            .timeout
+            .as_ref()
+            .and_then(|t| self.duration("discovery.timeout".into(), t))
+        {
+            spec.timeout = timeout;
+        }
+        match d.attempts {
+            Some(n @ 1..=10) => spec.attempts = n,
+            Some(n) => self.error(
+                Code::InvalidValue,
+                "discovery.attempts",
+                format!("attempts = {n} must be from 1 to 10"),
+            ),
+            None => {}
+        }
+        spec
+    }
+
     pub(super) fn hash_key(&mut self, path: &str, key: &str) -> Option<HashKey> {
         let parsed = parse_hash_key(key);
         if parsed.is_none() {
@@ -241,4 +445,25 @@ impl Validator<'_> {
         }
         parsed
     }
+}
+
+/// A `backends` entry, checked.
+enum Entry {
+    Fixed(String),
+    Source(SourceSpec),
+}
+
+/// A host name of letters, digits, `-` and `_` labels (`_` for SRV's
+/// service and protocol labels), at most 253 characters.
+fn is_dns_name(name: &str) -> bool {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
 }
