@@ -110,6 +110,11 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                 decoder.section(&key_name, Locator::Section, value, &mut metrics);
                 config.metrics = metrics;
             }
+            "discovery" => {
+                let mut discovery = None;
+                decoder.section(&key_name, Locator::Section, value, &mut discovery);
+                config.discovery = discovery;
+            }
             "fleet" => {
                 let mut fleet = None;
                 decoder.section(&key_name, Locator::Section, value, &mut fleet);
@@ -142,7 +147,7 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                     Code::UnknownKey,
                     other,
                     format!(
-                        "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, listeners, routes, upstreams, fleet"
+                        "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, discovery, listeners, routes, upstreams, fleet"
                     ),
                 );
                 let (line, column) = map.line_column(key.span().start);

@@ -533,6 +533,16 @@ pub struct Backend {
 impl Backend {
     pub async fn start(handler: Handler) -> Backend {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve(listener, handler)
+    }
+
+    /// On `addr` (another loopback address, a given port), if it is free.
+    pub async fn start_at(addr: SocketAddr, handler: Handler) -> Option<Backend> {
+        let listener = tokio::net::TcpListener::bind(addr).await.ok()?;
+        Some(Self::serve(listener, handler))
+    }
+
+    fn serve(listener: tokio::net::TcpListener, handler: Handler) -> Backend {
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
             loop {

@@ -5,6 +5,8 @@ mod auth;
 mod compress;
 mod console;
 mod cors;
+mod discovery;
+mod dns;
 mod docs;
 mod edge;
 pub mod examples;
