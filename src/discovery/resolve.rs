@@ -11,7 +11,8 @@ use hickory_resolver::config::{
     LookupIpStrategy, NameServerConfig, NameServerConfigGroup, ResolverConfig,
 };
 use hickory_resolver::name_server::TokioConnectionProvider;
-use hickory_resolver::proto::rr::{RData, Record};
+use hickory_resolver::proto::op::ResponseCode;
+use hickory_resolver::proto::rr::{RData, Record, RecordType};
 use hickory_resolver::proto::xfer::Protocol;
 use hickory_resolver::proto::ProtoErrorKind;
 use hickory_resolver::{ResolveError, TokioResolver};
@@ -54,6 +55,9 @@ impl Resolver {
         options.cache_size = 0;
         options.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
         options.try_tcp_on_error = true;
+        // Large answers (a pool of hundreds) fit UDP with EDNS(0), and
+        // come over TCP when truncated even so.
+        options.edns0 = true;
         let patience = (settings.timeout * settings.attempts.max(1)) * 2 + Duration::from_secs(1);
         Ok(Self {
             inner: builder.build(),
@@ -83,35 +87,61 @@ impl Resolver {
         }
     }
 
+    /// A and AAAA asked apart, so that one family failing is never read
+    /// as the name having no addresses.
     async fn dns(&self, name: &str, port: u16, family: Family, weight: u32) -> Answer {
-        let lookup = match self.inner.lookup_ip(name).await {
-            Ok(lookup) => lookup,
-            Err(e) => return failed(&e, name),
+        let ask = |kind: RecordType, wanted: bool| async move {
+            if wanted {
+                Some(self.inner.lookup(name, kind).await)
+            } else {
+                None
+            }
         };
+        let (v4, v6) = tokio::join!(
+            ask(RecordType::A, family != Family::Ipv6),
+            ask(RecordType::AAAA, family != Family::Ipv4)
+        );
         let host: Arc<str> = Arc::from(name.trim_end_matches('.'));
-        let records = lookup.as_lookup().records();
-        let endpoints: Vec<Endpoint> = records
-            .iter()
-            .filter_map(address)
-            .filter(|ip| match family {
-                Family::Any => true,
-                Family::Ipv4 => ip.is_ipv4(),
-                Family::Ipv6 => ip.is_ipv6(),
-            })
-            .map(|ip| Endpoint {
-                priority: 0,
-                addr: SocketAddr::new(ip, port),
-                weight,
-                host: Some(Arc::clone(&host)),
-            })
-            .collect();
-        if endpoints.is_empty() {
-            return Answer::Empty { nxdomain: false };
+        let mut endpoints = Vec::new();
+        let mut ttl = None;
+        let mut failures = Vec::new();
+        for result in [v4, v6].into_iter().flatten() {
+            match result {
+                Ok(lookup) => {
+                    let records = lookup.records();
+                    ttl = min_ttl(ttl, shortest_ttl(records));
+                    endpoints.extend(records.iter().filter_map(address).map(|ip| Endpoint {
+                        priority: 0,
+                        addr: SocketAddr::new(ip, port),
+                        weight,
+                        host: Some(Arc::clone(&host)),
+                    }));
+                }
+                Err(e) => failures.push(failed(&e, name)),
+            }
         }
-        Answer::Records {
-            endpoints,
-            ttl: shortest_ttl(records),
-            note: None,
+        if !endpoints.is_empty() {
+            let note = failures.iter().find_map(|f| match f {
+                Answer::Failed { error, .. } => Some(error.clone()),
+                _ => None,
+            });
+            return Answer::Records {
+                endpoints,
+                ttl,
+                note,
+            };
+        }
+        let asked = failures.len();
+        let mut nxdomain = 0;
+        for failure in failures {
+            match failure {
+                Answer::Empty { nxdomain: true } => nxdomain += 1,
+                Answer::Empty { nxdomain: false } | Answer::Records { .. } => {}
+                failed @ Answer::Failed { .. } => return failed,
+            }
+        }
+        Answer::Empty {
+            nxdomain: asked > 0 && nxdomain == asked,
         }
     }
 
@@ -201,9 +231,23 @@ impl Resolver {
 /// A failed lookup: an empty answer (no records, NXDOMAIN), a timeout,
 /// or another failure.
 fn failed(error: &ResolveError, name: &str) -> Answer {
-    if error.is_no_records_found() {
-        return Answer::Empty {
-            nxdomain: error.is_nx_domain(),
+    // Only an answer is an empty answer: the name exists with no such
+    // records (NOERROR), or does not exist (NXDOMAIN). SERVFAIL, REFUSED
+    // and the like come as "no records" too, and are failures.
+    if let Some(ProtoErrorKind::NoRecordsFound { response_code, .. }) =
+        error.proto().map(|p| p.kind())
+    {
+        if matches!(
+            *response_code,
+            ResponseCode::NoError | ResponseCode::NXDomain
+        ) {
+            return Answer::Empty {
+                nxdomain: *response_code == ResponseCode::NXDomain,
+            };
+        }
+        return Answer::Failed {
+            error: format!("resolving {name}: the server answered {response_code}"),
+            timeout: false,
         };
     }
     let timeout = matches!(

@@ -204,7 +204,11 @@ async fn a_dns_pool_scales_2_5_1_under_load_with_no_failed_request() {
         ) >= 3.0
     );
     assert_eq!(
-        sample(&metrics, "cutover_discovery_members", &["upstream=\"app\""]),
+        sample(
+            &metrics,
+            "cutover_discovery_members{",
+            &["upstream=\"app\""]
+        ),
         1.0
     );
     eprintln!("members joined within {joined:?}; {total} requests, 0 failed");
@@ -282,4 +286,300 @@ async fn srv_weights_are_honoured_and_a_lower_priority_takes_over() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resolver_down_for_30s_changes_nothing_and_only_agreed_empty_answers_empty_a_set() {
+    let dns = DnsServer::start().await;
+    let (port, _backends) = members(2).await;
+    dns.set_a("app.test", &ips(&[1, 2]));
+    let gw = Gateway::start(&discovery_config(
+        &dns,
+        &format!("{{ dns = \"app.test:{port}\", refresh = \"1s\" }}"),
+        "",
+    ));
+    let both = addrs(port, &[1, 2]);
+    assert_eq!(member_addrs(&gw).await, both);
+    let load = KeepAliveLoad::start(gw.listener("web"), 4, &["m1", "m2"]);
+
+    // 30 s of silence, then SERVFAIL: the last good set stays.
+    dns.set_mode(Mode::Silent);
+    let started = Instant::now();
+    let mut saw_stale = false;
+    while started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            member_addrs(&gw).await,
+            both,
+            "a silent resolver changed the set"
+        );
+        let source = &app(&gw).await["sources"][0];
+        saw_stale |= source["stale"] == true && source["error"].is_string();
+    }
+    assert!(saw_stale, "the view never said the set is stale");
+    dns.set_mode(Mode::ServFail);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(member_addrs(&gw).await, both);
+    let metrics = scrape(&gw).await;
+    let counted = |outcome: &str| {
+        sample(
+            &metrics,
+            "cutover_discovery_resolutions_total",
+            &["upstream=\"app\"", &format!("outcome=\"{outcome}\"")],
+        )
+    };
+    assert!(counted("timeout") >= 5.0, "{}", counted("timeout"));
+    assert!(counted("error") >= 1.0, "{}", counted("error"));
+
+    // Back: the error clears.
+    dns.set_mode(Mode::Answer);
+    let started = Instant::now();
+    while !app(&gw).await["sources"][0]["error"].is_null() {
+        assert!(started.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for client in load.stop().await {
+        client.expect("no request failed while the resolver was down");
+    }
+
+    // NXDOMAIN: kept until three answers in a row agree, then empty, and
+    // an upstream with no member answers 503 no_healthy_backend.
+    dns.set_a("other.test", &ips(&[9]));
+    dns.remove("app.test");
+    let gone = Instant::now();
+    let waited = wait_members(&gw, &[], Duration::from_secs(8)).await;
+    assert!(
+        gone.elapsed() >= Duration::from_secs(2),
+        "emptied after {waited:?}: before three answers could agree"
+    );
+    let source = &app(&gw).await["sources"][0];
+    assert!(
+        source["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("NXDOMAIN")),
+        "{source}"
+    );
+    let (status, _, _) = get(gw.listener("web"), "a", "/").await;
+    assert_eq!(status, 503);
+    assert!(
+        sample(
+            &scrape(&gw).await,
+            "cutover_discovery_resolutions_total",
+            &["upstream=\"app\"", "outcome=\"nxdomain\""]
+        ) >= 3.0
+    );
+    // And back again.
+    dns.set_a("app.test", &ips(&[2]));
+    wait_members(&gw, &addrs(port, &[2]), Duration::from_secs(3)).await;
+    let (status, _, body) = get(gw.listener("web"), "a", "/").await;
+    assert_eq!((status, body.as_str()), (200, "m2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_keeps_its_health_and_ejection_across_100_activations() {
+    let dns = DnsServer::start().await;
+    let (port, backends) = members(2).await;
+    dns.set_a("app.test", &ips(&[1, 2]));
+    let config = |i: usize| {
+        discovery_config(
+            &dns,
+            &format!("{{ dns = \"app.test:{port}\", refresh = \"1s\" }}"),
+            // Each activation changes the upstream itself (max_members),
+            // not the members' identity.
+            &format!(
+                "max_members = {}\nhealth = {{ path = \"/\", interval = \"300ms\" }}\noutlier = {{ consecutive_failures = 1, base_ejection = \"5m\", max_ejected_percent = 50 }}",
+                100 + i
+            ),
+        )
+    };
+    let gw = Gateway::start(&config(0));
+    let started = Instant::now();
+    while !app(&gw).await["backends"]
+        .as_array()
+        .is_some_and(|b| b.iter().all(|b| b["health"] == "healthy"))
+    {
+        assert!(started.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // m2 fails a request: ejected (its checks still pass).
+    backends[1].down.store(true, Ordering::Relaxed);
+    let web = gw.listener("web");
+    let started = Instant::now();
+    loop {
+        let _ = get(web, "a", "/").await;
+        let view = app(&gw).await;
+        if view["backends"][1]["ejected"] == true {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{view}");
+    }
+    backends[1].down.store(false, Ordering::Relaxed);
+    let state = |view: &Value| -> Vec<(Value, Value, Value, Value)> {
+        view["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                (
+                    b["addr"].clone(),
+                    b["ejected_until_unix_ms"].clone(),
+                    b["ejections"].clone(),
+                    b["failures"].clone(),
+                )
+            })
+            .collect()
+    };
+    let before = app(&gw).await;
+    let queries = dns.queries();
+    let activated = Instant::now();
+    for i in 1..=100 {
+        let (status, body) = activate_with(&gw, &config(i), "").await;
+        assert_eq!(status, 200, "activation {i}: {body}");
+    }
+    let elapsed = activated.elapsed();
+    let after = app(&gw).await;
+    assert_eq!(state(&after), state(&before), "members' state changed");
+    assert!(
+        after["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["health"] == "healthy"),
+        "{after}"
+    );
+    // The source was followed, not made again 100 times.
+    let asked = dns.queries() - queries;
+    let refreshes = elapsed.as_secs() + 2;
+    assert!(
+        asked <= 2 * (refreshes + 1),
+        "{asked} queries in {elapsed:?} of activations"
+    );
+    // Every request still goes to m1 only (m2 stays ejected).
+    for _ in 0..20 {
+        let (status, _, body) = get(web, "a", "/").await;
+        assert_eq!((status, body.as_str()), (200, "m1"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoints_file_is_followed_through_renames_and_symlink_swaps_and_a_bad_one_is_kept_out()
+{
+    let (port, _backends) = members(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let write = |name: &str, members: &[u8]| {
+        let list: Vec<String> = members
+            .iter()
+            .map(|i| format!("{{\"addr\": \"127.0.0.{i}:{port}\"}}"))
+            .collect();
+        let path = data.join(name);
+        std::fs::write(&path, format!("[{}]", list.join(","))).unwrap();
+        path
+    };
+    // A Kubernetes-style layout: endpoints.json -> current/endpoints.json.
+    write("v1.json", &[1, 2]);
+    std::os::unix::fs::symlink("data/v1.json", dir.path().join("endpoints.json")).unwrap();
+    let config = Config::new()
+        .listener("web", "")
+        .route("all", "listeners = [\"web\"]\nupstream = \"app\"")
+        .text("[upstreams.app]\nbackends = [{ endpoints_file = \"endpoints.json\" }]")
+        .build();
+    let gw = Gateway::start_in(dir, &config);
+    assert_eq!(member_addrs(&gw).await, addrs(port, &[1, 2]));
+    let link = gw.dir.path().join("endpoints.json");
+    let data = gw.dir.path().join("data");
+
+    // A symlink swap (ln -sfn through a rename).
+    std::fs::write(
+        data.join("v2.json"),
+        format!("[{{\"addr\": \"127.0.0.3:{port}\", \"weight\": 2}}]"),
+    )
+    .unwrap();
+    let tmp = gw.dir.path().join(".endpoints.tmp");
+    std::os::unix::fs::symlink("data/v2.json", &tmp).unwrap();
+    std::fs::rename(&tmp, &link).unwrap();
+    wait_members(&gw, &addrs(port, &[3]), Duration::from_secs(3)).await;
+    let (status, _, body) = get(gw.listener("web"), "a", "/").await;
+    assert_eq!((status, body.as_str()), (200, "m3"));
+
+    // A half-written list is refused whole; the last good one stays.
+    std::fs::remove_file(&link).unwrap();
+    std::fs::write(&link, "[{\"addr\": \"127.0.0.1:").unwrap();
+    let started = Instant::now();
+    loop {
+        let source = app(&gw).await["sources"][0].clone();
+        if source["error"].is_string() {
+            assert_eq!(source["stale"], true, "{source}");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(7), "{source}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(member_addrs(&gw).await, addrs(port, &[3]));
+
+    // An atomic rename over it.
+    let next = gw.dir.path().join(".next.json");
+    std::fs::write(
+        &next,
+        format!("[{{\"addr\": \"127.0.0.1:{port}\"}}, {{\"addr\": \"127.0.0.2:{port}\"}}]"),
+    )
+    .unwrap();
+    std::fs::rename(&next, &link).unwrap();
+    wait_members(&gw, &addrs(port, &[1, 2]), Duration::from_secs(3)).await;
+    assert!(app(&gw).await["sources"][0]["error"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_records_are_capped_by_max_members_and_a_zero_ttl_is_floored() {
+    let dns = DnsServer::start().await;
+    // 2 500 A records: about the most one DNS message holds as this
+    // server writes them (24 bytes each, 64 KiB over TCP; 5 000 would
+    // need 120). Truncated over UDP, asked again over TCP.
+    let many: Vec<Ipv4Addr> = (0..2_500u32)
+        .map(|i| Ipv4Addr::from(0x0a00_0000 + i + 1))
+        .collect();
+    dns.set_a("many.test", &many);
+    dns.set_ttl(0);
+    // A large answer takes this debug-built server a while to write.
+    let config = discovery_config(
+        &dns,
+        "{ dns = \"many.test:8080\", refresh = \"30s\" }",
+        "max_members = 1000",
+    )
+    .replace("timeout = \"300ms\"", "timeout = \"3s\"");
+    let gw = Gateway::start(&config);
+    let view = app(&gw).await;
+    assert_eq!(
+        view["backends"].as_array().map(Vec::len),
+        Some(1000),
+        "{}",
+        view["sources"]
+    );
+    let source = &view["sources"][0];
+    assert_eq!(source["members"], 2500, "{source}");
+    assert_eq!(source["left_out"], 1500, "{source}");
+    // TTL 0 asks again, but not sooner than a second after.
+    let (last, next) = (
+        source["last_resolution_unix_ms"].as_u64().unwrap(),
+        source["next_refresh_unix_ms"].as_u64().unwrap(),
+    );
+    assert!((1000..1500).contains(&(next - last)), "{source}");
+    let metrics = scrape(&gw).await;
+    assert_eq!(
+        sample(
+            &metrics,
+            "cutover_discovery_members_left_out",
+            &["upstream=\"app\""]
+        ),
+        1500.0
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "cutover_discovery_members{",
+            &["upstream=\"app\""]
+        ),
+        1000.0
+    );
 }

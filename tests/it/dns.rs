@@ -13,8 +13,12 @@ use hickory_server::authority::MessageResponseBuilder;
 use hickory_server::proto::op::{Header, ResponseCode};
 use hickory_server::proto::rr::rdata::{A, SRV};
 use hickory_server::proto::rr::{Name, RData, Record, RecordType};
+use hickory_server::proto::xfer::Protocol;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::ServerFuture;
+
+/// Records a UDP answer carries at most (1232 bytes of EDNS payload).
+const MAX_UDP_RECORDS: usize = 40;
 
 /// How the server answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +86,13 @@ impl DnsServer {
             .map(|(p, w, port, t)| (*p, *w, *port, key(t)))
             .collect();
         self.zone.lock().unwrap().srv.insert(key(name), records);
+    }
+
+    /// Forgets `name`: NXDOMAIN from now on.
+    pub fn remove(&self, name: &str) {
+        let mut zone = self.zone.lock().unwrap();
+        zone.a.remove(&key(name));
+        zone.srv.remove(&key(name));
     }
 
     pub fn set_ttl(&self, ttl: u32) {
@@ -168,6 +179,16 @@ impl Handler {
             }
             Mode::Answer if !known => {
                 header.set_response_code(ResponseCode::NXDomain);
+                response
+                    .send_response(builder.build_no_records(header))
+                    .await
+            }
+            // Over UDP, an answer larger than a datagram holds comes back
+            // truncated and empty (TC), as BIND does: asked again over TCP.
+            Mode::Answer
+                if request.protocol() == Protocol::Udp && records.len() > MAX_UDP_RECORDS =>
+            {
+                header.set_truncated(true);
                 response
                     .send_response(builder.build_no_records(header))
                     .await
