@@ -173,6 +173,23 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
     Err(diagnostics)
 }
 
+/// `diagnostics` with the line and column of their paths in `candidate`
+/// (found by parsing it again: for the few found after validation).
+pub fn locate(candidate: &ConfigText, mut diagnostics: Vec<Diagnostic>) -> Vec<Diagnostic> {
+    if diagnostics.is_empty() {
+        return diagnostics;
+    }
+    let text = candidate.text.as_str();
+    let map = SourceMap::new(text, DeTable::parse(text).ok());
+    for d in &mut diagnostics {
+        if let Some((line, column)) = map.locate(&d.path) {
+            d.line = Some(line);
+            d.column = Some(column);
+        }
+    }
+    diagnostics
+}
+
 /// Serializes a configuration into its canonical text: defaults filled in,
 /// keys in a fixed order, comments and formatting gone. Two texts that mean
 /// the same configuration have the same canonical form.

@@ -216,6 +216,8 @@ impl Control {
             });
         }
         let next_id = active.id.next();
+        // A new discovery source's first answer is in before the swap.
+        let _primed = self.shared.discovery.prime_blocking(&spec);
         let next =
             match generation::build_from(Arc::clone(&spec), next_id, &self.shared, Some(active)) {
                 Ok(next) => next,

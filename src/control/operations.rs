@@ -6,8 +6,12 @@ use super::*;
 
 impl Control {
     /// Plans a candidate against the active generation. Pure: binds,
-    /// writes and records nothing.
-    pub(super) fn plan_candidate(&self, candidate: &Candidate) -> Result<Plan, ControlError> {
+    /// writes and records nothing. Returns the text it read, for the
+    /// discovery notes (`discovery_notes`).
+    pub(super) fn plan_candidate(
+        &self,
+        candidate: &Candidate,
+    ) -> Result<(Plan, ConfigText), ControlError> {
         let text = candidate::read(&candidate.source, &self.config_file)?;
         let active = self.store.load_full();
         let mut plan = plan::plan(&text, Some((active.id, &active.spec)));
@@ -15,7 +19,93 @@ impl Control {
         if let Some(spec) = &plan.spec {
             plan.impact = self.impact(crate::impact::Before::Active, spec, &active);
         }
-        Ok(plan)
+        Ok((plan, text))
+    }
+
+    /// What the discovery sources of the candidate's new and changed
+    /// upstreams give now (the live set of a source the process follows,
+    /// else one resolution, all at once and bounded), and a warning, with
+    /// its line and column, for each that gives none: a name may resolve
+    /// later, so it does not refuse the candidate (DESIGN §20).
+    pub(super) async fn discovery_notes(&self, plan: &mut Plan, text: &ConfigText) {
+        let Some(spec) = plan.spec.clone() else {
+            return;
+        };
+        let active = self.store.load_full();
+        let discovery = &self.shared.discovery;
+        let patience = discovery.patience();
+        let mut asked = Vec::new();
+        for u in spec.upstreams.iter().filter(|u| !u.sources.is_empty()) {
+            if active.spec.file.upstreams.get(&u.name) == spec.file.upstreams.get(&u.name) {
+                continue;
+            }
+            // The entries the sources came from, in order.
+            let entries: Vec<usize> = spec
+                .file
+                .upstreams
+                .get(&u.name)
+                .map(|f| {
+                    f.backends
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, b)| b.addr.is_none())
+                        .map(|(i, _)| i)
+                        .collect()
+                })
+                .unwrap_or_default();
+            for (source, entry) in u.sources.iter().zip(entries) {
+                let key = crate::discovery::SourceKey {
+                    upstream: u.name.clone(),
+                    spec: source.clone(),
+                };
+                asked.push((u.name.clone(), entry, key));
+            }
+        }
+        if asked.is_empty() {
+            return;
+        }
+        let peeks = futures_util::future::join_all(
+            asked
+                .iter()
+                .map(|(_, _, key)| discovery.peek(key, patience)),
+        )
+        .await;
+        let mut warnings = Vec::new();
+        for ((upstream, entry, key), peek) in asked.into_iter().zip(peeks) {
+            if peek.endpoints.is_empty() {
+                let field = match key.spec {
+                    crate::plan::SourceSpec::Dns { .. } => "dns",
+                    crate::plan::SourceSpec::Srv { .. } => "srv",
+                    crate::plan::SourceSpec::File { .. } => "endpoints_file",
+                };
+                warnings.push(crate::config::Diagnostic::new(
+                    crate::config::Code::UnresolvedName,
+                    format!(
+                        "upstreams.{}.backends[{entry}].{field}",
+                        crate::config::quote_key(&upstream)
+                    ),
+                    format!(
+                        "{} gives no member now ({}); upstream '{upstream}' answers 503 until it does",
+                        key.spec.label(),
+                        peek.error.as_deref().unwrap_or("no records"),
+                    ),
+                ));
+            }
+            let source = crate::plan::SourceMembers {
+                source: key.spec.label(),
+                members: crate::discovery::addresses(&peek.endpoints),
+                error: peek.error,
+                followed: peek.followed,
+            };
+            match plan.members.iter_mut().find(|m| m.upstream == upstream) {
+                Some(members) => members.sources.push(source),
+                None => plan.members.push(crate::plan::UpstreamMembers {
+                    upstream,
+                    sources: vec![source],
+                }),
+            }
+        }
+        plan.warnings = crate::config::locate(text, warnings);
     }
 
     /// What going from `before` to `after` does to the requests the
@@ -41,10 +131,13 @@ impl Control {
             .then(|| crate::impact::assess(&samples, before, after, active))
     }
 
-    /// Plans like `validate` and records the preview in the operation log.
-    pub(super) fn preview_now(&self, candidate: &Candidate) -> Result<RecordedPlan, ControlError> {
-        let started = Instant::now();
-        let plan = self.plan_candidate(candidate)?;
+    /// Records a preview's plan in the operation log.
+    fn record_preview(
+        &self,
+        candidate: &Candidate,
+        plan: Plan,
+        started: Instant,
+    ) -> Result<RecordedPlan, ControlError> {
         let outcome = if plan.activatable {
             Outcome::Succeeded
         } else {
@@ -84,8 +177,11 @@ impl Control {
     /// Plans a candidate against the active generation. Pure: binds,
     /// writes and records nothing. Runs off the data plane's threads.
     pub async fn validate(self: &Arc<Self>, candidate: Candidate) -> Result<Plan, ControlError> {
-        self.off_the_data_plane(move |c| c.plan_candidate(&candidate))
-            .await
+        let (mut plan, text) = self
+            .off_the_data_plane(move |c| c.plan_candidate(&candidate))
+            .await?;
+        self.discovery_notes(&mut plan, &text).await;
+        Ok(plan)
     }
 
     /// Plans like `validate` and records the preview in the operation log.
@@ -93,7 +189,14 @@ impl Control {
         self: &Arc<Self>,
         candidate: Candidate,
     ) -> Result<RecordedPlan, ControlError> {
-        self.off_the_data_plane(move |c| c.preview_now(&candidate))
+        let started = Instant::now();
+        let (mut plan, text) = {
+            let candidate = candidate.clone();
+            self.off_the_data_plane(move |c| c.plan_candidate(&candidate))
+                .await?
+        };
+        self.discovery_notes(&mut plan, &text).await;
+        self.off_the_data_plane(move |c| c.record_preview(&candidate, plan, started))
             .await
     }
 

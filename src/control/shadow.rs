@@ -284,6 +284,7 @@ impl Control {
         if plan.is_unchanged(Some(&active.spec)) {
             return Ok(None);
         }
+        let _primed = self.shared.discovery.prime_blocking(&spec);
         match generation::build_from(spec, active.id.next(), &self.shared, Some(active)) {
             Ok(built) => Ok(Some(Arc::new(built))),
             Err(source) => Err(ControlError::Build {

@@ -55,11 +55,39 @@ pub(super) fn print_plan(plan: &Plan) {
             e.message
         );
     }
+    for w in &plan.warnings {
+        println!(
+            "warning: {}:{}: {}: {}",
+            w.line.map_or("?".into(), |l| l.to_string()),
+            w.column.map_or("?".into(), |c| c.to_string()),
+            w.code.as_str(),
+            w.message
+        );
+    }
     for r in &plan.rejected {
         println!(
             "restart required: {} ({} → {}); {}",
             r.path, r.from, r.to, r.action
         );
+    }
+    for upstream in &plan.members {
+        for source in &upstream.sources {
+            println!(
+                "members of {} from {}{}: {}",
+                upstream.upstream,
+                source.source,
+                if source.followed {
+                    ""
+                } else {
+                    " (resolved now)"
+                },
+                if source.members.is_empty() {
+                    "none".to_owned()
+                } else {
+                    source.members.join(", ")
+                }
+            );
+        }
     }
     print_diff(&plan.diff);
     if let Some(impact) = &plan.impact {
@@ -244,7 +272,7 @@ pub(super) fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
         }
         CtlCommand::Backends => {
             println!(
-                "{:<16} {:<24} {:<10} {:<9} {:>8} {:>9} {:>10} {:>9}",
+                "{:<16} {:<24} {:<10} {:<9} {:>8} {:>9} {:>10} {:>9}  source",
                 "upstream",
                 "backend",
                 "health",
@@ -254,10 +282,11 @@ pub(super) fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
                 "attempts",
                 "failures"
             );
-            for upstream in &answer.read::<BackendsView>()?.upstreams {
+            let view = answer.read::<BackendsView>()?;
+            for upstream in &view.upstreams {
                 for b in &upstream.backends {
                     println!(
-                        "{:<16} {:<24} {:<10} {:<9} {:>8} {:>9.1} {:>10} {:>9}",
+                        "{:<16} {:<24} {:<10} {:<9} {:>8} {:>9.1} {:>10} {:>9}  {}",
                         upstream.name,
                         b.addr,
                         spelled(&b.health),
@@ -266,8 +295,47 @@ pub(super) fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
                         b.ewma_ms.unwrap_or(0.0),
                         b.attempts,
                         b.failures,
+                        b.source.as_deref().unwrap_or("addr"),
                     );
                 }
+            }
+            let sources: Vec<_> = view
+                .upstreams
+                .iter()
+                .flat_map(|u| u.sources.iter().map(move |s| (&u.name, s)))
+                .collect();
+            if !sources.is_empty() {
+                println!(
+                    "\n{:<16} {:<40} {:>7} {:<24} {:<24} error",
+                    "upstream", "source", "members", "last resolution", "next refresh"
+                );
+            }
+            let at = |ms: Option<u64>| {
+                ms.map_or_else(
+                    || "-".to_owned(),
+                    |ms| {
+                        humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+                        )
+                        .to_string()
+                    },
+                )
+            };
+            for (upstream, s) in sources {
+                let mut members = s.members.to_string();
+                if s.left_out > 0 {
+                    members.push_str(&format!(" (+{} left out)", s.left_out));
+                }
+                println!(
+                    "{:<16} {:<40} {:>7} {:<24} {:<24} {}{}",
+                    upstream,
+                    s.source,
+                    members,
+                    at(s.last_resolution_unix_ms),
+                    at(s.next_refresh_unix_ms),
+                    if s.stale { "stale: " } else { "" },
+                    s.error.as_deref().unwrap_or("-"),
+                );
             }
         }
         CtlCommand::Drain => println!("draining ({})", answer.read::<Started>()?.operation_id),

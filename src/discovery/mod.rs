@@ -100,8 +100,29 @@ impl Discovery {
     /// what startup holds while it builds the first generation, so that
     /// it does not serve a moment with no members.
     pub async fn prime(&self, spec: &crate::plan::Spec, patience: Duration) -> Vec<Arc<Source>> {
-        let sources: Vec<Arc<Source>> = spec
-            .upstreams
+        let sources = self.sources_of(spec);
+        let _ = tokio::time::timeout(patience, async {
+            for source in &sources {
+                source.settled().await;
+            }
+        })
+        .await;
+        sources
+    }
+
+    /// As [`Discovery::prime`], for the blocking pool (activation builds
+    /// there): waits by polling, so never call it on a runtime's worker.
+    pub fn prime_blocking(&self, spec: &crate::plan::Spec) -> Vec<Arc<Source>> {
+        let sources = self.sources_of(spec);
+        let deadline = std::time::Instant::now() + self.patience();
+        while !sources.iter().all(|s| s.has_settled()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        sources
+    }
+
+    fn sources_of(&self, spec: &crate::plan::Spec) -> Vec<Arc<Source>> {
+        spec.upstreams
             .iter()
             .flat_map(|u| {
                 u.sources.iter().map(|s| SourceKey {
@@ -110,14 +131,7 @@ impl Discovery {
                 })
             })
             .map(|key| self.source(key))
-            .collect();
-        let _ = tokio::time::timeout(patience, async {
-            for source in &sources {
-                source.settled().await;
-            }
-        })
-        .await;
-        sources
+            .collect()
     }
 
     /// What `spec` gives now, for a preview: the live source's set when

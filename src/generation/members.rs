@@ -10,7 +10,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
@@ -275,9 +274,8 @@ const GENERATIONS: usize = 16;
 
 impl Membership {
     /// Follows `spec`'s sources (the live ones, or new ones) from now
-    /// on. Off the async threads, it waits (bounded) for a new source's
-    /// first answer, so that a generation never starts with members it
-    /// merely has not resolved yet.
+    /// on, starting from what they give now (`Discovery::prime` and
+    /// `prime_blocking` make sure a new one has answered).
     pub fn start(
         spec: &UpstreamSpec,
         shared: &super::SharedState,
@@ -297,12 +295,6 @@ impl Membership {
                 })
             })
             .collect();
-        if tokio::task::try_id().is_none() && tokio::runtime::Handle::try_current().is_ok() {
-            let deadline = std::time::Instant::now() + shared.discovery.patience();
-            while !sources.iter().all(|s| s.has_settled()) && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
         let receivers: Vec<_> = sources.iter().map(|s| s.subscribe()).collect();
         let members = template.assemble(&sources, &[]);
         let mut membership = Self {

@@ -58,9 +58,38 @@ pub struct Plan {
     /// when it validated and the process samples its listeners.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub impact: Option<impact::Impact>,
+    /// What does not stop the candidate but deserves a look: a member
+    /// name that does not resolve now (DNS may come later).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<Diagnostic>,
+    /// The members each new or changed upstream's discovery sources give
+    /// now (DESIGN §20).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<UpstreamMembers>,
     /// The validated candidate, when it validated.
     #[serde(skip)]
     pub spec: Option<Arc<Spec>>,
+}
+
+/// What an upstream's discovery sources give now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpstreamMembers {
+    pub upstream: String,
+    pub sources: Vec<SourceMembers>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SourceMembers {
+    /// `dns:NAME:PORT`, `srv:NAME` or `file:PATH`.
+    pub source: String,
+    /// `ip:port` of each member.
+    pub members: Vec<String>,
+    /// Why it gives none, or what it lacks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Whether the running process follows this source already (its set
+    /// is the live one), or it was resolved once for this plan.
+    pub followed: bool,
 }
 
 impl Plan {
@@ -75,6 +104,8 @@ impl Plan {
             rejected: Vec::new(),
             diff: Diff::default(),
             impact: None,
+            warnings: Vec::new(),
+            members: Vec::new(),
             spec: None,
         }
     }
@@ -137,6 +168,8 @@ pub fn plan(candidate: &ConfigText, active: Option<(GenerationId, &Spec)>) -> Pl
                 rejected: Vec::new(),
                 diff: Diff::default(),
                 impact: None,
+                warnings: Vec::new(),
+                members: Vec::new(),
                 spec: None,
             }
         }
@@ -182,6 +215,8 @@ pub fn plan(candidate: &ConfigText, active: Option<(GenerationId, &Spec)>) -> Pl
         rejected,
         diff,
         impact: None,
+        warnings: Vec::new(),
+        members: Vec::new(),
         spec: Some(Arc::new(spec)),
     }
 }

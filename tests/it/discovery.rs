@@ -583,3 +583,78 @@ async fn thousands_of_records_are_capped_by_max_members_and_a_zero_ttl_is_floore
         1000.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_warns_of_names_that_do_not_resolve_and_preview_shows_members() {
+    let dns = DnsServer::start().await;
+    dns.set_a("app.test", &ips(&[1, 2]));
+    let gw = Gateway::start(&discovery_config(
+        &dns,
+        &format!("{{ addr = \"{}\" }}", closed_port()),
+        "",
+    ));
+    let candidate = discovery_config(
+        &dns,
+        "{ dns = \"app.test:8080\" },\n  { dns = \"nowhere.test:8080\" }",
+        "",
+    );
+    let (status, plan) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/validate",
+        Some("application/toml"),
+        Some(candidate.clone()),
+    )
+    .await;
+    assert_eq!(status, 200, "{plan}");
+    assert_eq!(plan["activatable"], true, "a warning refuses nothing");
+    let warning = &plan["warnings"][0];
+    assert_eq!(warning["code"], "unresolved_name", "{plan}");
+    assert_eq!(warning["path"], "upstreams.app.backends[1].dns");
+    assert!(warning["line"].as_u64().is_some(), "{warning}");
+    assert!(
+        warning["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("NXDOMAIN")),
+        "{warning}"
+    );
+    let sources = &plan["members"][0]["sources"];
+    assert_eq!(plan["members"][0]["upstream"], "app");
+    assert_eq!(
+        sources[0]["members"],
+        serde_json::json!(["127.0.0.1:8080", "127.0.0.2:8080"])
+    );
+    assert_eq!(sources[0]["followed"], false);
+
+    // Activated, then previewed again: the set is the live one.
+    let (status, body) = activate_with(&gw, &candidate, "").await;
+    assert_eq!(status, 200, "{body}");
+    let changed = candidate.replace(
+        "{ dns = \"nowhere.test:8080\" }",
+        "{ dns = \"nowhere.test:8081\" }",
+    );
+    let (status, plan) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/preview",
+        Some("application/toml"),
+        Some(changed),
+    )
+    .await;
+    assert_eq!(status, 200, "{plan}");
+    let sources = &plan["members"][0]["sources"];
+    assert_eq!(sources[0]["followed"], true, "{plan}");
+    assert_eq!(sources[0]["members"].as_array().map(Vec::len), Some(2));
+
+    // ctl shows each member's source and each source's state.
+    let (code, out, err) = ctl(&gw.admin_url(), &["backends"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("127.0.0.2:8080") && out.contains("dns:app.test:8080"),
+        "{out}"
+    );
+    assert!(
+        out.contains("dns:nowhere.test:8080") && out.contains("NXDOMAIN"),
+        "{out}"
+    );
+}
