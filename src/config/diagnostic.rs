@@ -97,7 +97,6 @@ codes! {
     InvalidSecretFile = "invalid_secret_file",
     InvalidBackend = "invalid_backend",
     UnresolvedName = "unresolved_name",
-    InvalidEndpoints = "invalid_endpoints",
 }
 
 impl std::fmt::Display for Code {

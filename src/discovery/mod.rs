@@ -574,3 +574,106 @@ async fn follow(
 pub fn addresses(endpoints: &[Endpoint]) -> Vec<String> {
     endpoints.iter().map(|e| e.addr.to_string()).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(last: u8) -> Endpoint {
+        Endpoint {
+            priority: 0,
+            addr: SocketAddr::from(([10, 0, 0, last], 80)),
+            weight: 1,
+            host: None,
+        }
+    }
+
+    fn source() -> Arc<Source> {
+        Source::new(SourceKey {
+            upstream: "app".into(),
+            spec: SourceSpec::Dns {
+                name: "app.test".into(),
+                port: 80,
+                family: crate::plan::Family::Any,
+                refresh: Duration::from_secs(10),
+                weight: 1,
+            },
+        })
+    }
+
+    fn records(last: &[u8], ttl: Option<u64>) -> Answer {
+        Answer::Records {
+            endpoints: last.iter().map(|l| endpoint(*l)).collect(),
+            ttl: ttl.map(Duration::from_secs),
+            note: None,
+        }
+    }
+
+    #[test]
+    fn failures_keep_the_last_good_set_and_only_three_empty_answers_empty_it() {
+        let source = source();
+        let refresh = Duration::from_secs(10);
+        assert!(!source.has_settled());
+        assert_eq!(source.take(records(&[2, 1, 2], Some(60)), refresh), refresh);
+        assert!(source.has_settled());
+        // Sorted, without repeats.
+        assert_eq!(&*source.endpoints(), &[endpoint(1), endpoint(2)]);
+        let good = source.endpoints();
+        for failure in [
+            Answer::Failed {
+                error: "SERVFAIL".into(),
+                timeout: false,
+            },
+            Answer::Failed {
+                error: "no answer".into(),
+                timeout: true,
+            },
+        ] {
+            source.take(failure, refresh);
+            assert_eq!(source.endpoints(), good);
+            assert!(source.view().stale);
+        }
+        // Two empty answers: kept; a good answer in between starts over.
+        source.take(Answer::Empty { nxdomain: true }, refresh);
+        source.take(Answer::Empty { nxdomain: false }, refresh);
+        assert_eq!(source.endpoints(), good);
+        source.take(records(&[3], None), refresh);
+        assert_eq!(&*source.endpoints(), &[endpoint(3)]);
+        for n in 1..=EMPTY_AGREEMENT {
+            source.take(Answer::Empty { nxdomain: true }, refresh);
+            assert_eq!(source.endpoints().is_empty(), n == EMPTY_AGREEMENT, "{n}");
+        }
+        let view = source.view();
+        assert!(!view.stale);
+        assert!(view.error.is_some_and(|e| e.contains("NXDOMAIN")));
+        assert_eq!(view.resolutions, 9);
+        assert_eq!(view.failures, 7);
+    }
+
+    #[test]
+    fn ttls_shorten_the_wait_but_never_under_a_second() {
+        let source = source();
+        let refresh = Duration::from_secs(30);
+        assert_eq!(
+            source.take(records(&[1], Some(5)), refresh),
+            Duration::from_secs(5)
+        );
+        assert_eq!(source.take(records(&[1], Some(0)), refresh), MIN_REFRESH);
+        assert_eq!(source.take(records(&[1], Some(600)), refresh), refresh);
+        assert_eq!(source.take(records(&[1], None), refresh), refresh);
+    }
+
+    #[test]
+    fn an_unchanged_answer_does_not_wake_followers() {
+        let source = source();
+        let mut followers = source.subscribe();
+        source.take(records(&[1, 2], None), Duration::from_secs(1));
+        assert!(followers.has_changed().unwrap_or(false));
+        followers.mark_unchanged();
+        source.take(records(&[2, 1], None), Duration::from_secs(1));
+        assert!(!followers.has_changed().unwrap_or(true));
+        source.take_file(Err("bad".into()));
+        assert!(!followers.has_changed().unwrap_or(true));
+        assert_eq!(source.endpoints().len(), 2);
+    }
+}

@@ -137,10 +137,6 @@ impl Members {
 }
 
 impl Tier {
-    pub(super) fn weight(&self, index: usize) -> f64 {
-        f64::from(self.weights.get(index).copied().unwrap_or(1))
-    }
-
     /// Two distinct indexes, uniformly.
     pub(super) fn two_alike(n: usize) -> (usize, usize) {
         let first = fastrand::usize(..n);
@@ -440,5 +436,131 @@ async fn follow(
         let members = template.assemble(&live.sources, &live.generations());
         tracing::debug!(upstream = %template.spec.name, members = members.backends.len(), "members changed");
         live.current.store(Arc::new(members));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::Attempt;
+    use crate::generation::{SharedState, Upstream};
+    use crate::plan::{OutlierSpec, UpstreamProtocol};
+
+    fn spec(policy: Policy) -> UpstreamSpec {
+        UpstreamSpec {
+            name: "u".into(),
+            policy,
+            protocol: UpstreamProtocol::Http1,
+            connect_timeout: std::time::Duration::from_secs(1),
+            idle_timeout: std::time::Duration::from_secs(60),
+            backends: Vec::new(),
+            sources: Vec::new(),
+            max_members: 2,
+            tls: None,
+            health: None,
+            outlier: OutlierSpec {
+                consecutive_failures: 1,
+                max_ejected_percent: 100,
+                ..OutlierSpec::default()
+            },
+            slow_start: None,
+            hash_key: None,
+            hash_balance_factor: None,
+            proxy_protocol: None,
+        }
+    }
+
+    fn entries(
+        shared: &SharedState,
+        spec: &UpstreamSpec,
+        members: &[(u16, u32, u16)],
+    ) -> Vec<Entry> {
+        members
+            .iter()
+            .map(|(port, weight, priority)| Entry {
+                backend: shared
+                    .backends
+                    .get_or_create(key(spec, format!("127.0.0.1:{port}"), None))
+                    .expect("backend"),
+                weight: *weight,
+                priority: *priority,
+                origin: Some(Arc::from("dns:app.test:80")),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_most_preferred_priority_with_a_usable_member_takes_every_request() {
+        for policy in [
+            Policy::RoundRobin,
+            Policy::Weighted,
+            Policy::LeastRequests,
+            Policy::P2c,
+            Policy::Hash,
+        ] {
+            let shared = SharedState::default();
+            let spec = spec(policy);
+            let upstream = Upstream::build(&spec, &shared).expect("builds");
+            let members = Members::new(
+                entries(&shared, &spec, &[(3, 1, 20), (1, 1, 10), (2, 1, 10)]),
+                policy,
+            );
+            assert_eq!(members.priorities().collect::<Vec<_>>(), [10, 10, 20]);
+            let port = |b: &Arc<Backend>| b.key.addr.rsplit(':').next().unwrap_or("").to_owned();
+            for key in 0..50 {
+                let picked = upstream.pick(&members).expect("a member");
+                assert_ne!(port(picked), "3", "{policy:?}");
+                let hashed = upstream.pick_hashed(&members, key).expect("a member");
+                assert_ne!(port(hashed), "3", "{policy:?}");
+            }
+            // Both preferred members out: the next priority, not fail-open.
+            for b in &members.backends[..2] {
+                upstream.report(b, Attempt::ConnectError, None);
+                b.eject(&spec.outlier);
+            }
+            for key in 0..20 {
+                assert_eq!(
+                    port(upstream.pick(&members).expect("a member")),
+                    "3",
+                    "{policy:?}"
+                );
+                let hashed = upstream.pick_hashed(&members, key).expect("a member");
+                assert_eq!(port(hashed), "3", "{policy:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn p2c_draws_in_proportion_to_weight() {
+        let shared = SharedState::default();
+        let spec = spec(Policy::P2c);
+        let upstream = Upstream::build(&spec, &shared).expect("builds");
+        let members = Members::new(
+            entries(&shared, &spec, &[(1, 1, 0), (2, 9, 0)]),
+            Policy::P2c,
+        );
+        // Idle members cost alike, so the first drawn wins: shares follow
+        // the draws (a heavy first draw, or a light one then a heavy).
+        let heavy = (0..10_000)
+            .filter(|_| {
+                upstream
+                    .pick(&members)
+                    .is_some_and(|b| b.key.addr.ends_with(":2"))
+            })
+            .count();
+        assert!((8_500..=9_500).contains(&heavy), "{heavy} of 10 000");
+        // Alike weights draw uniformly.
+        let alike = Members::new(
+            entries(&shared, &spec, &[(1, 3, 0), (2, 3, 0)]),
+            Policy::P2c,
+        );
+        let second = (0..10_000)
+            .filter(|_| {
+                upstream
+                    .pick(&alike)
+                    .is_some_and(|b| b.key.addr.ends_with(":2"))
+            })
+            .count();
+        assert!((4_500..=5_500).contains(&second), "{second} of 10 000");
     }
 }

@@ -292,9 +292,10 @@ impl Upstream {
             .find(|b| self.takes(b))
     }
 
-    /// Power of two choices: two distinct backends at random (in
+    /// Power of two choices: two distinct backends at random (drawn in
     /// proportion to their weights, when they differ), the one with the
-    /// lower `cost` per unit of weight wins.
+    /// lower `cost` wins, the first drawn on a tie: weights set how often
+    /// a member is offered, load decides among the offered.
     fn pick_two<'m>(
         &self,
         tier: &Tier,
@@ -321,14 +322,7 @@ impl Upstream {
             return Some(b);
         }
         match (a_ok, b_ok) {
-            (true, true) => {
-                let (ca, cb) = if self.policy.honours_weights() {
-                    (cost(a) / tier.weight(first), cost(b) / tier.weight(second))
-                } else {
-                    (cost(a), cost(b))
-                };
-                Some(if cb < ca { b } else { a })
-            }
+            (true, true) => Some(if cost(b) < cost(a) { b } else { a }),
             (true, false) => Some(a),
             (false, true) => Some(b),
             (false, false) => {

@@ -206,7 +206,11 @@ async fn the_kubernetes_example_serves_its_configmap_and_follows_its_updates() {
         deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"],
         "true"
     );
-    assert_eq!(kind("Service").count(), 2);
+    assert_eq!(kind("Service").count(), 3);
+    let headless = kind("Service")
+        .find(|s| s["metadata"]["name"] == "api-headless")
+        .expect("the API's headless Service");
+    assert_eq!(headless["spec"]["clusterIP"], "None");
     assert_eq!(kind("NetworkPolicy").count(), 1);
     let ports: Vec<u64> = container["ports"]
         .as_array()
@@ -225,10 +229,18 @@ async fn the_kubernetes_example_serves_its_configmap_and_follows_its_updates() {
 
     // Run it as the pod would, on ephemeral ports, from a ConfigMap-style
     // folder; then update the ConfigMap the kubelet's way.
+    // The cluster's DNS: a server of the test's that knows the headless
+    // Service's two pods.
+    let dns = crate::dns::DnsServer::start().await;
+    dns.set_a(
+        "api-headless.default.svc.cluster.local",
+        &["127.0.0.11".parse().unwrap(), "127.0.0.12".parse().unwrap()],
+    );
     let local = text
         .replace("0.0.0.0:8080", "127.0.0.1:0")
         .replace("0.0.0.0:9190", "0.0.0.0:0")
-        .replace("0.0.0.0:9191", "127.0.0.1:0");
+        .replace("0.0.0.0:9191", "127.0.0.1:0")
+        + &format!("\n[discovery]\nnameservers = [\"{}\"]\n", dns.addr);
     let dir = tempfile::tempdir().unwrap();
     configmap_folder(dir.path(), "2026_11_30_a", &local);
     let gw = Gateway::start_args_in(dir, &local, &["--watch"]);
@@ -271,4 +283,18 @@ async fn the_kubernetes_example_serves_its_configmap_and_follows_its_updates() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    // The headless Service's pods are the api upstream's members.
+    let out = Command::new(BIN)
+        .args(["ctl", "--admin", &format!("http://{admin}"), "--token-file"])
+        .arg(gw.path("admin-token"))
+        .arg("backends")
+        .output()
+        .unwrap();
+    let backends = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        backends.contains("127.0.0.11:8080")
+            && backends.contains("127.0.0.12:8080")
+            && backends.contains("dns:api-headless.default.svc.cluster.local:8080"),
+        "{backends}"
+    );
 }

@@ -170,7 +170,7 @@ fn the_layers_point_one_way() {
     let graph = graph();
     let everything: Vec<&str> = graph.keys().map(String::as_str).collect();
     let mut broken = Vec::new();
-    let rules: [(&str, &[&str], &str); 6] = [
+    let rules: [(&str, &[&str], &str); 7] = [
         (
             "telemetry",
             &everything,
@@ -219,6 +219,20 @@ fn the_layers_point_one_way() {
                 "lifecycle",
             ],
             "backend state knows nothing of generations",
+        ),
+        (
+            "discovery",
+            &[
+                "control",
+                "fleet",
+                "admin",
+                "writer",
+                "generation",
+                "runtime",
+                "proxy",
+                "lifecycle",
+            ],
+            "discovery publishes members; it knows nothing of the generations that follow them",
         ),
     ];
     for (from, forbidden, why) in rules {

@@ -139,7 +139,10 @@ impl Validator<'_> {
                         format!("weight {weight} must be between 1 and 1000"),
                     );
                 }
-                if let Some(policy) = policy.filter(|p| !p.honours_weights() && weight != 1) {
+                let weighs = backend.addr.is_some() || backend.dns.is_some();
+                if let Some(policy) =
+                    policy.filter(|p| weighs && !p.honours_weights() && weight != 1)
+                {
                     self.error(
                         Code::IgnoredWeight,
                         bat("weight"),
