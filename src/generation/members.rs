@@ -192,10 +192,13 @@ impl Tier {
     }
 }
 
-/// One request's view of an upstream's members.
+/// One request's view of an upstream's members. A discovered set is
+/// held through arc-swap's guard: no reference count is touched while
+/// the thread has a free debt slot (a few requests at once), and a full
+/// one is taken, as `load_full` would, when it has none.
 pub enum MembersRef<'u> {
     Fixed(&'u Members),
-    Shared(Arc<Members>),
+    Shared(arc_swap::Guard<Arc<Members>>),
 }
 
 impl std::ops::Deref for MembersRef<'_> {
@@ -252,6 +255,7 @@ pub fn fixed(spec: &UpstreamSpec, registry: &BackendRegistry) -> Result<Vec<Entr
 pub struct Membership {
     current: ArcSwap<Members>,
     pub sources: Vec<Arc<Source>>,
+    template: Template,
     /// Generations built with it (the last few), for members that join
     /// later.
     generations: Mutex<Vec<u64>>,
@@ -259,6 +263,7 @@ pub struct Membership {
 }
 
 /// What a membership rebuilds its members from.
+#[derive(Debug)]
 struct Template {
     spec: UpstreamSpec,
     fixed: Vec<Entry>,
@@ -296,23 +301,32 @@ impl Membership {
         let mut membership = Self {
             current: ArcSwap::from_pointee(members),
             sources,
+            template,
             generations: Mutex::new(Vec::new()),
             task: None,
         };
         let runtime = tokio::runtime::Handle::try_current().ok();
         Ok(Arc::new_cyclic(|weak: &Weak<Self>| {
             if let Some(runtime) = runtime {
-                let task = runtime.spawn(follow(weak.clone(), receivers, template));
+                let task = runtime.spawn(follow(weak.clone(), receivers));
                 membership.task = Some(task.abort_handle());
             }
             membership
         }))
     }
 
+    /// Builds the members again from what the sources give now and
+    /// swaps them in: what each change of a source's set costs.
+    pub fn rebuild(&self) {
+        let members = self.template.assemble(&self.sources, &self.generations());
+        tracing::debug!(upstream = %self.template.spec.name, members = members.backends.len(), "members changed");
+        self.current.store(Arc::new(members));
+    }
+
     /// The members now.
     #[inline]
-    pub fn current(&self) -> Arc<Members> {
-        self.current.load_full()
+    pub fn current(&self) -> arc_swap::Guard<Arc<Members>> {
+        self.current.load()
     }
 
     pub(super) fn named_by(&self, id: u64) {
@@ -416,7 +430,6 @@ impl Template {
 async fn follow(
     membership: Weak<Membership>,
     mut receivers: Vec<watch::Receiver<Arc<[Endpoint]>>>,
-    template: Template,
 ) {
     if receivers.is_empty() {
         return;
@@ -433,9 +446,7 @@ async fn follow(
         let Some(live) = membership.upgrade() else {
             return;
         };
-        let members = template.assemble(&live.sources, &live.generations());
-        tracing::debug!(upstream = %template.spec.name, members = members.backends.len(), "members changed");
-        live.current.store(Arc::new(members));
+        live.rebuild();
     }
 }
 
