@@ -38,7 +38,11 @@ pub struct Members {
     pub backends: Vec<Arc<Backend>>,
     /// Aligned with `backends`: where each came from.
     pub origins: Vec<Option<Arc<str>>>,
-    pub(super) tiers: Vec<Tier>,
+    /// The most preferred priority's tier, inline: a pick nearly always
+    /// needs only it (no pointer to chase).
+    first: Tier,
+    /// The other priorities', most preferred first.
+    rest: Vec<Tier>,
 }
 
 /// The members of one priority.
@@ -104,7 +108,7 @@ impl Members {
                 }
                 _ => Maglev::default(),
             };
-            members.tiers.push(Tier {
+            let tier = Tier {
                 start,
                 end,
                 priority,
@@ -113,7 +117,12 @@ impl Members {
                 schedule,
                 maglev,
                 load_sum: LoadSum::default(),
-            });
+            };
+            if start == 0 {
+                members.first = tier;
+            } else {
+                members.rest.push(tier);
+            }
             start = end;
         }
         for entry in entries {
@@ -123,16 +132,30 @@ impl Members {
         members
     }
 
+    /// Its tiers, most preferred first (one, empty, when it has no member).
+    pub(super) fn tiers(&self) -> impl Iterator<Item = &Tier> {
+        std::iter::once(&self.first).chain(&self.rest)
+    }
+
+    pub(super) fn first_tier(&self) -> &Tier {
+        &self.first
+    }
+
+    /// Whether it has more than one priority.
+    #[inline]
+    pub(super) fn is_tiered(&self) -> bool {
+        !self.rest.is_empty()
+    }
+
     /// Each member's priority, aligned with `backends`.
     pub fn priorities(&self) -> impl Iterator<Item = u16> + '_ {
-        self.tiers
-            .iter()
+        self.tiers()
             .flat_map(|t| std::iter::repeat_n(t.priority, t.end - t.start))
     }
 
     /// Each member's weight, aligned with `backends`.
     pub fn weights(&self) -> impl Iterator<Item = u32> + '_ {
-        self.tiers.iter().flat_map(|t| t.weights.iter().copied())
+        self.tiers().flat_map(|t| t.weights.iter().copied())
     }
 }
 

@@ -109,31 +109,39 @@ impl Upstream {
     /// all of the first priority's (fail open, counted). `None` only when
     /// the upstream has no members at all.
     pub fn pick<'m>(&self, members: &'m Members) -> Option<&'m Arc<Backend>> {
-        for tier in &members.tiers {
-            let backends = members
-                .backends
-                .get(tier.start..tier.end)
-                .unwrap_or_default();
-            let chosen = match self.policy {
-                // `pick_hashed` is for requests with a key; without one,
-                // hashing falls back to round-robin, as HAProxy's does.
-                Policy::RoundRobin | Policy::Weighted | Policy::Hash => {
-                    self.pick_scheduled(tier, backends)
-                }
-                Policy::LeastRequests => self.pick_two(tier, backends, |b| b.inflight() as f64),
-                Policy::P2c => self.pick_two(tier, backends, |b| b.load.cost()),
-            };
-            if chosen.is_some() {
-                return chosen;
-            }
+        let chosen = if members.is_tiered() {
+            members.tiers().find_map(|tier| {
+                let backends = members.backends.get(tier.start..tier.end)?;
+                self.pick_in(tier, backends)
+            })
+        } else {
+            // Nearly always: one priority, all the members.
+            self.pick_in(members.first_tier(), &members.backends)
+        };
+        if chosen.is_some() {
+            return chosen;
         }
-        let tier = members.tiers.first()?;
+        let tier = members.first_tier();
         let backends = members.backends.get(tier.start..tier.end)?;
         if members.backends.len() > 1 || backends.first().is_some_and(|b| !b.is_available()) {
             self.budget.fail_open.add(1);
         }
         let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
         backends.get(self.scheduled(tier, turn))
+    }
+
+    /// By the policy, among the usable members of one tier.
+    #[inline]
+    fn pick_in<'m>(&self, tier: &Tier, backends: &'m [Arc<Backend>]) -> Option<&'m Arc<Backend>> {
+        match self.policy {
+            // `pick_hashed` is for requests with a key; without one,
+            // hashing falls back to round-robin, as HAProxy's does.
+            Policy::RoundRobin | Policy::Weighted | Policy::Hash => {
+                self.pick_scheduled(tier, backends)
+            }
+            Policy::LeastRequests => self.pick_two(tier, backends, |b| b.inflight() as f64),
+            Policy::P2c => self.pick_two(tier, backends, |b| b.load.cost()),
+        }
     }
 
     /// The backend for the next attempt of a request or connection that
@@ -182,11 +190,11 @@ impl Upstream {
     /// walk (the same order for every request with that key); in the
     /// next priority when the first has none usable.
     pub fn pick_hashed<'m>(&self, members: &'m Members, hash: u64) -> Option<&'m Arc<Backend>> {
-        if members.tiers.first()?.maglev.is_empty() {
+        if members.first_tier().maglev.is_empty() {
             // Not a hashing upstream: no key to follow.
             return self.pick(members);
         }
-        for tier in &members.tiers {
+        for tier in members.tiers() {
             let backends = members
                 .backends
                 .get(tier.start..tier.end)
@@ -196,7 +204,7 @@ impl Upstream {
             }
         }
         self.budget.fail_open.add(1);
-        let tier = members.tiers.first()?;
+        let tier = members.first_tier();
         tier.maglev
             .walk(hash)
             .next()

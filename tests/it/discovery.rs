@@ -132,16 +132,23 @@ fn addrs(port: u16, last: &[u8]) -> Vec<String> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_dns_pool_scales_2_5_1_under_load_with_no_failed_request() {
+/// `n` members on one port, a DNS server whose `app.test` names those of
+/// `initial`, and a gateway whose `app` upstream follows it every second.
+async fn dns_pool(n: u8, initial: &[u8]) -> (DnsServer, u16, Vec<Member>, Gateway) {
     let dns = DnsServer::start().await;
-    let (port, backends) = members(5).await;
-    dns.set_a("app.test", &ips(&[1, 2]));
+    let (port, backends) = members(n).await;
+    dns.set_a("app.test", &ips(initial));
     let gw = Gateway::start(&discovery_config(
         &dns,
         &format!("{{ dns = \"app.test:{port}\", refresh = \"1s\" }}"),
         "",
     ));
+    (dns, port, backends, gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dns_pool_scales_2_5_1_under_load_with_no_failed_request() {
+    let (dns, port, backends, gw) = dns_pool(5, &[1, 2]).await;
     // Started with both members in: no moment without them.
     assert_eq!(member_addrs(&gw).await, addrs(port, &[1, 2]));
     let generation = gw.active_generation().await;
@@ -224,6 +231,8 @@ async fn srv_weights_are_honoured_and_a_lower_priority_takes_over() {
             (10, 1, port, "a.test"),
             (10, 3, port, "b.test"),
             (20, 1, port, "c.test"),
+            // A target that does not resolve: left out, reported.
+            (10, 5, port, "gone.test"),
         ],
     );
     dns.set_a("a.test", &ips(&[1]));
@@ -237,6 +246,12 @@ async fn srv_weights_are_honoured_and_a_lower_priority_takes_over() {
     let view = app(&gw).await;
     assert_eq!(view["sources"][0]["source"], "srv:_http._tcp.app.test");
     assert_eq!(view["sources"][0]["members"], 3);
+    assert!(
+        view["sources"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("gone.test") && e.contains("did not resolve")),
+        "{view}"
+    );
     // Wait for the checks' first verdicts.
     let started = Instant::now();
     while !app(&gw).await["backends"]
@@ -290,14 +305,7 @@ async fn srv_weights_are_honoured_and_a_lower_priority_takes_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_resolver_down_for_30s_changes_nothing_and_only_agreed_empty_answers_empty_a_set() {
-    let dns = DnsServer::start().await;
-    let (port, _backends) = members(2).await;
-    dns.set_a("app.test", &ips(&[1, 2]));
-    let gw = Gateway::start(&discovery_config(
-        &dns,
-        &format!("{{ dns = \"app.test:{port}\", refresh = \"1s\" }}"),
-        "",
-    ));
+    let (dns, port, _backends, gw) = dns_pool(2, &[1, 2]).await;
     let both = addrs(port, &[1, 2]);
     assert_eq!(member_addrs(&gw).await, both);
     let load = KeepAliveLoad::start(gw.listener("web"), 4, &["m1", "m2"]);

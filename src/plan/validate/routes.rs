@@ -534,22 +534,28 @@ impl<'r> MethodOwners<'r> {
 /// routes with equal keys and overlapping methods are ambiguous.
 type MatchKey<'r> = (&'r str, Option<&'r HostMatch>, (char, &'r str), String);
 
-pub(super) fn parse_host(host: &str) -> Option<HostMatch> {
-    let lower = host.to_ascii_lowercase();
-    let (wildcard, name) = match lower.strip_prefix("*.") {
-        Some(rest) => (true, rest),
-        None => (false, lower.as_str()),
-    };
-    let valid = !name.is_empty()
+/// A name of letters, digits and `-` labels (and `_`, when
+/// `underscores`: SRV's service and protocol labels), at most 253
+/// characters, labels at most 63.
+pub(super) fn is_host_name(name: &str, underscores: bool) -> bool {
+    !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
                 && label
                     .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        });
-    if !valid {
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || (underscores && b == b'_'))
+        })
+}
+
+pub(super) fn parse_host(host: &str) -> Option<HostMatch> {
+    let lower = host.to_ascii_lowercase();
+    let (wildcard, name) = match lower.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, lower.as_str()),
+    };
+    if !is_host_name(name, false) {
         return None;
     }
     Some(if wildcard {

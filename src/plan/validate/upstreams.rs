@@ -456,17 +456,7 @@ enum Entry {
     Source(SourceSpec),
 }
 
-/// A host name of letters, digits, `-` and `_` labels (`_` for SRV's
-/// service and protocol labels), at most 253 characters.
+/// A DNS name (a root dot allowed); `_` labels for SRV names.
 fn is_dns_name(name: &str) -> bool {
-    let name = name.strip_suffix('.').unwrap_or(name);
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        })
+    super::routes::is_host_name(name.strip_suffix('.').unwrap_or(name), true)
 }
