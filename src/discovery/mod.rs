@@ -569,8 +569,7 @@ async fn follow(
     }
 }
 
-/// Total ordering key helper for views: the members a source gives,
-/// as strings.
+/// The members a source gives, as `ip:port` (for plans and views).
 pub fn addresses(endpoints: &[Endpoint]) -> Vec<String> {
     endpoints.iter().map(|e| e.addr.to_string()).collect()
 }
