@@ -35,8 +35,11 @@ pub struct Upstream {
     roster: Roster,
 }
 
-/// Where an upstream's members are.
+/// Where an upstream's members are. Fixed members are inline on purpose:
+/// a pick reads them without a pointer to chase, and there is one per
+/// upstream.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 enum Roster {
     /// Only `addr` entries: fixed for the generation's life.
     Fixed(Members),
