@@ -177,8 +177,8 @@ impl Tier {
             return Self::two_alike(n);
         };
         let draw = || {
-            self.cumulative
-                .partition_point(|end| *end <= fastrand::u64(..total))
+            let at = fastrand::u64(..total);
+            self.cumulative.partition_point(|end| *end <= at)
         };
         let first = draw();
         // A heavy member may come up again: a few more draws, then any
@@ -583,6 +583,27 @@ mod tests {
             })
             .count();
         assert!((8_500..=9_500).contains(&heavy), "{heavy} of 10 000");
+        // Many members: each drawn first in proportion to its weight
+        // (members 1..=8 weighing 1..=8).
+        let many = Members::new(
+            entries(
+                &shared,
+                &spec,
+                &(1..=8).map(|p| (p, u32::from(p), 0)).collect::<Vec<_>>(),
+            ),
+            Policy::P2c,
+        );
+        let mut drawn = [0usize; 8];
+        for _ in 0..36_000 {
+            drawn[many.first.two_by_weight().0] += 1;
+        }
+        for (i, count) in drawn.iter().enumerate() {
+            let expected = 36_000.0 * (i + 1) as f64 / 36.0;
+            assert!(
+                (*count as f64 - expected).abs() < 0.1 * expected,
+                "member {i}: {count}, expected {expected} ({drawn:?})"
+            );
+        }
         // Alike weights draw uniformly.
         let alike = Members::new(
             entries(&shared, &spec, &[(1, 3, 0), (2, 3, 0)]),

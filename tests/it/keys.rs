@@ -21,6 +21,7 @@ enum Place {
     Log,
     Tracing,
     Runtime,
+    Discovery,
     Fleet,
     Http,
     Https,
@@ -34,9 +35,9 @@ enum Place {
 }
 use Place::*;
 
-const PLACES: [Place; 15] = [
-    Admin, Metrics, Log, Tracing, Runtime, Fleet, Http, Https, Tcp, Udp, Route, Retry, Upstream,
-    Health, Outlier,
+const PLACES: [Place; 16] = [
+    Admin, Metrics, Log, Tracing, Runtime, Discovery, Fleet, Http, Https, Tcp, Udp, Route, Retry,
+    Upstream, Health, Outlier,
 ];
 const LISTENERS: &[Place] = &[Http, Https, Tcp, Udp];
 const HTTP: &[Place] = &[Http, Https];
@@ -50,6 +51,7 @@ impl Place {
             Log => "log",
             Tracing => "tracing",
             Runtime => "runtime",
+            Discovery => "discovery",
             Fleet => "fleet",
             Http | Https | Tcp | Udp => "listeners",
             Route => "routes",
@@ -68,6 +70,7 @@ impl Place {
             Log => ("[log]", &["level = \"warn\""]),
             Tracing => ("[tracing]", &[]),
             Runtime => ("[runtime]", &[]),
+            Discovery => ("[discovery]", &[]),
             Fleet => (
                 "[fleet]",
                 &["endpoints = [\"127.0.0.1:2379\"]", "prefix = \"/t\""],
@@ -278,6 +281,14 @@ fn rows() -> Vec<Row> {
             Runtime,
             &["file_roots = [\"/tmp\"]"],
         ),
+        row(
+            "discovery",
+            "nameservers",
+            Discovery,
+            &["nameservers = [\"127.0.0.53\"]"],
+        ),
+        row("discovery", "timeout", Discovery, &["timeout = \"1s\""]),
+        row("discovery", "attempts", Discovery, &["attempts = 3"]),
         row(
             "fleet",
             "endpoints",
@@ -686,6 +697,18 @@ fn rows() -> Vec<Row> {
             &["backends = [{ addr = \"127.0.0.1:11\" }]"],
         )
         .replaces(&["backends = [{ addr = \"127.0.0.1:9\" }]"]),
+        // Bounds members from sources: the upstream needs one.
+        row(
+            "upstreams",
+            "max_members",
+            Upstream,
+            &[
+                "backends = [{ dns = \"app.internal:80\" }]",
+                "max_members = 10",
+            ],
+        )
+        .before(&["backends = [{ dns = \"app.internal:80\" }]"])
+        .without(&["backends = [{ addr = \"127.0.0.1:9\" }]"]),
         row(
             "upstreams",
             "proxy_protocol",
