@@ -821,7 +821,7 @@ fn configuration(
 /// What a configuration does, without the text it came from.
 fn behaviour(spec: &Spec) -> String {
     format!(
-        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
+        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
         spec.admin,
         spec.metrics_bind,
         spec.metrics_max_series,
@@ -831,7 +831,8 @@ fn behaviour(spec: &Spec) -> String {
         spec.listeners,
         spec.routes,
         spec.upstreams,
-        spec.fleet
+        spec.fleet,
+        spec.discovery
     )
 }
 
