@@ -560,7 +560,8 @@ async fn follow(
         let Some(live) = source.upgrade() else {
             return;
         };
-        if let Answer::Failed { error, .. } = &answer {
+        // Once per failing spell, not once per refresh.
+        if let (Answer::Failed { error, .. }, None) = (&answer, live.status().error) {
             tracing::warn!(upstream = %live.key.upstream, source = %spec.label(), %error, "resolution failed; the last good members are kept");
         }
         let wait = live.take(answer, refresh);
