@@ -478,30 +478,10 @@ mod tests {
     use super::*;
     use crate::backends::Attempt;
     use crate::generation::{SharedState, Upstream};
-    use crate::plan::{OutlierSpec, UpstreamProtocol};
 
+    /// The upstream tests' spec, without backends (members come here).
     fn spec(policy: Policy) -> UpstreamSpec {
-        UpstreamSpec {
-            name: "u".into(),
-            policy,
-            protocol: UpstreamProtocol::Http1,
-            connect_timeout: std::time::Duration::from_secs(1),
-            idle_timeout: std::time::Duration::from_secs(60),
-            backends: Vec::new(),
-            sources: Vec::new(),
-            max_members: 2,
-            tls: None,
-            health: None,
-            outlier: OutlierSpec {
-                consecutive_failures: 1,
-                max_ejected_percent: 100,
-                ..OutlierSpec::default()
-            },
-            slow_start: None,
-            hash_key: None,
-            hash_balance_factor: None,
-            proxy_protocol: None,
-        }
+        crate::generation::upstream::tests::spec(policy, &[])
     }
 
     fn entries(

@@ -465,7 +465,7 @@ fn gcd(a: u32, b: u32) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::plan::UpstreamProtocol;
 
@@ -578,7 +578,7 @@ mod tests {
         }
     }
 
-    fn spec(policy: Policy, ports: &[u16]) -> UpstreamSpec {
+    pub(crate) fn spec(policy: Policy, ports: &[u16]) -> UpstreamSpec {
         UpstreamSpec {
             name: "u".into(),
             policy,

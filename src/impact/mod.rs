@@ -279,17 +279,16 @@ fn usable_upstreams(active: &Generation, candidate: &Spec) -> HashMap<String, bo
         .map(|u| {
             // Members from sources: what the active upstream of that name
             // has now, if it follows sources; else presumed usable.
-            let usable = if u.sources.is_empty() {
-                u.backends.is_empty()
-                    || u.backends
-                        .iter()
-                        .any(|b| available.get(b.addr.as_str()).copied().unwrap_or(true))
-            } else {
-                discovered.get(u.name.as_str()).copied().unwrap_or(true)
-                    || u.backends
-                        .iter()
-                        .any(|b| available.get(b.addr.as_str()).copied().unwrap_or(true))
-            };
+            let fixed = u
+                .backends
+                .iter()
+                .any(|b| available.get(b.addr.as_str()).copied().unwrap_or(true));
+            let usable = fixed
+                || if u.sources.is_empty() {
+                    u.backends.is_empty()
+                } else {
+                    discovered.get(u.name.as_str()).copied().unwrap_or(true)
+                };
             (u.name.clone(), usable)
         })
         .collect()

@@ -110,6 +110,18 @@ async fn member_addrs(gw: &Gateway) -> Vec<String> {
     addrs
 }
 
+/// Waits (bounded) for every member of `app` to pass its checks.
+async fn wait_healthy(gw: &Gateway) {
+    let started = Instant::now();
+    while !app(gw).await["backends"]
+        .as_array()
+        .is_some_and(|b| b.iter().all(|b| b["health"] == "healthy"))
+    {
+        assert!(started.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Waits (bounded) until `app` has exactly `want` members; how long it took.
 async fn wait_members(gw: &Gateway, want: &[String], within: Duration) -> Duration {
     let started = Instant::now();
@@ -253,14 +265,7 @@ async fn srv_weights_are_honoured_and_a_lower_priority_takes_over() {
         "{view}"
     );
     // Wait for the checks' first verdicts.
-    let started = Instant::now();
-    while !app(&gw).await["backends"]
-        .as_array()
-        .is_some_and(|b| b.iter().all(|b| b["health"] == "healthy"))
-    {
-        assert!(started.elapsed() < Duration::from_secs(5));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_healthy(&gw).await;
     let web = gw.listener("web");
     let n = 4_000;
     for _ in 0..n / 100 {
@@ -401,14 +406,7 @@ async fn a_member_keeps_its_health_and_ejection_across_100_activations() {
         )
     };
     let gw = Gateway::start(&config(0));
-    let started = Instant::now();
-    while !app(&gw).await["backends"]
-        .as_array()
-        .is_some_and(|b| b.iter().all(|b| b["health"] == "healthy"))
-    {
-        assert!(started.elapsed() < Duration::from_secs(5));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_healthy(&gw).await;
     // m2 fails a request: ejected (its checks still pass).
     backends[1].down.store(true, Ordering::Relaxed);
     let web = gw.listener("web");
