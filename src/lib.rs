@@ -31,6 +31,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod acme;
 pub mod admin;
 pub mod admission;
 pub mod auth;

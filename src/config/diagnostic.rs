@@ -97,6 +97,10 @@ codes! {
     InvalidSecretFile = "invalid_secret_file",
     InvalidBackend = "invalid_backend",
     UnresolvedName = "unresolved_name",
+    MissingStateDir = "missing_state_dir",
+    InvalidAcme = "invalid_acme",
+    AcmeDomainNotServed = "acme_domain_not_served",
+    ConflictingAcme = "conflicting_acme",
 }
 
 impl std::fmt::Display for Code {

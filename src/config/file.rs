@@ -509,12 +509,45 @@ pub struct FileListenerTls {
     pub client_identity_headers: Option<bool>,
 }
 
-/// One certificate chain and its private key, both PEM files.
+/// One certificate entry: a chain and its private key, both PEM files,
+/// or a certificate cutover obtains and renews (`acme`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileCertificate {
-    pub cert: String,
-    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acme: Option<FileAcme>,
+}
+
+/// `{ acme = { … } }`: an automatic certificate (DESIGN §21).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAcme {
+    pub domains: Vec<String>,
+    pub directory: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+    /// `tls-alpn-01` (default) or `http-01`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub challenge: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_root: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eab: Option<FileEab>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_before: Option<String>,
+}
+
+/// External account binding: the CA's key id and the file holding its
+/// HMAC key (base64url).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEab {
+    pub kid: String,
+    pub hmac_key_file: String,
 }
 
 /// `[[routes]]`: a match and what to do with requests that match it.

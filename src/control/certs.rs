@@ -149,21 +149,22 @@ impl Control {
             .iter()
             .filter_map(|name| {
                 let now = next.listeners.get(name)?;
-                let before = previous.listeners.get(name);
+                let before: Vec<String> = previous
+                    .listeners
+                    .get(name)
+                    .map(|b| b.certificates().into_iter().map(|c| c.fingerprint).collect())
+                    .unwrap_or_default();
                 Some(ListenerCerts {
                     listener: name.clone(),
                     certificates: now
-                        .certificates
-                        .iter()
-                        .enumerate()
-                        .map(|(i, info)| CertView {
-                            names: info.names.clone(),
-                            fingerprint: info.fingerprint.clone(),
-                            not_after: info.not_after.clone(),
+                        .certificates()
+                        .into_iter()
+                        .map(|info| CertView {
+                            changed: !before.contains(&info.fingerprint),
+                            names: info.names,
+                            fingerprint: info.fingerprint,
+                            not_after: info.not_after,
                             cert_file: info.cert_file.display().to_string(),
-                            changed: before
-                                .and_then(|b| b.certificates.get(i))
-                                .is_none_or(|old| old.fingerprint != info.fingerprint),
                         })
                         .collect(),
                 })
@@ -214,7 +215,7 @@ impl Control {
     /// Makes `material` what new handshakes get, and exports its expiry.
     pub(super) fn install_certificates(&self, material: Material) {
         for (listener, certs) in &material.listeners {
-            for info in &certs.certificates {
+            for info in certs.certificates() {
                 for name in &info.names {
                     metrics::gauge!(m::CERT_NOT_AFTER, m::LABEL_LISTENER => listener.clone(), m::LABEL_NAME => name.clone())
                         .set(info.not_after_unix as f64);
@@ -262,7 +263,8 @@ fn warnings(spec: &Spec, material: &Material) -> Vec<String> {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
     let mut out = Vec::new();
     for (listener, certs) in &material.listeners {
-        for info in &certs.certificates {
+        let certificates = certs.certificates();
+        for info in &certificates {
             if info.not_after_unix - now < EXPIRY_WARNING_SECS {
                 out.push(format!(
                     "listener '{listener}': certificate {} ({}) expires {}",
@@ -273,8 +275,7 @@ fn warnings(spec: &Spec, material: &Material) -> Vec<String> {
             }
         }
         let covered = |host: &HostMatch| {
-            certs
-                .certificates
+            certificates
                 .iter()
                 .flat_map(|c| &c.names)
                 .any(|name| match host {

@@ -62,6 +62,7 @@ pub fn operation_kind_name(kind: OperationKind) -> &'static str {
         OperationKind::Reload => "reload",
         OperationKind::Rollback => "rollback",
         OperationKind::ReloadCerts => "reload_certs",
+        OperationKind::Certificate => "certificate",
         OperationKind::Drain => "drain",
         OperationKind::Upgrade => "upgrade",
         OperationKind::Confirm => "confirm",
@@ -388,6 +389,7 @@ impl Control {
             pid: std::process::id(),
             previous_pid: None,
             shadow: None,
+            certificate: None,
         });
         // A preview is kept in memory only: validate and preview never
         // write (DESIGN §10); the next change persists it with the rest.

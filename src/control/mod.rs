@@ -16,6 +16,7 @@ mod certs;
 mod commit;
 mod error;
 mod guarded;
+mod keeper;
 mod operations;
 mod process;
 mod shadow;

@@ -426,6 +426,8 @@ async fn serve(
         scratch,
     );
     control.set_process(Arc::clone(&process) as Arc<dyn crate::control::ProcessControl>);
+    // ACME orders and renewals, OCSP staples (DESIGN §21).
+    control.keep_certificates();
     // A generation that was pending when the last process stopped (or
     // handed over) is pending again, with what is left of its window.
     control.resume_pending();

@@ -400,6 +400,17 @@ async fn serve<'g>(
         Ok(authority) => authority,
         Err(reason) => return Served::refused(ProxyError::BadRequest(reason)),
     };
+    // An ACME http-01 validation, answered before routing and any fence
+    // (DESIGN §21); a token no order waits for goes on to the routes.
+    if conn.scheme == Scheme::HTTP && crate::tls::http01_waiting() {
+        if let Some(answer) = acme_challenge(&req) {
+            return Served {
+                route: None,
+                result: Ok(answer),
+                shaped: None,
+            };
+        }
+    }
     let Some(router) = generation.router(&conn.listener) else {
         return Served::refused(ProxyError::NoRoute);
     };
@@ -741,6 +752,26 @@ fn canary_key(key: &HashKey, req: &Request<ClientBody>, conn: &ConnContext) -> O
         HashKey::Path => Cow::Borrowed(req.uri().path().as_bytes()),
     };
     Some(crate::generation::hash_key(&bytes))
+}
+
+/// The key authorization for an http-01 token an order waits for.
+fn acme_challenge(req: &Request<ClientBody>) -> Option<Response<ResponseBody>> {
+    let token = req
+        .uri()
+        .path()
+        .strip_prefix("/.well-known/acme-challenge/")?;
+    if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
+        return None;
+    }
+    let answer = crate::tls::http01_answer(token)?;
+    let mut response = Response::new(ResponseBody::full(bytes::Bytes::copy_from_slice(
+        answer.as_bytes(),
+    )));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Some(response)
 }
 
 fn direct_response(direct: &DirectResponse) -> Response<ResponseBody> {

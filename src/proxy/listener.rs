@@ -721,6 +721,10 @@ async fn serve_connection(
             metrics::counter!(m::TLS_HANDSHAKES, m::LABEL_LISTENER => ctx.listener.to_string(), m::LABEL_OUTCOME => outcome).increment(1);
             match handshake {
                 Ok(Ok(tls)) => {
+                    // A tls-alpn-01 validation ends with its handshake.
+                    if tls.get_ref().1.alpn_protocol() == Some(crate::tls::ACME_TLS_ALPN) {
+                        return;
+                    }
                     let _ = ctx.tls.set(super::http::TlsInfo::of(tls.get_ref().1));
                     let http1 = tls.get_ref().1.alpn_protocol() != Some(b"h2");
                     let io = HeadCheck::wrap(tls, Arc::clone(&ctx.activity), http1);

@@ -134,6 +134,9 @@ pub enum OperationKind {
     /// A pending generation rolled back when its confirm deadline passed.
     AutoRollback,
     ReloadCerts,
+    /// A certificate cutover obtained (ACME issuance or renewal, or one
+    /// a fleet peer ordered), or an order that failed.
+    Certificate,
     Drain,
     Upgrade,
 }
@@ -171,6 +174,24 @@ pub struct OperationRecord {
     /// An activation's shadow stage, what it showed (DESIGN §22).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<super::shadow::ShadowReport>,
+    /// A certificate operation's certificate (DESIGN §21).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<CertificateRecord>,
+}
+
+/// The certificate a certificate operation installed, or asked for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CertificateRecord {
+    pub domains: Vec<String>,
+    /// `issued` (the first), `renewed`, `stored` (from state_dir at
+    /// start), `fleet` (a peer's order), `failed`.
+    pub event: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
 }
 
 /// Everything that survives a restart.

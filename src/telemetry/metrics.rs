@@ -82,6 +82,20 @@ pub const CONNECTIONS_ACCEPTED: &str = "cutover_listener_connections_total";
 pub const TLS_HANDSHAKES: &str = "cutover_tls_handshakes_total";
 /// A certificate's `not_after` as Unix seconds, by `listener` and `name`.
 pub const CERT_NOT_AFTER: &str = "cutover_certificate_not_after_seconds";
+/// Seconds until the certificate served for `name` expires (files and
+/// ACME; negative once expired).
+pub const CERT_EXPIRY: &str = "cutover_certificate_expiry_seconds";
+/// ACME orders by `outcome`: `issued`, `renewed`, `unreachable`,
+/// `rejected`, `invalid`, `rate_limited`, `storage`.
+pub const ACME_ORDERS: &str = "cutover_acme_orders_total";
+/// Age of the OCSP response stapled for `name` (from its `thisUpdate`);
+/// with `cutover_ocsp_stapled` 0, none is.
+pub const OCSP_STAPLE_AGE: &str = "cutover_ocsp_staple_age_seconds";
+/// 1 while a current OCSP response is stapled for `name`, 0 while its
+/// certificate names a responder and none is.
+pub const OCSP_STAPLED: &str = "cutover_ocsp_stapled";
+/// OCSP fetches by `outcome` (`ok`, `failed`).
+pub const OCSP_FETCHES: &str = "cutover_ocsp_fetches_total";
 /// Certificate reloads by `outcome`.
 pub const CERT_RELOADS: &str = "cutover_certificate_reloads_total";
 /// Drain-aware restarts by `outcome`.
@@ -197,6 +211,22 @@ pub fn describe() {
         "Time from plan to commit of an activation"
     );
     describe_gauge!(ACTIVE_GENERATION, "The active generation id");
+    describe_gauge!(
+        CERT_EXPIRY,
+        Unit::Seconds,
+        "Seconds until the certificate served for a name expires"
+    );
+    describe_counter!(ACME_ORDERS, "ACME orders by outcome");
+    describe_gauge!(
+        OCSP_STAPLE_AGE,
+        Unit::Seconds,
+        "Age of the OCSP response stapled for a name"
+    );
+    describe_gauge!(
+        OCSP_STAPLED,
+        "1 while a current OCSP response is stapled for a name"
+    );
+    describe_counter!(OCSP_FETCHES, "OCSP responder requests by outcome");
     describe_gauge!(
         GENERATION_INFLIGHT,
         "In-flight requests pinned to a generation"

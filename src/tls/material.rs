@@ -60,6 +60,11 @@ pub struct CertInfo {
     pub not_after: String,
     #[serde(skip)]
     pub not_after_unix: i64,
+    #[serde(skip)]
+    pub not_before_unix: i64,
+    /// The leaf's serial number, hex.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub serial: String,
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
 }
@@ -181,6 +186,8 @@ fn describe(key: &CertifiedKey, cert_file: &Path, key_file: &Path) -> Result<Cer
         );
     }
     let not_after_unix = parsed.validity().not_after.timestamp();
+    let not_before_unix = parsed.validity().not_before.timestamp();
+    let serial = parsed.raw_serial_as_string().replace(':', "");
     let not_after = std::time::UNIX_EPOCH
         .checked_add(std::time::Duration::from_secs(
             u64::try_from(not_after_unix).unwrap_or(0),
@@ -192,6 +199,8 @@ fn describe(key: &CertifiedKey, cert_file: &Path, key_file: &Path) -> Result<Cer
         fingerprint: fingerprint(leaf),
         not_after,
         not_after_unix,
+        not_before_unix,
+        serial,
         cert_file: cert_file.to_path_buf(),
         key_file: key_file.to_path_buf(),
     })

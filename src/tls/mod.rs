@@ -4,6 +4,7 @@
 
 mod client;
 mod material;
+mod slot;
 mod store;
 
 use std::sync::Arc;
@@ -13,7 +14,14 @@ pub use material::{
     fingerprint, load_cert, load_roots, parse_cert, parse_client_verifier, read_chain, CertInfo,
     LoadedCert, TlsError,
 };
-pub use store::{ActiveMaterial, CertStore, ListenerMaterial, ListenerTlsSpec, Material};
+pub use slot::{
+    acme_slot, http01_answer, http01_waiting, responder, set_http01, AcmeSpec, CertSlot,
+    Challenge, Eab, OcspTarget, Staple,
+};
+pub use store::{
+    ActiveMaterial, CertSource, CertStore, ListenerMaterial, ListenerTlsSpec, Material,
+    ACME_TLS_ALPN,
+};
 
 /// The one crypto provider cutover uses (ring).
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {

@@ -25,14 +25,24 @@ use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 use rustls_pki_types::{CertificateDer, UnixTime};
 
-use super::material::{client_verifier, load_cert, CertInfo, LoadedCert, TlsError};
+use super::material::{client_verifier, load_cert, CertInfo, TlsError};
+use super::slot::{AcmeSpec, CertSlot};
 use crate::ids::GenerationId;
+
+/// One certificate entry of a TLS listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertSource {
+    /// A chain and its key, read from files (paths resolved).
+    Files { cert: PathBuf, key: PathBuf },
+    /// Obtained and renewed by cutover (DESIGN §21).
+    Acme(Arc<AcmeSpec>),
+}
 
 /// A TLS listener's certificate configuration (paths resolved).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenerTlsSpec {
-    /// `(cert, key)` pairs; the first is the default for clients without SNI.
-    pub certificates: Vec<(PathBuf, PathBuf)>,
+    /// The first is the default for clients without SNI.
+    pub certificates: Vec<CertSource>,
     pub client_ca: Option<PathBuf>,
     pub client_auth_required: bool,
 }
@@ -44,29 +54,33 @@ struct ClientCa {
 
 /// One listener's certificates, indexed for SNI.
 pub struct ListenerMaterial {
-    exact: HashMap<String, Arc<CertifiedKey>>,
+    exact: HashMap<String, Arc<CertSlot>>,
     /// Keyed by `.suffix` for `*.suffix` names.
-    wildcard: HashMap<String, Arc<CertifiedKey>>,
-    default: Option<Arc<CertifiedKey>>,
-    pub certificates: Vec<CertInfo>,
+    wildcard: HashMap<String, Arc<CertSlot>>,
+    /// In the order of the listener's entries.
+    slots: Vec<Arc<CertSlot>>,
     client: Option<ClientCa>,
 }
 
 impl std::fmt::Debug for ListenerMaterial {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ListenerMaterial")
-            .field("certificates", &self.certificates)
+            .field("slots", &self.slots)
             .finish()
     }
 }
 
 impl ListenerMaterial {
-    /// Loads and checks everything a listener's TLS section names.
+    /// Loads and checks everything a listener's TLS section names (ACME
+    /// entries: the process's slot, whatever it serves now).
     pub fn load(spec: &ListenerTlsSpec) -> Result<Self, TlsError> {
         let certificates = spec
             .certificates
             .iter()
-            .map(|(cert, key)| load_cert(cert, key))
+            .map(|source| match source {
+                CertSource::Files { cert, key } => load_cert(cert, key).map(CertSlot::fixed),
+                CertSource::Acme(acme) => Ok(super::acme_slot(acme, || None)),
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let client = match &spec.client_ca {
             Some(ca) => Some((
@@ -78,52 +92,79 @@ impl ListenerMaterial {
         Ok(Self::assemble(certificates, client))
     }
 
-    /// Indexes loaded certificates by name (the first is the default) and
-    /// adds the client verifier with whether it is required.
+    /// Indexes certificate slots by name (the first serving one is the
+    /// default) and adds the client verifier with whether it is required.
+    /// A file certificate is indexed by the names in it, an ACME one by
+    /// the domains it is ordered for.
     pub fn assemble(
-        certificates: Vec<LoadedCert>,
+        slots: Vec<Arc<CertSlot>>,
         client: Option<(Arc<dyn ClientCertVerifier>, bool)>,
     ) -> Self {
         let mut material = ListenerMaterial {
             exact: HashMap::new(),
             wildcard: HashMap::new(),
-            default: None,
-            certificates: Vec::new(),
+            slots: Vec::new(),
             client: client.map(|(verifier, required)| ClientCa { verifier, required }),
         };
-        for loaded in certificates {
-            for name in &loaded.info.names {
-                let key = Arc::clone(&loaded.key);
+        for slot in slots {
+            let names = match (slot.acme(), slot.info()) {
+                (Some(acme), _) => acme.domains.clone(),
+                (None, Some(info)) => info.names,
+                (None, None) => Vec::new(),
+            };
+            for name in names {
+                let held = Arc::clone(&slot);
                 match name.strip_prefix("*.") {
-                    Some(suffix) => material.wildcard.entry(format!(".{suffix}")).or_insert(key),
-                    None => material.exact.entry(name.clone()).or_insert(key),
+                    Some(suffix) => material.wildcard.entry(format!(".{suffix}")).or_insert(held),
+                    None => material.exact.entry(name).or_insert(held),
                 };
             }
-            material
-                .default
-                .get_or_insert_with(|| Arc::clone(&loaded.key));
-            material.certificates.push(loaded.info);
+            material.slots.push(slot);
         }
         material
     }
 
+    /// The certificates served now (an ACME entry not issued yet has none).
+    pub fn certificates(&self) -> Vec<CertInfo> {
+        self.slots.iter().filter_map(|s| s.info()).collect()
+    }
+
+    /// Every entry's slot, in order.
+    pub fn slots(&self) -> &[Arc<CertSlot>] {
+        &self.slots
+    }
+
     /// The certificate for an SNI name: exact, then the longest wildcard,
-    /// then the default.
+    /// then the first entry that serves one.
     fn pick(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
         if let Some(name) = sni.map(str::to_ascii_lowercase) {
-            if let Some(key) = self.exact.get(&name) {
-                return Some(Arc::clone(key));
+            if let Some(key) = self.exact.get(&name).and_then(|s| s.certified()) {
+                return Some(key);
             }
             // A wildcard covers exactly one label.
             if let Some(dot) = name.find('.') {
-                if let Some(key) = name.get(dot..).and_then(|suffix| self.wildcard.get(suffix)) {
-                    return Some(Arc::clone(key));
+                if let Some(key) = name
+                    .get(dot..)
+                    .and_then(|suffix| self.wildcard.get(suffix))
+                    .and_then(|s| s.certified())
+                {
+                    return Some(key);
                 }
             }
         }
-        self.default.clone()
+        self.slots.iter().find_map(|s| s.certified())
+    }
+
+    /// The tls-alpn-01 answer for an SNI name (RFC 8737: only the exact
+    /// name, never a default).
+    fn challenge(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        let name = sni?.to_ascii_lowercase();
+        self.exact.get(&name)?.challenge(&name)
     }
 }
+
+/// ALPN of a tls-alpn-01 validation (RFC 8737).
+pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
 
 /// Certificate material of every TLS listener, by listener name.
 #[derive(Debug)]
@@ -180,6 +221,11 @@ impl CertStore {
     /// Follows the active generation from now on.
     pub fn follow(&self, active: Arc<dyn ActiveMaterial>) {
         let _ = self.active.set(active);
+    }
+
+    /// The material handshakes on `listener` get now.
+    pub fn serving(&self, listener: &str) -> Option<Arc<ListenerMaterial>> {
+        self.listener(listener)
     }
 
     /// What a handshake on `name` gets: the stored material, unless the
@@ -239,7 +285,12 @@ impl CertStore {
         config.alpn_protocols = if quic {
             vec![b"h3".to_vec()]
         } else {
-            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+            // `acme-tls/1` last: only a validation offering it alone gets it.
+            vec![
+                b"h2".to_vec(),
+                b"http/1.1".to_vec(),
+                ACME_TLS_ALPN.to_vec(),
+            ]
         };
         if early_data {
             // rustls accepts early data only on sessions it can take out
@@ -264,9 +315,15 @@ struct Resolver {
 
 impl ResolvesServerCert for Resolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.store
-            .listener(&self.listener)?
-            .pick(hello.server_name())
+        let material = self.store.listener(&self.listener)?;
+        let validation = hello
+            .alpn()
+            .is_some_and(|mut offered| offered.any(|p| p == ACME_TLS_ALPN));
+        if validation {
+            // A validation gets its challenge certificate or nothing.
+            return material.challenge(hello.server_name());
+        }
+        material.pick(hello.server_name())
     }
 }
 

@@ -11,6 +11,7 @@ impl Validator<'_> {
         // A udp and a tcp listener may share an address (DNS on 53 both
         // ways); two of the same kind may not.
         let mut binds: HashMap<(bool, SocketAddr), String> = HashMap::new();
+        let state_dir = file.runtime.state_dir.as_ref().map(|d| self.base_dir.join(d));
         for (i, l) in file.listeners.iter().enumerate() {
             let at = |field: &str| format!("listeners[{i}].{field}");
             self.name("listener", at("name"), &l.name);
@@ -58,7 +59,7 @@ impl Validator<'_> {
                 Some(ListenerProtocol::Https) => {
                     match &l.tls {
                         Some(tls) if !tls.certificates.is_empty() => {
-                            listener_tls = self.listener_tls(i, tls);
+                            listener_tls = self.listener_tls(i, tls, state_dir.as_deref());
                         }
                         _ => self.error(
                             Code::MissingTls,

@@ -12,6 +12,7 @@ impl Validator<'_> {
         &mut self,
         i: usize,
         tls: &crate::config::FileListenerTls,
+        state_dir: Option<&Path>,
     ) -> Option<(
         crate::tls::ListenerTlsSpec,
         Arc<crate::tls::ListenerMaterial>,
@@ -36,32 +37,81 @@ impl Validator<'_> {
             );
         }
         let mut ok = true;
-        let mut paths = Vec::new();
-        let mut loaded = Vec::new();
-        for (c, pair) in tls.certificates.iter().enumerate() {
-            let cert_at = format!("listeners[{i}].tls.certificates[{c}].cert");
-            let cert_pem = self.read_file(cert_at.clone(), &pair.cert);
-            let key_pem = self.read_file(
-                format!("listeners[{i}].tls.certificates[{c}].key"),
-                &pair.key,
-            );
-            let (cert, key) = (
-                self.base_dir.join(&pair.cert),
-                self.base_dir.join(&pair.key),
-            );
-            match (cert_pem, key_pem) {
-                (Some(cert_pem), Some(key_pem)) => {
-                    match crate::tls::parse_cert(&cert, &cert_pem, &key, &key_pem) {
-                        Ok(certificate) => loaded.push(certificate),
-                        Err(e) => {
-                            self.error(Code::InvalidCertificate, cert_at, e.to_string());
-                            ok = false;
-                        }
+        let mut sources = Vec::new();
+        let mut slots = Vec::new();
+        for (c, entry) in tls.certificates.iter().enumerate() {
+            let at = format!("listeners[{i}].tls.certificates[{c}]");
+            match (entry, state_dir) {
+                (
+                    crate::config::FileCertificate {
+                        cert: Some(cert),
+                        key: Some(key),
+                        acme: None,
+                    },
+                    _,
+                ) => match self.file_certificate(&at, cert, key) {
+                    Some((source, slot)) => {
+                        sources.push(source);
+                        slots.push(slot);
                     }
+                    None => ok = false,
+                },
+                (
+                    crate::config::FileCertificate {
+                        cert: None,
+                        key: None,
+                        acme: Some(acme),
+                    },
+                    Some(state_dir),
+                ) => match self.acme(&format!("{at}.acme"), acme, state_dir) {
+                    Some(spec) => {
+                        let spec = Arc::new(spec);
+                        slots.push(crate::tls::acme_slot(&spec, || {
+                            crate::acme::stored(&spec)
+                        }));
+                        sources.push(crate::tls::CertSource::Acme(spec));
+                    }
+                    None => ok = false,
+                },
+                (
+                    crate::config::FileCertificate {
+                        cert: None,
+                        key: None,
+                        acme: Some(_),
+                    },
+                    None,
+                ) => {
+                    self.error(
+                        Code::MissingStateDir,
+                        format!("{at}.acme"),
+                        "an acme certificate is kept in runtime.state_dir (account and keys 0600), and none is set",
+                    );
+                    ok = false;
                 }
-                _ => ok = false,
+                (entry, _) => {
+                    let given: Vec<&str> = [
+                        entry.cert.as_ref().map(|_| "cert"),
+                        entry.key.as_ref().map(|_| "key"),
+                        entry.acme.as_ref().map(|_| "acme"),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                    self.error(
+                        if entry.acme.is_some() {
+                            Code::ConflictingOptions
+                        } else {
+                            Code::MissingKey
+                        },
+                        at,
+                        format!(
+                            "a certificate entry is either cert and key (PEM files) or acme (given: {})",
+                            if given.is_empty() { "none".to_owned() } else { given.join(", ") }
+                        ),
+                    );
+                    ok = false;
+                }
             }
-            paths.push((cert, key));
         }
         let client_ca = tls.client_ca.as_ref().map(|ca| self.base_dir.join(ca));
         let mut client = None;
@@ -83,13 +133,233 @@ impl Validator<'_> {
         ok.then(|| {
             (
                 crate::tls::ListenerTlsSpec {
-                    certificates: paths,
+                    certificates: sources,
                     client_ca,
                     client_auth_required,
                 },
-                Arc::new(crate::tls::ListenerMaterial::assemble(loaded, client)),
+                Arc::new(crate::tls::ListenerMaterial::assemble(slots, client)),
             )
         })
+    }
+
+    /// A chain and its key from files, read once and checked.
+    fn file_certificate(
+        &mut self,
+        at: &str,
+        cert_name: &str,
+        key_name: &str,
+    ) -> Option<(crate::tls::CertSource, Arc<crate::tls::CertSlot>)> {
+        let cert_at = format!("{at}.cert");
+        let cert_pem = self.read_file(cert_at.clone(), cert_name);
+        let key_pem = self.read_file(format!("{at}.key"), key_name);
+        let (cert, key) = (self.base_dir.join(cert_name), self.base_dir.join(key_name));
+        match crate::tls::parse_cert(&cert, &cert_pem?, &key, &key_pem?) {
+            Ok(loaded) => Some((
+                crate::tls::CertSource::Files { cert, key },
+                crate::tls::CertSlot::fixed(loaded),
+            )),
+            Err(e) => {
+                self.error(Code::InvalidCertificate, cert_at, e.to_string());
+                None
+            }
+        }
+    }
+
+    /// An `acme` entry (DESIGN §21): what can be checked without asking
+    /// the CA. Whether its domains are served is `acme_served`'s.
+    fn acme(
+        &mut self,
+        at: &str,
+        acme: &crate::config::FileAcme,
+        state_dir: &Path,
+    ) -> Option<crate::tls::AcmeSpec> {
+        let mut ok = true;
+        let mut domains = Vec::new();
+        if acme.domains.is_empty() {
+            self.error(
+                Code::InvalidAcme,
+                format!("{at}.domains"),
+                "an acme certificate names at least one domain",
+            );
+            ok = false;
+        }
+        for (d, domain) in acme.domains.iter().enumerate() {
+            let name = domain.to_ascii_lowercase();
+            let why = if name.starts_with("*.") {
+                Some("a wildcard is validated by dns-01 only, which cutover does not answer; name each host".to_owned())
+            } else if name.parse::<std::net::IpAddr>().is_ok() {
+                Some("an IP address is not a domain; a certificate for it is not ordered".to_owned())
+            } else if !routes::is_host_name(&name, false) || !name.contains('.') {
+                Some(format!("'{domain}' is not a fully qualified host name"))
+            } else {
+                None
+            };
+            match why {
+                Some(why) => {
+                    self.error(Code::InvalidAcme, format!("{at}.domains[{d}]"), why);
+                    ok = false;
+                }
+                None => domains.push(name),
+            }
+        }
+        domains.sort();
+        domains.dedup();
+        match acme.directory.parse::<http::Uri>() {
+            Ok(uri) if uri.scheme_str() == Some("https") && uri.host().is_some() => {}
+            _ => {
+                self.error(
+                    Code::InvalidAcme,
+                    format!("{at}.directory"),
+                    format!(
+                        "directory '{}' is not an https URL of an ACME directory",
+                        acme.directory
+                    ),
+                );
+                ok = false;
+            }
+        }
+        let challenge = match acme.challenge.as_deref() {
+            None | Some("tls-alpn-01") => crate::tls::Challenge::TlsAlpn01,
+            Some("http-01") => crate::tls::Challenge::Http01,
+            Some(other) => {
+                self.error(
+                    Code::InvalidAcme,
+                    format!("{at}.challenge"),
+                    format!("challenge '{other}' is not tls-alpn-01 or http-01"),
+                );
+                ok = false;
+                crate::tls::Challenge::TlsAlpn01
+            }
+        };
+        if let Some(email) = &acme.email {
+            let plausible = email
+                .split_once('@')
+                .is_some_and(|(user, host)| !user.is_empty() && host.contains('.'))
+                && !email.chars().any(|c| c.is_whitespace() || c.is_control());
+            if !plausible {
+                self.error(
+                    Code::InvalidAcme,
+                    format!("{at}.email"),
+                    format!("'{email}' is not an email address"),
+                );
+                ok = false;
+            }
+        }
+        let ca_root = acme.ca_root.as_ref().map(|name| self.base_dir.join(name));
+        if let (Some(name), Some(path)) = (&acme.ca_root, &ca_root) {
+            let root_at = format!("{at}.ca_root");
+            match self.read_file(root_at.clone(), name) {
+                Some(_) => {
+                    if let Err(e) = crate::tls::load_roots(path) {
+                        self.error(Code::InvalidCertificate, root_at, e.to_string());
+                        ok = false;
+                    }
+                }
+                None => ok = false,
+            }
+        }
+        let eab = match &acme.eab {
+            Some(eab) => {
+                let key_at = format!("{at}.eab.hmac_key_file");
+                match self.read_file(key_at.clone(), &eab.hmac_key_file) {
+                    Some(bytes) if crate::acme::eab_key(&bytes).is_some() => {}
+                    Some(_) => {
+                        self.error(
+                            Code::InvalidSecretFile,
+                            key_at,
+                            format!(
+                                "'{}': not a base64url HMAC key",
+                                eab.hmac_key_file
+                            ),
+                        );
+                        ok = false;
+                    }
+                    None => ok = false,
+                }
+                Some(crate::tls::Eab {
+                    kid: eab.kid.clone(),
+                    hmac_file: self.base_dir.join(&eab.hmac_key_file),
+                })
+            }
+            None => None,
+        };
+        let renew_before = match &acme.renew_before {
+            Some(text) => {
+                let parsed = self.duration(format!("{at}.renew_before"), text);
+                ok &= parsed.is_some();
+                parsed
+            }
+            None => None,
+        };
+        ok.then(|| crate::tls::AcmeSpec {
+            domains,
+            directory: acme.directory.clone(),
+            email: acme.email.clone(),
+            challenge,
+            ca_root,
+            eab,
+            renew_before,
+            state_dir: state_dir.to_path_buf(),
+        })
+    }
+
+    /// Every ACME domain is served where its certificate is (a route of
+    /// its listener takes the host), an http-01 domain also on an `http`
+    /// listener, and a domain is ordered by one entry only.
+    pub(super) fn acme_served(&mut self, listeners: &[ListenerSpec], routes: &[Arc<RouteSpec>]) {
+        let mut owners: HashMap<&str, (&str, &crate::tls::AcmeSpec)> = HashMap::new();
+        let http = listeners
+            .iter()
+            .filter(|l| l.protocol == ListenerProtocol::Http)
+            .map(|l| l.name.as_str())
+            .collect::<Vec<_>>();
+        for (i, listener) in listeners.iter().enumerate() {
+            let Some(tls) = &listener.tls else { continue };
+            for (c, source) in tls.certificates.iter().enumerate() {
+                let crate::tls::CertSource::Acme(acme) = source else {
+                    continue;
+                };
+                let at = format!("listeners[{i}].tls.certificates[{c}].acme.domains");
+                for domain in &acme.domains {
+                    let served_on = |name: &str| {
+                        routes.iter().any(|r| {
+                            r.listeners.iter().any(|l| l == name)
+                                && (r.hosts.is_empty() || r.hosts.iter().any(|h| h.matches(domain)))
+                        })
+                    };
+                    if !served_on(&listener.name) {
+                        self.error(
+                            Code::AcmeDomainNotServed,
+                            at.clone(),
+                            format!(
+                                "no route of listener '{}' serves {domain}: its certificate would serve nothing",
+                                listener.name
+                            ),
+                        );
+                    }
+                    if acme.challenge == crate::tls::Challenge::Http01 && http.is_empty() {
+                        self.error(
+                            Code::AcmeDomainNotServed,
+                            at.clone(),
+                            format!("http-01 for {domain} is answered on an http listener, and there is none"),
+                        );
+                    }
+                    match owners.get(domain.as_str()) {
+                        Some((_, other)) if **other != **acme => self.error(
+                            Code::ConflictingAcme,
+                            at.clone(),
+                            format!(
+                                "{domain} is also in another acme entry with other settings; two entries would order it twice: give both listeners the same entry"
+                            ),
+                        ),
+                        Some(_) => {}
+                        None => {
+                            owners.insert(domain, (&listener.name, acme));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Checks an upstream's TLS settings; without a `tls` section, https

@@ -1,0 +1,359 @@
+//! The certificate keeper (DESIGN §21): on the control runtime, once a
+//! second, it looks at the certificates the active configuration serves
+//! and
+//!
+//! - keeps one task per ACME certificate, which orders it when it has
+//!   none, renews it `renew_before` its expiry, backs off after a failure
+//!   (the old certificate serving meanwhile) and installs the result in
+//!   the certificate's slot: the certificate path, never a generation;
+//! - staples OCSP responses to certificates whose leaf names a responder:
+//!   fetched off the serving threads, asked again at half their validity,
+//!   taken off before they go stale;
+//! - exports expiry and staple age.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::acme::{self, ocsp::Responders};
+use crate::runtime::{CertificateRecord, OperationKind, OperationRecord, Outcome};
+use crate::telemetry::metrics as m;
+use crate::tls::{CertSlot, LoadedCert, Staple};
+
+use super::Control;
+
+/// After a failed order: 30 s, doubling, at most an hour; a CA that says
+/// "rate limited" is not asked again for an hour.
+fn back_off(failures: u32, outcome: &str) -> Duration {
+    let doubled = 30u64.saturating_mul(1 << failures.saturating_sub(1).min(7));
+    let wait = Duration::from_secs(doubled.min(3600));
+    if outcome == "rate_limited" {
+        wait.max(Duration::from_secs(3600))
+    } else {
+        wait
+    }
+}
+
+/// When a certificate is due for renewal: `renew_before` its expiry (at
+/// most half its lifetime before, so that a `renew_before` longer than
+/// the lifetime cannot make every new certificate due at once), a third
+/// of its lifetime before by default.
+fn renew_at(info: &crate::tls::CertInfo, renew_before: Option<Duration>) -> i64 {
+    let lifetime = (info.not_after_unix - info.not_before_unix).max(0);
+    let before = match renew_before {
+        Some(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX).min(lifetime / 2),
+        None => lifetime / 3,
+    };
+    info.not_after_unix - before
+}
+
+/// What the keeper knows of one certificate's OCSP responses.
+#[derive(Default)]
+struct OcspState {
+    staple: Option<Staple>,
+    fetching: bool,
+    next_attempt: Option<Instant>,
+    failures: u32,
+}
+
+type Fetched = (String, Result<Staple, String>);
+
+impl Control {
+    /// Starts the keeper (once, at start-up).
+    pub fn keep_certificates(self: &Arc<Self>) {
+        let control = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut orders: HashMap<usize, (Arc<CertSlot>, tokio::task::JoinHandle<()>)> =
+                HashMap::new();
+            let mut ocsp: HashMap<String, OcspState> = HashMap::new();
+            let responders = Arc::new(Responders::default());
+            let (fetched_tx, mut fetched_rx) = tokio::sync::mpsc::unbounded_channel::<Fetched>();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(control) = control.upgrade() else {
+                    break;
+                };
+                while let Ok((fingerprint, result)) = fetched_rx.try_recv() {
+                    let state = ocsp.entry(fingerprint.clone()).or_default();
+                    state.fetching = false;
+                    match result {
+                        Ok(staple) => {
+                            metrics::counter!(m::OCSP_FETCHES, m::LABEL_OUTCOME => "ok").increment(1);
+                            tracing::info!(certificate = %fingerprint, status = staple.status, "OCSP response fetched");
+                            state.failures = 0;
+                            state.next_attempt = None;
+                            state.staple = Some(staple);
+                        }
+                        Err(error) => {
+                            metrics::counter!(m::OCSP_FETCHES, m::LABEL_OUTCOME => "failed").increment(1);
+                            state.failures += 1;
+                            let wait = Duration::from_secs(
+                                (5u64 << state.failures.min(8)).min(600),
+                            );
+                            state.next_attempt = Some(Instant::now() + wait);
+                            tracing::warn!(certificate = %fingerprint, %error, retry_in = ?wait, "OCSP response not fetched; a current staple stays until it goes stale");
+                        }
+                    }
+                }
+                let slots = control.serving_slots();
+                let now = acme::unix_now();
+                // ACME: one task per certificate the active configuration
+                // serves; a certificate it no longer names stops ordering.
+                orders.retain(|key, (_, task)| {
+                    let kept = slots.iter().any(|s| Arc::as_ptr(s) as usize == *key);
+                    if !kept {
+                        task.abort();
+                    }
+                    kept && !task.is_finished()
+                });
+                for slot in slots.iter().filter(|s| s.acme().is_some()) {
+                    let key = Arc::as_ptr(slot) as usize;
+                    orders.entry(key).or_insert_with(|| {
+                        let task = tokio::spawn(keep_acme(Arc::downgrade(&control), Arc::clone(slot)));
+                        (Arc::clone(slot), task)
+                    });
+                }
+                // OCSP, and the gauges.
+                let mut seen = Vec::new();
+                for slot in &slots {
+                    let Some(info) = slot.info() else { continue };
+                    for name in &info.names {
+                        metrics::gauge!(m::CERT_EXPIRY, m::LABEL_NAME => name.clone())
+                            .set((info.not_after_unix - now) as f64);
+                    }
+                    let Some(target) = slot.ocsp_target() else {
+                        continue;
+                    };
+                    seen.push(target.fingerprint.clone());
+                    let state = ocsp.entry(target.fingerprint.clone()).or_default();
+                    // Never staple what is no longer current.
+                    if state.staple.as_ref().is_some_and(|s| s.next_update <= now) {
+                        state.staple = None;
+                    }
+                    slot.set_staple(&target.fingerprint, state.staple.clone());
+                    let stapled = slot.staple();
+                    for name in &info.names {
+                        metrics::gauge!(m::OCSP_STAPLED, m::LABEL_NAME => name.clone())
+                            .set(if stapled.is_some() { 1.0 } else { 0.0 });
+                        if let Some(staple) = &stapled {
+                            metrics::gauge!(m::OCSP_STAPLE_AGE, m::LABEL_NAME => name.clone())
+                                .set((now - staple.this_update) as f64);
+                        }
+                    }
+                    let due = state.staple.as_ref().is_none_or(|s| s.due(now));
+                    let allowed = state.next_attempt.is_none_or(|at| Instant::now() >= at);
+                    if due && allowed && !state.fetching {
+                        state.fetching = true;
+                        let (responders, sender) = (Arc::clone(&responders), fetched_tx.clone());
+                        tokio::spawn(async move {
+                            let result = responders.fetch(&target).await;
+                            let _ = sender.send((target.fingerprint.clone(), result));
+                        });
+                    }
+                }
+                ocsp.retain(|fingerprint, state| state.fetching || seen.contains(fingerprint));
+            }
+        });
+    }
+
+    /// Every certificate slot new handshakes may get, once each.
+    fn serving_slots(&self) -> Vec<Arc<CertSlot>> {
+        let active = self.store.load_full();
+        let mut out: Vec<Arc<CertSlot>> = Vec::new();
+        for listener in active.spec.listeners.iter().filter(|l| l.tls.is_some()) {
+            let Some(material) = self.certificates.serving(&listener.name) else {
+                continue;
+            };
+            for slot in material.slots() {
+                if !out.iter().any(|s| Arc::ptr_eq(s, slot)) {
+                    out.push(Arc::clone(slot));
+                }
+            }
+        }
+        out
+    }
+
+    /// Records a certificate operation in the operation log.
+    fn record_certificate(
+        &self,
+        started: Instant,
+        outcome: Outcome,
+        summary: String,
+        error: Option<String>,
+        certificate: CertificateRecord,
+    ) {
+        let active = self.store.active_id();
+        let mut history = self.history();
+        let id = history.next_operation_id();
+        history.record_operation(OperationRecord {
+            id,
+            kind: OperationKind::Certificate,
+            at: crate::runtime::rfc3339(SystemTime::now()),
+            duration_ms: super::commit::elapsed_ms(started),
+            outcome,
+            generation: Some(active),
+            previous_generation: Some(active),
+            requested_by: Some("cutover".to_owned()),
+            reason: Some("acme".to_owned()),
+            summary,
+            error,
+            pid: std::process::id(),
+            previous_pid: None,
+            shadow: None,
+            certificate: Some(certificate),
+        });
+        if let Err(error) = history.persist() {
+            tracing::error!(%error, "cannot persist history");
+        }
+    }
+}
+
+/// One ACME certificate, for as long as the active configuration serves
+/// it: ordered when missing, renewed when due, retried with back-off.
+async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
+    let Some(spec) = slot.acme().cloned() else {
+        return;
+    };
+    let domains = spec.domains.join(", ");
+    let mut failures = 0u32;
+    let mut retry_at: Option<Instant> = None;
+    loop {
+        let now = acme::unix_now();
+        let due = slot
+            .info()
+            .map_or(now, |info| renew_at(&info, spec.renew_before));
+        let wait = match retry_at {
+            Some(at) => at.saturating_duration_since(Instant::now()),
+            None => Duration::from_secs(u64::try_from(due - now).unwrap_or(0)),
+        };
+        if !wait.is_zero() {
+            // Woken at least hourly: a clock that jumps is noticed.
+            tokio::time::sleep(wait.min(Duration::from_secs(3600))).await;
+            if retry_at.is_some_and(|at| Instant::now() < at) {
+                continue;
+            }
+            retry_at = None;
+            continue;
+        }
+        retry_at = None;
+        let lock = acme::lock_domains(&spec);
+        let _ordering = lock.lock().await;
+        // Another slot for the same domains (or a restart's files) may
+        // hold a newer certificate than this slot serves.
+        if let Some(stored) = acme::stored(&spec) {
+            let newer = slot
+                .info()
+                .is_none_or(|info| info.fingerprint != stored.info.fingerprint);
+            if newer && renew_at(&stored.info, spec.renew_before) > now {
+                tracing::info!(domains, serial = %stored.info.serial, "ACME certificate taken from state_dir");
+                slot.install(stored);
+                continue;
+            }
+        }
+        let renewal = slot.info().is_some();
+        let started = Instant::now();
+        tracing::info!(domains, directory = %spec.directory, challenge = spec.challenge.name(), renewal, "ordering an ACME certificate");
+        let result = acme::issue(&spec, &slot).await;
+        let Some(control) = control.upgrade() else {
+            return;
+        };
+        match result {
+            Ok(issued) => {
+                failures = 0;
+                let event = if renewal { "renewed" } else { "issued" };
+                metrics::counter!(m::ACME_ORDERS, m::LABEL_OUTCOME => event).increment(1);
+                let info = issued.loaded.info.clone();
+                install(&slot, issued.loaded);
+                tracing::info!(domains, serial = %info.serial, not_after = %info.not_after, "ACME certificate {event}");
+                control.record_certificate(
+                    started,
+                    Outcome::Succeeded,
+                    format!("certificate {event} for {domains}, serial {}, expires {}", info.serial, info.not_after),
+                    None,
+                    CertificateRecord {
+                        domains: spec.domains.clone(),
+                        event: event.to_owned(),
+                        serial: Some(info.serial),
+                        not_after: Some(info.not_after),
+                        fingerprint: Some(info.fingerprint),
+                    },
+                );
+            }
+            Err(failure) => {
+                failures += 1;
+                let wait = back_off(failures, failure.outcome);
+                retry_at = Some(Instant::now() + wait);
+                metrics::counter!(m::ACME_ORDERS, m::LABEL_OUTCOME => failure.outcome).increment(1);
+                tracing::warn!(domains, error = %failure, retry_in = ?wait, serving = renewal, "ACME order failed; what is served stays");
+                control.record_certificate(
+                    started,
+                    Outcome::Failed,
+                    format!("ordering a certificate for {domains} failed ({}); next attempt in {}s", failure.outcome, wait.as_secs()),
+                    Some(failure.message.clone()),
+                    CertificateRecord {
+                        domains: spec.domains.clone(),
+                        event: "failed".to_owned(),
+                        serial: None,
+                        not_after: None,
+                        fingerprint: None,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Serves `loaded` in `slot` from the next handshake on.
+fn install(slot: &CertSlot, loaded: LoadedCert) {
+    for name in &loaded.info.names {
+        metrics::gauge!(m::CERT_EXPIRY, m::LABEL_NAME => name.clone())
+            .set((loaded.info.not_after_unix - acme::unix_now()) as f64);
+    }
+    slot.install(loaded);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(not_before: i64, not_after: i64) -> crate::tls::CertInfo {
+        crate::tls::CertInfo {
+            names: vec!["a.example".into()],
+            fingerprint: String::new(),
+            not_after: String::new(),
+            not_after_unix: not_after,
+            not_before_unix: not_before,
+            serial: String::new(),
+            cert_file: Default::default(),
+            key_file: Default::default(),
+        }
+    }
+
+    #[test]
+    fn renewal_is_a_third_of_the_lifetime_before_expiry_by_default() {
+        let ninety_days = info(0, 90 * 86400);
+        assert_eq!(renew_at(&ninety_days, None), 60 * 86400);
+        assert_eq!(
+            renew_at(&ninety_days, Some(Duration::from_secs(30 * 86400))),
+            60 * 86400
+        );
+        assert_eq!(
+            renew_at(&ninety_days, Some(Duration::from_secs(7 * 86400))),
+            83 * 86400
+        );
+        // Longer than the lifetime: half of it, never "always due".
+        assert_eq!(
+            renew_at(&info(1000, 1060), Some(Duration::from_secs(3600))),
+            1030
+        );
+    }
+
+    #[test]
+    fn failed_orders_back_off_and_a_rate_limit_waits_an_hour() {
+        let waits: Vec<u64> = (1..=9).map(|n| back_off(n, "rejected").as_secs()).collect();
+        assert_eq!(waits, [30, 60, 120, 240, 480, 960, 1920, 3600, 3600]);
+        assert_eq!(back_off(1, "rate_limited").as_secs(), 3600);
+    }
+}
