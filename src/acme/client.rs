@@ -47,7 +47,9 @@ impl Bounded {
 }
 
 /// Reads a whole answer within the bounds.
-pub async fn read_bounded<B>(response: http::Response<B>) -> Result<(http::response::Parts, Bytes), String>
+pub async fn read_bounded<B>(
+    response: http::Response<B>,
+) -> Result<(http::response::Parts, Bytes), String>
 where
     B: http_body::Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -57,7 +59,9 @@ where
         .await
         .map_err(|_| format!("no whole answer within {}s", REQUEST_TIMEOUT.as_secs()))?
         .map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
                 format!("an answer larger than {MAX_BODY} bytes")
             } else {
                 e.to_string()

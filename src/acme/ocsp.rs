@@ -69,7 +69,10 @@ fn unix(time: &x509_ocsp::OcspGeneralizedTime) -> i64 {
 pub fn staple(der: &[u8], target: &OcspTarget, now: i64) -> Result<Staple, String> {
     let response = OcspResponse::from_der(der).map_err(|e| format!("not an OCSP response: {e}"))?;
     if response.response_status != OcspResponseStatus::Successful {
-        return Err(format!("the responder answered {:?}", response.response_status));
+        return Err(format!(
+            "the responder answered {:?}",
+            response.response_status
+        ));
     }
     let bytes = response
         .response_bytes
@@ -122,7 +125,13 @@ impl Responders {
             .map_err(|e| format!("{}: {e}", target.url))?;
         let response = tokio::time::timeout(REQUEST_TIMEOUT, self.client.request(request))
             .await
-            .map_err(|_| format!("{}: no answer within {}s", target.url, REQUEST_TIMEOUT.as_secs()))?
+            .map_err(|_| {
+                format!(
+                    "{}: no answer within {}s",
+                    target.url,
+                    REQUEST_TIMEOUT.as_secs()
+                )
+            })?
             .map_err(|e| format!("{}: {e}", target.url))?;
         let (parts, body) = read_bounded(response)
             .await

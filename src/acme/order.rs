@@ -56,9 +56,10 @@ impl Failure {
                 };
                 Self::new(outcome, format!("{doing}: {problem}"))
             }
-            instant_acme::Error::Json(_) => {
-                Self::new("invalid", format!("{doing}: the CA's answer is not ACME: {error}"))
-            }
+            instant_acme::Error::Json(_) => Self::new(
+                "invalid",
+                format!("{doing}: the CA's answer is not ACME: {error}"),
+            ),
             _ => Self::new("unreachable", format!("{doing}: {error}")),
         }
     }
@@ -99,7 +100,9 @@ fn patience() -> RetryPolicy {
 
 fn roots(spec: &AcmeSpec) -> Result<rustls::RootCertStore, Failure> {
     match &spec.ca_root {
-        Some(path) => crate::tls::load_roots(path).map_err(|e| Failure::new("storage", e.to_string())),
+        Some(path) => {
+            crate::tls::load_roots(path).map_err(|e| Failure::new("storage", e.to_string()))
+        }
         None => Ok(rustls::RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         }),
@@ -132,10 +135,14 @@ async fn account(spec: &AcmeSpec) -> Result<Account, Failure> {
     let contacts: Vec<&str> = contact.iter().map(String::as_str).collect();
     let eab = match &spec.eab {
         Some(eab) => {
-            let bytes = crate::config::read_regular(&eab.hmac_file, 4096)
-                .map_err(|e| Failure::new("storage", format!("{}: {e}", eab.hmac_file.display())))?;
+            let bytes = crate::config::read_regular(&eab.hmac_file, 4096).map_err(|e| {
+                Failure::new("storage", format!("{}: {e}", eab.hmac_file.display()))
+            })?;
             let key = super::eab_key(&bytes).ok_or_else(|| {
-                Failure::new("storage", format!("{}: not a base64url HMAC key", eab.hmac_file.display()))
+                Failure::new(
+                    "storage",
+                    format!("{}: not a base64url HMAC key", eab.hmac_file.display()),
+                )
             })?;
             Some(ExternalAccountKey::new(eab.kid.clone(), &key))
         }
@@ -153,8 +160,8 @@ async fn account(spec: &AcmeSpec) -> Result<Account, Failure> {
         )
         .await
         .map_err(|e| Failure::of("making the account", e))?;
-    let text = serde_json::to_vec(&credentials)
-        .map_err(|e| Failure::new("storage", e.to_string()))?;
+    let text =
+        serde_json::to_vec(&credentials).map_err(|e| Failure::new("storage", e.to_string()))?;
     write_private(&file, &text, 0o600)
         .map_err(|e| Failure::new("storage", format!("{}: {e}", file.display())))?;
     tracing::info!(directory = %spec.directory, "ACME account made");
@@ -170,8 +177,12 @@ fn alpn_certificate(domain: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, St
     params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest)];
     let cert = params.self_signed(&key).map_err(|e| e.to_string())?;
     let der = rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
-    let signing = rustls::crypto::ring::sign::any_supported_type(&der).map_err(|e| e.to_string())?;
-    Ok(Arc::new(CertifiedKey::new(vec![cert.der().clone()], signing)))
+    let signing =
+        rustls::crypto::ring::sign::any_supported_type(&der).map_err(|e| e.to_string())?;
+    Ok(Arc::new(CertifiedKey::new(
+        vec![cert.der().clone()],
+        signing,
+    )))
 }
 
 /// Orders `spec`'s certificate, answering its challenges through `slot`,
@@ -255,8 +266,13 @@ pub async fn issue(spec: &AcmeSpec, slot: &CertSlot) -> Result<Issued, Failure> 
         .map_err(|e| Failure::of("fetching the certificate", e))?;
     drop(answers);
     let files = CertificateFiles::of(spec);
-    let loaded = crate::tls::parse_cert(&files.cert, chain_pem.as_bytes(), &files.key, key_pem.as_bytes())
-        .map_err(|e| Failure::new("invalid", format!("the issued certificate: {e}")))?;
+    let loaded = crate::tls::parse_cert(
+        &files.cert,
+        chain_pem.as_bytes(),
+        &files.key,
+        key_pem.as_bytes(),
+    )
+    .map_err(|e| Failure::new("invalid", format!("the issued certificate: {e}")))?;
     let missing: Vec<&String> = spec
         .domains
         .iter()

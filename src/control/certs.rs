@@ -152,7 +152,12 @@ impl Control {
                 let before: Vec<String> = previous
                     .listeners
                     .get(name)
-                    .map(|b| b.certificates().into_iter().map(|c| c.fingerprint).collect())
+                    .map(|b| {
+                        b.certificates()
+                            .into_iter()
+                            .map(|c| c.fingerprint)
+                            .collect()
+                    })
                     .unwrap_or_default();
                 Some(ListenerCerts {
                     listener: name.clone(),

@@ -41,7 +41,9 @@ fn back_off(failures: u32, outcome: &str) -> Duration {
 fn renew_at(info: &crate::tls::CertInfo, renew_before: Option<Duration>) -> i64 {
     let lifetime = (info.not_after_unix - info.not_before_unix).max(0);
     let before = match renew_before {
-        Some(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX).min(lifetime / 2),
+        Some(d) => i64::try_from(d.as_secs())
+            .unwrap_or(i64::MAX)
+            .min(lifetime / 2),
         None => lifetime / 3,
     };
     info.not_after_unix - before
@@ -80,18 +82,19 @@ impl Control {
                     state.fetching = false;
                     match result {
                         Ok(staple) => {
-                            metrics::counter!(m::OCSP_FETCHES, m::LABEL_OUTCOME => "ok").increment(1);
+                            metrics::counter!(m::OCSP_FETCHES, m::LABEL_OUTCOME => "ok")
+                                .increment(1);
                             tracing::info!(certificate = %fingerprint, status = staple.status, "OCSP response fetched");
                             state.failures = 0;
                             state.next_attempt = None;
                             state.staple = Some(staple);
                         }
                         Err(error) => {
-                            metrics::counter!(m::OCSP_FETCHES, m::LABEL_OUTCOME => "failed").increment(1);
+                            metrics::counter!(m::OCSP_FETCHES, m::LABEL_OUTCOME => "failed")
+                                .increment(1);
                             state.failures += 1;
-                            let wait = Duration::from_secs(
-                                (5u64 << state.failures.min(8)).min(600),
-                            );
+                            let wait =
+                                Duration::from_secs((5u64 << state.failures.min(8)).min(600));
                             state.next_attempt = Some(Instant::now() + wait);
                             tracing::warn!(certificate = %fingerprint, %error, retry_in = ?wait, "OCSP response not fetched; a current staple stays until it goes stale");
                         }
@@ -111,7 +114,8 @@ impl Control {
                 for slot in slots.iter().filter(|s| s.acme().is_some()) {
                     let key = Arc::as_ptr(slot) as usize;
                     orders.entry(key).or_insert_with(|| {
-                        let task = tokio::spawn(keep_acme(Arc::downgrade(&control), Arc::clone(slot)));
+                        let task =
+                            tokio::spawn(keep_acme(Arc::downgrade(&control), Arc::clone(slot)));
                         (Arc::clone(slot), task)
                     });
                 }
@@ -270,7 +274,10 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
                 control.record_certificate(
                     started,
                     Outcome::Succeeded,
-                    format!("certificate {event} for {domains}, serial {}, expires {}", info.serial, info.not_after),
+                    format!(
+                        "certificate {event} for {domains}, serial {}, expires {}",
+                        info.serial, info.not_after
+                    ),
                     None,
                     CertificateRecord {
                         domains: spec.domains.clone(),
@@ -290,7 +297,11 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
                 control.record_certificate(
                     started,
                     Outcome::Failed,
-                    format!("ordering a certificate for {domains} failed ({}); next attempt in {}s", failure.outcome, wait.as_secs()),
+                    format!(
+                        "ordering a certificate for {domains} failed ({}); next attempt in {}s",
+                        failure.outcome,
+                        wait.as_secs()
+                    ),
                     Some(failure.message.clone()),
                     CertificateRecord {
                         domains: spec.domains.clone(),

@@ -15,8 +15,8 @@ pub use material::{
     LoadedCert, TlsError,
 };
 pub use slot::{
-    acme_slot, http01_answer, http01_waiting, responder, set_http01, AcmeSpec, CertSlot,
-    Challenge, Eab, OcspTarget, Staple,
+    acme_slot, http01_answer, http01_waiting, responder, set_http01, AcmeSpec, CertSlot, Challenge,
+    Eab, OcspTarget, Staple,
 };
 pub use store::{
     ActiveMaterial, CertSource, CertStore, ListenerMaterial, ListenerTlsSpec, Material,

@@ -260,17 +260,23 @@ fn ocsp_target(loaded: &LoadedCert) -> (Option<OcspTarget>, Option<String>) {
 pub fn responder(der: &[u8]) -> Option<String> {
     use x509_parser::extensions::{GeneralName, ParsedExtension};
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    cert.extensions().iter().find_map(|ext| match ext.parsed_extension() {
-        ParsedExtension::AuthorityInfoAccess(aia) => aia.accessdescs.iter().find_map(|d| {
-            match (&d.access_location, d.access_method.to_id_string().as_str()) {
-                (GeneralName::URI(uri), "1.3.6.1.5.5.7.48.1") if uri.starts_with("http://") => {
-                    Some((*uri).to_owned())
-                }
-                _ => None,
+    cert.extensions()
+        .iter()
+        .find_map(|ext| match ext.parsed_extension() {
+            ParsedExtension::AuthorityInfoAccess(aia) => {
+                aia.accessdescs.iter().find_map(|d| {
+                    match (&d.access_location, d.access_method.to_id_string().as_str()) {
+                        (GeneralName::URI(uri), "1.3.6.1.5.5.7.48.1")
+                            if uri.starts_with("http://") =>
+                        {
+                            Some((*uri).to_owned())
+                        }
+                        _ => None,
+                    }
+                })
             }
-        }),
-        _ => None,
-    })
+            _ => None,
+        })
 }
 
 type AcmeSlots = Mutex<HashMap<AcmeSpec, Weak<CertSlot>>>;

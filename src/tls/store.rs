@@ -115,7 +115,10 @@ impl ListenerMaterial {
             for name in names {
                 let held = Arc::clone(&slot);
                 match name.strip_prefix("*.") {
-                    Some(suffix) => material.wildcard.entry(format!(".{suffix}")).or_insert(held),
+                    Some(suffix) => material
+                        .wildcard
+                        .entry(format!(".{suffix}"))
+                        .or_insert(held),
                     None => material.exact.entry(name).or_insert(held),
                 };
             }
@@ -286,11 +289,7 @@ impl CertStore {
             vec![b"h3".to_vec()]
         } else {
             // `acme-tls/1` last: only a validation offering it alone gets it.
-            vec![
-                b"h2".to_vec(),
-                b"http/1.1".to_vec(),
-                ACME_TLS_ALPN.to_vec(),
-            ]
+            vec![b"h2".to_vec(), b"http/1.1".to_vec(), ACME_TLS_ALPN.to_vec()]
         };
         if early_data {
             // rustls accepts early data only on sessions it can take out

@@ -1,5 +1,6 @@
 //! Integration tests: the real `cutover` binary on ephemeral loopback ports.
 
+mod acme;
 mod admin;
 mod auth;
 mod compress;

@@ -11,7 +11,11 @@ impl Validator<'_> {
         // A udp and a tcp listener may share an address (DNS on 53 both
         // ways); two of the same kind may not.
         let mut binds: HashMap<(bool, SocketAddr), String> = HashMap::new();
-        let state_dir = file.runtime.state_dir.as_ref().map(|d| self.base_dir.join(d));
+        let state_dir = file
+            .runtime
+            .state_dir
+            .as_ref()
+            .map(|d| self.base_dir.join(d));
         for (i, l) in file.listeners.iter().enumerate() {
             let at = |field: &str| format!("listeners[{i}].{field}");
             self.name("listener", at("name"), &l.name);

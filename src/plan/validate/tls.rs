@@ -66,9 +66,7 @@ impl Validator<'_> {
                 ) => match self.acme(&format!("{at}.acme"), acme, state_dir) {
                     Some(spec) => {
                         let spec = Arc::new(spec);
-                        slots.push(crate::tls::acme_slot(&spec, || {
-                            crate::acme::stored(&spec)
-                        }));
+                        slots.push(crate::tls::acme_slot(&spec, || crate::acme::stored(&spec)));
                         sources.push(crate::tls::CertSource::Acme(spec));
                     }
                     None => ok = false,
@@ -188,7 +186,9 @@ impl Validator<'_> {
             let why = if name.starts_with("*.") {
                 Some("a wildcard is validated by dns-01 only, which cutover does not answer; name each host".to_owned())
             } else if name.parse::<std::net::IpAddr>().is_ok() {
-                Some("an IP address is not a domain; a certificate for it is not ordered".to_owned())
+                Some(
+                    "an IP address is not a domain; a certificate for it is not ordered".to_owned(),
+                )
             } else if !routes::is_host_name(&name, false) || !name.contains('.') {
                 Some(format!("'{domain}' is not a fully qualified host name"))
             } else {
@@ -267,10 +267,7 @@ impl Validator<'_> {
                         self.error(
                             Code::InvalidSecretFile,
                             key_at,
-                            format!(
-                                "'{}': not a base64url HMAC key",
-                                eab.hmac_key_file
-                            ),
+                            format!("'{}': not a base64url HMAC key", eab.hmac_key_file),
                         );
                         ok = false;
                     }

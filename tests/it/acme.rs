@@ -1,0 +1,656 @@
+//! Automatic certificates (DESIGN §21) against a real ACME server:
+//! Debian's `pebble`, with `pebble-challtestsrv` as its DNS (every name
+//! is 127.0.0.1), both started per test on loopback. The package ships
+//! no certificates, so each test makes the CA of pebble's own HTTPS API.
+//! OCSP stapling is checked against `openssl ocsp` as the responder.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::Value;
+use tokio::net::TcpStream;
+
+use crate::harness::*;
+use crate::pki;
+
+const PEBBLE: &str = "/usr/bin/pebble";
+const CHALLTESTSRV: &str = "/usr/bin/pebble-challtestsrv";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// pebble and its DNS; both killed when dropped.
+struct Pebble {
+    children: Vec<Child>,
+    /// The CA of pebble's own API (for `ca_root`).
+    pub api_ca: PathBuf,
+    pub directory: String,
+    management: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Pebble {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Pebble {
+    /// `None` (with the reason) when pebble is not installed. Validation
+    /// connects to 127.0.0.1 at `http_port` (http-01) and `tls_port`
+    /// (tls-alpn-01); certificates live `validity` seconds.
+    async fn start(http_port: u16, tls_port: u16, validity: u64) -> Option<Pebble> {
+        if !Path::new(PEBBLE).exists() || !Path::new(CHALLTESTSRV).exists() {
+            eprintln!(
+                "SKIPPED: {PEBBLE} is not installed (Debian package pebble; .ci/run installs it)"
+            );
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ca = pki::ca("pebble API test CA");
+        let (cert, key) = pki::server_leaf(&ca, &["localhost", "127.0.0.1"]);
+        let api_ca = dir.path().join("api-ca.pem");
+        std::fs::write(&api_ca, &ca.pem).unwrap();
+        std::fs::write(dir.path().join("cert.pem"), cert).unwrap();
+        std::fs::write(dir.path().join("key.pem"), key).unwrap();
+        let (listen, management, dns, dns_management) =
+            (free_port(), free_port(), free_port(), free_port());
+        let config = serde_json::json!({
+            "pebble": {
+                "listenAddress": format!("127.0.0.1:{listen}"),
+                "managementListenAddress": format!("127.0.0.1:{management}"),
+                "certificate": dir.path().join("cert.pem"),
+                "privateKey": dir.path().join("key.pem"),
+                "httpPort": http_port,
+                "tlsPort": tls_port,
+                "ocspResponderURL": "",
+                "externalAccountBindingRequired": false,
+                "certificateValidityPeriod": validity,
+            }
+        });
+        std::fs::write(dir.path().join("pebble.json"), config.to_string()).unwrap();
+        let log = |name: &str| std::fs::File::create(dir.path().join(name)).unwrap();
+        let dns_server = Command::new(CHALLTESTSRV)
+            .args([
+                "-defaultIPv4",
+                "127.0.0.1",
+                "-defaultIPv6",
+                "",
+                "-dns01",
+                &format!("127.0.0.1:{dns}"),
+                "-http01",
+                "",
+                "-https01",
+                "",
+                "-tlsalpn01",
+                "",
+                "-management",
+                &format!("127.0.0.1:{dns_management}"),
+            ])
+            .stdout(log("challtestsrv.log"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start pebble-challtestsrv");
+        let pebble = Command::new(PEBBLE)
+            .arg("-config")
+            .arg(dir.path().join("pebble.json"))
+            .args(["-dnsserver", &format!("127.0.0.1:{dns}")])
+            .env("PEBBLE_VA_NOSLEEP", "1")
+            .env("PEBBLE_WFE_NONCEREJECT", "0")
+            .env("PEBBLE_AUTHZREUSE", "0")
+            .stdout(log("pebble.log"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start pebble");
+        let out = Pebble {
+            children: vec![dns_server, pebble],
+            api_ca,
+            directory: format!("https://127.0.0.1:{listen}/dir"),
+            management,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for port in [listen, management] {
+            while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+                assert!(Instant::now() < deadline, "pebble did not start");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Some(out)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("pebble.log")).unwrap_or_default()
+    }
+
+    /// The root pebble issues under (made at its start).
+    fn root(&self) -> rustls::RootCertStore {
+        let out = Command::new("curl")
+            .args(["-sf", "--cacert"])
+            .arg(&self.api_ca)
+            .arg(format!("https://127.0.0.1:{}/roots/0", self.management))
+            .output()
+            .expect("curl");
+        assert!(out.status.success(), "pebble's root: {out:?}");
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&out.stdout) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        roots
+    }
+
+    /// Orders pebble has seen finalized (its log says so once per order).
+    fn orders(&self) -> usize {
+        self.log().matches("Issued certificate serial").count()
+    }
+}
+
+/// A handshake with `addr` for `sni`, verified against `roots`: the
+/// leaf's fingerprint.
+async fn handshake(
+    addr: SocketAddr,
+    sni: &str,
+    roots: &rustls::RootCertStore,
+) -> Result<String, String> {
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots.clone())
+    .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let name = ServerName::try_from(sni.to_owned()).unwrap();
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let certs = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .ok_or("no certificate")?;
+    Ok(cutover::tls::fingerprint(&certs[0]))
+}
+
+/// Waits (bounded) until `addr` serves a certificate for `sni` that
+/// `roots` verify.
+async fn wait_issued(
+    gw: &Gateway,
+    addr: SocketAddr,
+    sni: &str,
+    roots: &rustls::RootCertStore,
+) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match handshake(addr, sni, roots).await {
+            Ok(fingerprint) => return fingerprint,
+            Err(error) => assert!(
+                Instant::now() < deadline,
+                "no certificate for {sni} within 60 s ({error}):\n{}",
+                gw.logs()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The certificate operations of the operation log, newest first.
+async fn certificate_operations(gw: &Gateway) -> Vec<Value> {
+    let (status, history) =
+        admin_request(gw.admin, "GET", "/admin/runtime/history", None, None).await;
+    assert_eq!(status, 200);
+    history["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|op| op["kind"] == "certificate")
+        .cloned()
+        .collect()
+}
+
+struct Site {
+    state: tempfile::TempDir,
+    http_port: u16,
+    tls_port: u16,
+}
+
+impl Site {
+    fn new() -> Site {
+        Site {
+            state: tempfile::tempdir().unwrap(),
+            http_port: free_port(),
+            tls_port: free_port(),
+        }
+    }
+
+    /// A gateway that orders `domains` from `pebble` by `challenge`.
+    fn config(&self, pebble: &Pebble, challenge: &str, extra: &str) -> String {
+        format!(
+            r#"
+[admin]
+bind = "127.0.0.1:0"
+
+[metrics]
+bind = "127.0.0.1:0"
+
+[runtime]
+state_dir = "{state}"
+file_roots = ["{roots}"]
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:{http}"
+
+[[listeners]]
+name = "secure"
+bind = "127.0.0.1:{tls}"
+protocol = "https"
+tls.certificates = [ {{ acme = {{ domains = ["a.test", "www.a.test"], directory = "{directory}", ca_root = "{ca}", challenge = "{challenge}", email = "ops@a.test"{extra} }} }} ]
+
+[[routes]]
+name = "site"
+listeners = ["web", "secure"]
+respond = {{ body = "hello" }}
+"#,
+            state = self.state.path().display(),
+            http = self.http_port,
+            tls = self.tls_port,
+            directory = pebble.directory,
+            ca = pebble.api_ca.display(),
+            roots = pebble._dir.path().display(),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_alpn_01_issues_and_a_restart_serves_the_stored_certificate_without_ordering() {
+    let site = Site::new();
+    let Some(pebble) = Pebble::start(site.http_port, site.tls_port, 3600).await else {
+        return;
+    };
+    let config = site.config(&pebble, "tls-alpn-01", "");
+    let gw = Gateway::start(&config);
+    let secure = gw.listener("secure");
+    let roots = pebble.root();
+    let fingerprint = wait_issued(&gw, secure, "a.test", &roots).await;
+    // Both names, one certificate; the request goes through.
+    assert_eq!(
+        handshake(secure, "www.a.test", &roots).await.unwrap(),
+        fingerprint
+    );
+    assert_eq!(pebble.orders(), 1, "{}", pebble.log());
+    // History: one certificate operation with domains, serial and expiry.
+    let operations = certificate_operations(&gw).await;
+    assert_eq!(operations.len(), 1, "{operations:#?}");
+    let certificate = &operations[0]["certificate"];
+    assert_eq!(certificate["event"], "issued");
+    assert_eq!(
+        certificate["domains"],
+        serde_json::json!(["a.test", "www.a.test"])
+    );
+    assert!(certificate["serial"]
+        .as_str()
+        .is_some_and(|s| !s.is_empty()));
+    assert!(certificate["not_after"].as_str().is_some());
+    assert_eq!(certificate["fingerprint"], fingerprint.as_str());
+    let metrics = scrape(&gw).await;
+    assert_eq!(
+        sample(
+            &metrics,
+            "cutover_acme_orders_total",
+            &["outcome=\"issued\""]
+        ),
+        1.0
+    );
+    let expiry = sample(
+        &metrics,
+        "cutover_certificate_expiry_seconds",
+        &["name=\"a.test\""],
+    );
+    assert!((3000.0..=3600.0).contains(&expiry), "expiry {expiry}");
+    // Keys are 0600: the account's and the certificate's.
+    use std::os::unix::fs::PermissionsExt as _;
+    let acme_dir = site.state.path().join("acme");
+    let mut keys = Vec::new();
+    for entry in walk(&acme_dir) {
+        let name = entry.file_name().unwrap().to_string_lossy().into_owned();
+        if name == "key.pem" || name.ends_with(".json") {
+            let mode = std::fs::metadata(&entry).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", entry.display());
+            keys.push(name);
+        }
+    }
+    assert_eq!(keys.len(), 2, "account and certificate key: {keys:?}");
+
+    // A restart serves the stored certificate from its first handshake
+    // and orders nothing.
+    drop(gw);
+    let gw = Gateway::start(&config);
+    let secure = gw.listener("secure");
+    assert_eq!(
+        handshake(secure, "a.test", &roots).await.unwrap(),
+        fingerprint
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        pebble.orders(),
+        1,
+        "a restart ordered again:\n{}",
+        pebble.log()
+    );
+    // History is durable: the one issuance, nothing since.
+    assert_eq!(certificate_operations(&gw).await.len(), 1);
+    let metrics = scrape(&gw).await;
+    assert_eq!(sample(&metrics, "cutover_acme_orders_total", &[]), 0.0);
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_01_is_answered_on_the_http_listener_before_routing() {
+    let site = Site::new();
+    let Some(pebble) = Pebble::start(site.http_port, site.tls_port, 3600).await else {
+        return;
+    };
+    let gw = Gateway::start(&site.config(&pebble, "http-01", ""));
+    let roots = pebble.root();
+    wait_issued(&gw, gw.listener("secure"), "a.test", &roots).await;
+    assert_eq!(pebble.orders(), 1);
+    // A token no order waits for is the routes' business.
+    let (status, _, body) = get(
+        gw.listener("web"),
+        "a.test",
+        "/.well-known/acme-challenge/nothing",
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (200, "hello"));
+    let operations = certificate_operations(&gw).await;
+    assert_eq!(operations[0]["certificate"]["event"], "issued");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_under_load_fails_no_handshake_and_no_request() {
+    let site = Site::new();
+    // 30-second certificates: renewed a third of their lifetime before
+    // expiry, every 20 s.
+    let Some(pebble) = Pebble::start(site.http_port, site.tls_port, 30).await else {
+        return;
+    };
+    let gw = Gateway::start(&site.config(&pebble, "tls-alpn-01", ""));
+    let secure = gw.listener("secure");
+    let roots = pebble.root();
+    let first = wait_issued(&gw, secure, "a.test", &roots).await;
+    // New handshakes and requests, four clients, until a second renewal.
+    let failures = Arc::new(AtomicU64::new(0));
+    let handshakes = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let (failures, handshakes, stop, seen, roots) = (
+            Arc::clone(&failures),
+            Arc::clone(&handshakes),
+            Arc::clone(&stop),
+            Arc::clone(&seen),
+            roots.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match request_over_tls(secure, &roots).await {
+                    Ok((fingerprint, status)) if status == 200 => {
+                        seen.lock().unwrap().insert(fingerprint);
+                    }
+                    other => {
+                        eprintln!("failed: {other:?}");
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                handshakes.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.lock().unwrap().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "two renewals did not happen within 60 s:\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    let (failed, total) = (
+        failures.load(Ordering::Relaxed),
+        handshakes.load(Ordering::Relaxed),
+    );
+    eprintln!("{total} handshakes and requests across two renewals, {failed} failed");
+    assert_eq!(failed, 0);
+    assert!(total > 100, "too little load: {total}");
+    assert!(seen.lock().unwrap().contains(&first));
+    // Oldest first.
+    let events: Vec<String> = certificate_operations(&gw)
+        .await
+        .iter()
+        .rev()
+        .map(|op| op["certificate"]["event"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(events[..3], ["issued", "renewed", "renewed"], "{events:?}");
+    // No generation was made for it.
+    assert_eq!(gw.active_generation().await, 1);
+}
+
+/// One request on a new TLS connection: the certificate's fingerprint
+/// and the status.
+async fn request_over_tls(
+    addr: SocketAddr,
+    roots: &rustls::RootCertStore,
+) -> Result<(String, u16), String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots.clone())
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let mut stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("a.test").unwrap(), tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let fingerprint =
+        cutover::tls::fingerprint(&stream.get_ref().1.peer_certificates().unwrap()[0]);
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: a.test\r\nconnection: close\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&answer);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status: {text}"))?;
+    Ok((fingerprint, status))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_challenge_that_fails_is_recorded_and_backed_off_not_stormed() {
+    let site = Site::new();
+    // Validation connects to a port nothing listens on.
+    let Some(pebble) = Pebble::start(free_port(), free_port(), 3600).await else {
+        return;
+    };
+    let gw = Gateway::start(&site.config(&pebble, "tls-alpn-01", ""));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let failed = loop {
+        let operations = certificate_operations(&gw).await;
+        if let Some(op) = operations.first() {
+            break op.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no failed order recorded:\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(failed["outcome"], "failed");
+    assert_eq!(failed["certificate"]["event"], "failed");
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("tls-alpn-01"), "{error}");
+    // The next attempt waits 30 s: none in the next 10.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(certificate_operations(&gw).await.len(), 1);
+    let metrics = scrape(&gw).await;
+    assert_eq!(
+        sample(
+            &metrics,
+            "cutover_acme_orders_total",
+            &["outcome=\"rejected\""]
+        ),
+        1.0
+    );
+    // Handshakes for the name fail cleanly meanwhile (no certificate yet).
+    let roots = pebble.root();
+    assert!(handshake(gw.listener("secure"), "a.test", &roots)
+        .await
+        .is_err());
+    let (status, _, _) = get(gw.listener("web"), "a.test", "/").await;
+    assert_eq!(status, 200);
+}
+
+/// An HTTPS "CA" that answers every request with 10 MB of garbage.
+async fn garbage_ca(ca: &pki::Ca) -> SocketAddr {
+    use tokio::io::AsyncWriteExt as _;
+    let acceptor = pki::backend_acceptor(ca, "127.0.0.1", &[b"http/1.1"]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = vec![0u8; 4096];
+                let _ = tokio::io::AsyncReadExt::read(&mut tls, &mut head).await;
+                let body = vec![b'x'; 10 << 20];
+                let _ = tls
+                    .write_all(format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).as_bytes())
+                    .await;
+                let _ = tls.write_all(&body).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_answering_ten_megabytes_or_nothing_costs_one_failed_attempt() {
+    let ca = pki::ca("garbage CA");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
+    let garbage = garbage_ca(&ca).await;
+    let closed = closed_port();
+    let config = format!(
+        r#"
+[admin]
+bind = "127.0.0.1:0"
+
+[metrics]
+bind = "127.0.0.1:0"
+
+[runtime]
+state_dir = "state"
+
+[[listeners]]
+name = "secure"
+bind = "127.0.0.1:0"
+protocol = "https"
+tls.certificates = [
+  {{ acme = {{ domains = ["garbage.test"], directory = "https://127.0.0.1:{garbage}/dir", ca_root = "ca.pem" }} }},
+  {{ acme = {{ domains = ["closed.test"], directory = "https://127.0.0.1:{closed}/dir", ca_root = "ca.pem" }} }},
+]
+
+[[routes]]
+name = "site"
+listeners = ["secure"]
+respond = {{ body = "hello" }}
+"#,
+        garbage = garbage.port(),
+        closed = closed.port(),
+    );
+    let gw = Gateway::start_in(dir, &config);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let operations = loop {
+        let operations = certificate_operations(&gw).await;
+        if operations.len() >= 2 {
+            break operations;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "two failures not recorded:\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let errors: Vec<&str> = operations
+        .iter()
+        .map(|op| op["error"].as_str().unwrap())
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("larger than 1048576 bytes")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().all(|e| e.contains("making the account")),
+        "{errors:?}"
+    );
+    let metrics = scrape(&gw).await;
+    assert_eq!(
+        sample(
+            &metrics,
+            "cutover_acme_orders_total",
+            &["outcome=\"unreachable\""]
+        ),
+        2.0
+    );
+    // The gateway serves on: admin answers, nothing else is tried yet.
+    assert_eq!(gw.active_generation().await, 1);
+}
