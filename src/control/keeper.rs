@@ -56,6 +56,42 @@ struct OcspState {
     fetching: bool,
     next_attempt: Option<Instant>,
     failures: u32,
+    error: Option<String>,
+}
+
+/// Takes a fetch's result: a current answer about a known certificate
+/// becomes the staple, asked again at half its validity (never sooner
+/// than a quarter of what is left, so that a responder handing out the
+/// same answer is not asked every second); a failure keeps the staple
+/// (until it goes stale) and backs off from 10 s to 10 minutes.
+fn fetched(state: &mut OcspState, fingerprint: &str, result: Result<Staple, String>, now: i64) {
+    let result = result.and_then(|staple| match staple.status {
+        "unknown" => {
+            Err("the responder does not know this certificate (status unknown)".to_owned())
+        }
+        _ => Ok(staple),
+    });
+    match result {
+        Ok(staple) => {
+            metrics::counter!(m::OCSP_FETCHES, m::LABEL_OUTCOME => "ok").increment(1);
+            tracing::info!(certificate = %fingerprint, status = staple.status, next_update = staple.next_update, "OCSP response fetched");
+            let half = staple.refresh_at();
+            let floor = now + ((staple.next_update - now) / 4).max(1);
+            let wait = u64::try_from(half.max(floor) - now).unwrap_or(0);
+            state.next_attempt = Some(Instant::now() + Duration::from_secs(wait));
+            state.failures = 0;
+            state.error = None;
+            state.staple = Some(staple);
+        }
+        Err(error) => {
+            metrics::counter!(m::OCSP_FETCHES, m::LABEL_OUTCOME => "failed").increment(1);
+            state.failures += 1;
+            let wait = Duration::from_secs((5u64 << state.failures.min(7)).min(600));
+            state.next_attempt = Some(Instant::now() + wait);
+            tracing::warn!(certificate = %fingerprint, %error, retry_in = ?wait, "OCSP response not fetched; a current staple stays until it goes stale");
+            state.error = Some(error);
+        }
+    }
 }
 
 type Fetched = (String, Result<Staple, String>);
@@ -80,25 +116,7 @@ impl Control {
                 while let Ok((fingerprint, result)) = fetched_rx.try_recv() {
                     let state = ocsp.entry(fingerprint.clone()).or_default();
                     state.fetching = false;
-                    match result {
-                        Ok(staple) => {
-                            metrics::counter!(m::OCSP_FETCHES, m::LABEL_OUTCOME => "ok")
-                                .increment(1);
-                            tracing::info!(certificate = %fingerprint, status = staple.status, "OCSP response fetched");
-                            state.failures = 0;
-                            state.next_attempt = None;
-                            state.staple = Some(staple);
-                        }
-                        Err(error) => {
-                            metrics::counter!(m::OCSP_FETCHES, m::LABEL_OUTCOME => "failed")
-                                .increment(1);
-                            state.failures += 1;
-                            let wait =
-                                Duration::from_secs((5u64 << state.failures.min(8)).min(600));
-                            state.next_attempt = Some(Instant::now() + wait);
-                            tracing::warn!(certificate = %fingerprint, %error, retry_in = ?wait, "OCSP response not fetched; a current staple stays until it goes stale");
-                        }
-                    }
+                    fetched(state, &fingerprint, result, acme::unix_now());
                 }
                 let slots = control.serving_slots();
                 let now = acme::unix_now();
@@ -137,6 +155,7 @@ impl Control {
                         state.staple = None;
                     }
                     slot.set_staple(&target.fingerprint, state.staple.clone());
+                    slot.note(|n| n.ocsp_error.clone_from(&state.error));
                     let stapled = slot.staple();
                     for name in &info.names {
                         metrics::gauge!(m::OCSP_STAPLED, m::LABEL_NAME => name.clone())
@@ -146,9 +165,8 @@ impl Control {
                                 .set((now - staple.this_update) as f64);
                         }
                     }
-                    let due = state.staple.as_ref().is_none_or(|s| s.due(now));
                     let allowed = state.next_attempt.is_none_or(|at| Instant::now() >= at);
-                    if due && allowed && !state.fetching {
+                    if allowed && !state.fetching {
                         state.fetching = true;
                         let (responders, sender) = (Arc::clone(&responders), fetched_tx.clone());
                         tokio::spawn(async move {
@@ -174,6 +192,22 @@ impl Control {
                 if !out.iter().any(|s| Arc::ptr_eq(s, slot)) {
                     out.push(Arc::clone(slot));
                 }
+            }
+        }
+        out
+    }
+
+    /// What status reports of the certificates served now.
+    pub fn certificate_status(&self) -> Vec<CertificateStatus> {
+        let active = self.store.load_full();
+        let now = acme::unix_now();
+        let mut out = Vec::new();
+        for listener in active.spec.listeners.iter().filter(|l| l.tls.is_some()) {
+            let Some(material) = self.certificates.serving(&listener.name) else {
+                continue;
+            };
+            for slot in material.slots() {
+                out.push(CertificateStatus::of(&listener.name, slot, now));
             }
         }
         out
@@ -210,6 +244,122 @@ impl Control {
         });
         if let Err(error) = history.persist() {
             tracing::error!(%error, "cannot persist history");
+        }
+    }
+}
+
+/// One certificate of a listener, as status shows it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CertificateStatus {
+    pub listener: String,
+    /// `files` or `acme`.
+    pub source: String,
+    pub names: Vec<String>,
+    /// None while an ACME certificate is not issued yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_secs: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acme: Option<AcmeStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ocsp: Option<OcspStatus>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct AcmeStatus {
+    pub directory: String,
+    pub challenge: String,
+    /// When renewal is due (RFC 3339), once a certificate is served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct OcspStatus {
+    pub responder: String,
+    pub stapled: bool,
+    /// `good`, `revoked` or `unknown`, of the staple.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub this_update: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_update: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_secs: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+fn rfc3339_unix(secs: i64) -> String {
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+    crate::runtime::rfc3339(at)
+}
+
+impl CertificateStatus {
+    fn of(listener: &str, slot: &CertSlot, now: i64) -> Self {
+        let info = slot.info();
+        let notes = slot.notes();
+        let acme = slot.acme().map(|spec| AcmeStatus {
+            directory: spec.directory.clone(),
+            challenge: spec.challenge.name().to_owned(),
+            renew_at: info
+                .as_ref()
+                .map(|i| rfc3339_unix(renew_at(i, spec.renew_before))),
+            last_error: notes.acme_error.clone(),
+            retry_at: notes.acme_retry_at.map(rfc3339_unix),
+        });
+        let responder = slot
+            .ocsp_target()
+            .map(|t| t.url)
+            .or_else(|| slot.ocsp_unusable());
+        let ocsp = responder.map(|responder| {
+            let staple = slot.staple();
+            let error = match (slot.ocsp_target(), &notes.ocsp_error) {
+                (None, _) => Some(
+                    "the chain holds no issuer certificate to ask the responder about this one"
+                        .to_owned(),
+                ),
+                (Some(_), error) => error.clone(),
+            };
+            OcspStatus {
+                responder,
+                stapled: staple.is_some(),
+                status: staple.as_ref().map(|s| s.status.to_owned()),
+                this_update: staple.as_ref().map(|s| rfc3339_unix(s.this_update)),
+                next_update: staple.as_ref().map(|s| rfc3339_unix(s.next_update)),
+                age_secs: staple.as_ref().map(|s| now - s.this_update),
+                error,
+            }
+        });
+        Self {
+            listener: listener.to_owned(),
+            source: if slot.acme().is_some() {
+                "acme"
+            } else {
+                "files"
+            }
+            .to_owned(),
+            names: match (slot.acme(), &info) {
+                (Some(spec), _) => spec.domains.clone(),
+                (None, Some(info)) => info.names.clone(),
+                (None, None) => Vec::new(),
+            },
+            fingerprint: info.as_ref().map(|i| i.fingerprint.clone()),
+            serial: info.as_ref().map(|i| i.serial.clone()),
+            not_after: info.as_ref().map(|i| i.not_after.clone()),
+            expires_in_secs: info.as_ref().map(|i| i.not_after_unix - now),
+            acme,
+            ocsp,
         }
     }
 }
@@ -266,6 +416,10 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
         match result {
             Ok(issued) => {
                 failures = 0;
+                slot.note(|n| {
+                    n.acme_error = None;
+                    n.acme_retry_at = None;
+                });
                 let event = if renewal { "renewed" } else { "issued" };
                 metrics::counter!(m::ACME_ORDERS, m::LABEL_OUTCOME => event).increment(1);
                 let info = issued.loaded.info.clone();
@@ -292,6 +446,11 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
                 failures += 1;
                 let wait = back_off(failures, failure.outcome);
                 retry_at = Some(Instant::now() + wait);
+                slot.note(|n| {
+                    n.acme_error = Some(failure.message.clone());
+                    n.acme_retry_at =
+                        Some(acme::unix_now() + i64::try_from(wait.as_secs()).unwrap_or(0));
+                });
                 metrics::counter!(m::ACME_ORDERS, m::LABEL_OUTCOME => failure.outcome).increment(1);
                 tracing::warn!(domains, error = %failure, retry_in = ?wait, serving = renewal, "ACME order failed; what is served stays");
                 control.record_certificate(

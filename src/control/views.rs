@@ -128,6 +128,10 @@ pub struct StatusView {
     /// that ended (DESIGN §22).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<crate::runtime::shadow::ShadowReport>,
+    /// Every certificate the TLS listeners serve: ACME state and OCSP
+    /// staples with it (DESIGN §21).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certificates: Vec<super::keeper::CertificateStatus>,
 }
 
 impl Control {
@@ -166,6 +170,7 @@ impl Control {
             pending,
             config_file_matches_active: self.file_matches_active(active.id),
             shadow: self.shadow_report(),
+            certificates: self.certificate_status(),
         }
     }
 

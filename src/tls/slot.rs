@@ -79,9 +79,9 @@ pub struct Staple {
 }
 
 impl Staple {
-    /// Half of its validity is gone: time to ask again.
-    pub fn due(&self, now: i64) -> bool {
-        now >= self.this_update + (self.next_update - self.this_update) / 2
+    /// When half of its validity is gone: time to ask again.
+    pub fn refresh_at(&self) -> i64 {
+        self.this_update + (self.next_update - self.this_update) / 2
     }
 }
 
@@ -94,8 +94,20 @@ pub struct OcspTarget {
     pub fingerprint: String,
 }
 
+/// What the certificate keeper last noted of a slot, for status.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SlotNotes {
+    /// The last ACME order's failure, until one succeeds.
+    pub acme_error: Option<String>,
+    /// When the next order is tried after it (Unix seconds).
+    pub acme_retry_at: Option<i64>,
+    /// The last OCSP fetch's failure, until one succeeds.
+    pub ocsp_error: Option<String>,
+}
+
 #[derive(Default)]
 struct Inner {
+    notes: SlotNotes,
     bare: Option<Arc<CertifiedKey>>,
     info: Option<CertInfo>,
     ocsp: Option<OcspTarget>,
@@ -170,6 +182,14 @@ impl CertSlot {
         inner.info = Some(loaded.info);
         inner.bare = Some(Arc::clone(&loaded.key));
         self.served.store(Some(loaded.key));
+    }
+
+    pub fn notes(&self) -> SlotNotes {
+        self.inner().notes.clone()
+    }
+
+    pub fn note(&self, change: impl FnOnce(&mut SlotNotes)) {
+        change(&mut self.inner().notes);
     }
 
     /// Where to ask for this certificate's OCSP status, if its leaf names

@@ -654,3 +654,287 @@ respond = {{ body = "hello" }}
     // The gateway serves on: admin answers, nothing else is tried yet.
     assert_eq!(gw.active_generation().await, 1);
 }
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (Debian package openssl; .ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `openssl s_client -status`: what the handshake's staple says.
+fn s_client_status(addr: SocketAddr, dir: &Path) -> String {
+    let out = Command::new("openssl")
+        .args([
+            "s_client",
+            "-connect",
+            &addr.to_string(),
+            "-servername",
+            "ocsp.test",
+            "-status",
+            "-CAfile",
+            "ca.pem",
+        ])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("openssl s_client");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ocsp_responses_are_stapled_refreshed_at_half_validity_and_never_stale() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!(
+            "SKIPPED: openssl is not installed (Debian package openssl; .ci/run installs it)"
+        );
+        return;
+    }
+    // The responder's answer is made by `openssl ocsp` from the CA's
+    // index (valid one minute) and served on loopback by the test.
+    let requests = Arc::new(AtomicU64::new(0));
+    let answer = Arc::new(std::sync::Mutex::new(bytes::Bytes::new()));
+    let responder = {
+        let (requests, answer) = (Arc::clone(&requests), Arc::clone(&answer));
+        Backend::start(Arc::new(
+            move |req: hyper::Request<hyper::body::Incoming>| {
+                let (requests, answer) = (Arc::clone(&requests), Arc::clone(&answer));
+                Box::pin(async move {
+                    let post = req.method() == hyper::Method::POST
+                        && req
+                            .headers()
+                            .get("content-type")
+                            .is_some_and(|v| v == "application/ocsp-request");
+                    if post {
+                        requests.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let mut response = hyper::Response::new(full(answer.lock().unwrap().clone()));
+                    response
+                        .headers_mut()
+                        .insert("content-type", "application/ocsp-response".parse().unwrap());
+                    response
+                })
+            },
+        ))
+        .await
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-subj",
+            "/CN=OCSP test CA",
+            "-days",
+            "2",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        ],
+    );
+    openssl(
+        d,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "leaf.key",
+            "-out",
+            "leaf.csr",
+            "-subj",
+            "/CN=ocsp.test",
+        ],
+    );
+    std::fs::write(
+        d.join("ext.cnf"),
+        format!("subjectAltName=DNS:ocsp.test\nextendedKeyUsage=serverAuth\nauthorityInfoAccess=OCSP;URI:http://{}/\n", responder.addr),
+    )
+    .unwrap();
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "leaf.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+    let chain = std::fs::read_to_string(d.join("leaf.pem")).unwrap()
+        + &std::fs::read_to_string(d.join("ca.pem")).unwrap();
+    std::fs::write(d.join("chain.pem"), chain).unwrap();
+    let serial = Command::new("openssl")
+        .args(["x509", "-noout", "-serial", "-in", "leaf.pem"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    let serial = String::from_utf8_lossy(&serial.stdout)
+        .trim()
+        .trim_start_matches("serial=")
+        .to_owned();
+    std::fs::write(
+        d.join("index.txt"),
+        format!("V\t301231000000Z\t\t{serial}\tunknown\t/CN=ocsp.test\n"),
+    )
+    .unwrap();
+    openssl(
+        d,
+        &[
+            "ocsp",
+            "-issuer",
+            "ca.pem",
+            "-cert",
+            "leaf.pem",
+            "-no_nonce",
+            "-reqout",
+            "req.der",
+        ],
+    );
+    let make_answer = || {
+        openssl(
+            d,
+            &[
+                "ocsp",
+                "-index",
+                "index.txt",
+                "-rsigner",
+                "ca.pem",
+                "-rkey",
+                "ca.key",
+                "-CA",
+                "ca.pem",
+                "-reqin",
+                "req.der",
+                "-respout",
+                "resp.der",
+                "-nmin",
+                "1",
+            ],
+        );
+        *answer.lock().unwrap() = bytes::Bytes::from(std::fs::read(d.join("resp.der")).unwrap());
+    };
+    make_answer();
+
+    let gw = Gateway::start(
+        &Config::new()
+            .metrics()
+            .listener(
+                "secure",
+                "protocol = \"https\"\ntls.certificates = [ { cert = \"CHAIN\", key = \"KEY\" } ]"
+                    .replace("CHAIN", &d.join("chain.pem").display().to_string())
+                    .replace("KEY", &d.join("leaf.key").display().to_string())
+                    .as_str(),
+            )
+            .runtime(&format!("file_roots = [\"{}\"]", d.display()))
+            .route(
+                "site",
+                "listeners = [\"secure\"]\nrespond = { body = \"hello\" }",
+            )
+            .build(),
+    );
+    let secure = gw.listener("secure");
+    let stapled = |metrics: &str| sample(metrics, "cutover_ocsp_stapled", &["name=\"ocsp.test\""]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stapled(&scrape(&gw).await) != 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "nothing stapled within 20 s:\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let shown = s_client_status(secure, d);
+    assert!(
+        shown.contains("OCSP Response Status: successful"),
+        "{shown}"
+    );
+    assert!(shown.contains("Cert Status: good"), "{shown}");
+    let status = gw.status().await;
+    let certificate = &status["certificates"][0];
+    assert_eq!(certificate["source"], "files");
+    assert_eq!(certificate["ocsp"]["stapled"], true);
+    assert_eq!(certificate["ocsp"]["status"], "good");
+    assert_eq!(
+        certificate["ocsp"]["responder"],
+        format!("http://{}/", responder.addr)
+    );
+    let age = sample(
+        &scrape(&gw).await,
+        "cutover_ocsp_staple_age_seconds",
+        &["name=\"ocsp.test\""],
+    );
+    assert!((0.0..30.0).contains(&age), "age {age}");
+
+    // Asked again at half its validity (30 s), and not before.
+    assert_eq!(requests.load(Ordering::Relaxed), 1);
+    make_answer();
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while requests.load(Ordering::Relaxed) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "not asked again within 45 s:\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(requests.load(Ordering::Relaxed), 2);
+
+    // The responder breaks (answers garbage): the staple serves until its
+    // next update, then none is stapled.
+    *answer.lock().unwrap() = bytes::Bytes::from_static(b"garbage");
+    let deadline = Instant::now() + Duration::from_secs(75);
+    while stapled(&scrape(&gw).await) != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "a stale staple is still served:\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let shown = s_client_status(secure, d);
+    assert!(shown.contains("OCSP response: no response sent"), "{shown}");
+    let status = gw.status().await;
+    assert_eq!(status["certificates"][0]["ocsp"]["stapled"], false);
+    assert!(status["certificates"][0]["ocsp"]["error"]
+        .as_str()
+        .is_some());
+    // Handshakes go on without it.
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(d.join("ca.pem")).unwrap())
+        .unwrap();
+    handshake(secure, "ocsp.test", &roots).await.unwrap();
+    drop(responder);
+}
