@@ -32,12 +32,14 @@ enum Place {
     Upstream,
     Health,
     Outlier,
+    /// An https listener's `acme` certificate entry (with a route for it).
+    Acme,
 }
 use Place::*;
 
-const PLACES: [Place; 16] = [
+const PLACES: [Place; 17] = [
     Admin, Metrics, Log, Tracing, Runtime, Discovery, Fleet, Http, Https, Tcp, Udp, Route, Retry,
-    Upstream, Health, Outlier,
+    Upstream, Health, Outlier, Acme,
 ];
 const LISTENERS: &[Place] = &[Http, Https, Tcp, Udp];
 const HTTP: &[Place] = &[Http, Https];
@@ -59,6 +61,7 @@ impl Place {
             Upstream => "upstreams",
             Health => "health",
             Outlier => "outlier",
+            Acme => "acme",
         }
     }
 
@@ -125,6 +128,22 @@ impl Place {
             ),
             Health => ("[upstreams.app.health]", &["path = \"/healthz\""]),
             Outlier => ("[upstreams.app.outlier]", &[]),
+            Acme => (
+                "[[routes]]",
+                &[
+                    "name = \"auto-site\"",
+                    "listeners = [\"auto\"]",
+                    "respond = { body = \"ok\" }",
+                    "[[listeners]]",
+                    "name = \"auto\"",
+                    "bind = \"127.0.0.1:0\"",
+                    "protocol = \"https\"",
+                    "[[listeners.tls.certificates]]",
+                    "[listeners.tls.certificates.acme]",
+                    "domains = [\"auto.example\"]",
+                    "directory = \"https://acme.example/dir\"",
+                ],
+            ),
         }
     }
 }
@@ -207,6 +226,8 @@ impl Row {
     }
 }
 
+/// ACME keeps its account and certificates in `state_dir`.
+const STATE_DIR: &[(Place, &str)] = &[(Runtime, "state_dir = \"state\"")];
 const SNI: &str = "sni_routes = [{ hosts = [\"db.example.com\"], upstream = \"relayed\" }]";
 const TRUSTED: &str = "trusted_proxies = [\"127.0.0.1\"]";
 
@@ -715,6 +736,33 @@ fn rows() -> Vec<Row> {
             Upstream,
             &["proxy_protocol = \"v1\""],
         ),
+        row(
+            "acme",
+            "domains",
+            Acme,
+            &["domains = [\"auto.example\", \"www.auto.example\"]"],
+        )
+        .replaces(&["domains = [\"auto.example\"]"])
+        .also(STATE_DIR),
+        row(
+            "acme",
+            "directory",
+            Acme,
+            &["directory = \"https://other-ca.example/dir\""],
+        )
+        .replaces(&["directory = \"https://acme.example/dir\""])
+        .also(STATE_DIR),
+        row("acme", "email", Acme, &["email = \"ops@auto.example\""]).also(STATE_DIR),
+        row("acme", "challenge", Acme, &["challenge = \"http-01\""]).also(STATE_DIR),
+        row("acme", "ca_root", Acme, &["ca_root = \"ca.pem\""]).also(STATE_DIR),
+        row(
+            "acme",
+            "eab",
+            Acme,
+            &["eab = { kid = \"kid-1\", hmac_key_file = \"eab.key\" }"],
+        )
+        .also(STATE_DIR),
+        row("acme", "renew_before", Acme, &["renew_before = \"10d\""]).also(STATE_DIR),
         row("health", "path", Health, &["path = \"/live\""]).replaces(&["path = \"/healthz\""]),
         row("health", "tcp", Health, &["tcp = true"]).replaces(&["path = \"/healthz\""]),
         row("health", "grpc", Health, &["grpc = \"pkg.Service\""])
@@ -784,7 +832,8 @@ fn configuration(
     };
     for p in PLACES {
         let (header, baseline) = p.baseline();
-        if (p == Fleet && place != Fleet) || drop.contains(&header) {
+        if (p == Fleet && place != Fleet) || (p == Acme && place != Acme) || drop.contains(&header)
+        {
             continue;
         }
         push(&mut text, header);
@@ -845,6 +894,10 @@ fn files() -> tempfile::TempDir {
     let (client, client_key) = crate::pki::server_leaf(&ca, &["client.example"]);
     for (name, content) in [
         ("ca.pem", ca.pem.as_str()),
+        (
+            "eab.key",
+            "zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W",
+        ),
         ("site.pem", &site),
         ("site.key", &site_key),
         ("other.pem", &other),
