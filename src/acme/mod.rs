@@ -10,10 +10,19 @@
 mod client;
 pub mod ocsp;
 mod order;
+mod shared;
 mod store;
 
-pub use order::{issue, Failure, Issued};
+pub use order::{alpn_certificate, issue, Failure, Issued};
+pub use shared::{Answer, OrderLock, Shared, SharedCert};
 pub use store::{lock_domains, stored, unix_now, write_issued, CertificateFiles};
+
+/// The SHA-256 of a key authorization, which a tls-alpn-01 certificate
+/// carries.
+pub fn authorization_digest(key_authorization: &str) -> Vec<u8> {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(key_authorization.as_bytes()).to_vec()
+}
 
 /// An EAB HMAC key file's contents, decoded (base64url, with or without
 /// padding, surrounding whitespace ignored).

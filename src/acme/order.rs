@@ -14,6 +14,7 @@ use instant_acme::{
 use rustls::sign::CertifiedKey;
 
 use super::client::Bounded;
+use super::shared::{Answer, Shared};
 use super::store::{account_file, write_private, CertificateFiles};
 use crate::tls::{AcmeSpec, CertSlot, Challenge, LoadedCert};
 
@@ -88,6 +89,9 @@ impl Drop for Answers<'_> {
         }
     }
 }
+
+/// How long a published answer is given to reach every instance.
+const FLEET_PROPAGATION: Duration = Duration::from_secs(2);
 
 /// Polling while the CA validates and issues: quick at first, about a
 /// minute in all.
@@ -170,7 +174,7 @@ async fn account(spec: &AcmeSpec) -> Result<Account, Failure> {
 
 /// The tls-alpn-01 answer for `domain` (RFC 8737): a self-signed
 /// certificate for it carrying the key authorization's digest.
-fn alpn_certificate(domain: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, String> {
+pub fn alpn_certificate(domain: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, String> {
     let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
     let mut params =
         rcgen::CertificateParams::new(vec![domain.to_owned()]).map_err(|e| e.to_string())?;
@@ -185,9 +189,32 @@ fn alpn_certificate(domain: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, St
     )))
 }
 
-/// Orders `spec`'s certificate, answering its challenges through `slot`,
-/// and keeps it in `state_dir`.
-pub async fn issue(spec: &AcmeSpec, slot: &CertSlot) -> Result<Issued, Failure> {
+/// Orders `spec`'s certificate, answering its challenges through `slot`
+/// (and, in a fleet, through every instance: `shared`), and keeps it in
+/// `state_dir`.
+pub async fn issue(
+    spec: &AcmeSpec,
+    slot: &CertSlot,
+    shared: Option<&dyn Shared>,
+) -> Result<Issued, Failure> {
+    let mut published = Vec::new();
+    let result = order(spec, slot, shared, &mut published).await;
+    if let Some(shared) = shared {
+        for answer in published {
+            if let Err(error) = shared.withdraw(answer).await {
+                tracing::debug!(%error, "a published ACME answer was not withdrawn; it expires by itself");
+            }
+        }
+    }
+    result
+}
+
+async fn order(
+    spec: &AcmeSpec,
+    slot: &CertSlot,
+    shared: Option<&dyn Shared>,
+    published: &mut Vec<Answer>,
+) -> Result<Issued, Failure> {
     let account = account(spec).await?;
     let identifiers: Vec<Identifier> = spec
         .domains
@@ -229,17 +256,31 @@ pub async fn issue(spec: &AcmeSpec, slot: &CertSlot) -> Result<Issued, Failure> 
         })?;
         let domain = challenge.identifier().to_string();
         let authorization_key = challenge.key_authorization();
-        match spec.challenge {
+        let answer = match spec.challenge {
             Challenge::TlsAlpn01 => {
                 let cert = alpn_certificate(&domain, authorization_key.digest().as_ref())
                     .map_err(|e| Failure::new("storage", e))?;
                 slot.set_challenge(&domain, Some(cert));
-                answers.tls.push(domain);
+                answers.tls.push(domain.clone());
+                Answer::new(spec.challenge, &domain, authorization_key.as_str())
             }
             Challenge::Http01 => {
                 crate::tls::set_http01(&challenge.token, Some(authorization_key.as_str()));
                 answers.http.push(challenge.token.clone());
+                Answer::new(spec.challenge, &challenge.token, authorization_key.as_str())
             }
+        };
+        if let Some(shared) = shared {
+            shared.publish(answer.clone()).await.map_err(|e| {
+                Failure::new(
+                    "unreachable",
+                    format!("publishing a challenge answer to the fleet: {e}"),
+                )
+            })?;
+            published.push(answer);
+            // Every instance takes the fleet's answers within a second:
+            // the CA may reach any of them once told to look.
+            tokio::time::sleep(FLEET_PROPAGATION).await;
         }
         challenge
             .set_ready()

@@ -44,6 +44,15 @@ pub struct CertificateFiles {
 }
 
 impl CertificateFiles {
+    /// The certificate's name among others: its folder's (the fleet
+    /// keys it so too).
+    pub fn id(&self) -> String {
+        self.dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
     pub fn of(spec: &AcmeSpec) -> Self {
         let mut parts = vec![spec.directory.as_str()];
         parts.extend(spec.domains.iter().map(String::as_str));

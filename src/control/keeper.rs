@@ -99,6 +99,7 @@ type Fetched = (String, Result<Staple, String>);
 impl Control {
     /// Starts the keeper (once, at start-up).
     pub fn keep_certificates(self: &Arc<Self>) {
+        tokio::spawn(answer_for_the_fleet(Arc::downgrade(self)));
         let control = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut orders: HashMap<usize, (Arc<CertSlot>, tokio::task::JoinHandle<()>)> =
@@ -245,6 +246,84 @@ impl Control {
         if let Err(error) = history.persist() {
             tracing::error!(%error, "cannot persist history");
         }
+    }
+}
+
+/// In a fleet, once a second while ACME certificates are served: the
+/// challenge answers any instance published are given here too, so that
+/// the CA's validation succeeds whichever instance it reaches.
+async fn answer_for_the_fleet(control: std::sync::Weak<Control>) {
+    let mut given: std::collections::HashSet<acme::Answer> = std::collections::HashSet::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(this) = control.upgrade() else {
+            break;
+        };
+        let Some(shared) = this.certificate_share() else {
+            continue;
+        };
+        let slots: Vec<Arc<CertSlot>> = this
+            .serving_slots()
+            .into_iter()
+            .filter(|s| s.acme().is_some())
+            .collect();
+        drop(this);
+        if slots.is_empty() && given.is_empty() {
+            continue;
+        }
+        let answers = match tokio::time::timeout(Duration::from_secs(3), shared.answers()).await {
+            Ok(Ok(answers)) => answers,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "the fleet's challenge answers are not readable now");
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let now: std::collections::HashSet<acme::Answer> = answers.into_iter().collect();
+        for answer in now.difference(&given) {
+            give(answer, &slots, true);
+        }
+        for answer in given.difference(&now) {
+            give(answer, &slots, false);
+        }
+        given = now;
+    }
+}
+
+/// Gives (or takes back) one published answer on this instance.
+fn give(answer: &acme::Answer, slots: &[Arc<CertSlot>], on: bool) {
+    match answer.kind() {
+        Some(crate::tls::Challenge::Http01) => {
+            crate::tls::set_http01(
+                &answer.name,
+                on.then_some(answer.key_authorization.as_str()),
+            );
+        }
+        Some(crate::tls::Challenge::TlsAlpn01) => {
+            let certificate = if on {
+                let digest = acme::authorization_digest(&answer.key_authorization);
+                match acme::alpn_certificate(&answer.name, &digest) {
+                    Ok(certificate) => Some(certificate),
+                    Err(error) => {
+                        tracing::warn!(%error, "a tls-alpn-01 answer could not be made");
+                        return;
+                    }
+                }
+            } else {
+                None
+            };
+            for slot in slots {
+                if slot
+                    .acme()
+                    .is_some_and(|s| s.domains.contains(&answer.name))
+                {
+                    slot.set_challenge(&answer.name, certificate.clone());
+                }
+            }
+        }
+        None => {}
     }
 }
 
@@ -406,10 +485,74 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
                 continue;
             }
         }
+        let shared = control.upgrade().and_then(|c| c.certificate_share());
+        let id = acme::CertificateFiles::of(&spec).id();
+        // In a fleet: a peer's certificate is taken, and only the holder
+        // of the order lock orders.
+        let mut fleet_lock = None;
+        if let Some(shared) = &shared {
+            match from_fleet(shared.as_ref(), &spec, &slot, &id, now).await {
+                Ok(Some(loaded)) => {
+                    let info = loaded.info.clone();
+                    install(&slot, loaded);
+                    tracing::info!(domains, serial = %info.serial, "ACME certificate taken from the fleet");
+                    if let Some(control) = control.upgrade() {
+                        control.record_certificate(
+                            Instant::now(),
+                            Outcome::Succeeded,
+                            format!("certificate for {domains} taken from the fleet, serial {}, expires {}", info.serial, info.not_after),
+                            None,
+                            CertificateRecord {
+                                domains: spec.domains.clone(),
+                                event: "fleet".to_owned(),
+                                serial: Some(info.serial),
+                                not_after: Some(info.not_after),
+                                fingerprint: Some(info.fingerprint),
+                            },
+                        );
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(domains, %error, "the fleet's certificate store is unreachable; trying again in 10 s");
+                    retry_at = Some(Instant::now() + Duration::from_secs(10));
+                    continue;
+                }
+            }
+            match shared.lock(id.clone()).await {
+                Ok(Some(lock)) => fleet_lock = Some(lock),
+                Ok(None) => {
+                    tracing::debug!(domains, "another instance orders this certificate");
+                    retry_at = Some(Instant::now() + Duration::from_secs(2));
+                    continue;
+                }
+                Err(error) => {
+                    tracing::warn!(domains, %error, "the fleet's order lock is unreachable; trying again in 10 s");
+                    retry_at = Some(Instant::now() + Duration::from_secs(10));
+                    continue;
+                }
+            }
+            // It may have finished while the lock was being taken.
+            if let Ok(Some(loaded)) = from_fleet(shared.as_ref(), &spec, &slot, &id, now).await {
+                install(&slot, loaded);
+                continue;
+            }
+        }
         let renewal = slot.info().is_some();
         let started = Instant::now();
         tracing::info!(domains, directory = %spec.directory, challenge = spec.challenge.name(), renewal, "ordering an ACME certificate");
-        let result = acme::issue(&spec, &slot).await;
+        let result = acme::issue(&spec, &slot, shared.as_deref()).await;
+        if let (Some(shared), Ok(issued)) = (&shared, &result) {
+            let certificate = acme::SharedCert {
+                chain_pem: issued.chain_pem.clone(),
+                key_pem: issued.key_pem.clone(),
+            };
+            if let Err(error) = shared.store(id.clone(), certificate).await {
+                tracing::warn!(domains, %error, "the new certificate is not in the fleet's store; the other instances will order their own");
+            }
+        }
+        drop(fleet_lock.take());
         let Some(control) = control.upgrade() else {
             return;
         };
@@ -473,6 +616,46 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
             }
         }
     }
+}
+
+/// The fleet's certificate for `id`, when it is not the one `slot`
+/// serves and is not due for renewal; kept in `state_dir` too, so that a
+/// restart without etcd serves it.
+async fn from_fleet(
+    shared: &dyn acme::Shared,
+    spec: &crate::tls::AcmeSpec,
+    slot: &CertSlot,
+    id: &str,
+    now: i64,
+) -> Result<Option<LoadedCert>, String> {
+    let Some(certificate) = shared.load(id.to_owned()).await? else {
+        return Ok(None);
+    };
+    let files = acme::CertificateFiles::of(spec);
+    let loaded = match crate::tls::parse_cert(
+        &files.cert,
+        certificate.chain_pem.as_bytes(),
+        &files.key,
+        certificate.key_pem.as_bytes(),
+    ) {
+        Ok(loaded) => loaded,
+        Err(error) => {
+            tracing::warn!(%error, "the fleet's certificate does not load; it is ordered again");
+            return Ok(None);
+        }
+    };
+    let covers = spec.domains.iter().all(|d| loaded.info.names.contains(d));
+    let current = renew_at(&loaded.info, spec.renew_before) > now;
+    let other = slot
+        .info()
+        .is_none_or(|info| info.fingerprint != loaded.info.fingerprint);
+    if !(covers && current && other) {
+        return Ok(None);
+    }
+    if let Err(error) = acme::write_issued(spec, &certificate.chain_pem, &certificate.key_pem) {
+        tracing::warn!(%error, "the fleet's certificate is served but not kept in state_dir");
+    }
+    Ok(Some(loaded))
 }
 
 /// Serves `loaded` in `slot` from the next handshake on.

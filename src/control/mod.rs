@@ -233,6 +233,10 @@ pub struct Control {
     last_shadow: Mutex<Option<crate::runtime::shadow::ShadowReport>>,
     /// The console's last 15 minutes (`timeline.rs`).
     timeline: Mutex<timeline::Timeline>,
+    /// In a fleet: where ACME orders, certificates and challenge answers
+    /// are shared (set once by the fleet, which outlives nothing here:
+    /// weak, as the fleet holds this control plane).
+    certificate_share: std::sync::OnceLock<std::sync::Weak<dyn crate::acme::Shared>>,
 }
 
 impl Control {
@@ -256,7 +260,18 @@ impl Control {
             shadowing: Mutex::new(None),
             last_shadow: Mutex::new(None),
             timeline: Mutex::default(),
+            certificate_share: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Orders ACME certificates with the fleet's instances through
+    /// `shared` (once, when the fleet starts).
+    pub fn share_certificates(&self, shared: std::sync::Weak<dyn crate::acme::Shared>) {
+        let _ = self.certificate_share.set(shared);
+    }
+
+    fn certificate_share(&self) -> Option<Arc<dyn crate::acme::Shared>> {
+        self.certificate_share.get()?.upgrade()
     }
 
     /// Says how the configuration file's text becomes the text it

@@ -12,6 +12,7 @@
 //! serves what it has and catches up when etcd returns.
 
 mod agent;
+mod certificates;
 mod etcd;
 mod probation;
 mod records;
@@ -279,6 +280,9 @@ impl Fleet {
             shadowing: Mutex::new(None),
         });
         tokio::spawn(agent::run(Arc::clone(&fleet)));
+        // ACME orders once per certificate across the fleet.
+        let shared: Arc<dyn crate::acme::Shared> = Arc::clone(&fleet) as _;
+        fleet.control.share_certificates(Arc::downgrade(&shared));
         fleet
     }
 

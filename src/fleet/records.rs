@@ -67,6 +67,25 @@ impl Keys {
         format!("{}/instances/", self.prefix)
     }
 
+    /// An ACME certificate the fleet shares (DESIGN §21): its chain and
+    /// key, readable by every instance.
+    pub fn acme_certificate(&self, id: &str) -> String {
+        format!("{}/acme/certificates/{id}", self.prefix)
+    }
+
+    /// Held, under its holder's lease, while one instance orders `id`.
+    pub fn acme_lock(&self, id: &str) -> String {
+        format!("{}/acme/locks/{id}", self.prefix)
+    }
+
+    pub fn acme_answer(&self, challenge: &str, name: &str) -> String {
+        format!("{}/acme/answers/{challenge}/{name}", self.prefix)
+    }
+
+    pub fn acme_answers(&self) -> String {
+        format!("{}/acme/answers/", self.prefix)
+    }
+
     /// A fleet-wide shadow stage's document, under its writer's lease.
     pub fn shadow(&self, id: &str) -> String {
         format!("{}/shadows/{id}", self.prefix)

@@ -426,8 +426,6 @@ async fn serve(
         scratch,
     );
     control.set_process(Arc::clone(&process) as Arc<dyn crate::control::ProcessControl>);
-    // ACME orders and renewals, OCSP staples (DESIGN §21).
-    control.keep_certificates();
     // A generation that was pending when the last process stopped (or
     // handed over) is pending again, with what is left of its window.
     control.resume_pending();
@@ -437,6 +435,9 @@ async fn serve(
         ));
     }
     let writer = Writer::start(Arc::clone(&control), spec.fleet.clone());
+    // ACME orders and renewals, OCSP staples (DESIGN §21); after the
+    // writer, so that a fleet instance orders through its fleet.
+    control.keep_certificates();
     if options.watch {
         match super::watch::spawn(Arc::clone(&control), options.config.clone()) {
             Ok(()) => {

@@ -938,3 +938,71 @@ async fn ocsp_responses_are_stapled_refreshed_at_half_validity_and_never_stale()
     handshake(secure, "ocsp.test", &roots).await.unwrap();
     drop(responder);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_three_orders_once_and_every_instance_serves_it() {
+    let Some(etcd) = crate::fleet::Etcd::start().await else {
+        return;
+    };
+    // The CA validates at the first instance's port; whichever instance
+    // orders, the answer must be given there.
+    let tls_port = free_port();
+    let Some(pebble) = Pebble::start(free_port(), tls_port, 3600).await else {
+        return;
+    };
+    let prefix = format!("/cutover-test/acme-{}", std::process::id());
+    let instance = |name: &str, port: u16| {
+        format!(
+            r#"
+[admin]
+bind = "127.0.0.1:0"
+
+[runtime]
+state_dir = "state"
+file_roots = ["{roots}"]
+
+[[listeners]]
+name = "secure"
+bind = "127.0.0.1:{port}"
+protocol = "https"
+tls.certificates = [ {{ acme = {{ domains = ["a.test", "www.a.test"], directory = "{directory}", ca_root = "{ca}" }} }} ]
+
+[fleet]
+endpoints = ["{etcd}"]
+prefix = "{prefix}"
+instance = "{name}"
+lease_ttl = "3s"
+"#,
+            roots = pebble._dir.path().display(),
+            directory = pebble.directory,
+            ca = pebble.api_ca.display(),
+            etcd = etcd.endpoint(),
+        )
+    };
+    let gateways = [
+        Gateway::start(&instance("one", tls_port)),
+        Gateway::start(&instance("two", 0)),
+        Gateway::start(&instance("three", 0)),
+    ];
+    let roots = pebble.root();
+    let mut fingerprints = Vec::new();
+    for gw in &gateways {
+        fingerprints.push(wait_issued(gw, gw.listener("secure"), "a.test", &roots).await);
+    }
+    assert!(
+        fingerprints.iter().all(|f| *f == fingerprints[0]),
+        "{fingerprints:?}"
+    );
+    assert_eq!(pebble.orders(), 1, "{}", pebble.log());
+    let mut events = Vec::new();
+    for gw in &gateways {
+        for op in certificate_operations(gw).await {
+            events.push(op["certificate"]["event"].as_str().unwrap().to_owned());
+        }
+    }
+    events.sort();
+    assert_eq!(events, ["fleet", "fleet", "issued"]);
+    // Nothing more is ordered afterwards.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(pebble.orders(), 1);
+}

@@ -15,7 +15,7 @@ use crate::harness::{admin_request, failing_backend, get, post_json, Backend, Co
 const ETCD: &str = "/usr/bin/etcd";
 
 /// A single-member etcd on loopback; killed when dropped.
-struct Etcd {
+pub(crate) struct Etcd {
     child: Option<Child>,
     dir: tempfile::TempDir,
     client: SocketAddr,
@@ -36,7 +36,7 @@ fn free_port() -> SocketAddr {
 
 impl Etcd {
     /// `None` (with the reason on stderr) when etcd is not installed.
-    async fn start() -> Option<Etcd> {
+    pub(crate) async fn start() -> Option<Etcd> {
         Self::start_with(&[]).await
     }
 
@@ -142,7 +142,7 @@ impl Etcd {
         }
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         self.client.to_string()
     }
 

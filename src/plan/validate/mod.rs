@@ -360,7 +360,7 @@ impl Validator<'_> {
         self.l4_upstreams(file);
         let routes = self.routes(file);
         self.ambiguous_routes(file, &routes);
-        self.acme_served(&listeners, &routes);
+        self.acme_served(&listeners, &routes, file.fleet.is_some());
         let fleet = file.fleet.as_ref().and_then(|f| self.fleet(f));
         let discovery = self.discovery(file);
         if file.fleet.is_some() && file.runtime.write_back == Some(true) {

@@ -301,9 +301,15 @@ impl Validator<'_> {
     }
 
     /// Every ACME domain is served where its certificate is (a route of
-    /// its listener takes the host), an http-01 domain also on an `http`
+    /// its listener takes the host; a fleet instance's routes are in the
+    /// shared document, not here), an http-01 domain also on an `http`
     /// listener, and a domain is ordered by one entry only.
-    pub(super) fn acme_served(&mut self, listeners: &[ListenerSpec], routes: &[Arc<RouteSpec>]) {
+    pub(super) fn acme_served(
+        &mut self,
+        listeners: &[ListenerSpec],
+        routes: &[Arc<RouteSpec>],
+        fleet: bool,
+    ) {
         let mut owners: HashMap<&str, (&str, &crate::tls::AcmeSpec)> = HashMap::new();
         let http = listeners
             .iter()
@@ -324,7 +330,7 @@ impl Validator<'_> {
                                 && (r.hosts.is_empty() || r.hosts.iter().any(|h| h.matches(domain)))
                         })
                     };
-                    if !served_on(&listener.name) {
+                    if !fleet && !served_on(&listener.name) {
                         self.error(
                             Code::AcmeDomainNotServed,
                             at.clone(),
