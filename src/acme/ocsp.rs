@@ -142,3 +142,56 @@ impl Responders {
         staple(&body, target, super::store::unix_now()).map_err(|e| format!("{}: {e}", target.url))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> OcspTarget {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["a.example".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        OcspTarget {
+            url: "http://127.0.0.1:9/".to_owned(),
+            leaf: leaf.der().clone(),
+            issuer: ca_cert.der().clone(),
+            fingerprint: crate::tls::fingerprint(leaf.der()),
+        }
+    }
+
+    #[test]
+    fn a_request_asks_about_the_leaf_by_its_issuer_and_serial() {
+        let target = target();
+        let der = request(&target).unwrap();
+        let parsed = OcspRequest::from_der(&der).unwrap();
+        assert_eq!(parsed.tbs_request.request_list.len(), 1);
+        let id = &parsed.tbs_request.request_list[0].req_cert;
+        let leaf = Certificate::from_der(&target.leaf).unwrap();
+        assert_eq!(id.serial_number, leaf.tbs_certificate.serial_number);
+        assert_eq!(
+            id.issuer_name_hash.as_bytes().len(),
+            20,
+            "SHA-1, as RFC 5019 responders expect"
+        );
+    }
+
+    #[test]
+    fn what_is_not_a_successful_response_is_never_a_staple() {
+        let target = target();
+        assert!(staple(b"garbage", &target, 0)
+            .unwrap_err()
+            .contains("not an OCSP response"));
+        // tryLater, with no body.
+        let try_later = OcspResponse::try_later().to_der().unwrap();
+        assert!(staple(&try_later, &target, 0)
+            .unwrap_err()
+            .contains("TryLater"));
+    }
+}

@@ -181,7 +181,9 @@ impl Control {
         });
     }
 
-    /// Every certificate slot new handshakes may get, once each.
+    /// Every certificate slot new handshakes may get, once each; exports
+    /// each one's `not_after` by listener on the way (a renewal changes
+    /// it with no reload).
     fn serving_slots(&self) -> Vec<Arc<CertSlot>> {
         let active = self.store.load_full();
         let mut out: Vec<Arc<CertSlot>> = Vec::new();
@@ -190,6 +192,12 @@ impl Control {
                 continue;
             };
             for slot in material.slots() {
+                if let Some(info) = slot.info() {
+                    for name in &info.names {
+                        metrics::gauge!(m::CERT_NOT_AFTER, m::LABEL_LISTENER => listener.name.clone(), m::LABEL_NAME => name.clone())
+                            .set(info.not_after_unix as f64);
+                    }
+                }
                 if !out.iter().any(|s| Arc::ptr_eq(s, slot)) {
                     out.push(Arc::clone(slot));
                 }

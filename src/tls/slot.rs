@@ -361,3 +361,147 @@ pub fn set_http01(token: &str, answer: Option<&str>) {
 pub fn http01_waiting() -> bool {
     !http01_tokens().load().is_empty()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CA and a leaf it signs for `name`, the leaf naming `responder`
+    /// as its OCSP responder when given: (chain PEM with the CA, key PEM).
+    fn chain(name: &str, responder: Option<&str>) -> (String, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut leaf = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
+        if let Some(url) = responder {
+            // AuthorityInfoAccess { ocsp: uniformResourceIdentifier }
+            let oid = [0x06, 0x08, 0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x30, 0x01];
+            let mut location = vec![0x86, u8::try_from(url.len()).unwrap()];
+            location.extend_from_slice(url.as_bytes());
+            let mut description = vec![0x30, u8::try_from(oid.len() + location.len()).unwrap()];
+            description.extend_from_slice(&oid);
+            description.extend_from_slice(&location);
+            let mut content = vec![0x30, u8::try_from(description.len()).unwrap()];
+            content.extend_from_slice(&description);
+            leaf.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(
+                &[1, 3, 6, 1, 5, 5, 7, 1, 1],
+                content,
+            )];
+        }
+        let cert = leaf.signed_by(&key, &issuer).unwrap();
+        (cert.pem() + &ca_cert.pem(), key.serialize_pem())
+    }
+
+    fn loaded(name: &str, responder: Option<&str>) -> LoadedCert {
+        let (cert, key) = chain(name, responder);
+        let path = std::path::Path::new("test.pem");
+        crate::tls::parse_cert(path, cert.as_bytes(), path, key.as_bytes()).unwrap()
+    }
+
+    fn staple(der: &[u8]) -> Staple {
+        Staple {
+            der: der.into(),
+            this_update: 0,
+            next_update: 100,
+            fetched: 0,
+            status: "good",
+        }
+    }
+
+    #[test]
+    fn a_staple_goes_to_the_certificate_it_is_for_and_leaves_with_it() {
+        let first = loaded("a.example", Some("http://127.0.0.1:9/ocsp"));
+        let fingerprint = first.info.fingerprint.clone();
+        let slot = CertSlot::fixed(first);
+        let target = slot.ocsp_target().expect("the leaf names a responder");
+        assert_eq!(target.url, "http://127.0.0.1:9/ocsp");
+        assert_eq!(target.fingerprint, fingerprint);
+        slot.set_staple("sha256:another", Some(staple(b"other")));
+        assert!(
+            slot.certified().unwrap().ocsp.is_none(),
+            "not its certificate"
+        );
+        slot.set_staple(&fingerprint, Some(staple(b"response")));
+        assert_eq!(
+            slot.certified().unwrap().ocsp.as_deref(),
+            Some(&b"response"[..])
+        );
+        slot.set_staple(&fingerprint, None);
+        assert!(slot.certified().unwrap().ocsp.is_none(), "taken off");
+        // A renewal: the old staple is not the new certificate's.
+        slot.set_staple(&fingerprint, Some(staple(b"response")));
+        slot.install(loaded("a.example", None));
+        assert!(slot.staple().is_none());
+        assert!(slot.certified().unwrap().ocsp.is_none());
+        assert!(slot.ocsp_target().is_none());
+    }
+
+    #[test]
+    fn a_responder_without_the_issuer_in_the_chain_is_reported_not_asked() {
+        let (cert, key) = chain("a.example", Some("http://127.0.0.1:9/"));
+        let leaf_only: String = cert
+            .split_inclusive("-----END CERTIFICATE-----\n")
+            .next()
+            .unwrap()
+            .to_owned();
+        let path = std::path::Path::new("test.pem");
+        let slot = CertSlot::fixed(
+            crate::tls::parse_cert(path, leaf_only.as_bytes(), path, key.as_bytes()).unwrap(),
+        );
+        assert!(slot.ocsp_target().is_none());
+        assert_eq!(slot.ocsp_unusable().as_deref(), Some("http://127.0.0.1:9/"));
+    }
+
+    fn spec(domain: &str) -> AcmeSpec {
+        AcmeSpec {
+            domains: vec![domain.to_owned()],
+            directory: "https://acme.example/dir".to_owned(),
+            email: None,
+            challenge: Challenge::TlsAlpn01,
+            ca_root: None,
+            eab: None,
+            renew_before: None,
+            state_dir: PathBuf::from("/nonexistent"),
+        }
+    }
+
+    #[test]
+    fn one_acme_entry_is_one_slot_while_anything_holds_it() {
+        let a = acme_slot(&spec("slot-a.example"), || None);
+        let again = acme_slot(&spec("slot-a.example"), || panic!("not read again"));
+        assert!(Arc::ptr_eq(&a, &again));
+        let b = acme_slot(&spec("slot-b.example"), || None);
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert!(a.certified().is_none(), "nothing issued yet");
+        // tls-alpn-01 answers, by domain.
+        let answer = Arc::clone(&loaded("slot-a.example", None).key);
+        a.set_challenge("slot-a.example", Some(answer));
+        assert!(again.challenge("slot-a.example").is_some());
+        a.set_challenge("slot-a.example", None);
+        assert!(a.challenge("slot-a.example").is_none());
+        drop((a, again));
+        let stored = loaded("slot-a.example", None);
+        let fingerprint = stored.info.fingerprint.clone();
+        let fresh = acme_slot(&spec("slot-a.example"), || Some(stored));
+        assert_eq!(
+            fresh.info().unwrap().fingerprint,
+            fingerprint,
+            "made anew, from state_dir"
+        );
+    }
+
+    #[test]
+    fn http_01_answers_come_and_go() {
+        set_http01("unit-token", Some("unit-token.thumbprint"));
+        assert!(http01_waiting());
+        assert_eq!(
+            http01_answer("unit-token").as_deref(),
+            Some("unit-token.thumbprint")
+        );
+        set_http01("unit-token", None);
+        assert!(http01_answer("unit-token").is_none());
+    }
+}

@@ -53,6 +53,17 @@ impl Pebble {
     /// connects to 127.0.0.1 at `http_port` (http-01) and `tls_port`
     /// (tls-alpn-01); certificates live `validity` seconds.
     async fn start(http_port: u16, tls_port: u16, validity: u64) -> Option<Pebble> {
+        Self::start_with(http_port, tls_port, validity, None).await
+    }
+
+    /// As `start`; with `eab`, accounts need an external account binding
+    /// with this key id and base64url HMAC key.
+    async fn start_with(
+        http_port: u16,
+        tls_port: u16,
+        validity: u64,
+        eab: Option<(&str, &str)>,
+    ) -> Option<Pebble> {
         if !Path::new(PEBBLE).exists() || !Path::new(CHALLTESTSRV).exists() {
             eprintln!(
                 "SKIPPED: {PEBBLE} is not installed (Debian package pebble; .ci/run installs it)"
@@ -77,7 +88,8 @@ impl Pebble {
                 "httpPort": http_port,
                 "tlsPort": tls_port,
                 "ocspResponderURL": "",
-                "externalAccountBindingRequired": false,
+                "externalAccountBindingRequired": eab.is_some(),
+                "externalAccountMACKeys": eab.map(|(kid, key)| serde_json::json!({ kid: key })),
                 "certificateValidityPeriod": validity,
             }
         });
@@ -394,6 +406,47 @@ async fn http_01_is_answered_on_the_http_listener_before_routing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_that_requires_external_account_binding_gets_it() {
+    const KEY: &str = "zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W";
+    let site = Site::new();
+    let Some(pebble) =
+        Pebble::start_with(site.http_port, site.tls_port, 3600, Some(("kid-1", KEY))).await
+    else {
+        return;
+    };
+    let key_file = pebble._dir.path().join("eab.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    // Without the binding the CA refuses the account, and says why.
+    let unbound = Gateway::start(&site.config(&pebble, "tls-alpn-01", ""));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        if let Some(op) = certificate_operations(&unbound).await.first() {
+            break op["error"].as_str().unwrap().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no failure recorded:\n{}",
+            unbound.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(refused.contains("making the account"), "{refused}");
+    assert!(refused.contains("externalAccountRequired"), "{refused}");
+    drop(unbound);
+    let site = Site {
+        state: tempfile::tempdir().unwrap(),
+        ..site
+    };
+    let eab = format!(
+        ", eab = {{ kid = \"kid-1\", hmac_key_file = \"{}\" }}",
+        key_file.display()
+    );
+    let gw = Gateway::start(&site.config(&pebble, "tls-alpn-01", &eab));
+    wait_issued(&gw, gw.listener("secure"), "a.test", &pebble.root()).await;
+    assert_eq!(pebble.orders(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_under_load_fails_no_handshake_and_no_request() {
     let site = Site::new();
     // 30-second certificates: renewed a third of their lifetime before
@@ -422,7 +475,7 @@ async fn renewal_under_load_fails_no_handshake_and_no_request() {
         clients.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 match request_over_tls(secure, &roots).await {
-                    Ok((fingerprint, status)) if status == 200 => {
+                    Ok((fingerprint, 200)) => {
                         seen.lock().unwrap().insert(fingerprint);
                     }
                     other => {
