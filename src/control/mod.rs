@@ -41,6 +41,7 @@ pub use commit::{admit_change, operation_kind_name};
 pub use error::ControlError;
 #[cfg(feature = "fleet")]
 pub(crate) use guarded::{judge, Verdict};
+pub use keeper::{AcmeStatus, CertificateStatus, OcspStatus};
 pub use process::{BinaryView, LifecycleError, ProcessControl, UpgradeRequest};
 #[cfg(feature = "fleet")]
 pub(crate) use shadow::judge as judge_shadow;

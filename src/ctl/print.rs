@@ -726,6 +726,44 @@ pub(super) fn status_frame(
             );
         }
     }
+    if !status.certificates.is_empty() {
+        let _ = writeln!(out, "\ncertificates");
+        let _ = writeln!(
+            out,
+            "  {:<10} {:<6} {:<32} {:<21} {:<9} {}",
+            "listener", "source", "names", "not after", "ocsp", "note"
+        );
+        for c in &status.certificates {
+            let ocsp = c.ocsp.as_ref().map_or("-", |o| {
+                if o.stapled {
+                    o.status.as_deref().unwrap_or("stapled")
+                } else {
+                    "none"
+                }
+            });
+            let note = c
+                .acme
+                .as_ref()
+                .and_then(|a| {
+                    a.last_error
+                        .as_ref()
+                        .map(|e| format!("order failed: {e}"))
+                        .or_else(|| a.renew_at.as_ref().map(|r| format!("renews {r}")))
+                })
+                .or_else(|| c.ocsp.as_ref().and_then(|o| o.error.clone()))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {:<10} {:<6} {:<32} {:<21} {:<9} {}",
+                c.listener,
+                c.source,
+                c.names.join(","),
+                c.not_after.as_deref().unwrap_or("(not issued yet)"),
+                ocsp,
+                note,
+            );
+        }
+    }
     let _ = writeln!(out, "\nhistory (newest first)");
     for g in history.iter().flat_map(|h| &h.generations).take(10) {
         let who = [g.requested_by.as_deref(), g.reason.as_deref()]
