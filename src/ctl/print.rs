@@ -730,8 +730,8 @@ pub(super) fn status_frame(
         let _ = writeln!(out, "\ncertificates");
         let _ = writeln!(
             out,
-            "  {:<10} {:<6} {:<32} {:<21} {:<9} {}",
-            "listener", "source", "names", "not after", "ocsp", "note"
+            "  {:<10} {:<6} {:<32} {:<21} {:<9} note",
+            "listener", "source", "names", "not after", "ocsp"
         );
         for c in &status.certificates {
             let ocsp = c.ocsp.as_ref().map_or("-", |o| {
