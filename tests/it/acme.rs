@@ -1059,3 +1059,30 @@ lease_ttl = "3s"
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(pebble.orders(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_listeners_naming_one_entry_share_one_order() {
+    let site = Site::new();
+    let Some(pebble) = Pebble::start(site.http_port, site.tls_port, 3600).await else {
+        return;
+    };
+    let config = site.config(&pebble, "tls-alpn-01", "").replace(
+        "listeners = [\"web\", \"secure\"]",
+        "listeners = [\"web\", \"secure\", \"other\"]",
+    );
+    let entry = config
+        .lines()
+        .find(|l| l.starts_with("tls.certificates"))
+        .unwrap()
+        .to_owned();
+    let config = format!(
+        "{config}\n[[listeners]]\nname = \"other\"\nbind = \"127.0.0.1:0\"\nprotocol = \"https\"\n{entry}\n"
+    );
+    let gw = Gateway::start(&config);
+    let roots = pebble.root();
+    let first = wait_issued(&gw, gw.listener("secure"), "a.test", &roots).await;
+    let second = wait_issued(&gw, gw.listener("other"), "a.test", &roots).await;
+    assert_eq!(first, second);
+    assert_eq!(pebble.orders(), 1, "{}", pebble.log());
+    assert_eq!(certificate_operations(&gw).await.len(), 1);
+}
