@@ -139,7 +139,7 @@ impl Control {
                     });
                 }
                 // OCSP, and the gauges.
-                let mut seen = Vec::new();
+                let mut seen = std::collections::HashSet::new();
                 for slot in &slots {
                     let Some(info) = slot.info() else { continue };
                     for name in &info.names {
@@ -149,7 +149,7 @@ impl Control {
                     let Some(target) = slot.ocsp_target() else {
                         continue;
                     };
-                    seen.push(target.fingerprint.clone());
+                    seen.insert(target.fingerprint.clone());
                     let state = ocsp.entry(target.fingerprint.clone()).or_default();
                     // Never staple what is no longer current.
                     if state.staple.as_ref().is_some_and(|s| s.next_update <= now) {
@@ -459,6 +459,7 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
     };
     let domains = spec.domains.join(", ");
     let mut failures = 0u32;
+    let mut fleet_failures = 0u32;
     let mut retry_at: Option<Instant> = None;
     loop {
         let now = acme::unix_now();
@@ -498,55 +499,55 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
         // In a fleet: a peer's certificate is taken, and only the holder
         // of the order lock orders.
         let mut fleet_lock = None;
-        if let Some(shared) = &shared {
-            match from_fleet(shared.as_ref(), &spec, &slot, &id, now).await {
+        // Without etcd for 30 s, a certificate that is missing or has
+        // under 7 days left is ordered alone: a second order beats an
+        // expired certificate.
+        let urgent = slot
+            .info()
+            .is_none_or(|info| info.not_after_unix - now < 7 * 86_400);
+        let alone = fleet_failures >= 3 && urgent;
+        if let (Some(shared), false) = (&shared, alone) {
+            let taken = match from_fleet(shared.as_ref(), &spec, &slot, &id, now).await {
+                Ok(found) => match found {
+                    Some(loaded) => Ok(Some(loaded)),
+                    None => shared.lock(id.clone()).await.map(|lock| {
+                        fleet_lock = lock;
+                        None
+                    }),
+                },
+                Err(error) => Err(error),
+            };
+            match taken {
                 Ok(Some(loaded)) => {
-                    let info = loaded.info.clone();
-                    install(&slot, loaded);
-                    tracing::info!(domains, serial = %info.serial, "ACME certificate taken from the fleet");
-                    if let Some(control) = control.upgrade() {
-                        control.record_certificate(
-                            Instant::now(),
-                            Outcome::Succeeded,
-                            format!("certificate for {domains} taken from the fleet, serial {}, expires {}", info.serial, info.not_after),
-                            None,
-                            CertificateRecord {
-                                domains: spec.domains.clone(),
-                                event: "fleet".to_owned(),
-                                serial: Some(info.serial),
-                                not_after: Some(info.not_after),
-                                fingerprint: Some(info.fingerprint),
-                            },
-                        );
-                    }
+                    fleet_failures = 0;
+                    taken_from_fleet(&control, &slot, &spec, loaded);
                     continue;
                 }
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::warn!(domains, %error, "the fleet's certificate store is unreachable; trying again in 10 s");
-                    retry_at = Some(Instant::now() + Duration::from_secs(10));
-                    continue;
-                }
-            }
-            match shared.lock(id.clone()).await {
-                Ok(Some(lock)) => fleet_lock = Some(lock),
-                Ok(None) => {
+                Ok(None) if fleet_lock.is_none() => {
+                    fleet_failures = 0;
                     tracing::debug!(domains, "another instance orders this certificate");
                     retry_at = Some(Instant::now() + Duration::from_secs(2));
                     continue;
                 }
+                Ok(None) => fleet_failures = 0,
                 Err(error) => {
-                    tracing::warn!(domains, %error, "the fleet's order lock is unreachable; trying again in 10 s");
+                    fleet_failures += 1;
+                    tracing::warn!(domains, %error, "the fleet's certificate store is unreachable; trying again in 10 s");
                     retry_at = Some(Instant::now() + Duration::from_secs(10));
                     continue;
                 }
             }
             // It may have finished while the lock was being taken.
             if let Ok(Some(loaded)) = from_fleet(shared.as_ref(), &spec, &slot, &id, now).await {
-                install(&slot, loaded);
+                taken_from_fleet(&control, &slot, &spec, loaded);
                 continue;
             }
+        } else if alone {
+            tracing::warn!(domains, "the fleet has been unreachable for 30 s and this certificate is missing or expires within 7 days: ordering without the fleet's lock");
+            // The next attempt asks the fleet first again.
+            fleet_failures = 0;
         }
+        let shared = shared.filter(|_| !alone);
         let renewal = slot.info().is_some();
         let started = Instant::now();
         tracing::info!(domains, directory = %spec.directory, challenge = spec.challenge.name(), renewal, "ordering an ACME certificate");
@@ -623,6 +624,37 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
                 );
             }
         }
+    }
+}
+
+/// Installs a certificate a fleet peer ordered, and records it.
+fn taken_from_fleet(
+    control: &std::sync::Weak<Control>,
+    slot: &CertSlot,
+    spec: &crate::tls::AcmeSpec,
+    loaded: LoadedCert,
+) {
+    let info = loaded.info.clone();
+    let domains = spec.domains.join(", ");
+    install(slot, loaded);
+    tracing::info!(domains, serial = %info.serial, "ACME certificate taken from the fleet");
+    if let Some(control) = control.upgrade() {
+        control.record_certificate(
+            Instant::now(),
+            Outcome::Succeeded,
+            format!(
+                "certificate for {domains} taken from the fleet, serial {}, expires {}",
+                info.serial, info.not_after
+            ),
+            None,
+            CertificateRecord {
+                domains: spec.domains.clone(),
+                event: "fleet".to_owned(),
+                serial: Some(info.serial),
+                not_after: Some(info.not_after),
+                fingerprint: Some(info.fingerprint),
+            },
+        );
     }
 }
 

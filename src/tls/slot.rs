@@ -311,6 +311,18 @@ fn acme_slots() -> &'static AcmeSlots {
 /// stored for its domains, when one is there and still valid (`stored`
 /// reads it: a restart serves at once, without ordering).
 pub fn acme_slot(spec: &AcmeSpec, stored: impl FnOnce() -> Option<LoadedCert>) -> Arc<CertSlot> {
+    let existing = || {
+        acme_slots()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(spec)
+            .and_then(Weak::upgrade)
+    };
+    if let Some(slot) = existing() {
+        return slot;
+    }
+    // The files are read outside the lock.
+    let loaded = stored();
     let mut slots = acme_slots().lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(slot) = slots.get(spec).and_then(Weak::upgrade) {
         return slot;
@@ -324,7 +336,7 @@ pub fn acme_slot(spec: &AcmeSpec, stored: impl FnOnce() -> Option<LoadedCert>) -
             challenges: ArcSwap::default(),
         }),
     });
-    if let Some(loaded) = stored() {
+    if let Some(loaded) = loaded {
         slot.install(loaded);
     }
     slots.insert(spec.clone(), Arc::downgrade(&slot));
@@ -344,9 +356,13 @@ pub fn http01_answer(token: &str) -> Option<Arc<str>> {
     http01_tokens().load().get(token).cloned()
 }
 
+/// How many http-01 answers wait: the request path reads this (one
+/// relaxed load) before it looks further.
+static HTTP01_WAITING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Sets (or with `None` clears) the http-01 answer for `token`.
 pub fn set_http01(token: &str, answer: Option<&str>) {
-    http01_tokens().rcu(|map| {
+    let previous = http01_tokens().rcu(|map| {
         let mut map = HashMap::clone(map);
         match answer {
             Some(answer) => map.insert(token.to_owned(), Arc::from(answer)),
@@ -354,12 +370,18 @@ pub fn set_http01(token: &str, answer: Option<&str>) {
         };
         map
     });
+    let had = usize::from(previous.contains_key(token));
+    let has = usize::from(answer.is_some());
+    if has > had {
+        HTTP01_WAITING.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    } else if had > has {
+        HTTP01_WAITING.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
-/// Whether any http-01 answer is waiting (one atomic load: the request
-/// path asks only then).
+/// Whether any http-01 answer is waiting.
 pub fn http01_waiting() -> bool {
-    !http01_tokens().load().is_empty()
+    HTTP01_WAITING.load(std::sync::atomic::Ordering::Relaxed) != 0
 }
 
 #[cfg(test)]
