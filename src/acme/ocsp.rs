@@ -148,22 +148,10 @@ mod tests {
     use super::*;
 
     fn target() -> OcspTarget {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let ca_cert = ca.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca, ca_key);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let leaf = rcgen::CertificateParams::new(vec!["a.example".to_owned()])
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        OcspTarget {
-            url: "http://127.0.0.1:9/".to_owned(),
-            leaf: leaf.der().clone(),
-            issuer: ca_cert.der().clone(),
-            fingerprint: crate::tls::fingerprint(leaf.der()),
-        }
+        let loaded = crate::tls::slot_tests::loaded("a.example", Some("http://127.0.0.1:9/"));
+        crate::tls::CertSlot::fixed(loaded)
+            .ocsp_target()
+            .expect("the leaf names a responder")
     }
 
     #[test]

@@ -5,6 +5,8 @@
 mod client;
 mod material;
 mod slot;
+#[cfg(test)]
+pub(crate) use slot::tests as slot_tests;
 mod store;
 
 use std::sync::Arc;

@@ -385,12 +385,12 @@ pub fn http01_waiting() -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A CA and a leaf it signs for `name`, the leaf naming `responder`
     /// as its OCSP responder when given: (chain PEM with the CA, key PEM).
-    fn chain(name: &str, responder: Option<&str>) -> (String, String) {
+    pub(crate) fn chain(name: &str, responder: Option<&str>) -> (String, String) {
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -417,7 +417,7 @@ mod tests {
         (cert.pem() + &ca_cert.pem(), key.serialize_pem())
     }
 
-    fn loaded(name: &str, responder: Option<&str>) -> LoadedCert {
+    pub(crate) fn loaded(name: &str, responder: Option<&str>) -> LoadedCert {
         let (cert, key) = chain(name, responder);
         let path = std::path::Path::new("test.pem");
         crate::tls::parse_cert(path, cert.as_bytes(), path, key.as_bytes()).unwrap()

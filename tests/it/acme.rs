@@ -234,6 +234,24 @@ async fn certificate_operations(gw: &Gateway) -> Vec<Value> {
         .collect()
 }
 
+/// Waits (bounded) until the operation log holds `count` certificate
+/// operations; returns them, newest first.
+async fn wait_operations(gw: &Gateway, count: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let operations = certificate_operations(gw).await;
+        if operations.len() >= count {
+            return operations;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{count} certificate operations not recorded within 60 s:\n{}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 struct Site {
     state: tempfile::TempDir,
     http_port: u16,
@@ -418,18 +436,10 @@ async fn a_ca_that_requires_external_account_binding_gets_it() {
     std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
     // Without the binding the CA refuses the account, and says why.
     let unbound = Gateway::start(&site.config(&pebble, "tls-alpn-01", ""));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let refused = loop {
-        if let Some(op) = certificate_operations(&unbound).await.first() {
-            break op["error"].as_str().unwrap().to_owned();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no failure recorded:\n{}",
-            unbound.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let refused = wait_operations(&unbound, 1).await[0]["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(refused.contains("making the account"), "{refused}");
     assert!(refused.contains("externalAccountRequired"), "{refused}");
     drop(unbound);
@@ -568,19 +578,7 @@ async fn a_challenge_that_fails_is_recorded_and_backed_off_not_stormed() {
         return;
     };
     let gw = Gateway::start(&site.config(&pebble, "tls-alpn-01", ""));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let failed = loop {
-        let operations = certificate_operations(&gw).await;
-        if let Some(op) = operations.first() {
-            break op.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no failed order recorded:\n{}",
-            gw.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let failed = wait_operations(&gw, 1).await[0].clone();
     assert_eq!(failed["outcome"], "failed");
     assert_eq!(failed["certificate"]["event"], "failed");
     let error = failed["error"].as_str().unwrap();
@@ -668,19 +666,7 @@ respond = {{ body = "hello" }}
         closed = closed.port(),
     );
     let gw = Gateway::start_in(dir, &config);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let operations = loop {
-        let operations = certificate_operations(&gw).await;
-        if operations.len() >= 2 {
-            break operations;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "two failures not recorded:\n{}",
-            gw.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let operations = wait_operations(&gw, 2).await;
     let errors: Vec<&str> = operations
         .iter()
         .map(|op| op["error"].as_str().unwrap())
