@@ -14,6 +14,12 @@
 //! - HTTPS, TLS 1.3 keep-alive: `wrk` over TLS, every proxy terminating
 //!   with the same certificate (rcgen, P-256).
 //!
+//! The references are nginx, HAProxy and Caddy (`reverse_proxy`, h2c on),
+//! each given two workers, threads or `GOMAXPROCS` like cutover here; for
+//! cutover each front also reports its data-plane workers' shares of its
+//! CPU (how evenly the kernel spreads connections over their sockets). A
+//! summary table of cutover's ratios per front ends the run.
+//!
 //! Each front is measured in rounds (`CUTOVER_BENCH_ROUNDS`, default 3)
 //! of alternating order, so that a neighbour that comes and goes weighs on
 //! every target alike. For each proxy it reports requests/s, **CPU per
@@ -36,11 +42,11 @@
 //!
 //! Run: `cargo bench --bench proxy` (`CUTOVER_BENCH_SECONDS` sets each
 //! run's length, default 10). Installs nothing: `apt-get install wrk
-//! nghttp2-client nginx-light haproxy` for the full picture.
+//! nghttp2-client nginx-light haproxy caddy` for the full picture.
 
 use std::net::SocketAddr;
 
-use common::{cpu_seconds, free_port, stop, wait_for, which};
+use common::{cpu_seconds, free_port, stop, thread_ticks, wait_for, which};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -181,7 +187,7 @@ fn main() {
             pid: Some(gateway_pid),
         },
     ];
-    for reference in [Reference::Nginx, Reference::Haproxy] {
+    for reference in [Reference::Nginx, Reference::Haproxy, Reference::Caddy] {
         if let Some((target, child)) =
             reference.start(dir.path(), &tools, backend.http1, &cert, &key)
         {
@@ -190,6 +196,7 @@ fn main() {
         }
     }
 
+    let mut summary = Summary::default();
     for front in [Front::Http1, Front::H2c, Front::Https] {
         let wanted = match front {
             Front::Http1 => part("http1"),
@@ -212,7 +219,8 @@ fn main() {
             );
             continue;
         }
-        measure_front(&runtime, &tools, &targets, front, rounds, seconds);
+        let ratios = measure_front(&runtime, &tools, &targets, front, rounds, seconds);
+        summary.fronts.push((front.name().to_owned(), ratios));
     }
 
     // (d) open loop at half of cutover's closed-loop throughput.
@@ -275,8 +283,12 @@ fn main() {
     }
     // (g) HTTP/3 next to HTTPS over TCP on the same listener.
     if part("http3") {
-        http3_front(&runtime, &gateway, &cert, rounds, seconds);
+        let (rps, cpu) = http3_front(&runtime, &gateway, &cert, rounds, seconds);
+        summary
+            .fronts
+            .push(("HTTP/3".to_owned(), vec![("own HTTPS", rps, cpu)]));
     }
+    summary.print();
     drop(gateway);
     drop(processes);
 }
@@ -290,7 +302,7 @@ fn http3_front(
     cert: &Path,
     rounds: u64,
     seconds: u64,
-) {
+) -> (f64, f64) {
     let pid = Some(gateway.child.id());
     let (mut tcp, mut quic) = (Vec::new(), Vec::new());
     for round in 0..rounds {
@@ -348,6 +360,7 @@ fn http3_front(
         quic_rps / tcp_rps,
         quic_cpu / tcp_cpu
     );
+    (quic_rps / tcp_rps, quic_cpu / tcp_cpu)
 }
 
 /// (d): the same open-loop rate, `percent` of cutover's closed-loop
@@ -395,12 +408,14 @@ fn measure_front(
     front: Front,
     rounds: u64,
     seconds: u64,
-) {
+) -> Vec<Ratio> {
     let present: Vec<&Target> = targets
         .iter()
         .filter(|t| t.address(front).is_some())
         .collect();
     let mut runs: Vec<Vec<Run>> = present.iter().map(|_| Vec::new()).collect();
+    // CPU ticks of each of cutover's data-plane workers over its runs.
+    let mut workers: std::collections::BTreeMap<u32, u64> = Default::default();
     for round in 0..rounds {
         let mut order: Vec<usize> = (0..present.len()).collect();
         if round % 2 == 1 {
@@ -411,11 +426,19 @@ fn measure_front(
             let Some(address) = target.address(front) else {
                 continue;
             };
+            let cutover = target.pid.filter(|_| target.label == "cutover");
+            let before = cutover.map(|pid| thread_ticks(pid, WORKER_THREAD));
             let run = match front {
                 Front::Http1 => http1(runtime, tools, address, seconds, target.pid),
                 Front::H2c => h2c(address, seconds, target.pid),
                 Front::Https => https(address, seconds, target.pid),
             };
+            if let (Some(pid), Some(before)) = (cutover, before) {
+                for (tid, ticks) in thread_ticks(pid, WORKER_THREAD) {
+                    *workers.entry(tid).or_default() +=
+                        ticks.saturating_sub(before.get(&tid).copied().unwrap_or(0));
+                }
+            }
             runs[i].push(run);
         }
     }
@@ -442,21 +465,74 @@ fn measure_front(
             runs.iter().map(|r| r.errors).sum::<u64>()
         );
     }
+    let total: u64 = workers.values().sum();
+    if total > 0 {
+        let shares: Vec<String> = workers
+            .values()
+            .map(|t| format!("{:.1} %", *t as f64 * 100.0 / total as f64))
+            .collect();
+        println!(
+            "  cutover's {} workers' shares of their CPU: {}",
+            workers.len(),
+            shares.join(" / ")
+        );
+    }
+    let mut ratios = Vec::new();
     let find = |label: &str| present.iter().position(|t| t.label == label);
     if let Some(c) = find("cutover") {
-        for reference in ["nginx", "haproxy", "direct"] {
+        for reference in ["nginx", "haproxy", "caddy", "direct"] {
             let Some(r) = find(reference) else { continue };
             let ratio = |f: fn(&Run) -> f64| spread(&runs[c], f).0 / spread(&runs[r], f).0;
-            let cpu = if present[r].pid.is_some() {
-                format!(", CPU per request {:.3}", ratio(Run::cpu_us_per_request))
-            } else {
-                String::new()
-            };
+            let cpu = present[r].pid.map(|_| ratio(Run::cpu_us_per_request));
             println!(
-                "  cutover / {reference}: throughput {:.3}{cpu}, p99 {:.3}",
+                "  cutover / {reference}: throughput {:.3}{}, p99 {:.3}",
                 ratio(|r| r.requests_per_sec),
+                cpu.map(|c| format!(", CPU per request {c:.3}"))
+                    .unwrap_or_default(),
                 ratio(|r| r.p99_ms)
             );
+            if let Some(cpu) = cpu {
+                ratios.push((reference, ratio(|r| r.requests_per_sec), cpu));
+            }
+        }
+    }
+    ratios
+}
+
+/// Names of cutover's data-plane threads (`/proc` truncates to 15 bytes).
+const WORKER_THREAD: &str = "cutover-worker";
+
+/// cutover's ratio to one reference on one front: (reference, throughput
+/// ratio, CPU-per-request ratio).
+type Ratio = (&'static str, f64, f64);
+
+/// cutover's ratios to each reference, per front: one table at the end.
+#[derive(Default)]
+struct Summary {
+    fronts: Vec<(String, Vec<Ratio>)>,
+}
+
+impl Summary {
+    fn print(&self) {
+        if self.fronts.is_empty() {
+            return;
+        }
+        let references = ["nginx", "haproxy", "caddy", "own HTTPS"];
+        println!("\nSummary: cutover / reference, throughput × and CPU per request × (CPU < 1: cutover spends less)");
+        print!("  {:<18}", "front");
+        for reference in references {
+            print!(" {reference:>22}");
+        }
+        println!();
+        for (front, ratios) in &self.fronts {
+            print!("  {front:<18}");
+            for reference in references {
+                match ratios.iter().find(|(r, _, _)| *r == reference) {
+                    Some((_, rps, cpu)) => print!(" {:>22}", format!("{rps:.3} / {cpu:.3}")),
+                    None => print!(" {:>22}", "—"),
+                }
+            }
+            println!();
         }
     }
 }
@@ -479,6 +555,7 @@ struct Tools {
     h2load: bool,
     nginx: bool,
     haproxy: bool,
+    caddy: bool,
 }
 
 impl Tools {
@@ -488,6 +565,7 @@ impl Tools {
             h2load: which("h2load"),
             nginx: which("nginx"),
             haproxy: which("haproxy"),
+            caddy: which("caddy"),
         }
     }
 }
@@ -669,12 +747,14 @@ impl Drop for Gateway {
     }
 }
 
-/// nginx and HAProxy doing cutover's work, with two workers like cutover
-/// on this machine and keep-alive to the backend.
+/// nginx, HAProxy and Caddy doing cutover's work, with two workers (or
+/// threads, or `GOMAXPROCS`) like cutover on this machine and keep-alive
+/// to the backend.
 #[derive(Clone, Copy)]
 enum Reference {
     Nginx,
     Haproxy,
+    Caddy,
 }
 
 impl Reference {
@@ -689,6 +769,7 @@ impl Reference {
         let (installed, binary, label) = match self {
             Reference::Nginx => (tools.nginx, "nginx", "nginx"),
             Reference::Haproxy => (tools.haproxy, "haproxy", "haproxy"),
+            Reference::Caddy => (tools.caddy, "caddy", "caddy"),
         };
         if !installed {
             println!("{label}: not installed, left out");
@@ -713,10 +794,30 @@ impl Reference {
                 ),
                 vec!["-f".to_owned(), format!("{d}/haproxy.cfg")],
             ),
+            // Access logs are off unless asked for; `default_sni` picks the
+            // certificate for clients that send no SNI (wrk to an address).
+            Reference::Caddy => (
+                dir.join("Caddyfile"),
+                format!(
+                    "{{\n  admin off\n  auto_https off\n  persist_config off\n  default_sni localhost\n  servers {{\n    protocols h1 h2 h2c\n  }}\n}}\nhttp://{http1} {{\n  reverse_proxy {backend}\n}}\nhttp://{h2c} {{\n  reverse_proxy {backend}\n}}\nhttps://{https} {{\n  tls {} {}\n  reverse_proxy {backend}\n}}\n",
+                    cert.display(),
+                    key.display()
+                ),
+                vec![
+                    "run".to_owned(),
+                    "--config".to_owned(),
+                    format!("{d}/Caddyfile"),
+                    "--adapter".to_owned(),
+                    "caddyfile".to_owned(),
+                ],
+            ),
         };
         std::fs::write(file, config).ok()?;
         let child = Command::new(binary)
             .args(&args)
+            .env("XDG_DATA_HOME", dir)
+            .env("XDG_CONFIG_HOME", dir)
+            .env("GOMAXPROCS", "2")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

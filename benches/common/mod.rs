@@ -278,6 +278,29 @@ pub fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// CPU ticks of each thread of `pid` whose name starts with `prefix`, by
+/// thread id (a data-plane worker's share of the work).
+pub fn thread_ticks(pid: u32, prefix: &str) -> std::collections::BTreeMap<u32, u64> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|task| {
+            let tid: u32 = task.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(')')?;
+            let name = head.split_once('(')?.1;
+            if !name.starts_with(prefix) {
+                return None;
+            }
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some((tid, utime + stime))
+        })
+        .collect()
+}
+
 /// CPU seconds used so far by `pid` and its child processes (nginx's
 /// workers), from `/proc`.
 pub fn cpu_seconds(pid: u32) -> f64 {

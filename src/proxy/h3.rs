@@ -32,6 +32,7 @@ use super::downstream::Activity;
 use super::http::{client_ip_header, handle, listener_counters, ConnContext};
 use super::interim::InterimQueue;
 use super::listener::OpenWork;
+use super::sockets;
 use crate::admission::Admission;
 use crate::backends::{BoxError, ClientBody};
 use crate::plan::ListenerLimits;
@@ -84,119 +85,215 @@ pub struct Http3 {
 /// How often a taken UDP port is tried again (a predecessor draining).
 const BIND_RETRY: Duration = Duration::from_millis(100);
 
-/// Serves HTTP/3 until the listener drains.
+/// Serves HTTP/3 until the listener drains: one QUIC endpoint per
+/// data-plane worker, each on its own UDP socket of the listener's group
+/// (`sockets::udp_group`), its packets steered to it by connection ID
+/// (`sockets::steer_quic`); an endpoint's packet I/O, crypto, timers and
+/// requests all run on its worker. Where steering cannot be attached,
+/// one endpoint serves alone.
 pub async fn serve(mut h3: Http3) {
-    let Some(socket) = bind(&mut h3).await else {
+    let workers = h3.workers.as_ref().map_or(1, |w| w.threads());
+    let Some(mut sockets) = bind(&mut h3, workers).await else {
         return;
     };
-    let mut applied = (h3.limits)();
-    let endpoint = match server_config(&h3, &applied).and_then(|config| {
-        Ok(quinn::Endpoint::new(
-            quinn::EndpointConfig::default(),
-            Some(config),
-            socket,
-            Arc::new(quinn::TokioRuntime),
-        )?)
-    }) {
-        Ok(endpoint) => endpoint,
+    if sockets.len() > 1 {
+        if let Err(error) = sockets::steer_quic(&sockets[0], sockets.len()) {
+            tracing::warn!(listener = %h3.name, %error, "HTTP/3: cannot steer packets to per-worker endpoints; one endpoint serves");
+            sockets.truncate(1);
+        }
+    }
+    let server = match shared_server_config(&h3) {
+        Ok(server) => server,
         Err(error) => {
             tracing::error!(listener = %h3.name, %error, "cannot serve HTTP/3");
             return;
         }
     };
-    let local = endpoint.local_addr().unwrap_or(h3.address);
-    tracing::info!(listener = %h3.name, address = %local, "HTTP/3 accepting");
-    h3.alt_svc.serving.store(true, Ordering::Relaxed);
-    let responses = listener_counters(&h3.name);
-    let open_connections = Arc::new(AtomicUsize::new(0));
-    let refused =
-        metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => h3.name.to_string());
-    let accepted =
-        metrics::counter!(m::CONNECTIONS_ACCEPTED, m::LABEL_LISTENER => h3.name.to_string());
-    let gauge =
-        metrics::gauge!(m::DOWNSTREAM_CONNECTIONS, m::LABEL_LISTENER => h3.name.to_string());
-    let mut draining = h3.draining.clone();
-    loop {
-        let incoming = tokio::select! {
-            incoming = endpoint.accept() => incoming,
-            _ = async { let _ = draining.wait_for(|d| *d).await; } => break,
+    let members = sockets.len();
+    let shared = Arc::new(Endpoints {
+        server,
+        started: AtomicUsize::new(0),
+        members,
+        open_connections: AtomicUsize::new(0),
+        responses: listener_counters(&h3.name),
+        refused: metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => h3.name.to_string()),
+        accepted: metrics::counter!(m::CONNECTIONS_ACCEPTED, m::LABEL_LISTENER => h3.name.to_string()),
+        gauge: metrics::gauge!(m::DOWNSTREAM_CONNECTIONS, m::LABEL_LISTENER => h3.name.to_string()),
+        h3,
+    });
+    for (member, socket) in sockets.into_iter().enumerate() {
+        let endpoints = Arc::clone(&shared);
+        let run = move || -> Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+            Box::pin(endpoints.endpoint(member, socket))
         };
-        let Some(incoming) = incoming else { break };
-        let limits = (h3.limits)();
-        // Stream cap and idle timeout apply to connections from now on.
-        if (limits.max_concurrent_streams, limits.keepalive_timeout)
-            != (applied.max_concurrent_streams, applied.keepalive_timeout)
-        {
-            match server_config(&h3, &limits) {
-                Ok(config) => {
-                    endpoint.set_server_config(Some(config));
-                    applied = limits;
-                }
-                Err(error) => {
-                    tracing::error!(listener = %h3.name, %error, "HTTP/3 limits not applied")
-                }
-            }
-        }
-        if limits
-            .max_connections
-            .is_some_and(|max| open_connections.load(Ordering::Acquire) >= max)
-        {
-            refused.increment(1);
-            incoming.refuse();
-            continue;
-        }
-        let remote = incoming.remote_address();
-        // On a wildcard bind, the address the client reached.
-        let reached = incoming
-            .local_ip()
-            .map_or(local, |ip| SocketAddr::new(ip, local.port()));
-        let ctx = Arc::new(ConnContext {
-            listener: Arc::clone(&h3.name),
-            admission: h3.admission.clone(),
-            remote,
-            local: reached,
-            client_ip: client_ip_header(remote),
-            scheme: http::uri::Scheme::HTTPS,
-            responses: Arc::clone(&responses),
-            draining: Arc::clone(&h3.draining_flag),
-            activity: Activity::new(),
-            interim: InterimQueue::new(),
-            alt_svc: None,
-            tls: std::sync::OnceLock::new(),
-        });
-        let hold = h3.open.hold();
-        let counted = Counted::new(&open_connections);
-        accepted.increment(1);
-        gauge.increment(1.0);
-        let (gauge, draining, early_data) = (gauge.clone(), h3.draining.clone(), h3.early_data);
-        let serve = async move {
-            connection(incoming, ctx, limits, draining, early_data).await;
-            gauge.decrement(1.0);
-            drop((hold, counted));
-        };
-        match &h3.workers {
-            Some(workers) => workers.spawn(Box::new(move || Box::pin(serve))),
+        match &shared.h3.workers {
+            Some(workers) => workers.spawn_on(member, Box::new(run)),
             None => {
-                tokio::spawn(serve);
+                tokio::spawn(run());
             }
         }
     }
-    // Draining: no more advertising, no new connections; those open get
-    // a GOAWAY from their own task and finish their streams.
-    h3.alt_svc.serving.store(false, Ordering::Relaxed);
-    endpoint.set_server_config(None);
-    tracing::info!(listener = %h3.name, "HTTP/3 closed to new connections");
-    // The endpoint (and its socket) lives while connections do.
-    endpoint.wait_idle().await;
 }
 
-/// Binds the UDP socket, waiting while the port is taken (a predecessor
-/// still draining its HTTP/3 connections).
-async fn bind(h3: &mut Http3) -> Option<std::net::UdpSocket> {
+/// What the endpoints of one listener share.
+struct Endpoints {
+    h3: Http3,
+    server: quinn::ServerConfig,
+    /// Endpoints serving; `alt-svc` is advertised once all are.
+    started: AtomicUsize,
+    members: usize,
+    /// The listener's QUIC connections, over all endpoints.
+    open_connections: AtomicUsize,
+    responses: Arc<[metrics::Counter; 5]>,
+    refused: metrics::Counter,
+    accepted: metrics::Counter,
+    gauge: metrics::Gauge,
+}
+
+impl Endpoints {
+    /// One endpoint on the calling worker, until the listener drains and
+    /// its connections are gone.
+    async fn endpoint(self: Arc<Self>, member: usize, socket: std::net::UdpSocket) {
+        let h3 = &self.h3;
+        let mut applied = (h3.limits)();
+        let members = self.members;
+        let mut config = quinn::EndpointConfig::default();
+        config.cid_generator(move || Box::new(WorkerCids { member, members }));
+        let endpoint = match server_config(&self.server, &applied).and_then(|server| {
+            Ok(quinn::Endpoint::new(
+                config,
+                Some(server),
+                socket,
+                Arc::new(quinn::TokioRuntime),
+            )?)
+        }) {
+            Ok(endpoint) => endpoint,
+            Err(error) => {
+                tracing::error!(listener = %h3.name, member, %error, "cannot serve HTTP/3");
+                return;
+            }
+        };
+        let local = endpoint.local_addr().unwrap_or(h3.address);
+        if self.started.fetch_add(1, Ordering::AcqRel) + 1 == self.members {
+            tracing::info!(listener = %h3.name, address = %local, endpoints = self.members, "HTTP/3 accepting");
+            h3.alt_svc.serving.store(true, Ordering::Relaxed);
+        }
+        let mut draining = h3.draining.clone();
+        loop {
+            let incoming = tokio::select! {
+                incoming = endpoint.accept() => incoming,
+                _ = async { let _ = draining.wait_for(|d| *d).await; } => break,
+            };
+            let Some(incoming) = incoming else { break };
+            let limits = (h3.limits)();
+            // Stream cap and idle timeout apply to connections from now on.
+            if (limits.max_concurrent_streams, limits.keepalive_timeout)
+                != (applied.max_concurrent_streams, applied.keepalive_timeout)
+            {
+                match server_config(&self.server, &limits) {
+                    Ok(config) => {
+                        endpoint.set_server_config(Some(config));
+                        applied = limits;
+                    }
+                    Err(error) => {
+                        tracing::error!(listener = %h3.name, %error, "HTTP/3 limits not applied")
+                    }
+                }
+            }
+            // The place is taken before it is checked: endpoints on other
+            // workers cannot overshoot the cap together.
+            let counted = Counted::new(&self);
+            if limits
+                .max_connections
+                .is_some_and(|max| counted.before >= max)
+            {
+                self.refused.increment(1);
+                incoming.refuse();
+                continue;
+            }
+            let remote = incoming.remote_address();
+            // On a wildcard bind, the address the client reached.
+            let reached = incoming
+                .local_ip()
+                .map_or(local, |ip| SocketAddr::new(ip, local.port()));
+            let ctx = Arc::new(ConnContext {
+                listener: Arc::clone(&h3.name),
+                admission: h3.admission.clone(),
+                remote,
+                local: reached,
+                client_ip: client_ip_header(remote),
+                scheme: http::uri::Scheme::HTTPS,
+                responses: Arc::clone(&self.responses),
+                draining: Arc::clone(&h3.draining_flag),
+                activity: Activity::new(),
+                interim: InterimQueue::new(),
+                alt_svc: None,
+                tls: std::sync::OnceLock::new(),
+            });
+            let hold = h3.open.hold();
+            self.accepted.increment(1);
+            self.gauge.increment(1.0);
+            let (gauge, draining, early_data) =
+                (self.gauge.clone(), h3.draining.clone(), h3.early_data);
+            tokio::spawn(async move {
+                connection(incoming, ctx, limits, draining, early_data).await;
+                gauge.decrement(1.0);
+                drop((hold, counted));
+            });
+        }
+        // Draining: no more advertising, no new connections; those open
+        // get a GOAWAY from their own task and finish their streams.
+        h3.alt_svc.serving.store(false, Ordering::Relaxed);
+        endpoint.set_server_config(None);
+        if member == 0 {
+            tracing::info!(listener = %h3.name, "HTTP/3 closed to new connections");
+        }
+        // The endpoint (and its socket) lives while connections do.
+        endpoint.wait_idle().await;
+    }
+}
+
+/// The connection IDs an endpoint issues: 8 bytes, random but for the
+/// first, which is congruent to the endpoint's member index modulo the
+/// group's size (what `sockets::steer_quic` reads).
+struct WorkerCids {
+    member: usize,
+    members: usize,
+}
+
+impl quinn::ConnectionIdGenerator for WorkerCids {
+    fn generate_cid(&mut self) -> quinn::ConnectionId {
+        let mut bytes = [0u8; WORKER_CID_LEN];
+        // An ID only has to be unpredictable enough not to link a
+        // client's paths; a failing system generator leaves zeros after
+        // the first byte, which still steers.
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
+        let members = self.members.clamp(1, 256);
+        // The largest multiple of `members` that leaves room for the index.
+        let spans = (256 - self.member % members).div_ceil(members);
+        let span = usize::from(bytes[0]) % spans;
+        bytes[0] = u8::try_from(span * members + self.member % members).unwrap_or(0);
+        quinn::ConnectionId::new(&bytes)
+    }
+
+    fn cid_len(&self) -> usize {
+        WORKER_CID_LEN
+    }
+
+    fn cid_lifetime(&self) -> Option<Duration> {
+        None
+    }
+}
+
+const WORKER_CID_LEN: usize = 8;
+
+/// Binds the listener's UDP group, waiting while the port is taken (a
+/// predecessor still draining its HTTP/3 connections).
+async fn bind(h3: &mut Http3, members: usize) -> Option<Vec<std::net::UdpSocket>> {
     let mut warned = false;
     loop {
-        match std::net::UdpSocket::bind(h3.address) {
-            Ok(socket) => return Some(socket),
+        match sockets::udp_group(h3.address, members) {
+            Ok((sockets, _)) => return Some(sockets),
             Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => {
                 if !warned {
                     warned = true;
@@ -215,15 +312,27 @@ async fn bind(h3: &mut Http3) -> Option<std::net::UdpSocket> {
     }
 }
 
-/// The QUIC server side: the listener's certificates (TLS 1.3, ALPN h3,
-/// no 0-RTT), its stream cap (`max_concurrent_streams`) and idle timeout
-/// (`keepalive_timeout`: how long a connection may carry no request).
-fn server_config(h3: &Http3, limits: &ListenerLimits) -> Result<quinn::ServerConfig, BoxError> {
+/// The QUIC server side every endpoint of a listener shares: the
+/// listener's certificates (TLS 1.3, ALPN h3, 0-RTT with
+/// `http3_early_data`), one session cache (a ticket from one endpoint
+/// resumes, with early data, on any other) and one address-validation
+/// token key.
+fn shared_server_config(h3: &Http3) -> Result<quinn::ServerConfig, BoxError> {
     let tls = h3
         .certificates
         .quic_server_config(&h3.name, h3.early_data)?;
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
-    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    Ok(quinn::ServerConfig::with_crypto(Arc::new(crypto)))
+}
+
+/// `shared` with the listener's stream cap (`max_concurrent_streams`)
+/// and idle timeout (`keepalive_timeout`: how long a connection may carry
+/// no request).
+fn server_config(
+    shared: &quinn::ServerConfig,
+    limits: &ListenerLimits,
+) -> Result<quinn::ServerConfig, BoxError> {
+    let mut config = shared.clone();
     let mut transport = quinn::TransportConfig::default();
     transport
         .max_concurrent_bidi_streams(limits.max_concurrent_streams.into())
@@ -242,18 +351,27 @@ enum Either {
 }
 
 /// Counts a QUIC connection against the listener's `max_connections`.
-struct Counted(Arc<AtomicUsize>);
+struct Counted {
+    endpoints: Arc<Endpoints>,
+    /// How many were open before this one.
+    before: usize,
+}
 
 impl Counted {
-    fn new(count: &Arc<AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        Self(Arc::clone(count))
+    fn new(endpoints: &Arc<Endpoints>) -> Self {
+        let before = endpoints.open_connections.fetch_add(1, Ordering::AcqRel);
+        Self {
+            endpoints: Arc::clone(endpoints),
+            before,
+        }
     }
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.endpoints
+            .open_connections
+            .fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -537,5 +655,29 @@ impl Body for QuicBody {
 
     fn is_end_stream(&self) -> bool {
         self.done && self.first.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quinn::ConnectionIdGenerator;
+
+    #[test]
+    fn an_endpoints_connection_ids_name_its_member() {
+        for members in [1, 2, 3, 7, 64] {
+            for member in 0..members {
+                let mut cids = WorkerCids { member, members };
+                let mut firsts = std::collections::BTreeSet::new();
+                for _ in 0..200 {
+                    let cid = cids.generate_cid();
+                    assert_eq!(cid.len(), WORKER_CID_LEN);
+                    assert_eq!(usize::from(cid[0]) % members, member);
+                    firsts.insert(cid[0]);
+                }
+                // Not one fixed byte where there is room for more.
+                assert!(members > 128 || firsts.len() > 1, "{members}/{member}");
+            }
+        }
     }
 }

@@ -20,13 +20,14 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use serde::{Deserialize, Serialize};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 
 use super::downstream::{timeout_reply, watchdog, Activity, Downstream, Expired, TimeoutReply};
 use super::framing::HeadCheck;
 use super::http::{client_ip_header, handle, listener_counters, ConnContext};
 use super::interim::{InterimQueue, InterimWriter};
+use super::sockets;
 use super::tcp::{self, TcpCounters};
 use super::workers::Workers;
 use crate::admission::Admission;
@@ -36,11 +37,12 @@ use crate::telemetry::metrics as m;
 use crate::tls::CertStore;
 use tokio_rustls::TlsAcceptor;
 
-/// A listener's socket: listening TCP, or the UDP socket a `udp`
-/// listener receives every client's datagrams on.
+/// A listener's socket: one listening TCP socket of its per-worker
+/// group (see `sockets`), or the UDP socket a `udp` listener receives
+/// every client's datagrams on.
 #[derive(Clone)]
 pub enum ListenerSocket {
-    Tcp(Arc<TcpListener>),
+    Tcp(Arc<std::net::TcpListener>),
     Udp(Arc<tokio::net::UdpSocket>),
 }
 
@@ -56,7 +58,7 @@ impl std::os::fd::AsFd for ListenerSocket {
 /// A listener bound but not yet accepting (between bind and commit).
 pub struct BoundListener {
     spec: ListenerSpec,
-    socket: ListenerSocket,
+    sockets: Vec<ListenerSocket>,
     local_addr: SocketAddr,
 }
 
@@ -95,8 +97,8 @@ struct RunningListener {
     spec: ListenerSpec,
     local_addr: SocketAddr,
     /// Kept for a socket hand-over; released when draining so that new
-    /// connection attempts are refused once the accept loop has stopped.
-    socket: Option<ListenerSocket>,
+    /// connection attempts are refused once the accept loops have stopped.
+    sockets: Vec<ListenerSocket>,
     /// With `http3`: what its TCP side advertises while HTTP/3 serves.
     alt_svc: Option<Arc<super::h3::AltSvc>>,
 }
@@ -116,8 +118,9 @@ pub struct ListenerSet {
     certificates: Arc<CertStore>,
     running: Mutex<BTreeMap<String, RunningListener>>,
     /// Sockets handed over by the previous process, by listener name and
-    /// configured bind; adopted instead of bound.
-    inherited: Mutex<BTreeMap<(String, SocketAddr), std::os::fd::OwnedFd>>,
+    /// configured bind (a TCP listener's whole group); adopted instead of
+    /// bound.
+    inherited: Mutex<BTreeMap<(String, SocketAddr), Vec<std::os::fd::OwnedFd>>>,
     draining: watch::Sender<bool>,
     /// The same as `draining`, read on every response.
     draining_flag: Arc<AtomicBool>,
@@ -156,17 +159,17 @@ impl Drop for OpenHold {
 /// Counts a client connection as open, for the whole set (drain waits
 /// on it) and for its listener (`max_connections`).
 struct ConnectionGuard {
-    all: Arc<OpenConnections>,
-    listener: Arc<AtomicUsize>,
-    gauge: metrics::Gauge,
+    accepting: Arc<Accepting>,
 }
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        self.gauge.decrement(1.0);
-        self.listener.fetch_sub(1, Ordering::AcqRel);
-        if self.all.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.all.idle.notify_waiters();
+        let accepting = &self.accepting;
+        accepting.gauge.decrement(1.0);
+        accepting.open.fetch_sub(1, Ordering::AcqRel);
+        let all = &accepting.set.open;
+        if all.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            all.idle.notify_waiters();
         }
     }
 }
@@ -180,8 +183,9 @@ fn protocol_name(p: ListenerProtocol) -> &'static str {
     }
 }
 
-/// Binds one TCP listening socket with a production backlog.
-fn bind_socket(spec: &ListenerSpec) -> Result<BoundListener, BindError> {
+/// Binds a listener: a `udp` listener's one socket, or one listening
+/// socket per worker (`count`) for the others.
+fn bind_socket(spec: &ListenerSpec, count: usize) -> Result<BoundListener, BindError> {
     let fail = |source| BindError {
         name: spec.name.clone(),
         bind: spec.bind,
@@ -195,55 +199,68 @@ fn bind_socket(spec: &ListenerSpec) -> Result<BoundListener, BindError> {
         let local_addr = socket.local_addr().map_err(fail)?;
         return Ok(BoundListener {
             spec: spec.clone(),
-            socket: ListenerSocket::Udp(Arc::new(socket)),
+            sockets: vec![ListenerSocket::Udp(Arc::new(socket))],
             local_addr,
         });
     }
-    let socket = if spec.bind.is_ipv4() {
-        TcpSocket::new_v4()
-    } else {
-        TcpSocket::new_v6()
-    }
-    .map_err(fail)?;
-    socket.set_reuseaddr(true).map_err(fail)?;
-    socket.bind(spec.bind).map_err(fail)?;
-    let socket = socket.listen(1024).map_err(fail)?;
-    let local_addr = socket.local_addr().map_err(fail)?;
+    let (group, local_addr) = sockets::tcp_group(spec.bind, count).map_err(fail)?;
     Ok(BoundListener {
         spec: spec.clone(),
-        socket: ListenerSocket::Tcp(Arc::new(socket)),
+        sockets: group
+            .into_iter()
+            .map(|s| ListenerSocket::Tcp(Arc::new(s)))
+            .collect(),
         local_addr,
     })
 }
 
-/// Takes over a socket the previous process was listening on (or, for
-/// a `udp` listener, receiving on).
+/// Takes over the sockets the previous process was listening on (or, for
+/// a `udp` listener, receiving on). A TCP group smaller than `count` (a
+/// predecessor with fewer workers) grows to one socket per worker when it
+/// is a group; a single socket without `SO_REUSEPORT` (from a build
+/// before groups) stays alone and every worker accepts on it.
 fn adopt_socket(
     spec: &ListenerSpec,
-    socket: std::os::fd::OwnedFd,
+    inherited: Vec<std::os::fd::OwnedFd>,
+    count: usize,
 ) -> Result<BoundListener, BindError> {
     let fail = |source| BindError {
         name: spec.name.clone(),
         bind: spec.bind,
         source,
     };
-    let (socket, local_addr) = if spec.protocol == ListenerProtocol::Udp {
-        let socket = std::net::UdpSocket::from(socket);
-        socket.set_nonblocking(true).map_err(fail)?;
-        let socket = tokio::net::UdpSocket::from_std(socket).map_err(fail)?;
-        let local = socket.local_addr().map_err(fail)?;
-        (ListenerSocket::Udp(Arc::new(socket)), local)
-    } else {
-        let socket = std::net::TcpListener::from(socket);
-        socket.set_nonblocking(true).map_err(fail)?;
-        let socket = TcpListener::from_std(socket).map_err(fail)?;
-        let local = socket.local_addr().map_err(fail)?;
-        (ListenerSocket::Tcp(Arc::new(socket)), local)
+    let mut sockets = Vec::with_capacity(inherited.len().max(count));
+    let mut local_addr = spec.bind;
+    for socket in inherited {
+        local_addr = sockets::local_address(&socket).map_err(fail)?;
+        if spec.protocol == ListenerProtocol::Udp {
+            let socket = std::net::UdpSocket::from(socket);
+            socket.set_nonblocking(true).map_err(fail)?;
+            let socket = tokio::net::UdpSocket::from_std(socket).map_err(fail)?;
+            sockets.push(ListenerSocket::Udp(Arc::new(socket)));
+        } else {
+            let socket = std::net::TcpListener::from(socket);
+            socket.set_nonblocking(true).map_err(fail)?;
+            sockets.push(ListenerSocket::Tcp(Arc::new(socket)));
+        }
+    }
+    let grows = match sockets.first() {
+        Some(ListenerSocket::Tcp(first)) => sockets::in_group(first.as_ref()),
+        _ => false,
     };
-    tracing::info!(listener = %spec.name, address = %local_addr, "adopted listening socket from the previous process");
+    while grows && sockets.len() < count {
+        match sockets::tcp_member(local_addr) {
+            Ok(socket) => sockets.push(ListenerSocket::Tcp(Arc::new(socket))),
+            Err(error) => {
+                tracing::warn!(listener = %spec.name, %error, "could not add a listening socket for a worker; workers share the handed-over ones");
+                break;
+            }
+        }
+    }
+    tracing::info!(listener = %spec.name, address = %local_addr, sockets = sockets.len(), "adopted listening sockets from the previous process");
     Ok(BoundListener {
         spec: spec.clone(),
-        socket,
+        sockets,
         local_addr,
     })
 }
@@ -276,13 +293,14 @@ impl ListenerSet {
             .inherited
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let count = self.workers.as_ref().map_or(1, |w| w.threads());
         specs
             .iter()
             .filter(|spec| !running.contains_key(&spec.name))
             .map(
                 |spec| match inherited.remove(&(spec.name.clone(), spec.bind)) {
-                    Some(socket) => adopt_socket(spec, socket),
-                    None => bind_socket(spec),
+                    Some(sockets) if !sockets.is_empty() => adopt_socket(spec, sockets, count),
+                    _ => bind_socket(spec, count),
                 },
             )
             .collect()
@@ -296,7 +314,7 @@ impl ListenerSet {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         for (name, bind, socket) in sockets {
-            inherited.insert((name, bind), socket);
+            inherited.entry((name, bind)).or_default().push(socket);
         }
     }
 
@@ -306,7 +324,7 @@ impl ListenerSet {
             .inherited
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        for ((name, bind), _) in std::mem::take(&mut *inherited) {
+        for (name, bind) in std::mem::take(&mut *inherited).into_keys() {
             tracing::info!(listener = %name, %bind, "closing a handed-over socket no listener uses any more");
         }
     }
@@ -316,11 +334,11 @@ impl ListenerSet {
         let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         running
             .values()
-            .filter_map(|l| {
-                Some(ListeningSocket {
+            .flat_map(|l| {
+                l.sockets.iter().map(|socket| ListeningSocket {
                     name: l.spec.name.clone(),
                     bind: l.spec.bind,
-                    socket: l.socket.clone()?,
+                    socket: socket.clone(),
                 })
             })
             .collect()
@@ -334,7 +352,7 @@ impl ListenerSet {
     pub fn start(self: &Arc<Self>, bound: Vec<BoundListener>) {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         for listener in bound {
-            tracing::info!(listener = %listener.spec.name, address = %listener.local_addr, protocol = protocol_name(listener.spec.protocol), "listener accepting");
+            tracing::info!(listener = %listener.spec.name, address = %listener.local_addr, protocol = protocol_name(listener.spec.protocol), sockets = listener.sockets.len(), "listener accepting");
             let alt_svc = (listener.spec.http3
                 && listener.spec.protocol == ListenerProtocol::Https)
                 .then(|| super::h3::AltSvc::new(listener.local_addr.port()));
@@ -343,26 +361,22 @@ impl ListenerSet {
                 RunningListener {
                     spec: listener.spec.clone(),
                     local_addr: listener.local_addr,
-                    socket: Some(listener.socket.clone()),
+                    sockets: listener.sockets.clone(),
                     alt_svc: alt_svc.clone(),
                 },
             );
-            match &listener.socket {
-                ListenerSocket::Tcp(socket) => {
-                    let socket = Arc::clone(socket);
-                    tokio::spawn(Arc::clone(self).accept_loop(listener, socket, alt_svc));
-                }
-                ListenerSocket::Udp(socket) => {
-                    let name: Arc<str> = Arc::from(listener.spec.name.as_str());
-                    tokio::spawn(super::udp::serve(
-                        Arc::clone(socket),
-                        name,
-                        self.admission.clone(),
-                        self.draining.subscribe(),
-                        self.open_guard(),
-                    ));
-                }
+            if let Some(ListenerSocket::Udp(socket)) = listener.sockets.first() {
+                let name: Arc<str> = Arc::from(listener.spec.name.as_str());
+                tokio::spawn(super::udp::serve(
+                    Arc::clone(socket),
+                    name,
+                    self.admission.clone(),
+                    self.draining.subscribe(),
+                    self.open_guard(),
+                ));
+                continue;
             }
+            self.accept_on_workers(listener, alt_svc);
         }
     }
 
@@ -397,7 +411,7 @@ impl ListenerSet {
         self.draining.send_replace(true);
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         for listener in running.values_mut() {
-            listener.socket = None;
+            listener.sockets.clear();
         }
     }
 
@@ -417,27 +431,15 @@ impl ListenerSet {
         }
     }
 
-    async fn accept_loop(
-        self: Arc<Self>,
+    /// Starts one accept loop per worker and socket of a TCP listener's
+    /// group (see `sockets::share`), each serving what it accepts on its
+    /// own worker; and HTTP/3 beside an `https` listener with `http3`.
+    fn accept_on_workers(
+        self: &Arc<Self>,
         listener: BoundListener,
-        socket: Arc<TcpListener>,
         alt_svc: Option<Arc<super::h3::AltSvc>>,
     ) {
-        // Where clients connect: the bound address, unless it is a
-        // wildcard (then each connection's own, asked of the socket).
-        let bound = listener.local_addr;
-        let wildcard = bound.ip().is_unspecified();
         let name: Arc<str> = Arc::from(listener.spec.name.as_str());
-        let responses = listener_counters(&name);
-        let gauge =
-            metrics::gauge!(m::DOWNSTREAM_CONNECTIONS, m::LABEL_LISTENER => name.to_string());
-        // Only TCP listeners get byte series: an HTTP one would export
-        // two that never move.
-        let tcp_counters = (listener.spec.protocol == ListenerProtocol::Tcp).then(|| TcpCounters {
-            downstream_to_upstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => name.to_string(), m::LABEL_DIRECTION => "downstream_to_upstream"),
-            upstream_to_downstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => name.to_string(), m::LABEL_DIRECTION => "upstream_to_downstream"),
-            duration: metrics::histogram!(m::TCP_CONNECTION_DURATION, m::LABEL_LISTENER => name.to_string()),
-        });
         let tls = match listener.spec.protocol {
             ListenerProtocol::Https => match self.certificates.server_config(&name) {
                 Ok(config) => Some(TlsAcceptor::from(config)),
@@ -448,11 +450,9 @@ impl ListenerSet {
             },
             _ => None,
         };
-        let scheme = if tls.is_some() {
-            Scheme::HTTPS
-        } else {
-            Scheme::HTTP
-        };
+        // Where clients connect: the bound address, unless it is a
+        // wildcard (then each connection's own, asked of the socket).
+        let bound = listener.local_addr;
         // HTTP/3 beside it, advertised on this side while it serves.
         let alt_svc = alt_svc.filter(|_| tls.is_some()).inspect(|alt_svc| {
             tokio::spawn(super::h3::serve(super::h3::Http3 {
@@ -461,7 +461,7 @@ impl ListenerSet {
                 admission: self.admission.clone(),
                 certificates: Arc::clone(&self.certificates),
                 limits: {
-                    let (set, name) = (Arc::clone(&self), Arc::clone(&name));
+                    let (set, name) = (Arc::clone(self), Arc::clone(&name));
                     Arc::new(move || set.admit(&name, std::net::Ipv4Addr::UNSPECIFIED.into()).0)
                 },
                 draining: self.draining.subscribe(),
@@ -472,147 +472,68 @@ impl ListenerSet {
                 workers: self.workers.clone(),
             }));
         });
-        let mut draining = self.draining.subscribe();
-        let listener_open = Arc::new(AtomicUsize::new(0));
-        let refused =
-            metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => name.to_string());
-        let accepted_total =
-            metrics::counter!(m::CONNECTIONS_ACCEPTED, m::LABEL_LISTENER => name.to_string());
-        let untrusted = metrics::counter!(m::PROXY_HEADERS, m::LABEL_LISTENER => name.to_string(), m::LABEL_OUTCOME => "untrusted");
-        // At most one warning a second while the cap turns clients away.
-        let mut warned_at: Option<std::time::Instant> = None;
-        loop {
-            let accepted = tokio::select! {
-                accepted = socket.accept() => accepted,
-                _ = async { let _ = draining.wait_for(|d| *d).await; } => break,
-            };
-            let (stream, remote) = match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    // Out of file descriptors and similar: back off briefly
-                    // instead of spinning; the listener stays up.
-                    tracing::warn!(listener = %name, %error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            };
-            let (limits, proxy) = self.admit(&name, remote.ip());
-            // Over the listener's cap: closed at once, before it costs a
-            // task or a buffer (the client sees a reset or an EOF).
-            if let Some(max) = limits
-                .max_connections
-                .filter(|max| listener_open.load(Ordering::Acquire) >= *max)
-            {
-                refused.increment(1);
-                drop(stream);
-                if warned_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
-                    warned_at = Some(std::time::Instant::now());
-                    tracing::warn!(listener = %name, max_connections = max, "max_connections reached: closing new connections at accept");
-                }
-                continue;
-            }
-            // A PROXY header is taken only from the proxies trusted to
-            // send one: anyone else could claim any address.
-            if proxy == Proxy::Untrusted {
-                untrusted.increment(1);
-                tracing::debug!(listener = %name, peer = %remote, "PROXY header expected from an untrusted peer; closing");
-                drop(stream);
-                continue;
-            }
-            let proxied = proxy == Proxy::Trusted;
-            listener_open.fetch_add(1, Ordering::AcqRel);
-            self.open.count.fetch_add(1, Ordering::AcqRel);
-            gauge.increment(1.0);
-            accepted_total.increment(1);
-            let guard = ConnectionGuard {
-                all: Arc::clone(&self.open),
-                listener: Arc::clone(&listener_open),
-                gauge: gauge.clone(),
-            };
-            let header_timeout = limits.header_read_timeout;
-            if let Some(counters) = &tcp_counters {
-                let (name, admission, counters) =
-                    (Arc::clone(&name), self.admission.clone(), counters.clone());
-                self.serve_on_worker(stream, move |mut stream| async move {
-                    let Some(client) =
-                        client_address(&mut stream, remote, proxied, header_timeout, &name).await
-                    else {
-                        return;
-                    };
-                    tcp::serve(stream, client, name, admission, counters).await;
-                    drop(guard);
-                });
-                continue;
-            }
-            let (name, admission, scheme, responses, draining_flag) = (
-                Arc::clone(&name),
-                self.admission.clone(),
-                scheme.clone(),
-                Arc::clone(&responses),
-                Arc::clone(&self.draining_flag),
-            );
-            let (draining, tls, alt_svc) =
-                (self.draining.subscribe(), tls.clone(), alt_svc.clone());
-            self.serve_on_worker(stream, move |mut stream| async move {
-                let Some(remote) =
-                    client_address(&mut stream, remote, proxied, header_timeout, &name).await
-                else {
-                    return;
-                };
-                let local = if wildcard {
-                    stream.local_addr().unwrap_or(bound)
-                } else {
-                    bound
-                };
-                let ctx = Arc::new(ConnContext {
-                    listener: name,
-                    admission,
-                    remote,
-                    local,
-                    client_ip: client_ip_header(remote),
-                    scheme,
-                    responses,
-                    draining: draining_flag,
-                    activity: Activity::new(),
-                    interim: InterimQueue::new(),
-                    alt_svc,
-                    tls: std::sync::OnceLock::new(),
-                });
-                serve_connection(stream, ctx, limits, draining, guard, tls).await
-            });
-        }
-        tracing::info!(listener = %name, "listener closed");
-    }
-
-    /// Serves an accepted connection on the next worker (see `workers`),
-    /// re-registered with that worker's reactor; on this runtime when
-    /// there are no workers.
-    fn serve_on_worker<F, Fut>(&self, stream: TcpStream, serve: F)
-    where
-        F: FnOnce(TcpStream) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = ()> + Send + 'static,
-    {
-        let Some(workers) = &self.workers else {
-            tokio::spawn(serve(stream));
-            return;
-        };
-        let socket = match stream.into_std() {
-            Ok(socket) => socket,
-            Err(error) => {
-                tracing::debug!(%error, "could not hand an accepted connection to a worker");
-                return;
-            }
-        };
-        workers.spawn(Box::new(move || {
-            Box::pin(async move {
-                match TcpStream::from_std(socket) {
-                    Ok(stream) => serve(stream).await,
+        let label = || name.to_string();
+        let accepting = Arc::new(Accepting {
+            set: Arc::clone(self),
+            bound,
+            wildcard: bound.ip().is_unspecified(),
+            responses: listener_counters(&name),
+            gauge: metrics::gauge!(m::DOWNSTREAM_CONNECTIONS, m::LABEL_LISTENER => label()),
+            // Only TCP listeners get byte series: an HTTP one would
+            // export two that never move.
+            tcp_counters: (listener.spec.protocol == ListenerProtocol::Tcp).then(|| TcpCounters {
+                downstream_to_upstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => label(), m::LABEL_DIRECTION => "downstream_to_upstream"),
+                upstream_to_downstream: metrics::counter!(m::TCP_BYTES, m::LABEL_LISTENER => label(), m::LABEL_DIRECTION => "upstream_to_downstream"),
+                duration: metrics::histogram!(m::TCP_CONNECTION_DURATION, m::LABEL_LISTENER => label()),
+            }),
+            scheme: if tls.is_some() {
+                Scheme::HTTPS
+            } else {
+                Scheme::HTTP
+            },
+            tls,
+            alt_svc,
+            open: AtomicUsize::new(0),
+            refused: metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => label()),
+            accepted: metrics::counter!(m::CONNECTIONS_ACCEPTED, m::LABEL_LISTENER => label()),
+            untrusted: metrics::counter!(m::PROXY_HEADERS, m::LABEL_LISTENER => label(), m::LABEL_OUTCOME => "untrusted"),
+            warned_at: Mutex::new(None),
+            name,
+        });
+        let sockets: Vec<Arc<std::net::TcpListener>> = listener
+            .sockets
+            .iter()
+            .filter_map(|socket| match socket {
+                ListenerSocket::Tcp(socket) => Some(Arc::clone(socket)),
+                ListenerSocket::Udp(_) => None,
+            })
+            .collect();
+        let workers = self.workers.as_ref().map_or(1, |w| w.threads());
+        for worker in 0..workers {
+            for index in sockets::share(worker, workers, sockets.len()) {
+                // Each loop owns a duplicate, registered with its own
+                // worker's reactor; the set keeps the original for a
+                // hand-over until draining.
+                let socket = match sockets[index].try_clone() {
+                    Ok(socket) => socket,
                     Err(error) => {
-                        tracing::debug!(%error, "a worker could not take an accepted connection")
+                        tracing::error!(listener = %accepting.name, worker, %error, "cannot accept on a listening socket");
+                        continue;
+                    }
+                };
+                let accepting = Arc::clone(&accepting);
+                let accept =
+                    move || -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+                        Box::pin(accepting.accept_loop(socket, worker))
+                    };
+                match &self.workers {
+                    Some(workers) => workers.spawn_on(worker, Box::new(accept)),
+                    None => {
+                        tokio::spawn(accept());
                     }
                 }
-            })
-        }));
+            }
+        }
     }
 
     /// The limits the active generation sets for a listener, and whether
@@ -638,6 +559,156 @@ impl ListenerSet {
             .unwrap_or((ListenerLimits::default(), Proxy::None));
         crate::admission::release(generation);
         admit
+    }
+}
+
+/// What every accept loop of one TCP listener shares.
+struct Accepting {
+    set: Arc<ListenerSet>,
+    name: Arc<str>,
+    bound: SocketAddr,
+    wildcard: bool,
+    responses: Arc<[metrics::Counter; 5]>,
+    gauge: metrics::Gauge,
+    tcp_counters: Option<TcpCounters>,
+    tls: Option<TlsAcceptor>,
+    scheme: Scheme,
+    alt_svc: Option<Arc<super::h3::AltSvc>>,
+    /// The listener's open connections, over all its loops
+    /// (`max_connections`).
+    open: AtomicUsize,
+    refused: metrics::Counter,
+    accepted: metrics::Counter,
+    untrusted: metrics::Counter,
+    /// At most one warning a second while the cap turns clients away.
+    warned_at: Mutex<Option<std::time::Instant>>,
+}
+
+impl Accepting {
+    /// Accepts on `socket` on worker `worker` and serves each connection
+    /// there, until draining.
+    async fn accept_loop(self: Arc<Self>, socket: std::net::TcpListener, worker: usize) {
+        let socket = match TcpListener::from_std(socket) {
+            Ok(socket) => socket,
+            Err(error) => {
+                tracing::error!(listener = %self.name, worker, %error, "cannot accept on a listening socket");
+                return;
+            }
+        };
+        let on_worker =
+            metrics::counter!(m::WORKER_CONNECTIONS, m::LABEL_WORKER => worker.to_string());
+        let mut draining = self.set.draining.subscribe();
+        loop {
+            let accepted = tokio::select! {
+                accepted = socket.accept() => accepted,
+                _ = async { let _ = draining.wait_for(|d| *d).await; } => break,
+            };
+            let (stream, remote) = match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    // Out of file descriptors and similar: back off briefly
+                    // instead of spinning; the listener stays up.
+                    tracing::warn!(listener = %self.name, %error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            };
+            let (limits, proxy) = self.set.admit(&self.name, remote.ip());
+            // A PROXY header is taken only from the proxies trusted to
+            // send one: anyone else could claim any address.
+            if proxy == Proxy::Untrusted {
+                self.untrusted.increment(1);
+                tracing::debug!(listener = %self.name, peer = %remote, "PROXY header expected from an untrusted peer; closing");
+                continue;
+            }
+            // Over the listener's cap: closed at once, before it costs a
+            // task or a buffer (the client sees a reset or an EOF). The
+            // place is taken before it is checked, so that loops on other
+            // workers cannot overshoot the cap together.
+            let before = self.open.fetch_add(1, Ordering::AcqRel);
+            if let Some(max) = limits.max_connections.filter(|max| before >= *max) {
+                self.open.fetch_sub(1, Ordering::AcqRel);
+                self.refuse(max);
+                continue;
+            }
+            self.set.open.count.fetch_add(1, Ordering::AcqRel);
+            self.gauge.increment(1.0);
+            self.accepted.increment(1);
+            on_worker.increment(1);
+            let guard = ConnectionGuard {
+                accepting: Arc::clone(&self),
+            };
+            tokio::spawn(Arc::clone(&self).serve(
+                stream,
+                remote,
+                proxy == Proxy::Trusted,
+                limits,
+                guard,
+            ));
+        }
+        tracing::info!(listener = %self.name, worker, "listener closed");
+    }
+
+    fn refuse(&self, max: usize) {
+        self.refused.increment(1);
+        let mut warned_at = self
+            .warned_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if warned_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+            *warned_at = Some(std::time::Instant::now());
+            tracing::warn!(listener = %self.name, max_connections = max, "max_connections reached: closing new connections at accept");
+        }
+    }
+
+    /// Serves one accepted connection on this worker, to its end.
+    async fn serve(
+        self: Arc<Self>,
+        mut stream: TcpStream,
+        remote: SocketAddr,
+        proxied: bool,
+        limits: ListenerLimits,
+        guard: ConnectionGuard,
+    ) {
+        let header_timeout = limits.header_read_timeout;
+        let Some(remote) =
+            client_address(&mut stream, remote, proxied, header_timeout, &self.name).await
+        else {
+            return;
+        };
+        if let Some(counters) = &self.tcp_counters {
+            tcp::serve(
+                stream,
+                remote,
+                Arc::clone(&self.name),
+                self.set.admission.clone(),
+                counters.clone(),
+            )
+            .await;
+            drop(guard);
+            return;
+        }
+        let local = if self.wildcard {
+            stream.local_addr().unwrap_or(self.bound)
+        } else {
+            self.bound
+        };
+        let ctx = Arc::new(ConnContext {
+            listener: Arc::clone(&self.name),
+            admission: self.set.admission.clone(),
+            remote,
+            local,
+            client_ip: client_ip_header(remote),
+            scheme: self.scheme.clone(),
+            responses: Arc::clone(&self.responses),
+            draining: Arc::clone(&self.set.draining_flag),
+            activity: Activity::new(),
+            interim: InterimQueue::new(),
+            alt_svc: self.alt_svc.clone(),
+            tls: std::sync::OnceLock::new(),
+        });
+        let draining = self.set.draining.subscribe();
+        serve_connection(stream, ctx, limits, draining, guard, self.tls.clone()).await
     }
 }
 

@@ -26,6 +26,7 @@ mod observed;
 mod relay;
 mod retry;
 mod shadow;
+mod sockets;
 mod tcp;
 mod udp;
 mod workers;

@@ -1,13 +1,16 @@
 //! Data-plane threads: one current-thread tokio runtime per core.
 //!
-//! The accept loops run on the control runtime; each accepted connection
-//! is handed, as a plain socket, to one worker (round-robin), which
-//! registers it with its own reactor and serves it to the end: the
+//! Each worker accepts on its own listening sockets (one per worker and
+//! listener, `SO_REUSEPORT`: the kernel spreads new connections over
+//! them; see `listener`) and serves what it accepted to the end: the
 //! client's requests, their upstream exchanges on connections from that
-//! worker's share of each backend's pool, their timers. A request never
-//! wakes another thread; in the shared multi-thread runtime about a fifth
-//! of the CPU went to waking the other worker (`sock_def_readable`,
-//! `finish_task_switch`).
+//! worker's share of each backend's pool, their timers. A connection
+//! never changes thread and a request never wakes another one; in the
+//! shared multi-thread runtime about a fifth of the CPU went to waking
+//! the other worker (`sock_def_readable`, `finish_task_switch`), and
+//! accepting on the control runtime and handing each connection over
+//! cost an epoll deregistration, a registration and a cross-thread
+//! wake-up per connection.
 //!
 //! What stays shared: the one `ArcSwap` of the active generation, backend
 //! state (in-flight counts, health, outlier state), counters. hyper's
@@ -74,7 +77,12 @@ impl Workers {
     /// Hands `job` to the next worker.
     pub fn spawn(&self, job: Job) {
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
-        let Some(queue) = self.queues.get(turn % self.queues.len().max(1)) else {
+        self.spawn_on(turn, job);
+    }
+
+    /// Hands `job` to worker `index` (modulo the number of workers).
+    pub fn spawn_on(&self, index: usize, job: Job) {
+        let Some(queue) = self.queues.get(index % self.queues.len().max(1)) else {
             return;
         };
         if let Err(mpsc::error::SendError(job)) = queue.send(job) {

@@ -78,6 +78,9 @@ pub const PROXY_HEADERS: &str = "cutover_proxy_protocol_headers_total";
 /// Client connections accepted (not refused at `max_connections`), by
 /// `listener`.
 pub const CONNECTIONS_ACCEPTED: &str = "cutover_listener_connections_total";
+/// Client connections accepted by each data-plane `worker` (all
+/// listeners): how evenly the kernel spreads them.
+pub const WORKER_CONNECTIONS: &str = "cutover_worker_connections_total";
 /// TLS handshakes by `listener` and `outcome` (`ok`, `failed`, `timeout`).
 pub const TLS_HANDSHAKES: &str = "cutover_tls_handshakes_total";
 /// A certificate's `not_after` as Unix seconds, by `listener` and `name`.
@@ -178,6 +181,7 @@ pub const ACTIVATION_DURATION_BUCKETS: &[f64] = &[
 
 pub const LABEL_ROUTE: &str = "route";
 pub const LABEL_LISTENER: &str = "listener";
+pub const LABEL_WORKER: &str = "worker";
 pub const LABEL_CLASS: &str = "class";
 pub const LABEL_BACKEND: &str = "backend";
 pub const LABEL_OUTCOME: &str = "outcome";
@@ -242,6 +246,10 @@ pub fn describe() {
     describe_counter!(
         CONNECTIONS_ACCEPTED,
         "Client connections accepted, by listener"
+    );
+    describe_counter!(
+        WORKER_CONNECTIONS,
+        "Client connections accepted, by data-plane worker"
     );
     describe_histogram!(
         TCP_CONNECTION_DURATION,

@@ -575,16 +575,31 @@ backends = [{{ addr = "{}" }}]
         }
     }
     // Those beyond the cap are closed by the gateway: reading them ends.
+    // Which ones those are is the workers' order of accepting (each takes
+    // from its own socket's backlog), not the order of connecting.
+    let reads: Vec<_> = idle
+        .into_iter()
+        .map(|mut stream| {
+            tokio::spawn(async move {
+                let mut byte = [0u8; 1];
+                let read =
+                    tokio::time::timeout(Duration::from_secs(2), stream.read(&mut byte)).await;
+                (stream, matches!(read, Ok(Ok(0) | Err(_))))
+            })
+        })
+        .collect();
+    let mut idle = Vec::with_capacity(2000);
     let mut closed = 0;
-    for stream in idle.iter_mut().skip(2000) {
-        let mut byte = [0u8; 1];
-        if let Ok(Ok(0) | Err(_)) =
-            tokio::time::timeout(Duration::from_secs(2), stream.read(&mut byte)).await
-        {
+    for read in reads {
+        let (stream, was_closed) = read.await.unwrap();
+        if was_closed {
             closed += 1;
+        } else {
+            idle.push(stream);
         }
     }
     assert_eq!(closed, 6000, "connections beyond the cap must be closed");
+    assert_eq!(idle.len(), 2000);
     // The admin API and the other listener keep answering.
     let (status, _) = admin_request(gw.admin, "GET", "/admin/runtime/status", None, None).await;
     assert_eq!(status, 200);

@@ -486,3 +486,38 @@ async fn http3_answers_are_compressed_as_the_client_accepts() {
         );
     }
 }
+
+/// Each worker runs a QUIC endpoint of its own; the kernel steers every
+/// packet to the endpoint its connection ID names, so a client whose
+/// address changes mid-connection (a NAT rebinding) still reaches the
+/// endpoint that knows its connection. (Spread by address alone, each of
+/// these moves would find the right one of four endpoints one time in
+/// four.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_address_changes_keeps_its_connection() {
+    let backend = echo_backend().await;
+    let ca = ca("h3 ca");
+    let dir = tempfile::tempdir().unwrap();
+    let text = config(dir.path(), &ca, backend.addr, "")
+        .replace("[log]", "[runtime]\nworker_threads = 4\n\n[log]");
+    let gw = Gateway::start_in(dir, &text);
+    let secure = gw.listener("secure");
+    let endpoint = client(&ca);
+    let (mut sender, _) = connect(&endpoint, secure).await;
+    assert_eq!(exchange(&mut sender, "GET", "/", None).await.0, 200);
+    for step in 0..12 {
+        endpoint
+            .rebind(std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+            .unwrap();
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            exchange(&mut sender, "GET", "/", None),
+        )
+        .await;
+        assert_eq!(
+            answer.map(|a| a.0).ok(),
+            Some(200),
+            "no answer after move {step}"
+        );
+    }
+}

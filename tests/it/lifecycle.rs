@@ -604,8 +604,19 @@ async fn upgrades_under_load_refuse_no_connection() {
         }));
     }
     let mut pids = vec![gw.pid()];
-    for round in 0..5 {
-        let op = upgrade(&gw, None).await;
+    // Each new process has another worker count: a listener's group of
+    // sockets (one per worker) grows, or fewer workers share it; every
+    // socket is handed on, none closed with connections in its backlog.
+    for (round, workers) in [3, 1, 2, 4, 2].into_iter().enumerate() {
+        let config = Config::new()
+            .runtime(&format!(
+                "drain_timeout = \"5s\"\nworker_threads = {workers}"
+            ))
+            .listener("web", "")
+            .route("all", "listeners = [\"web\"]\nupstream = \"app\"")
+            .upstream("app", &[backend.addr], "")
+            .build();
+        let op = upgrade(&gw, Some(&config)).await;
         assert_eq!(op["outcome"], "succeeded", "round {round}: {op}");
         let new_pid = op["pid"].as_u64().unwrap() as u32;
         let old_pid = *pids.last().unwrap();

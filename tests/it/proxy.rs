@@ -462,9 +462,10 @@ async fn each_data_plane_worker_keeps_its_own_upstream_connections() {
         proxy_config(backend, "")
     ));
     let web = gw.listener("web");
-    // Client connections are dealt to the workers in turn; each worker
-    // opens one upstream connection and reuses it.
-    for _ in 0..30 {
+    // The kernel spreads client connections over the workers' sockets
+    // (all three get some of 60: one in 10^10 that one gets none); each
+    // worker opens one upstream connection and reuses it.
+    for _ in 0..60 {
         let (status, _, body) = get(web, "a", "/").await;
         assert_eq!((status, body.as_str()), (200, "counted"));
     }
@@ -561,4 +562,70 @@ async fn a_get_on_a_pooled_connection_the_backend_just_closed_is_sent_again() {
     // Each request after the first found its pooled connection closed
     // under it and was sent again on a new one.
     assert!(connections.load(Ordering::SeqCst) >= 10);
+}
+
+/// Every worker accepts on its own socket of a listener's group: the
+/// kernel spreads new connections over them, and `max_connections` holds
+/// exactly over all of them together (each loop takes its place before
+/// checking the cap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_accept_on_their_own_sockets_and_share_the_connection_cap() {
+    let backend = Backend::named("ok").await;
+    let gw = Gateway::start(
+        &Config::new()
+            .metrics()
+            .runtime("worker_threads = 2")
+            .listener("web", "")
+            .listener("capped", "max_connections = 10")
+            .route(
+                "all",
+                "listeners = [\"web\", \"capped\"]\nupstream = \"app\"",
+            )
+            .upstream("app", &[backend.addr], "")
+            .build(),
+    );
+    let web = gw.listener("web");
+    for _ in 0..200 {
+        assert_eq!(get(web, "a", "/").await.0, 200);
+    }
+    let text = scrape(&gw).await;
+    let workers: Vec<f64> = ["worker=\"0\"", "worker=\"1\""]
+        .iter()
+        .map(|w| sample(&text, "cutover_worker_connections_total", &[w]))
+        .collect();
+    eprintln!("200 connections over two workers: {workers:?}");
+    assert_eq!(workers.iter().sum::<f64>(), 200.0);
+    assert!(
+        workers.iter().all(|n| *n >= 50.0),
+        "unbalanced: {workers:?}"
+    );
+
+    // 30 clients at once on a listener capped at 10: exactly 10 served.
+    let capped = gw.listener("capped");
+    let mut streams = Vec::new();
+    for _ in 0..30 {
+        streams.push(tokio::net::TcpStream::connect(capped).await.unwrap());
+    }
+    let answers = streams.into_iter().map(|mut stream| {
+        tokio::spawn(async move {
+            let _ = stream.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n").await;
+            let mut buf = [0u8; 12];
+            let read = tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut buf));
+            let served = matches!(read.await, Ok(Ok(_)) if &buf == b"HTTP/1.1 200");
+            // Held open until every answer is in.
+            (served, stream)
+        })
+    });
+    let mut held = Vec::new();
+    for answer in answers.collect::<Vec<_>>() {
+        held.push(answer.await.unwrap());
+    }
+    let served = held.iter().filter(|(served, _)| *served).count();
+    assert_eq!(served, 10);
+    let refused = sample(
+        &scrape(&gw).await,
+        "cutover_connections_refused_total",
+        &["listener=\"capped\""],
+    );
+    assert_eq!(refused, 20.0);
 }
