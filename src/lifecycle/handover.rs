@@ -4,8 +4,9 @@
 //! without close-on-exec, so the new process inherits it, and writes an
 //! [`UpgradeState`] file naming each descriptor and everything else the new
 //! process needs (history, the configuration to start with, the operation
-//! to complete). The new process adopts the descriptors by number: the one
-//! `unsafe` block in the library, since taking ownership of a descriptor
+//! to complete). The new process adopts the descriptors by number: one of
+//! the two `unsafe` blocks in the library (the other attaches the QUIC
+//! steering program, `proxy/sockets.rs`), since taking ownership of a descriptor
 //! known only by its number is a promise no type can check (`rustix` does
 //! the duplication and the flags safely).
 

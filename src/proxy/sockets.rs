@@ -142,29 +142,32 @@ pub fn steer_quic(socket: &std::net::UdpSocket, members: usize) -> io::Result<()
     attach_reuseport_program(socket, &program)
 }
 
-/// `SO_ATTACH_REUSEPORT_CBPF` in `asm-generic/socket.h` (the libc crate
-/// names it for Android only).
-#[cfg(any(
+/// `SO_ATTACH_REUSEPORT_CBPF` as `asm-generic/socket.h` numbers it (the
+/// libc crate names it for Android only); the architectures with socket
+/// options of their own are left without steering.
+const SO_ATTACH_REUSEPORT_CBPF: Option<libc::c_int> = if cfg!(any(
     target_arch = "x86_64",
     target_arch = "x86",
     target_arch = "aarch64",
     target_arch = "arm",
     target_arch = "riscv64"
-))]
-const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+)) {
+    Some(51)
+} else {
+    None
+};
 
-#[cfg(any(
-    target_arch = "x86_64",
-    target_arch = "x86",
-    target_arch = "aarch64",
-    target_arch = "arm",
-    target_arch = "riscv64"
-))]
 fn attach_reuseport_program(
     socket: &std::net::UdpSocket,
     program: &[libc::sock_filter],
 ) -> io::Result<()> {
     use std::os::fd::AsRawFd;
+    let option = SO_ATTACH_REUSEPORT_CBPF.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::Unsupported,
+            "no reuseport steering on this architecture",
+        )
+    })?;
     let len = u16::try_from(program.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "program too long"))?;
     let fprog = libc::sock_fprog {
@@ -179,7 +182,7 @@ fn attach_reuseport_program(
         libc::setsockopt(
             socket.as_raw_fd(),
             libc::SOL_SOCKET,
-            SO_ATTACH_REUSEPORT_CBPF,
+            option,
             std::ptr::from_ref(&fprog).cast(),
             std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
         )
@@ -189,23 +192,6 @@ fn attach_reuseport_program(
     } else {
         Err(io::Error::last_os_error())
     }
-}
-
-#[cfg(not(any(
-    target_arch = "x86_64",
-    target_arch = "x86",
-    target_arch = "aarch64",
-    target_arch = "arm",
-    target_arch = "riscv64"
-)))]
-fn attach_reuseport_program(
-    _socket: &std::net::UdpSocket,
-    _program: &[libc::sock_filter],
-) -> io::Result<()> {
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        "no reuseport steering on this architecture",
-    ))
 }
 
 /// Which of a group's `sockets` worker `worker` of `workers` accepts
