@@ -11,7 +11,9 @@
 //!   direct and HAProxy, and the proxy's CPU per connection.
 //!
 //! Each is measured in rounds (`CUTOVER_BENCH_ROUNDS`, default 3) in
-//! alternating order, reported as the mean and the spread. Installs
+//! alternating order, reported as the mean and the spread.
+//! `CUTOVER_BENCH_BASELINE=path/to/cutover` adds another build (an
+//! earlier commit) as the target `baseline`, measured in the same rounds. Installs
 //! nothing: `apt-get install iperf3 wrk nginx-light haproxy`; a missing
 //! tool skips what needs it, and says so.
 //!
@@ -44,15 +46,24 @@ fn main() {
     }
 }
 
-/// cutover's `tcp` listener to `backend`.
-fn start_cutover(dir: &Path, name: &str, backend: SocketAddr) -> (Owned, SocketAddr) {
+/// cutover's `tcp` listener to `backend`, served by `binary` (this
+/// build when `None`).
+fn start_cutover(
+    dir: &Path,
+    name: &str,
+    backend: SocketAddr,
+    binary: Option<&Path>,
+) -> (Owned, SocketAddr) {
     let listen = free_port();
     let config = format!(
         "[admin]\nbind = \"127.0.0.1:0\"\n\n[log]\nlevel = \"warn\"\n\n[[listeners]]\nname = \"tcp\"\nbind = \"{listen}\"\nprotocol = \"tcp\"\nupstream = \"backend\"\n\n[upstreams.backend]\nbackends = [{{ addr = \"{backend}\" }}]\n"
     );
     let path = dir.join(format!("{name}-cutover.toml"));
     std::fs::write(&path, config).expect("write config");
-    let (child, _) = common::start_gateway(&path);
+    let (child, _) = match binary {
+        Some(binary) => common::start_binary(binary, &path),
+        None => common::start_gateway(&path),
+    };
     assert!(wait_for(listen), "cutover is not listening on {listen}");
     (Owned(child), listen)
 }
@@ -82,7 +93,7 @@ fn start_haproxy(dir: &Path, name: &str, backend: SocketAddr) -> Option<(Owned, 
 /// `backend` directly, through cutover and (when installed) through
 /// HAProxy; the proxies' processes live as long as the first value.
 fn targets(dir: &Path, name: &str, backend: SocketAddr) -> (Vec<Owned>, Vec<Target>) {
-    let (cutover, through_cutover) = start_cutover(dir, name, backend);
+    let (cutover, through_cutover) = start_cutover(dir, name, backend, None);
     let mut targets = vec![
         Target {
             name: "direct",
@@ -96,6 +107,16 @@ fn targets(dir: &Path, name: &str, backend: SocketAddr) -> (Vec<Owned>, Vec<Targ
         },
     ];
     let mut proxies = vec![cutover];
+    if let Some(binary) = common::baseline_binary() {
+        let (baseline, address) =
+            start_cutover(dir, &format!("{name}-baseline"), backend, Some(&binary));
+        targets.push(Target {
+            name: "baseline",
+            address,
+            pid: Some(baseline.0.id()),
+        });
+        proxies.push(baseline);
+    }
     match start_haproxy(dir, name, backend) {
         Some((haproxy, address)) => {
             targets.push(Target {

@@ -19,6 +19,8 @@
 //! cutover each front also reports its data-plane workers' shares of its
 //! CPU (how evenly the kernel spreads connections over their sockets). A
 //! summary table of cutover's ratios per front ends the run.
+//! `CUTOVER_BENCH_BASELINE=path/to/cutover` adds another build (an
+//! earlier commit) as the target `baseline` in the same rounds.
 //!
 //! Each front is measured in rounds (`CUTOVER_BENCH_ROUNDS`, default 3)
 //! of alternating order, so that a neighbour that comes and goes weighs on
@@ -187,6 +189,27 @@ fn main() {
             pid: Some(gateway_pid),
         },
     ];
+    // Another build in the same rounds (`CUTOVER_BENCH_BASELINE`).
+    let baseline = common::baseline_binary().map(|binary| {
+        Gateway::start_binary(
+            dir.path(),
+            &backend,
+            hyper_backend,
+            &cert,
+            &key,
+            Some(&binary),
+        )
+        .0
+    });
+    if let Some(baseline) = &baseline {
+        targets.push(Target {
+            label: "baseline",
+            http1: baseline.web,
+            h2c: Some(baseline.web),
+            https: Some(baseline.secure),
+            pid: Some(baseline.child.id()),
+        });
+    }
     for reference in [Reference::Nginx, Reference::Haproxy, Reference::Caddy] {
         if let Some((target, child)) =
             reference.start(dir.path(), &tools, backend.http1, &cert, &key)
@@ -235,6 +258,7 @@ fn main() {
         );
     }
     drop(targets.split_off(2));
+    drop(baseline);
     processes.stop_references();
 
     // (c) HTTP/1.1 through cutover while 1 000 activations run.
@@ -480,7 +504,7 @@ fn measure_front(
     let mut ratios = Vec::new();
     let find = |label: &str| present.iter().position(|t| t.label == label);
     if let Some(c) = find("cutover") {
-        for reference in ["nginx", "haproxy", "caddy", "direct"] {
+        for reference in ["baseline", "nginx", "haproxy", "caddy", "direct"] {
             let Some(r) = find(reference) else { continue };
             let ratio = |f: fn(&Run) -> f64| spread(&runs[c], f).0 / spread(&runs[r], f).0;
             let cpu = present[r].pid.map(|_| ratio(Run::cpu_us_per_request));
@@ -517,7 +541,7 @@ impl Summary {
         if self.fronts.is_empty() {
             return;
         }
-        let references = ["nginx", "haproxy", "caddy", "own HTTPS"];
+        let references = ["baseline", "nginx", "haproxy", "caddy", "own HTTPS"];
         println!("\nSummary: cutover / reference, throughput × and CPU per request × (CPU < 1: cutover spends less)");
         print!("  {:<18}", "front");
         for reference in references {
@@ -675,6 +699,18 @@ impl Gateway {
         cert: &Path,
         key: &Path,
     ) -> (Self, String) {
+        Self::start_binary(dir, backend, hyper_backend, cert, key, None)
+    }
+
+    /// As `start`, served by `binary` (this build when `None`).
+    fn start_binary(
+        dir: &Path,
+        backend: &NginxBackend,
+        hyper_backend: SocketAddr,
+        cert: &Path,
+        key: &Path,
+        binary: Option<&Path>,
+    ) -> (Self, String) {
         let config = format!(
             r#"[admin]
 bind = "127.0.0.1:0"
@@ -721,9 +757,16 @@ backends = [{{ addr = "{hyper_backend}" }}]
             key.display(),
             backend.http1
         );
-        let path = dir.join("gateway.toml");
+        let path = dir.join(if binary.is_some() {
+            "baseline.toml"
+        } else {
+            "gateway.toml"
+        });
         std::fs::write(&path, &config).expect("write config");
-        let (child, ready) = common::start_gateway(&path);
+        let (child, ready) = match binary {
+            Some(binary) => common::start_binary(binary, &path),
+            None => common::start_gateway(&path),
+        };
         let listener = |name: &str| common::ready_listener(&ready, name);
         let admin = ready["admin"]
             .as_str()
@@ -799,7 +842,7 @@ impl Reference {
             Reference::Caddy => (
                 dir.join("Caddyfile"),
                 format!(
-                    "{{\n  admin off\n  auto_https off\n  persist_config off\n  default_sni localhost\n  servers {{\n    protocols h1 h2 h2c\n  }}\n}}\nhttp://{http1} {{\n  reverse_proxy {backend}\n}}\nhttp://{h2c} {{\n  reverse_proxy {backend}\n}}\nhttps://{https} {{\n  tls {} {}\n  reverse_proxy {backend}\n}}\n",
+                    "{{\n  admin off\n  auto_https off\n  default_sni localhost\n  servers {{\n    protocols h1 h2 h2c\n  }}\n}}\nhttp://{http1} {{\n  reverse_proxy {backend}\n}}\nhttp://{h2c} {{\n  reverse_proxy {backend}\n}}\nhttps://{https} {{\n  tls {} {}\n  reverse_proxy {backend}\n}}\n",
                     cert.display(),
                     key.display()
                 ),

@@ -20,6 +20,20 @@ use hyper_util::rt::TokioIo;
 pub fn start_gateway(config: &std::path::Path) -> (Child, serde_json::Value) {
     let binary = std::env::var_os("CUTOVER_BENCH_BINARY")
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_cutover").into());
+    start_binary(binary.as_ref(), config)
+}
+
+/// `CUTOVER_BENCH_BASELINE`: another build (an earlier commit) measured
+/// beside this one in the same run, where a bench offers it.
+pub fn baseline_binary() -> Option<std::path::PathBuf> {
+    std::env::var_os("CUTOVER_BENCH_BASELINE").map(Into::into)
+}
+
+/// Starts `binary` (a cutover build) on `config`, as `start_gateway`.
+pub fn start_binary(
+    binary: &std::path::Path,
+    config: &std::path::Path,
+) -> (Child, serde_json::Value) {
     let mut child = Command::new(binary)
         .args(["run", "-c"])
         .arg(config)

@@ -160,6 +160,8 @@ impl Drop for OpenHold {
 /// on it) and for its listener (`max_connections`).
 struct ConnectionGuard {
     accepting: Arc<Accepting>,
+    /// The worker serving it.
+    worker: usize,
 }
 
 impl Drop for ConnectionGuard {
@@ -167,6 +169,9 @@ impl Drop for ConnectionGuard {
         let accepting = &self.accepting;
         accepting.gauge.decrement(1.0);
         accepting.open.fetch_sub(1, Ordering::AcqRel);
+        if let Some(load) = accepting.workers.get(self.worker) {
+            load.open.fetch_sub(1, Ordering::AcqRel);
+        }
         let all = &accepting.set.open;
         if all.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             all.idle.notify_waiters();
@@ -494,6 +499,13 @@ impl ListenerSet {
             tls,
             alt_svc,
             open: AtomicUsize::new(0),
+            workers: (0..self.workers.as_ref().map_or(1, |w| w.threads()))
+                .map(|worker| WorkerLoad {
+                    open: AtomicUsize::new(0),
+                    accepted: metrics::counter!(m::WORKER_CONNECTIONS, m::LABEL_WORKER => worker.to_string()),
+                })
+                .collect(),
+            rebalanced: metrics::counter!(m::CONNECTIONS_REBALANCED, m::LABEL_LISTENER => label()),
             refused: metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => label()),
             accepted: metrics::counter!(m::CONNECTIONS_ACCEPTED, m::LABEL_LISTENER => label()),
             untrusted: metrics::counter!(m::PROXY_HEADERS, m::LABEL_LISTENER => label(), m::LABEL_OUTCOME => "untrusted"),
@@ -577,11 +589,48 @@ struct Accepting {
     /// The listener's open connections, over all its loops
     /// (`max_connections`).
     open: AtomicUsize,
+    /// Each worker's share of them.
+    workers: Box<[WorkerLoad]>,
+    rebalanced: metrics::Counter,
     refused: metrics::Counter,
     accepted: metrics::Counter,
     untrusted: metrics::Counter,
     /// At most one warning a second while the cap turns clients away.
     warned_at: Mutex<Option<std::time::Instant>>,
+}
+
+/// One worker's connections of one listener.
+struct WorkerLoad {
+    open: AtomicUsize,
+    /// `cutover_worker_connections_total` of the worker.
+    accepted: metrics::Counter,
+}
+
+/// Which of the workers with `loads` open connections serves a connection
+/// that `worker` accepted. The kernel spreads new connections over the
+/// workers' sockets by a hash of the client's address and port: even over
+/// many short connections, lumpy over a few long ones (16 HTTP/2
+/// connections from a load balancer often split 10 to 6, leaving one core
+/// idle while the other is saturated). So the worker that accepted serves
+/// unless another has fewer open by more than `1 + its own / 8` (then the
+/// least loaded one does), which keeps any two within `2 + load / 8` of
+/// each other: Envoy's `exact_balance` in spirit, without a lock, and
+/// without a hand-over in the common case (a connection or two that has
+/// not closed yet is not an imbalance).
+fn balance(loads: &[usize], worker: usize) -> usize {
+    let Some(&mine) = loads.get(worker) else {
+        return worker;
+    };
+    let least = loads
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, load)| **load)
+        .map_or(worker, |(index, _)| index);
+    if loads[least] + 1 + mine / 8 < mine {
+        least
+    } else {
+        worker
+    }
 }
 
 impl Accepting {
@@ -595,8 +644,6 @@ impl Accepting {
                 return;
             }
         };
-        let on_worker =
-            metrics::counter!(m::WORKER_CONNECTIONS, m::LABEL_WORKER => worker.to_string());
         let mut draining = self.set.draining.subscribe();
         loop {
             let accepted = tokio::select! {
@@ -631,22 +678,65 @@ impl Accepting {
                 self.refuse(max);
                 continue;
             }
+            let serving = self.balance(worker);
             self.set.open.count.fetch_add(1, Ordering::AcqRel);
             self.gauge.increment(1.0);
             self.accepted.increment(1);
-            on_worker.increment(1);
             let guard = ConnectionGuard {
                 accepting: Arc::clone(&self),
+                worker: serving,
             };
-            tokio::spawn(Arc::clone(&self).serve(
-                stream,
-                remote,
-                proxy == Proxy::Trusted,
-                limits,
-                guard,
-            ));
+            let proxied = proxy == Proxy::Trusted;
+            let workers = self.set.workers.as_ref().filter(|_| serving != worker);
+            let Some(workers) = workers else {
+                tokio::spawn(Arc::clone(&self).serve(stream, remote, proxied, limits, guard));
+                continue;
+            };
+            // Served elsewhere: taken off this worker's reactor and
+            // registered with the other's (the common case never pays it).
+            let stream = match stream.into_std() {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::debug!(listener = %self.name, %error, "cannot hand a connection to another worker");
+                    continue;
+                }
+            };
+            self.rebalanced.increment(1);
+            let accepting = Arc::clone(&self);
+            workers.spawn_on(
+                serving,
+                Box::new(move || {
+                    Box::pin(async move {
+                        match TcpStream::from_std(stream) {
+                            Ok(stream) => {
+                                accepting.serve(stream, remote, proxied, limits, guard).await
+                            }
+                            Err(error) => {
+                                tracing::debug!(listener = %accepting.name, %error, "a worker could not take a connection")
+                            }
+                        }
+                    })
+                }),
+            );
         }
         tracing::info!(listener = %self.name, worker, "listener closed");
+    }
+
+    /// The worker that serves a connection `worker` accepted: itself,
+    /// unless another serves markedly fewer of this listener's
+    /// connections (see `balance`); counted on the one chosen.
+    fn balance(&self, worker: usize) -> usize {
+        let loads: Vec<usize> = self
+            .workers
+            .iter()
+            .map(|w| w.open.load(Ordering::Relaxed))
+            .collect();
+        let serving = balance(&loads, worker);
+        if let Some(chosen) = self.workers.get(serving) {
+            chosen.open.fetch_add(1, Ordering::AcqRel);
+            chosen.accepted.increment(1);
+        }
+        serving
     }
 
     fn refuse(&self, max: usize) {
@@ -964,4 +1054,46 @@ fn refused_head_line(ctx: &ConnContext, status: StatusCode, flags: Flags) {
         flags,
         ..access::Line::new("HTTP/1.1", listener, generation, ctx.remote)
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::balance;
+
+    #[test]
+    fn the_accepting_worker_serves_unless_another_is_markedly_less_loaded() {
+        // Within 1 + an eighth of its own: no hand-over.
+        assert_eq!(balance(&[0, 0], 0), 0);
+        assert_eq!(balance(&[1, 0], 0), 0);
+        assert_eq!(balance(&[9, 7], 0), 0);
+        assert_eq!(balance(&[16, 13], 0), 0);
+        assert_eq!(balance(&[13, 16], 0), 0);
+        // More than that: the least loaded serves.
+        assert_eq!(balance(&[2, 0], 0), 1);
+        assert_eq!(balance(&[9, 6], 0), 1);
+        assert_eq!(balance(&[20, 16, 17], 0), 1);
+        assert_eq!(balance(&[20, 17, 16], 0), 2);
+        // Out of range: itself.
+        assert_eq!(balance(&[5], 3), 3);
+    }
+
+    /// Every new connection hashed to one worker: the loads still end
+    /// within the margin of each other.
+    #[test]
+    fn connections_all_hashed_to_one_worker_end_spread() {
+        for workers in [2usize, 3, 4] {
+            for total in [4usize, 16, 64, 500] {
+                let mut loads = vec![0; workers];
+                for _ in 0..total {
+                    let serving = balance(&loads, 0);
+                    loads[serving] += 1;
+                }
+                let (most, least) = (*loads.iter().max().unwrap(), *loads.iter().min().unwrap());
+                assert!(
+                    most <= least + 2 + most / 8,
+                    "{workers} workers, {total} connections: {loads:?}"
+                );
+            }
+        }
+    }
 }

@@ -81,6 +81,9 @@ pub const CONNECTIONS_ACCEPTED: &str = "cutover_listener_connections_total";
 /// Client connections accepted by each data-plane `worker` (all
 /// listeners): how evenly the kernel spreads them.
 pub const WORKER_CONNECTIONS: &str = "cutover_worker_connections_total";
+/// Client connections of `listener` served by another worker than the
+/// one that accepted them, to even out the workers' loads.
+pub const CONNECTIONS_REBALANCED: &str = "cutover_connections_rebalanced_total";
 /// TLS handshakes by `listener` and `outcome` (`ok`, `failed`, `timeout`).
 pub const TLS_HANDSHAKES: &str = "cutover_tls_handshakes_total";
 /// A certificate's `not_after` as Unix seconds, by `listener` and `name`.
@@ -249,7 +252,11 @@ pub fn describe() {
     );
     describe_counter!(
         WORKER_CONNECTIONS,
-        "Client connections accepted, by data-plane worker"
+        "Client connections served, by data-plane worker"
+    );
+    describe_counter!(
+        CONNECTIONS_REBALANCED,
+        "Client connections handed to a less loaded worker than the one that accepted them, by listener"
     );
     describe_histogram!(
         TCP_CONNECTION_DURATION,
