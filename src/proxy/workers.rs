@@ -20,7 +20,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::mpsc;
 
@@ -30,7 +29,6 @@ pub type Job = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Se
 
 pub struct Workers {
     queues: Vec<mpsc::UnboundedSender<Job>>,
-    next: AtomicUsize,
 }
 
 impl std::fmt::Debug for Workers {
@@ -64,20 +62,11 @@ impl Workers {
                 })?;
             queues.push(queue);
         }
-        Ok(Workers {
-            queues,
-            next: AtomicUsize::new(0),
-        })
+        Ok(Workers { queues })
     }
 
     pub fn threads(&self) -> usize {
         self.queues.len()
-    }
-
-    /// Hands `job` to the next worker.
-    pub fn spawn(&self, job: Job) {
-        let turn = self.next.fetch_add(1, Ordering::Relaxed);
-        self.spawn_on(turn, job);
     }
 
     /// Hands `job` to worker `index` (modulo the number of workers).
