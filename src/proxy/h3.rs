@@ -157,28 +157,37 @@ impl Endpoints {
         let h3 = &self.h3;
         let mut applied = (h3.limits)();
         let members = self.members;
-        let mut config = quinn::EndpointConfig::default();
-        config.cid_generator(move || Box::new(WorkerCids { member, members }));
-        let endpoint = match server_config(&self.server, &applied).and_then(|server| {
+        // The socket stays open while an endpoint fails to start on a
+        // duplicate of it: closing it would shrink the group under the
+        // steering program and send another member's packets astray.
+        let start = || -> Result<quinn::Endpoint, BoxError> {
+            let mut config = quinn::EndpointConfig::default();
+            config.cid_generator(move || Box::new(WorkerCids { member, members }));
+            let server = server_config(&self.server, &applied)?;
             Ok(quinn::Endpoint::new(
                 config,
                 Some(server),
-                socket,
+                socket.try_clone()?,
                 Arc::new(quinn::TokioRuntime),
             )?)
-        }) {
-            Ok(endpoint) => endpoint,
-            Err(error) => {
-                tracing::error!(listener = %h3.name, member, %error, "cannot serve HTTP/3");
-                return;
+        };
+        let mut draining = h3.draining.clone();
+        let failed = |error: &BoxError, first: bool| {
+            if first {
+                tracing::error!(listener = %h3.name, member, %error, "HTTP/3: an endpoint cannot start; retrying, alt-svc is not advertised until every endpoint serves");
+            } else {
+                tracing::debug!(listener = %h3.name, member, %error, "HTTP/3: endpoint start retried");
             }
         };
+        let Some(endpoint) = retry_start(start, failed, &mut draining).await else {
+            return;
+        };
+        drop(socket);
         let local = endpoint.local_addr().unwrap_or(h3.address);
         if self.started.fetch_add(1, Ordering::AcqRel) + 1 == self.members {
             tracing::info!(listener = %h3.name, address = %local, endpoints = self.members, "HTTP/3 accepting");
             h3.alt_svc.serving.store(true, Ordering::Relaxed);
         }
-        let mut draining = h3.draining.clone();
         loop {
             let incoming = tokio::select! {
                 incoming = endpoint.accept() => incoming,
@@ -250,6 +259,32 @@ impl Endpoints {
         }
         // The endpoint (and its socket) lives while connections do.
         endpoint.wait_idle().await;
+    }
+}
+
+/// First and longest wait between attempts to start an endpoint.
+const START_RETRY: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(30));
+
+/// Calls `start` until it succeeds, waiting 250 ms doubling to 30 s
+/// between attempts and telling `failed` of each failure (`true` the
+/// first time); `None` once the listener drains.
+async fn retry_start<T>(
+    mut start: impl FnMut() -> Result<T, BoxError>,
+    failed: impl Fn(&BoxError, bool),
+    draining: &mut watch::Receiver<bool>,
+) -> Option<T> {
+    let (mut wait, longest) = START_RETRY;
+    let mut first = true;
+    loop {
+        match start() {
+            Ok(started) => return Some(started),
+            Err(error) => failed(&error, std::mem::replace(&mut first, false)),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = async { let _ = draining.wait_for(|d| *d).await; } => return None,
+        }
+        wait = (wait * 2).min(longest);
     }
 }
 
@@ -662,6 +697,44 @@ impl Body for QuicBody {
 mod tests {
     use super::*;
     use quinn::ConnectionIdGenerator;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_endpoint_that_fails_to_start_is_tried_again_until_it_starts_or_the_listener_drains(
+    ) {
+        let (drain, mut draining) = watch::channel(false);
+        let attempts = std::cell::Cell::new(0);
+        let failures = std::cell::RefCell::new(Vec::new());
+        let started = tokio::time::Instant::now();
+        let start = || {
+            attempts.set(attempts.get() + 1);
+            if attempts.get() < 4 {
+                Err(BoxError::from("socket option refused"))
+            } else {
+                Ok(attempts.get())
+            }
+        };
+        let failed = |_: &BoxError, first: bool| failures.borrow_mut().push(first);
+        assert_eq!(retry_start(start, failed, &mut draining).await, Some(4));
+        assert_eq!(*failures.borrow(), [true, false, false]);
+        // 250 + 500 + 1000 ms of back-off.
+        assert_eq!(started.elapsed(), Duration::from_millis(1750));
+
+        // Never starting: the back-off stops at 30 s, and draining ends it.
+        let attempts = std::cell::Cell::new(0u32);
+        let never = || -> Result<(), BoxError> {
+            attempts.set(attempts.get() + 1);
+            Err("no".into())
+        };
+        let stop = async {
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            let _ = drain.send(true);
+        };
+        let (outcome, ()) = tokio::join!(retry_start(never, |_, _| {}, &mut draining), stop);
+        assert_eq!(outcome, None);
+        // Attempts at 0, 0.25, 0.75, 1.75, 3.75, 7.75, 15.75 and 31.75 s,
+        // then every 30 s: 61.75 and 91.75 s before the drain at 120 s.
+        assert_eq!(attempts.get(), 10);
+    }
 
     #[test]
     fn an_endpoints_connection_ids_name_its_member() {
