@@ -699,8 +699,8 @@ mod tests {
     use quinn::ConnectionIdGenerator;
 
     #[tokio::test(start_paused = true)]
-    async fn an_endpoint_that_fails_to_start_is_tried_again_until_it_starts_or_the_listener_drains(
-    ) {
+    async fn an_endpoint_that_fails_to_start_is_tried_again_until_it_starts_or_the_listener_drains()
+    {
         let (drain, mut draining) = watch::channel(false);
         let attempts = std::cell::Cell::new(0);
         let failures = std::cell::RefCell::new(Vec::new());
