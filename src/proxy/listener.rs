@@ -617,19 +617,20 @@ struct WorkerLoad {
 /// each other: Envoy's `exact_balance` in spirit, without a lock, and
 /// without a hand-over in the common case (a connection or two that has
 /// not closed yet is not an imbalance).
-fn balance(loads: &[usize], worker: usize) -> usize {
-    let Some(&mine) = loads.get(worker) else {
-        return worker;
-    };
-    let least = loads
-        .iter()
-        .enumerate()
-        .min_by_key(|(_, load)| **load)
-        .map_or(worker, |(index, _)| index);
-    if loads[least] + 1 + mine / 8 < mine {
-        least
-    } else {
-        worker
+fn balance(loads: impl Iterator<Item = usize>, worker: usize) -> usize {
+    let mut mine = None;
+    let mut least: Option<(usize, usize)> = None;
+    for (index, load) in loads.enumerate() {
+        if index == worker {
+            mine = Some(load);
+        }
+        if least.is_none_or(|(_, fewest)| load < fewest) {
+            least = Some((index, load));
+        }
+    }
+    match (mine, least) {
+        (Some(mine), Some((index, fewest))) if fewest + 1 + mine / 8 < mine => index,
+        _ => worker,
     }
 }
 
@@ -726,12 +727,8 @@ impl Accepting {
     /// unless another serves markedly fewer of this listener's
     /// connections (see `balance`); counted on the one chosen.
     fn balance(&self, worker: usize) -> usize {
-        let loads: Vec<usize> = self
-            .workers
-            .iter()
-            .map(|w| w.open.load(Ordering::Relaxed))
-            .collect();
-        let serving = balance(&loads, worker);
+        let loads = self.workers.iter().map(|w| w.open.load(Ordering::Relaxed));
+        let serving = balance(loads, worker);
         if let Some(chosen) = self.workers.get(serving) {
             chosen.open.fetch_add(1, Ordering::AcqRel);
             chosen.accepted.increment(1);
@@ -1063,18 +1060,18 @@ mod tests {
     #[test]
     fn the_accepting_worker_serves_unless_another_is_markedly_less_loaded() {
         // Within 1 + an eighth of its own: no hand-over.
-        assert_eq!(balance(&[0, 0], 0), 0);
-        assert_eq!(balance(&[1, 0], 0), 0);
-        assert_eq!(balance(&[9, 7], 0), 0);
-        assert_eq!(balance(&[16, 13], 0), 0);
-        assert_eq!(balance(&[13, 16], 0), 0);
+        assert_eq!(balance([0, 0].into_iter(), 0), 0);
+        assert_eq!(balance([1, 0].into_iter(), 0), 0);
+        assert_eq!(balance([9, 7].into_iter(), 0), 0);
+        assert_eq!(balance([16, 13].into_iter(), 0), 0);
+        assert_eq!(balance([13, 16].into_iter(), 0), 0);
         // More than that: the least loaded serves.
-        assert_eq!(balance(&[2, 0], 0), 1);
-        assert_eq!(balance(&[9, 6], 0), 1);
-        assert_eq!(balance(&[20, 16, 17], 0), 1);
-        assert_eq!(balance(&[20, 17, 16], 0), 2);
+        assert_eq!(balance([2, 0].into_iter(), 0), 1);
+        assert_eq!(balance([9, 6].into_iter(), 0), 1);
+        assert_eq!(balance([20, 16, 17].into_iter(), 0), 1);
+        assert_eq!(balance([20, 17, 16].into_iter(), 0), 2);
         // Out of range: itself.
-        assert_eq!(balance(&[5], 3), 3);
+        assert_eq!(balance([5].into_iter(), 3), 3);
     }
 
     /// Every new connection hashed to one worker: the loads still end
@@ -1085,7 +1082,7 @@ mod tests {
             for total in [4usize, 16, 64, 500] {
                 let mut loads = vec![0; workers];
                 for _ in 0..total {
-                    let serving = balance(&loads, 0);
+                    let serving = balance(loads.iter().copied(), 0);
                     loads[serving] += 1;
                 }
                 let (most, least) = (*loads.iter().max().unwrap(), *loads.iter().min().unwrap());
