@@ -19,7 +19,6 @@
 //! exchange with nothing left over. Interim 1xx responses are handed to
 //! the caller's [`Informational`] hook, if any, and otherwise skipped.
 
-use crate::telemetry::series::Histogram;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io::{self, IoSlice};
@@ -34,6 +33,9 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+
+use super::ConnectError;
+use crate::telemetry::series::Histogram;
 
 /// Largest response head accepted from a backend.
 const MAX_HEAD: usize = 64 * 1024;
@@ -63,15 +65,6 @@ pub enum SendError {
     /// of the request body.
     #[error("no response head within {0:?} of the end of the request")]
     Timeout(Duration),
-}
-
-/// Why a new upstream connection could not be made.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    #[error("connect timed out after {0:?}")]
-    Timeout(Duration),
-    #[error("{0}")]
-    Io(#[from] io::Error),
 }
 
 /// One upstream HTTP/1.1 connection and the bytes read from it that have
@@ -259,11 +252,7 @@ impl H1Pool {
 
 /// Opens a new connection to `addr` within `timeout`.
 async fn connect(addr: &str, timeout: Duration) -> Result<H1Conn, ConnectError> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-        .await
-        .map_err(|_| ConnectError::Timeout(timeout))??;
-    let _ = stream.set_nodelay(true);
-    Ok(H1Conn::new(stream, None))
+    Ok(H1Conn::new(super::dial(addr, timeout).await?, None))
 }
 
 /// Why an exchange through a backend's pool failed.

@@ -19,6 +19,7 @@
 mod backend;
 mod budget;
 mod client;
+mod dial;
 mod h1;
 mod health;
 mod load;
@@ -33,9 +34,9 @@ use std::time::{Duration, Instant, SystemTime};
 pub use backend::{Attempt, Backend, BackendError, BackendGuard, Usable};
 pub use budget::RetryBudget;
 pub use client::{BoxError, ClientBody, RequestBody, SignalledBody, UpstreamClient};
+pub use dial::{dial, ConnectError};
 pub use h1::{
-    header_tokens, request as request_h1, ConnectError, ExchangeError, H1Pool, SendError,
-    UpstreamBody,
+    header_tokens, request as request_h1, ExchangeError, H1Pool, SendError, UpstreamBody,
 };
 pub use health::HealthState;
 pub use weak_map::WeakMap;

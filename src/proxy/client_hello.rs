@@ -34,6 +34,9 @@ pub enum HelloError {
 /// shares make them 1-2 KiB, and the record limit is 16 KiB).
 const MAX_HELLO: usize = 64 * 1024;
 
+/// What one read asks for at most.
+const READ_CHUNK: usize = 4096;
+
 /// Reads the connection's ClientHello, however many segments and records
 /// it comes in, within `timeout`.
 pub async fn read(stream: &mut TcpStream, timeout: Duration) -> Result<Hello, HelloError> {
@@ -44,25 +47,27 @@ pub async fn read(stream: &mut TcpStream, timeout: Duration) -> Result<Hello, He
 
 async fn read_hello(stream: &mut TcpStream) -> Result<Hello, HelloError> {
     let mut acceptor = rustls::server::Acceptor::default();
-    let mut bytes = Vec::with_capacity(2048);
-    let mut chunk = [0u8; 4096];
+    // Read straight into what is kept: no buffer on the future's stack
+    // (every L4 connection's task is as large as its largest state).
+    let mut bytes = Vec::with_capacity(READ_CHUNK);
     loop {
-        let n = stream.read(&mut chunk).await?;
+        let start = bytes.len();
+        bytes.reserve(READ_CHUNK);
+        let n = stream.read_buf(&mut bytes).await?;
         if n == 0 {
             return Err(HelloError::Closed);
         }
         // 22: a handshake record. Anything else is not TLS (or is not
         // starting with a ClientHello): closed at the first byte.
-        if bytes.is_empty() && chunk[0] != 22 {
+        if start == 0 && bytes.first() != Some(&22) {
             return Err(HelloError::NotTls);
         }
-        bytes.extend_from_slice(&chunk[..n]);
         if bytes.len() > MAX_HELLO {
             return Err(HelloError::Malformed(format!(
                 "longer than {MAX_HELLO} bytes"
             )));
         }
-        let mut fresh = &chunk[..n];
+        let mut fresh = bytes.get(start..).unwrap_or_default();
         while !fresh.is_empty() {
             if acceptor.read_tls(&mut fresh)? == 0 {
                 return Err(HelloError::Malformed(

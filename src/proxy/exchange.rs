@@ -722,16 +722,17 @@ async fn proxied_request(
     req: Request<crate::backends::SignalledBody>,
 ) -> Result<Response<Incoming>, (Attempt, ProxyError)> {
     use tokio::io::AsyncWriteExt;
-    let connect = tokio::net::TcpStream::connect(backend.key.addr.as_str());
-    let mut stream = match tokio::time::timeout(backend.key.connect_timeout, connect).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(error)) => return Err((Attempt::ConnectError, connect_failed(backend, &error))),
-        Err(_) => {
+    let connect = crate::backends::dial(backend.key.addr.as_str(), backend.key.connect_timeout);
+    let mut stream = match connect.await {
+        Ok(stream) => stream,
+        Err(crate::backends::ConnectError::Io(error)) => {
+            return Err((Attempt::ConnectError, connect_failed(backend, &error)))
+        }
+        Err(crate::backends::ConnectError::Timeout(_)) => {
             let detail = format!("{}: connect timed out", backend.key.addr);
             return Err((Attempt::ConnectError, ProxyError::UpstreamConnect(detail)));
         }
     };
-    let _ = stream.set_nodelay(true);
     let upstream = |e: &dyn std::error::Error| {
         let detail = format!("{}: {}", backend.key.addr, error_chain(e));
         (Attempt::Error, ProxyError::Upstream(detail))

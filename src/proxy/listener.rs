@@ -20,7 +20,9 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use serde::{Deserialize, Serialize};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
 use super::downstream::{timeout_reply, watchdog, Activity, Downstream, Expired, TimeoutReply};
@@ -638,7 +640,12 @@ impl Accepting {
     /// Accepts on `socket` on worker `worker` and serves each connection
     /// there, until draining.
     async fn accept_loop(self: Arc<Self>, socket: std::net::TcpListener, worker: usize) {
-        let socket = match TcpListener::from_std(socket) {
+        // `AsyncFd::with_interest` is deprecated for types whose
+        // descriptor might be closed behind the registration's back; this
+        // one owns its listener, which outlives the registration.
+        #[allow(deprecated)]
+        let registered = AsyncFd::with_interest(socket, Interest::READABLE);
+        let socket = match registered {
             Ok(socket) => socket,
             Err(error) => {
                 tracing::error!(listener = %self.name, worker, %error, "cannot accept on a listening socket");
@@ -648,7 +655,7 @@ impl Accepting {
         let mut draining = self.set.draining.subscribe();
         loop {
             let accepted = tokio::select! {
-                accepted = socket.accept() => accepted,
+                accepted = accept(&socket) => accepted,
                 _ = async { let _ = draining.wait_for(|d| *d).await; } => break,
             };
             let (stream, remote) = match accepted {
@@ -690,18 +697,23 @@ impl Accepting {
             let proxied = proxy == Proxy::Trusted;
             let workers = self.set.workers.as_ref().filter(|_| serving != worker);
             let Some(workers) = workers else {
-                tokio::spawn(Arc::clone(&self).serve(stream, remote, proxied, limits, guard));
+                let stream = match TcpStream::from_std(stream) {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        tracing::debug!(listener = %self.name, %error, "cannot register a connection");
+                        continue;
+                    }
+                };
+                // Boxed: tokio moves a task's future several times while
+                // spawning and finishing it, and a box moves as a pointer
+                // (an L4 connection's future is about 2 KiB).
+                tokio::spawn(Box::pin(Arc::clone(&self).serve(
+                    stream, remote, proxied, limits, guard,
+                )));
                 continue;
             };
-            // Served elsewhere: taken off this worker's reactor and
-            // registered with the other's (the common case never pays it).
-            let stream = match stream.into_std() {
-                Ok(stream) => stream,
-                Err(error) => {
-                    tracing::debug!(listener = %self.name, %error, "cannot hand a connection to another worker");
-                    continue;
-                }
-            };
+            // Served elsewhere: registered with that worker's reactor
+            // only (it never was with this one's).
             self.rebalanced.increment(1);
             let accepting = Arc::clone(&self);
             workers.spawn_on(
@@ -795,7 +807,42 @@ impl Accepting {
             tls: std::sync::OnceLock::new(),
         });
         let draining = self.set.draining.subscribe();
-        serve_connection(stream, ctx, limits, draining, guard, self.tls.clone()).await
+        // Boxed: an HTTP connection's future (hyper's, TLS's) is several
+        // KiB, and would make every L4 connection's task as large.
+        Box::pin(serve_connection(
+            stream,
+            ctx,
+            limits,
+            draining,
+            guard,
+            self.tls.clone(),
+        ))
+        .await
+    }
+}
+
+/// Accepts a connection off `socket`, non-blocking but not yet registered
+/// with any worker's reactor: the worker that serves it registers it, so
+/// a connection handed to another worker costs no deregistration.
+async fn accept(
+    socket: &AsyncFd<std::net::TcpListener>,
+) -> std::io::Result<(std::net::TcpStream, SocketAddr)> {
+    use rustix::net::SocketFlags;
+    loop {
+        let mut ready = socket.readable().await?;
+        let accepted = ready.try_io(|socket| {
+            rustix::net::acceptfrom_with(socket, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC)
+                .map_err(std::io::Error::from)
+        });
+        let Ok(accepted) = accepted else {
+            // Nothing left to accept: the readiness is cleared.
+            continue;
+        };
+        let (fd, peer) = accepted?;
+        let peer = peer
+            .and_then(|peer| SocketAddr::try_from(peer).ok())
+            .ok_or_else(|| std::io::Error::other("accepted a connection without an IP peer"))?;
+        return Ok((std::net::TcpStream::from(fd), peer));
     }
 }
 

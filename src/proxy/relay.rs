@@ -12,7 +12,7 @@
 //! pipe budget), the direction goes on copying.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use metrics::Counter;
@@ -73,41 +73,48 @@ pub struct Meters<'a> {
 }
 
 /// Relays between `client` and `server` until both directions ended
-/// (`Ok`), or either failed (the error; both are then dropped by the
-/// caller, which resets them).
-pub async fn relay(client: &TcpStream, server: &TcpStream, meters: Meters<'_>) -> io::Result<()> {
+/// (`Ok`), or either failed (the error); either way both are closed when
+/// it returns (a reset, after a failure).
+pub async fn relay(client: TcpStream, server: TcpStream, meters: Meters<'_>) -> io::Result<()> {
+    let ended = AtomicBool::new(false);
     let up = one_way(
-        client,
-        server,
+        &client,
+        &server,
         &meters.progress.up,
         meters.up,
         meters.progress,
+        &ended,
     );
     let down = one_way(
-        server,
-        client,
+        &server,
+        &client,
         &meters.progress.down,
         meters.down,
         meters.progress,
+        &ended,
     );
     tokio::try_join!(up, down).map(|_| ())
 }
 
-/// Moves `src`'s bytes to `dst` until `src` ends, then shuts `dst`'s
-/// write half.
+/// Moves `src`'s bytes to `dst` until `src` ends, then half-closes `dst`
+/// if the other direction goes on (`ended` is shared by both): the
+/// second direction to end leaves it to the close that follows as
+/// `relay` returns, a FIN all the same (the socket's bytes were all
+/// read), one system call fewer per connection.
 async fn one_way(
     src: &TcpStream,
     dst: &TcpStream,
     way: &AtomicU64,
     counter: &Counter,
     progress: &Progress,
+    ended: &AtomicBool,
 ) -> io::Result<()> {
     let moved = |n: usize| {
         progress.moved(way, n);
         counter.increment(n as u64);
     };
     let splice = cfg!(target_os = "linux");
-    // Not zeroed: `try_read_buf` writes only into the spare capacity.
+    // Not zeroed: reads write only into the spare capacity.
     let mut buffer = Vec::with_capacity(BUFFER);
     if copy(src, dst, &moved, &mut buffer, splice).await? == Copied::Bulk {
         #[cfg(target_os = "linux")]
@@ -122,7 +129,11 @@ async fn one_way(
             }
         }
     }
-    shutdown_write(dst)
+    if ended.swap(true, Ordering::AcqRel) {
+        Ok(())
+    } else {
+        shutdown_write(dst)
+    }
 }
 
 /// A direction's buffer: tokio's `copy_bidirectional`'s size.
@@ -149,7 +160,7 @@ async fn copy(
     loop {
         buffer.clear();
         src.readable().await?;
-        let n = match src.try_read_buf(buffer) {
+        let n = match read_some(src, buffer) {
             Ok(0) => return Ok(Copied::Ended),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
@@ -168,6 +179,33 @@ async fn copy(
         if until_bulk && n == buffer.capacity() {
             return Ok(Copied::Bulk);
         }
+    }
+}
+
+/// Reads what `src` has into `buffer`'s spare capacity (`Ok(0)`: it
+/// ended). A read that leaves room took everything the socket held, so
+/// its readiness is cleared at once (tokio clears it on `WouldBlock`)
+/// rather than by one more read that would find nothing: one system
+/// call fewer per message, as HAProxy does. Bytes arriving later raise a
+/// new event; an end of stream already seen stays ready.
+fn read_some(src: &TcpStream, buffer: &mut Vec<u8>) -> io::Result<usize> {
+    let mut drained = 0;
+    let read = src.try_io(tokio::io::Interest::READABLE, || {
+        let room = buffer.capacity() - buffer.len();
+        let (n, _) = rustix::net::recv(
+            src,
+            rustix::buffer::spare_capacity(buffer),
+            rustix::net::RecvFlags::empty(),
+        )?;
+        if n > 0 && n < room {
+            drained = n;
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match read {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && drained > 0 => Ok(drained),
+        read => read,
     }
 }
 
@@ -299,8 +337,8 @@ mod tests {
         let (up, down) = (Counter::noop(), Counter::noop());
         let relaying = async {
             relay(
-                &client,
-                &server,
+                client,
+                server,
                 Meters {
                     progress: &progress,
                     up: &up,
@@ -338,6 +376,51 @@ mod tests {
         relayed.expect("relay ends cleanly");
         assert_eq!(progress.up.load(Ordering::Relaxed), 3 * 1024 * 1024);
         assert_eq!(progress.down.load(Ordering::Relaxed), 16);
+    }
+
+    #[tokio::test]
+    async fn small_messages_back_and_forth_are_never_left_unread() {
+        // Each short read clears the socket's readiness without a second
+        // read: a message that arrived meanwhile must still be seen.
+        let (mut client_end, client) = pair().await;
+        let (server, mut server_end) = pair().await;
+        // Without Nagle's algorithm, each write goes out as it is made.
+        for socket in [&client_end, &client, &server, &server_end] {
+            socket.set_nodelay(true).expect("nodelay");
+        }
+        let progress = Progress::new();
+        let (up, down) = (Counter::noop(), Counter::noop());
+        let meters = Meters {
+            progress: &progress,
+            up: &up,
+            down: &down,
+        };
+        let talking = async {
+            let mut reply = [0u8; 64];
+            for round in 0..500u32 {
+                let ask = format!("ask {round}");
+                client_end.write_all(ask.as_bytes()).await.expect("ask");
+                let n = server_end.read(&mut reply).await.expect("server reads");
+                assert_eq!(&reply[..n], ask.as_bytes());
+                // Two writes in a row: they may arrive as one read or two.
+                server_end.write_all(b"an").await.expect("answer");
+                server_end.write_all(b"swer").await.expect("answer");
+                let mut got = Vec::new();
+                while got.len() < 6 {
+                    let n = client_end.read(&mut reply).await.expect("client reads");
+                    assert!(n > 0, "closed early in round {round}");
+                    got.extend_from_slice(&reply[..n]);
+                }
+                assert_eq!(got, b"answer");
+            }
+            drop((client_end, server_end));
+        };
+        let run = async { tokio::join!(relay(client, server, meters), talking).0 };
+        tokio::time::timeout(Duration::from_secs(20), run)
+            .await
+            .expect("no message is left waiting")
+            .expect("relay ends cleanly");
+        assert_eq!(progress.down.load(Ordering::Relaxed), 500 * 6);
     }
 
     #[tokio::test]

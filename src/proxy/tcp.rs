@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 
 use super::relay::{self, Meters, Progress};
 use crate::admission::Admission;
-use crate::backends::{Attempt, Backend};
+use crate::backends::{Attempt, Backend, ConnectError};
 use crate::generation::Upstream;
 use crate::ids::GenerationId;
 use crate::plan::ProxyProtocol;
@@ -162,7 +162,6 @@ pub async fn serve(
         line.upstream_time = Some(setup.started.elapsed());
     }
     let progress = Progress::new();
-    let _ = server.set_nodelay(true);
     // The listener's address, for a PROXY header only (a system call).
     let local = proxy_protocol.map(|version| {
         let local = downstream
@@ -196,7 +195,7 @@ pub async fn serve(
         }
     };
     let flags = tokio::select! {
-        relayed = relay::relay(&downstream, &server, meters) => match relayed {
+        relayed = relay::relay(downstream, server, meters) => match relayed {
             Ok(()) => Flags::NONE,
             // Reset by one side or the other; which one is not known.
             Err(_) => Flags::UPSTREAM_RESET,
@@ -210,7 +209,7 @@ pub async fn serve(
             Flags::NONE
         }
     };
-    drop((downstream, server));
+    // Both sockets are closed by now (the relay owned them).
     drop(guard);
     setup.finish(flags, Some(&progress));
 }
@@ -240,13 +239,10 @@ async fn connect(
             flags |= Flags::RETRIED;
         }
         let connecting = std::time::Instant::now();
-        let connected = tokio::time::timeout(
-            backend.key.connect_timeout,
-            TcpStream::connect(backend.key.addr.as_str()),
-        )
-        .await;
+        let connected =
+            crate::backends::dial(backend.key.addr.as_str(), backend.key.connect_timeout).await;
         match connected {
-            Ok(Ok(stream)) => {
+            Ok(stream) => {
                 backend.connected_in(connecting.elapsed());
                 upstream.report(&backend, Attempt::Answered(http::StatusCode::OK), None);
                 if let Some(line) = setup.line.as_mut() {
@@ -257,16 +253,16 @@ async fn connect(
             // Out of descriptors, buffers or local ports: this process's
             // trouble, not the backend's. Its health is left alone, and
             // no other backend would fare better.
-            Ok(Err(error)) if crate::backends::local_failure(&error) => {
+            Err(ConnectError::Io(error)) if crate::backends::local_failure(&error) => {
                 tracing::error!(listener = %setup.listener, backend = %backend.key.addr, %error, "cannot open a connection to a tcp backend");
                 return Err(flags | Flags::CONNECT_FAILURE);
             }
-            Ok(Err(error)) => {
+            Err(ConnectError::Io(error)) => {
                 upstream.report(&backend, Attempt::ConnectError, None);
                 flags |= Flags::CONNECT_FAILURE;
                 tracing::warn!(listener = %setup.listener, backend = %backend.key.addr, %error, attempt, "tcp upstream connect failed");
             }
-            Err(_) => {
+            Err(ConnectError::Timeout(_)) => {
                 upstream.report(&backend, Attempt::Timeout, None);
                 flags |= Flags::CONNECT_FAILURE | Flags::UPSTREAM_TIMEOUT;
                 tracing::warn!(listener = %setup.listener, backend = %backend.key.addr, attempt, "tcp upstream connect timed out");
