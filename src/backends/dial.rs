@@ -108,7 +108,11 @@ mod tests {
         assert_eq!(stream.peer_addr().expect("peer"), addr);
         assert!(stream.nodelay().expect("nodelay"));
         // By name, through the system's resolver.
-        let by_name = dial(&format!("localhost:{}", addr.port()), Duration::from_secs(2)).await;
+        let by_name = dial(
+            &format!("localhost:{}", addr.port()),
+            Duration::from_secs(2),
+        )
+        .await;
         assert!(by_name.is_ok(), "{by_name:?}");
         drop(listener);
         // Nothing listens there any more: refused, at once.
@@ -126,7 +130,9 @@ mod tests {
         // A listener whose backlog is full leaves further handshakes
         // unanswered (SYNs dropped), so the connect stays pending.
         let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        socket
+            .bind("127.0.0.1:0".parse().expect("addr"))
+            .expect("bind");
         let addr = socket.local_addr().expect("addr");
         let _listener = socket.listen(0).expect("listen");
         let mut held = Vec::new();

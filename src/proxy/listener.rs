@@ -707,9 +707,9 @@ impl Accepting {
                 // Boxed: tokio moves a task's future several times while
                 // spawning and finishing it, and a box moves as a pointer
                 // (an L4 connection's future is about 2 KiB).
-                tokio::spawn(Box::pin(Arc::clone(&self).serve(
-                    stream, remote, proxied, limits, guard,
-                )));
+                tokio::spawn(Box::pin(
+                    Arc::clone(&self).serve(stream, remote, proxied, limits, guard),
+                ));
                 continue;
             };
             // Served elsewhere: registered with that worker's reactor
