@@ -529,8 +529,12 @@ async fn a_client_that_stops_reading_holds_the_backend_back_not_the_gateways_mem
         "the backend was held back: {} MiB produced for three stalled clients",
         produced >> 20
     );
+    // Three encoders with 4 MiB windows (zstd, brotli) are most of it:
+    // 7-34 MiB more over repeated runs, however far each got (the
+    // allocator reuses what the warm-up freed, or not). A gateway that
+    // kept what the backend sends fails the assertion above first.
     assert!(
-        after < before + 32 * 1024,
+        after < before + 48 * 1024,
         "the gateway holds {after} KiB, {before} KiB before"
     );
     drop(responses);
