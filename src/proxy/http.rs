@@ -125,7 +125,9 @@ fn ip_of(bytes: &[u8]) -> Option<std::net::IpAddr> {
 
 /// The `X-Forwarded-For` value for a client address.
 pub fn client_ip_header(remote: SocketAddr) -> HeaderValue {
-    HeaderValue::from_str(&remote.ip().to_string())
+    let mut text = Vec::with_capacity(15);
+    crate::telemetry::access::push_ip(&mut text, remote.ip());
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(text))
         .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
@@ -788,4 +790,20 @@ fn direct_response(direct: &DirectResponse) -> Response<ResponseBody> {
         );
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_forwarded_client_address_is_the_ip_without_the_port() {
+        for (addr, value) in [
+            ("192.0.2.7:50123", "192.0.2.7"),
+            ("[2001:db8::17]:443", "2001:db8::17"),
+        ] {
+            let addr: SocketAddr = addr.parse().expect("address");
+            assert_eq!(client_ip_header(addr).to_str().ok(), Some(value));
+        }
+    }
 }

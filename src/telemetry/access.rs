@@ -13,7 +13,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -742,17 +742,31 @@ fn push_millis(out: &mut Vec<u8>, duration: Duration) {
 fn push_addr(out: &mut Vec<u8>, addr: SocketAddr) {
     match addr {
         SocketAddr::V4(v4) => {
-            for (i, octet) in v4.ip().octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b'.');
-                }
-                push_u64(out, u64::from(octet));
-            }
+            push_ip(out, IpAddr::V4(*v4.ip()));
             out.push(b':');
             push_u64(out, u64::from(v4.port()));
         }
         SocketAddr::V6(_) => {
             let _ = write!(out, "{addr}");
+        }
+    }
+}
+
+/// An address as `Display` writes it; IPv4 without `fmt` (a tenth of
+/// the instructions; it is written for every connection's
+/// `X-Forwarded-For` and every access-log line).
+pub fn push_ip(out: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                push_u64(out, u64::from(octet));
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
         }
     }
 }
@@ -845,6 +859,24 @@ fn push_field(out: &mut Vec<u8>, key: &str, value: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for text in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "10.20.255.9",
+            "255.255.255.255",
+            "::1",
+            "2001:db8::17",
+            "::ffff:192.0.2.1",
+        ] {
+            let ip: IpAddr = text.parse().expect("address");
+            let mut out = Vec::new();
+            push_ip(&mut out, ip);
+            assert_eq!(out, ip.to_string().as_bytes(), "{text}");
+        }
+    }
 
     fn line() -> Line {
         Line {
