@@ -10,6 +10,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -897,9 +898,10 @@ async fn serve_connection(
     tls: Option<TlsAcceptor>,
 ) {
     let _ = stream.set_nodelay(true);
-    // hyper reads the first bytes to tell HTTP/1 from an h2 preface, and
-    // a TLS handshake needs them too: a client that connects and says
-    // nothing is timed out here. A connection accepted just before
+    // The first byte tells a plain HTTP/1 connection from one that may
+    // start with HTTP/2's preface (`Speaks`), and a TLS handshake needs
+    // the first bytes too: a client that connects and says nothing is
+    // timed out here. A connection accepted just before
     // draining began is still served: its client has no way to know it
     // should have gone elsewhere.
     let mut probe = [0u8; 1];
@@ -913,7 +915,8 @@ async fn serve_connection(
         None => {
             let io = HeadCheck::wrap(io, Arc::clone(&ctx.activity), true);
             let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
-            serve_http(io, ctx, limits, draining, reply).await;
+            let speaks = Speaks::of_first_byte(probe[0]);
+            serve_http(io, ctx, limits, draining, reply, speaks).await;
         }
         Some(acceptor) => {
             let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(io));
@@ -931,10 +934,12 @@ async fn serve_connection(
                         return;
                     }
                     let _ = ctx.tls.set(super::http::TlsInfo::of(tls.get_ref().1));
-                    let http1 = tls.get_ref().1.alpn_protocol() != Some(b"h2");
+                    let alpn = tls.get_ref().1.alpn_protocol();
+                    let http1 = alpn != Some(b"h2");
+                    let speaks = Speaks::of_alpn(alpn);
                     let io = HeadCheck::wrap(tls, Arc::clone(&ctx.activity), http1);
                     let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
-                    serve_http(io, ctx, limits, draining, None).await
+                    serve_http(io, ctx, limits, draining, None, speaks).await
                 }
                 Ok(Err(error)) => {
                     metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
@@ -948,6 +953,64 @@ async fn serve_connection(
     }
 }
 
+/// What a client connection speaks, as far as it is known before hyper
+/// reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Speaks {
+    /// Its first byte cannot begin HTTP/2's preface (`PRI * HTTP/2.0`),
+    /// or TLS agreed on `http/1.1`: served by hyper's HTTP/1 connection
+    /// directly, without the version probe (a read of 24 bytes before
+    /// the rest of the request, another system call per connection) and
+    /// the replay of those bytes on every read after it.
+    Http1,
+    /// Either: hyper reads the first bytes to tell.
+    Either,
+}
+
+impl Speaks {
+    /// A plain connection, by its first byte.
+    fn of_first_byte(byte: u8) -> Self {
+        if byte == b'P' {
+            Speaks::Either
+        } else {
+            Speaks::Http1
+        }
+    }
+
+    /// A TLS connection, by the protocol ALPN agreed on (none: either).
+    fn of_alpn(alpn: Option<&[u8]>) -> Self {
+        match alpn {
+            Some(b"http/1.1") => Speaks::Http1,
+            _ => Speaks::Either,
+        }
+    }
+}
+
+/// The HTTP/1 settings of a listener, on hyper's HTTP/1 builder or the
+/// auto builder's HTTP/1 part (the same methods on two types).
+macro_rules! http1_settings {
+    ($builder:expr, $limits:expr) => {{
+        $builder
+            .timer(TokioTimer::new())
+            // The watchdog keeps the head timeout (and answers 408);
+            // hyper's own would also run between requests, where
+            // keepalive_timeout rules, and costs a timer per request.
+            .header_read_timeout(None)
+            // One buffer per response instead of a queue of head and
+            // body pieces for writev: fewer instructions per request, and
+            // what rustls prefers anyway; bodies still stream in chunks
+            // of at most `max_buf_size`.
+            .writev(false)
+            .max_buf_size($limits.max_header_bytes);
+        // hyper parses into a stack array sized for its default limit;
+        // any other limit makes it allocate and initialise a vector on
+        // every request.
+        if $limits.max_headers != HYPER_DEFAULT_MAX_HEADERS {
+            $builder.max_headers($limits.max_headers);
+        }
+    }};
+}
+
 /// Serves HTTP/1.1 or HTTP/2 on an established (plain or TLS) stream,
 /// until the client leaves, a client timeout of DESIGN §13 expires (see
 /// `downstream::watchdog`), or draining ends it.
@@ -955,38 +1018,12 @@ async fn serve_http<I>(
     io: I,
     ctx: Arc<ConnContext>,
     limits: ListenerLimits,
-    mut draining: watch::Receiver<bool>,
+    draining: watch::Receiver<bool>,
     timeout_reply: Option<TimeoutReply>,
+    speaks: Speaks,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let mut builder = auto::Builder::new(StreamExecutor);
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        // The watchdog keeps the head timeout (and answers 408); hyper's
-        // own would also run between requests, where keepalive_timeout
-        // rules, and costs a timer per request.
-        .header_read_timeout(None)
-        // One buffer per response instead of a queue of head and body
-        // pieces for writev: fewer instructions per request, and what
-        // rustls prefers anyway; bodies still stream in chunks of at
-        // most `max_buf_size`.
-        .writev(false)
-        .max_buf_size(limits.max_header_bytes);
-    // hyper parses into a stack array sized for its default limit; any
-    // other limit makes it allocate and initialise a vector on every
-    // request.
-    if limits.max_headers != HYPER_DEFAULT_MAX_HEADERS {
-        builder.http1().max_headers(limits.max_headers);
-    }
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        .keep_alive_interval(limits.h2_keepalive_interval)
-        .keep_alive_timeout(H2_PING_TIMEOUT);
-    let listener = Arc::clone(&ctx.listener);
     let shared = Arc::clone(&ctx);
     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         handle(
@@ -994,10 +1031,55 @@ async fn serve_http<I>(
             Arc::clone(&ctx),
         )
     });
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-    tokio::pin!(conn);
+    let io = TokioIo::new(io);
+    match speaks {
+        Speaks::Http1 => {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            http1_settings!(builder, limits);
+            // Exactly, whatever sizes the head arrives in (the auto
+            // builder has only the buffer's limit, reached by whole reads).
+            builder.max_header_size(limits.max_header_bytes);
+            let conn = builder.serve_connection(io, service).with_upgrades();
+            tokio::pin!(conn);
+            let stop = |conn: Pin<&mut _>| {
+                hyper::server::conn::http1::UpgradeableConnection::graceful_shutdown(conn)
+            };
+            drive(conn, stop, &shared, limits, draining, timeout_reply).await;
+        }
+        Speaks::Either => {
+            let mut builder = auto::Builder::new(StreamExecutor);
+            http1_settings!(builder.http1(), limits);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(limits.max_concurrent_streams)
+                .keep_alive_interval(limits.h2_keepalive_interval)
+                .keep_alive_timeout(H2_PING_TIMEOUT);
+            let conn = builder.serve_connection_with_upgrades(io, service);
+            tokio::pin!(conn);
+            let stop = |conn: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
+            drive(conn, stop, &shared, limits, draining, timeout_reply).await;
+        }
+    }
+}
+
+/// Runs a served connection `conn` to its end, or until a client timeout
+/// or draining ends it (`stop` asks it to finish gracefully).
+async fn drive<C, E>(
+    mut conn: Pin<&mut C>,
+    stop: impl Fn(Pin<&mut C>),
+    shared: &ConnContext,
+    limits: ListenerLimits,
+    mut draining: watch::Receiver<bool>,
+    timeout_reply: Option<TimeoutReply>,
+) where
+    C: std::future::Future<Output = Result<(), E>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let finish = |result: Result<(), E>| finish(result.map_err(Into::into), shared);
+    let listener = &shared.listener;
     let expired = tokio::select! {
-        result = conn.as_mut() => return finish(result, &shared),
+        result = conn.as_mut() => return finish(result),
         expired = watchdog(&shared.activity, limits) => Some(expired),
         _ = async { let _ = draining.wait_for(|d| *d).await; } => None,
     };
@@ -1007,16 +1089,16 @@ async fn serve_http<I>(
             if let Some(reply) = timeout_reply {
                 reply.send();
             }
-            refused_head_line(&shared, StatusCode::REQUEST_TIMEOUT, Flags::HEADER_TIMEOUT);
+            refused_head_line(shared, StatusCode::REQUEST_TIMEOUT, Flags::HEADER_TIMEOUT);
         }
         Some(Expired::Idle) => {
             tracing::debug!(listener = %listener, client = %shared.remote, "no byte moved within idle_timeout; closing");
         }
         Some(Expired::KeepAlive) => {
             // HTTP/2 gets GOAWAY; an idle HTTP/1 connection just closes.
-            conn.as_mut().graceful_shutdown();
+            stop(conn.as_mut());
             if let Ok(result) = tokio::time::timeout(DRAIN_IDLE_GRACE, conn.as_mut()).await {
-                finish(result, &shared);
+                finish(result);
             }
         }
         None => {
@@ -1026,12 +1108,12 @@ async fn serve_http<I>(
             // grace before idle connections are closed.
             if !shared.activity.is_http2() {
                 tokio::select! {
-                    result = conn.as_mut() => return finish(result, &shared),
+                    result = conn.as_mut() => return finish(result),
                     _ = tokio::time::sleep(DRAIN_IDLE_GRACE) => {}
                 }
             }
-            conn.as_mut().graceful_shutdown();
-            finish(conn.as_mut().await, &shared);
+            stop(conn.as_mut());
+            finish(conn.as_mut().await);
         }
     }
 }
@@ -1102,7 +1184,25 @@ fn refused_head_line(ctx: &ConnContext, status: StatusCode, flags: Flags) {
 
 #[cfg(test)]
 mod tests {
-    use super::balance;
+    use super::{balance, Speaks};
+
+    #[test]
+    fn only_a_connection_that_may_start_with_the_h2_preface_is_probed() {
+        for method in ["GET", "HEAD", "DELETE", "OPTIONS", "CONNECT", "TRACE"] {
+            assert_eq!(
+                Speaks::of_first_byte(method.as_bytes()[0]),
+                Speaks::Http1,
+                "{method}"
+            );
+        }
+        // PRI (the preface), but also POST, PUT and PATCH.
+        assert_eq!(Speaks::of_first_byte(b'P'), Speaks::Either);
+        // Not HTTP at all: hyper's HTTP/1 parser refuses it (400).
+        assert_eq!(Speaks::of_first_byte(0x16), Speaks::Http1);
+        assert_eq!(Speaks::of_alpn(Some(b"http/1.1")), Speaks::Http1);
+        assert_eq!(Speaks::of_alpn(Some(b"h2")), Speaks::Either);
+        assert_eq!(Speaks::of_alpn(None), Speaks::Either);
+    }
 
     #[test]
     fn the_accepting_worker_serves_unless_another_is_markedly_less_loaded() {
