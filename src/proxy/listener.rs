@@ -1039,8 +1039,10 @@ async fn serve_http<I>(
             // Exactly, whatever sizes the head arrives in (the auto
             // builder has only the buffer's limit, reached by whole reads).
             builder.max_header_size(limits.max_header_bytes);
-            let conn = builder.serve_connection(io, service).with_upgrades();
-            tokio::pin!(conn);
+            // Boxed where it is made: hyper's connection is most of a
+            // connection's state, and the futures around it stay small.
+            let mut conn = Box::pin(builder.serve_connection(io, service).with_upgrades());
+            let conn = conn.as_mut();
             let stop = |conn: Pin<&mut _>| {
                 hyper::server::conn::http1::UpgradeableConnection::graceful_shutdown(conn)
             };
@@ -1055,8 +1057,8 @@ async fn serve_http<I>(
                 .max_concurrent_streams(limits.max_concurrent_streams)
                 .keep_alive_interval(limits.h2_keepalive_interval)
                 .keep_alive_timeout(H2_PING_TIMEOUT);
-            let conn = builder.serve_connection_with_upgrades(io, service);
-            tokio::pin!(conn);
+            let mut conn = Box::pin(builder.serve_connection_with_upgrades(io, service));
+            let conn = conn.as_mut();
             let stop = |conn: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
             drive(conn, stop, &shared, limits, draining, timeout_reply).await;
         }
