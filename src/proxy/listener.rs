@@ -901,9 +901,9 @@ async fn serve_connection(
     // The first byte tells a plain HTTP/1 connection from one that may
     // start with HTTP/2's preface (`Speaks`), and a TLS handshake needs
     // the first bytes too: a client that connects and says nothing is
-    // timed out here. A connection accepted just before
-    // draining began is still served: its client has no way to know it
-    // should have gone elsewhere.
+    // timed out here. A connection accepted just before draining began
+    // is still served: its client has no way to know it should have gone
+    // elsewhere.
     let mut probe = [0u8; 1];
     let first_bytes = tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut probe));
     if !matches!(first_bytes.await, Ok(Ok(n)) if n > 0) {
