@@ -46,6 +46,7 @@ pub async fn dial(addr: &str, timeout: Duration) -> Result<TcpStream, ConnectErr
 /// A connect still pending at its deadline.
 struct Pending;
 
+/// The connect's outcome, or `Pending` when `deadline` came first.
 async fn connect_ip(
     addr: SocketAddr,
     deadline: tokio::time::Instant,
@@ -97,7 +98,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn connects_and_reports_refusals_and_timeouts_as_such() {
+    async fn connects_by_address_and_by_name_and_reports_a_refusal() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
