@@ -661,11 +661,18 @@ impl Accepting {
             };
             let (stream, remote) = match accepted {
                 Ok(pair) => pair,
-                Err(error) => {
-                    // Out of file descriptors and similar: back off briefly
+                Err(error) if out_of_resources(&error) => {
+                    // Out of file descriptors or memory: back off briefly
                     // instead of spinning; the listener stays up.
                     tracing::warn!(listener = %self.name, %error, "accept failed");
                     tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                Err(error) => {
+                    // One connection's trouble (reset before it was
+                    // accepted, a network error Linux reports on accept):
+                    // the next one is taken at once.
+                    tracing::debug!(listener = %self.name, %error, "a connection was lost before it was accepted");
                     continue;
                 }
             };
@@ -820,6 +827,18 @@ impl Accepting {
         ))
         .await
     }
+}
+
+/// Whether an accept failed for want of descriptors or memory, which
+/// trying again at once would not cure (accept(2): other errors belong
+/// to the one connection, and are to be treated like `EAGAIN`).
+fn out_of_resources(error: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    error.raw_os_error().is_some_and(|code| {
+        [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM]
+            .iter()
+            .any(|e| e.raw_os_error() == code)
+    })
 }
 
 /// Accepts a connection off `socket`, non-blocking but not yet registered
@@ -1187,6 +1206,26 @@ fn refused_head_line(ctx: &ConnContext, status: StatusCode, flags: Flags) {
 #[cfg(test)]
 mod tests {
     use super::{balance, Speaks};
+
+    #[test]
+    fn only_exhaustion_makes_the_accept_loop_back_off() {
+        use rustix::io::Errno;
+        let os = |e: Errno| std::io::Error::from_raw_os_error(e.raw_os_error());
+        for exhausted in [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM] {
+            assert!(super::out_of_resources(&os(exhausted)), "{exhausted:?}");
+        }
+        for one_connection in [
+            Errno::CONNABORTED,
+            Errno::PROTO,
+            Errno::PERM,
+            Errno::NETUNREACH,
+        ] {
+            assert!(
+                !super::out_of_resources(&os(one_connection)),
+                "{one_connection:?}"
+            );
+        }
+    }
 
     #[test]
     fn only_a_connection_that_may_start_with_the_h2_preface_is_probed() {
