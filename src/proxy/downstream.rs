@@ -66,7 +66,11 @@ pub struct Activity {
 }
 
 /// What `framing::HeadCheck` refuses heads for.
-const REFUSALS: [&str; 2] = [super::framing::BARE_LF, super::framing::LENGTH_AND_CHUNKED];
+const REFUSALS: [&str; 3] = [
+    super::framing::BARE_LF,
+    super::framing::LENGTH_AND_CHUNKED,
+    super::framing::HEAD_TOO_LARGE,
+];
 
 impl Activity {
     pub fn new() -> Arc<Self> {
@@ -130,8 +134,9 @@ impl Activity {
         (OpenRequest(Arc::clone(self)), refused)
     }
 
-    /// Records that head `head` of this connection breaks a framing rule;
-    /// the first such head is answered 400 (and the connection closed).
+    /// Records that head `head` of this connection breaks a framing rule
+    /// or is too large; the first such head is answered 400 (431 for its
+    /// size) and the connection closed.
     pub fn refuse_head(&self, head: u64, reason: &'static str) {
         if self.refused_head.load(Ordering::Relaxed) != u64::MAX {
             return;

@@ -13,6 +13,10 @@ pub enum ProxyError {
     /// The client sent something we refuse to forward.
     #[error("bad request: {0}")]
     BadRequest(&'static str),
+    /// The request head is larger than the listener's `max_header_bytes`
+    /// (where hyper's own limit did not catch it first).
+    #[error("request head larger than max_header_bytes")]
+    HeadTooLarge,
     /// No route of the pinned generation matches.
     #[error("no route matches")]
     NoRoute,
@@ -68,6 +72,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::BadRequest(_) | ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::Forbidden => StatusCode::FORBIDDEN,
             ProxyError::Unauthenticated(denial) => denial.status(),
@@ -79,6 +84,15 @@ impl ProxyError {
             | ProxyError::Upstream(_)
             | ProxyError::GrpcOverHttp1 => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The answer to a head `framing::HeadCheck` refused for `reason`.
+    pub fn refused_head(reason: &'static str) -> Self {
+        if reason == super::framing::HEAD_TOO_LARGE {
+            ProxyError::HeadTooLarge
+        } else {
+            ProxyError::BadRequest(reason)
         }
     }
 
@@ -113,9 +127,9 @@ impl ProxyError {
     /// How the request ended, for its access-log line.
     pub fn flags(&self) -> Flags {
         match self {
-            ProxyError::BadRequest(_) | ProxyError::ClientBody { closed: false, .. } => {
-                Flags::PROTOCOL_ERROR
-            }
+            ProxyError::BadRequest(_)
+            | ProxyError::HeadTooLarge
+            | ProxyError::ClientBody { closed: false, .. } => Flags::PROTOCOL_ERROR,
             ProxyError::ClientBody { closed: true, .. } => Flags::CLIENT_CLOSED,
             ProxyError::NoRoute => Flags::NO_ROUTE,
             ProxyError::Forbidden => Flags::DENIED,

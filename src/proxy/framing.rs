@@ -3,7 +3,10 @@
 //! them) and a `Content-Length` beside a `Transfer-Encoding` (hyper drops
 //! the length and decodes chunked). Both are how one parser is made to
 //! frame a request differently from the next (RFC 9112 §2.2, §6.3), so
-//! DESIGN §10 refuses them with 400.
+//! DESIGN §10 refuses them with 400. It also measures every head against
+//! the listener's `max_header_bytes` (431): where hyper may speak either
+//! version its only limit is the read buffer's, reached when it fills
+//! with the head incomplete, so a head up to one read larger would pass.
 //!
 //! [`HeadCheck`] wraps the client stream hyper reads (above TLS) and
 //! follows the message framing as the bytes go by: head lines up to the
@@ -22,6 +25,8 @@ use super::observed::{Observed, Observer};
 /// Why a head was refused, as the 400 is logged.
 pub const BARE_LF: &str = "bare LF line end in the request head";
 pub const LENGTH_AND_CHUNKED: &str = "both Transfer-Encoding and Content-Length";
+/// Answered 431, not 400.
+pub const HEAD_TOO_LARGE: &str = "request head larger than max_header_bytes";
 
 /// The longest line prefix kept: enough for `transfer-encoding:` and a
 /// Content-Length value.
@@ -88,28 +93,6 @@ impl Line {
     }
 }
 
-/// Follows HTTP/1 framing over the bytes a client sends.
-#[derive(Debug)]
-pub struct Scanner {
-    state: State,
-    line: Line,
-    /// Index of the head being read (0 for the connection's first).
-    head: u64,
-    /// The HTTP/2 connection preface was seen.
-    http2: bool,
-}
-
-impl Default for Scanner {
-    fn default() -> Self {
-        Self {
-            state: State::Head(HeadScan::default()),
-            line: Line::default(),
-            head: 0,
-            http2: false,
-        }
-    }
-}
-
 fn header_value<'l>(line: &'l [u8], name: &[u8]) -> Option<&'l [u8]> {
     let prefix = line.get(..name.len())?;
     if !prefix.eq_ignore_ascii_case(name) || line.get(name.len()) != Some(&b':') {
@@ -118,7 +101,34 @@ fn header_value<'l>(line: &'l [u8], name: &[u8]) -> Option<&'l [u8]> {
     Some(line.get(name.len() + 1..)?.trim_ascii())
 }
 
+/// Follows HTTP/1 framing over the bytes a client sends.
+#[derive(Debug)]
+pub struct Scanner {
+    state: State,
+    line: Line,
+    /// Index of the head being read (0 for the connection's first).
+    head: u64,
+    /// Bytes of the head being read so far, empty lines before its
+    /// request line included (as hyper counts them).
+    head_bytes: usize,
+    /// The largest head allowed (`max_header_bytes`).
+    max_head: usize,
+    /// The HTTP/2 connection preface was seen.
+    http2: bool,
+}
+
 impl Scanner {
+    pub fn new(max_head: usize) -> Self {
+        Self {
+            state: State::Head(HeadScan::default()),
+            line: Line::default(),
+            head: 0,
+            head_bytes: 0,
+            max_head,
+            http2: false,
+        }
+    }
+
     /// Follows `data`; calls `flag(head, reason)` for every head that
     /// breaks a rule.
     pub fn scan(&mut self, mut data: &[u8], flag: &mut impl FnMut(u64, &'static str)) {
@@ -150,7 +160,19 @@ impl Scanner {
                     n
                 }
                 State::Head(_) | State::ChunkSize | State::Trailers => {
-                    match memchr::memchr(b'\n', data) {
+                    let end = memchr::memchr(b'\n', data);
+                    if matches!(self.state, State::Head(_)) {
+                        let line = end.map_or(data.len(), |at| at + 1);
+                        self.head_bytes = self.head_bytes.saturating_add(line);
+                        if self.head_bytes > self.max_head {
+                            // Answered 431 and closed: nothing after it
+                            // is read as a request.
+                            flag(self.head, HEAD_TOO_LARGE);
+                            self.state = State::Off;
+                            return;
+                        }
+                    }
+                    match end {
                         // Most lines arrive whole: looked at where they are.
                         Some(at) if self.line.len == 0 => {
                             let line = data.get(..at).unwrap_or(&[]);
@@ -178,6 +200,7 @@ impl Scanner {
 
     fn next_head(&mut self) {
         self.head += 1;
+        self.head_bytes = 0;
         self.state = State::Head(HeadScan::default());
     }
 
@@ -297,10 +320,16 @@ pub struct HeadCheck {
 }
 
 impl HeadCheck {
-    /// Checks the heads read from `io`; `http1` false (ALPN chose h2)
-    /// passes everything through unread.
-    pub fn wrap<I>(io: I, activity: Arc<Activity>, http1: bool) -> Observed<I, Self> {
-        let mut scanner = Scanner::default();
+    /// Checks the heads read from `io`, none larger than `max_head`
+    /// bytes; `http1` false (ALPN chose h2) passes everything through
+    /// unread.
+    pub fn wrap<I>(
+        io: I,
+        activity: Arc<Activity>,
+        http1: bool,
+        max_head: usize,
+    ) -> Observed<I, Self> {
+        let mut scanner = Scanner::new(max_head);
         if !http1 {
             scanner.state = State::Off;
             activity.mark_http2();
@@ -326,7 +355,11 @@ mod tests {
 
     /// Scans `data` in pieces of `step` bytes; returns the flags raised.
     fn flags(data: &[u8], step: usize) -> Vec<(u64, &'static str)> {
-        let mut scanner = Scanner::default();
+        flags_within(data, step, usize::MAX)
+    }
+
+    fn flags_within(data: &[u8], step: usize, max_head: usize) -> Vec<(u64, &'static str)> {
+        let mut scanner = Scanner::new(max_head);
         let mut raised = Vec::new();
         for piece in data.chunks(step) {
             scanner.scan(piece, &mut |head, reason| raised.push((head, reason)));
@@ -376,6 +409,31 @@ mod tests {
                 "step {step}"
             );
         }
+    }
+
+    #[test]
+    fn heads_are_measured_against_the_limit_at_any_split() {
+        // 16 + 9 + 2 = 27 bytes.
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        assert_eq!(head.len(), 27);
+        let data = [&head[..], b"\r\n", &head[..]].concat();
+        for step in [1, 4, data.len()] {
+            // Exactly at the limit passes; the empty line before the
+            // second request line counts, as hyper counts it.
+            assert!(flags_within(head, step, 27).is_empty(), "step {step}");
+            assert_eq!(flags_within(&data, step, 28), vec![(1, HEAD_TOO_LARGE)]);
+            assert_eq!(flags_within(head, step, 26), vec![(0, HEAD_TOO_LARGE)]);
+        }
+        // A body does not count against the head, and each head starts
+        // from nothing.
+        let data = b"POST / HTTP/1.1\r\nContent-Length: 40\r\n\r\n\
+            0123456789012345678901234567890123456789\
+            GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        assert!(flags_within(data, 3, 40).is_empty());
+        // One long line, never ended, is refused once it passes the limit:
+        // then the scan stops.
+        let long = [&b"GET /"[..], &[b'a'; 100]].concat();
+        assert_eq!(flags_within(&long, 7, 64), vec![(0, HEAD_TOO_LARGE)]);
     }
 
     #[test]

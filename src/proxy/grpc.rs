@@ -171,6 +171,10 @@ fn status_of(error: &ProxyError) -> (Code, &'static str) {
             Code::ResourceExhausted,
             "request body exceeds max_request_body",
         ),
+        ProxyError::HeadTooLarge => (
+            Code::ResourceExhausted,
+            "request headers exceed max_header_bytes",
+        ),
         ProxyError::Forbidden => (Code::PermissionDenied, "client address refused"),
         ProxyError::Unauthenticated(denial) => match denial.status() {
             StatusCode::UNAUTHORIZED => (Code::Unauthenticated, "authentication required"),

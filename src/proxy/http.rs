@@ -199,7 +199,7 @@ pub async fn handle(
         result: served,
         shaped,
     } = match refused {
-        Some(reason) => Served::refused(ProxyError::BadRequest(reason)),
+        Some(reason) => Served::refused(ProxyError::refused_head(reason)),
         None => {
             let context = RequestContext {
                 trace: &trace,
@@ -241,7 +241,9 @@ pub async fn handle(
                 tracing::warn!(listener = %conn.listener, generation = %generation.id, route = route_name, %error, "upstream failure");
             } else if matches!(
                 error,
-                ProxyError::ClientBody { .. } | ProxyError::BadRequest(_)
+                ProxyError::ClientBody { .. }
+                    | ProxyError::BadRequest(_)
+                    | ProxyError::HeadTooLarge
             ) {
                 tracing::debug!(listener = %conn.listener, client = %conn.remote, route = route_name, %error, "request refused");
             }
@@ -256,7 +258,9 @@ pub async fn handle(
             };
             // A head we refused may be followed by bytes we cannot frame:
             // nothing more is read from this HTTP/1 connection.
-            if matches!(error, ProxyError::BadRequest(_)) && version < Version::HTTP_2 {
+            if matches!(error, ProxyError::BadRequest(_) | ProxyError::HeadTooLarge)
+                && version < Version::HTTP_2
+            {
                 response
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));

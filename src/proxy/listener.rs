@@ -932,7 +932,7 @@ async fn serve_connection(
     let io = Downstream::new(stream, Arc::clone(&ctx.activity));
     match tls {
         None => {
-            let io = HeadCheck::wrap(io, Arc::clone(&ctx.activity), true);
+            let io = HeadCheck::wrap(io, Arc::clone(&ctx.activity), true, limits.max_header_bytes);
             let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
             let speaks = Speaks::of_first_byte(probe[0]);
             serve_http(io, ctx, limits, draining, reply, speaks).await;
@@ -956,7 +956,8 @@ async fn serve_connection(
                     let alpn = tls.get_ref().1.alpn_protocol();
                     let http1 = alpn != Some(b"h2");
                     let speaks = Speaks::of_alpn(alpn);
-                    let io = HeadCheck::wrap(tls, Arc::clone(&ctx.activity), http1);
+                    let max_head = limits.max_header_bytes;
+                    let io = HeadCheck::wrap(tls, Arc::clone(&ctx.activity), http1, max_head);
                     let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
                     serve_http(io, ctx, limits, draining, None, speaks).await
                 }
@@ -1074,6 +1075,10 @@ async fn serve_http<I>(
                 .http2()
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(limits.max_concurrent_streams)
+                // The same limit as HTTP/1's, measured as RFC 9113 §6.5.2
+                // does (names and values plus 32 bytes each); h2 answers
+                // 431 above it. hyper's default would be 16 KiB.
+                .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
                 .keep_alive_interval(limits.h2_keepalive_interval)
                 .keep_alive_timeout(H2_PING_TIMEOUT);
             let mut conn = Box::pin(builder.serve_connection_with_upgrades(io, service));

@@ -396,6 +396,96 @@ async fn oversized_heads_and_request_lines_get_431() {
     assert_eq!(status_of(&answer), 200, "{answer}");
 }
 
+/// Writes `bytes` in pieces of `piece` bytes, a millisecond apart (so
+/// the gateway reads the head in different sizes), then reads the answer
+/// until the gateway closes (a reset after the answer ends it too).
+async fn exchange_in_pieces(addr: SocketAddr, bytes: &[u8], piece: usize) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    for chunk in bytes.chunks(piece) {
+        stream.write_all(chunk).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+            .await
+            .expect("the gateway answers and closes within 5 s");
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// `max_header_bytes` holds to the byte on every path: HTTP/1
+/// connections whose version hyper learns from their first bytes (a
+/// first request `POST`, `PUT` or `PATCH`: hyper's only limit there is its
+/// read buffer, whose capacity grows in powers of two, so a limit that is
+/// not one let a head up to a read larger through), whatever sizes the
+/// head arrives in; those served as HTTP/1 from the first byte; and
+/// HTTP/2, where it bounds the header list as RFC 9113 measures it
+/// (hyper's default would be 16 KiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_header_bytes_holds_to_the_byte_on_every_path() {
+    const LIMIT: usize = 20_000;
+    let backend = echo_backend().await;
+    let config = Config::new()
+        .listener("tight", &format!("max_header_bytes = {LIMIT}"))
+        .route(
+            "public",
+            "listeners = [\"tight\"]\npath_prefix = \"/public\"\nupstream = \"app\"",
+        )
+        .upstream("app", &[backend.addr], "")
+        .build();
+    let gw = Gateway::start(&config);
+    let tight = gw.listener("tight");
+    // A head of exactly `len` bytes.
+    let head = |method: &str, len: usize| {
+        let start = format!(
+            "{method} /public HTTP/1.1\r\nHost: public.example\r\nContent-Length: 0\r\nConnection: close\r\nX-Pad: "
+        );
+        let pad = "p".repeat(len - start.len() - 4);
+        format!("{start}{pad}\r\n\r\n").into_bytes()
+    };
+    for method in ["POST", "GET"] {
+        for piece in [usize::MAX, 4096, 1500] {
+            for (len, status) in [(LIMIT, 200), (LIMIT + 1, 431), (LIMIT + 60, 431)] {
+                let bytes = head(method, len);
+                assert_eq!(bytes.len(), len);
+                let answer = exchange_in_pieces(tight, &bytes, piece).await;
+                assert_eq!(
+                    status_of(&answer),
+                    status,
+                    "{method}, {len} bytes in pieces of {piece}: {}",
+                    &answer[..answer.len().min(200)]
+                );
+                if status == 200 {
+                    assert!(answer.contains(&format!("{method} /public")), "forwarded");
+                }
+            }
+        }
+    }
+
+    let stream = TcpStream::connect(tight).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    for (size, status) in [(LIMIT - 1000, 200), (LIMIT + 1000, 431)] {
+        let req = Request::get("http://public.example/public")
+            .header("x-pad", "p".repeat(size))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(req).await.unwrap();
+        assert_eq!(response.status(), status, "HTTP/2, a {size}-byte header");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slowloris_head_gets_408_while_others_are_served() {
     let backend = echo_backend().await;
