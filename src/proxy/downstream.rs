@@ -18,12 +18,11 @@
 //! four times per limit (and at least once per header timeout between
 //! requests), so an idle or keep-alive limit fires within a quarter of
 //! its length late, never early; the head timeout is exact.
-//! [`TimeoutReply`] keeps a duplicate handle on a plain socket so that a
-//! 408 can still be written after hyper's connection has been dropped.
+//! When the head timeout fires, the connection is polled once more with
+//! the head marked expired: [`Downstream`] then writes the 408 (plain
+//! connections) and ends the stream, and hyper gives the head up.
 
-use std::io::Write;
-use std::net::TcpStream as StdTcpStream;
-use std::os::fd::AsFd;
+use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -31,6 +30,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -63,6 +63,9 @@ pub struct Activity {
     /// The connection speaks HTTP/2 (preface or ALPN seen): it is drained
     /// with GOAWAY, and its PINGs are not activity.
     http2: AtomicBool,
+    /// The head being read outstayed `header_read_timeout`: the stream
+    /// ends (see `Downstream`).
+    head_expired: AtomicBool,
 }
 
 /// What `framing::HeadCheck` refuses heads for.
@@ -84,6 +87,7 @@ impl Activity {
             refused_head: AtomicU64::new(u64::MAX),
             refused_reason: AtomicUsize::new(0),
             http2: AtomicBool::new(false),
+            head_expired: AtomicBool::new(false),
         })
     }
 
@@ -112,6 +116,12 @@ impl Activity {
 
     pub fn mark_http2(&self) {
         self.http2.store(true, Ordering::Relaxed);
+    }
+
+    /// The head being read is too late: the stream ends on its next read
+    /// (with a 408 first on plain connections).
+    pub fn expire_head(&self) {
+        self.head_expired.store(true, Ordering::Relaxed);
     }
 
     pub fn is_http2(&self) -> bool {
@@ -300,8 +310,79 @@ fn ping_noise(limits: ListenerLimits, limit: Duration) -> u64 {
     PING_ROUND_TRIP * u64::try_from(pings).unwrap_or(u64::MAX / PING_ROUND_TRIP)
 }
 
-/// A downstream TCP stream that records what moves on it.
-pub type Downstream = Observed<TcpStream, Arc<Activity>>;
+/// A downstream TCP stream that records what moves on it, and ends
+/// once the watchdog found its head too slow (see [`Activity::expire_head`]).
+pub struct Downstream {
+    io: Observed<TcpStream, Arc<Activity>>,
+    /// Plain HTTP: the stream answers `408` itself as it ends (under TLS
+    /// the answer would have to be encrypted).
+    answers_timeout: bool,
+}
+
+const REQUEST_TIMEOUT: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+
+impl Downstream {
+    pub fn new(stream: TcpStream, activity: Arc<Activity>, answers_timeout: bool) -> Self {
+        Self {
+            io: Observed::new(stream, activity),
+            answers_timeout,
+        }
+    }
+}
+
+impl AsyncRead for Downstream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.io.observer.head_expired.load(Ordering::Relaxed) {
+            if std::mem::take(&mut this.answers_timeout) {
+                // Through the socket itself: no second descriptor kept for
+                // it on every connection. Non-blocking; a tiny write into
+                // an empty send buffer completes or fails at once.
+                let _ = this.io.stream.try_write(REQUEST_TIMEOUT);
+                let _ = rustix::net::shutdown(&this.io.stream, rustix::net::Shutdown::Write);
+            }
+            // The end of the stream: hyper gives the head up (an
+            // incomplete message, which it does not answer).
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Downstream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
 
 /// The connection's record, told of every read and write.
 impl Observer for Arc<Activity> {
@@ -311,36 +392,5 @@ impl Observer for Arc<Activity> {
 
     fn wrote(&mut self, n: usize) {
         Activity::wrote(self, n);
-    }
-}
-
-/// What is needed to answer `408` after hyper dropped the connection.
-pub struct TimeoutReply {
-    socket: Option<StdTcpStream>,
-}
-
-/// A second handle on a plain socket for a late 408 (plain HTTP only:
-/// under TLS the answer would have to be encrypted).
-pub fn timeout_reply(stream: &TcpStream) -> TimeoutReply {
-    TimeoutReply {
-        socket: stream
-            .as_fd()
-            .try_clone_to_owned()
-            .ok()
-            .map(StdTcpStream::from),
-    }
-}
-
-impl TimeoutReply {
-    /// Sends `408 Request Timeout` and closes our side.
-    pub fn send(mut self) {
-        if let Some(socket) = self.socket.as_mut() {
-            // The socket is non-blocking; a tiny write into an empty send
-            // buffer completes or fails at once.
-            let _ = socket.write_all(
-                b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
-            );
-            let _ = socket.shutdown(std::net::Shutdown::Write);
-        }
     }
 }

@@ -26,7 +26,7 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
-use super::downstream::{timeout_reply, watchdog, Activity, Downstream, Expired, TimeoutReply};
+use super::downstream::{watchdog, Activity, Downstream, Expired};
 use super::framing::HeadCheck;
 use super::http::{client_ip_header, handle, listener_counters, ConnContext};
 use super::interim::{InterimQueue, InterimWriter};
@@ -928,14 +928,13 @@ async fn serve_connection(
     if !matches!(first_bytes.await, Ok(Ok(n)) if n > 0) {
         return;
     }
-    let reply = tls.is_none().then(|| timeout_reply(&stream));
-    let io = Downstream::new(stream, Arc::clone(&ctx.activity));
+    let io = Downstream::new(stream, Arc::clone(&ctx.activity), tls.is_none());
     match tls {
         None => {
             let io = HeadCheck::wrap(io, Arc::clone(&ctx.activity), true, limits.max_header_bytes);
             let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
             let speaks = Speaks::of_first_byte(probe[0]);
-            serve_http(io, ctx, limits, draining, reply, speaks).await;
+            serve_http(io, ctx, limits, draining, speaks).await;
         }
         Some(acceptor) => {
             let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(io));
@@ -959,7 +958,7 @@ async fn serve_connection(
                     let max_head = limits.max_header_bytes;
                     let io = HeadCheck::wrap(tls, Arc::clone(&ctx.activity), http1, max_head);
                     let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
-                    serve_http(io, ctx, limits, draining, None, speaks).await
+                    serve_http(io, ctx, limits, draining, speaks).await
                 }
                 Ok(Err(error)) => {
                     metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
@@ -1039,7 +1038,6 @@ async fn serve_http<I>(
     ctx: Arc<ConnContext>,
     limits: ListenerLimits,
     draining: watch::Receiver<bool>,
-    timeout_reply: Option<TimeoutReply>,
     speaks: Speaks,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -1066,7 +1064,7 @@ async fn serve_http<I>(
             let stop = |conn: Pin<&mut _>| {
                 hyper::server::conn::http1::UpgradeableConnection::graceful_shutdown(conn)
             };
-            drive(conn, stop, &shared, limits, draining, timeout_reply).await;
+            drive(conn, stop, &shared, limits, draining).await;
         }
         Speaks::Either => {
             let mut builder = auto::Builder::new(StreamExecutor);
@@ -1084,7 +1082,7 @@ async fn serve_http<I>(
             let mut conn = Box::pin(builder.serve_connection_with_upgrades(io, service));
             let conn = conn.as_mut();
             let stop = |conn: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
-            drive(conn, stop, &shared, limits, draining, timeout_reply).await;
+            drive(conn, stop, &shared, limits, draining).await;
         }
     }
 }
@@ -1097,7 +1095,6 @@ async fn drive<C, E>(
     shared: &ConnContext,
     limits: ListenerLimits,
     mut draining: watch::Receiver<bool>,
-    timeout_reply: Option<TimeoutReply>,
 ) where
     C: std::future::Future<Output = Result<(), E>>,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -1112,9 +1109,10 @@ async fn drive<C, E>(
     match expired {
         Some(Expired::Head) => {
             tracing::debug!(listener = %listener, client = %shared.remote, "request head not complete within header_read_timeout");
-            if let Some(reply) = timeout_reply {
-                reply.send();
-            }
+            // One more poll with the head expired: the stream answers 408
+            // (plain connections), ends, and hyper gives the head up.
+            shared.activity.expire_head();
+            let _ = tokio::time::timeout(HEAD_EXPIRY_GRACE, conn.as_mut()).await;
             refused_head_line(shared, StatusCode::REQUEST_TIMEOUT, Flags::HEADER_TIMEOUT);
         }
         Some(Expired::Idle) => {
@@ -1169,6 +1167,10 @@ const HYPER_DEFAULT_MAX_HEADERS: usize = 100;
 /// starts, and how long an HTTP/2 client gets to leave after GOAWAY for
 /// keep-alive expiry.
 const DRAIN_IDLE_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a connection whose head timed out gets to end once its
+/// stream has (it takes one poll; the bound is for safety).
+const HEAD_EXPIRY_GRACE: Duration = Duration::from_millis(100);
 
 /// How long an HTTP/2 PING may go unanswered before the connection is
 /// taken for dead.
