@@ -275,43 +275,51 @@ pub enum ExchangeError {
 /// without an answer. An idempotent request without a body is then sent
 /// once more on a new connection, as nginx and Envoy do; anything else
 /// fails (502).
+///
+/// An `async move` block rather than an `async fn`, which would copy the
+/// request into a local of its own before encoding it.
+#[expect(clippy::manual_async_fn, reason = "no copy of the request argument")]
 #[allow(clippy::too_many_arguments)]
-pub async fn request<'h, B>(
-    pool: &H1Pool,
-    addr: &str,
+pub fn request<'h, 'a, B, I>(
+    pool: &'a H1Pool,
+    addr: &'a str,
     connect_timeout: Duration,
     response_timeout: Duration,
     req: Request<B>,
-    extra_headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
-    informational: Option<Informational<'_>>,
-    proxy: Option<&super::ProxyHeader>,
-) -> Result<Response<Box<UpstreamBody<B>>>, ExchangeError>
+    extra_headers: I,
+    informational: Option<Informational<'a>>,
+    proxy: Option<&'a super::ProxyHeader>,
+) -> impl std::future::Future<Output = Result<Response<Box<UpstreamBody<B>>>, ExchangeError>>
+       + use<'h, 'a, B, I>
 where
+    I: IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    // Connecting is the rare path once the pool is warm: its futures live
-    // on the heap so that this one, moved on every request, stays small.
-    let encoded = Encoded::with_headers(req, extra_headers);
-    let mut deadline = Deadline::new(response_timeout);
-    let Some(pooled) = pool.take(proxy.map(|p| p.client)) else {
-        let fresh = Box::pin(pool.connect(addr, connect_timeout, proxy)).await?;
-        return Ok(send(fresh, encoded, &mut deadline, informational).await?);
-    };
-    let replay = encoded.replayable().then(|| encoded.replay());
-    match (
-        send(pooled, encoded, &mut deadline, informational).await,
-        replay,
-    ) {
-        (Err(error), Some(replay)) if error.is_unanswered() => {
-            tracing::debug!(backend = addr, %error, "pooled connection closed under the request; sending it again on a new one");
-            Box::pin(async {
-                let fresh = pool.connect(addr, connect_timeout, proxy).await?;
-                Ok(send(fresh, replay, &mut deadline, informational).await?)
-            })
-            .await
+    async move {
+        // Connecting is the rare path once the pool is warm: its futures live
+        // on the heap so that this one, moved on every request, stays small.
+        let encoded = Encoded::with_headers(req, extra_headers);
+        let mut deadline = Deadline::new(response_timeout);
+        let Some(pooled) = pool.take(proxy.map(|p| p.client)) else {
+            let fresh = Box::pin(pool.connect(addr, connect_timeout, proxy)).await?;
+            return Ok(send(fresh, encoded, &mut deadline, informational).await?);
+        };
+        let replay = encoded.replayable().then(|| encoded.replay());
+        match (
+            send(pooled, encoded, &mut deadline, informational).await,
+            replay,
+        ) {
+            (Err(error), Some(replay)) if error.is_unanswered() => {
+                tracing::debug!(backend = addr, %error, "pooled connection closed under the request; sending it again on a new one");
+                Box::pin(async {
+                    let fresh = pool.connect(addr, connect_timeout, proxy).await?;
+                    Ok(send(fresh, replay, &mut deadline, informational).await?)
+                })
+                .await
+            }
+            (result, _) => Ok(result?),
         }
-        (result, _) => Ok(result?),
     }
 }
 
@@ -413,7 +421,7 @@ where
     ));
     let mut write_error = None;
     let mut timer = std::pin::pin!(None::<tokio::time::Sleep>);
-    let parsed = std::future::poll_fn(|cx| {
+    let mut parsed = std::future::poll_fn(|cx| {
         if let Some(w) = writer.as_mut() {
             match w.poll(cx, &mut conn.stream) {
                 Poll::Ready(Ok(())) => writer = None,
@@ -447,7 +455,6 @@ where
         }
     })
     .await?;
-    let mut parsed = parsed;
     let (framing, keep_alive) = body_framing(&mut parsed, head_request)?;
     let mut body = Box::new(UpstreamBody {
         conn: Some(conn),

@@ -120,7 +120,7 @@ pub enum ResponseBody {
         guards: Option<StreamGuards>,
         /// A frame read before the head was answered (see `peek`),
         /// delivered first.
-        first: Option<Frame<Bytes>>,
+        first: Option<Held>,
     },
     Full(Option<Bytes>),
     /// A gRPC answer from a backend (`grpc.rs`).
@@ -188,19 +188,55 @@ fn guard(
     polled
 }
 
+/// A frame `peek` read, held until the body is first polled: data as it
+/// is, trailers (rare there) boxed. A `Frame` would make every response
+/// 56 bytes larger, and responses are moved by value several times on
+/// their way out.
+#[derive(Debug)]
+pub enum Held {
+    Data(Bytes),
+    Trailers(Box<http::HeaderMap>),
+}
+
+impl Held {
+    fn of(frame: Frame<Bytes>) -> Option<Self> {
+        match frame.into_data() {
+            Ok(data) => Some(Held::Data(data)),
+            Err(frame) => frame
+                .into_trailers()
+                .ok()
+                .map(|t| Held::Trailers(Box::new(t))),
+        }
+    }
+
+    fn into_frame(self) -> Frame<Bytes> {
+        match self {
+            Held::Data(data) => Frame::data(data),
+            Held::Trailers(trailers) => Frame::trailers(*trailers),
+        }
+    }
+
+    fn data_len(&self) -> u64 {
+        match self {
+            Held::Data(data) => data.len() as u64,
+            Held::Trailers(_) => 0,
+        }
+    }
+}
+
 /// Reads what a driven body already has, before its head is answered: a
 /// body that fails at once (the backend closed right after its head, or
 /// sent garbage where the body should be) is reported while a 502 can
 /// still be answered instead of a head with nothing behind it. One poll,
 /// with a waker that does nothing: the first real poll registers its own.
-pub fn peek(body: &mut UpstreamBody) -> Result<Option<Frame<Bytes>>, SendError> {
+pub fn peek(body: &mut UpstreamBody) -> Result<Option<Held>, SendError> {
     if body.is_end_stream() {
         return Ok(None);
     }
     let mut cx = Context::from_waker(std::task::Waker::noop());
     match Pin::new(body).poll_frame(&mut cx) {
         Poll::Ready(Some(Err(error))) => Err(error),
-        Poll::Ready(Some(Ok(frame))) => Ok(Some(frame)),
+        Poll::Ready(Some(Ok(frame))) => Ok(Held::of(frame)),
         Poll::Ready(None) | Poll::Pending => Ok(None),
     }
 }
@@ -234,7 +270,7 @@ impl Body for ResponseBody {
                 first,
             } => {
                 let polled = match first.take() {
-                    Some(frame) => Poll::Ready(Some(Ok(frame))),
+                    Some(held) => Poll::Ready(Some(Ok(held.into_frame()))),
                     None => Pin::new(&mut **body).poll_frame(cx).map_err(Into::into),
                 };
                 // Before the guards go: they know the connection's pool.
@@ -268,10 +304,7 @@ impl Body for ResponseBody {
             ResponseBody::Upstream { body, .. } => body.size_hint(),
             ResponseBody::Driven { body, first, .. } => {
                 let mut hint = body.size_hint();
-                let held = first
-                    .as_ref()
-                    .and_then(Frame::data_ref)
-                    .map_or(0, |d| d.len() as u64);
+                let held = first.as_ref().map_or(0, Held::data_len);
                 if let Some(upper) = hint.upper() {
                     hint.set_upper(upper + held);
                 }

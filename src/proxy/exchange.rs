@@ -28,82 +28,104 @@ use crate::telemetry::access::{Flags, Trail};
 /// The single-attempt path: pick a backend, send the request once (an
 /// HTTP/1.1 upgrade joined to its backend on 101), answer with what
 /// comes back. Retried and hedged requests go through `retry.rs`.
-pub(super) async fn forward(
-    req: Request<ClientBody>,
-    target: Target<'_>,
-    conn: &ConnContext,
-    route: &Route,
-    upstream: &Upstream,
+///
+/// An `async move` block, not an `async fn`, for the reason
+/// `http::handle` gives: the request is not copied into a second place.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "see `http::handle`: no argument copies"
+)]
+pub(super) fn forward<'a>(
+    mut req: Request<ClientBody>,
+    target: Target<'a>,
+    conn: &'a ConnContext,
+    route: &'a Route,
+    upstream: &'a Upstream,
     guard: crate::generation::InflightGuard,
     slot: Option<crate::generation::RouteSlot>,
-) -> Result<Response<ResponseBody>, ProxyError> {
-    let hash = upstream
-        .hash_key
-        .as_ref()
-        .and_then(|_| request_hash(upstream, &req, conn, &target));
-    let members = upstream.members();
-    let backend = match hash {
-        Some(hash) => upstream.pick_hashed(&members, hash),
-        None => upstream.pick(&members),
-    }
-    .ok_or(ProxyError::NoBackend)?;
-    let backend_guard = backend.start_request();
-    let mut req = req;
-    // An HTTP/1.1 upgrade (WebSocket and the like) to an HTTP/1.1 backend:
-    // keep the downstream half to join with the upstream half on 101.
-    let upgrade = requested_upgrade(&req)
-        .filter(|_| backend.version == Version::HTTP_11)
-        .map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
-    // RFC 9110 §15.2: 1xx go on to HTTP/1.1 clients (not HTTP/1.0, and
-    // hyper's server cannot send them on HTTP/2).
-    let interim = (req.version() == Version::HTTP_11 && upgrade.is_none()).then_some(&conn.interim);
-    let hop = Hop {
-        conn,
-        upstream,
-        backend,
-        timeout: route.timeout(),
-        trail: target.trail.clone(),
-    };
-    let req = req.map(|body| RequestBody::Streaming(body, target.trail.clone()));
-    let guards = StreamGuards::new(
-        guard,
-        slot,
-        backend_guard,
-        Arc::clone(conn.admission.store()),
-    );
-    match upgrade {
-        None => {
-            let driven = backend.h1.as_ref();
-            let (mut upstream_req, forwarded) =
-                upstream_request(req, target, conn, backend, None, driven.is_some())?;
-            if let Some(pool) = driven {
-                let interim = interim.map(|q| &**q);
-                return driven_exchange(upstream_req, &forwarded, pool, &hop, interim, guards)
-                    .await;
-            }
-            forwarded.insert_into(upstream_req.headers_mut());
-            if interim.is_some() && backend.version == Version::HTTP_11 {
-                let queue = Arc::clone(&conn.interim);
-                hyper::ext::on_informational(&mut upstream_req, move |response| {
-                    queue.push(response.status(), response.headers());
-                });
-            }
-            // On the heap: this path's futures are large, and the plain
-            // HTTP/1.1 one above is what most deployments take.
-            Box::pin(client_exchange(upstream_req, None, &hop, guards)).await
+) -> impl std::future::Future<Output = Result<Response<ResponseBody>, ProxyError>> + use<'a> {
+    async move {
+        let hash = upstream
+            .hash_key
+            .as_ref()
+            .and_then(|_| request_hash(upstream, &req, conn, &target));
+        let members = upstream.members();
+        let backend = match hash {
+            Some(hash) => upstream.pick_hashed(&members, hash),
+            None => upstream.pick(&members),
         }
-        Some((protocol, downstream)) => {
-            let (upstream_req, forwarded) =
-                upstream_request(req, target, conn, backend, Some(&protocol), false)?;
-            let mut upstream_req = upstream_req;
-            forwarded.insert_into(upstream_req.headers_mut());
-            Box::pin(client_exchange(
-                upstream_req,
-                Some((protocol, downstream)),
-                &hop,
-                guards,
-            ))
-            .await
+        .ok_or(ProxyError::NoBackend)?;
+        let backend_guard = backend.start_request();
+        // An HTTP/1.1 upgrade (WebSocket and the like) to an HTTP/1.1 backend:
+        // keep the downstream half to join with the upstream half on 101.
+        let upgrade = requested_upgrade(&req)
+            .filter(|_| backend.version == Version::HTTP_11)
+            .map(|protocol| (protocol, hyper::upgrade::on(&mut req)));
+        // RFC 9110 §15.2: 1xx go on to HTTP/1.1 clients (not HTTP/1.0, and
+        // hyper's server cannot send them on HTTP/2).
+        let interim =
+            (req.version() == Version::HTTP_11 && upgrade.is_none()).then_some(&conn.interim);
+        let hop = Hop {
+            conn,
+            upstream,
+            backend,
+            timeout: route.timeout(),
+            trail: target.trail.clone(),
+        };
+        let req = req.map(|body| RequestBody::Streaming(body, target.trail.clone()));
+        let guards = StreamGuards::new(
+            guard,
+            slot,
+            backend_guard,
+            Arc::clone(conn.admission.store()),
+        );
+        match upgrade {
+            None => {
+                let driven = backend.h1.as_ref();
+                let mut upstream_req = req;
+                let forwarded = upstream_request(
+                    &mut upstream_req,
+                    target,
+                    conn,
+                    backend,
+                    None,
+                    driven.is_some(),
+                )?;
+                if let Some(pool) = driven {
+                    let interim = interim.map(|q| &**q);
+                    return driven_exchange(upstream_req, &forwarded, pool, &hop, interim, guards)
+                        .await;
+                }
+                forwarded.insert_into(upstream_req.headers_mut());
+                if interim.is_some() && backend.version == Version::HTTP_11 {
+                    let queue = Arc::clone(&conn.interim);
+                    hyper::ext::on_informational(&mut upstream_req, move |response| {
+                        queue.push(response.status(), response.headers());
+                    });
+                }
+                // On the heap: this path's futures are large, and the plain
+                // HTTP/1.1 one above is what most deployments take.
+                Box::pin(client_exchange(upstream_req, None, &hop, guards)).await
+            }
+            Some((protocol, downstream)) => {
+                let mut upstream_req = req;
+                let forwarded = upstream_request(
+                    &mut upstream_req,
+                    target,
+                    conn,
+                    backend,
+                    Some(&protocol),
+                    false,
+                )?;
+                forwarded.insert_into(upstream_req.headers_mut());
+                Box::pin(client_exchange(
+                    upstream_req,
+                    Some((protocol, downstream)),
+                    &hop,
+                    guards,
+                ))
+                .await
+            }
         }
     }
 }
@@ -216,8 +238,15 @@ pub(super) async fn exchange(
     guards: StreamGuards,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let driven = hop.backend.h1.as_ref();
-    let (mut upstream_req, forwarded) =
-        upstream_request(req, target, hop.conn, hop.backend, None, driven.is_some())?;
+    let mut upstream_req = req;
+    let forwarded = upstream_request(
+        &mut upstream_req,
+        target,
+        hop.conn,
+        hop.backend,
+        None,
+        driven.is_some(),
+    )?;
     if let Some(pool) = driven {
         return driven_exchange(upstream_req, &forwarded, pool, hop, None, guards).await;
     }
@@ -348,103 +377,111 @@ async fn client_exchange(
 
 /// A plain HTTP/1.1 exchange through cutover's own client (see
 /// `backends::h1`), on a pooled connection or a new one.
-async fn driven_exchange(
+#[expect(
+    clippy::manual_async_fn,
+    reason = "see `http::handle`: no argument copies"
+)]
+fn driven_exchange<'a>(
     req: Request<RequestBody>,
-    forwarded: &Forwarded,
-    pool: &crate::backends::H1Pool,
-    hop: &Hop<'_>,
-    interim: Option<&super::interim::InterimQueue>,
+    forwarded: &'a Forwarded,
+    pool: &'a crate::backends::H1Pool,
+    hop: &'a Hop<'a>,
+    interim: Option<&'a super::interim::InterimQueue>,
     guards: StreamGuards,
-) -> Result<Response<ResponseBody>, ProxyError> {
-    let backend = &**hop.backend;
-    let failed = |attempt, error: String| {
-        hop.report(attempt, None);
-        ProxyError::Upstream(format!("{}: {error}", backend.key.addr))
-    };
-    let forward_interim = |status, headers: &_| {
-        if let Some(queue) = interim {
-            queue.push(status, headers);
-        }
-    };
-    let sent = hop.begin();
-    let proxy = proxy_header(backend, hop.conn);
-    let response = match crate::backends::request_h1(
-        pool,
-        &backend.key.addr,
-        backend.key.connect_timeout,
-        hop.timeout,
-        req,
-        forwarded.headers(),
-        interim.is_some().then_some(&forward_interim),
-        proxy.as_ref(),
-    )
-    .await
-    {
-        Ok(response) => response,
-        Err(ExchangeError::Connect(error)) => {
-            // Out of descriptors or local ports is this process's
-            // trouble: the backend's health is left alone.
-            match &error {
-                crate::backends::ConnectError::Io(io) if crate::backends::local_failure(io) => {
-                    tracing::error!(backend = %backend.key.addr, %io, "cannot open a connection to a backend");
-                    if let Some(trail) = &hop.trail {
-                        trail.flag(Flags::CONNECT_FAILURE);
-                    }
-                }
-                _ => hop.report(Attempt::ConnectError, None),
+) -> impl std::future::Future<Output = Result<Response<ResponseBody>, ProxyError>> + use<'a> {
+    async move {
+        let backend = &**hop.backend;
+        let failed = |attempt, error: String| {
+            hop.report(attempt, None);
+            ProxyError::Upstream(format!("{}: {error}", backend.key.addr))
+        };
+        let forward_interim = |status, headers: &_| {
+            if let Some(queue) = interim {
+                queue.push(status, headers);
             }
-            return Err(connect_failed(backend, &error));
-        }
-        Err(ExchangeError::Send(SendError::RequestBody(error))) => {
-            return Err(ProxyError::client_body(&*error))
-        }
-        Err(ExchangeError::Send(SendError::Timeout(timeout))) => {
-            hop.report(Attempt::Timeout, None);
-            return Err(ProxyError::UpstreamTimeout(timeout));
-        }
-        Err(ExchangeError::Send(error)) => return Err(failed(Attempt::Error, error_chain(&error))),
-    };
-    let (mut parts, mut body) = response.into_parts();
-    let first = match super::body::peek(&mut body) {
-        Ok(first) => first,
-        Err(error) => return Err(failed(Attempt::Error, error_chain(&error))),
-    };
-    hop.report(Attempt::Answered(parts.status), sent);
-    strip_hop_by_hop(&mut parts.headers);
-    // A response without a body (HEAD, 204, 304, length 0), or whose body
-    // came whole with its head, is complete already: its connection can
-    // serve the next request right away.
-    super::body::return_connection(&mut body, Some(&guards));
-    Ok(Response::from_parts(
-        parts,
-        ResponseBody::Driven {
-            body,
-            guards: Some(guards),
-            first,
-        },
-    ))
+        };
+        let sent = hop.begin();
+        let proxy = proxy_header(backend, hop.conn);
+        let response = match crate::backends::request_h1(
+            pool,
+            &backend.key.addr,
+            backend.key.connect_timeout,
+            hop.timeout,
+            req,
+            forwarded.headers(),
+            interim.is_some().then_some(&forward_interim),
+            proxy.as_ref(),
+        )
+        .await
+        {
+            Ok(response) => response,
+            Err(ExchangeError::Connect(error)) => {
+                // Out of descriptors or local ports is this process's
+                // trouble: the backend's health is left alone.
+                match &error {
+                    crate::backends::ConnectError::Io(io) if crate::backends::local_failure(io) => {
+                        tracing::error!(backend = %backend.key.addr, %io, "cannot open a connection to a backend");
+                        if let Some(trail) = &hop.trail {
+                            trail.flag(Flags::CONNECT_FAILURE);
+                        }
+                    }
+                    _ => hop.report(Attempt::ConnectError, None),
+                }
+                return Err(connect_failed(backend, &error));
+            }
+            Err(ExchangeError::Send(SendError::RequestBody(error))) => {
+                return Err(ProxyError::client_body(&*error))
+            }
+            Err(ExchangeError::Send(SendError::Timeout(timeout))) => {
+                hop.report(Attempt::Timeout, None);
+                return Err(ProxyError::UpstreamTimeout(timeout));
+            }
+            Err(ExchangeError::Send(error)) => {
+                return Err(failed(Attempt::Error, error_chain(&error)))
+            }
+        };
+        let (mut parts, mut body) = response.into_parts();
+        let first = match super::body::peek(&mut body) {
+            Ok(first) => first,
+            Err(error) => return Err(failed(Attempt::Error, error_chain(&error))),
+        };
+        hop.report(Attempt::Answered(parts.status), sent);
+        strip_hop_by_hop(&mut parts.headers);
+        // A response without a body (HEAD, 204, 304, length 0), or whose body
+        // came whole with its head, is complete already: its connection can
+        // serve the next request right away.
+        super::body::return_connection(&mut body, Some(&guards));
+        Ok(Response::from_parts(
+            parts,
+            ResponseBody::Driven {
+                body,
+                guards: Some(guards),
+                first,
+            },
+        ))
+    }
 }
 
 /// Rewrites a downstream request into the upstream request: the routed
 /// authority as `Host`, the routed path, HTTP/1.1, hop-by-hop headers
-/// gone. Its forwarding headers are returned apart: cutover's own
+/// gone, in place (a request returned by value is a copy of its 272
+/// bytes, twice). Its forwarding headers are returned apart: cutover's own
 /// HTTP/1.1 client writes them straight into the request head (inserting
 /// them would grow the header map on every request); for hyper's client
 /// they go into the map.
 fn upstream_request(
-    req: Request<RequestBody>,
+    req: &mut Request<RequestBody>,
     target: Target<'_>,
     conn: &ConnContext,
     backend: &Backend,
     upgrade: Option<&HeaderValue>,
     origin_form: bool,
-) -> Result<(Request<RequestBody>, Forwarded), ProxyError> {
-    let (mut parts, body) = req.into_parts();
+) -> Result<Forwarded, ProxyError> {
     let unforwardable = || ProxyError::BadRequest("request target cannot be forwarded");
     // HTTP/2 and absolute-form requests carry the authority in the URI;
     // it wins over any Host the client sent (see `edge::authority`).
-    let authority_in_uri = parts.uri.authority().is_some();
-    let path_and_query = match (target.path, parts.uri.path_and_query()) {
+    let authority_in_uri = req.uri().authority().is_some();
+    let path_and_query = match (target.path, req.uri().path_and_query()) {
         (Some(path), original) => {
             let query = original.and_then(PathAndQuery::query);
             let text = match query {
@@ -459,7 +496,7 @@ fn upstream_request(
     // A driven connection writes the target as is: origin-form, as to any
     // origin server. hyper-util's client wants the absolute URI to pick
     // its pooled connection, and writes origin-form itself.
-    parts.uri = if origin_form {
+    *req.uri_mut() = if origin_form {
         Uri::from(path_and_query)
     } else {
         Uri::builder()
@@ -469,8 +506,8 @@ fn upstream_request(
             .build()
             .map_err(|_| unforwardable())?
     };
-    parts.version = backend.version;
-    let headers = &mut parts.headers;
+    *req.version_mut() = backend.version;
+    let headers = req.headers_mut();
     // HTTP/2 carries `te: trailers` end to end (gRPC servers require it);
     // HTTP/1.1 would need it named in `Connection` as well.
     strip(headers, backend.version == Version::HTTP_2, true);
@@ -520,7 +557,7 @@ fn upstream_request(
         target.authority.as_ref(),
     );
     forwarded.traceparent = Some(target.traceparent);
-    Ok((Request::from_parts(parts, body), forwarded))
+    Ok(forwarded)
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to (`Connection:

@@ -71,8 +71,9 @@ pub(super) struct Checked<'g> {
     pub shaped: Option<Box<Shaped<'g>>>,
     /// The body must be counted as it streams (no declared length).
     count_body: Option<u64>,
-    /// A CORS preflight the route answers itself (before its quota).
-    pub preflight: Option<Response<ResponseBody>>,
+    /// A CORS preflight the route answers itself (before its quota);
+    /// boxed, as rare, so that this stays small enough to move cheaply.
+    pub preflight: Option<Box<Response<ResponseBody>>>,
 }
 
 /// A route's own filters over its listener's defaults: what applies.
@@ -209,7 +210,7 @@ pub(super) fn check<'g>(
             None => count_body = Some(limit),
         }
     }
-    let preflight = preflight.map(|(response, _)| response);
+    let preflight = preflight.map(|(response, _)| Box::new(response));
     Ok(Checked {
         client,
         request_id,
