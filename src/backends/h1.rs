@@ -76,6 +76,12 @@ pub struct H1Conn {
     end: usize,
     /// The client its PROXY header named: it serves no other.
     client: Option<std::net::SocketAddr>,
+    /// The response timeout's timer, kept from one request to the next:
+    /// moving a registered timer's deadline later is one atomic exchange,
+    /// where a timer per request is an insertion into the runtime's timer
+    /// wheel and a removal from it every time. Idle in the pool it may
+    /// still fire once, waking the task of its last request for nothing.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl std::fmt::Debug for H1Conn {
@@ -94,6 +100,21 @@ impl H1Conn {
             start: 0,
             end: 0,
             client,
+            timer: None,
+        }
+    }
+
+    /// Sets the response timer to `at` (its deadline only moves, unless
+    /// `at` is earlier than the one it had).
+    fn arm(&mut self, at: tokio::time::Instant) -> Pin<&mut tokio::time::Sleep> {
+        match &mut self.timer {
+            Some(timer) => {
+                timer.as_mut().reset(at);
+                timer.as_mut()
+            }
+            timer => timer
+                .insert(Box::pin(tokio::time::sleep_until(at)))
+                .as_mut(),
         }
     }
 
@@ -420,7 +441,7 @@ where
         request.framing,
     ));
     let mut write_error = None;
-    let mut timer = std::pin::pin!(None::<tokio::time::Sleep>);
+    let mut armed = false;
     let mut parsed = std::future::poll_fn(|cx| {
         if let Some(w) = writer.as_mut() {
             match w.poll(cx, &mut conn.stream) {
@@ -446,12 +467,19 @@ where
             Poll::Ready(Ok(head)) => return Poll::Ready(Ok(head)),
             Poll::Pending => {}
         }
-        if writer.is_none() && timer.is_none() {
-            timer.set(Some(tokio::time::sleep_until(deadline.start())));
+        if writer.is_some() {
+            return Poll::Pending;
         }
-        match timer.as_mut().as_pin_mut().map(|t| t.poll(cx)) {
-            Some(Poll::Ready(())) => Poll::Ready(Err(SendError::Timeout(deadline.timeout))),
-            _ => Poll::Pending,
+        let timer = match (armed, conn.timer.as_mut()) {
+            (true, Some(timer)) => timer.as_mut(),
+            _ => {
+                armed = true;
+                conn.arm(deadline.start())
+            }
+        };
+        match timer.poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(SendError::Timeout(deadline.timeout))),
+            Poll::Pending => Poll::Pending,
         }
     })
     .await?;
@@ -1687,11 +1715,24 @@ mod tests {
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        timed_through_pool(pool, addr, req, Duration::from_secs(5)).await
+    }
+
+    async fn timed_through_pool<B>(
+        pool: &H1Pool,
+        addr: &str,
+        req: Request<B>,
+        response_timeout: Duration,
+    ) -> Result<Bytes, ExchangeError>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let response = request(
             pool,
             addr,
             Duration::from_secs(1),
-            Duration::from_secs(5),
+            response_timeout,
             req,
             [],
             None,
@@ -1737,6 +1778,56 @@ mod tests {
                 Err(ExchangeError::Send(SendError::Closed | SendError::Io(_)))
             ),
             "{second:?}"
+        );
+    }
+
+    /// The response timer stays with a pooled connection from one request
+    /// to the next: a later deadline only moves it, an earlier one (a
+    /// route with a shorter timeout) must still hold, and a timer that
+    /// fired while the connection sat idle must not fail the next request.
+    #[tokio::test]
+    async fn a_pooled_connection_times_each_request_by_its_own_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        // One connection only: a request on a new one would go unanswered.
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            for _ in 0..3 {
+                read_head(&mut conn).await;
+                let _ = conn
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+            }
+            read_head(&mut conn).await;
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        let pool = H1Pool::new(4, Duration::from_secs(60), test_histogram());
+        let long = Duration::from_secs(60);
+        let answered = |r: Result<Bytes, ExchangeError>| r.ok().as_deref() == Some(&b"ok"[..]);
+        assert!(answered(
+            timed_through_pool(&pool, &addr, get(Method::GET), long).await
+        ));
+        // Earlier than the armed deadline, then fired while idle.
+        let short = Duration::from_millis(50);
+        assert!(answered(
+            timed_through_pool(&pool, &addr, get(Method::GET), short).await
+        ));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(answered(
+            timed_through_pool(&pool, &addr, get(Method::GET), long).await
+        ));
+        // Armed 60 s out by the last request: 200 ms must still hold.
+        let started = std::time::Instant::now();
+        let unanswered =
+            timed_through_pool(&pool, &addr, get(Method::GET), Duration::from_millis(200)).await;
+        assert!(
+            matches!(unanswered, Err(ExchangeError::Send(SendError::Timeout(_)))),
+            "{unanswered:?}"
+        );
+        let waited = started.elapsed();
+        assert!(
+            (Duration::from_millis(190)..Duration::from_secs(2)).contains(&waited),
+            "timed out after {waited:?}"
         );
     }
 
