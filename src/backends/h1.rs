@@ -516,6 +516,12 @@ struct ParsedHead {
     close: bool,
     /// `Connection` has `keep-alive`.
     keep_alive: bool,
+    /// The head has a `Transfer-Encoding` field.
+    transfer_encoding: bool,
+    /// What its `Content-Length` fields say together (read as the head
+    /// is, instead of looked up again): no length, one, or why there is
+    /// no usable one.
+    content_length: Result<Option<u64>, &'static str>,
 }
 
 /// Reads until a final (non-1xx) response head is complete.
@@ -533,10 +539,12 @@ fn poll_head(
                 conn.buffered(),
                 &mut slots,
             ) {
-                Ok(httparse::Status::Complete(len)) => match build_head(&response) {
-                    Ok(head) => Some((len, head)),
-                    Err(error) => return Poll::Ready(Err(error)),
-                },
+                Ok(httparse::Status::Complete(len)) => {
+                    match build_head(&response, conn.buffered().get(..len).unwrap_or_default()) {
+                        Ok(head) => Some((len, head)),
+                        Err(error) => return Poll::Ready(Err(error)),
+                    }
+                }
                 Ok(httparse::Status::Partial) => None,
                 Err(httparse::Error::TooManyHeaders) => {
                     return Poll::Ready(Err(SendError::Invalid("too many response headers")))
@@ -578,7 +586,9 @@ fn poll_head(
     }
 }
 
-fn build_head(response: &httparse::Response<'_, '_>) -> Result<ParsedHead, SendError> {
+/// The response head `response` parsed from `raw`. Its header values
+/// share one copy of `raw` instead of one allocation each.
+fn build_head(response: &httparse::Response<'_, '_>, raw: &[u8]) -> Result<ParsedHead, SendError> {
     let status = response
         .code
         .and_then(|c| StatusCode::from_u16(c).ok())
@@ -601,6 +611,8 @@ fn build_head(response: &httparse::Response<'_, '_>) -> Result<ParsedHead, SendE
             }
         }
     }
+    let block = Bytes::copy_from_slice(raw);
+    let (mut transfer_encoding, mut content_length) = (false, Ok(None));
     let mut headers = HeaderMap::with_capacity(response.headers.len());
     for h in response.headers.iter() {
         let hop = h.name.eq_ignore_ascii_case("keep-alive")
@@ -610,8 +622,13 @@ fn build_head(response: &httparse::Response<'_, '_>) -> Result<ParsedHead, SendE
         }
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| SendError::Invalid("bad header name"))?;
-        let value =
-            HeaderValue::from_bytes(h.value).map_err(|_| SendError::Invalid("bad header value"))?;
+        if name == header::TRANSFER_ENCODING {
+            transfer_encoding = true;
+        } else if name == header::CONTENT_LENGTH {
+            content_length = content_length.and_then(|known| add_length(known, h.value));
+        }
+        let value = HeaderValue::from_maybe_shared(piece_of(&block, raw, h.value))
+            .map_err(|_| SendError::Invalid("bad header value"))?;
         headers.append(name, value);
     }
     Ok(ParsedHead {
@@ -620,7 +637,37 @@ fn build_head(response: &httparse::Response<'_, '_>) -> Result<ParsedHead, SendE
         headers,
         close,
         keep_alive,
+        transfer_encoding,
+        content_length,
     })
+}
+
+/// `part`, a slice of `raw`, as the same bytes of `block` (a copy of
+/// `raw`): a reference, not a copy. (A `part` outside `raw` is copied.)
+fn piece_of(block: &Bytes, raw: &[u8], part: &[u8]) -> Bytes {
+    let at = part.as_ptr().addr().wrapping_sub(raw.as_ptr().addr());
+    match at.checked_add(part.len()) {
+        Some(end) if end <= raw.len() && raw.len() == block.len() => block.slice(at..end),
+        _ => Bytes::copy_from_slice(part),
+    }
+}
+
+/// The length `known` from earlier `Content-Length` fields, with `value`
+/// (a comma-separated list of the same number) read too.
+fn add_length(mut known: Option<u64>, value: &[u8]) -> Result<Option<u64>, &'static str> {
+    for part in value.split(|b| *b == b',') {
+        let part = part.trim_ascii();
+        let n = std::str::from_utf8(part)
+            .ok()
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|p| p.parse::<u64>().ok())
+            .ok_or("bad Content-Length")?;
+        if known.is_some_and(|l| l != n) {
+            return Err("conflicting Content-Length values");
+        }
+        known = Some(n);
+    }
+    Ok(known)
 }
 
 /// Encodes the request head and decides how the body is framed.
@@ -817,7 +864,7 @@ fn body_framing(
     if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok((BodyFraming::Length(0), keep_alive));
     }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    if head.transfer_encoding {
         // With Content-Length as well, the transfer coding wins, the
         // length is dropped and the connection is not reused (RFC 9112
         // §6.1): the client must not see a length the body does not have.
@@ -840,21 +887,7 @@ fn body_framing(
         }
         return Ok((BodyFraming::Chunked(Chunked::Size), keep_alive));
     }
-    let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|b| *b == b',') {
-            let part = part.trim_ascii();
-            let n = std::str::from_utf8(part)
-                .ok()
-                .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|p| p.parse::<u64>().ok())
-                .ok_or(SendError::Invalid("bad Content-Length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(SendError::Invalid("conflicting Content-Length values"));
-            }
-            length = Some(n);
-        }
-    }
+    let length = head.content_length.map_err(SendError::Invalid)?;
     Ok(match length {
         Some(n) => (BodyFraming::Length(n), keep_alive),
         None => (BodyFraming::Close, false),
@@ -1470,6 +1503,8 @@ mod tests {
     async fn malformed_responses_are_refused() {
         for response in [
             &b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello"[..],
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 5, 6\r\n\r\nhello"[..],
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 5,\r\n\r\nhello"[..],
             &b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n"[..],
             &b"HTTP/1.1 2xx OK\r\n\r\n"[..],
             &b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\n\r\n"[..],
@@ -1484,6 +1519,48 @@ mod tests {
             let error = refusal(response).await;
             assert!(matches!(error, SendError::Invalid(_)), "{error}");
         }
+    }
+
+    #[tokio::test]
+    async fn repeated_equal_lengths_are_one_length_and_a_transfer_coding_overrides_any() {
+        let repeated = answer(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\nx-a: 1\r\ncontent-length: 5\r\n\r\nhello",
+        )
+        .await;
+        assert_eq!(repeated.body, "hello");
+        assert!(repeated.reusable);
+        // The length is not read at all: it is dropped, and so is the
+        // connection after the body.
+        let overridden = answer(
+            b"HTTP/1.1 200 OK\r\ncontent-length: nonsense\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        )
+        .await;
+        assert_eq!(overridden.body, "ok");
+        assert!(!overridden.headers.contains_key(header::CONTENT_LENGTH));
+        assert!(!overridden.reusable);
+    }
+
+    #[test]
+    fn header_values_are_pieces_of_one_copy_of_the_head() {
+        let raw = b"HTTP/1.1 200 OK\r\nserver: x\r\ndate: today\r\n\r\n".to_vec();
+        let mut slots = [httparse::EMPTY_HEADER; 4];
+        let mut response = httparse::Response::new(&mut slots);
+        assert!(response.parse(&raw).is_ok_and(|s| s.is_complete()));
+        let head = build_head(&response, &raw).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(head.headers["server"], "x");
+        assert_eq!(head.headers["date"], "today");
+        let block = Bytes::copy_from_slice(&raw);
+        let piece = piece_of(&block, &raw, &raw[17..23]);
+        assert_eq!(piece, "server");
+        assert_eq!(
+            piece.as_ptr(),
+            block[17..].as_ptr(),
+            "a reference into the copy"
+        );
+        // Bytes from elsewhere are copied, never read out of bounds.
+        let elsewhere = b"somewhere else entirely".to_vec();
+        assert_eq!(piece_of(&block, &raw, &elsewhere), &elsewhere[..]);
+        assert_eq!(piece_of(&block, &raw[..10], &raw[5..]), &raw[5..]);
     }
 
     #[tokio::test]

@@ -585,14 +585,18 @@ async fn request(
     };
     let (mut parts, mut body) = response.into_parts();
     // Connection-specific fields have no place in HTTP/3 (RFC 9114 §4.2).
-    for name in [
-        http::header::CONNECTION,
-        http::header::TRANSFER_ENCODING,
-        http::header::UPGRADE,
-        http::header::HeaderName::from_static("keep-alive"),
-        http::header::HeaderName::from_static("proxy-connection"),
-    ] {
-        parts.headers.remove(name);
+    // Most answers have none: a look at each name present costs less
+    // than a lookup of each of the five.
+    if parts.headers.keys().any(connection_specific) {
+        for name in [
+            http::header::CONNECTION,
+            http::header::TRANSFER_ENCODING,
+            http::header::UPGRADE,
+            http::header::HeaderName::from_static("keep-alive"),
+            http::header::HeaderName::from_static("proxy-connection"),
+        ] {
+            parts.headers.remove(name);
+        }
     }
     parts.version = Version::HTTP_3;
     if send
@@ -622,6 +626,16 @@ async fn request(
         }
     }
     let _ = send.finish().await;
+}
+
+/// A field HTTP/3 does not carry (RFC 9114 §4.2).
+fn connection_specific(name: &http::header::HeaderName) -> bool {
+    use http::header::{CONNECTION, TRANSFER_ENCODING, UPGRADE};
+    name == CONNECTION
+        || name == TRANSFER_ENCODING
+        || name == UPGRADE
+        || name == "keep-alive"
+        || name == "proxy-connection"
 }
 
 /// A request body read from an HTTP/3 stream: its DATA frames, then its
@@ -738,6 +752,31 @@ mod tests {
         // Attempts at 0, 0.25, 0.75, 1.75, 3.75, 7.75, 15.75 and 31.75 s,
         // then every 30 s: 61.75 and 91.75 s before the drain at 120 s.
         assert_eq!(attempts.get(), 10);
+    }
+
+    #[test]
+    fn connection_specific_fields_are_told_from_the_rest() {
+        for name in [
+            "connection",
+            "transfer-encoding",
+            "upgrade",
+            "keep-alive",
+            "proxy-connection",
+        ] {
+            let name = http::header::HeaderName::from_static(name);
+            assert!(connection_specific(&name), "{name}");
+        }
+        for name in [
+            "server",
+            "date",
+            "content-length",
+            "te",
+            "x-keep-alive",
+            "alt-svc",
+        ] {
+            let name = http::header::HeaderName::from_static(name);
+            assert!(!connection_specific(&name), "{name}");
+        }
     }
 
     #[test]
