@@ -329,6 +329,7 @@ fn http3_front(
 ) -> (f64, f64) {
     let pid = Some(gateway.child.id());
     let (mut tcp, mut quic) = (Vec::new(), Vec::new());
+    let mut spreads = Vec::new();
     for round in 0..rounds {
         let https = || {
             with_cpu(pid, || {
@@ -341,18 +342,38 @@ fn http3_front(
                 summarise(all, errors, seconds)
             })
         };
+        // Each round opens its QUIC connections anew: where they land
+        // (by the Initial's connection ID, see `sockets::steer_quic`) is
+        // the round's spread over the workers.
         let h3 = || {
-            with_cpu(pid, || {
+            let before = thread_ticks(gateway.child.id(), WORKER_THREAD);
+            let run = with_cpu(pid, || {
                 let (all, errors) = runtime.block_on(http3::h3_load(gateway.secure, cert, seconds));
                 summarise(all, errors, seconds)
-            })
+            });
+            let used: Vec<u64> = thread_ticks(gateway.child.id(), WORKER_THREAD)
+                .into_iter()
+                .map(|(tid, ticks)| ticks.saturating_sub(before.get(&tid).copied().unwrap_or(0)))
+                .collect();
+            (run, used)
         };
-        if round % 2 == 0 {
+        let (run, used) = if round % 2 == 0 {
             tcp.push(https());
-            quic.push(h3());
+            h3()
         } else {
-            quic.push(h3());
+            let quic_round = h3();
             tcp.push(https());
+            quic_round
+        };
+        quic.push(run);
+        let total: u64 = used.iter().sum();
+        if total > 0 {
+            spreads.push(
+                used.iter()
+                    .map(|t| format!("{:.0}", *t as f64 * 100.0 / total as f64))
+                    .collect::<Vec<_>>()
+                    .join("/"),
+            );
         }
     }
     let mean =
@@ -383,6 +404,10 @@ fn http3_front(
         "   HTTP/3 / HTTPS: throughput {:.3}, CPU per request {:.3}; errors {errors}",
         quic_rps / tcp_rps,
         quic_cpu / tcp_cpu
+    );
+    println!(
+        "   HTTP/3 workers' shares of their CPU (%), per round: {}",
+        spreads.join(", ")
     );
     (quic_rps / tcp_rps, quic_cpu / tcp_cpu)
 }

@@ -115,6 +115,11 @@ pub async fn serve(mut h3: Http3) {
         started: AtomicUsize::new(0),
         members,
         open_connections: AtomicUsize::new(0),
+        loads: (0..members).map(|_| AtomicUsize::new(0)).collect(),
+        served: (0..members)
+            .map(|member| metrics::counter!(m::WORKER_CONNECTIONS, m::LABEL_WORKER => member.to_string()))
+            .collect(),
+        rebalanced: metrics::counter!(m::CONNECTIONS_REBALANCED, m::LABEL_LISTENER => h3.name.to_string()),
         responses: listener_counters(&h3.name),
         refused: metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => h3.name.to_string()),
         accepted: metrics::counter!(m::CONNECTIONS_ACCEPTED, m::LABEL_LISTENER => h3.name.to_string()),
@@ -144,6 +149,11 @@ struct Endpoints {
     members: usize,
     /// The listener's QUIC connections, over all endpoints.
     open_connections: AtomicUsize,
+    /// Each endpoint's share of them.
+    loads: Box<[AtomicUsize]>,
+    /// `cutover_worker_connections_total` of each endpoint's worker.
+    served: Box<[metrics::Counter]>,
+    rebalanced: metrics::Counter,
     responses: Arc<[metrics::Counter; 5]>,
     refused: metrics::Counter,
     accepted: metrics::Counter,
@@ -209,9 +219,20 @@ impl Endpoints {
                     }
                 }
             }
+            // A client's first packet lands on an endpoint by the
+            // connection ID it chose at random: a few busy connections can
+            // all land on one worker. A markedly busier endpoint than
+            // another answers with a Retry whose new ID names the other,
+            // where the client's next Initial then goes (one round trip
+            // more for that connection; the balance of TCP listeners,
+            // `listener::balance`, decides when).
+            let incoming = match self.rebalance(incoming, member) {
+                Some(incoming) => incoming,
+                None => continue,
+            };
             // The place is taken before it is checked: endpoints on other
             // workers cannot overshoot the cap together.
-            let counted = Counted::new(&self);
+            let counted = Counted::new(&self, member);
             if limits
                 .max_connections
                 .is_some_and(|max| counted.before >= max)
@@ -241,6 +262,9 @@ impl Endpoints {
             });
             let hold = h3.open.hold();
             self.accepted.increment(1);
+            if let Some(served) = self.served.get(member) {
+                served.increment(1);
+            }
             self.gauge.increment(1.0);
             let (gauge, draining, early_data) =
                 (self.gauge.clone(), h3.draining.clone(), h3.early_data);
@@ -260,6 +284,40 @@ impl Endpoints {
         // The endpoint (and its socket) lives while connections do.
         endpoint.wait_idle().await;
     }
+}
+
+impl Endpoints {
+    /// `incoming`, to be served here; `None` if a Retry sent it to a less
+    /// loaded member.
+    fn rebalance(&self, incoming: quinn::Incoming, member: usize) -> Option<quinn::Incoming> {
+        // Not twice for one connection: a retried client comes back with
+        // its address validated.
+        if self.members < 2 || incoming.remote_address_validated() || !incoming.may_retry() {
+            return Some(incoming);
+        }
+        let loads = self.loads.iter().map(|load| load.load(Ordering::Relaxed));
+        let target = super::listener::balance(loads, member);
+        if target == member {
+            return Some(incoming);
+        }
+        // The ID of the Retry is made during `retry`, on this thread.
+        RETRY_MEMBER.with(|m| m.set(Some(target)));
+        let retried = incoming.retry();
+        RETRY_MEMBER.with(|m| m.set(None));
+        match retried {
+            Ok(()) => {
+                self.rebalanced.increment(1);
+                None
+            }
+            Err(error) => Some(error.into_incoming()),
+        }
+    }
+}
+
+thread_local! {
+    /// While an endpoint sends a Retry from this thread: the member the
+    /// Retry's connection ID names instead of the endpoint's own.
+    static RETRY_MEMBER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
 /// First and longest wait between attempts to start an endpoint.
@@ -290,7 +348,8 @@ async fn retry_start<T>(
 
 /// The connection IDs an endpoint issues: 8 bytes, random but for the
 /// first, which is congruent to the endpoint's member index modulo the
-/// group's size (what `sockets::steer_quic` reads).
+/// group's size (what `sockets::steer_quic` reads); a Retry's names the
+/// member it sends the client to (`RETRY_MEMBER`).
 struct WorkerCids {
     member: usize,
     members: usize,
@@ -304,10 +363,14 @@ impl quinn::ConnectionIdGenerator for WorkerCids {
         // the first byte, which still steers.
         let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
         let members = self.members.clamp(1, 256);
+        let member = RETRY_MEMBER
+            .with(std::cell::Cell::get)
+            .unwrap_or(self.member)
+            % members;
         // The largest multiple of `members` that leaves room for the index.
-        let spans = (256 - self.member % members).div_ceil(members);
+        let spans = (256 - member).div_ceil(members);
         let span = usize::from(bytes[0]) % spans;
-        bytes[0] = u8::try_from(span * members + self.member % members).unwrap_or(0);
+        bytes[0] = u8::try_from(span * members + member).unwrap_or(0);
         quinn::ConnectionId::new(&bytes)
     }
 
@@ -388,15 +451,20 @@ enum Either {
 /// Counts a QUIC connection against the listener's `max_connections`.
 struct Counted {
     endpoints: Arc<Endpoints>,
+    member: usize,
     /// How many were open before this one.
     before: usize,
 }
 
 impl Counted {
-    fn new(endpoints: &Arc<Endpoints>) -> Self {
+    fn new(endpoints: &Arc<Endpoints>, member: usize) -> Self {
         let before = endpoints.open_connections.fetch_add(1, Ordering::AcqRel);
+        if let Some(load) = endpoints.loads.get(member) {
+            load.fetch_add(1, Ordering::Relaxed);
+        }
         Self {
             endpoints: Arc::clone(endpoints),
+            member,
             before,
         }
     }
@@ -407,6 +475,9 @@ impl Drop for Counted {
         self.endpoints
             .open_connections
             .fetch_sub(1, Ordering::AcqRel);
+        if let Some(load) = self.endpoints.loads.get(self.member) {
+            load.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -752,6 +823,26 @@ mod tests {
         // Attempts at 0, 0.25, 0.75, 1.75, 3.75, 7.75, 15.75 and 31.75 s,
         // then every 30 s: 61.75 and 91.75 s before the drain at 120 s.
         assert_eq!(attempts.get(), 10);
+    }
+
+    #[test]
+    fn a_retrys_connection_id_names_the_member_it_sends_the_client_to() {
+        let mut cids = WorkerCids {
+            member: 1,
+            members: 3,
+        };
+        for _ in 0..64 {
+            assert_eq!(cids.generate_cid()[0] % 3, 1);
+        }
+        RETRY_MEMBER.with(|m| m.set(Some(2)));
+        let retry = cids.generate_cid();
+        RETRY_MEMBER.with(|m| m.set(None));
+        assert_eq!(retry[0] % 3, 2);
+        assert_eq!(
+            cids.generate_cid()[0] % 3,
+            1,
+            "only while the Retry is made"
+        );
     }
 
     #[test]

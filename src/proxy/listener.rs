@@ -620,7 +620,7 @@ struct WorkerLoad {
 /// each other: Envoy's `exact_balance` in spirit, without a lock, and
 /// without a hand-over in the common case (a connection or two that has
 /// not closed yet is not an imbalance).
-fn balance(loads: impl Iterator<Item = usize>, worker: usize) -> usize {
+pub(super) fn balance(loads: impl Iterator<Item = usize>, worker: usize) -> usize {
     let mut mine = None;
     let mut least: Option<(usize, usize)> = None;
     for (index, load) in loads.enumerate() {

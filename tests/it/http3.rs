@@ -521,3 +521,51 @@ async fn a_client_whose_address_changes_keeps_its_connection() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_connections_held_open_spread_over_the_workers() {
+    let backend = echo_backend().await;
+    let ca = ca("h3 ca");
+    let dir = tempfile::tempdir().unwrap();
+    let text = config(dir.path(), &ca, backend.addr, "")
+        .replace("[log]", "[runtime]\nworker_threads = 4\n\n[log]")
+        + "\n[metrics]\nbind = \"127.0.0.1:0\"\n";
+    let gw = Gateway::start_in(dir, &text);
+    let secure = gw.listener("secure");
+    // One client socket, as a load balancer's or a benchmark's: the
+    // connections differ only by the IDs the client picks at random, so
+    // without a Retry to a less loaded worker they land where those fall.
+    let endpoint = client(&ca);
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let (mut sender, _) = connect(&endpoint, secure).await;
+        assert_eq!(exchange(&mut sender, "GET", "/", None).await.0, 200);
+        held.push(sender);
+    }
+    let metrics = scrape(&gw).await;
+    let workers: Vec<f64> = (0..4)
+        .map(|w| {
+            sample(
+                &metrics,
+                "cutover_worker_connections_total",
+                &[&format!("worker=\"{w}\"")],
+            )
+        })
+        .collect();
+    let rebalanced = sample(
+        &metrics,
+        "cutover_connections_rebalanced_total",
+        &["listener=\"secure\""],
+    );
+    eprintln!(
+        "16 QUIC connections over four workers: {workers:?}, {rebalanced} sent on by a Retry"
+    );
+    assert_eq!(workers.iter().sum::<f64>(), 16.0);
+    let most = workers.iter().copied().fold(0.0, f64::max);
+    let least = workers.iter().copied().fold(f64::MAX, f64::min);
+    assert!(
+        most <= least + 2.0 + (most / 8.0).floor(),
+        "unbalanced: {workers:?}"
+    );
+    drop(held);
+}

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -294,9 +295,20 @@ async fn required_client_certificates() {
     };
     assert!(refused);
 
-    // Each handshake is counted by outcome, each connection once.
+    // Each handshake is counted by outcome, each connection once. In TLS
+    // 1.3 the client's side of a refused handshake can end before the
+    // gateway's task has counted the failure: scrape until it has (a
+    // bounded wait), then check every figure.
     let metrics = gw.metrics.expect("metrics endpoint");
-    let (_, _, text) = get(metrics, "x", "/metrics").await;
+    let failed = r#"cutover_tls_handshakes_total{listener="secure",outcome="failed"} 2"#;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let (_, _, text) = get(metrics, "x", "/metrics").await;
+        if text.lines().any(|l| l == failed) || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let value = |series: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix(series))
