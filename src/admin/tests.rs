@@ -481,6 +481,54 @@ async fn activate_commits_then_conflicts_then_is_unchanged() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_status_shows_active_is_already_in_the_history() {
+    let a = Arc::new(admin());
+    // 600 KiB of comment that does not compress well: what the
+    // history keeps of each generation takes a while to make, which
+    // widens any gap between the swap and the record.
+    let mut noise = String::from("\n");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    while noise.len() < 600 << 10 {
+        noise.push_str("# ");
+        for _ in 0..8 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            noise.push_str(&format!("{x:016x}"));
+        }
+        noise.push('\n');
+    }
+    let writer = {
+        let a = Arc::clone(&a);
+        tokio::spawn(async move {
+            for round in 0..20 {
+                let timeout = if round % 2 == 0 { "\"5s\"" } else { "\"15s\"" };
+                let text = BASE.replace("\"15s\"", timeout) + &noise;
+                let (status, _) = call(&a, toml("/admin/runtime/activate", &text)).await;
+                assert_eq!(status, StatusCode::OK);
+            }
+        })
+    };
+    // A pipeline polling status, then reading what it saw become active.
+    let mut seen = 0;
+    while !writer.is_finished() {
+        let (_, status) = call(&a, get("/admin/runtime/status")).await;
+        let Some(active) = status["active_generation"].as_u64() else {
+            panic!("{status}");
+        };
+        let (code, detail) = call(&a, get(&format!("/admin/runtime/history/{active}"))).await;
+        assert_eq!(
+            code,
+            StatusCode::OK,
+            "generation {active} active but: {detail}"
+        );
+        seen += 1;
+    }
+    writer.await.expect("activations");
+    assert!(seen > 0);
+}
+
 #[tokio::test]
 async fn invalid_and_restart_required_candidates_are_422_and_change_nothing() {
     let a = admin();

@@ -239,6 +239,12 @@ impl Control {
                 })
             }
         };
+        // The history lock is held from before the swap until the new
+        // generation is recorded: a reader that saw it active and then
+        // takes the lock (the status view, a history request after it)
+        // finds its record. Compressed before the lock is taken.
+        let config = RetainedText::new(&meta.text.text);
+        let mut history = self.history();
         // INVARIANT: we hold the operation lock, so the active generation
         // cannot have moved since `active` was loaded; the CAS still
         // guards against a writer outside this type.
@@ -249,6 +255,20 @@ impl Control {
                 expected: c.expected,
                 active: c.active,
             })?;
+        history.set_limit(spec.runtime.history_limit);
+        history.record_generation(GenerationRecord {
+            generation: committed.id,
+            config_version: spec.config_version.clone(),
+            activated_at: rfc3339(SystemTime::now()),
+            source: meta.source,
+            rolled_back_to: meta.rolled_back_to,
+            requested_by: meta.requester.requested_by.clone(),
+            reason: meta.requester.reason.clone(),
+            config,
+            base_dir: meta.text.base_dir.clone(),
+            origin: meta.text.origin.clone(),
+        });
+        drop(history);
         // Whatever canary ran is over: new requests go to the new
         // generation (the caller starts the next canary, if any).
         self.store.set_canary(None);
@@ -265,24 +285,6 @@ impl Control {
             "+{} -{} ~{}",
             plan.diff.summary.added, plan.diff.summary.removed, plan.diff.summary.modified
         );
-        {
-            // Compressed before the history lock is taken.
-            let config = RetainedText::new(&meta.text.text);
-            let mut history = self.history();
-            history.set_limit(spec.runtime.history_limit);
-            history.record_generation(GenerationRecord {
-                generation: committed.id,
-                config_version: spec.config_version.clone(),
-                activated_at: rfc3339(SystemTime::now()),
-                source: meta.source,
-                rolled_back_to: meta.rolled_back_to,
-                requested_by: meta.requester.requested_by.clone(),
-                reason: meta.requester.reason.clone(),
-                config,
-                base_dir: meta.text.base_dir.clone(),
-                origin: meta.text.origin.clone(),
-            });
-        }
         let operation_id = self.record(
             meta.kind,
             started,

@@ -116,6 +116,7 @@ pub async fn serve(mut h3: Http3) {
         members,
         open_connections: AtomicUsize::new(0),
         loads: (0..members).map(|_| AtomicUsize::new(0)).collect(),
+        accepting: (0..members).map(|_| AtomicBool::new(false)).collect(),
         served: (0..members)
             .map(|member| metrics::counter!(m::WORKER_CONNECTIONS, m::LABEL_WORKER => member.to_string()))
             .collect(),
@@ -151,6 +152,9 @@ struct Endpoints {
     open_connections: AtomicUsize,
     /// Each endpoint's share of them.
     loads: Box<[AtomicUsize]>,
+    /// Which endpoints accept new connections: a Retry never sends a
+    /// client to one that does not (not started yet, or draining).
+    accepting: Box<[AtomicBool]>,
     /// `cutover_worker_connections_total` of each endpoint's worker.
     served: Box<[metrics::Counter]>,
     rebalanced: metrics::Counter,
@@ -193,6 +197,7 @@ impl Endpoints {
             return;
         };
         drop(socket);
+        self.set_accepting(member, true);
         let local = endpoint.local_addr().unwrap_or(h3.address);
         if self.started.fetch_add(1, Ordering::AcqRel) + 1 == self.members {
             tracing::info!(listener = %h3.name, address = %local, endpoints = self.members, "HTTP/3 accepting");
@@ -277,6 +282,7 @@ impl Endpoints {
         // Draining: no more advertising, no new connections; those open
         // get a GOAWAY from their own task and finish their streams.
         h3.alt_svc.serving.store(false, Ordering::Relaxed);
+        self.set_accepting(member, false);
         endpoint.set_server_config(None);
         if member == 0 {
             tracing::info!(listener = %h3.name, "HTTP/3 closed to new connections");
@@ -287,6 +293,12 @@ impl Endpoints {
 }
 
 impl Endpoints {
+    fn set_accepting(&self, member: usize, accepting: bool) {
+        if let Some(flag) = self.accepting.get(member) {
+            flag.store(accepting, Ordering::Relaxed);
+        }
+    }
+
     /// `incoming`, to be served here; `None` if a Retry sent it to a less
     /// loaded member.
     fn rebalance(&self, incoming: quinn::Incoming, member: usize) -> Option<quinn::Incoming> {
@@ -295,8 +307,17 @@ impl Endpoints {
         if self.members < 2 || incoming.remote_address_validated() || !incoming.may_retry() {
             return Some(incoming);
         }
-        let loads = self.loads.iter().map(|load| load.load(Ordering::Relaxed));
-        let target = super::listener::balance(loads, member);
+        let loads: Vec<usize> = self
+            .loads
+            .iter()
+            .map(|l| l.load(Ordering::Relaxed))
+            .collect();
+        let accepting: Vec<bool> = self
+            .accepting
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .collect();
+        let target = retry_target(&loads, &accepting, member);
         if target == member {
             return Some(incoming);
         }
@@ -312,6 +333,23 @@ impl Endpoints {
             Err(error) => Some(error.into_incoming()),
         }
     }
+}
+
+/// The member a new client of `member` should be served by: the
+/// listeners' `balance` over the members that accept connections (one
+/// that does not would never answer the client's next Initial).
+fn retry_target(loads: &[usize], accepting: &[bool], member: usize) -> usize {
+    // `member` itself accepts and counts, so the least loaded one never
+    // has the stand-in count of one that does not.
+    let loads = loads
+        .iter()
+        .enumerate()
+        .map(|(index, &load)| match accepting.get(index) {
+            Some(true) => load,
+            _ if index == member => load,
+            _ => usize::MAX,
+        });
+    super::listener::balance(loads, member)
 }
 
 thread_local! {
@@ -823,6 +861,15 @@ mod tests {
         // Attempts at 0, 0.25, 0.75, 1.75, 3.75, 7.75, 15.75 and 31.75 s,
         // then every 30 s: 61.75 and 91.75 s before the drain at 120 s.
         assert_eq!(attempts.get(), 10);
+    }
+
+    #[test]
+    fn a_client_is_sent_on_only_to_a_less_loaded_endpoint_that_accepts() {
+        let all = [true, true, true];
+        assert_eq!(retry_target(&[2, 2, 1], &all, 0), 0, "within the margin");
+        assert_eq!(retry_target(&[5, 2, 1], &all, 0), 2, "to the least loaded");
+        assert_eq!(retry_target(&[5, 2, 1], &[true, true, false], 0), 1);
+        assert_eq!(retry_target(&[5, 0, 0], &[true, false, false], 0), 0);
     }
 
     #[test]
