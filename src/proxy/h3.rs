@@ -29,6 +29,7 @@ use http_body_util::BodyExt;
 use tokio::sync::watch;
 
 use super::downstream::Activity;
+use super::exchange::strip_hop_by_hop;
 use super::http::{client_ip_header, handle, listener_counters, ConnContext};
 use super::interim::InterimQueue;
 use super::listener::OpenWork;
@@ -290,9 +291,7 @@ impl Endpoints {
         // The endpoint (and its socket) lives while connections do.
         endpoint.wait_idle().await;
     }
-}
 
-impl Endpoints {
     fn set_accepting(&self, member: usize, accepting: bool) {
         if let Some(flag) = self.accepting.get(member) {
             flag.store(accepting, Ordering::Relaxed);
@@ -307,17 +306,11 @@ impl Endpoints {
         if self.members < 2 || incoming.remote_address_validated() || !incoming.may_retry() {
             return Some(incoming);
         }
-        let loads: Vec<usize> = self
-            .loads
-            .iter()
-            .map(|l| l.load(Ordering::Relaxed))
-            .collect();
-        let accepting: Vec<bool> = self
-            .accepting
-            .iter()
-            .map(|a| a.load(Ordering::Relaxed))
-            .collect();
-        let target = retry_target(&loads, &accepting, member);
+        let members = self.loads.iter().zip(self.accepting.iter());
+        let target = retry_target(
+            members.map(|(l, a)| (l.load(Ordering::Relaxed), a.load(Ordering::Relaxed))),
+            member,
+        );
         if target == member {
             return Some(incoming);
         }
@@ -338,17 +331,17 @@ impl Endpoints {
 /// The member a new client of `member` should be served by: the
 /// listeners' `balance` over the members that accept connections (one
 /// that does not would never answer the client's next Initial).
-fn retry_target(loads: &[usize], accepting: &[bool], member: usize) -> usize {
+/// `members` gives each member's open connections and whether it accepts.
+fn retry_target(members: impl Iterator<Item = (usize, bool)>, member: usize) -> usize {
     // `member` itself accepts and counts, so the least loaded one never
     // has the stand-in count of one that does not.
-    let loads = loads
-        .iter()
-        .enumerate()
-        .map(|(index, &load)| match accepting.get(index) {
-            Some(true) => load,
-            _ if index == member => load,
-            _ => usize::MAX,
-        });
+    let loads = members.enumerate().map(|(index, (load, accepting))| {
+        if accepting || index == member {
+            load
+        } else {
+            usize::MAX
+        }
+    });
     super::listener::balance(loads, member)
 }
 
@@ -694,19 +687,9 @@ async fn request(
     };
     let (mut parts, mut body) = response.into_parts();
     // Connection-specific fields have no place in HTTP/3 (RFC 9114 §4.2).
-    // Most answers have none: a look at each name present costs less
-    // than a lookup of each of the five.
-    if parts.headers.keys().any(connection_specific) {
-        for name in [
-            http::header::CONNECTION,
-            http::header::TRANSFER_ENCODING,
-            http::header::UPGRADE,
-            http::header::HeaderName::from_static("keep-alive"),
-            http::header::HeaderName::from_static("proxy-connection"),
-        ] {
-            parts.headers.remove(name);
-        }
-    }
+    // A proxied answer has lost them already; one the gateway made may
+    // not have (one pass over its names when it has none).
+    strip_hop_by_hop(&mut parts.headers);
     parts.version = Version::HTTP_3;
     if send
         .send_response(http::Response::from_parts(parts, ()))
@@ -735,16 +718,6 @@ async fn request(
         }
     }
     let _ = send.finish().await;
-}
-
-/// A field HTTP/3 does not carry (RFC 9114 §4.2).
-fn connection_specific(name: &http::header::HeaderName) -> bool {
-    use http::header::{CONNECTION, TRANSFER_ENCODING, UPGRADE};
-    name == CONNECTION
-        || name == TRANSFER_ENCODING
-        || name == UPGRADE
-        || name == "keep-alive"
-        || name == "proxy-connection"
 }
 
 /// A request body read from an HTTP/3 stream: its DATA frames, then its
@@ -865,11 +838,14 @@ mod tests {
 
     #[test]
     fn a_client_is_sent_on_only_to_a_less_loaded_endpoint_that_accepts() {
+        let target = |loads: [usize; 3], accepting: [bool; 3]| {
+            retry_target(loads.into_iter().zip(accepting), 0)
+        };
         let all = [true, true, true];
-        assert_eq!(retry_target(&[2, 2, 1], &all, 0), 0, "within the margin");
-        assert_eq!(retry_target(&[5, 2, 1], &all, 0), 2, "to the least loaded");
-        assert_eq!(retry_target(&[5, 2, 1], &[true, true, false], 0), 1);
-        assert_eq!(retry_target(&[5, 0, 0], &[true, false, false], 0), 0);
+        assert_eq!(target([2, 2, 1], all), 0, "within the margin");
+        assert_eq!(target([5, 2, 1], all), 2, "to the least loaded");
+        assert_eq!(target([5, 2, 1], [true, true, false]), 1);
+        assert_eq!(target([5, 0, 0], [true, false, false]), 0);
     }
 
     #[test]
@@ -893,27 +869,34 @@ mod tests {
     }
 
     #[test]
-    fn connection_specific_fields_are_told_from_the_rest() {
-        for name in [
+    fn an_answer_loses_its_connection_specific_fields_and_keeps_the_rest() {
+        let gone = [
             "connection",
             "transfer-encoding",
             "upgrade",
             "keep-alive",
             "proxy-connection",
-        ] {
-            let name = http::header::HeaderName::from_static(name);
-            assert!(connection_specific(&name), "{name}");
-        }
-        for name in [
+        ];
+        let kept = [
             "server",
             "date",
             "content-length",
-            "te",
             "x-keep-alive",
             "alt-svc",
-        ] {
-            let name = http::header::HeaderName::from_static(name);
-            assert!(!connection_specific(&name), "{name}");
+        ];
+        let mut headers = http::HeaderMap::new();
+        for name in gone.iter().chain(&kept) {
+            headers.insert(
+                http::header::HeaderName::from_static(name),
+                HeaderValue::from_static("1"),
+            );
+        }
+        strip_hop_by_hop(&mut headers);
+        for name in gone {
+            assert!(!headers.contains_key(name), "{name}");
+        }
+        for name in kept {
+            assert!(headers.contains_key(name), "{name}");
         }
     }
 
