@@ -314,6 +314,12 @@ fn ping_noise(limits: ListenerLimits, limit: Duration) -> u64 {
 /// once the watchdog found its head too slow (see [`Activity::expire_head`]).
 pub struct Downstream {
     io: Observed<TcpStream, Arc<Activity>>,
+    /// The connection's first bytes, read before it was served (the
+    /// listener reads them to learn what the client speaks): given back
+    /// before anything more is read, then let go.
+    first: Vec<u8>,
+    /// How much of `first` has been given back.
+    replayed: usize,
     /// Plain HTTP: the stream answers `408` itself as it ends (under TLS
     /// the answer would have to be encrypted).
     answers_timeout: bool,
@@ -323,11 +329,36 @@ const REQUEST_TIMEOUT: &[u8] =
     b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
 
 impl Downstream {
-    pub fn new(stream: TcpStream, activity: Arc<Activity>, answers_timeout: bool) -> Self {
+    /// `first`: what was read of the connection before it was served.
+    pub fn new(
+        stream: TcpStream,
+        first: Vec<u8>,
+        activity: Arc<Activity>,
+        answers_timeout: bool,
+    ) -> Self {
         Self {
             io: Observed::new(stream, activity),
+            first,
+            replayed: 0,
             answers_timeout,
         }
+    }
+
+    /// Gives back what is left of the first bytes into `buf`; false when
+    /// nothing is.
+    fn replay(&mut self, buf: &mut ReadBuf<'_>) -> bool {
+        let Some(left) = self.first.get(self.replayed..).filter(|l| !l.is_empty()) else {
+            return false;
+        };
+        let given = &left[..left.len().min(buf.remaining())];
+        buf.put_slice(given);
+        self.io.observer.read(given);
+        self.replayed += given.len();
+        if self.replayed == self.first.len() {
+            self.first = Vec::new();
+            self.replayed = 0;
+        }
+        true
     }
 }
 
@@ -348,6 +379,9 @@ impl AsyncRead for Downstream {
             }
             // The end of the stream: hyper gives the head up (an
             // incomplete message, which it does not answer).
+            return Poll::Ready(Ok(()));
+        }
+        if buf.remaining() > 0 && this.replay(buf) {
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut this.io).poll_read(cx, buf)
@@ -392,5 +426,45 @@ impl Observer for Arc<Activity> {
 
     fn wrote(&mut self, n: usize) {
         Activity::wrote(self, n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::{Activity, Downstream};
+
+    #[tokio::test]
+    async fn the_bytes_read_before_serving_come_first_and_count_as_read() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().expect("address"))
+            .await
+            .expect("connect");
+        let (accepted, _) = listener.accept().await.expect("accept");
+        client.write_all(b"rest\r\n").await.expect("send");
+        client.shutdown().await.expect("half-close");
+        let activity = Activity::new();
+        let first = b"GET / HTTP/1.1\r\n".to_vec();
+        let mut downstream = Downstream::new(accepted, first, activity.clone(), true);
+        // In pieces smaller than what was read before: nothing is lost
+        // or read twice across reads.
+        let mut piece = [0u8; 5];
+        let mut got = Vec::new();
+        for _ in 0..64 {
+            let n = downstream.read(&mut piece).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&piece[..n]);
+        }
+        assert_eq!(got, b"GET / HTTP/1.1\r\nrest\r\n");
+        assert!(downstream.first.is_empty(), "let go once given back");
+        assert_eq!(activity.bytes.load(Ordering::Relaxed), 22);
+        assert!(activity.read_since_write.load(Ordering::Relaxed));
     }
 }

@@ -705,13 +705,6 @@ impl Accepting {
             let proxied = proxy == Proxy::Trusted;
             let workers = self.set.workers.as_ref().filter(|_| serving != worker);
             let Some(workers) = workers else {
-                let stream = match TcpStream::from_std(stream) {
-                    Ok(stream) => stream,
-                    Err(error) => {
-                        tracing::debug!(listener = %self.name, %error, "cannot register a connection");
-                        continue;
-                    }
-                };
                 // Boxed: tokio moves a task's future several times while
                 // spawning and finishing it, and a box moves as a pointer
                 // (an L4 connection's future is about 2 KiB).
@@ -726,18 +719,7 @@ impl Accepting {
             let accepting = Arc::clone(&self);
             workers.spawn_on(
                 serving,
-                Box::new(move || {
-                    Box::pin(async move {
-                        match TcpStream::from_std(stream) {
-                            Ok(stream) => {
-                                accepting.serve(stream, remote, proxied, limits, guard).await
-                            }
-                            Err(error) => {
-                                tracing::debug!(listener = %accepting.name, %error, "a worker could not take a connection")
-                            }
-                        }
-                    })
-                }),
+                Box::new(move || Box::pin(accepting.serve(stream, remote, proxied, limits, guard))),
             );
         }
         tracing::info!(listener = %self.name, worker, "listener closed");
@@ -768,15 +750,38 @@ impl Accepting {
         }
     }
 
-    /// Serves one accepted connection on this worker, to its end.
+    /// Serves one accepted connection on this worker, to its end,
+    /// registering it with the worker's reactor.
     async fn serve(
         self: Arc<Self>,
-        mut stream: TcpStream,
+        stream: std::net::TcpStream,
         remote: SocketAddr,
         proxied: bool,
         limits: ListenerLimits,
         guard: ConnectionGuard,
     ) {
+        // An HTTP client's first bytes (a request head, a ClientHello)
+        // usually arrive with its connection: taken before the socket is
+        // registered, they cost one read, where waiting for them costs a
+        // trip through epoll, a timer and a peek. A PROXY header is read
+        // exactly, and a TCP listener relays what arrives.
+        let mut first = Vec::new();
+        if !proxied && self.tcp_counters.is_none() {
+            match read_arrived(&stream, &mut first) {
+                // Closed before a byte: a port check.
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+        let mut stream = match TcpStream::from_std(stream) {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::debug!(listener = %self.name, %error, "cannot register a connection");
+                return;
+            }
+        };
         let header_timeout = limits.header_read_timeout;
         let Some(remote) =
             client_address(&mut stream, remote, proxied, header_timeout, &self.name).await
@@ -819,6 +824,7 @@ impl Accepting {
         // KiB, and would make every L4 connection's task as large.
         Box::pin(serve_connection(
             stream,
+            first,
             ctx,
             limits,
             draining,
@@ -910,6 +916,7 @@ async fn client_address(
 
 async fn serve_connection(
     stream: TcpStream,
+    mut first: Vec<u8>,
     ctx: Arc<ConnContext>,
     limits: ListenerLimits,
     draining: watch::Receiver<bool>,
@@ -919,21 +926,25 @@ async fn serve_connection(
     let _ = stream.set_nodelay(true);
     // The first byte tells a plain HTTP/1 connection from one that may
     // start with HTTP/2's preface (`Speaks`), and a TLS handshake needs
-    // the first bytes too: a client that connects and says nothing is
-    // timed out here. A connection accepted just before draining began
-    // is still served: its client has no way to know it should have gone
-    // elsewhere.
-    let mut probe = [0u8; 1];
-    let first_bytes = tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut probe));
-    if !matches!(first_bytes.await, Ok(Ok(n)) if n > 0) {
-        return;
+    // the first bytes too. When none had arrived as the connection was
+    // taken, they are waited for here: a client that connects and says
+    // nothing is timed out. A connection accepted just before draining
+    // began is still served: its client has no way to know it should
+    // have gone elsewhere.
+    if first.is_empty() {
+        let arrived =
+            tokio::time::timeout(limits.header_read_timeout, read_first(&stream, &mut first));
+        if !matches!(arrived.await, Ok(Ok(n)) if n > 0) {
+            return;
+        }
     }
-    let io = Downstream::new(stream, Arc::clone(&ctx.activity), tls.is_none());
+    let first_byte = first.first().copied();
+    let io = Downstream::new(stream, first, Arc::clone(&ctx.activity), tls.is_none());
     match tls {
         None => {
             let io = HeadCheck::wrap(io, Arc::clone(&ctx.activity), true, limits.max_header_bytes);
             let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
-            let speaks = Speaks::of_first_byte(probe[0]);
+            let speaks = first_byte.map_or(Speaks::Either, Speaks::of_first_byte);
             serve_http(io, ctx, limits, draining, speaks).await;
         }
         Some(acceptor) => {
@@ -968,6 +979,42 @@ async fn serve_connection(
                     metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
                 }
             }
+        }
+    }
+}
+
+/// How much of a connection's first bytes is read before it is served:
+/// most request heads and ClientHellos; hyper reads the rest of a longer
+/// one.
+const FIRST_READ: usize = 4096;
+
+/// Reads what has arrived on an accepted, unregistered socket into
+/// `into` (`WouldBlock` when nothing has), without waiting.
+fn read_arrived(socket: &std::net::TcpStream, into: &mut Vec<u8>) -> std::io::Result<usize> {
+    use rustix::net::{recv, RecvFlags};
+    into.reserve_exact(FIRST_READ);
+    loop {
+        match recv(
+            socket,
+            rustix::buffer::spare_capacity(into),
+            RecvFlags::empty(),
+        ) {
+            Ok((n, _)) => return Ok(n),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(errno) => return Err(errno.into()),
+        }
+    }
+}
+
+/// Waits for a registered socket's first bytes and reads what has
+/// arrived into `into`.
+async fn read_first(socket: &TcpStream, into: &mut Vec<u8>) -> std::io::Result<usize> {
+    into.reserve_exact(FIRST_READ);
+    loop {
+        socket.readable().await?;
+        match socket.try_read_buf(into) {
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
+            done => return done,
         }
     }
 }
@@ -1267,6 +1314,76 @@ mod tests {
         assert_eq!(balance([20, 17, 16].into_iter(), 0), 2);
         // Out of range: itself.
         assert_eq!(balance([5].into_iter(), 3), 3);
+    }
+
+    /// A loopback connection: the accepted end, non-blocking and not
+    /// registered (as `accept` returns it), and the client's end.
+    fn accepted() -> (std::net::TcpStream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client =
+            std::net::TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
+        let (accepted, _) = listener.accept().expect("accept");
+        accepted.set_nonblocking(true).expect("non-blocking");
+        (accepted, client)
+    }
+
+    #[test]
+    fn what_arrived_with_a_connection_is_read_without_waiting() {
+        use std::io::Write;
+        let (accepted, mut client) = accepted();
+        let mut first = Vec::new();
+        let nothing = super::read_arrived(&accepted, &mut first).expect_err("nothing yet");
+        assert_eq!(nothing.kind(), std::io::ErrorKind::WouldBlock);
+        assert!(first.is_empty());
+        client.write_all(b"GET / HTTP/1.1\r\n").expect("send");
+        // Loopback delivers as the client writes; bounded all the same.
+        let mut read = Err(nothing);
+        for _ in 0..500 {
+            read = super::read_arrived(&accepted, &mut first);
+            if read.is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert_eq!(read.expect("read"), 16);
+        assert_eq!(first, b"GET / HTTP/1.1\r\n");
+        drop(client);
+        let mut after = Vec::new();
+        let mut closed = super::read_arrived(&accepted, &mut after);
+        for _ in 0..500 {
+            if closed.is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            closed = super::read_arrived(&accepted, &mut after);
+        }
+        assert_eq!(
+            closed.expect("the end"),
+            0,
+            "a client that closed reads as 0"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_first_bytes_are_late_waits_for_them() {
+        use std::io::Write;
+        let (accepted, mut client) = accepted();
+        let stream = tokio::net::TcpStream::from_std(accepted).expect("register");
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            client.write_all(b"PRI * HTTP/2.0").expect("send");
+            client
+        });
+        let mut first = Vec::new();
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            super::read_first(&stream, &mut first),
+        )
+        .await
+        .expect("woken by the bytes")
+        .expect("read");
+        assert_eq!((read, first.as_slice()), (14, &b"PRI * HTTP/2.0"[..]));
+        drop(sender.join());
     }
 
     /// Every new connection hashed to one worker: the loads still end
