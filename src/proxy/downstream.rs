@@ -345,11 +345,13 @@ impl Downstream {
     }
 
     /// Gives back what is left of the first bytes into `buf`; false when
-    /// nothing is.
+    /// nothing is, or `buf` has no room (a read of nothing would say the
+    /// stream ended).
     fn replay(&mut self, buf: &mut ReadBuf<'_>) -> bool {
-        let Some(left) = self.first.get(self.replayed..).filter(|l| !l.is_empty()) else {
+        let left = self.first.get(self.replayed..).unwrap_or_default();
+        if left.is_empty() || buf.remaining() == 0 {
             return false;
-        };
+        }
         let given = &left[..left.len().min(buf.remaining())];
         buf.put_slice(given);
         self.io.observer.read(given);
@@ -381,7 +383,7 @@ impl AsyncRead for Downstream {
             // incomplete message, which it does not answer).
             return Poll::Ready(Ok(()));
         }
-        if buf.remaining() > 0 && this.replay(buf) {
+        if this.replay(buf) {
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut this.io).poll_read(cx, buf)
@@ -451,6 +453,8 @@ mod tests {
         let activity = Activity::new();
         let first = b"GET / HTTP/1.1\r\n".to_vec();
         let mut downstream = Downstream::new(accepted, first, activity.clone(), true);
+        // A read with no room takes nothing of what was read before.
+        assert_eq!(downstream.read(&mut []).await.expect("empty read"), 0);
         // In pieces smaller than what was read before: nothing is lost
         // or read twice across reads.
         let mut piece = [0u8; 5];
