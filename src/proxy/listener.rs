@@ -1335,33 +1335,24 @@ mod tests {
         let nothing = super::read_arrived(&accepted, &mut first).expect_err("nothing yet");
         assert_eq!(nothing.kind(), std::io::ErrorKind::WouldBlock);
         assert!(first.is_empty());
-        client.write_all(b"GET / HTTP/1.1\r\n").expect("send");
         // Loopback delivers as the client writes; bounded all the same.
-        let mut read = Err(nothing);
-        for _ in 0..500 {
-            read = super::read_arrived(&accepted, &mut first);
-            if read.is_ok() {
-                break;
+        let arrived = |into: &mut Vec<u8>| {
+            let mut read = super::read_arrived(&accepted, into);
+            for _ in 0..500 {
+                if read.is_ok() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                read = super::read_arrived(&accepted, into);
             }
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-        assert_eq!(read.expect("read"), 16);
+            read
+        };
+        client.write_all(b"GET / HTTP/1.1\r\n").expect("send");
+        assert_eq!(arrived(&mut first).expect("read"), 16);
         assert_eq!(first, b"GET / HTTP/1.1\r\n");
         drop(client);
-        let mut after = Vec::new();
-        let mut closed = super::read_arrived(&accepted, &mut after);
-        for _ in 0..500 {
-            if closed.is_ok() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(2));
-            closed = super::read_arrived(&accepted, &mut after);
-        }
-        assert_eq!(
-            closed.expect("the end"),
-            0,
-            "a client that closed reads as 0"
-        );
+        let closed = arrived(&mut Vec::new()).expect("the end");
+        assert_eq!(closed, 0, "a client that closed reads as 0");
     }
 
     #[tokio::test]
