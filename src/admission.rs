@@ -43,25 +43,27 @@ impl Admission {
         listener: &str,
         sticky: impl FnOnce(&crate::plan::HashKey) -> Option<u64>,
     ) -> Pinned {
-        if !self.store.canarying() {
-            return self.pin();
-        }
-        let Some(canary) = self.store.canary() else {
-            return self.pin();
+        // One load: the generation and its canary as they were published
+        // together, never the one of a commit with the other of before.
+        let active = self.store.admitting();
+        let generation = match &active.canary {
+            None => Arc::clone(&active.generation),
+            Some(canary) => {
+                let bucket = canary
+                    .key
+                    .as_ref()
+                    .and_then(sticky)
+                    .map_or_else(|| fastrand::u8(0..100), |hash| (hash % 100) as u8);
+                // A listener the previous generation does not serve stays
+                // with the new one.
+                if bucket >= canary.percent && canary.previous.router(listener).is_some() {
+                    Arc::clone(&canary.previous)
+                } else {
+                    Arc::clone(&active.generation)
+                }
+            }
         };
-        let percent = canary.percent.load(std::sync::atomic::Ordering::Relaxed);
-        let bucket = canary
-            .key
-            .as_ref()
-            .and_then(sticky)
-            .map_or_else(|| fastrand::u8(0..100), |hash| (hash % 100) as u8);
-        // A listener the previous generation does not serve stays with the
-        // new one.
-        let generation = if bucket >= percent && canary.previous.router(listener).is_some() {
-            Arc::clone(&canary.previous)
-        } else {
-            self.store.load_full()
-        };
+        drop(active);
         let guard = generation.ledger.request();
         Pinned { generation, guard }
     }

@@ -9,14 +9,10 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use super::{router, Security};
-use crate::admission::Admission;
 use crate::config::ConfigText;
 use crate::control::Control;
-use crate::generation::{build, SharedState};
 use crate::ids::GenerationId;
-use crate::proxy::ListenerSet;
-use crate::runtime::{GenerationStore, History, PersistedState, Phase, PhaseCell};
-use crate::telemetry::LogLevel;
+use crate::runtime::Phase;
 
 const ADMIN: &str = "127.0.0.1:9190";
 
@@ -47,49 +43,7 @@ fn admin_with(text: &str, token: Option<&str>) -> Admin {
 
 /// `release_memory` runs right after control-plane work, on its thread.
 fn admin_with_hook(text: &str, token: Option<&str>, release_memory: fn()) -> Admin {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, text).expect("write");
-    let source = ConfigText::read(&path).expect("read");
-    let spec = Arc::new(crate::plan::validate(&source).expect("valid base config"));
-    let shared = Arc::new(SharedState::default());
-    let store = Arc::new(GenerationStore::new(
-        build(Arc::clone(&spec), GenerationId::FIRST, &shared).expect("build"),
-    ));
-    let certificates = Arc::new(crate::tls::CertStore::default());
-    certificates.follow(Arc::clone(&store) as Arc<dyn crate::tls::ActiveMaterial>);
-    let listeners = ListenerSet::new(
-        Admission::new(Arc::clone(&store)),
-        Arc::clone(&certificates),
-        None,
-    );
-    listeners.start(listeners.bind_new(&spec.listeners).expect("bind"));
-    let mut history = History::new(spec.runtime.history_limit, None, PersistedState::default());
-    history.record_generation(crate::runtime::GenerationRecord {
-        generation: GenerationId::FIRST,
-        config_version: spec.config_version.clone(),
-        activated_at: crate::runtime::rfc3339(std::time::SystemTime::now()),
-        source: crate::runtime::Source::Startup,
-        rolled_back_to: None,
-        requested_by: None,
-        reason: None,
-        config: crate::runtime::RetainedText::new(&source.text),
-        base_dir: source.base_dir.clone(),
-        origin: source.origin.clone(),
-    });
-    let phase = Arc::new(PhaseCell::default());
-    phase.advance(Phase::Running);
-    let control = Arc::new(Control::new(crate::control::ControlParts {
-        release_memory,
-        store,
-        shared,
-        listeners,
-        certificates,
-        history,
-        config_file: path,
-        log_level: LogLevel::detached(),
-        phase,
-    }));
+    let (control, dir) = crate::control::tests::control_with(text, release_memory);
     let security = Security::new(
         ADMIN.parse().expect("addr"),
         token.map(str::to_owned),

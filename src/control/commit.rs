@@ -4,21 +4,60 @@
 
 use super::*;
 
-/// The rules every writer (this instance, or the fleet) applies before a
-/// change, in this order: an expected generation must be the active one
-/// (409 `generation_conflict`), and while generation `pending` awaits
+/// What a change says of the generation it was planned against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expectation {
+    /// The generation it names (`expected_generation`,
+    /// `expected_active_generation`), if any.
+    pub named: Option<GenerationId>,
+    /// Whether it must name one: an activation under
+    /// `admin.require_expected_generation` (428 otherwise).
+    pub required: bool,
+}
+
+impl Expectation {
+    /// An activation's expectation, under the active configuration's
+    /// `admin.require_expected_generation`.
+    pub fn activation(named: Option<GenerationId>, active: &plan::Spec) -> Self {
+        Self {
+            named,
+            required: active.admin.require_expected_generation,
+        }
+    }
+
+    /// Any other change's (rollback, confirm, abort, legacy reload): the
+    /// generation it names is checked, none is required.
+    pub fn optional(named: Option<GenerationId>) -> Self {
+        Self {
+            named,
+            required: false,
+        }
+    }
+}
+
+/// The rules every writer (this instance, or the fleet; with or without a
+/// shadow stage) applies before a change, in this order: an expectation
+/// that is required must be given (428 `expected_generation_required`);
+/// an expected generation must be the active one (409
+/// `generation_conflict`); and while generation `pending` awaits
 /// confirmation a new change must name it, superseding it (409
 /// `pending_activation`).
 pub fn admit_change(
-    expected: Option<GenerationId>,
+    expected: Expectation,
     active: GenerationId,
     pending: Option<GenerationId>,
 ) -> Result<(), ControlError> {
-    if let Some(expected) = expected.filter(|expected| *expected != active) {
-        return Err(ControlError::Conflict { expected, active });
+    if expected.required && expected.named.is_none() {
+        return Err(ControlError::ExpectedGenerationRequired);
+    }
+    if let Some(named) = expected.named.filter(|named| *named != active) {
+        return Err(ControlError::Conflict {
+            expected: named,
+            active,
+        });
     }
     match pending {
-        Some(pending) if expected != Some(pending) => {
+        Some(pending) if expected.named != Some(pending) => {
             Err(ControlError::PendingActivation { pending })
         }
         _ => Ok(()),
@@ -90,12 +129,6 @@ impl Control {
         started: Instant,
         active: Arc<Generation>,
     ) -> Result<Activation, ControlError> {
-        if candidate.expected_generation.is_none()
-            && active.spec.admin.require_expected_generation
-            && kind == OperationKind::Activate
-        {
-            return Err(ControlError::ExpectedGenerationRequired);
-        }
         // One pending change at a time: a new one must name the pending
         // generation to supersede it; the rollback target stays the last
         // final generation.
@@ -104,16 +137,29 @@ impl Control {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
+        let expected = if kind == OperationKind::Activate {
+            Expectation::activation(candidate.expected_generation, &active.spec)
+        } else {
+            Expectation::optional(candidate.expected_generation)
+        };
         admit_change(
-            candidate.expected_generation,
+            expected,
             active.id,
             superseded.as_ref().map(|p| p.generation),
         )?;
-        // A canary's other side is the last final generation.
-        let previous = self
-            .store
-            .canary()
-            .map_or_else(|| Arc::clone(&active), |c| Arc::clone(&c.previous));
+        // A canary's other side is the last final generation: the
+        // canary's previous side while one runs.
+        let canary = candidate
+            .canary
+            .as_ref()
+            .map(|spec| crate::runtime::Canary {
+                previous: self
+                    .store
+                    .canary()
+                    .map_or_else(|| Arc::clone(&active), |c| c.previous),
+                percent: spec.steps.first().copied().unwrap_or(100),
+                key: spec.key.clone(),
+            });
         let text = candidate::read(&candidate.source, &self.config_file)?;
         let plan = plan::plan(&text, Some((active.id, &active.spec)));
         let meta = CommitMeta {
@@ -126,6 +172,7 @@ impl Control {
             rolled_back_to: None,
             requester: Requester::of(candidate),
             text,
+            canary,
         };
         let mut activation = self.commit(&active, plan, meta, started)?;
         if activation.outcome == "unchanged" {
@@ -144,15 +191,6 @@ impl Control {
             canary: candidate.canary.clone(),
             step: 0,
         });
-        if let (Some(spec), Some(_)) = (&candidate.canary, &pending) {
-            self.store.set_canary(Some(Arc::new(crate::runtime::Canary {
-                previous,
-                percent: std::sync::atomic::AtomicU8::new(
-                    spec.steps.first().copied().unwrap_or(100),
-                ),
-                key: spec.key.clone(),
-            })));
-        }
         let final_now = pending.is_none();
         self.set_pending(pending);
         activation.pending = self.pending();
@@ -250,7 +288,7 @@ impl Control {
         // guards against a writer outside this type.
         let committed = self
             .store
-            .commit(active.id, next)
+            .commit(active.id, next, meta.canary)
             .map_err(|c| ControlError::Conflict {
                 expected: c.expected,
                 active: c.active,
@@ -269,9 +307,6 @@ impl Control {
             origin: meta.text.origin.clone(),
         });
         drop(history);
-        // Whatever canary ran is over: new requests go to the new
-        // generation (the caller starts the next canary, if any).
-        self.store.set_canary(None);
         // Handshakes already get the new generation's certificates (the
         // store follows the active generation); installing them makes
         // them the stored material that reload-certs starts from.

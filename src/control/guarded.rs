@@ -223,15 +223,12 @@ impl Control {
             let Some(percent) = canary.steps.get(step).copied() else {
                 return;
             };
-            let Some(current) = self.store.canary() else {
-                return;
-            };
             if self.pending().map(|p| p.generation) != Some(generation) {
                 return;
             }
-            current
-                .percent
-                .store(percent, std::sync::atomic::Ordering::Relaxed);
+            if !self.store.step_canary(generation, percent) {
+                return;
+            }
             tracing::info!(%generation, percent, "canary step");
             let outcome = if percent >= 100 {
                 Some((
@@ -337,10 +334,7 @@ impl Control {
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map(Pending::view)?;
-        view.canary_percent = self
-            .store
-            .canary()
-            .map(|c| c.percent.load(std::sync::atomic::Ordering::Relaxed));
+        view.canary_percent = self.store.canary().map(|c| c.percent);
         Some(view)
     }
 
@@ -396,13 +390,20 @@ impl Control {
                 let previous = self.rebuild(pending.rollback_to)?;
                 let step = pending.step.min(canary.steps.len().saturating_sub(1));
                 pending.step = step;
-                self.store.set_canary(Some(Arc::new(crate::runtime::Canary {
-                    previous,
-                    percent: std::sync::atomic::AtomicU8::new(
-                        canary.steps.get(step).copied().unwrap_or(100),
-                    ),
-                    key: canary.key.clone(),
-                })));
+                let started = self.store.start_canary(
+                    record.generation,
+                    crate::runtime::Canary {
+                        previous,
+                        percent: canary.steps.get(step).copied().unwrap_or(100),
+                        key: canary.key.clone(),
+                    },
+                );
+                if !started {
+                    return Err(format!(
+                        "generation {} is no longer active",
+                        record.generation
+                    ));
+                }
             }
             Ok(pending)
         });
@@ -554,9 +555,13 @@ impl Control {
             .clone()
             .filter(|p| p.generation == request.generation && p.generation == active.id)
             .ok_or(ControlError::NotPending(request.generation))?;
-        admit_change(request.expected_active_generation, active.id, None)?;
+        admit_change(
+            Expectation::optional(request.expected_active_generation),
+            active.id,
+            None,
+        )?;
         if how == Settle::Confirm {
-            self.store.set_canary(None);
+            self.store.end_canary(active.id);
             self.set_pending(None);
             let operation_id = self.record(
                 kind,

@@ -23,6 +23,9 @@ mod shadow;
 mod timeline;
 mod views;
 
+#[cfg(test)]
+pub(crate) mod tests;
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -37,7 +40,7 @@ pub use candidate::{
 };
 pub use certs::{CertReload, CertView, ListenerCerts};
 use commit::plan_summary;
-pub use commit::{admit_change, operation_kind_name};
+pub use commit::{admit_change, operation_kind_name, Expectation};
 pub use error::ControlError;
 #[cfg(feature = "fleet")]
 pub(crate) use guarded::{judge, Verdict};
@@ -178,6 +181,9 @@ struct CommitMeta {
     rolled_back_to: Option<GenerationId>,
     requester: Requester,
     text: ConfigText,
+    /// The canary the new generation starts with, published with it in
+    /// one swap (whatever canary ran before ends in the same swap).
+    canary: Option<crate::runtime::Canary>,
 }
 
 /// What the control plane is built from.

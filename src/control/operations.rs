@@ -341,7 +341,11 @@ impl Control {
         if self.history().generation(target).is_none() {
             return Err(ControlError::NotRetained(target));
         }
-        admit_change(request.expected_active_generation, active.id, None)?;
+        admit_change(
+            Expectation::optional(request.expected_active_generation),
+            active.id,
+            None,
+        )?;
         let requester = Requester {
             requested_by: request.requested_by.clone(),
             reason: request.reason.clone(),
@@ -395,6 +399,8 @@ impl Control {
             rolled_back_to: Some(target),
             requester: requester.clone(),
             text,
+            // A rollback ends whatever canary ran, in its own swap.
+            canary: None,
         };
         self.commit(active, plan, meta, started)
     }

@@ -258,14 +258,14 @@ impl Control {
     ) -> Result<Option<(GenerationId, Arc<Generation>)>, ControlError> {
         self.check_running()?;
         let active = self.store.load_full();
-        if candidate.expected_generation.is_none() && active.spec.admin.require_expected_generation
-        {
-            return Err(ControlError::ExpectedGenerationRequired);
-        }
+        admit_change(
+            Expectation::activation(candidate.expected_generation, &active.spec),
+            active.id,
+            None,
+        )?;
         if let Some(pending) = self.pending() {
             return Err(ControlError::ShadowWhilePending(pending.generation));
         }
-        admit_change(candidate.expected_generation, active.id, None)?;
         Ok(self
             .build_candidate(candidate, &active)?
             .map(|built| (active.id, built)))

@@ -402,24 +402,18 @@ impl Fleet {
         if !plan.rejected.is_empty() {
             return Err(ControlError::RestartRequired(Box::new(plan)));
         }
-        let require = self
-            .control
-            .store()
-            .load_full()
-            .spec
-            .admin
-            .require_expected_generation;
-        if require && candidate.expected_generation.is_none() {
-            return Err(ControlError::ExpectedGenerationRequired);
-        }
+        let expected = crate::control::Expectation::activation(
+            candidate.expected_generation,
+            &self.control.store().load_full().spec,
+        );
         if let Some(spec) = candidate.shadow.clone() {
             return self
-                .activate_shadowed(candidate, spec, shared, probation)
+                .activate_shadowed(candidate, expected, spec, shared, probation)
                 .await;
         }
         self.publish(
             shared,
-            candidate.expected_generation,
+            expected,
             candidate.requested_by,
             candidate.reason,
             None,
@@ -454,7 +448,7 @@ impl Fleet {
         }
         self.publish(
             doc.config,
-            expected,
+            crate::control::Expectation::optional(expected),
             requested_by,
             reason,
             Some(target),
@@ -509,7 +503,7 @@ impl Fleet {
     async fn publish(
         self: &Arc<Self>,
         shared: String,
-        expected: Option<GenerationId>,
+        expected: crate::control::Expectation,
         requested_by: Option<String>,
         reason: Option<String>,
         rolled_back_to: Option<GenerationId>,
@@ -587,7 +581,7 @@ impl Fleet {
             let (now_active, _) = self.read_active(&client).await?;
             let active = now_active.map_or(GenerationId::NONE, |a| a.generation);
             return Err(ControlError::Conflict {
-                expected: expected.or(current).unwrap_or(GenerationId::NONE),
+                expected: expected.named.or(current).unwrap_or(GenerationId::NONE),
                 active,
             });
         }

@@ -50,12 +50,18 @@ impl Fleet {
     pub(super) async fn activate_shadowed(
         self: &Arc<Self>,
         candidate: Candidate,
+        expected: crate::control::Expectation,
         spec: ShadowSpec,
         shared: String,
         probation: Option<Probation>,
     ) -> Result<FleetActivation, ControlError> {
         let client = self.client().await?;
         let (active, revision) = self.read_active(&client).await?;
+        crate::control::admit_change(
+            expected,
+            active.as_ref().map_or(GenerationId::NONE, |a| a.generation),
+            None,
+        )?;
         let Some(active) = active else {
             return Err(ControlError::FleetUnsupported(
                 "the fleet's first generation has nothing to shadow against: activate it without shadow",
@@ -71,12 +77,11 @@ impl Fleet {
         {
             return Err(ControlError::InProgress);
         }
-        crate::control::admit_change(candidate.expected_generation, active.generation, None)?;
         let base = active.generation;
         let publish = |shared: String| {
             self.publish(
                 shared,
-                Some(base),
+                crate::control::Expectation::optional(Some(base)),
                 candidate.requested_by.clone(),
                 candidate.reason.clone(),
                 None,

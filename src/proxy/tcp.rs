@@ -384,7 +384,7 @@ mod tests {
         // A connection pinned to generation 1 keeps its ledger alive.
         let pinned = store.load_full().ledger.connection();
         store
-            .commit(GenerationId(1), generation(2))
+            .commit(GenerationId(1), generation(2), None)
             .expect("commits");
         // Something that starts watching 300 ms after the supersession...
         tokio::time::sleep(Duration::from_millis(300)).await;

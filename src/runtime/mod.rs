@@ -5,7 +5,7 @@ pub mod shadow;
 mod store;
 
 pub use history::*;
-pub use store::{Canary, Conflict, GenerationLoad, GenerationStore};
+pub use store::{Active, Canary, Conflict, GenerationLoad, GenerationStore};
 
 mod phase;
 pub use phase::{Phase, PhaseCell};

@@ -28,7 +28,7 @@ impl crate::tls::ActiveMaterial for GenerationStore {
         &self,
         listener: &str,
     ) -> (GenerationId, Option<Arc<crate::tls::ListenerMaterial>>) {
-        let active = self.active.load();
+        let active = &self.active.load().generation;
         let material = active
             .spec
             .listeners
@@ -73,10 +73,10 @@ struct Published {
 
 /// Holds the active generation.
 pub struct GenerationStore {
-    active: ArcSwap<Generation>,
-    /// While a pending generation is canaried (DESIGN §14): the previous
-    /// generation, which keeps the rest of new requests.
-    canary: arc_swap::ArcSwapOption<Canary>,
+    /// The active generation and its canary, published together: a
+    /// request is admitted by one of these values, never by the
+    /// generation of one and the canary of another (DESIGN §14).
+    active: ArcSwap<Active>,
     /// While an activation shadows its candidate (DESIGN §22).
     shadow: arc_swap::ArcSwapOption<super::shadow::Shadow>,
     published: Mutex<Vec<Published>>,
@@ -84,12 +84,20 @@ pub struct GenerationStore {
     notify: watch::Sender<GenerationId>,
 }
 
+/// What admission reads in one load: the active generation and, while it
+/// is canaried, the generation that keeps the rest of new requests.
+#[derive(Debug)]
+pub struct Active {
+    pub generation: Arc<Generation>,
+    pub canary: Option<Canary>,
+}
+
 /// A canary: the active generation takes `percent` of new requests, the
 /// previous one the rest.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Canary {
     pub previous: Arc<Generation>,
-    pub percent: std::sync::atomic::AtomicU8,
+    pub percent: u8,
     /// Sticky by this key (the same value, the same generation); per
     /// request without it.
     pub key: Option<crate::plan::HashKey>,
@@ -105,8 +113,10 @@ impl GenerationStore {
         }];
         Self {
             notify: watch::channel(first.id).0,
-            active: ArcSwap::new(first),
-            canary: arc_swap::ArcSwapOption::empty(),
+            active: ArcSwap::from_pointee(Active {
+                generation: first,
+                canary: None,
+            }),
             shadow: arc_swap::ArcSwapOption::empty(),
             published: Mutex::new(published),
         }
@@ -114,22 +124,71 @@ impl GenerationStore {
 
     /// Pins the active generation: the caller holds it as long as it needs.
     pub fn load_full(&self) -> Arc<Generation> {
-        self.active.load_full()
+        Arc::clone(&self.active.load().generation)
+    }
+
+    /// The active generation and its canary as one value, for admission:
+    /// held only while a request chooses between them.
+    pub fn admitting(&self) -> arc_swap::Guard<Arc<Active>> {
+        self.active.load()
     }
 
     /// The canary, while one runs.
-    pub fn canary(&self) -> Option<Arc<Canary>> {
-        self.canary.load_full()
+    pub fn canary(&self) -> Option<Canary> {
+        self.active.load().canary.clone()
     }
 
-    /// Starts, changes or (with `None`) ends a canary.
-    pub fn set_canary(&self, canary: Option<Arc<Canary>>) {
-        self.canary.store(canary);
+    /// Starts a canary of generation `generation` (a resumed one, after a
+    /// restart); `false` when it is not the active generation.
+    pub fn start_canary(&self, generation: GenerationId, canary: Canary) -> bool {
+        self.republish(generation, |_| Some(Some(canary.clone())))
     }
 
-    /// Whether a canary runs: one atomic load, for the request path.
-    pub fn canarying(&self) -> bool {
-        self.canary.load().is_some()
+    /// Moves the canary of `generation` to `percent`; `false` when it is
+    /// not the active generation or no canary runs.
+    pub fn step_canary(&self, generation: GenerationId, percent: u8) -> bool {
+        self.republish(generation, |canary| {
+            canary.map(|c| {
+                Some(Canary {
+                    percent,
+                    ..c.clone()
+                })
+            })
+        })
+    }
+
+    /// Ends the canary of `generation`: all new requests go to it; `false`
+    /// when it is not the active generation.
+    pub fn end_canary(&self, generation: GenerationId) -> bool {
+        self.republish(generation, |_| Some(None))
+    }
+
+    /// Publishes the active generation again with the canary `change`
+    /// makes of its current one (`None`: leave it), as long as
+    /// `generation` is the active one: a compare-and-swap, so that a
+    /// commit in between is never undone.
+    fn republish(
+        &self,
+        generation: GenerationId,
+        change: impl Fn(Option<&Canary>) -> Option<Option<Canary>>,
+    ) -> bool {
+        loop {
+            let current = self.active.load_full();
+            if current.generation.id != generation {
+                return false;
+            }
+            let Some(canary) = change(current.canary.as_ref()) else {
+                return false;
+            };
+            let next = Arc::new(Active {
+                generation: Arc::clone(&current.generation),
+                canary,
+            });
+            let previous = self.active.compare_and_swap(&current, next);
+            if Arc::ptr_eq(&previous, &current) {
+                return true;
+            }
+        }
     }
 
     /// The shadow stage, while one runs: `None` costs the request path
@@ -148,35 +207,45 @@ impl GenerationStore {
 
     /// The active generation's id, without pinning it.
     pub fn active_id(&self) -> GenerationId {
-        self.active.load().id
+        self.active.load().generation.id
     }
 
-    /// Makes `next` active if `expected` still is. Cannot fail otherwise:
-    /// everything fallible happened while building `next`.
+    /// Makes `next` active if `expected` still is, with `canary` (or
+    /// none) in the same swap: whatever canary ran ends in it. Cannot
+    /// fail otherwise: everything fallible happened while building `next`.
     pub fn commit(
         &self,
         expected: GenerationId,
         next: Generation,
+        canary: Option<Canary>,
     ) -> Result<Arc<Generation>, Conflict> {
         let current = self.active.load_full();
-        if current.id != expected {
+        if current.generation.id != expected {
             return Err(Conflict {
                 expected,
-                active: current.id,
+                active: current.generation.id,
             });
         }
         debug_assert!(
-            next.id > current.id,
+            next.id > current.generation.id,
             "INVARIANT: generation ids strictly increase"
+        );
+        debug_assert!(
+            canary.as_ref().is_none_or(|c| c.previous.id < next.id),
+            "INVARIANT: a canary's other side is an older generation"
         );
         let next = Arc::new(next);
         let ledger = Arc::downgrade(&next.ledger);
         let id = next.id;
-        let previous = self.active.compare_and_swap(&current, Arc::clone(&next));
+        let published = Arc::new(Active {
+            generation: Arc::clone(&next),
+            canary,
+        });
+        let previous = self.active.compare_and_swap(&current, published);
         if !Arc::ptr_eq(&previous, &current) {
             return Err(Conflict {
                 expected,
-                active: previous.id,
+                active: previous.generation.id,
             });
         }
         let now = Instant::now();
@@ -302,7 +371,7 @@ impl GenerationStore {
         let active = self.active_id();
         // A canary's previous generation takes new requests too: listed
         // even in a moment when none is in flight.
-        let canary = self.canary.load().as_ref().map(|c| c.previous.id);
+        let canary = self.active.load().canary.as_ref().map(|c| c.previous.id);
         let mut published = self
             .published
             .lock()
