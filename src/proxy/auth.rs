@@ -60,7 +60,7 @@ async fn ask(forward: &Forward, asked: &Asked<'_>, service: Option<&Arc<Upstream
             } else {
                 Attempt::Error
             };
-            (attempt, super::exchange::error_chain(&e))
+            (attempt, super::error::error_chain(&e))
         })?;
         let (parts, body) = response.into_parts();
         // A refusal's body goes to the client (bounded; a longer one is

@@ -1,6 +1,8 @@
 //! The response body type the gateway serves: a streamed upstream body
-//! (which carries the request's guards until its last byte) or a small
-//! in-memory one.
+//! (which carries the request's guards until its last byte), a small
+//! in-memory one, a compressed one, or a gRPC call's answer
+//! ([`CallBody`]: its status counted, its deadline kept, a broken stream
+//! ended with a status; see `grpc.rs`). A leaf below the request path.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,12 +10,17 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio::time::Instant;
 
+use super::grpc_web::Encoder;
 use crate::backends::{BackendGuard, SendError, UpstreamBody};
-use crate::generation::{InflightGuard, ListenerSlot, RouteSlot};
+use crate::generation::{InflightGuard, ListenerSlot, RouteShared, RouteSlot};
+use crate::grpc::{Code, GRPC_MESSAGE, GRPC_STATUS};
 use crate::runtime::GenerationStore;
+use crate::telemetry::access::Trail;
 
 /// Holds what a streaming response keeps alive: the slim part of its
 /// generation (the ledger entry), its route slot and its backend count.
@@ -80,7 +87,7 @@ impl StreamGuards {
         let expiry = self.expiry.get_or_insert_with(|| {
             let store = Arc::clone(&self.store);
             let generation = self.inflight.ledger().generation();
-            Box::pin(async move { super::tcp::pinned_age_expired(&store, generation).await })
+            Box::pin(async move { super::conn::pinned_age_expired(&store, generation).await })
         });
         expiry.as_mut().poll(cx).is_ready()
     }
@@ -124,7 +131,7 @@ pub enum ResponseBody {
     },
     Full(Option<Bytes>),
     /// A gRPC answer from a backend (`grpc.rs`).
-    Grpc(Box<super::grpc::CallBody>),
+    Grpc(Box<CallBody>),
     /// Compressed as it streams (`compress.rs`, `encode.rs`).
     Compressed(Box<super::encode::Compressing<ResponseBody>>),
 }
@@ -146,8 +153,6 @@ impl ResponseBody {
         }
     }
 }
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Applies a streamed body's guards to what it yielded: they are
 /// released as soon as the stream ends (rather than when hyper drops the
@@ -316,6 +321,169 @@ impl Body for ResponseBody {
             }
             ResponseBody::Grpc(call) => call.size_hint(),
             ResponseBody::Compressed(body) => body.size_hint(),
+        }
+    }
+}
+
+/// Counts one call's status: the route's series (`route="-"` for a call
+/// no route took), and the access log's field.
+pub fn count(route: Option<&RouteShared>, trail: Option<&Trail>, code: Code) {
+    route.unwrap_or_else(|| RouteShared::unrouted()).grpc(code);
+    if let Some(trail) = trail {
+        trail.grpc_status(code as u8);
+    }
+}
+
+/// A gRPC answer from a backend on its way to the client (see the module
+/// notes).
+pub struct CallBody {
+    inner: ResponseBody,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    route: Option<Arc<RouteShared>>,
+    trail: Option<Arc<Trail>>,
+    web: Option<Encoder>,
+    done: bool,
+    recorded: bool,
+}
+
+impl std::fmt::Debug for CallBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallBody")
+            .field("inner", &self.inner)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl CallBody {
+    /// The answer `inner` to a call that must be over by `deadline`,
+    /// written back in gRPC-Web when `web` is set.
+    pub fn new(
+        inner: ResponseBody,
+        deadline: Option<Instant>,
+        route: Option<Arc<RouteShared>>,
+        trail: Option<Arc<Trail>>,
+        web: Option<Encoder>,
+    ) -> Self {
+        Self {
+            inner,
+            deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+            route,
+            trail,
+            web,
+            done: false,
+            recorded: false,
+        }
+    }
+
+    pub fn inner_mut(&mut self) -> &mut ResponseBody {
+        &mut self.inner
+    }
+
+    /// Counts the call's status, once.
+    pub fn record(&mut self, code: Code) {
+        if !std::mem::replace(&mut self.recorded, true) {
+            count(self.route.as_deref(), self.trail.as_deref(), code);
+        }
+    }
+
+    /// Ends the call with the gateway's own status: the backend's stream
+    /// is dropped (which resets it), the client gets trailers.
+    fn end(&mut self, code: Code, message: &'static str) -> Frame<Bytes> {
+        self.inner = ResponseBody::Full(None);
+        self.record(code);
+        let mut trailers = HeaderMap::with_capacity(2);
+        trailers.insert(GRPC_STATUS.clone(), code.value());
+        trailers.insert(GRPC_MESSAGE.clone(), HeaderValue::from_static(message));
+        self.trailers(trailers)
+    }
+
+    /// The frame that carries trailers to the client: HTTP trailers, or
+    /// gRPC-Web's trailer frame. Nothing follows it.
+    fn trailers(&mut self, trailers: HeaderMap) -> Frame<Bytes> {
+        self.done = true;
+        match &mut self.web {
+            Some(encoder) => Frame::data(encoder.trailers(&trailers)),
+            None => Frame::trailers(trailers),
+        }
+    }
+}
+
+impl Body for CallBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => {
+                if this
+                    .deadline
+                    .as_mut()
+                    .is_some_and(|d| d.as_mut().poll(cx).is_ready())
+                {
+                    let frame = this.end(Code::DeadlineExceeded, "deadline exceeded");
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Poll::Pending
+            }
+            Poll::Ready(None) => {
+                this.done = true;
+                if !this.recorded {
+                    // A 200 that ended without a status: the client's
+                    // library reports it as an error of its own.
+                    this.record(Code::Unknown);
+                }
+                let rest = this.web.as_mut().and_then(Encoder::finish);
+                Poll::Ready(rest.map(|bytes| Ok(Frame::data(bytes))))
+            }
+            Poll::Ready(Some(Err(error))) => {
+                tracing::debug!(%error, "gRPC response stream failed");
+                let frame = this.end(Code::Unavailable, "the backend broke the call");
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => Poll::Ready(Some(Ok(Frame::data(match &mut this.web {
+                    Some(encoder) => encoder.data(data),
+                    None => data,
+                })))),
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => {
+                        this.record(Code::of(&trailers).unwrap_or(Code::Unknown));
+                        Poll::Ready(Some(Ok(this.trailers(trailers))))
+                    }
+                    Err(_) => Poll::Ready(Some(Ok(Frame::data(Bytes::new())))),
+                },
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || (self.web.is_none() && self.inner.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.web {
+            // Re-encoded, with a trailer frame added: unknown.
+            Some(_) => SizeHint::default(),
+            None => self.inner.size_hint(),
+        }
+    }
+}
+
+impl Drop for CallBody {
+    fn drop(&mut self) {
+        if !self.recorded {
+            // Dropped before its end: the client went away.
+            self.record(Code::Cancelled);
         }
     }
 }

@@ -93,7 +93,7 @@ pub(super) fn head(
     let (mut head, ()) = Request::new(()).into_parts();
     head.method = req.method().clone();
     head.headers = req.headers().clone();
-    super::exchange::strip_hop_by_hop(&mut head.headers);
+    super::headers::strip_hop_by_hop(&mut head.headers);
     if !head.headers.contains_key(header::HOST) {
         if let Some(authority) = req.uri().authority() {
             if let Ok(value) = http::HeaderValue::from_str(authority.as_str()) {

@@ -14,7 +14,8 @@ use std::net::IpAddr;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Version};
 
-use crate::backends::header_tokens;
+use crate::backends::{header_tokens, ClientBody};
+use crate::generation::RequestHead;
 use crate::plan::{EncodedSlash, ListenerEdge};
 
 /// Why a request head is refused (the 400's log reason).
@@ -379,6 +380,23 @@ pub fn client_key(ip: std::net::IpAddr) -> [u8; 16] {
         std::net::IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
         std::net::IpAddr::V6(ip) => ip.octets(),
     }
+}
+
+/// What routing reads of a request: the host of its authority, and its
+/// method (for a CORS preflight, `asked`: the method it asks about),
+/// headers and query.
+pub fn routing_head<'r>(
+    req: &'r Request<ClientBody>,
+    authority: Option<&'r HeaderValue>,
+    asked: Option<&'r http::Method>,
+) -> (Option<&'r str>, RequestHead<'r>) {
+    let host = authority.and_then(|a| a.to_str().ok()).map(route_host);
+    let head = RequestHead {
+        method: asked.unwrap_or(req.method()),
+        headers: req.headers(),
+        query: req.uri().query(),
+    };
+    (host, head)
 }
 
 #[cfg(test)]

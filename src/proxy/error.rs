@@ -89,7 +89,7 @@ impl ProxyError {
 
     /// The answer to a head `framing::HeadCheck` refused for `reason`.
     pub fn refused_head(reason: &'static str) -> Self {
-        if reason == super::framing::HEAD_TOO_LARGE {
+        if reason == super::activity::HEAD_TOO_LARGE {
             ProxyError::HeadTooLarge
         } else {
             ProxyError::BadRequest(reason)
@@ -98,7 +98,7 @@ impl ProxyError {
 
     /// A failure of the client's request body, told apart by its cause.
     pub fn client_body(error: &(dyn std::error::Error + 'static)) -> Self {
-        if super::filters::too_large(error) {
+        if too_large(error) {
             return ProxyError::PayloadTooLarge;
         }
         let mut closed = false;
@@ -119,7 +119,7 @@ impl ProxyError {
             source = cause.source();
         }
         ProxyError::ClientBody {
-            detail: super::exchange::error_chain(error),
+            detail: super::error::error_chain(error),
             closed,
         }
     }
@@ -196,4 +196,33 @@ pub fn error_response(error: &ProxyError) -> Response<ResponseBody> {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
+}
+
+/// A request body past `max_request_body`.
+#[derive(Debug, thiserror::Error)]
+#[error("request body exceeds max_request_body ({0} bytes)")]
+pub struct BodyTooLarge(pub u64);
+
+/// Whether `error`'s chain holds a `BodyTooLarge`.
+pub fn too_large(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(cause) = source {
+        if cause.is::<BodyTooLarge>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// An error and its sources, one line: `a: b: c`.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
 }

@@ -17,9 +17,9 @@ use http::{Method, Response};
 
 use super::body::ResponseBody;
 use super::compress::CompressMark;
+use super::conn::ConnContext;
 use super::edge;
-use super::error::ProxyError;
-use super::http::ConnContext;
+use super::error::{BodyTooLarge, ProxyError};
 use crate::backends::ClientBody;
 use crate::generation::Route;
 use crate::plan::{
@@ -718,23 +718,6 @@ fn strip_port(host: &[u8]) -> &[u8] {
         _ => host.len(),
     };
     host.get(..end).unwrap_or(host)
-}
-
-/// A request body past `max_request_body`.
-#[derive(Debug, thiserror::Error)]
-#[error("request body exceeds max_request_body ({0} bytes)")]
-pub struct BodyTooLarge(pub u64);
-
-/// Whether `error`'s chain holds a `BodyTooLarge`.
-pub(super) fn too_large(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = Some(error);
-    while let Some(cause) = source {
-        if cause.is::<BodyTooLarge>() {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
 }
 
 /// The client's body, failing with `BodyTooLarge` once it passes `limit`.

@@ -19,14 +19,8 @@
 
 use std::sync::Arc;
 
-use super::downstream::Activity;
+use super::activity::{Activity, BARE_LF, HEAD_TOO_LARGE, LENGTH_AND_CHUNKED};
 use super::observed::{Observed, Observer};
-
-/// Why a head was refused, as the 400 is logged.
-pub const BARE_LF: &str = "bare LF line end in the request head";
-pub const LENGTH_AND_CHUNKED: &str = "both Transfer-Encoding and Content-Length";
-/// Answered 431, not 400.
-pub const HEAD_TOO_LARGE: &str = "request head larger than max_header_bytes";
 
 /// The longest line prefix kept: enough for `transfer-encoding:` and a
 /// Content-Length value.

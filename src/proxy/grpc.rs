@@ -11,19 +11,16 @@
 //! DEADLINE_EXCEEDED at its deadline, and turns a stream the backend
 //! broke into an UNAVAILABLE status instead of a reset.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use tokio::time::Instant;
 
-use super::body::ResponseBody;
+use super::body::{CallBody, ResponseBody};
 use super::error::ProxyError;
 use super::grpc_web::{Encoder, Mode};
 use crate::backends::ClientBody;
@@ -103,28 +100,18 @@ impl Call {
         http1: bool,
     ) -> Response<ResponseBody> {
         let (mut parts, inner) = response.into_parts();
-        let mut body = CallBody {
-            inner,
-            deadline: self
-                .deadline
-                .map(|at| Box::pin(tokio::time::sleep_until(at))),
-            route,
-            trail,
-            web: None,
-            done: false,
-            recorded: false,
-        };
-        if let Some(mode) = self.web {
+        let web = self.web.map(|mode| {
             super::grpc_web::answer_head(&mut parts.headers, mode);
-            body.web = Some(Encoder::new(mode));
-        }
+            Encoder::new(mode)
+        });
+        let mut body = CallBody::new(inner, self.deadline, route, trail, web);
         // Trailers-only (the status in the head), or not a gRPC answer at
         // all: the status is known now.
         if let Some(code) = Code::of(&parts.headers) {
             body.record(code);
         } else if parts.status != StatusCode::OK {
             body.record(Code::from_http(parts.status));
-        } else if body.inner.is_end_stream() {
+        } else if body.inner_mut().is_end_stream() {
             body.record(Code::Unknown);
         } else if http1 && self.web.is_none() {
             parts.headers.insert(
@@ -138,15 +125,6 @@ impl Call {
     /// The header the backend is sent: the time left until the deadline.
     pub fn forwarded_timeout(deadline: Instant) -> HeaderValue {
         crate::grpc::format_timeout(deadline.saturating_duration_since(Instant::now()))
-    }
-}
-
-/// Counts one call's status: the route's series (`route="-"` for a call
-/// no route took), and the access log's field.
-pub fn count(route: Option<&RouteShared>, trail: Option<&Trail>, code: Code) {
-    route.unwrap_or_else(|| RouteShared::unrouted()).grpc(code);
-    if let Some(trail) = trail {
-        trail.grpc_status(code as u8);
     }
 }
 
@@ -187,139 +165,6 @@ fn status_of(error: &ProxyError) -> (Code, &'static str) {
         ProxyError::ClientBody { closed: true, .. } => (Code::Cancelled, "the client went away"),
         ProxyError::ClientBody { closed: false, .. } | ProxyError::BadRequest(_) => {
             (Code::Internal, "malformed request")
-        }
-    }
-}
-
-/// A gRPC answer from a backend on its way to the client (see the module
-/// notes).
-pub struct CallBody {
-    inner: ResponseBody,
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-    route: Option<Arc<RouteShared>>,
-    trail: Option<Arc<Trail>>,
-    web: Option<Encoder>,
-    done: bool,
-    recorded: bool,
-}
-
-impl std::fmt::Debug for CallBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CallBody")
-            .field("inner", &self.inner)
-            .field("done", &self.done)
-            .finish()
-    }
-}
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-impl CallBody {
-    pub fn inner_mut(&mut self) -> &mut ResponseBody {
-        &mut self.inner
-    }
-
-    fn record(&mut self, code: Code) {
-        if !std::mem::replace(&mut self.recorded, true) {
-            count(self.route.as_deref(), self.trail.as_deref(), code);
-        }
-    }
-
-    /// Ends the call with the gateway's own status: the backend's stream
-    /// is dropped (which resets it), the client gets trailers.
-    fn end(&mut self, code: Code, message: &'static str) -> Frame<Bytes> {
-        self.inner = ResponseBody::Full(None);
-        self.record(code);
-        let mut trailers = HeaderMap::with_capacity(2);
-        trailers.insert(GRPC_STATUS.clone(), code.value());
-        trailers.insert(GRPC_MESSAGE.clone(), HeaderValue::from_static(message));
-        self.trailers(trailers)
-    }
-
-    /// The frame that carries trailers to the client: HTTP trailers, or
-    /// gRPC-Web's trailer frame. Nothing follows it.
-    fn trailers(&mut self, trailers: HeaderMap) -> Frame<Bytes> {
-        self.done = true;
-        match &mut self.web {
-            Some(encoder) => Frame::data(encoder.trailers(&trailers)),
-            None => Frame::trailers(trailers),
-        }
-    }
-}
-
-impl Body for CallBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        if this.done {
-            return Poll::Ready(None);
-        }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => {
-                if this
-                    .deadline
-                    .as_mut()
-                    .is_some_and(|d| d.as_mut().poll(cx).is_ready())
-                {
-                    let frame = this.end(Code::DeadlineExceeded, "deadline exceeded");
-                    return Poll::Ready(Some(Ok(frame)));
-                }
-                Poll::Pending
-            }
-            Poll::Ready(None) => {
-                this.done = true;
-                if !this.recorded {
-                    // A 200 that ended without a status: the client's
-                    // library reports it as an error of its own.
-                    this.record(Code::Unknown);
-                }
-                let rest = this.web.as_mut().and_then(Encoder::finish);
-                Poll::Ready(rest.map(|bytes| Ok(Frame::data(bytes))))
-            }
-            Poll::Ready(Some(Err(error))) => {
-                tracing::debug!(%error, "gRPC response stream failed");
-                let frame = this.end(Code::Unavailable, "the backend broke the call");
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                Ok(data) => Poll::Ready(Some(Ok(Frame::data(match &mut this.web {
-                    Some(encoder) => encoder.data(data),
-                    None => data,
-                })))),
-                Err(frame) => match frame.into_trailers() {
-                    Ok(trailers) => {
-                        this.record(Code::of(&trailers).unwrap_or(Code::Unknown));
-                        Poll::Ready(Some(Ok(this.trailers(trailers))))
-                    }
-                    Err(_) => Poll::Ready(Some(Ok(Frame::data(Bytes::new())))),
-                },
-            },
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done || (self.web.is_none() && self.inner.is_end_stream())
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self.web {
-            // Re-encoded, with a trailer frame added: unknown.
-            Some(_) => SizeHint::default(),
-            None => self.inner.size_hint(),
-        }
-    }
-}
-
-impl Drop for CallBody {
-    fn drop(&mut self) {
-        if !self.recorded {
-            // Dropped before its end: the client went away.
-            self.record(Code::Cancelled);
         }
     }
 }

@@ -28,40 +28,19 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tokio::sync::watch;
 
-use super::downstream::Activity;
-use super::exchange::strip_hop_by_hop;
-use super::http::{client_ip_header, handle, listener_counters, ConnContext};
+use super::activity::Activity;
+use super::conn::AltSvc;
+use super::conn::{client_ip_header, listener_counters, ConnContext};
+use super::headers::strip_hop_by_hop;
 use super::interim::InterimQueue;
 use super::listener::OpenWork;
+use super::request::handle;
 use super::sockets;
 use crate::admission::Admission;
 use crate::backends::{BoxError, ClientBody};
 use crate::plan::ListenerLimits;
 use crate::telemetry::metrics as m;
 use crate::tls::CertStore;
-
-/// What the TCP side of the listener advertises while HTTP/3 serves.
-#[derive(Debug)]
-pub struct AltSvc {
-    value: HeaderValue,
-    serving: AtomicBool,
-}
-
-impl AltSvc {
-    pub fn new(port: u16) -> Arc<Self> {
-        let value = HeaderValue::from_str(&format!("h3=\":{port}\"; ma=86400"))
-            .unwrap_or_else(|_| HeaderValue::from_static("clear"));
-        Arc::new(Self {
-            value,
-            serving: AtomicBool::new(false),
-        })
-    }
-
-    /// The header value, while HTTP/3 is serving.
-    pub fn current(&self) -> Option<&HeaderValue> {
-        self.serving.load(Ordering::Relaxed).then_some(&self.value)
-    }
-}
 
 /// What serving one listener's HTTP/3 needs.
 pub struct Http3 {
@@ -202,7 +181,7 @@ impl Endpoints {
         let local = endpoint.local_addr().unwrap_or(h3.address);
         if self.started.fetch_add(1, Ordering::AcqRel) + 1 == self.members {
             tracing::info!(listener = %h3.name, address = %local, endpoints = self.members, "HTTP/3 accepting");
-            h3.alt_svc.serving.store(true, Ordering::Relaxed);
+            h3.alt_svc.set_serving(true);
         }
         loop {
             let incoming = tokio::select! {
@@ -282,7 +261,7 @@ impl Endpoints {
         }
         // Draining: no more advertising, no new connections; those open
         // get a GOAWAY from their own task and finish their streams.
-        h3.alt_svc.serving.store(false, Ordering::Relaxed);
+        h3.alt_svc.set_serving(false);
         self.set_accepting(member, false);
         endpoint.set_server_config(None);
         if member == 0 {
@@ -587,7 +566,7 @@ async fn connection(
         i.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
             .ok()
     });
-    let _ = ctx.tls.set(super::http::TlsInfo::from_parts(
+    let _ = ctx.tls.set(super::conn::TlsInfo::from_parts(
         sni.as_deref(),
         certificates.as_deref().and_then(|c| c.first()),
     ));

@@ -57,7 +57,7 @@ impl InterimQueue {
             return false;
         }
         let mut headers = headers.clone();
-        super::exchange::strip_hop_by_hop(&mut headers);
+        super::headers::strip_hop_by_hop(&mut headers);
         let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
         let before = queued.bytes.len();
         encode(status, &headers, &mut queued.bytes);

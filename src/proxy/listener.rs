@@ -26,10 +26,12 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
-use super::downstream::{watchdog, Activity, Downstream, Expired};
+use super::activity::{watchdog, Activity, Expired};
+use super::conn::{client_ip_header, listener_counters, ConnContext};
+use super::downstream::Downstream;
 use super::framing::HeadCheck;
-use super::http::{client_ip_header, handle, listener_counters, ConnContext};
 use super::interim::{InterimQueue, InterimWriter};
+use super::request::handle;
 use super::sockets;
 use super::tcp::{self, TcpCounters};
 use super::workers::Workers;
@@ -103,7 +105,7 @@ struct RunningListener {
     /// connection attempts are refused once the accept loops have stopped.
     sockets: Vec<ListenerSocket>,
     /// With `http3`: what its TCP side advertises while HTTP/3 serves.
-    alt_svc: Option<Arc<super::h3::AltSvc>>,
+    alt_svc: Option<Arc<super::conn::AltSvc>>,
 }
 
 /// A listening socket as a drain-aware restart hands it over.
@@ -363,7 +365,7 @@ impl ListenerSet {
             tracing::info!(listener = %listener.spec.name, address = %listener.local_addr, protocol = protocol_name(listener.spec.protocol), sockets = listener.sockets.len(), "listener accepting");
             let alt_svc = (listener.spec.http3
                 && listener.spec.protocol == ListenerProtocol::Https)
-                .then(|| super::h3::AltSvc::new(listener.local_addr.port()));
+                .then(|| super::conn::AltSvc::new(listener.local_addr.port()));
             running.insert(
                 listener.spec.name.clone(),
                 RunningListener {
@@ -445,7 +447,7 @@ impl ListenerSet {
     fn accept_on_workers(
         self: &Arc<Self>,
         listener: BoundListener,
-        alt_svc: Option<Arc<super::h3::AltSvc>>,
+        alt_svc: Option<Arc<super::conn::AltSvc>>,
     ) {
         let name: Arc<str> = Arc::from(listener.spec.name.as_str());
         let tls = match listener.spec.protocol {
@@ -588,7 +590,7 @@ struct Accepting {
     tcp_counters: Option<TcpCounters>,
     tls: Option<TlsAcceptor>,
     scheme: Scheme,
-    alt_svc: Option<Arc<super::h3::AltSvc>>,
+    alt_svc: Option<Arc<super::conn::AltSvc>>,
     /// The listener's open connections, over all its loops
     /// (`max_connections`).
     open: AtomicUsize,
@@ -962,7 +964,7 @@ async fn serve_connection(
                     if tls.get_ref().1.alpn_protocol() == Some(crate::tls::ACME_TLS_ALPN) {
                         return;
                     }
-                    let _ = ctx.tls.set(super::http::TlsInfo::of(tls.get_ref().1));
+                    let _ = ctx.tls.set(super::conn::TlsInfo::of(tls.get_ref().1));
                     let alpn = tls.get_ref().1.alpn_protocol();
                     let http1 = alpn != Some(b"h2");
                     let speaks = Speaks::of_alpn(alpn);

@@ -3,10 +3,12 @@
 //! through `admission` and never imports `config`, `control` or `admin`.
 
 mod accept_proxy;
+mod activity;
 mod auth;
 mod body;
 mod client_hello;
 mod compress;
+mod conn;
 mod copy;
 mod downstream;
 mod edge;
@@ -18,12 +20,13 @@ mod framing;
 mod grpc;
 mod grpc_web;
 mod h3;
-mod http;
+mod headers;
 mod interim;
 mod listener;
 mod mirror;
 mod observed;
 mod relay;
+mod request;
 mod retry;
 mod shadow;
 mod sockets;
@@ -32,11 +35,11 @@ mod udp;
 mod workers;
 
 pub use body::ResponseBody;
+pub use conn::pinned_age_expired;
 pub use error::{error_response, ProxyError};
 pub use listener::{
     BindError, BoundListener, ListenerInfo, ListenerSet, ListenerSocket, ListeningSocket,
 };
-pub use tcp::pinned_age_expired;
 pub use workers::Workers;
 
 #[cfg(test)]

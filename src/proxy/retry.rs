@@ -34,9 +34,9 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use super::body::{ResponseBody, StreamGuards};
+use super::conn::ConnContext;
 use super::error::ProxyError;
 use super::exchange::{exchange, request_hash, requested_upgrade, Hop, Target};
-use super::http::ConnContext;
 use crate::backends::{Backend, RequestBody, RetryBudget};
 use crate::generation::{InflightGuard, Ledger, Route, RouteSlot, Upstream};
 use crate::plan::{BudgetSpec, HedgeSpec, RetrySpec};

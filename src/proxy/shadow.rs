@@ -26,10 +26,10 @@ use bytes::Bytes;
 use http::{header, Method, Request, StatusCode};
 use http_body_util::BodyExt as _;
 
+use super::conn::ConnContext;
 use super::copy::{self, Outcome, Report, Slot};
 use super::edge;
 use super::filters;
-use super::http::ConnContext;
 use crate::backends::{Attempt, ClientBody};
 use crate::generation::{Action, CopyKind, Generation, RouteShared};
 use crate::runtime::shadow::{Answer, Shadow};
@@ -164,7 +164,7 @@ async fn replay<'g>(
         Err(reason) => return refused(super::error::ProxyError::BadRequest(reason)),
     };
     let asked_method = filters::preflight_method(&req);
-    let (host, head) = super::http::routing_head(&req, authority.as_ref(), asked_method.as_ref());
+    let (host, head) = super::edge::routing_head(&req, authority.as_ref(), asked_method.as_ref());
     let Some(route) = router.route(host, &path, &head) else {
         return Replayed::local(None, StatusCode::NOT_FOUND);
     };

@@ -16,19 +16,17 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use metrics::Counter;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use super::conn::pinned_age_expired;
 use super::relay::{self, Meters, Progress};
 use crate::admission::Admission;
 use crate::backends::{Attempt, Backend, ConnectError};
 use crate::generation::Upstream;
-use crate::ids::GenerationId;
 use crate::plan::ProxyProtocol;
-use crate::runtime::GenerationStore;
 use crate::telemetry::access::{self, Flags};
 
 /// Byte counters and the connection-duration histogram of one TCP
@@ -322,43 +320,8 @@ async fn send_first(
     Ok(())
 }
 
-/// Completes when generation `pinned` has been superseded for longer than
-/// the `max_pinned_age` of the newest generation; never when that is off.
-pub async fn pinned_age_expired(store: &GenerationStore, pinned: GenerationId) {
-    let mut active = store.subscribe();
-    if active.wait_for(|id| *id != pinned).await.is_err() {
-        return std::future::pending().await;
-    }
-    // From the moment it was superseded, not from when this watcher
-    // started (a streaming response starts watching the first time it
-    // waits, which may be long after).
-    let superseded_at = store
-        .superseded_at(pinned)
-        .map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std);
-    loop {
-        let max_age: Option<Duration> = store.load_full().spec.runtime.max_pinned_age;
-        match max_age {
-            Some(age) => {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(superseded_at + age) => return,
-                    changed = active.changed() => if changed.is_err() { return std::future::pending().await },
-                }
-            }
-            None => {
-                if active.changed().await.is_err() {
-                    return std::future::pending().await;
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::config::ConfigText;
-    use crate::generation::{build, SharedState};
-
     #[test]
     fn running_out_of_descriptors_is_not_the_backends_failure() {
         use rustix::io::Errno;
@@ -369,30 +332,5 @@ mod tests {
         assert!(!local(&os(Errno::CONNREFUSED)));
         assert!(!local(&os(Errno::HOSTUNREACH)));
         assert!(!local(&std::io::Error::other("not an OS error")));
-    }
-
-    #[tokio::test]
-    async fn pinned_age_counts_from_supersession_not_from_watching() {
-        let shared = SharedState::default();
-        let generation = |id| {
-            let text = "[runtime]\nmax_pinned_age = \"400ms\"\n";
-            let spec = crate::plan::validate(&ConfigText::inline(text.into(), ".".into(), "<t>"))
-                .unwrap_or_else(|e| panic!("{e:?}"));
-            build(Arc::new(spec), GenerationId(id), &shared).expect("builds")
-        };
-        let store = GenerationStore::new(generation(1));
-        // A connection pinned to generation 1 keeps its ledger alive.
-        let pinned = store.load_full().ledger.connection();
-        store
-            .commit(GenerationId(1), generation(2), None)
-            .expect("commits");
-        // Something that starts watching 300 ms after the supersession...
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let started = std::time::Instant::now();
-        pinned_age_expired(&store, GenerationId(1)).await;
-        // ... has about 100 ms left, not 400.
-        let waited = started.elapsed();
-        assert!(waited < Duration::from_millis(250), "{waited:?}");
-        drop(pinned);
     }
 }

@@ -11,8 +11,7 @@
 
 use std::borrow::Cow;
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,123 +20,20 @@ use http::uri::Scheme;
 use http::{Request, Response, StatusCode, Version};
 
 use crate::backends::ClientBody;
-use metrics::Counter;
 
 use super::body::ResponseBody;
+use super::conn::ConnContext;
 use super::downstream::Tracked;
 use super::edge::{self};
 use super::error::{error_response, ProxyError};
 use super::exchange::{cookie, Target};
 use super::filters;
-use crate::admission::{Admission, Pinned};
+use crate::admission::Pinned;
 use crate::auth::Verdict;
-use crate::generation::{Action, Generation, RequestHead, Route, Upstream};
+use crate::generation::{Action, Generation, Route, Upstream};
 use crate::plan::{DirectResponse, HashKey, QuotaKey};
 use crate::telemetry::access::{self, Flags, Trail};
-use crate::telemetry::metrics as m;
 use crate::telemetry::trace::TraceContext;
-
-/// What every request on one downstream connection shares.
-pub struct ConnContext {
-    pub listener: Arc<str>,
-    pub admission: Admission,
-    pub remote: SocketAddr,
-    /// Where the client connected (for a PROXY header to a backend).
-    pub local: SocketAddr,
-    /// The client IP as an `X-Forwarded-For` value, formatted once.
-    pub client_ip: HeaderValue,
-    pub scheme: Scheme,
-    pub responses: Arc<[Counter; 5]>,
-    /// Set for the whole listener set when draining begins.
-    pub draining: Arc<AtomicBool>,
-    /// What moves on the connection, for its timeouts.
-    pub activity: Arc<super::downstream::Activity>,
-    /// Backends' 1xx responses on their way to an HTTP/1.1 client.
-    pub interim: Arc<super::interim::InterimQueue>,
-    /// On the TCP side of a listener that also serves HTTP/3: what
-    /// responses advertise while it does.
-    pub alt_svc: Option<Arc<super::h3::AltSvc>>,
-    /// What the TLS handshake said (HTTPS connections), for templates.
-    pub tls: std::sync::OnceLock<TlsInfo>,
-}
-
-/// An HTTPS connection's server name and client certificate.
-#[derive(Debug, Default)]
-pub struct TlsInfo {
-    pub sni: Option<String>,
-    /// The client certificate's subject (RFC 4514) and `sha256:` of its
-    /// DER, when one was presented.
-    pub client_subject: Option<String>,
-    /// Its subject alternative names (`DNS:…`, `IP:…`, `URI:…`,
-    /// `email:…`, comma-separated).
-    pub client_san: Option<String>,
-    pub client_fingerprint: Option<String>,
-}
-
-impl TlsInfo {
-    pub fn of(connection: &rustls::ServerConnection) -> Self {
-        Self::from_parts(
-            connection.server_name(),
-            connection.peer_certificates().and_then(|c| c.first()),
-        )
-    }
-
-    pub fn from_parts(
-        sni: Option<&str>,
-        client: Option<&rustls::pki_types::CertificateDer<'_>>,
-    ) -> Self {
-        let parsed = client.and_then(|der| x509_parser::parse_x509_certificate(der).ok());
-        let subject = parsed.as_ref().map(|(_, cert)| cert.subject().to_string());
-        let san = parsed.as_ref().and_then(|(_, cert)| {
-            use x509_parser::extensions::GeneralName;
-            let names = cert.subject_alternative_name().ok()??;
-            let names: Vec<String> = names
-                .value
-                .general_names
-                .iter()
-                .filter_map(|name| match name {
-                    GeneralName::DNSName(dns) => Some(format!("DNS:{dns}")),
-                    GeneralName::URI(uri) => Some(format!("URI:{uri}")),
-                    GeneralName::RFC822Name(email) => Some(format!("email:{email}")),
-                    GeneralName::IPAddress(bytes) => ip_of(bytes).map(|ip| format!("IP:{ip}")),
-                    _ => None,
-                })
-                .collect();
-            (!names.is_empty()).then(|| names.join(","))
-        });
-        TlsInfo {
-            sni: sni.map(str::to_owned),
-            client_subject: subject,
-            client_san: san,
-            client_fingerprint: client.map(|der| crate::tls::fingerprint(der)),
-        }
-    }
-}
-
-/// An address from a certificate's `iPAddress` name (4 or 16 bytes).
-fn ip_of(bytes: &[u8]) -> Option<std::net::IpAddr> {
-    match bytes.len() {
-        4 => <[u8; 4]>::try_from(bytes).ok().map(std::net::IpAddr::from),
-        16 => <[u8; 16]>::try_from(bytes).ok().map(std::net::IpAddr::from),
-        _ => None,
-    }
-}
-
-/// The `X-Forwarded-For` value for a client address.
-pub fn client_ip_header(remote: SocketAddr) -> HeaderValue {
-    let mut text = Vec::with_capacity(15);
-    crate::telemetry::access::push_ip(&mut text, remote.ip());
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(text))
-        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
-}
-
-/// Per-listener response counters, registered once per listener.
-pub fn listener_counters(listener: &str) -> Arc<[Counter; 5]> {
-    let listener = listener.to_owned();
-    Arc::new(m::CLASSES.map(|class| {
-        metrics::counter!(m::LISTENER_REQUESTS, m::LABEL_LISTENER => listener.clone(), m::LABEL_CLASS => class)
-    }))
-}
 
 /// What a request's access-log line needs from its path through `serve`
 /// (noted only while the access log is on).
@@ -259,7 +155,7 @@ pub fn handle(
                 let mut response = match &call {
                     Some(call) => {
                         let (response, code) = call.error_answer(&error);
-                        super::grpc::count(route.map(|r| &*r.shared), trail.as_deref(), code);
+                        super::body::count(route.map(|r| &*r.shared), trail.as_deref(), code);
                         accounted = Some(error.status());
                         response
                     }
@@ -454,7 +350,7 @@ fn serve<'g, 'a>(
                 .map(|a| String::from_utf8_lossy(a.as_bytes()).into_owned());
         }
         let asked_method = filters::preflight_method(&req);
-        let (host, head) = routing_head(&req, authority.as_ref(), asked_method.as_ref());
+        let (host, head) = edge::routing_head(&req, authority.as_ref(), asked_method.as_ref());
         // One request in a few, on each serving thread, is kept for `impact`.
         if let Some(sample) = router.sample.as_ref().filter(|s| s.offered()) {
             let offered = crate::generation::sample::Offered {
@@ -685,25 +581,6 @@ fn serve<'g, 'a>(
     }
 }
 
-/// What routing reads of a request: the host of its authority, and its
-/// method (for a CORS preflight, `asked`: the method it asks about),
-/// headers and query.
-pub(super) fn routing_head<'r>(
-    req: &'r Request<ClientBody>,
-    authority: Option<&'r HeaderValue>,
-    asked: Option<&'r http::Method>,
-) -> (Option<&'r str>, RequestHead<'r>) {
-    let host = authority
-        .and_then(|a| a.to_str().ok())
-        .map(edge::route_host);
-    let head = RequestHead {
-        method: asked.unwrap_or(req.method()),
-        headers: req.headers(),
-        query: req.uri().query(),
-    };
-    (host, head)
-}
-
 /// Forwards a request with a deadline: several attempts (`retry.rs`) or
 /// one (`exchange.rs`).
 async fn proxy(
@@ -808,20 +685,4 @@ fn direct_response(direct: &DirectResponse) -> Response<ResponseBody> {
         );
     }
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_forwarded_client_address_is_the_ip_without_the_port() {
-        for (addr, value) in [
-            ("192.0.2.7:50123", "192.0.2.7"),
-            ("[2001:db8::17]:443", "2001:db8::17"),
-        ] {
-            let addr: SocketAddr = addr.parse().expect("address");
-            assert_eq!(client_ip_header(addr).to_str().ok(), Some(value));
-        }
-    }
 }
