@@ -33,7 +33,7 @@ use super::conn::AltSvc;
 use super::conn::{client_ip_header, listener_counters, ConnContext};
 use super::headers::strip_hop_by_hop;
 use super::interim::InterimQueue;
-use super::listener::OpenWork;
+use super::listener::accept::{balance, OpenWork};
 use super::request::handle;
 use super::sockets;
 use crate::admission::Admission;
@@ -71,7 +71,7 @@ const BIND_RETRY: Duration = Duration::from_millis(100);
 /// (`sockets::steer_quic`); an endpoint's packet I/O, crypto, timers and
 /// requests all run on its worker. Where steering cannot be attached,
 /// one endpoint serves alone.
-pub async fn serve(mut h3: Http3) {
+pub async fn serve_endpoint(mut h3: Http3) {
     let workers = h3.workers.as_ref().map_or(1, |w| w.threads());
     let Some(mut sockets) = bind(&mut h3, workers).await else {
         return;
@@ -321,7 +321,7 @@ fn retry_target(members: impl Iterator<Item = (usize, bool)>, member: usize) -> 
             usize::MAX
         }
     });
-    super::listener::balance(loads, member)
+    balance(loads, member)
 }
 
 thread_local! {

@@ -111,7 +111,7 @@ pub fn handle(
                     trail: trail.as_ref(),
                     grpc: call.as_mut(),
                 };
-                serve(req, &conn, &generation, guard, context, noted.as_mut()).await
+                route_and_answer(req, &conn, &generation, guard, context, noted.as_mut()).await
             }
         };
         let route_name = route.map_or("-", |r| r.name());
@@ -299,7 +299,7 @@ impl Served<'_> {
 /// Routes and serves a request on its pinned generation (an `async move`
 /// block for the reason `handle` gives).
 #[expect(clippy::manual_async_fn, reason = "see `handle`: no argument copies")]
-fn serve<'g, 'a>(
+fn route_and_answer<'g, 'a>(
     mut req: Request<ClientBody>,
     conn: &'a ConnContext,
     generation: &'g Generation,
@@ -555,7 +555,7 @@ fn serve<'g, 'a>(
                     // Spelled out rather than through `proxy`: an async layer
                     // less for every other request.
                     None if super::retry::applies(route, &req) => {
-                        Box::pin(super::retry::serve(
+                        Box::pin(super::retry::forward_with_retries(
                             req, target, conn, route, upstream, guard, slot,
                         ))
                         .await
@@ -593,7 +593,7 @@ async fn proxy(
     slot: Option<crate::generation::RouteSlot>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     if super::retry::applies(route, &req) {
-        Box::pin(super::retry::serve(
+        Box::pin(super::retry::forward_with_retries(
             req, target, conn, route, upstream, guard, slot,
         ))
         .await

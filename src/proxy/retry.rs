@@ -104,8 +104,9 @@ fn worth_retrying(outcome: &Outcome, retry: Option<&RetrySpec>) -> bool {
     }
 }
 
-/// Serves a request that may take several attempts (see the module notes).
-pub(super) async fn serve(
+/// Forwards a request that may take several attempts (see the module
+/// notes).
+pub(super) async fn forward_with_retries(
     req: Request<ClientBody>,
     target: Target<'_>,
     conn: &ConnContext,

@@ -74,7 +74,7 @@ impl Setup {
 /// address a trusted PROXY header carried) until either side closes, it
 /// idles past the listener's `idle_timeout`, or its generation has been
 /// superseded for longer than `max_pinned_age`.
-pub async fn serve(
+pub async fn relay_connection(
     mut downstream: TcpStream,
     client: SocketAddr,
     listener: Arc<str>,

@@ -22,7 +22,7 @@ use metrics::{Counter, Gauge, Histogram};
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
 
-use super::listener::{OpenHold, OpenWork};
+use super::listener::accept::{OpenHold, OpenWork};
 use super::relay::Progress;
 use crate::admission::Admission;
 use crate::backends::Attempt;
@@ -73,7 +73,7 @@ type Sessions = Arc<Mutex<HashMap<SocketAddr, (u64, mpsc::Sender<Bytes>)>>>;
 
 /// Receives on a `udp` listener's socket until it drains, handing each
 /// datagram to its client's session (opened on the first).
-pub async fn serve(
+pub async fn serve_listener(
     socket: Arc<UdpSocket>,
     listener: Arc<str>,
     admission: Admission,
