@@ -1,7 +1,7 @@
 //! The last step of a request: where it goes (`Target`), the backend it
 //! is sent to (`Hop`), the upstream request built from it, and the
 //! exchange with the backend, whose answer streams back with the
-//! request's guards riding on its body. Called by `http.rs` (one
+//! request's guards riding on its body. Called by `request.rs` (one
 //! attempt) and `retry.rs` (several); it calls neither.
 
 use std::borrow::Cow;
@@ -34,10 +34,10 @@ use crate::telemetry::access::{Flags, Trail};
 /// comes back. Retried and hedged requests go through `retry.rs`.
 ///
 /// An `async move` block, not an `async fn`, for the reason
-/// `http::handle` gives: the request is not copied into a second place.
+/// `request::handle` gives: the request is not copied into a second place.
 #[expect(
     clippy::manual_async_fn,
-    reason = "see `http::handle`: no argument copies"
+    reason = "see `request::handle`: no argument copies"
 )]
 pub(super) fn forward<'a>(
     mut req: Request<ClientBody>,
@@ -383,7 +383,7 @@ async fn client_exchange(
 /// `backends::h1`), on a pooled connection or a new one.
 #[expect(
     clippy::manual_async_fn,
-    reason = "see `http::handle`: no argument copies"
+    reason = "see `request::handle`: no argument copies"
 )]
 fn driven_exchange<'a>(
     req: Request<RequestBody>,

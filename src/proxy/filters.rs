@@ -3,7 +3,7 @@
 //! the route's quota, `prepare` (request id, streamed body limit,
 //! rewrite, request headers) after it, redirects as an action, and the
 //! response header changes on whatever answer the route gives. Called by
-//! `http.rs` for a route with filters or on a listener with `defaults`;
+//! `request.rs` for a route with filters or on a listener with `defaults`;
 //! any other route never reaches this file.
 
 use std::net::IpAddr;

@@ -210,7 +210,7 @@ impl Endpoints {
             // another answers with a Retry whose new ID names the other,
             // where the client's next Initial then goes (one round trip
             // more for that connection; the balance of TCP listeners,
-            // `listener::balance`, decides when).
+            // `listener::accept::balance`, decides when).
             let incoming = match self.rebalance(incoming, member) {
                 Some(incoming) => incoming,
                 None => continue,

@@ -249,3 +249,223 @@ fn the_layers_point_one_way() {
     }
     assert!(broken.is_empty(), "{broken:#?}");
 }
+
+/// The files of `src/proxy/` by room, from the top of a request's walk to
+/// the bottom: a file imports only files of its own room or rooms below
+/// it (and never forms a cycle, see below).
+const PROXY_ROOMS: [(&str, &[&str]); 4] = [
+    (
+        "fronts: accept and serve connections",
+        &[
+            "listener",
+            "listener::bind",
+            "listener::accept",
+            "listener::serve",
+            "h3",
+            "tcp",
+            "udp",
+        ],
+    ),
+    ("the request path's entry", &["request"]),
+    (
+        "steps: what a request passes through after its route is known",
+        &[
+            "filters", "auth", "shadow", "mirror", "copy", "retry", "exchange", "grpc", "compress",
+        ],
+    ),
+    (
+        "leaves: connection types and shared helpers",
+        &[
+            "conn",
+            "activity",
+            "headers",
+            "body",
+            "error",
+            "edge",
+            "interim",
+            "downstream",
+            "framing",
+            "observed",
+            "encode",
+            "grpc_web",
+            "accept_proxy",
+            "client_hello",
+            "relay",
+            "sockets",
+            "workers",
+        ],
+    ),
+];
+
+/// `file → files of the same module it names`, for the files below
+/// `src/<module>/` (`listener::accept` for `listener/accept.rs`, `listener`
+/// for `listener/mod.rs`). A file names another by path: `super::x…`,
+/// `crate::<module>::x…` (or a group `{x, y::…}` after either); a path
+/// that goes deeper than a file names the deepest file it reaches.
+fn file_graph(module: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let root = workspace().join("src").join(module);
+    let mut files = Vec::new();
+    walk(&root, &mut files);
+    let name_of = |path: &Path| -> String {
+        let relative = path.strip_prefix(&root).unwrap().with_extension("");
+        let parts: Vec<String> = relative
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .filter(|c| c != "mod")
+            .collect();
+        if parts.is_empty() {
+            "(mod)".to_owned()
+        } else {
+            parts.join("::")
+        }
+    };
+    let names: BTreeSet<String> = files.iter().map(|f| name_of(f)).collect();
+    let mut graph = BTreeMap::new();
+    for file in &files {
+        let name = name_of(file);
+        let text = std::fs::read_to_string(file).unwrap();
+        let code = text.split("\n#[cfg(test)]").next().unwrap_or_default();
+        let mut own: Vec<String> = if name == "(mod)" {
+            Vec::new()
+        } else {
+            name.split("::").map(str::to_owned).collect()
+        };
+        // `super` of `a/b.rs` is `a`; of `a/mod.rs`, `a`'s parent: the
+        // name without its last part either way (`a::b` and `a`).
+        own.pop();
+        let mut named = BTreeSet::new();
+        let mut resolve = |base: &[String], path: &str| {
+            let mut segments: Vec<String> = base.to_vec();
+            for segment in path.split("::").map(str::trim) {
+                match segment {
+                    "" | "self" => {}
+                    "super" => {
+                        segments.pop();
+                    }
+                    other => segments.push(other.to_owned()),
+                }
+            }
+            while !segments.is_empty() {
+                let candidate = segments.join("::");
+                if names.contains(&candidate) {
+                    if candidate != name {
+                        named.insert(candidate);
+                    }
+                    return;
+                }
+                segments.pop();
+            }
+        };
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            let prefix = format!("crate::{module}::");
+            for (start, base) in [(prefix.as_str(), Vec::new()), ("super::", own.clone())] {
+                for (i, _) in line.match_indices(start) {
+                    // A further `super::` is read with the path it starts.
+                    if start == "super::" && line[..i].ends_with("::") {
+                        continue;
+                    }
+                    let rest = &line[i + start.len()..];
+                    if let Some(group) = rest.strip_prefix('{') {
+                        let group = group.split('}').next().unwrap_or_default();
+                        for item in group.split(',') {
+                            resolve(&base, item);
+                        }
+                    } else {
+                        let path: String = rest
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                            .collect();
+                        resolve(&base, &path);
+                    }
+                }
+            }
+        }
+        graph.insert(name, named);
+    }
+    graph
+}
+
+/// The files of `graph` that reach each other (a cycle), if any.
+fn file_cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> {
+    let reach = |from: &String| {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![from.clone()];
+        while let Some(node) = stack.pop() {
+            for next in graph.get(&node).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<&String, BTreeSet<String>> =
+        graph.keys().map(|n| (n, reach(n))).collect();
+    let mut out: Vec<BTreeSet<String>> = Vec::new();
+    for node in graph.keys() {
+        let component: BTreeSet<String> = graph
+            .keys()
+            .filter(|other| reaches[node].contains(*other) && reaches[*other].contains(node))
+            .cloned()
+            .collect();
+        if component.len() > 1 && !out.contains(&component) {
+            out.push(component);
+        }
+    }
+    out
+}
+
+#[test]
+fn proxy_files_import_each_other_without_cycles() {
+    let graph = file_graph("proxy");
+    assert!(
+        graph
+            .get("request")
+            .is_some_and(|to| to.contains("exchange")),
+        "the graph was not read: {graph:#?}"
+    );
+    let cycles = file_cycles(&graph);
+    assert!(
+        cycles.is_empty(),
+        "import cycles between files of src/proxy/: {cycles:#?}"
+    );
+}
+
+#[test]
+fn the_request_path_imports_only_downward() {
+    let graph = file_graph("proxy");
+    let room_of = |file: &str| {
+        PROXY_ROOMS
+            .iter()
+            .position(|(_, files)| files.contains(&file))
+    };
+    let mut broken = Vec::new();
+    for (from, targets) in &graph {
+        if from == "(mod)" {
+            continue;
+        }
+        let Some(from_room) = room_of(from) else {
+            broken.push(format!("{from} is in no room of PROXY_ROOMS: place it"));
+            continue;
+        };
+        for to in targets {
+            match room_of(to) {
+                Some(to_room) if to_room < from_room => broken.push(format!(
+                    "{from} ({}) imports {to} ({}), a room above it",
+                    PROXY_ROOMS[from_room].0, PROXY_ROOMS[to_room].0
+                )),
+                _ => {}
+            }
+        }
+    }
+    // The entry of the request path is called by what serves a
+    // connection, and by nothing it calls.
+    for (from, targets) in &graph {
+        if targets.contains("request") && !["listener::serve", "h3"].contains(&from.as_str()) {
+            broken.push(format!(
+                "{from} imports request.rs: only the HTTP fronts call the request path's entry"
+            ));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+}

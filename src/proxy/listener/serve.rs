@@ -196,7 +196,7 @@ macro_rules! http1_settings {
 
 /// Serves HTTP/1.1 or HTTP/2 on an established (plain or TLS) stream,
 /// until the client leaves, a client timeout of DESIGN §13 expires (see
-/// `downstream::watchdog`), or draining ends it.
+/// `activity::watchdog`), or draining ends it.
 async fn serve_http<I>(
     io: I,
     ctx: Arc<ConnContext>,

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Instructions per proxied HTTP/1.1 request of two cutover binaries, counted
+# by callgrind over the whole gateway process (docs/performance.md): the
+# binary under callgrind in front of nginx `return 200` (its own process),
+# `h2load --h1 -c4` warms up with 2 000 requests, the counters are zeroed,
+# REQUESTS more are sent and the counters dumped. A and B alternate ROUNDS
+# times; each round prints both and the ratio B / A. For a change that must
+# not cost (a code move): build the previous commit in a worktree, then
+#   benches/callgrind_ab.sh /tmp/old-target/release/cutover target/release/cutover
+#
+#   benches/callgrind_ab.sh A_BINARY B_BINARY [ROUNDS] [REQUESTS]
+#
+# Needs valgrind, nginx-light, nghttp2-client (h2load), python3 (apt-get
+# install them). Loopback only; every process it starts is stopped by pid.
+set -euo pipefail
+a_bin=${1:?usage: benches/callgrind_ab.sh A_BINARY B_BINARY [ROUNDS] [REQUESTS]}
+b_bin=${2:?usage: benches/callgrind_ab.sh A_BINARY B_BINARY [ROUNDS] [REQUESTS]}
+rounds=${3:-2}
+requests=${4:-20000}
+for tool in valgrind callgrind_control nginx h2load python3; do
+  command -v "$tool" > /dev/null || { echo "needs $tool (apt-get install valgrind nginx-light nghttp2-client python3)"; exit 1; }
+done
+dir=$(mktemp -d)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+back=$(free_port)
+cat > "$dir/nginx.conf" <<NG
+worker_processes 1; pid $dir/nginx.pid; error_log $dir/nginx.err;
+events {}
+http { access_log off; keepalive_requests 10000000; server { listen 127.0.0.1:$back; location / { return 200 "hello, world\n"; } } }
+NG
+nginx -c "$dir/nginx.conf" -e "$dir/nginx.err"
+gateway=
+cleanup() {
+  [ -n "$gateway" ] && kill -KILL "$gateway" 2>/dev/null || true
+  kill "$(cat "$dir/nginx.pid")" 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+# Instructions per request of one binary, one run.
+count() {
+  local bin=$1 port admin out
+  port=$(free_port); admin=$(free_port); out=$dir/cg.$RANDOM
+  cat > "$dir/gw.toml" <<CFG
+[admin]
+bind = "127.0.0.1:$admin"
+[log]
+level = "warn"
+[runtime]
+worker_threads = 1
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:$port"
+[[routes]]
+name = "all"
+listeners = ["web"]
+upstream = "app"
+[upstreams.app]
+backends = [{ addr = "127.0.0.1:$back" }]
+CFG
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" run -c "$dir/gw.toml" > "$dir/out" 2> "$dir/err" &
+  gateway=$!
+  for _ in $(seq 1 600); do grep -q '"ready"' "$dir/out" 2>/dev/null && break; sleep 0.2; done
+  h2load --h1 -n 2000 -c4 "http://127.0.0.1:$port/" > /dev/null 2>&1
+  callgrind_control --zero "$gateway" > /dev/null
+  h2load --h1 -n "$requests" -c4 "http://127.0.0.1:$port/" > "$dir/h2load" 2>&1
+  callgrind_control --dump=measured "$gateway" > /dev/null
+  kill -TERM "$gateway"; wait "$gateway" 2>/dev/null || true; gateway=
+  grep -q "succeeded, 0 failed, 0 errored" "$dir/h2load" || { echo "h2load saw failures:" >&2; cat "$dir/h2load" >&2; exit 1; }
+  local total=0
+  for f in "$out".*; do
+    if grep -q '^desc: Trigger.*measured' "$f"; then
+      total=$(grep -h '^summary:\|^totals:' "$f" | head -1 | awk '{print $2}')
+    fi
+  done
+  echo $(( total / requests ))
+}
+
+for round in $(seq 1 "$rounds"); do
+  a=$(count "$a_bin"); b=$(count "$b_bin")
+  python3 -c "print(f'round $round: A {$a} B {$b} instructions per request, B / A {$b/$a:.4f}')"
+done
