@@ -76,7 +76,7 @@ impl Control {
         metrics::counter!(m::CERT_RELOADS, m::LABEL_OUTCOME => outcome).increment(1);
         if let Err(error) = &result {
             tracing::warn!(%error, "certificate reload refused; the previous certificates stay");
-            self.record(
+            self.records.record(
                 OperationKind::ReloadCerts,
                 started,
                 match error {
@@ -98,10 +98,7 @@ impl Control {
         started: Instant,
         requester: &Requester,
     ) -> Result<CertReload, ControlError> {
-        let _operation = self
-            .operation
-            .try_lock()
-            .map_err(|_| ControlError::InProgress)?;
+        let _operation = self.lock.take()?;
         let active = self.store.load_full();
         let tls_listeners: Vec<_> = active
             .spec
@@ -188,7 +185,7 @@ impl Control {
         for warning in &warnings {
             tracing::warn!("{warning}");
         }
-        let operation_id = self.record(
+        let operation_id = self.records.record(
             OperationKind::ReloadCerts,
             started,
             Outcome::Succeeded,

@@ -2,7 +2,32 @@
 //! `begin_change`, the expected-generation rule, compare-and-swap, history,
 //! persistence and the operation record.
 
-use super::*;
+use super::candidate::{self, Candidate};
+use super::error::ControlError;
+use super::guarded::{Deadline, Pending};
+use super::local::Control;
+use super::operations::{Activation, Requester};
+use super::records::elapsed_ms;
+use crate::config::ConfigText;
+use crate::generation::{self, Generation};
+use crate::ids::GenerationId;
+use crate::plan::{self, Plan};
+use crate::runtime::{rfc3339, GenerationRecord, OperationKind, Outcome, RetainedText, Source};
+use crate::telemetry::metrics as m;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+/// Metadata of a commit, for history.
+pub(super) struct CommitMeta {
+    pub(super) kind: OperationKind,
+    pub(super) source: Source,
+    pub(super) rolled_back_to: Option<GenerationId>,
+    pub(super) requester: Requester,
+    pub(super) text: ConfigText,
+    /// The canary the new generation starts with, published with it in
+    /// one swap (whatever canary ran before ends in the same swap).
+    pub(super) canary: Option<crate::runtime::Canary>,
+}
 
 /// What a change says of the generation it was planned against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,10 +115,6 @@ pub(super) fn activatable(plan: Plan) -> Result<(Plan, Arc<plan::Spec>), Control
     }
 }
 
-pub(super) fn elapsed_ms(started: Instant) -> u64 {
-    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
 pub fn operation_kind_name(kind: OperationKind) -> &'static str {
     match kind {
         OperationKind::Preview => "preview",
@@ -132,11 +153,7 @@ impl Control {
         // One pending change at a time: a new one must name the pending
         // generation to supersede it; the rollback target stays the last
         // final generation.
-        let superseded = self
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let superseded = self.pending.get();
         let expected = if kind == OperationKind::Activate {
             Expectation::activation(candidate.expected_generation, &active.spec)
         } else {
@@ -160,7 +177,7 @@ impl Control {
                 percent: spec.steps.first().copied().unwrap_or(100),
                 key: spec.key.clone(),
             });
-        let text = candidate::read(&candidate.source, &self.config_file)?;
+        let text = candidate::read(&candidate.source, self.file.path())?;
         let plan = plan::plan(&text, Some((active.id, &active.spec)));
         let meta = CommitMeta {
             kind,
@@ -205,19 +222,8 @@ impl Control {
     pub(super) fn begin_change(
         &self,
     ) -> Result<(tokio::sync::MutexGuard<'_, ()>, Arc<Generation>), ControlError> {
-        let guard = self
-            .operation
-            .try_lock()
-            .map_err(|_| ControlError::InProgress)?;
-        self.check_running()?;
+        let guard = self.lock.take_for_change()?;
         Ok((guard, self.store.load_full()))
-    }
-
-    pub(super) fn check_running(&self) -> Result<(), ControlError> {
-        match self.phase.get() {
-            Phase::Draining | Phase::Stopped => Err(ControlError::Draining),
-            Phase::Starting | Phase::Running => Ok(()),
-        }
     }
 
     /// plan → build → bind → compare-and-swap → history → persist.
@@ -230,7 +236,7 @@ impl Control {
     ) -> Result<Activation, ControlError> {
         let (plan, spec) = activatable(plan)?;
         if plan.is_unchanged(Some(&active.spec)) {
-            let operation_id = self.record(
+            let operation_id = self.records.record(
                 meta.kind,
                 started,
                 Outcome::Unchanged,
@@ -282,7 +288,7 @@ impl Control {
         // takes the lock (the status view, a history request after it)
         // finds its record. Compressed before the lock is taken.
         let config = RetainedText::new(&meta.text.text);
-        let mut history = self.history();
+        let mut history = self.records.lock();
         // INVARIANT: we hold the operation lock, so the active generation
         // cannot have moved since `active` was loaded; the CAS still
         // guards against a writer outside this type.
@@ -320,7 +326,7 @@ impl Control {
             "+{} -{} ~{}",
             plan.diff.summary.added, plan.diff.summary.removed, plan.diff.summary.modified
         );
-        let operation_id = self.record(
+        let operation_id = self.records.record(
             meta.kind,
             started,
             Outcome::Succeeded,
@@ -386,7 +392,7 @@ impl Control {
         };
         self.count_activation(kind, label, started);
         tracing::warn!(kind = ?kind, %error, "configuration change refused");
-        self.record(
+        self.records.record(
             kind,
             started,
             outcome,
@@ -395,47 +401,5 @@ impl Control {
             error.to_string(),
             Some(error.to_string()),
         );
-    }
-
-    /// Appends to the operation log and persists; returns the operation id.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn record(
-        &self,
-        kind: OperationKind,
-        started: Instant,
-        outcome: Outcome,
-        (generation, previous_generation): (Option<GenerationId>, Option<GenerationId>),
-        requester: &Requester,
-        summary: String,
-        error: Option<String>,
-    ) -> String {
-        let mut history = self.history();
-        let id = history.next_operation_id();
-        history.record_operation(OperationRecord {
-            id: id.clone(),
-            kind,
-            at: rfc3339(SystemTime::now()),
-            duration_ms: elapsed_ms(started),
-            outcome,
-            generation,
-            previous_generation,
-            requested_by: requester.requested_by.clone(),
-            reason: requester.reason.clone(),
-            summary,
-            error,
-            pid: std::process::id(),
-            previous_pid: None,
-            shadow: None,
-            certificate: None,
-        });
-        // A preview is kept in memory only: validate and preview never
-        // write (DESIGN §10); the next change persists it with the rest.
-        if kind == OperationKind::Preview {
-            return id;
-        }
-        if let Err(error) = history.persist() {
-            tracing::error!(%error, "cannot persist history; the change is live but will not survive a restart");
-        }
-        id
     }
 }

@@ -1,7 +1,11 @@
 //! Why a control operation did not succeed: one enum, mapped to HTTP
 //! answers in `admin/error.rs` only.
 
-use super::*;
+use super::candidate::CandidateError;
+use crate::generation::{self};
+use crate::ids::GenerationId;
+use crate::plan::Plan;
+use crate::proxy::BindError;
 
 /// Why an operation did not succeed. The admin API maps each variant to
 /// its status code in one place.

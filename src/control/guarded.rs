@@ -2,7 +2,117 @@
 //! guard and canary steps, and how it is settled (confirm, abort, breach,
 //! missed deadline) through the one commit path.
 
-use super::*;
+use super::candidate::{CanarySpec, GuardSpec};
+use super::commit::{admit_change, Expectation};
+use super::error::ControlError;
+use super::local::Control;
+use super::operations::Requester;
+use crate::generation::{self, Generation};
+use crate::ids::GenerationId;
+use crate::plan::{self};
+use crate::runtime::{rfc3339, GenerationStore, OperationKind, Outcome, Source};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+/// A generation on probation (DESIGN §14): active, and rolled back to
+/// `rollback_to` unless confirmed by `deadline`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PendingView {
+    pub generation: GenerationId,
+    /// The last final generation: what a missed deadline or an abort
+    /// brings back.
+    pub rollback_to: GenerationId,
+    /// `null` for a guard without `confirm_within`: its window decides.
+    pub deadline: Option<String>,
+    pub seconds_left: Option<f64>,
+    /// During canary steps: the share of new requests it takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canary_percent: Option<u8>,
+}
+
+/// The pending generation, while there is one: what settles it, and
+/// (persisted as a `PendingRecord`) what a restart needs to resume it.
+#[derive(Debug, Clone)]
+pub(super) struct Pending {
+    pub(super) generation: GenerationId,
+    pub(super) rollback_to: GenerationId,
+    /// `confirm_within`; none when a guard or a canary alone settles it.
+    pub(super) deadline: Option<Deadline>,
+    pub(super) guard: Option<GuardSpec>,
+    pub(super) canary: Option<CanarySpec>,
+    /// The canary step it is on: an index into `canary.steps`.
+    pub(super) step: usize,
+}
+
+/// A confirm deadline, on the timer's clock and on the wall clock (which
+/// is what survives a restart).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deadline {
+    pub(super) at: tokio::time::Instant,
+    pub(super) wall: SystemTime,
+}
+
+/// Answers of one generation over a guard's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Answers {
+    pub(crate) requests: u64,
+    pub(crate) errors: u64,
+}
+
+/// The previous generation's answers since a guard started: what the
+/// pending generation is compared with over the same window.
+pub(crate) struct Baseline {
+    pub(super) ledger: Option<Arc<crate::generation::Ledger>>,
+    pub(super) start: Answers,
+}
+
+/// How a pending generation is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    Confirm,
+    Abort,
+    /// The deadline passed (the gateway's own timer).
+    Expired,
+}
+
+/// A request to confirm or abort the pending generation.
+#[derive(Debug, Clone)]
+pub struct SettleRequest {
+    pub generation: GenerationId,
+    pub expected_active_generation: Option<GenerationId>,
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// What confirm and abort answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Settled {
+    pub outcome: Cow<'static, str>,
+    /// The active generation after it: the confirmed one, or the one the
+    /// rollback minted.
+    pub generation: GenerationId,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rolled_back_to: Option<GenerationId>,
+    pub operation_id: String,
+}
+
+/// The pending generation's slot (DESIGN §14): set and cleared under the
+/// operation lock, read by status, the timeline and the supervisors.
+#[derive(Default)]
+pub(super) struct PendingSlot(Mutex<Option<Pending>>);
+
+impl PendingSlot {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Option<Pending>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The pending generation, if any, as it is now.
+    pub(super) fn get(&self) -> Option<Pending> {
+        self.lock().clone()
+    }
+}
 
 impl Deadline {
     pub(super) fn after(within: Duration) -> Self {
@@ -328,12 +438,7 @@ impl Control {
 
     /// The pending generation, if there is one.
     pub fn pending(&self) -> Option<PendingView> {
-        let mut view = self
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(Pending::view)?;
+        let mut view = self.pending.lock().as_ref().map(Pending::view)?;
         view.canary_percent = self.store.canary().map(|c| c.percent);
         Some(view)
     }
@@ -343,9 +448,9 @@ impl Control {
     /// resumes it.
     pub(super) fn set_pending(&self, pending: Option<Pending>) {
         let record = pending.as_ref().map(Pending::record);
-        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = pending;
-        if self.history().pending() != record.as_ref() {
-            self.with_history(|history| history.set_pending(record));
+        *self.pending.lock() = pending;
+        if self.records.lock().pending() != record.as_ref() {
+            self.records.with(|history| history.set_pending(record));
         }
     }
 
@@ -353,18 +458,19 @@ impl Control {
     /// when `generation` is not pending any more or the process hands
     /// over (the new process owns the record then).
     pub(super) fn record_step(&self, generation: GenerationId, step: usize) -> bool {
-        if self.check_running().is_err() {
+        if self.lock.check_running().is_err() {
             return false;
         }
         // Held until the record is written: a settle clears the record
         // after this, never before.
-        let mut slot = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self.pending.lock();
         let Some(pending) = slot.as_mut().filter(|p| p.generation == generation) else {
             return false;
         };
         pending.step = step;
         let record = pending.record();
-        self.with_history(|history| history.set_pending(Some(record)));
+        self.records
+            .with(|history| history.set_pending(Some(record)));
         true
     }
 
@@ -376,7 +482,7 @@ impl Control {
     /// the old process's). Nothing when the active generation is not the
     /// pending one any more.
     pub fn resume_pending(self: &Arc<Self>) {
-        let Some(record) = self.history().pending().cloned() else {
+        let Some(record) = self.records.lock().pending().cloned() else {
             return;
         };
         if record.generation != self.store.active_id() {
@@ -420,13 +526,12 @@ impl Control {
                     canary: None,
                     step: 0,
                 };
-                *self.pending.lock().unwrap_or_else(PoisonError::into_inner) =
-                    Some(pending.clone());
+                *self.pending.lock() = Some(pending.clone());
                 self.supervise(&pending);
                 return;
             }
         };
-        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(pending.clone());
+        *self.pending.lock() = Some(pending.clone());
         let view = pending.view();
         tracing::info!(
             generation = %pending.generation,
@@ -443,7 +548,8 @@ impl Control {
     /// generation beside the active one (a resumed canary's other side).
     pub(super) fn rebuild(&self, id: GenerationId) -> Result<Arc<Generation>, String> {
         let text = self
-            .history()
+            .records
+            .lock()
             .generation(id)
             .ok_or_else(|| format!("generation {id} is not retained"))?
             .config_text()
@@ -550,9 +656,7 @@ impl Control {
         let (_operation, active) = self.begin_change()?;
         let pending = self
             .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .get()
             .filter(|p| p.generation == request.generation && p.generation == active.id)
             .ok_or(ControlError::NotPending(request.generation))?;
         admit_change(
@@ -563,7 +667,7 @@ impl Control {
         if how == Settle::Confirm {
             self.store.end_canary(active.id);
             self.set_pending(None);
-            let operation_id = self.record(
+            let operation_id = self.records.record(
                 kind,
                 started,
                 Outcome::Succeeded,

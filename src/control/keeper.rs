@@ -232,13 +232,13 @@ impl Control {
         certificate: CertificateRecord,
     ) {
         let active = self.store.active_id();
-        let mut history = self.history();
+        let mut history = self.records.lock();
         let id = history.next_operation_id();
         history.record_operation(OperationRecord {
             id,
             kind: OperationKind::Certificate,
             at: crate::runtime::rfc3339(SystemTime::now()),
-            duration_ms: super::commit::elapsed_ms(started),
+            duration_ms: super::records::elapsed_ms(started),
             outcome,
             generation: Some(active),
             previous_generation: Some(active),

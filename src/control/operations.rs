@@ -2,7 +2,75 @@
 //! activate, reload, rollback and certificate reload, each planned off the
 //! data plane.
 
-use super::*;
+use super::candidate::{self, Candidate};
+use super::certs::CertReload;
+use super::commit::{admit_change, plan_summary, CommitMeta, Expectation};
+use super::error::ControlError;
+use super::guarded::PendingView;
+use super::local::Control;
+use crate::config::ConfigText;
+use crate::generation::Generation;
+use crate::ids::GenerationId;
+use crate::plan::{self, Diff, Plan};
+use crate::proxy::ListenerInfo;
+use crate::runtime::{OperationKind, Outcome, Source};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The result of activate, reload and rollback.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Activation {
+    pub outcome: Cow<'static, str>,
+    pub generation: GenerationId,
+    pub previous_generation: GenerationId,
+    pub config_version: String,
+    pub rolled_back_to: Option<GenerationId>,
+    pub duration_ms: u64,
+    pub listeners: Vec<ListenerInfo>,
+    pub diff: Diff,
+    pub operation_id: String,
+    /// Set when the activation must be confirmed (`confirm_within`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<PendingView>,
+    /// What its shadow stage showed, when it had one (DESIGN §22).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<crate::runtime::shadow::ShadowReport>,
+}
+
+/// A plan with the operation it was recorded as (preview).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RecordedPlan {
+    #[serde(flatten)]
+    pub plan: Plan,
+    pub operation_id: String,
+}
+
+/// Who asked for an operation and why, as the operation log keeps it.
+#[derive(Debug, Clone, Default)]
+pub struct Requester {
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl Requester {
+    pub fn of(candidate: &Candidate) -> Self {
+        Self {
+            requested_by: candidate.requested_by.clone(),
+            reason: candidate.reason.clone(),
+        }
+    }
+}
+
+/// A rollback request.
+#[derive(Debug, Clone)]
+pub struct RollbackRequest {
+    pub target_generation: GenerationId,
+    pub expected_active_generation: Option<GenerationId>,
+    pub reason: Option<String>,
+    pub requested_by: Option<String>,
+}
 
 impl Control {
     /// Plans a candidate against the active generation. Pure: binds,
@@ -12,7 +80,7 @@ impl Control {
         &self,
         candidate: &Candidate,
     ) -> Result<(Plan, ConfigText), ControlError> {
-        let text = candidate::read(&candidate.source, &self.config_file)?;
+        let text = candidate::read(&candidate.source, self.file.path())?;
         let active = self.store.load_full();
         let mut plan = plan::plan(&text, Some((active.id, &active.spec)));
         // What it would do to the traffic sampled now (DESIGN §22).
@@ -144,7 +212,7 @@ impl Control {
             Outcome::Rejected
         };
         let summary = plan_summary(&plan);
-        let operation_id = self.record(
+        let operation_id = self.records.record(
             OperationKind::Preview,
             started,
             outcome,
@@ -248,9 +316,7 @@ impl Control {
             // nothing) supervises.
             let pending = self
                 .pending
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone()
+                .get()
                 .filter(|p| p.generation == view.generation);
             if let Some(pending) = pending {
                 self.supervise(&pending);
@@ -259,50 +325,15 @@ impl Control {
     }
 
     /// With the active generation's `runtime.write_back`, rewrites the
-    /// configuration file with its text, the previous file kept as
-    /// `FILE.bak`, so that a restart without a state dir comes up on what
-    /// runs. Called once a change through the API is final (not while it
-    /// pends); a failure is logged, and status then says the file does
-    /// not match.
+    /// configuration file with its text, so that a restart without a state
+    /// dir comes up on what runs. Called once a change through the API is
+    /// final (not while it pends).
     pub(super) fn write_back(&self) {
         if !self.store.load_full().spec.runtime.write_back {
             return;
         }
-        let Some(text) = self.active_config() else {
-            return;
-        };
-        if std::fs::read_to_string(&self.config_file).is_ok_and(|file| file == text.text) {
-            return;
-        }
-        let (Some(dir), Some(name)) = (
-            self.config_file.parent(),
-            self.config_file.file_name().and_then(|n| n.to_str()),
-        ) else {
-            return;
-        };
-        let dir = if dir.as_os_str().is_empty() {
-            std::path::Path::new(".")
-        } else {
-            dir
-        };
-        let written = std::fs::copy(&self.config_file, dir.join(format!("{name}.bak")))
-            .map(|_| ())
-            .or_else(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => Ok(()),
-                _ => Err(e),
-            })
-            .and_then(|()| {
-                crate::runtime::write_atomically(dir, name, |out| {
-                    std::io::Write::write_all(out, text.text.as_bytes())
-                })
-            });
-        match written {
-            Ok(()) => {
-                tracing::info!(file = %self.config_file.display(), "write_back: the configuration file now holds the active generation")
-            }
-            Err(error) => {
-                tracing::error!(file = %self.config_file.display(), %error, "write_back failed: the configuration file does not match the active generation")
-            }
+        if let Some(text) = self.active_config() {
+            self.file.write(&text);
         }
     }
 
@@ -338,7 +369,7 @@ impl Control {
     ) -> Result<Activation, ControlError> {
         let (_operation, active) = self.begin_change()?;
         let target = request.target_generation;
-        if self.history().generation(target).is_none() {
+        if self.records.lock().generation(target).is_none() {
             return Err(ControlError::NotRetained(target));
         }
         admit_change(
@@ -376,7 +407,8 @@ impl Control {
         started: Instant,
     ) -> Result<Activation, ControlError> {
         let record = self
-            .history()
+            .records
+            .lock()
             .generation(target)
             .cloned()
             .ok_or(ControlError::NotRetained(target))?;

@@ -12,10 +12,37 @@
 //! candidate installed; an operator stops it with `abort` naming the
 //! candidate's generation, and a drain stops it too.
 
-use std::time::Duration;
-
-use super::*;
+use super::candidate::{self, Candidate, ShadowSpec};
+use super::commit::{admit_change, Expectation};
+use super::error::ControlError;
+use super::guarded::Settled;
+use super::local::Control;
+use super::operations::{Activation, Requester};
+use crate::generation::{self, Generation};
+use crate::ids::GenerationId;
+use crate::plan::{self};
 use crate::runtime::shadow::{Shadow, ShadowReport, ShadowVerdict, SideReport};
+use crate::runtime::OperationKind;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The shadow stage running (for `abort`, DESIGN §22), and the report of
+/// the last one that ended.
+#[derive(Default)]
+pub(super) struct ShadowSlot {
+    running: Mutex<Option<ShadowRun>>,
+    last: Mutex<Option<ShadowReport>>,
+}
+
+impl ShadowSlot {
+    pub(super) fn running(&self) -> MutexGuard<'_, Option<ShadowRun>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn last(&self) -> MutexGuard<'_, Option<ShadowReport>> {
+        self.last.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// A shadow stage in progress, for `abort`.
 pub(super) struct ShadowRun {
@@ -158,7 +185,7 @@ impl Control {
             c.record_failure(kind, started, &requester, &error);
             Err(error)
         };
-        let Ok(lock) = Arc::clone(&self.operation).try_lock_owned() else {
+        let Some(lock) = self.lock.take_owned() else {
             return refused(&self, ControlError::InProgress);
         };
         let planned = {
@@ -178,10 +205,7 @@ impl Control {
         };
         let shadow = Arc::new(Shadow::new(built, active, spec.percent, spec.max_inflight));
         let stop = Arc::new(tokio::sync::Notify::new());
-        *self
-            .shadowing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(ShadowRun {
+        *self.shadowing.running() = Some(ShadowRun {
             candidate: shadow.candidate.id,
             stop: Arc::clone(&stop),
         });
@@ -189,18 +213,12 @@ impl Control {
         tracing::info!(candidate = %shadow.candidate.id, %active, percent = spec.percent, duration = ?spec.duration, "shadow stage started");
         let (verdict, reason) = self.watch_shadow(&shadow, &spec, &stop).await;
         self.store.set_shadow(None);
-        *self
-            .shadowing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = None;
+        *self.shadowing.running() = None;
         let mut report = shadow.report();
         drop(shadow);
         report.verdict = verdict;
         report.reason = reason;
-        *self
-            .last_shadow
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(report.clone());
+        *self.shadowing.last() = Some(report.clone());
         tracing::info!(verdict = ?report.verdict, reason = %report.reason, "shadow stage ended");
         let goes_on = match verdict {
             ShadowVerdict::Passed => true,
@@ -235,7 +253,7 @@ impl Control {
                     return (ShadowVerdict::Aborted, "shadow aborted by an operator".into());
                 }
             }
-            if self.check_running().is_err() {
+            if self.lock.check_running().is_err() {
                 return (
                     ShadowVerdict::Interrupted,
                     "shadow interrupted: the gateway is draining".into(),
@@ -256,7 +274,7 @@ impl Control {
         &self,
         candidate: &Candidate,
     ) -> Result<Option<(GenerationId, Arc<Generation>)>, ControlError> {
-        self.check_running()?;
+        self.lock.check_running()?;
         let active = self.store.load_full();
         admit_change(
             Expectation::activation(candidate.expected_generation, &active.spec),
@@ -278,7 +296,7 @@ impl Control {
         candidate: &Candidate,
         active: &Generation,
     ) -> Result<Option<Arc<Generation>>, ControlError> {
-        let text = candidate::read(&candidate.source, &self.config_file)?;
+        let text = candidate::read(&candidate.source, self.file.path())?;
         let planned = plan::plan(&text, Some((active.id, &active.spec)));
         let (plan, spec) = super::commit::activatable(planned)?;
         if plan.is_unchanged(Some(&active.spec)) {
@@ -305,7 +323,7 @@ impl Control {
     ) -> Result<Activation, ControlError> {
         let activation = self
             .off_the_data_plane(move |c| {
-                let result = c.check_running().and_then(|()| {
+                let result = c.lock.check_running().and_then(|()| {
                     c.activate_locked(&candidate, kind, started, c.store.load_full())
                 });
                 match &result {
@@ -331,14 +349,19 @@ impl Control {
 
     /// Keeps a refused stage's report with the operation just recorded.
     fn attach_shadow(&self, report: ShadowReport) {
-        let id = self.history().operations().next().map(|o| o.id.clone());
+        let id = self
+            .records
+            .lock()
+            .operations()
+            .next()
+            .map(|o| o.id.clone());
         if let Some(id) = id {
             self.attach_shadow_to(&id, report);
         }
     }
 
     fn attach_shadow_to(&self, operation: &str, report: ShadowReport) {
-        self.with_history(|history| {
+        self.records.with(|history| {
             history.update_operation(operation, |record| record.shadow = Some(report));
         });
     }
@@ -346,10 +369,7 @@ impl Control {
     /// Stops the shadow stage of `candidate`, if one runs: its activation
     /// is refused (409 `shadow_aborted`). `false` when none does.
     pub fn abort_shadow(&self, candidate: GenerationId) -> bool {
-        let running = self
-            .shadowing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let running = self.shadowing.running();
         match running.as_ref().filter(|run| run.candidate == candidate) {
             Some(run) => {
                 run.stop.notify_one();
@@ -371,7 +391,7 @@ impl Control {
         max_inflight: u32,
     ) -> Result<Option<ShadowHandle>, ControlError> {
         self.off_the_data_plane(move |c| {
-            c.check_running()?;
+            c.lock.check_running()?;
             if c.store.shadow().is_some() {
                 return Err(ControlError::InProgress);
             }
@@ -398,8 +418,7 @@ impl Control {
         for _ in 0..200 {
             let running = self
                 .shadowing
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
+                .running()
                 .as_ref()
                 .is_some_and(|run| run.candidate == candidate);
             if !running {
@@ -408,7 +427,8 @@ impl Control {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let operation_id = self
-            .history()
+            .records
+            .lock()
             .operations()
             .next()
             .map(|o| o.id.clone())
@@ -426,11 +446,7 @@ impl Control {
     pub fn shadow_report(&self) -> Option<ShadowReport> {
         match self.store.shadow() {
             Some(shadow) => Some(shadow.report()),
-            None => self
-                .last_shadow
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
+            None => self.shadowing.last().clone(),
         }
     }
 }

@@ -4,11 +4,23 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use super::*;
+use super::candidate::{CanarySpec, Candidate, CandidateSource};
+use super::commit::{admit_change, Expectation};
+use super::error::ControlError;
+use super::guarded::{Settle, SettleRequest};
+use super::local::{Control, ControlParts};
 use crate::admission::Admission;
-use crate::runtime::{PersistedState, Phase};
+use crate::config::ConfigText;
+use crate::generation::{self, SharedState};
+use crate::ids::GenerationId;
+use crate::proxy::ListenerSet;
+use crate::runtime::{
+    rfc3339, GenerationRecord, GenerationStore, History, OperationKind, PersistedState, Phase,
+    PhaseCell, RetainedText, Source,
+};
+use crate::telemetry::LogLevel;
 
 /// A running control plane on `text`, written to a file in a temporary
 /// folder (kept as long as the folder lives), its listeners bound.

@@ -12,11 +12,14 @@
 //! `CHANGES` health changes (32 bytes each) for at most `BACKENDS`
 //! backends (about 2 MiB at worst).
 
-use std::collections::{HashMap, VecDeque};
-
+use super::local::Control;
+use super::views::BackendsView;
+use crate::ids::GenerationId;
 use serde::{Deserialize, Serialize};
-
-use super::*;
+use std::borrow::Cow;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, PoisonError};
+use std::time::SystemTime;
 
 /// Seconds kept: 15 minutes.
 pub const POINTS: usize = 900;
@@ -218,7 +221,8 @@ impl Control {
         };
         let since = unix_seconds(SystemTime::now()).saturating_sub(POINTS as u64);
         let events = self
-            .history()
+            .records
+            .lock()
             .operations()
             .filter_map(|o| {
                 let t = unix_seconds(humantime::parse_rfc3339(&o.at).ok()?);
@@ -243,7 +247,10 @@ impl Control {
 
 #[cfg(test)]
 mod timeline_tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::control::views::UpstreamView;
     use crate::generation::Ledger;
 
     #[test]

@@ -1,7 +1,9 @@
 //! Read-only views of the control plane: status, history, operations.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
@@ -143,7 +145,7 @@ impl Control {
         let pending = self.pending();
         let active = self.store.load_full();
         let pending = pending.filter(|p| p.generation == active.id);
-        let history = self.history();
+        let history = self.records.lock();
         let activated_at = history
             .generation(active.id)
             .map_or_else(|| rfc3339(active.built_at), |g| g.activated_at.clone());
@@ -158,7 +160,7 @@ impl Control {
         StatusView {
             pid: std::process::id(),
             binary: self.binary(),
-            phase: self.phase.get(),
+            phase: self.lock.phase().get(),
             active_generation: active.id,
             config_version: active.spec.config_version.clone(),
             activated_at,
@@ -168,47 +170,11 @@ impl Control {
             requests_total,
             errors_total,
             pending,
-            config_file_matches_active: self.file_matches_active(active.id),
+            config_file_matches_active: self
+                .file
+                .matches(active.id, || self.records.config_of(active.id)),
             shadow: self.shadow_report(),
             certificates: self.certificate_status(),
-        }
-    }
-
-    /// Whether the configuration file's text is generation `active`'s,
-    /// remembered while neither the file (length, modification time) nor
-    /// the active generation changes: status is polled every second.
-    fn file_matches_active(&self, active: super::GenerationId) -> bool {
-        let stamp = std::fs::metadata(&self.config_file)
-            .ok()
-            .map(|m| (m.len(), m.modified().ok()));
-        let mut seen = self
-            .file_match
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((id, at, matches)) = &*seen {
-            if *id == active && *at == stamp {
-                return *matches;
-            }
-        }
-        // Between publishing a generation and recording it, its text is
-        // not in history yet: say no, and remember nothing (a remembered
-        // "no" would stand until the file or the generation changed).
-        let Some(active_text) = self.config_of(active) else {
-            return false;
-        };
-        let matches = stamp.is_some()
-            && crate::config::ConfigText::read(&self.config_file)
-                .is_ok_and(|file| self.as_planned_text(file.text) == active_text.text);
-        *seen = Some((active, stamp, matches));
-        matches
-    }
-
-    /// The text the configuration file makes when activated: itself, or
-    /// in a fleet, composed with the shared document served.
-    fn as_planned_text(&self, file: String) -> String {
-        match self.file_composer.get() {
-            Some(compose) => compose(file),
-            None => file,
         }
     }
 
@@ -236,7 +202,7 @@ impl Control {
         let operations: Vec<OperationRecord>;
         let limit;
         {
-            let history = self.history();
+            let history = self.records.lock();
             records = history.generations().cloned().collect();
             operations = history.operations().cloned().collect();
             limit = history.limit();
@@ -258,7 +224,7 @@ impl Control {
 
     fn build_generation_detail(&self, id: GenerationId) -> Option<GenerationDetail> {
         let (record, predecessor, settlement) = {
-            let history = self.history();
+            let history = self.records.lock();
             (
                 history.generation(id).cloned()?,
                 history.predecessor(id).cloned(),
@@ -300,7 +266,7 @@ impl Control {
     }
 
     pub fn operation(&self, id: &str) -> Option<OperationRecord> {
-        self.history().operation(id).cloned()
+        self.records.lock().operation(id).cloned()
     }
 
     fn view(
@@ -351,11 +317,7 @@ impl Control {
     /// and how many there are.
     #[cfg(test)]
     pub(crate) fn cached_candidacy(&self) -> (GenerationId, usize) {
-        let cache = self
-            .candidacy
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        (cache.0, cache.1.len())
+        self.candidacy.summary()
     }
 
     /// Planned once per retained generation and active generation.
@@ -365,31 +327,48 @@ impl Control {
             // Activating it would change nothing.
             return false;
         }
-        let known = {
-            let mut cache = self
-                .candidacy
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if cache.0 != active.id {
-                *cache = (active.id, std::collections::HashMap::new());
-            }
-            cache.1.get(&record.generation).copied()
-        };
-        if let Some(known) = known {
+        if let Some(known) = self.candidacy.known(active.id, record.generation) {
             return known;
         }
         // Planned without the lock: two requests at once may both plan.
         let activatable = record
             .config_text()
             .is_ok_and(|text| plan::plan(&text, Some((active.id, &active.spec))).activatable);
-        let mut cache = self
-            .candidacy
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if cache.0 == active.id {
-            cache.1.insert(record.generation, activatable);
-        }
+        self.candidacy
+            .remember(active.id, record.generation, activatable);
         activatable
+    }
+}
+
+/// Each retained generation's `rollback_candidate`, computed against the
+/// active generation named here: once per activation, not once per
+/// history request (planning a large configuration takes milliseconds:
+/// `docs/performance.md`).
+#[derive(Default)]
+pub(super) struct Candidacy(Mutex<(GenerationId, HashMap<GenerationId, bool>)>);
+
+impl Candidacy {
+    /// Whether `generation` could be activated against `active`, if known.
+    fn known(&self, active: GenerationId, generation: GenerationId) -> Option<bool> {
+        let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.0 != active {
+            *cache = (active, HashMap::new());
+        }
+        cache.1.get(&generation).copied()
+    }
+
+    /// Remembers it, unless the active generation moved meanwhile.
+    fn remember(&self, active: GenerationId, generation: GenerationId, activatable: bool) {
+        let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.0 == active {
+            cache.1.insert(generation, activatable);
+        }
+    }
+
+    #[cfg(test)]
+    fn summary(&self) -> (GenerationId, usize) {
+        let cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        (cache.0, cache.1.len())
     }
 }
 

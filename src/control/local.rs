@@ -1,0 +1,166 @@
+//! [`Control`]: the control plane of one process, made of the owners of
+//! its state, each with its own file and type: the operation lock
+//! (`lock.rs`), the records (`records.rs`), the configuration file
+//! (`file.rs`), the pending generation (`guarded.rs`), the shadow stage
+//! (`shadow.rs`), the rollback candidacies (`views.rs`) and the timeline
+//! (`timeline.rs`); beside them the process-shared handles it drives (the
+//! generation store, backend state, listeners, certificates). The
+//! operations that change several owners at once (a commit, a settle) are
+//! `impl Control` blocks in the files of their concern.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Instant;
+
+use super::file::{ConfigFile, FileComposer};
+use super::guarded::PendingSlot;
+use super::lock::OperationLock;
+use super::operations::Requester;
+use super::process::ProcessControl;
+use super::records::Records;
+use super::shadow::ShadowSlot;
+use super::timeline::Timeline;
+use super::views::Candidacy;
+use crate::config::ConfigText;
+use crate::generation::SharedState;
+use crate::proxy::ListenerSet;
+use crate::runtime::{GenerationStore, History, OperationKind, Outcome, PhaseCell};
+use crate::telemetry::LogLevel;
+use crate::tls::CertStore;
+
+/// What the control plane is built from.
+pub struct ControlParts {
+    pub store: Arc<GenerationStore>,
+    pub shared: Arc<SharedState>,
+    pub listeners: Arc<ListenerSet>,
+    pub certificates: Arc<CertStore>,
+    pub history: History,
+    /// The configuration file the process was started with.
+    pub config_file: PathBuf,
+    pub log_level: LogLevel,
+    pub phase: Arc<PhaseCell>,
+    /// See `Options::release_memory`.
+    pub release_memory: fn(),
+}
+
+/// The control plane of one process.
+pub struct Control {
+    pub(super) store: Arc<GenerationStore>,
+    pub(super) shared: Arc<SharedState>,
+    pub(super) listeners: Arc<ListenerSet>,
+    pub(super) certificates: Arc<CertStore>,
+    pub(super) log_level: LogLevel,
+    pub(super) release_memory: fn(),
+    /// One mutating operation at a time, none while draining.
+    pub(super) lock: OperationLock,
+    /// History: retained generations, the operation log, the pending record.
+    pub(super) records: Records,
+    /// The configuration file the process was started with.
+    pub(super) file: ConfigFile,
+    /// The generation awaiting confirmation, if any (changed only under
+    /// the operation lock).
+    pub(super) pending: PendingSlot,
+    /// The shadow stage running, and the report of the last one.
+    pub(super) shadowing: ShadowSlot,
+    /// Each retained generation's `rollback_candidate`.
+    pub(super) candidacy: Candidacy,
+    /// The console's last 15 minutes.
+    pub(super) timeline: Mutex<Timeline>,
+    pub(super) process: OnceLock<Arc<dyn ProcessControl>>,
+    /// In a fleet: where ACME orders, certificates and challenge answers
+    /// are shared (set once by the fleet, which outlives nothing here:
+    /// weak, as the fleet holds this control plane).
+    certificate_share: OnceLock<Weak<dyn crate::acme::Shared>>,
+}
+
+impl Control {
+    pub fn new(parts: ControlParts) -> Self {
+        Self {
+            store: parts.store,
+            shared: parts.shared,
+            listeners: parts.listeners,
+            certificates: parts.certificates,
+            log_level: parts.log_level,
+            release_memory: parts.release_memory,
+            lock: OperationLock::new(parts.phase),
+            records: Records::new(parts.history),
+            file: ConfigFile::new(parts.config_file),
+            pending: PendingSlot::default(),
+            shadowing: ShadowSlot::default(),
+            candidacy: Candidacy::default(),
+            timeline: Mutex::default(),
+            process: OnceLock::new(),
+            certificate_share: OnceLock::new(),
+        }
+    }
+
+    /// Orders ACME certificates with the fleet's instances through
+    /// `shared` (once, when the fleet starts).
+    pub fn share_certificates(&self, shared: Weak<dyn crate::acme::Shared>) {
+        let _ = self.certificate_share.set(shared);
+    }
+
+    pub(super) fn certificate_share(&self) -> Option<Arc<dyn crate::acme::Shared>> {
+        self.certificate_share.get()?.upgrade()
+    }
+
+    /// Says how the configuration file's text becomes the text it
+    /// activates (once, at start-up; see `ConfigFile`).
+    pub fn compose_file_with(&self, composer: FileComposer) {
+        self.file.compose_with(composer);
+    }
+
+    pub fn store(&self) -> &Arc<GenerationStore> {
+        &self.store
+    }
+
+    pub fn listeners(&self) -> &Arc<ListenerSet> {
+        &self.listeners
+    }
+
+    pub fn phase(&self) -> &Arc<PhaseCell> {
+        self.lock.phase()
+    }
+
+    pub fn config_file(&self) -> &std::path::Path {
+        self.file.path()
+    }
+
+    /// Takes the operation lock for a long operation (an upgrade); `None`
+    /// while another mutating operation runs.
+    pub fn try_exclusive(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        self.lock.take_owned()
+    }
+
+    /// Runs `f` on the history (upgrade bookkeeping) and persists it.
+    pub fn with_history<T>(&self, f: impl FnOnce(&mut History) -> T) -> T {
+        self.records.with(f)
+    }
+
+    /// The configuration text of the active generation, as retained.
+    pub fn active_config(&self) -> Option<ConfigText> {
+        self.records.config_of(self.store.active_id())
+    }
+
+    /// Records the start of a long operation; returns its id.
+    pub fn record_started(
+        &self,
+        kind: OperationKind,
+        requested_by: Option<String>,
+        reason: Option<String>,
+        summary: String,
+    ) -> String {
+        self.records.record(
+            kind,
+            Instant::now(),
+            Outcome::Running,
+            (Some(self.store.active_id()), None),
+            &Requester {
+                requested_by,
+                reason,
+            },
+            summary,
+            None,
+        )
+    }
+}

@@ -1,0 +1,99 @@
+//! What this instance records of its changes: the history (retained
+//! generations with their texts, the operation log, the pending record),
+//! persisted with `state_dir` after every change.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Instant, SystemTime};
+
+use super::operations::Requester;
+use crate::config::ConfigText;
+use crate::ids::GenerationId;
+use crate::runtime::{rfc3339, History, OperationKind, OperationRecord, Outcome};
+
+/// The history, behind its lock.
+pub(super) struct Records {
+    history: Mutex<History>,
+}
+
+impl Records {
+    pub(super) fn new(history: History) -> Self {
+        Self {
+            history: Mutex::new(history),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, History> {
+        self.history.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the history and persists it.
+    pub(super) fn with<T>(&self, f: impl FnOnce(&mut History) -> T) -> T {
+        let mut history = self.lock();
+        let out = f(&mut history);
+        if let Err(error) = history.persist() {
+            tracing::error!(%error, "cannot persist history");
+        }
+        out
+    }
+
+    /// The configuration text generation `id` was activated with, once
+    /// history has recorded it (an activation publishes first, then
+    /// records).
+    pub(super) fn config_of(&self, id: GenerationId) -> Option<ConfigText> {
+        let history = self.lock();
+        let record = history.generation(id)?;
+        match record.config_text() {
+            Ok(text) => Some(text),
+            Err(error) => {
+                tracing::error!(%error, "cannot read the active configuration");
+                None
+            }
+        }
+    }
+
+    /// Appends to the operation log and persists; returns the operation id.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record(
+        &self,
+        kind: OperationKind,
+        started: Instant,
+        outcome: Outcome,
+        (generation, previous_generation): (Option<GenerationId>, Option<GenerationId>),
+        requester: &Requester,
+        summary: String,
+        error: Option<String>,
+    ) -> String {
+        let mut history = self.lock();
+        let id = history.next_operation_id();
+        history.record_operation(OperationRecord {
+            id: id.clone(),
+            kind,
+            at: rfc3339(SystemTime::now()),
+            duration_ms: elapsed_ms(started),
+            outcome,
+            generation,
+            previous_generation,
+            requested_by: requester.requested_by.clone(),
+            reason: requester.reason.clone(),
+            summary,
+            error,
+            pid: std::process::id(),
+            previous_pid: None,
+            shadow: None,
+            certificate: None,
+        });
+        // A preview is kept in memory only: validate and preview never
+        // write (DESIGN §10); the next change persists it with the rest.
+        if kind == OperationKind::Preview {
+            return id;
+        }
+        if let Err(error) = history.persist() {
+            tracing::error!(%error, "cannot persist history; the change is live but will not survive a restart");
+        }
+        id
+    }
+}
+
+pub(super) fn elapsed_ms(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
