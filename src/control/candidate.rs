@@ -210,3 +210,30 @@ pub fn read(source: &CandidateSource, config_file: &Path) -> Result<ConfigText, 
         }
     }
 }
+
+/// How a pending generation is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    Confirm,
+    Abort,
+    /// The deadline passed (the gateway's own timer).
+    Expired,
+}
+
+/// A request to confirm or abort the pending generation.
+#[derive(Debug, Clone)]
+pub struct SettleRequest {
+    pub generation: GenerationId,
+    pub expected_active_generation: Option<GenerationId>,
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// A rollback request.
+#[derive(Debug, Clone)]
+pub struct RollbackRequest {
+    pub target_generation: GenerationId,
+    pub expected_active_generation: Option<GenerationId>,
+    pub reason: Option<String>,
+    pub requested_by: Option<String>,
+}

@@ -6,7 +6,9 @@ use std::time::{Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Control, ControlError, Requester};
+use super::error::ControlError;
+use super::local::Control;
+use super::records::Requester;
 use crate::plan::{HostMatch, Spec};
 use crate::runtime::{OperationKind, Outcome};
 use crate::telemetry::metrics as m;

@@ -1,93 +1,21 @@
 //! The commit path every change takes: the lock-and-check of
-//! `begin_change`, the expected-generation rule, compare-and-swap, history,
-//! persistence and the operation record.
+//! `begin_change`, the expected-generation rule (`expectation.rs`),
+//! build, bind, compare-and-swap, history and persistence (`records.rs`).
 
-use super::candidate::{self, Candidate};
-use super::error::ControlError;
-use super::guarded::{Deadline, Pending};
-use super::local::Control;
-use super::operations::{Activation, Requester};
-use super::records::elapsed_ms;
-use crate::config::ConfigText;
-use crate::generation::{self, Generation};
-use crate::ids::GenerationId;
-use crate::plan::{self, Plan};
-use crate::runtime::{rfc3339, GenerationRecord, OperationKind, Outcome, RetainedText, Source};
-use crate::telemetry::metrics as m;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-/// Metadata of a commit, for history.
-pub(super) struct CommitMeta {
-    pub(super) kind: OperationKind,
-    pub(super) source: Source,
-    pub(super) rolled_back_to: Option<GenerationId>,
-    pub(super) requester: Requester,
-    pub(super) text: ConfigText,
-    /// The canary the new generation starts with, published with it in
-    /// one swap (whatever canary ran before ends in the same swap).
-    pub(super) canary: Option<crate::runtime::Canary>,
-}
-
-/// What a change says of the generation it was planned against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Expectation {
-    /// The generation it names (`expected_generation`,
-    /// `expected_active_generation`), if any.
-    pub named: Option<GenerationId>,
-    /// Whether it must name one: an activation under
-    /// `admin.require_expected_generation` (428 otherwise).
-    pub required: bool,
-}
-
-impl Expectation {
-    /// An activation's expectation, under the active configuration's
-    /// `admin.require_expected_generation`.
-    pub fn activation(named: Option<GenerationId>, active: &plan::Spec) -> Self {
-        Self {
-            named,
-            required: active.admin.require_expected_generation,
-        }
-    }
-
-    /// Any other change's (rollback, confirm, abort, legacy reload): the
-    /// generation it names is checked, none is required.
-    pub fn optional(named: Option<GenerationId>) -> Self {
-        Self {
-            named,
-            required: false,
-        }
-    }
-}
-
-/// The rules every writer (this instance, or the fleet; with or without a
-/// shadow stage) applies before a change, in this order: an expectation
-/// that is required must be given (428 `expected_generation_required`);
-/// an expected generation must be the active one (409
-/// `generation_conflict`); and while generation `pending` awaits
-/// confirmation a new change must name it, superseding it (409
-/// `pending_activation`).
-pub fn admit_change(
-    expected: Expectation,
-    active: GenerationId,
-    pending: Option<GenerationId>,
-) -> Result<(), ControlError> {
-    if expected.required && expected.named.is_none() {
-        return Err(ControlError::ExpectedGenerationRequired);
-    }
-    if let Some(named) = expected.named.filter(|named| *named != active) {
-        return Err(ControlError::Conflict {
-            expected: named,
-            active,
-        });
-    }
-    match pending {
-        Some(pending) if expected.named != Some(pending) => {
-            Err(ControlError::PendingActivation { pending })
-        }
-        _ => Ok(()),
-    }
-}
+use super::answers::Activation;
+use super::candidate::{self, Candidate};
+use super::error::ControlError;
+use super::expectation::{admit_change, Expectation};
+use super::local::Control;
+use super::pending::{Deadline, Pending};
+use super::records::{elapsed_ms, CommitMeta, Requester};
+use crate::generation::{self, Generation};
+use crate::plan::{self, Plan};
+use crate::runtime::{rfc3339, GenerationRecord, OperationKind, Outcome, RetainedText, Source};
+use crate::telemetry::metrics as m;
 
 pub(super) fn plan_summary(plan: &Plan) -> String {
     if !plan.errors.is_empty() {

@@ -2,144 +2,20 @@
 //! guard and canary steps, and how it is settled (confirm, abort, breach,
 //! missed deadline) through the one commit path.
 
-use super::candidate::{CanarySpec, GuardSpec};
-use super::commit::{admit_change, Expectation};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::answers::Settled;
+use super::candidate::{CanarySpec, GuardSpec, Settle, SettleRequest};
 use super::error::ControlError;
+use super::expectation::{admit_change, Expectation};
 use super::local::Control;
-use super::operations::Requester;
+use super::pending::{Answers, Baseline, Deadline, Pending, PendingView};
+use super::records::Requester;
 use crate::generation::{self, Generation};
 use crate::ids::GenerationId;
 use crate::plan::{self};
-use crate::runtime::{rfc3339, GenerationStore, OperationKind, Outcome, Source};
-use serde::{Deserialize, Serialize};
-use std::borrow::Cow;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
-
-/// A generation on probation (DESIGN §14): active, and rolled back to
-/// `rollback_to` unless confirmed by `deadline`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PendingView {
-    pub generation: GenerationId,
-    /// The last final generation: what a missed deadline or an abort
-    /// brings back.
-    pub rollback_to: GenerationId,
-    /// `null` for a guard without `confirm_within`: its window decides.
-    pub deadline: Option<String>,
-    pub seconds_left: Option<f64>,
-    /// During canary steps: the share of new requests it takes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub canary_percent: Option<u8>,
-}
-
-/// The pending generation, while there is one: what settles it, and
-/// (persisted as a `PendingRecord`) what a restart needs to resume it.
-#[derive(Debug, Clone)]
-pub(super) struct Pending {
-    pub(super) generation: GenerationId,
-    pub(super) rollback_to: GenerationId,
-    /// `confirm_within`; none when a guard or a canary alone settles it.
-    pub(super) deadline: Option<Deadline>,
-    pub(super) guard: Option<GuardSpec>,
-    pub(super) canary: Option<CanarySpec>,
-    /// The canary step it is on: an index into `canary.steps`.
-    pub(super) step: usize,
-}
-
-/// A confirm deadline, on the timer's clock and on the wall clock (which
-/// is what survives a restart).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Deadline {
-    pub(super) at: tokio::time::Instant,
-    pub(super) wall: SystemTime,
-}
-
-/// Answers of one generation over a guard's window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Answers {
-    pub(crate) requests: u64,
-    pub(crate) errors: u64,
-}
-
-/// The previous generation's answers since a guard started: what the
-/// pending generation is compared with over the same window.
-pub(crate) struct Baseline {
-    pub(super) ledger: Option<Arc<crate::generation::Ledger>>,
-    pub(super) start: Answers,
-}
-
-/// How a pending generation is settled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settle {
-    Confirm,
-    Abort,
-    /// The deadline passed (the gateway's own timer).
-    Expired,
-}
-
-/// A request to confirm or abort the pending generation.
-#[derive(Debug, Clone)]
-pub struct SettleRequest {
-    pub generation: GenerationId,
-    pub expected_active_generation: Option<GenerationId>,
-    pub requested_by: Option<String>,
-    pub reason: Option<String>,
-}
-
-/// What confirm and abort answer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Settled {
-    pub outcome: Cow<'static, str>,
-    /// The active generation after it: the confirmed one, or the one the
-    /// rollback minted.
-    pub generation: GenerationId,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rolled_back_to: Option<GenerationId>,
-    pub operation_id: String,
-}
-
-/// The pending generation's slot (DESIGN §14): set and cleared under the
-/// operation lock, read by status, the timeline and the supervisors.
-#[derive(Default)]
-pub(super) struct PendingSlot(Mutex<Option<Pending>>);
-
-impl PendingSlot {
-    pub(super) fn lock(&self) -> MutexGuard<'_, Option<Pending>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The pending generation, if any, as it is now.
-    pub(super) fn get(&self) -> Option<Pending> {
-        self.lock().clone()
-    }
-}
-
-impl Deadline {
-    pub(super) fn after(within: Duration) -> Self {
-        Self {
-            at: tokio::time::Instant::now() + within,
-            wall: SystemTime::now() + within,
-        }
-    }
-
-    /// A persisted deadline, with what is left of it (nothing, once past).
-    pub(super) fn from_unix_ms(ms: u64) -> Self {
-        let wall = SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
-        let left = wall
-            .duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO);
-        Self {
-            at: tokio::time::Instant::now() + left,
-            wall,
-        }
-    }
-
-    pub(super) fn unix_ms(self) -> u64 {
-        self.wall
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
-}
+use crate::runtime::{OperationKind, Outcome, Source};
 
 /// What a guard concluded from the pending generation's answers so far.
 #[derive(Debug, Clone, PartialEq)]
@@ -150,40 +26,6 @@ pub(crate) enum Verdict {
     Breach(String),
     /// The window closed with fewer than `min_requests` answers.
     NoData(String),
-}
-
-impl Answers {
-    pub(crate) fn of(ledger: &crate::generation::Ledger) -> Self {
-        Self {
-            requests: ledger.requests.get(),
-            errors: ledger.errors.get(),
-        }
-    }
-
-    pub(crate) fn since(self, start: Answers) -> Self {
-        Self {
-            requests: self.requests.saturating_sub(start.requests),
-            errors: self.errors.saturating_sub(start.errors),
-        }
-    }
-
-    pub(super) fn ratio(self) -> f64 {
-        self.errors as f64 / self.requests.max(1) as f64
-    }
-}
-
-impl Baseline {
-    pub(crate) fn start(store: &GenerationStore, generation: Option<GenerationId>) -> Self {
-        let ledger = generation.and_then(|id| store.ledger(id));
-        let start = ledger.as_deref().map(Answers::of).unwrap_or_default();
-        Self { ledger, start }
-    }
-
-    pub(crate) fn answers(&self) -> Option<Answers> {
-        self.ledger
-            .as_deref()
-            .map(|l| Answers::of(l).since(self.start))
-    }
 }
 
 /// Judges the pending generation's answers (`p99`: the bound of their
@@ -242,49 +84,6 @@ pub(crate) fn judge(
         Verdict::Pass(format!("guard passed: {measured}"))
     } else {
         Verdict::Wait
-    }
-}
-
-impl Pending {
-    pub(super) fn view(&self) -> PendingView {
-        PendingView {
-            generation: self.generation,
-            rollback_to: self.rollback_to,
-            deadline: self.deadline.map(|d| rfc3339(d.wall)),
-            seconds_left: self.deadline.map(|d| {
-                d.at.saturating_duration_since(tokio::time::Instant::now())
-                    .as_secs_f64()
-            }),
-            canary_percent: None,
-        }
-    }
-
-    pub(super) fn record(&self) -> crate::runtime::PendingRecord {
-        crate::runtime::PendingRecord {
-            generation: self.generation,
-            rollback_to: self.rollback_to,
-            deadline_unix_ms: self.deadline.map(Deadline::unix_ms),
-            guard: self.guard.as_ref().map(GuardSpec::record),
-            canary: self.canary.as_ref().map(|c| c.record(self.step)),
-        }
-    }
-
-    /// A persisted pending generation; `None` when its canary's
-    /// `hash_key` no longer reads (it did when it was written).
-    pub(super) fn resume(record: &crate::runtime::PendingRecord) -> Option<Self> {
-        let canary = match &record.canary {
-            Some(c) => Some(CanarySpec::from_record(c)?),
-            None => None,
-        };
-        let step = record.canary.as_ref().map_or(0, |c| c.step);
-        Some(Self {
-            generation: record.generation,
-            rollback_to: record.rollback_to,
-            deadline: record.deadline_unix_ms.map(Deadline::from_unix_ms),
-            guard: record.guard.as_ref().map(GuardSpec::from_record),
-            canary,
-            step,
-        })
     }
 }
 

@@ -15,12 +15,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::local::Control;
 use crate::acme::{self, ocsp::Responders};
 use crate::runtime::{CertificateRecord, OperationKind, OperationRecord, Outcome};
 use crate::telemetry::metrics as m;
 use crate::tls::{CertSlot, LoadedCert, Staple};
-
-use super::Control;
 
 /// After a failed order: 30 s, doubling, at most an hour; a CA that says
 /// "rate limited" is not asked again for an hour.

@@ -13,14 +13,12 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 use super::file::{ConfigFile, FileComposer};
-use super::guarded::PendingSlot;
 use super::lock::OperationLock;
-use super::operations::Requester;
-use super::process::ProcessControl;
-use super::records::Records;
-use super::shadow::ShadowSlot;
+use super::pending::PendingSlot;
+use super::process::{BinaryView, LifecycleError, UpgradeRequest};
+use super::records::{Candidacy, Records, Requester};
+use super::shadowing::ShadowSlot;
 use super::timeline::Timeline;
-use super::views::Candidacy;
 use crate::config::ConfigText;
 use crate::generation::SharedState;
 use crate::proxy::ListenerSet;
@@ -162,5 +160,44 @@ impl Control {
             summary,
             None,
         )
+    }
+}
+
+/// Drain and upgrade, implemented by the process lifecycle.
+pub trait ProcessControl: Send + Sync {
+    /// Starts draining (as SIGTERM); returns at once.
+    fn drain(&self, control: &Arc<Control>) -> Result<String, LifecycleError>;
+    /// Starts a drain-aware restart; returns the operation id to follow.
+    fn upgrade(
+        &self,
+        control: &Arc<Control>,
+        request: UpgradeRequest,
+    ) -> Result<String, LifecycleError>;
+    /// The executable this process runs.
+    fn binary(&self) -> Option<BinaryView>;
+}
+
+impl Control {
+    /// Installs the process lifecycle (once, at start-up).
+    pub fn set_process(&self, process: Arc<dyn ProcessControl>) {
+        let _ = self.process.set(process);
+    }
+
+    pub fn drain(self: &Arc<Self>) -> Result<String, LifecycleError> {
+        self.process
+            .get()
+            .ok_or(LifecycleError::Unavailable)?
+            .drain(self)
+    }
+
+    pub fn binary(&self) -> Option<BinaryView> {
+        self.process.get()?.binary()
+    }
+
+    pub fn upgrade(self: &Arc<Self>, request: UpgradeRequest) -> Result<String, LifecycleError> {
+        self.process
+            .get()
+            .ok_or(LifecycleError::Unavailable)?
+            .upgrade(self, request)
     }
 }

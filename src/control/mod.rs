@@ -18,40 +18,51 @@
 //! from the file that defines it. It knows nothing of fleets: the fleet
 //! sits above it.
 
+mod answers;
+mod backends;
 mod candidate;
 mod certs;
 mod commit;
 mod error;
+mod expectation;
 mod file;
 mod guarded;
 mod keeper;
 mod local;
 mod lock;
 mod operations;
+mod pending;
 mod process;
 mod records;
 mod shadow;
+mod shadowing;
 mod timeline;
 mod views;
 
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use answers::{Activation, RecordedPlan, Settled};
+pub use backends::{member_views, BackendsView, UpstreamView};
 pub use candidate::read as read_candidate;
 pub use candidate::{
-    CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec, ShadowSpec,
+    CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec, RollbackRequest, Settle,
+    SettleRequest, ShadowSpec,
 };
 pub use certs::{CertReload, CertView, ListenerCerts};
-pub use commit::{admit_change, operation_kind_name, Expectation};
+pub use commit::operation_kind_name;
 pub use error::ControlError;
+pub use expectation::{admit_change, Expectation};
 pub use file::FileComposer;
 #[cfg(feature = "fleet")]
-pub(crate) use guarded::{judge, Answers, Baseline, Verdict};
-pub use guarded::{PendingView, Settle, SettleRequest, Settled};
+pub(crate) use guarded::{judge, Verdict};
 pub use keeper::{AcmeStatus, CertificateStatus, OcspStatus};
-pub use local::{Control, ControlParts};
-pub use operations::{Activation, RecordedPlan, Requester, RollbackRequest};
-pub use process::{BinaryView, LifecycleError, ProcessControl, UpgradeRequest};
+pub use local::{Control, ControlParts, ProcessControl};
+pub use pending::PendingView;
+#[cfg(feature = "fleet")]
+pub(crate) use pending::{Answers, Baseline};
+pub use process::{BinaryView, LifecycleError, UpgradeRequest};
+pub use records::Requester;
 #[cfg(feature = "fleet")]
 pub(crate) use shadow::judge as judge_shadow;
 pub use shadow::ShadowHandle;

@@ -2,75 +2,22 @@
 //! activate, reload, rollback and certificate reload, each planned off the
 //! data plane.
 
-use super::candidate::{self, Candidate};
-use super::certs::CertReload;
-use super::commit::{admit_change, plan_summary, CommitMeta, Expectation};
-use super::error::ControlError;
-use super::guarded::PendingView;
-use super::local::Control;
-use crate::config::ConfigText;
-use crate::generation::Generation;
-use crate::ids::GenerationId;
-use crate::plan::{self, Diff, Plan};
-use crate::proxy::ListenerInfo;
-use crate::runtime::{OperationKind, Outcome, Source};
-use serde::{Deserialize, Serialize};
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The result of activate, reload and rollback.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Activation {
-    pub outcome: Cow<'static, str>,
-    pub generation: GenerationId,
-    pub previous_generation: GenerationId,
-    pub config_version: String,
-    pub rolled_back_to: Option<GenerationId>,
-    pub duration_ms: u64,
-    pub listeners: Vec<ListenerInfo>,
-    pub diff: Diff,
-    pub operation_id: String,
-    /// Set when the activation must be confirmed (`confirm_within`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pending: Option<PendingView>,
-    /// What its shadow stage showed, when it had one (DESIGN §22).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shadow: Option<crate::runtime::shadow::ShadowReport>,
-}
-
-/// A plan with the operation it was recorded as (preview).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RecordedPlan {
-    #[serde(flatten)]
-    pub plan: Plan,
-    pub operation_id: String,
-}
-
-/// Who asked for an operation and why, as the operation log keeps it.
-#[derive(Debug, Clone, Default)]
-pub struct Requester {
-    pub requested_by: Option<String>,
-    pub reason: Option<String>,
-}
-
-impl Requester {
-    pub fn of(candidate: &Candidate) -> Self {
-        Self {
-            requested_by: candidate.requested_by.clone(),
-            reason: candidate.reason.clone(),
-        }
-    }
-}
-
-/// A rollback request.
-#[derive(Debug, Clone)]
-pub struct RollbackRequest {
-    pub target_generation: GenerationId,
-    pub expected_active_generation: Option<GenerationId>,
-    pub reason: Option<String>,
-    pub requested_by: Option<String>,
-}
+use super::answers::{Activation, RecordedPlan};
+use super::candidate::{self, Candidate, RollbackRequest};
+use super::certs::CertReload;
+use super::commit::plan_summary;
+use super::error::ControlError;
+use super::expectation::{admit_change, Expectation};
+use super::local::Control;
+use super::records::{CommitMeta, Requester};
+use crate::config::ConfigText;
+use crate::generation::Generation;
+use crate::ids::GenerationId;
+use crate::plan::{self, Plan};
+use crate::runtime::{OperationKind, Outcome, Source};
 
 impl Control {
     /// Plans a candidate against the active generation. Pure: binds,

@@ -1,10 +1,8 @@
-//! Process-level operations (drain, drain-aware restart) as seen by the
-//! control plane. `lifecycle` implements [`ProcessControl`]; the admin API
-//! reaches it through `Control` so that it talks to one thing only.
+//! What process-level operations (drain, drain-aware restart) take and
+//! answer, as the control plane sees them. `lifecycle` implements
+//! `ProcessControl` (`local.rs`); the admin API reaches it through
+//! `Control` so that it talks to one thing only.
 
-use std::sync::Arc;
-
-use super::Control;
 use crate::plan::Plan;
 
 /// A drain-aware restart request.
@@ -47,43 +45,4 @@ pub enum LifecycleError {
     Failed(String),
     #[error("{0}")]
     Binary(String),
-}
-
-/// Drain and upgrade, implemented by the process lifecycle.
-pub trait ProcessControl: Send + Sync {
-    /// Starts draining (as SIGTERM); returns at once.
-    fn drain(&self, control: &Arc<Control>) -> Result<String, LifecycleError>;
-    /// Starts a drain-aware restart; returns the operation id to follow.
-    fn upgrade(
-        &self,
-        control: &Arc<Control>,
-        request: UpgradeRequest,
-    ) -> Result<String, LifecycleError>;
-    /// The executable this process runs.
-    fn binary(&self) -> Option<BinaryView>;
-}
-
-impl Control {
-    /// Installs the process lifecycle (once, at start-up).
-    pub fn set_process(&self, process: Arc<dyn ProcessControl>) {
-        let _ = self.process.set(process);
-    }
-
-    pub fn drain(self: &Arc<Self>) -> Result<String, LifecycleError> {
-        self.process
-            .get()
-            .ok_or(LifecycleError::Unavailable)?
-            .drain(self)
-    }
-
-    pub fn binary(&self) -> Option<BinaryView> {
-        self.process.get()?.binary()
-    }
-
-    pub fn upgrade(self: &Arc<Self>, request: UpgradeRequest) -> Result<String, LifecycleError> {
-        self.process
-            .get()
-            .ok_or(LifecycleError::Unavailable)?
-            .upgrade(self, request)
-    }
 }

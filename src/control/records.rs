@@ -2,12 +2,14 @@
 //! generations with their texts, the operation log, the pending record),
 //! persisted with `state_dir` after every change.
 
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime};
 
-use super::operations::Requester;
+use super::candidate::Candidate;
 use crate::config::ConfigText;
 use crate::ids::GenerationId;
+use crate::runtime::Source;
 use crate::runtime::{rfc3339, History, OperationKind, OperationRecord, Outcome};
 
 /// The history, behind its lock.
@@ -96,4 +98,69 @@ impl Records {
 
 pub(super) fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Who asked for an operation and why, as the operation log keeps it.
+#[derive(Debug, Clone, Default)]
+pub struct Requester {
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl Requester {
+    pub fn of(candidate: &Candidate) -> Self {
+        Self {
+            requested_by: candidate.requested_by.clone(),
+            reason: candidate.reason.clone(),
+        }
+    }
+}
+
+/// Metadata of a commit, for history.
+pub(super) struct CommitMeta {
+    pub(super) kind: OperationKind,
+    pub(super) source: Source,
+    pub(super) rolled_back_to: Option<GenerationId>,
+    pub(super) requester: Requester,
+    pub(super) text: ConfigText,
+    /// The canary the new generation starts with, published with it in
+    /// one swap (whatever canary ran before ends in the same swap).
+    pub(super) canary: Option<crate::runtime::Canary>,
+}
+
+/// Each retained generation's `rollback_candidate`, computed against the
+/// active generation named here: once per activation, not once per
+/// history request (planning a large configuration takes milliseconds:
+/// `docs/performance.md`).
+#[derive(Default)]
+pub(super) struct Candidacy(Mutex<(GenerationId, HashMap<GenerationId, bool>)>);
+
+impl Candidacy {
+    /// Whether `generation` could be activated against `active`, if known.
+    pub(super) fn known(&self, active: GenerationId, generation: GenerationId) -> Option<bool> {
+        let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.0 != active {
+            *cache = (active, HashMap::new());
+        }
+        cache.1.get(&generation).copied()
+    }
+
+    /// Remembers it, unless the active generation moved meanwhile.
+    pub(super) fn remember(
+        &self,
+        active: GenerationId,
+        generation: GenerationId,
+        activatable: bool,
+    ) {
+        let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.0 == active {
+            cache.1.insert(generation, activatable);
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn summary(&self) -> (GenerationId, usize) {
+        let cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        (cache.0, cache.1.len())
+    }
 }

@@ -12,43 +12,21 @@
 //! candidate installed; an operator stops it with `abort` naming the
 //! candidate's generation, and a drain stops it too.
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::answers::{Activation, Settled};
 use super::candidate::{self, Candidate, ShadowSpec};
-use super::commit::{admit_change, Expectation};
 use super::error::ControlError;
-use super::guarded::Settled;
+use super::expectation::{admit_change, Expectation};
 use super::local::Control;
-use super::operations::{Activation, Requester};
+use super::records::Requester;
+use super::shadowing::ShadowRun;
 use crate::generation::{self, Generation};
 use crate::ids::GenerationId;
 use crate::plan::{self};
 use crate::runtime::shadow::{Shadow, ShadowReport, ShadowVerdict, SideReport};
 use crate::runtime::OperationKind;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
-
-/// The shadow stage running (for `abort`, DESIGN §22), and the report of
-/// the last one that ended.
-#[derive(Default)]
-pub(super) struct ShadowSlot {
-    running: Mutex<Option<ShadowRun>>,
-    last: Mutex<Option<ShadowReport>>,
-}
-
-impl ShadowSlot {
-    pub(super) fn running(&self) -> MutexGuard<'_, Option<ShadowRun>> {
-        self.running.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(super) fn last(&self) -> MutexGuard<'_, Option<ShadowReport>> {
-        self.last.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// A shadow stage in progress, for `abort`.
-pub(super) struct ShadowRun {
-    pub(super) candidate: GenerationId,
-    pub(super) stop: Arc<tokio::sync::Notify>,
-}
 
 /// A shadow stage installed for another writer (`start_shadow`): it
 /// ends when this is dropped.

@@ -6,10 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::candidate::{CanarySpec, Candidate, CandidateSource};
-use super::commit::{admit_change, Expectation};
+use super::candidate::{CanarySpec, Candidate, CandidateSource, Settle, SettleRequest};
 use super::error::ControlError;
-use super::guarded::{Settle, SettleRequest};
+use super::expectation::{admit_change, Expectation};
 use super::local::{Control, ControlParts};
 use crate::admission::Admission;
 use crate::config::ConfigText;

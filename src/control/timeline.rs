@@ -12,14 +12,16 @@
 //! `CHANGES` health changes (32 bytes each) for at most `BACKENDS`
 //! backends (about 2 MiB at worst).
 
-use super::local::Control;
-use super::views::BackendsView;
-use crate::ids::GenerationId;
-use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use super::backends::BackendsView;
+use crate::ids::GenerationId;
+use crate::runtime::{OperationKind, OperationRecord};
 
 /// Seconds kept: 15 minutes.
 pub const POINTS: usize = 900;
@@ -109,6 +111,24 @@ impl Timeline {
     /// Adds the point of second `t`: each role's counts since the last
     /// reading of its generation (a generation read for the first time
     /// counts from zero, which is when it started answering).
+    /// Takes the point of second `at`: the roles' answers since the last
+    /// one, and the backends' health.
+    pub fn sample(
+        &mut self,
+        at: SystemTime,
+        roles: &[(&'static str, Arc<crate::generation::Ledger>)],
+        backends: &BackendsView,
+    ) {
+        let t = unix_seconds(at);
+        self.add(t, roles);
+        self.observe(t, backends);
+    }
+
+    /// A copy of the window: its points and each backend's health.
+    pub fn window(&self) -> (Vec<Point>, Vec<BackendTimeline>) {
+        (self.points.iter().cloned().collect(), self.health.clone())
+    }
+
     fn add(&mut self, t: u64, roles: &[(&'static str, Arc<crate::generation::Ledger>)]) {
         let mut last = HashMap::with_capacity(roles.len());
         let mut point = Point {
@@ -192,57 +212,39 @@ impl Timeline {
     }
 }
 
+/// The view of a window (`Timeline::window`) at `now`, with the
+/// operations of the log (newest first) that fall within it, oldest first.
+pub fn view<'a>(
+    points: Vec<Point>,
+    backends: Vec<BackendTimeline>,
+    now: SystemTime,
+    operations: impl Iterator<Item = &'a OperationRecord>,
+) -> TimelineView {
+    let since = unix_seconds(now).saturating_sub(POINTS as u64);
+    let events = operations
+        .filter_map(|o| {
+            let t = unix_seconds(humantime::parse_rfc3339(&o.at).ok()?);
+            (t >= since && o.kind != OperationKind::Preview).then(|| Event {
+                t,
+                kind: o.kind,
+                outcome: o.outcome,
+                generation: o.generation,
+                summary: o.summary.clone(),
+            })
+        })
+        .collect::<Vec<_>>();
+    TimelineView {
+        interval_seconds: 1,
+        window_seconds: POINTS as u64,
+        points,
+        backends,
+        events: events.into_iter().rev().collect(),
+    }
+}
+
 fn unix_seconds(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-impl Control {
-    /// Takes this second's point (called once a second by start-up's
-    /// gauge task).
-    pub fn sample_timeline(&self) {
-        let pending = self.pending().map(|p| (p.generation, p.rollback_to));
-        let roles = self.store.roles(pending);
-        let backends = self.backends();
-        let t = unix_seconds(SystemTime::now());
-        let mut timeline = self.timeline.lock().unwrap_or_else(PoisonError::into_inner);
-        timeline.add(t, &roles);
-        timeline.observe(t, &backends);
-    }
-
-    /// The last 15 minutes (see the module).
-    pub fn timeline_view(&self) -> TimelineView {
-        let (points, backends) = {
-            let timeline = self.timeline.lock().unwrap_or_else(PoisonError::into_inner);
-            (
-                timeline.points.iter().cloned().collect::<Vec<_>>(),
-                timeline.health.clone(),
-            )
-        };
-        let since = unix_seconds(SystemTime::now()).saturating_sub(POINTS as u64);
-        let events = self
-            .records
-            .lock()
-            .operations()
-            .filter_map(|o| {
-                let t = unix_seconds(humantime::parse_rfc3339(&o.at).ok()?);
-                (t >= since && o.kind != crate::runtime::OperationKind::Preview).then(|| Event {
-                    t,
-                    kind: o.kind,
-                    outcome: o.outcome,
-                    generation: o.generation,
-                    summary: o.summary.clone(),
-                })
-            })
-            .collect::<Vec<_>>();
-        TimelineView {
-            interval_seconds: 1,
-            window_seconds: POINTS as u64,
-            points,
-            backends,
-            events: events.into_iter().rev().collect(),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -250,7 +252,7 @@ mod timeline_tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::control::views::UpstreamView;
+    use crate::control::backends::UpstreamView;
     use crate::generation::Ledger;
 
     #[test]

@@ -1,13 +1,16 @@
 //! Read-only views of the control plane: status, history, operations.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::{Mutex, PoisonError};
+use std::sync::PoisonError;
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Control, ControlError};
+use super::backends::{member_views, BackendsView, UpstreamView};
+use super::error::ControlError;
+use super::local::Control;
+use super::timeline::{self, TimelineView};
 use crate::ids::GenerationId;
 use crate::plan::{self, Diff};
 use crate::runtime::{rfc3339, GenerationLoad, GenerationRecord, OperationRecord, Source};
@@ -109,7 +112,7 @@ pub struct OperationBrief {
 pub struct StatusView {
     pub pid: u32,
     /// The executable this process runs.
-    pub binary: Option<super::BinaryView>,
+    pub binary: Option<super::process::BinaryView>,
     pub phase: crate::runtime::Phase,
     pub active_generation: GenerationId,
     pub config_version: String,
@@ -121,7 +124,7 @@ pub struct StatusView {
     pub requests_total: u64,
     pub errors_total: u64,
     /// The generation awaiting confirmation, if any.
-    pub pending: Option<super::PendingView>,
+    pub pending: Option<super::pending::PendingView>,
     /// Whether the configuration file's text is the active generation's
     /// (`false` after an API activation, until the file is updated; a
     /// rotated certificate behind the same text is not looked at).
@@ -340,77 +343,6 @@ impl Control {
     }
 }
 
-/// Each retained generation's `rollback_candidate`, computed against the
-/// active generation named here: once per activation, not once per
-/// history request (planning a large configuration takes milliseconds:
-/// `docs/performance.md`).
-#[derive(Default)]
-pub(super) struct Candidacy(Mutex<(GenerationId, HashMap<GenerationId, bool>)>);
-
-impl Candidacy {
-    /// Whether `generation` could be activated against `active`, if known.
-    fn known(&self, active: GenerationId, generation: GenerationId) -> Option<bool> {
-        let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.0 != active {
-            *cache = (active, HashMap::new());
-        }
-        cache.1.get(&generation).copied()
-    }
-
-    /// Remembers it, unless the active generation moved meanwhile.
-    fn remember(&self, active: GenerationId, generation: GenerationId, activatable: bool) {
-        let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.0 == active {
-            cache.1.insert(generation, activatable);
-        }
-    }
-
-    #[cfg(test)]
-    fn summary(&self) -> (GenerationId, usize) {
-        let cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        (cache.0, cache.1.len())
-    }
-}
-
-/// `GET /admin/runtime/backends`: every upstream of the active generation
-/// and the live state of each of its backends (DESIGN §12).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BackendsView {
-    pub active_generation: GenerationId,
-    pub upstreams: Vec<UpstreamView>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct UpstreamView {
-    pub name: String,
-    pub policy: Cow<'static, str>,
-    pub backends: Vec<crate::backends::BackendView>,
-    /// Its discovery sources: what each gives, when it last resolved,
-    /// when it resolves next, and its last error.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sources: Vec<crate::discovery::SourceView>,
-}
-
-/// Each member's view, with where it came from, its weight and priority.
-pub fn member_views(
-    members: &crate::generation::Members,
-    live: &[u64],
-) -> Vec<crate::backends::BackendView> {
-    members
-        .backends
-        .iter()
-        .zip(&members.origins)
-        .zip(members.weights().zip(members.priorities()))
-        .map(|((backend, origin), (weight, priority))| {
-            let mut view = backend.view(live);
-            view.source = origin.as_deref().map(str::to_owned);
-            view.weight = (weight != 1).then_some(weight);
-            view.priority = (priority != 0).then_some(priority);
-            view
-        })
-        .collect()
-}
-
 impl Control {
     pub fn backends(&self) -> BackendsView {
         let active = self.store.load_full();
@@ -432,5 +364,32 @@ impl Control {
             active_generation: active.id,
             upstreams,
         }
+    }
+}
+
+impl Control {
+    /// Takes this second's point (called once a second by start-up's
+    /// gauge task).
+    pub fn sample_timeline(&self) {
+        let pending = self.pending().map(|p| (p.generation, p.rollback_to));
+        let roles = self.store.roles(pending);
+        let backends = self.backends();
+        self.timeline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sample(SystemTime::now(), &roles, &backends);
+    }
+
+    /// The last 15 minutes (see `timeline.rs`).
+    pub fn timeline_view(&self) -> TimelineView {
+        // One lock at a time: the window is copied out before the
+        // operation log is read.
+        let (points, backends) = self
+            .timeline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .window();
+        let records = self.records.lock();
+        timeline::view(points, backends, SystemTime::now(), records.operations())
     }
 }

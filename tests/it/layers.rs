@@ -303,6 +303,13 @@ const PROXY_ROOMS: [(&str, &[&str]); 4] = [
 /// `crate::<module>::x…` (or a group `{x, y::…}` after either); a path
 /// that goes deeper than a file names the deepest file it reaches.
 fn file_graph(module: &str) -> BTreeMap<String, BTreeSet<String>> {
+    file_graph_and_facade(module).0
+}
+
+/// `file_graph`, and the paths (`file: path`) that name no file of the
+/// module but an item `mod.rs` re-exports: an import through the façade,
+/// which hides the file it comes from.
+fn file_graph_and_facade(module: &str) -> (BTreeMap<String, BTreeSet<String>>, Vec<String>) {
     let root = workspace().join("src").join(module);
     let mut files = Vec::new();
     walk(&root, &mut files);
@@ -321,6 +328,7 @@ fn file_graph(module: &str) -> BTreeMap<String, BTreeSet<String>> {
     };
     let names: BTreeSet<String> = files.iter().map(|f| name_of(f)).collect();
     let mut graph = BTreeMap::new();
+    let mut facade = Vec::new();
     for file in &files {
         let name = name_of(file);
         let text = std::fs::read_to_string(file).unwrap();
@@ -334,7 +342,7 @@ fn file_graph(module: &str) -> BTreeMap<String, BTreeSet<String>> {
         // name without its last part either way (`a::b` and `a`).
         own.pop();
         let mut named = BTreeSet::new();
-        let mut resolve = |base: &[String], path: &str| {
+        let mut resolve = |base: &[String], path: &str, facade: &mut Vec<String>| {
             let mut segments: Vec<String> = base.to_vec();
             for segment in path.split("::").map(str::trim) {
                 match segment {
@@ -345,6 +353,7 @@ fn file_graph(module: &str) -> BTreeMap<String, BTreeSet<String>> {
                     other => segments.push(other.to_owned()),
                 }
             }
+            let wanted = segments.join("::");
             while !segments.is_empty() {
                 let candidate = segments.join("::");
                 if names.contains(&candidate) {
@@ -354,6 +363,11 @@ fn file_graph(module: &str) -> BTreeMap<String, BTreeSet<String>> {
                     return;
                 }
                 segments.pop();
+            }
+            // Nothing below the module's root names it: a path through
+            // `mod.rs` (or a crate path outside the module's files).
+            if !wanted.is_empty() && name != "(mod)" {
+                facade.push(format!("{name}: {wanted}"));
             }
         };
         for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
@@ -368,21 +382,21 @@ fn file_graph(module: &str) -> BTreeMap<String, BTreeSet<String>> {
                     if let Some(group) = rest.strip_prefix('{') {
                         let group = group.split('}').next().unwrap_or_default();
                         for item in group.split(',') {
-                            resolve(&base, item);
+                            resolve(&base, item, &mut facade);
                         }
                     } else {
                         let path: String = rest
                             .chars()
                             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
                             .collect();
-                        resolve(&base, &path);
+                        resolve(&base, &path, &mut facade);
                     }
                 }
             }
         }
         graph.insert(name, named);
     }
-    graph
+    (graph, facade)
 }
 
 /// The files of `graph` that reach each other (a cycle), if any.
@@ -468,4 +482,33 @@ fn the_request_path_imports_only_downward() {
         }
     }
     assert!(broken.is_empty(), "{broken:#?}");
+}
+
+#[test]
+fn control_files_import_each_other_without_cycles() {
+    let (graph, facade) = file_graph_and_facade("control");
+    assert!(
+        graph.get("local").is_some_and(|to| to.contains("records")),
+        "the graph was not read: {graph:#?}"
+    );
+    let cycles = file_cycles(&graph);
+    assert!(
+        cycles.is_empty(),
+        "import cycles between files of src/control/: {cycles:#?}"
+    );
+    // `mod.rs` only names the files: an import through it would hide an
+    // edge from the check above.
+    assert!(
+        facade.is_empty(),
+        "imports through control/mod.rs (name the file instead): {facade:#?}"
+    );
+}
+
+#[test]
+fn proxy_files_import_nothing_through_mod_rs() {
+    let (_, facade) = file_graph_and_facade("proxy");
+    assert!(
+        facade.is_empty(),
+        "imports through proxy/mod.rs (name the file instead): {facade:#?}"
+    );
 }

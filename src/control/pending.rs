@@ -1,0 +1,187 @@
+//! The pending generation of a guarded activation (DESIGN §14) as state:
+//! what settles it (deadline, guard, canary step), how it is recorded to
+//! survive a restart and shown in status, its slot on the control plane,
+//! and the answers a guard compares it by. `guarded.rs` is what the
+//! control plane does with it.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::candidate::{CanarySpec, GuardSpec};
+use crate::ids::GenerationId;
+use crate::runtime::rfc3339;
+use crate::runtime::GenerationStore;
+
+/// A generation on probation (DESIGN §14): active, and rolled back to
+/// `rollback_to` unless confirmed by `deadline`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PendingView {
+    pub generation: GenerationId,
+    /// The last final generation: what a missed deadline or an abort
+    /// brings back.
+    pub rollback_to: GenerationId,
+    /// `null` for a guard without `confirm_within`: its window decides.
+    pub deadline: Option<String>,
+    pub seconds_left: Option<f64>,
+    /// During canary steps: the share of new requests it takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canary_percent: Option<u8>,
+}
+
+/// The pending generation, while there is one: what settles it, and
+/// (persisted as a `PendingRecord`) what a restart needs to resume it.
+#[derive(Debug, Clone)]
+pub(super) struct Pending {
+    pub(super) generation: GenerationId,
+    pub(super) rollback_to: GenerationId,
+    /// `confirm_within`; none when a guard or a canary alone settles it.
+    pub(super) deadline: Option<Deadline>,
+    pub(super) guard: Option<GuardSpec>,
+    pub(super) canary: Option<CanarySpec>,
+    /// The canary step it is on: an index into `canary.steps`.
+    pub(super) step: usize,
+}
+
+/// A confirm deadline, on the timer's clock and on the wall clock (which
+/// is what survives a restart).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deadline {
+    pub(super) at: tokio::time::Instant,
+    pub(super) wall: SystemTime,
+}
+
+/// Answers of one generation over a guard's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Answers {
+    pub(crate) requests: u64,
+    pub(crate) errors: u64,
+}
+
+/// The previous generation's answers since a guard started: what the
+/// pending generation is compared with over the same window.
+pub(crate) struct Baseline {
+    pub(super) ledger: Option<Arc<crate::generation::Ledger>>,
+    pub(super) start: Answers,
+}
+
+/// The pending generation's slot (DESIGN §14): set and cleared under the
+/// operation lock, read by status, the timeline and the supervisors.
+#[derive(Default)]
+pub(super) struct PendingSlot(Mutex<Option<Pending>>);
+
+impl PendingSlot {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Option<Pending>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The pending generation, if any, as it is now.
+    pub(super) fn get(&self) -> Option<Pending> {
+        self.lock().clone()
+    }
+}
+
+impl Deadline {
+    pub(super) fn after(within: Duration) -> Self {
+        Self {
+            at: tokio::time::Instant::now() + within,
+            wall: SystemTime::now() + within,
+        }
+    }
+
+    /// A persisted deadline, with what is left of it (nothing, once past).
+    pub(super) fn from_unix_ms(ms: u64) -> Self {
+        let wall = SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        let left = wall
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        Self {
+            at: tokio::time::Instant::now() + left,
+            wall,
+        }
+    }
+
+    pub(super) fn unix_ms(self) -> u64 {
+        self.wall
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+impl Answers {
+    pub(crate) fn of(ledger: &crate::generation::Ledger) -> Self {
+        Self {
+            requests: ledger.requests.get(),
+            errors: ledger.errors.get(),
+        }
+    }
+
+    pub(crate) fn since(self, start: Answers) -> Self {
+        Self {
+            requests: self.requests.saturating_sub(start.requests),
+            errors: self.errors.saturating_sub(start.errors),
+        }
+    }
+
+    pub(super) fn ratio(self) -> f64 {
+        self.errors as f64 / self.requests.max(1) as f64
+    }
+}
+
+impl Baseline {
+    pub(crate) fn start(store: &GenerationStore, generation: Option<GenerationId>) -> Self {
+        let ledger = generation.and_then(|id| store.ledger(id));
+        let start = ledger.as_deref().map(Answers::of).unwrap_or_default();
+        Self { ledger, start }
+    }
+
+    pub(crate) fn answers(&self) -> Option<Answers> {
+        self.ledger
+            .as_deref()
+            .map(|l| Answers::of(l).since(self.start))
+    }
+}
+
+impl Pending {
+    pub(super) fn view(&self) -> PendingView {
+        PendingView {
+            generation: self.generation,
+            rollback_to: self.rollback_to,
+            deadline: self.deadline.map(|d| rfc3339(d.wall)),
+            seconds_left: self.deadline.map(|d| {
+                d.at.saturating_duration_since(tokio::time::Instant::now())
+                    .as_secs_f64()
+            }),
+            canary_percent: None,
+        }
+    }
+
+    pub(super) fn record(&self) -> crate::runtime::PendingRecord {
+        crate::runtime::PendingRecord {
+            generation: self.generation,
+            rollback_to: self.rollback_to,
+            deadline_unix_ms: self.deadline.map(Deadline::unix_ms),
+            guard: self.guard.as_ref().map(GuardSpec::record),
+            canary: self.canary.as_ref().map(|c| c.record(self.step)),
+        }
+    }
+
+    /// A persisted pending generation; `None` when its canary's
+    /// `hash_key` no longer reads (it did when it was written).
+    pub(super) fn resume(record: &crate::runtime::PendingRecord) -> Option<Self> {
+        let canary = match &record.canary {
+            Some(c) => Some(CanarySpec::from_record(c)?),
+            None => None,
+        };
+        let step = record.canary.as_ref().map_or(0, |c| c.step);
+        Some(Self {
+            generation: record.generation,
+            rollback_to: record.rollback_to,
+            deadline: record.deadline_unix_ms.map(Deadline::from_unix_ms),
+            guard: record.guard.as_ref().map(GuardSpec::from_record),
+            canary,
+            step,
+        })
+    }
+}
