@@ -11,6 +11,7 @@ mod compose;
 mod diagnostic;
 mod file;
 mod files;
+mod route;
 pub mod segments;
 mod source;
 
@@ -25,6 +26,7 @@ pub use compose::{check_shared, compose, SHARED_DOMAINS};
 pub use diagnostic::{Code, Diagnostic};
 pub use file::*;
 pub use files::{read_regular, MAX_CONFIG_FILE, MAX_REFERENCED_FILE};
+pub use route::*;
 pub use source::SourceMap;
 
 /// Configuration text together with where it came from.

@@ -512,3 +512,24 @@ fn proxy_files_import_nothing_through_mod_rs() {
         "imports through proxy/mod.rs (name the file instead): {facade:#?}"
     );
 }
+
+/// Files small enough to read in one sitting (STYLE.md): no source file's
+/// code above its tests runs past 900 lines. Test-only files (`tests.rs`)
+/// are not counted.
+#[test]
+fn no_source_file_runs_past_900_lines_of_code() {
+    let mut files = Vec::new();
+    walk(&workspace().join("src"), &mut files);
+    assert!(files.len() > 100, "the source was not read: {files:?}");
+    let long: Vec<String> = files
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| n != "tests.rs"))
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let code = text.split("\n#[cfg(test)]").next().unwrap_or_default();
+            let lines = code.lines().count();
+            (lines > 900).then(|| format!("{}: {lines}", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "split these by concept: {long:#?}");
+}

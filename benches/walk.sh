@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# One request's walk through the source (issue 55, docs/architecture.md):
+# which files of src/proxy/, src/admission.rs and src/backends/ its calls
+# enter, in order, from the accept loop to the backend and back, and how
+# often it enters a file it had left. The dev build of the gateway
+# serves one route to nginx `return 200` on one worker thread; gdb
+# attaches once it is ready, breaks on every function of those modules
+# (`rbreak`), one request is sent, and each hit's file is logged.
+# Consecutive hits in one file are one visit; a return is a visit to a
+# file visited before. Prints the files in order and the counts.
+#
+#   benches/walk.sh [BINARY]     (default target/debug/cutover)
+#
+# Needs gdb, nginx-light, curl, python3 (apt-get install them). Loopback
+# only; every process it starts is stopped by pid.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-target/debug/cutover}
+for tool in gdb nginx curl python3; do
+  command -v "$tool" > /dev/null || { echo "needs $tool (apt-get install gdb nginx-light curl python3)"; exit 1; }
+done
+dir=$(mktemp -d)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+back=$(free_port); port=$(free_port); admin=$(free_port)
+cat > "$dir/nginx.conf" <<NG
+worker_processes 1; pid $dir/nginx.pid; error_log $dir/nginx.err;
+events {}
+http { access_log off; server { listen 127.0.0.1:$back; location / { return 200 "hello, world\n"; } } }
+NG
+nginx -c "$dir/nginx.conf" -e "$dir/nginx.err"
+gateway=
+cleanup() {
+  [ -n "$gateway" ] && kill -KILL "$gateway" 2>/dev/null || true
+  kill "$(cat "$dir/nginx.pid")" 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+cat > "$dir/gw.toml" <<CFG
+[admin]
+bind = "127.0.0.1:$admin"
+[log]
+level = "warn"
+[runtime]
+worker_threads = 1
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:$port"
+[[routes]]
+name = "all"
+listeners = ["web"]
+upstream = "app"
+[upstreams.app]
+backends = [{ addr = "127.0.0.1:$back" }]
+CFG
+"$bin" run -c "$dir/gw.toml" > "$dir/out" 2> "$dir/err" &
+gateway=$!
+for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$admin/admin/ready" > /dev/null 2>&1 && break; sleep 0.1; done
+# Warm: the backend connection and every lazy piece exist before the
+# request that is followed (it reuses the pooled connection).
+curl -s -o /dev/null "http://127.0.0.1:$port/"
+cat > "$dir/gdb.cmd" <<'GDB'
+set pagination off
+set confirm off
+set print frame-arguments none
+set print address off
+set breakpoint pending off
+handle SIGPIPE nostop noprint pass
+rbreak ^cutover::proxy::
+rbreak ^cutover::admission::
+rbreak ^cutover::backends::h1::
+python
+import gdb
+for b in gdb.breakpoints() or []:
+    b.silent = True
+    b.commands = "python print('HIT ' + (gdb.selected_frame().find_sal().symtab.filename if gdb.selected_frame().find_sal().symtab else '?'))\ncontinue"
+end
+echo READY\n
+continue
+GDB
+gdb -batch -x "$dir/gdb.cmd" -p "$gateway" > "$dir/gdb.out" 2>&1 &
+debugger=$!
+for _ in $(seq 1 1200); do grep -q READY "$dir/gdb.out" 2>/dev/null && break; sleep 0.5; done
+sleep 2
+curl -s -o /dev/null -w '%{http_code}\n' --max-time 120 "http://127.0.0.1:$port/" > "$dir/status"
+sleep 2
+kill -INT "$debugger" 2>/dev/null || true
+kill -KILL "$gateway" 2>/dev/null || true; gateway=
+wait "$debugger" 2>/dev/null || true
+echo "status: $(cat "$dir/status")"
+python3 - "$dir/gdb.out" <<'PY'
+import sys
+hits = [l.split(' ', 1)[1].strip() for l in open(sys.argv[1], errors='replace') if l.startswith('HIT ')]
+hits = [h[h.find('src/'):] if 'src/' in h else h for h in hits]
+visits = []
+for h in hits:
+    if not visits or visits[-1] != h:
+        visits.append(h)
+seen, returns, per_file = set(), 0, {}
+for v in visits:
+    if v in seen:
+        returns += 1
+        per_file[v] = per_file.get(v, 0) + 1
+    seen.add(v)
+print(f"{len(hits)} function entries, {len(visits)} visits to {len(seen)} files, {returns} returns to a file left before")
+for f, n in sorted(per_file.items(), key=lambda x: -x[1]):
+    print(f"  {n:4} returns to {f}")
+print("walk:", " -> ".join(v.replace('src/', '') for v in visits))
+PY
