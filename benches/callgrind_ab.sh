@@ -62,9 +62,9 @@ CFG
   gateway=$!
   for _ in $(seq 1 600); do grep -q '"ready"' "$dir/out" 2>/dev/null && break; sleep 0.2; done
   h2load --h1 -n 2000 -c4 "http://127.0.0.1:$port/" > /dev/null 2>&1
-  callgrind_control --zero "$gateway" > /dev/null
+  callgrind_control --zero "$gateway" > /dev/null 2>&1
   h2load --h1 -n "$requests" -c4 "http://127.0.0.1:$port/" > "$dir/h2load" 2>&1
-  callgrind_control --dump=measured "$gateway" > /dev/null
+  callgrind_control --dump=measured "$gateway" > /dev/null 2>&1
   kill -TERM "$gateway"; wait "$gateway" 2>/dev/null || true; gateway=
   grep -q "succeeded, 0 failed, 0 errored" "$dir/h2load" || { echo "h2load saw failures:" >&2; cat "$dir/h2load" >&2; exit 1; }
   local total=0

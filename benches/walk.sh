@@ -32,7 +32,7 @@ gateway=
 cleanup() {
   [ -n "$gateway" ] && kill -KILL "$gateway" 2>/dev/null || true
   kill "$(cat "$dir/nginx.pid")" 2>/dev/null || true
-  rm -rf "$dir"
+  [ -n "${WALK_KEEP:-}" ] && echo "kept: $dir" || rm -rf "$dir"
 }
 trap cleanup EXIT
 cat > "$dir/gw.toml" <<CFG
@@ -65,14 +65,30 @@ set print frame-arguments none
 set print address off
 set breakpoint pending off
 handle SIGPIPE nostop noprint pass
-rbreak ^cutover::proxy::
-rbreak ^cutover::admission::
-rbreak ^cutover::backends::h1::
 python
-import gdb
-for b in gdb.breakpoints() or []:
-    b.silent = True
-    b.commands = "python print('HIT ' + (gdb.selected_frame().find_sal().symtab.filename if gdb.selected_frame().find_sal().symtab else '?'))\ncontinue"
+import gdb, re
+# Every function of the followed modules, by the file and line where it
+# starts (one breakpoint covers all its instantiations).
+places = set()
+for pattern in ("^cutover::proxy::", "^cutover::admission::", "^cutover::backends::h1::"):
+    listing = gdb.execute(f"info functions {pattern}", to_string=True)
+    file = None
+    for line in listing.splitlines():
+        header = re.match(r"^File (.+):$", line)
+        if header:
+            file = header.group(1)
+            continue
+        entry = re.match(r"^(\d+):\s", line)
+        if file and entry and file.startswith("src/"):
+            places.add((file, int(entry.group(1))))
+for file, line in sorted(places):
+    try:
+        b = gdb.Breakpoint(f"{file}:{line}", internal=False)
+        b.silent = True
+        b.commands = f"python print('HIT {file} ' + str(gdb.selected_frame().name()))\ncontinue"
+    except gdb.error:
+        pass
+print(f"{len(places)} places")
 end
 echo READY\n
 continue
@@ -89,7 +105,7 @@ wait "$debugger" 2>/dev/null || true
 echo "status: $(cat "$dir/status")"
 python3 - "$dir/gdb.out" <<'PY'
 import sys
-hits = [l.split(' ', 1)[1].strip() for l in open(sys.argv[1], errors='replace') if l.startswith('HIT ')]
+hits = [l.split(' ')[1].strip() for l in open(sys.argv[1], errors='replace') if l.startswith('HIT ')]
 hits = [h[h.find('src/'):] if 'src/' in h else h for h in hits]
 visits = []
 for h in hits:

@@ -11,8 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::candidate::{CanarySpec, GuardSpec};
 use crate::ids::GenerationId;
-use crate::runtime::rfc3339;
-use crate::runtime::GenerationStore;
+use crate::runtime::{rfc3339, GenerationStore};
 
 /// A generation on probation (DESIGN §14): active, and rolled back to
 /// `rollback_to` unless confirmed by `deadline`.

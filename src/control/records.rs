@@ -9,8 +9,7 @@ use std::time::{Instant, SystemTime};
 use super::candidate::Candidate;
 use crate::config::ConfigText;
 use crate::ids::GenerationId;
-use crate::runtime::Source;
-use crate::runtime::{rfc3339, History, OperationKind, OperationRecord, Outcome};
+use crate::runtime::{rfc3339, History, OperationKind, OperationRecord, Outcome, Source};
 
 /// The history, behind its lock.
 pub(super) struct Records {

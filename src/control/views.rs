@@ -1,8 +1,7 @@
 //! Read-only views of the control plane: status, history, operations.
 
 use std::borrow::Cow;
-use std::sync::Arc;
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
