@@ -13,6 +13,7 @@
 # Needs valgrind, nginx-light, nghttp2-client (h2load), python3 (apt-get
 # install them). Loopback only; every process it starts is stopped by pid.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 a_bin=${1:?usage: benches/callgrind_ab.sh A_BINARY B_BINARY [ROUNDS] [REQUESTS]}
 b_bin=${2:?usage: benches/callgrind_ab.sh A_BINARY B_BINARY [ROUNDS] [REQUESTS]}
 rounds=${3:-2}
@@ -21,43 +22,20 @@ for tool in valgrind callgrind_control nginx h2load python3; do
   command -v "$tool" > /dev/null || { echo "needs $tool (apt-get install valgrind nginx-light nghttp2-client python3)"; exit 1; }
 done
 dir=$(mktemp -d)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-back=$(free_port)
-cat > "$dir/nginx.conf" <<NG
-worker_processes 1; pid $dir/nginx.pid; error_log $dir/nginx.err;
-events {}
-http { access_log off; keepalive_requests 10000000; server { listen 127.0.0.1:$back; location / { return 200 "hello, world\n"; } } }
-NG
-nginx -c "$dir/nginx.conf" -e "$dir/nginx.err"
+. "$here/one_route.sh"
 gateway=
 cleanup() {
-  [ -n "$gateway" ] && kill -KILL "$gateway" 2>/dev/null || true
-  kill "$(cat "$dir/nginx.pid")" 2>/dev/null || true
+  one_route_cleanup "$dir"
   rm -rf "$dir"
 }
 trap cleanup EXIT
+back=$(start_backend "$dir")
 
 # Instructions per request of one binary, one run.
 count() {
   local bin=$1 port admin out
   port=$(free_port); admin=$(free_port); out=$dir/cg.$RANDOM
-  cat > "$dir/gw.toml" <<CFG
-[admin]
-bind = "127.0.0.1:$admin"
-[log]
-level = "warn"
-[runtime]
-worker_threads = 1
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:$port"
-[[routes]]
-name = "all"
-listeners = ["web"]
-upstream = "app"
-[upstreams.app]
-backends = [{ addr = "127.0.0.1:$back" }]
-CFG
+  write_gateway_config "$dir/gw.toml" "$admin" "$port" "$back"
   valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" run -c "$dir/gw.toml" > "$dir/out" 2> "$dir/err" &
   gateway=$!
   for _ in $(seq 1 600); do grep -q '"ready"' "$dir/out" 2>/dev/null && break; sleep 0.2; done

@@ -14,44 +14,23 @@
 # Needs gdb, nginx-light, curl, python3 (apt-get install them). Loopback
 # only; every process it starts is stopped by pid.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 cd "$(dirname "$0")/.."
 bin=${1:-target/debug/cutover}
 for tool in gdb nginx curl python3; do
   command -v "$tool" > /dev/null || { echo "needs $tool (apt-get install gdb nginx-light curl python3)"; exit 1; }
 done
 dir=$(mktemp -d)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-back=$(free_port); port=$(free_port); admin=$(free_port)
-cat > "$dir/nginx.conf" <<NG
-worker_processes 1; pid $dir/nginx.pid; error_log $dir/nginx.err;
-events {}
-http { access_log off; server { listen 127.0.0.1:$back; location / { return 200 "hello, world\n"; } } }
-NG
-nginx -c "$dir/nginx.conf" -e "$dir/nginx.err"
+. "$here/one_route.sh"
 gateway=
 cleanup() {
-  [ -n "$gateway" ] && kill -KILL "$gateway" 2>/dev/null || true
-  kill "$(cat "$dir/nginx.pid")" 2>/dev/null || true
+  one_route_cleanup "$dir"
   [ -n "${WALK_KEEP:-}" ] && echo "kept: $dir" || rm -rf "$dir"
 }
 trap cleanup EXIT
-cat > "$dir/gw.toml" <<CFG
-[admin]
-bind = "127.0.0.1:$admin"
-[log]
-level = "warn"
-[runtime]
-worker_threads = 1
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:$port"
-[[routes]]
-name = "all"
-listeners = ["web"]
-upstream = "app"
-[upstreams.app]
-backends = [{ addr = "127.0.0.1:$back" }]
-CFG
+back=$(start_backend "$dir")
+port=$(free_port); admin=$(free_port)
+write_gateway_config "$dir/gw.toml" "$admin" "$port" "$back"
 "$bin" run -c "$dir/gw.toml" > "$dir/out" 2> "$dir/err" &
 gateway=$!
 for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$admin/admin/ready" > /dev/null 2>&1 && break; sleep 0.1; done
@@ -107,18 +86,31 @@ python3 - "$dir/gdb.out" <<'PY'
 import sys
 hits = [l.split(' ')[1].strip() for l in open(sys.argv[1], errors='replace') if l.startswith('HIT ')]
 hits = [h[h.find('src/'):] if 'src/' in h else h for h in hits]
-visits = []
-for h in hits:
-    if not visits or visits[-1] != h:
-        visits.append(h)
-seen, returns, per_file = set(), 0, {}
-for v in visits:
-    if v in seen:
-        returns += 1
-        per_file[v] = per_file.get(v, 0) + 1
-    seen.add(v)
-print(f"{len(hits)} function entries, {len(visits)} visits to {len(seen)} files, {returns} returns to a file left before")
-for f, n in sorted(per_file.items(), key=lambda x: -x[1]):
-    print(f"  {n:4} returns to {f}")
-print("walk:", " -> ".join(v.replace('src/', '') for v in visits))
+# What hyper polls on every read and write of the client connection.
+io = {'src/proxy/observed.rs', 'src/proxy/downstream.rs', 'src/proxy/interim.rs',
+      'src/proxy/activity.rs', 'src/proxy/framing.rs'}
+
+def walk(label, entries):
+    visits = []
+    for h in entries:
+        if not visits or visits[-1] != h:
+            visits.append(h)
+    seen, returns, per_file = set(), 0, {}
+    for v in visits:
+        if v in seen:
+            returns += 1
+            per_file[v] = per_file.get(v, 0) + 1
+        seen.add(v)
+    print(f"{label}: {len(entries)} function entries, {len(visits)} visits to {len(seen)} files, {returns} returns to a file left before")
+    for f, n in sorted(per_file.items(), key=lambda x: -x[1]):
+        print(f"  {n:4} returns to {f}")
+    print("  walk:", " -> ".join(v.replace('src/', '') for v in visits))
+
+walk("the whole request", hits)
+# From the accept loop to the first entry into the backend codec after
+# the request path's entry, without hyper's I/O callbacks.
+path = [h for h in hits if h not in io]
+entry = next((i for i, h in enumerate(path) if h.endswith(('request.rs', 'http.rs'))), 0)
+end = next((i for i, h in enumerate(path) if 'backends/h1' in h and i > entry), len(path) - 1)
+walk("accept to backend, without I/O callbacks", path[:end + 1])
 PY
