@@ -382,6 +382,17 @@ pub fn client_key(ip: std::net::IpAddr) -> [u8; 16] {
     }
 }
 
+/// The method a CORS preflight asks about (`OPTIONS` with `Origin` and
+/// `Access-Control-Request-Method`): routes are matched by it, so that a
+/// route limited to `POST` answers the preflight of its `POST`s.
+pub fn preflight_method(req: &Request<ClientBody>) -> Option<http::Method> {
+    if req.method() != http::Method::OPTIONS || !req.headers().contains_key(header::ORIGIN) {
+        return None;
+    }
+    let asked = req.headers().get(header::ACCESS_CONTROL_REQUEST_METHOD)?;
+    http::Method::from_bytes(asked.as_bytes()).ok()
+}
+
 /// What routing reads of a request: the host of its authority, and its
 /// method (for a CORS preflight, `asked`: the method it asks about),
 /// headers and query.

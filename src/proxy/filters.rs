@@ -220,17 +220,6 @@ pub(super) fn check<'g>(
     })
 }
 
-/// The method a CORS preflight asks about (`OPTIONS` with `Origin` and
-/// `Access-Control-Request-Method`): routes are matched by it, so that a
-/// route limited to `POST` answers the preflight of its `POST`s.
-pub(super) fn preflight_method(req: &http::Request<ClientBody>) -> Option<Method> {
-    if req.method() != Method::OPTIONS || !req.headers().contains_key(header::ORIGIN) {
-        return None;
-    }
-    let asked = req.headers().get(header::ACCESS_CONTROL_REQUEST_METHOD)?;
-    Method::from_bytes(asked.as_bytes()).ok()
-}
-
 /// The answer to a preflight: 204, with what the route allows when the
 /// origin, the method and every requested header are allowed (the
 /// `Access-Control-Allow-Origin` and `-Credentials` come with the other
@@ -240,7 +229,7 @@ fn preflight(
     cors: &Cors,
     req: &http::Request<ClientBody>,
 ) -> Option<(Response<ResponseBody>, bool)> {
-    let method = preflight_method(req)?;
+    let method = edge::preflight_method(req)?;
     let headers = req.headers();
     let mut response = Response::new(ResponseBody::full(Bytes::new()));
     *response.status_mut() = http::StatusCode::NO_CONTENT;

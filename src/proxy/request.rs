@@ -349,7 +349,7 @@ fn route_and_answer<'g, 'a>(
                 .as_ref()
                 .map(|a| String::from_utf8_lossy(a.as_bytes()).into_owned());
         }
-        let asked_method = filters::preflight_method(&req);
+        let asked_method = edge::preflight_method(&req);
         let (host, head) = edge::routing_head(&req, authority.as_ref(), asked_method.as_ref());
         // One request in a few, on each serving thread, is kept for `impact`.
         if let Some(sample) = router.sample.as_ref().filter(|s| s.offered()) {

@@ -163,7 +163,7 @@ async fn replay<'g>(
         Ok(path) => path.into_owned(),
         Err(reason) => return refused(super::error::ProxyError::BadRequest(reason)),
     };
-    let asked_method = filters::preflight_method(&req);
+    let asked_method = edge::preflight_method(&req);
     let (host, head) = super::edge::routing_head(&req, authority.as_ref(), asked_method.as_ref());
     let Some(route) = router.route(host, &path, &head) else {
         return Replayed::local(None, StatusCode::NOT_FOUND);
