@@ -26,6 +26,16 @@ impl Expectation {
         }
     }
 
+    /// 428 when one is required and none is named: the first of the
+    /// rules, which a writer that reads the active generation remotely
+    /// (the fleet) checks before it asks.
+    pub fn given(&self) -> Result<(), ControlError> {
+        if self.required && self.named.is_none() {
+            return Err(ControlError::ExpectedGenerationRequired);
+        }
+        Ok(())
+    }
+
     /// Any other change's (rollback, confirm, abort, legacy reload): the
     /// generation it names is checked, none is required.
     pub fn optional(named: Option<GenerationId>) -> Self {
@@ -48,9 +58,7 @@ pub fn admit_change(
     active: GenerationId,
     pending: Option<GenerationId>,
 ) -> Result<(), ControlError> {
-    if expected.required && expected.named.is_none() {
-        return Err(ControlError::ExpectedGenerationRequired);
-    }
+    expected.given()?;
     if let Some(named) = expected.named.filter(|named| *named != active) {
         return Err(ControlError::Conflict {
             expected: named,

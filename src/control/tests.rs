@@ -276,6 +276,12 @@ fn the_expected_generation_rule_checks_required_then_conflict_then_pending() {
         admit_change(required(None), seven, Some(seven)),
         Err(ControlError::ExpectedGenerationRequired)
     ));
+    // The same first rule, alone, for a writer that asks remotely.
+    assert!(matches!(
+        required(None).given(),
+        Err(ControlError::ExpectedGenerationRequired)
+    ));
+    assert!(required(Some(eight)).given().is_ok());
     assert!(matches!(
         admit_change(required(Some(eight)), seven, Some(seven)),
         Err(ControlError::Conflict { expected, active }) if expected == eight && active == seven

@@ -406,6 +406,8 @@ impl Fleet {
             candidate.expected_generation,
             &self.control.store().load_full().spec,
         );
+        // Refused before etcd is asked anything.
+        expected.given()?;
         if let Some(spec) = candidate.shadow.clone() {
             return self
                 .activate_shadowed(candidate, expected, spec, shared, probation)
