@@ -111,7 +111,7 @@ fn bench_basic(c: &mut Criterion) {
         basic::parse_users,
     )
     .expect("users parse");
-    let checker = basic::Basic::new(file, "bench".into()).expect("basic");
+    let checker = basic::Basic::new(file, "bench".into(), true).expect("basic");
     let mut headers = HeaderMap::new();
     let credentials = base64::engine::general_purpose::STANDARD.encode("alice:secret");
     headers.insert(

@@ -23,11 +23,14 @@ use http::{HeaderMap, HeaderValue};
 /// 503 rather than queueing more hashing.
 const MAX_WAITING: usize = 1024;
 
-/// `auth = { basic = { users_file, realm } }`.
+/// `auth = { basic = { users_file, realm, forward_credentials } }`.
 #[derive(Debug)]
 pub struct Basic {
     pub users: SecretFile<Users>,
     pub realm: String,
+    /// Whether the backend is sent the client's `Authorization` (the
+    /// password) once it was checked.
+    pub forward_credentials: bool,
     challenge: HeaderValue,
     remembered: Remembered<()>,
 }
@@ -122,13 +125,18 @@ fn hash_of(text: &str) -> Result<Hash, &'static str> {
 }
 
 impl Basic {
-    pub fn new(users: SecretFile<Users>, realm: String) -> Result<Self, String> {
+    pub fn new(
+        users: SecretFile<Users>,
+        realm: String,
+        forward_credentials: bool,
+    ) -> Result<Self, String> {
         let challenge =
             HeaderValue::from_str(&format!("Basic realm=\"{realm}\", charset=\"UTF-8\""))
                 .map_err(|_| "the realm must be printable text".to_owned())?;
         Ok(Self {
             users,
             realm,
+            forward_credentials,
             challenge,
             remembered: Remembered::new(),
         })
@@ -151,7 +159,7 @@ impl Basic {
         };
         let key = Remembered::<()>::key(&[user.as_bytes(), hash.text().as_bytes(), &password]);
         if known.is_some() && self.remembered.get(&key).is_some() {
-            return Verdict::Allowed(Identity::subject(user));
+            return Verdict::Allowed(self.identity(user));
         }
         let verified = match verify_off_thread(hash, password).await {
             Some(verified) => verified,
@@ -161,7 +169,14 @@ impl Basic {
             return self.deny(Denial::Invalid);
         }
         self.remembered.put(key, REMEMBERED, ());
-        Verdict::Allowed(Identity::subject(user))
+        Verdict::Allowed(self.identity(user))
+    }
+
+    fn identity(&self, user: String) -> Identity {
+        Identity {
+            remove_credentials: !self.forward_credentials,
+            ..Identity::subject(user)
+        }
     }
 }
 
@@ -238,7 +253,7 @@ mod tests {
 
     fn basic(users: &str) -> Basic {
         let file = SecretFile::new("users", "users".into(), users.as_bytes(), parse_users).unwrap();
-        Basic::new(file, "ops".into()).unwrap()
+        Basic::new(file, "ops".into(), true).unwrap()
     }
 
     fn with(user: &str, password: &str) -> HeaderMap {

@@ -119,7 +119,8 @@ pub struct Identity {
     pub subject: Option<String>,
     /// Set on the request (`claims_to_headers`).
     pub headers: Vec<(HeaderName, HeaderValue)>,
-    /// Remove the credentials before forwarding (`forward_token = false`).
+    /// Remove the credentials before forwarding (JWT `forward_token =
+    /// false`, Basic `forward_credentials = false`).
     pub remove_credentials: bool,
 }
 
@@ -216,10 +217,16 @@ impl Auth {
     /// Sets what the check found on the request to forward.
     pub fn apply(&self, identity: &Identity, headers: &mut HeaderMap) {
         if identity.remove_credentials {
-            if let Auth::Jwt(jwt) = self {
-                if let jwt::TokenSource::Header(name) = &jwt.from {
-                    headers.remove(name);
+            match self {
+                Auth::Basic(_) => {
+                    headers.remove(http::header::AUTHORIZATION);
                 }
+                Auth::Jwt(jwt) => {
+                    if let jwt::TokenSource::Header(name) = &jwt.from {
+                        headers.remove(name);
+                    }
+                }
+                Auth::Forward(_) => {}
             }
         }
         for (name, value) in &identity.headers {

@@ -118,6 +118,9 @@ pub struct FileBasicAuth {
     pub users_file: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub realm: Option<String>,
+    /// `false`: the client's `Authorization` is removed once checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_credentials: Option<bool>,
 }
 
 /// `auth = { jwt = { … } }`.

@@ -280,6 +280,55 @@ open(out + "/hmac.key", "wb").write(hmac_key + b"\n")
 json.dump(tokens, open(out + "/tokens.json", "w"))
 "#;
 
+/// `forward_credentials = false` (issue 56 item 7): once checked, the
+/// client's `Authorization` (its password) is not sent on; by default it
+/// is, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_auth_forwards_the_credentials_unless_told_not_to() {
+    if !tool("/usr/bin/htpasswd", "apache2-utils") {
+        return;
+    }
+    let backend = echo_backend().await;
+    let dir = tempfile::tempdir().unwrap();
+    htpasswd(
+        &dir.path().join("users.htpasswd"),
+        "alice",
+        "alice-pass",
+        "-B",
+    );
+    let config = Config::new()
+        .listener("web", "")
+        .route(
+            "kept",
+            "listeners = [\"web\"]\npath_prefix = \"/kept\"\nupstream = \"app\"\nauth = { basic = { users_file = \"users.htpasswd\" } }",
+        )
+        .route(
+            "dropped",
+            "listeners = [\"web\"]\npath_prefix = \"/dropped\"\nupstream = \"app\"\nauth = { basic = { users_file = \"users.htpasswd\", forward_credentials = false } }",
+        )
+        .upstream("app", &[backend.addr], "")
+        .build();
+    let gw = Gateway::start_in(dir, &config);
+    let web = gw.listener("web");
+    let credentials = basic("alice", "alice-pass");
+    let (status, _, body) = request(web, "/kept", &[("authorization", &credentials)]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        echoed(&body, "authorization"),
+        Some(credentials.as_str()),
+        "{body}"
+    );
+    // Twice: the first check hashes, the second is remembered; neither
+    // sends the password on.
+    for _ in 0..2 {
+        let (status, _, body) = request(web, "/dropped", &[("authorization", &credentials)]).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(echoed(&body, "authorization"), None, "{body}");
+    }
+    let (status, _, _) = request(web, "/dropped", &[]).await;
+    assert_eq!(status, 401);
+}
+
 fn make_tokens(dir: &Path) -> Option<Value> {
     if !tool("/usr/bin/python3", "python3") {
         return None;

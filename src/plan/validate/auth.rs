@@ -106,7 +106,7 @@ impl Validator<'_> {
         if !printable {
             return None;
         }
-        basic::Basic::new(users, realm)
+        basic::Basic::new(users, realm, b.forward_credentials.unwrap_or(true))
             .map_err(|why| self.error(Code::InvalidValue, format!("{base}.realm"), why))
             .ok()
     }
