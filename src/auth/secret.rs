@@ -5,7 +5,9 @@
 //! path checks against, and read again by `reload-certs`. A file that no
 //! longer reads or parses then keeps its last good contents, and the
 //! reload reports it. Contents never leave this type: errors name the
-//! file and a line, `Debug` names the file.
+//! file and a line, `Debug` names the file. A file that several routes
+//! (or a listener default and a route) name is one `SecretFile`, cloned:
+//! parsed once, reloaded once.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,7 +18,10 @@ use sha2::{Digest, Sha256};
 /// Parses a secret file's bytes; the error names a line, never a value.
 pub type Parse<T> = fn(&[u8]) -> Result<T, String>;
 
-pub struct SecretFile<T> {
+/// One secret file; clones share it.
+pub struct SecretFile<T>(Arc<Shared<T>>);
+
+struct Shared<T> {
     /// As the configuration names it (relative names stay relative).
     shown: String,
     /// Resolved against the configuration's folder.
@@ -30,9 +35,15 @@ struct Loaded<T> {
     digest: [u8; 32],
 }
 
+impl<T> Clone for SecretFile<T> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
 impl<T> std::fmt::Debug for SecretFile<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("SecretFile").field(&self.shown).finish()
+        f.debug_tuple("SecretFile").field(&self.0.shown).finish()
     }
 }
 
@@ -40,7 +51,7 @@ impl<T: Send + Sync + 'static> SecretFile<T> {
     /// From the bytes validation read.
     pub fn new(shown: &str, path: PathBuf, bytes: &[u8], parse: Parse<T>) -> Result<Self, String> {
         let value = parse(bytes)?;
-        Ok(Self {
+        Ok(Self(Arc::new(Shared {
             shown: shown.to_owned(),
             path,
             parse,
@@ -48,12 +59,12 @@ impl<T: Send + Sync + 'static> SecretFile<T> {
                 value: Arc::new(value),
                 digest: Sha256::digest(bytes).into(),
             }),
-        })
+        })))
     }
 
     /// What requests check against now.
     pub fn get(&self) -> Arc<T> {
-        Arc::clone(&self.current.load().value)
+        Arc::clone(&self.0.current.load().value)
     }
 }
 
@@ -64,26 +75,33 @@ pub trait Reload: Send + Sync {
     /// Reads and parses the file again: whether its bytes changed, or why
     /// it could not be taken (the last good contents stay).
     fn reload(&self) -> Result<bool, String>;
+    /// The same for every clone of one file: a reload lists it once.
+    fn identity(&self) -> usize;
 }
 
 impl<T: Send + Sync + 'static> Reload for SecretFile<T> {
     fn file(&self) -> &str {
-        &self.shown
+        &self.0.shown
     }
 
     fn reload(&self) -> Result<bool, String> {
-        let bytes = crate::config::read_regular(&self.path, crate::config::MAX_REFERENCED_FILE)
-            .map_err(|e| format!("cannot read '{}': {e}", self.path.display()))?;
+        let this = &self.0;
+        let bytes = crate::config::read_regular(&this.path, crate::config::MAX_REFERENCED_FILE)
+            .map_err(|e| format!("cannot read '{}': {e}", this.path.display()))?;
         let digest: [u8; 32] = Sha256::digest(&bytes).into();
-        if digest == self.current.load().digest {
+        if digest == this.current.load().digest {
             return Ok(false);
         }
-        let value = (self.parse)(&bytes).map_err(|e| format!("'{}': {e}", self.shown))?;
-        self.current.store(Arc::new(Loaded {
+        let value = (this.parse)(&bytes).map_err(|e| format!("'{}': {e}", this.shown))?;
+        this.current.store(Arc::new(Loaded {
             value: Arc::new(value),
             digest,
         }));
         Ok(true)
+    }
+
+    fn identity(&self) -> usize {
+        Arc::as_ptr(&self.0).cast::<()>() as usize
     }
 }
 

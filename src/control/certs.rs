@@ -234,8 +234,14 @@ impl Control {
 /// does not read or parse keeps its last good contents and is reported.
 fn reload_secrets(spec: &Spec, warnings: &mut Vec<String>) -> Vec<SecretView> {
     let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for auth in crate::plan::auths(spec) {
-        for secret in auth.secrets() {
+        // A file several routes name is one secret: reloaded and listed once.
+        for secret in auth
+            .secrets()
+            .into_iter()
+            .filter(|s| seen.insert(s.identity()))
+        {
             let view = match secret.reload() {
                 Ok(changed) => SecretView {
                     file: secret.file().to_owned(),

@@ -280,6 +280,50 @@ open(out + "/hmac.key", "wb").write(hmac_key + b"\n")
 json.dump(tokens, open(out + "/tokens.json", "w"))
 "#;
 
+/// A users file that a listener default and a route both name is one
+/// secret (issue 56 item 6): `reload-certs` reloads and lists it once,
+/// and the rotated file is live on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_file_named_twice_is_one_secret() {
+    if !tool("/usr/bin/htpasswd", "apache2-utils") {
+        return;
+    }
+    let backend = echo_backend().await;
+    let dir = tempfile::tempdir().unwrap();
+    htpasswd(
+        &dir.path().join("users.htpasswd"),
+        "alice",
+        "alice-pass",
+        "-B",
+    );
+    let config = Config::new()
+        .listener(
+            "web",
+            r#"defaults = { auth = { basic = { users_file = "users.htpasswd", realm = "ops" } } }"#,
+        )
+        .route(
+            "own",
+            "listeners = [\"web\"]\npath_prefix = \"/own\"\nupstream = \"app\"\nauth = { basic = { users_file = \"users.htpasswd\", realm = \"own\" } }",
+        )
+        .route("api", "listeners = [\"web\"]\npath_prefix = \"/\"\nupstream = \"app\"")
+        .upstream("app", &[backend.addr], "")
+        .build();
+    let gw = Gateway::start_in(dir, &config);
+    let web = gw.listener("web");
+    htpasswd(&gw.path("users.htpasswd"), "bob", "bob-pass", "-B");
+    let (status, body) = reload_certs(&gw).await;
+    assert_eq!(status, 200, "{body}");
+    let secrets = body["secrets"].as_array().expect("secrets");
+    assert_eq!(secrets.len(), 1, "one file, one secret: {body}");
+    assert_eq!(secrets[0]["file"], "users.htpasswd", "{body}");
+    assert_eq!(secrets[0]["changed"], true, "{body}");
+    for path in ["/own/x", "/x"] {
+        let (status, _, body) =
+            request(web, path, &[("authorization", &basic("bob", "bob-pass"))]).await;
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+}
+
 /// `forward_credentials = false` (issue 56 item 7): once checked, the
 /// client's `Authorization` (its password) is not sent on; by default it
 /// is, as before.

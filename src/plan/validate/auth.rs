@@ -76,8 +76,22 @@ impl Validator<'_> {
         parse: auth::secret::Parse<T>,
     ) -> Option<SecretFile<T>> {
         let bytes = self.read_file(path.clone(), name)?;
-        match SecretFile::new(name, self.base_dir.join(name), &bytes, parse) {
-            Ok(file) => Some(file),
+        let resolved = self.base_dir.join(name);
+        // Named again (a listener default and a route, two routes): the
+        // one parsed the first time, shared.
+        let key = (resolved.clone(), parse as usize);
+        if let Some(file) = self
+            .secrets
+            .get(&key)
+            .and_then(|known| known.downcast_ref::<SecretFile<T>>())
+        {
+            return Some(file.clone());
+        }
+        match SecretFile::new(name, resolved, &bytes, parse) {
+            Ok(file) => {
+                self.secrets.insert(key, Box::new(file.clone()));
+                Some(file)
+            }
             Err(why) => {
                 self.error(Code::InvalidSecretFile, path, format!("'{name}': {why}"));
                 None

@@ -97,6 +97,7 @@ pub fn validate_against(
         route_files: Vec::new(),
         route_reused: Vec::new(),
         upstream_files: Vec::new(),
+        secrets: HashMap::new(),
     };
     let context = reuse::route_context(&file, &v.roots);
     if let Some(active) = active.filter(|a| a.pieces.route_context == context) {
@@ -208,6 +209,9 @@ struct Validator<'a> {
     /// Per valid route: whether it is the active configuration's.
     route_reused: Vec<bool>,
     upstream_files: Vec<(String, Vec<(String, Digest)>)>,
+    /// Secret files parsed so far, by resolved path and parser: a file
+    /// named twice is one `SecretFile` (`auth.rs`).
+    secrets: HashMap<(PathBuf, usize), Box<dyn std::any::Any + Send + Sync>>,
 }
 
 fn is_valid_name(name: &str) -> bool {
