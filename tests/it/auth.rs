@@ -280,13 +280,11 @@ open(out + "/hmac.key", "wb").write(hmac_key + b"\n")
 json.dump(tokens, open(out + "/tokens.json", "w"))
 "#;
 
-/// A users file that a listener default and a route both name is one
-/// secret (issue 56 item 6): `reload-certs` reloads and lists it once,
-/// and the rotated file is live on both.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_secret_file_named_twice_is_one_secret() {
+/// An echo backend and a folder whose `users.htpasswd` (bcrypt) holds
+/// alice; `None`, having said so, without `htpasswd`.
+async fn alice_beside_an_echo_backend() -> Option<(Backend, tempfile::TempDir)> {
     if !tool("/usr/bin/htpasswd", "apache2-utils") {
-        return;
+        return None;
     }
     let backend = echo_backend().await;
     let dir = tempfile::tempdir().unwrap();
@@ -296,6 +294,17 @@ async fn a_secret_file_named_twice_is_one_secret() {
         "alice-pass",
         "-B",
     );
+    Some((backend, dir))
+}
+
+/// A users file that a listener default and a route both name is one
+/// secret (issue 56 item 6): `reload-certs` reloads and lists it once,
+/// and the rotated file is live on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_file_named_twice_is_one_secret() {
+    let Some((backend, dir)) = alice_beside_an_echo_backend().await else {
+        return;
+    };
     let config = Config::new()
         .listener(
             "web",
@@ -329,17 +338,9 @@ async fn a_secret_file_named_twice_is_one_secret() {
 /// is, as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn basic_auth_forwards_the_credentials_unless_told_not_to() {
-    if !tool("/usr/bin/htpasswd", "apache2-utils") {
+    let Some((backend, dir)) = alice_beside_an_echo_backend().await else {
         return;
-    }
-    let backend = echo_backend().await;
-    let dir = tempfile::tempdir().unwrap();
-    htpasswd(
-        &dir.path().join("users.htpasswd"),
-        "alice",
-        "alice-pass",
-        "-B",
-    );
+    };
     let config = Config::new()
         .listener("web", "")
         .route(
