@@ -220,6 +220,40 @@ pub(super) fn check<'g>(
     })
 }
 
+/// A request no route took, on a listener whose `defaults` set `cors`
+/// (DESIGN §17): a preflight is answered by them (what browsers may ask
+/// of this listener; the routes say which methods exist), and any other
+/// request's 404 is marked for an allowed origin, so that a page can read
+/// it instead of a CORS failure. `None` without a default `cors`.
+pub(super) fn unrouted<'g>(
+    req: &http::Request<ClientBody>,
+    defaults: Option<&'g Defaults>,
+) -> Option<(Option<Response<ResponseBody>>, Box<Shaped<'g>>)> {
+    let cors = defaults?.cors.as_deref()?;
+    let preflight = preflight(cors, req);
+    let mark = CorsMark::of(cors, req.headers());
+    let mark = match &preflight {
+        // A refused preflight gets no CORS headers at all.
+        Some((_, false)) => CorsMark {
+            allowed: None,
+            preflight: true,
+            ..mark
+        },
+        Some((_, true)) => CorsMark {
+            preflight: true,
+            ..mark
+        },
+        None => mark,
+    };
+    let shaped = Box::new(Shaped {
+        values: None,
+        request_id: None,
+        cors: Some(mark),
+        compress: None,
+    });
+    Some((preflight.map(|(answer, _)| answer), shaped))
+}
+
 /// The answer to a preflight: 204, with what the route allows when the
 /// origin, the method and every requested header are allowed (the
 /// `Access-Control-Allow-Origin` and `-Credentials` come with the other

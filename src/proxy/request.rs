@@ -363,7 +363,16 @@ fn route_and_answer<'g, 'a>(
             sample.record(&offered, &router.sample_names);
         }
         let Some(route) = router.route(host, &path, &head) else {
-            return Served::refused(ProxyError::NoRoute);
+            // The listener's default CORS still answers for it.
+            let (answer, shaped) = match filters::unrouted(&req, router.edge.defaults.as_deref()) {
+                Some((answer, shaped)) => (answer, Some(shaped)),
+                None => (None, None),
+            };
+            return Served {
+                route: None,
+                result: answer.ok_or(ProxyError::NoRoute),
+                shaped,
+            };
         };
         let normalized = match path {
             Cow::Owned(path) => Some(path),

@@ -147,18 +147,9 @@ async fn preflights_are_answered_before_quota_and_auth_and_answers_are_marked() 
     assert!(body.to_string().contains("Fetch standard"), "{body}");
 }
 
-/// A page on one origin fetches from the gateway on another, with a
-/// method and a header that make the browser send a preflight first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_real_browser_makes_a_preflighted_cross_origin_fetch() {
-    let Some(chromium) = crate::observability::installed("chromium") else {
-        eprintln!(
-            "SKIPPED: chromium is not installed (apt-get install chromium; .ci/run installs it)"
-        );
-        return;
-    };
-    let backend = echo_backend().await;
-    // The page's own server; its address is its origin.
+/// The page's own server (its address is its origin) and the page it
+/// serves, written once the gateway's address is known.
+async fn page_site() -> (Backend, std::sync::Arc<std::sync::Mutex<String>>) {
     let page = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let served = std::sync::Arc::clone(&page);
     let site = Backend::start(std::sync::Arc::new(move |_req| {
@@ -172,6 +163,21 @@ async fn a_real_browser_makes_a_preflighted_cross_origin_fetch() {
         })
     }))
     .await;
+    (site, page)
+}
+
+/// A page on one origin fetches from the gateway on another, with a
+/// method and a header that make the browser send a preflight first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_browser_makes_a_preflighted_cross_origin_fetch() {
+    let Some(chromium) = crate::observability::installed("chromium") else {
+        eprintln!(
+            "SKIPPED: chromium is not installed (apt-get install chromium; .ci/run installs it)"
+        );
+        return;
+    };
+    let backend = echo_backend().await;
+    let (site, page) = page_site().await;
     let origin = format!("http://{}", site.addr);
     let config = Config::new()
         .log("access = true\naccess_file = \"access.log\"\nformat = \"json\"")
@@ -242,4 +248,67 @@ ask("/api/items", "allowed").then(() => ask("/closed/items", "refused"));
             .all(|l| l["backend"].is_null() || l["method"] != "OPTIONS"),
         "{lines:?}"
     );
+}
+
+/// A preflight for a method no route serves (issue 56 item 4) is answered
+/// by the listener's default `cors`, and the 404 that follows is marked:
+/// the page reads "404" instead of a CORS failure. A method the default
+/// does not allow is still refused at the preflight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_reads_the_404_of_a_method_no_route_serves() {
+    let Some(chromium) = crate::observability::installed("chromium") else {
+        eprintln!(
+            "SKIPPED: chromium is not installed (apt-get install chromium; .ci/run installs it)"
+        );
+        return;
+    };
+    let backend = echo_backend().await;
+    let (site, page) = page_site().await;
+    let origin = format!("http://{}", site.addr);
+    let config = Config::new()
+        .log("access = true\naccess_file = \"access.log\"\nformat = \"json\"")
+        .listener(
+            "web",
+            &format!(
+                r#"defaults = {{ cors = {{ allow_origins = ["{origin}"], allow_methods = ["PUT", "DELETE"], allow_headers = ["x-token"] }} }}"#
+            ),
+        )
+        .route(
+            "api",
+            r#"listeners = ["web"]
+path_prefix = "/api/"
+methods = ["PUT"]
+upstream = "app""#,
+        )
+        .upstream("app", &[backend.addr], "")
+        .build();
+    let gw = Gateway::start(&config);
+    let api = format!("http://{}", gw.listener("web"));
+    *page.lock().unwrap() = format!(
+        r#"<!doctype html><html><body><p id="unrouted">pending</p><p id="refused">pending</p><script>
+const ask = (method, id) => fetch("{api}/api/items", {{ method, headers: {{ "x-token": "t1" }} }})
+  .then(r => {{ document.getElementById(id).textContent = "status " + r.status; }})
+  .catch(e => {{ document.getElementById(id).textContent = "failed " + e.name; }});
+ask("DELETE", "unrouted").then(() => ask("PATCH", "refused"));
+</script></body></html>"#
+    );
+    let out = headless_dom(chromium, format!("{origin}/")).await;
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && dom.contains("<html"),
+        "chromium failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dom.contains(r#"<p id="unrouted">status 404</p>"#), "{dom}");
+    assert!(
+        dom.contains(r#"<p id="refused">failed TypeError</p>"#),
+        "{dom}"
+    );
+    // The gateway answered the preflights itself: no route, 204.
+    let lines = access_lines(&gw.path("access.log"), 3).await;
+    let answered = lines
+        .iter()
+        .filter(|l| l["method"] == "OPTIONS" && l["status"] == 204 && l["route"].is_null())
+        .count();
+    assert_eq!(answered, 2, "{lines:?}");
 }
