@@ -162,31 +162,18 @@ pub(super) fn check<'g>(
     // credentials with one).
     let preflight = cors.and_then(|cors| preflight(cors, req));
     let compress = filters.compress();
-    let shaped =
-        (response.is_some() || request_id.is_some() || cors.is_some() || compress.is_some()).then(
-            || {
-                let vars = seen.vars(req, client, request_id.as_ref());
-                let mut shaped = Shaped::new(response, &vars, request_id.clone());
-                shaped.cors = cors.map(|cors| {
-                    let mark = CorsMark::of(cors, req.headers());
-                    match &preflight {
-                        // A refused preflight gets no CORS headers at all.
-                        Some((_, false)) => CorsMark {
-                            allowed: None,
-                            preflight: true,
-                            ..mark
-                        },
-                        Some((_, true)) => CorsMark {
-                            preflight: true,
-                            ..mark
-                        },
-                        None => mark,
-                    }
-                });
-                shaped.compress = compress.map(|c| CompressMark::of(c, req));
-                Box::new(shaped)
-            },
-        );
+    let shaped = (response.is_some()
+        || request_id.is_some()
+        || cors.is_some()
+        || compress.is_some())
+    .then(|| {
+        let vars = seen.vars(req, client, request_id.as_ref());
+        let mut shaped = Shaped::new(response, &vars, request_id.clone());
+        shaped.cors = cors
+            .map(|cors| CorsMark::answering(cors, req.headers(), preflight.as_ref().map(|p| p.1)));
+        shaped.compress = compress.map(|c| CompressMark::of(c, req));
+        Box::new(shaped)
+    });
     if let Some(access) = filters.own.and_then(|f| f.access.as_ref()) {
         if !access.admits(client) {
             // Counted by `handle`, as every refusal the error names.
@@ -231,20 +218,7 @@ pub(super) fn unrouted<'g>(
 ) -> Option<(Option<Response<ResponseBody>>, Box<Shaped<'g>>)> {
     let cors = defaults?.cors.as_deref()?;
     let preflight = preflight(cors, req);
-    let mark = CorsMark::of(cors, req.headers());
-    let mark = match &preflight {
-        // A refused preflight gets no CORS headers at all.
-        Some((_, false)) => CorsMark {
-            allowed: None,
-            preflight: true,
-            ..mark
-        },
-        Some((_, true)) => CorsMark {
-            preflight: true,
-            ..mark
-        },
-        None => mark,
-    };
+    let mark = CorsMark::answering(cors, req.headers(), preflight.as_ref().map(|p| p.1));
     let shaped = Box::new(Shaped {
         values: None,
         request_id: None,
@@ -321,6 +295,25 @@ impl<'g> CorsMark<'g> {
             cors,
             allowed,
             preflight: false,
+        }
+    }
+
+    /// The marks of an answer to a request; `preflight`: the request is
+    /// a preflight, allowed (`true`) or refused (`false`). A refused
+    /// preflight gets no CORS headers at all.
+    fn answering(cors: &'g Cors, headers: &HeaderMap, preflight: Option<bool>) -> Self {
+        let mark = CorsMark::of(cors, headers);
+        match preflight {
+            Some(false) => CorsMark {
+                allowed: None,
+                preflight: true,
+                ..mark
+            },
+            Some(true) => CorsMark {
+                preflight: true,
+                ..mark
+            },
+            None => mark,
         }
     }
 

@@ -166,14 +166,34 @@ async fn page_site() -> (Backend, std::sync::Arc<std::sync::Mutex<String>>) {
     (site, page)
 }
 
+/// Chromium, or `None` having said why the test skips.
+fn chromium() -> Option<std::path::PathBuf> {
+    let found = crate::observability::installed("chromium");
+    if found.is_none() {
+        eprintln!(
+            "SKIPPED: chromium is not installed (apt-get install chromium; .ci/run installs it)"
+        );
+    }
+    found
+}
+
+/// The DOM of `origin`'s page once headless Chromium ran its script.
+async fn page_in_chromium(chromium: std::path::PathBuf, origin: &str) -> String {
+    let out = headless_dom(chromium, format!("{origin}/")).await;
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && dom.contains("<html"),
+        "chromium failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dom
+}
+
 /// A page on one origin fetches from the gateway on another, with a
 /// method and a header that make the browser send a preflight first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_browser_makes_a_preflighted_cross_origin_fetch() {
-    let Some(chromium) = crate::observability::installed("chromium") else {
-        eprintln!(
-            "SKIPPED: chromium is not installed (apt-get install chromium; .ci/run installs it)"
-        );
+    let Some(chromium) = chromium() else {
         return;
     };
     let backend = echo_backend().await;
@@ -211,13 +231,7 @@ const ask = (path, id) => fetch("{api}" + path, {{ method: "PUT", headers: {{ "x
 ask("/api/items", "allowed").then(() => ask("/closed/items", "refused"));
 </script></body></html>"#
     );
-    let out = headless_dom(chromium, format!("{origin}/")).await;
-    let dom = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && dom.contains("<html"),
-        "chromium failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let dom = page_in_chromium(chromium, &origin).await;
     assert!(
         dom.contains(r#"<p id="allowed">status 200 backend echo echoed PUT /api/items</p>"#),
         "{dom}"
@@ -256,10 +270,7 @@ ask("/api/items", "allowed").then(() => ask("/closed/items", "refused"));
 /// does not allow is still refused at the preflight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_reads_the_404_of_a_method_no_route_serves() {
-    let Some(chromium) = crate::observability::installed("chromium") else {
-        eprintln!(
-            "SKIPPED: chromium is not installed (apt-get install chromium; .ci/run installs it)"
-        );
+    let Some(chromium) = chromium() else {
         return;
     };
     let backend = echo_backend().await;
@@ -292,13 +303,7 @@ const ask = (method, id) => fetch("{api}/api/items", {{ method, headers: {{ "x-t
 ask("DELETE", "unrouted").then(() => ask("PATCH", "refused"));
 </script></body></html>"#
     );
-    let out = headless_dom(chromium, format!("{origin}/")).await;
-    let dom = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && dom.contains("<html"),
-        "chromium failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let dom = page_in_chromium(chromium, &origin).await;
     assert!(dom.contains(r#"<p id="unrouted">status 404</p>"#), "{dom}");
     assert!(
         dom.contains(r#"<p id="refused">failed TypeError</p>"#),
