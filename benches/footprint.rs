@@ -7,6 +7,12 @@
 //! Starts the binary, waits for its ready line, lets it settle, then reads
 //! `VmRSS` and `VmHWM` from `/proc`. Linux only.
 //!
+//! Then the CPU an idle gateway spends a second with one backend and with
+//! 10 000 (100 upstreams of 100, no active checks), nobody reading the
+//! admin API: what its own once-a-second work costs (the console's
+//! timeline, gauges). `CUTOVER_BENCH_BASELINE=path/to/cutover` measures an
+//! earlier build beside this one.
+//!
 //! Run: `cargo bench --bench footprint`.
 
 mod common;
@@ -66,6 +72,64 @@ fn main() {
         );
     }
     under_load(&dir.path().join("gateway.toml"));
+    idle_cpu(&dir.path().join("gateway.toml"));
+}
+
+/// `upstreams` upstreams of `per` backends each (nothing listens there:
+/// no check, no traffic, so nothing should look at them).
+fn many_backends(upstreams: usize, per: usize) -> String {
+    let mut config = String::from(
+        "[admin]\nbind = \"127.0.0.1:0\"\n\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n",
+    );
+    for u in 0..upstreams {
+        config.push_str(&format!(
+            "\n[[routes]]\nname = \"r{u}\"\nlisteners = [\"web\"]\npath_prefix = \"/u{u}/\"\nupstream = \"u{u}\"\n"
+        ));
+    }
+    for u in 0..upstreams {
+        let backends: Vec<String> = (0..per)
+            .map(|b| format!("{{ addr = \"127.0.{u}.{}:8080\" }}", b + 1))
+            .collect();
+        config.push_str(&format!(
+            "\n[upstreams.u{u}]\nbackends = [{}]\n",
+            backends.join(", ")
+        ));
+    }
+    config
+}
+
+/// Milliseconds of CPU per second of an idle gateway, over 20 s after 3 s
+/// to settle, for this build and the baseline's if one is given.
+fn idle_cpu(path: &std::path::Path) {
+    let seconds = common::env_u64("CUTOVER_BENCH_IDLE_SECONDS", 20);
+    println!();
+    println!(
+        "{:<44} {:>10} {:>10}",
+        "idle, nobody reading", "this ms/s", "base ms/s"
+    );
+    for (label, upstreams, per) in [
+        ("1 backend", 1, 1),
+        ("10 000 backends (100 upstreams x 100)", 100, 100),
+    ] {
+        std::fs::write(path, many_backends(upstreams, per)).expect("write config");
+        let mut measured = Vec::new();
+        let this: std::path::PathBuf = std::env::var_os("CUTOVER_BENCH_BINARY")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_cutover").into())
+            .into();
+        for binary in std::iter::once(this).chain(common::baseline_binary()) {
+            let (mut child, _) = common::start_binary(&binary, path);
+            std::thread::sleep(Duration::from_secs(3));
+            let before = common::run_nanoseconds(child.id());
+            std::thread::sleep(Duration::from_secs(seconds));
+            let ran = common::run_nanoseconds(child.id()).saturating_sub(before);
+            stop(&mut child);
+            measured.push(ran as f64 / 1e6 / seconds as f64);
+        }
+        let base = measured
+            .get(1)
+            .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.2}"));
+        println!("{label:<44} {:>10.2} {base:>10}", measured[0]);
+    }
 }
 
 /// The small configuration's direct-response route under 20 s of

@@ -38,9 +38,11 @@
 //! connection fell behind; (e) direct and cutover against the in-process
 //! hyper backend, the second backend; (f) cutover with the access log
 //! (JSON, to a file) off and on, in alternating rounds; (h) the route
-//! without `auth`, with `auth = "none"`, and with forward auth asking the
-//! same nginx (`return 200`) as its auth service, in alternating rounds:
-//! the added latency of the auth round trip and the cost of the opt-out.
+//! without `auth`, with `auth = "none"`, with forward auth asking the
+//! same nginx (`return 200`) as its auth service, and with that forward
+//! auth's `cache` (every request after the first answered from it), in
+//! alternating rounds: the added latency of the auth round trip, what the
+//! cache saves, and the cost of the opt-out.
 //!
 //! Run: `cargo bench --bench proxy` (`CUTOVER_BENCH_SECONDS` sets each
 //! run's length, default 10). Installs nothing: `apt-get install wrk
@@ -1231,7 +1233,7 @@ fn activated_http1(
     )
 }
 
-/// (h): the same route three ways, alternating per round.
+/// (h): the same route four ways, alternating per round.
 fn auth_costs(
     runtime: &tokio::runtime::Runtime,
     tools: &Tools,
@@ -1266,6 +1268,19 @@ fn auth_costs(
                 )
             ),
         ),
+        (
+            "forward, cached",
+            format!(
+                "{}\n[upstreams.authz]\nbackends = {app}\n",
+                config.replacen(
+                    route,
+                    &format!(
+                        "auth = {{ forward = {{ url = \"http://authz/auth\", timeout = \"1s\", cache = {{ ttl = \"60s\" }} }} }}\n{route}"
+                    ),
+                    1
+                )
+            ),
+        ),
     ];
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); variants.len()];
     // One connection, one request at a time: the latency each adds.
@@ -1294,7 +1309,7 @@ fn auth_costs(
     println!("\nh) route authentication ({rounds} rounds each, alternating):");
     for ((label, _), runs) in variants.iter().zip(&runs) {
         println!(
-            "  {label:<14} {:.0} req/s  CPU {:.2} µs/request  p50 {:.3} ms  p99 {:.3} ms  errors {}",
+            "  {label:<16} {:.0} req/s  CPU {:.2} µs/request  p50 {:.3} ms  p99 {:.3} ms  errors {}",
             spread(runs, |r| r.requests_per_sec).0,
             spread(runs, Run::cpu_us_per_request).0,
             spread(runs, |r| r.p50_ms).0,
@@ -1305,15 +1320,20 @@ fn auth_costs(
     if tools.wrk {
         let p50 = |i: usize| spread(&alone[i], |r| r.p50_ms).0 * 1000.0;
         println!(
-            "  one connection, p50: no auth {:.0} µs, auth = \"none\" {:.0} µs, forward auth {:.0} µs (+{:.0} µs for the auth round trip)",
+            "  one connection, p50: no auth {:.0} µs, auth = \"none\" {:.0} µs, forward auth {:.0} µs (+{:.0} µs for the auth round trip), cached {:.0} µs",
             p50(0),
             p50(1),
             p50(2),
-            p50(2) - p50(0)
+            p50(2) - p50(0),
+            p50(3)
         );
     }
     let base = &runs[0];
-    for (i, label) in [(1, "auth = \"none\""), (2, "forward auth")] {
+    for (i, label) in [
+        (1, "auth = \"none\""),
+        (2, "forward auth"),
+        (3, "forward auth, cached"),
+    ] {
         println!(
             "  {label} / no auth: throughput {:.3}, CPU per request {:.3}, p50 {:.3}",
             spread(&runs[i], |r| r.requests_per_sec).0 / spread(base, |r| r.requests_per_sec).0,

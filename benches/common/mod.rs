@@ -315,6 +315,19 @@ pub fn thread_ticks(pid: u32, prefix: &str) -> std::collections::BTreeMap<u32, u
         .collect()
 }
 
+/// Nanoseconds every thread of `pid` has run so far (the scheduler's own
+/// account, `/proc/PID/task/*/schedstat`: finer than clock ticks, for an
+/// idle process that runs a few milliseconds a second).
+pub fn run_nanoseconds(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// CPU seconds used so far by `pid` and its child processes (nginx's
 /// workers), from `/proc`.
 pub fn cpu_seconds(pid: u32) -> f64 {

@@ -32,6 +32,9 @@ pub struct Forward {
     pub response_headers: Vec<HeaderName>,
     /// `true`: a failed auth service lets requests through.
     pub fail_open: bool,
+    /// Answers kept for the next requests with the same credentials
+    /// (`cache = { … }`; `forward_cache.rs`).
+    pub cache: Option<super::forward_cache::ForwardCache>,
 }
 
 impl Forward {

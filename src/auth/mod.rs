@@ -17,6 +17,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method as HttpMethod};
 
 pub mod basic;
 pub mod forward;
+pub mod forward_cache;
 pub mod jwt;
 mod remember;
 pub mod secret;

@@ -2,7 +2,8 @@
 //! same credentials does not pay for a password hash or a signature on
 //! every request. Keyed by a salted SHA-256 of what identifies the
 //! credentials (never the credentials themselves), bounded in entries,
-//! each until the earlier of its own deadline and [`REMEMBERED`].
+//! each until the earlier of its own deadline and the longest it may be
+//! kept ([`REMEMBERED`] for Basic and JWT; forward auth's `cache.ttl`).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -17,6 +18,10 @@ pub const REMEMBERED_MAX: usize = 4096;
 
 pub struct Remembered<V> {
     entries: Mutex<HashMap<[u8; 32], (Instant, V)>>,
+    /// At most this many entries ...
+    max: usize,
+    /// ... each for at most this long.
+    longest: Duration,
 }
 
 impl<V> std::fmt::Debug for Remembered<V> {
@@ -29,21 +34,34 @@ impl<V> std::fmt::Debug for Remembered<V> {
 }
 
 impl<V: Clone> Remembered<V> {
+    /// [`REMEMBERED_MAX`] entries, each for at most [`REMEMBERED`].
     pub fn new() -> Self {
+        Self::bounded(REMEMBERED_MAX, REMEMBERED)
+    }
+
+    /// `max` entries, each for at most `longest`.
+    pub fn bounded(max: usize, longest: Duration) -> Self {
         Self {
             entries: Mutex::new(HashMap::new()),
+            max: max.max(1),
+            longest,
         }
     }
 
     /// The key of `parts` (each length-prefixed): sha256(process salt ‖
     /// parts).
     pub fn key(parts: &[&[u8]]) -> [u8; 32] {
+        Self::key_with(|put| parts.iter().for_each(|part| put(part)))
+    }
+
+    /// [`Remembered::key`] of the parts `feed` puts, one by one.
+    pub fn key_with(feed: impl FnOnce(&mut dyn FnMut(&[u8]))) -> [u8; 32] {
         let mut hasher = Sha256::new();
         hasher.update(salt());
-        for part in parts {
+        feed(&mut |part: &[u8]| {
             hasher.update((part.len() as u64).to_be_bytes());
             hasher.update(part);
-        }
+        });
         hasher.finalize().into()
     }
 
@@ -55,20 +73,29 @@ impl<V: Clone> Remembered<V> {
             .map(|(_, value)| value.clone())
     }
 
-    /// Remembers `value` for `ttl`, at most [`REMEMBERED`].
+    /// Remembers `value` for `ttl`, at most the longest it may be kept.
+    /// Full, the expired entries go; full of live ones, all go (one
+    /// sweep per `max` insertions at worst, never a scan per request).
     pub fn put(&self, key: [u8; 32], ttl: Duration, value: V) {
         let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if entries.len() >= REMEMBERED_MAX {
+        if entries.len() >= self.max && !entries.contains_key(&key) {
             entries.retain(|_, (until, _)| *until > now);
-            if entries.len() >= REMEMBERED_MAX {
+            if entries.len() >= self.max {
                 entries.clear();
             }
         }
-        entries.insert(key, (now + ttl.min(REMEMBERED), value));
+        entries.insert(key, (now + ttl.min(self.longest), value));
     }
 
-    #[cfg(test)]
+    /// Forgets everything; returns how many entries there were.
+    pub fn clear(&self) -> usize {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = entries.len();
+        entries.clear();
+        n
+    }
+
     pub fn len(&self) -> usize {
         self.entries
             .lock()

@@ -124,7 +124,9 @@ impl Health {
     }
 
     fn set(&self, state: HealthState) {
-        self.state.store(state.as_u8(), Ordering::Release);
+        if self.state.swap(state.as_u8(), Ordering::AcqRel) != state.as_u8() {
+            super::note_state_change();
+        }
     }
 }
 

@@ -105,6 +105,7 @@ impl BackendRegistry {
         self.backends.get_or_try_insert(&key, || {
             let backend = Backend::exported(key.clone())?;
             health::start(&backend);
+            note_state_change();
             Ok(backend)
         })
     }
@@ -123,6 +124,23 @@ impl BackendRegistry {
     pub fn live(&self) -> usize {
         self.backends.live()
     }
+}
+
+/// How many times a backend's health or ejection changed, a backend was
+/// created, or a discovered membership was rebuilt, since start: what the
+/// console's timeline compares to know whether any backend's state can
+/// have moved since its last look (an idle gateway with 10 000 backends
+/// then looks at none of them).
+static STATE_CHANGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The count of state changes so far (see [`STATE_CHANGES`]).
+pub fn state_changes() -> u64 {
+    STATE_CHANGES.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Notes that some backend's state, or some upstream's membership, moved.
+pub fn note_state_change() {
+    STATE_CHANGES.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
 }
 
 /// Data-plane workers: backends keep their pooled HTTP/1.1 connections in
@@ -231,6 +249,16 @@ pub struct CheckView {
 }
 
 impl Backend {
+    /// What the console's timeline shows of it: `ejected`, or its health
+    /// (`healthy`, `unhealthy`, `unknown`, `unchecked`).
+    pub fn state_name(&self) -> &'static str {
+        if self.outlier.is_ejected() {
+            "ejected"
+        } else {
+            self.health.state().name()
+        }
+    }
+
     /// The admin view; `live` are the ids of the live generations.
     pub fn view(&self, live: &[u64]) -> BackendView {
         let until = self.outlier.ejected_until_ms();

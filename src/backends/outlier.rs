@@ -98,6 +98,7 @@ impl Outlier {
             self.trusted_since.store(now_ms(), Ordering::Relaxed);
             self.probe_at.store(0, Ordering::Release);
             self.ejected_until.store(0, Ordering::Release);
+            super::note_state_change();
         }
     }
 
@@ -140,6 +141,7 @@ impl Outlier {
         self.ejected_until
             .store(now + length.as_millis() as u64, Ordering::Release);
         self.ejections.fetch_add(1, Ordering::Relaxed);
+        super::note_state_change();
         length
     }
 }

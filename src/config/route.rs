@@ -108,6 +108,24 @@ pub struct FileForwardAuth {
     /// `"deny"` (default) or `"allow"` when the auth service fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// Keep the auth service's answers for the next requests with the
+    /// same credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<FileForwardCache>,
+}
+
+/// `forward = { …, cache = { ttl, key_headers, max_entries } }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileForwardCache {
+    /// The longest an answer is kept (its `Cache-Control` may say less).
+    pub ttl: String,
+    /// What tells two requests' credentials apart (default: the
+    /// `request_headers`, which it must include).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_headers: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_entries: Option<u64>,
 }
 
 /// `auth = { basic = { … } }`.

@@ -54,7 +54,15 @@ pub struct CertReload {
     /// listener is named).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<SecretView>,
+    /// The forward-auth answers the routes' caches held, forgotten (with
+    /// the secrets: when no listener is named).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub auth_answers_forgotten: usize,
     pub operation_id: String,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 const EXPIRY_WARNING_SECS: i64 = 7 * 24 * 3600;
@@ -175,9 +183,12 @@ impl Control {
             })
             .collect::<Vec<_>>();
         self.install_certificates(next);
-        let secrets = match only {
-            Some(_) => Vec::new(),
-            None => reload_secrets(&active.spec, &mut warnings),
+        let (secrets, forgotten) = match only {
+            Some(_) => (Vec::new(), 0),
+            None => (
+                reload_secrets(&active.spec, &mut warnings),
+                forget_auth_answers(&active.spec),
+            ),
         };
         let changed = listeners
             .iter()
@@ -212,6 +223,7 @@ impl Control {
             listeners,
             warnings,
             secrets,
+            auth_answers_forgotten: forgotten,
             operation_id,
         })
     }
@@ -264,6 +276,20 @@ fn reload_secrets(spec: &Spec, warnings: &mut Vec<String>) -> Vec<SecretView> {
         }
     }
     out
+}
+
+/// Empties every forward auth's cache of answers (a credential revoked
+/// at the auth service is refused from now on, not after `ttl`); returns
+/// how many answers were forgotten.
+fn forget_auth_answers(spec: &Spec) -> usize {
+    crate::plan::auths(spec)
+        .into_iter()
+        .filter_map(|auth| match auth {
+            crate::auth::Auth::Forward(forward) => forward.cache.as_ref(),
+            _ => None,
+        })
+        .map(crate::auth::forward_cache::ForwardCache::clear)
+        .sum()
 }
 
 /// Expiring certificates, and route hosts no certificate of their listener covers.

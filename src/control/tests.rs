@@ -307,3 +307,58 @@ fn the_expected_generation_rule_checks_required_then_conflict_then_pending() {
         Ok(())
     );
 }
+
+/// The timeline looks at the backends only when one's state or the
+/// active generation moved; a move between two seconds is still noted.
+#[tokio::test]
+async fn the_timeline_notes_a_backend_that_changed_between_two_idle_seconds() {
+    let (control, _dir) = control_with(
+        r#"
+[admin]
+bind = "127.0.0.1:0"
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "app"
+listeners = ["web"]
+path_prefix = "/"
+upstream = "app"
+
+[upstreams.app]
+backends = [{ addr = "127.0.0.1:9" }, { addr = "127.0.0.1:10" }]
+"#,
+        || {},
+    );
+    let states = |control: &Control| -> Vec<Vec<String>> {
+        control
+            .timeline_view()
+            .backends
+            .iter()
+            .map(|b| b.changes.iter().map(|c| c.state.to_string()).collect())
+            .collect()
+    };
+    control.sample_timeline();
+    control.sample_timeline();
+    assert_eq!(states(&control), [["unchecked"], ["unchecked"]]);
+    // An ejection between two looks: it counts as a change, so the next
+    // second looks and notes it.
+    let active = control.store.load_full();
+    let upstream = active.upstream("app").expect("upstream");
+    let backend = std::sync::Arc::clone(&upstream.members().backends[1]);
+    backend.outlier.eject(&upstream.outlier);
+    control.sample_timeline();
+    assert_eq!(
+        states(&control),
+        [vec!["unchecked"], vec!["unchecked", "ejected"]]
+    );
+    // Back: noted too.
+    backend.outlier.success();
+    control.sample_timeline();
+    assert_eq!(
+        states(&control),
+        [vec!["unchecked"], vec!["unchecked", "ejected", "unchecked"]]
+    );
+}

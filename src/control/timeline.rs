@@ -19,7 +19,6 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::backends::BackendsView;
 use crate::ids::GenerationId;
 use crate::runtime::{OperationKind, OperationRecord};
 
@@ -103,30 +102,71 @@ pub(super) struct Timeline {
     points: VecDeque<Point>,
     last: HashMap<GenerationId, Reading>,
     health: Vec<BackendTimeline>,
-    /// Where each followed backend (upstream, address) is in `health`.
-    followed: HashMap<(String, String), usize>,
+    /// Where each followed backend is in `health`: by upstream, then by
+    /// address (looked up by `&str`, nothing allocated once followed).
+    followed: HashMap<String, HashMap<String, usize>>,
+    /// The backends' state-change count and the active generation at the
+    /// last look at the backends: while neither moves, no backend's
+    /// state can have, and the next second looks at none of them.
+    looked: Option<(u64, GenerationId)>,
 }
 
 impl Timeline {
-    /// Adds the point of second `t`: each role's counts since the last
-    /// reading of its generation (a generation read for the first time
-    /// counts from zero, which is when it started answering).
     /// Takes the point of second `at`: the roles' answers since the last
-    /// one, and the backends' health.
+    /// one, and the health of `active`'s backends if any backend's state
+    /// or membership changed (`changes`, read before `active` was loaded:
+    /// a change while this looks is looked at again next second) or the
+    /// active generation did since the last look.
     pub fn sample(
         &mut self,
         at: SystemTime,
         roles: &[(&'static str, Arc<crate::generation::Ledger>)],
-        backends: &BackendsView,
+        changes: u64,
+        active: &crate::generation::Generation,
     ) {
         let t = unix_seconds(at);
         self.add(t, roles);
-        self.observe(t, backends);
+        if self.looked == Some((changes, active.id)) {
+            return;
+        }
+        let mut upstreams: Vec<_> = active.upstreams().collect();
+        upstreams.sort_by(|a, b| a.name.cmp(&b.name));
+        let members: Vec<_> = upstreams.iter().map(|u| (&u.name, u.members())).collect();
+        self.observe(
+            t,
+            members.iter().flat_map(|(upstream, members)| {
+                members
+                    .backends
+                    .iter()
+                    .map(|b| (upstream.as_str(), b.key.addr.as_str(), b.state_name()))
+            }),
+        );
+        self.looked = Some((changes, active.id));
     }
 
-    /// A copy of the window: its points and each backend's health.
-    pub fn window(&self) -> (Vec<Point>, Vec<BackendTimeline>) {
-        (self.points.iter().cloned().collect(), self.health.clone())
+    /// A copy of the window at `now`: its points and each backend's
+    /// health, from the state it had when the window starts.
+    pub fn window(&self, now: SystemTime) -> (Vec<Point>, Vec<BackendTimeline>) {
+        let oldest = unix_seconds(now).saturating_sub(POINTS as u64);
+        let health = self
+            .health
+            .iter()
+            .map(|backend| {
+                // The last change at or before the window's start is the
+                // state it starts with; older ones are outside it.
+                let from = backend
+                    .changes
+                    .iter()
+                    .rposition(|c| c.t <= oldest)
+                    .unwrap_or(0);
+                BackendTimeline {
+                    upstream: backend.upstream.clone(),
+                    addr: backend.addr.clone(),
+                    changes: backend.changes[from..].to_vec(),
+                }
+            })
+            .collect();
+        (self.points.iter().cloned().collect(), health)
     }
 
     fn add(&mut self, t: u64, roles: &[(&'static str, Arc<crate::generation::Ledger>)]) {
@@ -169,44 +209,53 @@ impl Timeline {
         self.points.push_back(point);
     }
 
-    /// Notes each backend's state at second `t` where it changed.
-    fn observe(&mut self, t: u64, backends: &BackendsView) {
+    /// Notes the state of each backend (upstream, address, state) at
+    /// second `t` where it changed.
+    fn observe<'a>(
+        &mut self,
+        t: u64,
+        backends: impl Iterator<Item = (&'a str, &'a str, &'static str)>,
+    ) {
         let oldest = t.saturating_sub(POINTS as u64);
-        for upstream in &backends.upstreams {
-            for backend in &upstream.backends {
-                let state: Cow<'static, str> = if backend.ejected {
-                    Cow::Borrowed("ejected")
-                } else {
-                    Cow::Borrowed(backend.health.name())
-                };
-                let key = (upstream.name.clone(), backend.addr.clone());
-                let index = match self.followed.get(&key) {
-                    Some(index) => *index,
-                    None if self.health.len() < BACKENDS => {
-                        self.health.push(BackendTimeline {
-                            upstream: key.0.clone(),
-                            addr: key.1.clone(),
-                            changes: Vec::new(),
-                        });
-                        self.followed.insert(key, self.health.len() - 1);
-                        self.health.len() - 1
-                    }
-                    None => continue,
-                };
-                let Some(entry) = self.health.get_mut(index) else {
-                    continue;
-                };
-                if entry.changes.last().is_some_and(|c| c.state == state) {
-                    continue;
+        for (upstream, addr, state) in backends {
+            let followed = self
+                .followed
+                .get(upstream)
+                .and_then(|addrs| addrs.get(addr))
+                .copied();
+            let index = match followed {
+                Some(index) => index,
+                None if self.health.len() < BACKENDS => {
+                    self.health.push(BackendTimeline {
+                        upstream: upstream.to_owned(),
+                        addr: addr.to_owned(),
+                        changes: Vec::new(),
+                    });
+                    let index = self.health.len() - 1;
+                    self.followed
+                        .entry(upstream.to_owned())
+                        .or_default()
+                        .insert(addr.to_owned(), index);
+                    index
                 }
-                entry.changes.push(Change { t, state });
-                // Past the window or the cap, the oldest change goes; the
-                // one before the window's start stays as its first state.
-                while entry.changes.len() > CHANGES
-                    || (entry.changes.len() > 1 && entry.changes[1].t <= oldest)
-                {
-                    entry.changes.remove(0);
-                }
+                None => continue,
+            };
+            let Some(entry) = self.health.get_mut(index) else {
+                continue;
+            };
+            if entry.changes.last().is_some_and(|c| c.state == state) {
+                continue;
+            }
+            entry.changes.push(Change {
+                t,
+                state: Cow::Borrowed(state),
+            });
+            // Past the window or the cap, the oldest change goes; the one
+            // before the window's start stays as its first state.
+            while entry.changes.len() > CHANGES
+                || (entry.changes.len() > 1 && entry.changes[1].t <= oldest)
+            {
+                entry.changes.remove(0);
             }
         }
     }
@@ -252,7 +301,6 @@ mod timeline_tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::control::backends::UpstreamView;
     use crate::generation::Ledger;
 
     #[test]
@@ -298,40 +346,16 @@ mod timeline_tests {
     #[test]
     fn health_keeps_its_changes_bounded_per_backend_and_in_backends() {
         let mut timeline = Timeline::default();
-        let view = |healthy: bool, n: usize| BackendsView {
-            active_generation: GenerationId(1),
-            upstreams: vec![UpstreamView {
-                name: "app".into(),
-                policy: "round_robin".into(),
-                backends: (0..n)
-                    .map(|i| crate::backends::BackendView {
-                        addr: format!("10.0.0.{i}:80"),
-                        protocol: "http1".into(),
-                        health: if healthy {
-                            crate::backends::HealthState::Healthy
-                        } else {
-                            crate::backends::HealthState::Unhealthy
-                        },
-                        last_check: None,
-                        ejected: false,
-                        ejected_until_unix_ms: None,
-                        ejections: 0,
-                        inflight: 0,
-                        ewma_ms: None,
-                        attempts: 0,
-                        failures: 0,
-                        generations: vec![1],
-                        source: None,
-                        weight: None,
-                        priority: None,
-                    })
-                    .collect(),
-                sources: Vec::new(),
-            }],
+        let addrs: Vec<String> = (0..BACKENDS + 500)
+            .map(|i| format!("10.0.{}.{}:80", i / 256, i % 256))
+            .collect();
+        let view = |healthy: bool, n: usize| {
+            let state = if healthy { "healthy" } else { "unhealthy" };
+            addrs[..n].iter().map(move |a| ("app", a.as_str(), state))
         };
         // A flapping backend, for longer than the window.
         for t in 0..2_000u64 {
-            timeline.observe(t, &view(t % 2 == 0, 1));
+            timeline.observe(t, view(t % 2 == 0, 1));
         }
         let changes = &timeline.health[0].changes;
         assert!(changes.len() <= CHANGES, "{}", changes.len());
@@ -339,12 +363,34 @@ mod timeline_tests {
         // Steady: one change, whatever the time.
         let mut steady = Timeline::default();
         for t in 0..100 {
-            steady.observe(t, &view(true, 1));
+            steady.observe(t, view(true, 1));
         }
         assert_eq!(steady.health[0].changes.len(), 1);
         // More backends than followed: the first BACKENDS.
         let mut many = Timeline::default();
-        many.observe(0, &view(true, BACKENDS + 500));
+        many.observe(0, view(true, BACKENDS + 500));
         assert_eq!(many.health.len(), BACKENDS);
+    }
+
+    #[test]
+    fn the_window_starts_each_backend_at_its_state_when_the_window_starts() {
+        // A backend that flapped long ago and has been steady since: no
+        // look trims it (nothing changed), the window does.
+        let mut timeline = Timeline::default();
+        for (t, state) in [
+            (10, "unknown"),
+            (20, "healthy"),
+            (30, "unhealthy"),
+            (40, "healthy"),
+        ] {
+            timeline.observe(t, std::iter::once(("app", "10.0.0.1:80", state)));
+        }
+        let at = |t: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(t);
+        let (_, health) = timeline.window(at(35 + POINTS as u64));
+        let kept: Vec<_> = health[0].changes.iter().map(|c| (c.t, &*c.state)).collect();
+        assert_eq!(kept, [(30, "unhealthy"), (40, "healthy")]);
+        let (_, health) = timeline.window(at(10_000));
+        assert_eq!(health[0].changes.len(), 1, "steady since before the window");
+        assert_eq!(health[0].changes[0].state, "healthy");
     }
 }

@@ -372,11 +372,12 @@ impl Control {
     pub fn sample_timeline(&self) {
         let pending = self.pending().map(|p| (p.generation, p.rollback_to));
         let roles = self.store.roles(pending);
-        let backends = self.backends();
+        let changes = crate::backends::state_changes();
+        let active = self.store.load_full();
         self.timeline
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .sample(SystemTime::now(), &roles, &backends);
+            .sample(SystemTime::now(), &roles, changes, &active);
     }
 
     /// The last 15 minutes (see `timeline.rs`).
@@ -387,7 +388,7 @@ impl Control {
             .timeline
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .window();
+            .window(SystemTime::now());
         let records = self.records.lock();
         timeline::view(points, backends, SystemTime::now(), records.operations())
     }

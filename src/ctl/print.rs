@@ -361,6 +361,12 @@ pub(super) fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
                 };
                 println!("secret {}: {state}", secret.file);
             }
+            if reload.auth_answers_forgotten > 0 {
+                println!(
+                    "forward auth: {} kept answers forgotten",
+                    reload.auth_answers_forgotten
+                );
+            }
             for warning in &reload.warnings {
                 println!("warning: {warning}");
             }

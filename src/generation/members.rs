@@ -344,6 +344,7 @@ impl Membership {
         let members = self.template.assemble(&self.sources, &self.generations());
         tracing::debug!(upstream = %self.template.spec.name, members = members.backends.len(), "members changed");
         self.current.store(Arc::new(members));
+        crate::backends::note_state_change();
     }
 
     /// The members now.

@@ -23,8 +23,8 @@ pub use maglev::{hash_key, Maglev};
 pub use members::{Members, MembersRef, Membership};
 pub use quota::QuotaTable;
 pub use route::{
-    matches_request, Action, CopyKind, ListenerSlot, Refusal, RequestHead, Route, RouteShared,
-    RouteSlot, Saturated, COPY_OUTCOMES,
+    matches_request, Action, CacheLookup, CopyKind, ListenerSlot, Refusal, RequestHead, Route,
+    RouteShared, RouteSlot, Saturated, COPY_OUTCOMES,
 };
 pub use router::{Routed, Router};
 pub use upstream::{Upstream, WeightedSchedule};

@@ -65,6 +65,9 @@ pub struct RouteShared {
     /// Authentication checks by method and outcome; admitted apart, at
     /// the route's first check.
     auth: [[Count; Outcome::ALL.len()]; AuthMethod::ALL.len()],
+    /// Forward auth's cache lookups, by `CacheLookup` (exported with
+    /// `auth`).
+    auth_cache: [Count; CacheLookup::ALL.len()],
     auth_exported: OnceLock<bool>,
     /// Copies of its requests in flight to its `mirror` (every
     /// generation's), bounded by the mirror's `max_inflight`.
@@ -129,8 +132,33 @@ impl Refusal {
 const ROUTE_SERIES: usize = 5 + m::REQUEST_DURATION_BUCKETS.len() + 3 + 2 + Refusal::ALL.len() + 1;
 /// Series of one route's gRPC calls: one per status code.
 const GRPC_SERIES: usize = Code::ALL.len();
-/// Series of one route's authentication checks.
-const AUTH_SERIES: usize = Outcome::ALL.len() * AuthMethod::ALL.len();
+/// Series of one route's authentication checks and cache lookups.
+const AUTH_SERIES: usize = Outcome::ALL.len() * AuthMethod::ALL.len() + CacheLookup::ALL.len();
+
+/// What a forward auth's cache did for one request
+/// (`cutover_auth_cache_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheLookup {
+    /// A kept answer decided.
+    Hit,
+    /// The auth service was asked and its answer kept.
+    Stored,
+    /// The auth service was asked and its answer not kept (a 5xx, no
+    /// answer, or its `Cache-Control` said not to).
+    Miss,
+}
+
+impl CacheLookup {
+    pub const ALL: [CacheLookup; 3] = [CacheLookup::Hit, CacheLookup::Stored, CacheLookup::Miss];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheLookup::Hit => "hit",
+            CacheLookup::Stored => "stored",
+            CacheLookup::Miss => "miss",
+        }
+    }
+}
 /// Series a route's copies may take.
 const COPY_SERIES: usize = 2 * COPY_OUTCOMES.len();
 
@@ -159,6 +187,7 @@ impl RouteShared {
             grpc: Default::default(),
             grpc_exported: OnceLock::new(),
             auth: Default::default(),
+            auth_cache: Default::default(),
             auth_exported: OnceLock::new(),
             mirror_inflight: Arc::default(),
             copies: Default::default(),
@@ -230,6 +259,13 @@ impl RouteShared {
         }
     }
 
+    /// Counts one lookup in its forward auth's cache.
+    pub fn auth_cache(&self, lookup: CacheLookup) {
+        self.auth_exported
+            .get_or_init(|| series::admit(AUTH_SERIES));
+        self.auth_cache[lookup as usize].add(1);
+    }
+
     /// Where gRPC calls no route took are counted (`route="-"`).
     pub fn unrouted() -> &'static RouteShared {
         static UNROUTED: OnceLock<Arc<RouteShared>> = OnceLock::new();
@@ -271,6 +307,17 @@ impl Exported for RouteShared {
                             count.get() as f64,
                         ));
                     }
+                }
+            }
+            for (count, lookup) in self.auth_cache.iter().zip(CacheLookup::ALL) {
+                if count.get() > 0 {
+                    let mut labels = labels.clone();
+                    labels.push((m::LABEL_RESULT, lookup.name().into()));
+                    out.push(series::sample(
+                        &series::ROUTE_AUTH_CACHE,
+                        labels,
+                        count.get() as f64,
+                    ));
                 }
             }
         }

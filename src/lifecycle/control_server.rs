@@ -1,18 +1,33 @@
 //! Serving the admin and metrics routers on their (hand-over-able) sockets.
 //!
 //! Like the proxy listeners, and unlike `axum::serve`'s graceful shutdown,
-//! stopping here never closes a connection whose request is on its way: on
-//! a hand-over the accept loop stops at once (the new process accepts from
-//! the same socket), and each open connection gets a short grace to send
-//! its request before idle ones are closed.
+//! stopping here never closes a connection whose request is on its way.
+//! A hand-over is one accepting process at a time:
+//!
+//! 1. the new process binds nothing new for these sockets and does not
+//!    accept on them until the old one says it has stopped (`Gate`: the
+//!    old process closes a pipe); connections meanwhile wait in the
+//!    socket's backlog, which both share;
+//! 2. the old process stops accepting at once when the new one is ready
+//!    (`Served::accepting` reaches none), and only then records the
+//!    upgrade as succeeded and opens the gate: a client that has read the
+//!    success cannot reach the old process on a new connection;
+//! 3. each connection the old process accepted gets a short grace to
+//!    send its request; every answer from then on says `Connection:
+//!    close` (a keep-alive client does not reuse the connection), and
+//!    the old process exits only once every such connection has ended
+//!    (`Served::open`), within its drain timeout.
 
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
+use tower::ServiceExt as _;
 
 use super::upgrade::Stop;
 
@@ -21,18 +36,126 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connections may go on once the sockets are handed over.
 const HANDOVER_GRACE: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `socket` until this process hands its sockets over.
-pub async fn serve(
+/// How long the new process waits for the old one to stop accepting
+/// before it accepts anyway (the old one is stuck, or gone).
+const GATE_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How many of something are still going, and a way to wait for none.
+#[derive(Debug, Clone, Default)]
+pub struct Tally(Arc<(AtomicUsize, Notify)>);
+
+/// One of a [`Tally`], until dropped.
+pub struct Counted(Tally);
+
+impl Tally {
+    pub fn enter(&self) -> Counted {
+        self.0 .0.fetch_add(1, Ordering::AcqRel);
+        Counted(self.clone())
+    }
+
+    /// Resolves once none is left.
+    pub async fn none(&self) {
+        loop {
+            let notified = self.0 .1.notified();
+            tokio::pin!(notified);
+            // Registered before the count is read: a last one leaving in
+            // between still wakes this.
+            notified.as_mut().enable();
+            if self.0 .0.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if self.0 .0 .0.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0 .0 .1.notify_waiters();
+        }
+    }
+}
+
+/// The admin and metrics servers of this process, as a hand-over waits
+/// on them.
+#[derive(Debug, Clone, Default)]
+pub struct Served {
+    /// Accept loops still accepting.
+    pub accepting: Tally,
+    /// Connections still open.
+    pub open: Tally,
+}
+
+/// Opens when the process that handed its sockets over has stopped
+/// accepting on them (it closes the pipe whose other end this reads), or
+/// at once for a process that took nothing over.
+#[derive(Debug, Clone)]
+pub struct Gate(watch::Receiver<bool>);
+
+impl Gate {
+    pub fn open() -> Self {
+        Gate(watch::channel(true).1)
+    }
+
+    /// Opens at the end of `pipe` (the old process closed its side, or
+    /// exited), or after [`GATE_PATIENCE`].
+    pub fn until_closed(pipe: std::os::fd::OwnedFd) -> Self {
+        let (opened, gate) = watch::channel(false);
+        tokio::spawn(async move {
+            let closed = tokio::task::spawn_blocking(move || {
+                use std::io::Read as _;
+                let mut pipe = std::fs::File::from(pipe);
+                let mut byte = [0u8; 1];
+                while matches!(pipe.read(&mut byte), Ok(n) if n > 0) {}
+            });
+            if tokio::time::timeout(GATE_PATIENCE, closed).await.is_err() {
+                tracing::warn!(patience = ?GATE_PATIENCE, "the previous process did not say it stopped accepting; accepting on the admin socket anyway");
+            }
+            let _ = opened.send(true);
+        });
+        Gate(gate)
+    }
+
+    async fn opened(mut self) {
+        let _ = self.0.wait_for(|open| *open).await;
+    }
+}
+
+/// Serves `router` on `socket` from when `gate` opens until this process
+/// hands its sockets over; counted in `served` (the loop from now: the
+/// caller spawns it).
+pub fn serve(
     socket: TcpListener,
     router: axum::Router,
     stop: watch::Receiver<Option<Stop>>,
     what: &'static str,
+    served: &Served,
+    gate: Gate,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let accepting = served.accepting.enter();
+    let open = served.open.clone();
+    async move {
+        gate.opened().await;
+        accept_loop(socket, router, stop, what, open).await;
+        drop(accepting);
+    }
+}
+
+async fn accept_loop(
+    socket: TcpListener,
+    router: axum::Router,
+    stop: watch::Receiver<Option<Stop>>,
+    what: &'static str,
+    open: Tally,
 ) {
     let mut handed_over = stop.clone();
     loop {
         let accepted = tokio::select! {
-            accepted = socket.accept() => accepted,
+            // Handed over: not one more connection, even one ready now.
+            biased;
             _ = async { let _ = handed_over.wait_for(|s| *s == Some(Stop::HandedOver)).await; } => break,
+            accepted = socket.accept() => accepted,
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,
@@ -43,9 +166,14 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        let counted = open.enter();
+        let service = {
+            let (router, stop) = (router.clone(), stop.clone());
+            hyper::service::service_fn(move |req| answer(router.clone(), stop.clone(), req))
+        };
         let mut stop = stop.clone();
         tokio::spawn(async move {
+            let _counted = counted;
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()
@@ -69,4 +197,23 @@ pub async fn serve(
         server = what,
         "stopped accepting: the new process serves this socket"
     );
+}
+
+/// One request to `router`: once this process has handed its sockets
+/// over, an HTTP/1 answer says `Connection: close`, so that the client's
+/// next request goes on a new connection, to the new process.
+async fn answer(
+    router: axum::Router,
+    stop: watch::Receiver<Option<Stop>>,
+    req: http::Request<hyper::body::Incoming>,
+) -> Result<axum::response::Response, Infallible> {
+    let http1 = req.version() < http::Version::HTTP_2;
+    let mut response = router.oneshot(req.map(axum::body::Body::new)).await?;
+    if http1 && *stop.borrow() == Some(Stop::HandedOver) {
+        response.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    Ok(response)
 }

@@ -56,6 +56,12 @@ pub struct UpgradeState {
     pub origin: String,
     pub requested_by: Option<String>,
     pub reason: Option<String>,
+    /// The read end of a pipe the old process closes once it has stopped
+    /// accepting on the admin and metrics sockets: the new process
+    /// accepts on them only then (absent from an older process's file:
+    /// at once).
+    #[serde(default)]
+    pub accept_after: Option<RawFd>,
 }
 
 /// A duplicate of `fd` that survives `exec` (`dup` leaves `FD_CLOEXEC`
@@ -69,21 +75,7 @@ pub fn inheritable(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 /// state file says (a listening TCP socket, or a listener's UDP socket:
 /// the caller knows which it asked for).
 pub fn adopt(socket: &HandedSocket) -> io::Result<OwnedFd> {
-    // Open, and not one of ours already (those all carry close-on-exec)?
-    // Asked of /proc, which needs no descriptor in hand.
-    if socket.fd < 3 || !Path::new(&format!("/proc/self/fd/{}", socket.fd)).exists() {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("descriptor {} was not inherited", socket.fd),
-        ));
-    }
-    #[allow(unsafe_code)]
-    // SAFETY: the descriptor is open (checked above), was handed to this
-    // process for this purpose by its parent, and is named once in the
-    // state file; nothing else in this process refers to it.
-    let owned = unsafe { OwnedFd::from_raw_fd(socket.fd) };
-    // Close it on our own exec, like every other descriptor we own.
-    rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)?;
+    let owned = take_inherited(socket.fd)?;
     let local = SocketAddr::try_from(rustix::net::getsockname(&owned)?).map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -101,6 +93,41 @@ pub fn adopt(socket: &HandedSocket) -> io::Result<OwnedFd> {
             ),
         ));
     }
+    Ok(owned)
+}
+
+/// Takes ownership of the inherited read end of the old process's
+/// "stopped accepting" pipe ([`UpgradeState::accept_after`]).
+pub fn adopt_pipe(fd: RawFd) -> io::Result<OwnedFd> {
+    let owned = take_inherited(fd)?;
+    if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&owned)?.st_mode)
+        != rustix::fs::FileType::Fifo
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("descriptor {fd} is not a pipe"),
+        ));
+    }
+    Ok(owned)
+}
+
+/// Ownership of descriptor `fd`, inherited from the old process, closed
+/// on this process's own exec like every other descriptor it owns.
+fn take_inherited(fd: RawFd) -> io::Result<OwnedFd> {
+    // Open, and not one of ours already (those all carry close-on-exec)?
+    // Asked of /proc, which needs no descriptor in hand.
+    if fd < 3 || !Path::new(&format!("/proc/self/fd/{fd}")).exists() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("descriptor {fd} was not inherited"),
+        ));
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: the descriptor is open (checked above), was handed to this
+    // process for this purpose by its parent, and is named once in the
+    // state file; nothing else in this process refers to it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)?;
     Ok(owned)
 }
 

@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use serde_json::json;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
+use super::control_server::Gate;
 use super::handover::{self, SocketRole, UpgradeState};
 use super::upgrade::{Process, Stop};
 use crate::admin::{self, Security};
@@ -303,7 +304,14 @@ async fn serve(
     let state_dir = spec.runtime.state_dir.clone();
     let mut history = History::new(spec.runtime.history_limit, state_dir.clone(), history);
 
-    // Sockets handed over by the previous process, if any.
+    // Sockets handed over by the previous process, if any, and the pipe
+    // it closes once it stops accepting on the admin and metrics ones.
+    let accept_after = upgrade
+        .as_ref()
+        .and_then(|u| u.accept_after)
+        .map(handover::adopt_pipe)
+        .transpose()
+        .map_err(StartError::Handover)?;
     let mut inherited_listeners = Vec::new();
     let mut inherited_control = Vec::new();
     for socket in upgrade.iter().flat_map(|u| u.sockets.iter()) {
@@ -453,11 +461,18 @@ async fn serve(
     // an upgrading parent keeps the admin socket until this process can
     // answer it fully.
     hashed.await;
+    // After a hand-over, accepted only once the old process has stopped.
+    let gate = match accept_after {
+        Some(pipe) => Gate::until_closed(pipe),
+        None => Gate::open(),
+    };
     tokio::spawn(super::control_server::serve(
         admin_socket,
         admin_router,
         process.stopping(),
         "admin",
+        process.served(),
+        gate.clone(),
     ));
     let metrics_address = match metrics_socket {
         Some(socket) => {
@@ -514,6 +529,8 @@ async fn serve(
                 router,
                 process.stopping(),
                 "metrics",
+                process.served(),
+                gate,
             ));
             address
         }
@@ -653,7 +670,7 @@ async fn signal_loop(
         }
     };
     tokio::select! {
-        _ = drain(&writer, stop) => {}
+        _ = drain(&writer, &process, stop) => {}
         _ = interrupt.recv() => tracing::info!("SIGINT: stopping now"),
     }
     control.phase().advance(Phase::Stopped);
@@ -680,7 +697,7 @@ fn log_refusal(error: &crate::control::ControlError) {
 
 /// Stops accepting, lets in-flight work finish until `drain_timeout`,
 /// then returns so the process exits.
-async fn drain(writer: &Writer, stop: Stop) {
+async fn drain(writer: &Writer, process: &Process, stop: Stop) {
     let control = writer.control();
     control.phase().advance(Phase::Draining);
     publish_gauges(control);
@@ -693,6 +710,7 @@ async fn drain(writer: &Writer, stop: Stop) {
         ?timeout,
         "draining: listeners closed, waiting for connections to finish"
     );
+    let started = std::time::Instant::now();
     let left = control.listeners().wait_closed(timeout).await;
     if left > 0 {
         tracing::warn!(
@@ -702,5 +720,17 @@ async fn drain(writer: &Writer, stop: Stop) {
         );
     } else {
         tracing::info!("drained");
+    }
+    // Handed over: the admin and metrics connections this process
+    // accepted are answered before it exits (control_server.rs), within
+    // what is left of the drain timeout.
+    if stop == Stop::HandedOver {
+        let left = timeout.saturating_sub(started.elapsed());
+        if tokio::time::timeout(left, process.served().open.none())
+            .await
+            .is_err()
+        {
+            tracing::warn!("drain timeout reached with admin connections open");
+        }
     }
 }

@@ -12,6 +12,7 @@
 //! being lost in the hand-over.
 
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
 
+use super::control_server::Served;
 use super::handover::{self, HandedSocket, SocketRole, UpgradeState};
 use crate::config::ConfigText;
 use crate::control::{Control, LifecycleError, ProcessControl, UpgradeRequest};
@@ -28,6 +30,9 @@ use crate::telemetry::metrics as m;
 
 /// How long a new process may take to report ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the admin and metrics accept loops may take to stop once the
+/// new process is ready.
+const ACCEPT_STOP: Duration = Duration::from_secs(1);
 
 /// Why the process is stopping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +167,9 @@ pub struct Process {
     /// Where the upgrade state file is written.
     scratch_dir: PathBuf,
     stop: watch::Sender<Option<Stop>>,
+    /// The admin and metrics servers: a hand-over waits for their accept
+    /// loops to stop, and the exit after it for their connections.
+    served: Served,
 }
 
 impl Process {
@@ -179,7 +187,12 @@ impl Process {
             control_sockets,
             scratch_dir,
             stop: watch::channel(None).0,
+            served: Served::default(),
         })
+    }
+
+    pub fn served(&self) -> &Served {
+        &self.served
     }
 
     pub fn stopping(&self) -> watch::Receiver<Option<Stop>> {
@@ -194,7 +207,7 @@ impl Process {
         &self,
         control: &Arc<Control>,
         request: UpgradeRequest,
-    ) -> Result<(String, tokio::process::Child), LifecycleError> {
+    ) -> Result<(String, tokio::process::Child, OwnedFd), LifecycleError> {
         let base_dir = self
             .config_path
             .parent()
@@ -240,6 +253,14 @@ impl Process {
             });
             inherited.push(fd);
         }
+        // The new process accepts on the admin and metrics sockets only
+        // once this one has stopped: it closes `stopped` then (or exits).
+        let (gate, stopped) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| LifecycleError::Failed(format!("cannot make a pipe: {e}")))?;
+        let gate = handover::inheritable(std::os::fd::AsFd::as_fd(&gate))
+            .map_err(|e| LifecycleError::Failed(e.to_string()))?;
+        let accept_after = Some(handover::raw(&gate));
+        inherited.push(gate);
         // Recorded only once nothing before the spawn can fail.
         let operation_id = control.record_started(
             OperationKind::Upgrade,
@@ -261,6 +282,7 @@ impl Process {
             origin: text.origin,
             requested_by: request.requested_by,
             reason: request.reason,
+            accept_after,
         };
         let spawned = handover::write_state(&self.scratch_dir, &state).and_then(|path| {
             tracing::info!(binary = %exe.display(), operation = %operation_id, "starting the new process");
@@ -277,7 +299,7 @@ impl Process {
         });
         drop(inherited);
         match spawned {
-            Ok(child) => Ok((operation_id, child)),
+            Ok(child) => Ok((operation_id, child, stopped)),
             Err(error) => {
                 let message = format!("cannot start {}: {error}", exe.display());
                 finish_failed(control, &operation_id, &message);
@@ -341,17 +363,30 @@ impl ProcessControl for Process {
         let guard = control
             .try_exclusive()
             .ok_or(LifecycleError::UpgradeRunning)?;
-        let (operation_id, child) = self.start_upgrade(control, request)?;
+        let (operation_id, child, stopped) = self.start_upgrade(control, request)?;
         let control = Arc::clone(control);
         let id = operation_id.clone();
         let stop = self.stop.clone();
+        let accepting = self.served.accepting.clone();
         tokio::spawn(async move {
             match wait_ready(child).await {
                 Ok((pid, generation)) => {
                     tracing::info!(operation = %id, new_pid = pid, "the new process is ready; draining this one");
                     metrics::counter!(m::UPGRADES, m::LABEL_OUTCOME => "succeeded").increment(1);
-                    // Both processes answer on the admin socket for a while:
-                    // both records of the operation must say the same.
+                    // Not one more admin connection here (control_server.rs):
+                    // the accept loops stop before anyone can read of the
+                    // success, so a client that has cannot reach this
+                    // process on a new connection.
+                    request_stop(&stop, Stop::HandedOver);
+                    if tokio::time::timeout(ACCEPT_STOP, accepting.none())
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!(operation = %id, "the admin accept loops did not stop in time");
+                    }
+                    // Connections this process accepted are still answered
+                    // (a poll of this operation among them): its record
+                    // says what the new process's says.
                     control.with_history(|h| {
                         h.update_operation(&id, |op| {
                             op.outcome = Outcome::Succeeded;
@@ -367,7 +402,8 @@ impl ProcessControl for Process {
                     // Keep the operation lock for good: no change may land
                     // in this process once the new one has taken over.
                     std::mem::forget(guard);
-                    request_stop(&stop, Stop::HandedOver);
+                    // The new process accepts from now on.
+                    drop(stopped);
                 }
                 Err(message) => {
                     finish_failed(&control, &id, &message);

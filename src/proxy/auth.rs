@@ -11,19 +11,42 @@ use http_body_util::BodyExt as _;
 use crate::auth::forward::{Forward, Said, MAX_ANSWER_BODY};
 use crate::auth::{Asked, Auth, Verdict};
 use crate::backends::{Attempt, SignalledBody};
-use crate::generation::Upstream;
+use crate::generation::{CacheLookup, RouteShared, Upstream};
 
-/// Checks `asked` by `auth`; `service` is the upstream a forward auth
-/// names, in the request's generation.
+/// Checks `asked` by `auth` for `route`; `service` is the upstream a
+/// forward auth names, in the request's generation.
 pub(super) async fn check(
     auth: &Auth,
     asked: &Asked<'_>,
     service: Option<&Arc<Upstream>>,
+    route: &RouteShared,
 ) -> Verdict {
     match auth {
         Auth::Basic(basic) => basic.check(asked.headers).await,
         Auth::Jwt(jwt) => jwt.check(asked.headers, asked.uri.query()).await,
-        Auth::Forward(forward) => forward.judge(ask(forward, asked, service).await),
+        Auth::Forward(forward) => {
+            let Some(cache) = &forward.cache else {
+                return forward.judge(ask(forward, asked, service).await);
+            };
+            let key = cache.key(asked);
+            if let Some(verdict) = cache.get(&key) {
+                route.auth_cache(CacheLookup::Hit);
+                return verdict;
+            }
+            let said = ask(forward, asked, service).await;
+            let lifetime = match &said {
+                Said::Answered(answer) => cache.lifetime(answer.headers()),
+                Said::Failed(_) => None,
+            };
+            let verdict = forward.judge(said);
+            let kept = cache.keep(key, lifetime, &verdict);
+            route.auth_cache(if kept {
+                CacheLookup::Stored
+            } else {
+                CacheLookup::Miss
+            });
+            verdict
+        }
     }
 }
 

@@ -468,7 +468,12 @@ fn route_and_answer<'g, 'a>(
             };
             // Boxed: the serve future of every other request stays as small
             // as it was.
-            let verdict = Box::pin(super::auth::check(auth, &asked, service)).await;
+            let verdict = Box::pin(super::auth::check(auth, &asked, service, &route.shared)).await;
+            // A shadow copy of this request takes this verdict (never a
+            // check of its own).
+            if let Some(vouch) = req.extensions_mut().remove::<super::shadow::Vouch>() {
+                vouch.send(&verdict);
+            }
             let outcome = verdict.outcome();
             route.shared.authenticated(auth.method(), outcome);
             if let Some(noted) = noted.as_deref_mut() {

@@ -13,11 +13,21 @@
 //! streams), runs on its own task, holds no part of the active
 //! generation's in-flight count, and at most `max_inflight` run at once
 //! (one more is dropped and counted). It takes no quota token or route
-//! slot (those are the live traffic's), runs no `auth` (a password check
-//! would take the serving pool's turn; the identity headers the active
-//! path adds are not added), makes one attempt (no retry), and reports
-//! nothing to passive health or outlier detection (a candidate's mistake
-//! must not eject a backend the active generation serves from).
+//! slot (those are the live traffic's) and makes one attempt (no retry),
+//! and reports nothing to passive health or outlier detection (a
+//! candidate's mistake must not eject a backend the active generation
+//! serves from).
+//!
+//! A copy never runs an `auth` check of its own (a second password hash
+//! or auth-service call per copy): it takes the active request's verdict
+//! (`Vouch`). Where the candidate's route has `auth`, the copy waits for
+//! the active request's check; allowed, it carries the identity that
+//! check produced (the candidate's identity headers stripped first, then
+//! the identity's set, the credentials removed if the identity says so);
+//! denied, it is answered locally with the denial's status and sent
+//! nowhere; failed open, it goes on without an identity. When the
+//! active route checked nothing there is no verdict to take and the copy
+//! is skipped (counted, not compared).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +40,7 @@ use super::conn::ConnContext;
 use super::copy::{self, Outcome, Report, Slot};
 use super::edge;
 use super::filters;
+use crate::auth::{Identity, Verdict};
 use crate::backends::{Attempt, ClientBody};
 use crate::generation::{Action, CopyKind, Generation, RouteShared};
 use crate::runtime::shadow::{Answer, Shadow};
@@ -44,6 +55,39 @@ impl Offered {
     /// generation's ledger counts it) after `elapsed`.
     pub(super) fn answered(self, status: u16, elapsed: Duration) {
         let _ = self.tx.send(Answer { status, elapsed });
+    }
+}
+
+/// What the active request's `auth` check decided, for its copy.
+enum Vouched {
+    Identity(Identity),
+    Denied(StatusCode),
+    FailedOpen,
+}
+
+/// Rides in a copied request's extensions to its `auth` step, which
+/// sends the verdict to the copy (`send`); dropped unsent (the route
+/// checks nothing, the request never got that far), the copy has no
+/// verdict to take. (Shared, as extensions must be `Clone`: the first
+/// `send` takes it.)
+#[derive(Clone)]
+pub(super) struct Vouch(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Vouched>>>>);
+
+impl Vouch {
+    pub(super) fn send(self, verdict: &Verdict) {
+        let vouched = match verdict {
+            Verdict::Allowed(identity) => Vouched::Identity(identity.clone()),
+            Verdict::Denied(denial) => Vouched::Denied(denial.status()),
+            Verdict::FailedOpen => Vouched::FailedOpen,
+        };
+        let taken = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(sender) = taken {
+            let _ = sender.send(vouched);
+        }
     }
 }
 
@@ -88,6 +132,10 @@ pub(super) fn offer(
     *copied.uri_mut() = req.uri().clone();
     *copied.version_mut() = req.version();
     *copied.headers_mut() = req.headers().clone();
+    let (vouch, vouched) = tokio::sync::oneshot::channel();
+    let mut req = req;
+    req.extensions_mut()
+        .insert(Vouch(Arc::new(std::sync::Mutex::new(Some(vouch)))));
     let (req, body) = copy::tee(req);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let conn = Arc::clone(conn);
@@ -97,13 +145,16 @@ pub(super) fn offer(
             return count(&shadow, unrouted, Outcome::Skipped);
         };
         let started = Instant::now();
-        let replayed = replay(copied.map(|()| body), &conn, &shadow.candidate).await;
+        let replayed = replay(copied.map(|()| body), &conn, &shadow.candidate, vouched).await;
         let candidate = Answer {
             status: replayed.status.as_u16(),
             elapsed: started.elapsed(),
         };
         let route = replayed.route.unwrap_or(unrouted);
         match rx.await {
+            Ok(_) if replayed.outcome == Outcome::Skipped => {
+                count(&shadow, route, Outcome::Skipped)
+            }
             Ok(active) => {
                 shadow.compared(route.name(), active, candidate);
                 count(&shadow, route, replayed.outcome);
@@ -133,11 +184,13 @@ impl<'g> Replayed<'g> {
 }
 
 /// Runs a copy through `candidate`: its listener rules, its routes, its
-/// filters, its action; a proxied copy goes to its upstream once.
+/// filters, the active request's `auth` verdict (`vouched`), its action;
+/// a proxied copy goes to its upstream once.
 async fn replay<'g>(
     req: Request<Bytes>,
     conn: &ConnContext,
     candidate: &'g Generation,
+    vouched: tokio::sync::oneshot::Receiver<Vouched>,
 ) -> Replayed<'g> {
     let (parts, body) = req.into_parts();
     let req = Request::from_parts(
@@ -190,6 +243,21 @@ async fn replay<'g>(
         };
         if let Some(preflight) = &checked.preflight {
             return Replayed::local(shared, preflight.status());
+        }
+        if let Some(auth) = f.auth() {
+            auth.strip_identity(req.headers_mut());
+            match vouched.await {
+                Ok(Vouched::Identity(identity)) => auth.apply(&identity, req.headers_mut()),
+                Ok(Vouched::FailedOpen) => {}
+                Ok(Vouched::Denied(status)) => return Replayed::local(shared, status),
+                Err(_) => {
+                    return Replayed {
+                        route: shared,
+                        status: StatusCode::SERVICE_UNAVAILABLE,
+                        outcome: Outcome::Skipped,
+                    }
+                }
+            }
         }
         match filters::prepare(req, &checked, &seen, f) {
             Ok((prepared, rewritten)) => {

@@ -164,6 +164,11 @@ pub const GRPC_RESPONSES: &str = "cutover_grpc_responses_total";
 /// `forward`) and `outcome` (`allowed`, `missing`, `invalid`,
 /// `unavailable`, `refused`, `failed_open`).
 pub const AUTH: &str = "cutover_auth_total";
+/// Forward auth's cache (`cache = { … }`), by `route` and `result`:
+/// `hit` (a kept answer decided), `stored` (the auth service was asked,
+/// its answer kept) or `miss` (asked, not kept: a 5xx, no answer, or its
+/// `Cache-Control` said not to).
+pub const AUTH_CACHE: &str = "cutover_auth_cache_total";
 /// `grpc-timeout` values that were not of the protocol's form (ignored).
 pub const GRPC_TIMEOUT_INVALID: &str = "cutover_grpc_timeout_invalid_total";
 
@@ -196,6 +201,7 @@ pub const LABEL_NAME: &str = "name";
 pub const LABEL_UPSTREAM: &str = "upstream";
 pub const LABEL_CODE: &str = "code";
 pub const LABEL_METHOD: &str = "method";
+pub const LABEL_RESULT: &str = "result";
 
 /// Status classes in label order; index with `status / 100 - 1`.
 pub const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];

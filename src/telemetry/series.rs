@@ -99,6 +99,11 @@ pub static ROUTE_AUTH: Family = family(
     Kind::Counter,
     "Authentication checks, by route, method and outcome",
 );
+pub static ROUTE_AUTH_CACHE: Family = family(
+    m::AUTH_CACHE,
+    Kind::Counter,
+    "Forward auth cache lookups, by route and result",
+);
 pub static BACKEND_ATTEMPTS: Family = family(
     m::UPSTREAM_ATTEMPTS,
     Kind::Counter,
@@ -174,7 +179,7 @@ pub static GENERATION_DURATION: Family = family(
 );
 
 /// Families in output order.
-static FAMILIES: [&Family; 24] = [
+static FAMILIES: [&Family; 25] = [
     &ROUTE_REQUESTS,
     &ROUTE_DURATION,
     &ROUTE_QUOTA,
@@ -183,6 +188,7 @@ static FAMILIES: [&Family; 24] = [
     &ROUTE_VALUES_DROPPED,
     &ROUTE_GRPC,
     &ROUTE_AUTH,
+    &ROUTE_AUTH_CACHE,
     &ROUTE_COPIES,
     &BACKEND_ATTEMPTS,
     &BACKEND_EJECTIONS,

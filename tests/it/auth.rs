@@ -1105,3 +1105,129 @@ async fn a_watched_users_file_is_taken_when_replaced() {
     // A certificate operation, not a new generation.
     assert_eq!(gw.active_generation().await, 1);
 }
+
+/// Forward auth with `cache` (issue 56 item 2): the auth service is asked
+/// once per set of credentials within `ttl`; its `Cache-Control`
+/// shortens or forbids keeping; a 5xx is never kept; `reload-certs`
+/// forgets everything. Counted at the auth service and in
+/// `cutover_auth_cache_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_auth_keeps_answers_per_credentials_as_the_service_allows() {
+    let backend = echo_backend().await;
+    let asked = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&asked);
+    let authz = Backend::start(Arc::new(move |req: Request<hyper::body::Incoming>| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        let token = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        Box::pin(async move {
+            let mut response = hyper::Response::new(full(""));
+            let (status, user, cache_control) = match token.as_str() {
+                "Bearer alice" => (200, Some("alice"), None),
+                "Bearer bob" => (200, Some("bob"), None),
+                "Bearer brief" => (200, Some("brief"), Some("max-age=1")),
+                "Bearer unkept" => (200, Some("unkept"), Some("no-store")),
+                "Bearer broken" => (500, None, None),
+                _ => (401, None, None),
+            };
+            *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+            if let Some(user) = user {
+                response
+                    .headers_mut()
+                    .insert("x-user", user.parse().unwrap());
+            }
+            if let Some(value) = cache_control {
+                response
+                    .headers_mut()
+                    .insert("cache-control", value.parse().unwrap());
+            }
+            response
+        })
+    }))
+    .await;
+    let config = Config::new()
+        .metrics()
+        .listener("web", "")
+        .route(
+            "api",
+            r#"listeners = ["web"]
+path_prefix = "/"
+upstream = "app"
+auth = { forward = { url = "http://authz/check", request_headers = ["authorization"], response_headers = ["x-user"], cache = { ttl = "60s", max_entries = 1000 } } }"#,
+        )
+        .upstream("app", &[backend.addr], "")
+        .upstream("authz", &[authz.addr], "")
+        .build();
+    let gw = Gateway::start(&config);
+    let web = gw.listener("web");
+    let asked_now = || asked.load(Ordering::Relaxed);
+    // Who is who, each asked once: 200 requests, 2 checks.
+    for n in 0..200 {
+        let (user, token) = if n % 2 == 0 {
+            ("alice", "Bearer alice")
+        } else {
+            ("bob", "Bearer bob")
+        };
+        let (status, _, body) = request(web, &format!("/{n}"), &[("authorization", token)]).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(echoed(&body, "x-user"), Some(user), "request {n}: {body}");
+    }
+    assert_eq!(asked_now(), 2, "one check per set of credentials");
+    // A refusal is kept too: the client gets it as the service gave it.
+    for _ in 0..5 {
+        let (status, _, _) = request(web, "/", &[("authorization", "Bearer wrong")]).await;
+        assert_eq!(status, 401);
+    }
+    assert_eq!(asked_now(), 3);
+    // A 5xx never: asked every time (and refused, failure = "deny").
+    for _ in 0..5 {
+        let (status, _, _) = request(web, "/", &[("authorization", "Bearer broken")]).await;
+        assert_eq!(status, 503);
+    }
+    assert_eq!(asked_now(), 8, "a failing service is asked every time");
+    // no-store: asked every time; max-age=1: again after a second.
+    for _ in 0..3 {
+        let (status, _, _) = request(web, "/", &[("authorization", "Bearer unkept")]).await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(asked_now(), 11);
+    let (status, _, _) = request(web, "/", &[("authorization", "Bearer brief")]).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = request(web, "/", &[("authorization", "Bearer brief")]).await;
+    assert_eq!(status, 200);
+    assert_eq!(asked_now(), 12, "kept for its second");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, _, _) = request(web, "/", &[("authorization", "Bearer brief")]).await;
+    assert_eq!(status, 200);
+    assert_eq!(asked_now(), 13, "asked again once its max-age passed");
+
+    let metrics = scrape(&gw).await;
+    let result = |result: &str| {
+        sample(
+            &metrics,
+            "cutover_auth_cache_total",
+            &["route=\"api\"", &format!("result=\"{result}\"")],
+        )
+    };
+    // 216 requests: 203 answered from the cache, 13 asked (5 kept).
+    assert_eq!(
+        (result("hit"), result("stored"), result("miss")),
+        (203.0, 5.0, 8.0),
+        "{metrics}"
+    );
+
+    // reload-certs forgets every kept answer: alice is asked again.
+    let (status, reload) = reload_certs(&gw).await;
+    assert_eq!(status, 200, "{reload}");
+    assert!(
+        reload["auth_answers_forgotten"].as_u64() >= Some(3),
+        "{reload}"
+    );
+    let (status, _, _) = request(web, "/", &[("authorization", "Bearer alice")]).await;
+    assert_eq!(status, 200);
+    assert_eq!(asked_now(), 14, "forgotten by reload-certs");
+}

@@ -301,3 +301,122 @@ async fn an_operator_stops_a_shadow_with_abort() {
     assert_eq!(gw.active_generation().await, 1);
     no_client_error(load).await;
 }
+
+/// Copies of an `auth` route carry the identity the active request's
+/// check produced, and never a check of their own (issue 56 item 3): the
+/// backend answers only requests that name a user (`x-user`, set by
+/// forward auth from the auth service's answer), and counts the ones
+/// that do not; the auth service counts its checks. One request in five
+/// has no credentials (401 on the active path: its copy is answered 401
+/// by the verdict, and sent nowhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_an_auth_route_carry_the_identity_the_active_check_produced() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::Arc;
+
+    let checks = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&checks);
+    let authz = Backend::start(Arc::new(
+        move |req: hyper::Request<hyper::body::Incoming>| {
+            counted.fetch_add(1, Relaxed);
+            let allowed = req
+                .headers()
+                .get("authorization")
+                .is_some_and(|v| v == "Bearer ok");
+            Box::pin(async move {
+                let mut response = hyper::Response::new(full(""));
+                if allowed {
+                    response
+                        .headers_mut()
+                        .insert("x-user", "alice".parse().unwrap());
+                } else {
+                    *response.status_mut() = http::StatusCode::UNAUTHORIZED;
+                }
+                response
+            })
+        },
+    ))
+    .await;
+    let anonymous = Arc::new(AtomicU64::new(0));
+    let named = Arc::new(AtomicU64::new(0));
+    let (seen_anonymous, seen_named) = (Arc::clone(&anonymous), Arc::clone(&named));
+    let app = Backend::start(Arc::new(
+        move |req: hyper::Request<hyper::body::Incoming>| {
+            let alice = req.headers().get("x-user").is_some_and(|v| v == "alice");
+            let mut response = hyper::Response::new(full("ok"));
+            if alice {
+                seen_named.fetch_add(1, Relaxed);
+            } else {
+                seen_anonymous.fetch_add(1, Relaxed);
+                *response.status_mut() = http::StatusCode::FORBIDDEN;
+            }
+            Box::pin(async move { response })
+        },
+    ))
+    .await;
+    let config = |route: &str| {
+        Config::new()
+            .metrics()
+            .listener("web", "")
+            .route(
+                route,
+                r#"listeners = ["web"]
+upstream = "app"
+timeout = "1s"
+auth = { forward = { url = "http://authz/check", timeout = "500ms", response_headers = ["x-user"] } }"#,
+            )
+            .upstream("app", &[app.addr], "")
+            .upstream("authz", &[authz.addr], "")
+            .build()
+    };
+    let gw = Gateway::start(&config("all"));
+    let web = gw.listener("web");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = {
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move {
+            let (mut sent, mut wrong) = (0u64, Vec::new());
+            while !stop.load(Relaxed) {
+                let credentials = sent % 5 != 4;
+                let mut request = hyper::Request::get("/").header("host", "a");
+                if credentials {
+                    request = request.header("authorization", "Bearer ok");
+                }
+                let body = http_body_util::Full::new(bytes::Bytes::new());
+                let status = match send(web, request.body(body).unwrap()).await {
+                    Ok((status, _, _)) => status.to_string(),
+                    Err(error) => error,
+                };
+                let expected = if credentials { "200" } else { "401" };
+                if status != expected {
+                    wrong.push((sent, status));
+                }
+                sent += 1;
+            }
+            (sent, wrong)
+        })
+    };
+    let (status, answer) = activate_json(
+        &gw,
+        &config("everything"),
+        json!({ "shadow": { "percent": 100, "duration": "2s", "min_requests": 30 } }),
+    )
+    .await;
+    stop.store(true, Relaxed);
+    let (sent, wrong) = client.await.unwrap();
+    assert!(wrong.is_empty(), "clients saw {wrong:?}");
+    assert_eq!(status, 200, "{answer}");
+    let shadow = &answer["shadow"];
+    assert_eq!(shadow["verdict"], "passed", "{shadow}");
+    let compared = shadow["total"]["compared"].as_u64().unwrap();
+    assert!(compared >= 30, "{shadow}");
+    assert_eq!(shadow["total"]["changed_class"], 0, "{shadow}");
+    // Every copy reached the backend as alice; none without a user.
+    assert_eq!(anonymous.load(Relaxed), 0, "requests without an identity");
+    assert!(
+        named.load(Relaxed) > sent * 4 / 5,
+        "copies and clients' requests"
+    );
+    // One check per client request: the copies took theirs.
+    assert_eq!(checks.load(Relaxed), sent, "auth service checks");
+}

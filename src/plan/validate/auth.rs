@@ -4,6 +4,7 @@
 //! diagnostic. Fixtures: `fixtures/configs/invalid/auth.toml`.
 
 use super::*;
+use crate::auth::forward_cache::{self, ForwardCache, KeyPart};
 use crate::auth::{self, basic, forward, jwt, Auth, SecretFile};
 use crate::config::{FileAuth, FileBasicAuth, FileForwardAuth, FileJwtAuth};
 use crate::plan::RouteAuth;
@@ -366,6 +367,14 @@ impl Validator<'_> {
                 None => ok = false,
             }
         }
+        let cache = match &f.cache {
+            None => None,
+            Some(cache) => {
+                let built = self.forward_cache(&at("cache"), cache, &request_headers);
+                ok &= built.is_some();
+                built
+            }
+        };
         if !ok {
             return None;
         }
@@ -376,7 +385,95 @@ impl Validator<'_> {
             request_headers,
             response_headers,
             fail_open: fail_open?,
+            cache,
         })
+    }
+
+    /// `cache = { ttl, key_headers, max_entries }`: the key must tell
+    /// apart every header the auth service is sent (`asked`).
+    fn forward_cache(
+        &mut self,
+        base: &str,
+        c: &crate::config::FileForwardCache,
+        asked: &[http::HeaderName],
+    ) -> Option<ForwardCache> {
+        let at = |key: &str| format!("{base}.{key}");
+        let ttl = self.duration(at("ttl"), &c.ttl);
+        let ttl = match ttl {
+            Some(ttl) if ttl > forward_cache::MAX_TTL => {
+                self.error(
+                    Code::InvalidValue,
+                    at("ttl"),
+                    format!(
+                        "ttl = '{}' is longer than the 24h an answer may be kept",
+                        c.ttl
+                    ),
+                );
+                None
+            }
+            other => other,
+        };
+        let max_entries = match c.max_entries {
+            None => Some(forward_cache::DEFAULT_ENTRIES),
+            Some(n) if (1..=forward_cache::MAX_ENTRIES as u64).contains(&n) => Some(n as usize),
+            Some(n) => {
+                self.error(
+                    Code::InvalidValue,
+                    at("max_entries"),
+                    format!(
+                        "max_entries = {n} is out of range: 1 to {}",
+                        forward_cache::MAX_ENTRIES
+                    ),
+                );
+                None
+            }
+        };
+        let key = match &c.key_headers {
+            None => Some(asked.to_vec()),
+            Some(names) => {
+                let mut key = Vec::with_capacity(names.len());
+                let mut ok = true;
+                for (n, name) in names.iter().enumerate() {
+                    match self.filter_header_name(format!("{base}.key_headers[{n}]"), name) {
+                        Some(name) => key.push(name),
+                        None => ok = false,
+                    }
+                }
+                let missing: Vec<&str> = asked
+                    .iter()
+                    .filter(|name| !key.contains(name))
+                    .map(http::HeaderName::as_str)
+                    .collect();
+                if ok && !missing.is_empty() {
+                    self.error(
+                        Code::InvalidValue,
+                        at("key_headers"),
+                        format!(
+                            "key_headers leaves out {} that the auth service is sent (request_headers): two clients differing only there would share one answer; list every request header in key_headers",
+                            missing.join(", ")
+                        ),
+                    );
+                    ok = false;
+                }
+                ok.then_some(key)
+            }
+        };
+        let key = match key {
+            Some(key) if key.is_empty() => {
+                self.error(
+                    Code::InvalidValue,
+                    base,
+                    "a cache keyed by nothing would give every client the first client's answer: send the auth service the headers that carry credentials (request_headers) or name them in key_headers".to_owned(),
+                );
+                None
+            }
+            other => other,
+        };
+        Some(ForwardCache::new(
+            ttl?,
+            key?.into_iter().map(KeyPart::of).collect(),
+            max_entries?,
+        ))
     }
 
     /// An `https` URL, or `http` to a loopback address (keys fetched in
