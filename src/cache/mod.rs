@@ -1,0 +1,471 @@
+//! Response caching (RFC 9111; issue 57): the store a route's `cache`
+//! names. **Work in progress**: this is the engine (zones, objects and
+//! their variants, freshness and revalidation, purge, coalescing of
+//! misses); no configuration key reaches it yet, and the request path
+//! does not call it.
+//!
+//! - A **zone** is process-shared state, like a backend: generations
+//!   name it, none owns its contents, and it lives while any live
+//!   generation names it ([`Zones`]). Its objects are bounded by bytes
+//!   (`quick_cache`'s weighted S3-FIFO, which keeps one-hit wonders from
+//!   pushing out what is asked again, where plain LRU would not).
+//! - What may be stored, for how long, whether a stored answer satisfies
+//!   a request, and how a 304 updates it are RFC 9111's rules as the
+//!   `http-cache-semantics` crate implements them for a shared cache
+//!   (`s-maxage`, `private`, `Authorization` §3.5, `Vary`, `no-cache`,
+//!   `Age`, heuristic freshness only where §4.2.2 allows); nothing of
+//!   that is written again here.
+//! - A **key** names one resource as the route's generation would ask
+//!   for it upstream (the caller builds it: upstream, host and path as
+//!   forwarded), and holds up to [`MAX_VARIANTS`] variants, one per
+//!   combination of the values its `Vary` names.
+//! - **Coalescing**: the first miss for a key leads ([`Turn::Lead`]);
+//!   later ones wait for it ([`Turn::Wait`]), at most [`MAX_WAITERS`] of
+//!   them and each for a bounded time, then look again (or go on their
+//!   own).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{request, response, HeaderMap, HeaderName, HeaderValue};
+use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePolicy};
+
+use crate::backends::WeakMap;
+
+/// Variants kept per key; a new one past this replaces the oldest.
+pub const MAX_VARIANTS: usize = 16;
+/// Requests that may wait for one miss's answer; more go on their own.
+pub const MAX_WAITERS: usize = 1_024;
+
+/// Every zone of the process, by name: found again by each generation
+/// that names it, dropped with its contents when none does.
+#[derive(Debug, Default)]
+pub struct Zones {
+    zones: WeakMap<String, Zone>,
+}
+
+impl Zones {
+    /// Zone `name`, holding at most `memory` bytes (a zone found again
+    /// takes the size it is given now).
+    pub fn zone(&self, name: &str, memory: u64) -> Arc<Zone> {
+        let zone = self.zones.get_or_insert(name, || Zone::new(name, memory));
+        if zone.objects.capacity() != memory {
+            zone.objects.set_capacity(memory);
+        }
+        zone
+    }
+}
+
+/// What a zone has counted since it was made.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub stored: AtomicU64,
+    pub revalidated: AtomicU64,
+    pub evicted: AtomicU64,
+    pub purged: AtomicU64,
+}
+
+/// One stored answer: its policy (the request and response heads it was
+/// stored from) and its body.
+#[derive(Debug)]
+pub struct Stored {
+    pub policy: CachePolicy,
+    pub body: Bytes,
+    /// Surrogate keys (`Surrogate-Key`, `Cache-Tag`), for purges.
+    pub tags: Box<[String]>,
+    /// The request's values of the headers the answer's `Vary` names:
+    /// a later answer with the same ones replaces this one.
+    selected: Box<[(HeaderName, Option<HeaderValue>)]>,
+    weight: u64,
+}
+
+impl Stored {
+    /// An answer to `request` (as forwarded) with `head` and `body`, if
+    /// RFC 9111 lets a shared cache store it.
+    pub fn new(
+        request: &request::Parts,
+        head: &response::Parts,
+        body: Bytes,
+        at: SystemTime,
+    ) -> Option<Self> {
+        let policy = CachePolicy::new_options(request, head, at, CacheOptions::default());
+        if !policy.is_storable() {
+            return None;
+        }
+        let selected = vary_names(&head.headers)
+            .map(|name| {
+                let value = request.headers.get(&name).cloned();
+                (name, value)
+            })
+            .collect();
+        let tags = surrogate_keys(&head.headers);
+        let weight = body.len() as u64
+            + head
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str().len() + v.len()) as u64)
+                .sum::<u64>()
+            + 256;
+        Some(Self {
+            policy,
+            body,
+            tags,
+            selected,
+            weight,
+        })
+    }
+
+    pub fn weight(&self) -> u64 {
+        self.weight
+    }
+}
+
+/// The names a response's `Vary` lists (`*` included, which matches no
+/// request: the crate refuses it on look-up).
+fn vary_names(headers: &HeaderMap) -> impl Iterator<Item = HeaderName> + '_ {
+    headers
+        .get_all(http::header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+}
+
+/// `Surrogate-Key` (space-separated) and `Cache-Tag` (comma-separated).
+fn surrogate_keys(headers: &HeaderMap) -> Box<[String]> {
+    let spaced = headers
+        .get_all("surrogate-key")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(str::split_whitespace);
+    let commas = headers
+        .get_all("cache-tag")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim);
+    let mut tags: Vec<String> = spaced
+        .chain(commas)
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect();
+    tags.sort();
+    tags.dedup();
+    tags.into_boxed_slice()
+}
+
+/// The variants of one key, newest first.
+#[derive(Debug, Default)]
+pub struct Variants(Vec<Arc<Stored>>);
+
+impl Variants {
+    fn weight(&self) -> u64 {
+        self.0.iter().map(|s| s.weight).sum()
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ByBytes;
+
+impl quick_cache::Weighter<String, Arc<Variants>> for ByBytes {
+    fn weight(&self, key: &String, variants: &Arc<Variants>) -> u64 {
+        key.len() as u64 + variants.weight()
+    }
+}
+
+/// Counts what the cache pushes out to make room.
+#[derive(Debug, Clone, Default)]
+struct Evictions(Arc<AtomicU64>);
+
+impl quick_cache::Lifecycle<String, Arc<Variants>> for Evictions {
+    type RequestState = ();
+
+    fn on_evict(&self, _: &mut (), _key: String, _variants: Arc<Variants>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+type Objects = quick_cache::sync::Cache<
+    String,
+    Arc<Variants>,
+    ByBytes,
+    quick_cache::DefaultHashBuilder,
+    Evictions,
+>;
+
+/// What a look-up found for a request.
+#[derive(Debug)]
+pub enum Found {
+    /// A stored answer that satisfies the request as it is: its head
+    /// (with `Age` and `Date`) and body.
+    Fresh { head: response::Parts, body: Bytes },
+    /// A stored answer for the request that must be validated first:
+    /// send `request` (it carries `If-None-Match` / `If-Modified-Since`
+    /// where the stored answer has validators), then [`Zone::revalidated`].
+    Stale {
+        stored: Arc<Stored>,
+        request: request::Parts,
+    },
+    /// Nothing stored for it.
+    Miss,
+}
+
+/// How a purge selects objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selector {
+    Key(String),
+    Prefix(String),
+    Tag(String),
+}
+
+/// One zone: its objects and the misses in flight.
+#[derive(Debug)]
+pub struct Zone {
+    pub name: String,
+    objects: Objects,
+    flights: Mutex<HashMap<String, Arc<Flight>>>,
+    pub counts: Counts,
+    evictions: Evictions,
+}
+
+impl Zone {
+    fn new(name: &str, memory: u64) -> Self {
+        let evictions = Evictions::default();
+        let options = quick_cache::OptionsBuilder::new()
+            // A guess at the number of objects (8 KiB each): the cache
+            // grows its tables past it.
+            .estimated_items_capacity((memory / 8192).clamp(16, 1 << 20) as usize)
+            .weight_capacity(memory)
+            .build();
+        let objects = match options {
+            Ok(options) => Objects::with_options(
+                options,
+                ByBytes,
+                quick_cache::DefaultHashBuilder::default(),
+                evictions.clone(),
+            ),
+            // Only a zero capacity is refused, which validation rules out.
+            Err(_) => Objects::with(
+                16,
+                memory.max(1),
+                ByBytes,
+                quick_cache::DefaultHashBuilder::default(),
+                evictions.clone(),
+            ),
+        };
+        Self {
+            name: name.to_owned(),
+            objects,
+            flights: Mutex::new(HashMap::new()),
+            counts: Counts::default(),
+            evictions,
+        }
+    }
+
+    /// What is stored for `key` that `request` (as it would be forwarded,
+    /// method included) can use, at `now`.
+    pub fn lookup(&self, key: &str, request: &request::Parts, now: SystemTime) -> Found {
+        let Some(variants) = self.objects.get(key) else {
+            self.counts.misses.fetch_add(1, Ordering::Relaxed);
+            return Found::Miss;
+        };
+        let mut stale = None;
+        for stored in &variants.0 {
+            match stored.policy.before_request(request, now) {
+                BeforeRequest::Fresh(head) => {
+                    self.counts.hits.fetch_add(1, Ordering::Relaxed);
+                    return Found::Fresh {
+                        head,
+                        body: stored.body.clone(),
+                    };
+                }
+                BeforeRequest::Stale {
+                    request,
+                    matches: true,
+                } if stale.is_none() => stale = Some((Arc::clone(stored), request)),
+                BeforeRequest::Stale { .. } => {}
+            }
+        }
+        self.counts.misses.fetch_add(1, Ordering::Relaxed);
+        match stale {
+            Some((stored, request)) => Found::Stale { stored, request },
+            None => Found::Miss,
+        }
+    }
+
+    /// Stores `stored` under `key`, replacing the variant selected by the
+    /// same request header values, and the oldest past [`MAX_VARIANTS`].
+    pub fn store(&self, key: &str, stored: Stored) {
+        let stored = Arc::new(stored);
+        let mut variants: Vec<Arc<Stored>> = vec![Arc::clone(&stored)];
+        if let Some(old) = self.objects.get(key) {
+            variants.extend(
+                old.0
+                    .iter()
+                    .filter(|s| s.selected != stored.selected)
+                    .take(MAX_VARIANTS - 1)
+                    .cloned(),
+            );
+        }
+        self.objects
+            .insert(key.to_owned(), Arc::new(Variants(variants)));
+        self.counts.stored.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The upstream's answer to a revalidation of `stored` (sent as
+    /// `request`): a 304 that matches it updates it (its headers merged,
+    /// its body kept) and returns the head to answer with; anything else
+    /// returns `None` (the answer is the client's, and stored anew if it
+    /// may be).
+    pub fn revalidated(
+        &self,
+        key: &str,
+        stored: &Arc<Stored>,
+        request: &request::Parts,
+        answer: &response::Parts,
+        at: SystemTime,
+    ) -> Option<(response::Parts, Bytes)> {
+        match stored.policy.after_response(request, answer, at) {
+            AfterResponse::NotModified(policy, head) => {
+                self.counts.revalidated.fetch_add(1, Ordering::Relaxed);
+                let updated = Stored {
+                    policy,
+                    body: stored.body.clone(),
+                    tags: stored.tags.clone(),
+                    selected: stored.selected.clone(),
+                    weight: stored.weight,
+                };
+                let body = updated.body.clone();
+                self.store(key, updated);
+                Some((head, body))
+            }
+            AfterResponse::Modified(..) => None,
+        }
+    }
+
+    /// Forgets `key` (an unsafe method went to it: RFC 9111 §4.4).
+    pub fn invalidate(&self, key: &str) -> bool {
+        self.objects.remove(key).is_some()
+    }
+
+    /// Forgets every object `selector` names; returns how many keys.
+    pub fn purge(&self, selector: &Selector) -> u64 {
+        let purged = AtomicU64::new(0);
+        let count = |keep: bool| {
+            if !keep {
+                purged.fetch_add(1, Ordering::Relaxed);
+            }
+            keep
+        };
+        match selector {
+            Selector::Key(key) => {
+                count(!self.invalidate(key));
+            }
+            Selector::Prefix(prefix) => self
+                .objects
+                .retain(|key, _| count(!key.starts_with(prefix.as_str()))),
+            Selector::Tag(tag) => self.objects.retain(|_, variants| {
+                count(!variants.0.iter().any(|s| s.tags.iter().any(|t| t == tag)))
+            }),
+        }
+        let purged = purged.into_inner();
+        self.counts.purged.fetch_add(purged, Ordering::Relaxed);
+        purged
+    }
+
+    /// Objects (keys) and bytes held, and evictions so far.
+    pub fn usage(&self) -> (usize, u64, u64) {
+        (
+            self.objects.len(),
+            self.objects.weight(),
+            self.evictions.0.load(Ordering::Relaxed),
+        )
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.objects.capacity()
+    }
+
+    /// The first miss for `key` leads; later ones wait for it (at most
+    /// [`MAX_WAITERS`]; past that, a request goes on its own).
+    pub fn turn(self: &Arc<Self>, key: &str) -> Turn {
+        let mut flights = self.flights.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(flight) = flights.get(key) {
+            if flight.waiters.fetch_add(1, Ordering::AcqRel) < MAX_WAITERS as u64 {
+                return Turn::Wait(flight.landed.subscribe());
+            }
+            return Turn::Alone;
+        }
+        let flight = Arc::new(Flight {
+            landed: tokio::sync::watch::channel(()).0,
+            waiters: AtomicU64::new(0),
+        });
+        flights.insert(key.to_owned(), Arc::clone(&flight));
+        Turn::Lead(Lead {
+            zone: Arc::clone(self),
+            key: key.to_owned(),
+            flight,
+        })
+    }
+}
+
+/// A miss in flight: those waiting for it are told when it lands.
+#[derive(Debug)]
+struct Flight {
+    landed: tokio::sync::watch::Sender<()>,
+    waiters: AtomicU64,
+}
+
+/// Who asks the upstream for a key.
+#[derive(Debug)]
+pub enum Turn {
+    /// This request: the others wait until `Lead` is dropped (its answer
+    /// stored, or not storable, or failed).
+    Lead(Lead),
+    /// Another request asks: wait for it with [`wait`], then look again.
+    Wait(tokio::sync::watch::Receiver<()>),
+    /// Too many wait already: ask on your own.
+    Alone,
+}
+
+/// Leads the miss for one key until dropped.
+#[derive(Debug)]
+pub struct Lead {
+    zone: Arc<Zone>,
+    key: String,
+    flight: Arc<Flight>,
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        let mut flights = self
+            .zone
+            .flights
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if flights
+            .get(&self.key)
+            .is_some_and(|f| Arc::ptr_eq(f, &self.flight))
+        {
+            flights.remove(&self.key);
+        }
+        drop(flights);
+        self.flight.landed.send_replace(());
+    }
+}
+
+/// Waits until the lead lands (or went away), at most `patience`;
+/// returns whether it landed in time.
+pub async fn wait(mut landed: tokio::sync::watch::Receiver<()>, patience: Duration) -> bool {
+    tokio::time::timeout(patience, landed.changed())
+        .await
+        .is_ok()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,405 @@
+//! The cache engine against RFC 9111's cases, in process. Each test names
+//! the section it holds the engine to.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{request, response, Method, StatusCode};
+
+use super::*;
+
+fn req(method: Method, headers: &[(&str, &str)]) -> request::Parts {
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri("/a?x=1")
+        .header("host", "app.test");
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(()).unwrap().into_parts().0
+}
+
+fn get(headers: &[(&str, &str)]) -> request::Parts {
+    req(Method::GET, headers)
+}
+
+fn head(status: u16, headers: &[(&str, &str)]) -> response::Parts {
+    let mut builder = http::Response::builder().status(status);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(()).unwrap().into_parts().0
+}
+
+fn zone() -> Arc<Zone> {
+    Zones::default().zone("test", 1 << 20)
+}
+
+fn store(
+    zone: &Zone,
+    key: &str,
+    request: &request::Parts,
+    answer: &response::Parts,
+    at: SystemTime,
+) {
+    let stored = Stored::new(request, answer, Bytes::from_static(b"body"), at).expect("storable");
+    zone.store(key, stored);
+}
+
+#[test]
+fn fresh_by_max_age_then_stale_with_a_conditional_request() {
+    // §4.2.1 (max-age), §5.1 (Age), §4.3.1 (validators sent).
+    let zone = zone();
+    let t0 = SystemTime::now();
+    let answer = head(200, &[("cache-control", "max-age=60"), ("etag", "\"v1\"")]);
+    store(&zone, "k", &get(&[]), &answer, t0);
+    match zone.lookup("k", &get(&[]), t0 + Duration::from_secs(10)) {
+        Found::Fresh { head, body } => {
+            assert_eq!(head.status, StatusCode::OK);
+            assert_eq!(head.headers["age"], "10");
+            assert_eq!(body, "body");
+        }
+        other => panic!("fresh expected: {other:?}"),
+    }
+    match zone.lookup("k", &get(&[]), t0 + Duration::from_secs(61)) {
+        Found::Stale { request, .. } => {
+            assert_eq!(request.headers["if-none-match"], "\"v1\"");
+        }
+        other => panic!("stale expected: {other:?}"),
+    }
+}
+
+#[test]
+fn s_maxage_wins_for_a_shared_cache_and_private_no_store_are_not_stored() {
+    // §5.2.2.10 s-maxage, §5.2.2.7 private, §5.2.2.5 no-store.
+    let t0 = SystemTime::now();
+    let zone = zone();
+    let answer = head(200, &[("cache-control", "max-age=1, s-maxage=100")]);
+    store(&zone, "k", &get(&[]), &answer, t0);
+    assert!(matches!(
+        zone.lookup("k", &get(&[]), t0 + Duration::from_secs(50)),
+        Found::Fresh { .. }
+    ));
+    for directive in ["private, max-age=60", "no-store", "max-age=60, no-store"] {
+        let answer = head(200, &[("cache-control", directive)]);
+        assert!(
+            Stored::new(&get(&[]), &answer, Bytes::new(), t0).is_none(),
+            "{directive}"
+        );
+    }
+}
+
+#[test]
+fn authorization_requests_are_stored_only_where_the_answer_allows() {
+    // §3.5.
+    let t0 = SystemTime::now();
+    let asked = get(&[("authorization", "Bearer x")]);
+    let plain = head(200, &[("cache-control", "max-age=60")]);
+    assert!(Stored::new(&asked, &plain, Bytes::new(), t0).is_none());
+    for allows in [
+        "public, max-age=60",
+        "s-maxage=60",
+        "max-age=60, must-revalidate",
+    ] {
+        let answer = head(200, &[("cache-control", allows)]);
+        assert!(
+            Stored::new(&asked, &answer, Bytes::new(), t0).is_some(),
+            "{allows}"
+        );
+    }
+}
+
+#[test]
+fn no_cache_answers_are_revalidated_every_time() {
+    // §5.2.2.4 no-cache (response), §5.2.1.4 no-cache (request).
+    let t0 = SystemTime::now();
+    let zone = zone();
+    let answer = head(
+        200,
+        &[
+            ("cache-control", "no-cache"),
+            ("last-modified", "Tue, 01 Dec 2026 00:00:00 GMT"),
+        ],
+    );
+    store(&zone, "k", &get(&[]), &answer, t0);
+    match zone.lookup("k", &get(&[]), t0) {
+        Found::Stale { request, .. } => {
+            assert_eq!(
+                request.headers["if-modified-since"],
+                "Tue, 01 Dec 2026 00:00:00 GMT"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let zone = self::zone();
+    store(
+        &zone,
+        "k",
+        &get(&[]),
+        &head(200, &[("cache-control", "max-age=60")]),
+        t0,
+    );
+    assert!(matches!(
+        zone.lookup("k", &get(&[("cache-control", "no-cache")]), t0),
+        Found::Stale { .. }
+    ));
+}
+
+#[test]
+fn expires_gives_freshness_and_heuristics_need_last_modified() {
+    // §5.3 Expires, §4.2.2 heuristic freshness.
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_342_400); // 2026-12-04
+    let zone = zone();
+    let answer = head(
+        200,
+        &[
+            ("date", "Fri, 04 Dec 2026 00:00:00 GMT"),
+            ("expires", "Fri, 04 Dec 2026 00:01:00 GMT"),
+        ],
+    );
+    store(&zone, "k", &get(&[]), &answer, t0);
+    assert!(matches!(
+        zone.lookup("k", &get(&[]), t0 + Duration::from_secs(30)),
+        Found::Fresh { .. }
+    ));
+    assert!(matches!(
+        zone.lookup("k", &get(&[]), t0 + Duration::from_secs(90)),
+        Found::Stale { .. }
+    ));
+    // No explicit freshness: fresh for 10 % of its age since
+    // Last-Modified (10 days old: one day), for a status §4.2.2 allows.
+    let answer = head(
+        200,
+        &[
+            ("date", "Fri, 04 Dec 2026 00:00:00 GMT"),
+            ("last-modified", "Tue, 24 Nov 2026 00:00:00 GMT"),
+        ],
+    );
+    let zone = self::zone();
+    store(&zone, "k", &get(&[]), &answer, t0);
+    assert!(matches!(
+        zone.lookup("k", &get(&[]), t0 + Duration::from_secs(3600)),
+        Found::Fresh { .. }
+    ));
+}
+
+#[test]
+fn vary_keeps_one_variant_per_selected_value() {
+    // §4.1 Vary.
+    let t0 = SystemTime::now();
+    let zone = zone();
+    let answer = head(
+        200,
+        &[("cache-control", "max-age=60"), ("vary", "Accept-Language")],
+    );
+    let en = get(&[("accept-language", "en")]);
+    let fr = get(&[("accept-language", "fr")]);
+    zone.store(
+        "k",
+        Stored::new(&en, &answer, Bytes::from_static(b"hello"), t0).unwrap(),
+    );
+    zone.store(
+        "k",
+        Stored::new(&fr, &answer, Bytes::from_static(b"bonjour"), t0).unwrap(),
+    );
+    // The same selection replaces, not adds.
+    zone.store(
+        "k",
+        Stored::new(&fr, &answer, Bytes::from_static(b"salut"), t0).unwrap(),
+    );
+    let body = |request: &request::Parts| match zone.lookup("k", request, t0) {
+        Found::Fresh { body, .. } => Some(body),
+        _ => None,
+    };
+    assert_eq!(body(&en).as_deref(), Some(&b"hello"[..]));
+    assert_eq!(body(&fr).as_deref(), Some(&b"salut"[..]));
+    assert_eq!(body(&get(&[("accept-language", "de")])), None);
+    assert_eq!(zone.objects.get("k").map(|v| v.0.len()), Some(2));
+    // Vary: * matches nothing.
+    let star = head(200, &[("cache-control", "max-age=60"), ("vary", "*")]);
+    zone.store("s", Stored::new(&en, &star, Bytes::new(), t0).unwrap());
+    assert!(!matches!(zone.lookup("s", &en, t0), Found::Fresh { .. }));
+}
+
+#[test]
+fn a_304_updates_the_stored_answer_and_keeps_its_body() {
+    // §4.3.4 freshening stored responses upon validation.
+    let t0 = SystemTime::now();
+    let zone = zone();
+    let answer = head(
+        200,
+        &[
+            ("cache-control", "max-age=1"),
+            ("etag", "\"v1\""),
+            ("x-version", "1"),
+        ],
+    );
+    store(&zone, "k", &get(&[]), &answer, t0);
+    let later = t0 + Duration::from_secs(5);
+    let Found::Stale { stored, request } = zone.lookup("k", &get(&[]), later) else {
+        panic!("stale expected");
+    };
+    let not_modified = head(
+        304,
+        &[
+            ("cache-control", "max-age=60"),
+            ("etag", "\"v1\""),
+            ("x-version", "2"),
+        ],
+    );
+    let (merged, body) = zone
+        .revalidated("k", &stored, &request, &not_modified, later)
+        .expect("a matching 304");
+    assert_eq!(merged.status, StatusCode::OK);
+    assert_eq!(merged.headers["x-version"], "2");
+    assert_eq!(body, "body");
+    assert!(matches!(
+        zone.lookup("k", &get(&[]), later + Duration::from_secs(30)),
+        Found::Fresh { .. }
+    ));
+    // A 200 to the revalidation is a new answer, not an update.
+    let Found::Stale { stored, request } =
+        zone.lookup("k", &get(&[]), later + Duration::from_secs(120))
+    else {
+        panic!("stale again");
+    };
+    let changed = head(200, &[("etag", "\"v2\"")]);
+    assert!(zone
+        .revalidated("k", &stored, &request, &changed, later)
+        .is_none());
+}
+
+#[test]
+fn methods_match_exactly_so_a_head_is_looked_up_as_its_get() {
+    // §4: a stored answer is used for the method it was stored for; a
+    // HEAD may be answered from a stored GET (§9.3.2 of RFC 9110), which
+    // the request path does by looking a HEAD up as the GET it stands for.
+    let t0 = SystemTime::now();
+    let zone = zone();
+    store(
+        &zone,
+        "k",
+        &get(&[]),
+        &head(200, &[("cache-control", "max-age=60")]),
+        t0,
+    );
+    assert!(matches!(
+        zone.lookup("k", &get(&[]), t0),
+        Found::Fresh { .. }
+    ));
+    assert!(matches!(
+        zone.lookup("k", &req(Method::HEAD, &[]), t0),
+        Found::Miss
+    ));
+    assert!(matches!(
+        zone.lookup("k", &req(Method::POST, &[]), t0),
+        Found::Miss
+    ));
+}
+
+#[test]
+fn purge_by_key_prefix_and_surrogate_key() {
+    let t0 = SystemTime::now();
+    let zone = zone();
+    let tagged = |tags: &str| {
+        head(
+            200,
+            &[("cache-control", "max-age=60"), ("surrogate-key", tags)],
+        )
+    };
+    store(&zone, "app|/a", &get(&[]), &tagged("red blue"), t0);
+    store(&zone, "app|/b", &get(&[]), &tagged("blue"), t0);
+    store(
+        &zone,
+        "img|/c",
+        &get(&[]),
+        &head(
+            200,
+            &[("cache-control", "max-age=60"), ("cache-tag", "green, red")],
+        ),
+        t0,
+    );
+    assert_eq!(zone.purge(&Selector::Tag("red".into())), 2);
+    assert!(matches!(
+        zone.lookup("app|/b", &get(&[]), t0),
+        Found::Fresh { .. }
+    ));
+    assert_eq!(zone.purge(&Selector::Prefix("app|".into())), 1);
+    assert_eq!(zone.usage().0, 0);
+    store(&zone, "x", &get(&[]), &tagged("t"), t0);
+    assert_eq!(zone.purge(&Selector::Key("x".into())), 1);
+    assert_eq!(zone.purge(&Selector::Key("x".into())), 0);
+}
+
+#[test]
+fn a_zone_stays_within_its_bytes_and_counts_evictions() {
+    let t0 = SystemTime::now();
+    let zone = Zones::default().zone("small", 64 * 1024);
+    let answer = head(200, &[("cache-control", "max-age=60")]);
+    for n in 0..200 {
+        let stored = Stored::new(&get(&[]), &answer, Bytes::from(vec![0u8; 4096]), t0).unwrap();
+        zone.store(&format!("k{n}"), stored);
+    }
+    let (objects, bytes, evicted) = zone.usage();
+    assert!(bytes <= 64 * 1024, "{bytes}");
+    assert!(objects < 200 && evicted > 0, "{objects} {evicted}");
+}
+
+#[test]
+fn a_zone_is_shared_while_named_and_takes_its_new_size() {
+    let zones = Zones::default();
+    let a = zones.zone("z", 1 << 20);
+    store(
+        &a,
+        "k",
+        &get(&[]),
+        &head(200, &[("cache-control", "max-age=60")]),
+        SystemTime::now(),
+    );
+    let b = zones.zone("z", 2 << 20);
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!(b.capacity(), 2 << 20);
+    assert_eq!(b.usage().0, 1, "contents survive");
+    drop((a, b));
+    assert_eq!(
+        zones.zone("z", 1 << 20).usage().0,
+        0,
+        "named by no one: gone"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_misses_wait_for_one_lead() {
+    let zone = zone();
+    let Turn::Lead(lead) = zone.turn("k") else {
+        panic!("the first miss leads");
+    };
+    let waiters: Vec<_> = (0..100)
+        .map(|_| match zone.turn("k") {
+            Turn::Wait(landed) => tokio::spawn(wait(landed, Duration::from_secs(5))),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    store(
+        &zone,
+        "k",
+        &get(&[]),
+        &head(200, &[("cache-control", "max-age=60")]),
+        SystemTime::now(),
+    );
+    drop(lead);
+    for waiter in waiters {
+        assert!(waiter.await.unwrap(), "told in time");
+    }
+    // Landed: the next miss leads again.
+    assert!(matches!(zone.turn("k"), Turn::Lead(_)));
+    // A lead that never lands: waiters go on after their patience.
+    let Turn::Lead(_stuck) = zone.turn("j") else {
+        panic!()
+    };
+    let Turn::Wait(landed) = zone.turn("j") else {
+        panic!()
+    };
+    assert!(!wait(landed, Duration::from_millis(20)).await);
+}
