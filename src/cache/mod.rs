@@ -31,6 +31,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{request, response, HeaderMap, HeaderName, HeaderValue};
+pub use http_cache_semantics::RequestLike;
 use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePolicy};
 
 use crate::backends::WeakMap;
@@ -88,40 +89,64 @@ impl Stored {
     /// An answer to `request` (as forwarded) with `head` and `body`, if
     /// RFC 9111 lets a shared cache store it.
     pub fn new(
-        request: &request::Parts,
+        request: &impl RequestLike,
         head: &response::Parts,
         body: Bytes,
         at: SystemTime,
     ) -> Option<Self> {
+        Some(Keepable::new(request, head, at)?.with_body(body))
+    }
+
+    pub fn weight(&self) -> u64 {
+        self.weight
+    }
+}
+
+/// An answer's head that may be stored, waiting for its body.
+#[derive(Debug)]
+pub struct Keepable {
+    policy: CachePolicy,
+    tags: Box<[String]>,
+    selected: Box<[(HeaderName, Option<HeaderValue>)]>,
+    head_weight: u64,
+}
+
+impl Keepable {
+    /// `head`, the answer to `request` (as forwarded), if RFC 9111 lets
+    /// a shared cache store it.
+    pub fn new(request: &impl RequestLike, head: &response::Parts, at: SystemTime) -> Option<Self> {
         let policy = CachePolicy::new_options(request, head, at, CacheOptions::default());
         if !policy.is_storable() {
             return None;
         }
         let selected = vary_names(&head.headers)
             .map(|name| {
-                let value = request.headers.get(&name).cloned();
+                let value = request.headers().get(&name).cloned();
                 (name, value)
             })
             .collect();
-        let tags = surrogate_keys(&head.headers);
-        let weight = body.len() as u64
-            + head
-                .headers
-                .iter()
-                .map(|(n, v)| (n.as_str().len() + v.len()) as u64)
-                .sum::<u64>()
+        let head_weight = head
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str().len() + v.len()) as u64)
+            .sum::<u64>()
             + 256;
         Some(Self {
             policy,
-            body,
-            tags,
+            tags: surrogate_keys(&head.headers),
             selected,
-            weight,
+            head_weight,
         })
     }
 
-    pub fn weight(&self) -> u64 {
-        self.weight
+    pub fn with_body(self, body: Bytes) -> Stored {
+        Stored {
+            weight: self.head_weight + body.len() as u64,
+            policy: self.policy,
+            body,
+            tags: self.tags,
+            selected: self.selected,
+        }
     }
 }
 
@@ -269,7 +294,7 @@ impl Zone {
 
     /// What is stored for `key` that `request` (as it would be forwarded,
     /// method included) can use, at `now`.
-    pub fn lookup(&self, key: &str, request: &request::Parts, now: SystemTime) -> Found {
+    pub fn lookup(&self, key: &str, request: &impl RequestLike, now: SystemTime) -> Found {
         let Some(variants) = self.objects.get(key) else {
             self.counts.misses.fetch_add(1, Ordering::Relaxed);
             return Found::Miss;
@@ -326,7 +351,7 @@ impl Zone {
         &self,
         key: &str,
         stored: &Arc<Stored>,
-        request: &request::Parts,
+        request: &impl RequestLike,
         answer: &response::Parts,
         at: SystemTime,
     ) -> Option<(response::Parts, Bytes)> {

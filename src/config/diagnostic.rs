@@ -49,6 +49,7 @@ codes! {
     UnexpectedUpstream = "unexpected_upstream",
     MissingUpstream = "missing_upstream",
     UnknownUpstream = "unknown_upstream",
+    UnknownZone = "unknown_zone",
     UnknownListener = "unknown_listener",
     TcpListenerRoute = "tcp_listener_route",
     MissingListeners = "missing_listeners",

@@ -36,6 +36,9 @@ pub struct FileConfig {
     pub upstreams: BTreeMap<String, FileUpstream>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FileFleet>,
+    /// Cache zones (`[cache.zones.NAME]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<super::route::FileCache>,
 }
 
 /// `[fleet]`: the etcd cluster this instance shares generations through

@@ -122,6 +122,11 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                 decoder.section(&key_name, Locator::Section, value, &mut fleet);
                 config.fleet = fleet;
             }
+            "cache" => {
+                let mut cache = None;
+                decoder.section(&key_name, Locator::Section, value, &mut cache);
+                config.cache = cache;
+            }
             "listeners" => config.listeners = decoder.array(&key_name, value),
             "routes" => config.routes = decoder.array(&key_name, value),
             "upstreams" => match value.into_inner() {
@@ -149,7 +154,7 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                     Code::UnknownKey,
                     other,
                     format!(
-                        "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, discovery, listeners, routes, upstreams, fleet"
+                        "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, discovery, listeners, routes, upstreams, fleet, cache"
                     ),
                 );
                 let (line, column) = map.line_column(key.span().start);
@@ -200,8 +205,8 @@ pub fn canonical(config: &FileConfig) -> String {
 }
 
 /// The canonical text in pieces: every section but the routes, the
-/// upstreams and `[fleet]`; each route; each upstream (by name); then
-/// `[fleet]`. Joined, they are exactly the whole configuration's canonical
+/// upstreams, `[fleet]` and `[cache]`; each route; each upstream (by
+/// name); then `[fleet]` and `[cache]`. Joined, they are exactly the whole configuration's canonical
 /// text; apart, a route the candidate did not change keeps its piece (the
 /// same allocation) from one generation to the next.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -259,7 +264,7 @@ fn to_toml<T: serde::Serialize>(value: &T) -> String {
     text
 }
 
-/// Every section but the routes, the upstreams and `[fleet]`.
+/// Every section but the routes, the upstreams, `[fleet]` and `[cache]`.
 pub fn canonical_head(config: &FileConfig) -> String {
     to_toml(&FileConfig {
         admin: config.admin.clone(),
@@ -294,16 +299,23 @@ pub fn canonical_upstream(name: &str, upstream: &FileUpstream) -> Arc<str> {
     .into()
 }
 
-/// `[fleet]`, which the whole text writes after the upstreams.
+/// `[fleet]` and `[cache]`, which the whole text writes after the
+/// upstreams.
 pub fn canonical_tail(config: &FileConfig) -> String {
     #[derive(serde::Serialize)]
     struct Piece<'a> {
-        fleet: &'a FileFleet,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        fleet: Option<&'a FileFleet>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cache: Option<&'a FileCache>,
     }
-    match &config.fleet {
-        Some(fleet) => to_toml(&Piece { fleet }),
-        None => String::new(),
+    if config.fleet.is_none() && config.cache.is_none() {
+        return String::new();
     }
+    to_toml(&Piece {
+        fleet: config.fleet.as_ref(),
+        cache: config.cache.as_ref(),
+    })
 }
 
 /// Where an entity is in the document, to find it again.

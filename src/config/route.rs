@@ -208,6 +208,9 @@ pub struct FileRoute {
     /// A request rate per key (token buckets): beyond it, 429.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<FileQuota>,
+    /// Answers kept in a cache zone (RFC 9111; `docs/caching.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<FileRouteCache>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_inflight: Option<u64>,
     /// Query parameters the request must carry: a value, `*` (present)
@@ -289,6 +292,33 @@ pub struct FileHeaderOps {
 pub enum FileSize {
     Bytes(u64),
     Text(String),
+}
+
+/// `routes.cache = { zone, max_object }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRouteCache {
+    /// A zone of `[cache.zones]`.
+    pub zone: String,
+    /// The largest answer kept (default 8 MiB); a longer one passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_object: Option<FileSize>,
+}
+
+/// `[cache]`: the zones routes keep answers in.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCache {
+    #[serde(default)]
+    pub zones: std::collections::BTreeMap<String, FileCacheZone>,
+}
+
+/// `[cache.zones.NAME] = { memory = "256MiB" }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCacheZone {
+    /// The bytes its objects may hold (heads and bodies).
+    pub memory: FileSize,
 }
 
 /// `routes.rewrite`: exactly one of the three.

@@ -45,6 +45,8 @@ pub struct SharedState {
     quotas: WeakMap<(String, crate::plan::QuotaSpec), QuotaTable>,
     /// Each HTTP listener's impact sample, kept across generations.
     samples: std::sync::Mutex<HashMap<String, Arc<sample::ListenerSample>>>,
+    /// Cache zones, by name: kept while a generation names them.
+    pub cache: crate::cache::Zones,
 }
 
 impl SharedState {
@@ -206,6 +208,13 @@ pub fn build_from(
         .map(|l| (l.name.as_str(), (&l.edge, Vec::new())))
         .collect();
     let kept = Kept::new(previous);
+    // Every zone at the size this generation gives it (a route kept from
+    // the previous generation keeps its zone, resized here).
+    let zones: HashMap<&str, Arc<crate::cache::Zone>> = spec
+        .cache_zones
+        .iter()
+        .map(|(name, memory)| (name.as_str(), shared.cache.zone(name, *memory)))
+        .collect();
     let mut routes = Vec::with_capacity(spec.routes.len());
     for (i, r) in spec.routes.iter().enumerate() {
         let action = match &r.action {
@@ -227,6 +236,10 @@ pub fn build_from(
                 action,
                 shared: shared.route(&r.name),
                 quota: r.quota.as_ref().map(|q| shared.quota(&r.name, q)),
+                cache: r
+                    .cache
+                    .as_ref()
+                    .and_then(|c| zones.get(c.zone.as_str()).map(Arc::clone)),
             }),
         };
         for listener in &r.listeners {

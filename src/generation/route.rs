@@ -484,6 +484,8 @@ pub struct Route {
     pub action: Action,
     pub shared: Arc<RouteShared>,
     pub quota: Option<Arc<super::QuotaTable>>,
+    /// The zone its `cache` keeps answers in (process-shared).
+    pub cache: Option<Arc<crate::cache::Zone>>,
 }
 
 impl Route {

@@ -447,6 +447,9 @@ fn split_domains(config: &FileConfig, other: &FileConfig) -> BTreeMap<EntityKey,
             json(discovery),
         );
     }
+    if let Some(cache) = &config.cache {
+        put(3, "cache", "cache", "cache".into(), json(cache));
+    }
     for l in &config.listeners {
         if same_listeners.get(l.name.as_str()) == Some(&l) {
             continue;

@@ -5,6 +5,7 @@
 //! header names checked. `generation::build` turns it into runtime objects
 //! and can no longer fail on the configuration's content.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -47,6 +48,8 @@ pub struct Spec {
     pub fleet: Option<FleetSpec>,
     /// `[discovery]`: how member names are resolved.
     pub discovery: DiscoverySpec,
+    /// `[cache.zones]`: each zone's bytes, by name.
+    pub cache_zones: BTreeMap<String, u64>,
 }
 
 /// A SHA-256 digest.
@@ -418,6 +421,15 @@ pub struct RouteSpec {
     pub quota: Option<QuotaSpec>,
     /// gRPC-Web calls are translated to gRPC (DESIGN §18).
     pub grpc_web: bool,
+    /// Answers kept in a cache zone (`routes.cache`).
+    pub cache: Option<RouteCacheSpec>,
+}
+
+/// `routes.cache`: the zone answers are kept in, and the largest kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteCacheSpec {
+    pub zone: String,
+    pub max_object: u64,
 }
 
 /// `routes.quota`: token buckets per key. Part of the buckets' identity:

@@ -134,6 +134,97 @@ pub enum ResponseBody {
     Grpc(Box<CallBody>),
     /// Compressed as it streams (`compress.rs`, `encode.rs`).
     Compressed(Box<super::encode::Compressing<ResponseBody>>),
+    /// Kept in a cache zone as it streams to the client (`cache.rs`).
+    Keeping(Box<Keeping>),
+}
+
+/// An upstream answer on its way to the client, copied (up to the
+/// route's `max_object`) into a cache zone: stored when its last byte
+/// has passed, dropped if it runs longer, fails or carries trailers.
+/// Holds the key's lead (`cache::Lead`) until then, so that misses
+/// waiting on the same key look again once it is stored.
+pub struct Keeping {
+    pub inner: ResponseBody,
+    kept: bytes::BytesMut,
+    limit: usize,
+    /// The declared length: stored when it is all in (the server may not
+    /// poll once more for the end).
+    declared: Option<u64>,
+    into: Option<KeepInto>,
+}
+
+impl std::fmt::Debug for Keeping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keeping")
+            .field("kept", &self.kept.len())
+            .field("limit", &self.limit)
+            .field("storing", &self.into.is_some())
+            .finish()
+    }
+}
+
+struct KeepInto {
+    zone: std::sync::Arc<crate::cache::Zone>,
+    key: String,
+    head: crate::cache::Keepable,
+    _lead: Option<crate::cache::Lead>,
+}
+
+impl Keeping {
+    pub fn new(
+        inner: ResponseBody,
+        (limit, declared): (usize, Option<u64>),
+        zone: std::sync::Arc<crate::cache::Zone>,
+        key: String,
+        head: crate::cache::Keepable,
+        lead: Option<crate::cache::Lead>,
+    ) -> Self {
+        Self {
+            inner,
+            kept: bytes::BytesMut::new(),
+            limit,
+            declared,
+            into: Some(KeepInto {
+                zone,
+                key,
+                head,
+                _lead: lead,
+            }),
+        }
+    }
+
+    fn saw(&mut self, polled: &Poll<Option<Result<Frame<Bytes>, BoxError>>>) {
+        match polled {
+            Poll::Pending => {}
+            Poll::Ready(Some(Ok(frame))) => match frame.data_ref() {
+                Some(data) if self.kept.len() + data.len() <= self.limit => {
+                    if self.into.is_some() {
+                        self.kept.extend_from_slice(data);
+                        if self.declared == Some(self.kept.len() as u64) {
+                            self.store();
+                        }
+                    }
+                }
+                // Too long, or trailers: passed on, not kept.
+                _ => {
+                    self.into = None;
+                    self.kept = bytes::BytesMut::new();
+                }
+            },
+            Poll::Ready(Some(Err(_))) => self.into = None,
+            Poll::Ready(None) => self.store(),
+        }
+    }
+
+    /// Stores what was kept (once), when the whole body is in.
+    fn store(&mut self) {
+        if let Some(into) = self.into.take() {
+            let body = std::mem::take(&mut self.kept).freeze();
+            if self.declared.is_none_or(|n| n == body.len() as u64) {
+                into.zone.store(&into.key, into.head.with_body(body));
+            }
+        }
+    }
 }
 
 impl ResponseBody {
@@ -150,6 +241,7 @@ impl ResponseBody {
             ResponseBody::Full(_) => None,
             ResponseBody::Grpc(call) => call.inner_mut().guards_mut(),
             ResponseBody::Compressed(body) => body.inner_mut().guards_mut(),
+            ResponseBody::Keeping(body) => body.inner.guards_mut(),
         }
     }
 }
@@ -291,6 +383,11 @@ impl Body for ResponseBody {
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseBody::Grpc(call) => Pin::new(&mut **call).poll_frame(cx),
             ResponseBody::Compressed(body) => Pin::new(&mut **body).poll_frame(cx),
+            ResponseBody::Keeping(keeping) => {
+                let polled = Pin::new(&mut keeping.inner).poll_frame(cx);
+                keeping.saw(&polled);
+                polled
+            }
         }
     }
 
@@ -301,6 +398,7 @@ impl Body for ResponseBody {
             ResponseBody::Full(bytes) => bytes.is_none(),
             ResponseBody::Grpc(call) => call.is_end_stream(),
             ResponseBody::Compressed(body) => body.is_end_stream(),
+            ResponseBody::Keeping(keeping) => keeping.inner.is_end_stream(),
         }
     }
 
@@ -321,6 +419,7 @@ impl Body for ResponseBody {
             }
             ResponseBody::Grpc(call) => call.size_hint(),
             ResponseBody::Compressed(body) => body.size_hint(),
+            ResponseBody::Keeping(keeping) => keeping.inner.size_hint(),
         }
     }
 }

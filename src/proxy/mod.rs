@@ -6,6 +6,7 @@ mod accept_proxy;
 mod activity;
 mod auth;
 mod body;
+mod cache;
 mod client_hello;
 mod compress;
 mod conn;

@@ -552,29 +552,38 @@ fn route_and_answer<'g, 'a>(
             Step::Proxy(upstream, slot) => {
                 // Not kept across the exchange (the future stays small).
                 drop(request_id);
-                match target.grpc_deadline {
+                match (target.grpc_deadline, &route.cache) {
                     _ if context.grpc.is_some() && !upstream.speaks_http2() => {
                         Err(ProxyError::GrpcOverHttp1)
                     }
                     // A gRPC call with a deadline: the answer's head is due by
                     // then (its body is held to it in `grpc.rs`).
-                    Some(deadline) => {
+                    (Some(deadline), _) => {
                         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                        let forwarding =
-                            Box::pin(proxy(req, target, conn, route, upstream, guard, slot));
+                        let forwarding = Box::pin(super::retry::forward(
+                            req, target, conn, route, upstream, guard, slot,
+                        ));
                         tokio::time::timeout_at(deadline, forwarding)
                             .await
                             .unwrap_or(Err(ProxyError::UpstreamTimeout(left)))
                     }
-                    // Spelled out rather than through `proxy`: an async layer
-                    // less for every other request.
-                    None if super::retry::applies(route, &req) => {
+                    // Through the route's cache zone (a gRPC call is not
+                    // cached: its answer ends in trailers).
+                    (None, Some(zone)) if context.grpc.is_none() => {
+                        Box::pin(super::cache::answer(
+                            zone, req, target, conn, route, upstream, guard, slot,
+                        ))
+                        .await
+                    }
+                    // Spelled out rather than through `retry::forward`: an
+                    // async layer less for every other request.
+                    (None, _) if super::retry::applies(route, &req) => {
                         Box::pin(super::retry::forward_with_retries(
                             req, target, conn, route, upstream, guard, slot,
                         ))
                         .await
                     }
-                    None => {
+                    (None, _) => {
                         super::exchange::forward(req, target, conn, route, upstream, guard, slot)
                             .await
                     }
@@ -592,27 +601,6 @@ fn route_and_answer<'g, 'a>(
             result,
             shaped,
         }
-    }
-}
-
-/// Forwards a request with a deadline: several attempts (`retry.rs`) or
-/// one (`exchange.rs`).
-async fn proxy(
-    req: Request<ClientBody>,
-    target: Target<'_>,
-    conn: &ConnContext,
-    route: &Route,
-    upstream: &Arc<Upstream>,
-    guard: crate::generation::InflightGuard,
-    slot: Option<crate::generation::RouteSlot>,
-) -> Result<Response<ResponseBody>, ProxyError> {
-    if super::retry::applies(route, &req) {
-        Box::pin(super::retry::forward_with_retries(
-            req, target, conn, route, upstream, guard, slot,
-        ))
-        .await
-    } else {
-        super::exchange::forward(req, target, conn, route, upstream, guard, slot).await
     }
 }
 

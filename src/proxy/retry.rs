@@ -106,6 +106,27 @@ fn worth_retrying(outcome: &Outcome, retry: Option<&RetrySpec>) -> bool {
 
 /// Forwards a request that may take several attempts (see the module
 /// notes).
+/// Forwards a request: several attempts (`forward_with_retries`) or one
+/// (`exchange.rs`).
+pub(super) async fn forward(
+    req: Request<ClientBody>,
+    target: Target<'_>,
+    conn: &ConnContext,
+    route: &Route,
+    upstream: &Arc<Upstream>,
+    guard: InflightGuard,
+    slot: Option<RouteSlot>,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    if applies(route, &req) {
+        Box::pin(forward_with_retries(
+            req, target, conn, route, upstream, guard, slot,
+        ))
+        .await
+    } else {
+        super::exchange::forward(req, target, conn, route, upstream, guard, slot).await
+    }
+}
+
 pub(super) async fn forward_with_retries(
     req: Request<ClientBody>,
     target: Target<'_>,

@@ -3,6 +3,7 @@
 mod acme;
 mod admin;
 mod auth;
+mod cache;
 mod compress;
 mod console;
 mod cors;

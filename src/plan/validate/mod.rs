@@ -29,6 +29,7 @@ use crate::config::{
 };
 
 mod auth;
+mod cache;
 mod compress;
 mod cors;
 mod files;
@@ -98,6 +99,7 @@ pub fn validate_against(
         route_reused: Vec::new(),
         upstream_files: Vec::new(),
         secrets: HashMap::new(),
+        cache_zones: BTreeMap::new(),
     };
     let context = reuse::route_context(&file, &v.roots);
     if let Some(active) = active.filter(|a| a.pieces.route_context == context) {
@@ -212,6 +214,8 @@ struct Validator<'a> {
     /// Secret files parsed so far, by resolved path and parser: a file
     /// named twice is one `SecretFile` (`auth.rs`).
     secrets: HashMap<(PathBuf, usize), Box<dyn std::any::Any + Send + Sync>>,
+    /// `[cache.zones]`, read before the routes that name them.
+    cache_zones: BTreeMap<String, u64>,
 }
 
 fn is_valid_name(name: &str) -> bool {
@@ -360,6 +364,7 @@ impl Validator<'_> {
         let tracing = self.tracing(file);
         let runtime = self.runtime(file);
         let upstreams = self.upstreams(&file.upstreams);
+        self.cache_zones = self.cache_zones(file.cache.as_ref());
         let listeners = self.listeners(file);
         self.l4_upstreams(file);
         let routes = self.routes(file);
@@ -391,6 +396,7 @@ impl Validator<'_> {
             upstreams,
             fleet,
             discovery,
+            cache_zones: std::mem::take(&mut self.cache_zones),
         })
     }
 }

@@ -300,6 +300,12 @@ pub(super) fn route_context(file: &FileConfig, roots: &[PathBuf]) -> Digest {
         h.update(u.protocol.as_bytes());
         h.update(if u.tls.is_some() { b"\0tls" } else { b"\0---" });
     }
+    // A route's `cache` is checked against the zones.
+    for (name, zone) in file.cache.iter().flat_map(|c| &c.zones) {
+        h.update(b"\0zone\0");
+        h.update(name.as_bytes());
+        h.update(format!("\0{:?}", zone.memory).as_bytes());
+    }
     h.finalize().into()
 }
 

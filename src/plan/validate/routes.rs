@@ -331,6 +331,15 @@ impl Validator<'_> {
                 "`grpc_web` applies to routes with an upstream, not to `respond` or `redirect`",
             );
         }
+        let zones = std::mem::take(&mut self.cache_zones);
+        let cache = r
+            .cache
+            .as_ref()
+            .and_then(|c| self.route_cache(&at("cache"), c, &zones, proxies || action.is_none()));
+        self.cache_zones = zones;
+        if r.cache.is_some() && cache.is_none() {
+            ok = false;
+        }
         let filters = self.route_filters(i, r, &path);
         if !ok {
             return None;
@@ -351,6 +360,7 @@ impl Validator<'_> {
             hedge,
             quota,
             grpc_web: r.grpc_web.unwrap_or(false),
+            cache,
         })
     }
 

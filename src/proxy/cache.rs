@@ -1,0 +1,327 @@
+//! A route's `cache` on the request path (issue 57; `docs/caching.md`):
+//! answers from its zone (`crate::cache`) where RFC 9111 allows, and
+//! upstream answers kept as they stream to the client.
+//!
+//! - **Key**: what the route's generation sends upstream: the upstream,
+//!   the `Host` it is sent, and the path (as normalized or rewritten) and
+//!   query. A changed rewrite makes other keys, so it cannot serve what
+//!   another route stored; a rollback makes the old generation's keys.
+//! - `GET` is looked up; `HEAD` is looked up as the `GET` it stands for
+//!   and answered without the body. A request with `Range` passes (not
+//!   yet answered from a stored object). Unsafe methods (`POST`, `PUT`,
+//!   `DELETE`, `PATCH`) pass, and a non-error answer to one forgets the
+//!   key (§4.4). Other methods pass.
+//! - A stale object with validators is revalidated: the upstream is sent
+//!   `If-None-Match` / `If-Modified-Since`, and a 304 freshens the object
+//!   and answers from it (§4.3.4).
+//! - Concurrent misses for one key make one upstream request; the others
+//!   wait (at most the route's timeout) and look again.
+//! - Every answer says what the cache did (`Cache-Status`, RFC 9211):
+//!   `cutover; hit`, `cutover; fwd=miss`, `cutover; fwd=miss; stored`,
+//!   `cutover; fwd=stale; fwd-status=304`, `cutover; fwd=miss; collapsed`
+//!   (answered from what another request's miss stored), `cutover;
+//!   fwd=bypass`.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use http::{
+    header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri,
+};
+
+use super::body::{Keeping, ResponseBody};
+use super::conn::ConnContext;
+use super::error::ProxyError;
+use super::exchange::Target;
+use crate::backends::ClientBody;
+use crate::cache::{Found, Keepable, RequestLike, Turn, Zone};
+use crate::generation::{InflightGuard, Route, RouteSlot, Upstream};
+
+/// RFC 9211's header.
+static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+
+/// The request as the cache compares it with what it stored: the
+/// method it stands for (`GET` for a `HEAD`), the path and query as
+/// forwarded, and the client's headers.
+struct View<'a> {
+    method: &'a Method,
+    uri: Uri,
+    headers: &'a HeaderMap,
+}
+
+impl RequestLike for View<'_> {
+    fn uri(&self) -> Uri {
+        self.uri.clone()
+    }
+
+    fn is_same_uri(&self, other: &Uri) -> bool {
+        self.uri == *other
+    }
+
+    fn method(&self) -> &Method {
+        self.method
+    }
+
+    fn headers(&self) -> &HeaderMap {
+        self.headers
+    }
+}
+
+/// Answers `req` for `route` through its zone, forwarding what the zone
+/// cannot answer.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the forward's own arguments, and the zone"
+)]
+pub(super) async fn answer(
+    zone: &Arc<Zone>,
+    req: Request<ClientBody>,
+    target: Target<'_>,
+    conn: &ConnContext,
+    route: &Route,
+    upstream: &Arc<Upstream>,
+    guard: InflightGuard,
+    slot: Option<RouteSlot>,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let max_object = route.spec.cache.as_ref().map_or(0, |c| c.max_object);
+    let path_and_query = forwarded(&req, &target);
+    let key = key(upstream, &req, &target, &path_and_query);
+    let method = req.method().clone();
+    let unsafe_method = matches!(
+        method,
+        Method::POST | Method::PUT | Method::DELETE | Method::PATCH
+    );
+    let looked_up = (method == Method::GET || method == Method::HEAD)
+        && !req.headers().contains_key(header::RANGE);
+    if !looked_up {
+        let answered = super::retry::forward(req, target, conn, route, upstream, guard, slot).await;
+        if unsafe_method
+            && answered
+                .as_ref()
+                .is_ok_and(|r| !r.status().is_client_error() && !r.status().is_server_error())
+        {
+            zone.invalidate(&key);
+        }
+        return answered.map(|r| marked(r, "fwd=bypass"));
+    }
+    let head_only = method == Method::HEAD;
+    let uri = Uri::try_from(path_and_query.as_str()).unwrap_or_default();
+    let now = SystemTime::now();
+    let found = {
+        let view = View {
+            method: &Method::GET,
+            uri: uri.clone(),
+            headers: req.headers(),
+        };
+        zone.lookup(&key, &view, now)
+    };
+    let mut req = req;
+    let lead = match found {
+        Found::Fresh { head, body } => return Ok(from_zone(head, body, head_only, "hit")),
+        Found::Stale { stored, request } => {
+            // Revalidation: the validators the zone would send.
+            for name in [header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+                if let Some(value) = request.headers.get(&name) {
+                    req.headers_mut().insert(name, value.clone());
+                }
+            }
+            if head_only {
+                *req.method_mut() = Method::GET;
+            }
+            let view_headers = req.headers().clone();
+            let answered =
+                super::retry::forward(req, target, conn, route, upstream, guard, slot).await?;
+            let view = View {
+                method: &Method::GET,
+                uri,
+                headers: &view_headers,
+            };
+            if answered.status() == StatusCode::NOT_MODIFIED {
+                let (parts, _) = answered.into_parts();
+                return match zone.revalidated(&key, &stored, &view, &parts, SystemTime::now()) {
+                    Some((head, body)) => Ok(from_zone(
+                        head,
+                        body,
+                        head_only,
+                        "fwd=stale; fwd-status=304",
+                    )),
+                    // A 304 for something else (the client's own
+                    // validators): the client's.
+                    None => Ok(marked(
+                        Response::from_parts(parts, ResponseBody::Full(None)),
+                        "fwd=stale",
+                    )),
+                };
+            }
+            return Ok(keep(
+                answered,
+                zone,
+                key,
+                &view,
+                max_object,
+                None,
+                head_only,
+                "fwd=stale",
+            ));
+        }
+        Found::Miss => match zone.turn(&key) {
+            Turn::Lead(lead) => Some(lead),
+            Turn::Wait(landed) => {
+                crate::cache::wait(landed, route.timeout()).await;
+                let view = View {
+                    method: &Method::GET,
+                    uri: uri.clone(),
+                    headers: req.headers(),
+                };
+                if let Found::Fresh { head, body } = zone.lookup(&key, &view, SystemTime::now()) {
+                    return Ok(from_zone(head, body, head_only, "fwd=miss; collapsed"));
+                }
+                None
+            }
+            Turn::Alone => None,
+        },
+    };
+    // A miss: the upstream is asked for the whole object (a HEAD as the
+    // GET it stands for, so that what comes back can be kept).
+    if head_only {
+        *req.method_mut() = Method::GET;
+    }
+    let view_headers = req.headers().clone();
+    let answered = super::retry::forward(req, target, conn, route, upstream, guard, slot).await?;
+    let view = View {
+        method: &Method::GET,
+        uri,
+        headers: &view_headers,
+    };
+    Ok(keep(
+        answered, zone, key, &view, max_object, lead, head_only, "fwd=miss",
+    ))
+}
+
+/// The path and query the route's generation sends upstream.
+fn forwarded(req: &Request<ClientBody>, target: &Target<'_>) -> String {
+    let path = target.path.as_deref().unwrap_or(req.uri().path());
+    match req.uri().query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
+    }
+}
+
+/// The key: the upstream, the `Host` it is sent, the path and query.
+fn key(
+    upstream: &Upstream,
+    req: &Request<ClientBody>,
+    target: &Target<'_>,
+    path_and_query: &str,
+) -> String {
+    let host: &[u8] = match target.host_rewrite {
+        Some(crate::plan::HostRewrite::Literal(host)) => host.as_bytes(),
+        Some(crate::plan::HostRewrite::Backend) => b"(backend)",
+        None => target
+            .authority
+            .as_ref()
+            .map(HeaderValue::as_bytes)
+            .or_else(|| req.headers().get(header::HOST).map(HeaderValue::as_bytes))
+            .unwrap_or_default(),
+    };
+    format!(
+        "{}|{}|{path_and_query}",
+        upstream.name,
+        String::from_utf8_lossy(host)
+    )
+}
+
+/// An answer from the zone: its head (with `Age`), its body unless the
+/// request was a `HEAD`.
+fn from_zone(
+    head: http::response::Parts,
+    body: bytes::Bytes,
+    head_only: bool,
+    status: &'static str,
+) -> Response<ResponseBody> {
+    let body = if head_only {
+        ResponseBody::Full(None)
+    } else {
+        ResponseBody::full(body)
+    };
+    marked(Response::from_parts(head, body), status)
+}
+
+fn marked(mut response: Response<ResponseBody>, status: &'static str) -> Response<ResponseBody> {
+    let value = match status {
+        "hit" => HeaderValue::from_static("cutover; hit"),
+        other => HeaderValue::from_str(&format!("cutover; {other}"))
+            .unwrap_or(HeaderValue::from_static("cutover")),
+    };
+    response.headers_mut().insert(CACHE_STATUS.clone(), value);
+    response
+}
+
+/// The upstream's answer to the client, kept on its way if it may be:
+/// storable by RFC 9111, and not longer than `max_object` by its
+/// declared length.
+#[expect(clippy::too_many_arguments, reason = "what keeping needs")]
+fn keep(
+    answered: Response<ResponseBody>,
+    zone: &Arc<Zone>,
+    key: String,
+    view: &View<'_>,
+    max_object: u64,
+    lead: Option<crate::cache::Lead>,
+    head_only: bool,
+    status: &'static str,
+) -> Response<ResponseBody> {
+    let (parts, body) = answered.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let keepable = declared
+        .is_none_or(|n| n <= max_object)
+        .then(|| Keepable::new(view, &parts, SystemTime::now()))
+        .flatten();
+    let Some(keepable) = keepable else {
+        let body = if head_only {
+            ResponseBody::Full(None)
+        } else {
+            body
+        };
+        return marked(Response::from_parts(parts, body), status);
+    };
+    let limit = usize::try_from(max_object).unwrap_or(usize::MAX);
+    let keeping = ResponseBody::Keeping(Box::new(Keeping::new(
+        body,
+        (limit, declared),
+        Arc::clone(zone),
+        key,
+        keepable,
+        lead,
+    )));
+    if head_only {
+        // The client asked for the head: the body is read to keep it,
+        // on a task of its own, and not sent.
+        tokio::spawn(drain(keeping));
+        let marked_status = if declared.is_some() {
+            "fwd=miss; stored"
+        } else {
+            status
+        };
+        return marked(
+            Response::from_parts(parts, ResponseBody::Full(None)),
+            marked_status,
+        );
+    }
+    let status = match (status, declared) {
+        ("fwd=miss", Some(_)) => "fwd=miss; stored",
+        ("fwd=stale", Some(_)) => "fwd=stale; stored",
+        (status, _) => status,
+    };
+    marked(Response::from_parts(parts, keeping), status)
+}
+
+/// Reads a body to its end (what `Keeping` needs to store it).
+async fn drain(body: ResponseBody) {
+    use http_body_util::BodyExt as _;
+    let _ = body.collect().await;
+}

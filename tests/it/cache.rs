@@ -1,0 +1,320 @@
+//! A route's `cache` (issue 57) through the real binary, against a
+//! backend that counts what reaches it. Each test names the RFC 9111
+//! (and RFC 9211) section it holds the gateway to:
+//!
+//! | section | test |
+//! |---|---|
+//! | §4.2.1 freshness (`max-age`), §5.1 `Age`, RFC 9211 `hit` | `a_fresh_answer_is_served_from_the_zone_with_its_age` |
+//! | §5.2.2.5 `no-store`, §5.2.2.7 `private` | `what_the_backend_forbids_is_not_kept` |
+//! | §3.5 `Authorization` | `authorized_requests_are_kept_only_where_the_answer_allows` |
+//! | §4.1 `Vary` | `vary_keeps_a_variant_per_value` |
+//! | §4.3 validation, §4.3.4 304 merging | `a_stale_answer_is_revalidated_and_a_304_freshens_it` |
+//! | RFC 9110 §9.3.2 `HEAD` from a stored `GET` | `head_is_answered_from_a_stored_get` |
+//! | §4.4 invalidation by unsafe methods | `a_post_forgets_what_was_kept_for_its_uri` |
+//! | coalescing (issue 57 item 3) | `a_hundred_concurrent_misses_make_one_upstream_request` |
+//! | generation semantics (item 6) | `a_rewrite_makes_its_own_keys` |
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+
+use crate::harness::*;
+
+/// What reached the backend, by path, and the headers of the last
+/// request for each.
+#[derive(Default)]
+struct Seen {
+    counts: Mutex<HashMap<String, u64>>,
+    last: Mutex<HashMap<String, http::HeaderMap>>,
+}
+
+impl Seen {
+    fn count(&self, path: &str) -> u64 {
+        self.counts.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+
+    fn last(&self, path: &str) -> Option<http::HeaderMap> {
+        self.last.lock().unwrap().get(path).cloned()
+    }
+}
+
+/// Answers by path: `/fresh` max-age=60; `/nostore`; `/private`;
+/// `/public` (public, max-age=60); `/vary` (by Accept-Language);
+/// `/etag` (max-age=1, an ETag, 304 to a matching If-None-Match);
+/// `/slow` (max-age=60 after 300 ms). The body names the path and how
+/// many times it was asked.
+async fn counting_backend(seen: Arc<Seen>) -> Backend {
+    Backend::start(Arc::new(move |req: Request<hyper::body::Incoming>| {
+        let seen = Arc::clone(&seen);
+        Box::pin(async move {
+            let path = req.uri().path().to_owned();
+            let n = {
+                let mut counts = seen.counts.lock().unwrap();
+                let n = counts.entry(path.clone()).or_default();
+                *n += 1;
+                *n
+            };
+            seen.last
+                .lock()
+                .unwrap()
+                .insert(path.clone(), req.headers().clone());
+            let mut response = hyper::Response::new(full(format!("{path} #{n}")));
+            let headers = response.headers_mut();
+            let cache_control = match path.as_str() {
+                "/nostore" => "no-store",
+                "/private" => "private, max-age=60",
+                "/public" => "public, max-age=60",
+                "/etag" => "max-age=1",
+                _ => "max-age=60",
+            };
+            headers.insert("cache-control", cache_control.parse().unwrap());
+            if path == "/vary" {
+                headers.insert("vary", "accept-language".parse().unwrap());
+                let language = req
+                    .headers()
+                    .get("accept-language")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("none")
+                    .to_owned();
+                *response.body_mut() = full(format!("{language} #{n}"));
+            }
+            if path == "/etag" {
+                response
+                    .headers_mut()
+                    .insert("etag", "\"v1\"".parse().unwrap());
+                if req
+                    .headers()
+                    .get("if-none-match")
+                    .is_some_and(|v| v == "\"v1\"")
+                {
+                    *response.status_mut() = http::StatusCode::NOT_MODIFIED;
+                    *response.body_mut() = full("");
+                }
+            }
+            if path == "/slow" {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            response
+        })
+    }))
+    .await
+}
+
+fn cache_config(backend: std::net::SocketAddr, extra_routes: &str) -> String {
+    Config::new()
+        .listener("web", "")
+        .route(
+            "cached",
+            "listeners = [\"web\"]\npath_prefix = \"/\"\nupstream = \"app\"\ncache = { zone = \"main\" }",
+        )
+        .text(extra_routes)
+        .upstream("app", &[backend], "")
+        .text("[cache.zones.main]\nmemory = \"16MiB\"\n")
+        .build()
+}
+
+async fn ask(
+    gw: &Gateway,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, http::HeaderMap, String) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "app.test");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let (status, headers, body) = send(
+        gw.listener("web"),
+        req.body(Full::new(Bytes::new())).unwrap(),
+    )
+    .await
+    .expect("answered");
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn cache_status(headers: &http::HeaderMap) -> &str {
+    headers
+        .get("cache-status")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_answer_is_served_from_the_zone_with_its_age() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let gw = Gateway::start(&cache_config(backend.addr, ""));
+    let (status, headers, body) = ask(&gw, "GET", "/fresh?q=1", &[]).await;
+    assert_eq!((status, body.as_str()), (200, "/fresh #1"));
+    assert_eq!(cache_status(&headers), "cutover; fwd=miss; stored");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, headers, body) = ask(&gw, "GET", "/fresh?q=1", &[]).await;
+    assert_eq!((status, body.as_str()), (200, "/fresh #1"), "from the zone");
+    assert_eq!(cache_status(&headers), "cutover; hit");
+    assert!(
+        headers["age"].to_str().unwrap().parse::<u64>().unwrap() >= 1,
+        "{headers:?}"
+    );
+    // Another query is another resource.
+    let (_, headers, body) = ask(&gw, "GET", "/fresh?q=2", &[]).await;
+    assert_eq!(body, "/fresh #2");
+    assert_eq!(cache_status(&headers), "cutover; fwd=miss; stored");
+    assert_eq!(seen.count("/fresh"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_backend_forbids_is_not_kept() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let gw = Gateway::start(&cache_config(backend.addr, ""));
+    for path in ["/nostore", "/private"] {
+        for n in 1..=3 {
+            let (_, headers, body) = ask(&gw, "GET", path, &[]).await;
+            assert_eq!(body, format!("{path} #{n}"));
+            assert_eq!(cache_status(&headers), "cutover; fwd=miss", "{path}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorized_requests_are_kept_only_where_the_answer_allows() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let gw = Gateway::start(&cache_config(backend.addr, ""));
+    let token = [("authorization", "Bearer x")];
+    for _ in 0..2 {
+        ask(&gw, "GET", "/fresh", &token).await;
+        ask(&gw, "GET", "/public", &token).await;
+    }
+    assert_eq!(
+        seen.count("/fresh"),
+        2,
+        "max-age alone: not for a shared cache"
+    );
+    assert_eq!(seen.count("/public"), 1, "public: kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vary_keeps_a_variant_per_value() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let gw = Gateway::start(&cache_config(backend.addr, ""));
+    for _ in 0..3 {
+        let (_, _, en) = ask(&gw, "GET", "/vary", &[("accept-language", "en")]).await;
+        let (_, _, fr) = ask(&gw, "GET", "/vary", &[("accept-language", "fr")]).await;
+        assert_eq!((en.as_str(), fr.as_str()), ("en #1", "fr #2"));
+    }
+    assert_eq!(seen.count("/vary"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_answer_is_revalidated_and_a_304_freshens_it() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let gw = Gateway::start(&cache_config(backend.addr, ""));
+    let (_, _, body) = ask(&gw, "GET", "/etag", &[]).await;
+    assert_eq!(body, "/etag #1");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let (status, headers, body) = ask(&gw, "GET", "/etag", &[]).await;
+    assert_eq!((status, body.as_str()), (200, "/etag #1"), "the kept body");
+    assert_eq!(cache_status(&headers), "cutover; fwd=stale; fwd-status=304");
+    let sent = seen.last("/etag").unwrap();
+    assert_eq!(sent["if-none-match"], "\"v1\"", "validated with its ETag");
+    // Freshened: a hit again.
+    let (_, headers, _) = ask(&gw, "GET", "/etag", &[]).await;
+    assert_eq!(cache_status(&headers), "cutover; hit");
+    assert_eq!(seen.count("/etag"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_is_answered_from_a_stored_get() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let gw = Gateway::start(&cache_config(backend.addr, ""));
+    ask(&gw, "GET", "/fresh", &[]).await;
+    let (status, headers, body) = ask(&gw, "HEAD", "/fresh", &[]).await;
+    assert_eq!((status, body.as_str()), (200, ""));
+    assert_eq!(cache_status(&headers), "cutover; hit");
+    assert_eq!(headers["content-length"], "9", "the GET's length");
+    // A HEAD first asks for the whole object and keeps it.
+    let (_, headers, body) = ask(&gw, "HEAD", "/other", &[]).await;
+    assert_eq!(
+        (body.as_str(), cache_status(&headers)),
+        ("", "cutover; fwd=miss; stored")
+    );
+    let mut body = String::new();
+    for _ in 0..50 {
+        let (_, headers, got) = ask(&gw, "GET", "/other", &[]).await;
+        if cache_status(&headers) == "cutover; hit" {
+            body = got;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(body, "/other #1");
+    assert_eq!(seen.count("/other"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_forgets_what_was_kept_for_its_uri() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let gw = Gateway::start(&cache_config(backend.addr, ""));
+    ask(&gw, "GET", "/fresh", &[]).await;
+    ask(&gw, "GET", "/fresh", &[]).await;
+    assert_eq!(seen.count("/fresh"), 1);
+    let (_, headers, _) = ask(&gw, "POST", "/fresh", &[]).await;
+    assert_eq!(cache_status(&headers), "cutover; fwd=bypass");
+    let (_, _, body) = ask(&gw, "GET", "/fresh", &[]).await;
+    assert_eq!(body, "/fresh #3", "asked again after the POST");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_concurrent_misses_make_one_upstream_request() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let gw = Arc::new(Gateway::start(&cache_config(backend.addr, "")));
+    let asks: Vec<_> = (0..100)
+        .map(|_| {
+            let gw = Arc::clone(&gw);
+            tokio::spawn(async move { ask(&gw, "GET", "/slow", &[]).await })
+        })
+        .collect();
+    for asked in asks {
+        let (status, _, body) = asked.await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "/slow #1"));
+    }
+    assert_eq!(seen.count("/slow"), 1, "one upstream request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrite_makes_its_own_keys() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let rewritten = "\n[[routes]]\nname = \"v2\"\nlisteners = [\"web\"]\npath_prefix = \"/v2/\"\nupstream = \"app\"\nrewrite = { strip_prefix = \"/v2\" }\ncache = { zone = \"main\" }\n";
+    let gw = Gateway::start(&cache_config(backend.addr, rewritten));
+    // `/v2/fresh` is sent upstream as `/fresh`: the same key as `/fresh`.
+    let (_, _, direct) = ask(&gw, "GET", "/fresh", &[]).await;
+    let (_, headers, through) = ask(&gw, "GET", "/v2/fresh", &[]).await;
+    assert_eq!(
+        (direct.as_str(), through.as_str()),
+        ("/fresh #1", "/fresh #1")
+    );
+    assert_eq!(cache_status(&headers), "cutover; hit");
+    // Changed to strip nothing, the route sends `/v2/fresh`: another key.
+    let changed = cache_config(
+        backend.addr,
+        &rewritten.replace("strip_prefix = \"/v2\"", "strip_prefix = \"/none\""),
+    );
+    assert_eq!(activate_status(&gw, &changed).await, 200);
+    let (_, headers, body) = ask(&gw, "GET", "/v2/fresh", &[]).await;
+    assert_eq!(body, "/v2/fresh #1");
+    assert_eq!(cache_status(&headers), "cutover; fwd=miss; stored");
+}
