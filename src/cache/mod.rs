@@ -115,6 +115,12 @@ impl Keepable {
     /// `head`, the answer to `request` (as forwarded), if RFC 9111 lets
     /// a shared cache store it.
     pub fn new(request: &impl RequestLike, head: &response::Parts, at: SystemTime) -> Option<Self> {
+        // An answer that sets a cookie is one client's (a session, a
+        // consent): never kept, as nginx and Varnish do by default,
+        // though RFC 9111 would allow it.
+        if head.headers.contains_key(http::header::SET_COOKIE) {
+            return None;
+        }
         let policy = CachePolicy::new_options(request, head, at, CacheOptions::default());
         if !policy.is_storable() {
             return None;

@@ -81,6 +81,14 @@ fn s_maxage_wins_for_a_shared_cache_and_private_no_store_are_not_stored() {
         zone.lookup("k", &get(&[]), t0 + Duration::from_secs(50)),
         Found::Fresh { .. }
     ));
+    let cookie = head(
+        200,
+        &[("cache-control", "max-age=60"), ("set-cookie", "s=1")],
+    );
+    assert!(
+        Stored::new(&get(&[]), &cookie, Bytes::new(), t0).is_none(),
+        "an answer that sets a cookie"
+    );
     for directive in ["private, max-age=60", "no-store", "max-age=60, no-store"] {
         let answer = head(200, &[("cache-control", directive)]);
         assert!(

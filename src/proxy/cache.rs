@@ -301,7 +301,7 @@ fn keep(
     if head_only {
         // The client asked for the head: the body is read to keep it,
         // on a task of its own, and not sent.
-        tokio::spawn(drain(keeping));
+        tokio::spawn(drain(keeping, max_object));
         let marked_status = if declared.is_some() {
             "fwd=miss; stored"
         } else {
@@ -320,8 +320,15 @@ fn keep(
     marked(Response::from_parts(parts, keeping), status)
 }
 
-/// Reads a body to its end (what `Keeping` needs to store it).
-async fn drain(body: ResponseBody) {
+/// Reads a body to its end (what `Keeping` needs to store it), or until
+/// it runs past `limit` (it will not be kept: the rest is not fetched).
+async fn drain(mut body: ResponseBody, limit: u64) {
     use http_body_util::BodyExt as _;
-    let _ = body.collect().await;
+    let mut read = 0u64;
+    while let Some(Ok(frame)) = body.frame().await {
+        read += frame.data_ref().map_or(0, |d| d.len() as u64);
+        if read > limit {
+            return;
+        }
+    }
 }

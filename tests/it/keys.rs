@@ -546,6 +546,7 @@ fn rows() -> Vec<Row> {
         row("routes", "retry", Route, &["retry = { attempts = 3 }"]).replaces(&["[routes.retry]"]),
         row("routes", "hedge", Route, &["hedge = { delay = \"50ms\" }"]),
         row("routes", "quota", Route, &["quota = { rate = 10 }"]),
+        row("routes", "cache", Route, &["cache = { zone = \"main\" }"]),
         row("routes", "query", Route, &["query = { v = \"2\" }"]),
         row(
             "routes",
@@ -864,6 +865,9 @@ fn configuration(
         );
         push(&mut text, "");
     }
+    // The cache zone a route's `cache` names.
+    push(&mut text, "[cache.zones.main]");
+    push(&mut text, "memory = \"16MiB\"");
     (text, first_extra)
 }
 
