@@ -42,20 +42,25 @@ static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
 /// The request as the cache compares it with what it stored: the
 /// method it stands for (`GET` for a `HEAD`), the path and query as
-/// forwarded, and the client's headers.
+/// forwarded, and the client's headers. The path is compared as text
+/// (a hit parses no URI); a `Uri` is made only to store a policy.
 struct View<'a> {
     method: &'a Method,
-    uri: Uri,
+    path_and_query: &'a str,
     headers: &'a HeaderMap,
 }
 
 impl RequestLike for View<'_> {
     fn uri(&self) -> Uri {
-        self.uri.clone()
+        // Unparsable, it is stored as `/`, which no request's text is.
+        Uri::try_from(self.path_and_query).unwrap_or_default()
     }
 
     fn is_same_uri(&self, other: &Uri) -> bool {
-        self.uri == *other
+        other.scheme().is_none()
+            && other.authority().is_none()
+            && other.path_and_query().map(http::uri::PathAndQuery::as_str)
+                == Some(self.path_and_query)
     }
 
     fn method(&self) -> &Method {
@@ -84,8 +89,8 @@ pub(super) async fn answer(
     slot: Option<RouteSlot>,
 ) -> Result<Response<ResponseBody>, ProxyError> {
     let max_object = route.spec.cache.as_ref().map_or(0, |c| c.max_object);
-    let path_and_query = forwarded(&req, &target);
-    let key = key(upstream, &req, &target, &path_and_query);
+    let (key, path_at) = key(upstream, &req, &target);
+    let path_and_query = key.get(path_at..).unwrap_or("/");
     let method = req.method().clone();
     let unsafe_method = matches!(
         method,
@@ -105,12 +110,11 @@ pub(super) async fn answer(
         return answered.map(|r| marked(r, "fwd=bypass"));
     }
     let head_only = method == Method::HEAD;
-    let uri = Uri::try_from(path_and_query.as_str()).unwrap_or_default();
     let now = SystemTime::now();
     let found = {
         let view = View {
             method: &Method::GET,
-            uri: uri.clone(),
+            path_and_query,
             headers: req.headers(),
         };
         zone.lookup(&key, &view, now)
@@ -133,7 +137,7 @@ pub(super) async fn answer(
                 super::retry::forward(req, target, conn, route, upstream, guard, slot).await?;
             let view = View {
                 method: &Method::GET,
-                uri,
+                path_and_query,
                 headers: &view_headers,
             };
             if answered.status() == StatusCode::NOT_MODIFIED {
@@ -156,7 +160,7 @@ pub(super) async fn answer(
             return Ok(keep(
                 answered,
                 zone,
-                key,
+                key.clone(),
                 &view,
                 max_object,
                 None,
@@ -170,7 +174,7 @@ pub(super) async fn answer(
                 crate::cache::wait(landed, route.timeout()).await;
                 let view = View {
                     method: &Method::GET,
-                    uri: uri.clone(),
+                    path_and_query,
                     headers: req.headers(),
                 };
                 if let Found::Fresh { head, body } = zone.lookup(&key, &view, SystemTime::now()) {
@@ -190,30 +194,24 @@ pub(super) async fn answer(
     let answered = super::retry::forward(req, target, conn, route, upstream, guard, slot).await?;
     let view = View {
         method: &Method::GET,
-        uri,
+        path_and_query,
         headers: &view_headers,
     };
     Ok(keep(
-        answered, zone, key, &view, max_object, lead, head_only, "fwd=miss",
+        answered,
+        zone,
+        key.clone(),
+        &view,
+        max_object,
+        lead,
+        head_only,
+        "fwd=miss",
     ))
 }
 
-/// The path and query the route's generation sends upstream.
-fn forwarded(req: &Request<ClientBody>, target: &Target<'_>) -> String {
-    let path = target.path.as_deref().unwrap_or(req.uri().path());
-    match req.uri().query() {
-        Some(query) => format!("{path}?{query}"),
-        None => path.to_owned(),
-    }
-}
-
-/// The key: the upstream, the `Host` it is sent, the path and query.
-fn key(
-    upstream: &Upstream,
-    req: &Request<ClientBody>,
-    target: &Target<'_>,
-    path_and_query: &str,
-) -> String {
+/// The key, and where its path begins: the upstream, the `Host` it is
+/// sent, the path (as forwarded: normalized or rewritten) and query.
+fn key(upstream: &Upstream, req: &Request<ClientBody>, target: &Target<'_>) -> (String, usize) {
     let host: &[u8] = match target.host_rewrite {
         Some(crate::plan::HostRewrite::Literal(host)) => host.as_bytes(),
         Some(crate::plan::HostRewrite::Backend) => b"(backend)",
@@ -224,11 +222,22 @@ fn key(
             .or_else(|| req.headers().get(header::HOST).map(HeaderValue::as_bytes))
             .unwrap_or_default(),
     };
-    format!(
-        "{}|{}|{path_and_query}",
-        upstream.name,
-        String::from_utf8_lossy(host)
-    )
+    let path = target.path.as_deref().unwrap_or(req.uri().path());
+    let query = req.uri().query();
+    let mut key = String::with_capacity(
+        upstream.name.len() + host.len() + path.len() + query.map_or(0, |q| q.len() + 1) + 2,
+    );
+    key.push_str(&upstream.name);
+    key.push('|');
+    key.push_str(&String::from_utf8_lossy(host));
+    key.push('|');
+    let path_at = key.len();
+    key.push_str(path);
+    if let Some(query) = query {
+        key.push('?');
+        key.push_str(query);
+    }
+    (key, path_at)
 }
 
 /// An answer from the zone: its head (with `Age`), its body unless the
