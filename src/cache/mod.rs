@@ -49,14 +49,12 @@ pub struct Zones {
 }
 
 impl Zones {
-    /// Zone `name`, holding at most `memory` bytes (a zone found again
-    /// takes the size it is given now).
+    /// Zone `name`: the live one, or a new one of `memory` bytes. A zone
+    /// found again keeps its size until the generation that gives it
+    /// another takes effect ([`Zone::resize`]): building a candidate
+    /// that is then refused changes nothing.
     pub fn zone(&self, name: &str, memory: u64) -> Arc<Zone> {
-        let zone = self.zones.get_or_insert(name, || Zone::new(name, memory));
-        if zone.objects.capacity() != memory {
-            zone.objects.set_capacity(memory);
-        }
-        zone
+        self.zones.get_or_insert(name, || Zone::new(name, memory))
     }
 }
 
@@ -420,6 +418,13 @@ impl Zone {
 
     pub fn capacity(&self) -> u64 {
         self.objects.capacity()
+    }
+
+    /// Holds at most `memory` bytes from now (the objects past it go).
+    pub fn resize(&self, memory: u64) {
+        if self.objects.capacity() != memory {
+            self.objects.set_capacity(memory);
+        }
     }
 
     /// The first miss for `key` leads; later ones wait for it (at most

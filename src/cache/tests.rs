@@ -367,7 +367,9 @@ fn a_zone_is_shared_while_named_and_takes_its_new_size() {
     );
     let b = zones.zone("z", 2 << 20);
     assert!(Arc::ptr_eq(&a, &b));
-    assert_eq!(b.capacity(), 2 << 20);
+    assert_eq!(b.capacity(), 1 << 20, "found again, it keeps its size ...");
+    b.resize(2 << 20);
+    assert_eq!(a.capacity(), 2 << 20, "... until a generation takes effect");
     assert_eq!(b.usage().0, 1, "contents survive");
     drop((a, b));
     assert_eq!(

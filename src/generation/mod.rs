@@ -122,9 +122,20 @@ pub struct Generation {
     upstreams: HashMap<String, Arc<Upstream>>,
     /// Every compiled route, aligned with `spec.routes`.
     routes: Vec<Arc<Route>>,
+    /// The cache zones it names, with the size it gives each.
+    cache_zones: Vec<(Arc<crate::cache::Zone>, u64)>,
 }
 
 impl Generation {
+    /// What of it applies to process-shared state only once it is the
+    /// active generation (the store calls this when it publishes it):
+    /// its cache zones' sizes.
+    pub fn take_effect(&self) {
+        for (zone, memory) in &self.cache_zones {
+            zone.resize(*memory);
+        }
+    }
+
     /// The router of an HTTP listener, if this generation has that listener.
     pub fn router(&self, listener: &str) -> Option<&Router> {
         self.routers.get(listener)
@@ -208,8 +219,8 @@ pub fn build_from(
         .map(|l| (l.name.as_str(), (&l.edge, Vec::new())))
         .collect();
     let kept = Kept::new(previous);
-    // Every zone at the size this generation gives it (a route kept from
-    // the previous generation keeps its zone, resized here).
+    // Every zone this generation names; sized as it says when it takes
+    // effect (`Generation::take_effect`), not when it is built.
     let zones: HashMap<&str, Arc<crate::cache::Zone>> = spec
         .cache_zones
         .iter()
@@ -272,6 +283,11 @@ pub fn build_from(
             (name.to_owned(), router)
         })
         .collect();
+    let cache_zones = spec
+        .cache_zones
+        .iter()
+        .filter_map(|(name, memory)| Some((Arc::clone(zones.get(name.as_str())?), *memory)))
+        .collect();
     Ok(Generation {
         id,
         ledger: Arc::new(Ledger::new(id)),
@@ -280,6 +296,7 @@ pub fn build_from(
         routers,
         upstreams,
         routes,
+        cache_zones,
     })
 }
 
@@ -332,6 +349,36 @@ mod tests {
         let source = ConfigText::inline(text.to_owned(), ".".into(), "<test>");
         let spec = crate::plan::validate(&source).unwrap_or_else(|e| panic!("{e:#?}"));
         build(Arc::new(spec), GenerationId::FIRST, &SharedState::default()).expect("builds")
+    }
+
+    /// A zone keeps its size while a candidate that resizes it is only
+    /// built (a refused activation, a shadow stage): it takes the new
+    /// size when the candidate is published, and keeps its objects.
+    #[test]
+    fn a_zone_is_resized_when_its_generation_takes_effect_not_when_built() {
+        let config = |memory: &str| {
+            format!(
+                "[admin]\nbind = \"127.0.0.1:0\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n[[routes]]\nname = \"r\"\nlisteners = [\"web\"]\nupstream = \"app\"\ncache = {{ zone = \"main\" }}\n[upstreams.app]\nbackends = [{{ addr = \"127.0.0.1:9\" }}]\n[cache.zones.main]\nmemory = \"{memory}\"\n"
+            )
+        };
+        let spec = |memory: &str| {
+            let source = ConfigText::inline(config(memory), ".".into(), "<test>");
+            Arc::new(crate::plan::validate(&source).unwrap_or_else(|e| panic!("{e:#?}")))
+        };
+        let shared = SharedState::default();
+        let store = crate::runtime::GenerationStore::new(
+            build(spec("16MiB"), GenerationId::FIRST, &shared).expect("builds"),
+        );
+        let zone = shared.cache.zone("main", 0);
+        assert_eq!(zone.capacity(), 16 << 20);
+        let candidate = build(spec("32MiB"), GenerationId(2), &shared).expect("builds");
+        assert_eq!(zone.capacity(), 16 << 20, "built, not published");
+        assert!(store.commit(GenerationId::FIRST, candidate, None).is_ok());
+        assert_eq!(zone.capacity(), 32 << 20, "published");
+        assert!(
+            Arc::ptr_eq(&zone, &shared.cache.zone("main", 0)),
+            "the same zone"
+        );
     }
 
     fn pick<'g>(

@@ -105,6 +105,7 @@ pub struct Canary {
 
 impl GenerationStore {
     pub fn new(first: Generation) -> Self {
+        first.take_effect();
         let first = Arc::new(first);
         let published = vec![Published {
             id: first.id,
@@ -248,6 +249,8 @@ impl GenerationStore {
                 active: previous.generation.id,
             });
         }
+        // Published: what it sizes in process-shared state is its size now.
+        next.take_effect();
         let now = Instant::now();
         let mut published = self
             .published
