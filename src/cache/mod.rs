@@ -80,6 +80,8 @@ pub struct Stored {
     /// The request's values of the headers the answer's `Vary` names:
     /// a later answer with the same ones replaces this one.
     selected: Box<[(HeaderName, Option<HeaderValue>)]>,
+    /// Its `ETag` and `Last-Modified`, for a 304 that leaves them out.
+    validators: Box<[(HeaderName, HeaderValue)]>,
     weight: u64,
 }
 
@@ -106,6 +108,7 @@ pub struct Keepable {
     policy: CachePolicy,
     tags: Box<[String]>,
     selected: Box<[(HeaderName, Option<HeaderValue>)]>,
+    validators: Box<[(HeaderName, HeaderValue)]>,
     head_weight: u64,
 }
 
@@ -135,10 +138,15 @@ impl Keepable {
             .map(|(n, v)| (n.as_str().len() + v.len()) as u64)
             .sum::<u64>()
             + 256;
+        let validators = [http::header::ETAG, http::header::LAST_MODIFIED]
+            .into_iter()
+            .filter_map(|name| Some((name.clone(), head.headers.get(&name)?.clone())))
+            .collect();
         Some(Self {
             policy,
             tags: surrogate_keys(&head.headers),
             selected,
+            validators,
             head_weight,
         })
     }
@@ -150,6 +158,7 @@ impl Keepable {
             body,
             tags: self.tags,
             selected: self.selected,
+            validators: self.validators,
         }
     }
 }
@@ -350,7 +359,10 @@ impl Zone {
     /// `request`): a 304 that matches it updates it (its headers merged,
     /// its body kept) and returns the head to answer with; anything else
     /// returns `None` (the answer is the client's, and stored anew if it
-    /// may be).
+    /// may be). `ours`: the request carried only the validators of
+    /// `stored` (the client sent none), so a 304 can only be about it, even
+    /// one that repeats no validator (many servers send a bare 304 to
+    /// `If-Modified-Since`).
     pub fn revalidated(
         &self,
         key: &str,
@@ -358,7 +370,20 @@ impl Zone {
         request: &impl RequestLike,
         answer: &response::Parts,
         at: SystemTime,
+        ours: bool,
     ) -> Option<(response::Parts, Bytes)> {
+        let mut filled;
+        let answer = if ours && answer.status == http::StatusCode::NOT_MODIFIED {
+            filled = answer.clone();
+            for (name, value) in stored.validators.iter() {
+                if !filled.headers.contains_key(name) {
+                    filled.headers.insert(name.clone(), value.clone());
+                }
+            }
+            &filled
+        } else {
+            answer
+        };
         match stored.policy.after_response(request, answer, at) {
             AfterResponse::NotModified(policy, head) => {
                 self.counts.revalidated.fetch_add(1, Ordering::Relaxed);
@@ -367,6 +392,7 @@ impl Zone {
                     body: stored.body.clone(),
                     tags: stored.tags.clone(),
                     selected: stored.selected.clone(),
+                    validators: stored.validators.clone(),
                     weight: stored.weight,
                 };
                 let body = updated.body.clone();

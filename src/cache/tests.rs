@@ -231,6 +231,39 @@ fn vary_keeps_one_variant_per_selected_value() {
 }
 
 #[test]
+fn a_bare_304_to_our_own_if_modified_since_still_freshens() {
+    // §4.3.4 selects by validator; a 304 that repeats none answers the
+    // request's validators, which were ours alone.
+    let t0 = SystemTime::now();
+    let zone = zone();
+    let answer = head(
+        200,
+        &[
+            ("cache-control", "max-age=1"),
+            ("last-modified", "Tue, 01 Dec 2026 00:00:00 GMT"),
+        ],
+    );
+    store(&zone, "k", &get(&[]), &answer, t0);
+    let later = t0 + Duration::from_secs(5);
+    let Found::Stale { stored, request } = zone.lookup("k", &get(&[]), later) else {
+        panic!("stale expected");
+    };
+    let bare = head(304, &[("cache-control", "max-age=60")]);
+    assert!(
+        zone.revalidated("k", &stored, &request, &bare, later, false)
+            .is_none(),
+        "the client's own validators: not ours to apply"
+    );
+    let (merged, body) = zone
+        .revalidated("k", &stored, &request, &bare, later, true)
+        .expect("ours alone: about the stored answer");
+    assert_eq!(
+        (merged.status, body.as_ref()),
+        (StatusCode::OK, &b"body"[..])
+    );
+}
+
+#[test]
 fn a_304_updates_the_stored_answer_and_keeps_its_body() {
     // §4.3.4 freshening stored responses upon validation.
     let t0 = SystemTime::now();
@@ -257,7 +290,7 @@ fn a_304_updates_the_stored_answer_and_keeps_its_body() {
         ],
     );
     let (merged, body) = zone
-        .revalidated("k", &stored, &request, &not_modified, later)
+        .revalidated("k", &stored, &request, &not_modified, later, true)
         .expect("a matching 304");
     assert_eq!(merged.status, StatusCode::OK);
     assert_eq!(merged.headers["x-version"], "2");
@@ -274,7 +307,7 @@ fn a_304_updates_the_stored_answer_and_keeps_its_body() {
     };
     let changed = head(200, &[("etag", "\"v2\"")]);
     assert!(zone
-        .revalidated("k", &stored, &request, &changed, later)
+        .revalidated("k", &stored, &request, &changed, later, true)
         .is_none());
 }
 

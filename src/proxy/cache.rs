@@ -123,6 +123,8 @@ pub(super) async fn answer(
     let lead = match found {
         Found::Fresh { head, body } => return Ok(from_zone(head, body, head_only, "hit")),
         Found::Stale { stored, request } => {
+            let ours = !req.headers().contains_key(header::IF_NONE_MATCH)
+                && !req.headers().contains_key(header::IF_MODIFIED_SINCE);
             // Revalidation: the validators the zone would send.
             for name in [header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
                 if let Some(value) = request.headers.get(&name) {
@@ -142,7 +144,8 @@ pub(super) async fn answer(
             };
             if answered.status() == StatusCode::NOT_MODIFIED {
                 let (parts, _) = answered.into_parts();
-                return match zone.revalidated(&key, &stored, &view, &parts, SystemTime::now()) {
+                return match zone.revalidated(&key, &stored, &view, &parts, SystemTime::now(), ours)
+                {
                     Some((head, body)) => Ok(from_zone(
                         head,
                         body,
