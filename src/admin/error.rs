@@ -154,6 +154,7 @@ fn control_error(error: ControlError) -> Response {
         ControlError::InProgress => body(StatusCode::CONFLICT, "operation_in_progress", message),
         ControlError::Internal(_) => body(StatusCode::INTERNAL_SERVER_ERROR, "internal", message),
         ControlError::NotTlsListener(_) => body(StatusCode::BAD_REQUEST, "not_a_tls_listener", message),
+        ControlError::UnknownZone(_) => body(StatusCode::NOT_FOUND, "unknown_zone", message),
         ControlError::Certificate { listener, source } => (
             StatusCode::UNPROCESSABLE_ENTITY,
             Json(json!({

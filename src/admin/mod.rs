@@ -58,6 +58,8 @@ pub fn router(writer: Writer, security: Security) -> Router {
         .route("/admin/fleet/forget", post(fleet_forget))
         .route("/admin/runtime/backends", get(backends))
         .route("/admin/runtime/operations/{id}", get(operation))
+        .route("/admin/cache", get(cache))
+        .route("/admin/cache/purge", post(cache_purge))
         .route("/admin/lifecycle/drain", post(drain))
         .route("/admin/lifecycle/upgrade", post(upgrade))
         .route(
@@ -286,6 +288,55 @@ async fn reload_certs(
         ));
     };
     Ok(Json(control.reload_certs(body.listeners, None).await?).into_response())
+}
+
+async fn cache(State(writer): Shared) -> Response {
+    Json(writer.control().cache_view()).into_response()
+}
+
+/// `POST /admin/cache/purge`: exactly one of `key`, `prefix` (of keys)
+/// and `tag` (a `Surrogate-Key` / `Cache-Tag` value), in `zone` or in
+/// every zone.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PurgeBody {
+    zone: Option<String>,
+    key: Option<String>,
+    prefix: Option<String>,
+    tag: Option<String>,
+    requested_by: Option<String>,
+    reason: Option<String>,
+}
+
+async fn cache_purge(
+    State(writer): Shared,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if candidate::media_type(&headers).as_deref() != Some("application/json") {
+        return Err(ApiError::UnsupportedMediaType(
+            "cache purge takes application/json".into(),
+        ));
+    }
+    let body: PurgeBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("the purge body is not valid: {e}")))?;
+    let selector = match (body.key, body.prefix, body.tag) {
+        (Some(key), None, None) if !key.is_empty() => crate::cache::Selector::Key(key),
+        (None, Some(prefix), None) if !prefix.is_empty() => crate::cache::Selector::Prefix(prefix),
+        (None, None, Some(tag)) if !tag.is_empty() => crate::cache::Selector::Tag(tag),
+        _ => {
+            return Err(ApiError::BadRequest(
+                "a purge names exactly one of key, prefix or tag, not empty".into(),
+            ))
+        }
+    };
+    let requester = crate::control::Requester {
+        requested_by: body.requested_by,
+        reason: body.reason,
+    };
+    let control = writer.control();
+    let purged = control.purge_cache(body.zone, selector, requester).await?;
+    Ok(Json(purged).into_response())
 }
 
 /// What drain and upgrade answer: the operation that follows them.

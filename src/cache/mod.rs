@@ -1,8 +1,7 @@
-//! Response caching (RFC 9111; issue 57): the store a route's `cache`
-//! names. **Work in progress**: this is the engine (zones, objects and
-//! their variants, freshness and revalidation, purge, coalescing of
-//! misses); no configuration key reaches it yet, and the request path
-//! does not call it.
+//! Response caching (RFC 9111; `docs/caching.md`): the store a route's
+//! `cache` names (zones, objects and their variants, freshness and
+//! revalidation, purge, coalescing of misses). The request path is
+//! `proxy/cache.rs`; purge and the zones' view are the admin API's.
 //!
 //! - A **zone** is process-shared state, like a backend: generations
 //!   name it, none owns its contents, and it lives while any live
@@ -35,6 +34,8 @@ pub use http_cache_semantics::RequestLike;
 use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePolicy};
 
 use crate::backends::WeakMap;
+use crate::telemetry::metrics as m;
+use crate::telemetry::series::{self, Exported, Sample};
 
 /// Variants kept per key; a new one past this replaces the oldest.
 pub const MAX_VARIANTS: usize = 16;
@@ -54,7 +55,59 @@ impl Zones {
     /// another takes effect ([`Zone::resize`]): building a candidate
     /// that is then refused changes nothing.
     pub fn zone(&self, name: &str, memory: u64) -> Arc<Zone> {
-        self.zones.get_or_insert(name, || Zone::new(name, memory))
+        let zone = self.zones.get_or_insert(name, || Zone::new(name, memory));
+        zone.exported.get_or_init(|| {
+            let admitted = series::admit(ZONE_SERIES);
+            if admitted {
+                series::register(&zone);
+            }
+            admitted
+        });
+        zone
+    }
+}
+
+/// The series a zone exports (`Zone::samples`).
+const ZONE_SERIES: usize = 6;
+
+/// What the cache did for one request: `cutover_cache_requests_total`'s
+/// `status` and the access log's `cache`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered from the zone, fresh.
+    Hit = 0,
+    /// Forwarded: nothing usable stored.
+    Miss = 1,
+    /// A stale object revalidated with a 304, and answered from.
+    Revalidated = 2,
+    /// Answered from what another request's miss stored meanwhile.
+    Collapsed = 3,
+    /// Answered from a stale object (`stale_while_revalidate`,
+    /// `stale_if_error`).
+    Stale = 4,
+    /// Not looked up (a method or a request the cache does not answer).
+    Bypass = 5,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Hit,
+        Outcome::Miss,
+        Outcome::Revalidated,
+        Outcome::Collapsed,
+        Outcome::Stale,
+        Outcome::Bypass,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Hit => "hit",
+            Outcome::Miss => "miss",
+            Outcome::Revalidated => "revalidated",
+            Outcome::Collapsed => "collapsed",
+            Outcome::Stale => "stale",
+            Outcome::Bypass => "bypass",
+        }
     }
 }
 
@@ -269,6 +322,8 @@ pub struct Zone {
     flights: Mutex<HashMap<String, Arc<Flight>>>,
     pub counts: Counts,
     evictions: Evictions,
+    /// Whether the series budget took its series (at its first use).
+    exported: std::sync::OnceLock<bool>,
 }
 
 impl Zone {
@@ -302,6 +357,7 @@ impl Zone {
             flights: Mutex::new(HashMap::new()),
             counts: Counts::default(),
             evictions,
+            exported: std::sync::OnceLock::new(),
         }
     }
 
@@ -418,8 +474,18 @@ impl Zone {
             keep
         };
         match selector {
+            // A key names one upstream's object (`host path?query
+            // upstream`); without its last part, every upstream's.
             Selector::Key(key) => {
-                count(!self.invalidate(key));
+                if self.invalidate(key) {
+                    count(false);
+                } else {
+                    self.objects.retain(|stored, _| {
+                        count(!stored.strip_prefix(key.as_str()).is_some_and(|rest| {
+                            rest.strip_prefix(' ').is_some_and(|up| !up.contains(' '))
+                        }))
+                    });
+                }
             }
             Selector::Prefix(prefix) => self
                 .objects
@@ -473,6 +539,41 @@ impl Zone {
             key: key.to_owned(),
             flight,
         })
+    }
+}
+
+impl Exported for Zone {
+    fn samples(&self, out: &mut Vec<Sample>) {
+        if self.exported.get() != Some(&true) {
+            return;
+        }
+        let labels: series::Labels = vec![(m::LABEL_ZONE, self.name.clone().into())];
+        let (objects, bytes, evicted) = self.usage();
+        for (family, value) in [
+            (&series::CACHE_BYTES, bytes as f64),
+            (&series::CACHE_CAPACITY, self.capacity() as f64),
+            (&series::CACHE_OBJECTS, objects as f64),
+            (&series::CACHE_EVICTIONS, evicted as f64),
+            (
+                &series::CACHE_STORED,
+                self.counts.stored.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                &series::CACHE_PURGED,
+                self.counts.purged.load(Ordering::Relaxed) as f64,
+            ),
+        ] {
+            out.push(series::sample(family, labels.clone(), value));
+        }
+    }
+}
+
+impl Drop for Zone {
+    fn drop(&mut self) {
+        if self.exported.get() == Some(&true) {
+            series::retire(self);
+            series::release(ZONE_SERIES);
+        }
     }
 }
 

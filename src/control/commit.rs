@@ -56,6 +56,7 @@ pub fn operation_kind_name(kind: OperationKind) -> &'static str {
         OperationKind::Confirm => "confirm",
         OperationKind::Abort => "abort",
         OperationKind::AutoRollback => "auto_rollback",
+        OperationKind::CachePurge => "cache_purge",
     }
 }
 

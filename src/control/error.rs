@@ -41,6 +41,8 @@ pub enum ControlError {
     TargetActive(GenerationId),
     #[error("listener '{0}' is not a TLS listener of the active configuration")]
     NotTlsListener(String),
+    #[error("cache zone '{0}' is not named by the active configuration")]
+    UnknownZone(String),
     #[error("listener '{listener}': {source}")]
     Certificate {
         listener: String,

@@ -20,6 +20,7 @@
 
 mod answers;
 mod backends;
+mod cache;
 mod candidate;
 mod certs;
 mod commit;
@@ -44,6 +45,7 @@ pub(crate) mod tests;
 
 pub use answers::{Activation, RecordedPlan, Settled};
 pub use backends::{member_views, BackendsView, UpstreamView};
+pub use cache::{CacheView, Purged, ZonePurged, ZoneView};
 pub use candidate::read as read_candidate;
 pub use candidate::{
     CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec, RollbackRequest, Settle,

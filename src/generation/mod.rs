@@ -136,6 +136,11 @@ impl Generation {
         }
     }
 
+    /// The cache zones it names.
+    pub fn cache_zones(&self) -> impl Iterator<Item = &Arc<crate::cache::Zone>> {
+        self.cache_zones.iter().map(|(zone, _)| zone)
+    }
+
     /// The router of an HTTP listener, if this generation has that listener.
     pub fn router(&self, listener: &str) -> Option<&Router> {
         self.routers.get(listener)

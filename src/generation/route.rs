@@ -10,6 +10,7 @@ use metrics::Counter;
 
 use super::upstream::Upstream;
 use crate::auth::{Method as AuthMethod, Outcome};
+use crate::cache::Outcome as CacheOutcome;
 use crate::grpc::Code;
 use crate::plan::{DirectResponse, RouteSpec};
 use crate::telemetry::metrics as m;
@@ -69,6 +70,10 @@ pub struct RouteShared {
     /// `auth`).
     auth_cache: [Count; CacheLookup::ALL.len()],
     auth_exported: OnceLock<bool>,
+    /// What its cache did, by `cache::Outcome`; admitted apart, at the
+    /// route's first cached request.
+    cache: [Count; CacheOutcome::ALL.len()],
+    cache_exported: OnceLock<bool>,
     /// Copies of its requests in flight to its `mirror` (every
     /// generation's), bounded by the mirror's `max_inflight`.
     pub mirror_inflight: Arc<AtomicU64>,
@@ -134,6 +139,8 @@ const ROUTE_SERIES: usize = 5 + m::REQUEST_DURATION_BUCKETS.len() + 3 + 2 + Refu
 const GRPC_SERIES: usize = Code::ALL.len();
 /// Series of one route's authentication checks and cache lookups.
 const AUTH_SERIES: usize = Outcome::ALL.len() * AuthMethod::ALL.len() + CacheLookup::ALL.len();
+/// Series of `cutover_cache_requests_total` per route.
+const CACHE_SERIES: usize = CacheOutcome::ALL.len();
 
 /// What a forward auth's cache did for one request
 /// (`cutover_auth_cache_total{result}`).
@@ -189,6 +196,8 @@ impl RouteShared {
             auth: Default::default(),
             auth_cache: Default::default(),
             auth_exported: OnceLock::new(),
+            cache: Default::default(),
+            cache_exported: OnceLock::new(),
             mirror_inflight: Arc::default(),
             copies: Default::default(),
             copies_exported: OnceLock::new(),
@@ -266,6 +275,13 @@ impl RouteShared {
         self.auth_cache[lookup as usize].add(1);
     }
 
+    /// Counts what the route's cache did for one request.
+    pub fn cached(&self, outcome: CacheOutcome) {
+        self.cache_exported
+            .get_or_init(|| series::admit(CACHE_SERIES));
+        self.cache[outcome as usize].add(1);
+    }
+
     /// Where gRPC calls no route took are counted (`route="-"`).
     pub fn unrouted() -> &'static RouteShared {
         static UNROUTED: OnceLock<Arc<RouteShared>> = OnceLock::new();
@@ -315,6 +331,19 @@ impl Exported for RouteShared {
                     labels.push((m::LABEL_RESULT, lookup.name().into()));
                     out.push(series::sample(
                         &series::ROUTE_AUTH_CACHE,
+                        labels,
+                        count.get() as f64,
+                    ));
+                }
+            }
+        }
+        if self.cache_exported.get() == Some(&true) {
+            for (count, outcome) in self.cache.iter().zip(CacheOutcome::ALL) {
+                if count.get() > 0 {
+                    let mut labels = labels.clone();
+                    labels.push((m::LABEL_STATUS, outcome.name().into()));
+                    out.push(series::sample(
+                        &series::ROUTE_CACHE,
                         labels,
                         count.get() as f64,
                     ));
@@ -384,11 +413,15 @@ impl Drop for RouteShared {
         let grpc = self.grpc_exported.get() == Some(&true);
         let auth = self.auth_exported.get() == Some(&true);
         let copies = self.copies_exported.get() == Some(&true);
-        if route || grpc || auth || copies {
+        let cache = self.cache_exported.get() == Some(&true);
+        if route || grpc || auth || copies || cache {
             series::retire(self);
         }
         if copies {
             series::release(COPY_SERIES);
+        }
+        if cache {
+            series::release(CACHE_SERIES);
         }
         if route {
             series::release(ROUTE_SERIES);

@@ -2,9 +2,9 @@
 //! answers from its zone (`crate::cache`) where RFC 9111 allows, and
 //! upstream answers kept as they stream to the client.
 //!
-//! - **Key**: what the route's generation sends upstream: the upstream,
-//!   the `Host` it is sent, and the path (as normalized or rewritten) and
-//!   query. A changed rewrite makes other keys, so it cannot serve what
+//! - **Key**: what the route's generation sends upstream: the `Host` it
+//!   is sent, the path (as normalized or rewritten) and query, and the
+//!   upstream (`example.com /a/b?c=1 app`). A changed rewrite makes other keys, so it cannot serve what
 //!   another route stored; a rollback makes the old generation's keys.
 //! - `GET` is looked up; `HEAD` is looked up as the `GET` it stands for
 //!   and answered without the body. A request with `Range` passes (not
@@ -34,7 +34,7 @@ use super::conn::ConnContext;
 use super::error::ProxyError;
 use super::exchange::Target;
 use crate::backends::ClientBody;
-use crate::cache::{Found, Keepable, RequestLike, Turn, Zone};
+use crate::cache::{Found, Keepable, Outcome, RequestLike, Turn, Zone};
 use crate::generation::{InflightGuard, Route, RouteSlot, Upstream};
 
 /// RFC 9211's header.
@@ -87,10 +87,10 @@ pub(super) async fn answer(
     upstream: &Arc<Upstream>,
     guard: InflightGuard,
     slot: Option<RouteSlot>,
-) -> Result<Response<ResponseBody>, ProxyError> {
+) -> (Outcome, Result<Response<ResponseBody>, ProxyError>) {
     let max_object = route.spec.cache.as_ref().map_or(0, |c| c.max_object);
-    let (key, path_at) = key(upstream, &req, &target);
-    let path_and_query = key.get(path_at..).unwrap_or("/");
+    let (key, path) = key(upstream, &req, &target);
+    let path_and_query = key.get(path).unwrap_or("/");
     let method = req.method().clone();
     let unsafe_method = matches!(
         method,
@@ -107,7 +107,7 @@ pub(super) async fn answer(
         {
             zone.invalidate(&key);
         }
-        return answered.map(|r| marked(r, "fwd=bypass"));
+        return (Outcome::Bypass, answered.map(|r| marked(r, "fwd=bypass")));
     }
     let head_only = method == Method::HEAD;
     let now = SystemTime::now();
@@ -121,7 +121,9 @@ pub(super) async fn answer(
     };
     let mut req = req;
     let lead = match found {
-        Found::Fresh { head, body } => return Ok(from_zone(head, body, head_only, "hit")),
+        Found::Fresh { head, body } => {
+            return (Outcome::Hit, Ok(from_zone(head, body, head_only, "hit")))
+        }
         Found::Stale { stored, request } => {
             let ours = !req.headers().contains_key(header::IF_NONE_MATCH)
                 && !req.headers().contains_key(header::IF_MODIFIED_SINCE);
@@ -135,8 +137,14 @@ pub(super) async fn answer(
                 *req.method_mut() = Method::GET;
             }
             let view_headers = req.headers().clone();
-            let answered =
-                super::retry::forward(req, target, conn, route, upstream, guard, slot).await?;
+            let answered = match super::retry::forward(
+                req, target, conn, route, upstream, guard, slot,
+            )
+            .await
+            {
+                Ok(answered) => answered,
+                Err(error) => return (Outcome::Miss, Err(error)),
+            };
             let view = View {
                 method: &Method::GET,
                 path_and_query,
@@ -146,30 +154,39 @@ pub(super) async fn answer(
                 let (parts, _) = answered.into_parts();
                 return match zone.revalidated(&key, &stored, &view, &parts, SystemTime::now(), ours)
                 {
-                    Some((head, body)) => Ok(from_zone(
-                        head,
-                        body,
-                        head_only,
-                        "fwd=stale; fwd-status=304",
-                    )),
+                    Some((head, body)) => (
+                        Outcome::Revalidated,
+                        Ok(from_zone(
+                            head,
+                            body,
+                            head_only,
+                            "fwd=stale; fwd-status=304",
+                        )),
+                    ),
                     // A 304 for something else (the client's own
                     // validators): the client's.
-                    None => Ok(marked(
-                        Response::from_parts(parts, ResponseBody::Full(None)),
-                        "fwd=stale",
-                    )),
+                    None => (
+                        Outcome::Miss,
+                        Ok(marked(
+                            Response::from_parts(parts, ResponseBody::Full(None)),
+                            "fwd=stale",
+                        )),
+                    ),
                 };
             }
-            return Ok(keep(
-                answered,
-                zone,
-                key.clone(),
-                &view,
-                max_object,
-                None,
-                head_only,
-                "fwd=stale",
-            ));
+            return (
+                Outcome::Miss,
+                Ok(keep(
+                    answered,
+                    zone,
+                    key.clone(),
+                    &view,
+                    max_object,
+                    None,
+                    head_only,
+                    "fwd=stale",
+                )),
+            );
         }
         Found::Miss => match zone.turn(&key) {
             Turn::Lead(lead) => Some(lead),
@@ -181,7 +198,10 @@ pub(super) async fn answer(
                     headers: req.headers(),
                 };
                 if let Found::Fresh { head, body } = zone.lookup(&key, &view, SystemTime::now()) {
-                    return Ok(from_zone(head, body, head_only, "fwd=miss; collapsed"));
+                    return (
+                        Outcome::Collapsed,
+                        Ok(from_zone(head, body, head_only, "fwd=miss; collapsed")),
+                    );
                 }
                 None
             }
@@ -194,27 +214,40 @@ pub(super) async fn answer(
         *req.method_mut() = Method::GET;
     }
     let view_headers = req.headers().clone();
-    let answered = super::retry::forward(req, target, conn, route, upstream, guard, slot).await?;
+    let answered =
+        match super::retry::forward(req, target, conn, route, upstream, guard, slot).await {
+            Ok(answered) => answered,
+            Err(error) => return (Outcome::Miss, Err(error)),
+        };
     let view = View {
         method: &Method::GET,
         path_and_query,
         headers: &view_headers,
     };
-    Ok(keep(
-        answered,
-        zone,
-        key.clone(),
-        &view,
-        max_object,
-        lead,
-        head_only,
-        "fwd=miss",
-    ))
+    (
+        Outcome::Miss,
+        Ok(keep(
+            answered,
+            zone,
+            key.clone(),
+            &view,
+            max_object,
+            lead,
+            head_only,
+            "fwd=miss",
+        )),
+    )
 }
 
-/// The key, and where its path begins: the upstream, the `Host` it is
-/// sent, the path (as forwarded: normalized or rewritten) and query.
-fn key(upstream: &Upstream, req: &Request<ClientBody>, target: &Target<'_>) -> (String, usize) {
+/// The key, and where its path and query lie in it: the `Host` sent
+/// upstream, the path (as forwarded: normalized or rewritten) and query,
+/// and the upstream, separated by spaces (which none of them can hold):
+/// `example.com /a/b?c=1 app`.
+fn key(
+    upstream: &Upstream,
+    req: &Request<ClientBody>,
+    target: &Target<'_>,
+) -> (String, std::ops::Range<usize>) {
     let host: &[u8] = match target.host_rewrite {
         Some(crate::plan::HostRewrite::Literal(host)) => host.as_bytes(),
         Some(crate::plan::HostRewrite::Backend) => b"(backend)",
@@ -230,17 +263,18 @@ fn key(upstream: &Upstream, req: &Request<ClientBody>, target: &Target<'_>) -> (
     let mut key = String::with_capacity(
         upstream.name.len() + host.len() + path.len() + query.map_or(0, |q| q.len() + 1) + 2,
     );
-    key.push_str(&upstream.name);
-    key.push('|');
     key.push_str(&String::from_utf8_lossy(host));
-    key.push('|');
+    key.push(' ');
     let path_at = key.len();
     key.push_str(path);
     if let Some(query) = query {
         key.push('?');
         key.push_str(query);
     }
-    (key, path_at)
+    let path_end = key.len();
+    key.push(' ');
+    key.push_str(&upstream.name);
+    (key, path_at..path_end)
 }
 
 /// An answer from the zone: its head (with `Age`), its body unless the

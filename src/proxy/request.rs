@@ -48,6 +48,8 @@ struct Noted {
     /// The route's `auth` outcome, and who it found.
     auth: Option<crate::auth::Outcome>,
     subject: Option<String>,
+    /// What the route's cache did.
+    cache: Option<crate::cache::Outcome>,
 }
 
 /// Serves one request. Never fails: errors become responses here.
@@ -92,6 +94,7 @@ pub fn handle(
             authority: None,
             auth: None,
             subject: None,
+            cache: None,
         });
         let trail = noted.as_ref().map(|_| Trail::new());
         let mut call = super::grpc::Call::of(&req);
@@ -226,6 +229,7 @@ pub fn handle(
                 request_id: noted.request_id,
                 auth: noted.auth.map(crate::auth::Outcome::name),
                 subject: noted.subject,
+                cache: noted.cache.map(crate::cache::Outcome::name),
                 encoding: encoding.map(crate::plan::Encoding::token),
                 route: route.map(|r| Arc::clone(r.shared.name())),
                 status: status.as_u16(),
@@ -509,7 +513,7 @@ fn route_and_answer<'g, 'a>(
                     }
                 }
             };
-            if let Some(noted) = noted {
+            if let Some(noted) = noted.as_deref_mut() {
                 noted.request_id = checked
                     .request_id
                     .as_ref()
@@ -570,10 +574,15 @@ fn route_and_answer<'g, 'a>(
                     // Through the route's cache zone (a gRPC call is not
                     // cached: its answer ends in trailers).
                     (None, Some(zone)) if context.grpc.is_none() => {
-                        Box::pin(super::cache::answer(
+                        let (outcome, answered) = Box::pin(super::cache::answer(
                             zone, req, target, conn, route, upstream, guard, slot,
                         ))
-                        .await
+                        .await;
+                        route.shared.cached(outcome);
+                        if let Some(noted) = noted.as_deref_mut() {
+                            noted.cache = Some(outcome);
+                        }
+                        answered
                     }
                     // Spelled out rather than through `retry::forward`: an
                     // async layer less for every other request.

@@ -139,6 +139,8 @@ pub enum OperationKind {
     Certificate,
     Drain,
     Upgrade,
+    /// Objects forgot from cache zones (`POST /admin/cache/purge`).
+    CachePurge,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -202,6 +202,9 @@ pub struct Line {
     /// The route's `auth` outcome (`cutover_auth_total`'s), and the subject it found (a user, a token's `sub`).
     pub auth: Option<&'static str>,
     pub subject: Option<String>,
+    /// What the route's cache did (`cutover_cache_requests_total`'s
+    /// status), when it has one.
+    pub cache: Option<&'static str>,
     pub route: Option<Arc<str>>,
     /// 0 for a TCP connection.
     pub status: u16,
@@ -250,6 +253,7 @@ impl Line {
             request_id: None,
             auth: None,
             subject: None,
+            cache: None,
             route: None,
             status: 0,
             grpc_status: None,
@@ -606,6 +610,8 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
             push_json_opt(out, line.auth);
             out.extend_from_slice(b",\"subject\":");
             push_json_opt(out, line.subject.as_deref());
+            out.extend_from_slice(b",\"cache\":");
+            push_json_opt(out, line.cache);
             out.extend_from_slice(b",\"status\":");
             push_u64(out, u64::from(line.status));
             out.extend_from_slice(b",\"grpc_status\":");
@@ -670,6 +676,7 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
                 ("request_id", line.request_id.as_deref().unwrap_or(dash)),
                 ("auth", line.auth.unwrap_or(dash)),
                 ("subject", line.subject.as_deref().unwrap_or(dash)),
+                ("cache", line.cache.unwrap_or(dash)),
             ] {
                 out.push(b' ');
                 push_field(out, key, value);
@@ -893,6 +900,7 @@ mod tests {
             request_id: None,
             auth: None,
             subject: None,
+            cache: None,
             route: Some("api".into()),
             status: 502,
             grpc_status: None,
@@ -921,7 +929,7 @@ mod tests {
             text,
             "time=2025-11-30T14:31:24.121Z listener=web protocol=HTTP/1.1 client=127.0.0.1:5555 \
              method=GET authority=api.example.com path=\"/v1/a b\" upstream_path=- route=api \
-             request_id=- auth=- subject=- generation=7 \
+             request_id=- auth=- subject=- cache=- generation=7 \
              status=502 grpc_status=- bytes_in=3 bytes_out=12 encoding=- bytes_uncompressed=- duration_ms=1.500 upstream_ms=- \
              backend=127.0.0.1:9001 attempts=2 trace_id=abababababababababababababababab \
              flags=connect_failure,retried\n"

@@ -170,6 +170,17 @@ pub const AUTH: &str = "cutover_auth_total";
 /// `Cache-Control` said not to).
 pub const AUTH_CACHE: &str = "cutover_auth_cache_total";
 /// `grpc-timeout` values that were not of the protocol's form (ignored).
+/// What a route's cache did, by route and status (hit, miss,
+/// revalidated, collapsed, stale, bypass).
+pub const CACHE_REQUESTS: &str = "cutover_cache_requests_total";
+/// A cache zone's bytes held, capacity, objects (keys), evictions,
+/// objects stored and purged.
+pub const CACHE_BYTES: &str = "cutover_cache_bytes";
+pub const CACHE_CAPACITY: &str = "cutover_cache_capacity_bytes";
+pub const CACHE_OBJECTS: &str = "cutover_cache_objects";
+pub const CACHE_EVICTIONS: &str = "cutover_cache_evictions_total";
+pub const CACHE_STORED: &str = "cutover_cache_stored_total";
+pub const CACHE_PURGED: &str = "cutover_cache_purged_total";
 pub const GRPC_TIMEOUT_INVALID: &str = "cutover_grpc_timeout_invalid_total";
 
 /// Bucket bounds (seconds) of `REQUEST_DURATION`: sub-millisecond answers
@@ -202,6 +213,8 @@ pub const LABEL_UPSTREAM: &str = "upstream";
 pub const LABEL_CODE: &str = "code";
 pub const LABEL_METHOD: &str = "method";
 pub const LABEL_RESULT: &str = "result";
+pub const LABEL_STATUS: &str = "status";
+pub const LABEL_ZONE: &str = "zone";
 
 /// Status classes in label order; index with `status / 100 - 1`.
 pub const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];

@@ -277,6 +277,7 @@ mod tests {
             request_id: None,
             auth: None,
             subject: None,
+            cache: None,
             route: Some("api".into()),
             status: 503,
             grpc_status: None,

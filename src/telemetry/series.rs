@@ -104,6 +104,41 @@ pub static ROUTE_AUTH_CACHE: Family = family(
     Kind::Counter,
     "Forward auth cache lookups, by route and result",
 );
+pub static ROUTE_CACHE: Family = family(
+    m::CACHE_REQUESTS,
+    Kind::Counter,
+    "What a route's cache did, by route and status",
+);
+pub static CACHE_BYTES: Family = family(
+    m::CACHE_BYTES,
+    Kind::Gauge,
+    "Bytes a cache zone holds (bodies, heads and keys)",
+);
+pub static CACHE_CAPACITY: Family = family(
+    m::CACHE_CAPACITY,
+    Kind::Gauge,
+    "Bytes a cache zone may hold",
+);
+pub static CACHE_OBJECTS: Family = family(
+    m::CACHE_OBJECTS,
+    Kind::Gauge,
+    "Keys a cache zone holds (each with up to 16 variants)",
+);
+pub static CACHE_EVICTIONS: Family = family(
+    m::CACHE_EVICTIONS,
+    Kind::Counter,
+    "Keys a cache zone pushed out to make room",
+);
+pub static CACHE_STORED: Family = family(
+    m::CACHE_STORED,
+    Kind::Counter,
+    "Answers a cache zone stored (new, replaced or revalidated)",
+);
+pub static CACHE_PURGED: Family = family(
+    m::CACHE_PURGED,
+    Kind::Counter,
+    "Keys a cache zone forgot by purge",
+);
 pub static BACKEND_ATTEMPTS: Family = family(
     m::UPSTREAM_ATTEMPTS,
     Kind::Counter,
@@ -179,7 +214,7 @@ pub static GENERATION_DURATION: Family = family(
 );
 
 /// Families in output order.
-static FAMILIES: [&Family; 25] = [
+static FAMILIES: [&Family; 32] = [
     &ROUTE_REQUESTS,
     &ROUTE_DURATION,
     &ROUTE_QUOTA,
@@ -190,6 +225,13 @@ static FAMILIES: [&Family; 25] = [
     &ROUTE_AUTH,
     &ROUTE_AUTH_CACHE,
     &ROUTE_COPIES,
+    &ROUTE_CACHE,
+    &CACHE_BYTES,
+    &CACHE_CAPACITY,
+    &CACHE_OBJECTS,
+    &CACHE_EVICTIONS,
+    &CACHE_STORED,
+    &CACHE_PURGED,
     &BACKEND_ATTEMPTS,
     &BACKEND_EJECTIONS,
     &BACKEND_HEALTHY,

@@ -13,6 +13,7 @@
 //! | §4.4 invalidation by unsafe methods | `a_post_forgets_what_was_kept_for_its_uri` |
 //! | coalescing (issue 57 item 3) | `a_hundred_concurrent_misses_make_one_upstream_request` |
 //! | generation semantics (item 6) | `a_rewrite_makes_its_own_keys` |
+//! | purge by key, prefix, surrogate key; views (item 4) | `purges_by_key_prefix_and_tag_are_recorded_and_counted` |
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -95,6 +96,13 @@ async fn counting_backend(seen: Arc<Seen>) -> Backend {
                     *response.body_mut() = full("");
                 }
             }
+            // `/tagged/<letter>…`: the surrogate key `product-<letter>`.
+            if let Some(rest) = path.strip_prefix("/tagged/") {
+                let tag = format!("product-{}", rest.get(..1).unwrap_or("none"));
+                response
+                    .headers_mut()
+                    .insert("surrogate-key", tag.parse().unwrap());
+            }
             if path == "/slow" {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
@@ -105,6 +113,10 @@ async fn counting_backend(seen: Arc<Seen>) -> Backend {
 }
 
 fn cache_config(backend: std::net::SocketAddr, extra_routes: &str) -> String {
+    cache_builder(backend, extra_routes).build()
+}
+
+fn cache_builder(backend: std::net::SocketAddr, extra_routes: &str) -> Config {
     Config::new()
         .listener("web", "")
         .route(
@@ -114,7 +126,6 @@ fn cache_config(backend: std::net::SocketAddr, extra_routes: &str) -> String {
         .text(extra_routes)
         .upstream("app", &[backend], "")
         .text("[cache.zones.main]\nmemory = \"16MiB\"\n")
-        .build()
 }
 
 async fn ask(
@@ -317,4 +328,168 @@ async fn a_rewrite_makes_its_own_keys() {
     let (_, headers, body) = ask(&gw, "GET", "/v2/fresh", &[]).await;
     assert_eq!(body, "/v2/fresh #1");
     assert_eq!(cache_status(&headers), "cutover; fwd=miss; stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purges_by_key_prefix_and_tag_are_recorded_and_counted() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let config = cache_builder(backend.addr, "")
+        .metrics()
+        .log("access = true\naccess_file = \"access.log\"\nformat = \"json\"")
+        .build();
+    let gw = Gateway::start(&config);
+    let paths = [
+        "/fresh",
+        "/static/a",
+        "/static/b",
+        "/tagged/x1",
+        "/tagged/y1",
+    ];
+    for path in paths {
+        let (_, headers, _) = ask(&gw, "GET", path, &[]).await;
+        assert_eq!(
+            cache_status(&headers),
+            "cutover; fwd=miss; stored",
+            "{path}"
+        );
+        let (_, headers, _) = ask(&gw, "GET", path, &[]).await;
+        assert_eq!(cache_status(&headers), "cutover; hit", "{path}");
+    }
+    let admin = gw.admin;
+    let (status, view) = admin_request(admin, "GET", "/admin/cache", None, None).await;
+    assert_eq!(status, 200, "{view}");
+    let zone = &view["zones"][0];
+    assert_eq!(zone["name"], "main");
+    assert_eq!(zone["objects"], 5);
+    assert_eq!(zone["hits"], 5);
+    assert_eq!(zone["routes"], serde_json::json!(["cached"]));
+    assert!(zone["bytes"].as_u64().unwrap() > 0);
+    assert_eq!(zone["capacity_bytes"], 16 << 20);
+
+    // By key: the host and the path (every upstream's object), or with
+    // the upstream (that one's).
+    let (status, purged) = post_json(
+        admin,
+        "/admin/cache/purge",
+        serde_json::json!({ "key": "app.test /fresh", "requested_by": "ci" }),
+    )
+    .await;
+    assert_eq!(
+        (status, purged["purged"].as_u64()),
+        (200, Some(1)),
+        "{purged}"
+    );
+    let operation = purged["operation_id"].as_str().unwrap().to_owned();
+    let (_, record) = admin_request(
+        admin,
+        "GET",
+        &format!("/admin/runtime/operations/{operation}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(record["kind"], "cache_purge", "{record}");
+    assert_eq!(record["requested_by"], "ci");
+    assert!(
+        record["summary"]
+            .as_str()
+            .unwrap()
+            .contains("1 objects purged by key"),
+        "{record}"
+    );
+    let (_, _, body) = ask(&gw, "GET", "/fresh", &[]).await;
+    assert_eq!(body, "/fresh #2", "asked again");
+    let (_, purged) = post_json(
+        admin,
+        "/admin/cache/purge",
+        serde_json::json!({ "zone": "main", "key": "app.test /fresh app" }),
+    )
+    .await;
+    assert_eq!(purged["purged"], 1, "the exact key");
+
+    // By prefix of keys.
+    let (_, purged) = post_json(
+        admin,
+        "/admin/cache/purge",
+        serde_json::json!({ "prefix": "app.test /static/" }),
+    )
+    .await;
+    assert_eq!(purged["purged"], 2, "{purged}");
+    // By surrogate key.
+    let (_, purged) = post_json(
+        admin,
+        "/admin/cache/purge",
+        serde_json::json!({ "tag": "product-x" }),
+    )
+    .await;
+    assert_eq!(purged["purged"], 1, "{purged}");
+    let (_, headers, _) = ask(&gw, "GET", "/tagged/y1", &[]).await;
+    assert_eq!(cache_status(&headers), "cutover; hit", "another tag stays");
+    let (_, headers, body) = ask(&gw, "GET", "/tagged/x1", &[]).await;
+    assert_eq!(
+        (body.as_str(), cache_status(&headers)),
+        ("/tagged/x1 #2", "cutover; fwd=miss; stored")
+    );
+    for path in ["/static/a", "/static/b"] {
+        let (_, _, body) = ask(&gw, "GET", path, &[]).await;
+        assert_eq!(body, format!("{path} #2"));
+    }
+
+    // Refusals: two selectors, none, an unknown zone, not JSON.
+    for (body, expected) in [
+        (serde_json::json!({ "key": "a", "tag": "b" }), 400),
+        (serde_json::json!({ "zone": "main" }), 400),
+        (serde_json::json!({ "prefix": "" }), 400),
+        (serde_json::json!({ "tag": "t", "zone": "nope" }), 404),
+        (serde_json::json!({ "tag": "t", "zones": "main" }), 400),
+    ] {
+        let (status, answer) = post_json(admin, "/admin/cache/purge", body.clone()).await;
+        assert_eq!(status, expected, "{body}: {answer}");
+    }
+    let (status, _) = admin_request(
+        admin,
+        "POST",
+        "/admin/cache/purge",
+        Some("text/plain"),
+        Some("tag=t".into()),
+    )
+    .await;
+    assert_eq!(status, 415);
+
+    // Counted: by route and status, and the zone's use.
+    let metrics = scrape(&gw).await;
+    let hits = sample(
+        &metrics,
+        "cutover_cache_requests_total",
+        &["route=\"cached\"", "status=\"hit\""],
+    );
+    let misses = sample(
+        &metrics,
+        "cutover_cache_requests_total",
+        &["route=\"cached\"", "status=\"miss\""],
+    );
+    assert_eq!((hits, misses), (6.0, 9.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "cutover_cache_objects", &["zone=\"main\""]),
+        4.0
+    );
+    assert_eq!(
+        sample(&metrics, "cutover_cache_purged_total", &["zone=\"main\""]),
+        5.0
+    );
+    assert!(sample(&metrics, "cutover_cache_bytes", &["zone=\"main\""]) > 0.0);
+    // And in the access log.
+    let lines = access_lines(&gw.path("access.log"), 15).await;
+    let outcomes: Vec<&str> = lines.iter().filter_map(|l| l["cache"].as_str()).collect();
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == "hit").count(),
+        6,
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == "miss").count(),
+        9,
+        "{outcomes:?}"
+    );
 }

@@ -1,0 +1,154 @@
+//! The cache zones as the admin API shows them (`GET /admin/cache`) and
+//! purges (`POST /admin/cache/purge`), each recorded in the operation
+//! log like other operations. A purge changes no generation: it takes
+//! no operation lock and runs beside an activation.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::ControlError;
+use super::local::Control;
+use super::records::Requester;
+use crate::cache::Selector;
+use crate::runtime::{OperationKind, Outcome};
+
+/// `GET /admin/cache`: every zone the active generation names.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheView {
+    pub zones: Vec<ZoneView>,
+}
+
+/// One zone: its size and use, what it counted since it was made, and
+/// the active generation's routes that keep answers in it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ZoneView {
+    pub name: String,
+    pub capacity_bytes: u64,
+    pub bytes: u64,
+    pub objects: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub stored: u64,
+    pub revalidated: u64,
+    pub evicted: u64,
+    pub purged: u64,
+    pub routes: Vec<String>,
+}
+
+/// What a purge forgot, by zone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Purged {
+    /// Keys forgot, over every zone.
+    pub purged: u64,
+    pub zones: Vec<ZonePurged>,
+    pub operation_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ZonePurged {
+    pub zone: String,
+    pub purged: u64,
+}
+
+impl Control {
+    pub fn cache_view(&self) -> CacheView {
+        let active = self.store.load_full();
+        let zones = active
+            .cache_zones()
+            .map(|zone| {
+                let (objects, bytes, evicted) = zone.usage();
+                let counts = &zone.counts;
+                ZoneView {
+                    name: zone.name.clone(),
+                    capacity_bytes: zone.capacity(),
+                    bytes,
+                    objects,
+                    hits: counts.hits.load(Ordering::Relaxed),
+                    misses: counts.misses.load(Ordering::Relaxed),
+                    stored: counts.stored.load(Ordering::Relaxed),
+                    revalidated: counts.revalidated.load(Ordering::Relaxed),
+                    evicted,
+                    purged: counts.purged.load(Ordering::Relaxed),
+                    routes: active
+                        .spec
+                        .routes
+                        .iter()
+                        .filter(|r| r.cache.as_ref().is_some_and(|c| c.zone == zone.name))
+                        .map(|r| r.name.clone())
+                        .collect(),
+                }
+            })
+            .collect();
+        CacheView { zones }
+    }
+
+    /// Forgets what `selector` names in `zone` (every zone of the active
+    /// generation when `None`), and records it; off the data plane's
+    /// threads (a prefix or tag looks at every key, and the record is
+    /// written to disk).
+    pub async fn purge_cache(
+        self: &Arc<Self>,
+        zone: Option<String>,
+        selector: Selector,
+        requester: Requester,
+    ) -> Result<Purged, ControlError> {
+        self.off_the_data_plane(move |c| c.purge_now(zone.as_deref(), &selector, &requester))
+            .await
+    }
+
+    fn purge_now(
+        &self,
+        zone: Option<&str>,
+        selector: &Selector,
+        requester: &Requester,
+    ) -> Result<Purged, ControlError> {
+        let started = Instant::now();
+        let active = self.store.load_full();
+        let zones: Vec<_> = active
+            .cache_zones()
+            .filter(|z| zone.is_none_or(|name| z.name == name))
+            .collect();
+        if let (Some(name), true) = (zone, zones.is_empty()) {
+            return Err(ControlError::UnknownZone(name.to_owned()));
+        }
+        let zones: Vec<ZonePurged> = zones
+            .into_iter()
+            .map(|z| ZonePurged {
+                zone: z.name.clone(),
+                purged: z.purge(selector),
+            })
+            .collect();
+        let purged = zones.iter().map(|z| z.purged).sum();
+        let what = match selector {
+            Selector::Key(key) => format!("key {key:?}"),
+            Selector::Prefix(prefix) => format!("prefix {prefix:?}"),
+            Selector::Tag(tag) => format!("tag {tag:?}"),
+        };
+        let summary = format!(
+            "{purged} objects purged by {what} from {}",
+            zones
+                .iter()
+                .map(|z| z.zone.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        tracing::info!(purged, selector = %what, "cache purged");
+        let operation_id = self.records.record(
+            OperationKind::CachePurge,
+            started,
+            Outcome::Succeeded,
+            (Some(active.id), Some(active.id)),
+            requester,
+            summary,
+            None,
+        );
+        Ok(Purged {
+            purged,
+            zones,
+            operation_id,
+        })
+    }
+}
