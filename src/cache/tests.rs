@@ -446,3 +446,141 @@ async fn concurrent_misses_wait_for_one_lead() {
     };
     assert!(!wait(landed, Duration::from_millis(20)).await);
 }
+
+fn keep_with_default(
+    zone: &Zone,
+    request: &request::Parts,
+    answer: &response::Parts,
+    at: SystemTime,
+    ttl: Duration,
+) -> bool {
+    match Keepable::new(request, answer, at, Some(ttl)) {
+        Some(keepable) => {
+            zone.store("k", keepable.with_body(Bytes::from_static(b"body")));
+            true
+        }
+        None => false,
+    }
+}
+
+#[test]
+fn ttl_default_makes_silent_answers_fresh_without_showing_it() {
+    // §4.2.2: in place of the heuristic, for an answer that states no
+    // freshness and whose status is heuristically cacheable.
+    let t0 = SystemTime::now();
+    let zone = zone();
+    let silent = head(200, &[("cache-control", "public")]);
+    assert!(keep_with_default(
+        &zone,
+        &get(&[]),
+        &silent,
+        t0,
+        Duration::from_secs(30)
+    ));
+    match zone.lookup("k", &get(&[]), t0 + Duration::from_secs(29)) {
+        Found::Fresh { head, .. } => {
+            let shown: Vec<_> = head.headers.get_all("cache-control").iter().collect();
+            assert_eq!(shown, ["public"], "clients see the answer's own");
+        }
+        other => panic!("fresh by ttl_default expected: {other:?}"),
+    }
+    assert!(matches!(
+        zone.lookup("k", &get(&[]), t0 + Duration::from_secs(31)),
+        Found::Stale { .. } | Found::Miss
+    ));
+    // An answer that states its freshness keeps it.
+    let zone = super::tests::zone();
+    let stated = head(200, &[("cache-control", "max-age=5")]);
+    assert!(keep_with_default(
+        &zone,
+        &get(&[]),
+        &stated,
+        t0,
+        Duration::from_secs(300)
+    ));
+    assert!(!matches!(
+        zone.lookup("k", &get(&[]), t0 + Duration::from_secs(6)),
+        Found::Fresh { .. }
+    ));
+    // Not for a 302 or a 500, and never for a request with
+    // `Authorization` (§3.5: a max-age does not allow it).
+    for status in [302, 500, 503] {
+        assert!(
+            !keep_with_default(
+                &zone,
+                &get(&[]),
+                &head(status, &[]),
+                t0,
+                Duration::from_secs(30)
+            ),
+            "{status}"
+        );
+    }
+    assert!(!keep_with_default(
+        &zone,
+        &get(&[("authorization", "Bearer x")]),
+        &head(200, &[]),
+        t0,
+        Duration::from_secs(30)
+    ));
+}
+
+#[test]
+fn stale_answers_within_the_longer_window_unless_the_answer_forbids() {
+    // RFC 5861 (stale-while-revalidate, stale-if-error), RFC 9111 §4.2.4
+    // (no stale where no-cache, must-revalidate, proxy-revalidate or
+    // s-maxage forbids).
+    let t0 = SystemTime::now();
+    let stored = |cache_control: &str| {
+        Stored::new(
+            &get(&[]),
+            &head(200, &[("cache-control", cache_control)]),
+            Bytes::from_static(b"body"),
+            t0,
+        )
+        .expect("storable")
+    };
+    let minute = Duration::from_secs(60);
+    let at = |secs| t0 + Duration::from_secs(secs);
+    let plain = stored("max-age=10");
+    let swr = StaleUse::WhileRevalidate;
+    let sie = StaleUse::IfError;
+    // 30 s stale: within the route's minute, not past it.
+    let head = plain
+        .stale_head(&get(&[]), at(40), swr, minute)
+        .expect("in window");
+    assert_eq!(head.headers["age"], "40");
+    assert!(plain.stale_head(&get(&[]), at(71), swr, minute).is_none());
+    assert!(plain
+        .stale_head(&get(&[]), at(40), sie, Duration::ZERO)
+        .is_none());
+    // Still fresh is not this method's business, but it answers too.
+    assert!(plain.stale_head(&get(&[]), at(5), sie, minute).is_some());
+    // The answer's own window, longer than the route's.
+    let own = stored("max-age=10, stale-if-error=600");
+    assert!(own.stale_head(&get(&[]), at(400), sie, minute).is_some());
+    assert!(own.stale_head(&get(&[]), at(400), swr, minute).is_none());
+    // Forbidden by the answer.
+    for forbidding in [
+        "max-age=10, must-revalidate",
+        "max-age=10, proxy-revalidate",
+        "no-cache, stale-if-error=600",
+    ] {
+        let s = stored(forbidding);
+        assert!(
+            s.stale_head(&get(&[]), at(20), sie, minute).is_none(),
+            "{forbidding}"
+        );
+    }
+    // s-maxage: the answer's own directive only.
+    let shared = stored("s-maxage=10");
+    assert!(shared.stale_head(&get(&[]), at(20), sie, minute).is_none());
+    let shared_own = stored("s-maxage=10, stale-while-revalidate=30");
+    assert!(shared_own
+        .stale_head(&get(&[]), at(20), swr, minute)
+        .is_some());
+    // Forbidden by the request: a client that asks for no-cache.
+    assert!(plain
+        .stale_head(&get(&[("cache-control", "no-cache")]), at(20), sie, minute)
+        .is_none());
+}

@@ -294,7 +294,8 @@ pub enum FileSize {
     Text(String),
 }
 
-/// `routes.cache = { zone, max_object }`.
+/// `routes.cache = { zone, max_object, ttl_default,
+/// stale_while_revalidate, stale_if_error, methods }`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileRouteCache {
@@ -303,6 +304,22 @@ pub struct FileRouteCache {
     /// The largest answer kept (default 8 MiB); a longer one passes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_object: Option<FileSize>,
+    /// Freshness of an answer that states none (no `max-age`,
+    /// `s-maxage` or `Expires`), in place of the heuristic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_default: Option<String>,
+    /// How long past its freshness an object is answered while one
+    /// background request revalidates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_while_revalidate: Option<String>,
+    /// How long past its freshness an object is answered when the
+    /// upstream fails (no answer, a timeout, 500, 502, 503, 504).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_if_error: Option<String>,
+    /// The methods answered from the zone: `GET`, and `HEAD` (from a
+    /// stored `GET`); default both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub methods: Option<Vec<String>>,
 }
 
 /// `[cache]`: the zones routes keep answers in.

@@ -425,11 +425,20 @@ pub struct RouteSpec {
     pub cache: Option<RouteCacheSpec>,
 }
 
-/// `routes.cache`: the zone answers are kept in, and the largest kept.
+/// `routes.cache`: the zone answers are kept in, the largest kept, and
+/// how long objects live and may be answered stale.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteCacheSpec {
     pub zone: String,
     pub max_object: u64,
+    /// Freshness of an answer that states none.
+    pub ttl_default: Option<Duration>,
+    /// Windows past freshness (zero: none; the answer's own RFC 5861
+    /// directives still apply).
+    pub stale_while_revalidate: Duration,
+    pub stale_if_error: Duration,
+    /// `HEAD` is answered from a stored `GET` (`methods` lists it).
+    pub head: bool,
 }
 
 /// `routes.quota`: token buckets per key. Part of the buckets' identity:

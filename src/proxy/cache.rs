@@ -13,7 +13,9 @@
 //!   key (§4.4). Other methods pass.
 //! - A stale object with validators is revalidated: the upstream is sent
 //!   `If-None-Match` / `If-Modified-Since`, and a 304 freshens the object
-//!   and answers from it (§4.3.4).
+//!   and answers from it (§4.3.4). Within `stale_while_revalidate` it
+//!   answers at once and one background request per key revalidates it;
+//!   within `stale_if_error` it answers when the revalidation fails.
 //! - Concurrent misses for one key make one upstream request; the others
 //!   wait (at most the route's timeout) and look again.
 //! - Every answer says what the cache did (`Cache-Status`, RFC 9211):
@@ -34,8 +36,9 @@ use super::conn::ConnContext;
 use super::error::ProxyError;
 use super::exchange::Target;
 use crate::backends::ClientBody;
-use crate::cache::{Found, Keepable, Outcome, RequestLike, Turn, Zone};
+use crate::cache::{Found, Keepable, Outcome, RequestLike, StaleUse, Turn, Zone};
 use crate::generation::{InflightGuard, Route, RouteSlot, Upstream};
+use crate::plan::RouteCacheSpec;
 
 /// RFC 9211's header.
 static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
@@ -88,7 +91,10 @@ pub(super) async fn answer(
     guard: InflightGuard,
     slot: Option<RouteSlot>,
 ) -> (Outcome, Result<Response<ResponseBody>, ProxyError>) {
-    let max_object = route.spec.cache.as_ref().map_or(0, |c| c.max_object);
+    let Some(spec) = route.spec.cache.as_ref() else {
+        let answered = super::retry::forward(req, target, conn, route, upstream, guard, slot).await;
+        return (Outcome::Bypass, answered);
+    };
     let (key, path) = key(upstream, &req, &target);
     let path_and_query = key.get(path).unwrap_or("/");
     let method = req.method().clone();
@@ -96,7 +102,7 @@ pub(super) async fn answer(
         method,
         Method::POST | Method::PUT | Method::DELETE | Method::PATCH
     );
-    let looked_up = (method == Method::GET || method == Method::HEAD)
+    let looked_up = (method == Method::GET || (method == Method::HEAD && spec.head))
         && !req.headers().contains_key(header::RANGE);
     if !looked_up {
         let answered = super::retry::forward(req, target, conn, route, upstream, guard, slot).await;
@@ -125,6 +131,42 @@ pub(super) async fn answer(
             return (Outcome::Hit, Ok(from_zone(head, body, head_only, "hit")))
         }
         Found::Stale { stored, request } => {
+            let client = View {
+                method: &Method::GET,
+                path_and_query,
+                headers: req.headers(),
+            };
+            // Within `stale-while-revalidate`: answered now; one request
+            // (this key's first) revalidates it in the background.
+            let stale = stored.stale_head(
+                &client,
+                now,
+                StaleUse::WhileRevalidate,
+                spec.stale_while_revalidate,
+            );
+            if let Some(head) = stale {
+                if let Turn::Lead(lead) = zone.turn(&key) {
+                    revalidate_in_background(
+                        lead,
+                        (zone, &key, path_and_query),
+                        &stored,
+                        &request,
+                        &req,
+                        &target,
+                        (route, upstream),
+                    );
+                }
+                let body = stored.body().clone();
+                return (
+                    Outcome::Stale,
+                    Ok(from_zone(
+                        head,
+                        body,
+                        head_only,
+                        "hit; detail=stale-while-revalidate",
+                    )),
+                );
+            }
             let ours = !req.headers().contains_key(header::IF_NONE_MATCH)
                 && !req.headers().contains_key(header::IF_MODIFIED_SINCE);
             // Revalidation: the validators the zone would send.
@@ -137,18 +179,44 @@ pub(super) async fn answer(
                 *req.method_mut() = Method::GET;
             }
             let view_headers = req.headers().clone();
-            let answered = match super::retry::forward(
-                req, target, conn, route, upstream, guard, slot,
-            )
-            .await
-            {
-                Ok(answered) => answered,
-                Err(error) => return (Outcome::Miss, Err(error)),
-            };
             let view = View {
                 method: &Method::GET,
                 path_and_query,
                 headers: &view_headers,
+            };
+            let answered =
+                super::retry::forward(req, target, conn, route, upstream, guard, slot).await;
+            // The upstream failed: within `stale-if-error`, the stale
+            // object answers instead.
+            let failed = match &answered {
+                Err(_) => Some(String::new()),
+                Ok(r) if matches!(r.status().as_u16(), 500 | 502 | 503 | 504) => {
+                    Some(format!("; fwd-status={}", r.status().as_u16()))
+                }
+                Ok(_) => None,
+            };
+            if let Some(fwd_status) = failed {
+                let stale = stored.stale_head(
+                    &view,
+                    SystemTime::now(),
+                    StaleUse::IfError,
+                    spec.stale_if_error,
+                );
+                if let Some(head) = stale {
+                    return (
+                        Outcome::Stale,
+                        Ok(from_zone(
+                            head,
+                            stored.body().clone(),
+                            head_only,
+                            &format!("fwd=stale{fwd_status}; detail=stale-if-error"),
+                        )),
+                    );
+                }
+            }
+            let answered = match answered {
+                Ok(answered) => answered,
+                Err(error) => return (Outcome::Miss, Err(error)),
             };
             if answered.status() == StatusCode::NOT_MODIFIED {
                 let (parts, _) = answered.into_parts();
@@ -178,10 +246,9 @@ pub(super) async fn answer(
                 Outcome::Miss,
                 Ok(keep(
                     answered,
-                    zone,
-                    key.clone(),
+                    (zone, key.clone()),
                     &view,
-                    max_object,
+                    spec,
                     None,
                     head_only,
                     "fwd=stale",
@@ -228,15 +295,86 @@ pub(super) async fn answer(
         Outcome::Miss,
         Ok(keep(
             answered,
-            zone,
-            key.clone(),
+            (zone, key.clone()),
             &view,
-            max_object,
+            spec,
             lead,
             head_only,
             "fwd=miss",
         )),
     )
+}
+
+/// Revalidates `stored` on a task of its own while the stale object
+/// answers (`stale-while-revalidate`): the request the client's would
+/// have been (its prepared headers, the zone's validators), through the
+/// route's upstream; a 304 freshens the object, a storable answer
+/// replaces it, anything else leaves it. `lead` is held to the end, so
+/// that one refresh at most runs per key.
+fn revalidate_in_background(
+    lead: crate::cache::Lead,
+    (zone, key, path_and_query): (&Arc<Zone>, &str, &str),
+    stored: &Arc<crate::cache::Stored>,
+    validation: &http::request::Parts,
+    req: &Request<ClientBody>,
+    target: &Target<'_>,
+    (route, upstream): (&Route, &Arc<Upstream>),
+) {
+    let (mut head, _) = super::copy::head(req, None);
+    head.method = Method::GET;
+    for name in [header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+        head.headers.remove(&name);
+        if let Some(value) = validation.headers.get(&name) {
+            head.headers.insert(name, value.clone());
+        }
+    }
+    match (target.host_rewrite, &target.authority) {
+        (Some(crate::plan::HostRewrite::Literal(host)), _) => {
+            head.headers.insert(header::HOST, host.clone());
+        }
+        (None, Some(authority)) => {
+            head.headers.insert(header::HOST, authority.clone());
+        }
+        _ => {}
+    }
+    let backend_host = matches!(target.host_rewrite, Some(crate::plan::HostRewrite::Backend));
+    let zone = Arc::clone(zone);
+    let stored = Arc::clone(stored);
+    let upstream = Arc::clone(upstream);
+    let key = key.to_owned();
+    let path_and_query = path_and_query.to_owned();
+    let timeout = route.timeout();
+    let spec = route.spec.cache.clone();
+    tokio::spawn(async move {
+        let _lead = lead;
+        let Some(spec) = spec else { return };
+        let headers = head.headers.clone();
+        let sent = super::copy::send(
+            head,
+            path_and_query.clone(),
+            bytes::Bytes::new(),
+            &upstream,
+            timeout,
+            super::copy::Report::Health,
+            backend_host,
+            usize::try_from(spec.max_object).unwrap_or(usize::MAX),
+        )
+        .await;
+        let Some(Ok(answer)) = sent else { return };
+        let view = View {
+            method: &Method::GET,
+            path_and_query: &path_and_query,
+            headers: &headers,
+        };
+        let now = SystemTime::now();
+        if answer.head.status == StatusCode::NOT_MODIFIED {
+            zone.revalidated(&key, &stored, &view, &answer.head, now, true);
+        } else if let Some(body) = answer.body {
+            if let Some(keepable) = Keepable::new(&view, &answer.head, now, spec.ttl_default) {
+                zone.store(&key, keepable.with_body(body));
+            }
+        }
+    });
 }
 
 /// The key, and where its path and query lie in it: the `Host` sent
@@ -283,7 +421,7 @@ fn from_zone(
     head: http::response::Parts,
     body: bytes::Bytes,
     head_only: bool,
-    status: &'static str,
+    status: &str,
 ) -> Response<ResponseBody> {
     let body = if head_only {
         ResponseBody::Full(None)
@@ -293,7 +431,7 @@ fn from_zone(
     marked(Response::from_parts(head, body), status)
 }
 
-fn marked(mut response: Response<ResponseBody>, status: &'static str) -> Response<ResponseBody> {
+fn marked(mut response: Response<ResponseBody>, status: &str) -> Response<ResponseBody> {
     let value = match status {
         "hit" => HeaderValue::from_static("cutover; hit"),
         other => HeaderValue::from_str(&format!("cutover; {other}"))
@@ -304,19 +442,18 @@ fn marked(mut response: Response<ResponseBody>, status: &'static str) -> Respons
 }
 
 /// The upstream's answer to the client, kept on its way if it may be:
-/// storable by RFC 9111, and not longer than `max_object` by its
-/// declared length.
-#[expect(clippy::too_many_arguments, reason = "what keeping needs")]
+/// storable by RFC 9111, and not longer than the route's `max_object` by
+/// its declared length.
 fn keep(
     answered: Response<ResponseBody>,
-    zone: &Arc<Zone>,
-    key: String,
+    (zone, key): (&Arc<Zone>, String),
     view: &View<'_>,
-    max_object: u64,
+    spec: &RouteCacheSpec,
     lead: Option<crate::cache::Lead>,
     head_only: bool,
     status: &'static str,
 ) -> Response<ResponseBody> {
+    let max_object = spec.max_object;
     let (parts, body) = answered.into_parts();
     let declared = parts
         .headers
@@ -325,7 +462,7 @@ fn keep(
         .and_then(|v| v.parse::<u64>().ok());
     let keepable = declared
         .is_none_or(|n| n <= max_object)
-        .then(|| Keepable::new(view, &parts, SystemTime::now()))
+        .then(|| Keepable::new(view, &parts, SystemTime::now(), spec.ttl_default))
         .flatten();
     let Some(keepable) = keepable else {
         let body = if head_only {

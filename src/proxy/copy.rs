@@ -146,12 +146,21 @@ pub(super) enum Report {
     Nothing,
 }
 
-/// Sends one copy through `upstream` (its pool and balancing) and reads
-/// its answer only to discard it: on the driven HTTP/1.1 client for a
-/// plain HTTP/1.1 backend, as a route's own requests go, else on hyper's
-/// pooled client. `None`: the upstream has no backend to take it.
-/// `backend_host`: the route's `host_rewrite = "backend"` (an HTTP/1.1
-/// backend is sent its own address as `Host`).
+/// An answer to a request sent on the side: its head, and its body when
+/// it was at most the `keep` bytes asked for.
+pub(super) struct Answer {
+    pub(super) head: http::response::Parts,
+    pub(super) body: Option<Bytes>,
+}
+
+/// Sends one request on the side (a copy, a cache's background
+/// revalidation) through `upstream` (its pool and balancing), and reads
+/// its answer, keeping up to `keep` bytes of its body: on the driven
+/// HTTP/1.1 client for a plain HTTP/1.1 backend, as a route's own
+/// requests go, else on hyper's pooled client. `None`: the upstream has
+/// no backend to take it. `backend_host`: the route's `host_rewrite =
+/// "backend"` (an HTTP/1.1 backend is sent its own address as `Host`).
+#[expect(clippy::too_many_arguments, reason = "the request and how to send it")]
 pub(super) async fn send(
     mut head: http::request::Parts,
     path_and_query: String,
@@ -160,7 +169,8 @@ pub(super) async fn send(
     timeout: std::time::Duration,
     report: Report,
     backend_host: bool,
-) -> Option<Result<http::StatusCode, Attempt>> {
+    keep: usize,
+) -> Option<Result<Answer, Attempt>> {
     let backend = upstream.pick(&upstream.members()).map(Arc::clone)?;
     let backend = &backend;
     if backend_host {
@@ -175,7 +185,7 @@ pub(super) async fn send(
             Ok(target) => {
                 head.uri = target;
                 let request = Request::from_parts(head, http_body_util::Full::new(body));
-                driven(pool, backend, request, timeout).await
+                driven(pool, backend, request, timeout, keep).await
             }
             Err(_) => Err(Attempt::Error),
         },
@@ -195,31 +205,36 @@ pub(super) async fn send(
                         head.headers.remove(header::HOST);
                     }
                     let body = SignalledBody::new(RequestBody::Buffered(Some(body))).0;
-                    pooled(backend, Request::from_parts(head, body), timeout).await
+                    pooled(backend, Request::from_parts(head, body), timeout, keep).await
                 }
                 Err(_) => Err(Attempt::Error),
             }
         }
     };
     if report == Report::Health {
-        match answered {
-            Ok(status) => {
-                upstream.report(backend, Attempt::Answered(status), Some(sent.elapsed()));
+        match &answered {
+            Ok(answer) => {
+                upstream.report(
+                    backend,
+                    Attempt::Answered(answer.head.status),
+                    Some(sent.elapsed()),
+                );
             }
-            Err(attempt) => upstream.report(backend, attempt, None),
+            Err(attempt) => upstream.report(backend, *attempt, None),
         }
     }
     Some(answered)
 }
 
-/// One copy on the driven HTTP/1.1 client; its connection goes back to
-/// the pool once the answer is read.
+/// One request on the driven HTTP/1.1 client; its connection goes back
+/// to the pool once the answer is read.
 async fn driven(
     pool: &crate::backends::H1Pool,
     backend: &crate::backends::Backend,
     request: Request<http_body_util::Full<Bytes>>,
     timeout: std::time::Duration,
-) -> Result<http::StatusCode, Attempt> {
+    keep: usize,
+) -> Result<Answer, Attempt> {
     let exchange = async {
         let response = crate::backends::request_h1(
             pool,
@@ -239,36 +254,57 @@ async fn driven(
             }
             crate::backends::ExchangeError::Send(_) => Attempt::Error,
         })?;
-        let status = response.status();
-        let mut body = response.into_body();
+        let (head, mut body) = response.into_parts();
         let mut read = 0;
+        let mut kept = Some(BytesMut::new());
+        let mut ended = false;
         // Never past its end: a driven body is not polled again once it
         // says it is done.
-        while !http_body::Body::is_end_stream(&*body) {
-            let Some(Ok(frame)) = body.frame().await else {
+        loop {
+            if http_body::Body::is_end_stream(&*body) {
+                ended = true;
                 break;
+            }
+            let frame = match body.frame().await {
+                None => {
+                    ended = true;
+                    break;
+                }
+                Some(Err(_)) => {
+                    kept = None;
+                    break;
+                }
+                Some(Ok(frame)) => frame,
             };
-            read += frame.data_ref().map_or(0, Bytes::len);
-            if read > MAX_ANSWER_READ {
+            if let Some(data) = frame.data_ref() {
+                read += data.len();
+                match &mut kept {
+                    Some(bytes) if read <= keep => bytes.extend_from_slice(data),
+                    _ => kept = None,
+                }
+            }
+            if read > MAX_ANSWER_READ.max(keep) {
                 break;
             }
         }
         if let Some(conn) = body.take_connection() {
             pool.put(conn);
         }
-        Ok(status)
+        let body = kept.filter(|_| ended).map(BytesMut::freeze);
+        Ok(Answer { head, body })
     };
     tokio::time::timeout(timeout, exchange)
         .await
         .unwrap_or(Err(Attempt::Timeout))
 }
 
-/// One copy on hyper's pooled client (TLS, h2 and h2c backends).
+/// One request on hyper's pooled client (TLS, h2 and h2c backends).
 async fn pooled(
     backend: &crate::backends::Backend,
     request: Request<SignalledBody>,
     timeout: std::time::Duration,
-) -> Result<http::StatusCode, Attempt> {
+    keep: usize,
+) -> Result<Answer, Attempt> {
     let exchange = async {
         let response = backend.client().request(request).await.map_err(|e| {
             if e.is_connect() {
@@ -277,11 +313,15 @@ async fn pooled(
                 Attempt::Error
             }
         })?;
-        let status = response.status();
-        let _ = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_READ)
+        let (head, body) = response.into_parts();
+        let read = http_body_util::Limited::new(body, MAX_ANSWER_READ.max(keep))
             .collect()
             .await;
-        Ok(status)
+        let body = read
+            .ok()
+            .map(http_body_util::Collected::to_bytes)
+            .filter(|b| b.len() <= keep);
+        Ok(Answer { head, body })
     };
     tokio::time::timeout(timeout, exchange)
         .await

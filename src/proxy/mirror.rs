@@ -77,6 +77,7 @@ pub(super) fn copy(
             timeout,
             Report::Health,
             false,
+            0,
         );
         let outcome = match sent.await {
             Some(Ok(_)) => Outcome::Answered,

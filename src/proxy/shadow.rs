@@ -289,9 +289,10 @@ async fn replay<'g>(
         route.timeout(),
         Report::Nothing,
         matches!(rewrite, Some(crate::plan::HostRewrite::Backend)),
+        0,
     );
     let (status, outcome) = match sent.await {
-        Some(Ok(status)) => (status, Outcome::Answered),
+        Some(Ok(answer)) => (answer.head.status, Outcome::Answered),
         Some(Err(Attempt::Timeout)) => (StatusCode::GATEWAY_TIMEOUT, Outcome::Timeout),
         Some(Err(_)) => (StatusCode::BAD_GATEWAY, Outcome::Failed),
         None => (StatusCode::SERVICE_UNAVAILABLE, Outcome::Failed),

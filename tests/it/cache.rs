@@ -14,6 +14,9 @@
 //! | coalescing (issue 57 item 3) | `a_hundred_concurrent_misses_make_one_upstream_request` |
 //! | generation semantics (item 6) | `a_rewrite_makes_its_own_keys` |
 //! | purge by key, prefix, surrogate key; views (item 4) | `purges_by_key_prefix_and_tag_are_recorded_and_counted` |
+//! | RFC 5861 `stale-if-error`, §4.2.4 (item 3) | `stale_if_error_answers_while_the_backend_is_killed` |
+//! | RFC 5861 `stale-while-revalidate`: one background refresh (item 3) | `stale_while_revalidate_answers_now_and_refreshes_once` |
+//! | §4.2.2 (`ttl_default` in place of the heuristic), `methods` | `ttl_default_and_methods` |
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -69,10 +72,12 @@ async fn counting_backend(seen: Arc<Seen>) -> Backend {
                 "/nostore" => "no-store",
                 "/private" => "private, max-age=60",
                 "/public" => "public, max-age=60",
-                "/etag" => "max-age=1",
+                "/etag" | "/swr" | "/sie" | "/sie-plain" => "max-age=1",
                 _ => "max-age=60",
             };
-            headers.insert("cache-control", cache_control.parse().unwrap());
+            if path != "/silent" {
+                headers.insert("cache-control", cache_control.parse().unwrap());
+            }
             if path == "/vary" {
                 headers.insert("vary", "accept-language".parse().unwrap());
                 let language = req
@@ -102,6 +107,10 @@ async fn counting_backend(seen: Arc<Seen>) -> Backend {
                 response
                     .headers_mut()
                     .insert("surrogate-key", tag.parse().unwrap());
+            }
+            // A refresh that takes a while: stale answers go on meanwhile.
+            if path == "/swr" && n > 1 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
             }
             if path == "/slow" {
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -492,4 +501,172 @@ async fn purges_by_key_prefix_and_tag_are_recorded_and_counted() {
         9,
         "{outcomes:?}"
     );
+}
+
+/// A backend that can be killed: its listener and every connection it
+/// holds close at once, as when its process dies (the port then refuses).
+struct Killable {
+    addr: std::net::SocketAddr,
+    tasks: Arc<Mutex<tokio::task::JoinSet<()>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Killable {
+    async fn start(seen: Arc<Seen>) -> Killable {
+        // The counting backend's answers, served here.
+        let inner = counting_backend(seen).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tasks = Arc::new(Mutex::new(tokio::task::JoinSet::new()));
+        let held = Arc::clone(&tasks);
+        let target = inner.addr;
+        let accept = tokio::spawn(async move {
+            let _inner = inner;
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    continue;
+                };
+                held.lock().unwrap().spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Killable {
+            addr,
+            tasks,
+            accept,
+        }
+    }
+
+    fn kill(&self) {
+        self.accept.abort();
+        self.tasks.lock().unwrap().abort_all();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_if_error_answers_while_the_backend_is_killed() {
+    let seen = Arc::new(Seen::default());
+    let backend = Killable::start(Arc::clone(&seen)).await;
+    let plain = "\n[[routes]]\nname = \"plain\"\nlisteners = [\"web\"]\npath_prefix = \"/sie-plain\"\nupstream = \"app\"\ncache = { zone = \"main\" }\n";
+    // The first route (`cached`) has the window; `plain` has none.
+    let config = cache_config(backend.addr, plain).replacen(
+        "cache = { zone = \"main\" }",
+        "cache = { zone = \"main\", stale_if_error = \"3s\" }",
+        1,
+    );
+    assert!(config.contains("stale_if_error"), "{config}");
+    let gw = Gateway::start(&config);
+    for path in ["/sie", "/sie-plain"] {
+        let (_, headers, _) = ask(&gw, "GET", path, &[]).await;
+        assert_eq!(cache_status(&headers), "cutover; fwd=miss; stored");
+    }
+    backend.kill();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Stale (max-age=1) and the upstream gone: every request within the
+    // route's 3 s is answered from the zone.
+    let started = std::time::Instant::now();
+    let mut answered = 0;
+    while started.elapsed() < Duration::from_millis(1500) {
+        let (status, headers, body) = ask(&gw, "GET", "/sie", &[]).await;
+        assert_eq!((status, body.as_str()), (200, "/sie #1"));
+        assert_eq!(
+            cache_status(&headers),
+            "cutover; fwd=stale; detail=stale-if-error"
+        );
+        assert!(headers["age"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+        answered += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(answered > 20, "{answered}");
+    // A route without the window answers the failure.
+    let (status, _, _) = ask(&gw, "GET", "/sie-plain", &[]).await;
+    assert_eq!(status, 502);
+    // Past the window: the failure too.
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let (status, headers, _) = ask(&gw, "GET", "/sie", &[]).await;
+    assert_eq!(status, 502, "{headers:?}");
+    assert_eq!(seen.count("/sie"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_while_revalidate_answers_now_and_refreshes_once() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let config = cache_config(backend.addr, "").replace(
+        "cache = { zone = \"main\" }",
+        "cache = { zone = \"main\", stale_while_revalidate = \"30s\" }",
+    );
+    let gw = Arc::new(Gateway::start(&config));
+    ask(&gw, "GET", "/swr", &[]).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Stale: 20 concurrent requests are answered from the zone at once,
+    // while one refresh (300 ms at the backend) runs in the background.
+    let started = std::time::Instant::now();
+    let asks: Vec<_> = (0..20)
+        .map(|_| {
+            let gw = Arc::clone(&gw);
+            tokio::spawn(async move { ask(&gw, "GET", "/swr", &[]).await })
+        })
+        .collect();
+    for asked in asks {
+        let (status, headers, body) = asked.await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "/swr #1"));
+        assert_eq!(
+            cache_status(&headers),
+            "cutover; hit; detail=stale-while-revalidate"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "answered before the refresh came back: {:?}",
+        started.elapsed()
+    );
+    // The refresh lands: a fresh hit with the new body.
+    let mut body = String::new();
+    for _ in 0..100 {
+        let (_, headers, got) = ask(&gw, "GET", "/swr", &[]).await;
+        if cache_status(&headers) == "cutover; hit" {
+            body = got;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(body, "/swr #2");
+    assert_eq!(seen.count("/swr"), 2, "one background refresh");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_default_and_methods() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let config = cache_config(backend.addr, "").replace(
+        "cache = { zone = \"main\" }",
+        "cache = { zone = \"main\", ttl_default = \"1m\", methods = [\"GET\"] }",
+    );
+    let gw = Gateway::start(&config);
+    // No Cache-Control, no Expires, no Last-Modified: kept for a minute.
+    let (_, headers, _) = ask(&gw, "GET", "/silent", &[]).await;
+    assert_eq!(cache_status(&headers), "cutover; fwd=miss; stored");
+    let (_, headers, body) = ask(&gw, "GET", "/silent", &[]).await;
+    assert_eq!(
+        (body.as_str(), cache_status(&headers)),
+        ("/silent #1", "cutover; hit")
+    );
+    assert!(
+        !headers.contains_key("cache-control"),
+        "clients see what the backend said: {headers:?}"
+    );
+    // HEAD is not in `methods`: it goes upstream.
+    let (_, headers, _) = ask(&gw, "HEAD", "/silent", &[]).await;
+    assert_eq!(cache_status(&headers), "cutover; fwd=bypass");
+    assert_eq!(seen.count("/silent"), 2);
+    // Without ttl_default the same answer is not kept.
+    let gw = Gateway::start(&cache_config(backend.addr, ""));
+    for _ in 0..2 {
+        ask(&gw, "GET", "/silent", &[]).await;
+    }
+    assert_eq!(seen.count("/silent"), 4);
 }

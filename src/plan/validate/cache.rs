@@ -11,6 +11,9 @@ const ZONE_MIN: u64 = 1 << 20;
 const ZONE_MAX: u64 = 64 << 30;
 /// `max_object` when not given.
 const DEFAULT_MAX_OBJECT: u64 = 8 << 20;
+/// The longest `ttl_default`, and the longest stale windows.
+const MAX_TTL_DEFAULT: Duration = Duration::from_secs(365 * 24 * 3600);
+const MAX_STALE: Duration = Duration::from_secs(30 * 24 * 3600);
 
 impl Validator<'_> {
     /// `[cache.zones.NAME] = { memory }`.
@@ -84,9 +87,61 @@ impl Validator<'_> {
                 n
             }
         };
+        let mut bounded = |key: &str, text: &Option<String>, max: Duration| {
+            let text = text.as_ref()?;
+            let d = self.duration(at(key), text)?;
+            if d > max {
+                self.error(
+                    Code::InvalidValue,
+                    at(key),
+                    format!(
+                        "{key} = '{text}' is longer than {}",
+                        humantime::format_duration(max)
+                    ),
+                );
+                return None;
+            }
+            Some(d)
+        };
+        let ttl_default = bounded("ttl_default", &c.ttl_default, MAX_TTL_DEFAULT);
+        let stale_while_revalidate = bounded(
+            "stale_while_revalidate",
+            &c.stale_while_revalidate,
+            MAX_STALE,
+        );
+        let stale_if_error = bounded("stale_if_error", &c.stale_if_error, MAX_STALE);
+        let mut head = true;
+        if let Some(methods) = &c.methods {
+            let mut get = false;
+            head = false;
+            for (n, text) in methods.iter().enumerate() {
+                let path = format!("{}[{n}]", at("methods"));
+                match self.method(path.clone(), text) {
+                    Some(Method::GET) => get = true,
+                    Some(Method::HEAD) => head = true,
+                    Some(other) => self.error(
+                        Code::InvalidValue,
+                        path,
+                        format!("{other} answers are not kept: a cache answers GET, and HEAD from a stored GET (a POST's key would need its body)"),
+                    ),
+                    None => {}
+                }
+            }
+            if !get {
+                self.error(
+                    Code::InvalidValue,
+                    at("methods"),
+                    "methods must list GET: what the zone keeps is GET answers",
+                );
+            }
+        }
         Some(RouteCacheSpec {
             zone: c.zone.clone(),
             max_object,
+            ttl_default,
+            stale_while_revalidate: stale_while_revalidate.unwrap_or_default(),
+            stale_if_error: stale_if_error.unwrap_or_default(),
+            head,
         })
     }
 }
