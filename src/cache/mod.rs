@@ -854,5 +854,7 @@ pub async fn wait(mut landed: tokio::sync::watch::Receiver<()>, patience: Durati
         .is_ok()
 }
 
+pub mod range;
+
 #[cfg(test)]
 mod tests;

@@ -7,8 +7,9 @@
 //!   upstream (`example.com /a/b?c=1 app`). A changed rewrite makes other keys, so it cannot serve what
 //!   another route stored; a rollback makes the old generation's keys.
 //! - `GET` is looked up; `HEAD` is looked up as the `GET` it stands for
-//!   and answered without the body. A request with `Range` passes (not
-//!   yet answered from a stored object). Unsafe methods (`POST`, `PUT`,
+//!   and answered without the body. One `Range` is answered from a fresh
+//!   object (206, or 416; `cache::range`); on a miss, `bytes=0-` fetches
+//!   the whole object, any other range goes upstream as it is. Unsafe methods (`POST`, `PUT`,
 //!   `DELETE`, `PATCH`) pass, and a non-error answer to one forgets the
 //!   key (§4.4). Other methods pass.
 //! - A stale object with validators is revalidated: the upstream is sent
@@ -102,8 +103,7 @@ pub(super) async fn answer(
         method,
         Method::POST | Method::PUT | Method::DELETE | Method::PATCH
     );
-    let looked_up = (method == Method::GET || (method == Method::HEAD && spec.head))
-        && !req.headers().contains_key(header::RANGE);
+    let looked_up = method == Method::GET || (method == Method::HEAD && spec.head);
     if !looked_up {
         let answered = super::retry::forward(req, target, conn, route, upstream, guard, slot).await;
         if unsafe_method
@@ -126,6 +126,36 @@ pub(super) async fn answer(
         zone.lookup(&key, &view, now)
     };
     let mut req = req;
+    // `Range` (a GET's): answered from a fresh object; otherwise a range
+    // from the first byte fetches and keeps the whole object (answered
+    // whole: RFC 9110 §14.2 lets a server ignore `Range`), and any other
+    // goes upstream as it is, not kept.
+    let range = match (&method, req.headers().get(header::RANGE)) {
+        (&Method::GET, Some(range)) => Some(range.clone()),
+        _ => None,
+    };
+    if let Some(range) = &range {
+        if let Found::Fresh { head, body } = found {
+            if head.status != StatusCode::OK {
+                return (Outcome::Hit, Ok(from_zone(head, body, false, "hit")));
+            }
+            let selected = crate::cache::range::select(
+                range,
+                req.headers().get(header::IF_RANGE),
+                &head.headers,
+                body.len() as u64,
+            );
+            let (head, body) = crate::cache::range::cut(head, body, selected);
+            return (Outcome::Hit, Ok(from_zone(head, body, false, "hit")));
+        }
+        if !crate::cache::range::from_start(range) {
+            let answered =
+                super::retry::forward(req, target, conn, route, upstream, guard, slot).await;
+            return (Outcome::Miss, answered.map(|r| marked(r, "fwd=miss")));
+        }
+        req.headers_mut().remove(header::RANGE);
+        req.headers_mut().remove(header::IF_RANGE);
+    }
     let lead = match found {
         Found::Fresh { head, body } => {
             return (Outcome::Hit, Ok(from_zone(head, body, head_only, "hit")))

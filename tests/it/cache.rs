@@ -17,6 +17,7 @@
 //! | RFC 5861 `stale-if-error`, §4.2.4 (item 3) | `stale_if_error_answers_while_the_backend_is_killed` |
 //! | RFC 5861 `stale-while-revalidate`: one background refresh (item 3) | `stale_while_revalidate_answers_now_and_refreshes_once` |
 //! | §4.2.2 (`ttl_default` in place of the heuristic), `methods` | `ttl_default_and_methods` |
+//! | RFC 9110 §14 ranges from a stored object, §13.1.5 `If-Range` | `ranges_are_answered_from_a_stored_object` |
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -669,4 +670,40 @@ async fn ttl_default_and_methods() {
         ask(&gw, "GET", "/silent", &[]).await;
     }
     assert_eq!(seen.count("/silent"), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_are_answered_from_a_stored_object() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let gw = Gateway::start(&cache_config(backend.addr, ""));
+    // A miss for a middle range goes upstream as it is, and is not kept.
+    let (_, headers, _) = ask(&gw, "GET", "/video", &[("range", "bytes=2-5")]).await;
+    assert_eq!(cache_status(&headers), "cutover; fwd=miss");
+    assert_eq!(seen.last("/video").unwrap()["range"], "bytes=2-5");
+    // From the first byte: the whole object is fetched and kept.
+    let (status, headers, body) = ask(&gw, "GET", "/video", &[("range", "bytes=0-")]).await;
+    assert_eq!((status, body.as_str()), (200, "/video #2"));
+    assert_eq!(cache_status(&headers), "cutover; fwd=miss; stored");
+    assert!(!seen.last("/video").unwrap().contains_key("range"));
+    // Now from the zone.
+    let (status, headers, body) = ask(&gw, "GET", "/video", &[("range", "bytes=2-5")]).await;
+    assert_eq!((status, body.as_str()), (206, "ideo"));
+    assert_eq!(headers["content-range"], "bytes 2-5/9");
+    assert_eq!(headers["content-length"], "4");
+    assert_eq!(cache_status(&headers), "cutover; hit");
+    let (status, _, body) = ask(&gw, "GET", "/video", &[("range", "bytes=-2")]).await;
+    assert_eq!((status, body.as_str()), (206, "#2"));
+    let (status, headers, body) = ask(&gw, "GET", "/video", &[("range", "bytes=9-")]).await;
+    assert_eq!((status, body.as_str()), (416, ""));
+    assert_eq!(headers["content-range"], "bytes */9");
+    // Several ranges, or an If-Range that does not match: the whole.
+    for extra in [
+        [("range", "bytes=0-1,3-4"), ("x-none", "")],
+        [("range", "bytes=0-1"), ("if-range", "\"other\"")],
+    ] {
+        let (status, _, body) = ask(&gw, "GET", "/video", &extra).await;
+        assert_eq!((status, body.as_str()), (200, "/video #2"), "{extra:?}");
+    }
+    assert_eq!(seen.count("/video"), 2);
 }
