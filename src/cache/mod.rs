@@ -34,6 +34,7 @@ pub use http_cache_semantics::RequestLike;
 use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePolicy};
 
 use crate::backends::WeakMap;
+use crate::plan::ZoneSpec;
 use crate::telemetry::metrics as m;
 use crate::telemetry::series::{self, Exported, Sample};
 
@@ -54,8 +55,8 @@ impl Zones {
     /// found again keeps its size until the generation that gives it
     /// another takes effect ([`Zone::resize`]): building a candidate
     /// that is then refused changes nothing.
-    pub fn zone(&self, name: &str, memory: u64) -> Arc<Zone> {
-        let zone = self.zones.get_or_insert(name, || Zone::new(name, memory));
+    pub fn zone(&self, name: &str, spec: &ZoneSpec) -> Arc<Zone> {
+        let zone = self.zones.get_or_insert(name, || Zone::new(name, spec));
         zone.exported.get_or_init(|| {
             let admitted = series::admit(ZONE_SERIES);
             if admitted {
@@ -67,8 +68,9 @@ impl Zones {
     }
 }
 
-/// The series a zone exports (`Zone::samples`).
-const ZONE_SERIES: usize = 6;
+/// The series a zone exports (`Zone::samples`): six, and two for its
+/// disk.
+const ZONE_SERIES: usize = 8;
 
 /// What the cache did for one request: `cutover_cache_requests_total`'s
 /// `status` and the access log's `cache`.
@@ -227,7 +229,7 @@ pub enum StaleUse {
 }
 
 /// What an answer's `Cache-Control` says about answering it stale.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 struct Grace {
     /// Its own `stale-while-revalidate=N` and `stale-if-error=N` (RFC 5861).
     while_revalidate: Option<Duration>,
@@ -544,10 +546,13 @@ pub struct Zone {
     evictions: Evictions,
     /// Whether the series budget took its series (at its first use).
     exported: std::sync::OnceLock<bool>,
+    /// Its files, when it has `disk`.
+    pub disk: Option<disk::Disk>,
 }
 
 impl Zone {
-    fn new(name: &str, memory: u64) -> Self {
+    fn new(name: &str, spec: &ZoneSpec) -> Self {
+        let memory = spec.memory;
         let evictions = Evictions::default();
         let options = quick_cache::OptionsBuilder::new()
             // A guess at the number of objects (8 KiB each): the cache
@@ -578,6 +583,10 @@ impl Zone {
             counts: Counts::default(),
             evictions,
             exported: std::sync::OnceLock::new(),
+            disk: spec
+                .disk
+                .as_ref()
+                .map(|d| disk::Disk::open(name, d.path.clone(), d.size)),
         }
     }
 
@@ -616,6 +625,9 @@ impl Zone {
     /// same request header values, and the oldest past [`MAX_VARIANTS`].
     pub fn store(&self, key: &str, stored: Stored) {
         let stored = Arc::new(stored);
+        if let Some(disk) = &self.disk {
+            disk.write(key, Arc::clone(&stored));
+        }
         let mut variants: Vec<Arc<Stored>> = vec![Arc::clone(&stored)];
         if let Some(old) = self.objects.get(key) {
             variants.extend(
@@ -683,42 +695,84 @@ impl Zone {
         }
     }
 
-    /// Forgets `key` (an unsafe method went to it: RFC 9111 §4.4).
+    /// Forgets `key` (an unsafe method went to it: RFC 9111 §4.4), in
+    /// memory and on disk.
     pub fn invalidate(&self, key: &str) -> bool {
+        if let Some(disk) = &self.disk {
+            disk.remove(key);
+        }
         self.objects.remove(key).is_some()
+    }
+
+    /// Whether memory holds `key`.
+    pub fn in_memory(&self, key: &str) -> bool {
+        self.objects.contains_key(key)
+    }
+
+    /// Brings `key`'s variants from the disk into memory when memory has
+    /// none; returns whether it found any. Reads on a blocking thread.
+    pub async fn load(self: &Arc<Self>, key: &str) -> bool {
+        if self.disk.is_none() || self.in_memory(key) {
+            return false;
+        }
+        let zone = Arc::clone(self);
+        let owned = key.to_owned();
+        let read = tokio::task::spawn_blocking(move || {
+            let found = zone
+                .disk
+                .as_ref()
+                .map(|d| d.read(&owned, MAX_VARIANTS))
+                .unwrap_or_default();
+            let Some(disk) = zone.disk.as_ref() else {
+                return false;
+            };
+            let mut loaded = false;
+            disk.admit(&owned, found, |found| {
+                if !zone.in_memory(&owned) {
+                    let variants = found.into_iter().map(Arc::new).collect();
+                    zone.objects
+                        .insert(owned.clone(), Arc::new(Variants(variants)));
+                    loaded = true;
+                }
+            });
+            loaded
+        });
+        read.await.unwrap_or(false)
     }
 
     /// Forgets every object `selector` names; returns how many keys.
     pub fn purge(&self, selector: &Selector) -> u64 {
-        let purged = AtomicU64::new(0);
-        let count = |keep: bool| {
-            if !keep {
-                purged.fetch_add(1, Ordering::Relaxed);
-            }
-            keep
-        };
-        match selector {
-            // A key names one upstream's object (`host path?query
-            // upstream`); without its last part, every upstream's.
-            Selector::Key(key) => {
-                if self.invalidate(key) {
-                    count(false);
-                } else {
-                    self.objects.retain(|stored, _| {
-                        count(!stored.strip_prefix(key.as_str()).is_some_and(|rest| {
-                            rest.strip_prefix(' ').is_some_and(|up| !up.contains(' '))
-                        }))
-                    });
-                }
-            }
-            Selector::Prefix(prefix) => self
-                .objects
-                .retain(|key, _| count(!key.starts_with(prefix.as_str()))),
-            Selector::Tag(tag) => self.objects.retain(|_, variants| {
-                count(!variants.0.iter().any(|s| s.tags.iter().any(|t| t == tag)))
-            }),
+        if let Some(disk) = &self.disk {
+            disk.hold(selector);
         }
-        let purged = purged.into_inner();
+        let purged: Mutex<std::collections::HashSet<String>> = Mutex::default();
+        let forget = |key: &String| {
+            purged
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key.clone());
+        };
+        // A key names one upstream's object (`host path?query
+        // upstream`): one look-up; without its last part, every
+        // upstream's, as a prefix or a tag looks at every key.
+        let exact = match selector {
+            Selector::Key(key) => self.objects.remove(key).map(|_| forget(key)).is_some(),
+            _ => false,
+        };
+        if !exact {
+            self.objects.retain(|key, variants| {
+                let named = variants.0.iter().any(|s| selector.names(key, &s.tags));
+                if named {
+                    forget(key);
+                }
+                !named
+            });
+        }
+        let mut purged = purged.into_inner().unwrap_or_else(PoisonError::into_inner);
+        if let Some(disk) = &self.disk {
+            purged.extend(disk.purge(selector));
+        }
+        let purged = purged.len() as u64;
         self.counts.purged.fetch_add(purged, Ordering::Relaxed);
         purged
     }
@@ -737,9 +791,14 @@ impl Zone {
     }
 
     /// Holds at most `memory` bytes from now (the objects past it go).
-    pub fn resize(&self, memory: u64) {
-        if self.objects.capacity() != memory {
-            self.objects.set_capacity(memory);
+    pub fn resize(&self, spec: &ZoneSpec) {
+        if self.objects.capacity() != spec.memory {
+            self.objects.set_capacity(spec.memory);
+        }
+        // A disk's folder is startup-owned (a change of it is planned as
+        // a restart); its size changes live.
+        if let (Some(disk), Some(given)) = (&self.disk, &spec.disk) {
+            disk.set_size(given.size);
         }
     }
 
@@ -788,6 +847,18 @@ impl Exported for Zone {
             ),
         ] {
             out.push(series::sample(family, labels.clone(), value));
+        }
+        if let Some(disk) = &self.disk {
+            out.push(series::sample(
+                &series::CACHE_DISK_BYTES,
+                labels.clone(),
+                disk.used() as f64,
+            ));
+            out.push(series::sample(
+                &series::CACHE_DISK_ERRORS,
+                labels,
+                disk.counts.errors.load(Ordering::Relaxed) as f64,
+            ));
         }
     }
 }
@@ -854,6 +925,7 @@ pub async fn wait(mut landed: tokio::sync::watch::Receiver<()>, patience: Durati
         .is_ok()
 }
 
+pub mod disk;
 pub mod range;
 
 #[cfg(test)]

@@ -32,8 +32,15 @@ fn head(status: u16, headers: &[(&str, &str)]) -> response::Parts {
     builder.body(()).unwrap().into_parts().0
 }
 
+fn memory(bytes: u64) -> ZoneSpec {
+    ZoneSpec {
+        memory: bytes,
+        disk: None,
+    }
+}
+
 fn zone() -> Arc<Zone> {
-    Zones::default().zone("test", 1 << 20)
+    Zones::default().zone("test", &memory(1 << 20))
 }
 
 fn store(
@@ -376,7 +383,7 @@ fn purge_by_key_prefix_and_surrogate_key() {
 #[test]
 fn a_zone_stays_within_its_bytes_and_counts_evictions() {
     let t0 = SystemTime::now();
-    let zone = Zones::default().zone("small", 64 * 1024);
+    let zone = Zones::default().zone("small", &memory(64 * 1024));
     let answer = head(200, &[("cache-control", "max-age=60")]);
     for n in 0..200 {
         let stored = Stored::new(&get(&[]), &answer, Bytes::from(vec![0u8; 4096]), t0).unwrap();
@@ -390,7 +397,7 @@ fn a_zone_stays_within_its_bytes_and_counts_evictions() {
 #[test]
 fn a_zone_is_shared_while_named_and_takes_its_new_size() {
     let zones = Zones::default();
-    let a = zones.zone("z", 1 << 20);
+    let a = zones.zone("z", &memory(1 << 20));
     store(
         &a,
         "k",
@@ -398,15 +405,15 @@ fn a_zone_is_shared_while_named_and_takes_its_new_size() {
         &head(200, &[("cache-control", "max-age=60")]),
         SystemTime::now(),
     );
-    let b = zones.zone("z", 2 << 20);
+    let b = zones.zone("z", &memory(2 << 20));
     assert!(Arc::ptr_eq(&a, &b));
     assert_eq!(b.capacity(), 1 << 20, "found again, it keeps its size ...");
-    b.resize(2 << 20);
+    b.resize(&memory(2 << 20));
     assert_eq!(a.capacity(), 2 << 20, "... until a generation takes effect");
     assert_eq!(b.usage().0, 1, "contents survive");
     drop((a, b));
     assert_eq!(
-        zones.zone("z", 1 << 20).usage().0,
+        zones.zone("z", &memory(1 << 20)).usage().0,
         0,
         "named by no one: gone"
     );

@@ -330,12 +330,24 @@ pub struct FileCache {
     pub zones: std::collections::BTreeMap<String, FileCacheZone>,
 }
 
-/// `[cache.zones.NAME] = { memory = "256MiB" }`.
+/// `[cache.zones.NAME] = { memory = "256MiB", disk = { path, size } }`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileCacheZone {
     /// The bytes its objects may hold (heads and bodies).
     pub memory: FileSize,
+    /// Objects also kept in files, which outlive the process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<FileCacheDisk>,
+}
+
+/// `disk = { path = "cache/main", size = "10GiB" }`: a folder under
+/// `runtime.state_dir`, and the bytes its files may take.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCacheDisk {
+    pub path: String,
+    pub size: FileSize,
 }
 
 /// `routes.rewrite`: exactly one of the three.

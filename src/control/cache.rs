@@ -36,6 +36,26 @@ pub struct ZoneView {
     pub evicted: u64,
     pub purged: u64,
     pub routes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskView>,
+}
+
+/// A zone's files: where, how many bytes of how many, and what its disk
+/// thread counted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DiskView {
+    pub path: String,
+    pub capacity_bytes: u64,
+    pub bytes: u64,
+    pub written: u64,
+    pub read: u64,
+    /// Files found short or damaged (removed, never served).
+    pub corrupt: u64,
+    /// Writes that failed (a full disk, an unwritable folder).
+    pub errors: u64,
+    /// Writes dropped while 1 024 waited.
+    pub dropped: u64,
+    pub evicted: u64,
 }
 
 /// What a purge forgot, by zone.
@@ -79,6 +99,20 @@ impl Control {
                         .filter(|r| r.cache.as_ref().is_some_and(|c| c.zone == zone.name))
                         .map(|r| r.name.clone())
                         .collect(),
+                    disk: zone.disk.as_ref().map(|disk| {
+                        let c = &disk.counts;
+                        DiskView {
+                            path: disk.root.display().to_string(),
+                            capacity_bytes: disk.size(),
+                            bytes: disk.used(),
+                            written: c.written.load(Ordering::Relaxed),
+                            read: c.read.load(Ordering::Relaxed),
+                            corrupt: c.corrupt.load(Ordering::Relaxed),
+                            errors: c.errors.load(Ordering::Relaxed),
+                            dropped: c.dropped.load(Ordering::Relaxed),
+                            evicted: c.evicted.load(Ordering::Relaxed),
+                        }
+                    }),
                 }
             })
             .collect();

@@ -45,7 +45,7 @@ pub(crate) mod tests;
 
 pub use answers::{Activation, RecordedPlan, Settled};
 pub use backends::{member_views, BackendsView, UpstreamView};
-pub use cache::{CacheView, Purged, ZonePurged, ZoneView};
+pub use cache::{CacheView, DiskView, Purged, ZonePurged, ZoneView};
 pub use candidate::read as read_candidate;
 pub use candidate::{
     CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec, RollbackRequest, Settle,

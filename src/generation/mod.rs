@@ -122,8 +122,8 @@ pub struct Generation {
     upstreams: HashMap<String, Arc<Upstream>>,
     /// Every compiled route, aligned with `spec.routes`.
     routes: Vec<Arc<Route>>,
-    /// The cache zones it names, with the size it gives each.
-    cache_zones: Vec<(Arc<crate::cache::Zone>, u64)>,
+    /// The cache zones it names, with the sizes it gives each.
+    cache_zones: Vec<(Arc<crate::cache::Zone>, crate::plan::ZoneSpec)>,
 }
 
 impl Generation {
@@ -131,8 +131,8 @@ impl Generation {
     /// active generation (the store calls this when it publishes it):
     /// its cache zones' sizes.
     pub fn take_effect(&self) {
-        for (zone, memory) in &self.cache_zones {
-            zone.resize(*memory);
+        for (zone, spec) in &self.cache_zones {
+            zone.resize(spec);
         }
     }
 
@@ -229,7 +229,7 @@ pub fn build_from(
     let zones: HashMap<&str, Arc<crate::cache::Zone>> = spec
         .cache_zones
         .iter()
-        .map(|(name, memory)| (name.as_str(), shared.cache.zone(name, *memory)))
+        .map(|(name, spec)| (name.as_str(), shared.cache.zone(name, spec)))
         .collect();
     let mut routes = Vec::with_capacity(spec.routes.len());
     for (i, r) in spec.routes.iter().enumerate() {
@@ -291,7 +291,7 @@ pub fn build_from(
     let cache_zones = spec
         .cache_zones
         .iter()
-        .filter_map(|(name, memory)| Some((Arc::clone(zones.get(name.as_str())?), *memory)))
+        .filter_map(|(name, spec)| Some((Arc::clone(zones.get(name.as_str())?), spec.clone())))
         .collect();
     Ok(Generation {
         id,
@@ -374,14 +374,18 @@ mod tests {
         let store = crate::runtime::GenerationStore::new(
             build(spec("16MiB"), GenerationId::FIRST, &shared).expect("builds"),
         );
-        let zone = shared.cache.zone("main", 0);
+        let any = crate::plan::ZoneSpec {
+            memory: 0,
+            disk: None,
+        };
+        let zone = shared.cache.zone("main", &any);
         assert_eq!(zone.capacity(), 16 << 20);
         let candidate = build(spec("32MiB"), GenerationId(2), &shared).expect("builds");
         assert_eq!(zone.capacity(), 16 << 20, "built, not published");
         assert!(store.commit(GenerationId::FIRST, candidate, None).is_ok());
         assert_eq!(zone.capacity(), 32 << 20, "published");
         assert!(
-            Arc::ptr_eq(&zone, &shared.cache.zone("main", 0)),
+            Arc::ptr_eq(&zone, &shared.cache.zone("main", &any)),
             "the same zone"
         );
     }

@@ -49,6 +49,9 @@ const OWNERSHIP: &[(&str, Ownership)] = &[
         Ownership::CertificateMaterial,
     ),
     ("listeners.*.tls.client_ca", Ownership::CertificateMaterial),
+    // A zone's folder: its files stay where the process found them.
+    ("cache.zones.*.disk", Ownership::StartupOwned),
+    ("cache.zones.*.disk.path", Ownership::StartupOwned),
 ];
 
 /// The owner of the setting at `path` (a diff field path such as

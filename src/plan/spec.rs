@@ -48,8 +48,8 @@ pub struct Spec {
     pub fleet: Option<FleetSpec>,
     /// `[discovery]`: how member names are resolved.
     pub discovery: DiscoverySpec,
-    /// `[cache.zones]`: each zone's bytes, by name.
-    pub cache_zones: BTreeMap<String, u64>,
+    /// `[cache.zones]`: each zone's size and disk, by name.
+    pub cache_zones: BTreeMap<String, ZoneSpec>,
 }
 
 /// A SHA-256 digest.
@@ -423,6 +423,22 @@ pub struct RouteSpec {
     pub grpc_web: bool,
     /// Answers kept in a cache zone (`routes.cache`).
     pub cache: Option<RouteCacheSpec>,
+}
+
+/// `[cache.zones.NAME]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneSpec {
+    /// Bytes its objects may hold in memory.
+    pub memory: u64,
+    pub disk: Option<DiskSpec>,
+}
+
+/// A zone's `disk`: the folder (under the state folder) and the bytes
+/// its files may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpec {
+    pub path: PathBuf,
+    pub size: u64,
 }
 
 /// `routes.cache`: the zone answers are kept in, the largest kept, and

@@ -116,6 +116,10 @@ pub(super) async fn answer(
         return (Outcome::Bypass, answered.map(|r| marked(r, "fwd=bypass")));
     }
     let head_only = method == Method::HEAD;
+    // A zone with a disk: what memory lacks may be in its files.
+    if zone.disk.is_some() {
+        zone.load(&key).await;
+    }
     let now = SystemTime::now();
     let found = {
         let view = View {

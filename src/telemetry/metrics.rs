@@ -181,6 +181,9 @@ pub const CACHE_OBJECTS: &str = "cutover_cache_objects";
 pub const CACHE_EVICTIONS: &str = "cutover_cache_evictions_total";
 pub const CACHE_STORED: &str = "cutover_cache_stored_total";
 pub const CACHE_PURGED: &str = "cutover_cache_purged_total";
+/// A zone's files: bytes they take, and writes that failed.
+pub const CACHE_DISK_BYTES: &str = "cutover_cache_disk_bytes";
+pub const CACHE_DISK_ERRORS: &str = "cutover_cache_disk_errors_total";
 pub const GRPC_TIMEOUT_INVALID: &str = "cutover_grpc_timeout_invalid_total";
 
 /// Bucket bounds (seconds) of `REQUEST_DURATION`: sub-millisecond answers

@@ -139,6 +139,16 @@ pub static CACHE_PURGED: Family = family(
     Kind::Counter,
     "Keys a cache zone forgot by purge",
 );
+pub static CACHE_DISK_BYTES: Family = family(
+    m::CACHE_DISK_BYTES,
+    Kind::Gauge,
+    "Bytes a cache zone's files take (zones with disk)",
+);
+pub static CACHE_DISK_ERRORS: Family = family(
+    m::CACHE_DISK_ERRORS,
+    Kind::Counter,
+    "Writes of a cache zone's files that failed (a full disk, an unwritable folder)",
+);
 pub static BACKEND_ATTEMPTS: Family = family(
     m::UPSTREAM_ATTEMPTS,
     Kind::Counter,
@@ -214,7 +224,7 @@ pub static GENERATION_DURATION: Family = family(
 );
 
 /// Families in output order.
-static FAMILIES: [&Family; 32] = [
+static FAMILIES: [&Family; 34] = [
     &ROUTE_REQUESTS,
     &ROUTE_DURATION,
     &ROUTE_QUOTA,
@@ -232,6 +242,8 @@ static FAMILIES: [&Family; 32] = [
     &CACHE_EVICTIONS,
     &CACHE_STORED,
     &CACHE_PURGED,
+    &CACHE_DISK_BYTES,
+    &CACHE_DISK_ERRORS,
     &BACKEND_ATTEMPTS,
     &BACKEND_EJECTIONS,
     &BACKEND_HEALTHY,

@@ -18,6 +18,7 @@
 //! | RFC 5861 `stale-while-revalidate`: one background refresh (item 3) | `stale_while_revalidate_answers_now_and_refreshes_once` |
 //! | §4.2.2 (`ttl_default` in place of the heuristic), `methods` | `ttl_default_and_methods` |
 //! | RFC 9110 §14 ranges from a stored object, §13.1.5 `If-Range` | `ranges_are_answered_from_a_stored_object` |
+//! | disk zones across a restart and a drain-aware upgrade; a damaged file is a miss (item 1, 5) | `disk_objects_survive_a_restart_and_an_upgrade` |
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -706,4 +707,95 @@ async fn ranges_are_answered_from_a_stored_object() {
         assert_eq!((status, body.as_str()), (200, "/video #2"), "{extra:?}");
     }
     assert_eq!(seen.count("/video"), 2);
+}
+
+/// The zone's view (`GET /admin/cache`).
+async fn zone_view(gw: &Gateway) -> serde_json::Value {
+    let (status, view) = admin_request(gw.admin, "GET", "/admin/cache", None, None).await;
+    assert_eq!(status, 200, "{view}");
+    view["zones"][0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_objects_survive_a_restart_and_an_upgrade() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let state = tempfile::tempdir().unwrap();
+    let config = cache_builder(backend.addr, "")
+        .runtime(&format!("state_dir = \"{}\"", state.path().display()))
+        .build()
+        .replace(
+            "memory = \"16MiB\"\n",
+            "memory = \"16MiB\"\ndisk = { path = \"cache/main\", size = \"64MiB\" }\n",
+        );
+    let gw = Gateway::start(&config);
+    for path in ["/fresh", "/public"] {
+        let (_, headers, _) = ask(&gw, "GET", path, &[]).await;
+        assert_eq!(cache_status(&headers), "cutover; fwd=miss; stored");
+    }
+    for _ in 0..200 {
+        if zone_view(&gw).await["disk"]["written"] == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let disk = zone_view(&gw).await["disk"].clone();
+    assert_eq!(disk["written"], 2, "{disk}");
+    assert!(disk["bytes"].as_u64().unwrap() > 0);
+    assert!(disk["path"].as_str().unwrap().ends_with("cache/main"));
+
+    // A drain-aware upgrade: the new process answers from the files.
+    let op = crate::lifecycle::upgrade(&gw, None).await;
+    assert_eq!(op["outcome"], "succeeded", "{op}");
+    let (_, headers, body) = ask(&gw, "GET", "/fresh", &[]).await;
+    assert_eq!(
+        (body.as_str(), cache_status(&headers)),
+        ("/fresh #1", "cutover; hit")
+    );
+    assert_eq!(zone_view(&gw).await["disk"]["read"], 1);
+
+    // A restart: the same.
+    drop(gw);
+    let gw = Gateway::start(&config);
+    let (_, headers, body) = ask(&gw, "GET", "/public", &[]).await;
+    assert_eq!(
+        (body.as_str(), cache_status(&headers)),
+        ("/public #1", "cutover; hit")
+    );
+    assert_eq!(seen.count("/fresh") + seen.count("/public"), 2);
+
+    // Damaged files (each cut short): misses, never served, removed.
+    drop(gw);
+    let mut damaged = 0;
+    let mut stack = vec![state.path().join("cache/main")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "obj") {
+                let bytes = std::fs::read(&path).unwrap();
+                std::fs::write(&path, &bytes[..bytes.len() - 7]).unwrap();
+                damaged += 1;
+            }
+        }
+    }
+    assert_eq!(damaged, 2);
+    let gw = Gateway::start(&config);
+    let (status, headers, body) = ask(&gw, "GET", "/fresh", &[]).await;
+    assert_eq!((status, body.as_str()), (200, "/fresh #2"));
+    assert_eq!(cache_status(&headers), "cutover; fwd=miss; stored");
+    assert_eq!(zone_view(&gw).await["disk"]["corrupt"], 1);
+
+    // Its folder is where the process found it: moving it is a restart.
+    let moved = config.replace("cache/main", "cache/elsewhere");
+    let (status, plan) = activate_with(&gw, &moved, "").await;
+    assert_eq!(status, 422, "{plan}");
+    assert!(
+        plan["rejected"][0]["path"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("disk"),
+        "{plan}"
+    );
 }

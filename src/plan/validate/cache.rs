@@ -3,12 +3,15 @@
 //! `fixtures/configs/invalid/cache.toml`.
 
 use super::*;
-use crate::config::{FileCache, FileRouteCache};
-use crate::plan::RouteCacheSpec;
+use crate::config::{FileCacheDisk, FileConfig, FileRouteCache};
+use crate::plan::{DiskSpec, RouteCacheSpec, ZoneSpec};
 
 /// A zone's bytes: 1 MiB to 64 GiB.
 const ZONE_MIN: u64 = 1 << 20;
 const ZONE_MAX: u64 = 64 << 30;
+/// A zone's disk: 16 MiB to 64 TiB.
+const DISK_MIN: u64 = 16 << 20;
+const DISK_MAX: u64 = 64 << 40;
 /// `max_object` when not given.
 const DEFAULT_MAX_OBJECT: u64 = 8 << 20;
 /// The longest `ttl_default`, and the longest stale windows.
@@ -16,10 +19,16 @@ const MAX_TTL_DEFAULT: Duration = Duration::from_secs(365 * 24 * 3600);
 const MAX_STALE: Duration = Duration::from_secs(30 * 24 * 3600);
 
 impl Validator<'_> {
-    /// `[cache.zones.NAME] = { memory }`.
-    pub(super) fn cache_zones(&mut self, cache: Option<&FileCache>) -> BTreeMap<String, u64> {
+    /// `[cache.zones.NAME] = { memory, disk }`.
+    pub(super) fn cache_zones(&mut self, file: &FileConfig) -> BTreeMap<String, ZoneSpec> {
+        let state_dir = file
+            .runtime
+            .state_dir
+            .as_ref()
+            .map(|d| self.base_dir.join(d));
         let mut zones = BTreeMap::new();
-        for (name, zone) in cache.map(|c| &c.zones).into_iter().flatten() {
+        let mut folders: Vec<(PathBuf, String)> = Vec::new();
+        for (name, zone) in file.cache.as_ref().map(|c| &c.zones).into_iter().flatten() {
             let path = format!("cache.zones.{}.memory", crate::config::quote_key(name));
             let Some(memory) = self.size(path.clone(), &zone.memory) else {
                 continue;
@@ -34,9 +43,98 @@ impl Validator<'_> {
                 );
                 continue;
             }
-            zones.insert(name.clone(), memory);
+            let disk = match &zone.disk {
+                None => None,
+                Some(disk) => {
+                    let base = format!("cache.zones.{}.disk", crate::config::quote_key(name));
+                    match self.zone_disk(&base, disk, state_dir.as_deref()) {
+                        Some(spec) => {
+                            if let Some((_, other)) =
+                                folders.iter().find(|(path, _)| *path == spec.path)
+                            {
+                                self.error(
+                                    Code::InvalidValue,
+                                    format!("{base}.path"),
+                                    format!("zone '{name}' keeps its files where zone '{other}' does: each zone needs a folder of its own"),
+                                );
+                                continue;
+                            }
+                            folders.push((spec.path.clone(), name.clone()));
+                            Some(spec)
+                        }
+                        None => continue,
+                    }
+                }
+            };
+            zones.insert(name.clone(), ZoneSpec { memory, disk });
         }
         zones
+    }
+
+    /// `disk = { path, size }`: a folder under the state folder (made
+    /// when the zone starts) that can be written, and its bytes.
+    fn zone_disk(
+        &mut self,
+        base: &str,
+        disk: &FileCacheDisk,
+        state_dir: Option<&Path>,
+    ) -> Option<DiskSpec> {
+        let at = |key: &str| format!("{base}.{key}");
+        let size = self.size(at("size"), &disk.size);
+        if let Some(size) = size {
+            if !(DISK_MIN..=DISK_MAX).contains(&size) {
+                self.error(
+                    Code::InvalidValue,
+                    at("size"),
+                    format!("size = {size} bytes is out of range: 16MiB to 64TiB"),
+                );
+                return None;
+            }
+        }
+        let Some(state_dir) = state_dir else {
+            self.error(
+                Code::MissingStateDir,
+                at("path"),
+                "a cache zone's disk is a folder under runtime.state_dir, and none is set",
+            );
+            return None;
+        };
+        let given = Path::new(&disk.path);
+        let climbs = given
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir));
+        let path = state_dir.join(given);
+        if climbs || !path.starts_with(state_dir) || path == state_dir {
+            self.error(
+                Code::InvalidValue,
+                at("path"),
+                format!(
+                    "'{}' is not a folder under runtime.state_dir ({}): write a relative path such as \"cache/main\"",
+                    disk.path,
+                    state_dir.display()
+                ),
+            );
+            return None;
+        }
+        // Not written here (validation writes nothing): the folder, or
+        // the nearest folder above it that exists, must be one this
+        // process may write in.
+        let existing = path.ancestors().find(|p| p.exists());
+        let problem = match existing {
+            Some(p) if !p.is_dir() => Some(format!("{} is not a folder", p.display())),
+            Some(p) if !writable(p) => Some(format!("{} cannot be written", p.display())),
+            Some(_) => None,
+            None => Some("no folder above it exists".to_owned()),
+        };
+        if let Some(problem) = problem {
+            self.error(
+                Code::InvalidValue,
+                at("path"),
+                format!("the cache folder {}: {problem}", path.display()),
+            );
+            return None;
+        }
+        Some(DiskSpec { path, size: size? })
     }
 
     /// `routes[i].cache = { zone, max_object }`, for a route that proxies.
@@ -44,7 +142,7 @@ impl Validator<'_> {
         &mut self,
         base: &str,
         c: &FileRouteCache,
-        zones: &BTreeMap<String, u64>,
+        zones: &BTreeMap<String, ZoneSpec>,
         proxies: bool,
     ) -> Option<RouteCacheSpec> {
         let at = |key: &str| format!("{base}.{key}");
@@ -56,7 +154,7 @@ impl Validator<'_> {
             );
             return None;
         }
-        let Some(memory) = zones.get(&c.zone).copied() else {
+        let Some(memory) = zones.get(&c.zone).map(|z| z.memory) else {
             let known: Vec<&str> = zones.keys().map(String::as_str).collect();
             self.error(
                 Code::UnknownZone,
@@ -143,5 +241,20 @@ impl Validator<'_> {
             stale_if_error: stale_if_error.unwrap_or_default(),
             head,
         })
+    }
+}
+
+/// Whether this process may write in `dir` (`access(2)`, which writes
+/// nothing).
+fn writable(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: `path` is a NUL-terminated string that lives across the
+    // call; `access` only reads it.
+    unsafe {
+        libc::access(path.as_ptr(), libc::W_OK | libc::X_OK) == 0
     }
 }

@@ -215,7 +215,7 @@ struct Validator<'a> {
     /// named twice is one `SecretFile` (`auth.rs`).
     secrets: HashMap<(PathBuf, usize), Box<dyn std::any::Any + Send + Sync>>,
     /// `[cache.zones]`, read before the routes that name them.
-    cache_zones: BTreeMap<String, u64>,
+    cache_zones: BTreeMap<String, ZoneSpec>,
 }
 
 fn is_valid_name(name: &str) -> bool {
@@ -364,7 +364,7 @@ impl Validator<'_> {
         let tracing = self.tracing(file);
         let runtime = self.runtime(file);
         let upstreams = self.upstreams(&file.upstreams);
-        self.cache_zones = self.cache_zones(file.cache.as_ref());
+        self.cache_zones = self.cache_zones(file);
         let listeners = self.listeners(file);
         self.l4_upstreams(file);
         let routes = self.routes(file);
