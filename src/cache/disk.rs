@@ -38,7 +38,8 @@ use http_cache_semantics::CachePolicy;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use super::{Grace, Selector, Stored};
+use super::stored::Grace;
+use super::{Selector, Stored};
 
 const MAGIC: &[u8] = b"cutover-cache 1\n";
 /// Writes, removals and purges waiting for the thread.
