@@ -266,9 +266,15 @@ impl Selector {
     /// Whether this selector names `key` (whose answer carries `tags`).
     pub(super) fn names(&self, key: &str, tags: &[String]) -> bool {
         match self {
+            // `host path?query upstream`, then the route's `key` headers
+            // on lines of their own: a key selector names the first line
+            // (every variant by those headers), or it without its
+            // upstream (every upstream's).
             Selector::Key(k) => {
+                let first = key.split('\n').next().unwrap_or(key);
                 key == k
-                    || key.strip_prefix(k.as_str()).is_some_and(|rest| {
+                    || first == k
+                    || first.strip_prefix(k.as_str()).is_some_and(|rest| {
                         rest.strip_prefix(' ').is_some_and(|up| !up.contains(' '))
                     })
             }

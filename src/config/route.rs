@@ -320,6 +320,27 @@ pub struct FileRouteCache {
     /// stored `GET`); default both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub methods: Option<Vec<String>>,
+    /// What the key holds besides the host, path, query and upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<FileCacheKey>,
+}
+
+/// `cache.key = { headers, query, query_include, query_exclude }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCacheKey {
+    /// Request headers (as sent upstream) whose values join the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Vec<String>>,
+    /// `false`: the query is not part of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<bool>,
+    /// Only these query parameters are part of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_include: Option<Vec<String>>,
+    /// Every query parameter but these is part of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_exclude: Option<Vec<String>>,
 }
 
 /// `[cache]`: the zones routes keep answers in.

@@ -455,6 +455,27 @@ pub struct RouteCacheSpec {
     pub stale_if_error: Duration,
     /// `HEAD` is answered from a stored `GET` (`methods` lists it).
     pub head: bool,
+    /// `key`: what the key holds besides the defaults.
+    pub key: Option<CacheKeySpec>,
+}
+
+/// `routes.cache.key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheKeySpec {
+    /// Request headers whose values join the key.
+    pub headers: Vec<HeaderName>,
+    pub query: QueryKey,
+}
+
+/// Which of the query the key holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueryKey {
+    All,
+    Nothing,
+    /// Only these parameters, in this order.
+    Include(Vec<String>),
+    /// Every parameter but these, in the request's order.
+    Exclude(Vec<String>),
 }
 
 /// `routes.quota`: token buckets per key. Part of the buckets' identity:

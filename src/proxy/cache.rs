@@ -39,7 +39,7 @@ use super::exchange::Target;
 use crate::backends::ClientBody;
 use crate::cache::{Found, Keepable, Outcome, RequestLike, StaleUse, Turn, Zone};
 use crate::generation::{InflightGuard, Route, RouteSlot, Upstream};
-use crate::plan::RouteCacheSpec;
+use crate::plan::{CacheKeySpec, QueryKey, RouteCacheSpec};
 
 /// RFC 9211's header.
 static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
@@ -96,7 +96,7 @@ pub(super) async fn answer(
         let answered = super::retry::forward(req, target, conn, route, upstream, guard, slot).await;
         return (Outcome::Bypass, answered);
     };
-    let (key, path) = key(upstream, &req, &target);
+    let (key, path) = key(upstream, &req, &target, spec.key.as_ref());
     let path_and_query = key.get(path).unwrap_or("/");
     let method = req.method().clone();
     let unsafe_method = matches!(
@@ -414,11 +414,14 @@ fn revalidate_in_background(
 /// The key, and where its path and query lie in it: the `Host` sent
 /// upstream, the path (as forwarded: normalized or rewritten) and query,
 /// and the upstream, separated by spaces (which none of them can hold):
-/// `example.com /a/b?c=1 app`.
+/// `example.com /a/b?c=1 app`; then, with the route's `key`, each header
+/// it names on a line of its own (`\naccept-language:en`). The query is
+/// the one `key` keeps (all of it by default).
 fn key(
     upstream: &Upstream,
     req: &Request<ClientBody>,
     target: &Target<'_>,
+    spec: Option<&CacheKeySpec>,
 ) -> (String, std::ops::Range<usize>) {
     let host: &[u8] = match target.host_rewrite {
         Some(crate::plan::HostRewrite::Literal(host)) => host.as_bytes(),
@@ -431,9 +434,17 @@ fn key(
             .unwrap_or_default(),
     };
     let path = target.path.as_deref().unwrap_or(req.uri().path());
-    let query = req.uri().query();
+    let query: Option<std::borrow::Cow<'_, str>> = match (req.uri().query(), spec) {
+        (None, _) => None,
+        (Some(query), None) => Some(query.into()),
+        (Some(query), Some(spec)) => kept_query(query, &spec.query),
+    };
     let mut key = String::with_capacity(
-        upstream.name.len() + host.len() + path.len() + query.map_or(0, |q| q.len() + 1) + 2,
+        upstream.name.len()
+            + host.len()
+            + path.len()
+            + query.as_ref().map_or(0, |q| q.len() + 1)
+            + 2,
     );
     key.push_str(&String::from_utf8_lossy(host));
     key.push(' ');
@@ -441,12 +452,39 @@ fn key(
     key.push_str(path);
     if let Some(query) = query {
         key.push('?');
-        key.push_str(query);
+        key.push_str(&query);
     }
     let path_end = key.len();
     key.push(' ');
     key.push_str(&upstream.name);
+    for name in spec.iter().flat_map(|s| &s.headers) {
+        key.push('\n');
+        key.push_str(name.as_str());
+        key.push(':');
+        for (i, value) in req.headers().get_all(name).iter().enumerate() {
+            if i > 0 {
+                key.push(',');
+            }
+            key.push_str(&String::from_utf8_lossy(value.as_bytes()));
+        }
+    }
     (key, path_at..path_end)
+}
+
+/// The part of `query` the key keeps; `None` when nothing is left.
+fn kept_query<'q>(query: &'q str, kept: &QueryKey) -> Option<std::borrow::Cow<'q, str>> {
+    let name = |pair: &str| pair.split_once('=').map_or(pair, |(n, _)| n).to_owned();
+    let pairs = query.split('&').filter(|p| !p.is_empty());
+    let joined: Vec<&str> = match kept {
+        QueryKey::All => return Some(query.into()),
+        QueryKey::Nothing => return None,
+        QueryKey::Include(names) => names
+            .iter()
+            .flat_map(|wanted| pairs.clone().filter(move |p| &name(p) == wanted))
+            .collect(),
+        QueryKey::Exclude(names) => pairs.filter(|p| !names.contains(&name(p))).collect(),
+    };
+    (!joined.is_empty()).then(|| joined.join("&").into())
 }
 
 /// An answer from the zone: its head (with `Age`), its body unless the

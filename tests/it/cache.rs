@@ -18,6 +18,7 @@
 //! | RFC 5861 `stale-while-revalidate`: one background refresh (item 3) | `stale_while_revalidate_answers_now_and_refreshes_once` |
 //! | §4.2.2 (`ttl_default` in place of the heuristic), `methods` | `ttl_default_and_methods` |
 //! | RFC 9110 §14 ranges from a stored object, §13.1.5 `If-Range` | `ranges_are_answered_from_a_stored_object` |
+//! | `key`: query parameters left out, headers added; purge by key names every variant | `a_route_key_leaves_out_and_adds` |
 //! | disk zones across a restart and a drain-aware upgrade; a damaged file is a miss (item 1, 5) | `disk_objects_survive_a_restart_and_an_upgrade` |
 
 use std::collections::HashMap;
@@ -798,4 +799,52 @@ async fn disk_objects_survive_a_restart_and_an_upgrade() {
             .contains("disk"),
         "{plan}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_key_leaves_out_and_adds() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let config = cache_config(backend.addr, "").replace(
+        "cache = { zone = \"main\" }",
+        "cache = { zone = \"main\", key = { headers = [\"x-tenant\"], query_exclude = [\"utm_source\"] } }",
+    );
+    let gw = Gateway::start(&config);
+    let status = |headers: http::HeaderMap| cache_status(&headers).to_owned();
+    let (_, h, _) = ask(&gw, "GET", "/fresh?a=1&utm_source=mail", &[]).await;
+    assert_eq!(status(h), "cutover; fwd=miss; stored");
+    // `utm_source` is not part of the key: the same object.
+    for path in [
+        "/fresh?a=1&utm_source=ads",
+        "/fresh?a=1",
+        "/fresh?utm_source=x&a=1",
+    ] {
+        let (_, h, body) = ask(&gw, "GET", path, &[]).await;
+        assert_eq!(
+            (body.as_str(), status(h).as_str()),
+            ("/fresh #1", "cutover; hit"),
+            "{path}"
+        );
+    }
+    // `a` is.
+    let (_, h, _) = ask(&gw, "GET", "/fresh?a=2", &[]).await;
+    assert_eq!(status(h), "cutover; fwd=miss; stored");
+    // So is `x-tenant`.
+    let tenant = [("x-tenant", "t1")];
+    let (_, h, body) = ask(&gw, "GET", "/fresh?a=1", &tenant).await;
+    assert_eq!(
+        (body.as_str(), status(h).as_str()),
+        ("/fresh #3", "cutover; fwd=miss; stored")
+    );
+    let (_, h, _) = ask(&gw, "GET", "/fresh?a=1", &tenant).await;
+    assert_eq!(status(h), "cutover; hit");
+    // A purge by key names the object for every tenant.
+    let (_, purged) = post_json(
+        gw.admin,
+        "/admin/cache/purge",
+        serde_json::json!({ "key": "app.test /fresh?a=1" }),
+    )
+    .await;
+    assert_eq!(purged["purged"], 2, "{purged}");
+    assert_eq!(seen.count("/fresh"), 3);
 }

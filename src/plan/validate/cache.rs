@@ -3,8 +3,8 @@
 //! `fixtures/configs/invalid/cache.toml`.
 
 use super::*;
-use crate::config::{FileCacheDisk, FileConfig, FileRouteCache};
-use crate::plan::{DiskSpec, RouteCacheSpec, ZoneSpec};
+use crate::config::{FileCacheDisk, FileCacheKey, FileConfig, FileRouteCache};
+use crate::plan::{CacheKeySpec, DiskSpec, QueryKey, RouteCacheSpec, ZoneSpec};
 
 /// A zone's bytes: 1 MiB to 64 GiB.
 const ZONE_MIN: u64 = 1 << 20;
@@ -69,6 +69,58 @@ impl Validator<'_> {
             zones.insert(name.clone(), ZoneSpec { memory, disk });
         }
         zones
+    }
+
+    /// `key = { headers, query, query_include, query_exclude }`.
+    fn cache_key(&mut self, base: &str, key: &FileCacheKey) -> Option<CacheKeySpec> {
+        let at = |k: &str| format!("{base}.{k}");
+        let mut headers = Vec::new();
+        let mut ok = true;
+        for (n, name) in key.headers.iter().flatten().enumerate() {
+            match HeaderName::from_bytes(name.as_bytes()) {
+                Ok(header) => headers.push(header),
+                Err(_) => {
+                    self.error(
+                        Code::InvalidHeader,
+                        format!("{}[{n}]", at("headers")),
+                        format!("'{name}' is not a header name"),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let names = |list: &Vec<String>| list.clone();
+        let query = match (key.query, &key.query_include, &key.query_exclude) {
+            (_, Some(_), Some(_)) => {
+                self.error(
+                    Code::InvalidValue,
+                    at("query_include"),
+                    "query_include and query_exclude: give one of them",
+                );
+                return None;
+            }
+            (Some(false), Some(_), _) | (Some(false), _, Some(_)) => {
+                self.error(
+                    Code::InvalidValue,
+                    at("query"),
+                    "query = false leaves the query out: query_include and query_exclude have nothing to choose from",
+                );
+                return None;
+            }
+            (Some(false), None, None) => QueryKey::Nothing,
+            (_, Some(list), None) if !list.is_empty() => QueryKey::Include(names(list)),
+            (_, None, Some(list)) if !list.is_empty() => QueryKey::Exclude(names(list)),
+            (_, None, None) => QueryKey::All,
+            _ => {
+                self.error(
+                    Code::InvalidValue,
+                    at("query_include"),
+                    "an empty list: write query = false to leave the query out",
+                );
+                return None;
+            }
+        };
+        ok.then_some(CacheKeySpec { headers, query })
     }
 
     /// `disk = { path, size }`: a folder under the state folder (made
@@ -233,7 +285,12 @@ impl Validator<'_> {
                 );
             }
         }
+        let key = match &c.key {
+            Some(key) => Some(self.cache_key(&at("key"), key)?),
+            None => None,
+        };
         Some(RouteCacheSpec {
+            key,
             zone: c.zone.clone(),
             max_object,
             ttl_default,
