@@ -4,14 +4,16 @@
 //!
 //! - **Key**: what the route's generation sends upstream: the `Host` it
 //!   is sent, the path (as normalized or rewritten) and query, and the
-//!   upstream (`example.com /a/b?c=1 app`). A changed rewrite makes other keys, so it cannot serve what
+//!   upstream (`example.com /a/b?c=1 app`), then the route's `key`
+//!   headers. A changed rewrite makes other keys, so it cannot serve what
 //!   another route stored; a rollback makes the old generation's keys.
 //! - `GET` is looked up; `HEAD` is looked up as the `GET` it stands for
 //!   and answered without the body. One `Range` is answered from a fresh
 //!   object (206, or 416; `cache::range`); on a miss, `bytes=0-` fetches
-//!   the whole object, any other range goes upstream as it is. Unsafe methods (`POST`, `PUT`,
-//!   `DELETE`, `PATCH`) pass, and a non-error answer to one forgets the
-//!   key (§4.4). Other methods pass.
+//!   the whole object, any other range goes upstream as it is. Unsafe
+//!   methods (`POST`, `PUT`, `DELETE`, `PATCH`) pass, and a non-error
+//!   answer to one forgets the key (§4.4). Other methods pass.
+//! - A zone with a disk reads a key's files when memory lacks the key.
 //! - A stale object with validators is revalidated: the upstream is sent
 //!   `If-None-Match` / `If-Modified-Since`, and a 304 freshens the object
 //!   and answers from it (§4.3.4). Within `stale_while_revalidate` it
@@ -22,8 +24,9 @@
 //! - Every answer says what the cache did (`Cache-Status`, RFC 9211):
 //!   `cutover; hit`, `cutover; fwd=miss`, `cutover; fwd=miss; stored`,
 //!   `cutover; fwd=stale; fwd-status=304`, `cutover; fwd=miss; collapsed`
-//!   (answered from what another request's miss stored), `cutover;
-//!   fwd=bypass`.
+//!   (answered from what another request's miss stored), `cutover; hit;
+//!   detail=stale-while-revalidate`, `cutover; fwd=stale;
+//!   detail=stale-if-error`, `cutover; fwd=bypass`.
 
 use std::sync::Arc;
 use std::time::SystemTime;

@@ -220,17 +220,6 @@ impl GenerationStore {
         next: Generation,
         canary: Option<Canary>,
     ) -> Result<Arc<Generation>, Conflict> {
-        let current = self.active.load_full();
-        if current.generation.id != expected {
-            return Err(Conflict {
-                expected,
-                active: current.generation.id,
-            });
-        }
-        debug_assert!(
-            next.id > current.generation.id,
-            "INVARIANT: generation ids strictly increase"
-        );
         debug_assert!(
             canary.as_ref().is_none_or(|c| c.previous.id < next.id),
             "INVARIANT: a canary's other side is an older generation"
@@ -238,16 +227,31 @@ impl GenerationStore {
         let next = Arc::new(next);
         let ledger = Arc::downgrade(&next.ledger);
         let id = next.id;
-        let published = Arc::new(Active {
-            generation: Arc::clone(&next),
-            canary,
-        });
-        let previous = self.active.compare_and_swap(&current, published);
-        if !Arc::ptr_eq(&previous, &current) {
-            return Err(Conflict {
-                expected,
-                active: previous.generation.id,
+        // A canary's step (its timer's compare-and-swap) publishes the
+        // same generation with another share: the commit is about the
+        // generation, so it tries again on the state that step left (and
+        // ends that canary or replaces it, as it would have). Only another
+        // generation is a conflict.
+        loop {
+            let current = self.active.load_full();
+            if current.generation.id != expected {
+                return Err(Conflict {
+                    expected,
+                    active: current.generation.id,
+                });
+            }
+            debug_assert!(
+                next.id > current.generation.id,
+                "INVARIANT: generation ids strictly increase"
+            );
+            let published = Arc::new(Active {
+                generation: Arc::clone(&next),
+                canary: canary.clone(),
             });
+            let previous = self.active.compare_and_swap(&current, published);
+            if Arc::ptr_eq(&previous, &current) {
+                break;
+            }
         }
         // Published: what it sizes in process-shared state is its size now.
         next.take_effect();
