@@ -334,6 +334,10 @@ pub struct FileDefaults {
     pub cors: Option<FileCors>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compress: Option<FileCompress>,
+    /// A cache every route with an upstream has unless it sets its own
+    /// (`cache = "none"` to opt out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<super::route::FileRouteCache>,
 }
 
 /// `listeners.sni_routes`: names (exact, or `*.suffix`) to an upstream.

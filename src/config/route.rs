@@ -210,7 +210,7 @@ pub struct FileRoute {
     pub quota: Option<FileQuota>,
     /// Answers kept in a cache zone (RFC 9111; `docs/caching.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache: Option<FileRouteCache>,
+    pub cache: Option<FileCacheSetting>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_inflight: Option<u64>,
     /// Query parameters the request must carry: a value, `*` (present)
@@ -292,6 +292,43 @@ pub struct FileHeaderOps {
 pub enum FileSize {
     Bytes(u64),
     Text(String),
+}
+
+/// A route's `cache`: `"none"` (a route opting out of its listener's
+/// default), or a table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum FileCacheSetting {
+    Keyword(String),
+    Table(Box<FileRouteCache>),
+}
+
+/// By hand rather than `untagged`, so that a table's own error (a
+/// misspelt key) reaches the diagnostic.
+impl<'de> Deserialize<'de> for FileCacheSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = FileCacheSetting;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"none\" or a table ({ zone = \"main\", … })")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<FileCacheSetting, E> {
+                Ok(FileCacheSetting::Keyword(text.to_owned()))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<FileCacheSetting, A::Error> {
+                FileRouteCache::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(|c| FileCacheSetting::Table(Box::new(c)))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 /// `routes.cache = { zone, max_object, ttl_default,

@@ -136,6 +136,14 @@ impl Generation {
         }
     }
 
+    /// The cache zone `name`, if it names it.
+    pub fn cache_zone(&self, name: &str) -> Option<&Arc<crate::cache::Zone>> {
+        self.cache_zones
+            .iter()
+            .map(|(zone, _)| zone)
+            .find(|zone| zone.name == name)
+    }
+
     /// The cache zones it names.
     pub fn cache_zones(&self) -> impl Iterator<Item = &Arc<crate::cache::Zone>> {
         self.cache_zones.iter().map(|(zone, _)| zone)

@@ -259,6 +259,8 @@ pub struct Defaults {
     pub auth: Option<Arc<Auth>>,
     pub cors: Option<Arc<Cors>>,
     pub compress: Option<Arc<Compress>>,
+    /// The cache of every route with an upstream that sets none.
+    pub cache: Option<Arc<super::RouteCacheSpec>>,
 }
 
 /// `allow_from` / `deny_from`: a client in `deny` is refused; with an

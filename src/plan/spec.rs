@@ -423,6 +423,8 @@ pub struct RouteSpec {
     pub grpc_web: bool,
     /// Answers kept in a cache zone (`routes.cache`).
     pub cache: Option<RouteCacheSpec>,
+    /// `cache = "none"`: not its listener's default cache either.
+    pub cache_opt_out: bool,
 }
 
 /// `[cache.zones.NAME]`.

@@ -86,7 +86,7 @@ impl RequestLike for View<'_> {
     reason = "the forward's own arguments, and the zone"
 )]
 pub(super) async fn answer(
-    zone: &Arc<Zone>,
+    (zone, spec): (&Arc<Zone>, &RouteCacheSpec),
     req: Request<ClientBody>,
     target: Target<'_>,
     conn: &ConnContext,
@@ -95,10 +95,6 @@ pub(super) async fn answer(
     guard: InflightGuard,
     slot: Option<RouteSlot>,
 ) -> (Outcome, Result<Response<ResponseBody>, ProxyError>) {
-    let Some(spec) = route.spec.cache.as_ref() else {
-        let answered = super::retry::forward(req, target, conn, route, upstream, guard, slot).await;
-        return (Outcome::Bypass, answered);
-    };
     let (key, path) = key(upstream, &req, &target, spec.key.as_ref());
     let path_and_query = key.get(path).unwrap_or("/");
     let method = req.method().clone();
@@ -185,7 +181,7 @@ pub(super) async fn answer(
                 if let Turn::Lead(lead) = zone.turn(&key) {
                     revalidate_in_background(
                         lead,
-                        (zone, &key, path_and_query),
+                        (zone, spec, &key, path_and_query),
                         &stored,
                         &request,
                         &req,
@@ -350,7 +346,7 @@ pub(super) async fn answer(
 /// that one refresh at most runs per key.
 fn revalidate_in_background(
     lead: crate::cache::Lead,
-    (zone, key, path_and_query): (&Arc<Zone>, &str, &str),
+    (zone, spec, key, path_and_query): (&Arc<Zone>, &RouteCacheSpec, &str, &str),
     stored: &Arc<crate::cache::Stored>,
     validation: &http::request::Parts,
     req: &Request<ClientBody>,
@@ -381,10 +377,9 @@ fn revalidate_in_background(
     let key = key.to_owned();
     let path_and_query = path_and_query.to_owned();
     let timeout = route.timeout();
-    let spec = route.spec.cache.clone();
+    let spec = spec.clone();
     tokio::spawn(async move {
         let _lead = lead;
-        let Some(spec) = spec else { return };
         let headers = head.headers.clone();
         let sent = super::copy::send(
             head,

@@ -134,6 +134,12 @@ impl<'g> Effective<'g> {
         }
     }
 
+    /// The listener's default cache (the route's own is compiled with
+    /// the route).
+    pub(super) fn cache(&self) -> Option<&'g crate::plan::RouteCacheSpec> {
+        self.defaults.and_then(|d| d.cache.as_deref())
+    }
+
     /// The route's own `mirror` (not a listener default).
     pub(super) fn mirror(&self) -> Option<&'g crate::plan::Mirror> {
         self.own.and_then(|f| f.mirror.as_deref())

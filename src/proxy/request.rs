@@ -556,7 +556,17 @@ fn route_and_answer<'g, 'a>(
             Step::Proxy(upstream, slot) => {
                 // Not kept across the exchange (the future stays small).
                 drop(request_id);
-                match (target.grpc_deadline, &route.cache) {
+                // The route's cache, else its listener's default (for a
+                // route that did not write `cache = "none"`).
+                let cache = match (&route.cache, &route.spec.cache) {
+                    (Some(zone), Some(spec)) => Some((zone, spec)),
+                    _ if route.spec.cache_opt_out => None,
+                    _ => effective
+                        .as_ref()
+                        .and_then(filters::Effective::cache)
+                        .and_then(|spec| Some((generation.cache_zone(&spec.zone)?, spec))),
+                };
+                match (target.grpc_deadline, cache) {
                     _ if context.grpc.is_some() && !upstream.speaks_http2() => {
                         Err(ProxyError::GrpcOverHttp1)
                     }
@@ -573,9 +583,16 @@ fn route_and_answer<'g, 'a>(
                     }
                     // Through the route's cache zone (a gRPC call is not
                     // cached: its answer ends in trailers).
-                    (None, Some(zone)) if context.grpc.is_none() => {
+                    (None, Some((zone, spec))) if context.grpc.is_none() => {
                         let (outcome, answered) = Box::pin(super::cache::answer(
-                            zone, req, target, conn, route, upstream, guard, slot,
+                            (zone, spec),
+                            req,
+                            target,
+                            conn,
+                            route,
+                            upstream,
+                            guard,
+                            slot,
                         ))
                         .await;
                         route.shared.cached(outcome);

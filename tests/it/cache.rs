@@ -19,6 +19,7 @@
 //! | §4.2.2 (`ttl_default` in place of the heuristic), `methods` | `ttl_default_and_methods` |
 //! | RFC 9110 §14 ranges from a stored object, §13.1.5 `If-Range` | `ranges_are_answered_from_a_stored_object` |
 //! | `key`: query parameters left out, headers added; purge by key names every variant | `a_route_key_leaves_out_and_adds` |
+//! | listener `defaults`, `cache = "none"` | `a_listener_default_caches_routes_that_set_none` |
 //! | disk zones across a restart and a drain-aware upgrade; a damaged file is a miss (item 1, 5) | `disk_objects_survive_a_restart_and_an_upgrade` |
 
 use std::collections::HashMap;
@@ -78,7 +79,7 @@ async fn counting_backend(seen: Arc<Seen>) -> Backend {
                 "/etag" | "/swr" | "/sie" | "/sie-plain" => "max-age=1",
                 _ => "max-age=60",
             };
-            if path != "/silent" {
+            if !path.ends_with("/silent") {
                 headers.insert("cache-control", cache_control.parse().unwrap());
             }
             if path == "/vary" {
@@ -847,4 +848,45 @@ async fn a_route_key_leaves_out_and_adds() {
     .await;
     assert_eq!(purged["purged"], 2, "{purged}");
     assert_eq!(seen.count("/fresh"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_default_caches_routes_that_set_none() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let config = Config::new()
+        .listener("web", "defaults = { cache = { zone = \"main\", ttl_default = \"1m\" } }")
+        .route("plain", "listeners = [\"web\"]\npath_prefix = \"/\"\nupstream = \"app\"")
+        .route(
+            "out",
+            "listeners = [\"web\"]\npath_prefix = \"/out/\"\nupstream = \"app\"\ncache = \"none\"",
+        )
+        .route(
+            "own",
+            "listeners = [\"web\"]\npath_prefix = \"/own/\"\nupstream = \"app\"\ncache = { zone = \"main\", methods = [\"GET\"] }",
+        )
+        .upstream("app", &[backend.addr], "")
+        .text("[cache.zones.main]\nmemory = \"16MiB\"\n")
+        .build();
+    let gw = Gateway::start(&config);
+    // The default: kept (its ttl_default too: `/silent` says nothing).
+    for path in ["/fresh", "/silent"] {
+        ask(&gw, "GET", path, &[]).await;
+        let (_, headers, _) = ask(&gw, "GET", path, &[]).await;
+        assert_eq!(cache_status(&headers), "cutover; hit", "{path}");
+    }
+    // `cache = "none"`: not looked up, no Cache-Status.
+    for _ in 0..2 {
+        let (_, headers, _) = ask(&gw, "GET", "/out/fresh", &[]).await;
+        assert!(!headers.contains_key("cache-status"), "{headers:?}");
+    }
+    assert_eq!(seen.count("/out/fresh"), 2);
+    // The route's own replaces the default whole: its `methods` hold,
+    // and the default's ttl_default does not.
+    let (_, headers, _) = ask(&gw, "HEAD", "/own/fresh", &[]).await;
+    assert_eq!(cache_status(&headers), "cutover; fwd=bypass");
+    for _ in 0..2 {
+        ask(&gw, "GET", "/own/silent", &[]).await;
+    }
+    assert_eq!(seen.count("/own/silent"), 2);
 }

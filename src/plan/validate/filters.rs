@@ -181,6 +181,13 @@ impl Validator<'_> {
             Some(size) => self.size(at("max_request_body"), size),
             None => None,
         };
+        let zones = std::mem::take(&mut self.cache_zones);
+        let cache = d
+            .cache
+            .as_ref()
+            .and_then(|c| self.route_cache(&at("cache"), c, &zones, true))
+            .map(Arc::new);
+        self.cache_zones = zones;
         let defaults = Defaults {
             request_headers: self
                 .optional_header_ops(&at("request_headers"), d.request_headers.as_ref())
@@ -196,6 +203,7 @@ impl Validator<'_> {
                 .compress
                 .as_ref()
                 .and_then(|c| self.compress(&at("compress"), c)),
+            cache,
         };
         (defaults != Defaults::default()).then(|| Arc::new(defaults))
     }

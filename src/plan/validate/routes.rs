@@ -332,14 +332,25 @@ impl Validator<'_> {
             );
         }
         let zones = std::mem::take(&mut self.cache_zones);
-        let cache = r
-            .cache
-            .as_ref()
-            .and_then(|c| self.route_cache(&at("cache"), c, &zones, proxies || action.is_none()));
+        let (cache, cache_opt_out) = match &r.cache {
+            None => (None, false),
+            Some(crate::config::FileCacheSetting::Keyword(word)) if word == "none" => (None, true),
+            Some(crate::config::FileCacheSetting::Keyword(word)) => {
+                self.error(
+                    Code::InvalidValue,
+                    at("cache"),
+                    format!("cache = '{word}': write \"none\" (not the listener's default either) or {{ zone = \"main\" }}"),
+                );
+                ok = false;
+                (None, false)
+            }
+            Some(crate::config::FileCacheSetting::Table(c)) => {
+                let cache = self.route_cache(&at("cache"), c, &zones, proxies || action.is_none());
+                ok &= cache.is_some();
+                (cache, false)
+            }
+        };
         self.cache_zones = zones;
-        if r.cache.is_some() && cache.is_none() {
-            ok = false;
-        }
         let filters = self.route_filters(i, r, &path);
         if !ok {
             return None;
@@ -361,6 +372,7 @@ impl Validator<'_> {
             quota,
             grpc_web: r.grpc_web.unwrap_or(false),
             cache,
+            cache_opt_out,
         })
     }
 
