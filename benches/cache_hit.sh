@@ -4,7 +4,8 @@
 # process), stored once, then asked for by `wrk -t1 -c64` for SECONDS in
 # ROUNDS alternating rounds through each cache in its own process: cutover
 # (one data-plane worker, `routes.cache`), nginx (one worker,
-# `proxy_cache`), Varnish (`malloc` storage, its default VCL). Prints
+# `proxy_cache`), Varnish (`malloc` storage, its default VCL), after one
+# unmeasured 2 s pass over each. Prints
 # req/s and CPU per request (the scheduler's run time of every thread of
 # the cache's processes / requests answered), and the ratios.
 #
@@ -102,6 +103,14 @@ run_ns() {
   done
   echo "$total"
 }
+
+# One unmeasured pass over every target first: the first measured round
+# otherwise falls on a machine still settling from the set-up (Varnish's
+# child and VCL compiler start last), and it fell on cutover, first in
+# every round (session 29: 8.0 µs in round 1, 7.2–7.7 after).
+for t in "${targets[@]}"; do
+  wrk -t1 -c64 -d2s "http://${t#* }/object" > /dev/null
+done
 
 declare -A rps cpu
 for round in $(seq 1 "$rounds"); do
