@@ -48,6 +48,7 @@ pub mod grpc;
 pub mod ids;
 pub mod impact;
 pub mod lifecycle;
+pub mod limits;
 pub mod plan;
 pub mod proxy;
 pub mod runtime;

@@ -102,6 +102,8 @@ codes! {
     InvalidAcme = "invalid_acme",
     AcmeDomainNotServed = "acme_domain_not_served",
     ConflictingAcme = "conflicting_acme",
+    MissingLimitStore = "missing_limit_store",
+    InlineSecret = "inline_secret",
 }
 
 impl std::fmt::Display for Code {

@@ -39,6 +39,45 @@ pub struct FileConfig {
     /// Cache zones (`[cache.zones.NAME]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<super::route::FileCache>,
+    /// Where fleet-scoped quotas count (`[limits] store`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<FileLimits>,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<FileLimitStore>,
+}
+
+/// `[limits] store = { redis = { … } }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimitStore {
+    pub redis: FileRedisStore,
+}
+
+/// `store.redis`: a Redis server (or anything that speaks RESP and Lua,
+/// such as Valkey).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRedisStore {
+    /// `redis://host:port/db` or `unix:///path/to/socket` (no password:
+    /// that goes in `password_file`).
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// A file holding the password (ACL or `requirepass`), one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<String>,
+    /// Prefix of every key the gateway writes (default `cutover:`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
+    /// A store call past this fails and marks the store down (default 250ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
 }
 
 /// `[fleet]`: the etcd cluster this instance shares generations through

@@ -127,6 +127,11 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                 decoder.section(&key_name, Locator::Section, value, &mut cache);
                 config.cache = cache;
             }
+            "limits" => {
+                let mut limits = None;
+                decoder.section(&key_name, Locator::Section, value, &mut limits);
+                config.limits = limits;
+            }
             "listeners" => config.listeners = decoder.array(&key_name, value),
             "routes" => config.routes = decoder.array(&key_name, value),
             "upstreams" => match value.into_inner() {
@@ -154,7 +159,7 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                     Code::UnknownKey,
                     other,
                     format!(
-                        "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, discovery, listeners, routes, upstreams, fleet, cache"
+                        "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, discovery, listeners, routes, upstreams, fleet, cache, limits"
                     ),
                 );
                 let (line, column) = map.line_column(key.span().start);

@@ -503,12 +503,40 @@ pub struct FileQuota {
     /// Requests a key may send at once after a quiet spell (default `rate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u32>,
-    /// `client_ip` (default), `header:NAME` or `route` (one bucket).
+    /// What a bucket is counted by: `client_ip` (default), `header:NAME`,
+    /// `subject` (the identity `auth` found), `route` (one bucket), or a
+    /// list of them (the values joined, as Envoy's descriptors).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
+    pub key: Option<FileQuotaKey>,
     /// Keys remembered at most; beyond, the longest idle are forgotten.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_keys: Option<u32>,
+    /// `local` (default: this process counts alone) or `fleet` (every
+    /// instance counts in `[limits] store`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// `token_bucket` (default) or `fixed_window` (fleet only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
+    /// What a fleet quota decides while its store fails: `local`
+    /// (default: this instance's share of the limit), `allow`, `deny`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_store_error: Option<String>,
+    /// The longest a request waits on the store (fleet; default 5ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+    /// The share of the limit an instance takes from the store at once
+    /// and spends locally (fleet; default 0.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_allowance: Option<f64>,
+}
+
+/// `routes.quota.key`: one source or several.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FileQuotaKey {
+    One(String),
+    Many(Vec<String>),
 }
 
 /// `routes.hedge`.

@@ -23,7 +23,7 @@ pub use maglev::{hash_key, Maglev};
 pub use members::{Members, MembersRef, Membership};
 pub use quota::QuotaTable;
 pub use route::{
-    matches_request, Action, CacheLookup, CopyKind, ListenerSlot, Refusal, RequestHead, Route,
+    matches_request, Action, CacheLookup, CopyKind, ListenerSlot, Quota, Refusal, RequestHead, Route,
     RouteShared, RouteSlot, Saturated, COPY_OUTCOMES,
 };
 pub use router::{Routed, Router};
@@ -43,6 +43,11 @@ pub struct SharedState {
     listeners: WeakMap<String, route::ListenerShared>,
     /// Quota buckets by route name and quota: kept while both are.
     quotas: WeakMap<(String, crate::plan::QuotaSpec), QuotaTable>,
+    /// Fleet quotas' leases, by route name and quota.
+    fleet_quotas: WeakMap<(String, crate::plan::QuotaSpec), crate::limits::FleetQuota>,
+    /// Rate-limit stores (`[limits] store`), by spec: kept while a
+    /// generation names one.
+    limit_stores: WeakMap<crate::plan::StoreSpec, crate::limits::Store>,
     /// Each HTTP listener's impact sample, kept across generations.
     samples: std::sync::Mutex<HashMap<String, Arc<sample::ListenerSample>>>,
     /// Cache zones, by name: kept while a generation names them.
@@ -76,11 +81,28 @@ impl SharedState {
 
     /// The buckets of route `name`'s quota: the live table if the route
     /// had this same quota before, else a new one.
-    fn quota(&self, name: &str, spec: &crate::plan::QuotaSpec) -> Arc<QuotaTable> {
-        self.quotas
-            .get_or_insert(&(name.to_owned(), spec.clone()), || {
-                QuotaTable::new(spec.clone())
-            })
+    fn quota(&self, name: &str, spec: &crate::plan::QuotaSpec) -> Quota {
+        let key = (name.to_owned(), spec.clone());
+        match &spec.fleet {
+            None => Quota::Local(
+                self.quotas
+                    .get_or_insert(&key, || QuotaTable::new(spec.clone())),
+            ),
+            Some(fleet) => Quota::Fleet(self.fleet_quotas.get_or_insert(&key, || {
+                crate::limits::FleetQuota::new(name, spec.clone(), fleet.clone())
+            })),
+        }
+    }
+
+    /// The store `[limits] store` names: the live one if a generation
+    /// holds it, else a new one (which connects on the runtime building
+    /// the generation).
+    fn limit_store(&self, spec: &crate::plan::StoreSpec) -> Arc<crate::limits::Store> {
+        let store = self
+            .limit_stores
+            .get_or_insert(spec, || crate::limits::Store::new(spec));
+        store.start();
+        store
     }
 
     fn listener(&self, name: &str) -> Arc<route::ListenerShared> {
@@ -124,6 +146,8 @@ pub struct Generation {
     routes: Vec<Arc<Route>>,
     /// The cache zones it names, with the sizes it gives each.
     cache_zones: Vec<(Arc<crate::cache::Zone>, crate::plan::ZoneSpec)>,
+    /// Where its fleet quotas count (`[limits] store`).
+    limit_store: Option<Arc<crate::limits::Store>>,
 }
 
 impl Generation {
@@ -142,6 +166,12 @@ impl Generation {
             .iter()
             .map(|(zone, _)| zone)
             .find(|zone| zone.name == name)
+    }
+
+    /// Where its fleet quotas count.
+    #[inline]
+    pub fn limit_store(&self) -> Option<&Arc<crate::limits::Store>> {
+        self.limit_store.as_ref()
     }
 
     /// The cache zones it names.
@@ -301,6 +331,7 @@ pub fn build_from(
         .iter()
         .filter_map(|(name, spec)| Some((Arc::clone(zones.get(name.as_str())?), spec.clone())))
         .collect();
+    let limit_store = spec.limit_store.as_ref().map(|s| shared.limit_store(s));
     Ok(Generation {
         id,
         ledger: Arc::new(Ledger::new(id)),
@@ -310,6 +341,7 @@ pub fn build_from(
         upstreams,
         routes,
         cache_zones,
+        limit_store,
     })
 }
 

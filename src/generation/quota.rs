@@ -141,8 +141,9 @@ mod tests {
             rate,
             per: Duration::from_secs(1),
             burst,
-            key: QuotaKey::ClientIp,
+            key: vec![QuotaKey::ClientIp],
             max_keys,
+            fleet: None,
         })
     }
 

@@ -11,6 +11,7 @@ use metrics::Counter;
 use super::upstream::Upstream;
 use crate::auth::{Method as AuthMethod, Outcome};
 use crate::cache::Outcome as CacheOutcome;
+use crate::limits::{Outcome as LimitOutcome, Scope as LimitScope};
 use crate::grpc::Code;
 use crate::plan::{DirectResponse, RouteSpec};
 use crate::telemetry::metrics as m;
@@ -74,6 +75,10 @@ pub struct RouteShared {
     /// route's first cached request.
     cache: [Count; CacheOutcome::ALL.len()],
     cache_exported: OnceLock<bool>,
+    /// Its quota's decisions, by scope and outcome; admitted apart, at
+    /// the route's first decision.
+    limits: [[Count; LimitOutcome::ALL.len()]; LimitScope::ALL.len()],
+    limits_exported: OnceLock<bool>,
     /// Copies of its requests in flight to its `mirror` (every
     /// generation's), bounded by the mirror's `max_inflight`.
     pub mirror_inflight: Arc<AtomicU64>,
@@ -141,6 +146,8 @@ const GRPC_SERIES: usize = Code::ALL.len();
 const AUTH_SERIES: usize = Outcome::ALL.len() * AuthMethod::ALL.len() + CacheLookup::ALL.len();
 /// Series of `cutover_cache_requests_total` per route.
 const CACHE_SERIES: usize = CacheOutcome::ALL.len();
+/// Series of `cutover_ratelimit_decisions_total` per route.
+const LIMIT_SERIES: usize = LimitOutcome::ALL.len() * LimitScope::ALL.len();
 
 /// What a forward auth's cache did for one request
 /// (`cutover_auth_cache_total{result}`).
@@ -198,6 +205,8 @@ impl RouteShared {
             auth_exported: OnceLock::new(),
             cache: Default::default(),
             cache_exported: OnceLock::new(),
+            limits: Default::default(),
+            limits_exported: OnceLock::new(),
             mirror_inflight: Arc::default(),
             copies: Default::default(),
             copies_exported: OnceLock::new(),
@@ -282,6 +291,14 @@ impl RouteShared {
         self.cache[outcome as usize].add(1);
     }
 
+    /// Counts one decision of its quota.
+    #[inline]
+    pub fn decided(&self, scope: LimitScope, outcome: LimitOutcome) {
+        self.limits_exported
+            .get_or_init(|| series::admit(LIMIT_SERIES));
+        self.limits[scope as usize][outcome as usize].add(1);
+    }
+
     /// Where gRPC calls no route took are counted (`route="-"`).
     pub fn unrouted() -> &'static RouteShared {
         static UNROUTED: OnceLock<Arc<RouteShared>> = OnceLock::new();
@@ -350,6 +367,22 @@ impl Exported for RouteShared {
                 }
             }
         }
+        if self.limits_exported.get() == Some(&true) {
+            for (counts, scope) in self.limits.iter().zip(LimitScope::ALL) {
+                for (count, outcome) in counts.iter().zip(LimitOutcome::ALL) {
+                    if count.get() > 0 {
+                        let mut labels = labels.clone();
+                        labels.push((m::LABEL_OUTCOME, outcome.name().into()));
+                        labels.push((m::LABEL_SCOPE, scope.name().into()));
+                        out.push(series::sample(
+                            &series::ROUTE_RATELIMIT,
+                            labels,
+                            count.get() as f64,
+                        ));
+                    }
+                }
+            }
+        }
         if self.copies_exported.get() == Some(&true) {
             for (counts, kind) in self.copies.iter().zip([CopyKind::Mirror, CopyKind::Shadow]) {
                 for (count, outcome) in counts.iter().zip(COPY_OUTCOMES) {
@@ -414,8 +447,12 @@ impl Drop for RouteShared {
         let auth = self.auth_exported.get() == Some(&true);
         let copies = self.copies_exported.get() == Some(&true);
         let cache = self.cache_exported.get() == Some(&true);
-        if route || grpc || auth || copies || cache {
+        let limits = self.limits_exported.get() == Some(&true);
+        if route || grpc || auth || copies || cache || limits {
             series::retire(self);
+        }
+        if limits {
+            series::release(LIMIT_SERIES);
         }
         if copies {
             series::release(COPY_SERIES);
@@ -431,6 +468,22 @@ impl Drop for RouteShared {
         }
         if auth {
             series::release(AUTH_SERIES);
+        }
+    }
+}
+
+/// A route's quota: counted here, or in the fleet's store.
+#[derive(Debug, Clone)]
+pub enum Quota {
+    Local(Arc<super::QuotaTable>),
+    Fleet(Arc<crate::limits::FleetQuota>),
+}
+
+impl Quota {
+    pub fn spec(&self) -> &crate::plan::QuotaSpec {
+        match self {
+            Quota::Local(table) => table.spec(),
+            Quota::Fleet(fleet) => fleet.spec(),
         }
     }
 }
@@ -516,7 +569,7 @@ pub struct Route {
     pub spec: Arc<RouteSpec>,
     pub action: Action,
     pub shared: Arc<RouteShared>,
-    pub quota: Option<Arc<super::QuotaTable>>,
+    pub quota: Option<Quota>,
     /// The zone its `cache` keeps answers in (process-shared).
     pub cache: Option<Arc<crate::cache::Zone>>,
 }

@@ -23,9 +23,13 @@ pub enum ProxyError {
     /// The route's `max_inflight` is reached.
     #[error("route is at its max_inflight limit")]
     Saturated,
-    /// The route's quota is spent for this key: the time until a token.
+    /// The route's quota is spent for this key (boxed: the error stays
+    /// small on every other path).
     #[error("quota exceeded")]
-    RateLimited(std::time::Duration),
+    RateLimited(Box<Limited>),
+    /// A fleet quota's store failed and its `on_store_error` is `deny`.
+    #[error("quota store unavailable")]
+    QuotaUnavailable,
     /// `allow_from` / `deny_from` refused the client.
     #[error("client address refused")]
     Forbidden,
@@ -78,7 +82,9 @@ impl ProxyError {
             ProxyError::Unauthenticated(denial) => denial.status(),
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            ProxyError::Saturated | ProxyError::NoBackend => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Saturated | ProxyError::NoBackend | ProxyError::QuotaUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProxyError::UpstreamConnect(_)
             | ProxyError::UpstreamRefused(_)
             | ProxyError::Upstream(_)
@@ -136,7 +142,7 @@ impl ProxyError {
             ProxyError::Unauthenticated(_) => Flags::NONE,
             ProxyError::PayloadTooLarge => Flags::BODY_TOO_LARGE,
             ProxyError::Saturated => Flags::ADMISSION_REJECTED,
-            ProxyError::RateLimited(_) => Flags::RATE_LIMITED,
+            ProxyError::RateLimited(_) | ProxyError::QuotaUnavailable => Flags::RATE_LIMITED,
             ProxyError::NoBackend => Flags::NO_HEALTHY_BACKEND,
             ProxyError::UpstreamConnect(_) | ProxyError::UpstreamRefused(_) => {
                 Flags::CONNECT_FAILURE
@@ -190,12 +196,50 @@ pub fn error_response(error: &ProxyError) -> Response<ResponseBody> {
     } {
         headers.insert(header::WWW_AUTHENTICATE, challenge.clone());
     }
-    if let ProxyError::RateLimited(wait) = error {
-        // Whole seconds (RFC 9110 §10.2.3), rounded up: never too early.
-        let seconds = (wait.as_secs_f64().ceil() as u64).max(1);
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    if let ProxyError::RateLimited(limited) = error {
+        limited.headers(headers);
     }
     response
+}
+
+/// A refusal by a route's quota, and what its answer tells the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limited {
+    /// Until a token is free.
+    pub wait: std::time::Duration,
+    /// The policy's name: the route's.
+    pub policy: std::sync::Arc<str>,
+    /// Requests per window, and the window.
+    pub quota: u32,
+    pub window: std::time::Duration,
+    /// What refused (the access log's `limited`): `local`, `fleet`, or
+    /// `fallback` (this instance's share while the fleet's store fails).
+    pub by: &'static str,
+}
+
+impl Limited {
+    /// Whole seconds until a token (RFC 9110 §10.2.3), rounded up: never
+    /// too early.
+    pub fn seconds(&self) -> u64 {
+        (self.wait.as_secs_f64().ceil() as u64).max(1)
+    }
+
+    /// `Retry-After`, and the IETF draft's `RateLimit-Policy` and
+    /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-09: a policy
+    /// named by the route, `q` requests per `w` seconds; none remaining,
+    /// `t` seconds until there is).
+    pub fn headers(&self, headers: &mut http::HeaderMap) {
+        let seconds = self.seconds();
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        let window = self.window.as_secs().max(1);
+        let policy = format!("\"{}\";q={};w={window}", self.policy, self.quota);
+        let state = format!("\"{}\";r=0;t={seconds}", self.policy);
+        for (name, value) in [("ratelimit-policy", policy), ("ratelimit", state)] {
+            if let Ok(value) = HeaderValue::try_from(value) {
+                headers.insert(http::HeaderName::from_static(name), value);
+            }
+        }
+    }
 }
 
 /// A request body past `max_request_body`.

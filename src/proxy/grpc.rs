@@ -84,6 +84,10 @@ impl Call {
         headers.insert(header::CONTENT_TYPE, self.content_type.clone());
         headers.insert(GRPC_STATUS.clone(), code.value());
         headers.insert(GRPC_MESSAGE.clone(), HeaderValue::from_static(message));
+        // A quota's refusal keeps its limits in the metadata.
+        if let ProxyError::RateLimited(limited) = error {
+            limited.headers(headers);
+        }
         (response, code)
     }
 
@@ -145,6 +149,7 @@ fn status_of(error: &ProxyError) -> (Code, &'static str) {
         ProxyError::UpstreamTimeout(_) => (Code::DeadlineExceeded, "deadline exceeded"),
         ProxyError::Saturated => (Code::Unavailable, "the route is at its max_inflight limit"),
         ProxyError::RateLimited(_) => (Code::ResourceExhausted, "quota exceeded"),
+        ProxyError::QuotaUnavailable => (Code::Unavailable, "the quota's store is unavailable"),
         ProxyError::PayloadTooLarge => (
             Code::ResourceExhausted,
             "request body exceeds max_request_body",
@@ -195,7 +200,13 @@ mod tests {
                 Code::DeadlineExceeded,
             ),
             (
-                ProxyError::RateLimited(Duration::from_secs(1)),
+                ProxyError::RateLimited(Box::new(crate::proxy::error::Limited {
+                    wait: Duration::from_secs(1),
+                    policy: "r".into(),
+                    quota: 10,
+                    window: Duration::from_secs(1),
+                    by: "local",
+                })),
                 Code::ResourceExhausted,
             ),
             (ProxyError::PayloadTooLarge, Code::ResourceExhausted),

@@ -26,6 +26,7 @@ mod interim;
 mod listener;
 mod mirror;
 mod observed;
+mod quota;
 mod relay;
 mod request;
 mod retry;

@@ -31,7 +31,7 @@ use super::filters;
 use crate::admission::Pinned;
 use crate::auth::Verdict;
 use crate::generation::{Action, Generation, Route, Upstream};
-use crate::plan::{DirectResponse, HashKey, QuotaKey};
+use crate::plan::{DirectResponse, HashKey};
 use crate::telemetry::access::{self, Flags, Trail};
 use crate::telemetry::trace::TraceContext;
 
@@ -50,6 +50,8 @@ struct Noted {
     subject: Option<String>,
     /// What the route's cache did.
     cache: Option<crate::cache::Outcome>,
+    /// What refused it, when a quota did.
+    limited: Option<&'static str>,
 }
 
 /// Serves one request. Never fails: errors become responses here.
@@ -95,6 +97,7 @@ pub fn handle(
             auth: None,
             subject: None,
             cache: None,
+            limited: None,
         });
         let trail = noted.as_ref().map(|_| Trail::new());
         let mut call = super::grpc::Call::of(&req);
@@ -230,6 +233,7 @@ pub fn handle(
                 auth: noted.auth.map(crate::auth::Outcome::name),
                 subject: noted.subject,
                 cache: noted.cache.map(crate::cache::Outcome::name),
+                limited: noted.limited,
                 encoding: encoding.map(crate::plan::Encoding::token),
                 route: route.map(|r| Arc::clone(r.shared.name())),
                 status: status.as_u16(),
@@ -439,8 +443,22 @@ fn route_and_answer<'g, 'a>(
                 shaped,
             };
         }
-        // The route's own admission (quota, `max_inflight`).
-        let step = match admit_route(&req, conn, route) {
+        // The route's own admission: its quota (after authentication when
+        // it is keyed by the subject), then its `max_inflight`.
+        let quota = route.quota.as_ref();
+        if let Some(quota) = quota.filter(|q| !q.spec().keyed_by_subject()) {
+            if let Err(refused) = take_quota(route, quota, &req, conn, generation, None).await {
+                if let Some(noted) = noted.as_deref_mut() {
+                    noted.limited = super::quota::limited_by(&refused);
+                }
+                return Served {
+                    route: Some(route),
+                    result: Err(refused),
+                    shaped,
+                };
+            }
+        }
+        let step = match admit_route(route) {
             Ok(step) => step,
             Err(refused) => {
                 return Served {
@@ -483,12 +501,11 @@ fn route_and_answer<'g, 'a>(
             if let Some(noted) = noted.as_deref_mut() {
                 noted.auth = Some(outcome);
             }
+            let mut subject = None;
             match verdict {
                 Verdict::Allowed(identity) => {
                     auth.apply(&identity, req.headers_mut());
-                    if let Some(noted) = noted.as_deref_mut() {
-                        noted.subject = identity.subject;
-                    }
+                    subject = identity.subject;
                 }
                 Verdict::FailedOpen => {}
                 Verdict::Denied(denial) => {
@@ -498,6 +515,24 @@ fn route_and_answer<'g, 'a>(
                         shaped,
                     };
                 }
+            }
+            if let Some(quota) = quota.filter(|q| q.spec().keyed_by_subject()) {
+                let taken =
+                    take_quota(route, quota, &req, conn, generation, subject.as_deref()).await;
+                if let Err(refused) = taken {
+                    if let Some(noted) = noted.as_deref_mut() {
+                        noted.limited = super::quota::limited_by(&refused);
+                        noted.subject = subject;
+                    }
+                    return Served {
+                        route: Some(route),
+                        result: Err(refused),
+                        shaped,
+                    };
+                }
+            }
+            if let Some(noted) = noted.as_deref_mut() {
+                noted.subject = subject;
             }
         }
         let mut request_id = None;
@@ -638,26 +673,30 @@ enum Step<'r> {
     Proxy(&'r Arc<Upstream>, Option<crate::generation::RouteSlot>),
 }
 
-/// The route's own admission: its quota, then its `max_inflight`.
-fn admit_route<'r>(
+/// A token of the route's quota for this request (see `quota.rs`): the
+/// wait for a fleet's store, when there is one, is boxed so that every
+/// other request's future stays as small as it was.
+/// The future holds neither the request nor the connection: the key is
+/// made, and the token taken if one is leased, before it is polled.
+fn take_quota<'r>(
+    route: &'r Route,
+    quota: &crate::generation::Quota,
     req: &Request<ClientBody>,
     conn: &ConnContext,
-    route: &'r Route,
-) -> Result<Step<'r>, ProxyError> {
-    if let Some(quota) = &route.quota {
-        let key: Cow<'_, [u8]> = match &quota.spec().key {
-            QuotaKey::ClientIp => Cow::Owned(edge::client_key(conn.remote.ip()).to_vec()),
-            // Requests without the header share one bucket.
-            QuotaKey::Header(name) => {
-                Cow::Borrowed(req.headers().get(name).map_or(&b""[..], |v| v.as_bytes()))
-            }
-            QuotaKey::Route => Cow::Borrowed(&b""[..]),
-        };
-        if let Err(wait) = quota.take(&key) {
-            route.shared.rate_limited();
-            return Err(ProxyError::RateLimited(wait));
+    generation: &Generation,
+    subject: Option<&str>,
+) -> impl std::future::Future<Output = Result<(), ProxyError>> + use<'r> {
+    let taken = super::quota::take(route, quota, req, conn, generation, subject);
+    async move {
+        match taken {
+            super::quota::Taken::Now(decided) => decided,
+            super::quota::Taken::Wait(waiting) => Box::pin(waiting.decided()).await,
         }
     }
+}
+
+/// The route's `max_inflight`, and where it sends an admitted request.
+fn admit_route(route: &Route) -> Result<Step<'_>, ProxyError> {
     let slot = route.admit().map_err(|_| ProxyError::Saturated)?;
     Ok(match &route.action {
         // A direct answer is made at once: it holds no slot.

@@ -205,6 +205,9 @@ pub struct Line {
     /// What the route's cache did (`cutover_cache_requests_total`'s
     /// status), when it has one.
     pub cache: Option<&'static str>,
+    /// What refused the request, when a quota did (`local`, `fleet`,
+    /// `fallback`, `store_error`).
+    pub limited: Option<&'static str>,
     pub route: Option<Arc<str>>,
     /// 0 for a TCP connection.
     pub status: u16,
@@ -254,6 +257,7 @@ impl Line {
             auth: None,
             subject: None,
             cache: None,
+            limited: None,
             route: None,
             status: 0,
             grpc_status: None,
@@ -612,6 +616,8 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
             push_json_opt(out, line.subject.as_deref());
             out.extend_from_slice(b",\"cache\":");
             push_json_opt(out, line.cache);
+            out.extend_from_slice(b",\"limited\":");
+            push_json_opt(out, line.limited);
             out.extend_from_slice(b",\"status\":");
             push_u64(out, u64::from(line.status));
             out.extend_from_slice(b",\"grpc_status\":");
@@ -677,6 +683,7 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
                 ("auth", line.auth.unwrap_or(dash)),
                 ("subject", line.subject.as_deref().unwrap_or(dash)),
                 ("cache", line.cache.unwrap_or(dash)),
+                ("limited", line.limited.unwrap_or(dash)),
             ] {
                 out.push(b' ');
                 push_field(out, key, value);
@@ -901,6 +908,7 @@ mod tests {
             auth: None,
             subject: None,
             cache: None,
+            limited: None,
             route: Some("api".into()),
             status: 502,
             grpc_status: None,
@@ -929,7 +937,7 @@ mod tests {
             text,
             "time=2025-11-30T14:31:24.121Z listener=web protocol=HTTP/1.1 client=127.0.0.1:5555 \
              method=GET authority=api.example.com path=\"/v1/a b\" upstream_path=- route=api \
-             request_id=- auth=- subject=- cache=- generation=7 \
+             request_id=- auth=- subject=- cache=- limited=- generation=7 \
              status=502 grpc_status=- bytes_in=3 bytes_out=12 encoding=- bytes_uncompressed=- duration_ms=1.500 upstream_ms=- \
              backend=127.0.0.1:9001 attempts=2 trace_id=abababababababababababababababab \
              flags=connect_failure,retried\n"

@@ -184,6 +184,20 @@ pub const CACHE_PURGED: &str = "cutover_cache_purged_total";
 /// A zone's files: bytes they take, and writes that failed.
 pub const CACHE_DISK_BYTES: &str = "cutover_cache_disk_bytes";
 pub const CACHE_DISK_ERRORS: &str = "cutover_cache_disk_errors_total";
+/// Quota decisions, by route, `outcome` (`allowed`, `limited`,
+/// `fallback_allowed`, `fallback_limited`, `failed_open`,
+/// `failed_closed`) and `scope` (`local`, `fleet`).
+pub const RATELIMIT_DECISIONS: &str = "cutover_ratelimit_decisions_total";
+/// 1 while the rate-limit store answers, by `store` (its URL).
+pub const RATELIMIT_STORE_UP: &str = "cutover_ratelimit_store_up";
+/// Instances the rate-limit store counts (this one included).
+pub const RATELIMIT_STORE_INSTANCES: &str = "cutover_ratelimit_store_instances";
+/// Calls to the rate-limit store that failed or timed out.
+pub const RATELIMIT_STORE_ERRORS: &str = "cutover_ratelimit_store_errors_total";
+/// Changes between up and down of the rate-limit store.
+pub const RATELIMIT_STORE_TRANSITIONS: &str = "cutover_ratelimit_store_transitions_total";
+/// Time requests waited for a decision from the rate-limit store.
+pub const RATELIMIT_STORE_WAIT: &str = "cutover_ratelimit_store_wait_seconds";
 pub const GRPC_TIMEOUT_INVALID: &str = "cutover_grpc_timeout_invalid_total";
 
 /// Bucket bounds (seconds) of `REQUEST_DURATION`: sub-millisecond answers
@@ -218,6 +232,8 @@ pub const LABEL_METHOD: &str = "method";
 pub const LABEL_RESULT: &str = "result";
 pub const LABEL_STATUS: &str = "status";
 pub const LABEL_ZONE: &str = "zone";
+pub const LABEL_STORE: &str = "store";
+pub const LABEL_SCOPE: &str = "scope";
 
 /// Status classes in label order; index with `status / 100 - 1`.
 pub const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];

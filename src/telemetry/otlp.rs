@@ -278,6 +278,7 @@ mod tests {
             auth: None,
             subject: None,
             cache: None,
+            limited: None,
             route: Some("api".into()),
             status: 503,
             grpc_status: None,

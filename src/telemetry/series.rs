@@ -149,6 +149,36 @@ pub static CACHE_DISK_ERRORS: Family = family(
     Kind::Counter,
     "Writes of a cache zone's files that failed (a full disk, an unwritable folder)",
 );
+pub static ROUTE_RATELIMIT: Family = family(
+    m::RATELIMIT_DECISIONS,
+    Kind::Counter,
+    "Quota decisions, by route, outcome and scope",
+);
+pub static RATELIMIT_STORE_UP: Family = family(
+    m::RATELIMIT_STORE_UP,
+    Kind::Gauge,
+    "1 while the rate-limit store answers",
+);
+pub static RATELIMIT_STORE_INSTANCES: Family = family(
+    m::RATELIMIT_STORE_INSTANCES,
+    Kind::Gauge,
+    "Gateway instances the rate-limit store counts (this one included)",
+);
+pub static RATELIMIT_STORE_ERRORS: Family = family(
+    m::RATELIMIT_STORE_ERRORS,
+    Kind::Counter,
+    "Calls to the rate-limit store that failed or timed out",
+);
+pub static RATELIMIT_STORE_TRANSITIONS: Family = family(
+    m::RATELIMIT_STORE_TRANSITIONS,
+    Kind::Counter,
+    "Changes of the rate-limit store between answering and failing",
+);
+pub static RATELIMIT_STORE_WAIT: Family = family(
+    m::RATELIMIT_STORE_WAIT,
+    Kind::Histogram,
+    "Time requests waited for a decision from the rate-limit store",
+);
 pub static BACKEND_ATTEMPTS: Family = family(
     m::UPSTREAM_ATTEMPTS,
     Kind::Counter,
@@ -224,7 +254,7 @@ pub static GENERATION_DURATION: Family = family(
 );
 
 /// Families in output order.
-static FAMILIES: [&Family; 34] = [
+static FAMILIES: [&Family; 40] = [
     &ROUTE_REQUESTS,
     &ROUTE_DURATION,
     &ROUTE_QUOTA,
@@ -244,6 +274,12 @@ static FAMILIES: [&Family; 34] = [
     &CACHE_PURGED,
     &CACHE_DISK_BYTES,
     &CACHE_DISK_ERRORS,
+    &ROUTE_RATELIMIT,
+    &RATELIMIT_STORE_UP,
+    &RATELIMIT_STORE_INSTANCES,
+    &RATELIMIT_STORE_ERRORS,
+    &RATELIMIT_STORE_TRANSITIONS,
+    &RATELIMIT_STORE_WAIT,
     &BACKEND_ATTEMPTS,
     &BACKEND_EJECTIONS,
     &BACKEND_HEALTHY,

@@ -36,6 +36,7 @@ mod files;
 mod filters;
 mod fleet;
 mod l4;
+mod limits;
 mod listeners;
 mod mirror;
 mod process;
@@ -100,6 +101,7 @@ pub fn validate_against(
         upstream_files: Vec::new(),
         secrets: HashMap::new(),
         cache_zones: BTreeMap::new(),
+        limit_store: false,
     };
     let context = reuse::route_context(&file, &v.roots);
     if let Some(active) = active.filter(|a| a.pieces.route_context == context) {
@@ -216,6 +218,8 @@ struct Validator<'a> {
     secrets: HashMap<(PathBuf, usize), Box<dyn std::any::Any + Send + Sync>>,
     /// `[cache.zones]`, read before the routes that name them.
     cache_zones: BTreeMap<String, ZoneSpec>,
+    /// Whether `[limits] store` is given (fleet quotas need it).
+    limit_store: bool,
 }
 
 fn is_valid_name(name: &str) -> bool {
@@ -365,6 +369,8 @@ impl Validator<'_> {
         let runtime = self.runtime(file);
         let upstreams = self.upstreams(&file.upstreams);
         self.cache_zones = self.cache_zones(file);
+        let limit_store = self.limit_store(file);
+        self.limit_store = file.limits.as_ref().is_some_and(|l| l.store.is_some());
         let listeners = self.listeners(file);
         self.l4_upstreams(file);
         let routes = self.routes(file);
@@ -397,6 +403,7 @@ impl Validator<'_> {
             fleet,
             discovery,
             cache_zones: std::mem::take(&mut self.cache_zones),
+            limit_store,
         })
     }
 }

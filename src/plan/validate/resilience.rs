@@ -235,24 +235,7 @@ impl Validator<'_> {
                 format!("burst = {burst} must be between 1 and 10000000"),
             );
         }
-        let key = match q.key.as_deref().unwrap_or("client_ip") {
-            "client_ip" => Some(QuotaKey::ClientIp),
-            "route" => Some(QuotaKey::Route),
-            other => match other
-                .strip_prefix("header:")
-                .map(|n| HeaderName::from_bytes(n.as_bytes()))
-            {
-                Some(Ok(name)) => Some(QuotaKey::Header(name)),
-                _ => {
-                    self.error(
-                        Code::InvalidValue,
-                        at("key"),
-                        format!("quota key '{other}' is not client_ip, header:NAME or route"),
-                    );
-                    None
-                }
-            },
-        };
+        let key = self.quota_key(&at("key"), q.key.as_ref());
         let max_keys = q.max_keys.unwrap_or(DEFAULT_QUOTA_MAX_KEYS);
         if !(16..=10_000_000).contains(&max_keys) {
             self.error(
@@ -261,6 +244,34 @@ impl Validator<'_> {
                 format!("max_keys = {max_keys} must be between 16 and 10000000"),
             );
         }
+        let fleet = match q.scope.as_deref().unwrap_or("local") {
+            "local" => {
+                for (field, given) in [
+                    ("algorithm", q.algorithm.as_ref().map(|a| a != "token_bucket")),
+                    ("on_store_error", q.on_store_error.as_ref().map(|_| true)),
+                    ("deadline", q.deadline.as_ref().map(|_| true)),
+                    ("pre_allowance", q.pre_allowance.map(|_| true)),
+                ] {
+                    if given == Some(true) {
+                        self.error(
+                            Code::UnexpectedOption,
+                            at(field),
+                            format!("{field} applies to scope = \"fleet\"; a local quota is a token bucket this process keeps"),
+                        );
+                    }
+                }
+                None
+            }
+            "fleet" => self.fleet_quota(base, q),
+            other => {
+                self.error(
+                    Code::InvalidValue,
+                    at("scope"),
+                    format!("scope '{other}' is not local or fleet"),
+                );
+                None
+            }
+        };
         if self.diagnostics.len() != before {
             return None;
         }
@@ -270,6 +281,155 @@ impl Validator<'_> {
             burst,
             key: key?,
             max_keys,
+            fleet,
+        })
+    }
+
+    /// `quota.key`: a source or a list of them.
+    fn quota_key(
+        &mut self,
+        path: &str,
+        key: Option<&crate::config::FileQuotaKey>,
+    ) -> Option<Vec<QuotaKey>> {
+        use crate::config::FileQuotaKey;
+        let (sources, listed): (Vec<&str>, bool) = match key {
+            None => (vec!["client_ip"], false),
+            Some(FileQuotaKey::One(one)) => (vec![one.as_str()], false),
+            Some(FileQuotaKey::Many(many)) => (many.iter().map(String::as_str).collect(), true),
+        };
+        if sources.is_empty() {
+            self.error(
+                Code::InvalidValue,
+                path,
+                "an empty key: write key = \"route\" for one bucket for the route",
+            );
+            return None;
+        }
+        let mut keys = Vec::new();
+        let mut ok = true;
+        for (n, source) in sources.iter().enumerate() {
+            let at = if listed {
+                format!("{path}[{n}]")
+            } else {
+                path.to_owned()
+            };
+            let parsed = match *source {
+                "client_ip" => Some(QuotaKey::ClientIp),
+                "subject" => Some(QuotaKey::Subject),
+                "route" => None,
+                other => match other
+                    .strip_prefix("header:")
+                    .map(|n| HeaderName::from_bytes(n.as_bytes()))
+                {
+                    Some(Ok(name)) => Some(QuotaKey::Header(name)),
+                    _ => {
+                        self.error(
+                            Code::InvalidValue,
+                            at,
+                            format!("quota key '{other}' is not client_ip, header:NAME, subject or route"),
+                        );
+                        ok = false;
+                        continue;
+                    }
+                },
+            };
+            match parsed {
+                Some(k) if keys.contains(&k) => {
+                    self.error(Code::InvalidValue, at, format!("quota key '{source}' is named twice"));
+                    ok = false;
+                }
+                Some(k) => keys.push(k),
+                None if sources.len() > 1 => {
+                    self.error(
+                        Code::InvalidValue,
+                        at,
+                        "'route' is the whole route's one bucket: it joins no other source (every key is within its route)",
+                    );
+                    ok = false;
+                }
+                None => {}
+            }
+        }
+        ok.then_some(keys)
+    }
+
+    /// `scope = "fleet"`: the store, the algorithm, what a store error
+    /// decides, the deadline and the pre-allowance.
+    fn fleet_quota(&mut self, base: &str, q: &crate::config::FileQuota) -> Option<FleetQuotaSpec> {
+        let at = |field: &str| format!("{base}.{field}");
+        if !self.limit_store {
+            self.error(
+                Code::MissingLimitStore,
+                at("scope"),
+                "scope = \"fleet\" counts in a shared store: add [limits] store = { redis = { url = \"redis://…\" } }",
+            );
+        }
+        let algorithm = match q.algorithm.as_deref().unwrap_or("token_bucket") {
+            "token_bucket" => Some(QuotaAlgorithm::TokenBucket),
+            "fixed_window" => {
+                if q.burst.is_some() {
+                    self.error(
+                        Code::UnexpectedOption,
+                        at("burst"),
+                        "a fixed window admits rate per per: burst applies to token_bucket",
+                    );
+                }
+                Some(QuotaAlgorithm::FixedWindow)
+            }
+            other => {
+                self.error(
+                    Code::InvalidValue,
+                    at("algorithm"),
+                    format!("algorithm '{other}' is not token_bucket or fixed_window"),
+                );
+                None
+            }
+        };
+        let on_store_error = match q.on_store_error.as_deref().unwrap_or("local") {
+            "local" => Some(OnStoreError::Local),
+            "allow" => Some(OnStoreError::Allow),
+            "deny" => Some(OnStoreError::Deny),
+            other => {
+                self.error(
+                    Code::InvalidValue,
+                    at("on_store_error"),
+                    format!("on_store_error '{other}' is not local, allow or deny"),
+                );
+                None
+            }
+        };
+        let deadline = match &q.deadline {
+            Some(text) => self.duration(at("deadline"), text),
+            None => Some(DEFAULT_FLEET_DEADLINE),
+        };
+        if let Some(d) = deadline {
+            if d < Duration::from_millis(1) || d > Duration::from_secs(1) {
+                self.error(
+                    Code::InvalidDuration,
+                    at("deadline"),
+                    "deadline must be between 1ms and 1s: a request never waits longer on the store",
+                );
+            }
+        }
+        let share = q.pre_allowance.unwrap_or(DEFAULT_PRE_ALLOWANCE);
+        if !(0.0..=0.5).contains(&share) || share.is_nan() {
+            self.error(
+                Code::InvalidValue,
+                at("pre_allowance"),
+                format!("pre_allowance = {share} must be between 0 (every request asks the store) and 0.5"),
+            );
+        }
+        let limit = match algorithm {
+            Some(QuotaAlgorithm::FixedWindow) => q.rate,
+            _ => q.burst.unwrap_or(q.rate),
+        };
+        // At least one token per round trip; never more than the bucket.
+        let batch = ((f64::from(limit) * share).floor() as u32).clamp(1, limit.max(1));
+        Some(FleetQuotaSpec {
+            algorithm: algorithm?,
+            on_store_error: on_store_error?,
+            deadline: deadline?,
+            batch,
         })
     }
 

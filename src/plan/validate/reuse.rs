@@ -292,6 +292,9 @@ pub(super) fn route_context(file: &FileConfig, roots: &[PathBuf]) -> Digest {
         h.update(l.name.as_bytes());
         h.update(b"\0");
         h.update(l.protocol.as_bytes());
+        // A quota keyed by subject is checked against a default `auth`.
+        let default_auth = l.defaults.as_ref().is_some_and(|d| d.auth.is_some());
+        h.update(if default_auth { b"\0auth" } else { b"\0----" });
     }
     for (name, u) in &file.upstreams {
         h.update(b"\0upstream\0");
@@ -305,6 +308,10 @@ pub(super) fn route_context(file: &FileConfig, roots: &[PathBuf]) -> Digest {
         h.update(b"\0zone\0");
         h.update(name.as_bytes());
         h.update(format!("\0{:?}", zone.memory).as_bytes());
+    }
+    // A fleet quota is checked against the store's presence.
+    if file.limits.as_ref().is_some_and(|l| l.store.is_some()) {
+        h.update(b"\0limit-store");
     }
     h.finalize().into()
 }

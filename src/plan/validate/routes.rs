@@ -269,6 +269,14 @@ impl Validator<'_> {
         if r.quota.is_some() && quota.is_none() {
             ok = false;
         }
+        if quota.as_ref().is_some_and(QuotaSpec::keyed_by_subject) && !authenticates(file, r) {
+            self.error(
+                Code::ConflictingOptions,
+                at("quota.key"),
+                "a quota keyed by subject needs the route's auth (its own or its listeners' default): without it every request would share one bucket",
+            );
+            ok = false;
+        }
         let retry = r
             .retry
             .as_ref()
@@ -596,5 +604,22 @@ pub(super) fn is_host_port(addr: &str) -> bool {
             port.parse::<u16>().is_ok_and(|p| p != 0) && parse_host(host).is_some()
         }
         None => false,
+    }
+}
+
+/// Whether requests of route `r` are authenticated: its own `auth`, or
+/// one of its listeners' default (unless it opts out).
+fn authenticates(file: &FileConfig, r: &crate::config::FileRoute) -> bool {
+    use crate::config::FileAuth;
+    match &r.auth {
+        Some(FileAuth::Method(_)) => true,
+        Some(FileAuth::Keyword(_)) => false,
+        None => file.listeners.iter().any(|l| {
+            r.listeners.contains(&l.name)
+                && l
+                    .defaults
+                    .as_ref()
+                    .is_some_and(|d| matches!(d.auth, Some(FileAuth::Method(_))))
+        }),
     }
 }

@@ -1,0 +1,465 @@
+//! A fleet quota's leases: per key, the tokens this instance took from
+//! the store and has not spent yet.
+//!
+//! A request spends a leased token without a round trip. When none is
+//! left it waits, at most the quota's `deadline`, for one refill of the
+//! key (one store call per key at a time, however many requests wait for
+//! it: the refill runs on a task of its own, so a request that goes away
+//! does not cancel it). A refill asks for `batch` tokens (the
+//! pre-allowance, `pre_allowance` of the limit) and the store grants
+//! what the limit allows; when the lease falls to half its batch, the
+//! next refill starts in the background, so a steady key never waits.
+//!
+//! What this trades (`docs/rate-limits.md`): tokens leased and not spent
+//! before the lease ends are lost, so the fleet admits at most the
+//! limit and at least the limit less one batch per instance and lease
+//! (a fixed window's lease ends with the window; a token bucket's after
+//! the time the bucket takes to make that many tokens).
+//!
+//! While the store is down, or a request's deadline passes, the quota
+//! decides by `on_store_error`: `local` takes a token from a local
+//! bucket of this instance's share of the limit (the limit over the
+//! instances the store last counted).
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::store::{Ask, Grant, Store};
+use super::{Decision, Outcome};
+use crate::backends::now_ms;
+use crate::generation::QuotaTable;
+use crate::plan::{FleetQuotaSpec, OnStoreError, QuotaAlgorithm, QuotaSpec};
+
+const SHARDS: usize = 16;
+/// The shortest a token bucket's lease lasts.
+const MIN_LEASE_MS: u64 = 10;
+/// Refills a request waits through at most (each within its deadline).
+const MAX_ROUNDS: usize = 4;
+
+#[derive(Debug)]
+pub struct FleetQuota {
+    route: Arc<str>,
+    spec: QuotaSpec,
+    fleet: FleetQuotaSpec,
+    shards: [Mutex<Shard>; SHARDS],
+    hasher: std::hash::RandomState,
+    /// The local bucket `on_store_error = "local"` takes from, with the
+    /// number of instances its share was cut for.
+    fallback: Mutex<Option<(u32, Arc<QuotaTable>)>>,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    leases: HashMap<Box<[u8]>, Lease>,
+    /// Counts every use, for recency.
+    uses: u64,
+}
+
+#[derive(Debug, Default)]
+struct Lease {
+    tokens: u32,
+    /// Until when the tokens may be spent (`now_ms`).
+    expires_ms: u64,
+    /// The store said no until then: refused here without asking.
+    denied_until_ms: u64,
+    /// The refill in flight: told when it lands.
+    refill: Option<watch::Receiver<()>>,
+    seen: u64,
+}
+
+/// A decision made at once, or one that waits for the store.
+pub enum Take {
+    Now(Decision),
+    Wait(Pending),
+}
+
+/// A request waiting for its key's refill (see [`Pending::decide`]).
+pub struct Pending {
+    quota: Arc<FleetQuota>,
+    store: Arc<Store>,
+    key: Box<[u8]>,
+    started: Instant,
+}
+
+/// What one look at a lease found.
+enum Look {
+    Decided(Decision),
+    /// No token (and no refill joined).
+    Empty,
+    /// No token: wait for this refill.
+    Wait(watch::Receiver<()>),
+}
+
+impl FleetQuota {
+    /// `spec.fleet` must be `Some` (the caller only builds fleet quotas).
+    pub fn new(route: &str, spec: QuotaSpec, fleet: FleetQuotaSpec) -> Self {
+        FleetQuota {
+            route: Arc::from(route),
+            spec,
+            fleet,
+            shards: Default::default(),
+            hasher: std::hash::RandomState::new(),
+            fallback: Mutex::new(None),
+        }
+    }
+
+    pub fn spec(&self) -> &QuotaSpec {
+        &self.spec
+    }
+
+    /// Decides for `key` at once when this instance holds a token (or
+    /// the store said no, or is down); otherwise the request waits.
+    pub fn take(self: &Arc<Self>, key: &[u8], store: &Arc<Store>) -> Take {
+        if !store.is_up() {
+            return Take::Now(self.on_store_error(key, store));
+        }
+        match self.look(key, store, false) {
+            Some(decision) => Take::Now(decision),
+            None => Take::Wait(Pending {
+                quota: Arc::clone(self),
+                store: Arc::clone(store),
+                key: key.into(),
+                started: Instant::now(),
+            }),
+        }
+    }
+
+    /// Spends a token if one is leased; `None` when the lease is empty.
+    fn look(self: &Arc<Self>, key: &[u8], store: &Arc<Store>, join: bool) -> Option<Decision> {
+        match self.look_or_join(key, store, join) {
+            Look::Decided(decision) => Some(decision),
+            Look::Empty | Look::Wait(_) => None,
+        }
+    }
+
+    fn look_or_join(self: &Arc<Self>, key: &[u8], store: &Arc<Store>, join: bool) -> Look {
+        let now = now_ms();
+        let shard = self.shard(key);
+        let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        shard.uses += 1;
+        let seen = shard.uses;
+        let cap = (self.spec.max_keys as usize / SHARDS).max(1);
+        if !shard.leases.contains_key(key) && shard.leases.len() >= cap {
+            evict(&mut shard.leases, now, cap);
+        }
+        let lease = shard.leases.entry(key.into()).or_default();
+        lease.seen = seen;
+        if lease.denied_until_ms > now {
+            return Look::Decided(Decision {
+                outcome: Outcome::Limited,
+                wait: Duration::from_millis(lease.denied_until_ms - now),
+            });
+        }
+        if lease.expires_ms <= now {
+            lease.tokens = 0;
+        }
+        // A refill whose task is gone (never: it always sends) is not
+        // waited for again.
+        if lease.refill.as_ref().is_some_and(|r| r.has_changed().is_err()) {
+            lease.refill = None;
+        }
+        if lease.tokens > 0 {
+            lease.tokens -= 1;
+            let batch = self.fleet.batch;
+            if batch >= 4 && lease.tokens <= batch / 2 && lease.refill.is_none() {
+                lease.refill = Some(self.refill(key, store));
+            }
+            return Look::Decided(Decision::allowed(Outcome::Allowed));
+        }
+        if !join {
+            return Look::Empty;
+        }
+        let refill = match &lease.refill {
+            Some(refill) => refill.clone(),
+            None => {
+                let refill = self.refill(key, store);
+                lease.refill = Some(refill.clone());
+                refill
+            }
+        };
+        Look::Wait(refill)
+    }
+
+    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
+        let i = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
+        &self.shards[i % SHARDS]
+    }
+
+    /// Starts a refill of `key` on the store's runtime.
+    fn refill(self: &Arc<Self>, key: &[u8], store: &Arc<Store>) -> watch::Receiver<()> {
+        let (tx, rx) = watch::channel(());
+        if let Some(runtime) = store.runtime() {
+            runtime.spawn(refill(
+                Arc::clone(self),
+                key.into(),
+                Arc::clone(store),
+                tx,
+            ));
+        }
+        rx
+    }
+
+    /// What the store is asked for.
+    fn ask(&self) -> Ask {
+        let per_us = u64::try_from(self.spec.per.as_micros()).unwrap_or(u64::MAX);
+        match self.fleet.algorithm {
+            QuotaAlgorithm::TokenBucket => Ask::TokenBucket {
+                interval_us: per_us / u64::from(self.spec.rate.max(1)),
+                capacity: self.spec.burst,
+            },
+            QuotaAlgorithm::FixedWindow => Ask::FixedWindow {
+                window_ms: per_us / 1000,
+                limit: self.spec.rate,
+            },
+        }
+    }
+
+    fn algorithm_name(&self) -> &'static str {
+        match self.fleet.algorithm {
+            QuotaAlgorithm::TokenBucket => "tb",
+            QuotaAlgorithm::FixedWindow => "fw",
+        }
+    }
+
+    /// How long `grant`'s tokens may be spent.
+    fn lifetime(&self, grant: Grant) -> u64 {
+        match self.fleet.algorithm {
+            QuotaAlgorithm::FixedWindow => grant.ms.max(1),
+            QuotaAlgorithm::TokenBucket => {
+                let per_ms = u64::try_from(self.spec.per.as_millis()).unwrap_or(u64::MAX);
+                let interval_us =
+                    u64::try_from(self.spec.per.as_micros()).unwrap_or(u64::MAX)
+                        / u64::from(self.spec.rate.max(1));
+                (u64::from(grant.tokens).saturating_mul(interval_us) / 1000)
+                    .clamp(MIN_LEASE_MS, per_ms.max(MIN_LEASE_MS))
+            }
+        }
+    }
+
+    /// The decision while the store fails (`on_store_error`).
+    fn on_store_error(&self, key: &[u8], store: &Store) -> Decision {
+        match self.fleet.on_store_error {
+            OnStoreError::Allow => Decision::allowed(Outcome::FailedOpen),
+            OnStoreError::Deny => Decision {
+                outcome: Outcome::FailedClosed,
+                wait: Duration::from_secs(1),
+            },
+            OnStoreError::Local => match self.share(store.instances()).take(key) {
+                Ok(()) => Decision::allowed(Outcome::FallbackAllowed),
+                Err(wait) => Decision {
+                    outcome: Outcome::FallbackLimited,
+                    wait,
+                },
+            },
+        }
+    }
+
+    /// The local bucket of this instance's share among `instances`.
+    fn share(&self, instances: u32) -> Arc<QuotaTable> {
+        let mut fallback = self.fallback.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((n, table)) = fallback.as_ref() {
+            if *n == instances {
+                return Arc::clone(table);
+            }
+        }
+        let table = Arc::new(QuotaTable::new(share_of(&self.spec, &self.fleet, instances)));
+        *fallback = Some((instances, Arc::clone(&table)));
+        table
+    }
+}
+
+/// The local quota of one instance among `instances`: the limit (and
+/// the burst) divided, rounded up, never below one token.
+pub(crate) fn share_of(spec: &QuotaSpec, fleet: &FleetQuotaSpec, instances: u32) -> QuotaSpec {
+    let n = instances.max(1);
+    let rate = spec.rate.div_ceil(n).max(1);
+    let burst = match fleet.algorithm {
+        QuotaAlgorithm::FixedWindow => rate,
+        QuotaAlgorithm::TokenBucket => spec.burst.div_ceil(n).max(1),
+    };
+    QuotaSpec {
+        rate,
+        burst,
+        fleet: None,
+        ..spec.clone()
+    }
+}
+
+impl Pending {
+    /// Waits for the key's refill (at most the quota's deadline from
+    /// when the request asked), then decides.
+    pub async fn decide(self) -> Decision {
+        let Pending {
+            quota,
+            store,
+            key,
+            started,
+        } = self;
+        let deadline = tokio::time::Instant::from_std(started + quota.fleet.deadline);
+        let mut decision = None;
+        for _ in 0..MAX_ROUNDS {
+            if !store.is_up() {
+                break;
+            }
+            let mut refill = match quota.look_or_join(&key, &store, true) {
+                Look::Decided(made) => {
+                    decision = Some(made);
+                    break;
+                }
+                Look::Wait(refill) => refill,
+                Look::Empty => break,
+            };
+            if tokio::time::timeout_at(deadline, refill.changed())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        store.waited(started.elapsed());
+        decision.unwrap_or_else(|| quota.on_store_error(&key, &store))
+    }
+}
+
+/// One store call for `key`; whoever waits for it is told when it lands.
+async fn refill(quota: Arc<FleetQuota>, key: Box<[u8]>, store: Arc<Store>, done: watch::Sender<()>) {
+    let store_key = store.key(&quota.route, quota.algorithm_name(), &key);
+    let grant = store.take(&store_key, quota.ask(), quota.fleet.batch).await;
+    let now = now_ms();
+    {
+        let shard = quota.shard(&key);
+        let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        let lease = shard.leases.entry(key).or_default();
+        lease.refill = None;
+        match grant {
+            Ok(grant) if grant.tokens > 0 => {
+                lease.tokens = lease.tokens.saturating_add(grant.tokens);
+                lease.expires_ms = lease.expires_ms.max(now + quota.lifetime(grant));
+                lease.denied_until_ms = 0;
+            }
+            Ok(grant) => lease.denied_until_ms = now + grant.ms.max(1),
+            // The store is down now: those waiting decide without it.
+            Err(()) => {}
+        }
+    }
+    let _ = done.send(());
+}
+
+/// Makes room in a full shard: spent or ended leases with no refill in
+/// flight first, then the half idle longest.
+fn evict(leases: &mut HashMap<Box<[u8]>, Lease>, now: u64, cap: usize) {
+    leases.retain(|_, lease| {
+        lease.refill.is_some()
+            || (lease.tokens > 0 && lease.expires_ms > now)
+            || lease.denied_until_ms > now
+    });
+    if leases.len() < cap {
+        return;
+    }
+    let mut seen: Vec<u64> = leases.values().map(|l| l.seen).collect();
+    let middle = seen.len() / 2;
+    let (_, median, _) = seen.select_nth_unstable(middle);
+    let median = *median;
+    leases.retain(|_, lease| lease.seen > median);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::QuotaKey;
+
+    fn spec(rate: u32, burst: u32) -> QuotaSpec {
+        QuotaSpec {
+            rate,
+            per: Duration::from_secs(1),
+            burst,
+            key: vec![QuotaKey::ClientIp],
+            max_keys: 1000,
+            fleet: None,
+        }
+    }
+
+    fn fleet(algorithm: QuotaAlgorithm) -> FleetQuotaSpec {
+        FleetQuotaSpec {
+            algorithm,
+            on_store_error: OnStoreError::Local,
+            deadline: Duration::from_millis(5),
+            batch: 30,
+        }
+    }
+
+    #[test]
+    fn an_instance_share_divides_the_limit_and_the_burst_rounding_up() {
+        let tb = fleet(QuotaAlgorithm::TokenBucket);
+        let share = share_of(&spec(300, 600), &tb, 3);
+        assert_eq!((share.rate, share.burst, share.fleet), (100, 200, None));
+        let share = share_of(&spec(10, 10), &tb, 4);
+        assert_eq!((share.rate, share.burst), (3, 3));
+        let share = share_of(&spec(1, 1), &tb, 50);
+        assert_eq!((share.rate, share.burst), (1, 1));
+        // Before the store has counted anyone: the whole limit.
+        assert_eq!(share_of(&spec(300, 300), &tb, 0).rate, 300);
+        let fw = fleet(QuotaAlgorithm::FixedWindow);
+        let share = share_of(&spec(300, 300), &fw, 3);
+        assert_eq!((share.rate, share.burst), (100, 100));
+    }
+
+    #[test]
+    fn a_token_bucket_lease_lasts_as_long_as_the_bucket_takes_to_make_it() {
+        let quota = FleetQuota::new("r", spec(300, 300), fleet(QuotaAlgorithm::TokenBucket));
+        // 30 tokens at 300/s (3 333 µs each): 99 ms.
+        assert_eq!(quota.lifetime(Grant { tokens: 30, ms: 0 }), 99);
+        // Never under 10 ms, never past `per`.
+        assert_eq!(quota.lifetime(Grant { tokens: 1, ms: 0 }), 10);
+        assert_eq!(quota.lifetime(Grant { tokens: 1000, ms: 0 }), 1000);
+        let window = FleetQuota::new("r", spec(300, 300), fleet(QuotaAlgorithm::FixedWindow));
+        assert_eq!(window.lifetime(Grant { tokens: 30, ms: 420 }), 420);
+        match window.ask() {
+            Ask::FixedWindow { window_ms, limit } => assert_eq!((window_ms, limit), (1000, 300)),
+            other => panic!("{other:?}"),
+        }
+        match quota.ask() {
+            Ask::TokenBucket {
+                interval_us,
+                capacity,
+            } => assert_eq!((interval_us, capacity), (3333, 300)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_store_that_never_answered_falls_back_to_this_instances_share() {
+        let store = Arc::new(Store::new(&crate::plan::StoreSpec {
+            url: "redis://127.0.0.1:1".into(),
+            username: None,
+            password: None,
+            key_prefix: "t:".into(),
+            timeout: Duration::from_millis(50),
+        }));
+        let quota = Arc::new(FleetQuota::new(
+            "r",
+            spec(5, 5),
+            fleet(QuotaAlgorithm::TokenBucket),
+        ));
+        let mut admitted = 0;
+        for _ in 0..20 {
+            match quota.take(b"k", &store) {
+                Take::Now(d) if d.outcome == Outcome::FallbackAllowed => admitted += 1,
+                Take::Now(d) => assert_eq!(d.outcome, Outcome::FallbackLimited),
+                Take::Wait(_) => panic!("a down store is never waited for"),
+            }
+        }
+        assert_eq!(admitted, 5);
+        let mut deny = fleet(QuotaAlgorithm::TokenBucket);
+        deny.on_store_error = OnStoreError::Deny;
+        let quota = Arc::new(FleetQuota::new("r", spec(5, 5), deny));
+        match quota.take(b"k", &store) {
+            Take::Now(d) => assert_eq!(d.outcome, Outcome::FailedClosed),
+            Take::Wait(_) => panic!("waited"),
+        }
+    }
+}

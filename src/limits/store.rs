@@ -1,0 +1,419 @@
+//! The shared store of fleet-scoped quotas: one multiplexed Redis
+//! connection per `[limits] store` (redis-rs's `ConnectionManager`, which
+//! reconnects), the store's health, and the instances counting in it.
+//!
+//! Every call is one Lua script (one round trip) with the store's
+//! `timeout`: past it, or on any error, the store is down. While it is
+//! down no decision asks it; a keeper task probes it every 250 ms and,
+//! while it is up, beats every second in a sorted set of instances so
+//! that each knows its share of a limit (the limit over the instances
+//! seen in the last 5 s) for when the store fails again. Each change of
+//! state is logged once.
+//!
+//! The connection and every task live on the runtime that built the
+//! store (the control plane's): a data-plane worker only waits for an
+//! answer, never drives the connection.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Script;
+
+use crate::plan::StoreSpec;
+use crate::telemetry::metrics as m;
+use crate::telemetry::series::{self, Count, Exported, Histogram, Sample};
+
+/// How often an instance says it is alive, and how long it counts after.
+const BEAT: Duration = Duration::from_secs(1);
+const BEAT_TTL: Duration = Duration::from_secs(5);
+/// How often a down store is asked again.
+const PROBE: Duration = Duration::from_millis(250);
+
+/// GCRA (the token bucket as a theoretical arrival time, microseconds of
+/// the store's clock): takes up to `want` tokens. Answers `{granted, 0}`
+/// or `{0, milliseconds until one token}`.
+const TOKEN_BUCKET: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = tonumber(ARGV[1])
+local capacity = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local tat = tonumber(redis.call('GET', KEYS[1]))
+if tat == nil or tat < now then tat = now end
+local free = math.floor((now + capacity * interval - tat) / interval)
+local granted = math.min(want, free)
+if granted > 0 then
+  tat = tat + granted * interval
+  redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+  return {granted, 0}
+end
+return {0, math.max(1, math.ceil((tat + interval - capacity * interval - now) / 1000))}
+";
+
+/// A fixed window of `ARGV[1]` ms aligned on the store's clock: takes up
+/// to `want` of the window's `limit`. Answers `{granted, milliseconds
+/// until the window ends}`.
+const FIXED_WINDOW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local window = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local w = math.floor(now / window)
+local cur = redis.call('HMGET', KEYS[1], 'w', 'c')
+local used = 0
+if tonumber(cur[1]) == w then used = tonumber(cur[2]) or 0 end
+local granted = math.max(0, math.min(want, limit - used))
+local left = math.max(1, (w + 1) * window - now)
+if granted > 0 then
+  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', w), 'c', used + granted)
+  redis.call('PEXPIRE', KEYS[1], left + 1000)
+end
+return {granted, left}
+";
+
+/// Records this instance as alive and answers how many are.
+const BEAT_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+redis.call('PEXPIRE', KEYS[1], ttl * 2)
+return redis.call('ZCARD', KEYS[1])
+";
+
+fn scripts() -> &'static [Script; 3] {
+    static SCRIPTS: OnceLock<[Script; 3]> = OnceLock::new();
+    SCRIPTS.get_or_init(|| {
+        [
+            Script::new(TOKEN_BUCKET),
+            Script::new(FIXED_WINDOW),
+            Script::new(BEAT_SCRIPT),
+        ]
+    })
+}
+
+/// What the store granted: tokens, and milliseconds (until a token when
+/// none were granted; until the window ends for a fixed window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub tokens: u32,
+    pub ms: u64,
+}
+
+/// A request for tokens, as the scripts take it.
+#[derive(Debug, Clone, Copy)]
+pub enum Ask {
+    /// Microseconds per token, the bucket's size.
+    TokenBucket { interval_us: u64, capacity: u32 },
+    /// The window's milliseconds and its limit.
+    FixedWindow { window_ms: u64, limit: u32 },
+}
+
+/// Buckets of the time a request waited for the store (seconds): the
+/// deadline is 1–1000 ms.
+const WAIT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+pub struct Store {
+    spec: StoreSpec,
+    client: Option<redis::Client>,
+    /// Where the connection and the tasks run (none outside a runtime:
+    /// the store then never answers and every decision falls back).
+    runtime: Option<tokio::runtime::Handle>,
+    conn: OnceLock<ConnectionManager>,
+    up: AtomicBool,
+    /// Instances seen beating in the last `BEAT_TTL` (this one included).
+    instances: AtomicU32,
+    id: String,
+    started: OnceLock<()>,
+    /// Failed calls, and changes of state.
+    errors: Count,
+    transitions: Count,
+    /// Time requests waited for a decision from the store.
+    wait: Histogram,
+    exported: OnceLock<bool>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("spec", &self.spec)
+            .field("up", &self.up)
+            .field("instances", &self.instances)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Series of one store: up, instances, errors, transitions, and the
+/// histogram (buckets, `+Inf`, sum, count).
+const STORE_SERIES: usize = 4 + WAIT_BUCKETS.len() + 3;
+
+impl Store {
+    pub fn new(spec: &StoreSpec) -> Self {
+        let client = client(spec)
+            .map_err(|e| tracing::error!(store = %spec.url, error = %e, "rate-limit store URL refused"))
+            .ok();
+        Store {
+            spec: spec.clone(),
+            client,
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            conn: OnceLock::new(),
+            up: AtomicBool::new(false),
+            instances: AtomicU32::new(1),
+            id: format!("{}-{:016x}", std::process::id(), fastrand::u64(..)),
+            started: OnceLock::new(),
+            errors: Count::new(),
+            transitions: Count::new(),
+            wait: Histogram::new(WAIT_BUCKETS),
+            exported: OnceLock::new(),
+        }
+    }
+
+    /// Connects and starts the keeper (once; a store found again in the
+    /// map is already started).
+    pub fn start(self: &Arc<Self>) {
+        self.started.get_or_init(|| {
+            self.exported.get_or_init(|| {
+                let admitted = series::admit(STORE_SERIES);
+                if admitted {
+                    series::register(self);
+                }
+                admitted
+            });
+            if let Some(runtime) = &self.runtime {
+                runtime.spawn(keep(Arc::downgrade(self)));
+            }
+        });
+    }
+
+    pub fn spec(&self) -> &StoreSpec {
+        &self.spec
+    }
+
+    /// Whether decisions ask the store now.
+    #[inline]
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// Instances counting in the store (at least this one).
+    pub fn instances(&self) -> u32 {
+        self.instances.load(Ordering::Relaxed).max(1)
+    }
+
+    pub fn runtime(&self) -> Option<&tokio::runtime::Handle> {
+        self.runtime.as_ref()
+    }
+
+    /// The store key of a quota's key: the prefix, the route, the
+    /// algorithm, and a digest of the key's bytes (a header value may be
+    /// long; every instance makes the same digest).
+    pub fn key(&self, route: &str, algorithm: &str, key: &[u8]) -> Vec<u8> {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(key);
+        let mut out = Vec::with_capacity(self.spec.key_prefix.len() + route.len() + 48);
+        out.extend_from_slice(self.spec.key_prefix.as_bytes());
+        out.extend_from_slice(b"rl:");
+        out.extend_from_slice(route.as_bytes());
+        out.push(b':');
+        out.extend_from_slice(algorithm.as_bytes());
+        out.push(b':');
+        for byte in digest.iter().take(16) {
+            out.extend_from_slice(format!("{byte:02x}").as_bytes());
+        }
+        out
+    }
+
+    /// Takes up to `want` tokens of `key` (one round trip).
+    pub async fn take(&self, key: &[u8], ask: Ask, want: u32) -> Result<Grant, ()> {
+        let [token_bucket, fixed_window, _] = scripts();
+        let mut call = match ask {
+            Ask::TokenBucket {
+                interval_us,
+                capacity,
+            } => {
+                let mut call = token_bucket.key(key);
+                call.arg(interval_us.max(1)).arg(capacity);
+                call
+            }
+            Ask::FixedWindow { window_ms, limit } => {
+                let mut call = fixed_window.key(key);
+                call.arg(window_ms.max(1)).arg(limit);
+                call
+            }
+        };
+        call.arg(want);
+        let Some(conn) = self.conn.get() else {
+            return Err(());
+        };
+        let mut conn = conn.clone();
+        let answer: Result<Vec<i64>, String> =
+            match tokio::time::timeout(self.spec.timeout, call.invoke_async(&mut conn)).await {
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {:?}", self.spec.timeout)),
+            };
+        match answer {
+            Ok(answer) => {
+                let tokens = answer.first().copied().unwrap_or(0).clamp(0, i64::from(u32::MAX));
+                let ms = answer.get(1).copied().unwrap_or(0).max(0);
+                Ok(Grant {
+                    tokens: u32::try_from(tokens).unwrap_or(0),
+                    ms: u64::try_from(ms).unwrap_or(0),
+                })
+            }
+            Err(why) => {
+                self.failed(&why);
+                Err(())
+            }
+        }
+    }
+
+    /// Records the time a request waited for the store.
+    pub fn waited(&self, waited: Duration) {
+        self.wait.record(waited);
+    }
+
+    fn failed(&self, why: &str) {
+        self.errors.add(1);
+        if self.up.swap(false, Ordering::AcqRel) {
+            self.transitions.add(1);
+            tracing::warn!(
+                store = %self.spec.url,
+                error = %why,
+                "rate-limit store failed: fleet quotas decide by on_store_error until it answers again"
+            );
+        }
+    }
+
+    fn answered(&self, instances: u32) {
+        self.instances.store(instances.max(1), Ordering::Relaxed);
+        if !self.up.swap(true, Ordering::AcqRel) {
+            self.transitions.add(1);
+            tracing::info!(
+                store = %self.spec.url,
+                instances,
+                "rate-limit store answers: fleet quotas count in it"
+            );
+        }
+    }
+
+    /// One beat: records this instance and reads how many there are.
+    async fn beat(&self) {
+        let Some(conn) = self.conn.get() else {
+            return;
+        };
+        let mut conn = conn.clone();
+        let [_, _, beat] = scripts();
+        let mut key = self.spec.key_prefix.clone().into_bytes();
+        key.extend_from_slice(b"instances");
+        let mut invocation = beat.key(key);
+        invocation
+            .arg(&self.id)
+            .arg(u64::try_from(BEAT_TTL.as_millis()).unwrap_or(5000));
+        let call = invocation.invoke_async::<i64>(&mut conn);
+        match tokio::time::timeout(self.spec.timeout, call).await {
+            Ok(Ok(n)) => self.answered(u32::try_from(n).unwrap_or(1)),
+            Ok(Err(e)) => self.failed(&e.to_string()),
+            Err(_) => self.failed(&format!("no answer within {:?}", self.spec.timeout)),
+        }
+    }
+}
+
+/// The client for a validated spec (the password from its file).
+fn client(spec: &StoreSpec) -> redis::RedisResult<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let mut info = spec.url.as_str().into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &spec.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &spec.password {
+        settings = settings.set_password(password);
+    }
+    info = info.set_redis_settings(settings);
+    redis::Client::open(info)
+}
+
+/// Connects, then beats while the store answers and probes while it
+/// does not, for as long as the store is held.
+async fn keep(store: Weak<Store>) {
+    {
+        let Some(live) = store.upgrade() else {
+            return;
+        };
+        let Some(client) = live.client.clone() else {
+            return;
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(live.spec.timeout))
+            .set_response_timeout(Some(live.spec.timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_secs(1));
+        match ConnectionManager::new_lazy_with_config(client, config) {
+            Ok(conn) => {
+                let _ = live.conn.set(conn);
+            }
+            Err(e) => {
+                live.failed(&e.to_string());
+                return;
+            }
+        }
+    }
+    loop {
+        let pause = {
+            let Some(live) = store.upgrade() else {
+                return;
+            };
+            live.beat().await;
+            if live.is_up() {
+                BEAT
+            } else {
+                PROBE
+            }
+        };
+        tokio::time::sleep(pause).await;
+    }
+}
+
+impl Exported for Store {
+    fn samples(&self, out: &mut Vec<Sample>) {
+        if self.exported.get() != Some(&true) {
+            return;
+        }
+        let labels: series::Labels = vec![(m::LABEL_STORE, self.spec.url.clone().into())];
+        for (family, value) in [
+            (&series::RATELIMIT_STORE_UP, f64::from(u8::from(self.is_up()))),
+            (
+                &series::RATELIMIT_STORE_INSTANCES,
+                f64::from(self.instances()),
+            ),
+            (&series::RATELIMIT_STORE_ERRORS, self.errors.get() as f64),
+            (
+                &series::RATELIMIT_STORE_TRANSITIONS,
+                self.transitions.get() as f64,
+            ),
+        ] {
+            out.push(series::sample(family, labels.clone(), value));
+        }
+        if self.wait.count() > 0 {
+            self.wait
+                .samples(&series::RATELIMIT_STORE_WAIT, &labels, out);
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if self.exported.get() == Some(&true) {
+            series::retire(self);
+            series::release(STORE_SERIES);
+        }
+    }
+}
