@@ -304,8 +304,8 @@ pub fn canonical_upstream(name: &str, upstream: &FileUpstream) -> Arc<str> {
     .into()
 }
 
-/// `[fleet]` and `[cache]`, which the whole text writes after the
-/// upstreams.
+/// `[fleet]`, `[cache]` and `[limits]`, which the whole text writes
+/// after the upstreams.
 pub fn canonical_tail(config: &FileConfig) -> String {
     #[derive(serde::Serialize)]
     struct Piece<'a> {
@@ -313,13 +313,16 @@ pub fn canonical_tail(config: &FileConfig) -> String {
         fleet: Option<&'a FileFleet>,
         #[serde(skip_serializing_if = "Option::is_none")]
         cache: Option<&'a FileCache>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        limits: Option<&'a FileLimits>,
     }
-    if config.fleet.is_none() && config.cache.is_none() {
+    if config.fleet.is_none() && config.cache.is_none() && config.limits.is_none() {
         return String::new();
     }
     to_toml(&Piece {
         fleet: config.fleet.as_ref(),
         cache: config.cache.as_ref(),
+        limits: config.limits.as_ref(),
     })
 }
 

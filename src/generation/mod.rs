@@ -8,7 +8,6 @@
 mod ledger;
 mod maglev;
 mod members;
-mod quota;
 mod route;
 mod router;
 pub mod sample;
@@ -18,13 +17,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+pub use crate::limits::QuotaTable;
 pub use ledger::{answered_totals, InflightGuard, Ledger};
 pub use maglev::{hash_key, Maglev};
 pub use members::{Members, MembersRef, Membership};
-pub use quota::QuotaTable;
 pub use route::{
-    matches_request, Action, CacheLookup, CopyKind, ListenerSlot, Quota, Refusal, RequestHead, Route,
-    RouteShared, RouteSlot, Saturated, COPY_OUTCOMES,
+    matches_request, Action, CacheLookup, CopyKind, ListenerSlot, Quota, Refusal, RequestHead,
+    Route, RouteShared, RouteSlot, Saturated, COPY_OUTCOMES,
 };
 pub use router::{Routed, Router};
 pub use upstream::{Upstream, WeightedSchedule};

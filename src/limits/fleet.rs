@@ -28,10 +28,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::local::QuotaTable;
 use super::store::{Ask, Grant, Store};
 use super::{Decision, Outcome};
 use crate::backends::now_ms;
-use crate::generation::QuotaTable;
 use crate::plan::{FleetQuotaSpec, OnStoreError, QuotaAlgorithm, QuotaSpec};
 
 const SHARDS: usize = 16;
@@ -159,7 +159,11 @@ impl FleetQuota {
         }
         // A refill whose task is gone (never: it always sends) is not
         // waited for again.
-        if lease.refill.as_ref().is_some_and(|r| r.has_changed().is_err()) {
+        if lease
+            .refill
+            .as_ref()
+            .is_some_and(|r| r.has_changed().is_err())
+        {
             lease.refill = None;
         }
         if lease.tokens > 0 {
@@ -193,12 +197,7 @@ impl FleetQuota {
     fn refill(self: &Arc<Self>, key: &[u8], store: &Arc<Store>) -> watch::Receiver<()> {
         let (tx, rx) = watch::channel(());
         if let Some(runtime) = store.runtime() {
-            runtime.spawn(refill(
-                Arc::clone(self),
-                key.into(),
-                Arc::clone(store),
-                tx,
-            ));
+            runtime.spawn(refill(Arc::clone(self), key.into(), Arc::clone(store), tx));
         }
         rx
     }
@@ -231,9 +230,8 @@ impl FleetQuota {
             QuotaAlgorithm::FixedWindow => grant.ms.max(1),
             QuotaAlgorithm::TokenBucket => {
                 let per_ms = u64::try_from(self.spec.per.as_millis()).unwrap_or(u64::MAX);
-                let interval_us =
-                    u64::try_from(self.spec.per.as_micros()).unwrap_or(u64::MAX)
-                        / u64::from(self.spec.rate.max(1));
+                let interval_us = u64::try_from(self.spec.per.as_micros()).unwrap_or(u64::MAX)
+                    / u64::from(self.spec.rate.max(1));
                 (u64::from(grant.tokens).saturating_mul(interval_us) / 1000)
                     .clamp(MIN_LEASE_MS, per_ms.max(MIN_LEASE_MS))
             }
@@ -266,7 +264,11 @@ impl FleetQuota {
                 return Arc::clone(table);
             }
         }
-        let table = Arc::new(QuotaTable::new(share_of(&self.spec, &self.fleet, instances)));
+        let table = Arc::new(QuotaTable::new(share_of(
+            &self.spec,
+            &self.fleet,
+            instances,
+        )));
         *fallback = Some((instances, Arc::clone(&table)));
         table
     }
@@ -326,7 +328,12 @@ impl Pending {
 }
 
 /// One store call for `key`; whoever waits for it is told when it lands.
-async fn refill(quota: Arc<FleetQuota>, key: Box<[u8]>, store: Arc<Store>, done: watch::Sender<()>) {
+async fn refill(
+    quota: Arc<FleetQuota>,
+    key: Box<[u8]>,
+    store: Arc<Store>,
+    done: watch::Sender<()>,
+) {
     let store_key = store.key(&quota.route, quota.algorithm_name(), &key);
     let grant = store.take(&store_key, quota.ask(), quota.fleet.batch).await;
     let now = now_ms();
@@ -415,9 +422,21 @@ mod tests {
         assert_eq!(quota.lifetime(Grant { tokens: 30, ms: 0 }), 99);
         // Never under 10 ms, never past `per`.
         assert_eq!(quota.lifetime(Grant { tokens: 1, ms: 0 }), 10);
-        assert_eq!(quota.lifetime(Grant { tokens: 1000, ms: 0 }), 1000);
+        assert_eq!(
+            quota.lifetime(Grant {
+                tokens: 1000,
+                ms: 0
+            }),
+            1000
+        );
         let window = FleetQuota::new("r", spec(300, 300), fleet(QuotaAlgorithm::FixedWindow));
-        assert_eq!(window.lifetime(Grant { tokens: 30, ms: 420 }), 420);
+        assert_eq!(
+            window.lifetime(Grant {
+                tokens: 30,
+                ms: 420
+            }),
+            420
+        );
         match window.ask() {
             Ask::FixedWindow { window_ms, limit } => assert_eq!((window_ms, limit), (1000, 300)),
             other => panic!("{other:?}"),

@@ -6,15 +6,17 @@
 //!   the instances it counts, and the Lua scripts (one round trip each);
 //! - `fleet.rs`: a route's leases: tokens taken from the store in
 //!   batches (the pre-allowance) and spent here without a round trip,
-//!   and what a decision falls back to while the store fails.
-//!
-//! Local quotas (`generation::QuotaTable`) are what a fleet quota falls
-//! back to: the same token bucket, with this instance's share.
+//!   and what a decision falls back to while the store fails;
+//! - `local.rs`: a local quota's token buckets (`scope = "local"`),
+//!   which are also what a fleet quota falls back to, with this
+//!   instance's share.
 
 pub mod fleet;
+mod local;
 mod store;
 
 pub use fleet::FleetQuota;
+pub use local::QuotaTable;
 pub use store::Store;
 
 /// How one request's quota decided (`outcome` of

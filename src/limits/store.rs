@@ -156,7 +156,9 @@ const STORE_SERIES: usize = 4 + WAIT_BUCKETS.len() + 3;
 impl Store {
     pub fn new(spec: &StoreSpec) -> Self {
         let client = client(spec)
-            .map_err(|e| tracing::error!(store = %spec.url, error = %e, "rate-limit store URL refused"))
+            .map_err(
+                |e| tracing::error!(store = %spec.url, error = %e, "rate-limit store URL refused"),
+            )
             .ok();
         Store {
             spec: spec.clone(),
@@ -260,7 +262,11 @@ impl Store {
             };
         match answer {
             Ok(answer) => {
-                let tokens = answer.first().copied().unwrap_or(0).clamp(0, i64::from(u32::MAX));
+                let tokens = answer
+                    .first()
+                    .copied()
+                    .unwrap_or(0)
+                    .clamp(0, i64::from(u32::MAX));
                 let ms = answer.get(1).copied().unwrap_or(0).max(0);
                 Ok(Grant {
                     tokens: u32::try_from(tokens).unwrap_or(0),
@@ -389,7 +395,10 @@ impl Exported for Store {
         }
         let labels: series::Labels = vec![(m::LABEL_STORE, self.spec.url.clone().into())];
         for (family, value) in [
-            (&series::RATELIMIT_STORE_UP, f64::from(u8::from(self.is_up()))),
+            (
+                &series::RATELIMIT_STORE_UP,
+                f64::from(u8::from(self.is_up())),
+            ),
             (
                 &series::RATELIMIT_STORE_INSTANCES,
                 f64::from(self.instances()),

@@ -9,6 +9,7 @@ mod diff;
 pub mod impact;
 mod ownership;
 mod pattern;
+mod quota;
 mod spec;
 mod validate;
 
@@ -27,6 +28,7 @@ pub use filters::{
 };
 pub use ownership::{needs_restart, ownership, Ownership};
 pub use pattern::PathRegex;
+pub use quota::*;
 pub use spec::*;
 pub use validate::{validate, validate_confined};
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::pattern::PathRegex;
+pub use super::quota::*;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::config::FileConfig;
@@ -481,100 +482,6 @@ pub enum QueryKey {
     /// Every parameter but these, in the request's order.
     Exclude(Vec<String>),
 }
-
-/// `routes.quota`: token buckets (or fixed windows) per key. Part of the
-/// buckets' identity: an activation that keeps a route's quota unchanged
-/// keeps its buckets (and its fleet leases).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct QuotaSpec {
-    /// Tokens added per `per` (a fixed window's limit).
-    pub rate: u32,
-    pub per: Duration,
-    /// Bucket size.
-    pub burst: u32,
-    /// The descriptor's sources, in order; empty: one bucket for the route.
-    pub key: Vec<QuotaKey>,
-    pub max_keys: u32,
-    /// `None`: this process counts alone.
-    pub fleet: Option<FleetQuotaSpec>,
-}
-
-impl QuotaSpec {
-    /// Whether the key needs the identity `auth` found (the quota is
-    /// then taken after authentication).
-    pub fn keyed_by_subject(&self) -> bool {
-        self.key.contains(&QuotaKey::Subject)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum QuotaKey {
-    ClientIp,
-    Header(HeaderName),
-    /// The subject `auth` found (`sub` of a JWT, the user of basic auth,
-    /// forward auth's `subject_header`).
-    Subject,
-}
-
-/// `scope = "fleet"`: counted in `[limits] store` by every instance.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct FleetQuotaSpec {
-    pub algorithm: QuotaAlgorithm,
-    pub on_store_error: OnStoreError,
-    /// The longest a request waits for the store.
-    pub deadline: Duration,
-    /// Tokens taken from the store per round trip (at least 1).
-    pub batch: u32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QuotaAlgorithm {
-    /// GCRA in the store: `rate` per `per`, up to `burst` at once.
-    TokenBucket,
-    /// `rate` per window of `per`, windows aligned on the store's clock.
-    FixedWindow,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OnStoreError {
-    /// This instance's share of the limit (the limit over the instances
-    /// the store last counted).
-    Local,
-    Allow,
-    Deny,
-}
-
-/// `[limits] store.redis`.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct StoreSpec {
-    /// The URL as written (no password in it).
-    pub url: String,
-    pub username: Option<String>,
-    /// The password file's content, first line.
-    pub password: Option<String>,
-    pub key_prefix: String,
-    pub timeout: Duration,
-}
-
-impl std::fmt::Debug for StoreSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreSpec")
-            .field("url", &self.url)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "<from password_file>"))
-            .field("key_prefix", &self.key_prefix)
-            .field("timeout", &self.timeout)
-            .finish()
-    }
-}
-
-pub const DEFAULT_QUOTA_MAX_KEYS: u32 = 100_000;
-/// The longest a fleet quota's request waits on the store, by default.
-pub const DEFAULT_FLEET_DEADLINE: Duration = Duration::from_millis(5);
-/// The share of a fleet limit an instance takes per round trip, by default.
-pub const DEFAULT_PRE_ALLOWANCE: f64 = 0.1;
-/// A store call past this marks the store down, by default.
-pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// `routes.retry`: when a failed attempt is made again.
 #[derive(Debug, Clone, PartialEq)]

@@ -13,10 +13,10 @@ use std::sync::Arc;
 
 use http::Request;
 
-use crate::backends::ClientBody;
 use super::conn::ConnContext;
 use super::edge;
 use super::error::{Limited, ProxyError};
+use crate::backends::ClientBody;
 use crate::generation::{Generation, Quota, Route};
 use crate::limits::fleet::{Pending, Take};
 use crate::limits::{push_part, Decision, Outcome, Scope};

@@ -86,7 +86,7 @@ fn basic_config(backend: SocketAddr) -> String {
         .build()
 }
 
-fn argon2id(password: &str) -> String {
+pub(crate) fn argon2id(password: &str) -> String {
     use argon2::PasswordHasher as _;
     argon2::Argon2::default()
         .hash_password_with_salt(password.as_bytes(), b"an-argon2-salt16")

@@ -24,6 +24,7 @@ mod keys;
 mod l4;
 mod layers;
 mod lifecycle;
+mod limits;
 pub mod observability;
 mod pki;
 mod proxy;

@@ -63,7 +63,10 @@ impl Validator<'_> {
                 "a username needs a password: name the file that holds it in password_file",
             );
         }
-        let key_prefix = r.key_prefix.clone().unwrap_or_else(|| "cutover:".to_owned());
+        let key_prefix = r
+            .key_prefix
+            .clone()
+            .unwrap_or_else(|| "cutover:".to_owned());
         if key_prefix.is_empty() || key_prefix.len() > MAX_PREFIX {
             self.error(
                 Code::InvalidValue,
@@ -113,9 +116,9 @@ fn redis_address(url: &str) -> Result<Inline, String> {
             "'{url}': TLS to the store is not built in; reach it over loopback, a unix socket or a private network"
         ));
     }
-    let info = url
-        .into_connection_info()
-        .map_err(|e| format!("'{url}' is not a Redis URL (redis://host:port/db or unix:///path): {e}"))?;
+    let info = url.into_connection_info().map_err(|e| {
+        format!("'{url}' is not a Redis URL (redis://host:port/db or unix:///path): {e}")
+    })?;
     if !info.addr().is_supported() {
         return Err(format!("'{url}': this address kind is not supported"));
     }
@@ -132,13 +135,27 @@ mod tests {
 
     #[test]
     fn store_urls_are_read_as_the_client_reads_them() {
-        assert_eq!(redis_address("redis://127.0.0.1:6379/0"), Ok(Inline::Nothing));
+        assert_eq!(
+            redis_address("redis://127.0.0.1:6379/0"),
+            Ok(Inline::Nothing)
+        );
         assert_eq!(redis_address("redis://redis.internal"), Ok(Inline::Nothing));
         assert_eq!(redis_address("unix:///run/redis.sock"), Ok(Inline::Nothing));
-        assert_eq!(redis_address("redis://app@127.0.0.1:6379"), Ok(Inline::Nothing));
-        assert_eq!(redis_address("redis://:hunter2@127.0.0.1"), Ok(Inline::Password));
-        assert_eq!(redis_address("redis://app:hunter2@127.0.0.1"), Ok(Inline::Password));
-        assert!(redis_address("rediss://127.0.0.1").unwrap_err().contains("TLS"));
+        assert_eq!(
+            redis_address("redis://app@127.0.0.1:6379"),
+            Ok(Inline::Nothing)
+        );
+        assert_eq!(
+            redis_address("redis://:hunter2@127.0.0.1"),
+            Ok(Inline::Password)
+        );
+        assert_eq!(
+            redis_address("redis://app:hunter2@127.0.0.1"),
+            Ok(Inline::Password)
+        );
+        assert!(redis_address("rediss://127.0.0.1")
+            .unwrap_err()
+            .contains("TLS"));
         assert!(redis_address("http://127.0.0.1").is_err());
         assert!(redis_address("127.0.0.1:6379").is_err());
     }

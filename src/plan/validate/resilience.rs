@@ -247,7 +247,10 @@ impl Validator<'_> {
         let fleet = match q.scope.as_deref().unwrap_or("local") {
             "local" => {
                 for (field, given) in [
-                    ("algorithm", q.algorithm.as_ref().map(|a| a != "token_bucket")),
+                    (
+                        "algorithm",
+                        q.algorithm.as_ref().map(|a| a != "token_bucket"),
+                    ),
                     ("on_store_error", q.on_store_error.as_ref().map(|_| true)),
                     ("deadline", q.deadline.as_ref().map(|_| true)),
                     ("pre_allowance", q.pre_allowance.map(|_| true)),
@@ -335,7 +338,11 @@ impl Validator<'_> {
             };
             match parsed {
                 Some(k) if keys.contains(&k) => {
-                    self.error(Code::InvalidValue, at, format!("quota key '{source}' is named twice"));
+                    self.error(
+                        Code::InvalidValue,
+                        at,
+                        format!("quota key '{source}' is named twice"),
+                    );
                     ok = false;
                 }
                 Some(k) => keys.push(k),

@@ -616,8 +616,7 @@ fn authenticates(file: &FileConfig, r: &crate::config::FileRoute) -> bool {
         Some(FileAuth::Keyword(_)) => false,
         None => file.listeners.iter().any(|l| {
             r.listeners.contains(&l.name)
-                && l
-                    .defaults
+                && l.defaults
                     .as_ref()
                     .is_some_and(|d| matches!(d.auth, Some(FileAuth::Method(_))))
         }),

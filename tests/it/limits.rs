@@ -1,0 +1,619 @@
+//! Fleet-scoped quotas (issue 58) against a real Redis: Debian's
+//! `redis-server`, started by each test on a unix socket in a temporary
+//! folder (no TCP port at all). When the binary is absent the tests say
+//! so and skip (`.ci/run` installs it).
+//!
+//! | what | test |
+//! |---|---|
+//! | 3 instances on one 300 req/s token bucket admit 300 req/s, not 900 | `three_instances_admit_one_fleet_limit` |
+//! | a fixed window across 3 instances | `three_instances_share_a_fixed_window` |
+//! | store stopped, killed, restarted under load: deadline, local share, counting resumes | `a_stopped_then_killed_store_falls_back_to_each_instances_share` |
+//! | `on_store_error = "deny"` / `"allow"` with no store; 429's `RateLimit` headers, access log, gRPC | `a_store_that_never_answers_fails_as_configured` |
+//! | a quota keyed by the subject `auth` found is taken after authentication | `a_quota_keyed_by_subject_counts_each_user_after_auth` |
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+
+use crate::harness::*;
+
+const REDIS: &str = "/usr/bin/redis-server";
+
+/// The three-instance tests run one at a time: each loads three gateways
+/// on a 2-core machine, and their timing bounds (a decision's deadline)
+/// are about the gateways, not about a machine running nine of them.
+static FLEETS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A Redis server on a unix socket; killed when dropped.
+struct Redis {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Redis {
+    /// `None` (with the reason on stderr) when Redis is not installed.
+    async fn start() -> Option<Redis> {
+        if !Path::new(REDIS).exists() {
+            eprintln!("SKIPPED: {REDIS} is not installed (Debian package redis-server; .ci/run installs it)");
+            return None;
+        }
+        let mut redis = Redis {
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+        };
+        redis.resume().await;
+        Some(redis)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    fn url(&self) -> String {
+        format!("unix://{}", self.socket().display())
+    }
+
+    /// Starts the server (again) on the same socket, empty; waits until
+    /// it answers `PING`.
+    async fn resume(&mut self) {
+        let _ = std::fs::remove_file(self.socket());
+        let child = Command::new(REDIS)
+            .args(["--port", "0", "--unixsocket"])
+            .arg(self.socket())
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.ping().await {
+                return;
+            }
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn ping(&self) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let Ok(mut stream) = tokio::net::UnixStream::connect(self.socket()).await else {
+            return false;
+        };
+        if stream.write_all(b"PING\r\n").await.is_err() {
+            return false;
+        }
+        let mut answer = [0u8; 7];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(1), stream.read_exact(&mut answer)).await,
+            Ok(Ok(_))
+        ) && &answer == b"+PONG\r\n"
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status()
+                .expect("kill runs");
+            assert!(status.success());
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What a load saw, by answer.
+#[derive(Default)]
+struct Counts {
+    ok: AtomicU64,
+    limited: AtomicU64,
+    unavailable: AtomicU64,
+    other: AtomicU64,
+    /// The slowest answer, in microseconds.
+    slowest_us: AtomicU64,
+}
+
+impl Counts {
+    fn ok(&self) -> u64 {
+        self.ok.load(Ordering::Relaxed)
+    }
+}
+
+/// Keep-alive clients sending `GET path` with a pause between requests,
+/// counting every answer, until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    counts: Arc<Counts>,
+    clients: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(addr: SocketAddr, connections: usize, pause: Duration) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let counts = Arc::new(Counts::default());
+        let clients = (0..connections)
+            .map(|_| {
+                let (stop, counts) = (Arc::clone(&stop), Arc::clone(&counts));
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(stream) = tokio::net::TcpStream::connect(addr).await else {
+                            counts.other.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(pause).await;
+                            continue;
+                        };
+                        let Ok((mut sender, conn)) =
+                            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+                        else {
+                            continue;
+                        };
+                        tokio::spawn(conn);
+                        while !stop.load(Ordering::Relaxed) {
+                            let req = Request::builder()
+                                .uri("/")
+                                .header("host", "a")
+                                .body(Full::new(Bytes::new()))
+                                .unwrap();
+                            let sent = Instant::now();
+                            let Ok(response) = sender.send_request(req).await else {
+                                counts.other.fetch_add(1, Ordering::Relaxed);
+                                break;
+                            };
+                            let status = response.status().as_u16();
+                            let _ = response.into_body().collect().await;
+                            let took =
+                                u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+                            counts.slowest_us.fetch_max(took, Ordering::Relaxed);
+                            let counter = match status {
+                                200 => &counts.ok,
+                                429 => &counts.limited,
+                                503 => &counts.unavailable,
+                                _ => &counts.other,
+                            };
+                            counter.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(pause).await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            counts,
+            clients,
+        }
+    }
+
+    async fn stop(self) -> Arc<Counts> {
+        self.stop.store(true, Ordering::Relaxed);
+        for client in self.clients {
+            let _ = client.await;
+        }
+        self.counts
+    }
+}
+
+/// A gateway whose one route answers `ok` under `quota`, counting in
+/// `store` (its `[limits] store` table).
+fn limited_gateway(store: &str, quota: &str) -> Gateway {
+    // One serving thread each: three gateways, Redis and the load share
+    // two cores.
+    let config = Config::new()
+        .metrics()
+        .runtime("worker_threads = 1")
+        .listener("web", "")
+        .text(&format!("[limits]\nstore = {store}"))
+        .route(
+            "api",
+            &format!("listeners = [\"web\"]\nrespond = {{ status = 200, body = \"ok\" }}\nquota = {quota}"),
+        )
+        .build();
+    Gateway::start(&config)
+}
+
+/// Polls every gateway's metrics until `check` holds for each (10 s).
+async fn until_all(gateways: &[Gateway], what: &str, check: impl Fn(&str) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut all = true;
+        for gw in gateways {
+            all &= check(&scrape(gw).await);
+        }
+        if all {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn instances(text: &str) -> f64 {
+    sample(text, "cutover_ratelimit_store_instances", &[])
+}
+
+fn store_up(text: &str) -> f64 {
+    sample(text, "cutover_ratelimit_store_up", &[])
+}
+
+/// Three instances count in one store; the answers each admitted.
+async fn three(redis: &Redis, quota: &str) -> Vec<Gateway> {
+    let store = format!(
+        "{{ redis = {{ url = \"{}\", timeout = \"100ms\" }} }}",
+        redis.url()
+    );
+    let gateways: Vec<Gateway> = (0..3).map(|_| limited_gateway(&store, quota)).collect();
+    until_all(&gateways, "3 instances counted, store up", |t| {
+        instances(t) == 3.0 && store_up(t) == 1.0
+    })
+    .await;
+    gateways
+}
+
+/// Loads each gateway with 2 connections, a request every 2 ms each
+/// (about 6 × the limits below in all), for `run`.
+async fn load_all(gateways: &[Gateway], run: Duration) -> Vec<Arc<Counts>> {
+    let loads: Vec<Load> = gateways
+        .iter()
+        .map(|gw| Load::start(gw.listener("web"), 2, Duration::from_millis(2)))
+        .collect();
+    tokio::time::sleep(run).await;
+    let mut counts = Vec::new();
+    for load in loads {
+        counts.push(load.stop().await);
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_admit_one_fleet_limit() {
+    let _one_at_a_time = FLEETS.lock().await;
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let gateways = three(
+        &redis,
+        r#"{ rate = 300, per = "1s", burst = 30, key = "route", scope = "fleet" }"#,
+    )
+    .await;
+    let counts = load_all(&gateways, Duration::from_secs(20)).await;
+    let admitted: Vec<u64> = counts.iter().map(|c| c.ok()).collect();
+    let limited: u64 = counts
+        .iter()
+        .map(|c| c.limited.load(Ordering::Relaxed))
+        .sum();
+    let other: u64 = counts.iter().map(|c| c.other.load(Ordering::Relaxed)).sum();
+    let total: u64 = admitted.iter().sum();
+    eprintln!(
+        "admitted {admitted:?} = {total} in 20 s ({:.1} req/s for a limit of 300), limited {limited}",
+        total as f64 / 20.0
+    );
+    assert_eq!(other, 0, "every answer is 200 or 429");
+    // 300 a second for 20 s, and the bucket's 30 at the start: ±10 %.
+    // Each instance alone would have admitted up to 6 030.
+    assert!((5_400..=6_600).contains(&total), "{total} admitted");
+    assert!(
+        limited > total,
+        "the load was well above the limit: {limited} refused"
+    );
+    // Every instance took part: none was starved by the others' leases.
+    assert!(admitted.iter().all(|&a| a > 1_000), "{admitted:?}");
+    // The gateway's count agrees with the client's, and no request fell
+    // back to local counting.
+    let (mut counted, mut fallback) = (0.0, 0.0);
+    for gw in &gateways {
+        let text = scrape(gw).await;
+        counted += sample(
+            &text,
+            "cutover_ratelimit_decisions_total",
+            &["allowed\"", "scope=\"fleet\""],
+        );
+        fallback += sample(&text, "cutover_ratelimit_decisions_total", &["fallback"]);
+        // The store never went down.
+        assert_eq!(
+            sample(&text, "cutover_ratelimit_store_transitions_total", &[]),
+            1.0
+        );
+    }
+    assert_eq!(counted as u64, total);
+    // A request whose lease was empty and whose refill came back after
+    // its deadline (a busy machine) decides by the local share: rare.
+    eprintln!("{fallback} decisions past their deadline (local share)");
+    assert!(fallback < total as f64 / 50.0, "{fallback} fell back");
+    // A refusal says why and when to come back.
+    let (status, headers, _) = get(gateways[0].listener("web"), "a", "/").await;
+    if status == 429 {
+        assert_eq!(headers["ratelimit-policy"], "\"api\";q=300;w=1");
+        assert_eq!(headers["ratelimit"], "\"api\";r=0;t=1");
+        assert_eq!(headers["retry-after"], "1");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_share_a_fixed_window() {
+    let _one_at_a_time = FLEETS.lock().await;
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let gateways = three(
+        &redis,
+        r#"{ rate = 200, per = "1s", key = "route", scope = "fleet", algorithm = "fixed_window" }"#,
+    )
+    .await;
+    let counts = load_all(&gateways, Duration::from_secs(6)).await;
+    let total: u64 = counts.iter().map(|c| c.ok()).sum();
+    eprintln!("fixed window: {total} admitted in 6 s (200 a window)");
+    // 6 s touch 6 or 7 one-second windows on the store's clock, each
+    // admitting 200 at most; the load fills every window it reaches
+    // (the first and last only partly): at least 5 full windows.
+    assert!(total <= 7 * 200, "{total}: more than the windows allow");
+    assert!(total >= 5 * 200 * 9 / 10, "{total}: windows left unfilled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_then_killed_store_falls_back_to_each_instances_share() {
+    let _one_at_a_time = FLEETS.lock().await;
+    let Some(mut redis) = Redis::start().await else {
+        return;
+    };
+    let gateways = three(
+        &redis,
+        r#"{ rate = 300, per = "1s", burst = 30, key = "route", scope = "fleet", deadline = "5ms" }"#,
+    )
+    .await;
+    let loads: Vec<Load> = gateways
+        .iter()
+        .map(|gw| Load::start(gw.listener("web"), 2, Duration::from_millis(2)))
+        .collect();
+    let snapshot = |loads: &[Load]| -> Vec<u64> { loads.iter().map(|l| l.counts.ok()).collect() };
+    let diff = |a: &[u64], b: &[u64]| -> Vec<u64> { a.iter().zip(b).map(|(a, b)| a - b).collect() };
+    // Fleet counting: 3 s.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a0 = snapshot(&loads);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let a1 = snapshot(&loads);
+    // Stopped for 5 s: each instance falls back to a third of the limit.
+    redis.signal("STOP");
+    // The first 100 ms (the store's timeout) go to the store's failure.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b0 = snapshot(&loads);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let b1 = snapshot(&loads);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Killed, and started again empty on the same socket.
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.resume().await;
+    until_all(&gateways, "the store up again", |t| store_up(t) == 1.0).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let c0 = snapshot(&loads);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let c1 = snapshot(&loads);
+    let mut counts = Vec::new();
+    for load in loads {
+        counts.push(load.stop().await);
+    }
+    let (fleet, fallback, resumed) = (diff(&a1, &a0), diff(&b1, &b0), diff(&c1, &c0));
+    let sum = |v: &[u64]| v.iter().sum::<u64>();
+    eprintln!(
+        "fleet 3 s: {fleet:?} = {}; store stopped 4 s: {fallback:?} = {}; resumed 3 s: {resumed:?} = {}",
+        sum(&fleet),
+        sum(&fallback),
+        sum(&resumed)
+    );
+    assert!((810..=990).contains(&sum(&fleet)), "fleet: {fleet:?}");
+    // Each instance its share: 100 a second (±10 %, and its bucket of 10).
+    for admitted in &fallback {
+        assert!((360..=450).contains(admitted), "fallback: {fallback:?}");
+    }
+    assert!((810..=990).contains(&sum(&resumed)), "resumed: {resumed:?}");
+    for (gw, counts) in gateways.iter().zip(&counts) {
+        let text = scrape(gw).await;
+        // No request waited on the store past its deadline + 5 ms.
+        let waited = sample(&text, "cutover_ratelimit_store_wait_seconds_count", &[]);
+        let within = sample(
+            &text,
+            "cutover_ratelimit_store_wait_seconds_bucket",
+            &["le=\"0.01\""],
+        );
+        let buckets: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("cutover_ratelimit_store_wait_seconds_bucket"))
+            .collect();
+        eprintln!(
+            "waits {waited}, within 10 ms {within}; slowest answer {} µs; {buckets:#?}",
+            counts.slowest_us.load(Ordering::Relaxed)
+        );
+        assert!(waited > 0.0);
+        // Past deadline + 5 ms: at most one wait in each run (seen: one
+        // of about 2 900, 16–70 ms, while the machine stalled every
+        // client for as long; open in issue 58's note), and never the
+        // store's own timeout.
+        let within_timeout = sample(
+            &text,
+            "cutover_ratelimit_store_wait_seconds_bucket",
+            &["le=\"0.1\""],
+        );
+        assert!(
+            waited - within <= 1.0,
+            "{} waits past 10 ms",
+            waited - within
+        );
+        assert_eq!(
+            within_timeout, waited,
+            "a request waited 100 ms for the store"
+        );
+        assert_eq!(counts.other.load(Ordering::Relaxed), 0);
+        assert!(
+            sample(
+                &text,
+                "cutover_ratelimit_decisions_total",
+                &["fallback_allowed"]
+            ) > 0.0
+        );
+        // Down once, up once (and up at the start).
+        assert_eq!(
+            sample(&text, "cutover_ratelimit_store_transitions_total", &[]),
+            3.0
+        );
+        let logs = gw.logs();
+        assert_eq!(logs.matches("rate-limit store failed").count(), 1, "{logs}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_never_answers_fails_as_configured() {
+    // Nothing listens on this socket.
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("unix://{}", dir.path().join("absent.sock").display());
+    let config = Config::new()
+        .metrics()
+        .log("access = true\naccess_file = \"access.log\"\nformat = \"json\"")
+        .listener("web", "")
+        .text(&format!("[limits]\nstore = {{ redis = {{ url = \"{url}\" }} }}"))
+        .route(
+            "closed",
+            "listeners = [\"web\"]\npath_prefix = \"/closed\"\nrespond = { status = 200 }\nquota = { rate = 100, scope = \"fleet\", key = \"route\", on_store_error = \"deny\" }",
+        )
+        .route(
+            "open",
+            "listeners = [\"web\"]\npath_prefix = \"/open\"\nrespond = { status = 200 }\nquota = { rate = 100, scope = \"fleet\", key = \"route\", on_store_error = \"allow\" }",
+        )
+        .route(
+            "share",
+            "listeners = [\"web\"]\npath_prefix = \"/share\"\nrespond = { status = 200 }\nquota = { rate = 2, burst = 2, per = \"1m\", scope = \"fleet\", key = \"route\" }",
+        )
+        .build();
+    let gw = Gateway::start(&config);
+    let web = gw.listener("web");
+    let (status, headers, _) = get(web, "a", "/closed").await;
+    assert_eq!(status, 503);
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(get(web, "a", "/open").await.0, 200);
+    // The local share: this instance alone, so the whole limit.
+    assert_eq!(get(web, "a", "/share").await.0, 200);
+    assert_eq!(get(web, "a", "/share").await.0, 200);
+    let (status, headers, _) = get(web, "a", "/share").await;
+    assert_eq!(status, 429);
+    assert_eq!(headers["ratelimit-policy"], "\"share\";q=2;w=60");
+    let text = scrape(&gw).await;
+    for (route, outcome, n) in [
+        ("closed", "failed_closed", 1.0),
+        ("open", "failed_open", 1.0),
+        ("share", "fallback_allowed", 2.0),
+        ("share", "fallback_limited", 1.0),
+    ] {
+        let labels = [
+            &format!("route=\"{route}\"")[..],
+            &format!("outcome=\"{outcome}\""),
+            "scope=\"fleet\"",
+        ];
+        assert_eq!(
+            sample(&text, "cutover_ratelimit_decisions_total", &labels),
+            n,
+            "{route} {outcome}"
+        );
+    }
+    assert_eq!(store_up(&text), 0.0);
+    let lines = access_lines(&gw.path("access.log"), 5).await;
+    let limited: Vec<&str> = lines
+        .iter()
+        .map(|l| l["limited"].as_str().unwrap_or("-"))
+        .collect();
+    assert_eq!(
+        limited,
+        ["store_error", "-", "-", "-", "fallback"],
+        "{lines:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_keyed_by_subject_counts_each_user_after_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = format!(
+        "alice:{}\nbob:{}\n",
+        crate::auth::argon2id("alice-pass"),
+        crate::auth::argon2id("bob-pass")
+    );
+    std::fs::write(dir.path().join("users.htpasswd"), users).unwrap();
+    let config = Config::new()
+        .metrics()
+        .listener("web", "")
+        .route(
+            "api",
+            "listeners = [\"web\"]\nrespond = { status = 200 }\nauth = { basic = { users_file = \"users.htpasswd\" } }\nquota = { rate = 2, burst = 2, per = \"1m\", key = \"subject\" }",
+        )
+        .build();
+    let gw = Gateway::start_in(dir, &config);
+    let web = gw.listener("web");
+    let basic = |user: &str, password: &str| {
+        use base64::Engine;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+    };
+    let alice = basic("alice", "alice-pass");
+    let bob = basic("bob", "bob-pass");
+    let wrong = basic("alice", "wrong");
+    let status = |headers: String| async move {
+        request(web, "/", &[("authorization", headers.as_str())])
+            .await
+            .0
+    };
+    // Bad credentials are refused before the quota: they spend nothing.
+    for _ in 0..3 {
+        assert_eq!(status(wrong.clone()).await, 401);
+    }
+    assert_eq!(status(alice.clone()).await, 200);
+    assert_eq!(status(alice.clone()).await, 200);
+    assert_eq!(status(alice.clone()).await, 429);
+    // Bob has his own bucket.
+    assert_eq!(status(bob.clone()).await, 200);
+    let text = scrape(&gw).await;
+    assert_eq!(
+        sample(
+            &text,
+            "cutover_ratelimit_decisions_total",
+            &["outcome=\"allowed\"", "scope=\"local\""]
+        ),
+        3.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "cutover_ratelimit_decisions_total",
+            &["outcome=\"limited\""]
+        ),
+        1.0
+    );
+}
+
+async fn request(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, http::HeaderMap, String) {
+    request_with(addr, "GET", path, headers).await
+}
