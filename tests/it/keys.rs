@@ -34,12 +34,13 @@ enum Place {
     Outlier,
     /// An https listener's `acme` certificate entry (with a route for it).
     Acme,
+    Limits,
 }
 use Place::*;
 
-const PLACES: [Place; 17] = [
+const PLACES: [Place; 18] = [
     Admin, Metrics, Log, Tracing, Runtime, Discovery, Fleet, Http, Https, Tcp, Udp, Route, Retry,
-    Upstream, Health, Outlier, Acme,
+    Upstream, Health, Outlier, Acme, Limits,
 ];
 const LISTENERS: &[Place] = &[Http, Https, Tcp, Udp];
 const HTTP: &[Place] = &[Http, Https];
@@ -62,6 +63,7 @@ impl Place {
             Health => "health",
             Outlier => "outlier",
             Acme => "acme",
+            Limits => "limits",
         }
     }
 
@@ -128,6 +130,7 @@ impl Place {
             ),
             Health => ("[upstreams.app.health]", &["path = \"/healthz\""]),
             Outlier => ("[upstreams.app.outlier]", &[]),
+            Limits => ("[limits]", &[]),
             Acme => (
                 "[[routes]]",
                 &[
@@ -229,6 +232,8 @@ impl Row {
 /// ACME keeps its account and certificates in `state_dir`.
 const STATE_DIR: &[(Place, &str)] = &[(Runtime, "state_dir = \"state\"")];
 const SNI: &str = "sni_routes = [{ hosts = [\"db.example.com\"], upstream = \"relayed\" }]";
+const REDIS: &str = "store.redis.url = \"redis://127.0.0.1:6379/0\"";
+const REDIS_OTHER: &str = "store.redis.url = \"redis://127.0.0.1:6380/0\"";
 const TRUSTED: &str = "trusted_proxies = [\"127.0.0.1\"]";
 
 fn rows() -> Vec<Row> {
@@ -356,6 +361,39 @@ fn rows() -> Vec<Row> {
             Fleet,
             &["username = \"root\"", "password_file = \"etcd.pass\""],
         ),
+        row("limits", "store.redis.url", Limits, &[REDIS_OTHER]).before(&[REDIS]),
+        row(
+            "limits",
+            "store.redis.username",
+            Limits,
+            &[
+                REDIS,
+                "store.redis.username = \"gw\"",
+                "store.redis.password_file = \"redis.pass\"",
+            ],
+        )
+        .before(&[REDIS, "store.redis.password_file = \"redis.pass\""]),
+        row(
+            "limits",
+            "store.redis.password_file",
+            Limits,
+            &[REDIS, "store.redis.password_file = \"redis.pass\""],
+        )
+        .before(&[REDIS]),
+        row(
+            "limits",
+            "store.redis.key_prefix",
+            Limits,
+            &[REDIS, "store.redis.key_prefix = \"edge:\""],
+        )
+        .before(&[REDIS]),
+        row(
+            "limits",
+            "store.redis.timeout",
+            Limits,
+            &[REDIS, "store.redis.timeout = \"1s\""],
+        )
+        .before(&[REDIS]),
         row("listeners", "name", Tcp, &["name = \"relay2\""])
             .on(LISTENERS)
             .replaces(&["name = \"relay\""]),
@@ -874,7 +912,7 @@ fn configuration(
 /// What a configuration does, without the text it came from.
 fn behaviour(spec: &Spec) -> String {
     format!(
-        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
+        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
         spec.admin,
         spec.metrics_bind,
         spec.metrics_max_series,
@@ -885,7 +923,8 @@ fn behaviour(spec: &Spec) -> String {
         spec.routes,
         spec.upstreams,
         spec.fleet,
-        spec.discovery
+        spec.discovery,
+        spec.limit_store
     )
 }
 
@@ -910,6 +949,7 @@ fn files() -> tempfile::TempDir {
         ("client.key", &client_key),
         ("admin.token", "a-token-of-at-least-sixteen-characters"),
         ("etcd.pass", "s3cret"),
+        ("redis.pass", "s3cret"),
     ] {
         std::fs::write(dir.path().join(name), content).unwrap();
     }
