@@ -43,6 +43,7 @@ pub mod ctl;
 pub mod discovery;
 #[cfg(feature = "fleet")]
 pub mod fleet;
+pub mod gatewayapi;
 pub mod generation;
 pub mod grpc;
 pub mod ids;

@@ -41,6 +41,43 @@ enum Command {
     },
     /// Talk to a running gateway's admin API.
     Ctl(Box<cutover::ctl::CtlArgs>),
+    /// Write a cutover configuration from another format.
+    #[command(subcommand)]
+    Import(Import),
+}
+
+#[derive(Debug, Subcommand)]
+enum Import {
+    /// Kubernetes Gateway API resources (YAML files or folders of them):
+    /// prints each route's and listener's status conditions; exit 0 when
+    /// every one is accepted with its references resolved, 2 when some
+    /// are not (the configuration holds the rest), 1 on unreadable input.
+    #[command(name = "gateway-api")]
+    GatewayApi {
+        /// Files or folders of `.yaml`/`.yml` (multi-document).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Only Gateways of this GatewayClass (default: all).
+        #[arg(long)]
+        gateway_class: Option<String>,
+        /// Write the configuration here (default: standard output, and
+        /// the statuses to standard error).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// `input`: Services and EndpointSlices from the resources only;
+        /// `dns`: a Service without EndpointSlices (or absent) is its
+        /// cluster DNS name.
+        #[arg(long, default_value = "input", value_parser = ["input", "dns"])]
+        services: String,
+        /// The address listeners bind on.
+        #[arg(long, default_value = "0.0.0.0")]
+        address: String,
+        /// `[admin] bind` of the configuration written.
+        #[arg(long, default_value = "127.0.0.1:9190")]
+        admin: String,
+        #[arg(long, default_value = "cluster.local")]
+        cluster_domain: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -59,6 +96,66 @@ fn main() -> ExitCode {
         },
         Command::Check { config } => check(&config),
         Command::Ctl(args) => ExitCode::from(cutover::ctl::run(*args)),
+        Command::Import(Import::GatewayApi {
+            paths,
+            gateway_class,
+            output,
+            services,
+            address,
+            admin,
+            cluster_domain,
+        }) => {
+            let options = cutover::gatewayapi::Options {
+                gateway_class,
+                address,
+                services: match services.as_str() {
+                    "dns" => cutover::gatewayapi::Services::Dns,
+                    _ => cutover::gatewayapi::Services::Input,
+                },
+                cluster_domain,
+                admin,
+            };
+            import_gateway_api(&paths, &options, output.as_deref())
+        }
+    }
+}
+
+fn import_gateway_api(
+    paths: &[PathBuf],
+    options: &cutover::gatewayapi::Options,
+    output: Option<&std::path::Path>,
+) -> ExitCode {
+    let imported = match cutover::gatewayapi::import(paths, options) {
+        Ok(imported) => imported,
+        Err(error) => {
+            eprintln!("cutover import gateway-api: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let statuses = imported.status_yaml();
+    match output {
+        Some(path) => {
+            if let Err(error) = imported.write(path) {
+                eprintln!("cutover import gateway-api: {}: {error}", path.display());
+                return ExitCode::from(1);
+            }
+            print!("{statuses}");
+        }
+        None => {
+            print!("{}", imported.config);
+            eprint!("{statuses}");
+        }
+    }
+    let c = imported.counts;
+    eprintln!(
+        "imported {} Gateway(s), {} HTTPRoute(s): {} cutover route(s), {} upstream(s)",
+        c.gateways, c.routes, c.cutover_routes, c.upstreams
+    );
+    if imported.all_accepted() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("some routes or listeners are not accepted: see their conditions");
+        ExitCode::from(2)
     }
 }
 

@@ -1,0 +1,422 @@
+//! HTTPRoute filters and backends.
+
+use serde_json::Value;
+
+use super::http::{unsupported, Built, Context};
+use super::matches::PathEdit;
+use super::routes::{literal, Action, Backend, HeaderEdits, Route, Upstream};
+use super::status::Condition;
+use super::{toml_str, Fields, Resource, Services, GROUP};
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn apply_filter(
+    ctx: &Context<'_>,
+    route: &Resource,
+    filter: &Fields<'_>,
+    r: &mut Route,
+    path_edit: &mut Option<PathEdit>,
+    mirror_name: &str,
+    built: &mut Built,
+    resolved: &mut Vec<Condition>,
+) -> Result<(), Condition> {
+    let kind = filter.str("type").unwrap_or_default();
+    let out = match kind {
+        "RequestHeaderModifier" | "ResponseHeaderModifier" => {
+            let key = if kind == "RequestHeaderModifier" {
+                "requestHeaderModifier"
+            } else {
+                "responseHeaderModifier"
+            };
+            let Some(m) = filter.object(key) else {
+                return Err(missing(filter, key));
+            };
+            let mut edits = HeaderEdits::default();
+            for (field, into) in [("set", &mut edits.set), ("add", &mut edits.add)] {
+                for h in m.list(field) {
+                    let name = h.str("name").unwrap_or_default().to_ascii_lowercase();
+                    let value = literal(h.str("value").unwrap_or_default());
+                    into.insert(name, value);
+                    if let Some(f) = h.rest().first() {
+                        return Err(unsupported(f));
+                    }
+                }
+            }
+            edits.remove = m
+                .strings("remove")
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect();
+            if let Some(f) = m.rest().first() {
+                return Err(unsupported(f));
+            }
+            if kind == "RequestHeaderModifier" {
+                r.request_headers = Some(edits);
+            } else {
+                r.response_headers = Some(edits);
+            }
+            Ok(())
+        }
+        "RequestRedirect" => {
+            let Some(m) = filter.object("requestRedirect") else {
+                return Err(missing(filter, "requestRedirect"));
+            };
+            let mut parts = Vec::new();
+            if let Some(s) = m.str("scheme") {
+                parts.push(("scheme".into(), toml_str(s)));
+            }
+            if let Some(h) = m.str("hostname") {
+                parts.push(("host".into(), toml_str(&literal(h))));
+            }
+            if let Some(p) = m.int("port") {
+                parts.push(("port".into(), p.to_string()));
+            }
+            parts.push((
+                "status".into(),
+                m.int("statusCode").unwrap_or(302).to_string(),
+            ));
+            let edit = match m.object("path") {
+                Some(p) => Some(Box::new(path_modifier(&p)?)),
+                None => None,
+            };
+            if let Some(f) = m.rest().first() {
+                return Err(unsupported(f));
+            }
+            *path_edit = Some(PathEdit::Redirect(parts.clone(), edit));
+            r.action = Action::Redirect(parts);
+            Ok(())
+        }
+        "URLRewrite" => {
+            let Some(m) = filter.object("urlRewrite") else {
+                return Err(missing(filter, "urlRewrite"));
+            };
+            if let Some(h) = m.str("hostname") {
+                r.host_rewrite = Some(h.to_owned());
+            }
+            if let Some(p) = m.object("path") {
+                *path_edit = Some(path_modifier(&p)?);
+            }
+            if let Some(f) = m.rest().first() {
+                return Err(unsupported(f));
+            }
+            Ok(())
+        }
+        "RequestMirror" => {
+            let Some(m) = filter.object("requestMirror") else {
+                return Err(missing(filter, "requestMirror"));
+            };
+            if r.mirror.is_some() {
+                return Err(Condition::no(
+                    "Accepted",
+                    "UnsupportedValue",
+                    format!("{}: cutover mirrors a route to one upstream", filter.path()),
+                ));
+            }
+            let percent = match (m.int("percent"), m.object("fraction")) {
+                (Some(p), _) => u32::try_from(p).unwrap_or(100),
+                (None, Some(f)) => {
+                    let n = f.int("numerator").unwrap_or(0);
+                    let d = f.int("denominator").unwrap_or(100).max(1);
+                    u32::try_from((n * 100 + d - 1) / d).unwrap_or(100)
+                }
+                (None, None) => 100,
+            };
+            if let Some(backend) = m.object("backendRef") {
+                match resolve(ctx, route, &backend) {
+                    Ok(members) => {
+                        built.upstreams.insert(
+                            mirror_name.to_owned(),
+                            Upstream {
+                                backends: members.into_iter().map(|b| (b, 1)).collect(),
+                                weighted: false,
+                            },
+                        );
+                        if percent > 0 {
+                            r.mirror = Some((mirror_name.to_owned(), percent.min(100)));
+                        }
+                    }
+                    Err(c) => resolved.push(c),
+                }
+            }
+            if let Some(f) = m.rest().first() {
+                return Err(unsupported(f));
+            }
+            Ok(())
+        }
+        other => Err(Condition::no(
+            "Accepted",
+            "UnsupportedValue",
+            format!(
+                "{}: filter type {other:?} is not supported by cutover's import",
+                filter.path()
+            ),
+        )),
+    };
+    if out.is_ok() {
+        if let Some(f) = filter.rest().first() {
+            return Err(unsupported(f));
+        }
+    }
+    out
+}
+
+pub(super) fn missing(filter: &Fields<'_>, key: &str) -> Condition {
+    Condition::no(
+        "Accepted",
+        "UnsupportedValue",
+        format!("{}: the filter has no {key}", filter.path()),
+    )
+}
+
+pub(super) fn path_modifier(p: &Fields<'_>) -> Result<PathEdit, Condition> {
+    let out = match p.str("type").unwrap_or_default() {
+        "ReplaceFullPath" => PathEdit::Full(p.str("replaceFullPath").unwrap_or("/").to_owned()),
+        "ReplacePrefixMatch" => {
+            PathEdit::Prefix(p.str("replacePrefixMatch").unwrap_or("/").to_owned())
+        }
+        other => {
+            return Err(Condition::no(
+                "Accepted",
+                "UnsupportedValue",
+                format!("{}: path modifier {other:?}", p.path()),
+            ))
+        }
+    };
+    if let Some(f) = p.rest().first() {
+        return Err(unsupported(f));
+    }
+    Ok(out)
+}
+
+/// The rule's backends as one upstream (weights kept as shares), or a
+/// 500 answer when none is usable.
+pub(super) fn backends(
+    ctx: &Context<'_>,
+    route: &Resource,
+    rule: &Fields<'_>,
+    name: &str,
+    built: &mut Built,
+    resolved: &mut Vec<Condition>,
+) -> Action {
+    let mut shares: Vec<(Vec<Backend>, u32)> = Vec::new();
+    for b in rule.list("backendRefs") {
+        let weight = b.int("weight").unwrap_or(1);
+        if !b.list("filters").is_empty() {
+            resolved.push(Condition::no(
+                "ResolvedRefs",
+                "UnsupportedValue",
+                format!(
+                    "{}.filters: filters on one backend are not supported by cutover's import",
+                    b.path()
+                ),
+            ));
+        }
+        match resolve(ctx, route, &b) {
+            Ok(members) if weight > 0 => shares.push((members, u32::try_from(weight).unwrap_or(1))),
+            Ok(_) => {}
+            Err(c) => resolved.push(c),
+        }
+        for f in b.rest() {
+            resolved.push(Condition::no(
+                "ResolvedRefs",
+                "UnsupportedValue",
+                format!("{f} is not supported by cutover's import"),
+            ));
+        }
+    }
+    shares.retain(|(members, _)| !members.is_empty());
+    if shares.is_empty() {
+        return Action::Respond(500);
+    }
+    // Each member's weight is its reference's share over its members,
+    // scaled into cutover's 1–1000.
+    let per_member: Vec<f64> = shares
+        .iter()
+        .map(|(members, w)| f64::from(*w) / members.len() as f64)
+        .collect();
+    let top = per_member.iter().copied().fold(0.0, f64::max);
+    let weighted = shares.len() > 1
+        && per_member
+            .windows(2)
+            .any(|w| (w[0] - w[1]).abs() > f64::EPSILON);
+    let mut out: Vec<(Backend, u32)> = Vec::new();
+    for ((members, _), share) in shares.iter().zip(&per_member) {
+        let weight = if weighted {
+            ((share / top) * 1000.0).round().clamp(1.0, 1000.0) as u32
+        } else {
+            1
+        };
+        for m in members {
+            match out.iter_mut().find(|(b, _)| b == m) {
+                Some((_, w)) => *w = (*w + weight).min(1000),
+                None => out.push((m.clone(), weight)),
+            }
+        }
+    }
+    built.upstreams.insert(
+        name.to_owned(),
+        Upstream {
+            backends: out,
+            weighted,
+        },
+    );
+    Action::Upstream(name.to_owned())
+}
+
+/// A backendRef's members, or the `ResolvedRefs` condition it fails.
+pub(super) fn resolve(
+    ctx: &Context<'_>,
+    route: &Resource,
+    b: &Fields<'_>,
+) -> Result<Vec<Backend>, Condition> {
+    let group = b.str("group").unwrap_or("");
+    let kind = b.str("kind").unwrap_or("Service");
+    let name = b.str("name").unwrap_or_default();
+    let namespace = b.str("namespace").unwrap_or(&route.namespace);
+    let port = b.int("port");
+    b.ignore(&["weight", "filters"]);
+    if !(group.is_empty() || group == "core") || kind != "Service" {
+        return Err(Condition::no(
+            "ResolvedRefs",
+            "InvalidKind",
+            format!("backend kind {group}/{kind} is not a Service"),
+        ));
+    }
+    if namespace != route.namespace && !granted(ctx, route, namespace, name) {
+        return Err(Condition::no(
+            "ResolvedRefs",
+            "RefNotPermitted",
+            format!("no ReferenceGrant in namespace {namespace} lets HTTPRoutes of {} refer to Service {name}", route.namespace),
+        ));
+    }
+    let Some(port) = port.and_then(|p| u16::try_from(p).ok()) else {
+        return Err(Condition::no(
+            "ResolvedRefs",
+            "UnsupportedValue",
+            format!("{}: a Service backend needs a port", b.path()),
+        ));
+    };
+    let service = ctx.resources.iter().find(|r| {
+        r.kind == "Service" && r.group().is_empty() && r.namespace == namespace && r.name == name
+    });
+    let dns = || {
+        vec![Backend::Dns(format!(
+            "{name}.{namespace}.svc.{}:{port}",
+            ctx.options.cluster_domain
+        ))]
+    };
+    let Some(service) = service else {
+        return match ctx.options.services {
+            Services::Dns => Ok(dns()),
+            Services::Input => Err(Condition::no(
+                "ResolvedRefs",
+                "BackendNotFound",
+                format!("Service {namespace}/{name} is not among the resources (give it, or import with --services dns)"),
+            )),
+        };
+    };
+    // The Service port: its name and target port.
+    let ports = service
+        .body
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let Some(service_port) = ports
+        .iter()
+        .find(|p| p.get("port").and_then(Value::as_i64) == Some(i64::from(port)))
+    else {
+        return Err(Condition::no(
+            "ResolvedRefs",
+            "BackendNotFound",
+            format!("Service {namespace}/{name} has no port {port}"),
+        ));
+    };
+    let port_name = service_port
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let slices: Vec<&Resource> = ctx
+        .resources
+        .iter()
+        .filter(|r| {
+            r.kind == "EndpointSlice"
+                && r.namespace == namespace
+                && r.labels
+                    .get("kubernetes.io/service-name")
+                    .and_then(Value::as_str)
+                    == Some(name)
+        })
+        .collect();
+    if slices.is_empty() {
+        return Ok(dns());
+    }
+    let mut members = Vec::new();
+    for slice in slices {
+        let target = slice
+            .body
+            .get("ports")
+            .and_then(Value::as_array)
+            .and_then(|ports| {
+                ports
+                    .iter()
+                    .find(|p| p.get("name").and_then(Value::as_str).unwrap_or("") == port_name)
+            })
+            .and_then(|p| p.get("port").and_then(Value::as_i64));
+        let Some(target) = target else { continue };
+        for endpoint in slice
+            .body
+            .get("endpoints")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let ready = endpoint
+                .pointer("/conditions/ready")
+                .and_then(Value::as_bool)
+                .unwrap_or(true);
+            if !ready {
+                continue;
+            }
+            for address in endpoint
+                .get("addresses")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(a) = address.as_str() {
+                    let addr = if a.contains(':') {
+                        format!("[{a}]:{target}")
+                    } else {
+                        format!("{a}:{target}")
+                    };
+                    if !members.contains(&Backend::Addr(addr.clone())) {
+                        members.push(Backend::Addr(addr));
+                    }
+                }
+            }
+        }
+    }
+    Ok(members)
+}
+
+/// Whether a ReferenceGrant in `namespace` lets `route`'s namespace refer
+/// to Service `name`.
+pub(super) fn granted(ctx: &Context<'_>, route: &Resource, namespace: &str, name: &str) -> bool {
+    ctx.resources
+        .iter()
+        .filter(|r| r.kind == "ReferenceGrant" && r.group() == GROUP && r.namespace == namespace)
+        .any(|grant| {
+            let spec = &grant.body["spec"];
+            let from = spec["from"].as_array().into_iter().flatten().any(|f| {
+                f["group"].as_str() == Some(GROUP)
+                    && f["kind"].as_str() == Some(&route.kind)
+                    && f["namespace"].as_str() == Some(&route.namespace)
+            });
+            let to = spec["to"].as_array().into_iter().flatten().any(|t| {
+                t["group"].as_str().unwrap_or("").is_empty()
+                    && t["kind"].as_str() == Some("Service")
+                    && t["name"].as_str().is_none_or(|n| n == name)
+            });
+            from && to
+        })
+}

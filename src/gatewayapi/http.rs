@@ -1,0 +1,428 @@
+//! HTTPRoute: attachment, hostnames, matches, filters and backends, as
+//! cutover routes and upstreams.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{json, Map, Value};
+
+use super::filters::{apply_filter, backends};
+use super::matches::{intersect, route_match, split_path, PathEdit, Redirect};
+use super::routes::{part, Action, Path, Route, Upstream, METHODS};
+use super::status::{Condition, ParentStatus, RouteStatus};
+use super::{AllowedFrom, Fields, Listener, Options, Resource, GROUP};
+
+pub(super) struct Context<'a> {
+    pub resources: &'a [Resource],
+    pub gateways: &'a [&'a Resource],
+    pub listeners: &'a [Listener],
+    pub namespaces: &'a BTreeMap<&'a str, &'a Map<String, Value>>,
+    pub options: &'a Options,
+}
+
+/// Cutover routes and upstreams made so far, in the API's precedence.
+#[derive(Debug, Default)]
+pub(super) struct Built {
+    pub routes: Vec<Route>,
+    pub upstreams: BTreeMap<String, Upstream>,
+}
+
+/// Imports one HTTPRoute; returns its status and how many routes it
+/// attached to each listener (by index).
+pub(super) fn import_route(
+    ctx: &Context<'_>,
+    route: &Resource,
+    order: usize,
+    built: &mut Built,
+) -> (RouteStatus, BTreeMap<usize, usize>) {
+    let mut status = RouteStatus::new(route);
+    let mut attached_counts = BTreeMap::new();
+    let spec = route.spec();
+    let hostnames: Vec<String> = spec
+        .strings("hostnames")
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+
+    // Per cutover listener: the hostnames the route serves there (None:
+    // any host).
+    let mut serve: BTreeMap<String, BTreeSet<Option<String>>> = BTreeMap::new();
+    let mut parent_statuses = Vec::new();
+    for parent in spec.list("parentRefs") {
+        let parent_ref = parent_ref_json(&parent, route);
+        let mut conditions = Vec::new();
+        let group = parent.str("group").unwrap_or(GROUP);
+        let kind = parent.str("kind").unwrap_or("Gateway");
+        let namespace = parent.str("namespace").unwrap_or(&route.namespace);
+        let name = parent.str("name").unwrap_or_default();
+        let section = parent.str("sectionName");
+        let port = parent.int("port");
+        for field in parent.rest() {
+            conditions.push(unsupported(&field));
+        }
+        let gateway = ctx
+            .gateways
+            .iter()
+            .position(|g| g.namespace == namespace && g.name == name);
+        match (group == GROUP && kind == "Gateway", gateway) {
+            (false, _) => conditions.push(Condition::no(
+                "Accepted",
+                "NoMatchingParent",
+                format!("parent kind {group}/{kind} is not a Gateway"),
+            )),
+            (true, None) => conditions.push(Condition::no(
+                "Accepted",
+                "NoMatchingParent",
+                format!("no Gateway {namespace}/{name} of the imported class"),
+            )),
+            (true, Some(gi)) => {
+                let candidates: Vec<usize> = ctx
+                    .listeners
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| l.gateway == gi)
+                    .filter(|(_, l)| section.is_none_or(|s| s == l.name))
+                    .filter(|(_, l)| port.is_none_or(|p| p == i64::from(l.port)))
+                    .map(|(i, _)| i)
+                    .collect();
+                let allowed: Vec<usize> = candidates
+                    .iter()
+                    .copied()
+                    .filter(|&i| allows(ctx, &ctx.listeners[i], ctx.gateways[gi], route))
+                    .collect();
+                let mut matched = 0;
+                for &i in &allowed {
+                    let l = &ctx.listeners[i];
+                    let hosts = intersect(l.hostname.as_deref(), &hostnames);
+                    if hosts.is_empty() {
+                        continue;
+                    }
+                    matched += 1;
+                    *attached_counts.entry(i).or_insert(0) += 1;
+                    serve.entry(l.cutover.clone()).or_default().extend(hosts);
+                }
+                if candidates.is_empty() {
+                    conditions.push(Condition::no(
+                        "Accepted",
+                        "NoMatchingParent",
+                        match (section, port) {
+                            (Some(s), _) => format!("Gateway {namespace}/{name} has no accepted listener {s:?} (on that port)"),
+                            (None, Some(p)) => format!("Gateway {namespace}/{name} has no accepted listener on port {p}"),
+                            (None, None) => format!("Gateway {namespace}/{name} has no accepted listener"),
+                        },
+                    ));
+                } else if allowed.is_empty() {
+                    conditions.push(Condition::no(
+                        "Accepted",
+                        "NotAllowedByListeners",
+                        format!("no listener of Gateway {namespace}/{name} allows routes from namespace {}", route.namespace),
+                    ));
+                } else if matched == 0 {
+                    conditions.push(Condition::no(
+                        "Accepted",
+                        "NoMatchingListenerHostname",
+                        "no hostname of the route intersects a listener's hostname".into(),
+                    ));
+                }
+            }
+        }
+        parent_statuses.push((parent_ref, conditions));
+    }
+
+    // The rules, whatever the parents: their problems are every parent's.
+    let mut rule_conditions: Vec<Condition> = Vec::new();
+    let mut resolved: Vec<Condition> = Vec::new();
+    let base = format!("{}_{}", part(&route.namespace), part(&route.name));
+    let mut pending: Vec<Route> = Vec::new();
+    for (ri, rule) in spec.list("rules").iter().enumerate() {
+        rule.ignore(&["name"]);
+        let upstream_name = format!("{base}_r{ri}");
+        let action = backends(ctx, route, rule, &upstream_name, built, &mut resolved);
+        let mut template = Route {
+            name: String::new(),
+            listener: String::new(),
+            host: None,
+            path: Path::Any,
+            methods: Vec::new(),
+            headers: BTreeMap::new(),
+            query: BTreeMap::new(),
+            action,
+            request_headers: None,
+            response_headers: None,
+            rewrite: None,
+            host_rewrite: None,
+            mirror: None,
+            timeout: None,
+            rank: (0, Reverse(0), 0, Reverse(0), Reverse(0), order, 0, 0),
+        };
+        let mut path_edit: Option<PathEdit> = None;
+        for (fi, filter) in rule.list("filters").iter().enumerate() {
+            if let Err(problem) = apply_filter(
+                ctx,
+                route,
+                filter,
+                &mut template,
+                &mut path_edit,
+                &format!("{base}_r{ri}_m{fi}"),
+                built,
+                &mut resolved,
+            ) {
+                rule_conditions.push(problem);
+            }
+        }
+        if let Some(timeouts) = rule.object("timeouts") {
+            let request = timeouts.str("request");
+            let backend = timeouts.str("backendRequest");
+            template.timeout = match (request, backend) {
+                (Some(r), Some(b)) => Some(shorter(r, b).to_owned()),
+                (Some(t), None) | (None, Some(t)) => Some(t.to_owned()),
+                (None, None) => None,
+            }
+            .and_then(|t| parse_duration(&t))
+            .filter(|ms| *ms > 0)
+            .map(|ms| match ms % 1000 {
+                0 => format!("{}s", ms / 1000),
+                _ => format!("{ms}ms"),
+            });
+            for field in timeouts.rest() {
+                rule_conditions.push(unsupported(&field));
+            }
+        }
+        let mut matches = rule.list("matches");
+        let default_match = Value::Object(Map::new());
+        if matches.is_empty() {
+            matches.push(Fields::new(
+                &default_match,
+                format!("{}.matches[0]", rule.path()),
+            ));
+        }
+        for (mi, m) in matches.iter().enumerate() {
+            match route_match(m) {
+                Ok(parts)
+                    if prefix_edit(path_edit.as_ref())
+                        && matches!(parts.path, Path::Exact(_) | Path::Regex(_)) =>
+                {
+                    rule_conditions.push(Condition::no(
+                        "Accepted",
+                        "UnsupportedValue",
+                        format!("{}: ReplacePrefixMatch needs a PathPrefix match", m.path()),
+                    ));
+                }
+                Ok(parts) => {
+                    for (pi, (path, rewrite)) in split_path(&parts.path, path_edit.as_ref())
+                        .into_iter()
+                        .enumerate()
+                    {
+                        let mut r = template.clone();
+                        r.name = format!("{base}_r{ri}_m{mi}_{pi}");
+                        r.rank = (
+                            match &parts.path {
+                                Path::Exact(_) => 0,
+                                Path::Prefix(_) | Path::Any => 1,
+                                Path::Regex(_) => 2,
+                            },
+                            Reverse(match &parts.path {
+                                Path::Exact(p) | Path::Prefix(p) | Path::Regex(p) => p.len(),
+                                Path::Any => 1,
+                            }),
+                            u8::from(parts.method.is_none()),
+                            Reverse(parts.headers.len()),
+                            Reverse(parts.query.len()),
+                            order,
+                            ri,
+                            mi,
+                        );
+                        r.path = path;
+                        if let Some(Redirect(parts_of)) = &rewrite.redirect {
+                            r.action = Action::Redirect(parts_of.clone());
+                        }
+                        r.rewrite = rewrite.rewrite;
+                        r.methods = parts.method.iter().cloned().collect();
+                        r.headers = parts.headers.clone();
+                        r.query = parts.query.clone();
+                        pending.push(r);
+                    }
+                }
+                Err(problems) => rule_conditions.extend(problems),
+            }
+        }
+        for field in rule.rest() {
+            rule_conditions.push(unsupported(&field));
+        }
+    }
+    for field in spec.rest() {
+        rule_conditions.push(unsupported(&field));
+    }
+
+    let accepted_problem = rule_conditions.iter().find(|c| !c.status).cloned();
+    // The first reason, with every reference's message.
+    let refs_problem = resolved.iter().find(|c| !c.status).map(|first| {
+        let messages: Vec<&str> = resolved
+            .iter()
+            .filter(|c| !c.status)
+            .map(|c| c.message.as_str())
+            .collect();
+        Condition::no("ResolvedRefs", &first.reason, messages.join("; "))
+    });
+    for (parent_ref, mut conditions) in parent_statuses {
+        let attached = conditions.iter().all(|c| c.status);
+        if attached {
+            match &accepted_problem {
+                // An unsupported field: the route is not programmed at all
+                // (a part of it cannot be honoured).
+                Some(problem) => conditions.push(problem.clone()),
+                None => conditions.push(Condition::yes("Accepted", "Accepted")),
+            }
+        }
+        conditions.push(match &refs_problem {
+            Some(problem) => problem.clone(),
+            None => Condition::yes("ResolvedRefs", "ResolvedRefs"),
+        });
+        status.parents.push(ParentStatus {
+            parent_ref,
+            conditions,
+        });
+    }
+    if accepted_problem.is_some() {
+        return (status, BTreeMap::new());
+    }
+    for (listener, hosts) in serve {
+        for host in hosts {
+            for r in &pending {
+                let mut r = r.clone();
+                r.listener = listener.clone();
+                r.name = format!(
+                    "{}_{}_{}",
+                    r.name,
+                    part(&listener),
+                    host.as_deref().map_or_else(|| "any".to_owned(), part)
+                );
+                r.host = host.clone();
+                built.routes.push(r);
+            }
+        }
+    }
+    (status, attached_counts)
+}
+
+/// Sorts the routes in the API's precedence and gives each match key
+/// only the methods no route before it took (dropping routes left with
+/// none: an older route with the same match wins).
+pub(super) fn settle(routes: &mut Vec<Route>) {
+    routes.sort_by_key(|r| r.rank);
+    let mut taken: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    routes.retain_mut(|r| {
+        let key = format!(
+            "{}|{:?}|{:?}|{:?}|{:?}",
+            r.listener, r.host, r.path, r.headers, r.query
+        );
+        let taken = taken.entry(key).or_default();
+        if taken.contains("*") {
+            return false;
+        }
+        let wanted: Vec<String> = if r.methods.is_empty() {
+            if taken.is_empty() {
+                taken.insert("*".into());
+                return true;
+            }
+            METHODS.iter().map(|m| (*m).to_owned()).collect()
+        } else {
+            r.methods.clone()
+        };
+        let left: Vec<String> = wanted.into_iter().filter(|m| !taken.contains(m)).collect();
+        if left.is_empty() {
+            return false;
+        }
+        taken.extend(left.iter().cloned());
+        r.methods = left;
+        true
+    });
+}
+
+fn prefix_edit(edit: Option<&PathEdit>) -> bool {
+    match edit {
+        Some(PathEdit::Prefix(_)) => true,
+        Some(PathEdit::Redirect(_, inner)) => prefix_edit(inner.as_deref()),
+        _ => false,
+    }
+}
+
+fn shorter<'a>(a: &'a str, b: &'a str) -> &'a str {
+    match (parse_duration(a), parse_duration(b)) {
+        (Some(x), Some(y)) if y < x => b,
+        _ => a,
+    }
+}
+
+/// A Gateway API duration (`1h2m3s4ms`) in milliseconds.
+fn parse_duration(text: &str) -> Option<u64> {
+    let mut total = 0u64;
+    let mut number = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            number.push(c);
+            continue;
+        }
+        let n: u64 = number.parse().ok()?;
+        number.clear();
+        let unit = match c {
+            'h' => 3_600_000,
+            'm' if chars.peek() == Some(&'s') => {
+                chars.next();
+                1
+            }
+            'm' => 60_000,
+            's' => 1000,
+            _ => return None,
+        };
+        total += n * unit;
+    }
+    number.is_empty().then_some(total)
+}
+
+pub(super) fn unsupported(field: &str) -> Condition {
+    Condition::no(
+        "Accepted",
+        "UnsupportedValue",
+        format!("{field} is not supported by cutover's import"),
+    )
+}
+
+fn parent_ref_json(parent: &Fields<'_>, route: &Resource) -> Value {
+    let mut out = Map::new();
+    out.insert("group".into(), json!(parent.str("group").unwrap_or(GROUP)));
+    out.insert(
+        "kind".into(),
+        json!(parent.str("kind").unwrap_or("Gateway")),
+    );
+    out.insert(
+        "namespace".into(),
+        json!(parent.str("namespace").unwrap_or(&route.namespace)),
+    );
+    out.insert("name".into(), json!(parent.str("name").unwrap_or_default()));
+    if let Some(s) = parent.str("sectionName") {
+        out.insert("sectionName".into(), json!(s));
+    }
+    if let Some(p) = parent.int("port") {
+        out.insert("port".into(), json!(p));
+    }
+    Value::Object(out)
+}
+
+/// Whether `listener` takes routes from `route`'s namespace.
+fn allows(ctx: &Context<'_>, listener: &Listener, gateway: &Resource, route: &Resource) -> bool {
+    match &listener.from {
+        AllowedFrom::Same => route.namespace == gateway.namespace,
+        AllowedFrom::All => true,
+        AllowedFrom::Selector(labels) => {
+            ctx.namespaces
+                .get(route.namespace.as_str())
+                .is_some_and(|have| {
+                    labels
+                        .iter()
+                        .all(|(k, v)| have.get(k).and_then(Value::as_str) == Some(v.as_str()))
+                })
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! `cutover import gateway-api`: Kubernetes Gateway API resources read
+//! from YAML and written as a cutover configuration
+//! (`docs/gateway-api.md`).
+//!
+//! The importer does what a Gateway API controller does for one class:
+//! attaches each route to the listeners its `parentRefs` name and allow
+//! it, intersects hostnames, resolves backends (Services and their
+//! EndpointSlices from the input, or cluster DNS names), and writes every
+//! rule as cutover routes in the API's precedence order. What it cannot
+//! honour is never dropped silently: each route gets the API's status
+//! conditions (`Accepted`, `ResolvedRefs`, with the standard reasons),
+//! and an unsupported field is `UnsupportedValue` naming the field.
+//!
+//! The configuration written is checked by cutover's own validation
+//! before it is returned.
+
+mod filters;
+mod http;
+mod matches;
+pub mod resources;
+mod routes;
+mod status;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+pub use resources::{Fields, Resource};
+pub use status::{Condition, ParentStatus, RouteStatus};
+
+/// The group of every Gateway API kind.
+pub const GROUP: &str = "gateway.networking.k8s.io";
+/// The `controllerName` written in statuses.
+pub const CONTROLLER: &str = "cutover.dev/gateway";
+
+/// How backends without EndpointSlices in the input are reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Services {
+    /// Only Services (and EndpointSlices) given in the input; another is
+    /// `BackendNotFound`.
+    Input,
+    /// A Service without EndpointSlices in the input (or absent from it)
+    /// is its cluster DNS name, `NAME.NAMESPACE.svc.DOMAIN:PORT`.
+    Dns,
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Only Gateways of this class (all Gateways when `None`).
+    pub gateway_class: Option<String>,
+    /// The address listeners bind on (their port is the Gateway's).
+    pub address: String,
+    pub services: Services,
+    /// The cluster's DNS domain.
+    pub cluster_domain: String,
+    /// `[admin] bind` of the written configuration.
+    pub admin: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            gateway_class: None,
+            address: "0.0.0.0".into(),
+            services: Services::Input,
+            cluster_domain: "cluster.local".into(),
+            admin: "127.0.0.1:9190".into(),
+        }
+    }
+}
+
+/// What an import produced.
+#[derive(Debug)]
+pub struct Imported {
+    /// The cutover configuration (TOML), valid by cutover's validation.
+    pub config: String,
+    /// One per route of an imported kind, with a status per parent.
+    pub routes: Vec<RouteStatus>,
+    /// One per Gateway: its listeners' conditions.
+    pub gateways: Vec<status::GatewayStatus>,
+    pub counts: Counts,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
+    pub gateways: usize,
+    pub routes: usize,
+    pub cutover_routes: usize,
+    pub upstreams: usize,
+}
+
+impl Imported {
+    /// Whether every route is accepted with every reference resolved,
+    /// and every listener accepted.
+    pub fn all_accepted(&self) -> bool {
+        self.routes
+            .iter()
+            .flat_map(|r| &r.parents)
+            .flat_map(|p| &p.conditions)
+            .chain(
+                self.gateways
+                    .iter()
+                    .flat_map(|g| &g.listeners)
+                    .flat_map(|l| &l.conditions),
+            )
+            .all(|c| c.status)
+    }
+
+    /// Writes the configuration to `path` whole or not at all (a
+    /// `--watch`ing gateway never reads half a file).
+    pub fn write(&self, path: &std::path::Path) -> std::io::Result<()> {
+        use std::io::Write as _;
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => std::path::Path::new("."),
+        };
+        let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name")
+        })?;
+        crate::runtime::write_atomically(dir, name, |out| out.write_all(self.config.as_bytes()))
+    }
+
+    /// The statuses as YAML documents (`kind`, `metadata`, `status`),
+    /// the way `kubectl get -o yaml` shows them.
+    pub fn status_yaml(&self) -> String {
+        status::yaml(&self.gateways, &self.routes)
+    }
+}
+
+/// Reads `paths` (files or folders of YAML) and imports them.
+pub fn import(paths: &[PathBuf], options: &Options) -> Result<Imported, String> {
+    let resources = resources::read(paths)?;
+    import_resources(&resources, options)
+}
+
+/// One Gateway listener that took part.
+#[derive(Debug, Clone)]
+struct Listener {
+    gateway: usize,
+    name: String,
+    hostname: Option<String>,
+    port: u16,
+    /// `Same`, `All` or a selector's labels (`matchLabels`).
+    from: AllowedFrom,
+    /// The cutover listener serving it.
+    cutover: String,
+}
+
+#[derive(Debug, Clone)]
+enum AllowedFrom {
+    Same,
+    All,
+    Selector(BTreeMap<String, String>),
+}
+
+pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imported, String> {
+    let of_kind = |kind: &'static str| of_kind(resources, kind);
+    let mut gateways: Vec<&Resource> = of_kind("Gateway")
+        .filter(|g| match &options.gateway_class {
+            Some(class) => {
+                g.body
+                    .pointer("/spec/gatewayClassName")
+                    .and_then(Value::as_str)
+                    == Some(class)
+            }
+            None => true,
+        })
+        .collect();
+    gateways.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let namespaces: BTreeMap<&str, &serde_json::Map<String, Value>> = of_kind("Namespace")
+        .map(|n| (n.name.as_str(), &n.labels))
+        .collect();
+
+    let mut gateway_statuses = Vec::new();
+    let mut listeners: Vec<Listener> = Vec::new();
+    // Cutover listeners by port.
+    let mut ports: BTreeMap<u16, String> = BTreeMap::new();
+    for (gi, gateway) in gateways.iter().enumerate() {
+        let spec = gateway.spec();
+        spec.ignore(&["gatewayClassName", "infrastructure"]);
+        let mut status = status::GatewayStatus::new(gateway);
+        for l in spec.list("listeners") {
+            let name = l.str("name").unwrap_or_default().to_owned();
+            let protocol = l.str("protocol").unwrap_or_default();
+            let port = l
+                .int("port")
+                .and_then(|p| u16::try_from(p).ok())
+                .unwrap_or(0);
+            let hostname = l.str("hostname").map(str::to_ascii_lowercase);
+            let mut conditions = Vec::new();
+            let from = match l.object("allowedRoutes") {
+                Some(allowed) => {
+                    let from = match allowed.object("namespaces") {
+                        Some(ns) => match ns.str("from").unwrap_or("Same") {
+                            "All" => AllowedFrom::All,
+                            "Selector" => {
+                                let labels = ns
+                                    .object("selector")
+                                    .and_then(|s| {
+                                        let labels = s
+                                            .get("matchLabels")
+                                            .and_then(Value::as_object)
+                                            .map(|m| {
+                                                m.iter()
+                                                    .map(|(k, v)| {
+                                                        (
+                                                            k.clone(),
+                                                            v.as_str()
+                                                                .unwrap_or_default()
+                                                                .to_owned(),
+                                                        )
+                                                    })
+                                                    .collect()
+                                            });
+                                        for field in s.rest() {
+                                            conditions.push(status::unsupported_listener(&field));
+                                        }
+                                        labels
+                                    })
+                                    .unwrap_or_default();
+                                AllowedFrom::Selector(labels)
+                            }
+                            _ => AllowedFrom::Same,
+                        },
+                        None => AllowedFrom::Same,
+                    };
+                    for kind in allowed.list("kinds") {
+                        let k = kind.str("kind").unwrap_or_default();
+                        let g = kind.str("group").unwrap_or(GROUP);
+                        if !(k == "HTTPRoute" && g == GROUP) {
+                            conditions.push(Condition::no(
+                                "ResolvedRefs",
+                                "InvalidRouteKinds",
+                                format!("route kind {g}/{k} is not served by cutover's import (HTTPRoute only)"),
+                            ));
+                        }
+                    }
+                    for field in allowed.rest() {
+                        conditions.push(status::unsupported_listener(&field));
+                    }
+                    from
+                }
+                None => AllowedFrom::Same,
+            };
+            if protocol != "HTTP" {
+                conditions.push(Condition::no(
+                    "Accepted",
+                    "UnsupportedProtocol",
+                    format!("protocol {protocol:?}: this import serves HTTP listeners (HTTPS, TLS, TCP and UDP are not imported yet: docs/gateway-api.md)"),
+                ));
+            }
+            if port == 0 {
+                conditions.push(Condition::no(
+                    "Accepted",
+                    "UnsupportedValue",
+                    "a port between 1 and 65535 is required".into(),
+                ));
+            }
+            l.ignore(&["tls"]);
+            for field in l.rest() {
+                conditions.push(status::unsupported_listener(&field));
+            }
+            let accepted = conditions.iter().all(|c| c.status);
+            if accepted {
+                let cutover = ports
+                    .entry(port)
+                    .or_insert_with(|| format!("http-{port}"))
+                    .clone();
+                listeners.push(Listener {
+                    gateway: gi,
+                    name: name.clone(),
+                    hostname,
+                    port,
+                    from,
+                    cutover,
+                });
+                conditions.push(Condition::yes("Accepted", "Accepted"));
+                conditions.push(Condition::yes("Programmed", "Programmed"));
+                conditions.push(Condition::yes("ResolvedRefs", "ResolvedRefs"));
+            }
+            status.listeners.push(status::ListenerStatus {
+                name,
+                attached: 0,
+                conditions,
+            });
+        }
+        for field in spec.rest() {
+            status
+                .problems
+                .push(format!("{}: {field} is not imported", gateway.id()));
+        }
+        gateway_statuses.push(status);
+    }
+
+    let ctx = http::Context {
+        resources,
+        gateways: &gateways,
+        listeners: &listeners,
+        namespaces: &namespaces,
+        options,
+    };
+    let mut routes: Vec<&Resource> = of_kind("HTTPRoute").collect();
+    // The API's tie-breakers: the oldest route, then namespace/name.
+    routes.sort_by(|a, b| {
+        (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
+    });
+    let mut built = http::Built::default();
+    let mut route_statuses = Vec::new();
+    for (order, route) in routes.iter().enumerate() {
+        let (status, attached) = http::import_route(&ctx, route, order, &mut built);
+        for (listener, count) in attached {
+            if let Some(l) = listeners.get(listener) {
+                if let Some(ls) = gateway_statuses
+                    .get_mut(l.gateway)
+                    .and_then(|g| g.listeners.iter_mut().find(|s| s.name == l.name))
+                {
+                    ls.attached += count;
+                }
+            }
+        }
+        route_statuses.push(status);
+    }
+    http::settle(&mut built.routes);
+    // Kinds the import does not serve are reported, never dropped.
+    for r in resources.iter().filter(|r| {
+        r.group() == GROUP
+            && matches!(
+                r.kind.as_str(),
+                "GRPCRoute" | "TLSRoute" | "TCPRoute" | "UDPRoute"
+            )
+    }) {
+        route_statuses.push(RouteStatus::unsupported_kind(r));
+    }
+
+    let config = emit(&ports, &built, options);
+    let text = crate::config::ConfigText::inline(
+        config.clone(),
+        std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+        "gateway-api import",
+    );
+    if let Err(diagnostics) = crate::plan::validate(&text) {
+        let mut message = String::from("the configuration written from the resources does not validate (a bug of the import):\n");
+        for d in diagnostics {
+            let _ = writeln!(message, "  {}", d.render("import"));
+        }
+        return Err(message);
+    }
+    Ok(Imported {
+        counts: Counts {
+            gateways: gateways.len(),
+            routes: routes.len(),
+            cutover_routes: built.routes.len(),
+            upstreams: built.upstreams.len(),
+        },
+        config,
+        routes: route_statuses,
+        gateways: gateway_statuses,
+    })
+}
+
+/// The resources of a Gateway API kind, or of a core kind.
+fn of_kind<'a>(resources: &'a [Resource], kind: &'a str) -> impl Iterator<Item = &'a Resource> {
+    resources
+        .iter()
+        .filter(move |r| r.kind == kind && (r.group() == GROUP || kind_is_core(kind)))
+}
+
+fn kind_is_core(kind: &str) -> bool {
+    matches!(kind, "Service" | "Namespace" | "Secret")
+}
+
+/// The configuration's text.
+fn emit(ports: &BTreeMap<u16, String>, built: &http::Built, options: &Options) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Written by `cutover import gateway-api`: change the resources and import again.\n"
+    );
+    let _ = writeln!(out, "[admin]\nbind = {}\n", toml_str(&options.admin));
+    for (port, name) in ports {
+        let _ = writeln!(
+            out,
+            "[[listeners]]\nname = {}\nbind = {}\n",
+            toml_str(name),
+            toml_str(&join_host_port(&options.address, *port))
+        );
+    }
+    for route in &built.routes {
+        out.push_str(&route.toml());
+        out.push('\n');
+    }
+    let used: BTreeSet<&str> = built.routes.iter().flat_map(|r| r.upstreams()).collect();
+    for (name, upstream) in &built.upstreams {
+        if used.contains(name.as_str()) {
+            out.push_str(&upstream.toml(name));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn join_host_port(address: &str, port: u16) -> String {
+    if address.contains(':') {
+        format!("[{address}]:{port}")
+    } else {
+        format!("{address}:{port}")
+    }
+}
+
+/// A TOML string literal.
+pub(crate) fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_owned()).to_string()
+}

@@ -1,0 +1,214 @@
+//! The Gateway API's status conditions, as a controller would write
+//! them, printed as YAML.
+
+use serde_json::{json, Value};
+use yaml_rust2::{Yaml, YamlEmitter};
+
+use super::{Resource, CONTROLLER, GROUP};
+
+/// One condition: `type`, `status` (True/False), `reason`, `message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    pub kind: &'static str,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Condition {
+    pub fn yes(kind: &'static str, reason: &str) -> Self {
+        Condition {
+            kind,
+            status: true,
+            reason: reason.to_owned(),
+            message: String::new(),
+        }
+    }
+
+    pub fn no(kind: &'static str, reason: &str, message: String) -> Self {
+        Condition {
+            kind,
+            status: false,
+            reason: reason.to_owned(),
+            message,
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "type": self.kind,
+            "status": if self.status { "True" } else { "False" },
+            "reason": self.reason,
+            "message": self.message,
+        })
+    }
+}
+
+/// A field of a listener the import does not read.
+pub fn unsupported_listener(field: &str) -> Condition {
+    Condition::no(
+        "Accepted",
+        "UnsupportedValue",
+        format!("{field} is not supported by cutover's import"),
+    )
+}
+
+/// A route's status under one parent.
+#[derive(Debug, Clone)]
+pub struct ParentStatus {
+    pub parent_ref: Value,
+    pub conditions: Vec<Condition>,
+}
+
+impl ParentStatus {
+    /// The condition of `kind`, if set.
+    pub fn condition(&self, kind: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.kind == kind)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteStatus {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub parents: Vec<ParentStatus>,
+}
+
+impl RouteStatus {
+    pub fn new(route: &Resource) -> Self {
+        RouteStatus {
+            kind: route.kind.clone(),
+            namespace: route.namespace.clone(),
+            name: route.name.clone(),
+            parents: Vec::new(),
+        }
+    }
+
+    /// A route of a kind the import does not serve: not accepted by any
+    /// of its parents.
+    pub fn unsupported_kind(route: &Resource) -> Self {
+        let mut status = RouteStatus::new(route);
+        let refs = route
+            .body
+            .pointer("/spec/parentRefs")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for parent_ref in refs {
+            status.parents.push(ParentStatus {
+                parent_ref,
+                conditions: vec![Condition::no(
+                    "Accepted",
+                    "NotAllowedByListeners",
+                    format!(
+                        "{} is not imported by cutover yet (docs/gateway-api.md)",
+                        route.kind
+                    ),
+                )],
+            });
+        }
+        status
+    }
+
+    /// The status under the parent named `name` (first one).
+    pub fn parent(&self, name: &str) -> Option<&ParentStatus> {
+        self.parents
+            .iter()
+            .find(|p| p.parent_ref.get("name").and_then(Value::as_str) == Some(name))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ListenerStatus {
+    pub name: String,
+    pub attached: usize,
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Debug, Clone)]
+pub struct GatewayStatus {
+    pub namespace: String,
+    pub name: String,
+    pub listeners: Vec<ListenerStatus>,
+    /// Gateway fields the import did not read.
+    pub problems: Vec<String>,
+}
+
+impl GatewayStatus {
+    pub fn new(gateway: &Resource) -> Self {
+        GatewayStatus {
+            namespace: gateway.namespace.clone(),
+            name: gateway.name.clone(),
+            listeners: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+}
+
+/// Every status as a YAML document.
+pub fn yaml(gateways: &[GatewayStatus], routes: &[RouteStatus]) -> String {
+    let mut documents = Vec::new();
+    for g in gateways {
+        let accepted = g.problems.is_empty();
+        let gateway_conditions = if accepted {
+            vec![Condition::yes("Accepted", "Accepted").json()]
+        } else {
+            vec![Condition::no("Accepted", "UnsupportedValue", g.problems.join("; ")).json()]
+        };
+        documents.push(json!({
+            "apiVersion": format!("{GROUP}/v1"),
+            "kind": "Gateway",
+            "metadata": { "namespace": g.namespace, "name": g.name },
+            "status": {
+                "conditions": gateway_conditions,
+                "listeners": g.listeners.iter().map(|l| json!({
+                    "name": l.name,
+                    "attachedRoutes": l.attached,
+                    "conditions": l.conditions.iter().map(Condition::json).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            },
+        }));
+    }
+    for r in routes {
+        documents.push(json!({
+            "apiVersion": format!("{GROUP}/v1"),
+            "kind": r.kind,
+            "metadata": { "namespace": r.namespace, "name": r.name },
+            "status": {
+                "parents": r.parents.iter().map(|p| json!({
+                    "parentRef": p.parent_ref,
+                    "controllerName": CONTROLLER,
+                    "conditions": p.conditions.iter().map(Condition::json).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+            },
+        }));
+    }
+    let mut out = String::new();
+    for document in documents {
+        let mut text = String::new();
+        let mut emitter = YamlEmitter::new(&mut text);
+        if emitter.dump(&to_yaml(&document)).is_ok() {
+            out.push_str(&text);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn to_yaml(value: &Value) -> Yaml {
+    match value {
+        Value::Null => Yaml::Null,
+        Value::Bool(b) => Yaml::Boolean(*b),
+        Value::Number(n) => n
+            .as_i64()
+            .map_or_else(|| Yaml::Real(n.to_string()), Yaml::Integer),
+        Value::String(s) => Yaml::String(s.clone()),
+        Value::Array(items) => Yaml::Array(items.iter().map(to_yaml).collect()),
+        Value::Object(map) => Yaml::Hash(
+            map.iter()
+                .map(|(k, v)| (Yaml::String(k.clone()), to_yaml(v)))
+                .collect(),
+        ),
+    }
+}

@@ -1,0 +1,398 @@
+//! The import's semantics, each against the Gateway API rule it holds.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use super::matches::intersect;
+use super::*;
+
+const GATEWAY: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: { name: gw, namespace: infra }
+spec:
+  gatewayClassName: cutover
+  listeners:
+  - { name: http, port: 80, protocol: HTTP, allowedRoutes: { namespaces: { from: Same } } }
+  - { name: shop, port: 80, protocol: HTTP, hostname: "*.shop.test", allowedRoutes: { namespaces: { from: All } } }
+  - { name: other, port: 8080, protocol: HTTP, hostname: "api.test" }
+---
+apiVersion: v1
+kind: Service
+metadata: { name: v1, namespace: infra }
+spec: { ports: [{ name: http, port: 8080 }] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: v1-x, namespace: infra, labels: { kubernetes.io/service-name: v1 } }
+ports: [{ name: http, port: 9001 }]
+endpoints: [{ addresses: ["127.0.0.1"] }, { addresses: ["127.0.0.2"] }]
+---
+apiVersion: v1
+kind: Service
+metadata: { name: v2, namespace: infra }
+spec: { ports: [{ name: http, port: 8080 }] }
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: { name: v2-x, namespace: infra, labels: { kubernetes.io/service-name: v2 } }
+ports: [{ name: http, port: 9002 }]
+endpoints: [{ addresses: ["127.0.0.3"] }]
+"#;
+
+fn import(routes: &str) -> Imported {
+    try_import(routes).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn try_import(routes: &str) -> Result<Imported, String> {
+    let mut resources = Vec::new();
+    resources::parse(
+        &format!("{GATEWAY}\n---\n{routes}"),
+        Path::new("t.yaml"),
+        &mut resources,
+    )?;
+    import_resources(&resources, &Options::default())
+}
+
+/// The condition of `kind` of route `name` under its first parent.
+fn condition(imported: &Imported, name: &str, kind: &str) -> (bool, String) {
+    let route = imported
+        .routes
+        .iter()
+        .find(|r| r.name == name)
+        .unwrap_or_else(|| panic!("no status for {name}"));
+    let c = route.parents[0]
+        .condition(kind)
+        .unwrap_or_else(|| panic!("{name}: no {kind}: {route:?}"));
+    (c.status, c.reason.clone())
+}
+
+fn route(name: &str, body: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: {name}, namespace: infra }}\nspec:\n{body}\n---\n"
+    )
+}
+
+/// Every `[[routes]]` block's lines, in order.
+fn blocks(config: &str) -> Vec<String> {
+    config
+        .split("[[routes]]\n")
+        .skip(1)
+        .map(|b| b.split("\n\n").next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[test]
+fn hostnames_intersect_as_the_spec_says() {
+    let set = |items: &[&str]| -> BTreeSet<Option<String>> {
+        items.iter().map(|s| Some((*s).to_owned())).collect()
+    };
+    let route = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    // Neither names one: any host.
+    assert_eq!(intersect(None, &[]), [None].into_iter().collect());
+    // The listener's alone, the route's alone.
+    assert_eq!(intersect(Some("a.test"), &[]), set(&["a.test"]));
+    assert_eq!(intersect(None, &route(&["a.test"])), set(&["a.test"]));
+    // Specific in wildcard, wildcard over specific, two wildcards.
+    assert_eq!(
+        intersect(
+            Some("*.wildcard.io"),
+            &route(&["foo.wildcard.io", "very.specific.com"])
+        ),
+        set(&["foo.wildcard.io"])
+    );
+    assert_eq!(
+        intersect(Some("very.specific.com"), &route(&["*.specific.com"])),
+        set(&["very.specific.com"])
+    );
+    assert_eq!(
+        intersect(
+            Some("*.anotherwildcard.io"),
+            &route(&["*.anotherwildcard.io"])
+        ),
+        set(&["*.anotherwildcard.io"])
+    );
+    assert_eq!(
+        intersect(Some("*.io"), &route(&["*.wildcard.io"])),
+        set(&["*.wildcard.io"])
+    );
+    // A wildcard never covers its bare suffix.
+    assert!(intersect(Some("*.wildcard.io"), &route(&["wildcard.io"])).is_empty());
+    assert!(intersect(Some("a.test"), &route(&["b.test"])).is_empty());
+}
+
+#[test]
+fn parents_listeners_and_hostnames_give_the_standard_reasons() {
+    let imported = import(&[
+        route("ok", "  parentRefs: [{ name: gw, sectionName: http }]\n  rules: [{ backendRefs: [{ name: v1, port: 8080 }] }]"),
+        route("no-gateway", "  parentRefs: [{ name: nope }]\n  rules: [{ backendRefs: [{ name: v1, port: 8080 }] }]"),
+        route("no-section", "  parentRefs: [{ name: gw, sectionName: nope }]\n  rules: [{ backendRefs: [{ name: v1, port: 8080 }] }]"),
+        route("no-port", "  parentRefs: [{ name: gw, port: 81 }]\n  rules: [{ backendRefs: [{ name: v1, port: 8080 }] }]"),
+        route("no-host", "  parentRefs: [{ name: gw, sectionName: shop }]\n  hostnames: [other.test]\n  rules: [{ backendRefs: [{ name: v1, port: 8080 }] }]"),
+        route("kind", "  parentRefs: [{ name: gw, kind: Service, group: \"\" }]\n  rules: [{ backendRefs: [{ name: v1, port: 8080 }] }]"),
+    ].concat());
+    assert_eq!(
+        condition(&imported, "ok", "Accepted"),
+        (true, "Accepted".into())
+    );
+    assert_eq!(
+        condition(&imported, "ok", "ResolvedRefs"),
+        (true, "ResolvedRefs".into())
+    );
+    for name in ["no-gateway", "no-section", "no-port", "kind"] {
+        assert_eq!(
+            condition(&imported, name, "Accepted"),
+            (false, "NoMatchingParent".into()),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        condition(&imported, "no-host", "Accepted"),
+        (false, "NoMatchingListenerHostname".into())
+    );
+    assert!(!imported.all_accepted());
+    // Only the accepted route is served.
+    assert!(imported.config.contains("name = \"infra_ok_"));
+    assert!(!imported.config.contains("no-gateway"));
+    let listeners = &imported.gateways[0].listeners;
+    assert_eq!(listeners[0].attached, 1, "{listeners:?}");
+}
+
+#[test]
+fn a_listener_takes_routes_only_from_the_namespaces_it_allows() {
+    let other = |name: &str, section: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: {name}, namespace: apps }}\nspec:\n  parentRefs: [{{ name: gw, namespace: infra, sectionName: {section} }}]\n  hostnames: [a.shop.test]\n  rules: [{{ backendRefs: [{{ name: v1, namespace: infra, port: 8080 }}] }}]\n---\n"
+        )
+    };
+    let imported = import(&format!(
+        "{}{}",
+        other("same", "http"),
+        other("all", "shop")
+    ));
+    assert_eq!(
+        condition(&imported, "same", "Accepted"),
+        (false, "NotAllowedByListeners".into())
+    );
+    assert_eq!(
+        condition(&imported, "all", "Accepted"),
+        (true, "Accepted".into())
+    );
+    // Across namespaces without a ReferenceGrant: refused, answered 500.
+    assert_eq!(
+        condition(&imported, "all", "ResolvedRefs"),
+        (false, "RefNotPermitted".into())
+    );
+    assert!(imported.config.contains("respond = { status = 500 }"));
+    let grant = "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: g, namespace: infra }\nspec:\n  from: [{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: apps }]\n  to: [{ group: \"\", kind: Service, name: v1 }]\n---\n";
+    let imported = import(&format!("{grant}{}", other("all", "shop")));
+    assert_eq!(
+        condition(&imported, "all", "ResolvedRefs"),
+        (true, "ResolvedRefs".into())
+    );
+    assert!(imported.config.contains("127.0.0.1:9001"));
+}
+
+#[test]
+fn backends_resolve_to_ready_endpoints_or_say_why_not() {
+    let imported = import(&[
+        route("missing", "  parentRefs: [{ name: gw }]\n  rules: [{ backendRefs: [{ name: v9, port: 8080 }] }]"),
+        route("kind", "  parentRefs: [{ name: gw }]\n  rules: [{ backendRefs: [{ name: v1, kind: Bucket, group: example.com }] }]"),
+        route("port", "  parentRefs: [{ name: gw }]\n  rules: [{ backendRefs: [{ name: v1, port: 7 }] }]"),
+        route("none", "  parentRefs: [{ name: gw }]\n  rules: [{ matches: [{ path: { type: Exact, value: /none } }] }]"),
+    ].concat());
+    assert_eq!(
+        condition(&imported, "missing", "ResolvedRefs"),
+        (false, "BackendNotFound".into())
+    );
+    assert_eq!(
+        condition(&imported, "kind", "ResolvedRefs"),
+        (false, "InvalidKind".into())
+    );
+    assert_eq!(
+        condition(&imported, "port", "ResolvedRefs"),
+        (false, "BackendNotFound".into())
+    );
+    // No backendRefs: accepted, and answered 500 (the spec's rule).
+    assert_eq!(
+        condition(&imported, "none", "ResolvedRefs"),
+        (true, "ResolvedRefs".into())
+    );
+    // Three routes of one match (every path) and one of `/none`, on the
+    // three listeners they attach to: the alphabetically first of the
+    // three takes every path (the API's tie-breaker), so 2 × 3 answers.
+    let blocks = blocks(&imported.config);
+    assert_eq!(blocks.len(), 6, "{}", imported.config);
+    assert!(blocks
+        .iter()
+        .all(|b| b.contains("respond = { status = 500 }")));
+    assert!(blocks.iter().any(|b| b.contains("infra_kind_")));
+    assert!(!blocks
+        .iter()
+        .any(|b| b.contains("infra_missing_") || b.contains("infra_port_")));
+    // With `--services dns`, an absent Service is its cluster name.
+    let mut resources = Vec::new();
+    resources::parse(
+        &format!("{GATEWAY}\n---\n{}", route("missing", "  parentRefs: [{ name: gw }]\n  rules: [{ backendRefs: [{ name: v9, port: 8080 }] }]")),
+        Path::new("t.yaml"),
+        &mut resources,
+    )
+    .unwrap();
+    let options = Options {
+        services: Services::Dns,
+        ..Options::default()
+    };
+    let imported = import_resources(&resources, &options).unwrap();
+    assert!(
+        imported
+            .config
+            .contains("dns = \"v9.infra.svc.cluster.local:8080\""),
+        "{}",
+        imported.config
+    );
+}
+
+#[test]
+fn weights_are_shares_of_services_not_of_endpoints() {
+    // v1 has two endpoints, v2 one: 3:1 between the services.
+    let imported = import(&route(
+        "w",
+        "  parentRefs: [{ name: gw }]\n  rules: [{ backendRefs: [{ name: v1, port: 8080, weight: 3 }, { name: v2, port: 8080, weight: 1 }, { name: v2, port: 8080, weight: 0 }] }]",
+    ));
+    assert!(imported.config.contains("policy = \"weighted\""));
+    assert!(imported.config.contains(
+        "backends = [{ addr = \"127.0.0.1:9001\", weight = 1000 }, { addr = \"127.0.0.2:9001\", weight = 1000 }, { addr = \"127.0.0.3:9002\", weight = 667 }]"
+    ), "{}", imported.config);
+    // Every weight zero: 500.
+    let imported = import(&route(
+        "zero",
+        "  parentRefs: [{ name: gw }]\n  rules: [{ backendRefs: [{ name: v1, port: 8080, weight: 0 }] }]",
+    ));
+    assert!(imported.config.contains("respond = { status = 500 }"));
+}
+
+#[test]
+fn rules_are_written_in_the_apis_precedence_with_prefixes_by_path_element() {
+    let imported = import(&route(
+        "order",
+        r#"  parentRefs: [{ name: gw, sectionName: http }]
+  rules:
+  - matches: [{ path: { type: PathPrefix, value: /match/ } }]
+    backendRefs: [{ name: v1, port: 8080 }]
+  - matches: [{ path: { type: Exact, value: /match } }]
+    backendRefs: [{ name: v2, port: 8080 }]
+  - matches: [{ path: { type: PathPrefix, value: /match }, method: POST }]
+    backendRefs: [{ name: v2, port: 8080 }]
+  - matches: [{ path: { type: PathPrefix, value: /match }, headers: [{ name: X-A, value: "*" }, { name: x-a, value: ignored }] }]
+    backendRefs: [{ name: v2, port: 8080 }]"#,
+    ));
+    let blocks = blocks(&imported.config);
+    let paths: Vec<String> = blocks
+        .iter()
+        .map(|b| {
+            b.lines()
+                .filter(|l| {
+                    l.starts_with("path_") || l.starts_with("methods") || l.starts_with("headers")
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            // The Exact rule wins /match over every prefix's exact part.
+            "path_exact = \"/match\"",
+            // Then the prefix with a method, its POST only.
+            "path_prefix = \"/match/\" methods = [\"POST\"]",
+            // The prefix with a header; an exact "*" is not "present".
+            "path_exact = \"/match\" headers = { \"x-a\" = '~^\\*$' }",
+            "path_prefix = \"/match/\" headers = { \"x-a\" = '~^\\*$' }",
+            // The plain prefix: /match/ for every method POST left.
+            "path_prefix = \"/match/\" methods = [\"GET\", \"HEAD\", \"PUT\", \"DELETE\", \"CONNECT\", \"OPTIONS\", \"TRACE\", \"PATCH\"]",
+        ],
+        "{}",
+        imported.config
+    );
+}
+
+#[test]
+fn filters_become_route_edits_and_redirects() {
+    let imported = import(&route(
+        "f",
+        r#"  parentRefs: [{ name: gw, sectionName: http }]
+  rules:
+  - matches: [{ path: { type: PathPrefix, value: /api } }]
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: { set: [{ name: X-Env, value: "a {b}" }], add: [{ name: x-add, value: "1" }], remove: [X-Drop] }
+    - type: ResponseHeaderModifier
+      responseHeaderModifier: { set: [{ name: x-answer, value: "yes" }] }
+    - type: URLRewrite
+      urlRewrite: { hostname: internal.test, path: { type: ReplacePrefixMatch, replacePrefixMatch: /v2 } }
+    backendRefs: [{ name: v1, port: 8080 }]
+    timeouts: { request: 10s, backendRequest: 1500ms }
+  - matches: [{ path: { type: PathPrefix, value: /old } }]
+    filters:
+    - type: RequestRedirect
+      requestRedirect: { scheme: https, hostname: new.test, port: 8443, statusCode: 301, path: { type: ReplacePrefixMatch, replacePrefixMatch: / } }"#,
+    ));
+    let config = &imported.config;
+    assert!(config.contains("request_headers = { remove = [\"x-drop\"], set = { \"x-env\" = \"a {{b}}\" }, add = { \"x-add\" = \"1\" } }"), "{config}");
+    assert!(config.contains("response_headers = { set = { \"x-answer\" = \"yes\" } }"));
+    assert!(config.contains("host_rewrite = \"internal.test\""));
+    assert!(config.contains("rewrite = { regex = [\"^.*$\", \"/v2\"] }"));
+    assert!(config.contains("rewrite = { regex = [\"^/api/(.*)$\", \"/v2/${1}\"] }"));
+    assert!(config.contains("timeout = \"1500ms\""));
+    assert!(config.contains("redirect = { scheme = \"https\", host = \"new.test\", port = 8443, status = 301, path = \"/\" }"), "{config}");
+    assert!(config.contains("redirect = { scheme = \"https\", host = \"new.test\", port = 8443, status = 301, replace_prefix = \"/\" }"));
+    assert!(imported.all_accepted());
+}
+
+#[test]
+fn an_unsupported_field_is_reported_and_its_route_not_served() {
+    let imported = import(&route(
+        "u",
+        r#"  parentRefs: [{ name: gw, sectionName: http }]
+  rules:
+  - backendRefs: [{ name: v1, port: 8080 }]
+    sessionPersistence: { type: Cookie }
+    filters: [{ type: ExtensionRef, extensionRef: { group: x, kind: y, name: z } }]"#,
+    ));
+    let status = &imported.routes[0].parents[0];
+    let accepted = status.condition("Accepted").unwrap();
+    assert!(!accepted.status);
+    assert_eq!(accepted.reason, "UnsupportedValue");
+    assert!(accepted.message.contains("ExtensionRef"), "{accepted:?}");
+    assert!(!imported.config.contains("[[routes]]"));
+    // The YAML status names both.
+    let yaml = imported.status_yaml();
+    assert!(yaml.contains("reason: UnsupportedValue"), "{yaml}");
+}
+
+#[test]
+fn kinds_and_protocols_not_imported_are_reported() {
+    let imported = import(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: tls, namespace: infra }\nspec:\n  gatewayClassName: cutover\n  listeners: [{ name: pass, port: 443, protocol: TLS }]\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: { name: db, namespace: infra }\nspec:\n  parentRefs: [{ name: tls }]\n  rules: [{ backendRefs: [{ name: v1, port: 8080 }] }]\n",
+    );
+    let tls = imported.gateways.iter().find(|g| g.name == "tls").unwrap();
+    assert_eq!(tls.listeners[0].conditions[0].reason, "UnsupportedProtocol");
+    assert_eq!(
+        condition(&imported, "db", "Accepted"),
+        (false, "NotAllowedByListeners".into())
+    );
+    assert!(!imported.all_accepted());
+}
+
+#[test]
+fn a_gateway_class_selects_gateways() {
+    let mut resources = Vec::new();
+    resources::parse(GATEWAY, Path::new("t.yaml"), &mut resources).unwrap();
+    let options = Options {
+        gateway_class: Some("another".into()),
+        ..Options::default()
+    };
+    let imported = import_resources(&resources, &options).unwrap();
+    assert_eq!(imported.counts.gateways, 0);
+    assert!(!imported.config.contains("[[listeners]]"));
+}
