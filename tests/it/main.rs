@@ -15,6 +15,7 @@ pub mod examples;
 mod filters;
 mod fixtures;
 mod fleet;
+mod gateway_api;
 mod grpc;
 mod guarded;
 mod harness;

@@ -1,0 +1,471 @@
+//! `cutover import gateway-api` (issue 59): resources written here (our
+//! own manifests for the behaviours the Gateway API's conformance tests
+//! check: the table in `docs/gateway-api.md` names which test holds
+//! which), imported by the real binary, and the configuration served by
+//! the real binary against real backends.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+
+use crate::harness::{full, send, Backend, Gateway, BIN};
+
+const NS: &str = "infra";
+
+/// A backend answering its name, the request line, the host and the
+/// request's headers, one per line; it counts what it answered.
+struct Named {
+    name: &'static str,
+    backend: Backend,
+    seen: Arc<AtomicU64>,
+}
+
+async fn named(name: &'static str) -> Named {
+    let seen = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&seen);
+    let backend = Backend::start(Arc::new(move |req: Request<hyper::body::Incoming>| {
+        count.fetch_add(1, Ordering::Relaxed);
+        Box::pin(async move {
+            let mut text = format!("{name}\n{} {}\n", req.method(), req.uri());
+            for (k, v) in req.headers() {
+                text.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+            }
+            let _ = req.into_body().collect().await;
+            let mut response = hyper::Response::new(full(text));
+            response
+                .headers_mut()
+                .insert("x-from-backend", "1".parse().unwrap());
+            response
+        })
+    }))
+    .await;
+    Named {
+        name,
+        backend,
+        seen,
+    }
+}
+
+/// A Service and its EndpointSlice (the backend's loopback port) for
+/// each backend, in namespace `ns`.
+fn services(ns: &str, backends: &[&Named]) -> String {
+    let mut out = String::new();
+    for b in backends {
+        out.push_str(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, namespace: {ns} }}\nspec: {{ ports: [{{ name: http, port: 8080 }}] }}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {name}-1, namespace: {ns}, labels: {{ kubernetes.io/service-name: {name} }} }}\n\
+             ports: [{{ name: http, port: {port} }}]\nendpoints: [{{ addresses: [\"127.0.0.1\"] }}]\n---\n",
+            name = b.name,
+            port = b.backend.addr.port()
+        ));
+    }
+    out
+}
+
+/// Runs the import on `yaml`: exit code, configuration, statuses.
+fn import(yaml: &str, extra: &[&str]) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("resources.yaml");
+    std::fs::write(&input, yaml).unwrap();
+    let output = dir.path().join("cutover.toml");
+    let out = Command::new(BIN)
+        .args(["import", "gateway-api"])
+        .arg(&input)
+        .arg("-o")
+        .arg(&output)
+        .args(extra)
+        .output()
+        .expect("run cutover import");
+    let config = std::fs::read_to_string(&output).unwrap_or_default();
+    let statuses = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.code() != Some(1),
+        "import failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), config, statuses)
+}
+
+/// Serves an imported configuration on ephemeral loopback ports.
+fn serve(config: &str) -> Gateway {
+    let mut text = String::new();
+    for line in config.lines() {
+        if line.starts_with("bind = ") {
+            text.push_str("bind = \"127.0.0.1:0\"\n");
+        } else {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    Gateway::start(&text)
+}
+
+/// `method path` with `Host: host` and `headers` on a new connection:
+/// status, headers, body.
+async fn ask(
+    addr: SocketAddr,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, hyper::HeaderMap, String) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", host);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let (status, headers, body) = send(addr, req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .expect("gateway answers");
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn gateway(listeners: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{ name: cutover }}\nspec: {{ controllerName: cutover.dev/gateway }}\n---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: gw, namespace: {NS} }}\nspec:\n  gatewayClassName: cutover\n  listeners:\n{listeners}\n---\n"
+    )
+}
+
+fn route(name: &str, ns: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{ name: {name}, namespace: {ns} }}\nspec:\n{spec}\n---\n"
+    )
+}
+
+/// Which backend answered (its first body line), or the status.
+fn who(answer: &(u16, hyper::HeaderMap, String)) -> String {
+    match answer.0 {
+        200 => answer.2.lines().next().unwrap_or_default().to_owned(),
+        status => status.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matches_hostnames_and_precedence_route_as_the_conformance_tests_expect() {
+    let (v1, v2, v3) = (named("v1").await, named("v2").await, named("v3").await);
+    let listeners = [
+        "  - { name: plain, port: 80, protocol: HTTP }",
+        "  - { name: specific, port: 80, protocol: HTTP, hostname: very.specific.com }",
+        "  - { name: wild, port: 80, protocol: HTTP, hostname: \"*.wildcard.io\" }",
+    ]
+    .join("\n");
+    let yaml = [
+        gateway(&listeners),
+        services(NS, &[&v1, &v2, &v3]),
+        // HTTPRoutePathMatchOrder, HTTPRouteExactPathMatching.
+        route("order", NS, r#"  parentRefs: [{ name: gw, sectionName: plain }]
+  rules:
+  - { matches: [{ path: { type: Exact, value: /match } }], backendRefs: [{ name: v1, port: 8080 }] }
+  - { matches: [{ path: { type: Exact, value: /match/exact } }], backendRefs: [{ name: v2, port: 8080 }] }
+  - { matches: [{ path: { type: PathPrefix, value: /match/ } }], backendRefs: [{ name: v3, port: 8080 }] }
+  - { matches: [{ path: { type: PathPrefix, value: /match/prefix/ } }], backendRefs: [{ name: v1, port: 8080 }] }
+  - { matches: [{ path: { type: PathPrefix, value: /match/prefix/one } }], backendRefs: [{ name: v2, port: 8080 }] }"#),
+        // HTTPRouteHeaderMatching, HTTPRouteQueryParamMatching,
+        // HTTPRouteMethodMatching, HTTPRouteMatching (several matches
+        // in one rule are ORed; the parts of one match are ANDed).
+        route("heads", NS, r#"  parentRefs: [{ name: gw, sectionName: plain }]
+  rules:
+  - matches: [{ path: { type: PathPrefix, value: /h }, headers: [{ name: version, value: one }] }]
+    backendRefs: [{ name: v1, port: 8080 }]
+  - matches: [{ path: { type: PathPrefix, value: /h }, headers: [{ name: version, value: two }, { name: color, value: orange }] }]
+    backendRefs: [{ name: v2, port: 8080 }]
+  - matches: [{ path: { type: PathPrefix, value: /q }, queryParams: [{ name: animal, value: whale }] }, { path: { type: PathPrefix, value: /q }, queryParams: [{ name: color, type: RegularExpression, value: "^(red|blue)$" }] }]
+    backendRefs: [{ name: v3, port: 8080 }]
+  - matches: [{ path: { type: PathPrefix, value: /m }, method: POST }]
+    backendRefs: [{ name: v1, port: 8080 }]
+  - matches: [{ path: { type: PathPrefix, value: /m } }]
+    backendRefs: [{ name: v2, port: 8080 }]"#),
+        // HTTPRouteHostnameIntersection, HTTPRouteListenerHostnameMatching.
+        route("hosts-specific", NS, r#"  parentRefs: [{ name: gw, sectionName: specific }, { name: gw, sectionName: wild }]
+  hostnames: [very.specific.com, foo.wildcard.io, "*.specific.com"]
+  rules: [{ matches: [{ path: { type: PathPrefix, value: /s1 } }], backendRefs: [{ name: v1, port: 8080 }] }]"#),
+        route("hosts-wild", NS, r#"  parentRefs: [{ name: gw, sectionName: wild }]
+  hostnames: ["*.wildcard.io"]
+  rules: [{ matches: [{ path: { type: PathPrefix, value: /s2 } }], backendRefs: [{ name: v2, port: 8080 }] }]"#),
+        route("hosts-none", NS, r#"  parentRefs: [{ name: gw, sectionName: specific }]
+  hostnames: [non.matching.com]
+  rules: [{ matches: [{ path: { type: PathPrefix, value: /s5 } }], backendRefs: [{ name: v3, port: 8080 }] }]"#),
+        // HTTPRouteMatchingAcrossRoutes: two routes, the same hostname;
+        // the older route wins a tie.
+        route("across-a", NS, r#"  parentRefs: [{ name: gw, sectionName: plain }]
+  hostnames: [example.com]
+  rules: [{ matches: [{ path: { type: PathPrefix, value: /across } }], backendRefs: [{ name: v1, port: 8080 }] }]"#)
+            .replace("name: across-a, namespace", "name: across-a, creationTimestamp: \"2024-01-01T00:00:00Z\", namespace"),
+        route("across-b", NS, r#"  parentRefs: [{ name: gw, sectionName: plain }]
+  hostnames: [example.com]
+  rules:
+  - { matches: [{ path: { type: PathPrefix, value: /across } }], backendRefs: [{ name: v2, port: 8080 }] }
+  - { matches: [{ path: { type: PathPrefix, value: /across }, headers: [{ name: x-b, value: "1" }] }], backendRefs: [{ name: v3, port: 8080 }] }"#)
+            .replace("name: across-b, namespace", "name: across-b, creationTimestamp: \"2023-01-01T00:00:00Z\", namespace"),
+    ]
+    .concat();
+    let (code, config, statuses) = import(&yaml, &[]);
+    // `hosts-none` intersects no listener: the import says so, exit 2.
+    assert_eq!(code, 2, "{statuses}");
+    assert!(
+        statuses.contains("reason: NoMatchingListenerHostname"),
+        "{statuses}"
+    );
+    let gw = serve(&config);
+    let at = gw.listener("http-80");
+    let cases: &[(&str, &str, &str, &[(&str, &str)], &str)] = &[
+        // path match order
+        ("any.test", "GET", "/match", &[], "v1"),
+        ("any.test", "GET", "/match/exact", &[], "v2"),
+        ("any.test", "GET", "/match/exact/one", &[], "v3"),
+        ("any.test", "GET", "/match/prefix/one/any", &[], "v2"),
+        ("any.test", "GET", "/match/prefix/any", &[], "v1"),
+        ("any.test", "GET", "/match/any", &[], "v3"),
+        // a prefix matches by path element
+        ("any.test", "GET", "/matchless", &[], "404"),
+        ("any.test", "GET", "/match/prefix/onex", &[], "v1"),
+        // headers (names case-insensitive), AND within a match
+        ("any.test", "GET", "/h", &[("Version", "one")], "v1"),
+        (
+            "any.test",
+            "GET",
+            "/h",
+            &[("version", "two"), ("color", "orange")],
+            "v2",
+        ),
+        ("any.test", "GET", "/h", &[("version", "two")], "404"),
+        ("any.test", "GET", "/h", &[], "404"),
+        // query parameters, OR across matches
+        ("any.test", "GET", "/q?animal=whale", &[], "v3"),
+        ("any.test", "GET", "/q?color=blue&x=1", &[], "v3"),
+        ("any.test", "GET", "/q?color=green", &[], "404"),
+        // methods: the match with one wins
+        ("any.test", "POST", "/m", &[], "v1"),
+        ("any.test", "GET", "/m", &[], "v2"),
+        ("any.test", "DELETE", "/m/x", &[], "v2"),
+        // hostnames
+        ("very.specific.com", "GET", "/s1", &[], "v1"),
+        ("very.specific.com:1234", "GET", "/s1", &[], "v1"),
+        ("foo.wildcard.io", "GET", "/s1", &[], "v1"),
+        ("bar.wildcard.io", "GET", "/s1", &[], "404"),
+        ("non.matching.com", "GET", "/s1", &[], "404"),
+        ("foo.wildcard.io", "GET", "/s2", &[], "v2"),
+        ("foo.bar.wildcard.io", "GET", "/s2", &[], "v2"),
+        ("wildcard.io", "GET", "/s2", &[], "404"),
+        ("very.specific.com", "GET", "/s2", &[], "404"),
+        ("non.matching.com", "GET", "/s5", &[], "404"),
+        // across routes: more headers first, then the older route
+        ("example.com", "GET", "/across", &[], "v2"),
+        ("example.com", "GET", "/across", &[("x-b", "1")], "v3"),
+    ];
+    let mut wrong = Vec::new();
+    for (host, method, path, headers, expected) in cases {
+        let got = who(&ask(at, method, host, path, headers).await);
+        if got != *expected {
+            wrong.push(format!(
+                "{method} {host}{path} {headers:?}: {got}, expected {expected}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}\n{config}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_reach_the_backend_and_the_client() {
+    let (v1, v2, mirror) = (named("v1").await, named("v2").await, named("mirror").await);
+    let yaml = [
+        gateway("  - { name: http, port: 80, protocol: HTTP }"),
+        services(NS, &[&v1, &v2, &mirror]),
+        route("filters", NS, r#"  parentRefs: [{ name: gw }]
+  rules:
+  # HTTPRouteRequestHeaderModifier, HTTPRouteResponseHeaderModifier
+  - matches: [{ path: { type: PathPrefix, value: /headers } }]
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: { set: [{ name: X-Set, value: "set {literally}" }], add: [{ name: x-add, value: added }], remove: [x-remove] }
+    - type: ResponseHeaderModifier
+      responseHeaderModifier: { set: [{ name: x-answer, value: "yes" }], remove: [x-from-backend] }
+    backendRefs: [{ name: v1, port: 8080 }]
+  # HTTPRouteRewritePath, HTTPRouteRewriteHost
+  - matches: [{ path: { type: PathPrefix, value: /prefix/one } }]
+    filters: [{ type: URLRewrite, urlRewrite: { hostname: rewritten.test, path: { type: ReplacePrefixMatch, replacePrefixMatch: /one } } }]
+    backendRefs: [{ name: v1, port: 8080 }]
+  - matches: [{ path: { type: PathPrefix, value: /strip } }]
+    filters: [{ type: URLRewrite, urlRewrite: { path: { type: ReplacePrefixMatch, replacePrefixMatch: / } } }]
+    backendRefs: [{ name: v1, port: 8080 }]
+  - matches: [{ path: { type: PathPrefix, value: /full } }]
+    filters: [{ type: URLRewrite, urlRewrite: { path: { type: ReplaceFullPath, replaceFullPath: /one } } }]
+    backendRefs: [{ name: v1, port: 8080 }]
+  # HTTPRoute303Redirect … 308, HTTPRouteRedirectHostAndStatus,
+  # HTTPRouteRedirectPath, HTTPRouteRedirectScheme, HTTPRouteRedirectPort
+  - matches: [{ path: { type: PathPrefix, value: /r303 } }]
+    filters: [{ type: RequestRedirect, requestRedirect: { statusCode: 303, hostname: example.org } }]
+  - matches: [{ path: { type: PathPrefix, value: /r308 } }]
+    filters: [{ type: RequestRedirect, requestRedirect: { statusCode: 308, scheme: https, port: 8443 } }]
+  - matches: [{ path: { type: PathPrefix, value: /old } }]
+    filters: [{ type: RequestRedirect, requestRedirect: { hostname: example.org, path: { type: ReplacePrefixMatch, replacePrefixMatch: /new } } }]
+  - matches: [{ path: { type: Exact, value: /moved } }]
+    filters: [{ type: RequestRedirect, requestRedirect: { statusCode: 301, path: { type: ReplaceFullPath, replaceFullPath: /here } } }]
+  # HTTPRouteRequestMirror
+  - matches: [{ path: { type: PathPrefix, value: /mirror } }]
+    filters: [{ type: RequestMirror, requestMirror: { backendRef: { name: mirror, port: 8080 } } }]
+    backendRefs: [{ name: v2, port: 8080 }]"#),
+    ]
+    .concat();
+    let (code, config, statuses) = import(&yaml, &[]);
+    assert_eq!(code, 0, "{statuses}");
+    let gw = serve(&config);
+    let at = gw.listener("http-80");
+
+    let (status, headers, body) = ask(
+        at,
+        "GET",
+        "a.test",
+        "/headers",
+        &[("x-remove", "1"), ("x-add", "client")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(body.contains("x-set: set {literally}\n"), "{body}");
+    assert!(
+        body.contains("x-add: client\n") && body.contains("x-add: added\n"),
+        "{body}"
+    );
+    assert!(!body.contains("x-remove"), "{body}");
+    assert_eq!(
+        headers.get("x-answer").map(|v| v.to_str().unwrap()),
+        Some("yes")
+    );
+    assert!(headers.get("x-from-backend").is_none());
+
+    let line = |body: &str| body.lines().nth(1).unwrap_or_default().to_owned();
+    let (_, _, body) = ask(at, "GET", "a.test", "/prefix/one/two?x=1", &[]).await;
+    assert_eq!(line(&body), "GET /one/two?x=1");
+    assert!(body.contains("host: rewritten.test\n"), "{body}");
+    let (_, _, body) = ask(at, "GET", "a.test", "/prefix/one", &[]).await;
+    assert_eq!(line(&body), "GET /one");
+    let (_, _, body) = ask(at, "GET", "a.test", "/strip/x/y", &[]).await;
+    assert_eq!(line(&body), "GET /x/y");
+    let (_, _, body) = ask(at, "GET", "a.test", "/strip", &[]).await;
+    assert_eq!(line(&body), "GET /");
+    let (_, _, body) = ask(at, "GET", "a.test", "/full/a/b", &[]).await;
+    assert_eq!(line(&body), "GET /one");
+
+    let location = |a: &(u16, hyper::HeaderMap, String)| {
+        (
+            a.0,
+            a.1.get("location")
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default(),
+        )
+    };
+    assert_eq!(
+        location(&ask(at, "GET", "a.test", "/r303/x", &[]).await),
+        (303, "http://example.org/r303/x".into())
+    );
+    assert_eq!(
+        location(&ask(at, "GET", "a.test", "/r308", &[]).await),
+        (308, "https://a.test:8443/r308".into())
+    );
+    assert_eq!(
+        location(&ask(at, "GET", "a.test", "/old/page?q=1", &[]).await),
+        (302, "http://example.org/new/page?q=1".into())
+    );
+    assert_eq!(
+        location(&ask(at, "GET", "a.test", "/old", &[]).await),
+        (302, "http://example.org/new".into())
+    );
+    assert_eq!(
+        location(&ask(at, "GET", "a.test", "/moved", &[]).await),
+        (301, "http://a.test/here".into())
+    );
+
+    for _ in 0..5 {
+        assert_eq!(who(&ask(at, "GET", "a.test", "/mirror", &[]).await), "v2");
+    }
+    for _ in 0..100 {
+        if mirror.seen.load(Ordering::Relaxed) == 5 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(mirror.seen.load(Ordering::Relaxed), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn references_weights_and_missing_backends() {
+    let (v1, v2, v3) = (named("v1").await, named("v2").await, named("v3").await);
+    let grant = |from_ns: &str, to_ns: &str, name: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {{ name: g-{from_ns}, namespace: {to_ns} }}\nspec:\n  from: [{{ group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: {from_ns} }}]\n  to: [{{ group: \"\", kind: Service, name: {name} }}]\n---\n"
+        )
+    };
+    let yaml = [
+        gateway("  - { name: http, port: 80, protocol: HTTP, allowedRoutes: { namespaces: { from: All } } }"),
+        services("backends", &[&v1, &v2, &v3]),
+        grant("apps", "backends", "v1"),
+        // HTTPRouteCrossNamespace, HTTPRouteReferenceGrant
+        route("granted", "apps", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules: [{ matches: [{ path: { type: PathPrefix, value: /granted } }], backendRefs: [{ name: v1, namespace: backends, port: 8080 }] }]"),
+        // HTTPRouteInvalidCrossNamespaceBackendRef
+        route("refused", "apps", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules: [{ matches: [{ path: { type: PathPrefix, value: /refused } }], backendRefs: [{ name: v2, namespace: backends, port: 8080 }] }]"),
+        // HTTPRouteInvalidNonExistentBackendRef, HTTPRouteInvalidBackendRefUnknownKind, HTTPRouteNoBackendRefs
+        route("missing", "apps", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules:\n  - { matches: [{ path: { type: PathPrefix, value: /missing } }], backendRefs: [{ name: nothing, port: 8080 }] }\n  - { matches: [{ path: { type: PathPrefix, value: /none } }] }"),
+        route("kind", "apps", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules: [{ matches: [{ path: { type: PathPrefix, value: /kind } }], backendRefs: [{ group: example.com, kind: Bucket, name: b }] }]"),
+        // HTTPRouteWeight: 70/30/0
+        route("weights", "backends", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules: [{ matches: [{ path: { type: PathPrefix, value: /weights } }], backendRefs: [{ name: v1, port: 8080, weight: 70 }, { name: v2, port: 8080, weight: 30 }, { name: v3, port: 8080, weight: 0 }] }]"),
+    ]
+    .concat();
+    let (code, config, statuses) = import(&yaml, &[]);
+    assert_eq!(code, 2);
+    for reason in ["RefNotPermitted", "BackendNotFound", "InvalidKind"] {
+        assert!(
+            statuses.contains(&format!("reason: {reason}")),
+            "{reason}: {statuses}"
+        );
+    }
+    let gw = serve(&config);
+    let at = gw.listener("http-80");
+    assert_eq!(who(&ask(at, "GET", "a.test", "/granted", &[]).await), "v1");
+    for path in ["/refused", "/missing", "/kind", "/none"] {
+        assert_eq!(
+            who(&ask(at, "GET", "a.test", path, &[]).await),
+            "500",
+            "{path}"
+        );
+    }
+    let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+    for _ in 0..1000 {
+        *counts
+            .entry(who(&ask(at, "GET", "a.test", "/weights", &[]).await))
+            .or_default() += 1;
+    }
+    let v1 = counts.get("v1").copied().unwrap_or(0);
+    let v2 = counts.get("v2").copied().unwrap_or(0);
+    assert_eq!(v1 + v2, 1000, "{counts:?}");
+    // The conformance test allows 5 % either way.
+    assert!((650..=750).contains(&v1), "{counts:?}");
+}
+
+#[test]
+fn the_status_is_printed_and_unreadable_input_exits_1() {
+    let out = Command::new(BIN)
+        .args(["import", "gateway-api", "/nonexistent/resources.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "kind: [unclosed").unwrap();
+    let out = Command::new(BIN)
+        .args(["import", "gateway-api"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not YAML"));
+}
