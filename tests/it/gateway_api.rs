@@ -128,6 +128,9 @@ async fn ask(
     (status, headers, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// Host, method, path, headers, and the backend (or status) expected.
+type Case<'a> = (&'a str, &'a str, &'a str, &'a [(&'a str, &'a str)], &'a str);
+
 fn gateway(listeners: &str) -> String {
     format!(
         "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{ name: cutover }}\nspec: {{ controllerName: cutover.dev/gateway }}\n---\n\
@@ -217,7 +220,7 @@ async fn matches_hostnames_and_precedence_route_as_the_conformance_tests_expect(
     );
     let gw = serve(&config);
     let at = gw.listener("http-80");
-    let cases: &[(&str, &str, &str, &[(&str, &str)], &str)] = &[
+    let cases: &[Case] = &[
         // path match order
         ("any.test", "GET", "/match", &[], "v1"),
         ("any.test", "GET", "/match/exact", &[], "v2"),
