@@ -33,6 +33,14 @@ enum Command {
         /// are seen; an invalid write is recorded and changes nothing.
         #[arg(long)]
         watch: bool,
+        /// Write the configuration file from this folder's Gateway API
+        /// resources (and its one `*.toml` of settings) at start, and
+        /// again when the folder changes with `--watch`.
+        #[arg(long)]
+        gateway_api: Option<PathBuf>,
+        /// The address the imported listeners bind on.
+        #[arg(long, default_value = "0.0.0.0", requires = "gateway_api")]
+        gateway_api_address: String,
     },
     /// Validate a configuration file offline; exit 1 on any error.
     Check {
@@ -83,9 +91,18 @@ enum Import {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { config, watch } => match cutover::run(cutover::Options {
+        Command::Run {
             config,
             watch,
+            gateway_api,
+            gateway_api_address,
+        } => match cutover::run(cutover::Options {
+            config,
+            watch,
+            gateway_api: gateway_api.map(|dir| cutover::gatewayapi::Source {
+                dir,
+                address: gateway_api_address,
+            }),
             release_memory: cutover::lifecycle::release_memory,
         }) {
             Ok(()) => ExitCode::SUCCESS,
@@ -114,6 +131,7 @@ fn main() -> ExitCode {
                 },
                 cluster_domain,
                 admin,
+                settings: None,
             };
             import_gateway_api(&paths, &options, output.as_deref())
         }

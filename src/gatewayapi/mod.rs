@@ -59,6 +59,10 @@ pub struct Options {
     pub cluster_domain: String,
     /// `[admin] bind` of the written configuration.
     pub admin: String,
+    /// Settings written first (`[admin]`, `[log]`, `[runtime]`, …: the
+    /// `*.toml` of a `run --gateway-api` folder); no `[admin]` is
+    /// written after them.
+    pub settings: Option<String>,
 }
 
 impl Default for Options {
@@ -69,6 +73,7 @@ impl Default for Options {
             services: Services::Input,
             cluster_domain: "cluster.local".into(),
             admin: "127.0.0.1:9190".into(),
+            settings: None,
         }
     }
 }
@@ -129,6 +134,71 @@ impl Imported {
     pub fn status_yaml(&self) -> String {
         status::yaml(&self.gateways, &self.routes)
     }
+}
+
+/// `cutover run --gateway-api DIR [--gateway-api-address ADDR]`.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub dir: PathBuf,
+    /// Where the imported listeners bind.
+    pub address: String,
+}
+
+/// What `cutover run --gateway-api DIR` serves: DIR's settings file
+/// (its one `*.toml`, if any) followed by the import of DIR's resources,
+/// written to `config` when it differs from what is there. `Ok(None)`
+/// when nothing changed.
+pub fn compose_into(source: &Source, config: &std::path::Path) -> Result<Option<Imported>, String> {
+    let dir = source.dir.as_path();
+    let mut settings = Vec::new();
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: cannot read the folder: {e}", dir.display()))?;
+    for entry in entries.filter_map(Result::ok) {
+        let path = entry.path();
+        // A ConfigMap's `..data` and its timestamped folder are not ours.
+        let hidden = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with('.'));
+        if path.extension().is_some_and(|x| x == "toml") && !hidden {
+            settings.push(path);
+        }
+    }
+    settings.sort();
+    if settings.len() > 1 {
+        return Err(format!(
+            "{}: more than one settings file ({}): keep one",
+            dir.display(),
+            settings
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let settings = match settings.first() {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("{}: cannot read: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    // In a cluster the folder holds routes, not EndpointSlices: a
+    // Service it does not describe is its cluster DNS name.
+    let options = Options {
+        settings,
+        address: source.address.clone(),
+        services: Services::Dns,
+        ..Options::default()
+    };
+    let imported = import(&[dir.to_path_buf()], &options)?;
+    if std::fs::read_to_string(config).is_ok_and(|text| text == imported.config) {
+        return Ok(None);
+    }
+    imported
+        .write(config)
+        .map_err(|e| format!("{}: cannot write: {e}", config.display()))?;
+    Ok(Some(imported))
 }
 
 /// Reads `paths` (files or folders of YAML) and imports them.
@@ -380,7 +450,18 @@ fn emit(ports: &BTreeMap<u16, String>, built: &http::Built, options: &Options) -
         out,
         "# Written by `cutover import gateway-api`: change the resources and import again.\n"
     );
-    let _ = writeln!(out, "[admin]\nbind = {}\n", toml_str(&options.admin));
+    match &options.settings {
+        Some(settings) => {
+            out.push_str(settings);
+            let _ = writeln!(
+                out,
+                "\n# ---- imported from the Gateway API resources ----\n"
+            );
+        }
+        None => {
+            let _ = writeln!(out, "[admin]\nbind = {}\n", toml_str(&options.admin));
+        }
+    }
     for (port, name) in ports {
         let _ = writeln!(
             out,

@@ -35,6 +35,10 @@ pub struct Options {
     /// `--watch`: activate the file (and what it references) when it
     /// changes.
     pub watch: bool,
+    /// `--gateway-api DIR`: `config` is written from DIR's Gateway API
+    /// resources (and its settings file) at start, and again whenever
+    /// DIR changes with `--watch`.
+    pub gateway_api: Option<crate::gatewayapi::Source>,
     /// Hands memory the allocator holds but no longer uses back to the
     /// system. Called after loading a configuration (startup, each
     /// activation), on the thread that loaded it: the transient peak of
@@ -51,6 +55,8 @@ const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 pub enum StartError {
     #[error("cannot read configuration {0}: {1}")]
     Read(PathBuf, #[source] std::io::Error),
+    #[error("cannot import the Gateway API resources: {0}")]
+    GatewayApi(String),
     #[error("cannot watch the configuration: {0}")]
     Watch(String),
     #[error("configuration {origin} is invalid:\n{}", render(.origin, .diagnostics))]
@@ -108,6 +114,12 @@ pub fn run(options: Options) -> Result<(), StartError> {
     // Before anything else: the file at this path may be replaced while
     // we run, and an upgrade must start the new one.
     let binary = super::upgrade::Binary::resolve();
+    // Reported once logging is set up.
+    let imported = match &options.gateway_api {
+        Some(source) => crate::gatewayapi::compose_into(source, &options.config)
+            .map_err(StartError::GatewayApi)?,
+        None => None,
+    };
     let upgrade = handover::take_state().map_err(StartError::Handover)?;
     let start = choose_start(&options, upgrade)?;
     // Connections are served on `worker_threads` data-plane threads (one
@@ -124,7 +136,7 @@ pub fn run(options: Options) -> Result<(), StartError> {
         .enable_all()
         .build()
         .map_err(StartError::Runtime)?;
-    let result = runtime.block_on(serve(options, start, binary, workers));
+    let result = runtime.block_on(serve(options, start, binary, workers, imported));
     // Control-plane work still running on the blocking pool (planning a
     // huge candidate) must not hold the exit once draining is over: its
     // caller is gone, and nothing it could finish would be recorded.
@@ -282,11 +294,15 @@ async fn serve(
     start: Start,
     binary: super::upgrade::Binary,
     workers: Arc<Workers>,
+    imported: Option<crate::gatewayapi::Imported>,
 ) -> Result<(), StartError> {
     let signals = Signals::install()?;
     let log_level = telemetry::init_logging(&start.spec.log).map_err(StartError::Log)?;
     for note in &start.notes {
         tracing::info!("{note}");
+    }
+    if let Some(imported) = &imported {
+        super::watch::report_import(imported);
     }
     let prometheus = telemetry::init_metrics();
     telemetry::otlp::init(&start.spec.tracing).map_err(StartError::Log)?;
@@ -429,6 +445,7 @@ async fn serve(
     let process = Process::new(
         options.config.clone(),
         options.watch,
+        options.gateway_api.clone(),
         binary,
         control_sockets,
         scratch,
@@ -452,6 +469,11 @@ async fn serve(
                 tracing::info!(config = %options.config.display(), "watching the configuration file and the files it references")
             }
             Err(error) => return Err(StartError::Watch(error.to_string())),
+        }
+        if let Some(source) = &options.gateway_api {
+            super::watch::spawn_gateway_api(source.clone(), options.config.clone())
+                .map_err(|e| StartError::Watch(e.to_string()))?;
+            tracing::info!(folder = %source.dir.display(), "watching the Gateway API resources");
         }
     }
 

@@ -161,6 +161,8 @@ pub struct Process {
     config_path: PathBuf,
     /// Started with `--watch`: so is the new process.
     watch: bool,
+    /// Started with `--gateway-api DIR`: so is the new process.
+    gateway_api: Option<crate::gatewayapi::Source>,
     binary: Arc<Binary>,
     /// Duplicates of the admin and metrics sockets, kept for hand-over.
     control_sockets: Vec<(SocketRole, SocketAddr, std::net::TcpListener)>,
@@ -176,6 +178,7 @@ impl Process {
     pub fn new(
         config_path: PathBuf,
         watch: bool,
+        gateway_api: Option<crate::gatewayapi::Source>,
         binary: Binary,
         control_sockets: Vec<(SocketRole, SocketAddr, std::net::TcpListener)>,
         scratch_dir: PathBuf,
@@ -183,6 +186,7 @@ impl Process {
         Arc::new(Self {
             config_path,
             watch,
+            gateway_api,
             binary: Arc::new(binary),
             control_sockets,
             scratch_dir,
@@ -291,6 +295,14 @@ impl Process {
                 .arg("-c")
                 .arg(&self.config_path)
                 .args(self.watch.then_some("--watch"))
+                .args(self.gateway_api.iter().flat_map(|source| {
+                    [
+                        std::ffi::OsStr::new("--gateway-api"),
+                        source.dir.as_os_str(),
+                        std::ffi::OsStr::new("--gateway-api-address"),
+                        std::ffi::OsStr::new(&source.address),
+                    ]
+                }))
                 .env(handover::STATE_ENV, &path)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

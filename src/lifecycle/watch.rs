@@ -157,3 +157,83 @@ async fn act(control: &Arc<Control>) {
     }
     tracing::error!("watch: another operation held the lock for 15 s; the change is not applied (touch the file to try again)");
 }
+
+/// `--gateway-api DIR --watch`: DIR's resources imported again when the
+/// folder changes; a changed result is written to the configuration file,
+/// which the file watch then activates like any other write (planning,
+/// impact, guards, history). An import that fails (a YAML error, a
+/// folder gone) is logged and changes nothing.
+pub fn spawn_gateway_api(
+    source: crate::gatewayapi::Source,
+    config: PathBuf,
+) -> Result<(), notify::Error> {
+    let (events, mut changed) = mpsc::unbounded_channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let relevant = event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_)));
+        if relevant {
+            let _ = events.send(());
+        }
+    })?;
+    watcher.watch(&source.dir, RecursiveMode::NonRecursive)?;
+    tokio::spawn(async move {
+        // The watcher lives as long as this task.
+        let _watcher = watcher;
+        while changed.recv().await.is_some() {
+            settle(&mut changed).await;
+            let (source, config) = (source.clone(), config.clone());
+            let imported = tokio::task::spawn_blocking(move || {
+                crate::gatewayapi::compose_into(&source, &config)
+            })
+            .await;
+            match imported {
+                Ok(Ok(Some(imported))) => report_import(&imported),
+                Ok(Ok(None)) => {}
+                Ok(Err(error)) => {
+                    tracing::error!(%error, "watch: the Gateway API resources cannot be imported; the active generation is unchanged")
+                }
+                Err(error) => tracing::error!(%error, "watch: the import stopped"),
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Logs what an import made, and every condition that is not true.
+pub fn report_import(imported: &crate::gatewayapi::Imported) {
+    let c = imported.counts;
+    tracing::info!(
+        gateways = c.gateways,
+        routes = c.routes,
+        cutover_routes = c.cutover_routes,
+        upstreams = c.upstreams,
+        "Gateway API resources imported"
+    );
+    for route in &imported.routes {
+        for parent in &route.parents {
+            for condition in parent.conditions.iter().filter(|c| !c.status) {
+                tracing::warn!(
+                    kind = %route.kind,
+                    route = %format!("{}/{}", route.namespace, route.name),
+                    condition = condition.kind,
+                    reason = %condition.reason,
+                    message = %condition.message,
+                    "Gateway API route condition"
+                );
+            }
+        }
+    }
+    for gateway in &imported.gateways {
+        for listener in &gateway.listeners {
+            for condition in listener.conditions.iter().filter(|c| !c.status) {
+                tracing::warn!(
+                    gateway = %format!("{}/{}", gateway.namespace, gateway.name),
+                    listener = %listener.name,
+                    condition = condition.kind,
+                    reason = %condition.reason,
+                    message = %condition.message,
+                    "Gateway API listener condition"
+                );
+            }
+        }
+    }
+}

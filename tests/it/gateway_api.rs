@@ -472,3 +472,90 @@ fn the_status_is_printed_and_unreadable_input_exits_1() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not YAML"));
 }
+
+/// `count` HTTPRoutes `r0`… on listener `http`, each `/rN` to `v1`, but
+/// route `moved` to `v2`.
+fn many_routes(count: usize, moved: Option<usize>) -> String {
+    (0..count)
+        .map(|i| {
+            let backend = if Some(i) == moved { "v2" } else { "v1" };
+            route(
+                &format!("r{i}"),
+                NS,
+                &format!("  parentRefs: [{{ name: gw }}]\n  rules: [{{ matches: [{{ path: {{ type: PathPrefix, value: /r{i} }} }}], backendRefs: [{{ name: {backend}, port: 8080 }}] }}]"),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_folder_becomes_generations_one_route_at_a_time() {
+    let (v1, v2) = (named("v1").await, named("v2").await);
+    let port = crate::harness::closed_port().port();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("settings.toml"),
+        "[admin]\nbind = \"127.0.0.1:0\"\n[runtime]\nworker_threads = 1\n",
+    )
+    .unwrap();
+    let resources = |moved: Option<usize>| {
+        [
+            gateway(&format!(
+                "  - {{ name: http, port: {port}, protocol: HTTP }}"
+            )),
+            services(NS, &[&v1, &v2]),
+            many_routes(200, moved),
+        ]
+        .concat()
+    };
+    // As a ConfigMap update does: a new file renamed over the old one.
+    let replace = |text: &str| {
+        let tmp = dir.path().join(".resources.yaml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, dir.path().join("resources.yaml")).unwrap();
+    };
+    replace(&resources(None));
+    let folder = dir.path().to_str().unwrap();
+    let gw = Gateway::start_args(
+        "# written by --gateway-api\n",
+        &[
+            "--gateway-api",
+            folder,
+            "--gateway-api-address",
+            "127.0.0.1",
+            "--watch",
+        ],
+    );
+    let at = gw.listener(&format!("http-{port}"));
+    assert_eq!(who(&ask(at, "GET", "a.test", "/r7", &[]).await), "v1");
+    assert!(
+        gw.logs().contains("Gateway API resources imported"),
+        "{}",
+        gw.logs()
+    );
+
+    // One route changed: one generation, one upstream modified.
+    replace(&resources(Some(7)));
+    gw.wait_generation(2).await;
+    assert_eq!(who(&ask(at, "GET", "a.test", "/r7", &[]).await), "v2");
+    assert_eq!(who(&ask(at, "GET", "a.test", "/r8", &[]).await), "v1");
+    let (_, history) =
+        crate::harness::admin_request(gw.admin, "GET", "/admin/runtime/history", None, None).await;
+    let op = history["operations"]
+        .as_array()
+        .and_then(|ops| ops.iter().find(|op| op["kind"] == "reload"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(op["requested_by"], "watch", "{op}");
+    assert_eq!(op["summary"], "+0 -0 ~1", "{op}");
+
+    // Resources that cannot be read change nothing, and say why.
+    replace("kind: [unclosed");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !gw.logs().contains("cannot be imported") {
+        assert!(std::time::Instant::now() < deadline, "{}", gw.logs());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(gw.active_generation().await, 2);
+    assert_eq!(who(&ask(at, "GET", "a.test", "/r7", &[]).await), "v2");
+}
