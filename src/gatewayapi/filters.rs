@@ -81,6 +81,17 @@ pub(super) fn apply_filter(
             if let Some(f) = m.rest().first() {
                 return Err(unsupported(f));
             }
+            // Only a status: the request sent back to itself, forever.
+            if parts.len() == 1 && edit.is_none() {
+                return Err(Condition::no(
+                    "Accepted",
+                    "UnsupportedValue",
+                    format!(
+                        "{}: a redirect that changes nothing sends clients back to the same URL",
+                        filter.path()
+                    ),
+                ));
+            }
             *path_edit = Some(PathEdit::Redirect(parts.clone(), edit));
             r.action = Action::Redirect(parts);
             Ok(())

@@ -36,7 +36,6 @@ pub(super) fn import_route(
     built: &mut Built,
 ) -> (RouteStatus, BTreeMap<usize, usize>) {
     let mut status = RouteStatus::new(route);
-    let mut attached_counts = BTreeMap::new();
     let spec = route.spec();
     let hostnames: Vec<String> = spec
         .strings("hostnames")
@@ -44,90 +43,11 @@ pub(super) fn import_route(
         .map(|h| h.to_ascii_lowercase())
         .collect();
 
-    // Per cutover listener: the hostnames the route serves there (None:
-    // any host).
-    let mut serve: BTreeMap<String, BTreeSet<Option<String>>> = BTreeMap::new();
-    let mut parent_statuses = Vec::new();
-    for parent in spec.list("parentRefs") {
-        let parent_ref = parent_ref_json(&parent, route);
-        let mut conditions = Vec::new();
-        let group = parent.str("group").unwrap_or(GROUP);
-        let kind = parent.str("kind").unwrap_or("Gateway");
-        let namespace = parent.str("namespace").unwrap_or(&route.namespace);
-        let name = parent.str("name").unwrap_or_default();
-        let section = parent.str("sectionName");
-        let port = parent.int("port");
-        for field in parent.rest() {
-            conditions.push(unsupported(&field));
-        }
-        let gateway = ctx
-            .gateways
-            .iter()
-            .position(|g| g.namespace == namespace && g.name == name);
-        match (group == GROUP && kind == "Gateway", gateway) {
-            (false, _) => conditions.push(Condition::no(
-                "Accepted",
-                "NoMatchingParent",
-                format!("parent kind {group}/{kind} is not a Gateway"),
-            )),
-            (true, None) => conditions.push(Condition::no(
-                "Accepted",
-                "NoMatchingParent",
-                format!("no Gateway {namespace}/{name} of the imported class"),
-            )),
-            (true, Some(gi)) => {
-                let candidates: Vec<usize> = ctx
-                    .listeners
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, l)| l.gateway == gi)
-                    .filter(|(_, l)| section.is_none_or(|s| s == l.name))
-                    .filter(|(_, l)| port.is_none_or(|p| p == i64::from(l.port)))
-                    .map(|(i, _)| i)
-                    .collect();
-                let allowed: Vec<usize> = candidates
-                    .iter()
-                    .copied()
-                    .filter(|&i| allows(ctx, &ctx.listeners[i], ctx.gateways[gi], route))
-                    .collect();
-                let mut matched = 0;
-                for &i in &allowed {
-                    let l = &ctx.listeners[i];
-                    let hosts = intersect(l.hostname.as_deref(), &hostnames);
-                    if hosts.is_empty() {
-                        continue;
-                    }
-                    matched += 1;
-                    *attached_counts.entry(i).or_insert(0) += 1;
-                    serve.entry(l.cutover.clone()).or_default().extend(hosts);
-                }
-                if candidates.is_empty() {
-                    conditions.push(Condition::no(
-                        "Accepted",
-                        "NoMatchingParent",
-                        match (section, port) {
-                            (Some(s), _) => format!("Gateway {namespace}/{name} has no accepted listener {s:?} (on that port)"),
-                            (None, Some(p)) => format!("Gateway {namespace}/{name} has no accepted listener on port {p}"),
-                            (None, None) => format!("Gateway {namespace}/{name} has no accepted listener"),
-                        },
-                    ));
-                } else if allowed.is_empty() {
-                    conditions.push(Condition::no(
-                        "Accepted",
-                        "NotAllowedByListeners",
-                        format!("no listener of Gateway {namespace}/{name} allows routes from namespace {}", route.namespace),
-                    ));
-                } else if matched == 0 {
-                    conditions.push(Condition::no(
-                        "Accepted",
-                        "NoMatchingListenerHostname",
-                        "no hostname of the route intersects a listener's hostname".into(),
-                    ));
-                }
-            }
-        }
-        parent_statuses.push((parent_ref, conditions));
-    }
+    let Attachment {
+        serve,
+        parents: parent_statuses,
+        counts: attached_counts,
+    } = attach(ctx, route, &spec, &hostnames);
 
     // The rules, whatever the parents: their problems are every parent's.
     let mut rule_conditions: Vec<Condition> = Vec::new();
@@ -303,6 +223,122 @@ pub(super) fn import_route(
         }
     }
     (status, attached_counts)
+}
+
+/// Where a route attaches: per cutover listener the hostnames it serves
+/// there (`None`: any host), each parent's conditions so far, and how
+/// many attachments each Gateway listener (by index) got.
+pub(super) struct Attachment {
+    pub serve: BTreeMap<String, BTreeSet<Option<String>>>,
+    pub parents: Vec<(Value, Vec<Condition>)>,
+    pub counts: BTreeMap<usize, usize>,
+}
+
+/// Attaches `route` to the listeners its `parentRefs` name, allow it and
+/// serve its kind.
+pub(super) fn attach(
+    ctx: &Context<'_>,
+    route: &Resource,
+    spec: &Fields<'_>,
+    hostnames: &[String],
+) -> Attachment {
+    let mut attached_counts = BTreeMap::new();
+    // Per cutover listener: the hostnames the route serves there (None:
+    // any host).
+    let mut serve: BTreeMap<String, BTreeSet<Option<String>>> = BTreeMap::new();
+    let mut parent_statuses = Vec::new();
+    for parent in spec.list("parentRefs") {
+        let parent_ref = parent_ref_json(&parent, route);
+        let mut conditions = Vec::new();
+        let group = parent.str("group").unwrap_or(GROUP);
+        let kind = parent.str("kind").unwrap_or("Gateway");
+        let namespace = parent.str("namespace").unwrap_or(&route.namespace);
+        let name = parent.str("name").unwrap_or_default();
+        let section = parent.str("sectionName");
+        let port = parent.int("port");
+        for field in parent.rest() {
+            conditions.push(unsupported(&field));
+        }
+        let gateway = ctx
+            .gateways
+            .iter()
+            .position(|g| g.namespace == namespace && g.name == name);
+        match (group == GROUP && kind == "Gateway", gateway) {
+            (false, _) => conditions.push(Condition::no(
+                "Accepted",
+                "NoMatchingParent",
+                format!("parent kind {group}/{kind} is not a Gateway"),
+            )),
+            (true, None) => conditions.push(Condition::no(
+                "Accepted",
+                "NoMatchingParent",
+                format!("no Gateway {namespace}/{name} of the imported class"),
+            )),
+            (true, Some(gi)) => {
+                let candidates: Vec<usize> = ctx
+                    .listeners
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| l.gateway == gi)
+                    .filter(|(_, l)| section.is_none_or(|s| s == l.name))
+                    .filter(|(_, l)| port.is_none_or(|p| p == i64::from(l.port)))
+                    .map(|(i, _)| i)
+                    .collect();
+                let allowed: Vec<usize> = candidates
+                    .iter()
+                    .copied()
+                    .filter(|&i| {
+                        ctx.listeners[i].kind.serves(&route.kind)
+                            && allows(ctx, &ctx.listeners[i], ctx.gateways[gi], route)
+                    })
+                    .collect();
+                let mut matched = 0;
+                for &i in &allowed {
+                    let l = &ctx.listeners[i];
+                    let hosts = intersect(l.hostname.as_deref(), hostnames);
+                    if hosts.is_empty() {
+                        continue;
+                    }
+                    matched += 1;
+                    *attached_counts.entry(i).or_insert(0) += 1;
+                    serve.entry(l.cutover.clone()).or_default().extend(hosts);
+                }
+                if candidates.is_empty() {
+                    conditions.push(Condition::no(
+                        "Accepted",
+                        "NoMatchingParent",
+                        match (section, port) {
+                            (Some(s), _) => format!("Gateway {namespace}/{name} has no accepted listener {s:?} (on that port)"),
+                            (None, Some(p)) => format!("Gateway {namespace}/{name} has no accepted listener on port {p}"),
+                            (None, None) => format!("Gateway {namespace}/{name} has no accepted listener"),
+                        },
+                    ));
+                } else if allowed.is_empty() {
+                    conditions.push(Condition::no(
+                        "Accepted",
+                        "NotAllowedByListeners",
+                        format!(
+                            "no listener of Gateway {namespace}/{name} takes {}s from namespace {}",
+                            route.kind, route.namespace
+                        ),
+                    ));
+                } else if matched == 0 {
+                    conditions.push(Condition::no(
+                        "Accepted",
+                        "NoMatchingListenerHostname",
+                        "no hostname of the route intersects a listener's hostname".into(),
+                    ));
+                }
+            }
+        }
+        parent_statuses.push((parent_ref, conditions));
+    }
+
+    Attachment {
+        serve,
+        parents: parent_statuses,
+        counts: attached_counts,
+    }
 }
 
 /// Sorts the routes in the API's precedence and gives each match key

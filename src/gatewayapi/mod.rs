@@ -16,6 +16,7 @@
 
 mod filters;
 mod http;
+mod l4;
 mod matches;
 pub mod resources;
 mod routes;
@@ -113,6 +114,7 @@ impl Imported {
                     .flat_map(|l| &l.conditions),
             )
             .all(|c| c.status)
+            && self.gateways.iter().all(|g| g.problems.is_empty())
     }
 
     /// Writes the configuration to `path` whole or not at all (a
@@ -218,6 +220,59 @@ struct Listener {
     from: AllowedFrom,
     /// The cutover listener serving it.
     cutover: String,
+    kind: ListenerKind,
+}
+
+/// What a Gateway listener serves, as cutover serves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ListenerKind {
+    /// `HTTP`: HTTPRoutes on an `http` listener.
+    Http,
+    /// `TCP`: one TCPRoute on a `tcp` listener.
+    Tcp,
+    /// `TLS` with `mode: Passthrough`: TLSRoutes by SNI on a `tcp`
+    /// listener.
+    Passthrough,
+    /// `UDP`: one UDPRoute on a `udp` listener.
+    Udp,
+}
+
+impl ListenerKind {
+    fn of(protocol: &str, tls_mode: Option<&str>) -> Result<Self, String> {
+        match (protocol, tls_mode.unwrap_or("Terminate")) {
+            ("HTTP", _) => Ok(ListenerKind::Http),
+            ("TCP", _) => Ok(ListenerKind::Tcp),
+            ("UDP", _) => Ok(ListenerKind::Udp),
+            ("TLS", "Passthrough") => Ok(ListenerKind::Passthrough),
+            ("TLS", mode) => Err(format!("TLS mode {mode:?}: only Passthrough is imported (terminating TLS listeners are not yet: docs/gateway-api.md)")),
+            ("HTTPS", _) => Err("HTTPS listeners are not imported yet (docs/gateway-api.md)".into()),
+            (other, _) => Err(format!("protocol {other:?} is not a Gateway API protocol cutover serves")),
+        }
+    }
+
+    /// The route kind it takes.
+    fn route_kind(self) -> &'static str {
+        match self {
+            ListenerKind::Http => "HTTPRoute",
+            ListenerKind::Tcp => "TCPRoute",
+            ListenerKind::Passthrough => "TLSRoute",
+            ListenerKind::Udp => "UDPRoute",
+        }
+    }
+
+    fn serves(self, route_kind: &str) -> bool {
+        self.route_kind() == route_kind
+    }
+
+    /// The cutover listener's name prefix.
+    fn prefix(self) -> &'static str {
+        match self {
+            ListenerKind::Http => "http",
+            ListenerKind::Tcp => "tcp",
+            ListenerKind::Passthrough => "tls",
+            ListenerKind::Udp => "udp",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -248,7 +303,7 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     let mut gateway_statuses = Vec::new();
     let mut listeners: Vec<Listener> = Vec::new();
     // Cutover listeners by port.
-    let mut ports: BTreeMap<u16, String> = BTreeMap::new();
+    let mut ports: BTreeMap<u16, (String, ListenerKind)> = BTreeMap::new();
     for (gi, gateway) in gateways.iter().enumerate() {
         let spec = gateway.spec();
         spec.ignore(&["gatewayClassName", "infrastructure"]);
@@ -262,6 +317,13 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
                 .unwrap_or(0);
             let hostname = l.str("hostname").map(str::to_ascii_lowercase);
             let mut conditions = Vec::new();
+            let tls_mode = l.object("tls").and_then(|tls| {
+                // Passthrough keeps no certificate; what a terminating
+                // listener would read is reported with it.
+                tls.ignore(&["certificateRefs", "options", "frontendValidation"]);
+                tls.str("mode").map(str::to_owned)
+            });
+            let listener_kind = ListenerKind::of(protocol, tls_mode.as_deref());
             let from = match l.object("allowedRoutes") {
                 Some(allowed) => {
                     let from = match allowed.object("namespaces") {
@@ -301,11 +363,14 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
                     for kind in allowed.list("kinds") {
                         let k = kind.str("kind").unwrap_or_default();
                         let g = kind.str("group").unwrap_or(GROUP);
-                        if !(k == "HTTPRoute" && g == GROUP) {
+                        let takes = listener_kind.as_ref().map_or("", |l| l.route_kind());
+                        if !(k == takes && g == GROUP) {
                             conditions.push(Condition::no(
                                 "ResolvedRefs",
                                 "InvalidRouteKinds",
-                                format!("route kind {g}/{k} is not served by cutover's import (HTTPRoute only)"),
+                                format!(
+                                    "route kind {g}/{k} is not what this listener serves ({takes})"
+                                ),
                             ));
                         }
                     }
@@ -316,11 +381,11 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
                 }
                 None => AllowedFrom::Same,
             };
-            if protocol != "HTTP" {
+            if let Err(why) = &listener_kind {
                 conditions.push(Condition::no(
                     "Accepted",
                     "UnsupportedProtocol",
-                    format!("protocol {protocol:?}: this import serves HTTP listeners (HTTPS, TLS, TCP and UDP are not imported yet: docs/gateway-api.md)"),
+                    why.clone(),
                 ));
             }
             if port == 0 {
@@ -330,15 +395,26 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
                     "a port between 1 and 65535 is required".into(),
                 ));
             }
-            l.ignore(&["tls"]);
             for field in l.rest() {
                 conditions.push(status::unsupported_listener(&field));
             }
+            if let (Ok(kind), Some((other, other_kind))) = (&listener_kind, ports.get(&port)) {
+                if kind != other_kind {
+                    conditions.push(Condition::no(
+                        "Accepted",
+                        "ProtocolConflict",
+                        format!(
+                            "port {port} is already served by listener {other} of another protocol"
+                        ),
+                    ));
+                }
+            }
             let accepted = conditions.iter().all(|c| c.status);
-            if accepted {
+            if let (true, Ok(kind)) = (accepted, listener_kind) {
                 let cutover = ports
                     .entry(port)
-                    .or_insert_with(|| format!("http-{port}"))
+                    .or_insert_with(|| (format!("{}-{port}", kind.prefix()), kind))
+                    .0
                     .clone();
                 listeners.push(Listener {
                     gateway: gi,
@@ -347,6 +423,7 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
                     port,
                     from,
                     cutover,
+                    kind,
                 });
                 conditions.push(Condition::yes("Accepted", "Accepted"));
                 conditions.push(Condition::yes("Programmed", "Programmed"));
@@ -382,31 +459,35 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     let mut route_statuses = Vec::new();
     for (order, route) in routes.iter().enumerate() {
         let (status, attached) = http::import_route(&ctx, route, order, &mut built);
-        for (listener, count) in attached {
-            if let Some(l) = listeners.get(listener) {
-                if let Some(ls) = gateway_statuses
-                    .get_mut(l.gateway)
-                    .and_then(|g| g.listeners.iter_mut().find(|s| s.name == l.name))
-                {
-                    ls.attached += count;
-                }
-            }
-        }
+        count_attached(&listeners, &mut gateway_statuses, attached);
         route_statuses.push(status);
     }
     http::settle(&mut built.routes);
+    // TCP, TLS passthrough and UDP routes, oldest first.
+    let mut l4_routes: Vec<&Resource> = resources
+        .iter()
+        .filter(|r| {
+            r.group() == GROUP && matches!(r.kind.as_str(), "TLSRoute" | "TCPRoute" | "UDPRoute")
+        })
+        .collect();
+    l4_routes.sort_by(|a, b| {
+        (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
+    });
+    let mut l4 = BTreeMap::new();
+    for route in l4_routes {
+        let (status, attached) = l4::import_route(&ctx, route, &mut l4, &mut built.upstreams);
+        count_attached(&listeners, &mut gateway_statuses, attached);
+        route_statuses.push(status);
+    }
     // Kinds the import does not serve are reported, never dropped.
-    for r in resources.iter().filter(|r| {
-        r.group() == GROUP
-            && matches!(
-                r.kind.as_str(),
-                "GRPCRoute" | "TLSRoute" | "TCPRoute" | "UDPRoute"
-            )
-    }) {
+    for r in resources
+        .iter()
+        .filter(|r| r.group() == GROUP && r.kind == "GRPCRoute")
+    {
         route_statuses.push(RouteStatus::unsupported_kind(r));
     }
 
-    let config = emit(&ports, &built, options);
+    let config = emit(&ports, &built, &l4, options);
     let text = crate::config::ConfigText::inline(
         config.clone(),
         std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
@@ -432,6 +513,25 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     })
 }
 
+/// Adds a route's attachments to its listeners' `attachedRoutes`.
+fn count_attached(
+    listeners: &[Listener],
+    statuses: &mut [status::GatewayStatus],
+    attached: BTreeMap<usize, usize>,
+) {
+    for (listener, count) in attached {
+        let Some(l) = listeners.get(listener) else {
+            continue;
+        };
+        if let Some(ls) = statuses
+            .get_mut(l.gateway)
+            .and_then(|g| g.listeners.iter_mut().find(|s| s.name == l.name))
+        {
+            ls.attached += count;
+        }
+    }
+}
+
 /// The resources of a Gateway API kind, or of a core kind.
 fn of_kind<'a>(resources: &'a [Resource], kind: &'a str) -> impl Iterator<Item = &'a Resource> {
     resources
@@ -444,7 +544,12 @@ fn kind_is_core(kind: &str) -> bool {
 }
 
 /// The configuration's text.
-fn emit(ports: &BTreeMap<u16, String>, built: &http::Built, options: &Options) -> String {
+fn emit(
+    ports: &BTreeMap<u16, (String, ListenerKind)>,
+    built: &http::Built,
+    l4: &BTreeMap<String, l4::Served>,
+    options: &Options,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -462,19 +567,32 @@ fn emit(ports: &BTreeMap<u16, String>, built: &http::Built, options: &Options) -
             let _ = writeln!(out, "[admin]\nbind = {}\n", toml_str(&options.admin));
         }
     }
-    for (port, name) in ports {
-        let _ = writeln!(
-            out,
-            "[[listeners]]\nname = {}\nbind = {}\n",
-            toml_str(name),
-            toml_str(&join_host_port(&options.address, *port))
-        );
+    for (port, (name, kind)) in ports {
+        let bind = toml_str(&join_host_port(&options.address, *port));
+        if *kind == ListenerKind::Http {
+            let _ = writeln!(
+                out,
+                "[[listeners]]\nname = {}\nbind = {bind}\n",
+                toml_str(name)
+            );
+            continue;
+        }
+        // An L4 listener without a route has nothing to relay to.
+        if let Some(served) = l4.get(name) {
+            out.push_str(&served.toml(name, &bind, *kind == ListenerKind::Udp));
+            out.push('\n');
+        }
     }
     for route in &built.routes {
         out.push_str(&route.toml());
         out.push('\n');
     }
-    let used: BTreeSet<&str> = built.routes.iter().flat_map(|r| r.upstreams()).collect();
+    let used: BTreeSet<&str> = built
+        .routes
+        .iter()
+        .flat_map(|r| r.upstreams())
+        .chain(l4.values().flat_map(l4::Served::upstreams))
+        .collect();
     for (name, upstream) in &built.upstreams {
         if used.contains(name.as_str()) {
             out.push_str(&upstream.toml(name));

@@ -373,12 +373,31 @@ fn an_unsupported_field_is_reported_and_its_route_not_served() {
 #[test]
 fn kinds_and_protocols_not_imported_are_reported() {
     let imported = import(
-        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: tls, namespace: infra }\nspec:\n  gatewayClassName: cutover\n  listeners: [{ name: pass, port: 443, protocol: TLS }]\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: { name: db, namespace: infra }\nspec:\n  parentRefs: [{ name: tls }]\n  rules: [{ backendRefs: [{ name: v1, port: 8080 }] }]\n",
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: tls, namespace: infra }\nspec:\n  gatewayClassName: cutover\n  listeners: [{ name: terminate, port: 443, protocol: TLS }, { name: https, port: 8443, protocol: HTTPS }, { name: tcp, port: 5432, protocol: TCP, allowedRoutes: { kinds: [{ kind: HTTPRoute }] } }]\n---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: { name: db, namespace: infra }\nspec:\n  parentRefs: [{ name: tls, sectionName: terminate }]\n  rules: [{ backendRefs: [{ name: v1, port: 8080 }] }]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: { name: rpc, namespace: infra }\nspec:\n  parentRefs: [{ name: gw }]\n",
     );
     let tls = imported.gateways.iter().find(|g| g.name == "tls").unwrap();
-    assert_eq!(tls.listeners[0].conditions[0].reason, "UnsupportedProtocol");
+    let reasons: Vec<&str> = tls
+        .listeners
+        .iter()
+        .map(|l| l.conditions[0].reason.as_str())
+        .collect();
+    // Terminating TLS and HTTPS: not imported; a TCP listener asked to
+    // take HTTPRoutes: not a kind it serves.
+    assert_eq!(
+        reasons,
+        [
+            "UnsupportedProtocol",
+            "UnsupportedProtocol",
+            "InvalidRouteKinds"
+        ]
+    );
+    // The only listener it names is not accepted.
     assert_eq!(
         condition(&imported, "db", "Accepted"),
+        (false, "NoMatchingParent".into())
+    );
+    assert_eq!(
+        condition(&imported, "rpc", "Accepted"),
         (false, "NotAllowedByListeners".into())
     );
     assert!(!imported.all_accepted());

@@ -307,6 +307,8 @@ async fn filters_reach_the_backend_and_the_client() {
   # HTTPRouteRedirectPath, HTTPRouteRedirectScheme, HTTPRouteRedirectPort
   - matches: [{ path: { type: PathPrefix, value: /r303 } }]
     filters: [{ type: RequestRedirect, requestRedirect: { statusCode: 303, hostname: example.org } }]
+  - matches: [{ path: { type: PathPrefix, value: /r307 } }]
+    filters: [{ type: RequestRedirect, requestRedirect: { statusCode: 307, hostname: example.net } }]
   - matches: [{ path: { type: PathPrefix, value: /r308 } }]
     filters: [{ type: RequestRedirect, requestRedirect: { statusCode: 308, scheme: https, port: 8443 } }]
   - matches: [{ path: { type: PathPrefix, value: /old } }]
@@ -369,6 +371,10 @@ async fn filters_reach_the_backend_and_the_client() {
     assert_eq!(
         location(&ask(at, "GET", "a.test", "/r303/x", &[]).await),
         (303, "http://example.org/r303/x".into())
+    );
+    assert_eq!(
+        location(&ask(at, "GET", "a.test", "/r307?a=b", &[]).await),
+        (307, "http://example.net/r307?a=b".into())
     );
     assert_eq!(
         location(&ask(at, "GET", "a.test", "/r308", &[]).await),
@@ -558,4 +564,174 @@ async fn a_watched_folder_becomes_generations_one_route_at_a_time() {
     }
     assert_eq!(gw.active_generation().await, 2);
     assert_eq!(who(&ask(at, "GET", "a.test", "/r7", &[]).await), "v2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_example_imports_its_configmap_and_serves_it() {
+    let docs = crate::examples::yaml_documents(
+        "examples/kubernetes/gateway-api",
+        &["deployment.yaml", "kustomization.yaml", "routes.yaml"],
+    );
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["args"],
+        serde_json::json!([
+            "run",
+            "-c",
+            "/var/lib/cutover/cutover.toml",
+            "--gateway-api",
+            "/etc/cutover/gateway-api",
+            "--watch"
+        ])
+    );
+    let mounts = container["volumeMounts"].as_array().unwrap();
+    assert!(mounts.iter().all(|m| m.get("subPath").is_none()));
+    let kustomization = docs
+        .iter()
+        .find(|d| d["kind"] == "Kustomization")
+        .expect("a Kustomization");
+    assert_eq!(
+        kustomization["configMapGenerator"][0]["files"],
+        serde_json::json!(["settings.toml", "routes.yaml"])
+    );
+
+    // The folder as the pod sees it, on loopback ports.
+    let example = crate::harness::workspace().join("examples/kubernetes/gateway-api");
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::harness::closed_port().port();
+    let routes = std::fs::read_to_string(example.join("routes.yaml"))
+        .unwrap()
+        .replace(
+            "port: 8080\n      protocol: HTTP",
+            &format!("port: {port}\n      protocol: HTTP"),
+        );
+    std::fs::write(dir.path().join("routes.yaml"), routes).unwrap();
+    let settings = std::fs::read_to_string(example.join("settings.toml"))
+        .unwrap()
+        .replace("127.0.0.1:9190", "127.0.0.1:0")
+        .replace("0.0.0.0:9191", "127.0.0.1:0")
+        .replace("state_dir = \"/var/lib/cutover/state\"\n", "");
+    std::fs::write(dir.path().join("settings.toml"), settings).unwrap();
+    let folder = dir.path().to_str().unwrap();
+    let gw = Gateway::start_args(
+        "",
+        &[
+            "--gateway-api",
+            folder,
+            "--gateway-api-address",
+            "127.0.0.1",
+            "--watch",
+        ],
+    );
+    let at = gw.listener(&format!("http-{port}"));
+    let (status, headers, _) =
+        ask(at, "GET", "shop.example.com", "/catalog/shoes?size=9", &[]).await;
+    assert_eq!(status, 301);
+    assert_eq!(
+        headers.get("location").unwrap(),
+        "http://shop.example.com/products/shoes?size=9"
+    );
+    // Every route accepted: nothing but the import's summary logged.
+    let logs = gw.logs();
+    assert!(logs.contains("Gateway API resources imported"), "{logs}");
+    assert!(!logs.contains("Gateway API route condition"), "{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_tls_passthrough_and_udp_routes_relay_to_their_backends() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let ca = crate::pki::ca("gateway api l4");
+    let api = crate::l4::tls_identity_backend(&ca, "api").await;
+    let db = crate::l4::tls_identity_backend(&ca, "db").await;
+    let (echo, _echo_task) = crate::harness::echo_server().await;
+    let udp = crate::l4::udp_echo("u").await;
+    let (tls_port, tcp_port, udp_port) = (
+        crate::harness::closed_port().port(),
+        crate::harness::closed_port().port(),
+        crate::harness::closed_port().port(),
+    );
+    let service = |name: &str, addr: SocketAddr, protocol: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, namespace: {NS} }}\nspec: {{ ports: [{{ name: p, port: 1, protocol: {protocol} }}] }}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {name}-1, namespace: {NS}, labels: {{ kubernetes.io/service-name: {name} }} }}\n\
+             ports: [{{ name: p, port: {} }}]\nendpoints: [{{ addresses: [\"127.0.0.1\"] }}]\n---\n",
+            addr.port()
+        )
+    };
+    let l4_route = |kind: &str, name: &str, section: &str, extra: &str, backend: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: {kind}\nmetadata: {{ name: {name}, namespace: {NS} }}\nspec:\n  parentRefs: [{{ name: gw, sectionName: {section} }}]\n{extra}  rules: [{{ backendRefs: [{{ name: {backend}, port: 1 }}] }}]\n---\n"
+        )
+    };
+    let yaml = [
+        gateway(&[
+            format!("  - {{ name: tls, port: {tls_port}, protocol: TLS, tls: {{ mode: Passthrough }} }}"),
+            format!("  - {{ name: tcp, port: {tcp_port}, protocol: TCP }}"),
+            format!("  - {{ name: udp, port: {udp_port}, protocol: UDP }}"),
+        ]
+        .join("\n")),
+        service("api", api, "TCP"),
+        service("db", db, "TCP"),
+        service("echo", echo, "TCP"),
+        service("dgram", udp, "UDP"),
+        // GATEWAY-TLS: passthrough by SNI, wildcard hostnames.
+        l4_route("TLSRoute", "api", "tls", "  hostnames: [api.example.com]\n", "api"),
+        l4_route("TLSRoute", "db", "tls", "  hostnames: [\"*.db.example.com\", db.example.com]\n", "db"),
+        // GATEWAY-TCP; the UDP listener.
+        l4_route("TCPRoute", "relay", "tcp", "", "echo"),
+        l4_route("UDPRoute", "dgram", "udp", "", "dgram"),
+        // A TCPRoute on an HTTP-less TLS listener: not allowed there.
+        l4_route("TCPRoute", "misplaced", "tls", "", "echo"),
+    ]
+    .concat();
+    let (code, config, statuses) = import(&yaml, &[]);
+    assert_eq!(code, 2, "{statuses}");
+    assert_eq!(
+        statuses.matches("reason: NotAllowedByListeners").count(),
+        1,
+        "{statuses}"
+    );
+    let gw = serve(&config);
+
+    let tls = gw.listener(&format!("tls-{tls_port}"));
+    for (name, expected) in [
+        ("api.example.com", "api"),
+        ("db.example.com", "db"),
+        ("eu.db.example.com", "db"),
+    ] {
+        let (_, greeting) = crate::l4::connect_tls(tls, &ca, name)
+            .await
+            .unwrap_or_else(|| panic!("{name}: closed\n{config}"));
+        assert_eq!(greeting, expected, "{name}");
+    }
+    // A name no TLSRoute serves: closed, never relayed.
+    assert!(crate::l4::connect_tls(tls, &ca, "other.example.com")
+        .await
+        .is_none());
+
+    let mut tcp = tokio::net::TcpStream::connect(gw.listener(&format!("tcp-{tcp_port}")))
+        .await
+        .unwrap();
+    tcp.write_all(b"hello").await.unwrap();
+    let mut back = [0u8; 5];
+    tcp.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"hello");
+
+    let client = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let to = gw.listener(&format!("udp-{udp_port}"));
+    client.send_to(b"ping", to).await.unwrap();
+    let mut buf = [0u8; 64];
+    let (n, _) = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        client.recv_from(&mut buf),
+    )
+    .await
+    .expect("a datagram back")
+    .unwrap();
+    assert_eq!(&buf[..n], b"u:ping");
 }

@@ -23,7 +23,7 @@ const NAMES: [&str; 4] = [
 
 /// A TLS backend that greets each connection with `id` and a newline
 /// once the handshake is done, then echoes.
-async fn tls_identity_backend(ca: &Ca, id: &'static str) -> SocketAddr {
+pub(crate) async fn tls_identity_backend(ca: &Ca, id: &'static str) -> SocketAddr {
     let acceptor = backend_acceptor_for(ca, &NAMES, &[]);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -49,11 +49,11 @@ async fn tls_identity_backend(ca: &Ca, id: &'static str) -> SocketAddr {
     addr
 }
 
-type Tls = BufReader<tokio_rustls::client::TlsStream<TcpStream>>;
+pub(crate) type Tls = BufReader<tokio_rustls::client::TlsStream<TcpStream>>;
 
 /// A TLS connection to `name` through `addr`, and the backend's greeting;
 /// `None` when the gateway closes it instead.
-async fn connect_tls(addr: SocketAddr, ca: &Ca, name: &str) -> Option<(Tls, String)> {
+pub(crate) async fn connect_tls(addr: SocketAddr, ca: &Ca, name: &str) -> Option<(Tls, String)> {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let server_name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
     let tls = tokio::time::timeout(
@@ -542,7 +542,7 @@ async fn draining_cuts_tcp_connections_at_the_deadline_and_not_before() {
 }
 
 /// A UDP backend that answers each datagram with `id:` and the datagram.
-async fn udp_echo(id: &'static str) -> SocketAddr {
+pub(crate) async fn udp_echo(id: &'static str) -> SocketAddr {
     let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let addr = socket.local_addr().unwrap();
     tokio::spawn(async move {
