@@ -137,6 +137,7 @@ pub(super) fn apply_filter(
                         built.upstreams.insert(
                             mirror_name.to_owned(),
                             Upstream {
+                                protocol: None,
                                 backends: members.into_iter().map(|b| (b, 1)).collect(),
                                 weighted: false,
                             },
@@ -266,6 +267,7 @@ pub(super) fn backends(
     built.upstreams.insert(
         name.to_owned(),
         Upstream {
+            protocol: None,
             backends: out,
             weighted,
         },

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{json, Map, Value};
 
 use super::filters::{apply_filter, backends};
-use super::matches::{intersect, route_match, split_path, PathEdit, Redirect};
+use super::matches::{grpc_match, intersect, route_match, split_path, PathEdit, Redirect};
 use super::routes::{part, Action, Path, Route, Upstream, METHODS};
 use super::status::{Condition, ParentStatus, RouteStatus};
 use super::{AllowedFrom, Fields, Listener, Options, Resource, GROUP};
@@ -27,14 +27,16 @@ pub(super) struct Built {
     pub upstreams: BTreeMap<String, Upstream>,
 }
 
-/// Imports one HTTPRoute; returns its status and how many routes it
-/// attached to each listener (by index).
+/// Imports one HTTPRoute (or GRPCRoute: matches on the method, backends
+/// over h2c); returns its status and how many routes it attached to each
+/// listener (by index).
 pub(super) fn import_route(
     ctx: &Context<'_>,
     route: &Resource,
     order: usize,
     built: &mut Built,
 ) -> (RouteStatus, BTreeMap<usize, usize>) {
+    let grpc = route.kind == "GRPCRoute";
     let mut status = RouteStatus::new(route);
     let spec = route.spec();
     let hostnames: Vec<String> = spec
@@ -52,12 +54,22 @@ pub(super) fn import_route(
     // The rules, whatever the parents: their problems are every parent's.
     let mut rule_conditions: Vec<Condition> = Vec::new();
     let mut resolved: Vec<Condition> = Vec::new();
-    let base = format!("{}_{}", part(&route.namespace), part(&route.name));
+    let base = format!(
+        "{}_{}{}",
+        part(&route.namespace),
+        part(&route.name),
+        if grpc { "_grpc" } else { "" }
+    );
     let mut pending: Vec<Route> = Vec::new();
     for (ri, rule) in spec.list("rules").iter().enumerate() {
         rule.ignore(&["name"]);
         let upstream_name = format!("{base}_r{ri}");
         let action = backends(ctx, route, rule, &upstream_name, built, &mut resolved);
+        if let (true, Action::Upstream(u)) = (grpc, &action) {
+            if let Some(upstream) = built.upstreams.get_mut(u) {
+                upstream.protocol = Some("h2c");
+            }
+        }
         let mut template = Route {
             name: String::new(),
             listener: String::new(),
@@ -117,7 +129,8 @@ pub(super) fn import_route(
             ));
         }
         for (mi, m) in matches.iter().enumerate() {
-            match route_match(m) {
+            let parsed = if grpc { grpc_match(m) } else { route_match(m) };
+            match parsed {
                 Ok(parts)
                     if prefix_edit(path_edit.as_ref())
                         && matches!(parts.path, Path::Exact(_) | Path::Regex(_)) =>

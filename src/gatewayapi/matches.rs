@@ -88,41 +88,8 @@ pub(super) fn route_match(m: &Fields<'_>) -> Result<MatchParts, Vec<Condition>> 
         }
         None => Path::Any,
     };
-    let matchers = |key: &str, problems: &mut Vec<Condition>| {
-        let mut out = BTreeMap::new();
-        for h in m.list(key) {
-            let name = h.str("name").unwrap_or_default();
-            let name = if key == "headers" {
-                name.to_ascii_lowercase()
-            } else {
-                name.to_owned()
-            };
-            let value = h.str("value").unwrap_or_default();
-            let matcher = match h.str("type").unwrap_or("Exact") {
-                "Exact" if value == "*" || value.starts_with('~') => {
-                    format!("~^{}$", escape(value))
-                }
-                "Exact" => value.to_owned(),
-                "RegularExpression" => format!("~{value}"),
-                other => {
-                    problems.push(Condition::no(
-                        "Accepted",
-                        "UnsupportedValue",
-                        format!("{}: match type {other:?}", h.path()),
-                    ));
-                    continue;
-                }
-            };
-            for field in h.rest() {
-                problems.push(unsupported(&field));
-            }
-            // The first entry of a name counts (the API's rule).
-            out.entry(name).or_insert(matcher);
-        }
-        out
-    };
-    let headers = matchers("headers", &mut problems);
-    let query = matchers("queryParams", &mut problems);
+    let headers = matchers(m, "headers", &mut problems);
+    let query = matchers(m, "queryParams", &mut problems);
     let method = m.str("method").map(str::to_owned);
     for field in m.rest() {
         problems.push(unsupported(&field));
@@ -133,6 +100,89 @@ pub(super) fn route_match(m: &Fields<'_>) -> Result<MatchParts, Vec<Condition>> 
             method,
             headers,
             query,
+        })
+    } else {
+        Err(problems)
+    }
+}
+
+/// Header or query matchers (`key`) of a match, as cutover writes them.
+fn matchers(m: &Fields<'_>, key: &str, problems: &mut Vec<Condition>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for h in m.list(key) {
+        let name = h.str("name").unwrap_or_default();
+        let name = if key == "headers" {
+            name.to_ascii_lowercase()
+        } else {
+            name.to_owned()
+        };
+        let value = h.str("value").unwrap_or_default();
+        let matcher = match h.str("type").unwrap_or("Exact") {
+            "Exact" if value == "*" || value.starts_with('~') => format!("~^{}$", escape(value)),
+            "Exact" => value.to_owned(),
+            "RegularExpression" => format!("~{value}"),
+            other => {
+                problems.push(Condition::no(
+                    "Accepted",
+                    "UnsupportedValue",
+                    format!("{}: match type {other:?}", h.path()),
+                ));
+                continue;
+            }
+        };
+        for field in h.rest() {
+            problems.push(unsupported(&field));
+        }
+        // The first entry of a name counts (the API's rule).
+        out.entry(name).or_insert(matcher);
+    }
+    out
+}
+
+/// A GRPCRoute match: the method as the call's path (`/service/method`)
+/// and headers (metadata).
+pub(super) fn grpc_match(m: &Fields<'_>) -> Result<MatchParts, Vec<Condition>> {
+    let mut problems = Vec::new();
+    let path = match m.object("method") {
+        Some(method) => {
+            let kind = method.str("type").unwrap_or("Exact");
+            let service = method.str("service");
+            let name = method.str("method");
+            for field in method.rest() {
+                problems.push(unsupported(&field));
+            }
+            match (kind, service, name) {
+                (_, None, None) => Path::Any,
+                ("Exact", Some(s), Some(n)) => Path::Exact(format!("/{s}/{n}")),
+                ("Exact", Some(s), None) => Path::Prefix(format!("/{s}")),
+                ("Exact", None, Some(n)) => Path::Regex(format!("^/[^/]+/{}$", escape(n))),
+                ("RegularExpression", s, n) => Path::Regex(format!(
+                    "^/(?:{})/(?:{})$",
+                    s.unwrap_or("[^/]+"),
+                    n.unwrap_or("[^/]+")
+                )),
+                (other, _, _) => {
+                    problems.push(Condition::no(
+                        "Accepted",
+                        "UnsupportedValue",
+                        format!("{}: method match type {other:?}", method.path()),
+                    ));
+                    Path::Any
+                }
+            }
+        }
+        None => Path::Any,
+    };
+    let headers = matchers(m, "headers", &mut problems);
+    for field in m.rest() {
+        problems.push(unsupported(&field));
+    }
+    if problems.is_empty() {
+        Ok(MatchParts {
+            path,
+            method: None,
+            headers,
+            query: BTreeMap::new(),
         })
     } else {
         Err(problems)

@@ -261,7 +261,7 @@ impl ListenerKind {
     }
 
     fn serves(self, route_kind: &str) -> bool {
-        self.route_kind() == route_kind
+        self.route_kind() == route_kind || (self == ListenerKind::Http && route_kind == "GRPCRoute")
     }
 
     /// The cutover listener's name prefix.
@@ -364,7 +364,8 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
                         let k = kind.str("kind").unwrap_or_default();
                         let g = kind.str("group").unwrap_or(GROUP);
                         let takes = listener_kind.as_ref().map_or("", |l| l.route_kind());
-                        if !(k == takes && g == GROUP) {
+                        let serves = listener_kind.as_ref().is_ok_and(|l| l.serves(k));
+                        if !(serves && g == GROUP) {
                             conditions.push(Condition::no(
                                 "ResolvedRefs",
                                 "InvalidRouteKinds",
@@ -451,6 +452,7 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
         options,
     };
     let mut routes: Vec<&Resource> = of_kind("HTTPRoute").collect();
+    let mut grpc_routes: Vec<&Resource> = of_kind("GRPCRoute").collect();
     // The API's tie-breakers: the oldest route, then namespace/name.
     routes.sort_by(|a, b| {
         (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
@@ -459,6 +461,14 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     let mut route_statuses = Vec::new();
     for (order, route) in routes.iter().enumerate() {
         let (status, attached) = http::import_route(&ctx, route, order, &mut built);
+        count_attached(&listeners, &mut gateway_statuses, attached);
+        route_statuses.push(status);
+    }
+    grpc_routes.sort_by(|a, b| {
+        (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
+    });
+    for (order, route) in grpc_routes.iter().enumerate() {
+        let (status, attached) = http::import_route(&ctx, route, routes.len() + order, &mut built);
         count_attached(&listeners, &mut gateway_statuses, attached);
         route_statuses.push(status);
     }
@@ -478,13 +488,6 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
         let (status, attached) = l4::import_route(&ctx, route, &mut l4, &mut built.upstreams);
         count_attached(&listeners, &mut gateway_statuses, attached);
         route_statuses.push(status);
-    }
-    // Kinds the import does not serve are reported, never dropped.
-    for r in resources
-        .iter()
-        .filter(|r| r.group() == GROUP && r.kind == "GRPCRoute")
-    {
-        route_statuses.push(RouteStatus::unsupported_kind(r));
     }
 
     let config = emit(&ports, &built, &l4, options);

@@ -70,6 +70,8 @@ pub(super) type Rank = (
 
 #[derive(Debug, Clone)]
 pub(super) struct Upstream {
+    /// `h2c` for GRPCRoute backends.
+    pub(super) protocol: Option<&'static str>,
     /// `(backend entry, weight)`.
     pub(super) backends: Vec<(Backend, u32)>,
     pub(super) weighted: bool,
@@ -191,6 +193,9 @@ impl Upstream {
         let mut out = format!("[upstreams.{}]\n", toml_str(name));
         if self.weighted {
             out.push_str("policy = \"weighted\"\n");
+        }
+        if let Some(protocol) = self.protocol {
+            let _ = writeln!(out, "protocol = {}", toml_str(protocol));
         }
         let entries: Vec<String> = self
             .backends

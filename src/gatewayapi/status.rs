@@ -85,32 +85,6 @@ impl RouteStatus {
         }
     }
 
-    /// A route of a kind the import does not serve: not accepted by any
-    /// of its parents.
-    pub fn unsupported_kind(route: &Resource) -> Self {
-        let mut status = RouteStatus::new(route);
-        let refs = route
-            .body
-            .pointer("/spec/parentRefs")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        for parent_ref in refs {
-            status.parents.push(ParentStatus {
-                parent_ref,
-                conditions: vec![Condition::no(
-                    "Accepted",
-                    "NotAllowedByListeners",
-                    format!(
-                        "{} is not imported by cutover yet (docs/gateway-api.md)",
-                        route.kind
-                    ),
-                )],
-            });
-        }
-        status
-    }
-
     /// The status under the parent named `name` (first one).
     pub fn parent(&self, name: &str) -> Option<&ParentStatus> {
         self.parents

@@ -735,3 +735,47 @@ async fn tcp_tls_passthrough_and_udp_routes_relay_to_their_backends() {
     .unwrap();
     assert_eq!(&buf[..n], b"u:ping");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_routes_match_methods_and_metadata_over_h2c() {
+    use crate::grpc::{connect, msg, unary, GrpcBackend};
+
+    let gold = GrpcBackend::start(None).await;
+    let plain = GrpcBackend::start(None).await;
+    let service = |name: &str, addr: SocketAddr| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, namespace: {NS} }}\nspec: {{ ports: [{{ name: grpc, port: 50051 }}] }}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {name}-1, namespace: {NS}, labels: {{ kubernetes.io/service-name: {name} }} }}\n\
+             ports: [{{ name: grpc, port: {} }}]\nendpoints: [{{ addresses: [\"127.0.0.1\"] }}]\n---\n",
+            addr.port()
+        )
+    };
+    let yaml = [
+        gateway("  - { name: http, port: 80, protocol: HTTP }"),
+        service("gold", gold.addr),
+        service("plain", plain.addr),
+        // GRPCRouteExactMethodMatching, GRPCRouteHeaderMatching.
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: { name: echo, namespace: infra }\nspec:\n  parentRefs: [{ name: gw }]\n  rules:\n  - matches: [{ method: { service: test.Echo, method: Unary }, headers: [{ name: x-tier, value: gold }] }]\n    backendRefs: [{ name: gold, port: 50051 }]\n  - matches: [{ method: { service: test.Echo } }]\n    backendRefs: [{ name: plain, port: 50051 }]\n---\n".to_owned(),
+    ]
+    .concat();
+    let (code, config, statuses) = import(&yaml, &[]);
+    assert_eq!(code, 0, "{statuses}");
+    assert!(config.contains("protocol = \"h2c\""), "{config}");
+    let gw = serve(&config);
+    let mut client = connect(gw.listener("http-80")).await;
+    let mut request = tonic::Request::new(msg("hello"));
+    request
+        .metadata_mut()
+        .insert("x-tier", "gold".parse().unwrap());
+    assert_eq!(
+        unary(&mut client, request).await.unwrap().into_inner().text,
+        "hello"
+    );
+    assert_eq!((gold.calls(), plain.calls()), (1, 0));
+    let request = tonic::Request::new(msg("again"));
+    assert_eq!(
+        unary(&mut client, request).await.unwrap().into_inner().text,
+        "again"
+    );
+    assert_eq!((gold.calls(), plain.calls()), (1, 1));
+}

@@ -35,7 +35,7 @@ pub struct Msg {
     pub delay_ms: u64,
 }
 
-type Codec = tonic_prost::ProstCodec<Msg, Msg>;
+pub(crate) type Codec = tonic_prost::ProstCodec<Msg, Msg>;
 const LIMIT: usize = 64 << 20;
 const MIB: usize = 1 << 20;
 
@@ -220,14 +220,14 @@ async fn chat(
 
 /// A tonic server for `echo` (and the standard health service, when
 /// given) on an ephemeral loopback port, over h2c.
-struct GrpcBackend {
-    addr: SocketAddr,
+pub(crate) struct GrpcBackend {
+    pub(crate) addr: SocketAddr,
     seen: Arc<Seen>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl GrpcBackend {
-    async fn start(fail_with: Option<Code>) -> Self {
+    pub(crate) async fn start(fail_with: Option<Code>) -> Self {
         Self::start_with(fail_with, None::<Echo>).await
     }
 
@@ -263,7 +263,7 @@ impl GrpcBackend {
         GrpcBackend { addr, seen, task }
     }
 
-    fn calls(&self) -> u32 {
+    pub(crate) fn calls(&self) -> u32 {
         self.seen.calls.load(Ordering::SeqCst)
     }
 }
@@ -274,9 +274,9 @@ impl Drop for GrpcBackend {
     }
 }
 
-type Client = tonic::client::Grpc<tonic::transport::Channel>;
+pub(crate) type Client = tonic::client::Grpc<tonic::transport::Channel>;
 
-async fn connect(addr: SocketAddr) -> Client {
+pub(crate) async fn connect(addr: SocketAddr) -> Client {
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -287,11 +287,11 @@ async fn connect(addr: SocketAddr) -> Client {
         .max_encoding_message_size(LIMIT)
 }
 
-fn path(method: &str) -> PathAndQuery {
+pub(crate) fn path(method: &str) -> PathAndQuery {
     PathAndQuery::try_from(format!("/test.Echo/{method}")).unwrap()
 }
 
-fn msg(text: &str) -> Msg {
+pub(crate) fn msg(text: &str) -> Msg {
     Msg {
         text: text.to_owned(),
         ..Msg::default()
@@ -324,7 +324,10 @@ where
     texts
 }
 
-async fn unary(client: &mut Client, request: Request<Msg>) -> Result<tonic::Response<Msg>, Status> {
+pub(crate) async fn unary(
+    client: &mut Client,
+    request: Request<Msg>,
+) -> Result<tonic::Response<Msg>, Status> {
     client.ready().await.unwrap();
     client.unary(request, path("Unary"), Codec::default()).await
 }
