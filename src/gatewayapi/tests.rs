@@ -396,9 +396,10 @@ fn kinds_and_protocols_not_imported_are_reported() {
         condition(&imported, "db", "Accepted"),
         (false, "NoMatchingParent".into())
     );
+    // A GRPCRoute on an HTTP listener: served.
     assert_eq!(
         condition(&imported, "rpc", "Accepted"),
-        (false, "NotAllowedByListeners".into())
+        (true, "Accepted".into())
     );
     assert!(!imported.all_accepted());
 }
