@@ -132,6 +132,11 @@ fn main() -> ExitCode {
                 cluster_domain,
                 admin,
                 settings: None,
+                // HTTPS listeners' certificates go beside the file.
+                base_dir: output.as_deref().map(|path| match path.parent() {
+                    Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+                    _ => PathBuf::from("."),
+                }),
             };
             import_gateway_api(&paths, &options, output.as_deref())
         }

@@ -294,7 +294,7 @@ pub(super) fn resolve(
             format!("backend kind {group}/{kind} is not a Service"),
         ));
     }
-    if namespace != route.namespace && !granted(ctx, route, namespace, name) {
+    if namespace != route.namespace && !granted(ctx.resources, route, "Service", namespace, name) {
         return Err(Condition::no(
             "ResolvedRefs",
             "RefNotPermitted",
@@ -412,24 +412,30 @@ pub(super) fn resolve(
     Ok(members)
 }
 
-/// Whether a ReferenceGrant in `namespace` lets `route`'s namespace refer
-/// to Service `name`.
-pub(super) fn granted(ctx: &Context<'_>, route: &Resource, namespace: &str, name: &str) -> bool {
-    ctx.resources
+/// Whether a ReferenceGrant in `namespace` lets `from` (a route, a
+/// Gateway) refer to the core `to_kind` object `name` there.
+pub(super) fn granted(
+    resources: &[Resource],
+    from: &Resource,
+    to_kind: &str,
+    namespace: &str,
+    name: &str,
+) -> bool {
+    resources
         .iter()
         .filter(|r| r.kind == "ReferenceGrant" && r.group() == GROUP && r.namespace == namespace)
         .any(|grant| {
             let spec = &grant.body["spec"];
-            let from = spec["from"].as_array().into_iter().flatten().any(|f| {
+            let allowed_from = spec["from"].as_array().into_iter().flatten().any(|f| {
                 f["group"].as_str() == Some(GROUP)
-                    && f["kind"].as_str() == Some(&route.kind)
-                    && f["namespace"].as_str() == Some(&route.namespace)
+                    && f["kind"].as_str() == Some(&from.kind)
+                    && f["namespace"].as_str() == Some(&from.namespace)
             });
             let to = spec["to"].as_array().into_iter().flatten().any(|t| {
                 t["group"].as_str().unwrap_or("").is_empty()
-                    && t["kind"].as_str() == Some("Service")
+                    && t["kind"].as_str() == Some(to_kind)
                     && t["name"].as_str().is_none_or(|n| n == name)
             });
-            from && to
+            allowed_from && to
         })
 }

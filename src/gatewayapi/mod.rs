@@ -20,6 +20,7 @@ mod l4;
 mod matches;
 pub mod resources;
 mod routes;
+mod secrets;
 mod status;
 #[cfg(test)]
 mod tests;
@@ -60,6 +61,11 @@ pub struct Options {
     pub cluster_domain: String,
     /// `[admin] bind` of the written configuration.
     pub admin: String,
+    /// The folder the configuration will be written to: HTTPS listeners'
+    /// certificates are written beside it (`gateway-api-secrets/`), and
+    /// it is validated there. `None`: no file is written, and an HTTPS
+    /// listener cannot be served.
+    pub base_dir: Option<PathBuf>,
     /// Settings written first (`[admin]`, `[log]`, `[runtime]`, …: the
     /// `*.toml` of a `run --gateway-api` folder); no `[admin]` is
     /// written after them.
@@ -75,6 +81,7 @@ impl Default for Options {
             cluster_domain: "cluster.local".into(),
             admin: "127.0.0.1:9190".into(),
             settings: None,
+            base_dir: None,
         }
     }
 }
@@ -189,6 +196,10 @@ pub fn compose_into(source: &Source, config: &std::path::Path) -> Result<Option<
     // Service it does not describe is its cluster DNS name.
     let options = Options {
         settings,
+        base_dir: Some(match config.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        }),
         address: source.address.clone(),
         services: Services::Dns,
         ..Options::default()
@@ -226,8 +237,11 @@ struct Listener {
 /// What a Gateway listener serves, as cutover serves it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ListenerKind {
-    /// `HTTP`: HTTPRoutes on an `http` listener.
+    /// `HTTP`: HTTPRoutes and GRPCRoutes on an `http` listener.
     Http,
+    /// `HTTPS`: the same on an `https` listener, with the certificates of
+    /// its `certificateRefs`.
+    Https,
     /// `TCP`: one TCPRoute on a `tcp` listener.
     Tcp,
     /// `TLS` with `mode: Passthrough`: TLSRoutes by SNI on a `tcp`
@@ -241,11 +255,11 @@ impl ListenerKind {
     fn of(protocol: &str, tls_mode: Option<&str>) -> Result<Self, String> {
         match (protocol, tls_mode.unwrap_or("Terminate")) {
             ("HTTP", _) => Ok(ListenerKind::Http),
+            ("HTTPS", _) => Ok(ListenerKind::Https),
             ("TCP", _) => Ok(ListenerKind::Tcp),
             ("UDP", _) => Ok(ListenerKind::Udp),
             ("TLS", "Passthrough") => Ok(ListenerKind::Passthrough),
             ("TLS", mode) => Err(format!("TLS mode {mode:?}: only Passthrough is imported (terminating TLS listeners are not yet: docs/gateway-api.md)")),
-            ("HTTPS", _) => Err("HTTPS listeners are not imported yet (docs/gateway-api.md)".into()),
             (other, _) => Err(format!("protocol {other:?} is not a Gateway API protocol cutover serves")),
         }
     }
@@ -253,7 +267,7 @@ impl ListenerKind {
     /// The route kind it takes.
     fn route_kind(self) -> &'static str {
         match self {
-            ListenerKind::Http => "HTTPRoute",
+            ListenerKind::Http | ListenerKind::Https => "HTTPRoute",
             ListenerKind::Tcp => "TCPRoute",
             ListenerKind::Passthrough => "TLSRoute",
             ListenerKind::Udp => "UDPRoute",
@@ -261,13 +275,16 @@ impl ListenerKind {
     }
 
     fn serves(self, route_kind: &str) -> bool {
-        self.route_kind() == route_kind || (self == ListenerKind::Http && route_kind == "GRPCRoute")
+        self.route_kind() == route_kind
+            || (matches!(self, ListenerKind::Http | ListenerKind::Https)
+                && route_kind == "GRPCRoute")
     }
 
     /// The cutover listener's name prefix.
     fn prefix(self) -> &'static str {
         match self {
             ListenerKind::Http => "http",
+            ListenerKind::Https => "https",
             ListenerKind::Tcp => "tcp",
             ListenerKind::Passthrough => "tls",
             ListenerKind::Udp => "udp",
@@ -304,6 +321,8 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     let mut listeners: Vec<Listener> = Vec::new();
     // Cutover listeners by port.
     let mut ports: BTreeMap<u16, (String, ListenerKind)> = BTreeMap::new();
+    // An HTTPS listener's certificate and key files.
+    let mut served_certificates: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
     for (gi, gateway) in gateways.iter().enumerate() {
         let spec = gateway.spec();
         spec.ignore(&["gatewayClassName", "infrastructure"]);
@@ -317,13 +336,36 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
                 .unwrap_or(0);
             let hostname = l.str("hostname").map(str::to_ascii_lowercase);
             let mut conditions = Vec::new();
-            let tls_mode = l.object("tls").and_then(|tls| {
-                // Passthrough keeps no certificate; what a terminating
-                // listener would read is reported with it.
-                tls.ignore(&["certificateRefs", "options", "frontendValidation"]);
-                tls.str("mode").map(str::to_owned)
-            });
+            let tls = l.object("tls");
+            let tls_mode = tls.as_ref().and_then(|t| t.str("mode").map(str::to_owned));
             let listener_kind = ListenerKind::of(protocol, tls_mode.as_deref());
+            let certificates = match (&listener_kind, &tls) {
+                (Ok(ListenerKind::Https), _) => {
+                    match secrets::listener_certificates(
+                        resources,
+                        gateway,
+                        tls.as_ref(),
+                        options.base_dir.as_deref(),
+                    ) {
+                        Ok(certificates) => certificates,
+                        Err(condition) => {
+                            conditions.push(condition);
+                            Vec::new()
+                        }
+                    }
+                }
+                // A passthrough listener keeps no certificate.
+                (_, Some(t)) => {
+                    t.ignore(&["certificateRefs"]);
+                    Vec::new()
+                }
+                (_, None) => Vec::new(),
+            };
+            if let Some(t) = &tls {
+                for field in t.rest() {
+                    conditions.push(status::unsupported_listener(&field));
+                }
+            }
             let from = match l.object("allowedRoutes") {
                 Some(allowed) => {
                     let from = match allowed.object("namespaces") {
@@ -417,6 +459,12 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
                     .or_insert_with(|| (format!("{}-{port}", kind.prefix()), kind))
                     .0
                     .clone();
+                let known = served_certificates.entry(cutover.clone()).or_default();
+                for pair in certificates {
+                    if !known.contains(&pair) {
+                        known.push(pair);
+                    }
+                }
                 listeners.push(Listener {
                     gateway: gi,
                     name: name.clone(),
@@ -490,10 +538,14 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
         route_statuses.push(status);
     }
 
-    let config = emit(&ports, &built, &l4, options);
+    let config = emit(&ports, &served_certificates, &built, &l4, options);
     let text = crate::config::ConfigText::inline(
         config.clone(),
-        std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+        options
+            .base_dir
+            .clone()
+            .or_else(|| std::env::current_dir().ok())
+            .unwrap_or_else(|| PathBuf::from(".")),
         "gateway-api import",
     );
     if let Err(diagnostics) = crate::plan::validate(&text) {
@@ -549,6 +601,7 @@ fn kind_is_core(kind: &str) -> bool {
 /// The configuration's text.
 fn emit(
     ports: &BTreeMap<u16, (String, ListenerKind)>,
+    certificates: &BTreeMap<String, Vec<(String, String)>>,
     built: &http::Built,
     l4: &BTreeMap<String, l4::Served>,
     options: &Options,
@@ -577,6 +630,23 @@ fn emit(
                 out,
                 "[[listeners]]\nname = {}\nbind = {bind}\n",
                 toml_str(name)
+            );
+            continue;
+        }
+        if *kind == ListenerKind::Https {
+            let pairs: Vec<String> = certificates
+                .get(name)
+                .into_iter()
+                .flatten()
+                .map(|(cert, key)| {
+                    format!("{{ cert = {}, key = {} }}", toml_str(cert), toml_str(key))
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "[[listeners]]\nname = {}\nbind = {bind}\nprotocol = \"https\"\ntls.certificates = [{}]\n",
+                toml_str(name),
+                pairs.join(", ")
             );
             continue;
         }

@@ -381,13 +381,13 @@ fn kinds_and_protocols_not_imported_are_reported() {
         .iter()
         .map(|l| l.conditions[0].reason.as_str())
         .collect();
-    // Terminating TLS and HTTPS: not imported; a TCP listener asked to
-    // take HTTPRoutes: not a kind it serves.
+    // Terminating TLS: not imported; HTTPS without a certificate; a TCP
+    // listener asked to take HTTPRoutes: not a kind it serves.
     assert_eq!(
         reasons,
         [
             "UnsupportedProtocol",
-            "UnsupportedProtocol",
+            "InvalidCertificateRef",
             "InvalidRouteKinds"
         ]
     );

@@ -70,7 +70,11 @@ fn services(ns: &str, backends: &[&Named]) -> String {
 
 /// Runs the import on `yaml`: exit code, configuration, statuses.
 fn import(yaml: &str, extra: &[&str]) -> (i32, String, String) {
-    let dir = tempfile::tempdir().unwrap();
+    import_in(&tempfile::tempdir().unwrap(), yaml, extra)
+}
+
+/// As `import`, in `dir` (where the certificates are written).
+fn import_in(dir: &tempfile::TempDir, yaml: &str, extra: &[&str]) -> (i32, String, String) {
     let input = dir.path().join("resources.yaml");
     std::fs::write(&input, yaml).unwrap();
     let output = dir.path().join("cutover.toml");
@@ -94,6 +98,11 @@ fn import(yaml: &str, extra: &[&str]) -> (i32, String, String) {
 
 /// Serves an imported configuration on ephemeral loopback ports.
 fn serve(config: &str) -> Gateway {
+    serve_in(tempfile::tempdir().unwrap(), config)
+}
+
+/// As `serve`, from `dir` (where the import wrote the certificates).
+fn serve_in(dir: tempfile::TempDir, config: &str) -> Gateway {
     let mut text = String::new();
     for line in config.lines() {
         if line.starts_with("bind = ") {
@@ -103,7 +112,7 @@ fn serve(config: &str) -> Gateway {
             text.push('\n');
         }
     }
-    Gateway::start(&text)
+    Gateway::start_in(dir, &text)
 }
 
 /// `method path` with `Host: host` and `headers` on a new connection:
@@ -778,4 +787,107 @@ async fn grpc_routes_match_methods_and_metadata_over_h2c() {
         "again"
     );
     assert_eq!((gold.calls(), plain.calls()), (1, 1));
+}
+
+/// GET `path` over TLS to `name` (SNI and Host), trusting `ca`.
+async fn https_get(
+    at: SocketAddr,
+    ca: &crate::pki::Ca,
+    name: &str,
+    path: &str,
+) -> Result<String, String> {
+    let tcp = tokio::net::TcpStream::connect(at)
+        .await
+        .map_err(|e| e.to_string())?;
+    let server_name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+    let tls = crate::pki::connector(ca, &[b"http/1.1"])
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .uri(path)
+        .header("host", name)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(String::from_utf8_lossy(&body)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_listeners_serve_secrets_their_reference_grants_allow() {
+    use base64::Engine as _;
+
+    let v1 = named("v1").await;
+    let ca = crate::pki::ca("gateway api https");
+    let secret = |ns: &str, name: &str, host: &str| {
+        let (cert, key) = crate::pki::server_leaf(&ca, &[host]);
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{ name: {name}, namespace: {ns} }}\ntype: kubernetes.io/tls\ndata:\n  tls.crt: {}\n  tls.key: {}\n---\n",
+            b64(&cert),
+            b64(&key)
+        )
+    };
+    let port = crate::harness::closed_port().port();
+    let listeners = [
+        format!("  - {{ name: own, port: {port}, protocol: HTTPS, hostname: secure.example.com, tls: {{ certificateRefs: [{{ name: site }}] }} }}"),
+        format!("  - {{ name: granted, port: {port}, protocol: HTTPS, hostname: shared.example.com, tls: {{ certificateRefs: [{{ name: shared, namespace: certs }}] }} }}"),
+        format!("  - {{ name: refused, port: {port}, protocol: HTTPS, hostname: other.example.com, tls: {{ certificateRefs: [{{ name: other, namespace: certs }}] }} }}"),
+    ]
+    .join("\n");
+    let yaml = [
+        gateway(&listeners),
+        services(NS, &[&v1]),
+        secret(NS, "site", "secure.example.com"),
+        secret("certs", "shared", "shared.example.com"),
+        secret("certs", "other", "other.example.com"),
+        // GatewaySecretReferenceGrantSpecific: `shared` only.
+        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: { name: gw-certs, namespace: certs }\nspec:\n  from: [{ group: gateway.networking.k8s.io, kind: Gateway, namespace: infra }]\n  to: [{ group: \"\", kind: Secret, name: shared }]\n---\n".to_owned(),
+        // HTTPRouteHTTPSListener
+        route("web", NS, "  parentRefs: [{ name: gw }]\n  rules: [{ backendRefs: [{ name: v1, port: 8080 }] }]"),
+    ]
+    .concat();
+    let dir = tempfile::tempdir().unwrap();
+    let (code, config, statuses) = import_in(&dir, &yaml, &[]);
+    // GatewaySecretMissingReferenceGrant: the third listener.
+    assert_eq!(code, 2, "{statuses}");
+    assert_eq!(
+        statuses.matches("reason: RefNotPermitted").count(),
+        1,
+        "{statuses}"
+    );
+    assert!(config.contains("protocol = \"https\""), "{config}");
+    let key = dir.path().join("gateway-api-secrets/infra-site.key");
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let gw = serve_in(dir, &config);
+    let at = gw.listener(&format!("https-{port}"));
+    assert_eq!(
+        https_get(at, &ca, "secure.example.com", "/").await.unwrap(),
+        "v1"
+    );
+    assert_eq!(
+        https_get(at, &ca, "shared.example.com", "/").await.unwrap(),
+        "v1"
+    );
+    // No listener serves other.example.com: no certificate for it.
+    assert!(https_get(at, &ca, "other.example.com", "/").await.is_err());
 }
