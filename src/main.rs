@@ -169,6 +169,9 @@ fn import_gateway_api(
             eprint!("{statuses}");
         }
     }
+    for ignored in &imported.ignored {
+        eprintln!("not imported: {ignored} (a Gateway API kind cutover does not read)");
+    }
     let c = imported.counts;
     eprintln!(
         "imported {} Gateway(s), {} HTTPRoute(s): {} cutover route(s), {} upstream(s)",

@@ -4,6 +4,7 @@ use serde_json::Value;
 
 use super::http::{unsupported, Built, Context};
 use super::matches::PathEdit;
+use super::policy::{self, BackendTls};
 use super::routes::{literal, Action, Backend, HeaderEdits, Route, Upstream};
 use super::status::Condition;
 use super::{toml_str, Fields, Resource, Services, GROUP};
@@ -138,6 +139,7 @@ pub(super) fn apply_filter(
                             mirror_name.to_owned(),
                             Upstream {
                                 protocol: None,
+                                tls: None,
                                 backends: members.into_iter().map(|b| (b, 1)).collect(),
                                 weighted: false,
                             },
@@ -210,6 +212,8 @@ pub(super) fn backends(
     resolved: &mut Vec<Condition>,
 ) -> Action {
     let mut shares: Vec<(Vec<Backend>, u32)> = Vec::new();
+    // Each share's BackendTLSPolicy (or none).
+    let mut tls: Vec<Option<BackendTls>> = Vec::new();
     for b in rule.list("backendRefs") {
         let weight = b.int("weight").unwrap_or(1);
         if !b.list("filters").is_empty() {
@@ -222,8 +226,21 @@ pub(super) fn backends(
                 ),
             ));
         }
-        match resolve(ctx, route, &b) {
-            Ok(members) if weight > 0 => shares.push((members, u32::try_from(weight).unwrap_or(1))),
+        let service_tls = || {
+            let namespace = b.str("namespace").unwrap_or(&route.namespace);
+            let name = b.str("name").unwrap_or_default();
+            policy::backend_tls(
+                ctx.resources,
+                namespace,
+                name,
+                ctx.options.base_dir.as_deref(),
+            )
+        };
+        match resolve(ctx, route, &b).and_then(|members| Ok((members, service_tls()?))) {
+            Ok((members, service_tls)) if weight > 0 && !members.is_empty() => {
+                shares.push((members, u32::try_from(weight).unwrap_or(1)));
+                tls.push(service_tls);
+            }
             Ok(_) => {}
             Err(c) => resolved.push(c),
         }
@@ -235,7 +252,19 @@ pub(super) fn backends(
             ));
         }
     }
-    shares.retain(|(members, _)| !members.is_empty());
+    // One upstream speaks one way to all its members.
+    let upstream_tls = tls.first().cloned().flatten();
+    if tls.iter().any(|t| *t != upstream_tls) {
+        resolved.push(Condition::no(
+            "ResolvedRefs",
+            "UnsupportedValue",
+            format!(
+                "{}: backends with and without (or with different) BackendTLSPolicies in one rule",
+                rule.path()
+            ),
+        ));
+        return Action::Respond(500);
+    }
     if shares.is_empty() {
         return Action::Respond(500);
     }
@@ -268,6 +297,7 @@ pub(super) fn backends(
         name.to_owned(),
         Upstream {
             protocol: None,
+            tls: upstream_tls,
             backends: out,
             weighted,
         },

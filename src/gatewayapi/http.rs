@@ -67,7 +67,7 @@ pub(super) fn import_route(
         let action = backends(ctx, route, rule, &upstream_name, built, &mut resolved);
         if let (true, Action::Upstream(u)) = (grpc, &action) {
             if let Some(upstream) = built.upstreams.get_mut(u) {
-                upstream.protocol = Some("h2c");
+                upstream.protocol = Some(if upstream.tls.is_some() { "h2" } else { "h2c" });
             }
         }
         let mut template = Route {

@@ -106,6 +106,11 @@ pub(super) fn import_route(
         let mut made = Built::default();
         if let Action::Upstream(u) = backends(ctx, route, rule, &name, &mut made, &mut resolved) {
             upstream = Some(u);
+            // Passthrough relays the client's TLS; a BackendTLSPolicy
+            // cannot apply to bytes the gateway does not read.
+            for u in made.upstreams.values_mut() {
+                u.tls = None;
+            }
             upstreams.append(&mut made.upstreams);
         }
         for field in rule.rest() {

@@ -18,6 +18,7 @@ mod filters;
 mod http;
 mod l4;
 mod matches;
+mod policy;
 pub mod resources;
 mod routes;
 mod secrets;
@@ -36,6 +37,19 @@ pub use status::{Condition, ParentStatus, RouteStatus};
 
 /// The group of every Gateway API kind.
 pub const GROUP: &str = "gateway.networking.k8s.io";
+/// The kinds of the Gateway API's group the import reads.
+const READ: [&str; 9] = [
+    "GatewayClass",
+    "Gateway",
+    "HTTPRoute",
+    "GRPCRoute",
+    "TLSRoute",
+    "TCPRoute",
+    "UDPRoute",
+    "ReferenceGrant",
+    "BackendTLSPolicy",
+];
+
 /// The `controllerName` written in statuses.
 pub const CONTROLLER: &str = "cutover.dev/gateway";
 
@@ -95,6 +109,11 @@ pub struct Imported {
     pub routes: Vec<RouteStatus>,
     /// One per Gateway: its listeners' conditions.
     pub gateways: Vec<status::GatewayStatus>,
+    /// One per BackendTLSPolicy: `(namespace, name, conditions)`.
+    pub policies: Vec<(String, String, Vec<Condition>)>,
+    /// Resources of the Gateway API's group the import does not read
+    /// (`Kind namespace/name`): said, never dropped silently.
+    pub ignored: Vec<String>,
     pub counts: Counts,
 }
 
@@ -122,6 +141,12 @@ impl Imported {
             )
             .all(|c| c.status)
             && self.gateways.iter().all(|g| g.problems.is_empty())
+            && self
+                .policies
+                .iter()
+                .flat_map(|(_, _, c)| c)
+                .all(|c| c.status)
+            && self.ignored.is_empty()
     }
 
     /// Writes the configuration to `path` whole or not at all (a
@@ -141,7 +166,7 @@ impl Imported {
     /// The statuses as YAML documents (`kind`, `metadata`, `status`),
     /// the way `kubectl get -o yaml` shows them.
     pub fn status_yaml(&self) -> String {
-        status::yaml(&self.gateways, &self.routes)
+        status::yaml(&self.gateways, &self.routes, &self.policies)
     }
 }
 
@@ -565,6 +590,12 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
         config,
         routes: route_statuses,
         gateways: gateway_statuses,
+        policies: policy::statuses(resources, options.base_dir.as_deref()),
+        ignored: resources
+            .iter()
+            .filter(|r| r.group() == GROUP && !READ.contains(&r.kind.as_str()))
+            .map(Resource::id)
+            .collect(),
     })
 }
 
@@ -595,7 +626,7 @@ fn of_kind<'a>(resources: &'a [Resource], kind: &'a str) -> impl Iterator<Item =
 }
 
 fn kind_is_core(kind: &str) -> bool {
-    matches!(kind, "Service" | "Namespace" | "Secret")
+    matches!(kind, "Service" | "Namespace" | "Secret" | "ConfigMap")
 }
 
 /// The configuration's text.

@@ -70,8 +70,10 @@ pub(super) type Rank = (
 
 #[derive(Debug, Clone)]
 pub(super) struct Upstream {
-    /// `h2c` for GRPCRoute backends.
+    /// `h2c` for GRPCRoute backends (`h2` with TLS).
     pub(super) protocol: Option<&'static str>,
+    /// TLS to the members (BackendTLSPolicy).
+    pub(super) tls: Option<super::policy::BackendTls>,
     /// `(backend entry, weight)`.
     pub(super) backends: Vec<(Backend, u32)>,
     pub(super) weighted: bool,
@@ -194,8 +196,21 @@ impl Upstream {
         if self.weighted {
             out.push_str("policy = \"weighted\"\n");
         }
-        if let Some(protocol) = self.protocol {
+        let protocol = self.protocol.or(self.tls.as_ref().map(|_| "https"));
+        if let Some(protocol) = protocol {
             let _ = writeln!(out, "protocol = {}", toml_str(protocol));
+        }
+        if let Some(tls) = &self.tls {
+            let ca = tls
+                .ca
+                .as_ref()
+                .map(|ca| format!("ca = {}, ", toml_str(ca)))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "tls = {{ {ca}server_name = {} }}",
+                toml_str(&tls.server_name)
+            );
         }
         let entries: Vec<String> = self
             .backends

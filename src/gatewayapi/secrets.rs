@@ -92,6 +92,11 @@ pub(super) fn certificate(
     ))
 }
 
+/// Writes `base/gateway-api-secrets/name` (see [`write`]).
+pub(super) fn write_file(base: &Path, name: &str, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    write(&base.join(FOLDER), name, bytes, mode)
+}
+
 /// Writes `dir/name` whole (a temporary file renamed over it), readable
 /// as `mode` says.
 fn write(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> std::io::Result<()> {

@@ -121,7 +121,11 @@ impl GatewayStatus {
 }
 
 /// Every status as a YAML document.
-pub fn yaml(gateways: &[GatewayStatus], routes: &[RouteStatus]) -> String {
+pub fn yaml(
+    gateways: &[GatewayStatus],
+    routes: &[RouteStatus],
+    policies: &[(String, String, Vec<Condition>)],
+) -> String {
     let mut documents = Vec::new();
     for g in gateways {
         let accepted = g.problems.is_empty();
@@ -155,6 +159,19 @@ pub fn yaml(gateways: &[GatewayStatus], routes: &[RouteStatus]) -> String {
                     "controllerName": CONTROLLER,
                     "conditions": p.conditions.iter().map(Condition::json).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
+            },
+        }));
+    }
+    for (namespace, name, conditions) in policies {
+        documents.push(json!({
+            "apiVersion": format!("{GROUP}/v1"),
+            "kind": "BackendTLSPolicy",
+            "metadata": { "namespace": namespace, "name": name },
+            "status": {
+                "ancestors": [{
+                    "controllerName": CONTROLLER,
+                    "conditions": conditions.iter().map(Condition::json).collect::<Vec<_>>(),
+                }],
             },
         }));
     }

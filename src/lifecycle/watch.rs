@@ -208,6 +208,9 @@ pub fn report_import(imported: &crate::gatewayapi::Imported) {
         upstreams = c.upstreams,
         "Gateway API resources imported"
     );
+    for ignored in &imported.ignored {
+        tracing::warn!(resource = %ignored, "a Gateway API kind cutover does not read: not imported");
+    }
     for route in &imported.routes {
         for parent in &route.parents {
             for condition in parent.conditions.iter().filter(|c| !c.status) {

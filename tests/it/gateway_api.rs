@@ -429,7 +429,9 @@ async fn references_weights_and_missing_backends() {
         // HTTPRouteCrossNamespace, HTTPRouteReferenceGrant
         route("granted", "apps", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules: [{ matches: [{ path: { type: PathPrefix, value: /granted } }], backendRefs: [{ name: v1, namespace: backends, port: 8080 }] }]"),
         // HTTPRouteInvalidCrossNamespaceBackendRef
-        route("refused", "apps", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules: [{ matches: [{ path: { type: PathPrefix, value: /refused } }], backendRefs: [{ name: v2, namespace: backends, port: 8080 }] }]"),
+        // HTTPRoutePartiallyInvalidViaInvalidReferenceGrant: one rule
+        // refused (500), the other served.
+        route("refused", "apps", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules:\n  - { matches: [{ path: { type: PathPrefix, value: /refused } }], backendRefs: [{ name: v2, namespace: backends, port: 8080 }] }\n  - { matches: [{ path: { type: PathPrefix, value: /partly } }], backendRefs: [{ name: v1, namespace: backends, port: 8080 }] }"),
         // HTTPRouteInvalidNonExistentBackendRef, HTTPRouteInvalidBackendRefUnknownKind, HTTPRouteNoBackendRefs
         route("missing", "apps", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules:\n  - { matches: [{ path: { type: PathPrefix, value: /missing } }], backendRefs: [{ name: nothing, port: 8080 }] }\n  - { matches: [{ path: { type: PathPrefix, value: /none } }] }"),
         route("kind", "apps", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules: [{ matches: [{ path: { type: PathPrefix, value: /kind } }], backendRefs: [{ group: example.com, kind: Bucket, name: b }] }]"),
@@ -448,6 +450,7 @@ async fn references_weights_and_missing_backends() {
     let gw = serve(&config);
     let at = gw.listener("http-80");
     assert_eq!(who(&ask(at, "GET", "a.test", "/granted", &[]).await), "v1");
+    assert_eq!(who(&ask(at, "GET", "a.test", "/partly", &[]).await), "v1");
     for path in ["/refused", "/missing", "/kind", "/none"] {
         assert_eq!(
             who(&ask(at, "GET", "a.test", path, &[]).await),
@@ -890,4 +893,53 @@ async fn https_listeners_serve_secrets_their_reference_grants_allow() {
     );
     // No listener serves other.example.com: no certificate for it.
     assert!(https_get(at, &ca, "other.example.com", "/").await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_tls_policy_makes_the_gateway_verify_its_backend() {
+    let ca = crate::pki::ca("gateway api backend tls");
+    let (backend, _task) = crate::tls::tls_backend(&ca, "secure.backend.test").await;
+    let indented: String = ca.pem.lines().map(|l| format!("    {l}\n")).collect();
+    let yaml = [
+        gateway("  - { name: http, port: 80, protocol: HTTP }"),
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{ name: secure, namespace: {NS} }}\nspec: {{ ports: [{{ name: https, port: 443 }}] }}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: secure-1, namespace: {NS}, labels: {{ kubernetes.io/service-name: secure }} }}\n\
+             ports: [{{ name: https, port: {} }}]\nendpoints: [{{ addresses: [\"127.0.0.1\"] }}]\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: backend-ca, namespace: {NS} }}\ndata:\n  ca.crt: |\n{indented}---\n",
+            backend.port()
+        ),
+        // BackendTLSPolicy: TLS to `secure`, verified for its name.
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {{ name: secure-tls, namespace: {NS} }}\nspec:\n  targetRefs: [{{ group: \"\", kind: Service, name: secure }}]\n  validation:\n    caCertificateRefs: [{{ group: \"\", kind: ConfigMap, name: backend-ca }}]\n    hostname: secure.backend.test\n---\n"
+        ),
+        route("tls", NS, "  parentRefs: [{ name: gw }]\n  rules: [{ backendRefs: [{ name: secure, port: 443 }] }]"),
+        // A kind of the API's group the import does not read: said.
+        "apiVersion: gateway.networking.k8s.io/v1alpha1\nkind: ListenerSet\nmetadata: { name: extra, namespace: infra }\nspec: {}\n---\n".to_owned(),
+    ]
+    .concat();
+    let dir = tempfile::tempdir().unwrap();
+    let (code, config, statuses) = import_in(&dir, &yaml, &[]);
+    // Exit 2 for the ListenerSet alone.
+    assert_eq!(code, 2, "{statuses}");
+    assert!(!statuses.contains("status: \"False\""), "{statuses}");
+    assert!(config.contains("protocol = \"https\""), "{config}");
+    assert!(
+        config.contains("server_name = \"secure.backend.test\""),
+        "{config}"
+    );
+    let gw = serve_in(dir, &config);
+    let (status, _, body) = ask(gw.listener("http-80"), "GET", "a.test", "/", &[]).await;
+    assert_eq!((status, body.as_str()), (200, "tls HTTP/1.1"));
+
+    // The wrong name: the gateway refuses the backend's certificate.
+    let wrong = yaml.replace(
+        "hostname: secure.backend.test",
+        "hostname: other.backend.test",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (_, config, _) = import_in(&dir, &wrong, &[]);
+    let gw = serve_in(dir, &config);
+    let (status, _, _) = ask(gw.listener("http-80"), "GET", "a.test", "/", &[]).await;
+    assert_eq!(status, 502);
 }

@@ -528,7 +528,7 @@ async fn a_rotated_file_behind_the_same_text_is_a_change() {
 }
 
 /// A TLS backend that answers with the protocol version it saw.
-async fn tls_backend(ca: &Ca, name: &str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+pub(crate) async fn tls_backend(ca: &Ca, name: &str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let acceptor = backend_acceptor(ca, name, &[b"h2", b"http/1.1"]);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
