@@ -416,3 +416,30 @@ fn a_gateway_class_selects_gateways() {
     assert_eq!(imported.counts.gateways, 0);
     assert!(!imported.config.contains("[[listeners]]"));
 }
+
+#[test]
+fn a_route_attached_to_two_gateways_is_served_on_both() {
+    // HTTPRouteMultipleGateways: each Gateway's listener serves it.
+    let imported = import(
+        &[
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: gw2, namespace: infra }\nspec:\n  gatewayClassName: cutover\n  listeners: [{ name: http, port: 81, protocol: HTTP }]\n---\n".to_owned(),
+            route("both", "  parentRefs: [{ name: gw, sectionName: http }, { name: gw2 }]\n  rules: [{ matches: [{ path: { type: Exact, value: /both } }], backendRefs: [{ name: v1, port: 8080 }] }]"),
+        ]
+        .concat(),
+    );
+    let both = &imported.routes[0];
+    assert_eq!(both.parents.len(), 2);
+    assert!(both
+        .parents
+        .iter()
+        .all(|p| p.conditions.iter().all(|c| c.status)));
+    let blocks = blocks(&imported.config);
+    let listeners: Vec<&str> = blocks
+        .iter()
+        .filter_map(|b| b.lines().find(|l| l.starts_with("listeners = ")))
+        .collect();
+    assert_eq!(
+        listeners,
+        ["listeners = [\"http-80\"]", "listeners = [\"http-81\"]"]
+    );
+}
