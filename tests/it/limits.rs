@@ -338,9 +338,14 @@ async fn three_instances_admit_one_fleet_limit() {
     }
     assert_eq!(counted as u64, total);
     // A request whose lease was empty and whose refill came back after
-    // its deadline (a busy machine) decides by the local share: rare.
-    eprintln!("{fallback} decisions past their deadline (local share)");
-    assert!(fallback < total as f64 / 50.0, "{fallback} fell back");
+    // its deadline (a busy machine) decides by the local share: rare
+    // (under 2 % of the decisions, admitted or refused).
+    let decisions = (total + limited) as f64;
+    eprintln!("{fallback} of {decisions} decisions past their deadline (local share)");
+    assert!(
+        fallback < decisions / 50.0,
+        "{fallback} of {decisions} fell back"
+    );
     // A refusal says why and when to come back.
     let (status, headers, _) = get(gateways[0].listener("web"), "a", "/").await;
     if status == 429 {
