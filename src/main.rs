@@ -85,6 +85,11 @@ enum Import {
         admin: String,
         #[arg(long, default_value = "cluster.local")]
         cluster_domain: String,
+        /// A loopback address for the listener that answers 500 for the
+        /// share of a rule's requests its unresolved backends would have
+        /// had (written only when some rule needs it).
+        #[arg(long, default_value = cutover::gatewayapi::INVALID_ADDRESS)]
+        invalid_address: String,
     },
 }
 
@@ -121,6 +126,7 @@ fn main() -> ExitCode {
             address,
             admin,
             cluster_domain,
+            invalid_address,
         }) => {
             let options = cutover::gatewayapi::Options {
                 gateway_class,
@@ -131,6 +137,7 @@ fn main() -> ExitCode {
                 },
                 cluster_domain,
                 admin,
+                invalid_address,
                 settings: None,
                 // HTTPS listeners' certificates go beside the file.
                 base_dir: output.as_deref().map(|path| match path.parent() {

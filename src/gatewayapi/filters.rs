@@ -142,6 +142,7 @@ pub(super) fn apply_filter(
                                 tls: None,
                                 backends: members.into_iter().map(|b| (b, 1)).collect(),
                                 weighted: false,
+                                never_eject: false,
                             },
                         );
                         if percent > 0 {
@@ -214,6 +215,9 @@ pub(super) fn backends(
     let mut shares: Vec<(Vec<Backend>, u32)> = Vec::new();
     // Each share's BackendTLSPolicy (or none).
     let mut tls: Vec<Option<BackendTls>> = Vec::new();
+    // The weight of references that cannot be resolved: their share of
+    // the requests is answered 500 (the API's rule).
+    let mut invalid: u32 = 0;
     for b in rule.list("backendRefs") {
         let weight = b.int("weight").unwrap_or(1);
         if !b.list("filters").is_empty() {
@@ -242,7 +246,10 @@ pub(super) fn backends(
                 tls.push(service_tls);
             }
             Ok(_) => {}
-            Err(c) => resolved.push(c),
+            Err(c) => {
+                resolved.push(c);
+                invalid = invalid.saturating_add(u32::try_from(weight.max(0)).unwrap_or(0));
+            }
         }
         for f in b.rest() {
             resolved.push(Condition::no(
@@ -267,6 +274,18 @@ pub(super) fn backends(
     }
     if shares.is_empty() {
         return Action::Respond(500);
+    }
+    // Valid and invalid references: the invalid share goes to the
+    // configuration's own 500 listener (never ejected for its 5xx). Not
+    // with TLS to the backends: that listener speaks plain HTTP.
+    let mut never_eject = false;
+    if invalid > 0 && upstream_tls.is_none() {
+        shares.push((
+            vec![Backend::Addr(ctx.options.invalid_address.clone())],
+            invalid,
+        ));
+        built.answers_500 = true;
+        never_eject = true;
     }
     // Each member's weight is its reference's share over its members,
     // scaled into cutover's 1–1000.
@@ -300,6 +319,7 @@ pub(super) fn backends(
             tls: upstream_tls,
             backends: out,
             weighted,
+            never_eject,
         },
     );
     Action::Upstream(name.to_owned())

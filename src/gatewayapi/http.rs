@@ -25,6 +25,8 @@ pub(super) struct Context<'a> {
 pub(super) struct Built {
     pub routes: Vec<Route>,
     pub upstreams: BTreeMap<String, Upstream>,
+    /// Some upstream sends a share of its requests to the 500 listener.
+    pub answers_500: bool,
 }
 
 /// Imports one HTTPRoute (or GRPCRoute: matches on the method, backends

@@ -50,6 +50,9 @@ const READ: [&str; 9] = [
     "BackendTLSPolicy",
 ];
 
+/// The default of [`Options::invalid_address`].
+pub const INVALID_ADDRESS: &str = "127.0.0.1:9198";
+
 /// The `controllerName` written in statuses.
 pub const CONTROLLER: &str = "cutover.dev/gateway";
 
@@ -75,6 +78,10 @@ pub struct Options {
     pub cluster_domain: String,
     /// `[admin] bind` of the written configuration.
     pub admin: String,
+    /// Where the configuration answers 500 for the share of a rule's
+    /// requests its unresolved backendRefs would have had (a listener
+    /// of its own, written only when some rule needs it).
+    pub invalid_address: String,
     /// The folder the configuration will be written to: HTTPS listeners'
     /// certificates are written beside it (`gateway-api-secrets/`), and
     /// it is validated there. `None`: no file is written, and an HTTPS
@@ -94,6 +101,7 @@ impl Default for Options {
             services: Services::Input,
             cluster_domain: "cluster.local".into(),
             admin: "127.0.0.1:9190".into(),
+            invalid_address: INVALID_ADDRESS.into(),
             settings: None,
             base_dir: None,
         }
@@ -686,6 +694,17 @@ fn emit(
             out.push_str(&served.toml(name, &bind, *kind == ListenerKind::Udp));
             out.push('\n');
         }
+    }
+    if built.answers_500 {
+        let _ = writeln!(
+            out,
+            "# The share of requests a rule's unresolved backendRefs would have had\n\
+             # is sent here and answered 500, as the Gateway API requires.\n\
+             [[listeners]]\nname = \"gateway-api-invalid\"\nbind = {}\n\n\
+             [[routes]]\nname = \"gateway-api-invalid\"\nlisteners = [\"gateway-api-invalid\"]\n\
+             respond = {{ status = 500, body = \"backend not resolved (see the route's ResolvedRefs condition)\\n\" }}\n",
+            toml_str(&options.invalid_address)
+        );
     }
     for route in &built.routes {
         out.push_str(&route.toml());

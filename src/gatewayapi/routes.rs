@@ -77,6 +77,9 @@ pub(super) struct Upstream {
     /// `(backend entry, weight)`.
     pub(super) backends: Vec<(Backend, u32)>,
     pub(super) weighted: bool,
+    /// One member answers 500 on purpose: outlier detection must not
+    /// eject it (`max_ejected_percent = 0`).
+    pub(super) never_eject: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,6 +224,9 @@ impl Upstream {
             })
             .collect();
         let _ = writeln!(out, "backends = [{}]", entries.join(", "));
+        if self.never_eject {
+            out.push_str("outlier = { max_ejected_percent = 0 }\n");
+        }
         out
     }
 }

@@ -105,7 +105,9 @@ fn serve(config: &str) -> Gateway {
 fn serve_in(dir: tempfile::TempDir, config: &str) -> Gateway {
     let mut text = String::new();
     for line in config.lines() {
-        if line.starts_with("bind = ") {
+        // The listeners (on every address) and the admin API; the 500
+        // listener keeps the loopback address its upstream names.
+        if line.starts_with("bind = \"0.0.0.0:") || line == "bind = \"127.0.0.1:9190\"" {
             text.push_str("bind = \"127.0.0.1:0\"\n");
         } else {
             text.push_str(line);
@@ -435,11 +437,15 @@ async fn references_weights_and_missing_backends() {
         // HTTPRouteInvalidNonExistentBackendRef, HTTPRouteInvalidBackendRefUnknownKind, HTTPRouteNoBackendRefs
         route("missing", "apps", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules:\n  - { matches: [{ path: { type: PathPrefix, value: /missing } }], backendRefs: [{ name: nothing, port: 8080 }] }\n  - { matches: [{ path: { type: PathPrefix, value: /none } }] }"),
         route("kind", "apps", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules: [{ matches: [{ path: { type: PathPrefix, value: /kind } }], backendRefs: [{ group: example.com, kind: Bucket, name: b }] }]"),
+        // A rule with one valid and one unresolved reference: half its
+        // requests answered 500 (the invalid share), half served.
+        route("half", "backends", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules: [{ matches: [{ path: { type: PathPrefix, value: /half } }], backendRefs: [{ name: v3, port: 8080 }, { name: nothing, port: 8080 }] }]"),
         // HTTPRouteWeight: 70/30/0
         route("weights", "backends", "  parentRefs: [{ name: gw, namespace: infra }]\n  rules: [{ matches: [{ path: { type: PathPrefix, value: /weights } }], backendRefs: [{ name: v1, port: 8080, weight: 70 }, { name: v2, port: 8080, weight: 30 }, { name: v3, port: 8080, weight: 0 }] }]"),
     ]
     .concat();
-    let (code, config, statuses) = import(&yaml, &[]);
+    let invalid = crate::harness::closed_port().to_string();
+    let (code, config, statuses) = import(&yaml, &["--invalid-address", &invalid]);
     assert_eq!(code, 2);
     for reason in ["RefNotPermitted", "BackendNotFound", "InvalidKind"] {
         assert!(
@@ -458,6 +464,19 @@ async fn references_weights_and_missing_backends() {
             "{path}"
         );
     }
+    let mut half: BTreeMap<String, u32> = BTreeMap::new();
+    for _ in 0..200 {
+        *half
+            .entry(who(&ask(at, "GET", "a.test", "/half", &[]).await))
+            .or_default() += 1;
+    }
+    let served = half.get("v3").copied().unwrap_or(0);
+    assert_eq!(
+        served + half.get("500").copied().unwrap_or(0),
+        200,
+        "{half:?}"
+    );
+    assert!((70..=130).contains(&served), "{half:?}");
     let mut counts: BTreeMap<String, u32> = BTreeMap::new();
     for _ in 0..1000 {
         *counts
