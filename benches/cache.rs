@@ -17,6 +17,8 @@
 //!
 //! Run: `cargo bench --bench cache`.
 
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -115,34 +117,13 @@ fn in_process(c: &mut Criterion) {
 
 /// The end-to-end comparison (`benches/cache_hit.sh`), with this build.
 fn end_to_end() {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/cache_hit.sh");
-    let rounds = std::env::var("CUTOVER_BENCH_ROUNDS").unwrap_or_else(|_| "4".into());
-    let seconds = std::env::var("CUTOVER_BENCH_SECONDS").unwrap_or_else(|_| "8".into());
-    for tool in ["wrk", "nginx", "python3", "curl"] {
-        let found = std::process::Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
-            println!("cache end to end: skipped, {tool} is not installed (apt-get install wrk nginx-light python3 curl varnish)");
-            return;
-        }
-    }
-    println!(
-        "cache end to end: {} {rounds} rounds of {seconds} s",
-        script.display()
+    common::run_script(
+        "cache end to end",
+        "cache_hit.sh",
+        env!("CARGO_BIN_EXE_cutover"),
+        &["wrk", "nginx", "python3", "curl"],
+        "wrk nginx-light python3 curl varnish",
     );
-    let status = std::process::Command::new("bash")
-        .arg(&script)
-        .arg(env!("CARGO_BIN_EXE_cutover"))
-        .arg(&rounds)
-        .arg(&seconds)
-        .status();
-    match status {
-        Ok(s) if s.success() => {}
-        Ok(s) => println!("cache end to end: the script failed ({s})"),
-        Err(e) => println!("cache end to end: cannot run bash: {e}"),
-    }
 }
 
 fn main() {

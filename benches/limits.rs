@@ -19,6 +19,8 @@
 //!
 //! Run: `cargo bench --bench limits`.
 
+mod common;
+
 use std::hint::black_box;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -155,34 +157,13 @@ fn in_process(c: &mut Criterion) {
 
 /// The end-to-end comparison (`benches/fleet_limit.sh`), with this build.
 fn end_to_end() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fleet_limit.sh");
-    let rounds = std::env::var("CUTOVER_BENCH_ROUNDS").unwrap_or_else(|_| "4".into());
-    let seconds = std::env::var("CUTOVER_BENCH_SECONDS").unwrap_or_else(|_| "8".into());
-    for tool in ["wrk", "nginx", "redis-server", "python3", "curl"] {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
-            println!("fleet limit end to end: skipped, {tool} is not installed (apt-get install wrk nginx-light redis-server python3 curl)");
-            return;
-        }
-    }
-    println!(
-        "fleet limit end to end: {} {rounds} rounds of {seconds} s",
-        script.display()
+    common::run_script(
+        "fleet limit end to end",
+        "fleet_limit.sh",
+        env!("CARGO_BIN_EXE_cutover"),
+        &["wrk", "nginx", "redis-server", "python3", "curl"],
+        "wrk nginx-light redis-server python3 curl",
     );
-    let status = Command::new("bash")
-        .arg(&script)
-        .arg(env!("CARGO_BIN_EXE_cutover"))
-        .arg(&rounds)
-        .arg(&seconds)
-        .status();
-    match status {
-        Ok(s) if s.success() => {}
-        Ok(s) => println!("fleet limit end to end: the script failed ({s})"),
-        Err(e) => println!("fleet limit end to end: cannot run bash: {e}"),
-    }
 }
 
 fn main() {

@@ -470,3 +470,33 @@ pub fn rounds_of(
         println!("{line}");
     }
 }
+
+/// Runs `benches/SCRIPT` with this build's binary, `CUTOVER_BENCH_ROUNDS`
+/// (default 4) and `CUTOVER_BENCH_SECONDS` (default 8), after saying why
+/// it skips when one of `tools` is missing (`packages` to install).
+pub fn run_script(label: &str, script: &str, binary: &str, tools: &[&str], packages: &str) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("benches")
+        .join(script);
+    let rounds = std::env::var("CUTOVER_BENCH_ROUNDS").unwrap_or_else(|_| "4".into());
+    let seconds = std::env::var("CUTOVER_BENCH_SECONDS").unwrap_or_else(|_| "8".into());
+    if let Some(tool) = tools.iter().find(|t| !which(t)) {
+        println!("{label}: skipped, {tool} is not installed (apt-get install {packages})");
+        return;
+    }
+    println!(
+        "{label}: {} {rounds} rounds of {seconds} s",
+        script.display()
+    );
+    let status = Command::new("bash")
+        .arg(&script)
+        .arg(binary)
+        .arg(&rounds)
+        .arg(&seconds)
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => println!("{label}: the script failed ({s})"),
+        Err(e) => println!("{label}: cannot run bash: {e}"),
+    }
+}

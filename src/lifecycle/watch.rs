@@ -38,14 +38,7 @@ pub const REQUESTED_BY: &str = "watch";
 /// Starts watching `config` and the files the active generation
 /// references; runs as long as the process.
 pub fn spawn(control: Arc<Control>, config: PathBuf) -> Result<(), notify::Error> {
-    let (events, mut changed) = mpsc::unbounded_channel::<()>();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // Reads and opens are not changes.
-        let relevant = event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_)));
-        if relevant {
-            let _ = events.send(());
-        }
-    })?;
+    let (mut watcher, mut changed) = watcher()?;
     let mut watched = BTreeSet::new();
     rewatch(&mut watcher, &mut watched, &folders(&control, &config))?;
     tokio::spawn(async move {
@@ -59,6 +52,19 @@ pub fn spawn(control: Arc<Control>, config: PathBuf) -> Result<(), notify::Error
         }
     });
     Ok(())
+}
+
+/// A watcher that says on the channel when what it watches changed.
+fn watcher() -> Result<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<()>), notify::Error> {
+    let (events, changed) = mpsc::unbounded_channel::<()>();
+    let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // Reads and opens are not changes.
+        let relevant = event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_)));
+        if relevant {
+            let _ = events.send(());
+        }
+    })?;
+    Ok((watcher, changed))
 }
 
 /// Waits until no event came for `QUIET` (at most `MOST`).
@@ -167,13 +173,7 @@ pub fn spawn_gateway_api(
     source: crate::gatewayapi::Source,
     config: PathBuf,
 ) -> Result<(), notify::Error> {
-    let (events, mut changed) = mpsc::unbounded_channel::<()>();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let relevant = event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_)));
-        if relevant {
-            let _ = events.send(());
-        }
-    })?;
+    let (mut watcher, mut changed) = watcher()?;
     watcher.watch(&source.dir, RecursiveMode::NonRecursive)?;
     tokio::spawn(async move {
         // The watcher lives as long as this task.

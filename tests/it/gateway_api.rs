@@ -55,17 +55,20 @@ async fn named(name: &'static str) -> Named {
 /// A Service and its EndpointSlice (the backend's loopback port) for
 /// each backend, in namespace `ns`.
 fn services(ns: &str, backends: &[&Named]) -> String {
-    let mut out = String::new();
-    for b in backends {
-        out.push_str(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, namespace: {ns} }}\nspec: {{ ports: [{{ name: http, port: 8080 }}] }}\n---\n\
-             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {name}-1, namespace: {ns}, labels: {{ kubernetes.io/service-name: {name} }} }}\n\
-             ports: [{{ name: http, port: {port} }}]\nendpoints: [{{ addresses: [\"127.0.0.1\"] }}]\n---\n",
-            name = b.name,
-            port = b.backend.addr.port()
-        ));
-    }
-    out
+    backends
+        .iter()
+        .map(|b| service(ns, b.name, ("http", 8080), b.backend.addr.port()))
+        .collect()
+}
+
+/// A Service `name` with one port (`port_name`, `port`) and its
+/// EndpointSlice: loopback on `target`.
+fn service(ns: &str, name: &str, (port_name, port): (&str, u16), target: u16) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, namespace: {ns} }}\nspec: {{ ports: [{{ name: {port_name}, port: {port} }}] }}\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {name}-1, namespace: {ns}, labels: {{ kubernetes.io/service-name: {name} }} }}\n\
+         ports: [{{ name: {port_name}, port: {target} }}]\nendpoints: [{{ addresses: [\"127.0.0.1\"] }}]\n---\n"
+    )
 }
 
 /// Runs the import on `yaml`: exit code, configuration, statuses.
@@ -686,14 +689,8 @@ async fn tcp_tls_passthrough_and_udp_routes_relay_to_their_backends() {
         crate::harness::closed_port().port(),
         crate::harness::closed_port().port(),
     );
-    let service = |name: &str, addr: SocketAddr, protocol: &str| {
-        format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, namespace: {NS} }}\nspec: {{ ports: [{{ name: p, port: 1, protocol: {protocol} }}] }}\n---\n\
-             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {name}-1, namespace: {NS}, labels: {{ kubernetes.io/service-name: {name} }} }}\n\
-             ports: [{{ name: p, port: {} }}]\nendpoints: [{{ addresses: [\"127.0.0.1\"] }}]\n---\n",
-            addr.port()
-        )
-    };
+    let service =
+        |name: &str, addr: SocketAddr, _protocol: &str| service(NS, name, ("p", 1), addr.port());
     let l4_route = |kind: &str, name: &str, section: &str, extra: &str, backend: &str| {
         format!(
             "apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: {kind}\nmetadata: {{ name: {name}, namespace: {NS} }}\nspec:\n  parentRefs: [{{ name: gw, sectionName: {section} }}]\n{extra}  rules: [{{ backendRefs: [{{ name: {backend}, port: 1 }}] }}]\n---\n"
@@ -773,14 +770,7 @@ async fn grpc_routes_match_methods_and_metadata_over_h2c() {
 
     let gold = GrpcBackend::start(None).await;
     let plain = GrpcBackend::start(None).await;
-    let service = |name: &str, addr: SocketAddr| {
-        format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{ name: {name}, namespace: {NS} }}\nspec: {{ ports: [{{ name: grpc, port: 50051 }}] }}\n---\n\
-             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: {name}-1, namespace: {NS}, labels: {{ kubernetes.io/service-name: {name} }} }}\n\
-             ports: [{{ name: grpc, port: {} }}]\nendpoints: [{{ addresses: [\"127.0.0.1\"] }}]\n---\n",
-            addr.port()
-        )
-    };
+    let service = |name: &str, addr: SocketAddr| service(NS, name, ("grpc", 50051), addr.port());
     let yaml = [
         gateway("  - { name: http, port: 80, protocol: HTTP }"),
         service("gold", gold.addr),
@@ -921,12 +911,9 @@ async fn a_backend_tls_policy_makes_the_gateway_verify_its_backend() {
     let indented: String = ca.pem.lines().map(|l| format!("    {l}\n")).collect();
     let yaml = [
         gateway("  - { name: http, port: 80, protocol: HTTP }"),
+        service(NS, "secure", ("https", 443), backend.port()),
         format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{ name: secure, namespace: {NS} }}\nspec: {{ ports: [{{ name: https, port: 443 }}] }}\n---\n\
-             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{ name: secure-1, namespace: {NS}, labels: {{ kubernetes.io/service-name: secure }} }}\n\
-             ports: [{{ name: https, port: {} }}]\nendpoints: [{{ addresses: [\"127.0.0.1\"] }}]\n---\n\
-             apiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: backend-ca, namespace: {NS} }}\ndata:\n  ca.crt: |\n{indented}---\n",
-            backend.port()
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: backend-ca, namespace: {NS} }}\ndata:\n  ca.crt: |\n{indented}---\n"
         ),
         // BackendTLSPolicy: TLS to `secure`, verified for its name.
         format!(
