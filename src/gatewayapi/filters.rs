@@ -3,9 +3,9 @@
 use serde_json::Value;
 
 use super::http::{unsupported, Built, Context};
-use super::matches::PathEdit;
+use super::matches::{escape, PathEdit};
 use super::policy::{self, BackendTls};
-use super::routes::{literal, Action, Backend, HeaderEdits, Route, Upstream};
+use super::routes::{literal, Action, Backend, HeaderEdits, Route, Upstream, METHODS};
 use super::status::Condition;
 use super::{toml_str, Fields, Resource, Services, GROUP};
 
@@ -157,6 +157,13 @@ pub(super) fn apply_filter(
             }
             Ok(())
         }
+        "CORS" => {
+            let Some(m) = filter.object("cors") else {
+                return Err(missing(filter, "cors"));
+            };
+            r.cors = Some(cors(&m)?);
+            Ok(())
+        }
         other => Err(Condition::no(
             "Accepted",
             "UnsupportedValue",
@@ -172,6 +179,117 @@ pub(super) fn apply_filter(
         }
     }
     out
+}
+
+/// The CORS filter as a route's `cors`.
+fn cors(m: &Fields<'_>) -> Result<String, Condition> {
+    let list = |items: Vec<String>| {
+        format!(
+            "[{}]",
+            items
+                .iter()
+                .map(|s| toml_str(s))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let credentials = m
+        .get("allowCredentials")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let origins: Vec<String> = m
+        .strings("allowOrigins")
+        .into_iter()
+        .map(|o| match o.as_str() {
+            "*" => o,
+            // `https://*.example.com`: a wildcard for the host's labels.
+            _ if o.contains('*') => format!("~^{}$", escape(&o).replace("\\*", "[^/:]+")),
+            _ => o,
+        })
+        .collect();
+    let methods: Vec<String> = match m.strings("allowMethods") {
+        m if m.iter().any(|x| x == "*") => METHODS.iter().map(|x| (*x).to_owned()).collect(),
+        m => m,
+    };
+    let headers = m.strings("allowHeaders");
+    let expose = m.strings("exposeHeaders");
+    if credentials
+        && [&origins, &headers, &expose]
+            .iter()
+            .any(|l| l.iter().any(|x| x == "*"))
+    {
+        return Err(Condition::no(
+            "Accepted",
+            "UnsupportedValue",
+            format!("{}: \"*\" with allowCredentials (cutover names origins and headers when credentials are allowed)", m.path()),
+        ));
+    }
+    let mut parts = vec![format!("allow_origins = {}", list(origins))];
+    if !methods.is_empty() {
+        parts.push(format!("allow_methods = {}", list(methods)));
+    }
+    if !headers.is_empty() {
+        parts.push(format!("allow_headers = {}", list(headers)));
+    }
+    if !expose.is_empty() {
+        parts.push(format!("expose_headers = {}", list(expose)));
+    }
+    if credentials {
+        parts.push("allow_credentials = true".into());
+    }
+    if let Some(age) = m.int("maxAge").filter(|a| *a > 0) {
+        parts.push(format!("max_age = \"{age}s\""));
+    }
+    if let Some(f) = m.rest().first() {
+        return Err(unsupported(f));
+    }
+    Ok(format!("{{ {} }}", parts.join(", ")))
+}
+
+/// A rule's `retry` as the route's (`None`: no retries). The API counts
+/// retries, cutover counts attempts (the first included).
+pub(super) fn retry(m: &Fields<'_>) -> Result<Option<String>, Condition> {
+    let retries = m.int("attempts").unwrap_or(1);
+    let codes: Vec<String> = m
+        .get("codes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_i64)
+        .map(|c| format!("\"{c}\""))
+        .collect();
+    let backoff = m.str("backoff");
+    if let Some(f) = m.rest().first() {
+        return Err(unsupported(f));
+    }
+    if retries <= 0 {
+        return Ok(None);
+    }
+    if retries > 9 {
+        return Err(Condition::no(
+            "Accepted",
+            "UnsupportedValue",
+            format!(
+                "{}.attempts: {retries} retries; cutover makes at most 10 attempts",
+                m.path()
+            ),
+        ));
+    }
+    // Connection errors are always retried (HTTPRouteRetryConnectionError).
+    let mut on = vec!["\"connect_failure\"".to_owned()];
+    on.extend(codes);
+    let mut parts = vec![
+        format!("attempts = {}", retries + 1),
+        format!("on = [{}]", on.join(", ")),
+    ];
+    if let Some(b) = backoff {
+        parts.push(format!(
+            "backoff = {{ base = {}, max = {} }}",
+            toml_str(b),
+            toml_str(b)
+        ));
+    }
+    Ok(Some(format!("{{ {} }}", parts.join(", "))))
 }
 
 pub(super) fn missing(filter: &Fields<'_>, key: &str) -> Condition {

@@ -87,6 +87,8 @@ pub(super) fn import_route(
             host_rewrite: None,
             mirror: None,
             timeout: None,
+            cors: None,
+            retry: None,
             rank: (0, Reverse(0), 0, Reverse(0), Reverse(0), order, 0, 0),
         };
         let mut path_edit: Option<PathEdit> = None;
@@ -102,6 +104,12 @@ pub(super) fn import_route(
                 &mut resolved,
             ) {
                 rule_conditions.push(problem);
+            }
+        }
+        if let Some(retry) = rule.object("retry") {
+            match super::filters::retry(&retry) {
+                Ok(written) => template.retry = written,
+                Err(problem) => rule_conditions.push(problem),
             }
         }
         if let Some(timeouts) = rule.object("timeouts") {

@@ -51,6 +51,10 @@ pub(super) struct Route {
     pub(super) host_rewrite: Option<String>,
     pub(super) mirror: Option<(String, u32)>,
     pub(super) timeout: Option<String>,
+    /// `cors = { … }` (the CORS filter), as written.
+    pub(super) cors: Option<String>,
+    /// `retry = { … }` (the rule's `retry`), as written.
+    pub(super) retry: Option<String>,
     /// The API's precedence (smaller first).
     pub(super) rank: Rank,
 }
@@ -172,6 +176,12 @@ impl Route {
         }
         if let Some(timeout) = &self.timeout {
             line("timeout", toml_str(timeout));
+        }
+        if let Some(cors) = &self.cors {
+            line("cors", cors.clone());
+        }
+        if let Some(retry) = self.retry.as_ref().filter(|_| forwards) {
+            line("retry", retry.clone());
         }
         out
     }

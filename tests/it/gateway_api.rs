@@ -294,9 +294,11 @@ async fn matches_hostnames_and_precedence_route_as_the_conformance_tests_expect(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filters_reach_the_backend_and_the_client() {
     let (v1, v2, mirror) = (named("v1").await, named("v2").await, named("mirror").await);
+    let broken = crate::harness::failing_backend().await;
     let yaml = [
         gateway("  - { name: http, port: 80, protocol: HTTP }"),
         services(NS, &[&v1, &v2, &mirror]),
+        service(NS, "broken", ("http", 8080), broken.addr.port()),
         route("filters", NS, r#"  parentRefs: [{ name: gw }]
   rules:
   # HTTPRouteRequestHeaderModifier, HTTPRouteResponseHeaderModifier
@@ -329,6 +331,14 @@ async fn filters_reach_the_backend_and_the_client() {
     filters: [{ type: RequestRedirect, requestRedirect: { hostname: example.org, path: { type: ReplacePrefixMatch, replacePrefixMatch: /new } } }]
   - matches: [{ path: { type: Exact, value: /moved } }]
     filters: [{ type: RequestRedirect, requestRedirect: { statusCode: 301, path: { type: ReplaceFullPath, replaceFullPath: /here } } }]
+  # HTTPRouteCORS
+  - matches: [{ path: { type: PathPrefix, value: /cors } }]
+    filters: [{ type: CORS, cors: { allowOrigins: ["https://app.example", "https://*.example.org"], allowMethods: [GET, PUT], allowHeaders: [x-a], maxAge: 60 } }]
+    backendRefs: [{ name: v1, port: 8080 }]
+  # HTTPRouteRetry: a 500 from one backend is retried on the other
+  - matches: [{ path: { type: PathPrefix, value: /retry } }]
+    retry: { codes: [500], attempts: 1 }
+    backendRefs: [{ name: v1, port: 8080 }, { name: broken, port: 8080 }]
   # HTTPRouteRequestMirror
   - matches: [{ path: { type: PathPrefix, value: /mirror } }]
     filters: [{ type: RequestMirror, requestMirror: { backendRef: { name: mirror, port: 8080 } } }]
@@ -406,6 +416,27 @@ async fn filters_reach_the_backend_and_the_client() {
         location(&ask(at, "GET", "a.test", "/moved", &[]).await),
         (301, "http://a.test/here".into())
     );
+
+    // CORS: a preflight from an allowed origin (exact and by wildcard),
+    // and from another.
+    let preflight = |origin: &'static str| async move {
+        let headers = [("origin", origin), ("access-control-request-method", "PUT")];
+        ask(at, "OPTIONS", "a.test", "/cors", &headers).await
+    };
+    for origin in ["https://app.example", "https://eu.example.org"] {
+        let (status, headers, _) = preflight(origin).await;
+        assert_eq!(status, 204);
+        assert_eq!(headers.get("access-control-allow-origin").unwrap(), origin);
+        assert_eq!(headers.get("access-control-max-age").unwrap(), "60");
+    }
+    let (_, headers, _) = preflight("https://evil.test").await;
+    assert!(headers.get("access-control-allow-origin").is_none());
+
+    // Retry: every request answered by v1, half after a 500 from
+    // `broken`.
+    for _ in 0..20 {
+        assert_eq!(who(&ask(at, "GET", "a.test", "/retry", &[]).await), "v1");
+    }
 
     for _ in 0..5 {
         assert_eq!(who(&ask(at, "GET", "a.test", "/mirror", &[]).await), "v2");
