@@ -59,9 +59,16 @@ pub fn read(paths: &[PathBuf]) -> Result<Vec<Resource>, String> {
                 .map_err(|e| format!("{}: cannot read the folder: {e}", path.display()))?;
             let mut found: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
+                // Hidden files are an editor's or a rename's temporaries
+                // (and a ConfigMap's `..data`), never resources.
                 .filter(|p| {
-                    p.extension()
-                        .is_some_and(|x| x == "yaml" || x == "yml" || x == "json")
+                    let hidden = p
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with('.'));
+                    !hidden
+                        && p.extension()
+                            .is_some_and(|x| x == "yaml" || x == "yml" || x == "json")
                 })
                 .collect();
             found.sort();

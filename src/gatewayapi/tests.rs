@@ -443,3 +443,21 @@ fn a_route_attached_to_two_gateways_is_served_on_both() {
         ["listeners = [\"http-80\"]", "listeners = [\"http-81\"]"]
     );
 }
+
+#[test]
+fn a_folder_is_read_without_its_hidden_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: a }\nspec: {}\n";
+    std::fs::write(dir.path().join("a.yaml"), gateway).unwrap();
+    // A write not yet renamed into place, as an editor or a ConfigMap
+    // update leaves for a moment.
+    std::fs::write(
+        dir.path().join(".a.yaml.tmp"),
+        gateway.replace("name: a", "name: b"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not YAML: {").unwrap();
+    let found = resources::read(&[dir.path().to_path_buf()]).unwrap();
+    let names: Vec<&str> = found.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["a"]);
+}
