@@ -5,7 +5,7 @@ use serde_json::Value;
 use super::http::{unsupported, Built, Context};
 use super::matches::{escape, PathEdit};
 use super::policy::{self, BackendTls};
-use super::routes::{literal, Action, Backend, HeaderEdits, Route, Upstream, METHODS};
+use super::routes::{list, literal, Action, Backend, HeaderEdits, Route, Upstream, METHODS};
 use super::status::Condition;
 use super::{toml_str, Fields, Resource, Services, GROUP};
 
@@ -183,16 +183,7 @@ pub(super) fn apply_filter(
 
 /// The CORS filter as a route's `cors`.
 fn cors(m: &Fields<'_>) -> Result<String, Condition> {
-    let list = |items: Vec<String>| {
-        format!(
-            "[{}]",
-            items
-                .iter()
-                .map(|s| toml_str(s))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    };
+    let list = |items: Vec<String>| list(&items);
     let credentials = m
         .get("allowCredentials")
         .and_then(Value::as_bool)

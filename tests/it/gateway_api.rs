@@ -392,30 +392,20 @@ async fn filters_reach_the_backend_and_the_client() {
                 .unwrap_or_default(),
         )
     };
-    assert_eq!(
-        location(&ask(at, "GET", "a.test", "/r303/x", &[]).await),
-        (303, "http://example.org/r303/x".into())
-    );
-    assert_eq!(
-        location(&ask(at, "GET", "a.test", "/r307?a=b", &[]).await),
-        (307, "http://example.net/r307?a=b".into())
-    );
-    assert_eq!(
-        location(&ask(at, "GET", "a.test", "/r308", &[]).await),
-        (308, "https://a.test:8443/r308".into())
-    );
-    assert_eq!(
-        location(&ask(at, "GET", "a.test", "/old/page?q=1", &[]).await),
-        (302, "http://example.org/new/page?q=1".into())
-    );
-    assert_eq!(
-        location(&ask(at, "GET", "a.test", "/old", &[]).await),
-        (302, "http://example.org/new".into())
-    );
-    assert_eq!(
-        location(&ask(at, "GET", "a.test", "/moved", &[]).await),
-        (301, "http://a.test/here".into())
-    );
+    for (path, status, to) in [
+        ("/r303/x", 303, "http://example.org/r303/x"),
+        ("/r307?a=b", 307, "http://example.net/r307?a=b"),
+        ("/r308", 308, "https://a.test:8443/r308"),
+        ("/old/page?q=1", 302, "http://example.org/new/page?q=1"),
+        ("/old", 302, "http://example.org/new"),
+        ("/moved", 301, "http://a.test/here"),
+    ] {
+        assert_eq!(
+            location(&ask(at, "GET", "a.test", path, &[]).await),
+            (status, to.to_owned()),
+            "{path}"
+        );
+    }
 
     // CORS: a preflight from an allowed origin (exact and by wildcard),
     // and from another.
