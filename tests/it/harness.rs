@@ -63,15 +63,27 @@ impl Gateway {
     fn start_with(binary: &Path, dir: tempfile::TempDir, config: &str, extra: &[&str]) -> Gateway {
         let config_path = dir.path().join("gateway.toml");
         std::fs::write(&config_path, config).expect("write config");
-        let mut child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .args(["run", "-c"])
             .arg(&config_path)
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn cutover");
+            .stderr(Stdio::piped());
+        // A binary a test has just written (an upgrade's new file) can be
+        // "busy" for a moment: another test's child, forked while the
+        // file was open for writing, holds that descriptor until it execs.
+        let mut tries = 0;
+        let mut child = loop {
+            match command.spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                spawned => break spawned.expect("spawn cutover"),
+            }
+        };
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = Arc::clone(&stderr);
         let err = child.stderr.take().expect("stderr");
