@@ -60,6 +60,19 @@ pub enum Usable {
     No,
 }
 
+/// The body of an answer to one of the gateway's own requests.
+pub type OwnBody = http_body_util::combinators::BoxBody<bytes::Bytes, OwnBodyError>;
+
+/// Why such a body failed. (A concrete type: a boxed error here trips
+/// the compiler's check that the health checker's future is `Send`.)
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct OwnBodyError(String);
+
+fn own_body_error(error: impl std::fmt::Display) -> OwnBodyError {
+    OwnBodyError(error.to_string())
+}
+
 /// One backend, shared by every generation that names it.
 #[derive(Debug)]
 pub struct Backend {
@@ -77,6 +90,8 @@ pub struct Backend {
     /// For plain HTTP/1.1 backends: connections driven by the requests'
     /// own tasks (see `h1`). Upgrades still use `client`.
     pub h1: Option<super::H1Pool>,
+    /// For `h3` and `auto` backends: HTTP/3 over QUIC (`quic.rs`).
+    pub quic: Option<super::QuicClient>,
     pub load: Load,
     pub health: Health,
     pub outlier: Outlier,
@@ -122,6 +137,18 @@ impl Backend {
         let clients = (0..=super::shards())
             .map(|_| Self::pooled_client(&key, tls.as_ref(), &connector, &connect_time))
             .collect::<Result<Box<[_]>, _>>()?;
+        let quic = match &tls {
+            Some(tls) => super::QuicClient::new(
+                key.protocol,
+                &key.addr,
+                key.tls.as_ref().and_then(|t| t.server_name.as_deref()),
+                tls.clone(),
+                (key.connect_timeout, key.idle_timeout),
+                clients.len(),
+            )
+            .map_err(|e| BackendError::Quic(e.to_string()))?,
+            None => None,
+        };
         let h1 = (key.tls.is_none() && key.protocol == UpstreamProtocol::Http1)
             .then(|| super::H1Pool::new(256, key.idle_timeout, Arc::clone(&connect_time)));
         let scheme = if key.tls.is_some() {
@@ -129,10 +156,10 @@ impl Backend {
         } else {
             Scheme::HTTP
         };
-        let version = if key.protocol.is_http2() {
-            Version::HTTP_2
-        } else {
-            Version::HTTP_11
+        let version = match key.protocol {
+            UpstreamProtocol::H2c | UpstreamProtocol::H2 => Version::HTTP_2,
+            UpstreamProtocol::H3 => Version::HTTP_3,
+            _ => Version::HTTP_11,
         };
         Ok(Self {
             outcomes: Default::default(),
@@ -148,6 +175,7 @@ impl Backend {
             version,
             h1,
             clients,
+            quic,
             load: Load::default(),
             outlier: Outlier::default(),
             attempts: AtomicU64::new(0),
@@ -161,6 +189,47 @@ impl Backend {
         // INVARIANT: `clients` holds at least two (`shards()` is at least
         // 1), and `client_shard` returns an index below its length.
         &self.clients[super::client_shard(self.clients.len())]
+    }
+
+    /// The QUIC connection a request to this backend takes now: `None`
+    /// for TCP (every backend but `h3` and `auto`, and `auto` while QUIC
+    /// is not up).
+    pub async fn quic_connection(&self) -> Result<Option<super::Pooled>, super::QuicError> {
+        match &self.quic {
+            Some(quic) => {
+                quic.connection(super::client_shard(self.clients.len()))
+                    .await
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// An exchange over QUIC failed (see `QuicClient::exchange_failed`).
+    pub fn quic_failed(&self, error: &super::QuicError) {
+        if let Some(quic) = &self.quic {
+            quic.exchange_failed(super::client_shard(self.clients.len()), error);
+        }
+    }
+
+    /// A request of the gateway's own (health checks): over QUIC for an
+    /// `h3` backend, through the pooled client otherwise.
+    pub async fn own_request(
+        &self,
+        request: http::Request<super::SignalledBody>,
+    ) -> Result<http::Response<OwnBody>, String> {
+        use http_body_util::BodyExt;
+        if let Some(pooled) = self.quic_connection().await.map_err(|e| e.to_string())? {
+            let response = super::quic::send(pooled, request, false)
+                .await
+                .map_err(|(e, _)| e.to_string())?;
+            return Ok(response.map(|body| body.map_err(own_body_error).boxed()));
+        }
+        let response = self
+            .client()
+            .request(request)
+            .await
+            .map_err(|e| format!("request: {e}"))?;
+        Ok(response.map(|body| body.map_err(own_body_error).boxed()))
     }
 
     fn pooled_client(
@@ -195,10 +264,13 @@ impl Backend {
                     None => https,
                 };
                 let timed = TimedConnector::new(connector, Arc::clone(connect_time));
-                let https = if key.protocol.is_http2() {
-                    https.enable_http2().wrap_connector(timed)
-                } else {
-                    https.enable_http1().wrap_connector(timed)
+                let https = match key.protocol {
+                    UpstreamProtocol::H2c | UpstreamProtocol::H2 => {
+                        https.enable_http2().wrap_connector(timed)
+                    }
+                    // `auto` over TCP: HTTP/2 or HTTP/1.1, as ALPN settles.
+                    UpstreamProtocol::Auto => https.enable_all_versions().wrap_connector(timed),
+                    _ => https.enable_http1().wrap_connector(timed),
                 };
                 UpstreamClient::Tls(builder.build(https))
             }
@@ -302,6 +374,8 @@ pub enum BackendError {
     ServerName(String),
     #[error("upstream TLS: {0}")]
     Tls(crate::tls::TlsError),
+    #[error("upstream QUIC: {0}")]
+    Quic(String),
 }
 
 /// One in-flight request to a backend.

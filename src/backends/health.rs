@@ -228,18 +228,15 @@ async fn check(backend: &Backend, spec: &HealthSpec) -> Result<(), String> {
             let mut request = Request::new(SignalledBody::empty());
             *request.uri_mut() = uri;
             *request.version_mut() = backend.version;
-            // HTTP/2 carries the authority in the URI.
+            // HTTP/2 carries the authority in the URI (HTTP/3 moves
+            // `Host` there).
             if backend.version != http::Version::HTTP_2 {
                 request.headers_mut().insert(HOST, host);
             }
             request
                 .headers_mut()
                 .insert(USER_AGENT, HeaderValue::from_static("cutover-health-check"));
-            let response = backend
-                .client()
-                .request(request)
-                .await
-                .map_err(|e| format!("request: {e}"))?;
+            let response = backend.own_request(request).await?;
             let status = response.status();
             // Read (a bounded part of) the body so the connection is reused.
             let _ = http_body_util::Limited::new(response.into_body(), MAX_CHECK_BODY)
@@ -278,11 +275,7 @@ async fn grpc_check(backend: &Backend, service: &str) -> Result<(), String> {
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert(TE, HeaderValue::from_static("trailers"));
     headers.insert(USER_AGENT, HeaderValue::from_static("cutover-health-check"));
-    let response = backend
-        .client()
-        .request(request)
-        .await
-        .map_err(|e| format!("request: {e}"))?;
+    let response = backend.own_request(request).await?;
     if response.status() != http::StatusCode::OK {
         return Err(format!("status {}", response.status().as_u16()));
     }

@@ -24,6 +24,7 @@ mod h1;
 mod health;
 mod load;
 mod outlier;
+mod quic;
 mod send_proxy;
 mod weak_map;
 
@@ -39,6 +40,7 @@ pub use h1::{
     header_tokens, request as request_h1, ExchangeError, H1Pool, SendError, UpstreamBody,
 };
 pub use health::HealthState;
+pub use quic::{send as send_quic, Pooled, QuicBody, QuicClient, QuicError};
 pub use weak_map::WeakMap;
 
 use crate::plan::{HealthSpec, UpstreamProtocol};
@@ -238,6 +240,9 @@ pub struct BackendView {
     /// Its priority (SRV, endpoints files), when not 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<u16>,
+    /// `h3` and `auto` backends: where HTTP/3 stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic: Option<quic::QuicView>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -269,6 +274,8 @@ impl Backend {
                 UpstreamProtocol::H2c => "h2c".into(),
                 UpstreamProtocol::Https => "https".into(),
                 UpstreamProtocol::H2 => "h2".into(),
+                UpstreamProtocol::H3 => "h3".into(),
+                UpstreamProtocol::Auto => "auto".into(),
             },
             health: self.health.state(),
             last_check: self.health.last().map(|c| CheckView {
@@ -287,6 +294,7 @@ impl Backend {
             source: None,
             weight: None,
             priority: None,
+            quic: self.quic.as_ref().map(QuicClient::view),
         }
     }
 }

@@ -415,6 +415,48 @@ backends = [{ addr = "127.0.0.1:53" }]
     }
 
     #[test]
+    fn http3_upstreams_take_tls_settings_and_refuse_what_quic_cannot_honour() {
+        let base = |protocol: &str, extra: &str| {
+            format!(
+                "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n[[routes]]\nname = \"r\"\nlisteners = [\"web\"]\nupstream = \"app\"\n\n[upstreams.app]\nbackends = [{{ addr = \"127.0.0.1:8443\" }}]\nprotocol = \"{protocol}\"\ntls = {{ server_name = \"backend.internal\" }}\n{extra}"
+            )
+        };
+        for protocol in ["h3", "auto"] {
+            let spec = validate(&text(&base(protocol, "health = { path = \"/\" }\n")))
+                .unwrap_or_else(|e| panic!("{protocol}: {e:?}"));
+            let app = &spec.upstreams[0];
+            assert!(app.protocol.is_tls() && !app.protocol.is_http2());
+            assert_eq!(
+                app.tls.as_ref().and_then(|t| t.server_name.as_deref()),
+                Some("backend.internal")
+            );
+        }
+        let codes = |protocol: &str, extra: &str| -> Vec<(String, String)> {
+            validate(&text(&base(protocol, extra)))
+                .err()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| (d.code.to_string(), d.message))
+                .collect()
+        };
+        // A TCP connect says nothing of QUIC; `auto` is checked over TCP.
+        let refused = codes("h3", "health = { tcp = true }\n");
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].0, "unsupported_option");
+        assert!(refused[0].1.contains("over HTTP/3"), "{}", refused[0].1);
+        assert!(codes("auto", "health = { tcp = true }\n").is_empty());
+        let refused = codes("h3", "proxy_protocol = \"v2\"\n");
+        assert_eq!(refused[0].0, "unsupported_option");
+        let refused = codes("h4", "");
+        assert!(
+            refused
+                .iter()
+                .any(|(code, m)| code == "invalid_protocol" && m.contains("h3 or auto")),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
     fn an_unknown_key_hides_nothing_else_about_its_entity() {
         let text = r#"
 [[listeners]]

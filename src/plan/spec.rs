@@ -702,11 +702,22 @@ pub enum UpstreamProtocol {
     Https,
     /// HTTP/2 over TLS (ALPN h2).
     H2,
+    /// HTTP/3 over QUIC.
+    H3,
+    /// TLS over TCP (HTTP/2 or HTTP/1.1 by ALPN) until the backend's
+    /// `Alt-Svc` offers HTTP/3, then QUIC, TCP whenever QUIC fails.
+    Auto,
 }
 
 impl UpstreamProtocol {
     pub fn is_tls(self) -> bool {
-        matches!(self, UpstreamProtocol::Https | UpstreamProtocol::H2)
+        matches!(
+            self,
+            UpstreamProtocol::Https
+                | UpstreamProtocol::H2
+                | UpstreamProtocol::H3
+                | UpstreamProtocol::Auto
+        )
     }
 
     pub fn is_http2(self) -> bool {

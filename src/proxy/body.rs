@@ -120,6 +120,11 @@ pub enum ResponseBody {
         body: Incoming,
         guards: Option<StreamGuards>,
     },
+    /// From an `h3` or `auto` backend over QUIC.
+    Quic {
+        body: Box<crate::backends::QuicBody>,
+        guards: Option<StreamGuards>,
+    },
     /// From a plain HTTP/1.1 backend through cutover's own client; its
     /// connection goes back to the backend's pool when the body is done.
     Driven {
@@ -235,9 +240,9 @@ impl ResponseBody {
     /// The guards a streamed body carries, if it still has them.
     pub fn guards_mut(&mut self) -> Option<&mut StreamGuards> {
         match self {
-            ResponseBody::Upstream { guards, .. } | ResponseBody::Driven { guards, .. } => {
-                guards.as_mut()
-            }
+            ResponseBody::Upstream { guards, .. }
+            | ResponseBody::Quic { guards, .. }
+            | ResponseBody::Driven { guards, .. } => guards.as_mut(),
             ResponseBody::Full(_) => None,
             ResponseBody::Grpc(call) => call.inner_mut().guards_mut(),
             ResponseBody::Compressed(body) => body.inner_mut().guards_mut(),
@@ -361,6 +366,9 @@ impl Body for ResponseBody {
                 guards,
                 cx,
             ),
+            ResponseBody::Quic { body, guards } => {
+                guard(Pin::new(&mut **body).poll_frame(cx), guards, cx)
+            }
             ResponseBody::Driven {
                 body,
                 guards,
@@ -394,6 +402,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Upstream { body, .. } => body.is_end_stream(),
+            ResponseBody::Quic { body, .. } => body.is_end_stream(),
             ResponseBody::Driven { body, first, .. } => first.is_none() && body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
             ResponseBody::Grpc(call) => call.is_end_stream(),
@@ -405,6 +414,7 @@ impl Body for ResponseBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ResponseBody::Upstream { body, .. } => body.size_hint(),
+            ResponseBody::Quic { body, .. } => body.size_hint(),
             ResponseBody::Driven { body, first, .. } => {
                 let mut hint = body.size_hint();
                 let held = first.as_ref().map_or(0, Held::data_len);

@@ -298,19 +298,49 @@ async fn client_exchange(
     let proxy = proxy_header(backend, conn);
     let sending = async {
         match &proxy {
-            Some(proxy) => proxied_request(backend, proxy, upstream_req).await,
+            Some(proxy) => proxied_request(backend, proxy, upstream_req)
+                .await
+                .map(|r| r.map(Received::Tcp)),
             None => {
-                backend
-                    .client()
-                    .request(upstream_req)
-                    .await
-                    .map_err(|e| match e.is_connect() {
-                        true => (Attempt::ConnectError, connect_failed(backend, &e)),
-                        false => client_failed().unwrap_or_else(|| {
-                            let detail = format!("{}: {}", backend.key.addr, error_chain(&e));
-                            (Attempt::Error, ProxyError::Upstream(detail))
-                        }),
-                    })
+                // `h3` and `auto` backends: QUIC when it is up (`auto`
+                // takes TCP when it is not, or when a stream could not
+                // be opened).
+                let mut upstream_req = upstream_req;
+                match backend.quic_connection().await {
+                    Ok(None) => {}
+                    Ok(Some(pooled)) => {
+                        let keep = backend.quic.as_ref().is_some_and(|q| !q.only());
+                        match crate::backends::send_quic(pooled, upstream_req, keep).await {
+                            Ok(response) => return Ok(response.map(Received::Quic)),
+                            Err((error, Some(request))) => {
+                                backend.quic_failed(&error);
+                                upstream_req = request;
+                            }
+                            Err((error, None)) => {
+                                backend.quic_failed(&error);
+                                return Err(quic_failed(backend, error, client_failed));
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        backend.quic_failed(&error);
+                        return Err(quic_failed(backend, error, client_failed));
+                    }
+                }
+                let response =
+                    backend.client().request(upstream_req).await.map_err(|e| {
+                        match e.is_connect() {
+                            true => (Attempt::ConnectError, connect_failed(backend, &e)),
+                            false => client_failed().unwrap_or_else(|| {
+                                let detail = format!("{}: {}", backend.key.addr, error_chain(&e));
+                                (Attempt::Error, ProxyError::Upstream(detail))
+                            }),
+                        }
+                    })?;
+                if let Some(quic) = &backend.quic {
+                    quic.learn(response.headers());
+                }
+                Ok(response.map(Received::Tcp))
             }
         }
     };
@@ -321,6 +351,9 @@ async fn client_exchange(
     let response = match answered {
         Ok(Ok(response)) => {
             hop.report(Attempt::Answered(response.status()), sent);
+            if let Some(trail) = &hop.trail {
+                trail.upstream_protocol(response.version());
+            }
             response
         }
         Ok(Err((attempt, error))) => {
@@ -372,11 +405,47 @@ async fn client_exchange(
     }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    let body = ResponseBody::Upstream {
-        body,
-        guards: Some(guards),
+    // What the backend spoke is the access log's; hyper's HTTP/1 server
+    // writes a head of version 1.x or 2 only (and panics on 3).
+    if parts.version == Version::HTTP_3 {
+        parts.version = Version::HTTP_11;
+    }
+    let body = match body {
+        Received::Tcp(body) => ResponseBody::Upstream {
+            body,
+            guards: Some(guards),
+        },
+        Received::Quic(body) => ResponseBody::Quic {
+            body: Box::new(body),
+            guards: Some(guards),
+        },
     };
     Ok(Response::from_parts(parts, body))
+}
+
+/// An answer's body as it came: through hyper's client, or over QUIC.
+enum Received {
+    Tcp(Incoming),
+    Quic(crate::backends::QuicBody),
+}
+
+/// What a failed QUIC exchange is reported as: nothing sent is a connect
+/// failure; otherwise the client's body, if that is what failed, or the
+/// backend's doing.
+fn quic_failed(
+    backend: &Backend,
+    error: crate::backends::QuicError,
+    client_failed: impl FnOnce() -> Option<(Attempt, ProxyError)>,
+) -> (Attempt, ProxyError) {
+    let detail = format!("{}: {error}", backend.key.addr);
+    match error {
+        crate::backends::QuicError::Connect(_) => {
+            (Attempt::ConnectError, ProxyError::UpstreamConnect(detail))
+        }
+        crate::backends::QuicError::Exchange(_) => {
+            client_failed().unwrap_or((Attempt::Error, ProxyError::Upstream(detail)))
+        }
+    }
 }
 
 /// A plain HTTP/1.1 exchange through cutover's own client (see
@@ -450,6 +519,9 @@ fn driven_exchange<'a>(
             Err(error) => return Err(failed(Attempt::Error, error_chain(&error))),
         };
         hop.report(Attempt::Answered(parts.status), sent);
+        if let Some(trail) = &hop.trail {
+            trail.upstream_protocol(parts.version);
+        }
         strip_hop_by_hop(&mut parts.headers);
         // A response without a body (HEAD, 204, 304, length 0), or whose body
         // came whole with its head, is complete already: its connection can

@@ -116,6 +116,9 @@ pub struct Trail {
     backend: Mutex<Option<Arc<str>>>,
     /// A gRPC call's status plus one (0: none yet).
     grpc_status: AtomicU32,
+    /// The HTTP version of the last answer from a backend (0: none;
+    /// `UPSTREAM_PROTOCOLS`' index plus one).
+    upstream_protocol: std::sync::atomic::AtomicU8,
     /// The line of a request that switched protocols, until its tunnel
     /// closes.
     deferred: Mutex<Option<Box<Pending>>>,
@@ -150,6 +153,18 @@ impl Trail {
         let us = u64::try_from(upstream.as_micros()).unwrap_or(u64::MAX);
         // 0 means "no answer": an answer is at least a microsecond.
         self.upstream_us.store(us.max(1), Ordering::Relaxed);
+    }
+
+    /// The last answer came from its backend over `version`.
+    pub fn upstream_protocol(&self, version: http::Version) {
+        let index = match version {
+            http::Version::HTTP_10 => 1,
+            http::Version::HTTP_11 => 2,
+            http::Version::HTTP_2 => 3,
+            http::Version::HTTP_3 => 4,
+            _ => 0,
+        };
+        self.upstream_protocol.store(index, Ordering::Relaxed);
     }
 
     /// A gRPC call ended with status `code`.
@@ -220,6 +235,9 @@ pub struct Line {
     pub encoding: Option<&'static str>,
     pub bytes_uncompressed: u64,
     pub upstream_time: Option<Duration>,
+    /// What the answer came over from its backend: `http/1.0`,
+    /// `http/1.1`, `h2`, `h3`.
+    pub upstream_protocol: Option<&'static str>,
     pub backend: Option<Arc<str>>,
     pub attempts: u32,
     pub trace_id: Option<[u8; 16]>,
@@ -266,6 +284,7 @@ impl Line {
             encoding: None,
             bytes_uncompressed: 0,
             upstream_time: None,
+            upstream_protocol: None,
             backend: None,
             attempts: 0,
             trace_id: None,
@@ -290,6 +309,10 @@ impl Line {
         self.grpc_status = grpc.checked_sub(1).and_then(|c| u8::try_from(c).ok());
         let us = trail.upstream_us.load(Ordering::Relaxed);
         self.upstream_time = (us > 0).then(|| Duration::from_micros(us));
+        let protocol = trail.upstream_protocol.load(Ordering::Relaxed);
+        self.upstream_protocol = ["http/1.0", "http/1.1", "h2", "h3"]
+            .get(usize::from(protocol).wrapping_sub(1))
+            .copied();
         self.backend = trail
             .backend
             .lock()
@@ -643,6 +666,8 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
                 Some(t) => push_millis(out, t),
                 None => out.extend_from_slice(b"null"),
             }
+            out.extend_from_slice(b",\"upstream_protocol\":");
+            push_json_opt(out, line.upstream_protocol);
             out.extend_from_slice(b",\"backend\":");
             push_json_opt(out, line.backend.as_deref());
             out.extend_from_slice(b",\"attempts\":");
@@ -715,6 +740,8 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
                 Some(t) => push_millis(out, t),
                 None => out.push(b'-'),
             }
+            out.extend_from_slice(b" upstream_protocol=");
+            out.extend_from_slice(line.upstream_protocol.unwrap_or(dash).as_bytes());
             out.push(b' ');
             push_field(out, "backend", line.backend.as_deref().unwrap_or(dash));
             out.extend_from_slice(b" attempts=");
@@ -917,6 +944,7 @@ mod tests {
             encoding: None,
             bytes_uncompressed: 0,
             upstream_time: None,
+            upstream_protocol: None,
             backend: Some("127.0.0.1:9001".into()),
             attempts: 2,
             trace_id: Some([0xab; 16]),
@@ -939,7 +967,7 @@ mod tests {
              method=GET authority=api.example.com path=\"/v1/a b\" upstream_path=- route=api \
              request_id=- auth=- subject=- cache=- limited=- generation=7 \
              status=502 grpc_status=- bytes_in=3 bytes_out=12 encoding=- bytes_uncompressed=- duration_ms=1.500 upstream_ms=- \
-             backend=127.0.0.1:9001 attempts=2 trace_id=abababababababababababababababab \
+             upstream_protocol=- backend=127.0.0.1:9001 attempts=2 trace_id=abababababababababababababababab \
              flags=connect_failure,retried\n"
         );
         let mut out = Vec::new();
@@ -955,6 +983,7 @@ mod tests {
         let mut out = Vec::new();
         let mut l = line();
         l.upstream_time = Some(Duration::from_micros(250));
+        l.upstream_protocol = Some("h3");
         l.flags = Flags::NONE;
         l.auth = Some("allowed");
         l.subject = Some("alice \"a\"".into());
@@ -966,6 +995,7 @@ mod tests {
         assert_eq!(value["path"], "/v1/a b");
         assert_eq!(value["status"], 502);
         assert_eq!(value["upstream_ms"], 0.25);
+        assert_eq!(value["upstream_protocol"], "h3");
         assert_eq!(value["attempts"], 2);
         assert_eq!(value["flags"], serde_json::json!([]));
         for key in [

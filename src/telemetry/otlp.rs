@@ -287,6 +287,7 @@ mod tests {
             encoding: None,
             bytes_uncompressed: 0,
             upstream_time: None,
+            upstream_protocol: None,
             backend: Some("10.0.1.4:9001".into()),
             attempts: 2,
             trace_id: Some([0xab; 16]),

@@ -20,6 +20,7 @@ mod grpc;
 mod guarded;
 mod harness;
 mod http3;
+mod http3_upstream;
 mod impact;
 mod keys;
 mod l4;

@@ -69,11 +69,15 @@ impl Validator<'_> {
                 "h2c" => Some(UpstreamProtocol::H2c),
                 "https" => Some(UpstreamProtocol::Https),
                 "h2" => Some(UpstreamProtocol::H2),
+                "h3" => Some(UpstreamProtocol::H3),
+                "auto" => Some(UpstreamProtocol::Auto),
                 other => {
                     self.error(
                         Code::InvalidProtocol,
                         at("protocol"),
-                        format!("upstream protocol '{other}' is not http1, h2c, https or h2"),
+                        format!(
+                            "upstream protocol '{other}' is not http1, h2c, https, h2, h3 or auto"
+                        ),
                     );
                     None
                 }
@@ -104,6 +108,23 @@ impl Validator<'_> {
                     format!(
                         "a gRPC health check needs protocol \"h2c\" or \"h2\"; upstream '{name}' is \"{}\"",
                         u.protocol
+                    ),
+                );
+            }
+            if let (
+                Some(HealthSpec {
+                    probe: HealthProbe::Tcp,
+                    ..
+                }),
+                "h3",
+            ) = (&health, u.protocol.as_str())
+            {
+                // A TCP connect says nothing of a backend reached over UDP.
+                self.error(
+                    Code::UnsupportedOption,
+                    at("health.tcp"),
+                    format!(
+                        "upstream '{name}' is \"h3\": a tcp check says nothing of QUIC; use an http check (`path`), which goes over HTTP/3"
                     ),
                 );
             }
@@ -192,7 +213,7 @@ impl Validator<'_> {
                         Code::UnexpectedTls,
                         at("tls"),
                         format!(
-                            "upstream '{name}' has a tls section but protocol \"{}\" is not https or h2",
+                            "upstream '{name}' has a tls section but protocol \"{}\" is not https, h2, h3 or auto",
                             u.protocol
                         ),
                     );
