@@ -42,7 +42,9 @@
 //! same nginx (`return 200`) as its auth service, and with that forward
 //! auth's `cache` (every request after the first answered from it), in
 //! alternating rounds: the added latency of the auth round trip, what the
-//! cache saves, and the cost of the opt-out.
+//! cache saves, and the cost of the opt-out; (g) HTTP/3 through cutover
+//! against its own HTTPS on the same listener and against Caddy's HTTP/3,
+//! from generators in processes of their own (`http3/mod.rs`).
 //!
 //! Run: `cargo bench --bench proxy` (`CUTOVER_BENCH_SECONDS` sets each
 //! run's length, default 10). Installs nothing: `apt-get install wrk
@@ -127,6 +129,11 @@ impl Target {
 fn main() {
     // `cargo test --benches` and `cargo bench --no-run` must not run load.
     if std::env::args().any(|a| a == "--list" || a == "--test") {
+        return;
+    }
+    // Started again by part (g) as its HTTP/3 or HTTPS generator.
+    if let Ok(spec) = std::env::var(http3::GENERATOR_ENV) {
+        http3::generator_main(&spec);
         return;
     }
     let setting = |name: &str, default: u64| {
@@ -259,6 +266,16 @@ fn main() {
             seconds,
         );
     }
+    // (g) HTTP/3 next to HTTPS over TCP on the same listener, and next to
+    // Caddy's HTTP/3.
+    if part("http3") {
+        let caddy = targets
+            .iter()
+            .find(|t| t.label == "caddy")
+            .and_then(|t| Some((t.https?, t.pid?)));
+        let ratios = http3_front(&gateway, caddy, &cert, rounds, seconds);
+        summary.fronts.push(("HTTP/3".to_owned(), ratios));
+    }
     drop(targets.split_off(2));
     drop(baseline);
     processes.stop_references();
@@ -307,111 +324,131 @@ fn main() {
     if part("auth") {
         auth_costs(&runtime, &tools, &gateway, &gateway_config, rounds, seconds);
     }
-    // (g) HTTP/3 next to HTTPS over TCP on the same listener.
-    if part("http3") {
-        let (rps, cpu) = http3_front(&runtime, &gateway, &cert, rounds, seconds);
-        summary
-            .fronts
-            .push(("HTTP/3".to_owned(), vec![("own HTTPS", rps, cpu)]));
-    }
     summary.print();
     drop(gateway);
     drop(processes);
 }
 
-/// (g): HTTP/3 GETs and HTTPS GETs on `secure`, from in-process
-/// generators, in alternating rounds: throughput and the gateway's CPU
-/// per request.
+/// (g): HTTP/3 and HTTPS GETs on cutover's `secure` listener, and HTTP/3
+/// GETs on Caddy's HTTPS site (when Caddy runs), from generators in
+/// processes of their own, in rounds of rotating order: throughput and
+/// each proxy's CPU per request. Returns cutover's HTTP/3 ratios to its
+/// own HTTPS and to Caddy's HTTP/3.
 fn http3_front(
-    runtime: &tokio::runtime::Runtime,
     gateway: &Gateway,
+    caddy: Option<(SocketAddr, u32)>,
     cert: &Path,
     rounds: u64,
     seconds: u64,
-) -> (f64, f64) {
-    let pid = Some(gateway.child.id());
-    let (mut tcp, mut quic) = (Vec::new(), Vec::new());
+) -> Vec<Ratio> {
+    let pid = gateway.child.id();
+    let (mut tcp, mut quic, mut peer) = (Vec::new(), Vec::new(), Vec::new());
     let mut spreads = Vec::new();
+    let busy = std::cell::RefCell::new(Vec::new());
+    let run = |kind: &str, target: SocketAddr, pid: u32| {
+        with_cpu(Some(pid), || {
+            let generated = http3::generate(kind, target, cert, seconds);
+            busy.borrow_mut().push(generated.busy);
+            Run {
+                requests_per_sec: generated.requests as f64 / seconds as f64,
+                requests: generated.requests,
+                cpu_seconds: 0.0,
+                p50_ms: generated.p50_ms,
+                p99_ms: generated.p99_ms,
+                errors: generated.errors,
+            }
+        })
+    };
     for round in 0..rounds {
-        let https = || {
-            with_cpu(pid, || {
-                let (all, errors) = runtime.block_on(http3::https_load(
-                    gateway.secure,
-                    cert,
-                    CONNECTIONS,
-                    seconds,
-                ));
-                summarise(all, errors, seconds)
-            })
-        };
         // Each round opens its QUIC connections anew: where they land
         // (by the Initial's connection ID, see `sockets::steer_quic`) is
         // the round's spread over the workers.
         let h3 = || {
-            let before = thread_ticks(gateway.child.id(), WORKER_THREAD);
-            let run = with_cpu(pid, || {
-                let (all, errors) = runtime.block_on(http3::h3_load(gateway.secure, cert, seconds));
-                summarise(all, errors, seconds)
-            });
-            let used: Vec<u64> = thread_ticks(gateway.child.id(), WORKER_THREAD)
+            let before = thread_ticks(pid, WORKER_THREAD);
+            let measured = run("h3", gateway.secure, pid);
+            let used: Vec<u64> = thread_ticks(pid, WORKER_THREAD)
                 .into_iter()
                 .map(|(tid, ticks)| ticks.saturating_sub(before.get(&tid).copied().unwrap_or(0)))
                 .collect();
-            (run, used)
+            (measured, used)
         };
-        let (run, used) = if round % 2 == 0 {
-            tcp.push(https());
-            h3()
-        } else {
-            let quic_round = h3();
-            tcp.push(https());
-            quic_round
-        };
-        quic.push(run);
-        let total: u64 = used.iter().sum();
-        if total > 0 {
-            spreads.push(
-                used.iter()
-                    .map(|t| format!("{:.0}", *t as f64 * 100.0 / total as f64))
-                    .collect::<Vec<_>>()
-                    .join("/"),
-            );
+        let mut order = vec![0, 1, 2];
+        order.rotate_left((round % 3) as usize);
+        for which in order {
+            match which {
+                0 => tcp.push(run("https", gateway.secure, pid)),
+                1 => {
+                    let (measured, used) = h3();
+                    quic.push(measured);
+                    let total: u64 = used.iter().sum();
+                    if total > 0 {
+                        spreads.push(
+                            used.iter()
+                                .map(|t| format!("{:.0}", *t as f64 * 100.0 / total as f64))
+                                .collect::<Vec<_>>()
+                                .join("/"),
+                        );
+                    }
+                }
+                _ => {
+                    if let Some((address, caddy_pid)) = caddy {
+                        peer.push(run("h3", address, caddy_pid));
+                    }
+                }
+            }
         }
     }
-    let mean =
-        |runs: &[Run], f: &dyn Fn(&Run) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;
-    let (tcp_rps, quic_rps) = (
-        mean(&tcp, &|r| r.requests_per_sec),
-        mean(&quic, &|r| r.requests_per_sec),
-    );
-    let (tcp_cpu, quic_cpu) = (
-        mean(&tcp, &|r| r.cpu_us_per_request()),
-        mean(&quic, &|r| r.cpu_us_per_request()),
-    );
-    let errors: u64 = tcp.iter().chain(&quic).map(|r| r.errors).sum();
+    let mean = |runs: &[Run], f: &dyn Fn(&Run) -> f64| {
+        runs.iter().map(f).sum::<f64>() / runs.len().max(1) as f64
+    };
+    let rps = |runs: &[Run]| mean(runs, &|r| r.requests_per_sec);
+    let cpu = |runs: &[Run]| mean(runs, &|r| r.cpu_us_per_request());
+    let errors: u64 = tcp.iter().chain(&quic).chain(&peer).map(|r| r.errors).sum();
     println!(
-        "\ng) cutover HTTPS over TCP ({CONNECTIONS} keep-alive connections) vs HTTP/3 ({} connections × {} streams), built-in generators, {rounds} rounds:",
+        "\ng) HTTPS over TCP ({CONNECTIONS} keep-alive connections) and HTTP/3 ({} connections × {} streams), generators in their own process, {rounds} rounds:",
         http3::H3_CONNECTIONS,
         http3::H3_STREAMS
     );
+    let mut lines = vec![("cutover HTTPS/TCP", &tcp), ("cutover HTTP/3", &quic)];
+    if caddy.is_some() {
+        lines.push(("Caddy HTTP/3", &peer));
+    }
+    for (label, runs) in &lines {
+        let (r, lo, hi) = spread(runs, |r| r.requests_per_sec);
+        let (c, clo, chi) = spread(runs, Run::cpu_us_per_request);
+        println!(
+            "   {label:<18} {r:>9.0} req/s ({lo:.0}–{hi:.0})  {c:>7.1} µs CPU/request ({clo:.1}–{chi:.1})  p99 {:.2} ms",
+            mean(runs, &|r| r.p99_ms)
+        );
+    }
+    let mut ratios = vec![("own HTTPS", rps(&quic) / rps(&tcp), cpu(&quic) / cpu(&tcp))];
     println!(
-        "   HTTPS/TCP {tcp_rps:>9.0} req/s  {tcp_cpu:>7.1} µs CPU/request  p99 {:.2} ms",
-        mean(&tcp, &|r| r.p99_ms)
+        "   cutover HTTP/3 / own HTTPS: throughput {:.3}, CPU per request {:.3}",
+        ratios[0].1, ratios[0].2
     );
+    if caddy.is_some() {
+        ratios.push(("caddy", rps(&quic) / rps(&peer), cpu(&quic) / cpu(&peer)));
+        println!(
+            "   cutover HTTP/3 / Caddy HTTP/3: throughput {:.3}, CPU per request {:.3}",
+            ratios[1].1, ratios[1].2
+        );
+    } else {
+        println!("   Caddy HTTP/3: not measured (install caddy)");
+    }
+    let busy = busy.into_inner();
+    let (least, most) = busy.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), b| {
+        (lo.min(*b), hi.max(*b))
+    });
     println!(
-        "   HTTP/3    {quic_rps:>9.0} req/s  {quic_cpu:>7.1} µs CPU/request  p99 {:.2} ms",
-        mean(&quic, &|r| r.p99_ms)
-    );
-    println!(
-        "   HTTP/3 / HTTPS: throughput {:.3}, CPU per request {:.3}; errors {errors}",
-        quic_rps / tcp_rps,
-        quic_cpu / tcp_cpu
+        "   errors {errors}; each generator kept {:.0}–{:.0} % of a core busy",
+        least * 100.0,
+        most * 100.0
     );
     println!(
         "   HTTP/3 workers' shares of their CPU (%), per round: {}",
         spreads.join(", ")
     );
-    (quic_rps / tcp_rps, quic_cpu / tcp_cpu)
+    ratios
 }
 
 /// (d): the same open-loop rate, `percent` of cutover's closed-loop
@@ -869,7 +906,7 @@ impl Reference {
             Reference::Caddy => (
                 dir.join("Caddyfile"),
                 format!(
-                    "{{\n  admin off\n  auto_https off\n  default_sni localhost\n  servers {{\n    protocols h1 h2 h2c\n  }}\n}}\nhttp://{http1} {{\n  reverse_proxy {backend}\n}}\nhttp://{h2c} {{\n  reverse_proxy {backend}\n}}\nhttps://{https} {{\n  tls {} {}\n  reverse_proxy {backend}\n}}\n",
+                    "{{\n  admin off\n  auto_https off\n  default_sni localhost\n  servers {{\n    protocols h1 h2 h2c h3\n  }}\n}}\nhttp://{http1} {{\n  reverse_proxy {backend}\n}}\nhttp://{h2c} {{\n  reverse_proxy {backend}\n}}\nhttps://{https} {{\n  tls {} {}\n  reverse_proxy {backend}\n}}\n",
                     cert.display(),
                     key.display()
                 ),

@@ -1,8 +1,10 @@
 //! (g) of the proxy bench: HTTP/3 GETs through cutover next to HTTPS over
-//! TCP on the same listener, both from in-process generators of the same
-//! kind (closed loop, TLS 1.3, the bench's self-signed certificate). No
-//! peer on this machine serves HTTP/3, so the figures are cutover's own:
-//! requests/s and the gateway's CPU per request, HTTP/3 against HTTPS.
+//! TCP on the same listener, and through Caddy's HTTP/3 (quic-go, Debian's
+//! `caddy`, `reverse_proxy` to the same nginx), on the same small answer.
+//! The generators (quinn and h3; hyper over tokio-rustls) run in a
+//! process of their own, one thread, closed loop: this bench binary
+//! started again with `CUTOVER_BENCH_GENERATOR` set, so that the
+//! proxies' CPU per request is counted apart from the client's.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -152,4 +154,96 @@ pub async fn https_load(
         }));
     }
     super::common::gather(tasks).await
+}
+
+/// The environment variable that makes this binary a generator:
+/// `h3|https,TARGET,CERT,SECONDS`.
+pub const GENERATOR_ENV: &str = "CUTOVER_BENCH_GENERATOR";
+
+/// Runs as the generator `spec` names (see `GENERATOR_ENV`) and prints
+/// `requests errors p50_us p99_us cpu_ms` on one line (`cpu_ms`: the
+/// generator's own CPU time, to tell a client-bound run).
+pub fn generator_main(spec: &str) {
+    let fields: Vec<&str> = spec.split(',').collect();
+    let [kind, target, cert, seconds] = fields[..] else {
+        eprintln!("{GENERATOR_ENV}: want kind,target,cert,seconds; got {spec}");
+        std::process::exit(2);
+    };
+    let target: SocketAddr = target.parse().expect("generator target");
+    let seconds: u64 = seconds.parse().expect("generator seconds");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let cert = Path::new(cert);
+    let (mut all, errors) = runtime.block_on(async {
+        match kind {
+            "h3" => h3_load(target, cert, seconds).await,
+            _ => https_load(target, cert, super::CONNECTIONS, seconds).await,
+        }
+    });
+    all.sort();
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .map_or(0, |d| d.as_micros())
+    };
+    let cpu_ms = (super::common::cpu_seconds(std::process::id()) * 1000.0) as u64;
+    println!(
+        "{} {errors} {} {} {cpu_ms}",
+        all.len(),
+        pct(0.50),
+        pct(0.99)
+    );
+}
+
+/// One load from a generator process: requests, errors and the request
+/// latencies' median and 99th percentile (ms).
+pub struct Generated {
+    pub requests: u64,
+    pub errors: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// The generator's CPU time over the run's length (1.0: one core
+    /// busy all along).
+    pub busy: f64,
+}
+
+/// Starts this binary as a generator of `kind` (`h3`, `https`) against
+/// `target` for `seconds` and waits for what it measured.
+pub fn generate(kind: &str, target: SocketAddr, cert: &Path, seconds: u64) -> Generated {
+    let failed = Generated {
+        requests: 0,
+        errors: 1,
+        p50_ms: f64::NAN,
+        p99_ms: f64::NAN,
+        busy: f64::NAN,
+    };
+    let Ok(exe) = std::env::current_exe() else {
+        return failed;
+    };
+    let output = std::process::Command::new(exe)
+        .env(
+            GENERATOR_ENV,
+            format!("{kind},{target},{},{seconds}", cert.display()),
+        )
+        .stderr(std::process::Stdio::inherit())
+        .output();
+    let Ok(output) = output else {
+        return failed;
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let numbers: Vec<u64> = text
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    match numbers[..] {
+        [requests, errors, p50, p99, cpu_ms] => Generated {
+            requests,
+            errors,
+            p50_ms: p50 as f64 / 1000.0,
+            p99_ms: p99 as f64 / 1000.0,
+            busy: cpu_ms as f64 / 1000.0 / seconds as f64,
+        },
+        _ => failed,
+    }
 }
