@@ -349,7 +349,7 @@ pub struct Started {
 
 async fn drain(State(writer): Shared) -> Result<Response, ApiError> {
     let control = writer.control();
-    let operation_id = control.drain()?;
+    let operation_id = control.drain().await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(Started {

@@ -218,6 +218,9 @@ impl Control {
         // finds its record. Compressed before the lock is taken.
         let config = RetainedText::new(&meta.text.text);
         let mut history = self.records.lock();
+        // A drain sets its phase under this lock: a commit that gets here
+        // after a drain was acknowledged swaps nothing (503).
+        self.lock.check_running()?;
         // INVARIANT: we hold the operation lock, so the active generation
         // cannot have moved since `active` was loaded; the CAS still
         // guards against a writer outside this type.

@@ -22,7 +22,7 @@ use super::timeline::Timeline;
 use crate::config::ConfigText;
 use crate::generation::SharedState;
 use crate::proxy::ListenerSet;
-use crate::runtime::{GenerationStore, History, OperationKind, Outcome, PhaseCell};
+use crate::runtime::{GenerationStore, History, OperationKind, Outcome, Phase, PhaseCell};
 use crate::telemetry::LogLevel;
 use crate::tls::CertStore;
 
@@ -163,9 +163,13 @@ impl Control {
     }
 }
 
+/// How long a drain waits for a change in flight before it answers.
+const DRAIN_WAITS_FOR_CHANGE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Drain and upgrade, implemented by the process lifecycle.
 pub trait ProcessControl: Send + Sync {
-    /// Starts draining (as SIGTERM); returns at once.
+    /// Starts draining (as SIGTERM); returns at once. `Control::drain`
+    /// has set the phase to draining before it calls this.
     fn drain(&self, control: &Arc<Control>) -> Result<String, LifecycleError>;
     /// Starts a drain-aware restart; returns the operation id to follow.
     fn upgrade(
@@ -183,11 +187,30 @@ impl Control {
         let _ = self.process.set(process);
     }
 
-    pub fn drain(self: &Arc<Self>) -> Result<String, LifecycleError> {
-        self.process
-            .get()
-            .ok_or(LifecycleError::Unavailable)?
-            .drain(self)
+    /// Starts draining. Exclusive with every configuration change: the
+    /// phase says draining before this returns (set under the history
+    /// lock, under which a commit checks it just before its swap), so a
+    /// change that starts later, or reaches its swap later, gets 503;
+    /// and a change already holding the operation lock is waited for
+    /// (at most `DRAIN_WAITS_FOR_CHANGE`), so that what it committed is
+    /// in before the drain is acknowledged.
+    pub async fn drain(self: &Arc<Self>) -> Result<String, LifecycleError> {
+        let process = self.process.get().ok_or(LifecycleError::Unavailable)?;
+        {
+            let _history = self.records.lock();
+            if self.phase().get() != Phase::Running {
+                return Err(LifecycleError::AlreadyDraining);
+            }
+            self.phase().advance(Phase::Draining);
+        }
+        let id = process.drain(self)?;
+        if !self.lock.wait_idle(DRAIN_WAITS_FOR_CHANGE).await {
+            tracing::warn!(
+                "draining: an operation still holds the lock after {:?} (an upgrade or a shadow stage ending); it can make no change now",
+                DRAIN_WAITS_FOR_CHANGE
+            );
+        }
+        Ok(id)
     }
 
     pub fn binary(&self) -> Option<BinaryView> {

@@ -40,6 +40,12 @@ impl OperationLock {
         Arc::clone(&self.held).try_lock_owned().ok()
     }
 
+    /// Waits until no operation holds the lock (at most `within`);
+    /// whether it got there.
+    pub(super) async fn wait_idle(&self, within: std::time::Duration) -> bool {
+        tokio::time::timeout(within, self.held.lock()).await.is_ok()
+    }
+
     /// 503 while draining or stopped.
     pub(super) fn check_running(&self) -> Result<(), ControlError> {
         match self.phase.get() {

@@ -362,3 +362,120 @@ backends = [{ addr = "127.0.0.1:9" }, { addr = "127.0.0.1:10" }]
         [vec!["unchecked"], vec!["unchecked", "ejected", "unchecked"]]
     );
 }
+
+/// A process lifecycle that records the drain and stops nothing.
+struct RecordedDrain;
+
+impl super::ProcessControl for RecordedDrain {
+    fn drain(&self, control: &Arc<Control>) -> Result<String, super::LifecycleError> {
+        Ok(control.record_started(OperationKind::Drain, None, None, "draining".into()))
+    }
+
+    fn upgrade(
+        &self,
+        _control: &Arc<Control>,
+        _request: super::UpgradeRequest,
+    ) -> Result<String, super::LifecycleError> {
+        Err(super::LifecycleError::Unavailable)
+    }
+
+    fn binary(&self) -> Option<super::BinaryView> {
+        None
+    }
+}
+
+fn plain(n: usize) -> Candidate {
+    Candidate {
+        source: CandidateSource::Text(numbered(n)),
+        expected_generation: None,
+        reason: None,
+        requested_by: Some("drain-race".into()),
+        confirm_within: None,
+        guard: None,
+        canary: None,
+        shadow: None,
+    }
+}
+
+/// Issue 61: a drain and the changes around it are exclusive. Two tasks
+/// activate one configuration after another while a third drains, all
+/// let go at once, 1 000 times: every activation that starts after the
+/// drain's answer gets 503 (`Draining`), and the active generation when
+/// the drain answered is the one left at the end (no change commits
+/// after it). Before the fix the phase turned to draining only when the
+/// process's main loop took the stop, and changes went on committing
+/// after the 202.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_change_commits_after_a_drain_is_acknowledged() {
+    const RACES: usize = 1_000;
+    let (mut committed_before, mut refused_after) = (0usize, 0usize);
+    for race in 0..RACES {
+        let (control, _dir) = control_with(&numbered(0), || {});
+        control.set_process(Arc::new(RecordedDrain));
+        let go = Arc::new(tokio::sync::Barrier::new(3));
+        let drained: Arc<std::sync::OnceLock<std::time::Instant>> = Arc::default();
+        let activating: Vec<_> = (0..2)
+            .map(|task| {
+                let (control, go, drained) =
+                    (Arc::clone(&control), Arc::clone(&go), Arc::clone(&drained));
+                tokio::spawn(async move {
+                    go.wait().await;
+                    let mut outcomes = Vec::new();
+                    for i in 1.. {
+                        let started = std::time::Instant::now();
+                        let n = race * 1_000 + task * 100 + i;
+                        let result = control.activate(plain(n), OperationKind::Activate).await;
+                        outcomes.push((started, result.map(|a| a.generation)));
+                        // Go on a little past the drain's answer.
+                        if drained
+                            .get()
+                            .is_some_and(|at| at.elapsed() > Duration::from_millis(2))
+                        {
+                            break;
+                        }
+                        if i > 200 {
+                            break;
+                        }
+                    }
+                    outcomes
+                })
+            })
+            .collect();
+        go.wait().await;
+        tokio::task::yield_now().await;
+        control.drain().await.expect("drain");
+        let at = std::time::Instant::now();
+        let _ = drained.set(at);
+        let active_at_answer = control.store().active_id();
+        for task in activating {
+            for (started, result) in task.await.expect("task") {
+                match result {
+                    Ok(generation) => {
+                        assert!(
+                            started < at,
+                            "race {race}: an activation started after the drain's answer committed {generation}"
+                        );
+                        committed_before += 1;
+                    }
+                    Err(ControlError::Draining) => {
+                        if started > at {
+                            refused_after += 1;
+                        }
+                    }
+                    Err(ControlError::InProgress) => {}
+                    Err(other) => panic!("race {race}: {other}"),
+                }
+            }
+        }
+        assert_eq!(
+            control.store().active_id(),
+            active_at_answer,
+            "race {race}: the active generation moved after the drain answered"
+        );
+    }
+    eprintln!("{RACES} races: {committed_before} activations committed before the drain's answer, {refused_after} refused after it");
+    assert!(
+        refused_after >= RACES,
+        "{refused_after}: every race has activations after the answer"
+    );
+}

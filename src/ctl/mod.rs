@@ -242,7 +242,13 @@ enum CtlCommand {
         /// route ("5%" or "5"); the candidate is validated first.
         #[arg(long = "max-moved", value_parser = parse_percent)]
         max_moved: Option<f64>,
-        /// Activate even when --max-moved would refuse.
+        /// The same, held against the upper end of the share's 95 %
+        /// interval: refuses unless the sample shows, with 95 %
+        /// confidence, that no more than this would move.
+        #[arg(long = "max-moved-upper", value_parser = parse_percent)]
+        max_moved_upper: Option<f64>,
+        /// Activate even when --max-moved or --max-moved-upper would
+        /// refuse.
         #[arg(long)]
         force: bool,
     },
@@ -417,26 +423,45 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             meta,
             guarded,
             max_moved,
+            max_moved_upper,
             force,
         } => {
-            if let Some(max) = max_moved {
+            if max_moved.is_some() || max_moved_upper.is_some() {
                 let checked = client
                     .post("/admin/runtime/validate", candidate(file, None)?)
                     .await?;
-                let moved = checked
+                let impact = checked
                     .read::<crate::plan::Plan>()
-                    .and_then(|plan| plan.impact)
-                    .map(|impact| (impact.moved_percent(), impact));
-                if let Some((share, impact)) = moved.filter(|(share, _)| share > max) {
+                    .and_then(|plan| plan.impact);
+                // The share itself against --max-moved, the upper end of
+                // its interval against --max-moved-upper.
+                let refusal = impact.as_ref().and_then(|impact| {
+                    let share = impact.moved_percent();
+                    let [low, high] = impact.moved_interval();
+                    let of = format!(
+                        "{share:.2} % of the sampled requests (95 % interval {low:.2}–{high:.2} %, {} sampled) would move or find no route",
+                        impact.sample_size
+                    );
+                    match (max_moved, max_moved_upper) {
+                        (Some(max), _) if share > *max => {
+                            Some(format!("{of}, more than --max-moved {max} %"))
+                        }
+                        (_, Some(max)) if impact.sample_size > 0 && high > *max => Some(format!(
+                            "{of}: the interval reaches above --max-moved-upper {max} %"
+                        )),
+                        _ => None,
+                    }
+                });
+                if let (Some(refusal), Some(impact)) = (refusal, impact) {
                     if *force {
-                        eprintln!("--force: {share:.2} % of the sampled requests would move (more than --max-moved {max} %); activating anyway");
+                        eprintln!("--force: {refusal}; activating anyway");
                     } else {
                         if args.json {
                             print_json(&checked.body);
                         } else {
                             print::print_impact(&impact);
                         }
-                        eprintln!("refused: {share:.2} % of the sampled requests would move or find no route, more than --max-moved {max} % (--force activates anyway)");
+                        eprintln!("refused: {refusal} (--force activates anyway)");
                         return Ok(EXIT_MOVED);
                     }
                 }

@@ -112,7 +112,11 @@ pub(super) fn print_impact(impact: &crate::plan::impact::Impact) {
         ("unusable upstream", &impact.unusable),
         ("newly routed", &impact.newly_routed),
     ] {
-        println!("  {label:<22} {:>7}  {:>6.2} %", kind.count, kind.percent);
+        let [low, high] = kind.interval;
+        println!(
+            "  {label:<22} {:>7}  {:>6.2} %  (95 %: {low:.2}–{high:.2} %)",
+            kind.count, kind.percent
+        );
     }
     for (title, shares) in [("route", &impact.routes), ("upstream", &impact.upstreams)] {
         if shares.is_empty() {

@@ -5,22 +5,23 @@
 //! the values of the headers the listener's routes match on (never
 //! `Authorization`, `Proxy-Authorization` or `Cookie`, never a body).
 //!
-//! Recording never waits: one request in `STRIDE` per serving thread is
-//! offered, and a ring another thread holds is skipped. A slot's buffers
+//! Recording never waits: each request is offered with probability
+//! 1/`STRIDE`, drawn from the serving thread's own generator (a fixed
+//! stride would alias with periodic traffic: pollers, health checks,
+//! round robins), and a ring another thread holds is skipped. A slot's buffers
 //! are reused when it is overwritten, so a full ring records without
 //! allocating. Bounded: at most `capacity` heads of at most `MAX_PATH` +
 //! `MAX_QUERY` + `MAX_VALUE` × (1 + `MAX_HEADERS`) bytes each (about
 //! 4.3 KiB); a typical head is well under 200 bytes.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use http::{HeaderMap, HeaderName, Method};
 
-/// One request in this many (per serving thread) is offered to the
-/// ring: what recording costs is spread over them.
+/// One request in this many, on average, is offered to the ring: what
+/// recording costs is spread over them.
 pub const STRIDE: u32 = 4;
 /// Longer paths and queries are not recorded (a truncated one would
 /// route differently); nor are longer header values.
@@ -78,10 +79,6 @@ pub struct ListenerSample {
     capacity: AtomicUsize,
 }
 
-thread_local! {
-    static COUNTER: Cell<u32> = const { Cell::new(0) };
-}
-
 /// What a request offers the sample.
 pub struct Offered<'a> {
     pub method: &'a Method,
@@ -116,15 +113,13 @@ impl ListenerSample {
         }
     }
 
-    /// Whether this request is one the sample takes (cheap: a counter of
-    /// the serving thread).
+    /// Whether this request is one the sample takes: a draw of the
+    /// serving thread's generator (`fastrand`'s thread-local wyrand: an
+    /// add and a multiply), true with probability 1/`STRIDE`,
+    /// independently of every other request.
     #[inline]
     pub fn offered(&self) -> bool {
-        COUNTER.with(|c| {
-            let n = c.get().wrapping_add(1);
-            c.set(n);
-            n % STRIDE == 0
-        })
+        fastrand::u32(..) % STRIDE == 0
     }
 
     /// Records `head`, keeping the values of `names`. Skipped when
@@ -259,6 +254,29 @@ mod tests {
         sample.resize(0);
         sample.record(&offer("/p5", &headers), &names);
         assert!(sample.heads().is_empty());
+    }
+
+    #[test]
+    fn offers_do_not_follow_a_requests_place_in_a_cycle() {
+        // A fixed stride of 4 offers every request at one place of a
+        // cycle of 4 and none at the others (and 2 of 10's places
+        // twice as often as their share); draws offer each place alike.
+        let sample = ListenerSample::new(1);
+        for cycle in [4usize, 10] {
+            let mut offered = vec![0u32; cycle];
+            for i in 0..cycle * 10_000 {
+                if sample.offered() {
+                    offered[i % cycle] += 1;
+                }
+            }
+            for (place, n) in offered.iter().enumerate() {
+                // 1/4 of 10 000: 2 500, standard deviation 43.
+                assert!(
+                    (2_200..=2_800).contains(n),
+                    "cycle {cycle}, place {place}: {offered:?}"
+                );
+            }
+        }
     }
 
     #[test]

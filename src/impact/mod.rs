@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use crate::generation::sample::Head;
 use crate::generation::{Generation, RequestHead, Router};
-use crate::plan::impact::{percent, Destination, Impact, Share};
+use crate::plan::impact::{interval, percent, Destination, Impact, Share};
 use crate::plan::{RouteAction, RouteSpec, Spec};
 
 pub use crate::plan::impact::Example;
@@ -182,6 +182,7 @@ pub fn assess(
         &mut impact.newly_routed,
     ] {
         kind.percent = percent(kind.count, n);
+        kind.interval = interval(kind.count, n);
     }
     impact.span_seconds = match (oldest, newest) {
         (Some(o), Some(n)) => (n.duration_since(o).as_secs_f64() * 1000.0).round() / 1000.0,
@@ -217,6 +218,8 @@ fn shares(counts: HashMap<&str, (usize, usize)>, n: usize) -> Vec<Share> {
             after,
             before_percent: percent(before, n),
             after_percent: percent(after, n),
+            before_interval: interval(before, n),
+            after_interval: interval(after, n),
         })
         .collect();
     out.sort_by(|a, b| {

@@ -355,7 +355,9 @@ impl ProcessControl for Process {
     }
 
     fn drain(&self, control: &Arc<Control>) -> Result<String, LifecycleError> {
-        if control.phase().get() != Phase::Running || self.stop.borrow().is_some() {
+        // The phase is draining already (`Control::drain`); a stop asked
+        // for before (a signal, an upgrade's end) is the drain under way.
+        if self.stop.borrow().is_some() {
             return Err(LifecycleError::AlreadyDraining);
         }
         let id = control.record_started(OperationKind::Drain, None, None, "draining".into());

@@ -55,23 +55,26 @@ fn impact_config(
         .build()
 }
 
-/// `n` requests on one keep-alive connection (one serving thread, whose
-/// sample takes every fourth): of each 33, 10 for `/api/users/…` and 23
-/// for `/api/items/…`, so that the sample holds exactly 10/33 of users.
+/// `n` requests on one keep-alive connection (one serving thread): of
+/// each 33, 10 for `/api/users/…` and 23 for `/api/items/…`.
 async fn mix(addr: std::net::SocketAddr, n: usize) {
+    let mut cycle = vec!["/api/users/"; 10];
+    cycle.extend(["/api/items/"; 23]);
+    periodic(addr, n, &cycle).await;
+}
+
+/// `n` requests on one keep-alive connection, request `i` to
+/// `cycle[i % cycle.len()]` (with `i` appended): periodic traffic, as
+/// pollers, health checks and round robins send.
+async fn periodic(addr: std::net::SocketAddr, n: usize, cycle: &[&str]) {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .unwrap();
     tokio::spawn(conn);
     for i in 0..n {
-        let path = if i % 33 < 10 {
-            format!("/api/users/{i}")
-        } else {
-            format!("/api/items/{i}")
-        };
         let req = Request::builder()
-            .uri(path)
+            .uri(format!("{}{i}", cycle[i % cycle.len()]))
             .header("host", "api.test")
             .body(Full::new(Bytes::new()))
             .unwrap();
@@ -80,6 +83,24 @@ async fn mix(addr: std::net::SocketAddr, n: usize) {
         assert_eq!(response.status(), 200);
         let _ = response.into_body().collect().await;
     }
+}
+
+/// A reported share and its 95 % interval agree with the `truth` (in
+/// percent): the interval holds the share and is at most ±`width`
+/// points, and the truth is within twice its half-width of the share. (A
+/// 95 % interval misses the truth one time in twenty by design; twice
+/// its half-width is about 3.9 standard deviations, one in 10 000.)
+fn within(kind: &Value, truth: f64, width: f64) {
+    let share = kind["percent"].as_f64().unwrap();
+    let low = kind["interval"][0].as_f64().unwrap();
+    let high = kind["interval"][1].as_f64().unwrap();
+    assert!(low <= share && share <= high, "{kind}");
+    let half = (high - low) / 2.0;
+    assert!(half <= width, "interval ±{half:.2}: {kind}");
+    assert!(
+        (share - truth).abs() <= 2.0 * half,
+        "{share} % ({low}–{high}) for {truth} %: {kind}"
+    );
 }
 
 async fn validate(gw: &Gateway, config: &str) -> Value {
@@ -107,17 +128,18 @@ async fn preview_says_what_a_candidate_would_do_to_the_sampled_traffic() {
     // Nothing changes: nothing moves.
     let same = validate(&gw, &active).await;
     let impact = &same["impact"];
-    assert_eq!(impact["sample_size"], 330, "{impact}");
+    // 1 320 requests, each offered with probability 1/4: 330 ± 16.
+    let sampled = impact["sample_size"].as_u64().unwrap();
+    assert!((250..=410).contains(&sampled), "{impact}");
     assert_eq!(impact["moved"]["count"], 0);
+    assert_eq!(impact["moved"]["interval"][0], 0.0, "{impact}");
     assert_eq!(impact["unrouted"]["count"], 0);
 
     // The reorder: every /api/users/ request goes to `api` instead.
     let reordered = impact_config(backend.addr, dead, &routes("api", "users", "api"));
     let plan = validate(&gw, &reordered).await;
     let moved = &plan["impact"]["moved"];
-    let percent = moved["percent"].as_f64().unwrap();
-    assert!((28.0..=32.0).contains(&percent), "{moved}");
-    assert_eq!(moved["percent"], 30.3);
+    within(moved, 100.0 * 10.0 / 33.0, 6.0);
     let example = &moved["examples"][0];
     assert!(example["path"].as_str().unwrap().starts_with("/api/users/"));
     assert_eq!(example["before"]["route"], "users");
@@ -131,13 +153,9 @@ async fn preview_says_what_a_candidate_would_do_to_the_sampled_traffic() {
         .find(|r| r["name"] == "users")
         .cloned()
         .unwrap();
-    assert_eq!(
-        (
-            users["before_percent"].as_f64(),
-            users["after_percent"].as_f64()
-        ),
-        (Some(30.3), Some(0.0))
-    );
+    assert_eq!(users["before_percent"], moved["percent"], "{users}");
+    assert_eq!(users["before_interval"], moved["interval"], "{users}");
+    assert_eq!(users["after_percent"], 0.0, "{users}");
 
     // A route removed: its requests find none.
     let removed = impact_config(
@@ -146,7 +164,7 @@ async fn preview_says_what_a_candidate_would_do_to_the_sampled_traffic() {
         &routes("api", "", "api").replace("^/api/", "^/api/items/"),
     );
     let unrouted = &validate(&gw, &removed).await["impact"]["unrouted"];
-    assert_eq!(unrouted["percent"], 30.3, "{unrouted}");
+    assert_eq!(unrouted["percent"], moved["percent"], "{unrouted}");
     assert_eq!(unrouted["examples"][0]["after"], Value::Null);
 
     // An upstream whose only backend fails its checks now.
@@ -160,7 +178,7 @@ async fn preview_says_what_a_candidate_would_do_to_the_sampled_traffic() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(unusable["percent"], 69.7, "{unusable}");
+    within(&unusable, 100.0 * 23.0 / 33.0, 6.0);
 
     // ctl: the table, and --max-moved.
     let candidate = gw.path("reordered.toml");
@@ -170,8 +188,15 @@ async fn preview_says_what_a_candidate_would_do_to_the_sampled_traffic() {
     let file = candidate.to_str().unwrap();
     let (code, out, _) = ctl(&["preview", file]);
     assert_eq!(code, Some(0));
-    assert!(out.contains("impact: 330 sampled requests"), "{out}");
-    assert!(out.contains("30.30 %"), "{out}");
+    assert!(
+        out.contains(&format!("impact: {sampled} sampled requests")),
+        "{out}"
+    );
+    let [low, high] = [0, 1].map(|i| moved["interval"][i].as_f64().unwrap());
+    assert!(
+        out.contains(&format!("(95 %: {low:.2}–{high:.2} %)")),
+        "{out}"
+    );
     assert!(out.contains("moved: GET api.test/api/users/"), "{out}");
     let (code, out, err) = ctl(&["activate", "--max-moved", "5%", file]);
     assert_eq!(code, Some(5), "{out}{err}");
@@ -192,6 +217,113 @@ async fn preview_says_what_a_candidate_would_do_to_the_sampled_traffic() {
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("--force"), "{err}");
     assert_eq!(gw.active_generation().await, 3);
+}
+
+/// Routes `a` (`/a/`), `b` (`/b/`) and `z` (`/z`), `b` to `b_upstream`.
+fn periodic_config(backend: std::net::SocketAddr, b_upstream: &str) -> String {
+    Config::new()
+        .listener("web", "")
+        .route(
+            "a",
+            "listeners = [\"web\"]\npath_prefix = \"/a/\"\nupstream = \"app\"",
+        )
+        .route(
+            "b",
+            &format!("listeners = [\"web\"]\npath_prefix = \"/b/\"\nupstream = \"{b_upstream}\""),
+        )
+        .route(
+            "z",
+            "listeners = [\"web\"]\npath_prefix = \"/z\"\nupstream = \"app\"",
+        )
+        .upstream("app", &[backend], "")
+        .upstream("other", &[backend], "")
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impact_holds_on_periodic_mixes_and_says_how_sure_it_is() {
+    let backend = Backend::named("ok").await;
+    let active = periodic_config(backend.addr, "app");
+    let candidate = periodic_config(backend.addr, "other");
+    // A cycle of ten on one connection (6 × /a/x, 3 × /b/y, 1 × /z): a
+    // fixed stride of 4 sampled places 0, 4, 8, 2, 6 of it and said
+    // 20 % of the traffic moves where 30 % does; and a cycle of four
+    // (3 × /a/, 1 × /b/), which a stride of 4 saw as 0 % or 100 %.
+    let ten = [
+        "/a/x", "/a/x", "/a/x", "/b/y", "/a/x", "/b/y", "/a/x", "/z", "/b/y", "/a/x",
+    ];
+    let four = ["/a/", "/a/", "/b/", "/a/"];
+    for (cycle, truth) in [(&ten[..], 30.0), (&four[..], 25.0)] {
+        let gw = Gateway::start(&active);
+        periodic(gw.listener("web"), 4_400, cycle).await;
+        let plan = validate(&gw, &candidate).await;
+        let impact = &plan["impact"];
+        // 4 400 requests offered with probability 1/4: 1 100 ± 29.
+        let sampled = impact["sample_size"].as_u64().unwrap();
+        assert!(sampled >= 1_000, "{sampled} sampled of 4 400");
+        eprintln!(
+            "cycle of {}: moved {} % ({}–{}), {sampled} sampled",
+            cycle.len(),
+            impact["moved"]["percent"],
+            impact["moved"]["interval"][0],
+            impact["moved"]["interval"][1]
+        );
+        within(&impact["moved"], truth, 4.0);
+        let b = impact["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "b")
+            .cloned()
+            .unwrap();
+        assert_eq!(b["before_interval"], impact["moved"]["interval"], "{b}");
+    }
+
+    // --max-moved-upper judges the interval's upper end: a candidate
+    // that moves nothing of the sample still cannot show, from ~1 100
+    // heads, that under 0.1 % of the traffic moves.
+    let gw = Gateway::start(&active);
+    periodic(gw.listener("web"), 4_400, &ten).await;
+    // A route no sampled request takes: nothing moves.
+    let added = format!(
+        "{active}\n[[routes]]\nname = \"c\"\nlisteners = [\"web\"]\npath_prefix = \"/c/\"\nupstream = \"app\"\n"
+    );
+    let same = validate(&gw, &added).await;
+    assert_eq!(same["impact"]["moved"]["count"], 0, "{}", same["impact"]);
+    let upper = same["impact"]["moved"]["interval"][1].as_f64().unwrap();
+    assert!((0.2..=0.5).contains(&upper), "{}", same["impact"]);
+    let file = gw.path("same.toml");
+    std::fs::write(&file, &added).unwrap();
+    let admin = gw.admin_url();
+    let file = file.to_str().unwrap();
+    let (code, out, err) = ctl(
+        &admin,
+        &[
+            "activate",
+            "--max-moved",
+            "0.1",
+            "--max-moved-upper",
+            "0.1",
+            file,
+        ],
+    );
+    assert_eq!(code, Some(5), "{out}{err}");
+    assert!(err.contains("above --max-moved-upper 0.1 %"), "{err}");
+    assert!(out.contains("(95 %: 0.00–"), "{out}");
+    assert_eq!(gw.active_generation().await, 1);
+    let (code, _, err) = ctl(
+        &admin,
+        &[
+            "activate",
+            "--max-moved",
+            "0.1",
+            "--max-moved-upper",
+            "1",
+            file,
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(gw.active_generation().await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

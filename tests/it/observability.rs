@@ -845,10 +845,13 @@ async fn the_admin_page_shows_both_generations_and_the_diff_in_a_real_browser() 
     // Next to it, what the change does to the requests sampled now: a
     // timeout moves none.
     assert!(dom.contains("impact on the "), "{dom}");
+    // Each share with its 95 % interval (nothing moved of the sample).
     assert!(
-        dom.contains("requests sampled now: 0.00 % moved, 0.00 % unrouted (404)"),
+        dom.contains("requests sampled now: 0.00 % (95 %: 0.00–"),
         "{dom}"
     );
+    assert!(dom.contains(" %) moved, 0.00 % (95 %: 0.00–"), "{dom}");
+    assert!(dom.contains(" %) unrouted (404)"), "{dom}");
     // The last shadow stage, with both sides' figures.
     assert!(
         dom.contains("no data: generation 2 against 1, 10 % of safe requests"),

@@ -469,7 +469,8 @@ function renderImpact(impact, summary, examples) {
     examples.replaceChildren();
     return;
   }
-  const pct = (kind) => `${kind.percent.toFixed(2)} %`;
+  // The share, and the 95 % interval of the traffic it was drawn from.
+  const pct = (kind) => `${kind.percent.toFixed(2)} % (95 %: ${kind.interval[0].toFixed(2)}–${kind.interval[1].toFixed(2)} %)`;
   summary.textContent = `impact on the ${impact.sample_size} requests sampled now: ` +
     `${pct(impact.moved)} moved, ${pct(impact.unrouted)} unrouted (404), ` +
     `${pct(impact.unusable)} to an unusable upstream`;
