@@ -47,7 +47,21 @@ pub struct QuicClient {
     slots: Box<[Slot]>,
 }
 
-type Slot = Arc<tokio::sync::Mutex<Option<Pooled>>>;
+/// One worker's connection, and how its last attempt to open one went.
+#[derive(Default)]
+struct Slot {
+    state: Arc<tokio::sync::Mutex<SlotState>>,
+    /// Attempts to open a connection so far (read before waiting for
+    /// `state`, to tell an attempt made meanwhile).
+    attempts: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Default)]
+struct SlotState {
+    pooled: Option<Pooled>,
+    /// The last attempt that failed: its number and why.
+    failed: Option<(u64, String)>,
+}
 
 struct Shared {
     /// `false` for `h3` (QUIC only), `true` for `auto`.
@@ -155,24 +169,26 @@ impl QuicClient {
     /// (`auto` only, while QUIC is not up). For `h3`, waits for a
     /// connection to open (at most `connect_timeout`).
     pub async fn connection(&self, slot: usize) -> Result<Option<Pooled>, QuicError> {
-        let slot = &self.slots[slot.min(self.slots.len() - 1)];
+        let Some(slot) = self.slots.get(slot).or(self.slots.last()) else {
+            return Err(QuicError::Connect("no connection slot".into()));
+        };
         if self.shared.auto {
             // Never wait: a slot being filled means TCP for this request.
-            let Ok(pooled) = Arc::clone(slot).try_lock_owned() else {
+            let Ok(state) = Arc::clone(&slot.state).try_lock_owned() else {
                 return Ok(None);
             };
-            if let Some(open) = pooled.as_ref().filter(|p| p.open()) {
+            if let Some(open) = state.pooled.as_ref().filter(|p| p.open()) {
                 return Ok(Some(open.clone()));
             }
             if let Some(port) = self.shared.offered_port() {
                 if !self.shared.connecting.swap(true, Ordering::AcqRel) {
                     let shared = Arc::clone(&self.shared);
                     tokio::spawn(async move {
-                        let mut pooled = pooled;
+                        let mut state = state;
                         match shared.open(port).await {
                             Ok(opened) => {
                                 shared.worked();
-                                *pooled = Some(opened);
+                                state.pooled = Some(opened);
                             }
                             Err(error) => shared.failed(&error),
                         }
@@ -182,14 +198,32 @@ impl QuicClient {
             }
             return Ok(None);
         }
-        let mut pooled = slot.lock().await;
-        if let Some(open) = pooled.as_ref().filter(|p| p.open()) {
+        let seen = slot.attempts.load(Ordering::Acquire);
+        let mut state = slot.state.lock().await;
+        if let Some(open) = state.pooled.as_ref().filter(|p| p.open()) {
             return Ok(Some(open.clone()));
         }
+        // An attempt made while this request waited failed: its failure is
+        // this request's too (a backend that does not answer costs the
+        // requests waiting for it one connect timeout, not one each).
+        if let Some((attempt, error)) = &state.failed {
+            if *attempt > seen {
+                return Err(QuicError::Connect(error.clone()));
+            }
+        }
+        let attempt = slot.attempts.fetch_add(1, Ordering::AcqRel) + 1;
         let port = port_of(&self.shared.addr).unwrap_or(443);
-        let opened = self.shared.open(port).await?;
-        *pooled = Some(opened.clone());
-        Ok(Some(opened))
+        match self.shared.open(port).await {
+            Ok(opened) => {
+                state.pooled = Some(opened.clone());
+                state.failed = None;
+                Ok(Some(opened))
+            }
+            Err(error) => {
+                state.failed = Some((attempt, error.to_string()));
+                Err(error)
+            }
+        }
     }
 
     /// `auto`: reads the `Alt-Svc` of an answer that came over TCP.
@@ -226,9 +260,9 @@ impl QuicClient {
     /// QUIC is marked broken and the connection dropped from its slot.
     pub fn exchange_failed(&self, slot: usize, error: &QuicError) {
         if let Some(slot) = self.slots.get(slot) {
-            if let Ok(mut pooled) = slot.try_lock() {
-                if pooled.as_ref().is_some_and(|p| !p.open()) {
-                    *pooled = None;
+            if let Ok(mut state) = slot.state.try_lock() {
+                if state.pooled.as_ref().is_some_and(|p| !p.open()) {
+                    state.pooled = None;
                 }
             }
         }
@@ -259,8 +293,9 @@ impl QuicClient {
             .slots
             .iter()
             .filter(|slot| {
-                slot.try_lock()
-                    .is_ok_and(|pooled| pooled.as_ref().is_some_and(Pooled::open))
+                slot.state
+                    .try_lock()
+                    .is_ok_and(|state| state.pooled.as_ref().is_some_and(Pooled::open))
             })
             .count();
         let offer = self
