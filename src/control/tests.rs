@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime};
 use super::candidate::{CanarySpec, Candidate, CandidateSource, Settle, SettleRequest};
 use super::error::ControlError;
 use super::expectation::{admit_change, Expectation};
-use super::local::{Control, ControlParts};
+use super::local::{Control, ControlParts, ProcessControl};
+use super::process::{BinaryView, LifecycleError, UpgradeRequest};
 use crate::admission::Admission;
 use crate::config::ConfigText;
 use crate::generation::{self, SharedState};
@@ -366,20 +367,20 @@ backends = [{ addr = "127.0.0.1:9" }, { addr = "127.0.0.1:10" }]
 /// A process lifecycle that records the drain and stops nothing.
 struct RecordedDrain;
 
-impl super::ProcessControl for RecordedDrain {
-    fn drain(&self, control: &Arc<Control>) -> Result<String, super::LifecycleError> {
+impl ProcessControl for RecordedDrain {
+    fn drain(&self, control: &Arc<Control>) -> Result<String, LifecycleError> {
         Ok(control.record_started(OperationKind::Drain, None, None, "draining".into()))
     }
 
     fn upgrade(
         &self,
         _control: &Arc<Control>,
-        _request: super::UpgradeRequest,
-    ) -> Result<String, super::LifecycleError> {
-        Err(super::LifecycleError::Unavailable)
+        _request: UpgradeRequest,
+    ) -> Result<String, LifecycleError> {
+        Err(LifecycleError::Unavailable)
     }
 
-    fn binary(&self) -> Option<super::BinaryView> {
+    fn binary(&self) -> Option<BinaryView> {
         None
     }
 }
