@@ -296,6 +296,7 @@ async fn client_exchange(
     // A backend that gets PROXY headers (only upgrades come this way for
     // it) is asked on a connection of the request's own.
     let proxy = proxy_header(backend, conn);
+    let upgrading = upgrade.is_some();
     let sending = async {
         match &proxy {
             Some(proxy) => proxied_request(backend, proxy, upstream_req)
@@ -304,9 +305,14 @@ async fn client_exchange(
             None => {
                 // `h3` and `auto` backends: QUIC when it is up (`auto`
                 // takes TCP when it is not, or when a stream could not
-                // be opened).
+                // be opened). An HTTP/1.1 upgrade (only `auto` backends
+                // get one) always goes over TCP: HTTP/3 has no 101.
                 let mut upstream_req = upstream_req;
-                match backend.quic_connection().await {
+                let quic = match upgrading {
+                    true => Ok(None),
+                    false => backend.quic_connection().await,
+                };
+                match quic {
                     Ok(None) => {}
                     Ok(Some(pooled)) => {
                         let keep = backend.quic.as_ref().is_some_and(|q| !q.only());
