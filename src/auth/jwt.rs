@@ -199,7 +199,16 @@ pub fn parse_jwks(bytes: &[u8]) -> Result<KeySet, String> {
                 Err(_) => continue,
             },
         };
-        let decoding = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {n}: {e}"))?;
+        let decoding = match &jwk.algorithm {
+            AlgorithmParameters::EllipticCurve(ec) => {
+                let size = if kind == KeyKind::P256 { 32 } else { 48 };
+                let x = coordinate(&ec.x, size).map_err(|e| format!("key {n}: x {e}"))?;
+                let y = coordinate(&ec.y, size).map_err(|e| format!("key {n}: y {e}"))?;
+                DecodingKey::from_ec_components(&x, &y)
+            }
+            _ => DecodingKey::from_jwk(jwk),
+        }
+        .map_err(|e| format!("key {n}: {e}"))?;
         let key = Key {
             decoding,
             kind,
@@ -215,6 +224,28 @@ pub fn parse_jwks(bytes: &[u8]) -> Result<KeySet, String> {
         return Err("no key this gateway can verify with (RSA, P-256, P-384 or Ed25519)".into());
     }
     Ok(keys)
+}
+
+/// An EC coordinate (base64url) at the curve's full size, which RFC 7518
+/// §6.2.1.2 requires and the point's encoding needs. A shorter one is
+/// padded with leading zeros: some producers (PyJWT before 2.8, as in
+/// Debian 12) drop them, one key in 128, and its tokens must not all
+/// fail; a longer one is refused here rather than failing every token.
+fn coordinate(text: &str, size: usize) -> Result<String, String> {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
+    let bytes = URL_SAFE_NO_PAD
+        .decode(text.trim_end_matches('='))
+        .map_err(|e| format!("is not base64url: {e}"))?;
+    if bytes.len() > size {
+        return Err(format!(
+            "is {} bytes; the curve's coordinates are {size}",
+            bytes.len()
+        ));
+    }
+    let mut full = vec![0; size - bytes.len()];
+    full.extend_from_slice(&bytes);
+    Ok(URL_SAFE_NO_PAD.encode(full))
 }
 
 /// An HMAC secret, at least 32 bytes (trailing whitespace is not part
@@ -753,6 +784,63 @@ mod tests {
             .err()
             .unwrap()
             .contains("at least 32"));
+    }
+
+    /// A P-256 key whose x starts with a zero byte, published the way
+    /// PyJWT 2.6 does (the zero dropped: 31 bytes), verifies its tokens;
+    /// a coordinate longer than the curve's is refused with the key.
+    #[test]
+    fn ec_coordinates_short_of_the_curve_size_are_padded_and_long_ones_refused() {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        use base64::Engine as _;
+        use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+        let rng = ring::rand::SystemRandom::new();
+        // One key in 256 has x below 2^248; 10 000 tries miss one with
+        // a chance of about e^-39.
+        let (pkcs8, public) = (0..10_000)
+            .find_map(|_| {
+                let pkcs8 =
+                    EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).ok()?;
+                let pair = EcdsaKeyPair::from_pkcs8(
+                    &ECDSA_P256_SHA256_FIXED_SIGNING,
+                    pkcs8.as_ref(),
+                    &rng,
+                )
+                .ok()?;
+                let public = pair.public_key().as_ref().to_vec();
+                (public[1] == 0).then(|| (pkcs8, public))
+            })
+            .expect("a key with a leading zero in x");
+        let (x, y) = (&public[2..33], &public[33..65]);
+        assert_eq!(x.len(), 31);
+        let jwks = format!(
+            r#"{{"keys":[{{"kty":"EC","crv":"P-256","kid":"ec","x":"{}","y":"{}"}}]}}"#,
+            URL_SAFE_NO_PAD.encode(x),
+            URL_SAFE_NO_PAD.encode(y)
+        );
+        let keys = parse_jwks(jwks.as_bytes()).unwrap();
+        let key = &keys.keys_for(Some("ec")).unwrap()[0];
+        let mut header = jsonwebtoken::Header::new(Algorithm::ES256);
+        header.kid = Some("ec".into());
+        let token = jsonwebtoken::encode(
+            &header,
+            &serde_json::json!({"sub": "bob", "exp": now() + 60}),
+            &jsonwebtoken::EncodingKey::from_ec_der(pkcs8.as_ref()),
+        )
+        .unwrap();
+        let decoded = jsonwebtoken::decode::<serde_json::Value>(
+            &token,
+            &key.decoding,
+            &Validation::new(Algorithm::ES256),
+        )
+        .unwrap();
+        assert_eq!(decoded.claims["sub"], "bob");
+
+        let long = URL_SAFE_NO_PAD.encode([1u8; 33]);
+        let jwks =
+            format!(r#"{{"keys":[{{"kty":"EC","crv":"P-256","x":"{long}","y":"{long}"}}]}}"#);
+        let error = parse_jwks(jwks.as_bytes()).err().unwrap();
+        assert!(error.contains("key 0: x is 33 bytes"), "{error}");
     }
 
     #[test]
