@@ -808,7 +808,7 @@ mod tests {
                 )
                 .ok()?;
                 let public = pair.public_key().as_ref().to_vec();
-                (public[1] == 0).then(|| (pkcs8, public))
+                (public[1] == 0).then_some((pkcs8, public))
             })
             .expect("a key with a leading zero in x");
         let (x, y) = (&public[2..33], &public[33..65]);
