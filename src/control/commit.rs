@@ -57,6 +57,7 @@ pub fn operation_kind_name(kind: OperationKind) -> &'static str {
         OperationKind::Abort => "abort",
         OperationKind::AutoRollback => "auto_rollback",
         OperationKind::CachePurge => "cache_purge",
+        OperationKind::Other => "other",
     }
 }
 

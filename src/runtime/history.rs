@@ -41,6 +41,10 @@ pub enum Source {
     /// A pending generation rolled back by the gateway itself (its confirm
     /// deadline passed).
     AutoRollback,
+    /// A source a newer cutover wrote into the state, read by this one
+    /// (after a binary downgrade): kept, never refused.
+    #[serde(other)]
+    Other,
 }
 
 /// One retained generation.
@@ -141,6 +145,11 @@ pub enum OperationKind {
     Upgrade,
     /// Objects forgot from cache zones (`POST /admin/cache/purge`).
     CachePurge,
+    /// An operation a newer cutover recorded, read by this one (after a
+    /// binary downgrade): listed as `other`, never a reason to refuse
+    /// the state.
+    #[serde(other)]
+    Other,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,6 +162,9 @@ pub enum Outcome {
     Rejected,
     Conflict,
     Failed,
+    /// An outcome a newer cutover recorded (see [`OperationKind::Other`]).
+    #[serde(other)]
+    Other,
 }
 
 /// One entry of the operation log.
@@ -802,6 +814,50 @@ mod tests {
         assert_eq!(config_files(dir.path()).len(), 1);
         let state = std::fs::read_to_string(dir.path().join(STATE_FILE)).expect("state");
         assert!(!state.contains("# inline"), "{state}");
+    }
+
+    /// A binary downgrade: the state a newer cutover wrote, with an
+    /// operation kind, an outcome, a generation source and a shadow
+    /// verdict this one does not know (and a field it has no place for),
+    /// loads; those read as `other`, and the state is written again.
+    #[test]
+    fn a_state_file_from_a_newer_cutover_loads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join(STATE_FILE),
+            r##"{
+  "generations": [{"generation": 4, "config_version": "v", "activated_at": "t",
+    "source": "gitops_sync", "rolled_back_to": null, "requested_by": null,
+    "reason": null, "config": "# newer\n", "base_dir": "/", "origin": "<admin>",
+    "signed_by": "ci"}],
+  "operations": [{"id": "op-9", "kind": "bulk_import", "at": "t", "duration_ms": 1,
+    "outcome": "partially_applied", "generation": 4, "previous_generation": 3,
+    "requested_by": null, "reason": null, "summary": "imported 3 of 4",
+    "error": null, "pid": 1}],
+  "next_operation": 10
+}"##,
+        )
+        .expect("write");
+        let loaded = History::load(dir.path())
+            .expect("a newer state file reads")
+            .expect("exists");
+        assert_eq!(loaded.generations[0].source, Source::Other);
+        let op = &loaded.operations[0];
+        assert_eq!(
+            (op.kind, op.outcome, op.summary.as_str()),
+            (OperationKind::Other, Outcome::Other, "imported 3 of 4")
+        );
+        let verdict: super::super::shadow::ShadowVerdict =
+            serde_json::from_str("\"skipped_for_load\"").expect("a newer verdict reads");
+        assert_eq!(verdict, super::super::shadow::ShadowVerdict::Other);
+        let mut h = History::new(4, Some(dir.path().to_owned()), loaded);
+        h.persist().expect("persists");
+        let again = History::load(dir.path()).expect("reads").expect("exists");
+        assert_eq!(again.operations[0].kind, OperationKind::Other);
+        assert_eq!(
+            again.generations[0].config.text().as_deref(),
+            Some("# newer\n")
+        );
     }
 
     #[test]

@@ -285,6 +285,10 @@ pub enum ShadowVerdict {
     Aborted,
     /// Stopped because the process began to drain.
     Interrupted,
+    /// A verdict a newer cutover recorded, read by this one (after a
+    /// binary downgrade).
+    #[serde(other)]
+    Other,
 }
 
 /// Copies by what became of them; `compared` counts pairs of answers,
