@@ -303,6 +303,9 @@ enum CtlCommand {
     /// The fleet this gateway is in (`[fleet]`).
     #[command(subcommand)]
     Fleet(FleetCommand),
+    /// The cache zones (`[cache.zones]`): their use, and purges.
+    #[command(subcommand)]
+    Cache(CacheCommand),
     /// Start draining the gateway (as SIGTERM).
     Drain,
     /// Drain-aware restart on the active configuration, or on `--config`
@@ -327,6 +330,40 @@ enum FleetCommand {
     Status,
     /// Stop listing a gone instance (scaled down, renamed).
     Forget { instance: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum CacheCommand {
+    /// Every zone the active generation names: its size and use, what
+    /// it counted, its routes and its disk.
+    Show,
+    /// Forget objects now, by key, key prefix or surrogate key (in one
+    /// zone or all); recorded as a `cache_purge` operation.
+    Purge(Purge),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("selector").required(true).args(["key", "prefix", "tag"])))]
+struct Purge {
+    /// One key: `host path?query upstream`, or without ` upstream` the
+    /// object of every upstream.
+    #[arg(long)]
+    key: Option<String>,
+    /// Every key that starts with this (`example.com /static/`).
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Every object whose `Surrogate-Key` or `Cache-Tag` names this.
+    #[arg(long)]
+    tag: Option<String>,
+    /// Only this zone (default: every zone).
+    #[arg(long)]
+    zone: Option<String>,
+    /// Why, for the operation log.
+    #[arg(long)]
+    reason: Option<String>,
+    /// Who or what purges, for the operation log.
+    #[arg(long, default_value = "cutover-ctl")]
+    requested_by: String,
 }
 
 /// An admin API answer: its status and its JSON, read as the API's own
@@ -545,6 +582,21 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             client
                 .post("/admin/fleet/forget", json!({ "instance": instance }))
                 .await?
+        }
+        CtlCommand::Cache(CacheCommand::Show) => client.get("/admin/cache").await?,
+        CtlCommand::Cache(CacheCommand::Purge(purge)) => {
+            let mut body = json!({ "requested_by": purge.requested_by, "reason": purge.reason });
+            for (field, value) in [
+                ("key", &purge.key),
+                ("prefix", &purge.prefix),
+                ("tag", &purge.tag),
+                ("zone", &purge.zone),
+            ] {
+                if let Some(value) = value {
+                    body[field] = json!(value);
+                }
+            }
+            client.post("/admin/cache/purge", body).await?
         }
         CtlCommand::Drain => client.post("/admin/lifecycle/drain", json!({})).await?,
         CtlCommand::ReloadCerts { listeners } => {

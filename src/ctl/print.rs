@@ -6,10 +6,11 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::client::Client;
-use super::{Answer, CtlCommand, CtlError, FleetCommand, EXIT_OK, EXIT_OTHER};
+use super::{Answer, CacheCommand, CtlCommand, CtlError, FleetCommand, EXIT_OK, EXIT_OTHER};
 use crate::admin::{ErrorBody, Started};
 use crate::control::{
-    Activation, BackendsView, CertReload, GenerationDetail, HistoryView, RecordedPlan, StatusView,
+    Activation, BackendsView, CacheView, CertReload, GenerationDetail, HistoryView, Purged,
+    RecordedPlan, StatusView,
 };
 #[cfg(feature = "fleet")]
 use crate::fleet::{FleetActivation, FleetStatus};
@@ -273,6 +274,21 @@ pub(super) fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
         CtlCommand::Fleet(FleetCommand::Status) => return None,
         CtlCommand::Fleet(FleetCommand::Forget { instance }) => {
             println!("instance {instance} forgotten")
+        }
+        CtlCommand::Cache(CacheCommand::Show) => print!("{}", zones_table(&answer.read()?)),
+        CtlCommand::Cache(CacheCommand::Purge(_)) => {
+            let purged = answer.read::<Purged>()?;
+            let zones: Vec<String> = purged
+                .zones
+                .iter()
+                .map(|z| format!("{} {}", z.zone, z.purged))
+                .collect();
+            println!(
+                "purged {} keys ({}) ({})",
+                purged.purged,
+                zones.join(", "),
+                purged.operation_id
+            );
         }
         CtlCommand::Backends => {
             println!(
@@ -629,6 +645,71 @@ pub(super) fn fleet_table(fleet: &FleetStatus) -> String {
             yes_no(i.drift),
             i.error.as_deref().unwrap_or("")
         );
+    }
+    out
+}
+
+/// `ctl cache show`: one line per zone, and its disk beneath it.
+pub(super) fn zones_table(view: &CacheView) -> String {
+    use std::fmt::Write;
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    let mut out = String::new();
+    if view.zones.is_empty() {
+        let _ = writeln!(
+            out,
+            "no cache zone (no route of the active generation names one)"
+        );
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:<16} {:>20} {:>9} {:>10} {:>10} {:>6} {:>9} {:>9} {:>9}  routes",
+        "zone",
+        "MiB used/capacity",
+        "objects",
+        "hits",
+        "misses",
+        "hit %",
+        "stored",
+        "evicted",
+        "purged"
+    );
+    for z in &view.zones {
+        let lookups = z.hits + z.misses;
+        let ratio = if lookups == 0 {
+            "-".to_owned()
+        } else {
+            format!("{:.1}", 100.0 * z.hits as f64 / lookups as f64)
+        };
+        let _ = writeln!(
+            out,
+            "{:<16} {:>20} {:>9} {:>10} {:>10} {:>6} {:>9} {:>9} {:>9}  {}",
+            z.name,
+            format!("{:.1}/{:.1}", mib(z.bytes), mib(z.capacity_bytes)),
+            z.objects,
+            z.hits,
+            z.misses,
+            ratio,
+            z.stored,
+            z.evicted,
+            z.purged,
+            z.routes.join(",")
+        );
+        if let Some(d) = &z.disk {
+            let _ = writeln!(
+                out,
+                "  disk {}: {:.1}/{:.1} MiB, {} written, {} read, {} evicted, {} corrupt, {} failed, {} dropped",
+                d.path,
+                mib(d.bytes),
+                mib(d.capacity_bytes),
+                d.written,
+                d.read,
+                d.evicted,
+                d.corrupt,
+                d.errors,
+                d.dropped
+            );
+        }
     }
     out
 }

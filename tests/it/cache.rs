@@ -505,6 +505,49 @@ async fn purges_by_key_prefix_and_tag_are_recorded_and_counted() {
         9,
         "{outcomes:?}"
     );
+
+    // The same from a pipeline: `cutover ctl cache show` and `purge`.
+    let admin = gw.admin_url();
+    let (code, out, err) = ctl(&admin, &["cache", "show"]);
+    assert_eq!(code, Some(0), "{err}");
+    let zone_line = out.lines().find(|l| l.starts_with("main ")).unwrap_or("");
+    let columns: Vec<&str> = zone_line.split_whitespace().collect();
+    // zone, MiB, objects, hits, misses, hit %, stored, evicted, purged, routes
+    assert_eq!(
+        (
+            columns.get(2),
+            columns.get(3),
+            columns.get(4),
+            columns.get(9)
+        ),
+        (Some(&"4"), Some(&"6"), Some(&"9"), Some(&"cached")),
+        "{out}"
+    );
+    let (code, out, err) = ctl(
+        &admin,
+        &[
+            "cache",
+            "purge",
+            "--tag",
+            "product-y",
+            "--reason",
+            "release 42",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("purged 1 keys (main 1) (op-"), "{out}");
+    let (_, headers, _) = ask(&gw, "GET", "/tagged/y1", &[]).await;
+    assert_eq!(cache_status(&headers), "cutover; fwd=miss; stored");
+    let (code, _, err) = ctl(&admin, &["cache", "purge", "--tag", "t", "--zone", "nope"]);
+    assert_eq!(code, Some(1), "an unknown zone is refused: {err}");
+    assert!(err.contains("404 unknown_zone"), "{err}");
+    for two_or_none in [
+        &["cache", "purge"][..],
+        &["cache", "purge", "--key", "a", "--tag", "b"],
+    ] {
+        let (code, _, err) = ctl(&admin, two_or_none);
+        assert_eq!(code, Some(2), "{two_or_none:?}: {err}");
+    }
 }
 
 /// A backend that can be killed: its listener and every connection it
