@@ -10,6 +10,8 @@
 #
 #   benches/callgrind_ab.sh A_BINARY B_BINARY [ROUNDS] [REQUESTS]
 #
+# ONE_ROUTE_ACCESS_LOG=1 turns the access log on (to a file) for both.
+#
 # Needs valgrind, nginx-light, nghttp2-client (h2load), python3 (apt-get
 # install them). Loopback only; every process it starts is stopped by pid.
 set -euo pipefail

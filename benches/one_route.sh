@@ -21,13 +21,17 @@ NG
 }
 
 # Writes $1: admin on $2, the `web` listener on $3, one route to the
-# backend on $4, one data-plane worker.
+# backend on $4, one data-plane worker; with ONE_ROUTE_ACCESS_LOG=1 set,
+# the access log on, written to $1.access.log.
 write_gateway_config() {
+  local access=
+  [ -n "${ONE_ROUTE_ACCESS_LOG:-}" ] && access=$(printf 'access = true\naccess_file = "%s"' "$1.access.log")
   cat > "$1" <<CFG
 [admin]
 bind = "127.0.0.1:$2"
 [log]
 level = "warn"
+$access
 [runtime]
 worker_threads = 1
 [[listeners]]

@@ -17,7 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use http::Method;
@@ -390,7 +390,9 @@ impl Drop for Pending {
     }
 }
 
-/// Lines the writer may be behind by before new ones are dropped.
+/// Lines the writer may be behind by before new ones are dropped. The
+/// queue's slots are allocated and written when it starts (7 MiB), so it
+/// starts only once lines are wanted: see [`start`].
 const QUEUE: usize = 16 * 1024;
 /// A batch is written once it is this long, or the queue is empty.
 const BATCH: usize = 64 * 1024;
@@ -416,27 +418,53 @@ fn dropped(lines: u64) {
 
 static SINK: OnceLock<Sink> = OnceLock::new();
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The output opened at start, until the queue and its writer start.
+static OUTPUT: Mutex<Option<(Output, LogFormat)>> = Mutex::new(None);
 
-/// Starts the writer for the process (once; later calls change nothing).
-/// The file is `log.access_file`, else `log.file`, else stderr.
+/// Opens the access log's output for the process (once; later calls
+/// change nothing), so that a path that cannot be opened fails the
+/// start. The file is `log.access_file`, else `log.file`, else stderr.
+/// The queue and the writer thread start with it when `log.access` is
+/// on, else when lines are first wanted.
 pub fn init(spec: &LogSpec) -> io::Result<()> {
-    if SINK.get().is_some() {
+    let mut pending = OUTPUT.lock().unwrap_or_else(PoisonError::into_inner);
+    if SINK.get().is_some() || pending.is_some() {
         return Ok(());
     }
     let path = spec.access_file.clone().or_else(|| spec.file.clone());
-    let output = Output::open(path)?;
-    let (queue, lines) = mpsc::sync_channel(QUEUE);
-    let format = spec.format;
-    std::thread::Builder::new()
-        .name("cutover-access".into())
-        .spawn(move || write_lines(lines, output, format))?;
-    let _ = SINK.set(Sink { queue });
+    *pending = Some((Output::open(path)?, spec.format));
+    drop(pending);
     set_enabled(spec.access);
     Ok(())
 }
 
+/// Starts the queue and its writer thread (once): when the access log is
+/// turned on, or spans are exported (they travel as lines). A gateway
+/// that never wants a line never holds the queue's memory.
+pub fn start() {
+    let mut pending = OUTPUT.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some((output, format)) = pending.take() else {
+        return;
+    };
+    let (queue, lines) = mpsc::sync_channel(QUEUE);
+    let spawned = std::thread::Builder::new()
+        .name("cutover-access".into())
+        .spawn(move || write_lines(lines, output, format));
+    match spawned {
+        Ok(_) => {
+            let _ = SINK.set(Sink { queue });
+        }
+        Err(error) => {
+            tracing::error!(%error, "cannot start the access log's writer thread; lines are dropped and counted")
+        }
+    }
+}
+
 /// Turns access lines on or off (`log.access` is live).
 pub fn set_enabled(on: bool) {
+    if on {
+        start();
+    }
     ENABLED.store(on, Ordering::Relaxed);
 }
 
@@ -447,7 +475,11 @@ pub fn enabled() -> bool {
 
 /// Queues a line; drops and counts it when the writer is behind.
 pub fn emit(line: Line) {
-    let Some(sink) = SINK.get() else { return };
+    let Some(sink) = SINK.get() else {
+        // Only when the writer thread could not be started.
+        dropped(1);
+        return;
+    };
     match sink.queue.try_send(Message::Line(line)) {
         Ok(()) => {}
         Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => dropped(1),
@@ -459,6 +491,12 @@ pub fn reopen() {
     if let Some(sink) = SINK.get() {
         // Blocking is fine here: the signal loop, not a request, waits.
         let _ = sink.queue.send(Message::Reopen);
+    } else if let Some((output, _)) = OUTPUT
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_mut()
+    {
+        output.reopen();
     }
 }
 

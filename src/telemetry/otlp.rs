@@ -52,6 +52,8 @@ pub fn init(spec: &TracingSpec) -> std::io::Result<()> {
         .name("cutover-otlp".into())
         .spawn(move || export(queue, url, service))?;
     let _ = EXPORTER.set(Exporter { spans });
+    // Spans travel as access lines: their queue is needed now.
+    super::access::start();
     ENABLED.store(true, Ordering::Relaxed);
     Ok(())
 }

@@ -186,6 +186,18 @@ impl Gateway {
         format!("http://{}", self.admin)
     }
 
+    /// The names of the gateway's threads (`/proc/PID/task/*/comm`).
+    pub fn threads(&self) -> Vec<String> {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        std::fs::read_dir(tasks)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
+            .map(|name| name.trim().to_owned())
+            .collect()
+    }
+
     pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([&format!("-{signal}"), &self.child.id().to_string()])

@@ -301,6 +301,10 @@ async fn the_access_log_turns_on_live_and_reopens_on_sigusr1() {
     let gw = Gateway::start(&config(false));
     let web = gw.listener("web");
     assert_eq!(get(web, "x", "/before").await.0, 200);
+    // Off, the log's queue (7 MiB of slots) and its writer do not exist.
+    let writer = |gw: &Gateway| gw.threads().iter().any(|t| t == "cutover-access");
+    assert!(!gw.threads().is_empty());
+    assert!(!writer(&gw), "{:?}", gw.threads());
     // Turned on by an activation: no restart.
     let (status, body) = admin_request(
         gw.admin,
@@ -311,6 +315,7 @@ async fn the_access_log_turns_on_live_and_reopens_on_sigusr1() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
+    assert!(writer(&gw), "{:?}", gw.threads());
     assert_eq!(get(web, "x", "/first").await.0, 200);
     let log = gw.path("access.log");
     let lines = access_lines(&log, 1).await;
