@@ -6,6 +6,7 @@
 //! session. Nothing here can stop traffic: the data plane serves whatever
 //! generation was applied last.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -161,6 +162,11 @@ async fn session(fleet: &Arc<Fleet>) -> FleetError {
                         Ok(Some(answer)) if answer.ttl > 0 => {}
                         Ok(_) => return FleetError::Lost("the lease expired"),
                         Err(error) => return error,
+                    }
+                    // A status write that failed (an ack left saying
+                    // "applying") is not left until the next session.
+                    if fleet.unsaid.load(Ordering::Relaxed) {
+                        fleet.say().await;
                     }
                 }
             }
@@ -380,12 +386,14 @@ impl Fleet {
 
     /// Writes the status key again with what was last said.
     pub(super) async fn say(&self) {
-        let Ok(client) = self.client().await else {
-            return;
+        let written = match self.client().await {
+            Ok(client) => self.report_now(&client).await,
+            Err(error) => Err(error),
         };
-        if let Err(e) = self.report_now(&client).await {
-            tracing::warn!(error = %e, "fleet: cannot write this instance's status");
+        if let Err(e) = &written {
+            tracing::warn!(error = %e, "fleet: cannot write this instance's status; writing it again at the next lease renewal");
         }
+        self.unsaid.store(written.is_err(), Ordering::Relaxed);
     }
 
     async fn report_now(&self, client: &Client) -> Result<(), FleetError> {

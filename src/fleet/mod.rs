@@ -219,6 +219,9 @@ pub struct Fleet {
     supervising: Mutex<Option<GenerationId>>,
     /// What this instance last said (repeated when its answers change).
     said: Mutex<Said>,
+    /// The last write of the status key failed: the session writes it
+    /// again at its next lease renewal, not only in its next session.
+    unsaid: std::sync::atomic::AtomicBool,
     /// The fleet-wide shadow stage this instance runs: its id, and what
     /// stops it early.
     shadowing: Mutex<Option<(String, Arc<tokio::sync::Notify>)>>,
@@ -277,6 +280,7 @@ impl Fleet {
                 answers: None,
                 shadow: None,
             }),
+            unsaid: std::sync::atomic::AtomicBool::new(false),
             shadowing: Mutex::new(None),
         });
         tokio::spawn(agent::run(Arc::clone(&fleet)));

@@ -678,8 +678,19 @@ pub async fn echo_server() -> (SocketAddr, tokio::task::JoinHandle<()>) {
 
 /// A loopback address nothing listens on.
 pub fn closed_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
+    // Bound, never listening, kept for the test binary's life: a connect
+    // is refused, and no other process can take the port meanwhile (a
+    // port only read from a dropped listener was, once, by another
+    // test's server: 403 where 502 was expected).
+    static RESERVED: Mutex<Vec<tokio::net::TcpSocket>> = Mutex::new(Vec::new());
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let addr = socket.local_addr().unwrap();
+    RESERVED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(socket);
+    addr
 }
 
 /// The one way tests write a configuration: the admin API on port 0 and
