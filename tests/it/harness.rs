@@ -676,12 +676,18 @@ pub async fn echo_server() -> (SocketAddr, tokio::task::JoinHandle<()>) {
     (addr, task)
 }
 
-/// A loopback address nothing listens on.
+/// A loopback address nothing listens on now (free to bind later; for
+/// an upstream that must refuse, `refusing_addr`).
 pub fn closed_port() -> SocketAddr {
-    // Bound, never listening, kept for the test binary's life: a connect
-    // is refused, and no other process can take the port meanwhile (a
-    // port only read from a dropped listener was, once, by another
-    // test's server: 403 where 502 was expected).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// An address that refuses connections for the test binary's life: a
+/// socket bound there and never listening. (A port read from a dropped
+/// listener, as `closed_port` gives for binding later, was once taken by
+/// another test's server meanwhile: 403 where 502 was expected.)
+pub fn refusing_addr() -> SocketAddr {
     static RESERVED: Mutex<Vec<tokio::net::TcpSocket>> = Mutex::new(Vec::new());
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();

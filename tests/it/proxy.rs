@@ -89,7 +89,7 @@ async fn answers_404_502_and_504() {
             held.push(stream);
         }
     });
-    let down = closed_port();
+    let down = refusing_addr();
     let gw = Gateway::start(&config(&format!(
         r#"[[routes]]
 name = "down"
