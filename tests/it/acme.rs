@@ -636,7 +636,7 @@ async fn a_ca_answering_ten_megabytes_or_nothing_costs_one_failed_attempt() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
     let garbage = garbage_ca(&ca).await;
-    let closed = closed_port();
+    let closed = refusing_addr();
     let config = format!(
         r#"
 [admin]

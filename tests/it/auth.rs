@@ -1005,7 +1005,7 @@ async fn forward_auth_asks_an_upstream_and_passes_its_refusals_on() {
     );
 
     // ... or allow, without an identity; so does a service that is down.
-    let config = forward_config(backend.addr, closed_port(), "allow");
+    let config = forward_config(backend.addr, refusing_addr(), "allow");
     assert_eq!(activate_status(&gw, &config).await, 200);
     let (status, _, body) = request(
         web,
@@ -1019,7 +1019,7 @@ async fn forward_auth_asks_an_upstream_and_passes_its_refusals_on() {
         None,
         "no identity, and the client's is gone"
     );
-    let config = forward_config(backend.addr, closed_port(), "deny");
+    let config = forward_config(backend.addr, refusing_addr(), "deny");
     assert_eq!(activate_status(&gw, &config).await, 200);
     let (status, _, _) = request(web, "/x", &[("authorization", "Bearer ok")]).await;
     assert_eq!(status, 503);

@@ -596,7 +596,7 @@ async fn validate_warns_of_names_that_do_not_resolve_and_preview_shows_members()
     dns.set_a("app.test", &ips(&[1, 2]));
     let gw = Gateway::start(&discovery_config(
         &dns,
-        &format!("{{ addr = \"{}\" }}", closed_port()),
+        &format!("{{ addr = \"{}\" }}", refusing_addr()),
         "",
     ));
     let candidate = discovery_config(

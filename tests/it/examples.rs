@@ -51,7 +51,7 @@ async fn the_pipeline_step_activates_and_rolls_back_on_a_failed_smoke_test() {
     assert!(gw.status().await["pending"].is_null());
 
     // A candidate whose backend is down: the smoke test fails, the step rolls back.
-    let broken = proxy_config(closed_port(), "");
+    let broken = proxy_config(refusing_addr(), "");
     let (code, log) = tokio::task::block_in_place(|| ci_activate(&gw, &broken, &smoke, ""));
     assert_eq!(code, Some(4), "{log}");
     assert!(log.contains("rolling back to generation 2"), "{log}");

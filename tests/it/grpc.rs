@@ -496,7 +496,7 @@ async fn http1_clients_that_ask_for_trailers_get_them_chunked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_the_gateway_answers_itself_is_a_grpc_status() {
     let backend = GrpcBackend::start(None).await;
-    let closed = closed_port();
+    let closed = refusing_addr();
     let http1 = Backend::named("not grpc").await;
     let config = Config::new()
         .metrics()
@@ -700,7 +700,7 @@ async fn unavailable_calls_are_retried_on_another_backend() {
     // A backend that refuses connections never read the call's body: the
     // body (which had arrived with the call) is sent again all the same.
     let gw = Gateway::start(&grpc_config(
-        &[closed_port(), working.addr],
+        &[refusing_addr(), working.addr],
         "retry = { attempts = 2, on = [\"connect_failure\"], methods = [\"POST\"] }",
         "",
     ));

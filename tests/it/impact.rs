@@ -119,7 +119,7 @@ async fn validate(gw: &Gateway, config: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preview_says_what_a_candidate_would_do_to_the_sampled_traffic() {
     let backend = Backend::named("ok").await;
-    let dead = closed_port();
+    let dead = refusing_addr();
     let active = impact_config(backend.addr, dead, &routes("users", "api", "api"));
     let gw = Gateway::start(&active);
     let web = gw.listener("web");

@@ -446,7 +446,7 @@ idle_timeout = "600ms"
 [upstreams.flaky]
 backends = [{{ addr = "{}" }}, {{ addr = "{echo_addr}" }}]
 "#,
-        closed_port()
+        refusing_addr()
     )));
     let tcp = gw.listener("tcp");
     // Every connection reaches the echo server, the dead backend's

@@ -59,7 +59,7 @@ fn observed_config(
     endless: SocketAddr,
     tcp: SocketAddr,
 ) -> String {
-    let dead = closed_port();
+    let dead = refusing_addr();
     let web = |path: &str, lines: &str| format!("listeners = [\"web\"]\n{path}\n{lines}");
     Config::new()
         .metrics()

@@ -1092,7 +1092,7 @@ async fn two_hundred_thousand_quota_keys_keep_memory_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hedged_request_whose_every_attempt_fails_is_answered_at_once() {
-    let (a, b) = (closed_port(), closed_port());
+    let (a, b) = (refusing_addr(), refusing_addr());
     let gw = Gateway::start(&config(&format!(
         r#"[[routes]]
 name = "all"

@@ -172,7 +172,7 @@ async fn a_healthy_candidate_passes_its_shadow_then_takes_the_guarded_switch() {
     assert!(out.contains("shadow passed"), "{out}");
     assert!(out.contains("again"), "{out}");
     assert!(!out.contains("pending"), "{out}");
-    std::fs::write(&file, shadow_config(&[closed_port()], "gone", "")).unwrap();
+    std::fs::write(&file, shadow_config(&[refusing_addr()], "gone", "")).unwrap();
     let (code, out, err) = ctl(
         &admin,
         &[
