@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -486,7 +486,9 @@ pub struct Remote {
     started: AtomicBool,
     /// Asks the task to fetch now.
     wake: tokio::sync::Notify,
-    /// Bumped after every fetch, good or bad.
+    /// Fetches begun, counted from 1.
+    begun: AtomicU64,
+    /// The number of the last fetch that ended, good or bad.
     fetched: tokio::sync::watch::Sender<u64>,
     /// When an unknown `kid` last asked for a fetch.
     asked: Mutex<Option<Instant>>,
@@ -520,6 +522,7 @@ impl Remote {
             keys: ArcSwapOption::empty(),
             started: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
+            begun: AtomicU64::new(0),
             fetched: tokio::sync::watch::channel(0).0,
             asked: Mutex::new(None),
         });
@@ -563,13 +566,24 @@ impl Remote {
         if !wake && have_keys {
             return false;
         }
+        // Only a fetch begun after this request saw the kid can know it:
+        // one already under way is waited through, then the one it asks.
+        // Without keys, whichever fetch ends next.
         let mut fetched = self.fetched.subscribe();
+        let seen = if have_keys {
+            self.begun.load(Ordering::Acquire)
+        } else {
+            *fetched.borrow()
+        };
         if wake {
             self.wake.notify_one();
         }
-        tokio::time::timeout(JWKS_TIMEOUT + Duration::from_secs(1), fetched.changed())
-            .await
-            .is_ok_and(|r| r.is_ok())
+        tokio::time::timeout(
+            2 * JWKS_TIMEOUT + Duration::from_secs(1),
+            fetched.wait_for(|ended| *ended > seen),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok())
     }
 
     async fn fetch(&self) -> Result<KeySet, String> {
@@ -620,6 +634,7 @@ async fn refresh_loop(remote: Weak<Remote>) {
         let Some(live) = remote.upgrade() else {
             return;
         };
+        let number = live.begun.fetch_add(1, Ordering::AcqRel) + 1;
         let wait = match live.fetch().await {
             Ok(keys) => {
                 live.keys.store(Some(Arc::new(keys)));
@@ -633,7 +648,7 @@ async fn refresh_loop(remote: Weak<Remote>) {
                 wait
             }
         };
-        live.fetched.send_modify(|n| *n += 1);
+        live.fetched.send_replace(number);
         // Held while it waits: keys a generation let go of are fetched
         // at most once more.
         let _ = tokio::time::timeout(wait, live.wake.notified()).await;
