@@ -127,7 +127,8 @@ impl Pebble {
             .stderr(Stdio::null())
             .spawn()
             .expect("start pebble");
-        let out = Pebble {
+        let logs = dir.path().to_owned();
+        let mut out = Pebble {
             children: vec![dns_server, pebble],
             api_ca,
             directory: format!("https://127.0.0.1:{listen}/dir"),
@@ -137,7 +138,23 @@ impl Pebble {
         let deadline = Instant::now() + Duration::from_secs(20);
         for port in [listen, management] {
             while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-                assert!(Instant::now() < deadline, "pebble did not start");
+                // Why, when it does not come up: exited (a port taken
+                // meanwhile?) or slow, with what it said.
+                let exited: Vec<_> = out
+                    .children
+                    .iter_mut()
+                    .filter_map(|c| c.try_wait().ok().flatten())
+                    .collect();
+                let said = || {
+                    ["pebble.log", "challtestsrv.log"]
+                        .map(|f| std::fs::read_to_string(logs.join(f)).unwrap_or_default())
+                        .join("\n---\n")
+                };
+                assert!(
+                    exited.is_empty() && Instant::now() < deadline,
+                    "pebble did not start on {port} (exited: {exited:?}):\n{}",
+                    said()
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
