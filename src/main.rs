@@ -41,6 +41,10 @@ enum Command {
         /// The address the imported listeners bind on.
         #[arg(long, default_value = "0.0.0.0", requires = "gateway_api")]
         gateway_api_address: String,
+        /// `NAMESPACE/NAME=ADDRESS`: where one Gateway's listeners bind
+        /// (repeatable; before the Gateway's `spec.addresses`).
+        #[arg(long = "gateway-address", value_name = "NAMESPACE/NAME=ADDRESS", requires = "gateway_api", value_parser = gateway_address)]
+        gateway_addresses: Vec<(String, String)>,
     },
     /// Validate a configuration file offline; exit 1 on any error.
     Check {
@@ -77,9 +81,15 @@ enum Import {
         /// cluster DNS name.
         #[arg(long, default_value = "input", value_parser = ["input", "dns"])]
         services: String,
-        /// The address listeners bind on.
+        /// The address listeners bind on, for Gateways without one of
+        /// their own.
         #[arg(long, default_value = "0.0.0.0")]
         address: String,
+        /// `NAMESPACE/NAME=ADDRESS`: where one Gateway's listeners bind
+        /// (repeatable; before the Gateway's `spec.addresses`). Two
+        /// Gateways never share an address and port.
+        #[arg(long = "gateway-address", value_name = "NAMESPACE/NAME=ADDRESS", value_parser = gateway_address)]
+        gateway_addresses: Vec<(String, String)>,
         /// `[admin] bind` of the configuration written.
         #[arg(long, default_value = "127.0.0.1:9190")]
         admin: String,
@@ -93,6 +103,20 @@ enum Import {
     },
 }
 
+/// `NAMESPACE/NAME=ADDRESS`, the address an IP.
+fn gateway_address(text: &str) -> Result<(String, String), String> {
+    let (gateway, address) = text
+        .split_once('=')
+        .ok_or("expected NAMESPACE/NAME=ADDRESS")?;
+    if gateway.split('/').count() != 2 || gateway.split('/').any(str::is_empty) {
+        return Err(format!("{gateway:?}: expected NAMESPACE/NAME"));
+    }
+    address
+        .parse::<std::net::IpAddr>()
+        .map_err(|_| format!("{address:?} is not an IP address"))?;
+    Ok((gateway.to_owned(), address.to_owned()))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -101,12 +125,14 @@ fn main() -> ExitCode {
             watch,
             gateway_api,
             gateway_api_address,
+            gateway_addresses,
         } => match cutover::run(cutover::Options {
             config,
             watch,
             gateway_api: gateway_api.map(|dir| cutover::gatewayapi::Source {
                 dir,
                 address: gateway_api_address,
+                gateway_addresses: gateway_addresses.into_iter().collect(),
             }),
             release_memory: cutover::lifecycle::release_memory,
         }) {
@@ -124,6 +150,7 @@ fn main() -> ExitCode {
             output,
             services,
             address,
+            gateway_addresses,
             admin,
             cluster_domain,
             invalid_address,
@@ -131,6 +158,7 @@ fn main() -> ExitCode {
             let options = cutover::gatewayapi::Options {
                 gateway_class,
                 address,
+                gateway_addresses: gateway_addresses.into_iter().collect(),
                 services: match services.as_str() {
                     "dns" => cutover::gatewayapi::Services::Dns,
                     _ => cutover::gatewayapi::Services::Input,

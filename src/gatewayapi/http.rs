@@ -10,7 +10,7 @@ use super::filters::{apply_filter, backends};
 use super::matches::{grpc_match, intersect, route_match, split_path, PathEdit, Redirect};
 use super::routes::{part, Action, Path, Route, Upstream, METHODS};
 use super::status::{Condition, ParentStatus, RouteStatus};
-use super::{AllowedFrom, Fields, Listener, Options, Resource, GROUP};
+use super::{gateways, AllowedFrom, Fields, Listener, Options, Resource, GROUP};
 
 pub(super) struct Context<'a> {
     pub resources: &'a [Resource],
@@ -311,14 +311,20 @@ pub(super) fn attach(
                     .iter()
                     .copied()
                     .filter(|&i| {
-                        ctx.listeners[i].kind.serves(&route.kind)
+                        ctx.listeners[i].takes(&route.kind)
                             && allows(ctx, &ctx.listeners[i], ctx.gateways[gi], route)
                     })
                     .collect();
                 let mut matched = 0;
                 for &i in &allowed {
                     let l = &ctx.listeners[i];
-                    let hosts = intersect(l.hostname.as_deref(), hostnames);
+                    let mut hosts = intersect(l.hostname.as_deref(), hostnames);
+                    // A name a more specific listener of the port owns is
+                    // that listener's alone (listener isolation).
+                    hosts.retain(|h| match h {
+                        Some(h) => !gateways::owned_elsewhere(ctx.listeners, i, h),
+                        None => true,
+                    });
                     if hosts.is_empty() {
                         continue;
                     }
@@ -474,14 +480,18 @@ fn allows(ctx: &Context<'_>, listener: &Listener, gateway: &Resource, route: &Re
     match &listener.from {
         AllowedFrom::Same => route.namespace == gateway.namespace,
         AllowedFrom::All => true,
-        AllowedFrom::Selector(labels) => {
+        AllowedFrom::None => false,
+        AllowedFrom::Selector(labels) => labels.iter().all(|(k, v)| {
+            // Kubernetes gives every Namespace this label (1.22 on),
+            // whether or not the input holds the Namespace.
+            if k == "kubernetes.io/metadata.name" {
+                return *v == route.namespace;
+            }
             ctx.namespaces
                 .get(route.namespace.as_str())
-                .is_some_and(|have| {
-                    labels
-                        .iter()
-                        .all(|(k, v)| have.get(k).and_then(Value::as_str) == Some(v.as_str()))
-                })
-        }
+                .and_then(|have| have.get(k))
+                .and_then(Value::as_str)
+                == Some(v.as_str())
+        }),
     }
 }

@@ -15,6 +15,7 @@
 //! before it is returned.
 
 mod filters;
+mod gateways;
 mod http;
 mod l4;
 mod matches;
@@ -32,6 +33,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+use gateways::{AllowedFrom, Listener, ListenerKind};
 pub use resources::{Fields, Resource};
 pub use status::{Condition, ParentStatus, RouteStatus};
 
@@ -71,8 +73,12 @@ pub enum Services {
 pub struct Options {
     /// Only Gateways of this class (all Gateways when `None`).
     pub gateway_class: Option<String>,
-    /// The address listeners bind on (their port is the Gateway's).
+    /// The address listeners bind on (their port is the Gateway's), for
+    /// Gateways without one of their own.
     pub address: String,
+    /// Each Gateway's own address, by `namespace/name` (before its
+    /// `spec.addresses`).
+    pub gateway_addresses: BTreeMap<String, String>,
     pub services: Services,
     /// The cluster's DNS domain.
     pub cluster_domain: String,
@@ -98,6 +104,7 @@ impl Default for Options {
         Options {
             gateway_class: None,
             address: "0.0.0.0".into(),
+            gateway_addresses: BTreeMap::new(),
             services: Services::Input,
             cluster_domain: "cluster.local".into(),
             admin: "127.0.0.1:9190".into(),
@@ -147,8 +154,12 @@ impl Imported {
                     .flat_map(|g| &g.listeners)
                     .flat_map(|l| &l.conditions),
             )
-            .all(|c| c.status)
-            && self.gateways.iter().all(|g| g.problems.is_empty())
+            .chain(self.gateways.iter().flat_map(|g| &g.conditions))
+            .all(|c| {
+                c.status
+                    && c.kind != "InsecureFrontendValidationMode"
+                    && c.reason != "ListenersNotValid"
+            })
             && self
                 .policies
                 .iter()
@@ -184,6 +195,8 @@ pub struct Source {
     pub dir: PathBuf,
     /// Where the imported listeners bind.
     pub address: String,
+    /// Each Gateway's own address, by `namespace/name`.
+    pub gateway_addresses: BTreeMap<String, String>,
 }
 
 /// What `cutover run --gateway-api DIR` serves: DIR's settings file
@@ -234,6 +247,7 @@ pub fn compose_into(source: &Source, config: &std::path::Path) -> Result<Option<
             _ => PathBuf::from("."),
         }),
         address: source.address.clone(),
+        gateway_addresses: source.gateway_addresses.clone(),
         services: Services::Dns,
         ..Options::default()
     };
@@ -253,277 +267,17 @@ pub fn import(paths: &[PathBuf], options: &Options) -> Result<Imported, String> 
     import_resources(&resources, options)
 }
 
-/// One Gateway listener that took part.
-#[derive(Debug, Clone)]
-struct Listener {
-    gateway: usize,
-    name: String,
-    hostname: Option<String>,
-    port: u16,
-    /// `Same`, `All` or a selector's labels (`matchLabels`).
-    from: AllowedFrom,
-    /// The cutover listener serving it.
-    cutover: String,
-    kind: ListenerKind,
-}
-
-/// What a Gateway listener serves, as cutover serves it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ListenerKind {
-    /// `HTTP`: HTTPRoutes and GRPCRoutes on an `http` listener.
-    Http,
-    /// `HTTPS`: the same on an `https` listener, with the certificates of
-    /// its `certificateRefs`.
-    Https,
-    /// `TCP`: one TCPRoute on a `tcp` listener.
-    Tcp,
-    /// `TLS` with `mode: Passthrough`: TLSRoutes by SNI on a `tcp`
-    /// listener.
-    Passthrough,
-    /// `UDP`: one UDPRoute on a `udp` listener.
-    Udp,
-}
-
-impl ListenerKind {
-    fn of(protocol: &str, tls_mode: Option<&str>) -> Result<Self, String> {
-        match (protocol, tls_mode.unwrap_or("Terminate")) {
-            ("HTTP", _) => Ok(ListenerKind::Http),
-            ("HTTPS", _) => Ok(ListenerKind::Https),
-            ("TCP", _) => Ok(ListenerKind::Tcp),
-            ("UDP", _) => Ok(ListenerKind::Udp),
-            ("TLS", "Passthrough") => Ok(ListenerKind::Passthrough),
-            ("TLS", mode) => Err(format!("TLS mode {mode:?}: only Passthrough is imported (terminating TLS listeners are not yet: docs/gateway-api.md)")),
-            (other, _) => Err(format!("protocol {other:?} is not a Gateway API protocol cutover serves")),
-        }
-    }
-
-    /// The route kind it takes.
-    fn route_kind(self) -> &'static str {
-        match self {
-            ListenerKind::Http | ListenerKind::Https => "HTTPRoute",
-            ListenerKind::Tcp => "TCPRoute",
-            ListenerKind::Passthrough => "TLSRoute",
-            ListenerKind::Udp => "UDPRoute",
-        }
-    }
-
-    fn serves(self, route_kind: &str) -> bool {
-        self.route_kind() == route_kind
-            || (matches!(self, ListenerKind::Http | ListenerKind::Https)
-                && route_kind == "GRPCRoute")
-    }
-
-    /// The cutover listener's name prefix.
-    fn prefix(self) -> &'static str {
-        match self {
-            ListenerKind::Http => "http",
-            ListenerKind::Https => "https",
-            ListenerKind::Tcp => "tcp",
-            ListenerKind::Passthrough => "tls",
-            ListenerKind::Udp => "udp",
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-enum AllowedFrom {
-    Same,
-    All,
-    Selector(BTreeMap<String, String>),
-}
-
 pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imported, String> {
     let of_kind = |kind: &'static str| of_kind(resources, kind);
-    let mut gateways: Vec<&Resource> = of_kind("Gateway")
-        .filter(|g| match &options.gateway_class {
-            Some(class) => {
-                g.body
-                    .pointer("/spec/gatewayClassName")
-                    .and_then(Value::as_str)
-                    == Some(class)
-            }
-            None => true,
-        })
-        .collect();
-    gateways.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let gateways::Gateways {
+        gateways,
+        listeners,
+        ports,
+        statuses: mut gateway_statuses,
+    } = gateways::read(resources, options);
     let namespaces: BTreeMap<&str, &serde_json::Map<String, Value>> = of_kind("Namespace")
         .map(|n| (n.name.as_str(), &n.labels))
         .collect();
-
-    let mut gateway_statuses = Vec::new();
-    let mut listeners: Vec<Listener> = Vec::new();
-    // Cutover listeners by port.
-    let mut ports: BTreeMap<u16, (String, ListenerKind)> = BTreeMap::new();
-    // An HTTPS listener's certificate and key files.
-    let mut served_certificates: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
-    for (gi, gateway) in gateways.iter().enumerate() {
-        let spec = gateway.spec();
-        spec.ignore(&["gatewayClassName", "infrastructure"]);
-        let mut status = status::GatewayStatus::new(gateway);
-        for l in spec.list("listeners") {
-            let name = l.str("name").unwrap_or_default().to_owned();
-            let protocol = l.str("protocol").unwrap_or_default();
-            let port = l
-                .int("port")
-                .and_then(|p| u16::try_from(p).ok())
-                .unwrap_or(0);
-            let hostname = l.str("hostname").map(str::to_ascii_lowercase);
-            let mut conditions = Vec::new();
-            let tls = l.object("tls");
-            let tls_mode = tls.as_ref().and_then(|t| t.str("mode").map(str::to_owned));
-            let listener_kind = ListenerKind::of(protocol, tls_mode.as_deref());
-            let certificates = match (&listener_kind, &tls) {
-                (Ok(ListenerKind::Https), _) => {
-                    match secrets::listener_certificates(
-                        resources,
-                        gateway,
-                        tls.as_ref(),
-                        options.base_dir.as_deref(),
-                    ) {
-                        Ok(certificates) => certificates,
-                        Err(condition) => {
-                            conditions.push(condition);
-                            Vec::new()
-                        }
-                    }
-                }
-                // A passthrough listener keeps no certificate.
-                (_, Some(t)) => {
-                    t.ignore(&["certificateRefs"]);
-                    Vec::new()
-                }
-                (_, None) => Vec::new(),
-            };
-            if let Some(t) = &tls {
-                for field in t.rest() {
-                    conditions.push(status::unsupported_listener(&field));
-                }
-            }
-            let from = match l.object("allowedRoutes") {
-                Some(allowed) => {
-                    let from = match allowed.object("namespaces") {
-                        Some(ns) => match ns.str("from").unwrap_or("Same") {
-                            "All" => AllowedFrom::All,
-                            "Selector" => {
-                                let labels = ns
-                                    .object("selector")
-                                    .and_then(|s| {
-                                        let labels = s
-                                            .get("matchLabels")
-                                            .and_then(Value::as_object)
-                                            .map(|m| {
-                                                m.iter()
-                                                    .map(|(k, v)| {
-                                                        (
-                                                            k.clone(),
-                                                            v.as_str()
-                                                                .unwrap_or_default()
-                                                                .to_owned(),
-                                                        )
-                                                    })
-                                                    .collect()
-                                            });
-                                        for field in s.rest() {
-                                            conditions.push(status::unsupported_listener(&field));
-                                        }
-                                        labels
-                                    })
-                                    .unwrap_or_default();
-                                AllowedFrom::Selector(labels)
-                            }
-                            _ => AllowedFrom::Same,
-                        },
-                        None => AllowedFrom::Same,
-                    };
-                    for kind in allowed.list("kinds") {
-                        let k = kind.str("kind").unwrap_or_default();
-                        let g = kind.str("group").unwrap_or(GROUP);
-                        let takes = listener_kind.as_ref().map_or("", |l| l.route_kind());
-                        let serves = listener_kind.as_ref().is_ok_and(|l| l.serves(k));
-                        if !(serves && g == GROUP) {
-                            conditions.push(Condition::no(
-                                "ResolvedRefs",
-                                "InvalidRouteKinds",
-                                format!(
-                                    "route kind {g}/{k} is not what this listener serves ({takes})"
-                                ),
-                            ));
-                        }
-                    }
-                    for field in allowed.rest() {
-                        conditions.push(status::unsupported_listener(&field));
-                    }
-                    from
-                }
-                None => AllowedFrom::Same,
-            };
-            if let Err(why) = &listener_kind {
-                conditions.push(Condition::no(
-                    "Accepted",
-                    "UnsupportedProtocol",
-                    why.clone(),
-                ));
-            }
-            if port == 0 {
-                conditions.push(Condition::no(
-                    "Accepted",
-                    "UnsupportedValue",
-                    "a port between 1 and 65535 is required".into(),
-                ));
-            }
-            for field in l.rest() {
-                conditions.push(status::unsupported_listener(&field));
-            }
-            if let (Ok(kind), Some((other, other_kind))) = (&listener_kind, ports.get(&port)) {
-                if kind != other_kind {
-                    conditions.push(Condition::no(
-                        "Accepted",
-                        "ProtocolConflict",
-                        format!(
-                            "port {port} is already served by listener {other} of another protocol"
-                        ),
-                    ));
-                }
-            }
-            let accepted = conditions.iter().all(|c| c.status);
-            if let (true, Ok(kind)) = (accepted, listener_kind) {
-                let cutover = ports
-                    .entry(port)
-                    .or_insert_with(|| (format!("{}-{port}", kind.prefix()), kind))
-                    .0
-                    .clone();
-                let known = served_certificates.entry(cutover.clone()).or_default();
-                for pair in certificates {
-                    if !known.contains(&pair) {
-                        known.push(pair);
-                    }
-                }
-                listeners.push(Listener {
-                    gateway: gi,
-                    name: name.clone(),
-                    hostname,
-                    port,
-                    from,
-                    cutover,
-                    kind,
-                });
-                conditions.push(Condition::yes("Accepted", "Accepted"));
-                conditions.push(Condition::yes("Programmed", "Programmed"));
-                conditions.push(Condition::yes("ResolvedRefs", "ResolvedRefs"));
-            }
-            status.listeners.push(status::ListenerStatus {
-                name,
-                attached: 0,
-                conditions,
-            });
-        }
-        for field in spec.rest() {
-            status
-                .problems
-                .push(format!("{}: {field} is not imported", gateway.id()));
-        }
-        gateway_statuses.push(status);
-    }
 
     let ctx = http::Context {
         resources,
@@ -571,7 +325,7 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
         route_statuses.push(status);
     }
 
-    let config = emit(&ports, &served_certificates, &built, &l4, options);
+    let config = emit(&ports, &built, &l4, options);
     let text = crate::config::ConfigText::inline(
         config.clone(),
         options
@@ -639,8 +393,7 @@ fn kind_is_core(kind: &str) -> bool {
 
 /// The configuration's text.
 fn emit(
-    ports: &BTreeMap<u16, (String, ListenerKind)>,
-    certificates: &BTreeMap<String, Vec<(String, String)>>,
+    ports: &[gateways::Port],
     built: &http::Built,
     l4: &BTreeMap<String, l4::Served>,
     options: &Options,
@@ -662,37 +415,41 @@ fn emit(
             let _ = writeln!(out, "[admin]\nbind = {}\n", toml_str(&options.admin));
         }
     }
-    for (port, (name, kind)) in ports {
-        let bind = toml_str(&join_host_port(&options.address, *port));
-        if *kind == ListenerKind::Http {
-            let _ = writeln!(
-                out,
-                "[[listeners]]\nname = {}\nbind = {bind}\n",
-                toml_str(name)
-            );
-            continue;
-        }
-        if *kind == ListenerKind::Https {
-            let pairs: Vec<String> = certificates
-                .get(name)
-                .into_iter()
-                .flatten()
-                .map(|(cert, key)| {
-                    format!("{{ cert = {}, key = {} }}", toml_str(cert), toml_str(key))
-                })
-                .collect();
-            let _ = writeln!(
-                out,
-                "[[listeners]]\nname = {}\nbind = {bind}\nprotocol = \"https\"\ntls.certificates = [{}]\n",
-                toml_str(name),
-                pairs.join(", ")
-            );
-            continue;
-        }
-        // An L4 listener without a route has nothing to relay to.
-        if let Some(served) = l4.get(name) {
-            out.push_str(&served.toml(name, &bind, *kind == ListenerKind::Udp));
-            out.push('\n');
+    for port in ports {
+        let name = toml_str(&port.name);
+        let bind = toml_str(&port.bind);
+        match port.kind {
+            ListenerKind::Http => {
+                let _ = writeln!(out, "[[listeners]]\nname = {name}\nbind = {bind}\n");
+            }
+            ListenerKind::Https => {
+                let pairs: Vec<String> = port
+                    .certificates
+                    .iter()
+                    .map(|(cert, key)| {
+                        format!("{{ cert = {}, key = {} }}", toml_str(cert), toml_str(key))
+                    })
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "[[listeners]]\nname = {name}\nbind = {bind}\nprotocol = \"https\"\ntls.certificates = [{}]",
+                    pairs.join(", ")
+                );
+                if let Some(client) = &port.client {
+                    let _ = writeln!(out, "tls.client_ca = {}", toml_str(&client.ca));
+                    if client.optional {
+                        let _ = writeln!(out, "tls.client_auth = \"optional\"");
+                    }
+                }
+                out.push('\n');
+            }
+            // An L4 listener without a route has nothing to relay to.
+            kind => {
+                if let Some(served) = l4.get(&port.name) {
+                    out.push_str(&served.toml(&port.name, &bind, kind.is_udp()));
+                    out.push('\n');
+                }
+            }
         }
     }
     if built.answers_500 {
@@ -709,6 +466,9 @@ fn emit(
     for route in &built.routes {
         out.push_str(&route.toml());
         out.push('\n');
+    }
+    for port in ports {
+        out.push_str(&gateways::isolation(port, &built.routes));
     }
     let used: BTreeSet<&str> = built
         .routes

@@ -97,6 +97,8 @@ impl RouteStatus {
 pub struct ListenerStatus {
     pub name: String,
     pub attached: usize,
+    /// The route kinds it takes (all of the API's group).
+    pub supported_kinds: Vec<String>,
     pub conditions: Vec<Condition>,
 }
 
@@ -105,8 +107,10 @@ pub struct GatewayStatus {
     pub namespace: String,
     pub name: String,
     pub listeners: Vec<ListenerStatus>,
-    /// Gateway fields the import did not read.
-    pub problems: Vec<String>,
+    /// `Accepted`, `Programmed` (and `InsecureFrontendValidationMode`).
+    pub conditions: Vec<Condition>,
+    /// The address it listens on (none when that is every address).
+    pub addresses: Vec<String>,
 }
 
 impl GatewayStatus {
@@ -115,7 +119,8 @@ impl GatewayStatus {
             namespace: gateway.namespace.clone(),
             name: gateway.name.clone(),
             listeners: Vec::new(),
-            problems: Vec::new(),
+            conditions: Vec::new(),
+            addresses: Vec::new(),
         }
     }
 }
@@ -128,24 +133,27 @@ pub fn yaml(
 ) -> String {
     let mut documents = Vec::new();
     for g in gateways {
-        let accepted = g.problems.is_empty();
-        let gateway_conditions = if accepted {
-            vec![Condition::yes("Accepted", "Accepted").json()]
-        } else {
-            vec![Condition::no("Accepted", "UnsupportedValue", g.problems.join("; ")).json()]
-        };
+        let mut status = json!({
+            "conditions": g.conditions.iter().map(Condition::json).collect::<Vec<_>>(),
+            "listeners": g.listeners.iter().map(|l| json!({
+                "name": l.name,
+                "attachedRoutes": l.attached,
+                "supportedKinds": l.supported_kinds.iter().map(|k| json!({ "group": GROUP, "kind": k })).collect::<Vec<_>>(),
+                "conditions": l.conditions.iter().map(Condition::json).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        });
+        if !g.addresses.is_empty() {
+            status["addresses"] = g
+                .addresses
+                .iter()
+                .map(|a| json!({ "type": "IPAddress", "value": a }))
+                .collect();
+        }
         documents.push(json!({
             "apiVersion": format!("{GROUP}/v1"),
             "kind": "Gateway",
             "metadata": { "namespace": g.namespace, "name": g.name },
-            "status": {
-                "conditions": gateway_conditions,
-                "listeners": g.listeners.iter().map(|l| json!({
-                    "name": l.name,
-                    "attachedRoutes": l.attached,
-                    "conditions": l.conditions.iter().map(Condition::json).collect::<Vec<_>>(),
-                })).collect::<Vec<_>>(),
-            },
+            "status": status,
         }));
     }
     for r in routes {

@@ -296,12 +296,16 @@ impl Process {
                 .arg(&self.config_path)
                 .args(self.watch.then_some("--watch"))
                 .args(self.gateway_api.iter().flat_map(|source| {
-                    [
-                        std::ffi::OsStr::new("--gateway-api"),
-                        source.dir.as_os_str(),
-                        std::ffi::OsStr::new("--gateway-api-address"),
-                        std::ffi::OsStr::new(&source.address),
-                    ]
+                    let mut args = vec![
+                        std::ffi::OsString::from("--gateway-api"),
+                        source.dir.clone().into_os_string(),
+                        std::ffi::OsString::from("--gateway-api-address"),
+                        std::ffi::OsString::from(&source.address),
+                    ];
+                    for (gateway, address) in &source.gateway_addresses {
+                        args.push(format!("--gateway-address={gateway}={address}").into());
+                    }
+                    args
                 }))
                 .env(handover::STATE_ENV, &path)
                 .stdin(Stdio::null())

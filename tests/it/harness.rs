@@ -61,6 +61,21 @@ impl Gateway {
     }
 
     fn start_with(binary: &Path, dir: tempfile::TempDir, config: &str, extra: &[&str]) -> Gateway {
+        Self::try_start_with(binary, dir, config, extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As `start_in`, saying why the gateway did not become ready
+    /// instead of panicking.
+    pub fn try_start_in(dir: tempfile::TempDir, config: &str) -> Result<Gateway, String> {
+        Self::try_start_with(Path::new(BIN), dir, config, &[])
+    }
+
+    fn try_start_with(
+        binary: &Path,
+        dir: tempfile::TempDir,
+        config: &str,
+        extra: &[&str],
+    ) -> Result<Gateway, String> {
         let config_path = dir.path().join("gateway.toml");
         std::fs::write(&config_path, config).expect("write config");
         let mut command = Command::new(binary);
@@ -110,7 +125,11 @@ impl Gateway {
             Ok(line) => line,
             Err(_) => {
                 let _ = child.kill();
-                panic!("gateway did not become ready:\n{}", stderr.lock().unwrap());
+                let _ = child.wait();
+                return Err(format!(
+                    "gateway did not become ready:\n{}",
+                    stderr.lock().unwrap()
+                ));
             }
         };
         let ready: Value = serde_json::from_str(&line).expect("ready line is JSON");
@@ -127,7 +146,7 @@ impl Gateway {
                 )
             })
             .collect();
-        Gateway {
+        Ok(Gateway {
             child,
             dir,
             config_path,
@@ -136,7 +155,7 @@ impl Gateway {
             listeners,
             stderr,
             adopted: Vec::new(),
-        }
+        })
     }
 
     pub fn pid(&self) -> u32 {

@@ -5,6 +5,7 @@ mod admin;
 mod auth;
 mod cache;
 mod compress;
+mod conformance;
 mod console;
 mod cors;
 mod discovery;
