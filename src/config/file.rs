@@ -409,6 +409,10 @@ pub struct FileListenerTls {
     /// as `x-client-cert-*` headers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_identity_headers: Option<bool>,
+    /// A request must be for a host the connection's certificate entry
+    /// serves (421 otherwise); default: on with `client_ca`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict_sni_host: Option<bool>,
 }
 
 /// One certificate entry: a chain and its private key, both PEM files,
@@ -422,6 +426,11 @@ pub struct FileCertificate {
     pub key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acme: Option<FileAcme>,
+    /// The names this entry serves (SNI and, with `strict_sni_host`,
+    /// authorities), instead of the names in the certificate; `"*"`: every
+    /// name no other entry serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<String>>,
 }
 
 /// `{ acme = { … } }`: an automatic certificate (DESIGN §21).

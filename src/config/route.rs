@@ -439,6 +439,10 @@ pub struct FileRedirect {
     pub status: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_query: Option<bool>,
+    /// A redirect to the URL the request asked for (only `status`
+    /// differs: a 303 turns a POST into a GET) is meant, not a loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_url: Option<bool>,
 }
 
 /// `routes.retry`.

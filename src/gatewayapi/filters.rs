@@ -82,16 +82,10 @@ pub(super) fn apply_filter(
             if let Some(f) = m.rest().first() {
                 return Err(unsupported(f));
             }
-            // Only a status: the request sent back to itself, forever.
+            // Only a status: the same URL, as the API allows (a 303
+            // turns a POST into a GET; a 307 or 308 asks to come back).
             if parts.len() == 1 && edit.is_none() {
-                return Err(Condition::no(
-                    "Accepted",
-                    "UnsupportedValue",
-                    format!(
-                        "{}: a redirect that changes nothing sends clients back to the same URL",
-                        filter.path()
-                    ),
-                ));
+                parts.push(("same_url".into(), "true".into()));
             }
             *path_edit = Some(PathEdit::Redirect(parts.clone(), edit));
             r.action = Action::Redirect(parts);

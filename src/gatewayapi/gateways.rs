@@ -120,7 +120,9 @@ pub(super) struct Port {
     pub name: String,
     pub bind: String,
     pub kind: ListenerKind,
-    pub certificates: Vec<(String, String)>,
+    /// `(cert, key, hosts)`: each Gateway listener's certificates serve
+    /// its hostname (`*`: a listener without one).
+    pub certificates: Vec<(String, String, String)>,
     pub client: Option<ClientValidation>,
     /// The hostnames of the Gateway listeners it serves (`None`: any).
     pub hostnames: Vec<Option<String>>,
@@ -399,11 +401,16 @@ fn read_gateway(
             };
             if served {
                 held.insert((bind.clone(), kind.is_udp()), gi);
+                let host = hostname.clone().unwrap_or_else(|| "*".into());
+                let certificates: Vec<(String, String, String)> = certificates
+                    .into_iter()
+                    .map(|(cert, key)| (cert, key, host.clone()))
+                    .collect();
                 match out.ports.iter_mut().find(|p| p.name == cutover) {
                     Some(p) => {
-                        for pair in certificates {
-                            if !p.certificates.contains(&pair) {
-                                p.certificates.push(pair);
+                        for entry in certificates {
+                            if !p.certificates.contains(&entry) {
+                                p.certificates.push(entry);
                             }
                         }
                         p.hostnames.push(hostname.clone());
@@ -515,7 +522,20 @@ fn address(
     let mut from_spec = None;
     for a in spec.list("addresses") {
         let kind = a.str("type").unwrap_or("IPAddress");
-        let value = a.str("value").unwrap_or_default();
+        // An address without a value asks the implementation to choose.
+        let Some(value) = a.str("value").filter(|v| !v.is_empty()) else {
+            if kind == "IPAddress" {
+                continue;
+            }
+            return Err(Condition::no(
+                "Accepted",
+                "UnsupportedAddress",
+                format!(
+                    "{}: address type {kind:?}: only IPAddress is served",
+                    a.path()
+                ),
+            ));
+        };
         if kind != "IPAddress" {
             return Err(Condition::no(
                 "Accepted",

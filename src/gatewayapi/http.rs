@@ -330,7 +330,12 @@ pub(super) fn attach(
                     }
                     matched += 1;
                     *attached_counts.entry(i).or_insert(0) += 1;
-                    serve.entry(l.cutover.clone()).or_default().extend(hosts);
+                    // A listener that is not served (an unresolved
+                    // certificate, a client CA it cannot read) counts the
+                    // route but serves nothing.
+                    if l.served {
+                        serve.entry(l.cutover.clone()).or_default().extend(hosts);
+                    }
                 }
                 if candidates.is_empty() {
                     conditions.push(Condition::no(

@@ -423,16 +423,24 @@ fn emit(
                 let _ = writeln!(out, "[[listeners]]\nname = {name}\nbind = {bind}\n");
             }
             ListenerKind::Https => {
+                // Each Gateway listener's certificates serve its hostname;
+                // a request for a host another listener of the port owns
+                // is 421 Misdirected Request.
                 let pairs: Vec<String> = port
                     .certificates
                     .iter()
-                    .map(|(cert, key)| {
-                        format!("{{ cert = {}, key = {} }}", toml_str(cert), toml_str(key))
+                    .map(|(cert, key, host)| {
+                        format!(
+                            "{{ cert = {}, key = {}, hosts = [{}] }}",
+                            toml_str(cert),
+                            toml_str(key),
+                            toml_str(host)
+                        )
                     })
                     .collect();
                 let _ = writeln!(
                     out,
-                    "[[listeners]]\nname = {name}\nbind = {bind}\nprotocol = \"https\"\ntls.certificates = [{}]",
+                    "[[listeners]]\nname = {name}\nbind = {bind}\nprotocol = \"https\"\ntls.certificates = [{}]\ntls.strict_sni_host = true",
                     pairs.join(", ")
                 );
                 if let Some(client) = &port.client {

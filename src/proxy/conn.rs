@@ -55,14 +55,30 @@ pub struct TlsInfo {
     /// `email:…`, comma-separated).
     pub client_san: Option<String>,
     pub client_fingerprint: Option<String>,
+    /// The listener's certificates as the handshake saw them, kept when
+    /// its `strict_sni_host` asks every request to be checked.
+    pub strict: Option<Arc<crate::tls::ListenerMaterial>>,
 }
 
 impl TlsInfo {
-    pub fn of(connection: &rustls::ServerConnection) -> Self {
-        Self::from_parts(
+    pub fn of(
+        connection: &rustls::ServerConnection,
+        material: Option<Arc<crate::tls::ListenerMaterial>>,
+    ) -> Self {
+        let mut info = Self::from_parts(
             connection.server_name(),
             connection.peer_certificates().and_then(|c| c.first()),
-        )
+        );
+        info.strict = material.filter(|m| m.strict_sni_host());
+        info
+    }
+
+    /// Whether a request for `host` belongs to another certificate
+    /// entry than this connection's (421).
+    pub fn misdirected(&self, host: &str) -> bool {
+        self.strict
+            .as_ref()
+            .is_some_and(|m| m.misdirected(self.sni.as_deref(), host))
     }
 
     pub fn from_parts(
@@ -93,6 +109,7 @@ impl TlsInfo {
             client_subject: subject,
             client_san: san,
             client_fingerprint: client.map(|der| crate::tls::fingerprint(der)),
+            strict: None,
         }
     }
 }

@@ -20,6 +20,11 @@ pub enum ProxyError {
     /// No route of the pinned generation matches.
     #[error("no route matches")]
     NoRoute,
+    /// The request is for a host another certificate entry of the
+    /// listener serves than the one the connection's SNI chose
+    /// (`tls.strict_sni_host`).
+    #[error("misdirected request: not a host of this connection's certificate")]
+    Misdirected,
     /// The route's `max_inflight` is reached.
     #[error("route is at its max_inflight limit")]
     Saturated,
@@ -78,6 +83,7 @@ impl ProxyError {
             ProxyError::BadRequest(_) | ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::Misdirected => StatusCode::MISDIRECTED_REQUEST,
             ProxyError::Forbidden => StatusCode::FORBIDDEN,
             ProxyError::Unauthenticated(denial) => denial.status(),
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -138,6 +144,7 @@ impl ProxyError {
             | ProxyError::ClientBody { closed: false, .. } => Flags::PROTOCOL_ERROR,
             ProxyError::ClientBody { closed: true, .. } => Flags::CLIENT_CLOSED,
             ProxyError::NoRoute => Flags::NO_ROUTE,
+            ProxyError::Misdirected => Flags::DENIED,
             ProxyError::Forbidden => Flags::DENIED,
             ProxyError::Unauthenticated(_) => Flags::NONE,
             ProxyError::PayloadTooLarge => Flags::BODY_TOO_LARGE,

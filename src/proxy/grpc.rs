@@ -137,6 +137,10 @@ impl Call {
 fn status_of(error: &ProxyError) -> (Code, &'static str) {
     match error {
         ProxyError::NoRoute => (Code::Unimplemented, "no route for this method"),
+        ProxyError::Misdirected => (
+            Code::Unavailable,
+            "misdirected: open a connection for this host",
+        ),
         ProxyError::NoBackend => (Code::Unavailable, "no backend available"),
         ProxyError::UpstreamConnect(_) | ProxyError::UpstreamRefused(_) => {
             (Code::Unavailable, "could not connect to a backend")

@@ -359,6 +359,11 @@ fn route_and_answer<'g, 'a>(
         }
         let asked_method = edge::preflight_method(&req);
         let (host, head) = edge::routing_head(&req, authority.as_ref(), asked_method.as_ref());
+        if let (Some(tls), Some(host)) = (conn.tls.get(), host) {
+            if tls.misdirected(host) {
+                return Served::refused(ProxyError::Misdirected);
+            }
+        }
         // One request in a few, on each serving thread, is kept for `impact`.
         if let Some(sample) = router.sample.as_ref().filter(|s| s.offered()) {
             let offered = crate::generation::sample::Offered {

@@ -43,8 +43,13 @@ pub enum CertSource {
 pub struct ListenerTlsSpec {
     /// The first is the default for clients without SNI.
     pub certificates: Vec<CertSource>,
+    /// Per entry (aligned with `certificates`): the names it serves
+    /// instead of the certificate's own (`"*"`: every other name).
+    pub hosts: Vec<Option<Vec<String>>>,
     pub client_ca: Option<PathBuf>,
     pub client_auth_required: bool,
+    /// Requests must be for a host of the connection's entry (421).
+    pub strict_sni_host: bool,
 }
 
 struct ClientCa {
@@ -59,7 +64,10 @@ pub struct ListenerMaterial {
     wildcard: HashMap<String, Arc<CertSlot>>,
     /// In the order of the listener's entries.
     slots: Vec<Arc<CertSlot>>,
+    /// The entry of `hosts = ["*"]`, if any: every name no other serves.
+    any: Option<Arc<CertSlot>>,
     client: Option<ClientCa>,
+    strict_sni_host: bool,
 }
 
 impl std::fmt::Debug for ListenerMaterial {
@@ -89,7 +97,11 @@ impl ListenerMaterial {
             )),
             None => None,
         };
-        Ok(Self::assemble(certificates, client))
+        let entries = certificates
+            .into_iter()
+            .zip(spec.hosts.iter().cloned().chain(std::iter::repeat(None)))
+            .collect();
+        Ok(Self::assemble(entries, client, spec.strict_sni_host))
     }
 
     /// Indexes certificate slots by name (the first serving one is the
@@ -97,22 +109,30 @@ impl ListenerMaterial {
     /// A file certificate is indexed by the names in it, an ACME one by
     /// the domains it is ordered for.
     pub fn assemble(
-        slots: Vec<Arc<CertSlot>>,
+        entries: Vec<(Arc<CertSlot>, Option<Vec<String>>)>,
         client: Option<(Arc<dyn ClientCertVerifier>, bool)>,
+        strict_sni_host: bool,
     ) -> Self {
         let mut material = ListenerMaterial {
             exact: HashMap::new(),
             wildcard: HashMap::new(),
             slots: Vec::new(),
+            any: None,
             client: client.map(|(verifier, required)| ClientCa { verifier, required }),
+            strict_sni_host,
         };
-        for slot in slots {
-            let names = match (slot.acme(), slot.info()) {
-                (Some(acme), _) => acme.domains.clone(),
-                (None, Some(info)) => info.names,
-                (None, None) => Vec::new(),
+        for (slot, hosts) in entries {
+            let names = match (hosts, slot.acme(), slot.info()) {
+                (Some(hosts), _, _) => hosts,
+                (None, Some(acme), _) => acme.domains.clone(),
+                (None, None, Some(info)) => info.names,
+                (None, None, None) => Vec::new(),
             };
             for name in names {
+                if name == "*" {
+                    material.any.get_or_insert_with(|| Arc::clone(&slot));
+                    continue;
+                }
                 let held = Arc::clone(&slot);
                 match name.strip_prefix("*.") {
                     Some(suffix) => material
@@ -140,22 +160,52 @@ impl ListenerMaterial {
     /// The certificate for an SNI name: exact, then the longest wildcard,
     /// then the first entry that serves one.
     fn pick(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
-        if let Some(name) = sni.map(str::to_ascii_lowercase) {
-            if let Some(key) = self.exact.get(&name).and_then(|s| s.certified()) {
-                return Some(key);
+        self.entry(sni).and_then(|slot| slot.certified())
+    }
+
+    /// The entry serving `name`: exact, then the wildcard (one label),
+    /// then the `"*"` entry, then the first entry that serves one.
+    fn entry(&self, name: Option<&str>) -> Option<&Arc<CertSlot>> {
+        if let Some(name) = name.map(str::to_ascii_lowercase) {
+            if let Some(slot) = self.exact.get(&name).filter(|s| s.certified().is_some()) {
+                return Some(slot);
             }
             // A wildcard covers exactly one label.
             if let Some(dot) = name.find('.') {
-                if let Some(key) = name
+                if let Some(slot) = name
                     .get(dot..)
                     .and_then(|suffix| self.wildcard.get(suffix))
-                    .and_then(|s| s.certified())
+                    .filter(|s| s.certified().is_some())
                 {
-                    return Some(key);
+                    return Some(slot);
                 }
             }
         }
-        self.slots.iter().find_map(|s| s.certified())
+        self.any
+            .as_ref()
+            .filter(|s| s.certified().is_some())
+            .or_else(|| self.slots.iter().find(|s| s.certified().is_some()))
+    }
+
+    pub fn strict_sni_host(&self) -> bool {
+        self.strict_sni_host
+    }
+
+    /// With `strict_sni_host`: whether a request for `host` on a
+    /// connection whose handshake named `sni` belongs to another
+    /// certificate entry (RFC 9110 §15.5.20: 421 Misdirected Request).
+    /// A connection without SNI is not checked.
+    pub fn misdirected(&self, sni: Option<&str>, host: &str) -> bool {
+        let Some(sni) = sni else {
+            return false;
+        };
+        if !self.strict_sni_host || sni.eq_ignore_ascii_case(host) {
+            return false;
+        }
+        match (self.entry(Some(sni)), self.entry(Some(host))) {
+            (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+            _ => false,
+        }
     }
 
     /// The tls-alpn-01 answer for an SNI name (RFC 8737: only the exact
@@ -422,7 +472,7 @@ mod tests {
 
     #[test]
     fn a_committed_generation_serves_its_certificates_before_they_are_installed() {
-        let empty = || Arc::new(ListenerMaterial::assemble(Vec::new(), None));
+        let empty = || Arc::new(ListenerMaterial::assemble(Vec::new(), None, false));
         let (old, new, reloaded) = (empty(), empty(), empty());
         let store = CertStore::default();
         store.swap(material(1, &old));

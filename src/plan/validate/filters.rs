@@ -548,11 +548,13 @@ impl Validator<'_> {
                 .is_some_and(|v| v.as_bytes() == exact.as_bytes()),
             _ => false,
         };
-        if same_scheme && redirect.host.is_none() && redirect.port.is_none() && same_path {
+        let meant = redirect.same_url == Some(true);
+        if same_scheme && redirect.host.is_none() && redirect.port.is_none() && same_path && !meant
+        {
             self.error(
                 Code::RedirectLoop,
                 base,
-                format!("route '{}' would redirect to the very scheme, host and path it serves: set scheme, host, port or path", r.name),
+                format!("route '{}' would redirect to the very scheme, host and path it serves: set scheme, host, port or path (or same_url = true if that is meant)", r.name),
             );
             return None;
         }

@@ -47,6 +47,7 @@ impl Validator<'_> {
                         cert: Some(cert),
                         key: Some(key),
                         acme: None,
+                        ..
                     },
                     _,
                 ) => match self.file_certificate(&at, cert, key) {
@@ -61,6 +62,7 @@ impl Validator<'_> {
                         cert: None,
                         key: None,
                         acme: Some(acme),
+                        ..
                     },
                     Some(state_dir),
                 ) => match self.acme(&format!("{at}.acme"), acme, state_dir) {
@@ -76,6 +78,7 @@ impl Validator<'_> {
                         cert: None,
                         key: None,
                         acme: Some(_),
+                        ..
                     },
                     None,
                 ) => {
@@ -111,6 +114,38 @@ impl Validator<'_> {
                 }
             }
         }
+        let mut hosts = Vec::new();
+        for (c, entry) in tls.certificates.iter().enumerate() {
+            if let Some(names) = &entry.hosts {
+                let at = format!("listeners[{i}].tls.certificates[{c}].hosts");
+                if names.is_empty() {
+                    self.error(Code::InvalidHost, at.clone(), "hosts, when given, names at least one host (\"*\": every name no other entry serves)");
+                    ok = false;
+                }
+                for name in names {
+                    let valid = name == "*"
+                        || super::routes::is_host_name(
+                            name.strip_prefix("*.").unwrap_or(name),
+                            false,
+                        );
+                    if !valid {
+                        self.error(
+                            Code::InvalidHost,
+                            at.clone(),
+                            format!("'{name}' is not a host name, a *.wildcard or \"*\""),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            hosts.push(
+                entry
+                    .hosts
+                    .clone()
+                    .map(|names| names.iter().map(|n| n.to_ascii_lowercase()).collect()),
+            );
+        }
+        let strict_sni_host = tls.strict_sni_host.unwrap_or(tls.client_ca.is_some());
         let client_ca = tls.client_ca.as_ref().map(|ca| self.base_dir.join(ca));
         let mut client = None;
         if let (Some(name), Some(path)) = (&tls.client_ca, &client_ca) {
@@ -132,10 +167,16 @@ impl Validator<'_> {
             (
                 crate::tls::ListenerTlsSpec {
                     certificates: sources,
+                    hosts: hosts.clone(),
                     client_ca,
                     client_auth_required,
+                    strict_sni_host,
                 },
-                Arc::new(crate::tls::ListenerMaterial::assemble(slots, client)),
+                Arc::new(crate::tls::ListenerMaterial::assemble(
+                    slots.into_iter().zip(hosts).collect(),
+                    client,
+                    strict_sni_host,
+                )),
             )
         })
     }

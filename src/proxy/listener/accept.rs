@@ -149,7 +149,10 @@ pub(super) fn accept_on_workers(
     let name: Arc<str> = Arc::from(listener.spec.name.as_str());
     let tls = match listener.spec.protocol {
         ListenerProtocol::Https => match certificates.server_config(&name) {
-            Ok(config) => Some(TlsAcceptor::from(config)),
+            Ok(config) => Some(super::serve::Tls {
+                acceptor: TlsAcceptor::from(config),
+                store: Arc::clone(certificates),
+            }),
             Err(error) => {
                 tracing::error!(listener = %name, %error, "cannot set up TLS; listener not accepting");
                 return false;
@@ -244,7 +247,7 @@ struct Accepting {
     responses: Arc<[metrics::Counter; 5]>,
     gauge: metrics::Gauge,
     tcp_counters: Option<TcpCounters>,
-    tls: Option<TlsAcceptor>,
+    tls: Option<super::serve::Tls>,
     scheme: Scheme,
     alt_svc: Option<Arc<AltSvc>>,
     /// The listener's open connections, over all its loops

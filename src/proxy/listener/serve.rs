@@ -26,6 +26,14 @@ use crate::proxy::request::handle;
 use crate::telemetry::access::{self, Flags};
 use crate::telemetry::metrics as m;
 
+/// A TLS listener's acceptor, and the store its certificates come from
+/// (a connection keeps what its handshake saw, for `strict_sni_host`).
+#[derive(Clone)]
+pub(super) struct Tls {
+    pub acceptor: TlsAcceptor,
+    pub store: Arc<crate::tls::CertStore>,
+}
+
 /// Serves one HTTP connection to its end: its first bytes, TLS when the
 /// listener has it, then hyper (HTTP/1.1, or HTTP/2 when the first bytes
 /// or ALPN allow it), each request handed to the request path.
@@ -35,7 +43,7 @@ pub(super) async fn serve_http_connection(
     ctx: Arc<ConnContext>,
     limits: ListenerLimits,
     draining: watch::Receiver<bool>,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Tls>,
 ) {
     let _ = stream.set_nodelay(true);
     // The first byte tells a plain HTTP/1 connection from one that may
@@ -61,7 +69,7 @@ pub(super) async fn serve_http_connection(
             let speaks = first_byte.map_or(Speaks::Either, Speaks::of_first_byte);
             serve_http(io, ctx, limits, draining, speaks).await;
         }
-        Some(acceptor) => {
+        Some(Tls { acceptor, store }) => {
             let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(io));
             let handshake = handshake.await;
             let outcome = match &handshake {
@@ -76,7 +84,8 @@ pub(super) async fn serve_http_connection(
                     if tls.get_ref().1.alpn_protocol() == Some(crate::tls::ACME_TLS_ALPN) {
                         return;
                     }
-                    let _ = ctx.tls.set(TlsInfo::of(tls.get_ref().1));
+                    let material = store.serving(&ctx.listener);
+                    let _ = ctx.tls.set(TlsInfo::of(tls.get_ref().1, material));
                     let alpn = tls.get_ref().1.alpn_protocol();
                     let http1 = alpn != Some(b"h2");
                     let speaks = Speaks::of_alpn(alpn);
