@@ -446,7 +446,7 @@ fn emit(
                 if let Some(client) = &port.client {
                     let _ = writeln!(out, "tls.client_ca = {}", toml_str(&client.ca));
                     if client.optional {
-                        let _ = writeln!(out, "tls.client_auth = \"optional\"");
+                        let _ = writeln!(out, "tls.client_auth = \"insecure_fallback\"");
                     }
                 }
                 out.push('\n');

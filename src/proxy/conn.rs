@@ -65,10 +65,15 @@ impl TlsInfo {
         connection: &rustls::ServerConnection,
         material: Option<Arc<crate::tls::ListenerMaterial>>,
     ) -> Self {
-        let mut info = Self::from_parts(
-            connection.server_name(),
-            connection.peer_certificates().and_then(|c| c.first()),
-        );
+        let chain = connection.peer_certificates().unwrap_or_default();
+        // With `insecure_fallback` a failing certificate was let through:
+        // it names nobody.
+        let trusted = match &material {
+            Some(m) if m.client_fallback() => m.client_verified(chain),
+            _ => true,
+        };
+        let mut info =
+            Self::from_parts(connection.server_name(), chain.first().filter(|_| trusted));
         info.strict = material.filter(|m| m.strict_sni_host());
         info
     }

@@ -253,8 +253,9 @@ impl Endpoints {
             self.gauge.increment(1.0);
             let (gauge, draining, early_data) =
                 (self.gauge.clone(), h3.draining.clone(), h3.early_data);
+            let certificates = Arc::clone(&h3.certificates);
             tokio::spawn(async move {
-                connection(incoming, ctx, limits, draining, early_data).await;
+                connection(incoming, ctx, limits, draining, early_data, certificates).await;
                 gauge.decrement(1.0);
                 drop((hold, counted));
             });
@@ -500,6 +501,7 @@ async fn connection(
     limits: ListenerLimits,
     mut draining: watch::Receiver<bool>,
     early_data: bool,
+    certificates: Arc<CertStore>,
 ) {
     let connecting = match incoming.accept() {
         Ok(connecting) => connecting,
@@ -562,14 +564,22 @@ async fn connection(
         .handshake_data()
         .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
         .and_then(|d| d.server_name);
-    let certificates = connection.peer_identity().and_then(|i| {
+    let material = certificates.serving(&ctx.listener);
+    let chain = connection.peer_identity().and_then(|i| {
         i.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
             .ok()
     });
-    let _ = ctx.tls.set(super::conn::TlsInfo::from_parts(
-        sni.as_deref(),
-        certificates.as_deref().and_then(|c| c.first()),
-    ));
+    let chain = chain.as_deref().map(Vec::as_slice).unwrap_or_default();
+    // With `insecure_fallback` a failing certificate was let through:
+    // it names nobody.
+    let trusted = match &material {
+        Some(m) if m.client_fallback() => m.client_verified(chain),
+        _ => true,
+    };
+    let mut info =
+        super::conn::TlsInfo::from_parts(sni.as_deref(), chain.first().filter(|_| trusted));
+    info.strict = material.filter(|m| m.strict_sni_host());
+    let _ = ctx.tls.set(info);
     let field_section = u64::try_from(limits.max_header_bytes).unwrap_or(u64::MAX);
     let quic = connection.clone();
     let built = h3::server::builder()

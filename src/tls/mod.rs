@@ -21,8 +21,8 @@ pub use slot::{
     Eab, OcspTarget, Staple,
 };
 pub use store::{
-    ActiveMaterial, CertSource, CertStore, ListenerMaterial, ListenerTlsSpec, Material,
-    ACME_TLS_ALPN,
+    ActiveMaterial, CertSource, CertStore, ClientAuthSpec, ListenerMaterial, ListenerTlsSpec,
+    Material, ACME_TLS_ALPN,
 };
 
 /// The one crypto provider cutover uses (ring).

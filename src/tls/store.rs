@@ -48,13 +48,25 @@ pub struct ListenerTlsSpec {
     pub hosts: Vec<Option<Vec<String>>>,
     pub client_ca: Option<PathBuf>,
     pub client_auth_required: bool,
+    /// `insecure_fallback`: a certificate that fails verification is let
+    /// through as if none had been shown (no identity is taken from it).
+    pub client_auth_fallback: bool,
     /// Requests must be for a host of the connection's entry (421).
     pub strict_sni_host: bool,
+}
+
+/// A listener's client-certificate verification, as it is built.
+pub struct ClientAuthSpec {
+    pub verifier: Arc<dyn ClientCertVerifier>,
+    pub required: bool,
+    /// Let a certificate that fails verification through (no identity).
+    pub fallback: bool,
 }
 
 struct ClientCa {
     verifier: Arc<dyn ClientCertVerifier>,
     required: bool,
+    fallback: bool,
 }
 
 /// One listener's certificates, indexed for SNI.
@@ -91,10 +103,11 @@ impl ListenerMaterial {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let client = match &spec.client_ca {
-            Some(ca) => Some((
-                client_verifier(ca, spec.client_auth_required)?,
-                spec.client_auth_required,
-            )),
+            Some(ca) => Some(ClientAuthSpec {
+                verifier: client_verifier(ca, spec.client_auth_required)?,
+                required: spec.client_auth_required,
+                fallback: spec.client_auth_fallback,
+            }),
             None => None,
         };
         let entries = certificates
@@ -110,7 +123,7 @@ impl ListenerMaterial {
     /// the domains it is ordered for.
     pub fn assemble(
         entries: Vec<(Arc<CertSlot>, Option<Vec<String>>)>,
-        client: Option<(Arc<dyn ClientCertVerifier>, bool)>,
+        client: Option<ClientAuthSpec>,
         strict_sni_host: bool,
     ) -> Self {
         let mut material = ListenerMaterial {
@@ -118,7 +131,11 @@ impl ListenerMaterial {
             wildcard: HashMap::new(),
             slots: Vec::new(),
             any: None,
-            client: client.map(|(verifier, required)| ClientCa { verifier, required }),
+            client: client.map(|c| ClientCa {
+                verifier: c.verifier,
+                required: c.required,
+                fallback: c.fallback,
+            }),
             strict_sni_host,
         };
         for (slot, hosts) in entries {
@@ -189,6 +206,25 @@ impl ListenerMaterial {
 
     pub fn strict_sni_host(&self) -> bool {
         self.strict_sni_host
+    }
+
+    /// Whether a client certificate chain shown on a handshake verifies
+    /// against the listener's CA (with `insecure_fallback` a failing one
+    /// was let through: it names nobody).
+    pub fn client_verified(&self, chain: &[CertificateDer<'_>]) -> bool {
+        let (Some(client), Some((end_entity, intermediates))) = (&self.client, chain.split_first())
+        else {
+            return false;
+        };
+        client
+            .verifier
+            .verify_client_cert(end_entity, intermediates, UnixTime::now())
+            .is_ok()
+    }
+
+    /// With `insecure_fallback`.
+    pub fn client_fallback(&self) -> bool {
+        self.client.as_ref().is_some_and(|c| c.fallback)
     }
 
     /// With `strict_sni_host`: whether a request for `host` on a
@@ -417,8 +453,19 @@ impl ClientCertVerifier for ClientAuth {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.verifier()?
-            .verify_client_cert(end_entity, intermediates, now)
+        let verified = self
+            .verifier()?
+            .verify_client_cert(end_entity, intermediates, now);
+        let fallback = self
+            .store
+            .listener(&self.listener)
+            .is_some_and(|m| m.client_fallback());
+        match verified {
+            // `insecure_fallback`: served as a client without a
+            // certificate (TlsInfo takes no identity from it).
+            Err(_) if fallback => Ok(ClientCertVerified::assertion()),
+            other => other,
+        }
     }
 
     fn verify_tls12_signature(

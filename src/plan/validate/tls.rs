@@ -17,14 +17,15 @@ impl Validator<'_> {
         crate::tls::ListenerTlsSpec,
         Arc<crate::tls::ListenerMaterial>,
     )> {
+        let client_auth_fallback = tls.client_auth.as_deref() == Some("insecure_fallback");
         let client_auth_required = match tls.client_auth.as_deref() {
             None | Some("required") => true,
-            Some("optional") => false,
+            Some("optional" | "insecure_fallback") => false,
             Some(other) => {
                 self.error(
                     Code::InvalidValue,
                     format!("listeners[{i}].tls.client_auth"),
-                    format!("client_auth '{other}' is not required or optional"),
+                    format!("client_auth '{other}' is not required, optional or insecure_fallback"),
                 );
                 true
             }
@@ -153,7 +154,13 @@ impl Validator<'_> {
             match self.read_file(at.clone(), name) {
                 Some(pem) => {
                     match crate::tls::parse_client_verifier(path, &pem, client_auth_required) {
-                        Ok(verifier) => client = Some((verifier, client_auth_required)),
+                        Ok(verifier) => {
+                            client = Some(crate::tls::ClientAuthSpec {
+                                verifier,
+                                required: client_auth_required,
+                                fallback: client_auth_fallback,
+                            })
+                        }
                         Err(e) => {
                             self.error(Code::InvalidCertificate, at, e.to_string());
                             ok = false;
@@ -170,6 +177,7 @@ impl Validator<'_> {
                     hosts: hosts.clone(),
                     client_ca,
                     client_auth_required,
+                    client_auth_fallback,
                     strict_sni_host,
                 },
                 Arc::new(crate::tls::ListenerMaterial::assemble(
