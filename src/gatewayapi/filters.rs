@@ -50,11 +50,17 @@ pub(super) fn apply_filter(
             if let Some(f) = m.rest().first() {
                 return Err(unsupported(f));
             }
-            if kind == "RequestHeaderModifier" {
-                r.request_headers = Some(edits);
+            // A backendRef's modifier comes after its rule's: the two
+            // compose, the later winning on a name both touch.
+            let slot = if kind == "RequestHeaderModifier" {
+                &mut r.request_headers
             } else {
-                r.response_headers = Some(edits);
-            }
+                &mut r.response_headers
+            };
+            *slot = Some(match slot.take() {
+                Some(earlier) => earlier.then(edits),
+                None => edits,
+            });
             Ok(())
         }
         "RequestRedirect" => {
@@ -314,8 +320,12 @@ pub(super) fn backends(
     name: &str,
     built: &mut Built,
     resolved: &mut Vec<Condition>,
+    filters_lifted: bool,
 ) -> Action {
     let mut shares: Vec<(Vec<Backend>, u32)> = Vec::new();
+    // The weight of references whose own filters cannot be applied: their
+    // share is answered 500, never served without them.
+    let mut unfiltered: u32 = 0;
     // Each share's BackendTLSPolicy (or none).
     let mut tls: Vec<Option<BackendTls>> = Vec::new();
     // The weight of references that cannot be resolved: their share of
@@ -323,15 +333,18 @@ pub(super) fn backends(
     let mut invalid: u32 = 0;
     for b in rule.list("backendRefs") {
         let weight = b.int("weight").unwrap_or(1);
-        if !b.list("filters").is_empty() {
+        if !b.list("filters").is_empty() && !filters_lifted {
             resolved.push(Condition::no(
                 "ResolvedRefs",
                 "UnsupportedValue",
                 format!(
-                    "{}.filters: filters on one backend are not supported by cutover's import",
+                    "{}.filters: the backendRefs of this rule have different filters; cutover applies a backend's filters only when every backendRef of the rule has the same ones: this share is answered 500",
                     b.path()
                 ),
             ));
+            unfiltered = unfiltered.saturating_add(u32::try_from(weight.max(0)).unwrap_or(0));
+            b.ignore(&["name", "namespace", "port", "group", "kind"]);
+            continue;
         }
         let service_tls = || {
             let namespace = b.str("namespace").unwrap_or(&route.namespace);
@@ -378,6 +391,12 @@ pub(super) fn backends(
     if shares.is_empty() {
         return Action::Respond(500);
     }
+    // A share that must not be served without its filters, and no 500
+    // listener to send it to (it speaks plain HTTP): the rule answers 500.
+    if unfiltered > 0 && upstream_tls.is_some() {
+        return Action::Respond(500);
+    }
+    let invalid = invalid.saturating_add(unfiltered);
     // Valid and invalid references: the invalid share goes to the
     // configuration's own 500 listener (never ejected for its 5xx). Not
     // with TLS to the backends: that listener speaks plain HTTP.

@@ -66,7 +66,31 @@ pub(super) fn import_route(
     for (ri, rule) in spec.list("rules").iter().enumerate() {
         rule.ignore(&["name"]);
         let upstream_name = format!("{base}_r{ri}");
-        let action = backends(ctx, route, rule, &upstream_name, built, &mut resolved);
+        // Filters every backendRef of the rule carries alike (one
+        // backendRef, the common case) are the rule's, applied after its
+        // own; different ones cannot be told apart by cutover's routes.
+        let backend_filters: Vec<Option<&Value>> = rule
+            .list("backendRefs")
+            .iter()
+            .map(|b| {
+                b.get("filters")
+                    .filter(|f| f.as_array().is_some_and(|a| !a.is_empty()))
+            })
+            .collect();
+        let lifted = backend_filters
+            .first()
+            .copied()
+            .flatten()
+            .filter(|first| backend_filters.iter().all(|f| *f == Some(*first)));
+        let action = backends(
+            ctx,
+            route,
+            rule,
+            &upstream_name,
+            built,
+            &mut resolved,
+            lifted.is_some(),
+        );
         if let (true, Action::Upstream(u)) = (grpc, &action) {
             if let Some(upstream) = built.upstreams.get_mut(u) {
                 upstream.protocol = Some(if upstream.tls.is_some() { "h2" } else { "h2c" });
@@ -104,6 +128,24 @@ pub(super) fn import_route(
                 &mut resolved,
             ) {
                 rule_conditions.push(problem);
+            }
+        }
+        if let Some(Value::Array(filters)) = lifted {
+            let at = format!("{}.backendRefs[0].filters", rule.path());
+            for (fi, filter) in filters.iter().enumerate() {
+                let filter = Fields::new(filter, format!("{at}[{fi}]"));
+                if let Err(problem) = apply_filter(
+                    ctx,
+                    route,
+                    &filter,
+                    &mut template,
+                    &mut path_edit,
+                    &format!("{base}_r{ri}_b{fi}"),
+                    built,
+                    &mut resolved,
+                ) {
+                    rule_conditions.push(problem);
+                }
             }
         }
         if let Some(retry) = rule.object("retry") {

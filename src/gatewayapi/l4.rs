@@ -104,7 +104,9 @@ pub(super) fn import_route(
     if let Some(rule) = rules.first() {
         rule.ignore(&["name"]);
         let mut made = Built::default();
-        if let Action::Upstream(u) = backends(ctx, route, rule, &name, &mut made, &mut resolved) {
+        if let Action::Upstream(u) =
+            backends(ctx, route, rule, &name, &mut made, &mut resolved, false)
+        {
             upstream = Some(u);
             // Passthrough relays the client's TLS; a BackendTLSPolicy
             // cannot apply to bytes the gateway does not read.

@@ -28,6 +28,43 @@ pub(super) struct HeaderEdits {
     pub(super) remove: Vec<String>,
 }
 
+impl HeaderEdits {
+    /// These edits, then `later`'s: a name `later` sets, adds or removes
+    /// is its alone.
+    pub(super) fn then(mut self, later: HeaderEdits) -> HeaderEdits {
+        for name in later
+            .set
+            .keys()
+            .chain(later.add.keys())
+            .chain(&later.remove)
+        {
+            if later.set.contains_key(name) || later.remove.contains(name) {
+                self.set.remove(name);
+                self.add.remove(name);
+            }
+            if later.set.contains_key(name) || later.add.contains_key(name) {
+                self.remove.retain(|r| r != name);
+            }
+        }
+        self.set.extend(later.set);
+        for (name, value) in later.add {
+            match self.set.get_mut(&name) {
+                // Set earlier, added to now: the value is both.
+                Some(set) => *set = format!("{set},{value}"),
+                None => {
+                    self.add.insert(name, value);
+                }
+            }
+        }
+        for name in later.remove {
+            if !self.remove.contains(&name) {
+                self.remove.push(name);
+            }
+        }
+        self
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(super) enum Action {
     Upstream(String),
