@@ -592,6 +592,7 @@ impl Remote {
             ca: self.ca.clone(),
             server_name: None,
             client_cert: None,
+            subject_alt_names: Vec::new(),
             files_fingerprint: String::new(),
         })
         .map_err(|e| e.to_string())?;

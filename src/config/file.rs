@@ -568,6 +568,10 @@ pub struct FileUpstreamTls {
     pub cert: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// The backend's certificate must carry one of these names (DNS, or
+    /// a URI such as a SPIFFE ID) instead of `server_name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject_alt_names: Option<Vec<String>>,
 }
 
 fn default_policy() -> String {

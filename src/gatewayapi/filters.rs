@@ -353,6 +353,7 @@ pub(super) fn backends(
                 ctx.resources,
                 namespace,
                 name,
+                b.int("port"),
                 ctx.options.base_dir.as_deref(),
             )
         };

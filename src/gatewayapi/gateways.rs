@@ -759,7 +759,7 @@ impl Frontend {
                         && c.name == name
                 })
                 .and_then(|c| c.body.pointer("/data/ca.crt").and_then(Value::as_str))
-                .filter(|p| p.contains("-----BEGIN CERTIFICATE-----"));
+                .filter(|p| super::secrets::is_certificate_pem(p));
             match found {
                 Some(p) => {
                     pem.push_str(p.trim_end());

@@ -124,8 +124,8 @@ pub struct Imported {
     pub routes: Vec<RouteStatus>,
     /// One per Gateway: its listeners' conditions.
     pub gateways: Vec<status::GatewayStatus>,
-    /// One per BackendTLSPolicy: `(namespace, name, conditions)`.
-    pub policies: Vec<(String, String, Vec<Condition>)>,
+    /// One per BackendTLSPolicy.
+    pub policies: Vec<policy::PolicyStatus>,
     /// Resources of the Gateway API's group the import does not read
     /// (`Kind namespace/name`): said, never dropped silently.
     pub ignored: Vec<String>,
@@ -163,7 +163,7 @@ impl Imported {
             && self
                 .policies
                 .iter()
-                .flat_map(|(_, _, c)| c)
+                .flat_map(|p| &p.conditions)
                 .all(|c| c.status)
             && self.ignored.is_empty()
     }

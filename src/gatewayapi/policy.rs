@@ -16,6 +16,9 @@ pub(super) struct BackendTls {
     pub ca: Option<String>,
     /// SNI and the name the certificate must carry.
     pub server_name: String,
+    /// `validation.subjectAltNames`: what the certificate must name
+    /// instead of `server_name` (DNS names and URIs).
+    pub subject_alt_names: Vec<String>,
 }
 
 /// The policies among `resources`, oldest first.
@@ -30,34 +33,83 @@ fn policies(resources: &[Resource]) -> Vec<&Resource> {
     out
 }
 
-fn targets(policy: &Resource, namespace: &str, service: &str) -> bool {
-    policy.namespace == namespace
-        && policy
-            .body
-            .pointer("/spec/targetRefs")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .any(|t| {
-                t["group"].as_str().unwrap_or("").is_empty()
-                    && t["kind"].as_str() == Some("Service")
-                    && t["name"].as_str() == Some(service)
-            })
+/// A policy's targets: `(service, sectionName)`.
+fn target_refs(policy: &Resource) -> Vec<(String, Option<String>)> {
+    policy
+        .body
+        .pointer("/spec/targetRefs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|t| {
+            t["group"].as_str().unwrap_or("").is_empty() && t["kind"].as_str() == Some("Service")
+        })
+        .filter_map(|t| {
+            Some((
+                t["name"].as_str()?.to_owned(),
+                t["sectionName"].as_str().map(str::to_owned),
+            ))
+        })
+        .collect()
 }
 
-/// The TLS the oldest policy targeting Service `namespace/service` asks
-/// for (`None`: no policy, plain connections), or why it cannot be
-/// honoured.
+/// How closely a policy targets port `section` of `service`: 2 by the
+/// port's name, 1 the whole Service, `None` not at all.
+fn targets(policy: &Resource, namespace: &str, service: &str, section: &str) -> Option<u8> {
+    if policy.namespace != namespace {
+        return None;
+    }
+    target_refs(policy)
+        .iter()
+        .filter(|(name, _)| name == service)
+        .filter_map(|(_, s)| match s {
+            Some(s) if s == section => Some(2),
+            Some(_) => None,
+            None => Some(1),
+        })
+        .max()
+}
+
+/// The TLS the policy for port `port` of Service `namespace/service`
+/// asks for: the one naming the port (`sectionName`) before one naming
+/// the Service, the oldest of equals (`None`: no policy, plain
+/// connections), or why it cannot be honoured.
 pub(super) fn backend_tls(
     resources: &[Resource],
     namespace: &str,
     service: &str,
+    port: Option<i64>,
     base: Option<&std::path::Path>,
 ) -> Result<Option<BackendTls>, Condition> {
-    let Some(policy) = policies(resources)
-        .into_iter()
-        .find(|p| targets(p, namespace, service))
-    else {
+    // The Service port's name (a policy's `sectionName`).
+    let section = resources
+        .iter()
+        .find(|r| {
+            r.kind == "Service"
+                && r.group().is_empty()
+                && r.namespace == namespace
+                && r.name == service
+        })
+        .and_then(|r| {
+            r.body
+                .pointer("/spec/ports")
+                .and_then(Value::as_array)
+                .cloned()
+        })
+        .unwrap_or_default()
+        .iter()
+        .find(|p| p.get("port").and_then(Value::as_i64) == port)
+        .and_then(|p| p.get("name").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_default();
+    let mut best: Option<(u8, &Resource)> = None;
+    for policy in policies(resources) {
+        if let Some(rank) = targets(policy, namespace, service, &section) {
+            if best.is_none_or(|(b, _)| rank > b) {
+                best = Some((rank, policy));
+            }
+        }
+    }
+    let Some((_, policy)) = best else {
         return Ok(None);
     };
     read(resources, policy, base).map(Some)
@@ -86,6 +138,24 @@ pub(super) fn read(
     };
     let refs = validation.list("caCertificateRefs");
     let system = validation.str("wellKnownCACertificates");
+    let mut subject_alt_names = Vec::new();
+    for san in validation.list("subjectAltNames") {
+        let name = match san.str("type") {
+            Some("Hostname") => san.str("hostname"),
+            Some("URI") => san.str("uri"),
+            _ => None,
+        };
+        match name {
+            Some(n) => subject_alt_names.push(n.to_owned()),
+            None => {
+                return Err(Condition::no(
+                    "Accepted",
+                    "UnsupportedValue",
+                    format!("{}: a subjectAltName is a Hostname or a URI", san.path()),
+                ))
+            }
+        }
+    }
     let unsupported = validation
         .rest()
         .into_iter()
@@ -123,7 +193,7 @@ pub(super) fn read(
                         && c.name == name
                 })
                 .and_then(|c| c.body.pointer("/data/ca.crt").and_then(Value::as_str))
-                .filter(|pem| pem.contains("-----BEGIN CERTIFICATE-----"))
+                .filter(|pem| super::secrets::is_certificate_pem(pem))
             else {
                 return Err(invalid(
                     "InvalidCACertificateRef",
@@ -162,27 +232,62 @@ pub(super) fn read(
     Ok(BackendTls {
         ca,
         server_name: hostname.to_owned(),
+        subject_alt_names,
     })
 }
 
 /// Each policy's conditions: `Accepted` (false for a field cutover does
-/// not read) and `ResolvedRefs` (its CA).
+/// not read, a CA it cannot use, or a conflict: a policy targeting the
+/// same Service port as an older one is `Conflicted`) and `ResolvedRefs`
+/// (its CA).
 pub(super) fn statuses(
     resources: &[Resource],
     base: Option<&std::path::Path>,
-) -> Vec<(String, String, Vec<Condition>)> {
-    policies(resources)
-        .into_iter()
-        .map(|p| {
-            let conditions = match read(resources, p, base) {
-                Ok(_) => vec![
+) -> Vec<PolicyStatus> {
+    let all = policies(resources);
+    all.iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mine = target_refs(p);
+            let conflict = all[..i].iter().find(|older| {
+                older.namespace == p.namespace && target_refs(older).iter().any(|t| mine.contains(t))
+            });
+            let conditions = match (conflict, read(resources, p, base)) {
+                (Some(older), _) => vec![Condition::no(
+                    "Accepted",
+                    "Conflicted",
+                    format!(
+                        "BackendTLSPolicy {} targets the same Service (and section) and is older: it applies",
+                        older.name
+                    ),
+                )],
+                (None, Ok(_)) => vec![
                     Condition::yes("Accepted", "Accepted"),
                     Condition::yes("ResolvedRefs", "ResolvedRefs"),
                 ],
-                Err(c) if c.kind == "Accepted" => vec![c],
-                Err(c) => vec![Condition::yes("Accepted", "Accepted"), c],
+                (None, Err(c)) if c.kind == "Accepted" => vec![c],
+                // A CA it cannot read: not accepted (its Services are not
+                // served over TLS it cannot verify), and why.
+                (None, Err(c)) => vec![
+                    Condition::no("Accepted", "NoValidCACertificate", c.message.clone()),
+                    c,
+                ],
             };
-            (p.namespace.clone(), p.name.clone(), conditions)
+            PolicyStatus {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                generation: super::status::generation_of(p),
+                conditions,
+            }
         })
         .collect()
+}
+
+/// One BackendTLSPolicy's status.
+#[derive(Debug, Clone)]
+pub struct PolicyStatus {
+    pub namespace: String,
+    pub name: String,
+    pub generation: i64,
+    pub conditions: Vec<Condition>,
 }

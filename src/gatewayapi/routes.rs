@@ -256,9 +256,14 @@ impl Upstream {
                 .as_ref()
                 .map(|ca| format!("ca = {}, ", toml_str(ca)))
                 .unwrap_or_default();
+            let sans = if tls.subject_alt_names.is_empty() {
+                String::new()
+            } else {
+                format!(", subject_alt_names = {}", list(&tls.subject_alt_names))
+            };
             let _ = writeln!(
                 out,
-                "tls = {{ {ca}server_name = {} }}",
+                "tls = {{ {ca}server_name = {}{sans} }}",
                 toml_str(&tls.server_name)
             );
         }

@@ -134,3 +134,18 @@ pub(super) fn listener_certificates(
         .map(|r| certificate(resources, gateway, r, base))
         .collect()
 }
+
+/// Whether `pem` holds at least one certificate, each of which parses
+/// (a ConfigMap's `ca.crt` that merely looks like PEM is refused here,
+/// with the API's reason, rather than by cutover's own validation).
+pub(super) fn is_certificate_pem(pem: &str) -> bool {
+    use rustls_pki_types::pem::PemObject;
+    let mut any = false;
+    for der in rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        match der {
+            Ok(der) if x509_parser::parse_x509_certificate(&der).is_ok() => any = true,
+            _ => return false,
+        }
+    }
+    any
+}

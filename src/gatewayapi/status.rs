@@ -34,12 +34,14 @@ impl Condition {
         }
     }
 
-    fn json(&self) -> Value {
+    /// As the API writes it, for generation `observed` of its resource.
+    fn json(&self, observed: i64) -> Value {
         json!({
             "type": self.kind,
             "status": if self.status { "True" } else { "False" },
             "reason": self.reason,
             "message": self.message,
+            "observedGeneration": observed,
         })
     }
 }
@@ -72,6 +74,8 @@ pub struct RouteStatus {
     pub kind: String,
     pub namespace: String,
     pub name: String,
+    /// The route's `metadata.generation` the status describes.
+    pub generation: i64,
     pub parents: Vec<ParentStatus>,
 }
 
@@ -81,6 +85,7 @@ impl RouteStatus {
             kind: route.kind.clone(),
             namespace: route.namespace.clone(),
             name: route.name.clone(),
+            generation: generation_of(route),
             parents: Vec::new(),
         }
     }
@@ -106,6 +111,8 @@ pub struct ListenerStatus {
 pub struct GatewayStatus {
     pub namespace: String,
     pub name: String,
+    /// The Gateway's `metadata.generation` the status describes.
+    pub generation: i64,
     pub listeners: Vec<ListenerStatus>,
     /// `Accepted`, `Programmed` (and `InsecureFrontendValidationMode`).
     pub conditions: Vec<Condition>,
@@ -118,6 +125,7 @@ impl GatewayStatus {
         GatewayStatus {
             namespace: gateway.namespace.clone(),
             name: gateway.name.clone(),
+            generation: generation_of(gateway),
             listeners: Vec::new(),
             conditions: Vec::new(),
             addresses: Vec::new(),
@@ -129,17 +137,17 @@ impl GatewayStatus {
 pub fn yaml(
     gateways: &[GatewayStatus],
     routes: &[RouteStatus],
-    policies: &[(String, String, Vec<Condition>)],
+    policies: &[super::policy::PolicyStatus],
 ) -> String {
     let mut documents = Vec::new();
     for g in gateways {
         let mut status = json!({
-            "conditions": g.conditions.iter().map(Condition::json).collect::<Vec<_>>(),
+            "conditions": g.conditions.iter().map(|c| c.json(g.generation)).collect::<Vec<_>>(),
             "listeners": g.listeners.iter().map(|l| json!({
                 "name": l.name,
                 "attachedRoutes": l.attached,
                 "supportedKinds": l.supported_kinds.iter().map(|k| json!({ "group": GROUP, "kind": k })).collect::<Vec<_>>(),
-                "conditions": l.conditions.iter().map(Condition::json).collect::<Vec<_>>(),
+                "conditions": l.conditions.iter().map(|c| c.json(g.generation)).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         });
         if !g.addresses.is_empty() {
@@ -165,20 +173,20 @@ pub fn yaml(
                 "parents": r.parents.iter().map(|p| json!({
                     "parentRef": p.parent_ref,
                     "controllerName": CONTROLLER,
-                    "conditions": p.conditions.iter().map(Condition::json).collect::<Vec<_>>(),
+                    "conditions": p.conditions.iter().map(|c| c.json(r.generation)).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
             },
         }));
     }
-    for (namespace, name, conditions) in policies {
+    for p in policies {
         documents.push(json!({
             "apiVersion": format!("{GROUP}/v1"),
             "kind": "BackendTLSPolicy",
-            "metadata": { "namespace": namespace, "name": name },
+            "metadata": { "namespace": p.namespace, "name": p.name },
             "status": {
                 "ancestors": [{
                     "controllerName": CONTROLLER,
-                    "conditions": conditions.iter().map(Condition::json).collect::<Vec<_>>(),
+                    "conditions": p.conditions.iter().map(|c| c.json(p.generation)).collect::<Vec<_>>(),
                 }],
             },
         }));
@@ -210,4 +218,14 @@ fn to_yaml(value: &Value) -> Yaml {
                 .collect(),
         ),
     }
+}
+
+/// A resource's `metadata.generation` (1, the API server's first, when
+/// the input does not say).
+pub(super) fn generation_of(resource: &Resource) -> i64 {
+    resource
+        .body
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(1)
 }

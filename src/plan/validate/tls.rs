@@ -426,6 +426,7 @@ impl Validator<'_> {
                 ca: None,
                 server_name: None,
                 client_cert: None,
+                subject_alt_names: Vec::new(),
                 files_fingerprint: String::new(),
             });
         };
@@ -493,10 +494,32 @@ impl Validator<'_> {
             .iter()
             .flat_map(|(_, contents)| contents.iter().copied())
             .collect();
+        let subject_alt_names = tls.subject_alt_names.clone().unwrap_or_default();
+        if tls.subject_alt_names.as_ref().is_some_and(Vec::is_empty) {
+            self.error(
+                Code::InvalidValue,
+                format!("{base}.tls.subject_alt_names"),
+                "subject_alt_names, when given, names at least one name",
+            );
+            ok = false;
+        }
+        for name in &subject_alt_names {
+            let uri = name.contains("://");
+            let dns = super::routes::is_host_name(name.strip_prefix("*.").unwrap_or(name), false);
+            if !uri && !dns {
+                self.error(
+                    Code::InvalidValue,
+                    format!("{base}.tls.subject_alt_names"),
+                    format!("'{name}' is neither a DNS name nor a URI (scheme://…)"),
+                );
+                ok = false;
+            }
+        }
         ok.then_some(crate::tls::UpstreamTlsSpec {
             ca,
             server_name: tls.server_name.clone(),
             client_cert,
+            subject_alt_names,
             files_fingerprint: crate::tls::fingerprint(&files),
         })
     }

@@ -792,13 +792,69 @@ impl Run {
                 };
                 self.status(format!("{name} {}", nn_str(&nn)), result)
             }
-            "GatewayMustHaveLatestConditions"
-            | "HTTPRouteMustHaveLatestConditions"
-            | "GatewayClassMustHaveLatestConditions"
+            // `ConditionsHaveLatestObservedGeneration`: every condition
+            // says it describes the resource's generation (1 unless the
+            // input says otherwise).
+            "GatewayMustHaveLatestConditions" | "HTTPRouteMustHaveLatestConditions" => {
+                let kind = if name.starts_with("Gateway") {
+                    "Gateway"
+                } else {
+                    "HTTPRoute"
+                };
+                let nn = arg(3);
+                let generation = self
+                    .resources
+                    .iter()
+                    .find(|d| {
+                        d["kind"] == kind
+                            && d["metadata"]["namespace"] == s(&nn.field("Namespace")).as_str()
+                            && d["metadata"]["name"] == s(&nn.field("Name")).as_str()
+                    })
+                    .and_then(|d| d["metadata"]["generation"].as_i64())
+                    .unwrap_or(1);
+                let result = match self.doc(kind, &nn) {
+                    None => Err(format!("no status for {kind} {}", nn_str(&nn))),
+                    Some(d) => {
+                        let lists: Vec<&Value> = if kind == "Gateway" {
+                            vec![&d["status"]["conditions"]]
+                        } else {
+                            d["status"]["parents"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .map(|p| &p["conditions"])
+                                .collect()
+                        };
+                        let stale: Vec<String> = lists
+                            .iter()
+                            .flat_map(|l| l.as_array().into_iter().flatten())
+                            .filter(|c| c["observedGeneration"].as_i64() != Some(generation))
+                            .map(|c| {
+                                format!(
+                                    "{}: observedGeneration {}",
+                                    c["type"], c["observedGeneration"]
+                                )
+                            })
+                            .collect();
+                        if lists.iter().all(|l| l.as_array().is_none_or(Vec::is_empty)) {
+                            Err(format!("{kind} {}: no conditions", nn_str(&nn)))
+                        } else if stale.is_empty() {
+                            Ok(())
+                        } else {
+                            Err(format!(
+                                "{kind} {}: not generation {generation}: {stale:?}",
+                                nn_str(&nn)
+                            ))
+                        }
+                    }
+                };
+                self.status(format!("{name} {}", nn_str(&nn)), result)
+            }
+            "GatewayClassMustHaveLatestConditions"
             | "BackendTLSPolicyMustHaveLatestConditions"
             | "GWCMustHaveAcceptedConditionAny"
             | "GWCMustHaveAcceptedConditionTrue" => Err(Flow::Fatal(format!(
-                "{NOT_HELD}{name}: observedGeneration and GatewayClass statuses need a cluster"
+                "{NOT_HELD}{name}: GatewayClass statuses and objects fetched from a cluster"
             ))),
             _ => {
                 let _ = interp;
