@@ -239,7 +239,12 @@ fn cors(m: &Fields<'_>) -> Result<String, Condition> {
 
 /// A rule's `retry` as the route's (`None`: no retries). The API counts
 /// retries, cutover counts attempts (the first included).
-pub(super) fn retry(m: &Fields<'_>) -> Result<Option<String>, Condition> {
+///
+/// With `timeouts.backendRequest`, each attempt gets that long
+/// (`per_try_timeout`) and one that runs out is retried; the API's
+/// `attempts` is exact, so the upstream's retry budget is opened wide
+/// (the API has no budget of its own here).
+pub(super) fn retry(m: &Fields<'_>, per_try: Option<&str>) -> Result<Option<String>, Condition> {
     let retries = m.int("attempts").unwrap_or(1);
     let codes: Vec<String> = m
         .get("codes")
@@ -266,13 +271,22 @@ pub(super) fn retry(m: &Fields<'_>) -> Result<Option<String>, Condition> {
             ),
         ));
     }
-    // Connection errors are always retried (HTTPRouteRetryConnectionError).
-    let mut on = vec!["\"connect_failure\"".to_owned()];
+    // Connection errors are always retried: a refused or failed connect,
+    // and a connection that ends without an answer
+    // (HTTPRouteRetryConnectionError).
+    let mut on = vec!["\"connect_failure\"".to_owned(), "\"reset\"".to_owned()];
+    if per_try.is_some() {
+        on.push("\"timeout\"".to_owned());
+    }
     on.extend(codes);
     let mut parts = vec![
         format!("attempts = {}", retries + 1),
         format!("on = [{}]", on.join(", ")),
+        "budget = { ratio = 1.0, min_per_second = 10000 }".to_owned(),
     ];
+    if let Some(t) = per_try {
+        parts.push(format!("per_try_timeout = {}", toml_str(t)));
+    }
     if let Some(b) = backoff {
         parts.push(format!(
             "backoff = {{ base = {}, max = {} }}",

@@ -148,28 +148,33 @@ pub(super) fn import_route(
                 }
             }
         }
-        if let Some(retry) = rule.object("retry") {
-            match super::filters::retry(&retry) {
+        let (request_timeout, backend_timeout) = match rule.object("timeouts") {
+            Some(timeouts) => {
+                let pair = (
+                    timeouts.str("request").and_then(duration_text),
+                    timeouts.str("backendRequest").and_then(duration_text),
+                );
+                for field in timeouts.rest() {
+                    rule_conditions.push(unsupported(&field));
+                }
+                pair
+            }
+            None => (None, None),
+        };
+        let retried = rule.object("retry");
+        // With retries, `backendRequest` bounds each attempt and `request`
+        // the whole exchange; without, cutover's one `timeout` is the
+        // shorter of the two.
+        template.timeout = match (&retried, request_timeout, backend_timeout.clone()) {
+            (Some(_), request, _) => request,
+            (None, Some(r), Some(b)) => Some(shorter(&r, &b).to_owned()),
+            (None, Some(t), None) | (None, None, Some(t)) => Some(t),
+            (None, None, None) => None,
+        };
+        if let Some(retry) = retried {
+            match super::filters::retry(&retry, backend_timeout.as_deref()) {
                 Ok(written) => template.retry = written,
                 Err(problem) => rule_conditions.push(problem),
-            }
-        }
-        if let Some(timeouts) = rule.object("timeouts") {
-            let request = timeouts.str("request");
-            let backend = timeouts.str("backendRequest");
-            template.timeout = match (request, backend) {
-                (Some(r), Some(b)) => Some(shorter(r, b).to_owned()),
-                (Some(t), None) | (None, Some(t)) => Some(t.to_owned()),
-                (None, None) => None,
-            }
-            .and_then(|t| parse_duration(&t))
-            .filter(|ms| *ms > 0)
-            .map(|ms| match ms % 1000 {
-                0 => format!("{}s", ms / 1000),
-                _ => format!("{ms}ms"),
-            });
-            for field in timeouts.rest() {
-                rule_conditions.push(unsupported(&field));
             }
         }
         let mut matches = rule.list("matches");
@@ -541,4 +546,15 @@ fn allows(ctx: &Context<'_>, listener: &Listener, gateway: &Resource, route: &Re
                 == Some(v.as_str())
         }),
     }
+}
+
+/// A Gateway API duration as cutover writes one (`"1500ms"`, `"10s"`);
+/// `None` for zero (no timeout) or one that does not parse.
+fn duration_text(text: &str) -> Option<String> {
+    parse_duration(text)
+        .filter(|ms| *ms > 0)
+        .map(|ms| match ms % 1000 {
+            0 => format!("{}s", ms / 1000),
+            _ => format!("{ms}ms"),
+        })
 }

@@ -245,6 +245,7 @@ async fn driven(
             std::iter::empty(),
             None,
             None,
+            true,
         )
         .await
         .map_err(|error| match error {

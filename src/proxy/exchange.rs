@@ -75,6 +75,7 @@ pub(super) fn forward<'a>(
             backend,
             timeout: route.timeout(),
             trail: target.trail.clone(),
+            resend_unanswered: true,
         };
         let req = req.map(|body| RequestBody::Streaming(body, target.trail.clone()));
         let guards = StreamGuards::new(
@@ -198,6 +199,10 @@ pub(super) struct Hop<'a> {
     /// For the response head, from the end of the request body.
     pub timeout: std::time::Duration,
     pub trail: Option<Arc<Trail>>,
+    /// A pooled HTTP/1.1 connection that closes under an idempotent
+    /// request sends it once more on a new one; not when the route's own
+    /// retries count resets (their `attempts` is then exact).
+    pub resend_unanswered: bool,
 }
 
 impl Hop<'_> {
@@ -490,6 +495,7 @@ fn driven_exchange<'a>(
             forwarded.headers(),
             interim.is_some().then_some(&forward_interim),
             proxy.as_ref(),
+            hop.resend_unanswered,
         )
         .await
         {

@@ -183,7 +183,12 @@ pub(super) async fn forward_with_retries(
             budget.retried.add(1);
             if let Some(retry) = retry {
                 let pause = backoff(retry, attempt - 1);
+                // Retries left, no time for them: the route timed out
+                // (504, as when an attempt runs into the deadline), at
+                // the deadline.
                 if Instant::now() + pause >= deadline {
+                    tokio::time::sleep_until(deadline.into()).await;
+                    last = Some(Err(ProxyError::UpstreamTimeout(route.timeout())));
                     break;
                 }
                 tokio::time::sleep(pause).await;
@@ -282,6 +287,7 @@ impl Template<'_> {
                 backend,
                 timeout,
                 trail: self.target.trail.clone(),
+                resend_unanswered: !self.route.spec.retry.as_ref().is_some_and(|r| r.on.reset),
             };
             let guards = StreamGuards::new(
                 self.ledger.request(),

@@ -301,8 +301,9 @@ pub enum ExchangeError {
 /// A pooled connection can be closed by the backend (idle timeout,
 /// restart) just as it is handed a request; the request then fails
 /// without an answer. An idempotent request without a body is then sent
-/// once more on a new connection, as nginx and Envoy do; anything else
-/// fails (502).
+/// once more on a new connection (with `resend_unanswered`: the caller's
+/// own retries may count such a failure instead), as nginx and Envoy do;
+/// anything else fails (502).
 ///
 /// An `async move` block rather than an `async fn`, which would copy the
 /// request into a local of its own before encoding it.
@@ -317,6 +318,7 @@ pub fn request<'h, 'a, B, I>(
     extra_headers: I,
     informational: Option<Informational<'a>>,
     proxy: Option<&'a super::ProxyHeader>,
+    resend_unanswered: bool,
 ) -> impl std::future::Future<Output = Result<Response<Box<UpstreamBody<B>>>, ExchangeError>>
        + use<'h, 'a, B, I>
 where
@@ -333,7 +335,7 @@ where
             let fresh = Box::pin(pool.connect(addr, connect_timeout, proxy)).await?;
             return Ok(send(fresh, encoded, &mut deadline, informational).await?);
         };
-        let replay = encoded.replayable().then(|| encoded.replay());
+        let replay = (resend_unanswered && encoded.replayable()).then(|| encoded.replay());
         match (
             send(pooled, encoded, &mut deadline, informational).await,
             replay,
@@ -1487,6 +1489,7 @@ mod tests {
             [],
             None,
             None,
+            true,
         )
         .await?;
         let mut body = response.into_body();

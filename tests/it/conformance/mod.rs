@@ -298,7 +298,7 @@ async fn run_test(
                 .as_u64()
                 .or(p["port"].as_u64())
                 .unwrap_or(80) as u16;
-            if let Err(e) = pods.serve(&pod, target, tls.clone()).await {
+            if let Err(e) = pods.serve(&pod, target, tls.clone()) {
                 import_error.get_or_insert(format!("echo server for {ns}/{name}: {e}"));
             }
             let mut port = json!({ "port": target, "protocol": "TCP" });
@@ -400,6 +400,14 @@ async fn run_test(
             _ => None,
         };
         run.end(fatal);
+        if let (Some(keep), Some(Ok(gateway))) =
+            (std::env::var_os("CUTOVER_CONFORMANCE_KEEP"), &run.gateway)
+        {
+            let _ = std::fs::write(
+                PathBuf::from(keep).join(&test.name).join("gateway.log"),
+                gateway.logs(),
+            );
+        }
         let mut unknown = interp.unknown;
         unknown.sort();
         unknown.dedup();

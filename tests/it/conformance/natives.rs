@@ -1060,7 +1060,12 @@ impl Run {
             "CompareRoundTrip" => Ok(
                 match compare_round_trip(&arg(1), &arg(2), &arg(3), &arg(4)) {
                     Ok(()) => V::Nil,
-                    Err(e) => V::Str(e),
+                    Err(e) => {
+                        if std::env::var_os("CUTOVER_CONFORMANCE_DEBUG").is_some() {
+                            eprintln!("{} :: CompareRoundTrip :: {e}", self.test);
+                        }
+                        V::Str(e)
+                    }
                 },
             ),
             "AwaitConvergence" => {

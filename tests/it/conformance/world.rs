@@ -254,18 +254,22 @@ impl Pods {
     }
 
     /// Makes `pod` answer on `port` (TLS with `tls` when given).
-    pub async fn serve(
+    pub fn serve(
         &self,
         pod: &Arc<Pod>,
         port: u16,
         tls: Option<(String, String)>,
     ) -> Result<(), String> {
         let key = (pod.ip, port);
-        if self.ports.lock().expect("ports").contains_key(&key) {
+        // Held across the bind: two tests asking for one pod's port at
+        // once get one server.
+        let mut ports = self.ports.lock().expect("ports");
+        if ports.contains_key(&key) {
             return Ok(());
         }
-        let listener = tokio::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(pod.ip), port))
-            .await
+        let listener = std::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(pod.ip), port))
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .and_then(tokio::net::TcpListener::from_std)
             .map_err(|e| format!("{}:{port}: {e}", pod.ip))?;
         let acceptor = match tls {
             Some((cert, key)) => Some(acceptor(&cert, &key)?),
@@ -306,7 +310,7 @@ impl Pods {
                 });
             }
         });
-        self.ports.lock().expect("ports").insert(key, task);
+        ports.insert(key, task);
         Ok(())
     }
 }
@@ -507,6 +511,11 @@ where
                     *n
                 };
                 if seen <= after {
+                    if let Some(delay) =
+                        knob("delayRetry").and_then(|d| humantime::parse_duration(&d).ok())
+                    {
+                        tokio::time::sleep(delay).await;
+                    }
                     return match knob("responseCode").and_then(|c| c.parse::<u16>().ok()) {
                         Some(code) => {
                             let mut response = hyper::Response::new(Full::new(Bytes::new()));
