@@ -5,7 +5,7 @@ use serde_json::Value;
 use super::http::{unsupported, Built, Context};
 use super::matches::{escape, PathEdit};
 use super::policy::{self, BackendTls};
-use super::routes::{list, literal, Action, Backend, HeaderEdits, Route, Upstream, METHODS};
+use super::routes::{list, literal, Action, Backend, HeaderEdits, Route, Upstream};
 use super::status::Condition;
 use super::{toml_str, Fields, Resource, Services, GROUP};
 
@@ -199,7 +199,7 @@ fn cors(m: &Fields<'_>) -> Result<String, Condition> {
         })
         .collect();
     let methods: Vec<String> = match m.strings("allowMethods") {
-        m if m.iter().any(|x| x == "*") => METHODS.iter().map(|x| (*x).to_owned()).collect(),
+        m if m.iter().any(|x| x == "*") => vec!["*".to_owned()],
         m => m,
     };
     let headers = m.strings("allowHeaders");

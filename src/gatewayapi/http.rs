@@ -63,6 +63,8 @@ pub(super) fn import_route(
         if grpc { "_grpc" } else { "" }
     );
     let mut pending: Vec<Route> = Vec::new();
+    // Why rules were dropped alone (PartiallyInvalid).
+    let mut partially: Vec<String> = Vec::new();
     for (ri, rule) in spec.list("rules").iter().enumerate() {
         rule.ignore(&["name"]);
         let upstream_name = format!("{base}_r{ri}");
@@ -116,6 +118,10 @@ pub(super) fn import_route(
             rank: (0, Reverse(0), 0, Reverse(0), Reverse(0), order, 0, 0),
         };
         let mut path_edit: Option<PathEdit> = None;
+        // A rule cutover refuses on purpose (a CORS policy the Fetch
+        // standard forbids) is dropped alone: the route's other rules
+        // serve, and it says PartiallyInvalid.
+        let mut dropped = None;
         for (fi, filter) in rule.list("filters").iter().enumerate() {
             if let Err(problem) = apply_filter(
                 ctx,
@@ -127,7 +133,11 @@ pub(super) fn import_route(
                 built,
                 &mut resolved,
             ) {
-                rule_conditions.push(problem);
+                if filter.str("type") == Some("CORS") && problem.reason == "UnsupportedValue" {
+                    dropped = Some(problem);
+                } else {
+                    rule_conditions.push(problem);
+                }
             }
         }
         if let Some(Value::Array(filters)) = lifted {
@@ -230,7 +240,9 @@ pub(super) fn import_route(
                         r.methods = parts.method.iter().cloned().collect();
                         r.headers = parts.headers.clone();
                         r.query = parts.query.clone();
-                        pending.push(r);
+                        if dropped.is_none() {
+                            pending.push(r);
+                        }
                     }
                 }
                 Err(problems) => rule_conditions.extend(problems),
@@ -238,6 +250,9 @@ pub(super) fn import_route(
         }
         for field in rule.rest() {
             rule_conditions.push(unsupported(&field));
+        }
+        if let Some(problem) = dropped {
+            partially.push(problem.message);
         }
     }
     for field in spec.rest() {
@@ -268,6 +283,11 @@ pub(super) fn import_route(
             Some(problem) => problem.clone(),
             None => Condition::yes("ResolvedRefs", "ResolvedRefs"),
         });
+        if !partially.is_empty() {
+            let mut c = Condition::yes("PartiallyInvalid", "UnsupportedValue");
+            c.message = format!("rules not served: {}", partially.join("; "));
+            conditions.push(c);
+        }
         status.parents.push(ParentStatus {
             parent_ref,
             conditions,
@@ -288,6 +308,24 @@ pub(super) fn import_route(
                     host.as_deref().map_or_else(|| "any".to_owned(), part)
                 );
                 r.host = host.clone();
+                // A redirect naming neither scheme nor port goes to the
+                // listener's port (the API's rule), written out: cutover
+                // keeps the request's port only while the host stays.
+                if let Action::Redirect(parts) = &mut r.action {
+                    let named = |k: &str| parts.iter().any(|(key, _)| key == k);
+                    if !named("scheme") && !named("port") && named("host") {
+                        if let Some(l) = ctx.listeners.iter().find(|l| l.cutover == *listener) {
+                            let default = if l.cutover.starts_with("https") {
+                                443
+                            } else {
+                                80
+                            };
+                            if l.port != default {
+                                parts.push(("port".into(), l.port.to_string()));
+                            }
+                        }
+                    }
+                }
                 built.routes.push(r);
             }
         }

@@ -156,8 +156,13 @@ impl Imported {
             )
             .chain(self.gateways.iter().flat_map(|g| &g.conditions))
             .all(|c| {
+                // A condition true for a problem (a rule dropped, an
+                // insecure mode, some listeners invalid) is not all well.
                 c.status
-                    && c.kind != "InsecureFrontendValidationMode"
+                    && !matches!(
+                        c.kind,
+                        "InsecureFrontendValidationMode" | "PartiallyInvalid" | "Conflicted"
+                    )
                     && c.reason != "ListenersNotValid"
             })
             && self

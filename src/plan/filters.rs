@@ -151,6 +151,9 @@ impl MediaRange {
 pub struct Cors {
     pub origins: Origins,
     pub methods: Vec<http::Method>,
+    /// `allow_methods = ["*"]`: every method (answered `*`, or the
+    /// method asked for on a credentialed request).
+    pub any_method: bool,
     /// `Access-Control-Allow-Methods`.
     pub methods_value: HeaderValue,
     pub allow_headers: AllowHeaders,

@@ -260,15 +260,21 @@ fn preflight(
         .collect::<Vec<_>>()
         .join(",");
     let allowed = origin.is_some_and(|o| cors.origins.admits(o))
-        && cors.methods.contains(&method)
+        && (cors.any_method || cors.methods.contains(&method))
         && cors.allow_headers.admits(&requested);
     if !allowed {
         return Some((response, false));
     }
-    out.insert(
-        header::ACCESS_CONTROL_ALLOW_METHODS,
-        cors.methods_value.clone(),
-    );
+    // Every method: `*`, which a credentialed request reads as a method
+    // name (Fetch), so it gets the one it asked for.
+    let methods = match (
+        cors.any_method && cors.credentials,
+        HeaderValue::from_str(method.as_str()),
+    ) {
+        (true, Ok(asked)) => asked,
+        _ => cors.methods_value.clone(),
+    };
+    out.insert(header::ACCESS_CONTROL_ALLOW_METHODS, methods);
     let allow_headers = match &cors.allow_headers {
         AllowHeaders::Any => HeaderValue::from_str(&requested).ok(),
         AllowHeaders::List(_, value) => value.clone(),
@@ -287,8 +293,6 @@ pub(super) struct CorsMark<'g> {
     cors: &'g Cors,
     /// The request's origin, when allowed.
     allowed: Option<HeaderValue>,
-    /// The answer is a preflight's (no `Expose-Headers`).
-    preflight: bool,
 }
 
 impl<'g> CorsMark<'g> {
@@ -297,11 +301,7 @@ impl<'g> CorsMark<'g> {
             .get(header::ORIGIN)
             .filter(|o| o.to_str().is_ok_and(|o| cors.origins.admits(o)))
             .cloned();
-        CorsMark {
-            cors,
-            allowed,
-            preflight: false,
-        }
+        CorsMark { cors, allowed }
     }
 
     /// The marks of an answer to a request; `preflight`: the request is
@@ -312,14 +312,9 @@ impl<'g> CorsMark<'g> {
         match preflight {
             Some(false) => CorsMark {
                 allowed: None,
-                preflight: true,
                 ..mark
             },
-            Some(true) => CorsMark {
-                preflight: true,
-                ..mark
-            },
-            None => mark,
+            _ => mark,
         }
     }
 
@@ -354,7 +349,9 @@ impl<'g> CorsMark<'g> {
                 HeaderValue::from_static("true"),
             );
         }
-        if let Some(expose) = self.cors.expose.as_ref().filter(|_| !self.preflight) {
+        // On preflights too: browsers read it on the actual answer only,
+        // but clients that check a preflight see the whole policy.
+        if let Some(expose) = self.cors.expose.as_ref() {
             headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, expose.clone());
         }
     }

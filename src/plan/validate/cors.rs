@@ -71,7 +71,20 @@ impl Validator<'_> {
             }
             Origins::List { exact, patterns }
         };
+        let any_method = c
+            .allow_methods
+            .as_ref()
+            .is_some_and(|list| list.iter().any(|m| m == "*"));
+        if any_method && c.allow_methods.as_ref().is_some_and(|list| list.len() > 1) {
+            self.error(
+                Code::InvalidValue,
+                at("allow_methods"),
+                "\"*\" stands for every method: list it alone",
+            );
+            ok = false;
+        }
         let names: Vec<&str> = match &c.allow_methods {
+            Some(_) if any_method => Vec::new(),
             Some(list) => list.iter().map(String::as_str).collect(),
             None => DEFAULT_METHODS.to_vec(),
         };
@@ -122,7 +135,11 @@ impl Validator<'_> {
                 age.map(|d| HeaderValue::from(d.as_secs()))
             }
         };
-        let methods_value = joined(methods.iter().map(Method::as_str));
+        let methods_value = if any_method {
+            Some(HeaderValue::from_static("*"))
+        } else {
+            joined(methods.iter().map(Method::as_str))
+        };
         if !ok {
             return None;
         }
@@ -130,6 +147,7 @@ impl Validator<'_> {
             origins,
             methods_value: methods_value.unwrap_or_else(|| HeaderValue::from_static("GET")),
             methods,
+            any_method,
             allow_headers,
             expose,
             credentials,
