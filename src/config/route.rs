@@ -257,10 +257,28 @@ pub struct FileRoute {
     /// Copies of a share of the requests to another upstream, answers
     /// discarded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mirror: Option<FileMirror>,
+    pub mirror: Option<FileMirrors>,
     /// Methods beyond the idempotent ones that `mirror` copies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror_methods: Option<Vec<String>>,
+}
+
+/// `mirror`: one `{ upstream, percent, max_inflight }`, or a list of
+/// them (each copies on its own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FileMirrors {
+    One(FileMirror),
+    Many(Vec<FileMirror>),
+}
+
+impl FileMirrors {
+    pub fn list(&self) -> &[FileMirror] {
+        match self {
+            FileMirrors::One(m) => std::slice::from_ref(m),
+            FileMirrors::Many(list) => list,
+        }
+    }
 }
 
 /// `mirror = { upstream, percent, max_inflight }` (DESIGN §17, §22).

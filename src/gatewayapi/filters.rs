@@ -116,13 +116,6 @@ pub(super) fn apply_filter(
             let Some(m) = filter.object("requestMirror") else {
                 return Err(missing(filter, "requestMirror"));
             };
-            if r.mirror.is_some() {
-                return Err(Condition::no(
-                    "Accepted",
-                    "UnsupportedValue",
-                    format!("{}: cutover mirrors a route to one upstream", filter.path()),
-                ));
-            }
             let percent = match (m.int("percent"), m.object("fraction")) {
                 (Some(p), _) => u32::try_from(p).unwrap_or(100),
                 (None, Some(f)) => {
@@ -146,7 +139,7 @@ pub(super) fn apply_filter(
                             },
                         );
                         if percent > 0 {
-                            r.mirror = Some((mirror_name.to_owned(), percent.min(100)));
+                            r.mirrors.push((mirror_name.to_owned(), percent.min(100)));
                         }
                     }
                     Err(c) => resolved.push(c),

@@ -111,7 +111,7 @@ pub(super) fn import_route(
             response_headers: None,
             rewrite: None,
             host_rewrite: None,
-            mirror: None,
+            mirrors: Vec::new(),
             timeout: None,
             cors: None,
             retry: None,

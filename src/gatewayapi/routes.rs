@@ -86,7 +86,8 @@ pub(super) struct Route {
     pub(super) response_headers: Option<HeaderEdits>,
     pub(super) rewrite: Option<(String, String)>,
     pub(super) host_rewrite: Option<String>,
-    pub(super) mirror: Option<(String, u32)>,
+    /// `(upstream, percent)` of each `RequestMirror`.
+    pub(super) mirrors: Vec<(String, u32)>,
     pub(super) timeout: Option<String>,
     /// `cors = { … }` (the CORS filter), as written.
     pub(super) cors: Option<String>,
@@ -134,7 +135,7 @@ impl Route {
         let mut out = Vec::new();
         if let Action::Upstream(u) = &self.action {
             out.push(u.as_str());
-            if let Some((m, _)) = &self.mirror {
+            for (m, _) in &self.mirrors {
                 out.push(m.as_str());
             }
         }
@@ -202,13 +203,24 @@ impl Route {
         if let Some(host) = self.host_rewrite.as_ref().filter(|_| forwards) {
             line("host_rewrite", toml_str(host));
         }
-        if let Some((upstream, percent)) = self.mirror.as_ref().filter(|_| forwards) {
+        if forwards && !self.mirrors.is_empty() {
+            let each: Vec<String> = self
+                .mirrors
+                .iter()
+                .map(|(upstream, percent)| {
+                    format!(
+                        "{{ upstream = {}, percent = {percent} }}",
+                        toml_str(upstream)
+                    )
+                })
+                .collect();
             line(
                 "mirror",
-                format!(
-                    "{{ upstream = {}, percent = {percent} }}",
-                    toml_str(upstream)
-                ),
+                if each.len() == 1 {
+                    each[0].clone()
+                } else {
+                    format!("[{}]", each.join(", "))
+                },
             );
         }
         if let Some(timeout) = &self.timeout {

@@ -34,8 +34,9 @@ pub struct Filters {
     pub auth: Option<RouteAuth>,
     pub cors: Option<Arc<Cors>>,
     pub compress: Option<Arc<Compress>>,
-    /// Copies to another upstream (routes with `upstream` only).
-    pub mirror: Option<Arc<Mirror>>,
+    /// Copies to other upstreams (routes with `upstream` only), each on
+    /// its own.
+    pub mirrors: Vec<Arc<Mirror>>,
 }
 
 /// `mirror = { upstream, percent, max_inflight }` with the route's
@@ -247,7 +248,7 @@ impl Filters {
             && self.response_headers.is_none()
             && self.cors.is_none()
             && self.compress.is_none()
-            && self.mirror.is_none()
+            && self.mirrors.is_empty()
     }
 }
 

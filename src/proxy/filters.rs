@@ -141,8 +141,8 @@ impl<'g> Effective<'g> {
     }
 
     /// The route's own `mirror` (not a listener default).
-    pub(super) fn mirror(&self) -> Option<&'g crate::plan::Mirror> {
-        self.own.and_then(|f| f.mirror.as_deref())
+    pub(super) fn mirrors(&self) -> &'g [std::sync::Arc<crate::plan::Mirror>] {
+        self.own.map_or(&[], |f| f.mirrors.as_slice())
     }
 
     pub(super) fn host_rewrite(&self) -> Option<&'g crate::plan::HostRewrite> {

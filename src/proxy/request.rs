@@ -566,10 +566,18 @@ fn route_and_answer<'g, 'a>(
             }
             target.host_rewrite = f.host_rewrite();
             request_id = checked.request_id;
-            // A copy to the route's mirror, as it is forwarded.
-            if let (Some(mirror), Step::Proxy(..)) = (f.mirror(), &step) {
-                if let Some(upstream) = generation.upstream(&mirror.upstream) {
-                    req = super::mirror::copy(req, mirror, route, upstream, target.path.as_deref());
+            // A copy to each of the route's mirrors, as it is forwarded.
+            if let Step::Proxy(..) = &step {
+                for mirror in f.mirrors() {
+                    if let Some(upstream) = generation.upstream(&mirror.upstream) {
+                        req = super::mirror::copy(
+                            req,
+                            mirror,
+                            route,
+                            upstream,
+                            target.path.as_deref(),
+                        );
+                    }
                 }
             }
         }

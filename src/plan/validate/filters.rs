@@ -134,7 +134,7 @@ impl Validator<'_> {
             Some(given) => self.compress(&at("compress"), given).map(Some),
             None => Some(None),
         };
-        let mirror = self.mirror(i, r);
+        let mirrors = self.mirrors(i, r);
         let proxies = r.upstream.is_some();
         for (key, set) in [
             ("rewrite", r.rewrite.is_some()),
@@ -161,7 +161,7 @@ impl Validator<'_> {
             auth: auth?,
             cors: cors?,
             compress: compress?,
-            mirror: mirror?,
+            mirrors: mirrors?,
         };
         if !ok {
             return None;

@@ -9,19 +9,69 @@ use crate::plan::Mirror;
 pub const DEFAULT_MIRROR_INFLIGHT: u32 = 64;
 
 impl Validator<'_> {
-    /// Route `i`'s `mirror`: `Some(None)` when it has none.
-    pub(super) fn mirror(&mut self, i: usize, r: &FileRoute) -> Option<Option<Arc<Mirror>>> {
-        let at = |key: &str| format!("routes[{i}].{key}");
-        let Some(m) = &r.mirror else {
+    /// Route `i`'s `mirror` (one, or a list): empty when it has none.
+    pub(super) fn mirrors(&mut self, i: usize, r: &FileRoute) -> Option<Vec<Arc<Mirror>>> {
+        let Some(mirrors) = &r.mirror else {
             if r.mirror_methods.is_some() {
                 self.error(
                     Code::UnexpectedOption,
-                    at("mirror_methods"),
+                    format!("routes[{i}].mirror_methods"),
                     "mirror_methods says which methods `mirror` copies: it needs a mirror",
                 );
                 return None;
             }
-            return Some(None);
+            return Some(Vec::new());
+        };
+        let list = mirrors.list();
+        if list.is_empty() {
+            self.error(
+                Code::InvalidValue,
+                format!("routes[{i}].mirror"),
+                "mirror = [] copies nothing: name a mirror, or remove the key",
+            );
+            return None;
+        }
+        let many = matches!(mirrors, crate::config::FileMirrors::Many(_));
+        let mut out = Vec::new();
+        let mut ok = true;
+        for (n, m) in list.iter().enumerate() {
+            let key = if many {
+                format!("mirror[{n}]")
+            } else {
+                "mirror".to_owned()
+            };
+            if list[..n].iter().any(|o| o.upstream == m.upstream) {
+                self.error(
+                    Code::ConflictingOptions,
+                    format!("routes[{i}].{key}.upstream"),
+                    format!(
+                        "upstream '{}' is mirrored already: one copy per upstream",
+                        m.upstream
+                    ),
+                );
+                ok = false;
+                continue;
+            }
+            match self.mirror(i, r, m, &key) {
+                Some(m) => out.push(m),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    /// One mirror of route `i`, written at `routes[i].{key}`.
+    fn mirror(
+        &mut self,
+        i: usize,
+        r: &FileRoute,
+        m: &crate::config::FileMirror,
+        key: &str,
+    ) -> Option<Arc<Mirror>> {
+        let at = |field: &str| match field {
+            "mirror" => format!("routes[{i}].{key}"),
+            "mirror_methods" => format!("routes[{i}].mirror_methods"),
+            other => format!("routes[{i}].{key}{}", other.trim_start_matches("mirror")),
         };
         let mut ok = true;
         if r.upstream.is_none() {
@@ -79,12 +129,12 @@ impl Validator<'_> {
             }
         }
         ok.then(|| {
-            Some(Arc::new(Mirror {
+            Arc::new(Mirror {
                 upstream: m.upstream.clone(),
                 percent,
                 max_inflight,
                 methods,
-            }))
+            })
         })
     }
 }

@@ -234,7 +234,8 @@ pub enum Type {
     Named(String),
     Slice(Box<Type>),
     Array(Box<Type>),
-    Map(Box<Type>, Box<Type>),
+    /// `map[K]V` (the value type; keys need none here).
+    Map(Box<Type>),
     Pointer(Box<Type>),
     Struct(Vec<String>),
     Func,
@@ -252,7 +253,6 @@ pub enum Expr {
         func: Box<Expr>,
         args: Vec<Expr>,
         spread: bool,
-        line: usize,
     },
     Index(Box<Expr>, Box<Expr>),
     Slice(Box<Expr>, Option<Box<Expr>>, Option<Box<Expr>>),
@@ -274,9 +274,9 @@ pub type Block = Vec<Stmt>;
 
 #[derive(Debug, Clone)]
 pub enum Stmt {
-    Expr(Expr, usize),
-    Define(Vec<String>, Vec<Expr>, usize),
-    Assign(Vec<Expr>, &'static str, Vec<Expr>, usize),
+    Expr(Expr),
+    Define(Vec<String>, Vec<Expr>),
+    Assign(Vec<Expr>, &'static str, Vec<Expr>),
     IncDec(Expr, bool),
     If {
         init: Option<Box<Stmt>>,
@@ -624,7 +624,8 @@ impl Parser {
                 let key = self.ty()?;
                 self.expect("]")?;
                 let value = self.ty()?;
-                Ok(Type::Map(Box::new(key), Box::new(value)))
+                let _ = key;
+                Ok(Type::Map(Box::new(value)))
             }
             Tok::Ident(k) if k == "func" => {
                 self.next();
@@ -703,7 +704,6 @@ impl Parser {
     }
 
     fn stmt(&mut self) -> R<Stmt> {
-        let line = self.line();
         if let Tok::Ident(kw) = self.peek().clone() {
             match kw.as_str() {
                 "if" => return self.if_stmt(),
@@ -731,7 +731,7 @@ impl Parser {
                 // A goroutine runs at once, to its end.
                 "go" => {
                     self.next();
-                    return Ok(Stmt::Expr(self.expr()?, line));
+                    return Ok(Stmt::Expr(self.expr()?));
                 }
                 "var" | "const" => {
                     self.next();
@@ -745,7 +745,7 @@ impl Parser {
                         } else {
                             values
                         };
-                        defines.push(Stmt::Define(names, values, line));
+                        defines.push(Stmt::Define(names, values));
                     }
                     return Ok(if defines.len() == 1 {
                         defines.remove(0)
@@ -782,11 +782,11 @@ impl Parser {
             if self.is_kw("range") {
                 return Err(format!("line {line}: range outside for"));
             }
-            return Ok(Stmt::Define(names, self.expr_list()?, line));
+            return Ok(Stmt::Define(names, self.expr_list()?));
         }
         for op in ["=", "+=", "-=", "*=", "/=", "|=", "&="] {
             if self.eat(op) {
-                return Ok(Stmt::Assign(lhs, op, self.expr_list()?, line));
+                return Ok(Stmt::Assign(lhs, op, self.expr_list()?));
             }
         }
         if self.eat("++") {
@@ -794,12 +794,12 @@ impl Parser {
         }
         if self.eat("<-") {
             // A channel send: the value is evaluated, nothing waits.
-            return Ok(Stmt::Expr(self.expr()?, line));
+            return Ok(Stmt::Expr(self.expr()?));
         }
         if self.eat("--") {
             return Ok(Stmt::IncDec(one(lhs)?, false));
         }
-        Ok(Stmt::Expr(one(lhs)?, line))
+        Ok(Stmt::Expr(one(lhs)?))
     }
 
     fn if_stmt(&mut self) -> R<Stmt> {
@@ -813,7 +813,7 @@ impl Parser {
             (Some(Box::new(first)), cond)
         } else {
             match first {
-                Stmt::Expr(e, _) => (None, e),
+                Stmt::Expr(e) => (None, e),
                 _ => return Err(self.error("expected a condition")),
             }
         };
@@ -896,7 +896,7 @@ impl Parser {
             // `for cond {`
             self.no_literal = saved;
             let cond = match init.map(|b| *b) {
-                Some(Stmt::Expr(e, _)) => Some(e),
+                Some(Stmt::Expr(e)) => Some(e),
                 _ => return Err(self.error("expected a loop condition")),
             };
             return Ok(Stmt::For {
@@ -944,13 +944,13 @@ impl Parser {
                 init = Some(Box::new(first));
                 if !self.is("{") {
                     tag = Some(match self.simple_stmt()? {
-                        Stmt::Expr(e, _) => e,
+                        Stmt::Expr(e) => e,
                         _ => return Err(self.error("type switches are not read")),
                     });
                 }
             } else {
                 tag = Some(match first {
-                    Stmt::Expr(e, _) => e,
+                    Stmt::Expr(e) => e,
                     _ => return Err(self.error("type switches are not read")),
                 });
             }
@@ -1057,7 +1057,6 @@ impl Parser {
                 continue;
             }
             if self.is("(") {
-                let line = self.line();
                 self.next();
                 let saved = self.no_literal;
                 self.no_literal = false;
@@ -1084,7 +1083,6 @@ impl Parser {
                     func: Box::new(e),
                     args,
                     spread,
-                    line,
                 };
                 continue;
             }

@@ -383,18 +383,18 @@ impl Interp {
         }
         match stmt {
             Stmt::Empty => Flow::Normal,
-            Stmt::Expr(e, _) => {
+            Stmt::Expr(e) => {
                 val!(self.expr(e, natives));
                 Flow::Normal
             }
-            Stmt::Define(names, values, _) => {
+            Stmt::Define(names, values) => {
                 let vals = val!(self.values(values, names.len(), natives));
                 for (n, v) in names.iter().zip(vals) {
                     self.define(n, v);
                 }
                 Flow::Normal
             }
-            Stmt::Assign(targets, op, values, _) => {
+            Stmt::Assign(targets, op, values) => {
                 let vals = val!(self.values(values, targets.len(), natives));
                 for (target, v) in targets.iter().zip(vals) {
                     let v = if *op == "=" {
@@ -781,9 +781,7 @@ impl Interp {
             }
             Expr::Composite { ty, elems } => self.composite(ty.as_ref(), elems, natives),
             Expr::Selector(base, name) => self.selector(base, name, natives),
-            Expr::Call {
-                func, args, spread, ..
-            } => self.call(func, args, *spread, natives),
+            Expr::Call { func, args, spread } => self.call(func, args, *spread, natives),
         }
     }
 
@@ -847,7 +845,7 @@ impl Interp {
         let element_type = |ty: Option<&Type>| -> Option<Type> {
             match ty {
                 Some(Type::Slice(t) | Type::Array(t)) => Some((**t).clone()),
-                Some(Type::Map(_, t)) => Some((**t).clone()),
+                Some(Type::Map(t)) => Some((**t).clone()),
                 Some(Type::Pointer(t)) => Some((**t).clone()),
                 _ => None,
             }

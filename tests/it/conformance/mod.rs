@@ -24,7 +24,7 @@ mod interp;
 mod natives;
 mod world;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -131,7 +131,7 @@ fn load(dir: &Path) -> Result<(Vec<Test>, Funcs, Globals), String> {
             continue;
         };
         let mut interp = Interp::new(Rc::clone(&imports), Rc::clone(&funcs), Rc::clone(&globals));
-        let mut field = |name: &str| -> Option<Expr> {
+        let field = |name: &str| -> Option<Expr> {
             elems
                 .iter()
                 .find(|(k, _)| matches!(k, Some(Expr::Ident(n)) if n == name))

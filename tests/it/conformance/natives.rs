@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
-use super::interp::{go_eq, tuple, Flow, Interp, Natives, V};
+use super::interp::{go_eq, Flow, Interp, Natives, V};
 use super::world::{canonical_header, Pki, Pods};
 use crate::harness::Gateway;
 
