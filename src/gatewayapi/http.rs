@@ -10,13 +10,16 @@ use super::filters::{apply_filter, backends};
 use super::matches::{grpc_match, intersect, route_match, split_path, PathEdit, Redirect};
 use super::routes::{part, Action, Path, Route, Upstream, METHODS};
 use super::status::{Condition, ParentStatus, RouteStatus};
-use super::{gateways, AllowedFrom, Fields, Listener, Options, Resource, GROUP};
+use super::{isolation, AllowedFrom, Fields, Listener, Options, Resource, GROUP};
 
 pub(super) struct Context<'a> {
     pub resources: &'a [Resource],
     pub gateways: &'a [&'a Resource],
+    pub sets: &'a [&'a Resource],
     pub listeners: &'a [Listener],
     pub namespaces: &'a BTreeMap<&'a str, &'a Map<String, Value>>,
+    /// Per Gateway: the client certificate it shows backends.
+    pub backend_clients: &'a [Option<(String, String)>],
     pub options: &'a Options,
 }
 
@@ -296,6 +299,22 @@ pub(super) fn import_route(
     if accepted_problem.is_some() {
         return (status, BTreeMap::new());
     }
+    // The client certificate the route's Gateways show backends, on the
+    // route's upstreams that speak TLS to them (the first Gateway's when
+    // several differ).
+    let client = attached_counts
+        .keys()
+        .filter_map(|&i| ctx.listeners.get(i))
+        .find_map(|l| ctx.backend_clients.get(l.gateway).cloned().flatten());
+    if let Some(client) = client {
+        for r in &pending {
+            for name in r.upstreams() {
+                if let Some(tls) = built.upstreams.get_mut(name).and_then(|u| u.tls.as_mut()) {
+                    tls.client = Some(client.clone());
+                }
+            }
+        }
+    }
     for (listener, hosts) in serve {
         for host in hosts {
             for r in &pending {
@@ -367,27 +386,46 @@ pub(super) fn attach(
         for field in parent.rest() {
             conditions.push(unsupported(&field));
         }
-        let gateway = ctx
-            .gateways
-            .iter()
-            .position(|g| g.namespace == namespace && g.name == name);
-        match (group == GROUP && kind == "Gateway", gateway) {
+        // The parent's listeners: a Gateway's own, or a ListenerSet's
+        // (attached to neither through the other).
+        let owner = match (group == GROUP, kind) {
+            (true, "Gateway") => ctx
+                .gateways
+                .iter()
+                .position(|g| g.namespace == namespace && g.name == name)
+                .map(|gi| (gi, None)),
+            (true, "ListenerSet") => ctx
+                .sets
+                .iter()
+                .position(|s| s.namespace == namespace && s.name == name)
+                .and_then(|si| {
+                    ctx.listeners
+                        .iter()
+                        .find(|l| l.set == Some(si))
+                        .map(|l| (l.gateway, Some(si)))
+                }),
+            _ => None,
+        };
+        match (
+            group == GROUP && matches!(kind, "Gateway" | "ListenerSet"),
+            owner,
+        ) {
             (false, _) => conditions.push(Condition::no(
                 "Accepted",
                 "NoMatchingParent",
-                format!("parent kind {group}/{kind} is not a Gateway"),
+                format!("parent kind {group}/{kind} is not a Gateway or a ListenerSet"),
             )),
             (true, None) => conditions.push(Condition::no(
                 "Accepted",
                 "NoMatchingParent",
-                format!("no Gateway {namespace}/{name} of the imported class"),
+                format!("no accepted {kind} {namespace}/{name} of the imported class"),
             )),
-            (true, Some(gi)) => {
+            (true, Some((gi, set))) => {
                 let candidates: Vec<usize> = ctx
                     .listeners
                     .iter()
                     .enumerate()
-                    .filter(|(_, l)| l.gateway == gi)
+                    .filter(|(_, l)| l.gateway == gi && l.set == set)
                     .filter(|(_, l)| section.is_none_or(|s| s == l.name))
                     .filter(|(_, l)| port.is_none_or(|p| p == i64::from(l.port)))
                     .map(|(i, _)| i)
@@ -396,8 +434,7 @@ pub(super) fn attach(
                     .iter()
                     .copied()
                     .filter(|&i| {
-                        ctx.listeners[i].takes(&route.kind)
-                            && allows(ctx, &ctx.listeners[i], ctx.gateways[gi], route)
+                        ctx.listeners[i].takes(&route.kind) && allows(ctx, &ctx.listeners[i], route)
                     })
                     .collect();
                 let mut matched = 0;
@@ -407,7 +444,7 @@ pub(super) fn attach(
                     // A name a more specific listener of the port owns is
                     // that listener's alone (listener isolation).
                     hosts.retain(|h| match h {
-                        Some(h) => !gateways::owned_elsewhere(ctx.listeners, i, h),
+                        Some(h) => !isolation::owned_elsewhere(ctx.listeners, i, h),
                         None => true,
                     });
                     if hosts.is_empty() {
@@ -566,9 +603,9 @@ fn parent_ref_json(parent: &Fields<'_>, route: &Resource) -> Value {
 }
 
 /// Whether `listener` takes routes from `route`'s namespace.
-fn allows(ctx: &Context<'_>, listener: &Listener, gateway: &Resource, route: &Resource) -> bool {
+fn allows(ctx: &Context<'_>, listener: &Listener, route: &Resource) -> bool {
     match &listener.from {
-        AllowedFrom::Same => route.namespace == gateway.namespace,
+        AllowedFrom::Same => route.namespace == listener.namespace,
         AllowedFrom::All => true,
         AllowedFrom::None => false,
         AllowedFrom::Selector(labels) => labels.iter().all(|(k, v)| {

@@ -15,9 +15,13 @@
 //! before it is returned.
 
 mod filters;
+mod frontend;
 mod gateways;
 mod http;
+mod isolation;
 mod l4;
+mod listener_sets;
+mod listeners;
 mod matches;
 mod policy;
 pub mod resources;
@@ -40,9 +44,10 @@ pub use status::{Condition, ParentStatus, RouteStatus};
 /// The group of every Gateway API kind.
 pub const GROUP: &str = "gateway.networking.k8s.io";
 /// The kinds of the Gateway API's group the import reads.
-const READ: [&str; 9] = [
+const READ: [&str; 10] = [
     "GatewayClass",
     "Gateway",
+    "ListenerSet",
     "HTTPRoute",
     "GRPCRoute",
     "TLSRoute",
@@ -124,6 +129,8 @@ pub struct Imported {
     pub routes: Vec<RouteStatus>,
     /// One per Gateway: its listeners' conditions.
     pub gateways: Vec<status::GatewayStatus>,
+    /// One per ListenerSet.
+    pub listener_sets: Vec<status::ListenerSetStatus>,
     /// One per BackendTLSPolicy.
     pub policies: Vec<policy::PolicyStatus>,
     /// Resources of the Gateway API's group the import does not read
@@ -155,6 +162,11 @@ impl Imported {
                     .flat_map(|l| &l.conditions),
             )
             .chain(self.gateways.iter().flat_map(|g| &g.conditions))
+            .chain(self.listener_sets.iter().flat_map(|s| {
+                s.conditions
+                    .iter()
+                    .chain(s.listeners.iter().flat_map(|l| &l.conditions))
+            }))
             .all(|c| {
                 // A condition true for a problem (a rule dropped, an
                 // insecure mode, some listeners invalid) is not all well.
@@ -190,7 +202,12 @@ impl Imported {
     /// The statuses as YAML documents (`kind`, `metadata`, `status`),
     /// the way `kubectl get -o yaml` shows them.
     pub fn status_yaml(&self) -> String {
-        status::yaml(&self.gateways, &self.routes, &self.policies)
+        status::yaml(
+            &self.gateways,
+            &self.listener_sets,
+            &self.routes,
+            &self.policies,
+        )
     }
 }
 
@@ -276,9 +293,12 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     let of_kind = |kind: &'static str| of_kind(resources, kind);
     let gateways::Gateways {
         gateways,
+        sets,
         listeners,
         ports,
         statuses: mut gateway_statuses,
+        set_statuses: mut listener_set_statuses,
+        backend_clients,
     } = gateways::read(resources, options);
     let namespaces: BTreeMap<&str, &serde_json::Map<String, Value>> = of_kind("Namespace")
         .map(|n| (n.name.as_str(), &n.labels))
@@ -287,8 +307,10 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     let ctx = http::Context {
         resources,
         gateways: &gateways,
+        sets: &sets,
         listeners: &listeners,
         namespaces: &namespaces,
+        backend_clients: &backend_clients,
         options,
     };
     let mut routes: Vec<&Resource> = of_kind("HTTPRoute").collect();
@@ -301,7 +323,12 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     let mut route_statuses = Vec::new();
     for (order, route) in routes.iter().enumerate() {
         let (status, attached) = http::import_route(&ctx, route, order, &mut built);
-        count_attached(&listeners, &mut gateway_statuses, attached);
+        count_attached(
+            &listeners,
+            &mut gateway_statuses,
+            &mut listener_set_statuses,
+            attached,
+        );
         route_statuses.push(status);
     }
     grpc_routes.sort_by(|a, b| {
@@ -309,7 +336,12 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     });
     for (order, route) in grpc_routes.iter().enumerate() {
         let (status, attached) = http::import_route(&ctx, route, routes.len() + order, &mut built);
-        count_attached(&listeners, &mut gateway_statuses, attached);
+        count_attached(
+            &listeners,
+            &mut gateway_statuses,
+            &mut listener_set_statuses,
+            attached,
+        );
         route_statuses.push(status);
     }
     http::settle(&mut built.routes);
@@ -326,7 +358,12 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     let mut l4 = BTreeMap::new();
     for route in l4_routes {
         let (status, attached) = l4::import_route(&ctx, route, &mut l4, &mut built.upstreams);
-        count_attached(&listeners, &mut gateway_statuses, attached);
+        count_attached(
+            &listeners,
+            &mut gateway_statuses,
+            &mut listener_set_statuses,
+            attached,
+        );
         route_statuses.push(status);
     }
 
@@ -357,6 +394,7 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
         config,
         routes: route_statuses,
         gateways: gateway_statuses,
+        listener_sets: listener_set_statuses,
         policies: policy::statuses(resources, options.base_dir.as_deref()),
         ignored: resources
             .iter()
@@ -370,16 +408,18 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
 fn count_attached(
     listeners: &[Listener],
     statuses: &mut [status::GatewayStatus],
+    sets: &mut [status::ListenerSetStatus],
     attached: BTreeMap<usize, usize>,
 ) {
     for (listener, count) in attached {
         let Some(l) = listeners.get(listener) else {
             continue;
         };
-        if let Some(ls) = statuses
-            .get_mut(l.gateway)
-            .and_then(|g| g.listeners.iter_mut().find(|s| s.name == l.name))
-        {
+        let owner = match l.set {
+            Some(si) => sets.get_mut(si).map(|s| &mut s.listeners),
+            None => statuses.get_mut(l.gateway).map(|g| &mut g.listeners),
+        };
+        if let Some(ls) = owner.and_then(|ls| ls.iter_mut().find(|s| s.name == l.name)) {
             ls.attached += count;
         }
     }
@@ -481,7 +521,7 @@ fn emit(
         out.push('\n');
     }
     for port in ports {
-        out.push_str(&gateways::isolation(port, &built.routes));
+        out.push_str(&isolation::isolation(port, &built.routes));
     }
     let used: BTreeSet<&str> = built
         .routes

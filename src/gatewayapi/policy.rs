@@ -19,6 +19,9 @@ pub(super) struct BackendTls {
     /// `validation.subjectAltNames`: what the certificate must name
     /// instead of `server_name` (DNS names and URIs).
     pub subject_alt_names: Vec<String>,
+    /// The client certificate shown to the backend (the Gateway's
+    /// `spec.tls.backend`): `(cert, key)` files.
+    pub client: Option<(String, String)>,
 }
 
 /// The policies among `resources`, oldest first.
@@ -233,6 +236,7 @@ pub(super) fn read(
         ca,
         server_name: hostname.to_owned(),
         subject_alt_names,
+        client: None,
     })
 }
 

@@ -273,9 +273,15 @@ impl Upstream {
             } else {
                 format!(", subject_alt_names = {}", list(&tls.subject_alt_names))
             };
+            let client = match &tls.client {
+                Some((cert, key)) => {
+                    format!(", cert = {}, key = {}", toml_str(cert), toml_str(key))
+                }
+                None => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "tls = {{ {ca}server_name = {}{sans} }}",
+                "tls = {{ {ca}server_name = {}{sans}{client} }}",
                 toml_str(&tls.server_name)
             );
         }

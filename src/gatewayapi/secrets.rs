@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
+use rustls_pki_types::pem::PemObject as _;
 use serde_json::Value;
 
 use super::filters::granted;
@@ -69,8 +70,8 @@ pub(super) fn certificate(
             "Secret {namespace}/{name} has no tls.crt and tls.key"
         )));
     };
-    let pem = |bytes: &[u8], marker: &str| String::from_utf8_lossy(bytes).contains(marker);
-    if !pem(&cert, "-----BEGIN CERTIFICATE-----") || !pem(&key, "PRIVATE KEY-----") {
+    let key_parses = rustls_pki_types::PrivateKeyDer::from_pem_slice(&key).is_ok();
+    if !is_certificate_pem(&String::from_utf8_lossy(&cert)) || !key_parses {
         return Err(invalid(format!(
             "Secret {namespace}/{name}: tls.crt and tls.key are not PEM"
         )));
@@ -139,7 +140,6 @@ pub(super) fn listener_certificates(
 /// (a ConfigMap's `ca.crt` that merely looks like PEM is refused here,
 /// with the API's reason, rather than by cutover's own validation).
 pub(super) fn is_certificate_pem(pem: &str) -> bool {
-    use rustls_pki_types::pem::PemObject;
     let mut any = false;
     for der in rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
         match der {
@@ -148,4 +148,29 @@ pub(super) fn is_certificate_pem(pem: &str) -> bool {
         }
     }
     any
+}
+
+/// `spec.tls.backend.clientCertificateRef` of a Gateway: the certificate
+/// it shows backends that ask (those of its routes' BackendTLSPolicies),
+/// as `(cert, key)` files; `None` when none is set; the `ResolvedRefs`
+/// condition it fails (`InvalidClientCertificateRef`, `RefNotPermitted`).
+pub(super) fn backend_client(
+    resources: &[Resource],
+    gateway: &Resource,
+    spec: &Fields<'_>,
+    base: Option<&Path>,
+) -> Option<Result<(String, String), Condition>> {
+    let tls = spec.object("tls")?;
+    let backend = tls.object("backend")?;
+    let reference = backend.object("clientCertificateRef")?;
+    Some(
+        certificate(resources, gateway, &reference, base).map_err(|c| {
+            let reason = if c.reason == "RefNotPermitted" {
+                "RefNotPermitted"
+            } else {
+                "InvalidClientCertificateRef"
+            };
+            Condition::no("ResolvedRefs", reason, c.message)
+        }),
+    )
 }

@@ -114,8 +114,11 @@ pub struct GatewayStatus {
     /// The Gateway's `metadata.generation` the status describes.
     pub generation: i64,
     pub listeners: Vec<ListenerStatus>,
-    /// `Accepted`, `Programmed` (and `InsecureFrontendValidationMode`).
+    /// `Accepted`, `Programmed`, `ResolvedRefs` (and
+    /// `InsecureFrontendValidationMode`).
     pub conditions: Vec<Condition>,
+    /// `attachedListenerSets`, when the Gateway takes ListenerSets.
+    pub attached_listener_sets: Option<usize>,
     /// The address it listens on (none when that is every address).
     pub addresses: Vec<String>,
 }
@@ -128,14 +131,53 @@ impl GatewayStatus {
             generation: generation_of(gateway),
             listeners: Vec::new(),
             conditions: Vec::new(),
+            attached_listener_sets: None,
             addresses: Vec::new(),
         }
     }
 }
 
+/// A ListenerSet's status: its conditions and its listeners'.
+#[derive(Debug, Clone, Default)]
+pub struct ListenerSetStatus {
+    pub namespace: String,
+    pub name: String,
+    pub generation: i64,
+    pub conditions: Vec<Condition>,
+    pub listeners: Vec<ListenerStatus>,
+    /// Accepted by its parent (counted in its `attachedListenerSets`).
+    pub attached: bool,
+}
+
+impl ListenerSetStatus {
+    pub fn new(set: &Resource) -> Self {
+        ListenerSetStatus {
+            namespace: set.namespace.clone(),
+            name: set.name.clone(),
+            generation: generation_of(set),
+            ..Self::default()
+        }
+    }
+}
+
+fn listeners_json(listeners: &[ListenerStatus], generation: i64) -> Vec<Value> {
+    listeners
+        .iter()
+        .map(|l| {
+            json!({
+                "name": l.name,
+                "attachedRoutes": l.attached,
+                "supportedKinds": l.supported_kinds.iter().map(|k| json!({ "group": GROUP, "kind": k })).collect::<Vec<_>>(),
+                "conditions": l.conditions.iter().map(|c| c.json(generation)).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
 /// Every status as a YAML document.
 pub fn yaml(
     gateways: &[GatewayStatus],
+    sets: &[ListenerSetStatus],
     routes: &[RouteStatus],
     policies: &[super::policy::PolicyStatus],
 ) -> String {
@@ -143,13 +185,11 @@ pub fn yaml(
     for g in gateways {
         let mut status = json!({
             "conditions": g.conditions.iter().map(|c| c.json(g.generation)).collect::<Vec<_>>(),
-            "listeners": g.listeners.iter().map(|l| json!({
-                "name": l.name,
-                "attachedRoutes": l.attached,
-                "supportedKinds": l.supported_kinds.iter().map(|k| json!({ "group": GROUP, "kind": k })).collect::<Vec<_>>(),
-                "conditions": l.conditions.iter().map(|c| c.json(g.generation)).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
+            "listeners": listeners_json(&g.listeners, g.generation),
         });
+        if let Some(n) = g.attached_listener_sets {
+            status["attachedListenerSets"] = json!(n);
+        }
         if !g.addresses.is_empty() {
             status["addresses"] = g
                 .addresses
@@ -162,6 +202,17 @@ pub fn yaml(
             "kind": "Gateway",
             "metadata": { "namespace": g.namespace, "name": g.name },
             "status": status,
+        }));
+    }
+    for set in sets {
+        documents.push(json!({
+            "apiVersion": format!("{GROUP}/v1"),
+            "kind": "ListenerSet",
+            "metadata": { "namespace": set.namespace, "name": set.name },
+            "status": {
+                "conditions": set.conditions.iter().map(|c| c.json(set.generation)).collect::<Vec<_>>(),
+                "listeners": listeners_json(&set.listeners, set.generation),
+            },
         }));
     }
     for r in routes {

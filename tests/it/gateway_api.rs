@@ -938,12 +938,12 @@ async fn a_backend_tls_policy_makes_the_gateway_verify_its_backend() {
         ),
         route("tls", NS, "  parentRefs: [{ name: gw }]\n  rules: [{ backendRefs: [{ name: secure, port: 443 }] }]"),
         // A kind of the API's group the import does not read: said.
-        "apiVersion: gateway.networking.k8s.io/v1alpha1\nkind: ListenerSet\nmetadata: { name: extra, namespace: infra }\nspec: {}\n---\n".to_owned(),
+        "apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: BackendLBPolicy\nmetadata: { name: extra, namespace: infra }\nspec: {}\n---\n".to_owned(),
     ]
     .concat();
     let dir = tempfile::tempdir().unwrap();
     let (code, config, statuses) = import_in(&dir, &yaml, &[]);
-    // Exit 2 for the ListenerSet alone.
+    // Exit 2 for the BackendLBPolicy alone.
     assert_eq!(code, 2, "{statuses}");
     assert!(!statuses.contains("status: \"False\""), "{statuses}");
     assert!(config.contains("protocol = \"https\""), "{config}");

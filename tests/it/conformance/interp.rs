@@ -1055,7 +1055,12 @@ impl Interp {
                 Some(Expr::Type(Type::Map(..))) => V::Map(Vec::new()),
                 _ => V::List(Vec::new()),
             }),
-            "new" => Ok(V::Nil),
+            // `new(T)` is a zero value; `new(expr)` (Go 1.26) a pointer to
+            // the value, which here is the value.
+            "new" => match args.first() {
+                Some(Expr::Type(_)) | None => Ok(V::Nil),
+                Some(_) => eval(self).map(|v| v.into_iter().next().unwrap_or(V::Nil)),
+            },
             "delete" => {
                 let v = match eval(self) {
                     Ok(v) => v,

@@ -345,8 +345,9 @@ impl Run {
                 .collect();
             self.route_has_parents(kind_of_route, route, &V::List(parents), namespace_required)?;
         }
-        if parent_kind == "Gateway" {
-            self.listeners_have_conditions(
+        if matches!(parent_kind.as_str(), "Gateway" | "ListenerSet") {
+            self.owner_listeners_have_conditions(
+                &parent_kind,
                 &nn,
                 &cond(&[
                     ("ResolvedRefs", "True", ""),
@@ -367,7 +368,21 @@ impl Run {
         conditions: &[V],
         names: &[String],
     ) -> Result<(), String> {
-        let status = self.gateway_status(gw)?;
+        self.owner_listeners_have_conditions("Gateway", gw, conditions, names)
+    }
+
+    /// `GatewayListenersMustHaveConditions` and its ListenerSet twin.
+    fn owner_listeners_have_conditions(
+        &self,
+        kind: &str,
+        gw: &V,
+        conditions: &[V],
+        names: &[String],
+    ) -> Result<(), String> {
+        let status = self
+            .doc(kind, gw)
+            .map(|d| &d["status"])
+            .ok_or_else(|| format!("no status for {kind} {}", nn_str(gw)))?;
         let listeners = status["listeners"].as_array().cloned().unwrap_or_default();
         let mut unmatched: Vec<&String> = names.iter().collect();
         for c in conditions {
@@ -396,7 +411,15 @@ impl Run {
 
     /// `gatewayListenersMatch`.
     fn gateway_listeners_match(&self, gw: &V, expected: &V) -> Result<(), String> {
-        let status = self.gateway_status(gw)?;
+        self.owner_listeners_match("Gateway", gw, expected)
+    }
+
+    /// `gatewayListenersMatch` and `listenerSetListenersMatch`.
+    fn owner_listeners_match(&self, kind: &str, gw: &V, expected: &V) -> Result<(), String> {
+        let status = self
+            .doc(kind, gw)
+            .map(|d| &d["status"])
+            .ok_or_else(|| format!("no status for {kind} {}", nn_str(gw)))?;
         let actual = status["listeners"].as_array().cloned().unwrap_or_default();
         let expected = expected.list();
         if expected.len() != actual.len() {
@@ -777,20 +800,52 @@ impl Run {
                     result,
                 )
             }
-            "ListenerSetMustHaveCondition"
-            | "ListenerSetListenersMustHaveConditions"
-            | "ListenerSetStatusMustHaveListeners"
-            | "GatewayMustHaveAttachedListeners" => {
+            "ListenerSetMustHaveCondition" => {
                 let nn = arg(3);
-                let result = if self.doc("ListenerSet", &nn).is_some() {
-                    Err("ListenerSet statuses are not checked by this harness".into())
-                } else {
-                    Err(format!(
-                        "no status for ListenerSet {} (ListenerSet is not imported)",
-                        nn_str(&nn)
-                    ))
+                let c = arg(4);
+                let result = match self.doc("ListenerSet", &nn) {
+                    Some(d) if find_condition(&d["status"]["conditions"], &c) => Ok(()),
+                    Some(d) => Err(format!(
+                        "ListenerSet {}: no {}; has {}",
+                        nn_str(&nn),
+                        condition_str(&c),
+                        conditions_str([&d["status"]["conditions"]].into_iter())
+                    )),
+                    None => Err(format!("no status for ListenerSet {}", nn_str(&nn))),
                 };
-                self.status(format!("{name} {}", nn_str(&nn)), result)
+                self.status(
+                    format!("{name} {} {}", nn_str(&nn), condition_str(&c)),
+                    result,
+                )
+            }
+            "ListenerSetListenersMustHaveConditions" => {
+                let names: Vec<String> = rest(5).iter().map(s).collect();
+                let result = self.owner_listeners_have_conditions(
+                    "ListenerSet",
+                    &arg(3),
+                    &arg(4).list(),
+                    &names,
+                );
+                self.status(format!("{name} {} {names:?}", nn_str(&arg(3))), result)
+            }
+            "ListenerSetStatusMustHaveListeners" => {
+                let result = self.owner_listeners_match("ListenerSet", &arg(3), &arg(4));
+                self.status(format!("{name} {}", nn_str(&arg(3))), result)
+            }
+            "GatewayMustHaveAttachedListeners" => {
+                let want = arg(4).int();
+                let result = self.gateway_status(&arg(3)).and_then(|st| {
+                    let got = st["attachedListenerSets"].as_i64().unwrap_or(0);
+                    if got == want {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "Gateway {}: attachedListenerSets {got}, expected {want}",
+                            nn_str(&arg(3))
+                        ))
+                    }
+                });
+                self.status(format!("{name} {} {want}", nn_str(&arg(3))), result)
             }
             // `ConditionsHaveLatestObservedGeneration`: every condition
             // says it describes the resource's generation (1 unless the
