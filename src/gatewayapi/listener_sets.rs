@@ -111,11 +111,12 @@ pub(super) fn read(
     }
     let spec = set.spec();
     spec.ignore(&["parentRef"]);
-    let (mut accepted, mut served, mut count) = (0usize, 0usize, 0usize);
+    // A set is valid by the listeners it can serve (accepted, with their
+    // references resolved).
+    let (mut served, mut count) = (0usize, 0usize);
     for l in spec.list("listeners") {
         count += 1;
         let read = site.listener(&l, set, Some(si), held, out);
-        accepted += usize::from(read.accepted);
         served += usize::from(read.served);
         status.listeners.push(read.status);
     }
@@ -125,13 +126,13 @@ pub(super) fn read(
             "Invalid",
             format!("{field} is not supported by cutover's import"),
         )
-    } else if accepted == 0 {
+    } else if served == 0 {
         refused(
             "ListenersNotValid",
             "no listener is valid: see the listeners' conditions".into(),
         )
     } else {
-        let mut ok = if accepted == count {
+        let mut ok = if served == count {
             Condition::yes("Accepted", "Accepted")
         } else {
             let mut c = Condition::yes("Accepted", "ListenersNotValid");

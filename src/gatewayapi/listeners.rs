@@ -24,8 +24,12 @@ pub(super) struct Site<'r> {
     pub gateway_ok: bool,
     pub frontend: Frontend,
     /// The listeners read so far, by port: the first sets its protocol.
-    on_port: BTreeMap<(u16, bool), (ListenerKind, Vec<Option<String>>)>,
+    on_port: BTreeMap<(u16, bool), OnPort>,
 }
+
+/// A port's protocol (set by its first listener) and the hostnames of
+/// its listeners so far.
+type OnPort = (ListenerKind, Vec<Option<String>>);
 
 /// What reading one listener gave.
 pub(super) struct Read {

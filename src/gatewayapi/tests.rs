@@ -3,6 +3,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use base64::Engine as _;
+
 use super::matches::intersect;
 use super::*;
 
@@ -468,4 +470,145 @@ fn a_folder_is_read_without_its_hidden_files() {
     let found = resources::read(&[dir.path().to_path_buf()]).unwrap();
     let names: Vec<&str> = found.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["a"]);
+}
+
+fn listener_condition(
+    imported: &Imported,
+    gateway: &str,
+    listener: &str,
+    kind: &str,
+) -> (bool, String) {
+    let l = imported
+        .gateways
+        .iter()
+        .find(|g| g.name == gateway)
+        .and_then(|g| g.listeners.iter().find(|l| l.name == listener))
+        .unwrap_or_else(|| panic!("no listener {gateway}/{listener}"));
+    let c = l.conditions.iter().find(|c| c.kind == kind).unwrap();
+    (c.status, c.reason.clone())
+}
+
+#[test]
+fn two_gateways_never_share_a_port_they_each_get_an_address() {
+    let gw2 = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: { name: gw2, namespace: infra, creationTimestamp: \"2030-01-01T00:00:00Z\" }\nspec:\n  gatewayClassName: cutover\n  listeners: [{ name: http, port: 80, protocol: HTTP }]\n";
+    // One address for both: the newer Gateway's port 80 is taken.
+    let imported = import(gw2);
+    assert_eq!(
+        listener_condition(&imported, "gw2", "http", "Accepted"),
+        (false, "PortUnavailable".into())
+    );
+    assert_eq!(
+        listener_condition(&imported, "gw", "http", "Accepted"),
+        (true, "Accepted".into())
+    );
+    // Each its own address: both served, on listeners of their own.
+    let mut resources = Vec::new();
+    resources::parse(
+        &format!("{GATEWAY}\n---\n{gw2}"),
+        Path::new("t.yaml"),
+        &mut resources,
+    )
+    .unwrap();
+    let options = Options {
+        gateway_addresses: [("infra/gw2".to_owned(), "10.0.0.2".to_owned())].into(),
+        ..Options::default()
+    };
+    let imported = import_resources(&resources, &options).unwrap();
+    assert_eq!(
+        listener_condition(&imported, "gw2", "http", "Accepted"),
+        (true, "Accepted".into())
+    );
+    assert!(
+        imported.config.contains("bind = \"0.0.0.0:80\""),
+        "{}",
+        imported.config
+    );
+    assert!(
+        imported.config.contains("bind = \"10.0.0.2:80\""),
+        "{}",
+        imported.config
+    );
+    let gw2_status = imported.gateways.iter().find(|g| g.name == "gw2").unwrap();
+    assert_eq!(gw2_status.addresses, ["10.0.0.2"]);
+    // spec.addresses (an IP) is where a Gateway listens; another type is
+    // not accepted.
+    let named = gw2.replace(
+        "  listeners:",
+        "  addresses: [{ type: Hostname, value: lb.example }]\n  listeners:",
+    );
+    let imported = import(&named);
+    let g = imported.gateways.iter().find(|g| g.name == "gw2").unwrap();
+    assert!(g
+        .conditions
+        .iter()
+        .any(|c| c.kind == "Accepted" && !c.status && c.reason == "UnsupportedAddress"));
+    assert!(!imported.config.contains(
+        "name = \"http-80\"\nbind = \"0.0.0.0:80\"\n\n[[listeners]]\nname = \"http-80\""
+    ));
+}
+
+#[test]
+fn client_certificates_are_demanded_or_the_listener_is_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["secure.test".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{ name: site, namespace: infra }}\ntype: kubernetes.io/tls\ndata: {{ tls.crt: {}, tls.key: {} }}\n",
+        b64(&cert.pem()),
+        b64(&key.serialize_pem())
+    );
+    let ca = format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: clients, namespace: infra }}\ndata:\n  ca.crt: |\n{}",
+        cert.pem().lines().map(|l| format!("    {l}\n")).collect::<String>()
+    );
+    let gateway = |validation: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{ name: secure, namespace: infra }}\nspec:\n  gatewayClassName: cutover\n  tls: {{ frontend: {{ default: {{ validation: {validation} }} }} }}\n  listeners: [{{ name: https, port: 443, protocol: HTTPS, tls: {{ certificateRefs: [{{ name: site }}] }} }}]\n"
+        )
+    };
+    let run = |validation: &str| {
+        let mut resources = Vec::new();
+        let text = format!("{secret}---\n{ca}---\n{}", gateway(validation));
+        resources::parse(&text, Path::new("t.yaml"), &mut resources).unwrap();
+        let options = Options {
+            base_dir: Some(dir.path().to_path_buf()),
+            ..Options::default()
+        };
+        import_resources(&resources, &options).unwrap()
+    };
+    // A CA it reads: the listener demands client certificates.
+    let imported = run("{ caCertificateRefs: [{ kind: ConfigMap, group: \"\", name: clients }] }");
+    assert!(
+        imported
+            .config
+            .contains("tls.client_ca = \"gateway-api-secrets/client-ca-infra-secure-default.crt\""),
+        "{}",
+        imported.config
+    );
+    assert!(!imported.config.contains("client_auth"));
+    // AllowInsecureFallback: said on the Gateway, and written as such.
+    let imported = run("{ mode: AllowInsecureFallback, caCertificateRefs: [{ kind: ConfigMap, group: \"\", name: clients }] }");
+    assert!(imported
+        .config
+        .contains("tls.client_auth = \"insecure_fallback\""));
+    assert!(imported.gateways[0]
+        .conditions
+        .iter()
+        .any(|c| c.kind == "InsecureFrontendValidationMode" && c.status));
+    // A CA it cannot read: the listener is not served at all (never
+    // served without the check it asks for).
+    for (validation, reason) in [
+        ("{ caCertificateRefs: [{ kind: ConfigMap, group: \"\", name: missing }] }", "InvalidCACertificateRef"),
+        ("{ caCertificateRefs: [{ kind: Secret, group: \"\", name: site }] }", "InvalidCACertificateKind"),
+        ("{ caCertificateRefs: [{ kind: ConfigMap, group: \"\", name: clients, namespace: other }] }", "RefNotPermitted"),
+    ] {
+        let imported = run(validation);
+        assert_eq!(listener_condition(&imported, "secure", "https", "ResolvedRefs"), (false, reason.into()));
+        assert_eq!(listener_condition(&imported, "secure", "https", "Accepted"), (false, "NoValidCACertificate".into()));
+        assert!(!imported.config.contains("[[listeners]]"), "{}", imported.config);
+    }
 }

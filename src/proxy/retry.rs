@@ -187,7 +187,7 @@ pub(super) async fn forward_with_retries(
                 // (504, as when an attempt runs into the deadline), at
                 // the deadline.
                 if Instant::now() + pause >= deadline {
-                    tokio::time::sleep_until(deadline.into()).await;
+                    tokio::time::sleep_until(deadline).await;
                     last = Some(Err(ProxyError::UpstreamTimeout(route.timeout())));
                     break;
                 }

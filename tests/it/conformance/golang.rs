@@ -331,6 +331,9 @@ pub struct File {
     pub imports: Vec<(String, String)>,
 }
 
+/// One `var`/`const` spec: names, type, values.
+type VarSpec = (Vec<String>, Option<Type>, Vec<Expr>);
+
 pub struct Parser {
     toks: Vec<(Tok, usize)>,
     pos: usize,
@@ -521,7 +524,7 @@ impl Parser {
 
     /// `var`/`const` specs, one or a parenthesised group: names, type,
     /// values.
-    fn var_specs(&mut self) -> R<Vec<(Vec<String>, Option<Type>, Vec<Expr>)>> {
+    fn var_specs(&mut self) -> R<Vec<VarSpec>> {
         let mut specs = Vec::new();
         let group = self.eat("(");
         loop {
@@ -1000,10 +1003,7 @@ impl Parser {
 
     fn binary(&mut self, min: u8) -> R<Expr> {
         let mut left = self.unary()?;
-        loop {
-            let Tok::Op(op) = self.peek().clone() else {
-                break;
-            };
+        while let Tok::Op(op) = self.peek().clone() {
             let prec = match op {
                 "||" => 1,
                 "&&" => 2,

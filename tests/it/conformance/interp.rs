@@ -206,6 +206,9 @@ pub fn canonical_package(path: &str) -> String {
     path.rsplit('/').next().unwrap_or(path).to_owned()
 }
 
+/// A deferred call and the scopes it was deferred in.
+type Deferred = (Expr, Vec<HashMap<String, V>>);
+
 pub enum Flow {
     Normal,
     Break,
@@ -250,7 +253,7 @@ pub struct Interp {
     pub unknown: Vec<String>,
     pub steps: u64,
     /// Per running function: its deferred calls and their scopes.
-    defers: Vec<Vec<(Expr, Vec<HashMap<String, V>>)>>,
+    defers: Vec<Vec<Deferred>>,
 }
 
 type R = Result<V, Flow>;

@@ -588,7 +588,8 @@ fn summarize(results: &[Result_], partial: bool) {
         panic!("docs/gateway-api.md lacks the conformance markers");
     };
     let fresh = format!("{}{BEGIN}\n\n{table}\n{}", &doc[..start], &doc[end..]);
-    if std::env::var_os("CUTOVER_BLESS").is_some() {
+    let blessed = std::env::var_os("CUTOVER_BLESS").is_some();
+    if blessed {
         std::fs::write(&path, &fresh).expect("write docs/gateway-api.md");
     }
     let (mut st_pass, mut st_all, mut cs_pass, mut cs_all, mut refused) = (0, 0, 0, 0, 0);
@@ -617,7 +618,7 @@ fn summarize(results: &[Result_], partial: bool) {
         "replayed requests: {cs_pass} of {cs_all} pass (target 98 %)"
     );
     assert!(
-        fresh == doc,
+        blessed || fresh == doc,
         "docs/gateway-api.md's conformance table differs from this run: run with CUTOVER_BLESS=1 and commit it"
     );
 }

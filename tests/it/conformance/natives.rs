@@ -130,12 +130,8 @@ impl Run {
                     .not_held
                     .push(format!("{}: {}", frame.name, &m[NOT_HELD.len()..]))
             }
-            Some(m) => {
-                if frame.failed.is_none() {
-                    frame.failed = Some(m);
-                }
-            }
-            None => {}
+            Some(m) if frame.failed.is_none() => frame.failed = Some(m),
+            _ => {}
         }
         if frame.custom_traffic {
             self.report.cases.push(Outcome {
@@ -1836,7 +1832,7 @@ impl Natives for Run {
             }
             V::Opaque(what) if what == "features" && name == "Has" => {
                 let feature = s(&arg(0));
-                Some(Ok(V::Bool(self.features.iter().any(|f| *f == feature))))
+                Some(Ok(V::Bool(self.features.contains(&feature))))
             }
             V::Opaque(what) if what == "roundtripper" && name == "CaptureRoundTrip" => {
                 self.frame().custom_traffic = true;
