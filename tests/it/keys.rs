@@ -436,6 +436,12 @@ fn rows() -> Vec<Row> {
         .before(&["tls.client_ca = \"ca.pem\""]),
         row(
             "listeners",
+            "tls.strict_sni_host",
+            Https,
+            &["tls.strict_sni_host = true"],
+        ),
+        row(
+            "listeners",
             "tls.client_identity_headers",
             Https,
             &[
