@@ -45,6 +45,12 @@ enum Command {
         /// (repeatable; before the Gateway's `spec.addresses`).
         #[arg(long = "gateway-address", value_name = "NAMESPACE/NAME=ADDRESS", requires = "gateway_api", value_parser = gateway_address)]
         gateway_addresses: Vec<(String, String)>,
+        /// `NAMESPACE/NAME` or `NAMESPACE/*`: a Service the cluster has
+        /// though the folder does not describe it (repeatable); routes
+        /// reach it by its cluster DNS name. A Service neither described
+        /// nor named is `BackendNotFound`.
+        #[arg(long = "cluster-service", value_name = "NAMESPACE/NAME", requires = "gateway_api", value_parser = cluster_service)]
+        cluster_services: Vec<String>,
     },
     /// Validate a configuration file offline; exit 1 on any error.
     Check {
@@ -90,6 +96,12 @@ enum Import {
         /// Gateways never share an address and port.
         #[arg(long = "gateway-address", value_name = "NAMESPACE/NAME=ADDRESS", value_parser = gateway_address)]
         gateway_addresses: Vec<(String, String)>,
+        /// With `--services dns`: `NAMESPACE/NAME` or `NAMESPACE/*`, a
+        /// Service the cluster has though the resources do not describe
+        /// it (repeatable). A Service neither described nor named is
+        /// `BackendNotFound`.
+        #[arg(long = "cluster-service", value_name = "NAMESPACE/NAME", value_parser = cluster_service)]
+        cluster_services: Vec<String>,
         /// `[admin] bind` of the configuration written.
         #[arg(long, default_value = "127.0.0.1:9190")]
         admin: String,
@@ -101,6 +113,18 @@ enum Import {
         #[arg(long, default_value = cutover::gatewayapi::INVALID_ADDRESS)]
         invalid_address: String,
     },
+}
+
+/// `NAMESPACE/NAME` or `NAMESPACE/*`.
+fn cluster_service(text: &str) -> Result<String, String> {
+    match text.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok(text.to_owned())
+        }
+        _ => Err(format!("{text:?}: expected NAMESPACE/NAME or NAMESPACE/*")),
+    }
 }
 
 /// `NAMESPACE/NAME=ADDRESS`, the address an IP.
@@ -126,6 +150,7 @@ fn main() -> ExitCode {
             gateway_api,
             gateway_api_address,
             gateway_addresses,
+            cluster_services,
         } => match cutover::run(cutover::Options {
             config,
             watch,
@@ -133,6 +158,7 @@ fn main() -> ExitCode {
                 dir,
                 address: gateway_api_address,
                 gateway_addresses: gateway_addresses.into_iter().collect(),
+                cluster_services: cluster_services.into_iter().collect(),
             }),
             release_memory: cutover::lifecycle::release_memory,
         }) {
@@ -151,10 +177,15 @@ fn main() -> ExitCode {
             services,
             address,
             gateway_addresses,
+            cluster_services,
             admin,
             cluster_domain,
             invalid_address,
         }) => {
+            if !cluster_services.is_empty() && services != "dns" {
+                eprintln!("cutover import gateway-api: --cluster-service needs --services dns");
+                return ExitCode::from(1);
+            }
             let options = cutover::gatewayapi::Options {
                 gateway_class,
                 address,
@@ -163,6 +194,7 @@ fn main() -> ExitCode {
                     "dns" => cutover::gatewayapi::Services::Dns,
                     _ => cutover::gatewayapi::Services::Input,
                 },
+                cluster_services: cluster_services.into_iter().collect(),
                 cluster_domain,
                 admin,
                 invalid_address,

@@ -498,12 +498,23 @@ pub(super) fn resolve(
         ))]
     };
     let Some(service) = service else {
+        let known = &ctx.options.cluster_services;
         return match ctx.options.services {
-            Services::Dns => Ok(dns()),
+            Services::Dns
+                if known.contains(&format!("{namespace}/{name}"))
+                    || known.contains(&format!("{namespace}/*")) =>
+            {
+                Ok(dns())
+            }
+            Services::Dns => Err(Condition::no(
+                "ResolvedRefs",
+                "BackendNotFound",
+                format!("Service {namespace}/{name} is not among the resources, and no --cluster-service names it"),
+            )),
             Services::Input => Err(Condition::no(
                 "ResolvedRefs",
                 "BackendNotFound",
-                format!("Service {namespace}/{name} is not among the resources (give it, or import with --services dns)"),
+                format!("Service {namespace}/{name} is not among the resources (give it, or import with --services dns and --cluster-service)"),
             )),
         };
     };

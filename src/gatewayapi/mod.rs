@@ -69,8 +69,10 @@ pub enum Services {
     /// Only Services (and EndpointSlices) given in the input; another is
     /// `BackendNotFound`.
     Input,
-    /// A Service without EndpointSlices in the input (or absent from it)
-    /// is its cluster DNS name, `NAME.NAMESPACE.svc.DOMAIN:PORT`.
+    /// A Service without EndpointSlices in the input is its cluster DNS
+    /// name, `NAME.NAMESPACE.svc.DOMAIN:PORT`; so is one absent from the
+    /// input that `Options::cluster_services` names. Any other absent
+    /// Service is `BackendNotFound`: nothing says the cluster has it.
     Dns,
 }
 
@@ -85,6 +87,10 @@ pub struct Options {
     /// `spec.addresses`).
     pub gateway_addresses: BTreeMap<String, String>,
     pub services: Services,
+    /// With `Services::Dns`: the Services the cluster has beyond the
+    /// input, as `namespace/name` or `namespace/*` (every Service of
+    /// that namespace).
+    pub cluster_services: BTreeSet<String>,
     /// The cluster's DNS domain.
     pub cluster_domain: String,
     /// `[admin] bind` of the written configuration.
@@ -111,6 +117,7 @@ impl Default for Options {
             address: "0.0.0.0".into(),
             gateway_addresses: BTreeMap::new(),
             services: Services::Input,
+            cluster_services: BTreeSet::new(),
             cluster_domain: "cluster.local".into(),
             admin: "127.0.0.1:9190".into(),
             invalid_address: INVALID_ADDRESS.into(),
@@ -219,6 +226,9 @@ pub struct Source {
     pub address: String,
     /// Each Gateway's own address, by `namespace/name`.
     pub gateway_addresses: BTreeMap<String, String>,
+    /// The Services the cluster has beyond the folder's
+    /// (`namespace/name` or `namespace/*`).
+    pub cluster_services: BTreeSet<String>,
 }
 
 /// What `cutover run --gateway-api DIR` serves: DIR's settings file
@@ -261,7 +271,8 @@ pub fn compose_into(source: &Source, config: &std::path::Path) -> Result<Option<
         None => None,
     };
     // In a cluster the folder holds routes, not EndpointSlices: a
-    // Service it does not describe is its cluster DNS name.
+    // Service it describes, or one the cluster is said to have, is its
+    // cluster DNS name.
     let options = Options {
         settings,
         base_dir: Some(match config.parent() {
@@ -271,6 +282,7 @@ pub fn compose_into(source: &Source, config: &std::path::Path) -> Result<Option<
         address: source.address.clone(),
         gateway_addresses: source.gateway_addresses.clone(),
         services: Services::Dns,
+        cluster_services: source.cluster_services.clone(),
         ..Options::default()
     };
     let imported = import(&[dir.to_path_buf()], &options)?;

@@ -234,7 +234,9 @@ fn backends_resolve_to_ready_endpoints_or_say_why_not() {
     assert!(!blocks
         .iter()
         .any(|b| b.contains("infra_missing_") || b.contains("infra_port_")));
-    // With `--services dns`, an absent Service is its cluster name.
+    // With `--services dns`, an absent Service is its cluster name only
+    // when the cluster is said to have it (by name or its namespace);
+    // otherwise nothing vouches for it and it is not found.
     let mut resources = Vec::new();
     resources::parse(
         &format!("{GATEWAY}\n---\n{}", route("missing", "  parentRefs: [{ name: gw }]\n  rules: [{ backendRefs: [{ name: v9, port: 8080 }] }]")),
@@ -242,18 +244,39 @@ fn backends_resolve_to_ready_endpoints_or_say_why_not() {
         &mut resources,
     )
     .unwrap();
-    let options = Options {
-        services: Services::Dns,
-        ..Options::default()
+    let dns = |known: &[&str]| {
+        let options = Options {
+            services: Services::Dns,
+            cluster_services: known.iter().map(|s| (*s).to_owned()).collect(),
+            ..Options::default()
+        };
+        import_resources(&resources, &options).unwrap()
     };
-    let imported = import_resources(&resources, &options).unwrap();
-    assert!(
-        imported
-            .config
-            .contains("dns = \"v9.infra.svc.cluster.local:8080\""),
-        "{}",
-        imported.config
-    );
+    for known in [&["infra/v9"][..], &["infra/*"]] {
+        let imported = dns(known);
+        assert!(
+            imported
+                .config
+                .contains("dns = \"v9.infra.svc.cluster.local:8080\""),
+            "{}",
+            imported.config
+        );
+        assert!(imported.all_accepted(), "{}", imported.status_yaml());
+    }
+    for known in [&[][..], &["infra/v8", "other/*"]] {
+        let imported = dns(known);
+        assert!(
+            !imported.config.contains("svc.cluster.local"),
+            "{}",
+            imported.config
+        );
+        let statuses = imported.status_yaml();
+        assert!(statuses.contains("BackendNotFound"), "{statuses}");
+        assert!(
+            statuses.contains("no --cluster-service names it"),
+            "{statuses}"
+        );
+    }
 }
 
 #[test]

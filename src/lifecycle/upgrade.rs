@@ -305,6 +305,9 @@ impl Process {
                     for (gateway, address) in &source.gateway_addresses {
                         args.push(format!("--gateway-address={gateway}={address}").into());
                     }
+                    for service in &source.cluster_services {
+                        args.push(format!("--cluster-service={service}").into());
+                    }
                     args
                 }))
                 .env(handover::STATE_ENV, &path)

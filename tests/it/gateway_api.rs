@@ -160,18 +160,17 @@ fn route(name: &str, ns: &str, spec: &str) -> String {
 
 /// The gateway run on `folder`'s resources (`run --gateway-api --watch`),
 /// its listeners on loopback.
-fn watch_folder(folder: &std::path::Path) -> Gateway {
+fn watch_folder(folder: &std::path::Path, extra: &[&str]) -> Gateway {
     let folder = folder.to_str().unwrap();
-    Gateway::start_args(
-        "# written by --gateway-api\n",
-        &[
-            "--gateway-api",
-            folder,
-            "--gateway-api-address",
-            "127.0.0.1",
-            "--watch",
-        ],
-    )
+    let mut args = vec![
+        "--gateway-api",
+        folder,
+        "--gateway-api-address",
+        "127.0.0.1",
+        "--watch",
+    ];
+    args.extend_from_slice(extra);
+    Gateway::start_args("# written by --gateway-api\n", &args)
 }
 
 /// Which backend answered (its first body line), or the status.
@@ -592,7 +591,7 @@ async fn a_watched_folder_becomes_generations_one_route_at_a_time() {
         std::fs::rename(&tmp, dir.path().join("resources.yaml")).unwrap();
     };
     replace(&resources(None));
-    let gw = watch_folder(dir.path());
+    let gw = watch_folder(dir.path(), &[]);
     let at = gw.listener(&format!("http-{port}"));
     assert_eq!(who(&ask(at, "GET", "a.test", "/r7", &[]).await), "v1");
     assert!(
@@ -646,6 +645,7 @@ async fn the_kubernetes_example_imports_its_configmap_and_serves_it() {
             "/var/lib/cutover/cutover.toml",
             "--gateway-api",
             "/etc/cutover/gateway-api",
+            "--cluster-service=default/*",
             "--watch"
         ])
     );
@@ -677,7 +677,7 @@ async fn the_kubernetes_example_imports_its_configmap_and_serves_it() {
         .replace("0.0.0.0:9191", "127.0.0.1:0")
         .replace("state_dir = \"/var/lib/cutover/state\"\n", "");
     std::fs::write(dir.path().join("settings.toml"), settings).unwrap();
-    let gw = watch_folder(dir.path());
+    let gw = watch_folder(dir.path(), &["--cluster-service=default/*"]);
     let at = gw.listener(&format!("http-{port}"));
     let (status, headers, _) =
         ask(at, "GET", "shop.example.com", "/catalog/shoes?size=9", &[]).await;
