@@ -500,6 +500,9 @@ async fn invalid_and_restart_required_candidates_are_422_and_change_nothing() {
     assert_eq!(plan["activatable"], false);
     assert_eq!(plan["rejected"][0]["path"], "listeners.web.bind");
     assert_eq!(plan["rejected"][0]["reason"], "restart_required");
+    // The refusal names the command that applies it.
+    let action = plan["rejected"][0]["action"].as_str().unwrap_or_default();
+    assert!(action.contains("cutover ctl upgrade --config"), "{action}");
     assert_eq!(plan["diff"]["summary"]["restart_required"], 1);
     assert_eq!(a.control.store().active_id(), GenerationId(1));
 

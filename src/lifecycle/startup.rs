@@ -740,6 +740,16 @@ async fn drain(writer: &Writer, process: &Process, stop: Stop) {
             ?timeout,
             "drain timeout reached; closing the remaining connections"
         );
+        // Tunnels and L4 relays end as their protocol allows (a
+        // WebSocket's closing handshake), each with its access-log line.
+        let grace = crate::proxy::TUNNEL_CLOSE_GRACE + std::time::Duration::from_millis(500);
+        let still = control.listeners().cut(grace).await;
+        if still > 0 {
+            tracing::warn!(
+                connections = still,
+                "closing connections that did not finish at the drain deadline"
+            );
+        }
     } else {
         tracing::info!("drained");
     }

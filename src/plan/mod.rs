@@ -152,7 +152,7 @@ fn in_parallel<A: Send, B>(
     })
 }
 
-const RESTART_ACTION: &str = "apply with a drain-aware restart (POST /admin/lifecycle/upgrade)";
+const RESTART_ACTION: &str = "apply it with a drain-aware restart that starts from this configuration: `cutover ctl upgrade --config FILE` (POST /admin/lifecycle/upgrade with the configuration as the body); activation cannot";
 
 /// Plans `candidate` against the active generation (`None` at start-up).
 pub fn plan(candidate: &ConfigText, active: Option<(GenerationId, &Spec)>) -> Plan {

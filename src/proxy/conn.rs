@@ -42,6 +42,9 @@ pub struct ConnContext {
     pub alt_svc: Option<Arc<AltSvc>>,
     /// What the TLS handshake said (HTTPS connections), for templates.
     pub tls: std::sync::OnceLock<TlsInfo>,
+    /// For a tunnel the connection switches to: drain waits for it, and
+    /// ends it at the drain deadline.
+    pub lingering: super::listener::accept::Lingering,
 }
 
 /// An HTTPS connection's server name and client certificate.

@@ -390,6 +390,9 @@ async fn client_exchange(
                 backend.key.addr
             )));
         };
+        let websocket = protocol
+            .to_str()
+            .is_ok_and(|p| p.trim().eq_ignore_ascii_case("websocket"));
         let mut response = response;
         let upstream_half = hyper::upgrade::on(&mut response);
         let (mut parts, _) = response.into_parts();
@@ -398,7 +401,7 @@ async fn client_exchange(
         parts
             .headers
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        let tunnel = Tunnel {
+        let tunnel = super::tunnel::Tunnel {
             // The upgraded stream pins its generation for its lifetime, as
             // a connection: only the ledger entry and the backend are kept.
             pinned: guards.inflight.ledger().connection(),
@@ -406,6 +409,14 @@ async fn client_exchange(
             route: guards.route,
             store: guards.store,
             trail: hop.trail.clone(),
+            // Taken while the connection still counts: drain never sees
+            // the tunnel uncounted.
+            hold: (
+                conn.lingering.open.hold(),
+                conn.lingering.ended_at_cut.hold(),
+            ),
+            cut: conn.lingering.cut.clone(),
+            websocket,
         };
         drop(guards.inflight);
         tokio::spawn(tunnel.run(downstream, upstream_half, Arc::clone(&conn.listener)));
@@ -658,55 +669,6 @@ pub(super) fn requested_upgrade(req: &Request<ClientBody>) -> Option<HeaderValue
         .any(|token| token.eq_ignore_ascii_case("upgrade"));
     asks.then(|| req.headers().get(header::UPGRADE).cloned())
         .flatten()
-}
-
-/// An upgraded connection (WebSocket, …) spliced to its backend.
-struct Tunnel {
-    pinned: crate::generation::InflightGuard,
-    backend: crate::backends::BackendGuard,
-    route: Option<crate::generation::RouteSlot>,
-    store: Arc<crate::runtime::GenerationStore>,
-    /// Holds the request's access-log line (`handle` leaves it there for
-    /// a 101) until the tunnel closes.
-    trail: Option<Arc<Trail>>,
-}
-
-impl Tunnel {
-    async fn run(
-        self,
-        downstream: hyper::upgrade::OnUpgrade,
-        upstream: hyper::upgrade::OnUpgrade,
-        listener: Arc<str>,
-    ) {
-        let joined = tokio::join!(downstream, upstream);
-        // The 101 has been sent by now, so `handle` has left the line in
-        // the trail: it is taken out on every path (the line holds the
-        // trail too), and written when it drops.
-        let mut line = self.trail.as_ref().and_then(|t| t.take_deferred());
-        let (downstream, upstream) = match joined {
-            (Ok(d), Ok(u)) => (d, u),
-            (Err(error), _) | (_, Err(error)) => {
-                tracing::debug!(listener = %listener, %error, "protocol switch did not complete");
-                return;
-            }
-        };
-        let mut downstream = hyper_util::rt::TokioIo::new(downstream);
-        let mut upstream = hyper_util::rt::TokioIo::new(upstream);
-        let generation = self.pinned.ledger().generation();
-        let copied = tokio::select! {
-            copied = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => copied.ok(),
-            _ = super::conn::pinned_age_expired(&self.store, generation) => {
-                tracing::info!(listener = %listener, %generation, "closing an upgraded connection pinned past max_pinned_age");
-                None
-            }
-        };
-        // The line covers the whole session: its bytes each way, and its
-        // duration to the close.
-        if let (Some(line), Some((sent, received))) = (line.as_mut(), copied) {
-            line.tunnelled(sent, received);
-        }
-        drop((line, self.pinned, self.backend, self.route));
-    }
 }
 
 /// The client certificate's identity as `x-client-cert-*` headers (what

@@ -54,6 +54,9 @@ pub struct Http3 {
     pub draining: watch::Receiver<bool>,
     pub draining_flag: Arc<std::sync::atomic::AtomicBool>,
     pub open: OpenWork,
+    /// No tunnel opens over HTTP/3 (no protocol switch there); the
+    /// connection context carries it all the same.
+    pub lingering: super::listener::accept::Lingering,
     pub alt_svc: Arc<AltSvc>,
     /// `http3_early_data`: accept 0-RTT requests (idempotent ones).
     pub early_data: bool,
@@ -61,6 +64,9 @@ pub struct Http3 {
     /// (the endpoint's packets are on this runtime).
     pub workers: Option<Arc<super::workers::Workers>>,
 }
+
+/// H3_REQUEST_REJECTED (RFC 9114 §8.1): not processed, safe to retry.
+const H3_REQUEST_REJECTED: u64 = 0x010b;
 
 /// How often a taken UDP port is tried again (a predecessor draining).
 const BIND_RETRY: Duration = Duration::from_millis(100);
@@ -244,6 +250,7 @@ impl Endpoints {
                 interim: InterimQueue::new(),
                 alt_svc: None,
                 tls: std::sync::OnceLock::new(),
+                lingering: h3.lingering.clone(),
             });
             let hold = h3.open.hold();
             self.accepted.increment(1);
@@ -595,6 +602,10 @@ async fn connection(
     };
     let mut requests = tokio::task::JoinSet::new();
     let mut goaway_sent = false;
+    // The last request stream taken, and once the GOAWAY is out, the
+    // first stream it says was not processed (RFC 9114 §5.2).
+    let mut last_taken: Option<u64> = None;
+    let mut not_processed_from = u64::MAX;
     loop {
         // After the GOAWAY, the connection ends with its last stream
         // (a client may keep an idle one open: drain would wait for it).
@@ -603,7 +614,17 @@ async fn connection(
         }
         tokio::select! {
             accepted = conn.accept() => match accepted {
-                Ok(Some(resolver)) => {
+                Ok(Some(mut resolver)) => {
+                    let id = resolver.frame_stream.id().into_inner();
+                    if id >= not_processed_from {
+                        // Named in the GOAWAY as not processed: the client
+                        // may send it again elsewhere, so it is refused here.
+                        use h3::quic::SendStream as _;
+                        resolver.frame_stream.reset(H3_REQUEST_REJECTED);
+                        tracing::debug!(client = %ctx.remote, stream = id, "HTTP/3 request past the GOAWAY refused");
+                        continue;
+                    }
+                    last_taken = last_taken.max(Some(id));
                     let ctx = Arc::clone(&ctx);
                     let early = !confirmed.load(Ordering::Acquire);
                     // Boxed first: a request's future holds the whole
@@ -622,7 +643,14 @@ async fn connection(
             Some(_) = requests.join_next(), if !requests.is_empty() => {}
             _ = async { let _ = draining.wait_for(|d| *d).await; }, if !goaway_sent => {
                 goaway_sent = true;
-                if let Err(error) = conn.shutdown(0).await {
+                // The GOAWAY names the first request stream not processed:
+                // the one after the last taken (client bidirectional
+                // streams are 4 apart), or the first of all. h3 still
+                // hands over that very stream if it arrives: it is refused
+                // above.
+                not_processed_from = last_taken.map_or(0, |id| id + 4);
+                tracing::debug!(client = %ctx.remote, goaway_stream = not_processed_from, "HTTP/3 GOAWAY sent");
+                if let Err(error) = conn.shutdown(usize::from(last_taken.is_some())).await {
                     tracing::debug!(client = %ctx.remote, %error, "HTTP/3 GOAWAY failed");
                 }
             }

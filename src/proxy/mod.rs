@@ -33,6 +33,7 @@ mod retry;
 mod shadow;
 mod sockets;
 mod tcp;
+mod tunnel;
 mod udp;
 mod workers;
 
@@ -42,6 +43,7 @@ pub use error::{error_response, ProxyError};
 pub use listener::{
     BindError, BoundListener, ListenerInfo, ListenerSet, ListenerSocket, ListeningSocket,
 };
+pub use tunnel::CLOSE_GRACE as TUNNEL_CLOSE_GRACE;
 pub use workers::Workers;
 
 #[cfg(test)]

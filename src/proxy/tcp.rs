@@ -72,14 +72,16 @@ impl Setup {
 
 /// Proxies one accepted TCP connection from `client` (the peer, or the
 /// address a trusted PROXY header carried) until either side closes, it
-/// idles past the listener's `idle_timeout`, or its generation has been
-/// superseded for longer than `max_pinned_age`.
+/// idles past the listener's `idle_timeout`, its generation has been
+/// superseded for longer than `max_pinned_age`, or the drain deadline
+/// passes (`cut`).
 pub async fn relay_connection(
     mut downstream: TcpStream,
     client: SocketAddr,
     listener: Arc<str>,
     admission: Admission,
     counters: TcpCounters,
+    mut cut: tokio::sync::watch::Receiver<bool>,
 ) {
     let _ = downstream.set_nodelay(true);
     let generation = admission.store().load_full();
@@ -205,6 +207,10 @@ pub async fn relay_connection(
         _ = pinned_age_expired(&store, generation_id) => {
             tracing::info!(listener = %setup.listener, generation = %generation_id, "closing a connection pinned past max_pinned_age");
             Flags::NONE
+        }
+        Ok(_) = cut.wait_for(|cut| *cut) => {
+            tracing::info!(listener = %setup.listener, client = %client, "closing a connection still open at the drain deadline");
+            Flags::DRAIN_TIMEOUT
         }
     };
     // Both sockets are closed by now (the relay owned them).

@@ -1141,3 +1141,174 @@ async fn admin_requests_across_ten_upgrades_are_answered_or_refused_at_connect()
     );
     assert!(broken.is_empty(), "{} broken: {broken:?}", broken.len());
 }
+
+/// A WebSocket client's frame: `payload` under `opcode`, masked.
+fn ws_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let key = [0x5a, 0x17, 0xc3, 0x09];
+    assert!(payload.len() < 126);
+    let mut frame = vec![0x80 | opcode, 0x80 | payload.len() as u8];
+    frame.extend_from_slice(&key);
+    frame.extend(payload.iter().zip(key.iter().cycle()).map(|(b, k)| b ^ k));
+    frame
+}
+
+/// Reads one WebSocket frame (at most 125 bytes of payload): its opcode
+/// and unmasked payload; `None` at the end of the stream.
+async fn ws_read(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<(u8, Vec<u8>)> {
+    let mut head = [0u8; 2];
+    stream.read_exact(&mut head).await.ok()?;
+    let len = usize::from(head[1] & 0x7f);
+    assert!(len < 126, "long frame");
+    let mut key = [0u8; 4];
+    if head[1] & 0x80 != 0 {
+        stream.read_exact(&mut key).await.ok()?;
+    }
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload).await.ok()?;
+    for (b, k) in payload.iter_mut().zip(key.iter().cycle()) {
+        *b ^= k;
+    }
+    Some((head[0] & 0x0f, payload))
+}
+
+/// A WebSocket backend (RFC 6455 framing, handshake unchecked): echoes
+/// every frame, and answers a close with its own and a FIN.
+async fn websocket_backend() -> Backend {
+    use std::sync::Arc;
+    Backend::start(Arc::new(
+        |mut req: hyper::Request<hyper::body::Incoming>| {
+            Box::pin(async move {
+                let on_upgrade = hyper::upgrade::on(&mut req);
+                tokio::spawn(async move {
+                    let Ok(upgraded) = on_upgrade.await else {
+                        return;
+                    };
+                    let mut io = hyper_util::rt::TokioIo::new(upgraded);
+                    while let Some((opcode, payload)) = ws_read(&mut io).await {
+                        let mut frame = vec![0x80 | opcode, payload.len() as u8];
+                        frame.extend_from_slice(&payload);
+                        if io.write_all(&frame).await.is_err() || opcode == 8 {
+                            break;
+                        }
+                    }
+                    let _ = io.shutdown().await;
+                });
+                let mut response = hyper::Response::new(full(""));
+                *response.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+                for (name, value) in [("upgrade", "websocket"), ("connection", "upgrade")] {
+                    response.headers_mut().insert(name, value.parse().unwrap());
+                }
+                response
+            })
+        },
+    ))
+    .await
+}
+
+/// Issue 69 item 1: a WebSocket is open work. An upgrade's drain keeps
+/// it (every message echoed by the old process, which it was not: the
+/// socket died a fraction of a second into the drain), and at the drain
+/// deadline the gateway closes it as a server going away does: close
+/// 1001 after the last echo, a FIN once the client answered, and an
+/// access-log line saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_outlives_the_upgrade_until_the_drain_deadline_then_gets_1001() {
+    let backend = websocket_backend().await;
+    let base = slow_backend_config(backend.addr, "4s").replace(
+        "level = \"warn\"",
+        "level = \"warn\"\nformat = \"json\"\naccess = true\naccess_file = \"access.log\"",
+    );
+    assert!(base.contains("access_file"));
+    let gw = Gateway::start(&base);
+    let mut ws = TcpStream::connect(gw.listener("web")).await.unwrap();
+    ws.write_all(
+        b"GET /chat HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(
+            ws.read(&mut byte).await.unwrap(),
+            1,
+            "closed during the 101"
+        );
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let op = upgrade(&gw, None).await;
+    assert_eq!(op["outcome"], "succeeded", "{op}");
+    let drained_from = Instant::now();
+    // Half the drain: every message comes back.
+    let mut sent = 0;
+    while drained_from.elapsed() < Duration::from_secs(2) {
+        let message = format!("message {sent}");
+        ws.write_all(&ws_frame(1, message.as_bytes()))
+            .await
+            .unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), ws_read(&mut ws))
+            .await
+            .unwrap_or_else(|_| panic!("message {sent} not echoed\n{}", gw.logs()));
+        assert_eq!(
+            answer,
+            Some((1, message.into_bytes())),
+            "message {sent}, {:?} into the drain\n{}",
+            drained_from.elapsed(),
+            gw.logs()
+        );
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(sent >= 20, "{sent}");
+    // The deadline: a close 1001, at a frame boundary.
+    let close = tokio::time::timeout(Duration::from_secs(10), ws_read(&mut ws))
+        .await
+        .expect("no close at the drain deadline");
+    let waited = drained_from.elapsed();
+    assert_eq!(
+        close,
+        Some((8, 1001u16.to_be_bytes().to_vec())),
+        "{}",
+        gw.logs()
+    );
+    assert!(
+        waited >= Duration::from_millis(3500),
+        "closed {waited:?} into a 4 s drain"
+    );
+    ws.write_all(&ws_frame(8, &1001u16.to_be_bytes()))
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(5), ws.read_to_end(&mut rest)).await;
+    assert!(matches!(end, Ok(Ok(0))), "{end:?} {rest:?}");
+    // Its access-log line, from the old process.
+    let log = gw.path("access.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let found = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["path"] == "/chat");
+        if let Some(line) = found {
+            break line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no access-log line for the socket"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(line["status"], 101, "{line}");
+    assert_eq!(
+        line["flags"],
+        serde_json::json!(["upgraded", "drain_timeout"]),
+        "{line}"
+    );
+    assert!(line["bytes_in"].as_u64().unwrap() > 0, "{line}");
+}

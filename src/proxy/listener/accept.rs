@@ -40,6 +40,11 @@ pub(in crate::proxy) struct Gate {
     /// The same as `draining`, read on every response.
     pub(in crate::proxy) draining_flag: Arc<AtomicBool>,
     pub(super) open: Arc<OpenConnections>,
+    /// Set when the drain deadline passes: tunnels and L4 relays still
+    /// open end as their protocol allows.
+    pub(in crate::proxy) cut: watch::Sender<bool>,
+    /// Of the open work, what the deadline ends (tunnels, L4 relays).
+    pub(super) ended_at_cut: Arc<OpenConnections>,
 }
 
 impl Gate {
@@ -50,6 +55,17 @@ impl Gate {
             draining: watch::channel(false).0,
             draining_flag: Arc::new(AtomicBool::new(false)),
             open: Arc::new(OpenConnections::default()),
+            cut: watch::channel(false).0,
+            ended_at_cut: Arc::new(OpenConnections::default()),
+        }
+    }
+
+    /// What a connection's tunnels (and L4 relays) need of the set.
+    pub(super) fn lingering(&self) -> Lingering {
+        Lingering {
+            open: self.open_work(),
+            ended_at_cut: OpenWork(Arc::clone(&self.ended_at_cut)),
+            cut: self.cut.subscribe(),
         }
     }
 
@@ -92,12 +108,23 @@ pub(super) struct OpenConnections {
 }
 
 /// Counts work that drain waits for besides connections (a `udp`
-/// listener's sessions).
+/// listener's sessions, HTTP/3 connections, tunnels).
 #[derive(Clone)]
 pub struct OpenWork(pub(super) Arc<OpenConnections>);
 
 /// One unit of open work, until dropped.
 pub struct OpenHold(Arc<OpenConnections>);
+
+/// What outlives the request that opened it (a tunnel after a protocol
+/// switch, an L4 relay) needs to be drained: a hold on open work, so
+/// drain waits for it, and the drain deadline, when it must end.
+#[derive(Clone)]
+pub struct Lingering {
+    pub open: OpenWork,
+    /// What the deadline waits for once it has passed.
+    pub ended_at_cut: OpenWork,
+    pub cut: watch::Receiver<bool>,
+}
 
 impl OpenWork {
     pub fn hold(&self) -> OpenHold {
@@ -454,12 +481,14 @@ impl Accepting {
             return;
         };
         if let Some(counters) = &self.tcp_counters {
+            let _relay = OpenWork(Arc::clone(&self.gate.ended_at_cut)).hold();
             tcp::relay_connection(
                 stream,
                 remote,
                 Arc::clone(&self.name),
                 self.gate.admission.clone(),
                 counters.clone(),
+                self.gate.cut.subscribe(),
             )
             .await;
             drop(guard);
@@ -483,6 +512,7 @@ impl Accepting {
             interim: InterimQueue::new(),
             alt_svc: self.alt_svc.clone(),
             tls: std::sync::OnceLock::new(),
+            lingering: self.gate.lingering(),
         });
         let draining = self.gate.draining.subscribe();
         // Boxed: an HTTP connection's future (hyper's, TLS's) is several

@@ -237,17 +237,16 @@ impl ListenerSet {
     /// Waits until every downstream connection has closed, or `timeout`.
     /// Returns how many were still open.
     pub async fn wait_closed(&self, timeout: Duration) -> usize {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let idle = self.gate.open.idle.notified();
-            let open = self.gate.open.count.load(Ordering::Acquire);
-            if open == 0 {
-                return 0;
-            }
-            if tokio::time::timeout_at(deadline, idle).await.is_err() {
-                return self.gate.open.count.load(Ordering::Acquire);
-            }
-        }
+        wait_none(&self.gate.open, timeout).await
+    }
+
+    /// The drain deadline has passed: every tunnel and L4 relay still
+    /// open ends now, as its protocol allows (a WebSocket with a close
+    /// 1001 both ways), each with its access-log line; then waits up to
+    /// `grace` for them to be gone. Returns how many were still open.
+    pub async fn cut(&self, grace: Duration) -> usize {
+        self.gate.cut.send_replace(true);
+        wait_none(&self.gate.ended_at_cut, grace).await
     }
 
     /// Starts HTTP/3 on the UDP port of an HTTPS listener.
@@ -265,9 +264,26 @@ impl ListenerSet {
             draining: self.gate.draining.subscribe(),
             draining_flag: Arc::clone(&self.gate.draining_flag),
             open: self.gate.open_work(),
+            lingering: self.gate.lingering(),
             alt_svc,
             early_data: spec.http3_early_data,
             workers: self.gate.workers.clone(),
         }));
+    }
+}
+
+/// Waits until nothing `open` counts is left, or `timeout`; returns how
+/// many were left.
+async fn wait_none(open: &accept::OpenConnections, timeout: Duration) -> usize {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let idle = open.idle.notified();
+        let left = open.count.load(Ordering::Acquire);
+        if left == 0 {
+            return 0;
+        }
+        if tokio::time::timeout_at(deadline, idle).await.is_err() {
+            return open.count.load(Ordering::Acquire);
+        }
     }
 }

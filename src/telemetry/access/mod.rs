@@ -55,9 +55,12 @@ impl Flags {
     /// The upstream cannot carry the request's protocol (gRPC for an
     /// HTTP/1.1 upstream).
     pub const UPSTREAM_PROTOCOL: Flags = Flags(1 << 15);
+    /// Still open when the drain deadline (`drain_timeout`) passed, and
+    /// ended then (a WebSocket with a close 1001 both ways).
+    pub const DRAIN_TIMEOUT: Flags = Flags(1 << 16);
 
     /// Names in output order.
-    const NAMES: [(Flags, &'static str); 16] = [
+    const NAMES: [(Flags, &'static str); 17] = [
         (Flags::NO_ROUTE, "no_route"),
         (Flags::NO_HEALTHY_BACKEND, "no_healthy_backend"),
         (Flags::CONNECT_FAILURE, "connect_failure"),
@@ -74,6 +77,7 @@ impl Flags {
         (Flags::DENIED, "denied"),
         (Flags::BODY_TOO_LARGE, "body_too_large"),
         (Flags::UPSTREAM_PROTOCOL, "upstream_protocol"),
+        (Flags::DRAIN_TIMEOUT, "drain_timeout"),
     ];
 
     pub fn contains(self, other: Flags) -> bool {
@@ -359,10 +363,11 @@ impl Pending {
 
     /// A tunnel (after a protocol switch) moved `sent` bytes from the
     /// client and `received` to it before it closed.
-    pub fn tunnelled(&mut self, sent: u64, received: u64) {
+    pub fn tunnelled(&mut self, sent: u64, received: u64, flags: Flags) {
         if let Some(line) = self.line.as_mut() {
             line.bytes_in += sent;
             line.bytes_out += received;
+            line.flags |= flags;
         }
         self.complete = true;
     }
