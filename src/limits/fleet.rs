@@ -69,6 +69,39 @@ struct Lease {
     /// The refill in flight: told when it lands.
     refill: Option<watch::Receiver<()>>,
     seen: u64,
+    /// Requests for this key since `since_ms` (admitted or not), and
+    /// the demand they make (requests a second, smoothed), which the
+    /// store divides the key's limit by.
+    offered: u32,
+    since_ms: u64,
+    demand: f64,
+}
+
+/// The shortest time demand is measured over.
+const DEMAND_SPAN_MS: u64 = 100;
+
+impl Lease {
+    /// This instance's demand for the key, brought up to date at `now`.
+    fn demand(&mut self, now: u64) -> f64 {
+        if self.since_ms == 0 {
+            self.since_ms = now;
+        }
+        let span = now.saturating_sub(self.since_ms);
+        if span >= DEMAND_SPAN_MS {
+            let rate = f64::from(self.offered) * 1000.0 / span as f64;
+            // Half the weight to the last span: a change of demand shows
+            // within a few refills, one burst does not swing it.
+            self.demand = if self.demand == 0.0 {
+                rate
+            } else {
+                (self.demand + rate) / 2.0
+            };
+            self.offered = 0;
+            self.since_ms = now;
+        }
+        // Before a whole span: what has been seen so far, at least.
+        self.demand.max(f64::from(self.offered))
+    }
 }
 
 /// A decision made at once, or one that waits for the store.
@@ -148,6 +181,7 @@ impl FleetQuota {
         }
         let lease = shard.leases.entry(key.into()).or_default();
         lease.seen = seen;
+        lease.offered = lease.offered.saturating_add(u32::from(!join));
         if lease.denied_until_ms > now {
             return Look::Decided(Decision {
                 outcome: Outcome::Limited,
@@ -170,7 +204,8 @@ impl FleetQuota {
             lease.tokens -= 1;
             let batch = self.fleet.batch;
             if batch >= 4 && lease.tokens <= batch / 2 && lease.refill.is_none() {
-                lease.refill = Some(self.refill(key, store));
+                let demand = lease.demand(now);
+                lease.refill = Some(self.refill(key, store, demand));
             }
             return Look::Decided(Decision::allowed(Outcome::Allowed));
         }
@@ -180,7 +215,8 @@ impl FleetQuota {
         let refill = match &lease.refill {
             Some(refill) => refill.clone(),
             None => {
-                let refill = self.refill(key, store);
+                let demand = lease.demand(now);
+                let refill = self.refill(key, store, demand);
                 lease.refill = Some(refill.clone());
                 refill
             }
@@ -194,10 +230,16 @@ impl FleetQuota {
     }
 
     /// Starts a refill of `key` on the store's runtime.
-    fn refill(self: &Arc<Self>, key: &[u8], store: &Arc<Store>) -> watch::Receiver<()> {
+    fn refill(
+        self: &Arc<Self>,
+        key: &[u8],
+        store: &Arc<Store>,
+        demand: f64,
+    ) -> watch::Receiver<()> {
         let (tx, rx) = watch::channel(());
         if let Some(runtime) = store.runtime() {
-            runtime.spawn(refill(Arc::clone(self), key.into(), Arc::clone(store), tx));
+            let quota = Arc::clone(self);
+            runtime.spawn(refill(quota, key.into(), Arc::clone(store), demand, tx));
         }
         rx
     }
@@ -332,10 +374,13 @@ async fn refill(
     quota: Arc<FleetQuota>,
     key: Box<[u8]>,
     store: Arc<Store>,
+    demand: f64,
     done: watch::Sender<()>,
 ) {
     let store_key = store.key(&quota.route, quota.algorithm_name(), &key);
-    let grant = store.take(&store_key, quota.ask(), quota.fleet.batch).await;
+    let grant = store
+        .take(&store_key, quota.ask(), quota.fleet.batch, demand)
+        .await;
     let now = now_ms();
     {
         let shard = quota.shard(&key);
@@ -448,6 +493,23 @@ mod tests {
             } => assert_eq!((interval_us, capacity), (3333, 300)),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn demand_is_the_offered_rate_smoothed_over_spans() {
+        let mut lease = Lease::default();
+        // Before a whole span: what has been seen.
+        lease.offered = 3;
+        assert_eq!(lease.demand(1_000), 3.0);
+        // 20 requests in 100 ms: 200 a second.
+        lease.offered = 20;
+        assert_eq!(lease.demand(1_100), 200.0);
+        // Then 10 in 100 ms (100 a second): half way.
+        lease.offered = 10;
+        assert_eq!(lease.demand(1_200), 150.0);
+        // Within a span nothing changes but the floor.
+        lease.offered = 1;
+        assert_eq!(lease.demand(1_250), 150.0);
     }
 
     #[test]

@@ -31,47 +31,97 @@ const BEAT_TTL: Duration = Duration::from_secs(5);
 /// How often a down store is asked again.
 const PROBE: Duration = Duration::from_millis(250);
 
+/// The first part of both token scripts: this instance's share of the
+/// key's demand. `KEYS[2]` holds each instance's demand (requests a
+/// second offered to this key, `ARGV[4]` is this instance's id and
+/// `ARGV[5]` its demand) with when it said so; a demand not renewed for
+/// `DEMAND_TTL` ms is dropped (an idle instance claims nothing). `share`
+/// is this instance's demand over the fleet's: a leaser that asks often
+/// cannot take what another instance's clients ask for (issue 75: with
+/// one shared bucket, the instance whose refill came first took every
+/// new token and another one starved).
+const SHARE: &str = r"
+local nowms = math.floor(now / 1000)
+local id = ARGV[4]
+local demand = math.max(tonumber(ARGV[5]), 1)
+redis.call('HSET', KEYS[2], id, string.format('%.3f:%.0f', demand, nowms))
+redis.call('PEXPIRE', KEYS[2], 10000)
+local all = redis.call('HGETALL', KEYS[2])
+local total = 0
+for i = 1, #all, 2 do
+  local d, at = string.match(all[i + 1], '([^:]+):([^:]+)')
+  if nowms - tonumber(at) > 2000 then
+    redis.call('HDEL', KEYS[2], all[i])
+  else
+    total = total + tonumber(d)
+  end
+end
+local share = 1
+if total > demand then share = demand / total end
+";
+
 /// GCRA (the token bucket as a theoretical arrival time, microseconds of
-/// the store's clock): takes up to `want` tokens. Answers `{granted, 0}`
-/// or `{0, milliseconds until one token}`.
-const TOKEN_BUCKET: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+/// the store's clock), twice: the key's bucket (`KEYS[1]`), and this
+/// instance's bucket of its share of the rate and the burst (`KEYS[3]`).
+/// Takes up to `want` tokens from both. Answers `{granted, 0}` or `{0,
+/// milliseconds until both have a token}`.
+const TOKEN_BUCKET_BODY: &str = r"
 local interval = tonumber(ARGV[1])
 local capacity = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
-local tat = tonumber(redis.call('GET', KEYS[1]))
-if tat == nil or tat < now then tat = now end
-local free = math.floor((now + capacity * interval - tat) / interval)
-local granted = math.min(want, free)
+local mine = interval / share
+local my_capacity = math.max(1, math.ceil(capacity * share))
+local function free(key, every, size)
+  local tat = tonumber(redis.call('GET', key))
+  if tat == nil or tat < now then tat = now end
+  return tat, math.floor((now + size * every - tat) / every)
+end
+local tat, available = free(KEYS[1], interval, capacity)
+local my_tat, my_available = free(KEYS[3], mine, my_capacity)
+local granted = math.min(want, available, my_available)
 if granted > 0 then
   tat = tat + granted * interval
+  my_tat = my_tat + granted * mine
   redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+  redis.call('SET', KEYS[3], string.format('%.0f', my_tat), 'PX', math.ceil((my_tat - now) / 1000) + 1)
   return {granted, 0}
 end
-return {0, math.max(1, math.ceil((tat + interval - capacity * interval - now) / 1000))}
+local wait = math.max(tat + interval - capacity * interval - now, my_tat + mine - my_capacity * mine - now)
+return {0, math.max(1, math.ceil(wait / 1000))}
 ";
 
 /// A fixed window of `ARGV[1]` ms aligned on the store's clock: takes up
-/// to `want` of the window's `limit`. Answers `{granted, milliseconds
-/// until the window ends}`.
-const FIXED_WINDOW: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+/// to `want` of the window's `limit`, and of this instance's share of it
+/// (counted in the same hash). Answers `{granted, milliseconds until the
+/// window ends}`.
+const FIXED_WINDOW_BODY: &str = r"
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
-local w = math.floor(now / window)
-local cur = redis.call('HMGET', KEYS[1], 'w', 'c')
-local used = 0
-if tonumber(cur[1]) == w then used = tonumber(cur[2]) or 0 end
-local granted = math.max(0, math.min(want, limit - used))
-local left = math.max(1, (w + 1) * window - now)
+local w = math.floor(nowms / window)
+local mine = 'i:' .. id
+local cur = redis.call('HMGET', KEYS[1], 'w', 'c', mine)
+local used, my_used = 0, 0
+if tonumber(cur[1]) == w then
+  used = tonumber(cur[2]) or 0
+  my_used = tonumber(cur[3]) or 0
+else
+  redis.call('DEL', KEYS[1])
+end
+local my_limit = math.max(1, math.ceil(limit * share))
+local granted = math.max(0, math.min(want, limit - used, my_limit - my_used))
+local left = math.max(1, (w + 1) * window - nowms)
 if granted > 0 then
-  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', w), 'c', used + granted)
+  redis.call('HSET', KEYS[1], 'w', string.format('%.0f', w), 'c', used + granted, mine, my_used + granted)
   redis.call('PEXPIRE', KEYS[1], left + 1000)
 end
 return {granted, left}
+";
+
+/// Where each script starts: the store's clock, in microseconds.
+const CLOCK: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 ";
 
 /// Records this instance as alive and answers how many are.
@@ -89,8 +139,8 @@ fn scripts() -> &'static [Script; 3] {
     static SCRIPTS: OnceLock<[Script; 3]> = OnceLock::new();
     SCRIPTS.get_or_init(|| {
         [
-            Script::new(TOKEN_BUCKET),
-            Script::new(FIXED_WINDOW),
+            Script::new(&format!("{CLOCK}{SHARE}{TOKEN_BUCKET_BODY}")),
+            Script::new(&format!("{CLOCK}{SHARE}{FIXED_WINDOW_BODY}")),
             Script::new(BEAT_SCRIPT),
         ]
     })
@@ -214,7 +264,8 @@ impl Store {
 
     /// The store key of a quota's key: the prefix, the route, the
     /// algorithm, and a digest of the key's bytes (a header value may be
-    /// long; every instance makes the same digest).
+    /// long; every instance makes the same digest). The scripts also use
+    /// it with `:demand` and `:i:INSTANCE` appended.
     pub fn key(&self, route: &str, algorithm: &str, key: &[u8]) -> Vec<u8> {
         use sha2::Digest as _;
         let digest = sha2::Sha256::digest(key);
@@ -224,32 +275,38 @@ impl Store {
         out.extend_from_slice(route.as_bytes());
         out.push(b':');
         out.extend_from_slice(algorithm.as_bytes());
-        out.push(b':');
+        // In braces: a key's demand and per-instance keys (its suffixes)
+        // hash to the same slot of a Redis Cluster.
+        out.extend_from_slice(b":{");
         for byte in digest.iter().take(16) {
             out.extend_from_slice(format!("{byte:02x}").as_bytes());
         }
+        out.push(b'}');
         out
     }
 
-    /// Takes up to `want` tokens of `key` (one round trip).
-    pub async fn take(&self, key: &[u8], ask: Ask, want: u32) -> Result<Grant, ()> {
+    /// Takes up to `want` tokens of `key` (one round trip), within this
+    /// instance's share of the key's `demand` (requests a second this
+    /// instance's clients offer it) among the fleet's.
+    pub async fn take(&self, key: &[u8], ask: Ask, want: u32, demand: f64) -> Result<Grant, ()> {
         let [token_bucket, fixed_window, _] = scripts();
-        let mut call = match ask {
+        let script = match ask {
+            Ask::TokenBucket { .. } => token_bucket,
+            Ask::FixedWindow { .. } => fixed_window,
+        };
+        let mut call = script.key(key);
+        call.key([key, b":demand"].concat())
+            .key([key, b":i:", self.id.as_bytes()].concat());
+        match ask {
             Ask::TokenBucket {
                 interval_us,
                 capacity,
-            } => {
-                let mut call = token_bucket.key(key);
-                call.arg(interval_us.max(1)).arg(capacity);
-                call
-            }
-            Ask::FixedWindow { window_ms, limit } => {
-                let mut call = fixed_window.key(key);
-                call.arg(window_ms.max(1)).arg(limit);
-                call
-            }
+            } => call.arg(interval_us.max(1)).arg(capacity),
+            Ask::FixedWindow { window_ms, limit } => call.arg(window_ms.max(1)).arg(limit),
         };
-        call.arg(want);
+        call.arg(want)
+            .arg(&self.id)
+            .arg(format!("{:.3}", demand.max(0.0)));
         let Some(conn) = self.conn.get() else {
             return Err(());
         };
