@@ -497,9 +497,11 @@ mod tests {
 
     #[test]
     fn demand_is_the_offered_rate_smoothed_over_spans() {
-        let mut lease = Lease::default();
         // Before a whole span: what has been seen.
-        lease.offered = 3;
+        let mut lease = Lease {
+            offered: 3,
+            ..Lease::default()
+        };
         assert_eq!(lease.demand(1_000), 3.0);
         // 20 requests in 100 ms: 200 a second.
         lease.offered = 20;
