@@ -68,6 +68,12 @@ impl<K: Eq + Hash, V> WeakMap<K, V> {
         map.get(key).and_then(Weak::upgrade)
     }
 
+    /// Every live value.
+    pub fn values(&self) -> Vec<Arc<V>> {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        map.values().filter_map(Weak::upgrade).collect()
+    }
+
     /// How many values are alive.
     pub fn live(&self) -> usize {
         let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);

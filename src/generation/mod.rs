@@ -173,6 +173,22 @@ impl Generation {
         self.limit_store.as_ref()
     }
 
+    /// Gives the tokens its fleet quotas leased and did not spend back
+    /// to the store (a drain: the rest of the fleet gets them at once);
+    /// how many the store took back.
+    pub async fn give_back_leases(&self) -> u32 {
+        let Some(store) = self.limit_store() else {
+            return 0;
+        };
+        let mut back = 0;
+        for route in self.routes() {
+            if let Some(route::Quota::Fleet(quota)) = &route.quota {
+                back += quota.give_back(store).await;
+            }
+        }
+        back
+    }
+
     /// The cache zones it names.
     pub fn cache_zones(&self) -> impl Iterator<Item = &Arc<crate::cache::Zone>> {
         self.cache_zones.iter().map(|(zone, _)| zone)

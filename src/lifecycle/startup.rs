@@ -727,6 +727,18 @@ async fn drain(writer: &Writer, process: &Process, stop: Stop) {
     control.listeners().drain();
     // Out of the fleet at once (bounded, as etcd may be away).
     writer.leave().await;
+    // Fleet quotas' unspent leases go back to the store: the instances
+    // that stay get them now, not when the leases would have run out.
+    let generation = control.store().load_full();
+    let given = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        generation.give_back_leases(),
+    )
+    .await;
+    if let Ok(tokens @ 1..) = given {
+        tracing::info!(tokens, "gave unspent fleet-quota tokens back to the store");
+    }
+    drop(generation);
     tracing::info!(
         ?stop,
         ?timeout,

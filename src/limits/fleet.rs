@@ -182,14 +182,16 @@ impl FleetQuota {
         let lease = shard.leases.entry(key.into()).or_default();
         lease.seen = seen;
         lease.offered = lease.offered.saturating_add(u32::from(!join));
-        if lease.denied_until_ms > now {
+        if lease.expires_ms <= now {
+            lease.tokens = 0;
+        }
+        // A refusal counts once the lease is spent: a background refill
+        // refused while tokens were left must not refuse with them.
+        if lease.tokens == 0 && lease.denied_until_ms > now {
             return Look::Decided(Decision {
                 outcome: Outcome::Limited,
                 wait: Duration::from_millis(lease.denied_until_ms - now),
             });
-        }
-        if lease.expires_ms <= now {
-            lease.tokens = 0;
         }
         // A refill whose task is gone (never: it always sends) is not
         // waited for again.
@@ -278,6 +280,33 @@ impl FleetQuota {
                     .clamp(MIN_LEASE_MS, per_ms.max(MIN_LEASE_MS))
             }
         }
+    }
+
+    /// Gives every leased token not spent yet back to `store`, and
+    /// empties the leases; how many tokens the store took back.
+    pub async fn give_back(&self, store: &Store) -> u32 {
+        if !store.is_up() {
+            return 0;
+        }
+        let now = now_ms();
+        let mut unspent = Vec::new();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for (key, lease) in shard.leases.iter_mut() {
+                if lease.tokens > 0 && lease.expires_ms > now {
+                    unspent.push((key.clone(), lease.tokens));
+                    lease.tokens = 0;
+                }
+            }
+        }
+        let mut back = 0;
+        for (key, tokens) in unspent {
+            let store_key = store.key(&self.route, self.algorithm_name(), &key);
+            if let Ok(n) = store.give_back(&store_key, self.ask(), tokens).await {
+                back += n;
+            }
+        }
+        back
     }
 
     /// The decision while the store fails (`on_store_error`).

@@ -118,6 +118,34 @@ end
 return {granted, left}
 ";
 
+/// Gives `ARGV[2]` unspent tokens back to a key: a token bucket's
+/// arrival time moves back by as many intervals (`ARGV[1]` µs; never
+/// before now: a bucket cannot hold more than it holds full), a fixed
+/// window's count (and this instance's, `ARGV[3]`) goes down if the
+/// window is still the one they were taken in (`ARGV[4]` ms long). The
+/// instance's demand leaves the key's (`KEYS[2]`): it claims no share.
+const GIVE_BACK: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tokens = tonumber(ARGV[2])
+redis.call('HDEL', KEYS[2], ARGV[3])
+if ARGV[5] == 'tb' then
+  local interval = tonumber(ARGV[1])
+  local tat = tonumber(redis.call('GET', KEYS[1]))
+  if tat == nil or tat <= now then return 0 end
+  tat = math.max(now, tat - tokens * interval)
+  redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+  return tokens
+end
+local window = tonumber(ARGV[4])
+local w = math.floor(math.floor(now / 1000) / window)
+local cur = redis.call('HMGET', KEYS[1], 'w', 'c', 'i:' .. ARGV[3])
+if tonumber(cur[1]) ~= w then return 0 end
+local back = math.min(tokens, tonumber(cur[2]) or 0)
+redis.call('HSET', KEYS[1], 'c', (tonumber(cur[2]) or 0) - back, 'i:' .. ARGV[3], math.max(0, (tonumber(cur[3]) or 0) - back))
+return back
+";
+
 /// Where each script starts: the store's clock, in microseconds.
 const CLOCK: &str = r"
 local t = redis.call('TIME')
@@ -135,13 +163,14 @@ redis.call('PEXPIRE', KEYS[1], ttl * 2)
 return redis.call('ZCARD', KEYS[1])
 ";
 
-fn scripts() -> &'static [Script; 3] {
-    static SCRIPTS: OnceLock<[Script; 3]> = OnceLock::new();
+fn scripts() -> &'static [Script; 4] {
+    static SCRIPTS: OnceLock<[Script; 4]> = OnceLock::new();
     SCRIPTS.get_or_init(|| {
         [
             Script::new(&format!("{CLOCK}{SHARE}{TOKEN_BUCKET_BODY}")),
             Script::new(&format!("{CLOCK}{SHARE}{FIXED_WINDOW_BODY}")),
             Script::new(BEAT_SCRIPT),
+            Script::new(GIVE_BACK),
         ]
     })
 }
@@ -289,7 +318,7 @@ impl Store {
     /// instance's share of the key's `demand` (requests a second this
     /// instance's clients offer it) among the fleet's.
     pub async fn take(&self, key: &[u8], ask: Ask, want: u32, demand: f64) -> Result<Grant, ()> {
-        let [token_bucket, fixed_window, _] = scripts();
+        let [token_bucket, fixed_window, _, _] = scripts();
         let script = match ask {
             Ask::TokenBucket { .. } => token_bucket,
             Ask::FixedWindow { .. } => fixed_window,
@@ -337,6 +366,43 @@ impl Store {
         }
     }
 
+    /// Gives `tokens` leased and not spent back to `key` (see
+    /// `GIVE_BACK`); how many the store took back.
+    pub async fn give_back(&self, key: &[u8], ask: Ask, tokens: u32) -> Result<u32, ()> {
+        let [_, _, _, script] = scripts();
+        let Some(conn) = self.conn.get() else {
+            return Err(());
+        };
+        let mut conn = conn.clone();
+        let mut call = script.key(key);
+        call.key([key, b":demand"].concat());
+        match ask {
+            Ask::TokenBucket { interval_us, .. } => call
+                .arg(interval_us.max(1))
+                .arg(tokens)
+                .arg(&self.id)
+                .arg(0)
+                .arg("tb"),
+            Ask::FixedWindow { window_ms, .. } => call
+                .arg(0)
+                .arg(tokens)
+                .arg(&self.id)
+                .arg(window_ms.max(1))
+                .arg("fw"),
+        };
+        match tokio::time::timeout(self.spec.timeout, call.invoke_async::<i64>(&mut conn)).await {
+            Ok(Ok(back)) => Ok(u32::try_from(back.max(0)).unwrap_or(0)),
+            Ok(Err(e)) => {
+                self.failed(&e.to_string());
+                Err(())
+            }
+            Err(_) => {
+                self.failed(&format!("no answer within {:?}", self.spec.timeout));
+                Err(())
+            }
+        }
+    }
+
     /// Records the time a request waited for the store.
     pub fn waited(&self, waited: Duration) {
         self.wait.record(waited);
@@ -372,7 +438,7 @@ impl Store {
             return;
         };
         let mut conn = conn.clone();
-        let [_, _, beat] = scripts();
+        let [_, _, beat, _] = scripts();
         let mut key = self.spec.key_prefix.clone().into_bytes();
         key.extend_from_slice(b"instances");
         let mut invocation = beat.key(key);

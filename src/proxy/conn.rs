@@ -44,7 +44,55 @@ pub struct ConnContext {
     pub tls: std::sync::OnceLock<TlsInfo>,
     /// For a tunnel the connection switches to: drain waits for it, and
     /// ends it at the drain deadline.
-    pub lingering: super::listener::accept::Lingering,
+    pub lingering: Lingering,
+}
+
+/// How many units of work drain waits for are open, and who waits.
+#[derive(Default)]
+pub struct OpenConnections {
+    pub count: std::sync::atomic::AtomicUsize,
+    pub idle: tokio::sync::Notify,
+}
+
+/// Counts work that drain waits for besides connections (a `udp`
+/// listener's sessions, HTTP/3 connections, tunnels).
+#[derive(Clone)]
+pub struct OpenWork(pub Arc<OpenConnections>);
+
+/// One unit of open work, until dropped.
+pub struct OpenHold(Arc<OpenConnections>);
+
+/// What outlives the request that opened it (a tunnel after a protocol
+/// switch, an L4 relay) needs to be drained: a hold on open work, so
+/// drain waits for it, and the drain deadline, when it must end.
+#[derive(Clone)]
+pub struct Lingering {
+    pub open: OpenWork,
+    /// What the deadline waits for once it has passed.
+    pub ended_at_cut: OpenWork,
+    pub cut: tokio::sync::watch::Receiver<bool>,
+}
+
+impl OpenWork {
+    pub fn hold(&self) -> OpenHold {
+        self.0
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        OpenHold(Arc::clone(&self.0))
+    }
+}
+
+impl Drop for OpenHold {
+    fn drop(&mut self) {
+        if self
+            .0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 /// An HTTPS connection's server name and client certificate.

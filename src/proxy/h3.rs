@@ -30,10 +30,11 @@ use tokio::sync::watch;
 
 use super::activity::Activity;
 use super::conn::AltSvc;
+use super::conn::OpenWork;
 use super::conn::{client_ip_header, listener_counters, ConnContext};
 use super::headers::strip_hop_by_hop;
 use super::interim::InterimQueue;
-use super::listener::accept::{balance, OpenWork};
+use super::listener::accept::balance;
 use super::request::handle;
 use super::sockets;
 use crate::admission::Admission;
@@ -56,7 +57,7 @@ pub struct Http3 {
     pub open: OpenWork,
     /// No tunnel opens over HTTP/3 (no protocol switch there); the
     /// connection context carries it all the same.
-    pub lingering: super::listener::accept::Lingering,
+    pub lingering: super::conn::Lingering,
     pub alt_svc: Arc<AltSvc>,
     /// `http3_early_data`: accept 0-RTT requests (idempotent ones).
     pub early_data: bool,

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use super::listener::accept::OpenHold;
+use super::conn::OpenHold;
 use crate::telemetry::access::{Flags, Trail};
 
 /// How long a WebSocket closed at the drain deadline has to finish its

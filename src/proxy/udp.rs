@@ -22,7 +22,7 @@ use metrics::{Counter, Gauge, Histogram};
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
 
-use super::listener::accept::{OpenHold, OpenWork};
+use super::conn::{OpenHold, OpenWork};
 use super::relay::Progress;
 use crate::admission::Admission;
 use crate::backends::Attempt;

@@ -457,6 +457,49 @@ async fn unequal_demand_shares_the_fleet_limit_by_demand() {
     );
 }
 
+/// Issue 75: a draining instance gives its unspent lease back. With a
+/// lease of half the limit taken by one request, the instance left
+/// behind admits all the rest at once, not the rest less that lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_instance_gives_its_unspent_lease_back() {
+    let _one_at_a_time = FLEETS.lock().await;
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let store = format!(
+        "{{ redis = {{ url = \"{}\", timeout = \"100ms\" }} }}",
+        redis.url()
+    );
+    // 100 a minute, 50 leased at a time: nothing refills during the test.
+    let quota = r#"{ rate = 100, per = "60s", burst = 100, key = "route", scope = "fleet", pre_allowance = 0.5 }"#;
+    let mut gateways = vec![
+        limited_gateway(&store, quota),
+        limited_gateway(&store, quota),
+    ];
+    until_all(&gateways, "2 instances counted", |t| {
+        instances(t) == 2.0 && store_up(t) == 1.0
+    })
+    .await;
+    let mut leaving = gateways.remove(0);
+    let staying = gateways.remove(0);
+    assert_eq!(get(leaving.listener("web"), "a", "/").await.0, 200);
+    leaving.signal("TERM");
+    assert_eq!(leaving.wait_exit(Duration::from_secs(10)), Some(0));
+    let mut admitted = 0;
+    for _ in 0..120 {
+        if get(staying.listener("web"), "a", "/").await.0 == 200 {
+            admitted += 1;
+        }
+    }
+    // 100 less the one the leaving instance spent (it kept 50 before).
+    let text = scrape(&staying).await;
+    let decisions: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("cutover_ratelimit_decisions_total") && !l.ends_with(" 0"))
+        .collect();
+    assert_eq!(admitted, 99, "{decisions:#?}\n{}", staying.logs());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_share_a_fixed_window() {
     let _one_at_a_time = FLEETS.lock().await;

@@ -13,7 +13,7 @@ use http::uri::Scheme;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use super::bind::{BoundListener, ListenerSocket};
@@ -22,7 +22,9 @@ use crate::admission::Admission;
 use crate::plan::{ListenerLimits, ListenerProtocol};
 use crate::proxy::accept_proxy;
 use crate::proxy::activity::Activity;
-use crate::proxy::conn::{client_ip_header, listener_counters, AltSvc, ConnContext};
+use crate::proxy::conn::{
+    client_ip_header, listener_counters, AltSvc, ConnContext, Lingering, OpenConnections, OpenWork,
+};
 use crate::proxy::interim::InterimQueue;
 use crate::proxy::sockets;
 use crate::proxy::tcp::{self, TcpCounters};
@@ -98,46 +100,6 @@ impl Gate {
             .unwrap_or((ListenerLimits::default(), Proxy::None));
         crate::admission::release(generation);
         admit
-    }
-}
-
-#[derive(Default)]
-pub(super) struct OpenConnections {
-    pub(super) count: AtomicUsize,
-    pub(super) idle: Notify,
-}
-
-/// Counts work that drain waits for besides connections (a `udp`
-/// listener's sessions, HTTP/3 connections, tunnels).
-#[derive(Clone)]
-pub struct OpenWork(pub(super) Arc<OpenConnections>);
-
-/// One unit of open work, until dropped.
-pub struct OpenHold(Arc<OpenConnections>);
-
-/// What outlives the request that opened it (a tunnel after a protocol
-/// switch, an L4 relay) needs to be drained: a hold on open work, so
-/// drain waits for it, and the drain deadline, when it must end.
-#[derive(Clone)]
-pub struct Lingering {
-    pub open: OpenWork,
-    /// What the deadline waits for once it has passed.
-    pub ended_at_cut: OpenWork,
-    pub cut: watch::Receiver<bool>,
-}
-
-impl OpenWork {
-    pub fn hold(&self) -> OpenHold {
-        self.0.count.fetch_add(1, Ordering::AcqRel);
-        OpenHold(Arc::clone(&self.0))
-    }
-}
-
-impl Drop for OpenHold {
-    fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
-        }
     }
 }
 

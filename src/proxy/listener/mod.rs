@@ -274,7 +274,7 @@ impl ListenerSet {
 
 /// Waits until nothing `open` counts is left, or `timeout`; returns how
 /// many were left.
-async fn wait_none(open: &accept::OpenConnections, timeout: Duration) -> usize {
+async fn wait_none(open: &crate::proxy::conn::OpenConnections, timeout: Duration) -> usize {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let idle = open.idle.notified();
