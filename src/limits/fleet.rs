@@ -147,8 +147,19 @@ impl FleetQuota {
     /// Decides for `key` at once when this instance holds a token (or
     /// the store said no, or is down); otherwise the request waits.
     pub fn take(self: &Arc<Self>, key: &[u8], store: &Arc<Store>) -> Take {
-        if !store.is_up() {
+        // Just started: the first beat says how many instances share the
+        // limit; until it is in, a request waits for it rather than
+        // decide alone on the whole limit.
+        if !store.is_up() && store.first_beat_done() {
             return Take::Now(self.on_store_error(key, store));
+        }
+        if !store.is_up() {
+            return Take::Wait(Pending {
+                quota: Arc::clone(self),
+                store: Arc::clone(store),
+                key: key.into(),
+                started: Instant::now(),
+            });
         }
         match self.look(key, store, false) {
             Some(decision) => Take::Now(decision),
@@ -372,7 +383,14 @@ impl Pending {
             key,
             started,
         } = self;
-        let deadline = tokio::time::Instant::from_std(started + quota.fleet.deadline);
+        let mut from = started;
+        if !store.first_beat_done() {
+            // Connecting and one beat: twice the store's timeout at most;
+            // then the refill has its deadline.
+            store.first_beat(store.spec().timeout * 2).await;
+            from = Instant::now();
+        }
+        let deadline = tokio::time::Instant::from_std(from + quota.fleet.deadline);
         let mut decision = None;
         for _ in 0..MAX_ROUNDS {
             if !store.is_up() {
@@ -541,6 +559,35 @@ mod tests {
         // Within a span nothing changes but the floor.
         lease.offered = 1;
         assert_eq!(lease.demand(1_250), 150.0);
+    }
+
+    #[tokio::test]
+    async fn before_the_first_beat_a_request_waits_for_it_instead_of_deciding_alone() {
+        // A peer that takes the connection and never answers.
+        let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let store = Arc::new(Store::new(&crate::plan::StoreSpec {
+            url: format!("redis://{}", hole.local_addr().unwrap()),
+            username: None,
+            password: None,
+            key_prefix: "t:".into(),
+            timeout: Duration::from_millis(100),
+        }));
+        store.start();
+        let quota = Arc::new(FleetQuota::new(
+            "r",
+            spec(5, 5),
+            fleet(QuotaAlgorithm::TokenBucket),
+        ));
+        let Take::Wait(pending) = quota.take(b"k", &store) else {
+            panic!("decided before the store was heard from");
+        };
+        let started = Instant::now();
+        let decision = pending.decide().await;
+        assert!(store.first_beat_done());
+        assert!(started.elapsed() >= Duration::from_millis(90));
+        assert_eq!(decision.outcome, Outcome::FallbackAllowed);
+        // From then on it decides at once.
+        assert!(matches!(quota.take(b"k", &store), Take::Now(_)));
     }
 
     #[test]

@@ -210,6 +210,10 @@ pub struct Store {
     instances: AtomicU32,
     id: String,
     started: OnceLock<()>,
+    /// Whether the first beat has been answered or has failed: until then
+    /// this instance does not know how many share a limit, and does not
+    /// decide alone.
+    first: tokio::sync::watch::Sender<bool>,
     /// Failed calls, and changes of state.
     errors: Count,
     transitions: Count,
@@ -239,10 +243,14 @@ impl Store {
                 |e| tracing::error!(store = %spec.url, error = %e, "rate-limit store URL refused"),
             )
             .ok();
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        // Without a client or a runtime no beat will ever be tried.
+        let first = tokio::sync::watch::channel(client.is_none() || runtime.is_none()).0;
         Store {
             spec: spec.clone(),
             client,
-            runtime: tokio::runtime::Handle::try_current().ok(),
+            runtime,
+            first,
             conn: OnceLock::new(),
             up: AtomicBool::new(false),
             instances: AtomicU32::new(1),
@@ -280,6 +288,18 @@ impl Store {
     #[inline]
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
+    }
+
+    /// Whether the first beat has been answered (or has failed).
+    pub fn first_beat_done(&self) -> bool {
+        *self.first.borrow()
+    }
+
+    /// Waits for the first beat to be answered or to fail, at most
+    /// `limit`.
+    pub async fn first_beat(&self, limit: Duration) {
+        let mut first = self.first.subscribe();
+        let _ = tokio::time::timeout(limit, first.wait_for(|done| *done)).await;
     }
 
     /// Instances counting in the store (at least this one).
@@ -409,6 +429,8 @@ impl Store {
     }
 
     fn failed(&self, why: &str) {
+        self.first
+            .send_if_modified(|done| !std::mem::replace(done, true));
         self.errors.add(1);
         if self.up.swap(false, Ordering::AcqRel) {
             self.transitions.add(1);
@@ -422,6 +444,8 @@ impl Store {
 
     fn answered(&self, instances: u32) {
         self.instances.store(instances.max(1), Ordering::Relaxed);
+        self.first
+            .send_if_modified(|done| !std::mem::replace(done, true));
         if !self.up.swap(true, Ordering::AcqRel) {
             self.transitions.add(1);
             tracing::info!(
