@@ -399,6 +399,94 @@ async fn three_instances_admit_one_fleet_limit() {
     }
 }
 
+/// A TCP front of `redis` whose answers each arrive 1–20 ms late (in
+/// order), as from a store far away or a busy network.
+async fn delaying_front(redis: &Redis) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let socket = redis.socket();
+    let task = tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::UnixStream::connect(&socket).await else {
+                continue;
+            };
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n) = server_read.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(fastrand::u64(1..=20))).await;
+                    if client_write.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// Issue 75: fairness must not depend on timing. One of three instances
+/// hears every store answer 1–20 ms late (its refills land after the
+/// others'); each should still admit a third of the limit, within ±15 %,
+/// in every 2 s window. It does not yet: shares follow each instance's
+/// offered rate, and the late instance's clients (which wait for its
+/// refills) offer fewer requests, so its share shrinks (measured: 64–85
+/// per window against 258–284). Run with `--ignored` to see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known unfair (issue 75): a late store shrinks an instance's share; see the doc comment"]
+async fn an_instance_whose_store_answers_late_still_gets_its_share() {
+    let _one_at_a_time = FLEETS.lock().await;
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let (front, _front) = delaying_front(&redis).await;
+    let quota = r#"{ rate = 300, per = "1s", burst = 30, key = "route", scope = "fleet", deadline = "50ms" }"#;
+    let near = format!(
+        "{{ redis = {{ url = \"{}\", timeout = \"100ms\" }} }}",
+        redis.url()
+    );
+    let far = format!("{{ redis = {{ url = \"redis://{front}\", timeout = \"100ms\" }} }}");
+    let gateways = vec![
+        limited_gateway(&far, quota),
+        limited_gateway(&near, quota),
+        limited_gateway(&near, quota),
+    ];
+    until_all(&gateways, "3 instances counted, store up", |t| {
+        instances(t) == 3.0 && store_up(t) == 1.0
+    })
+    .await;
+    let counts = load_all(&gateways, Duration::from_secs(20)).await;
+    let windows: Vec<Vec<u64>> = counts
+        .iter()
+        .map(|c| {
+            (0..10)
+                .map(|w| {
+                    c.ok_by_second[2 * w].load(Ordering::Relaxed)
+                        + c.ok_by_second[2 * w + 1].load(Ordering::Relaxed)
+                })
+                .collect()
+        })
+        .collect();
+    eprintln!("late store: admitted per instance and 2 s window: {windows:?}");
+    let third = 300.0 * 2.0 / 3.0;
+    for (instance, windows) in windows.iter().enumerate() {
+        for (w, &n) in windows.iter().enumerate() {
+            assert!(
+                (n as f64 - third).abs() <= 0.15 * third,
+                "instance {instance} admitted {n} in window {w} (a third is {third}): {windows:?}"
+            );
+        }
+    }
+}
+
 /// Issue 75: with unequal demand the limit follows it. Instances offered
 /// load on 3, 1 and 0 connections (each far above the limit) admit about
 /// 3/4 and 1/4 of it; the idle one holds nothing the others need, and the
