@@ -50,6 +50,9 @@ pub struct FleetQuota {
     /// The local bucket `on_store_error = "local"` takes from, with the
     /// number of instances its share was cut for.
     fallback: Mutex<Option<(u32, Arc<QuotaTable>)>>,
+    /// The store its leases came from (set by the first refill): when
+    /// an activation drops the quota, what they hold goes back to it.
+    store: Mutex<Option<std::sync::Weak<Store>>>,
 }
 
 #[derive(Debug, Default)]
@@ -137,6 +140,7 @@ impl FleetQuota {
             shards: Default::default(),
             hasher: std::hash::RandomState::new(),
             fallback: Mutex::new(None),
+            store: Mutex::new(None),
         }
     }
 
@@ -250,6 +254,11 @@ impl FleetQuota {
         demand: f64,
     ) -> watch::Receiver<()> {
         let (tx, rx) = watch::channel(());
+        let mut known = self.store.lock().unwrap_or_else(PoisonError::into_inner);
+        if known.is_none() {
+            *known = Some(Arc::downgrade(store));
+        }
+        drop(known);
         if let Some(runtime) = store.runtime() {
             let quota = Arc::clone(self);
             runtime.spawn(refill(quota, key.into(), Arc::clone(store), demand, tx));
@@ -299,6 +308,18 @@ impl FleetQuota {
         if !store.is_up() {
             return 0;
         }
+        give_back(
+            store,
+            &self.route,
+            self.algorithm_name(),
+            self.ask(),
+            self.unspent(),
+        )
+        .await
+    }
+
+    /// The tokens each lease holds and may still spend, taken out of it.
+    fn unspent(&self) -> Vec<(Box<[u8]>, u32)> {
         let now = now_ms();
         let mut unspent = Vec::new();
         for shard in &self.shards {
@@ -310,14 +331,7 @@ impl FleetQuota {
                 }
             }
         }
-        let mut back = 0;
-        for (key, tokens) in unspent {
-            let store_key = store.key(&self.route, self.algorithm_name(), &key);
-            if let Ok(n) = store.give_back(&store_key, self.ask(), tokens).await {
-                back += n;
-            }
-        }
-        back
+        unspent
     }
 
     /// The decision while the store fails (`on_store_error`).
@@ -353,6 +367,49 @@ impl FleetQuota {
         )));
         *fallback = Some((instances, Arc::clone(&table)));
         table
+    }
+}
+
+/// Gives `unspent` tokens of a route's keys back to `store`; how many
+/// it took back.
+async fn give_back(
+    store: &Store,
+    route: &str,
+    algorithm: &str,
+    ask: Ask,
+    unspent: Vec<(Box<[u8]>, u32)>,
+) -> u32 {
+    let mut back = 0;
+    for (key, tokens) in unspent {
+        let store_key = store.key(route, algorithm, &key);
+        if let Ok(n) = store.give_back(&store_key, ask, tokens).await {
+            back += n;
+        }
+    }
+    back
+}
+
+/// An activation dropped the quota (no live generation names it): what
+/// its leases hold goes back to the store, on the store's runtime.
+impl Drop for FleetQuota {
+    fn drop(&mut self) {
+        let store = self
+            .store
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .and_then(|store| store.upgrade());
+        let Some(store) = store.filter(|store| store.is_up()) else {
+            return;
+        };
+        let unspent = self.unspent();
+        let Some(runtime) = store.runtime().cloned().filter(|_| !unspent.is_empty()) else {
+            return;
+        };
+        let (route, algorithm, ask) = (Arc::clone(&self.route), self.algorithm_name(), self.ask());
+        runtime.spawn(async move {
+            give_back(&store, &route, algorithm, ask, unspent).await;
+        });
     }
 }
 

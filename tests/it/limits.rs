@@ -399,6 +399,52 @@ async fn three_instances_admit_one_fleet_limit() {
     }
 }
 
+/// Issue 75: an activation that drops a fleet quota gives what its
+/// leases held back to the store, as a drain does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_activation_that_drops_the_quota_gives_its_lease_back() {
+    let _one_at_a_time = FLEETS.lock().await;
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let store = format!(
+        "{{ redis = {{ url = \"{}\", timeout = \"100ms\" }} }}",
+        redis.url()
+    );
+    let quota = r#"{ rate = 100, per = "60s", burst = 100, key = "route", scope = "fleet", pre_allowance = 0.5 }"#;
+    let gateways = vec![
+        limited_gateway(&store, quota),
+        limited_gateway(&store, quota),
+    ];
+    until_all(&gateways, "2 instances counted", |t| {
+        instances(t) == 2.0 && store_up(t) == 1.0
+    })
+    .await;
+    let (changing, other) = (&gateways[0], &gateways[1]);
+    assert_eq!(get(changing.listener("web"), "a", "/").await.0, 200);
+    let config = std::fs::read_to_string(&changing.config_path).unwrap();
+    let line = format!("quota = {quota}\n");
+    assert!(config.contains(&line), "{config}");
+    let (status, body) = admin_request(
+        changing.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(config.replace(&line, "")),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // The old generation lets go of the quota once nothing pins it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut admitted = 0;
+    for _ in 0..120 {
+        if get(other.listener("web"), "a", "/").await.0 == 200 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 99);
+}
+
 /// A TCP front of `redis` whose answers each arrive 1–20 ms late (in
 /// order), as from a store far away or a busy network.
 async fn delaying_front(redis: &Redis) -> (SocketAddr, tokio::task::JoinHandle<()>) {
