@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::local::QuotaTable;
-use super::store::{Ask, Grant, Store};
+use super::store::{Ask, Grant, Miss, Store};
 use super::{Decision, Outcome};
 use crate::backends::now_ms;
 use crate::plan::{FleetQuotaSpec, OnStoreError, QuotaAlgorithm, QuotaSpec};
@@ -155,6 +155,7 @@ impl FleetQuota {
         // limit; until it is in, a request waits for it rather than
         // decide alone on the whole limit.
         if !store.is_up() && store.first_beat_done() {
+            store.missed(Miss::StoreDown);
             return Take::Now(self.on_store_error(key, store));
         }
         if !store.is_up() {
@@ -449,8 +450,11 @@ impl Pending {
         }
         let deadline = tokio::time::Instant::from_std(from + quota.fleet.deadline);
         let mut decision = None;
+        // Why it falls back, if it does (every round used: `NoGrant`).
+        let mut miss = Miss::NoGrant;
         for _ in 0..MAX_ROUNDS {
             if !store.is_up() {
+                miss = Miss::StoreDown;
                 break;
             }
             let mut refill = match quota.look_or_join(&key, &store, true) {
@@ -465,11 +469,15 @@ impl Pending {
                 .await
                 .is_err()
             {
+                miss = Miss::RefillLate;
                 break;
             }
         }
         store.waited(started.elapsed());
-        decision.unwrap_or_else(|| quota.on_store_error(&key, &store))
+        decision.unwrap_or_else(|| {
+            store.missed(miss);
+            quota.on_store_error(&key, &store)
+        })
     }
 }
 
@@ -643,6 +651,8 @@ mod tests {
         assert!(store.first_beat_done());
         assert!(started.elapsed() >= Duration::from_millis(90));
         assert_eq!(decision.outcome, Outcome::FallbackAllowed);
+        assert_eq!(store.misses(Miss::StoreDown), 1);
+        assert_eq!(store.misses(Miss::RefillLate), 0);
         // From then on it decides at once.
         assert!(matches!(quota.take(b"k", &store), Take::Now(_)));
     }

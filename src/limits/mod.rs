@@ -17,7 +17,7 @@ mod store;
 
 pub use fleet::FleetQuota;
 pub use local::QuotaTable;
-pub use store::Store;
+pub use store::{Miss, Store};
 
 /// How one request's quota decided (`outcome` of
 /// `cutover_ratelimit_decisions_total`).

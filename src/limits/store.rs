@@ -219,6 +219,8 @@ pub struct Store {
     transitions: Count,
     /// Time requests waited for a decision from the store.
     wait: Histogram,
+    /// Decisions that fell back, by `Miss`.
+    misses: [Count; 3],
     exported: OnceLock<bool>,
 }
 
@@ -232,9 +234,34 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Series of one store: up, instances, errors, transitions, and the
-/// histogram (buckets, `+Inf`, sum, count).
-const STORE_SERIES: usize = 4 + WAIT_BUCKETS.len() + 3;
+/// Series of one store: up, instances, errors, transitions, the deadline
+/// misses by cause, and the histogram (buckets, `+Inf`, sum, count).
+const STORE_SERIES: usize = 4 + Miss::ALL.len() + WAIT_BUCKETS.len() + 3;
+
+/// Why a request's fleet decision fell back to `on_store_error`
+/// (`cause` of `cutover_ratelimit_deadline_misses_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// The store was down (or had never answered) when it decided.
+    StoreDown,
+    /// The key's refill did not land within the quota's `deadline`.
+    RefillLate,
+    /// A refill landed without tokens and without a refusal (its call
+    /// failed), or the request waited through every refill it may.
+    NoGrant,
+}
+
+impl Miss {
+    pub const ALL: [Miss; 3] = [Miss::StoreDown, Miss::RefillLate, Miss::NoGrant];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Miss::StoreDown => "store_down",
+            Miss::RefillLate => "refill_late",
+            Miss::NoGrant => "no_grant",
+        }
+    }
+}
 
 impl Store {
     pub fn new(spec: &StoreSpec) -> Self {
@@ -259,6 +286,7 @@ impl Store {
             errors: Count::new(),
             transitions: Count::new(),
             wait: Histogram::new(WAIT_BUCKETS),
+            misses: [Count::new(), Count::new(), Count::new()],
             exported: OnceLock::new(),
         }
     }
@@ -423,6 +451,26 @@ impl Store {
         }
     }
 
+    /// Counts a decision that fell back to `on_store_error`.
+    pub fn missed(&self, cause: Miss) {
+        if let Some(count) = Miss::ALL
+            .iter()
+            .position(|m| *m == cause)
+            .and_then(|i| self.misses.get(i))
+        {
+            count.add(1);
+        }
+    }
+
+    /// Decisions that fell back for `cause` so far.
+    pub fn misses(&self, cause: Miss) -> u64 {
+        Miss::ALL
+            .iter()
+            .position(|m| *m == cause)
+            .and_then(|i| self.misses.get(i))
+            .map_or(0, Count::get)
+    }
+
     /// Records the time a request waited for the store.
     pub fn waited(&self, waited: Duration) {
         self.wait.record(waited);
@@ -557,6 +605,15 @@ impl Exported for Store {
             ),
         ] {
             out.push(series::sample(family, labels.clone(), value));
+        }
+        for (cause, count) in Miss::ALL.iter().zip(&self.misses) {
+            let mut labels = labels.clone();
+            labels.push((m::LABEL_CAUSE, cause.name().into()));
+            out.push(series::sample(
+                &series::RATELIMIT_DEADLINE_MISSES,
+                labels,
+                count.get() as f64,
+            ));
         }
         if self.wait.count() > 0 {
             self.wait

@@ -198,6 +198,8 @@ pub const RATELIMIT_STORE_ERRORS: &str = "cutover_ratelimit_store_errors_total";
 pub const RATELIMIT_STORE_TRANSITIONS: &str = "cutover_ratelimit_store_transitions_total";
 /// Time requests waited for a decision from the rate-limit store.
 pub const RATELIMIT_STORE_WAIT: &str = "cutover_ratelimit_store_wait_seconds";
+/// Requests whose fleet decision fell back to `on_store_error`, by cause.
+pub const RATELIMIT_DEADLINE_MISSES: &str = "cutover_ratelimit_deadline_misses_total";
 pub const GRPC_TIMEOUT_INVALID: &str = "cutover_grpc_timeout_invalid_total";
 
 /// Bucket bounds (seconds) of `REQUEST_DURATION`: sub-millisecond answers
@@ -233,6 +235,7 @@ pub const LABEL_RESULT: &str = "result";
 pub const LABEL_STATUS: &str = "status";
 pub const LABEL_ZONE: &str = "zone";
 pub const LABEL_STORE: &str = "store";
+pub const LABEL_CAUSE: &str = "cause";
 pub const LABEL_SCOPE: &str = "scope";
 
 /// Status classes in label order; index with `status / 100 - 1`.

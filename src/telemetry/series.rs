@@ -179,6 +179,11 @@ pub static RATELIMIT_STORE_WAIT: Family = family(
     Kind::Histogram,
     "Time requests waited for a decision from the rate-limit store",
 );
+pub static RATELIMIT_DEADLINE_MISSES: Family = family(
+    m::RATELIMIT_DEADLINE_MISSES,
+    Kind::Counter,
+    "Requests whose fleet quota decided by on_store_error, by cause",
+);
 pub static BACKEND_ATTEMPTS: Family = family(
     m::UPSTREAM_ATTEMPTS,
     Kind::Counter,
@@ -254,7 +259,7 @@ pub static GENERATION_DURATION: Family = family(
 );
 
 /// Families in output order.
-static FAMILIES: [&Family; 40] = [
+static FAMILIES: [&Family; 41] = [
     &ROUTE_REQUESTS,
     &ROUTE_DURATION,
     &ROUTE_QUOTA,
@@ -280,6 +285,7 @@ static FAMILIES: [&Family; 40] = [
     &RATELIMIT_STORE_ERRORS,
     &RATELIMIT_STORE_TRANSITIONS,
     &RATELIMIT_STORE_WAIT,
+    &RATELIMIT_DEADLINE_MISSES,
     &BACKEND_ATTEMPTS,
     &BACKEND_EJECTIONS,
     &BACKEND_HEALTHY,
