@@ -27,6 +27,9 @@ use crate::telemetry::access::{Flags, Trail};
 /// closing handshake (a frame under way, each side's close reply).
 pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
+/// How long the client's close frame may take to write.
+const CLOSE_WRITE: Duration = Duration::from_millis(500);
+
 /// WebSocket close code 1001, "going away" (RFC 6455 §7.4.1).
 const GOING_AWAY: [u8; 2] = 1001u16.to_be_bytes();
 
@@ -201,8 +204,15 @@ where
     }
     if websocket {
         let closing = close_websocket(from, to, way, &mut frames, moved);
-        // Past the grace, the sockets just close.
+        // Past the grace the closing handshake is given up.
         let _ = tokio::time::timeout(CLOSE_GRACE, closing).await;
+        // The client hears 1001 when its stream is between frames (the
+        // backend's own close is never passed on): after the backend's
+        // close, or when the backend did not send one in time.
+        if way == Way::Down && (frames.at_boundary() || frames.closing()) {
+            let frame = close_frame(false);
+            let _ = tokio::time::timeout(CLOSE_WRITE, to.write_all(&frame)).await;
+        }
     }
     let _ = to.shutdown().await;
     Ok(Ended::AtDeadline)
@@ -269,7 +279,8 @@ where
         Way::Down => {
             // What the backend sends until its close reply still goes to
             // the client (the answer to the client's last message may be
-            // among it); its close is answered for it with 1001.
+            // among it); its close is not passed on (`one_way` sends the
+            // client its own 1001).
             let mut held = Vec::new();
             'frames: loop {
                 let n = from.read(&mut buf).await?;
@@ -294,9 +305,6 @@ where
                         None => held.extend_from_slice(part),
                     }
                 }
-            }
-            if frames.at_boundary() || frames.closing() {
-                to.write_all(&close_frame(false)).await?;
             }
             Ok(())
         }
@@ -584,6 +592,36 @@ mod tests {
             .unwrap();
         assert_eq!(ended, Ended::AtDeadline);
         assert!(moved.up.load(Ordering::Relaxed) > 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backend_that_never_answers_the_close_still_leaves_the_client_a_1001() {
+        let (client, mut client_peer) = tokio::io::duplex(1024);
+        // A backend that reads everything and says nothing.
+        let (server, mut server_peer) = tokio::io::duplex(1024);
+        tokio::spawn(async move {
+            let mut sink = vec![0u8; 1024];
+            while matches!(server_peer.read(&mut sink).await, Ok(n) if n > 0) {}
+        });
+        let (cut, cut_rx) = watch::channel(false);
+        let moved = Moved::default();
+        let relaying = relay(client, server, true, &moved, cut_rx);
+        let peer = async {
+            cut.send_replace(true);
+            let mut got = Vec::new();
+            let mut buf = [0u8; 16];
+            loop {
+                let n = client_peer.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        };
+        let (ended, got) = tokio::join!(relaying, peer);
+        assert_eq!(ended.unwrap(), Ended::AtDeadline);
+        assert_eq!(got, close_frame(false));
     }
 
     #[tokio::test]
