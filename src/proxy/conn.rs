@@ -1,17 +1,19 @@
 //! What one downstream connection is, for every request on it and every
 //! step of their path: its [`ConnContext`] (listener, client, TLS, what
 //! moves on it), what its TCP side advertises while HTTP/3 serves
-//! ([`AltSvc`]), and when a connection pinned to a superseded generation
-//! must end ([`pinned_age_expired`]). A leaf below the request path.
+//! ([`AltSvc`]), when a connection pinned to a superseded generation
+//! must end ([`pinned_age_expired`]), and the count of open work drain
+//! waits for ([`OpenWork`], [`Lingering`]). A leaf below the request path.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::HeaderValue;
 use http::uri::Scheme;
 use metrics::Counter;
+use tokio::sync::{watch, Notify};
 
 use super::activity::Activity;
 use super::interim::InterimQueue;
@@ -50,8 +52,8 @@ pub struct ConnContext {
 /// How many units of work drain waits for are open, and who waits.
 #[derive(Default)]
 pub struct OpenConnections {
-    pub count: std::sync::atomic::AtomicUsize,
-    pub idle: tokio::sync::Notify,
+    pub count: AtomicUsize,
+    pub idle: Notify,
 }
 
 /// Counts work that drain waits for besides connections (a `udp`
@@ -70,26 +72,19 @@ pub struct Lingering {
     pub open: OpenWork,
     /// What the deadline waits for once it has passed.
     pub ended_at_cut: OpenWork,
-    pub cut: tokio::sync::watch::Receiver<bool>,
+    pub cut: watch::Receiver<bool>,
 }
 
 impl OpenWork {
     pub fn hold(&self) -> OpenHold {
-        self.0
-            .count
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.0.count.fetch_add(1, Ordering::AcqRel);
         OpenHold(Arc::clone(&self.0))
     }
 }
 
 impl Drop for OpenHold {
     fn drop(&mut self) {
-        if self
-            .0
-            .count
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
-            == 1
-        {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }
     }
