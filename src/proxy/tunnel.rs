@@ -168,7 +168,9 @@ where
 const CHUNK: usize = 16 * 1024;
 
 /// One direction: copies until its source ends (then shuts the other
-/// side's write half) or the drain deadline, then ends it (`close_at_deadline`).
+/// side's write half), or until the drain deadline; then a WebSocket's
+/// direction is closed (`close_websocket`, and the client's 1001), and
+/// the other side's write half is shut.
 async fn one_way<R, W>(
     from: &mut R,
     to: &mut W,
