@@ -713,6 +713,14 @@ async fn a_stopped_then_killed_store_falls_back_to_each_instances_share() {
         assert!((360..=450).contains(admitted), "fallback: {fallback:?}");
     }
     assert!((810..=990).contains(&sum(&resumed)), "resumed: {resumed:?}");
+    // Fair again (issue 75) from half a second after the store answers:
+    // each instance a third of the 3 s that follow, within ±15 %.
+    for admitted in fleet.iter().chain(&resumed) {
+        assert!(
+            (255..=345).contains(admitted),
+            "fleet: {fleet:?}, resumed: {resumed:?}"
+        );
+    }
     for (gw, counts) in gateways.iter().zip(&counts) {
         let text = scrape(gw).await;
         // No request waited on the store past its deadline + 5 ms.
