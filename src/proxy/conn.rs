@@ -46,7 +46,7 @@ pub struct ConnContext {
     pub tls: std::sync::OnceLock<TlsInfo>,
     /// For a tunnel the connection switches to: drain waits for it, and
     /// ends it at the drain deadline.
-    pub lingering: Lingering,
+    pub lingering: Arc<Lingering>,
 }
 
 /// How many units of work drain waits for are open, and who waits.
@@ -67,7 +67,6 @@ pub struct OpenHold(Arc<OpenConnections>);
 /// What outlives the request that opened it (a tunnel after a protocol
 /// switch, an L4 relay) needs to be drained: a hold on open work, so
 /// drain waits for it, and the drain deadline, when it must end.
-#[derive(Clone)]
 pub struct Lingering {
     pub open: OpenWork,
     /// What the deadline waits for once it has passed.

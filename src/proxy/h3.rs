@@ -57,7 +57,7 @@ pub struct Http3 {
     pub open: OpenWork,
     /// No tunnel opens over HTTP/3 (no protocol switch there); the
     /// connection context carries it all the same.
-    pub lingering: super::conn::Lingering,
+    pub lingering: Arc<super::conn::Lingering>,
     pub alt_svc: Arc<AltSvc>,
     /// `http3_early_data`: accept 0-RTT requests (idempotent ones).
     pub early_data: bool,
@@ -251,7 +251,7 @@ impl Endpoints {
                 interim: InterimQueue::new(),
                 alt_svc: None,
                 tls: std::sync::OnceLock::new(),
-                lingering: h3.lingering.clone(),
+                lingering: Arc::clone(&h3.lingering),
             });
             let hold = h3.open.hold();
             self.accepted.increment(1);

@@ -47,28 +47,36 @@ pub(in crate::proxy) struct Gate {
     pub(in crate::proxy) cut: watch::Sender<bool>,
     /// Of the open work, what the deadline ends (tunnels, L4 relays).
     pub(super) ended_at_cut: Arc<OpenConnections>,
+    /// Both, and the deadline, as every connection carries them: made
+    /// once, so that a connection costs one reference, not a subscription.
+    lingering: Arc<Lingering>,
 }
 
 impl Gate {
     pub(super) fn new(admission: Admission, workers: Option<Arc<Workers>>) -> Self {
+        let open = Arc::new(OpenConnections::default());
+        let ended_at_cut = Arc::new(OpenConnections::default());
+        let (cut, watching) = watch::channel(false);
+        let lingering = Arc::new(Lingering {
+            open: OpenWork(Arc::clone(&open)),
+            ended_at_cut: OpenWork(Arc::clone(&ended_at_cut)),
+            cut: watching,
+        });
         Self {
             workers,
             admission,
             draining: watch::channel(false).0,
             draining_flag: Arc::new(AtomicBool::new(false)),
-            open: Arc::new(OpenConnections::default()),
-            cut: watch::channel(false).0,
-            ended_at_cut: Arc::new(OpenConnections::default()),
+            open,
+            cut,
+            ended_at_cut,
+            lingering,
         }
     }
 
     /// What a connection's tunnels (and L4 relays) need of the set.
-    pub(super) fn lingering(&self) -> Lingering {
-        Lingering {
-            open: self.open_work(),
-            ended_at_cut: OpenWork(Arc::clone(&self.ended_at_cut)),
-            cut: self.cut.subscribe(),
-        }
+    pub(super) fn lingering(&self) -> Arc<Lingering> {
+        Arc::clone(&self.lingering)
     }
 
     /// Counts open work besides connections (a `udp` listener's
