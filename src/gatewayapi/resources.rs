@@ -144,7 +144,8 @@ fn push(value: Value, origin: &str, out: &mut Vec<Resource>) -> Result<(), Strin
     Ok(())
 }
 
-fn to_json(yaml: &Yaml) -> Value {
+/// A YAML value as JSON (keys as strings; aliases and bad values null).
+pub fn to_json(yaml: &Yaml) -> Value {
     match yaml {
         Yaml::Real(text) => text
             .parse::<f64>()

@@ -32,7 +32,7 @@ use std::sync::Arc as Rc;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use yaml_rust2::{Yaml, YamlLoader};
+use yaml_rust2::YamlLoader;
 
 use crate::harness::{workspace, BIN};
 use golang::{Expr, FuncDecl, Parser};
@@ -159,35 +159,11 @@ fn load(dir: &Path) -> Result<(Vec<Test>, Funcs, Globals), String> {
     Ok((tests, funcs, globals))
 }
 
-fn yaml_to_json(y: &Yaml) -> Value {
-    match y {
-        Yaml::Real(r) => r.parse::<f64>().map(|x| json!(x)).unwrap_or(Value::Null),
-        Yaml::Integer(i) => json!(i),
-        Yaml::String(s) => json!(s),
-        Yaml::Boolean(b) => json!(b),
-        Yaml::Array(items) => Value::Array(items.iter().map(yaml_to_json).collect()),
-        Yaml::Hash(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| {
-                    let key = match k {
-                        Yaml::String(s) => s.clone(),
-                        Yaml::Integer(i) => i.to_string(),
-                        Yaml::Boolean(b) => b.to_string(),
-                        other => format!("{other:?}"),
-                    };
-                    (key, yaml_to_json(v))
-                })
-                .collect(),
-        ),
-        _ => Value::Null,
-    }
-}
-
 fn documents(text: &str) -> Result<Vec<Value>, String> {
     let docs = YamlLoader::load_from_str(text).map_err(|e| e.to_string())?;
     Ok(docs
         .iter()
-        .map(yaml_to_json)
+        .map(cutover::gatewayapi::resources::to_json)
         .filter(|d| d.is_object())
         .collect())
 }
