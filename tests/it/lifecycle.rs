@@ -856,24 +856,11 @@ async fn upgraded_connections_are_tunnelled_and_survive_activations() {
     assert!(base.contains("hedge") && base.contains("access_file"));
     let gw = Gateway::start(&base);
     let web = gw.listener("web");
-    let mut stream = TcpStream::connect(web).await.unwrap();
-    stream
-        .write_all(
-            b"GET /socket HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
-        )
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        assert_eq!(
-            stream.read(&mut byte).await.unwrap(),
-            1,
-            "closed during the 101 head"
-        );
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let (mut stream, head) = switch_protocols(
+        web,
+        "GET /socket HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
+    )
+    .await;
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: echo"), "{head}");
     assert!(
@@ -1142,6 +1129,25 @@ async fn admin_requests_across_ten_upgrades_are_answered_or_refused_at_connect()
     assert!(broken.is_empty(), "{} broken: {broken:?}", broken.len());
 }
 
+/// Connects to `at`, sends `request` (an upgrade) and reads the answer's
+/// head, byte by byte so that nothing past it is taken: the stream, and
+/// the head in lower case.
+async fn switch_protocols(at: SocketAddr, request: &str) -> (TcpStream, String) {
+    let mut stream = TcpStream::connect(at).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(
+            stream.read(&mut byte).await.unwrap(),
+            1,
+            "closed during the answer's head"
+        );
+        head.push(byte[0]);
+    }
+    (stream, String::from_utf8_lossy(&head).to_ascii_lowercase())
+}
+
 /// A WebSocket client's frame: `payload` under `opcode`, masked.
 fn ws_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
     let key = [0x5a, 0x17, 0xc3, 0x09];
@@ -1220,27 +1226,12 @@ async fn a_websocket_outlives_the_upgrade_until_the_drain_deadline_then_gets_100
     );
     assert!(base.contains("access_file"));
     let gw = Gateway::start(&base);
-    let mut ws = TcpStream::connect(gw.listener("web")).await.unwrap();
-    ws.write_all(
-        b"GET /chat HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    let (mut ws, head) = switch_protocols(
+        gw.listener("web"),
+        "GET /chat HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
     )
-    .await
-    .unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        assert_eq!(
-            ws.read(&mut byte).await.unwrap(),
-            1,
-            "closed during the 101"
-        );
-        head.push(byte[0]);
-    }
-    assert!(
-        head.starts_with(b"HTTP/1.1 101"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
+    .await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
     let op = upgrade(&gw, None).await;
     assert_eq!(op["outcome"], "succeeded", "{op}");
     let drained_from = Instant::now();

@@ -278,6 +278,35 @@ fn store_up(text: &str) -> f64 {
     sample(text, "cutover_ratelimit_store_up", &[])
 }
 
+/// Each load's 200s in the ten 2 s windows of a 20 s run.
+fn two_second_windows(counts: &[Arc<Counts>]) -> Vec<Vec<u64>> {
+    counts
+        .iter()
+        .map(|c| {
+            (0..10)
+                .map(|w| {
+                    c.ok_by_second[2 * w].load(Ordering::Relaxed)
+                        + c.ok_by_second[2 * w + 1].load(Ordering::Relaxed)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Fairness (issue 75): in every window each instance admitted a third
+/// of a 300-a-second limit, within ±15 %.
+fn each_a_third_of_300_per_second(windows: &[Vec<u64>]) {
+    let third = 300.0 * 2.0 / 3.0;
+    for (instance, windows) in windows.iter().enumerate() {
+        for (w, &n) in windows.iter().enumerate() {
+            assert!(
+                (n as f64 - third).abs() <= 0.15 * third,
+                "instance {instance} admitted {n} in window {w} (a third is {third}): {windows:?}"
+            );
+        }
+    }
+}
+
 /// Three instances count in one store; the answers each admitted.
 async fn three(redis: &Redis, quota: &str) -> Vec<Gateway> {
     let store = format!(
@@ -342,27 +371,9 @@ async fn three_instances_admit_one_fleet_limit() {
     // Fair (issue 75): with equal demand each instance admits a third of
     // the limit, within ±15 %, in every 2 s window (one instance used to
     // starve while another's early refills took each new token).
-    let windows: Vec<Vec<u64>> = counts
-        .iter()
-        .map(|c| {
-            (0..10)
-                .map(|w| {
-                    c.ok_by_second[2 * w].load(Ordering::Relaxed)
-                        + c.ok_by_second[2 * w + 1].load(Ordering::Relaxed)
-                })
-                .collect()
-        })
-        .collect();
+    let windows = two_second_windows(&counts);
     eprintln!("admitted per instance and 2 s window: {windows:?}");
-    let third = 300.0 * 2.0 / 3.0;
-    for (instance, windows) in windows.iter().enumerate() {
-        for (w, &n) in windows.iter().enumerate() {
-            assert!(
-                (n as f64 - third).abs() <= 0.15 * third,
-                "instance {instance} admitted {n} in window {w} (a third is {third}): {windows:?}"
-            );
-        }
-    }
+    each_a_third_of_300_per_second(&windows);
     // The gateway's count agrees with the client's, and no request fell
     // back to local counting.
     let (mut counted, mut fallback) = (0.0, 0.0);
@@ -510,27 +521,9 @@ async fn an_instance_whose_store_answers_late_still_gets_its_share() {
     })
     .await;
     let counts = load_all(&gateways, Duration::from_secs(20)).await;
-    let windows: Vec<Vec<u64>> = counts
-        .iter()
-        .map(|c| {
-            (0..10)
-                .map(|w| {
-                    c.ok_by_second[2 * w].load(Ordering::Relaxed)
-                        + c.ok_by_second[2 * w + 1].load(Ordering::Relaxed)
-                })
-                .collect()
-        })
-        .collect();
+    let windows = two_second_windows(&counts);
     eprintln!("late store: admitted per instance and 2 s window: {windows:?}");
-    let third = 300.0 * 2.0 / 3.0;
-    for (instance, windows) in windows.iter().enumerate() {
-        for (w, &n) in windows.iter().enumerate() {
-            assert!(
-                (n as f64 - third).abs() <= 0.15 * third,
-                "instance {instance} admitted {n} in window {w} (a third is {third}): {windows:?}"
-            );
-        }
-    }
+    each_a_third_of_300_per_second(&windows);
 }
 
 /// Issue 75: with unequal demand the limit follows it. Instances offered
