@@ -422,7 +422,7 @@ async fn an_activation_that_drops_the_quota_gives_its_lease_back() {
         "{{ redis = {{ url = \"{}\", timeout = \"100ms\" }} }}",
         redis.url()
     );
-    let quota = r#"{ rate = 100, per = "60s", burst = 100, key = "route", scope = "fleet", pre_allowance = 0.5 }"#;
+    let quota = r#"{ rate = 100, per = "1h", burst = 100, key = "route", scope = "fleet", pre_allowance = 0.5 }"#;
     let gateways = vec![
         limited_gateway(&store, quota),
         limited_gateway(&store, quota),
@@ -597,8 +597,9 @@ async fn a_draining_instance_gives_its_unspent_lease_back() {
         "{{ redis = {{ url = \"{}\", timeout = \"100ms\" }} }}",
         redis.url()
     );
-    // 100 a minute, 50 leased at a time: nothing refills during the test.
-    let quota = r#"{ rate = 100, per = "60s", burst = 100, key = "route", scope = "fleet", pre_allowance = 0.5 }"#;
+    // 100 an hour, 50 leased at a time: nothing refills during the test
+    // (at 100 a minute a busy machine minted one more token mid-run).
+    let quota = r#"{ rate = 100, per = "1h", burst = 100, key = "route", scope = "fleet", pre_allowance = 0.5 }"#;
     let mut gateways = vec![
         limited_gateway(&store, quota),
         limited_gateway(&store, quota),
