@@ -118,8 +118,10 @@ fn in_process(c: &mut Criterion) {
     let store = runtime.block_on(async {
         let store = Arc::new(Store::new(&StoreSpec {
             url: format!("unix://{}", dir.path().join("redis.sock").display()),
+            sentinel: None,
             username: None,
             password: None,
+            tls: None,
             key_prefix: "bench:".into(),
             timeout: DEFAULT_STORE_TIMEOUT,
         }));

@@ -142,6 +142,9 @@ fn gateway_address(text: &str) -> Result<(String, String), String> {
 }
 
 fn main() -> ExitCode {
+    // One process-wide TLS provider (ring) for the clients that ask rustls
+    // for its default (the Redis store's); cutover's own configs name it.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.command {
         Command::Run {

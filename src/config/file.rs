@@ -64,9 +64,25 @@ pub struct FileLimitStore {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileRedisStore {
-    /// `redis://host:port/db` or `unix:///path/to/socket` (no password:
-    /// that goes in `password_file`).
-    pub url: String,
+    /// `redis://host:port/db`, `rediss://host:port/db` (TLS, the
+    /// certificate verified against `ca` by the host's name) or
+    /// `unix:///path/to/socket` (no password: that goes in
+    /// `password_file`). Absent with `sentinel`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Redis Sentinel names the master (instead of `url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sentinel: Option<FileRedisSentinel>,
+    /// CA bundle (PEM) that signs the store's certificates (`rediss://`;
+    /// without it, the Mozilla roots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    /// Client certificate chain and key (PEM) for the store's TLS client
+    /// authentication (`tls-auth-clients`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
     /// A file holding the password (ACL or `requirepass`), one line.
@@ -78,6 +94,27 @@ pub struct FileRedisStore {
     /// A store call past this fails and marks the store down (default 250ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+}
+
+/// `store.redis.sentinel`: the sentinels to ask for the master of
+/// `master` (asked again whenever the store fails, so a failover moves the
+/// gateway to the promoted replica).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRedisSentinel {
+    /// The master's name in the sentinels' configuration (`mymaster`).
+    pub master: String,
+    /// `redis://host:port` (or `rediss://`, TLS to the sentinels and the
+    /// master alike), one per sentinel.
+    pub nodes: Vec<String>,
+    /// The database on the master (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db: Option<i64>,
+    /// The sentinels' own credentials (`requirepass` of sentinel.conf).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<String>,
 }
 
 /// `[fleet]`: the etcd cluster this instance shares generations through

@@ -632,8 +632,10 @@ mod tests {
         let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let store = Arc::new(Store::new(&crate::plan::StoreSpec {
             url: format!("redis://{}", hole.local_addr().unwrap()),
+            sentinel: None,
             username: None,
             password: None,
+            tls: None,
             key_prefix: "t:".into(),
             timeout: Duration::from_millis(100),
         }));
@@ -661,8 +663,10 @@ mod tests {
     fn a_store_that_never_answered_falls_back_to_this_instances_share() {
         let store = Arc::new(Store::new(&crate::plan::StoreSpec {
             url: "redis://127.0.0.1:1".into(),
+            sentinel: None,
             username: None,
             password: None,
+            tls: None,
             key_prefix: "t:".into(),
             timeout: Duration::from_millis(50),
         }));

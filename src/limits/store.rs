@@ -1,6 +1,9 @@
 //! The shared store of fleet-scoped quotas: one multiplexed Redis
 //! connection per `[limits] store` (redis-rs's `ConnectionManager`, which
-//! reconnects), the store's health, and the instances counting in it.
+//! reconnects; over TLS for `rediss://`), the store's health, and the
+//! instances counting in it. With Redis Sentinel the master is asked of
+//! the sentinels at start and again whenever the store fails, so a
+//! failover moves the connection to the promoted replica.
 //!
 //! Every call is one Lua script (one round trip) with the store's
 //! `timeout`: past it, or on any error, the store is down. While it is
@@ -18,8 +21,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Script;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{Client, ConnectionAddr, IntoConnectionInfo, Script, TlsCertificates, TlsMode};
 
 use crate::plan::StoreSpec;
 use crate::telemetry::metrics as m;
@@ -200,11 +205,15 @@ const WAIT_BUCKETS: &[f64] = &[
 
 pub struct Store {
     spec: StoreSpec,
-    client: Option<redis::Client>,
+    /// How the store is reached (none when the spec could not be made a
+    /// client: every decision falls back).
+    source: Option<Source>,
     /// Where the connection and the tasks run (none outside a runtime:
     /// the store then never answers and every decision falls back).
     runtime: Option<tokio::runtime::Handle>,
-    conn: OnceLock<ConnectionManager>,
+    /// The connection to the store (to the master the sentinels named
+    /// last, with Sentinel).
+    conn: ArcSwapOption<Connection>,
     up: AtomicBool,
     /// Instances seen beating in the last `BEAT_TTL` (this one included).
     instances: AtomicU32,
@@ -263,22 +272,34 @@ impl Miss {
     }
 }
 
+/// How the store is reached.
+enum Source {
+    /// One address (`url`).
+    Direct(Client),
+    /// The master the sentinels name (asked by one task at a time).
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+/// A connection and the address it goes to.
+struct Connection {
+    manager: ConnectionManager,
+    addr: ConnectionAddr,
+}
+
 impl Store {
     pub fn new(spec: &StoreSpec) -> Self {
-        let client = client(spec)
-            .map_err(
-                |e| tracing::error!(store = %spec.url, error = %e, "rate-limit store URL refused"),
-            )
+        let source = source(spec)
+            .map_err(|e| tracing::error!(store = %spec.url, error = %e, "rate-limit store refused"))
             .ok();
         let runtime = tokio::runtime::Handle::try_current().ok();
         // Without a client or a runtime no beat will ever be tried.
-        let first = tokio::sync::watch::channel(client.is_none() || runtime.is_none()).0;
+        let first = tokio::sync::watch::channel(source.is_none() || runtime.is_none()).0;
         Store {
             spec: spec.clone(),
-            client,
+            source,
             runtime,
             first,
-            conn: OnceLock::new(),
+            conn: ArcSwapOption::empty(),
             up: AtomicBool::new(false),
             instances: AtomicU32::new(1),
             id: format!("{}-{:016x}", std::process::id(), fastrand::u64(..)),
@@ -384,10 +405,9 @@ impl Store {
         call.arg(want)
             .arg(&self.id)
             .arg(format!("{:.3}", demand.max(0.0)));
-        let Some(conn) = self.conn.get() else {
+        let Some(mut conn) = self.connection() else {
             return Err(());
         };
-        let mut conn = conn.clone();
         let answer: Result<Vec<i64>, String> =
             match tokio::time::timeout(self.spec.timeout, call.invoke_async(&mut conn)).await {
                 Ok(Ok(answer)) => Ok(answer),
@@ -418,10 +438,9 @@ impl Store {
     /// `GIVE_BACK`); how many the store took back.
     pub async fn give_back(&self, key: &[u8], ask: Ask, tokens: u32) -> Result<u32, ()> {
         let [_, _, _, script] = scripts();
-        let Some(conn) = self.conn.get() else {
+        let Some(mut conn) = self.connection() else {
             return Err(());
         };
-        let mut conn = conn.clone();
         let mut call = script.key(key);
         call.key([key, b":demand"].concat());
         match ask {
@@ -451,6 +470,11 @@ impl Store {
         }
     }
 
+    /// A handle on the connection (a clone shares it).
+    fn connection(&self) -> Option<ConnectionManager> {
+        self.conn.load().as_ref().map(|c| c.manager.clone())
+    }
+
     /// Counts a decision that fell back to `on_store_error`.
     pub fn missed(&self, cause: Miss) {
         if let Some(count) = Miss::ALL
@@ -477,11 +501,17 @@ impl Store {
     }
 
     fn failed(&self, why: &str) {
-        self.first
+        let first = self
+            .first
             .send_if_modified(|done| !std::mem::replace(done, true));
         self.errors.add(1);
-        if self.up.swap(false, Ordering::AcqRel) {
+        let was_up = self.up.swap(false, Ordering::AcqRel);
+        if was_up {
             self.transitions.add(1);
+        }
+        // Once per change of state, and once for a store never reached
+        // (a wrong CA or address shows at start, not only in metrics).
+        if was_up || first {
             tracing::warn!(
                 store = %self.spec.url,
                 error = %why,
@@ -506,10 +536,9 @@ impl Store {
 
     /// One beat: records this instance and reads how many there are.
     async fn beat(&self) {
-        let Some(conn) = self.conn.get() else {
+        let Some(mut conn) = self.connection() else {
             return;
         };
-        let mut conn = conn.clone();
         let [_, _, beat, _] = scripts();
         let mut key = self.spec.key_prefix.clone().into_bytes();
         key.extend_from_slice(b"instances");
@@ -526,9 +555,54 @@ impl Store {
     }
 }
 
-/// The client for a validated spec (the password from its file).
-fn client(spec: &StoreSpec) -> redis::RedisResult<redis::Client> {
-    use redis::IntoConnectionInfo;
+/// The certificates of a `rediss://` store (none: the Mozilla roots).
+fn certificates(spec: &StoreSpec) -> Option<TlsCertificates> {
+    let tls = spec.tls.as_ref()?;
+    Some(TlsCertificates {
+        client_tls: tls
+            .client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: tls.ca.clone(),
+    })
+}
+
+/// How a validated spec reaches the store (the passwords from their
+/// files).
+fn source(spec: &StoreSpec) -> redis::RedisResult<Source> {
+    if let Some(sentinel) = &spec.sentinel {
+        let nodes = sentinel
+            .nodes
+            .iter()
+            .map(|node| Ok(node.as_str().into_connection_info()?.addr().clone()))
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let mut builder =
+            SentinelClientBuilder::new(nodes, &sentinel.master, SentinelServerType::Master)?
+                .set_client_to_redis_db(sentinel.db);
+        if let Some(user) = &spec.username {
+            builder = builder.set_client_to_redis_username(user);
+        }
+        if let Some(password) = &spec.password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(user) = &sentinel.username {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = &sentinel.password {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        if let Some(certificates) = certificates(spec) {
+            builder = builder
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure)
+                .set_client_to_redis_certificates(certificates.clone())
+                .set_client_to_sentinel_certificates(certificates);
+        }
+        return Ok(Source::Sentinel(tokio::sync::Mutex::new(builder.build()?)));
+    }
     let mut info = spec.url.as_str().into_connection_info()?;
     let mut settings = info.redis_settings().clone();
     if let Some(user) = &spec.username {
@@ -538,41 +612,78 @@ fn client(spec: &StoreSpec) -> redis::RedisResult<redis::Client> {
         settings = settings.set_password(password);
     }
     info = info.set_redis_settings(settings);
-    redis::Client::open(info)
+    Ok(Source::Direct(match certificates(spec) {
+        Some(certificates) => Client::build_with_tls(info, certificates)?,
+        None => Client::open(info)?,
+    }))
 }
 
-/// Connects, then beats while the store answers and probes while it
-/// does not, for as long as the store is held.
-async fn keep(store: Weak<Store>) {
-    {
-        let Some(live) = store.upgrade() else {
-            return;
+impl Store {
+    /// Makes the connection if there is none (direct), or if the sentinels
+    /// now name another master than the one it goes to. A direct
+    /// connection is made once: the manager reconnects by itself.
+    async fn connect(&self) -> Result<(), String> {
+        let client = match &self.source {
+            None => return Err("no client".into()),
+            Some(Source::Direct(client)) => {
+                if self.conn.load().is_some() {
+                    return Ok(());
+                }
+                client.clone()
+            }
+            Some(Source::Sentinel(sentinel)) => {
+                let mut sentinel = sentinel.lock().await;
+                match tokio::time::timeout(self.spec.timeout, sentinel.async_get_client()).await {
+                    Ok(Ok(client)) => client,
+                    Ok(Err(e)) => return Err(format!("no sentinel named the master: {e}")),
+                    Err(_) => {
+                        return Err(format!(
+                            "no sentinel named the master within {:?}",
+                            self.spec.timeout
+                        ))
+                    }
+                }
+            }
         };
-        let Some(client) = live.client.clone() else {
-            return;
-        };
+        let addr = client.get_connection_info().addr().clone();
+        if self.conn.load().as_ref().is_some_and(|c| c.addr == addr) {
+            return Ok(());
+        }
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(live.spec.timeout))
-            .set_response_timeout(Some(live.spec.timeout))
+            .set_connection_timeout(Some(self.spec.timeout))
+            .set_response_timeout(Some(self.spec.timeout))
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(1));
-        match ConnectionManager::new_lazy_with_config(client, config) {
-            Ok(conn) => {
-                let _ = live.conn.set(conn);
-            }
-            Err(e) => {
-                live.failed(&e.to_string());
-                return;
-            }
+        let manager =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| e.to_string())?;
+        if self.conn.load().is_some() {
+            tracing::warn!(store = %self.spec.url, master = %addr, "rate-limit store: the sentinels name a new master; counting moves to it");
         }
+        self.conn
+            .store(Some(Arc::new(Connection { manager, addr })));
+        Ok(())
     }
+}
+
+/// Beats while the store answers and probes while it does not (asking
+/// the sentinels again each time, with Sentinel), for as long as the
+/// store is held.
+async fn keep(store: Weak<Store>) {
     loop {
         let pause = {
             let Some(live) = store.upgrade() else {
                 return;
             };
-            live.beat().await;
+            if live.source.is_none() {
+                return;
+            }
+            let needs = live.conn.load().is_none()
+                || (!live.is_up() && matches!(live.source, Some(Source::Sentinel(_))));
+            match if needs { live.connect().await } else { Ok(()) } {
+                Ok(()) => live.beat().await,
+                Err(why) => live.failed(&why),
+            }
             if live.is_up() {
                 BEAT
             } else {

@@ -70,28 +70,78 @@ pub enum OnStoreError {
 /// `[limits] store.redis`.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct StoreSpec {
-    /// The URL as written (no password in it).
+    /// The URL as written (no password in it); with Sentinel,
+    /// `sentinel://NODE,NODE/MASTER`. The store's name in logs and metrics.
     pub url: String,
+    /// The sentinels that name the master, when the store is found so.
+    pub sentinel: Option<SentinelSpec>,
     pub username: Option<String>,
     /// The password file's content, first line.
     pub password: Option<String>,
+    /// TLS to the store (`rediss://`), with what it trusts and shows.
+    pub tls: Option<StoreTls>,
     pub key_prefix: String,
     pub timeout: Duration,
 }
 
+/// `store.redis.sentinel`, validated.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct SentinelSpec {
+    pub master: String,
+    /// The sentinels' URLs as written.
+    pub nodes: Vec<String>,
+    pub db: i64,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+/// The PEM the store's TLS uses: the CA bundle (none: the Mozilla roots)
+/// and the client certificate chain with its key.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct StoreTls {
+    pub ca: Option<Vec<u8>>,
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
 impl std::fmt::Debug for StoreSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |set: bool| set.then_some("<from file>");
         f.debug_struct("StoreSpec")
             .field("url", &self.url)
-            .field("username", &self.username)
             .field(
-                "password",
-                &self.password.as_ref().map(|_| "<from password_file>"),
+                "sentinel",
+                &self.sentinel.as_ref().map(|s| (&s.master, &s.nodes, s.db)),
+            )
+            .field("username", &self.username)
+            .field("password", &hidden(self.password.is_some()))
+            .field(
+                "tls_ca",
+                &self.tls.as_ref().map(|t| t.ca.as_deref().map(digest)),
+            )
+            // The certificate is public: its digest tells two apart.
+            .field(
+                "tls_client",
+                &self
+                    .tls
+                    .as_ref()
+                    .and_then(|t| t.client.as_ref())
+                    .map(|(cert, _)| digest(cert)),
             )
             .field("key_prefix", &self.key_prefix)
             .field("timeout", &self.timeout)
             .finish()
     }
+}
+
+/// The first 8 bytes of a file's SHA-256, in hex (what `Debug` shows of
+/// PEM material).
+fn digest(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 pub const DEFAULT_QUOTA_MAX_KEYS: u32 = 100_000;

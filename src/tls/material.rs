@@ -216,7 +216,7 @@ pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
     parse_roots(path, &read(path)?)
 }
 
-fn parse_roots(path: &Path, pem: &[u8]) -> Result<RootCertStore, TlsError> {
+pub fn parse_roots(path: &Path, pem: &[u8]) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for der in parse_chain(path, pem)? {
         roots.add(der).map_err(|e| TlsError::Bundle {

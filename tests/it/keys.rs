@@ -233,6 +233,7 @@ impl Row {
 const STATE_DIR: &[(Place, &str)] = &[(Runtime, "state_dir = \"state\"")];
 const SNI: &str = "sni_routes = [{ hosts = [\"db.example.com\"], upstream = \"relayed\" }]";
 const REDIS: &str = "store.redis.url = \"redis://127.0.0.1:6379/0\"";
+const TLS_REDIS: &str = "store.redis.url = \"rediss://redis.internal:6380/0\"";
 const REDIS_OTHER: &str = "store.redis.url = \"redis://127.0.0.1:6380/0\"";
 const TRUSTED: &str = "trusted_proxies = [\"127.0.0.1\"]";
 
@@ -380,6 +381,46 @@ fn rows() -> Vec<Row> {
             &[REDIS, "store.redis.password_file = \"redis.pass\""],
         )
         .before(&[REDIS]),
+        row(
+            "limits",
+            "store.redis.sentinel",
+            Limits,
+            &["store.redis.sentinel = { master = \"store\", nodes = [\"redis://127.0.0.1:26379\"] }"],
+        )
+        .before(&[REDIS]),
+        row(
+            "limits",
+            "store.redis.ca",
+            Limits,
+            &[TLS_REDIS, "store.redis.ca = \"ca.pem\""],
+        )
+        .before(&[TLS_REDIS]),
+        row(
+            "limits",
+            "store.redis.cert",
+            Limits,
+            &[
+                TLS_REDIS,
+                "store.redis.cert = \"client.pem\"",
+                "store.redis.key = \"client.key\"",
+            ],
+        )
+        .before(&[TLS_REDIS]),
+        row(
+            "limits",
+            "store.redis.key",
+            Limits,
+            &[
+                TLS_REDIS,
+                "store.redis.cert = \"site.pem\"",
+                "store.redis.key = \"site.key\"",
+            ],
+        )
+        .before(&[
+            TLS_REDIS,
+            "store.redis.cert = \"client.pem\"",
+            "store.redis.key = \"client.key\"",
+        ]),
         row(
             "limits",
             "store.redis.key_prefix",

@@ -840,6 +840,348 @@ async fn a_store_that_never_answers_fails_as_configured() {
     );
 }
 
+/// A test PKI made by `openssl` in `dir`: `ca.pem` (and `ca.key`), a
+/// second CA `wrong-ca.pem`, the store's `redis.pem`/`redis.key` for
+/// `localhost` and 127.0.0.1, and a client's `client.pem`/`client.key`.
+fn openssl_pki(dir: &Path) -> bool {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output();
+        match out {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => panic!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr)),
+            Err(e) => panic!("openssl {args:?}: {e}"),
+        }
+    };
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!(
+            "SKIPPED: openssl is not installed (Debian package openssl; .ci/run installs it)"
+        );
+        return false;
+    }
+    std::fs::write(
+        dir.join("leaf.cnf"),
+        "[server]\nbasicConstraints = critical,CA:FALSE\nsubjectAltName = DNS:localhost,IP:127.0.0.1\nextendedKeyUsage = serverAuth\n\
+         [client]\nbasicConstraints = critical,CA:FALSE\nextendedKeyUsage = clientAuth\n",
+    )
+    .unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    for ca in ["ca", "wrong-ca"] {
+        let (key, pem, subject) = (
+            format!("{ca}.key"),
+            format!("{ca}.pem"),
+            format!("/CN=cutover test {ca}"),
+        );
+        let mut args = vec![
+            "req", "-x509", "-days", "2", "-subj", &subject, "-keyout", &key, "-out", &pem,
+        ];
+        args.extend(ec);
+        run(&args);
+    }
+    for (leaf, section) in [("redis", "server"), ("client", "client")] {
+        let (key, csr, pem, subject) = (
+            format!("{leaf}.key"),
+            format!("{leaf}.csr"),
+            format!("{leaf}.pem"),
+            format!("/CN={leaf}"),
+        );
+        let mut args = vec!["req", "-subj", &subject, "-keyout", &key, "-out", &csr];
+        args.extend(ec);
+        run(&args);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "leaf.cnf",
+            "-extensions",
+            section,
+            "-out",
+            &pem,
+        ]);
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rediss_store_is_verified_by_name_and_refused_with_a_wrong_ca() {
+    if !Path::new(REDIS).exists() {
+        eprintln!(
+            "SKIPPED: {REDIS} is not installed (Debian package redis-server; .ci/run installs it)"
+        );
+        return;
+    }
+    let pki = tempfile::tempdir().unwrap();
+    if !openssl_pki(pki.path()) {
+        return;
+    }
+    // Redis on TLS only, demanding a client certificate signed by the CA.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let child = Command::new(REDIS)
+        .args([
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--tls-port",
+            &port.to_string(),
+        ])
+        .args([
+            "--tls-cert-file",
+            "redis.pem",
+            "--tls-key-file",
+            "redis.key",
+        ])
+        .args(["--tls-ca-cert-file", "ca.pem", "--tls-auth-clients", "yes"])
+        .args(["--save", "", "--appendonly", "no"])
+        .current_dir(pki.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start redis-server");
+    let pki = Redis {
+        child: Some(child),
+        dir: pki,
+    };
+    let pki = pki.dir.path();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "redis-server (TLS) did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let gateway = |ca: &str, host: &str, client: bool| {
+        let dir = tempfile::tempdir().unwrap();
+        for file in ["ca.pem", "wrong-ca.pem", "client.pem", "client.key"] {
+            std::fs::copy(pki.join(file), dir.path().join(file)).unwrap();
+        }
+        let identity = if client {
+            ", cert = \"client.pem\", key = \"client.key\""
+        } else {
+            ""
+        };
+        let config = Config::new()
+            .metrics()
+            .listener("web", "")
+            .text(&format!(
+                "[limits]\nstore = {{ redis = {{ url = \"rediss://{host}:{port}/0\", ca = \"{ca}\"{identity} }} }}"
+            ))
+            .route(
+                "api",
+                "listeners = [\"web\"]\nrespond = { status = 200 }\nquota = { rate = 5, burst = 5, per = \"1h\", scope = \"fleet\", key = \"route\", on_store_error = \"deny\", deadline = \"500ms\" }",
+            )
+            .build();
+        Gateway::start_in(dir, &config)
+    };
+    // By name (localhost) and by address (127.0.0.1): both are in the
+    // store's certificate; both instances count in the one store.
+    let counting = [
+        gateway("ca.pem", "localhost", true),
+        gateway("ca.pem", "127.0.0.1", true),
+    ];
+    let wrong_ca = gateway("wrong-ca.pem", "localhost", true);
+    let anonymous = gateway("ca.pem", "localhost", false);
+    until_all(&counting, "store up", |t| store_up(t) == 1.0).await;
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(get(counting[0].listener("web"), "a", "/").await.0);
+    }
+    statuses.push(get(counting[1].listener("web"), "a", "/").await.0);
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 429],
+        "5 an hour, counted in the store over TLS"
+    );
+    // A store signed by another CA, or one that demands a certificate the
+    // gateway does not show, is down: the quota fails closed as configured.
+    for (gw, why) in [
+        (&wrong_ca, "wrong CA"),
+        (&anonymous, "no client certificate"),
+    ] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = scrape(gw).await;
+            if sample(&text, "cutover_ratelimit_store_errors_total", &[]) >= 2.0 {
+                assert_eq!(store_up(&text), 0.0, "{why}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{why}: no failed store call counted"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(get(gw.listener("web"), "a", "/").await.0, 503, "{why}");
+    }
+    assert!(
+        wrong_ca.logs().contains("rate-limit store failed"),
+        "{}",
+        wrong_ca.logs()
+    );
+}
+
+/// `redis-cli -p PORT ARGS…`'s answer, trimmed.
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli (Debian package redis-tools, with redis-server)");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_store_follows_a_failover_to_the_promoted_replica() {
+    if !Path::new(REDIS).exists() {
+        eprintln!(
+            "SKIPPED: {REDIS} is not installed (Debian package redis-server; .ci/run installs it)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port()
+    };
+    let (master, replica, sentinel) = (port(), port(), port());
+    let server = |port: u16, extra: &[&str]| {
+        let child = Command::new(REDIS)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        Redis {
+            child: Some(child),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    };
+    let mut master_server = server(master, &["--dbfilename", "master.rdb"]);
+    let _replica_server = server(
+        replica,
+        &[
+            "--dbfilename",
+            "replica.rdb",
+            "--replicaof",
+            "127.0.0.1",
+            &master.to_string(),
+        ],
+    );
+    // One sentinel, quorum 1, a master down after 1 s.
+    std::fs::write(
+        dir.path().join("sentinel.conf"),
+        format!(
+            "port {sentinel}\nbind 127.0.0.1\nsentinel monitor store 127.0.0.1 {master} 1\n\
+             sentinel down-after-milliseconds store 1000\nsentinel failover-timeout store 5000\n"
+        ),
+    )
+    .unwrap();
+    let _sentinel_server = {
+        let child = Command::new(REDIS)
+            .arg(dir.path().join("sentinel.conf"))
+            .arg("--sentinel")
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server --sentinel");
+        Redis {
+            child: Some(child),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    };
+    // The sentinel knows the replica (from the master's INFO) before the
+    // master goes.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !redis_cli(sentinel, &["sentinel", "replicas", "store"]).contains(&replica.to_string()) {
+        assert!(
+            Instant::now() < deadline,
+            "the sentinel never saw the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let gw = limited_gateway(
+        &format!("{{ redis = {{ sentinel = {{ master = \"store\", nodes = [\"redis://127.0.0.1:{sentinel}\"] }} }} }}"),
+        "{ rate = 5, burst = 5, per = \"1h\", scope = \"fleet\", key = \"route\", on_store_error = \"deny\", pre_allowance = 0.2, deadline = \"500ms\" }",
+    );
+    until_all(std::slice::from_ref(&gw), "store up", |t| {
+        store_up(t) == 1.0
+    })
+    .await;
+    let web = gw.listener("web");
+    for _ in 0..3 {
+        assert_eq!(get(web, "a", "/").await.0, 200);
+    }
+    // What the master counted has reached the replica.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let offset = |port: u16| {
+        redis_cli(port, &["info", "replication"])
+            .lines()
+            .find_map(|l| l.strip_prefix("master_repl_offset:").map(str::to_owned))
+    };
+    while offset(replica).is_none() || offset(replica) != offset(master) {
+        assert!(Instant::now() < deadline, "the replica never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    master_server.kill();
+    // The sentinel promotes the replica; the gateway asks it again while
+    // the store is down and counts on the new master.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = scrape(&gw).await;
+        if store_up(&text) == 1.0
+            && sample(&text, "cutover_ratelimit_store_transitions_total", &[]) >= 3.0
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store never came back after the failover: {}",
+            gw.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        gw.logs().contains("the sentinels name a new master"),
+        "{}",
+        gw.logs()
+    );
+    assert_eq!(redis_cli(replica, &["role"]).lines().next(), Some("master"));
+    // The limit went on where the old master left it: 2 of 5 are left
+    // (the lease this instance held was on the old master's books too).
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(get(web, "a", "/").await.0);
+    }
+    assert_eq!(statuses, [200, 200, 429, 429], "{}", gw.logs());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quota_keyed_by_subject_counts_each_user_after_auth() {
     let dir = tempfile::tempdir().unwrap();
