@@ -10,6 +10,8 @@
 //! | store stopped, killed, restarted under load: deadline, local share, counting resumes | `a_stopped_then_killed_store_falls_back_to_each_instances_share` |
 //! | `on_store_error = "deny"` / `"allow"` with no store; 429's `RateLimit` headers, access log, gRPC | `a_store_that_never_answers_fails_as_configured` |
 //! | a quota keyed by the subject `auth` found is taken after authentication | `a_quota_keyed_by_subject_counts_each_user_after_auth` |
+//! | `rediss://` with a CA made by openssl and a client certificate; refused with another CA or without the certificate | `a_rediss_store_is_verified_by_name_and_refused_with_a_wrong_ca` |
+//! | Redis Sentinel: a master killed, its replica promoted, counting goes on there | `a_sentinel_store_follows_a_failover_to_the_promoted_replica` |
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
