@@ -49,6 +49,7 @@ fn spec(fleet: Option<FleetQuotaSpec>) -> QuotaSpec {
         key: vec![QuotaKey::ClientIp],
         max_keys: 100_000,
         fleet,
+        advertise: false,
     }
 }
 

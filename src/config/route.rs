@@ -551,6 +551,10 @@ pub struct FileQuota {
     /// and spends locally (fleet; default 0.1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_allowance: Option<f64>,
+    /// Which answers carry `RateLimit` and `RateLimit-Policy`:
+    /// `refusals` (default: 429s) or `always` (every answer of the route).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<String>,
 }
 
 /// `routes.quota.key`: one source or several.

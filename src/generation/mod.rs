@@ -81,6 +81,11 @@ impl SharedState {
     /// The buckets of route `name`'s quota: the live table if the route
     /// had this same quota before, else a new one.
     fn quota(&self, name: &str, spec: &crate::plan::QuotaSpec) -> Quota {
+        // What the answers say of a quota is not what it counts.
+        let spec = &crate::plan::QuotaSpec {
+            advertise: false,
+            ..spec.clone()
+        };
         let key = (name.to_owned(), spec.clone());
         match &spec.fleet {
             None => Quota::Local(

@@ -30,7 +30,7 @@ use tokio::sync::watch;
 
 use super::local::QuotaTable;
 use super::store::{Ask, Grant, Miss, Store};
-use super::{Decision, Outcome};
+use super::{Decision, Left, Outcome};
 use crate::backends::now_ms;
 use crate::plan::{FleetQuotaSpec, OnStoreError, QuotaAlgorithm, QuotaSpec};
 
@@ -69,6 +69,11 @@ struct Lease {
     expires_ms: u64,
     /// The store said no until then: refused here without asking.
     denied_until_ms: u64,
+    /// What the store had left for this instance at the last refill (its
+    /// share of the key's bucket or window), and when the key's bucket is
+    /// whole again (`now_ms`): the `RateLimit` header's `r` and `t`.
+    fleet_left: u32,
+    full_at_ms: u64,
     /// The refill in flight: told when it lands.
     refill: Option<watch::Receiver<()>>,
     seen: u64,
@@ -204,10 +209,10 @@ impl FleetQuota {
         // A refusal counts once the lease is spent: a background refill
         // refused while tokens were left must not refuse with them.
         if lease.tokens == 0 && lease.denied_until_ms > now {
-            return Look::Decided(Decision {
-                outcome: Outcome::Limited,
-                wait: Duration::from_millis(lease.denied_until_ms - now),
-            });
+            return Look::Decided(Decision::refused(
+                Outcome::Limited,
+                Duration::from_millis(lease.denied_until_ms - now),
+            ));
         }
         // A refill whose task is gone (never: it always sends) is not
         // waited for again.
@@ -225,7 +230,13 @@ impl FleetQuota {
                 let demand = lease.demand(now);
                 lease.refill = Some(self.refill(key, store, demand));
             }
-            return Look::Decided(Decision::allowed(Outcome::Allowed));
+            return Look::Decided(Decision::counted(
+                Outcome::Allowed,
+                Left {
+                    remaining: lease.tokens.saturating_add(lease.fleet_left),
+                    reset: Duration::from_millis(lease.full_at_ms.saturating_sub(now)),
+                },
+            ));
         }
         if !join {
             return Look::Empty;
@@ -339,16 +350,10 @@ impl FleetQuota {
     fn on_store_error(&self, key: &[u8], store: &Store) -> Decision {
         match self.fleet.on_store_error {
             OnStoreError::Allow => Decision::allowed(Outcome::FailedOpen),
-            OnStoreError::Deny => Decision {
-                outcome: Outcome::FailedClosed,
-                wait: Duration::from_secs(1),
-            },
+            OnStoreError::Deny => Decision::refused(Outcome::FailedClosed, Duration::from_secs(1)),
             OnStoreError::Local => match self.share(store.instances()).take(key) {
-                Ok(()) => Decision::allowed(Outcome::FallbackAllowed),
-                Err(wait) => Decision {
-                    outcome: Outcome::FallbackLimited,
-                    wait,
-                },
+                Ok(left) => Decision::counted(Outcome::FallbackAllowed, left),
+                Err(wait) => Decision::refused(Outcome::FallbackLimited, wait),
             },
         }
     }
@@ -499,6 +504,10 @@ async fn refill(
         let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
         let lease = shard.leases.entry(key).or_default();
         lease.refill = None;
+        if let Ok(grant) = grant {
+            lease.fleet_left = grant.left;
+            lease.full_at_ms = now + grant.full_ms;
+        }
         match grant {
             Ok(grant) if grant.tokens > 0 => {
                 lease.tokens = lease.tokens.saturating_add(grant.tokens);
@@ -544,6 +553,7 @@ mod tests {
             key: vec![QuotaKey::ClientIp],
             max_keys: 1000,
             fleet: None,
+            advertise: false,
         }
     }
 
@@ -576,13 +586,28 @@ mod tests {
     fn a_token_bucket_lease_lasts_as_long_as_the_bucket_takes_to_make_it() {
         let quota = FleetQuota::new("r", spec(300, 300), fleet(QuotaAlgorithm::TokenBucket));
         // 30 tokens at 300/s (3 333 µs each): 99 ms.
-        assert_eq!(quota.lifetime(Grant { tokens: 30, ms: 0 }), 99);
+        assert_eq!(
+            quota.lifetime(Grant {
+                tokens: 30,
+                ms: 0,
+                ..Grant::default()
+            }),
+            99
+        );
         // Never under 10 ms, never past `per`.
-        assert_eq!(quota.lifetime(Grant { tokens: 1, ms: 0 }), 10);
+        assert_eq!(
+            quota.lifetime(Grant {
+                tokens: 1,
+                ms: 0,
+                ..Grant::default()
+            }),
+            10
+        );
         assert_eq!(
             quota.lifetime(Grant {
                 tokens: 1000,
-                ms: 0
+                ms: 0,
+                ..Grant::default()
             }),
             1000
         );
@@ -590,7 +615,8 @@ mod tests {
         assert_eq!(
             window.lifetime(Grant {
                 tokens: 30,
-                ms: 420
+                ms: 420,
+                ..Grant::default()
             }),
             420
         );

@@ -14,6 +14,7 @@ use std::hash::BuildHasher;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use super::Left;
 use crate::backends::now_ms;
 use crate::plan::QuotaSpec;
 
@@ -55,15 +56,19 @@ impl QuotaTable {
         &self.spec
     }
 
-    /// Takes a token for `key`; `Err` holds how long until one is free.
-    pub fn take(&self, key: &[u8]) -> Result<(), Duration> {
+    /// Takes a token for `key`: what is left of its bucket, or (`Err`)
+    /// how long until a token is free.
+    pub fn take(&self, key: &[u8]) -> Result<Left, Duration> {
         self.take_at(key, now_ms())
     }
 
-    fn take_at(&self, key: &[u8], now: u64) -> Result<(), Duration> {
+    fn take_at(&self, key: &[u8], now: u64) -> Result<Left, Duration> {
         let shard = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
         let Some(shard) = self.shards.get(shard) else {
-            return Ok(());
+            return Ok(Left {
+                remaining: 0,
+                reset: Duration::ZERO,
+            });
         };
         let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
         shard.uses += 1;
@@ -86,11 +91,14 @@ impl QuotaTable {
                 seen,
             }),
         };
+        let per_token_ms = self.spec.per.as_secs_f64() * 1000.0 / f64::from(self.spec.rate);
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;
-            return Ok(());
+            return Ok(Left {
+                remaining: bucket.tokens as u32,
+                reset: Duration::from_secs_f64((burst - bucket.tokens) * per_token_ms / 1000.0),
+            });
         }
-        let per_token_ms = self.spec.per.as_secs_f64() * 1000.0 / f64::from(self.spec.rate);
         Err(Duration::from_secs_f64(
             (1.0 - bucket.tokens) * per_token_ms / 1000.0,
         ))
@@ -144,14 +152,23 @@ mod tests {
             key: vec![QuotaKey::ClientIp],
             max_keys,
             fleet: None,
+            advertise: false,
         })
     }
 
     #[test]
     fn a_burst_then_the_rate_with_the_wait_until_the_next_token() {
         let quota = table(10, 5, 100);
-        for _ in 0..5 {
-            assert!(quota.take_at(b"k", 1_000).is_ok());
+        // What is left: 4 now, whole again in one token's time (100 ms);
+        // then 3, 200 ms; … 0, 500 ms.
+        for left in (0..5u32).rev() {
+            let taken = quota.take_at(b"k", 1_000).unwrap();
+            assert_eq!(taken.remaining, left);
+            let reset = Duration::from_millis(u64::from(5 - left) * 100);
+            assert!(
+                taken.reset.abs_diff(reset) < Duration::from_micros(1),
+                "{taken:?}"
+            );
         }
         let wait = quota.take_at(b"k", 1_000).unwrap_err();
         assert_eq!(wait, Duration::from_millis(100));

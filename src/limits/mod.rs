@@ -85,18 +85,48 @@ impl Scope {
     }
 }
 
-/// One decision: how it went, and for a refusal the time until a token.
+/// One decision: how it went, for a refusal the time until a token, and
+/// for an admission by a count what is left of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     pub outcome: Outcome,
     pub wait: std::time::Duration,
+    pub left: Option<Left>,
+}
+
+/// What a key may still send (the `RateLimit` header's `r` and `t`):
+/// requests now, and the time until its quota is whole again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Left {
+    pub remaining: u32,
+    pub reset: std::time::Duration,
 }
 
 impl Decision {
+    /// Admitted without a count (the store failed open).
     pub fn allowed(outcome: Outcome) -> Self {
         Decision {
             outcome,
             wait: std::time::Duration::ZERO,
+            left: None,
+        }
+    }
+
+    /// Admitted by a count, `left` of it.
+    pub fn counted(outcome: Outcome, left: Left) -> Self {
+        Decision {
+            outcome,
+            wait: std::time::Duration::ZERO,
+            left: Some(left),
+        }
+    }
+
+    /// Refused for `wait`.
+    pub fn refused(outcome: Outcome, wait: std::time::Duration) -> Self {
+        Decision {
+            outcome,
+            wait,
+            left: None,
         }
     }
 }

@@ -68,8 +68,10 @@ if total > demand then share = demand / total end
 /// GCRA (the token bucket as a theoretical arrival time, microseconds of
 /// the store's clock), twice: the key's bucket (`KEYS[1]`), and this
 /// instance's bucket of its share of the rate and the burst (`KEYS[3]`).
-/// Takes up to `want` tokens from both. Answers `{granted, 0}` or `{0,
-/// milliseconds until both have a token}`.
+/// Takes up to `want` tokens from both. Answers `{granted, 0, left, full}`
+/// or `{0, milliseconds until both have a token, 0, full}`: `left` is what
+/// this instance could still take now (the fewer of the key's tokens and
+/// its share's), `full` the milliseconds until the key's bucket is whole.
 const TOKEN_BUCKET_BODY: &str = r"
 local interval = tonumber(ARGV[1])
 local capacity = tonumber(ARGV[2])
@@ -89,16 +91,17 @@ if granted > 0 then
   my_tat = my_tat + granted * mine
   redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
   redis.call('SET', KEYS[3], string.format('%.0f', my_tat), 'PX', math.ceil((my_tat - now) / 1000) + 1)
-  return {granted, 0}
+  return {granted, 0, math.min(available, my_available) - granted, math.ceil((tat - now) / 1000)}
 end
 local wait = math.max(tat + interval - capacity * interval - now, my_tat + mine - my_capacity * mine - now)
-return {0, math.max(1, math.ceil(wait / 1000))}
+return {0, math.max(1, math.ceil(wait / 1000)), 0, math.ceil((tat - now) / 1000)}
 ";
 
 /// A fixed window of `ARGV[1]` ms aligned on the store's clock: takes up
 /// to `want` of the window's `limit`, and of this instance's share of it
 /// (counted in the same hash). Answers `{granted, milliseconds until the
-/// window ends}`.
+/// window ends, left, the same milliseconds}` (`left`: what this instance
+/// could still take in the window).
 const FIXED_WINDOW_BODY: &str = r"
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
@@ -120,7 +123,7 @@ if granted > 0 then
   redis.call('HSET', KEYS[1], 'w', string.format('%.0f', w), 'c', used + granted, mine, my_used + granted)
   redis.call('PEXPIRE', KEYS[1], left + 1000)
 end
-return {granted, left}
+return {granted, left, math.max(0, math.min(limit - used, my_limit - my_used) - granted), left}
 ";
 
 /// Gives `ARGV[2]` unspent tokens back to a key: a token bucket's
@@ -181,11 +184,15 @@ fn scripts() -> &'static [Script; 4] {
 }
 
 /// What the store granted: tokens, and milliseconds (until a token when
-/// none were granted; until the window ends for a fixed window).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// none were granted; until the window ends for a fixed window); what
+/// this instance could still take, and the milliseconds until the key's
+/// quota is whole again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Grant {
     pub tokens: u32,
     pub ms: u64,
+    pub left: u32,
+    pub full_ms: u64,
 }
 
 /// A request for tokens, as the scripts take it.
@@ -421,10 +428,12 @@ impl Store {
                     .copied()
                     .unwrap_or(0)
                     .clamp(0, i64::from(u32::MAX));
-                let ms = answer.get(1).copied().unwrap_or(0).max(0);
+                let at = |i: usize| answer.get(i).copied().unwrap_or(0).max(0);
                 Ok(Grant {
                     tokens: u32::try_from(tokens).unwrap_or(0),
-                    ms: u64::try_from(ms).unwrap_or(0),
+                    ms: u64::try_from(at(1)).unwrap_or(0),
+                    left: u32::try_from(at(2)).unwrap_or(u32::MAX),
+                    full_ms: u64::try_from(at(3)).unwrap_or(0),
                 })
             }
             Err(why) => {

@@ -20,6 +20,10 @@ pub struct QuotaSpec {
     pub max_keys: u32,
     /// `None`: this process counts alone.
     pub fleet: Option<FleetQuotaSpec>,
+    /// `RateLimit` and `RateLimit-Policy` on every answer of the route
+    /// (`headers = "always"`), not only on its 429s. Not part of what is
+    /// counted: a change keeps the buckets.
+    pub advertise: bool,
 }
 
 impl QuotaSpec {

@@ -238,15 +238,61 @@ impl Limited {
     pub fn headers(&self, headers: &mut http::HeaderMap) {
         let seconds = self.seconds();
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        let window = self.window.as_secs().max(1);
-        let policy = format!("\"{}\";q={};w={window}", self.policy, self.quota);
-        let state = format!("\"{}\";r=0;t={seconds}", self.policy);
-        for (name, value) in [("ratelimit-policy", policy), ("ratelimit", state)] {
-            if let Ok(value) = HeaderValue::try_from(value) {
-                headers.insert(http::HeaderName::from_static(name), value);
-            }
+        for (name, value) in ratelimit_fields(&self.policy, self.quota, self.window, 0, seconds) {
+            headers.insert(name, value);
         }
     }
+}
+
+/// What an admitted request's answer says of its route's quota
+/// (`headers = "always"`): the policy, and what is left of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Advertised {
+    pub policy: std::sync::Arc<str>,
+    pub quota: u32,
+    pub window: std::time::Duration,
+    pub left: crate::limits::Left,
+}
+
+impl Advertised {
+    /// `RateLimit-Policy` and `RateLimit`, appended: a backend's own
+    /// policies stay beside the route's (the fields are lists).
+    pub fn headers(&self, headers: &mut http::HeaderMap) {
+        // Whole seconds until the quota is whole again, rounded up.
+        let reset = self.left.reset.as_secs_f64().ceil() as u64;
+        let fields = ratelimit_fields(
+            &self.policy,
+            self.quota,
+            self.window,
+            self.left.remaining,
+            reset,
+        );
+        for (name, value) in fields {
+            headers.append(name, value);
+        }
+    }
+}
+
+/// The draft's two fields for policy `policy`: `q` requests per `w`
+/// seconds; `r` remaining, `t` seconds until the quota is whole again.
+fn ratelimit_fields(
+    policy: &str,
+    quota: u32,
+    window: std::time::Duration,
+    remaining: u32,
+    reset: u64,
+) -> impl Iterator<Item = (http::HeaderName, HeaderValue)> {
+    let window = window.as_secs().max(1);
+    let policy_field = format!("\"{policy}\";q={quota};w={window}");
+    let state = format!("\"{policy}\";r={remaining};t={reset}");
+    [("ratelimit-policy", policy_field), ("ratelimit", state)]
+        .into_iter()
+        .filter_map(|(name, value)| {
+            Some((
+                http::HeaderName::from_static(name),
+                HeaderValue::try_from(value).ok()?,
+            ))
+        })
 }
 
 /// A request body past `max_request_body`.

@@ -15,7 +15,7 @@ use http::Request;
 
 use super::conn::ConnContext;
 use super::edge;
-use super::error::{Limited, ProxyError};
+use super::error::{Advertised, Limited, ProxyError};
 use crate::backends::ClientBody;
 use crate::generation::{Generation, Quota, Route};
 use crate::limits::fleet::{Pending, Take};
@@ -24,7 +24,7 @@ use crate::plan::{QuotaKey, QuotaSpec};
 
 /// A decision made at once, or one that waits for the fleet's store.
 pub enum Taken<'r> {
-    Now(Result<(), ProxyError>),
+    Now(Result<Option<Advertised>, ProxyError>),
     Wait(Waiting<'r>),
 }
 
@@ -35,7 +35,7 @@ pub struct Waiting<'r> {
 }
 
 impl Waiting<'_> {
-    pub async fn decided(self) -> Result<(), ProxyError> {
+    pub async fn decided(self) -> Result<Option<Advertised>, ProxyError> {
         let decision = self.pending.decide().await;
         verdict(self.route, Scope::Fleet, decision)
     }
@@ -56,11 +56,8 @@ pub fn take<'r>(
         Quota::Local(table) => (
             Scope::Local,
             match table.take(&key) {
-                Ok(()) => Decision::allowed(Outcome::Allowed),
-                Err(wait) => Decision {
-                    outcome: Outcome::Limited,
-                    wait,
-                },
+                Ok(left) => Decision::counted(Outcome::Allowed, left),
+                Err(wait) => Decision::refused(Outcome::Limited, wait),
             },
         ),
         Quota::Fleet(fleet) => match generation.limit_store() {
@@ -75,17 +72,33 @@ pub fn take<'r>(
     Taken::Now(verdict(route, scope, decision))
 }
 
-/// Counts `decision` and makes a refusal's error.
-fn verdict(route: &Route, scope: Scope, decision: Decision) -> Result<(), ProxyError> {
+/// Counts `decision`; makes a refusal's error, or what an admitted
+/// request's answer says of the quota when the route's quota says so
+/// (`headers = "always"`; not when a failed store let it through
+/// uncounted).
+fn verdict(
+    route: &Route,
+    scope: Scope,
+    decision: Decision,
+) -> Result<Option<Advertised>, ProxyError> {
     route.shared.decided(scope, decision.outcome);
+    let spec = route.quota.as_ref().map(Quota::spec);
     if decision.outcome.admitted() {
-        return Ok(());
+        let advertise = route.spec.quota.as_ref().is_some_and(|q| q.advertise);
+        return Ok(match (advertise, spec, decision.left) {
+            (true, Some(spec), Some(left)) => Some(Advertised {
+                policy: Arc::clone(route.shared.name()),
+                quota: spec.rate,
+                window: spec.per,
+                left,
+            }),
+            _ => None,
+        });
     }
     if decision.outcome == Outcome::FailedClosed {
         return Err(ProxyError::QuotaUnavailable);
     }
     route.shared.rate_limited();
-    let spec = route.quota.as_ref().map(Quota::spec);
     Err(ProxyError::RateLimited(Box::new(Limited {
         wait: decision.wait,
         policy: Arc::clone(route.shared.name()),

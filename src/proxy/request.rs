@@ -25,7 +25,7 @@ use super::body::ResponseBody;
 use super::conn::ConnContext;
 use super::downstream::Tracked;
 use super::edge::{self};
-use super::error::{error_response, ProxyError};
+use super::error::{error_response, Advertised, ProxyError};
 use super::exchange::{cookie, Target};
 use super::filters;
 use crate::admission::Pinned;
@@ -105,6 +105,7 @@ pub fn handle(
         if version == Version::HTTP_2 {
             conn.activity.mark_http2();
         }
+        let mut advertised = None;
         let Served {
             route,
             result: served,
@@ -116,6 +117,7 @@ pub fn handle(
                     trace: &trace,
                     trail: trail.as_ref(),
                     grpc: call.as_mut(),
+                    advertised: &mut advertised,
                 };
                 route_and_answer(req, &conn, &generation, guard, context, noted.as_mut()).await
             }
@@ -179,6 +181,9 @@ pub fn handle(
                 response
             }
         };
+        if let Some(advertised) = &advertised {
+            advertised.headers(response.headers_mut());
+        }
         // Response headers, CORS marks, then compression (DESIGN §17).
         let encoding = match shaped {
             Some(shaped) => shaped.apply(&mut response, trail.as_ref()),
@@ -282,6 +287,9 @@ struct RequestContext<'r> {
     /// Set for a gRPC call: its deadline and gRPC-Web mode are settled
     /// here.
     grpc: Option<&'r mut super::grpc::Call>,
+    /// Set when the route's quota admitted the request and says so on
+    /// every answer (`headers = "always"`).
+    advertised: &'r mut Option<Advertised>,
 }
 
 /// What `serve` did: the route that took the request (for logs), the
@@ -452,15 +460,18 @@ fn route_and_answer<'g, 'a>(
         // it is keyed by the subject), then its `max_inflight`.
         let quota = route.quota.as_ref();
         if let Some(quota) = quota.filter(|q| !q.spec().keyed_by_subject()) {
-            if let Err(refused) = take_quota(route, quota, &req, conn, generation, None).await {
-                if let Some(noted) = noted.as_deref_mut() {
-                    noted.limited = super::quota::limited_by(&refused);
+            match take_quota(route, quota, &req, conn, generation, None).await {
+                Ok(advertised) => *context.advertised = advertised,
+                Err(refused) => {
+                    if let Some(noted) = noted.as_deref_mut() {
+                        noted.limited = super::quota::limited_by(&refused);
+                    }
+                    return Served {
+                        route: Some(route),
+                        result: Err(refused),
+                        shaped,
+                    };
                 }
-                return Served {
-                    route: Some(route),
-                    result: Err(refused),
-                    shaped,
-                };
             }
         }
         let step = match admit_route(route) {
@@ -524,16 +535,19 @@ fn route_and_answer<'g, 'a>(
             if let Some(quota) = quota.filter(|q| q.spec().keyed_by_subject()) {
                 let taken =
                     take_quota(route, quota, &req, conn, generation, subject.as_deref()).await;
-                if let Err(refused) = taken {
-                    if let Some(noted) = noted.as_deref_mut() {
-                        noted.limited = super::quota::limited_by(&refused);
-                        noted.subject = subject;
+                match taken {
+                    Ok(advertised) => *context.advertised = advertised,
+                    Err(refused) => {
+                        if let Some(noted) = noted.as_deref_mut() {
+                            noted.limited = super::quota::limited_by(&refused);
+                            noted.subject = subject;
+                        }
+                        return Served {
+                            route: Some(route),
+                            result: Err(refused),
+                            shaped,
+                        };
                     }
-                    return Served {
-                        route: Some(route),
-                        result: Err(refused),
-                        shaped,
-                    };
                 }
             }
             if let Some(noted) = noted.as_deref_mut() {
@@ -698,7 +712,7 @@ fn take_quota<'r>(
     conn: &ConnContext,
     generation: &Generation,
     subject: Option<&str>,
-) -> impl std::future::Future<Output = Result<(), ProxyError>> + use<'r> {
+) -> impl std::future::Future<Output = Result<Option<Advertised>, ProxyError>> + use<'r> {
     let taken = super::quota::take(route, quota, req, conn, generation, subject);
     async move {
         match taken {

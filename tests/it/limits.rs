@@ -11,6 +11,7 @@
 //! | `on_store_error = "deny"` / `"allow"` with no store; 429's `RateLimit` headers, access log, gRPC | `a_store_that_never_answers_fails_as_configured` |
 //! | a quota keyed by the subject `auth` found is taken after authentication | `a_quota_keyed_by_subject_counts_each_user_after_auth` |
 //! | `rediss://` with a CA made by openssl and a client certificate; refused with another CA or without the certificate | `a_rediss_store_is_verified_by_name_and_refused_with_a_wrong_ca` |
+//! | `headers = "always"`: every answer's `RateLimit` counts down what the store has left | `a_fleet_quota_with_headers_always_tells_what_the_store_has_left` |
 //! | Redis Sentinel: a master killed, its replica promoted, counting goes on there | `a_sentinel_store_follows_a_failover_to_the_promoted_replica` |
 
 use std::net::SocketAddr;
@@ -840,6 +841,44 @@ async fn a_store_that_never_answers_fails_as_configured() {
         ["store_error", "-", "-", "-", "fallback"],
         "{lines:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_quota_with_headers_always_tells_what_the_store_has_left() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let gw = limited_gateway(
+        &format!("{{ redis = {{ url = \"{}\" }} }}", redis.url()),
+        "{ rate = 10, per = \"1m\", scope = \"fleet\", key = \"route\", headers = \"always\", deadline = \"500ms\" }",
+    );
+    until_all(std::slice::from_ref(&gw), "store up", |t| {
+        store_up(t) == 1.0
+    })
+    .await;
+    let web = gw.listener("web");
+    // One token per 6 s, 10 at most; a lease of one token (10 %): each
+    // answer says what the store had left after its refill, and the time
+    // until the bucket is whole again.
+    for taken in 1..=10u64 {
+        let (status, headers, _) = get(web, "a", "/").await;
+        assert_eq!(status, 200, "request {taken}");
+        assert_eq!(headers["ratelimit-policy"], "\"api\";q=10;w=60");
+        let state = headers["ratelimit"].to_str().unwrap().to_owned();
+        let (r, t) = state
+            .strip_prefix("\"api\";r=")
+            .and_then(|rest| rest.split_once(";t="))
+            .unwrap_or_else(|| panic!("{state}"));
+        assert_eq!(r.parse::<u64>().unwrap(), 10 - taken, "{state}");
+        let t: u64 = t.parse().unwrap();
+        assert!((taken * 6 - 1..=taken * 6).contains(&t), "{state}");
+    }
+    let (status, headers, _) = get(web, "a", "/").await;
+    assert_eq!(status, 429);
+    assert!(headers["ratelimit"]
+        .to_str()
+        .unwrap()
+        .starts_with("\"api\";r=0;"));
 }
 
 /// A test PKI made by `openssl` in `dir`: `ca.pem` (and `ca.key`), a

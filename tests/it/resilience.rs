@@ -1002,6 +1002,66 @@ async fn a_quota_answers_429_with_retry_after_and_keeps_its_buckets_across_activ
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_with_headers_always_tells_every_answer_what_is_left() {
+    let a = Controlled::start("a").await;
+    let quota = r#"quota = { rate = 1, per = "10s", burst = 3, key = "header:x-client" }"#;
+    let gw = Gateway::start(&route_config(&[&a], quota, ""));
+    let web = gw.listener("web");
+    // By default only a refusal says it.
+    let (status, headers) = get_as(web, "alice").await;
+    assert_eq!(status, 200);
+    assert!(headers.get("ratelimit").is_none(), "{headers:?}");
+    // `headers = "always"` is not part of what is counted: the activation
+    // keeps alice's bucket (2 of 3 left).
+    let always = quota.replace(" }", r#", headers = "always" }"#);
+    let (status, body) = admin_request(
+        gw.admin,
+        "POST",
+        "/admin/runtime/activate",
+        Some("application/toml"),
+        Some(route_config(&[&a], &always, "")),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let field = |headers: &hyper::HeaderMap, name: &str| {
+        headers[name]
+            .to_str()
+            .unwrap()
+            .split(';')
+            .skip(1)
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    // r: what is left; t: seconds until the bucket is whole again (one
+    // token per 10 s, so 10 s per token missing, less the time passed).
+    let seconds = |t: &str| -> u64 { t.strip_prefix("t=").unwrap().parse().unwrap() };
+    let (status, headers) = get_as(web, "alice").await;
+    assert_eq!(status, 200);
+    assert_eq!(field(&headers, "ratelimit-policy"), ["q=1", "w=10"]);
+    let state = field(&headers, "ratelimit");
+    assert_eq!(state[0], "r=1", "{state:?}");
+    assert!((18..=20).contains(&seconds(&state[1])), "{state:?}");
+    // A failing backend's answer says it too: the request was counted.
+    a.behaviour.status.store(503, Ordering::SeqCst);
+    let (status, headers) = get_as(web, "alice").await;
+    assert_eq!(status, 503);
+    let state = field(&headers, "ratelimit");
+    assert_eq!(state[0], "r=0", "{state:?}");
+    assert!((28..=30).contains(&seconds(&state[1])), "{state:?}");
+    // The refusal, as before: r=0 and the time until the next token.
+    let (status, headers) = get_as(web, "alice").await;
+    assert_eq!(status, 429);
+    assert_eq!(field(&headers, "ratelimit")[0], "r=0");
+    assert_eq!(headers.get_all("ratelimit").iter().count(), 1);
+    // Another key, its own bucket.
+    a.behaviour.status.store(200, Ordering::SeqCst);
+    let (_, headers) = get_as(web, "bob").await;
+    let state = field(&headers, "ratelimit");
+    assert_eq!(state[0], "r=2", "{state:?}");
+    assert!((9..=10).contains(&seconds(&state[1])), "{state:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_max_inflight_of_four_turns_away_exactly_four_of_eight() {
     let a = Controlled::start("a").await;
     a.behaviour.hold.send_replace(true);

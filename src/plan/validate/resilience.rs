@@ -275,6 +275,18 @@ impl Validator<'_> {
                 None
             }
         };
+        let advertise = match q.headers.as_deref().unwrap_or("refusals") {
+            "refusals" => false,
+            "always" => true,
+            other => {
+                self.error(
+                    Code::InvalidValue,
+                    at("headers"),
+                    format!("headers '{other}' is not refusals (RateLimit headers on 429s) or always (on every answer)"),
+                );
+                false
+            }
+        };
         if self.diagnostics.len() != before {
             return None;
         }
@@ -285,6 +297,7 @@ impl Validator<'_> {
             key: key?,
             max_keys,
             fleet,
+            advertise,
         })
     }
 
