@@ -69,6 +69,9 @@ struct Lease {
     expires_ms: u64,
     /// The store said no until then: refused here without asking.
     denied_until_ms: u64,
+    /// Tokens of a token bucket's lease that ended unspent: the next
+    /// refill gives them back to the store before it takes.
+    returning: u32,
     /// What the store had left for this instance at the last refill (its
     /// share of the key's bucket or window), and when the key's bucket is
     /// whole again (`now_ms`): the `RateLimit` header's `r` and `t`.
@@ -204,7 +207,11 @@ impl FleetQuota {
         lease.seen = seen;
         lease.offered = lease.offered.saturating_add(u32::from(!join));
         if lease.expires_ms <= now {
-            lease.tokens = 0;
+            let unspent = std::mem::take(&mut lease.tokens);
+            // A window's tokens end with their window; a bucket's go back.
+            if self.fleet.algorithm == QuotaAlgorithm::TokenBucket {
+                lease.returning = lease.returning.saturating_add(unspent);
+            }
         }
         // A refusal counts once the lease is spent: a background refill
         // refused while tokens were left must not refuse with them.
@@ -228,7 +235,8 @@ impl FleetQuota {
             let batch = self.fleet.batch;
             if batch >= 4 && lease.tokens <= batch / 2 && lease.refill.is_none() {
                 let demand = lease.demand(now);
-                lease.refill = Some(self.refill(key, store, demand));
+                lease.refill =
+                    Some(self.refill(key, store, demand, std::mem::take(&mut lease.returning)));
             }
             return Look::Decided(Decision::counted(
                 Outcome::Allowed,
@@ -245,7 +253,7 @@ impl FleetQuota {
             Some(refill) => refill.clone(),
             None => {
                 let demand = lease.demand(now);
-                let refill = self.refill(key, store, demand);
+                let refill = self.refill(key, store, demand, std::mem::take(&mut lease.returning));
                 lease.refill = Some(refill.clone());
                 refill
             }
@@ -264,6 +272,7 @@ impl FleetQuota {
         key: &[u8],
         store: &Arc<Store>,
         demand: f64,
+        returning: u32,
     ) -> watch::Receiver<()> {
         let (tx, rx) = watch::channel(());
         let mut known = self.store.lock().unwrap_or_else(PoisonError::into_inner);
@@ -273,7 +282,13 @@ impl FleetQuota {
         drop(known);
         if let Some(runtime) = store.runtime() {
             let quota = Arc::clone(self);
-            runtime.spawn(refill(quota, key.into(), Arc::clone(store), demand, tx));
+            runtime.spawn(refill(
+                quota,
+                key.into(),
+                Arc::clone(store),
+                (demand, returning),
+                tx,
+            ));
         }
         rx
     }
@@ -330,16 +345,24 @@ impl FleetQuota {
         .await
     }
 
-    /// The tokens each lease holds and may still spend, taken out of it.
+    /// The tokens each lease did not spend, taken out of it (a window's
+    /// only while its window lasts).
     fn unspent(&self) -> Vec<(Box<[u8]>, u32)> {
         let now = now_ms();
+        let bucket = self.fleet.algorithm == QuotaAlgorithm::TokenBucket;
         let mut unspent = Vec::new();
         for shard in &self.shards {
             let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
             for (key, lease) in shard.leases.iter_mut() {
-                if lease.tokens > 0 && lease.expires_ms > now {
-                    unspent.push((key.clone(), lease.tokens));
-                    lease.tokens = 0;
+                let held = std::mem::take(&mut lease.tokens);
+                let held = if bucket || lease.expires_ms > now {
+                    held
+                } else {
+                    0
+                };
+                let tokens = held.saturating_add(std::mem::take(&mut lease.returning));
+                if tokens > 0 {
+                    unspent.push((key.clone(), tokens));
                 }
             }
         }
@@ -487,16 +510,23 @@ impl Pending {
 }
 
 /// One store call for `key`; whoever waits for it is told when it lands.
+/// `returning`: tokens of an ended lease it gives back first.
 async fn refill(
     quota: Arc<FleetQuota>,
     key: Box<[u8]>,
     store: Arc<Store>,
-    demand: f64,
+    (demand, returning): (f64, u32),
     done: watch::Sender<()>,
 ) {
     let store_key = store.key(&quota.route, quota.algorithm_name(), &key);
     let grant = store
-        .take(&store_key, quota.ask(), quota.fleet.batch, demand)
+        .take(
+            &store_key,
+            quota.ask(),
+            quota.fleet.batch,
+            demand,
+            returning,
+        )
         .await;
     let now = now_ms();
     {

@@ -78,6 +78,18 @@ local capacity = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local mine = interval / share
 local my_capacity = math.max(1, math.ceil(capacity * share))
+-- Tokens of this instance's lease that ended unspent go back first, to
+-- both buckets (never before now: a bucket holds no more than full).
+local returned = tonumber(ARGV[6]) or 0
+if returned > 0 then
+  for _, kv in ipairs({{KEYS[1], interval}, {KEYS[3], mine}}) do
+    local t = tonumber(redis.call('GET', kv[1]))
+    if t ~= nil and t > now then
+      t = math.max(now, t - returned * kv[2])
+      redis.call('SET', kv[1], string.format('%.0f', t), 'PX', math.ceil((t - now) / 1000) + 1)
+    end
+  end
+end
 local function free(key, every, size)
   local tat = tonumber(redis.call('GET', key))
   if tat == nil or tat < now then tat = now end
@@ -131,12 +143,14 @@ return {granted, left, math.max(0, math.min(limit - used, my_limit - my_used) - 
 /// before now: a bucket cannot hold more than it holds full), a fixed
 /// window's count (and this instance's, `ARGV[3]`) goes down if the
 /// window is still the one they were taken in (`ARGV[4]` ms long). The
-/// instance's demand leaves the key's (`KEYS[2]`): it claims no share.
+/// instance leaves the key: its demand leaves the key's (`KEYS[2]`) and
+/// its share's bucket (`KEYS[3]`) goes; it claims no share.
 const GIVE_BACK: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local tokens = tonumber(ARGV[2])
 redis.call('HDEL', KEYS[2], ARGV[3])
+redis.call('DEL', KEYS[3])
 if ARGV[5] == 'tb' then
   local interval = tonumber(ARGV[1])
   local tat = tonumber(redis.call('GET', KEYS[1]))
@@ -392,8 +406,16 @@ impl Store {
 
     /// Takes up to `want` tokens of `key` (one round trip), within this
     /// instance's share of the key's `demand` (requests a second this
-    /// instance's clients offer it) among the fleet's.
-    pub async fn take(&self, key: &[u8], ask: Ask, want: u32, demand: f64) -> Result<Grant, ()> {
+    /// instance's clients offer it) among the fleet's; first gives back
+    /// `returned` tokens of a token bucket's lease that ended unspent.
+    pub async fn take(
+        &self,
+        key: &[u8],
+        ask: Ask,
+        want: u32,
+        demand: f64,
+        returned: u32,
+    ) -> Result<Grant, ()> {
         let [token_bucket, fixed_window, _, _] = scripts();
         let script = match ask {
             Ask::TokenBucket { .. } => token_bucket,
@@ -411,7 +433,8 @@ impl Store {
         };
         call.arg(want)
             .arg(&self.id)
-            .arg(format!("{:.3}", demand.max(0.0)));
+            .arg(format!("{:.3}", demand.max(0.0)))
+            .arg(returned);
         let Some(mut conn) = self.connection() else {
             return Err(());
         };
@@ -451,7 +474,8 @@ impl Store {
             return Err(());
         };
         let mut call = script.key(key);
-        call.key([key, b":demand"].concat());
+        call.key([key, b":demand"].concat())
+            .key([key, b":i:", self.id.as_bytes()].concat());
         match ask {
             Ask::TokenBucket { interval_us, .. } => call
                 .arg(interval_us.max(1))

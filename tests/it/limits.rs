@@ -11,6 +11,7 @@
 //! | `on_store_error = "deny"` / `"allow"` with no store; 429's `RateLimit` headers, access log, gRPC | `a_store_that_never_answers_fails_as_configured` |
 //! | a quota keyed by the subject `auth` found is taken after authentication | `a_quota_keyed_by_subject_counts_each_user_after_auth` |
 //! | `rediss://` with a CA made by openssl and a client certificate; refused with another CA or without the certificate | `a_rediss_store_is_verified_by_name_and_refused_with_a_wrong_ca` |
+//! | a token bucket's lease that ends unspent gives its tokens back | `a_lease_that_ends_unspent_gives_its_tokens_back` |
 //! | `headers = "always"`: every answer's `RateLimit` counts down what the store has left | `a_fleet_quota_with_headers_always_tells_what_the_store_has_left` |
 //! | Redis Sentinel: a master killed, its replica promoted, counting goes on there | `a_sentinel_store_follows_a_failover_to_the_promoted_replica` |
 
@@ -840,6 +841,44 @@ async fn a_store_that_never_answers_fails_as_configured() {
         limited,
         ["store_error", "-", "-", "-", "fallback"],
         "{lines:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_ends_unspent_gives_its_tokens_back() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    // 2 a second, 20 at once; a lease of 10 tokens lasts 2 s (`per`).
+    let gw = limited_gateway(
+        &format!("{{ redis = {{ url = \"{}\" }} }}", redis.url()),
+        "{ rate = 4, per = \"2s\", burst = 20, scope = \"fleet\", key = \"route\", pre_allowance = 0.5, deadline = \"500ms\" }",
+    );
+    until_all(std::slice::from_ref(&gw), "store up", |t| {
+        store_up(t) == 1.0
+    })
+    .await;
+    let web = gw.listener("web");
+    // Five requests: the first leases 10, the fifth (5 left) leases the
+    // other 10 in the background. The store's bucket is empty; this
+    // instance holds 15 it will not spend.
+    for _ in 0..5 {
+        assert_eq!(get(web, "a", "/").await.0, 200);
+    }
+    // The lease ends; the bucket makes 4.4 tokens meanwhile.
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    // The next request finds the lease ended and gives its 15 back: about
+    // 19 are admitted before a refusal (without the give-back, about 4).
+    let mut admitted = 0;
+    for _ in 0..40 {
+        match get(web, "a", "/").await.0 {
+            200 => admitted += 1,
+            _ => break,
+        }
+    }
+    assert!(
+        (15..=21).contains(&admitted),
+        "{admitted} admitted after a lease of 15 ended unspent"
     );
 }
 
