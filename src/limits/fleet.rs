@@ -85,6 +85,16 @@ struct Lease {
     /// store divides the key's limit by.
     offered: u32,
     since_ms: u64,
+    /// Since when requests wait for a refill (0: none do), and how long
+    /// they waited in the current span.
+    waiting_since_ms: u64,
+    waited_ms: u64,
+    /// When a request last asked for the key.
+    last_ms: u64,
+    /// The key is over its limit here: the last refill was refused, or
+    /// granted less than a batch. Requests are then decided by the lease
+    /// at once and never wait for the store (refills go ahead of them).
+    over: bool,
     demand: f64,
 }
 
@@ -99,7 +109,13 @@ impl Lease {
         }
         let span = now.saturating_sub(self.since_ms);
         if span >= DEMAND_SPAN_MS {
-            let rate = f64::from(self.offered) * 1000.0 / span as f64;
+            // Over the time requests did not wait for the store: closed-loop
+            // clients of an instance whose store answers late offer their
+            // usual rate there (and hardly any while they wait), open-loop
+            // ones the same rate throughout. At most 8 × the plain rate.
+            let open = span.saturating_sub(self.waited_ms).max(span / 8);
+            self.waited_ms = 0;
+            let rate = f64::from(self.offered) * 1000.0 / open as f64;
             // Half the weight to the last span: a change of demand shows
             // within a few refills, one burst does not swing it.
             self.demand = if self.demand == 0.0 {
@@ -205,13 +221,41 @@ impl FleetQuota {
         }
         let lease = shard.leases.entry(key.into()).or_default();
         lease.seen = seen;
-        lease.offered = lease.offered.saturating_add(u32::from(!join));
         if lease.expires_ms <= now {
             let unspent = std::mem::take(&mut lease.tokens);
             // A window's tokens end with their window; a bucket's go back.
             if self.fleet.algorithm == QuotaAlgorithm::TokenBucket {
                 lease.returning = lease.returning.saturating_add(unspent);
             }
+        }
+        // Demand counts the requests that arrive while the key is not
+        // waiting for its store: clients that wait for a slow store send
+        // fewer, and would shrink this instance's share (see `demand`).
+        let waiting = lease.tokens == 0
+            && !lease.over
+            && lease.denied_until_ms <= now
+            && lease.refill.is_some();
+        if !join && !waiting {
+            lease.offered = lease.offered.saturating_add(1);
+        }
+        if !join {
+            lease.last_ms = now;
+        }
+        // Over the limit no request waits for the store: an empty lease
+        // refuses, and the refill it starts (or one already going) fills
+        // it for the requests after. A store that answers late then costs
+        // its instance's clients no time (they would send fewer requests,
+        // and its share of the limit would shrink with them).
+        if lease.tokens == 0 && lease.over && lease.denied_until_ms <= now {
+            if lease.refill.is_none() {
+                let demand = lease.demand(now);
+                let returning = std::mem::take(&mut lease.returning);
+                lease.refill = Some(self.refill(key, store, demand, returning));
+            }
+            return Look::Decided(Decision::refused(
+                Outcome::Limited,
+                Duration::from_millis(1),
+            ));
         }
         // A refusal counts once the lease is spent: a background refill
         // refused while tokens were left must not refuse with them.
@@ -233,7 +277,7 @@ impl FleetQuota {
         if lease.tokens > 0 {
             lease.tokens -= 1;
             let batch = self.fleet.batch;
-            if batch >= 4 && lease.tokens <= batch / 2 && lease.refill.is_none() {
+            if batch >= 2 && lease.tokens <= batch / 2 && lease.refill.is_none() {
                 let demand = lease.demand(now);
                 lease.refill =
                     Some(self.refill(key, store, demand, std::mem::take(&mut lease.returning)));
@@ -248,6 +292,9 @@ impl FleetQuota {
         }
         if !join {
             return Look::Empty;
+        }
+        if lease.waiting_since_ms == 0 {
+            lease.waiting_since_ms = now.max(1);
         }
         let refill = match &lease.refill {
             Some(refill) => refill.clone(),
@@ -519,6 +566,7 @@ async fn refill(
     done: watch::Sender<()>,
 ) {
     let store_key = store.key(&quota.route, quota.algorithm_name(), &key);
+    let asked = now_ms();
     let grant = store
         .take(
             &store_key,
@@ -532,24 +580,73 @@ async fn refill(
     {
         let shard = quota.shard(&key);
         let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        let lease = shard.leases.entry(key).or_default();
+        let lease = shard.leases.entry(key.clone()).or_default();
         lease.refill = None;
+        if lease.waiting_since_ms > 0 {
+            lease.waited_ms += now.saturating_sub(lease.waiting_since_ms);
+            lease.waiting_since_ms = 0;
+        }
         if let Ok(grant) = grant {
             lease.fleet_left = grant.left;
             lease.full_at_ms = now + grant.full_ms;
         }
         match grant {
             Ok(grant) if grant.tokens > 0 => {
+                lease.over = grant.tokens < quota.fleet.batch;
                 lease.tokens = lease.tokens.saturating_add(grant.tokens);
                 lease.expires_ms = lease.expires_ms.max(now + quota.lifetime(grant));
                 lease.denied_until_ms = 0;
             }
-            Ok(grant) => lease.denied_until_ms = now + grant.ms.max(1),
+            // The store counted its wait from when it was asked (about
+            // when this was sent): a late answer must not make this
+            // instance refuse past the store's next token.
+            Ok(grant) => {
+                lease.over = true;
+                lease.denied_until_ms = asked + grant.ms.max(1);
+                // Still asked for: the next refill goes when the store's
+                // next token does, not when the next request finds the
+                // refusal over (a late store would have its clients wait
+                // a round trip each time, and others take the token).
+                if now.saturating_sub(lease.last_ms) < AHEAD_WHILE_MS {
+                    ask_ahead(&quota, &key, &store, lease.denied_until_ms);
+                }
+            }
             // The store is down now: those waiting decide without it.
             Err(()) => {}
         }
     }
     let _ = done.send(());
+}
+
+/// How recently a key must have been asked for to be refilled ahead.
+const AHEAD_WHILE_MS: u64 = 250;
+
+/// At `at_ms` (`now_ms`), refills `key` unless a request already did or
+/// the lease holds tokens again.
+fn ask_ahead(quota: &Arc<FleetQuota>, key: &[u8], store: &Arc<Store>, at_ms: u64) {
+    let Some(runtime) = store.runtime() else {
+        return;
+    };
+    let (quota, store, key) = (Arc::clone(quota), Arc::clone(store), Box::<[u8]>::from(key));
+    runtime.spawn(async move {
+        let wait = Duration::from_millis(at_ms.saturating_sub(now_ms()));
+        tokio::time::sleep(wait).await;
+        if !store.is_up() {
+            return;
+        }
+        let now = now_ms();
+        let shard = quota.shard(&key);
+        let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(lease) = shard.leases.get_mut(&key) else {
+            return;
+        };
+        if lease.tokens > 0 || lease.refill.is_some() {
+            return;
+        }
+        let demand = lease.demand(now);
+        let returning = std::mem::take(&mut lease.returning);
+        lease.refill = Some(quota.refill(&key, &store, demand, returning));
+    });
 }
 
 /// Makes room in a full shard: spent or ended leases with no refill in

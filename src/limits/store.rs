@@ -17,7 +17,7 @@
 //! store (the control plane's): a data-plane worker only waits for an
 //! answer, never drives the connection.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -78,6 +78,11 @@ local capacity = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local mine = interval / share
 local my_capacity = math.max(1, math.ceil(capacity * share))
+-- At least what this instance's share makes while an answer travels
+-- back (`ARGV[7]`: its round trip to the store, µs), twice: a store that
+-- answers late is asked for more at once, not waited for more often.
+local rtt = tonumber(ARGV[7]) or 0
+want = math.min(math.max(want, math.ceil(2 * rtt / mine)), math.max(want, my_capacity))
 -- Tokens of this instance's lease that ended unspent go back first, to
 -- both buckets (never before now: a bucket holds no more than full).
 local returned = tonumber(ARGV[6]) or 0
@@ -238,6 +243,8 @@ pub struct Store {
     up: AtomicBool,
     /// Instances seen beating in the last `BEAT_TTL` (this one included).
     instances: AtomicU32,
+    /// How long the store takes to answer a take (µs, smoothed).
+    rtt_us: AtomicU64,
     id: String,
     started: OnceLock<()>,
     /// Whether the first beat has been answered or has failed: until then
@@ -323,6 +330,7 @@ impl Store {
             conn: ArcSwapOption::empty(),
             up: AtomicBool::new(false),
             instances: AtomicU32::new(1),
+            rtt_us: AtomicU64::new(0),
             id: format!("{}-{:016x}", std::process::id(), fastrand::u64(..)),
             started: OnceLock::new(),
             errors: Count::new(),
@@ -434,13 +442,22 @@ impl Store {
         call.arg(want)
             .arg(&self.id)
             .arg(format!("{:.3}", demand.max(0.0)))
-            .arg(returned);
+            .arg(returned)
+            .arg(self.rtt_us.load(Ordering::Relaxed));
         let Some(mut conn) = self.connection() else {
             return Err(());
         };
+        let sent = std::time::Instant::now();
         let answer: Result<Vec<i64>, String> =
             match tokio::time::timeout(self.spec.timeout, call.invoke_async(&mut conn)).await {
-                Ok(Ok(answer)) => Ok(answer),
+                Ok(Ok(answer)) => {
+                    // Smoothed, an eighth to each answer.
+                    let took = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    let rtt = self.rtt_us.load(Ordering::Relaxed);
+                    let next = if rtt == 0 { took } else { (rtt * 7 + took) / 8 };
+                    self.rtt_us.store(next, Ordering::Relaxed);
+                    Ok(answer)
+                }
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => Err(format!("no answer within {:?}", self.spec.timeout)),
             };

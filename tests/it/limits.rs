@@ -496,13 +496,12 @@ async fn delaying_front(redis: &Redis) -> (SocketAddr, tokio::task::JoinHandle<(
 
 /// Issue 75: fairness must not depend on timing. One of three instances
 /// hears every store answer 1–20 ms late (its refills land after the
-/// others'); each should still admit a third of the limit, within ±15 %,
-/// in every 2 s window. It does not yet: shares follow each instance's
-/// offered rate, and the late instance's clients (which wait for its
-/// refills) offer fewer requests, so its share shrinks (measured: 64–85
-/// per window against 258–284). Run with `--ignored` to see it.
+/// others'); each still admits a third of the limit, within ±15 %, in
+/// every 2 s window. Before: its clients waited for its refills, sent
+/// fewer requests, and its share (which follows demand) shrank to 64–85
+/// per window against 258–284; now over the limit no request waits for
+/// the store, and the demand counts only time not spent waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known unfair (issue 75): a late store shrinks an instance's share; see the doc comment"]
 async fn an_instance_whose_store_answers_late_still_gets_its_share() {
     let _one_at_a_time = FLEETS.lock().await;
     let Some(redis) = Redis::start().await else {
