@@ -37,7 +37,7 @@ tls.certificates = [{ cert = "site.pem", key = "site.key" }]"#,
 }
 
 /// An HTTP/3 client trusting `ca`.
-fn client(ca: &Ca) -> quinn::Endpoint {
+pub(crate) fn client(ca: &Ca) -> quinn::Endpoint {
     client_with(ca, false)
 }
 

@@ -1149,7 +1149,7 @@ async fn switch_protocols(at: SocketAddr, request: &str) -> (TcpStream, String) 
 }
 
 /// A WebSocket client's frame: `payload` under `opcode`, masked.
-fn ws_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn ws_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
     let key = [0x5a, 0x17, 0xc3, 0x09];
     assert!(payload.len() < 126);
     let mut frame = vec![0x80 | opcode, 0x80 | payload.len() as u8];
@@ -1160,7 +1160,9 @@ fn ws_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
 
 /// Reads one WebSocket frame (at most 125 bytes of payload): its opcode
 /// and unmasked payload; `None` at the end of the stream.
-async fn ws_read(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<(u8, Vec<u8>)> {
+pub(crate) async fn ws_read(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Option<(u8, Vec<u8>)> {
     let mut head = [0u8; 2];
     stream.read_exact(&mut head).await.ok()?;
     let len = usize::from(head[1] & 0x7f);
@@ -1179,7 +1181,7 @@ async fn ws_read(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<(u8
 
 /// A WebSocket backend (RFC 6455 framing, handshake unchecked): echoes
 /// every frame, and answers a close with its own and a FIN.
-async fn websocket_backend() -> Backend {
+pub(crate) async fn websocket_backend() -> Backend {
     use std::sync::Arc;
     Backend::start(Arc::new(
         |mut req: hyper::Request<hyper::body::Incoming>| {

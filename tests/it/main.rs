@@ -35,4 +35,5 @@ mod reload;
 mod resilience;
 mod shadow;
 mod tls;
+mod upgrades;
 mod watch;
