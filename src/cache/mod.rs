@@ -257,7 +257,7 @@ impl Zone {
                 BeforeRequest::Fresh(head) => {
                     self.counts.hits.fetch_add(1, Ordering::Relaxed);
                     return Found::Fresh {
-                        head: stored.shown(head),
+                        head: stored.shown(head, now),
                         body: stored.body.clone(),
                     };
                 }
@@ -341,7 +341,7 @@ impl Zone {
                     weight: stored.weight,
                 };
                 let body = updated.body.clone();
-                let head = updated.shown(head);
+                let head = updated.shown(head, at);
                 self.store(key, updated);
                 Some((head, body))
             }

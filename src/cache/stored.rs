@@ -52,8 +52,15 @@ impl Stored {
     }
 
     /// `head` as clients see it: with the answer's own `Cache-Control`
-    /// where `ttl_default` added to it.
-    pub(super) fn shown(&self, mut head: response::Parts) -> response::Parts {
+    /// where `ttl_default` added to it, and the `Date` the policy set (to
+    /// `now`) in RFC 9110's IMF-fixdate (the crate writes RFC 2822's
+    /// `+0000`).
+    pub(super) fn shown(&self, mut head: response::Parts, now: SystemTime) -> response::Parts {
+        if head.headers.contains_key(http::header::DATE) {
+            if let Ok(date) = http::HeaderValue::from_str(&httpdate::fmt_http_date(now)) {
+                head.headers.insert(http::header::DATE, date);
+            }
+        }
         if let Some(values) = &self.shown_cache_control {
             head.headers.remove(http::header::CACHE_CONTROL);
             for value in values.iter() {
@@ -97,7 +104,7 @@ impl Stored {
         // `max-age`) still holds.
         let accepting = AcceptingStale::new(request);
         match self.policy.before_request(&accepting, now) {
-            BeforeRequest::Fresh(head) => Some(self.shown(head)),
+            BeforeRequest::Fresh(head) => Some(self.shown(head, now)),
             BeforeRequest::Stale { .. } => None,
         }
     }

@@ -66,6 +66,14 @@ fn fresh_by_max_age_then_stale_with_a_conditional_request() {
             assert_eq!(head.status, StatusCode::OK);
             assert_eq!(head.headers["age"], "10");
             assert_eq!(body, "body");
+            // RFC 9110 §5.6.7: IMF-fixdate, the time of the answer.
+            let date = head.headers["date"].to_str().unwrap();
+            assert!(date.ends_with(" GMT"), "{date}");
+            assert_eq!(
+                httpdate::parse_http_date(date).ok(),
+                Some(t0 + Duration::from_secs(10))
+                    .map(|t| { httpdate::parse_http_date(&httpdate::fmt_http_date(t)).unwrap() })
+            );
         }
         other => panic!("fresh expected: {other:?}"),
     }
@@ -301,6 +309,12 @@ fn a_304_updates_the_stored_answer_and_keeps_its_body() {
         .expect("a matching 304");
     assert_eq!(merged.status, StatusCode::OK);
     assert_eq!(merged.headers["x-version"], "2");
+    if let Some(date) = merged.headers.get("date") {
+        assert!(
+            httpdate::parse_http_date(date.to_str().unwrap()).is_ok(),
+            "{date:?}"
+        );
+    }
     assert_eq!(body, "body");
     assert!(matches!(
         zone.lookup("k", &get(&[]), later + Duration::from_secs(30)),

@@ -68,6 +68,15 @@ impl Validator<'_> {
             };
             zones.insert(name.clone(), ZoneSpec { memory, disk });
         }
+        self.refused_zones = file
+            .cache
+            .as_ref()
+            .map(|c| &c.zones)
+            .into_iter()
+            .flatten()
+            .map(|(name, _)| name.clone())
+            .filter(|name| !zones.contains_key(name))
+            .collect();
         zones
     }
 
@@ -207,6 +216,9 @@ impl Validator<'_> {
             return None;
         }
         let Some(memory) = zones.get(&c.zone).map(|z| z.memory) else {
+            if self.refused_zones.contains(&c.zone) {
+                return None;
+            }
             let known: Vec<&str> = zones.keys().map(String::as_str).collect();
             self.error(
                 Code::UnknownZone,

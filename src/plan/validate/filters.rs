@@ -569,7 +569,7 @@ impl Validator<'_> {
     }
 }
 
-/// `10MiB`, `512KB`, `1G`, `4096`: bytes.
+/// `10MiB`, `512KB`, `1G`, `2TiB`, `4096`: bytes.
 pub(super) fn parse_size(text: &str) -> Option<u64> {
     let text = text.trim();
     let split = text
@@ -582,9 +582,11 @@ pub(super) fn parse_size(text: &str) -> Option<u64> {
         "K" | "KB" => 1_000,
         "M" | "MB" => 1_000_000,
         "G" | "GB" => 1_000_000_000,
+        "T" | "TB" => 1_000_000_000_000,
         "KiB" => 1 << 10,
         "MiB" => 1 << 20,
         "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
         _ => return None,
     };
     number.checked_mul(factor)
@@ -641,6 +643,9 @@ mod tests {
         assert_eq!(parse_size("512KB"), Some(512_000));
         assert_eq!(parse_size("4096"), Some(4096));
         assert_eq!(parse_size("1 GiB"), Some(1 << 30));
+        // Issue 70: the cache's range says "to 64TiB"; it is accepted.
+        assert_eq!(parse_size("64TiB"), Some(64 << 40));
+        assert_eq!(parse_size("2TB"), Some(2_000_000_000_000));
         assert_eq!(parse_size("ten"), None);
         assert_eq!(parse_size("5XB"), None);
     }

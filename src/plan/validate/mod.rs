@@ -101,6 +101,7 @@ pub fn validate_against(
         upstream_files: Vec::new(),
         secrets: HashMap::new(),
         cache_zones: BTreeMap::new(),
+        refused_zones: Vec::new(),
         limit_store: false,
     };
     let context = reuse::route_context(&file, &v.roots);
@@ -218,6 +219,9 @@ struct Validator<'a> {
     secrets: HashMap<(PathBuf, usize), Box<dyn std::any::Any + Send + Sync>>,
     /// `[cache.zones]`, read before the routes that name them.
     cache_zones: BTreeMap<String, ZoneSpec>,
+    /// Zones declared but refused (reported there): a route naming one
+    /// is not told it is undefined.
+    refused_zones: Vec<String>,
     /// Whether `[limits] store` is given (fleet quotas need it).
     limit_store: bool,
 }
