@@ -92,9 +92,11 @@ struct Lease {
     /// When a request last asked for the key.
     last_ms: u64,
     /// The key is over its limit here: the last refill was refused, or
-    /// granted less than a batch. Requests are then decided by the lease
-    /// at once and never wait for the store (refills go ahead of them).
+    /// granted less than a batch, at `over_at_ms`. Requests are then
+    /// decided by the lease at once and never wait for the store (refills
+    /// go ahead of them), for as long as refills keep saying so.
     over: bool,
+    over_at_ms: u64,
     demand: f64,
 }
 
@@ -246,6 +248,11 @@ impl FleetQuota {
         // it for the requests after. A store that answers late then costs
         // its instance's clients no time (they would send fewer requests,
         // and its share of the limit would shrink with them).
+        // A key quiet for a while is not over any more: its bucket may be
+        // full again, and its next request waits for the refill that says.
+        if lease.over && now.saturating_sub(lease.over_at_ms) > OVER_FOR_MS {
+            lease.over = false;
+        }
         if lease.tokens == 0 && lease.over && lease.denied_until_ms <= now {
             if lease.refill.is_none() {
                 let demand = lease.demand(now);
@@ -593,6 +600,7 @@ async fn refill(
         match grant {
             Ok(grant) if grant.tokens > 0 => {
                 lease.over = grant.tokens < quota.fleet.batch;
+                lease.over_at_ms = now;
                 lease.tokens = lease.tokens.saturating_add(grant.tokens);
                 lease.expires_ms = lease.expires_ms.max(now + quota.lifetime(grant));
                 lease.denied_until_ms = 0;
@@ -602,6 +610,7 @@ async fn refill(
             // instance refuse past the store's next token.
             Ok(grant) => {
                 lease.over = true;
+                lease.over_at_ms = now;
                 lease.denied_until_ms = asked + grant.ms.max(1);
                 // Still asked for: the next refill goes when the store's
                 // next token does, not when the next request finds the
@@ -620,6 +629,9 @@ async fn refill(
 
 /// How recently a key must have been asked for to be refilled ahead.
 const AHEAD_WHILE_MS: u64 = 250;
+/// How long a refusal (or a short grant) keeps a key over its limit
+/// without another: over the limit, refills follow each other faster.
+const OVER_FOR_MS: u64 = 250;
 
 /// At `at_ms` (`now_ms`), refills `key` unless a request already did or
 /// the lease holds tokens again.

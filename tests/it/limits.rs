@@ -14,6 +14,7 @@
 //! | one instance's store answers 1–20 ms late: still a third each | `an_instance_whose_store_answers_late_still_gets_its_share` |
 //! | `rediss://` with a CA made by openssl and a client certificate; refused with another CA or without the certificate | `a_rediss_store_is_verified_by_name_and_refused_with_a_wrong_ca` |
 //! | a token bucket's lease that ends unspent gives its tokens back | `a_lease_that_ends_unspent_gives_its_tokens_back` |
+//! | a key over its limit, then quiet for a second, is admitted again | `a_key_over_its_limit_then_quiet_is_admitted_again` |
 //! | `headers = "always"`: every answer's `RateLimit` counts down what the store has left | `a_fleet_quota_with_headers_always_tells_what_the_store_has_left` |
 //! | Redis Sentinel: a master killed, its replica promoted, counting goes on there | `a_sentinel_store_follows_a_failover_to_the_promoted_replica` |
 
@@ -935,6 +936,35 @@ async fn a_lease_that_ends_unspent_gives_its_tokens_back() {
         (15..=21).contains(&admitted),
         "{admitted} admitted after a lease of 15 ended unspent"
     );
+}
+
+/// Over the limit a request is refused at once when the lease is empty
+/// (it does not wait for the store); a key that then goes quiet is not
+/// over any more: its first request after a second is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_over_its_limit_then_quiet_is_admitted_again() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let gw = limited_gateway(
+        &format!("{{ redis = {{ url = \"{}\" }} }}", redis.url()),
+        "{ rate = 10, burst = 10, scope = \"fleet\", key = \"route\", pre_allowance = 0.2, deadline = \"500ms\" }",
+    );
+    until_all(std::slice::from_ref(&gw), "store up", |t| {
+        store_up(t) == 1.0
+    })
+    .await;
+    let web = gw.listener("web");
+    let mut statuses = Vec::new();
+    for _ in 0..30 {
+        statuses.push(get(web, "a", "/").await.0);
+    }
+    let admitted = statuses.iter().filter(|s| **s == 200).count();
+    assert!((10..=12).contains(&admitted), "{statuses:?}");
+    assert_eq!(statuses.last(), Some(&429));
+    // A second later the bucket is whole again.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(get(web, "a", "/").await.0, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
