@@ -272,10 +272,21 @@ enum CtlCommand {
     /// Print the active generation's configuration, as it was activated
     /// (to commit it back, or to compare with the file).
     Export,
-    /// Activate a retained generation's configuration again.
+    /// Activate a retained generation's configuration again (`rollback
+    /// 7` or `rollback --to 7`). Rolling back to the active generation
+    /// changes nothing and exits 0.
     Rollback {
-        #[arg(long = "to")]
-        to: u64,
+        /// The retained generation whose configuration to activate again
+        /// (`ctl history` lists them).
+        #[arg(
+            value_name = "GENERATION",
+            required_unless_present = "to",
+            conflicts_with = "to"
+        )]
+        generation: Option<u64>,
+        /// The same as GENERATION.
+        #[arg(long = "to", value_name = "GENERATION")]
+        to: Option<u64>,
         #[command(flatten)]
         meta: Meta,
     },
@@ -544,9 +555,13 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             });
             client.post(path, body).await?
         }
-        CtlCommand::Rollback { to, meta } => {
+        CtlCommand::Rollback {
+            generation,
+            to,
+            meta,
+        } => {
             let body = json!({
-                "target_generation": to,
+                "target_generation": generation.or(*to),
                 "expected_active_generation": meta.expect,
                 "reason": meta.reason,
                 "requested_by": meta.requested_by,
@@ -647,6 +662,13 @@ fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
             ) =>
         {
             EXIT_SHADOW
+        }
+        // Rolled back to what is already active: nothing to do.
+        StatusCode::CONFLICT
+            if matches!(command, CtlCommand::Rollback { .. })
+                && refusal().as_deref() == Some("target_active") =>
+        {
+            EXIT_OK
         }
         StatusCode::CONFLICT => EXIT_CONFLICT,
         s if s.is_success() => match command {

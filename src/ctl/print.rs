@@ -178,6 +178,15 @@ pub(super) fn print_diff(diff: &Diff) {
 pub(super) fn print_human(command: &CtlCommand, answer: &Answer) {
     if !answer.status.is_success() {
         let refusal = answer.read::<ErrorBody>();
+        if matches!(command, CtlCommand::Rollback { .. })
+            && refusal.as_ref().and_then(|r| r.error.as_deref()) == Some("target_active")
+        {
+            let target = answer.body["target_generation"]
+                .as_u64()
+                .unwrap_or_default();
+            println!("generation {target} is already active: nothing to roll back");
+            return;
+        }
         let plan = answer.read::<Plan>();
         eprintln!(
             "{} {}: {}",
@@ -221,7 +230,15 @@ pub(super) fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
         }
         CtlCommand::Activate { .. } | CtlCommand::Rollback { .. } => {
             match answer.read::<Activated>()? {
-                Activated::Local(activation) => print_activation(&activation),
+                Activated::Local(activation) => {
+                    if let Some(restored) = activation.rolled_back_to {
+                        println!(
+                            "rolled back to the configuration of generation {restored}, now active as generation {}",
+                            activation.generation
+                        );
+                    }
+                    print_activation(&activation)
+                }
                 #[cfg(feature = "fleet")]
                 Activated::Fleet(activation) => print_fleet_activation(&activation),
             }

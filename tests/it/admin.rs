@@ -388,8 +388,22 @@ async fn ctl_exit_codes_follow_the_contract() {
     assert_eq!(code, Some(0));
     let history: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(history["active_generation"], 2);
-    let (code, _, _) = ctl(&["rollback", "--to", "1", "--expect", "2"]);
+    let (code, out, _) = ctl(&["rollback", "1", "--expect", "2"]);
     assert_eq!(code, Some(0));
+    // Issue 70: it says what it restored, not only "activated".
+    assert!(
+        out.contains(
+            "rolled back to the configuration of generation 1, now active as generation 3"
+        ),
+        "{out}"
+    );
+    // Back to what is active: nothing to do, not a conflict.
+    let (code, out, err) = ctl(&["rollback", "--to", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("generation 3 is already active"), "{out}");
+    // The target once, either way.
+    let (code, _, err) = ctl(&["rollback"]);
+    assert_eq!(code, Some(2), "{err}");
     let (code, _, _) = ctl(&["status"]);
     assert_eq!(code, Some(0));
     let (code, out, _) = ctl(&["backends"]);
