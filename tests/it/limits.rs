@@ -328,6 +328,17 @@ async fn three(redis: &Redis, quota: &str) -> Vec<Gateway> {
     gateways
 }
 
+/// One gateway counting in `redis` with `quota`, once the store answers.
+async fn one(redis: &Redis, quota: &str) -> Gateway {
+    let store = format!("{{ redis = {{ url = \"{}\" }} }}", redis.url());
+    let gw = limited_gateway(&store, quota);
+    until_all(std::slice::from_ref(&gw), "store up", |t| {
+        store_up(t) == 1.0
+    })
+    .await;
+    gw
+}
+
 /// Loads each gateway with 2 connections, a request every 2 ms each
 /// (about 6 × the limits below in all), for `run`.
 async fn load_all(gateways: &[Gateway], run: Duration) -> Vec<Arc<Counts>> {
@@ -906,14 +917,7 @@ async fn a_lease_that_ends_unspent_gives_its_tokens_back() {
         return;
     };
     // 2 a second, 20 at once; a lease of 10 tokens lasts 2 s (`per`).
-    let gw = limited_gateway(
-        &format!("{{ redis = {{ url = \"{}\" }} }}", redis.url()),
-        "{ rate = 4, per = \"2s\", burst = 20, scope = \"fleet\", key = \"route\", pre_allowance = 0.5, deadline = \"500ms\" }",
-    );
-    until_all(std::slice::from_ref(&gw), "store up", |t| {
-        store_up(t) == 1.0
-    })
-    .await;
+    let gw = one(&redis, "{ rate = 4, per = \"2s\", burst = 20, scope = \"fleet\", key = \"route\", pre_allowance = 0.5, deadline = \"500ms\" }").await;
     let web = gw.listener("web");
     // Five requests: the first leases 10, the fifth (5 left) leases the
     // other 10 in the background. The store's bucket is empty; this
@@ -946,14 +950,7 @@ async fn a_key_over_its_limit_then_quiet_is_admitted_again() {
     let Some(redis) = Redis::start().await else {
         return;
     };
-    let gw = limited_gateway(
-        &format!("{{ redis = {{ url = \"{}\" }} }}", redis.url()),
-        "{ rate = 10, burst = 10, scope = \"fleet\", key = \"route\", pre_allowance = 0.2, deadline = \"500ms\" }",
-    );
-    until_all(std::slice::from_ref(&gw), "store up", |t| {
-        store_up(t) == 1.0
-    })
-    .await;
+    let gw = one(&redis, "{ rate = 10, burst = 10, scope = \"fleet\", key = \"route\", pre_allowance = 0.2, deadline = \"500ms\" }").await;
     let web = gw.listener("web");
     let mut statuses = Vec::new();
     for _ in 0..30 {
@@ -972,14 +969,7 @@ async fn a_fleet_quota_with_headers_always_tells_what_the_store_has_left() {
     let Some(redis) = Redis::start().await else {
         return;
     };
-    let gw = limited_gateway(
-        &format!("{{ redis = {{ url = \"{}\" }} }}", redis.url()),
-        "{ rate = 10, per = \"1m\", scope = \"fleet\", key = \"route\", headers = \"always\", deadline = \"500ms\" }",
-    );
-    until_all(std::slice::from_ref(&gw), "store up", |t| {
-        store_up(t) == 1.0
-    })
-    .await;
+    let gw = one(&redis, "{ rate = 10, per = \"1m\", scope = \"fleet\", key = \"route\", headers = \"always\", deadline = \"500ms\" }").await;
     let web = gw.listener("web");
     // One token per 6 s, 10 at most; a lease of one token (10 %): each
     // answer says what the store had left after its refill, and the time
