@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 mod client;
 mod follow;
 mod print;
+mod tables;
 
 use client::Client;
 use follow::wait_settled;
