@@ -118,12 +118,35 @@ impl Outcome {
 /// What a zone has counted since it was made.
 #[derive(Debug, Default)]
 pub struct Counts {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
+    /// Requests of its routes, by what the cache did for each (the route
+    /// metrics' outcomes, counted at the same place).
+    pub requests: [AtomicU64; Outcome::ALL.len()],
     pub stored: AtomicU64,
+    /// Stored objects refreshed by a 304 (a request's or a background
+    /// revalidation's).
     pub revalidated: AtomicU64,
+    /// Objects pushed out to make room (not a replaced variant or a
+    /// refreshed object).
     pub evicted: AtomicU64,
     pub purged: AtomicU64,
+}
+
+impl Counts {
+    pub fn requests(&self, outcome: Outcome) -> u64 {
+        self.requests[outcome as usize].load(Ordering::Relaxed)
+    }
+
+    /// Requests answered without the upstream (fresh, collapsed onto
+    /// another's miss, or stale), and those looked up that went to it (a
+    /// miss, or a revalidation); a bypass was not looked up.
+    pub fn hits_and_misses(&self) -> (u64, u64) {
+        let hits = [Outcome::Hit, Outcome::Collapsed, Outcome::Stale]
+            .map(|o| self.requests(o))
+            .iter()
+            .sum();
+        let misses = self.requests(Outcome::Miss) + self.requests(Outcome::Revalidated);
+        (hits, misses)
+    }
 }
 
 /// The variants of one key, newest first.
@@ -145,15 +168,17 @@ impl quick_cache::Weighter<String, Arc<Variants>> for ByBytes {
     }
 }
 
-/// Counts what the cache pushes out to make room.
-#[derive(Debug, Clone, Default)]
-struct Evictions(Arc<AtomicU64>);
+/// Notes the keys an insert pushed out. quick_cache reports a value
+/// replaced under its own key (a new variant, a refreshed object) as
+/// evicted too; [`Zone::put`] counts only the others, pushed out for room.
+#[derive(Debug, Clone, Copy, Default)]
+struct Evictions;
 
 impl quick_cache::Lifecycle<String, Arc<Variants>> for Evictions {
-    type RequestState = ();
+    type RequestState = Vec<String>;
 
-    fn on_evict(&self, _: &mut (), _key: String, _variants: Arc<Variants>) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+    fn on_evict(&self, evicted: &mut Vec<String>, key: String, _variants: Arc<Variants>) {
+        evicted.push(key);
     }
 }
 
@@ -197,7 +222,6 @@ pub struct Zone {
     objects: Objects,
     flights: Mutex<HashMap<String, Arc<Flight>>>,
     pub counts: Counts,
-    evictions: Evictions,
     /// Whether the series budget took its series (at its first use).
     exported: std::sync::OnceLock<bool>,
     /// Its files, when it has `disk`.
@@ -207,7 +231,6 @@ pub struct Zone {
 impl Zone {
     fn new(name: &str, spec: &ZoneSpec) -> Self {
         let memory = spec.memory;
-        let evictions = Evictions::default();
         let options = quick_cache::OptionsBuilder::new()
             // A guess at the number of objects (8 KiB each): the cache
             // grows its tables past it.
@@ -219,7 +242,7 @@ impl Zone {
                 options,
                 ByBytes,
                 quick_cache::DefaultHashBuilder::default(),
-                evictions.clone(),
+                Evictions,
             ),
             // Only a zero capacity is refused, which validation rules out.
             Err(_) => Objects::with(
@@ -227,7 +250,7 @@ impl Zone {
                 memory.max(1),
                 ByBytes,
                 quick_cache::DefaultHashBuilder::default(),
-                evictions.clone(),
+                Evictions,
             ),
         };
         Self {
@@ -235,7 +258,6 @@ impl Zone {
             objects,
             flights: Mutex::new(HashMap::new()),
             counts: Counts::default(),
-            evictions,
             exported: std::sync::OnceLock::new(),
             disk: spec
                 .disk
@@ -248,14 +270,12 @@ impl Zone {
     /// method included) can use, at `now`.
     pub fn lookup(&self, key: &str, request: &impl RequestLike, now: SystemTime) -> Found {
         let Some(variants) = self.objects.get(key) else {
-            self.counts.misses.fetch_add(1, Ordering::Relaxed);
             return Found::Miss;
         };
         let mut stale = None;
         for stored in &variants.0 {
             match stored.policy.before_request(request, now) {
                 BeforeRequest::Fresh(head) => {
-                    self.counts.hits.fetch_add(1, Ordering::Relaxed);
                     return Found::Fresh {
                         head: stored.shown(head, now),
                         body: stored.body.clone(),
@@ -268,7 +288,6 @@ impl Zone {
                 BeforeRequest::Stale { .. } => {}
             }
         }
-        self.counts.misses.fetch_add(1, Ordering::Relaxed);
         match stale {
             Some((stored, request)) => Found::Stale { stored, request },
             None => Found::Miss,
@@ -292,9 +311,25 @@ impl Zone {
                     .cloned(),
             );
         }
-        self.objects
-            .insert(key.to_owned(), Arc::new(Variants(variants)));
+        self.put(key.to_owned(), Variants(variants));
         self.counts.stored.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Puts `variants` under `key`, counting the other keys pushed out to
+    /// make room for them.
+    fn put(&self, key: String, variants: Variants) {
+        let mut evicted = Vec::new();
+        self.objects
+            .insert_with_lifecycle(key.clone(), Arc::new(variants), &mut evicted);
+        let room = evicted.iter().filter(|k| **k != key).count() as u64;
+        if room > 0 {
+            self.counts.evicted.fetch_add(room, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one request of a route keeping answers here, by `outcome`.
+    pub fn answered(&self, outcome: Outcome) {
+        self.counts.requests[outcome as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The upstream's answer to a revalidation of `stored` (sent as
@@ -384,8 +419,7 @@ impl Zone {
             disk.admit(&owned, found, |found| {
                 if !zone.in_memory(&owned) {
                     let variants = found.into_iter().map(Arc::new).collect();
-                    zone.objects
-                        .insert(owned.clone(), Arc::new(Variants(variants)));
+                    zone.put(owned.clone(), Variants(variants));
                     loaded = true;
                 }
             });
@@ -436,7 +470,7 @@ impl Zone {
         (
             self.objects.len(),
             self.objects.weight(),
-            self.evictions.0.load(Ordering::Relaxed),
+            self.counts.evicted.load(Ordering::Relaxed),
         )
     }
 

@@ -3,6 +3,7 @@
 //! log like other operations. A purge changes no generation: it takes
 //! no operation lock and runs beside an activation.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,8 +30,16 @@ pub struct ZoneView {
     pub capacity_bytes: u64,
     pub bytes: u64,
     pub objects: usize,
+    /// Requests of its routes answered without the upstream: `hit`,
+    /// `collapsed` and `stale` of `requests`.
     pub hits: u64,
+    /// Requests looked up that went to the upstream: `miss` and
+    /// `revalidated` of `requests`.
     pub misses: u64,
+    /// Its routes' requests by what the cache did for each, as the route
+    /// metrics count them.
+    #[serde(default)]
+    pub requests: BTreeMap<String, u64>,
     pub stored: u64,
     pub revalidated: u64,
     pub evicted: u64,
@@ -81,13 +90,18 @@ impl Control {
             .map(|zone| {
                 let (objects, bytes, evicted) = zone.usage();
                 let counts = &zone.counts;
+                let (hits, misses) = counts.hits_and_misses();
                 ZoneView {
                     name: zone.name.clone(),
                     capacity_bytes: zone.capacity(),
                     bytes,
                     objects,
-                    hits: counts.hits.load(Ordering::Relaxed),
-                    misses: counts.misses.load(Ordering::Relaxed),
+                    hits,
+                    misses,
+                    requests: crate::cache::Outcome::ALL
+                        .iter()
+                        .map(|o| (o.name().to_owned(), counts.requests(*o)))
+                        .collect(),
                     stored: counts.stored.load(Ordering::Relaxed),
                     revalidated: counts.revalidated.load(Ordering::Relaxed),
                     evicted,

@@ -137,6 +137,10 @@ impl Control {
             guard: candidate.guard.clone(),
             canary: candidate.canary.clone(),
             step: 0,
+            step_ends: candidate
+                .canary
+                .as_ref()
+                .map(|c| tokio::time::Instant::now() + c.step_interval),
         });
         let final_now = pending.is_none();
         self.set_pending(pending);

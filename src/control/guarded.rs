@@ -87,6 +87,12 @@ pub(crate) fn judge(
     }
 }
 
+/// How often a guard judges: a tenth of its window, between 100 ms and
+/// 1 s.
+fn evaluation_interval(spec: &GuardSpec) -> Duration {
+    (spec.window / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
+}
+
 impl Control {
     /// Starts what settles a pending generation: the deadline's timer, and
     /// its canary's steps (which judge each step by the guard) or its
@@ -113,8 +119,9 @@ impl Control {
     }
 
     /// Walks a canary through its steps: each step's share for
-    /// `step_interval`, then (with a guard) a verdict on the pending
-    /// generation's answers so far; a breach, or no data with
+    /// `step_interval`, judged (with a guard) on the pending generation's
+    /// answers so far all through the step and at its end; a breach, at
+    /// any time, or no data at the step's end with
     /// `on_no_data = "fail"`, rolls back; no data with "hold" repeats the
     /// step. The last step, 100 %, confirms it. Starts at step `first`
     /// (a resumed canary); each step reached is persisted.
@@ -145,22 +152,20 @@ impl Control {
                     format!("canary steps {:?} completed", canary.steps),
                 ))
             } else {
-                tokio::time::sleep(canary.step_interval).await;
+                let ends = tokio::time::Instant::now() + canary.step_interval;
+                self.step_ends(generation, ends);
                 let verdict = match &guard {
-                    None => Verdict::Wait,
+                    None => {
+                        tokio::time::sleep_until(ends).await;
+                        Verdict::Wait
+                    }
                     Some(spec) => {
-                        let ledger = self.store.ledger(generation);
-                        match ledger {
+                        let judged = self
+                            .judge_step(generation, spec, &baseline, started, ends)
+                            .await;
+                        match judged {
+                            Some(verdict) => verdict,
                             None => return,
-                            // The window is the time so far: every step
-                            // ends with a verdict.
-                            Some(l) => judge(
-                                spec,
-                                Answers::of(&l),
-                                l.duration.quantile_bound(0.99),
-                                baseline.answers(),
-                                started.elapsed().max(spec.window),
-                            ),
                         }
                     }
                 };
@@ -192,6 +197,47 @@ impl Control {
         }
     }
 
+    /// Judges one canary step by its guard: every evaluation interval
+    /// while the step runs, so that a breach ends the canary as soon as
+    /// `min_requests` answers show one (not at the step's end); and when
+    /// the step `ends`, with the window taken as the time so far, so that
+    /// every step ends in a verdict (pass, no data or breach). `None`: the
+    /// generation is no longer pending.
+    async fn judge_step(
+        &self,
+        generation: GenerationId,
+        spec: &GuardSpec,
+        baseline: &Baseline,
+        started: tokio::time::Instant,
+        ends: tokio::time::Instant,
+    ) -> Option<Verdict> {
+        let every = evaluation_interval(spec);
+        loop {
+            let next = tokio::time::Instant::now() + every;
+            let closing = next >= ends;
+            tokio::time::sleep_until(if closing { ends } else { next }).await;
+            if self.pending().map(|p| p.generation) != Some(generation) {
+                return None;
+            }
+            let ledger = self.store.ledger(generation)?;
+            let elapsed = if closing {
+                started.elapsed().max(spec.window)
+            } else {
+                started.elapsed()
+            };
+            let verdict = judge(
+                spec,
+                Answers::of(&ledger),
+                ledger.duration.quantile_bound(0.99),
+                baseline.answers(),
+                elapsed,
+            );
+            if closing || matches!(verdict, Verdict::Breach(_)) {
+                return Some(verdict);
+            }
+        }
+    }
+
     /// Judges a pending generation by its own answers (see `judge`) every
     /// tenth of its window (between 100 ms and 1 s) from its activation
     /// on: rolls it back on a breach, confirms it on a pass with
@@ -200,7 +246,7 @@ impl Control {
     pub(super) async fn watch(self: Arc<Self>, generation: GenerationId, spec: GuardSpec) {
         let started = tokio::time::Instant::now();
         let baseline = Baseline::start(&self.store, self.pending().map(|p| p.rollback_to));
-        let every = (spec.window / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let every = evaluation_interval(&spec);
         loop {
             tokio::time::sleep(every).await;
             if self.pending().map(|p| p.generation) != Some(generation) {
@@ -250,6 +296,19 @@ impl Control {
         *self.pending.lock() = pending;
         if self.records.lock().pending() != record.as_ref() {
             self.records.with(|history| history.set_pending(record));
+        }
+    }
+
+    /// Notes when the pending canary's current step ends (shown in
+    /// status as the time to its next step).
+    fn step_ends(&self, generation: GenerationId, ends: tokio::time::Instant) {
+        if let Some(pending) = self
+            .pending
+            .lock()
+            .as_mut()
+            .filter(|p| p.generation == generation)
+        {
+            pending.step_ends = Some(ends);
         }
     }
 
@@ -324,6 +383,7 @@ impl Control {
                     guard: None,
                     canary: None,
                     step: 0,
+                    step_ends: None,
                 };
                 *self.pending.lock() = Some(pending.clone());
                 self.supervise(&pending);
@@ -547,7 +607,17 @@ mod guard_tests {
                 key: crate::plan::parse_hash_key("header:x-user"),
             }),
             step: 2,
+            step_ends: Some(tokio::time::Instant::now() + Duration::from_secs(20)),
         };
+        // Status shows where the canary is, and when it moves on.
+        let canary = pending.view().canary.unwrap();
+        assert_eq!(
+            (canary.percent, canary.step, canary.next_percent),
+            (50, 3, Some(100))
+        );
+        let next = canary.seconds_to_next_step.unwrap();
+        assert!((19.0..=20.0).contains(&next), "{next}");
+        assert_eq!(canary.hash_key.as_deref(), Some("header:x-user"));
         let json = serde_json::to_string(&pending.record()).unwrap();
         let record: crate::runtime::PendingRecord = serde_json::from_str(&json).unwrap();
         let resumed = Pending::resume(&record).unwrap();

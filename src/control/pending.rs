@@ -27,6 +27,26 @@ pub struct PendingView {
     /// During canary steps: the share of new requests it takes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub canary_percent: Option<u8>,
+    /// During canary steps: where it is in them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryView>,
+}
+
+/// A canary's place in its steps, as status shows it: the share of new
+/// requests the pending generation takes now (the previous generation
+/// takes the rest), the step (from 1) of `steps`, and when the next
+/// begins unless the guard ends it first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CanaryView {
+    pub percent: u8,
+    pub step: usize,
+    pub steps: Vec<u8>,
+    pub step_interval_seconds: f64,
+    /// `null` on the last step, or before the step's timer started.
+    pub next_percent: Option<u8>,
+    pub seconds_to_next_step: Option<f64>,
+    /// What keeps a client on one side (`header:x-user`), if anything.
+    pub hash_key: Option<String>,
 }
 
 /// The pending generation, while there is one: what settles it, and
@@ -41,6 +61,8 @@ pub(super) struct Pending {
     pub(super) canary: Option<CanarySpec>,
     /// The canary step it is on: an index into `canary.steps`.
     pub(super) step: usize,
+    /// When the canary's current step ends (its verdict is due).
+    pub(super) step_ends: Option<tokio::time::Instant>,
 }
 
 /// A confirm deadline, on the timer's clock and on the wall clock (which
@@ -153,6 +175,21 @@ impl Pending {
                     .as_secs_f64()
             }),
             canary_percent: None,
+            canary: self.canary.as_ref().map(|c| {
+                let last = self.step + 1 >= c.steps.len();
+                CanaryView {
+                    percent: c.steps.get(self.step).copied().unwrap_or(100),
+                    step: self.step + 1,
+                    steps: c.steps.clone(),
+                    step_interval_seconds: c.step_interval.as_secs_f64(),
+                    next_percent: c.steps.get(self.step + 1).copied(),
+                    seconds_to_next_step: self.step_ends.filter(|_| !last).map(|at| {
+                        at.saturating_duration_since(tokio::time::Instant::now())
+                            .as_secs_f64()
+                    }),
+                    hash_key: c.key.as_ref().map(ToString::to_string),
+                }
+            }),
         }
     }
 
@@ -181,6 +218,7 @@ impl Pending {
             guard: record.guard.as_ref().map(GuardSpec::from_record),
             canary,
             step,
+            step_ends: None,
         })
     }
 }

@@ -472,6 +472,7 @@ mod shadow_tests {
             active_generation: GenerationId(7),
             percent: 10.0,
             seconds: 12.0,
+            started_at: None,
             verdict: ShadowVerdict::Running,
             reason: String::new(),
             copies: CopyCounts::default(),

@@ -100,7 +100,10 @@ struct Reading {
 #[derive(Debug, Default)]
 pub(super) struct Timeline {
     points: VecDeque<Point>,
-    last: HashMap<GenerationId, Reading>,
+    /// Each role's generation at the last point: its reading, its role
+    /// and its ledger (read once more when it leaves its role, so that
+    /// the answers of its last second are not lost).
+    last: HashMap<GenerationId, (Reading, &'static str, Arc<crate::generation::Ledger>)>,
     health: Vec<BackendTimeline>,
     /// Where each followed backend is in `health`: by upstream, then by
     /// address (looked up by `&str`, nothing allocated once followed).
@@ -176,37 +179,60 @@ impl Timeline {
             roles: Vec::with_capacity(roles.len()),
         };
         for (role, ledger) in roles {
-            let now = Reading {
-                requests: ledger.requests.get(),
-                errors: ledger.errors.get(),
-                buckets: ledger.duration.counts(),
-            };
-            let before = self.last.remove(&ledger.generation()).unwrap_or_default();
-            let delta: Vec<u64> = now
-                .buckets
-                .iter()
-                .enumerate()
-                .map(|(i, n)| n.saturating_sub(before.buckets.get(i).copied().unwrap_or(0)))
-                .collect();
-            point.roles.push(RolePoint {
-                role: Cow::Borrowed(role),
-                generation: ledger.generation(),
-                requests: now.requests.saturating_sub(before.requests),
-                errors: now.errors.saturating_sub(before.errors),
-                p99_ms: crate::telemetry::series::quantile_bound_of(
-                    ledger.duration.bounds(),
-                    &delta,
-                    0.99,
-                )
-                .map(|s| s * 1000.0),
-            });
-            last.insert(ledger.generation(), now);
+            let before = self
+                .last
+                .remove(&ledger.generation())
+                .map(|(reading, ..)| reading)
+                .unwrap_or_default();
+            let (now, answered) = Self::answered(role, ledger, &before);
+            point.roles.push(answered);
+            last.insert(ledger.generation(), (now, *role, Arc::clone(ledger)));
         }
-        self.last = last;
+        // A generation that left its role since the last point (a
+        // rollback, a confirmation, a canary's end): what it answered in
+        // that second, under the role it had.
+        for (before, role, ledger) in std::mem::replace(&mut self.last, last).into_values() {
+            let (_, answered) = Self::answered(role, &ledger, &before);
+            if answered.requests > 0 {
+                point.roles.push(answered);
+            }
+        }
         if self.points.len() == POINTS {
             self.points.pop_front();
         }
         self.points.push_back(point);
+    }
+
+    /// `ledger`'s reading now, and what it answered since `before`.
+    fn answered(
+        role: &'static str,
+        ledger: &crate::generation::Ledger,
+        before: &Reading,
+    ) -> (Reading, RolePoint) {
+        let now = Reading {
+            requests: ledger.requests.get(),
+            errors: ledger.errors.get(),
+            buckets: ledger.duration.counts(),
+        };
+        let delta: Vec<u64> = now
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, n)| n.saturating_sub(before.buckets.get(i).copied().unwrap_or(0)))
+            .collect();
+        let point = RolePoint {
+            role: Cow::Borrowed(role),
+            generation: ledger.generation(),
+            requests: now.requests.saturating_sub(before.requests),
+            errors: now.errors.saturating_sub(before.errors),
+            p99_ms: crate::telemetry::series::quantile_bound_of(
+                ledger.duration.bounds(),
+                &delta,
+                0.99,
+            )
+            .map(|s| s * 1000.0),
+        };
+        (now, point)
     }
 
     /// Notes the state of each backend (upstream, address, state) at
@@ -332,6 +358,59 @@ mod timeline_tests {
         assert_eq!(last.roles[1].requests, 0);
         // Only the generations of the last point are remembered.
         assert_eq!(timeline.last.len(), 2);
+    }
+
+    /// A rollback's own second: the pending generation and its previous
+    /// one leave their roles, and what they answered in that second is
+    /// still in its point, under the roles they had.
+    #[test]
+    fn a_generation_leaving_its_role_keeps_its_last_seconds_answers() {
+        let mut timeline = Timeline::default();
+        let previous = Arc::new(Ledger::new(GenerationId(4)));
+        let pending = Arc::new(Ledger::new(GenerationId(5)));
+        let restored = Arc::new(Ledger::new(GenerationId(6)));
+        timeline.add(
+            1,
+            &[
+                ("pending", Arc::clone(&pending)),
+                ("previous", Arc::clone(&previous)),
+            ],
+        );
+        // In second 2: both answer, then the rollback makes 6 active.
+        for _ in 0..7 {
+            pending.answered(500, Duration::from_millis(1));
+        }
+        for _ in 0..3 {
+            previous.answered(200, Duration::from_millis(1));
+        }
+        restored.answered(200, Duration::from_millis(1));
+        timeline.add(
+            2,
+            &[
+                ("active", Arc::clone(&restored)),
+                ("previous", Arc::clone(&pending)),
+            ],
+        );
+        let point = timeline.points.back().unwrap();
+        let of = |g: u64| {
+            point
+                .roles
+                .iter()
+                .find(|r| r.generation == GenerationId(g))
+                .map(|r| (r.role.to_string(), r.requests, r.errors))
+        };
+        assert_eq!(of(6), Some(("active".into(), 1, 0)));
+        assert_eq!(of(5), Some(("previous".into(), 7, 7)));
+        assert_eq!(of(4), Some(("previous".into(), 3, 0)), "{point:?}");
+        // Gone for good: not listed in the next second.
+        timeline.add(
+            3,
+            &[
+                ("active", Arc::clone(&restored)),
+                ("previous", Arc::clone(&pending)),
+            ],
+        );
+        assert_eq!(timeline.points.back().unwrap().roles.len(), 2);
     }
 
     #[test]

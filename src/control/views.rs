@@ -280,8 +280,14 @@ impl Control {
     ) -> GenerationView {
         let load = loads.iter().find(|l| l.generation == record.generation);
         let is_active = record.generation == active;
+        let pending = self.pending();
+        // A canary's previous generation still takes the rest of new
+        // requests: serving, not draining.
+        let serving = pending
+            .as_ref()
+            .is_some_and(|p| p.canary.is_some() && p.rollback_to == record.generation);
         let settlement = settlement.or_else(|| {
-            self.pending()
+            pending
                 .filter(|p| p.generation == record.generation)
                 .map(|_| Settlement {
                     state: "pending".into(),
@@ -295,6 +301,8 @@ impl Control {
             generation: record.generation,
             status: if is_active {
                 "active".into()
+            } else if serving && load.is_some() {
+                "serving".into()
             } else if load.is_some() {
                 "draining".into()
             } else {

@@ -437,6 +437,18 @@ fn read(path: &PathBuf) -> Result<String, CtlError> {
     std::fs::read_to_string(path).map_err(|e| CtlError::Read(path.clone(), e))
 }
 
+impl CtlCommand {
+    /// The configuration file the command sends, if it sends one.
+    fn file(&self) -> Option<&std::path::Path> {
+        match self {
+            CtlCommand::Validate { file }
+            | CtlCommand::Preview { file, .. }
+            | CtlCommand::Activate { file, .. } => Some(file),
+            _ => None,
+        }
+    }
+}
+
 fn candidate(file: &PathBuf, meta: Option<&Meta>) -> Result<Value, CtlError> {
     let mut body = json!({ "config": read(file)? });
     if let Some(meta) = meta {

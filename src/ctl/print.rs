@@ -1,5 +1,6 @@
 //! What ctl prints for a person: summaries of answers, status frames.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -7,11 +8,15 @@ use serde::Serialize;
 use super::client::Client;
 #[cfg(feature = "fleet")]
 use super::tables::fleet_table;
-use super::tables::{history_table, or_dash, spelled, status_frame, yes_no, zones_table};
+use super::tables::{
+    activation_text, diff_text, history_table, or_dash, spelled, status_frame, yes_no, zones_table,
+    Rates,
+};
 use super::{Answer, CacheCommand, CtlCommand, CtlError, FleetCommand, EXIT_OK, EXIT_OTHER};
 use crate::admin::{ErrorBody, Started};
 use crate::control::{
     Activation, BackendsView, CertReload, GenerationDetail, HistoryView, Purged, RecordedPlan,
+    TimelineView,
 };
 #[cfg(feature = "fleet")]
 use crate::fleet::{FleetActivation, FleetStatus};
@@ -27,30 +32,22 @@ pub(super) fn print_json(value: &impl Serialize) {
     );
 }
 
-pub(super) fn print_plan(plan: &Plan) {
+/// A plan: whether the candidate (read from `file`, whose name its
+/// errors carry as `cutover check` prints them) can be activated, why
+/// not, and what it changes.
+pub(super) fn print_plan(plan: &Plan, file: Option<&Path>) {
     println!(
-        "activatable: {}  (against generation {}, config_version {})",
+        "activatable: {}  (candidate config_version {}, against active generation {})",
         if plan.activatable { "yes" } else { "no" },
+        plan.config_version.as_deref().unwrap_or("-"),
         or_dash(plan.active_generation),
-        plan.config_version.as_deref().unwrap_or("-")
     );
+    let origin = file.map_or_else(|| "candidate".to_owned(), |f| f.display().to_string());
     for e in &plan.errors {
-        println!(
-            "error: {}:{}: {}: {}",
-            e.line.map_or("?".into(), |l| l.to_string()),
-            e.column.map_or("?".into(), |c| c.to_string()),
-            e.code.as_str(),
-            e.message
-        );
+        println!("error: {}", e.render(&origin));
     }
     for w in &plan.warnings {
-        println!(
-            "warning: {}:{}: {}: {}",
-            w.line.map_or("?".into(), |l| l.to_string()),
-            w.column.map_or("?".into(), |c| c.to_string()),
-            w.code.as_str(),
-            w.message
-        );
+        println!("warning: {}", w.render(&origin));
     }
     for r in &plan.rejected {
         println!(
@@ -130,13 +127,15 @@ pub(super) fn print_impact(impact: &crate::plan::impact::Impact) {
         },
         None => "404".to_owned(),
     };
+    // Examples of one request seen many times are one line, counted.
     for (label, kind) in [
         ("moved", &impact.moved),
         ("unrouted", &impact.unrouted),
         ("unusable", &impact.unusable),
     ] {
+        let mut lines: Vec<(String, usize)> = Vec::new();
         for e in &kind.examples {
-            println!(
+            let line = format!(
                 "  {label}: {} {}{} ({}): {} ⇒ {}",
                 e.method,
                 e.host,
@@ -145,19 +144,22 @@ pub(super) fn print_impact(impact: &crate::plan::impact::Impact) {
                 place(&e.before),
                 place(&e.after)
             );
+            match lines.iter_mut().find(|(l, _)| *l == line) {
+                Some((_, n)) => *n += 1,
+                None => lines.push((line, 1)),
+            }
+        }
+        for (line, n) in lines {
+            match n {
+                1 => println!("{line}"),
+                n => println!("{line}  (×{n})"),
+            }
         }
     }
 }
 
 pub(super) fn print_diff(diff: &Diff) {
-    let s = &diff.summary;
-    if !diff.changes.is_empty() {
-        println!(
-            "changes: {} added, {} removed, {} modified, {} restart-required",
-            s.added, s.removed, s.modified, s.restart_required
-        );
-    }
-    print!("{}", diff.text);
+    print!("{}", diff_text(diff));
 }
 
 /// A summary of `answer` for a person; an answer this ctl cannot read
@@ -188,7 +190,7 @@ pub(super) fn print_human(command: &CtlCommand, answer: &Answer) {
                 .unwrap_or("")
         );
         if let Some(plan) = &plan {
-            print_plan(plan);
+            print_plan(plan, command.file());
         }
         let shadow = answer
             .body
@@ -209,23 +211,15 @@ pub(super) fn print_human(command: &CtlCommand, answer: &Answer) {
 /// as the type the command expects.
 pub(super) fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
     match command {
-        CtlCommand::Validate { .. } => print_plan(&answer.read::<Plan>()?),
-        CtlCommand::Preview { .. } => {
+        CtlCommand::Validate { file } => print_plan(&answer.read::<Plan>()?, Some(file)),
+        CtlCommand::Preview { file, .. } => {
             let recorded = answer.read::<RecordedPlan>()?;
-            print_plan(&recorded.plan);
+            print_plan(&recorded.plan, Some(file));
             println!("recorded as {}", recorded.operation_id);
         }
         CtlCommand::Activate { .. } | CtlCommand::Rollback { .. } => {
             match answer.read::<Activated>()? {
-                Activated::Local(activation) => {
-                    if let Some(restored) = activation.rolled_back_to {
-                        println!(
-                            "rolled back to the configuration of generation {restored}, now active as generation {}",
-                            activation.generation
-                        );
-                    }
-                    print_activation(&activation)
-                }
+                Activated::Local(activation) => print_activation(&activation),
                 #[cfg(feature = "fleet")]
                 Activated::Fleet(activation) => print_fleet_activation(&activation),
             }
@@ -391,30 +385,11 @@ pub(super) fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
 }
 
 pub(super) fn print_activation(activation: &Activation) {
-    println!(
-        "{}: generation {} (previous {}), {} in {} ms",
-        activation.outcome,
-        activation.generation,
-        activation.previous_generation,
-        activation.operation_id,
-        activation.duration_ms
-    );
-    if let Some(pending) = &activation.pending {
-        match &pending.deadline {
-            Some(deadline) => println!(
-                "pending: confirm generation {} by {deadline} or it rolls back to {}",
-                pending.generation, pending.rollback_to
-            ),
-            None => println!(
-                "pending: generation {} is judged by its guard (rollback to {})",
-                pending.generation, pending.rollback_to
-            ),
-        }
-    }
+    print!("{}", activation_text(activation));
     if let Some(report) = &activation.shadow {
         print_shadow(report);
     }
-    print_diff(&activation.diff);
+    print!("{}", diff_text(&activation.diff));
 }
 
 /// A shadow stage's report: its verdict, what became of the copies,
@@ -525,7 +500,6 @@ pub(super) async fn watch_status(
 ) -> Result<u8, CtlError> {
     use std::io::{IsTerminal, Write};
     let terminal = std::io::stdout().is_terminal();
-    let mut last: Option<(std::time::Instant, u64, u64)> = None;
     // History plans every retained configuration: read again only when
     // the last operation changed.
     let mut history: Option<(Option<String>, HistoryView)> = None;
@@ -554,16 +528,12 @@ pub(super) async fn watch_status(
             let answer = client.get("/admin/runtime/history").await?;
             history = answer.read().map(|h| (last_operation, h));
         }
-        let now = std::time::Instant::now();
-        let totals = (status.requests_total, status.errors_total);
-        let rates = last.map(|(at, requests, errors)| {
-            let seconds = now.duration_since(at).as_secs_f64().max(1e-3);
-            (
-                totals.0.saturating_sub(requests) as f64 / seconds,
-                totals.1.saturating_sub(errors) as f64 / seconds,
-            )
-        });
-        last = Some((now, totals.0, totals.1));
+        // Rates over the gateway's own seconds, not this client's clock.
+        let rates = client
+            .get("/admin/runtime/timeline")
+            .await?
+            .read::<TimelineView>()
+            .and_then(|t| Rates::of(&t));
         let frame = status_frame(
             &status,
             backends.as_ref(),

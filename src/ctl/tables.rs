@@ -5,10 +5,11 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::control::{BackendsView, CacheView, HistoryView, StatusView};
+use crate::control::{Activation, BackendsView, CacheView, HistoryView, StatusView, TimelineView};
 #[cfg(feature = "fleet")]
 use crate::fleet::FleetStatus;
 use crate::ids::GenerationId;
+use crate::plan::Diff;
 
 /// An enum as the admin API spells it (`auto_rollback`, `startup`).
 pub(super) fn spelled(value: &impl Serialize) -> String {
@@ -29,6 +30,71 @@ pub(super) fn yes_no(flag: bool) -> &'static str {
     } else {
         "no"
     }
+}
+
+/// What an activation or a rollback did: for a rollback, what it
+/// restored first; then the outcome, and what settles a pending
+/// generation (its deadline, its guard, its canary's share).
+pub(super) fn activation_text(activation: &Activation) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    if let Some(restored) = activation.rolled_back_to {
+        let _ = writeln!(
+            out,
+            "rolled back to the configuration of generation {restored}, now active as generation {} (was {})",
+            activation.generation, activation.previous_generation
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{}: generation {} (previous {}), {} in {} ms",
+        activation.outcome,
+        activation.generation,
+        activation.previous_generation,
+        activation.operation_id,
+        activation.duration_ms
+    );
+    if let Some(pending) = &activation.pending {
+        let _ = match &pending.deadline {
+            Some(deadline) => writeln!(
+                out,
+                "pending: confirm generation {} by {deadline} or it rolls back to {}",
+                pending.generation, pending.rollback_to
+            ),
+            None => writeln!(
+                out,
+                "pending: generation {} is judged by its guard (rollback to {})",
+                pending.generation, pending.rollback_to
+            ),
+        };
+        if let Some(c) = &pending.canary {
+            let _ = writeln!(
+                out,
+                "canary: generation {} takes {} % of new requests, generation {} the rest (step {} of {})",
+                pending.generation,
+                c.percent,
+                pending.rollback_to,
+                c.step,
+                c.steps.len()
+            );
+        }
+    }
+    out
+}
+
+/// A diff's summary (one count per route, upstream, listener… changed)
+/// and its text.
+pub(super) fn diff_text(diff: &Diff) -> String {
+    let s = &diff.summary;
+    let mut out = String::new();
+    if !diff.changes.is_empty() {
+        out = format!(
+            "changes: {} added, {} removed, {} modified, {} restart-required\n",
+            s.added, s.removed, s.modified, s.restart_required
+        );
+    }
+    out.push_str(&diff.text);
+    out
 }
 
 /// `ctl fleet status`: one line per instance.
@@ -132,12 +198,36 @@ pub(super) fn zones_table(view: &CacheView) -> String {
     out
 }
 
+/// What the gateway answered per second over its last seconds (the
+/// timeline's last five points): requests, 5xx, and which seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Rates {
+    pub requests: f64,
+    pub errors: f64,
+    pub seconds: u64,
+}
+
+impl Rates {
+    pub(super) fn of(timeline: &TimelineView) -> Option<Self> {
+        let points = &timeline.points[timeline.points.len().saturating_sub(5)..];
+        let (first, last) = (points.first()?, points.last()?);
+        let seconds = last.t - first.t + timeline.interval_seconds.max(1);
+        let roles = points.iter().flat_map(|p| &p.roles);
+        let (requests, errors) = roles.fold((0, 0), |(n, e), r| (n + r.requests, e + r.errors));
+        Some(Rates {
+            requests: requests as f64 / seconds as f64,
+            errors: errors as f64 / seconds as f64,
+            seconds,
+        })
+    }
+}
+
 /// The facts of one `ctl status` frame, as text.
 pub(super) fn status_frame(
     status: &StatusView,
     backends: Option<&BackendsView>,
     history: Option<&HistoryView>,
-    rates: Option<(f64, f64)>,
+    rates: Option<Rates>,
 ) -> String {
     use std::fmt::Write;
     let mut out = String::new();
@@ -150,16 +240,38 @@ pub(super) fn status_frame(
         status.config_version,
         status.activated_at,
     );
+    let canary = status.pending.as_ref().and_then(|p| p.canary.as_ref());
     if let Some(pending) = &status.pending {
-        let when = pending
-            .seconds_left
-            .map_or("when its guard says so".to_owned(), |s| {
-                format!("in {s:.0}s unless confirmed")
-            });
+        let when = match (pending.seconds_left, canary) {
+            (Some(s), _) => format!("in {s:.0}s unless confirmed"),
+            (None, Some(_)) => {
+                "if aborted or its guard breaches (its last canary step confirms it)".to_owned()
+            }
+            (None, None) => "when its guard says so".to_owned(),
+        };
         let _ = writeln!(
             out,
             "PENDING: generation {} rolls back to {} {when}",
             pending.generation, pending.rollback_to,
+        );
+    }
+    if let (Some(pending), Some(c)) = (&status.pending, canary) {
+        let steps: Vec<String> = c.steps.iter().map(|p| format!("{p} %")).collect();
+        let next = match (c.next_percent, c.seconds_to_next_step) {
+            (Some(next), Some(secs)) => format!("; next: {next} % in {secs:.0}s"),
+            (Some(next), None) => format!("; next: {next} %"),
+            (None, _) => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "CANARY: generation {} takes {} % of new requests, generation {} takes {} % (step {} of {}: {}{next})",
+            pending.generation,
+            c.percent,
+            pending.rollback_to,
+            100u8.saturating_sub(c.percent),
+            c.step,
+            c.steps.len(),
+            steps.join(", "),
         );
     }
     if let Some(shadow) = status
@@ -178,7 +290,11 @@ pub(super) fn status_frame(
         );
     }
     match rates {
-        Some((requests, errors)) => {
+        Some(Rates {
+            requests,
+            errors,
+            seconds,
+        }) => {
             let ratio = if requests > 0.0 {
                 errors / requests * 100.0
             } else {
@@ -186,7 +302,7 @@ pub(super) fn status_frame(
             };
             let _ = writeln!(
                 out,
-                "requests {requests:.1}/s  errors {errors:.1}/s ({ratio:.2} %)"
+                "requests {requests:.1}/s  5xx {errors:.1}/s ({ratio:.2} %) over the gateway's last {seconds} s"
             );
         }
         None => {
@@ -198,43 +314,72 @@ pub(super) fn status_frame(
         }
     }
     let _ = writeln!(out, "\nlive generations");
-    let _ = writeln!(
-        out,
-        "  {:>6}  {:<10} {:>9} {:>11} {:>10} {:>8}",
-        "gen", "state", "inflight", "connections", "requests", "errors"
-    );
+    let mut rows = vec![
+        ["gen", "role", "inflight", "connections", "requests", "5xx"]
+            .map(String::from)
+            .to_vec(),
+    ];
     for g in &status.generations {
-        let state = match g.superseded_secs {
-            Some(secs) => format!("old {secs:.0}s"),
-            None => "active".to_owned(),
+        let pending = status.pending.as_ref();
+        // Named by what it does: a canary's previous generation still
+        // takes most new requests; only one no generation routes to is
+        // draining.
+        let role = match (pending, canary) {
+            (Some(p), Some(c)) if p.generation == g.generation => {
+                format!("canary, takes {} %", c.percent)
+            }
+            (Some(p), Some(c)) if p.rollback_to == g.generation => {
+                format!("previous, takes {} %", 100u8.saturating_sub(c.percent))
+            }
+            (Some(p), None) if p.generation == g.generation => "pending".to_owned(),
+            _ => match g.superseded_secs {
+                Some(secs) => format!("draining {secs:.0}s"),
+                None => "active".to_owned(),
+            },
         };
-        let _ = writeln!(
-            out,
-            "  {:>6}  {:<10} {:>9} {:>11} {:>10} {:>8}",
-            g.generation, state, g.inflight_requests, g.open_connections, g.requests, g.errors,
-        );
+        rows.push(vec![
+            g.generation.to_string(),
+            role,
+            g.inflight_requests.to_string(),
+            g.open_connections.to_string(),
+            g.requests.to_string(),
+            g.errors.to_string(),
+        ]);
     }
+    indent(&mut out, &aligned(&rows));
     let _ = writeln!(out, "\nbackends");
-    let _ = writeln!(
-        out,
-        "  {:<16} {:<24} {:<10} {:<8} {:>8} {:>9} {:>9}",
-        "upstream", "backend", "health", "ejected", "inflight", "attempts", "failures"
-    );
+    let mut rows = vec![[
+        "upstream", "backend", "health", "ejected", "inflight", "attempts", "failures", "",
+    ]
+    .map(String::from)
+    .to_vec()];
     for upstream in backends.iter().flat_map(|b| &b.upstreams) {
         for b in &upstream.backends {
-            let _ = writeln!(
-                out,
-                "  {:<16} {:<24} {:<10} {:<8} {:>8} {:>9} {:>9}",
-                upstream.name,
-                b.addr,
+            // Health checks can pass while every request fails: say so.
+            let failing = match b.attempts {
+                0 => String::new(),
+                n => {
+                    let ratio = b.failures as f64 / n as f64;
+                    if ratio >= 0.05 {
+                        format!("FAILING {:.0} %", ratio * 100.0)
+                    } else {
+                        String::new()
+                    }
+                }
+            };
+            rows.push(vec![
+                upstream.name.clone(),
+                b.addr.clone(),
                 spelled(&b.health),
-                yes_no(b.ejected),
-                b.inflight,
-                b.attempts,
-                b.failures,
-            );
+                yes_no(b.ejected).to_owned(),
+                b.inflight.to_string(),
+                b.attempts.to_string(),
+                b.failures.to_string(),
+                failing,
+            ]);
         }
     }
+    indent(&mut out, &aligned(&rows));
     if !status.certificates.is_empty() {
         let _ = writeln!(out, "\ncertificates");
         let _ = writeln!(
@@ -280,8 +425,7 @@ pub(super) fn status_frame(
             .flatten()
             .collect::<Vec<_>>()
             .join(": ");
-        let _ = writeln!(
-            out,
+        let line = format!(
             "  {:>6}  {:<9} {:<13} {}  {}",
             g.generation,
             g.status,
@@ -289,8 +433,18 @@ pub(super) fn status_frame(
             g.activated_at,
             who,
         );
+        let _ = writeln!(out, "{}", line.trim_end());
     }
     out
+}
+
+/// Appends `table`, each line two spaces in.
+fn indent(out: &mut String, table: &str) {
+    for line in table.lines() {
+        out.push_str("  ");
+        out.push_str(line);
+        out.push('\n');
+    }
 }
 
 /// Rows of cells as columns, each as wide as its widest cell, two spaces
@@ -419,27 +573,84 @@ pub(super) fn history_table(view: &HistoryView) -> String {
 mod tests {
     use super::*;
 
+    /// `text` against `fixtures/ctl/NAME`, byte for byte;
+    /// `CUTOVER_BLESS=1` writes it.
+    fn golden(name: &str, text: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/ctl")
+            .join(name);
+        if std::env::var_os("CUTOVER_BLESS").is_some() {
+            std::fs::write(&path, text).unwrap();
+        }
+        assert_eq!(text, std::fs::read_to_string(path).unwrap_or_default());
+    }
+
+    fn fixture(name: &str) -> serde_json::Value {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/ctl");
+        serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap()
+    }
+
     /// `ctl history`'s text for `fixtures/ctl/history.json` (a guard's
     /// rollback, a confirmed generation, a manual rollback, a generation
-    /// no longer activatable) is `fixtures/ctl/history.txt`, byte for
-    /// byte; `CUTOVER_BLESS=1` writes it.
+    /// no longer activatable) is `fixtures/ctl/history.txt`.
     #[test]
     fn history_reads_as_its_golden_file() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/ctl");
-        let json = std::fs::read_to_string(dir.join("history.json")).unwrap();
-        let view: HistoryView = serde_json::from_str(&json).unwrap();
+        let view: HistoryView = serde_json::from_value(fixture("history.json")).unwrap();
         let text = history_table(&view);
-        let golden = dir.join("history.txt");
-        if std::env::var_os("CUTOVER_BLESS").is_some() {
-            std::fs::write(&golden, &text).unwrap();
-        }
-        assert_eq!(text, std::fs::read_to_string(golden).unwrap_or_default());
+        golden("history.txt", &text);
         // What the issue asked of it: the guard's victim is not offered.
         let eight = text.lines().find(|l| l.starts_with("8 ")).unwrap();
         assert!(eight.ends_with("rolled back: not a target"), "{eight}");
         assert!(
             eight.contains("auto_rolled_back: guard: 5xx ratio 0.61"),
             "{eight}"
+        );
+    }
+
+    /// A `ctl status` frame during a canary at 10 % whose backend fails
+    /// every request (`fixtures/ctl/status.json`, read from a real
+    /// gateway) is `fixtures/ctl/status.txt`: the canary's share, step
+    /// and next step; the previous generation named by what it takes;
+    /// the failing backend said to be failing.
+    #[test]
+    fn a_canary_status_frame_reads_as_its_golden_file() {
+        let json = fixture("status.json");
+        let mut status: StatusView = serde_json::from_value(json["status"].clone()).unwrap();
+        // Times that move: as a frame would show them at one moment.
+        if let Some(c) = status.pending.as_mut().and_then(|p| p.canary.as_mut()) {
+            c.seconds_to_next_step = Some(596.0);
+        }
+        for g in &mut status.generations {
+            g.superseded_secs = g.superseded_secs.map(|_| 3.0);
+        }
+        let backends: BackendsView = serde_json::from_value(json["backends"].clone()).unwrap();
+        let history: HistoryView = serde_json::from_value(json["history"].clone()).unwrap();
+        let rates = Rates {
+            requests: 100.0,
+            errors: 6.0,
+            seconds: 5,
+        };
+        let text = status_frame(&status, Some(&backends), Some(&history), Some(rates));
+        golden("status.txt", &text);
+        assert!(
+            text.contains("CANARY: generation 2 takes 10 % of new requests, generation 1 takes 90 % (step 1 of 3: 10 %, 50 %, 100 %; next: 50 % in 596s)"),
+            "{text}"
+        );
+        assert!(text.contains("previous, takes 90 %"), "{text}");
+        assert!(text.contains("canary, takes 10 %"), "{text}");
+        assert!(text.contains("FAILING 100 %"), "{text}");
+    }
+
+    /// What `ctl rollback 3` prints for a real gateway's answer
+    /// (`fixtures/ctl/rollback.json`): what it restored first.
+    #[test]
+    fn a_rollback_reads_as_its_golden_file() {
+        let activation: Activation = serde_json::from_value(fixture("rollback.json")).unwrap();
+        let text = activation_text(&activation) + &diff_text(&activation.diff);
+        golden("rollback.txt", &text);
+        assert!(
+            text.starts_with("rolled back to the configuration of generation 3, now active as generation 5 (was 4)\n"),
+            "{text}"
         );
     }
 }

@@ -562,10 +562,14 @@ impl Store {
         // Once per change of state, and once for a store never reached
         // (a wrong CA or address shows at start, not only in metrics).
         if was_up || first {
+            let instances = self.instances.load(Ordering::Relaxed).max(1);
             tracing::warn!(
                 store = %self.spec.url,
                 error = %why,
-                "rate-limit store failed: fleet quotas decide by on_store_error until it answers again"
+                instances,
+                "rate-limit store failed: until it answers again each fleet quota decides by its on_store_error: \
+                 \"local\" (the default) admits this instance's share, 1/{instances} of the limit as the fleet was last counted; \
+                 \"allow\" admits every request uncounted; \"deny\" answers 503"
             );
         }
     }

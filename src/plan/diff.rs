@@ -97,22 +97,49 @@ pub fn diff(
             changes.push(entity_change(key, &Value::Null, after));
         }
     }
-    let mut summary = Summary::default();
-    for c in &changes {
-        match c.change {
-            ChangeKind::Added => summary.added += 1,
-            ChangeKind::Removed => summary.removed += 1,
-            ChangeKind::Modified => summary.modified += 1,
-        }
-        if c.disposition == Disposition::RestartRequired {
-            summary.restart_required += 1;
-        }
-    }
+    let summary = summarize(&changes);
     Diff {
         changes,
         summary,
         text,
     }
+}
+
+/// The changes counted by what an operator names: one upstream added is
+/// one added (not its `upstreams`, `backends` and `policies` entries).
+/// An entity is added or removed when its own entry is, and modified
+/// otherwise (a policy given to an existing route modifies the route);
+/// `restart_required` counts the entities with a change that needs one.
+fn summarize(changes: &[Change]) -> Summary {
+    let mut entities: BTreeMap<(&str, &str), (Option<ChangeKind>, bool)> = BTreeMap::new();
+    for c in changes {
+        let (kind, name, own) = match (&*c.domain, c.name.as_str()) {
+            ("upstreams", name) => ("upstream", name, true),
+            ("backends", name) => ("upstream", name, false),
+            ("routes", name) => ("route", name, true),
+            ("policies", name) => match name.split_once('.') {
+                Some(("upstreams", name)) => ("upstream", name, false),
+                Some(("routes", name)) => ("route", name, false),
+                _ => ("policies", name, true),
+            },
+            (domain, name) => (domain, name, true),
+        };
+        let entry = entities.entry((kind, name)).or_default();
+        if own {
+            entry.0 = Some(c.change);
+        }
+        entry.1 |= c.disposition == Disposition::RestartRequired;
+    }
+    let mut summary = Summary::default();
+    for (change, restart) in entities.values() {
+        match change {
+            Some(ChangeKind::Added) => summary.added += 1,
+            Some(ChangeKind::Removed) => summary.removed += 1,
+            Some(ChangeKind::Modified) | None => summary.modified += 1,
+        }
+        summary.restart_required += usize::from(*restart);
+    }
+    summary
 }
 
 /// How long the text diff may search for the smallest edit.

@@ -658,6 +658,7 @@ fn route_and_answer<'g, 'a>(
                         ))
                         .await;
                         route.shared.cached(outcome);
+                        zone.answered(outcome);
                         if let Some(noted) = noted.as_deref_mut() {
                             noted.cache = Some(outcome);
                         }

@@ -37,6 +37,8 @@ pub struct Shadow {
     /// Copies in flight (the data plane's slots).
     pub inflight: Arc<AtomicU64>,
     started: Instant,
+    /// When it started, on the wall clock (what status shows).
+    started_at: std::time::SystemTime,
     /// By `COPY_OUTCOMES` index.
     outcomes: [Count; 5],
     tally: Mutex<HashMap<Arc<str>, RouteTally>>,
@@ -73,6 +75,7 @@ impl Shadow {
             max_inflight,
             inflight: Arc::default(),
             started: Instant::now(),
+            started_at: std::time::SystemTime::now(),
             outcomes: Default::default(),
             tally: Mutex::default(),
         }
@@ -112,6 +115,7 @@ impl Shadow {
             active_generation: self.active,
             percent: self.percent,
             seconds: self.started.elapsed().as_secs_f64(),
+            started_at: Some(crate::runtime::rfc3339(self.started_at)),
             verdict: ShadowVerdict::Running,
             reason: String::new(),
             copies: CopyCounts {
@@ -337,6 +341,10 @@ pub struct ShadowReport {
     pub percent: f64,
     /// How long it ran.
     pub seconds: f64,
+    /// When it started (RFC 3339, UTC): a report that stays on screen
+    /// after it ended says when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
     pub verdict: ShadowVerdict,
     /// The figures against the thresholds, in words.
     pub reason: String,
@@ -384,6 +392,7 @@ impl ShadowReport {
             active_generation: active,
             percent,
             seconds: 0.0,
+            started_at: Some(crate::runtime::rfc3339(std::time::SystemTime::now())),
             verdict: ShadowVerdict::Running,
             reason: String::new(),
             copies: CopyCounts::default(),
@@ -501,6 +510,7 @@ mod tests {
             active_generation: GenerationId(2),
             percent: 10.0,
             seconds: copies as f64,
+            started_at: None,
             verdict: ShadowVerdict::Running,
             reason: String::new(),
             copies: CopyCounts {

@@ -318,6 +318,76 @@ async fn a_hundred_concurrent_misses_make_one_upstream_request() {
     assert_eq!(seen.count("/slow"), 1, "one upstream request");
 }
 
+/// A zone counts requests by outcome, as the route metrics do (issue
+/// 70 item 5), not look-ups: a coalesced burst is one miss and 49
+/// answered without the upstream, a second `Vary` variant and a 304
+/// refresh evict nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zone_counters_count_requests_as_the_route_metrics_do() {
+    let seen = Arc::new(Seen::default());
+    let backend = counting_backend(Arc::clone(&seen)).await;
+    let gw = Arc::new(Gateway::start(
+        &cache_builder(backend.addr, "").metrics().build(),
+    ));
+    let asks: Vec<_> = (0..50)
+        .map(|_| {
+            let gw = Arc::clone(&gw);
+            tokio::spawn(async move { ask(&gw, "GET", "/slow", &[]).await.0 })
+        })
+        .collect();
+    for asked in asks {
+        assert_eq!(asked.await.unwrap(), 200);
+    }
+    assert_eq!(seen.count("/slow"), 1);
+    for language in ["en", "de", "en", "de"] {
+        ask(&gw, "GET", "/vary", &[("accept-language", language)]).await;
+    }
+    assert_eq!(seen.count("/vary"), 2);
+    ask(&gw, "GET", "/etag", &[]).await;
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let (_, headers, _) = ask(&gw, "GET", "/etag", &[]).await;
+        assert_eq!(cache_status(&headers), "cutover; fwd=stale; fwd-status=304");
+    }
+    let (status, view) = admin_request(gw.admin, "GET", "/admin/cache", None, None).await;
+    assert_eq!(status, 200, "{view}");
+    let zone = &view["zones"][0];
+    let metrics = scrape(&gw).await;
+    for outcome in ["hit", "miss", "revalidated", "collapsed", "stale", "bypass"] {
+        let metric = sample(
+            &metrics,
+            "cutover_cache_requests_total",
+            &["route=\"cached\"", &format!("status=\"{outcome}\"")],
+        );
+        assert_eq!(
+            zone["requests"][outcome].as_f64(),
+            Some(metric),
+            "{outcome}: {zone} against {metrics}"
+        );
+    }
+    // 57 requests looked up: 4 misses and 2 revalidations went upstream,
+    // 51 were answered from the zone (49 of the burst, 2 variants).
+    assert_eq!(
+        (zone["hits"].as_u64(), zone["misses"].as_u64()),
+        (Some(51), Some(6)),
+        "{zone}"
+    );
+    assert_eq!(zone["revalidated"], 2, "{zone}");
+    assert_eq!(zone["evicted"], 0, "{zone}");
+    assert_eq!(
+        sample(
+            &metrics,
+            "cutover_cache_evictions_total",
+            &["zone=\"main\""]
+        ),
+        0.0
+    );
+    let (code, out, err) = ctl(&gw.admin_url(), &["cache", "show"]);
+    assert_eq!(code, Some(0), "{err}");
+    let line = out.lines().find(|l| l.starts_with("main ")).unwrap_or("");
+    assert_eq!(line.split_whitespace().nth(5), Some("89.5"), "{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewrite_makes_its_own_keys() {
     let seen = Arc::new(Seen::default());

@@ -862,6 +862,64 @@ async fn canary_steps_end_in_a_confirmation_or_a_guarded_rollback() {
     assert_eq!(get(web, "x", "/api/x").await.0, 200);
 }
 
+/// A canary's guard judges all through a step, not only at its end: a
+/// breaching canary on a 30 s step ends within two evaluations (a tenth
+/// of the 5 s window: 500 ms) of reaching `min_requests`, and the clients
+/// see only the failures that reached it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaching_canary_ends_within_its_step() {
+    let good = answering_status(200).await;
+    let bad = answering_status(500).await;
+    let gw = Gateway::start(&api_to(good.addr));
+    let (status, body) = post_json(
+        gw.admin,
+        "/admin/runtime/activate",
+        json!({ "config": api_to(bad.addr), "expected_generation": 1,
+                "steps": [50, 100], "step_interval": "30s",
+                "guard": { "window": "5s", "min_requests": 20, "max_error_ratio": 0.05 } }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let web = gw.listener("web");
+    let (mut failed, mut sent) = (0, 0);
+    while failed < 20 {
+        sent += 1;
+        assert!(sent < 400, "{failed} of {sent} reached the canary");
+        if get(web, "x", "/api/x").await.0 == 500 {
+            failed += 1;
+        }
+    }
+    let reached = Instant::now();
+    // Traffic goes on while the guard decides; count what still fails.
+    let mut after = 0;
+    while gw.status().await["active_generation"] != 3 {
+        assert!(
+            reached.elapsed() < Duration::from_secs(5),
+            "the canary still runs {:?} after min_requests",
+            reached.elapsed()
+        );
+        if get(web, "x", "/api/x").await.0 == 500 {
+            after += 1;
+        }
+    }
+    let took = reached.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "ended {took:?} after min_requests; two evaluations are 1 s"
+    );
+    let entry = history_entry(&gw, 3).await;
+    assert_eq!(entry["requested_by"], "cutover-canary", "{entry}");
+    let reason = entry["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("canary at 50 %: guard breached"),
+        "{reason}"
+    );
+    assert_eq!(get(web, "x", "/api/x").await.0, 200);
+    eprintln!(
+        "breaching canary: {failed} failed before min_requests, {after} after, ended {took:?} later"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_generation_survives_a_drain_aware_upgrade() {
     let mut gw = Gateway::start(&answering("old"));

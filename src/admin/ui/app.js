@@ -7,7 +7,8 @@
 
 const REFRESH_MS = 1500;
 const PAGE_SIZE = 50;
-let last = null;            // { at, requests, errors } of the previous status
+let span = "fit";           // the charts' window: "fit" (the data) or seconds
+let lastTimeline = null;    // [timeline, status] last drawn (a new window redraws them)
 let lastOperation;          // history is read again when this changes
 let selected = null;        // the generation whose diff is shown
 let history = [];
@@ -148,13 +149,40 @@ function renderActions(status) {
   }
 }
 
+// The canary's place, in words: "generation 7 takes 10 % of new
+// requests, generation 6 takes 90 % (step 2 of 4; next: 50 % in 25 s)".
+function canaryText(pending) {
+  const c = pending && pending.canary;
+  if (!c) return "";
+  const next = c.next_percent === null || c.next_percent === undefined ? "" :
+    `; next: ${c.next_percent} %` +
+    (c.seconds_to_next_step === null || c.seconds_to_next_step === undefined ? "" :
+      ` in ${Math.round(c.seconds_to_next_step)} s unless its guard ends it`);
+  return `generation ${pending.generation} takes ${c.percent} % of new requests, ` +
+    `generation ${pending.rollback_to} takes ${100 - c.percent} % ` +
+    `(step ${c.step} of ${c.steps.length}: ${c.steps.map((p) => `${p} %`).join(", ")}${next})`;
+}
+
+// What a live generation does now, in words: a canary's previous
+// generation still takes most new requests; only a generation no request
+// is sent to any more is draining.
+function role(status, g) {
+  const p = status.pending;
+  const c = p && p.canary;
+  if (p && g.generation === p.generation) return c ? `canary: takes ${c.percent} % of new requests` : "pending (takes every new request)";
+  if (p && c && g.generation === p.rollback_to) return `previous: takes ${100 - c.percent} % of new requests`;
+  if (g.superseded_secs === undefined) return "active (takes every new request)";
+  return `draining for ${Math.round(g.superseded_secs)} s (takes no new request)`;
+}
+
 function renderStatus(status) {
   shown = status;
   const pending = !status.pending ? "" :
-    ` · PENDING: rolls back to generation ${status.pending.rollback_to} ` +
-    (status.pending.seconds_left === null
+    ` · PENDING: generation ${status.pending.generation} rolls back to generation ${status.pending.rollback_to} ` +
+    (status.pending.seconds_left === null || status.pending.seconds_left === undefined
       ? "if its guard fails"
       : `in ${Math.round(status.pending.seconds_left)} s unless confirmed`);
+  const canary = canaryText(status.pending);
   const shadowing = status.shadow && status.shadow.verdict === "running"
     ? ` · SHADOW: candidate generation ${status.shadow.candidate_generation}, ` +
       `${status.shadow.total.compared} requests compared in ${Math.round(status.shadow.seconds)} s`
@@ -164,36 +192,63 @@ function renderStatus(status) {
     `pid ${status.pid} · ${status.phase} · generation ${status.active_generation} · ` +
     `${status.config_version} · activated ${local(status.activated_at)}${pending}${shadowing}`;
   summary.title = `activated ${status.activated_at} (UTC)`;
+  const share = document.getElementById("canary");
+  share.hidden = !canary;
+  share.textContent = canary ? `CANARY: ${canary}` : "";
   renderActions(status);
-  renderShadow(status.shadow);
-  const now = performance.now();
-  if (last) {
-    const seconds = Math.max((now - last.at) / 1000, 0.001);
-    const requests = Math.max(status.requests_total - last.requests, 0) / seconds;
-    const errors = Math.max(status.errors_total - last.errors, 0) / seconds;
-    document.getElementById("rate-requests").textContent = requests.toFixed(1);
-    document.getElementById("rate-errors").textContent = errors.toFixed(1);
-    document.getElementById("rate-ratio").textContent =
-      requests > 0 ? `${(100 * errors / requests).toFixed(2)} %` : "–";
-  }
-  last = { at: now, requests: status.requests_total, errors: status.errors_total };
+  renderShadow(status.shadow, status);
   fill(document.querySelector("#live tbody"), status.generations.map((g) => row([
-    g.generation,
-    g.superseded_secs === undefined ? "active" : `superseded ${Math.round(g.superseded_secs)} s ago`,
+    g.generation, role(status, g),
     g.inflight_requests, g.open_connections, g.requests, g.errors,
   ], "generation")));
 }
 
+// The headline, from the gateway's own seconds (the timeline's last
+// points), never from the page's clock: a page under virtual time (a
+// headless screenshot) or in a background tab shows what was answered.
+function renderRates(timeline) {
+  const points = (timeline.points || []).slice(-5);
+  const interval = timeline.interval_seconds || 1;
+  const set = (id, text) => { document.getElementById(id).textContent = text; };
+  if (points.length === 0) {
+    for (const id of ["rate-requests", "rate-errors", "rate-ratio"]) set(id, "–");
+    set("rate-span", "no second measured yet");
+    return;
+  }
+  const seconds = points[points.length - 1].t - points[0].t + interval;
+  let requests = 0, errors = 0;
+  for (const p of points) for (const r of p.roles) { requests += r.requests; errors += r.errors; }
+  set("rate-requests", (requests / seconds).toFixed(1));
+  // Which seconds: a reader (or a test) can check them against the API.
+  const headline = document.getElementById("rate-requests");
+  headline.dataset.to = points[points.length - 1].t;
+  headline.dataset.seconds = seconds;
+  set("rate-errors", (errors / seconds).toFixed(1));
+  set("rate-ratio", requests > 0 ? `${(100 * errors / requests).toFixed(2)} %` : "–");
+  set("rate-span", `over the gateway's last ${seconds} s, to ${localTime(points[points.length - 1].t)}`);
+}
+
 // The shadow stage running, or the last one (DESIGN §22): both
 // generations' answers to the same requests, in all and per route.
-function renderShadow(report) {
+function renderShadow(report, status) {
   const section = document.getElementById("shadow-section");
   section.hidden = !report;
   if (!report) return;
+  const running = report.verdict === "running";
   const verdict = report.verdict.replaceAll("_", " ");
   const c = report.copies;
+  // A stage that ended is dated, and a refused candidate's number (which
+  // the next activation takes) is not mistaken for the generation serving.
+  const when = report.started_at ? ` at ${local(report.started_at)}` : "";
+  let scope = running ? "running now" : `the last shadow stage, started${when}, ended`;
+  if (!running && report.verdict !== "passed") {
+    scope += `; its candidate was refused and never served` +
+      (status.active_generation >= report.candidate_generation
+        ? ` (generation ${status.active_generation} now serving is another configuration)` : "");
+  }
+  document.getElementById("shadow-title").textContent = running ? "Shadow stage (running)" : "Last shadow stage";
   document.getElementById("shadow-summary").textContent =
-    `${verdict}: generation ${report.candidate_generation} against ${report.active_generation}, ` +
+    `${scope} · ${verdict}: candidate numbered ${report.candidate_generation} against generation ${report.active_generation}, ` +
     `${report.percent} % of safe requests for ${Math.round(report.seconds)} s; ` +
     `${c.compared} compared, ${c.dropped} dropped, ${c.skipped} skipped, ${c.timeout} timed out` +
     (report.reason ? ` · ${report.reason}` : "");
@@ -209,64 +264,112 @@ function renderBackends(view) {
   const rows = [];
   for (const upstream of view.upstreams || []) {
     for (const b of upstream.backends || []) {
+      // Coloured by what its requests met, not only by its checks: a
+      // backend whose checks pass while its answers fail is failing.
+      const ratio = b.attempts > 0 ? b.failures / b.attempts : 0;
+      const failing = ratio >= 0.05;
+      const health = b.health === "unhealthy" || failing ? "unhealthy" : "healthy";
       rows.push(row([
         upstream.name, b.addr,
-        el("td", b.health, b.health === "unhealthy" ? "unhealthy" : "healthy"),
+        el("td", failing ? `${b.health}, failing ${(100 * ratio).toFixed(0)} % of requests` : b.health, health),
         el("td", b.ejected ? "yes" : "no", b.ejected ? "ejected" : ""),
-        b.inflight, b.attempts, b.failures,
-      ], "backend"));
+        b.inflight, b.attempts,
+        el("td", b.attempts > 0 ? `${b.failures} (${(100 * ratio).toFixed(1)} %)` : `${b.failures}`, failing ? "unhealthy" : ""),
+      ], failing ? "backend failing" : "backend"));
     }
   }
   fill(document.querySelector("#backends tbody"), rows);
 }
 
-// Charts of the last 15 minutes (GET /admin/runtime/timeline): one line
-// per generation role, told apart by dash pattern and legend text as
-// well as colour; operations marked on the time axis.
+// Charts of the gateway's last seconds (GET /admin/runtime/timeline):
+// one series per generation role, told apart by dash pattern and legend
+// text as well as colour. A line joins only consecutive points that both
+// measured the same generation in that role: a second without it (before
+// a canary, between two, a ratio of no requests) is a gap, and a change
+// of generation starts a new line. Operations are marked on the time
+// axis: refused ones dashed with a cross, rollbacks red; their labels are
+// stacked in up to three rows, and every mark says it all on hover.
 // Drawn at about the size they are shown: three to a row at 1280 px.
-const W = 400, H = 170, PAD_L = 40, PAD_B = 18, PAD_T = 10;
+const W = 400, H = 196, PAD_L = 40, PAD_B = 18, PAD_T = 44;
+const LABEL_ROWS = 3;
+const REFUSED = new Set(["rejected", "conflict", "failed"]);
+
+// Time-axis ticks: at most five, on round seconds or minutes.
+function ticksFor(t0, t1) {
+  const spanS = Math.max(t1 - t0, 1);
+  const step = [5, 10, 15, 30, 60, 120, 300, 600].find((s) => spanS / s <= 4) || 900;
+  const out = [];
+  for (let t = Math.ceil(t0 / step) * step; t <= t1; t += step) out.push(t);
+  return out;
+}
 
 function chart(title, unit, series, events, t0, t1, digits) {
   const figure = el("figure", null, "chart");
-  figure.appendChild(el("figcaption", title));
-  const max = Math.max(...series.flatMap((s) => s.points.map((p) => p[1])), 0) || 1;
+  figure.appendChild(el("figcaption", `${title}, ${unit}`));
+  const values = series.flatMap((s) => s.runs.flatMap((r) => r.points.map((p) => p[1])));
+  const max = Math.max(...values, 0) || 1;
   const x = (t) => PAD_L + (W - PAD_L - 4) * (t - t0) / Math.max(t1 - t0, 1);
   const y = (v) => PAD_T + (H - PAD_T - PAD_B) * (1 - v / max);
-  const summary = series.map((s) => `${s.label}: last ${s.points.length ? s.points[s.points.length - 1][1].toFixed(digits) : "–"} ${unit}`).join("; ");
-  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `${title}: ${summary || "no data"}` });
+  const suffix = unit === "%" ? " %" : "";
+  const lastOf = (s) => {
+    const run = s.runs[s.runs.length - 1];
+    return run ? run.points[run.points.length - 1][1].toFixed(digits) : "–";
+  };
+  const summary = series.map((s) => `${s.label}: last ${lastOf(s)} ${unit}`).join("; ");
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `${title} (${unit}): ${summary || "no data"}` });
   root.appendChild(svg("line", { x1: PAD_L, y1: H - PAD_B, x2: W, y2: H - PAD_B, class: "axis" }));
+  root.appendChild(svg("text", { x: PAD_L - 5, y: PAD_T - 14, "text-anchor": "end", class: "unit" }, unit));
   for (const v of [0, max / 2, max]) {
     root.appendChild(svg("line", { x1: PAD_L - 3, y1: y(v), x2: PAD_L, y2: y(v), class: "tick" }));
-    root.appendChild(svg("text", { x: PAD_L - 5, y: y(v) + 3, "text-anchor": "end" }, `${v.toFixed(v < 10 ? digits : 0)}`));
+    root.appendChild(svg("text", { x: PAD_L - 5, y: y(v) + 3, "text-anchor": "end" }, `${v.toFixed(v < 10 ? digits : 0)}${suffix}`));
   }
-  for (let t = t1; t >= t0; t -= 180) {
-    const anchor = t === t1 ? "end" : x(t) < PAD_L + 20 ? "start" : "middle";
+  for (const t of ticksFor(t0, t1)) {
+    const anchor = x(t) > W - 24 ? "end" : x(t) < PAD_L + 20 ? "start" : "middle";
     const label = svg("text", { x: x(t), y: H - 4, "text-anchor": anchor }, localTime(t));
     label.appendChild(svg("title", {}, utc(t)));
     root.appendChild(label);
   }
-  // Newest first; a label that would overlap the one drawn after it is
-  // left out (its mark and title stay).
-  let labelled = Infinity;
-  for (const e of [...events].sort((a, b) => b.t - a.t)) {
-    const mark = svg("line", { x1: x(e.t), y1: PAD_T, x2: x(e.t), y2: H - PAD_B,
-      class: `event ${/rollback|abort/.test(e.kind) ? "rollback" : ""}` });
-    mark.appendChild(svg("title", {}, `${e.kind} ${e.outcome}${e.generation ? ` → generation ${e.generation}` : ""} at ${localTime(e.t)} (${utc(e.t)}): ${e.summary}`));
+  // Oldest first; each label takes the first row where it fits, and one
+  // that fits in none is left out (its mark and its title stay).
+  const rows = new Array(LABEL_ROWS).fill(-Infinity);
+  for (const e of [...events].sort((a, b) => a.t - b.t)) {
+    const refused = REFUSED.has(e.outcome);
+    const rollback = /rollback|abort/.test(e.kind);
+    const at = x(e.t);
+    const what = `${e.kind.replaceAll("_", " ")}${refused ? ` ${e.outcome}` : ""}`;
+    const mark = svg("line", { x1: at, y1: PAD_T - 4, x2: at, y2: H - PAD_B,
+      class: `event ${refused ? "refused" : "done"}${rollback ? " rollback" : ""}`,
+      "data-kind": e.kind, "data-outcome": e.outcome });
+    mark.appendChild(svg("title", {}, `${what}${e.generation ? ` → generation ${e.generation}` : ""} at ${localTime(e.t)} (${utc(e.t)}): ${e.summary}`));
     root.appendChild(mark);
-    if (labelled - x(e.t) < 60) continue;
-    labelled = x(e.t);
-    const right = x(e.t) > W - 70;
-    root.appendChild(svg("text", { x: x(e.t) + (right ? -2 : 2), y: PAD_T + 8, "text-anchor": right ? "end" : "start" },
-      e.kind.replaceAll("_", " ")));
+    if (refused) {
+      root.appendChild(svg("path", { d: `M${at - 3},${PAD_T - 7} l6,6 m0,-6 l-6,6`, class: "event-cross" }));
+    }
+    const text = `${refused ? "✕ " : ""}${what}`;
+    const width = text.length * 6.2 + 2;
+    const right = at + 2 + width > W;
+    const left = right ? at - 2 - width : at + 2;
+    const slot = rows.findIndex((end) => end < left - 3);
+    if (slot < 0) continue;
+    rows[slot] = left + width;
+    const label = svg("text", { x: right ? at - 2 : at + 2, y: 10 + slot * 12, "text-anchor": right ? "end" : "start",
+      class: `event-label ${refused ? "refused" : "done"}` }, text);
+    label.appendChild(svg("title", {}, mark.textContent));
+    root.appendChild(label);
   }
   for (const s of series) {
-    if (s.points.length === 0) continue;
-    const path = svg("polyline", {
-      points: s.points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" "),
-      class: `series ${s.role}`, "data-role": s.role, "data-total": s.total,
-    });
-    path.appendChild(svg("title", {}, s.title || s.label));
-    root.appendChild(path);
+    for (const run of s.runs) {
+      // One point is a dot: a line needs two.
+      const points = run.points.length === 1
+        ? [run.points[0], [run.points[0][0] + 0.3, run.points[0][1]]] : run.points;
+      const path = svg("polyline", {
+        points: points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" "),
+        class: `series ${s.role}`, "data-role": s.role, "data-generation": run.generation,
+        "data-total": run.total, "data-times": run.points.map(([t]) => t).join(","),
+      });
+      path.appendChild(svg("title", {}, `${s.role}: generation ${run.generation}, ${localTime(run.points[0][0])}–${localTime(run.points[run.points.length - 1][0])}`));
+      root.appendChild(path);
+    }
   }
   figure.appendChild(root);
   const legend = el("div", null, "legend");
@@ -280,34 +383,66 @@ function chart(title, unit, series, events, t0, t1, digits) {
   return figure;
 }
 
-function renderCharts(timeline) {
-  const points = timeline.points || [];
-  const t1 = points.length ? points[points.length - 1].t : Math.floor(Date.now() / 1000);
-  const t0 = t1 - timeline.window_seconds;
-  const roles = new Map();
+// Each role's runs: consecutive points (at most two intervals apart: a
+// late sample is not a gap) that measured the same generation in it. A
+// second can list a role twice (a rollback's second: the generation that
+// left it, and the one that took it): each goes on its own run.
+function runsOf(points, interval, role, pick) {
+  const runs = [];
+  let open = new Map();
+  let before = null;
   for (const p of points) {
-    for (const r of p.roles) {
-      if (!roles.has(r.role)) roles.set(r.role, { role: r.role, generations: new Set(), points: [] });
-      const entry = roles.get(r.role);
-      entry.generations.add(r.generation);
-      entry.points.push([p.t, r]);
+    const seconds = before === null ? interval : Math.max(p.t - before, interval);
+    const next = new Map();
+    for (const r of p.roles.filter((q) => q.role === role)) {
+      const value = pick(r, seconds);
+      if (value === null) continue;
+      let run = open.get(r.generation);
+      if (run && p.t - run.last <= 2 * interval) {
+        run.points.push([p.t, value]);
+        run.total += r.requests;
+        run.last = p.t;
+      } else {
+        run = { generation: r.generation, points: [[p.t, value]], total: r.requests, last: p.t };
+        runs.push(run);
+      }
+      next.set(r.generation, run);
     }
+    open = next;
+    before = p.t;
   }
-  const series = (pick) => [...roles.values()].map((entry) => ({
-    role: entry.role,
-    // Named by the generation that has the role now; the earlier ones
-    // are in the series' own title.
-    label: `${entry.role} (generation ${entry.points[entry.points.length - 1][1].generation})`,
-    title: `${entry.role}: generations ${[...entry.generations].join(", ")} in this window`,
-    total: entry.points.reduce((n, [, r]) => n + r.requests, 0),
-    points: entry.points.map(([t, r]) => [t, pick(r)]).filter(([, v]) => v !== null),
-  }));
-  const events = (timeline.events || []).filter((e) => e.t >= t0);
+  return runs;
+}
+
+function renderCharts(timeline, status) {
+  const all = timeline.points || [];
+  const interval = timeline.interval_seconds || 1;
+  const t1 = all.length ? all[all.length - 1].t : Math.floor(Date.now() / 1000);
+  // The window fits the data (ten seconds at least) unless one is chosen.
+  const fit = all.length ? Math.max(t1 - all[0].t + interval, 10) : 10;
+  const t0 = t1 - (span === "fit" ? fit : Math.min(Number(span), timeline.window_seconds));
+  const points = all.filter((p) => p.t > t0);
+  const roles = [...new Set(points.flatMap((p) => p.roles.map((r) => r.role)))];
+  const pending = status && status.pending;
+  const canary = pending && pending.canary;
+  const labelOf = (role, generation) => {
+    if (canary && role === "pending") return `pending (generation ${generation}, canary ${canary.percent} %)`;
+    if (canary && role === "previous" && generation === pending.rollback_to) return `previous (generation ${generation}, takes ${100 - canary.percent} %)`;
+    return `${role} (generation ${generation})`;
+  };
+  const series = (pick) => roles.map((role) => {
+    const runs = runsOf(points, interval, role, pick);
+    const last = runs.length ? runs[runs.length - 1].generation : "–";
+    return { role, runs, label: labelOf(role, last) };
+  }).filter((s) => s.runs.length > 0);
+  const events = (timeline.events || []).filter((e) => e.t > t0);
   document.getElementById("charts").replaceChildren(
-    chart("requests/s", "req/s", series((r) => r.requests), events, t0, t1, 1),
+    chart("requests", "req/s", series((r, seconds) => r.requests / seconds), events, t0, t1, 1),
     chart("5xx ratio", "%", series((r) => r.requests > 0 ? 100 * r.errors / r.requests : null), events, t0, t1, 2),
-    chart("p99 (ms, upper bound)", "ms", series((r) => r.p99_ms === undefined ? null : r.p99_ms), events, t0, t1, 1),
+    chart("p99 (upper bound)", "ms", series((r) => r.p99_ms === undefined ? null : r.p99_ms), events, t0, t1, 1),
   );
+  document.getElementById("chart-window").textContent =
+    `${localTime(t0)}–${localTime(t1)} (${Math.round(t1 - t0)} s, the gateway's clock)`;
   renderHealth(timeline.backends || [], t0, t1);
 }
 
@@ -524,7 +659,9 @@ async function refresh() {
     ]);
     renderStatus(status);
     renderBackends(backends);
-    renderCharts(timeline);
+    renderRates(timeline);
+    renderCharts(timeline, status);
+    lastTimeline = [timeline, status];
     const operation = status.last_operation ? status.last_operation.id : null;
     if (operation !== lastOperation) {
       lastOperation = operation;
@@ -539,6 +676,10 @@ async function refresh() {
   }
 }
 
+document.getElementById("window").addEventListener("change", (e) => {
+  span = e.target.value;
+  if (lastTimeline) renderCharts(...lastTimeline);
+});
 document.getElementById("confirm").addEventListener("click", () => settle("confirm"));
 document.getElementById("abort").addEventListener("click", () => settle("abort"));
 document.getElementById("preview").addEventListener("click", preview);
