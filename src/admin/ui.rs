@@ -17,12 +17,6 @@ const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
      connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; \
      frame-ancestors 'none'";
 
-/// The page's paths: a browser loads them, so a missing token is asked
-/// for as Basic credentials.
-pub fn is_page(path: &str) -> bool {
-    path == "/admin/" || path == "/admin" || path.starts_with("/admin/ui/")
-}
-
 fn asset(body: &'static str, content_type: &'static str) -> Response {
     let mut response = (StatusCode::OK, body).into_response();
     let headers = response.headers_mut();

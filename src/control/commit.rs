@@ -257,7 +257,7 @@ impl Control {
         self.listeners.start(bound);
         self.log_level.apply(&spec.log.level);
         crate::telemetry::access::set_enabled(spec.log.access);
-        crate::telemetry::otlp::set_sample_ratio(spec.tracing.sample_ratio);
+        crate::telemetry::trace::set_sample_ratio(spec.tracing.sample_ratio);
         metrics::gauge!(m::ACTIVE_GENERATION).set(committed.id.0 as f64);
         let summary = format!(
             "+{} -{} ~{}",

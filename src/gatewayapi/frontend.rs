@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::filters::granted;
+use super::grants::granted;
 use super::secrets;
 use super::status::Condition;
 use super::Resource;

@@ -8,29 +8,10 @@ use serde_json::{json, Map, Value};
 
 use super::filters::{apply_filter, backends};
 use super::matches::{grpc_match, intersect, route_match, split_path, PathEdit, Redirect};
-use super::routes::{part, Action, Path, Route, Upstream, METHODS};
-use super::status::{Condition, ParentStatus, RouteStatus};
-use super::{isolation, AllowedFrom, Fields, Listener, Options, Resource, GROUP};
-
-pub(super) struct Context<'a> {
-    pub resources: &'a [Resource],
-    pub gateways: &'a [&'a Resource],
-    pub sets: &'a [&'a Resource],
-    pub listeners: &'a [Listener],
-    pub namespaces: &'a BTreeMap<&'a str, &'a Map<String, Value>>,
-    /// Per Gateway: the client certificate it shows backends.
-    pub backend_clients: &'a [Option<(String, String)>],
-    pub options: &'a Options,
-}
-
-/// Cutover routes and upstreams made so far, in the API's precedence.
-#[derive(Debug, Default)]
-pub(super) struct Built {
-    pub routes: Vec<Route>,
-    pub upstreams: BTreeMap<String, Upstream>,
-    /// Some upstream sends a share of its requests to the 500 listener.
-    pub answers_500: bool,
-}
+use super::model::{AllowedFrom, Built, Context, Listener};
+use super::routes::{part, Action, Path, Route, METHODS};
+use super::status::{unsupported, Condition, ParentStatus, RouteStatus};
+use super::{isolation, Fields, Resource, GROUP};
 
 /// Imports one HTTPRoute (or GRPCRoute: matches on the method, backends
 /// over h2c); returns its status and how many routes it attached to each
@@ -571,14 +552,6 @@ fn parse_duration(text: &str) -> Option<u64> {
         total += n * unit;
     }
     number.is_empty().then_some(total)
-}
-
-pub(super) fn unsupported(field: &str) -> Condition {
-    Condition::no(
-        "Accepted",
-        "UnsupportedValue",
-        format!("{field} is not supported by cutover's import"),
-    )
 }
 
 fn parent_ref_json(parent: &Fields<'_>, route: &Resource) -> Value {

@@ -3,7 +3,7 @@
 //! even when a route of a listener with a wider hostname (or none) on the
 //! same port matches it.
 
-use super::gateways::{Listener, ListenerKind, Port};
+use super::model::{Listener, ListenerKind, Port};
 
 /// Listener isolation: a request for a hostname one Gateway listener of
 /// a port names belongs to that listener alone, even when a route of a

@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use super::filters::backends;
-use super::http::{attach, unsupported, Attachment, Built, Context};
+use super::http::{attach, Attachment};
+use super::model::{Built, Context};
 use super::routes::{part, Action, Upstream};
-use super::status::{Condition, ParentStatus, RouteStatus};
+use super::status::{unsupported, Condition, ParentStatus, RouteStatus};
 use super::{toml_str, Resource};
 
 /// What one cutover L4 listener relays to.

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::gateways::Gateways;
 use super::listeners::Site;
+use super::model::Gateways;
 use super::status::{self, Condition};
 use super::{Fields, Resource, GROUP};
 

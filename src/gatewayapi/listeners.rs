@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::frontend::Frontend;
-use super::gateways::{AllowedFrom, Gateways, Listener, ListenerKind, Port};
+use super::model::{AllowedFrom, Gateways, Listener, ListenerKind, Port};
 use super::status::{self, Condition};
 use super::{secrets, Fields, Options, Resource, GROUP};
 

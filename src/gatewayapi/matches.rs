@@ -3,9 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::http::unsupported;
 use super::routes::{literal, Path};
-use super::status::Condition;
+use super::status::{unsupported, Condition};
 use super::{toml_str, Fields};
 
 /// The hostnames a route serves on a listener: `{None}` for any host,

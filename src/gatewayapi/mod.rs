@@ -17,12 +17,14 @@
 mod filters;
 mod frontend;
 mod gateways;
+mod grants;
 mod http;
 mod isolation;
 mod l4;
 mod listener_sets;
 mod listeners;
 mod matches;
+mod model;
 mod policy;
 pub mod resources;
 mod routes;
@@ -37,7 +39,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use gateways::{AllowedFrom, Listener, ListenerKind};
+use model::{Listener, ListenerKind};
 pub use resources::{Fields, Resource};
 pub use status::{Condition, ParentStatus, RouteStatus};
 
@@ -139,7 +141,7 @@ pub struct Imported {
     /// One per ListenerSet.
     pub listener_sets: Vec<status::ListenerSetStatus>,
     /// One per BackendTLSPolicy.
-    pub policies: Vec<policy::PolicyStatus>,
+    pub policies: Vec<status::PolicyStatus>,
     /// Resources of the Gateway API's group the import does not read
     /// (`Kind namespace/name`): said, never dropped silently.
     pub ignored: Vec<String>,
@@ -303,7 +305,7 @@ pub fn import(paths: &[PathBuf], options: &Options) -> Result<Imported, String> 
 
 pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imported, String> {
     let of_kind = |kind: &'static str| of_kind(resources, kind);
-    let gateways::Gateways {
+    let model::Gateways {
         gateways,
         sets,
         listeners,
@@ -316,7 +318,7 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
         .map(|n| (n.name.as_str(), &n.labels))
         .collect();
 
-    let ctx = http::Context {
+    let ctx = model::Context {
         resources,
         gateways: &gateways,
         sets: &sets,
@@ -331,7 +333,7 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     routes.sort_by(|a, b| {
         (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
     });
-    let mut built = http::Built::default();
+    let mut built = model::Built::default();
     let mut route_statuses = Vec::new();
     for (order, route) in routes.iter().enumerate() {
         let (status, attached) = http::import_route(&ctx, route, order, &mut built);
@@ -450,8 +452,8 @@ fn kind_is_core(kind: &str) -> bool {
 
 /// The configuration's text.
 fn emit(
-    ports: &[gateways::Port],
-    built: &http::Built,
+    ports: &[model::Port],
+    built: &model::Built,
     l4: &BTreeMap<String, l4::Served>,
     options: &Options,
 ) -> String {

@@ -247,7 +247,7 @@ pub(super) fn read(
 pub(super) fn statuses(
     resources: &[Resource],
     base: Option<&std::path::Path>,
-) -> Vec<PolicyStatus> {
+) -> Vec<super::status::PolicyStatus> {
     let all = policies(resources);
     all.iter()
         .enumerate()
@@ -277,7 +277,7 @@ pub(super) fn statuses(
                     c,
                 ],
             };
-            PolicyStatus {
+            super::status::PolicyStatus {
                 namespace: p.namespace.clone(),
                 name: p.name.clone(),
                 generation: super::status::generation_of(p),
@@ -285,13 +285,4 @@ pub(super) fn statuses(
             }
         })
         .collect()
-}
-
-/// One BackendTLSPolicy's status.
-#[derive(Debug, Clone)]
-pub struct PolicyStatus {
-    pub namespace: String,
-    pub name: String,
-    pub generation: i64,
-    pub conditions: Vec<Condition>,
 }

@@ -7,7 +7,7 @@ use base64::Engine as _;
 use rustls_pki_types::pem::PemObject as _;
 use serde_json::Value;
 
-use super::filters::granted;
+use super::grants::granted;
 use super::status::Condition;
 use super::{Fields, Resource};
 

@@ -46,6 +46,25 @@ impl Condition {
     }
 }
 
+/// One BackendTLSPolicy's status.
+#[derive(Debug, Clone)]
+pub struct PolicyStatus {
+    pub namespace: String,
+    pub name: String,
+    pub generation: i64,
+    pub conditions: Vec<Condition>,
+}
+
+/// A route's field the import does not read: the route is not
+/// accepted (fail closed).
+pub(super) fn unsupported(field: &str) -> Condition {
+    Condition::no(
+        "Accepted",
+        "UnsupportedValue",
+        format!("{field} is not supported by cutover's import"),
+    )
+}
+
 /// A field of a listener the import does not read.
 pub fn unsupported_listener(field: &str) -> Condition {
     Condition::no(
@@ -179,7 +198,7 @@ pub fn yaml(
     gateways: &[GatewayStatus],
     sets: &[ListenerSetStatus],
     routes: &[RouteStatus],
-    policies: &[super::policy::PolicyStatus],
+    policies: &[PolicyStatus],
 ) -> String {
     let mut documents = Vec::new();
     for g in gateways {

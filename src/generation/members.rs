@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use super::maglev::Maglev;
-use super::upstream::WeightedSchedule;
+use super::schedule::WeightedSchedule;
 use crate::backends::{Backend, BackendError, BackendKey, BackendRegistry};
 use crate::discovery::{Endpoint, Source, SourceKey};
 use crate::plan::{Policy, UpstreamSpec};

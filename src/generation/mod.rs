@@ -11,6 +11,7 @@ mod members;
 mod route;
 mod router;
 pub mod sample;
+mod schedule;
 mod upstream;
 
 use std::collections::HashMap;
@@ -26,7 +27,8 @@ pub use route::{
     Route, RouteShared, RouteSlot, Saturated, COPY_OUTCOMES,
 };
 pub use router::{Routed, Router};
-pub use upstream::{Upstream, WeightedSchedule};
+pub use schedule::WeightedSchedule;
+pub use upstream::Upstream;
 
 use crate::backends::{BackendError, BackendRegistry, WeakMap};
 use crate::ids::GenerationId;

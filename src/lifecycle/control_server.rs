@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tower::ServiceExt as _;
 
-use super::upgrade::Stop;
+use super::stop::Stop;
 
 /// How long a client may take to send its request head.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);

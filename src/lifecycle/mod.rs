@@ -12,6 +12,7 @@ mod control_server;
 mod handover;
 mod memory;
 mod startup;
+mod stop;
 mod systemd;
 mod upgrade;
 mod watch;

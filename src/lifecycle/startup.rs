@@ -11,7 +11,8 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use super::control_server::Gate;
 use super::handover::{self, SocketRole, UpgradeState};
-use super::upgrade::{Process, Stop};
+use super::stop::Stop;
+use super::upgrade::Process;
 use crate::admin::{self, Security};
 use crate::admission::Admission;
 use crate::config::{ConfigText, Diagnostic};

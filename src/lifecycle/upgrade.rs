@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 use super::control_server::Served;
 use super::handover::{self, HandedSocket, SocketRole, UpgradeState};
+use super::stop::Stop;
 use crate::config::ConfigText;
 use crate::control::{Control, LifecycleError, ProcessControl, UpgradeRequest};
 use crate::runtime::{OperationKind, Outcome, Phase};
@@ -33,15 +34,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the admin and metrics accept loops may take to stop once the
 /// new process is ready.
 const ACCEPT_STOP: Duration = Duration::from_secs(1);
-
-/// Why the process is stopping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// SIGTERM or `POST /admin/lifecycle/drain`.
-    Drain,
-    /// A new process took over the sockets.
-    HandedOver,
-}
 
 /// The executable this process was started from.
 #[derive(Debug)]

@@ -739,6 +739,36 @@ backends = [{ addr = "127.0.0.1:9001" }]
         assert!(d.text.is_empty());
     }
 
+    /// The summary counts what an operator names: an upstream added with
+    /// its backends and policy is one added (three change entries); a
+    /// policy given to an existing route modifies that route.
+    #[test]
+    fn the_summary_counts_routes_and_upstreams_not_entries() {
+        let added = format!(
+            "{BASE}\n[upstreams.web2]\npolicy = \"least_request\"\nbackends = [{{ addr = \"127.0.0.1:9002\" }}]\n"
+        );
+        let d = diff_texts(BASE, &added);
+        assert_eq!(d.changes.len(), 3, "{:?}", d.changes);
+        assert_eq!(
+            d.summary,
+            Summary {
+                added: 1,
+                removed: 0,
+                modified: 0,
+                restart_required: 0
+            }
+        );
+        let d = diff_texts(&added, BASE);
+        assert_eq!((d.summary.added, d.summary.removed), (0, 1));
+        let d = diff_texts(BASE, &BASE.replace("timeout = \"15s\"\n", ""));
+        assert_eq!(
+            (d.summary.removed, d.summary.modified),
+            (0, 1),
+            "{:?}",
+            d.changes
+        );
+    }
+
     #[test]
     fn route_timeout_is_a_live_policy_change() {
         let d = diff_texts(BASE, &BASE.replace("\"15s\"", "\"5s\""));

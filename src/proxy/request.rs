@@ -87,7 +87,7 @@ pub fn handle(
         // Only pay for the line's copies when the access log is on or the
         // request's span is exported.
         let logged = access::enabled();
-        let sampled = trace.sampled() && crate::telemetry::otlp::enabled();
+        let sampled = trace.sampled() && crate::telemetry::trace::exported();
         let mut noted = (logged || sampled).then(|| Noted {
             method: req.method().clone(),
             path: req.uri().path().to_owned(),

@@ -8,7 +8,6 @@
 //! or down costs dropped spans (counted in
 //! `cutover_trace_spans_dropped_total`), never a waiting request.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
@@ -32,13 +31,10 @@ struct Exporter {
 }
 
 static EXPORTER: OnceLock<Exporter> = OnceLock::new();
-static ENABLED: AtomicBool = AtomicBool::new(false);
-/// `sample_ratio` as f64 bits (live).
-static SAMPLE_RATIO: AtomicU64 = AtomicU64::new(0);
 
 /// Starts the exporter when `spec` names a collector (once per process).
 pub fn init(spec: &TracingSpec) -> std::io::Result<()> {
-    set_sample_ratio(spec.sample_ratio);
+    super::trace::set_sample_ratio(spec.sample_ratio);
     let Some(endpoint) = spec.otlp_endpoint.clone() else {
         return Ok(());
     };
@@ -52,31 +48,17 @@ pub fn init(spec: &TracingSpec) -> std::io::Result<()> {
         .name("cutover-otlp".into())
         .spawn(move || export(queue, url, service))?;
     let _ = EXPORTER.set(Exporter { spans });
-    // Spans travel as access lines: their queue is needed now.
+    // Spans travel as access lines: their queue is needed now, and
+    // the sampled ones come here.
+    super::access::export_sampled(submit);
     super::access::start();
-    ENABLED.store(true, Ordering::Relaxed);
+    super::trace::exporting();
     Ok(())
 }
 
 /// `{endpoint}/v1/traces`, as OTLP/HTTP names it.
 fn traces_url(endpoint: &http::Uri) -> String {
     format!("{}/v1/traces", endpoint.to_string().trim_end_matches('/'))
-}
-
-/// Whether spans are exported at all.
-pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
-}
-
-/// `tracing.sample_ratio` (live).
-pub fn set_sample_ratio(ratio: f64) {
-    SAMPLE_RATIO.store(ratio.to_bits(), Ordering::Relaxed);
-}
-
-/// Whether a new trace (one the request did not bring) is sampled: only
-/// while spans are exported, with probability `sample_ratio`.
-pub fn sample_new_trace() -> bool {
-    enabled() && fastrand::f64() < f64::from_bits(SAMPLE_RATIO.load(Ordering::Relaxed))
 }
 
 /// Queues the span of a finished request; drops and counts it when the

@@ -6,6 +6,8 @@
 //! trace (and its `tracestate`, which belongs to the trace it came with,
 //! is dropped). The trace id goes into the access log.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue};
 
 pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -60,7 +62,7 @@ impl TraceContext {
                 if state {
                     headers.remove(&TRACESTATE);
                 }
-                Self::start(super::otlp::sample_new_trace())
+                Self::start(sample_new_trace())
             }
         }
     }
@@ -165,6 +167,32 @@ fn hex<const N: usize>(text: &[u8]) -> Option<[u8; N]> {
         out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
     }
     Some(out)
+}
+
+/// Whether spans are exported (an OTLP exporter started).
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+/// `tracing.sample_ratio` as f64 bits (live).
+static SAMPLE_RATIO: AtomicU64 = AtomicU64::new(0);
+
+/// From now on, spans are exported.
+pub fn exporting() {
+    EXPORTING.store(true, Ordering::Relaxed);
+}
+
+/// Whether spans are exported at all.
+pub fn exported() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
+
+/// `tracing.sample_ratio` (live).
+pub fn set_sample_ratio(ratio: f64) {
+    SAMPLE_RATIO.store(ratio.to_bits(), Ordering::Relaxed);
+}
+
+/// Whether a new trace (one the request did not bring) is sampled: only
+/// while spans are exported, with probability `sample_ratio`.
+pub fn sample_new_trace() -> bool {
+    exported() && fastrand::f64() < f64::from_bits(SAMPLE_RATIO.load(Ordering::Relaxed))
 }
 
 #[cfg(test)]

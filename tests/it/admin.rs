@@ -371,6 +371,9 @@ async fn ctl_exit_codes_follow_the_contract() {
     let (code, out, _) = ctl(&["validate", bad]);
     assert_eq!(code, Some(1));
     assert!(out.contains("unknown_upstream"), "{out}");
+    // Errors name the file, as `cutover check` prints them.
+    assert!(out.contains(&format!("error: {bad}:")), "{out}");
+    assert!(out.contains("(candidate config_version "), "{out}");
     let (code, out, _) = ctl(&["activate", good, "--expect", "1", "--reason", "ctl test"]);
     assert_eq!(code, Some(0));
     assert!(

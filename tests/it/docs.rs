@@ -58,3 +58,31 @@ fn the_ctl_synopsis_names_every_subcommand() {
         );
     }
 }
+
+/// The documentation speaks to users: no issue numbers (what a change
+/// is for is said in words; the changelog and the issues keep the rest).
+#[test]
+fn the_docs_name_no_issue_numbers() {
+    let dir = workspace().join("docs");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "md") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let lower = line.to_lowercase();
+            let numbered = lower.match_indices("issue ").any(|(at, _)| {
+                lower[at + 6..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_digit())
+            });
+            if numbered {
+                found.push(format!("{}:{}: {line}", path.display(), n + 1));
+            }
+        }
+    }
+    assert!(found.is_empty(), "issue numbers in the docs: {found:#?}");
+}

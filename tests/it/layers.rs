@@ -38,9 +38,8 @@ fn graph() -> Graph {
             continue;
         }
         let text = std::fs::read_to_string(&file).unwrap();
-        // Tests may reach anywhere: only the code above the first test
-        // module counts.
-        let code = text.split("\n#[cfg(test)]").next().unwrap_or_default();
+        // Tests may reach anywhere: test items do not count.
+        let code = non_test(&text);
         for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
             for to in named_modules(line) {
                 if to != from && modules.contains(&to) {
@@ -55,6 +54,122 @@ fn graph() -> Graph {
         }
     }
     graph
+}
+
+/// `text` without its test items: each item under `#[cfg(test)]` (a
+/// test module, a test-only `use`, function or impl) is cut out by
+/// matching its braces, so code after a test-only item near the top is
+/// still read. Strings, characters and comments are skipped when braces
+/// are counted.
+pub(crate) fn non_test(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut from = 0;
+    let mut search = 0;
+    while let Some(found) = text[search..].find("#[cfg(test)]") {
+        let at = search + found;
+        let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+        if !text[line_start..at].trim().is_empty() {
+            search = at + 1;
+            continue;
+        }
+        out.push_str(&text[from..line_start]);
+        let end = item_end(bytes, at + "#[cfg(test)]".len());
+        from = text[end..].find('\n').map_or(text.len(), |i| end + i + 1);
+        search = from;
+    }
+    out.push_str(&text[from.min(text.len())..]);
+    out
+}
+
+/// Where the item starting at `i` ends: after its `;` (no body) or the
+/// `}` that closes its first `{`, both at depth 0; attributes before it
+/// are part of it.
+fn item_end(bytes: &[u8], mut i: usize) -> usize {
+    let mut depth = 0usize;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i + 1 < bytes.len() && !(bytes[i] == b'*' && bytes[i + 1] == b'/') {
+                    i += 1;
+                }
+                i += 2;
+                continue;
+            }
+            b'r' if matches!(bytes.get(i + 1), Some(b'#' | b'"'))
+                && !bytes
+                    .get(i.wrapping_sub(1))
+                    .is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_') =>
+            {
+                let hashes = bytes[i + 1..].iter().take_while(|b| **b == b'#').count();
+                if bytes.get(i + 1 + hashes) != Some(&b'"') {
+                    i += 1;
+                    continue;
+                }
+                i += 2 + hashes;
+                let close: Vec<u8> = std::iter::once(b'"')
+                    .chain(std::iter::repeat_n(b'#', hashes))
+                    .collect();
+                while i < bytes.len() && !bytes[i..].starts_with(&close) {
+                    i += 1;
+                }
+                i += close.len();
+                continue;
+            }
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'\'' => {
+                // A character ('{', '\'', '\n') or a lifetime ('a).
+                if bytes.get(i + 1) == Some(&b'\\') {
+                    i += 2;
+                    while i < bytes.len() && bytes[i] != b'\'' {
+                        i += 1;
+                    }
+                } else if bytes.get(i + 2) == Some(&b'\'') {
+                    i += 2;
+                }
+            }
+            b'#' if depth == 0 && bytes.get(i + 1) == Some(&b'[') => {
+                // Another attribute of the same item.
+                let mut level = 0usize;
+                while i < bytes.len() {
+                    match bytes[i] {
+                        b'[' => level += 1,
+                        b']' => {
+                            level -= 1;
+                            if level == 0 {
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                    i += 1;
+                }
+            }
+            b'{' => depth += 1,
+            b'}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            b';' if depth == 0 => return i + 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    bytes.len()
 }
 
 fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
@@ -333,7 +448,7 @@ fn file_graph_and_facade(module: &str) -> (BTreeMap<String, BTreeSet<String>>, V
     for file in &files {
         let name = name_of(file);
         let text = std::fs::read_to_string(file).unwrap();
-        let code = text.split("\n#[cfg(test)]").next().unwrap_or_default();
+        let code = non_test(&text);
         let mut own: Vec<String> = if name == "(mod)" {
             Vec::new()
         } else {
@@ -514,9 +629,9 @@ fn proxy_files_import_nothing_through_mod_rs() {
     );
 }
 
-/// Files small enough to read in one sitting (STYLE.md): no source file's
-/// code above its tests runs past 900 lines. Test-only files (`tests.rs`)
-/// are not counted.
+/// Files small enough to read in one sitting (STYLE.md): no source file
+/// runs past 900 lines of code with its test items cut out (wherever they
+/// sit). Test-only files (`tests.rs`) are not counted.
 #[test]
 fn no_source_file_runs_past_900_lines_of_code() {
     let mut files = Vec::new();
@@ -527,10 +642,45 @@ fn no_source_file_runs_past_900_lines_of_code() {
         .filter(|f| f.file_name().is_some_and(|n| n != "tests.rs"))
         .filter_map(|f| {
             let text = std::fs::read_to_string(f).unwrap();
-            let code = text.split("\n#[cfg(test)]").next().unwrap_or_default();
-            let lines = code.lines().count();
+            let lines = non_test(&text).lines().count();
             (lines > 900).then(|| format!("{}: {lines}", f.display()))
         })
         .collect();
     assert!(long.is_empty(), "split these by concept: {long:#?}");
+}
+
+/// The test items are cut out, and only they: a test-only `use` at the
+/// top hides nothing below it, braces in strings and characters do not
+/// end an item early.
+#[test]
+fn test_items_are_cut_out_by_their_braces() {
+    let text = "use a;\n#[cfg(test)]\nuse b::{c, d};\nfn kept() { let s = \"}\"; let c = '{'; }\n#[cfg(test)]\n#[allow(x)]\nmod tests {\n    fn t() { let r = r#\"}}\"#; }\n}\nfn also_kept<'a>(x: &'a str) {}\n";
+    let code = non_test(text);
+    assert_eq!(
+        code,
+        "use a;\nfn kept() { let s = \"}\"; let c = '{'; }\nfn also_kept<'a>(x: &'a str) {}\n"
+    );
+}
+
+/// No module keeps files that import each other in a circle: each
+/// module's files form layers of their own (as `proxy/` and `control/`
+/// were held to first).
+#[test]
+fn no_module_has_a_file_cycle() {
+    let src = workspace().join("src");
+    let mut found = Vec::new();
+    let mut modules = 0;
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        if !path.is_dir() {
+            continue;
+        }
+        modules += 1;
+        let module = path.file_name().unwrap().to_string_lossy().into_owned();
+        for cycle in file_cycles(&file_graph(&module)) {
+            found.push(format!("{module}: {cycle:?}"));
+        }
+    }
+    assert!(modules > 15, "the modules were not read");
+    assert!(found.is_empty(), "file cycles: {found:#?}");
 }

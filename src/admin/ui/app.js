@@ -610,11 +610,15 @@ function renderImpact(impact, summary, examples) {
     `${pct(impact.moved)} moved, ${pct(impact.unrouted)} unrouted (404), ` +
     `${pct(impact.unusable)} to an unusable upstream`;
   const place = (d) => d ? (d.upstream ? `${d.route} → ${d.upstream}` : d.route) : "404";
+  // One line per distinct request, with how many of the examples it is.
   const items = [];
   for (const [label, kind] of [["moved", impact.moved], ["unrouted", impact.unrouted], ["unusable", impact.unusable]]) {
-    for (const e of kind.examples.slice(0, 5)) {
-      items.push(el("li", `${label}: ${e.method} ${e.host}${e.path}: ${place(e.before)} ⇒ ${place(e.after)}`));
+    const counted = new Map();
+    for (const e of kind.examples) {
+      const line = `${label}: ${e.method} ${e.host}${e.path}: ${place(e.before)} ⇒ ${place(e.after)}`;
+      counted.set(line, (counted.get(line) || 0) + 1);
     }
+    for (const [line, n] of [...counted].slice(0, 5)) items.push(el("li", n > 1 ? `${line} (×${n})` : line));
   }
   examples.replaceChildren(...items);
 }
@@ -636,7 +640,8 @@ async function preview() {
     }
     summary.textContent = plan.activatable
       ? `activatable against generation ${plan.active_generation}: ${plan.diff.summary.added} added, ` +
-        `${plan.diff.summary.removed} removed, ${plan.diff.summary.modified} modified (recorded as ${plan.operation_id})`
+        `${plan.diff.summary.removed} removed, ${plan.diff.summary.modified} modified; ` +
+        `candidate config_version ${plan.config_version} (recorded as ${plan.operation_id})`
       : `not activatable (${status})${plan.message ? ": " + plan.message : ""}`;
     errors.replaceChildren(
       ...(plan.errors || []).map((e) => el("li", `line ${e.line ?? "?"}, column ${e.column ?? "?"}: ${e.code}: ${e.message}`)),

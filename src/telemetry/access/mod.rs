@@ -595,7 +595,9 @@ fn write_lines(lines: Receiver<Message>, mut output: Output, format: LogFormat) 
                         format_line(&mut batch, &line, format);
                     }
                     if line.sampled {
-                        super::otlp::submit(&line);
+                        if let Some(export) = SAMPLED.get() {
+                            export(&line);
+                        }
                     }
                 }
                 Message::Reopen => {
@@ -638,6 +640,16 @@ fn flush_batch(
         dropped(batch.iter().filter(|b| **b == b'\n').count() as u64);
     }
     batch.clear();
+}
+
+/// Where the lines of sampled requests go as spans (the OTLP exporter,
+/// which registers itself: this file knows nothing of it).
+static SAMPLED: std::sync::OnceLock<fn(&Line)> = std::sync::OnceLock::new();
+
+/// Sends every sampled request's line to `export` as well (once per
+/// process).
+pub fn export_sampled(export: fn(&Line)) {
+    let _ = SAMPLED.set(export);
 }
 
 #[cfg(test)]
