@@ -27,7 +27,8 @@ use super::records::{
 };
 use super::{etcd, within, Fleet};
 use crate::control::{
-    judge, Answers, Baseline, Candidate, ControlError, GuardSpec, Settle, SettleRequest, Verdict,
+    admit_change, judge, Answers, Baseline, Candidate, ControlError, Expectation, GuardSpec,
+    Settle, SettleRequest, Verdict,
 };
 use crate::ids::GenerationId;
 use crate::runtime::{rfc3339, GuardRecord};
@@ -365,12 +366,11 @@ impl Fleet {
         else {
             return Err(ControlError::NotPending(generation));
         };
-        if let Some(expected) = expected_active.filter(|e| *e != active.generation) {
-            return Err(ControlError::Conflict {
-                expected,
-                active: active.generation,
-            });
-        }
+        admit_change(
+            Expectation::optional(expected_active),
+            active.generation,
+            None,
+        )?;
         let Some(pending) = active.pending.clone() else {
             return Err(ControlError::NotPending(generation));
         };

@@ -41,14 +41,6 @@ fn htpasswd(file: &Path, user: &str, password: &str, scheme: &str) {
     assert!(status.status.success(), "{status:?}");
 }
 
-async fn request(
-    addr: SocketAddr,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (u16, http::HeaderMap, String) {
-    request_with(addr, "GET", path, headers).await
-}
-
 fn basic(user: &str, password: &str) -> String {
     format!(
         "Basic {}",
@@ -109,18 +101,18 @@ async fn basic_auth_takes_htpasswd_bcrypt_and_argon2id_and_reloads_its_file() {
     let gw = Gateway::start_in(dir, &basic_config(backend.addr));
     let web = gw.listener("web");
 
-    let (status, headers, _) = request(web, "/x", &[]).await;
+    let (status, headers, _) = get_with(web, "/x", &[]).await;
     assert_eq!(status, 401);
     assert_eq!(
         headers["www-authenticate"],
         "Basic realm=\"ops\", charset=\"UTF-8\""
     );
-    let (status, _, _) = request(web, "/x", &[("authorization", &basic("alice", "nope"))]).await;
+    let (status, _, _) = get_with(web, "/x", &[("authorization", &basic("alice", "nope"))]).await;
     assert_eq!(status, 401);
     let (status, _, _) =
-        request(web, "/x", &[("authorization", &basic("eve", "alice-pass"))]).await;
+        get_with(web, "/x", &[("authorization", &basic("eve", "alice-pass"))]).await;
     assert_eq!(status, 401);
-    let (status, _, _) = request(web, "/x", &[("authorization", "Basic !!not-base64")]).await;
+    let (status, _, _) = get_with(web, "/x", &[("authorization", "Basic !!not-base64")]).await;
     assert_eq!(status, 401);
     for (user, password) in [
         ("alice", "alice-pass"),
@@ -128,11 +120,11 @@ async fn basic_auth_takes_htpasswd_bcrypt_and_argon2id_and_reloads_its_file() {
         ("alice", "alice-pass"),
     ] {
         let (status, _, body) =
-            request(web, "/x", &[("authorization", &basic(user, password))]).await;
+            get_with(web, "/x", &[("authorization", &basic(user, password))]).await;
         assert_eq!(status, 200, "{user}: {body}");
     }
     // `auth = "none"` written out opts out of the listener's default.
-    let (status, _, body) = request(web, "/healthz", &[]).await;
+    let (status, _, body) = get_with(web, "/healthz", &[]).await;
     assert_eq!((status, body.as_str()), (200, "ok"));
 
     let metrics = scrape(&gw).await;
@@ -165,16 +157,16 @@ async fn basic_auth_takes_htpasswd_bcrypt_and_argon2id_and_reloads_its_file() {
     // A rotated users file goes live through reload-certs, and only then.
     htpasswd(&gw.path("users.htpasswd"), "alice", "new-pass", "-B");
     let (status, _, _) =
-        request(web, "/x", &[("authorization", &basic("alice", "new-pass"))]).await;
+        get_with(web, "/x", &[("authorization", &basic("alice", "new-pass"))]).await;
     assert_eq!(status, 401, "a changed file waits for reload-certs");
     let (status, body) = reload_certs(&gw).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["secrets"][0]["file"], "users.htpasswd", "{body}");
     assert_eq!(body["secrets"][0]["changed"], true, "{body}");
     let (status, _, _) =
-        request(web, "/x", &[("authorization", &basic("alice", "new-pass"))]).await;
+        get_with(web, "/x", &[("authorization", &basic("alice", "new-pass"))]).await;
     assert_eq!(status, 200);
-    let (status, _, _) = request(
+    let (status, _, _) = get_with(
         web,
         "/x",
         &[("authorization", &basic("alice", "alice-pass"))],
@@ -197,7 +189,7 @@ async fn basic_auth_takes_htpasswd_bcrypt_and_argon2id_and_reloads_its_file() {
         "{body}"
     );
     assert!(body["warnings"].to_string().contains("last good"), "{body}");
-    let (status, _, _) = request(web, "/x", &[("authorization", &basic("bob", "bob-pass"))]).await;
+    let (status, _, _) = get_with(web, "/x", &[("authorization", &basic("bob", "bob-pass"))]).await;
     assert_eq!(status, 200);
 
     // At activation, a file with an MD5-crypt line is refused with its line.
@@ -333,7 +325,7 @@ async fn a_secret_file_named_twice_is_one_secret() {
     assert_eq!(secrets[0]["changed"], true, "{body}");
     for path in ["/own/x", "/x"] {
         let (status, _, body) =
-            request(web, path, &[("authorization", &basic("bob", "bob-pass"))]).await;
+            get_with(web, path, &[("authorization", &basic("bob", "bob-pass"))]).await;
         assert_eq!(status, 200, "{path}: {body}");
     }
 }
@@ -361,7 +353,7 @@ async fn basic_auth_forwards_the_credentials_unless_told_not_to() {
     let gw = Gateway::start_in(dir, &config);
     let web = gw.listener("web");
     let credentials = basic("alice", "alice-pass");
-    let (status, _, body) = request(web, "/kept", &[("authorization", &credentials)]).await;
+    let (status, _, body) = get_with(web, "/kept", &[("authorization", &credentials)]).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         echoed(&body, "authorization"),
@@ -371,11 +363,11 @@ async fn basic_auth_forwards_the_credentials_unless_told_not_to() {
     // Twice: the first check hashes, the second is remembered; neither
     // sends the password on.
     for _ in 0..2 {
-        let (status, _, body) = request(web, "/dropped", &[("authorization", &credentials)]).await;
+        let (status, _, body) = get_with(web, "/dropped", &[("authorization", &credentials)]).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(echoed(&body, "authorization"), None, "{body}");
     }
-    let (status, _, _) = request(web, "/dropped", &[]).await;
+    let (status, _, _) = get_with(web, "/dropped", &[]).await;
     assert_eq!(status, 401);
 }
 
@@ -445,7 +437,7 @@ async fn jwt_tokens_from_pyjwt_pass_or_fail_on_signature_time_issuer_and_audienc
     ] {
         let auth = bearer(&token(name));
         // The identity headers a client sends are replaced, never passed.
-        let (status, _, body) = request(
+        let (status, _, body) = get_with(
             web,
             "/x",
             &[
@@ -461,7 +453,7 @@ async fn jwt_tokens_from_pyjwt_pass_or_fail_on_signature_time_issuer_and_audienc
         // forward_token = false: the backend does not see the token.
         assert_eq!(echoed(&body, "authorization"), None, "{body}");
     }
-    let (status, headers, _) = request(web, "/x", &[("x-user", "root")]).await;
+    let (status, headers, _) = get_with(web, "/x", &[("x-user", "root")]).await;
     assert_eq!(status, 401);
     assert_eq!(headers["www-authenticate"], "Bearer");
     let oversized = format!(
@@ -483,7 +475,7 @@ async fn jwt_tokens_from_pyjwt_pass_or_fail_on_signature_time_issuer_and_audienc
         "hs256",
     ] {
         let (status, headers, _) =
-            request(web, "/x", &[("authorization", &bearer(&token(name)))]).await;
+            get_with(web, "/x", &[("authorization", &bearer(&token(name)))]).await;
         assert_eq!(status, 401, "{name}");
         let challenge = headers["www-authenticate"].to_str().unwrap();
         assert!(
@@ -492,7 +484,7 @@ async fn jwt_tokens_from_pyjwt_pass_or_fail_on_signature_time_issuer_and_audienc
         );
     }
     for bad in [oversized.as_str(), "not.a.token", "%%%.$$$.###"] {
-        let (status, _, _) = request(web, "/x", &[("authorization", &bearer(bad))]).await;
+        let (status, _, _) = get_with(web, "/x", &[("authorization", &bearer(bad))]).await;
         assert_eq!(status, 401, "{bad:.40}");
     }
     let metrics = scrape(&gw).await;
@@ -520,14 +512,14 @@ async fn jwt_tokens_from_pyjwt_pass_or_fail_on_signature_time_issuer_and_audienc
     let (status, body) = activate_with(&gw, &jwt_config(backend.addr, keys), "").await;
     assert_eq!(status, 200, "{body}");
     let (status, _, body) =
-        request(web, "/x", &[("authorization", &bearer(&token("hs256")))]).await;
+        get_with(web, "/x", &[("authorization", &bearer(&token("hs256")))]).await;
     assert_eq!(
         (status, echoed(&body, "x-user")),
         (200, Some("erin")),
         "{body}"
     );
     for name in ["hs256_other_key", "rs256"] {
-        let (status, _, _) = request(web, "/x", &[("authorization", &bearer(&token(name)))]).await;
+        let (status, _, _) = get_with(web, "/x", &[("authorization", &bearer(&token(name)))]).await;
         assert_eq!(status, 401, "{name}");
     }
     for (keys, wanted) in [
@@ -670,16 +662,16 @@ async fn a_jwks_url_rotates_and_keeps_its_last_good_keys_through_failures() {
     );
     let gw = Gateway::start_in(dir, &jwt_config(backend.addr, &keys));
     let web = gw.listener("web");
-    let (status, _, body) = request(web, "/x", &[("authorization", &token("rs256"))]).await;
+    let (status, _, body) = get_with(web, "/x", &[("authorization", &token("rs256"))]).await;
     assert_eq!(status, 200, "{body}");
 
     // An unknown kid asks for a fetch at once, then not again for 30 s.
     let before = server.fetches();
-    let (status, _, _) = request(web, "/x", &[("authorization", &token("unknown_kid"))]).await;
+    let (status, _, _) = get_with(web, "/x", &[("authorization", &token("unknown_kid"))]).await;
     assert_eq!(status, 401);
     let asked = server.fetches();
     assert_eq!(asked, before + 1, "an unknown kid fetched once");
-    let (status, _, _) = request(web, "/x", &[("authorization", &token("unknown_kid"))]).await;
+    let (status, _, _) = get_with(web, "/x", &[("authorization", &token("unknown_kid"))]).await;
     assert_eq!(status, 401);
     assert_eq!(
         server.fetches(),
@@ -691,7 +683,7 @@ async fn a_jwks_url_rotates_and_keeps_its_last_good_keys_through_failures() {
     server.set(Serve::Keys(1));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (status, _, _) = request(web, "/x", &[("authorization", &token("unknown_kid"))]).await;
+        let (status, _, _) = get_with(web, "/x", &[("authorization", &token("unknown_kid"))]).await;
         if status == 200 {
             break;
         }
@@ -705,7 +697,7 @@ async fn a_jwks_url_rotates_and_keeps_its_last_good_keys_through_failures() {
         server.wait_fetches(from, 1).await;
         let started = Instant::now();
         for name in ["rs256", "unknown_kid"] {
-            let (status, _, _) = request(web, "/x", &[("authorization", &token(name))]).await;
+            let (status, _, _) = get_with(web, "/x", &[("authorization", &token(name))]).await;
             assert_eq!(status, 200, "{name} while the endpoint fails");
         }
         assert!(
@@ -760,7 +752,7 @@ async fn no_secret_reaches_history_preview_status_the_admin_page_metrics_or_logs
         ("/j/x", "authorization", bearer(rs), 200),
         ("/h/x", "cookie", format!("session={hs}"), 200),
     ] {
-        let (status, _, _) = request(web, path, &[(header, &value)]).await;
+        let (status, _, _) = get_with(web, path, &[(header, &value)]).await;
         assert_eq!(status, want, "{path}");
     }
     let (status, _) = activate_with(&gw, &config.replace("/b/", "/basic/"), "").await;
@@ -929,7 +921,7 @@ async fn forward_auth_asks_an_upstream_and_passes_its_refusals_on() {
     let gw = Gateway::start(&forward_config(backend.addr, authz.addr, "deny"));
     let web = gw.listener("web");
 
-    let (status, _, body) = request(
+    let (status, _, body) = get_with(
         web,
         "/x?q=1",
         &[
@@ -965,19 +957,19 @@ async fn forward_auth_asks_an_upstream_and_passes_its_refusals_on() {
     assert_eq!(field("cookie").as_deref(), Some("s=1"));
     assert_eq!(field("x-other"), None, "only request_headers are sent");
 
-    let (status, headers, body) = request(web, "/x", &[]).await;
+    let (status, headers, body) = get_with(web, "/x", &[]).await;
     assert_eq!((status, body.as_str()), (401, "denied by authz\n"));
     assert_eq!(headers["www-authenticate"], "Bearer realm=\"authz\"");
     assert!(headers.get("x-internal").is_none(), "{headers:?}");
-    let (status, _, body) = request(web, "/x", &[("authorization", "Bearer forbidden")]).await;
+    let (status, _, body) = get_with(web, "/x", &[("authorization", "Bearer forbidden")]).await;
     assert_eq!((status, body.as_str()), (403, "denied by authz\n"));
-    let (status, headers, _) = request(web, "/x", &[("authorization", "Bearer login")]).await;
+    let (status, headers, _) = get_with(web, "/x", &[("authorization", "Bearer login")]).await;
     assert_eq!(status, 302);
     assert_eq!(headers["location"], "https://login.test/?next=%2Fx");
     // A failing auth service follows `failure`: deny (503) ...
     for token in ["Bearer slow", "Bearer broken"] {
         let started = Instant::now();
-        let (status, _, _) = request(web, "/x", &[("authorization", token)]).await;
+        let (status, _, _) = get_with(web, "/x", &[("authorization", token)]).await;
         assert_eq!(status, 503, "{token}");
         assert!(
             started.elapsed() < Duration::from_millis(1500),
@@ -1007,7 +999,7 @@ async fn forward_auth_asks_an_upstream_and_passes_its_refusals_on() {
     // ... or allow, without an identity; so does a service that is down.
     let config = forward_config(backend.addr, refusing_addr(), "allow");
     assert_eq!(activate_status(&gw, &config).await, 200);
-    let (status, _, body) = request(
+    let (status, _, body) = get_with(
         web,
         "/x",
         &[("authorization", "Bearer ok"), ("x-user", "root")],
@@ -1021,7 +1013,7 @@ async fn forward_auth_asks_an_upstream_and_passes_its_refusals_on() {
     );
     let config = forward_config(backend.addr, refusing_addr(), "deny");
     assert_eq!(activate_status(&gw, &config).await, 200);
-    let (status, _, _) = request(web, "/x", &[("authorization", "Bearer ok")]).await;
+    let (status, _, _) = get_with(web, "/x", &[("authorization", "Bearer ok")]).await;
     assert_eq!(status, 503);
     assert!(scrape(&gw).await.contains("outcome=\"failed_open\""));
 
@@ -1064,17 +1056,17 @@ async fn the_auth_example_serves_its_demo_user() {
     });
     let gw = Gateway::start_in(dir, &text);
     let web = gw.listener("web");
-    let (status, _, body) = request(web, "/", &[("authorization", &basic("demo", "demo"))]).await;
+    let (status, _, body) = get_with(web, "/", &[("authorization", &basic("demo", "demo"))]).await;
     assert_eq!(status, 200, "{body}");
-    let (status, headers, _) = request(web, "/", &[]).await;
+    let (status, headers, _) = get_with(web, "/", &[]).await;
     assert_eq!(status, 401);
     assert_eq!(
         headers["www-authenticate"],
         "Basic realm=\"example\", charset=\"UTF-8\""
     );
-    let (status, _, _) = request(web, "/healthz", &[]).await;
+    let (status, _, _) = get_with(web, "/healthz", &[]).await;
     assert_eq!(status, 200);
-    let (status, _, _) = request(web, "/api/x", &[("authorization", "Bearer a.b.c")]).await;
+    let (status, _, _) = get_with(web, "/api/x", &[("authorization", "Bearer a.b.c")]).await;
     assert_eq!(status, 401);
 }
 
@@ -1091,7 +1083,7 @@ async fn a_watched_users_file_is_taken_when_replaced() {
     htpasswd(&dir.path().join("users.htpasswd"), "alice", "first", "-B");
     let gw = Gateway::start_args_in(dir, &basic_config(backend.addr), &["--watch"]);
     let web = gw.listener("web");
-    let (status, _, _) = request(web, "/x", &[("authorization", &basic("alice", "first"))]).await;
+    let (status, _, _) = get_with(web, "/x", &[("authorization", &basic("alice", "first"))]).await;
     assert_eq!(status, 200);
     let next = gw.path("users.next");
     htpasswd(&next, "alice", "second", "-B");
@@ -1099,7 +1091,7 @@ async fn a_watched_users_file_is_taken_when_replaced() {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let (status, _, _) =
-            request(web, "/x", &[("authorization", &basic("alice", "second"))]).await;
+            get_with(web, "/x", &[("authorization", &basic("alice", "second"))]).await;
         if status == 200 {
             break;
         }
@@ -1110,7 +1102,7 @@ async fn a_watched_users_file_is_taken_when_replaced() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (status, _, _) = request(web, "/x", &[("authorization", &basic("alice", "first"))]).await;
+    let (status, _, _) = get_with(web, "/x", &[("authorization", &basic("alice", "first"))]).await;
     assert_eq!(status, 401);
     // A certificate operation, not a new generation.
     assert_eq!(gw.active_generation().await, 1);
@@ -1182,36 +1174,36 @@ auth = { forward = { url = "http://authz/check", request_headers = ["authorizati
         } else {
             ("bob", "Bearer bob")
         };
-        let (status, _, body) = request(web, &format!("/{n}"), &[("authorization", token)]).await;
+        let (status, _, body) = get_with(web, &format!("/{n}"), &[("authorization", token)]).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(echoed(&body, "x-user"), Some(user), "request {n}: {body}");
     }
     assert_eq!(asked_now(), 2, "one check per set of credentials");
     // A refusal is kept too: the client gets it as the service gave it.
     for _ in 0..5 {
-        let (status, _, _) = request(web, "/", &[("authorization", "Bearer wrong")]).await;
+        let (status, _, _) = get_with(web, "/", &[("authorization", "Bearer wrong")]).await;
         assert_eq!(status, 401);
     }
     assert_eq!(asked_now(), 3);
     // A 5xx never: asked every time (and refused, failure = "deny").
     for _ in 0..5 {
-        let (status, _, _) = request(web, "/", &[("authorization", "Bearer broken")]).await;
+        let (status, _, _) = get_with(web, "/", &[("authorization", "Bearer broken")]).await;
         assert_eq!(status, 503);
     }
     assert_eq!(asked_now(), 8, "a failing service is asked every time");
     // no-store: asked every time; max-age=1: again after a second.
     for _ in 0..3 {
-        let (status, _, _) = request(web, "/", &[("authorization", "Bearer unkept")]).await;
+        let (status, _, _) = get_with(web, "/", &[("authorization", "Bearer unkept")]).await;
         assert_eq!(status, 200);
     }
     assert_eq!(asked_now(), 11);
-    let (status, _, _) = request(web, "/", &[("authorization", "Bearer brief")]).await;
+    let (status, _, _) = get_with(web, "/", &[("authorization", "Bearer brief")]).await;
     assert_eq!(status, 200);
-    let (status, _, _) = request(web, "/", &[("authorization", "Bearer brief")]).await;
+    let (status, _, _) = get_with(web, "/", &[("authorization", "Bearer brief")]).await;
     assert_eq!(status, 200);
     assert_eq!(asked_now(), 12, "kept for its second");
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let (status, _, _) = request(web, "/", &[("authorization", "Bearer brief")]).await;
+    let (status, _, _) = get_with(web, "/", &[("authorization", "Bearer brief")]).await;
     assert_eq!(status, 200);
     assert_eq!(asked_now(), 13, "asked again once its max-age passed");
 
@@ -1237,7 +1229,7 @@ auth = { forward = { url = "http://authz/check", request_headers = ["authorizati
         reload["auth_answers_forgotten"].as_u64() >= Some(3),
         "{reload}"
     );
-    let (status, _, _) = request(web, "/", &[("authorization", "Bearer alice")]).await;
+    let (status, _, _) = get_with(web, "/", &[("authorization", "Bearer alice")]).await;
     assert_eq!(status, 200);
     assert_eq!(asked_now(), 14, "forgotten by reload-certs");
 }

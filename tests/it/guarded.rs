@@ -6,13 +6,6 @@ use serde_json::{json, Value};
 
 use crate::harness::*;
 
-/// A gateway whose one route answers `body`.
-fn answering(body: &str) -> String {
-    config(&format!(
-        "[[routes]]\nname = \"all\"\nlisteners = [\"web\"]\nrespond = {{ body = \"{body}\" }}\n"
-    ))
-}
-
 async fn activate_pending(gw: &Gateway, body: &str, expected: u64, within: &str) -> (u16, Value) {
     post_json(
         gw.admin,

@@ -534,6 +534,22 @@ pub async fn headless_dom(chromium: PathBuf, url: String) -> std::process::Outpu
     .unwrap()
 }
 
+/// A gateway whose one route (on listener `web`) answers `body`.
+pub fn answering(body: &str) -> String {
+    config(&format!(
+        "[[routes]]\nname = \"all\"\nlisteners = [\"web\"]\nrespond = {{ body = \"{body}\" }}\n"
+    ))
+}
+
+/// GET `path` with `headers` on a new connection.
+pub async fn get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, hyper::HeaderMap, String) {
+    request_with(addr, "GET", path, headers).await
+}
+
 /// GET `path` with `Host: host` on a new connection.
 pub async fn get(addr: SocketAddr, host: &str, path: &str) -> (u16, hyper::HeaderMap, String) {
     let req = Request::builder()

@@ -7,12 +7,6 @@ use serde_json::Value;
 
 use crate::harness::*;
 
-fn answering(body: &str) -> String {
-    config(&format!(
-        "[[routes]]\nname = \"all\"\nlisteners = [\"web\"]\nrespond = {{ body = \"{body}\" }}\n"
-    ))
-}
-
 /// Replaces the file the way editors and ConfigMaps do: a new file
 /// renamed over the old one.
 fn replace(gw: &Gateway, text: &str) {
