@@ -313,7 +313,22 @@ impl Served<'_> {
 }
 
 /// Routes and serves a request on its pinned generation (an `async move`
-/// block for the reason `handle` gives).
+/// block for the reason `handle` gives), in stages, each of which goes on
+/// or answers:
+///
+/// 1. `route_request`: the listener's edge rules, then the route;
+/// 2. the route's filters check the request (CORS preflight, IP rules,
+///    header limits… DESIGN §17);
+/// 3. its admission: the quota, then `max_inflight` (`admit_route`);
+/// 4. `authenticate`, then a quota keyed by the subject it found;
+/// 5. the filters prepare what is forwarded (rewrites, headers, mirrors,
+///    gRPC-Web);
+/// 6. one step forward: a direct answer, a redirect, the route's cache,
+///    several attempts (`retry.rs`) or one (`exchange.rs`);
+/// 7. a streamed answer keeps the listener's place until its last byte.
+///
+/// A new check on the request (a WAF) is a stage between 2 and 3, or
+/// after 4 when it needs the subject.
 #[expect(clippy::manual_async_fn, reason = "see `handle`: no argument copies")]
 fn route_and_answer<'g, 'a>(
     mut req: Request<ClientBody>,
@@ -324,80 +339,16 @@ fn route_and_answer<'g, 'a>(
     mut noted: Option<&'a mut Noted>,
 ) -> impl std::future::Future<Output = Served<'g>> + use<'g, 'a> {
     async move {
-        if let Some(reason) = edge::smuggling_risk(req.headers()) {
-            return Served::refused(ProxyError::BadRequest(reason));
-        }
-        let authority = match edge::authority(&req) {
-            Ok(authority) => authority,
-            Err(reason) => return Served::refused(ProxyError::BadRequest(reason)),
-        };
-        // An ACME http-01 validation, answered before routing and any fence
-        // (DESIGN §21); a token no order waits for goes on to the routes.
-        if conn.scheme == Scheme::HTTP && crate::tls::http01_waiting() {
-            if let Some(answer) = acme_challenge(&req) {
-                return Served {
-                    route: None,
-                    result: Ok(answer),
-                    shaped: None,
-                };
-            }
-        }
-        let Some(router) = generation.router(&conn.listener) else {
-            return Served::refused(ProxyError::NoRoute);
-        };
-        if let Some(access) = &router.edge.access {
-            if !access.admits(filters::client_ip(conn, req.headers(), &router.edge)) {
-                return Served::refused(ProxyError::Forbidden);
-            }
-        }
-        let Ok(listener_slot) = router.admit() else {
-            return Served::refused(ProxyError::Saturated);
-        };
-        let path = match edge::normalize_path(req.uri().path(), &router.edge) {
-            Ok(path) => path,
-            Err(reason) => return Served::refused(ProxyError::BadRequest(reason)),
-        };
-        if let Some(noted) = noted.as_deref_mut() {
-            if let Cow::Owned(normalized) = &path {
-                noted.path.clone_from(normalized);
-            }
-            noted.authority = authority
-                .as_ref()
-                .map(|a| String::from_utf8_lossy(a.as_bytes()).into_owned());
-        }
-        let asked_method = edge::preflight_method(&req);
-        let (host, head) = edge::routing_head(&req, authority.as_ref(), asked_method.as_ref());
-        if let (Some(tls), Some(host)) = (conn.tls.get(), host) {
-            if tls.misdirected(host) {
-                return Served::refused(ProxyError::Misdirected);
-            }
-        }
-        // One request in a few, on each serving thread, is kept for `impact`.
-        if let Some(sample) = router.sample.as_ref().filter(|s| s.offered()) {
-            let offered = crate::generation::sample::Offered {
-                method: head.method,
-                host,
-                path: &path,
-                query: head.query,
-                headers: head.headers,
-            };
-            sample.record(&offered, &router.sample_names);
-        }
-        let Some(route) = router.route(host, &path, &head) else {
-            // The listener's default CORS still answers for it.
-            let (answer, shaped) = match filters::unrouted(&req, router.edge.defaults.as_deref()) {
-                Some((answer, shaped)) => (answer, Some(shaped)),
-                None => (None, None),
-            };
-            return Served {
-                route: None,
-                result: answer.ok_or(ProxyError::NoRoute),
-                shaped,
-            };
-        };
-        let normalized = match path {
-            Cow::Owned(path) => Some(path),
-            Cow::Borrowed(_) => None,
+        // 1. The listener's edge rules, then the route.
+        let Routing {
+            router,
+            route,
+            authority,
+            normalized,
+            listener_slot,
+        } = match route_request(&req, conn, generation, noted.as_deref_mut()) {
+            Ok(routing) => routing,
+            Err(answered) => return answered,
         };
         let mut target = Target {
             authority,
@@ -412,8 +363,8 @@ fn route_and_answer<'g, 'a>(
             call.routed(route.timeout());
             target.grpc_deadline = call.deadline;
         }
-        // The route's filters, in the order of DESIGN §17; a route without
-        // any (and a listener without defaults) pays this one check.
+        // 2. The route's filters, in the order of DESIGN §17; a route
+        // without any (and a listener without defaults) pays this one check.
         let effective = filters::Effective::of(
             route.spec.filters.as_deref(),
             router.edge.defaults.as_deref(),
@@ -456,8 +407,8 @@ fn route_and_answer<'g, 'a>(
                 shaped,
             };
         }
-        // The route's own admission: its quota (after authentication when
-        // it is keyed by the subject), then its `max_inflight`.
+        // 3. The route's own admission: its quota (after authentication
+        // when it is keyed by the subject), then its `max_inflight`.
         let quota = route.quota.as_ref();
         if let Some(quota) = quota.filter(|q| !q.spec().keyed_by_subject()) {
             match take_quota(route, quota, &req, conn, generation, None).await {
@@ -484,76 +435,28 @@ fn route_and_answer<'g, 'a>(
                 }
             }
         };
-        // Authentication (DESIGN §19), after the quota: a flood of bad
-        // credentials is rate-limited before it costs a password hash.
+        // 4. Authentication, then a quota keyed by the subject it found.
         if let Some(auth) = effective.as_ref().and_then(filters::Effective::auth) {
-            auth.strip_identity(req.headers_mut());
-            let asked = crate::auth::Asked {
-                method: req.method(),
-                uri: req.uri(),
-                headers: req.headers(),
-                authority: target.authority.as_ref(),
-                scheme: if conn.scheme == http::uri::Scheme::HTTPS {
-                    "https"
-                } else {
-                    "http"
-                },
-                client: filters::client_ip(conn, req.headers(), &router.edge),
-            };
-            let service = match auth {
-                crate::auth::Auth::Forward(forward) => generation.upstream(&forward.upstream),
-                _ => None,
-            };
-            // Boxed: the serve future of every other request stays as small
-            // as it was.
-            let verdict = Box::pin(super::auth::check(auth, &asked, service, &route.shared)).await;
-            // A shadow copy of this request takes this verdict (never a
-            // check of its own).
-            if let Some(vouch) = req.extensions_mut().remove::<super::shadow::Vouch>() {
-                vouch.send(&verdict);
-            }
-            let outcome = verdict.outcome();
-            route.shared.authenticated(auth.method(), outcome);
-            if let Some(noted) = noted.as_deref_mut() {
-                noted.auth = Some(outcome);
-            }
-            let mut subject = None;
-            match verdict {
-                Verdict::Allowed(identity) => {
-                    auth.apply(&identity, req.headers_mut());
-                    subject = identity.subject;
-                }
-                Verdict::FailedOpen => {}
-                Verdict::Denied(denial) => {
-                    return Served {
-                        route: Some(route),
-                        result: Err(ProxyError::Unauthenticated(denial)),
-                        shaped,
-                    };
-                }
-            }
-            if let Some(quota) = quota.filter(|q| q.spec().keyed_by_subject()) {
-                let taken =
-                    take_quota(route, quota, &req, conn, generation, subject.as_deref()).await;
-                match taken {
-                    Ok(advertised) => *context.advertised = advertised,
-                    Err(refused) => {
-                        if let Some(noted) = noted.as_deref_mut() {
-                            noted.limited = super::quota::limited_by(&refused);
-                            noted.subject = subject;
-                        }
-                        return Served {
-                            route: Some(route),
-                            result: Err(refused),
-                            shaped,
-                        };
-                    }
-                }
-            }
-            if let Some(noted) = noted.as_deref_mut() {
-                noted.subject = subject;
+            // Boxed: the future of every request without `auth` stays as
+            // small as it was.
+            let authenticated = Box::pin(authenticate(
+                auth,
+                &mut req,
+                (conn, generation, route),
+                &target,
+                &mut *context.advertised,
+                noted.as_deref_mut(),
+            ))
+            .await;
+            if let Err(refused) = authenticated {
+                return Served {
+                    route: Some(route),
+                    result: Err(refused),
+                    shaped,
+                };
             }
         }
+        // 5. What is forwarded, as the filters prepare it.
         let mut request_id = None;
         if let (Some(f), Some(checked)) = (&effective, checked) {
             let prepared = filters::prepare(req, &checked, &seen, f);
@@ -605,8 +508,8 @@ fn route_and_answer<'g, 'a>(
                 call.web = mode;
             }
         }
-        // One step forward: a direct answer, a redirect, several attempts
-        // (`retry.rs`) or one (`exchange.rs`).
+        // 6. One step forward: a direct answer, a redirect, several
+        // attempts (`retry.rs`) or one (`exchange.rs`).
         let mut result = match step {
             Step::Respond(direct) => Ok(direct_response(direct)),
             Step::Redirect(redirect) => Ok(filters::redirect_for(
@@ -679,7 +582,8 @@ fn route_and_answer<'g, 'a>(
                 }
             }
         };
-        // A streamed answer keeps the listener's place until its last byte.
+        // 7. A streamed answer keeps the listener's place until its last
+        // byte.
         if let (Some(slot), Ok(response)) = (listener_slot, result.as_mut()) {
             if let Some(guards) = response.body_mut().guards_mut() {
                 guards.listener = Some(slot);
@@ -691,6 +595,184 @@ fn route_and_answer<'g, 'a>(
             shaped,
         }
     }
+}
+
+/// Where routing placed a request: its listener's router and route, and
+/// what the edge read of it (its authority, its path when normalizing
+/// changed it, its place under the listener's `max_inflight`).
+struct Routing<'g> {
+    router: &'g crate::generation::Router,
+    route: &'g Arc<Route>,
+    authority: Option<HeaderValue>,
+    normalized: Option<String>,
+    listener_slot: Option<crate::generation::ListenerSlot>,
+}
+
+/// Stage 1: the listener's edge rules (smuggling, authority, an ACME
+/// challenge, the access list, `max_inflight`, path normalization, a
+/// misdirected host), the impact sample, then the route; `Err` when the
+/// request is answered here.
+#[expect(
+    clippy::result_large_err,
+    reason = "the answer is the request's, returned in place: a box would cost every refused request an allocation"
+)]
+fn route_request<'g>(
+    req: &Request<ClientBody>,
+    conn: &ConnContext,
+    generation: &'g Generation,
+    noted: Option<&mut Noted>,
+) -> Result<Routing<'g>, Served<'g>> {
+    if let Some(reason) = edge::smuggling_risk(req.headers()) {
+        return Err(Served::refused(ProxyError::BadRequest(reason)));
+    }
+    let authority = match edge::authority(req) {
+        Ok(authority) => authority,
+        Err(reason) => return Err(Served::refused(ProxyError::BadRequest(reason))),
+    };
+    // An ACME http-01 validation, answered before routing and any fence
+    // (DESIGN §21); a token no order waits for goes on to the routes.
+    if conn.scheme == Scheme::HTTP && crate::tls::http01_waiting() {
+        if let Some(answer) = acme_challenge(req) {
+            return Err(Served {
+                route: None,
+                result: Ok(answer),
+                shaped: None,
+            });
+        }
+    }
+    let Some(router) = generation.router(&conn.listener) else {
+        return Err(Served::refused(ProxyError::NoRoute));
+    };
+    if let Some(access) = &router.edge.access {
+        if !access.admits(filters::client_ip(conn, req.headers(), &router.edge)) {
+            return Err(Served::refused(ProxyError::Forbidden));
+        }
+    }
+    let Ok(listener_slot) = router.admit() else {
+        return Err(Served::refused(ProxyError::Saturated));
+    };
+    let path = match edge::normalize_path(req.uri().path(), &router.edge) {
+        Ok(path) => path,
+        Err(reason) => return Err(Served::refused(ProxyError::BadRequest(reason))),
+    };
+    if let Some(noted) = noted {
+        if let Cow::Owned(normalized) = &path {
+            noted.path.clone_from(normalized);
+        }
+        noted.authority = authority
+            .as_ref()
+            .map(|a| String::from_utf8_lossy(a.as_bytes()).into_owned());
+    }
+    let asked_method = edge::preflight_method(req);
+    let (host, head) = edge::routing_head(req, authority.as_ref(), asked_method.as_ref());
+    if let (Some(tls), Some(host)) = (conn.tls.get(), host) {
+        if tls.misdirected(host) {
+            return Err(Served::refused(ProxyError::Misdirected));
+        }
+    }
+    // One request in a few, on each serving thread, is kept for `impact`.
+    if let Some(sample) = router.sample.as_ref().filter(|s| s.offered()) {
+        let offered = crate::generation::sample::Offered {
+            method: head.method,
+            host,
+            path: &path,
+            query: head.query,
+            headers: head.headers,
+        };
+        sample.record(&offered, &router.sample_names);
+    }
+    let Some(route) = router.route(host, &path, &head) else {
+        // The listener's default CORS still answers for it.
+        let (answer, shaped) = match filters::unrouted(req, router.edge.defaults.as_deref()) {
+            Some((answer, shaped)) => (answer, Some(shaped)),
+            None => (None, None),
+        };
+        return Err(Served {
+            route: None,
+            result: answer.ok_or(ProxyError::NoRoute),
+            shaped,
+        });
+    };
+    let normalized = match path {
+        Cow::Owned(path) => Some(path),
+        Cow::Borrowed(_) => None,
+    };
+    Ok(Routing {
+        router,
+        route,
+        authority,
+        normalized,
+        listener_slot,
+    })
+}
+
+/// Stage 4: the route's authentication (DESIGN §19), after its quota: a
+/// flood of bad credentials is rate-limited before it costs a password
+/// hash. Then the quota keyed by the subject it found. `Err`: refused.
+async fn authenticate(
+    auth: &crate::auth::Auth,
+    req: &mut Request<ClientBody>,
+    (conn, generation, route): (&ConnContext, &Generation, &Route),
+    target: &Target<'_>,
+    advertised: &mut Option<Advertised>,
+    mut noted: Option<&mut Noted>,
+) -> Result<(), ProxyError> {
+    auth.strip_identity(req.headers_mut());
+    let asked = crate::auth::Asked {
+        method: req.method(),
+        uri: req.uri(),
+        headers: req.headers(),
+        authority: target.authority.as_ref(),
+        scheme: if conn.scheme == http::uri::Scheme::HTTPS {
+            "https"
+        } else {
+            "http"
+        },
+        client: filters::client_ip(conn, req.headers(), target.edge),
+    };
+    let service = match auth {
+        crate::auth::Auth::Forward(forward) => generation.upstream(&forward.upstream),
+        _ => None,
+    };
+    let verdict = super::auth::check(auth, &asked, service, &route.shared).await;
+    // A shadow copy of this request takes this verdict (never a
+    // check of its own).
+    if let Some(vouch) = req.extensions_mut().remove::<super::shadow::Vouch>() {
+        vouch.send(&verdict);
+    }
+    let outcome = verdict.outcome();
+    route.shared.authenticated(auth.method(), outcome);
+    if let Some(noted) = noted.as_deref_mut() {
+        noted.auth = Some(outcome);
+    }
+    let mut subject = None;
+    match verdict {
+        Verdict::Allowed(identity) => {
+            auth.apply(&identity, req.headers_mut());
+            subject = identity.subject;
+        }
+        Verdict::FailedOpen => {}
+        Verdict::Denied(denial) => {
+            return Err(ProxyError::Unauthenticated(denial));
+        }
+    }
+    if let Some(quota) = route.quota.as_ref().filter(|q| q.spec().keyed_by_subject()) {
+        let taken = take_quota(route, quota, req, conn, generation, subject.as_deref()).await;
+        match taken {
+            Ok(taken) => *advertised = taken,
+            Err(refused) => {
+                if let Some(noted) = noted.as_deref_mut() {
+                    noted.limited = super::quota::limited_by(&refused);
+                    noted.subject = subject;
+                }
+                return Err(refused);
+            }
+        }
+    }
+    if let Some(noted) = noted {
+        noted.subject = subject;
+    }
+    Ok(())
 }
 
 /// Where a route sends an admitted request.
