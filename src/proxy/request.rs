@@ -457,57 +457,26 @@ fn route_and_answer<'g, 'a>(
             }
         }
         // 5. What is forwarded, as the filters prepare it.
-        let mut request_id = None;
-        if let (Some(f), Some(checked)) = (&effective, checked) {
-            let prepared = filters::prepare(req, &checked, &seen, f);
-            let (prepared, forwarded) = match prepared {
-                Ok(prepared) => prepared,
-                Err(error) => {
-                    return Served {
-                        route: Some(route),
-                        result: Err(error),
-                        shaped,
-                    }
-                }
-            };
-            if let Some(noted) = noted.as_deref_mut() {
-                noted.request_id = checked
-                    .request_id
-                    .as_ref()
-                    .map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned());
-                noted.upstream_path.clone_from(&forwarded);
-            }
-            req = prepared;
-            if forwarded.is_some() {
-                target.path = forwarded;
-            }
-            target.host_rewrite = f.host_rewrite();
-            request_id = checked.request_id;
-            // A copy to each of the route's mirrors, as it is forwarded.
-            if let Step::Proxy(..) = &step {
-                for mirror in f.mirrors() {
-                    if let Some(upstream) = generation.upstream(&mirror.upstream) {
-                        req = super::mirror::copy(
-                            req,
-                            mirror,
-                            route,
-                            upstream,
-                            target.path.as_deref(),
-                        );
-                    }
+        let filtered = effective.as_ref().zip(checked);
+        let prepared = prepare(
+            req,
+            filtered,
+            &seen,
+            (generation, &step),
+            (&mut target.path, &mut target.host_rewrite),
+            context.grpc.as_deref_mut(),
+            noted.as_deref_mut(),
+        );
+        let (req, request_id) = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                return Served {
+                    route: Some(route),
+                    result: Err(error),
+                    shaped,
                 }
             }
-        }
-        if let Some(call) = context.grpc.as_deref_mut() {
-            if call.malformed_timeout {
-                req.headers_mut().remove(&crate::grpc::GRPC_TIMEOUT);
-            }
-            if route.spec.grpc_web {
-                let (translated, mode) = super::grpc_web::translate(req);
-                req = translated;
-                call.web = mode;
-            }
-        }
+        };
         // 6. One step forward: a direct answer, a redirect, several
         // attempts (`retry.rs`) or one (`exchange.rs`).
         let mut result = match step {
@@ -773,6 +742,61 @@ async fn authenticate(
         noted.subject = subject;
     }
     Ok(())
+}
+
+/// Stage 5: what is forwarded, as the route's filters prepare it (the
+/// request id, the streamed body limit, a rewrite, request headers), a
+/// copy to each of its mirrors, and a gRPC call's own changes. Returns
+/// the request and its id; `Err`: refused.
+fn prepare<'g>(
+    mut req: Request<ClientBody>,
+    filtered: Option<(&filters::Effective<'g>, filters::Checked<'g>)>,
+    seen: &filters::Seen<'_, 'g>,
+    (generation, step): (&'g Generation, &Step<'_>),
+    (path, host_rewrite): (
+        &mut Option<String>,
+        &mut Option<&'g crate::plan::HostRewrite>,
+    ),
+    grpc: Option<&mut super::grpc::Call>,
+    noted: Option<&mut Noted>,
+) -> Result<(Request<ClientBody>, Option<HeaderValue>), ProxyError> {
+    let route = seen.route;
+    let mut request_id = None;
+    if let Some((f, checked)) = filtered {
+        let (prepared, forwarded) = filters::prepare(req, &checked, seen, f)?;
+        if let Some(noted) = noted {
+            noted.request_id = checked
+                .request_id
+                .as_ref()
+                .map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned());
+            noted.upstream_path.clone_from(&forwarded);
+        }
+        req = prepared;
+        if forwarded.is_some() {
+            *path = forwarded;
+        }
+        *host_rewrite = f.host_rewrite();
+        request_id = checked.request_id;
+        // A copy to each of the route's mirrors, as it is forwarded.
+        if let Step::Proxy(..) = step {
+            for mirror in f.mirrors() {
+                if let Some(upstream) = generation.upstream(&mirror.upstream) {
+                    req = super::mirror::copy(req, mirror, route, upstream, path.as_deref());
+                }
+            }
+        }
+    }
+    if let Some(call) = grpc {
+        if call.malformed_timeout {
+            req.headers_mut().remove(&crate::grpc::GRPC_TIMEOUT);
+        }
+        if route.spec.grpc_web {
+            let (translated, mode) = super::grpc_web::translate(req);
+            req = translated;
+            call.web = mode;
+        }
+    }
+    Ok((req, request_id))
 }
 
 /// Where a route sends an admitted request.
