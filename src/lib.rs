@@ -37,10 +37,12 @@ pub mod admission;
 pub mod auth;
 pub mod backends;
 pub mod cache;
+pub mod clock;
 pub mod config;
 pub mod control;
 pub mod ctl;
 pub mod discovery;
+pub mod files;
 #[cfg(feature = "fleet")]
 pub mod fleet;
 pub mod gatewayapi;
@@ -55,6 +57,7 @@ pub mod proxy;
 pub mod runtime;
 pub mod telemetry;
 pub mod tls;
+pub mod weak_map;
 pub mod writer;
 
 pub use lifecycle::{run, Options};

@@ -139,7 +139,7 @@ async fn account(spec: &AcmeSpec) -> Result<Account, Failure> {
     let contacts: Vec<&str> = contact.iter().map(String::as_str).collect();
     let eab = match &spec.eab {
         Some(eab) => {
-            let bytes = crate::config::read_regular(&eab.hmac_file, 4096).map_err(|e| {
+            let bytes = crate::files::read_regular(&eab.hmac_file, 4096).map_err(|e| {
                 Failure::new("storage", format!("{}: {e}", eab.hmac_file.display()))
             })?;
             let key = super::eab_key(&bytes).ok_or_else(|| {

@@ -86,7 +86,7 @@ impl<T: Send + Sync + 'static> Reload for SecretFile<T> {
 
     fn reload(&self) -> Result<bool, String> {
         let this = &self.0;
-        let bytes = crate::config::read_regular(&this.path, crate::config::MAX_REFERENCED_FILE)
+        let bytes = crate::files::read_regular(&this.path, crate::files::MAX_REFERENCED_FILE)
             .map_err(|e| format!("cannot read '{}': {e}", this.path.display()))?;
         let digest: [u8; 32] = Sha256::digest(&bytes).into();
         if digest == this.current.load().digest {

@@ -160,7 +160,7 @@ impl RetryBudget {
 
 fn second() -> u64 {
     // Offset by a window so that never-used slots (second 0) are stale.
-    super::now_ms() / 1000 + WINDOW
+    crate::clock::now_ms() / 1000 + WINDOW
 }
 
 #[cfg(test)]

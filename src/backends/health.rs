@@ -19,7 +19,8 @@ use http::header::{HeaderValue, CONTENT_TYPE, HOST, TE, USER_AGENT};
 use http::{Request, Uri};
 use http_body_util::BodyExt;
 
-use super::{now_ms, Backend, SignalledBody};
+use super::{Backend, SignalledBody};
+use crate::clock::now_ms;
 use crate::plan::{HealthProbe, HealthSpec};
 
 /// Most of a check response's body that is read (so that its connection

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::now_ms;
+use crate::clock::now_ms;
 
 /// Estimate of a backend nothing has been measured on yet.
 const DEFAULT_RTT: Duration = Duration::from_millis(30);

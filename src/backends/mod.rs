@@ -26,11 +26,10 @@ mod load;
 mod outlier;
 mod quic;
 mod send_proxy;
-mod weak_map;
 
 use std::borrow::Cow;
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 pub use backend::{Attempt, Backend, BackendError, BackendGuard, Usable};
 pub use budget::RetryBudget;
@@ -41,10 +40,11 @@ pub use h1::{
 };
 pub use health::HealthState;
 pub use quic::{send as send_quic, Pooled, QuicBody, QuicClient, QuicError};
-pub use weak_map::WeakMap;
 
+use crate::clock::{now_ms, unix_ms};
 use crate::plan::{HealthSpec, UpstreamProtocol};
 use crate::tls::UpstreamTlsSpec;
+use crate::weak_map::WeakMap;
 
 /// What makes two backends the same backend: address, transport and the
 /// active check that judges it.
@@ -184,29 +184,6 @@ fn client_shard(clients: usize) -> usize {
     } else {
         clients.saturating_sub(1)
     }
-}
-
-/// The origin of [`now_ms`], on the monotonic and on the wall clock.
-fn origin() -> &'static (Instant, SystemTime) {
-    static ORIGIN: OnceLock<(Instant, SystemTime)> = OnceLock::new();
-    ORIGIN.get_or_init(|| {
-        let ms = Duration::from_millis(1);
-        (Instant::now() - ms, SystemTime::now() - ms)
-    })
-}
-
-/// Milliseconds since the process's first call: the time base of every
-/// deadline kept in an atomic here (0 means "none").
-pub fn now_ms() -> u64 {
-    u64::try_from(origin().0.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
-/// `at_ms` as Unix milliseconds: stable from one call to the next, so
-/// two views of one deadline compare equal.
-pub fn unix_ms(at_ms: u64) -> u64 {
-    let at = origin().1 + Duration::from_millis(at_ms);
-    at.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// What `GET /admin/runtime/backends` shows of one backend.

@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::now_ms;
+use crate::clock::now_ms;
 use crate::plan::OutlierSpec;
 
 /// A probe that has not reported back within this long (its client went

@@ -35,10 +35,10 @@ use http::{request, response};
 pub use http_cache_semantics::RequestLike;
 use http_cache_semantics::{AfterResponse, BeforeRequest};
 
-use crate::backends::WeakMap;
 use crate::plan::ZoneSpec;
 use crate::telemetry::metrics as m;
 use crate::telemetry::series::{self, Exported, Sample};
+use crate::weak_map::WeakMap;
 
 /// Variants kept per key; a new one past this replaces the oldest.
 pub const MAX_VARIANTS: usize = 16;

@@ -10,7 +10,6 @@
 mod compose;
 mod diagnostic;
 mod file;
-mod files;
 mod route;
 pub mod segments;
 mod source;
@@ -25,7 +24,6 @@ use toml::Spanned;
 pub use compose::{check_shared, compose, SHARED_DOMAINS};
 pub use diagnostic::{Code, Diagnostic};
 pub use file::*;
-pub use files::{read_regular, MAX_CONFIG_FILE, MAX_REFERENCED_FILE};
 pub use route::*;
 pub use source::SourceMap;
 
@@ -44,7 +42,7 @@ impl ConfigText {
     /// Reads a configuration file from disk.
     /// Only a regular file of at most `MAX_CONFIG_FILE` bytes is read.
     pub fn read(path: &Path) -> std::io::Result<Self> {
-        let text = files::read_regular_text(path, MAX_CONFIG_FILE)?;
+        let text = crate::files::read_regular_text(path, crate::files::MAX_CONFIG_FILE)?;
         let base_dir = path
             .parent()
             .map(Path::to_path_buf)

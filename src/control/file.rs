@@ -111,7 +111,7 @@ impl ConfigFile {
                 _ => Err(e),
             })
             .and_then(|()| {
-                crate::runtime::write_atomically(dir, name, |out| {
+                crate::files::write_atomically(dir, name, |out| {
                     std::io::Write::write_all(out, text.text.as_bytes())
                 })
             });

@@ -74,7 +74,7 @@ pub fn parse_endpoints(contents: &[u8]) -> Result<Vec<Endpoint>, String> {
 async fn load(path: &Path) -> Result<Vec<u8>, String> {
     let path = path.to_owned();
     tokio::task::spawn_blocking(move || {
-        crate::config::read_regular(&path, MAX_FILE)
+        crate::files::read_regular(&path, MAX_FILE)
             .map_err(|e| format!("cannot read '{}': {e}", path.display()))
     })
     .await

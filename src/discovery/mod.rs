@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::backends::WeakMap;
 use crate::plan::{DiscoverySpec, SourceSpec};
 use crate::telemetry::metrics as m;
 use crate::telemetry::series::{self, Count, Exported, Sample};
+use crate::weak_map::WeakMap;
 
 pub use file::parse_endpoints;
 
@@ -364,8 +364,8 @@ impl Source {
             source: self.key.spec.label(),
             members: self.members.borrow().len(),
             left_out: self.left_out.load(Ordering::Relaxed),
-            last_resolution_unix_ms: state.last_resolution_ms.map(crate::backends::unix_ms),
-            next_refresh_unix_ms: state.next_refresh_ms.map(crate::backends::unix_ms),
+            last_resolution_unix_ms: state.last_resolution_ms.map(crate::clock::unix_ms),
+            next_refresh_unix_ms: state.next_refresh_ms.map(crate::clock::unix_ms),
             error: state.error,
             stale: state.stale,
             resolutions: failures + self.counts.ok.get(),
@@ -377,7 +377,7 @@ impl Source {
     /// returns how long until the next one (`refresh` for failures and
     /// empty answers, the records' TTL when shorter, never under 1 s).
     pub(crate) fn take(&self, answer: Answer, refresh: Duration) -> Duration {
-        let now = crate::backends::now_ms();
+        let now = crate::clock::now_ms();
         let mut state = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         state.last_resolution_ms = Some(now);
         let wait = match answer {
@@ -444,7 +444,7 @@ impl Source {
     /// A file's list: read and parsed (`Ok`), or not (`Err`, the last
     /// good list kept).
     pub(crate) fn take_file(&self, read: Result<Vec<Endpoint>, String>) {
-        let now = crate::backends::now_ms();
+        let now = crate::clock::now_ms();
         let mut state = self.status.lock().unwrap_or_else(PoisonError::into_inner);
         state.last_resolution_ms = Some(now);
         match read {

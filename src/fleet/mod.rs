@@ -720,7 +720,7 @@ impl Fleet {
             let written = serde_json::to_vec(&applied)
                 .map_err(std::io::Error::other)
                 .and_then(|bytes| {
-                    crate::runtime::write_atomically(dir, STATE_FILE, |out| {
+                    crate::files::write_atomically(dir, STATE_FILE, |out| {
                         std::io::Write::write_all(out, &bytes)
                     })
                 });

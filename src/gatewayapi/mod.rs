@@ -205,7 +205,7 @@ impl Imported {
         let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name")
         })?;
-        crate::runtime::write_atomically(dir, name, |out| out.write_all(self.config.as_bytes()))
+        crate::files::write_atomically(dir, name, |out| out.write_all(self.config.as_bytes()))
     }
 
     /// The statuses as YAML documents (`kind`, `metadata`, `status`),

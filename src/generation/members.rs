@@ -197,7 +197,7 @@ impl Tier {
     /// and summing 100 counters on every request cost more than the rest
     /// of the pick.
     pub(super) fn total_load(&self, backends: &[Arc<Backend>]) -> u64 {
-        let now = crate::backends::now_ms();
+        let now = crate::clock::now_ms();
         if self.load_sum.at_ms.load(Ordering::Relaxed) == now {
             return self.load_sum.total.load(Ordering::Relaxed);
         }
@@ -210,7 +210,7 @@ impl Tier {
         self.load_sum.total.store(total, Ordering::Relaxed);
         self.load_sum
             .at_ms
-            .store(crate::backends::now_ms(), Ordering::Relaxed);
+            .store(crate::clock::now_ms(), Ordering::Relaxed);
         total
     }
 }

@@ -30,9 +30,10 @@ pub use router::{Routed, Router};
 pub use schedule::WeightedSchedule;
 pub use upstream::Upstream;
 
-use crate::backends::{BackendError, BackendRegistry, WeakMap};
+use crate::backends::{BackendError, BackendRegistry};
 use crate::ids::GenerationId;
 use crate::plan::{RouteAction, Spec};
+use crate::weak_map::WeakMap;
 
 /// State that outlives generations and is carried into each new one.
 #[derive(Debug, Default)]

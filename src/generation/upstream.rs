@@ -350,8 +350,7 @@ impl Upstream {
     #[inline]
     fn takes(&self, backend: &Backend) -> bool {
         if let (Some(ramp), Some(recovered)) = (self.slow_start, backend.health.recovered_at()) {
-            let elapsed =
-                Duration::from_millis(crate::backends::now_ms().saturating_sub(recovered));
+            let elapsed = Duration::from_millis(crate::clock::now_ms().saturating_sub(recovered));
             let share = (elapsed.as_secs_f64() / ramp.as_secs_f64()).max(SLOW_START_FLOOR);
             if share < 1.0 && fastrand::f64() >= share {
                 return false;

@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use super::local::QuotaTable;
 use super::store::{Ask, Grant, Miss, Store};
 use super::{Decision, Left, Outcome};
-use crate::backends::now_ms;
+use crate::clock::now_ms;
 use crate::plan::{FleetQuotaSpec, OnStoreError, QuotaAlgorithm, QuotaSpec};
 
 const SHARDS: usize = 16;

@@ -15,7 +15,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::Left;
-use crate::backends::now_ms;
+use crate::clock::now_ms;
 use crate::plan::QuotaSpec;
 
 const SHARDS: usize = 16;

@@ -21,6 +21,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
 use crate::config::ConfigText;
+use crate::files::write_atomically;
 use crate::ids::GenerationId;
 
 /// How many operations the log keeps.
@@ -580,29 +581,6 @@ fn remove_unnamed(configs: &Path, names: &[String]) {
             }
         }
     }
-}
-
-/// Temporary file, fsync, rename over the target, fsync of the folder: a
-/// crash leaves either the old or the new file, never a torn one.
-/// Writes `dir/name` as a whole or not at all: a temporary file, synced,
-/// renamed over it, the folder synced.
-pub fn write_atomically(
-    dir: &Path,
-    name: &str,
-    write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    {
-        let file = std::fs::File::create(&tmp)?;
-        let mut out = std::io::BufWriter::with_capacity(64 * 1024, &file);
-        write(&mut out)?;
-        out.flush()?;
-        drop(out);
-        file.sync_all()?;
-    }
-    std::fs::rename(&tmp, dir.join(name))?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 #[derive(Debug, thiserror::Error)]

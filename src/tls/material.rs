@@ -77,7 +77,7 @@ pub struct LoadedCert {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    crate::config::read_regular(path, crate::config::MAX_REFERENCED_FILE).map_err(|e| {
+    crate::files::read_regular(path, crate::files::MAX_REFERENCED_FILE).map_err(|e| {
         TlsError::Read {
             path: path.to_path_buf(),
             reason: e.to_string(),

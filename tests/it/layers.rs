@@ -684,3 +684,20 @@ fn no_module_has_a_file_cycle() {
     assert!(modules > 15, "the modules were not read");
     assert!(found.is_empty(), "file cycles: {found:#?}");
 }
+
+/// The ground floor (`files`, `clock`, `weak_map`, `ids`) imports nothing
+/// of cutover: helpers every floor uses do not tie those floors together.
+#[test]
+fn the_ground_floor_imports_nothing() {
+    let graph = graph();
+    for ground in ["files", "clock", "weak_map", "ids"] {
+        let imports = graph.get(ground).map(|to| to.keys().collect::<Vec<_>>());
+        assert!(
+            imports.as_ref().is_none_or(Vec::is_empty),
+            "{ground} imports {imports:?}"
+        );
+    }
+    // They are read: the floors above use them.
+    let users = |ground: &str| graph.values().filter(|to| to.contains_key(ground)).count();
+    assert!(users("files") >= 5 && users("clock") >= 3 && users("weak_map") >= 3);
+}

@@ -20,7 +20,9 @@ impl Validator<'_> {
     /// diagnostic or a record when it would not.
     pub(super) fn probe_file(&self, name: &str) -> Option<Vec<u8>> {
         match self.confined(name) {
-            (resolved, true) => config::read_regular(&resolved, config::MAX_REFERENCED_FILE).ok(),
+            (resolved, true) => {
+                crate::files::read_regular(&resolved, crate::files::MAX_REFERENCED_FILE).ok()
+            }
             (_, false) => None,
         }
     }
@@ -37,7 +39,7 @@ impl Validator<'_> {
             );
             return None;
         }
-        match config::read_regular(&resolved, config::MAX_REFERENCED_FILE) {
+        match crate::files::read_regular(&resolved, crate::files::MAX_REFERENCED_FILE) {
             Ok(contents) => {
                 self.referenced.push((name.to_owned(), contents.clone()));
                 Some(contents)

@@ -1,5 +1,7 @@
-//! Reading the files a configuration names, and the configuration itself,
-//! so that no path can stall or exhaust the control plane.
+//! Files as the control plane reads and writes them: reading the files a
+//! configuration names, and the configuration itself, so that no path can
+//! stall or exhaust the control plane; writing state whole or not at all.
+//! The ground floor: it imports nothing of the crate.
 //!
 //! Only regular files are read: a FIFO would block the read (and the
 //! operation lock with it) until someone writes to it, and a device such
@@ -7,7 +9,7 @@
 //! checked on the open descriptor, so it cannot be swapped for a FIFO
 //! between the check and the read, and it is read up to a size cap.
 
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::path::Path;
 
 use rustix::fs::{Mode, OFlags};
@@ -58,6 +60,29 @@ fn too_large(limit: u64) -> io::Error {
 pub fn read_regular_text(path: &Path, limit: u64) -> io::Result<String> {
     String::from_utf8(read_regular(path, limit)?)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"))
+}
+
+/// Temporary file, fsync, rename over the target, fsync of the folder: a
+/// crash leaves either the old or the new file, never a torn one.
+/// Writes `dir/name` as a whole or not at all: a temporary file, synced,
+/// renamed over it, the folder synced.
+pub fn write_atomically(
+    dir: &Path,
+    name: &str,
+    write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    {
+        let file = std::fs::File::create(&tmp)?;
+        let mut out = std::io::BufWriter::with_capacity(64 * 1024, &file);
+        write(&mut out)?;
+        out.flush()?;
+        drop(out);
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
