@@ -456,27 +456,30 @@ fn route_and_answer<'g, 'a>(
                 };
             }
         }
-        // 5. What is forwarded, as the filters prepare it.
-        let filtered = effective.as_ref().zip(checked);
-        let prepared = prepare(
-            req,
-            filtered,
-            &seen,
-            (generation, &step),
-            (&mut target.path, &mut target.host_rewrite),
-            context.grpc.as_deref_mut(),
-            noted.as_deref_mut(),
-        );
-        let (req, request_id) = match prepared {
-            Ok(prepared) => prepared,
-            Err(error) => {
-                return Served {
-                    route: Some(route),
-                    result: Err(error),
-                    shaped,
+        // 5. What is forwarded, as the filters prepare it (a plain route's
+        // request is not moved through it: it has nothing to prepare).
+        let mut request_id = None;
+        if effective.is_some() || context.grpc.is_some() {
+            let prepared = prepare(
+                req,
+                effective.as_ref().zip(checked),
+                &seen,
+                (generation, &step),
+                (&mut target.path, &mut target.host_rewrite),
+                context.grpc.as_deref_mut(),
+                noted.as_deref_mut(),
+            );
+            (req, request_id) = match prepared {
+                Ok(prepared) => prepared,
+                Err(error) => {
+                    return Served {
+                        route: Some(route),
+                        result: Err(error),
+                        shaped,
+                    }
                 }
-            }
-        };
+            };
+        }
         // 6. One step forward: a direct answer, a redirect, several
         // attempts (`retry.rs`) or one (`exchange.rs`).
         let mut result = match step {
