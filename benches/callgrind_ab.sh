@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instructions per proxied HTTP/1.1 request of two cutover binaries, counted
+# Instructions per proxied HTTP/1.1 (or h2c) request of two cutover binaries, counted
 # by callgrind over the whole gateway process (docs/performance.md): the
 # binary under callgrind in front of nginx `return 200` (its own process),
 # `h2load --h1 -c4` warms up with 2 000 requests, the counters are zeroed,
@@ -10,7 +10,9 @@
 #
 #   benches/callgrind_ab.sh A_BINARY B_BINARY [ROUNDS] [REQUESTS]
 #
-# ONE_ROUTE_ACCESS_LOG=1 turns the access log on (to a file) for both.
+# ONE_ROUTE_ACCESS_LOG=1 turns the access log on (to a file) for both;
+# PROTOCOL=h2c counts h2c requests (prior knowledge, 10 streams per
+# connection) instead of HTTP/1.1.
 #
 # Needs valgrind, nginx-light, nghttp2-client (h2load), python3 (apt-get
 # install them). Loopback only; every process it starts is stopped by pid.
@@ -23,6 +25,11 @@ requests=${4:-20000}
 for tool in valgrind callgrind_control nginx h2load python3; do
   command -v "$tool" > /dev/null || { echo "needs $tool (apt-get install valgrind nginx-light nghttp2-client python3)"; exit 1; }
 done
+case "${PROTOCOL:-h1}" in
+  h1) load=(--h1) ;;
+  h2c) load=(-m10) ;;
+  *) echo "PROTOCOL is h1 or h2c"; exit 1 ;;
+esac
 dir=$(mktemp -d)
 . "$here/one_route.sh"
 gateway=
@@ -41,9 +48,9 @@ count() {
   valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" run -c "$dir/gw.toml" > "$dir/out" 2> "$dir/err" &
   gateway=$!
   for _ in $(seq 1 600); do grep -q '"ready"' "$dir/out" 2>/dev/null && break; sleep 0.2; done
-  h2load --h1 -n 2000 -c4 "http://127.0.0.1:$port/" > /dev/null 2>&1
+  h2load "${load[@]}" -n 2000 -c4 "http://127.0.0.1:$port/" > /dev/null 2>&1
   callgrind_control --zero "$gateway" > /dev/null 2>&1
-  h2load --h1 -n "$requests" -c4 "http://127.0.0.1:$port/" > "$dir/h2load" 2>&1
+  h2load "${load[@]}" -n "$requests" -c4 "http://127.0.0.1:$port/" > "$dir/h2load" 2>&1
   callgrind_control --dump=measured "$gateway" > /dev/null 2>&1
   kill -TERM "$gateway"; wait "$gateway" 2>/dev/null || true; gateway=
   grep -q "succeeded, 0 failed, 0 errored" "$dir/h2load" || { echo "h2load saw failures:" >&2; cat "$dir/h2load" >&2; exit 1; }
