@@ -304,20 +304,21 @@ pub fn import(paths: &[PathBuf], options: &Options) -> Result<Imported, String> 
 }
 
 pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imported, String> {
+    // 1. The Gateways: their listeners (and their ListenerSets'), the
+    // ports that serve them, their statuses.
     let of_kind = |kind: &'static str| of_kind(resources, kind);
     let model::Gateways {
         gateways,
         sets,
         listeners,
         ports,
-        statuses: mut gateway_statuses,
-        set_statuses: mut listener_set_statuses,
+        statuses: gateway_statuses,
+        set_statuses,
         backend_clients,
     } = gateways::read(resources, options);
     let namespaces: BTreeMap<&str, &serde_json::Map<String, Value>> = of_kind("Namespace")
         .map(|n| (n.name.as_str(), &n.labels))
         .collect();
-
     let ctx = model::Context {
         resources,
         gateways: &gateways,
@@ -327,88 +328,46 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
         backend_clients: &backend_clients,
         options,
     };
-    let mut routes: Vec<&Resource> = of_kind("HTTPRoute").collect();
-    let mut grpc_routes: Vec<&Resource> = of_kind("GRPCRoute").collect();
-    // The API's tie-breakers: the oldest route, then namespace/name.
-    routes.sort_by(|a, b| {
-        (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
-    });
+    let mut statuses = Statuses {
+        listeners: &listeners,
+        gateways: gateway_statuses,
+        sets: set_statuses,
+        routes: Vec::new(),
+    };
+    // 2. HTTPRoutes, then GRPCRoutes, each oldest first (the API's
+    // precedence).
+    let http_routes = oldest_first(of_kind("HTTPRoute"));
+    let grpc_routes = oldest_first(of_kind("GRPCRoute"));
     let mut built = model::Built::default();
-    let mut route_statuses = Vec::new();
-    for (order, route) in routes.iter().enumerate() {
+    for (order, route) in http_routes.iter().chain(&grpc_routes).enumerate() {
         let (status, attached) = http::import_route(&ctx, route, order, &mut built);
-        count_attached(
-            &listeners,
-            &mut gateway_statuses,
-            &mut listener_set_statuses,
-            attached,
-        );
-        route_statuses.push(status);
-    }
-    grpc_routes.sort_by(|a, b| {
-        (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
-    });
-    for (order, route) in grpc_routes.iter().enumerate() {
-        let (status, attached) = http::import_route(&ctx, route, routes.len() + order, &mut built);
-        count_attached(
-            &listeners,
-            &mut gateway_statuses,
-            &mut listener_set_statuses,
-            attached,
-        );
-        route_statuses.push(status);
+        statuses.add(status, attached);
     }
     http::settle(&mut built.routes);
-    // TCP, TLS passthrough and UDP routes, oldest first.
-    let mut l4_routes: Vec<&Resource> = resources
-        .iter()
-        .filter(|r| {
-            r.group() == GROUP && matches!(r.kind.as_str(), "TLSRoute" | "TCPRoute" | "UDPRoute")
-        })
-        .collect();
-    l4_routes.sort_by(|a, b| {
-        (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
-    });
+    // 3. TCP, TLS passthrough and UDP routes, oldest first.
+    let l4_routes = oldest_first(resources.iter().filter(|r| {
+        r.group() == GROUP && matches!(r.kind.as_str(), "TLSRoute" | "TCPRoute" | "UDPRoute")
+    }));
     let mut l4 = BTreeMap::new();
     for route in l4_routes {
         let (status, attached) = l4::import_route(&ctx, route, &mut l4, &mut built.upstreams);
-        count_attached(
-            &listeners,
-            &mut gateway_statuses,
-            &mut listener_set_statuses,
-            attached,
-        );
-        route_statuses.push(status);
+        statuses.add(status, attached);
     }
-
+    // 4. The configuration, held to the validation any other is.
     let config = emit(&ports, &built, &l4, options);
-    let text = crate::config::ConfigText::inline(
-        config.clone(),
-        options
-            .base_dir
-            .clone()
-            .or_else(|| std::env::current_dir().ok())
-            .unwrap_or_else(|| PathBuf::from(".")),
-        "gateway-api import",
-    );
-    if let Err(diagnostics) = crate::plan::validate(&text) {
-        let mut message = String::from("the configuration written from the resources does not validate (a bug of the import):\n");
-        for d in diagnostics {
-            let _ = writeln!(message, "  {}", d.render("import"));
-        }
-        return Err(message);
-    }
+    validate_import(&config, options)?;
+    // 5. What was imported, and every status.
     Ok(Imported {
         counts: Counts {
             gateways: gateways.len(),
-            routes: routes.len(),
+            routes: http_routes.len(),
             cutover_routes: built.routes.len(),
             upstreams: built.upstreams.len(),
         },
         config,
-        routes: route_statuses,
-        gateways: gateway_statuses,
-        listener_sets: listener_set_statuses,
+        routes: statuses.routes,
+        gateways: statuses.gateways,
+        listener_sets: statuses.sets,
         policies: policy::statuses(resources, options.base_dir.as_deref()),
         ignored: resources
             .iter()
@@ -418,24 +377,65 @@ pub fn import_resources(resources: &[Resource], options: &Options) -> Result<Imp
     })
 }
 
-/// Adds a route's attachments to its listeners' `attachedRoutes`.
-fn count_attached(
-    listeners: &[Listener],
-    statuses: &mut [status::GatewayStatus],
-    sets: &mut [status::ListenerSetStatus],
-    attached: BTreeMap<usize, usize>,
-) {
-    for (listener, count) in attached {
-        let Some(l) = listeners.get(listener) else {
-            continue;
-        };
-        let owner = match l.set {
-            Some(si) => sets.get_mut(si).map(|s| &mut s.listeners),
-            None => statuses.get_mut(l.gateway).map(|g| &mut g.listeners),
-        };
-        if let Some(ls) = owner.and_then(|ls| ls.iter_mut().find(|s| s.name == l.name)) {
-            ls.attached += count;
+/// Resources oldest first, then by namespace and name: the Gateway API's
+/// tie-breakers between routes.
+fn oldest_first<'a>(resources: impl Iterator<Item = &'a Resource>) -> Vec<&'a Resource> {
+    let mut sorted: Vec<&Resource> = resources.collect();
+    sorted.sort_by(|a, b| {
+        (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
+    });
+    sorted
+}
+
+/// The written configuration validates as any other would; one that does
+/// not is a bug of the import, said as such.
+fn validate_import(config: &str, options: &Options) -> Result<(), String> {
+    let text = crate::config::ConfigText::inline(
+        config.to_owned(),
+        options
+            .base_dir
+            .clone()
+            .or_else(|| std::env::current_dir().ok())
+            .unwrap_or_else(|| PathBuf::from(".")),
+        "gateway-api import",
+    );
+    match crate::plan::validate(&text) {
+        Ok(_) => Ok(()),
+        Err(diagnostics) => {
+            let mut message = String::from("the configuration written from the resources does not validate (a bug of the import):\n");
+            for d in diagnostics {
+                let _ = writeln!(message, "  {}", d.render("import"));
+            }
+            Err(message)
         }
+    }
+}
+
+/// The statuses an import writes, as routes attach to listeners.
+struct Statuses<'a> {
+    listeners: &'a [Listener],
+    gateways: Vec<status::GatewayStatus>,
+    sets: Vec<status::ListenerSetStatus>,
+    routes: Vec<status::RouteStatus>,
+}
+
+impl Statuses<'_> {
+    /// A route's status, and its attachments added to its listeners'
+    /// `attachedRoutes`.
+    fn add(&mut self, route: status::RouteStatus, attached: BTreeMap<usize, usize>) {
+        for (listener, count) in attached {
+            let Some(l) = self.listeners.get(listener) else {
+                continue;
+            };
+            let owner = match l.set {
+                Some(si) => self.sets.get_mut(si).map(|s| &mut s.listeners),
+                None => self.gateways.get_mut(l.gateway).map(|g| &mut g.listeners),
+            };
+            if let Some(ls) = owner.and_then(|ls| ls.iter_mut().find(|s| s.name == l.name)) {
+                ls.attached += count;
+            }
+        }
+        self.routes.push(route);
     }
 }
 
