@@ -290,6 +290,42 @@ fn control_socket(
     ))
 }
 
+/// What a process started by a drain-aware upgrade takes over: the
+/// sockets the previous process handed over (its listeners', and the
+/// admin and metrics ones), and the pipe it closes once it stops
+/// accepting on the latter.
+struct Inherited {
+    accept_after: Option<std::os::fd::OwnedFd>,
+    listeners: Vec<(String, std::net::SocketAddr, std::os::fd::OwnedFd)>,
+    control: Vec<(SocketRole, std::net::SocketAddr, std::net::TcpListener)>,
+}
+
+impl Inherited {
+    fn adopt(upgrade: Option<&UpgradeState>) -> Result<Self, StartError> {
+        let accept_after = upgrade
+            .and_then(|u| u.accept_after)
+            .map(handover::adopt_pipe)
+            .transpose()
+            .map_err(StartError::Handover)?;
+        let mut listeners = Vec::new();
+        let mut control = Vec::new();
+        for socket in upgrade.iter().flat_map(|u| u.sockets.iter()) {
+            let listener = handover::adopt(socket).map_err(StartError::Handover)?;
+            match socket.role {
+                SocketRole::Listener => {
+                    listeners.push((socket.name.clone(), socket.bind, listener))
+                }
+                role => control.push((role, socket.bind, std::net::TcpListener::from(listener))),
+            }
+        }
+        Ok(Self {
+            accept_after,
+            listeners,
+            control,
+        })
+    }
+}
+
 async fn serve(
     options: Options,
     start: Start,
@@ -321,27 +357,11 @@ async fn serve(
     let state_dir = spec.runtime.state_dir.clone();
     let mut history = History::new(spec.runtime.history_limit, state_dir.clone(), history);
 
-    // Sockets handed over by the previous process, if any, and the pipe
-    // it closes once it stops accepting on the admin and metrics ones.
-    let accept_after = upgrade
-        .as_ref()
-        .and_then(|u| u.accept_after)
-        .map(handover::adopt_pipe)
-        .transpose()
-        .map_err(StartError::Handover)?;
-    let mut inherited_listeners = Vec::new();
-    let mut inherited_control = Vec::new();
-    for socket in upgrade.iter().flat_map(|u| u.sockets.iter()) {
-        let listener = handover::adopt(socket).map_err(StartError::Handover)?;
-        match socket.role {
-            SocketRole::Listener => {
-                inherited_listeners.push((socket.name.clone(), socket.bind, listener))
-            }
-            role => {
-                inherited_control.push((role, socket.bind, std::net::TcpListener::from(listener)))
-            }
-        }
-    }
+    let Inherited {
+        accept_after,
+        listeners: inherited_listeners,
+        control: mut inherited_control,
+    } = Inherited::adopt(upgrade.as_ref())?;
 
     // Before anything that exports series is made.
     telemetry::series::set_max_series(spec.metrics_max_series);
@@ -500,53 +520,7 @@ async fn serve(
     let metrics_address = match metrics_socket {
         Some(socket) => {
             let address = socket.local_addr().ok();
-            let scraped = Arc::clone(&control);
-            let probed = Arc::clone(&control);
-            let router = axum::Router::new()
-                // Readiness without the admin token, for probes that
-                // cannot carry one (a kubelet): the phase, nothing more.
-                .route(
-                    "/ready",
-                    axum::routing::get(move || {
-                        let running = probed.phase().get() == Phase::Running;
-                        async move {
-                            if running {
-                                (axum::http::StatusCode::OK, "ready\n")
-                            } else {
-                                (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
-                            }
-                        }
-                    }),
-                )
-                .route(
-                    "/metrics",
-                    axum::routing::get(move || {
-                        let prometheus = prometheus.clone();
-                        let control = Arc::clone(&scraped);
-                        // Rendering thousands of series takes milliseconds:
-                        // not on a thread that serves requests.
-                        async move {
-                            tokio::task::spawn_blocking(move || {
-                                let pending =
-                                    control.pending().map(|p| (p.generation, p.rollback_to));
-                                let roles = control.store().roles(pending);
-                                let generations: Vec<_> = roles
-                                    .iter()
-                                    .map(|(role, ledger)| telemetry::series::GenerationSeries {
-                                        role,
-                                        id: ledger.generation().0,
-                                        requests: ledger.requests.get(),
-                                        errors: ledger.errors.get(),
-                                        duration: &ledger.duration,
-                                    })
-                                    .collect();
-                                telemetry::series::scrape(&prometheus, &generations)
-                            })
-                            .await
-                            .map_err(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR)
-                        }
-                    }),
-                );
+            let router = metrics_router(Arc::clone(&control), prometheus);
             tokio::spawn(super::control_server::serve(
                 socket,
                 router,
@@ -568,6 +542,61 @@ async fn serve(
     let stopping = process.stopping();
     announce_ready(&control, admin_address, metrics_address);
     signal_loop(writer, process, signals, stopping).await
+}
+
+/// The metrics listener's routes: `/metrics` (rendered off the serving
+/// threads, with the live generations' series) and `/ready` without the
+/// admin token, for probes that cannot carry one.
+fn metrics_router(
+    control: Arc<Control>,
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+) -> axum::Router {
+    let scraped = Arc::clone(&control);
+    let probed = control;
+    axum::Router::new()
+        // Readiness without the admin token, for probes that
+        // cannot carry one (a kubelet): the phase, nothing more.
+        .route(
+            "/ready",
+            axum::routing::get(move || {
+                let running = probed.phase().get() == Phase::Running;
+                async move {
+                    if running {
+                        (axum::http::StatusCode::OK, "ready\n")
+                    } else {
+                        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let prometheus = prometheus.clone();
+                let control = Arc::clone(&scraped);
+                // Rendering thousands of series takes milliseconds:
+                // not on a thread that serves requests.
+                async move {
+                    tokio::task::spawn_blocking(move || {
+                        let pending = control.pending().map(|p| (p.generation, p.rollback_to));
+                        let roles = control.store().roles(pending);
+                        let generations: Vec<_> = roles
+                            .iter()
+                            .map(|(role, ledger)| telemetry::series::GenerationSeries {
+                                role,
+                                id: ledger.generation().0,
+                                requests: ledger.requests.get(),
+                                errors: ledger.errors.get(),
+                                duration: &ledger.duration,
+                            })
+                            .collect();
+                        telemetry::series::scrape(&prometheus, &generations)
+                    })
+                    .await
+                    .map_err(|_| axum::http::StatusCode::INTERNAL_SERVER_ERROR)
+                }
+            }),
+        )
 }
 
 async fn refresh_gauges(control: Arc<Control>) {
