@@ -211,7 +211,7 @@ impl Rates {
     pub(super) fn of(timeline: &TimelineView) -> Option<Self> {
         let points = &timeline.points[timeline.points.len().saturating_sub(5)..];
         let (first, last) = (points.first()?, points.last()?);
-        let seconds = last.t - first.t + timeline.interval_seconds.max(1);
+        let seconds = last.t.saturating_sub(first.t) + timeline.interval_seconds.max(1);
         let roles = points.iter().flat_map(|p| &p.roles);
         let (requests, errors) = roles.fold((0, 0), |(n, e), r| (n + r.requests, e + r.errors));
         Some(Rates {
