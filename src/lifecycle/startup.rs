@@ -403,43 +403,12 @@ async fn serve(
     };
     drop(inherited_control);
 
-    if let Some(source) = new_record {
-        let (requested_by, reason) = if source == Source::AutoRollback {
-            (
-                Some("cutover".to_owned()),
-                Some("confirm deadline passed while no process ran".to_owned()),
-            )
-        } else {
-            upgrade
-                .as_ref()
-                .map_or((None, None), |u| (u.requested_by.clone(), u.reason.clone()))
-        };
-        history.record_generation(GenerationRecord {
-            generation: id,
-            config_version: spec.config_version.clone(),
-            activated_at: rfc3339(SystemTime::now()),
-            source,
-            rolled_back_to,
-            requested_by,
-            reason,
-            config: RetainedText::new(&text.text),
-            base_dir: text.base_dir.clone(),
-            origin: text.origin.clone(),
-        });
-    }
-    if let Some(upgrade) = &upgrade {
-        history.update_operation(&upgrade.operation_id, |op| {
-            op.outcome = Outcome::Succeeded;
-            op.generation = Some(id);
-            op.pid = std::process::id();
-            op.previous_pid = Some(upgrade.parent_pid);
-            op.summary = format!(
-                "drain-aware restart: pid {} -> pid {}",
-                upgrade.parent_pid,
-                std::process::id()
-            );
-        });
-    }
+    record_start(
+        &mut history,
+        (id, &spec, &text),
+        (new_record, rolled_back_to),
+        upgrade.as_ref(),
+    );
     // This future runs as long as the process: what it no longer needs
     // goes now, not at exit (the text is 1.2 MB at 10 000 routes, kept
     // compressed in history), and the pages freed since go back to the
@@ -542,6 +511,52 @@ async fn serve(
     let stopping = process.stopping();
     announce_ready(&control, admin_address, metrics_address);
     signal_loop(writer, process, signals, stopping).await
+}
+
+/// Records how this process started: the generation it built (at a
+/// start, a drain-aware restart, or the rollback a confirm deadline made
+/// while no process ran) and, after an upgrade, that upgrade as done.
+fn record_start(
+    history: &mut History,
+    (id, spec, text): (GenerationId, &crate::plan::Spec, &crate::config::ConfigText),
+    (new_record, rolled_back_to): (Option<Source>, Option<GenerationId>),
+    upgrade: Option<&UpgradeState>,
+) {
+    if let Some(source) = new_record {
+        let (requested_by, reason) = if source == Source::AutoRollback {
+            (
+                Some("cutover".to_owned()),
+                Some("confirm deadline passed while no process ran".to_owned()),
+            )
+        } else {
+            upgrade.map_or((None, None), |u| (u.requested_by.clone(), u.reason.clone()))
+        };
+        history.record_generation(GenerationRecord {
+            generation: id,
+            config_version: spec.config_version.clone(),
+            activated_at: rfc3339(SystemTime::now()),
+            source,
+            rolled_back_to,
+            requested_by,
+            reason,
+            config: RetainedText::new(&text.text),
+            base_dir: text.base_dir.clone(),
+            origin: text.origin.clone(),
+        });
+    }
+    if let Some(upgrade) = upgrade {
+        history.update_operation(&upgrade.operation_id, |op| {
+            op.outcome = Outcome::Succeeded;
+            op.generation = Some(id);
+            op.pid = std::process::id();
+            op.previous_pid = Some(upgrade.parent_pid);
+            op.summary = format!(
+                "drain-aware restart: pid {} -> pid {}",
+                upgrade.parent_pid,
+                std::process::id()
+            );
+        });
+    }
 }
 
 /// The metrics listener's routes: `/metrics` (rendered off the serving
