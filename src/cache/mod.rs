@@ -311,17 +311,17 @@ impl Zone {
                     .cloned(),
             );
         }
-        self.put(key.to_owned(), Variants(variants));
+        self.put(key, Variants(variants));
         self.counts.stored.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Puts `variants` under `key`, counting the other keys pushed out to
     /// make room for them.
-    fn put(&self, key: String, variants: Variants) {
+    fn put(&self, key: &str, variants: Variants) {
         let mut evicted = Vec::new();
         self.objects
-            .insert_with_lifecycle(key.clone(), Arc::new(variants), &mut evicted);
-        let room = evicted.iter().filter(|k| **k != key).count() as u64;
+            .insert_with_lifecycle(key.to_owned(), Arc::new(variants), &mut evicted);
+        let room = evicted.iter().filter(|k| k.as_str() != key).count() as u64;
         if room > 0 {
             self.counts.evicted.fetch_add(room, Ordering::Relaxed);
         }
@@ -419,7 +419,7 @@ impl Zone {
             disk.admit(&owned, found, |found| {
                 if !zone.in_memory(&owned) {
                     let variants = found.into_iter().map(Arc::new).collect();
-                    zone.put(owned.clone(), Variants(variants));
+                    zone.put(&owned, Variants(variants));
                     loaded = true;
                 }
             });

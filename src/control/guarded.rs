@@ -89,7 +89,7 @@ pub(crate) fn judge(
 
 /// How often a guard judges: a tenth of its window, between 100 ms and
 /// 1 s.
-fn evaluation_interval(spec: &GuardSpec) -> Duration {
+pub(crate) fn evaluation_interval(spec: &GuardSpec) -> Duration {
     (spec.window / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
 }
 
@@ -284,7 +284,12 @@ impl Control {
     /// The pending generation, if there is one.
     pub fn pending(&self) -> Option<PendingView> {
         let mut view = self.pending.lock().as_ref().map(Pending::view)?;
+        // The share admission applies now (the step's own may be a moment
+        // ahead of it while a step changes).
         view.canary_percent = self.store.canary().map(|c| c.percent);
+        if let (Some(canary), Some(percent)) = (view.canary.as_mut(), view.canary_percent) {
+            canary.percent = percent;
+        }
         Some(view)
     }
 

@@ -57,7 +57,7 @@ pub use error::ControlError;
 pub use expectation::{admit_change, Expectation};
 pub use file::FileComposer;
 #[cfg(feature = "fleet")]
-pub(crate) use guarded::{judge, Verdict};
+pub(crate) use guarded::{evaluation_interval, judge, Verdict};
 pub use keeper::{AcmeStatus, CertificateStatus, OcspStatus};
 pub use local::{Control, ControlParts, ProcessControl};
 pub use pending::PendingView;

@@ -8,7 +8,8 @@
 //! Read from what already counts (the generations' ledgers, the backends'
 //! state) by a task on the control runtime once a second: the request
 //! path does nothing more for it. Bounded: `POINTS` points of at most
-//! three roles each (224 bytes a point: about 200 KiB), and at most
+//! three roles each (224 bytes a point: about 200 KiB; a second in which
+//! generations change roles also lists the ones that left), and at most
 //! `CHANGES` health changes (32 bytes each) for at most `BACKENDS`
 //! backends (about 2 MiB at worst).
 

@@ -27,8 +27,8 @@ use super::records::{
 };
 use super::{etcd, within, Fleet};
 use crate::control::{
-    admit_change, judge, Answers, Baseline, Candidate, ControlError, Expectation, GuardSpec,
-    Settle, SettleRequest, Verdict,
+    admit_change, evaluation_interval, judge, Answers, Baseline, Candidate, ControlError,
+    Expectation, GuardSpec, Settle, SettleRequest, Verdict,
 };
 use crate::ids::GenerationId;
 use crate::runtime::{rfc3339, GuardRecord};
@@ -134,9 +134,9 @@ impl Fleet {
     /// guard over every instance's answers, the canary's end.
     async fn watch_pending(self: &Arc<Self>, generation: GenerationId, pending: FleetPending) {
         let mut guard = pending.guard.as_ref().map(GuardSpec::from_record);
-        let every = guard.as_ref().map_or(Duration::from_millis(250), |g| {
-            (g.window / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
-        });
+        let every = guard
+            .as_ref()
+            .map_or(Duration::from_millis(250), evaluation_interval);
         let started = SystemTime::UNIX_EPOCH + Duration::from_millis(pending.started_unix_ms);
         let canary_ends = pending.canary.as_ref().map(|c| {
             Duration::from_millis(c.step_interval_ms)
