@@ -30,6 +30,9 @@ pub struct PendingView {
     /// During canary steps: where it is in them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<CanaryView>,
+    /// Whether a guard judges it (a breach rolls it back).
+    #[serde(default)]
+    pub guarded: bool,
 }
 
 /// A canary's place in its steps, as status shows it: the share of new
@@ -175,6 +178,7 @@ impl Pending {
                     .as_secs_f64()
             }),
             canary_percent: None,
+            guarded: self.guard.is_some(),
             canary: self.canary.as_ref().map(|c| {
                 let last = self.step + 1 >= c.steps.len();
                 CanaryView {

@@ -242,12 +242,13 @@ pub(super) fn status_frame(
     );
     let canary = status.pending.as_ref().and_then(|p| p.canary.as_ref());
     if let Some(pending) = &status.pending {
-        let when = match (pending.seconds_left, canary) {
-            (Some(s), _) => format!("in {s:.0}s unless confirmed"),
-            (None, Some(_)) => {
+        let when = match (pending.seconds_left, canary, pending.guarded) {
+            (Some(s), _, _) => format!("in {s:.0}s unless confirmed"),
+            (None, Some(_), true) => {
                 "if aborted or its guard breaches (its last canary step confirms it)".to_owned()
             }
-            (None, None) => "when its guard says so".to_owned(),
+            (None, Some(_), false) => "if aborted (its last canary step confirms it)".to_owned(),
+            (None, None, _) => "when its guard says so".to_owned(),
         };
         let _ = writeln!(
             out,
@@ -258,6 +259,9 @@ pub(super) fn status_frame(
     if let (Some(pending), Some(c)) = (&status.pending, canary) {
         let steps: Vec<String> = c.steps.iter().map(|p| format!("{p} %")).collect();
         let next = match (c.next_percent, c.seconds_to_next_step) {
+            (Some(next), Some(secs)) if pending.guarded => {
+                format!("; next: {next} % in {secs:.0}s unless its guard ends it")
+            }
             (Some(next), Some(secs)) => format!("; next: {next} % in {secs:.0}s"),
             (Some(next), None) => format!("; next: {next} %"),
             (None, _) => String::new(),

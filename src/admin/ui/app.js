@@ -157,7 +157,7 @@ function canaryText(pending) {
   const next = c.next_percent === null || c.next_percent === undefined ? "" :
     `; next: ${c.next_percent} %` +
     (c.seconds_to_next_step === null || c.seconds_to_next_step === undefined ? "" :
-      ` in ${Math.round(c.seconds_to_next_step)} s unless its guard ends it`);
+      ` in ${Math.round(c.seconds_to_next_step)} s` + (pending.guarded ? " unless its guard ends it" : ""));
   return `generation ${pending.generation} takes ${c.percent} % of new requests, ` +
     `generation ${pending.rollback_to} takes ${100 - c.percent} % ` +
     `(step ${c.step} of ${c.steps.length}: ${c.steps.map((p) => `${p} %`).join(", ")}${next})`;
@@ -180,7 +180,7 @@ function renderStatus(status) {
   const pending = !status.pending ? "" :
     ` · PENDING: generation ${status.pending.generation} rolls back to generation ${status.pending.rollback_to} ` +
     (status.pending.seconds_left === null || status.pending.seconds_left === undefined
-      ? "if its guard fails"
+      ? (status.pending.guarded ? "if its guard fails" : "if aborted (its last canary step confirms it)")
       : `in ${Math.round(status.pending.seconds_left)} s unless confirmed`);
   const canary = canaryText(status.pending);
   const shadowing = status.shadow && status.shadow.verdict === "running"
