@@ -62,6 +62,26 @@ pub struct UpgradeState {
     /// at once).
     #[serde(default)]
     pub accept_after: Option<RawFd>,
+    /// Each HTTP/3 listener's UDP group, with the new process's ends of
+    /// the relays that join its endpoints to the old process's (absent
+    /// from an older process's file: the new process binds the port once
+    /// the old one has let it go).
+    #[serde(default)]
+    pub quic: Vec<HandedUdpGroup>,
+}
+
+/// One listener's UDP group, handed over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandedUdpGroup {
+    pub name: String,
+    /// The address the group is bound to.
+    pub address: SocketAddr,
+    /// What the new process's connection IDs carry.
+    pub tag: u8,
+    /// The group's sockets, in group order.
+    pub sockets: Vec<RawFd>,
+    /// The new process's end of each member's relay, in the same order.
+    pub relays: Vec<RawFd>,
 }
 
 /// A duplicate of `fd` that survives `exec` (`dup` leaves `FD_CLOEXEC`
@@ -106,6 +126,21 @@ pub fn adopt_pipe(fd: RawFd) -> io::Result<OwnedFd> {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("descriptor {fd} is not a pipe"),
+        ));
+    }
+    Ok(owned)
+}
+
+/// Takes ownership of an inherited relay socket (one end of a Unix
+/// socket pair) by descriptor number.
+pub fn adopt_relay(fd: RawFd) -> io::Result<OwnedFd> {
+    let owned = take_inherited(fd)?;
+    if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&owned)?.st_mode)
+        != rustix::fs::FileType::Socket
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("descriptor {fd} is not a socket"),
         ));
     }
     Ok(owned)

@@ -297,6 +297,8 @@ fn control_socket(
 struct Inherited {
     accept_after: Option<std::os::fd::OwnedFd>,
     listeners: Vec<(String, std::net::SocketAddr, std::os::fd::OwnedFd)>,
+    /// HTTP/3 listeners' UDP groups, by listener name and bound address.
+    quic: Vec<(String, std::net::SocketAddr, crate::proxy::InheritedGroup)>,
     control: Vec<(SocketRole, std::net::SocketAddr, std::net::TcpListener)>,
 }
 
@@ -318,9 +320,43 @@ impl Inherited {
                 role => control.push((role, socket.bind, std::net::TcpListener::from(listener))),
             }
         }
+        let mut quic = Vec::new();
+        for group in upgrade.iter().flat_map(|u| u.quic.iter()) {
+            let sockets = group
+                .sockets
+                .iter()
+                .map(|&fd| {
+                    handover::adopt(&handover::HandedSocket {
+                        role: SocketRole::Listener,
+                        name: group.name.clone(),
+                        bind: group.address,
+                        fd,
+                    })
+                    .map(std::net::UdpSocket::from)
+                })
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(StartError::Handover)?;
+            let relays = group
+                .relays
+                .iter()
+                .map(|&fd| handover::adopt_relay(fd))
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(StartError::Handover)?;
+            let tag = crate::proxy::QuicTag::new(group.tag);
+            quic.push((
+                group.name.clone(),
+                group.address,
+                crate::proxy::InheritedGroup {
+                    tag,
+                    sockets,
+                    relays,
+                },
+            ));
+        }
         Ok(Self {
             accept_after,
             listeners,
+            quic,
             control,
         })
     }
@@ -360,6 +396,7 @@ async fn serve(
     let Inherited {
         accept_after,
         listeners: inherited_listeners,
+        quic: inherited_quic,
         control: mut inherited_control,
     } = Inherited::adopt(upgrade.as_ref())?;
 
@@ -386,6 +423,9 @@ async fn serve(
     certificates.follow(Arc::clone(&store) as Arc<dyn crate::tls::ActiveMaterial>);
     let listeners = ListenerSet::new(admission, Arc::clone(&certificates), Some(workers));
     listeners.inherit(inherited_listeners);
+    for (name, address, group) in inherited_quic {
+        listeners.inherit_quic(name, address, group);
+    }
     let bound = listeners.bind_new(&spec.listeners)?;
     listeners.release_unadopted();
 

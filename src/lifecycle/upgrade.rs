@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
 
 use super::control_server::Served;
-use super::handover::{self, HandedSocket, SocketRole, UpgradeState};
+use super::handover::{self, HandedSocket, HandedUdpGroup, SocketRole, UpgradeState};
 use super::stop::Stop;
 use crate::config::ConfigText;
 use crate::control::{Control, LifecycleError, ProcessControl, UpgradeRequest};
@@ -238,6 +238,31 @@ impl Process {
             });
             inherited.push(fd);
         }
+        let mut quic = Vec::new();
+        let groups = control
+            .listeners()
+            .hand_over_quic()
+            .map_err(|e| LifecycleError::Failed(format!("cannot hand over a UDP group: {e}")))?;
+        for handed in groups {
+            let mut pass = |fds: &[OwnedFd]| -> Result<Vec<_>, LifecycleError> {
+                fds.iter()
+                    .map(|fd| {
+                        let fd = handover::inheritable(std::os::fd::AsFd::as_fd(fd))
+                            .map_err(|e| LifecycleError::Failed(e.to_string()))?;
+                        let raw = handover::raw(&fd);
+                        inherited.push(fd);
+                        Ok(raw)
+                    })
+                    .collect()
+            };
+            quic.push(HandedUdpGroup {
+                name: handed.name,
+                address: handed.address,
+                tag: handed.group.tag.value(),
+                sockets: pass(&handed.group.sockets)?,
+                relays: pass(&handed.group.relays)?,
+            });
+        }
         for (role, bind, socket) in &self.control_sockets {
             let fd = handover::inheritable(std::os::fd::AsFd::as_fd(socket))
                 .map_err(|e| LifecycleError::Failed(e.to_string()))?;
@@ -279,6 +304,7 @@ impl Process {
             requested_by: request.requested_by,
             reason: request.reason,
             accept_after,
+            quic,
         };
         let spawned = handover::write_state(&self.scratch_dir, &state).and_then(|path| {
             tracing::info!(binary = %exe.display(), operation = %operation_id, "starting the new process");

@@ -9,16 +9,16 @@
 //! Lifecycle. While HTTP/3 serves, the TCP side advertises it
 //! (`alt-svc`). Draining stops that, refuses new QUIC connections, sends
 //! every connection a GOAWAY and lets its streams finish (drain waits for
-//! them like for TCP connections). A drain-aware upgrade does not hand
-//! the UDP socket over: the successor binds it when this process is gone
-//! (it retries), so that no packet of a connection this process serves
-//! reaches a process that does not know it. Meanwhile clients reach the
-//! new process over TCP, where `alt-svc` is not yet advertised.
+//! them like for TCP connections). A drain-aware upgrade hands the UDP
+//! group over: the successor serves new connections on it at once, and
+//! a packet either process reads for the other's connection is relayed to
+//! it (`steering`), so this process's connections finish here.
 
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -37,6 +37,7 @@ use super::interim::InterimQueue;
 use super::listener::accept::balance;
 use super::request::handle;
 use super::sockets;
+use super::steering::{self, InheritedGroup, Link, QuicGroup, SteeredSocket, Tag, WorkerCids};
 use crate::admission::Admission;
 use crate::backends::{BoxError, ClientBody};
 use crate::plan::ListenerLimits;
@@ -64,6 +65,11 @@ pub struct Http3 {
     /// The data-plane threads each connection's requests are served on
     /// (the endpoint's packets are on this runtime).
     pub workers: Option<Arc<super::workers::Workers>>,
+    /// The UDP group the previous process handed over for this listener,
+    /// served instead of a group of its own.
+    pub inherited: Option<InheritedGroup>,
+    /// Where the group is kept for the next drain-aware upgrade.
+    pub group: Arc<Mutex<Option<QuicGroup>>>,
 }
 
 /// H3_REQUEST_REJECTED (RFC 9114 §8.1): not processed, safe to retry.
@@ -73,20 +79,56 @@ const H3_REQUEST_REJECTED: u64 = 0x010b;
 const BIND_RETRY: Duration = Duration::from_millis(100);
 
 /// Serves HTTP/3 until the listener drains: one QUIC endpoint per
-/// data-plane worker, each on its own UDP socket of the listener's group
-/// (`sockets::udp_group`), its packets steered to it by connection ID
-/// (`sockets::steer_quic`); an endpoint's packet I/O, crypto, timers and
-/// requests all run on its worker. Where steering cannot be attached,
-/// one endpoint serves alone.
+/// data-plane worker (at most `steering::MAX_MEMBERS`), each on its own
+/// UDP socket of the listener's group (`sockets::udp_group`, or the group
+/// the previous process handed over), its packets steered to it by
+/// connection ID (`sockets::steer_quic`) and, during a hand-over, to the
+/// process that knows the connection (`steering`); an endpoint's packet
+/// I/O, crypto, timers and requests all run on its worker. Where
+/// steering cannot be attached, one endpoint serves alone.
 pub async fn serve_endpoint(mut h3: Http3) {
-    let workers = h3.workers.as_ref().map_or(1, |w| w.threads());
-    let Some(mut sockets) = bind(&mut h3, workers).await else {
-        return;
+    let workers = h3
+        .workers
+        .as_ref()
+        .map_or(1, |w| w.threads())
+        .min(steering::MAX_MEMBERS);
+    let (mut sockets, tag, relays) = match h3.inherited.take() {
+        Some(group) if !group.sockets.is_empty() => {
+            tracing::info!(listener = %h3.name, endpoints = group.sockets.len(), "HTTP/3: serving on the UDP sockets the previous process handed over, beside its connections");
+            (group.sockets, group.tag, group.relays)
+        }
+        _ => {
+            let Some(sockets) = bind(&mut h3, workers).await else {
+                return;
+            };
+            (sockets, Tag::default(), Vec::new())
+        }
     };
     if sockets.len() > 1 {
         if let Err(error) = sockets::steer_quic(&sockets[0], sockets.len()) {
-            tracing::warn!(listener = %h3.name, %error, "HTTP/3: cannot steer packets to per-worker endpoints; one endpoint serves");
-            sockets.truncate(1);
+            if relays.is_empty() {
+                tracing::warn!(listener = %h3.name, %error, "HTTP/3: cannot steer packets to per-worker endpoints; one endpoint serves");
+                sockets.truncate(1);
+            } else {
+                // The previous process's program stays attached to the group.
+                tracing::warn!(listener = %h3.name, %error, "HTTP/3: cannot attach steering to the handed-over group; the previous process's steering stays");
+            }
+        }
+    }
+    let links: Vec<Arc<Link>> = sockets
+        .iter()
+        .map(|_| Link::new(Arc::clone(&h3.draining_flag)))
+        .collect();
+    match sockets.iter().map(std::net::UdpSocket::try_clone).collect() {
+        Ok(kept) => {
+            *h3.group.lock().unwrap_or_else(PoisonError::into_inner) = Some(QuicGroup {
+                tag,
+                sockets: kept,
+                links: links.clone(),
+            });
+        }
+        Err(error) => {
+            tracing::warn!(listener = %h3.name, %error, "HTTP/3: the UDP group is not kept for an upgrade; the next process binds it once this one is gone");
         }
     }
     let server = match shared_server_config(&h3) {
@@ -112,12 +154,18 @@ pub async fn serve_endpoint(mut h3: Http3) {
         refused: metrics::counter!(m::CONNECTIONS_REFUSED, m::LABEL_LISTENER => h3.name.to_string()),
         accepted: metrics::counter!(m::CONNECTIONS_ACCEPTED, m::LABEL_LISTENER => h3.name.to_string()),
         gauge: metrics::gauge!(m::DOWNSTREAM_CONNECTIONS, m::LABEL_LISTENER => h3.name.to_string()),
+        tag,
         h3,
     });
-    for (member, socket) in sockets.into_iter().enumerate() {
+    let mut relays = relays.into_iter();
+    for ((member, socket), link) in sockets.into_iter().enumerate().zip(links) {
         let endpoints = Arc::clone(&shared);
+        let joined = Joined {
+            link,
+            predecessor: relays.next(),
+        };
         let run = move || -> Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
-            Box::pin(endpoints.endpoint(member, socket))
+            Box::pin(endpoints.endpoint(member, socket, joined))
         };
         match &shared.h3.workers {
             Some(workers) => workers.spawn_on(member, Box::new(run)),
@@ -149,26 +197,54 @@ struct Endpoints {
     refused: metrics::Counter,
     accepted: metrics::Counter,
     gauge: metrics::Gauge,
+    /// What this process's connection IDs carry (`steering::Tag`).
+    tag: Tag,
+}
+
+/// How an endpoint is joined to its counterparts in the processes before
+/// and after this one (`steering`).
+struct Joined {
+    link: Arc<Link>,
+    /// The relay to the previous process's endpoint on the same socket.
+    predecessor: Option<OwnedFd>,
 }
 
 impl Endpoints {
     /// One endpoint on the calling worker, until the listener drains and
     /// its connections are gone.
-    async fn endpoint(self: Arc<Self>, member: usize, socket: std::net::UdpSocket) {
+    async fn endpoint(self: Arc<Self>, member: usize, socket: std::net::UdpSocket, joined: Joined) {
         let h3 = &self.h3;
         let mut applied = (h3.limits)();
-        let members = self.members;
+        let (members, tag) = (self.members, self.tag);
         // The socket stays open while an endpoint fails to start on a
         // duplicate of it: closing it would shrink the group under the
         // steering program and send another member's packets astray.
         let start = || -> Result<quinn::Endpoint, BoxError> {
             let mut config = quinn::EndpointConfig::default();
-            config.cid_generator(move || Box::new(WorkerCids { member, members }));
+            config.cid_generator(move || {
+                Box::new(WorkerCids {
+                    member,
+                    members,
+                    tag,
+                })
+            });
             let server = server_config(&self.server, &applied)?;
-            Ok(quinn::Endpoint::new(
+            let predecessor = joined
+                .predecessor
+                .as_ref()
+                .map(OwnedFd::try_clone)
+                .transpose()?;
+            let socket = SteeredSocket::new(
+                socket.try_clone()?,
+                tag,
+                Arc::clone(&joined.link),
+                predecessor,
+                Arc::clone(&h3.name),
+            )?;
+            Ok(quinn::Endpoint::new_with_abstract_socket(
                 config,
                 Some(server),
-                socket.try_clone()?,
+                socket,
                 Arc::new(quinn::TokioRuntime),
             )?)
         };
@@ -183,7 +259,7 @@ impl Endpoints {
         let Some(endpoint) = retry_start(start, failed, &mut draining).await else {
             return;
         };
-        drop(socket);
+        drop((socket, joined));
         self.set_accepting(member, true);
         let local = endpoint.local_addr().unwrap_or(h3.address);
         if self.started.fetch_add(1, Ordering::AcqRel) + 1 == self.members {
@@ -303,9 +379,7 @@ impl Endpoints {
             return Some(incoming);
         }
         // The ID of the Retry is made during `retry`, on this thread.
-        RETRY_MEMBER.with(|m| m.set(Some(target)));
-        let retried = incoming.retry();
-        RETRY_MEMBER.with(|m| m.set(None));
+        let retried = steering::retrying_to(target, || incoming.retry());
         match retried {
             Ok(()) => {
                 self.rebalanced.increment(1);
@@ -333,12 +407,6 @@ fn retry_target(members: impl Iterator<Item = (usize, bool)>, member: usize) -> 
     balance(loads, member)
 }
 
-thread_local! {
-    /// While an endpoint sends a Retry from this thread: the member the
-    /// Retry's connection ID names instead of the endpoint's own.
-    static RETRY_MEMBER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
-}
-
 /// First and longest wait between attempts to start an endpoint.
 const START_RETRY: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(30));
 
@@ -364,45 +432,6 @@ async fn retry_start<T>(
         wait = (wait * 2).min(longest);
     }
 }
-
-/// The connection IDs an endpoint issues: 8 bytes, random but for the
-/// first, which is congruent to the endpoint's member index modulo the
-/// group's size (what `sockets::steer_quic` reads); a Retry's names the
-/// member it sends the client to (`RETRY_MEMBER`).
-struct WorkerCids {
-    member: usize,
-    members: usize,
-}
-
-impl quinn::ConnectionIdGenerator for WorkerCids {
-    fn generate_cid(&mut self) -> quinn::ConnectionId {
-        let mut bytes = [0u8; WORKER_CID_LEN];
-        // An ID only has to be unpredictable enough not to link a
-        // client's paths; a failing system generator leaves zeros after
-        // the first byte, which still steers.
-        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
-        let members = self.members.clamp(1, 256);
-        let member = RETRY_MEMBER
-            .with(std::cell::Cell::get)
-            .unwrap_or(self.member)
-            % members;
-        // The largest multiple of `members` that leaves room for the index.
-        let spans = (256 - member).div_ceil(members);
-        let span = usize::from(bytes[0]) % spans;
-        bytes[0] = u8::try_from(span * members + member).unwrap_or(0);
-        quinn::ConnectionId::new(&bytes)
-    }
-
-    fn cid_len(&self) -> usize {
-        WORKER_CID_LEN
-    }
-
-    fn cid_lifetime(&self) -> Option<Duration> {
-        None
-    }
-}
-
-const WORKER_CID_LEN: usize = 8;
 
 /// Binds the listener's UDP group, waiting while the port is taken (a
 /// predecessor still draining its HTTP/3 connections).
@@ -814,7 +843,6 @@ impl Body for QuicBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use quinn::ConnectionIdGenerator;
 
     #[tokio::test(start_paused = true)]
     async fn an_endpoint_that_fails_to_start_is_tried_again_until_it_starts_or_the_listener_drains()
@@ -867,26 +895,6 @@ mod tests {
     }
 
     #[test]
-    fn a_retrys_connection_id_names_the_member_it_sends_the_client_to() {
-        let mut cids = WorkerCids {
-            member: 1,
-            members: 3,
-        };
-        for _ in 0..64 {
-            assert_eq!(cids.generate_cid()[0] % 3, 1);
-        }
-        RETRY_MEMBER.with(|m| m.set(Some(2)));
-        let retry = cids.generate_cid();
-        RETRY_MEMBER.with(|m| m.set(None));
-        assert_eq!(retry[0] % 3, 2);
-        assert_eq!(
-            cids.generate_cid()[0] % 3,
-            1,
-            "only while the Retry is made"
-        );
-    }
-
-    #[test]
     fn an_answer_loses_its_connection_specific_fields_and_keeps_the_rest() {
         let gone = [
             "connection",
@@ -915,24 +923,6 @@ mod tests {
         }
         for name in kept {
             assert!(headers.contains_key(name), "{name}");
-        }
-    }
-
-    #[test]
-    fn an_endpoints_connection_ids_name_its_member() {
-        for members in [1, 2, 3, 7, 64] {
-            for member in 0..members {
-                let mut cids = WorkerCids { member, members };
-                let mut firsts = std::collections::BTreeSet::new();
-                for _ in 0..200 {
-                    let cid = cids.generate_cid();
-                    assert_eq!(cid.len(), WORKER_CID_LEN);
-                    assert_eq!(usize::from(cid[0]) % members, member);
-                    firsts.insert(cid[0]);
-                }
-                // Not one fixed byte where there is room for more.
-                assert!(members > 128 || firsts.len() > 1, "{members}/{member}");
-            }
         }
     }
 }

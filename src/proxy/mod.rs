@@ -32,6 +32,7 @@ mod request;
 mod retry;
 mod shadow;
 mod sockets;
+mod steering;
 mod tcp;
 mod tunnel;
 mod udp;
@@ -41,8 +42,10 @@ pub use body::ResponseBody;
 pub use conn::pinned_age_expired;
 pub use error::{error_response, ProxyError};
 pub use listener::{
-    BindError, BoundListener, ListenerInfo, ListenerSet, ListenerSocket, ListeningSocket,
+    BindError, BoundListener, HandedQuic, ListenerInfo, ListenerSet, ListenerSocket,
+    ListeningSocket,
 };
+pub use steering::{InheritedGroup, Tag as QuicTag};
 pub use tunnel::CLOSE_GRACE as TUNNEL_CLOSE_GRACE;
 pub use workers::Workers;
 

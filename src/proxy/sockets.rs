@@ -100,22 +100,23 @@ pub fn udp_group(
 }
 
 /// Steers every datagram reaching a UDP group to the member whose QUIC
-/// endpoint issued its destination connection ID: each endpoint's IDs
-/// start with a byte equal to its member index modulo `members` (see
-/// `h3::WorkerCids`), and this program, attached to the group, reads
-/// that byte (offset 1 in a short header, 6 in a long one) and returns
-/// it modulo `members` as the member to deliver to. A client's first
-/// Initial packets carry an ID the client chose, which lands on some
-/// member consistently, the one whose endpoint then issues the IDs the
-/// client uses from there on. Without steering the kernel would pick by
-/// the client's address and port, and a client whose address changes (a
-/// NAT rebinding, a migration) would reach an endpoint that does not know
-/// its connection.
+/// endpoint issued its destination connection ID: the six low bits of
+/// each endpoint's IDs' first byte are congruent to its member index
+/// modulo `members` (the top two name the process, see
+/// `steering::WorkerCids`), and this program, attached to the group,
+/// reads that byte (offset 1 in a short header, 6 in a long one) and
+/// returns its low bits modulo `members` as the member to deliver to. A
+/// client's first Initial packets carry an ID the client chose, which
+/// lands on some member consistently, the one whose endpoint then issues
+/// the IDs the client uses from there on. Without steering the kernel
+/// would pick by the client's address and port, and a client whose
+/// address changes (a NAT rebinding, a migration) would reach an
+/// endpoint that does not know its connection.
 pub fn steer_quic(socket: &std::net::UdpSocket, members: usize) -> io::Result<()> {
     let members = u32::try_from(members)
         .ok()
-        .filter(|m| (1..=256).contains(m))
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "1 to 256 members"))?;
+        .filter(|m| (1..=super::steering::MAX_MEMBERS as u32).contains(m))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "1 to 64 members"))?;
     // Classic BPF (`linux/filter.h`), run on the UDP payload.
     let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
         code: code as u16,
@@ -134,9 +135,16 @@ pub fn steer_quic(socket: &std::net::UdpSocket, members: usize) -> io::Result<()
         op(libc::BPF_JMP | libc::BPF_JA, 0, 0, 1),
         // 4: A = the destination ID's first byte in a short header
         op(libc::BPF_LD | libc::BPF_B | libc::BPF_ABS, 0, 0, 1),
-        // 5: A %= members
+        // 5: A &= the member bits (the process's tag is not a member)
+        op(
+            libc::BPF_ALU | libc::BPF_AND | libc::BPF_K,
+            0,
+            0,
+            u32::from(super::steering::MEMBER_BITS),
+        ),
+        // 6: A %= members
         op(libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K, 0, 0, members),
-        // 6: deliver to member A
+        // 7: deliver to member A
         op(libc::BPF_RET | libc::BPF_A, 0, 0, 0),
     ];
     attach_reuseport_program(socket, &program)
@@ -261,7 +269,8 @@ mod tests {
     }
 
     /// The kernel delivers each QUIC packet to the member its destination
-    /// ID names, whatever the client's address and port.
+    /// ID names, whatever the client's address and port and whichever
+    /// process issued the ID.
     #[test]
     fn quic_packets_reach_the_member_their_connection_id_names() {
         let members = 3;
@@ -273,17 +282,17 @@ mod tests {
                 .set_read_timeout(Some(std::time::Duration::from_secs(2)))
                 .unwrap();
         }
-        for first in 0..12u8 {
+        for first in (0..4u8).flat_map(|tag| (0..6u8).map(move |low| (tag << 6) | low)) {
             // A new client address each time: no hashing could line up.
             let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             let short = [0x40, first, 1, 2, 3, 4, 5, 6, 7, 8];
             let long = [0xc0, 0, 0, 0, 1, 8, first, 9, 9, 9, 9, 9, 9, 9, 0];
             for packet in [&short[..], &long[..]] {
                 client.send_to(packet, local).unwrap();
-                let member = &group[usize::from(first) % members];
+                let index = usize::from(first & 0x3f) % members;
                 let mut buf = [0u8; 64];
-                let (n, _) = member.recv_from(&mut buf).unwrap();
-                assert_eq!(&buf[..n], packet, "member {}", usize::from(first) % members);
+                let (n, _) = group[index].recv_from(&mut buf).unwrap();
+                assert_eq!(&buf[..n], packet, "member {index}");
             }
         }
     }

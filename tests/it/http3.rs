@@ -287,14 +287,17 @@ async fn slow_backend(n: usize, every: Duration) -> Backend {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http3_downloads_complete_through_a_drain_aware_upgrade() {
-    let backend = slow_backend(20, Duration::from_millis(100)).await;
+async fn http3_downloads_complete_on_the_old_process_while_the_new_one_serves_new_connections() {
+    // 40 lines 100 ms apart: the old process drains for about 4 s.
+    let backend = slow_backend(40, Duration::from_millis(100)).await;
     let ca = ca("h3 ca");
     let dir = tempfile::tempdir().unwrap();
-    let text = config(dir.path(), &ca, backend.addr, "").replace(
-        "[[listeners]]\nname = \"secure\"",
-        "[runtime]\ndrain_timeout = \"20s\"\n\n[[listeners]]\nname = \"secure\"",
-    );
+    let text = config(dir.path(), &ca, backend.addr, "")
+        .replace(
+            "[[listeners]]\nname = \"secure\"",
+            "[runtime]\ndrain_timeout = \"20s\"\n\n[[listeners]]\nname = \"secure\"",
+        )
+        .replace("level = \"warn\"", "level = \"info\"");
     let mut gw = Gateway::start_in(dir, &text);
     let secure = gw.listener("secure");
     let old_pid = gw.pid();
@@ -337,16 +340,27 @@ async fn http3_downloads_complete_through_a_drain_aware_upgrade() {
     }
     let op = crate::lifecycle::upgrade(&gw, None).await;
     assert_eq!(op["outcome"], "succeeded", "{op}");
+    // While the old process drains (it refuses new connections), a new
+    // client is served by the new process on the handed-over UDP group:
+    // no gap in HTTP/3. Packets of the old connections that the new
+    // process reads are relayed to the old one, so the downloads go on.
+    let (mut during, _) = connect(&client(&ca), secure).await;
+    assert!(
+        gw.wait_exit(Duration::ZERO).is_none(),
+        "the old process still drains while the new connection is made"
+    );
+    let (status, _, body) = exchange(&mut during, "GET", "/during", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(body.lines().count(), 40);
     let mut complete = 0;
     for download in downloads {
         let (status, body) = download.await.unwrap().expect("the download finished");
         assert_eq!(status, 200);
-        assert_eq!(body.lines().count(), 20, "{body}");
+        assert_eq!(body.lines().count(), 40, "{body}");
         complete += 1;
     }
     assert_eq!(complete, 20);
-    // The old process exits once its streams are done; the new one then
-    // takes the UDP port and serves HTTP/3.
+    // The old process exits once its streams are done.
     assert!(
         gw.wait_exit(Duration::from_secs(20)).is_some(),
         "the old process exited"
@@ -358,9 +372,20 @@ async fn http3_downloads_complete_through_a_drain_aware_upgrade() {
     let (mut sender, _) = connect(&client(&ca), secure).await;
     let (status, _, body) = exchange(&mut sender, "GET", "/after", None).await;
     assert_eq!(status, 200);
-    assert_eq!(body.lines().count(), 20);
+    assert_eq!(body.lines().count(), 40);
     let status = gw.status().await;
     assert_eq!(status["pid"], new_pid[0]);
+    // The path was taken: the new process read packets of the old one's
+    // connections and relayed them (each relay logs what crossed it when
+    // the old process is gone).
+    let relayed: u64 = gw
+        .logs()
+        .lines()
+        .filter(|l| l.contains("QUIC relay to the previous process closed"))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|l| l["fields"]["relayed_to"].as_u64())
+        .sum();
+    assert!(relayed > 0, "no packet crossed a relay:\n{}", gw.logs());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

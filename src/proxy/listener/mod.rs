@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::conn::AltSvc;
 use super::h3;
+use super::steering::{HandedGroup, InheritedGroup, QuicGroup};
 use super::udp;
 use super::workers::Workers;
 use crate::admission::Admission;
@@ -60,6 +61,8 @@ struct RunningListener {
     sockets: Vec<ListenerSocket>,
     /// With `http3`: what its TCP side advertises while HTTP/3 serves.
     alt_svc: Option<Arc<AltSvc>>,
+    /// With `http3`: its UDP group once bound, for a hand-over.
+    quic: Arc<Mutex<Option<QuicGroup>>>,
 }
 
 /// A listening socket as a drain-aware restart hands it over.
@@ -79,6 +82,17 @@ pub struct ListenerSet {
     /// configured bind (a TCP listener's whole group); adopted instead of
     /// bound.
     inherited: Mutex<BTreeMap<(String, SocketAddr), Vec<std::os::fd::OwnedFd>>>,
+    /// UDP groups handed over by the previous process, by listener name
+    /// and the address they are bound to; served instead of bound.
+    inherited_quic: Mutex<BTreeMap<(String, SocketAddr), InheritedGroup>>,
+}
+
+/// A listener's UDP group as a drain-aware upgrade hands it over.
+pub struct HandedQuic {
+    pub name: String,
+    /// The address the group is bound to.
+    pub address: SocketAddr,
+    pub group: HandedGroup,
 }
 
 impl ListenerSet {
@@ -94,6 +108,7 @@ impl ListenerSet {
             certificates,
             running: Mutex::new(BTreeMap::new()),
             inherited: Mutex::new(BTreeMap::new()),
+            inherited_quic: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -130,6 +145,34 @@ impl ListenerSet {
         }
     }
 
+    /// Offers a UDP group handed over by the previous process: the
+    /// listener of that name serves HTTP/3 on it if it is bound to the
+    /// same address.
+    pub fn inherit_quic(&self, name: String, address: SocketAddr, group: InheritedGroup) {
+        self.inherited_quic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((name, address), group);
+    }
+
+    /// Every listener's UDP group joined to a successor about to start:
+    /// what it inherits.
+    pub fn hand_over_quic(&self) -> std::io::Result<Vec<HandedQuic>> {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut handed = Vec::new();
+        for listener in running.values() {
+            let quic = listener.quic.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(group) = quic.as_ref() {
+                handed.push(HandedQuic {
+                    name: listener.spec.name.clone(),
+                    address: listener.local_addr,
+                    group: group.hand_over()?,
+                });
+            }
+        }
+        Ok(handed)
+    }
+
     /// Closes inherited sockets no listener adopted (their bind changed).
     pub fn release_unadopted(&self) {
         let mut inherited = self
@@ -164,6 +207,7 @@ impl ListenerSet {
             let alt_svc = (listener.spec.http3
                 && listener.spec.protocol == ListenerProtocol::Https)
                 .then(|| AltSvc::new(listener.local_addr.port()));
+            let quic = Arc::new(Mutex::new(None));
             running.insert(
                 listener.spec.name.clone(),
                 RunningListener {
@@ -171,6 +215,7 @@ impl ListenerSet {
                     local_addr: listener.local_addr,
                     sockets: listener.sockets.clone(),
                     alt_svc: alt_svc.clone(),
+                    quic: Arc::clone(&quic),
                 },
             );
             if let Some(ListenerSocket::Udp(socket)) = listener.sockets.first() {
@@ -194,8 +239,18 @@ impl ListenerSet {
             );
             // HTTP/3 beside it, advertised on the TCP side while it serves.
             if let Some(alt_svc) = alt_svc.filter(|_| accepting) {
-                self.serve_http3(&spec, address, alt_svc);
+                self.serve_http3(&spec, address, alt_svc, quic);
             }
+        }
+        // Handed-over UDP groups are for the first listeners only.
+        let unadopted = std::mem::take(
+            &mut *self
+                .inherited_quic
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for (name, address) in unadopted.into_keys() {
+            tracing::info!(listener = %name, %address, "closing a handed-over UDP group no HTTP/3 listener uses any more");
         }
     }
 
@@ -250,8 +305,19 @@ impl ListenerSet {
     }
 
     /// Starts HTTP/3 on the UDP port of an HTTPS listener.
-    fn serve_http3(&self, spec: &ListenerSpec, address: SocketAddr, alt_svc: Arc<AltSvc>) {
+    fn serve_http3(
+        &self,
+        spec: &ListenerSpec,
+        address: SocketAddr,
+        alt_svc: Arc<AltSvc>,
+        group: Arc<Mutex<Option<QuicGroup>>>,
+    ) {
         let name: Arc<str> = Arc::from(spec.name.as_str());
+        let inherited = self
+            .inherited_quic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(spec.name.clone(), address));
         tokio::spawn(h3::serve_endpoint(h3::Http3 {
             name: Arc::clone(&name),
             address,
@@ -268,6 +334,8 @@ impl ListenerSet {
             alt_svc,
             early_data: spec.http3_early_data,
             workers: self.gate.workers.clone(),
+            inherited,
+            group,
         }));
     }
 }
