@@ -17,6 +17,7 @@ mod filters;
 mod fixtures;
 mod fleet;
 mod gateway_api;
+mod goaway;
 mod grpc;
 mod guarded;
 mod harness;

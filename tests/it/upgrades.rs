@@ -58,6 +58,12 @@ struct Tally {
     h3_reset: AtomicU64,
     h3_ended_otherwise: AtomicU64,
     h3_failed: AtomicU64,
+    /// Connections on which the server's GOAWAY was read.
+    h3_goaways: AtomicU64,
+    /// Streams answered although a GOAWAY named them or one before them
+    /// as not processed (RFC 9114 §5.2): a strict client would have sent
+    /// them again elsewhere.
+    h3_goaway_answered: AtomicU64,
 }
 
 fn add(counter: &AtomicU64) {
@@ -335,11 +341,11 @@ async fn h3_client(
             continue;
         };
         let quic = connection.clone();
-        let Ok((mut driver, mut sender)) =
-            h3::client::new(h3_quinn::Connection::new(connection)).await
-        else {
+        let (watched, goaway) = crate::goaway::Watched::new(connection);
+        let Ok((mut driver, mut sender)) = h3::client::new(watched).await else {
             continue;
         };
+        let mut answered = Vec::new();
         tokio::spawn(async move {
             let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
         });
@@ -371,11 +377,12 @@ async fn h3_client(
                     }
                 }
             }
-            add(if whole && response.status() == 200 {
-                &tally.h3_ok
+            if whole && response.status() == 200 {
+                add(&tally.h3_ok);
+                answered.push(stream.id().into_inner());
             } else {
-                &tally.h3_failed
-            });
+                add(&tally.h3_failed);
+            }
         }
         if stop.load(Ordering::Relaxed) {
             break;
@@ -383,6 +390,16 @@ async fn h3_client(
         // How the connection ended (wait for it: the client may have
         // stopped on the GOAWAY before the close arrived).
         let reason = tokio::time::timeout(Duration::from_secs(5), quic.closed()).await;
+        if let Some(first_not_processed) = goaway.first_not_processed() {
+            add(&tally.h3_goaways);
+            let past = answered
+                .iter()
+                .filter(|&&id| id >= first_not_processed)
+                .count();
+            tally
+                .h3_goaway_answered
+                .fetch_add(past as u64, Ordering::Relaxed);
+        }
         add(match reason {
             Ok(quinn::ConnectionError::ApplicationClosed(_)) => &tally.h3_closed,
             Ok(quinn::ConnectionError::Reset) => &tally.h3_reset,
@@ -496,7 +513,7 @@ async fn every_protocol_through_ten_upgrades_and_activations() {
     }
     let t = &tally;
     let figure = format!(
-        "{upgrades} upgrades and {activations} activations in {:.0} s: HTTP/1.1 {} ok, {} resent (closed before an answer), {} failed; h2c {} ok, {} resent after GOAWAY, {} failed; gRPC {} streams ok, {} resent (never sent: the connection was closing), {} failed; WebSocket {} messages echoed, {} closes 1001 at a drain deadline, {} lost; HTTP/3 {} ok, {} failed, connections ended {} by the server's close, {} by a stateless reset, {} otherwise",
+        "{upgrades} upgrades and {activations} activations in {:.0} s: HTTP/1.1 {} ok, {} resent (closed before an answer), {} failed; h2c {} ok, {} resent after GOAWAY, {} failed; gRPC {} streams ok, {} resent (never sent: the connection was closing), {} failed; WebSocket {} messages echoed, {} closes 1001 at a drain deadline, {} lost; HTTP/3 {} ok, {} failed, connections ended {} by the server's close, {} by a stateless reset, {} otherwise, {} GOAWAYs read, {} streams answered at or past a GOAWAY's ID",
         started.elapsed().as_secs_f64(),
         get(&t.h1_ok), get(&t.h1_resent), get(&t.h1_failed),
         get(&t.h2_ok), get(&t.h2_resent), get(&t.h2_failed),
@@ -504,6 +521,7 @@ async fn every_protocol_through_ten_upgrades_and_activations() {
         get(&t.ws_echoed), get(&t.ws_going_away), get(&t.ws_lost),
         get(&t.h3_ok), get(&t.h3_failed),
         get(&t.h3_closed), get(&t.h3_reset), get(&t.h3_ended_otherwise),
+        get(&t.h3_goaways), get(&t.h3_goaway_answered),
     );
     eprintln!("{figure}");
     if let Some(binary) = other {
@@ -516,6 +534,7 @@ async fn every_protocol_through_ten_upgrades_and_activations() {
         ("gRPC", get(&t.grpc_ok)),
         ("WebSocket", get(&t.ws_echoed)),
         ("HTTP/3", get(&t.h3_ok)),
+        ("HTTP/3 GOAWAY", get(&t.h3_goaways) * 10),
     ] {
         assert!(n > 50, "too little {what} traffic: {figure}");
     }
@@ -525,9 +544,11 @@ async fn every_protocol_through_ten_upgrades_and_activations() {
             get(&t.h2_failed),
             get(&t.grpc_failed),
             get(&t.ws_lost),
-            get(&t.h3_failed)
+            get(&t.h3_failed),
+            get(&t.h3_reset),
+            get(&t.h3_goaway_answered)
         ),
-        (0, 0, 0, 0, 0),
+        (0, 0, 0, 0, 0, 0, 0),
         "{figure}\n{}",
         gw.logs()
     );
