@@ -42,6 +42,7 @@ pub mod config;
 pub mod control;
 pub mod ctl;
 pub mod discovery;
+pub mod errors;
 pub mod files;
 #[cfg(feature = "fleet")]
 pub mod fleet;

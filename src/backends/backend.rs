@@ -211,24 +211,17 @@ impl Backend {
         }
     }
 
-    /// A request of the gateway's own (health checks): over QUIC for an
-    /// `h3` backend, through the pooled client otherwise.
+    /// A request of the gateway's own (health checks), through the same
+    /// door as proxied ones (`transport`): over QUIC for an `h3` backend,
+    /// through the pooled client otherwise.
     pub async fn own_request(
         &self,
         request: http::Request<super::SignalledBody>,
     ) -> Result<http::Response<OwnBody>, String> {
         use http_body_util::BodyExt;
-        if let Some(pooled) = self.quic_connection().await.map_err(|e| e.to_string())? {
-            let response = super::quic::send(pooled, request, false)
-                .await
-                .map_err(|(e, _)| e.to_string())?;
-            return Ok(response.map(|body| body.map_err(own_body_error).boxed()));
-        }
-        let response = self
-            .client()
-            .request(request)
+        let response = super::transport::pooled(self, request, false)
             .await
-            .map_err(|e| format!("request: {e}"))?;
+            .map_err(|e| e.to_string())?;
         Ok(response.map(|body| body.map_err(own_body_error).boxed()))
     }
 

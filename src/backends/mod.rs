@@ -26,6 +26,7 @@ mod load;
 mod outlier;
 mod quic;
 mod send_proxy;
+mod transport;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -39,7 +40,8 @@ pub use h1::{
     header_tokens, request as request_h1, ExchangeError, H1Pool, SendError, UpstreamBody,
 };
 pub use health::HealthState;
-pub use quic::{send as send_quic, Pooled, QuicBody, QuicClient, QuicError};
+pub use quic::{H3AnswerBody, Pooled, QuicClient, QuicError};
+pub use transport::{connect_error, send, AnswerBody, Sending, TransportError};
 
 use crate::clock::{now_ms, unix_ms};
 use crate::plan::{HealthSpec, UpstreamProtocol};

@@ -408,7 +408,7 @@ pub async fn send(
     pooled: Pooled,
     request: Request<SignalledBody>,
     keep: bool,
-) -> Result<Response<QuicBody>, (QuicError, Option<Request<SignalledBody>>)> {
+) -> Result<Response<H3AnswerBody>, (QuicError, Option<Request<SignalledBody>>)> {
     let (mut parts, body) = request.into_parts();
     let mut headers = if keep {
         parts.headers.clone()
@@ -486,7 +486,7 @@ pub async fn send(
     let (parts, ()) = head.into_parts();
     Ok(Response::from_parts(
         parts,
-        QuicBody {
+        H3AnswerBody {
             recv,
             data_done: false,
             _connection: pooled.connection,
@@ -495,7 +495,7 @@ pub async fn send(
 }
 
 /// An answer's body arriving over QUIC.
-pub struct QuicBody {
+pub struct H3AnswerBody {
     recv: h3::client::RequestStream<h3_quinn::RecvStream, Bytes>,
     /// The data is all in; trailers (if any) come next.
     data_done: bool,
@@ -503,15 +503,15 @@ pub struct QuicBody {
     _connection: quinn::Connection,
 }
 
-impl std::fmt::Debug for QuicBody {
+impl std::fmt::Debug for H3AnswerBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QuicBody")
+        f.debug_struct("H3AnswerBody")
             .field("data_done", &self.data_done)
             .finish_non_exhaustive()
     }
 }
 
-impl Body for QuicBody {
+impl Body for H3AnswerBody {
     type Data = Bytes;
     type Error = BoxError;
 

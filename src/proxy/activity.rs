@@ -1,5 +1,5 @@
 //! What has moved on one client connection ([`Activity`]): written by
-//! the socket wrapper (`downstream.rs`), the head checks (`framing.rs`)
+//! the socket wrapper (`downstream.rs`), the head checks (`request_framing.rs`)
 //! and the request path, read by the connection's [`watchdog`], which
 //! keeps the client timeouts of DESIGN §13 that hyper does not keep (see
 //! `downstream.rs` for what each one does). A leaf: it imports nothing of
@@ -32,7 +32,7 @@ pub struct Activity {
     open: AtomicUsize,
     /// Requests ever handed to the service.
     started: AtomicU64,
-    /// The first head `framing::HeadCheck` refused (`u64::MAX`: none)...
+    /// The first head `request_framing::HeadCheck` refused (`u64::MAX`: none)...
     refused_head: AtomicU64,
     /// ... and why (an index into `REFUSALS`).
     refused_reason: AtomicUsize,
@@ -50,7 +50,7 @@ pub const LENGTH_AND_CHUNKED: &str = "both Transfer-Encoding and Content-Length"
 /// Answered 431, not 400.
 pub const HEAD_TOO_LARGE: &str = "request head larger than max_header_bytes";
 
-/// What `framing::HeadCheck` refuses heads for.
+/// What `request_framing::HeadCheck` refuses heads for.
 const REFUSALS: [&str; 3] = [BARE_LF, LENGTH_AND_CHUNKED, HEAD_TOO_LARGE];
 
 impl Activity {
@@ -122,7 +122,7 @@ impl Activity {
     }
 
     /// A request was handed to the service; the guard ends it. Also
-    /// returns why its head is refused, if `framing::HeadCheck` found a
+    /// returns why its head is refused, if `request_framing::HeadCheck` found a
     /// reason (HTTP/1 requests are handed over in head order).
     pub fn request(self: &Arc<Self>) -> (OpenRequest, Option<&'static str>) {
         self.open.fetch_add(1, Ordering::Relaxed);

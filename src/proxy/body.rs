@@ -12,7 +12,6 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::grpc_web::Encoder;
@@ -115,14 +114,9 @@ pub struct PinnedTooLong;
 
 #[derive(Debug)]
 pub enum ResponseBody {
-    /// From hyper's client (TLS, h2, h2c backends).
+    /// Through `backends::send` (TLS, h2, h2c and HTTP/3 backends).
     Upstream {
-        body: Incoming,
-        guards: Option<StreamGuards>,
-    },
-    /// From an `h3` or `auto` backend over QUIC.
-    Quic {
-        body: Box<crate::backends::QuicBody>,
+        body: crate::backends::AnswerBody,
         guards: Option<StreamGuards>,
     },
     /// From a plain HTTP/1.1 backend through cutover's own client; its
@@ -240,9 +234,9 @@ impl ResponseBody {
     /// The guards a streamed body carries, if it still has them.
     pub fn guards_mut(&mut self) -> Option<&mut StreamGuards> {
         match self {
-            ResponseBody::Upstream { guards, .. }
-            | ResponseBody::Quic { guards, .. }
-            | ResponseBody::Driven { guards, .. } => guards.as_mut(),
+            ResponseBody::Upstream { guards, .. } | ResponseBody::Driven { guards, .. } => {
+                guards.as_mut()
+            }
             ResponseBody::Full(_) => None,
             ResponseBody::Grpc(call) => call.inner_mut().guards_mut(),
             ResponseBody::Compressed(body) => body.inner_mut().guards_mut(),
@@ -361,13 +355,8 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
-            ResponseBody::Upstream { body, guards } => guard(
-                Pin::new(body).poll_frame(cx).map_err(Into::into),
-                guards,
-                cx,
-            ),
-            ResponseBody::Quic { body, guards } => {
-                guard(Pin::new(&mut **body).poll_frame(cx), guards, cx)
+            ResponseBody::Upstream { body, guards } => {
+                guard(Pin::new(body).poll_frame(cx), guards, cx)
             }
             ResponseBody::Driven {
                 body,
@@ -402,7 +391,6 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Upstream { body, .. } => body.is_end_stream(),
-            ResponseBody::Quic { body, .. } => body.is_end_stream(),
             ResponseBody::Driven { body, first, .. } => first.is_none() && body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
             ResponseBody::Grpc(call) => call.is_end_stream(),
@@ -414,7 +402,6 @@ impl Body for ResponseBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ResponseBody::Upstream { body, .. } => body.size_hint(),
-            ResponseBody::Quic { body, .. } => body.size_hint(),
             ResponseBody::Driven { body, first, .. } => {
                 let mut hint = body.size_hint();
                 let held = first.as_ref().map_or(0, Held::data_len);

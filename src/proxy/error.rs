@@ -99,7 +99,7 @@ impl ProxyError {
         }
     }
 
-    /// The answer to a head `framing::HeadCheck` refused for `reason`.
+    /// The answer to a head `request_framing::HeadCheck` refused for `reason`.
     pub fn refused_head(reason: &'static str) -> Self {
         if reason == super::activity::HEAD_TOO_LARGE {
             ProxyError::HeadTooLarge
@@ -312,14 +312,4 @@ pub fn too_large(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// An error and its sources, one line: `a: b: c`.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    out
-}
+pub use crate::errors::error_chain;

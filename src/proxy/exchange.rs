@@ -12,7 +12,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::{PathAndQuery, Scheme, Uri};
 use http::{Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
 
 use crate::backends::ClientBody;
 
@@ -24,7 +23,9 @@ use super::error::ProxyError;
 use super::headers::{
     strip, strip_hop_by_hop, CLIENT_CERT_FINGERPRINT, CLIENT_CERT_SAN, CLIENT_CERT_SUBJECT,
 };
-use crate::backends::{header_tokens, Attempt, Backend, ExchangeError, RequestBody, SendError};
+use crate::backends::{
+    header_tokens, Attempt, Backend, ExchangeError, RequestBody, SendError, TransportError,
+};
 use crate::generation::{Route, Upstream};
 use crate::plan::HashKey;
 use crate::telemetry::access::{Flags, Trail};
@@ -263,8 +264,9 @@ pub(super) async fn exchange(
     Box::pin(client_exchange(upstream_req, None, hop, guards)).await
 }
 
-/// An exchange through hyper-util's pooled client (TLS, h2 and h2c
-/// backends, and protocol upgrades).
+/// An exchange through `backends::send`, the door for every transport
+/// but cutover's own HTTP/1.1 client (TLS, h2, h2c and HTTP/3 backends,
+/// and protocol upgrades).
 async fn client_exchange(
     upstream_req: Request<RequestBody>,
     upgrade: Option<(HeaderValue, hyper::upgrade::OnUpgrade)>,
@@ -277,97 +279,25 @@ async fn client_exchange(
         timeout,
         ..
     } = *hop;
-    // The route timeout counts from the end of the request body.
-    let (upstream_req, body_ended, body_failure) = {
-        let (parts, body) = upstream_req.into_parts();
-        let (body, ended) = crate::backends::SignalledBody::new(body);
-        let failure = body.failure();
-        (Request::from_parts(parts, body), ended, failure)
-    };
-    // The client's body failing is the client's doing, however the
-    // exchange reports it.
-    let client_failed = || {
-        body_failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-            .map(|error| (Attempt::Error, ProxyError::client_body(&*error)))
-    };
-    let answer_due = async move {
-        let _ = body_ended.await;
-        tokio::time::sleep(timeout).await;
-    };
     let sent = hop.begin();
-    // A backend that gets PROXY headers (only upgrades come this way for
-    // it) is asked on a connection of the request's own.
-    let proxy = proxy_header(backend, conn);
-    let upgrading = upgrade.is_some();
-    let sending = async {
-        match &proxy {
-            Some(proxy) => proxied_request(backend, proxy, upstream_req)
-                .await
-                .map(|r| r.map(Received::Tcp)),
-            None => {
-                // `h3` and `auto` backends: QUIC when it is up (`auto`
-                // takes TCP when it is not, or when a stream could not
-                // be opened). An HTTP/1.1 upgrade (only `auto` backends
-                // get one) always goes over TCP: HTTP/3 has no 101.
-                let mut upstream_req = upstream_req;
-                let quic = match upgrading {
-                    true => Ok(None),
-                    false => backend.quic_connection().await,
-                };
-                match quic {
-                    Ok(None) => {}
-                    Ok(Some(pooled)) => {
-                        let keep = backend.quic.as_ref().is_some_and(|q| !q.only());
-                        match crate::backends::send_quic(pooled, upstream_req, keep).await {
-                            Ok(response) => return Ok(response.map(Received::Quic)),
-                            Err((error, Some(request))) => {
-                                backend.quic_failed(&error);
-                                upstream_req = request;
-                            }
-                            Err((error, None)) => {
-                                backend.quic_failed(&error);
-                                return Err(quic_failed(backend, error, client_failed));
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        backend.quic_failed(&error);
-                        return Err(quic_failed(backend, error, client_failed));
-                    }
-                }
-                let response =
-                    backend.client().request(upstream_req).await.map_err(|e| {
-                        match e.is_connect() {
-                            true => (Attempt::ConnectError, connect_failed(backend, &e)),
-                            false => client_failed().unwrap_or_else(|| {
-                                let detail = format!("{}: {}", backend.key.addr, error_chain(&e));
-                                (Attempt::Error, ProxyError::Upstream(detail))
-                            }),
-                        }
-                    })?;
-                if let Some(quic) = &backend.quic {
-                    quic.learn(response.headers());
-                }
-                Ok(response.map(Received::Tcp))
-            }
-        }
+    let sending = crate::backends::Sending {
+        backend,
+        timeout,
+        upgrading: upgrade.is_some(),
+        // A backend that gets PROXY headers (only upgrades come this way
+        // for it) is asked on a connection of the request's own.
+        proxy: proxy_header(backend, conn),
     };
-    let answered = tokio::select! {
-        answered = sending => Ok(answered),
-        _ = answer_due => Err(()),
-    };
-    let response = match answered {
-        Ok(Ok(response)) => {
+    let response = match crate::backends::send(upstream_req, sending).await {
+        Ok(response) => {
             hop.report(Attempt::Answered(response.status()), sent);
             if let Some(trail) = &hop.trail {
                 trail.upstream_protocol(response.version());
             }
             response
         }
-        Ok(Err((attempt, error))) => {
+        Err(error) => {
+            let (attempt, error) = transport_failed(error);
             // A body past `max_request_body`, or one the client broke, is
             // not the backend's doing.
             if !matches!(
@@ -377,10 +307,6 @@ async fn client_exchange(
                 hop.report(attempt, None);
             }
             return Err(error);
-        }
-        Err(_) => {
-            hop.report(Attempt::Timeout, None);
-            return Err(ProxyError::UpstreamTimeout(timeout));
         }
     };
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -432,41 +358,29 @@ async fn client_exchange(
     if parts.version == Version::HTTP_3 {
         parts.version = Version::HTTP_11;
     }
-    let body = match body {
-        Received::Tcp(body) => ResponseBody::Upstream {
-            body,
-            guards: Some(guards),
-        },
-        Received::Quic(body) => ResponseBody::Quic {
-            body: Box::new(body),
-            guards: Some(guards),
-        },
+    let body = ResponseBody::Upstream {
+        body,
+        guards: Some(guards),
     };
     Ok(Response::from_parts(parts, body))
 }
 
-/// An answer's body as it came: through hyper's client, or over QUIC.
-enum Received {
-    Tcp(Incoming),
-    Quic(crate::backends::QuicBody),
-}
-
-/// What a failed QUIC exchange is reported as: nothing sent is a connect
-/// failure; otherwise the client's body, if that is what failed, or the
-/// backend's doing.
-fn quic_failed(
-    backend: &Backend,
-    error: crate::backends::QuicError,
-    client_failed: impl FnOnce() -> Option<(Attempt, ProxyError)>,
-) -> (Attempt, ProxyError) {
-    let detail = format!("{}: {error}", backend.key.addr);
+/// How a failed exchange is reported and answered.
+fn transport_failed(error: TransportError) -> (Attempt, ProxyError) {
     match error {
-        crate::backends::QuicError::Connect(_) => {
-            (Attempt::ConnectError, ProxyError::UpstreamConnect(detail))
+        TransportError::Connect {
+            refused: true,
+            detail,
+        } => (Attempt::ConnectError, ProxyError::UpstreamRefused(detail)),
+        TransportError::Connect {
+            refused: false,
+            detail,
+        } => (Attempt::ConnectError, ProxyError::UpstreamConnect(detail)),
+        TransportError::Timeout(timeout) => {
+            (Attempt::Timeout, ProxyError::UpstreamTimeout(timeout))
         }
-        crate::backends::QuicError::Exchange(_) => {
-            client_failed().unwrap_or((Attempt::Error, ProxyError::Upstream(detail)))
-        }
+        TransportError::ClientBody(error) => (Attempt::Error, ProxyError::client_body(&*error)),
+        TransportError::Backend(detail) => (Attempt::Error, ProxyError::Upstream(detail)),
     }
 }
 
@@ -523,7 +437,9 @@ fn driven_exchange<'a>(
                     }
                     _ => hop.report(Attempt::ConnectError, None),
                 }
-                return Err(connect_failed(backend, &error));
+                let (_, error) =
+                    transport_failed(crate::backends::connect_error(&backend.key.addr, &error));
+                return Err(error);
             }
             Err(ExchangeError::Send(SendError::RequestBody(error))) => {
                 return Err(ProxyError::client_body(&*error))
@@ -700,60 +616,4 @@ fn proxy_header(backend: &Backend, conn: &ConnContext) -> Option<crate::backends
             client: conn.remote,
             local: conn.local,
         })
-}
-
-/// A request on a connection of its own (never pooled: a protocol
-/// upgrade takes it over) that starts with `proxy`'s header.
-async fn proxied_request(
-    backend: &Backend,
-    proxy: &crate::backends::ProxyHeader,
-    req: Request<crate::backends::SignalledBody>,
-) -> Result<Response<Incoming>, (Attempt, ProxyError)> {
-    use tokio::io::AsyncWriteExt;
-    let connect = crate::backends::dial(backend.key.addr.as_str(), backend.key.connect_timeout);
-    let mut stream = match connect.await {
-        Ok(stream) => stream,
-        Err(crate::backends::ConnectError::Io(error)) => {
-            return Err((Attempt::ConnectError, connect_failed(backend, &error)))
-        }
-        Err(crate::backends::ConnectError::Timeout(_)) => {
-            let detail = format!("{}: connect timed out", backend.key.addr);
-            return Err((Attempt::ConnectError, ProxyError::UpstreamConnect(detail)));
-        }
-    };
-    let upstream = |e: &dyn std::error::Error| {
-        let detail = format!("{}: {}", backend.key.addr, error_chain(e));
-        (Attempt::Error, ProxyError::Upstream(detail))
-    };
-    stream
-        .write_all(&proxy.bytes())
-        .await
-        .map_err(|e| upstream(&e))?;
-    // hyper's connection writes the target as given: origin-form here,
-    // as cutover's own client writes it (the routed Host is a header).
-    let mut req = req;
-    if let Some(target) = req.uri().path_and_query().cloned() {
-        *req.uri_mut() = http::Uri::from(target);
-    }
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| upstream(&e))?;
-    tokio::spawn(connection.with_upgrades());
-    sender.send_request(req).await.map_err(|e| upstream(&e))
-}
-
-fn connect_failed(backend: &Backend, error: &(dyn std::error::Error + 'static)) -> ProxyError {
-    let detail = format!("{}: {}", backend.key.addr, error_chain(error));
-    let mut source = Some(error);
-    while let Some(cause) = source {
-        if cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
-        {
-            return ProxyError::UpstreamRefused(detail);
-        }
-        source = cause.source();
-    }
-    ProxyError::UpstreamConnect(detail)
 }

@@ -722,7 +722,7 @@ async fn request(
         return;
     }
     let (mut send, recv) = stream.split();
-    let mut req = req.map(|()| ClientBody::Other(Box::pin(QuicBody::new(recv))));
+    let mut req = req.map(|()| ClientBody::Other(Box::pin(H3RequestBody::new(recv))));
     *req.version_mut() = Version::HTTP_3;
     if early {
         req.headers_mut()
@@ -769,7 +769,7 @@ async fn request(
 
 /// A request body read from an HTTP/3 stream: its DATA frames, then its
 /// trailers.
-struct QuicBody {
+struct H3RequestBody {
     stream: h3::server::RequestStream<h3_quinn::RecvStream, Bytes>,
     /// What was read ahead (see `new`), delivered first.
     first: Option<Result<Frame<Bytes>, BoxError>>,
@@ -777,7 +777,7 @@ struct QuicBody {
     done: bool,
 }
 
-impl QuicBody {
+impl H3RequestBody {
     /// Reads ahead what has already arrived: a request whose stream's end
     /// came with its head (a GET, usually) is then known to have no body
     /// and is forwarded without one. When the end comes later, it is
@@ -798,7 +798,7 @@ impl QuicBody {
     }
 }
 
-impl Body for QuicBody {
+impl Body for H3RequestBody {
     type Data = Bytes;
     type Error = BoxError;
 

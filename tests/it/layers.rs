@@ -400,7 +400,7 @@ const PROXY_ROOMS: [(&str, &[&str]); 4] = [
             "edge",
             "interim",
             "downstream",
-            "framing",
+            "request_framing",
             "observed",
             "encode",
             "grpc_web",
@@ -408,6 +408,7 @@ const PROXY_ROOMS: [(&str, &[&str]); 4] = [
             "client_hello",
             "relay",
             "sockets",
+            "steering",
             "workers",
         ],
     ),
@@ -685,12 +686,12 @@ fn no_module_has_a_file_cycle() {
     assert!(found.is_empty(), "file cycles: {found:#?}");
 }
 
-/// The ground floor (`files`, `clock`, `weak_map`, `ids`) imports nothing
+/// The ground floor (`files`, `clock`, `weak_map`, `ids`, `errors`) imports nothing
 /// of cutover: helpers every floor uses do not tie those floors together.
 #[test]
 fn the_ground_floor_imports_nothing() {
     let graph = graph();
-    for ground in ["files", "clock", "weak_map", "ids"] {
+    for ground in ["files", "clock", "weak_map", "ids", "errors"] {
         let imports = graph.get(ground).map(|to| to.keys().collect::<Vec<_>>());
         assert!(
             imports.as_ref().is_none_or(Vec::is_empty),
@@ -700,4 +701,27 @@ fn the_ground_floor_imports_nothing() {
     // They are read: the floors above use them.
     let users = |ground: &str| graph.values().filter(|to| to.contains_key(ground)).count();
     assert!(users("files") >= 5 && users("clock") >= 3 && users("weak_map") >= 3);
+}
+
+/// The request path does not choose a transport: `proxy/exchange.rs`
+/// sends through `backends::send` (or cutover's own HTTP/1.1 client) and
+/// names nothing of QUIC or of hyper's client; its errors arrive as one
+/// `TransportError`.
+#[test]
+fn the_exchange_names_no_transport() {
+    let text = std::fs::read_to_string(workspace().join("src/proxy/exchange.rs")).unwrap();
+    let code = non_test(&text);
+    assert!(code.contains("backends::send("), "the door is used");
+    for name in [
+        "quic",
+        "Quic",
+        "H3AnswerBody",
+        "hyper::client",
+        "hyper_util::client",
+        ".client()",
+        "hyper::body::Incoming",
+    ] {
+        let uses: Vec<&str> = code.lines().filter(|l| l.contains(name)).collect();
+        assert!(uses.is_empty(), "exchange.rs names {name}: {uses:#?}");
+    }
 }

@@ -36,13 +36,13 @@ use tokio::net::TcpStream;
 
 use super::ConnectError;
 
-mod framing;
+mod answer_framing;
 
 use crate::telemetry::series::Histogram;
-use framing::body_framing;
+use answer_framing::body_framing;
 #[cfg(test)]
-use framing::chunk_size;
-pub use framing::{header_tokens, UpstreamBody};
+use answer_framing::chunk_size;
+pub use answer_framing::{header_tokens, UpstreamBody};
 
 /// Largest response head accepted from a backend.
 const MAX_HEAD: usize = 64 * 1024;

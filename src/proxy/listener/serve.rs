@@ -20,9 +20,9 @@ use crate::plan::ListenerLimits;
 use crate::proxy::activity::{watchdog, Expired};
 use crate::proxy::conn::{ConnContext, TlsInfo};
 use crate::proxy::downstream::Downstream;
-use crate::proxy::framing::HeadCheck;
 use crate::proxy::interim::InterimWriter;
 use crate::proxy::request::handle;
+use crate::proxy::request_framing::HeadCheck;
 use crate::telemetry::access::{self, Flags};
 use crate::telemetry::metrics as m;
 
