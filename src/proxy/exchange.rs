@@ -310,46 +310,7 @@ async fn client_exchange(
         }
     };
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-        let Some((protocol, downstream)) = upgrade else {
-            return Err(ProxyError::Upstream(format!(
-                "{} switched protocols without being asked to",
-                backend.key.addr
-            )));
-        };
-        let websocket = protocol
-            .to_str()
-            .is_ok_and(|p| p.trim().eq_ignore_ascii_case("websocket"));
-        let mut response = response;
-        let upstream_half = hyper::upgrade::on(&mut response);
-        let (mut parts, _) = response.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        parts.headers.insert(header::UPGRADE, protocol);
-        parts
-            .headers
-            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        let tunnel = super::tunnel::Tunnel {
-            // The upgraded stream pins its generation for its lifetime, as
-            // a connection: only the ledger entry and the backend are kept.
-            pinned: guards.inflight.ledger().connection(),
-            backend: guards.backend,
-            route: guards.route,
-            store: guards.store,
-            trail: hop.trail.clone(),
-            // Taken while the connection still counts: drain never sees
-            // the tunnel uncounted.
-            hold: (
-                conn.lingering.open.hold(),
-                conn.lingering.ended_at_cut.hold(),
-            ),
-            cut: conn.lingering.cut.clone(),
-            websocket,
-        };
-        drop(guards.inflight);
-        tokio::spawn(tunnel.run(downstream, upstream_half, Arc::clone(&conn.listener)));
-        return Ok(Response::from_parts(
-            parts,
-            ResponseBody::full(Bytes::new()),
-        ));
+        return switch_protocols(response, upgrade, hop, guards);
     }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -363,6 +324,58 @@ async fn client_exchange(
         guards: Some(guards),
     };
     Ok(Response::from_parts(parts, body))
+}
+
+/// The backend switched protocols (101): the tunnel between the client's
+/// upgraded connection and the backend's runs on a task of its own,
+/// counted as open work; the client gets the 101.
+fn switch_protocols(
+    response: Response<crate::backends::AnswerBody>,
+    upgrade: Option<(HeaderValue, hyper::upgrade::OnUpgrade)>,
+    hop: &Hop<'_>,
+    guards: StreamGuards,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let (conn, backend) = (hop.conn, hop.backend);
+    let Some((protocol, downstream)) = upgrade else {
+        return Err(ProxyError::Upstream(format!(
+            "{} switched protocols without being asked to",
+            backend.key.addr
+        )));
+    };
+    let websocket = protocol
+        .to_str()
+        .is_ok_and(|p| p.trim().eq_ignore_ascii_case("websocket"));
+    let mut response = response;
+    let upstream_half = hyper::upgrade::on(&mut response);
+    let (mut parts, _) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.insert(header::UPGRADE, protocol);
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    let tunnel = super::tunnel::Tunnel {
+        // The upgraded stream pins its generation for its lifetime, as
+        // a connection: only the ledger entry and the backend are kept.
+        pinned: guards.inflight.ledger().connection(),
+        backend: guards.backend,
+        route: guards.route,
+        store: guards.store,
+        trail: hop.trail.clone(),
+        // Taken while the connection still counts: drain never sees
+        // the tunnel uncounted.
+        hold: (
+            conn.lingering.open.hold(),
+            conn.lingering.ended_at_cut.hold(),
+        ),
+        cut: conn.lingering.cut.clone(),
+        websocket,
+    };
+    drop(guards.inflight);
+    tokio::spawn(tunnel.run(downstream, upstream_half, Arc::clone(&conn.listener)));
+    Ok(Response::from_parts(
+        parts,
+        ResponseBody::full(Bytes::new()),
+    ))
 }
 
 /// How a failed exchange is reported and answered.

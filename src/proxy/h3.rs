@@ -87,50 +87,19 @@ const BIND_RETRY: Duration = Duration::from_millis(100);
 /// I/O, crypto, timers and requests all run on its worker. Where
 /// steering cannot be attached, one endpoint serves alone.
 pub async fn serve_endpoint(mut h3: Http3) {
-    let workers = h3
-        .workers
-        .as_ref()
-        .map_or(1, |w| w.threads())
-        .min(steering::MAX_MEMBERS);
-    let (mut sockets, tag, relays) = match h3.inherited.take() {
-        Some(group) if !group.sockets.is_empty() => {
-            tracing::info!(listener = %h3.name, endpoints = group.sockets.len(), "HTTP/3: serving on the UDP sockets the previous process handed over, beside its connections");
-            (group.sockets, group.tag, group.relays)
-        }
-        _ => {
-            let Some(sockets) = bind(&mut h3, workers).await else {
-                return;
-            };
-            (sockets, Tag::default(), Vec::new())
-        }
+    let Some(group) = group_to_serve(&mut h3).await else {
+        return;
     };
-    if sockets.len() > 1 {
-        if let Err(error) = sockets::steer_quic(&sockets[0], sockets.len()) {
-            if relays.is_empty() {
-                tracing::warn!(listener = %h3.name, %error, "HTTP/3: cannot steer packets to per-worker endpoints; one endpoint serves");
-                sockets.truncate(1);
-            } else {
-                // The previous process's program stays attached to the group.
-                tracing::warn!(listener = %h3.name, %error, "HTTP/3: cannot attach steering to the handed-over group; the previous process's steering stays");
-            }
-        }
-    }
+    let InheritedGroup {
+        sockets,
+        tag,
+        relays,
+    } = group;
     let links: Vec<Arc<Link>> = sockets
         .iter()
         .map(|_| Link::new(Arc::clone(&h3.draining_flag)))
         .collect();
-    match sockets.iter().map(std::net::UdpSocket::try_clone).collect() {
-        Ok(kept) => {
-            *h3.group.lock().unwrap_or_else(PoisonError::into_inner) = Some(QuicGroup {
-                tag,
-                sockets: kept,
-                links: links.clone(),
-            });
-        }
-        Err(error) => {
-            tracing::warn!(listener = %h3.name, %error, "HTTP/3: the UDP group is not kept for an upgrade; the next process binds it once this one is gone");
-        }
-    }
+    keep_for_hand_over(&h3, &sockets, tag, &links);
     let server = match shared_server_config(&h3) {
         Ok(server) => server,
         Err(error) => {
@@ -176,6 +145,58 @@ pub async fn serve_endpoint(mut h3: Http3) {
     }
 }
 
+/// The UDP group to serve: the one the previous process handed over, or
+/// one bound here (`None` once the listener drains before it is bound),
+/// with steering attached; where it cannot be attached to a group of our
+/// own, one socket serves alone.
+async fn group_to_serve(h3: &mut Http3) -> Option<InheritedGroup> {
+    let workers = h3
+        .workers
+        .as_ref()
+        .map_or(1, |w| w.threads())
+        .min(steering::MAX_MEMBERS);
+    let mut group = match h3.inherited.take() {
+        Some(group) if !group.sockets.is_empty() => {
+            tracing::info!(listener = %h3.name, endpoints = group.sockets.len(), "HTTP/3: serving on the UDP sockets the previous process handed over, beside its connections");
+            group
+        }
+        _ => InheritedGroup {
+            sockets: bind(h3, workers).await?,
+            tag: Tag::default(),
+            relays: Vec::new(),
+        },
+    };
+    if group.sockets.len() > 1 {
+        if let Err(error) = sockets::steer_quic(&group.sockets[0], group.sockets.len()) {
+            if group.relays.is_empty() {
+                tracing::warn!(listener = %h3.name, %error, "HTTP/3: cannot steer packets to per-worker endpoints; one endpoint serves");
+                group.sockets.truncate(1);
+            } else {
+                // The previous process's program stays attached to the group.
+                tracing::warn!(listener = %h3.name, %error, "HTTP/3: cannot attach steering to the handed-over group; the previous process's steering stays");
+            }
+        }
+    }
+    Some(group)
+}
+
+/// Keeps duplicates of the group's sockets and the endpoints' links where
+/// a drain-aware upgrade finds them (`ListenerSet::hand_over_quic`).
+fn keep_for_hand_over(h3: &Http3, sockets: &[std::net::UdpSocket], tag: Tag, links: &[Arc<Link>]) {
+    match sockets.iter().map(std::net::UdpSocket::try_clone).collect() {
+        Ok(kept) => {
+            *h3.group.lock().unwrap_or_else(PoisonError::into_inner) = Some(QuicGroup {
+                tag,
+                sockets: kept,
+                links: links.to_vec(),
+            });
+        }
+        Err(error) => {
+            tracing::warn!(listener = %h3.name, %error, "HTTP/3: the UDP group is not kept for an upgrade; the next process binds it once this one is gone");
+        }
+    }
+}
+
 /// What the endpoints of one listener share.
 struct Endpoints {
     h3: Http3,
@@ -215,51 +236,13 @@ impl Endpoints {
     async fn endpoint(self: Arc<Self>, member: usize, socket: std::net::UdpSocket, joined: Joined) {
         let h3 = &self.h3;
         let mut applied = (h3.limits)();
-        let (members, tag) = (self.members, self.tag);
-        // The socket stays open while an endpoint fails to start on a
-        // duplicate of it: closing it would shrink the group under the
-        // steering program and send another member's packets astray.
-        let start = || -> Result<quinn::Endpoint, BoxError> {
-            let mut config = quinn::EndpointConfig::default();
-            config.cid_generator(move || {
-                Box::new(WorkerCids {
-                    member,
-                    members,
-                    tag,
-                })
-            });
-            let server = server_config(&self.server, &applied)?;
-            let predecessor = joined
-                .predecessor
-                .as_ref()
-                .map(OwnedFd::try_clone)
-                .transpose()?;
-            let socket = SteeredSocket::new(
-                socket.try_clone()?,
-                tag,
-                Arc::clone(&joined.link),
-                predecessor,
-                Arc::clone(&h3.name),
-            )?;
-            Ok(quinn::Endpoint::new_with_abstract_socket(
-                config,
-                Some(server),
-                socket,
-                Arc::new(quinn::TokioRuntime),
-            )?)
-        };
         let mut draining = h3.draining.clone();
-        let failed = |error: &BoxError, first: bool| {
-            if first {
-                tracing::error!(listener = %h3.name, member, %error, "HTTP/3: an endpoint cannot start; retrying, alt-svc is not advertised until every endpoint serves");
-            } else {
-                tracing::debug!(listener = %h3.name, member, %error, "HTTP/3: endpoint start retried");
-            }
-        };
-        let Some(endpoint) = retry_start(start, failed, &mut draining).await else {
+        let Some(endpoint) = self
+            .start(member, socket, joined, &applied, &mut draining)
+            .await
+        else {
             return;
         };
-        drop((socket, joined));
         self.set_accepting(member, true);
         let local = endpoint.local_addr().unwrap_or(h3.address);
         if self.started.fetch_add(1, Ordering::AcqRel) + 1 == self.members {
@@ -294,55 +277,9 @@ impl Endpoints {
             // where the client's next Initial then goes (one round trip
             // more for that connection; the balance of TCP listeners,
             // `listener::accept::balance`, decides when).
-            let incoming = match self.rebalance(incoming, member) {
-                Some(incoming) => incoming,
-                None => continue,
-            };
-            // The place is taken before it is checked: endpoints on other
-            // workers cannot overshoot the cap together.
-            let counted = Counted::new(&self, member);
-            if limits
-                .max_connections
-                .is_some_and(|max| counted.before >= max)
-            {
-                self.refused.increment(1);
-                incoming.refuse();
-                continue;
+            if let Some(incoming) = self.rebalance(incoming, member) {
+                self.serve(incoming, member, local, limits);
             }
-            let remote = incoming.remote_address();
-            // On a wildcard bind, the address the client reached.
-            let reached = incoming
-                .local_ip()
-                .map_or(local, |ip| SocketAddr::new(ip, local.port()));
-            let ctx = Arc::new(ConnContext {
-                listener: Arc::clone(&h3.name),
-                admission: h3.admission.clone(),
-                remote,
-                local: reached,
-                client_ip: client_ip_header(remote),
-                scheme: http::uri::Scheme::HTTPS,
-                responses: Arc::clone(&self.responses),
-                draining: Arc::clone(&h3.draining_flag),
-                activity: Activity::new(),
-                interim: InterimQueue::new(),
-                alt_svc: None,
-                tls: std::sync::OnceLock::new(),
-                lingering: Arc::clone(&h3.lingering),
-            });
-            let hold = h3.open.hold();
-            self.accepted.increment(1);
-            if let Some(served) = self.served.get(member) {
-                served.increment(1);
-            }
-            self.gauge.increment(1.0);
-            let (gauge, draining, early_data) =
-                (self.gauge.clone(), h3.draining.clone(), h3.early_data);
-            let certificates = Arc::clone(&h3.certificates);
-            tokio::spawn(async move {
-                connection(incoming, ctx, limits, draining, early_data, certificates).await;
-                gauge.decrement(1.0);
-                drop((hold, counted));
-            });
         }
         // Draining: no more advertising, no new connections; those open
         // get a GOAWAY from their own task and finish their streams.
@@ -354,6 +291,118 @@ impl Endpoints {
         }
         // The endpoint (and its socket) lives while connections do.
         endpoint.wait_idle().await;
+    }
+
+    /// Starts member `member`'s endpoint on `socket`, joined to the
+    /// processes before and after this one, trying again until it starts
+    /// or the listener drains (`None`).
+    async fn start(
+        &self,
+        member: usize,
+        socket: std::net::UdpSocket,
+        joined: Joined,
+        applied: &ListenerLimits,
+        draining: &mut watch::Receiver<bool>,
+    ) -> Option<quinn::Endpoint> {
+        let h3 = &self.h3;
+        let (members, tag) = (self.members, self.tag);
+        // The socket stays open while an endpoint fails to start on a
+        // duplicate of it: closing it would shrink the group under the
+        // steering program and send another member's packets astray.
+        let start = || -> Result<quinn::Endpoint, BoxError> {
+            let mut config = quinn::EndpointConfig::default();
+            config.cid_generator(move || {
+                Box::new(WorkerCids {
+                    member,
+                    members,
+                    tag,
+                })
+            });
+            let server = server_config(&self.server, applied)?;
+            let predecessor = joined
+                .predecessor
+                .as_ref()
+                .map(OwnedFd::try_clone)
+                .transpose()?;
+            let socket = SteeredSocket::new(
+                socket.try_clone()?,
+                tag,
+                Arc::clone(&joined.link),
+                predecessor,
+                Arc::clone(&h3.name),
+            )?;
+            Ok(quinn::Endpoint::new_with_abstract_socket(
+                config,
+                Some(server),
+                socket,
+                Arc::new(quinn::TokioRuntime),
+            )?)
+        };
+        let failed = |error: &BoxError, first: bool| {
+            if first {
+                tracing::error!(listener = %h3.name, member, %error, "HTTP/3: an endpoint cannot start; retrying, alt-svc is not advertised until every endpoint serves");
+            } else {
+                tracing::debug!(listener = %h3.name, member, %error, "HTTP/3: endpoint start retried");
+            }
+        };
+        retry_start(start, failed, draining).await
+    }
+
+    /// Serves one connection attempt on its own task, unless the
+    /// listener's `max_connections` is reached (then it is refused).
+    fn serve(
+        self: &Arc<Self>,
+        incoming: quinn::Incoming,
+        member: usize,
+        local: SocketAddr,
+        limits: ListenerLimits,
+    ) {
+        let h3 = &self.h3;
+        // The place is taken before it is checked: endpoints on other
+        // workers cannot overshoot the cap together.
+        let counted = Counted::new(self, member);
+        if limits
+            .max_connections
+            .is_some_and(|max| counted.before >= max)
+        {
+            self.refused.increment(1);
+            incoming.refuse();
+            return;
+        }
+        let remote = incoming.remote_address();
+        // On a wildcard bind, the address the client reached.
+        let reached = incoming
+            .local_ip()
+            .map_or(local, |ip| SocketAddr::new(ip, local.port()));
+        let ctx = Arc::new(ConnContext {
+            listener: Arc::clone(&h3.name),
+            admission: h3.admission.clone(),
+            remote,
+            local: reached,
+            client_ip: client_ip_header(remote),
+            scheme: http::uri::Scheme::HTTPS,
+            responses: Arc::clone(&self.responses),
+            draining: Arc::clone(&h3.draining_flag),
+            activity: Activity::new(),
+            interim: InterimQueue::new(),
+            alt_svc: None,
+            tls: std::sync::OnceLock::new(),
+            lingering: Arc::clone(&h3.lingering),
+        });
+        let hold = h3.open.hold();
+        self.accepted.increment(1);
+        if let Some(served) = self.served.get(member) {
+            served.increment(1);
+        }
+        self.gauge.increment(1.0);
+        let (gauge, draining, early_data) =
+            (self.gauge.clone(), h3.draining.clone(), h3.early_data);
+        let certificates = Arc::clone(&h3.certificates);
+        tokio::spawn(async move {
+            connection(incoming, ctx, limits, draining, early_data, certificates).await;
+            gauge.decrement(1.0);
+            drop((hold, counted));
+        });
     }
 
     fn set_accepting(&self, member: usize, accepting: bool) {
@@ -536,15 +585,45 @@ async fn connection(
     incoming: quinn::Incoming,
     ctx: Arc<ConnContext>,
     limits: ListenerLimits,
-    mut draining: watch::Receiver<bool>,
+    draining: watch::Receiver<bool>,
     early_data: bool,
     certificates: Arc<CertStore>,
 ) {
+    let Some((connection, confirmed)) = handshake(incoming, &ctx, &limits, early_data).await else {
+        return;
+    };
+    take_identity(&connection, &ctx, &certificates);
+    let field_section = u64::try_from(limits.max_header_bytes).unwrap_or(u64::MAX);
+    let quic = connection.clone();
+    let built = h3::server::builder()
+        .max_field_section_size(field_section)
+        .build::<_, Bytes>(h3_quinn::Connection::new(connection))
+        .await;
+    let conn = match built {
+        Ok(conn) => conn,
+        Err(error) => {
+            tracing::debug!(client = %ctx.remote, %error, "HTTP/3 connection failed");
+            return;
+        }
+    };
+    serve_streams(conn, quic, ctx, confirmed, draining).await;
+}
+
+/// The connection's handshake (within `header_read_timeout`; with early
+/// data, none to wait for), counted with the listener's TLS handshakes,
+/// and whether its requests are confirmed (`false` while they may be
+/// 0-RTT ones, until the handshake completes).
+async fn handshake(
+    incoming: quinn::Incoming,
+    ctx: &ConnContext,
+    limits: &ListenerLimits,
+    early_data: bool,
+) -> Option<(quinn::Connection, Arc<AtomicBool>)> {
     let connecting = match incoming.accept() {
         Ok(connecting) => connecting,
         Err(error) => {
             tracing::debug!(client = %ctx.remote, %error, "QUIC connection refused");
-            return;
+            return None;
         }
     };
     // With early data, requests are read before the handshake completes;
@@ -586,15 +665,21 @@ async fn connection(
             metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => listener)
                 .increment(1);
             tracing::debug!(client = %ctx.remote, %error, "QUIC handshake failed");
-            return;
+            return None;
         }
         Err(_) => {
             metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => listener)
                 .increment(1);
             tracing::debug!(client = %ctx.remote, "QUIC handshake timed out");
-            return;
+            return None;
         }
     };
+    Some((connection, confirmed))
+}
+
+/// What the connection's TLS says of its client (SNI, certificate) for
+/// the templates and the strict-SNI check.
+fn take_identity(connection: &quinn::Connection, ctx: &ConnContext, certificates: &CertStore) {
     // (With 0-RTT the client's certificate may not be known yet: the
     // templates then read none.)
     let sni = connection
@@ -617,19 +702,18 @@ async fn connection(
         super::conn::TlsInfo::from_parts(sni.as_deref(), chain.first().filter(|_| trusted));
     info.strict = material.filter(|m| m.strict_sni_host());
     let _ = ctx.tls.set(info);
-    let field_section = u64::try_from(limits.max_header_bytes).unwrap_or(u64::MAX);
-    let quic = connection.clone();
-    let built = h3::server::builder()
-        .max_field_section_size(field_section)
-        .build::<_, Bytes>(h3_quinn::Connection::new(connection))
-        .await;
-    let mut conn = match built {
-        Ok(conn) => conn,
-        Err(error) => {
-            tracing::debug!(client = %ctx.remote, %error, "HTTP/3 connection failed");
-            return;
-        }
-    };
+}
+
+/// The connection's request streams, each on a task of its own, until it
+/// closes; when the listener drains, a GOAWAY naming the first stream not
+/// processed, then the streams taken finish and the connection closes.
+async fn serve_streams(
+    mut conn: h3::server::Connection<h3_quinn::Connection, Bytes>,
+    quic: quinn::Connection,
+    ctx: Arc<ConnContext>,
+    confirmed: Arc<AtomicBool>,
+    mut draining: watch::Receiver<bool>,
+) {
     let mut requests = tokio::task::JoinSet::new();
     let mut goaway_sent = false;
     // The last request stream taken, and once the GOAWAY is out, the

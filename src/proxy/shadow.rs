@@ -183,6 +183,78 @@ impl<'g> Replayed<'g> {
     }
 }
 
+/// Where and how a replayed request goes to its upstream.
+struct Sent<'a> {
+    forwarded: Option<&'a str>,
+    rewrite: Option<&'a crate::plan::HostRewrite>,
+    upstream: &'a crate::generation::Upstream,
+    timeout: Duration,
+}
+
+impl Sent<'_> {
+    /// Sends `req`'s head with `body` once (no retries, nothing
+    /// reported): the status the candidate answered and how.
+    async fn send(self, req: Request<ClientBody>, body: Bytes) -> (StatusCode, Outcome) {
+        let (mut head, path_and_query) = copy::head(&req, self.forwarded);
+        drop(req);
+        if let Some(crate::plan::HostRewrite::Literal(host)) = self.rewrite {
+            head.headers.insert(header::HOST, host.clone());
+        }
+        let sent = copy::send(
+            head,
+            path_and_query,
+            body,
+            self.upstream,
+            self.timeout,
+            Report::Nothing,
+            matches!(self.rewrite, Some(crate::plan::HostRewrite::Backend)),
+            0,
+        );
+        match sent.await {
+            Some(Ok(answer)) => (answer.head.status, Outcome::Answered),
+            Some(Err(Attempt::Timeout)) => (StatusCode::GATEWAY_TIMEOUT, Outcome::Timeout),
+            Some(Err(_)) => (StatusCode::BAD_GATEWAY, Outcome::Failed),
+            None => (StatusCode::SERVICE_UNAVAILABLE, Outcome::Failed),
+        }
+    }
+}
+
+/// The replayed request through the route's filters (checks, the
+/// verdict the live request's authentication vouched for, rewrites): the
+/// prepared request and its rewritten path; or the candidate's own
+/// answer (its `route` is the caller's to fill).
+async fn filtered<'g>(
+    req: Request<ClientBody>,
+    seen: &filters::Seen<'_, '_>,
+    f: &filters::Effective<'_>,
+    vouched: tokio::sync::oneshot::Receiver<Vouched>,
+) -> Result<(Request<ClientBody>, Option<String>), Replayed<'g>> {
+    let mut req = req;
+    let checked = match filters::check(&req, seen, f) {
+        Ok(checked) => checked,
+        Err((error, _)) => return Err(Replayed::local(None, error.status())),
+    };
+    if let Some(preflight) = &checked.preflight {
+        return Err(Replayed::local(None, preflight.status()));
+    }
+    if let Some(auth) = f.auth() {
+        auth.strip_identity(req.headers_mut());
+        match vouched.await {
+            Ok(Vouched::Identity(identity)) => auth.apply(&identity, req.headers_mut()),
+            Ok(Vouched::FailedOpen) => {}
+            Ok(Vouched::Denied(status)) => return Err(Replayed::local(None, status)),
+            Err(_) => {
+                return Err(Replayed {
+                    route: None,
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    outcome: Outcome::Skipped,
+                })
+            }
+        }
+    }
+    filters::prepare(req, &checked, seen, f).map_err(|error| Replayed::local(None, error.status()))
+}
+
 /// Runs a copy through `candidate`: its listener rules, its routes, its
 /// filters, the active request's `auth` verdict (`vouched`), its action;
 /// a proxied copy goes to its upstream once.
@@ -237,36 +309,19 @@ async fn replay<'g>(
             authority: authority.as_ref(),
             generation: candidate.id.0,
         };
-        let checked = match filters::check(&req, &seen, f) {
-            Ok(checked) => checked,
-            Err((error, _)) => return Replayed::local(shared, error.status()),
-        };
-        if let Some(preflight) = &checked.preflight {
-            return Replayed::local(shared, preflight.status());
-        }
-        if let Some(auth) = f.auth() {
-            auth.strip_identity(req.headers_mut());
-            match vouched.await {
-                Ok(Vouched::Identity(identity)) => auth.apply(&identity, req.headers_mut()),
-                Ok(Vouched::FailedOpen) => {}
-                Ok(Vouched::Denied(status)) => return Replayed::local(shared, status),
-                Err(_) => {
-                    return Replayed {
-                        route: shared,
-                        status: StatusCode::SERVICE_UNAVAILABLE,
-                        outcome: Outcome::Skipped,
-                    }
-                }
-            }
-        }
-        match filters::prepare(req, &checked, &seen, f) {
+        match filtered(req, &seen, f, vouched).await {
             Ok((prepared, rewritten)) => {
                 req = prepared;
                 if rewritten.is_some() {
                     forwarded = rewritten;
                 }
             }
-            Err(error) => return Replayed::local(shared, error.status()),
+            Err(local) => {
+                return Replayed {
+                    route: shared,
+                    ..local
+                }
+            }
         }
     }
     let upstream = match &route.action {
@@ -274,29 +329,16 @@ async fn replay<'g>(
         Action::Redirect(redirect) => return Replayed::local(shared, redirect.status),
         Action::Proxy(upstream) => upstream,
     };
-    let (mut head, path_and_query) = copy::head(&req, forwarded.as_deref());
     let rewrite = effective
         .as_ref()
         .and_then(filters::Effective::host_rewrite);
-    if let Some(crate::plan::HostRewrite::Literal(host)) = rewrite {
-        head.headers.insert(header::HOST, host.clone());
-    }
-    let sent = copy::send(
-        head,
-        path_and_query,
-        body,
+    let sent = Sent {
+        forwarded: forwarded.as_deref(),
+        rewrite,
         upstream,
-        route.timeout(),
-        Report::Nothing,
-        matches!(rewrite, Some(crate::plan::HostRewrite::Backend)),
-        0,
-    );
-    let (status, outcome) = match sent.await {
-        Some(Ok(answer)) => (answer.head.status, Outcome::Answered),
-        Some(Err(Attempt::Timeout)) => (StatusCode::GATEWAY_TIMEOUT, Outcome::Timeout),
-        Some(Err(_)) => (StatusCode::BAD_GATEWAY, Outcome::Failed),
-        None => (StatusCode::SERVICE_UNAVAILABLE, Outcome::Failed),
+        timeout: route.timeout(),
     };
+    let (status, outcome) = sent.send(req, body).await;
     Replayed {
         route: shared,
         status,

@@ -81,7 +81,7 @@ pub async fn relay_connection(
     listener: Arc<str>,
     admission: Admission,
     counters: TcpCounters,
-    mut cut: tokio::sync::watch::Receiver<bool>,
+    cut: tokio::sync::watch::Receiver<bool>,
 ) {
     let _ = downstream.set_nodelay(true);
     let generation = admission.store().load_full();
@@ -110,32 +110,14 @@ pub async fn relay_connection(
     // to the backend ahead of the rest.
     let (upstream_name, prefix) = match &spec.l4.sni {
         None => (spec.upstream.clone(), Vec::new()),
-        Some(sni) => {
-            match super::client_hello::read(&mut downstream, sni.client_hello_timeout).await {
-                Ok(hello) => {
-                    let alpn: Vec<&[u8]> = hello.alpn.iter().map(Vec::as_slice).collect();
-                    let chosen = sni.upstream_for(hello.server_name.as_deref(), &alpn);
-                    if let Some(line) = setup.line.as_mut() {
-                        line.authority = hello.server_name.clone();
-                    }
-                    if chosen.is_none() {
-                        tracing::debug!(listener = %setup.listener, server_name = ?hello.server_name, "no SNI route for this name; closing");
-                    }
-                    (chosen.map(str::to_owned), hello.bytes)
-                }
-                Err(error) => {
-                    tracing::debug!(listener = %setup.listener, client = %client, %error, "no usable ClientHello; closing");
-                    crate::admission::release(generation);
-                    let flags = match error {
-                        super::client_hello::HelloError::Timeout(_) => Flags::HEADER_TIMEOUT,
-                        super::client_hello::HelloError::Closed => Flags::CLIENT_CLOSED,
-                        _ => Flags::PROTOCOL_ERROR,
-                    };
-                    setup.finish(flags, None);
-                    return;
-                }
+        Some(sni) => match by_client_hello(&mut downstream, sni, &mut setup).await {
+            Ok(chosen) => chosen,
+            Err(flags) => {
+                crate::admission::release(generation);
+                setup.finish(flags, None);
+                return;
             }
-        }
+        },
     };
     let Some(upstream) = upstream_name.and_then(|name| generation.upstream(&name).map(Arc::clone))
     else {
@@ -162,29 +144,124 @@ pub async fn relay_connection(
         line.upstream_time = Some(setup.started.elapsed());
     }
     let progress = Progress::new();
-    // The listener's address, for a PROXY header only (a system call).
-    let local = proxy_protocol.map(|version| {
-        let local = downstream
-            .local_addr()
-            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-        (version, local)
-    });
-    if let Err(error) = send_first(&server, local, client, &prefix).await {
+    let opening = Opening {
+        proxy_protocol,
+        client,
+        prefix,
+    };
+    if let Err(error) = opening
+        .send(&downstream, &server, &progress, &counters)
+        .await
+    {
         tracing::debug!(listener = %setup.listener, backend = %backend.key.addr, %error, "upstream closed before the first bytes");
         setup.finish(Flags::UPSTREAM_RESET, Some(&progress));
         return;
     }
-    // The ClientHello counts as client bytes, as it would unread.
-    progress
-        .up
-        .fetch_add(prefix.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    counters
-        .downstream_to_upstream
-        .increment(prefix.len() as u64);
-    drop(prefix);
-    let store = Arc::clone(admission.store());
+    let ends = Ends {
+        store: Arc::clone(admission.store()),
+        generation: generation_id,
+        idle_timeout,
+        cut,
+    };
+    let flags = relay_until_an_end(downstream, server, &counters, &progress, ends, &setup).await;
+    // Both sockets are closed by now (the relay owned them).
+    drop(guard);
+    setup.finish(flags, Some(&progress));
+}
+
+/// What a backend gets before the relay starts: a PROXY header naming
+/// the client (when the upstream sends one), then the ClientHello read
+/// for SNI routing.
+struct Opening {
+    proxy_protocol: Option<crate::plan::ProxyProtocol>,
+    client: SocketAddr,
+    prefix: Vec<u8>,
+}
+
+impl Opening {
+    async fn send(
+        self,
+        downstream: &TcpStream,
+        server: &TcpStream,
+        progress: &Progress,
+        counters: &TcpCounters,
+    ) -> std::io::Result<()> {
+        // The listener's address, for a PROXY header only (a system call).
+        let local = self.proxy_protocol.map(|version| {
+            let local = downstream
+                .local_addr()
+                .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+            (version, local)
+        });
+        send_first(server, local, self.client, &self.prefix).await?;
+        // The ClientHello counts as client bytes, as it would unread.
+        let sent = self.prefix.len() as u64;
+        progress
+            .up
+            .fetch_add(sent, std::sync::atomic::Ordering::Relaxed);
+        counters.downstream_to_upstream.increment(sent);
+        Ok(())
+    }
+}
+
+/// The upstream a pass-through connection's ClientHello names (SNI,
+/// ALPN), `None` when no route takes that name, and the hello's bytes;
+/// the flags to log when there is no usable hello.
+async fn by_client_hello(
+    downstream: &mut TcpStream,
+    sni: &crate::plan::SniSpec,
+    setup: &mut Setup,
+) -> Result<(Option<String>, Vec<u8>), Flags> {
+    match super::client_hello::read(downstream, sni.client_hello_timeout).await {
+        Ok(hello) => {
+            let alpn: Vec<&[u8]> = hello.alpn.iter().map(Vec::as_slice).collect();
+            let chosen = sni.upstream_for(hello.server_name.as_deref(), &alpn);
+            if let Some(line) = setup.line.as_mut() {
+                line.authority = hello.server_name.clone();
+            }
+            if chosen.is_none() {
+                tracing::debug!(listener = %setup.listener, server_name = ?hello.server_name, "no SNI route for this name; closing");
+            }
+            Ok((chosen.map(str::to_owned), hello.bytes))
+        }
+        Err(error) => {
+            tracing::debug!(listener = %setup.listener, client = %setup.client, %error, "no usable ClientHello; closing");
+            Err(match error {
+                super::client_hello::HelloError::Timeout(_) => Flags::HEADER_TIMEOUT,
+                super::client_hello::HelloError::Closed => Flags::CLIENT_CLOSED,
+                _ => Flags::PROTOCOL_ERROR,
+            })
+        }
+    }
+}
+
+/// What ends a relay besides its sockets: no byte within `idle_timeout`,
+/// its generation superseded past `max_pinned_age`, the drain deadline.
+struct Ends {
+    store: Arc<crate::runtime::GenerationStore>,
+    generation: crate::ids::GenerationId,
+    idle_timeout: Option<std::time::Duration>,
+    cut: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Relays bytes both ways until a side closes or an end comes; the flags
+/// the access line gets.
+async fn relay_until_an_end(
+    downstream: TcpStream,
+    server: TcpStream,
+    counters: &TcpCounters,
+    progress: &Progress,
+    ends: Ends,
+    setup: &Setup,
+) -> Flags {
+    let Ends {
+        store,
+        generation,
+        idle_timeout,
+        mut cut,
+    } = ends;
     let meters = Meters {
-        progress: &progress,
+        progress,
         up: &counters.downstream_to_upstream,
         down: &counters.upstream_to_downstream,
     };
@@ -194,7 +271,8 @@ pub async fn relay_connection(
             None => std::future::pending().await,
         }
     };
-    let flags = tokio::select! {
+    let client = setup.client;
+    tokio::select! {
         relayed = relay::relay(downstream, server, meters) => match relayed {
             Ok(()) => Flags::NONE,
             // Reset by one side or the other; which one is not known.
@@ -204,18 +282,15 @@ pub async fn relay_connection(
             tracing::debug!(listener = %setup.listener, client = %client, "no byte moved within idle_timeout; closing");
             Flags::IDLE_TIMEOUT
         }
-        _ = pinned_age_expired(&store, generation_id) => {
-            tracing::info!(listener = %setup.listener, generation = %generation_id, "closing a connection pinned past max_pinned_age");
+        _ = pinned_age_expired(&store, generation) => {
+            tracing::info!(listener = %setup.listener, generation = %generation, "closing a connection pinned past max_pinned_age");
             Flags::NONE
         }
         Ok(_) = cut.wait_for(|cut| *cut) => {
             tracing::info!(listener = %setup.listener, client = %client, "closing a connection still open at the drain deadline");
             Flags::DRAIN_TIMEOUT
         }
-    };
-    // Both sockets are closed by now (the relay owned them).
-    drop(guard);
-    setup.finish(flags, Some(&progress));
+    }
 }
 
 /// Connects to a backend of `upstream`: the client's by its address when
