@@ -183,6 +183,26 @@ impl<'g> Replayed<'g> {
     }
 }
 
+/// The candidate listener's rules for the replayed request: its
+/// authority, the client's access, its normalized path.
+fn at_the_edge(
+    req: &Request<ClientBody>,
+    conn: &ConnContext,
+    router: &crate::generation::Router,
+) -> Result<(Option<http::HeaderValue>, String), super::error::ProxyError> {
+    use super::error::ProxyError;
+    let authority = edge::authority(req).map_err(ProxyError::BadRequest)?;
+    if let Some(access) = &router.edge.access {
+        if !access.admits(filters::client_ip(conn, req.headers(), &router.edge)) {
+            return Err(ProxyError::Forbidden);
+        }
+    }
+    let path = edge::normalize_path(req.uri().path(), &router.edge)
+        .map_err(ProxyError::BadRequest)?
+        .into_owned();
+    Ok((authority, path))
+}
+
 /// Where and how a replayed request goes to its upstream.
 struct Sent<'a> {
     forwarded: Option<&'a str>,
@@ -271,22 +291,12 @@ async fn replay<'g>(
             http_body_util::Full::new(body.clone()).map_err(|never| match never {}),
         )),
     );
-    let refused = |error: super::error::ProxyError| Replayed::local(None, error.status());
     let Some(router) = candidate.router(&conn.listener) else {
         return Replayed::local(None, StatusCode::NOT_FOUND);
     };
-    let authority = match edge::authority(&req) {
-        Ok(authority) => authority,
-        Err(reason) => return refused(super::error::ProxyError::BadRequest(reason)),
-    };
-    if let Some(access) = &router.edge.access {
-        if !access.admits(filters::client_ip(conn, req.headers(), &router.edge)) {
-            return refused(super::error::ProxyError::Forbidden);
-        }
-    }
-    let path = match edge::normalize_path(req.uri().path(), &router.edge) {
-        Ok(path) => path.into_owned(),
-        Err(reason) => return refused(super::error::ProxyError::BadRequest(reason)),
+    let (authority, path) = match at_the_edge(&req, conn, router) {
+        Ok(checked) => checked,
+        Err(error) => return Replayed::local(None, error.status()),
     };
     let asked_method = edge::preflight_method(&req);
     let (host, head) = super::edge::routing_head(&req, authority.as_ref(), asked_method.as_ref());

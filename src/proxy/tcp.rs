@@ -95,38 +95,20 @@ pub async fn relay_connection(
         started: std::time::Instant::now(),
         duration: counters.duration.clone(),
     };
-    let Some(spec) = generation
-        .spec
-        .listeners
-        .iter()
-        .find(|l| *l.name == *setup.listener)
-    else {
-        crate::admission::release(generation);
-        setup.finish(Flags::NO_ROUTE, None);
-        return;
-    };
-    let idle_timeout = spec.l4.idle_timeout;
-    // Pass-through: the ClientHello names the upstream; its bytes go on
-    // to the backend ahead of the rest.
-    let (upstream_name, prefix) = match &spec.l4.sni {
-        None => (spec.upstream.clone(), Vec::new()),
-        Some(sni) => match by_client_hello(&mut downstream, sni, &mut setup).await {
-            Ok(chosen) => chosen,
-            Err(flags) => {
-                crate::admission::release(generation);
-                setup.finish(flags, None);
-                return;
-            }
-        },
-    };
-    let Some(upstream) = upstream_name.and_then(|name| generation.upstream(&name).map(Arc::clone))
-    else {
-        crate::admission::release(generation);
-        setup.finish(Flags::NO_ROUTE, None);
-        return;
-    };
+    let chosen = choose(&mut downstream, &generation, &mut setup).await;
     // Only the guard, the upstream and the backend outlive set-up.
     crate::admission::release(generation);
+    let Chosen {
+        upstream,
+        idle_timeout,
+        prefix,
+    } = match chosen {
+        Ok(chosen) => chosen,
+        Err(flags) => {
+            setup.finish(flags, None);
+            return;
+        }
+    };
     let (server, backend, attempts) = match connect(&upstream, &mut setup).await {
         Ok(connected) => connected,
         Err(flags) => {
@@ -167,6 +149,44 @@ pub async fn relay_connection(
     // Both sockets are closed by now (the relay owned them).
     drop(guard);
     setup.finish(flags, Some(&progress));
+}
+
+/// Where a connection goes: its upstream, the listener's idle timeout
+/// and what was read to choose (a ClientHello, sent on ahead).
+struct Chosen {
+    upstream: Arc<crate::generation::Upstream>,
+    idle_timeout: Option<std::time::Duration>,
+    prefix: Vec<u8>,
+}
+
+/// The listener's upstream in `generation` for this connection (by its
+/// ClientHello with SNI pass-through); the flags to log when none takes
+/// it.
+async fn choose(
+    downstream: &mut TcpStream,
+    generation: &crate::generation::Generation,
+    setup: &mut Setup,
+) -> Result<Chosen, Flags> {
+    let spec = generation
+        .spec
+        .listeners
+        .iter()
+        .find(|l| *l.name == *setup.listener)
+        .ok_or(Flags::NO_ROUTE)?;
+    // Pass-through: the ClientHello names the upstream; its bytes go on
+    // to the backend ahead of the rest.
+    let (upstream_name, prefix) = match &spec.l4.sni {
+        None => (spec.upstream.clone(), Vec::new()),
+        Some(sni) => by_client_hello(downstream, sni, setup).await?,
+    };
+    let upstream = upstream_name
+        .and_then(|name| generation.upstream(&name).map(Arc::clone))
+        .ok_or(Flags::NO_ROUTE)?;
+    Ok(Chosen {
+        upstream,
+        idle_timeout: spec.l4.idle_timeout,
+        prefix,
+    })
 }
 
 /// What a backend gets before the relay starts: a PROXY header naming

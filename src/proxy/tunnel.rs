@@ -235,82 +235,106 @@ where
 {
     let mut buf = vec![0u8; CHUNK];
     match way {
-        Way::Up => {
-            // What the client has sent by now goes on, the frame under
-            // way whole; then the backend hears that the gateway is going
-            // away.
-            loop {
-                let n = if frames.at_boundary() {
-                    // Only what is there already (a zero timeout polls once).
-                    match tokio::time::timeout(Duration::ZERO, from.read(&mut buf)).await {
-                        Ok(n) => n?,
-                        Err(_) => break,
-                    }
-                } else {
-                    from.read(&mut buf).await?
-                };
-                if n == 0 {
-                    return Ok(());
-                }
-                let chunk = buf.get(..n).unwrap_or_default();
-                frames.track(chunk);
-                to.write_all(chunk).await?;
-                moved.fetch_add(n as u64, Ordering::Relaxed);
+        Way::Up => close_up(from, to, &mut buf, frames, moved).await,
+        Way::Down => close_down(from, to, &mut buf, frames, moved).await,
+    }
+}
+
+/// Client to backend: what the client has sent by now goes on, the frame
+/// under way whole; then the backend hears that the gateway is going
+/// away, and the client's own close ends it.
+async fn close_up<R, W>(
+    from: &mut R,
+    to: &mut W,
+    buf: &mut [u8],
+    frames: &mut Frames,
+    moved: &AtomicU64,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        let n = if frames.at_boundary() {
+            // Only what is there already (a zero timeout polls once).
+            match tokio::time::timeout(Duration::ZERO, from.read(buf)).await {
+                Ok(n) => n?,
+                Err(_) => break,
             }
-            to.write_all(&close_frame(true)).await?;
-            to.flush().await?;
-            // The client's own close (its reply to the one it gets from
-            // the other direction) ends it; what it sends before is
-            // too late for a backend that is closing.
-            let mut frames = Frames::default();
-            loop {
-                let n = from.read(&mut buf).await?;
-                if n == 0 {
-                    return Ok(());
-                }
-                let mut rest = buf.get(..n).unwrap_or_default();
-                while !rest.is_empty() {
-                    let step = frames.step(rest);
-                    rest = rest.get(step.used..).unwrap_or_default();
-                    if step.ended && step.opcode == Some(OPCODE_CLOSE) {
-                        return Ok(());
-                    }
-                }
-            }
+        } else {
+            from.read(buf).await?
+        };
+        if n == 0 {
+            return Ok(());
         }
-        Way::Down => {
-            // What the backend sends until its close reply still goes to
-            // the client (the answer to the client's last message may be
-            // among it); its close is not passed on (`one_way` sends the
-            // client its own 1001).
-            let mut held = Vec::new();
-            'frames: loop {
-                let n = from.read(&mut buf).await?;
-                if n == 0 {
-                    break;
-                }
-                let mut rest = buf.get(..n).unwrap_or_default();
-                while !rest.is_empty() {
-                    let step = frames.step(rest);
-                    let (part, after) = rest.split_at(step.used.min(rest.len()));
-                    rest = after;
-                    match step.opcode {
-                        Some(OPCODE_CLOSE) if step.ended => break 'frames,
-                        Some(OPCODE_CLOSE) => {}
-                        Some(_) => {
-                            held.extend_from_slice(part);
-                            to.write_all(&held).await?;
-                            moved.fetch_add(held.len() as u64, Ordering::Relaxed);
-                            held.clear();
-                        }
-                        // A frame head not whole yet.
-                        None => held.extend_from_slice(part),
-                    }
-                }
+        let chunk = buf.get(..n).unwrap_or_default();
+        frames.track(chunk);
+        to.write_all(chunk).await?;
+        moved.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    to.write_all(&close_frame(true)).await?;
+    to.flush().await?;
+    // The client's own close (its reply to the one it gets from
+    // the other direction) ends it; what it sends before is
+    // too late for a backend that is closing.
+    let mut frames = Frames::default();
+    loop {
+        let n = from.read(buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut rest = buf.get(..n).unwrap_or_default();
+        while !rest.is_empty() {
+            let step = frames.step(rest);
+            rest = rest.get(step.used..).unwrap_or_default();
+            if step.ended && step.opcode == Some(OPCODE_CLOSE) {
+                return Ok(());
             }
-            Ok(())
         }
     }
+}
+
+/// Backend to client: what the backend sends until its close reply still
+/// goes to the client (the answer to the client's last message may be
+/// among it); its close is not passed on (`one_way` sends the client its
+/// own 1001).
+async fn close_down<R, W>(
+    from: &mut R,
+    to: &mut W,
+    buf: &mut [u8],
+    frames: &mut Frames,
+    moved: &AtomicU64,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut held = Vec::new();
+    'frames: loop {
+        let n = from.read(buf).await?;
+        if n == 0 {
+            break;
+        }
+        let mut rest = buf.get(..n).unwrap_or_default();
+        while !rest.is_empty() {
+            let step = frames.step(rest);
+            let (part, after) = rest.split_at(step.used.min(rest.len()));
+            rest = after;
+            match step.opcode {
+                Some(OPCODE_CLOSE) if step.ended => break 'frames,
+                Some(OPCODE_CLOSE) => {}
+                Some(_) => {
+                    held.extend_from_slice(part);
+                    to.write_all(&held).await?;
+                    moved.fetch_add(held.len() as u64, Ordering::Relaxed);
+                    held.clear();
+                }
+                // A frame head not whole yet.
+                None => held.extend_from_slice(part),
+            }
+        }
+    }
+    Ok(())
 }
 
 const OPCODE_CLOSE: u8 = 0x8;

@@ -207,47 +207,8 @@ impl Session {
         let flags = match upstream {
             None => Flags::NO_ROUTE,
             Some(upstream) => {
-                let hash = super::tcp::client_hash(&upstream, self.client);
-                let backend = upstream
-                    .pick_untried(&upstream.members(), hash, &mut Vec::new())
-                    .map(Arc::clone);
-                match backend {
-                    None => Flags::NO_HEALTHY_BACKEND,
-                    Some(backend) => {
-                        if let Some(line) = line.as_mut() {
-                            line.backend = Some(Arc::clone(&backend.label));
-                            line.attempts = 1;
-                        }
-                        let _in_flight = backend.start_request();
-                        match self
-                            .connect(&backend.key.addr, backend.key.connect_timeout)
-                            .await
-                        {
-                            Err(Unusable::Backend(error)) => {
-                                upstream.report(&backend, Attempt::ConnectError, None);
-                                tracing::warn!(listener = %self.listener, backend = %backend.key.addr, %error, "udp backend unusable");
-                                Flags::CONNECT_FAILURE
-                            }
-                            // Not the backend's doing (out of descriptors):
-                            // its health is left alone.
-                            Err(Unusable::Local(error)) => {
-                                tracing::error!(listener = %self.listener, %error, "cannot open a socket for a udp session");
-                                Flags::CONNECT_FAILURE
-                            }
-                            Ok(server) => {
-                                let ended =
-                                    self.relay(&server, &mut datagrams, &progress, idle).await;
-                                let attempt = if ended == Flags::CONNECT_FAILURE {
-                                    Attempt::ConnectError
-                                } else {
-                                    Attempt::Answered(http::StatusCode::OK)
-                                };
-                                upstream.report(&backend, attempt, None);
-                                ended
-                            }
-                        }
-                    }
-                }
+                self.through(&upstream, &mut line, &mut datagrams, &progress, idle)
+                    .await
             }
         };
         // Out of the table first: a datagram from this client from now on
@@ -271,6 +232,59 @@ impl Session {
             line.bytes_in = progress.up.load(std::sync::atomic::Ordering::Relaxed);
             line.bytes_out = progress.down.load(std::sync::atomic::Ordering::Relaxed);
             access::emit(line);
+        }
+    }
+
+    /// The session through a backend of `upstream` (by the client's hash
+    /// or the policy): relayed until it idles out; the flags its line
+    /// gets.
+    async fn through(
+        &mut self,
+        upstream: &crate::generation::Upstream,
+        line: &mut Option<access::Line>,
+        datagrams: &mut mpsc::Receiver<Bytes>,
+        progress: &Progress,
+        idle: Duration,
+    ) -> Flags {
+        let hash = super::tcp::client_hash(upstream, self.client);
+        let backend = upstream
+            .pick_untried(&upstream.members(), hash, &mut Vec::new())
+            .map(Arc::clone);
+        match backend {
+            None => Flags::NO_HEALTHY_BACKEND,
+            Some(backend) => {
+                if let Some(line) = line.as_mut() {
+                    line.backend = Some(Arc::clone(&backend.label));
+                    line.attempts = 1;
+                }
+                let _in_flight = backend.start_request();
+                match self
+                    .connect(&backend.key.addr, backend.key.connect_timeout)
+                    .await
+                {
+                    Err(Unusable::Backend(error)) => {
+                        upstream.report(&backend, Attempt::ConnectError, None);
+                        tracing::warn!(listener = %self.listener, backend = %backend.key.addr, %error, "udp backend unusable");
+                        Flags::CONNECT_FAILURE
+                    }
+                    // Not the backend's doing (out of descriptors):
+                    // its health is left alone.
+                    Err(Unusable::Local(error)) => {
+                        tracing::error!(listener = %self.listener, %error, "cannot open a socket for a udp session");
+                        Flags::CONNECT_FAILURE
+                    }
+                    Ok(server) => {
+                        let ended = self.relay(&server, datagrams, progress, idle).await;
+                        let attempt = if ended == Flags::CONNECT_FAILURE {
+                            Attempt::ConnectError
+                        } else {
+                            Attempt::Answered(http::StatusCode::OK)
+                        };
+                        upstream.report(&backend, attempt, None);
+                        ended
+                    }
+                }
+            }
         }
     }
 

@@ -198,41 +198,49 @@ pub(super) fn accept_on_workers(
         warned_at: Mutex::new(None),
         name,
     });
-    let sockets: Vec<Arc<std::net::TcpListener>> = listener
-        .sockets
-        .iter()
-        .filter_map(|socket| match socket {
-            ListenerSocket::Tcp(socket) => Some(Arc::clone(socket)),
-            ListenerSocket::Udp(_) => None,
-        })
-        .collect();
-    let workers = gate.workers.as_ref().map_or(1, |w| w.threads());
-    for worker in 0..workers {
-        for index in sockets::share(worker, workers, sockets.len()) {
-            // Each loop owns a duplicate, registered with its own
-            // worker's reactor; the set keeps the original for a
-            // hand-over until draining.
-            let socket = match sockets[index].try_clone() {
-                Ok(socket) => socket,
-                Err(error) => {
-                    tracing::error!(listener = %accepting.name, worker, %error, "cannot accept on a listening socket");
-                    continue;
-                }
-            };
-            let accepting = Arc::clone(&accepting);
-            let accept =
-                move || -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
-                    Box::pin(accepting.accept_loop(socket, worker))
+    accepting.spawn_loops(&listener.sockets);
+    true
+}
+
+impl Accepting {
+    /// One accept loop per worker on its share of the listener's
+    /// `sockets` (`sockets::share`), each on its worker.
+    fn spawn_loops(self: &Arc<Self>, sockets: &[ListenerSocket]) {
+        let gate = &self.gate;
+        let sockets: Vec<Arc<std::net::TcpListener>> = sockets
+            .iter()
+            .filter_map(|socket| match socket {
+                ListenerSocket::Tcp(socket) => Some(Arc::clone(socket)),
+                ListenerSocket::Udp(_) => None,
+            })
+            .collect();
+        let workers = gate.workers.as_ref().map_or(1, |w| w.threads());
+        for worker in 0..workers {
+            for index in sockets::share(worker, workers, sockets.len()) {
+                // Each loop owns a duplicate, registered with its own
+                // worker's reactor; the set keeps the original for a
+                // hand-over until draining.
+                let socket = match sockets[index].try_clone() {
+                    Ok(socket) => socket,
+                    Err(error) => {
+                        tracing::error!(listener = %self.name, worker, %error, "cannot accept on a listening socket");
+                        continue;
+                    }
                 };
-            match &gate.workers {
-                Some(workers) => workers.spawn_on(worker, Box::new(accept)),
-                None => {
-                    tokio::spawn(accept());
+                let accepting = Arc::clone(self);
+                let accept =
+                    move || -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+                        Box::pin(accepting.accept_loop(socket, worker))
+                    };
+                match &gate.workers {
+                    Some(workers) => workers.spawn_on(worker, Box::new(accept)),
+                    None => {
+                        tokio::spawn(accept());
+                    }
                 }
             }
         }
     }
-    true
 }
 
 /// What every accept loop of one TCP listener shares.
@@ -334,55 +342,61 @@ impl Accepting {
                     continue;
                 }
             };
-            let (limits, proxy) = self.gate.admit(&self.name, remote.ip());
-            // A PROXY header is taken only from the proxies trusted to
-            // send one: anyone else could claim any address.
-            if proxy == Proxy::Untrusted {
-                self.untrusted.increment(1);
-                tracing::debug!(listener = %self.name, peer = %remote, "PROXY header expected from an untrusted peer; closing");
-                continue;
-            }
-            // Over the listener's cap: closed at once, before it costs a
-            // task or a buffer (the client sees a reset or an EOF). The
-            // place is taken before it is checked, so that loops on other
-            // workers cannot overshoot the cap together.
-            let before = self.open.fetch_add(1, Ordering::AcqRel);
-            if let Some(max) = limits.max_connections.filter(|max| before >= *max) {
-                self.open.fetch_sub(1, Ordering::AcqRel);
-                self.refuse(max);
-                continue;
-            }
-            let serving = self.balance(worker);
-            self.gate.open.count.fetch_add(1, Ordering::AcqRel);
-            self.gauge.increment(1.0);
-            self.accepted.increment(1);
-            let guard = ConnectionGuard {
-                accepting: Arc::clone(&self),
-                worker: serving,
-            };
-            let proxied = proxy == Proxy::Trusted;
-            let workers = self.gate.workers.as_ref().filter(|_| serving != worker);
-            let Some(workers) = workers else {
-                // Boxed: tokio moves a task's future several times while
-                // spawning and finishing it, and a box moves as a pointer
-                // (an L4 connection's future is about 2 KiB).
-                tokio::spawn(Box::pin(
-                    Arc::clone(&self).serve_accepted(stream, remote, proxied, limits, guard),
-                ));
-                continue;
-            };
-            // Served elsewhere: registered with that worker's reactor
-            // only (it never was with this one's).
-            self.rebalanced.increment(1);
-            let accepting = Arc::clone(&self);
-            workers.spawn_on(
-                serving,
-                Box::new(move || {
-                    Box::pin(accepting.serve_accepted(stream, remote, proxied, limits, guard))
-                }),
-            );
+            self.dispatch(stream, remote, worker);
         }
         tracing::info!(listener = %self.name, worker, "listener closed");
+    }
+
+    /// Admits a connection this worker accepted (trusted PROXY peers,
+    /// the listener's cap) and serves it on the worker `balance` picks.
+    fn dispatch(self: &Arc<Self>, stream: std::net::TcpStream, remote: SocketAddr, worker: usize) {
+        let (limits, proxy) = self.gate.admit(&self.name, remote.ip());
+        // A PROXY header is taken only from the proxies trusted to
+        // send one: anyone else could claim any address.
+        if proxy == Proxy::Untrusted {
+            self.untrusted.increment(1);
+            tracing::debug!(listener = %self.name, peer = %remote, "PROXY header expected from an untrusted peer; closing");
+            return;
+        }
+        // Over the listener's cap: closed at once, before it costs a
+        // task or a buffer (the client sees a reset or an EOF). The
+        // place is taken before it is checked, so that loops on other
+        // workers cannot overshoot the cap together.
+        let before = self.open.fetch_add(1, Ordering::AcqRel);
+        if let Some(max) = limits.max_connections.filter(|max| before >= *max) {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            self.refuse(max);
+            return;
+        }
+        let serving = self.balance(worker);
+        self.gate.open.count.fetch_add(1, Ordering::AcqRel);
+        self.gauge.increment(1.0);
+        self.accepted.increment(1);
+        let guard = ConnectionGuard {
+            accepting: Arc::clone(self),
+            worker: serving,
+        };
+        let proxied = proxy == Proxy::Trusted;
+        let workers = self.gate.workers.as_ref().filter(|_| serving != worker);
+        let Some(workers) = workers else {
+            // Boxed: tokio moves a task's future several times while
+            // spawning and finishing it, and a box moves as a pointer
+            // (an L4 connection's future is about 2 KiB).
+            tokio::spawn(Box::pin(
+                Arc::clone(self).serve_accepted(stream, remote, proxied, limits, guard),
+            ));
+            return;
+        };
+        // Served elsewhere: registered with that worker's reactor
+        // only (it never was with this one's).
+        self.rebalanced.increment(1);
+        let accepting = Arc::clone(self);
+        workers.spawn_on(
+            serving,
+            Box::new(move || {
+                Box::pin(accepting.serve_accepted(stream, remote, proxied, limits, guard))
+            }),
+        );
     }
 
     /// The worker that serves a connection `worker` accepted: itself,
@@ -408,6 +422,30 @@ impl Accepting {
             *warned_at = Some(std::time::Instant::now());
             tracing::warn!(listener = %self.name, max_connections = max, "max_connections reached: closing new connections at accept");
         }
+    }
+
+    /// What every request of an HTTP connection from `remote` shares.
+    fn context(&self, stream: &TcpStream, remote: SocketAddr) -> Arc<ConnContext> {
+        let local = if self.wildcard {
+            stream.local_addr().unwrap_or(self.bound)
+        } else {
+            self.bound
+        };
+        Arc::new(ConnContext {
+            listener: Arc::clone(&self.name),
+            admission: self.gate.admission.clone(),
+            remote,
+            local,
+            client_ip: client_ip_header(remote),
+            scheme: self.scheme.clone(),
+            responses: Arc::clone(&self.responses),
+            draining: Arc::clone(&self.gate.draining_flag),
+            activity: Activity::new(),
+            interim: InterimQueue::new(),
+            alt_svc: self.alt_svc.clone(),
+            tls: std::sync::OnceLock::new(),
+            lingering: self.gate.lingering(),
+        })
     }
 
     /// Serves one accepted connection on this worker, to its end,
@@ -464,26 +502,7 @@ impl Accepting {
             drop(guard);
             return;
         }
-        let local = if self.wildcard {
-            stream.local_addr().unwrap_or(self.bound)
-        } else {
-            self.bound
-        };
-        let ctx = Arc::new(ConnContext {
-            listener: Arc::clone(&self.name),
-            admission: self.gate.admission.clone(),
-            remote,
-            local,
-            client_ip: client_ip_header(remote),
-            scheme: self.scheme.clone(),
-            responses: Arc::clone(&self.responses),
-            draining: Arc::clone(&self.gate.draining_flag),
-            activity: Activity::new(),
-            interim: InterimQueue::new(),
-            alt_svc: self.alt_svc.clone(),
-            tls: std::sync::OnceLock::new(),
-            lingering: self.gate.lingering(),
-        });
+        let ctx = self.context(&stream, remote);
         let draining = self.gate.draining.subscribe();
         // Boxed: an HTTP connection's future (hyper's, TLS's) is several
         // KiB, and would make every L4 connection's task as large.
