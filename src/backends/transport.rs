@@ -224,7 +224,7 @@ pub fn connect_error(addr: &str, error: &ConnectError) -> TransportError {
         ConnectError::Io(io) => connect_failed(addr, io),
         ConnectError::Timeout(_) => TransportError::Connect {
             refused: false,
-            detail: format!("{addr}: connect timed out"),
+            detail: format!("{addr}: {error}"),
         },
     }
 }

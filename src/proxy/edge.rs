@@ -410,6 +410,26 @@ pub fn routing_head<'r>(
     (host, head)
 }
 
+/// The key authorization for an http-01 token an order waits for.
+pub fn acme_challenge<B>(req: &Request<B>) -> Option<http::Response<super::body::ResponseBody>> {
+    let token = req
+        .uri()
+        .path()
+        .strip_prefix("/.well-known/acme-challenge/")?;
+    if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
+        return None;
+    }
+    let answer = crate::tls::http01_answer(token)?;
+    let mut response = http::Response::new(super::body::ResponseBody::full(
+        bytes::Bytes::copy_from_slice(answer.as_bytes()),
+    ));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Some(response)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,27 +113,32 @@ pub(super) fn forward<'a>(
                 // HTTP/1.1 one above is what most deployments take.
                 Box::pin(client_exchange(upstream_req, None, &hop, guards)).await
             }
-            Some((protocol, downstream)) => {
-                let mut upstream_req = req;
-                let forwarded = upstream_request(
-                    &mut upstream_req,
-                    target,
-                    conn,
-                    backend,
-                    Some(&protocol),
-                    false,
-                )?;
-                forwarded.insert_into(upstream_req.headers_mut());
-                Box::pin(client_exchange(
-                    upstream_req,
-                    Some((protocol, downstream)),
-                    &hop,
-                    guards,
-                ))
-                .await
-            }
+            Some(upgrade) => Box::pin(switching_exchange(req, target, upgrade, &hop, guards)).await,
         }
     }
+}
+
+/// An HTTP/1.1 protocol switch (WebSocket and the like): the upstream
+/// request asks for it, and the client's half of the connection waits
+/// for the backend's 101 (`switch_protocols`).
+async fn switching_exchange(
+    req: Request<RequestBody>,
+    target: Target<'_>,
+    (protocol, downstream): (HeaderValue, hyper::upgrade::OnUpgrade),
+    hop: &Hop<'_>,
+    guards: StreamGuards,
+) -> Result<Response<ResponseBody>, ProxyError> {
+    let mut upstream_req = req;
+    let forwarded = upstream_request(
+        &mut upstream_req,
+        target,
+        hop.conn,
+        hop.backend,
+        Some(&protocol),
+        false,
+    )?;
+    forwarded.insert_into(upstream_req.headers_mut());
+    client_exchange(upstream_req, Some((protocol, downstream)), hop, guards).await
 }
 
 /// Where a request goes, as the edge rules settled it.
@@ -438,32 +443,7 @@ fn driven_exchange<'a>(
         .await
         {
             Ok(response) => response,
-            Err(ExchangeError::Connect(error)) => {
-                // Out of descriptors or local ports is this process's
-                // trouble: the backend's health is left alone.
-                match &error {
-                    crate::backends::ConnectError::Io(io) if crate::backends::local_failure(io) => {
-                        tracing::error!(backend = %backend.key.addr, %io, "cannot open a connection to a backend");
-                        if let Some(trail) = &hop.trail {
-                            trail.flag(Flags::CONNECT_FAILURE);
-                        }
-                    }
-                    _ => hop.report(Attempt::ConnectError, None),
-                }
-                let (_, error) =
-                    transport_failed(crate::backends::connect_error(&backend.key.addr, &error));
-                return Err(error);
-            }
-            Err(ExchangeError::Send(SendError::RequestBody(error))) => {
-                return Err(ProxyError::client_body(&*error))
-            }
-            Err(ExchangeError::Send(SendError::Timeout(timeout))) => {
-                hop.report(Attempt::Timeout, None);
-                return Err(ProxyError::UpstreamTimeout(timeout));
-            }
-            Err(ExchangeError::Send(error)) => {
-                return Err(failed(Attempt::Error, error_chain(&error)))
-            }
+            Err(error) => return Err(driven_failed(hop, error)),
         };
         let (mut parts, mut body) = response.into_parts();
         let first = match super::body::peek(&mut body) {
@@ -487,6 +467,38 @@ fn driven_exchange<'a>(
                 first,
             },
         ))
+    }
+}
+
+/// How a failed exchange through cutover's own HTTP/1.1 client is
+/// reported and answered.
+#[cold]
+fn driven_failed(hop: &Hop<'_>, error: ExchangeError) -> ProxyError {
+    let backend = &**hop.backend;
+    match error {
+        ExchangeError::Connect(error) => {
+            // Out of descriptors or local ports is this process's
+            // trouble: the backend's health is left alone.
+            match &error {
+                crate::backends::ConnectError::Io(io) if crate::backends::local_failure(io) => {
+                    tracing::error!(backend = %backend.key.addr, %io, "cannot open a connection to a backend");
+                    if let Some(trail) = &hop.trail {
+                        trail.flag(Flags::CONNECT_FAILURE);
+                    }
+                }
+                _ => hop.report(Attempt::ConnectError, None),
+            }
+            transport_failed(crate::backends::connect_error(&backend.key.addr, &error)).1
+        }
+        ExchangeError::Send(SendError::RequestBody(error)) => ProxyError::client_body(&*error),
+        ExchangeError::Send(SendError::Timeout(timeout)) => {
+            hop.report(Attempt::Timeout, None);
+            ProxyError::UpstreamTimeout(timeout)
+        }
+        ExchangeError::Send(error) => {
+            hop.report(Attempt::Error, None);
+            ProxyError::Upstream(format!("{}: {}", backend.key.addr, error_chain(&error)))
+        }
     }
 }
 
@@ -548,30 +560,12 @@ fn upstream_request(
             super::grpc::Call::forwarded_timeout(deadline),
         );
     }
-    if backend.version == Version::HTTP_2 {
-        // Its `:authority` is the backend's address (hyper's pooled client
-        // keys connections by it); a `host` beside it that differs is
-        // malformed (RFC 9113 §8.3.1), and strict servers (nginx) refuse
-        // it. The client's host goes as `X-Forwarded-Host`.
-        headers.remove(header::HOST);
-    } else {
-        if authority_in_uri {
-            if let Some(authority) = &target.authority {
-                headers.insert(header::HOST, authority.clone());
-            }
-        }
-        match target.host_rewrite {
-            Some(crate::plan::HostRewrite::Literal(host)) => {
-                headers.insert(header::HOST, host.clone());
-            }
-            Some(crate::plan::HostRewrite::Backend) => {
-                if let Ok(host) = HeaderValue::from_str(backend.authority.as_str()) {
-                    headers.insert(header::HOST, host);
-                }
-            }
-            None => {}
-        }
-    }
+    upstream_host(
+        headers,
+        target.authority.as_ref().filter(|_| authority_in_uri),
+        target.host_rewrite,
+        backend,
+    );
     if let Some(protocol) = upgrade {
         headers.insert(header::UPGRADE, protocol.clone());
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -586,6 +580,41 @@ fn upstream_request(
     );
     forwarded.traceparent = Some(target.traceparent);
     Ok(forwarded)
+}
+
+/// The `Host` the backend gets: none for HTTP/2 (its `:authority` is the
+/// backend's address), otherwise the client's (`from_uri` when the
+/// request carried its authority in the URI), unless the route rewrites
+/// it.
+#[inline]
+fn upstream_host(
+    headers: &mut HeaderMap,
+    from_uri: Option<&HeaderValue>,
+    host_rewrite: Option<&crate::plan::HostRewrite>,
+    backend: &Backend,
+) {
+    if backend.version == Version::HTTP_2 {
+        // Its `:authority` is the backend's address (hyper's pooled client
+        // keys connections by it); a `host` beside it that differs is
+        // malformed (RFC 9113 §8.3.1), and strict servers (nginx) refuse
+        // it. The client's host goes as `X-Forwarded-Host`.
+        headers.remove(header::HOST);
+    } else {
+        if let Some(authority) = from_uri {
+            headers.insert(header::HOST, authority.clone());
+        }
+        match host_rewrite {
+            Some(crate::plan::HostRewrite::Literal(host)) => {
+                headers.insert(header::HOST, host.clone());
+            }
+            Some(crate::plan::HostRewrite::Backend) => {
+                if let Ok(host) = HeaderValue::from_str(backend.authority.as_str()) {
+                    headers.insert(header::HOST, host);
+                }
+            }
+            None => {}
+        }
+    }
 }
 
 /// The protocol an HTTP/1.1 request asks to switch to (`Connection:

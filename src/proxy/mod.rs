@@ -20,6 +20,7 @@ mod filters;
 mod grpc;
 mod grpc_web;
 mod h3;
+mod h3_connection;
 mod headers;
 mod interim;
 mod listener;

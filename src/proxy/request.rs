@@ -310,6 +310,15 @@ impl Served<'_> {
             shaped: None,
         }
     }
+
+    /// Answered before any route (an ACME challenge).
+    fn answered(answer: Response<ResponseBody>) -> Self {
+        Served {
+            route: None,
+            result: Ok(answer),
+            shaped: None,
+        }
+    }
 }
 
 /// Routes and serves a request on its pinned generation (an `async move`
@@ -604,12 +613,8 @@ fn route_request<'g>(
     // An ACME http-01 validation, answered before routing and any fence
     // (DESIGN §21); a token no order waits for goes on to the routes.
     if conn.scheme == Scheme::HTTP && crate::tls::http01_waiting() {
-        if let Some(answer) = acme_challenge(req) {
-            return Err(Served {
-                route: None,
-                result: Ok(answer),
-                shaped: None,
-            });
+        if let Some(answer) = edge::acme_challenge(req) {
+            return Err(Served::answered(answer));
         }
     }
     let Some(router) = generation.router(&conn.listener) else {
@@ -654,16 +659,7 @@ fn route_request<'g>(
         sample.record(&offered, &router.sample_names);
     }
     let Some(route) = router.route(host, &path, &head) else {
-        // The listener's default CORS still answers for it.
-        let (answer, shaped) = match filters::unrouted(req, router.edge.defaults.as_deref()) {
-            Some((answer, shaped)) => (answer, Some(shaped)),
-            None => (None, None),
-        };
-        return Err(Served {
-            route: None,
-            result: answer.ok_or(ProxyError::NoRoute),
-            shaped,
-        });
+        return Err(unrouted(req, router));
     };
     let normalized = match path {
         Cow::Owned(path) => Some(path),
@@ -676,6 +672,21 @@ fn route_request<'g>(
         normalized,
         listener_slot,
     })
+}
+
+/// No route takes the request: 404, unless the listener's default CORS
+/// answers it (a preflight).
+#[cold]
+fn unrouted<'g>(req: &Request<ClientBody>, router: &'g crate::generation::Router) -> Served<'g> {
+    let (answer, shaped) = match filters::unrouted(req, router.edge.defaults.as_deref()) {
+        Some((answer, shaped)) => (answer, Some(shaped)),
+        None => (None, None),
+    };
+    Served {
+        route: None,
+        result: answer.ok_or(ProxyError::NoRoute),
+        shaped,
+    }
 }
 
 /// Stage 4: the route's authentication (DESIGN §19), after its quota: a
@@ -853,26 +864,6 @@ fn canary_key(key: &HashKey, req: &Request<ClientBody>, conn: &ConnContext) -> O
         HashKey::Path => Cow::Borrowed(req.uri().path().as_bytes()),
     };
     Some(crate::generation::hash_key(&bytes))
-}
-
-/// The key authorization for an http-01 token an order waits for.
-fn acme_challenge(req: &Request<ClientBody>) -> Option<Response<ResponseBody>> {
-    let token = req
-        .uri()
-        .path()
-        .strip_prefix("/.well-known/acme-challenge/")?;
-    if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
-        return None;
-    }
-    let answer = crate::tls::http01_answer(token)?;
-    let mut response = Response::new(ResponseBody::full(bytes::Bytes::copy_from_slice(
-        answer.as_bytes(),
-    )));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    Some(response)
 }
 
 fn direct_response(direct: &DirectResponse) -> Response<ResponseBody> {

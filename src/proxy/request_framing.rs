@@ -51,6 +51,49 @@ struct HeadScan {
     bare_lf: bool,
 }
 
+impl HeadScan {
+    /// A line of the head other than its end: the request line (an
+    /// HTTP/2 preface, a CONNECT) or a header (only three names matter).
+    /// Returns whether it is the HTTP/2 preface.
+    #[inline]
+    fn saw(&mut self, line: &[u8], content: &[u8], complete: bool) -> bool {
+        let mut http2 = false;
+        if self.lines == 0 {
+            if line.starts_with(b"PRI ") {
+                http2 = true;
+                self.switches = true;
+            } else if line.starts_with(b"CONNECT ") {
+                self.switches = true;
+            }
+        } else {
+            // A look at the first byte passes over every other header.
+            match line.first().map(|b| b | 0x20) {
+                Some(b'c') => match header_value(content, b"content-length") {
+                    Some(value) if complete => {
+                        match std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()) {
+                            Some(n) if self.content_length.is_none_or(|m| m == n) => {
+                                self.content_length = Some(n)
+                            }
+                            _ => self.length_invalid = true,
+                        }
+                    }
+                    Some(_) => self.length_invalid = true,
+                    None => {}
+                },
+                Some(b't') if header_value(line, b"transfer-encoding").is_some() => {
+                    self.transfer_encoding = true;
+                }
+                Some(b'u') if header_value(line, b"upgrade").is_some() => {
+                    self.switches = true;
+                }
+                _ => {}
+            }
+        }
+        self.lines += 1;
+        http2
+    }
+}
+
 /// The start of a line that spans reads.
 #[derive(Debug)]
 struct Line {
@@ -222,42 +265,9 @@ impl Scanner {
                     scan.bare_lf = true;
                 }
                 if !empty {
-                    if scan.lines == 0 {
-                        if line.starts_with(b"PRI ") {
-                            self.http2 = true;
-                            scan.switches = true;
-                        } else if line.starts_with(b"CONNECT ") {
-                            scan.switches = true;
-                        }
-                    } else {
-                        // Only three names matter: a look at the first byte
-                        // passes over every other header.
-                        match line.first().map(|b| b | 0x20) {
-                            Some(b'c') => match header_value(content, b"content-length") {
-                                Some(value) if complete => {
-                                    match std::str::from_utf8(value)
-                                        .ok()
-                                        .and_then(|v| v.parse().ok())
-                                    {
-                                        Some(n) if scan.content_length.is_none_or(|m| m == n) => {
-                                            scan.content_length = Some(n)
-                                        }
-                                        _ => scan.length_invalid = true,
-                                    }
-                                }
-                                Some(_) => scan.length_invalid = true,
-                                None => {}
-                            },
-                            Some(b't') if header_value(line, b"transfer-encoding").is_some() => {
-                                scan.transfer_encoding = true;
-                            }
-                            Some(b'u') if header_value(line, b"upgrade").is_some() => {
-                                scan.switches = true;
-                            }
-                            _ => {}
-                        }
+                    if scan.saw(line, content, complete) {
+                        self.http2 = true;
                     }
-                    scan.lines += 1;
                     return;
                 }
                 // The head is complete.

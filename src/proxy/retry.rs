@@ -140,18 +140,7 @@ pub(super) async fn forward_with_retries(
     let hash = request_hash(upstream, &req, conn, &target);
     let retry = spec.retry.as_ref();
     let (parts, body) = req.into_parts();
-    let max = max_replay(retry);
-    let body = if replayable(&body, max) {
-        let body = read_body(body, max).await?;
-        if let (Some(trail), Some(body)) = (&target.trail, &body) {
-            trail.add_bytes_in(body.len());
-        }
-        Replay::Kept(body)
-    } else {
-        // A gRPC body of unknown length: shared by the attempts as it
-        // arrives (see `Tee`).
-        Replay::Teed(Tee::new(body, max, target.trail.clone()))
-    };
+    let body = Replay::of(body, max_replay(retry), target.trail.as_ref()).await?;
     let started = Instant::now();
     let deadline = started + route.timeout();
     let budget = upstream.budget();
@@ -214,6 +203,26 @@ pub(super) async fn forward_with_retries(
     }
     drop(guard);
     Ok(response)
+}
+
+impl Replay {
+    /// The request body as every attempt sends it: read whole (up to
+    /// `max`), or, for a gRPC body of unknown length, shared by the
+    /// attempts as it arrives (see `Tee`).
+    async fn of(
+        body: ClientBody,
+        max: u64,
+        trail: Option<&Arc<crate::telemetry::access::Trail>>,
+    ) -> Result<Self, ProxyError> {
+        if !replayable(&body, max) {
+            return Ok(Replay::Teed(Tee::new(body, max, trail.cloned())));
+        }
+        let body = read_body(body, max).await?;
+        if let (Some(trail), Some(body)) = (trail, &body) {
+            trail.add_bytes_in(body.len());
+        }
+        Ok(Replay::Kept(body))
+    }
 }
 
 /// What every attempt of one request is made from.

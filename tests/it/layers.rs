@@ -377,6 +377,7 @@ const PROXY_ROOMS: [(&str, &[&str]); 4] = [
             "listener::accept",
             "listener::serve",
             "h3",
+            "h3_connection",
             "tcp",
             "udp",
         ],
@@ -592,7 +593,7 @@ fn the_request_path_imports_only_downward() {
     // The entry of the request path is called by what serves a
     // connection, and by nothing it calls.
     for (from, targets) in &graph {
-        if targets.contains("request") && !["listener::serve", "h3"].contains(&from.as_str()) {
+        if targets.contains("request") && !["listener::serve", "h3_connection"].contains(&from.as_str()) {
             broken.push(format!(
                 "{from} imports request.rs: only the HTTP fronts call the request path's entry"
             ));
@@ -724,4 +725,99 @@ fn the_exchange_names_no_transport() {
         let uses: Vec<&str> = code.lines().filter(|l| l.contains(name)).collect();
         assert!(uses.is_empty(), "exchange.rs names {name}: {uses:#?}");
     }
+}
+
+/// Functions a newcomer reads in one screen: none in `src/proxy/` runs
+/// past 80 lines (its test items cut out), but for these three, each
+/// with its reason.
+const LONG_PROXY_FUNCTIONS: [(&str, &str, &str); 3] = [
+    (
+        "request.rs",
+        "handle",
+        "the entry every front calls: one `async move` block that pins the generation and writes the access line once at its end; its stages are functions of their own already",
+    ),
+    (
+        "request.rs",
+        "route_and_answer",
+        "the stage list itself (its doc comment names the seven stages in order); its awaits stay inline because each stage split out as an async function cost instructions per request (the first cut measured 1.0085 × under callgrind)",
+    ),
+    (
+        "cache.rs",
+        "answer",
+        "a cached route's whole request path (lookup, collapsed misses, revalidation, storing): not split yet, the next room to make livable",
+    ),
+];
+
+/// The functions of a file that run past `limit` lines: name and length.
+/// A function starts at a line `fn NAME` (after any `pub`, `async`) and
+/// ends at the first line that is its indent and `}`.
+fn long_functions(code: &str, limit: usize) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut long = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        let rest = ["pub(super) ", "pub(crate) ", "pub "]
+            .iter()
+            .find_map(|p| trimmed.strip_prefix(p))
+            .unwrap_or(trimmed);
+        let rest = rest.strip_prefix("async ").unwrap_or(rest);
+        if let Some(name) = rest.strip_prefix("fn ") {
+            let name: String = name
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let close = format!("{}}}", " ".repeat(indent));
+            let end = (i + 1..lines.len())
+                .find(|&j| lines[j] == close)
+                .unwrap_or(i);
+            if end > i && end - i + 1 > limit {
+                long.push((name, end - i + 1));
+            }
+            if end > i {
+                i = end;
+            }
+        }
+        i += 1;
+    }
+    long
+}
+
+#[test]
+fn no_proxy_function_runs_past_80_lines_but_three_named() {
+    let mut files = Vec::new();
+    walk(&workspace().join("src/proxy"), &mut files);
+    assert!(files.len() > 30, "src/proxy was not read");
+    let mut long = Vec::new();
+    let mut excepted = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        for (function, lines) in long_functions(&non_test(&text), 80) {
+            if LONG_PROXY_FUNCTIONS
+                .iter()
+                .any(|(f, n, _)| *f == name && *n == function)
+            {
+                excepted += 1;
+            } else {
+                long.push(format!("{}: {function} ({lines} lines)", file.display()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split these into steps: {long:#?}");
+    assert_eq!(
+        excepted,
+        LONG_PROXY_FUNCTIONS.len(),
+        "an exception no longer needed: remove it"
+    );
+}
+
+#[test]
+fn long_functions_are_measured_to_their_closing_brace() {
+    let code =
+        "fn short() {\n    x();\n}\npub(super) async fn long() {\n    if a {\n    }\n    b();\n}\n";
+    assert_eq!(long_functions(code, 3), [("long".to_string(), 5)]);
+    assert!(long_functions(code, 5).is_empty());
 }
