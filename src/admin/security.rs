@@ -1,6 +1,8 @@
-//! Admin API guards (DESIGN §10): bearer token in constant time, Host
-//! check against DNS rebinding, foreign browser Origins refused, and a
-//! browser's writes held to the console session's CSRF token.
+//! Admin API guards (DESIGN §10, §23): the caller named by its bearer
+//! token (compared by SHA-256 in constant time, over every caller) and
+//! held to its scopes, Host check against DNS rebinding, foreign browser
+//! Origins refused, and a browser's writes held to the console session's
+//! CSRF token.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,13 +13,16 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
+use crate::plan::{CallerSpec, Scope, Scopes};
+
 /// What the guards and limits check requests against.
 #[derive(Debug, Clone)]
 pub struct Security {
     /// The admin socket's bound address.
     pub address: SocketAddr,
-    /// Expected bearer token, if one is configured.
-    pub token: Option<String>,
+    /// Who may call, by the SHA-256 of their tokens; none: every call is
+    /// let in (a loopback bind only, see `plan`).
+    callers: Vec<Caller>,
     /// The largest request body read, once decompressed (`admin.max_body`).
     pub max_body: usize,
     /// What this process derives the console's CSRF tokens from.
@@ -31,14 +36,29 @@ pub const CSRF_HEADER: &str = "x-cutover-csrf";
 #[derive(Debug, Clone)]
 pub struct Csrf(pub String);
 
+/// A caller of the admin API as the guard knows it.
+#[derive(Debug, Clone)]
+struct Caller {
+    name: Arc<str>,
+    token_sha256: [u8; 32],
+    scopes: Scopes,
+}
+
 impl Security {
-    pub fn new(address: SocketAddr, token: Option<String>, max_body: usize) -> Self {
+    pub fn new(address: SocketAddr, callers: &[CallerSpec], max_body: usize) -> Self {
         let rng = ring::rand::SystemRandom::new();
         let key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng)
             .unwrap_or_else(|_| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &[0; 32]));
         Self {
             address,
-            token,
+            callers: callers
+                .iter()
+                .map(|c| Caller {
+                    name: Arc::from(c.name.as_str()),
+                    token_sha256: c.token_sha256,
+                    scopes: c.scopes,
+                })
+                .collect(),
             max_body,
             csrf_key: key,
         }
@@ -71,30 +91,74 @@ impl Security {
             .is_some_and(|host| self.host_allowed(host))
     }
 
-    /// The token as a bearer token, or as the password of HTTP Basic
-    /// credentials (any user name): how a browser on the admin page
-    /// presents it, since a page cannot add a header to its own loading.
-    fn token_ok(&self, presented: Option<&HeaderValue>) -> bool {
-        let Some(expected) = &self.token else {
-            return true;
-        };
-        let presented = presented.and_then(|v| v.to_str().ok()).unwrap_or("");
-        let token: Vec<u8> = if let Some(bearer) = presented.strip_prefix("Bearer ") {
-            bearer.as_bytes().to_vec()
-        } else if let Some(basic) = presented.strip_prefix("Basic ") {
+    /// The caller whose token is presented, as a bearer token or as the
+    /// password of HTTP Basic (what the console's login sends): `Ok(None)`
+    /// when no callers are configured, `Err` when the token names none.
+    /// The presented token's SHA-256 is compared with every caller's, in
+    /// constant time, so the time taken says nothing of which matched.
+    fn caller(&self, presented: Option<&HeaderValue>) -> Result<Option<&Caller>, ()> {
+        use sha2::Digest as _;
+        if self.callers.is_empty() {
+            return Ok(None);
+        }
+        let presented = presented.ok_or(())?.as_bytes();
+        let token: Vec<u8> = if let Some(bearer) = presented.strip_prefix(b"Bearer ") {
+            bearer.trim_ascii().to_vec()
+        } else if let Some(basic) = presented.strip_prefix(b"Basic ") {
             use base64::Engine as _;
             let decoded = base64::engine::general_purpose::STANDARD
-                .decode(basic.trim())
-                .unwrap_or_default();
-            match decoded.iter().position(|b| *b == b':') {
+                .decode(basic.trim_ascii())
+                .map_err(|_| ())?;
+            // user:password; the user name is not checked.
+            match decoded.iter().position(|&b| b == b':') {
                 Some(colon) => decoded[colon + 1..].to_vec(),
-                None => Vec::new(),
+                None => return Err(()),
             }
         } else {
-            Vec::new()
+            return Err(());
         };
-        bool::from(token.ct_eq(expected.as_bytes()))
+        let digest: [u8; 32] = sha2::Sha256::digest(&token).into();
+        let mut found = None;
+        for caller in &self.callers {
+            if bool::from(digest.ct_eq(&caller.token_sha256)) {
+                found = Some(caller);
+            }
+        }
+        found.map(Some).ok_or(())
     }
+}
+
+/// The scope a call needs: reads need `read`; each write the scope of
+/// its kind (an unknown one `admin`: it is answered 404 anyway).
+pub fn required_scope(method: &axum::http::Method, path: &str) -> Scope {
+    use axum::http::Method;
+    if *method == Method::GET || *method == Method::HEAD {
+        return Scope::Read;
+    }
+    match path.trim_end_matches('/') {
+        "/admin/runtime/validate" | "/admin/runtime/preview" => Scope::Validate,
+        "/admin/runtime/activate"
+        | "/admin/runtime/reload"
+        | "/admin/runtime/rollback"
+        | "/admin/runtime/confirm"
+        | "/admin/runtime/abort" => Scope::Activate,
+        "/admin/runtime/reload-certs" => Scope::Certs,
+        "/admin/cache/purge" => Scope::Cache,
+        "/admin/lifecycle/drain" | "/admin/lifecycle/upgrade" => Scope::Lifecycle,
+        fleet if fleet.starts_with("/admin/fleet/") => Scope::Fleet,
+        _ => Scope::Admin,
+    }
+}
+
+/// 403 `forbidden` naming the scope the caller lacks (never which
+/// callers exist or what they may do).
+fn forbidden(scope: Scope) -> Response {
+    let body = serde_json::json!({
+        "error": "forbidden",
+        "message": format!("this caller lacks the '{}' scope", scope.name()),
+        "missing_scope": scope.name(),
+    });
+    (StatusCode::FORBIDDEN, axum::Json(body)).into_response()
 }
 
 /// Middleware: refuses with 401/403 and no detail.
@@ -127,7 +191,7 @@ pub async fn guard(
             return StatusCode::FORBIDDEN.into_response();
         }
     }
-    if !security.token_ok(headers.get(header::AUTHORIZATION)) {
+    let Ok(caller) = security.caller(headers.get(header::AUTHORIZATION)) else {
         let mut response = StatusCode::UNAUTHORIZED.into_response();
         // The page asks the browser for the token as a Basic password;
         // API clients are told to send a bearer token.
@@ -140,7 +204,13 @@ pub async fn guard(
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, challenge);
         return response;
+    };
+    let needed = required_scope(request.method(), request.uri().path());
+    if let Some(caller) = caller.filter(|c| !c.scopes.allow(needed)) {
+        tracing::info!(caller = %caller.name, scope = needed.name(), method = %request.method(), path = request.uri().path(), "admin call refused: scope missing");
+        return forbidden(needed);
     }
+
     // A browser's write (the page's Basic login, or any request a browser
     // marks with Origin or Sec-Fetch-Site) must carry the session's CSRF
     // token in a header: a cross-site form cannot set one, and a page of

@@ -41,12 +41,36 @@ fn admin_with(text: &str, token: Option<&str>) -> Admin {
     admin_with_hook(text, token, || {})
 }
 
+/// A caller named `name` with `token` and `scopes`.
+fn caller(name: &str, token: &str, scopes: &[crate::plan::Scope]) -> crate::plan::CallerSpec {
+    use sha2::Digest as _;
+    crate::plan::CallerSpec {
+        name: name.into(),
+        token_sha256: sha2::Sha256::digest(token.as_bytes()).into(),
+        scopes: scopes
+            .iter()
+            .fold(crate::plan::Scopes::default(), |s, scope| s.with(*scope)),
+    }
+}
+
 /// `release_memory` runs right after control-plane work, on its thread.
 fn admin_with_hook(text: &str, token: Option<&str>, release_memory: fn()) -> Admin {
+    let callers: Vec<_> = token
+        .map(|t| caller("admin", t, &[crate::plan::Scope::Admin]))
+        .into_iter()
+        .collect();
+    admin_with_callers(text, &callers, release_memory)
+}
+
+fn admin_with_callers(
+    text: &str,
+    callers: &[crate::plan::CallerSpec],
+    release_memory: fn(),
+) -> Admin {
     let (control, dir) = crate::control::tests::control_with(text, release_memory);
     let security = Security::new(
         ADMIN.parse().expect("addr"),
-        token.map(str::to_owned),
+        callers,
         control.store().load_full().spec.admin.max_body,
     );
     Admin {
@@ -1419,4 +1443,113 @@ async fn every_answer_reads_back_as_the_type_it_was_written_from() {
     assert_eq!(status, StatusCode::CONFLICT, "{conflict}");
     let refusal: super::ErrorBody = serde_json::from_value(conflict).unwrap();
     assert_eq!(refusal.error.as_deref(), Some("generation_conflict"));
+}
+
+/// Each caller is held to its scopes: a read-only caller reads and is
+/// refused every change with 403 naming the scope it lacks; a pipeline
+/// that validates cannot activate; an unknown token gets 401 and nothing
+/// more; `admin` may do everything.
+#[tokio::test]
+async fn callers_are_held_to_their_scopes() {
+    use crate::plan::Scope;
+    let callers = [
+        caller("dashboard", "dashboard-token-0123456789", &[Scope::Read]),
+        caller(
+            "ci",
+            "ci-pipeline-token-0123456789",
+            &[Scope::Read, Scope::Validate],
+        ),
+        caller("oncall", "oncall-token-0123456789abc", &[Scope::Admin]),
+    ];
+    let admin = admin_with_callers(BASE, &callers, || {});
+    let as_caller = |token: &str, mut req: Request<Body>| {
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("header"),
+        );
+        req
+    };
+    let activate = |token: &str| {
+        as_caller(
+            token,
+            toml("/admin/runtime/activate", &BASE.replace("hello", "bye")),
+        )
+    };
+    // Reads: every caller.
+    for token in ["dashboard-token-0123456789", "ci-pipeline-token-0123456789"] {
+        let (status, _) = call(&admin, as_caller(token, get("/admin/runtime/status"))).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    // A change outside the scopes: 403 naming the missing one.
+    let (status, body) = call(&admin, activate("dashboard-token-0123456789")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"], "forbidden");
+    assert_eq!(body["missing_scope"], "activate");
+    assert!(
+        !body.to_string().contains("oncall"),
+        "no other caller named: {body}"
+    );
+    let (status, body) = call(
+        &admin,
+        as_caller(
+            "dashboard-token-0123456789",
+            toml("/admin/runtime/validate", BASE),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (status, body["missing_scope"].as_str()),
+        (StatusCode::FORBIDDEN, Some("validate"))
+    );
+    // The pipeline validates but does not activate.
+    let (status, _) = call(
+        &admin,
+        as_caller(
+            "ci-pipeline-token-0123456789",
+            toml("/admin/runtime/validate", BASE),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = call(&admin, activate("ci-pipeline-token-0123456789")).await;
+    assert_eq!(
+        (status, body["missing_scope"].as_str()),
+        (StatusCode::FORBIDDEN, Some("activate"))
+    );
+    for (path, scope) in [
+        ("/admin/runtime/reload-certs", "certs"),
+        ("/admin/cache/purge", "cache"),
+        ("/admin/lifecycle/drain", "lifecycle"),
+        ("/admin/fleet/forget", "fleet"),
+        ("/admin/runtime/rollback", "activate"),
+    ] {
+        let (status, body) = call(
+            &admin,
+            as_caller(
+                "ci-pipeline-token-0123456789",
+                post(path, "application/json", "{}"),
+            ),
+        )
+        .await;
+        assert_eq!(
+            (status, body["missing_scope"].as_str()),
+            (StatusCode::FORBIDDEN, Some(scope)),
+            "{path}"
+        );
+    }
+    // Nothing was changed by the refusals.
+    assert_eq!(admin.control.store().active_id(), GenerationId(1));
+    // An unknown token, or none: 401, nothing more.
+    for req in [
+        activate("not-a-token-of-anyone-0123"),
+        toml("/admin/runtime/activate", BASE),
+    ] {
+        let (status, body) = call(&admin, req).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(body.get("missing_scope").is_none(), "{body}");
+    }
+    // `admin` covers every scope.
+    let (status, body) = call(&admin, activate("oncall-token-0123456789abc")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(admin.control.store().active_id(), GenerationId(2));
 }

@@ -161,6 +161,9 @@ pub struct FileAdmin {
     /// The largest request body the admin API reads (decompressed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_body: Option<FileSize>,
+    /// `[[admin.callers]]`: who may call the admin API, and for what.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub callers: Vec<FileCaller>,
 }
 
 impl Default for FileAdmin {
@@ -170,8 +173,26 @@ impl Default for FileAdmin {
             token_file: None,
             require_expected_generation: false,
             max_body: None,
+            callers: Vec::new(),
         }
     }
+}
+
+/// One named caller of the admin API: one credential and its scopes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCaller {
+    pub name: String,
+    /// The SHA-256 of its bearer token, in hex (the token itself is
+    /// never in the configuration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_sha256: Option<String>,
+    /// A file holding its bearer token, readable by its owner only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    /// `read`, `validate`, `activate`, `approve`, `certs`, `cache`,
+    /// `lifecycle`, `fleet`, `override`, `admin` (all of them).
+    pub scopes: Vec<String>,
 }
 
 fn default_admin_bind() -> String {

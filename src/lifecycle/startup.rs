@@ -507,7 +507,7 @@ async fn serve(
         }
     }
 
-    let security = Security::new(admin_address, spec.admin.token.clone(), spec.admin.max_body);
+    let security = Security::new(admin_address, &spec.admin.callers, spec.admin.max_body);
     let admin_router = admin::router(writer.clone(), security);
     // Status names the running binary's hash from its first answer, and
     // an upgrading parent keeps the admin socket until this process can

@@ -543,6 +543,117 @@ backends = [{ addr = "127.0.0.1:1", wieght = 2 }]
     }
 
     #[test]
+    fn admin_callers_are_checked_and_kept_hashed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let token = dir.path().join("ci.token");
+        std::fs::write(&token, "ci-token-0123456789abcdef\n").expect("write");
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        std::fs::write(dir.path().join("admin.token"), "0123456789abcdef-token\n").expect("write");
+        // Some token's SHA-256 (what `printf %s TOKEN | sha256sum` prints).
+        let dashboard = "b5b0e5de1c0b1b9f2b13a7b1e6d9c1a0f6a5e3c3d2b1a0f9e8d7c6b5a4938271";
+        let text = format!(
+            r#"[admin]
+bind = "0.0.0.0:9190"
+token_file = "admin.token"
+
+[[admin.callers]]
+name = "ci"
+token_file = "ci.token"
+scopes = ["read", "validate"]
+
+[[admin.callers]]
+name = "dashboard"
+token_sha256 = "{dashboard}"
+scopes = ["read"]
+"#
+        );
+        let at = |text: &str| ConfigText::inline(text.to_owned(), dir.path().to_path_buf(), "<t>");
+        let spec = validate(&at(&text)).unwrap_or_else(|e| panic!("{e:?}"));
+        let names: Vec<&str> = spec.admin.callers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["admin", "ci", "dashboard"]);
+        let ci = &spec.admin.callers[1];
+        assert_eq!(ci.scopes.names(), ["read", "validate"]);
+        assert!(ci.scopes.allow(Scope::Validate) && !ci.scopes.allow(Scope::Activate));
+        assert!(
+            spec.admin.callers[0].scopes.allow(Scope::Lifecycle),
+            "admin: every scope"
+        );
+        use sha2::Digest as _;
+        let hashed: [u8; 32] = sha2::Sha256::digest(b"ci-token-0123456789abcdef").into();
+        assert_eq!(ci.token_sha256, hashed, "the file's token, trimmed, hashed");
+        assert!(
+            !format!("{:?}", spec.admin).contains("ci-token"),
+            "no token kept"
+        );
+
+        // Every problem at once, each at its place.
+        let errors = |text: &str| -> Vec<(String, String)> {
+            validate(&at(text))
+                .err()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| (d.code.to_string(), d.path.to_string()))
+                .collect()
+        };
+        let bad = format!(
+            r#"[admin]
+token_file = "admin.token"
+
+[[admin.callers]]
+name = "admin"
+token_sha256 = "{dashboard}"
+scopes = ["read"]
+
+[[admin.callers]]
+name = "x"
+token_sha256 = "abc"
+scopes = ["read", "deploy"]
+
+[[admin.callers]]
+name = "y"
+token_sha256 = "{dashboard}"
+token_file = "ci.token"
+scopes = ["read"]
+
+[[admin.callers]]
+name = "z"
+scopes = []
+"#
+        );
+        let found = errors(&bad);
+        for expected in [
+            ("duplicate_caller", "admin.callers[0].name"),
+            ("invalid_value", "admin.callers[1].token_sha256"),
+            ("unknown_scope", "admin.callers[1].scopes[1]"),
+            ("conflicting_options", "admin.callers[2].token_sha256"),
+            ("missing_key", "admin.callers[3].scopes"),
+            ("missing_key", "admin.callers[3].token_sha256"),
+        ] {
+            assert!(
+                found
+                    .iter()
+                    .any(|(c, p)| (c.as_str(), p.as_str()) == expected),
+                "{expected:?} not in {found:#?}"
+            );
+        }
+        // A token file others may read is refused, as ssh refuses a key.
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let found = errors(&text);
+        assert_eq!(
+            found,
+            [(
+                "exposed_secret".to_string(),
+                "admin.callers[0].token_file".to_string()
+            )]
+        );
+        // A caller is a protection: a public bind with callers only is fine.
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let only_callers = text.replace("token_file = \"admin.token\"\n", "");
+        assert!(validate(&at(&only_callers)).is_ok());
+    }
+
+    #[test]
     fn the_version_is_the_same_however_the_folder_is_spelled() {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("admin.token"), "0123456789abcdef-token\n").expect("write");

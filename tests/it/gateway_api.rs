@@ -833,11 +833,9 @@ async fn https_get(
         .connect(server_name, tcp)
         .await
         .map_err(|e| e.to_string())?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
+    let mut sender = crate::harness::h1_over(tls)
+        .await
+        .map_err(|e| e.to_string())?;
     let req = Request::builder()
         .uri(path)
         .header("host", name)

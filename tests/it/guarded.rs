@@ -684,11 +684,7 @@ async fn keep_alive_bodies(
 ) -> Vec<String> {
     use http_body_util::BodyExt;
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let mut sender = crate::harness::h1_over(stream).await.unwrap();
     let mut bodies = Vec::with_capacity(n);
     for _ in 0..n {
         let mut req = hyper::Request::get("/").header("host", "x");

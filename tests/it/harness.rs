@@ -380,6 +380,23 @@ pub async fn admin_request(
     (status, value)
 }
 
+/// An HTTP/1.1 client connection over `stream` (TCP, TLS), its
+/// connection driven on a task of its own: the handshake every test that
+/// keeps a connection alive would otherwise write out.
+pub async fn h1_over<S, B>(
+    stream: S,
+) -> Result<hyper::client::conn::http1::SendRequest<B>, hyper::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
 /// Sends one request on a new HTTP/1.1 connection; the response body is
 /// left to read (or stream).
 pub async fn try_open<B>(
@@ -397,10 +414,7 @@ where
     // Close with RST rather than leave TIME_WAIT behind: the suite makes
     // thousands of short connections to a handful of loopback ports.
     let _ = stream.set_zero_linger();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
+    let mut sender = h1_over(stream).await.map_err(|e| e.to_string())?;
     sender
         .send_request(req)
         .await

@@ -178,11 +178,7 @@ async fn http3_proxies_get_and_post_with_bodies_and_tcp_advertises_it() {
         .connect("localhost".try_into().unwrap(), tcp)
         .await
         .unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
+    let mut send = crate::harness::h1_over(stream).await.unwrap();
     let response = send
         .send_request(
             hyper::Request::builder()

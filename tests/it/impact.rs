@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
-use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
 use crate::harness::*;
@@ -68,10 +67,7 @@ async fn mix(addr: std::net::SocketAddr, n: usize) {
 /// pollers, health checks and round robins send.
 async fn periodic(addr: std::net::SocketAddr, n: usize, cycle: &[&str]) {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut sender = crate::harness::h1_over(stream).await.unwrap();
     for i in 0..n {
         let req = Request::builder()
             .uri(format!("{}{i}", cycle[i % cycle.len()]))
@@ -474,10 +470,7 @@ async fn a_hanging_mirror_never_slows_the_primary() {
     let gw = Gateway::start(&text);
     let web = gw.listener("web");
     let stream = tokio::net::TcpStream::connect(web).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut sender = crate::harness::h1_over(stream).await.unwrap();
     let paths = ["/plain/x", "/healthy/x", "/hanging/x"];
     // Rounds of requests interleaved on one connection, so that the
     // machine's noise falls on every route alike; each round's p99 per

@@ -749,11 +749,7 @@ async fn http_backends_get_a_proxy_header_per_client_and_never_share_its_connect
     for _ in 0..2 {
         let stream = TcpStream::connect(web).await.unwrap();
         let me = stream.local_addr().unwrap();
-        let (sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .unwrap();
-        tokio::spawn(conn);
+        let sender = crate::harness::h1_over(stream).await.unwrap();
         clients.push((me, sender));
     }
     for round in 0..2 {

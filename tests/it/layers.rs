@@ -593,7 +593,9 @@ fn the_request_path_imports_only_downward() {
     // The entry of the request path is called by what serves a
     // connection, and by nothing it calls.
     for (from, targets) in &graph {
-        if targets.contains("request") && !["listener::serve", "h3_connection"].contains(&from.as_str()) {
+        if targets.contains("request")
+            && !["listener::serve", "h3_connection"].contains(&from.as_str())
+        {
             broken.push(format!(
                 "{from} imports request.rs: only the HTTP fronts call the request path's entry"
             ));

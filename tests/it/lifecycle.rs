@@ -559,13 +559,9 @@ async fn upgrades_under_load_refuse_no_connection() {
                     ka_other.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
-                let Ok((mut sender, conn)) =
-                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                        .await
-                else {
+                let Ok(mut sender) = crate::harness::h1_over(stream).await else {
                     continue;
                 };
-                tokio::spawn(conn);
                 while !stop.load(Ordering::Relaxed) {
                     let req = hyper::Request::builder()
                         .uri("/")
@@ -1066,13 +1062,9 @@ async fn admin_requests_across_ten_upgrades_are_answered_or_refused_at_connect()
                 let Ok(stream) = TcpStream::connect(admin).await else {
                     continue;
                 };
-                let Ok((mut sender, conn)) =
-                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                        .await
-                else {
+                let Ok(mut sender) = crate::harness::h1_over(stream).await else {
                     continue;
                 };
-                tokio::spawn(conn);
                 reconnects.fetch_add(1, Relaxed);
                 // Until an answer says close (the connection is then done).
                 while !stop.load(Relaxed) && sender.ready().await.is_ok() {

@@ -200,12 +200,9 @@ impl Load {
                                 .push((SystemTime::now(), "connect".into()));
                             continue;
                         };
-                        let Ok((mut sender, conn)) =
-                            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-                        else {
+                        let Ok(mut sender) = crate::harness::h1_over(stream).await else {
                             continue;
                         };
-                        tokio::spawn(conn);
                         while !stop.load(Ordering::Relaxed) {
                             let req = Request::builder()
                                 .uri("/")
@@ -808,11 +805,7 @@ async fn keyed_gets(
         .map(|chunk| {
             tokio::spawn(async move {
                 let stream = tokio::net::TcpStream::connect(web).await.unwrap();
-                let (mut sender, conn) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                        .await
-                        .unwrap();
-                tokio::spawn(conn);
+                let mut sender = crate::harness::h1_over(stream).await.unwrap();
                 let mut out = Vec::with_capacity(chunk.len());
                 for key in chunk {
                     let req = Request::get("/")

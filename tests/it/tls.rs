@@ -139,10 +139,9 @@ async fn h1_get(
     ),
     String,
 > {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    let mut sender = crate::harness::h1_over(stream)
         .await
         .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
     let (status, body) = h1_again(&mut sender, host).await?;
     Ok((status, body, sender))
 }
@@ -866,10 +865,7 @@ request_headers = { set = { "x-sni" = "{tls.sni}", "x-subject" = "{tls.client.su
 
 /// One request with spoofed identity headers on a new connection.
 async fn spoofing_get(stream: TlsStream<TcpStream>, host: &str) -> (u16, String) {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut sender = crate::harness::h1_over(stream).await.unwrap();
     let spoofed = [
         ("x-client-cert-subject", "CN=admin"),
         ("x-client-cert-san", "DNS:admin.internal"),

@@ -114,13 +114,10 @@ async fn h1_client(web: SocketAddr, stop: Arc<AtomicBool>, tally: Arc<Tally>) {
             add(&tally.h1_failed);
             continue;
         };
-        let Ok((mut sender, conn)) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await
-        else {
+        let Ok(mut sender) = crate::harness::h1_over(stream).await else {
             add(&tally.h1_failed);
             continue;
         };
-        tokio::spawn(conn);
         while !stop.load(Ordering::Relaxed) {
             let req = hyper::Request::get("/")
                 .header("host", "a")

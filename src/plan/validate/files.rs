@@ -27,6 +27,28 @@ impl Validator<'_> {
         }
     }
 
+    /// A file that holds a secret: read as `read_file` does, and refused
+    /// when its group or others may read or write it (as ssh refuses a
+    /// key anyone else can read).
+    pub(super) fn secret(&mut self, path: String, name: &str) -> Option<Vec<u8>> {
+        use std::os::unix::fs::PermissionsExt;
+        let (resolved, _) = self.confined(name);
+        if let Ok(meta) = std::fs::metadata(&resolved) {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                self.error(
+                    Code::ExposedSecret,
+                    path,
+                    format!(
+                        "'{name}' holds a secret but its mode is {mode:04o}: others may read it; `chmod 600` it"
+                    ),
+                );
+                return None;
+            }
+        }
+        self.read_file(path, name)
+    }
+
     pub(super) fn read_file(&mut self, path: String, name: &str) -> Option<Vec<u8>> {
         let (resolved, inside) = self.confined(name);
         if !inside {

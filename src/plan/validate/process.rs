@@ -15,27 +15,57 @@ const MAX_ADMIN_BODY: u64 = 64 * 1024 * 1024;
 impl Validator<'_> {
     pub(super) fn admin(&mut self, file: &FileConfig) -> Option<AdminSpec> {
         let bind = self.socket_addr("admin.bind".into(), &file.admin.bind);
-        let token = match &file.admin.token_file {
-            Some(name) => {
-                let contents = self.read_file("admin.token_file".into(), name)?;
-                let token = String::from_utf8_lossy(&contents).trim().to_owned();
-                if token.len() < 16 {
-                    self.error(
-                        Code::WeakToken,
-                        "admin.token_file",
-                        format!("the admin token in '{name}' must be at least 16 characters"),
-                    );
-                }
-                Some(token)
+        let mut callers = Vec::new();
+        if let Some(name) = &file.admin.token_file {
+            let contents = self.read_file("admin.token_file".into(), name)?;
+            let token = String::from_utf8_lossy(&contents).trim().to_owned();
+            if token.len() < 16 {
+                self.error(
+                    Code::WeakToken,
+                    "admin.token_file",
+                    format!("the admin token in '{name}' must be at least 16 characters"),
+                );
             }
-            None => None,
-        };
+            callers.push(CallerSpec {
+                name: "admin".into(),
+                token_sha256: sha256(token.as_bytes()),
+                scopes: Scopes::all(),
+            });
+        }
+        for (i, caller) in file.admin.callers.iter().enumerate() {
+            if let Some(caller) = self.caller(i, caller) {
+                if callers.iter().any(|c| c.name == caller.name) {
+                    self.error(
+                        Code::DuplicateCaller,
+                        format!("admin.callers[{i}].name"),
+                        format!(
+                            "caller '{}' is named twice (admin.token_file is the caller 'admin')",
+                            caller.name
+                        ),
+                    );
+                } else if callers
+                    .iter()
+                    .any(|c| c.token_sha256 == caller.token_sha256)
+                {
+                    self.error(
+                        Code::DuplicateCaller,
+                        format!("admin.callers[{i}]"),
+                        format!(
+                            "caller '{}' has another caller's token: a token names one caller",
+                            caller.name
+                        ),
+                    );
+                } else {
+                    callers.push(caller);
+                }
+            }
+        }
         let bind = bind?;
-        if !bind.ip().is_loopback() && token.is_none() {
+        if !bind.ip().is_loopback() && callers.is_empty() {
             self.error(
                 Code::AdminUnprotected,
                 "admin.bind",
-                format!("admin bind {bind} is not a loopback address; set admin.token_file to protect it"),
+                format!("admin bind {bind} is not a loopback address; set admin.token_file or admin.callers to protect it"),
             );
         }
         let max_body = match &file.admin.max_body {
@@ -54,9 +84,105 @@ impl Validator<'_> {
         };
         Some(AdminSpec {
             bind,
-            token,
+            callers,
             require_expected_generation: file.admin.require_expected_generation,
             max_body,
+        })
+    }
+
+    /// One `[[admin.callers]]` entry: a name, exactly one token (its
+    /// SHA-256, or a file only its owner can read) and known scopes.
+    fn caller(&mut self, i: usize, caller: &crate::config::FileCaller) -> Option<CallerSpec> {
+        let at = |field: &str| format!("admin.callers[{i}].{field}");
+        let mut ok = true;
+        if caller.name.is_empty()
+            || !caller
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
+        {
+            self.error(
+                Code::InvalidValue,
+                at("name"),
+                format!(
+                    "caller name '{}' must be letters, digits, '-', '_', '.' or '@'",
+                    caller.name
+                ),
+            );
+            ok = false;
+        }
+        let mut scopes = Scopes::default();
+        for (j, name) in caller.scopes.iter().enumerate() {
+            match Scope::parse(name) {
+                Some(scope) => scopes = scopes.with(scope),
+                None => {
+                    let known: Vec<&str> = Scope::ALL.iter().map(|s| s.name()).collect();
+                    self.error(
+                        Code::UnknownScope,
+                        format!("admin.callers[{i}].scopes[{j}]"),
+                        format!("unknown scope '{name}'; scopes are {}", known.join(", ")),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        if caller.scopes.is_empty() {
+            self.error(
+                Code::MissingKey,
+                at("scopes"),
+                format!("caller '{}' has no scopes: give it at least one (read, for a caller that only looks)", caller.name),
+            );
+            ok = false;
+        }
+        let token_sha256 = match (&caller.token_sha256, &caller.token_file) {
+            (Some(hex), None) => match parse_sha256(hex) {
+                Some(hash) => Some(hash),
+                None => {
+                    self.error(
+                        Code::InvalidValue,
+                        at("token_sha256"),
+                        "token_sha256 must be 64 hex digits: the SHA-256 of the token (`printf %s TOKEN | sha256sum`)",
+                    );
+                    None
+                }
+            },
+            (None, Some(name)) => self.secret(at("token_file"), name).and_then(|contents| {
+                let token = String::from_utf8_lossy(&contents).trim().to_owned();
+                if token.len() < 16 {
+                    self.error(
+                        Code::WeakToken,
+                        at("token_file"),
+                        format!("the token in '{name}' must be at least 16 characters"),
+                    );
+                    return None;
+                }
+                Some(sha256(token.as_bytes()))
+            }),
+            (Some(_), Some(_)) => {
+                self.error(
+                    Code::ConflictingOptions,
+                    at("token_sha256"),
+                    "a caller has one credential: token_sha256 or token_file, not both",
+                );
+                None
+            }
+            (None, None) => {
+                self.error(
+                    Code::MissingKey,
+                    at("token_sha256"),
+                    format!(
+                        "caller '{}' has no credential: set token_sha256 or token_file",
+                        caller.name
+                    ),
+                );
+                None
+            }
+        };
+        let token_sha256 = token_sha256?;
+        ok.then(|| CallerSpec {
+            name: caller.name.clone(),
+            token_sha256,
+            scopes,
         })
     }
 
@@ -195,4 +321,23 @@ impl Validator<'_> {
             impact_sample: impact_sample.min(MAX_IMPACT_SAMPLE) as usize,
         })
     }
+}
+
+/// The SHA-256 of `bytes`.
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes).into()
+}
+
+/// 64 hex digits as 32 bytes.
+fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
