@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use crate::plan::{CallerSpec, Scope, Scopes};
+use crate::telemetry::audit;
 
 /// What the guards and limits check requests against.
 #[derive(Debug, Clone)]
@@ -191,7 +192,10 @@ pub async fn guard(
             return StatusCode::FORBIDDEN.into_response();
         }
     }
+    let needed = required_scope(request.method(), request.uri().path());
+    let audit = Audit::of(&request, needed);
     let Ok(caller) = security.caller(headers.get(header::AUTHORIZATION)) else {
+        audit.refused(None, "unauthorized", None);
         let mut response = StatusCode::UNAUTHORIZED.into_response();
         // The page asks the browser for the token as a Basic password;
         // API clients are told to send a bearer token.
@@ -205,11 +209,12 @@ pub async fn guard(
             .insert(header::WWW_AUTHENTICATE, challenge);
         return response;
     };
-    let needed = required_scope(request.method(), request.uri().path());
     if let Some(caller) = caller.filter(|c| !c.scopes.allow(needed)) {
         tracing::info!(caller = %caller.name, scope = needed.name(), method = %request.method(), path = request.uri().path(), "admin call refused: scope missing");
+        audit.refused(Some(&caller.name), "forbidden", Some(needed));
         return forbidden(needed);
     }
+    let caller = caller.map(|c| Arc::clone(&c.name));
 
     // A browser's write (the page's Basic login, or any request a browser
     // marks with Origin or Sec-Fetch-Site) must carry the session's CSRF
@@ -236,7 +241,95 @@ pub async fn guard(
     }
     let mut request = request;
     request.extensions_mut().insert(csrf);
-    next.run(request).await
+    let response = next.run(request).await;
+    audit.done(caller.as_deref(), response).await
+}
+
+/// What the audit log (`telemetry::audit`) keeps of one call: calls that
+/// change something, and refusals by authentication or scope.
+struct Audit {
+    /// Whether the call changes something (not a read, validate or
+    /// preview).
+    changes: bool,
+    peer: Option<SocketAddr>,
+    method: String,
+    path: String,
+}
+
+impl Audit {
+    fn of(request: &Request, needed: Scope) -> Option<Self> {
+        if !audit::enabled() {
+            return None;
+        }
+        Some(Self {
+            changes: !matches!(needed, Scope::Read | Scope::Validate),
+            peer: request
+                .extensions()
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|c| c.0),
+            method: request.method().to_string(),
+            path: request.uri().path().to_owned(),
+        })
+    }
+
+    fn entry(&self, caller: Option<&str>, status: StatusCode) -> audit::Entry {
+        audit::Entry {
+            time: crate::runtime::rfc3339(std::time::SystemTime::now()),
+            caller: caller.map(str::to_owned),
+            refused: None,
+            missing_scope: None,
+            peer: self.peer,
+            method: self.method.clone(),
+            path: self.path.clone(),
+            status: status.as_u16(),
+            operation_id: None,
+        }
+    }
+}
+
+trait AuditExt {
+    fn refused(&self, caller: Option<&str>, why: &'static str, missing: Option<Scope>);
+    async fn done(&self, caller: Option<&str>, response: Response) -> Response;
+}
+
+impl AuditExt for Option<Audit> {
+    /// A refusal by authentication (401) or scope (403).
+    fn refused(&self, caller: Option<&str>, why: &'static str, missing: Option<Scope>) {
+        let Some(audit) = self else { return };
+        let status = match missing {
+            Some(_) => StatusCode::FORBIDDEN,
+            None => StatusCode::UNAUTHORIZED,
+        };
+        audit::record(audit::Entry {
+            refused: Some(why),
+            missing_scope: missing.map(Scope::name),
+            ..audit.entry(caller, status)
+        });
+    }
+
+    /// A call let through: recorded when it changes something, with the
+    /// operation its answer names.
+    async fn done(&self, caller: Option<&str>, response: Response) -> Response {
+        let Some(audit) = self.as_ref().filter(|a| a.changes) else {
+            return response;
+        };
+        let status = response.status();
+        let (parts, body) = response.into_parts();
+        let (body, operation_id) = match axum::body::to_bytes(body, 64 << 20).await {
+            Ok(bytes) => {
+                let id = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .ok()
+                    .and_then(|v| v.get("operation_id")?.as_str().map(str::to_owned));
+                (axum::body::Body::from(bytes), id)
+            }
+            Err(_) => (axum::body::Body::empty(), None),
+        };
+        audit::record(audit::Entry {
+            operation_id,
+            ..audit.entry(caller, status)
+        });
+        Response::from_parts(parts, body)
+    }
 }
 
 /// The console's paths: a browser loads them, so a missing token is

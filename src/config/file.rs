@@ -164,6 +164,10 @@ pub struct FileAdmin {
     /// `[[admin.callers]]`: who may call the admin API, and for what.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub callers: Vec<FileCaller>,
+    /// A file of JSON lines: every admin call that changes something or
+    /// is refused by authentication or scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_log: Option<String>,
 }
 
 impl Default for FileAdmin {
@@ -174,6 +178,7 @@ impl Default for FileAdmin {
             require_expected_generation: false,
             max_body: None,
             callers: Vec::new(),
+            audit_log: None,
         }
     }
 }

@@ -157,8 +157,8 @@ async fn accept_loop(
             _ = async { let _ = handed_over.wait_for(|s| *s == Some(Stop::HandedOver)).await; } => break,
             accepted = socket.accept() => accepted,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(error) => {
                 tracing::warn!(server = what, %error, "accept failed");
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -169,7 +169,7 @@ async fn accept_loop(
         let counted = open.enter();
         let service = {
             let (router, stop) = (router.clone(), stop.clone());
-            hyper::service::service_fn(move |req| answer(router.clone(), stop.clone(), req))
+            hyper::service::service_fn(move |req| answer(router.clone(), stop.clone(), peer, req))
         };
         let mut stop = stop.clone();
         tokio::spawn(async move {
@@ -205,10 +205,15 @@ async fn accept_loop(
 async fn answer(
     router: axum::Router,
     stop: watch::Receiver<Option<Stop>>,
+    peer: std::net::SocketAddr,
     req: http::Request<hyper::body::Incoming>,
 ) -> Result<axum::response::Response, Infallible> {
     let http1 = req.version() < http::Version::HTTP_2;
-    let mut response = router.oneshot(req.map(axum::body::Body::new)).await?;
+    let mut req = req.map(axum::body::Body::new);
+    // Who is calling, for the admin's audit log.
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(peer));
+    let mut response = router.oneshot(req).await?;
     if http1 && *stop.borrow() == Some(Stop::HandedOver) {
         response.headers_mut().insert(
             http::header::CONNECTION,

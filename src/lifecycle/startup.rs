@@ -144,6 +144,7 @@ pub fn run(options: Options) -> Result<(), StartError> {
     runtime.shutdown_timeout(EXIT_GRACE);
     // The last requests' access lines, before the process is gone.
     crate::telemetry::access::flush(EXIT_GRACE);
+    crate::telemetry::audit::flush(EXIT_GRACE);
     result
 }
 
@@ -371,6 +372,9 @@ async fn serve(
 ) -> Result<(), StartError> {
     let signals = Signals::install()?;
     let log_level = telemetry::init_logging(&start.spec.log).map_err(StartError::Log)?;
+    if let Some(path) = &start.spec.admin.audit_log {
+        telemetry::audit::init(path).map_err(StartError::Log)?;
+    }
     for note in &start.notes {
         tracing::info!("{note}");
     }

@@ -115,6 +115,8 @@ pub struct AdminSpec {
     /// `admin`, with every scope); none: every call is let in (a loopback
     /// bind only).
     pub callers: Vec<CallerSpec>,
+    /// `admin.audit_log`, relative to the configuration's folder.
+    pub audit_log: Option<PathBuf>,
     pub require_expected_generation: bool,
     /// The largest request body the admin API reads, once decompressed.
     pub max_body: usize,

@@ -2,6 +2,7 @@
 //! and the Prometheus recorder.
 
 pub mod access;
+pub mod audit;
 pub mod metrics;
 #[cfg(feature = "otlp")]
 pub mod otlp;
@@ -181,6 +182,7 @@ pub fn reopen_logs() {
         }
     }
     access::reopen();
+    audit::reopen();
 }
 
 /// How often recorded durations are folded into their histogram buckets.

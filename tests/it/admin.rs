@@ -638,3 +638,178 @@ respond = {{ body = "hi" }}
     .await;
     assert!(plan.to_string().contains("file_outside_roots"), "{plan}");
 }
+
+/// A call with a bearer token; status and JSON.
+async fn as_caller(
+    gw: &Gateway,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, Value) {
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", gw.admin.to_string())
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/toml")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.unwrap_or_default().to_owned(),
+        )))
+        .unwrap();
+    let (status, _, bytes) = send(gw.admin, req).await.expect("admin reachable");
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// Named callers against the real binary: a pipeline's token validates
+/// and is refused activation (403 naming the scope), an unknown token
+/// gets 401, the on-call token activates; the audit log has one line for
+/// each change or refusal (none for the validate), with the caller, the
+/// peer and the operation, and none of the tokens or the body; SIGUSR1
+/// reopens it after logrotate moved it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_are_held_to_their_scopes_and_every_change_is_audited() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (ci, oncall) = (
+        "ci-pipeline-token-0123456789",
+        "oncall-token-0123456789abcdef",
+    );
+    for (file, token) in [("ci.token", ci), ("oncall.token", oncall)] {
+        let path = dir.path().join(file);
+        std::fs::write(&path, token).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let audit_path = dir.path().join("audit.log");
+    let text = r#"[admin]
+bind = "127.0.0.1:0"
+audit_log = "audit.log"
+
+[[admin.callers]]
+name = "ci"
+token_file = "ci.token"
+scopes = ["read", "validate"]
+
+[[admin.callers]]
+name = "oncall"
+token_file = "oncall.token"
+scopes = ["admin"]
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "hello"
+listeners = ["web"]
+respond = { body = "hello" }
+"#;
+    let gw = Gateway::start_in(dir, text);
+    let candidate = std::fs::read_to_string(&gw.config_path)
+        .unwrap()
+        .replace("body = \"hello\"", "body = \"bye\"");
+    let (status, body) =
+        as_caller(&gw, ci, "POST", "/admin/runtime/validate", Some(&candidate)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) =
+        as_caller(&gw, ci, "POST", "/admin/runtime/activate", Some(&candidate)).await;
+    assert_eq!(
+        (status, body["missing_scope"].as_str()),
+        (403, Some("activate")),
+        "{body}"
+    );
+    let (status, _) = as_caller(
+        &gw,
+        "nobody-knows-this-token-0123",
+        "POST",
+        "/admin/runtime/activate",
+        Some(&candidate),
+    )
+    .await;
+    assert_eq!(status, 401);
+    let (status, body) = as_caller(
+        &gw,
+        oncall,
+        "POST",
+        "/admin/runtime/activate",
+        Some(&candidate),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let operation = body["operation_id"]
+        .as_str()
+        .expect("an operation")
+        .to_owned();
+    let (status, _) = as_caller(&gw, ci, "GET", "/admin/runtime/status", None).await;
+    assert_eq!(status, 200);
+
+    let read_lines = |path: &std::path::Path| -> Vec<Value> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect()
+    };
+    // Written off the request path: wait for the lines.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut lines = read_lines(&audit_path);
+    while lines.len() < 3 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        lines = read_lines(&audit_path);
+    }
+    let seen: Vec<(Option<&str>, Option<&str>, u64)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["caller"].as_str(),
+                l["refused"].as_str(),
+                l["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Some("ci"), Some("forbidden"), 403),
+            (None, Some("unauthorized"), 401),
+            (Some("oncall"), None, 200),
+        ],
+        "{lines:#?}"
+    );
+    assert_eq!(lines[0]["missing_scope"], "activate");
+    assert_eq!(lines[2]["operation_id"], operation.as_str());
+    assert_eq!(lines[2]["path"], "/admin/runtime/activate");
+    assert!(lines.iter().all(|l| l["peer"]
+        .as_str()
+        .is_some_and(|p| p.starts_with("127.0.0.1:"))));
+    let raw = std::fs::read_to_string(&audit_path).unwrap();
+    for secret in [ci, oncall, "nobody-knows", "bye"] {
+        assert!(!raw.contains(secret), "{secret} in the audit log");
+    }
+    let mode = std::fs::metadata(&audit_path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    // logrotate moves the file; SIGUSR1 opens a new one.
+    std::fs::rename(&audit_path, audit_path.with_extension("log.1")).unwrap();
+    gw.signal("USR1");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !audit_path.exists() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (status, _) = as_caller(&gw, ci, "POST", "/admin/runtime/rollback", Some("")).await;
+    assert_eq!(status, 403);
+    let mut fresh = read_lines(&audit_path);
+    while fresh.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        fresh = read_lines(&audit_path);
+    }
+    assert!(
+        fresh
+            .iter()
+            .any(|l| l["caller"] == "ci" && l["missing_scope"] == "activate"),
+        "{fresh:#?}"
+    );
+}

@@ -254,6 +254,13 @@ fn rows() -> Vec<Row> {
             &["require_expected_generation = true"],
         ),
         row("admin", "max_body", Admin, &["max_body = \"8MiB\""]),
+        row(
+            "admin",
+            "callers",
+            Admin,
+            &["callers = [{ name = \"ci\", token_sha256 = \"0000000000000000000000000000000000000000000000000000000000000001\", scopes = [\"read\", \"validate\"] }]"],
+        ),
+        row("admin", "audit_log", Admin, &["audit_log = \"audit.log\""]),
         row("metrics", "bind", Metrics, &["bind = \"127.0.0.1:19191\""])
             .replaces(&["bind = \"127.0.0.1:0\""]),
         row("metrics", "max_series", Metrics, &["max_series = 100"]),

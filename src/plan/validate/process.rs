@@ -85,6 +85,7 @@ impl Validator<'_> {
         Some(AdminSpec {
             bind,
             callers,
+            audit_log: file.admin.audit_log.as_ref().map(|f| self.base_dir.join(f)),
             require_expected_generation: file.admin.require_expected_generation,
             max_body,
         })
