@@ -11,6 +11,10 @@
 #
 #   benches/walk.sh [BINARY]     (default target/debug/cutover)
 #
+# BINARY needs full debug info for cutover's own functions (the dev
+# profile keeps line tables only, which name no function to break on):
+#   CARGO_PROFILE_DEV_DEBUG=true cargo build
+#
 # Needs gdb, nginx-light, curl, python3 (apt-get install them). Loopback
 # only; every process it starts is stopped by pid.
 set -euo pipefail
@@ -75,6 +79,10 @@ GDB
 gdb -batch -x "$dir/gdb.cmd" -p "$gateway" > "$dir/gdb.out" 2>&1 &
 debugger=$!
 for _ in $(seq 1 1200); do grep -q READY "$dir/gdb.out" 2>/dev/null && break; sleep 0.5; done
+if grep -q '^0 places' "$dir/gdb.out"; then
+  echo "no function of cutover to break on in $bin: build it with CARGO_PROFILE_DEV_DEBUG=true cargo build"
+  exit 1
+fi
 sleep 2
 curl -s -o /dev/null -w '%{http_code}\n' --max-time 120 "http://127.0.0.1:$port/" > "$dir/status"
 sleep 2
