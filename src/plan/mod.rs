@@ -608,7 +608,7 @@ scopes = ["read"]
 [[admin.callers]]
 name = "x"
 token_sha256 = "abc"
-scopes = ["read", "deploy"]
+scopes = ["read", "deploy", "approve"]
 
 [[admin.callers]]
 name = "y"
@@ -626,6 +626,7 @@ scopes = []
             ("duplicate_caller", "admin.callers[0].name"),
             ("invalid_value", "admin.callers[1].token_sha256"),
             ("unknown_scope", "admin.callers[1].scopes[1]"),
+            ("unsupported_option", "admin.callers[1].scopes[2]"),
             ("conflicting_options", "admin.callers[2].token_sha256"),
             ("missing_key", "admin.callers[3].scopes"),
             ("missing_key", "admin.callers[3].token_sha256"),

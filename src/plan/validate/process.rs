@@ -115,6 +115,17 @@ impl Validator<'_> {
         let mut scopes = Scopes::default();
         for (j, name) in caller.scopes.iter().enumerate() {
             match Scope::parse(name) {
+                // Approvals and freeze windows (DESIGN §23) are not in
+                // this build: a scope for them would promise what no call
+                // checks.
+                Some(scope @ (Scope::Approve | Scope::Override)) => {
+                    self.error(
+                        Code::UnsupportedOption,
+                        format!("admin.callers[{i}].scopes[{j}]"),
+                        format!("scope '{}' is for approvals and freeze windows, which this build does not have yet", scope.name()),
+                    );
+                    ok = false;
+                }
                 Some(scope) => scopes = scopes.with(scope),
                 None => {
                     let known: Vec<&str> = Scope::ALL.iter().map(|s| s.name()).collect();
