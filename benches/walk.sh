@@ -96,7 +96,7 @@ hits = [l.split(' ')[1].strip() for l in open(sys.argv[1], errors='replace') if 
 hits = [h[h.find('src/'):] if 'src/' in h else h for h in hits]
 # What hyper polls on every read and write of the client connection.
 io = {'src/proxy/observed.rs', 'src/proxy/downstream.rs', 'src/proxy/interim.rs',
-      'src/proxy/activity.rs', 'src/proxy/framing.rs'}
+      'src/proxy/activity.rs', 'src/proxy/framing.rs', 'src/proxy/request_framing.rs'}
 
 def walk(label, entries):
     visits = []
