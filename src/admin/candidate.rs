@@ -320,6 +320,7 @@ pub fn parse(
         expected_generation: query.expected_generation.map(GenerationId),
         reason: query.reason.clone(),
         requested_by: query.requested_by.clone(),
+        caller: None,
         confirm_within: query_within,
         guard: None,
         canary: None,
@@ -356,6 +357,7 @@ pub fn parse(
                     .map(GenerationId),
                 reason: json.reason.or(query.reason),
                 requested_by: json.requested_by.or(query.requested_by),
+                caller: None,
                 confirm_within: match json.confirm_within {
                     Some(text) => confirm_within(Some(&text))?,
                     None => query_within,
@@ -413,20 +415,25 @@ async fn extract<S: Send + Sync>(
     let query = axum::extract::Query::<CandidateQuery>::try_from_uri(req.uri())
         .map_err(IntoResponse::into_response)?;
     let headers = req.headers().clone();
+    let caller = super::security::caller_of(&req);
     let body = Bytes::from_request(req, state)
         .await
         .map_err(IntoResponse::into_response)?;
     // Megabytes of configuration in a JSON string are decoded off the
     // admin runtime's threads, as they are then planned.
-    if body.len() <= OFF_THE_REACTOR_FROM {
-        return parse_checked(query.0, &headers, &body).map_err(IntoResponse::into_response);
-    }
-    tokio::task::spawn_blocking(move || parse_checked(query.0, &headers, &body))
-        .await
-        .map_err(|e| {
-            ApiError::Control(crate::control::ControlError::Internal(e.to_string())).into_response()
-        })?
-        .map_err(IntoResponse::into_response)
+    let (mut candidate, binary) = if body.len() <= OFF_THE_REACTOR_FROM {
+        parse_checked(query.0, &headers, &body).map_err(IntoResponse::into_response)?
+    } else {
+        tokio::task::spawn_blocking(move || parse_checked(query.0, &headers, &body))
+            .await
+            .map_err(|e| {
+                ApiError::Control(crate::control::ControlError::Internal(e.to_string()))
+                    .into_response()
+            })?
+            .map_err(IntoResponse::into_response)?
+    };
+    candidate.caller = caller;
+    Ok((candidate, binary))
 }
 
 /// Bodies larger than this are decoded on the blocking pool.

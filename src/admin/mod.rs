@@ -21,12 +21,13 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use candidate::{CandidateRequest, UpgradeCandidate};
 pub use error::{ApiError, ErrorBody};
+use security::CallerName;
 pub use security::Security;
 
 use crate::control::{CandidateSource, RollbackRequest, Settle, SettleRequest, UpgradeRequest};
@@ -195,6 +196,7 @@ struct RollbackBody {
 
 async fn rollback(
     State(writer): Shared,
+    Extension(caller): Extension<CallerName>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -209,6 +211,7 @@ async fn rollback(
             expected_active_generation: body.expected_active_generation.map(GenerationId),
             reason: body.reason,
             requested_by: body.requested_by,
+            caller: caller.0.as_deref().map(str::to_owned),
         })
         .await?;
     Ok(Json(activated).into_response())
@@ -225,23 +228,26 @@ struct SettleBody {
 
 async fn confirm(
     State(writer): Shared,
+    Extension(caller): Extension<CallerName>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    settle(&writer, &headers, &body, Settle::Confirm).await
+    settle(&writer, caller, &headers, &body, Settle::Confirm).await
 }
 
 async fn abort(
     State(writer): Shared,
+    Extension(caller): Extension<CallerName>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    settle(&writer, &headers, &body, Settle::Abort).await
+    settle(&writer, caller, &headers, &body, Settle::Abort).await
 }
 
 /// `confirm` and `abort`: compare-and-swap on the pending generation.
 async fn settle(
     writer: &Writer,
+    caller: CallerName,
     headers: &HeaderMap,
     body: &Bytes,
     how: Settle,
@@ -258,6 +264,7 @@ async fn settle(
                 expected_active_generation: body.expected_active_generation.map(GenerationId),
                 requested_by: body.requested_by,
                 reason: body.reason,
+                caller: caller.0.as_deref().map(str::to_owned),
             },
             how,
         )
@@ -273,6 +280,7 @@ struct ReloadCertsBody {
 
 async fn reload_certs(
     State(writer): Shared,
+    Extension(caller): Extension<CallerName>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -287,7 +295,8 @@ async fn reload_certs(
             "reload-certs takes application/json".into(),
         ));
     };
-    Ok(Json(control.reload_certs(body.listeners, None).await?).into_response())
+    let caller = caller.0.as_deref().map(str::to_owned);
+    Ok(Json(control.reload_certs(body.listeners, None, caller).await?).into_response())
 }
 
 async fn cache(State(writer): Shared) -> Response {
@@ -310,6 +319,7 @@ struct PurgeBody {
 
 async fn cache_purge(
     State(writer): Shared,
+    Extension(caller): Extension<CallerName>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -333,6 +343,7 @@ async fn cache_purge(
     let requester = crate::control::Requester {
         requested_by: body.requested_by,
         reason: body.reason,
+        caller: caller.0.as_deref().map(str::to_owned),
     };
     let control = writer.control();
     let purged = control.purge_cache(body.zone, selector, requester).await?;
@@ -347,9 +358,16 @@ pub struct Started {
     pub phase: Option<Phase>,
 }
 
-async fn drain(State(writer): Shared) -> Result<Response, ApiError> {
+async fn drain(
+    State(writer): Shared,
+    Extension(caller): Extension<CallerName>,
+) -> Result<Response, ApiError> {
     let control = writer.control();
-    let operation_id = control.drain().await?;
+    let requester = crate::control::Requester {
+        caller: caller.0.as_deref().map(str::to_owned),
+        ..Default::default()
+    };
+    let operation_id = control.drain(requester).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(Started {
@@ -381,6 +399,7 @@ async fn upgrade(
         binary: binary.map(Into::into),
         requested_by: candidate.requested_by,
         reason: candidate.reason,
+        caller: candidate.caller,
     })?;
     Ok((
         StatusCode::ACCEPTED,

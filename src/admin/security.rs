@@ -37,6 +37,20 @@ pub const CSRF_HEADER: &str = "x-cutover-csrf";
 #[derive(Debug, Clone)]
 pub struct Csrf(pub String);
 
+/// The authenticated caller of a request (none when the admin API has no
+/// callers), for the handlers that record who acted.
+#[derive(Debug, Clone)]
+pub struct CallerName(pub Option<Arc<str>>);
+
+/// The caller the guard authenticated for `request`.
+pub fn caller_of<B>(request: &axum::http::Request<B>) -> Option<String> {
+    request
+        .extensions()
+        .get::<CallerName>()
+        .and_then(|c| c.0.as_deref())
+        .map(str::to_owned)
+}
+
 /// A caller of the admin API as the guard knows it.
 #[derive(Debug, Clone)]
 struct Caller {
@@ -241,6 +255,7 @@ pub async fn guard(
     }
     let mut request = request;
     request.extensions_mut().insert(csrf);
+    request.extensions_mut().insert(CallerName(caller.clone()));
     let response = next.run(request).await;
     audit.done(caller.as_deref(), response).await
 }

@@ -834,7 +834,11 @@ impl crate::control::ProcessControl for FakeProcess {
         None
     }
 
-    fn drain(&self, _control: &Arc<Control>) -> Result<String, crate::control::LifecycleError> {
+    fn drain(
+        &self,
+        _control: &Arc<Control>,
+        _requester: crate::control::Requester,
+    ) -> Result<String, crate::control::LifecycleError> {
         if self
             .draining
             .swap(true, std::sync::atomic::Ordering::SeqCst)
@@ -1552,4 +1556,21 @@ async fn callers_are_held_to_their_scopes() {
     let (status, body) = call(&admin, activate("oncall-token-0123456789abc")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(admin.control.store().active_id(), GenerationId(2));
+    // History names the authenticated caller beside the free text.
+    let (status, history) = call(
+        &admin,
+        as_caller("dashboard-token-0123456789", get("/admin/runtime/history")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let activated = history["operations"]
+        .as_array()
+        .and_then(|ops| ops.iter().find(|op| op["kind"] == "activate"))
+        .unwrap_or_else(|| panic!("{history}"));
+    assert_eq!(activated["caller"], "oncall", "{activated}");
+    let generation = history["generations"]
+        .as_array()
+        .and_then(|g| g.iter().find(|g| g["generation"] == 2))
+        .unwrap_or_else(|| panic!("{history}"));
+    assert_eq!(generation["caller"], "oncall", "{generation}");
 }

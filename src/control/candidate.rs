@@ -24,6 +24,8 @@ pub struct Candidate {
     pub expected_generation: Option<GenerationId>,
     pub reason: Option<String>,
     pub requested_by: Option<String>,
+    /// The authenticated admin caller that sent it.
+    pub caller: Option<String>,
     /// Activate only: roll back unless confirmed within this long.
     pub confirm_within: Option<std::time::Duration>,
     /// Activate only: judge the new generation by its own answers.
@@ -149,6 +151,7 @@ impl Candidate {
             expected_generation: None,
             reason: None,
             requested_by: None,
+            caller: None,
             confirm_within: None,
             guard: None,
             canary: None,
@@ -162,6 +165,7 @@ impl Candidate {
             expected_generation: None,
             reason: None,
             requested_by: None,
+            caller: None,
             confirm_within: None,
             guard: None,
             canary: None,
@@ -227,6 +231,7 @@ pub struct SettleRequest {
     pub expected_active_generation: Option<GenerationId>,
     pub requested_by: Option<String>,
     pub reason: Option<String>,
+    pub caller: Option<String>,
 }
 
 /// A rollback request.
@@ -236,4 +241,5 @@ pub struct RollbackRequest {
     pub expected_active_generation: Option<GenerationId>,
     pub reason: Option<String>,
     pub requested_by: Option<String>,
+    pub caller: Option<String>,
 }

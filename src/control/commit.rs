@@ -245,6 +245,7 @@ impl Control {
             rolled_back_to: meta.rolled_back_to,
             requested_by: meta.requester.requested_by.clone(),
             reason: meta.requester.reason.clone(),
+            caller: meta.requester.caller.clone(),
             config,
             base_dir: meta.text.base_dir.clone(),
             origin: meta.text.origin.clone(),

@@ -464,6 +464,7 @@ impl Control {
                 expected_active_generation: None,
                 requested_by: Some(who.to_owned()),
                 reason: Some(reason.clone()),
+                caller: None,
             };
             match self.settle(request, how).await {
                 Err(ControlError::InProgress) => {
@@ -497,6 +498,7 @@ impl Control {
             let requester = Requester {
                 requested_by: request.requested_by.clone(),
                 reason: request.reason.clone(),
+                caller: request.caller.clone(),
             };
             let result = c.try_settle(&request, how, kind, &requester, started);
             if let Err(error) = &result {

@@ -243,6 +243,7 @@ impl Control {
             previous_generation: Some(active),
             requested_by: Some("cutover".to_owned()),
             reason: Some("acme".to_owned()),
+            caller: None,
             summary,
             error,
             pid: std::process::id(),

@@ -144,8 +144,7 @@ impl Control {
     pub fn record_started(
         &self,
         kind: OperationKind,
-        requested_by: Option<String>,
-        reason: Option<String>,
+        requester: Requester,
         summary: String,
     ) -> String {
         self.records.record(
@@ -153,10 +152,7 @@ impl Control {
             Instant::now(),
             Outcome::Running,
             (Some(self.store.active_id()), None),
-            &Requester {
-                requested_by,
-                reason,
-            },
+            &requester,
             summary,
             None,
         )
@@ -170,7 +166,8 @@ const DRAIN_WAITS_FOR_CHANGE: std::time::Duration = std::time::Duration::from_se
 pub trait ProcessControl: Send + Sync {
     /// Starts draining (as SIGTERM); returns at once. `Control::drain`
     /// has set the phase to draining before it calls this.
-    fn drain(&self, control: &Arc<Control>) -> Result<String, LifecycleError>;
+    fn drain(&self, control: &Arc<Control>, requester: Requester)
+        -> Result<String, LifecycleError>;
     /// Starts a drain-aware restart; returns the operation id to follow.
     fn upgrade(
         &self,
@@ -194,7 +191,7 @@ impl Control {
     /// and a change already holding the operation lock is waited for
     /// (at most `DRAIN_WAITS_FOR_CHANGE`), so that what it committed is
     /// in before the drain is acknowledged.
-    pub async fn drain(self: &Arc<Self>) -> Result<String, LifecycleError> {
+    pub async fn drain(self: &Arc<Self>, requester: Requester) -> Result<String, LifecycleError> {
         let process = self.process.get().ok_or(LifecycleError::Unavailable)?;
         {
             let _history = self.records.lock();
@@ -203,7 +200,7 @@ impl Control {
             }
             self.phase().advance(Phase::Draining);
         }
-        let id = process.drain(self)?;
+        let id = process.drain(self, requester)?;
         if !self.lock.wait_idle(DRAIN_WAITS_FOR_CHANGE).await {
             tracing::warn!(
                 "draining: an operation still holds the lock after {:?} (an upgrade or a shadow stage ending); it can make no change now",

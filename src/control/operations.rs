@@ -222,10 +222,12 @@ impl Control {
         self: &Arc<Self>,
         only: Option<Vec<String>>,
         requested_by: Option<String>,
+        caller: Option<String>,
     ) -> Result<CertReload, ControlError> {
         let requester = Requester {
             requested_by,
             reason: None,
+            caller,
         };
         self.off_the_data_plane(move |c| c.reload_certs_now(only, &requester))
             .await
@@ -303,6 +305,7 @@ impl Control {
             let requester = Requester {
                 requested_by: request.requested_by.clone(),
                 reason: request.reason.clone(),
+                caller: request.caller.clone(),
             };
             self.record_failure(OperationKind::Rollback, started, &requester, error);
         }
@@ -327,6 +330,7 @@ impl Control {
         let requester = Requester {
             requested_by: request.requested_by.clone(),
             reason: request.reason.clone(),
+            caller: request.caller.clone(),
         };
         let activation = self.rollback_locked(
             &active,

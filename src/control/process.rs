@@ -16,6 +16,7 @@ pub struct UpgradeRequest {
     pub binary: Option<std::path::PathBuf>,
     pub requested_by: Option<String>,
     pub reason: Option<String>,
+    pub caller: Option<String>,
 }
 
 /// The executable a process runs, as status reports it.

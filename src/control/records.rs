@@ -76,6 +76,7 @@ impl Records {
             previous_generation,
             requested_by: requester.requested_by.clone(),
             reason: requester.reason.clone(),
+            caller: requester.caller.clone(),
             summary,
             error,
             pid: std::process::id(),
@@ -104,6 +105,9 @@ pub(super) fn elapsed_ms(started: Instant) -> u64 {
 pub struct Requester {
     pub requested_by: Option<String>,
     pub reason: Option<String>,
+    /// The authenticated admin caller (`admin.callers`), beside the free
+    /// text of `requested_by`.
+    pub caller: Option<String>,
 }
 
 impl Requester {
@@ -111,6 +115,7 @@ impl Requester {
         Self {
             requested_by: candidate.requested_by.clone(),
             reason: candidate.reason.clone(),
+            caller: candidate.caller.clone(),
         }
     }
 }

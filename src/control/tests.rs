@@ -11,6 +11,7 @@ use super::error::ControlError;
 use super::expectation::{admit_change, Expectation};
 use super::local::{Control, ControlParts, ProcessControl};
 use super::process::{BinaryView, LifecycleError, UpgradeRequest};
+use super::records::Requester;
 use crate::admission::Admission;
 use crate::config::ConfigText;
 use crate::generation::{self, SharedState};
@@ -50,6 +51,7 @@ pub(crate) fn control_with(text: &str, release_memory: fn()) -> (Arc<Control>, t
         source: Source::Startup,
         rolled_back_to: None,
         requested_by: None,
+        caller: None,
         reason: None,
         config: RetainedText::new(&source.text),
         base_dir: source.base_dir.clone(),
@@ -139,6 +141,7 @@ fn candidate(n: usize, expected: GenerationId) -> Candidate {
         expected_generation: Some(expected),
         reason: None,
         requested_by: Some("canary-test".into()),
+        caller: None,
         confirm_within: None,
         guard: None,
         canary: Some(CanarySpec {
@@ -156,6 +159,7 @@ fn settle(generation: GenerationId) -> SettleRequest {
         generation,
         expected_active_generation: Some(generation),
         requested_by: Some("canary-test".into()),
+        caller: None,
         reason: None,
     }
 }
@@ -368,8 +372,12 @@ backends = [{ addr = "127.0.0.1:9" }, { addr = "127.0.0.1:10" }]
 struct RecordedDrain;
 
 impl ProcessControl for RecordedDrain {
-    fn drain(&self, control: &Arc<Control>) -> Result<String, LifecycleError> {
-        Ok(control.record_started(OperationKind::Drain, None, None, "draining".into()))
+    fn drain(
+        &self,
+        control: &Arc<Control>,
+        requester: Requester,
+    ) -> Result<String, LifecycleError> {
+        Ok(control.record_started(OperationKind::Drain, requester, "draining".into()))
     }
 
     fn upgrade(
@@ -391,6 +399,7 @@ fn plain(n: usize) -> Candidate {
         expected_generation: None,
         reason: None,
         requested_by: Some("drain-race".into()),
+        caller: None,
         confirm_within: None,
         guard: None,
         canary: None,
@@ -444,7 +453,7 @@ async fn no_change_commits_after_a_drain_is_acknowledged() {
             .collect();
         go.wait().await;
         tokio::task::yield_now().await;
-        control.drain().await.expect("drain");
+        control.drain(Requester::default()).await.expect("drain");
         let at = std::time::Instant::now();
         let _ = drained.set(at);
         let active_at_answer = control.store().active_id();

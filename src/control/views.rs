@@ -24,6 +24,9 @@ pub struct GenerationView {
     pub rolled_back_to: Option<GenerationId>,
     pub requested_by: Option<String>,
     pub reason: Option<String>,
+    /// The authenticated admin caller that made it (`admin.callers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
     pub rollback_candidate: bool,
     pub inflight_requests: u64,
     pub open_connections: u64,
@@ -314,6 +317,7 @@ impl Control {
             rolled_back_to: record.rolled_back_to,
             requested_by: record.requested_by.clone(),
             reason: record.reason.clone(),
+            caller: record.caller.clone(),
             rollback_candidate: !is_active && self.activatable(record),
             inflight_requests: load.map_or(0, |l| l.inflight_requests),
             open_connections: load.map_or(0, |l| l.open_connections),

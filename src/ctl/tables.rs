@@ -539,9 +539,18 @@ pub(super) fn history_table(view: &HistoryView) -> String {
         return out;
     }
     out.push_str("\noperations\n");
-    let mut rows = vec![["id", "at", "kind", "outcome", "generation", "by", "what"]
-        .map(String::from)
-        .to_vec()];
+    let mut rows = vec![[
+        "id",
+        "at",
+        "kind",
+        "outcome",
+        "generation",
+        "caller",
+        "by",
+        "what",
+    ]
+    .map(String::from)
+    .to_vec()];
     for op in &view.operations {
         let generation = match (op.generation, op.previous_generation) {
             (Some(g), Some(p)) if g != p => format!("{p} -> {g}"),
@@ -565,6 +574,7 @@ pub(super) fn history_table(view: &HistoryView) -> String {
             spelled(&op.kind),
             spelled(&op.outcome),
             generation,
+            op.caller.clone().unwrap_or_else(|| "-".into()),
             op.requested_by.clone().unwrap_or_else(|| "-".into()),
             what,
         ]);

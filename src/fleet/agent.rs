@@ -338,6 +338,7 @@ impl Fleet {
                 None => format!("fleet generation {}", doc.generation),
             }),
             requested_by: Some(doc.requested_by.clone().unwrap_or_else(|| "fleet".into())),
+            caller: None,
             confirm_within: None,
             guard: None,
             // A fleet canary: each instance walks the steps on its own

@@ -439,6 +439,8 @@ impl Fleet {
             expected_active_generation: expected,
             requested_by,
             reason,
+            // The fleet's records keep `requested_by` only (yet).
+            caller: _,
         } = request;
         let client = self.client().await?;
         let found = within(client.get(self.keys.generation(target))).await?;

@@ -320,6 +320,7 @@ impl Fleet {
                         expected_active_generation: None,
                         requested_by: Some(by.to_owned()),
                         reason: Some(reason.clone()),
+                        caller: None,
                     },
                     how,
                 )
@@ -350,6 +351,8 @@ impl Fleet {
             expected_active_generation: expected_active,
             requested_by: by,
             reason,
+            // The fleet's records keep `requested_by` only (yet).
+            caller: _,
         } = request;
         if how == Settle::Abort {
             if let Some(active) = self.abort_stage(generation).await? {

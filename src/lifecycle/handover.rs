@@ -56,6 +56,9 @@ pub struct UpgradeState {
     pub origin: String,
     pub requested_by: Option<String>,
     pub reason: Option<String>,
+    /// The authenticated admin caller that asked for the upgrade.
+    #[serde(default)]
+    pub caller: Option<String>,
     /// The read end of a pipe the old process closes once it has stopped
     /// accepting on the admin and metrics sockets: the new process
     /// accepts on them only then (absent from an older process's file:

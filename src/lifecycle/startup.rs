@@ -583,6 +583,7 @@ fn record_start(
             rolled_back_to,
             requested_by,
             reason,
+            caller: upgrade.and_then(|u| u.caller.clone()),
             config: RetainedText::new(&text.text),
             base_dir: text.base_dir.clone(),
             origin: text.origin.clone(),

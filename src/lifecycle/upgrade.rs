@@ -25,7 +25,7 @@ use super::control_server::Served;
 use super::handover::{self, HandedSocket, HandedUdpGroup, SocketRole, UpgradeState};
 use super::stop::Stop;
 use crate::config::ConfigText;
-use crate::control::{Control, LifecycleError, ProcessControl, UpgradeRequest};
+use crate::control::{Control, LifecycleError, ProcessControl, Requester, UpgradeRequest};
 use crate::runtime::{OperationKind, Outcome, Phase};
 use crate::telemetry::metrics as m;
 
@@ -285,8 +285,11 @@ impl Process {
         // Recorded only once nothing before the spawn can fail.
         let operation_id = control.record_started(
             OperationKind::Upgrade,
-            request.requested_by.clone(),
-            request.reason.clone(),
+            Requester {
+                requested_by: request.requested_by.clone(),
+                reason: request.reason.clone(),
+                caller: request.caller.clone(),
+            },
             "starting the new process".into(),
         );
         let state = UpgradeState {
@@ -303,6 +306,7 @@ impl Process {
             origin: text.origin,
             requested_by: request.requested_by,
             reason: request.reason,
+            caller: request.caller,
             accept_after,
             quic,
         };
@@ -379,13 +383,17 @@ impl ProcessControl for Process {
         self.binary.view()
     }
 
-    fn drain(&self, control: &Arc<Control>) -> Result<String, LifecycleError> {
+    fn drain(
+        &self,
+        control: &Arc<Control>,
+        requester: Requester,
+    ) -> Result<String, LifecycleError> {
         // The phase is draining already (`Control::drain`); a stop asked
         // for before (a signal, an upgrade's end) is the drain under way.
         if self.stop.borrow().is_some() {
             return Err(LifecycleError::AlreadyDraining);
         }
-        let id = control.record_started(OperationKind::Drain, None, None, "draining".into());
+        let id = control.record_started(OperationKind::Drain, requester, "draining".into());
         control.with_history(|h| h.update_operation(&id, |op| op.outcome = Outcome::Succeeded));
         self.request_stop(Stop::Drain);
         Ok(id)

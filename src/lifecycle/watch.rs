@@ -127,7 +127,7 @@ async fn act(control: &Arc<Control>) {
     crate::admission::release(active);
     if same_text {
         match control
-            .reload_certs(None, Some(REQUESTED_BY.to_owned()))
+            .reload_certs(None, Some(REQUESTED_BY.to_owned()), None)
             .await
         {
             Ok(reload) => {

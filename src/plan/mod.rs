@@ -5,6 +5,7 @@
 //! change with its disposition, the changes that would need a restart, and
 //! whether the candidate can be activated live. Pure: no bind, no write.
 
+mod callers;
 mod diff;
 pub mod impact;
 mod ownership;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod filters;
+pub use callers::{CallerSpec, Scope, Scopes};
 pub use diff::{diff, Change, ChangeKind, Diff, Disposition, FieldChange, Summary};
 pub use filters::{
     replace_prefix, AllowHeaders, Compress, Cors, Defaults, Encoding, Filters, HeaderOps,

@@ -58,6 +58,9 @@ pub struct GenerationRecord {
     pub rolled_back_to: Option<GenerationId>,
     pub requested_by: Option<String>,
     pub reason: Option<String>,
+    /// The authenticated admin caller that made it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
     /// The configuration text it was built from.
     pub config: RetainedText,
     /// Where that text's relative file references resolve.
@@ -180,6 +183,10 @@ pub struct OperationRecord {
     pub previous_generation: Option<GenerationId>,
     pub requested_by: Option<String>,
     pub reason: Option<String>,
+    /// The authenticated admin caller (`admin.callers`), beside the free
+    /// text of `requested_by`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
     pub summary: String,
     pub error: Option<String>,
     pub pid: u32,
@@ -281,6 +288,8 @@ struct StoredRecord<'a> {
     rolled_back_to: Option<GenerationId>,
     requested_by: &'a Option<String>,
     reason: &'a Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    caller: &'a Option<String>,
     config_file: &'a str,
     base_dir: &'a Path,
     origin: &'a str,
@@ -306,6 +315,8 @@ struct LoadedRecord {
     rolled_back_to: Option<GenerationId>,
     requested_by: Option<String>,
     reason: Option<String>,
+    #[serde(default)]
+    caller: Option<String>,
     #[serde(default)]
     config_file: Option<String>,
     #[serde(default)]
@@ -379,6 +390,7 @@ impl History {
                 rolled_back_to: record.rolled_back_to,
                 requested_by: record.requested_by,
                 reason: record.reason,
+                caller: record.caller,
                 config: RetainedText::new(&text),
                 base_dir: record.base_dir,
                 origin: record.origin,
@@ -535,6 +547,7 @@ impl History {
                     rolled_back_to: g.rolled_back_to,
                     requested_by: &g.requested_by,
                     reason: &g.reason,
+                    caller: &g.caller,
                     config_file: name,
                     base_dir: &g.base_dir,
                     origin: &g.origin,
@@ -608,6 +621,7 @@ mod tests {
             rolled_back_to: None,
             requested_by: None,
             reason: None,
+            caller: None,
             config: RetainedText::new(""),
             base_dir: ".".into(),
             origin: "<test>".into(),

@@ -1,0 +1,102 @@
+//! Who may call the admin API, and for what (DESIGN §23): the callers
+//! `[admin]` names and their scopes, as validation leaves them.
+
+/// A caller of the admin API: the SHA-256 of its bearer token (the token
+/// is never kept) and what it may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerSpec {
+    pub name: String,
+    pub token_sha256: [u8; 32],
+    pub scopes: Scopes,
+}
+
+/// What a caller may do (DESIGN §23).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Status, history, views, the console.
+    Read,
+    /// Validate and preview.
+    Validate,
+    /// Activate, confirm, abort, roll back, reload.
+    Activate,
+    Approve,
+    /// Reload certificates.
+    Certs,
+    /// Purge the cache.
+    Cache,
+    /// Drain and upgrade.
+    Lifecycle,
+    Fleet,
+    /// Past a freeze window.
+    Override,
+    /// Every scope.
+    Admin,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 10] = [
+        Scope::Read,
+        Scope::Validate,
+        Scope::Activate,
+        Scope::Approve,
+        Scope::Certs,
+        Scope::Cache,
+        Scope::Lifecycle,
+        Scope::Fleet,
+        Scope::Override,
+        Scope::Admin,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Validate => "validate",
+            Scope::Activate => "activate",
+            Scope::Approve => "approve",
+            Scope::Certs => "certs",
+            Scope::Cache => "cache",
+            Scope::Lifecycle => "lifecycle",
+            Scope::Fleet => "fleet",
+            Scope::Override => "override",
+            Scope::Admin => "admin",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    fn bit(self) -> u16 {
+        1 << (self as u16)
+    }
+}
+
+/// A set of scopes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Scopes(u16);
+
+impl Scopes {
+    /// Every scope (`admin`).
+    pub fn all() -> Self {
+        Self(Scope::Admin.bit())
+    }
+
+    pub fn with(self, scope: Scope) -> Self {
+        Self(self.0 | scope.bit())
+    }
+
+    /// Whether these let a caller do what `scope` covers (`admin` covers
+    /// everything).
+    pub fn allow(self, scope: Scope) -> bool {
+        self.0 & (scope.bit() | Scope::Admin.bit()) != 0
+    }
+
+    /// The scopes, by name, in `Scope::ALL`'s order.
+    pub fn names(self) -> Vec<&'static str> {
+        Scope::ALL
+            .into_iter()
+            .filter(|s| self.0 & s.bit() != 0)
+            .map(Scope::name)
+            .collect()
+    }
+}
