@@ -213,6 +213,7 @@ fn control_with_history(
         rolled_back_to: None,
         requested_by: None,
         reason: None,
+        caller: None,
         config: cutover::runtime::RetainedText::new(&source.text),
         base_dir: source.base_dir.clone(),
         origin: source.origin.clone(),
