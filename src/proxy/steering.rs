@@ -288,7 +288,10 @@ impl Relay {
 struct Relays {
     predecessor: Option<Relay>,
     successor: Option<Relay>,
+    /// What a relay read, before it is copied out.
     scratch: Vec<u8>,
+    /// What goes out over a relay.
+    outgoing: Vec<u8>,
 }
 
 /// The socket a QUIC endpoint reads and writes through: the UDP socket,
@@ -301,7 +304,8 @@ pub struct SteeredSocket {
     link: Arc<Link>,
     listener: Arc<str>,
     relays: Mutex<Relays>,
-    /// Packets that went astray: a relay refused them (full, or gone).
+    /// Packets a relay refused (full, or the other process gone), handled
+    /// here instead; logged when a relay closes.
     dropped: AtomicU64,
 }
 
@@ -352,8 +356,15 @@ impl SteeredSocket {
             predecessor,
             successor,
             scratch,
+            ..
         } = relays;
-        scratch.resize(HEADER + u16::MAX as usize, 0);
+        if predecessor.is_none() && successor.is_none() {
+            return None;
+        }
+        // Sized once: the largest packet a relay carries, and its header.
+        if scratch.len() < HEADER + usize::from(u16::MAX) {
+            scratch.resize(HEADER + usize::from(u16::MAX), 0);
+        }
         for (slot, side) in [(predecessor, "previous"), (successor, "next")] {
             let Some(relay) = slot else { continue };
             let read = loop {
@@ -386,7 +397,8 @@ impl SteeredSocket {
                 // The other process is gone (end of file) or the relay broke.
                 Ok(Some(_)) | Err(_) => {
                     if let Some(relay) = slot.take() {
-                        tracing::info!(listener = %self.listener, process = side, relayed_to = relay.sent, relayed_from = relay.received, "QUIC relay to the {side} process closed");
+                        let not_relayed = self.dropped.load(Ordering::Relaxed);
+                        tracing::info!(listener = %self.listener, process = side, relayed_to = relay.sent, relayed_from = relay.received, not_relayed, "QUIC relay to the {side} process closed");
                     }
                 }
             }
@@ -418,13 +430,13 @@ impl SteeredSocket {
                 };
                 let relayed = slot.is_some_and(|relay| {
                     encode(
-                        &mut relays.scratch,
+                        &mut relays.outgoing,
                         meta.addr,
                         meta.dst_ip,
                         meta.ecn.map_or(0, |e| e as u8),
                         packet,
                     );
-                    match relay.socket.try_write(&relays.scratch) {
+                    match relay.socket.try_write(&relays.outgoing) {
                         Ok(_) => {
                             relay.sent += 1;
                             true
