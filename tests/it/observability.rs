@@ -315,6 +315,12 @@ async fn the_access_log_turns_on_live_and_reopens_on_sigusr1() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
+    // Started by the activation; a new thread takes its name once it
+    // runs (until then /proc shows its parent's), so look for a moment.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !writer(&gw) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(writer(&gw), "{:?}", gw.threads());
     assert_eq!(get(web, "x", "/first").await.0, 200);
     let log = gw.path("access.log");
