@@ -731,12 +731,29 @@ async fn three_instances_share_a_fixed_window() {
     // past a seventh boundary.
     let windows = unix_second() - first + 1;
     let total: u64 = counts.iter().map(|c| c.ok()).sum();
-    eprintln!("fixed window: {total} admitted in 6 s over {windows} windows (200 a window)");
-    // Each window admits 200 at most; the load fills every window it
-    // reaches (the first and last only partly): at least 5 full windows.
+    // A request whose store answer misses the quota's deadline (a busy
+    // machine) is decided by `on_store_error`, here this instance's share
+    // of the limit, which the store never counts: those are told apart.
+    let mut fallback = 0.0;
+    for gw in &gateways {
+        let text = scrape(gw).await;
+        fallback += text
+            .lines()
+            .filter(|l| {
+                l.starts_with("cutover_ratelimit_decisions_total")
+                    && l.contains("outcome=\"fallback_allowed\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    let fallback = fallback as u64;
+    eprintln!("fixed window: {total} admitted in 6 s over {windows} windows (200 a window), {fallback} of them by the fallback");
+    // Each window admits 200 at most through the store; the load fills
+    // every window it reaches (the first and last only partly): at least
+    // 5 full windows.
     assert!(
-        total <= windows * 200,
-        "{total}: more than {windows} windows allow"
+        total - fallback.min(total) <= windows * 200,
+        "{total} ({fallback} by the fallback): more than {windows} windows allow"
     );
     assert!(total >= 5 * 200 * 9 / 10, "{total}: windows left unfilled");
 }
