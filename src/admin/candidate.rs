@@ -6,7 +6,7 @@ use axum::http::{header, HeaderMap};
 use serde::Deserialize;
 
 use super::error::ApiError;
-use crate::control::{CanarySpec, Candidate, CandidateSource, GuardSpec, ShadowSpec};
+use crate::control::{CanarySpec, Candidate, CandidateSource, FreezeRule, GuardSpec, ShadowSpec};
 use crate::ids::GenerationId;
 
 /// Metadata sent in the query string (with raw TOML or an empty body).
@@ -17,6 +17,8 @@ pub struct CandidateQuery {
     pub reason: Option<String>,
     pub requested_by: Option<String>,
     pub confirm_within: Option<String>,
+    /// Go through a freeze window (`override` scope, with a reason).
+    pub override_freeze: Option<bool>,
 }
 
 /// `confirm_within` ("120s", "2m"): at least 1 s, at most a day.
@@ -46,6 +48,7 @@ struct CandidateJson {
     requested_by: Option<String>,
     /// Upgrade only: the executable to start.
     binary: Option<String>,
+    override_freeze: Option<bool>,
     confirm_within: Option<String>,
     guard: Option<GuardJson>,
     confirm_on_pass: Option<bool>,
@@ -293,6 +296,13 @@ fn shadow(json: Option<ShadowJson>) -> Result<Option<ShadowSpec>, ApiError> {
     }))
 }
 
+fn freeze_rule(override_freeze: Option<bool>) -> FreezeRule {
+    match override_freeze {
+        Some(true) => FreezeRule::Override,
+        _ => FreezeRule::Honour,
+    }
+}
+
 /// The media type of a request, without parameters, lower-cased.
 pub fn media_type(headers: &HeaderMap) -> Option<String> {
     headers
@@ -325,6 +335,7 @@ pub fn parse(
         guard: None,
         canary: None,
         shadow: None,
+        freeze: freeze_rule(query.override_freeze),
     };
     let media = media_type(headers);
     if body.iter().all(u8::is_ascii_whitespace) && media.as_deref() != Some("application/toml") {
@@ -365,6 +376,7 @@ pub fn parse(
                 guard: None,
                 canary: canary(json.steps, json.step_interval, json.hash_key)?,
                 shadow: shadow(json.shadow)?,
+                freeze: freeze_rule(json.override_freeze.or(query.override_freeze)),
             };
             let candidate = Candidate {
                 guard: guard(
@@ -416,6 +428,7 @@ async fn extract<S: Send + Sync>(
         .map_err(IntoResponse::into_response)?;
     let headers = req.headers().clone();
     let caller = super::security::caller_of(&req);
+    let may_override = super::security::caller_may(&req, crate::plan::Scope::Override);
     let body = Bytes::from_request(req, state)
         .await
         .map_err(IntoResponse::into_response)?;
@@ -432,6 +445,23 @@ async fn extract<S: Send + Sync>(
             })?
             .map_err(IntoResponse::into_response)?
     };
+    // Going through a freeze takes the `override` scope and a reason,
+    // which the operation's record keeps.
+    if candidate.freeze == FreezeRule::Override {
+        if !may_override {
+            return Err(super::security::forbidden(crate::plan::Scope::Override));
+        }
+        if candidate
+            .reason
+            .as_deref()
+            .is_none_or(|r| r.trim().is_empty())
+        {
+            return Err(ApiError::BadRequest(
+                "override_freeze needs a reason: it is recorded with the operation".into(),
+            )
+            .into_response());
+        }
+    }
     candidate.caller = caller;
     Ok((candidate, binary))
 }

@@ -115,7 +115,18 @@ fn lifecycle_error(error: LifecycleError) -> Response {
         LifecycleError::Failed(_) => {
             body(StatusCode::INTERNAL_SERVER_ERROR, "upgrade_failed", message)
         }
+        LifecycleError::Frozen(window) => frozen(&window, message),
     }
+}
+
+/// 423 `frozen`: the window, its reason and when it ends; a caller with
+/// `override` may go through it with `override_freeze` and a reason.
+fn frozen(window: &crate::plan::Frozen, message: String) -> Response {
+    (
+        StatusCode::LOCKED,
+        Json(json!({ "error": "frozen", "message": message, "freeze": window })),
+    )
+        .into_response()
 }
 
 fn control_error(error: ControlError) -> Response {
@@ -210,6 +221,7 @@ fn control_error(error: ControlError) -> Response {
         ControlError::FleetUnavailable(_) => {
             body(StatusCode::SERVICE_UNAVAILABLE, "fleet_unavailable", message)
         }
+        ControlError::Frozen(window) => frozen(&window, message),
         ControlError::FleetUnsupported(_) => {
             body(StatusCode::BAD_REQUEST, "unsupported_in_fleet", message)
         }

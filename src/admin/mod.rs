@@ -344,6 +344,7 @@ async fn cache_purge(
         requested_by: body.requested_by,
         reason: body.reason,
         caller: caller.0.as_deref().map(str::to_owned),
+        overrode_freeze: None,
     };
     let control = writer.control();
     let purged = control.purge_cache(body.zone, selector, requester).await?;
@@ -365,6 +366,7 @@ async fn drain(
     let control = writer.control();
     let requester = crate::control::Requester {
         caller: caller.0.as_deref().map(str::to_owned),
+        overrode_freeze: None,
         ..Default::default()
     };
     let operation_id = control.drain(requester).await?;
@@ -400,6 +402,8 @@ async fn upgrade(
         requested_by: candidate.requested_by,
         reason: candidate.reason,
         caller: candidate.caller,
+        freeze: candidate.freeze,
+        overrode_freeze: None,
     })?;
     Ok((
         StatusCode::ACCEPTED,

@@ -42,6 +42,25 @@ pub struct Csrf(pub String);
 #[derive(Debug, Clone)]
 pub struct CallerName(pub Option<Arc<str>>);
 
+/// The scopes of the authenticated caller (none when the admin API has
+/// no callers: every call is let in).
+#[derive(Debug, Clone, Copy)]
+pub struct CallerScopes(Option<Scopes>);
+
+impl CallerScopes {
+    pub fn allow(self, scope: Scope) -> bool {
+        self.0.is_none_or(|scopes| scopes.allow(scope))
+    }
+}
+
+/// Whether the caller the guard authenticated for `request` has `scope`.
+pub fn caller_may<B>(request: &axum::http::Request<B>, scope: Scope) -> bool {
+    request
+        .extensions()
+        .get::<CallerScopes>()
+        .is_some_and(|s| s.allow(scope))
+}
+
 /// The caller the guard authenticated for `request`.
 pub fn caller_of<B>(request: &axum::http::Request<B>) -> Option<String> {
     request
@@ -167,7 +186,7 @@ pub fn required_scope(method: &axum::http::Method, path: &str) -> Scope {
 
 /// 403 `forbidden` naming the scope the caller lacks (never which
 /// callers exist or what they may do).
-fn forbidden(scope: Scope) -> Response {
+pub fn forbidden(scope: Scope) -> Response {
     let body = serde_json::json!({
         "error": "forbidden",
         "message": format!("this caller lacks the '{}' scope", scope.name()),
@@ -228,6 +247,7 @@ pub async fn guard(
         audit.refused(Some(&caller.name), "forbidden", Some(needed));
         return forbidden(needed);
     }
+    let scopes = CallerScopes(caller.map(|c| c.scopes));
     let caller = caller.map(|c| Arc::clone(&c.name));
 
     // A browser's write (the page's Basic login, or any request a browser
@@ -256,6 +276,7 @@ pub async fn guard(
     let mut request = request;
     request.extensions_mut().insert(csrf);
     request.extensions_mut().insert(CallerName(caller.clone()));
+    request.extensions_mut().insert(scopes);
     let response = next.run(request).await;
     audit.done(caller.as_deref(), response).await
 }

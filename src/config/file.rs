@@ -168,6 +168,55 @@ pub struct FileAdmin {
     /// is refused by authentication or scope.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit_log: Option<String>,
+    /// `[[admin.freeze]]`: windows in which activations and upgrades are
+    /// refused (generation-owned: an activation changes them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub freeze: Vec<FileFreeze>,
+}
+
+/// One freeze window: fixed (`from`, `to`) or recurring (`cron`,
+/// `duration`, `timezone`), and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileFreeze {
+    /// RFC 3339, as a string or a TOML date-time.
+    #[serde(
+        default,
+        deserialize_with = "date_time",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub from: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "date_time",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub to: Option<String>,
+    /// A five-field cron pattern: when each window starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    /// How long each recurring window lasts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
+    /// The IANA zone the pattern is read in (UTC unless given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    pub reason: String,
+}
+
+/// A date-time written as a string or as TOML's own date-time, kept as
+/// its text (validation reads it as RFC 3339).
+fn date_time<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Text(String),
+        Toml(toml::value::Datetime),
+    }
+    Ok(Option::<Either>::deserialize(d)?.map(|v| match v {
+        Either::Text(text) => text,
+        Either::Toml(at) => at.to_string(),
+    }))
 }
 
 impl Default for FileAdmin {
@@ -179,6 +228,7 @@ impl Default for FileAdmin {
             max_body: None,
             callers: Vec::new(),
             audit_log: None,
+            freeze: Vec::new(),
         }
     }
 }

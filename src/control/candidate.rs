@@ -36,6 +36,23 @@ pub struct Candidate {
     /// Activate only: before anything else, copy live requests through
     /// the candidate and compare its answers (DESIGN §22).
     pub shadow: Option<ShadowSpec>,
+    /// How the active configuration's freeze windows apply to it.
+    pub freeze: FreezeRule,
+}
+
+/// How a change meets a freeze window of the active configuration
+/// (DESIGN §23).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FreezeRule {
+    /// Refused in a window (423 `frozen`).
+    #[default]
+    Honour,
+    /// Goes on in a window, which its record names: the admin API sets
+    /// this only for a caller with `override` that gave a reason.
+    Override,
+    /// Not this instance's decision: a fleet generation this instance
+    /// applies was admitted by the instance that wrote it.
+    Exempt,
 }
 
 /// A shadow stage (DESIGN §22): for `duration`, `percent` % of the
@@ -156,6 +173,7 @@ impl Candidate {
             guard: None,
             canary: None,
             shadow: None,
+            freeze: FreezeRule::Honour,
         }
     }
 
@@ -170,6 +188,7 @@ impl Candidate {
             guard: None,
             canary: None,
             shadow: None,
+            freeze: FreezeRule::Honour,
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Instant, SystemTime};
 use super::answers::Activation;
 use super::candidate::{self, Candidate};
 use super::error::ControlError;
-use super::expectation::{admit_change, Expectation};
+use super::expectation::{admit_change, admit_in_freeze, Expectation};
 use super::local::Control;
 use super::pending::{Deadline, Pending};
 use super::records::{elapsed_ms, CommitMeta, Requester};
@@ -94,6 +94,12 @@ impl Control {
             active.id,
             superseded.as_ref().map(|p| p.generation),
         )?;
+        let overrode_freeze = match kind {
+            OperationKind::Activate | OperationKind::Reload => {
+                admit_in_freeze(&active.spec, candidate.freeze).map_err(ControlError::Frozen)?
+            }
+            _ => None,
+        };
         // A canary's other side is the last final generation: the
         // canary's previous side while one runs.
         let canary = candidate
@@ -117,7 +123,10 @@ impl Control {
                 Source::Activate
             },
             rolled_back_to: None,
-            requester: Requester::of(candidate),
+            requester: Requester {
+                overrode_freeze,
+                ..Requester::of(candidate)
+            },
             text,
             canary,
         };

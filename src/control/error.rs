@@ -69,6 +69,9 @@ pub enum ControlError {
     /// Fleet mode: etcd did not answer, so nothing was changed.
     #[error("the fleet's etcd cannot be reached: {0}")]
     FleetUnavailable(String),
+    /// A freeze window of the active configuration holds (DESIGN §23).
+    #[error("{0}")]
+    Frozen(Box<crate::plan::Frozen>),
     /// Fleet mode: an operation that works on one instance only.
     #[error("{0}")]
     FleetUnsupported(&'static str),

@@ -1,6 +1,7 @@
 //! The one expected-generation rule every writer applies before a change:
 //! local, shadowed and fleet activations, rollbacks and settlements.
 
+use super::candidate::FreezeRule;
 use super::error::ControlError;
 use crate::ids::GenerationId;
 use crate::plan;
@@ -70,5 +71,27 @@ pub fn admit_change(
             Err(ControlError::PendingActivation { pending })
         }
         _ => Ok(()),
+    }
+}
+
+/// The freeze rule (DESIGN §23), applied by every writer to activations,
+/// reloads and upgrades (never to rollbacks, aborts or reload-certs: they
+/// are how an operator gets out of trouble): a window of the active
+/// configuration that holds now refuses the change (423 `frozen`) unless
+/// it overrides it; then the window is returned, for its record.
+pub fn admit_in_freeze(
+    active: &plan::Spec,
+    rule: FreezeRule,
+) -> Result<Option<plan::Frozen>, Box<plan::Frozen>> {
+    if rule == FreezeRule::Exempt {
+        return Ok(None);
+    }
+    match plan::frozen_at(&active.admin.freeze, std::time::SystemTime::now()) {
+        None => Ok(None),
+        Some(frozen) if rule == FreezeRule::Override => {
+            tracing::warn!(window = %frozen.reason, until = %frozen.until, "a change goes through a freeze window by override");
+            Ok(Some(frozen))
+        }
+        Some(frozen) => Err(Box::new(frozen)),
     }
 }

@@ -499,6 +499,7 @@ impl Control {
                 requested_by: request.requested_by.clone(),
                 reason: request.reason.clone(),
                 caller: request.caller.clone(),
+                overrode_freeze: None,
             };
             let result = c.try_settle(&request, how, kind, &requester, started);
             if let Err(error) = &result {

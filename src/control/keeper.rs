@@ -244,6 +244,7 @@ impl Control {
             requested_by: Some("cutover".to_owned()),
             reason: Some("acme".to_owned()),
             caller: None,
+            overrode_freeze: None,
             summary,
             error,
             pid: std::process::id(),

@@ -214,10 +214,16 @@ impl Control {
         self.process.get()?.binary()
     }
 
-    pub fn upgrade(self: &Arc<Self>, request: UpgradeRequest) -> Result<String, LifecycleError> {
-        self.process
-            .get()
-            .ok_or(LifecycleError::Unavailable)?
-            .upgrade(self, request)
+    /// Starts a drain-aware restart, unless a freeze window holds.
+    pub fn upgrade(
+        self: &Arc<Self>,
+        mut request: UpgradeRequest,
+    ) -> Result<String, LifecycleError> {
+        let process = self.process.get().ok_or(LifecycleError::Unavailable)?;
+        let active = self.store.load_full();
+        request.overrode_freeze =
+            super::admit_in_freeze(&active.spec, request.freeze).map_err(LifecycleError::Frozen)?;
+        drop(active);
+        process.upgrade(self, request)
     }
 }

@@ -48,13 +48,13 @@ pub use backends::{member_views, BackendsView, UpstreamView};
 pub use cache::{CacheView, DiskView, Purged, ZonePurged, ZoneView};
 pub use candidate::read as read_candidate;
 pub use candidate::{
-    CanarySpec, Candidate, CandidateError, CandidateSource, GuardSpec, RollbackRequest, Settle,
-    SettleRequest, ShadowSpec,
+    CanarySpec, Candidate, CandidateError, CandidateSource, FreezeRule, GuardSpec, RollbackRequest,
+    Settle, SettleRequest, ShadowSpec,
 };
 pub use certs::{CertReload, CertView, ListenerCerts};
 pub use commit::operation_kind_name;
 pub use error::ControlError;
-pub use expectation::{admit_change, Expectation};
+pub use expectation::{admit_change, admit_in_freeze, Expectation};
 pub use file::FileComposer;
 #[cfg(feature = "fleet")]
 pub(crate) use guarded::{evaluation_interval, judge, Verdict};

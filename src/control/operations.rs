@@ -228,6 +228,7 @@ impl Control {
             requested_by,
             reason: None,
             caller,
+            overrode_freeze: None,
         };
         self.off_the_data_plane(move |c| c.reload_certs_now(only, &requester))
             .await
@@ -306,6 +307,7 @@ impl Control {
                 requested_by: request.requested_by.clone(),
                 reason: request.reason.clone(),
                 caller: request.caller.clone(),
+                overrode_freeze: None,
             };
             self.record_failure(OperationKind::Rollback, started, &requester, error);
         }
@@ -331,6 +333,7 @@ impl Control {
             requested_by: request.requested_by.clone(),
             reason: request.reason.clone(),
             caller: request.caller.clone(),
+            overrode_freeze: None,
         };
         let activation = self.rollback_locked(
             &active,

@@ -17,6 +17,11 @@ pub struct UpgradeRequest {
     pub requested_by: Option<String>,
     pub reason: Option<String>,
     pub caller: Option<String>,
+    /// How the active configuration's freeze windows apply to it.
+    pub freeze: super::FreezeRule,
+    /// The window it goes through by `override` (set by
+    /// `Control::upgrade`), for its record.
+    pub overrode_freeze: Option<crate::plan::Frozen>,
 }
 
 /// The executable a process runs, as status reports it.
@@ -46,4 +51,7 @@ pub enum LifecycleError {
     Failed(String),
     #[error("{0}")]
     Binary(String),
+    /// A freeze window of the active configuration holds (DESIGN §23).
+    #[error("{0}")]
+    Frozen(Box<crate::plan::Frozen>),
 }

@@ -77,6 +77,7 @@ impl Records {
             requested_by: requester.requested_by.clone(),
             reason: requester.reason.clone(),
             caller: requester.caller.clone(),
+            overrode_freeze: requester.overrode_freeze.clone(),
             summary,
             error,
             pid: std::process::id(),
@@ -108,6 +109,8 @@ pub struct Requester {
     /// The authenticated admin caller (`admin.callers`), beside the free
     /// text of `requested_by`.
     pub caller: Option<String>,
+    /// The freeze window the operation went through, by `override`.
+    pub overrode_freeze: Option<crate::plan::Frozen>,
 }
 
 impl Requester {
@@ -116,6 +119,7 @@ impl Requester {
             requested_by: candidate.requested_by.clone(),
             reason: candidate.reason.clone(),
             caller: candidate.caller.clone(),
+            overrode_freeze: None,
         }
     }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::answers::{Activation, Settled};
 use super::candidate::{self, Candidate, ShadowSpec};
 use super::error::ControlError;
-use super::expectation::{admit_change, Expectation};
+use super::expectation::{admit_change, admit_in_freeze, Expectation};
 use super::local::Control;
 use super::records::Requester;
 use super::shadowing::ShadowRun;
@@ -259,6 +259,9 @@ impl Control {
             active.id,
             None,
         )?;
+        // Refused before the stage spends its duration (the activation
+        // after it is held to the windows again).
+        admit_in_freeze(&active.spec, candidate.freeze).map_err(ControlError::Frozen)?;
         if let Some(pending) = self.pending() {
             return Err(ControlError::ShadowWhilePending(pending.generation));
         }

@@ -151,6 +151,7 @@ fn candidate(n: usize, expected: GenerationId) -> Candidate {
             key: crate::plan::parse_hash_key("header:x-user"),
         }),
         shadow: None,
+        freeze: crate::control::FreezeRule::Honour,
     }
 }
 
@@ -404,6 +405,7 @@ fn plain(n: usize) -> Candidate {
         guard: None,
         canary: None,
         shadow: None,
+        freeze: crate::control::FreezeRule::Honour,
     }
 }
 

@@ -41,6 +41,9 @@ pub const EXIT_MOVED: u8 = 5;
 /// `activate --shadow`: the shadow stage refused the activation (a
 /// breach, no data with `--shadow-on-no-data fail`, or an abort).
 pub const EXIT_SHADOW: u8 = 6;
+/// A freeze window (`[[admin.freeze]]`) refused the change: a pipeline
+/// tries again after it (`freeze.until` in `--json`).
+pub const EXIT_FROZEN: u8 = 7;
 
 #[derive(Debug, Args)]
 pub struct CtlArgs {
@@ -252,6 +255,10 @@ enum CtlCommand {
         /// refuse.
         #[arg(long)]
         force: bool,
+        /// Go through a freeze window (`[[admin.freeze]]`): needs the
+        /// `override` scope and --reason, which history keeps.
+        #[arg(long = "override-freeze", requires = "reason")]
+        override_freeze: bool,
     },
     /// Make the pending generation final.
     Confirm {
@@ -329,6 +336,10 @@ enum CtlCommand {
         /// started from (a path on the gateway's machine).
         #[arg(long)]
         binary: Option<PathBuf>,
+        /// Go through a freeze window (`[[admin.freeze]]`): needs the
+        /// `override` scope and --reason, which history keeps.
+        #[arg(long = "override-freeze", requires = "reason")]
+        override_freeze: bool,
         #[command(flatten)]
         meta: Meta,
     },
@@ -486,6 +497,7 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
             max_moved,
             max_moved_upper,
             force,
+            override_freeze,
         } => {
             if max_moved.is_some() || max_moved_upper.is_some() {
                 let checked = client
@@ -528,6 +540,9 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
                 }
             }
             let mut body = candidate(file, Some(meta))?;
+            if *override_freeze {
+                body["override_freeze"] = json!(true);
+            }
             guarded.apply(&mut body);
             let answer = client
                 .post_within("/admin/runtime/activate", body, guarded.shadow.wait())
@@ -638,9 +653,13 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
         CtlCommand::Upgrade {
             config,
             binary,
+            override_freeze,
             meta,
         } => {
             let mut body = json!({ "reason": meta.reason, "requested_by": meta.requested_by });
+            if *override_freeze {
+                body["override_freeze"] = json!(true);
+            }
             if let Some(file) = config {
                 body["config"] = json!(read(file)?);
             }
@@ -684,6 +703,7 @@ fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
             EXIT_OK
         }
         StatusCode::CONFLICT => EXIT_CONFLICT,
+        StatusCode::LOCKED => EXIT_FROZEN,
         s if s.is_success() => match command {
             CtlCommand::Upgrade { .. } => match answer.read::<OperationRecord>() {
                 Some(op) if op.outcome != Outcome::Failed => EXIT_OK,

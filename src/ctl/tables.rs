@@ -558,10 +558,16 @@ pub(super) fn history_table(view: &HistoryView) -> String {
             (None, Some(p)) => p.to_string(),
             (None, None) => "-".into(),
         };
+        let overrode = op
+            .overrode_freeze
+            .as_ref()
+            .map(|w| format!("through freeze \"{}\" (until {})", w.reason, w.until));
         let what = [
             Some(op.summary.as_str()),
             op.reason.as_deref(),
-            op.error.as_deref(),
+            overrode.as_deref(),
+            // A refusal's summary is its error: said once.
+            op.error.as_deref().filter(|e| *e != op.summary),
         ]
         .into_iter()
         .flatten()

@@ -354,6 +354,8 @@ impl Fleet {
                 }),
             // A fleet's shadow ran before the document was written.
             shadow: None,
+            // The instance that wrote it met the freeze windows.
+            freeze: crate::control::FreezeRule::Exempt,
         };
         match self
             .control

@@ -410,8 +410,12 @@ impl Fleet {
             candidate.expected_generation,
             &self.control.store().load_full().spec,
         );
-        // Refused before etcd is asked anything.
+        // Refused before etcd is asked anything; this instance's freeze
+        // windows decide for the fleet (each instance applies what was
+        // written).
         expected.given()?;
+        crate::control::admit_in_freeze(&self.control.store().load_full().spec, candidate.freeze)
+            .map_err(ControlError::Frozen)?;
         if let Some(spec) = candidate.shadow.clone() {
             return self
                 .activate_shadowed(candidate, expected, spec, shared, probation)

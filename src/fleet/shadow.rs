@@ -351,6 +351,7 @@ impl Fleet {
         let text = self.composed(&doc.config, &origin)?;
         let candidate = Candidate {
             source: CandidateSource::Composed { text, origin },
+            freeze: crate::control::FreezeRule::Exempt,
             ..Candidate::config_file()
         };
         self.control

@@ -289,6 +289,7 @@ impl Process {
                 requested_by: request.requested_by.clone(),
                 reason: request.reason.clone(),
                 caller: request.caller.clone(),
+                overrode_freeze: request.overrode_freeze.clone(),
             },
             "starting the new process".into(),
         );

@@ -7,6 +7,7 @@
 
 mod callers;
 mod diff;
+mod freeze;
 pub mod impact;
 mod ownership;
 mod pattern;
@@ -28,6 +29,7 @@ pub use filters::{
     HostRewrite, IpRules, Level, MediaRange, Mirror, Origins, Part, Redirect, RedirectPath,
     Rewrite, RewriteRegex, RouteAuth, Template, TemplateError, ValueMatch, Var, TEMPLATE_VARIABLES,
 };
+pub use freeze::{frozen_at, FreezeWhen, FreezeWindow, Frozen};
 pub use ownership::{needs_restart, ownership, Ownership};
 pub use pattern::PathRegex;
 pub use quota::*;
@@ -654,6 +656,100 @@ scopes = []
         std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         let only_callers = text.replace("token_file = \"admin.token\"\n", "");
         assert!(validate(&at(&only_callers)).is_ok());
+    }
+
+    #[test]
+    fn freeze_windows_are_checked_and_change_live() {
+        let dir = tempfile::tempdir().expect("dir");
+        let at = |text: &str| ConfigText::inline(text.to_owned(), dir.path().to_path_buf(), "<t>");
+        let good = r#"[[admin.freeze]]
+from = 2026-12-20T00:00:00Z
+to = "2027-01-04T00:00:00+01:00"
+reason = "holidays"
+
+[[admin.freeze]]
+cron = "0 18 * * FRI"
+duration = "62h"
+timezone = "Europe/Berlin"
+reason = "weekend"
+"#;
+        let spec = validate(&at(good)).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(spec.admin.freeze.len(), 2);
+        let christmas = std::time::SystemTime::from(
+            chrono::DateTime::parse_from_rfc3339("2026-12-25T12:00:00Z").expect("time"),
+        );
+        let frozen = frozen_at(&spec.admin.freeze, christmas).expect("frozen at Christmas");
+        assert_eq!(frozen.reason, "holidays");
+        assert_eq!(frozen.until, "2027-01-03T23:00:00Z");
+
+        // Adding, changing or removing a window is a live change.
+        let base = validate(&at("")).expect("empty is valid");
+        let planned = plan(&at(good), Some((GenerationId(1), &base)));
+        assert!(planned.activatable, "{planned:#?}");
+        assert!(planned.rejected.is_empty(), "{:#?}", planned.rejected);
+
+        let bad = r#"[[admin.freeze]]
+from = "2026-12-20T00:00:00Z"
+to = "2026-12-19T00:00:00Z"
+reason = "backwards"
+
+[[admin.freeze]]
+from = "tomorrow"
+to = "2026-12-19T00:00:00Z"
+reason = "unreadable"
+
+[[admin.freeze]]
+cron = "0 25 * * *"
+duration = "1h"
+timezone = "Mars/Olympus"
+reason = "bad pattern and zone"
+
+[[admin.freeze]]
+cron = "0 18 * * FRI"
+reason = "no duration"
+
+[[admin.freeze]]
+from = "2026-12-20T00:00:00Z"
+to = "2026-12-21T00:00:00Z"
+cron = "0 18 * * FRI"
+duration = "1h"
+reason = "both"
+
+[[admin.freeze]]
+from = "2026-12-20T00:00:00Z"
+reason = ""
+"#;
+        let found: Vec<(String, String)> = validate(&at(bad))
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| (d.code.to_string(), d.path.to_string()))
+            .collect();
+        for expected in [
+            ("invalid_value", "admin.freeze[0].to"),
+            ("invalid_value", "admin.freeze[1].from"),
+            ("invalid_value", "admin.freeze[2].cron"),
+            ("invalid_value", "admin.freeze[2].timezone"),
+            ("missing_key", "admin.freeze[3].duration"),
+            ("conflicting_options", "admin.freeze[4].cron"),
+            ("missing_key", "admin.freeze[5].reason"),
+            ("missing_key", "admin.freeze[5].to"),
+        ] {
+            assert!(
+                found
+                    .iter()
+                    .any(|(c, p)| (c.as_str(), p.as_str()) == expected),
+                "{expected:?} not in {found:#?}"
+            );
+        }
+        // Every error has its line.
+        let lines: Vec<Option<usize>> = validate(&at(bad))
+            .err()
+            .unwrap_or_default()
+            .iter()
+            .map(|d| d.line)
+            .collect();
+        assert!(lines.iter().all(Option::is_some), "{lines:?}");
     }
 
     #[test]

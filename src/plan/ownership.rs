@@ -20,6 +20,8 @@ pub enum Ownership {
 /// Field paths and their owners; `*` stands for one name. The first match
 /// wins; a path no pattern names is generation-owned.
 const OWNERSHIP: &[(&str, Ownership)] = &[
+    // Freeze windows change with the calendar, not with the process.
+    ("admin.freeze", Ownership::GenerationOwned),
     ("admin", Ownership::StartupOwned),
     ("admin.*", Ownership::StartupOwned),
     ("discovery", Ownership::StartupOwned),

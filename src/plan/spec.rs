@@ -121,6 +121,9 @@ pub struct AdminSpec {
     pub require_expected_generation: bool,
     /// The largest request body the admin API reads, once decompressed.
     pub max_body: usize,
+    /// `[[admin.freeze]]`: when activations and upgrades are refused
+    /// (generation-owned, unlike the rest of `[admin]`).
+    pub freeze: Vec<super::freeze::FreezeWindow>,
 }
 
 #[derive(Debug, Clone)]

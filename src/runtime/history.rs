@@ -187,6 +187,9 @@ pub struct OperationRecord {
     /// text of `requested_by`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caller: Option<String>,
+    /// The freeze window an operation went through by `override`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrode_freeze: Option<crate::plan::Frozen>,
     pub summary: String,
     pub error: Option<String>,
     pub pid: u32,

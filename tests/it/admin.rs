@@ -813,3 +813,203 @@ respond = { body = "hello" }
         "{fresh:#?}"
     );
 }
+
+/// Freeze windows against the real binary (DESIGN §23): a window added by
+/// an activation (generation-owned) refuses the next activation, an
+/// upgrade and a SIGHUP reload with 423 `frozen` naming the window; going
+/// through it takes the `override` scope and a reason, and the operation
+/// log keeps the window it went through; a rollback is never frozen, and
+/// once it brings back a configuration without the window, activations
+/// pass again. The audit log has the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freeze_window_refuses_changes_but_not_rollbacks_and_override_is_recorded() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (ci, oncall) = (
+        "ci-pipeline-token-0123456789",
+        "oncall-token-0123456789abcdef",
+    );
+    for (file, token) in [("ci.token", ci), ("oncall.token", oncall)] {
+        let path = dir.path().join(file);
+        std::fs::write(&path, token).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let audit_path = dir.path().join("audit.log");
+    let text = r#"[admin]
+bind = "127.0.0.1:0"
+audit_log = "audit.log"
+
+[[admin.callers]]
+name = "ci"
+token_file = "ci.token"
+scopes = ["read", "validate", "activate"]
+
+[[admin.callers]]
+name = "oncall"
+token_file = "oncall.token"
+scopes = ["read", "activate", "lifecycle", "override"]
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "hello"
+listeners = ["web"]
+respond = { body = "one" }
+"#;
+    let gw = Gateway::start_in(dir, text);
+    let first = std::fs::read_to_string(&gw.config_path).unwrap();
+    let now = chrono::Utc::now();
+    let stamp =
+        |at: chrono::DateTime<chrono::Utc>| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let until = stamp(now + chrono::TimeDelta::hours(1));
+    let frozen = first.replacen(
+        "[[admin.callers]]",
+        &format!(
+            "[[admin.freeze]]\nfrom = {}\nto = \"{until}\"\nreason = \"release freeze\"\n\n[[admin.callers]]",
+            stamp(now - chrono::TimeDelta::hours(1))
+        ),
+        1,
+    );
+    // Adding the window is a live change, and not yet frozen.
+    let (status, body) = as_caller(&gw, ci, "POST", "/admin/runtime/activate", Some(&frozen)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["generation"], 2, "{body}");
+
+    let next = frozen.replace("body = \"one\"", "body = \"two\"");
+    let (status, body) = as_caller(&gw, ci, "POST", "/admin/runtime/activate", Some(&next)).await;
+    assert_eq!(status, 423, "{body}");
+    assert_eq!(body["error"], "frozen");
+    assert_eq!(body["freeze"]["reason"], "release freeze");
+    assert_eq!(body["freeze"]["until"], until.as_str());
+    // Override takes its scope, then a reason.
+    let (status, body) = as_caller(
+        &gw,
+        ci,
+        "POST",
+        "/admin/runtime/activate?override_freeze=true&reason=urgent",
+        Some(&next),
+    )
+    .await;
+    assert_eq!(
+        (status, body["missing_scope"].as_str()),
+        (403, Some("override")),
+        "{body}"
+    );
+    let (status, body) = as_caller(
+        &gw,
+        oncall,
+        "POST",
+        "/admin/runtime/activate?override_freeze=true",
+        Some(&next),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = as_caller(&gw, oncall, "POST", "/admin/lifecycle/upgrade", Some("")).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (423, Some("frozen")),
+        "{body}"
+    );
+    let (status, body) = as_caller(
+        &gw,
+        oncall,
+        "POST",
+        "/admin/runtime/activate?override_freeze=true&reason=hotfix%20INC-7",
+        Some(&next),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["generation"], 3, "{body}");
+    assert_eq!(get(gw.listener("web"), "example.test", "/").await.2, "two");
+
+    // A reload of the file (SIGHUP) is an activation too.
+    std::fs::write(
+        &gw.config_path,
+        next.replace("body = \"two\"", "body = \"hup\""),
+    )
+    .unwrap();
+    gw.signal("HUP");
+    let history = |gw: &Gateway| {
+        let gw_admin = gw.admin;
+        async move {
+            let req = hyper::Request::builder()
+                .uri("/admin/runtime/history")
+                .header("host", gw_admin.to_string())
+                .header("authorization", format!("Bearer {ci}"))
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            let (_, _, bytes) = send(gw_admin, req).await.expect("admin reachable");
+            serde_json::from_slice::<Value>(&bytes).unwrap()
+        }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let reload_refused = |h: &Value| {
+        h["operations"].as_array().unwrap().iter().any(|op| {
+            op["kind"] == "reload"
+                && op["outcome"] == "rejected"
+                && op["error"].as_str().is_some_and(|e| e.contains("frozen"))
+        })
+    };
+    let mut seen = history(&gw).await;
+    while !reload_refused(&seen) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        seen = history(&gw).await;
+    }
+    assert!(reload_refused(&seen), "{seen:#}");
+    assert_eq!(get(gw.listener("web"), "example.test", "/").await.2, "two");
+    let operations = seen["operations"].as_array().unwrap();
+    let overridden: Vec<&Value> = operations
+        .iter()
+        .filter(|op| !op["overrode_freeze"].is_null())
+        .collect();
+    assert_eq!(overridden.len(), 1, "{operations:#?}");
+    assert_eq!(overridden[0]["caller"], "oncall");
+    assert_eq!(overridden[0]["reason"], "hotfix INC-7");
+    assert_eq!(overridden[0]["overrode_freeze"]["reason"], "release freeze");
+    assert_eq!(overridden[0]["generation"], 3);
+    assert!(
+        operations.iter().any(|op| op["kind"] == "activate"
+            && op["outcome"] == "rejected"
+            && op["caller"] == "ci"),
+        "the refused activation is in the operation log: {operations:#?}"
+    );
+
+    // A rollback is never frozen; generation 1 has no window.
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri("/admin/runtime/rollback")
+        .header("host", gw.admin.to_string())
+        .header("authorization", format!("Bearer {ci}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            r#"{"target_generation": 1, "reason": "back out"}"#,
+        )))
+        .unwrap();
+    let (status, _, bytes) = send(gw.admin, req).await.expect("admin reachable");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    assert_eq!(get(gw.listener("web"), "example.test", "/").await.2, "one");
+    let (status, body) = as_caller(
+        &gw,
+        ci,
+        "POST",
+        "/admin/runtime/activate",
+        Some(&first.replace("body = \"one\"", "body = \"after\"")),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let refused_in_audit = || {
+        std::fs::read_to_string(&audit_path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|l| l["status"] == 423 && l["caller"] == "ci")
+    };
+    while !refused_in_audit() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(refused_in_audit(), "the 423 is in the audit log");
+}

@@ -261,6 +261,12 @@ fn rows() -> Vec<Row> {
             &["callers = [{ name = \"ci\", token_sha256 = \"0000000000000000000000000000000000000000000000000000000000000001\", scopes = [\"read\", \"validate\"] }]"],
         ),
         row("admin", "audit_log", Admin, &["audit_log = \"audit.log\""]),
+        row(
+            "admin",
+            "freeze",
+            Admin,
+            &["freeze = [{ cron = \"0 18 * * FRI\", duration = \"62h\", timezone = \"Europe/Berlin\", reason = \"weekend\" }]"],
+        ),
         row("metrics", "bind", Metrics, &["bind = \"127.0.0.1:19191\""])
             .replaces(&["bind = \"127.0.0.1:0\""]),
         row("metrics", "max_series", Metrics, &["max_series = 100"]),

@@ -1,6 +1,9 @@
 //! Process settings: `[admin]`, `[tracing]`, `[log]`, `[runtime]`.
 
 use super::*;
+use crate::config::FileFreeze;
+use crate::plan::freeze::{self, FreezeWhen, FreezeWindow};
+use std::time::Duration;
 
 /// Request heads a listener keeps for `impact` unless told otherwise.
 pub const DEFAULT_IMPACT_SAMPLE: u32 = 10_000;
@@ -82,9 +85,17 @@ impl Validator<'_> {
                 }
             },
         };
+        let freeze = file
+            .admin
+            .freeze
+            .iter()
+            .enumerate()
+            .filter_map(|(i, window)| self.freeze(i, window))
+            .collect();
         Some(AdminSpec {
             bind,
             callers,
+            freeze,
             audit_log: file.admin.audit_log.as_ref().map(|f| self.base_dir.join(f)),
             require_expected_generation: file.admin.require_expected_generation,
             max_body,
@@ -115,14 +126,13 @@ impl Validator<'_> {
         let mut scopes = Scopes::default();
         for (j, name) in caller.scopes.iter().enumerate() {
             match Scope::parse(name) {
-                // Approvals and freeze windows (DESIGN §23) are not in
-                // this build: a scope for them would promise what no call
-                // checks.
-                Some(scope @ (Scope::Approve | Scope::Override)) => {
+                // Approvals (DESIGN §23) are not in this build: a scope
+                // for them would promise what no call checks.
+                Some(Scope::Approve) => {
                     self.error(
                         Code::UnsupportedOption,
                         format!("admin.callers[{i}].scopes[{j}]"),
-                        format!("scope '{}' is for approvals and freeze windows, which this build does not have yet", scope.name()),
+                        "scope 'approve' is for approvals, which this build does not have yet",
                     );
                     ok = false;
                 }
@@ -195,6 +205,134 @@ impl Validator<'_> {
             name: caller.name.clone(),
             token_sha256,
             scopes,
+        })
+    }
+
+    /// One `[[admin.freeze]]` window: `from` before `to` (RFC 3339), or a
+    /// cron pattern with a duration and a known zone; never both; a
+    /// reason always.
+    fn freeze(&mut self, i: usize, window: &crate::config::FileFreeze) -> Option<FreezeWindow> {
+        let at = |field: &str| format!("admin.freeze[{i}].{field}");
+        if window.reason.trim().is_empty() {
+            self.error(
+                Code::MissingKey,
+                at("reason"),
+                "a freeze window needs a reason: it is what a refused change is told",
+            );
+        }
+        let instant = |v: &mut Self, field: &str, text: &str| {
+            let parsed = freeze::parse_instant(text);
+            if parsed.is_none() {
+                v.error(
+                    Code::InvalidValue,
+                    at(field),
+                    format!("'{text}' is not an RFC 3339 date-time with an offset (2026-12-20T00:00:00Z)"),
+                );
+            }
+            parsed
+        };
+        let when = match window {
+            FileFreeze {
+                from: Some(from),
+                to: Some(to),
+                cron: None,
+                duration: None,
+                timezone: None,
+                ..
+            } => {
+                let (from, to) = (instant(self, "from", from), instant(self, "to", to));
+                let (from, to) = (from?, to?);
+                if to <= from {
+                    self.error(
+                        Code::InvalidValue,
+                        at("to"),
+                        format!("freeze window ends ({to}) before it starts ({from})"),
+                    );
+                    return None;
+                }
+                FreezeWhen::Fixed { from, to }
+            }
+            FileFreeze {
+                from: None,
+                to: None,
+                cron: Some(pattern),
+                duration,
+                timezone,
+                ..
+            } => {
+                let cron = freeze::parse_cron(pattern).map_err(|e| {
+                    self.error(
+                        Code::InvalidValue,
+                        at("cron"),
+                        format!("'{pattern}' is not a five-field cron pattern: {e}"),
+                    );
+                });
+                let Some(duration) = duration else {
+                    self.error(
+                        Code::MissingKey,
+                        at("duration"),
+                        "a recurring freeze window needs a duration (\"62h\")",
+                    );
+                    return None;
+                };
+                let duration = match humantime::parse_duration(duration) {
+                    Ok(d) if !d.is_zero() && d <= Duration::from_secs(366 * 86_400) => Some(d),
+                    _ => {
+                        self.error(
+                            Code::InvalidValue,
+                            at("duration"),
+                            format!(
+                                "duration '{duration}' is not a duration between 1s and 366 days"
+                            ),
+                        );
+                        None
+                    }
+                };
+                let timezone = match timezone.as_deref() {
+                    None => Some(chrono_tz::Tz::UTC),
+                    Some(name) => name.parse::<chrono_tz::Tz>().ok().or_else(|| {
+                        self.error(
+                            Code::InvalidValue,
+                            at("timezone"),
+                            format!("'{name}' is not an IANA time zone (Europe/Berlin, UTC)"),
+                        );
+                        None
+                    }),
+                };
+                FreezeWhen::Recurring {
+                    cron: Box::new(cron.ok()?),
+                    pattern: pattern.clone(),
+                    duration: duration?,
+                    timezone: timezone?,
+                }
+            }
+            FileFreeze { cron: Some(_), .. } => {
+                self.error(
+                    Code::ConflictingOptions,
+                    at("cron"),
+                    "a freeze window is fixed (from, to) or recurring (cron, duration, timezone), not both",
+                );
+                return None;
+            }
+            FileFreeze { cron: None, .. } => {
+                let (field, message) = match (&window.from, &window.to) {
+                    (Some(_), None) => ("to", "a fixed freeze window needs to"),
+                    (None, Some(_)) => ("from", "a fixed freeze window needs from"),
+                    _ if window.duration.is_some() || window.timezone.is_some() => {
+                        ("cron", "duration and timezone need cron")
+                    }
+                    _ => (
+                        "from",
+                        "a freeze window needs from and to, or cron and duration",
+                    ),
+                };
+                self.error(Code::MissingKey, at(field), message);
+                return None;
+            }
+        };
+        Some(FreezeWindow {
+            reason: window.reason.clone(),
+            when,
         })
     }
 
