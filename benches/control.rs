@@ -360,8 +360,69 @@ fn bench_impact(c: &mut Criterion) {
     group.finish();
 }
 
+/// What the admin guard's caller check adds to a call (DESIGN §23; the
+/// governance target: at most 50 µs more): the same calls through the
+/// admin router with no callers, and with 16 callers and a bearer token
+/// (SHA-256 of the token, compared with every caller's, the scope
+/// checked). `health` is the cheapest call, so the guard is most of it;
+/// `status` is what the console reads every second.
+fn bench_admin_guard(c: &mut Criterion) {
+    use tower::ServiceExt as _;
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (control, _dir) = control_with_history(&runtime, 10, 0);
+    let address: std::net::SocketAddr = "127.0.0.1:9190".parse().expect("addr");
+    let callers: Vec<cutover::plan::CallerSpec> = (0..16)
+        .map(|i| {
+            use sha2::Digest as _;
+            cutover::plan::CallerSpec {
+                name: format!("caller-{i}"),
+                token_sha256: sha2::Sha256::digest(format!("token-of-caller-{i:04}")).into(),
+                scopes: cutover::plan::Scopes::default().with(cutover::plan::Scope::Read),
+            }
+        })
+        .collect();
+    let router = |callers: &[cutover::plan::CallerSpec]| {
+        cutover::admin::router(
+            cutover::writer::Writer::Local(Arc::clone(&control)),
+            cutover::admin::Security::new(address, callers, 1 << 20),
+        )
+    };
+    let open = router(&[]);
+    let guarded = router(&callers);
+    let request = |path: &str, token: Option<&str>| {
+        let mut builder = http::Request::get(path).header("host", "127.0.0.1:9190");
+        if let Some(token) = token {
+            builder = builder.header("authorization", format!("Bearer {token}"));
+        }
+        builder.body(axum::body::Body::empty()).expect("request")
+    };
+    let mut group = c.benchmark_group("admin_guard");
+    for path in ["/admin/health", "/admin/runtime/status"] {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        group.bench_function(BenchmarkId::new("no_callers", name), |b| {
+            b.iter(|| {
+                let answer = runtime.block_on(open.clone().oneshot(request(path, None)));
+                assert!(answer.is_ok_and(|a| a.status().is_success()));
+            })
+        });
+        // The last caller's token: every comparison is made anyway.
+        group.bench_function(BenchmarkId::new("16_callers", name), |b| {
+            b.iter(|| {
+                let answer = runtime.block_on(
+                    guarded
+                        .clone()
+                        .oneshot(request(path, Some("token-of-caller-0015"))),
+                );
+                assert!(answer.is_ok_and(|a| a.status().is_success()));
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
+    bench_admin_guard,
     bench_pin,
     bench_diff,
     bench_activation,
