@@ -10,6 +10,7 @@
 
 mod candidate;
 mod error;
+mod events;
 mod limits;
 mod security;
 mod ui;
@@ -55,6 +56,8 @@ pub fn router(writer: Writer, security: Security) -> Router {
         )
         .route("/admin/runtime/status", get(status))
         .route("/admin/runtime/timeline", get(timeline))
+        .route("/admin/events", get(events::stream))
+        .route("/admin/webhooks", get(webhooks))
         .route("/admin/fleet/status", get(fleet_status))
         .route("/admin/fleet/forget", post(fleet_forget))
         .route("/admin/runtime/backends", get(backends))
@@ -413,6 +416,11 @@ async fn upgrade(
         }),
     )
         .into_response())
+}
+
+/// Each webhook (`admin.webhooks`) and what it has been sent.
+async fn webhooks(State(writer): Shared) -> Response {
+    Json(json!({ "webhooks": writer.control().webhook_views() })).into_response()
 }
 
 async fn history(State(writer): Shared) -> Result<Response, ApiError> {

@@ -1574,3 +1574,168 @@ async fn callers_are_held_to_their_scopes() {
         .unwrap_or_else(|| panic!("{history}"));
     assert_eq!(generation["caller"], "oncall", "{generation}");
 }
+
+/// Reads SSE events off `body` until `n` have come (comments skipped):
+/// `(id, event, data)` each.
+async fn sse_events(body: &mut Body, n: usize) -> Vec<(Option<String>, String, Value)> {
+    let mut text = String::new();
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while out.len() < n {
+        let frame = tokio::time::timeout_at(deadline, body.frame())
+            .await
+            .expect("events in time")
+            .expect("the stream goes on")
+            .expect("a frame");
+        if let Ok(data) = frame.into_data() {
+            text.push_str(&String::from_utf8_lossy(&data));
+        }
+        while let Some(end) = text.find("\n\n") {
+            let block: String = text.drain(..end + 2).collect();
+            let (mut id, mut event, mut data) = (None, String::new(), String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = Some(v.trim().to_owned());
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim());
+                }
+            }
+            if !event.is_empty() {
+                out.push((
+                    id,
+                    event,
+                    serde_json::from_str(&data).unwrap_or(Value::Null),
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn events_request(last_event_id: Option<&str>) -> Request<Body> {
+    let mut builder = Request::get("/admin/events").header("host", ADMIN);
+    if let Some(id) = last_event_id {
+        builder = builder.header("last-event-id", id);
+    }
+    builder.body(Body::empty()).expect("request")
+}
+
+/// `GET /admin/events`: an activation with a confirm window, its pending
+/// generation and its confirmation, in order, each with its operation;
+/// a reader that comes back with `Last-Event-ID` gets what came after
+/// its id, one with another process's id gets `reset` first; previews
+/// and validations are not events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_events_stream_in_order_and_resume_from_their_id() {
+    let a = admin();
+    let response = a
+        .router
+        .clone()
+        .oneshot(events_request(None))
+        .await
+        .expect("infallible");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"].to_str().ok(),
+        Some("text/event-stream")
+    );
+    let mut body = response.into_body();
+    let candidate = BASE.replace("\"15s\"", "\"5s\"");
+    call(&a, toml("/admin/runtime/validate", &candidate)).await;
+    call(&a, toml("/admin/runtime/preview", &candidate)).await;
+    let (status, activated) = call(
+        &a,
+        toml(
+            "/admin/runtime/activate?confirm_within=5m&reason=faster",
+            &candidate,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{activated}");
+    let (status, _) = call(
+        &a,
+        post(
+            "/admin/runtime/confirm",
+            "application/json",
+            r#"{"generation": 2}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let seen = sse_events(&mut body, 3).await;
+    let kinds: Vec<&str> = seen.iter().map(|(_, e, _)| e.as_str()).collect();
+    assert_eq!(kinds, ["activation", "pending", "confirmed"], "{seen:#?}");
+    let (_, _, activation) = &seen[0];
+    assert_eq!(activation["generation"], 2);
+    assert_eq!(activation["operation"]["reason"], "faster");
+    assert_eq!(activation["operation"]["outcome"], "succeeded");
+    assert_eq!(seen[1].2["pending"]["generation"], 2);
+    assert!(
+        seen[1].2["pending"]["deadline"].is_string(),
+        "{:#}",
+        seen[1].2
+    );
+    assert_eq!(seen[2].2["operation"]["kind"], "confirm");
+    // Each event carries its id in the data too.
+    assert_eq!(
+        seen[0].0.as_deref(),
+        seen[0].2["id"].as_str(),
+        "{:#}",
+        seen[0].2
+    );
+
+    // Back with the first one's id: the two after it.
+    let first = seen[0].0.clone().expect("an id");
+    let response = a
+        .router
+        .clone()
+        .oneshot(events_request(Some(&first)))
+        .await
+        .expect("infallible");
+    let mut again = response.into_body();
+    let resumed = sse_events(&mut again, 2).await;
+    assert_eq!(
+        resumed
+            .iter()
+            .map(|(id, _, _)| id.clone())
+            .collect::<Vec<_>>(),
+        [seen[1].0.clone(), seen[2].0.clone()]
+    );
+
+    // Another process's id: reset, then what this one holds.
+    let response = a
+        .router
+        .clone()
+        .oneshot(events_request(Some("1-7")))
+        .await
+        .expect("infallible");
+    let mut other = response.into_body();
+    let reset = sse_events(&mut other, 4).await;
+    let kinds: Vec<&str> = reset.iter().map(|(_, e, _)| e.as_str()).collect();
+    assert_eq!(kinds, ["reset", "activation", "pending", "confirmed"]);
+
+    // The stream ends when the process hands over.
+    a.control.events().close();
+    let end = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while let Some(frame) = body.frame().await {
+            frame.expect("a frame");
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the stream ended");
+}
+
+/// The console refreshes on every event kind there is (a kind added to
+/// the ring and not to the page would show only at the next poll).
+#[test]
+fn the_console_listens_for_every_event_kind() {
+    let script = include_str!("ui/app.js");
+    for kind in crate::runtime::events::KINDS {
+        assert!(
+            script.contains(&format!("\"{kind}\"")),
+            "{kind} not in app.js"
+        );
+    }
+}

@@ -172,6 +172,32 @@ pub struct FileAdmin {
     /// refused (generation-owned: an activation changes them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub freeze: Vec<FileFreeze>,
+    /// `[[admin.webhooks]]`: where change events are sent, signed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub webhooks: Vec<FileWebhook>,
+}
+
+/// One webhook: a receiver of change events, and the secret their
+/// signatures are made with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileWebhook {
+    pub name: String,
+    /// `http://` or `https://`.
+    pub url: String,
+    /// Event kinds to send (`activation`, `auto_rolled_back`, …); all
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<Vec<String>>,
+    /// A file (mode 0600) with the HMAC-SHA256 key of the signatures.
+    pub secret_file: String,
+    /// A CA bundle to verify an `https` receiver (the WebPKI roots when
+    /// absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    /// How long one delivery attempt may take (default 5 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
 }
 
 /// One freeze window: fixed (`from`, `to`) or recurring (`cron`,
@@ -229,6 +255,7 @@ impl Default for FileAdmin {
             callers: Vec::new(),
             audit_log: None,
             freeze: Vec::new(),
+            webhooks: Vec::new(),
         }
     }
 }

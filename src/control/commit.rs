@@ -154,6 +154,12 @@ impl Control {
         let final_now = pending.is_none();
         self.set_pending(pending);
         activation.pending = self.pending();
+        if let Some(pending) = &activation.pending {
+            self.events().emit(
+                "pending",
+                serde_json::json!({ "generation": pending.generation, "pending": pending }),
+            );
+        }
         if final_now && kind == OperationKind::Activate {
             self.write_back();
         }

@@ -146,6 +146,15 @@ impl Control {
                 return;
             }
             tracing::info!(%generation, percent, "canary step");
+            self.events().emit(
+                "canary_step",
+                serde_json::json!({
+                    "generation": generation,
+                    "percent": percent,
+                    "step": step + 1,
+                    "steps": canary.steps,
+                }),
+            );
             let outcome = if percent >= 100 {
                 Some((
                     Settle::Confirm,

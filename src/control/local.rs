@@ -92,6 +92,67 @@ impl Control {
         }
     }
 
+    /// The change events of this process (`GET /admin/events`, webhooks).
+    pub fn events(&self) -> &Arc<crate::runtime::events::Events> {
+        self.records.events()
+    }
+
+    /// Starts sending change events to `admin.webhooks` (once, at
+    /// start-up: webhooks are startup-owned).
+    pub fn start_webhooks(&self, specs: &[crate::plan::WebhookSpec]) {
+        let _ = self
+            .records
+            .webhooks()
+            .set(crate::telemetry::webhooks::Webhooks::start(
+                specs,
+                self.events(),
+            ));
+    }
+
+    /// Each webhook with what it has been sent.
+    pub fn webhook_views(&self) -> Vec<crate::telemetry::webhooks::WebhookView> {
+        self.records
+            .webhooks()
+            .get()
+            .map(|w| w.views(self.events()))
+            .unwrap_or_default()
+    }
+
+    /// Says when a freeze window of the active configuration begins and
+    /// ends (events `freeze_entered`, `freeze_left`), looking once a
+    /// second; stops with the control plane.
+    pub fn watch_freeze(self: &Arc<Self>) {
+        let control = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut current: Option<crate::plan::Frozen> = None;
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(control) = control.upgrade() else {
+                    return;
+                };
+                let now = crate::plan::frozen_at(
+                    &control.store.load_full().spec.admin.freeze,
+                    std::time::SystemTime::now(),
+                );
+                if now == current {
+                    continue;
+                }
+                let events = control.events();
+                if let Some(left) = current.take() {
+                    tracing::info!(window = %left.reason, "freeze window left");
+                    events.emit("freeze_left", serde_json::json!({ "freeze": left }));
+                }
+                if let Some(entered) = &now {
+                    tracing::info!(window = %entered.reason, until = %entered.until, "freeze window entered");
+                    events.emit("freeze_entered", serde_json::json!({ "freeze": entered }));
+                }
+                current = now;
+            }
+        });
+    }
+
     /// Orders ACME certificates with the fleet's instances through
     /// `shared` (once, when the fleet starts).
     pub fn share_certificates(&self, shared: Weak<dyn crate::acme::Shared>) {

@@ -3,24 +3,42 @@
 //! persisted with `state_dir` after every change.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Instant, SystemTime};
 
 use super::candidate::Candidate;
 use crate::config::ConfigText;
 use crate::ids::GenerationId;
+use crate::runtime::events::Events;
 use crate::runtime::{rfc3339, History, OperationKind, OperationRecord, Outcome, Source};
 
 /// The history, behind its lock.
 pub(super) struct Records {
     history: Mutex<History>,
+    /// Every change, as it is recorded (and what else changes state: a
+    /// pending generation, a canary step, a freeze window).
+    events: Arc<Events>,
+    /// Where the events are sent (`admin.webhooks`), once started.
+    webhooks: std::sync::OnceLock<crate::telemetry::webhooks::Webhooks>,
 }
 
 impl Records {
-    pub(super) fn new(history: History) -> Self {
+    pub(super) fn new(mut history: History) -> Self {
+        let events = Arc::new(Events::new());
+        history.observe(Arc::clone(&events));
         Self {
             history: Mutex::new(history),
+            events,
+            webhooks: std::sync::OnceLock::new(),
         }
+    }
+
+    pub(super) fn events(&self) -> &Arc<Events> {
+        &self.events
+    }
+
+    pub(super) fn webhooks(&self) -> &std::sync::OnceLock<crate::telemetry::webhooks::Webhooks> {
+        &self.webhooks
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, History> {

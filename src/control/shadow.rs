@@ -198,6 +198,10 @@ impl Control {
         report.reason = reason;
         *self.shadowing.last() = Some(report.clone());
         tracing::info!(verdict = ?report.verdict, reason = %report.reason, "shadow stage ended");
+        self.events().emit(
+            "shadow_verdict",
+            serde_json::json!({ "generation": report.active_generation, "shadow": report }),
+        );
         let goes_on = match verdict {
             ShadowVerdict::Passed => true,
             ShadowVerdict::NoData => !spec.fail_on_no_data,

@@ -277,6 +277,14 @@ impl Fleet {
                 });
                 metrics::gauge!(m::FLEET_GENERATION).set(target.0 as f64);
                 metrics::counter!(m::FLEET_APPLIES, "outcome" => "ack").increment(1);
+                self.control.events().emit(
+                    "fleet_ack",
+                    serde_json::json!({
+                        "generation": activation.generation,
+                        "fleet_generation": target,
+                        "instance": self.spec.instance,
+                    }),
+                );
                 self.report(Report::Ack, None, None, Vec::new()).await;
                 tracing::info!(generation = %target, local = %activation.generation, "fleet: generation applied");
                 Ok(Some(activation))
@@ -284,6 +292,16 @@ impl Fleet {
             Err((error, diagnostics)) => {
                 metrics::counter!(m::FLEET_APPLIES, "outcome" => "nack").increment(1);
                 tracing::error!(generation = %target, %error, "fleet: generation refused; serving the applied one");
+                self.control.events().emit(
+                    "fleet_nack",
+                    serde_json::json!({
+                        "generation": previous_local,
+                        "fleet_generation": target,
+                        "instance": self.spec.instance,
+                        "error": error,
+                        "diagnostics": diagnostics,
+                    }),
+                );
                 self.report(Report::Nack, Some(target), Some(error.clone()), diagnostics)
                     .await;
                 Err(error)

@@ -497,6 +497,8 @@ async fn serve(
     // ACME orders and renewals, OCSP staples (DESIGN §21); after the
     // writer, so that a fleet instance orders through its fleet.
     control.keep_certificates();
+    control.watch_freeze();
+    control.start_webhooks(&spec.admin.webhooks);
     if options.watch {
         match super::watch::spawn(Arc::clone(&control), options.config.clone()) {
             Ok(()) => {
@@ -855,6 +857,9 @@ async fn drain(writer: &Writer, process: &Process, stop: Stop) {
     } else {
         tracing::info!("drained");
     }
+    // Event streams end here (their readers resume on the new process,
+    // or learn that this one is gone).
+    control.events().close();
     // Handed over: the admin and metrics connections this process
     // accepted are answered before it exits (control_server.rs), within
     // what is left of the drain timeout.

@@ -753,6 +753,104 @@ reason = ""
     }
 
     #[test]
+    fn webhooks_are_checked_and_their_secrets_kept_only_as_keys() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let secret = dir.path().join("hook.secret");
+        std::fs::write(&secret, "webhook-secret-0123456789\n").expect("write");
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        std::fs::write(dir.path().join("short.secret"), "short").expect("write");
+        std::fs::set_permissions(
+            dir.path().join("short.secret"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .expect("chmod");
+        let at = |text: &str| ConfigText::inline(text.to_owned(), dir.path().to_path_buf(), "<t>");
+        let good = r#"[[admin.webhooks]]
+name = "chatops"
+url = "https://hooks.example.com/cutover"
+events = ["activation", "auto_rolled_back"]
+secret_file = "hook.secret"
+timeout = "2s"
+"#;
+        let spec = validate(&at(good)).unwrap_or_else(|e| panic!("{e:?}"));
+        let hook = &spec.admin.webhooks[0];
+        assert_eq!(hook.events, ["activation", "auto_rolled_back"]);
+        assert_eq!(hook.timeout, std::time::Duration::from_secs(2));
+        assert!(
+            !format!("{:?}", spec.admin).contains("webhook-secret"),
+            "no secret in the spec's Debug"
+        );
+        let bad = r#"[[admin.webhooks]]
+name = "chatops"
+url = "ftp://hooks.example.com/"
+events = ["activation", "deployed"]
+secret_file = "short.secret"
+
+[[admin.webhooks]]
+name = "chatops"
+url = "http://hooks.example.com/"
+secret_file = "hook.secret"
+timeout = "5m"
+
+[[admin.webhooks]]
+name = "open"
+url = "http://hooks.example.com/"
+secret_file = "missing.secret"
+events = []
+"#;
+        let found: Vec<(String, String)> = validate(&at(bad))
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| (d.code.to_string(), d.path.to_string()))
+            .collect();
+        for expected in [
+            ("invalid_value", "admin.webhooks[0].url"),
+            ("invalid_value", "admin.webhooks[0].events[1]"),
+            ("weak_token", "admin.webhooks[0].secret_file"),
+            ("invalid_value", "admin.webhooks[1].timeout"),
+            ("unreadable_file", "admin.webhooks[2].secret_file"),
+            ("invalid_value", "admin.webhooks[2].events"),
+        ] {
+            assert!(
+                found
+                    .iter()
+                    .any(|(c, p)| (c.as_str(), p.as_str()) == expected),
+                "{expected:?} not in {found:#?}"
+            );
+        }
+        // Readable by others: refused as a token file is.
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let found: Vec<String> = validate(&at(good))
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| d.code.to_string())
+            .collect();
+        assert_eq!(found, ["exposed_secret"]);
+        // Two of one name: the second is refused at its name.
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let twice = format!(
+            "{good}\n{}",
+            good.replace("events = [\"activation\", \"auto_rolled_back\"]\n", "")
+        );
+        let found: Vec<(String, String)> = validate(&at(&twice))
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| (d.code.to_string(), d.path.to_string()))
+            .collect();
+        assert_eq!(
+            found,
+            [(
+                "duplicate_name".to_string(),
+                "admin.webhooks[1].name".to_string()
+            )]
+        );
+    }
+
+    #[test]
     fn the_version_is_the_same_however_the_folder_is_spelled() {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("admin.token"), "0123456789abcdef-token\n").expect("write");

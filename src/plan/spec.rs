@@ -124,6 +124,21 @@ pub struct AdminSpec {
     /// `[[admin.freeze]]`: when activations and upgrades are refused
     /// (generation-owned, unlike the rest of `[admin]`).
     pub freeze: Vec<super::freeze::FreezeWindow>,
+    /// `[[admin.webhooks]]`: receivers of change events.
+    pub webhooks: Vec<WebhookSpec>,
+}
+
+/// A receiver of change events (DESIGN §23).
+#[derive(Debug, Clone)]
+pub struct WebhookSpec {
+    pub name: String,
+    pub url: http::Uri,
+    /// The event kinds it takes; empty: every kind.
+    pub events: Vec<&'static str>,
+    /// The signatures' key (its `Debug` shows no key material).
+    pub key: ring::hmac::Key,
+    pub ca: Option<PathBuf>,
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone)]

@@ -340,6 +340,8 @@ pub struct History {
     /// Set while a new process owns the state dir (during and after a
     /// drain-aware restart): this process then writes nothing.
     handed_over: bool,
+    /// Told of every operation recorded or finished (change events).
+    events: Option<std::sync::Arc<super::events::Events>>,
 }
 
 /// `SystemTime` as RFC 3339, UTC, millisecond precision.
@@ -355,6 +357,7 @@ impl History {
             state,
             stored: HashMap::new(),
             handed_over: false,
+            events: None,
         };
         history.trim();
         history
@@ -469,15 +472,28 @@ impl History {
     }
 
     pub fn record_operation(&mut self, record: OperationRecord) {
+        if let Some(events) = &self.events {
+            events.operation(&record);
+        }
         self.state.operations.push_back(record);
         self.trim();
     }
 
-    /// Updates an operation already in the log (an upgrade finishing).
+    /// Updates an operation already in the log (an upgrade finishing, a
+    /// shadow report attached); a changed outcome is an event again.
     pub fn update_operation(&mut self, id: &str, update: impl FnOnce(&mut OperationRecord)) {
         if let Some(record) = self.state.operations.iter_mut().find(|o| o.id == id) {
+            let before = record.outcome;
             update(record);
+            if let Some(events) = self.events.as_ref().filter(|_| record.outcome != before) {
+                events.operation(record);
+            }
         }
+    }
+
+    /// Tells `events` of every operation from now on.
+    pub fn observe(&mut self, events: std::sync::Arc<super::events::Events>) {
+        self.events = Some(events);
     }
 
     /// Sets (or clears) the pending generation; persisted with the next

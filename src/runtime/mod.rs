@@ -1,5 +1,6 @@
 //! The runtime: the active generation, its history, and persistence.
 
+pub mod events;
 mod history;
 pub mod shadow;
 mod store;

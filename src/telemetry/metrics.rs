@@ -157,6 +157,11 @@ pub const FILTER_VALUES_DROPPED: &str = "cutover_filter_values_dropped_total";
 /// Access-log lines dropped because the writer was behind or its file
 /// could not be written.
 pub const LOG_DROPPED: &str = "cutover_log_dropped_total";
+/// Webhook delivery attempts, by `webhook` and `outcome` (`delivered`,
+/// `retried`, `failed`).
+pub const WEBHOOK_DELIVERIES: &str = "cutover_webhook_deliveries_total";
+/// Change events a webhook never got: it fell behind the event ring.
+pub const WEBHOOK_DROPPED: &str = "cutover_webhook_dropped_total";
 /// gRPC calls answered, by `route` and `code` (the status's lower-case
 /// name: a closed set of 17).
 pub const GRPC_RESPONSES: &str = "cutover_grpc_responses_total";
@@ -338,6 +343,14 @@ pub fn describe() {
     describe_counter!(
         TRACE_SPANS_DROPPED,
         "Spans not exported: the exporter was behind or the collector failed"
+    );
+    describe_counter!(
+        WEBHOOK_DELIVERIES,
+        "Webhook delivery attempts by webhook and outcome (delivered, retried, failed)"
+    );
+    describe_counter!(
+        WEBHOOK_DROPPED,
+        "Change events a webhook never got: it fell behind the event ring"
     );
     describe_counter!(
         LOG_DROPPED,

@@ -263,6 +263,12 @@ fn rows() -> Vec<Row> {
         row("admin", "audit_log", Admin, &["audit_log = \"audit.log\""]),
         row(
             "admin",
+            "webhooks",
+            Admin,
+            &["webhooks = [{ name = \"chatops\", url = \"https://hooks.example/cutover\", secret_file = \"hook.secret\" }]"],
+        ),
+        row(
+            "admin",
             "freeze",
             Admin,
             &["freeze = [{ cron = \"0 18 * * FRI\", duration = \"62h\", timezone = \"Europe/Berlin\", reason = \"weekend\" }]"],
@@ -1010,8 +1016,17 @@ fn files() -> tempfile::TempDir {
         ("admin.token", "a-token-of-at-least-sixteen-characters"),
         ("etcd.pass", "s3cret"),
         ("redis.pass", "s3cret"),
+        ("hook.secret", "a-webhook-secret-0123456789"),
     ] {
         std::fs::write(dir.path().join(name), content).unwrap();
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            dir.path().join("hook.secret"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
     }
     dir
 }

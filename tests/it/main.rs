@@ -12,6 +12,7 @@ mod discovery;
 mod dns;
 mod docs;
 mod edge;
+mod events;
 pub mod examples;
 mod filters;
 mod fixtures;

@@ -692,3 +692,14 @@ document.getElementById("newer").addEventListener("click", () => { page = Math.m
 document.getElementById("older").addEventListener("click", () => { page += 1; renderTimeline(); });
 refresh();
 setInterval(refresh, REFRESH_MS);
+// A change shows the moment it is recorded (the event stream), not at the
+// next refresh; the charts' figures still come once every REFRESH_MS.
+if (window.EventSource) {
+  const changes = new EventSource("/admin/events");
+  const kinds = [
+    "activation", "pending", "confirmed", "aborted", "auto_rolled_back", "rollback",
+    "canary_step", "shadow_verdict", "freeze_entered", "freeze_left", "reload_certs",
+    "certificate", "cache_purge", "drain", "upgrade", "fleet_ack", "fleet_nack", "reset",
+  ];
+  for (const kind of kinds) changes.addEventListener(kind, () => refresh());
+}

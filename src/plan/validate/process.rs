@@ -3,7 +3,6 @@
 use super::*;
 use crate::config::FileFreeze;
 use crate::plan::freeze::{self, FreezeWhen, FreezeWindow};
-use std::time::Duration;
 
 /// Request heads a listener keeps for `impact` unless told otherwise.
 pub const DEFAULT_IMPACT_SAMPLE: u32 = 10_000;
@@ -92,10 +91,25 @@ impl Validator<'_> {
             .enumerate()
             .filter_map(|(i, window)| self.freeze(i, window))
             .collect();
+        let mut webhooks: Vec<WebhookSpec> = Vec::new();
+        for (i, hook) in file.admin.webhooks.iter().enumerate() {
+            if let Some(hook) = self.webhook(i, hook) {
+                if webhooks.iter().any(|w| w.name == hook.name) {
+                    self.error(
+                        Code::DuplicateName,
+                        format!("admin.webhooks[{i}].name"),
+                        format!("webhook '{}' is named twice", hook.name),
+                    );
+                } else {
+                    webhooks.push(hook);
+                }
+            }
+        }
         Some(AdminSpec {
             bind,
             callers,
             freeze,
+            webhooks,
             audit_log: file.admin.audit_log.as_ref().map(|f| self.base_dir.join(f)),
             require_expected_generation: file.admin.require_expected_generation,
             max_body,
@@ -205,6 +219,115 @@ impl Validator<'_> {
             name: caller.name.clone(),
             token_sha256,
             scopes,
+        })
+    }
+
+    /// One `[[admin.webhooks]]` entry: a name, an http(s) URL, known event
+    /// kinds, a secret of at least 16 bytes only its owner can read.
+    fn webhook(&mut self, i: usize, hook: &crate::config::FileWebhook) -> Option<WebhookSpec> {
+        let at = |field: &str| format!("admin.webhooks[{i}].{field}");
+        let name_ok = !hook.name.is_empty()
+            && hook
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if !name_ok {
+            self.error(
+                Code::InvalidValue,
+                at("name"),
+                format!(
+                    "webhook name '{}' must be letters, digits, '-', '_' or '.'",
+                    hook.name
+                ),
+            );
+        }
+        let url = match hook.url.parse::<http::Uri>() {
+            Ok(url)
+                if matches!(url.scheme_str(), Some("http" | "https")) && url.host().is_some() =>
+            {
+                Some(url)
+            }
+            _ => {
+                self.error(
+                    Code::InvalidValue,
+                    at("url"),
+                    format!(
+                        "'{}' is not an http:// or https:// URL with a host",
+                        hook.url
+                    ),
+                );
+                None
+            }
+        };
+        let mut events = Vec::new();
+        for (j, name) in hook.events.iter().flatten().enumerate() {
+            match crate::runtime::events::KINDS.iter().find(|k| **k == name) {
+                Some(kind) => events.push(*kind),
+                None => self.error(
+                    Code::InvalidValue,
+                    format!("admin.webhooks[{i}].events[{j}]"),
+                    format!(
+                        "unknown event '{name}'; events are {}",
+                        crate::runtime::events::KINDS.join(", ")
+                    ),
+                ),
+            }
+        }
+        if hook.events.as_ref().is_some_and(Vec::is_empty) {
+            self.error(
+                Code::InvalidValue,
+                at("events"),
+                "an empty events list sends nothing: leave it out for every event",
+            );
+        }
+        let key = self
+            .secret(at("secret_file"), &hook.secret_file)
+            .and_then(|bytes| {
+                let secret = String::from_utf8_lossy(&bytes).trim().to_owned();
+                if secret.len() < 16 {
+                    self.error(
+                        Code::WeakToken,
+                        at("secret_file"),
+                        format!(
+                            "the secret in '{}' must be at least 16 characters",
+                            hook.secret_file
+                        ),
+                    );
+                    return None;
+                }
+                Some(ring::hmac::Key::new(
+                    ring::hmac::HMAC_SHA256,
+                    secret.as_bytes(),
+                ))
+            });
+        let ca = hook.ca.as_ref().and_then(|ca| {
+            self.read_file(at("ca"), ca)?;
+            Some(self.base_dir.join(ca))
+        });
+        let timeout = match hook.timeout.as_deref().map(humantime::parse_duration) {
+            None => Some(Duration::from_secs(5)),
+            Some(Ok(d)) if d >= Duration::from_millis(100) && d <= Duration::from_secs(60) => {
+                Some(d)
+            }
+            Some(_) => {
+                self.error(
+                    Code::InvalidValue,
+                    at("timeout"),
+                    "timeout must be a duration between 100ms and 60s",
+                );
+                None
+            }
+        };
+        if !name_ok {
+            return None;
+        }
+        Some(WebhookSpec {
+            name: hook.name.clone(),
+            url: url?,
+            events,
+            key: key?,
+            ca,
+            timeout: timeout?,
         })
     }
 
