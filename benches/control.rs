@@ -378,6 +378,7 @@ fn bench_admin_guard(c: &mut Criterion) {
                 name: format!("caller-{i}"),
                 token_sha256: sha2::Sha256::digest(format!("token-of-caller-{i:04}")).into(),
                 scopes: cutover::plan::Scopes::default().with(cutover::plan::Scope::Read),
+                requires_approval: false,
             }
         })
         .collect();

@@ -336,6 +336,7 @@ pub fn parse(
         canary: None,
         shadow: None,
         freeze: freeze_rule(query.override_freeze),
+        approved_by: Vec::new(),
     };
     let media = media_type(headers);
     if body.iter().all(u8::is_ascii_whitespace) && media.as_deref() != Some("application/toml") {
@@ -377,6 +378,7 @@ pub fn parse(
                 canary: canary(json.steps, json.step_interval, json.hash_key)?,
                 shadow: shadow(json.shadow)?,
                 freeze: freeze_rule(json.override_freeze.or(query.override_freeze)),
+                approved_by: Vec::new(),
             };
             let candidate = Candidate {
                 guard: guard(

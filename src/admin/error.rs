@@ -8,6 +8,7 @@ use serde_json::json;
 use std::borrow::Cow;
 
 use crate::control::{CandidateError, ControlError, LifecycleError};
+use crate::runtime::proposals::ProposalState;
 use crate::runtime::shadow::ShadowVerdict;
 use crate::writer::FleetCallError;
 
@@ -23,6 +24,28 @@ pub enum ApiError {
     Lifecycle(LifecycleError),
     /// A fleet-only call (`/admin/fleet/…`).
     Fleet(FleetCallError),
+    /// A proposal call (`/admin/runtime/proposals…`).
+    Proposal(ProposalError),
+}
+
+impl From<ProposalError> for ApiError {
+    fn from(e: ProposalError) -> Self {
+        ApiError::Proposal(e)
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApiError::Control(e) => e.fmt(f),
+            ApiError::BadRequest(m) | ApiError::UnsupportedMediaType(m) | ApiError::NotFound(m) => {
+                f.write_str(m)
+            }
+            ApiError::Lifecycle(e) => e.fmt(f),
+            ApiError::Fleet(e) => e.fmt(f),
+            ApiError::Proposal(e) => e.fmt(f),
+        }
+    }
 }
 
 impl From<FleetCallError> for ApiError {
@@ -73,6 +96,7 @@ impl IntoResponse for ApiError {
             ApiError::Control(error) => control_error(error),
             ApiError::Lifecycle(error) => lifecycle_error(error),
             ApiError::Fleet(error) => fleet_error(error),
+            ApiError::Proposal(error) => error.into_response(),
         }
     }
 }
@@ -230,5 +254,46 @@ fn control_error(error: ControlError) -> Response {
             Json(json!({ "error": "generation_not_retained", "target_generation": target, "message": message })),
         )
             .into_response(),
+    }
+}
+
+/// Why a proposal call was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposalError {
+    #[error("approvals are not configured ([admin.approval] or a caller's requires_approval)")]
+    NotConfigured,
+    #[error("proposals and approvals need an authenticated caller")]
+    Anonymous,
+    #[error("no proposal '{0}'")]
+    NotFound(String),
+    #[error("proposal {id} is {state:?}, not open")]
+    Closed { id: String, state: ProposalState },
+    #[error("the proposer of {0} cannot approve it: another caller must")]
+    SelfApproval(String),
+    #[error("{caller} already approved {id}")]
+    AlreadyApproved { id: String, caller: String },
+    #[error("{0} proposals are open: approve, reject or let some expire first")]
+    TooMany(usize),
+    #[error("rejecting a proposal takes a reason")]
+    NoReason,
+}
+
+impl IntoResponse for ProposalError {
+    fn into_response(self) -> Response {
+        let (status, code) = match &self {
+            ProposalError::NotConfigured => (StatusCode::NOT_FOUND, "approvals_not_configured"),
+            ProposalError::Anonymous => (StatusCode::FORBIDDEN, "forbidden"),
+            ProposalError::NotFound(_) => (StatusCode::NOT_FOUND, "proposal_not_found"),
+            ProposalError::Closed { .. } => (StatusCode::CONFLICT, "proposal_closed"),
+            ProposalError::SelfApproval(_) => (StatusCode::FORBIDDEN, "self_approval"),
+            ProposalError::AlreadyApproved { .. } => (StatusCode::CONFLICT, "already_approved"),
+            ProposalError::TooMany(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_proposals"),
+            ProposalError::NoReason => (StatusCode::BAD_REQUEST, "bad_request"),
+        };
+        let mut body = json!({ "error": code, "message": self.to_string() });
+        if let ProposalError::Closed { state, .. } = &self {
+            body["state"] = json!(state);
+        }
+        (status, Json(body)).into_response()
     }
 }

@@ -8,6 +8,7 @@
 //! whole within 1 MiB (413) and 10 s (408), error answers are always JSON
 //! (`limits.rs`), and mutations are POST only (405 otherwise).
 
+mod approvals;
 mod candidate;
 mod error;
 mod events;
@@ -26,6 +27,7 @@ use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use approvals::{Approvals, Asked};
 use candidate::{CandidateRequest, UpgradeCandidate};
 pub use error::{ApiError, ErrorBody};
 use security::CallerName;
@@ -33,6 +35,7 @@ pub use security::Security;
 
 use crate::control::{CandidateSource, RollbackRequest, Settle, SettleRequest, UpgradeRequest};
 use crate::ids::GenerationId;
+use crate::plan::Approvable;
 use crate::runtime::Phase;
 use crate::writer::Writer;
 
@@ -40,6 +43,7 @@ use crate::writer::Writer;
 pub fn router(writer: Writer, security: Security) -> Router {
     let max_body = security.max_body;
     let security = Arc::new(security);
+    let approvals = Approvals::new(writer.clone());
     Router::new()
         .route("/admin/runtime/validate", post(validate))
         .route("/admin/runtime/preview", post(preview))
@@ -57,6 +61,10 @@ pub fn router(writer: Writer, security: Security) -> Router {
         .route("/admin/runtime/status", get(status))
         .route("/admin/runtime/timeline", get(timeline))
         .route("/admin/events", get(events::stream))
+        .route("/admin/runtime/proposals", get(proposals).post(propose))
+        .route("/admin/runtime/proposals/{id}", get(proposal))
+        .route("/admin/runtime/proposals/{id}/approve", post(approve))
+        .route("/admin/runtime/proposals/{id}/reject", post(reject))
         .route("/admin/webhooks", get(webhooks))
         .route("/admin/fleet/status", get(fleet_status))
         .route("/admin/fleet/forget", post(fleet_forget))
@@ -87,6 +95,7 @@ pub fn router(writer: Writer, security: Security) -> Router {
             security::guard,
         ))
         .layer(axum::middleware::map_response(limits::json_errors))
+        .layer(Extension(approvals))
         .with_state(Arc::new(writer))
 }
 
@@ -133,16 +142,92 @@ async fn preview(
 /// etcd.
 async fn activate(
     State(writer): Shared,
+    Extension(approvals): Extension<Arc<Approvals>>,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
+    if approvals.required(Approvable::Activate, candidate.caller.as_deref()) {
+        let change = approvals::activation_change(&candidate, writer.control())?;
+        return approvals.propose(change, Asked::of(&candidate)).await;
+    }
     Ok(Json(writer.activate(candidate).await?).into_response())
 }
 
+/// A reload through the API waits for approval as an activation does
+/// (the file's text, read now, is what is proposed).
 async fn reload(
     State(writer): Shared,
+    Extension(approvals): Extension<Arc<Approvals>>,
     CandidateRequest(candidate): CandidateRequest,
 ) -> Result<Response, ApiError> {
+    if approvals.required(Approvable::Activate, candidate.caller.as_deref()) {
+        let change = approvals::activation_change(&candidate, writer.control())?;
+        return approvals.propose(change, Asked::of(&candidate)).await;
+    }
     Ok(Json(writer.reload(candidate).await?).into_response())
+}
+
+/// `POST /admin/runtime/proposals`: an activation proposed for approval,
+/// whether or not the policy asks for one.
+async fn propose(
+    State(writer): Shared,
+    Extension(approvals): Extension<Arc<Approvals>>,
+    CandidateRequest(candidate): CandidateRequest,
+) -> Result<Response, ApiError> {
+    let change = approvals::activation_change(&candidate, writer.control())?;
+    approvals.propose(change, Asked::of(&candidate)).await
+}
+
+async fn proposals(Extension(approvals): Extension<Arc<Approvals>>) -> Response {
+    Json(json!({ "proposals": approvals.list() })).into_response()
+}
+
+async fn proposal(
+    Extension(approvals): Extension<Arc<Approvals>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(json!({ "proposal": approvals.get(&id)? })).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VerdictBody {
+    reason: Option<String>,
+}
+
+/// The body of an approval or a rejection: JSON, or nothing.
+fn verdict_body(headers: &HeaderMap, body: &Bytes, what: &str) -> Result<VerdictBody, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(VerdictBody::default());
+    }
+    let verdict: VerdictBody = json_body(headers, body, what)?;
+    limits::check_metadata(&[("reason", verdict.reason.as_deref())])?;
+    Ok(verdict)
+}
+
+async fn approve(
+    Extension(approvals): Extension<Arc<Approvals>>,
+    Extension(caller): Extension<CallerName>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let verdict = verdict_body(&headers, &body, "approve")?;
+    approvals
+        .approve(&id, caller.0.as_deref().map(str::to_owned), verdict.reason)
+        .await
+}
+
+async fn reject(
+    Extension(approvals): Extension<Arc<Approvals>>,
+    Extension(caller): Extension<CallerName>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let verdict = verdict_body(&headers, &body, "reject")?;
+    approvals
+        .reject(&id, caller.0.as_deref().map(str::to_owned), verdict.reason)
+        .await
 }
 
 #[derive(Debug, Deserialize)]
@@ -199,6 +284,7 @@ struct RollbackBody {
 
 async fn rollback(
     State(writer): Shared,
+    Extension(approvals): Extension<Arc<Approvals>>,
     Extension(caller): Extension<CallerName>,
     headers: HeaderMap,
     body: Bytes,
@@ -208,6 +294,18 @@ async fn rollback(
         ("reason", body.reason.as_deref()),
         ("requested_by", body.requested_by.as_deref()),
     ])?;
+    if approvals.required(Approvable::Rollback, caller.0.as_deref()) {
+        let change = approvals::Change::Rollback {
+            target_generation: GenerationId(body.target_generation),
+        };
+        let asked = Asked {
+            caller: caller.0.as_deref().map(str::to_owned),
+            requested_by: body.requested_by,
+            reason: body.reason,
+            expected_generation: body.expected_active_generation.map(GenerationId),
+        };
+        return approvals.propose(change, asked).await;
+    }
     let activated = writer
         .rollback(RollbackRequest {
             target_generation: GenerationId(body.target_generation),
@@ -215,6 +313,7 @@ async fn rollback(
             reason: body.reason,
             requested_by: body.requested_by,
             caller: caller.0.as_deref().map(str::to_owned),
+            approved_by: Vec::new(),
         })
         .await?;
     Ok(Json(activated).into_response())
@@ -348,6 +447,7 @@ async fn cache_purge(
         reason: body.reason,
         caller: caller.0.as_deref().map(str::to_owned),
         overrode_freeze: None,
+        approved_by: Vec::new(),
     };
     let control = writer.control();
     let purged = control.purge_cache(body.zone, selector, requester).await?;
@@ -370,6 +470,7 @@ async fn drain(
     let requester = crate::control::Requester {
         caller: caller.0.as_deref().map(str::to_owned),
         overrode_freeze: None,
+        approved_by: Vec::new(),
         ..Default::default()
     };
     let operation_id = control.drain(requester).await?;
@@ -387,9 +488,11 @@ async fn drain(
 /// own file by `config_path`) restarts on the active configuration.
 async fn upgrade(
     State(writer): Shared,
+    Extension(approvals): Extension<Arc<Approvals>>,
     UpgradeCandidate(candidate, binary): UpgradeCandidate,
 ) -> Result<Response, ApiError> {
     let control = writer.control();
+    let asked = Asked::of(&candidate);
     let config = match candidate.source {
         CandidateSource::Text(text) => Some(text),
         CandidateSource::Path(None) => None,
@@ -399,6 +502,14 @@ async fn upgrade(
             ));
         }
     };
+    if approvals.required(Approvable::Upgrade, asked.caller.as_deref()) {
+        let change = approvals::Change::Upgrade {
+            config,
+            binary: binary.map(Into::into),
+            override_freeze: candidate.freeze == crate::control::FreezeRule::Override,
+        };
+        return approvals.propose(change, asked).await;
+    }
     let operation_id = control.upgrade(UpgradeRequest {
         config,
         binary: binary.map(Into::into),
@@ -407,6 +518,7 @@ async fn upgrade(
         caller: candidate.caller,
         freeze: candidate.freeze,
         overrode_freeze: None,
+        approved_by: Vec::new(),
     })?;
     Ok((
         StatusCode::ACCEPTED,

@@ -177,6 +177,14 @@ pub fn required_scope(method: &axum::http::Method, path: &str) -> Scope {
         | "/admin/runtime/confirm"
         | "/admin/runtime/abort" => Scope::Activate,
         "/admin/runtime/reload-certs" => Scope::Certs,
+        // Proposing a change takes the scope of the change itself.
+        "/admin/runtime/proposals" => Scope::Activate,
+        decided
+            if decided.starts_with("/admin/runtime/proposals/")
+                && (decided.ends_with("/approve") || decided.ends_with("/reject")) =>
+        {
+            Scope::Approve
+        }
         "/admin/cache/purge" => Scope::Cache,
         "/admin/lifecycle/drain" | "/admin/lifecycle/upgrade" => Scope::Lifecycle,
         fleet if fleet.starts_with("/admin/fleet/") => Scope::Fleet,

@@ -50,6 +50,7 @@ fn caller(name: &str, token: &str, scopes: &[crate::plan::Scope]) -> crate::plan
         scopes: scopes
             .iter()
             .fold(crate::plan::Scopes::default(), |s, scope| s.with(*scope)),
+        requires_approval: false,
     }
 }
 
@@ -1738,4 +1739,87 @@ fn the_console_listens_for_every_event_kind() {
             "{kind} not in app.js"
         );
     }
+}
+
+/// A proposal whose time ran out is expired (an event says so) and can
+/// no longer be approved; events and webhooks carry no candidate text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_proposal_cannot_be_approved() {
+    use crate::plan::Scope;
+    use sha2::Digest as _;
+    let (bob, alice) = ("bob-token-0123456789abcdef", "alice-token-0123456789abcd");
+    let hex = |token: &str| -> String {
+        sha2::Sha256::digest(token.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let text = format!(
+        "{BASE}\n[admin.approval]\nrequired_for = [\"activate\"]\n\n[[admin.callers]]\nname = \"bob\"\ntoken_sha256 = \"{}\"\nscopes = [\"read\", \"activate\"]\n\n[[admin.callers]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\nscopes = [\"read\", \"approve\"]\n",
+        hex(bob),
+        hex(alice)
+    );
+    let callers = [
+        caller("bob", bob, &[Scope::Read, Scope::Activate]),
+        caller("alice", alice, &[Scope::Read, Scope::Approve]),
+    ];
+    let a = admin_with_callers(&text, &callers, || {});
+    let as_caller = |token: &str, mut req: Request<Body>| {
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("header"),
+        );
+        req
+    };
+    let mut events = a
+        .router
+        .clone()
+        .oneshot(as_caller(alice, events_request(None)))
+        .await
+        .expect("infallible")
+        .into_body();
+    let candidate = text.replace("body = \"hello\"", "body = \"secret-text\"");
+    let (status, body) = call(
+        &a,
+        as_caller(bob, toml("/admin/runtime/activate", &candidate)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let id = body["proposal"]["id"].as_str().expect("id").to_owned();
+    // Its time runs out.
+    a.control.with_history(|h| {
+        h.update_proposals(|proposals| proposals[0].expires_unix_ms = 1);
+    });
+    let (_, body) = call(
+        &a,
+        as_caller(alice, get(&format!("/admin/runtime/proposals/{id}"))),
+    )
+    .await;
+    assert_eq!(body["proposal"]["state"], "expired", "{body}");
+    let (status, body) = call(
+        &a,
+        as_caller(
+            alice,
+            post(
+                &format!("/admin/runtime/proposals/{id}/approve"),
+                "application/json",
+                "{}",
+            ),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(
+        (body["error"].as_str(), body["state"].as_str()),
+        (Some("proposal_closed"), Some("expired"))
+    );
+    let seen = sse_events(&mut events, 2).await;
+    let kinds: Vec<&str> = seen.iter().map(|(_, e, _)| e.as_str()).collect();
+    assert_eq!(kinds, ["proposal_made", "proposal_expired"]);
+    for (_, _, data) in &seen {
+        assert!(!data.to_string().contains("secret-text"), "{data}");
+        assert_eq!(data["proposal"]["id"], id.as_str());
+    }
+    // Nothing changed.
+    assert_eq!(a.control.store().active_id(), GenerationId(1));
 }

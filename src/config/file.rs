@@ -172,9 +172,27 @@ pub struct FileAdmin {
     /// refused (generation-owned: an activation changes them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub freeze: Vec<FileFreeze>,
+    /// `[admin.approval]`: which changes wait for others' approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<FileApproval>,
     /// `[[admin.webhooks]]`: where change events are sent, signed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub webhooks: Vec<FileWebhook>,
+}
+
+/// `[admin.approval]`: the two-person rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileApproval {
+    /// `activate`, `rollback`, `upgrade`.
+    #[serde(default)]
+    pub required_for: Vec<String>,
+    /// Approvals needed (default 1), each by another caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvers: Option<u32>,
+    /// How long a proposal waits (default 1h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire: Option<String>,
 }
 
 /// One webhook: a receiver of change events, and the secret their
@@ -256,6 +274,7 @@ impl Default for FileAdmin {
             audit_log: None,
             freeze: Vec::new(),
             webhooks: Vec::new(),
+            approval: None,
         }
     }
 }
@@ -275,6 +294,9 @@ pub struct FileCaller {
     /// `read`, `validate`, `activate`, `approve`, `certs`, `cache`,
     /// `lifecycle`, `fleet`, `override`, `admin` (all of them).
     pub scopes: Vec<String>,
+    /// Every change this caller asks for waits for approval.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub requires_approval: bool,
 }
 
 fn default_admin_bind() -> String {

@@ -38,6 +38,8 @@ pub struct Candidate {
     pub shadow: Option<ShadowSpec>,
     /// How the active configuration's freeze windows apply to it.
     pub freeze: FreezeRule,
+    /// The callers that approved it (a proposal carried out).
+    pub approved_by: Vec<String>,
 }
 
 /// How a change meets a freeze window of the active configuration
@@ -60,7 +62,7 @@ pub enum FreezeRule {
 /// candidate; the activation goes on only when the candidate's answers
 /// to them are no worse than the active generation's by more than the
 /// thresholds.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ShadowSpec {
     pub percent: f64,
     pub duration: std::time::Duration,
@@ -174,6 +176,7 @@ impl Candidate {
             canary: None,
             shadow: None,
             freeze: FreezeRule::Honour,
+            approved_by: Vec::new(),
         }
     }
 
@@ -189,6 +192,7 @@ impl Candidate {
             canary: None,
             shadow: None,
             freeze: FreezeRule::Honour,
+            approved_by: Vec::new(),
         }
     }
 }
@@ -261,4 +265,6 @@ pub struct RollbackRequest {
     pub reason: Option<String>,
     pub requested_by: Option<String>,
     pub caller: Option<String>,
+    /// The callers that approved it (a proposal carried out).
+    pub approved_by: Vec<String>,
 }

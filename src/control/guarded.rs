@@ -509,6 +509,7 @@ impl Control {
                 reason: request.reason.clone(),
                 caller: request.caller.clone(),
                 overrode_freeze: None,
+                approved_by: Vec::new(),
             };
             let result = c.try_settle(&request, how, kind, &requester, started);
             if let Err(error) = &result {

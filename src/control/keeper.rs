@@ -245,6 +245,7 @@ impl Control {
             reason: Some("acme".to_owned()),
             caller: None,
             overrode_freeze: None,
+            approved_by: Vec::new(),
             summary,
             error,
             pid: std::process::id(),

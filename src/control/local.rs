@@ -103,14 +103,14 @@ impl Control {
         let _ = self
             .records
             .webhooks()
-            .set(crate::telemetry::webhooks::Webhooks::start(
+            .set(crate::runtime::webhooks::Webhooks::start(
                 specs,
                 self.events(),
             ));
     }
 
     /// Each webhook with what it has been sent.
-    pub fn webhook_views(&self) -> Vec<crate::telemetry::webhooks::WebhookView> {
+    pub fn webhook_views(&self) -> Vec<crate::runtime::webhooks::WebhookView> {
         self.records
             .webhooks()
             .get()
@@ -189,6 +189,11 @@ impl Control {
     /// while another mutating operation runs.
     pub fn try_exclusive(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
         self.lock.take_owned()
+    }
+
+    /// Reads the history (nothing is written).
+    pub fn read_history<T>(&self, f: impl FnOnce(&History) -> T) -> T {
+        f(&self.records.lock())
     }
 
     /// Runs `f` on the history (upgrade bookkeeping) and persists it.
@@ -282,8 +287,8 @@ impl Control {
     ) -> Result<String, LifecycleError> {
         let process = self.process.get().ok_or(LifecycleError::Unavailable)?;
         let active = self.store.load_full();
-        request.overrode_freeze =
-            super::admit_in_freeze(&active.spec, request.freeze).map_err(LifecycleError::Frozen)?;
+        request.overrode_freeze = super::expectation::admit_in_freeze(&active.spec, request.freeze)
+            .map_err(LifecycleError::Frozen)?;
         drop(active);
         process.upgrade(self, request)
     }

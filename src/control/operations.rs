@@ -229,6 +229,7 @@ impl Control {
             reason: None,
             caller,
             overrode_freeze: None,
+            approved_by: Vec::new(),
         };
         self.off_the_data_plane(move |c| c.reload_certs_now(only, &requester))
             .await
@@ -308,6 +309,7 @@ impl Control {
                 reason: request.reason.clone(),
                 caller: request.caller.clone(),
                 overrode_freeze: None,
+                approved_by: request.approved_by.clone(),
             };
             self.record_failure(OperationKind::Rollback, started, &requester, error);
         }
@@ -334,6 +336,7 @@ impl Control {
             reason: request.reason.clone(),
             caller: request.caller.clone(),
             overrode_freeze: None,
+            approved_by: request.approved_by.clone(),
         };
         let activation = self.rollback_locked(
             &active,

@@ -18,10 +18,12 @@ pub struct UpgradeRequest {
     pub reason: Option<String>,
     pub caller: Option<String>,
     /// How the active configuration's freeze windows apply to it.
-    pub freeze: super::FreezeRule,
+    pub freeze: super::candidate::FreezeRule,
     /// The window it goes through by `override` (set by
     /// `Control::upgrade`), for its record.
     pub overrode_freeze: Option<crate::plan::Frozen>,
+    /// The callers that approved it (a proposal carried out).
+    pub approved_by: Vec<String>,
 }
 
 /// The executable a process runs, as status reports it.

@@ -19,7 +19,7 @@ pub(super) struct Records {
     /// pending generation, a canary step, a freeze window).
     events: Arc<Events>,
     /// Where the events are sent (`admin.webhooks`), once started.
-    webhooks: std::sync::OnceLock<crate::telemetry::webhooks::Webhooks>,
+    webhooks: std::sync::OnceLock<crate::runtime::webhooks::Webhooks>,
 }
 
 impl Records {
@@ -37,7 +37,7 @@ impl Records {
         &self.events
     }
 
-    pub(super) fn webhooks(&self) -> &std::sync::OnceLock<crate::telemetry::webhooks::Webhooks> {
+    pub(super) fn webhooks(&self) -> &std::sync::OnceLock<crate::runtime::webhooks::Webhooks> {
         &self.webhooks
     }
 
@@ -96,6 +96,7 @@ impl Records {
             reason: requester.reason.clone(),
             caller: requester.caller.clone(),
             overrode_freeze: requester.overrode_freeze.clone(),
+            approved_by: requester.approved_by.clone(),
             summary,
             error,
             pid: std::process::id(),
@@ -129,6 +130,8 @@ pub struct Requester {
     pub caller: Option<String>,
     /// The freeze window the operation went through, by `override`.
     pub overrode_freeze: Option<crate::plan::Frozen>,
+    /// The callers that approved it (a proposal carried out).
+    pub approved_by: Vec<String>,
 }
 
 impl Requester {
@@ -138,6 +141,7 @@ impl Requester {
             reason: candidate.reason.clone(),
             caller: candidate.caller.clone(),
             overrode_freeze: None,
+            approved_by: candidate.approved_by.clone(),
         }
     }
 }

@@ -151,7 +151,8 @@ fn candidate(n: usize, expected: GenerationId) -> Candidate {
             key: crate::plan::parse_hash_key("header:x-user"),
         }),
         shadow: None,
-        freeze: crate::control::FreezeRule::Honour,
+        freeze: super::candidate::FreezeRule::Honour,
+        approved_by: Vec::new(),
     }
 }
 
@@ -405,7 +406,8 @@ fn plain(n: usize) -> Candidate {
         guard: None,
         canary: None,
         shadow: None,
-        freeze: crate::control::FreezeRule::Honour,
+        freeze: super::candidate::FreezeRule::Honour,
+        approved_by: Vec::new(),
     }
 }
 

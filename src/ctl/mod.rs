@@ -44,6 +44,9 @@ pub const EXIT_SHADOW: u8 = 6;
 /// A freeze window (`[[admin.freeze]]`) refused the change: a pipeline
 /// tries again after it (`freeze.until` in `--json`).
 pub const EXIT_FROZEN: u8 = 7;
+/// The change waits for approval (`[admin.approval]`): a proposal was
+/// made (202; `--json` has its id).
+pub const EXIT_PROPOSED: u8 = 8;
 
 #[derive(Debug, Args)]
 pub struct CtlArgs {
@@ -260,6 +263,29 @@ enum CtlCommand {
         #[arg(long = "override-freeze", requires = "reason")]
         override_freeze: bool,
     },
+    /// Propose a candidate file for approval (`[admin.approval]`): it is
+    /// planned now and carried out as asked once approved.
+    Propose {
+        file: PathBuf,
+        #[command(flatten)]
+        meta: Meta,
+        #[command(flatten)]
+        guarded: Guarded,
+    },
+    /// List proposals: the open ones and the last ones decided.
+    Proposals,
+    /// Approve a proposal; the last approval needed carries it out.
+    Approve {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Reject a proposal, with a reason.
+    Reject {
+        id: String,
+        #[arg(long)]
+        reason: String,
+    },
     /// Make the pending generation final.
     Confirm {
         generation: u64,
@@ -454,7 +480,8 @@ impl CtlCommand {
         match self {
             CtlCommand::Validate { file }
             | CtlCommand::Preview { file, .. }
-            | CtlCommand::Activate { file, .. } => Some(file),
+            | CtlCommand::Activate { file, .. }
+            | CtlCommand::Propose { file, .. } => Some(file),
             _ => None,
         }
     }
@@ -568,6 +595,35 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
                 }
                 _ => answer,
             }
+        }
+        CtlCommand::Propose {
+            file,
+            meta,
+            guarded,
+        } => {
+            let mut body = candidate(file, Some(meta))?;
+            guarded.apply(&mut body);
+            client.post("/admin/runtime/proposals", body).await?
+        }
+        CtlCommand::Proposals => client.get("/admin/runtime/proposals").await?,
+        CtlCommand::Approve { id, reason } => {
+            client
+                .post_within(
+                    &format!("/admin/runtime/proposals/{id}/approve"),
+                    json!({ "reason": reason }),
+                    // The last approval carries the change out (a shadow
+                    // stage included).
+                    Duration::from_secs(3720),
+                )
+                .await?
+        }
+        CtlCommand::Reject { id, reason } => {
+            client
+                .post(
+                    &format!("/admin/runtime/proposals/{id}/reject"),
+                    json!({ "reason": reason }),
+                )
+                .await?
         }
         CtlCommand::Confirm { generation, meta } | CtlCommand::Abort { generation, meta } => {
             let path = if matches!(args.command, CtlCommand::Confirm { .. }) {
@@ -704,6 +760,7 @@ fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
         }
         StatusCode::CONFLICT => EXIT_CONFLICT,
         StatusCode::LOCKED => EXIT_FROZEN,
+        StatusCode::ACCEPTED if answer.body.get("proposal").is_some() => EXIT_PROPOSED,
         s if s.is_success() => match command {
             CtlCommand::Upgrade { .. } => match answer.read::<OperationRecord>() {
                 Some(op) if op.outcome != Outcome::Failed => EXIT_OK,
@@ -728,7 +785,8 @@ fn exit_code(command: &CtlCommand, answer: &Answer) -> u8 {
         | StatusCode::PAYLOAD_TOO_LARGE
         | StatusCode::UNSUPPORTED_MEDIA_TYPE
         | StatusCode::UNPROCESSABLE_ENTITY
-        | StatusCode::PRECONDITION_REQUIRED => EXIT_REJECTED,
+        | StatusCode::PRECONDITION_REQUIRED
+        | StatusCode::FORBIDDEN => EXIT_REJECTED,
         _ => EXIT_OTHER,
     }
 }

@@ -21,6 +21,7 @@ use crate::control::{
 #[cfg(feature = "fleet")]
 use crate::fleet::{FleetActivation, FleetStatus};
 use crate::plan::{Diff, Plan};
+use crate::runtime::proposals::ProposalRecord;
 use crate::runtime::shadow::ShadowReport;
 use crate::runtime::OperationRecord;
 use crate::writer::{Activated, Settlement, Status};
@@ -201,6 +202,19 @@ pub(super) fn print_human(command: &CtlCommand, answer: &Answer) {
         }
         return;
     }
+    // A change that waits for approval, whatever the command.
+    if let Some(proposal) = answer
+        .body
+        .get("proposal")
+        .and_then(|p| serde_json::from_value::<ProposalRecord>(p.clone()).ok())
+    {
+        if !matches!(command, CtlCommand::Proposals) {
+            super::tables::print_proposal(&proposal);
+            if answer.body.get("result").is_none() {
+                return;
+            }
+        }
+    }
     if summarize(command, answer).is_none() {
         eprintln!("(an answer this ctl does not know the shape of; as sent:)");
         print_json(&answer.body);
@@ -238,6 +252,26 @@ pub(super) fn summarize(command: &CtlCommand, answer: &Answer) -> Option<()> {
             );
         }
         CtlCommand::History => print!("{}", history_table(&answer.read::<HistoryView>()?)),
+        // The proposal was printed (`print_human`).
+        CtlCommand::Propose { .. } | CtlCommand::Reject { .. } => {}
+        CtlCommand::Proposals => {
+            let proposals: Vec<ProposalRecord> =
+                serde_json::from_value(answer.body.get("proposals")?.clone()).ok()?;
+            print!("{}", super::tables::proposals_table(&proposals));
+        }
+        // Carried out: what the change answered.
+        CtlCommand::Approve { .. } => {
+            let result = answer.body.get("result")?;
+            match serde_json::from_value::<Activated>(result.clone()) {
+                Ok(Activated::Local(activation)) => print_activation(&activation),
+                #[cfg(feature = "fleet")]
+                Ok(Activated::Fleet(activation)) => print_fleet_activation(&activation),
+                Err(_) => println!(
+                    "started operation {}",
+                    result.get("operation_id")?.as_str()?
+                ),
+            }
+        }
         // Printed as it follows the generation.
         CtlCommand::Wait { .. } => {}
         // The text as it was activated, byte for byte.

@@ -10,6 +10,7 @@ use crate::control::{Activation, BackendsView, CacheView, HistoryView, StatusVie
 use crate::fleet::FleetStatus;
 use crate::ids::GenerationId;
 use crate::plan::Diff;
+use crate::runtime::proposals::ProposalRecord;
 
 /// An enum as the admin API spells it (`auto_rollback`, `startup`).
 pub(super) fn spelled(value: &impl Serialize) -> String {
@@ -587,6 +588,86 @@ pub(super) fn history_table(view: &HistoryView) -> String {
     }
     out.push_str(&aligned(&rows));
     out
+}
+
+/// A proposal, as `ctl activate` (when the change waits), `propose`,
+/// `approve` and `reject` print it.
+pub(super) fn print_proposal(p: &ProposalRecord) {
+    let approvals: Vec<&str> = p.approvals.iter().map(|a| a.caller.as_str()).collect();
+    println!(
+        "proposal {} ({}): {} by {} against generation {}, {}/{} approvals{}; expires {}",
+        p.id,
+        spelled(&p.state),
+        p.operation.name(),
+        p.proposer,
+        p.expected_generation,
+        p.approvals.len(),
+        p.approvers,
+        if approvals.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", approvals.join(", "))
+        },
+        p.expires_at
+    );
+    if let Some(error) = &p.error {
+        println!("  not carried out: {error}");
+    }
+    if let Some(rejection) = &p.rejection {
+        println!(
+            "  rejected by {}: {}",
+            rejection.caller,
+            rejection.reason.as_deref().unwrap_or("-")
+        );
+    }
+}
+
+/// `ctl proposals`: one row each, newest first.
+pub(super) fn proposals_table(proposals: &[ProposalRecord]) -> String {
+    let mut rows = vec![vec![
+        "id".to_owned(),
+        "state".to_owned(),
+        "operation".to_owned(),
+        "proposer".to_owned(),
+        "against".to_owned(),
+        "approvals".to_owned(),
+        "expires".to_owned(),
+        "what".to_owned(),
+    ]];
+    for p in proposals {
+        let approvals: Vec<&str> = p.approvals.iter().map(|a| a.caller.as_str()).collect();
+        let what = [
+            p.reason.as_deref(),
+            p.error.as_deref(),
+            p.rejection.as_ref().and_then(|r| r.reason.as_deref()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("; ");
+        rows.push(vec![
+            p.id.clone(),
+            spelled(&p.state),
+            p.operation.name().to_owned(),
+            p.proposer.clone(),
+            p.expected_generation.to_string(),
+            format!(
+                "{}/{} {}",
+                p.approvals.len(),
+                p.approvers,
+                approvals.join(",")
+            )
+            .trim_end()
+            .to_owned(),
+            p.expires_at.clone(),
+            if what.is_empty() {
+                "-".to_owned()
+            } else {
+                what
+            },
+        ]);
+    }
+    aligned(&rows)
 }
 
 #[cfg(test)]

@@ -374,6 +374,7 @@ impl Fleet {
             shadow: None,
             // The instance that wrote it met the freeze windows.
             freeze: crate::control::FreezeRule::Exempt,
+            approved_by: Vec::new(),
         };
         match self
             .control

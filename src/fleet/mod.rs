@@ -445,6 +445,7 @@ impl Fleet {
             reason,
             // The fleet's records keep `requested_by` only (yet).
             caller: _,
+            approved_by: _,
         } = request;
         let client = self.client().await?;
         let found = within(client.get(self.keys.generation(target))).await?;

@@ -290,6 +290,7 @@ impl Process {
                 reason: request.reason.clone(),
                 caller: request.caller.clone(),
                 overrode_freeze: request.overrode_freeze.clone(),
+                approved_by: request.approved_by.clone(),
             },
             "starting the new process".into(),
         );

@@ -8,6 +8,58 @@ pub struct CallerSpec {
     pub name: String,
     pub token_sha256: [u8; 32],
     pub scopes: Scopes,
+    /// Every change this caller asks for becomes a proposal that others
+    /// approve (`requires_approval`).
+    pub requires_approval: bool,
+}
+
+/// A change that can be made to wait for approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Approvable {
+    /// Activate and reload through the API.
+    Activate,
+    Rollback,
+    Upgrade,
+}
+
+impl Approvable {
+    pub const ALL: [Approvable; 3] = [
+        Approvable::Activate,
+        Approvable::Rollback,
+        Approvable::Upgrade,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Approvable::Activate => "activate",
+            Approvable::Rollback => "rollback",
+            Approvable::Upgrade => "upgrade",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+}
+
+/// `[admin.approval]` (DESIGN §23): which changes wait for how many
+/// approvals, and for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalPolicy {
+    /// Changes that need approval whoever asks.
+    pub required_for: Vec<Approvable>,
+    /// Approvals needed, each by another caller than the proposer.
+    pub approvers: u32,
+    /// A proposal not approved within this long expires.
+    pub expire: std::time::Duration,
+}
+
+impl ApprovalPolicy {
+    /// Whether `operation` by `caller` waits for approval.
+    pub fn required(&self, operation: Approvable, caller: Option<&CallerSpec>) -> bool {
+        self.required_for.contains(&operation) || caller.is_some_and(|c| c.requires_approval)
+    }
 }
 
 /// What a caller may do (DESIGN §23).
@@ -102,3 +154,29 @@ impl Scopes {
             .collect()
     }
 }
+
+/// Every change event kind (DESIGN §23), as `GET /admin/events` names
+/// them and webhooks' `events` choose among them.
+pub const EVENT_KINDS: &[&str] = &[
+    "activation",
+    "pending",
+    "confirmed",
+    "aborted",
+    "auto_rolled_back",
+    "rollback",
+    "canary_step",
+    "shadow_verdict",
+    "freeze_entered",
+    "freeze_left",
+    "reload_certs",
+    "certificate",
+    "cache_purge",
+    "drain",
+    "upgrade",
+    "fleet_ack",
+    "fleet_nack",
+    "proposal_made",
+    "proposal_approved",
+    "proposal_rejected",
+    "proposal_expired",
+];

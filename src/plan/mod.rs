@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod filters;
-pub use callers::{CallerSpec, Scope, Scopes};
+pub use callers::{Approvable, ApprovalPolicy, CallerSpec, Scope, Scopes, EVENT_KINDS};
 pub use diff::{diff, Change, ChangeKind, Diff, Disposition, FieldChange, Summary};
 pub use filters::{
     replace_prefix, AllowHeaders, Compress, Cors, Defaults, Encoding, Filters, HeaderOps,
@@ -630,7 +630,6 @@ scopes = []
             ("duplicate_caller", "admin.callers[0].name"),
             ("invalid_value", "admin.callers[1].token_sha256"),
             ("unknown_scope", "admin.callers[1].scopes[1]"),
-            ("unsupported_option", "admin.callers[1].scopes[2]"),
             ("conflicting_options", "admin.callers[2].token_sha256"),
             ("missing_key", "admin.callers[3].scopes"),
             ("missing_key", "admin.callers[3].token_sha256"),
@@ -750,6 +749,67 @@ reason = ""
             .map(|d| d.line)
             .collect();
         assert!(lines.iter().all(Option::is_some), "{lines:?}");
+    }
+
+    #[test]
+    fn approvals_are_checked_against_the_callers_that_could_give_them() {
+        let dir = tempfile::tempdir().expect("dir");
+        let at = |text: &str| ConfigText::inline(text.to_owned(), dir.path().to_path_buf(), "<t>");
+        let callers = r#"
+[[admin.callers]]
+name = "ci"
+token_sha256 = "0000000000000000000000000000000000000000000000000000000000000001"
+scopes = ["read", "activate"]
+requires_approval = true
+
+[[admin.callers]]
+name = "alice"
+token_sha256 = "0000000000000000000000000000000000000000000000000000000000000002"
+scopes = ["approve"]
+"#;
+        let good = format!(
+            "[admin.approval]\nrequired_for = [\"rollback\", \"upgrade\"]\napprovers = 1\nexpire = \"30m\"\n{callers}"
+        );
+        let spec = validate(&at(&good)).unwrap_or_else(|e| panic!("{e:?}"));
+        let policy = spec.admin.approval.expect("a policy");
+        assert_eq!(
+            policy.required_for,
+            [Approvable::Rollback, Approvable::Upgrade]
+        );
+        assert_eq!(policy.expire, std::time::Duration::from_secs(1800));
+        let ci = &spec.admin.callers[0];
+        assert!(
+            policy.required(Approvable::Activate, Some(ci)),
+            "ci's every change waits"
+        );
+        assert!(!policy.required(Approvable::Activate, Some(&spec.admin.callers[1])));
+        // A caller's requires_approval alone makes a policy of defaults.
+        let spec = validate(&at(callers)).unwrap_or_else(|e| panic!("{e:?}"));
+        let policy = spec.admin.approval.expect("defaults");
+        assert_eq!((policy.approvers, policy.required_for.len()), (1, 0));
+
+        let bad = format!(
+            "[admin.approval]\nrequired_for = [\"activate\", \"deploy\"]\napprovers = 2\nexpire = \"10s\"\n{callers}"
+        );
+        let found: Vec<(String, String)> = validate(&at(&bad))
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| (d.code.to_string(), d.path.to_string()))
+            .collect();
+        for expected in [
+            ("invalid_value", "admin.approval.required_for[1]"),
+            ("invalid_value", "admin.approval.expire"),
+            // Two approvals, one caller that can give them.
+            ("invalid_value", "admin.approval"),
+        ] {
+            assert!(
+                found
+                    .iter()
+                    .any(|(c, p)| (c.as_str(), p.as_str()) == expected),
+                "{expected:?} not in {found:#?}"
+            );
+        }
     }
 
     #[test]

@@ -126,6 +126,9 @@ pub struct AdminSpec {
     pub freeze: Vec<super::freeze::FreezeWindow>,
     /// `[[admin.webhooks]]`: receivers of change events.
     pub webhooks: Vec<WebhookSpec>,
+    /// `[admin.approval]`, or the defaults when only a caller's
+    /// `requires_approval` asks for approvals; none: nothing waits.
+    pub approval: Option<super::ApprovalPolicy>,
 }
 
 /// A receiver of change events (DESIGN §23).

@@ -16,32 +16,12 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::history::{OperationKind, OperationRecord};
-
 /// Events kept for resumption; older ones are gone (a client that
 /// resumes from before them is told how many it missed).
 pub const RING: usize = 1024;
 
 /// Every event kind, as webhooks' `events` name them.
-pub const KINDS: &[&str] = &[
-    "activation",
-    "pending",
-    "confirmed",
-    "aborted",
-    "auto_rolled_back",
-    "rollback",
-    "canary_step",
-    "shadow_verdict",
-    "freeze_entered",
-    "freeze_left",
-    "reload_certs",
-    "certificate",
-    "cache_purge",
-    "drain",
-    "upgrade",
-    "fleet_ack",
-    "fleet_nack",
-];
+pub use crate::plan::EVENT_KINDS as KINDS;
 
 /// One change of state.
 #[derive(Debug, Clone, Serialize)]
@@ -58,25 +38,6 @@ pub struct Event {
     /// freeze window, … (per kind; see `docs/admin-api.md`).
     #[serde(flatten)]
     pub data: serde_json::Map<String, Value>,
-}
-
-/// The event kind an operation record makes (`None`: previews change
-/// nothing).
-fn kind_of(kind: OperationKind) -> Option<&'static str> {
-    Some(match kind {
-        OperationKind::Preview => return None,
-        OperationKind::Activate | OperationKind::Reload => "activation",
-        OperationKind::Rollback => "rollback",
-        OperationKind::Confirm => "confirmed",
-        OperationKind::Abort => "aborted",
-        OperationKind::AutoRollback => "auto_rolled_back",
-        OperationKind::ReloadCerts => "reload_certs",
-        OperationKind::Certificate => "certificate",
-        OperationKind::Drain => "drain",
-        OperationKind::Upgrade => "upgrade",
-        OperationKind::CachePurge => "cache_purge",
-        OperationKind::Other => return None,
-    })
 }
 
 /// Where a reader resumes.
@@ -168,22 +129,6 @@ impl Events {
             seq
         };
         self.latest.send_replace(seq);
-    }
-
-    /// The event an operation record makes, if any (on record, and again
-    /// when a long one finishes: an upgrade).
-    pub fn operation(&self, record: &OperationRecord) {
-        let Some(kind) = kind_of(record.kind) else {
-            return;
-        };
-        let operation = serde_json::to_value(record).unwrap_or(Value::Null);
-        self.emit(
-            kind,
-            serde_json::json!({
-                "generation": record.generation,
-                "operation": operation,
-            }),
-        );
     }
 
     /// Where a reader that sent `last_event_id` (or none) resumes.

@@ -190,6 +190,9 @@ pub struct OperationRecord {
     /// The freeze window an operation went through by `override`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overrode_freeze: Option<crate::plan::Frozen>,
+    /// The callers that approved it (DESIGN §23: a proposal carried out).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approved_by: Vec<String>,
     pub summary: String,
     pub error: Option<String>,
     pub pid: u32,
@@ -229,6 +232,11 @@ pub struct PersistedState {
     /// upgrade during its window resumes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<PendingRecord>,
+    /// Changes waiting for approval, and the last ones decided.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub proposals: Vec<super::proposals::ProposalRecord>,
+    #[serde(default)]
+    pub next_proposal: u64,
 }
 
 /// A pending generation as the state keeps it (DESIGN §14): what a
@@ -280,6 +288,9 @@ struct StoredState<'a> {
     next_operation: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pending: Option<&'a PendingRecord>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    proposals: &'a [super::proposals::ProposalRecord],
+    next_proposal: u64,
 }
 
 #[derive(Serialize)]
@@ -307,6 +318,10 @@ struct LoadedState {
     next_operation: u64,
     #[serde(default)]
     pending: Option<PendingRecord>,
+    #[serde(default)]
+    proposals: Vec<super::proposals::ProposalRecord>,
+    #[serde(default)]
+    next_proposal: u64,
 }
 
 #[derive(Deserialize)]
@@ -326,6 +341,29 @@ struct LoadedRecord {
     config: Option<String>,
     base_dir: PathBuf,
     origin: String,
+}
+
+/// The change event an operation record makes, if any (previews change
+/// nothing): on record, and again when a long one finishes (an upgrade).
+fn said(events: &super::events::Events, record: &OperationRecord) {
+    let kind = match record.kind {
+        OperationKind::Preview | OperationKind::Other => return,
+        OperationKind::Activate | OperationKind::Reload => "activation",
+        OperationKind::Rollback => "rollback",
+        OperationKind::Confirm => "confirmed",
+        OperationKind::Abort => "aborted",
+        OperationKind::AutoRollback => "auto_rolled_back",
+        OperationKind::ReloadCerts => "reload_certs",
+        OperationKind::Certificate => "certificate",
+        OperationKind::Drain => "drain",
+        OperationKind::Upgrade => "upgrade",
+        OperationKind::CachePurge => "cache_purge",
+    };
+    let operation = serde_json::to_value(record).unwrap_or(serde_json::Value::Null);
+    events.emit(
+        kind,
+        serde_json::json!({ "generation": record.generation, "operation": operation }),
+    );
 }
 
 /// Retained generations (newest last) and the operation log.
@@ -407,6 +445,8 @@ impl History {
             operations: loaded.operations,
             next_operation: loaded.next_operation,
             pending: loaded.pending,
+            proposals: loaded.proposals,
+            next_proposal: loaded.next_proposal,
         }))
     }
 
@@ -473,7 +513,7 @@ impl History {
 
     pub fn record_operation(&mut self, record: OperationRecord) {
         if let Some(events) = &self.events {
-            events.operation(&record);
+            said(events, &record);
         }
         self.state.operations.push_back(record);
         self.trim();
@@ -486,7 +526,7 @@ impl History {
             let before = record.outcome;
             update(record);
             if let Some(events) = self.events.as_ref().filter(|_| record.outcome != before) {
-                events.operation(record);
+                said(events, record);
             }
         }
     }
@@ -507,6 +547,43 @@ impl History {
     }
 
     /// Everything a new process needs to continue this history.
+    /// Proposals: open ones and the last ones decided, oldest first.
+    pub fn proposals(&self) -> &[super::proposals::ProposalRecord] {
+        &self.state.proposals
+    }
+
+    /// Changes the proposals (and then keeps at most
+    /// `proposals::CLOSED_LIMIT` closed ones); persisted with the next
+    /// write.
+    pub fn update_proposals<T>(
+        &mut self,
+        update: impl FnOnce(&mut Vec<super::proposals::ProposalRecord>) -> T,
+    ) -> T {
+        use super::proposals::{ProposalState, CLOSED_LIMIT};
+        let out = update(&mut self.state.proposals);
+        let closed = self
+            .state
+            .proposals
+            .iter()
+            .filter(|p| p.state != ProposalState::Open)
+            .count();
+        let mut extra = closed.saturating_sub(CLOSED_LIMIT);
+        self.state.proposals.retain(|p| {
+            let drop = extra > 0 && p.state != ProposalState::Open;
+            if drop {
+                extra -= 1;
+            }
+            !drop
+        });
+        out
+    }
+
+    /// A fresh proposal id (`p-000007`).
+    pub fn next_proposal_id(&mut self) -> String {
+        self.state.next_proposal += 1;
+        format!("p-{:06}", self.state.next_proposal)
+    }
+
     pub fn snapshot(&self) -> PersistedState {
         self.state.clone()
     }
@@ -575,6 +652,8 @@ impl History {
             operations: &self.state.operations,
             next_operation: self.state.next_operation,
             pending: self.state.pending.as_ref(),
+            proposals: &self.state.proposals,
+            next_proposal: self.state.next_proposal,
         };
         write_atomically(&dir, STATE_FILE, |out| {
             serde_json::to_writer_pretty(out, &stored).map_err(std::io::Error::other)
@@ -808,6 +887,7 @@ mod tests {
             operations: VecDeque::new(),
             next_operation: 3,
             pending: None,
+            ..PersistedState::default()
         };
         std::fs::write(
             dir.path().join(STATE_FILE),

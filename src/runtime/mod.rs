@@ -2,8 +2,10 @@
 
 pub mod events;
 mod history;
+pub mod proposals;
 pub mod shadow;
 mod store;
+pub mod webhooks;
 
 pub use history::*;
 pub use store::{Active, Canary, Conflict, GenerationLoad, GenerationStore};

@@ -9,7 +9,6 @@ pub mod otlp;
 pub mod series;
 mod settings;
 pub mod trace;
-pub mod webhooks;
 
 pub use settings::{LogFormat, LogSpec, TracingSpec};
 

@@ -259,7 +259,7 @@ async fn the_headline_is_the_gateways_rate_even_under_virtual_time() {
         sent
     });
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let out = headless_dom(chromium, format!("{}/admin/", gw.admin_url())).await;
+    let out = headless_dom(chromium, format!("{}/admin/?poll", gw.admin_url())).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let sent = traffic.await.unwrap();
     let dom = String::from_utf8_lossy(&out.stdout);

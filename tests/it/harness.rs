@@ -527,6 +527,8 @@ pub async fn reload_certs(gw: &Gateway) -> (u16, Value) {
 
 /// Loads `url` in headless Chromium (a fresh profile, 5 s of virtual
 /// time for the page's fetches) and returns what it printed: the DOM.
+/// Virtual time stands still while a request is open, so a page that
+/// follows a stream must be loaded without it (the console's `?poll`).
 pub async fn headless_dom(chromium: PathBuf, url: String) -> std::process::Output {
     let profile = tempfile::tempdir().unwrap();
     tokio::task::spawn_blocking(move || {

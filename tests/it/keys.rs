@@ -263,6 +263,15 @@ fn rows() -> Vec<Row> {
         row("admin", "audit_log", Admin, &["audit_log = \"audit.log\""]),
         row(
             "admin",
+            "approval",
+            Admin,
+            &[
+                "approval = { required_for = [\"rollback\"], approvers = 1, expire = \"2h\" }",
+                "callers = [{ name = \"alice\", token_sha256 = \"0000000000000000000000000000000000000000000000000000000000000002\", scopes = [\"approve\"] }]",
+            ],
+        ),
+        row(
+            "admin",
             "webhooks",
             Admin,
             &["webhooks = [{ name = \"chatops\", url = \"https://hooks.example/cutover\", secret_file = \"hook.secret\" }]"],

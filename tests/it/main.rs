@@ -2,6 +2,7 @@
 
 mod acme;
 mod admin;
+mod approvals;
 mod auth;
 mod cache;
 mod compress;

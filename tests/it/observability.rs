@@ -819,7 +819,7 @@ async fn the_admin_page_shows_both_generations_and_the_diff_in_a_real_browser() 
                             "requested_by": "pipeline-7", "reason": "a little looser" }),
     )
     .await;
-    let out = headless_dom(chromium, format!("{}/admin/", gw.admin_url())).await;
+    let out = headless_dom(chromium, format!("{}/admin/?poll", gw.admin_url())).await;
     let dom = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && dom.contains("<html"),

@@ -694,12 +694,15 @@ refresh();
 setInterval(refresh, REFRESH_MS);
 // A change shows the moment it is recorded (the event stream), not at the
 // next refresh; the charts' figures still come once every REFRESH_MS.
-if (window.EventSource) {
+// `?poll` keeps to polling (a proxy that cuts long-lived responses, a
+// headless snapshot that waits for every request to end).
+if (window.EventSource && !new URLSearchParams(location.search).has("poll")) {
   const changes = new EventSource("/admin/events");
   const kinds = [
     "activation", "pending", "confirmed", "aborted", "auto_rolled_back", "rollback",
     "canary_step", "shadow_verdict", "freeze_entered", "freeze_left", "reload_certs",
-    "certificate", "cache_purge", "drain", "upgrade", "fleet_ack", "fleet_nack", "reset",
+    "certificate", "cache_purge", "drain", "upgrade", "fleet_ack", "fleet_nack", "proposal_made",
+    "proposal_approved", "proposal_rejected", "proposal_expired", "reset",
   ];
   for (const kind of kinds) changes.addEventListener(kind, () => refresh());
 }

@@ -32,6 +32,7 @@ impl Validator<'_> {
                 name: "admin".into(),
                 token_sha256: sha256(token.as_bytes()),
                 scopes: Scopes::all(),
+                requires_approval: false,
             });
         }
         for (i, caller) in file.admin.callers.iter().enumerate() {
@@ -105,11 +106,13 @@ impl Validator<'_> {
                 }
             }
         }
+        let approval = self.approval(file, &callers);
         Some(AdminSpec {
             bind,
             callers,
             freeze,
             webhooks,
+            approval,
             audit_log: file.admin.audit_log.as_ref().map(|f| self.base_dir.join(f)),
             require_expected_generation: file.admin.require_expected_generation,
             max_body,
@@ -140,16 +143,6 @@ impl Validator<'_> {
         let mut scopes = Scopes::default();
         for (j, name) in caller.scopes.iter().enumerate() {
             match Scope::parse(name) {
-                // Approvals (DESIGN §23) are not in this build: a scope
-                // for them would promise what no call checks.
-                Some(Scope::Approve) => {
-                    self.error(
-                        Code::UnsupportedOption,
-                        format!("admin.callers[{i}].scopes[{j}]"),
-                        "scope 'approve' is for approvals, which this build does not have yet",
-                    );
-                    ok = false;
-                }
                 Some(scope) => scopes = scopes.with(scope),
                 None => {
                     let known: Vec<&str> = Scope::ALL.iter().map(|s| s.name()).collect();
@@ -219,6 +212,82 @@ impl Validator<'_> {
             name: caller.name.clone(),
             token_sha256,
             scopes,
+            requires_approval: caller.requires_approval,
+        })
+    }
+
+    /// `[admin.approval]` (or a caller's `requires_approval`): known
+    /// operations, 1 to 10 approvers that the callers can supply, an
+    /// expiry of 1 minute to 7 days; callers to propose and approve; one
+    /// instance (proposals are not shared through a fleet in this build).
+    fn approval(&mut self, file: &FileConfig, callers: &[CallerSpec]) -> Option<ApprovalPolicy> {
+        let asked = file.admin.approval.as_ref();
+        let by_caller = callers.iter().any(|c| c.requires_approval);
+        if asked.is_none() && !by_caller {
+            return None;
+        }
+        let at = |field: &str| format!("admin.approval.{field}");
+        let mut required_for = Vec::new();
+        for (i, name) in asked.iter().flat_map(|a| a.required_for.iter()).enumerate() {
+            match Approvable::parse(name) {
+                Some(op) if !required_for.contains(&op) => required_for.push(op),
+                Some(_) => {}
+                None => self.error(
+                    Code::InvalidValue,
+                    format!("admin.approval.required_for[{i}]"),
+                    format!("'{name}' is not an operation that can wait for approval: activate, rollback, upgrade"),
+                ),
+            }
+        }
+        let approvers = asked.and_then(|a| a.approvers).unwrap_or(1);
+        if !(1..=10).contains(&approvers) {
+            self.error(
+                Code::InvalidValue,
+                at("approvers"),
+                "approvers must be between 1 and 10",
+            );
+        }
+        let expire = match asked.and_then(|a| a.expire.as_deref()) {
+            None => Duration::from_secs(3600),
+            Some(text) => match humantime::parse_duration(text) {
+                Ok(d) if d >= Duration::from_secs(60) && d <= Duration::from_secs(7 * 86_400) => d,
+                _ => {
+                    self.error(
+                        Code::InvalidValue,
+                        at("expire"),
+                        format!("expire '{text}' is not a duration between 1m and 7d"),
+                    );
+                    Duration::from_secs(3600)
+                }
+            },
+        };
+        let where_ = if asked.is_some() {
+            "admin.approval"
+        } else {
+            "admin.callers"
+        };
+        let can_approve = callers
+            .iter()
+            .filter(|c| c.scopes.allow(Scope::Approve))
+            .count();
+        if can_approve < approvers as usize {
+            self.error(
+                Code::InvalidValue,
+                where_,
+                format!("{approvers} approvals are needed but {can_approve} callers have the 'approve' scope: nothing could ever be approved"),
+            );
+        }
+        if file.fleet.is_some() {
+            self.error(
+                Code::UnsupportedOption,
+                where_,
+                "approvals are kept by one instance in this build, not shared through the fleet: a proposal made on one instance could not be approved on another",
+            );
+        }
+        Some(ApprovalPolicy {
+            required_for,
+            approvers,
+            expire,
         })
     }
 
@@ -261,14 +330,14 @@ impl Validator<'_> {
         };
         let mut events = Vec::new();
         for (j, name) in hook.events.iter().flatten().enumerate() {
-            match crate::runtime::events::KINDS.iter().find(|k| **k == name) {
+            match super::super::EVENT_KINDS.iter().find(|k| **k == name) {
                 Some(kind) => events.push(*kind),
                 None => self.error(
                     Code::InvalidValue,
                     format!("admin.webhooks[{i}].events[{j}]"),
                     format!(
                         "unknown event '{name}'; events are {}",
-                        crate::runtime::events::KINDS.join(", ")
+                        super::super::EVENT_KINDS.join(", ")
                     ),
                 ),
             }

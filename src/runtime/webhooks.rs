@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::events::{Event, Events};
 use crate::plan::WebhookSpec;
-use crate::runtime::events::{Event, Events};
 
 /// Attempts per event, and the wait before the second (doubling).
 const ATTEMPTS: u32 = 6;
@@ -256,7 +256,7 @@ async fn deliver(hook: &Hook, client: &Client, event: &Event) {
             if delivered {
                 state.delivered += 1;
                 state.last_error = None;
-                state.last_delivered_at = Some(crate::runtime::rfc3339(SystemTime::now()));
+                state.last_delivered_at = Some(super::rfc3339(SystemTime::now()));
             } else {
                 state.last_error =
                     Some(error.unwrap_or_else(|| {

@@ -1,0 +1,527 @@
+//! Approvals (DESIGN §23): the two-person rule. A change that
+//! `[admin.approval]` (or its caller's `requires_approval`) makes wait is
+//! kept as a proposal — the request as asked, the generation it was
+//! planned against, the plan's diff and live impact — until other
+//! callers with `approve` approve it (then it is carried out as the
+//! proposer asked, through the writer, under the same expected-generation
+//! rule: 409 when another change came first), reject it, or it expires.
+//! Proposals are kept with the history, so a restart or an upgrade keeps
+//! them.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::error::{ApiError, ProposalError};
+use crate::control::{
+    CanarySpec, Candidate, CandidateSource, Control, ControlError, FreezeRule, GuardSpec,
+    RollbackRequest, ShadowSpec, UpgradeRequest,
+};
+use crate::ids::GenerationId;
+use crate::plan::{Approvable, ApprovalPolicy};
+use crate::runtime::proposals::{ProposalRecord, ProposalState, Verdict, OPEN_LIMIT};
+use crate::runtime::{rfc3339, CanaryRecord, GuardRecord};
+use crate::writer::Writer;
+
+/// The request a proposal carries out once approved.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "operation", rename_all = "snake_case")]
+pub enum Change {
+    /// An activation of this text (a reload's file, read when proposed).
+    Activate {
+        config: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        confirm_within_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        guard: Option<GuardRecord>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        canary: Option<CanaryRecord>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shadow: Option<ShadowSpec>,
+        #[serde(default)]
+        override_freeze: bool,
+    },
+    Rollback {
+        target_generation: GenerationId,
+    },
+    Upgrade {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        config: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        binary: Option<PathBuf>,
+        #[serde(default)]
+        override_freeze: bool,
+    },
+}
+
+impl Change {
+    fn operation(&self) -> Approvable {
+        match self {
+            Change::Activate { .. } => Approvable::Activate,
+            Change::Rollback { .. } => Approvable::Rollback,
+            Change::Upgrade { .. } => Approvable::Upgrade,
+        }
+    }
+}
+
+/// Who asked, and why, as the proposal keeps it.
+pub struct Asked {
+    pub caller: Option<String>,
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+    pub expected_generation: Option<GenerationId>,
+}
+
+/// The proposals of this process and the rule that makes changes wait.
+pub struct Approvals {
+    writer: Writer,
+    policy: Option<ApprovalPolicy>,
+    /// Callers whose every change waits (`requires_approval`).
+    requiring: Vec<String>,
+    /// One decision at a time (two approvals that arrive together carry a
+    /// change out once).
+    deciding: tokio::sync::Mutex<()>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Approvals {
+    /// The approvals of `writer`'s process, under the active
+    /// configuration's `[admin]` (startup-owned). With a policy, a task
+    /// expires proposals as their time runs out.
+    pub fn new(writer: Writer) -> Arc<Self> {
+        let active = writer.control().store().load_full();
+        let admin = &active.spec.admin;
+        let approvals = Arc::new(Self {
+            policy: admin.approval.clone(),
+            requiring: admin
+                .callers
+                .iter()
+                .filter(|c| c.requires_approval)
+                .map(|c| c.name.clone())
+                .collect(),
+            writer,
+            deciding: tokio::sync::Mutex::new(()),
+        });
+        drop(active);
+        // One that was being carried out when the last process stopped
+        // is not carried out again: its operation log says how far it got.
+        approvals.control().with_history(|h| {
+            h.update_proposals(|proposals| {
+                for p in proposals
+                    .iter_mut()
+                    .filter(|p| p.state == ProposalState::Approved)
+                {
+                    p.state = ProposalState::Failed;
+                    p.error = Some(
+                        "the process stopped while it was carried out: see the operation log"
+                            .into(),
+                    );
+                }
+            })
+        });
+        if approvals.policy.is_some() && tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(expire_loop(Arc::downgrade(&approvals)));
+        }
+        approvals
+    }
+
+    fn control(&self) -> &Arc<Control> {
+        self.writer.control()
+    }
+
+    /// Whether `operation` asked by `caller` waits for approval.
+    pub fn required(&self, operation: Approvable, caller: Option<&str>) -> bool {
+        self.policy.as_ref().is_some_and(|policy| {
+            policy.required_for.contains(&operation)
+                || caller.is_some_and(|c| self.requiring.iter().any(|r| r == c))
+        })
+    }
+
+    /// Every proposal kept, newest first (expired ones marked so).
+    pub fn list(&self) -> Vec<ProposalRecord> {
+        self.expire_due();
+        self.control()
+            .read_history(|h| h.proposals().iter().rev().cloned().collect())
+    }
+
+    pub fn get(&self, id: &str) -> Result<ProposalRecord, ProposalError> {
+        self.expire_due();
+        self.control()
+            .read_history(|h| h.proposals().iter().find(|p| p.id == id).cloned())
+            .ok_or_else(|| ProposalError::NotFound(id.to_owned()))
+    }
+
+    /// Makes `change` a proposal: planned first (an activation that would
+    /// be refused is refused now, with its plan), against the generation
+    /// it names or the active one.
+    pub async fn propose(&self, change: Change, asked: Asked) -> Result<Response, ApiError> {
+        let policy = self.policy.clone().ok_or(ProposalError::NotConfigured)?;
+        let proposer = asked.caller.clone().ok_or(ProposalError::Anonymous)?;
+        let control = self.control();
+        let expected = asked
+            .expected_generation
+            .unwrap_or_else(|| control.store().active_id());
+        let plan = match &change {
+            Change::Activate { config, .. } => {
+                let plan = control.validate(Candidate::text(config.clone())).await?;
+                if !plan.errors.is_empty() {
+                    return Err(ControlError::Invalid(Box::new(plan)).into());
+                }
+                if !plan.rejected.is_empty() {
+                    return Err(ControlError::RestartRequired(Box::new(plan)).into());
+                }
+                Some(serde_json::to_value(&plan).unwrap_or(Value::Null))
+            }
+            _ => None,
+        };
+        let created = SystemTime::now();
+        let expires = created + policy.expire;
+        let expires_unix_ms =
+            now_ms().saturating_add(u64::try_from(policy.expire.as_millis()).unwrap_or(u64::MAX));
+        let operation = change.operation();
+        let record = control.with_history(|h| {
+            let open = h
+                .proposals()
+                .iter()
+                .filter(|p| p.state == ProposalState::Open)
+                .count();
+            if open >= OPEN_LIMIT {
+                return Err(ProposalError::TooMany(open));
+            }
+            let record = ProposalRecord {
+                id: h.next_proposal_id(),
+                state: ProposalState::Open,
+                operation,
+                proposer,
+                requested_by: asked.requested_by,
+                reason: asked.reason,
+                created_at: rfc3339(created),
+                expires_at: rfc3339(expires),
+                expires_unix_ms,
+                expected_generation: expected,
+                approvers: policy.approvers,
+                plan,
+                change: serde_json::to_value(&change).unwrap_or(Value::Null),
+                approvals: Vec::new(),
+                rejection: None,
+                operation_id: None,
+                error: None,
+            };
+            h.update_proposals(|proposals| proposals.push(record.clone()));
+            Ok(record)
+        })?;
+        tracing::info!(proposal = %record.id, proposer = %record.proposer, operation = operation.name(), "change proposed; it waits for approval");
+        self.event("proposal_made", &record);
+        Ok((StatusCode::ACCEPTED, Json(json!({ "proposal": record }))).into_response())
+    }
+
+    /// Approves proposal `id` as `caller`; the last approval needed
+    /// carries the change out and answers as the change does (with the
+    /// proposal beside it).
+    pub async fn approve(
+        &self,
+        id: &str,
+        caller: Option<String>,
+        reason: Option<String>,
+    ) -> Result<Response, ApiError> {
+        let caller = caller.ok_or(ProposalError::Anonymous)?;
+        let (record, ready) = {
+            let _one = self.deciding.lock().await;
+            self.expire_due();
+            self.control().with_history(|h| {
+                h.update_proposals(|proposals| {
+                    let p = proposals
+                        .iter_mut()
+                        .find(|p| p.id == id)
+                        .ok_or_else(|| ProposalError::NotFound(id.to_owned()))?;
+                    if p.state != ProposalState::Open {
+                        return Err(ProposalError::Closed {
+                            id: id.to_owned(),
+                            state: p.state,
+                        });
+                    }
+                    if p.proposer == caller {
+                        return Err(ProposalError::SelfApproval(id.to_owned()));
+                    }
+                    if p.approvals.iter().any(|a| a.caller == caller) {
+                        return Err(ProposalError::AlreadyApproved {
+                            id: id.to_owned(),
+                            caller: caller.clone(),
+                        });
+                    }
+                    p.approvals.push(Verdict {
+                        caller: caller.clone(),
+                        at: rfc3339(SystemTime::now()),
+                        reason,
+                    });
+                    let ready = p.approvals.len() >= p.approvers as usize;
+                    if ready {
+                        p.state = ProposalState::Approved;
+                    }
+                    Ok((p.clone(), ready))
+                })
+            })?
+        };
+        tracing::info!(proposal = %record.id, approver = %caller, ready, "proposal approved");
+        self.event("proposal_approved", &record);
+        if !ready {
+            return Ok(Json(json!({ "proposal": record })).into_response());
+        }
+        let result = self.carry_out(&record).await;
+        let (state, operation_id, error) = match &result {
+            Ok(answer) => (
+                ProposalState::Executed,
+                answer["operation_id"].as_str().map(str::to_owned),
+                None,
+            ),
+            Err(error) => (ProposalState::Failed, None, Some(error.to_string())),
+        };
+        let record = self.control().with_history(|h| {
+            h.update_proposals(|proposals| {
+                let p = proposals.iter_mut().find(|p| p.id == id)?;
+                p.state = state;
+                p.operation_id = operation_id;
+                p.error = error;
+                Some(p.clone())
+            })
+        });
+        let record = record.ok_or_else(|| ProposalError::NotFound(id.to_owned()))?;
+        match result {
+            Ok(answer) => Ok(Json(json!({ "proposal": record, "result": answer })).into_response()),
+            Err(error) => {
+                // The change's own refusal (409, 423, 422 …), with the
+                // proposal beside it.
+                let response = error.into_response();
+                let status = response.status();
+                let bytes = axum::body::to_bytes(response.into_body(), 64 << 20)
+                    .await
+                    .unwrap_or_default();
+                let mut body: Value = serde_json::from_slice(&bytes).unwrap_or_else(|_| json!({}));
+                if let Some(object) = body.as_object_mut() {
+                    object.insert("proposal".into(), json!(record));
+                }
+                Ok((status, Json(body)).into_response())
+            }
+        }
+    }
+
+    /// Rejects proposal `id` as `caller` (the proposer may withdraw its
+    /// own), with a reason.
+    pub async fn reject(
+        &self,
+        id: &str,
+        caller: Option<String>,
+        reason: Option<String>,
+    ) -> Result<Response, ApiError> {
+        let caller = caller.ok_or(ProposalError::Anonymous)?;
+        let reason = reason
+            .filter(|r| !r.trim().is_empty())
+            .ok_or(ProposalError::NoReason)?;
+        let record = {
+            let _one = self.deciding.lock().await;
+            self.expire_due();
+            self.control().with_history(|h| {
+                h.update_proposals(|proposals| {
+                    let p = proposals
+                        .iter_mut()
+                        .find(|p| p.id == id)
+                        .ok_or_else(|| ProposalError::NotFound(id.to_owned()))?;
+                    if p.state != ProposalState::Open {
+                        return Err(ProposalError::Closed {
+                            id: id.to_owned(),
+                            state: p.state,
+                        });
+                    }
+                    p.state = ProposalState::Rejected;
+                    p.rejection = Some(Verdict {
+                        caller,
+                        at: rfc3339(SystemTime::now()),
+                        reason: Some(reason),
+                    });
+                    Ok(p.clone())
+                })
+            })?
+        };
+        tracing::info!(proposal = %record.id, "proposal rejected");
+        self.event("proposal_rejected", &record);
+        Ok(Json(json!({ "proposal": record })).into_response())
+    }
+
+    /// Marks open proposals whose time ran out as expired.
+    fn expire_due(&self) {
+        let now = now_ms();
+        let due = |p: &ProposalRecord| p.state == ProposalState::Open && p.expires_unix_ms <= now;
+        if !self
+            .control()
+            .read_history(|h| h.proposals().iter().any(due))
+        {
+            return;
+        }
+        let expired: Vec<ProposalRecord> = self.control().with_history(|h| {
+            h.update_proposals(|proposals| {
+                proposals
+                    .iter_mut()
+                    .filter(|p| due(p))
+                    .map(|p| {
+                        p.state = ProposalState::Expired;
+                        p.clone()
+                    })
+                    .collect()
+            })
+        });
+        for record in &expired {
+            tracing::info!(proposal = %record.id, "proposal expired");
+            self.event("proposal_expired", record);
+        }
+    }
+
+    fn event(&self, kind: &'static str, record: &ProposalRecord) {
+        let mut shown = record.clone();
+        // The candidate's text and the diff's lines stay out of events
+        // (and so out of webhooks' receivers): the counts say how much it
+        // changes, and the proposal behind the admin API shows the rest.
+        shown.change = json!({ "operation": record.operation });
+        shown.plan = record.plan.as_ref().map(|plan| {
+            json!({
+                "diff": { "summary": plan["diff"]["summary"] },
+                "impact": { "moved_percent": plan["impact"]["moved"]["percent"], "sample_size": plan["impact"]["sample_size"] },
+            })
+        });
+        self.control().events().emit(
+            kind,
+            json!({ "generation": record.expected_generation, "proposal": shown }),
+        );
+    }
+
+    /// The change as the proposer asked it, through the writer.
+    async fn carry_out(&self, record: &ProposalRecord) -> Result<Value, ApiError> {
+        let change: Change = serde_json::from_value(record.change.clone()).map_err(|e| {
+            ControlError::Internal(format!("proposal {} does not read: {e}", record.id))
+        })?;
+        let approved_by: Vec<String> = record.approvals.iter().map(|a| a.caller.clone()).collect();
+        let caller = Some(record.proposer.clone());
+        let freeze = |asked: bool| {
+            if asked {
+                FreezeRule::Override
+            } else {
+                FreezeRule::Honour
+            }
+        };
+        let answer = match change {
+            Change::Activate {
+                config,
+                confirm_within_ms,
+                guard,
+                canary,
+                shadow,
+                override_freeze,
+            } => {
+                let candidate = Candidate {
+                    source: CandidateSource::Text(config),
+                    expected_generation: Some(record.expected_generation),
+                    reason: record.reason.clone(),
+                    requested_by: record.requested_by.clone(),
+                    caller,
+                    confirm_within: confirm_within_ms.map(Duration::from_millis),
+                    guard: guard.as_ref().map(GuardSpec::from_record),
+                    canary: canary.as_ref().and_then(CanarySpec::from_record),
+                    shadow,
+                    freeze: freeze(override_freeze),
+                    approved_by,
+                };
+                serde_json::to_value(self.writer.activate(candidate).await?)
+            }
+            Change::Rollback { target_generation } => serde_json::to_value(
+                self.writer
+                    .rollback(RollbackRequest {
+                        target_generation,
+                        expected_active_generation: Some(record.expected_generation),
+                        reason: record.reason.clone(),
+                        requested_by: record.requested_by.clone(),
+                        caller,
+                        approved_by,
+                    })
+                    .await?,
+            ),
+            Change::Upgrade {
+                config,
+                binary,
+                override_freeze,
+            } => {
+                let active = self.control().store().active_id();
+                if active != record.expected_generation {
+                    return Err(ControlError::Conflict {
+                        expected: record.expected_generation,
+                        active,
+                    }
+                    .into());
+                }
+                let operation_id = self.control().upgrade(UpgradeRequest {
+                    config,
+                    binary,
+                    requested_by: record.requested_by.clone(),
+                    reason: record.reason.clone(),
+                    caller,
+                    freeze: freeze(override_freeze),
+                    overrode_freeze: None,
+                    approved_by,
+                })?;
+                Ok(json!({ "operation_id": operation_id }))
+            }
+        };
+        answer.map_err(|e| ControlError::Internal(e.to_string()).into())
+    }
+}
+
+/// Expires proposals as their time runs out (an event each), once a
+/// second, while the approvals live.
+async fn expire_loop(approvals: Weak<Approvals>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(approvals) = approvals.upgrade() else {
+            return;
+        };
+        approvals.expire_due();
+    }
+}
+
+/// The change an activate (or reload) request asks for, with its text
+/// read now: what is approved is what was planned.
+pub fn activation_change(candidate: &Candidate, control: &Control) -> Result<Change, ApiError> {
+    let text = crate::control::read_candidate(&candidate.source, control.config_file())
+        .map_err(ControlError::from)?;
+    Ok(Change::Activate {
+        config: text.text,
+        confirm_within_ms: candidate
+            .confirm_within
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        guard: candidate.guard.as_ref().map(GuardSpec::record),
+        canary: candidate.canary.as_ref().map(|c| c.record(0)),
+        shadow: candidate.shadow.clone(),
+        override_freeze: candidate.freeze == FreezeRule::Override,
+    })
+}
+
+impl Asked {
+    pub fn of(candidate: &Candidate) -> Self {
+        Self {
+            caller: candidate.caller.clone(),
+            requested_by: candidate.requested_by.clone(),
+            reason: candidate.reason.clone(),
+            expected_generation: candidate.expected_generation,
+        }
+    }
+}
