@@ -376,7 +376,9 @@ fn bench_admin_guard(c: &mut Criterion) {
             use sha2::Digest as _;
             cutover::plan::CallerSpec {
                 name: format!("caller-{i}"),
-                token_sha256: sha2::Sha256::digest(format!("token-of-caller-{i:04}")).into(),
+                credential: cutover::plan::Credential::Token(
+                    sha2::Sha256::digest(format!("token-of-caller-{i:04}")).into(),
+                ),
                 scopes: cutover::plan::Scopes::default().with(cutover::plan::Scope::Read),
                 requires_approval: false,
             }

@@ -31,7 +31,7 @@ use approvals::{Approvals, Asked};
 use candidate::{CandidateRequest, UpgradeCandidate};
 pub use error::{ApiError, ErrorBody};
 use security::CallerName;
-pub use security::Security;
+pub use security::{PeerCertificate, Security};
 
 use crate::control::{CandidateSource, RollbackRequest, Settle, SettleRequest, UpgradeRequest};
 use crate::ids::GenerationId;

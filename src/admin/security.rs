@@ -13,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
-use crate::plan::{CallerSpec, Scope, Scopes};
+use crate::plan::{CallerSpec, Credential, Scope, Scopes};
 use crate::telemetry::audit;
 
 /// What the guards and limits check requests against.
@@ -74,8 +74,17 @@ pub fn caller_of<B>(request: &axum::http::Request<B>) -> Option<String> {
 #[derive(Debug, Clone)]
 struct Caller {
     name: Arc<str>,
-    token_sha256: [u8; 32],
+    credential: Credential,
     scopes: Scopes,
+}
+
+/// The client certificate a connection to the admin listener presented,
+/// verified against `admin.tls.client_ca` (set by the server on each of
+/// the connection's requests).
+#[derive(Debug, Clone, Default)]
+pub struct PeerCertificate {
+    pub subject: Option<String>,
+    pub sans: Vec<String>,
 }
 
 impl Security {
@@ -89,7 +98,7 @@ impl Security {
                 .iter()
                 .map(|c| Caller {
                     name: Arc::from(c.name.as_str()),
-                    token_sha256: c.token_sha256,
+                    credential: c.credential.clone(),
                     scopes: c.scopes,
                 })
                 .collect(),
@@ -126,16 +135,36 @@ impl Security {
     }
 
     /// The caller whose token is presented, as a bearer token or as the
-    /// password of HTTP Basic (what the console's login sends): `Ok(None)`
-    /// when no callers are configured, `Err` when the token names none.
-    /// The presented token's SHA-256 is compared with every caller's, in
-    /// constant time, so the time taken says nothing of which matched.
-    fn caller(&self, presented: Option<&HeaderValue>) -> Result<Option<&Caller>, ()> {
+    /// password of HTTP Basic (what the console's login sends), or else
+    /// the one the connection's client certificate names: `Ok(None)`
+    /// when no callers are configured, `Err` when nothing presented names
+    /// one. The presented token's SHA-256 is compared with every token
+    /// caller's, in constant time, so the time taken says nothing of
+    /// which matched.
+    fn caller(
+        &self,
+        presented: Option<&HeaderValue>,
+        certificate: Option<&PeerCertificate>,
+    ) -> Result<Option<&Caller>, ()> {
         use sha2::Digest as _;
         if self.callers.is_empty() {
             return Ok(None);
         }
-        let presented = presented.ok_or(())?.as_bytes();
+        let Some(presented) = presented else {
+            let certificate = certificate.ok_or(())?;
+            return self
+                .callers
+                .iter()
+                .find(|c| match &c.credential {
+                    Credential::Certificate(matcher) => {
+                        matcher.matches(certificate.subject.as_deref(), &certificate.sans)
+                    }
+                    Credential::Token(_) => false,
+                })
+                .map(Some)
+                .ok_or(());
+        };
+        let presented = presented.as_bytes();
         let token: Vec<u8> = if let Some(bearer) = presented.strip_prefix(b"Bearer ") {
             bearer.trim_ascii().to_vec()
         } else if let Some(basic) = presented.strip_prefix(b"Basic ") {
@@ -154,8 +183,10 @@ impl Security {
         let digest: [u8; 32] = sha2::Sha256::digest(&token).into();
         let mut found = None;
         for caller in &self.callers {
-            if bool::from(digest.ct_eq(&caller.token_sha256)) {
-                found = Some(caller);
+            if let Credential::Token(hash) = &caller.credential {
+                if bool::from(digest.ct_eq(hash)) {
+                    found = Some(caller);
+                }
             }
         }
         found.map(Some).ok_or(())
@@ -235,7 +266,8 @@ pub async fn guard(
     }
     let needed = required_scope(request.method(), request.uri().path());
     let audit = Audit::of(&request, needed);
-    let Ok(caller) = security.caller(headers.get(header::AUTHORIZATION)) else {
+    let certificate = request.extensions().get::<PeerCertificate>();
+    let Ok(caller) = security.caller(headers.get(header::AUTHORIZATION), certificate) else {
         audit.refused(None, "unauthorized", None);
         let mut response = StatusCode::UNAUTHORIZED.into_response();
         // The page asks the browser for the token as a Basic password;

@@ -46,7 +46,7 @@ fn caller(name: &str, token: &str, scopes: &[crate::plan::Scope]) -> crate::plan
     use sha2::Digest as _;
     crate::plan::CallerSpec {
         name: name.into(),
-        token_sha256: sha2::Sha256::digest(token.as_bytes()).into(),
+        credential: crate::plan::Credential::Token(sha2::Sha256::digest(token.as_bytes()).into()),
         scopes: scopes
             .iter()
             .fold(crate::plan::Scopes::default(), |s, scope| s.with(*scope)),

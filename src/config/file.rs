@@ -172,12 +172,37 @@ pub struct FileAdmin {
     /// refused (generation-owned: an activation changes them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub freeze: Vec<FileFreeze>,
+    /// `admin.tls`: the admin API over TLS, and the CA its callers'
+    /// client certificates are checked against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<FileAdminTls>,
     /// `[admin.approval]`: which changes wait for others' approval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<FileApproval>,
     /// `[[admin.webhooks]]`: where change events are sent, signed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub webhooks: Vec<FileWebhook>,
+}
+
+/// `admin.tls`: the admin listener's certificate and key, and the CA of
+/// the client certificates callers may present.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAdminTls {
+    pub cert: String,
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<String>,
+}
+
+/// A caller's client certificate, matched by one SAN or by its subject.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileClientCert {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub san: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
 }
 
 /// `[admin.approval]`: the two-person rule.
@@ -275,6 +300,7 @@ impl Default for FileAdmin {
             freeze: Vec::new(),
             webhooks: Vec::new(),
             approval: None,
+            tls: None,
         }
     }
 }
@@ -291,6 +317,10 @@ pub struct FileCaller {
     /// A file holding its bearer token, readable by its owner only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
+    /// A client certificate (over `admin.tls` with `client_ca`) that
+    /// names this caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert: Option<FileClientCert>,
     /// `read`, `validate`, `activate`, `approve`, `certs`, `cache`,
     /// `lifecycle`, `fleet`, `override`, `admin` (all of them).
     pub scopes: Vec<String>,

@@ -20,6 +20,8 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(120);
 pub(super) struct Client {
     pub(super) base: String,
     pub(super) token: Option<String>,
+    /// For an `https://` admin URL (`--cacert`, `--cert`, `--key`).
+    pub(super) tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Client {
@@ -81,13 +83,19 @@ impl Client {
             .authority()
             .ok_or_else(|| CtlError::Url(self.base.clone()))?
             .clone();
-        if uri.scheme_str() != Some("http") {
-            return Err(CtlError::Url(format!(
-                "{} (only http:// is supported)",
-                self.base
-            )));
-        }
-        let port = authority.port_u16().unwrap_or(80);
+        let tls = match (uri.scheme_str(), &self.tls) {
+            (Some("http"), _) => None,
+            (Some("https"), Some(tls)) => Some(tls),
+            _ => {
+                return Err(CtlError::Url(format!(
+                    "{} (http:// or https://)",
+                    self.base
+                )))
+            }
+        };
+        let port = authority
+            .port_u16()
+            .unwrap_or(if tls.is_some() { 443 } else { 80 });
         let unreachable =
             |e: &dyn std::fmt::Display| CtlError::Unreachable(self.base.clone(), e.to_string());
         let stream = tokio::time::timeout(
@@ -98,10 +106,29 @@ impl Client {
         .map_err(|e| unreachable(&e))?
         .map_err(|e| unreachable(&e))?;
         let _ = stream.set_nodelay(true);
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable(&e))?;
-        tokio::spawn(conn);
+        let mut sender = match tls {
+            None => {
+                let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|e| unreachable(&e))?;
+                tokio::spawn(conn);
+                sender
+            }
+            Some(tls) => {
+                let host = authority.host().trim_matches(['[', ']']).to_owned();
+                let name =
+                    rustls::pki_types::ServerName::try_from(host).map_err(|e| unreachable(&e))?;
+                let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::clone(tls))
+                    .connect(name, stream)
+                    .await
+                    .map_err(|e| unreachable(&e))?;
+                let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                    .await
+                    .map_err(|e| unreachable(&e))?;
+                tokio::spawn(conn);
+                sender
+            }
+        };
         let mut request = Request::builder()
             .method(method)
             .uri(uri.path_and_query().map_or("/", |p| p.as_str()))

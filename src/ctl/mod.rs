@@ -56,6 +56,17 @@ pub struct CtlArgs {
     /// File holding the admin bearer token.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// With an https:// admin URL: the CA bundle to verify the admin
+    /// listener with (default: the WebPKI roots).
+    #[arg(long)]
+    cacert: Option<PathBuf>,
+    /// With an https:// admin URL: a client certificate (PEM chain) that
+    /// names this caller (`client_cert` in `[[admin.callers]]`).
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
     /// Print the API's JSON answer instead of a summary.
     #[arg(long)]
     json: bool,
@@ -438,6 +449,8 @@ enum CtlError {
     Url(String),
     #[error("cannot reach the admin API at {0}: {1}")]
     Unreachable(String, String),
+    #[error("TLS towards the admin API: {0}")]
+    Tls(String),
 }
 
 /// Runs one ctl command and returns the process exit code.
@@ -502,9 +515,25 @@ async fn execute(args: &CtlArgs) -> Result<u8, CtlError> {
         Some(path) => Some(read(path)?.trim().to_owned()),
         None => None,
     };
+    let tls = if args.admin.starts_with("https://") {
+        let spec = crate::tls::UpstreamTlsSpec {
+            ca: args.cacert.clone(),
+            server_name: None,
+            client_cert: args.cert.clone().zip(args.key.clone()),
+            subject_alt_names: Vec::new(),
+            files_fingerprint: String::new(),
+        };
+        let mut config =
+            crate::tls::client_config(&spec).map_err(|e| CtlError::Tls(e.to_string()))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Some(std::sync::Arc::new(config))
+    } else {
+        None
+    };
     let client = Client {
         base: args.admin.trim_end_matches('/').to_owned(),
         token,
+        tls,
     };
     let answer = match &args.command {
         CtlCommand::Validate { file } => {

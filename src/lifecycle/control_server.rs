@@ -133,11 +133,26 @@ pub fn serve(
     served: &Served,
     gate: Gate,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
+    serve_tls(socket, router, stop, what, served, gate, None)
+}
+
+/// As [`serve`], over TLS when `tls` is given (`admin.tls`): a client
+/// certificate the acceptor verified is on each of its connection's
+/// requests as a [`PeerCertificate`](crate::admin::PeerCertificate).
+pub fn serve_tls(
+    socket: TcpListener,
+    router: axum::Router,
+    stop: watch::Receiver<Option<Stop>>,
+    what: &'static str,
+    served: &Served,
+    gate: Gate,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let accepting = served.accepting.enter();
     let open = served.open.clone();
     async move {
         gate.opened().await;
-        accept_loop(socket, router, stop, what, open).await;
+        accept_loop(socket, router, stop, what, open, tls).await;
         drop(accepting);
     }
 }
@@ -148,6 +163,7 @@ async fn accept_loop(
     stop: watch::Receiver<Option<Stop>>,
     what: &'static str,
     open: Tally,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let mut handed_over = stop.clone();
     loop {
@@ -167,36 +183,93 @@ async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         let counted = open.enter();
-        let service = {
-            let (router, stop) = (router.clone(), stop.clone());
-            hyper::service::service_fn(move |req| answer(router.clone(), stop.clone(), peer, req))
-        };
-        let mut stop = stop.clone();
+        let (router, stop, tls) = (router.clone(), stop.clone(), tls.clone());
         tokio::spawn(async move {
             let _counted = counted;
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => return,
-                _ = async { let _ = stop.wait_for(|s| *s == Some(Stop::HandedOver)).await; } => {}
-            }
-            tokio::select! {
-                _ = conn.as_mut() => return,
-                _ = tokio::time::sleep(HANDOVER_GRACE) => {}
-            }
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            let Some(tls) = tls else {
+                connection(TokioIo::new(stream), router, stop, peer, None).await;
+                return;
+            };
+            // The handshake within the time a request head may take.
+            let stream = match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => {
+                    tracing::debug!(server = what, %peer, %error, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let certificate = stream.get_ref().1.peer_certificates().and_then(|chain| {
+                let names = crate::tls::certificate_names(chain.first()?);
+                Some(Arc::new(crate::admin::PeerCertificate {
+                    subject: names.subject,
+                    sans: names.sans,
+                }))
+            });
+            connection(TokioIo::new(stream), router, stop, peer, certificate).await;
         });
     }
     tracing::info!(
         server = what,
         "stopped accepting: the new process serves this socket"
     );
+}
+
+/// The admin listener's TLS (`admin.tls`): its certificate, and with
+/// `client_ca` client certificates verified when presented (a client
+/// without one may still send a token; one that does not verify is
+/// refused in the handshake).
+pub fn tls_acceptor(tls: &crate::plan::AdminTlsSpec) -> Result<tokio_rustls::TlsAcceptor, String> {
+    let loaded = crate::tls::load_cert(&tls.cert, &tls.key).map_err(|e| e.to_string())?;
+    let builder = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let builder = match &tls.client_ca {
+        Some(ca) => builder.with_client_cert_verifier(
+            crate::tls::client_verifier(ca, false).map_err(|e| e.to_string())?,
+        ),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config =
+        builder.with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(loaded.key)));
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Serves one connection until it ends, or (after a hand-over) until its
+/// grace runs out and its request in flight is answered.
+async fn connection<I>(
+    io: I,
+    router: axum::Router,
+    mut stop: watch::Receiver<Option<Stop>>,
+    peer: std::net::SocketAddr,
+    certificate: Option<Arc<crate::admin::PeerCertificate>>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = {
+        let stop = stop.clone();
+        hyper::service::service_fn(move |req| {
+            answer(router.clone(), stop.clone(), peer, certificate.clone(), req)
+        })
+    };
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = async { let _ = stop.wait_for(|s| *s == Some(Stop::HandedOver)).await; } => {}
+    }
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = tokio::time::sleep(HANDOVER_GRACE) => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
 }
 
 /// One request to `router`: once this process has handed its sockets
@@ -206,6 +279,7 @@ async fn answer(
     router: axum::Router,
     stop: watch::Receiver<Option<Stop>>,
     peer: std::net::SocketAddr,
+    certificate: Option<Arc<crate::admin::PeerCertificate>>,
     req: http::Request<hyper::body::Incoming>,
 ) -> Result<axum::response::Response, Infallible> {
     let http1 = req.version() < http::Version::HTTP_2;
@@ -213,6 +287,9 @@ async fn answer(
     // Who is calling, for the admin's audit log.
     req.extensions_mut()
         .insert(axum::extract::ConnectInfo(peer));
+    if let Some(certificate) = certificate {
+        req.extensions_mut().insert((*certificate).clone());
+    }
     let mut response = router.oneshot(req).await?;
     if http1 && *stop.borrow() == Some(Stop::HandedOver) {
         response.headers_mut().insert(

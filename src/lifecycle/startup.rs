@@ -82,6 +82,8 @@ pub enum StartError {
     },
     #[error("{0}")]
     History(#[from] crate::runtime::HistoryError),
+    #[error("admin.tls: {0}")]
+    AdminTls(String),
     #[error("cannot take over from the previous process: {0}")]
     Handover(#[source] std::io::Error),
 }
@@ -524,13 +526,18 @@ async fn serve(
         Some(pipe) => Gate::until_closed(pipe),
         None => Gate::open(),
     };
-    tokio::spawn(super::control_server::serve(
+    let admin_tls = match &spec.admin.tls {
+        Some(tls) => Some(super::control_server::tls_acceptor(tls).map_err(StartError::AdminTls)?),
+        None => None,
+    };
+    tokio::spawn(super::control_server::serve_tls(
         admin_socket,
         admin_router,
         process.stopping(),
         "admin",
         process.served(),
         gate.clone(),
+        admin_tls,
     ));
     let metrics_address = match metrics_socket {
         Some(socket) => {

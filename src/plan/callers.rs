@@ -6,11 +6,60 @@
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallerSpec {
     pub name: String,
-    pub token_sha256: [u8; 32],
+    pub credential: Credential,
     pub scopes: Scopes,
     /// Every change this caller asks for becomes a proposal that others
     /// approve (`requires_approval`).
     pub requires_approval: bool,
+}
+
+/// What names a caller: a bearer token (by its SHA-256), or a client
+/// certificate verified against `admin.tls.client_ca`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    Token([u8; 32]),
+    Certificate(CertMatch),
+}
+
+/// How a client certificate names a caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertMatch {
+    /// One of its subject alternative names, by value: a SPIFFE ID or
+    /// another URI, a DNS name, an e-mail address (`URI:`, `DNS:`,
+    /// `email:` may prefix it to say which kind).
+    San(String),
+    /// Its subject: the same attributes (`CN=ci, O=Example`), in any
+    /// order, spaces around `,` and `=` ignored.
+    Subject(Vec<(String, String)>),
+}
+
+impl CertMatch {
+    /// Whether a certificate with these names is this caller's.
+    pub fn matches(&self, subject: Option<&str>, sans: &[String]) -> bool {
+        match self {
+            CertMatch::San(wanted) => sans.iter().any(|san| {
+                san == wanted
+                    || san
+                        .split_once(':')
+                        .is_some_and(|(_, value)| value == wanted)
+            }),
+            CertMatch::Subject(wanted) => subject.is_some_and(|s| subject_parts(s) == *wanted),
+        }
+    }
+}
+
+/// A subject's attributes, sorted: `CN=ci, O=Example` and `O=Example,CN=ci`
+/// are one subject.
+pub fn subject_parts(subject: &str) -> Vec<(String, String)> {
+    let mut parts: Vec<(String, String)> = subject
+        .split(',')
+        .filter_map(|part| {
+            let (key, value) = part.split_once('=')?;
+            Some((key.trim().to_ascii_uppercase(), value.trim().to_owned()))
+        })
+        .collect();
+    parts.sort();
+    parts
 }
 
 /// A change that can be made to wait for approval.

@@ -22,7 +22,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod filters;
-pub use callers::{Approvable, ApprovalPolicy, CallerSpec, Scope, Scopes, EVENT_KINDS};
+pub use callers::{
+    subject_parts, Approvable, ApprovalPolicy, CallerSpec, CertMatch, Credential, Scope, Scopes,
+    EVENT_KINDS,
+};
 pub use diff::{diff, Change, ChangeKind, Diff, Disposition, FieldChange, Summary};
 pub use filters::{
     replace_prefix, AllowHeaders, Compress, Cors, Defaults, Encoding, Filters, HeaderOps,
@@ -585,7 +588,11 @@ scopes = ["read"]
         );
         use sha2::Digest as _;
         let hashed: [u8; 32] = sha2::Sha256::digest(b"ci-token-0123456789abcdef").into();
-        assert_eq!(ci.token_sha256, hashed, "the file's token, trimmed, hashed");
+        assert_eq!(
+            ci.credential,
+            Credential::Token(hashed),
+            "the file's token, trimmed, hashed"
+        );
         assert!(
             !format!("{:?}", spec.admin).contains("ci-token"),
             "no token kept"
@@ -749,6 +756,81 @@ reason = ""
             .map(|d| d.line)
             .collect();
         assert!(lines.iter().all(Option::is_some), "{lines:?}");
+    }
+
+    #[test]
+    fn client_certificate_callers_need_admin_tls_with_a_client_ca() {
+        let dir = tempfile::tempdir().expect("dir");
+        let at = |text: &str| ConfigText::inline(text.to_owned(), dir.path().to_path_buf(), "<t>");
+        let callers = r#"
+[[admin.callers]]
+name = "deployer"
+client_cert = { san = "spiffe://example.org/ci/deployer" }
+scopes = ["read", "activate"]
+
+[[admin.callers]]
+name = "auditor"
+client_cert = { subject = "CN=auditor, O=Example" }
+scopes = ["read"]
+
+[[admin.callers]]
+name = "both"
+client_cert = { san = "x", subject = "CN=x" }
+scopes = ["read"]
+
+[[admin.callers]]
+name = "two"
+client_cert = { san = "y" }
+token_sha256 = "0000000000000000000000000000000000000000000000000000000000000001"
+scopes = ["read"]
+"#;
+        let found: Vec<(String, String)> = validate(&at(callers))
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| (d.code.to_string(), d.path.to_string()))
+            .collect();
+        for expected in [
+            ("missing_key", "admin.callers[0].client_cert"),
+            ("missing_key", "admin.callers[1].client_cert"),
+            ("invalid_value", "admin.callers[2].client_cert"),
+            ("conflicting_options", "admin.callers[3].token_sha256"),
+        ] {
+            assert!(
+                found
+                    .iter()
+                    .any(|(c, p)| (c.as_str(), p.as_str()) == expected),
+                "{expected:?} not in {found:#?}"
+            );
+        }
+        // With a TLS listener that has a client CA: the matchers.
+        let with_tls = format!(
+            "[admin]\ntls = {{ cert = \"missing.pem\", key = \"missing.key\", client_ca = \"missing-ca.pem\" }}\n{}",
+            callers.split("[[admin.callers]]\nname = \"both\"").next().unwrap_or_default()
+        );
+        let found: Vec<(String, String)> = validate(&at(&with_tls))
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| (d.code.to_string(), d.path.to_string()))
+            .collect();
+        assert!(
+            found.iter().all(|(_, p)| p.starts_with("admin.tls")),
+            "only the missing files: {found:#?}"
+        );
+        assert!(
+            found
+                .iter()
+                .any(|(c, p)| c == "unreadable_file" && p == "admin.tls.cert"),
+            "{found:#?}"
+        );
+        let deployer = CertMatch::San("spiffe://example.org/ci/deployer".into());
+        let sans = ["URI:spiffe://example.org/ci/deployer".to_owned()];
+        assert!(deployer.matches(None, &sans));
+        assert!(!deployer.matches(None, &["URI:spiffe://example.org/ci/other".to_owned()]));
+        let auditor = CertMatch::Subject(subject_parts("CN=auditor, O=Example"));
+        assert!(auditor.matches(Some("O=Example,CN=auditor"), &[]));
+        assert!(!auditor.matches(Some("CN=auditor, O=Other"), &[]));
     }
 
     #[test]

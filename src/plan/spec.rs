@@ -126,9 +126,21 @@ pub struct AdminSpec {
     pub freeze: Vec<super::freeze::FreezeWindow>,
     /// `[[admin.webhooks]]`: receivers of change events.
     pub webhooks: Vec<WebhookSpec>,
+    /// `admin.tls`: the admin API over TLS.
+    pub tls: Option<AdminTlsSpec>,
     /// `[admin.approval]`, or the defaults when only a caller's
     /// `requires_approval` asks for approvals; none: nothing waits.
     pub approval: Option<super::ApprovalPolicy>,
+}
+
+/// The admin listener's TLS (DESIGN §23): its certificate, and the CA
+/// that callers' client certificates are verified against (a client
+/// without one may still present a token).
+#[derive(Debug, Clone)]
+pub struct AdminTlsSpec {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
 }
 
 /// A receiver of change events (DESIGN §23).

@@ -135,25 +135,12 @@ impl TlsInfo {
         sni: Option<&str>,
         client: Option<&rustls::pki_types::CertificateDer<'_>>,
     ) -> Self {
-        let parsed = client.and_then(|der| x509_parser::parse_x509_certificate(der).ok());
-        let subject = parsed.as_ref().map(|(_, cert)| cert.subject().to_string());
-        let san = parsed.as_ref().and_then(|(_, cert)| {
-            use x509_parser::extensions::GeneralName;
-            let names = cert.subject_alternative_name().ok()??;
-            let names: Vec<String> = names
-                .value
-                .general_names
-                .iter()
-                .filter_map(|name| match name {
-                    GeneralName::DNSName(dns) => Some(format!("DNS:{dns}")),
-                    GeneralName::URI(uri) => Some(format!("URI:{uri}")),
-                    GeneralName::RFC822Name(email) => Some(format!("email:{email}")),
-                    GeneralName::IPAddress(bytes) => ip_of(bytes).map(|ip| format!("IP:{ip}")),
-                    _ => None,
-                })
-                .collect();
-            (!names.is_empty()).then(|| names.join(","))
-        });
+        let names = client.map(|der| crate::tls::certificate_names(der));
+        let subject = names.as_ref().and_then(|n| n.subject.clone());
+        let san = names
+            .as_ref()
+            .filter(|n| !n.sans.is_empty())
+            .map(|n| n.sans.join(","));
         TlsInfo {
             sni: sni.map(str::to_owned),
             client_subject: subject,
@@ -161,15 +148,6 @@ impl TlsInfo {
             client_fingerprint: client.map(|der| crate::tls::fingerprint(der)),
             strict: None,
         }
-    }
-}
-
-/// An address from a certificate's `iPAddress` name (4 or 16 bytes).
-fn ip_of(bytes: &[u8]) -> Option<std::net::IpAddr> {
-    match bytes.len() {
-        4 => <[u8; 4]>::try_from(bytes).ok().map(std::net::IpAddr::from),
-        16 => <[u8; 16]>::try_from(bytes).ok().map(std::net::IpAddr::from),
-        _ => None,
     }
 }
 

@@ -270,3 +270,52 @@ pub fn server_verifier(ca: Option<&Path>) -> Result<Arc<WebPkiServerVerifier>, T
             reason: e.to_string(),
         })
 }
+
+/// Who a certificate names: its subject (RFC 4514-like, as x509-parser
+/// writes it) and its subject alternative names, each with its kind
+/// (`DNS:`, `URI:` (a SPIFFE ID is one), `email:`, `IP:`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CertNames {
+    pub subject: Option<String>,
+    pub sans: Vec<String>,
+}
+
+/// The names of the certificate `der` (none when it does not parse).
+pub fn certificate_names(der: &[u8]) -> CertNames {
+    use x509_parser::extensions::GeneralName;
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return CertNames::default();
+    };
+    let sans = cert
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|names| {
+            names
+                .value
+                .general_names
+                .iter()
+                .filter_map(|name| match name {
+                    GeneralName::DNSName(dns) => Some(format!("DNS:{dns}")),
+                    GeneralName::URI(uri) => Some(format!("URI:{uri}")),
+                    GeneralName::RFC822Name(email) => Some(format!("email:{email}")),
+                    GeneralName::IPAddress(bytes) => ip_of(bytes).map(|ip| format!("IP:{ip}")),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    CertNames {
+        subject: Some(cert.subject().to_string()),
+        sans,
+    }
+}
+
+/// An address from a certificate's `iPAddress` name (4 or 16 bytes).
+fn ip_of(bytes: &[u8]) -> Option<std::net::IpAddr> {
+    match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        16 => <[u8; 16]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        _ => None,
+    }
+}

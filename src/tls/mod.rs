@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 pub use client::{client_config, UpstreamTlsSpec};
 pub use material::{
-    fingerprint, load_cert, load_roots, parse_cert, parse_client_verifier, parse_roots, read_chain,
-    CertInfo, LoadedCert, TlsError,
+    certificate_names, client_verifier, fingerprint, load_cert, load_roots, parse_cert,
+    parse_client_verifier, parse_roots, read_chain, CertInfo, CertNames, LoadedCert, TlsError,
 };
 pub use slot::{
     acme_slot, http01_answer, http01_waiting, responder, set_http01, AcmeSpec, CertSlot, Challenge,

@@ -1013,3 +1013,154 @@ respond = { body = "one" }
     }
     assert!(refused_in_audit(), "the 423 is in the audit log");
 }
+
+/// A client certificate signed by `ca` naming `uri` (a SPIFFE ID) and
+/// with subject `CN=<cn>, O=Example`: (chain PEM, key PEM).
+fn client_certificate(ca: &crate::pki::Ca, uri: &str, cn: &str) -> (String, String) {
+    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, SanType};
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names = vec![SanType::URI(uri.try_into().unwrap())];
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "Example");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// The admin API over TLS (`admin.tls` with `client_ca`) with `cutover
+/// ctl` as the client: a caller named by its certificate's SPIFFE ID
+/// activates; one named by its subject reads and is refused a change
+/// (403 naming the scope); a token still names its caller over TLS;
+/// nothing presented is 401; a certificate from another CA does not get
+/// past the handshake; plain HTTP gets no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_are_named_by_client_certificates_over_admin_tls() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = crate::pki::ca("admin clients");
+    let stranger = crate::pki::ca("someone else");
+    let (server, server_key) = crate::pki::server_leaf(&ca, &["localhost", "127.0.0.1"]);
+    let deployer = client_certificate(&ca, "spiffe://example.org/ci/deployer", "deployer");
+    let auditor = client_certificate(&ca, "spiffe://example.org/audit", "auditor");
+    let impostor = client_certificate(&stranger, "spiffe://example.org/ci/deployer", "deployer");
+    let token = "oncall-token-0123456789abcdef";
+    for (name, text) in [
+        ("ca.pem", ca.pem.as_str()),
+        ("admin.pem", &server),
+        ("admin.key", &server_key),
+        ("deployer.pem", &deployer.0),
+        ("deployer.key", &deployer.1),
+        ("auditor.pem", &auditor.0),
+        ("auditor.key", &auditor.1),
+        ("impostor.pem", &impostor.0),
+        ("impostor.key", &impostor.1),
+        ("oncall.token", token),
+    ] {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    std::fs::set_permissions(
+        dir.path().join("oncall.token"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let files = dir.path().to_path_buf();
+    let text = r#"[admin]
+bind = "127.0.0.1:0"
+tls = { cert = "admin.pem", key = "admin.key", client_ca = "ca.pem" }
+
+[[admin.callers]]
+name = "deployer"
+client_cert = { san = "spiffe://example.org/ci/deployer" }
+scopes = ["read", "activate"]
+
+[[admin.callers]]
+name = "auditor"
+client_cert = { subject = "O=Example,CN=auditor" }
+scopes = ["read"]
+
+[[admin.callers]]
+name = "oncall"
+token_file = "oncall.token"
+scopes = ["admin"]
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "hello"
+listeners = ["web"]
+respond = { body = "one" }
+"#;
+    let gw = Gateway::start_in(dir, text);
+    let admin = format!("https://127.0.0.1:{}", gw.admin.port());
+    let path = |name: &str| files.join(name).display().to_string();
+    let candidate = files.join("candidate.toml");
+    std::fs::write(
+        &candidate,
+        std::fs::read_to_string(&gw.config_path)
+            .unwrap()
+            .replace("body = \"one\"", "body = \"two\""),
+    )
+    .unwrap();
+    let ca_file = path("ca.pem");
+    let as_cert = |who: &str, args: &[&str]| {
+        let (cert, key) = (path(&format!("{who}.pem")), path(&format!("{who}.key")));
+        let mut all = vec!["--cacert", ca_file.as_str(), "--cert", &cert, "--key", &key];
+        all.extend_from_slice(args);
+        ctl(&admin, &all)
+    };
+    let candidate = candidate.display().to_string();
+    let (code, out, err) = as_cert(
+        "deployer",
+        &["activate", &candidate, "--reason", "by spiffe id"],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(get(gw.listener("web"), "x", "/").await.2, "two");
+    let (code, out, err) = as_cert("auditor", &["--json", "history"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let history: Value = serde_json::from_str(&out).unwrap();
+    let activation = history["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|op| op["kind"] == "activate")
+        .cloned()
+        .unwrap();
+    assert_eq!(activation["caller"], "deployer", "{activation:#}");
+    let (code, out, err) = as_cert("auditor", &["--json", "activate", &candidate]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("\"missing_scope\": \"activate\""), "{out}");
+    // A token over TLS, no client certificate.
+    let (code, out, err) = ctl(
+        &admin,
+        &[
+            "--cacert",
+            &path("ca.pem"),
+            "--token-file",
+            &path("oncall.token"),
+            "status",
+        ],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    // Nothing that names a caller.
+    let (code, out, err) = ctl(&admin, &["--cacert", &path("ca.pem"), "--json", "status"]);
+    assert_ne!(code, Some(0), "{out}{err}");
+    // Another CA's certificate: refused in the handshake.
+    let (code, out, err) = as_cert("impostor", &["status"]);
+    assert_eq!(code, Some(3), "{out}{err}");
+    assert!(err.contains("cannot reach"), "{err}");
+    // Plain HTTP to the TLS listener gets no HTTP answer.
+    let plain = admin_request(gw.admin, "GET", "/admin/health", None, None);
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        tokio::task::spawn(plain).await
+    })
+    .await;
+    assert!(
+        !matches!(answered, Ok(Ok((200, _)))),
+        "plain HTTP must not be answered: {answered:?}"
+    );
+}

@@ -263,6 +263,12 @@ fn rows() -> Vec<Row> {
         row("admin", "audit_log", Admin, &["audit_log = \"audit.log\""]),
         row(
             "admin",
+            "tls",
+            Admin,
+            &["tls = { cert = \"site.pem\", key = \"site.key\", client_ca = \"ca.pem\" }"],
+        ),
+        row(
+            "admin",
             "approval",
             Admin,
             &[

@@ -23,7 +23,9 @@ use super::pattern::PathRegex;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 use sha2::{Digest as _, Sha256};
 
-use super::callers::{Approvable, ApprovalPolicy, CallerSpec, Scope, Scopes};
+use super::callers::{
+    subject_parts, Approvable, ApprovalPolicy, CallerSpec, CertMatch, Credential, Scope, Scopes,
+};
 use super::spec::*;
 use crate::config::{
     self, quote_key, Code, ConfigText, Diagnostic, FileConfig, FileRoute, FileUpstream,

@@ -30,13 +30,13 @@ impl Validator<'_> {
             }
             callers.push(CallerSpec {
                 name: "admin".into(),
-                token_sha256: sha256(token.as_bytes()),
+                credential: Credential::Token(sha256(token.as_bytes())),
                 scopes: Scopes::all(),
                 requires_approval: false,
             });
         }
         for (i, caller) in file.admin.callers.iter().enumerate() {
-            if let Some(caller) = self.caller(i, caller) {
+            if let Some(caller) = self.caller(file, i, caller) {
                 if callers.iter().any(|c| c.name == caller.name) {
                     self.error(
                         Code::DuplicateCaller,
@@ -46,9 +46,8 @@ impl Validator<'_> {
                             caller.name
                         ),
                     );
-                } else if callers
-                    .iter()
-                    .any(|c| c.token_sha256 == caller.token_sha256)
+                } else if matches!(caller.credential, Credential::Token(_))
+                    && callers.iter().any(|c| c.credential == caller.credential)
                 {
                     self.error(
                         Code::DuplicateCaller,
@@ -107,8 +106,10 @@ impl Validator<'_> {
             }
         }
         let approval = self.approval(file, &callers);
+        let tls = file.admin.tls.as_ref().and_then(|tls| self.admin_tls(tls));
         Some(AdminSpec {
             bind,
+            tls,
             callers,
             freeze,
             webhooks,
@@ -121,7 +122,12 @@ impl Validator<'_> {
 
     /// One `[[admin.callers]]` entry: a name, exactly one token (its
     /// SHA-256, or a file only its owner can read) and known scopes.
-    fn caller(&mut self, i: usize, caller: &crate::config::FileCaller) -> Option<CallerSpec> {
+    fn caller(
+        &mut self,
+        file: &FileConfig,
+        i: usize,
+        caller: &crate::config::FileCaller,
+    ) -> Option<CallerSpec> {
         let at = |field: &str| format!("admin.callers[{i}].{field}");
         let mut ok = true;
         if caller.name.is_empty()
@@ -163,6 +169,57 @@ impl Validator<'_> {
             );
             ok = false;
         }
+        let given = [
+            caller.token_sha256.is_some(),
+            caller.token_file.is_some(),
+            caller.client_cert.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() > 1 {
+            self.error(
+                Code::ConflictingOptions,
+                at("token_sha256"),
+                "a caller has one credential: token_sha256, token_file or client_cert",
+            );
+            return None;
+        }
+        if let Some(cert) = &caller.client_cert {
+            let matcher = match (&cert.san, &cert.subject) {
+                (Some(san), None) if !san.trim().is_empty() => {
+                    Some(CertMatch::San(san.trim().to_owned()))
+                }
+                (None, Some(subject)) if !subject_parts(subject).is_empty() => {
+                    Some(CertMatch::Subject(subject_parts(subject)))
+                }
+                _ => {
+                    self.error(
+                        Code::InvalidValue,
+                        at("client_cert"),
+                        "client_cert names the caller by one san (\"spiffe://example.org/ci\") or by its subject (\"CN=ci, O=Example\")",
+                    );
+                    None
+                }
+            };
+            if file
+                .admin
+                .tls
+                .as_ref()
+                .is_none_or(|t| t.client_ca.is_none())
+            {
+                self.error(
+                    Code::MissingKey,
+                    at("client_cert"),
+                    "a caller named by its client certificate needs admin.tls with client_ca to verify it",
+                );
+                return None;
+            }
+            let matcher = matcher?;
+            return ok.then(|| CallerSpec {
+                name: caller.name.clone(),
+                credential: Credential::Certificate(matcher),
+                scopes,
+                requires_approval: caller.requires_approval,
+            });
+        }
         let token_sha256 = match (&caller.token_sha256, &caller.token_file) {
             (Some(hex), None) => match parse_sha256(hex) {
                 Some(hash) => Some(hash),
@@ -187,20 +244,12 @@ impl Validator<'_> {
                 }
                 Some(sha256(token.as_bytes()))
             }),
-            (Some(_), Some(_)) => {
-                self.error(
-                    Code::ConflictingOptions,
-                    at("token_sha256"),
-                    "a caller has one credential: token_sha256 or token_file, not both",
-                );
-                None
-            }
-            (None, None) => {
+            _ => {
                 self.error(
                     Code::MissingKey,
                     at("token_sha256"),
                     format!(
-                        "caller '{}' has no credential: set token_sha256 or token_file",
+                        "caller '{}' has no credential: set token_sha256, token_file or client_cert",
                         caller.name
                     ),
                 );
@@ -210,9 +259,51 @@ impl Validator<'_> {
         let token_sha256 = token_sha256?;
         ok.then(|| CallerSpec {
             name: caller.name.clone(),
-            token_sha256,
+            credential: Credential::Token(token_sha256),
             scopes,
             requires_approval: caller.requires_approval,
+        })
+    }
+
+    /// `admin.tls`: a certificate and key that belong together, and a
+    /// client CA bundle that reads.
+    fn admin_tls(&mut self, tls: &crate::config::FileAdminTls) -> Option<AdminTlsSpec> {
+        let cert = self.base_dir.join(&tls.cert);
+        let key = self.base_dir.join(&tls.key);
+        let cert_pem = self.read_file("admin.tls.cert".into(), &tls.cert);
+        let key_pem = self.read_file("admin.tls.key".into(), &tls.key);
+        if let (Some(cert_pem), Some(key_pem)) = (&cert_pem, &key_pem) {
+            if let Err(error) = crate::tls::parse_cert(&cert, cert_pem, &key, key_pem) {
+                self.error(
+                    Code::InvalidCertificate,
+                    "admin.tls.cert",
+                    error.to_string(),
+                );
+                return None;
+            }
+        }
+        let client_ca = match &tls.client_ca {
+            None => None,
+            Some(name) => {
+                let pem = self.read_file("admin.tls.client_ca".into(), name)?;
+                let path = self.base_dir.join(name);
+                if let Err(error) = crate::tls::parse_roots(&path, &pem) {
+                    self.error(
+                        Code::InvalidCertificate,
+                        "admin.tls.client_ca",
+                        error.to_string(),
+                    );
+                    return None;
+                }
+                Some(path)
+            }
+        };
+        cert_pem?;
+        key_pem?;
+        Some(AdminTlsSpec {
+            cert,
+            key,
+            client_ca,
         })
     }
 
