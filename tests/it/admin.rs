@@ -1164,3 +1164,185 @@ respond = { body = "one" }
         "plain HTTP must not be answered: {answered:?}"
     );
 }
+
+/// The status of `method path` as `token` (the body is not read: an
+/// event stream never ends), and the JSON of a refusal.
+async fn status_as(
+    gw: &Gateway,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, Value) {
+    use http_body_util::BodyExt as _;
+    let tcp = tokio::net::TcpStream::connect(gw.admin).await.unwrap();
+    let mut sender = h1_over::<_, http_body_util::Full<bytes::Bytes>>(tcp)
+        .await
+        .unwrap();
+    let content_type = if body.starts_with('{') {
+        "application/json"
+    } else {
+        "application/toml"
+    };
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", gw.admin.to_string())
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", content_type)
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_owned(),
+        )))
+        .unwrap();
+    let response = sender.send_request(req).await.unwrap();
+    let status = response.status().as_u16();
+    if status != 403 {
+        return (status, Value::Null);
+    }
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// Every scope against every admin endpoint, on the real binary: a
+/// caller with the endpoint's scope (or `admin`) is let through (the
+/// answer may refuse the body, never the caller), every other caller
+/// gets 403 naming exactly that scope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_scope_against_every_endpoint() {
+    const SCOPES: [&str; 10] = [
+        "read",
+        "validate",
+        "activate",
+        "approve",
+        "certs",
+        "cache",
+        "lifecycle",
+        "fleet",
+        "override",
+        "admin",
+    ];
+    let token = |scope: &str| format!("{scope}-token-0123456789abcdef");
+    let mut text = String::from("[admin]\nbind = \"127.0.0.1:0\"\n\n");
+    for scope in SCOPES {
+        use sha2::Digest as _;
+        let hash: String = sha2::Sha256::digest(token(scope).as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        text.push_str(&format!(
+            "[[admin.callers]]\nname = \"{scope}-caller\"\ntoken_sha256 = \"{hash}\"\nscopes = [\"{scope}\"]\n\n"
+        ));
+    }
+    text.push_str("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n[[routes]]\nname = \"hello\"\nlisteners = [\"web\"]\nrespond = { body = \"one\" }\n");
+    let gw = Gateway::start(&text);
+    let valid = std::fs::read_to_string(&gw.config_path).unwrap();
+    let invalid = "this is [not toml";
+    // (method, path, body, the scope it takes); bodies an allowed caller
+    // gets refused for other reasons, so that nothing changes.
+    let endpoints: Vec<(&str, &str, &str, &str)> = vec![
+        ("GET", "/admin/runtime/status", "", "read"),
+        ("GET", "/admin/runtime/history", "", "read"),
+        ("GET", "/admin/runtime/history/1", "", "read"),
+        ("GET", "/admin/runtime/timeline", "", "read"),
+        ("GET", "/admin/runtime/backends", "", "read"),
+        ("GET", "/admin/runtime/operations/op-000001", "", "read"),
+        ("GET", "/admin/runtime/proposals", "", "read"),
+        ("GET", "/admin/runtime/proposals/p-000001", "", "read"),
+        ("GET", "/admin/cache", "", "read"),
+        ("GET", "/admin/events", "", "read"),
+        ("GET", "/admin/webhooks", "", "read"),
+        ("GET", "/admin/fleet/status", "", "read"),
+        ("GET", "/admin/", "", "read"),
+        ("POST", "/admin/runtime/validate", &valid, "validate"),
+        ("POST", "/admin/runtime/preview", invalid, "validate"),
+        ("POST", "/admin/runtime/activate", invalid, "activate"),
+        ("POST", "/admin/runtime/reload", invalid, "activate"),
+        (
+            "POST",
+            "/admin/runtime/rollback",
+            r#"{"target_generation": 99}"#,
+            "activate",
+        ),
+        (
+            "POST",
+            "/admin/runtime/confirm",
+            r#"{"generation": 99}"#,
+            "activate",
+        ),
+        (
+            "POST",
+            "/admin/runtime/abort",
+            r#"{"generation": 99}"#,
+            "activate",
+        ),
+        ("POST", "/admin/runtime/proposals", invalid, "activate"),
+        (
+            "POST",
+            "/admin/runtime/proposals/p-000001/approve",
+            "{}",
+            "approve",
+        ),
+        (
+            "POST",
+            "/admin/runtime/proposals/p-000001/reject",
+            r#"{"reason": "no"}"#,
+            "approve",
+        ),
+        (
+            "POST",
+            "/admin/runtime/reload-certs",
+            r#"{"listeners": ["nope"]}"#,
+            "certs",
+        ),
+        (
+            "POST",
+            "/admin/cache/purge",
+            r#"{"key": "x /", "zone": "nope"}"#,
+            "cache",
+        ),
+        ("POST", "/admin/lifecycle/upgrade", invalid, "lifecycle"),
+        (
+            "POST",
+            "/admin/fleet/forget",
+            r#"{"instance": "nope"}"#,
+            "fleet",
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (method, path, body, needs) in &endpoints {
+        for scope in SCOPES {
+            let allowed = scope == *needs || scope == "admin";
+            let (status, refusal) = status_as(&gw, &token(scope), method, path, body).await;
+            let right = if allowed {
+                status != 403 && status != 401
+            } else {
+                status == 403 && refusal["missing_scope"] == *needs
+            };
+            if !right {
+                wrong.push(format!("{scope} {method} {path}: {status} {refusal}"));
+            }
+        }
+    }
+    // Drain changes everything after it: only its refusals are asked.
+    for scope in SCOPES
+        .iter()
+        .filter(|s| !matches!(**s, "lifecycle" | "admin"))
+    {
+        let (status, refusal) =
+            status_as(&gw, &token(scope), "POST", "/admin/lifecycle/drain", "").await;
+        if status != 403 || refusal["missing_scope"] != "lifecycle" {
+            wrong.push(format!("{scope} POST drain: {status} {refusal}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} calls answered against their scope: {wrong:#?}",
+        wrong.len(),
+        endpoints.len() * SCOPES.len() + 8
+    );
+    let (_, status) = as_caller(&gw, &token("read"), "GET", "/admin/runtime/status", None).await;
+    assert_eq!(status["active_generation"], 1, "nothing changed");
+}
