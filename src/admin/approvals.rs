@@ -148,11 +148,30 @@ impl Approvals {
         })
     }
 
-    /// Every proposal kept, newest first (expired ones marked so).
+    /// Every proposal kept, newest first (expired ones marked so),
+    /// without the candidates' texts and the diffs' lines (a page polls
+    /// this; `get` has the whole proposal).
     pub fn list(&self) -> Vec<ProposalRecord> {
         self.expire_due();
-        self.control()
-            .read_history(|h| h.proposals().iter().rev().cloned().collect())
+        self.control().read_history(|h| {
+            h.proposals()
+                .iter()
+                .rev()
+                .map(|p| {
+                    let mut shown = p.clone();
+                    if let Some(change) = shown.change.as_object_mut() {
+                        change.remove("config");
+                    }
+                    if let Some(diff) = shown.plan.as_mut().and_then(|plan| plan.get_mut("diff")) {
+                        if let Some(diff) = diff.as_object_mut() {
+                            diff.remove("text");
+                            diff.remove("changes");
+                        }
+                    }
+                    shown
+                })
+                .collect()
+        })
     }
 
     pub fn get(&self, id: &str) -> Result<ProposalRecord, ProposalError> {

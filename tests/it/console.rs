@@ -700,3 +700,153 @@ async fn an_operator_confirms_aborts_rolls_back_and_previews_by_clicking() {
     );
     assert_eq!(status["active_generation"], 7);
 }
+
+/// The console acts on proposals (DESIGN §23), in headless Chromium
+/// logged in as an approver: it lists the open ones with what they would
+/// change, rejects one with the reason typed beside it and approves the
+/// other, which is carried out and recorded with the approver's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approver_rejects_and_approves_proposals_by_clicking() {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let Some((chromedriver, chromium)) = tools() else {
+        return;
+    };
+    let (bob, alice) = ("bob-token-0123456789abcdef", "alice-token-0123456789abcd");
+    let hash = |token: &str| -> String {
+        sha2::Sha256::digest(token.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let text = |body: &str| {
+        format!(
+            r#"[admin]
+bind = "127.0.0.1:0"
+
+[admin.approval]
+required_for = ["activate"]
+
+[[admin.callers]]
+name = "bob"
+token_sha256 = "{}"
+scopes = ["read", "activate"]
+
+[[admin.callers]]
+name = "alice"
+token_sha256 = "{}"
+scopes = ["read", "approve"]
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "hello"
+listeners = ["web"]
+respond = {{ body = "{body}" }}
+"#,
+            hash(bob),
+            hash(alice)
+        )
+    };
+    let gw = Gateway::start(&text("one"));
+    let propose = |body: &str, reason: &str| {
+        let req = Request::post(format!("/admin/runtime/activate?reason={reason}"))
+            .header("host", gw.admin.to_string())
+            .header("authorization", format!("Bearer {bob}"))
+            .header("content-type", "application/toml")
+            .body(Full::new(Bytes::from(text(body))))
+            .unwrap();
+        send(gw.admin, req)
+    };
+    let (status, _, answer) = propose("two", "ship-two").await.unwrap();
+    assert_eq!(status, 202, "{}", String::from_utf8_lossy(&answer));
+    let (status, _, _) = propose("three", "ship-three").await.unwrap();
+    assert_eq!(status, 202);
+
+    let driver = Driver::start(&chromedriver, &chromium).await;
+    // Logged in as alice: every request of the page carries her
+    // credentials, as a browser sends them after the login prompt.
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("alice:{alice}"));
+    driver
+        .call(
+            "POST",
+            &driver.at("/goog/cdp/execute"),
+            json!({ "cmd": "Network.enable", "params": {} }),
+        )
+        .await;
+    driver
+        .call(
+            "POST",
+            &driver.at("/goog/cdp/execute"),
+            json!({ "cmd": "Network.setExtraHTTPHeaders",
+                    "params": { "headers": { "Authorization": format!("Basic {basic}") } } }),
+        )
+        .await;
+    driver.go(&format!("{}/admin/", gw.admin_url())).await;
+    driver
+        .wait(
+            "document.querySelectorAll('#proposals tbody tr').length === 2",
+            "both proposals are listed",
+        )
+        .await;
+    let listed = driver
+        .script("return document.getElementById('proposals').innerText;")
+        .await;
+    let listed = listed.as_str().unwrap_or_default();
+    assert!(
+        listed.contains("bob") && listed.contains("ship-two") && listed.contains("~1"),
+        "{listed}"
+    );
+    driver.screenshot("console-proposals").await;
+
+    // Reject the second: no reason, no rejection; then with one.
+    driver
+        .click("tr[data-proposal='p-000002'] button.reject")
+        .await;
+    driver
+        .wait(&page_says("takes a reason"), "a reason is asked for")
+        .await;
+    driver
+        .script("document.querySelector(\"tr[data-proposal='p-000002'] input\").value = 'not this week'; return true;")
+        .await;
+    driver
+        .click("tr[data-proposal='p-000002'] button.reject")
+        .await;
+    driver
+        .wait(
+            &page_says("reject p-000002: rejected"),
+            "the rejection is shown",
+        )
+        .await;
+    driver
+        .click("tr[data-proposal='p-000001'] button.approve")
+        .await;
+    driver
+        .wait(
+            &page_says("approve p-000001: executed (generation 2 active)"),
+            "the approval is carried out",
+        )
+        .await;
+    driver
+        .wait(
+            "document.getElementById('proposals-section').hidden",
+            "no open proposal is left",
+        )
+        .await;
+    assert_eq!(get(gw.listener("web"), "x", "/").await.2, "two");
+    let req = Request::get("/admin/runtime/proposals")
+        .header("host", gw.admin.to_string())
+        .header("authorization", format!("Bearer {alice}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (_, _, bytes) = send(gw.admin, req).await.unwrap();
+    let proposals: Value = serde_json::from_slice(&bytes).unwrap();
+    let proposals = proposals["proposals"].as_array().unwrap();
+    assert_eq!(proposals[0]["state"], "rejected");
+    assert_eq!(proposals[0]["rejection"]["caller"], "alice");
+    assert_eq!(proposals[0]["rejection"]["reason"], "not this week");
+    assert_eq!(proposals[1]["state"], "executed");
+    assert_eq!(proposals[1]["approvals"][0]["caller"], "alice");
+}

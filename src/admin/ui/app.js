@@ -99,6 +99,8 @@ function refusal(result) {
   const a = result.answer || {};
   const message = a.message ? `: ${a.message}` : "";
   if (result.status === 409) return `refused (409 ${a.error || "conflict"}): the gateway changed since this page read it${message}`;
+  if (result.status === 403 && a.missing_scope) return `refused (403): this login lacks the '${a.missing_scope}' scope`;
+  if (result.status === 403 && a.error && a.error !== "forbidden") return `refused (403 ${a.error})${message}`;
   if (result.status === 403) return "refused (403): the session is no longer valid (the token changed or the page is stale); reload the page";
   if (result.status === 401) return "refused (401): the admin token is needed; reload the page to log in again";
   return `refused (${result.status} ${a.error || ""})${message}`;
@@ -137,6 +139,65 @@ function settle(how) {
     expected_active_generation: shown.active_generation,
     requested_by: "admin page",
   }));
+}
+
+// Open proposals (DESIGN §23), each with what it would change and its
+// Approve and Reject (a reason is asked for) buttons.
+function renderProposals(proposals) {
+  const open = (proposals || []).filter((p) => p.state === "open");
+  document.getElementById("proposals-section").hidden = open.length === 0;
+  const body = document.querySelector("#proposals tbody");
+  body.replaceChildren(...open.map((p) => {
+    const row = el("tr");
+    row.dataset.proposal = p.id;
+    const summary = p.plan && p.plan.diff ? p.plan.diff.summary : null;
+    const moved = p.plan && p.plan.impact && p.plan.impact.moved ? p.plan.impact.moved.percent : null;
+    const target = p.change && p.change.target_generation !== undefined ? ` to ${p.change.target_generation}` : "";
+    row.append(
+      el("td", p.id),
+      el("td", `${p.operation}${target}${p.reason ? ` (${p.reason})` : ""}`),
+      el("td", p.proposer),
+      el("td", p.expected_generation),
+      el("td", summary ? `+${summary.added} −${summary.removed} ~${summary.modified}` : "–"),
+      el("td", moved === null ? "–" : `${moved.toFixed(2)} %`),
+      el("td", `${p.approvals.length}/${p.approvers}${p.approvals.length ? ` (${p.approvals.map((a) => a.caller).join(", ")})` : ""}`),
+      el("td", local(p.expires_at)),
+    );
+    const cell = el("td");
+    const approve = el("button", "Approve");
+    approve.type = "button";
+    approve.className = "approve";
+    approve.addEventListener("click", () => decide(approve, p.id, "approve", "approved on the admin page"));
+    const reason = document.createElement("input");
+    reason.type = "text";
+    reason.placeholder = "reason to reject";
+    reason.className = "reject-reason";
+    const reject = el("button", "Reject");
+    reject.type = "button";
+    reject.className = "reject";
+    reject.addEventListener("click", () => {
+      if (!reason.value.trim()) {
+        say(`rejecting ${p.id} takes a reason`, false);
+        return;
+      }
+      decide(reject, p.id, "reject", reason.value.trim());
+    });
+    cell.append(approve, reason, reject);
+    row.append(cell);
+    return row;
+  }));
+}
+
+function decide(button, id, how, reason) {
+  act(button, `${how} ${id}`, async () => {
+    const result = await write(`/admin/runtime/proposals/${id}/${how}`, { reason });
+    const a = result.answer || {};
+    if (result.status >= 200 && result.status < 300 && a.proposal) {
+      const generation = a.result && a.result.generation;
+      return { status: result.status, answer: { outcome: a.proposal.state, generation } };
+    }
+    return result;
+  });
 }
 
 function renderActions(status) {
@@ -659,9 +720,11 @@ async function preview() {
 
 async function refresh() {
   try {
-    const [status, backends, timeline] = await Promise.all([
+    const [status, backends, timeline, proposals] = await Promise.all([
       api("/admin/runtime/status"), api("/admin/runtime/backends"), api("/admin/runtime/timeline"),
+      api("/admin/runtime/proposals"),
     ]);
+    renderProposals(proposals.proposals);
     renderStatus(status);
     renderBackends(backends);
     renderRates(timeline);
