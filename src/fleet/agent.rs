@@ -356,7 +356,9 @@ impl Fleet {
                 None => format!("fleet generation {}", doc.generation),
             }),
             requested_by: Some(doc.requested_by.clone().unwrap_or_else(|| "fleet".into())),
-            caller: None,
+            // Who wrote it, on the instance that did: each instance's
+            // history names the same caller.
+            caller: doc.caller.clone(),
             confirm_within: None,
             guard: None,
             // A fleet canary: each instance walks the steps on its own

@@ -239,6 +239,14 @@ struct Said {
     shadow: Option<records::InstanceShadow>,
 }
 
+/// Who asked for a fleet change, as its records keep it.
+pub(crate) struct Asked {
+    pub requested_by: Option<String>,
+    pub reason: Option<String>,
+    /// The authenticated admin caller, on the instance that wrote it.
+    pub caller: Option<String>,
+}
+
 impl Fleet {
     /// Joins the fleet `spec` names: reads what was applied before (from
     /// `state_dir`), then starts the agent, which connects (retrying with
@@ -421,15 +429,12 @@ impl Fleet {
                 .activate_shadowed(candidate, expected, spec, shared, probation)
                 .await;
         }
-        self.publish(
-            shared,
-            expected,
-            candidate.requested_by,
-            candidate.reason,
-            None,
-            probation,
-        )
-        .await
+        let asked = Asked {
+            requested_by: candidate.requested_by,
+            reason: candidate.reason,
+            caller: candidate.caller,
+        };
+        self.publish(shared, expected, asked, None, probation).await
     }
 
     /// Rolls the fleet back to generation `target`'s document, as a new
@@ -443,8 +448,8 @@ impl Fleet {
             expected_active_generation: expected,
             requested_by,
             reason,
-            // The fleet's records keep `requested_by` only (yet).
-            caller: _,
+            caller,
+            // Approvals are refused with [fleet] (plan: approval).
             approved_by: _,
         } = request;
         let client = self.client().await?;
@@ -462,8 +467,11 @@ impl Fleet {
         self.publish(
             doc.config,
             crate::control::Expectation::optional(expected),
-            requested_by,
-            reason,
+            Asked {
+                requested_by,
+                reason,
+                caller,
+            },
             Some(target),
             None,
         )
@@ -517,11 +525,15 @@ impl Fleet {
         self: &Arc<Self>,
         shared: String,
         expected: crate::control::Expectation,
-        requested_by: Option<String>,
-        reason: Option<String>,
+        asked: Asked,
         rolled_back_to: Option<GenerationId>,
         probation: Option<Probation>,
     ) -> Result<FleetActivation, ControlError> {
+        let Asked {
+            requested_by,
+            reason,
+            caller,
+        } = asked;
         let client = self.client().await?;
         let (active, revision) = self.read_active(&client).await?;
         let current = active.as_ref().map(|a| a.generation);
@@ -573,6 +585,7 @@ impl Fleet {
             created_at: now.clone(),
             created_on: self.spec.instance.clone(),
             requested_by: requested_by.clone(),
+            caller: caller.clone(),
             reason,
             rolled_back_to,
         };
@@ -582,6 +595,7 @@ impl Fleet {
             previous: current,
             activated_at: now,
             requested_by,
+            caller,
             pending,
             settlement: None,
             shadow: None,
@@ -902,6 +916,7 @@ mod tests {
             previous: Some(GenerationId(4)),
             activated_at: String::new(),
             requested_by: None,
+            caller: None,
             pending: None,
             settlement: None,
             shadow: None,

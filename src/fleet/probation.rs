@@ -351,8 +351,7 @@ impl Fleet {
             expected_active_generation: expected_active,
             requested_by: by,
             reason,
-            // The fleet's records keep `requested_by` only (yet).
-            caller: _,
+            caller,
         } = request;
         if how == Settle::Abort {
             if let Some(active) = self.abort_stage(generation).await? {
@@ -382,6 +381,7 @@ impl Fleet {
             outcome: outcome.to_owned(),
             at: rfc3339(SystemTime::now()),
             by: by.clone(),
+            caller: caller.clone(),
             reason: reason.clone(),
         };
         if how == Settle::Confirm {
@@ -434,6 +434,7 @@ impl Fleet {
             created_at: now.clone(),
             created_on: self.spec.instance.clone(),
             requested_by: by.clone(),
+            caller: caller.clone(),
             reason: reason.clone(),
             rolled_back_to: Some(target),
             ..doc
@@ -444,6 +445,7 @@ impl Fleet {
             previous: Some(generation),
             activated_at: now,
             requested_by: by.clone(),
+            caller: caller.clone(),
             pending: None,
             settlement: Some(settlement(outcome)),
             shadow: None,

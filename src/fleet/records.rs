@@ -122,6 +122,9 @@ pub struct GenerationDoc {
     pub created_on: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// The authenticated admin caller that wrote it (on `created_on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Set when the document is a rollback to an earlier generation's text.
@@ -138,6 +141,9 @@ pub struct ActiveRecord {
     pub activated_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// The authenticated admin caller that made it active.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
     /// Set while the generation is on probation (DESIGN §14, fleet-wide).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<FleetPending>,
@@ -210,6 +216,9 @@ pub struct Settlement {
     pub at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// The authenticated admin caller that settled it (none: the gateway).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

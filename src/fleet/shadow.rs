@@ -82,8 +82,11 @@ impl Fleet {
             self.publish(
                 shared,
                 crate::control::Expectation::optional(Some(base)),
-                candidate.requested_by.clone(),
-                candidate.reason.clone(),
+                super::Asked {
+                    requested_by: candidate.requested_by.clone(),
+                    reason: candidate.reason.clone(),
+                    caller: candidate.caller.clone(),
+                },
                 None,
                 probation.clone(),
             )

@@ -880,6 +880,19 @@ async fn the_kubernetes_fleet_example_joins_etcd_and_serves_its_shared_document(
         assert!(Instant::now() < deadline, "{out}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The fleet's record and the instance's own history name the
+    // authenticated caller (the token file's `admin`).
+    let (code, out, err) = ctl(&["--json", "history"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let history: Value = serde_json::from_str(&out).unwrap();
+    let applied = history["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|op| op["kind"] == "activate" && op["outcome"] == "succeeded")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(applied["caller"], "admin", "{history:#}");
     // It routes by the shared document: /api/ to the api upstream (not
     // resolvable here, so 502), no 404.
     let (status, _, _) = get(gw.listener("web"), "example.test", "/api/x").await;
