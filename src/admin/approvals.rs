@@ -255,43 +255,29 @@ impl Approvals {
         reason: Option<String>,
     ) -> Result<Response, ApiError> {
         let caller = caller.ok_or(ProposalError::Anonymous)?;
-        let (record, ready) = {
-            let _one = self.deciding.lock().await;
-            self.expire_due();
-            self.control().with_history(|h| {
-                h.update_proposals(|proposals| {
-                    let p = proposals
-                        .iter_mut()
-                        .find(|p| p.id == id)
-                        .ok_or_else(|| ProposalError::NotFound(id.to_owned()))?;
-                    if p.state != ProposalState::Open {
-                        return Err(ProposalError::Closed {
-                            id: id.to_owned(),
-                            state: p.state,
-                        });
-                    }
-                    if p.proposer == caller {
-                        return Err(ProposalError::SelfApproval(id.to_owned()));
-                    }
-                    if p.approvals.iter().any(|a| a.caller == caller) {
-                        return Err(ProposalError::AlreadyApproved {
-                            id: id.to_owned(),
-                            caller: caller.clone(),
-                        });
-                    }
-                    p.approvals.push(Verdict {
+        let (record, ready) = self
+            .decide(id, |p| {
+                if p.proposer == caller {
+                    return Err(ProposalError::SelfApproval(id.to_owned()));
+                }
+                if p.approvals.iter().any(|a| a.caller == caller) {
+                    return Err(ProposalError::AlreadyApproved {
+                        id: id.to_owned(),
                         caller: caller.clone(),
-                        at: rfc3339(SystemTime::now()),
-                        reason,
                     });
-                    let ready = p.approvals.len() >= p.approvers as usize;
-                    if ready {
-                        p.state = ProposalState::Approved;
-                    }
-                    Ok((p.clone(), ready))
-                })
-            })?
-        };
+                }
+                p.approvals.push(Verdict {
+                    caller: caller.clone(),
+                    at: rfc3339(SystemTime::now()),
+                    reason,
+                });
+                let ready = p.approvals.len() >= p.approvers as usize;
+                if ready {
+                    p.state = ProposalState::Approved;
+                }
+                Ok(ready)
+            })
+            .await?;
         tracing::info!(proposal = %record.id, approver = %caller, ready, "proposal approved");
         self.event("proposal_approved", &record);
         if !ready {
@@ -347,34 +333,47 @@ impl Approvals {
         let reason = reason
             .filter(|r| !r.trim().is_empty())
             .ok_or(ProposalError::NoReason)?;
-        let record = {
-            let _one = self.deciding.lock().await;
-            self.expire_due();
-            self.control().with_history(|h| {
-                h.update_proposals(|proposals| {
-                    let p = proposals
-                        .iter_mut()
-                        .find(|p| p.id == id)
-                        .ok_or_else(|| ProposalError::NotFound(id.to_owned()))?;
-                    if p.state != ProposalState::Open {
-                        return Err(ProposalError::Closed {
-                            id: id.to_owned(),
-                            state: p.state,
-                        });
-                    }
-                    p.state = ProposalState::Rejected;
-                    p.rejection = Some(Verdict {
-                        caller,
-                        at: rfc3339(SystemTime::now()),
-                        reason: Some(reason),
-                    });
-                    Ok(p.clone())
-                })
-            })?
-        };
+        let (record, ()) = self
+            .decide(id, |p| {
+                p.state = ProposalState::Rejected;
+                p.rejection = Some(Verdict {
+                    caller,
+                    at: rfc3339(SystemTime::now()),
+                    reason: Some(reason),
+                });
+                Ok(())
+            })
+            .await?;
         tracing::info!(proposal = %record.id, "proposal rejected");
         self.event("proposal_rejected", &record);
         Ok(Json(json!({ "proposal": record })).into_response())
+    }
+
+    /// Runs `decision` on open proposal `id`, one decision at a time
+    /// (expired ones first marked so), and keeps what it changed.
+    async fn decide<T>(
+        &self,
+        id: &str,
+        decision: impl FnOnce(&mut ProposalRecord) -> Result<T, ProposalError>,
+    ) -> Result<(ProposalRecord, T), ProposalError> {
+        let _one = self.deciding.lock().await;
+        self.expire_due();
+        self.control().with_history(|h| {
+            h.update_proposals(|proposals| {
+                let p = proposals
+                    .iter_mut()
+                    .find(|p| p.id == id)
+                    .ok_or_else(|| ProposalError::NotFound(id.to_owned()))?;
+                if p.state != ProposalState::Open {
+                    return Err(ProposalError::Closed {
+                        id: id.to_owned(),
+                        state: p.state,
+                    });
+                }
+                let out = decision(p)?;
+                Ok((p.clone(), out))
+            })
+        })
     }
 
     /// Marks open proposals whose time ran out as expired.

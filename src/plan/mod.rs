@@ -237,6 +237,16 @@ mod proptests;
 mod tests {
     use super::*;
 
+    /// Each refusal's code and path (none when the text validates).
+    fn codes_at(validated: Result<Spec, Vec<crate::config::Diagnostic>>) -> Vec<(String, String)> {
+        validated
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| (d.code.to_string(), d.path.to_string()))
+            .collect()
+    }
+
     fn text(s: &str) -> ConfigText {
         ConfigText::inline(s.to_owned(), ".".into(), "<test>")
     }
@@ -599,14 +609,7 @@ scopes = ["read"]
         );
 
         // Every problem at once, each at its place.
-        let errors = |text: &str| -> Vec<(String, String)> {
-            validate(&at(text))
-                .err()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|d| (d.code.to_string(), d.path.to_string()))
-                .collect()
-        };
+        let errors = |text: &str| -> Vec<(String, String)> { codes_at(validate(&at(text))) };
         let bad = format!(
             r#"[admin]
 token_file = "admin.token"
@@ -725,12 +728,7 @@ reason = "both"
 from = "2026-12-20T00:00:00Z"
 reason = ""
 "#;
-        let found: Vec<(String, String)> = validate(&at(bad))
-            .err()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|d| (d.code.to_string(), d.path.to_string()))
-            .collect();
+        let found: Vec<(String, String)> = codes_at(validate(&at(bad)));
         for expected in [
             ("invalid_value", "admin.freeze[0].to"),
             ("invalid_value", "admin.freeze[1].from"),
@@ -784,12 +782,7 @@ client_cert = { san = "y" }
 token_sha256 = "0000000000000000000000000000000000000000000000000000000000000001"
 scopes = ["read"]
 "#;
-        let found: Vec<(String, String)> = validate(&at(callers))
-            .err()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|d| (d.code.to_string(), d.path.to_string()))
-            .collect();
+        let found: Vec<(String, String)> = codes_at(validate(&at(callers)));
         for expected in [
             ("missing_key", "admin.callers[0].client_cert"),
             ("missing_key", "admin.callers[1].client_cert"),
@@ -808,12 +801,7 @@ scopes = ["read"]
             "[admin]\ntls = {{ cert = \"missing.pem\", key = \"missing.key\", client_ca = \"missing-ca.pem\" }}\n{}",
             callers.split("[[admin.callers]]\nname = \"both\"").next().unwrap_or_default()
         );
-        let found: Vec<(String, String)> = validate(&at(&with_tls))
-            .err()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|d| (d.code.to_string(), d.path.to_string()))
-            .collect();
+        let found: Vec<(String, String)> = codes_at(validate(&at(&with_tls)));
         assert!(
             found.iter().all(|(_, p)| p.starts_with("admin.tls")),
             "only the missing files: {found:#?}"
@@ -873,12 +861,7 @@ scopes = ["approve"]
         let bad = format!(
             "[admin.approval]\nrequired_for = [\"activate\", \"deploy\"]\napprovers = 2\nexpire = \"10s\"\n{callers}"
         );
-        let found: Vec<(String, String)> = validate(&at(&bad))
-            .err()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|d| (d.code.to_string(), d.path.to_string()))
-            .collect();
+        let found: Vec<(String, String)> = codes_at(validate(&at(&bad)));
         for expected in [
             ("invalid_value", "admin.approval.required_for[1]"),
             ("invalid_value", "admin.approval.expire"),
@@ -941,12 +924,7 @@ url = "http://hooks.example.com/"
 secret_file = "missing.secret"
 events = []
 "#;
-        let found: Vec<(String, String)> = validate(&at(bad))
-            .err()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|d| (d.code.to_string(), d.path.to_string()))
-            .collect();
+        let found: Vec<(String, String)> = codes_at(validate(&at(bad)));
         for expected in [
             ("invalid_value", "admin.webhooks[0].url"),
             ("invalid_value", "admin.webhooks[0].events[1]"),
@@ -977,12 +955,7 @@ events = []
             "{good}\n{}",
             good.replace("events = [\"activation\", \"auto_rolled_back\"]\n", "")
         );
-        let found: Vec<(String, String)> = validate(&at(&twice))
-            .err()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|d| (d.code.to_string(), d.path.to_string()))
-            .collect();
+        let found: Vec<(String, String)> = codes_at(validate(&at(&twice)));
         assert_eq!(
             found,
             [(

@@ -678,11 +678,7 @@ async fn callers_are_held_to_their_scopes_and_every_change_is_audited() {
         "ci-pipeline-token-0123456789",
         "oncall-token-0123456789abcdef",
     );
-    for (file, token) in [("ci.token", ci), ("oncall.token", oncall)] {
-        let path = dir.path().join(file);
-        std::fs::write(&path, token).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    write_secrets(dir.path(), &[("ci.token", ci), ("oncall.token", oncall)]);
     let audit_path = dir.path().join("audit.log");
     let text = r#"[admin]
 bind = "127.0.0.1:0"
@@ -823,17 +819,12 @@ respond = { body = "hello" }
 /// pass again. The audit log has the refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_freeze_window_refuses_changes_but_not_rollbacks_and_override_is_recorded() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let (ci, oncall) = (
         "ci-pipeline-token-0123456789",
         "oncall-token-0123456789abcdef",
     );
-    for (file, token) in [("ci.token", ci), ("oncall.token", oncall)] {
-        let path = dir.path().join(file);
-        std::fs::write(&path, token).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    write_secrets(dir.path(), &[("ci.token", ci), ("oncall.token", oncall)]);
     let audit_path = dir.path().join("audit.log");
     let text = r#"[admin]
 bind = "127.0.0.1:0"

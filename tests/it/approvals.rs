@@ -50,13 +50,11 @@ fn with_body(config: &str, body: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_waits_for_another_callers_approval_and_is_carried_out_as_asked() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    for (file, token) in [("bob.token", BOB), ("alice.token", ALICE), ("ci.token", CI)] {
-        let path = dir.path().join(file);
-        std::fs::write(&path, token).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    write_secrets(
+        dir.path(),
+        &[("bob.token", BOB), ("alice.token", ALICE), ("ci.token", CI)],
+    );
     let text = r#"[runtime]
 state_dir = "state"
 

@@ -123,15 +123,13 @@ fn receive_on(listener: tokio::net::TcpListener, received: Received) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn change_events_stream_in_order_and_reach_webhooks_signed_through_a_receiver_outage() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let token = "events-reader-token-0123456789";
     let secret = "webhook-secret-0123456789abcdef";
-    for (file, text) in [("admin.token", token), ("hook.secret", secret)] {
-        let path = dir.path().join(file);
-        std::fs::write(&path, text).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    write_secrets(
+        dir.path(),
+        &[("admin.token", token), ("hook.secret", secret)],
+    );
     // The receiver's port, not listened on yet: deliveries are refused
     // until it comes up.
     let receiver_port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -850,6 +850,17 @@ pub fn proxy_config(backend: SocketAddr, extra: &str) -> String {
         .build()
 }
 
+/// Writes each `(name, text)` into `dir` readable by its owner only, as a
+/// token or secret file must be.
+pub fn write_secrets(dir: &Path, files: &[(&str, &str)]) {
+    use std::os::unix::fs::PermissionsExt;
+    for (name, text) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+}
+
 pub fn workspace() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
