@@ -384,24 +384,30 @@ impl AuditExt for Option<Audit> {
     }
 
     /// A call let through: recorded when it changes something, with the
-    /// operation its answer names.
+    /// operation its answer names; a scope refused past the guard (going
+    /// through a freeze takes `override`, which only the body asks for)
+    /// is recorded as the guard records its own.
     async fn done(&self, caller: Option<&str>, response: Response) -> Response {
         let Some(audit) = self.as_ref().filter(|a| a.changes) else {
             return response;
         };
         let status = response.status();
         let (parts, body) = response.into_parts();
-        let (body, operation_id) = match axum::body::to_bytes(body, 64 << 20).await {
+        let (body, answer) = match axum::body::to_bytes(body, 64 << 20).await {
             Ok(bytes) => {
-                let id = serde_json::from_slice::<serde_json::Value>(&bytes)
-                    .ok()
-                    .and_then(|v| v.get("operation_id")?.as_str().map(str::to_owned));
-                (axum::body::Body::from(bytes), id)
+                let answer = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+                (axum::body::Body::from(bytes), answer)
             }
             Err(_) => (axum::body::Body::empty(), None),
         };
+        let field = |name: &str| answer.as_ref().and_then(|a| a.get(name)?.as_str());
+        let missing_scope = field("missing_scope")
+            .filter(|_| status == StatusCode::FORBIDDEN)
+            .and_then(Scope::parse);
         audit::record(audit::Entry {
-            operation_id,
+            operation_id: field("operation_id").map(str::to_owned),
+            refused: missing_scope.map(|_| "forbidden"),
+            missing_scope: missing_scope.map(Scope::name),
             ..audit.entry(caller, status)
         });
         Response::from_parts(parts, body)

@@ -1003,6 +1003,18 @@ respond = { body = "one" }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert!(refused_in_audit(), "the 423 is in the audit log");
+    let lines: Vec<Value> = std::fs::read_to_string(&audit_path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["caller"] == "ci"
+            && l["status"] == 403
+            && l["refused"] == "forbidden"
+            && l["missing_scope"] == "override"),
+        "the override refused for want of its scope is audited as a scope refusal: {lines:#?}"
+    );
 }
 
 /// A client certificate signed by `ca` naming `uri` (a SPIFFE ID) and
