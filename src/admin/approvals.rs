@@ -82,8 +82,8 @@ pub struct Asked {
 pub struct Approvals {
     writer: Writer,
     policy: Option<ApprovalPolicy>,
-    /// Callers whose every change waits (`requires_approval`).
-    requiring: Vec<String>,
+    /// The callers, for their `requires_approval`.
+    callers: Vec<crate::plan::CallerSpec>,
     /// One decision at a time (two approvals that arrive together carry a
     /// change out once).
     deciding: tokio::sync::Mutex<()>,
@@ -104,12 +104,7 @@ impl Approvals {
         let admin = &active.spec.admin;
         let approvals = Arc::new(Self {
             policy: admin.approval.clone(),
-            requiring: admin
-                .callers
-                .iter()
-                .filter(|c| c.requires_approval)
-                .map(|c| c.name.clone())
-                .collect(),
+            callers: admin.callers.clone(),
             writer,
             deciding: tokio::sync::Mutex::new(()),
         });
@@ -142,36 +137,18 @@ impl Approvals {
 
     /// Whether `operation` asked by `caller` waits for approval.
     pub fn required(&self, operation: Approvable, caller: Option<&str>) -> bool {
-        self.policy.as_ref().is_some_and(|policy| {
-            policy.required_for.contains(&operation)
-                || caller.is_some_and(|c| self.requiring.iter().any(|r| r == c))
-        })
+        let caller = caller.and_then(|name| self.callers.iter().find(|c| c.name == name));
+        self.policy
+            .as_ref()
+            .is_some_and(|policy| policy.required(operation, caller))
     }
 
-    /// Every proposal kept, newest first (expired ones marked so),
-    /// without the candidates' texts and the diffs' lines (a page polls
-    /// this; `get` has the whole proposal).
+    /// Every proposal kept, newest first (expired ones marked so), in
+    /// brief (a page polls this; `get` has the whole proposal).
     pub fn list(&self) -> Vec<ProposalRecord> {
         self.expire_due();
-        self.control().read_history(|h| {
-            h.proposals()
-                .iter()
-                .rev()
-                .map(|p| {
-                    let mut shown = p.clone();
-                    if let Some(change) = shown.change.as_object_mut() {
-                        change.remove("config");
-                    }
-                    if let Some(diff) = shown.plan.as_mut().and_then(|plan| plan.get_mut("diff")) {
-                        if let Some(diff) = diff.as_object_mut() {
-                            diff.remove("text");
-                            diff.remove("changes");
-                        }
-                    }
-                    shown
-                })
-                .collect()
-        })
+        self.control()
+            .read_history(|h| h.proposals().iter().rev().map(brief).collect())
     }
 
     pub fn get(&self, id: &str) -> Result<ProposalRecord, ProposalError> {
@@ -404,21 +381,12 @@ impl Approvals {
         }
     }
 
+    /// An event of `record`, in brief: the candidate's text and the diff's
+    /// lines stay out of events (and so out of webhooks' receivers).
     fn event(&self, kind: &'static str, record: &ProposalRecord) {
-        let mut shown = record.clone();
-        // The candidate's text and the diff's lines stay out of events
-        // (and so out of webhooks' receivers): the counts say how much it
-        // changes, and the proposal behind the admin API shows the rest.
-        shown.change = json!({ "operation": record.operation });
-        shown.plan = record.plan.as_ref().map(|plan| {
-            json!({
-                "diff": { "summary": plan["diff"]["summary"] },
-                "impact": { "moved_percent": plan["impact"]["moved"]["percent"], "sample_size": plan["impact"]["sample_size"] },
-            })
-        });
         self.control().events().emit(
             kind,
-            json!({ "generation": record.expected_generation, "proposal": shown }),
+            json!({ "generation": record.expected_generation, "proposal": brief(record) }),
         );
     }
 
@@ -499,6 +467,50 @@ impl Approvals {
             }
         };
         answer.map_err(|e| ControlError::Internal(e.to_string()).into())
+    }
+}
+
+/// A proposal without the candidate's text and the diff's lines (never
+/// copied): the diff's counts and the share of sampled requests that
+/// would move say how much it changes.
+fn brief(p: &ProposalRecord) -> ProposalRecord {
+    let change = match p.change.as_object() {
+        Some(map) => Value::Object(
+            map.iter()
+                .filter(|(key, _)| *key != "config")
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect(),
+        ),
+        None => Value::Null,
+    };
+    let plan = p.plan.as_ref().map(|plan| {
+        json!({
+            "activatable": plan["activatable"],
+            "diff": { "summary": plan["diff"]["summary"] },
+            "impact": {
+                "moved": { "percent": plan["impact"]["moved"]["percent"] },
+                "sample_size": plan["impact"]["sample_size"],
+            },
+        })
+    });
+    ProposalRecord {
+        id: p.id.clone(),
+        state: p.state,
+        operation: p.operation,
+        proposer: p.proposer.clone(),
+        requested_by: p.requested_by.clone(),
+        reason: p.reason.clone(),
+        created_at: p.created_at.clone(),
+        expires_at: p.expires_at.clone(),
+        expires_unix_ms: p.expires_unix_ms,
+        expected_generation: p.expected_generation,
+        approvers: p.approvers,
+        plan,
+        change,
+        approvals: p.approvals.clone(),
+        rejection: p.rejection.clone(),
+        operation_id: p.operation_id.clone(),
+        error: p.error.clone(),
     }
 }
 

@@ -63,8 +63,7 @@ pub fn router(writer: Writer, security: Security) -> Router {
         .route("/admin/events", get(events::stream))
         .route("/admin/runtime/proposals", get(proposals).post(propose))
         .route("/admin/runtime/proposals/{id}", get(proposal))
-        .route("/admin/runtime/proposals/{id}/approve", post(approve))
-        .route("/admin/runtime/proposals/{id}/reject", post(reject))
+        .route("/admin/runtime/proposals/{id}/{verdict}", post(decide))
         .route("/admin/webhooks", get(webhooks))
         .route("/admin/fleet/status", get(fleet_status))
         .route("/admin/fleet/forget", post(fleet_forget))
@@ -204,30 +203,28 @@ fn verdict_body(headers: &HeaderMap, body: &Bytes, what: &str) -> Result<Verdict
     Ok(verdict)
 }
 
-async fn approve(
+/// `POST …/proposals/{id}/approve|reject` (any other verdict: 404).
+async fn decide(
     Extension(approvals): Extension<Arc<Approvals>>,
     Extension(caller): Extension<CallerName>,
-    Path(id): Path<String>,
+    Path((id, verdict)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let verdict = verdict_body(&headers, &body, "approve")?;
-    approvals
-        .approve(&id, caller.0.as_deref().map(str::to_owned), verdict.reason)
-        .await
-}
-
-async fn reject(
-    Extension(approvals): Extension<Arc<Approvals>>,
-    Extension(caller): Extension<CallerName>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let verdict = verdict_body(&headers, &body, "reject")?;
-    approvals
-        .reject(&id, caller.0.as_deref().map(str::to_owned), verdict.reason)
-        .await
+    let caller = caller.0.as_deref().map(str::to_owned);
+    match verdict.as_str() {
+        "approve" => {
+            let body = verdict_body(&headers, &body, "approve")?;
+            approvals.approve(&id, caller, body.reason).await
+        }
+        "reject" => {
+            let body = verdict_body(&headers, &body, "reject")?;
+            approvals.reject(&id, caller, body.reason).await
+        }
+        other => Err(ApiError::NotFound(format!(
+            "no verdict '{other}': approve or reject"
+        ))),
+    }
 }
 
 #[derive(Debug, Deserialize)]
