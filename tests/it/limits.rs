@@ -704,7 +704,20 @@ async fn a_draining_instance_gives_its_unspent_lease_back() {
         .lines()
         .filter(|l| l.starts_with("cutover_ratelimit_decisions_total") && !l.ends_with(" 0"))
         .collect();
-    assert_eq!(admitted, 99, "{decisions:#?}\n{}", staying.logs());
+    // An admission decided without the store (its answer came past the
+    // quota's deadline on a busy machine: `fallback_allowed`) is not one
+    // of the store's tokens; those the store granted are exact.
+    let fallback = sample(
+        &text,
+        "cutover_ratelimit_decisions_total",
+        &["route=\"api\"", "outcome=\"fallback_allowed\""],
+    ) as usize;
+    assert_eq!(
+        admitted - fallback,
+        99,
+        "{decisions:#?}\n{}",
+        staying.logs()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
