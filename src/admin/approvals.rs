@@ -6,10 +6,16 @@
 //! proposer asked, through the writer, under the same expected-generation
 //! rule: 409 when another change came first), reject it, or it expires.
 //! Proposals are kept with the history, so a restart or an upgrade keeps
-//! them.
+//! them; in a fleet they are kept in etcd (`proposal_book.rs`), so a
+//! change proposed through one instance is approved through any other.
+//! There the approving instance carries an activation or a rollback out
+//! (both are the fleet's), while an upgrade is carried out by the instance
+//! it was proposed on, which picks it up within a second.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 use axum::http::StatusCode;
@@ -19,13 +25,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::error::{ApiError, ProposalError};
+use super::proposal_book::Book;
 use crate::control::{
     CanarySpec, Candidate, CandidateSource, Control, ControlError, FreezeRule, GuardSpec,
     RollbackRequest, ShadowSpec, UpgradeRequest,
 };
 use crate::ids::GenerationId;
 use crate::plan::{Approvable, ApprovalPolicy};
-use crate::runtime::proposals::{ProposalRecord, ProposalState, Verdict, OPEN_LIMIT};
+use crate::runtime::proposals::{ProposalRecord, ProposalState, Verdict};
 use crate::runtime::{rfc3339, CanaryRecord, GuardRecord};
 use crate::writer::Writer;
 
@@ -78,15 +85,24 @@ pub struct Asked {
     pub expected_generation: Option<GenerationId>,
 }
 
-/// The proposals of this process and the rule that makes changes wait.
+/// The proposals of this process (or its fleet) and the rule that makes
+/// changes wait.
 pub struct Approvals {
     writer: Writer,
+    book: Book,
     policy: Option<ApprovalPolicy>,
     /// The callers, for their `requires_approval`.
     callers: Vec<crate::plan::CallerSpec>,
-    /// One decision at a time (two approvals that arrive together carry a
-    /// change out once).
+    /// One decision at a time in this process (two approvals that arrive
+    /// together carry a change out once; across a fleet, each write
+    /// compares the revision it read).
     deciding: tokio::sync::Mutex<()>,
+    /// Approved proposals this process carries out now: the tending loop
+    /// leaves them to whoever started them.
+    carrying: std::sync::Mutex<HashSet<String>>,
+    /// In a fleet: whether the proposals a process of this instance left
+    /// approved but unfinished were marked failed (once etcd answered).
+    recovered: AtomicBool,
 }
 
 fn now_ms() -> u64 {
@@ -103,30 +119,31 @@ impl Approvals {
         let active = writer.control().store().load_full();
         let admin = &active.spec.admin;
         let approvals = Arc::new(Self {
+            book: Book::of(&writer),
             policy: admin.approval.clone(),
             callers: admin.callers.clone(),
             writer,
             deciding: tokio::sync::Mutex::new(()),
+            carrying: std::sync::Mutex::new(HashSet::new()),
+            recovered: AtomicBool::new(false),
         });
         drop(active);
         // One that was being carried out when the last process stopped
         // is not carried out again: its operation log says how far it got.
-        approvals.control().with_history(|h| {
-            h.update_proposals(|proposals| {
-                for p in proposals
-                    .iter_mut()
-                    .filter(|p| p.state == ProposalState::Approved)
-                {
-                    p.state = ProposalState::Failed;
-                    p.error = Some(
-                        "the process stopped while it was carried out: see the operation log"
-                            .into(),
-                    );
-                }
-            })
-        });
+        // (In a fleet the tending loop does this once etcd answers.)
+        if approvals.book.instance().is_none() {
+            approvals.control().with_history(|h| {
+                h.update_proposals(|proposals| {
+                    proposals
+                        .iter_mut()
+                        .filter(|p| p.state == ProposalState::Approved)
+                        .for_each(fail_unfinished);
+                })
+            });
+            approvals.recovered.store(true, Ordering::Relaxed);
+        }
         if approvals.policy.is_some() && tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(expire_loop(Arc::downgrade(&approvals)));
+            tokio::spawn(tend(Arc::downgrade(&approvals)));
         }
         approvals
     }
@@ -145,17 +162,29 @@ impl Approvals {
 
     /// Every proposal kept, newest first (expired ones marked so), in
     /// brief (a page polls this; `get` has the whole proposal).
-    pub fn list(&self) -> Vec<ProposalRecord> {
-        self.expire_due();
-        self.control()
-            .read_history(|h| h.proposals().iter().rev().map(brief).collect())
+    pub async fn list(&self) -> Result<Vec<ProposalRecord>, ProposalError> {
+        self.expire_due().await?;
+        Ok(self.book.all().await?.iter().rev().map(brief).collect())
     }
 
-    pub fn get(&self, id: &str) -> Result<ProposalRecord, ProposalError> {
-        self.expire_due();
-        self.control()
-            .read_history(|h| h.proposals().iter().find(|p| p.id == id).cloned())
+    pub async fn get(&self, id: &str) -> Result<ProposalRecord, ProposalError> {
+        self.expire_due().await?;
+        self.find(id).await
+    }
+
+    async fn find(&self, id: &str) -> Result<ProposalRecord, ProposalError> {
+        self.book
+            .all()
+            .await?
+            .into_iter()
+            .find(|p| p.id == id)
             .ok_or_else(|| ProposalError::NotFound(id.to_owned()))
+    }
+
+    /// Whether this process carries `record` out once it is approved:
+    /// the carrier the approval named (alone: always).
+    fn mine(&self, record: &ProposalRecord) -> bool {
+        record.carrier.as_deref() == self.book.instance()
     }
 
     /// Makes `change` a proposal: planned first (an activation that would
@@ -165,12 +194,18 @@ impl Approvals {
         let policy = self.policy.clone().ok_or(ProposalError::NotConfigured)?;
         let proposer = asked.caller.clone().ok_or(ProposalError::Anonymous)?;
         let control = self.control();
-        let expected = asked
-            .expected_generation
-            .unwrap_or_else(|| control.store().active_id());
+        // An upgrade is this process's; an activation or a rollback is
+        // planned against the generation they would replace (in a fleet,
+        // the fleet's).
+        let expected = match (asked.expected_generation, &change) {
+            (Some(named), _) => named,
+            (None, Change::Upgrade { .. }) => control.store().active_id(),
+            (None, _) => self.book.active_generation().await?,
+        };
         let plan = match &change {
             Change::Activate { config, .. } => {
-                let plan = control.validate(Candidate::text(config.clone())).await?;
+                let candidate = self.writer.as_planned(Candidate::text(config.clone()))?;
+                let plan = control.validate(candidate).await?;
                 if !plan.errors.is_empty() {
                     return Err(ControlError::Invalid(Box::new(plan)).into());
                 }
@@ -186,37 +221,32 @@ impl Approvals {
         let expires_unix_ms =
             now_ms().saturating_add(u64::try_from(policy.expire.as_millis()).unwrap_or(u64::MAX));
         let operation = change.operation();
-        let record = control.with_history(|h| {
-            let open = h
-                .proposals()
-                .iter()
-                .filter(|p| p.state == ProposalState::Open)
-                .count();
-            if open >= OPEN_LIMIT {
-                return Err(ProposalError::TooMany(open));
-            }
-            let record = ProposalRecord {
-                id: h.next_proposal_id(),
+        let change = serde_json::to_value(&change).unwrap_or(Value::Null);
+        let instance = self.book.instance().map(str::to_owned);
+        let record = self
+            .book
+            .add(|id| ProposalRecord {
+                id,
                 state: ProposalState::Open,
                 operation,
-                proposer,
-                requested_by: asked.requested_by,
-                reason: asked.reason,
+                proposer: proposer.clone(),
+                requested_by: asked.requested_by.clone(),
+                reason: asked.reason.clone(),
                 created_at: rfc3339(created),
                 expires_at: rfc3339(expires),
                 expires_unix_ms,
                 expected_generation: expected,
                 approvers: policy.approvers,
-                plan,
-                change: serde_json::to_value(&change).unwrap_or(Value::Null),
+                plan: plan.clone(),
+                change: change.clone(),
                 approvals: Vec::new(),
                 rejection: None,
                 operation_id: None,
                 error: None,
-            };
-            h.update_proposals(|proposals| proposals.push(record.clone()));
-            Ok(record)
-        })?;
+                instance: instance.clone(),
+                carrier: None,
+            })
+            .await?;
         tracing::info!(proposal = %record.id, proposer = %record.proposer, operation = operation.name(), "change proposed; it waits for approval");
         self.event("proposal_made", &record);
         Ok((StatusCode::ACCEPTED, Json(json!({ "proposal": record }))).into_response())
@@ -232,6 +262,7 @@ impl Approvals {
         reason: Option<String>,
     ) -> Result<Response, ApiError> {
         let caller = caller.ok_or(ProposalError::Anonymous)?;
+        let me = self.book.instance();
         let (record, ready) = self
             .decide(id, |p| {
                 if p.proposer == caller {
@@ -246,11 +277,16 @@ impl Approvals {
                 p.approvals.push(Verdict {
                     caller: caller.clone(),
                     at: rfc3339(SystemTime::now()),
-                    reason,
+                    reason: reason.clone(),
                 });
                 let ready = p.approvals.len() >= p.approvers as usize;
                 if ready {
                     p.state = ProposalState::Approved;
+                    p.carrier = me.map(|me| match (p.operation, &p.instance) {
+                        // An upgrade replaces the process it was asked of.
+                        (Approvable::Upgrade, Some(home)) => home.clone(),
+                        _ => me.to_owned(),
+                    });
                 }
                 Ok(ready)
             })
@@ -260,25 +296,11 @@ impl Approvals {
         if !ready {
             return Ok(Json(json!({ "proposal": record })).into_response());
         }
-        let result = self.carry_out(&record).await;
-        let (state, operation_id, error) = match &result {
-            Ok(answer) => (
-                ProposalState::Executed,
-                answer["operation_id"].as_str().map(str::to_owned),
-                None,
-            ),
-            Err(error) => (ProposalState::Failed, None, Some(error.to_string())),
-        };
-        let record = self.control().with_history(|h| {
-            h.update_proposals(|proposals| {
-                let p = proposals.iter_mut().find(|p| p.id == id)?;
-                p.state = state;
-                p.operation_id = operation_id;
-                p.error = error;
-                Some(p.clone())
-            })
-        });
-        let record = record.ok_or_else(|| ProposalError::NotFound(id.to_owned()))?;
+        if !self.mine(&record) {
+            // Another instance's upgrade: it picks the proposal up.
+            return Ok((StatusCode::ACCEPTED, Json(json!({ "proposal": record }))).into_response());
+        }
+        let (record, result) = self.finish(&record).await;
         match result {
             Ok(answer) => Ok(Json(json!({ "proposal": record, "result": answer })).into_response()),
             Err(error) => {
@@ -314,9 +336,9 @@ impl Approvals {
             .decide(id, |p| {
                 p.state = ProposalState::Rejected;
                 p.rejection = Some(Verdict {
-                    caller,
+                    caller: caller.clone(),
                     at: rfc3339(SystemTime::now()),
-                    reason: Some(reason),
+                    reason: Some(reason.clone()),
                 });
                 Ok(())
             })
@@ -327,58 +349,181 @@ impl Approvals {
     }
 
     /// Runs `decision` on open proposal `id`, one decision at a time
-    /// (expired ones first marked so), and keeps what it changed.
+    /// (expired ones first marked so), and keeps what it changed. One it
+    /// approved for this process to carry out is claimed before the
+    /// tending loop could see it.
     async fn decide<T>(
         &self,
         id: &str,
-        decision: impl FnOnce(&mut ProposalRecord) -> Result<T, ProposalError>,
+        mut decision: impl FnMut(&mut ProposalRecord) -> Result<T, ProposalError>,
     ) -> Result<(ProposalRecord, T), ProposalError> {
         let _one = self.deciding.lock().await;
-        self.expire_due();
-        self.control().with_history(|h| {
-            h.update_proposals(|proposals| {
-                let p = proposals
-                    .iter_mut()
-                    .find(|p| p.id == id)
-                    .ok_or_else(|| ProposalError::NotFound(id.to_owned()))?;
+        self.expire_due().await?;
+        let (record, out) = self
+            .book
+            .change(id, |p| {
                 if p.state != ProposalState::Open {
                     return Err(ProposalError::Closed {
                         id: id.to_owned(),
                         state: p.state,
                     });
                 }
-                let out = decision(p)?;
-                Ok((p.clone(), out))
+                decision(p)
             })
-        })
+            .await?;
+        if record.state == ProposalState::Approved && self.mine(&record) {
+            self.claim(&record.id);
+        }
+        Ok((record, out))
     }
 
-    /// Marks open proposals whose time ran out as expired.
-    fn expire_due(&self) {
+    /// Whether this process took `id` to carry out (not when it carries
+    /// it out already).
+    fn claim(&self, id: &str) -> bool {
+        self.carrying
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.to_owned())
+    }
+
+    fn release(&self, id: &str) {
+        self.carrying
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+    }
+
+    /// Carries approved `record` out and keeps how it went; returns the
+    /// proposal as kept and the change's own answer.
+    async fn finish(&self, record: &ProposalRecord) -> (ProposalRecord, Result<Value, ApiError>) {
+        let result = self.carry_out(record).await;
+        let (state, operation_id, error) = match &result {
+            Ok(answer) => (
+                ProposalState::Executed,
+                // A fleet's answer: the operation of this instance's
+                // activation of it.
+                answer["operation_id"]
+                    .as_str()
+                    .or_else(|| answer["instance"]["activation"]["operation_id"].as_str())
+                    .map(str::to_owned),
+                None,
+            ),
+            Err(error) => (ProposalState::Failed, None, Some(error.to_string())),
+        };
+        let kept = self
+            .book
+            .change(&record.id, |p| {
+                p.state = state;
+                p.operation_id.clone_from(&operation_id);
+                p.error.clone_from(&error);
+                Ok(())
+            })
+            .await;
+        let kept = match kept {
+            Ok((kept, ())) => {
+                self.release(&record.id);
+                kept
+            }
+            // Unrecorded (etcd away), it stays claimed, so it is never
+            // carried out twice; the next process of this instance marks
+            // it failed and points at the operation log. The caller still
+            // hears what the change did.
+            Err(unrecorded) => {
+                tracing::warn!(proposal = %record.id, error = %unrecorded, "the approved change was carried out, but the proposal could not record how; the operation log has it");
+                let mut told = record.clone();
+                told.state = state;
+                told.operation_id = operation_id;
+                told.error = error;
+                told
+            }
+        };
+        (kept, result)
+    }
+
+    /// Marks open proposals whose time ran out as expired (an event for
+    /// each this process marked).
+    async fn expire_due(&self) -> Result<(), ProposalError> {
         let now = now_ms();
         let due = |p: &ProposalRecord| p.state == ProposalState::Open && p.expires_unix_ms <= now;
-        if !self
-            .control()
-            .read_history(|h| h.proposals().iter().any(due))
-        {
-            return;
-        }
-        let expired: Vec<ProposalRecord> = self.control().with_history(|h| {
-            h.update_proposals(|proposals| {
-                proposals
-                    .iter_mut()
-                    .filter(|p| due(p))
-                    .map(|p| {
+        let ids: Vec<String> = self
+            .book
+            .all()
+            .await?
+            .into_iter()
+            .filter(due)
+            .map(|p| p.id)
+            .collect();
+        for id in ids {
+            let (record, expired) = self
+                .book
+                .change(&id, |p| {
+                    let expired = due(p);
+                    if expired {
                         p.state = ProposalState::Expired;
-                        p.clone()
-                    })
-                    .collect()
-            })
-        });
-        for record in &expired {
-            tracing::info!(proposal = %record.id, "proposal expired");
-            self.event("proposal_expired", record);
+                    }
+                    Ok(expired)
+                })
+                .await?;
+            if expired {
+                tracing::info!(proposal = %record.id, "proposal expired");
+                self.event("proposal_expired", &record);
+            }
         }
+        Ok(())
+    }
+
+    /// In a fleet: marks failed what a process of this instance left
+    /// approved but unfinished, and carries out what another instance
+    /// approved for this one (an upgrade proposed here).
+    async fn tend_fleet(&self) -> Result<(), ProposalError> {
+        let Some(me) = self.book.instance() else {
+            return Ok(());
+        };
+        let mine: Vec<ProposalRecord> = self
+            .book
+            .all()
+            .await?
+            .into_iter()
+            .filter(|p| p.state == ProposalState::Approved && p.carrier.as_deref() == Some(me))
+            .collect();
+        if !self.recovered.load(Ordering::Relaxed) {
+            for p in &mine {
+                self.book
+                    .change(&p.id, |p| {
+                        if p.state == ProposalState::Approved {
+                            fail_unfinished(p);
+                        }
+                        Ok(())
+                    })
+                    .await?;
+            }
+            self.recovered.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
+        for p in mine {
+            {
+                let _one = self.deciding.lock().await;
+                if !self.claim(&p.id) {
+                    continue;
+                }
+            }
+            // Read again now that it is claimed: one this process finished
+            // since the list was read is not carried out twice.
+            let fresh = match self.find(&p.id).await {
+                Ok(fresh) if fresh.state == ProposalState::Approved => fresh,
+                other => {
+                    self.release(&p.id);
+                    other?;
+                    continue;
+                }
+            };
+            tracing::info!(proposal = %fresh.id, "carrying out a proposal approved through another instance");
+            let (record, result) = self.finish(&fresh).await;
+            if let Err(error) = result {
+                tracing::warn!(proposal = %record.id, %error, "the approved change was refused");
+            }
+        }
+        Ok(())
     }
 
     /// An event of `record`, in brief: the candidate's text and the diff's
@@ -511,12 +656,24 @@ fn brief(p: &ProposalRecord) -> ProposalRecord {
         rejection: p.rejection.clone(),
         operation_id: p.operation_id.clone(),
         error: p.error.clone(),
+        instance: p.instance.clone(),
+        carrier: p.carrier.clone(),
     }
 }
 
-/// Expires proposals as their time runs out (an event each), once a
-/// second, while the approvals live.
-async fn expire_loop(approvals: Weak<Approvals>) {
+/// A proposal a process stopped while carrying out is not carried out
+/// again: its operation log says how far it got.
+fn fail_unfinished(p: &mut ProposalRecord) {
+    p.state = ProposalState::Failed;
+    p.error = Some(
+        "the process stopped before it was carried out or while it was: see the operation log"
+            .into(),
+    );
+}
+
+/// Once a second, while the approvals live: expires proposals as their
+/// time runs out (an event each) and, in a fleet, tends this instance's.
+async fn tend(approvals: Weak<Approvals>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -524,7 +681,13 @@ async fn expire_loop(approvals: Weak<Approvals>) {
         let Some(approvals) = approvals.upgrade() else {
             return;
         };
-        approvals.expire_due();
+        let tended = match approvals.expire_due().await {
+            Ok(()) => approvals.tend_fleet().await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = tended {
+            tracing::debug!(%error, "proposals not tended this second");
+        }
     }
 }
 

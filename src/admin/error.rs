@@ -8,7 +8,7 @@ use serde_json::json;
 use std::borrow::Cow;
 
 use crate::control::{CandidateError, ControlError, LifecycleError};
-use crate::runtime::proposals::ProposalState;
+pub use crate::runtime::proposals::ProposalError;
 use crate::runtime::shadow::ShadowVerdict;
 use crate::writer::FleetCallError;
 
@@ -258,26 +258,6 @@ fn control_error(error: ControlError) -> Response {
 }
 
 /// Why a proposal call was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ProposalError {
-    #[error("approvals are not configured ([admin.approval] or a caller's requires_approval)")]
-    NotConfigured,
-    #[error("proposals and approvals need an authenticated caller")]
-    Anonymous,
-    #[error("no proposal '{0}'")]
-    NotFound(String),
-    #[error("proposal {id} is {state:?}, not open")]
-    Closed { id: String, state: ProposalState },
-    #[error("the proposer of {0} cannot approve it: another caller must")]
-    SelfApproval(String),
-    #[error("{caller} already approved {id}")]
-    AlreadyApproved { id: String, caller: String },
-    #[error("{0} proposals are open: approve, reject or let some expire first")]
-    TooMany(usize),
-    #[error("rejecting a proposal takes a reason")]
-    NoReason,
-}
-
 impl IntoResponse for ProposalError {
     fn into_response(self) -> Response {
         let (status, code) = match &self {
@@ -289,6 +269,7 @@ impl IntoResponse for ProposalError {
             ProposalError::AlreadyApproved { .. } => (StatusCode::CONFLICT, "already_approved"),
             ProposalError::TooMany(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_proposals"),
             ProposalError::NoReason => (StatusCode::BAD_REQUEST, "bad_request"),
+            ProposalError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "fleet_unavailable"),
         };
         let mut body = json!({ "error": code, "message": self.to_string() });
         if let ProposalError::Closed { state, .. } = &self {

@@ -13,6 +13,7 @@ mod candidate;
 mod error;
 mod events;
 mod limits;
+mod proposal_book;
 mod security;
 mod ui;
 
@@ -176,15 +177,15 @@ async fn propose(
     approvals.propose(change, Asked::of(&candidate)).await
 }
 
-async fn proposals(Extension(approvals): Extension<Arc<Approvals>>) -> Response {
-    Json(json!({ "proposals": approvals.list() })).into_response()
+async fn proposals(Extension(approvals): Extension<Arc<Approvals>>) -> Result<Response, ApiError> {
+    Ok(Json(json!({ "proposals": approvals.list().await? })).into_response())
 }
 
 async fn proposal(
     Extension(approvals): Extension<Arc<Approvals>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(json!({ "proposal": approvals.get(&id)? })).into_response())
+    Ok(Json(json!({ "proposal": approvals.get(&id).await? })).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -10,7 +10,7 @@ use crate::control::{Activation, BackendsView, CacheView, HistoryView, StatusVie
 use crate::fleet::FleetStatus;
 use crate::ids::GenerationId;
 use crate::plan::Diff;
-use crate::runtime::proposals::ProposalRecord;
+use crate::runtime::proposals::{ProposalRecord, ProposalState};
 
 /// An enum as the admin API spells it (`auto_rollback`, `startup`).
 pub(super) fn spelled(value: &impl Serialize) -> String {
@@ -610,6 +610,12 @@ pub(super) fn print_proposal(p: &ProposalRecord) {
         },
         p.expires_at
     );
+    if let Some(instance) = &p.instance {
+        println!("  proposed through fleet instance {instance}");
+    }
+    if let (ProposalState::Approved, Some(carrier)) = (p.state, &p.carrier) {
+        println!("  approved: fleet instance {carrier} carries it out");
+    }
     if let Some(error) = &p.error {
         println!("  not carried out: {error}");
     }

@@ -376,7 +376,7 @@ impl Fleet {
             shadow: None,
             // The instance that wrote it met the freeze windows.
             freeze: crate::control::FreezeRule::Exempt,
-            approved_by: Vec::new(),
+            approved_by: doc.approved_by.clone(),
         };
         match self
             .control

@@ -15,6 +15,7 @@ mod agent;
 mod certificates;
 mod etcd;
 mod probation;
+mod proposals;
 mod records;
 mod shadow;
 
@@ -245,6 +246,8 @@ pub(crate) struct Asked {
     pub reason: Option<String>,
     /// The authenticated admin caller, on the instance that wrote it.
     pub caller: Option<String>,
+    /// The callers that approved it (a proposal carried out).
+    pub approved_by: Vec<String>,
 }
 
 impl Fleet {
@@ -433,6 +436,7 @@ impl Fleet {
             requested_by: candidate.requested_by,
             reason: candidate.reason,
             caller: candidate.caller,
+            approved_by: candidate.approved_by,
         };
         self.publish(shared, expected, asked, None, probation).await
     }
@@ -449,8 +453,7 @@ impl Fleet {
             requested_by,
             reason,
             caller,
-            // Approvals are refused with [fleet] (plan: approval).
-            approved_by: _,
+            approved_by,
         } = request;
         let client = self.client().await?;
         let found = within(client.get(self.keys.generation(target))).await?;
@@ -471,6 +474,7 @@ impl Fleet {
                 requested_by,
                 reason,
                 caller,
+                approved_by,
             },
             Some(target),
             None,
@@ -533,6 +537,7 @@ impl Fleet {
             requested_by,
             reason,
             caller,
+            approved_by,
         } = asked;
         let client = self.client().await?;
         let (active, revision) = self.read_active(&client).await?;
@@ -588,6 +593,7 @@ impl Fleet {
             caller: caller.clone(),
             reason,
             rolled_back_to,
+            approved_by,
         };
         let record = ActiveRecord {
             generation: id,

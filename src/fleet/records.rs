@@ -8,6 +8,9 @@
 //! - `members/<name>`: every instance that ever joined (no lease), so that
 //!   one whose status key expired shows as `gone`.
 //! - `instances/<name>`: each live instance's status, under its lease.
+//! - `proposals/<id>`: a change waiting for approval (DESIGN §23),
+//!   changed only in a transaction that compares its revision;
+//!   `proposal-next` numbers them.
 
 use crate::ids::GenerationId;
 use serde::{Deserialize, Serialize};
@@ -65,6 +68,20 @@ impl Keys {
 
     pub fn instances(&self) -> String {
         format!("{}/instances/", self.prefix)
+    }
+
+    /// A proposal (`p-000007`: ids sort as keys).
+    pub fn proposal(&self, id: &str) -> String {
+        format!("{}/proposals/{id}", self.prefix)
+    }
+
+    pub fn proposals(&self) -> String {
+        format!("{}/proposals/", self.prefix)
+    }
+
+    /// The last proposal number given.
+    pub fn proposal_counter(&self) -> String {
+        format!("{}/proposal-next", self.prefix)
     }
 
     /// An ACME certificate the fleet shares (DESIGN §21): its chain and
@@ -130,6 +147,9 @@ pub struct GenerationDoc {
     /// Set when the document is a rollback to an earlier generation's text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rolled_back_to: Option<GenerationId>,
+    /// The callers that approved it (DESIGN §23: a proposal carried out).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approved_by: Vec<String>,
 }
 
 /// `active`.

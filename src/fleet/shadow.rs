@@ -86,6 +86,7 @@ impl Fleet {
                     requested_by: candidate.requested_by.clone(),
                     reason: candidate.reason.clone(),
                     caller: candidate.caller.clone(),
+                    approved_by: candidate.approved_by.clone(),
                 },
                 None,
                 probation.clone(),

@@ -1,6 +1,7 @@
 //! Proposals (DESIGN §23): changes waiting for other callers' approval,
-//! kept with the history so that a restart or an upgrade keeps them.
-//! What they hold; `approvals.rs` decides what happens to them.
+//! kept with the history (or, in a fleet, in etcd) so that a restart or
+//! an upgrade keeps them. What they hold; `admin/approvals.rs` decides
+//! what happens to them.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -73,4 +74,35 @@ pub struct ProposalRecord {
     pub operation_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// In a fleet: the instance it was proposed on (an upgrade is that
+    /// instance's, and only it carries one out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// In a fleet, once approved: the instance that carries it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carrier: Option<String>,
+}
+
+/// Why a proposal call was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposalError {
+    #[error("approvals are not configured ([admin.approval] or a caller's requires_approval)")]
+    NotConfigured,
+    #[error("proposals and approvals need an authenticated caller")]
+    Anonymous,
+    #[error("no proposal '{0}'")]
+    NotFound(String),
+    #[error("proposal {id} is {state:?}, not open")]
+    Closed { id: String, state: ProposalState },
+    #[error("the proposer of {0} cannot approve it: another caller must")]
+    SelfApproval(String),
+    #[error("{caller} already approved {id}")]
+    AlreadyApproved { id: String, caller: String },
+    #[error("{0} proposals are open: approve, reject or let some expire first")]
+    TooMany(usize),
+    #[error("rejecting a proposal takes a reason")]
+    NoReason,
+    /// The fleet's store could not be read or written: nothing changed.
+    #[error("the fleet's proposals are out of reach: {0}")]
+    Unavailable(String),
 }

@@ -368,13 +368,6 @@ impl Validator<'_> {
                 format!("{approvers} approvals are needed but {can_approve} callers have the 'approve' scope: nothing could ever be approved"),
             );
         }
-        if file.fleet.is_some() {
-            self.error(
-                Code::UnsupportedOption,
-                where_,
-                "approvals are kept by one instance in this build, not shared through the fleet: a proposal made on one instance could not be approved on another",
-            );
-        }
         Some(ApprovalPolicy {
             required_for,
             approvers,
