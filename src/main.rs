@@ -141,6 +141,21 @@ fn gateway_address(text: &str) -> Result<(String, String), String> {
     Ok((gateway.to_owned(), address.to_owned()))
 }
 
+/// Huge pages are held back before anything runs: Rust's runtime
+/// allocates before `main`, and the allocator's first touch of its arena
+/// would otherwise fault in a 2 MiB page (see `hold_huge_pages`). A
+/// constructor (`.init_array`) runs after libc is set up and before the
+/// runtime; it only makes one system call.
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".init_array"]
+static HOLD_HUGE_PAGES: extern "C" fn() = hold_huge_pages;
+
+#[cfg(target_os = "linux")]
+extern "C" fn hold_huge_pages() {
+    cutover::lifecycle::hold_huge_pages();
+}
+
 fn main() -> ExitCode {
     // One process-wide TLS provider (ring) for the clients that ask rustls
     // for its default (the Redis store's); cutover's own configs name it.

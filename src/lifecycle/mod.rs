@@ -17,5 +17,5 @@ mod systemd;
 mod upgrade;
 mod watch;
 
-pub use memory::release_memory;
+pub use memory::{hold_huge_pages, release_memory};
 pub use startup::{run, Options, StartError};

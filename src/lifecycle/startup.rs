@@ -674,6 +674,7 @@ async fn refresh_gauges(control: Arc<Control>) {
         tick.tick().await;
         publish_gauges(&control);
         control.sample_timeline();
+        super::memory::note_load(crate::generation::answered_totals().0);
     }
 }
 
