@@ -2,7 +2,7 @@
 //! order across an activation with a confirm window that runs out, resumed
 //! with `Last-Event-ID`; webhooks to a real HTTP receiver, signed,
 //! retried while it is down, and a receiver that never answers delaying
-//! nothing.
+//! nothing; over HTTPS, only to a receiver the webhook's `ca` signed.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -85,14 +85,53 @@ impl Stream {
 
 type Received = Arc<Mutex<Vec<(hyper::HeaderMap, Bytes)>>>;
 
+/// The end of each test's configuration: one listener, one route that
+/// answers "one".
+const HELLO: &str = r#"[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "hello"
+listeners = ["web"]
+respond = { body = "one" }
+"#;
+
+/// Activates the running file with the route answering "two" instead
+/// (`query` after the path), as the admin token's holder.
+async fn activate_two(gw: &Gateway, token: &str, query: &str) -> (u16, Bytes) {
+    let candidate = std::fs::read_to_string(&gw.config_path)
+        .unwrap()
+        .replace("body = \"one\"", "body = \"two\"");
+    let req = Request::post(format!("/admin/runtime/activate{query}"))
+        .header("host", gw.admin.to_string())
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/toml")
+        .body(Full::new(Bytes::from(candidate)))
+        .unwrap();
+    let (status, _, body) = send(gw.admin, req).await.unwrap();
+    (status, body)
+}
+
 /// A webhook receiver on `addr`: answers 204 to every POST and keeps it.
 fn receive_on(listener: tokio::net::TcpListener, received: Received) {
+    receive(listener, None, received);
+}
+
+/// As `receive_on`, over TLS with `acceptor`'s certificate: a POST is
+/// kept only once a handshake succeeded.
+fn receive(
+    listener: tokio::net::TcpListener,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    received: Received,
+) {
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
             let received = Arc::clone(&received);
+            let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 let service =
                     hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
@@ -113,9 +152,21 @@ fn receive_on(listener: tokio::net::TcpListener, received: Received) {
                             )
                         }
                     });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
+                let http1 = hyper::server::conn::http1::Builder::new();
+                match acceptor {
+                    None => {
+                        let _ = http1
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                            .await;
+                    }
+                    Some(acceptor) => {
+                        if let Ok(tls) = acceptor.accept(stream).await {
+                            let _ = http1
+                                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                                .await;
+                        }
+                    }
+                }
             });
         }
     });
@@ -168,30 +219,13 @@ timeout = "1s"
 [metrics]
 bind = "127.0.0.1:0"
 
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
-[[routes]]
-name = "hello"
-listeners = ["web"]
-respond = {{ body = "one" }}
-"#
+{HELLO}"#
     );
     let gw = Gateway::start_in(dir, &text);
     let mut stream = Stream::open(gw.admin, token, None).await;
 
-    let candidate = std::fs::read_to_string(&gw.config_path)
-        .unwrap()
-        .replace("body = \"one\"", "body = \"two\"");
     let started = Instant::now();
-    let req = Request::post("/admin/runtime/activate?confirm_within=2s&reason=try+two")
-        .header("host", gw.admin.to_string())
-        .header("authorization", format!("Bearer {token}"))
-        .header("content-type", "application/toml")
-        .body(Full::new(Bytes::from(candidate)))
-        .unwrap();
-    let (status, _, body) = send(gw.admin, req).await.unwrap();
+    let (status, body) = activate_two(&gw, token, "?confirm_within=2s&reason=try+two").await;
     let took = started.elapsed();
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     // Neither the refused receiver nor the one that never answers is
@@ -244,13 +278,7 @@ respond = {{ body = "one" }}
     for ((headers, body), (id, event, _)) in got.iter().zip(&seen) {
         assert_eq!(headers["x-cutover-event"], event.as_str());
         assert_eq!(headers["x-cutover-delivery"], id.as_str());
-        let signed = headers["x-cutover-signature-256"].to_str().unwrap();
-        let hex = signed.strip_prefix("sha256=").expect("sha256=");
-        let tag: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect();
-        ring::hmac::verify(&key, body, &tag).expect("a valid signature");
+        assert_signed(&key, headers, body);
         let json: Value = serde_json::from_slice(body).unwrap();
         assert_eq!(json["event"], event.as_str());
         assert_eq!(json["id"], id.as_str());
@@ -294,4 +322,99 @@ async fn admin_get(gw: &Gateway, token: &str, path: &str) -> (u16, Value) {
         .unwrap();
     let (status, _, body) = send(gw.admin, req).await.unwrap();
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// Webhooks over HTTPS verify their receiver: one whose `ca` signed the
+/// receiver's certificate delivers (signed, as over HTTP); one naming
+/// another CA never gets past the handshake, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_webhooks_reach_only_a_receiver_their_ca_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "events-reader-token-0123456789";
+    let secret = "webhook-secret-0123456789abcdef";
+    write_secrets(
+        dir.path(),
+        &[("admin.token", token), ("hook.secret", secret)],
+    );
+    let ca = crate::pki::ca("receivers' ca");
+    let other = crate::pki::ca("another ca");
+    std::fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
+    std::fs::write(dir.path().join("other-ca.pem"), &other.pem).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let receiver = listener.local_addr().unwrap();
+    let received: Received = Arc::default();
+    receive(
+        listener,
+        Some(crate::pki::backend_acceptor(
+            &ca,
+            "127.0.0.1",
+            &[b"http/1.1"],
+        )),
+        Arc::clone(&received),
+    );
+    let text = format!(
+        r#"[admin]
+bind = "127.0.0.1:0"
+token_file = "admin.token"
+
+[[admin.webhooks]]
+name = "trusted"
+url = "https://{receiver}/hooks/cutover"
+events = ["activation"]
+secret_file = "hook.secret"
+ca = "ca.pem"
+
+[[admin.webhooks]]
+name = "untrusted"
+url = "https://{receiver}/hooks/cutover"
+events = ["activation"]
+secret_file = "hook.secret"
+ca = "other-ca.pem"
+
+{HELLO}"#
+    );
+    let gw = Gateway::start_in(dir, &text);
+    let (status, body) = activate_two(&gw, token, "").await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+
+    // Both have tried once (the untrusted one keeps retrying).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let hooks = loop {
+        let (status, hooks) = admin_get(&gw, token, "/admin/webhooks").await;
+        assert_eq!(status, 200);
+        let hooks = hooks["webhooks"].as_array().unwrap().clone();
+        if hooks[0]["delivered"] == 1 && hooks[1]["last_error"].is_string() {
+            break hooks;
+        }
+        assert!(Instant::now() < deadline, "{hooks:#?}\n{}", gw.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let untrusted = &hooks[1];
+    assert_eq!(untrusted["name"], "untrusted");
+    assert_eq!(untrusted["delivered"], 0, "{untrusted:#}");
+    let error = untrusted["last_error"].as_str().unwrap();
+    assert!(
+        error.to_lowercase().contains("certificate") || error.contains("UnknownIssuer"),
+        "{error}"
+    );
+
+    // Only the trusted delivery reached the receiver, signed.
+    let got = received.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "{got:#?}");
+    let (headers, body) = &got[0];
+    assert_eq!(headers["x-cutover-event"], "activation");
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
+    assert_signed(&key, headers, body);
+}
+
+/// The delivery's `X-Cutover-Signature-256` is `sha256=` and the hex
+/// HMAC-SHA256 of its body under `key`, checked as a receiver would.
+fn assert_signed(key: &ring::hmac::Key, headers: &hyper::HeaderMap, body: &[u8]) {
+    let signed = headers["x-cutover-signature-256"].to_str().unwrap();
+    let hex = signed.strip_prefix("sha256=").expect("sha256=");
+    let tag: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    ring::hmac::verify(key, body, &tag).expect("a valid signature");
 }
