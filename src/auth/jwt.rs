@@ -588,22 +588,8 @@ impl Remote {
 
     async fn fetch(&self) -> Result<KeySet, String> {
         use http_body_util::BodyExt as _;
-        let tls = crate::tls::client_config(&crate::tls::UpstreamTlsSpec {
-            ca: self.ca.clone(),
-            server_name: None,
-            client_cert: None,
-            subject_alt_names: Vec::new(),
-            files_fingerprint: String::new(),
-        })
-        .map_err(|e| e.to_string())?;
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build::<_, http_body_util::Empty<bytes::Bytes>>(https);
+        let client = crate::tls::own_client::<http_body_util::Empty<bytes::Bytes>>(self.ca.clone())
+            .map_err(|e| e.to_string())?;
         let request = http::Request::get(self.url.clone())
             .header(http::header::ACCEPT, "application/json")
             .body(http_body_util::Empty::new())

@@ -138,29 +138,10 @@ fn shown(url: &http::Uri) -> String {
     format!("{scheme}://{host}{port}{}", url.path())
 }
 
-type Client = hyper_util::client::legacy::Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-    http_body_util::Full<Bytes>,
->;
+type Client = crate::tls::OwnClient<http_body_util::Full<Bytes>>;
 
 fn client(spec: &WebhookSpec) -> Result<Client, String> {
-    let tls = crate::tls::client_config(&crate::tls::UpstreamTlsSpec {
-        ca: spec.ca.clone(),
-        server_name: None,
-        client_cert: None,
-        subject_alt_names: Vec::new(),
-        files_fingerprint: String::new(),
-    })
-    .map_err(|e| e.to_string())?;
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Ok(
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build(https),
-    )
+    crate::tls::own_client(spec.ca.clone()).map_err(|e| e.to_string())
 }
 
 /// The hex HMAC-SHA256 of `body` under `key`, as the signature header

@@ -24,6 +24,38 @@ pub struct UpstreamTlsSpec {
     pub files_fingerprint: String,
 }
 
+/// An HTTP/1.1 client for the gateway's own calls out (a JWKS, a
+/// webhook): `https://` verified against `ca` (the WebPKI roots when
+/// none), `http://` as it is.
+pub type OwnClient<B> = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    B,
+>;
+
+/// Builds an [`OwnClient`] that trusts `ca`.
+pub fn own_client<B>(ca: Option<PathBuf>) -> Result<OwnClient<B>, TlsError>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+{
+    let tls = client_config(&UpstreamTlsSpec {
+        ca,
+        server_name: None,
+        client_cert: None,
+        subject_alt_names: Vec::new(),
+        files_fingerprint: String::new(),
+    })?;
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(https),
+    )
+}
+
 /// The client configuration for a backend. ALPN is left empty: the
 /// connector offers `h2` or `http/1.1` by the upstream's protocol.
 pub fn client_config(spec: &UpstreamTlsSpec) -> Result<ClientConfig, TlsError> {

@@ -11,7 +11,7 @@ mod store;
 
 use std::sync::Arc;
 
-pub use client::{client_config, UpstreamTlsSpec};
+pub use client::{client_config, own_client, OwnClient, UpstreamTlsSpec};
 pub use material::{
     certificate_names, client_verifier, fingerprint, load_cert, load_roots, parse_cert,
     parse_client_verifier, parse_roots, read_chain, CertInfo, CertNames, LoadedCert, TlsError,
