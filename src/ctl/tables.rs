@@ -643,9 +643,15 @@ pub(super) fn proposals_table(proposals: &[ProposalRecord]) -> String {
     for p in proposals {
         let approvals: Vec<&str> = p.approvals.iter().map(|a| a.caller.as_str()).collect();
         let what = [
-            p.reason.as_deref(),
-            p.error.as_deref(),
-            p.rejection.as_ref().and_then(|r| r.reason.as_deref()),
+            p.reason.clone(),
+            p.error.as_ref().map(|e| format!("not carried out: {e}")),
+            p.rejection.as_ref().map(|r| {
+                format!(
+                    "rejected by {}: {}",
+                    r.caller,
+                    r.reason.as_deref().unwrap_or("-")
+                )
+            }),
         ]
         .into_iter()
         .flatten()
@@ -665,7 +671,12 @@ pub(super) fn proposals_table(proposals: &[ProposalRecord]) -> String {
             )
             .trim_end()
             .to_owned(),
-            p.expires_at.clone(),
+            // Only an open proposal can still expire.
+            if p.state == ProposalState::Open {
+                p.expires_at.clone()
+            } else {
+                "-".to_owned()
+            },
             if what.is_empty() {
                 "-".to_owned()
             } else {
@@ -746,6 +757,31 @@ mod tests {
         assert!(text.contains("previous, takes 90 %"), "{text}");
         assert!(text.contains("canary, takes 10 %"), "{text}");
         assert!(text.contains("FAILING 100 %"), "{text}");
+    }
+
+    /// `ctl proposals` for a real gateway's list
+    /// (`fixtures/ctl/proposals.json`: one executed, one failed because
+    /// another activation came first, one rollback open, one rejected)
+    /// is `fixtures/ctl/proposals.txt`: newest first, each with its
+    /// approvals, and why it was not carried out or was rejected.
+    #[test]
+    fn proposals_read_as_their_golden_file() {
+        let list: Vec<ProposalRecord> =
+            serde_json::from_value(fixture("proposals.json")["proposals"].clone()).unwrap();
+        let text = proposals_table(&list);
+        golden("proposals.txt", &text);
+        let rows: Vec<&str> = text.lines().skip(1).collect();
+        assert!(rows[0].starts_with("p-000004  rejected"), "{text}");
+        assert!(
+            rows[0].ends_with("four; rejected by bob: not on a friday"),
+            "{text}"
+        );
+        assert!(rows[1].contains("open      rollback"), "{text}");
+        assert!(
+            rows[2].contains("not carried out: expected generation 1 but generation 2 is active"),
+            "{text}"
+        );
+        assert!(rows[3].contains("1/1 alice"), "{text}");
     }
 
     /// What `ctl rollback 3` prints for a real gateway's answer
