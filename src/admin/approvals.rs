@@ -103,6 +103,9 @@ pub struct Approvals {
     /// In a fleet: whether the proposals a process of this instance left
     /// approved but unfinished were marked failed (once etcd answered).
     recovered: AtomicBool,
+    /// When this process started (RFC 3339, as approvals are stamped):
+    /// what was approved after it is this process's to carry out.
+    started_at: String,
 }
 
 fn now_ms() -> u64 {
@@ -126,6 +129,7 @@ impl Approvals {
             deciding: tokio::sync::Mutex::new(()),
             carrying: std::sync::Mutex::new(HashSet::new()),
             recovered: AtomicBool::new(false),
+            started_at: rfc3339(SystemTime::now()),
         });
         drop(active);
         // One that was being carried out when the last process stopped
@@ -487,7 +491,15 @@ impl Approvals {
             .filter(|p| p.state == ProposalState::Approved && p.carrier.as_deref() == Some(me))
             .collect();
         if !self.recovered.load(Ordering::Relaxed) {
-            for p in &mine {
+            // Only what was approved before this process started: one
+            // handed over since (while etcd was still out of reach) is
+            // carried out below, on a later pass.
+            let left = mine.iter().filter(|p| {
+                p.approvals
+                    .last()
+                    .is_some_and(|a| a.at.as_str() < self.started_at.as_str())
+            });
+            for p in left {
                 self.book
                     .change(&p.id, |p| {
                         if p.state == ProposalState::Approved {
