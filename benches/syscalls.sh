@@ -31,18 +31,17 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
 fi
 
+. benches/one_route.sh
 work=$(mktemp -d)
 pids=()
 cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    one_route_cleanup "$work"
     wait 2>/dev/null || true
     rm -rf "$work"
 }
 trap cleanup EXIT
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 wait_port() {
     for _ in $(seq 100); do
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
@@ -57,22 +56,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 
     -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
 cat "$work/cert.pem" "$work/key.pem" >"$work/combined.pem"
 
-backend=$(free_port)
-cat >"$work/backend.conf" <<CONF
-daemon off;
-worker_processes 1;
-error_log $work/backend-error.log;
-pid $work/backend.pid;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 10000000;
-  client_body_temp_path $work;
-  server { listen 127.0.0.1:$backend; location / { return 200 "hello, world\n"; } }
-}
-CONF
-nginx -c "$work/backend.conf" -e "$work/backend-error.log" &
-pids+=($!)
+backend=$(start_backend "$work")
 
 # cutover: plain (h2c by prior knowledge) and TLS (ALPN h2).
 c_h2c=$(free_port); c_tls=$(free_port); c_admin=$(free_port)
@@ -126,11 +110,11 @@ haproxy_pid=$!
 pids+=("$haproxy_pid")
 
 n_h2c=$(free_port); n_tls=$(free_port)
-cat >"$work/nginx.conf" <<CONF
+cat >"$work/front-nginx.conf" <<CONF
 daemon off;
 worker_processes 2;
-error_log $work/nginx-error.log;
-pid $work/nginx.pid;
+error_log $work/front-nginx-error.log;
+pid $work/front-nginx.pid;
 events { worker_connections 4096; }
 http {
   access_log off;
@@ -148,7 +132,7 @@ http {
   }
 }
 CONF
-nginx -c "$work/nginx.conf" -e "$work/nginx-error.log" &
+nginx -c "$work/front-nginx.conf" -e "$work/front-nginx-error.log" &
 nginx_pid=$!
 pids+=("$nginx_pid")
 
