@@ -426,6 +426,10 @@ pub struct FileRuntime {
     /// Request heads each HTTP listener keeps for `impact` (0: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub impact_sample: Option<u32>,
+    /// When transparent huge pages back the heap: `"busy"`, `"never"`,
+    /// `"always"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub huge_pages: Option<String>,
 }
 
 impl Default for FileRuntime {
@@ -439,6 +443,7 @@ impl Default for FileRuntime {
             file_roots: Vec::new(),
             write_back: None,
             impact_sample: None,
+            huge_pages: None,
         }
     }
 }

@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use crate::plan::HugePages;
+
 /// Returns the pages mimalloc holds free to the system now, instead of at
 /// the next allocation on the same thread after its purge delay: an idle
 /// gateway that has just loaded 10 000 routes would otherwise keep the
@@ -40,18 +42,30 @@ pub fn hold_huge_pages() {
     }
 }
 
-/// Looked at once a second with the requests answered so far: lets huge
-/// pages back (once, for good) when the last second was busy.
-pub fn note_load(answered: u64) {
+/// Looked at once a second with the requests answered so far and the
+/// active generation's `runtime.huge_pages`: under `Busy` lets huge pages
+/// back (once, for good) when the last second was busy; `Never` holds
+/// them back again (pages already huge stay so), `Always` lets them back
+/// at once.
+pub fn note_load(answered: u64, policy: HugePages) {
     let last = LAST_ANSWERED.swap(answered, Ordering::Relaxed);
-    if !HELD.load(Ordering::Relaxed) || answered.saturating_sub(last) < BUSY_PER_SECOND {
-        return;
-    }
-    if set_thp_disabled(false) {
+    let held = HELD.load(Ordering::Relaxed);
+    let allow = match policy {
+        HugePages::Never => {
+            if !held && set_thp_disabled(true) {
+                HELD.store(true, Ordering::Relaxed);
+            }
+            return;
+        }
+        HugePages::Always => held,
+        HugePages::Busy => held && answered.saturating_sub(last) >= BUSY_PER_SECOND,
+    };
+    if allow && set_thp_disabled(false) {
         HELD.store(false, Ordering::Relaxed);
         tracing::debug!(
             per_second = answered.saturating_sub(last),
-            "busy: transparent huge pages allowed from now on"
+            ?policy,
+            "transparent huge pages allowed from now on"
         );
     }
 }
@@ -93,16 +107,25 @@ mod tests {
     }
 
     #[test]
-    fn huge_pages_are_held_until_a_busy_second() {
+    fn huge_pages_follow_the_policy() {
+        // One test: the setting is the process's.
         hold_huge_pages();
         assert_eq!(thp_enabled(), Some(false));
-        note_load(0);
+        note_load(0, HugePages::Busy);
         // A quiet second, then a busy one: allowed from then on.
-        note_load(BUSY_PER_SECOND - 1);
+        note_load(BUSY_PER_SECOND - 1, HugePages::Busy);
         assert_eq!(thp_enabled(), Some(false));
-        note_load(3 * BUSY_PER_SECOND);
+        note_load(3 * BUSY_PER_SECOND, HugePages::Busy);
         assert_eq!(thp_enabled(), Some(true));
-        note_load(3 * BUSY_PER_SECOND);
+        note_load(3 * BUSY_PER_SECOND, HugePages::Busy);
         assert_eq!(thp_enabled(), Some(true), "for good");
+        // `never` holds them back again, however busy.
+        note_load(10 * BUSY_PER_SECOND, HugePages::Never);
+        assert_eq!(thp_enabled(), Some(false));
+        note_load(20 * BUSY_PER_SECOND, HugePages::Never);
+        assert_eq!(thp_enabled(), Some(false));
+        // `always` lets them back in a quiet second.
+        note_load(20 * BUSY_PER_SECOND, HugePages::Always);
+        assert_eq!(thp_enabled(), Some(true));
     }
 }

@@ -674,7 +674,8 @@ async fn refresh_gauges(control: Arc<Control>) {
         tick.tick().await;
         publish_gauges(&control);
         control.sample_timeline();
-        super::memory::note_load(crate::generation::answered_totals().0);
+        let huge_pages = control.store().load_full().spec.runtime.huge_pages;
+        super::memory::note_load(crate::generation::answered_totals().0, huge_pages);
     }
 }
 

@@ -338,6 +338,12 @@ fn rows() -> Vec<Row> {
         row("runtime", "write_back", Runtime, &["write_back = true"]),
         row(
             "runtime",
+            "huge_pages",
+            Runtime,
+            &["huge_pages = \"never\""],
+        ),
+        row(
+            "runtime",
             "file_roots",
             Runtime,
             &["file_roots = [\"/tmp\"]"],

@@ -3,6 +3,7 @@
 use super::*;
 use crate::config::FileFreeze;
 use crate::plan::freeze::{self, FreezeWhen, FreezeWindow};
+use crate::plan::spec::HugePages;
 
 /// Request heads a listener keeps for `impact` unless told otherwise.
 pub const DEFAULT_IMPACT_SAMPLE: u32 = 10_000;
@@ -718,6 +719,17 @@ impl Validator<'_> {
                 format!("impact_sample {impact_sample} must be at most {MAX_IMPACT_SAMPLE} (0 turns sampling off)"),
             );
         }
+        let huge_pages = match r.huge_pages.as_deref() {
+            None => HugePages::default(),
+            Some(text) => HugePages::parse(text).unwrap_or_else(|| {
+                self.error(
+                    Code::InvalidValue,
+                    "runtime.huge_pages",
+                    format!("huge_pages '{text}' must be \"busy\", \"never\" or \"always\""),
+                );
+                HugePages::default()
+            }),
+        };
         let drain_timeout = self.duration("runtime.drain_timeout".into(), &r.drain_timeout);
         let max_pinned_age = match &r.max_pinned_age {
             Some(text) => Some(self.duration("runtime.max_pinned_age".into(), text)?),
@@ -745,6 +757,7 @@ impl Validator<'_> {
             worker_threads: r.worker_threads.map(|t| t as usize),
             write_back: r.write_back.unwrap_or(false),
             impact_sample: impact_sample.min(MAX_IMPACT_SAMPLE) as usize,
+            huge_pages,
         })
     }
 }
