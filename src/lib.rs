@@ -51,6 +51,7 @@ pub mod generation;
 pub mod grpc;
 pub mod ids;
 pub mod impact;
+pub mod keeper;
 pub mod lifecycle;
 pub mod limits;
 pub mod plan;

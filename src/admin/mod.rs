@@ -34,7 +34,10 @@ pub use error::{ApiError, ErrorBody};
 use security::CallerName;
 pub use security::{PeerCertificate, Security};
 
-use crate::control::{CandidateSource, RollbackRequest, Settle, SettleRequest, UpgradeRequest};
+use crate::control::{
+    BackendsView, CacheView, CandidateSource, RollbackRequest, Settle, SettleRequest,
+    UpgradeRequest,
+};
 use crate::ids::GenerationId;
 use crate::plan::Approvable;
 use crate::runtime::Phase;
@@ -400,7 +403,7 @@ async fn reload_certs(
 }
 
 async fn cache(State(writer): Shared) -> Response {
-    Json(writer.control().cache_view()).into_response()
+    Json(CacheView::of(&writer.control().store().load_full())).into_response()
 }
 
 /// `POST /admin/cache/purge`: exactly one of `key`, `prefix` (of keys)
@@ -564,7 +567,7 @@ async fn timeline(State(writer): Shared) -> Response {
 
 async fn backends(State(writer): Shared) -> Response {
     let control = writer.control();
-    Json(control.backends()).into_response()
+    Json(BackendsView::of(control.store())).into_response()
 }
 
 async fn operation(State(writer): Shared, Path(id): Path<String>) -> Result<Response, ApiError> {

@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::GenerationId;
+use crate::runtime::GenerationStore;
 
 /// `GET /admin/runtime/backends`: every upstream of the active generation
 /// and the live state of each of its backends (DESIGN §12).
@@ -14,6 +15,31 @@ use crate::ids::GenerationId;
 pub struct BackendsView {
     pub active_generation: GenerationId,
     pub upstreams: Vec<UpstreamView>,
+}
+
+impl BackendsView {
+    /// What `store`'s active generation routes to now.
+    pub fn of(store: &GenerationStore) -> Self {
+        let active = store.load_full();
+        let live: Vec<u64> = store.loads().iter().map(|l| l.generation.0).collect();
+        let mut upstreams: Vec<UpstreamView> = active
+            .upstreams()
+            .map(|u| UpstreamView {
+                name: u.name.clone(),
+                policy: u.policy.as_str().into(),
+                backends: member_views(&u.members(), &live),
+                sources: u
+                    .membership()
+                    .map(|m| m.sources.iter().map(|s| s.view()).collect())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        upstreams.sort_by(|a, b| a.name.cmp(&b.name));
+        BackendsView {
+            active_generation: active.id,
+            upstreams,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

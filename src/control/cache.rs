@@ -5,16 +5,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 use super::error::ControlError;
-use super::local::Control;
-use super::records::Requester;
 use crate::cache::Selector;
-use crate::runtime::{OperationKind, Outcome};
+use crate::generation::Generation;
 
 /// `GET /admin/cache`: every zone the active generation names.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -82,9 +78,9 @@ pub struct ZonePurged {
     pub purged: u64,
 }
 
-impl Control {
-    pub fn cache_view(&self) -> CacheView {
-        let active = self.store.load_full();
+impl CacheView {
+    /// Every zone `active` names, with the routes that keep answers in it.
+    pub fn of(active: &Generation) -> Self {
         let zones = active
             .cache_zones()
             .map(|zone| {
@@ -132,71 +128,43 @@ impl Control {
             .collect();
         CacheView { zones }
     }
+}
 
-    /// Forgets what `selector` names in `zone` (every zone of the active
-    /// generation when `None`), and records it; off the data plane's
-    /// threads (a prefix or tag looks at every key, and the record is
-    /// written to disk).
-    pub async fn purge_cache(
-        self: &Arc<Self>,
-        zone: Option<String>,
-        selector: Selector,
-        requester: Requester,
-    ) -> Result<Purged, ControlError> {
-        self.off_the_data_plane(move |c| c.purge_now(zone.as_deref(), &selector, &requester))
-            .await
+/// Forgets what `selector` names in `zone` of `active` (every zone when
+/// `None`); returns what each zone forgot and the operation log's summary.
+pub(super) fn purge(
+    active: &Generation,
+    zone: Option<&str>,
+    selector: &Selector,
+) -> Result<(Vec<ZonePurged>, String), ControlError> {
+    let zones: Vec<_> = active
+        .cache_zones()
+        .filter(|z| zone.is_none_or(|name| z.name == name))
+        .collect();
+    if let (Some(name), true) = (zone, zones.is_empty()) {
+        return Err(ControlError::UnknownZone(name.to_owned()));
     }
-
-    fn purge_now(
-        &self,
-        zone: Option<&str>,
-        selector: &Selector,
-        requester: &Requester,
-    ) -> Result<Purged, ControlError> {
-        let started = Instant::now();
-        let active = self.store.load_full();
-        let zones: Vec<_> = active
-            .cache_zones()
-            .filter(|z| zone.is_none_or(|name| z.name == name))
-            .collect();
-        if let (Some(name), true) = (zone, zones.is_empty()) {
-            return Err(ControlError::UnknownZone(name.to_owned()));
-        }
-        let zones: Vec<ZonePurged> = zones
-            .into_iter()
-            .map(|z| ZonePurged {
-                zone: z.name.clone(),
-                purged: z.purge(selector),
-            })
-            .collect();
-        let purged = zones.iter().map(|z| z.purged).sum();
-        let what = match selector {
-            Selector::Key(key) => format!("key {key:?}"),
-            Selector::Prefix(prefix) => format!("prefix {prefix:?}"),
-            Selector::Tag(tag) => format!("tag {tag:?}"),
-        };
-        let summary = format!(
-            "{purged} objects purged by {what} from {}",
-            zones
-                .iter()
-                .map(|z| z.zone.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        tracing::info!(purged, selector = %what, "cache purged");
-        let operation_id = self.records.record(
-            OperationKind::CachePurge,
-            started,
-            Outcome::Succeeded,
-            (Some(active.id), Some(active.id)),
-            requester,
-            summary,
-            None,
-        );
-        Ok(Purged {
-            purged,
-            zones,
-            operation_id,
+    let zones: Vec<ZonePurged> = zones
+        .into_iter()
+        .map(|z| ZonePurged {
+            zone: z.name.clone(),
+            purged: z.purge(selector),
         })
-    }
+        .collect();
+    let purged: u64 = zones.iter().map(|z| z.purged).sum();
+    let what = match selector {
+        Selector::Key(key) => format!("key {key:?}"),
+        Selector::Prefix(prefix) => format!("prefix {prefix:?}"),
+        Selector::Tag(tag) => format!("tag {tag:?}"),
+    };
+    let summary = format!(
+        "{purged} objects purged by {what} from {}",
+        zones
+            .iter()
+            .map(|z| z.zone.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    tracing::info!(purged, selector = %what, "cache purged");
+    Ok((zones, summary))
 }

@@ -2,17 +2,15 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
 use super::error::ControlError;
-use super::local::Control;
-use super::records::Requester;
+use crate::generation::Generation;
 use crate::plan::{HostMatch, Spec};
-use crate::runtime::{OperationKind, Outcome};
 use crate::telemetry::metrics as m;
-use crate::tls::{ListenerMaterial, Material};
+use crate::tls::{CertStore, ListenerMaterial, Material};
 
 /// One certificate as `reload-certs` reports it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -67,179 +65,142 @@ fn is_zero(n: &usize) -> bool {
 
 const EXPIRY_WARNING_SECS: i64 = 7 * 24 * 3600;
 
-impl Control {
-    /// Re-reads the certificate material of the active configuration's TLS
-    /// listeners (all, or those named) and swaps it in one step; on any
-    /// failure nothing changes.
-    pub(super) fn reload_certs_now(
-        &self,
-        only: Option<Vec<String>>,
-        requester: &Requester,
-    ) -> Result<CertReload, ControlError> {
-        let started = Instant::now();
-        let result = self.try_reload_certs(only, started, requester);
-        let outcome = if result.is_ok() {
-            "succeeded"
-        } else {
-            "failed"
-        };
-        metrics::counter!(m::CERT_RELOADS, m::LABEL_OUTCOME => outcome).increment(1);
-        if let Err(error) = &result {
-            tracing::warn!(%error, "certificate reload refused; the previous certificates stay");
-            self.records.record(
-                OperationKind::ReloadCerts,
-                started,
-                match error {
-                    ControlError::InProgress => Outcome::Conflict,
-                    _ => Outcome::Rejected,
-                },
-                (None, Some(self.store.active_id())),
-                requester,
-                error.to_string(),
-                Some(error.to_string()),
-            );
-        }
-        result
-    }
+/// What a certificate reload read, before it is recorded.
+pub(super) struct Reloaded {
+    pub listeners: Vec<ListenerCerts>,
+    pub warnings: Vec<String>,
+    pub secrets: Vec<SecretView>,
+    pub auth_answers_forgotten: usize,
+    /// For the operation log.
+    pub summary: String,
+}
 
-    fn try_reload_certs(
-        &self,
-        only: Option<Vec<String>>,
-        started: Instant,
-        requester: &Requester,
-    ) -> Result<CertReload, ControlError> {
-        let _operation = self.lock.take()?;
-        let active = self.store.load_full();
-        let tls_listeners: Vec<_> = active
-            .spec
-            .listeners
-            .iter()
-            .filter(|l| l.tls.is_some())
-            .collect();
-        if let Some(names) = &only {
-            for name in names {
-                if !tls_listeners.iter().any(|l| &l.name == name) {
-                    return Err(ControlError::NotTlsListener(name.clone()));
-                }
+/// Re-reads the certificate material of `active`'s TLS listeners (all,
+/// or those named) and installs it in `certificates` in one step; on any
+/// failure nothing changes. Without names, the routes' secret files are
+/// read again and their forward-auth answers forgotten too. The caller
+/// holds the operation lock.
+pub(super) fn reload(
+    certificates: &CertStore,
+    active: &Generation,
+    only: Option<&[String]>,
+) -> Result<Reloaded, ControlError> {
+    let tls_listeners: Vec<_> = active
+        .spec
+        .listeners
+        .iter()
+        .filter(|l| l.tls.is_some())
+        .collect();
+    if let Some(names) = only {
+        for name in names {
+            if !tls_listeners.iter().any(|l| &l.name == name) {
+                return Err(ControlError::NotTlsListener(name.clone()));
             }
         }
-        let previous = self.certificates.load();
-        let mut next = Material {
-            generation: active.id,
-            ..Material::default()
-        };
-        let mut reloaded = Vec::new();
-        for listener in &tls_listeners {
-            let selected = only
-                .as_ref()
-                .is_none_or(|names| names.contains(&listener.name));
-            let material = match (&listener.tls, selected) {
-                (Some(tls), true) => {
-                    let loaded = ListenerMaterial::load(tls).map_err(|source| {
-                        ControlError::Certificate {
-                            listener: listener.name.clone(),
-                            source,
-                        }
+    }
+    let previous = certificates.load();
+    let mut next = Material {
+        generation: active.id,
+        ..Material::default()
+    };
+    let mut reloaded = Vec::new();
+    for listener in &tls_listeners {
+        let selected = only.is_none_or(|names| names.contains(&listener.name));
+        let material = match (&listener.tls, selected) {
+            (Some(tls), true) => {
+                let loaded =
+                    ListenerMaterial::load(tls).map_err(|source| ControlError::Certificate {
+                        listener: listener.name.clone(),
+                        source,
                     })?;
-                    reloaded.push(listener.name.clone());
-                    Arc::new(loaded)
-                }
-                _ => match previous.listeners.get(&listener.name) {
-                    Some(kept) => Arc::clone(kept),
-                    None => continue,
-                },
-            };
-            next.listeners.insert(listener.name.clone(), material);
-        }
-        let mut warnings = warnings(&active.spec, &next);
-        let listeners = reloaded
-            .iter()
-            .filter_map(|name| {
-                let now = next.listeners.get(name)?;
-                let before: Vec<String> = previous
-                    .listeners
-                    .get(name)
-                    .map(|b| {
-                        b.certificates()
-                            .into_iter()
-                            .map(|c| c.fingerprint)
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                Some(ListenerCerts {
-                    listener: name.clone(),
-                    certificates: now
-                        .certificates()
-                        .into_iter()
-                        .map(|info| CertView {
-                            changed: !before.contains(&info.fingerprint),
-                            names: info.names,
-                            fingerprint: info.fingerprint,
-                            not_after: info.not_after,
-                            cert_file: info.cert_file.display().to_string(),
-                        })
-                        .collect(),
-                })
-            })
-            .collect::<Vec<_>>();
-        self.install_certificates(next);
-        let (secrets, forgotten) = match only {
-            Some(_) => (Vec::new(), 0),
-            None => (
-                reload_secrets(&active.spec, &mut warnings),
-                forget_auth_answers(&active.spec),
-            ),
+                reloaded.push(listener.name.clone());
+                Arc::new(loaded)
+            }
+            _ => match previous.listeners.get(&listener.name) {
+                Some(kept) => Arc::clone(kept),
+                None => continue,
+            },
         };
-        let changed = listeners
-            .iter()
-            .flat_map(|l| &l.certificates)
-            .filter(|c| c.changed)
-            .count();
-        for warning in &warnings {
-            tracing::warn!("{warning}");
-        }
-        let operation_id = self.records.record(
-            OperationKind::ReloadCerts,
-            started,
-            Outcome::Succeeded,
-            (Some(active.id), Some(active.id)),
-            requester,
-            format!(
-                "{} listeners reloaded, {changed} certificates changed, {} of {} secret files changed",
-                listeners.len(),
-                secrets.iter().filter(|s| s.changed).count(),
-                secrets.len()
-            ),
-            None,
-        );
-        tracing::info!(
-            listeners = listeners.len(),
-            changed,
-            "certificates reloaded"
-        );
-        Ok(CertReload {
-            outcome: "reloaded".into(),
-            generation: active.id,
-            listeners,
-            warnings,
-            secrets,
-            auth_answers_forgotten: forgotten,
-            operation_id,
-        })
+        next.listeners.insert(listener.name.clone(), material);
     }
+    let mut warnings = warnings(&active.spec, &next);
+    let listeners = reloaded
+        .iter()
+        .filter_map(|name| {
+            let now = next.listeners.get(name)?;
+            let before: Vec<String> = previous
+                .listeners
+                .get(name)
+                .map(|b| {
+                    b.certificates()
+                        .into_iter()
+                        .map(|c| c.fingerprint)
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some(ListenerCerts {
+                listener: name.clone(),
+                certificates: now
+                    .certificates()
+                    .into_iter()
+                    .map(|info| CertView {
+                        changed: !before.contains(&info.fingerprint),
+                        names: info.names,
+                        fingerprint: info.fingerprint,
+                        not_after: info.not_after,
+                        cert_file: info.cert_file.display().to_string(),
+                    })
+                    .collect(),
+            })
+        })
+        .collect::<Vec<_>>();
+    install(certificates, next);
+    let (secrets, forgotten) = match only {
+        Some(_) => (Vec::new(), 0),
+        None => (
+            reload_secrets(&active.spec, &mut warnings),
+            forget_auth_answers(&active.spec),
+        ),
+    };
+    let changed = listeners
+        .iter()
+        .flat_map(|l| &l.certificates)
+        .filter(|c| c.changed)
+        .count();
+    for warning in &warnings {
+        tracing::warn!("{warning}");
+    }
+    tracing::info!(
+        listeners = listeners.len(),
+        changed,
+        "certificates reloaded"
+    );
+    let summary = format!(
+        "{} listeners reloaded, {changed} certificates changed, {} of {} secret files changed",
+        listeners.len(),
+        secrets.iter().filter(|s| s.changed).count(),
+        secrets.len()
+    );
+    Ok(Reloaded {
+        listeners,
+        warnings,
+        secrets,
+        auth_answers_forgotten: forgotten,
+        summary,
+    })
+}
 
-    /// Makes `material` what new handshakes get, and exports its expiry.
-    pub(super) fn install_certificates(&self, material: Material) {
-        for (listener, certs) in &material.listeners {
-            for info in certs.certificates() {
-                for name in &info.names {
-                    metrics::gauge!(m::CERT_NOT_AFTER, m::LABEL_LISTENER => listener.clone(), m::LABEL_NAME => name.clone())
-                        .set(info.not_after_unix as f64);
-                }
+/// Makes `material` what new handshakes get, and exports its expiry.
+pub(super) fn install(certificates: &CertStore, material: Material) {
+    for (listener, certs) in &material.listeners {
+        for info in certs.certificates() {
+            for name in &info.names {
+                metrics::gauge!(m::CERT_NOT_AFTER, m::LABEL_LISTENER => listener.clone(), m::LABEL_NAME => name.clone())
+                    .set(info.not_after_unix as f64);
             }
         }
-        self.certificates.swap(material);
     }
+    certificates.swap(material);
 }
 
 /// Reads every secret file of `spec`'s authentication again; one that

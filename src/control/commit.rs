@@ -269,7 +269,7 @@ impl Control {
         // Handshakes already get the new generation's certificates (the
         // store follows the active generation); installing them makes
         // them the stored material that reload-certs starts from.
-        self.install_certificates(certificates);
+        super::certs::install(&self.certificates, certificates);
         self.listeners.start(bound);
         self.log_level.apply(&spec.log.level);
         crate::telemetry::access::set_enabled(spec.log.access);

@@ -9,7 +9,7 @@
 //! `impl Control` blocks in the files of their concern.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::file::{ConfigFile, FileComposer};
@@ -21,6 +21,7 @@ use super::shadowing::ShadowSlot;
 use super::timeline::Timeline;
 use crate::config::ConfigText;
 use crate::generation::SharedState;
+use crate::keeper::Keeper;
 use crate::proxy::ListenerSet;
 use crate::runtime::{GenerationStore, History, OperationKind, Outcome, Phase, PhaseCell};
 use crate::telemetry::LogLevel;
@@ -52,7 +53,7 @@ pub struct Control {
     /// One mutating operation at a time, none while draining.
     pub(super) lock: OperationLock,
     /// History: retained generations, the operation log, the pending record.
-    pub(super) records: Records,
+    pub(super) records: Arc<Records>,
     /// The configuration file the process was started with.
     pub(super) file: ConfigFile,
     /// The generation awaiting confirmation, if any (changed only under
@@ -65,14 +66,18 @@ pub struct Control {
     /// The console's last 15 minutes.
     pub(super) timeline: Mutex<Timeline>,
     pub(super) process: OnceLock<Arc<dyn ProcessControl>>,
-    /// In a fleet: where ACME orders, certificates and challenge answers
-    /// are shared (set once by the fleet, which outlives nothing here:
-    /// weak, as the fleet holds this control plane).
-    certificate_share: OnceLock<Weak<dyn crate::acme::Shared>>,
+    /// The certificate keeper (ACME, OCSP), recording into `records`.
+    keeper: Arc<Keeper>,
 }
 
 impl Control {
     pub fn new(parts: ControlParts) -> Self {
+        let records = Arc::new(Records::new(parts.history));
+        let keeper = Arc::new(Keeper::new(
+            Arc::clone(&parts.store),
+            Arc::clone(&parts.certificates),
+            Arc::clone(&records) as Arc<dyn crate::keeper::Journal>,
+        ));
         Self {
             store: parts.store,
             shared: parts.shared,
@@ -81,14 +86,14 @@ impl Control {
             log_level: parts.log_level,
             release_memory: parts.release_memory,
             lock: OperationLock::new(parts.phase),
-            records: Records::new(parts.history),
+            records,
             file: ConfigFile::new(parts.config_file),
             pending: PendingSlot::default(),
             shadowing: ShadowSlot::default(),
             candidacy: Candidacy::default(),
             timeline: Mutex::default(),
             process: OnceLock::new(),
-            certificate_share: OnceLock::new(),
+            keeper,
         }
     }
 
@@ -153,14 +158,10 @@ impl Control {
         });
     }
 
-    /// Orders ACME certificates with the fleet's instances through
-    /// `shared` (once, when the fleet starts).
-    pub fn share_certificates(&self, shared: Weak<dyn crate::acme::Shared>) {
-        let _ = self.certificate_share.set(shared);
-    }
-
-    pub(super) fn certificate_share(&self) -> Option<Arc<dyn crate::acme::Shared>> {
-        self.certificate_share.get()?.upgrade()
+    /// The certificate keeper: started once at start-up, shared with the
+    /// fleet's instances by the fleet.
+    pub fn keeper(&self) -> &Arc<Keeper> {
+        &self.keeper
     }
 
     /// Says how the configuration file's text becomes the text it

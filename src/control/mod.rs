@@ -13,7 +13,8 @@
 //! and history show, and the rollback candidacies), `timeline.rs`. By
 //! concern besides: `operations.rs` (what a writer calls), `commit.rs`
 //! (the one commit path and the one expected-generation rule), `certs.rs`
-//! and `keeper.rs` (certificates), `candidate.rs`, `process.rs`,
+//! (certificate reload; the keeper of ACME and OCSP is `crate::keeper`,
+//! beside `acme`), `candidate.rs`, `process.rs`,
 //! `error.rs`. This file only names them: every file imports what it uses
 //! from the file that defines it. It knows nothing of fleets: the fleet
 //! sits above it.
@@ -28,7 +29,6 @@ mod error;
 mod expectation;
 mod file;
 mod guarded;
-mod keeper;
 mod local;
 mod lock;
 mod operations;
@@ -58,7 +58,6 @@ pub use expectation::{admit_change, admit_in_freeze, Expectation};
 pub use file::FileComposer;
 #[cfg(feature = "fleet")]
 pub(crate) use guarded::{evaluation_interval, judge, Verdict};
-pub use keeper::{AcmeStatus, CertificateStatus, OcspStatus};
 pub use local::{Control, ControlParts, ProcessControl};
 pub use pending::PendingView;
 #[cfg(feature = "fleet")]

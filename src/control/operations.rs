@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::answers::{Activation, RecordedPlan};
+use super::cache::Purged;
 use super::candidate::{self, Candidate, RollbackRequest};
 use super::certs::CertReload;
 use super::commit::plan_summary;
@@ -13,11 +14,13 @@ use super::error::ControlError;
 use super::expectation::{admit_change, Expectation};
 use super::local::Control;
 use super::records::{CommitMeta, Requester};
+use crate::cache::Selector;
 use crate::config::ConfigText;
 use crate::generation::Generation;
 use crate::ids::GenerationId;
 use crate::plan::{self, Plan};
 use crate::runtime::{OperationKind, Outcome, Source};
+use crate::telemetry::metrics as m;
 
 impl Control {
     /// Plans a candidate against the active generation. Pure: binds,
@@ -215,9 +218,10 @@ impl Control {
             .await
     }
 
-    /// Re-reads listener certificate material; see `reload_certs_now`.
-    /// Re-reads certificate material (see `certs`); `requested_by` goes
-    /// into the operation log.
+    /// Re-reads the certificate material of the active configuration's
+    /// TLS listeners (all, or those named) and swaps it in one step (see
+    /// `certs::reload`); on any failure nothing changes. Recorded either
+    /// way, `requested_by` with it.
     pub async fn reload_certs(
         self: &Arc<Self>,
         only: Option<Vec<String>>,
@@ -231,8 +235,92 @@ impl Control {
             overrode_freeze: None,
             approved_by: Vec::new(),
         };
-        self.off_the_data_plane(move |c| c.reload_certs_now(only, &requester))
-            .await
+        self.off_the_data_plane(move |c| {
+            let started = Instant::now();
+            // The operation lock is held until the reload is recorded.
+            let result = c.lock.take().and_then(|operation| {
+                let active = c.store.load_full();
+                let reloaded = super::certs::reload(&c.certificates, &active, only.as_deref())?;
+                Ok((operation, active.id, reloaded))
+            });
+            let outcome = if result.is_ok() {
+                "succeeded"
+            } else {
+                "failed"
+            };
+            metrics::counter!(m::CERT_RELOADS, m::LABEL_OUTCOME => outcome).increment(1);
+            let (_operation, generation, reloaded) = match result {
+                Ok(done) => done,
+                Err(error) => {
+                    tracing::warn!(%error, "certificate reload refused; the previous certificates stay");
+                    c.records.record(
+                        OperationKind::ReloadCerts,
+                        started,
+                        match error {
+                            ControlError::InProgress => Outcome::Conflict,
+                            _ => Outcome::Rejected,
+                        },
+                        (None, Some(c.store.active_id())),
+                        &requester,
+                        error.to_string(),
+                        Some(error.to_string()),
+                    );
+                    return Err(error);
+                }
+            };
+            let operation_id = c.records.record(
+                OperationKind::ReloadCerts,
+                started,
+                Outcome::Succeeded,
+                (Some(generation), Some(generation)),
+                &requester,
+                reloaded.summary,
+                None,
+            );
+            Ok(CertReload {
+                outcome: "reloaded".into(),
+                generation,
+                listeners: reloaded.listeners,
+                warnings: reloaded.warnings,
+                secrets: reloaded.secrets,
+                auth_answers_forgotten: reloaded.auth_answers_forgotten,
+                operation_id,
+            })
+        })
+        .await
+    }
+
+    /// Forgets what `selector` names in `zone` (every zone of the active
+    /// generation when `None`), and records it. A purge changes no
+    /// generation: it takes no operation lock and runs beside an
+    /// activation, off the data plane's threads (a prefix or tag looks at
+    /// every key, and the record is written to disk).
+    pub async fn purge_cache(
+        self: &Arc<Self>,
+        zone: Option<String>,
+        selector: Selector,
+        requester: Requester,
+    ) -> Result<Purged, ControlError> {
+        self.off_the_data_plane(move |c| {
+            let started = Instant::now();
+            let active = c.store.load_full();
+            let (zones, summary) = super::cache::purge(&active, zone.as_deref(), &selector)?;
+            let operation_id = c.records.record(
+                OperationKind::CachePurge,
+                started,
+                Outcome::Succeeded,
+                (Some(active.id), Some(active.id)),
+                &requester,
+                summary,
+                None,
+            );
+            Ok(Purged {
+                purged: zones.iter().map(|z| z.purged).sum(),
+                zones,
+                operation_id,
+            })
+        })
+        .await
     }
 
     /// Plans, builds and commits a candidate (`activate` and `reload`).

@@ -194,3 +194,41 @@ impl Candidacy {
         (cache.0, cache.1.len())
     }
 }
+
+impl crate::keeper::Journal for Records {
+    fn certificate(
+        &self,
+        generation: GenerationId,
+        started: Instant,
+        outcome: Outcome,
+        summary: String,
+        error: Option<String>,
+        certificate: crate::runtime::CertificateRecord,
+    ) {
+        let mut history = self.lock();
+        let id = history.next_operation_id();
+        history.record_operation(OperationRecord {
+            id,
+            kind: OperationKind::Certificate,
+            at: rfc3339(SystemTime::now()),
+            duration_ms: elapsed_ms(started),
+            outcome,
+            generation: Some(generation),
+            previous_generation: Some(generation),
+            requested_by: Some("cutover".to_owned()),
+            reason: Some("acme".to_owned()),
+            caller: None,
+            overrode_freeze: None,
+            approved_by: Vec::new(),
+            summary,
+            error,
+            pid: std::process::id(),
+            previous_pid: None,
+            shadow: None,
+            certificate: Some(certificate),
+        });
+        if let Err(error) = history.persist() {
+            tracing::error!(%error, "cannot persist history");
+        }
+    }
+}

@@ -6,7 +6,6 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::backends::{member_views, BackendsView, UpstreamView};
 use super::error::ControlError;
 use super::local::Control;
 use super::timeline::{self, TimelineView};
@@ -138,7 +137,7 @@ pub struct StatusView {
     /// Every certificate the TLS listeners serve: ACME state and OCSP
     /// staples with it (DESIGN §21).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub certificates: Vec<super::keeper::CertificateStatus>,
+    pub certificates: Vec<crate::keeper::CertificateStatus>,
 }
 
 impl Control {
@@ -179,7 +178,7 @@ impl Control {
                 .file
                 .matches(active.id, || self.records.config_of(active.id)),
             shadow: self.shadow_report(),
-            certificates: self.certificate_status(),
+            certificates: self.keeper().status(),
         }
     }
 
@@ -351,30 +350,6 @@ impl Control {
         self.candidacy
             .remember(active.id, record.generation, activatable);
         activatable
-    }
-}
-
-impl Control {
-    pub fn backends(&self) -> BackendsView {
-        let active = self.store.load_full();
-        let live: Vec<u64> = self.store.loads().iter().map(|l| l.generation.0).collect();
-        let mut upstreams: Vec<UpstreamView> = active
-            .upstreams()
-            .map(|u| UpstreamView {
-                name: u.name.clone(),
-                policy: u.policy.as_str().into(),
-                backends: member_views(&u.members(), &live),
-                sources: u
-                    .membership()
-                    .map(|m| m.sources.iter().map(|s| s.view()).collect())
-                    .unwrap_or_default(),
-            })
-            .collect();
-        upstreams.sort_by(|a, b| a.name.cmp(&b.name));
-        BackendsView {
-            active_generation: active.id,
-            upstreams,
-        }
     }
 }
 

@@ -297,7 +297,7 @@ impl Fleet {
         tokio::spawn(agent::run(Arc::clone(&fleet)));
         // ACME orders once per certificate across the fleet.
         let shared: Arc<dyn crate::acme::Shared> = Arc::clone(&fleet) as _;
-        fleet.control.share_certificates(Arc::downgrade(&shared));
+        fleet.control.keeper().share(Arc::downgrade(&shared));
         fleet
     }
 

@@ -498,7 +498,7 @@ async fn serve(
     let writer = Writer::start(Arc::clone(&control), spec.fleet.clone());
     // ACME orders and renewals, OCSP staples (DESIGN §21); after the
     // writer, so that a fleet instance orders through its fleet.
-    control.keep_certificates();
+    control.keeper().start();
     control.watch_freeze();
     control.start_webhooks(&spec.admin.webhooks);
     if options.watch {

@@ -9,6 +9,7 @@ mod callers;
 mod diff;
 mod freeze;
 pub mod impact;
+mod memory;
 mod ownership;
 mod pattern;
 mod quota;
@@ -33,6 +34,7 @@ pub use filters::{
     Rewrite, RewriteRegex, RouteAuth, Template, TemplateError, ValueMatch, Var, TEMPLATE_VARIABLES,
 };
 pub use freeze::{frozen_at, FreezeWhen, FreezeWindow, Frozen};
+pub use memory::HugePages;
 pub use ownership::{needs_restart, ownership, Ownership};
 pub use pattern::PathRegex;
 pub use quota::*;

@@ -3,7 +3,7 @@
 use super::*;
 use crate::config::FileFreeze;
 use crate::plan::freeze::{self, FreezeWhen, FreezeWindow};
-use crate::plan::spec::HugePages;
+use crate::plan::HugePages;
 
 /// Request heads a listener keeps for `impact` unless told otherwise.
 pub const DEFAULT_IMPACT_SAMPLE: u32 = 10_000;

@@ -1,6 +1,6 @@
-//! The certificate keeper (DESIGN §21): on the control runtime, once a
-//! second, it looks at the certificates the active configuration serves
-//! and
+//! The certificate keeper (DESIGN §21), beside `acme/` whose orders it
+//! places: on the control runtime, once a second, it looks at the
+//! certificates the active generation serves and
 //!
 //! - keeps one task per ACME certificate, which orders it when it has
 //!   none, renews it `renew_before` its expiry, backs off after a failure
@@ -9,17 +9,51 @@
 //! - staples OCSP responses to certificates whose leaf names a responder:
 //!   fetched off the serving threads, asked again at half their validity,
 //!   taken off before they go stale;
-//! - exports expiry and staple age.
+//! - exports expiry and staple age;
+//! - in a fleet, serves the challenge answers other instances publish.
+//!
+//! What it does is recorded through a [`Journal`] (the control plane's
+//! operation log); it changes no generation.
+
+mod status;
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
-use super::local::Control;
 use crate::acme::{self, ocsp::Responders};
-use crate::runtime::{CertificateRecord, OperationKind, OperationRecord, Outcome};
+use crate::ids::GenerationId;
+use crate::runtime::{CertificateRecord, GenerationStore, Outcome};
 use crate::telemetry::metrics as m;
-use crate::tls::{CertSlot, LoadedCert, Staple};
+use crate::tls::{CertSlot, CertStore, LoadedCert, Staple};
+
+pub use status::{AcmeStatus, CertificateStatus, OcspStatus};
+
+/// Where the keeper records what it did (the operation log).
+pub trait Journal: Send + Sync {
+    /// Records one certificate operation (requested by `cutover`, for
+    /// `acme`), made while `generation` was active.
+    fn certificate(
+        &self,
+        generation: GenerationId,
+        started: Instant,
+        outcome: Outcome,
+        summary: String,
+        error: Option<String>,
+        certificate: CertificateRecord,
+    );
+}
+
+/// The certificate keeper of one process.
+pub struct Keeper {
+    store: Arc<GenerationStore>,
+    certificates: Arc<CertStore>,
+    journal: Arc<dyn Journal>,
+    /// In a fleet: where ACME orders, certificates and challenge answers
+    /// are shared (set once by the fleet, which outlives nothing here:
+    /// weak, as the fleet holds the control plane that holds this).
+    share: OnceLock<Weak<dyn acme::Shared>>,
+}
 
 /// After a failed order: 30 s, doubling, at most an hour; a CA that says
 /// "rate limited" is not asked again for an hour.
@@ -95,11 +129,48 @@ fn fetched(state: &mut OcspState, fingerprint: &str, result: Result<Staple, Stri
 
 type Fetched = (String, Result<Staple, String>);
 
-impl Control {
-    /// Starts the keeper (once, at start-up).
-    pub fn keep_certificates(self: &Arc<Self>) {
+impl Keeper {
+    pub fn new(
+        store: Arc<GenerationStore>,
+        certificates: Arc<CertStore>,
+        journal: Arc<dyn Journal>,
+    ) -> Self {
+        Self {
+            store,
+            certificates,
+            journal,
+            share: OnceLock::new(),
+        }
+    }
+
+    /// Orders ACME certificates with the fleet's instances through
+    /// `shared` (once, when the fleet starts).
+    pub fn share(&self, shared: Weak<dyn acme::Shared>) {
+        let _ = self.share.set(shared);
+    }
+
+    fn shared(&self) -> Option<Arc<dyn acme::Shared>> {
+        self.share.get()?.upgrade()
+    }
+
+    fn record(
+        &self,
+        started: Instant,
+        outcome: Outcome,
+        summary: String,
+        error: Option<String>,
+        certificate: CertificateRecord,
+    ) {
+        let generation = self.store.active_id();
+        self.journal
+            .certificate(generation, started, outcome, summary, error, certificate);
+    }
+
+    /// Starts keeping (once, at start-up); stops when the keeper is
+    /// dropped.
+    pub fn start(self: &Arc<Self>) {
         tokio::spawn(answer_for_the_fleet(Arc::downgrade(self)));
-        let control = Arc::downgrade(self);
+        let keeper = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut orders: HashMap<usize, (Arc<CertSlot>, tokio::task::JoinHandle<()>)> =
                 HashMap::new();
@@ -110,7 +181,7 @@ impl Control {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let Some(control) = control.upgrade() else {
+                let Some(keeper) = keeper.upgrade() else {
                     break;
                 };
                 while let Ok((fingerprint, result)) = fetched_rx.try_recv() {
@@ -118,7 +189,7 @@ impl Control {
                     state.fetching = false;
                     fetched(state, &fingerprint, result, acme::unix_now());
                 }
-                let slots = control.serving_slots();
+                let slots = keeper.serving_slots();
                 let now = acme::unix_now();
                 // ACME: one task per certificate the active configuration
                 // serves; a certificate it no longer names stops ordering.
@@ -133,7 +204,7 @@ impl Control {
                     let key = Arc::as_ptr(slot) as usize;
                     orders.entry(key).or_insert_with(|| {
                         let task =
-                            tokio::spawn(keep_acme(Arc::downgrade(&control), Arc::clone(slot)));
+                            tokio::spawn(keep_acme(Arc::downgrade(&keeper), Arc::clone(slot)));
                         (Arc::clone(slot), task)
                     });
                 }
@@ -206,7 +277,7 @@ impl Control {
     }
 
     /// What status reports of the certificates served now.
-    pub fn certificate_status(&self) -> Vec<CertificateStatus> {
+    pub fn status(&self) -> Vec<CertificateStatus> {
         let active = self.store.load_full();
         let now = acme::unix_now();
         let mut out = Vec::new();
@@ -220,58 +291,21 @@ impl Control {
         }
         out
     }
-
-    /// Records a certificate operation in the operation log.
-    fn record_certificate(
-        &self,
-        started: Instant,
-        outcome: Outcome,
-        summary: String,
-        error: Option<String>,
-        certificate: CertificateRecord,
-    ) {
-        let active = self.store.active_id();
-        let mut history = self.records.lock();
-        let id = history.next_operation_id();
-        history.record_operation(OperationRecord {
-            id,
-            kind: OperationKind::Certificate,
-            at: crate::runtime::rfc3339(SystemTime::now()),
-            duration_ms: super::records::elapsed_ms(started),
-            outcome,
-            generation: Some(active),
-            previous_generation: Some(active),
-            requested_by: Some("cutover".to_owned()),
-            reason: Some("acme".to_owned()),
-            caller: None,
-            overrode_freeze: None,
-            approved_by: Vec::new(),
-            summary,
-            error,
-            pid: std::process::id(),
-            previous_pid: None,
-            shadow: None,
-            certificate: Some(certificate),
-        });
-        if let Err(error) = history.persist() {
-            tracing::error!(%error, "cannot persist history");
-        }
-    }
 }
 
 /// In a fleet, once a second while ACME certificates are served: the
 /// challenge answers any instance published are given here too, so that
 /// the CA's validation succeeds whichever instance it reaches.
-async fn answer_for_the_fleet(control: std::sync::Weak<Control>) {
+async fn answer_for_the_fleet(keeper: Weak<Keeper>) {
     let mut given: std::collections::HashSet<acme::Answer> = std::collections::HashSet::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(this) = control.upgrade() else {
+        let Some(this) = keeper.upgrade() else {
             break;
         };
-        let Some(shared) = this.certificate_share() else {
+        let Some(shared) = this.shared() else {
             continue;
         };
         let slots: Vec<Arc<CertSlot>> = this
@@ -337,125 +371,9 @@ fn give(answer: &acme::Answer, slots: &[Arc<CertSlot>], on: bool) {
     }
 }
 
-/// One certificate of a listener, as status shows it.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct CertificateStatus {
-    pub listener: String,
-    /// `files` or `acme`.
-    pub source: String,
-    pub names: Vec<String>,
-    /// None while an ACME certificate is not issued yet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fingerprint: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub serial: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub not_after: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_in_secs: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub acme: Option<AcmeStatus>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ocsp: Option<OcspStatus>,
-}
-
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct AcmeStatus {
-    pub directory: String,
-    pub challenge: String,
-    /// When renewal is due (RFC 3339), once a certificate is served.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub renew_at: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_at: Option<String>,
-}
-
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct OcspStatus {
-    pub responder: String,
-    pub stapled: bool,
-    /// `good`, `revoked` or `unknown`, of the staple.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub this_update: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_update: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub age_secs: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-fn rfc3339_unix(secs: i64) -> String {
-    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or(0));
-    crate::runtime::rfc3339(at)
-}
-
-impl CertificateStatus {
-    fn of(listener: &str, slot: &CertSlot, now: i64) -> Self {
-        let info = slot.info();
-        let notes = slot.notes();
-        let acme = slot.acme().map(|spec| AcmeStatus {
-            directory: spec.directory.clone(),
-            challenge: spec.challenge.name().to_owned(),
-            renew_at: info
-                .as_ref()
-                .map(|i| rfc3339_unix(renew_at(i, spec.renew_before))),
-            last_error: notes.acme_error.clone(),
-            retry_at: notes.acme_retry_at.map(rfc3339_unix),
-        });
-        let responder = slot
-            .ocsp_target()
-            .map(|t| t.url)
-            .or_else(|| slot.ocsp_unusable());
-        let ocsp = responder.map(|responder| {
-            let staple = slot.staple();
-            let error = match (slot.ocsp_target(), &notes.ocsp_error) {
-                (None, _) => Some(
-                    "the chain holds no issuer certificate to ask the responder about this one"
-                        .to_owned(),
-                ),
-                (Some(_), error) => error.clone(),
-            };
-            OcspStatus {
-                responder,
-                stapled: staple.is_some(),
-                status: staple.as_ref().map(|s| s.status.to_owned()),
-                this_update: staple.as_ref().map(|s| rfc3339_unix(s.this_update)),
-                next_update: staple.as_ref().map(|s| rfc3339_unix(s.next_update)),
-                age_secs: staple.as_ref().map(|s| now - s.this_update),
-                error,
-            }
-        });
-        Self {
-            listener: listener.to_owned(),
-            source: if slot.acme().is_some() {
-                "acme"
-            } else {
-                "files"
-            }
-            .to_owned(),
-            names: match (slot.acme(), &info) {
-                (Some(spec), _) => spec.domains.clone(),
-                (None, Some(info)) => info.names.clone(),
-                (None, None) => Vec::new(),
-            },
-            fingerprint: info.as_ref().map(|i| i.fingerprint.clone()),
-            serial: info.as_ref().map(|i| i.serial.clone()),
-            not_after: info.as_ref().map(|i| i.not_after.clone()),
-            expires_in_secs: info.as_ref().map(|i| i.not_after_unix - now),
-            acme,
-            ocsp,
-        }
-    }
-}
-
 /// One ACME certificate, for as long as the active configuration serves
 /// it: ordered when missing, renewed when due, retried with back-off.
-async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
+async fn keep_acme(keeper: Weak<Keeper>, slot: Arc<CertSlot>) {
     let Some(spec) = slot.acme().cloned() else {
         return;
     };
@@ -496,7 +414,7 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
                 continue;
             }
         }
-        let shared = control.upgrade().and_then(|c| c.certificate_share());
+        let shared = keeper.upgrade().and_then(|k| k.shared());
         let id = acme::CertificateFiles::of(&spec).id();
         // In a fleet: a peer's certificate is taken, and only the holder
         // of the order lock orders.
@@ -522,7 +440,7 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
             match taken {
                 Ok(Some(loaded)) => {
                     fleet_failures = 0;
-                    taken_from_fleet(&control, &slot, &spec, loaded);
+                    taken_from_fleet(&keeper, &slot, &spec, loaded);
                     continue;
                 }
                 Ok(None) if fleet_lock.is_none() => {
@@ -541,7 +459,7 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
             }
             // It may have finished while the lock was being taken.
             if let Ok(Some(loaded)) = from_fleet(shared.as_ref(), &spec, &slot, &id, now).await {
-                taken_from_fleet(&control, &slot, &spec, loaded);
+                taken_from_fleet(&keeper, &slot, &spec, loaded);
                 continue;
             }
         } else if alone {
@@ -564,7 +482,7 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
             }
         }
         drop(fleet_lock.take());
-        let Some(control) = control.upgrade() else {
+        let Some(keeper) = keeper.upgrade() else {
             return;
         };
         match result {
@@ -579,7 +497,7 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
                 let info = issued.loaded.info.clone();
                 install(&slot, issued.loaded);
                 tracing::info!(domains, serial = %info.serial, not_after = %info.not_after, "ACME certificate {event}");
-                control.record_certificate(
+                keeper.record(
                     started,
                     Outcome::Succeeded,
                     format!(
@@ -607,7 +525,7 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
                 });
                 metrics::counter!(m::ACME_ORDERS, m::LABEL_OUTCOME => failure.outcome).increment(1);
                 tracing::warn!(domains, error = %failure, retry_in = ?wait, serving = renewal, "ACME order failed; what is served stays");
-                control.record_certificate(
+                keeper.record(
                     started,
                     Outcome::Failed,
                     format!(
@@ -631,7 +549,7 @@ async fn keep_acme(control: std::sync::Weak<Control>, slot: Arc<CertSlot>) {
 
 /// Installs a certificate a fleet peer ordered, and records it.
 fn taken_from_fleet(
-    control: &std::sync::Weak<Control>,
+    keeper: &Weak<Keeper>,
     slot: &CertSlot,
     spec: &crate::tls::AcmeSpec,
     loaded: LoadedCert,
@@ -640,8 +558,8 @@ fn taken_from_fleet(
     let domains = spec.domains.join(", ");
     install(slot, loaded);
     tracing::info!(domains, serial = %info.serial, "ACME certificate taken from the fleet");
-    if let Some(control) = control.upgrade() {
-        control.record_certificate(
+    if let Some(keeper) = keeper.upgrade() {
+        keeper.record(
             Instant::now(),
             Outcome::Succeeded,
             format!(
