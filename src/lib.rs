@@ -58,6 +58,8 @@ pub mod plan;
 pub mod proxy;
 pub mod runtime;
 pub mod telemetry;
+#[cfg(test)]
+pub(crate) mod test_config;
 pub mod tls;
 pub mod weak_map;
 pub mod writer;

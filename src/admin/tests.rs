@@ -13,23 +13,19 @@ use crate::config::ConfigText;
 use crate::control::Control;
 use crate::ids::GenerationId;
 use crate::runtime::Phase;
+use crate::test_config::TestConfig;
 
 const ADMIN: &str = "127.0.0.1:9190";
 
-const BASE: &str = r#"
-[admin]
-bind = "127.0.0.1:0"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
-[[routes]]
-name = "hello"
-listeners = ["web"]
-timeout = "15s"
-respond = { body = "hello" }
-"#;
+/// The configuration most tests start from.
+static BASE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    TestConfig::web()
+        .route(
+            "hello",
+            "listeners = [\"web\"]\ntimeout = \"15s\"\nrespond = { body = \"hello\" }",
+        )
+        .build()
+});
 
 struct Admin {
     control: Arc<Control>,
@@ -82,7 +78,7 @@ fn admin_with_callers(
 }
 
 fn admin() -> Admin {
-    admin_with(BASE, None)
+    admin_with(BASE.as_str(), None)
 }
 
 async fn call(admin: &Admin, request: Request<Body>) -> (StatusCode, Value) {
@@ -148,7 +144,7 @@ async fn validate_answers_a_plan_and_records_nothing() {
     assert_eq!(plan["activatable"], false);
     assert_eq!(plan["errors"][0]["code"], "unknown_upstream");
     assert_eq!(plan["errors"][0]["path"], "routes[0].upstream");
-    assert_eq!(plan["errors"][0]["line"], 13);
+    assert_eq!(plan["errors"][0]["line"], 12);
     assert_eq!(plan["errors"][0]["column"], 12);
 
     let (_, history) = call(&a, get("/admin/runtime/history")).await;
@@ -158,7 +154,7 @@ async fn validate_answers_a_plan_and_records_nothing() {
 #[tokio::test]
 async fn candidate_forms_and_request_errors() {
     let a = admin();
-    let json_form = json!({ "config": BASE, "requested_by": "ci" }).to_string();
+    let json_form = json!({ "config": BASE.as_str(), "requested_by": "ci" }).to_string();
     let (status, plan) = call(
         &a,
         post("/admin/runtime/validate", "application/json", json_form),
@@ -253,7 +249,7 @@ async fn compressed_bodies_are_read_within_the_same_bound() {
     let a = admin();
     // A configuration over the 1 MiB default, sent gzip and zstd: read.
     let padding = "# padding\n".repeat(150_000);
-    let large = format!("{BASE}{padding}");
+    let large = format!("{}{padding}", *BASE);
     assert!(large.len() > 1024 * 1024);
     for (encoding, body) in [
         ("gzip", gzip(BASE.as_bytes())),
@@ -334,7 +330,7 @@ async fn bodies_are_bounded_in_size_and_time_before_any_handler() {
     assert_eq!(body["error"], "request_timeout", "{body}");
     assert!(started.elapsed() >= super::limits::BODY_TIMEOUT);
     // The operation lock was never taken: an activation goes through.
-    let (status, _) = call(&a, toml("/admin/runtime/validate", BASE)).await;
+    let (status, _) = call(&a, toml("/admin/runtime/validate", BASE.as_str())).await;
     assert_eq!(status, StatusCode::OK);
 }
 
@@ -344,7 +340,7 @@ async fn reason_and_requested_by_are_capped_and_a_refusal_stores_nothing() {
     let operations = |a: &Admin| a.control.with_history(|h| h.operations().count());
     let before = operations(&a);
     let long = "r".repeat(super::limits::MAX_METADATA + 1);
-    let text = serde_json::json!({ "config": BASE, "reason": long }).to_string();
+    let text = serde_json::json!({ "config": BASE.as_str(), "reason": long }).to_string();
     let (status, body) = call(
         &a,
         post("/admin/runtime/activate", "application/json", text),
@@ -352,7 +348,7 @@ async fn reason_and_requested_by_are_capped_and_a_refusal_stores_nothing() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let query = format!("/admin/runtime/preview?requested_by={long}");
-    let (status, _) = call(&a, post(&query, "application/toml", BASE)).await;
+    let (status, _) = call(&a, post(&query, "application/toml", BASE.as_str())).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let rollback = serde_json::json!({ "target_generation": 1, "requested_by": long }).to_string();
     let (status, _) = call(
@@ -364,7 +360,7 @@ async fn reason_and_requested_by_are_capped_and_a_refusal_stores_nothing() {
     assert_eq!(operations(&a), before, "a refused call stored something");
     // At the limit is fine.
     let fits = "r".repeat(super::limits::MAX_METADATA);
-    let text = serde_json::json!({ "config": BASE, "reason": fits }).to_string();
+    let text = serde_json::json!({ "config": BASE.as_str(), "reason": fits }).to_string();
     let (status, _) = call(
         &a,
         post("/admin/runtime/validate", "application/json", text),
@@ -378,7 +374,10 @@ async fn preview_is_recorded() {
     let a = admin();
     let (status, plan) = call(
         &a,
-        toml("/admin/runtime/preview?requested_by=ci&reason=check", BASE),
+        toml(
+            "/admin/runtime/preview?requested_by=ci&reason=check",
+            BASE.as_str(),
+        ),
     )
     .await;
     assert_eq!(status, StatusCode::OK);
@@ -431,7 +430,10 @@ async fn activate_commits_then_conflicts_then_is_unchanged() {
 
     let (status, conflict) = call(
         &a,
-        toml("/admin/runtime/activate?expected_generation=1", BASE),
+        toml(
+            "/admin/runtime/activate?expected_generation=1",
+            BASE.as_str(),
+        ),
     )
     .await;
     assert_eq!(status, StatusCode::CONFLICT);
@@ -562,7 +564,7 @@ async fn draining_refuses_changes_and_readiness() {
     let (status, _) = call(&a, get("/admin/ready")).await;
     assert_eq!(status, StatusCode::OK);
     a.control.phase().advance(Phase::Draining);
-    let (status, body) = call(&a, toml("/admin/runtime/activate", BASE)).await;
+    let (status, body) = call(&a, toml("/admin/runtime/activate", BASE.as_str())).await;
     assert_eq!(
         (status, body["error"].as_str()),
         (StatusCode::SERVICE_UNAVAILABLE, Some("draining"))
@@ -587,7 +589,7 @@ fn note_thread() {
 /// must not stall a thread that serves requests.
 #[tokio::test]
 async fn history_reads_plan_off_the_serving_thread() {
-    let a = admin_with_hook(BASE, None, note_thread);
+    let a = admin_with_hook(BASE.as_str(), None, note_thread);
     let v2 = BASE.replace("\"15s\"", "\"5s\"");
     assert_eq!(
         call(&a, toml("/admin/runtime/activate", &v2)).await.0,
@@ -729,7 +731,7 @@ async fn history_status_and_rollback() {
 
 #[tokio::test]
 async fn guards_refuse_without_detail() {
-    let a = admin_with(BASE, Some("0123456789abcdef-secret"));
+    let a = admin_with(BASE.as_str(), Some("0123456789abcdef-secret"));
     let (status, body) = call(&a, get("/admin/runtime/status")).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(
@@ -888,7 +890,7 @@ async fn lifecycle_endpoints_map_every_outcome() {
         (status, body["operation_id"].as_str()),
         (StatusCode::ACCEPTED, Some("op-000902"))
     );
-    let (status, body) = call(&a, toml("/admin/lifecycle/upgrade", BASE)).await;
+    let (status, body) = call(&a, toml("/admin/lifecycle/upgrade", BASE.as_str())).await;
     assert_eq!(
         (status, body["operation_id"].as_str()),
         (StatusCode::ACCEPTED, Some("op-000901"))
@@ -969,7 +971,7 @@ async fn reload_certs_request_errors() {
 
 #[tokio::test]
 async fn the_admin_page_is_served_with_a_strict_policy_and_no_inline_code() {
-    let a = admin_with(BASE, None);
+    let a = admin_with(BASE.as_str(), None);
     for (path, kind) in [
         ("/admin/", "text/html"),
         ("/admin/ui/app.js", "text/javascript"),
@@ -1016,7 +1018,7 @@ async fn the_admin_page_is_served_with_a_strict_policy_and_no_inline_code() {
 
 #[tokio::test]
 async fn the_admin_page_asks_a_browser_for_the_token_and_keeps_every_guard() {
-    let a = admin_with(BASE, Some("0123456789abcdef-secret"));
+    let a = admin_with(BASE.as_str(), Some("0123456789abcdef-secret"));
     let response = a
         .router
         .clone()
@@ -1078,7 +1080,7 @@ async fn the_admin_page_asks_a_browser_for_the_token_and_keeps_every_guard() {
 
 #[tokio::test]
 async fn confirm_and_abort_check_their_request_and_need_a_pending_generation() {
-    let a = admin_with(BASE, None);
+    let a = admin_with(BASE.as_str(), None);
     for path in ["/admin/runtime/confirm", "/admin/runtime/abort"] {
         let (status, _) = call(&a, post(path, "text/plain", "{}")).await;
         assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{path}");
@@ -1094,7 +1096,7 @@ async fn confirm_and_abort_check_their_request_and_need_a_pending_generation() {
         post(
             "/admin/runtime/activate?confirm_within=forever",
             "application/toml",
-            BASE,
+            BASE.as_str(),
         ),
     )
     .await;
@@ -1104,7 +1106,7 @@ async fn confirm_and_abort_check_their_request_and_need_a_pending_generation() {
 #[tokio::test]
 async fn a_browser_write_needs_the_console_session_token() {
     use base64::Engine as _;
-    let a = admin_with(BASE, Some("0123456789abcdef-secret"));
+    let a = admin_with(BASE.as_str(), Some("0123456789abcdef-secret"));
     let basic = format!(
         "Basic {}",
         base64::engine::general_purpose::STANDARD.encode("operator:0123456789abcdef-secret")
@@ -1227,8 +1229,8 @@ async fn the_timeline_answers_points_backends_and_events() {
 
 #[tokio::test]
 async fn guards_and_canary_steps_are_checked_before_anything_is_planned() {
-    let a = admin_with(BASE, None);
-    let config = serde_json::to_string(BASE).expect("json");
+    let a = admin_with(BASE.as_str(), None);
+    let config = serde_json::to_string(BASE.as_str()).expect("json");
     for (extra, says) in [
         (
             r#""guard": { "window": "0s", "on_no_data": "fail" }"#,
@@ -1314,7 +1316,7 @@ async fn guards_and_canary_steps_are_checked_before_anything_is_planned() {
 
 #[tokio::test]
 async fn an_upgrade_refuses_what_only_an_activation_honours() {
-    let a = admin_with(BASE, None);
+    let a = admin_with(BASE.as_str(), None);
     for extra in [
         r#""confirm_within": "1m""#,
         r#""guard": { "window": "10s", "on_no_data": "fail" }"#,
@@ -1442,7 +1444,10 @@ async fn every_answer_reads_back_as_the_type_it_was_written_from() {
 
     let (status, conflict) = call(
         &a,
-        toml("/admin/runtime/activate?expected_generation=1", BASE),
+        toml(
+            "/admin/runtime/activate?expected_generation=1",
+            BASE.as_str(),
+        ),
     )
     .await;
     assert_eq!(status, StatusCode::CONFLICT, "{conflict}");
@@ -1466,7 +1471,7 @@ async fn callers_are_held_to_their_scopes() {
         ),
         caller("oncall", "oncall-token-0123456789abc", &[Scope::Admin]),
     ];
-    let admin = admin_with_callers(BASE, &callers, || {});
+    let admin = admin_with_callers(BASE.as_str(), &callers, || {});
     let as_caller = |token: &str, mut req: Request<Body>| {
         req.headers_mut().insert(
             "authorization",
@@ -1498,7 +1503,7 @@ async fn callers_are_held_to_their_scopes() {
         &admin,
         as_caller(
             "dashboard-token-0123456789",
-            toml("/admin/runtime/validate", BASE),
+            toml("/admin/runtime/validate", BASE.as_str()),
         ),
     )
     .await;
@@ -1511,7 +1516,7 @@ async fn callers_are_held_to_their_scopes() {
         &admin,
         as_caller(
             "ci-pipeline-token-0123456789",
-            toml("/admin/runtime/validate", BASE),
+            toml("/admin/runtime/validate", BASE.as_str()),
         ),
     )
     .await;
@@ -1547,7 +1552,7 @@ async fn callers_are_held_to_their_scopes() {
     // An unknown token, or none: 401, nothing more.
     for req in [
         activate("not-a-token-of-anyone-0123"),
-        toml("/admin/runtime/activate", BASE),
+        toml("/admin/runtime/activate", BASE.as_str()),
     ] {
         let (status, body) = call(&admin, req).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -1755,7 +1760,8 @@ async fn an_expired_proposal_cannot_be_approved() {
             .collect()
     };
     let text = format!(
-        "{BASE}\n[admin.approval]\nrequired_for = [\"activate\"]\n\n[[admin.callers]]\nname = \"bob\"\ntoken_sha256 = \"{}\"\nscopes = [\"read\", \"activate\"]\n\n[[admin.callers]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\nscopes = [\"read\", \"approve\"]\n",
+        "{}\n[admin.approval]\nrequired_for = [\"activate\"]\n\n[[admin.callers]]\nname = \"bob\"\ntoken_sha256 = \"{}\"\nscopes = [\"read\", \"activate\"]\n\n[[admin.callers]]\nname = \"alice\"\ntoken_sha256 = \"{}\"\nscopes = [\"read\", \"approve\"]\n",
+        *BASE,
         hex(bob),
         hex(alice)
     );

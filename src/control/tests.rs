@@ -22,6 +22,7 @@ use crate::runtime::{
     PhaseCell, RetainedText, Source,
 };
 use crate::telemetry::LogLevel;
+use crate::test_config::TestConfig;
 
 /// A running control plane on `text`, written to a file in a temporary
 /// folder (kept as long as the folder lives), its listeners bound.
@@ -75,21 +76,9 @@ pub(crate) fn control_with(text: &str, release_memory: fn()) -> (Arc<Control>, t
 
 /// A configuration that differs from every other `numbered(n)`.
 fn numbered(n: usize) -> String {
-    format!(
-        r#"
-[admin]
-bind = "127.0.0.1:0"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
-[[routes]]
-name = "hello"
-listeners = ["web"]
-respond = {{ body = "configuration {n}" }}
-"#
-    )
+    TestConfig::web()
+        .respond("hello", &format!("configuration {n}"))
+        .build()
 }
 
 /// What admission may do in one published state: the active generation,
@@ -320,23 +309,13 @@ fn the_expected_generation_rule_checks_required_then_conflict_then_pending() {
 #[tokio::test]
 async fn the_timeline_notes_a_backend_that_changed_between_two_idle_seconds() {
     let (control, _dir) = control_with(
-        r#"
-[admin]
-bind = "127.0.0.1:0"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
-[[routes]]
-name = "app"
-listeners = ["web"]
-path_prefix = "/"
-upstream = "app"
-
-[upstreams.app]
-backends = [{ addr = "127.0.0.1:9" }, { addr = "127.0.0.1:10" }]
-"#,
+        &TestConfig::web()
+            .route(
+                "app",
+                "listeners = [\"web\"]\npath_prefix = \"/\"\nupstream = \"app\"",
+            )
+            .upstream("app", &["127.0.0.1:9", "127.0.0.1:10"], "")
+            .build(),
         || {},
     );
     let states = |control: &Control| -> Vec<Vec<String>> {

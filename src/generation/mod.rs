@@ -411,6 +411,7 @@ impl<'g> Kept<'g> {
 mod tests {
     use super::*;
     use crate::config::ConfigText;
+    use crate::test_config::TestConfig;
     use http::{HeaderMap, Method};
 
     fn generation(text: &str) -> Generation {
@@ -425,9 +426,14 @@ mod tests {
     #[test]
     fn a_zone_is_resized_when_its_generation_takes_effect_not_when_built() {
         let config = |memory: &str| {
-            format!(
-                "[admin]\nbind = \"127.0.0.1:0\"\n[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n[[routes]]\nname = \"r\"\nlisteners = [\"web\"]\nupstream = \"app\"\ncache = {{ zone = \"main\" }}\n[upstreams.app]\nbackends = [{{ addr = \"127.0.0.1:9\" }}]\n[cache.zones.main]\nmemory = \"{memory}\"\n"
-            )
+            TestConfig::web()
+                .route(
+                    "r",
+                    "listeners = [\"web\"]\nupstream = \"app\"\ncache = { zone = \"main\" }",
+                )
+                .upstream("app", &["127.0.0.1:9"], "")
+                .text(&format!("[cache.zones.main]\nmemory = \"{memory}\""))
+                .build()
         };
         let spec = |memory: &str| {
             let source = ConfigText::inline(config(memory), ".".into(), "<test>");
@@ -482,11 +488,11 @@ mod tests {
             .map(|r| r.name())
     }
 
-    const ROUTES: &str = r#"
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
+    static ROUTES: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        TestConfig::new()
+            .listener("web", "")
+            .text(
+                r#"
 [[routes]]
 name = "fallback"
 listeners = ["web"]
@@ -547,13 +553,16 @@ path_prefix = "/v1/"
 methods = ["POST"]
 headers = { "x-canary" = "1" }
 respond = { body = "canary" }
-"#;
+"#,
+            )
+            .build()
+    });
 
-    const SHARED: &str = r#"
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
+    static SHARED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        TestConfig::new()
+            .listener("web", "")
+            .text(
+                r#"
 [[routes]]
 name = "api"
 listeners = ["web"]
@@ -578,7 +587,10 @@ backends = [{ addr = "127.0.0.1:9001" }]
 
 [upstreams.other]
 backends = [{ addr = "127.0.0.1:9002" }]
-"#;
+"#,
+            )
+            .build()
+    });
 
     /// The body `host`'s route answers with in `g`, or its upstream.
     fn answer(g: &Generation, host: &str) -> String {
@@ -614,7 +626,7 @@ backends = [{ addr = "127.0.0.1:9002" }]
         .expect("write");
         let text = |t: &str| ConfigText::inline(t.to_owned(), dir.path().into(), "<test>");
         let shared = SharedState::default();
-        let first = crate::plan::validate(&text(SHARED)).expect("valid");
+        let first = crate::plan::validate(&text(&SHARED)).expect("valid");
         let g1 = build(Arc::new(first), GenerationId::FIRST, &shared).expect("builds");
         let next = |active: &Generation, t: &str| {
             let plan = crate::plan::plan(&text(t), Some((active.id, &active.spec)));
@@ -696,7 +708,7 @@ backends = [{ addr = "127.0.0.1:9002" }]
 
     #[test]
     fn most_specific_host_then_longest_path_then_order() {
-        let g = generation(ROUTES);
+        let g = generation(&ROUTES);
         assert_eq!(
             pick(&g, "api.example.com", "/v1/users/7", "GET", &[]),
             Some("exact-long")
@@ -739,14 +751,9 @@ backends = [{ addr = "127.0.0.1:9002" }]
     #[test]
     fn query_and_header_patterns_pick_the_first_route_that_accepts_them() {
         let g = generation(
-            r#"
-[admin]
-bind = "127.0.0.1:0"
-
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:0"
-
+            &TestConfig::web()
+                .text(
+                    r#"
 [[routes]]
 name = "v2"
 listeners = ["web"]
@@ -767,6 +774,8 @@ listeners = ["web"]
 path_exact = "/s"
 respond = { body = "rest" }
 "#,
+                )
+                .build(),
         );
         let at = |path: &str, headers: &[(&str, &str)]| pick(&g, "h", path, "GET", headers);
         assert_eq!(at("/s?version=2&lang=en&debug", &[]), Some("v2"));

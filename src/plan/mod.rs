@@ -238,6 +238,7 @@ mod proptests;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_config::TestConfig;
 
     /// Each refusal's code and path (none when the text validates).
     fn codes_at(validated: Result<Spec, Vec<crate::config::Diagnostic>>) -> Vec<(String, String)> {
@@ -397,32 +398,31 @@ backends = [{ addr = "127.0.0.1:53" }]
     /// `routes` routes, each on its own upstream-less direct response
     /// except `bad`, which names an upstream that does not exist.
     fn large(routes: usize, bad: Option<usize>, timeout: &str) -> ConfigText {
-        let mut text = String::from("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n");
-        for i in 0..routes {
-            let action = if Some(i) == bad {
-                "upstream = \"missing\"".to_owned()
-            } else {
-                "respond = { body = \"ok\" }".to_owned()
-            };
-            text.push_str(&format!(
-                "\n[[routes]]\nname = \"r{i}\"\nlisteners = [\"web\"]\npath_prefix = \"/r{i}/\"\ntimeout = \"{timeout}\"\n{action}\n"
-            ));
-        }
-        ConfigText::inline(text, ".".into(), "<test>")
+        (0..routes)
+            .fold(TestConfig::new().listener("web", ""), |config, i| {
+                let action = if Some(i) == bad {
+                    "upstream = \"missing\""
+                } else {
+                    "respond = { body = \"ok\" }"
+                };
+                config.route(
+                    &format!("r{i}"),
+                    &format!("listeners = [\"web\"]\npath_prefix = \"/r{i}/\"\ntimeout = \"{timeout}\"\n{action}"),
+                )
+            })
+            .source()
     }
 
     #[test]
     fn thousands_of_identical_routes_give_a_bounded_answer_at_once() {
-        let mut text = String::from("[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n");
-        for i in 0..3_000 {
-            text.push_str(&format!(
-                "\n[[routes]]\nname = \"r{i}\"\nlisteners = [\"web\"]\npath_prefix = \"/same/\"\nrespond = {{ body = \"ok\" }}\n"
-            ));
-        }
+        let config = (0..3_000).fold(TestConfig::new().listener("web", ""), |config, i| {
+            config.route(
+                &format!("r{i}"),
+                "listeners = [\"web\"]\npath_prefix = \"/same/\"\nrespond = { body = \"ok\" }",
+            )
+        });
         let started = std::time::Instant::now();
-        let errors = validate(&ConfigText::inline(text, ".".into(), "<t>"))
-            .err()
-            .unwrap_or_default();
+        let errors = validate(&config.source()).err().unwrap_or_default();
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
         assert_eq!(errors.len(), validate::MAX_DIAGNOSTICS_PER_CODE + 1);
         assert!(errors[..validate::MAX_DIAGNOSTICS_PER_CODE]
@@ -436,9 +436,15 @@ backends = [{ addr = "127.0.0.1:53" }]
     #[test]
     fn http3_upstreams_take_tls_settings_and_refuse_what_quic_cannot_honour() {
         let base = |protocol: &str, extra: &str| {
-            format!(
-                "[[listeners]]\nname = \"web\"\nbind = \"127.0.0.1:0\"\n\n[[routes]]\nname = \"r\"\nlisteners = [\"web\"]\nupstream = \"app\"\n\n[upstreams.app]\nbackends = [{{ addr = \"127.0.0.1:8443\" }}]\nprotocol = \"{protocol}\"\ntls = {{ server_name = \"backend.internal\" }}\n{extra}"
-            )
+            TestConfig::new()
+                .listener("web", "")
+                .route("r", "listeners = [\"web\"]\nupstream = \"app\"")
+                .upstream(
+                    "app",
+                    &["127.0.0.1:8443"],
+                    &format!("protocol = \"{protocol}\"\ntls = {{ server_name = \"backend.internal\" }}\n{extra}"),
+                )
+                .build()
         };
         for protocol in ["h3", "auto"] {
             let spec = validate(&text(&base(protocol, "health = { path = \"/\" }\n")))
