@@ -152,7 +152,7 @@ impl Control {
                 .map(|c| tokio::time::Instant::now() + c.step_interval),
         });
         let final_now = pending.is_none();
-        self.set_pending(pending);
+        self.pending.set(&self.records, pending);
         activation.pending = self.pending();
         if let Some(pending) = &activation.pending {
             self.events().emit(

@@ -1,6 +1,8 @@
 //! Guarded activation (DESIGN §14): the pending generation, its deadline,
 //! guard and canary steps, and how it is settled (confirm, abort, breach,
-//! missed deadline) through the one commit path.
+//! missed deadline) through the one commit path. A [`Watch`] walks the
+//! canary and judges the guard from the generation store and the pending
+//! slot alone, and answers a [`Decision`]; only `Control` settles.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,12 +12,13 @@ use super::candidate::{CanarySpec, GuardSpec, Settle, SettleRequest};
 use super::error::ControlError;
 use super::expectation::{admit_change, Expectation};
 use super::local::Control;
-use super::pending::{Answers, Baseline, Deadline, Pending, PendingView};
-use super::records::Requester;
+use super::lock::running;
+use super::pending::{Answers, Baseline, Deadline, Pending, PendingSlot};
+use super::records::{Records, Requester};
 use crate::generation::{self, Generation};
 use crate::ids::GenerationId;
 use crate::plan::{self};
-use crate::runtime::{OperationKind, Outcome, Source};
+use crate::runtime::{GenerationStore, OperationKind, Outcome, PhaseCell, Source};
 
 /// What a guard concluded from the pending generation's answers so far.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,29 +96,34 @@ pub(crate) fn evaluation_interval(spec: &GuardSpec) -> Duration {
     (spec.window / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
 }
 
-impl Control {
-    /// Starts what settles a pending generation: the deadline's timer, and
-    /// its canary's steps (which judge each step by the guard) or its
-    /// guard's watch.
-    pub(super) fn supervise(self: &Arc<Self>, pending: &Pending) {
-        let generation = pending.generation;
-        if let Some(deadline) = pending.deadline {
-            let this = Arc::clone(self);
-            tokio::spawn(async move { this.expire(generation, deadline.at).await });
-        }
-        match (&pending.canary, &pending.guard) {
-            (Some(canary), guard) => {
-                let this = Arc::clone(self);
-                let (canary, guard, step) = (canary.clone(), guard.clone(), pending.step);
-                tokio::spawn(async move { this.advance(generation, canary, guard, step).await });
-            }
-            (None, Some(spec)) => {
-                let this = Arc::clone(self);
-                let spec = spec.clone();
-                tokio::spawn(async move { this.watch(generation, spec).await });
-            }
-            (None, None) => {}
-        }
+/// How a watch ends: the pending generation is to be settled so, on
+/// behalf of `who`.
+pub(super) struct Decision {
+    how: Settle,
+    who: &'static str,
+    reason: String,
+}
+
+/// What watches a pending generation for the control plane: it walks a
+/// canary through its steps and judges the generation by its guard,
+/// moving the canary's share and recording the step reached. It never
+/// settles: it answers how the generation is to be settled, and the
+/// control plane settles it through the one commit path (`supervise`).
+/// Every loop ends as soon as the generation is not pending any more.
+pub(super) struct Watch {
+    pub(super) store: Arc<GenerationStore>,
+    pub(super) pending: Arc<PendingSlot>,
+    pub(super) records: Arc<Records>,
+    pub(super) phase: Arc<PhaseCell>,
+}
+
+impl Watch {
+    fn is_pending(&self, generation: GenerationId) -> bool {
+        self.pending.lock().as_ref().map(|p| p.generation) == Some(generation)
+    }
+
+    fn rollback_to(&self) -> Option<GenerationId> {
+        self.pending.lock().as_ref().map(|p| p.rollback_to)
     }
 
     /// Walks a canary through its steps: each step's share for
@@ -124,29 +132,25 @@ impl Control {
     /// any time, or no data at the step's end with
     /// `on_no_data = "fail"`, rolls back; no data with "hold" repeats the
     /// step. The last step, 100 %, confirms it. Starts at step `first`
-    /// (a resumed canary); each step reached is persisted.
+    /// (a resumed canary); each step reached is persisted, unless the
+    /// process hands over (the new process owns the record then).
     pub(super) async fn advance(
-        self: Arc<Self>,
+        &self,
         generation: GenerationId,
         canary: CanarySpec,
         guard: Option<GuardSpec>,
         first: usize,
-    ) {
+    ) -> Option<Decision> {
         let started = tokio::time::Instant::now();
-        let baseline = Baseline::start(&self.store, self.pending().map(|p| p.rollback_to));
+        let baseline = Baseline::start(&self.store, self.rollback_to());
         let mut step = first;
         loop {
-            let Some(percent) = canary.steps.get(step).copied() else {
-                return;
-            };
-            if self.pending().map(|p| p.generation) != Some(generation) {
-                return;
-            }
-            if !self.store.step_canary(generation, percent) {
-                return;
+            let percent = canary.steps.get(step).copied()?;
+            if !self.is_pending(generation) || !self.store.step_canary(generation, percent) {
+                return None;
             }
             tracing::info!(%generation, percent, "canary step");
-            self.events().emit(
+            self.records.events().emit(
                 "canary_step",
                 serde_json::json!({
                     "generation": generation,
@@ -155,53 +159,47 @@ impl Control {
                     "steps": canary.steps,
                 }),
             );
-            let outcome = if percent >= 100 {
-                Some((
-                    Settle::Confirm,
-                    format!("canary steps {:?} completed", canary.steps),
-                ))
-            } else {
-                let ends = tokio::time::Instant::now() + canary.step_interval;
-                self.step_ends(generation, ends);
-                let verdict = match &guard {
-                    None => {
-                        tokio::time::sleep_until(ends).await;
-                        Verdict::Wait
-                    }
-                    Some(spec) => {
-                        let judged = self
-                            .judge_step(generation, spec, &baseline, started, ends)
-                            .await;
-                        match judged {
-                            Some(verdict) => verdict,
-                            None => return,
-                        }
-                    }
-                };
-                match verdict {
-                    Verdict::Breach(reason) => {
-                        Some((Settle::Expired, format!("canary at {percent} %: {reason}")))
-                    }
-                    Verdict::NoData(reason)
-                        if guard.as_ref().is_some_and(|g| g.fail_on_no_data) =>
-                    {
-                        Some((Settle::Expired, format!("canary at {percent} %: {reason}")))
-                    }
-                    // Hold: the same step again.
-                    Verdict::NoData(_) => continue,
-                    Verdict::Pass(_) | Verdict::Wait => {
-                        step += 1;
-                        if !self.record_step(generation, step) {
-                            return;
-                        }
-                        None
-                    }
+            if percent >= 100 {
+                return Some(Decision {
+                    how: Settle::Confirm,
+                    who: "cutover-canary",
+                    reason: format!("canary steps {:?} completed", canary.steps),
+                });
+            }
+            let ends = tokio::time::Instant::now() + canary.step_interval;
+            self.pending.step_ends(generation, ends);
+            let verdict = match &guard {
+                None => {
+                    tokio::time::sleep_until(ends).await;
+                    Verdict::Wait
+                }
+                Some(spec) => {
+                    self.judge_step(generation, spec, &baseline, started, ends)
+                        .await?
                 }
             };
-            if let Some((how, reason)) = outcome {
-                self.settle_by_gateway(generation, how, "cutover-canary", reason)
-                    .await;
-                return;
+            let failed = |reason: String| {
+                Some(Decision {
+                    how: Settle::Expired,
+                    who: "cutover-canary",
+                    reason: format!("canary at {percent} %: {reason}"),
+                })
+            };
+            match verdict {
+                Verdict::Breach(reason) => return failed(reason),
+                Verdict::NoData(reason) if guard.as_ref().is_some_and(|g| g.fail_on_no_data) => {
+                    return failed(reason)
+                }
+                // Hold: the same step again.
+                Verdict::NoData(_) => continue,
+                Verdict::Pass(_) | Verdict::Wait => {
+                    step += 1;
+                    if running(&self.phase).is_err()
+                        || !self.pending.record_step(&self.records, generation, step)
+                    {
+                        return None;
+                    }
+                }
             }
         }
     }
@@ -225,7 +223,7 @@ impl Control {
             let next = tokio::time::Instant::now() + every;
             let closing = next >= ends;
             tokio::time::sleep_until(if closing { ends } else { next }).await;
-            if self.pending().map(|p| p.generation) != Some(generation) {
+            if !self.is_pending(generation) {
                 return None;
             }
             let ledger = self.store.ledger(generation)?;
@@ -252,18 +250,20 @@ impl Control {
     /// on: rolls it back on a breach, confirms it on a pass with
     /// `confirm_on_pass`, rolls it back when the window closes without
     /// enough answers and `on_no_data = "fail"`.
-    pub(super) async fn watch(self: Arc<Self>, generation: GenerationId, spec: GuardSpec) {
+    pub(super) async fn guard(
+        &self,
+        generation: GenerationId,
+        spec: GuardSpec,
+    ) -> Option<Decision> {
         let started = tokio::time::Instant::now();
-        let baseline = Baseline::start(&self.store, self.pending().map(|p| p.rollback_to));
+        let baseline = Baseline::start(&self.store, self.rollback_to());
         let every = evaluation_interval(&spec);
         loop {
             tokio::time::sleep(every).await;
-            if self.pending().map(|p| p.generation) != Some(generation) {
-                return;
+            if !self.is_pending(generation) {
+                return None;
             }
-            let Some(ledger) = self.store.ledger(generation) else {
-                return;
-            };
+            let ledger = self.store.ledger(generation)?;
             let verdict = judge(
                 &spec,
                 Answers::of(&ledger),
@@ -281,69 +281,63 @@ impl Control {
                 // the operator or the deadline decides.
                 Verdict::Pass(reason) | Verdict::NoData(reason) => {
                     tracing::info!(%generation, "{reason}; left pending");
-                    return;
+                    return None;
                 }
             };
-            self.settle_by_gateway(generation, how, "cutover-guard", reason)
-                .await;
-            return;
+            return Some(Decision {
+                how,
+                who: "cutover-guard",
+                reason,
+            });
         }
     }
+}
 
-    /// The pending generation, if there is one.
-    pub fn pending(&self) -> Option<PendingView> {
-        let mut view = self.pending.lock().as_ref().map(Pending::view)?;
-        // The share admission applies now (the step's own may be a moment
-        // ahead of it while a step changes).
-        view.canary_percent = self.store.canary().map(|c| c.percent);
-        if let (Some(canary), Some(percent)) = (view.canary.as_mut(), view.canary_percent) {
-            canary.percent = percent;
+impl Control {
+    /// Starts what settles a pending generation: the deadline's timer,
+    /// and its canary's steps (which judge each step by the guard) or its
+    /// guard's watch. A missed deadline rolls it back unless it was
+    /// settled before: the same compare-and-swap as confirm and abort, so
+    /// exactly one of them wins.
+    pub(super) fn supervise(self: &Arc<Self>, pending: &Pending) {
+        let generation = pending.generation;
+        if let Some(deadline) = pending.deadline {
+            let this = Arc::clone(self);
+            tokio::spawn(async move {
+                tokio::time::sleep_until(deadline.at).await;
+                let expired = Decision {
+                    how: Settle::Expired,
+                    who: "cutover",
+                    reason: "confirm deadline passed".into(),
+                };
+                this.settle_by_gateway(generation, expired).await;
+            });
         }
-        Some(view)
-    }
-
-    /// Sets or clears the pending generation, in memory and (with a
-    /// state dir) on disk: a restart or an upgrade during its window
-    /// resumes it.
-    pub(super) fn set_pending(&self, pending: Option<Pending>) {
-        let record = pending.as_ref().map(Pending::record);
-        *self.pending.lock() = pending;
-        if self.records.lock().pending() != record.as_ref() {
-            self.records.with(|history| history.set_pending(record));
-        }
-    }
-
-    /// Notes when the pending canary's current step ends (shown in
-    /// status as the time to its next step).
-    fn step_ends(&self, generation: GenerationId, ends: tokio::time::Instant) {
-        if let Some(pending) = self
-            .pending
-            .lock()
-            .as_mut()
-            .filter(|p| p.generation == generation)
-        {
-            pending.step_ends = Some(ends);
-        }
-    }
-
-    /// Moves the pending canary to `step`, in memory and on disk; `false`
-    /// when `generation` is not pending any more or the process hands
-    /// over (the new process owns the record then).
-    pub(super) fn record_step(&self, generation: GenerationId, step: usize) -> bool {
-        if self.lock.check_running().is_err() {
-            return false;
-        }
-        // Held until the record is written: a settle clears the record
-        // after this, never before.
-        let mut slot = self.pending.lock();
-        let Some(pending) = slot.as_mut().filter(|p| p.generation == generation) else {
-            return false;
+        let watch = Watch {
+            store: Arc::clone(&self.store),
+            pending: Arc::clone(&self.pending),
+            records: Arc::clone(&self.records),
+            phase: Arc::clone(self.lock.phase()),
         };
-        pending.step = step;
-        let record = pending.record();
-        self.records
-            .with(|history| history.set_pending(Some(record)));
-        true
+        let this = Arc::clone(self);
+        match (pending.canary.clone(), pending.guard.clone()) {
+            (Some(canary), guard) => {
+                let step = pending.step;
+                tokio::spawn(async move {
+                    if let Some(decision) = watch.advance(generation, canary, guard, step).await {
+                        this.settle_by_gateway(generation, decision).await;
+                    }
+                });
+            }
+            (None, Some(spec)) => {
+                tokio::spawn(async move {
+                    if let Some(decision) = watch.guard(generation, spec).await {
+                        this.settle_by_gateway(generation, decision).await;
+                    }
+                });
+            }
+            (None, None) => {}
+        }
     }
 
     /// After a restart or an upgrade: takes up the pending generation the
@@ -358,7 +352,7 @@ impl Control {
             return;
         };
         if record.generation != self.store.active_id() {
-            self.set_pending(None);
+            self.pending.set(&self.records, None);
             return;
         }
         let resumed = Pending::resume(&record)
@@ -438,35 +432,12 @@ impl Control {
         Ok(self.store.publish_previous(generation))
     }
 
-    /// Rolls `generation` back once `deadline` passes, unless it was
-    /// settled before: the same compare-and-swap as confirm and abort, so
-    /// exactly one of them wins.
-    pub(super) async fn expire(
-        self: Arc<Self>,
-        generation: GenerationId,
-        deadline: tokio::time::Instant,
-    ) {
-        tokio::time::sleep_until(deadline).await;
-        self.settle_by_gateway(
-            generation,
-            Settle::Expired,
-            "cutover",
-            "confirm deadline passed".into(),
-        )
-        .await;
-    }
-
     /// Settles `generation` on the gateway's own behalf (`who`: the
     /// deadline, a guard or a canary), waiting its turn while another
     /// operation holds the lock; a generation settled meanwhile is left
     /// as it is.
-    pub(super) async fn settle_by_gateway(
-        self: &Arc<Self>,
-        generation: GenerationId,
-        how: Settle,
-        who: &str,
-        reason: String,
-    ) {
+    async fn settle_by_gateway(self: &Arc<Self>, generation: GenerationId, decision: Decision) {
+        let Decision { how, who, reason } = decision;
         loop {
             let request = SettleRequest {
                 generation,
@@ -543,7 +514,7 @@ impl Control {
         )?;
         if how == Settle::Confirm {
             self.store.end_canary(active.id);
-            self.set_pending(None);
+            self.pending.set(&self.records, None);
             let operation_id = self.records.record(
                 kind,
                 started,
@@ -575,7 +546,7 @@ impl Control {
             requester,
             started,
         )?;
-        self.set_pending(None);
+        self.pending.set(&self.records, None);
         self.write_back();
         tracing::warn!(
             pending = %pending.generation,

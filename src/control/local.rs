@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use super::file::{ConfigFile, FileComposer};
 use super::lock::OperationLock;
-use super::pending::PendingSlot;
+use super::pending::{PendingSlot, PendingView};
 use super::process::{BinaryView, LifecycleError, UpgradeRequest};
 use super::records::{Candidacy, Records, Requester};
 use super::shadowing::ShadowSlot;
@@ -58,7 +58,7 @@ pub struct Control {
     pub(super) file: ConfigFile,
     /// The generation awaiting confirmation, if any (changed only under
     /// the operation lock).
-    pub(super) pending: PendingSlot,
+    pub(super) pending: Arc<PendingSlot>,
     /// The shadow stage running, and the report of the last one.
     pub(super) shadowing: ShadowSlot,
     /// Each retained generation's `rollback_candidate`.
@@ -88,7 +88,7 @@ impl Control {
             lock: OperationLock::new(parts.phase),
             records,
             file: ConfigFile::new(parts.config_file),
-            pending: PendingSlot::default(),
+            pending: Arc::default(),
             shadowing: ShadowSlot::default(),
             candidacy: Candidacy::default(),
             timeline: Mutex::default(),
@@ -168,6 +168,11 @@ impl Control {
     /// activates (once, at start-up; see `ConfigFile`).
     pub fn compose_file_with(&self, composer: FileComposer) {
         self.file.compose_with(composer);
+    }
+
+    /// The pending generation, if there is one.
+    pub fn pending(&self) -> Option<PendingView> {
+        self.pending.view(&self.store)
     }
 
     pub fn store(&self) -> &Arc<GenerationStore> {

@@ -48,13 +48,18 @@ impl OperationLock {
 
     /// 503 while draining or stopped.
     pub(super) fn check_running(&self) -> Result<(), ControlError> {
-        match self.phase.get() {
-            Phase::Draining | Phase::Stopped => Err(ControlError::Draining),
-            Phase::Starting | Phase::Running => Ok(()),
-        }
+        running(&self.phase)
     }
 
     pub(super) fn phase(&self) -> &Arc<PhaseCell> {
         &self.phase
+    }
+}
+
+/// 503 while draining or stopped: no change is made then.
+pub(super) fn running(phase: &PhaseCell) -> Result<(), ControlError> {
+    match phase.get() {
+        Phase::Draining | Phase::Stopped => Err(ControlError::Draining),
+        Phase::Starting | Phase::Running => Ok(()),
     }
 }

@@ -435,7 +435,7 @@ impl Control {
             started,
         )?;
         // An operator's rollback settles a pending generation too.
-        self.set_pending(None);
+        self.pending.set(&self.records, None);
         self.write_back();
         Ok(activation)
     }

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::candidate::{CanarySpec, GuardSpec};
+use super::records::Records;
 use crate::ids::GenerationId;
 use crate::runtime::{rfc3339, GenerationStore};
 
@@ -103,6 +104,57 @@ impl PendingSlot {
     /// The pending generation, if any, as it is now.
     pub(super) fn get(&self) -> Option<Pending> {
         self.lock().clone()
+    }
+
+    /// The pending generation as status shows it, with the share
+    /// admission gives it now in `store` (the step's own may be a moment
+    /// ahead of it while a step changes).
+    pub(super) fn view(&self, store: &GenerationStore) -> Option<PendingView> {
+        let mut view = self.lock().as_ref().map(Pending::view)?;
+        view.canary_percent = store.canary().map(|c| c.percent);
+        if let (Some(canary), Some(percent)) = (view.canary.as_mut(), view.canary_percent) {
+            canary.percent = percent;
+        }
+        Some(view)
+    }
+
+    /// Sets or clears the pending generation, in memory and in `records`
+    /// (on disk with a state dir): a restart or an upgrade during its
+    /// window resumes it.
+    pub(super) fn set(&self, records: &Records, pending: Option<Pending>) {
+        let record = pending.as_ref().map(Pending::record);
+        *self.lock() = pending;
+        if records.lock().pending() != record.as_ref() {
+            records.with(|history| history.set_pending(record));
+        }
+    }
+
+    /// Notes when the pending canary's current step ends (shown in
+    /// status as the time to its next step).
+    pub(super) fn step_ends(&self, generation: GenerationId, ends: tokio::time::Instant) {
+        if let Some(pending) = self.lock().as_mut().filter(|p| p.generation == generation) {
+            pending.step_ends = Some(ends);
+        }
+    }
+
+    /// Moves the pending canary to `step`, in memory and in `records`;
+    /// `false` when `generation` is not pending any more.
+    pub(super) fn record_step(
+        &self,
+        records: &Records,
+        generation: GenerationId,
+        step: usize,
+    ) -> bool {
+        // Held until the record is written: a settle clears the record
+        // after this, never before.
+        let mut slot = self.lock();
+        let Some(pending) = slot.as_mut().filter(|p| p.generation == generation) else {
+            return false;
+        };
+        pending.step = step;
+        let record = pending.record();
+        records.with(|history| history.set_pending(Some(record)));
+        true
     }
 }
 
