@@ -465,7 +465,7 @@ impl Control {
         request: SettleRequest,
         how: Settle,
     ) -> Result<Settled, ControlError> {
-        if how == Settle::Abort && self.abort_shadow(request.generation) {
+        if how == Settle::Abort && self.shadowing.abort(request.generation) {
             return self.shadow_aborted(request.generation).await;
         }
         self.off_the_data_plane(move |c| {

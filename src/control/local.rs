@@ -1,29 +1,38 @@
 //! [`Control`]: the control plane of one process, made of the owners of
-//! its state, each with its own file and type: the operation lock
-//! (`lock.rs`), the records (`records.rs`), the configuration file
-//! (`file.rs`), the pending generation (`guarded.rs`), the shadow stage
-//! (`shadow.rs`), the rollback candidacies (`views.rs`) and the timeline
-//! (`timeline.rs`); beside them the process-shared handles it drives (the
-//! generation store, backend state, listeners, certificates). The
-//! operations that change several owners at once (a commit, a settle) are
-//! `impl Control` blocks in the files of their concern.
+//! its state, each with its own file and type and the operations that
+//! touch it: the operation lock (`lock.rs`), the records (`records.rs`),
+//! the configuration file (`file.rs`), the pending generation
+//! (`pending.rs`), the shadow stage (`shadowing.rs`), the rollback
+//! candidacies (`records.rs`), the timeline (`timeline.rs`) and the
+//! certificate keeper (`crate::keeper`); beside them the process-shared
+//! handles it drives (the generation store, backend state, listeners,
+//! certificates). Here: how it is made, what other layers reach through
+//! it, what status, history and the timeline read, drain and upgrade.
+//! The writer's verbs are `operations.rs`; the work that changes several
+//! owners at once under the operation lock is `commit.rs`, `guarded.rs`
+//! and `shadow.rs`.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Instant, SystemTime};
 
+use super::error::ControlError;
 use super::file::{ConfigFile, FileComposer};
 use super::lock::OperationLock;
 use super::pending::{PendingSlot, PendingView};
 use super::process::{BinaryView, LifecycleError, UpgradeRequest};
 use super::records::{Candidacy, Records, Requester};
 use super::shadowing::ShadowSlot;
-use super::timeline::Timeline;
+use super::timeline::{self, Timeline, TimelineView};
+use super::views::{GenerationDetail, HistoryView, OperationBrief, Reader, StatusView};
 use crate::config::ConfigText;
 use crate::generation::SharedState;
+use crate::ids::GenerationId;
 use crate::keeper::Keeper;
 use crate::proxy::ListenerSet;
-use crate::runtime::{GenerationStore, History, OperationKind, Outcome, Phase, PhaseCell};
+use crate::runtime::{
+    rfc3339, GenerationStore, History, OperationKind, OperationRecord, Outcome, Phase, PhaseCell,
+};
 use crate::telemetry::LogLevel;
 use crate::tls::CertStore;
 
@@ -228,6 +237,113 @@ impl Control {
             summary,
             None,
         )
+    }
+}
+
+/// What status, history and the console read.
+impl Control {
+    pub fn status_view(&self) -> StatusView {
+        // Pending before active: a settle swaps the generation first and
+        // clears the pending record after, so a pending record read first
+        // and naming another generation than the active one is already
+        // settled.
+        let pending = self.pending();
+        let active = self.store.load_full();
+        let pending = pending.filter(|p| p.generation == active.id);
+        let history = self.records.lock();
+        let activated_at = history
+            .generation(active.id)
+            .map_or_else(|| rfc3339(active.built_at), |g| g.activated_at.clone());
+        let last_operation = history.operations().next().map(|o| OperationBrief {
+            id: o.id.clone(),
+            kind: o.kind,
+            outcome: o.outcome,
+            at: o.at.clone(),
+        });
+        drop(history);
+        let (requests_total, errors_total) = crate::generation::answered_totals();
+        StatusView {
+            pid: std::process::id(),
+            binary: self.binary(),
+            phase: self.lock.phase().get(),
+            active_generation: active.id,
+            config_version: active.spec.config_version.clone(),
+            activated_at,
+            generations: self.store.loads(),
+            listeners: self.listeners.info(),
+            last_operation,
+            requests_total,
+            errors_total,
+            pending,
+            config_file_matches_active: self
+                .file
+                .matches(active.id, || self.records.config_of(active.id)),
+            shadow: self.shadowing.report(&self.store),
+            certificates: self.keeper().status(),
+        }
+    }
+
+    fn reader(&self) -> Reader<'_> {
+        Reader {
+            pending: self.pending(),
+            records: &self.records,
+            store: &self.store,
+            candidacy: &self.candidacy,
+            shared: &self.shared,
+        }
+    }
+
+    /// Retained generations and the operation log, off the data plane's
+    /// threads (see `Reader::history`).
+    pub async fn history_view(self: &Arc<Self>) -> Result<HistoryView, ControlError> {
+        self.off_the_data_plane(|c| Ok(c.reader().history())).await
+    }
+
+    /// One retained generation with its text and the diff against its
+    /// predecessor, off the data plane's threads.
+    pub async fn generation_detail(
+        self: &Arc<Self>,
+        id: GenerationId,
+    ) -> Result<Option<GenerationDetail>, ControlError> {
+        self.off_the_data_plane(move |c| Ok(c.reader().generation(id)))
+            .await
+    }
+
+    pub fn operation(&self, id: &str) -> Option<OperationRecord> {
+        self.records.lock().operation(id).cloned()
+    }
+
+    /// The active generation the cached candidacies were planned against,
+    /// and how many there are.
+    #[cfg(test)]
+    pub(crate) fn cached_candidacy(&self) -> (GenerationId, usize) {
+        self.candidacy.summary()
+    }
+
+    /// Takes this second's point (called once a second by start-up's
+    /// gauge task).
+    pub fn sample_timeline(&self) {
+        let pending = self.pending().map(|p| (p.generation, p.rollback_to));
+        let roles = self.store.roles(pending);
+        let changes = crate::backends::state_changes();
+        let active = self.store.load_full();
+        self.timeline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sample(SystemTime::now(), &roles, changes, &active);
+    }
+
+    /// The last 15 minutes (see `timeline.rs`).
+    pub fn timeline_view(&self) -> TimelineView {
+        // One lock at a time: the window is copied out before the
+        // operation log is read.
+        let (points, backends) = self
+            .timeline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .window(SystemTime::now());
+        let records = self.records.lock();
+        timeline::view(points, backends, SystemTime::now(), records.operations())
     }
 }
 

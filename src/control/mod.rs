@@ -6,16 +6,19 @@
 //! generation, bind the listeners it adds, compare-and-swap, record
 //! history, persist. Everything fallible happens before the swap; one
 //! mutating operation runs at a time. `local.rs` is [`Control`], made of
-//! the owners of its state, each in its own file with its own type:
-//! `lock.rs` (the operation lock), `records.rs` (history), `file.rs` (the
-//! configuration file), `guarded.rs` (the pending generation and how it
-//! is settled), `shadow.rs` (the shadow stage), `views.rs` (what status
-//! and history show, and the rollback candidacies), `timeline.rs`. By
-//! concern besides: `operations.rs` (what a writer calls), `commit.rs`
-//! (the one commit path and the one expected-generation rule), `certs.rs`
-//! (certificate reload; the keeper of ACME and OCSP is `crate::keeper`,
-//! beside `acme`), `candidate.rs`, `process.rs`,
-//! `error.rs`. This file only names them: every file imports what it uses
+//! the owners of its state, each in its own file with its own type and
+//! its own operations: `lock.rs` (the operation lock), `records.rs`
+//! (history, the rollback candidacies), `file.rs` (the configuration
+//! file), `pending.rs` (the pending generation), `shadowing.rs` (the
+//! shadow stage), `timeline.rs`; the certificate keeper is
+//! `crate::keeper`, beside `acme`. `operations.rs` is what a writer
+//! calls; `commit.rs` (the one commit path), `guarded.rs` (settling the
+//! pending generation) and `shadow.rs` (the shadow stage) change several
+//! owners at once. By concern besides: `views.rs` (what status and
+//! history show), `certs.rs` (certificate reload), `cache.rs`,
+//! `backends.rs`, `expectation.rs` (the one expected-generation rule),
+//! `candidate.rs`, `process.rs`, `error.rs`. This file only names them:
+//! every file imports what it uses
 //! from the file that defines it. It knows nothing of fleets: the fleet
 //! sits above it.
 

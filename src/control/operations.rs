@@ -35,7 +35,12 @@ impl Control {
         let mut plan = plan::plan(&text, Some((active.id, &active.spec)));
         // What it would do to the traffic sampled now (DESIGN §22).
         if let Some(spec) = &plan.spec {
-            plan.impact = self.impact(crate::impact::Before::Active, spec, &active);
+            plan.impact = crate::impact::of_sampled(
+                &self.shared,
+                crate::impact::Before::Active,
+                spec,
+                &active,
+            );
         }
         Ok((plan, text))
     }
@@ -124,29 +129,6 @@ impl Control {
             }
         }
         plan.warnings = crate::config::locate(text, warnings);
-    }
-
-    /// What going from `before` to `after` does to the requests the
-    /// listeners sampled (DESIGN §22); `None` while sampling is off and
-    /// nothing was sampled.
-    pub(super) fn impact(
-        &self,
-        before: crate::impact::Before<'_>,
-        after: &crate::plan::Spec,
-        active: &crate::generation::Generation,
-    ) -> Option<crate::plan::impact::Impact> {
-        let samples: Vec<_> = self
-            .shared
-            .samples()
-            .into_iter()
-            // A listener the configuration no longer has keeps its
-            // sample (bounded) but is no traffic of now.
-            .filter(|(listener, _)| active.router(listener).is_some())
-            .map(|(listener, sample)| (listener, sample.heads()))
-            .filter(|(_, heads)| !heads.is_empty())
-            .collect();
-        (active.spec.runtime.impact_sample > 0 || !samples.is_empty())
-            .then(|| crate::impact::assess(&samples, before, after, active))
     }
 
     /// Records a preview's plan in the operation log.

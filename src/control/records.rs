@@ -8,9 +8,13 @@ use std::time::{Instant, SystemTime};
 
 use super::candidate::Candidate;
 use crate::config::ConfigText;
+use crate::generation::Generation;
 use crate::ids::GenerationId;
 use crate::runtime::events::Events;
-use crate::runtime::{rfc3339, History, OperationKind, OperationRecord, Outcome, Source};
+use crate::runtime::shadow::ShadowReport;
+use crate::runtime::{
+    rfc3339, GenerationRecord, History, OperationKind, OperationRecord, Outcome, Source,
+};
 
 /// The history, behind its lock.
 pub(super) struct Records {
@@ -114,6 +118,25 @@ impl Records {
         }
         id
     }
+
+    /// Keeps a shadow stage's report with `operation` (the last one
+    /// recorded when `None`).
+    pub(super) fn attach_shadow(&self, operation: Option<&str>, report: ShadowReport) {
+        let id = match operation {
+            Some(id) => Some(id.to_owned()),
+            None => self.lock().operations().next().map(|o| o.id.clone()),
+        };
+        if let Some(id) = id {
+            self.with(|history| {
+                history.update_operation(&id, |record| record.shadow = Some(report));
+            });
+        }
+    }
+
+    /// The id of the operation recorded last.
+    pub(super) fn last_operation_id(&self) -> Option<String> {
+        self.lock().operations().next().map(|o| o.id.clone())
+    }
 }
 
 pub(super) fn elapsed_ms(started: Instant) -> u64 {
@@ -167,7 +190,7 @@ pub(super) struct Candidacy(Mutex<(GenerationId, HashMap<GenerationId, bool>)>);
 
 impl Candidacy {
     /// Whether `generation` could be activated against `active`, if known.
-    pub(super) fn known(&self, active: GenerationId, generation: GenerationId) -> Option<bool> {
+    fn known(&self, active: GenerationId, generation: GenerationId) -> Option<bool> {
         let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if cache.0 != active {
             *cache = (active, HashMap::new());
@@ -176,16 +199,31 @@ impl Candidacy {
     }
 
     /// Remembers it, unless the active generation moved meanwhile.
-    pub(super) fn remember(
-        &self,
-        active: GenerationId,
-        generation: GenerationId,
-        activatable: bool,
-    ) {
+    fn remember(&self, active: GenerationId, generation: GenerationId, activatable: bool) {
         let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if cache.0 == active {
             cache.1.insert(generation, activatable);
         }
+    }
+
+    /// Whether retained `record` could be activated now, against
+    /// `active`: it validates (its files are still there), needs no
+    /// restart and changes something. Planned once per retained and
+    /// active generation.
+    pub(super) fn activatable(&self, active: &Generation, record: &GenerationRecord) -> bool {
+        if record.config_version == active.spec.config_version {
+            // Activating it would change nothing.
+            return false;
+        }
+        if let Some(known) = self.known(active.id, record.generation) {
+            return known;
+        }
+        // Planned without the lock: two requests at once may both plan.
+        let activatable = record.config_text().is_ok_and(|text| {
+            crate::plan::plan(&text, Some((active.id, &active.spec))).activatable
+        });
+        self.remember(active.id, record.generation, activatable);
+        activatable
     }
 
     #[cfg(test)]

@@ -20,13 +20,13 @@ use super::candidate::{self, Candidate, ShadowSpec};
 use super::error::ControlError;
 use super::expectation::{admit_change, admit_in_freeze, Expectation};
 use super::local::Control;
+use super::lock::running;
 use super::records::Requester;
-use super::shadowing::ShadowRun;
-use crate::generation::{self, Generation};
+use crate::generation::{self, Generation, SharedState};
 use crate::ids::GenerationId;
 use crate::plan::{self};
 use crate::runtime::shadow::{Shadow, ShadowReport, ShadowVerdict, SideReport};
-use crate::runtime::OperationKind;
+use crate::runtime::{OperationKind, PhaseCell};
 
 /// A shadow stage installed for another writer (`start_shadow`): it
 /// ends when this is dropped.
@@ -182,21 +182,16 @@ impl Control {
             Err(error) => return refused(&self, error),
         };
         let shadow = Arc::new(Shadow::new(built, active, spec.percent, spec.max_inflight));
-        let stop = Arc::new(tokio::sync::Notify::new());
-        *self.shadowing.running() = Some(ShadowRun {
-            candidate: shadow.candidate.id,
-            stop: Arc::clone(&stop),
-        });
+        let stop = self.shadowing.begin(shadow.candidate.id);
         self.store.set_shadow(Some(Arc::clone(&shadow)));
         tracing::info!(candidate = %shadow.candidate.id, %active, percent = spec.percent, duration = ?spec.duration, "shadow stage started");
-        let (verdict, reason) = self.watch_shadow(&shadow, &spec, &stop).await;
+        let (verdict, reason) = watch(&shadow, &spec, &stop, self.lock.phase()).await;
         self.store.set_shadow(None);
-        *self.shadowing.running() = None;
         let mut report = shadow.report();
         drop(shadow);
         report.verdict = verdict;
         report.reason = reason;
-        *self.shadowing.last() = Some(report.clone());
+        self.shadowing.end(report.clone());
         tracing::info!(verdict = ?report.verdict, reason = %report.reason, "shadow stage ended");
         self.events().emit(
             "shadow_verdict",
@@ -210,42 +205,11 @@ impl Control {
         if !goes_on {
             let error = ControlError::ShadowRefused(Box::new(report.clone()));
             self.record_failure(kind, started, &requester, &error);
-            self.attach_shadow(report);
+            self.records.attach_shadow(None, report);
             return Err(error);
         }
         self.activate_held(candidate, kind, started, lock, Some(report))
             .await
-    }
-
-    /// Judges the shadow every twentieth of its duration (between 100 ms
-    /// and 1 s) until it ends, breaches, is stopped or the process drains.
-    async fn watch_shadow(
-        &self,
-        shadow: &Shadow,
-        spec: &ShadowSpec,
-        stop: &tokio::sync::Notify,
-    ) -> (ShadowVerdict, String) {
-        let every = (spec.duration / 20).clamp(Duration::from_millis(100), Duration::from_secs(1));
-        let end = tokio::time::Instant::now() + spec.duration;
-        loop {
-            let next = (tokio::time::Instant::now() + every).min(end);
-            tokio::select! {
-                () = tokio::time::sleep_until(next) => {}
-                () = stop.notified() => {
-                    return (ShadowVerdict::Aborted, "shadow aborted by an operator".into());
-                }
-            }
-            if self.lock.check_running().is_err() {
-                return (
-                    ShadowVerdict::Interrupted,
-                    "shadow interrupted: the gateway is draining".into(),
-                );
-            }
-            let ended = tokio::time::Instant::now() >= end;
-            if let Some(verdict) = judge(spec, &shadow.report(), ended) {
-                return verdict;
-            }
-        }
     }
 
     /// Plans and builds the candidate beside the active generation (which
@@ -269,32 +233,10 @@ impl Control {
         if let Some(pending) = self.pending() {
             return Err(ControlError::ShadowWhilePending(pending.generation));
         }
-        Ok(self
-            .build_candidate(candidate, &active)?
-            .map(|built| (active.id, built)))
-    }
-
-    /// The candidate planned against `active` and built under the next id;
-    /// `None` when it changes nothing.
-    fn build_candidate(
-        &self,
-        candidate: &Candidate,
-        active: &Generation,
-    ) -> Result<Option<Arc<Generation>>, ControlError> {
-        let text = candidate::read(&candidate.source, self.file.path())?;
-        let planned = plan::plan(&text, Some((active.id, &active.spec)));
-        let (plan, spec) = super::commit::activatable(planned)?;
-        if plan.is_unchanged(Some(&active.spec)) {
-            return Ok(None);
-        }
-        let _primed = self.shared.discovery.prime_blocking(&spec);
-        match generation::build_from(spec, active.id.next(), &self.shared, Some(active)) {
-            Ok(built) => Ok(Some(Arc::new(built))),
-            Err(source) => Err(ControlError::Build {
-                source,
-                plan: Box::new(plan),
-            }),
-        }
+        Ok(
+            build_candidate(candidate, &active, self.file.path(), &self.shared)?
+                .map(|built| (active.id, built)),
+        )
     }
 
     /// The activation, under the operation lock the shadow stage held.
@@ -317,7 +259,8 @@ impl Control {
                     }
                     Ok(activation) => {
                         if let Some(report) = &report {
-                            c.attach_shadow_to(&activation.operation_id, report.clone());
+                            c.records
+                                .attach_shadow(Some(&activation.operation_id), report.clone());
                         }
                     }
                 }
@@ -330,38 +273,6 @@ impl Control {
             .await?;
         self.supervise_new(&activation);
         Ok(activation)
-    }
-
-    /// Keeps a refused stage's report with the operation just recorded.
-    fn attach_shadow(&self, report: ShadowReport) {
-        let id = self
-            .records
-            .lock()
-            .operations()
-            .next()
-            .map(|o| o.id.clone());
-        if let Some(id) = id {
-            self.attach_shadow_to(&id, report);
-        }
-    }
-
-    fn attach_shadow_to(&self, operation: &str, report: ShadowReport) {
-        self.records.with(|history| {
-            history.update_operation(operation, |record| record.shadow = Some(report));
-        });
-    }
-
-    /// Stops the shadow stage of `candidate`, if one runs: its activation
-    /// is refused (409 `shadow_aborted`). `false` when none does.
-    pub fn abort_shadow(&self, candidate: GenerationId) -> bool {
-        let running = self.shadowing.running();
-        match running.as_ref().filter(|run| run.candidate == candidate) {
-            Some(run) => {
-                run.stop.notify_one();
-                true
-            }
-            None => false,
-        }
     }
 
     /// Starts shadowing `candidate` for another writer that judges it (a
@@ -381,7 +292,8 @@ impl Control {
                 return Err(ControlError::InProgress);
             }
             let active = c.store.load_full();
-            let Some(built) = c.build_candidate(&candidate, &active)? else {
+            let Some(built) = build_candidate(&candidate, &active, c.file.path(), &c.shared)?
+            else {
                 return Ok(None);
             };
             let shadow = Arc::new(Shadow::new(built, active.id, percent, max_inflight));
@@ -400,39 +312,68 @@ impl Control {
         &self,
         candidate: GenerationId,
     ) -> Result<Settled, ControlError> {
-        for _ in 0..200 {
-            let running = self
-                .shadowing
-                .running()
-                .as_ref()
-                .is_some_and(|run| run.candidate == candidate);
-            if !running {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let operation_id = self
-            .records
-            .lock()
-            .operations()
-            .next()
-            .map(|o| o.id.clone())
-            .unwrap_or_default();
+        self.shadowing.ended(candidate).await;
         Ok(Settled {
             outcome: "shadow_aborted".into(),
             generation: self.store.active_id(),
             rolled_back_to: None,
-            operation_id,
+            operation_id: self.records.last_operation_id().unwrap_or_default(),
         })
     }
+}
 
-    /// The shadow stage now running (its report so far), or else the last
-    /// one that ended.
-    pub fn shadow_report(&self) -> Option<ShadowReport> {
-        match self.store.shadow() {
-            Some(shadow) => Some(shadow.report()),
-            None => self.shadowing.last().clone(),
+/// Judges the shadow every twentieth of its duration (between 100 ms and
+/// 1 s) until it ends, breaches, is stopped or the process drains.
+async fn watch(
+    shadow: &Shadow,
+    spec: &ShadowSpec,
+    stop: &tokio::sync::Notify,
+    phase: &PhaseCell,
+) -> (ShadowVerdict, String) {
+    let every = (spec.duration / 20).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let end = tokio::time::Instant::now() + spec.duration;
+    loop {
+        let next = (tokio::time::Instant::now() + every).min(end);
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = stop.notified() => {
+                return (ShadowVerdict::Aborted, "shadow aborted by an operator".into());
+            }
         }
+        if running(phase).is_err() {
+            return (
+                ShadowVerdict::Interrupted,
+                "shadow interrupted: the gateway is draining".into(),
+            );
+        }
+        let ended = tokio::time::Instant::now() >= end;
+        if let Some(verdict) = judge(spec, &shadow.report(), ended) {
+            return verdict;
+        }
+    }
+}
+
+/// The candidate planned against `active` and built under the next id
+/// (its files read beside `config_file`); `None` when it changes nothing.
+fn build_candidate(
+    candidate: &Candidate,
+    active: &Generation,
+    config_file: &std::path::Path,
+    shared: &SharedState,
+) -> Result<Option<Arc<Generation>>, ControlError> {
+    let text = candidate::read(&candidate.source, config_file)?;
+    let planned = plan::plan(&text, Some((active.id, &active.spec)));
+    let (plan, spec) = super::commit::activatable(planned)?;
+    if plan.is_unchanged(Some(&active.spec)) {
+        return Ok(None);
+    }
+    let _primed = shared.discovery.prime_blocking(&spec);
+    match generation::build_from(spec, active.id.next(), shared, Some(active)) {
+        Ok(built) => Ok(Some(Arc::new(built))),
+        Err(source) => Err(ControlError::Build {
+            source,
+            plan: Box::new(plan),
+        }),
     }
 }
 

@@ -1,17 +1,15 @@
 //! Read-only views of the control plane: status, history, operations.
 
 use std::borrow::Cow;
-use std::sync::{Arc, PoisonError};
-use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::ControlError;
-use super::local::Control;
-use super::timeline::{self, TimelineView};
+use super::pending::PendingView;
+use super::records::{Candidacy, Records};
+use crate::generation::{Generation, SharedState};
 use crate::ids::GenerationId;
 use crate::plan::{self, Diff};
-use crate::runtime::{rfc3339, GenerationLoad, GenerationRecord, OperationRecord, Source};
+use crate::runtime::{GenerationLoad, GenerationRecord, GenerationStore, OperationRecord, Source};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GenerationView {
@@ -140,68 +138,24 @@ pub struct StatusView {
     pub certificates: Vec<crate::keeper::CertificateStatus>,
 }
 
-impl Control {
-    pub fn status_view(&self) -> StatusView {
-        // Pending before active: a settle swaps the generation first and
-        // clears the pending record after, so a pending record read first
-        // and naming another generation than the active one is already
-        // settled.
-        let pending = self.pending();
-        let active = self.store.load_full();
-        let pending = pending.filter(|p| p.generation == active.id);
-        let history = self.records.lock();
-        let activated_at = history
-            .generation(active.id)
-            .map_or_else(|| rfc3339(active.built_at), |g| g.activated_at.clone());
-        let last_operation = history.operations().next().map(|o| OperationBrief {
-            id: o.id.clone(),
-            kind: o.kind,
-            outcome: o.outcome,
-            at: o.at.clone(),
-        });
-        drop(history);
-        let (requests_total, errors_total) = crate::generation::answered_totals();
-        StatusView {
-            pid: std::process::id(),
-            binary: self.binary(),
-            phase: self.lock.phase().get(),
-            active_generation: active.id,
-            config_version: active.spec.config_version.clone(),
-            activated_at,
-            generations: self.store.loads(),
-            listeners: self.listeners.info(),
-            last_operation,
-            requests_total,
-            errors_total,
-            pending,
-            config_file_matches_active: self
-                .file
-                .matches(active.id, || self.records.config_of(active.id)),
-            shadow: self.shadow_report(),
-            certificates: self.keeper().status(),
-        }
-    }
+/// What the history views read: the records, the generation store, the
+/// pending generation (read before the active one: a settle swaps the
+/// generation first and clears the pending record after), the rollback
+/// candidacies and, for a generation's impact, the listeners' samples.
+pub(super) struct Reader<'a> {
+    pub(super) records: &'a Records,
+    pub(super) store: &'a GenerationStore,
+    pub(super) pending: Option<PendingView>,
+    pub(super) candidacy: &'a Candidacy,
+    pub(super) shared: &'a SharedState,
+}
 
-    /// Retained generations and the operation log. Runs off the data
-    /// plane's threads: `rollback_candidate` plans every retained
-    /// configuration against the active one (milliseconds each for a
-    /// large configuration: `docs/performance.md`).
-    pub async fn history_view(self: &Arc<Self>) -> Result<HistoryView, ControlError> {
-        self.off_the_data_plane(|c| Ok(c.build_history_view()))
-            .await
-    }
-
-    /// One retained generation with its text and the diff against its
-    /// predecessor (two plans), off the data plane's threads.
-    pub async fn generation_detail(
-        self: &Arc<Self>,
-        id: GenerationId,
-    ) -> Result<Option<GenerationDetail>, ControlError> {
-        self.off_the_data_plane(move |c| Ok(c.build_generation_detail(id)))
-            .await
-    }
-
-    fn build_history_view(&self) -> HistoryView {
+impl Reader<'_> {
+    /// Retained generations and the operation log. `rollback_candidate`
+    /// plans every retained configuration against the active one
+    /// (milliseconds each for a large configuration:
+    /// `docs/performance.md`): run off the data plane's threads.
+    pub(super) fn history(&self) -> HistoryView {
         let records: Vec<GenerationRecord>;
         let operations: Vec<OperationRecord>;
         let limit;
@@ -216,7 +170,7 @@ impl Control {
         let mut settled = settlements(operations.iter());
         let generations = records
             .iter()
-            .map(|r| self.view(r, active.id, &loads, settled.remove(&r.generation)))
+            .map(|r| self.view(r, &active, &loads, settled.remove(&r.generation)))
             .collect();
         HistoryView {
             active_generation: active.id,
@@ -226,7 +180,9 @@ impl Control {
         }
     }
 
-    fn build_generation_detail(&self, id: GenerationId) -> Option<GenerationDetail> {
+    /// One retained generation with its text and the diff against its
+    /// predecessor (two plans): run off the data plane's threads.
+    pub(super) fn generation(&self, id: GenerationId) -> Option<GenerationDetail> {
         let (record, predecessor, settlement) = {
             let history = self.records.lock();
             (
@@ -235,8 +191,8 @@ impl Control {
                 settlements(history.operations()).remove(&id),
             )
         };
-        let active = self.store.active_id();
-        let summary = self.view(&record, active, &self.store.loads(), settlement);
+        let active = self.store.load_full();
+        let summary = self.view(&record, &active, &self.store.loads(), settlement);
         let config = record.config_text().ok()?;
         let compared = predecessor.as_ref().and_then(|p| {
             let before = plan::validate(&p.config_text().ok()?).ok()?;
@@ -248,10 +204,11 @@ impl Control {
                 &after.file,
                 &after.canonical,
             );
-            let impact = self.impact(
+            let impact = crate::impact::of_sampled(
+                self.shared,
                 crate::impact::Before::Spec(&before),
                 &after,
-                &self.store.load_full(),
+                &active,
             );
             Some((diff, impact))
         });
@@ -269,25 +226,20 @@ impl Control {
         })
     }
 
-    pub fn operation(&self, id: &str) -> Option<OperationRecord> {
-        self.records.lock().operation(id).cloned()
-    }
-
     fn view(
         &self,
         record: &GenerationRecord,
-        active: GenerationId,
+        active: &Generation,
         loads: &[GenerationLoad],
         settlement: Option<Settlement>,
     ) -> GenerationView {
         let load = loads.iter().find(|l| l.generation == record.generation);
-        let is_active = record.generation == active;
-        let pending = self.pending();
+        let is_active = record.generation == active.id;
+        let pending = self.pending.as_ref();
         // A canary's previous generation still takes the rest of new
         // requests: serving, not draining.
-        let serving = pending
-            .as_ref()
-            .is_some_and(|p| p.canary.is_some() && p.rollback_to == record.generation);
+        let serving =
+            pending.is_some_and(|p| p.canary.is_some() && p.rollback_to == record.generation);
         let settlement = settlement.or_else(|| {
             pending
                 .filter(|p| p.generation == record.generation)
@@ -317,66 +269,10 @@ impl Control {
             requested_by: record.requested_by.clone(),
             reason: record.reason.clone(),
             caller: record.caller.clone(),
-            rollback_candidate: !is_active && self.activatable(record),
+            rollback_candidate: !is_active && self.candidacy.activatable(active, record),
             inflight_requests: load.map_or(0, |l| l.inflight_requests),
             open_connections: load.map_or(0, |l| l.open_connections),
             settlement,
         }
-    }
-
-    /// Whether a retained generation could be activated now: it validates
-    /// (its files are still there) and needs no restart.
-    /// The active generation the cached candidacies were planned against,
-    /// and how many there are.
-    #[cfg(test)]
-    pub(crate) fn cached_candidacy(&self) -> (GenerationId, usize) {
-        self.candidacy.summary()
-    }
-
-    /// Planned once per retained generation and active generation.
-    fn activatable(&self, record: &GenerationRecord) -> bool {
-        let active = self.store.load_full();
-        if record.config_version == active.spec.config_version {
-            // Activating it would change nothing.
-            return false;
-        }
-        if let Some(known) = self.candidacy.known(active.id, record.generation) {
-            return known;
-        }
-        // Planned without the lock: two requests at once may both plan.
-        let activatable = record
-            .config_text()
-            .is_ok_and(|text| plan::plan(&text, Some((active.id, &active.spec))).activatable);
-        self.candidacy
-            .remember(active.id, record.generation, activatable);
-        activatable
-    }
-}
-
-impl Control {
-    /// Takes this second's point (called once a second by start-up's
-    /// gauge task).
-    pub fn sample_timeline(&self) {
-        let pending = self.pending().map(|p| (p.generation, p.rollback_to));
-        let roles = self.store.roles(pending);
-        let changes = crate::backends::state_changes();
-        let active = self.store.load_full();
-        self.timeline
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .sample(SystemTime::now(), &roles, changes, &active);
-    }
-
-    /// The last 15 minutes (see `timeline.rs`).
-    pub fn timeline_view(&self) -> TimelineView {
-        // One lock at a time: the window is copied out before the
-        // operation log is read.
-        let (points, backends) = self
-            .timeline
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .window(SystemTime::now());
-        let records = self.records.lock();
-        timeline::view(points, backends, SystemTime::now(), records.operations())
     }
 }

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::generation::sample::Head;
-use crate::generation::{Generation, RequestHead, Router};
+use crate::generation::{Generation, RequestHead, Router, SharedState};
 use crate::plan::impact::{interval, percent, Destination, Impact, Share};
 use crate::plan::{RouteAction, RouteSpec, Spec};
 
@@ -85,6 +85,28 @@ impl<'a> Landing<'a> {
             upstream: self.upstream.map(str::to_owned),
         }
     }
+}
+
+/// What going from `before` to `after` does to the requests the
+/// listeners of `active` sampled into `shared`; `None` while sampling is
+/// off and nothing was sampled.
+pub fn of_sampled(
+    shared: &SharedState,
+    before: Before<'_>,
+    after: &Spec,
+    active: &Generation,
+) -> Option<Impact> {
+    let samples: Vec<_> = shared
+        .samples()
+        .into_iter()
+        // A listener the configuration no longer has keeps its sample
+        // (bounded) but is no traffic of now.
+        .filter(|(listener, _)| active.router(listener).is_some())
+        .map(|(listener, sample)| (listener, sample.heads()))
+        .filter(|(_, heads)| !heads.is_empty())
+        .collect();
+    (active.spec.runtime.impact_sample > 0 || !samples.is_empty())
+        .then(|| assess(&samples, before, after, active))
 }
 
 /// Replays `samples` (per listener, oldest first) through `before`'s

@@ -624,6 +624,56 @@ fn control_files_import_each_other_without_cycles() {
     );
 }
 
+/// `Control` is the writer's verbs and what reads it (`local.rs`,
+/// `operations.rs`), plus the three concerns that change several owners
+/// at once under the operation lock: every other file gives its owner's
+/// operations, or functions of what they read. A new `impl Control`
+/// anywhere else fails here (the target is the first two alone: the
+/// commit path, settling and the shadow stage are still to move).
+#[test]
+fn control_keeps_its_operations_in_five_files() {
+    let dir = workspace().join("src/control");
+    let mut with_impl: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            let name = path.file_name()?.to_str()?.to_owned();
+            let code = non_test(&std::fs::read_to_string(&path).ok()?);
+            code.lines()
+                .any(|l| l.starts_with("impl Control {"))
+                .then_some(name)
+        })
+        .collect();
+    with_impl.sort();
+    assert_eq!(
+        with_impl,
+        [
+            "commit.rs",
+            "guarded.rs",
+            "local.rs",
+            "operations.rs",
+            "shadow.rs"
+        ],
+        "impl Control blocks"
+    );
+    // Nor in any other module: the keeper, the fleet and the admin API
+    // reach it only through what it offers.
+    let mut files = Vec::new();
+    walk(&workspace().join("src"), &mut files);
+    let elsewhere: Vec<String> = files
+        .iter()
+        .filter(|f| !f.starts_with(&dir))
+        .filter(|f| {
+            std::fs::read_to_string(f).is_ok_and(|t| {
+                t.lines()
+                    .any(|l| l.trim_start().starts_with("impl Control {"))
+            })
+        })
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(elsewhere.is_empty(), "{elsewhere:#?}");
+}
+
 #[test]
 fn proxy_files_import_nothing_through_mod_rs() {
     let (_, facade) = file_graph_and_facade("proxy");
