@@ -12,7 +12,10 @@
 #
 # ONE_ROUTE_ACCESS_LOG=1 turns the access log on (to a file) for both;
 # PROTOCOL=h2c counts h2c requests (prior knowledge, 10 streams per
-# connection) instead of HTTP/1.1.
+# connection) instead of HTTP/1.1; CACHE=1 puts the route behind an
+# in-memory cache zone (`ttl_default = "1h"`: the backend's answer states
+# no freshness), so that every measured request is a cache hit. KEEP=DIR keeps each run's
+# callgrind files there, for `callgrind_annotate`.
 #
 # Needs valgrind, nginx-light, nghttp2-client (h2load), python3 (apt-get
 # install them). Loopback only; every process it starts is stopped by pid.
@@ -45,6 +48,10 @@ count() {
   local bin=$1 port admin out
   port=$(free_port); admin=$(free_port); out=$dir/cg.$RANDOM
   write_gateway_config "$dir/gw.toml" "$admin" "$port" "$back"
+  if [ -n "${CACHE:-}" ]; then
+    sed -i 's/^upstream = "app"$/upstream = "app"\ncache = { zone = "main", ttl_default = "1h" }/' "$dir/gw.toml"
+    printf '[cache.zones.main]\nmemory = "64MiB"\n' >> "$dir/gw.toml"
+  fi
   valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" run -c "$dir/gw.toml" > "$dir/out" 2> "$dir/err" &
   gateway=$!
   for _ in $(seq 1 600); do grep -q '"ready"' "$dir/out" 2>/dev/null && break; sleep 0.2; done
@@ -60,6 +67,7 @@ count() {
       total=$(grep -h '^summary:\|^totals:' "$f" | head -1 | awk '{print $2}')
     fi
   done
+  if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$out".* "$KEEP/"; fi
   echo $(( total / requests ))
 }
 

@@ -444,6 +444,7 @@ fn decode(bytes: &[u8]) -> Result<(String, Stored), &'static str> {
             fresh_until: SystemTime::UNIX_EPOCH + Duration::from_millis(header.fresh_until_ms),
             grace: header.grace,
             shown_cache_control,
+            plain: None,
         },
     ))
 }

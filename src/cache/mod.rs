@@ -274,6 +274,12 @@ impl Zone {
         };
         let mut stale = None;
         for stored in &variants.0 {
+            if let Some(head) = stored.plain_hit(request, now) {
+                return Found::Fresh {
+                    head,
+                    body: stored.body.clone(),
+                };
+            }
             match stored.policy.before_request(request, now) {
                 BeforeRequest::Fresh(head) => {
                     return Found::Fresh {
@@ -364,17 +370,7 @@ impl Zone {
         match stored.policy.after_response(request, answer, at) {
             AfterResponse::NotModified(policy, head) => {
                 self.counts.revalidated.fetch_add(1, Ordering::Relaxed);
-                let updated = Stored {
-                    fresh_until: at + policy.time_to_live(at),
-                    policy,
-                    body: stored.body.clone(),
-                    tags: stored.tags.clone(),
-                    selected: stored.selected.clone(),
-                    validators: stored.validators.clone(),
-                    grace: stored.grace,
-                    shown_cache_control: stored.shown_cache_control.clone(),
-                    weight: stored.weight,
-                };
+                let updated = stored.revalidated(policy, request, at);
                 let body = updated.body.clone();
                 let head = updated.shown(head, at);
                 self.store(key, updated);
@@ -614,6 +610,7 @@ pub async fn wait(mut landed: tokio::sync::watch::Receiver<()>, patience: Durati
 }
 
 pub mod disk;
+mod plain;
 pub mod range;
 mod stored;
 

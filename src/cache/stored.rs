@@ -8,6 +8,8 @@ use bytes::Bytes;
 use http::{response, HeaderMap, HeaderName, HeaderValue};
 use http_cache_semantics::{BeforeRequest, CacheOptions, CachePolicy, RequestLike};
 
+use super::plain::{http_date, Plain};
+
 /// One stored answer: its policy (the request and response heads it was
 /// stored from) and its body.
 #[derive(Debug)]
@@ -29,6 +31,9 @@ pub struct Stored {
     /// `ttl_default` added a `max-age` to its policy: what clients see.
     pub(super) shown_cache_control: Option<Box<[HeaderValue]>>,
     pub(super) weight: u64,
+    /// The head a request that says nothing of caching gets, made when
+    /// it was stored (`plain.rs`); `None` for what was read from disk.
+    pub(super) plain: Option<Box<Plain>>,
 }
 
 impl Stored {
@@ -55,20 +60,46 @@ impl Stored {
     /// where `ttl_default` added to it, and the `Date` the policy set (to
     /// `now`) in RFC 9110's IMF-fixdate (the crate writes RFC 2822's
     /// `+0000`).
-    pub(super) fn shown(&self, mut head: response::Parts, now: SystemTime) -> response::Parts {
-        if head.headers.contains_key(http::header::DATE) {
-            if let Ok(date) = http::HeaderValue::from_str(&httpdate::fmt_http_date(now)) {
-                head.headers.insert(http::header::DATE, date);
-            }
+    pub(super) fn shown(&self, head: response::Parts, now: SystemTime) -> response::Parts {
+        shown(self.shown_cache_control.as_deref(), head, now)
+    }
+
+    /// The head of a fresh hit on this object for `request` at `now`,
+    /// when the request says nothing of caching: what the policy would
+    /// answer, made when it was stored. `None`: ask the policy.
+    pub(super) fn plain_hit(
+        &self,
+        request: &impl RequestLike,
+        now: SystemTime,
+    ) -> Option<response::Parts> {
+        self.plain
+            .as_ref()?
+            .hit(request, &self.selected, self.fresh_until, now)
+    }
+
+    /// This object with `policy` (a 304 revalidated it at `at`, for
+    /// `request`).
+    pub(super) fn revalidated(
+        &self,
+        policy: CachePolicy,
+        request: &impl RequestLike,
+        at: SystemTime,
+    ) -> Self {
+        let plain = Plain::new(&policy, request, &self.selected, at, |head| {
+            shown(self.shown_cache_control.as_deref(), head, at)
+        });
+        Stored {
+            fresh_until: at + policy.time_to_live(at),
+            policy,
+            body: self.body.clone(),
+            tags: self.tags.clone(),
+            selected: self.selected.clone(),
+            validators: self.validators.clone(),
+            grace: self.grace,
+            shown_cache_control: self.shown_cache_control.clone(),
+            weight: self.weight,
+            plain,
         }
-        if let Some(values) = &self.shown_cache_control {
-            head.headers.remove(http::header::CACHE_CONTROL);
-            for value in values.iter() {
-                head.headers
-                    .append(http::header::CACHE_CONTROL, value.clone());
-            }
-        }
-        head
     }
 
     /// The head to answer `request` with from this object, stale at
@@ -108,6 +139,26 @@ impl Stored {
             BeforeRequest::Stale { .. } => None,
         }
     }
+}
+
+/// `head` with the answer's own `Cache-Control` values (`own`, where
+/// `ttl_default` added to the policy's) and the `Date` of `now`.
+fn shown(
+    own: Option<&[HeaderValue]>,
+    mut head: response::Parts,
+    now: SystemTime,
+) -> response::Parts {
+    if head.headers.contains_key(http::header::DATE) {
+        head.headers.insert(http::header::DATE, http_date(now));
+    }
+    if let Some(values) = own {
+        head.headers.remove(http::header::CACHE_CONTROL);
+        for value in values {
+            head.headers
+                .append(http::header::CACHE_CONTROL, value.clone());
+        }
+    }
+    head
 }
 
 /// What a stale object is answered for.
@@ -234,6 +285,7 @@ pub struct Keepable {
     grace: Grace,
     shown_cache_control: Option<Box<[HeaderValue]>>,
     head_weight: u64,
+    plain: Option<Box<Plain>>,
 }
 
 impl Keepable {
@@ -286,7 +338,7 @@ impl Keepable {
         if !policy.is_storable() {
             return None;
         }
-        let selected = vary_names(&head.headers)
+        let selected: Box<[_]> = vary_names(&head.headers)
             .map(|name| {
                 let value = request.headers().get(&name).cloned();
                 (name, value)
@@ -302,9 +354,13 @@ impl Keepable {
             .into_iter()
             .filter_map(|name| Some((name.clone(), head.headers.get(&name)?.clone())))
             .collect();
+        let plain = Plain::new(&policy, request, &selected, at, |head| {
+            shown(shown_cache_control.as_deref(), head, at)
+        });
         Some(Self {
             fresh_until: at + policy.time_to_live(at),
             policy,
+            plain,
             tags: surrogate_keys(&head.headers),
             selected,
             validators,
@@ -325,6 +381,7 @@ impl Keepable {
             fresh_until: self.fresh_until,
             grace: self.grace,
             shown_cache_control: self.shown_cache_control,
+            plain: self.plain,
         }
     }
 }
