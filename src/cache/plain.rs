@@ -71,6 +71,17 @@ impl Plain {
         }))
     }
 
+    /// The bytes it holds besides what the policy holds: its copy of the
+    /// head's fields and the URI (counted in the zone's size).
+    pub(super) fn weight(&self) -> u64 {
+        let fields: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len())
+            .sum();
+        (fields + self.uri.to_string().len() + 64) as u64
+    }
+
     /// The head to answer `request` with at `now`, if the request says
     /// nothing of caching and matches what was stored (`selected`: the
     /// `Vary`'d values it was stored with) and the answer is fresh until

@@ -357,6 +357,7 @@ impl Keepable {
         let plain = Plain::new(&policy, request, &selected, at, |head| {
             shown(shown_cache_control.as_deref(), head, at)
         });
+        let head_weight = head_weight + plain.as_ref().map_or(0, |p| p.weight());
         Some(Self {
             fresh_until: at + policy.time_to_live(at),
             policy,
