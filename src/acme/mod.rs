@@ -2,7 +2,8 @@
 //! files they are kept in, and OCSP responses for stapling.
 //!
 //! What it does is one order at a time, asked for by the certificate
-//! keeper on the control runtime (`crate::keeper`), which decides
+//! keeper on the control runtime (`src/keeper/`, which imports this
+//! module and is never imported by it), which decides
 //! when (issuance, renewal, back-off) and installs the result through the
 //! certificate path. Nothing here runs on a serving thread, and nothing
 //! here knows generations.
