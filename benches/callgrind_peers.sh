@@ -33,6 +33,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 . benches/one_route.sh
+. benches/h2_fronts.sh
 work=$(mktemp -d)
 chmod 755 "$work"
 front=
@@ -44,88 +45,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_port() {
-    for _ in $(seq 300); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on $1" >&2
-    exit 1
-}
-
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-    -subj /CN=localhost -addext subjectAltName=DNS:localhost \
-    -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-cat "$work/cert.pem" "$work/key.pem" >"$work/combined.pem"
+make_cert "$work"
 backend=$(start_backend "$work")
 plain=$(free_port); secure=$(free_port); admin=$(free_port)
 
-cat >"$work/cutover.toml" <<CONF
-[admin]
-bind = "127.0.0.1:$admin"
-[log]
-level = "warn"
-access = false
-[runtime]
-worker_threads = 1
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:$plain"
-[[listeners]]
-name = "secure"
-bind = "127.0.0.1:$secure"
-protocol = "https"
-tls.certificates = [{ cert = "$work/cert.pem", key = "$work/key.pem" }]
-[[routes]]
-name = "all"
-listeners = ["web", "secure"]
-upstream = "app"
-[upstreams.app]
-backends = [{ addr = "127.0.0.1:$backend" }]
-CONF
-
-cat >"$work/haproxy.cfg" <<CONF
-global
-  nbthread 1
-  maxconn 4096
-  ssl-default-bind-options ssl-min-ver TLSv1.3
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 30s
-  timeout server 30s
-  option http-keep-alive
-frontend fe
-  bind 127.0.0.1:$plain proto h2
-  bind 127.0.0.1:$secure ssl crt $work/combined.pem alpn h2,http/1.1
-  default_backend be
-backend be
-  http-reuse always
-  server s1 127.0.0.1:$backend
-CONF
-
-cat >"$work/front-nginx.conf" <<CONF
-daemon off;
-master_process off;
-error_log $work/front-nginx-error.log;
-pid $work/front-nginx.pid;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 10000000;
-  client_body_temp_path $work;
-  proxy_temp_path $work;
-  ssl_protocols TLSv1.3;
-  upstream backend { server 127.0.0.1:$backend; keepalive 128; }
-  server {
-    listen 127.0.0.1:$plain http2;
-    listen 127.0.0.1:$secure ssl http2;
-    ssl_certificate $work/cert.pem;
-    ssl_certificate_key $work/key.pem;
-    location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }
-  }
-}
-CONF
+cutover_h2_config "$work" "$admin" "$plain" "$secure" "$backend" 1
+haproxy_h2_config "$work" "$plain" "$secure" "$backend" 1
+nginx_h2_config "$work" "$plain" "$secure" "$backend" 0
 
 # measure NAME -- COMMAND...: starts the front under callgrind, then for
 # each protocol prints "NAME PROTOCOL INSTRUCTIONS_PER_REQUEST" and keeps

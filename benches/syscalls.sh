@@ -32,6 +32,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 . benches/one_route.sh
+. benches/h2_fronts.sh
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -42,96 +43,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_port() {
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on $1" >&2
-    exit 1
-}
-
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-    -subj /CN=localhost -addext subjectAltName=DNS:localhost \
-    -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-cat "$work/cert.pem" "$work/key.pem" >"$work/combined.pem"
-
+make_cert "$work"
 backend=$(start_backend "$work")
 
 # cutover: plain (h2c by prior knowledge) and TLS (ALPN h2).
 c_h2c=$(free_port); c_tls=$(free_port); c_admin=$(free_port)
-cat >"$work/cutover.toml" <<CONF
-[admin]
-bind = "127.0.0.1:$c_admin"
-[log]
-level = "warn"
-access = false
-[[listeners]]
-name = "web"
-bind = "127.0.0.1:$c_h2c"
-[[listeners]]
-name = "secure"
-bind = "127.0.0.1:$c_tls"
-protocol = "https"
-tls.certificates = [{ cert = "$work/cert.pem", key = "$work/key.pem" }]
-[[routes]]
-name = "all"
-listeners = ["web", "secure"]
-upstream = "app"
-[upstreams.app]
-backends = [{ addr = "127.0.0.1:$backend" }]
-CONF
+cutover_h2_config "$work" "$c_admin" "$c_h2c" "$c_tls" "$backend"
 "$cutover" run -c "$work/cutover.toml" >"$work/cutover.log" 2>&1 &
 cutover_pid=$!
 pids+=("$cutover_pid")
 
 h_h2c=$(free_port); h_tls=$(free_port)
-cat >"$work/haproxy.cfg" <<CONF
-global
-  nbthread 2
-  maxconn 4096
-  ssl-default-bind-options ssl-min-ver TLSv1.3
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 30s
-  timeout server 30s
-  option http-keep-alive
-frontend fe
-  bind 127.0.0.1:$h_h2c proto h2
-  bind 127.0.0.1:$h_tls ssl crt $work/combined.pem alpn h2,http/1.1
-  default_backend be
-backend be
-  http-reuse always
-  server s1 127.0.0.1:$backend
-CONF
+haproxy_h2_config "$work" "$h_h2c" "$h_tls" "$backend" 2
 haproxy -f "$work/haproxy.cfg" -db >"$work/haproxy.log" 2>&1 &
 haproxy_pid=$!
 pids+=("$haproxy_pid")
 
 n_h2c=$(free_port); n_tls=$(free_port)
-cat >"$work/front-nginx.conf" <<CONF
-daemon off;
-worker_processes 2;
-error_log $work/front-nginx-error.log;
-pid $work/front-nginx.pid;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 10000000;
-  client_body_temp_path $work;
-  proxy_temp_path $work;
-  ssl_protocols TLSv1.3;
-  upstream backend { server 127.0.0.1:$backend; keepalive 128; }
-  server {
-    listen 127.0.0.1:$n_h2c http2;
-    listen 127.0.0.1:$n_tls ssl http2;
-    ssl_certificate $work/cert.pem;
-    ssl_certificate_key $work/key.pem;
-    location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection ""; }
-  }
-}
-CONF
+nginx_h2_config "$work" "$n_h2c" "$n_tls" "$backend" 2
 nginx -c "$work/front-nginx.conf" -e "$work/front-nginx-error.log" &
 nginx_pid=$!
 pids+=("$nginx_pid")
