@@ -1,18 +1,21 @@
-//! The commit path every change takes: the lock-and-check of
-//! `begin_change`, the expected-generation rule (`expectation.rs`),
-//! build, bind, compare-and-swap, history and persistence (`records.rs`).
+//! The commit path every change takes, on [`Changes`]: the
+//! lock-and-check of `begin_change`, the expected-generation rule
+//! (`expectation.rs`), build, bind, compare-and-swap, history and
+//! persistence (`records.rs`); activation and rollback through it, and
+//! the record of a refused change.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use super::answers::Activation;
-use super::candidate::{self, Candidate};
+use super::candidate::{self, Candidate, RollbackRequest};
+use super::changes::Changes;
 use super::error::ControlError;
 use super::expectation::{admit_change, admit_in_freeze, Expectation};
-use super::local::Control;
 use super::pending::{Deadline, Pending};
 use super::records::{elapsed_ms, CommitMeta, Requester};
 use crate::generation::{self, Generation};
+use crate::ids::GenerationId;
 use crate::plan::{self, Plan};
 use crate::runtime::{rfc3339, GenerationRecord, OperationKind, Outcome, RetainedText, Source};
 use crate::telemetry::metrics as m;
@@ -61,7 +64,7 @@ pub fn operation_kind_name(kind: OperationKind) -> &'static str {
     }
 }
 
-impl Control {
+impl Changes {
     pub(super) fn try_activate(
         &self,
         candidate: &Candidate,
@@ -153,7 +156,7 @@ impl Control {
         });
         let final_now = pending.is_none();
         self.pending.set(&self.records, pending);
-        activation.pending = self.pending();
+        activation.pending = self.pending_view();
         if let Some(pending) = &activation.pending {
             self.events().emit(
                 "pending",
@@ -310,6 +313,103 @@ impl Control {
             pending: None,
             shadow: None,
         })
+    }
+
+    pub(super) fn rollback_now(
+        &self,
+        request: RollbackRequest,
+    ) -> Result<Activation, ControlError> {
+        let started = Instant::now();
+        let result = self.try_rollback(&request, started);
+        if let Err(error) = &result {
+            let requester = Requester {
+                requested_by: request.requested_by.clone(),
+                reason: request.reason.clone(),
+                caller: request.caller.clone(),
+                overrode_freeze: None,
+                approved_by: request.approved_by.clone(),
+            };
+            self.record_failure(OperationKind::Rollback, started, &requester, error);
+        }
+        result
+    }
+
+    pub(super) fn try_rollback(
+        &self,
+        request: &RollbackRequest,
+        started: Instant,
+    ) -> Result<Activation, ControlError> {
+        let (_operation, active) = self.begin_change()?;
+        let target = request.target_generation;
+        if self.records.lock().generation(target).is_none() {
+            return Err(ControlError::NotRetained(target));
+        }
+        admit_change(
+            Expectation::optional(request.expected_active_generation),
+            active.id,
+            None,
+        )?;
+        let requester = Requester {
+            requested_by: request.requested_by.clone(),
+            reason: request.reason.clone(),
+            caller: request.caller.clone(),
+            overrode_freeze: None,
+            approved_by: request.approved_by.clone(),
+        };
+        let activation = self.rollback_locked(
+            &active,
+            target,
+            OperationKind::Rollback,
+            Source::Rollback,
+            &requester,
+            started,
+        )?;
+        // An operator's rollback settles a pending generation too.
+        self.pending.set(&self.records, None);
+        self.write_back();
+        Ok(activation)
+    }
+
+    /// Activates retained generation `target`'s configuration as a new
+    /// generation; the operation lock is held by the caller.
+    pub(super) fn rollback_locked(
+        &self,
+        active: &Arc<Generation>,
+        target: GenerationId,
+        kind: OperationKind,
+        source: Source,
+        requester: &Requester,
+        started: Instant,
+    ) -> Result<Activation, ControlError> {
+        let record = self
+            .records
+            .lock()
+            .generation(target)
+            .cloned()
+            .ok_or(ControlError::NotRetained(target))?;
+        if target == active.id {
+            return Err(ControlError::TargetActive(target));
+        }
+        let text = record
+            .config_text()
+            .map_err(|e| ControlError::Internal(e.to_string()))?;
+        let plan = plan::plan(&text, Some((active.id, &active.spec)));
+        if !plan.errors.is_empty() || !plan.rejected.is_empty() {
+            return Err(ControlError::NotActivatable {
+                target,
+                plan: Box::new(plan),
+            });
+        }
+        let meta = CommitMeta {
+            kind,
+            source,
+            rolled_back_to: Some(target),
+            requester: requester.clone(),
+            text,
+            // A rollback ends whatever canary ran, in its own swap.
+            canary: None,
+        };
+        self.commit(active, plan, meta, started)
     }
 
     pub(super) fn count_activation(

@@ -2,16 +2,17 @@
 //! guard and canary steps, and how it is settled (confirm, abort, breach,
 //! missed deadline) through the one commit path. A [`Watch`] walks the
 //! canary and judges the guard from the generation store and the pending
-//! slot alone, and answers a [`Decision`]; only `Control` settles.
+//! slot alone, and answers a [`Decision`]; only [`Changes`] settles.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::answers::Activation;
 use super::answers::Settled;
 use super::candidate::{CanarySpec, GuardSpec, Settle, SettleRequest};
+use super::changes::Changes;
 use super::error::ControlError;
 use super::expectation::{admit_change, Expectation};
-use super::local::Control;
 use super::lock::running;
 use super::pending::{Answers, Baseline, Deadline, Pending, PendingSlot};
 use super::records::{Records, Requester};
@@ -293,7 +294,22 @@ impl Watch {
     }
 }
 
-impl Control {
+impl Changes {
+    /// Starts supervising the generation an activation left pending.
+    pub(super) fn supervise_new(self: &Arc<Self>, activation: &Activation) {
+        if let Some(view) = &activation.pending {
+            // Superseded or settled since, its successor's own call (or
+            // nothing) supervises.
+            let pending = self
+                .pending
+                .get()
+                .filter(|p| p.generation == view.generation);
+            if let Some(pending) = pending {
+                self.supervise(&pending);
+            }
+        }
+    }
+
     /// Starts what settles a pending generation: the deadline's timer,
     /// and its canary's steps (which judge each step by the guard) or its
     /// guard's watch. A missed deadline rolls it back unless it was
@@ -347,7 +363,7 @@ impl Control {
     /// and its guard with a new window (the answers it had counted were
     /// the old process's). Nothing when the active generation is not the
     /// pending one any more.
-    pub fn resume_pending(self: &Arc<Self>) {
+    pub(super) fn resume_pending(self: &Arc<Self>) {
         let Some(record) = self.records.lock().pending().cloned() else {
             return;
         };
@@ -460,14 +476,11 @@ impl Control {
     }
 
     /// Confirms or rolls back the pending generation (DESIGN §14).
-    pub async fn settle(
+    pub(super) async fn settle(
         self: &Arc<Self>,
         request: SettleRequest,
         how: Settle,
     ) -> Result<Settled, ControlError> {
-        if how == Settle::Abort && self.shadowing.abort(request.generation) {
-            return self.shadow_aborted(request.generation).await;
-        }
         self.off_the_data_plane(move |c| {
             let started = Instant::now();
             let kind = match how {

@@ -1,104 +1,53 @@
-//! [`Control`]: the control plane of one process, made of the owners of
-//! its state, each with its own file and type and the operations that
-//! touch it: the operation lock (`lock.rs`), the records (`records.rs`),
-//! the configuration file (`file.rs`), the pending generation
-//! (`pending.rs`), the shadow stage (`shadowing.rs`), the rollback
-//! candidacies (`records.rs`), the timeline (`timeline.rs`) and the
-//! certificate keeper (`crate::keeper`); beside them the process-shared
-//! handles it drives (the generation store, backend state, listeners,
-//! certificates). Here: how it is made, what other layers reach through
+//! [`Control`]: the control plane of one process, built around
+//! `Changes` (`changes.rs`: what configuration changes write and the one
+//! path they take) with the rollback candidacies, the timeline, the
+//! process lifecycle and the certificate keeper (its own module, beside
+//! `acme`). Here: how it is made, the handles other layers reach through
 //! it, what status, history and the timeline read, drain and upgrade.
-//! The writer's verbs are `operations.rs`; the work that changes several
-//! owners at once under the operation lock is `commit.rs`, `guarded.rs`
-//! and `shadow.rs`.
+//! The writer's verbs are `operations.rs`.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Instant, SystemTime};
 
+use super::changes::{Changes, ControlParts};
 use super::error::ControlError;
-use super::file::{ConfigFile, FileComposer};
-use super::lock::OperationLock;
-use super::pending::{PendingSlot, PendingView};
+use super::file::FileComposer;
+use super::pending::PendingView;
 use super::process::{BinaryView, LifecycleError, UpgradeRequest};
-use super::records::{Candidacy, Records, Requester};
-use super::shadowing::ShadowSlot;
+use super::records::{Candidacy, Requester};
 use super::timeline::{self, Timeline, TimelineView};
 use super::views::{GenerationDetail, HistoryView, OperationBrief, Reader, StatusView};
 use crate::config::ConfigText;
-use crate::generation::SharedState;
 use crate::ids::GenerationId;
 use crate::keeper::Keeper;
 use crate::proxy::ListenerSet;
 use crate::runtime::{
     rfc3339, GenerationStore, History, OperationKind, OperationRecord, Outcome, Phase, PhaseCell,
 };
-use crate::telemetry::LogLevel;
-use crate::tls::CertStore;
-
-/// What the control plane is built from.
-pub struct ControlParts {
-    pub store: Arc<GenerationStore>,
-    pub shared: Arc<SharedState>,
-    pub listeners: Arc<ListenerSet>,
-    pub certificates: Arc<CertStore>,
-    pub history: History,
-    /// The configuration file the process was started with.
-    pub config_file: PathBuf,
-    pub log_level: LogLevel,
-    pub phase: Arc<PhaseCell>,
-    /// See `Options::release_memory`.
-    pub release_memory: fn(),
-}
 
 /// The control plane of one process.
 pub struct Control {
-    pub(super) store: Arc<GenerationStore>,
-    pub(super) shared: Arc<SharedState>,
-    pub(super) listeners: Arc<ListenerSet>,
-    pub(super) certificates: Arc<CertStore>,
-    pub(super) log_level: LogLevel,
-    pub(super) release_memory: fn(),
-    /// One mutating operation at a time, none while draining.
-    pub(super) lock: OperationLock,
-    /// History: retained generations, the operation log, the pending record.
-    pub(super) records: Arc<Records>,
-    /// The configuration file the process was started with.
-    pub(super) file: ConfigFile,
-    /// The generation awaiting confirmation, if any (changed only under
-    /// the operation lock).
-    pub(super) pending: Arc<PendingSlot>,
-    /// The shadow stage running, and the report of the last one.
-    pub(super) shadowing: ShadowSlot,
+    /// What configuration changes write, and the path they take.
+    pub(super) changes: Arc<Changes>,
     /// Each retained generation's `rollback_candidate`.
-    pub(super) candidacy: Candidacy,
+    candidacy: Candidacy,
     /// The console's last 15 minutes.
-    pub(super) timeline: Mutex<Timeline>,
-    pub(super) process: OnceLock<Arc<dyn ProcessControl>>,
-    /// The certificate keeper (ACME, OCSP), recording into `records`.
+    timeline: Mutex<Timeline>,
+    process: OnceLock<Arc<dyn ProcessControl>>,
+    /// The certificate keeper (ACME, OCSP), recording into the records.
     keeper: Arc<Keeper>,
 }
 
 impl Control {
     pub fn new(parts: ControlParts) -> Self {
-        let records = Arc::new(Records::new(parts.history));
+        let changes = Changes::new(parts);
         let keeper = Arc::new(Keeper::new(
-            Arc::clone(&parts.store),
-            Arc::clone(&parts.certificates),
-            Arc::clone(&records) as Arc<dyn crate::keeper::Journal>,
+            Arc::clone(&changes.store),
+            Arc::clone(&changes.certificates),
+            Arc::clone(&changes.records) as Arc<dyn crate::keeper::Journal>,
         ));
         Self {
-            store: parts.store,
-            shared: parts.shared,
-            listeners: parts.listeners,
-            certificates: parts.certificates,
-            log_level: parts.log_level,
-            release_memory: parts.release_memory,
-            lock: OperationLock::new(parts.phase),
-            records,
-            file: ConfigFile::new(parts.config_file),
-            pending: Arc::default(),
-            shadowing: ShadowSlot::default(),
+            changes: Arc::new(changes),
             candidacy: Candidacy::default(),
             timeline: Mutex::default(),
             process: OnceLock::new(),
@@ -108,13 +57,14 @@ impl Control {
 
     /// The change events of this process (`GET /admin/events`, webhooks).
     pub fn events(&self) -> &Arc<crate::runtime::events::Events> {
-        self.records.events()
+        self.changes.events()
     }
 
     /// Starts sending change events to `admin.webhooks` (once, at
     /// start-up: webhooks are startup-owned).
     pub fn start_webhooks(&self, specs: &[crate::plan::WebhookSpec]) {
         let _ = self
+            .changes
             .records
             .webhooks()
             .set(crate::runtime::webhooks::Webhooks::start(
@@ -125,7 +75,8 @@ impl Control {
 
     /// Each webhook with what it has been sent.
     pub fn webhook_views(&self) -> Vec<crate::runtime::webhooks::WebhookView> {
-        self.records
+        self.changes
+            .records
             .webhooks()
             .get()
             .map(|w| w.views(self.events()))
@@ -147,7 +98,7 @@ impl Control {
                     return;
                 };
                 let now = crate::plan::frozen_at(
-                    &control.store.load_full().spec.admin.freeze,
+                    &control.changes.store.load_full().spec.admin.freeze,
                     std::time::SystemTime::now(),
                 );
                 if now == current {
@@ -176,49 +127,49 @@ impl Control {
     /// Says how the configuration file's text becomes the text it
     /// activates (once, at start-up; see `ConfigFile`).
     pub fn compose_file_with(&self, composer: FileComposer) {
-        self.file.compose_with(composer);
+        self.changes.file.compose_with(composer);
     }
 
     /// The pending generation, if there is one.
     pub fn pending(&self) -> Option<PendingView> {
-        self.pending.view(&self.store)
+        self.changes.pending_view()
     }
 
     pub fn store(&self) -> &Arc<GenerationStore> {
-        &self.store
+        &self.changes.store
     }
 
     pub fn listeners(&self) -> &Arc<ListenerSet> {
-        &self.listeners
+        &self.changes.listeners
     }
 
     pub fn phase(&self) -> &Arc<PhaseCell> {
-        self.lock.phase()
+        self.changes.lock.phase()
     }
 
     pub fn config_file(&self) -> &std::path::Path {
-        self.file.path()
+        self.changes.file.path()
     }
 
     /// Takes the operation lock for a long operation (an upgrade); `None`
     /// while another mutating operation runs.
     pub fn try_exclusive(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
-        self.lock.take_owned()
+        self.changes.lock.take_owned()
     }
 
     /// Reads the history (nothing is written).
     pub fn read_history<T>(&self, f: impl FnOnce(&History) -> T) -> T {
-        f(&self.records.lock())
+        f(&self.changes.records.lock())
     }
 
     /// Runs `f` on the history (upgrade bookkeeping) and persists it.
     pub fn with_history<T>(&self, f: impl FnOnce(&mut History) -> T) -> T {
-        self.records.with(f)
+        self.changes.records.with(f)
     }
 
     /// The configuration text of the active generation, as retained.
     pub fn active_config(&self) -> Option<ConfigText> {
-        self.records.config_of(self.store.active_id())
+        self.changes.active_config()
     }
 
     /// Records the start of a long operation; returns its id.
@@ -228,11 +179,11 @@ impl Control {
         requester: Requester,
         summary: String,
     ) -> String {
-        self.records.record(
+        self.changes.records.record(
             kind,
             Instant::now(),
             Outcome::Running,
-            (Some(self.store.active_id()), None),
+            (Some(self.changes.store.active_id()), None),
             &requester,
             summary,
             None,
@@ -248,9 +199,9 @@ impl Control {
         // and naming another generation than the active one is already
         // settled.
         let pending = self.pending();
-        let active = self.store.load_full();
+        let active = self.changes.store.load_full();
         let pending = pending.filter(|p| p.generation == active.id);
-        let history = self.records.lock();
+        let history = self.changes.records.lock();
         let activated_at = history
             .generation(active.id)
             .map_or_else(|| rfc3339(active.built_at), |g| g.activated_at.clone());
@@ -265,20 +216,21 @@ impl Control {
         StatusView {
             pid: std::process::id(),
             binary: self.binary(),
-            phase: self.lock.phase().get(),
+            phase: self.changes.lock.phase().get(),
             active_generation: active.id,
             config_version: active.spec.config_version.clone(),
             activated_at,
-            generations: self.store.loads(),
-            listeners: self.listeners.info(),
+            generations: self.changes.store.loads(),
+            listeners: self.changes.listeners.info(),
             last_operation,
             requests_total,
             errors_total,
             pending,
             config_file_matches_active: self
+                .changes
                 .file
-                .matches(active.id, || self.records.config_of(active.id)),
-            shadow: self.shadowing.report(&self.store),
+                .matches(active.id, || self.changes.records.config_of(active.id)),
+            shadow: self.changes.shadowing.report(&self.changes.store),
             certificates: self.keeper().status(),
         }
     }
@@ -286,17 +238,20 @@ impl Control {
     fn reader(&self) -> Reader<'_> {
         Reader {
             pending: self.pending(),
-            records: &self.records,
-            store: &self.store,
+            records: &self.changes.records,
+            store: &self.changes.store,
             candidacy: &self.candidacy,
-            shared: &self.shared,
+            shared: &self.changes.shared,
         }
     }
 
     /// Retained generations and the operation log, off the data plane's
     /// threads (see `Reader::history`).
     pub async fn history_view(self: &Arc<Self>) -> Result<HistoryView, ControlError> {
-        self.off_the_data_plane(|c| Ok(c.reader().history())).await
+        let this = Arc::clone(self);
+        self.changes
+            .off_the_data_plane(move |_| Ok(this.reader().history()))
+            .await
     }
 
     /// One retained generation with its text and the diff against its
@@ -305,12 +260,14 @@ impl Control {
         self: &Arc<Self>,
         id: GenerationId,
     ) -> Result<Option<GenerationDetail>, ControlError> {
-        self.off_the_data_plane(move |c| Ok(c.reader().generation(id)))
+        let this = Arc::clone(self);
+        self.changes
+            .off_the_data_plane(move |_| Ok(this.reader().generation(id)))
             .await
     }
 
     pub fn operation(&self, id: &str) -> Option<OperationRecord> {
-        self.records.lock().operation(id).cloned()
+        self.changes.records.lock().operation(id).cloned()
     }
 
     /// The active generation the cached candidacies were planned against,
@@ -324,9 +281,9 @@ impl Control {
     /// gauge task).
     pub fn sample_timeline(&self) {
         let pending = self.pending().map(|p| (p.generation, p.rollback_to));
-        let roles = self.store.roles(pending);
+        let roles = self.changes.store.roles(pending);
         let changes = crate::backends::state_changes();
-        let active = self.store.load_full();
+        let active = self.changes.store.load_full();
         self.timeline
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -342,7 +299,7 @@ impl Control {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .window(SystemTime::now());
-        let records = self.records.lock();
+        let records = self.changes.records.lock();
         timeline::view(points, backends, SystemTime::now(), records.operations())
     }
 }
@@ -382,14 +339,14 @@ impl Control {
     pub async fn drain(self: &Arc<Self>, requester: Requester) -> Result<String, LifecycleError> {
         let process = self.process.get().ok_or(LifecycleError::Unavailable)?;
         {
-            let _history = self.records.lock();
+            let _history = self.changes.records.lock();
             if self.phase().get() != Phase::Running {
                 return Err(LifecycleError::AlreadyDraining);
             }
             self.phase().advance(Phase::Draining);
         }
         let id = process.drain(self, requester)?;
-        if !self.lock.wait_idle(DRAIN_WAITS_FOR_CHANGE).await {
+        if !self.changes.lock.wait_idle(DRAIN_WAITS_FOR_CHANGE).await {
             tracing::warn!(
                 "draining: an operation still holds the lock after {:?} (an upgrade or a shadow stage ending); it can make no change now",
                 DRAIN_WAITS_FOR_CHANGE
@@ -408,7 +365,7 @@ impl Control {
         mut request: UpgradeRequest,
     ) -> Result<String, LifecycleError> {
         let process = self.process.get().ok_or(LifecycleError::Unavailable)?;
-        let active = self.store.load_full();
+        let active = self.changes.store.load_full();
         request.overrode_freeze = super::expectation::admit_in_freeze(&active.spec, request.freeze)
             .map_err(LifecycleError::Frozen)?;
         drop(active);

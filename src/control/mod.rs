@@ -5,16 +5,18 @@
 //! candidate, plan it against the active generation, build the next
 //! generation, bind the listeners it adds, compare-and-swap, record
 //! history, persist. Everything fallible happens before the swap; one
-//! mutating operation runs at a time. `local.rs` is [`Control`], made of
-//! the owners of its state, each in its own file with its own type and
-//! its own operations: `lock.rs` (the operation lock), `records.rs`
-//! (history, the rollback candidacies), `file.rs` (the configuration
-//! file), `pending.rs` (the pending generation), `shadowing.rs` (the
-//! shadow stage), `timeline.rs`; the certificate keeper is
-//! `crate::keeper`, beside `acme`. `operations.rs` is what a writer
-//! calls; `commit.rs` (the one commit path), `guarded.rs` (settling the
-//! pending generation) and `shadow.rs` (the shadow stage) change several
-//! owners at once. By concern besides: `views.rs` (what status and
+//! mutating operation runs at a time. `local.rs` is [`Control`]: how it
+//! is made, what status, history and the timeline read, drain and
+//! upgrade; `operations.rs` is what a writer calls. Both delegate to the
+//! owners of the state, each in its own file with its own type and its
+//! own operations: `changes.rs` ([`ControlParts`] and `Changes`, what a
+//! change writes, whose one path is `commit.rs`, `guarded.rs` for
+//! settling the pending generation and `shadow.rs` for the shadow
+//! stage), `lock.rs` (the operation lock), `records.rs` (history, the
+//! rollback candidacies), `file.rs` (the configuration file),
+//! `pending.rs` (the pending generation), `shadowing.rs` (the shadow
+//! slot), `timeline.rs`; the certificate keeper is its own module,
+//! beside `acme`. By concern besides: `views.rs` (what status and
 //! history show), `certs.rs` (certificate reload), `cache.rs`,
 //! `backends.rs`, `expectation.rs` (the one expected-generation rule),
 //! `candidate.rs`, `process.rs`, `error.rs`. This file only names them:
@@ -27,6 +29,7 @@ mod backends;
 mod cache;
 mod candidate;
 mod certs;
+mod changes;
 mod commit;
 mod error;
 mod expectation;
@@ -55,13 +58,14 @@ pub use candidate::{
     Settle, SettleRequest, ShadowSpec,
 };
 pub use certs::{CertReload, CertView, ListenerCerts};
+pub use changes::ControlParts;
 pub use commit::operation_kind_name;
 pub use error::ControlError;
 pub use expectation::{admit_change, admit_in_freeze, Expectation};
 pub use file::FileComposer;
 #[cfg(feature = "fleet")]
 pub(crate) use guarded::{evaluation_interval, judge, Verdict};
-pub use local::{Control, ControlParts, ProcessControl};
+pub use local::{Control, ProcessControl};
 pub use pending::PendingView;
 #[cfg(feature = "fleet")]
 pub(crate) use pending::{Answers, Baseline};

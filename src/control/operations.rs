@@ -1,186 +1,36 @@
 //! The operations a writer offers on this instance: validate, preview,
-//! activate, reload, rollback and certificate reload, each planned off the
-//! data plane.
+//! activate, reload, rollback, settle, certificate reload and cache
+//! purge, each run off the data plane by the owner of what it changes
+//! (`changes.rs` and the commit path's files, `certs.rs`, `cache.rs`).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::answers::{Activation, RecordedPlan};
+use super::answers::{Activation, RecordedPlan, Settled};
 use super::cache::Purged;
-use super::candidate::{self, Candidate, RollbackRequest};
+use super::candidate::{self, Candidate, RollbackRequest, Settle, SettleRequest};
 use super::certs::CertReload;
+use super::changes::Changes;
 use super::commit::plan_summary;
 use super::error::ControlError;
-use super::expectation::{admit_change, Expectation};
 use super::local::Control;
-use super::records::{CommitMeta, Requester};
+use super::records::Requester;
+use super::shadow::ShadowHandle;
 use crate::cache::Selector;
 use crate::config::ConfigText;
-use crate::generation::Generation;
-use crate::ids::GenerationId;
 use crate::plan::{self, Plan};
-use crate::runtime::{OperationKind, Outcome, Source};
+use crate::runtime::{OperationKind, Outcome};
 use crate::telemetry::metrics as m;
 
 impl Control {
     /// Plans a candidate against the active generation. Pure: binds,
-    /// writes and records nothing. Returns the text it read, for the
-    /// discovery notes (`discovery_notes`).
-    pub(super) fn plan_candidate(
-        &self,
-        candidate: &Candidate,
-    ) -> Result<(Plan, ConfigText), ControlError> {
-        let text = candidate::read(&candidate.source, self.file.path())?;
-        let active = self.store.load_full();
-        let mut plan = plan::plan(&text, Some((active.id, &active.spec)));
-        // What it would do to the traffic sampled now (DESIGN §22).
-        if let Some(spec) = &plan.spec {
-            plan.impact = crate::impact::of_sampled(
-                &self.shared,
-                crate::impact::Before::Active,
-                spec,
-                &active,
-            );
-        }
-        Ok((plan, text))
-    }
-
-    /// What the discovery sources of the candidate's new and changed
-    /// upstreams give now (the live set of a source the process follows,
-    /// else one resolution, all at once and bounded), and a warning, with
-    /// its line and column, for each that gives none: a name may resolve
-    /// later, so it does not refuse the candidate (DESIGN §20).
-    pub(super) async fn discovery_notes(&self, plan: &mut Plan, text: &ConfigText) {
-        let Some(spec) = plan.spec.clone() else {
-            return;
-        };
-        let active = self.store.load_full();
-        let discovery = &self.shared.discovery;
-        let patience = discovery.patience();
-        let mut asked = Vec::new();
-        for u in spec.upstreams.iter().filter(|u| !u.sources.is_empty()) {
-            if active.spec.file.upstreams.get(&u.name) == spec.file.upstreams.get(&u.name) {
-                continue;
-            }
-            // The entries the sources came from, in order.
-            let entries: Vec<usize> = spec
-                .file
-                .upstreams
-                .get(&u.name)
-                .map(|f| {
-                    f.backends
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, b)| b.addr.is_none())
-                        .map(|(i, _)| i)
-                        .collect()
-                })
-                .unwrap_or_default();
-            for (source, entry) in u.sources.iter().zip(entries) {
-                let key = crate::discovery::SourceKey {
-                    upstream: u.name.clone(),
-                    spec: source.clone(),
-                };
-                asked.push((u.name.clone(), entry, key));
-            }
-        }
-        if asked.is_empty() {
-            return;
-        }
-        let peeks = futures_util::future::join_all(
-            asked
-                .iter()
-                .map(|(_, _, key)| discovery.peek(key, patience)),
-        )
-        .await;
-        let mut warnings = Vec::new();
-        for ((upstream, entry, key), peek) in asked.into_iter().zip(peeks) {
-            if peek.endpoints.is_empty() {
-                let field = match key.spec {
-                    crate::plan::SourceSpec::Dns { .. } => "dns",
-                    crate::plan::SourceSpec::Srv { .. } => "srv",
-                    crate::plan::SourceSpec::File { .. } => "endpoints_file",
-                };
-                warnings.push(crate::config::Diagnostic::new(
-                    crate::config::Code::UnresolvedName,
-                    format!(
-                        "upstreams.{}.backends[{entry}].{field}",
-                        crate::config::quote_key(&upstream)
-                    ),
-                    format!(
-                        "{} gives no member now ({}); upstream '{upstream}' answers 503 until it does",
-                        key.spec.label(),
-                        peek.error.as_deref().unwrap_or("no records"),
-                    ),
-                ));
-            }
-            let source = crate::plan::SourceMembers {
-                source: key.spec.label(),
-                members: crate::discovery::addresses(&peek.endpoints),
-                error: peek.error,
-                followed: peek.followed,
-            };
-            match plan.members.iter_mut().find(|m| m.upstream == upstream) {
-                Some(members) => members.sources.push(source),
-                None => plan.members.push(crate::plan::UpstreamMembers {
-                    upstream,
-                    sources: vec![source],
-                }),
-            }
-        }
-        plan.warnings = crate::config::locate(text, warnings);
-    }
-
-    /// Records a preview's plan in the operation log.
-    fn record_preview(
-        &self,
-        candidate: &Candidate,
-        plan: Plan,
-        started: Instant,
-    ) -> Result<RecordedPlan, ControlError> {
-        let outcome = if plan.activatable {
-            Outcome::Succeeded
-        } else {
-            Outcome::Rejected
-        };
-        let summary = plan_summary(&plan);
-        let operation_id = self.records.record(
-            OperationKind::Preview,
-            started,
-            outcome,
-            (Some(self.store.active_id()), None),
-            &Requester::of(candidate),
-            summary,
-            None,
-        );
-        Ok(RecordedPlan { plan, operation_id })
-    }
-
-    /// Runs control-plane work (parsing, hashing files, building, fsync)
-    /// on the blocking pool, so that an activation never stalls a worker
-    /// thread that is serving requests; then returns what its transient
-    /// allocations left free to the system.
-    pub(super) async fn off_the_data_plane<T: Send + 'static>(
-        self: &Arc<Self>,
-        work: impl FnOnce(&Control) -> Result<T, ControlError> + Send + 'static,
-    ) -> Result<T, ControlError> {
-        let this = Arc::clone(self);
-        tokio::task::spawn_blocking(move || {
-            let done = work(&this);
-            (this.release_memory)();
-            done
-        })
-        .await
-        .map_err(|e| ControlError::Internal(e.to_string()))?
-    }
-
-    /// Plans a candidate against the active generation. Pure: binds,
     /// writes and records nothing. Runs off the data plane's threads.
     pub async fn validate(self: &Arc<Self>, candidate: Candidate) -> Result<Plan, ControlError> {
         let (mut plan, text) = self
-            .off_the_data_plane(move |c| c.plan_candidate(&candidate))
+            .changes
+            .off_the_data_plane(move |c| plan_candidate(c, &candidate))
             .await?;
-        self.discovery_notes(&mut plan, &text).await;
+        discovery_notes(&self.changes, &mut plan, &text).await;
         Ok(plan)
     }
 
@@ -192,11 +42,13 @@ impl Control {
         let started = Instant::now();
         let (mut plan, text) = {
             let candidate = candidate.clone();
-            self.off_the_data_plane(move |c| c.plan_candidate(&candidate))
+            self.changes
+                .off_the_data_plane(move |c| plan_candidate(c, &candidate))
                 .await?
         };
-        self.discovery_notes(&mut plan, &text).await;
-        self.off_the_data_plane(move |c| c.record_preview(&candidate, plan, started))
+        discovery_notes(&self.changes, &mut plan, &text).await;
+        self.changes
+            .off_the_data_plane(move |c| record_preview(c, &candidate, plan, started))
             .await
     }
 
@@ -217,7 +69,7 @@ impl Control {
             overrode_freeze: None,
             approved_by: Vec::new(),
         };
-        self.off_the_data_plane(move |c| {
+        self.changes.off_the_data_plane(move |c| {
             let started = Instant::now();
             // The operation lock is held until the reload is recorded.
             let result = c.lock.take().and_then(|operation| {
@@ -283,26 +135,27 @@ impl Control {
         selector: Selector,
         requester: Requester,
     ) -> Result<Purged, ControlError> {
-        self.off_the_data_plane(move |c| {
-            let started = Instant::now();
-            let active = c.store.load_full();
-            let (zones, summary) = super::cache::purge(&active, zone.as_deref(), &selector)?;
-            let operation_id = c.records.record(
-                OperationKind::CachePurge,
-                started,
-                Outcome::Succeeded,
-                (Some(active.id), Some(active.id)),
-                &requester,
-                summary,
-                None,
-            );
-            Ok(Purged {
-                purged: zones.iter().map(|z| z.purged).sum(),
-                zones,
-                operation_id,
+        self.changes
+            .off_the_data_plane(move |c| {
+                let started = Instant::now();
+                let active = c.store.load_full();
+                let (zones, summary) = super::cache::purge(&active, zone.as_deref(), &selector)?;
+                let operation_id = c.records.record(
+                    OperationKind::CachePurge,
+                    started,
+                    Outcome::Succeeded,
+                    (Some(active.id), Some(active.id)),
+                    &requester,
+                    summary,
+                    None,
+                );
+                Ok(Purged {
+                    purged: zones.iter().map(|z| z.purged).sum(),
+                    zones,
+                    operation_id,
+                })
             })
-        })
-        .await
+            .await
     }
 
     /// Plans, builds and commits a candidate (`activate` and `reload`).
@@ -314,9 +167,10 @@ impl Control {
         kind: OperationKind,
     ) -> Result<Activation, ControlError> {
         if let Some(spec) = candidate.shadow.clone() {
-            return self.activate_shadowed(candidate, kind, spec).await;
+            return self.changes.activate_shadowed(candidate, kind, spec).await;
         }
         let activation = self
+            .changes
             .off_the_data_plane(move |c| {
                 let started = Instant::now();
                 let result = c.try_activate(&candidate, kind, started);
@@ -326,36 +180,8 @@ impl Control {
                 result
             })
             .await?;
-        self.supervise_new(&activation);
+        self.changes.supervise_new(&activation);
         Ok(activation)
-    }
-
-    /// Starts supervising the generation an activation left pending.
-    pub(super) fn supervise_new(self: &Arc<Self>, activation: &Activation) {
-        if let Some(view) = &activation.pending {
-            // Superseded or settled since, its successor's own call (or
-            // nothing) supervises.
-            let pending = self
-                .pending
-                .get()
-                .filter(|p| p.generation == view.generation);
-            if let Some(pending) = pending {
-                self.supervise(&pending);
-            }
-        }
-    }
-
-    /// With the active generation's `runtime.write_back`, rewrites the
-    /// configuration file with its text, so that a restart without a state
-    /// dir comes up on what runs. Called once a change through the API is
-    /// final (not while it pends).
-    pub(super) fn write_back(&self) {
-        if !self.store.load_full().spec.runtime.write_back {
-            return;
-        }
-        if let Some(text) = self.active_config() {
-            self.file.write(&text);
-        }
     }
 
     /// Activates the content of a retained generation as a new generation.
@@ -363,104 +189,168 @@ impl Control {
         self: &Arc<Self>,
         request: RollbackRequest,
     ) -> Result<Activation, ControlError> {
-        self.off_the_data_plane(move |c| c.rollback_now(request))
+        self.changes
+            .off_the_data_plane(move |c| c.rollback_now(request))
             .await
     }
 
-    pub(super) fn rollback_now(
-        &self,
-        request: RollbackRequest,
-    ) -> Result<Activation, ControlError> {
-        let started = Instant::now();
-        let result = self.try_rollback(&request, started);
-        if let Err(error) = &result {
-            let requester = Requester {
-                requested_by: request.requested_by.clone(),
-                reason: request.reason.clone(),
-                caller: request.caller.clone(),
-                overrode_freeze: None,
-                approved_by: request.approved_by.clone(),
+    /// Confirms or rolls back the pending generation (DESIGN §14); an
+    /// abort naming the candidate of a running shadow stage stops the
+    /// stage instead.
+    pub async fn settle(
+        self: &Arc<Self>,
+        request: SettleRequest,
+        how: Settle,
+    ) -> Result<Settled, ControlError> {
+        if how == Settle::Abort && self.changes.shadowing.abort(request.generation) {
+            return self.changes.shadow_aborted(request.generation).await;
+        }
+        self.changes.settle(request, how).await
+    }
+
+    /// After a restart or an upgrade: takes up the pending generation the
+    /// history kept (see `Changes::resume_pending`).
+    pub fn resume_pending(self: &Arc<Self>) {
+        self.changes.resume_pending();
+    }
+
+    /// Starts shadowing `candidate` for another writer that judges it (a
+    /// fleet's stage; see `Changes::start_shadow`): `None` when the
+    /// candidate changes nothing here.
+    pub async fn start_shadow(
+        self: &Arc<Self>,
+        candidate: Candidate,
+        percent: f64,
+        max_inflight: u32,
+    ) -> Result<Option<ShadowHandle>, ControlError> {
+        self.changes
+            .start_shadow(candidate, percent, max_inflight)
+            .await
+    }
+}
+
+/// Plans a candidate against the active generation. Pure: binds,
+/// writes and records nothing. Returns the text it read, for the
+/// discovery notes (`discovery_notes`).
+fn plan_candidate(c: &Changes, candidate: &Candidate) -> Result<(Plan, ConfigText), ControlError> {
+    let text = candidate::read(&candidate.source, c.file.path())?;
+    let active = c.store.load_full();
+    let mut plan = plan::plan(&text, Some((active.id, &active.spec)));
+    // What it would do to the traffic sampled now (DESIGN §22).
+    if let Some(spec) = &plan.spec {
+        plan.impact =
+            crate::impact::of_sampled(&c.shared, crate::impact::Before::Active, spec, &active);
+    }
+    Ok((plan, text))
+}
+
+/// What the discovery sources of the candidate's new and changed
+/// upstreams give now (the live set of a source the process follows,
+/// else one resolution, all at once and bounded), and a warning, with
+/// its line and column, for each that gives none: a name may resolve
+/// later, so it does not refuse the candidate (DESIGN §20).
+async fn discovery_notes(c: &Changes, plan: &mut Plan, text: &ConfigText) {
+    let Some(spec) = plan.spec.clone() else {
+        return;
+    };
+    let active = c.store.load_full();
+    let discovery = &c.shared.discovery;
+    let patience = discovery.patience();
+    let mut asked = Vec::new();
+    for u in spec.upstreams.iter().filter(|u| !u.sources.is_empty()) {
+        if active.spec.file.upstreams.get(&u.name) == spec.file.upstreams.get(&u.name) {
+            continue;
+        }
+        // The entries the sources came from, in order.
+        let entries: Vec<usize> = spec
+            .file
+            .upstreams
+            .get(&u.name)
+            .map(|f| {
+                f.backends
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.addr.is_none())
+                    .map(|(i, _)| i)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (source, entry) in u.sources.iter().zip(entries) {
+            let key = crate::discovery::SourceKey {
+                upstream: u.name.clone(),
+                spec: source.clone(),
             };
-            self.record_failure(OperationKind::Rollback, started, &requester, error);
+            asked.push((u.name.clone(), entry, key));
         }
-        result
     }
-
-    pub(super) fn try_rollback(
-        &self,
-        request: &RollbackRequest,
-        started: Instant,
-    ) -> Result<Activation, ControlError> {
-        let (_operation, active) = self.begin_change()?;
-        let target = request.target_generation;
-        if self.records.lock().generation(target).is_none() {
-            return Err(ControlError::NotRetained(target));
+    if asked.is_empty() {
+        return;
+    }
+    let peeks = futures_util::future::join_all(
+        asked
+            .iter()
+            .map(|(_, _, key)| discovery.peek(key, patience)),
+    )
+    .await;
+    let mut warnings = Vec::new();
+    for ((upstream, entry, key), peek) in asked.into_iter().zip(peeks) {
+        if peek.endpoints.is_empty() {
+            let field = match key.spec {
+                crate::plan::SourceSpec::Dns { .. } => "dns",
+                crate::plan::SourceSpec::Srv { .. } => "srv",
+                crate::plan::SourceSpec::File { .. } => "endpoints_file",
+            };
+            warnings.push(crate::config::Diagnostic::new(
+                crate::config::Code::UnresolvedName,
+                format!(
+                    "upstreams.{}.backends[{entry}].{field}",
+                    crate::config::quote_key(&upstream)
+                ),
+                format!(
+                    "{} gives no member now ({}); upstream '{upstream}' answers 503 until it does",
+                    key.spec.label(),
+                    peek.error.as_deref().unwrap_or("no records"),
+                ),
+            ));
         }
-        admit_change(
-            Expectation::optional(request.expected_active_generation),
-            active.id,
-            None,
-        )?;
-        let requester = Requester {
-            requested_by: request.requested_by.clone(),
-            reason: request.reason.clone(),
-            caller: request.caller.clone(),
-            overrode_freeze: None,
-            approved_by: request.approved_by.clone(),
+        let source = crate::plan::SourceMembers {
+            source: key.spec.label(),
+            members: crate::discovery::addresses(&peek.endpoints),
+            error: peek.error,
+            followed: peek.followed,
         };
-        let activation = self.rollback_locked(
-            &active,
-            target,
-            OperationKind::Rollback,
-            Source::Rollback,
-            &requester,
-            started,
-        )?;
-        // An operator's rollback settles a pending generation too.
-        self.pending.set(&self.records, None);
-        self.write_back();
-        Ok(activation)
+        match plan.members.iter_mut().find(|m| m.upstream == upstream) {
+            Some(members) => members.sources.push(source),
+            None => plan.members.push(crate::plan::UpstreamMembers {
+                upstream,
+                sources: vec![source],
+            }),
+        }
     }
+    plan.warnings = crate::config::locate(text, warnings);
+}
 
-    /// Activates retained generation `target`'s configuration as a new
-    /// generation; the operation lock is held by the caller.
-    pub(super) fn rollback_locked(
-        &self,
-        active: &Arc<Generation>,
-        target: GenerationId,
-        kind: OperationKind,
-        source: Source,
-        requester: &Requester,
-        started: Instant,
-    ) -> Result<Activation, ControlError> {
-        let record = self
-            .records
-            .lock()
-            .generation(target)
-            .cloned()
-            .ok_or(ControlError::NotRetained(target))?;
-        if target == active.id {
-            return Err(ControlError::TargetActive(target));
-        }
-        let text = record
-            .config_text()
-            .map_err(|e| ControlError::Internal(e.to_string()))?;
-        let plan = plan::plan(&text, Some((active.id, &active.spec)));
-        if !plan.errors.is_empty() || !plan.rejected.is_empty() {
-            return Err(ControlError::NotActivatable {
-                target,
-                plan: Box::new(plan),
-            });
-        }
-        let meta = CommitMeta {
-            kind,
-            source,
-            rolled_back_to: Some(target),
-            requester: requester.clone(),
-            text,
-            // A rollback ends whatever canary ran, in its own swap.
-            canary: None,
-        };
-        self.commit(active, plan, meta, started)
-    }
+/// Records a preview's plan in the operation log.
+fn record_preview(
+    c: &Changes,
+    candidate: &Candidate,
+    plan: Plan,
+    started: Instant,
+) -> Result<RecordedPlan, ControlError> {
+    let outcome = if plan.activatable {
+        Outcome::Succeeded
+    } else {
+        Outcome::Rejected
+    };
+    let summary = plan_summary(&plan);
+    let operation_id = c.records.record(
+        OperationKind::Preview,
+        started,
+        outcome,
+        (Some(c.store.active_id()), None),
+        &Requester::of(candidate),
+        summary,
+        None,
+    );
+    Ok(RecordedPlan { plan, operation_id })
 }

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use super::answers::{Activation, Settled};
 use super::candidate::{self, Candidate, ShadowSpec};
+use super::changes::Changes;
 use super::error::ControlError;
 use super::expectation::{admit_change, admit_in_freeze, Expectation};
-use super::local::Control;
 use super::lock::running;
 use super::records::Requester;
 use crate::generation::{self, Generation, SharedState};
@@ -136,7 +136,7 @@ fn figures(side: &SideReport) -> String {
     )
 }
 
-impl Control {
+impl Changes {
     /// An activation with a shadow stage: the stage first (see the
     /// module), then, if it passed, the activation as without one.
     pub(super) async fn activate_shadowed(
@@ -159,7 +159,7 @@ impl Control {
     ) -> Result<Activation, ControlError> {
         let started = Instant::now();
         let requester = Requester::of(&candidate);
-        let refused = |c: &Control, error: ControlError| {
+        let refused = |c: &Changes, error: ControlError| {
             c.record_failure(kind, started, &requester, &error);
             Err(error)
         };
@@ -230,7 +230,7 @@ impl Control {
         // Refused before the stage spends its duration (the activation
         // after it is held to the windows again).
         admit_in_freeze(&active.spec, candidate.freeze).map_err(ControlError::Frozen)?;
-        if let Some(pending) = self.pending() {
+        if let Some(pending) = self.pending_view() {
             return Err(ControlError::ShadowWhilePending(pending.generation));
         }
         Ok(
@@ -280,7 +280,7 @@ impl Control {
     /// writer sums the reports): built and installed, with no operation
     /// lock held, until the handle is dropped. `None` when the candidate
     /// changes nothing here.
-    pub async fn start_shadow(
+    pub(super) async fn start_shadow(
         self: &Arc<Self>,
         candidate: Candidate,
         percent: f64,

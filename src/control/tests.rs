@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::candidate::{CanarySpec, Candidate, CandidateSource, Settle, SettleRequest};
+use super::changes::ControlParts;
 use super::error::ControlError;
 use super::expectation::{admit_change, Expectation};
-use super::local::{Control, ControlParts, ProcessControl};
+use super::local::{Control, ProcessControl};
 use super::process::{BinaryView, LifecycleError, UpgradeRequest};
 use super::records::Requester;
 use crate::admission::Admission;
@@ -331,7 +332,7 @@ async fn the_timeline_notes_a_backend_that_changed_between_two_idle_seconds() {
     assert_eq!(states(&control), [["unchecked"], ["unchecked"]]);
     // An ejection between two looks: it counts as a change, so the next
     // second looks and notes it.
-    let active = control.store.load_full();
+    let active = control.store().load_full();
     let upstream = active.upstream("app").expect("upstream");
     let backend = std::sync::Arc::clone(&upstream.members().backends[1]);
     backend.outlier.eject(&upstream.outlier);
