@@ -61,6 +61,7 @@ pub mod telemetry;
 #[cfg(test)]
 pub(crate) mod test_config;
 pub mod tls;
+pub mod waf;
 pub mod weak_map;
 pub mod writer;
 
