@@ -12,6 +12,7 @@
 mod lex;
 mod load;
 mod rule;
+mod transform;
 
 pub use lex::{directives, Directive, LexError};
 pub use load::{compile, Entry, Matcher, Rule, RuleSet, WafError};
@@ -19,6 +20,7 @@ pub use rule::{
     Actions, Ctl, CtlOption, Disruptive, Operator, OperatorKind, Selector, SetOp, SetVar, Target,
     Transform, Variable,
 };
+pub use transform::apply as transform;
 
 #[cfg(test)]
 mod tests {

@@ -120,7 +120,6 @@ names! {
         Lowercase = "lowercase",
         NormalizePath = "normalizePath",
         NormalizePathWin = "normalizePathWin",
-        RemoveComments = "removeComments",
         RemoveCommentsChar = "removeCommentsChar",
         RemoveNulls = "removeNulls",
         RemoveWhitespace = "removeWhitespace",
