@@ -16,6 +16,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use aho_corasick::AhoCorasick;
 use regex_automata::meta::Regex;
 
 use super::lex::{self, Directive};
@@ -47,10 +48,22 @@ pub enum Matcher {
     Regex(Regex),
     /// `@rx` whose pattern holds a `%{…}` macro: compiled per request.
     Deferred(String),
-    /// `@pm`, `@pmFromFile`: the phrases, lowercase.
-    Phrases(Arc<[String]>),
+    /// `@pm`, `@pmFromFile`: the phrases, matched without regard to
+    /// ASCII case anywhere in the value.
+    Phrases(Arc<AhoCorasick>),
     /// Every other operator reads its parameter as written.
     Param,
+}
+
+impl Matcher {
+    /// The automaton of `phrases`.
+    pub fn phrases(phrases: &[String]) -> Result<Matcher, String> {
+        AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .build(phrases)
+            .map(|automaton| Matcher::Phrases(Arc::new(automaton)))
+            .map_err(|e| format!("the phrase list cannot be built: {e}"))
+    }
 }
 
 /// One rule (a `SecRule`, or a `SecAction` with no target and an
@@ -97,6 +110,9 @@ pub struct RuleSet {
     pub target_updates: Vec<(u32, Vec<Target>)>,
     /// `SecComponentSignature`.
     pub signatures: Vec<String>,
+    /// Every `/pattern/` selector of the rules and target updates,
+    /// compiled once.
+    pub patterns: HashMap<String, Regex>,
 }
 
 impl RuleSet {
@@ -139,6 +155,7 @@ struct Loader {
     defaults: [Option<Actions>; 6],
     target_updates: Vec<(u32, Vec<Target>)>,
     signatures: Vec<String>,
+    patterns: HashMap<String, Regex>,
     errors: Vec<WafError>,
     ids: HashMap<u32, (Arc<Path>, usize)>,
     /// The rule whose `chain` waits for the next `SecRule`.
@@ -267,7 +284,9 @@ impl Loader {
                 if !self.ids.contains_key(&id) {
                     return Err(format!("rule {id} is not loaded before this update"));
                 }
-                self.target_updates.push((id, rule::targets(&d.args[1])?));
+                let targets = rule::targets(&d.args[1])?;
+                self.selector_patterns(&targets)?;
+                self.target_updates.push((id, targets));
                 Ok(())
             }
             "SecComponentSignature" => {
@@ -288,11 +307,7 @@ impl Loader {
         actions: Actions,
     ) -> Result<(), String> {
         let matcher = self.matcher(file, &operator)?;
-        for target in &targets {
-            if let Some(rule::Selector::Pattern(pattern)) = &target.selector {
-                compile(pattern).map_err(|e| format!("selector /{pattern}/: {e}"))?;
-            }
-        }
+        self.selector_patterns(&targets)?;
         let chains_on = actions.chain;
         let rule = Rule {
             file: Arc::clone(file),
@@ -336,6 +351,19 @@ impl Loader {
         Ok(())
     }
 
+    /// Compiles the `/pattern/` selectors of `targets`, once each.
+    fn selector_patterns(&mut self, targets: &[Target]) -> Result<(), String> {
+        for target in targets {
+            if let Some(rule::Selector::Pattern(pattern)) = &target.selector {
+                if !self.patterns.contains_key(pattern) {
+                    let re = compile(pattern).map_err(|e| format!("selector /{pattern}/: {e}"))?;
+                    self.patterns.insert(pattern.clone(), re);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn matcher(&mut self, file: &Path, operator: &Operator) -> Result<Matcher, String> {
         Ok(match operator.kind {
             OperatorKind::Rx if operator.param.contains("%{") => {
@@ -353,7 +381,7 @@ impl Loader {
                 if phrases.is_empty() {
                     return Err("@pm with no phrase".into());
                 }
-                Matcher::Phrases(phrases.into())
+                Matcher::phrases(&phrases)?
             }
             OperatorKind::PmFromFile => {
                 let mut phrases = Vec::new();
@@ -367,7 +395,7 @@ impl Loader {
                 let unique: HashSet<String> = phrases.into_iter().collect();
                 let mut phrases: Vec<String> = unique.into_iter().collect();
                 phrases.sort();
-                Matcher::Phrases(phrases.into())
+                Matcher::phrases(&phrases)?
             }
             _ => Matcher::Param,
         })
@@ -429,6 +457,7 @@ impl Loader {
             defaults: self.defaults,
             target_updates: self.target_updates,
             signatures: self.signatures,
+            patterns: self.patterns,
         })
     }
 }

@@ -9,13 +9,20 @@
 //! This is the rule language only: no configuration key loads a rule
 //! set yet, and no request is evaluated. It imports nothing of cutover.
 
+#[cfg(test)]
+mod corpus;
+mod engine;
 mod lex;
 mod load;
+mod operator;
+mod request;
 mod rule;
 mod transform;
 
+pub use engine::{Interruption, Matched, Mode, Transaction};
 pub use lex::{directives, Directive, LexError};
 pub use load::{compile, Entry, Matcher, Rule, RuleSet, WafError};
+pub use request::{BodyProcessor, Request, Response};
 pub use rule::{
     Actions, Ctl, CtlOption, Disruptive, Operator, OperatorKind, Selector, SetOp, SetVar, Target,
     Transform, Variable,

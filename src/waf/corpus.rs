@@ -1,0 +1,326 @@
+//! The OWASP CRS regression corpus (`../shared/crs/tests/regression`),
+//! run in process against the engine as CRS's own CI runs it: the Core
+//! Rule Set at paranoia level 4 in detection-only mode, each case's
+//! request through phases 1 and 2 (and, for `/reflect`, the answer the
+//! case describes through phases 3 and 4), the matched rule ids compared
+//! with `expect_ids` and `no_expect_ids`. A case that only names a status
+//! is an HTTP server's answer, judged against the real binary, not here.
+
+use std::path::{Path, PathBuf};
+
+use yaml_rust2::{Yaml, YamlLoader};
+
+use super::{Mode, Request, Response, RuleSet, Transaction};
+
+/// CRS's test set-up beside `crs-setup.conf`: every paranoia level,
+/// UTF-8 validation and the argument limits its cases are written for.
+const TEST_SETUP: &str = "SecAction \"id:900005,phase:1,nolog,pass,\
+    ctl:ruleRemoveById=910000,\
+    setvar:tx.blocking_paranoia_level=4,\
+    setvar:tx.crs_validate_utf8_encoding=1,\
+    setvar:tx.arg_name_length=100,\
+    setvar:tx.arg_length=400,\
+    setvar:tx.total_arg_length=64000,\
+    setvar:tx.max_num_args=255,\
+    setvar:tx.max_file_size=64100,\
+    setvar:tx.combined_file_sizes=65535\"\n";
+
+/// How one case went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Passed,
+    /// Why not: the ids missing and the ids that should not have matched.
+    Failed(String),
+    /// Only an HTTP status is expected: not judged in process.
+    StatusOnly,
+    /// The case cannot be read.
+    Unreadable(String),
+}
+
+/// A case's name (`942100-3`) and outcome.
+pub struct Case {
+    pub name: String,
+    pub outcome: Outcome,
+}
+
+fn crs_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/crs")
+}
+
+/// The Core Rule Set with CRS's test set-up, or `None` when it is not
+/// beside the project.
+pub fn rule_set() -> Option<RuleSet> {
+    let root = crs_root();
+    let setup = std::env::temp_dir().join(format!(
+        "cutover-crs-test-setup-{}.conf",
+        std::process::id()
+    ));
+    std::fs::write(&setup, TEST_SETUP).ok()?;
+    let mut files = vec![root.join("crs-setup.conf.example"), setup.clone()];
+    let mut rules: Vec<PathBuf> = std::fs::read_dir(root.join("rules"))
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "conf"))
+        .collect();
+    rules.sort();
+    files.extend(rules);
+    let set = RuleSet::load(&files);
+    let _ = std::fs::remove_file(&setup);
+    set.ok()
+}
+
+/// Every case of the corpus, run.
+pub fn run(set: &RuleSet) -> Vec<Case> {
+    let mut files = Vec::new();
+    collect_yaml(&crs_root().join("tests/regression/tests"), &mut files);
+    files.sort();
+    let mut cases = Vec::new();
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let Ok(docs) = YamlLoader::load_from_str(&text) else {
+            cases.push(Case {
+                name: file.display().to_string(),
+                outcome: Outcome::Unreadable("not YAML".into()),
+            });
+            continue;
+        };
+        let Some(doc) = docs.first() else { continue };
+        let rule = doc["rule_id"].as_i64().unwrap_or_default();
+        for test in doc["tests"].as_vec().into_iter().flatten() {
+            let id = test["test_id"].as_i64().unwrap_or_default();
+            for stage in test["stages"].as_vec().into_iter().flatten() {
+                cases.push(Case {
+                    name: format!("{rule}-{id}"),
+                    outcome: run_stage(set, stage),
+                });
+            }
+        }
+    }
+    cases
+}
+
+fn collect_yaml(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            collect_yaml(&path, out);
+        } else if path.extension().is_some_and(|x| x == "yaml") {
+            out.push(path);
+        }
+    }
+}
+
+fn ids(list: &Yaml) -> Vec<u32> {
+    list.as_vec()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_i64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+fn run_stage(set: &RuleSet, stage: &Yaml) -> Outcome {
+    let input = &stage["input"];
+    let output = &stage["output"];
+    let expect = ids(&output["log"]["expect_ids"]);
+    let refuse = ids(&output["log"]["no_expect_ids"]);
+    if expect.is_empty() && refuse.is_empty() {
+        return Outcome::StatusOnly;
+    }
+    let request = match request_of(input) {
+        Ok(request) => request,
+        Err(why) => return Outcome::Unreadable(why),
+    };
+    let mut transaction = Transaction::new(set, &request, Mode::Detect);
+    transaction.request();
+    let response = reflected(&request);
+    if let Some(response) = &response {
+        transaction.response(response);
+    }
+    transaction.logging();
+    let matched: Vec<u32> = transaction.matches.iter().map(|m| m.id).collect();
+    let missing: Vec<u32> = expect
+        .iter()
+        .copied()
+        .filter(|id| !matched.contains(id))
+        .collect();
+    let unwanted: Vec<u32> = refuse
+        .iter()
+        .copied()
+        .filter(|id| matched.contains(id))
+        .collect();
+    if missing.is_empty() && unwanted.is_empty() {
+        Outcome::Passed
+    } else {
+        let mut why = Vec::new();
+        if !missing.is_empty() {
+            why.push(format!("expected {missing:?} did not match"));
+        }
+        if !unwanted.is_empty() {
+            why.push(format!("{unwanted:?} matched"));
+        }
+        Outcome::Failed(why.join("; "))
+    }
+}
+
+/// The request a case's input describes, as go-ftw sends it.
+fn request_of(input: &Yaml) -> Result<Request, String> {
+    if let Some(encoded) = input["encoded_request"].as_str() {
+        use base64::Engine as _;
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(encoded.trim())
+            .map_err(|e| format!("encoded_request: {e}"))?;
+        return raw_request(&raw);
+    }
+    let text = |key: &str, default: &str| input[key].as_str().unwrap_or(default).to_owned();
+    let mut headers: Vec<(String, Vec<u8>)> = Vec::new();
+    if let Some(map) = input["headers"].as_hash() {
+        for (name, value) in map {
+            let name = name.as_str().unwrap_or_default().to_owned();
+            let value = match value {
+                Yaml::String(s) => s.clone(),
+                Yaml::Integer(n) => n.to_string(),
+                Yaml::Real(r) => r.clone(),
+                Yaml::Boolean(b) => b.to_string(),
+                _ => String::new(),
+            };
+            headers.push((name, value.into_bytes()));
+        }
+    }
+    let body = input["data"]
+        .as_str()
+        .unwrap_or_default()
+        .as_bytes()
+        .to_vec();
+    let autocomplete = input["autocomplete_headers"].as_bool().unwrap_or(true);
+    if autocomplete
+        && !body.is_empty()
+        && !headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+    {
+        headers.push(("Content-Length".into(), body.len().to_string().into_bytes()));
+    }
+    Ok(Request {
+        remote_addr: "127.0.0.1".into(),
+        method: text("method", "GET"),
+        uri: text("uri", "/"),
+        protocol: text("version", "HTTP/1.1"),
+        headers,
+        body,
+    })
+}
+
+/// A request written out in bytes: its line, headers and body.
+fn raw_request(raw: &[u8]) -> Result<Request, String> {
+    let head_end = memchr::memmem::find(raw, b"\r\n\r\n")
+        .map(|at| (at, at + 4))
+        .or_else(|| memchr::memmem::find(raw, b"\n\n").map(|at| (at, at + 2)))
+        .unwrap_or((raw.len(), raw.len()));
+    let head = String::from_utf8_lossy(&raw[..head_end.0]).into_owned();
+    let mut lines = head.lines();
+    let line = lines.next().ok_or("an empty request")?;
+    let mut parts = line.splitn(3, ' ');
+    let method = parts.next().unwrap_or_default().to_owned();
+    let uri = parts.next().unwrap_or("/").to_owned();
+    let protocol = parts.next().unwrap_or("HTTP/0.9").to_owned();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_owned(), v.trim().as_bytes().to_vec()))
+        .collect();
+    Ok(Request {
+        remote_addr: "127.0.0.1".into(),
+        method,
+        uri,
+        protocol,
+        headers,
+        body: raw[head_end.1..].to_vec(),
+    })
+}
+
+/// The answer the test backend (albedo) gives `/reflect`: the status,
+/// headers and body the request's JSON names.
+fn reflected(request: &Request) -> Option<Response> {
+    if !request.uri.starts_with("/reflect") {
+        return None;
+    }
+    let spec: serde_json::Value = serde_json::from_slice(&request.body).ok()?;
+    let mut headers: Vec<(String, Vec<u8>)> = spec["headers"]
+        .as_object()
+        .map(|map| {
+            map.iter()
+                .map(|(n, v)| {
+                    (
+                        n.clone(),
+                        v.as_str().unwrap_or_default().as_bytes().to_vec(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+    {
+        headers.push(("Content-Type".into(), b"text/plain".to_vec()));
+    }
+    let body = match spec["encodedBody"].as_str() {
+        Some(encoded) => {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .ok()?
+        }
+        None => spec["body"]
+            .as_str()
+            .unwrap_or_default()
+            .as_bytes()
+            .to_vec(),
+    };
+    Some(Response {
+        status: spec["status"]
+            .as_u64()
+            .and_then(|s| u16::try_from(s).ok())
+            .unwrap_or(200),
+        headers,
+        body,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_crs_regression_corpus() {
+        let Some(set) = rule_set() else {
+            eprintln!("skipped: ../shared/crs is not beside the project");
+            return;
+        };
+        let started = std::time::Instant::now();
+        let cases = run(&set);
+        let count = |f: fn(&Outcome) -> bool| cases.iter().filter(|c| f(&c.outcome)).count();
+        let passed = count(|o| *o == Outcome::Passed);
+        let failed = count(|o| matches!(o, Outcome::Failed(_)));
+        let status = count(|o| *o == Outcome::StatusOnly);
+        let unreadable = count(|o| matches!(o, Outcome::Unreadable(_)));
+        let judged = passed + failed;
+        eprintln!(
+            "CRS corpus: {} cases in {:?}: {passed} of {judged} judged pass ({:.1} %), {failed} fail, \
+             {status} status-only, {unreadable} unreadable",
+            cases.len(),
+            started.elapsed(),
+            100.0 * passed as f64 / judged.max(1) as f64
+        );
+        if let Ok(out) = std::env::var("CUTOVER_WAF_CORPUS_REPORT") {
+            let lines: Vec<String> = cases
+                .iter()
+                .filter(|c| !matches!(c.outcome, Outcome::Passed))
+                .map(|c| format!("{} {:?}", c.name, c.outcome))
+                .collect();
+            let _ = std::fs::write(out, lines.join("\n") + "\n");
+        }
+        assert!(cases.len() > 4900, "{} cases", cases.len());
+    }
+}

@@ -1,0 +1,728 @@
+//! A transaction: one request (and its answer) through a [`RuleSet`],
+//! phase by phase, as ModSecurity evaluates SecLang. Each rule of the
+//! phase, in order: its targets' values (with the exclusions of the
+//! rule, of `SecRuleUpdateTargetById` and of `ctl`), each through the
+//! transformations, tested by the operator; a match records
+//! `MATCHED_VAR(S)` and the captures and runs the link's non-disruptive
+//! actions (`setvar`, `ctl`) for each value that matched; a chain goes on
+//! to its next rule; a whole match is logged (unless `nolog`), applies
+//! the disruptive action and `skipAfter`.
+//!
+//! In detection-only mode nothing is interrupted: every match is only
+//! recorded. The anomaly scores CRS keeps are ordinary `TX` variables.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use super::load::{compile, Entry, Rule, RuleSet};
+use super::operator::{self, Captures};
+use super::request::{BodyProcessor, Parsed, Request, Response};
+use super::rule::{CtlOption, Disruptive, SetOp, Target, Transform, Variable};
+use super::transform;
+
+/// Whether the rules may interrupt the transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Block,
+    Detect,
+    Off,
+}
+
+/// A rule that matched whole and was logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Matched {
+    pub id: u32,
+    pub phase: u8,
+    pub msg: String,
+    pub logdata: String,
+    pub severity: Option<u8>,
+}
+
+/// How a transaction was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interruption {
+    pub rule: u32,
+    pub status: u16,
+}
+
+/// One request's evaluation.
+pub struct Transaction<'a> {
+    set: &'a RuleSet,
+    request: &'a Request,
+    response: Option<&'a Response>,
+    parsed: Parsed,
+    mode: Mode,
+    tx: HashMap<String, Vec<u8>>,
+    matched_var: (String, Vec<u8>),
+    /// The values the current rule matched; the previous link's while a
+    /// chained rule reads `MATCHED_VARS`.
+    matched_vars: Vec<(String, Vec<u8>)>,
+    removed_ids: Vec<(u32, u32)>,
+    removed_tags: Vec<String>,
+    /// `ctl:ruleRemoveTargetBy{Id,Tag}`: the rule (by id or tag) and the
+    /// target taken out of it.
+    removed_targets: Vec<(RuleRef, Target)>,
+    forced_processor: Option<BodyProcessor>,
+    force_body_variable: bool,
+    /// Set by `allow`: the request phases are done.
+    allowed: bool,
+    pub matches: Vec<Matched>,
+    pub interruption: Option<Interruption>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RuleRef {
+    Id(u32),
+    Tag(String),
+}
+
+impl<'a> Transaction<'a> {
+    pub fn new(set: &'a RuleSet, request: &'a Request, mode: Mode) -> Self {
+        Self {
+            set,
+            request,
+            response: None,
+            parsed: request.parse_head(),
+            mode,
+            tx: HashMap::new(),
+            matched_var: (String::new(), Vec::new()),
+            matched_vars: Vec::new(),
+            removed_ids: Vec::new(),
+            removed_tags: Vec::new(),
+            removed_targets: Vec::new(),
+            forced_processor: None,
+            force_body_variable: false,
+            allowed: false,
+            matches: Vec::new(),
+            interruption: None,
+        }
+    }
+
+    /// Phases 1 and 2: the request's head, then its body.
+    pub fn request(&mut self) -> Option<Interruption> {
+        self.phase(1);
+        if self.interruption.is_none() {
+            self.request
+                .read_body(&mut self.parsed, self.forced_processor);
+            self.phase(2);
+        }
+        self.interruption
+    }
+
+    /// Phases 3 and 4: the answer's head, then its body.
+    pub fn response(&mut self, response: &'a Response) -> Option<Interruption> {
+        self.response = Some(response);
+        if self.interruption.is_none() {
+            self.phase(3);
+        }
+        if self.interruption.is_none() {
+            self.phase(4);
+        }
+        self.interruption
+    }
+
+    /// Phase 5, after everything else.
+    pub fn logging(&mut self) {
+        self.phase(5);
+    }
+
+    /// A transaction variable (`TX:name`), as the rules left it.
+    pub fn tx(&self, name: &str) -> Option<&[u8]> {
+        self.tx.get(&name.to_ascii_lowercase()).map(Vec::as_slice)
+    }
+
+    fn phase(&mut self, phase: u8) {
+        if self.mode == Mode::Off || (self.allowed && phase <= 4) {
+            return;
+        }
+        let set = self.set;
+        let mut skip_to: Option<&str> = None;
+        for entry in &set.entries {
+            let rule = match entry {
+                Entry::Marker(name) => {
+                    if skip_to == Some(name.as_str()) {
+                        skip_to = None;
+                    }
+                    continue;
+                }
+                Entry::Rule(rule) => rule,
+            };
+            if skip_to.is_some() || rule.actions.phase.unwrap_or(2) != phase || self.removed(rule) {
+                continue;
+            }
+            if !self.chain_matches(rule) {
+                continue;
+            }
+            self.matched_whole(rule, phase);
+            if self.interruption.is_some() || self.allowed || self.mode == Mode::Off {
+                return;
+            }
+            if let Some(marker) = rule.links().find_map(|l| l.actions.skip_after.as_deref()) {
+                skip_to = Some(marker);
+            }
+        }
+    }
+
+    fn removed(&self, rule: &Rule) -> bool {
+        let id = rule.id().unwrap_or_default();
+        self.removed_ids
+            .iter()
+            .any(|(low, high)| (*low..=*high).contains(&id))
+            || rule
+                .actions
+                .tags
+                .iter()
+                .any(|t| self.removed_tags.contains(t))
+    }
+
+    fn chain_matches(&mut self, head: &Rule) -> bool {
+        self.matched_vars.clear();
+        head.links().all(|link| self.link_matches(head, link))
+    }
+
+    fn link_matches(&mut self, head: &Rule, link: &Rule) -> bool {
+        let values = if link.targets.is_empty() {
+            vec![(String::new(), Vec::new())]
+        } else {
+            self.values(head, link)
+        };
+        self.matched_vars.clear();
+        let param = self.expand(&link.operator.param, head);
+        let transforms = self.transforms(head, link);
+        let want_captures = link.actions.capture;
+        let mut captures = Captures::new();
+        let mut matched = false;
+        for (name, value) in values {
+            let mut current: Cow<'_, [u8]> = Cow::Borrowed(&value);
+            let mut hit = false;
+            let multi = link.actions.multi_match;
+            if multi {
+                hit = self.test(
+                    link,
+                    &param,
+                    &current,
+                    want_captures.then_some(&mut captures),
+                );
+            }
+            for t in &transforms {
+                let next = transform::apply(*t, &current).into_owned();
+                current = Cow::Owned(next);
+                if multi && !hit {
+                    hit = self.test(
+                        link,
+                        &param,
+                        &current,
+                        want_captures.then_some(&mut captures),
+                    );
+                }
+            }
+            if !multi {
+                hit = self.test(
+                    link,
+                    &param,
+                    &current,
+                    want_captures.then_some(&mut captures),
+                );
+            }
+            if !hit {
+                continue;
+            }
+            matched = true;
+            let value = current.into_owned();
+            self.matched_var = (name.clone(), value.clone());
+            self.matched_vars.push((name, value));
+            if want_captures {
+                for (i, group) in captures.iter().enumerate() {
+                    self.tx.insert(i.to_string(), group.clone());
+                }
+            }
+            self.act(head, link);
+        }
+        matched
+    }
+
+    fn test(
+        &self,
+        link: &Rule,
+        param: &[u8],
+        value: &[u8],
+        captures: Option<&mut Captures>,
+    ) -> bool {
+        let found = operator::matches(link.operator.kind, &link.matcher, param, value, captures);
+        found != link.operator.negated
+    }
+
+    /// The rule's transformations, after its phase's default ones unless
+    /// it says `t:none`.
+    fn transforms(&self, head: &Rule, link: &Rule) -> Vec<Transform> {
+        let phase = usize::from(head.actions.phase.unwrap_or(2));
+        let mut all = Vec::new();
+        if !link.actions.transforms_reset {
+            if let Some(Some(defaults)) = self.set.defaults.get(phase) {
+                all.extend_from_slice(&defaults.transforms);
+            }
+        }
+        all.extend_from_slice(&link.actions.transforms);
+        all
+    }
+
+    /// The non-disruptive actions of a link, for one value it matched.
+    fn act(&mut self, head: &Rule, link: &Rule) {
+        for setvar in &link.actions.setvars {
+            let name =
+                String::from_utf8_lossy(&self.expand(&setvar.name, head)).to_ascii_lowercase();
+            match &setvar.op {
+                SetOp::Delete => {
+                    self.tx.remove(&name);
+                }
+                SetOp::Set(value) => {
+                    let value = self.expand(value, head).into_owned();
+                    self.tx.insert(name, value);
+                }
+                SetOp::Add(value) | SetOp::Sub(value) => {
+                    let by = number(&self.expand(value, head));
+                    let now = self.tx.get(&name).map_or(0, |v| number(v));
+                    let next = if matches!(setvar.op, SetOp::Add(_)) {
+                        now.saturating_add(by)
+                    } else {
+                        now.saturating_sub(by)
+                    };
+                    self.tx.insert(name, next.to_string().into_bytes());
+                }
+            }
+        }
+        for ctl in &link.actions.ctls {
+            let value = String::from_utf8_lossy(&self.expand(&ctl.value, head)).into_owned();
+            self.ctl(ctl.option, &value);
+        }
+    }
+
+    fn ctl(&mut self, option: CtlOption, value: &str) {
+        match option {
+            CtlOption::RuleEngine => {
+                self.mode = match value.to_ascii_lowercase().as_str() {
+                    "off" => Mode::Off,
+                    "detectiononly" => Mode::Detect,
+                    _ => self.mode,
+                }
+            }
+            CtlOption::RuleRemoveById => {
+                for part in value.split([' ', ',']).filter(|p| !p.is_empty()) {
+                    let (low, high) = part.split_once('-').unwrap_or((part, part));
+                    if let (Ok(low), Ok(high)) = (low.parse(), high.parse()) {
+                        self.removed_ids.push((low, high));
+                    }
+                }
+            }
+            CtlOption::RuleRemoveByTag => self.removed_tags.push(value.to_owned()),
+            CtlOption::RuleRemoveTargetById | CtlOption::RuleRemoveTargetByTag => {
+                let Some((rule, target)) = value.split_once(';') else {
+                    return;
+                };
+                let rule = match option {
+                    CtlOption::RuleRemoveTargetById => match rule.trim().parse() {
+                        Ok(id) => RuleRef::Id(id),
+                        Err(_) => return,
+                    },
+                    _ => RuleRef::Tag(rule.trim().to_owned()),
+                };
+                if let Ok(targets) = super::rule::targets(target.trim()) {
+                    for target in targets {
+                        self.removed_targets.push((rule.clone(), target));
+                    }
+                }
+            }
+            CtlOption::RequestBodyProcessor => self.forced_processor = BodyProcessor::named(value),
+            CtlOption::ForceRequestBodyVariable => {
+                self.force_body_variable = value.eq_ignore_ascii_case("on");
+            }
+            // There is no audit log: every match is in `matches`.
+            CtlOption::AuditEngine => {}
+        }
+    }
+
+    fn matched_whole(&mut self, rule: &Rule, phase: u8) {
+        let id = rule.id().unwrap_or_default();
+        let defaults = self
+            .set
+            .defaults
+            .get(usize::from(phase))
+            .and_then(Option::as_ref);
+        let log = rule
+            .actions
+            .log
+            .or_else(|| defaults.and_then(|d| d.log))
+            .unwrap_or(true);
+        if log {
+            let msg = rule
+                .actions
+                .msg
+                .as_deref()
+                .map(|m| self.expand_text(m, rule));
+            let logdata = rule
+                .actions
+                .logdata
+                .as_deref()
+                .map(|m| self.expand_text(m, rule));
+            self.matches.push(Matched {
+                id,
+                phase,
+                msg: msg.unwrap_or_default(),
+                logdata: logdata.unwrap_or_default(),
+                severity: rule.actions.severity,
+            });
+        }
+        let disruptive = match rule.actions.disruptive {
+            Some(Disruptive::Block) => defaults.and_then(|d| d.disruptive),
+            other => other,
+        };
+        match disruptive {
+            Some(Disruptive::Deny | Disruptive::Drop) if self.mode == Mode::Block => {
+                let status = rule
+                    .actions
+                    .status
+                    .or_else(|| defaults.and_then(|d| d.status))
+                    .unwrap_or(403);
+                self.interruption = Some(Interruption { rule: id, status });
+            }
+            Some(Disruptive::Allow) => self.allowed = true,
+            _ => {}
+        }
+    }
+
+    fn expand_text(&self, text: &str, rule: &Rule) -> String {
+        String::from_utf8_lossy(&self.expand(text, rule)).into_owned()
+    }
+
+    /// `text` with each `%{NAME}` or `%{COLLECTION.key}` replaced by its
+    /// value (empty when there is none).
+    fn expand<'t>(&self, text: &'t str, rule: &Rule) -> Cow<'t, [u8]> {
+        if !text.contains("%{") {
+            return Cow::Borrowed(text.as_bytes());
+        }
+        let mut out = Vec::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(at) = rest.find("%{") {
+            out.extend_from_slice(&rest.as_bytes()[..at]);
+            let Some(end) = rest[at..].find('}') else {
+                out.extend_from_slice(&rest.as_bytes()[at..]);
+                return Cow::Owned(out);
+            };
+            let name = &rest[at + 2..at + end];
+            out.extend_from_slice(&self.macro_value(name, rule));
+            rest = &rest[at + end + 1..];
+        }
+        out.extend_from_slice(rest.as_bytes());
+        Cow::Owned(out)
+    }
+
+    fn macro_value(&self, name: &str, rule: &Rule) -> Vec<u8> {
+        let (collection, key) = match name.split_once('.') {
+            Some((c, k)) => (c, Some(k)),
+            None => (name, None),
+        };
+        let collection = collection.to_ascii_uppercase();
+        match (collection.as_str(), key) {
+            ("TX", Some(key)) => self.tx(key).map(<[u8]>::to_vec).unwrap_or_default(),
+            ("MATCHED_VAR", None) => self.matched_var.1.clone(),
+            ("MATCHED_VAR_NAME", None) => self.matched_var.0.clone().into_bytes(),
+            ("RULE", Some(key)) => match key.to_ascii_lowercase().as_str() {
+                "id" => rule.id().unwrap_or_default().to_string().into_bytes(),
+                "msg" => rule.actions.msg.clone().unwrap_or_default().into_bytes(),
+                "severity" => rule
+                    .actions
+                    .severity
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+                    .into_bytes(),
+                _ => Vec::new(),
+            },
+            _ => {
+                let Some(variable) = Variable::named(&collection) else {
+                    return Vec::new();
+                };
+                let target = Target {
+                    variable,
+                    selector: key.map(|k| super::rule::Selector::Name(k.to_owned())),
+                    count: false,
+                    exclude: false,
+                };
+                self.collect(&target)
+                    .into_iter()
+                    .next()
+                    .map(|(_, v)| v)
+                    .unwrap_or_default()
+            }
+        }
+    }
+
+    /// The values a link reads: its targets' (and, for a chain's first
+    /// rule, those `SecRuleUpdateTargetById` adds), less every exclusion.
+    fn values(&self, head: &Rule, link: &Rule) -> Vec<(String, Vec<u8>)> {
+        let id = head.id();
+        let is_head = std::ptr::eq(head, link);
+        let updates = self
+            .set
+            .target_updates
+            .iter()
+            .filter(|(updated, _)| is_head && Some(*updated) == id)
+            .flat_map(|(_, targets)| targets.iter());
+        let removed = self
+            .removed_targets
+            .iter()
+            .filter(|(rule, _)| match rule {
+                RuleRef::Id(removed) => is_head && Some(*removed) == id,
+                RuleRef::Tag(tag) => head.actions.tags.contains(tag),
+            })
+            .map(|(_, target)| target);
+        let all: Vec<&Target> = link.targets.iter().chain(updates).collect();
+        let excluded: Vec<&Target> = all
+            .iter()
+            .copied()
+            .filter(|t| t.exclude)
+            .chain(removed)
+            .collect();
+        let mut values = Vec::new();
+        for target in all.iter().filter(|t| !t.exclude) {
+            let mut found = self.collect(target);
+            if !target.count {
+                found.retain(|(name, _)| {
+                    !excluded
+                        .iter()
+                        .any(|x| x.variable == target.variable && self.selects(x, name_key(name)))
+                });
+            }
+            values.extend(found);
+        }
+        values
+    }
+
+    /// Whether target `x`'s selector names `key` (no selector: all).
+    fn selects(&self, x: &Target, key: &str) -> bool {
+        match &x.selector {
+            None => true,
+            Some(super::rule::Selector::Name(name)) => name.eq_ignore_ascii_case(key),
+            Some(super::rule::Selector::Pattern(pattern)) => self.pattern_matches(pattern, key),
+        }
+    }
+
+    fn pattern_matches(&self, pattern: &str, key: &str) -> bool {
+        match self.set.patterns.get(pattern) {
+            Some(re) => re.is_match(key.as_bytes()),
+            None => compile(pattern).is_ok_and(|re| re.is_match(key.as_bytes())),
+        }
+    }
+
+    /// A target's values with their names (`ARGS:x`); a count target's
+    /// one value, the count.
+    fn collect(&self, target: &Target) -> Vec<(String, Vec<u8>)> {
+        let variable = target.variable;
+        let label = variable.name();
+        let mut keyed: Vec<(String, Vec<u8>)> = Vec::new();
+        let single = |value: &[u8]| vec![(label.to_owned(), value.to_vec())];
+        let request = self.request;
+        let parsed = &self.parsed;
+        let pairs =
+            |list: &mut Vec<(String, Vec<u8>)>, pairs: &[(Vec<u8>, Vec<u8>)], names: bool| {
+                for (name, value) in pairs {
+                    let key = String::from_utf8_lossy(name).into_owned();
+                    let value = if names { name.clone() } else { value.clone() };
+                    list.push((format!("{label}:{key}"), value));
+                }
+            };
+        let headers =
+            |list: &mut Vec<(String, Vec<u8>)>, headers: &[(String, Vec<u8>)], names: bool| {
+                for (name, value) in headers {
+                    let value = if names {
+                        name.as_bytes().to_vec()
+                    } else {
+                        value.clone()
+                    };
+                    list.push((format!("{label}:{name}"), value));
+                }
+            };
+        let body_allowed = matches!(parsed.processor, None | Some(BodyProcessor::UrlEncoded))
+            || self.force_body_variable;
+        let mut whole = match variable {
+            Variable::Args => {
+                pairs(&mut keyed, &parsed.args_get, false);
+                pairs(&mut keyed, &parsed.args_post, false);
+                None
+            }
+            Variable::ArgsNames => {
+                pairs(&mut keyed, &parsed.args_get, true);
+                pairs(&mut keyed, &parsed.args_post, true);
+                None
+            }
+            Variable::ArgsGet => {
+                pairs(&mut keyed, &parsed.args_get, false);
+                None
+            }
+            Variable::ArgsGetNames => {
+                pairs(&mut keyed, &parsed.args_get, true);
+                None
+            }
+            Variable::ArgsPost => {
+                pairs(&mut keyed, &parsed.args_post, false);
+                None
+            }
+            Variable::ArgsPostNames => {
+                pairs(&mut keyed, &parsed.args_post, true);
+                None
+            }
+            Variable::ArgsCombinedSize => {
+                let size: usize = parsed
+                    .args_get
+                    .iter()
+                    .chain(&parsed.args_post)
+                    .map(|(n, v)| n.len() + v.len())
+                    .sum();
+                Some(size.to_string().into_bytes())
+            }
+            Variable::Files => {
+                for (field, file) in &parsed.files {
+                    keyed.push((
+                        format!("{label}:{}", String::from_utf8_lossy(field)),
+                        file.clone(),
+                    ));
+                }
+                None
+            }
+            Variable::FilesNames => {
+                pairs(&mut keyed, &parsed.files, true);
+                None
+            }
+            Variable::FilesCombinedSize => Some(parsed.files_size.to_string().into_bytes()),
+            Variable::MultipartPartHeaders => {
+                pairs(&mut keyed, &parsed.part_headers, false);
+                None
+            }
+            Variable::MatchedVar => Some(self.matched_var.1.clone()),
+            Variable::MatchedVarName => Some(self.matched_var.0.clone().into_bytes()),
+            Variable::MatchedVars => {
+                for (name, value) in &self.matched_vars {
+                    keyed.push((name.clone(), value.clone()));
+                }
+                None
+            }
+            Variable::MatchedVarsNames => {
+                for (name, _) in &self.matched_vars {
+                    keyed.push((name.clone(), name.clone().into_bytes()));
+                }
+                None
+            }
+            Variable::QueryString => Some(parsed.query.clone()),
+            Variable::RemoteAddr => Some(request.remote_addr.clone().into_bytes()),
+            Variable::ReqbodyError => Some(if parsed.body_error.is_some() {
+                b"1".to_vec()
+            } else {
+                b"0".to_vec()
+            }),
+            Variable::ReqbodyProcessor => Some(
+                parsed
+                    .processor
+                    .map_or("", BodyProcessor::name)
+                    .as_bytes()
+                    .to_vec(),
+            ),
+            Variable::RequestBasename => Some(parsed.basename.clone()),
+            Variable::RequestBody => body_allowed.then(|| request.body.clone()),
+            Variable::RequestBodyLength => Some(request.body.len().to_string().into_bytes()),
+            Variable::RequestCookies => {
+                pairs(&mut keyed, &parsed.cookies, false);
+                None
+            }
+            Variable::RequestCookiesNames => {
+                pairs(&mut keyed, &parsed.cookies, true);
+                None
+            }
+            Variable::RequestFilename => Some(parsed.filename.clone()),
+            Variable::RequestHeaders => {
+                headers(&mut keyed, &request.headers, false);
+                None
+            }
+            Variable::RequestHeadersNames => {
+                headers(&mut keyed, &request.headers, true);
+                None
+            }
+            Variable::RequestLine => Some(
+                format!("{} {} {}", request.method, request.uri, request.protocol).into_bytes(),
+            ),
+            Variable::RequestMethod => Some(request.method.clone().into_bytes()),
+            Variable::RequestProtocol => Some(request.protocol.clone().into_bytes()),
+            Variable::RequestUri | Variable::RequestUriRaw => {
+                Some(request.uri.clone().into_bytes())
+            }
+            Variable::ResponseBody => self.response.map(|r| r.body.clone()),
+            Variable::ResponseHeaders => {
+                if let Some(response) = self.response {
+                    headers(&mut keyed, &response.headers, false);
+                }
+                None
+            }
+            Variable::ResponseHeadersNames => {
+                if let Some(response) = self.response {
+                    headers(&mut keyed, &response.headers, true);
+                }
+                None
+            }
+            Variable::ResponseStatus => self.response.map(|r| r.status.to_string().into_bytes()),
+            Variable::Tx => {
+                let mut names: Vec<&String> = self.tx.keys().collect();
+                names.sort();
+                for name in names {
+                    keyed.push((format!("TX:{name}"), self.tx[name].clone()));
+                }
+                None
+            }
+            Variable::UniqueId => Some(format!("{:p}", self as *const Self).into_bytes()),
+            Variable::Xml => {
+                let list = match &target.selector {
+                    Some(super::rule::Selector::Name(path)) if path == "//@*" => {
+                        &parsed.xml_attributes
+                    }
+                    _ => &parsed.xml_text,
+                };
+                for value in list {
+                    keyed.push(("XML".to_owned(), value.clone()));
+                }
+                None
+            }
+        };
+        let mut found = match whole.take() {
+            Some(value) => single(&value),
+            None => keyed,
+        };
+        if let Some(selector) = target
+            .selector
+            .as_ref()
+            .filter(|_| variable != Variable::Xml)
+        {
+            let probe = Target {
+                variable,
+                selector: Some(selector.clone()),
+                count: false,
+                exclude: false,
+            };
+            found.retain(|(name, _)| self.selects(&probe, name_key(name)));
+        }
+        if target.count {
+            return vec![(label.to_owned(), found.len().to_string().into_bytes())];
+        }
+        found
+    }
+}
+
+/// The key of a value's name (`ARGS:x` → `x`).
+fn name_key(name: &str) -> &str {
+    name.split_once(':').map_or(name, |(_, key)| key)
+}
+
+fn number(text: &[u8]) -> i64 {
+    let text = std::str::from_utf8(text).unwrap_or_default().trim();
+    let end = text
+        .char_indices()
+        .find(|(i, c)| !(c.is_ascii_digit() || (*i == 0 && (*c == '-' || *c == '+'))))
+        .map_or(text.len(), |(i, _)| i);
+    text[..end].parse().unwrap_or(0)
+}
