@@ -169,7 +169,7 @@ fn request_of(input: &Yaml) -> Result<Request, String> {
     if let Some(encoded) = input["encoded_request"].as_str() {
         use base64::Engine as _;
         let raw = base64::engine::general_purpose::STANDARD
-            .decode(encoded.trim())
+            .decode(encoded.split_whitespace().collect::<String>())
             .map_err(|e| format!("encoded_request: {e}"))?;
         return raw_request(&raw);
     }
@@ -194,13 +194,20 @@ fn request_of(input: &Yaml) -> Result<Request, String> {
         .as_bytes()
         .to_vec();
     let autocomplete = input["autocomplete_headers"].as_bool().unwrap_or(true);
-    if autocomplete
-        && !body.is_empty()
-        && !headers
-            .iter()
-            .any(|(n, _)| n.eq_ignore_ascii_case("content-length"))
-    {
-        headers.push(("Content-Length".into(), body.len().to_string().into_bytes()));
+    let has = |headers: &[(String, Vec<u8>)], name: &str| {
+        headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+    };
+    if autocomplete && !body.is_empty() {
+        // As go-ftw completes a request with a body.
+        if !has(&headers, "content-length") {
+            headers.push(("Content-Length".into(), body.len().to_string().into_bytes()));
+        }
+        if !has(&headers, "content-type") {
+            headers.push((
+                "Content-Type".into(),
+                b"application/x-www-form-urlencoded".to_vec(),
+            ));
+        }
     }
     Ok(Request {
         remote_addr: "127.0.0.1".into(),
@@ -288,6 +295,56 @@ fn reflected(request: &Request) -> Option<Response> {
     })
 }
 
+/// Prints what one case (`942100-3`) matched and the paranoia and
+/// score variables it left, for finding why a case fails.
+pub fn explain(set: &RuleSet, case: &str) {
+    let Some((rule, id)) = case.split_once('-') else {
+        return;
+    };
+    let mut files = Vec::new();
+    collect_yaml(&crs_root().join("tests/regression/tests"), &mut files);
+    let Some(file) = files
+        .iter()
+        .find(|f| f.file_stem().is_some_and(|s| s == rule))
+    else {
+        return;
+    };
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let docs = YamlLoader::load_from_str(&text).unwrap_or_default();
+    for test in docs[0]["tests"].as_vec().into_iter().flatten() {
+        if test["test_id"].as_i64().map(|n| n.to_string()).as_deref() != Some(id) {
+            continue;
+        }
+        for stage in test["stages"].as_vec().into_iter().flatten() {
+            let Ok(request) = request_of(&stage["input"]) else {
+                continue;
+            };
+            eprintln!(
+                "{} {} body {:?}",
+                request.method,
+                request.uri,
+                String::from_utf8_lossy(&request.body)
+            );
+            let mut transaction = Transaction::new(set, &request, Mode::Detect);
+            transaction.request();
+            for m in &transaction.matches {
+                eprintln!("matched {} ({}): {}", m.id, m.msg, m.logdata);
+            }
+            for name in [
+                "detection_paranoia_level",
+                "blocking_paranoia_level",
+                "inbound_anomaly_score_pl1",
+                "inbound_anomaly_score_pl2",
+            ] {
+                eprintln!(
+                    "tx.{name} = {:?}",
+                    transaction.tx(name).map(String::from_utf8_lossy)
+                );
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,6 +355,10 @@ mod tests {
             eprintln!("skipped: ../shared/crs is not beside the project");
             return;
         };
+        if let Ok(only) = std::env::var("CUTOVER_WAF_CASE") {
+            explain(&set, &only);
+            return;
+        }
         let started = std::time::Instant::now();
         let cases = run(&set);
         let count = |f: fn(&Outcome) -> bool| cases.iter().filter(|c| f(&c.outcome)).count();
