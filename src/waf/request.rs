@@ -88,6 +88,7 @@ pub struct Parsed {
     /// Each file part: its field name and its file name.
     pub files: Vec<Pair>,
     pub files_size: usize,
+    /// Each part's header lines, under the part's name.
     pub part_headers: Vec<Pair>,
     /// `XML:/*` (every text node) and `XML://@*` (every attribute value).
     pub xml_text: Vec<Vec<u8>>,
@@ -125,6 +126,9 @@ impl Request {
             }
         }
         Parsed {
+            // Known from the head, so that phase 1 reads it (as
+            // ModSecurity's recommended configuration sets it there).
+            processor: self.header("content-type").and_then(BodyProcessor::of),
             filename: path.as_bytes().to_vec(),
             basename: basename.as_bytes().to_vec(),
             query: query.as_bytes().to_vec(),
@@ -137,7 +141,7 @@ impl Request {
     /// Reads the body with `processor` (its `Content-Type`'s when none is
     /// forced) into `parsed`.
     pub fn read_body(&self, parsed: &mut Parsed, forced: Option<BodyProcessor>) {
-        let processor = forced.or_else(|| self.header("content-type").and_then(BodyProcessor::of));
+        let processor = forced.or(parsed.processor);
         parsed.processor = processor;
         if self.body.is_empty() {
             return;
@@ -271,6 +275,7 @@ fn read_multipart(body: &[u8], boundary: &[u8], parsed: &mut Parsed) {
             .unwrap_or(content);
         let mut name = None;
         let mut filename = None;
+        let mut lines = Vec::new();
         for line in head
             .split(|b| *b == b'\n')
             .map(<[u8]>::trim_ascii)
@@ -280,13 +285,17 @@ fn read_multipart(body: &[u8], boundary: &[u8], parsed: &mut Parsed) {
                 continue;
             };
             let (field, value) = (&line[..colon], line[colon + 1..].trim_ascii());
-            parsed.part_headers.push((field.to_vec(), line.to_vec()));
+            lines.push(line.to_vec());
             if field.eq_ignore_ascii_case(b"content-disposition") {
                 name = disposition_param(value, b"name");
                 filename = disposition_param(value, b"filename");
             }
         }
         let name = name.unwrap_or_default();
+        // Each header line of the part, under the part's name.
+        for line in lines {
+            parsed.part_headers.push((name.clone(), line));
+        }
         match filename {
             Some(filename) => {
                 parsed.files_size += content.len();
@@ -460,6 +469,7 @@ mod tests {
         assert_eq!(p.files_size, 5);
         assert_eq!(pairs(&p.args_post), [("field".into(), "value".into())]);
         assert_eq!(p.part_headers.len(), 3);
+        assert_eq!(p.part_headers[0].0, b"f");
 
         let r = request(
             "/",
