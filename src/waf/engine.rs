@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::load::{compile, Entry, Rule, RuleSet};
+use super::load::{compile_selector, Entry, Rule, RuleSet};
 use super::operator::{self, Captures};
 use super::request::{BodyProcessor, Parsed, Request, Response};
 use super::rule::{CtlOption, Disruptive, SetOp, Target, Transform, Variable};
@@ -509,7 +509,7 @@ impl<'a> Transaction<'a> {
     fn pattern_matches(&self, pattern: &str, key: &str) -> bool {
         match self.set.patterns.get(pattern) {
             Some(re) => re.is_match(key.as_bytes()),
-            None => compile(pattern).is_ok_and(|re| re.is_match(key.as_bytes())),
+            None => compile_selector(pattern).is_ok_and(|re| re.is_match(key.as_bytes())),
         }
     }
 

@@ -356,7 +356,8 @@ impl Loader {
         for target in targets {
             if let Some(rule::Selector::Pattern(pattern)) = &target.selector {
                 if !self.patterns.contains_key(pattern) {
-                    let re = compile(pattern).map_err(|e| format!("selector /{pattern}/: {e}"))?;
+                    let re = compile_selector(pattern)
+                        .map_err(|e| format!("selector /{pattern}/: {e}"))?;
                     self.patterns.insert(pattern.clone(), re);
                 }
             }
@@ -478,6 +479,13 @@ pub fn compile(pattern: &str) -> Result<Regex, String> {
             Some(syntax) => one_line(&syntax.to_string()),
             None => one_line(&e.to_string()),
         })
+}
+
+/// A `/pattern/` selector: collection keys are compared without regard
+/// to case (`TX` keeps its names in lowercase; rules write them in
+/// capitals), so is the pattern.
+pub fn compile_selector(pattern: &str) -> Result<Regex, String> {
+    compile(&format!("(?i:{pattern})"))
 }
 
 /// PCRE without its UTF mode reads `\x{e2}` as the byte 0xE2; the
