@@ -209,6 +209,7 @@ fn request_of(input: &Yaml) -> Result<Request, String> {
             ));
         }
     }
+    let body = dechunked(&mut headers, body);
     Ok(Request {
         remote_addr: "127.0.0.1".into(),
         method: text("method", "GET"),
@@ -217,6 +218,35 @@ fn request_of(input: &Yaml) -> Result<Request, String> {
         headers,
         body,
     })
+}
+
+/// A chunked body as the HTTP server in front hands it on: decoded,
+/// without `Content-Length` (RFC 9112 §6.3: `Transfer-Encoding` wins).
+fn dechunked(headers: &mut Vec<(String, Vec<u8>)>, body: Vec<u8>) -> Vec<u8> {
+    let chunked = headers.iter().any(|(n, v)| {
+        n.eq_ignore_ascii_case("transfer-encoding") && v.to_ascii_lowercase().ends_with(b"chunked")
+    });
+    if !chunked {
+        return body;
+    }
+    headers.retain(|(n, _)| !n.eq_ignore_ascii_case("content-length"));
+    let mut out = Vec::new();
+    let mut rest = &body[..];
+    while let Some(end) = memchr::memmem::find(rest, b"\r\n") {
+        let size = std::str::from_utf8(&rest[..end])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.split(';').next().unwrap_or("").trim(), 16).ok());
+        let Some(size) = size.filter(|s| *s > 0) else {
+            break;
+        };
+        let start = end + 2;
+        let Some(chunk) = rest.get(start..start + size) else {
+            break;
+        };
+        out.extend_from_slice(chunk);
+        rest = rest.get(start + size + 2..).unwrap_or_default();
+    }
+    out
 }
 
 /// A request written out in bytes: its line, headers and body.
@@ -236,13 +266,15 @@ fn raw_request(raw: &[u8]) -> Result<Request, String> {
         .filter_map(|l| l.split_once(':'))
         .map(|(n, v)| (n.trim().to_owned(), v.trim().as_bytes().to_vec()))
         .collect();
+    let mut headers = headers;
+    let body = dechunked(&mut headers, raw[head_end.1..].to_vec());
     Ok(Request {
         remote_addr: "127.0.0.1".into(),
         method,
         uri,
         protocol,
         headers,
-        body: raw[head_end.1..].to_vec(),
+        body,
     })
 }
 

@@ -118,7 +118,10 @@ impl Request {
             Some((_, rest)) => rest.find('/').map_or("/", |at| &rest[at..]),
             None => path,
         };
-        let basename = path.rsplit('/').next().unwrap_or_default();
+        // The path as the server reads it: percent-decoded (a `+` is a
+        // `+` in a path).
+        let path = percent_decode(path.as_bytes());
+        let basename = path.rsplit(|b| *b == b'/').next().unwrap_or_default();
         let mut cookies = Vec::new();
         for (name, value) in &self.headers {
             if name.eq_ignore_ascii_case("cookie") {
@@ -129,8 +132,8 @@ impl Request {
             // Known from the head, so that phase 1 reads it (as
             // ModSecurity's recommended configuration sets it there).
             processor: self.header("content-type").and_then(BodyProcessor::of),
-            filename: path.as_bytes().to_vec(),
-            basename: basename.as_bytes().to_vec(),
+            basename: basename.to_vec(),
+            filename: path,
             query: query.as_bytes().to_vec(),
             args_get: split_args(query.as_bytes()),
             cookies,
@@ -182,6 +185,30 @@ pub fn split_args(text: &[u8]) -> Vec<Pair> {
             )
         })
         .collect()
+}
+
+/// `%HH` decoded, everything else (a `+`, a `%` not followed by two hex
+/// digits) as it is.
+fn percent_decode(value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(value.len());
+    let mut i = 0;
+    while i < value.len() {
+        let pair = value
+            .get(i + 1..i + 3)
+            .filter(|p| p.iter().all(u8::is_ascii_hexdigit));
+        match (value[i], pair) {
+            (b'%', Some(pair)) => {
+                let hex = std::str::from_utf8(pair).unwrap_or("00");
+                out.push(u8::from_str_radix(hex, 16).unwrap_or(0));
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 fn url_decode(value: &[u8]) -> Cow<'_, [u8]> {
@@ -421,10 +448,10 @@ mod tests {
 
     #[test]
     fn the_line_the_query_and_cookies() {
-        let r = request("http://h/a/b.php?x=1+2&y=%41&z", "", "");
+        let r = request("http://h/a/b%20c+d.php?x=1+2&y=%41&z", "", "");
         let p = r.parse_head();
-        assert_eq!(p.filename, b"/a/b.php");
-        assert_eq!(p.basename, b"b.php");
+        assert_eq!(p.filename, b"/a/b c+d.php");
+        assert_eq!(p.basename, b"b c+d.php");
         assert_eq!(
             pairs(&p.args_get),
             [
