@@ -114,7 +114,7 @@ impl Request {
             None => (self.uri.as_str(), ""),
         };
         // An absolute-form target's path starts after its authority.
-        let path = match path.split_once("://") {
+        let path = match path.split_once("://").filter(|_| !path.starts_with('/')) {
             Some((_, rest)) => rest.find('/').map_or("/", |at| &rest[at..]),
             None => path,
         };
@@ -228,8 +228,9 @@ fn split_cookies(header: &[u8]) -> Vec<Pair> {
         .collect()
 }
 
-/// Every scalar of a JSON document under its dotted path (`json.a.b`,
-/// array items by index: `json.list.0`).
+/// Every scalar of a JSON document under its dotted path (`json.a.b`);
+/// an array's items under the array's own name (`json.list`), as
+/// ModSecurity names them.
 fn flatten_json(prefix: &[u8], value: &serde_json::Value, out: &mut Vec<Pair>) {
     use serde_json::Value;
     let child = |key: &[u8]| [prefix, b".", key].concat();
@@ -240,8 +241,8 @@ fn flatten_json(prefix: &[u8], value: &serde_json::Value, out: &mut Vec<Pair>) {
             }
         }
         Value::Array(items) => {
-            for (index, item) in items.iter().enumerate() {
-                flatten_json(&child(index.to_string().as_bytes()), item, out);
+            for item in items {
+                flatten_json(prefix, item, out);
             }
         }
         Value::String(text) => out.push((prefix.to_vec(), text.as_bytes().to_vec())),
@@ -345,7 +346,9 @@ fn disposition_param(value: &[u8], wanted: &[u8]) -> Option<Vec<u8>> {
                 let mut text = Vec::new();
                 let mut i = 0;
                 while i < quoted.len() && quoted[i] != b'"' {
-                    if quoted[i] == b'\\' && i + 1 < quoted.len() {
+                    // Only `\"` and `\\` are escapes; any other backslash
+                    // is part of the name (as ModSecurity reads it).
+                    if quoted[i] == b'\\' && matches!(quoted.get(i + 1), Some(b'"' | b'\\')) {
                         i += 1;
                     }
                     text.push(quoted[i]);
@@ -482,8 +485,8 @@ mod tests {
         assert_eq!(
             pairs(&p.args_post),
             [
-                ("json.a.b.0".into(), "1".into()),
-                ("json.a.b.1".into(), "x".into()),
+                ("json.a.b".into(), "1".into()),
+                ("json.a.b".into(), "x".into()),
                 ("json.c".into(), String::new())
             ]
         );
