@@ -11,6 +11,7 @@
 mod control_server;
 mod handover;
 mod memory;
+mod running;
 mod startup;
 mod stop;
 mod systemd;

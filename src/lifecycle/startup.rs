@@ -7,23 +7,22 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde_json::json;
-use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use super::control_server::Gate;
 use super::handover::{self, SocketRole, UpgradeState};
-use super::stop::Stop;
+use super::running::{refresh_gauges, signal_loop, Signals};
 use super::upgrade::Process;
 use crate::admin::{self, Security};
 use crate::admission::Admission;
 use crate::config::{ConfigText, Diagnostic};
-use crate::control::{Candidate, Control, ControlParts, UpgradeRequest};
+use crate::control::{Control, ControlParts};
 use crate::generation::{self, SharedState};
 use crate::ids::GenerationId;
 use crate::plan::{self, Spec};
 use crate::proxy::{ListenerSet, Workers};
 use crate::runtime::{
-    rfc3339, GenerationLoad, GenerationRecord, GenerationStore, History, Outcome, PersistedState,
-    Phase, PhaseCell, RetainedText, Source,
+    rfc3339, GenerationRecord, GenerationStore, History, Outcome, PersistedState, Phase, PhaseCell,
+    RetainedText, Source,
 };
 use crate::telemetry::{self, metrics as m};
 use crate::tls::CertStore;
@@ -293,15 +292,20 @@ fn control_socket(
     ))
 }
 
+/// Listeners' sockets handed over, by listener name and bound address.
+type InheritedListeners = Vec<(String, std::net::SocketAddr, std::os::fd::OwnedFd)>;
+/// HTTP/3 listeners' UDP groups handed over.
+type InheritedQuic = Vec<(String, std::net::SocketAddr, crate::proxy::InheritedGroup)>;
+
 /// What a process started by a drain-aware upgrade takes over: the
 /// sockets the previous process handed over (its listeners', and the
 /// admin and metrics ones), and the pipe it closes once it stops
 /// accepting on the latter.
 struct Inherited {
     accept_after: Option<std::os::fd::OwnedFd>,
-    listeners: Vec<(String, std::net::SocketAddr, std::os::fd::OwnedFd)>,
+    listeners: InheritedListeners,
     /// HTTP/3 listeners' UDP groups, by listener name and bound address.
-    quic: Vec<(String, std::net::SocketAddr, crate::proxy::InheritedGroup)>,
+    quic: InheritedQuic,
     control: Vec<(SocketRole, std::net::SocketAddr, std::net::TcpListener)>,
 }
 
@@ -365,6 +369,11 @@ impl Inherited {
     }
 }
 
+/// The process from its first generation to its exit, as steps: the
+/// telemetry, the data plane (the first generation and its listeners),
+/// the admin and metrics sockets, the start recorded, the control plane,
+/// the admin and metrics endpoints, ready; then the signals until it
+/// stops.
 async fn serve(
     options: Options,
     start: Start,
@@ -372,19 +381,8 @@ async fn serve(
     workers: Arc<Workers>,
     imported: Option<crate::gatewayapi::Imported>,
 ) -> Result<(), StartError> {
-    let signals = Signals::install()?;
-    let log_level = telemetry::init_logging(&start.spec.log).map_err(StartError::Log)?;
-    if let Some(path) = &start.spec.admin.audit_log {
-        telemetry::audit::init(path).map_err(StartError::Log)?;
-    }
-    for note in &start.notes {
-        tracing::info!("{note}");
-    }
-    if let Some(imported) = &imported {
-        super::watch::report_import(imported);
-    }
-    let prometheus = telemetry::init_metrics();
-    telemetry::otlp::init(&start.spec.tracing).map_err(StartError::Log)?;
+    let signals = Signals::install().map_err(StartError::Runtime)?;
+    let (log_level, prometheus) = telemetry_up(&start, imported.as_ref())?;
     let phase = Arc::new(PhaseCell::default());
     let Start {
         text,
@@ -398,55 +396,21 @@ async fn serve(
     } = start;
     let state_dir = spec.runtime.state_dir.clone();
     let mut history = History::new(spec.runtime.history_limit, state_dir.clone(), history);
-
     let Inherited {
         accept_after,
         listeners: inherited_listeners,
         quic: inherited_quic,
         control: mut inherited_control,
     } = Inherited::adopt(upgrade.as_ref())?;
-
-    // Before anything that exports series is made.
-    telemetry::series::set_max_series(spec.metrics_max_series);
-    let shared = Arc::new(SharedState::default());
-    shared.discovery.configure(&spec.discovery);
-    // Members from DNS and files are in before the first generation
-    // serves (a source that does not answer in time follows later).
-    let primed = shared
-        .discovery
-        .prime(&spec, shared.discovery.patience())
-        .await;
-    let first = generation::build(Arc::clone(&spec), id, &shared)?;
-    drop(primed);
-    // The parse tree is gone: its pages go back before anything else is
-    // allocated (with only the collection further down, RSS at 10 000
-    // routes ends 1 MiB higher and peaks 2 MiB higher).
-    (options.release_memory)();
-    let store = Arc::new(GenerationStore::new(first));
-    let admission = Admission::new(Arc::clone(&store));
-    let certificates = Arc::new(CertStore::default());
-    certificates.swap(generation::certificate_material(&spec, store.active_id()));
-    certificates.follow(Arc::clone(&store) as Arc<dyn crate::tls::ActiveMaterial>);
-    let listeners = ListenerSet::new(admission, Arc::clone(&certificates), Some(workers));
-    listeners.inherit(inherited_listeners);
-    for (name, address, group) in inherited_quic {
-        listeners.inherit_quic(name, address, group);
-    }
-    let bound = listeners.bind_new(&spec.listeners)?;
-    listeners.release_unadopted();
-
-    let (admin_socket, admin_kept) =
-        control_socket(SocketRole::Admin, spec.admin.bind, &mut inherited_control)?;
-    let admin_address = admin_socket.local_addr().unwrap_or(spec.admin.bind);
-    let mut control_sockets = vec![(SocketRole::Admin, spec.admin.bind, admin_kept)];
-    let metrics_socket = match spec.metrics_bind {
-        Some(bind) => {
-            let (socket, kept) = control_socket(SocketRole::Metrics, bind, &mut inherited_control)?;
-            control_sockets.push((SocketRole::Metrics, bind, kept));
-            Some(socket)
-        }
-        None => None,
-    };
+    let plane = DataPlane::start(
+        &spec,
+        id,
+        workers,
+        &options,
+        (inherited_listeners, inherited_quic),
+    )
+    .await?;
+    let sockets = ControlSockets::bind(&spec, &mut inherited_control)?;
     drop(inherited_control);
 
     record_start(
@@ -463,30 +427,191 @@ async fn serve(
     drop(upgrade);
     history.persist()?;
     (options.release_memory)();
-    listeners.start(bound);
+    plane.listeners.start(plane.bound);
 
     let control = Arc::new(Control::new(ControlParts {
-        store: Arc::clone(&store),
-        shared,
-        listeners: Arc::clone(&listeners),
-        certificates,
+        store: plane.store,
+        shared: plane.shared,
+        listeners: Arc::clone(&plane.listeners),
+        certificates: plane.certificates,
         history,
         config_file: options.config.clone(),
         log_level,
         phase: Arc::clone(&phase),
         release_memory: options.release_memory,
     }));
-    let scratch = state_dir.unwrap_or_else(std::env::temp_dir);
     let hashed = binary.hashed();
     let process = Process::new(
         options.config.clone(),
         options.watch,
         options.gateway_api.clone(),
         binary,
-        control_sockets,
-        scratch,
+        sockets.kept,
+        state_dir.unwrap_or_else(std::env::temp_dir),
     );
     control.set_process(Arc::clone(&process) as Arc<dyn crate::control::ProcessControl>);
+    let writer = control_plane(&control, &spec, &options)?;
+
+    let admin_router = admin::router(
+        writer.clone(),
+        Security::new(
+            sockets.admin_address,
+            &spec.admin.callers,
+            spec.admin.max_body,
+        ),
+    );
+    // Status names the running binary's hash from its first answer, and
+    // an upgrading parent keeps the admin socket until this process can
+    // answer it fully.
+    hashed.await;
+    let metrics_address = serve_endpoints(
+        sockets.admin,
+        admin_router,
+        sockets
+            .metrics
+            .map(|socket| (socket, metrics_router(Arc::clone(&control), prometheus))),
+        &spec,
+        &process,
+        accept_after,
+    )?;
+
+    phase.advance(Phase::Running);
+    metrics::gauge!(m::ACTIVE_GENERATION).set(id.0 as f64);
+    tokio::spawn(refresh_gauges(Arc::clone(&control)));
+    // Subscribed before anyone can learn we are ready: a drain requested
+    // the moment after the announcement must still be seen.
+    let stopping = process.stopping();
+    announce_ready(&control, sockets.admin_address, metrics_address);
+    signal_loop(writer, process, signals, stopping).await;
+    Ok(())
+}
+
+/// Logging, the audit log, the notes of the start and of a Gateway API
+/// import, metrics and trace export.
+fn telemetry_up(
+    start: &Start,
+    imported: Option<&crate::gatewayapi::Imported>,
+) -> Result<
+    (
+        telemetry::LogLevel,
+        metrics_exporter_prometheus::PrometheusHandle,
+    ),
+    StartError,
+> {
+    let log_level = telemetry::init_logging(&start.spec.log).map_err(StartError::Log)?;
+    if let Some(path) = &start.spec.admin.audit_log {
+        telemetry::audit::init(path).map_err(StartError::Log)?;
+    }
+    for note in &start.notes {
+        tracing::info!("{note}");
+    }
+    if let Some(imported) = imported {
+        super::watch::report_import(imported);
+    }
+    let prometheus = telemetry::init_metrics();
+    telemetry::otlp::init(&start.spec.tracing).map_err(StartError::Log)?;
+    Ok((log_level, prometheus))
+}
+
+/// The first generation, the store that publishes it, the certificates
+/// its listeners serve and the listeners themselves (inherited ones
+/// adopted, new ones bound, not yet accepting).
+struct DataPlane {
+    shared: Arc<SharedState>,
+    store: Arc<GenerationStore>,
+    certificates: Arc<CertStore>,
+    listeners: Arc<ListenerSet>,
+    bound: Vec<crate::proxy::BoundListener>,
+}
+
+impl DataPlane {
+    async fn start(
+        spec: &Arc<Spec>,
+        id: GenerationId,
+        workers: Arc<Workers>,
+        options: &Options,
+        (inherited, quic): (InheritedListeners, InheritedQuic),
+    ) -> Result<DataPlane, StartError> {
+        // Before anything that exports series is made.
+        telemetry::series::set_max_series(spec.metrics_max_series);
+        let shared = Arc::new(SharedState::default());
+        shared.discovery.configure(&spec.discovery);
+        // Members from DNS and files are in before the first generation
+        // serves (a source that does not answer in time follows later).
+        let primed = shared
+            .discovery
+            .prime(spec, shared.discovery.patience())
+            .await;
+        let first = generation::build(Arc::clone(spec), id, &shared)?;
+        drop(primed);
+        // The parse tree is gone: its pages go back before anything else
+        // is allocated (with only the collection further down, RSS at
+        // 10 000 routes ends 1 MiB higher and peaks 2 MiB higher).
+        (options.release_memory)();
+        let store = Arc::new(GenerationStore::new(first));
+        let admission = Admission::new(Arc::clone(&store));
+        let certificates = Arc::new(CertStore::default());
+        certificates.swap(generation::certificate_material(spec, store.active_id()));
+        certificates.follow(Arc::clone(&store) as Arc<dyn crate::tls::ActiveMaterial>);
+        let listeners = ListenerSet::new(admission, Arc::clone(&certificates), Some(workers));
+        listeners.inherit(inherited);
+        for (name, address, group) in quic {
+            listeners.inherit_quic(name, address, group);
+        }
+        let bound = listeners.bind_new(&spec.listeners)?;
+        listeners.release_unadopted();
+        Ok(DataPlane {
+            shared,
+            store,
+            certificates,
+            listeners,
+            bound,
+        })
+    }
+}
+
+/// The admin socket and the metrics one (inherited or bound), and the
+/// copies kept to hand over at the next upgrade.
+struct ControlSockets {
+    admin: tokio::net::TcpListener,
+    admin_address: SocketAddr,
+    metrics: Option<tokio::net::TcpListener>,
+    kept: Vec<(SocketRole, SocketAddr, std::net::TcpListener)>,
+}
+
+impl ControlSockets {
+    fn bind(
+        spec: &Spec,
+        inherited: &mut Vec<(SocketRole, SocketAddr, std::net::TcpListener)>,
+    ) -> Result<ControlSockets, StartError> {
+        let (admin, admin_kept) = control_socket(SocketRole::Admin, spec.admin.bind, inherited)?;
+        let admin_address = admin.local_addr().unwrap_or(spec.admin.bind);
+        let mut kept = vec![(SocketRole::Admin, spec.admin.bind, admin_kept)];
+        let metrics = match spec.metrics_bind {
+            Some(bind) => {
+                let (socket, metrics_kept) = control_socket(SocketRole::Metrics, bind, inherited)?;
+                kept.push((SocketRole::Metrics, bind, metrics_kept));
+                Some(socket)
+            }
+            None => None,
+        };
+        Ok(ControlSockets {
+            admin,
+            admin_address,
+            metrics,
+            kept,
+        })
+    }
+}
+
+/// What runs beside the writer: a pending generation taken up again,
+/// the writer (local or the fleet's), the certificate keeper, the
+/// freeze windows' events, webhooks and `--watch`.
+fn control_plane(
+    control: &Arc<Control>,
+    spec: &Spec,
+    options: &Options,
+) -> Result<Writer, StartError> {
     // A generation that was pending when the last process stopped (or
     // handed over) is pending again, with what is left of its window.
     control.resume_pending();
@@ -495,14 +620,14 @@ async fn serve(
             "--watch and [fleet] would be two sources of truth for the routes: a fleet instance takes its shared configuration from etcd".into(),
         ));
     }
-    let writer = Writer::start(Arc::clone(&control), spec.fleet.clone());
+    let writer = Writer::start(Arc::clone(control), spec.fleet.clone());
     // ACME orders and renewals, OCSP staples (DESIGN §21); after the
     // writer, so that a fleet instance orders through its fleet.
     control.keeper().start();
     control.watch_freeze();
     control.start_webhooks(&spec.admin.webhooks);
     if options.watch {
-        match super::watch::spawn(Arc::clone(&control), options.config.clone()) {
+        match super::watch::spawn(Arc::clone(control), options.config.clone()) {
             Ok(()) => {
                 tracing::info!(config = %options.config.display(), "watching the configuration file and the files it references")
             }
@@ -514,14 +639,20 @@ async fn serve(
             tracing::info!(folder = %source.dir.display(), "watching the Gateway API resources");
         }
     }
+    Ok(writer)
+}
 
-    let security = Security::new(admin_address, &spec.admin.callers, spec.admin.max_body);
-    let admin_router = admin::router(writer.clone(), security);
-    // Status names the running binary's hash from its first answer, and
-    // an upgrading parent keeps the admin socket until this process can
-    // answer it fully.
-    hashed.await;
-    // After a hand-over, accepted only once the old process has stopped.
+/// Serves the admin API (over TLS when `admin.tls` says so) and the
+/// metrics endpoint; after a hand-over, only once the old process has
+/// stopped accepting. Returns the metrics address.
+fn serve_endpoints(
+    admin_socket: tokio::net::TcpListener,
+    admin_router: axum::Router,
+    metrics: Option<(tokio::net::TcpListener, axum::Router)>,
+    spec: &Spec,
+    process: &Arc<Process>,
+    accept_after: Option<std::os::fd::OwnedFd>,
+) -> Result<Option<SocketAddr>, StartError> {
     let gate = match accept_after {
         Some(pipe) => Gate::until_closed(pipe),
         None => Gate::open(),
@@ -539,31 +670,19 @@ async fn serve(
         gate.clone(),
         admin_tls,
     ));
-    let metrics_address = match metrics_socket {
-        Some(socket) => {
-            let address = socket.local_addr().ok();
-            let router = metrics_router(Arc::clone(&control), prometheus);
-            tokio::spawn(super::control_server::serve(
-                socket,
-                router,
-                process.stopping(),
-                "metrics",
-                process.served(),
-                gate,
-            ));
-            address
-        }
-        None => None,
+    let Some((socket, router)) = metrics else {
+        return Ok(None);
     };
-
-    phase.advance(Phase::Running);
-    metrics::gauge!(m::ACTIVE_GENERATION).set(id.0 as f64);
-    tokio::spawn(refresh_gauges(Arc::clone(&control)));
-    // Subscribed before anyone can learn we are ready: a drain requested
-    // the moment after the announcement must still be seen.
-    let stopping = process.stopping();
-    announce_ready(&control, admin_address, metrics_address);
-    signal_loop(writer, process, signals, stopping).await
+    let address = socket.local_addr().ok();
+    tokio::spawn(super::control_server::serve(
+        socket,
+        router,
+        process.stopping(),
+        "metrics",
+        process.served(),
+        gate,
+    ));
+    Ok(address)
 }
 
 /// Records how this process started: the generation it built (at a
@@ -668,29 +787,6 @@ fn metrics_router(
         )
 }
 
-async fn refresh_gauges(control: Arc<Control>) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-    loop {
-        tick.tick().await;
-        publish_gauges(&control);
-        control.sample_timeline();
-        let huge_pages = control.store().load_full().spec.runtime.huge_pages;
-        super::memory::note_load(crate::generation::answered_totals().0, huge_pages);
-    }
-}
-
-/// Pushes the phase and the work pinned to each live generation to the
-/// gauges telemetry keeps.
-fn publish_gauges(control: &Control) {
-    let loads: Vec<_> = control
-        .store()
-        .loads()
-        .iter()
-        .map(GenerationLoad::pinned)
-        .collect();
-    telemetry::refresh_gauges(control.phase().get().as_gauge(), &loads);
-}
-
 /// One JSON line on stdout once every socket is bound and the first
 /// generation is active: what supervisors, tests and an upgrading parent
 /// wait for. Under systemd (`Type=notify`) also `READY=1` with our pid.
@@ -716,169 +812,4 @@ fn announce_ready(control: &Control, admin: SocketAddr, metrics: Option<SocketAd
     let _ = stdout.flush();
     super::systemd::notify(&format!("READY=1\nMAINPID={}", std::process::id()));
     tracing::info!(%admin, generation = %control.store().active_id(), "cutover ready");
-}
-
-/// The signals the process reacts to. Installed before anything is
-/// announced ready: a SIGHUP that arrived before its handler would
-/// otherwise take the default action and kill the process.
-struct Signals {
-    hangup: Signal,
-    terminate: Signal,
-    interrupt: Signal,
-    user1: Signal,
-    user2: Signal,
-}
-
-impl Signals {
-    fn install() -> Result<Self, StartError> {
-        let install = |kind| signal(kind).map_err(StartError::Runtime);
-        Ok(Self {
-            hangup: install(SignalKind::hangup())?,
-            terminate: install(SignalKind::terminate())?,
-            interrupt: install(SignalKind::interrupt())?,
-            user1: install(SignalKind::user_defined1())?,
-            user2: install(SignalKind::user_defined2())?,
-        })
-    }
-}
-
-async fn signal_loop(
-    writer: Writer,
-    process: Arc<Process>,
-    signals: Signals,
-    mut stopping: tokio::sync::watch::Receiver<Option<Stop>>,
-) -> Result<(), StartError> {
-    let control = Arc::clone(writer.control());
-    let Signals {
-        mut hangup,
-        mut terminate,
-        mut interrupt,
-        mut user1,
-        mut user2,
-    } = signals;
-    let stop = loop {
-        tokio::select! {
-            _ = hangup.recv() => {
-                tracing::info!("SIGHUP: reloading the configuration file");
-                match writer.reload(Candidate::config_file()).await {
-                    Ok(activation) => tracing::info!(outcome = %activation.outcome, generation = %activation.generation, "reload finished"),
-                    Err(error) => log_refusal(&error),
-                }
-            }
-            _ = user1.recv() => {
-                tracing::info!("SIGUSR1: reopening the log files");
-                telemetry::reopen_logs();
-            }
-            _ = user2.recv() => {
-                tracing::info!("SIGUSR2: drain-aware restart");
-                match control.upgrade(UpgradeRequest { requested_by: Some("SIGUSR2".into()), ..UpgradeRequest::default() }) {
-                    Ok(operation) => tracing::info!(%operation, "upgrade started"),
-                    Err(error) => tracing::error!(%error, "upgrade refused"),
-                }
-            }
-            _ = terminate.recv() => {
-                tracing::info!("SIGTERM: draining");
-                process.request_stop(Stop::Drain);
-            }
-            _ = interrupt.recv() => {
-                tracing::info!("SIGINT: stopping now");
-                control.phase().advance(Phase::Stopped);
-                return Ok(());
-            }
-            // `wait_for` also sees a stop requested before this loop
-            // first ran (`changed` would wait for the next one).
-            requested = stopping.wait_for(Option::is_some) => {
-                break requested.ok().and_then(|stop| *stop).unwrap_or(Stop::Drain);
-            }
-        }
-    };
-    tokio::select! {
-        _ = drain(&writer, &process, stop) => {}
-        _ = interrupt.recv() => tracing::info!("SIGINT: stopping now"),
-    }
-    control.phase().advance(Phase::Stopped);
-    Ok(())
-}
-
-fn log_refusal(error: &crate::control::ControlError) {
-    use crate::control::ControlError;
-    match error {
-        ControlError::Invalid(plan) | ControlError::RestartRequired(plan) => {
-            for d in &plan.errors {
-                tracing::error!(code = d.code.as_str(), line = d.line, column = d.column, path = %d.path, "{}", d.message);
-            }
-            for r in &plan.rejected {
-                tracing::error!(path = %r.path, reason = %r.reason, "{}", r.action);
-            }
-            tracing::error!("reload refused; the active generation is unchanged");
-        }
-        other => {
-            tracing::error!(error = %other, "reload refused; the active generation is unchanged")
-        }
-    }
-}
-
-/// Stops accepting, lets in-flight work finish until `drain_timeout`,
-/// then returns so the process exits.
-async fn drain(writer: &Writer, process: &Process, stop: Stop) {
-    let control = writer.control();
-    control.phase().advance(Phase::Draining);
-    publish_gauges(control);
-    let timeout = control.store().load_full().spec.runtime.drain_timeout;
-    control.listeners().drain();
-    // Out of the fleet at once (bounded, as etcd may be away).
-    writer.leave().await;
-    // Fleet quotas' unspent leases go back to the store: the instances
-    // that stay get them now, not when the leases would have run out.
-    let generation = control.store().load_full();
-    let given = tokio::time::timeout(
-        std::time::Duration::from_secs(1),
-        generation.give_back_leases(),
-    )
-    .await;
-    if let Ok(tokens @ 1..) = given {
-        tracing::info!(tokens, "gave unspent fleet-quota tokens back to the store");
-    }
-    drop(generation);
-    tracing::info!(
-        ?stop,
-        ?timeout,
-        "draining: listeners closed, waiting for connections to finish"
-    );
-    let started = std::time::Instant::now();
-    let left = control.listeners().wait_closed(timeout).await;
-    if left > 0 {
-        tracing::warn!(
-            connections = left,
-            ?timeout,
-            "drain timeout reached; closing the remaining connections"
-        );
-        // Tunnels and L4 relays end as their protocol allows (a
-        // WebSocket's closing handshake), each with its access-log line.
-        let grace = crate::proxy::TUNNEL_CLOSE_GRACE + std::time::Duration::from_millis(500);
-        let still = control.listeners().cut(grace).await;
-        if still > 0 {
-            tracing::warn!(
-                connections = still,
-                "closing connections that did not finish at the drain deadline"
-            );
-        }
-    } else {
-        tracing::info!("drained");
-    }
-    // Event streams end here (their readers resume on the new process,
-    // or learn that this one is gone).
-    control.events().close();
-    // Handed over: the admin and metrics connections this process
-    // accepted are answered before it exits (control_server.rs), within
-    // what is left of the drain timeout.
-    if stop == Stop::HandedOver {
-        let left = timeout.saturating_sub(started.elapsed());
-        if tokio::time::timeout(left, process.served().open.none())
-            .await
-            .is_err()
-        {
-            tracing::warn!("drain timeout reached with admin connections open");
-        }
-    }
 }
