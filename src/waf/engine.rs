@@ -205,8 +205,16 @@ impl<'a> Transaction<'a> {
                 );
             }
             for t in &transforms {
-                let next = transform::apply(*t, &current).into_owned();
-                current = Cow::Owned(next);
+                // A transformation that changes nothing hands the value
+                // back: nothing is copied then.
+                let next = match transform::apply(*t, &current) {
+                    Cow::Borrowed(same) if same.len() == current.len() => None,
+                    Cow::Borrowed(part) => Some(part.to_vec()),
+                    Cow::Owned(changed) => Some(changed),
+                };
+                if let Some(next) = next {
+                    current = Cow::Owned(next);
+                }
                 if multi && !hit {
                     hit = self.test(
                         link,
@@ -499,10 +507,16 @@ impl<'a> Transaction<'a> {
 
     /// Whether target `x`'s selector names `key` (no selector: all).
     fn selects(&self, x: &Target, key: &str) -> bool {
-        match &x.selector {
-            None => true,
-            Some(super::rule::Selector::Name(name)) => name.eq_ignore_ascii_case(key),
-            Some(super::rule::Selector::Pattern(pattern)) => self.pattern_matches(pattern, key),
+        x.selector
+            .as_ref()
+            .is_none_or(|selector| self.selector_keeps(selector, key))
+    }
+
+    /// Whether `selector` names `key`.
+    fn selector_keeps(&self, selector: &super::rule::Selector, key: &str) -> bool {
+        match selector {
+            super::rule::Selector::Name(name) => name.eq_ignore_ascii_case(key),
+            super::rule::Selector::Pattern(pattern) => self.pattern_matches(pattern, key),
         }
     }
 
@@ -522,17 +536,26 @@ impl<'a> Transaction<'a> {
         let single = |value: &[u8]| vec![(label.to_owned(), value.to_vec())];
         let request = self.request;
         let parsed = &self.parsed;
+        // Only the values the selector names are copied out.
+        let selector = target
+            .selector
+            .as_ref()
+            .filter(|_| variable != Variable::Xml);
+        let keep = |key: &str| selector.is_none_or(|s| self.selector_keeps(s, key));
         let pairs =
             |list: &mut Vec<(String, Vec<u8>)>, pairs: &[(Vec<u8>, Vec<u8>)], names: bool| {
                 for (name, value) in pairs {
-                    let key = String::from_utf8_lossy(name).into_owned();
+                    let key = String::from_utf8_lossy(name);
+                    if !keep(&key) {
+                        continue;
+                    }
                     let value = if names { name.clone() } else { value.clone() };
                     list.push((format!("{label}:{key}"), value));
                 }
             };
         let headers =
             |list: &mut Vec<(String, Vec<u8>)>, headers: &[(String, Vec<u8>)], names: bool| {
-                for (name, value) in headers {
+                for (name, value) in headers.iter().filter(|(name, _)| keep(name)) {
                     let value = if names {
                         name.as_bytes().to_vec()
                     } else {
@@ -580,12 +603,7 @@ impl<'a> Transaction<'a> {
                 Some(size.to_string().into_bytes())
             }
             Variable::Files => {
-                for (field, file) in &parsed.files {
-                    keyed.push((
-                        format!("{label}:{}", String::from_utf8_lossy(field)),
-                        file.clone(),
-                    ));
-                }
+                pairs(&mut keyed, &parsed.files, false);
                 None
             }
             Variable::FilesNames => {
@@ -600,13 +618,13 @@ impl<'a> Transaction<'a> {
             Variable::MatchedVar => Some(self.matched_var.1.clone()),
             Variable::MatchedVarName => Some(self.matched_var.0.clone().into_bytes()),
             Variable::MatchedVars => {
-                for (name, value) in &self.matched_vars {
+                for (name, value) in self.matched_vars.iter().filter(|(n, _)| keep(name_key(n))) {
                     keyed.push((name.clone(), value.clone()));
                 }
                 None
             }
             Variable::MatchedVarsNames => {
-                for (name, _) in &self.matched_vars {
+                for (name, _) in self.matched_vars.iter().filter(|(n, _)| keep(name_key(n))) {
                     keyed.push((name.clone(), name.clone().into_bytes()));
                 }
                 None
@@ -668,10 +686,22 @@ impl<'a> Transaction<'a> {
             }
             Variable::ResponseStatus => self.response.map(|r| r.status.to_string().into_bytes()),
             Variable::Tx => {
-                let mut names: Vec<&String> = self.tx.keys().collect();
-                names.sort();
-                for name in names {
-                    keyed.push((format!("TX:{name}"), self.tx[name].clone()));
+                match selector {
+                    // One variable by name: looked up, not searched for.
+                    Some(super::rule::Selector::Name(key)) => {
+                        let key = key.to_ascii_lowercase();
+                        if let Some(value) = self.tx.get(&key) {
+                            keyed.push((format!("TX:{key}"), value.clone()));
+                        }
+                    }
+                    _ => {
+                        let mut names: Vec<&String> =
+                            self.tx.keys().filter(|name| keep(name)).collect();
+                        names.sort();
+                        for name in names {
+                            keyed.push((format!("TX:{name}"), self.tx[name].clone()));
+                        }
+                    }
                 }
                 None
             }
@@ -689,23 +719,11 @@ impl<'a> Transaction<'a> {
                 None
             }
         };
-        let mut found = match whole.take() {
+        // A single value's variable has no parts to select.
+        let found = match whole.take() {
             Some(value) => single(&value),
             None => keyed,
         };
-        if let Some(selector) = target
-            .selector
-            .as_ref()
-            .filter(|_| variable != Variable::Xml)
-        {
-            let probe = Target {
-                variable,
-                selector: Some(selector.clone()),
-                count: false,
-                exclude: false,
-            };
-            found.retain(|(name, _)| self.selects(&probe, name_key(name)));
-        }
         if target.count {
             return vec![(label.to_owned(), found.len().to_string().into_bytes())];
         }

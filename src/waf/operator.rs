@@ -75,9 +75,14 @@ pub fn matches(
 }
 
 fn regex(re: &regex_automata::meta::Regex, value: &[u8], captures: Option<&mut Captures>) -> bool {
+    // The fast engines answer whether it matches; only a match pays for
+    // its groups.
     let Some(captures) = captures else {
         return re.is_match(value);
     };
+    if !re.is_match(value) {
+        return false;
+    }
     let mut found = re.create_captures();
     re.captures(value, &mut found);
     if !found.is_match() {
