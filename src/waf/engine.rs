@@ -13,6 +13,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::load::{compile_selector, Entry, Rule, RuleSet};
 use super::operator::{self, Captures};
@@ -50,7 +51,9 @@ pub struct Transaction<'a> {
     set: &'a RuleSet,
     request: &'a Request,
     response: Option<&'a Response>,
-    parsed: Parsed,
+    /// The request taken apart (shared with the values a rule reads
+    /// while the rule changes the transaction).
+    parsed: Arc<Parsed>,
     mode: Mode,
     tx: HashMap<String, Vec<u8>>,
     matched_var: (String, Vec<u8>),
@@ -82,7 +85,7 @@ impl<'a> Transaction<'a> {
             set,
             request,
             response: None,
-            parsed: request.parse_head(),
+            parsed: Arc::new(request.parse_head()),
             mode,
             tx: HashMap::new(),
             matched_var: (String::new(), Vec::new()),
@@ -103,7 +106,7 @@ impl<'a> Transaction<'a> {
         self.phase(1);
         if self.interruption.is_none() {
             self.request
-                .read_body(&mut self.parsed, self.forced_processor);
+                .read_body(Arc::make_mut(&mut self.parsed), self.forced_processor);
             self.phase(2);
         }
         self.interruption
@@ -181,10 +184,11 @@ impl<'a> Transaction<'a> {
     }
 
     fn link_matches(&mut self, head: &Rule, link: &Rule) -> bool {
+        let parsed = Arc::clone(&self.parsed);
         let values = if link.targets.is_empty() {
-            vec![(String::new(), Vec::new())]
+            vec![(Name::whole(""), Cow::Borrowed(&[][..]))]
         } else {
-            self.values(head, link)
+            self.values(head, link, &parsed)
         };
         self.matched_vars.clear();
         let param = self.expand(&link.operator.param, head);
@@ -236,6 +240,7 @@ impl<'a> Transaction<'a> {
                 continue;
             }
             matched = true;
+            let name = name.text();
             let value = current.into_owned();
             self.matched_var = (name.clone(), value.clone());
             self.matched_vars.push((name, value));
@@ -455,10 +460,11 @@ impl<'a> Transaction<'a> {
                     count: false,
                     exclude: false,
                 };
-                self.collect(&target)
+                let parsed = Arc::clone(&self.parsed);
+                self.collect(&target, &parsed)
                     .into_iter()
                     .next()
-                    .map(|(_, v)| v)
+                    .map(|(_, v)| v.into_owned())
                     .unwrap_or_default()
             }
         }
@@ -466,7 +472,10 @@ impl<'a> Transaction<'a> {
 
     /// The values a link reads: its targets' (and, for a chain's first
     /// rule, those `SecRuleUpdateTargetById` adds), less every exclusion.
-    fn values(&self, head: &Rule, link: &Rule) -> Vec<(String, Vec<u8>)> {
+    fn values<'p>(&self, head: &Rule, link: &Rule, parsed: &'p Parsed) -> Vec<Value<'p>>
+    where
+        'a: 'p,
+    {
         let id = head.id();
         let is_head = std::ptr::eq(head, link);
         let updates = self
@@ -492,12 +501,12 @@ impl<'a> Transaction<'a> {
             .collect();
         let mut values = Vec::new();
         for target in all.iter().filter(|t| !t.exclude) {
-            let mut found = self.collect(target);
+            let mut found = self.collect(target, parsed);
             if !target.count {
                 found.retain(|(name, _)| {
                     !excluded
                         .iter()
-                        .any(|x| x.variable == target.variable && self.selects(x, name_key(name)))
+                        .any(|x| x.variable == target.variable && self.selects(x, name.key()))
                 });
             }
             values.extend(found);
@@ -529,44 +538,42 @@ impl<'a> Transaction<'a> {
 
     /// A target's values with their names (`ARGS:x`); a count target's
     /// one value, the count.
-    fn collect(&self, target: &Target) -> Vec<(String, Vec<u8>)> {
+    fn collect<'p>(&self, target: &Target, parsed: &'p Parsed) -> Vec<Value<'p>>
+    where
+        'a: 'p,
+    {
         let variable = target.variable;
         let label = variable.name();
-        let mut keyed: Vec<(String, Vec<u8>)> = Vec::new();
-        let single = |value: &[u8]| vec![(label.to_owned(), value.to_vec())];
-        let request = self.request;
-        let parsed = &self.parsed;
+        let mut keyed: Vec<Value<'p>> = Vec::new();
+        let request: &'a Request = self.request;
         // Only the values the selector names are copied out.
         let selector = target
             .selector
             .as_ref()
             .filter(|_| variable != Variable::Xml);
         let keep = |key: &str| selector.is_none_or(|s| self.selector_keeps(s, key));
-        let pairs =
-            |list: &mut Vec<(String, Vec<u8>)>, pairs: &[(Vec<u8>, Vec<u8>)], names: bool| {
-                for (name, value) in pairs {
-                    let key = String::from_utf8_lossy(name);
-                    if !keep(&key) {
-                        continue;
-                    }
-                    let value = if names { name.clone() } else { value.clone() };
-                    list.push((format!("{label}:{key}"), value));
+        let pairs = |list: &mut Vec<Value<'p>>, pairs: &'p [(Vec<u8>, Vec<u8>)], names: bool| {
+            for (name, value) in pairs {
+                let key = String::from_utf8_lossy(name);
+                if !keep(&key) {
+                    continue;
                 }
-            };
-        let headers =
-            |list: &mut Vec<(String, Vec<u8>)>, headers: &[(String, Vec<u8>)], names: bool| {
-                for (name, value) in headers.iter().filter(|(name, _)| keep(name)) {
-                    let value = if names {
-                        name.as_bytes().to_vec()
-                    } else {
-                        value.clone()
-                    };
-                    list.push((format!("{label}:{name}"), value));
-                }
-            };
+                let value: &'p [u8] = if names { name } else { value };
+                list.push((Name::keyed(label, key), Cow::Borrowed(value)));
+            }
+        };
+        let headers = |list: &mut Vec<Value<'p>>, headers: &'p [(String, Vec<u8>)], names: bool| {
+            for (name, value) in headers.iter().filter(|(name, _)| keep(name)) {
+                let value: &'p [u8] = if names { name.as_bytes() } else { value };
+                list.push((
+                    Name::keyed(label, Cow::Borrowed(name)),
+                    Cow::Borrowed(value),
+                ));
+            }
+        };
         let body_allowed = matches!(parsed.processor, None | Some(BodyProcessor::UrlEncoded))
             || self.force_body_variable;
-        let mut whole = match variable {
+        let mut whole: Option<Cow<'p, [u8]>> = match variable {
             Variable::Args => {
                 pairs(&mut keyed, &parsed.args_get, false);
                 pairs(&mut keyed, &parsed.args_post, false);
@@ -600,7 +607,7 @@ impl<'a> Transaction<'a> {
                     .chain(&parsed.args_post)
                     .map(|(n, v)| n.len() + v.len())
                     .sum();
-                Some(size.to_string().into_bytes())
+                Some(Cow::Owned(size.to_string().into_bytes()))
             }
             Variable::Files => {
                 pairs(&mut keyed, &parsed.files, false);
@@ -610,42 +617,42 @@ impl<'a> Transaction<'a> {
                 pairs(&mut keyed, &parsed.files, true);
                 None
             }
-            Variable::FilesCombinedSize => Some(parsed.files_size.to_string().into_bytes()),
+            Variable::FilesCombinedSize => {
+                Some(Cow::Owned(parsed.files_size.to_string().into_bytes()))
+            }
             Variable::MultipartPartHeaders => {
                 pairs(&mut keyed, &parsed.part_headers, false);
                 None
             }
-            Variable::MatchedVar => Some(self.matched_var.1.clone()),
-            Variable::MatchedVarName => Some(self.matched_var.0.clone().into_bytes()),
+            Variable::MatchedVar => Some(Cow::Owned(self.matched_var.1.clone())),
+            Variable::MatchedVarName => Some(Cow::Owned(self.matched_var.0.clone().into_bytes())),
             Variable::MatchedVars => {
                 for (name, value) in self.matched_vars.iter().filter(|(n, _)| keep(name_key(n))) {
-                    keyed.push((name.clone(), value.clone()));
+                    keyed.push((Name::parse(name), Cow::Owned(value.clone())));
                 }
                 None
             }
             Variable::MatchedVarsNames => {
                 for (name, _) in self.matched_vars.iter().filter(|(n, _)| keep(name_key(n))) {
-                    keyed.push((name.clone(), name.clone().into_bytes()));
+                    keyed.push((Name::parse(name), Cow::Owned(name.clone().into_bytes())));
                 }
                 None
             }
-            Variable::QueryString => Some(parsed.query.clone()),
-            Variable::RemoteAddr => Some(request.remote_addr.clone().into_bytes()),
-            Variable::ReqbodyError => Some(if parsed.body_error.is_some() {
-                b"1".to_vec()
+            Variable::QueryString => Some(Cow::Borrowed(&parsed.query[..])),
+            Variable::RemoteAddr => Some(Cow::Borrowed(request.remote_addr.as_bytes())),
+            Variable::ReqbodyError => Some(Cow::Borrowed(if parsed.body_error.is_some() {
+                b"1"
             } else {
-                b"0".to_vec()
-            }),
-            Variable::ReqbodyProcessor => Some(
-                parsed
-                    .processor
-                    .map_or("", BodyProcessor::name)
-                    .as_bytes()
-                    .to_vec(),
-            ),
-            Variable::RequestBasename => Some(parsed.basename.clone()),
-            Variable::RequestBody => body_allowed.then(|| request.body.clone()),
-            Variable::RequestBodyLength => Some(request.body.len().to_string().into_bytes()),
+                b"0"
+            })),
+            Variable::ReqbodyProcessor => Some(Cow::Borrowed(
+                parsed.processor.map_or("", BodyProcessor::name).as_bytes(),
+            )),
+            Variable::RequestBasename => Some(Cow::Borrowed(&parsed.basename[..])),
+            Variable::RequestBody => body_allowed.then_some(Cow::Borrowed(&request.body[..])),
+            Variable::RequestBodyLength => {
+                Some(Cow::Owned(request.body.len().to_string().into_bytes()))
+            }
             Variable::RequestCookies => {
                 pairs(&mut keyed, &parsed.cookies, false);
                 None
@@ -654,7 +661,7 @@ impl<'a> Transaction<'a> {
                 pairs(&mut keyed, &parsed.cookies, true);
                 None
             }
-            Variable::RequestFilename => Some(parsed.filename.clone()),
+            Variable::RequestFilename => Some(Cow::Borrowed(&parsed.filename[..])),
             Variable::RequestHeaders => {
                 headers(&mut keyed, &request.headers, false);
                 None
@@ -663,15 +670,15 @@ impl<'a> Transaction<'a> {
                 headers(&mut keyed, &request.headers, true);
                 None
             }
-            Variable::RequestLine => Some(
+            Variable::RequestLine => Some(Cow::Owned(
                 format!("{} {} {}", request.method, request.uri, request.protocol).into_bytes(),
-            ),
-            Variable::RequestMethod => Some(request.method.clone().into_bytes()),
-            Variable::RequestProtocol => Some(request.protocol.clone().into_bytes()),
+            )),
+            Variable::RequestMethod => Some(Cow::Borrowed(request.method.as_bytes())),
+            Variable::RequestProtocol => Some(Cow::Borrowed(request.protocol.as_bytes())),
             Variable::RequestUri | Variable::RequestUriRaw => {
-                Some(request.uri.clone().into_bytes())
+                Some(Cow::Borrowed(request.uri.as_bytes()))
             }
-            Variable::ResponseBody => self.response.map(|r| r.body.clone()),
+            Variable::ResponseBody => self.response.map(|r| Cow::Borrowed(&r.body[..])),
             Variable::ResponseHeaders => {
                 if let Some(response) = self.response {
                     headers(&mut keyed, &response.headers, false);
@@ -684,14 +691,19 @@ impl<'a> Transaction<'a> {
                 }
                 None
             }
-            Variable::ResponseStatus => self.response.map(|r| r.status.to_string().into_bytes()),
+            Variable::ResponseStatus => self
+                .response
+                .map(|r| Cow::Owned(r.status.to_string().into_bytes())),
             Variable::Tx => {
                 match selector {
                     // One variable by name: looked up, not searched for.
                     Some(super::rule::Selector::Name(key)) => {
                         let key = key.to_ascii_lowercase();
                         if let Some(value) = self.tx.get(&key) {
-                            keyed.push((format!("TX:{key}"), value.clone()));
+                            keyed.push((
+                                Name::keyed("TX", Cow::Owned(key)),
+                                Cow::Owned(value.clone()),
+                            ));
                         }
                     }
                     _ => {
@@ -699,13 +711,18 @@ impl<'a> Transaction<'a> {
                             self.tx.keys().filter(|name| keep(name)).collect();
                         names.sort();
                         for name in names {
-                            keyed.push((format!("TX:{name}"), self.tx[name].clone()));
+                            keyed.push((
+                                Name::keyed("TX", Cow::Owned(name.clone())),
+                                Cow::Owned(self.tx[name].clone()),
+                            ));
                         }
                     }
                 }
                 None
             }
-            Variable::UniqueId => Some(format!("{:p}", self as *const Self).into_bytes()),
+            Variable::UniqueId => Some(Cow::Owned(
+                format!("{:p}", self as *const Self).into_bytes(),
+            )),
             Variable::Xml => {
                 let list = match &target.selector {
                     Some(super::rule::Selector::Name(path)) if path == "//@*" => {
@@ -714,20 +731,76 @@ impl<'a> Transaction<'a> {
                     _ => &parsed.xml_text,
                 };
                 for value in list {
-                    keyed.push(("XML".to_owned(), value.clone()));
+                    keyed.push((Name::whole("XML"), Cow::Borrowed(&value[..])));
                 }
                 None
             }
         };
         // A single value's variable has no parts to select.
         let found = match whole.take() {
-            Some(value) => single(&value),
+            Some(value) => vec![(Name::whole(label), value)],
             None => keyed,
         };
         if target.count {
-            return vec![(label.to_owned(), found.len().to_string().into_bytes())];
+            return vec![(
+                Name::whole(label),
+                Cow::Owned(found.len().to_string().into_bytes()),
+            )];
         }
         found
+    }
+}
+
+/// A value as a rule reads it: its name and the bytes.
+type Value<'p> = (Name<'p>, Cow<'p, [u8]>);
+
+/// A value's name: its variable and, in a collection, its key
+/// (`ARGS:x`); written out only for a value a rule matched.
+#[derive(Debug, Clone)]
+struct Name<'p> {
+    label: Cow<'p, str>,
+    key: Option<Cow<'p, str>>,
+}
+
+impl<'p> Name<'p> {
+    fn whole(label: &'static str) -> Self {
+        Name {
+            label: Cow::Borrowed(label),
+            key: None,
+        }
+    }
+
+    fn keyed(label: &'static str, key: Cow<'p, str>) -> Self {
+        Name {
+            label: Cow::Borrowed(label),
+            key: Some(key),
+        }
+    }
+
+    /// A name as it was written out (`ARGS:x`), read back.
+    fn parse(text: &str) -> Name<'static> {
+        match text.split_once(':') {
+            Some((label, key)) => Name {
+                label: Cow::Owned(label.to_owned()),
+                key: Some(Cow::Owned(key.to_owned())),
+            },
+            None => Name {
+                label: Cow::Owned(text.to_owned()),
+                key: None,
+            },
+        }
+    }
+
+    /// What a selector compares: the key, or the variable's name.
+    fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or(&self.label)
+    }
+
+    fn text(&self) -> String {
+        match &self.key {
+            Some(key) => format!("{}:{key}", self.label),
+            None => self.label.to_string(),
+        }
     }
 }
 
