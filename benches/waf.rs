@@ -14,18 +14,12 @@ use std::path::PathBuf;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use cutover::waf::{Mode, Request, RuleSet, Transaction};
+use cutover::waf::{conf_files, Mode, Request, RuleSet, Transaction};
 
 fn crs_files() -> Option<Vec<PathBuf>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/crs");
-    let mut rules: Vec<PathBuf> = std::fs::read_dir(root.join("rules"))
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "conf"))
-        .collect();
-    rules.sort();
     let mut files = vec![root.join("crs-setup.conf.example")];
-    files.extend(rules);
+    files.extend(conf_files(&root.join("rules")).ok()?);
     Some(files)
 }
 

@@ -320,15 +320,15 @@ impl Changes {
         request: RollbackRequest,
     ) -> Result<Activation, ControlError> {
         let started = Instant::now();
-        let result = self.try_rollback(&request, started);
+        let requester = Requester {
+            requested_by: request.requested_by.clone(),
+            reason: request.reason.clone(),
+            caller: request.caller.clone(),
+            overrode_freeze: None,
+            approved_by: request.approved_by.clone(),
+        };
+        let result = self.try_rollback(&request, &requester, started);
         if let Err(error) = &result {
-            let requester = Requester {
-                requested_by: request.requested_by.clone(),
-                reason: request.reason.clone(),
-                caller: request.caller.clone(),
-                overrode_freeze: None,
-                approved_by: request.approved_by.clone(),
-            };
             self.record_failure(OperationKind::Rollback, started, &requester, error);
         }
         result
@@ -337,6 +337,7 @@ impl Changes {
     pub(super) fn try_rollback(
         &self,
         request: &RollbackRequest,
+        requester: &Requester,
         started: Instant,
     ) -> Result<Activation, ControlError> {
         let (_operation, active) = self.begin_change()?;
@@ -349,19 +350,12 @@ impl Changes {
             active.id,
             None,
         )?;
-        let requester = Requester {
-            requested_by: request.requested_by.clone(),
-            reason: request.reason.clone(),
-            caller: request.caller.clone(),
-            overrode_freeze: None,
-            approved_by: request.approved_by.clone(),
-        };
         let activation = self.rollback_locked(
             &active,
             target,
             OperationKind::Rollback,
             Source::Rollback,
-            &requester,
+            requester,
             started,
         )?;
         // An operator's rollback settles a pending generation too.

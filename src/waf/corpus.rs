@@ -57,13 +57,7 @@ pub fn rule_set() -> Option<RuleSet> {
     ));
     std::fs::write(&setup, TEST_SETUP).ok()?;
     let mut files = vec![root.join("crs-setup.conf.example"), setup.clone()];
-    let mut rules: Vec<PathBuf> = std::fs::read_dir(root.join("rules"))
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "conf"))
-        .collect();
-    rules.sort();
-    files.extend(rules);
+    files.extend(super::conf_files(&root.join("rules")).ok()?);
     let set = RuleSet::load(&files);
     let _ = std::fs::remove_file(&setup);
     set.ok()

@@ -463,6 +463,17 @@ impl Loader {
     }
 }
 
+/// The `.conf` files of a folder in name order, as `Include dir/*.conf`
+/// loads them (the Core Rule Set's `rules/` is read so).
+pub fn conf_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "conf"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
 /// A pattern compiled as ModSecurity's PCRE reads it: bytes, `.` matches
 /// a newline; linear time.
 pub fn compile(pattern: &str) -> Result<Regex, String> {

@@ -21,7 +21,7 @@ mod transform;
 
 pub use engine::{Interruption, Matched, Mode, Transaction};
 pub use lex::{directives, Directive, LexError};
-pub use load::{compile, Entry, Matcher, Rule, RuleSet, WafError};
+pub use load::{compile, conf_files, Entry, Matcher, Rule, RuleSet, WafError};
 pub use request::{BodyProcessor, Request, Response};
 pub use rule::{
     Actions, Ctl, CtlOption, Disruptive, Operator, OperatorKind, Selector, SetOp, SetVar, Target,
@@ -40,13 +40,7 @@ mod tests {
     fn crs_files() -> Option<Vec<PathBuf>> {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/crs");
         let mut files = vec![root.join("crs-setup.conf.example")];
-        let mut rules: Vec<PathBuf> = std::fs::read_dir(root.join("rules"))
-            .ok()?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "conf"))
-            .collect();
-        rules.sort();
-        files.extend(rules);
+        files.extend(conf_files(&root.join("rules")).ok()?);
         Some(files)
     }
 

@@ -295,20 +295,33 @@ fn escape_seq_decode(input: &[u8], out: &mut Vec<u8>) -> usize {
             return 4;
         }
     }
-    let octal = input[1..]
+    if let Some((byte, digits)) = octal(&input[1..], false) {
+        out.push(byte);
+        return 1 + digits;
+    }
+    out.extend_from_slice(&input[..2]);
+    2
+}
+
+/// Up to three octal digits at the start of `digits`: the value's low
+/// byte and how many digits were read. With `byte_only` a third digit
+/// is read only while the value stays a byte (as JavaScript reads it).
+fn octal(digits: &[u8], byte_only: bool) -> Option<(u8, usize)> {
+    let mut count = digits
         .iter()
         .take(3)
         .take_while(|b| (b'0'..=b'7').contains(b))
         .count();
-    if octal > 0 {
-        let code = input[1..=octal]
-            .iter()
-            .fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
-        out.push(code.to_le_bytes()[0]);
-        return 1 + octal;
+    if count == 0 {
+        return None;
     }
-    out.extend_from_slice(&input[..2]);
-    2
+    if byte_only && count == 3 && digits[0] > b'3' {
+        count = 2;
+    }
+    let code = digits[..count]
+        .iter()
+        .fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
+    Some((code.to_le_bytes()[0], count))
 }
 
 fn c_escape(b: u8) -> Option<u8> {
@@ -348,22 +361,8 @@ fn js_decode(input: &[u8], out: &mut Vec<u8>) -> usize {
             return 4;
         }
     }
-    let octal = input[1..]
-        .iter()
-        .take(3)
-        .take_while(|b| (b'0'..=b'7').contains(b))
-        .count();
-    if octal > 0 {
-        // Three digits only while the value stays a byte.
-        let digits = if octal == 3 && input[1] > b'3' {
-            2
-        } else {
-            octal
-        };
-        let code = input[1..=digits]
-            .iter()
-            .fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
-        out.push(code.to_le_bytes()[0]);
+    if let Some((byte, digits)) = octal(&input[1..], true) {
+        out.push(byte);
         return 1 + digits;
     }
     out.push(c_escape(next).unwrap_or(next));
