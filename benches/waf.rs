@@ -46,6 +46,7 @@ fn headers() -> Vec<(String, Vec<u8>)> {
 
 fn benign_get() -> Request {
     Request {
+        id: "bench".into(),
         remote_addr: "192.0.2.10".into(),
         method: "GET".into(),
         uri: "/catalog/item/4711?color=blue&size=m&ref=newsletter".into(),
@@ -75,6 +76,7 @@ fn form_post() -> Request {
     ));
     headers.push(("Content-Length".into(), body.len().to_string().into_bytes()));
     Request {
+        id: "bench".into(),
         remote_addr: "192.0.2.10".into(),
         method: "POST".into(),
         uri: "/checkout/address".into(),

@@ -209,6 +209,7 @@ fn request_of(input: &Yaml) -> Result<Request, String> {
     let framed = has(&headers, "content-length") || has(&headers, "transfer-encoding");
     let body = if framed { body } else { Vec::new() };
     Ok(Request {
+        id: "corpus".into(),
         remote_addr: "127.0.0.1".into(),
         method: text("method", "GET"),
         uri: text("uri", "/"),
@@ -267,6 +268,7 @@ fn raw_request(raw: &[u8]) -> Result<Request, String> {
     let mut headers = headers;
     let body = dechunked(&mut headers, raw[head_end.1..].to_vec());
     Ok(Request {
+        id: "corpus".into(),
         remote_addr: "127.0.0.1".into(),
         method,
         uri,

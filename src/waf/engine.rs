@@ -720,9 +720,7 @@ impl<'a> Transaction<'a> {
                 }
                 None
             }
-            Variable::UniqueId => Some(Cow::Owned(
-                format!("{:p}", self as *const Self).into_bytes(),
-            )),
+            Variable::UniqueId => Some(Cow::Borrowed(request.id.as_bytes())),
             Variable::Xml => {
                 let list = match &target.selector {
                     Some(super::rule::Selector::Name(path)) if path == "//@*" => {

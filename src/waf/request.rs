@@ -9,6 +9,9 @@ use std::borrow::Cow;
 /// One request as the firewall sees it (the body within its limit).
 #[derive(Debug, Clone, Default)]
 pub struct Request {
+    /// The request's id (the one its access-log line and a block's
+    /// answer carry): `UNIQUE_ID`.
+    pub id: String,
     pub remote_addr: String,
     pub method: String,
     /// The request target as sent (origin-form or absolute-form).
@@ -426,6 +429,7 @@ mod tests {
 
     fn request(uri: &str, content_type: &str, body: &str) -> Request {
         Request {
+            id: "test".into(),
             remote_addr: "127.0.0.1".into(),
             method: "POST".into(),
             uri: uri.into(),
