@@ -7,8 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::answers::Activation;
-use super::answers::Settled;
+use super::answers::{Activation, Settled};
 use super::candidate::{CanarySpec, GuardSpec, Settle, SettleRequest};
 use super::changes::Changes;
 use super::error::ControlError;

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::load::{compile_selector, Entry, Rule, RuleSet};
-use super::operator::{self, Captures};
+use super::operator::{self, number, Captures};
 use super::request::{BodyProcessor, Parsed, Request, Response};
 use super::rule::{CtlOption, Disruptive, SetOp, Target, Transform, Variable};
 use super::transform;
@@ -805,13 +805,4 @@ impl<'p> Name<'p> {
 /// The key of a value's name (`ARGS:x` → `x`).
 fn name_key(name: &str) -> &str {
     name.split_once(':').map_or(name, |(_, key)| key)
-}
-
-fn number(text: &[u8]) -> i64 {
-    let text = std::str::from_utf8(text).unwrap_or_default().trim();
-    let end = text
-        .char_indices()
-        .find(|(i, c)| !(c.is_ascii_digit() || (*i == 0 && (*c == '-' || *c == '+'))))
-        .map_or(text.len(), |(i, _)| i);
-    text[..end].parse().unwrap_or(0)
 }

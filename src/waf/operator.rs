@@ -100,7 +100,7 @@ fn regex(re: &regex_automata::meta::Regex, value: &[u8], captures: Option<&mut C
 
 /// A number as C's `atoi` reads it: leading blanks, a sign, the digits
 /// up to the first that is not one; 0 when there are none.
-fn number(text: &[u8]) -> i64 {
+pub(super) fn number(text: &[u8]) -> i64 {
     let text = text.trim_ascii_start();
     let (negative, digits) = match text.first() {
         Some(b'-') => (true, &text[1..]),
