@@ -128,7 +128,12 @@ impl Lease {
             self.offered = 0;
             self.since_ms = now;
         }
-        // Before a whole span: what has been seen so far, at least.
+        // Not measured yet (no whole span): 0, which the store reads as
+        // the fleet's mean. Then, within a span, what has been seen so
+        // far at least.
+        if self.demand == 0.0 {
+            return 0.0;
+        }
         self.demand.max(f64::from(self.offered))
     }
 }
@@ -774,12 +779,13 @@ mod tests {
 
     #[test]
     fn demand_is_the_offered_rate_smoothed_over_spans() {
-        // Before a whole span: what has been seen.
+        // Before a whole span: not measured (the store reads 0 as the
+        // fleet's mean), whatever has been seen.
         let mut lease = Lease {
             offered: 3,
             ..Lease::default()
         };
-        assert_eq!(lease.demand(1_000), 3.0);
+        assert_eq!(lease.demand(1_000), 0.0);
         // 20 requests in 100 ms: 200 a second.
         lease.offered = 20;
         assert_eq!(lease.demand(1_100), 200.0);

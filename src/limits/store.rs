@@ -40,27 +40,44 @@ const PROBE: Duration = Duration::from_millis(250);
 /// key's demand. `KEYS[2]` holds each instance's demand (requests a
 /// second offered to this key, `ARGV[4]` is this instance's id and
 /// `ARGV[5]` its demand) with when it said so; a demand not renewed for
-/// `DEMAND_TTL` ms is dropped (an idle instance claims nothing). `share`
+/// 2 s is dropped (an idle instance claims nothing). `share`
 /// is this instance's demand over the fleet's: a leaser that asks often
 /// cannot take what another instance's clients ask for (issue 75: with
 /// one shared bucket, the instance whose refill came first took every
 /// new token and another one starved).
+///
+/// A demand of 0 is one not measured yet (the key's first tenth of a
+/// second on that instance): it counts as the mean of the measured ones
+/// (all unmeasured: equal shares) for 200 ms, then as
+/// nothing. Counted as the requests seen so far, it favoured the
+/// instance whose store answers first: its clients sent more while the
+/// others' waited, and the first second went 120/120/85 (issue 75).
 const SHARE: &str = r"
 local nowms = math.floor(now / 1000)
 local id = ARGV[4]
-local demand = math.max(tonumber(ARGV[5]), 1)
-redis.call('HSET', KEYS[2], id, string.format('%.3f:%.0f', demand, nowms))
+local said = math.max(tonumber(ARGV[5]), 0)
+redis.call('HSET', KEYS[2], id, string.format('%.3f:%.0f', said, nowms))
 redis.call('PEXPIRE', KEYS[2], 10000)
 local all = redis.call('HGETALL', KEYS[2])
-local total = 0
+local total, measured, unmeasured = 0, 0, 0
 for i = 1, #all, 2 do
   local d, at = string.match(all[i + 1], '([^:]+):([^:]+)')
-  if nowms - tonumber(at) > 2000 then
+  local age = nowms - tonumber(at)
+  d = tonumber(d)
+  if age > 2000 then
     redis.call('HDEL', KEYS[2], all[i])
-  else
-    total = total + tonumber(d)
+  elseif d > 0 then
+    total = total + d
+    measured = measured + 1
+  elseif age <= 200 then
+    unmeasured = unmeasured + 1
   end
 end
+local mean = 1
+if measured > 0 then mean = total / measured end
+total = total + unmeasured * mean
+local demand = said
+if said <= 0 then demand = mean end
 local share = 1
 if total > demand then share = demand / total end
 ";
