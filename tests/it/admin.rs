@@ -676,7 +676,8 @@ async fn as_caller(
 
 /// Named callers against the real binary: a pipeline's token validates
 /// and is refused activation (403 naming the scope), an unknown token
-/// gets 401, the on-call token activates; the audit log has one line for
+/// gets 401, the on-call token activates (naming the pipeline as
+/// requester changes nothing of the caller recorded); the audit log has one line for
 /// each change or refusal (none for the validate), with the caller, the
 /// peer and the operation, and none of the tokens or the body; SIGUSR1
 /// reopens it after logrotate moved it.
@@ -736,11 +737,13 @@ respond = { body = "hello" }
     )
     .await;
     assert_eq!(status, 401);
+    // The body may name anyone as requester (here the pipeline), but
+    // the caller recorded is the one the token authenticated.
     let (status, body) = as_caller(
         &gw,
         oncall,
         "POST",
-        "/admin/runtime/activate",
+        "/admin/runtime/activate?requested_by=ci",
         Some(&candidate),
     )
     .await;
@@ -749,6 +752,21 @@ respond = { body = "hello" }
         .as_str()
         .expect("an operation")
         .to_owned();
+    let (status, history) = as_caller(&gw, ci, "GET", "/admin/runtime/history", None).await;
+    assert_eq!(status, 200);
+    let recorded = history["operations"]
+        .as_array()
+        .and_then(|ops| ops.iter().find(|op| op["id"] == operation.as_str()))
+        .cloned()
+        .unwrap_or_else(|| panic!("{operation} not in {history:#}"));
+    assert_eq!(
+        (
+            recorded["caller"].as_str(),
+            recorded["requested_by"].as_str()
+        ),
+        (Some("oncall"), Some("ci")),
+        "{recorded:#}"
+    );
     let (status, _) = as_caller(&gw, ci, "GET", "/admin/runtime/status", None).await;
     assert_eq!(status, 200);
 
@@ -1265,6 +1283,7 @@ async fn every_scope_against_every_endpoint() {
         ("GET", "/admin/runtime/proposals", "", "read"),
         ("GET", "/admin/runtime/proposals/p-000001", "", "read"),
         ("GET", "/admin/cache", "", "read"),
+        ("GET", "/admin/waf", "", "read"),
         ("GET", "/admin/events", "", "read"),
         ("GET", "/admin/webhooks", "", "read"),
         ("GET", "/admin/fleet/status", "", "read"),
