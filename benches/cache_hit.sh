@@ -114,15 +114,6 @@ pids_of() {
     varnish) echo "$varnish_pid $(pgrep -P "$varnish_pid" | tr '\n' ' ')" ;;
   esac
 }
-run_ns() {
-  local total=0 p s a
-  for p in "$@"; do
-    for s in /proc/"$p"/task/*/schedstat; do
-      read -r a _ < "$s" && total=$((total + a))
-    done
-  done
-  echo "$total"
-}
 
 # One unmeasured pass over every target first: the first measured round
 # otherwise falls on a machine still settling from the set-up (Varnish's

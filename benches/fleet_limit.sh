@@ -105,13 +105,6 @@ done
 [ -n "$up" ] || { echo "the store never decided a request:"; cat "$dir/gw.err" "$dir/redis.out"; exit 1; }
 
 targets=("open /open" "fleet /fleet/x" "fleet1pc /fleet1pc/x")
-run_ns() {
-  local total=0 s a
-  for s in /proc/"$1"/task/*/schedstat; do
-    read -r a _ < "$s" && total=$((total + a))
-  done
-  echo "$total"
-}
 # p99 from wrk's --latency table, in ms.
 p99_ms() {
   awk '$1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us$/, "", v); print v / 1000 }

@@ -1,6 +1,7 @@
-# Sourced by benches/callgrind_ab.sh and benches/walk.sh: a free loopback
-# port, nginx answering `return 200` from one worker in its own process,
-# and a gateway configuration with one route to it on one worker thread.
+# Sourced by the bench scripts: a free loopback port, nginx answering
+# `return 200` from one worker in its own process, a gateway
+# configuration with one route to it on one worker thread, and the CPU
+# time of processes.
 # Every process started here is stopped by pid in `one_route_cleanup`.
 
 free_port() {
@@ -44,6 +45,17 @@ upstream = "app"
 [upstreams.app]
 backends = [{ addr = "127.0.0.1:$4" }]
 CFG
+}
+
+# The scheduler's run time (ns) of every thread of the processes named.
+run_ns() {
+  local total=0 p s a
+  for p in "$@"; do
+    for s in /proc/"$p"/task/*/schedstat; do
+      read -r a _ < "$s" && total=$((total + a))
+    done
+  done
+  echo "$total"
 }
 
 # Stops the gateway (pid in $gateway, if any) and the backend of folder $1.

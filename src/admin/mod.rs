@@ -74,6 +74,7 @@ pub fn router(writer: Writer, security: Security) -> Router {
         .route("/admin/runtime/backends", get(backends))
         .route("/admin/runtime/operations/{id}", get(operation))
         .route("/admin/cache", get(cache))
+        .route("/admin/waf", get(waf))
         .route("/admin/cache/purge", post(cache_purge))
         .route("/admin/lifecycle/drain", post(drain))
         .route("/admin/lifecycle/upgrade", post(upgrade))
@@ -404,6 +405,15 @@ async fn reload_certs(
 
 async fn cache(State(writer): Shared) -> Response {
     Json(CacheView::of(&writer.control().store().load_full())).into_response()
+}
+
+/// `GET /admin/waf`: the active generation's rule sets, the routes that
+/// use them, and the rules matched most.
+async fn waf(State(writer): Shared) -> Response {
+    Json(crate::control::WafView::of(
+        &writer.control().store().load_full(),
+    ))
+    .into_response()
 }
 
 /// `POST /admin/cache/purge`: exactly one of `key`, `prefix` (of keys)

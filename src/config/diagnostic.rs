@@ -107,6 +107,8 @@ codes! {
     ConflictingAcme = "conflicting_acme",
     MissingLimitStore = "missing_limit_store",
     InlineSecret = "inline_secret",
+    InvalidRule = "invalid_rule",
+    UnknownWafRuleset = "unknown_waf_ruleset",
 }
 
 impl std::fmt::Display for Code {

@@ -42,6 +42,35 @@ pub struct FileConfig {
     /// Where fleet-scoped quotas count (`[limits] store`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<FileLimits>,
+    /// Web application firewall rule sets (`[waf.rulesets.NAME]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waf: Option<FileWaf>,
+}
+
+/// `[waf]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileWaf {
+    #[serde(default)]
+    pub rulesets: BTreeMap<String, FileWafRuleset>,
+}
+
+/// `[waf.rulesets.NAME] = { files, paranoia, inbound_threshold,
+/// request_body_limit, request_body_limit_action }` (DESIGN §24).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileWafRuleset {
+    /// Rule files, or folders whose `.conf` files load in name order.
+    pub files: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paranoia: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inbound_threshold: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_body_limit: Option<super::route::FileSize>,
+    /// `"reject"` (413) or `"process_partial"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_body_limit_action: Option<String>,
 }
 
 /// `[limits]`.
@@ -574,6 +603,9 @@ pub struct FileDefaults {
     /// (`cache = "none"` to opt out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<super::route::FileRouteCache>,
+    /// The web application firewall of every route that sets none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waf: Option<super::route::FileRouteWaf>,
 }
 
 /// `listeners.sni_routes`: names (exact, or `*.suffix`) to an upstream.

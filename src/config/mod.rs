@@ -130,6 +130,11 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                 decoder.section(&key_name, Locator::Section, value, &mut limits);
                 config.limits = limits;
             }
+            "waf" => {
+                let mut waf = None;
+                decoder.section(&key_name, Locator::Section, value, &mut waf);
+                config.waf = waf;
+            }
             "listeners" => config.listeners = decoder.array(&key_name, value),
             "routes" => config.routes = decoder.array(&key_name, value),
             "upstreams" => match value.into_inner() {
@@ -157,7 +162,7 @@ pub fn parse_lenient(text: &str) -> Result<(FileConfig, Vec<Diagnostic>), Vec<Di
                     Code::UnknownKey,
                     other,
                     format!(
-                        "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, discovery, listeners, routes, upstreams, fleet, cache, limits"
+                        "unknown top-level key `{other}`; expected one of admin, metrics, log, tracing, runtime, discovery, listeners, routes, upstreams, fleet, cache, limits, waf"
                     ),
                 );
                 let (line, column) = map.line_column(key.span().start);

@@ -248,6 +248,10 @@ pub struct FileRoute {
     /// Authentication (DESIGN §19), or `"none"` against the listener's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<FileAuth>,
+    /// The web application firewall's rule set and mode (DESIGN §24), or
+    /// `"none"` against the listener's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waf: Option<FileRouteWafSetting>,
     /// Cross-origin requests: preflights answered, responses marked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cors: Option<FileCors>,
@@ -279,6 +283,42 @@ impl FileMirrors {
             FileMirrors::Many(list) => list,
         }
     }
+}
+
+/// A route's `waf`: `"none"` (not its listener's default either), or a
+/// rule set and mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FileRouteWafSetting {
+    Keyword(String),
+    Table(FileRouteWaf),
+}
+
+/// `waf = { ruleset, mode, exclusions }` (a route's, or a listener's
+/// default).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRouteWaf {
+    pub ruleset: String,
+    /// `"block"` (the default) or `"detect"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// What the rules leave alone, for false positives.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclusions: Vec<FileWafExclusion>,
+}
+
+/// One of `waf.exclusions`: rules (by id) not evaluated, or targets they
+/// (or every rule) no longer read, for requests under some paths.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileWafExclusion {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rule_ids: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
 }
 
 /// `mirror = { upstream, percent, max_inflight }` (DESIGN §17, §22).

@@ -45,6 +45,7 @@ mod shadow;
 mod shadowing;
 mod timeline;
 mod views;
+mod waf;
 
 #[cfg(test)]
 pub(crate) mod tests;
@@ -76,3 +77,4 @@ pub(crate) use shadow::judge as judge_shadow;
 pub use shadow::ShadowHandle;
 pub use timeline::TimelineView;
 pub use views::*;
+pub use waf::{RouteWafView, RuleCount, RulesetView, WafView};

@@ -195,8 +195,10 @@ impl Reader<'_> {
         let summary = self.view(&record, &active, &self.store.loads(), settlement);
         let config = record.config_text().ok()?;
         let compared = predecessor.as_ref().and_then(|p| {
-            let before = plan::validate(&p.config_text().ok()?).ok()?;
-            let after = plan::validate(&config).ok()?;
+            // Shared with the active configuration where unchanged: a
+            // rule set is not compiled again for a view.
+            let before = plan::validate_sharing(&p.config_text().ok()?, &active.spec).ok()?;
+            let after = plan::validate_sharing(&config, &active.spec).ok()?;
             let diff = plan::diff(
                 &before.file,
                 &before.canonical,

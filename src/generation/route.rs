@@ -79,6 +79,10 @@ pub struct RouteShared {
     /// the route's first decision.
     limits: [[Count; LimitOutcome::ALL.len()]; LimitScope::ALL.len()],
     limits_exported: OnceLock<bool>,
+    /// Its web application firewall's decisions, by `WAF_OUTCOMES`;
+    /// admitted apart, at the route's first decision.
+    waf: [Count; WAF_OUTCOMES.len()],
+    waf_exported: OnceLock<bool>,
     /// Copies of its requests in flight to its `mirror` (every
     /// generation's), bounded by the mirror's `max_inflight`.
     pub mirror_inflight: Arc<AtomicU64>,
@@ -111,6 +115,9 @@ impl CopyKind {
 /// failed (no backend, refused, reset), timed out, was dropped (too many
 /// in flight) or skipped (a body too long, or never finished).
 pub const COPY_OUTCOMES: [&str; 5] = ["answered", "failed", "timeout", "dropped", "skipped"];
+
+/// The `outcome` label of `cutover_waf_decisions_total`, by index.
+pub const WAF_OUTCOMES: [&str; 4] = ["pass", "blocked", "would_block", "body_too_large"];
 
 /// Why a route's filters refused a request (`reason` of
 /// `cutover_filter_refusals_total`).
@@ -148,6 +155,8 @@ const AUTH_SERIES: usize = Outcome::ALL.len() * AuthMethod::ALL.len() + CacheLoo
 const CACHE_SERIES: usize = CacheOutcome::ALL.len();
 /// Series of `cutover_ratelimit_decisions_total` per route.
 const LIMIT_SERIES: usize = LimitOutcome::ALL.len() * LimitScope::ALL.len();
+/// Series of `cutover_waf_decisions_total` per route.
+const WAF_SERIES: usize = WAF_OUTCOMES.len();
 
 /// What a forward auth's cache did for one request
 /// (`cutover_auth_cache_total{result}`).
@@ -207,6 +216,8 @@ impl RouteShared {
             cache_exported: OnceLock::new(),
             limits: Default::default(),
             limits_exported: OnceLock::new(),
+            waf: Default::default(),
+            waf_exported: OnceLock::new(),
             mirror_inflight: Arc::default(),
             copies: Default::default(),
             copies_exported: OnceLock::new(),
@@ -289,6 +300,15 @@ impl RouteShared {
         self.cache_exported
             .get_or_init(|| series::admit(CACHE_SERIES));
         self.cache[outcome as usize].add(1);
+    }
+
+    /// Counts one decision of its web application firewall (an outcome
+    /// of `WAF_OUTCOMES`).
+    pub fn waf_decided(&self, outcome: &str) {
+        self.waf_exported.get_or_init(|| series::admit(WAF_SERIES));
+        if let Some(i) = WAF_OUTCOMES.iter().position(|o| *o == outcome) {
+            self.waf[i].add(1);
+        }
     }
 
     /// Counts one decision of its quota.
@@ -383,6 +403,19 @@ impl Exported for RouteShared {
                 }
             }
         }
+        if self.waf_exported.get() == Some(&true) {
+            for (count, outcome) in self.waf.iter().zip(WAF_OUTCOMES) {
+                if count.get() > 0 {
+                    let mut labels = labels.clone();
+                    labels.push((m::LABEL_OUTCOME, outcome.into()));
+                    out.push(series::sample(
+                        &series::ROUTE_WAF,
+                        labels,
+                        count.get() as f64,
+                    ));
+                }
+            }
+        }
         if self.copies_exported.get() == Some(&true) {
             for (counts, kind) in self.copies.iter().zip([CopyKind::Mirror, CopyKind::Shadow]) {
                 for (count, outcome) in counts.iter().zip(COPY_OUTCOMES) {
@@ -448,8 +481,12 @@ impl Drop for RouteShared {
         let copies = self.copies_exported.get() == Some(&true);
         let cache = self.cache_exported.get() == Some(&true);
         let limits = self.limits_exported.get() == Some(&true);
-        if route || grpc || auth || copies || cache || limits {
+        let waf = self.waf_exported.get() == Some(&true);
+        if route || grpc || auth || copies || cache || limits || waf {
             series::retire(self);
+        }
+        if waf {
+            series::release(WAF_SERIES);
         }
         if limits {
             series::release(LIMIT_SERIES);

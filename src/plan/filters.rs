@@ -265,6 +265,8 @@ pub struct Defaults {
     pub compress: Option<Arc<Compress>>,
     /// The cache of every route with an upstream that sets none.
     pub cache: Option<Arc<super::RouteCacheSpec>>,
+    /// The web application firewall of every route that sets none.
+    pub waf: Option<super::RouteWafSpec>,
 }
 
 /// `allow_from` / `deny_from`: a client in `deny` is refused; with an

@@ -12,9 +12,11 @@ pub mod impact;
 mod memory;
 mod ownership;
 mod pattern;
+mod pieces;
 mod quota;
 mod spec;
 mod validate;
+mod waf;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -40,6 +42,7 @@ pub use pattern::PathRegex;
 pub use quota::*;
 pub use spec::*;
 pub use validate::{validate, validate_confined};
+pub use waf::{RouteWafSpec, WafExclusion, WafLimitAction, WafRuleset};
 
 use crate::config::{ConfigText, Diagnostic};
 use crate::ids::GenerationId;
@@ -162,6 +165,16 @@ fn in_parallel<A: Send, B>(
 }
 
 const RESTART_ACTION: &str = "apply it with a drain-aware restart that starts from this configuration: `cutover ctl upgrade --config FILE` (POST /admin/lifecycle/upgrade with the configuration as the body); activation cannot";
+
+/// As [`validate`], taking over from `active` what the text did not
+/// change (its compiled rule sets, say): for views that read an older
+/// configuration again.
+pub fn validate_sharing(
+    source: &ConfigText,
+    active: &Spec,
+) -> Result<Spec, Vec<crate::config::Diagnostic>> {
+    validate::validate_against(source, None, Some(active))
+}
 
 /// Plans `candidate` against the active generation (`None` at start-up).
 pub fn plan(candidate: &ConfigText, active: Option<(GenerationId, &Spec)>) -> Plan {

@@ -22,6 +22,8 @@ use crate::config::FileConfig;
 /// Telemetry's own settings, produced by validation.
 pub use crate::telemetry::{LogFormat, LogSpec, TracingSpec};
 
+pub use super::pieces::{Piece, Pieces};
+
 /// A configuration that passed validation, with everything resolved.
 #[derive(Debug, Clone)]
 pub struct Spec {
@@ -55,39 +57,13 @@ pub struct Spec {
     pub cache_zones: BTreeMap<String, ZoneSpec>,
     /// `[limits] store`: where fleet-scoped quotas count.
     pub limit_store: Option<StoreSpec>,
+    /// `[waf.rulesets]`: each rule set compiled, by name (shared with
+    /// the active configuration's when unchanged).
+    pub waf_rulesets: BTreeMap<String, Arc<super::WafRuleset>>,
 }
 
 /// A SHA-256 digest.
 pub type Digest = [u8; 32];
-
-/// Where a configuration's routes and upstreams came from, so that a later
-/// candidate can take over what it did not change (issue "scale"): a
-/// route whose source piece, files and context are those of the active
-/// configuration keeps its validated spec, canonical text and compiled
-/// route (the same allocations); an upstream keeps its compiled upstream.
-#[derive(Debug, Clone, Default)]
-pub struct Pieces {
-    /// Aligned with `routes` (and `file.routes`); empty when the text was
-    /// not cut into pieces (`config::segments`).
-    pub routes: Vec<Piece>,
-    /// By upstream name; empty when the text was not cut into pieces.
-    pub upstreams: std::collections::HashMap<String, Piece>,
-    /// What a route's validation reads besides its own piece and files:
-    /// the listeners' names and protocols, the upstreams' names, protocols
-    /// and TLS, where files are read from.
-    pub route_context: Digest,
-    /// The text and where its pieces are, when it was cut: the next
-    /// candidate is cut only where it differs from it.
-    pub cut: Option<Arc<crate::config::segments::Cut>>,
-}
-
-/// One route's or upstream's source: the digest of its text as written,
-/// and of each file its validation read (by the name the text gives).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Piece {
-    pub text: Digest,
-    pub files: Vec<(String, Digest)>,
-}
 
 /// `[fleet]`, resolved.
 #[derive(Debug, Clone)]
@@ -469,6 +445,10 @@ pub struct RouteSpec {
     pub cache: Option<RouteCacheSpec>,
     /// `cache = "none"`: not its listener's default cache either.
     pub cache_opt_out: bool,
+    /// `waf = { ruleset, mode }`.
+    pub waf: Option<super::RouteWafSpec>,
+    /// `waf = "none"`: not its listener's default either.
+    pub waf_opt_out: bool,
 }
 
 /// `[cache.zones.NAME]`.

@@ -42,6 +42,14 @@ pub enum ProxyError {
     /// while it streamed before the answer began).
     #[error("request body exceeds max_request_body")]
     PayloadTooLarge,
+    /// The route's web application firewall blocked the request (its
+    /// status, 403 unless the rule says; the request's id in the answer,
+    /// never a rule).
+    #[error("blocked by the web application firewall")]
+    WafBlocked {
+        status: u16,
+        request_id: HeaderValue,
+    },
     /// The route's `auth` refused the request (401 with a challenge), or
     /// could not check it (503).
     #[error("authentication: {}", .0.outcome().name())]
@@ -85,6 +93,9 @@ impl ProxyError {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::Misdirected => StatusCode::MISDIRECTED_REQUEST,
             ProxyError::Forbidden => StatusCode::FORBIDDEN,
+            ProxyError::WafBlocked { status, .. } => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::FORBIDDEN)
+            }
             ProxyError::Unauthenticated(denial) => denial.status(),
             ProxyError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -145,7 +156,7 @@ impl ProxyError {
             ProxyError::ClientBody { closed: true, .. } => Flags::CLIENT_CLOSED,
             ProxyError::NoRoute => Flags::NO_ROUTE,
             ProxyError::Misdirected => Flags::DENIED,
-            ProxyError::Forbidden => Flags::DENIED,
+            ProxyError::Forbidden | ProxyError::WafBlocked { .. } => Flags::DENIED,
             ProxyError::Unauthenticated(_) => Flags::NONE,
             ProxyError::PayloadTooLarge => Flags::BODY_TOO_LARGE,
             ProxyError::Saturated => Flags::ADMISSION_REJECTED,
@@ -184,10 +195,15 @@ pub fn error_response(error: &ProxyError) -> Response<ResponseBody> {
     }
     let status = error.status();
     let reason = status.canonical_reason().unwrap_or("error");
-    let mut response = Response::new(ResponseBody::full(Bytes::from(format!(
-        "{} {reason}\n",
-        status.as_u16()
-    ))));
+    let text = match error {
+        ProxyError::WafBlocked { request_id, .. } => format!(
+            "{} {reason}\nrequest id: {}\n",
+            status.as_u16(),
+            String::from_utf8_lossy(request_id.as_bytes())
+        ),
+        _ => format!("{} {reason}\n", status.as_u16()),
+    };
+    let mut response = Response::new(ResponseBody::full(Bytes::from(text)));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(
@@ -205,6 +221,12 @@ pub fn error_response(error: &ProxyError) -> Response<ResponseBody> {
     }
     if let ProxyError::RateLimited(limited) = error {
         limited.headers(headers);
+    }
+    if let ProxyError::WafBlocked { request_id, .. } = error {
+        headers.insert(
+            http::HeaderName::from_static("x-request-id"),
+            request_id.clone(),
+        );
     }
     response
 }

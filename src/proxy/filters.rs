@@ -124,6 +124,11 @@ impl<'g> Effective<'g> {
         own.or_else(|| self.defaults.and_then(|d| d.cors.as_deref()))
     }
 
+    /// The listener's default `waf`.
+    pub(super) fn default_waf(&self) -> Option<&'g crate::plan::RouteWafSpec> {
+        self.defaults.and_then(|d| d.waf.as_ref())
+    }
+
     /// The route's `auth`, else its listener's (unless the route wrote
     /// `auth = "none"`).
     pub(super) fn auth(&self) -> Option<&'g crate::auth::Auth> {

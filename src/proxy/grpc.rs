@@ -153,6 +153,10 @@ fn status_of(error: &ProxyError) -> (Code, &'static str) {
         ProxyError::UpstreamTimeout(_) => (Code::DeadlineExceeded, "deadline exceeded"),
         ProxyError::Saturated => (Code::Unavailable, "the route is at its max_inflight limit"),
         ProxyError::RateLimited(_) => (Code::ResourceExhausted, "quota exceeded"),
+        ProxyError::WafBlocked { .. } => (
+            Code::PermissionDenied,
+            "blocked by the web application firewall",
+        ),
         ProxyError::QuotaUnavailable => (Code::Unavailable, "the quota's store is unavailable"),
         ProxyError::PayloadTooLarge => (
             Code::ResourceExhausted,

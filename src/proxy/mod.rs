@@ -37,6 +37,7 @@ mod steering;
 mod tcp;
 mod tunnel;
 mod udp;
+mod waf;
 mod workers;
 
 pub use body::ResponseBody;

@@ -52,6 +52,7 @@ struct Noted {
     cache: Option<crate::cache::Outcome>,
     /// What refused it, when a quota did.
     limited: Option<&'static str>,
+    waf: Option<super::waf::Decision>,
 }
 
 /// Serves one request. Never fails: errors become responses here.
@@ -98,6 +99,7 @@ pub fn handle(
             subject: None,
             cache: None,
             limited: None,
+            waf: None,
         });
         let trail = noted.as_ref().map(|_| Trail::new());
         let mut call = super::grpc::Call::of(&req);
@@ -234,11 +236,14 @@ pub fn handle(
                 authority: noted.authority,
                 path: Some(noted.path),
                 upstream_path: noted.upstream_path,
-                request_id: noted.request_id,
+                request_id: noted
+                    .request_id
+                    .or_else(|| noted.waf.as_ref()?.request_id.clone()),
                 auth: noted.auth.map(crate::auth::Outcome::name),
                 subject: noted.subject,
                 cache: noted.cache.map(crate::cache::Outcome::name),
                 limited: noted.limited,
+                waf: noted.waf.as_ref().map(super::waf::Decision::logged),
                 encoding: encoding.map(crate::plan::Encoding::token),
                 route: route.map(|r| Arc::clone(r.shared.name())),
                 status: status.as_u16(),
@@ -327,7 +332,7 @@ impl Served<'_> {
 ///
 /// 1. `route_request`: the listener's edge rules, then the route;
 /// 2. the route's filters check the request (CORS preflight, IP rules,
-///    header limits… DESIGN §17);
+///    header limits… DESIGN §17), then its firewall (`waf.rs`, §24);
 /// 3. its admission: the quota, then `max_inflight` (`admit_route`);
 /// 4. `authenticate`, then a quota keyed by the subject it found;
 /// 5. the filters prepare what is forwarded (rewrites, headers, mirrors,
@@ -335,9 +340,6 @@ impl Served<'_> {
 /// 6. one step forward: a direct answer, a redirect, the route's cache,
 ///    several attempts (`retry.rs`) or one (`exchange.rs`);
 /// 7. a streamed answer keeps the listener's place until its last byte.
-///
-/// A new check on the request (a WAF) is a stage between 2 and 3, or
-/// after 4 when it needs the subject.
 #[expect(clippy::manual_async_fn, reason = "see `handle`: no argument copies")]
 fn route_and_answer<'g, 'a>(
     mut req: Request<ClientBody>,
@@ -414,6 +416,21 @@ fn route_and_answer<'g, 'a>(
                 route: Some(route),
                 result: Ok(*preflight),
                 shaped,
+            };
+        }
+        // 2½. The route's web application firewall (DESIGN §24).
+        if let Some(waf) = super::waf::of(route, effective.as_ref()) {
+            let waf_noted = noted.as_deref_mut().map(|n| &mut n.waf);
+            let at = (conn, generation, &**route, waf_noted);
+            req = match Box::pin(super::waf::stage(req, at, waf)).await {
+                Ok(req) => req,
+                Err(refused) => {
+                    return Served {
+                        route: Some(route),
+                        result: Err(refused),
+                        shaped,
+                    }
+                }
             };
         }
         // 3. The route's own admission: its quota (after authentication

@@ -193,6 +193,12 @@ pub const CACHE_DISK_ERRORS: &str = "cutover_cache_disk_errors_total";
 /// `fallback_allowed`, `fallback_limited`, `failed_open`,
 /// `failed_closed`) and `scope` (`local`, `fleet`).
 pub const RATELIMIT_DECISIONS: &str = "cutover_ratelimit_decisions_total";
+/// The web application firewall's decisions, by route and `outcome`
+/// (`pass`, `blocked`, `would_block`, `body_too_large`).
+pub const WAF_DECISIONS: &str = "cutover_waf_decisions_total";
+/// Matches of each firewall rule, by `rule` (its id; at most 256 ids,
+/// the rest as `other`).
+pub const WAF_RULE_MATCHES: &str = "cutover_waf_rule_matches_total";
 /// 1 while the rate-limit store answers, by `store` (its URL).
 pub const RATELIMIT_STORE_UP: &str = "cutover_ratelimit_store_up";
 /// Instances the rate-limit store counts (this one included).
@@ -228,6 +234,7 @@ pub const LABEL_WORKER: &str = "worker";
 pub const LABEL_CLASS: &str = "class";
 pub const LABEL_BACKEND: &str = "backend";
 pub const LABEL_OUTCOME: &str = "outcome";
+pub const LABEL_RULE: &str = "rule";
 pub const LABEL_KIND: &str = "kind";
 pub const LABEL_GENERATION: &str = "generation";
 pub const LABEL_DIRECTION: &str = "direction";

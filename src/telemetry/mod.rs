@@ -9,6 +9,7 @@ pub mod otlp;
 pub mod series;
 mod settings;
 pub mod trace;
+pub mod waf;
 
 pub use settings::{LogFormat, LogSpec, TracingSpec};
 

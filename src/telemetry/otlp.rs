@@ -263,6 +263,7 @@ mod tests {
             subject: None,
             cache: None,
             limited: None,
+            waf: None,
             route: Some("api".into()),
             status: 503,
             grpc_status: None,

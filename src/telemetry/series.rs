@@ -104,6 +104,16 @@ pub static ROUTE_AUTH_CACHE: Family = family(
     Kind::Counter,
     "Forward auth cache lookups, by route and result",
 );
+pub static ROUTE_WAF: Family = family(
+    m::WAF_DECISIONS,
+    Kind::Counter,
+    "The web application firewall's decisions, by route and outcome",
+);
+pub static WAF_RULE_MATCHES: Family = family(
+    m::WAF_RULE_MATCHES,
+    Kind::Counter,
+    "Matches of each web application firewall rule, by rule id",
+);
 pub static ROUTE_CACHE: Family = family(
     m::CACHE_REQUESTS,
     Kind::Counter,
@@ -259,7 +269,7 @@ pub static GENERATION_DURATION: Family = family(
 );
 
 /// Families in output order.
-static FAMILIES: [&Family; 41] = [
+static FAMILIES: [&Family; 43] = [
     &ROUTE_REQUESTS,
     &ROUTE_DURATION,
     &ROUTE_QUOTA,
@@ -280,6 +290,8 @@ static FAMILIES: [&Family; 41] = [
     &CACHE_DISK_BYTES,
     &CACHE_DISK_ERRORS,
     &ROUTE_RATELIMIT,
+    &ROUTE_WAF,
+    &WAF_RULE_MATCHES,
     &RATELIMIT_STORE_UP,
     &RATELIMIT_STORE_INSTANCES,
     &RATELIMIT_STORE_ERRORS,

@@ -6,45 +6,17 @@
 //! with `expect_ids` and `no_expect_ids`. A case that only names a status
 //! is an HTTP server's answer, judged against the real binary, not here.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use yaml_rust2::{Yaml, YamlLoader};
-
+use super::corpus_cases::{
+    crs_root, judge, stages, stages_of_case, Input, Outcome, Stage, TEST_SETUP,
+};
 use super::{Mode, Request, Response, RuleSet, Transaction};
-
-/// CRS's test set-up beside `crs-setup.conf`: every paranoia level,
-/// UTF-8 validation and the argument limits its cases are written for.
-const TEST_SETUP: &str = "SecAction \"id:900005,phase:1,nolog,pass,\
-    ctl:ruleRemoveById=910000,\
-    setvar:tx.blocking_paranoia_level=4,\
-    setvar:tx.crs_validate_utf8_encoding=1,\
-    setvar:tx.arg_name_length=100,\
-    setvar:tx.arg_length=400,\
-    setvar:tx.total_arg_length=64000,\
-    setvar:tx.max_num_args=255,\
-    setvar:tx.max_file_size=64100,\
-    setvar:tx.combined_file_sizes=65535\"\n";
-
-/// How one case went.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Passed,
-    /// Why not: the ids missing and the ids that should not have matched.
-    Failed(String),
-    /// Only an HTTP status is expected: not judged in process.
-    StatusOnly,
-    /// The case cannot be read.
-    Unreadable(String),
-}
 
 /// A case's name (`942100-3`) and outcome.
 pub struct Case {
     pub name: String,
     pub outcome: Outcome,
-}
-
-fn crs_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/crs")
 }
 
 /// The Core Rule Set with CRS's test set-up, or `None` when it is not
@@ -65,61 +37,24 @@ pub fn rule_set() -> Option<RuleSet> {
 
 /// Every case of the corpus, run.
 pub fn run(set: &RuleSet) -> Vec<Case> {
-    let mut files = Vec::new();
-    collect_yaml(&crs_root().join("tests/regression/tests"), &mut files);
-    files.sort();
-    let mut cases = Vec::new();
-    for file in files {
-        let Ok(text) = std::fs::read_to_string(&file) else {
-            continue;
-        };
-        let Ok(docs) = YamlLoader::load_from_str(&text) else {
-            cases.push(Case {
-                name: file.display().to_string(),
-                outcome: Outcome::Unreadable("not YAML".into()),
-            });
-            continue;
-        };
-        let Some(doc) = docs.first() else { continue };
-        let rule = doc["rule_id"].as_i64().unwrap_or_default();
-        for test in doc["tests"].as_vec().into_iter().flatten() {
-            let id = test["test_id"].as_i64().unwrap_or_default();
-            for stage in test["stages"].as_vec().into_iter().flatten() {
-                cases.push(Case {
-                    name: format!("{rule}-{id}"),
-                    outcome: run_stage(set, stage),
-                });
-            }
-        }
-    }
-    cases
-}
-
-fn collect_yaml(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            collect_yaml(&path, out);
-        } else if path.extension().is_some_and(|x| x == "yaml") {
-            out.push(path);
-        }
-    }
-}
-
-fn ids(list: &Yaml) -> Vec<u32> {
-    list.as_vec()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_i64().and_then(|n| u32::try_from(n).ok()))
+    stages()
+        .iter()
+        .map(|stage| Case {
+            name: stage.name.clone(),
+            outcome: run_stage(set, stage),
+        })
         .collect()
 }
 
-fn run_stage(set: &RuleSet, stage: &Yaml) -> Outcome {
-    let input = &stage["input"];
-    let output = &stage["output"];
-    let expect = ids(&output["log"]["expect_ids"]);
-    let refuse = ids(&output["log"]["no_expect_ids"]);
-    if expect.is_empty() && refuse.is_empty() {
+fn run_stage(set: &RuleSet, stage: &Stage) -> Outcome {
+    let input = match &stage.input {
+        Ok(input) => input,
+        Err(why) if !stage.status_only() || why == "not YAML" => {
+            return Outcome::Unreadable(why.clone())
+        }
+        Err(_) => return Outcome::StatusOnly,
+    };
+    if stage.status_only() {
         return Outcome::StatusOnly;
     }
     let request = match request_of(input) {
@@ -134,88 +69,36 @@ fn run_stage(set: &RuleSet, stage: &Yaml) -> Outcome {
     }
     transaction.logging();
     let matched: Vec<u32> = transaction.matches.iter().map(|m| m.id).collect();
-    let missing: Vec<u32> = expect
-        .iter()
-        .copied()
-        .filter(|id| !matched.contains(id))
-        .collect();
-    let unwanted: Vec<u32> = refuse
-        .iter()
-        .copied()
-        .filter(|id| matched.contains(id))
-        .collect();
-    if missing.is_empty() && unwanted.is_empty() {
-        Outcome::Passed
-    } else {
-        let mut why = Vec::new();
-        if !missing.is_empty() {
-            why.push(format!("expected {missing:?} did not match"));
-        }
-        if !unwanted.is_empty() {
-            why.push(format!("{unwanted:?} matched"));
-        }
-        Outcome::Failed(why.join("; "))
-    }
+    judge(stage, &matched)
 }
 
-/// The request a case's input describes, as go-ftw sends it.
-fn request_of(input: &Yaml) -> Result<Request, String> {
-    if let Some(encoded) = input["encoded_request"].as_str() {
-        use base64::Engine as _;
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(encoded.split_whitespace().collect::<String>())
-            .map_err(|e| format!("encoded_request: {e}"))?;
-        return raw_request(&raw);
-    }
-    let text = |key: &str, default: &str| input[key].as_str().unwrap_or(default).to_owned();
-    let mut headers: Vec<(String, Vec<u8>)> = Vec::new();
-    if let Some(map) = input["headers"].as_hash() {
-        for (name, value) in map {
-            let name = name.as_str().unwrap_or_default().to_owned();
-            let value = match value {
-                Yaml::String(s) => s.clone(),
-                Yaml::Integer(n) => n.to_string(),
-                Yaml::Real(r) => r.clone(),
-                Yaml::Boolean(b) => b.to_string(),
-                _ => String::new(),
-            };
-            headers.push((name, value.into_bytes()));
-        }
-    }
-    let body = input["data"]
-        .as_str()
-        .unwrap_or_default()
-        .as_bytes()
-        .to_vec();
-    let autocomplete = input["autocomplete_headers"].as_bool().unwrap_or(true);
-    let has = |headers: &[(String, Vec<u8>)], name: &str| {
-        headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+/// The request a case's input describes, as the HTTP server in front
+/// hands it to the rules.
+fn request_of(input: &Input) -> Result<Request, String> {
+    let (method, uri, version, mut headers, data) = match input {
+        Input::Raw(raw) => return raw_request(raw),
+        Input::Parts {
+            method,
+            uri,
+            version,
+            headers,
+            data,
+        } => (method, uri, version, headers.clone(), data.clone()),
     };
-    if autocomplete && !body.is_empty() {
-        // As go-ftw completes a request with a body.
-        if !has(&headers, "content-length") {
-            headers.push(("Content-Length".into(), body.len().to_string().into_bytes()));
-        }
-        if !has(&headers, "content-type") {
-            headers.push((
-                "Content-Type".into(),
-                b"application/x-www-form-urlencoded".to_vec(),
-            ));
-        }
-    }
-    let body = dechunked(&mut headers, body);
+    let body = dechunked(&mut headers, data);
     // Without a length or chunked framing an HTTP/1.1 request has no body
     // (RFC 9112 §6.3): the server reads none.
-    let framed = has(&headers, "content-length") || has(&headers, "transfer-encoding");
-    let body = if framed { body } else { Vec::new() };
+    let framed = headers.iter().any(|(n, _)| {
+        n.eq_ignore_ascii_case("content-length") || n.eq_ignore_ascii_case("transfer-encoding")
+    });
     Ok(Request {
         id: "corpus".into(),
         remote_addr: "127.0.0.1".into(),
-        method: text("method", "GET"),
-        uri: text("uri", "/"),
-        protocol: text("version", "HTTP/1.1"),
+        method: method.clone(),
+        uri: uri.clone(),
+        protocol: version.clone(),
         headers,
-        body,
+        body: if framed { body } else { Vec::new() },
     })
 }
 
@@ -330,49 +213,31 @@ fn reflected(request: &Request) -> Option<Response> {
 /// Prints what one case (`942100-3`) matched and the paranoia and
 /// score variables it left, for finding why a case fails.
 pub fn explain(set: &RuleSet, case: &str) {
-    let Some((rule, id)) = case.split_once('-') else {
-        return;
-    };
-    let mut files = Vec::new();
-    collect_yaml(&crs_root().join("tests/regression/tests"), &mut files);
-    let Some(file) = files
-        .iter()
-        .find(|f| f.file_stem().is_some_and(|s| s == rule))
-    else {
-        return;
-    };
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    let docs = YamlLoader::load_from_str(&text).unwrap_or_default();
-    for test in docs[0]["tests"].as_vec().into_iter().flatten() {
-        if test["test_id"].as_i64().map(|n| n.to_string()).as_deref() != Some(id) {
+    for stage in stages_of_case(case) {
+        let Some(Ok(request)) = stage.input.as_ref().ok().map(request_of) else {
             continue;
+        };
+        eprintln!(
+            "{} {} body {:?}",
+            request.method,
+            request.uri,
+            String::from_utf8_lossy(&request.body)
+        );
+        let mut transaction = Transaction::new(set, &request, Mode::Detect);
+        transaction.request();
+        for m in &transaction.matches {
+            eprintln!("matched {} ({}): {}", m.id, m.msg, m.logdata);
         }
-        for stage in test["stages"].as_vec().into_iter().flatten() {
-            let Ok(request) = request_of(&stage["input"]) else {
-                continue;
-            };
+        for name in [
+            "detection_paranoia_level",
+            "blocking_paranoia_level",
+            "inbound_anomaly_score_pl1",
+            "inbound_anomaly_score_pl2",
+        ] {
             eprintln!(
-                "{} {} body {:?}",
-                request.method,
-                request.uri,
-                String::from_utf8_lossy(&request.body)
+                "tx.{name} = {:?}",
+                transaction.tx(name).map(String::from_utf8_lossy)
             );
-            let mut transaction = Transaction::new(set, &request, Mode::Detect);
-            transaction.request();
-            for m in &transaction.matches {
-                eprintln!("matched {} ({}): {}", m.id, m.msg, m.logdata);
-            }
-            for name in [
-                "detection_paranoia_level",
-                "blocking_paranoia_level",
-                "inbound_anomaly_score_pl1",
-                "inbound_anomaly_score_pl2",
-            ] {
-                eprintln!(
-                    "tx.{name} = {:?}",
-                    transaction.tx(name).map(String::from_utf8_lossy)
-                );
-            }
         }
     }
 }

@@ -71,12 +71,17 @@ pub struct Transaction<'a> {
     allowed: bool,
     pub matches: Vec<Matched>,
     pub interruption: Option<Interruption>,
+    /// In detection mode: the first interruption a rule asked for (what
+    /// blocking mode would have done).
+    pub would_interrupt: Option<Interruption>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum RuleRef {
     Id(u32),
     Tag(String),
+    /// Every rule (an operator's exclusion of a target).
+    All,
 }
 
 impl<'a> Transaction<'a> {
@@ -98,6 +103,26 @@ impl<'a> Transaction<'a> {
             allowed: false,
             matches: Vec::new(),
             interruption: None,
+            would_interrupt: None,
+        }
+    }
+
+    /// An operator's exclusion, before the phases run: with no targets,
+    /// rules `rules` are not evaluated; with targets, those rules (every
+    /// rule when `rules` is empty) no longer read them.
+    pub fn exclude(&mut self, rules: &[u32], targets: &[Target]) {
+        if targets.is_empty() {
+            self.removed_ids.extend(rules.iter().map(|id| (*id, *id)));
+            return;
+        }
+        for target in targets {
+            if rules.is_empty() {
+                self.removed_targets.push((RuleRef::All, target.clone()));
+            }
+            for id in rules {
+                self.removed_targets
+                    .push((RuleRef::Id(*id), target.clone()));
+            }
         }
     }
 
@@ -390,13 +415,18 @@ impl<'a> Transaction<'a> {
             other => other,
         };
         match disruptive {
-            Some(Disruptive::Deny | Disruptive::Drop) if self.mode == Mode::Block => {
+            Some(Disruptive::Deny | Disruptive::Drop) if self.mode != Mode::Off => {
                 let status = rule
                     .actions
                     .status
                     .or_else(|| defaults.and_then(|d| d.status))
                     .unwrap_or(403);
-                self.interruption = Some(Interruption { rule: id, status });
+                let interruption = Some(Interruption { rule: id, status });
+                if self.mode == Mode::Block {
+                    self.interruption = interruption;
+                } else if self.would_interrupt.is_none() {
+                    self.would_interrupt = interruption;
+                }
             }
             Some(Disruptive::Allow) => self.allowed = true,
             _ => {}
@@ -490,6 +520,7 @@ impl<'a> Transaction<'a> {
             .filter(|(rule, _)| match rule {
                 RuleRef::Id(removed) => is_head && Some(*removed) == id,
                 RuleRef::Tag(tag) => head.actions.tags.contains(tag),
+                RuleRef::All => true,
             })
             .map(|(_, target)| target);
         let all: Vec<&Target> = link.targets.iter().chain(updates).collect();

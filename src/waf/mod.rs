@@ -6,11 +6,15 @@
 //! markers, default actions, target updates, phrase files, and every
 //! regular expression compiled for a linear-time engine.
 //!
-//! This is the rule language only: no configuration key loads a rule
-//! set yet, and no request is evaluated. It imports nothing of cutover.
+//! `engine.rs` evaluates a request (and an answer) against a set. A
+//! configuration's `[waf.rulesets]` are compiled by `plan` and a route's
+//! requests evaluated by `proxy/waf.rs`; this module imports nothing of
+//! cutover.
 
 #[cfg(test)]
 mod corpus;
+#[cfg(test)]
+mod corpus_cases;
 mod engine;
 mod lex;
 mod load;
@@ -23,6 +27,7 @@ pub use engine::{Interruption, Matched, Mode, Transaction};
 pub use lex::{directives, Directive, LexError};
 pub use load::{compile, conf_files, Entry, Matcher, Rule, RuleSet, WafError};
 pub use request::{BodyProcessor, Request, Response};
+pub use rule::targets;
 pub use rule::{
     Actions, Ctl, CtlOption, Disruptive, Operator, OperatorKind, Selector, SetOp, SetVar, Target,
     Transform, Variable,

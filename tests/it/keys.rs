@@ -35,12 +35,14 @@ enum Place {
     /// An https listener's `acme` certificate entry (with a route for it).
     Acme,
     Limits,
+    /// A `[waf.rulesets.NAME]` rule set.
+    Waf,
 }
 use Place::*;
 
-const PLACES: [Place; 18] = [
+const PLACES: [Place; 19] = [
     Admin, Metrics, Log, Tracing, Runtime, Discovery, Fleet, Http, Https, Tcp, Udp, Route, Retry,
-    Upstream, Health, Outlier, Acme, Limits,
+    Upstream, Health, Outlier, Acme, Limits, Waf,
 ];
 const LISTENERS: &[Place] = &[Http, Https, Tcp, Udp];
 const HTTP: &[Place] = &[Http, Https];
@@ -64,6 +66,7 @@ impl Place {
             Outlier => "outlier",
             Acme => "acme",
             Limits => "limits",
+            Waf => "waf",
         }
     }
 
@@ -131,6 +134,7 @@ impl Place {
             Health => ("[upstreams.app.health]", &["path = \"/healthz\""]),
             Outlier => ("[upstreams.app.outlier]", &[]),
             Limits => ("[limits]", &[]),
+            Waf => ("[waf.rulesets.main]", &[WAF_FILES]),
             Acme => (
                 "[[routes]]",
                 &[
@@ -236,6 +240,7 @@ const REDIS: &str = "store.redis.url = \"redis://127.0.0.1:6379/0\"";
 const TLS_REDIS: &str = "store.redis.url = \"rediss://redis.internal:6380/0\"";
 const REDIS_OTHER: &str = "store.redis.url = \"redis://127.0.0.1:6380/0\"";
 const TRUSTED: &str = "trusted_proxies = [\"127.0.0.1\"]";
+const WAF_FILES: &str = "files = [\"waf.conf\"]";
 
 fn rows() -> Vec<Row> {
     vec![
@@ -672,6 +677,17 @@ fn rows() -> Vec<Row> {
         row("routes", "hedge", Route, &["hedge = { delay = \"50ms\" }"]),
         row("routes", "quota", Route, &["quota = { rate = 10 }"]),
         row("routes", "cache", Route, &["cache = { zone = \"main\" }"]),
+        row("routes", "waf", Route, &["waf = { ruleset = \"main\" }"]),
+        row("waf", "files", Waf, &["files = [\"waf.conf\", \"waf2.conf\"]"]).replaces(&[WAF_FILES]),
+        row("waf", "paranoia", Waf, &["paranoia = 3"]),
+        row("waf", "inbound_threshold", Waf, &["inbound_threshold = 10"]),
+        row("waf", "request_body_limit", Waf, &["request_body_limit = \"1MiB\""]),
+        row(
+            "waf",
+            "request_body_limit_action",
+            Waf,
+            &["request_body_limit_action = \"process_partial\""],
+        ),
         row("routes", "query", Route, &["query = { v = \"2\" }"]),
         row(
             "routes",
@@ -999,7 +1015,7 @@ fn configuration(
 /// What a configuration does, without the text it came from.
 fn behaviour(spec: &Spec) -> String {
     format!(
-        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
+        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
         spec.admin,
         spec.metrics_bind,
         spec.metrics_max_series,
@@ -1011,7 +1027,8 @@ fn behaviour(spec: &Spec) -> String {
         spec.upstreams,
         spec.fleet,
         spec.discovery,
-        spec.limit_store
+        spec.limit_store,
+        spec.waf_rulesets
     )
 }
 
@@ -1038,6 +1055,14 @@ fn files() -> tempfile::TempDir {
         ("etcd.pass", "s3cret"),
         ("redis.pass", "s3cret"),
         ("hook.secret", "a-webhook-secret-0123456789"),
+        (
+            "waf.conf",
+            "SecRule ARGS \"@contains attack\" \"id:1,phase:2,deny,log\"\n",
+        ),
+        (
+            "waf2.conf",
+            "SecRule REQUEST_HEADERS:User-Agent \"@contains scanner\" \"id:2,phase:1,deny,log\"\n",
+        ),
     ] {
         std::fs::write(dir.path().join(name), content).unwrap();
     }

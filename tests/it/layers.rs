@@ -386,8 +386,8 @@ const PROXY_ROOMS: [(&str, &[&str]); 4] = [
     (
         "steps: what a request passes through after its route is known",
         &[
-            "filters", "auth", "shadow", "mirror", "copy", "cache", "quota", "retry", "exchange",
-            "grpc", "compress", "tunnel",
+            "filters", "waf", "auth", "shadow", "mirror", "copy", "cache", "quota", "retry",
+            "exchange", "grpc", "compress", "tunnel",
         ],
     ),
     (

@@ -39,4 +39,6 @@ mod resilience;
 mod shadow;
 mod tls;
 mod upgrades;
+mod waf;
+mod waf_corpus;
 mod watch;

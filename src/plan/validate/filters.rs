@@ -188,6 +188,7 @@ impl Validator<'_> {
             .and_then(|c| self.route_cache(&at("cache"), c, &zones, true))
             .map(Arc::new);
         self.cache_zones = zones;
+        let waf = d.waf.as_ref().and_then(|w| self.route_waf(&at("waf"), w));
         let defaults = Defaults {
             request_headers: self
                 .optional_header_ops(&at("request_headers"), d.request_headers.as_ref())
@@ -204,6 +205,7 @@ impl Validator<'_> {
                 .as_ref()
                 .and_then(|c| self.compress(&at("compress"), c)),
             cache,
+            waf,
         };
         (defaults != Defaults::default()).then(|| Arc::new(defaults))
     }

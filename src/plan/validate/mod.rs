@@ -48,6 +48,7 @@ mod reuse;
 mod routes;
 mod tls;
 mod upstreams;
+mod waf;
 
 use files::confinement;
 use routes::{is_host_port, parse_host};
@@ -106,6 +107,8 @@ pub fn validate_against(
         cache_zones: BTreeMap::new(),
         refused_zones: Vec::new(),
         limit_store: false,
+        active_waf: active.map(|a| a.waf_rulesets.clone()).unwrap_or_default(),
+        waf_names: Vec::new(),
     };
     let context = reuse::route_context(&file, &v.roots);
     if let Some(active) = active.filter(|a| a.pieces.route_context == context) {
@@ -227,6 +230,11 @@ struct Validator<'a> {
     refused_zones: Vec<String>,
     /// Whether `[limits] store` is given (fleet quotas need it).
     limit_store: bool,
+    /// The active configuration's compiled rule sets, to share.
+    active_waf: BTreeMap<String, Arc<super::WafRuleset>>,
+    /// The `[waf.rulesets]` declared (compiled or refused), for the
+    /// routes and defaults that name one.
+    waf_names: Vec<String>,
 }
 
 fn is_valid_name(name: &str) -> bool {
@@ -377,6 +385,8 @@ impl Validator<'_> {
         let upstreams = self.upstreams(&file.upstreams);
         self.cache_zones = self.cache_zones(file);
         let limit_store = self.limit_store(file);
+        let active_waf = std::mem::take(&mut self.active_waf);
+        let waf_rulesets = self.waf_rulesets(file, &active_waf);
         self.limit_store = file.limits.as_ref().is_some_and(|l| l.store.is_some());
         let listeners = self.listeners(file);
         self.l4_upstreams(file);
@@ -411,6 +421,7 @@ impl Validator<'_> {
             discovery,
             cache_zones: std::mem::take(&mut self.cache_zones),
             limit_store,
+            waf_rulesets,
         })
     }
 }

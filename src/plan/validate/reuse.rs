@@ -309,6 +309,11 @@ pub(super) fn route_context(file: &FileConfig, roots: &[PathBuf]) -> Digest {
         h.update(name.as_bytes());
         h.update(format!("\0{:?}", zone.memory).as_bytes());
     }
+    // A route's `waf` is checked against the rule sets' names.
+    for name in file.waf.iter().flat_map(|w| w.rulesets.keys()) {
+        h.update(b"\0waf\0");
+        h.update(name.as_bytes());
+    }
     // A fleet quota is checked against the store's presence.
     if file.limits.as_ref().is_some_and(|l| l.store.is_some()) {
         h.update(b"\0limit-store");

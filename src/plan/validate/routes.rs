@@ -359,6 +359,13 @@ impl Validator<'_> {
             }
         };
         self.cache_zones = zones;
+        let (waf, waf_opt_out) = match &r.waf {
+            None => (None, false),
+            Some(w) => self.route_waf_setting(&at("waf"), w).unwrap_or_else(|| {
+                ok = false;
+                (None, false)
+            }),
+        };
         let filters = self.route_filters(i, r, &path);
         if !ok {
             return None;
@@ -381,6 +388,8 @@ impl Validator<'_> {
             grpc_web: r.grpc_web.unwrap_or(false),
             cache,
             cache_opt_out,
+            waf,
+            waf_opt_out,
         })
     }
 

@@ -59,6 +59,8 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
             push_json_opt(out, line.cache);
             out.extend_from_slice(b",\"limited\":");
             push_json_opt(out, line.limited);
+            out.extend_from_slice(b",\"waf\":");
+            push_json_opt(out, line.waf.as_deref());
             out.extend_from_slice(b",\"status\":");
             push_u64(out, u64::from(line.status));
             out.extend_from_slice(b",\"grpc_status\":");
@@ -127,6 +129,7 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
                 ("subject", line.subject.as_deref().unwrap_or(dash)),
                 ("cache", line.cache.unwrap_or(dash)),
                 ("limited", line.limited.unwrap_or(dash)),
+                ("waf", line.waf.as_deref().unwrap_or(dash)),
             ] {
                 out.push(b' ');
                 push_field(out, key, value);
@@ -355,6 +358,7 @@ pub(super) mod tests {
             subject: None,
             cache: None,
             limited: None,
+            waf: None,
             route: Some("api".into()),
             status: 502,
             grpc_status: None,
@@ -384,7 +388,7 @@ pub(super) mod tests {
             text,
             "time=2025-11-30T14:31:24.121Z listener=web protocol=HTTP/1.1 client=127.0.0.1:5555 \
              method=GET authority=api.example.com path=\"/v1/a b\" upstream_path=- route=api \
-             request_id=- auth=- subject=- cache=- limited=- generation=7 \
+             request_id=- auth=- subject=- cache=- limited=- waf=- generation=7 \
              status=502 grpc_status=- bytes_in=3 bytes_out=12 encoding=- bytes_uncompressed=- duration_ms=1.500 upstream_ms=- \
              upstream_protocol=- backend=127.0.0.1:9001 attempts=2 trace_id=abababababababababababababababab \
              flags=connect_failure,retried\n"

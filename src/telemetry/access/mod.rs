@@ -231,6 +231,9 @@ pub struct Line {
     /// What refused the request, when a quota did (`local`, `fleet`,
     /// `fallback`, `store_error`).
     pub limited: Option<&'static str>,
+    /// What the route's web application firewall did:
+    /// `MODE:OUTCOME:score=N:rules=ID,…`.
+    pub waf: Option<String>,
     pub route: Option<Arc<str>>,
     /// 0 for a TCP connection.
     pub status: u16,
@@ -284,6 +287,7 @@ impl Line {
             subject: None,
             cache: None,
             limited: None,
+            waf: None,
             route: None,
             status: 0,
             grpc_status: None,

@@ -1,0 +1,267 @@
+//! A route's web application firewall (DESIGN §24): the request's head,
+//! and its body up to the rule set's `request_body_limit`, through the
+//! rules' phases 1 and 2, after the route's filters and before its
+//! admission. A blocked request gets the rule's status (403) with its
+//! request id; the rule ids go to the access log only.
+//!
+//! The body is read here, within the limit, and handed on as read (the
+//! rest, past the limit with `process_partial`, streams after it).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Request};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+
+use super::conn::ConnContext;
+use super::error::ProxyError;
+use crate::backends::{BoxError, ClientBody};
+use crate::plan::{RouteWafSpec, WafLimitAction, WafRuleset};
+use crate::waf::{Mode, Transaction};
+
+/// What the firewall did with one request, for its access-log line and
+/// `cutover_waf_decisions_total`.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub mode: Mode,
+    /// `pass`, `blocked`, `would_block` (detection mode).
+    pub outcome: &'static str,
+    /// CRS's inbound anomaly score, when the rules set one.
+    pub score: u32,
+    /// The ids of the rules that matched, in order.
+    pub rules: Vec<u32>,
+    /// A blocked request's id, as its answer gives it: the access log's
+    /// `request_id`, so that a client's 403 leads to its line.
+    pub request_id: Option<String>,
+}
+
+impl Decision {
+    /// The access log's `waf` field.
+    pub fn logged(&self) -> String {
+        let mode = match self.mode {
+            Mode::Block => "block",
+            Mode::Detect => "detect",
+            Mode::Off => "off",
+        };
+        let rules: Vec<String> = self.rules.iter().map(u32::to_string).collect();
+        format!(
+            "{mode}:{}:score={}:rules={}",
+            self.outcome,
+            self.score,
+            rules.join(",")
+        )
+    }
+}
+
+/// The route's `waf`, else its listener's default (unless the route
+/// wrote `waf = "none"`).
+pub fn of<'g>(
+    route: &'g crate::generation::Route,
+    effective: Option<&super::filters::Effective<'g>>,
+) -> Option<&'g RouteWafSpec> {
+    match (&route.spec.waf, route.spec.waf_opt_out) {
+        (Some(own), _) => Some(own),
+        (None, true) => None,
+        (None, false) => effective.and_then(super::filters::Effective::default_waf),
+    }
+}
+
+/// The request path's stage: `spec`'s rule set (from the generation
+/// serving the request) on `req`, what it did noted in `noted`.
+pub async fn stage(
+    req: Request<ClientBody>,
+    (conn, generation, route, noted): (
+        &ConnContext,
+        &crate::generation::Generation,
+        &crate::generation::Route,
+        Option<&mut Option<Decision>>,
+    ),
+    spec: &RouteWafSpec,
+) -> Result<Request<ClientBody>, ProxyError> {
+    let Some(ruleset) = generation.spec.waf_rulesets.get(&spec.ruleset) else {
+        return Ok(req);
+    };
+    let (checked, decision) = check(spec, ruleset, req, conn, &route.shared).await;
+    if let Some(noted) = noted {
+        *noted = decision;
+    }
+    checked
+}
+
+/// Runs the route's rules on `req`; the request to go on with, or the
+/// refusal.
+async fn check(
+    spec: &RouteWafSpec,
+    ruleset: &WafRuleset,
+    req: Request<ClientBody>,
+    conn: &ConnContext,
+    route: &crate::generation::RouteShared,
+) -> (Result<Request<ClientBody>, ProxyError>, Option<Decision>) {
+    let (parts, body) = req.into_parts();
+    let limit = usize::try_from(ruleset.request_body_limit).unwrap_or(usize::MAX);
+    let read = match read_within(body, limit).await {
+        Ok(read) => read,
+        Err(error) => return (Err(error), None),
+    };
+    if read.over && ruleset.limit_action == WafLimitAction::Reject {
+        route.waf_decided("body_too_large");
+        return (Err(ProxyError::PayloadTooLarge), None);
+    }
+    let request_id = super::filters::request_id(&parts.headers);
+    let seen = read.head.len().min(limit);
+    let request = rules_request(&parts, &read.head[..seen], &request_id, conn);
+    let mut tx = Transaction::new(&ruleset.rules, &request, spec.mode);
+    for x in spec
+        .exclusions
+        .iter()
+        .filter(|x| x.applies(parts.uri.path()))
+    {
+        tx.exclude(&x.rule_ids, &x.targets);
+    }
+    let interrupted = tx.request();
+    let score = tx
+        .tx("blocking_inbound_anomaly_score")
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
+        .unwrap_or(0);
+    let outcome = match (interrupted, tx.would_interrupt) {
+        (Some(_), _) => "blocked",
+        (None, Some(_)) => "would_block",
+        (None, None) => "pass",
+    };
+    let decision = Decision {
+        mode: spec.mode,
+        outcome,
+        score,
+        rules: tx.matches.iter().map(|m| m.id).collect(),
+        request_id: interrupted.map(|_| request.id.clone()),
+    };
+    route.waf_decided(outcome);
+    crate::telemetry::waf::matched(&decision.rules);
+    if let Some(interruption) = interrupted {
+        return (
+            Err(ProxyError::WafBlocked {
+                status: interruption.status,
+                request_id,
+            }),
+            Some(decision),
+        );
+    }
+    let body = ClientBody::Other(Box::pin(Replay {
+        head: Some(read.head).filter(|h| !h.is_empty()),
+        trailers: read.trailers,
+        rest: read.rest,
+    }));
+    (Ok(Request::from_parts(parts, body)), Some(decision))
+}
+
+/// The request as the rules read it: its head, `body` (within the
+/// limit), and `id` as `UNIQUE_ID`.
+fn rules_request(
+    parts: &http::request::Parts,
+    body: &[u8],
+    id: &http::HeaderValue,
+    conn: &ConnContext,
+) -> crate::waf::Request {
+    let mut headers: Vec<(String, Vec<u8>)> = parts
+        .headers
+        .iter()
+        .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
+        .collect();
+    // An HTTP/2 or HTTP/3 request names its host in `:authority`.
+    if !parts.headers.contains_key(http::header::HOST) {
+        if let Some(authority) = parts.uri.authority() {
+            headers.push(("host".to_owned(), authority.as_str().as_bytes().to_vec()));
+        }
+    }
+    crate::waf::Request {
+        id: String::from_utf8_lossy(id.as_bytes()).into_owned(),
+        remote_addr: conn.remote.ip().to_string(),
+        method: parts.method.as_str().to_owned(),
+        uri: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+        protocol: protocol(parts.version).to_owned(),
+        headers,
+        body: body.to_vec(),
+    }
+}
+
+fn protocol(version: http::Version) -> &'static str {
+    match version {
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_2 => "HTTP/2",
+        http::Version::HTTP_3 => "HTTP/3",
+        _ => "HTTP/1.1",
+    }
+}
+
+/// A body read up to a limit.
+struct Read {
+    /// What was read (past the limit by at most one frame).
+    head: Bytes,
+    /// The body went past the limit.
+    over: bool,
+    trailers: Option<HeaderMap>,
+    /// What is left to read, when the body did not end.
+    rest: Option<ClientBody>,
+}
+
+async fn read_within(mut body: ClientBody, limit: usize) -> Result<Read, ProxyError> {
+    let mut head = BytesMut::new();
+    let mut trailers = None;
+    let mut ended = body.is_end_stream();
+    while !ended && head.len() <= limit {
+        match body.frame().await {
+            None => ended = true,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => head.extend_from_slice(&data),
+                Err(frame) => {
+                    trailers = frame.into_trailers().ok();
+                    ended = true;
+                }
+            },
+            Some(Err(error)) => return Err(ProxyError::client_body(&*error)),
+        }
+    }
+    Ok(Read {
+        over: head.len() > limit,
+        head: head.freeze(),
+        trailers,
+        rest: (!ended).then_some(body),
+    })
+}
+
+/// The body as read for the rules, then the rest as it arrives.
+struct Replay {
+    head: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+    rest: Option<ClientBody>,
+}
+
+impl Body for Replay {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(head) = this.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
+        if let Some(rest) = this.rest.as_mut() {
+            return Pin::new(rest).poll_frame(cx);
+        }
+        Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none()
+            && self.trailers.is_none()
+            && self.rest.as_ref().is_none_or(Body::is_end_stream)
+    }
+}
