@@ -122,6 +122,7 @@ struct GuardJson {
     #[serde(default = "default_max_error_ratio")]
     max_error_ratio: f64,
     max_p99: Option<String>,
+    max_block_ratio: Option<f64>,
     #[serde(default = "default_on_no_data")]
     on_no_data: String,
 }
@@ -175,6 +176,11 @@ fn guard(
             json.max_error_ratio
         ));
     }
+    if let Some(ratio) = json.max_block_ratio.filter(|r| !(0.0..=1.0).contains(r)) {
+        return bad(format!(
+            "guard.max_block_ratio {ratio} is not between 0 and 1"
+        ));
+    }
     let max_p99 = match json.max_p99.as_deref().map(humantime::parse_duration) {
         None => None,
         Some(Ok(p99)) if !p99.is_zero() => Some(p99),
@@ -203,6 +209,7 @@ fn guard(
         min_requests: json.min_requests,
         max_error_ratio: json.max_error_ratio,
         max_p99,
+        max_block_ratio: json.max_block_ratio,
         fail_on_no_data,
         confirm_on_pass: confirm_on_pass.unwrap_or(false),
     }))
@@ -215,9 +222,12 @@ struct ShadowJson {
     #[serde(default = "default_shadow_percent")]
     percent: f64,
     duration: String,
-    #[serde(default = "default_max_error_ratio")]
-    max_error_ratio: f64,
+    max_error_ratio: Option<f64>,
     max_p99_ratio: Option<f64>,
+    /// A WAF shadow stage (DESIGN §24).
+    #[serde(default)]
+    waf: bool,
+    max_block_increase: Option<f64>,
     #[serde(default = "default_shadow_inflight")]
     max_inflight: u32,
     #[serde(default = "default_min_requests")]
@@ -263,12 +273,32 @@ fn shadow(json: Option<ShadowJson>) -> Result<Option<ShadowSpec>, ApiError> {
             ))
         }
     };
-    if !(0.0..=1.0).contains(&json.max_error_ratio) {
+    let max_error_ratio = json.max_error_ratio.unwrap_or_else(default_max_error_ratio);
+    if !(0.0..=1.0).contains(&max_error_ratio) {
         return bad(format!(
-            "shadow.max_error_ratio {} is not between 0 and 1",
-            json.max_error_ratio
+            "shadow.max_error_ratio {max_error_ratio} is not between 0 and 1"
         ));
     }
+    let max_block_increase = match (json.waf, json.max_block_increase) {
+        (false, Some(_)) => {
+            return bad("shadow.max_block_increase needs shadow.waf = true".into())
+        }
+        (false, None) => None,
+        (true, _) if json.max_error_ratio.is_some() || json.max_p99_ratio.is_some() => {
+            return bad(
+                "a WAF shadow (shadow.waf = true) compares the firewalls' verdicts, not answers: it takes no max_error_ratio or max_p99_ratio".into(),
+            )
+        }
+        (true, increase) => {
+            let increase = increase.unwrap_or(0.01);
+            if !(0.0..=1.0).contains(&increase) {
+                return bad(format!(
+                    "shadow.max_block_increase {increase} is not between 0 and 1"
+                ));
+            }
+            Some(increase)
+        }
+    };
     if let Some(ratio) = json.max_p99_ratio.filter(|r| !(*r >= 1.0 && r.is_finite())) {
         return bad(format!(
             "shadow.max_p99_ratio {ratio} is not a finite ratio of at least 1"
@@ -288,11 +318,12 @@ fn shadow(json: Option<ShadowJson>) -> Result<Option<ShadowSpec>, ApiError> {
     Ok(Some(ShadowSpec {
         percent: json.percent,
         duration,
-        max_error_ratio: json.max_error_ratio,
+        max_error_ratio,
         max_p99_ratio: json.max_p99_ratio,
         max_inflight: json.max_inflight,
         min_requests: json.min_requests.max(1),
         fail_on_no_data,
+        max_block_increase,
     }))
 }
 

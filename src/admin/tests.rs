@@ -1248,6 +1248,10 @@ async fn guards_and_canary_steps_are_checked_before_anything_is_planned() {
             r#""guard": { "window": "10s", "max_p99": "0s", "on_no_data": "fail" }"#,
             "max_p99",
         ),
+        (
+            r#""guard": { "window": "10s", "max_block_ratio": 1.5, "on_no_data": "fail" }"#,
+            "guard.max_block_ratio 1.5",
+        ),
         // Nothing would ever settle it.
         (r#""guard": { "window": "10s" }"#, "needs confirm_within"),
         // The deadline would always come first.
@@ -1285,6 +1289,18 @@ async fn guards_and_canary_steps_are_checked_before_anything_is_planned() {
         (
             r#""shadow": { "duration": "10s", "max_p99_ratio": 0.5 }"#,
             "shadow.max_p99_ratio",
+        ),
+        (
+            r#""shadow": { "duration": "10s", "max_block_increase": 0.1 }"#,
+            "needs shadow.waf = true",
+        ),
+        (
+            r#""shadow": { "duration": "10s", "waf": true, "max_block_increase": 2 }"#,
+            "shadow.max_block_increase 2",
+        ),
+        (
+            r#""shadow": { "duration": "10s", "waf": true, "max_error_ratio": 0.1 }"#,
+            "takes no max_error_ratio",
         ),
         (
             r#""shadow": { "duration": "10s", "max_inflight": 0 }"#,

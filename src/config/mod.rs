@@ -318,14 +318,21 @@ pub fn canonical_tail(config: &FileConfig) -> String {
         cache: Option<&'a FileCache>,
         #[serde(skip_serializing_if = "Option::is_none")]
         limits: Option<&'a FileLimits>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        waf: Option<&'a FileWaf>,
     }
-    if config.fleet.is_none() && config.cache.is_none() && config.limits.is_none() {
+    if config.fleet.is_none()
+        && config.cache.is_none()
+        && config.limits.is_none()
+        && config.waf.is_none()
+    {
         return String::new();
     }
     to_toml(&Piece {
         fleet: config.fleet.as_ref(),
         cache: config.cache.as_ref(),
         limits: config.limits.as_ref(),
+        waf: config.waf.as_ref(),
     })
 }
 

@@ -80,6 +80,11 @@ pub struct ShadowSpec {
     /// Fewer than `min_requests` when it ends: refuse (`fail`) or go on
     /// to the activation (`hold`: its confirm window or guard decides).
     pub fail_on_no_data: bool,
+    /// A WAF shadow stage (DESIGN §24): the candidate's firewall judges
+    /// live requests in detection mode, nothing is copied upstream, and
+    /// the share of requests it would refuse may exceed the active
+    /// generation's, on any route, by at most this.
+    pub max_block_increase: Option<f64>,
 }
 
 /// Canary steps (DESIGN §14): the pending generation takes `steps[i]` %
@@ -101,6 +106,9 @@ pub struct GuardSpec {
     /// Answers 5xx (by the gateway or the backend) over answers.
     pub max_error_ratio: f64,
     pub max_p99: Option<std::time::Duration>,
+    /// Requests the web application firewall refused over answers, above
+    /// the previous generation's (DESIGN §24).
+    pub max_block_ratio: Option<f64>,
     /// Fewer than `min_requests` when the window closes: keep waiting
     /// (the confirm deadline decides) or roll back.
     pub fail_on_no_data: bool,
@@ -120,6 +128,7 @@ impl GuardSpec {
             min_requests: self.min_requests,
             max_error_ratio: self.max_error_ratio,
             max_p99_ms: self.max_p99.map(millis),
+            max_block_ratio: self.max_block_ratio,
             fail_on_no_data: self.fail_on_no_data,
             confirm_on_pass: self.confirm_on_pass,
         }
@@ -131,6 +140,7 @@ impl GuardSpec {
             min_requests: record.min_requests,
             max_error_ratio: record.max_error_ratio,
             max_p99: record.max_p99_ms.map(std::time::Duration::from_millis),
+            max_block_ratio: record.max_block_ratio,
             fail_on_no_data: record.fail_on_no_data,
             confirm_on_pass: record.confirm_on_pass,
         }

@@ -37,13 +37,17 @@ pub(crate) enum Verdict {
 /// `min_requests` answers show one, is an error ratio more than
 /// `max_error_ratio` above the previous generation's (above zero when
 /// that one has fewer than `min_requests` answers in the window, as
-/// without a canary), or a p99 over `max_p99`; a pass when the window
-/// closes.
+/// without a canary), a p99 over `max_p99`, or a share of requests the
+/// web application firewall refused more than `max_block_ratio` above
+/// the previous generation's (in the window, else `before` the guard
+/// started: without a canary the previous generation takes no new
+/// requests, and a rule set that blocks attacks blocks some all along);
+/// a pass when the window closes.
 pub(crate) fn judge(
     spec: &GuardSpec,
     pending: Answers,
     p99: Option<f64>,
-    previous: Option<Answers>,
+    (previous, before): (Option<Answers>, Answers),
     elapsed: Duration,
 ) -> Verdict {
     let closed = elapsed >= spec.window;
@@ -69,7 +73,7 @@ pub(crate) fn judge(
         ),
         None => "previous generation: too few requests to compare".to_owned(),
     };
-    let measured = format!(
+    let mut measured = format!(
         "error ratio {:.4} ({} of {}), p99 <= {p99_text}; {previous_text}; thresholds max_error_ratio {}, max_p99 {}",
         pending.ratio(),
         pending.errors,
@@ -80,7 +84,28 @@ pub(crate) fn judge(
     );
     let allowed = baseline.map_or(0.0, Answers::ratio) + spec.max_error_ratio;
     let slow = matches!((p99, spec.max_p99), (Some(p99), Some(max)) if p99 > max.as_secs_f64());
-    if pending.ratio() > allowed || slow {
+    let mut blocking = false;
+    if let Some(max) = spec.max_block_ratio {
+        let (compared, when) = match baseline {
+            Some(window) => (Some(window), "in the window"),
+            None => (Some(before).filter(|b| b.requests >= enough), "before"),
+        };
+        let previous_ratio = compared.map_or(0.0, Answers::block_ratio);
+        blocking = pending.block_ratio() > previous_ratio + max;
+        measured.push_str(&format!(
+            "; waf block ratio {:.4} ({} of {}), previous generation {}; max_block_ratio {max}",
+            pending.block_ratio(),
+            pending.blocked,
+            pending.requests,
+            compared.map_or("none to compare".to_owned(), |c| format!(
+                "{:.4} ({} of {} {when})",
+                c.block_ratio(),
+                c.blocked,
+                c.requests
+            )),
+        ));
+    }
+    if pending.ratio() > allowed || slow || blocking {
         return Verdict::Breach(format!("guard breached: {measured}"));
     }
     if closed {
@@ -236,7 +261,7 @@ impl Watch {
                 spec,
                 Answers::of(&ledger),
                 ledger.duration.quantile_bound(0.99),
-                baseline.answers(),
+                (baseline.answers(), baseline.before()),
                 elapsed,
             );
             if closing || matches!(verdict, Verdict::Breach(_)) {
@@ -268,7 +293,7 @@ impl Watch {
                 &spec,
                 Answers::of(&ledger),
                 ledger.duration.quantile_bound(0.99),
-                baseline.answers(),
+                (baseline.answers(), baseline.before()),
                 started.elapsed(),
             );
             drop(ledger);
@@ -586,13 +611,18 @@ mod guard_tests {
             min_requests: 100,
             max_error_ratio: 0.01,
             max_p99: Some(Duration::from_millis(500)),
+            max_block_ratio: None,
             fail_on_no_data: false,
             confirm_on_pass: true,
         }
     }
 
     fn answers(requests: u64, errors: u64) -> Answers {
-        Answers { requests, errors }
+        Answers {
+            requests,
+            errors,
+            blocked: 0,
+        }
     }
 
     #[test]
@@ -642,7 +672,7 @@ mod guard_tests {
     fn a_guard_waits_for_its_data_then_breaches_at_once_or_passes_at_the_end() {
         let early = Duration::from_secs(1);
         let late = Duration::from_secs(10);
-        let judge = |a, p99, e| judge(&spec(), a, p99, None, e);
+        let judge = |a, p99, e| judge(&spec(), a, p99, (None, Answers::default()), e);
         assert_eq!(judge(answers(99, 99), Some(0.1), early), Verdict::Wait);
         assert!(matches!(
             judge(answers(99, 0), Some(0.1), late),
@@ -679,7 +709,7 @@ mod guard_tests {
             &spec(),
             answers(100, 5),
             None,
-            Some(answers(900, 45)),
+            (Some(answers(900, 45)), Answers::default()),
             early,
         );
         assert_eq!(same, Verdict::Wait);
@@ -688,7 +718,7 @@ mod guard_tests {
             &spec(),
             answers(100, 8),
             None,
-            Some(answers(900, 45)),
+            (Some(answers(900, 45)), Answers::default()),
             early,
         ) else {
             panic!("8 % against 5 % breaches");
@@ -699,8 +729,80 @@ mod guard_tests {
         );
         // Too little to compare with: measured against zero.
         assert!(matches!(
-            judge(&spec(), answers(100, 5), None, Some(answers(10, 1)), early),
+            judge(
+                &spec(),
+                answers(100, 5),
+                None,
+                (Some(answers(10, 1)), Answers::default()),
+                early
+            ),
             Verdict::Breach(_)
         ));
+    }
+
+    /// `max_block_ratio` (DESIGN §24): a rule change that starts refusing
+    /// real traffic breaches; one that refuses what the previous rules
+    /// refused too does not, compared in the window or, without enough
+    /// requests there (no canary), with the previous generation's life.
+    #[test]
+    fn a_guard_compares_the_block_ratio_with_the_previous_generation() {
+        let early = Duration::from_secs(1);
+        let guard = GuardSpec {
+            max_block_ratio: Some(0.02),
+            ..spec()
+        };
+        let blocked = |requests, blocked| Answers {
+            requests,
+            errors: 0,
+            blocked,
+        };
+        // Without a baseline: 3 % refused against none.
+        let Verdict::Breach(reason) = judge(
+            &guard,
+            blocked(100, 3),
+            None,
+            (None, Answers::default()),
+            early,
+        ) else {
+            panic!("3 % blocked against none breaches 2 %");
+        };
+        assert!(
+            reason.contains("waf block ratio 0.0300 (3 of 100)"),
+            "{reason}"
+        );
+        assert!(reason.contains("none to compare"), "{reason}");
+        // The previous rules refused 2 % over their life: 3 % is within.
+        let before = blocked(5_000, 100);
+        assert_eq!(
+            judge(&guard, blocked(100, 3), None, (None, before), early),
+            Verdict::Wait
+        );
+        // 40 % is not.
+        let Verdict::Breach(reason) = judge(&guard, blocked(100, 40), None, (None, before), early)
+        else {
+            panic!("40 % against 2 % breaches");
+        };
+        assert!(
+            reason.contains("previous generation 0.0200 (100 of 5000 before)"),
+            "{reason}"
+        );
+        // A window with enough of the previous generation's requests (a
+        // canary) is what it is compared with.
+        let window = blocked(900, 360);
+        assert_eq!(
+            judge(
+                &guard,
+                blocked(100, 40),
+                None,
+                (Some(window), before),
+                early
+            ),
+            Verdict::Wait
+        );
+        // Without max_block_ratio, blocks are not judged.
+        assert_eq!(
+            judge(&spec(), blocked(100, 100), None, (None, before), early),
+            Verdict::Wait
+        );
     }
 }

@@ -216,16 +216,14 @@ impl Control {
 
     /// Starts shadowing `candidate` for another writer that judges it (a
     /// fleet's stage; see `Changes::start_shadow`): `None` when the
-    /// candidate changes nothing here.
+    /// candidate changes nothing here. `stage`: its percent, copies in
+    /// flight, and whether it is a WAF shadow.
     pub async fn start_shadow(
         self: &Arc<Self>,
         candidate: Candidate,
-        percent: f64,
-        max_inflight: u32,
+        stage: (f64, u32, bool),
     ) -> Result<Option<ShadowHandle>, ControlError> {
-        self.changes
-            .start_shadow(candidate, percent, max_inflight)
-            .await
+        self.changes.start_shadow(candidate, stage).await
     }
 }
 

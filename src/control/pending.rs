@@ -82,6 +82,8 @@ pub(super) struct Deadline {
 pub(crate) struct Answers {
     pub(crate) requests: u64,
     pub(crate) errors: u64,
+    /// Refused by the web application firewall (DESIGN §24).
+    pub(crate) blocked: u64,
 }
 
 /// The previous generation's answers since a guard started: what the
@@ -190,6 +192,7 @@ impl Answers {
         Self {
             requests: ledger.requests.get(),
             errors: ledger.errors.get(),
+            blocked: ledger.waf_blocked.get(),
         }
     }
 
@@ -197,11 +200,16 @@ impl Answers {
         Self {
             requests: self.requests.saturating_sub(start.requests),
             errors: self.errors.saturating_sub(start.errors),
+            blocked: self.blocked.saturating_sub(start.blocked),
         }
     }
 
     pub(super) fn ratio(self) -> f64 {
         self.errors as f64 / self.requests.max(1) as f64
+    }
+
+    pub(super) fn block_ratio(self) -> f64 {
+        self.blocked as f64 / self.requests.max(1) as f64
     }
 }
 
@@ -216,6 +224,14 @@ impl Baseline {
         self.ledger
             .as_deref()
             .map(|l| Answers::of(l).since(self.start))
+    }
+
+    /// The previous generation's answers before the guard started, over
+    /// its life: what a block ratio is compared with when the previous
+    /// generation answers too few requests in the window (without a
+    /// canary it takes no new ones).
+    pub(crate) fn before(&self) -> Answers {
+        self.start
     }
 }
 

@@ -27,6 +27,7 @@ use crate::ids::GenerationId;
 use crate::plan::{self};
 use crate::runtime::shadow::{Shadow, ShadowReport, ShadowVerdict, SideReport};
 use crate::runtime::{OperationKind, PhaseCell};
+use crate::waf::tally::WafShadowReport;
 
 /// A shadow stage installed for another writer (`start_shadow`): it
 /// ends when this is dropped.
@@ -66,6 +67,9 @@ pub(crate) fn judge(
     report: &ShadowReport,
     ended: bool,
 ) -> Option<(ShadowVerdict, String)> {
+    if let Some(max) = spec.max_block_increase {
+        return judge_waf(spec, max, report, ended);
+    }
     let enough = spec.min_requests.max(1);
     let total = &report.total;
     let thresholds = format!(
@@ -106,6 +110,75 @@ pub(crate) fn judge(
                 total.compared,
                 figures(&total.candidate),
                 figures(&total.active)
+            ),
+        )
+    })
+}
+
+/// A WAF shadow stage's verdict (DESIGN §24): a breach as soon as
+/// `min_requests` evaluations (in all, or on one route with that many of
+/// its own) show the candidate refusing a share of requests more than
+/// `max` above the active generation's; a pass only at the end.
+fn judge_waf(
+    spec: &ShadowSpec,
+    max: f64,
+    report: &ShadowReport,
+    ended: bool,
+) -> Option<(ShadowVerdict, String)> {
+    let enough = spec.min_requests.max(1);
+    let none = WafShadowReport::default();
+    let waf = report.waf.as_ref().unwrap_or(&none);
+    let threshold = format!("threshold max_block_increase {max}");
+    if waf.total.evaluated < enough {
+        return ended.then(|| {
+            (
+                ShadowVerdict::NoData,
+                format!(
+                    "waf shadow: {} requests evaluated in {:.0} s, fewer than min_requests {enough} ({} dropped, {} skipped)",
+                    waf.total.evaluated, report.seconds, waf.dropped, waf.skipped
+                ),
+            )
+        });
+    }
+    let routes = waf.routes.iter().filter(|r| r.evaluated >= enough);
+    for route in std::iter::once(&waf.total).chain(routes) {
+        if route.increase > max {
+            let rules: Vec<String> = route
+                .top_rules
+                .iter()
+                .take(5)
+                .map(|r| format!("{} ({})", r.rule, r.count))
+                .collect();
+            return Some((
+                ShadowVerdict::Breached,
+                format!(
+                    "waf shadow breached on {} ({} requests evaluated): the candidate would refuse {:.4} ({}), the active generation {:.4} ({}): +{:.4} (95 % interval {:.4} to {:.4}); top rules {}; {threshold}",
+                    route.route,
+                    route.evaluated,
+                    route.candidate_ratio,
+                    route.candidate_blocks,
+                    route.active_ratio,
+                    route.active_blocks,
+                    route.increase,
+                    route.interval[0],
+                    route.interval[1],
+                    if rules.is_empty() { "-".to_owned() } else { rules.join(", ") },
+                ),
+            ));
+        }
+    }
+    let total = &waf.total;
+    ended.then(|| {
+        (
+            ShadowVerdict::Passed,
+            format!(
+                "waf shadow passed: {} requests evaluated; the candidate would refuse {:.4}, the active generation {:.4} (+{:.4}, 95 % interval {:.4} to {:.4}); {threshold}",
+                total.evaluated,
+                total.candidate_ratio,
+                total.active_ratio,
+                total.increase,
+                total.interval[0],
+                total.interval[1],
             ),
         )
     })
@@ -181,7 +254,13 @@ impl Changes {
             }
             Err(error) => return refused(&self, error),
         };
-        let shadow = Arc::new(Shadow::new(built, active, spec.percent, spec.max_inflight));
+        let shadow = Arc::new(Shadow::new(
+            built,
+            active,
+            spec.percent,
+            spec.max_inflight,
+            spec.max_block_increase.is_some(),
+        ));
         let stop = self.shadowing.begin(shadow.candidate.id);
         self.store.set_shadow(Some(Arc::clone(&shadow)));
         tracing::info!(candidate = %shadow.candidate.id, %active, percent = spec.percent, duration = ?spec.duration, "shadow stage started");
@@ -283,8 +362,7 @@ impl Changes {
     pub(super) async fn start_shadow(
         self: &Arc<Self>,
         candidate: Candidate,
-        percent: f64,
-        max_inflight: u32,
+        (percent, max_inflight, waf): (f64, u32, bool),
     ) -> Result<Option<ShadowHandle>, ControlError> {
         self.off_the_data_plane(move |c| {
             c.lock.check_running()?;
@@ -296,7 +374,7 @@ impl Changes {
             else {
                 return Ok(None);
             };
-            let shadow = Arc::new(Shadow::new(built, active.id, percent, max_inflight));
+            let shadow = Arc::new(Shadow::new(built, active.id, percent, max_inflight, waf));
             c.store.set_shadow(Some(Arc::clone(&shadow)));
             Ok(Some(ShadowHandle {
                 store: Arc::clone(&c.store),
@@ -391,6 +469,7 @@ mod shadow_tests {
             max_inflight: 64,
             min_requests: 100,
             fail_on_no_data: true,
+            max_block_increase: None,
         }
     }
 
@@ -427,6 +506,7 @@ mod shadow_tests {
             total,
             routes,
             routes_tallied: 1,
+            waf: None,
         }
     }
 
@@ -516,5 +596,66 @@ mod shadow_tests {
             judge(&spec(), &outage, true).unwrap().0,
             ShadowVerdict::Passed
         );
+    }
+
+    /// A WAF shadow (DESIGN §24) is judged on the firewalls' verdicts:
+    /// no data below `min_requests` evaluations, a breach when the
+    /// candidate would refuse more than `max_block_increase` above the
+    /// active generation on all routes or on one busy route, naming the
+    /// rules; a pass at the end otherwise.
+    #[test]
+    fn a_waf_shadow_is_judged_on_the_block_increase_per_route() {
+        use crate::waf::tally::{Judged, WafTally};
+        let waf = ShadowSpec {
+            max_block_increase: Some(0.02),
+            ..spec()
+        };
+        let judged = |tally: &WafTally, route: &str, n: usize, active: bool, candidate: bool| {
+            let route: Arc<str> = Arc::from(route);
+            for _ in 0..n {
+                tally.judged(
+                    &route,
+                    &Judged {
+                        active,
+                        candidate,
+                        rules: if candidate { &[920_350, 949_110] } else { &[] },
+                        method: "GET",
+                        path: "/",
+                    },
+                );
+            }
+        };
+        let with = |tally: &WafTally| ShadowReport {
+            waf: Some(tally.report()),
+            ..report(route("*", 0, side(0, 0, 1.0), side(0, 0, 1.0)), vec![])
+        };
+        let tally = WafTally::default();
+        judged(&tally, "api", 99, false, false);
+        assert_eq!(judge(&waf, &with(&tally), false), None);
+        let (verdict, reason) = judge(&waf, &with(&tally), true).unwrap();
+        assert_eq!(verdict, ShadowVerdict::NoData);
+        assert!(reason.contains("99 requests evaluated"), "{reason}");
+        // What both refuse is no increase: 10 % on both passes.
+        judged(&tally, "api", 10, true, true);
+        judged(&tally, "api", 1, false, false);
+        assert_eq!(judge(&waf, &with(&tally), false), None);
+        let (verdict, reason) = judge(&waf, &with(&tally), true).unwrap();
+        assert_eq!(verdict, ShadowVerdict::Passed, "{reason}");
+        // A busy route whose candidate refuses 5 % more breaches at once,
+        // though all routes together stay within 2 %.
+        judged(&tally, "web", 950, false, false);
+        judged(&tally, "web", 50, false, true);
+        judged(&tally, "api", 2_000, false, false);
+        let (verdict, reason) = judge(&waf, &with(&tally), false).unwrap();
+        assert_eq!(verdict, ShadowVerdict::Breached);
+        assert!(
+            reason.contains("on web (1000 requests evaluated)"),
+            "{reason}"
+        );
+        assert!(reason.contains("+0.0500"), "{reason}");
+        assert!(reason.contains("920350 (50)"), "{reason}");
+        // The copies' answers do not decide a WAF shadow.
+        let (verdict, _) = judge(&waf, &with(&WafTally::default()), true).unwrap();
+        assert_eq!(verdict, ShadowVerdict::NoData);
     }
 }

@@ -101,6 +101,11 @@ struct Guarded {
     /// Guard: roll back when the new generation's p99 exceeds this ("500ms").
     #[arg(long = "guard-p99")]
     guard_p99: Option<String>,
+    /// Guard: roll back when the share of requests the web application
+    /// firewall refuses exceeds the previous generation's by more than
+    /// this (0.02 = two points).
+    #[arg(long = "guard-block-ratio")]
+    guard_block_ratio: Option<f64>,
     /// Guard: answers needed before it judges (default 100).
     #[arg(long = "min-requests")]
     min_requests: Option<u64>,
@@ -148,6 +153,15 @@ struct Shadowed {
     /// candidate's may be ("1.5"; default: latency does not decide).
     #[arg(id = "shadow_p99_ratio", long = "shadow-p99-ratio")]
     p99_ratio: Option<f64>,
+    /// Shadow: a WAF shadow (DESIGN §24): the candidate's firewall judges
+    /// live requests in detection mode instead of copies going upstream.
+    #[arg(id = "shadow_waf", long = "shadow-waf")]
+    waf: bool,
+    /// WAF shadow: how much the share of requests the candidate's
+    /// firewall would refuse may exceed the active one's, on any route
+    /// (default 0.01).
+    #[arg(id = "shadow_block_increase", long = "shadow-block-increase")]
+    block_increase: Option<f64>,
     /// Shadow: copies in flight at once (default 64).
     #[arg(id = "shadow_max_inflight", long = "shadow-max-inflight")]
     max_inflight: Option<u32>,
@@ -169,6 +183,8 @@ impl Shadowed {
             ("percent", self.percent.map(|v| json!(v))),
             ("max_error_ratio", self.error_ratio.map(|v| json!(v))),
             ("max_p99_ratio", self.p99_ratio.map(|v| json!(v))),
+            ("waf", self.waf.then_some(json!(true))),
+            ("max_block_increase", self.block_increase.map(|v| json!(v))),
             ("max_inflight", self.max_inflight.map(|v| json!(v))),
             ("min_requests", self.min_requests.map(|v| json!(v))),
             ("on_no_data", self.on_no_data.as_ref().map(|v| json!(v))),
@@ -200,6 +216,7 @@ impl Guarded {
         }
         let guarded = self.guard_error_ratio.is_some()
             || self.guard_p99.is_some()
+            || self.guard_block_ratio.is_some()
             || self.min_requests.is_some()
             || self.guard_window.is_some()
             || self.on_no_data.is_some();
@@ -210,6 +227,9 @@ impl Guarded {
             }
             if let Some(p99) = &self.guard_p99 {
                 guard["max_p99"] = json!(p99);
+            }
+            if let Some(ratio) = self.guard_block_ratio {
+                guard["max_block_ratio"] = json!(ratio);
             }
             if let Some(n) = self.min_requests {
                 guard["min_requests"] = json!(n);

@@ -84,6 +84,10 @@ pub(super) fn print_plan(plan: &Plan, file: Option<&Path>) {
 /// The impact table: the kinds, then each route's and upstream's share,
 /// then the examples of each kind.
 pub(super) fn print_impact(impact: &crate::plan::impact::Impact) {
+    if let Some(waf) = &impact.waf {
+        println!("waf: would refuse, of the sample ({})", waf.sample);
+        print_waf(&waf.judged);
+    }
     if impact.sample_size == 0 {
         println!("impact: no data (no request sampled yet)");
         return;
@@ -430,6 +434,19 @@ pub(super) fn print_activation(activation: &Activation) {
 /// then both generations' answers in all and per route.
 pub(super) fn print_shadow(report: &ShadowReport) {
     println!("{}", report.reason);
+    if let Some(waf) = &report.waf {
+        println!(
+            "waf shadow of generation {} against {}: {:.2} % of requests for {:.0} s; {} judged ({} dropped, {} skipped)",
+            report.candidate_generation,
+            report.active_generation,
+            report.percent,
+            report.seconds,
+            waf.evaluated,
+            waf.dropped,
+            waf.skipped
+        );
+        return print_waf(waf);
+    }
     let c = &report.copies;
     println!(
         "shadow of generation {} against {}: {:.2} % of safe requests for {:.0} s; {} compared ({} dropped, {} skipped, {} timed out, {} failed)",
@@ -464,6 +481,48 @@ pub(super) fn print_shadow(report: &ShadowReport) {
         println!(
             "  ({} more routes in the total)",
             report.routes_tallied - report.routes.len()
+        );
+    }
+}
+
+/// Two firewalls' verdicts, in all and per route: the shares each
+/// refuses, the change with its interval, the candidate's rules and
+/// examples.
+fn print_waf(waf: &crate::waf::tally::WafShadowReport) {
+    println!(
+        "  {:<24} {:>8} {:>9} {:>9} {:>19} {:>19}",
+        "route", "judged", "now", "cand.", "cand. (95 %)", "change (95 %)"
+    );
+    let pct = |r: f64| r * 100.0;
+    for route in std::iter::once(&waf.total).chain(&waf.routes) {
+        println!(
+            "  {:<24} {:>8} {:>8.2}% {:>8.2}% {:>8.2}–{:>6.2} % {:>+8.2}–{:>+6.2} %",
+            route.route,
+            route.evaluated,
+            pct(route.active_ratio),
+            pct(route.candidate_ratio),
+            pct(route.candidate_interval[0]),
+            pct(route.candidate_interval[1]),
+            pct(route.interval[0]),
+            pct(route.interval[1]),
+        );
+    }
+    let rules: Vec<String> = waf
+        .total
+        .top_rules
+        .iter()
+        .map(|r| format!("{} ({})", r.rule, r.count))
+        .collect();
+    if !rules.is_empty() {
+        println!("  rules: {}", rules.join(", "));
+    }
+    for e in &waf.total.examples {
+        let rules: Vec<String> = e.rules.iter().map(u32::to_string).collect();
+        println!(
+            "  only the candidate refuses: {} {} ({})",
+            e.method,
+            e.path,
+            rules.join(",")
         );
     }
 }

@@ -178,8 +178,8 @@ impl Fleet {
                     elapsed
                 };
                 verdict = match self.fleet_answers(generation).await {
-                    Some((answers, p99, previous)) => {
-                        judge(spec, answers, p99, Some(previous), window)
+                    Some((answers, p99, previous, before)) => {
+                        judge(spec, answers, p99, (Some(previous), before), window)
                     }
                     None => Verdict::Wait,
                 };
@@ -249,6 +249,7 @@ impl Fleet {
         };
         let answers = Answers::of(&ledger);
         let previous = baseline.answers().unwrap_or_default();
+        let before = baseline.before();
         let now = PendingAnswers {
             generation,
             requests: answers.requests,
@@ -256,6 +257,10 @@ impl Fleet {
             p99: ledger.duration.quantile_bound(0.99),
             previous_requests: previous.requests,
             previous_errors: previous.errors,
+            blocked: answers.blocked,
+            previous_blocked: previous.blocked,
+            before_requests: before.requests,
+            before_blocked: before.blocked,
         };
         drop(ledger);
         let changed = {
@@ -270,17 +275,19 @@ impl Fleet {
     }
 
     /// The sum of every live instance's answers for `generation`, the
-    /// worst p99 among them, and the sum of their baselines.
+    /// worst p99 among them, and the sums of their baselines (in the
+    /// window, and before the guard started).
     async fn fleet_answers(
         &self,
         generation: GenerationId,
-    ) -> Option<(Answers, Option<f64>, Answers)> {
+    ) -> Option<(Answers, Option<f64>, Answers, Answers)> {
         let client = self.client().await.ok()?;
         let live = within(client.get_prefix(self.keys.instances(), false))
             .await
             .ok()?;
         let mut answers = Answers::default();
         let mut previous = Answers::default();
+        let mut before = Answers::default();
         let mut p99: Option<f64> = None;
         for record in live
             .kvs
@@ -294,12 +301,16 @@ impl Fleet {
             answers.errors += a.errors;
             previous.requests += a.previous_requests;
             previous.errors += a.previous_errors;
+            answers.blocked += a.blocked;
+            previous.blocked += a.previous_blocked;
+            before.requests += a.before_requests;
+            before.blocked += a.before_blocked;
             p99 = match (p99, a.p99) {
                 (Some(x), Some(y)) => Some(x.max(y)),
                 (x, y) => x.or(y),
             };
         }
-        Some((answers, p99, previous))
+        Some((answers, p99, previous, before))
     }
 
     /// Settles `generation` as the gateway (deadline, guard, canary):

@@ -184,6 +184,9 @@ pub struct ShadowRef {
     pub candidate: GenerationId,
     pub percent: f64,
     pub max_inflight: u32,
+    /// A WAF shadow stage: the candidate's firewall judges the requests.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub waf: bool,
     /// Instances stop shadowing then, whatever happens to the writer.
     pub until_unix_ms: u64,
 }
@@ -255,6 +258,17 @@ pub struct PendingAnswers {
     pub p99: Option<f64>,
     pub previous_requests: u64,
     pub previous_errors: u64,
+    /// Refused by the web application firewall: this generation's, the
+    /// previous one's in the window, and the previous one's before the
+    /// guard started (with its requests then).
+    #[serde(default)]
+    pub blocked: u64,
+    #[serde(default)]
+    pub previous_blocked: u64,
+    #[serde(default)]
+    pub before_requests: u64,
+    #[serde(default)]
+    pub before_blocked: u64,
 }
 
 /// What an instance says about the last generation it was given.

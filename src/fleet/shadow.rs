@@ -102,6 +102,7 @@ impl Fleet {
             candidate: self.highest_generation(&client).await?.max(base).next(),
             percent: spec.percent,
             max_inflight: spec.max_inflight,
+            waf: spec.max_block_increase.is_some(),
             until_unix_ms: now_ms()
                 .saturating_add(u64::try_from(spec.duration.as_millis()).unwrap_or(u64::MAX)),
         };
@@ -359,7 +360,7 @@ impl Fleet {
             ..Candidate::config_file()
         };
         self.control
-            .start_shadow(candidate, stage.percent, stage.max_inflight)
+            .start_shadow(candidate, (stage.percent, stage.max_inflight, stage.waf))
             .await
     }
 

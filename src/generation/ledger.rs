@@ -22,6 +22,9 @@ pub struct Ledger {
     pub requests: Count,
     /// Answered 5xx, by the gateway or the backend.
     pub errors: Count,
+    /// Refused by the route's web application firewall in blocking mode
+    /// (what `guard.max_block_ratio` compares).
+    pub waf_blocked: Count,
     pub duration: Histogram,
 }
 
@@ -33,6 +36,7 @@ impl Ledger {
             open_connections: AtomicU64::new(0),
             requests: Count::default(),
             errors: Count::default(),
+            waf_blocked: Count::default(),
             duration: Histogram::new(crate::telemetry::metrics::REQUEST_DURATION_BUCKETS),
         }
     }

@@ -334,7 +334,11 @@ pub fn build_from(
     let routers = per_listener
         .into_iter()
         .map(|(name, (edge, routes))| {
-            let names = sample::matched_names(routes.iter().map(|r| &*r.spec));
+            let mut names = sample::matched_names(routes.iter().map(|r| &*r.spec));
+            let defaults = edge.defaults.as_deref();
+            if routes.iter().any(|r| r.spec.firewall(defaults).is_some()) {
+                names = sample::with_firewall_names(names);
+            }
             let mut router = match previous.and_then(|p| p.router(name)) {
                 Some(before) => Router::patched(before, routes),
                 None => Router::new(routes),

@@ -217,6 +217,28 @@ pub fn matched_names<'a>(
     names
 }
 
+/// Headers a firewall's rules read beside routing, recorded on a
+/// listener with one (after what its routes match on, within
+/// `MAX_HEADERS`): preview's would-block share (DESIGN §24) replays the
+/// heads through the rules, and a head without them would look like a
+/// client that sends none (CRS counts a missing `User-Agent` or `Accept`
+/// against it).
+pub const FIREWALL_NAMES: [HeaderName; 3] = [
+    http::header::USER_AGENT,
+    http::header::ACCEPT,
+    http::header::CONTENT_TYPE,
+];
+
+/// `names`, with `FIREWALL_NAMES` it does not have yet.
+pub fn with_firewall_names(mut names: Vec<HeaderName>) -> Vec<HeaderName> {
+    for name in FIREWALL_NAMES {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

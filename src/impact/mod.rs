@@ -17,8 +17,9 @@ use std::sync::Arc;
 
 use crate::generation::sample::Head;
 use crate::generation::{Generation, RequestHead, Router, SharedState};
-use crate::plan::impact::{interval, percent, Destination, Impact, Share};
-use crate::plan::{RouteAction, RouteSpec, Spec};
+use crate::plan::impact::{interval, percent, Destination, Impact, Share, WafImpact};
+use crate::plan::{RouteAction, RouteSpec, RouteWafSpec, Spec, WafRuleset};
+use crate::waf::tally::{Judged, WafTally};
 
 pub use crate::plan::impact::Example;
 
@@ -119,10 +120,11 @@ pub fn assess(
     after: &Spec,
     active: &Generation,
 ) -> Impact {
-    let before_routers = match before {
-        Before::Active => Routers::Generation(active),
-        Before::Spec(spec) => Routers::Specs(spec_routers(spec)),
+    let (before_routers, before_spec) = match before {
+        Before::Active => (Routers::Generation(active), &*active.spec),
+        Before::Spec(spec) => (Routers::Specs(spec_routers(spec)), spec),
     };
+    let mut firewalls = Firewalls::new(before_spec, after);
     let after_routers = Routers::Specs(spec_routers(after));
     let usable = usable_upstreams(active, after);
     let mut impact = Impact::default();
@@ -146,12 +148,11 @@ pub fn assess(
                 headers,
                 query: head.query.as_deref(),
             };
-            let before = before_routers
-                .route(listener, &head.host, &head.path, &request)
-                .map(Landing::of);
-            let after = after_routers
-                .route(listener, &head.host, &head.path, &request)
-                .map(Landing::of);
+            let before_route = before_routers.route(listener, &head.host, &head.path, &request);
+            let after_route = after_routers.route(listener, &head.host, &head.path, &request);
+            firewalls.offer(listener, head, before_route, after_route);
+            let before = before_route.map(Landing::of);
+            let after = after_route.map(Landing::of);
             impact.sample_size += 1;
             if let Some(b) = before {
                 routes.entry(b.route).or_default().0 += 1;
@@ -212,7 +213,152 @@ pub fn assess(
     };
     impact.routes = shares(routes, n);
     impact.upstreams = shares(upstreams, n);
+    impact.waf = firewalls.judge();
     impact
+}
+
+/// Heads preview runs through both firewalls at most (the newest): each
+/// costs two evaluations of the rules.
+pub const WAF_HEADS: usize = 1_000;
+
+/// What the sample holds, as preview's would-block share says it.
+const WAF_SAMPLE: &str = "request heads only: the method, host, path and query, and the values of the headers routes match on and of User-Agent, Accept and Content-Type (never Authorization or Cookie, never a body): rules on other headers, cookies or bodies see nothing here";
+
+/// A firewall and its compiled rules.
+type Firewall<'a> = (&'a RouteWafSpec, &'a Arc<WafRuleset>);
+
+/// Preview's would-block share (DESIGN §24): the heads whose route's
+/// firewall differs between the two sides, then each judged by both.
+struct Firewalls<'a> {
+    before: &'a Spec,
+    after: &'a Spec,
+    /// Some firewall differs: without one, nothing is judged or said.
+    differ: bool,
+    /// A head, the candidate's route for it, both sides' firewalls.
+    heads: Vec<(&'a Head, &'a str, Option<Firewall<'a>>, Firewall<'a>)>,
+}
+
+impl<'a> Firewalls<'a> {
+    fn new(before: &'a Spec, after: &'a Spec) -> Self {
+        let differ = before.waf_rulesets.len() != after.waf_rulesets.len()
+            || before.waf_rulesets.iter().any(|(name, set)| {
+                after
+                    .waf_rulesets
+                    .get(name)
+                    .is_none_or(|other| set.digest != other.digest)
+            })
+            || before
+                .routes
+                .iter()
+                .map(|r| (&r.waf, r.waf_opt_out))
+                .ne(after.routes.iter().map(|r| (&r.waf, r.waf_opt_out)))
+            || before
+                .listeners
+                .iter()
+                .map(|l| l.edge.defaults.as_ref().map(|d| &d.waf))
+                .ne(after
+                    .listeners
+                    .iter()
+                    .map(|l| l.edge.defaults.as_ref().map(|d| &d.waf)));
+        Firewalls {
+            before,
+            after,
+            differ,
+            heads: Vec::new(),
+        }
+    }
+
+    /// The firewall `route` of `spec` runs on `listener`.
+    fn of(spec: &'a Spec, listener: &str, route: Option<&'a RouteSpec>) -> Option<Firewall<'a>> {
+        let defaults = spec
+            .listeners
+            .iter()
+            .find(|l| l.name == listener)
+            .and_then(|l| l.edge.defaults.as_deref());
+        let firewall = route?.firewall(defaults)?;
+        Some((firewall, spec.waf_rulesets.get(&firewall.ruleset)?))
+    }
+
+    /// Keeps `head` when the candidate's route has a firewall that is
+    /// not the same as the active one's (the same spec, the same
+    /// compiled rules).
+    fn offer(
+        &mut self,
+        listener: &'a str,
+        head: &'a Head,
+        before: Option<&'a RouteSpec>,
+        after: Option<&'a RouteSpec>,
+    ) {
+        if !self.differ {
+            return;
+        }
+        let Some((route, candidate)) = after.zip(Self::of(self.after, listener, after)) else {
+            return;
+        };
+        let active = Self::of(self.before, listener, before);
+        let same =
+            active.is_some_and(|(spec, set)| spec == candidate.0 && Arc::ptr_eq(set, candidate.1));
+        if !same {
+            self.heads.push((head, &route.name, active, candidate));
+        }
+    }
+
+    /// The kept heads (the newest `WAF_HEADS`) through both sides' rules.
+    fn judge(mut self) -> Option<WafImpact> {
+        if !self.differ {
+            return None;
+        }
+        self.heads
+            .sort_by_key(|(head, ..)| std::cmp::Reverse(head.at));
+        let tally = WafTally::default();
+        for (head, route, active, candidate) in self.heads.into_iter().take(WAF_HEADS) {
+            let request = rules_request(head);
+            let refuses =
+                |(spec, set): Firewall<'_>| spec.evaluate(set, &request, crate::waf::Mode::Detect);
+            let candidate = refuses(candidate);
+            let active = active.map(refuses);
+            tally.judged(
+                &Arc::from(route),
+                &Judged {
+                    active: active.is_some_and(|a| a.outcome != "pass"),
+                    candidate: candidate.outcome != "pass",
+                    rules: &candidate.rules,
+                    method: head.method.as_str(),
+                    path: &head.path,
+                },
+            );
+        }
+        Some(WafImpact {
+            sample: WAF_SAMPLE.to_owned(),
+            judged: tally.report(),
+        })
+    }
+}
+
+/// A sampled head as the rules read it: no body, and only the headers
+/// the sample keeps (with the host).
+fn rules_request(head: &Head) -> crate::waf::Request {
+    let mut headers = Vec::with_capacity(head.headers.len() + 1);
+    if !head.host.is_empty() {
+        headers.push(("host".to_owned(), head.host.as_bytes().to_vec()));
+    }
+    headers.extend(
+        head.headers
+            .iter()
+            .map(|(name, value)| (name.as_str().to_owned(), value.clone())),
+    );
+    crate::waf::Request {
+        id: "preview".to_owned(),
+        remote_addr: "0.0.0.0".to_owned(),
+        method: head.method.to_string(),
+        uri: match &head.query {
+            Some(query) => format!("{}?{query}", head.path),
+            None => head.path.clone(),
+        },
+        protocol: "HTTP/1.1".to_owned(),
+        headers,
+        body: Vec::new(),
+    }
 }
 
 /// A router per HTTP listener of `spec`, over its route specs alone.

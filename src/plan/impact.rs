@@ -25,6 +25,23 @@ pub struct Impact {
     pub routes: Vec<Share>,
     /// Each upstream's share before and after, largest first.
     pub upstreams: Vec<Share>,
+    /// What the candidate's web application firewall would refuse of
+    /// the sample beside the active one's (DESIGN §24), when a firewall
+    /// differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waf: Option<WafImpact>,
+}
+
+/// Preview's would-block share (DESIGN §24): the sampled heads through
+/// both generations' firewalls, in detection mode, per route of the
+/// candidate, with the 95 % interval of the share the candidate would
+/// refuse (`total.candidate_interval`) and of the change.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WafImpact {
+    /// What the rules saw: what the sample holds.
+    pub sample: String,
+    #[serde(flatten)]
+    pub judged: crate::waf::tally::WafShadowReport,
 }
 
 impl Impact {
@@ -113,16 +130,11 @@ pub fn interval(n: usize, of: usize) -> [f64; 2] {
     if of == 0 {
         return unknown_interval();
     }
-    const Z: f64 = 1.959_963_984_540_054;
-    let (k, total) = (n.min(of) as f64, of as f64);
-    let p = k / total;
-    let z2 = Z * Z;
-    let denominator = 1.0 + z2 / total;
-    let centre = (p + z2 / (2.0 * total)) / denominator;
-    let half = Z * (p * (1.0 - p) / total + z2 / (4.0 * total * total)).sqrt() / denominator;
-    let low = ((centre - half).max(0.0) * 10_000.0).floor() / 100.0;
-    let high = ((centre + half).min(1.0) * 10_000.0).ceil() / 100.0;
-    [low, high]
+    let [low, high] = crate::waf::tally::wilson(n as u64, of as u64);
+    [
+        (low * 10_000.0).floor() / 100.0,
+        (high * 10_000.0).ceil() / 100.0,
+    ]
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ pub use pattern::PathRegex;
 pub use quota::*;
 pub use spec::*;
 pub use validate::{validate, validate_confined};
-pub use waf::{RouteWafSpec, WafExclusion, WafLimitAction, WafRuleset};
+pub use waf::{RouteWafSpec, WafEvaluation, WafExclusion, WafLimitAction, WafRuleset};
 
 use crate::config::{ConfigText, Diagnostic};
 use crate::ids::GenerationId;

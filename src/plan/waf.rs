@@ -60,6 +60,67 @@ pub struct RouteWafSpec {
     pub exclusions: Vec<WafExclusion>,
 }
 
+/// What a firewall's rules did with one request.
+#[derive(Debug, Clone)]
+pub struct WafEvaluation {
+    /// The rules interrupted it (blocking mode).
+    pub interrupted: Option<crate::waf::Interruption>,
+    /// `pass`, `blocked`, `would_block` (detection mode).
+    pub outcome: &'static str,
+    /// CRS's inbound anomaly score, when the rules set one.
+    pub score: u32,
+    /// The ids of the rules that matched, in order.
+    pub rules: Vec<u32>,
+}
+
+impl RouteWafSpec {
+    /// Runs `ruleset`'s rules (phases 1 and 2) on `request` in `mode`,
+    /// with the exclusions that apply to its path.
+    pub fn evaluate(
+        &self,
+        ruleset: &WafRuleset,
+        request: &crate::waf::Request,
+        mode: crate::waf::Mode,
+    ) -> WafEvaluation {
+        let path = request.uri.split('?').next().unwrap_or("");
+        let mut tx = crate::waf::Transaction::new(&ruleset.rules, request, mode);
+        for x in self.exclusions.iter().filter(|x| x.applies(path)) {
+            tx.exclude(&x.rule_ids, &x.targets);
+        }
+        let interrupted = tx.request();
+        let score = tx
+            .tx("blocking_inbound_anomaly_score")
+            .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
+            .unwrap_or(0);
+        let outcome = match (interrupted, tx.would_interrupt) {
+            (Some(_), _) => "blocked",
+            (None, Some(_)) => "would_block",
+            (None, None) => "pass",
+        };
+        WafEvaluation {
+            interrupted,
+            outcome,
+            score,
+            rules: tx.matches.iter().map(|m| m.id).collect(),
+        }
+    }
+}
+
+impl super::RouteSpec {
+    /// The route's firewall: its own `waf`, else its listener's default
+    /// (`defaults`) unless it wrote `waf = "none"`.
+    pub fn firewall<'a>(
+        &'a self,
+        defaults: Option<&'a super::Defaults>,
+    ) -> Option<&'a RouteWafSpec> {
+        match (&self.waf, self.waf_opt_out) {
+            (Some(own), _) => Some(own),
+            (None, true) => None,
+            (None, false) => defaults.and_then(|d| d.waf.as_ref()),
+        }
+    }
+}
+
 /// One of a route's `waf.exclusions`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WafExclusion {

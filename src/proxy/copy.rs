@@ -16,6 +16,8 @@ use http::{header, Request};
 use http_body::Frame;
 use http_body_util::BodyExt as _;
 
+use super::conn::ConnContext;
+use super::edge;
 use crate::backends::{Attempt, ClientBody, RequestBody, SignalledBody};
 use crate::generation::Upstream;
 
@@ -66,13 +68,103 @@ impl Drop for Slot {
     }
 }
 
+/// The client's request head as it came (method, target, version,
+/// headers): what a candidate reads of it on its own task.
+pub(super) fn bare_head(req: &Request<ClientBody>) -> Request<()> {
+    let mut head = Request::new(());
+    *head.method_mut() = req.method().clone();
+    *head.uri_mut() = req.uri().clone();
+    *head.version_mut() = req.version();
+    *head.headers_mut() = req.headers().clone();
+    head
+}
+
+/// What a live request's step hands to the task that copies it (the
+/// active generation's verdict on it), riding in the request's
+/// extensions: shared, as extensions must be `Clone`; the first `send`
+/// takes it, and dropped unsent the task's receiver says so.
+pub(super) struct Handoff<T>(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<T>>>>);
+
+impl<T> Clone for Handoff<T> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<T> Handoff<T> {
+    pub(super) fn new() -> (Self, tokio::sync::oneshot::Receiver<T>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Self(Arc::new(std::sync::Mutex::new(Some(tx)))), rx)
+    }
+
+    pub(super) fn send(self, value: T) {
+        let taken = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(sender) = taken {
+            let _ = sender.send(value);
+        }
+    }
+}
+
 /// Whether the request declares a body longer than a copy carries.
 pub(super) fn declared_too_long(req: &Request<ClientBody>) -> bool {
+    declares_more_than(req, MAX_COPY_BODY)
+}
+
+/// Whether the request declares a body longer than `cap`.
+pub(super) fn declares_more_than(req: &Request<ClientBody>, cap: usize) -> bool {
     req.headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|n| n > MAX_COPY_BODY as u64)
+        .is_some_and(|n| n > cap as u64)
+}
+
+/// Where a generation that does not serve the request (a shadow's
+/// candidate) routes it.
+pub(super) struct Routed<'g> {
+    pub(super) router: &'g crate::generation::Router,
+    pub(super) route: &'g Arc<crate::generation::Route>,
+    pub(super) authority: Option<http::HeaderValue>,
+    /// The request's path as the listener normalizes it.
+    pub(super) path: String,
+}
+
+/// Routes `req` in `generation`: its listener's rules (the authority,
+/// the client's access, the normalized path), then its routes; or the
+/// status it would answer instead.
+pub(super) fn route_in<'g>(
+    req: &Request<ClientBody>,
+    conn: &ConnContext,
+    generation: &'g crate::generation::Generation,
+) -> Result<Routed<'g>, http::StatusCode> {
+    use super::error::ProxyError;
+    let router = generation
+        .router(&conn.listener)
+        .ok_or(http::StatusCode::NOT_FOUND)?;
+    let authority = edge::authority(req).map_err(|e| ProxyError::BadRequest(e).status())?;
+    if let Some(access) = &router.edge.access {
+        if !access.admits(super::filters::client_ip(conn, req.headers(), &router.edge)) {
+            return Err(ProxyError::Forbidden.status());
+        }
+    }
+    let path = edge::normalize_path(req.uri().path(), &router.edge)
+        .map_err(|e| ProxyError::BadRequest(e).status())?
+        .into_owned();
+    let asked_method = edge::preflight_method(req);
+    let (host, head) = edge::routing_head(req, authority.as_ref(), asked_method.as_ref());
+    let route = router
+        .route(host, &path, &head)
+        .ok_or(http::StatusCode::NOT_FOUND)?;
+    Ok(Routed {
+        router,
+        route,
+        authority,
+        path,
+    })
 }
 
 /// The copy's head: the client's method and headers (without hop-by-hop
@@ -105,10 +197,21 @@ pub(super) fn head(
 }
 
 /// The request to forward, its body teed when it has one; the receiver
-/// gets the body once it has ended (nothing, when it was too long to
-/// keep or the client never finished it).
+/// gets the body once it has ended (nothing, when it was longer than
+/// `MAX_COPY_BODY` or the client never finished it).
 pub(super) fn tee(
     req: Request<ClientBody>,
+) -> (
+    Request<ClientBody>,
+    Option<tokio::sync::oneshot::Receiver<Bytes>>,
+) {
+    tee_within(req, MAX_COPY_BODY)
+}
+
+/// `tee`, keeping a body of at most `cap` bytes.
+pub(super) fn tee_within(
+    req: Request<ClientBody>,
+    cap: usize,
 ) -> (
     Request<ClientBody>,
     Option<tokio::sync::oneshot::Receiver<Bytes>>,
@@ -121,6 +224,7 @@ pub(super) fn tee(
         ClientBody::Other(Box::pin(Tee {
             inner,
             kept: Some(BytesMut::new()),
+            cap,
             tx: Some(tx),
         }))
     });
@@ -330,11 +434,12 @@ async fn pooled(
 }
 
 /// The client's body on its way to the request's upstream, kept (up to
-/// `MAX_COPY_BODY`) for the copy, which gets it once it has ended.
+/// `cap`) for the copy, which gets it once it has ended.
 struct Tee {
     inner: ClientBody,
     /// `None` once the body was too long to keep.
     kept: Option<BytesMut>,
+    cap: usize,
     tx: Option<tokio::sync::oneshot::Sender<Bytes>>,
 }
 
@@ -359,7 +464,7 @@ impl http_body::Body for Tee {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let (Some(data), Some(kept)) = (frame.data_ref(), this.kept.as_mut()) {
-                    if kept.len() + data.len() > MAX_COPY_BODY {
+                    if kept.len() + data.len() > this.cap {
                         // Too long to copy: the copy is skipped.
                         this.kept = None;
                         this.tx = None;

@@ -124,9 +124,9 @@ impl<'g> Effective<'g> {
         own.or_else(|| self.defaults.and_then(|d| d.cors.as_deref()))
     }
 
-    /// The listener's default `waf`.
-    pub(super) fn default_waf(&self) -> Option<&'g crate::plan::RouteWafSpec> {
-        self.defaults.and_then(|d| d.waf.as_ref())
+    /// The listener's defaults.
+    pub(super) fn defaults(&self) -> Option<&'g Defaults> {
+        self.defaults
     }
 
     /// The route's `auth`, else its listener's (unless the route wrote

@@ -68,26 +68,17 @@ enum Vouched {
 /// Rides in a copied request's extensions to its `auth` step, which
 /// sends the verdict to the copy (`send`); dropped unsent (the route
 /// checks nothing, the request never got that far), the copy has no
-/// verdict to take. (Shared, as extensions must be `Clone`: the first
-/// `send` takes it.)
+/// verdict to take.
 #[derive(Clone)]
-pub(super) struct Vouch(Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<Vouched>>>>);
+pub(super) struct Vouch(copy::Handoff<Vouched>);
 
 impl Vouch {
     pub(super) fn send(self, verdict: &Verdict) {
-        let vouched = match verdict {
+        self.0.send(match verdict {
             Verdict::Allowed(identity) => Vouched::Identity(identity.clone()),
             Verdict::Denied(denial) => Vouched::Denied(denial.status()),
             Verdict::FailedOpen => Vouched::FailedOpen,
-        };
-        let taken = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let Some(sender) = taken {
-            let _ = sender.send(vouched);
-        }
+        });
     }
 }
 
@@ -106,6 +97,10 @@ pub(super) fn offer(
     shadow: Arc<Shadow>,
     pinned: &Generation,
 ) -> (Request<ClientBody>, Option<Offered>) {
+    // A WAF shadow judges requests; it copies none upstream.
+    if shadow.waf.is_some() {
+        return (super::waf_shadow::offer(req, conn, shadow, pinned), None);
+    }
     let safe = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
     if !safe
         || pinned.id != shadow.active
@@ -127,15 +122,10 @@ pub(super) fn offer(
     };
     // The client's request as it came: the candidate applies its own
     // routing and filters to it.
-    let mut copied = Request::new(());
-    *copied.method_mut() = req.method().clone();
-    *copied.uri_mut() = req.uri().clone();
-    *copied.version_mut() = req.version();
-    *copied.headers_mut() = req.headers().clone();
-    let (vouch, vouched) = tokio::sync::oneshot::channel();
+    let copied = copy::bare_head(&req);
+    let (vouch, vouched) = copy::Handoff::new();
     let mut req = req;
-    req.extensions_mut()
-        .insert(Vouch(Arc::new(std::sync::Mutex::new(Some(vouch)))));
+    req.extensions_mut().insert(Vouch(vouch));
     let (req, body) = copy::tee(req);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let conn = Arc::clone(conn);
@@ -181,26 +171,6 @@ impl<'g> Replayed<'g> {
             outcome: Outcome::Answered,
         }
     }
-}
-
-/// The candidate listener's rules for the replayed request: its
-/// authority, the client's access, its normalized path.
-fn at_the_edge(
-    req: &Request<ClientBody>,
-    conn: &ConnContext,
-    router: &crate::generation::Router,
-) -> Result<(Option<http::HeaderValue>, String), super::error::ProxyError> {
-    use super::error::ProxyError;
-    let authority = edge::authority(req).map_err(ProxyError::BadRequest)?;
-    if let Some(access) = &router.edge.access {
-        if !access.admits(filters::client_ip(conn, req.headers(), &router.edge)) {
-            return Err(ProxyError::Forbidden);
-        }
-    }
-    let path = edge::normalize_path(req.uri().path(), &router.edge)
-        .map_err(ProxyError::BadRequest)?
-        .into_owned();
-    Ok((authority, path))
 }
 
 /// Where and how a replayed request goes to its upstream.
@@ -291,17 +261,14 @@ async fn replay<'g>(
             http_body_util::Full::new(body.clone()).map_err(|never| match never {}),
         )),
     );
-    let Some(router) = candidate.router(&conn.listener) else {
-        return Replayed::local(None, StatusCode::NOT_FOUND);
-    };
-    let (authority, path) = match at_the_edge(&req, conn, router) {
-        Ok(checked) => checked,
-        Err(error) => return Replayed::local(None, error.status()),
-    };
-    let asked_method = edge::preflight_method(&req);
-    let (host, head) = super::edge::routing_head(&req, authority.as_ref(), asked_method.as_ref());
-    let Some(route) = router.route(host, &path, &head) else {
-        return Replayed::local(None, StatusCode::NOT_FOUND);
+    let copy::Routed {
+        router,
+        route,
+        authority,
+        path,
+    } = match copy::route_in(&req, conn, candidate) {
+        Ok(routed) => routed,
+        Err(status) => return Replayed::local(None, status),
     };
     let shared = Some(&*route.shared);
     let effective = filters::Effective::of(

@@ -19,7 +19,7 @@ use super::conn::ConnContext;
 use super::error::ProxyError;
 use crate::backends::{BoxError, ClientBody};
 use crate::plan::{RouteWafSpec, WafLimitAction, WafRuleset};
-use crate::waf::{Mode, Transaction};
+use crate::waf::Mode;
 
 /// What the firewall did with one request, for its access-log line and
 /// `cutover_waf_decisions_total`.
@@ -61,17 +61,15 @@ pub fn of<'g>(
     route: &'g crate::generation::Route,
     effective: Option<&super::filters::Effective<'g>>,
 ) -> Option<&'g RouteWafSpec> {
-    match (&route.spec.waf, route.spec.waf_opt_out) {
-        (Some(own), _) => Some(own),
-        (None, true) => None,
-        (None, false) => effective.and_then(super::filters::Effective::default_waf),
-    }
+    route
+        .spec
+        .firewall(effective.and_then(super::filters::Effective::defaults))
 }
 
 /// The request path's stage: `spec`'s rule set (from the generation
 /// serving the request) on `req`, what it did noted in `noted`.
 pub async fn stage(
-    req: Request<ClientBody>,
+    mut req: Request<ClientBody>,
     (conn, generation, route, noted): (
         &ConnContext,
         &crate::generation::Generation,
@@ -83,7 +81,17 @@ pub async fn stage(
     let Some(ruleset) = generation.spec.waf_rulesets.get(&spec.ruleset) else {
         return Ok(req);
     };
+    let verdicts = req.extensions_mut().remove::<Verdicts>();
     let (checked, decision) = check(spec, ruleset, req, conn, &route.shared).await;
+    if let Some(verdicts) = verdicts {
+        verdicts
+            .0
+            .send(decision.as_ref().is_some_and(|d| d.outcome != "pass"));
+    }
+    // What a guard's `max_block_ratio` compares.
+    if decision.as_ref().is_some_and(|d| d.outcome == "blocked") {
+        generation.ledger.waf_blocked.add(1);
+    }
     if let Some(noted) = noted {
         *noted = decision;
     }
@@ -112,32 +120,8 @@ async fn check(
     let request_id = super::filters::request_id(&parts.headers);
     let seen = read.head.len().min(limit);
     let request = rules_request(&parts, &read.head[..seen], &request_id, conn);
-    let mut tx = Transaction::new(&ruleset.rules, &request, spec.mode);
-    for x in spec
-        .exclusions
-        .iter()
-        .filter(|x| x.applies(parts.uri.path()))
-    {
-        tx.exclude(&x.rule_ids, &x.targets);
-    }
-    let interrupted = tx.request();
-    let score = tx
-        .tx("blocking_inbound_anomaly_score")
-        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
-        .unwrap_or(0);
-    let outcome = match (interrupted, tx.would_interrupt) {
-        (Some(_), _) => "blocked",
-        (None, Some(_)) => "would_block",
-        (None, None) => "pass",
-    };
-    let decision = Decision {
-        mode: spec.mode,
-        outcome,
-        score,
-        rules: tx.matches.iter().map(|m| m.id).collect(),
-        request_id: interrupted.map(|_| request.id.clone()),
-    };
-    route.waf_decided(outcome);
+    let (interrupted, decision) = evaluate(spec, spec.mode, ruleset, &request);
+    route.waf_decided(decision.outcome);
     crate::telemetry::waf::matched(&decision.rules);
     if let Some(interruption) = interrupted {
         return (
@@ -155,6 +139,50 @@ async fn check(
     }));
     (Ok(Request::from_parts(parts, body)), Some(decision))
 }
+
+/// Runs `spec`'s rules (`ruleset`) on `request` in `mode`: the
+/// interruption, if the rules interrupt it, and what they did.
+fn evaluate(
+    spec: &RouteWafSpec,
+    mode: Mode,
+    ruleset: &WafRuleset,
+    request: &crate::waf::Request,
+) -> (Option<crate::waf::Interruption>, Decision) {
+    let evaluation = spec.evaluate(ruleset, request, mode);
+    let decision = Decision {
+        mode,
+        outcome: evaluation.outcome,
+        score: evaluation.score,
+        rules: evaluation.rules,
+        request_id: evaluation.interrupted.map(|_| request.id.clone()),
+    };
+    (evaluation.interrupted, decision)
+}
+
+/// A WAF shadow stage's judgement of one request (`waf_shadow`): `spec`'s
+/// rules in detection mode on its head `parts` and `body` (within the
+/// rule set's limit). Whether they would refuse it, and the rules that
+/// matched.
+pub(super) fn judge(
+    spec: &RouteWafSpec,
+    ruleset: &WafRuleset,
+    parts: &http::request::Parts,
+    body: &[u8],
+    conn: &ConnContext,
+) -> (bool, Vec<u32>) {
+    let limit = usize::try_from(ruleset.request_body_limit).unwrap_or(usize::MAX);
+    let id = super::filters::request_id(&parts.headers);
+    let request = rules_request(parts, &body[..body.len().min(limit)], &id, conn);
+    let (_, decision) = evaluate(spec, Mode::Detect, ruleset, &request);
+    (decision.outcome != "pass", decision.rules)
+}
+
+/// Rides in a request a WAF shadow stage took (`waf_shadow`): the active
+/// generation's firewall says through it whether it refused the request
+/// (blocked it, or would have in detection mode). Dropped unsent (the
+/// route has no firewall, or the request never reached it), it did not.
+#[derive(Clone)]
+pub(super) struct Verdicts(pub(super) super::copy::Handoff<bool>);
 
 /// The request as the rules read it: its head, `body` (within the
 /// limit), and `id` as `UNIQUE_ID`.

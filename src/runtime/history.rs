@@ -263,6 +263,8 @@ pub struct GuardRecord {
     pub max_error_ratio: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_p99_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_block_ratio: Option<f64>,
     pub fail_on_no_data: bool,
     pub confirm_on_pass: bool,
 }

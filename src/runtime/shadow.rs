@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::generation::{Generation, COPY_OUTCOMES};
 use crate::ids::GenerationId;
 use crate::telemetry::series::Count;
+use crate::waf::tally::{WafShadowReport, WafTally};
 
 /// Routes tallied apart; copies to more go under `OTHER_ROUTES`.
 pub const MAX_ROUTES: usize = 1_000;
@@ -42,6 +43,9 @@ pub struct Shadow {
     /// By `COPY_OUTCOMES` index.
     outcomes: [Count; 5],
     tally: Mutex<HashMap<Arc<str>, RouteTally>>,
+    /// A WAF shadow stage (DESIGN §24): the candidate's firewall judges
+    /// the requests instead of copies going to its upstreams.
+    pub waf: Option<WafTally>,
 }
 
 impl std::fmt::Debug for Shadow {
@@ -67,6 +71,7 @@ impl Shadow {
         active: GenerationId,
         percent: f64,
         max_inflight: u32,
+        waf: bool,
     ) -> Self {
         Self {
             candidate,
@@ -78,6 +83,7 @@ impl Shadow {
             started_at: std::time::SystemTime::now(),
             outcomes: Default::default(),
             tally: Mutex::default(),
+            waf: waf.then(WafTally::default),
         }
     }
 
@@ -133,6 +139,7 @@ impl Shadow {
                 .map(|(name, t)| t.report(name))
                 .collect(),
             routes_tallied: tally.len(),
+            waf: self.waf.as_ref().map(WafTally::report),
         }
     }
 }
@@ -354,6 +361,9 @@ pub struct ShadowReport {
     pub routes: Vec<RouteReport>,
     /// Routes tallied in all.
     pub routes_tallied: usize,
+    /// A WAF shadow stage's verdicts (DESIGN §24).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waf: Option<WafShadowReport>,
 }
 
 impl SideReport {
@@ -399,6 +409,7 @@ impl ShadowReport {
             total: RouteTally::default().report("(all routes)"),
             routes: Vec::new(),
             routes_tallied: 0,
+            waf: None,
         }
     }
 
@@ -426,6 +437,11 @@ impl ShadowReport {
                 }
             }
             sum.routes_tallied = sum.routes_tallied.max(report.routes_tallied);
+            match (&mut sum.waf, &report.waf) {
+                (Some(sum), Some(waf)) => sum.add(waf),
+                (None, Some(waf)) => sum.waf = Some(waf.clone()),
+                (_, None) => {}
+            }
         }
         sum.routes
             .sort_by(|a, b| b.compared.cmp(&a.compared).then(a.route.cmp(&b.route)));
@@ -520,6 +536,7 @@ mod tests {
             total: t.report("(all routes)"),
             routes: vec![t.report("api")],
             routes_tallied: 1,
+            waf: None,
         };
         let sum = ShadowReport::sum(&[report(&a, 1), report(&b, 2)]).unwrap();
         assert_eq!(sum.copies.compared, 3);

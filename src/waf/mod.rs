@@ -21,6 +21,7 @@ mod load;
 mod operator;
 mod request;
 mod rule;
+pub mod tally;
 mod transform;
 
 pub use engine::{Interruption, Matched, Mode, Transaction};

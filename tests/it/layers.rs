@@ -386,8 +386,20 @@ const PROXY_ROOMS: [(&str, &[&str]); 4] = [
     (
         "steps: what a request passes through after its route is known",
         &[
-            "filters", "waf", "auth", "shadow", "mirror", "copy", "cache", "quota", "retry",
-            "exchange", "grpc", "compress", "tunnel",
+            "filters",
+            "waf",
+            "waf_shadow",
+            "auth",
+            "shadow",
+            "mirror",
+            "copy",
+            "cache",
+            "quota",
+            "retry",
+            "exchange",
+            "grpc",
+            "compress",
+            "tunnel",
         ],
     ),
     (

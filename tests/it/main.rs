@@ -40,5 +40,6 @@ mod shadow;
 mod tls;
 mod upgrades;
 mod waf;
+mod waf_change;
 mod waf_corpus;
 mod watch;

@@ -13,7 +13,8 @@ use hyper::Request;
 
 use crate::harness::{get, scrape, send, workspace, Gateway};
 
-fn crs() -> Option<std::path::PathBuf> {
+/// Where the Core Rule Set is, when it is beside the project.
+pub fn crs() -> Option<std::path::PathBuf> {
     let root = workspace().join("../shared/crs");
     let root = std::fs::canonicalize(root).ok()?;
     root.join("rules").is_dir().then_some(root)

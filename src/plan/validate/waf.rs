@@ -429,6 +429,10 @@ mod tests {
             &first.waf_rulesets["main"],
             &stricter.waf_rulesets["main"]
         ));
+        // And of the version: a paranoia change alone is a change (it
+        // was "unchanged" while `[waf]` was left out of the canonical
+        // text).
+        assert_ne!(first.config_version, stricter.config_version);
         // So is a data file a rule reads: a new version, compiled again,
         // and the same version a fresh validation gives.
         write("words.data", "attack\nexploit\n").expect("data");
