@@ -109,29 +109,27 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
             let dash = "-";
             out.extend_from_slice(b"time=");
             push_time(out, start);
-            out.push(b' ');
-            push_field(out, "listener", &line.listener);
+            push_field(out, b" listener=", &line.listener);
             out.extend_from_slice(b" protocol=");
             out.extend_from_slice(line.protocol.as_bytes());
             out.extend_from_slice(b" client=");
             push_addr(out, line.client);
             for (key, value) in [
-                ("method", method.unwrap_or(dash)),
-                ("authority", authority.unwrap_or(dash)),
-                ("path", line.path.as_deref().unwrap_or(dash)),
+                (&b" method="[..], method.unwrap_or(dash)),
+                (b" authority=", authority.unwrap_or(dash)),
+                (b" path=", line.path.as_deref().unwrap_or(dash)),
                 (
-                    "upstream_path",
+                    b" upstream_path=",
                     line.upstream_path.as_deref().unwrap_or(dash),
                 ),
-                ("route", line.route.as_deref().unwrap_or(dash)),
-                ("request_id", line.request_id.as_deref().unwrap_or(dash)),
-                ("auth", line.auth.unwrap_or(dash)),
-                ("subject", line.subject.as_deref().unwrap_or(dash)),
-                ("cache", line.cache.unwrap_or(dash)),
-                ("limited", line.limited.unwrap_or(dash)),
-                ("waf", line.waf.as_deref().unwrap_or(dash)),
+                (b" route=", line.route.as_deref().unwrap_or(dash)),
+                (b" request_id=", line.request_id.as_deref().unwrap_or(dash)),
+                (b" auth=", line.auth.unwrap_or(dash)),
+                (b" subject=", line.subject.as_deref().unwrap_or(dash)),
+                (b" cache=", line.cache.unwrap_or(dash)),
+                (b" limited=", line.limited.unwrap_or(dash)),
+                (b" waf=", line.waf.as_deref().unwrap_or(dash)),
             ] {
-                out.push(b' ');
                 push_field(out, key, value);
             }
             out.extend_from_slice(b" generation=");
@@ -163,12 +161,10 @@ pub fn format_line(out: &mut Vec<u8>, line: &Line, format: LogFormat) {
             }
             out.extend_from_slice(b" upstream_protocol=");
             out.extend_from_slice(line.upstream_protocol.unwrap_or(dash).as_bytes());
-            out.push(b' ');
-            push_field(out, "backend", line.backend.as_deref().unwrap_or(dash));
+            push_field(out, b" backend=", line.backend.as_deref().unwrap_or(dash));
             out.extend_from_slice(b" attempts=");
             push_u64(out, u64::from(line.attempts));
-            out.push(b' ');
-            push_field(out, "trace_id", trace_id.as_deref().unwrap_or(dash));
+            push_field(out, b" trace_id=", trace_id.as_deref().unwrap_or(dash));
             out.extend_from_slice(b" flags=");
             if line.flags.is_empty() {
                 out.push(b'-');
@@ -288,20 +284,31 @@ fn push_json_opt(out: &mut Vec<u8>, value: Option<&str>) {
     }
 }
 
-/// `key=value`, the value quoted (with `"` and `\` escaped, control bytes
-/// as `\xNN`) when it is empty or holds a space, a quote, `=` or a
-/// control byte, so every line splits the same way.
-fn push_field(out: &mut Vec<u8>, key: &str, value: &str) {
-    out.extend_from_slice(key.as_bytes());
-    out.push(b'=');
-    let plain = !value.is_empty()
-        && value
-            .bytes()
-            .all(|b| b > b' ' && b != b'"' && b != b'=' && b != b'\\' && b != 0x7f);
+/// Bytes a text field's value holds as they are (unquoted): above the
+/// space, other than `"`, `=`, `\` and DEL (UTF-8's bytes included).
+const PLAIN: [bool; 256] = {
+    let mut plain = [false; 256];
+    let mut b = 0x21;
+    while b < 256 {
+        plain[b] = !matches!(b as u8, b'"' | b'=' | b'\\' | 0x7f);
+        b += 1;
+    }
+    plain
+};
+
+/// `prefix` (` key=`) and the value, quoted (with `"` and `\` escaped,
+/// control bytes as `\xNN`) when it is empty or holds a space, a quote,
+/// `=` or a control byte, so every line splits the same way. Written in
+/// as few copies as it can: a line has sixteen of these.
+fn push_field(out: &mut Vec<u8>, prefix: &[u8], value: &str) {
+    let plain = !value.is_empty() && value.bytes().all(|b| PLAIN[usize::from(b)]);
     if plain {
+        out.reserve(prefix.len() + value.len());
+        out.extend_from_slice(prefix);
         out.extend_from_slice(value.as_bytes());
         return;
     }
+    out.extend_from_slice(prefix);
     out.push(b'"');
     for b in value.bytes() {
         match b {
@@ -380,6 +387,14 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn plain_bytes_are_those_a_value_may_hold_unquoted() {
+        for b in 0..=255u8 {
+            let plain = b > b' ' && b != b'"' && b != b'=' && b != b'\\' && b != 0x7f;
+            assert_eq!(PLAIN[usize::from(b)], plain, "{b:#x}");
+        }
+    }
+
+    #[test]
     fn text_lines_carry_every_field_and_quote_what_needs_it() {
         let mut out = Vec::new();
         format_line(&mut out, &line(), LogFormat::Text);
@@ -394,10 +409,10 @@ pub(super) mod tests {
              flags=connect_failure,retried\n"
         );
         let mut out = Vec::new();
-        push_field(&mut out, "k", "a\"b\\c\x01");
+        push_field(&mut out, b"k=", "a\"b\\c\x01");
         assert_eq!(out, b"k=\"a\\\"b\\\\c\\x01\"");
         let mut out = Vec::new();
-        push_field(&mut out, "k", "");
+        push_field(&mut out, b"k=", "");
         assert_eq!(out, b"k=\"\"");
     }
 
