@@ -56,7 +56,8 @@ pub struct FileWaf {
 }
 
 /// `[waf.rulesets.NAME] = { files, paranoia, inbound_threshold,
-/// request_body_limit, request_body_limit_action }` (DESIGN §24).
+/// request_body_limit, request_body_limit_action, outbound_threshold,
+/// response_body_limit }` (DESIGN §24).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileWafRuleset {
@@ -71,6 +72,11 @@ pub struct FileWafRuleset {
     /// `"reject"` (413) or `"process_partial"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_body_limit_action: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outbound_threshold: Option<u32>,
+    /// Answer bodies are read for the rules up to this much.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_body_limit: Option<super::route::FileSize>,
 }
 
 /// `[limits]`.

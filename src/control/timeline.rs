@@ -39,6 +39,9 @@ pub struct RolePoint {
     /// Answered in that second.
     pub requests: u64,
     pub errors: u64,
+    /// Of them, refused by the web application firewall (DESIGN §24).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub blocked: u64,
     /// The bound of their 99th percentile (the request-duration buckets).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p99_ms: Option<f64>,
@@ -89,11 +92,16 @@ pub struct TimelineView {
     pub events: Vec<Event>,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// The last reading of one generation's ledger.
 #[derive(Debug, Clone, Default)]
 struct Reading {
     requests: u64,
     errors: u64,
+    blocked: u64,
     buckets: Vec<u64>,
 }
 
@@ -213,6 +221,7 @@ impl Timeline {
         let now = Reading {
             requests: ledger.requests.get(),
             errors: ledger.errors.get(),
+            blocked: ledger.waf_blocked.get(),
             buckets: ledger.duration.counts(),
         };
         let delta: Vec<u64> = now
@@ -226,6 +235,7 @@ impl Timeline {
             generation: ledger.generation(),
             requests: now.requests.saturating_sub(before.requests),
             errors: now.errors.saturating_sub(before.errors),
+            blocked: now.blocked.saturating_sub(before.blocked),
             p99_ms: crate::telemetry::series::quantile_bound_of(
                 ledger.duration.bounds(),
                 &delta,

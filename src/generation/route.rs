@@ -117,7 +117,14 @@ impl CopyKind {
 pub const COPY_OUTCOMES: [&str; 5] = ["answered", "failed", "timeout", "dropped", "skipped"];
 
 /// The `outcome` label of `cutover_waf_decisions_total`, by index.
-pub const WAF_OUTCOMES: [&str; 4] = ["pass", "blocked", "would_block", "body_too_large"];
+pub const WAF_OUTCOMES: [&str; 6] = [
+    "pass",
+    "blocked",
+    "would_block",
+    "body_too_large",
+    "answer_blocked",
+    "answer_would_block",
+];
 
 /// Why a route's filters refused a request (`reason` of
 /// `cutover_filter_refusals_total`).

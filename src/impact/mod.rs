@@ -313,8 +313,9 @@ impl<'a> Firewalls<'a> {
         let tally = WafTally::default();
         for (head, route, active, candidate) in self.heads.into_iter().take(WAF_HEADS) {
             let request = rules_request(head);
-            let refuses =
-                |(spec, set): Firewall<'_>| spec.evaluate(set, &request, crate::waf::Mode::Detect);
+            let refuses = |(spec, set): Firewall<'_>| {
+                spec.evaluate(set, &request, (crate::waf::Mode::Detect, false))
+            };
             let candidate = refuses(candidate);
             let active = active.map(refuses);
             tally.judged(

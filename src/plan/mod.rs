@@ -42,7 +42,9 @@ pub use pattern::PathRegex;
 pub use quota::*;
 pub use spec::*;
 pub use validate::{validate, validate_confined};
-pub use waf::{RouteWafSpec, WafEvaluation, WafExclusion, WafLimitAction, WafRuleset};
+pub use waf::{
+    RouteWafSpec, WafEvaluation, WafExclusion, WafLimitAction, WafRuleset, ANSWER_BODY_TYPES,
+};
 
 use crate::config::{ConfigText, Diagnostic};
 use crate::ids::GenerationId;

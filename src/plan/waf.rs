@@ -20,10 +20,22 @@ pub struct WafRuleset {
     pub rule_count: usize,
     pub paranoia: u8,
     pub inbound_threshold: u32,
+    pub outbound_threshold: u32,
     /// Request bodies are read for the rules up to this many bytes.
     pub request_body_limit: u64,
     pub limit_action: WafLimitAction,
+    /// Answer bodies (of the types `ANSWER_BODY_TYPES` names) are read
+    /// for the rules up to this many bytes; the rest is passed on unread.
+    pub response_body_limit: u64,
+    /// Some rule reads the answer (phase 3 or 4): the answer goes through
+    /// the rules before the client gets it.
+    pub answer_phases: bool,
 }
+
+/// The media types whose answer bodies the rules read (ModSecurity's
+/// recommended `SecResponseBodyMimeType`): a binary download, a stream
+/// of events or a gRPC answer passes without being held.
+pub const ANSWER_BODY_TYPES: [&str; 3] = ["text/plain", "text/html", "text/xml"];
 
 impl std::fmt::Debug for WafRuleset {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -34,6 +46,8 @@ impl std::fmt::Debug for WafRuleset {
             .field("inbound_threshold", &self.inbound_threshold)
             .field("request_body_limit", &self.request_body_limit)
             .field("limit_action", &self.limit_action)
+            .field("outbound_threshold", &self.outbound_threshold)
+            .field("response_body_limit", &self.response_body_limit)
             .finish_non_exhaustive()
     }
 }
@@ -61,7 +75,7 @@ pub struct RouteWafSpec {
 }
 
 /// What a firewall's rules did with one request.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct WafEvaluation {
     /// The rules interrupted it (blocking mode).
     pub interrupted: Option<crate::waf::Interruption>,
@@ -71,16 +85,20 @@ pub struct WafEvaluation {
     pub score: u32,
     /// The ids of the rules that matched, in order.
     pub rules: Vec<u32>,
+    /// The transaction, paused after the request's phases for the
+    /// answer's: when asked for, and the rules did not interrupt it.
+    pub paused: Option<crate::waf::Paused>,
 }
 
 impl RouteWafSpec {
     /// Runs `ruleset`'s rules (phases 1 and 2) on `request` in `mode`,
-    /// with the exclusions that apply to its path.
+    /// with the exclusions that apply to its path; `keep`: the
+    /// transaction is paused for the answer's phases.
     pub fn evaluate(
         &self,
         ruleset: &WafRuleset,
         request: &crate::waf::Request,
-        mode: crate::waf::Mode,
+        (mode, keep): (crate::waf::Mode, bool),
     ) -> WafEvaluation {
         let path = request.uri.split('?').next().unwrap_or("");
         let mut tx = crate::waf::Transaction::new(&ruleset.rules, request, mode);
@@ -102,6 +120,7 @@ impl RouteWafSpec {
             outcome,
             score,
             rules: tx.matches.iter().map(|m| m.id).collect(),
+            paused: (keep && interrupted.is_none()).then(|| tx.pause()),
         }
     }
 }

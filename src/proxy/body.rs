@@ -135,6 +135,44 @@ pub enum ResponseBody {
     Compressed(Box<super::encode::Compressing<ResponseBody>>),
     /// Kept in a cache zone as it streams to the client (`cache.rs`).
     Keeping(Box<Keeping>),
+    /// Read in part ahead of the client, for a firewall's rules
+    /// (`waf.rs`): what was read, then the rest as it comes.
+    Replayed(Box<Replayed>),
+}
+
+/// An answer whose first bytes were read ahead: those, then the rest of
+/// the body (or the error that cut it), then its trailers.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    pub first: Option<Bytes>,
+    pub rest: Option<ResponseBody>,
+    pub failed: Option<BoxError>,
+    pub trailers: Option<http::HeaderMap>,
+}
+
+impl Replayed {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        if let Some(rest) = self.rest.as_mut() {
+            match Pin::new(rest).poll_frame(cx) {
+                Poll::Ready(None) => self.rest = None,
+                polled => return polled,
+            }
+        }
+        if let Some(error) = self.failed.take() {
+            return Poll::Ready(Some(Err(error)));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none()
+            && self.rest.as_ref().is_none_or(ResponseBody::is_end_stream)
+            && self.failed.is_none()
+            && self.trailers.is_none()
+    }
 }
 
 /// An upstream answer on its way to the client, copied (up to the
@@ -241,6 +279,7 @@ impl ResponseBody {
             ResponseBody::Grpc(call) => call.inner_mut().guards_mut(),
             ResponseBody::Compressed(body) => body.inner_mut().guards_mut(),
             ResponseBody::Keeping(body) => body.inner.guards_mut(),
+            ResponseBody::Replayed(body) => body.rest.as_mut()?.guards_mut(),
         }
     }
 }
@@ -385,6 +424,7 @@ impl Body for ResponseBody {
                 keeping.saw(&polled);
                 polled
             }
+            ResponseBody::Replayed(replayed) => replayed.poll_frame(cx),
         }
     }
 
@@ -396,6 +436,7 @@ impl Body for ResponseBody {
             ResponseBody::Grpc(call) => call.is_end_stream(),
             ResponseBody::Compressed(body) => body.is_end_stream(),
             ResponseBody::Keeping(keeping) => keeping.inner.is_end_stream(),
+            ResponseBody::Replayed(replayed) => replayed.is_end_stream(),
         }
     }
 
@@ -417,6 +458,18 @@ impl Body for ResponseBody {
             ResponseBody::Grpc(call) => call.size_hint(),
             ResponseBody::Compressed(body) => body.size_hint(),
             ResponseBody::Keeping(keeping) => keeping.inner.size_hint(),
+            ResponseBody::Replayed(replayed) => {
+                let first = replayed.first.as_ref().map_or(0, |b| b.len() as u64);
+                let mut hint = replayed
+                    .rest
+                    .as_ref()
+                    .map_or_else(|| SizeHint::with_exact(0), ResponseBody::size_hint);
+                if let Some(upper) = hint.upper() {
+                    hint.set_upper(upper + first);
+                }
+                hint.set_lower(hint.lower() + first);
+                hint
+            }
         }
     }
 }

@@ -792,6 +792,26 @@ impl http_body::Body for Limited {
     }
 }
 
+/// A route's `respond`: its status, headers and body (`text/plain` when
+/// it names no type).
+pub(super) fn direct_response(
+    direct: &crate::plan::DirectResponse,
+) -> http::Response<super::body::ResponseBody> {
+    let mut response = http::Response::new(super::body::ResponseBody::full(direct.body.clone()));
+    *response.status_mut() = direct.status;
+    let headers = response.headers_mut();
+    for (name, value) in &direct.headers {
+        headers.append(name.clone(), value.clone());
+    }
+    if !headers.contains_key(http::header::CONTENT_TYPE) && !direct.body.is_empty() {
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+    }
+    response
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

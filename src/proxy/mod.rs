@@ -38,6 +38,7 @@ mod tcp;
 mod tunnel;
 mod udp;
 mod waf;
+mod waf_answer;
 mod waf_shadow;
 mod workers;
 

@@ -419,11 +419,15 @@ fn route_and_answer<'g, 'a>(
             };
         }
         // 2½. The route's web application firewall (DESIGN §24).
+        let mut answer_phases = None;
         if let Some(waf) = super::waf::of(route, effective.as_ref()) {
             let waf_noted = noted.as_deref_mut().map(|n| &mut n.waf);
             let at = (conn, generation, &**route, waf_noted);
             req = match Box::pin(super::waf::stage(req, at, waf)).await {
-                Ok(req) => req,
+                Ok((req, carried)) => {
+                    answer_phases = carried;
+                    req
+                }
                 Err(refused) => {
                     return Served {
                         route: Some(route),
@@ -509,7 +513,7 @@ fn route_and_answer<'g, 'a>(
         // 6. One step forward: a direct answer, a redirect, several
         // attempts (`retry.rs`) or one (`exchange.rs`).
         let mut result = match step {
-            Step::Respond(direct) => Ok(direct_response(direct)),
+            Step::Respond(direct) => Ok(filters::direct_response(direct)),
             Step::Redirect(redirect) => Ok(filters::redirect_for(
                 redirect,
                 &req,
@@ -580,6 +584,12 @@ fn route_and_answer<'g, 'a>(
                 }
             }
         };
+        // 6½. The answer through the firewall's rules, when they read it.
+        if let Some(carried) = answer_phases {
+            let waf_noted = noted.as_deref_mut().map(|n| &mut n.waf);
+            let at = (&*route.shared, &*generation.ledger);
+            result = Box::pin(super::waf_answer::answer(*carried, result, at, waf_noted)).await;
+        }
         // 7. A streamed answer keeps the listener's place until its last
         // byte.
         if let (Some(slot), Ok(response)) = (listener_slot, result.as_mut()) {
@@ -881,20 +891,4 @@ fn canary_key(key: &HashKey, req: &Request<ClientBody>, conn: &ConnContext) -> O
         HashKey::Path => Cow::Borrowed(req.uri().path().as_bytes()),
     };
     Some(crate::generation::hash_key(&bytes))
-}
-
-fn direct_response(direct: &DirectResponse) -> Response<ResponseBody> {
-    let mut response = Response::new(ResponseBody::full(direct.body.clone()));
-    *response.status_mut() = direct.status;
-    let headers = response.headers_mut();
-    for (name, value) in &direct.headers {
-        headers.append(name.clone(), value.clone());
-    }
-    if !headers.contains_key(header::CONTENT_TYPE) && !direct.body.is_empty() {
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-    }
-    response
 }

@@ -66,8 +66,20 @@ pub fn of<'g>(
         .firewall(effective.and_then(super::filters::Effective::defaults))
 }
 
+/// A request its rules let through, on a route whose rules read the
+/// answer too (CRS's outbound rules): what the answer's phases take up
+/// (`waf_answer.rs`).
+pub struct Carried {
+    pub(super) paused: crate::waf::Paused,
+    pub(super) request: crate::waf::Request,
+    pub(super) request_id: http::HeaderValue,
+    pub(super) ruleset: std::sync::Arc<WafRuleset>,
+}
+
 /// The request path's stage: `spec`'s rule set (from the generation
-/// serving the request) on `req`, what it did noted in `noted`.
+/// serving the request) on `req`, what it did noted in `noted`; the
+/// request to go on with and, when the rules read the answer, what
+/// their phases on it need.
 pub async fn stage(
     mut req: Request<ClientBody>,
     (conn, generation, route, noted): (
@@ -77,9 +89,9 @@ pub async fn stage(
         Option<&mut Option<Decision>>,
     ),
     spec: &RouteWafSpec,
-) -> Result<Request<ClientBody>, ProxyError> {
+) -> Result<(Request<ClientBody>, Option<Box<Carried>>), ProxyError> {
     let Some(ruleset) = generation.spec.waf_rulesets.get(&spec.ruleset) else {
-        return Ok(req);
+        return Ok((req, None));
     };
     let verdicts = req.extensions_mut().remove::<Verdicts>();
     let (checked, decision) = check(spec, ruleset, req, conn, &route.shared).await;
@@ -102,11 +114,14 @@ pub async fn stage(
 /// refusal.
 async fn check(
     spec: &RouteWafSpec,
-    ruleset: &WafRuleset,
+    ruleset: &std::sync::Arc<WafRuleset>,
     req: Request<ClientBody>,
     conn: &ConnContext,
     route: &crate::generation::RouteShared,
-) -> (Result<Request<ClientBody>, ProxyError>, Option<Decision>) {
+) -> (
+    Result<(Request<ClientBody>, Option<Box<Carried>>), ProxyError>,
+    Option<Decision>,
+) {
     let (parts, body) = req.into_parts();
     let limit = usize::try_from(ruleset.request_body_limit).unwrap_or(usize::MAX);
     let read = match read_within(body, limit).await {
@@ -120,7 +135,8 @@ async fn check(
     let request_id = super::filters::request_id(&parts.headers);
     let seen = read.head.len().min(limit);
     let request = rules_request(&parts, &read.head[..seen], &request_id, conn);
-    let (interrupted, decision) = evaluate(spec, spec.mode, ruleset, &request);
+    let (interrupted, decision, paused) =
+        evaluate(spec, (spec.mode, ruleset.answer_phases), ruleset, &request);
     route.waf_decided(decision.outcome);
     crate::telemetry::waf::matched(&decision.rules);
     if let Some(interruption) = interrupted {
@@ -137,18 +153,35 @@ async fn check(
         trailers: read.trailers,
         rest: read.rest,
     }));
-    (Ok(Request::from_parts(parts, body)), Some(decision))
+    let carried = paused.map(|paused| {
+        Box::new(Carried {
+            paused,
+            request,
+            request_id,
+            ruleset: std::sync::Arc::clone(ruleset),
+        })
+    });
+    (
+        Ok((Request::from_parts(parts, body), carried)),
+        Some(decision),
+    )
 }
 
 /// Runs `spec`'s rules (`ruleset`) on `request` in `mode`: the
-/// interruption, if the rules interrupt it, and what they did.
+/// interruption, if the rules interrupt it, what they did, and (with
+/// `keep`, when they let it through) the transaction paused for the
+/// answer's phases.
 fn evaluate(
     spec: &RouteWafSpec,
-    mode: Mode,
+    (mode, keep): (Mode, bool),
     ruleset: &WafRuleset,
     request: &crate::waf::Request,
-) -> (Option<crate::waf::Interruption>, Decision) {
-    let evaluation = spec.evaluate(ruleset, request, mode);
+) -> (
+    Option<crate::waf::Interruption>,
+    Decision,
+    Option<crate::waf::Paused>,
+) {
+    let evaluation = spec.evaluate(ruleset, request, (mode, keep));
     let decision = Decision {
         mode,
         outcome: evaluation.outcome,
@@ -156,7 +189,7 @@ fn evaluate(
         rules: evaluation.rules,
         request_id: evaluation.interrupted.map(|_| request.id.clone()),
     };
-    (evaluation.interrupted, decision)
+    (evaluation.interrupted, decision, evaluation.paused)
 }
 
 /// A WAF shadow stage's judgement of one request (`waf_shadow`): `spec`'s
@@ -173,7 +206,7 @@ pub(super) fn judge(
     let limit = usize::try_from(ruleset.request_body_limit).unwrap_or(usize::MAX);
     let id = super::filters::request_id(&parts.headers);
     let request = rules_request(parts, &body[..body.len().min(limit)], &id, conn);
-    let (_, decision) = evaluate(spec, Mode::Detect, ruleset, &request);
+    let (_, decision, _) = evaluate(spec, (Mode::Detect, false), ruleset, &request);
     (decision.outcome != "pass", decision.rules)
 }
 

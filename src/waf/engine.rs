@@ -22,8 +22,9 @@ use super::rule::{CtlOption, Disruptive, SetOp, Target, Transform, Variable};
 use super::transform;
 
 /// Whether the rules may interrupt the transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
+    #[default]
     Block,
     Detect,
     Off,
@@ -76,6 +77,26 @@ pub struct Transaction<'a> {
     pub would_interrupt: Option<Interruption>,
 }
 
+/// A transaction between its request's phases and its answer's, owning
+/// what the rules set and read (the request taken apart, `TX`, the
+/// exclusions, what matched): a gateway holds it while the upstream
+/// answers, then `resume`s it with the answer.
+#[derive(Debug, Default)]
+pub struct Paused {
+    parsed: Arc<Parsed>,
+    mode: Mode,
+    tx: HashMap<String, Vec<u8>>,
+    removed_ids: Vec<(u32, u32)>,
+    removed_tags: Vec<String>,
+    removed_targets: Vec<(RuleRef, Target)>,
+    forced_processor: Option<BodyProcessor>,
+    force_body_variable: bool,
+    allowed: bool,
+    pub matches: Vec<Matched>,
+    pub interruption: Option<Interruption>,
+    pub would_interrupt: Option<Interruption>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum RuleRef {
     Id(u32),
@@ -86,25 +107,16 @@ enum RuleRef {
 
 impl<'a> Transaction<'a> {
     pub fn new(set: &'a RuleSet, request: &'a Request, mode: Mode) -> Self {
-        Self {
+        let parsed = Arc::new(request.parse_head());
+        Self::resume(
             set,
             request,
-            response: None,
-            parsed: Arc::new(request.parse_head()),
-            mode,
-            tx: HashMap::new(),
-            matched_var: (String::new(), Vec::new()),
-            matched_vars: Vec::new(),
-            removed_ids: Vec::new(),
-            removed_tags: Vec::new(),
-            removed_targets: Vec::new(),
-            forced_processor: None,
-            force_body_variable: false,
-            allowed: false,
-            matches: Vec::new(),
-            interruption: None,
-            would_interrupt: None,
-        }
+            Paused {
+                parsed,
+                mode,
+                ..Paused::default()
+            },
+        )
     }
 
     /// An operator's exclusion, before the phases run: with no targets,
@@ -135,6 +147,49 @@ impl<'a> Transaction<'a> {
             self.phase(2);
         }
         self.interruption
+    }
+
+    /// What the request's phases left, owned, for the answer's phases
+    /// later (`resume`).
+    pub fn pause(self) -> Paused {
+        Paused {
+            parsed: self.parsed,
+            mode: self.mode,
+            tx: self.tx,
+            removed_ids: self.removed_ids,
+            removed_tags: self.removed_tags,
+            removed_targets: self.removed_targets,
+            forced_processor: self.forced_processor,
+            force_body_variable: self.force_body_variable,
+            allowed: self.allowed,
+            matches: self.matches,
+            interruption: self.interruption,
+            would_interrupt: self.would_interrupt,
+        }
+    }
+
+    /// A paused transaction of `request` through `set` again, where it
+    /// stopped.
+    pub fn resume(set: &'a RuleSet, request: &'a Request, paused: Paused) -> Self {
+        Self {
+            set,
+            request,
+            response: None,
+            parsed: paused.parsed,
+            mode: paused.mode,
+            tx: paused.tx,
+            matched_var: (String::new(), Vec::new()),
+            matched_vars: Vec::new(),
+            removed_ids: paused.removed_ids,
+            removed_tags: paused.removed_tags,
+            removed_targets: paused.removed_targets,
+            forced_processor: paused.forced_processor,
+            force_body_variable: paused.force_body_variable,
+            allowed: paused.allowed,
+            matches: paused.matches,
+            interruption: paused.interruption,
+            would_interrupt: paused.would_interrupt,
+        }
     }
 
     /// Phases 3 and 4: the answer's head, then its body.

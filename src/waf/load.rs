@@ -120,6 +120,12 @@ pub struct RuleSet {
 }
 
 impl RuleSet {
+    /// Whether a rule runs in the answer's phases (3 or 4).
+    pub fn reads_answers(&self) -> bool {
+        self.rules()
+            .any(|rule| matches!(rule.actions.phase.unwrap_or(2), 3 | 4))
+    }
+
     /// Reads `files` in order; every error of every file when any.
     pub fn load(files: &[PathBuf]) -> Result<RuleSet, Vec<WafError>> {
         let mut loader = Loader::default();

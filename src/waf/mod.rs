@@ -24,7 +24,7 @@ mod rule;
 pub mod tally;
 mod transform;
 
-pub use engine::{Interruption, Matched, Mode, Transaction};
+pub use engine::{Interruption, Matched, Mode, Paused, Transaction};
 pub use lex::{directives, Directive, LexError};
 pub use load::{compile, conf_files, Entry, Matcher, Rule, RuleSet, WafError};
 pub use request::{BodyProcessor, Request, Response};
@@ -88,5 +88,51 @@ mod tests {
         for id in [949110, 959100, 980170] {
             assert!(rules.iter().any(|r| r.id() == Some(id)), "rule {id}");
         }
+        assert!(
+            set.reads_answers(),
+            "CRS's outbound rules run on the answer"
+        );
+    }
+
+    /// A transaction paused after the request's phases (while the
+    /// upstream answers) takes up the answer as one run straight through
+    /// would: the `TX` its request's rules set, what matched, and the
+    /// answer's own rules.
+    #[test]
+    fn a_paused_transaction_takes_up_the_answer_where_it_stopped() {
+        let text = "SecAction \"id:1,phase:1,pass,nolog,setvar:tx.seen=1\"\n\
+                    SecRule REQUEST_URI \"@contains leak\" \"id:2,phase:2,pass,log,setvar:tx.asked=1\"\n\
+                    SecRule TX:asked \"@eq 1\" \"id:3,phase:3,pass,log\"\n\
+                    SecRule RESPONSE_BODY \"@contains secret\" \"id:4,phase:4,deny,status:403,log\"\n";
+        let set = RuleSet::parse(&PathBuf::from("rules.conf"), text).expect("rules");
+        assert!(set.reads_answers());
+        let request = Request {
+            id: "1".into(),
+            remote_addr: "127.0.0.1".into(),
+            method: "GET".into(),
+            uri: "/leak".into(),
+            protocol: "HTTP/1.1".into(),
+            headers: vec![("host".into(), b"a".to_vec())],
+            body: Vec::new(),
+        };
+        let answer = Response {
+            status: 200,
+            headers: vec![("content-type".into(), b"text/plain".to_vec())],
+            body: b"the secret is out".to_vec(),
+        };
+        let ids = |tx: &Transaction<'_>| -> Vec<u32> { tx.matches.iter().map(|m| m.id).collect() };
+        let mut straight = Transaction::new(&set, &request, Mode::Block);
+        assert_eq!(straight.request(), None);
+        let stopped = straight.response(&answer);
+        let mut first = Transaction::new(&set, &request, Mode::Block);
+        assert_eq!(first.request(), None);
+        let paused = first.pause();
+        assert_eq!(paused.matches.len(), 1);
+        let mut resumed = Transaction::resume(&set, &request, paused);
+        assert_eq!(resumed.tx("seen"), Some(&b"1"[..]));
+        assert_eq!(resumed.response(&answer), stopped);
+        assert_eq!(stopped.map(|i| (i.rule, i.status)), Some((4, 403)));
+        assert_eq!(ids(&resumed), ids(&straight));
+        assert_eq!(ids(&resumed), [2, 3, 4]);
     }
 }

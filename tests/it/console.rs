@@ -286,6 +286,65 @@ async fn the_headline_is_the_gateways_rate_even_under_virtual_time() {
     );
 }
 
+/// A WAF shadow stage and the blocks over time (DESIGN §24): after a
+/// WAF shadow refused a paranoia 4 candidate, the page shows its
+/// per-route table (the share the candidate would refuse, its interval,
+/// the rules) instead of the copies' one, and a chart of the share the
+/// firewall refused once it refused something.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_a_waf_shadow_and_the_blocks_over_time() {
+    let Some(chromium) = installed("chromium") else {
+        eprintln!(
+            "SKIPPED: chromium is not installed (apt-get install chromium; .ci/run installs it)"
+        );
+        return;
+    };
+    let Some((root, gw)) = crate::waf_change::at_paranoia_1() else {
+        return;
+    };
+    let web = gw.listener("web");
+    for _ in 0..10 {
+        let (status, _, _) = get(web, "shop.test", "/item?id=1%27%20OR%20%271%27%3D%271").await;
+        assert_eq!(status, 403);
+    }
+    let mix = crate::waf_change::Mix::start(web, 2, crate::waf_change::benign);
+    let (status, answer) = post_json(
+        gw.admin,
+        "/admin/runtime/activate",
+        json!({
+            "config": crate::waf_change::crs_at(&root, 4),
+            "expected_generation": 1,
+            "shadow": { "waf": true, "percent": 100, "duration": "20s",
+                        "min_requests": 30, "max_block_increase": 0.05 },
+        }),
+    )
+    .await;
+    let (_, refused, errors) = mix.stop().await;
+    assert!(
+        errors.is_empty() && refused == 0,
+        "{refused} refused, {errors:?}"
+    );
+    assert_eq!(status, 409, "{answer:#}");
+    assert_eq!(answer["shadow"]["verdict"], "breached", "{answer:#}");
+    let out = headless_dom(chromium, format!("{}/admin/?poll", gw.admin_url())).await;
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let table = dom
+        .find(r#"<table id="shadow-waf""#)
+        .map(|at| &dom[at..at + dom[at..].find("</table>").unwrap()])
+        .unwrap_or_else(|| panic!("no WAF shadow table: {dom}"));
+    assert!(
+        !table[..table.find('>').unwrap()].contains("hidden"),
+        "{table}"
+    );
+    assert!(table.contains("<td>app</td>"), "{table}");
+    assert!(table.contains("949110 ("), "the rules: {table}");
+    assert!(dom.contains("Last WAF shadow stage"), "the title");
+    assert!(
+        dom.contains("refused by the WAF"),
+        "no chart of the blocks: {dom}"
+    );
+}
+
 /// Every line of every chart against the server's timeline: each of its
 /// seconds lists its role with its generation (a line never spans a
 /// generation change), and its seconds follow one another with no

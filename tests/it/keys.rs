@@ -688,6 +688,13 @@ fn rows() -> Vec<Row> {
             Waf,
             &["request_body_limit_action = \"process_partial\""],
         ),
+        row("waf", "outbound_threshold", Waf, &["outbound_threshold = 8"]),
+        row(
+            "waf",
+            "response_body_limit",
+            Waf,
+            &["response_body_limit = \"64KiB\""],
+        ),
         row("routes", "query", Route, &["query = { v = \"2\" }"]),
         row(
             "routes",

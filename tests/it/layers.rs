@@ -388,6 +388,7 @@ const PROXY_ROOMS: [(&str, &[&str]); 4] = [
         &[
             "filters",
             "waf",
+            "waf_answer",
             "waf_shadow",
             "auth",
             "shadow",

@@ -374,3 +374,150 @@ waf = "off"
         "{found:?}"
     );
 }
+
+/// A backend's answers by path: a page that leaks a MySQL error
+/// (`/…/leak`), the same text as JSON (`/…/json`), and the leak past
+/// 600 KiB of HTML (`/…/late`).
+const LEAK: &str =
+    "<html><body>You have an error in your SQL syntax; check the manual</body></html>";
+
+async fn leaking_backend() -> crate::harness::Backend {
+    crate::harness::Backend::start(std::sync::Arc::new(|req| {
+        let path = req.uri().path().to_owned();
+        Box::pin(async move {
+            let (body, media) = if path.ends_with("/json") {
+                (format!("{{\"error\": \"{LEAK}\"}}"), "application/json")
+            } else if path.ends_with("/late") {
+                (format!("{}{LEAK}", "a".repeat(600 << 10)), "text/html")
+            } else {
+                (LEAK.to_owned(), "text/html; charset=utf-8")
+            };
+            let mut answer = hyper::Response::new(crate::harness::full(body));
+            answer.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(media),
+            );
+            answer
+        })
+    }))
+    .await
+}
+
+/// The answer's phases (CRS's outbound rules, DESIGN §24) through the
+/// binary: an HTML page that leaks a database error is refused at
+/// paranoia 1 in blocking mode (403 with the request's id; the SQL
+/// leakage rule, 951230, and the outbound decision, 959100, in the
+/// access log), and passes whole in detection mode; a JSON answer is not
+/// read (not a type the rules read); a page whose leak is past
+/// `response_body_limit` passes whole, its first part read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answers_rules_refuse_a_leaking_page_before_the_client_gets_it() {
+    let Some(crs) = crs() else {
+        eprintln!("skipped: the Core Rule Set is not at ../shared/crs");
+        return;
+    };
+    let backend = leaking_backend().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"[admin]
+bind = "127.0.0.1:0"
+
+[metrics]
+bind = "127.0.0.1:0"
+
+[log]
+format = "json"
+access = true
+access_file = "access.log"
+
+[runtime]
+file_roots = ["{root}"]
+
+[waf.rulesets.crs]
+files = ["{root}/crs-setup.conf.example", "{root}/rules"]
+
+[[listeners]]
+name = "web"
+bind = "127.0.0.1:0"
+
+[[routes]]
+name = "watched"
+listeners = ["web"]
+path_prefix = "/watched"
+upstream = "app"
+waf = {{ ruleset = "crs", mode = "detect" }}
+
+[[routes]]
+name = "guarded"
+listeners = ["web"]
+path_prefix = "/"
+upstream = "app"
+waf = {{ ruleset = "crs" }}
+
+[upstreams.app]
+backends = [{{ addr = "{backend}" }}]
+"#,
+        root = crs.display(),
+        backend = backend.addr,
+    );
+    let access = dir.path().join("access.log");
+    let gw = Gateway::start_in(dir, &config);
+    let web = gw.listener("web");
+
+    let (status, headers, body) = get(web, "app.test", "/page/leak").await;
+    assert_eq!(status, 403, "{body}");
+    let id = headers["x-request-id"].to_str().unwrap().to_owned();
+    assert!(body.contains(&id) && !body.contains("SQL"), "{body}");
+    let (status, _, body) = get(web, "app.test", "/watched/leak").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("You have an error in your SQL syntax"),
+        "{body}"
+    );
+    let (status, _, body) = get(web, "app.test", "/page/json").await;
+    assert_eq!(status, 200, "a JSON answer is not read: {body}");
+    let (status, _, body) = get(web, "app.test", "/page/late").await;
+    assert_eq!(status, 200, "past response_body_limit");
+    assert_eq!(
+        body.len(),
+        (600 << 10) + LEAK.len(),
+        "the whole page, as sent"
+    );
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let waf_of = |path: &str| -> Option<String> {
+        std::fs::read_to_string(&access)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| l["path"] == path)
+            .and_then(|l| l["waf"].as_str().map(str::to_owned))
+    };
+    while waf_of("/page/late").is_none() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let blocked = waf_of("/page/leak").expect("a line for the leak");
+    assert!(
+        blocked.starts_with("block:blocked:")
+            && blocked.contains("951230")
+            && blocked.contains("959100"),
+        "{blocked}"
+    );
+    let watched = waf_of("/watched/leak").expect("a line for the watched leak");
+    assert!(
+        watched.starts_with("detect:would_block:") && watched.contains("951230"),
+        "{watched}"
+    );
+    for path in ["/page/json", "/page/late"] {
+        let line = waf_of(path).expect("a line");
+        assert!(line.starts_with("block:pass:"), "{path}: {line}");
+    }
+    let text = scrape(&gw).await;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("cutover_waf_decisions_total{")
+                && l.contains("route=\"guarded\"")
+                && l.contains("outcome=\"answer_blocked\"")),
+        "{text}"
+    );
+}

@@ -21,7 +21,7 @@ use crate::waf::crs;
 
 /// A gateway with CRS at paranoia 1, and where CRS is; `None` (the test
 /// says it skips) when CRS is not beside the project.
-fn at_paranoia_1() -> Option<(std::path::PathBuf, Gateway)> {
+pub fn at_paranoia_1() -> Option<(std::path::PathBuf, Gateway)> {
     let Some(root) = crs() else {
         eprintln!("skipped: the Core Rule Set is not at ../shared/crs");
         return None;
@@ -31,7 +31,7 @@ fn at_paranoia_1() -> Option<(std::path::PathBuf, Gateway)> {
 }
 
 /// One route answering "app" behind CRS at `paranoia`, blocking.
-fn crs_at(root: &std::path::Path, paranoia: u8) -> String {
+pub fn crs_at(root: &std::path::Path, paranoia: u8) -> String {
     format!(
         r#"[admin]
 bind = "127.0.0.1:0"
@@ -62,7 +62,7 @@ waf = {{ ruleset = "crs" }}
 /// words, a product page, a comment form with punctuation, the home
 /// page. Paranoia 1 passes all four; paranoia 4's strict character
 /// rules refuse the search and the comment.
-fn benign(i: u64) -> Request<Full<Bytes>> {
+pub fn benign(i: u64) -> Request<Full<Bytes>> {
     let builder = Request::builder()
         .header("host", "shop.test")
         .header(
@@ -113,7 +113,7 @@ async fn all_pass(
 
 /// Clients sending a mix until stopped: the answers counted by
 /// status.
-struct Mix {
+pub struct Mix {
     stop: Arc<AtomicBool>,
     ok: Arc<AtomicU64>,
     refused: Arc<AtomicU64>,
@@ -121,7 +121,7 @@ struct Mix {
 }
 
 impl Mix {
-    fn start(
+    pub fn start(
         addr: std::net::SocketAddr,
         clients: u64,
         make: fn(u64) -> Request<Full<Bytes>>,
@@ -161,7 +161,7 @@ impl Mix {
     }
 
     /// Stops the clients: (2xx, 403), and every other answer or error.
-    async fn stop(self) -> (u64, u64, Vec<String>) {
+    pub async fn stop(self) -> (u64, u64, Vec<String>) {
         self.stop.store(true, Ordering::Relaxed);
         let mut errors = Vec::new();
         for task in self.tasks {

@@ -245,8 +245,11 @@ function renderStatus(status) {
       : `in ${Math.round(status.pending.seconds_left)} s unless confirmed`);
   const canary = canaryText(status.pending);
   const shadowing = status.shadow && status.shadow.verdict === "running"
-    ? ` · SHADOW: candidate generation ${status.shadow.candidate_generation}, ` +
-      `${status.shadow.total.compared} requests compared in ${Math.round(status.shadow.seconds)} s`
+    ? ` · ${status.shadow.waf ? "WAF SHADOW" : "SHADOW"}: candidate generation ${status.shadow.candidate_generation}, ` +
+      (status.shadow.waf
+        ? `${status.shadow.waf.evaluated} requests judged, would refuse ${(100 * status.shadow.waf.total.candidate_ratio).toFixed(2)} %`
+        : `${status.shadow.total.compared} requests compared`) +
+      ` in ${Math.round(status.shadow.seconds)} s`
     : "";
   const summary = document.getElementById("summary");
   summary.textContent =
@@ -307,12 +310,31 @@ function renderShadow(report, status) {
       (status.active_generation >= report.candidate_generation
         ? ` (generation ${status.active_generation} now serving is another configuration)` : "");
   }
-  document.getElementById("shadow-title").textContent = running ? "Shadow stage (running)" : "Last shadow stage";
+  const waf = report.waf;
+  const kind = waf ? "WAF shadow stage" : "shadow stage";
+  document.getElementById("shadow-title").textContent = running
+    ? `${kind[0].toUpperCase()}${kind.slice(1)} (running)` : `Last ${kind}`;
   document.getElementById("shadow-summary").textContent =
     `${scope} · ${verdict}: candidate numbered ${report.candidate_generation} against generation ${report.active_generation}, ` +
-    `${report.percent} % of safe requests for ${Math.round(report.seconds)} s; ` +
-    `${c.compared} compared, ${c.dropped} dropped, ${c.skipped} skipped, ${c.timeout} timed out` +
+    (waf
+      ? `${report.percent} % of requests judged by the candidate's firewall for ${Math.round(report.seconds)} s; ` +
+        `${waf.evaluated} judged, ${waf.dropped} dropped, ${waf.skipped} skipped`
+      : `${report.percent} % of safe requests for ${Math.round(report.seconds)} s; ` +
+        `${c.compared} compared, ${c.dropped} dropped, ${c.skipped} skipped, ${c.timeout} timed out`) +
     (report.reason ? ` · ${report.reason}` : "");
+  document.getElementById("shadow").hidden = !!waf;
+  document.getElementById("shadow-waf").hidden = !waf;
+  if (waf) {
+    // Would-block per route: what only the candidate refuses is the risk.
+    const share = (v) => `${(100 * v).toFixed(2)} %`;
+    fill(document.querySelector("#shadow-waf tbody"), [waf.total, ...waf.routes].map((r) => row([
+      r.route, r.evaluated, share(r.active_ratio), share(r.candidate_ratio),
+      `${share(r.candidate_interval[0])}–${share(r.candidate_interval[1])}`,
+      `${r.increase >= 0 ? "+" : ""}${(100 * r.increase).toFixed(2)} pt`,
+      r.top_rules.slice(0, 5).map((x) => `${x.rule} (${x.count})`).join(", ") || "–",
+    ], r.increase > 0 ? "shadow worse" : "shadow")));
+    return;
+  }
   const pct = (side) => `${(100 * side.error_ratio).toFixed(2)} %`;
   const ms = (v) => v === null || v === undefined ? "–" : `${v.toFixed(2)} ms`;
   fill(document.querySelector("#shadow tbody"), [report.total, ...report.routes].map((r) => row([
@@ -501,6 +523,10 @@ function renderCharts(timeline, status) {
     chart("requests", "req/s", series((r, seconds) => r.requests / seconds), events, t0, t1, 1),
     chart("5xx ratio", "%", series((r) => r.requests > 0 ? 100 * r.errors / r.requests : null), events, t0, t1, 2),
     chart("p99 (upper bound)", "ms", series((r) => r.p99_ms === undefined ? null : r.p99_ms), events, t0, t1, 1),
+    // Only where a firewall refused something in the window.
+    ...(points.some((p) => p.roles.some((r) => r.blocked > 0))
+      ? [chart("refused by the WAF", "%", series((r) => r.requests > 0 ? 100 * (r.blocked || 0) / r.requests : null), events, t0, t1, 2)]
+      : []),
   );
   document.getElementById("chart-window").textContent =
     `${localTime(t0)}–${localTime(t1)} (${Math.round(t1 - t0)} s, the gateway's clock)`;

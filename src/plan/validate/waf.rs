@@ -14,6 +14,9 @@ use crate::plan::{RouteWafSpec, WafExclusion, WafLimitAction, WafRuleset};
 /// the largest accepted: a body up to it is held in memory per request.
 const DEFAULT_BODY_LIMIT: u64 = 128 << 10;
 const MAX_BODY_LIMIT: u64 = 64 << 20;
+/// `response_body_limit` when not given: ModSecurity's recommended
+/// `SecResponseBodyLimit` (512 KiB).
+const DEFAULT_RESPONSE_BODY_LIMIT: u64 = 512 << 10;
 /// The id of the rule that carries the rule set's settings into CRS's
 /// variables, loaded before the files (outside CRS's id ranges).
 const SETTINGS_RULE_ID: u32 = 899_000;
@@ -74,11 +77,25 @@ impl Validator<'_> {
             );
             ok = false;
         }
+        let outbound_threshold = set.outbound_threshold.unwrap_or(4);
+        if outbound_threshold == 0 {
+            self.error(
+                Code::InvalidValue,
+                at("outbound_threshold"),
+                "outbound_threshold = 0 would refuse every answer: at least 1 (CRS's default is 4)",
+            );
+            ok = false;
+        }
         let request_body_limit = match &set.request_body_limit {
             None => Some(DEFAULT_BODY_LIMIT),
             Some(size) => self.waf_body_limit(at("request_body_limit"), size),
         };
         ok &= request_body_limit.is_some();
+        let response_body_limit = match &set.response_body_limit {
+            None => Some(DEFAULT_RESPONSE_BODY_LIMIT),
+            Some(size) => self.waf_body_limit(at("response_body_limit"), size),
+        };
+        ok &= response_body_limit.is_some();
         let limit_action = match set.request_body_limit_action.as_deref() {
             None | Some("reject") => WafLimitAction::Reject,
             Some("process_partial") => WafLimitAction::ProcessPartial,
@@ -105,7 +122,8 @@ impl Validator<'_> {
         let settings = format!(
             "SecAction \"id:{SETTINGS_RULE_ID},phase:1,pass,nolog,\
              setvar:tx.blocking_paranoia_level={paranoia},\
-             setvar:tx.inbound_anomaly_score_threshold={inbound_threshold}\""
+             setvar:tx.inbound_anomaly_score_threshold={inbound_threshold},\
+             setvar:tx.outbound_anomaly_score_threshold={outbound_threshold}\""
         );
         let mut texts = vec![(PathBuf::from("<settings>"), settings)];
         for (i, entry) in set.files.iter().enumerate() {
@@ -128,11 +146,15 @@ impl Validator<'_> {
                 }
             }
         }
-        let (request_body_limit, true) = (request_body_limit?, ok) else {
+        let (request_body_limit, response_body_limit, true) =
+            (request_body_limit?, response_body_limit?, ok)
+        else {
             return None;
         };
         let mut digest = Sha256::new();
-        digest.update(format!("{request_body_limit}\0{limit_action:?}\0").as_bytes());
+        digest.update(
+            format!("{request_body_limit}\0{limit_action:?}\0{response_body_limit}\0").as_bytes(),
+        );
         for (name, text) in &texts {
             hash_file(
                 &mut digest,
@@ -211,11 +233,14 @@ impl Validator<'_> {
             digest: digest.finalize().into(),
             data_files,
             rule_count: rules.rules().count().saturating_sub(1),
+            answer_phases: rules.reads_answers(),
             rules,
             paranoia,
             inbound_threshold,
+            outbound_threshold,
             request_body_limit,
             limit_action,
+            response_body_limit,
         }))
     }
 
@@ -225,7 +250,7 @@ impl Validator<'_> {
             self.error(
                 Code::InvalidValue,
                 path,
-                format!("request_body_limit = {limit} bytes: at most 64MiB (a body up to it is held in memory)"),
+                format!("{limit} bytes: at most 64MiB (a body up to it is held in memory)"),
             );
             return None;
         }
