@@ -280,8 +280,8 @@ impl<'a> Firewalls<'a> {
     }
 
     /// Keeps `head` when the candidate's route has a firewall that is
-    /// not the same as the active one's (the same spec, the same
-    /// compiled rules).
+    /// not the same as the active one's (the same spec, rules of the
+    /// same digest).
     fn offer(
         &mut self,
         listener: &'a str,
@@ -296,8 +296,8 @@ impl<'a> Firewalls<'a> {
             return;
         };
         let active = Self::of(self.before, listener, before);
-        let same =
-            active.is_some_and(|(spec, set)| spec == candidate.0 && Arc::ptr_eq(set, candidate.1));
+        let same = active
+            .is_some_and(|(spec, set)| spec == candidate.0 && set.digest == candidate.1.digest);
         if !same {
             self.heads.push((head, &route.name, active, candidate));
         }
