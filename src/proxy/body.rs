@@ -136,42 +136,104 @@ pub enum ResponseBody {
     /// Kept in a cache zone as it streams to the client (`cache.rs`).
     Keeping(Box<Keeping>),
     /// Read in part ahead of the client, for a firewall's rules
-    /// (`waf.rs`): what was read, then the rest as it comes.
-    Replayed(Box<Replayed>),
+    /// (`waf_answer.rs`): what was read, then the rest as it comes.
+    Replayed(Box<Replayed<ResponseBody>>),
 }
 
-/// An answer whose first bytes were read ahead: those, then the rest of
-/// the body (or the error that cut it), then its trailers.
-#[derive(Debug, Default)]
-pub struct Replayed {
-    pub first: Option<Bytes>,
-    pub rest: Option<ResponseBody>,
+/// A body whose first bytes were read ahead (for a firewall's rules, a
+/// request's or an answer's): those, then the rest of the body (or the
+/// error that cut it), then its trailers.
+#[derive(Debug)]
+pub struct Replayed<B> {
+    first: Option<Bytes>,
+    rest: Option<B>,
+    /// The error that ended the reading ahead.
     pub failed: Option<BoxError>,
-    pub trailers: Option<http::HeaderMap>,
+    trailers: Option<HeaderMap>,
 }
 
-impl Replayed {
-    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(first) = self.first.take() {
+/// Reads `body` until it ends, fails, or more than `limit` bytes are in:
+/// what was read (past the limit by at most one frame), and the body
+/// that gives it again, then the rest.
+pub async fn read_within<B>(mut body: B, limit: usize) -> (Bytes, Replayed<B>)
+where
+    B: Body<Data = Bytes, Error = BoxError> + Unpin,
+{
+    use http_body_util::BodyExt as _;
+    let mut read = bytes::BytesMut::new();
+    let (mut trailers, mut failed) = (None, None);
+    let mut ended = body.is_end_stream();
+    while !ended && read.len() <= limit {
+        match body.frame().await {
+            None => ended = true,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => read.extend_from_slice(&data),
+                Err(frame) => {
+                    trailers = frame.into_trailers().ok();
+                    ended = true;
+                }
+            },
+            Some(Err(error)) => {
+                failed = Some(error);
+                ended = true;
+            }
+        }
+    }
+    let read = read.freeze();
+    let replayed = Replayed {
+        first: Some(read.clone()).filter(|r| !r.is_empty()),
+        rest: (!ended).then_some(body),
+        failed,
+        trailers,
+    };
+    (read, replayed)
+}
+
+impl<B> Body for Replayed<B>
+where
+    B: Body<Data = Bytes, Error = BoxError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(first) = this.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }
-        if let Some(rest) = self.rest.as_mut() {
+        if let Some(rest) = this.rest.as_mut() {
             match Pin::new(rest).poll_frame(cx) {
-                Poll::Ready(None) => self.rest = None,
+                Poll::Ready(None) => this.rest = None,
                 polled => return polled,
             }
         }
-        if let Some(error) = self.failed.take() {
+        if let Some(error) = this.failed.take() {
             return Poll::Ready(Some(Err(error)));
         }
-        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+        Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
     }
 
     fn is_end_stream(&self) -> bool {
         self.first.is_none()
-            && self.rest.as_ref().is_none_or(ResponseBody::is_end_stream)
+            && self.rest.as_ref().is_none_or(B::is_end_stream)
             && self.failed.is_none()
             && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let first = self.first.as_ref().map_or(0, |b| b.len() as u64);
+        let mut hint = self
+            .rest
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), B::size_hint);
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + first);
+        }
+        hint.set_lower(hint.lower() + first);
+        hint
     }
 }
 
@@ -424,7 +486,7 @@ impl Body for ResponseBody {
                 keeping.saw(&polled);
                 polled
             }
-            ResponseBody::Replayed(replayed) => replayed.poll_frame(cx),
+            ResponseBody::Replayed(replayed) => Pin::new(&mut **replayed).poll_frame(cx),
         }
     }
 
@@ -458,18 +520,7 @@ impl Body for ResponseBody {
             ResponseBody::Grpc(call) => call.size_hint(),
             ResponseBody::Compressed(body) => body.size_hint(),
             ResponseBody::Keeping(keeping) => keeping.inner.size_hint(),
-            ResponseBody::Replayed(replayed) => {
-                let first = replayed.first.as_ref().map_or(0, |b| b.len() as u64);
-                let mut hint = replayed
-                    .rest
-                    .as_ref()
-                    .map_or_else(|| SizeHint::with_exact(0), ResponseBody::size_hint);
-                if let Some(upper) = hint.upper() {
-                    hint.set_upper(upper + first);
-                }
-                hint.set_lower(hint.lower() + first);
-                hint
-            }
+            ResponseBody::Replayed(replayed) => replayed.size_hint(),
         }
     }
 }

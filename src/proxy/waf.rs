@@ -7,17 +7,11 @@
 //! The body is read here, within the limit, and handed on as read (the
 //! rest, past the limit with `process_partial`, streams after it).
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, Request};
-use http_body::{Body, Frame};
-use http_body_util::BodyExt;
+use http::Request;
 
 use super::conn::ConnContext;
 use super::error::ProxyError;
-use crate::backends::{BoxError, ClientBody};
+use crate::backends::ClientBody;
 use crate::plan::{RouteWafSpec, WafLimitAction, WafRuleset};
 use crate::waf::Mode;
 
@@ -124,17 +118,16 @@ async fn check(
 ) {
     let (parts, body) = req.into_parts();
     let limit = usize::try_from(ruleset.request_body_limit).unwrap_or(usize::MAX);
-    let read = match read_within(body, limit).await {
-        Ok(read) => read,
-        Err(error) => return (Err(error), None),
-    };
-    if read.over && ruleset.limit_action == WafLimitAction::Reject {
+    let (read, mut body) = super::body::read_within(body, limit).await;
+    if let Some(error) = body.failed.take() {
+        return (Err(ProxyError::client_body(&*error)), None);
+    }
+    if read.len() > limit && ruleset.limit_action == WafLimitAction::Reject {
         route.waf_decided("body_too_large");
         return (Err(ProxyError::PayloadTooLarge), None);
     }
     let request_id = super::filters::request_id(&parts.headers);
-    let seen = read.head.len().min(limit);
-    let request = rules_request(&parts, &read.head[..seen], &request_id, conn);
+    let request = rules_request(&parts, &read[..read.len().min(limit)], &request_id, conn);
     let (interrupted, decision, paused) =
         evaluate(spec, (spec.mode, ruleset.answer_phases), ruleset, &request);
     route.waf_decided(decision.outcome);
@@ -148,11 +141,7 @@ async fn check(
             Some(decision),
         );
     }
-    let body = ClientBody::Other(Box::pin(Replay {
-        head: Some(read.head).filter(|h| !h.is_empty()),
-        trailers: read.trailers,
-        rest: read.rest,
-    }));
+    let body = ClientBody::Other(Box::pin(body));
     let carried = paused.map(|paused| {
         Box::new(Carried {
             paused,
@@ -256,73 +245,5 @@ fn protocol(version: http::Version) -> &'static str {
         http::Version::HTTP_2 => "HTTP/2",
         http::Version::HTTP_3 => "HTTP/3",
         _ => "HTTP/1.1",
-    }
-}
-
-/// A body read up to a limit.
-struct Read {
-    /// What was read (past the limit by at most one frame).
-    head: Bytes,
-    /// The body went past the limit.
-    over: bool,
-    trailers: Option<HeaderMap>,
-    /// What is left to read, when the body did not end.
-    rest: Option<ClientBody>,
-}
-
-async fn read_within(mut body: ClientBody, limit: usize) -> Result<Read, ProxyError> {
-    let mut head = BytesMut::new();
-    let mut trailers = None;
-    let mut ended = body.is_end_stream();
-    while !ended && head.len() <= limit {
-        match body.frame().await {
-            None => ended = true,
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => head.extend_from_slice(&data),
-                Err(frame) => {
-                    trailers = frame.into_trailers().ok();
-                    ended = true;
-                }
-            },
-            Some(Err(error)) => return Err(ProxyError::client_body(&*error)),
-        }
-    }
-    Ok(Read {
-        over: head.len() > limit,
-        head: head.freeze(),
-        trailers,
-        rest: (!ended).then_some(body),
-    })
-}
-
-/// The body as read for the rules, then the rest as it arrives.
-struct Replay {
-    head: Option<Bytes>,
-    trailers: Option<HeaderMap>,
-    rest: Option<ClientBody>,
-}
-
-impl Body for Replay {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        if let Some(head) = this.head.take() {
-            return Poll::Ready(Some(Ok(Frame::data(head))));
-        }
-        if let Some(rest) = this.rest.as_mut() {
-            return Pin::new(rest).poll_frame(cx);
-        }
-        Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.head.is_none()
-            && self.trailers.is_none()
-            && self.rest.as_ref().is_none_or(Body::is_end_stream)
     }
 }

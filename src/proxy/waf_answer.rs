@@ -10,12 +10,11 @@
 //! access log's `waf` field gains the rules that matched (phase 5's
 //! too: CRS's correlation rules run last).
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::Response;
 use http_body::Body as _;
-use http_body_util::BodyExt as _;
 
-use super::body::{Replayed, ResponseBody};
+use super::body::{read_within, ResponseBody};
 use super::error::ProxyError;
 use super::waf::{Carried, Decision};
 use crate::plan::ANSWER_BODY_TYPES;
@@ -34,7 +33,8 @@ pub async fn answer(
     let (parts, body) = response.into_parts();
     let limit = usize::try_from(carried.ruleset.response_body_limit).unwrap_or(usize::MAX);
     let (read, body) = if read_by_rules(&parts.headers) && !body.is_end_stream() {
-        read_ahead(body, limit).await
+        let (read, replayed) = read_within(body, limit).await;
+        (read, ResponseBody::Replayed(Box::new(replayed)))
     } else {
         (Bytes::new(), body)
     };
@@ -108,32 +108,4 @@ fn read_by_rules(headers: &http::HeaderMap) -> bool {
                 .to_ascii_lowercase()
         });
     !encoded && media.is_some_and(|m| ANSWER_BODY_TYPES.contains(&m.as_str()))
-}
-
-/// Reads `body` until it ends or more than `limit` bytes are in: what was
-/// read, and the body to send on (what was read, then the rest).
-async fn read_ahead(mut body: ResponseBody, limit: usize) -> (Bytes, ResponseBody) {
-    let mut read = BytesMut::new();
-    let mut replayed = Replayed::default();
-    let mut ended = false;
-    while !ended && read.len() <= limit {
-        match body.frame().await {
-            None => ended = true,
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => read.extend_from_slice(&data),
-                Err(frame) => {
-                    replayed.trailers = frame.into_trailers().ok();
-                    ended = true;
-                }
-            },
-            Some(Err(error)) => {
-                replayed.failed = Some(error);
-                ended = true;
-            }
-        }
-    }
-    let read = read.freeze();
-    replayed.first = Some(read.clone()).filter(|r| !r.is_empty());
-    replayed.rest = (!ended).then_some(body);
-    (read, ResponseBody::Replayed(Box::new(replayed)))
 }
