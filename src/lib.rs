@@ -49,6 +49,7 @@ pub mod fleet;
 pub mod gatewayapi;
 pub mod generation;
 pub mod grpc;
+pub mod http2;
 pub mod ids;
 pub mod impact;
 pub mod keeper;

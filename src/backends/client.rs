@@ -22,6 +22,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// HTTP/2), or another (an HTTP/3 request stream).
 pub enum ClientBody {
     Hyper(Incoming),
+    /// cutover's HTTP/2 server's (`crate::http2`).
+    Http2(crate::http2::RecvBody),
     Other(std::pin::Pin<Box<dyn http_body::Body<Data = Bytes, Error = BoxError> + Send>>),
 }
 
@@ -29,6 +31,7 @@ impl std::fmt::Debug for ClientBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ClientBody::Hyper(body) => body.fmt(f),
+            ClientBody::Http2(body) => body.fmt(f),
             ClientBody::Other(_) => f.write_str("ClientBody::Other"),
         }
     }
@@ -46,6 +49,9 @@ impl http_body::Body for ClientBody {
             ClientBody::Hyper(body) => std::pin::Pin::new(body)
                 .poll_frame(cx)
                 .map(|frame| frame.map(|f| f.map_err(|e| Box::new(e) as BoxError))),
+            ClientBody::Http2(body) => std::pin::Pin::new(body)
+                .poll_frame(cx)
+                .map(|frame| frame.map(|f| f.map_err(|e| Box::new(e) as BoxError))),
             ClientBody::Other(body) => body.as_mut().poll_frame(cx),
         }
     }
@@ -53,6 +59,7 @@ impl http_body::Body for ClientBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ClientBody::Hyper(body) => body.is_end_stream(),
+            ClientBody::Http2(body) => body.is_end_stream(),
             ClientBody::Other(body) => body.is_end_stream(),
         }
     }
@@ -60,6 +67,7 @@ impl http_body::Body for ClientBody {
     fn size_hint(&self) -> http_body::SizeHint {
         match self {
             ClientBody::Hyper(body) => body.size_hint(),
+            ClientBody::Http2(body) => body.size_hint(),
             ClientBody::Other(body) => body.size_hint(),
         }
     }

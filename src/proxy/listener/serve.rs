@@ -60,13 +60,20 @@ pub(super) async fn serve_http_connection(
             return;
         }
     }
-    let first_byte = first.first().copied();
+    if tls.is_none() && Speaks::of_first_bytes(&first) == Speaks::Either {
+        // The start of HTTP/2's preface, or of POST, PUT, PATCH: the rest
+        // of the 24 bytes that tell them apart, within the head's time.
+        let more = read_preface(&stream, &mut first);
+        let _ = tokio::time::timeout(limits.header_read_timeout, more).await;
+    }
+    let speaks = Speaks::of_first_bytes(&first);
     let io = Downstream::new(stream, first, Arc::clone(&ctx.activity), tls.is_none());
     match tls {
         None => {
-            let io = HeadCheck::wrap(io, Arc::clone(&ctx.activity), true, limits.max_header_bytes);
+            let http1 = speaks != Speaks::Http2;
+            let max_head = limits.max_header_bytes;
+            let io = HeadCheck::wrap(io, Arc::clone(&ctx.activity), http1, max_head);
             let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
-            let speaks = first_byte.map_or(Speaks::Either, Speaks::of_first_byte);
             serve_http(io, ctx, limits, draining, speaks).await;
         }
         Some(Tls { acceptor, store }) => {
@@ -132,6 +139,21 @@ pub(super) fn read_arrived(
     }
 }
 
+/// Reads until `into` holds HTTP/2's preface, or bytes that are not it
+/// (or the client stops sending).
+async fn read_preface(socket: &TcpStream, into: &mut Vec<u8>) -> std::io::Result<()> {
+    while Speaks::of_first_bytes(into) == Speaks::Either {
+        socket.readable().await?;
+        match socket.try_read_buf(into) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
 /// Waits for a registered socket's first bytes and reads what has
 /// arrived into `into`.
 async fn read_first(socket: &TcpStream, into: &mut Vec<u8>) -> std::io::Result<usize> {
@@ -145,34 +167,39 @@ async fn read_first(socket: &TcpStream, into: &mut Vec<u8>) -> std::io::Result<u
     }
 }
 
-/// What a client connection speaks, as far as it is known before hyper
-/// reads it.
+/// What a client connection speaks, as far as it is known before it is
+/// served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Speaks {
-    /// Its first byte cannot begin HTTP/2's preface (`PRI * HTTP/2.0`),
-    /// or TLS agreed on `http/1.1`: served by hyper's HTTP/1 connection
-    /// directly, without the version probe (a read of 24 bytes before
-    /// the rest of the request, another system call per connection) and
-    /// the replay of those bytes on every read after it.
+    /// Its first bytes are not HTTP/2's preface (`PRI * HTTP/2.0`), or
+    /// TLS agreed on `http/1.1`: served by hyper's HTTP/1 connection.
     Http1,
-    /// Either: hyper reads the first bytes to tell.
+    /// The preface arrived, or TLS agreed on `h2`: served by cutover's
+    /// HTTP/2 server (`crate::http2`).
+    Http2,
+    /// Not known: too few bytes arrived to tell (plain), or TLS agreed
+    /// on nothing; hyper reads the first bytes to tell.
     Either,
 }
 
 impl Speaks {
-    /// A plain connection, by its first byte.
-    fn of_first_byte(byte: u8) -> Self {
-        if byte == b'P' {
+    /// A plain connection, by its first bytes.
+    fn of_first_bytes(first: &[u8]) -> Self {
+        let preface = crate::http2::PREFACE;
+        if first.starts_with(preface) {
+            Speaks::Http2
+        } else if !first.is_empty() && preface.starts_with(first) {
             Speaks::Either
         } else {
             Speaks::Http1
         }
     }
 
-    /// A TLS connection, by the protocol ALPN agreed on (none: either).
+    /// A TLS connection, by the protocol ALPN agreed on.
     fn of_alpn(alpn: Option<&[u8]>) -> Self {
         match alpn {
             Some(b"http/1.1") => Speaks::Http1,
+            Some(b"h2") => Speaks::Http2,
             _ => Speaks::Either,
         }
     }
@@ -215,6 +242,9 @@ async fn serve_http<I>(
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    if speaks == Speaks::Http2 {
+        return serve_http2(io, ctx, limits, draining).await;
+    }
     let shared = Arc::clone(&ctx);
     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         handle(
@@ -257,7 +287,39 @@ async fn serve_http<I>(
             let stop = |conn: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
             drive(conn, stop, &shared, limits, draining).await;
         }
+        // Served above.
+        Speaks::Http2 => {}
     }
+}
+
+/// Serves an HTTP/2 connection with cutover's own server.
+async fn serve_http2<I>(
+    io: I,
+    ctx: Arc<ConnContext>,
+    limits: ListenerLimits,
+    draining: watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let settings = crate::http2::Settings {
+        max_concurrent_streams: limits.max_concurrent_streams,
+        // The same limit as HTTP/1's, measured as RFC 9113 §6.5.2 does
+        // (names and values plus 32 bytes each); above it, 431.
+        max_header_list_size: u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX),
+        keepalive_interval: limits.h2_keepalive_interval,
+        keepalive_timeout: H2_PING_TIMEOUT,
+    };
+    let shared = Arc::clone(&ctx);
+    let service = move |req: http::Request<crate::http2::RecvBody>| {
+        handle(
+            req.map(crate::backends::ClientBody::Http2),
+            Arc::clone(&ctx),
+        )
+    };
+    let mut conn = std::pin::pin!(crate::http2::Connection::new(io, settings, service));
+    let stop =
+        |conn: Pin<&mut crate::http2::Connection<_, _, _, _>>| conn.get_mut().graceful_shutdown();
+    drive(conn.as_mut(), stop, &shared, limits, draining).await;
 }
 
 /// Runs a served connection `conn` to its end, or until a client timeout
@@ -388,20 +450,31 @@ mod tests {
     use super::Speaks;
 
     #[test]
-    fn only_a_connection_that_may_start_with_the_h2_preface_is_probed() {
-        for method in ["GET", "HEAD", "DELETE", "OPTIONS", "CONNECT", "TRACE"] {
+    fn only_the_h2_preface_is_served_as_http2() {
+        for method in [
+            "GET", "HEAD", "DELETE", "OPTIONS", "CONNECT", "TRACE", "POST", "PUT",
+        ] {
+            let head = format!("{method} / HTTP/1.1\r\nHost: a\r\n\r\n");
             assert_eq!(
-                Speaks::of_first_byte(method.as_bytes()[0]),
+                Speaks::of_first_bytes(head.as_bytes()),
                 Speaks::Http1,
                 "{method}"
             );
         }
-        // PRI (the preface), but also POST, PUT and PATCH.
-        assert_eq!(Speaks::of_first_byte(b'P'), Speaks::Either);
+        let preface = crate::http2::PREFACE;
+        assert_eq!(Speaks::of_first_bytes(preface), Speaks::Http2);
+        assert_eq!(
+            Speaks::of_first_bytes(&[preface, b"\0\0\x12\x04"].concat()),
+            Speaks::Http2
+        );
+        // Too few bytes to tell: PRI, or POST, PUT, PATCH.
+        assert_eq!(Speaks::of_first_bytes(b"P"), Speaks::Either);
+        assert_eq!(Speaks::of_first_bytes(&preface[..10]), Speaks::Either);
+        assert_eq!(Speaks::of_first_bytes(b"PO"), Speaks::Http1);
         // Not HTTP at all: hyper's HTTP/1 parser refuses it (400).
-        assert_eq!(Speaks::of_first_byte(0x16), Speaks::Http1);
+        assert_eq!(Speaks::of_first_bytes(&[0x16, 3, 1]), Speaks::Http1);
         assert_eq!(Speaks::of_alpn(Some(b"http/1.1")), Speaks::Http1);
-        assert_eq!(Speaks::of_alpn(Some(b"h2")), Speaks::Either);
+        assert_eq!(Speaks::of_alpn(Some(b"h2")), Speaks::Http2);
         assert_eq!(Speaks::of_alpn(None), Speaks::Either);
     }
 

@@ -1,0 +1,825 @@
+//! One HTTP/2 server connection (RFC 9113): one task reads the client's
+//! frames, runs each stream's future (no spawn, no lock on the way of a
+//! frame), and writes everything it has to say in one turn with one
+//! write.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use http::{HeaderMap, Request, Response};
+use http_body::Body;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::{Instant, Sleep};
+
+use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_HEADERS, FLAG_END_STREAM};
+use super::hpack::{self, Decoder, Field};
+use super::request;
+use super::stream::{RecvBody, Shared, StreamTask, Window, RELEASE_STEP};
+use super::Settings;
+
+/// The window each stream and the connection open to the client: about
+/// what hyper's server opened (1 MiB), so uploads are not slower.
+const RECV_WINDOW: u32 = 1024 * 1024;
+/// Past this many bytes waiting to be written, the client's frames are
+/// not read: a flood of PINGs or SETTINGS whose answers it never reads
+/// fills its own buffers, not ours.
+pub(super) const WRITE_HIGH: usize = 256 * 1024;
+/// Streams a client may reset before their answers, net of answered
+/// ones, before the connection is closed (CVE-2023-44487).
+const EARLY_RESETS: u32 = 200;
+/// How long a graceful shutdown waits for the PING that follows the
+/// first GOAWAY to be acknowledged.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+const PING_KEEPALIVE: [u8; 8] = *b"cutover1";
+const PING_SHUTDOWN: [u8; 8] = *b"cutover2";
+const DEFAULT_WINDOW: i64 = 65_535;
+
+/// A connection's end other than the client leaving.
+#[derive(Debug)]
+pub enum Error {
+    Io(std::io::Error),
+    /// We closed it with this code (GOAWAY sent).
+    Protocol(Reason),
+    /// The client sent GOAWAY with an error code.
+    Remote(Reason),
+    /// No PING acknowledgement within the keep-alive timeout.
+    KeepAliveTimeout,
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Io(e) => write!(f, "HTTP/2 connection: {e}"),
+            Error::Protocol(r) => write!(f, "HTTP/2 connection closed by us: {r}"),
+            Error::Remote(r) => write!(f, "HTTP/2 connection closed by the client: {r}"),
+            Error::KeepAliveTimeout => f.write_str("HTTP/2 PING not acknowledged in time"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The answer's side of a stream.
+pub(super) enum Outgoing<B> {
+    /// The stream's future is running.
+    Waiting,
+    /// Its body goes out as the windows allow.
+    Body {
+        body: Pin<Box<B>>,
+        /// Polled from the body; not sent yet for want of window.
+        pending: Bytes,
+    },
+    Done,
+}
+
+pub(super) struct Entry<B> {
+    pub(super) id: u32,
+    pub(super) shared: Arc<Shared>,
+    /// The client may still send DATA (no END_STREAM yet).
+    pub(super) recv_open: bool,
+    /// What the client may still send on it before a WINDOW_UPDATE.
+    pub(super) recv_window: i64,
+    /// `content-length` of the request, and what arrived.
+    pub(super) expected: Option<u64>,
+    pub(super) received: u64,
+    pub(super) send: Outgoing<B>,
+    /// What we may still send on it.
+    pub(super) send_window: i64,
+}
+
+/// Where a graceful shutdown is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shutdown {
+    Open,
+    /// GOAWAY(2^31-1) and a PING sent: streams already on their way
+    /// are still taken until the PING comes back.
+    Announced,
+    /// The final GOAWAY is sent; streams above `last_stream` are ignored.
+    Closing,
+}
+
+/// An HTTP/2 server connection on `I`, serving each request with `S`:
+/// a future that ends when the client leaves or the connection closes.
+pub struct Connection<I, S, F, B> {
+    pub(super) io: I,
+    pub(super) read: BytesMut,
+    pub(super) write: BytesMut,
+    pub(super) preface: bool,
+    pub(super) settings_seen: bool,
+    pub(super) read_closed: bool,
+    pub(super) service: S,
+    pub(super) settings: Settings,
+    pub(super) decoder: Decoder,
+    pub(super) fields: Vec<Field>,
+    pub(super) head: BytesMut,
+    pub(super) tasks: FuturesUnordered<StreamTask<F>>,
+    pub(super) streams: Vec<Entry<B>>,
+    pub(super) last_stream: u32,
+    pub(super) send_window: i64,
+    /// What the client may still send on the connection.
+    pub(super) recv_window: i64,
+    /// Window given back by dropped data, not yet announced.
+    pub(super) recv_released: i64,
+    /// Window given back by the bodies' readers.
+    pub(super) window: Arc<Window>,
+    /// Reading or a body stopped at `WRITE_HIGH`: once the buffer is
+    /// written, go on.
+    pub(super) write_blocked: bool,
+    /// The waker `window` holds (registered again only when it changes).
+    pub(super) waker: Option<std::task::Waker>,
+    pub(super) peer_initial_window: i64,
+    pub(super) peer_max_frame: usize,
+    pub(super) continuation: Option<(u32, u8, BytesMut)>,
+    pub(super) early_resets: u32,
+    pub(super) shutdown: Shutdown,
+    /// The keep-alive's or the shutdown's next deadline.
+    pub(super) timer: Option<Pin<Box<Sleep>>>,
+    pub(super) ping_outstanding: bool,
+    /// A connection error to end with, once GOAWAY is written.
+    pub(super) failed: Option<Error>,
+}
+
+impl<I, S, F, B, E> Connection<I, S, F, B>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+    S: FnMut(Request<RecvBody>) -> F,
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    pub fn new(io: I, settings: Settings, service: S) -> Self {
+        let mut write = BytesMut::with_capacity(16 * 1024);
+        // Our SETTINGS, then the connection's window opened to RECV_WINDOW.
+        frame::head(&mut write, 18, Kind::Settings, 0, 0);
+        for (id, value) in [
+            (
+                frame::SETTINGS_MAX_CONCURRENT_STREAMS,
+                settings.max_concurrent_streams,
+            ),
+            (frame::SETTINGS_INITIAL_WINDOW_SIZE, RECV_WINDOW),
+            (
+                frame::SETTINGS_MAX_HEADER_LIST_SIZE,
+                settings.max_header_list_size,
+            ),
+        ] {
+            write.put_u16(id);
+            write.put_u32(value);
+        }
+        frame::window_update(&mut write, 0, RECV_WINDOW - DEFAULT_WINDOW as u32);
+        let timer = settings
+            .keepalive_interval
+            .map(|every| Box::pin(tokio::time::sleep(every)));
+        Connection {
+            io,
+            read: BytesMut::with_capacity(16 * 1024),
+            write,
+            preface: false,
+            settings_seen: false,
+            read_closed: false,
+            service,
+            settings,
+            decoder: Decoder::new(4096),
+            fields: Vec::with_capacity(16),
+            head: BytesMut::new(),
+            tasks: FuturesUnordered::new(),
+            streams: Vec::new(),
+            last_stream: 0,
+            send_window: DEFAULT_WINDOW,
+            recv_window: i64::from(RECV_WINDOW),
+            recv_released: 0,
+            window: Arc::new(Window::default()),
+            write_blocked: false,
+            waker: None,
+            peer_initial_window: DEFAULT_WINDOW,
+            peer_max_frame: frame::DEFAULT_MAX_FRAME,
+            continuation: None,
+            early_resets: 0,
+            shutdown: Shutdown::Open,
+            timer,
+            ping_outstanding: false,
+            failed: None,
+        }
+    }
+
+    /// Starts a graceful shutdown: no new streams past the ones already
+    /// on their way, the open ones run to their end.
+    pub fn graceful_shutdown(&mut self) {
+        if self.shutdown != Shutdown::Open || self.failed.is_some() {
+            return;
+        }
+        frame::goaway(&mut self.write, frame::MAX_STREAM_ID, Reason::NO_ERROR);
+        frame::ping(&mut self.write, 0, PING_SHUTDOWN);
+        self.shutdown = Shutdown::Announced;
+        self.timer = Some(Box::pin(tokio::time::sleep(SHUTDOWN_GRACE)));
+    }
+
+    fn poll_connection(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        loop {
+            let mut again = false;
+            if let Err(error) = self.poll_timer(cx) {
+                return Poll::Ready(Err(error));
+            }
+            if self.failed.is_none() && !self.read_closed {
+                match self.read_some(cx) {
+                    Ok(more) => again |= more,
+                    Err(error) => self.fail(error),
+                }
+            }
+            while let Poll::Ready(Some((id, answer))) = self.tasks.poll_next_unpin(cx) {
+                match answer {
+                    Some(Ok(response)) => self.answer(id, response),
+                    Some(Err(error)) => {
+                        let error: Box<dyn std::error::Error + Send + Sync> = error.into();
+                        tracing::debug!(stream = id, %error, "HTTP/2 service failed");
+                        if let Some(at) = self.position(id) {
+                            let _ = self.stream_error(at, Reason::INTERNAL_ERROR);
+                        }
+                    }
+                    None => self.forget(id),
+                }
+            }
+            self.release_windows(cx);
+            self.poll_bodies(cx);
+            match self.flush(cx) {
+                Poll::Ready(Ok(())) => again |= std::mem::take(&mut self.write_blocked),
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(Error::Io(error))),
+                Poll::Pending => {}
+            }
+            if self.write.is_empty() {
+                if let Some(error) = self.failed.take() {
+                    return Poll::Ready(Err(error));
+                }
+                let idle = self.streams.is_empty() && self.tasks.is_empty();
+                if self.read_closed || (idle && self.shutdown == Shutdown::Closing) {
+                    return match Pin::new(&mut self.io).poll_shutdown(cx) {
+                        Poll::Pending => Poll::Pending,
+                        Poll::Ready(_) => Poll::Ready(Ok(())),
+                    };
+                }
+            }
+            if !again {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// The keep-alive PING, its timeout, and the shutdown's grace.
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Result<(), Error> {
+        let Some(timer) = &mut self.timer else {
+            return Ok(());
+        };
+        if timer.as_mut().poll(cx).is_pending() {
+            return Ok(());
+        }
+        if self.shutdown == Shutdown::Announced {
+            self.close_gracefully();
+            return Ok(());
+        }
+        if self.ping_outstanding {
+            return Err(Error::KeepAliveTimeout);
+        }
+        frame::ping(&mut self.write, 0, PING_KEEPALIVE);
+        self.ping_outstanding = true;
+        let timeout = self.settings.keepalive_timeout;
+        timer.as_mut().reset(Instant::now() + timeout);
+        // Poll it once so that it is registered.
+        let _ = timer.as_mut().poll(cx);
+        Ok(())
+    }
+
+    fn close_gracefully(&mut self) {
+        frame::goaway(&mut self.write, self.last_stream, Reason::NO_ERROR);
+        self.shutdown = Shutdown::Closing;
+        self.timer = None;
+    }
+
+    /// Reads what the client has sent and handles its frames; true if
+    /// it stopped with more to read (the read bound).
+    fn read_some(&mut self, cx: &mut Context<'_>) -> Result<bool, Reason> {
+        for _ in 0..8 {
+            if self.write.len() >= WRITE_HIGH {
+                self.write_blocked = true;
+                return Ok(false);
+            }
+            if self.read.capacity() - self.read.len() < 4096 {
+                self.read.reserve(16 * 1024);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                    self.read_closed = true;
+                    self.end_all(Reason::CANCEL);
+                    return Ok(false);
+                }
+                Poll::Ready(Ok(_)) => self.frames()?,
+                Poll::Pending => return Ok(false),
+            }
+            if self.failed.is_some() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn frames(&mut self) -> Result<(), Reason> {
+        if !self.preface {
+            let want = frame::PREFACE.len().min(self.read.len());
+            if self.read[..want] != frame::PREFACE[..want] {
+                return Err(Reason::PROTOCOL_ERROR);
+            }
+            if want < frame::PREFACE.len() {
+                return Ok(());
+            }
+            self.read.advance(frame::PREFACE.len());
+            self.preface = true;
+        }
+        while let Some(header) = frame::Header::parse(&self.read) {
+            if header.len > frame::DEFAULT_MAX_FRAME {
+                return Err(Reason::FRAME_SIZE_ERROR);
+            }
+            if self.read.len() < 9 + header.len {
+                break;
+            }
+            // Split off the buffer (no copy): a DATA payload goes on to
+            // the body as it is.
+            let payload = self.read.split_to(9 + header.len).freeze().slice(9..);
+            self.frame(header, payload)?;
+            if self.failed.is_some() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    fn frame(&mut self, header: frame::Header, payload: Bytes) -> Result<(), Reason> {
+        let frame::Header {
+            kind,
+            flags,
+            stream,
+            ..
+        } = header;
+        if !self.settings_seen {
+            if kind != Kind::Settings as u8 || flags & FLAG_ACK != 0 {
+                return Err(Reason::PROTOCOL_ERROR);
+            }
+            self.settings_seen = true;
+        }
+        if let Some((open, _, _)) = &self.continuation {
+            if kind != Kind::Continuation as u8 || stream != *open {
+                return Err(Reason::PROTOCOL_ERROR);
+            }
+        }
+        match Kind::of(kind) {
+            Some(Kind::Data) => self.data(flags, stream, payload),
+            Some(Kind::Headers) => self.headers(flags, stream, &payload),
+            Some(Kind::Continuation) => self.continuation(flags, stream, &payload),
+            Some(Kind::Priority) => {
+                if stream == 0 {
+                    return Err(Reason::PROTOCOL_ERROR);
+                }
+                if payload.len() != 5 {
+                    self.rst(stream, Reason::FRAME_SIZE_ERROR);
+                }
+                Ok(())
+            }
+            Some(Kind::RstStream) => self.reset(stream, &payload),
+            Some(Kind::Settings) => self.peer_settings(flags, stream, &payload),
+            Some(Kind::PushPromise) => Err(Reason::PROTOCOL_ERROR),
+            Some(Kind::Ping) => {
+                if stream != 0 {
+                    return Err(Reason::PROTOCOL_ERROR);
+                }
+                let opaque: [u8; 8] = payload[..]
+                    .try_into()
+                    .map_err(|_| Reason::FRAME_SIZE_ERROR)?;
+                if flags & FLAG_ACK == 0 {
+                    frame::ping(&mut self.write, FLAG_ACK, opaque);
+                } else if opaque == PING_SHUTDOWN && self.shutdown == Shutdown::Announced {
+                    self.close_gracefully();
+                } else if opaque == PING_KEEPALIVE && self.shutdown == Shutdown::Open {
+                    self.ping_outstanding = false;
+                    if let (Some(timer), Some(every)) =
+                        (&mut self.timer, self.settings.keepalive_interval)
+                    {
+                        timer.as_mut().reset(Instant::now() + every);
+                    }
+                }
+                Ok(())
+            }
+            Some(Kind::GoAway) => {
+                if stream != 0 || payload.len() < 8 {
+                    return Err(Reason::PROTOCOL_ERROR);
+                }
+                let code = Reason(u32::from_be_bytes([
+                    payload[4], payload[5], payload[6], payload[7],
+                ]));
+                if code != Reason::NO_ERROR {
+                    self.failed = Some(Error::Remote(code));
+                    self.end_all(Reason::CANCEL);
+                } else if self.shutdown == Shutdown::Open {
+                    // The client opens no more streams; those it has run out.
+                    self.shutdown = Shutdown::Closing;
+                    self.timer = None;
+                }
+                Ok(())
+            }
+            Some(Kind::WindowUpdate) => self.window_update(stream, &payload),
+            // Unknown frame types are ignored (§5.5).
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn position(&self, id: u32) -> Option<usize> {
+        self.streams.iter().position(|e| e.id == id)
+    }
+
+    fn data(&mut self, flags: u8, id: u32, payload: Bytes) -> Result<(), Reason> {
+        if id == 0 {
+            return Err(Reason::PROTOCOL_ERROR);
+        }
+        let flow = payload.len() as i64;
+        self.recv_window -= flow;
+        if self.recv_window < 0 {
+            return Err(Reason::FLOW_CONTROL_ERROR);
+        }
+        let data = frame::unpad(flags, payload)?;
+        // Padding is given back at once.
+        self.recv_released += flow - data.len() as i64;
+        let Some(at) = self.position(id).filter(|&at| self.streams[at].recv_open) else {
+            if id > self.last_stream {
+                return Err(Reason::PROTOCOL_ERROR);
+            }
+            // A stream we reset or answered in full: what was on its way
+            // is ignored (§5.4.2), its window given back.
+            self.recv_released += data.len() as i64;
+            return Ok(());
+        };
+        let entry = &mut self.streams[at];
+        entry.recv_window -= flow;
+        if entry.recv_window < 0 {
+            self.recv_released += data.len() as i64;
+            return self.stream_error(at, Reason::FLOW_CONTROL_ERROR);
+        }
+        entry.received += data.len() as u64;
+        let end = flags & FLAG_END_STREAM != 0;
+        if let Some(expected) = entry.expected {
+            if entry.received > expected || (end && entry.received != expected) {
+                self.recv_released += data.len() as i64;
+                return self.stream_error(at, Reason::PROTOCOL_ERROR);
+            }
+        }
+        if !data.is_empty() {
+            let len = data.len() as i64;
+            if !entry.shared.push(data) {
+                self.recv_released += len;
+            }
+        }
+        if end {
+            entry.recv_open = false;
+            entry.shared.end(None);
+            self.close_if_done(at);
+        }
+        Ok(())
+    }
+
+    fn headers(&mut self, flags: u8, id: u32, payload: &[u8]) -> Result<(), Reason> {
+        let block = frame::header_block(flags, payload)?;
+        if id == 0 {
+            return Err(Reason::PROTOCOL_ERROR);
+        }
+        if flags & FLAG_END_HEADERS == 0 {
+            self.continuation = Some((id, flags, BytesMut::from(block)));
+            return Ok(());
+        }
+        self.header_block(id, flags, block)
+    }
+
+    fn continuation(&mut self, flags: u8, id: u32, payload: &[u8]) -> Result<(), Reason> {
+        let Some((open, opening, mut block)) = self.continuation.take() else {
+            return Err(Reason::PROTOCOL_ERROR);
+        };
+        block.extend_from_slice(payload);
+        // A block that never ends is bounded: twice the list's limit is
+        // more than any encoding of an acceptable list takes.
+        if block.len() > 2 * self.settings.max_header_list_size as usize + 1024 {
+            return Err(Reason::ENHANCE_YOUR_CALM);
+        }
+        if flags & FLAG_END_HEADERS == 0 {
+            self.continuation = Some((open, opening, block));
+            return Ok(());
+        }
+        self.header_block(id, opening, &block)
+    }
+
+    /// A whole header block: a new request, or a request's trailers.
+    fn header_block(&mut self, id: u32, flags: u8, block: &[u8]) -> Result<(), Reason> {
+        self.fields.clear();
+        let max_list = self.settings.max_header_list_size as usize;
+        let decoded = self
+            .decoder
+            .decode(block, max_list, &mut self.fields)
+            .map_err(|_| Reason::COMPRESSION_ERROR)?;
+        let end = flags & FLAG_END_STREAM != 0;
+        if id <= self.last_stream {
+            return self.trailers(id, end, decoded.oversized);
+        }
+        if id % 2 == 0 {
+            return Err(Reason::PROTOCOL_ERROR);
+        }
+        self.last_stream = id;
+        if self.shutdown == Shutdown::Closing {
+            // Past the final GOAWAY: ignored (§6.8).
+            return Ok(());
+        }
+        if self.streams.len() >= self.settings.max_concurrent_streams as usize {
+            self.rst(id, Reason::REFUSED_STREAM);
+            return Ok(());
+        }
+        if decoded.oversized {
+            // Answered, as hyper's server did: 431 and the stream ends.
+            self.head.clear();
+            hpack::encode_status(
+                http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                &mut self.head,
+            );
+            self.write_head(id, true);
+            if !end {
+                self.rst(id, Reason::NO_ERROR);
+            }
+            return Ok(());
+        }
+        let Some((request, expected)) = request::build(&mut self.fields) else {
+            self.rst(id, Reason::PROTOCOL_ERROR);
+            return Ok(());
+        };
+        if expected.is_some_and(|n| n > 0) && end {
+            self.rst(id, Reason::PROTOCOL_ERROR);
+            return Ok(());
+        }
+        let shared = Shared::new(&self.window);
+        let body_shared = (!end).then(|| Arc::clone(&shared));
+        let request = request.map(|()| RecvBody::new(body_shared, expected));
+        let future = (self.service)(request);
+        self.tasks
+            .push(StreamTask::new(id, Arc::clone(&shared), future));
+        self.streams.push(Entry {
+            id,
+            shared,
+            recv_open: !end,
+            recv_window: i64::from(RECV_WINDOW),
+            expected,
+            received: 0,
+            send: Outgoing::Waiting,
+            send_window: self.peer_initial_window,
+        });
+        Ok(())
+    }
+
+    /// HEADERS on a stream already open: its trailers, which end it.
+    fn trailers(&mut self, id: u32, end: bool, oversized: bool) -> Result<(), Reason> {
+        let Some(at) = self.position(id).filter(|&at| self.streams[at].recv_open) else {
+            return Err(Reason::STREAM_CLOSED);
+        };
+        if !end {
+            return Err(Reason::PROTOCOL_ERROR);
+        }
+        let mut trailers = HeaderMap::with_capacity(self.fields.len());
+        let mut malformed = oversized;
+        for field in self.fields.drain(..) {
+            match field {
+                Field::Header(name, value) => {
+                    trailers.append(name, value);
+                }
+                _ => malformed = true,
+            }
+        }
+        if malformed {
+            return self.stream_error(at, Reason::PROTOCOL_ERROR);
+        }
+        let entry = &mut self.streams[at];
+        if entry.expected.is_some_and(|n| n != entry.received) {
+            return self.stream_error(at, Reason::PROTOCOL_ERROR);
+        }
+        entry.recv_open = false;
+        entry.shared.end(Some(trailers));
+        self.close_if_done(at);
+        Ok(())
+    }
+
+    fn reset(&mut self, id: u32, payload: &[u8]) -> Result<(), Reason> {
+        if id == 0 {
+            return Err(Reason::PROTOCOL_ERROR);
+        }
+        let code: [u8; 4] = payload.try_into().map_err(|_| Reason::FRAME_SIZE_ERROR)?;
+        if id > self.last_stream {
+            return Err(Reason::PROTOCOL_ERROR);
+        }
+        let Some(at) = self.position(id) else {
+            return Ok(());
+        };
+        let entry = self.streams.swap_remove(at);
+        entry.shared.fail(u32::from_be_bytes(code));
+        if matches!(entry.send, Outgoing::Waiting) {
+            // Reset before its answer: the future is cancelled, and a
+            // client that does it all the time is told to stop.
+            entry.shared.cancel();
+            self.early_resets += 1;
+            if self.early_resets > EARLY_RESETS {
+                return Err(Reason::ENHANCE_YOUR_CALM);
+            }
+        }
+        Ok(())
+    }
+
+    fn peer_settings(&mut self, flags: u8, id: u32, payload: &[u8]) -> Result<(), Reason> {
+        if id != 0 {
+            return Err(Reason::PROTOCOL_ERROR);
+        }
+        if flags & FLAG_ACK != 0 {
+            return if payload.is_empty() {
+                Ok(())
+            } else {
+                Err(Reason::FRAME_SIZE_ERROR)
+            };
+        }
+        if payload.len() % 6 != 0 {
+            return Err(Reason::FRAME_SIZE_ERROR);
+        }
+        for setting in payload.chunks_exact(6) {
+            let value = u32::from_be_bytes([setting[2], setting[3], setting[4], setting[5]]);
+            match u16::from_be_bytes([setting[0], setting[1]]) {
+                frame::SETTINGS_ENABLE_PUSH if value > 1 => return Err(Reason::PROTOCOL_ERROR),
+                frame::SETTINGS_INITIAL_WINDOW_SIZE => {
+                    if value > frame::MAX_WINDOW {
+                        return Err(Reason::FLOW_CONTROL_ERROR);
+                    }
+                    let delta = i64::from(value) - self.peer_initial_window;
+                    self.peer_initial_window = i64::from(value);
+                    for entry in &mut self.streams {
+                        entry.send_window += delta;
+                        if entry.send_window > i64::from(frame::MAX_WINDOW) {
+                            return Err(Reason::FLOW_CONTROL_ERROR);
+                        }
+                    }
+                }
+                frame::SETTINGS_MAX_FRAME_SIZE => {
+                    if !(16_384..=16_777_215).contains(&value) {
+                        return Err(Reason::PROTOCOL_ERROR);
+                    }
+                    self.peer_max_frame = value as usize;
+                }
+                _ => {}
+            }
+        }
+        frame::head(&mut self.write, 0, Kind::Settings, FLAG_ACK, 0);
+        Ok(())
+    }
+
+    fn window_update(&mut self, id: u32, payload: &[u8]) -> Result<(), Reason> {
+        let raw: [u8; 4] = payload.try_into().map_err(|_| Reason::FRAME_SIZE_ERROR)?;
+        let add = i64::from(u32::from_be_bytes(raw) & 0x7fff_ffff);
+        if id == 0 {
+            if add == 0 {
+                return Err(Reason::PROTOCOL_ERROR);
+            }
+            self.send_window += add;
+            if self.send_window > i64::from(frame::MAX_WINDOW) {
+                return Err(Reason::FLOW_CONTROL_ERROR);
+            }
+            return Ok(());
+        }
+        if id > self.last_stream {
+            return Err(Reason::PROTOCOL_ERROR);
+        }
+        let Some(at) = self.position(id) else {
+            return Ok(());
+        };
+        if add == 0 {
+            return self.stream_error(at, Reason::PROTOCOL_ERROR);
+        }
+        let entry = &mut self.streams[at];
+        entry.send_window += add;
+        if entry.send_window > i64::from(frame::MAX_WINDOW) {
+            return self.stream_error(at, Reason::FLOW_CONTROL_ERROR);
+        }
+        Ok(())
+    }
+
+    /// Resets stream `at` (it ends for both sides).
+    pub(super) fn stream_error(&mut self, at: usize, reason: Reason) -> Result<(), Reason> {
+        let entry = self.streams.swap_remove(at);
+        entry.shared.fail(reason.0);
+        entry.shared.cancel();
+        self.rst(entry.id, reason);
+        Ok(())
+    }
+
+    pub(super) fn rst(&mut self, id: u32, reason: Reason) {
+        frame::head(&mut self.write, 4, Kind::RstStream, 0, id);
+        self.write.put_u32(reason.0);
+    }
+
+    /// A stream's future ended after its entry did (reset, or the
+    /// connection is ending).
+    fn forget(&mut self, id: u32) {
+        if let Some(at) = self.position(id) {
+            self.streams.swap_remove(at);
+        }
+    }
+
+    pub(super) fn close_if_done(&mut self, at: usize) {
+        let entry = &self.streams[at];
+        if !entry.recv_open && matches!(entry.send, Outgoing::Done) {
+            self.streams.swap_remove(at);
+        }
+    }
+
+    /// Ends every stream: the connection is going away.
+    fn end_all(&mut self, reason: Reason) {
+        for entry in self.streams.drain(..) {
+            entry.shared.fail(reason.0);
+            entry.shared.cancel();
+        }
+    }
+
+    fn fail(&mut self, reason: Reason) {
+        tracing::debug!(%reason, "HTTP/2 connection error");
+        frame::goaway(&mut self.write, self.last_stream, reason);
+        self.failed = Some(Error::Protocol(reason));
+        self.end_all(Reason::CANCEL);
+    }
+
+    /// Gives the client back the window its bodies' readers released:
+    /// a stream's own while it may still send, the connection's always.
+    fn release_windows(&mut self, cx: &mut Context<'_>) {
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            self.window.register(cx.waker());
+            self.waker = Some(cx.waker().clone());
+        }
+        self.recv_released += self.window.take() as i64;
+        for entry in &mut self.streams {
+            if !entry.recv_open {
+                continue;
+            }
+            let released = {
+                let mut recv = entry.shared.recv();
+                if recv.released >= RELEASE_STEP {
+                    std::mem::take(&mut recv.released)
+                } else {
+                    0
+                }
+            };
+            if released > 0 {
+                entry.recv_window += released as i64;
+                frame::window_update(&mut self.write, entry.id, released as u32);
+            }
+        }
+        if self.recv_released >= i64::from(RECV_WINDOW) / 4
+            || (self.recv_released > 0 && self.recv_window < i64::from(RECV_WINDOW) / 2)
+        {
+            frame::window_update(&mut self.write, 0, self.recv_released as u32);
+            self.recv_window += self.recv_released;
+            self.recv_released = 0;
+        }
+    }
+
+    fn flush(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.write.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        while !self.write.is_empty() {
+            match Pin::new(&mut self.io).poll_write(cx, &self.write) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()))
+                }
+                Poll::Ready(Ok(n)) => self.write.advance(n),
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        // All of it went out: the buffer starts over at its beginning.
+        self.write.clear();
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+}
+
+impl<I, S, F, B, E> Future for Connection<I, S, F, B>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+    S: FnMut(Request<RecvBody>) -> F + Unpin,
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Output = Result<(), Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.get_mut().poll_connection(cx)
+    }
+}
