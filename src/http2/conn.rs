@@ -7,7 +7,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -32,9 +31,6 @@ pub(super) const WRITE_HIGH: usize = 256 * 1024;
 /// Streams a client may reset before their answers, net of answered
 /// ones, before the connection is closed (CVE-2023-44487).
 const EARLY_RESETS: u32 = 200;
-/// How long a graceful shutdown waits for the PING that follows the
-/// first GOAWAY to be acknowledged.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 const PING_KEEPALIVE: [u8; 8] = *b"cutover1";
 const PING_SHUTDOWN: [u8; 8] = *b"cutover2";
 const DEFAULT_WINDOW: i64 = 65_535;
@@ -137,7 +133,7 @@ pub struct Connection<I, S, F, B> {
     pub(super) continuation: Option<(u32, u8, BytesMut)>,
     pub(super) early_resets: u32,
     pub(super) shutdown: Shutdown,
-    /// The keep-alive's or the shutdown's next deadline.
+    /// The keep-alive's next deadline (a PING, or its timeout).
     pub(super) timer: Option<Pin<Box<Sleep>>>,
     pub(super) ping_outstanding: bool,
     /// A connection error to end with, once GOAWAY is written.
@@ -215,8 +211,11 @@ where
         }
         frame::goaway(&mut self.write, frame::MAX_STREAM_ID, Reason::NO_ERROR);
         frame::ping(&mut self.write, 0, PING_SHUTDOWN);
+        // No deadline for the acknowledgement: a client that has not read
+        // the first GOAWAY yet may still open streams, and a final GOAWAY
+        // sent before it did would refuse requests it already sent (the
+        // `h2` crate waits too). The drain's own deadline bounds it.
         self.shutdown = Shutdown::Announced;
-        self.timer = Some(Box::pin(tokio::time::sleep(SHUTDOWN_GRACE)));
     }
 
     fn poll_connection(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
@@ -269,16 +268,12 @@ where
         }
     }
 
-    /// The keep-alive PING, its timeout, and the shutdown's grace.
+    /// The keep-alive PING and its timeout.
     fn poll_timer(&mut self, cx: &mut Context<'_>) -> Result<(), Error> {
         let Some(timer) = &mut self.timer else {
             return Ok(());
         };
         if timer.as_mut().poll(cx).is_pending() {
-            return Ok(());
-        }
-        if self.shutdown == Shutdown::Announced {
-            self.close_gracefully();
             return Ok(());
         }
         if self.ping_outstanding {
@@ -401,7 +396,7 @@ where
                     frame::ping(&mut self.write, FLAG_ACK, opaque);
                 } else if opaque == PING_SHUTDOWN && self.shutdown == Shutdown::Announced {
                     self.close_gracefully();
-                } else if opaque == PING_KEEPALIVE && self.shutdown == Shutdown::Open {
+                } else if opaque == PING_KEEPALIVE && self.shutdown != Shutdown::Closing {
                     self.ping_outstanding = false;
                     if let (Some(timer), Some(every)) =
                         (&mut self.timer, self.settings.keepalive_interval)

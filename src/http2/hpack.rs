@@ -540,7 +540,7 @@ mod tests {
     use super::*;
 
     impl Huffman {
-        /// The code of `symbol` (for the tests and the checks at start).
+        /// The code of `symbol`: its rank among the codes of its length.
         fn code(&self, symbol: u16) -> (u32, u8) {
             let len = LENGTHS[symbol as usize];
             let l = len as usize;
