@@ -3,9 +3,8 @@
 //!
 //! The encoder indexes nothing and codes no string: each field is a
 //! literal without indexing, its name from the static table where there
-//! is one. A few more bytes an answer than an indexing encoder, and no
-//! table to keep in step with the client (it costs the decoder nothing
-//! to read; HAProxy's encoder chooses the same for most fields).
+//! is one. A few more bytes an answer than an indexing encoder, fewer
+//! instructions, and no table to keep in step with the client.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
