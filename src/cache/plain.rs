@@ -12,7 +12,6 @@
 //! answer, without parsing the stored head's `Cache-Control`, copying
 //! its fields by name and formatting two dates on every hit.
 
-use std::cell::RefCell;
 use std::time::{Duration, SystemTime};
 
 use http::{header, response, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
@@ -119,33 +118,10 @@ impl Plain {
             header::AGE,
             HeaderValue::from_str(digits.format(age.as_secs())).ok()?,
         );
-        head.headers.insert(header::DATE, http_date(now));
+        head.headers
+            .insert(header::DATE, crate::clock::http_date(now));
         Some(head)
     }
-}
-
-thread_local! {
-    /// The last second's `Date`, formatted once per second per thread.
-    static DATE: RefCell<(u64, Option<HeaderValue>)> = const { RefCell::new((0, None)) };
-}
-
-/// `now` as RFC 9110's IMF-fixdate.
-pub(super) fn http_date(now: SystemTime) -> HeaderValue {
-    let second = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    DATE.with(|cached| {
-        let mut cached = cached.borrow_mut();
-        match &cached.1 {
-            Some(value) if cached.0 == second => value.clone(),
-            _ => {
-                let value = HeaderValue::from_str(&httpdate::fmt_http_date(now))
-                    .unwrap_or(HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"));
-                *cached = (second, Some(value.clone()));
-                value
-            }
-        }
-    })
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use http::{response, HeaderMap, HeaderName, HeaderValue};
 use http_cache_semantics::{BeforeRequest, CacheOptions, CachePolicy, RequestLike};
 
-use super::plain::{http_date, Plain};
+use super::plain::Plain;
+use crate::clock::http_date;
 
 /// One stored answer: its policy (the request and response heads it was
 /// stored from) and its body.

@@ -156,7 +156,8 @@ pub enum Field {
     Protocol(Bytes),
     Status(Bytes),
     Header(HeaderName, HeaderValue),
-    Invalid(usize),
+    /// The lengths of its name and value: its size in the table.
+    Invalid(usize, usize),
 }
 
 impl Field {
@@ -168,7 +169,7 @@ impl Field {
             Field::Path(v) => (5, v.len()),
             Field::Protocol(v) => (9, v.len()),
             Field::Header(n, v) => (n.as_str().len(), v.len()),
-            Field::Invalid(size) => return *size,
+            Field::Invalid(name, value) => (*name, *value),
         };
         name + value + 32
     }
@@ -182,14 +183,14 @@ impl Field {
             b":protocol" => Field::Protocol(value),
             b":status" => Field::Status(value),
             _ => {
-                let size = name.len() + value.len() + 32;
+                let lengths = (name.len(), value.len());
                 // Names are lowercase on HTTP/2 (RFC 9113 §8.2.1).
                 match (
                     HeaderName::from_lowercase(name),
                     HeaderValue::from_maybe_shared(value),
                 ) {
                     (Ok(name), Ok(value)) => Field::Header(name, value),
-                    _ => Field::Invalid(size),
+                    _ => Field::Invalid(lengths.0, lengths.1),
                 }
             }
         }
@@ -204,13 +205,14 @@ impl Field {
             Field::Protocol(_) => Field::Protocol(value),
             Field::Status(_) => Field::Status(value),
             Field::Header(name, _) => {
-                let size = name.as_str().len() + value.len() + 32;
+                let lengths = (name.as_str().len(), value.len());
                 match HeaderValue::from_maybe_shared(value) {
                     Ok(value) => Field::Header(name.clone(), value),
-                    Err(_) => Field::Invalid(size),
+                    Err(_) => Field::Invalid(lengths.0, lengths.1),
                 }
             }
-            Field::Invalid(_) => Field::Invalid(value.len() + 32),
+            // An invalid name stays invalid with any value, and its length.
+            Field::Invalid(name, _) => Field::Invalid(*name, value.len()),
         }
     }
 }
@@ -655,7 +657,7 @@ mod tests {
                 Field::Protocol(v) => format!(":protocol {}", String::from_utf8_lossy(v)),
                 Field::Status(v) => format!(":status {}", String::from_utf8_lossy(v)),
                 Field::Header(n, v) => format!("{n} {}", v.to_str().unwrap()),
-                Field::Invalid(_) => "invalid".to_owned(),
+                Field::Invalid(..) => "invalid".to_owned(),
             })
             .collect()
     }
@@ -745,7 +747,20 @@ mod tests {
         // An uppercase name decodes, as a field the request will refuse.
         let block = hex("0003 4142 4301 78");
         decoder.decode(&block, 1 << 16, &mut out).unwrap();
-        assert!(matches!(out.last(), Some(Field::Invalid(_))));
+        assert!(matches!(out.last(), Some(Field::Invalid(3, 1))));
+        // Indexed with its (invalid) name, it keeps the name's length: the
+        // table's size stays the client's (here 3 + 1 + 32, then 3 + 2 + 32).
+        let mut decoder = Decoder::new(4096);
+        out.clear();
+        decoder
+            .decode(&hex("4003 4142 4301 78"), 1 << 16, &mut out)
+            .unwrap();
+        assert_eq!(decoder.size, 36);
+        decoder
+            .decode(&hex("7e02 7879"), 1 << 16, &mut out)
+            .unwrap();
+        assert_eq!(decoder.size, 36 + 37);
+        assert!(matches!(out.last(), Some(Field::Invalid(3, 2))));
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub fn build(fields: &mut Vec<Field>) -> Option<(Request<()>, Option<u64>)> {
             Field::Authority(v) => (&mut authority, v),
             Field::Path(v) => (&mut path, v),
             // Extended CONNECT is not offered; responses' own field.
-            Field::Protocol(_) | Field::Status(_) | Field::Invalid(_) => return None,
+            Field::Protocol(_) | Field::Status(_) | Field::Invalid(..) => return None,
         };
         if regular || slot.is_some() {
             return None;

@@ -47,9 +47,8 @@ where
             hpack::encode_field(name, value.as_bytes(), value.is_sensitive(), &mut self.head);
         }
         if !date {
-            super::date::with(|now| {
-                hpack::encode_field(&http::header::DATE, now, false, &mut self.head);
-            });
+            let now = crate::clock::http_date(std::time::SystemTime::now());
+            hpack::encode_field(&http::header::DATE, now.as_bytes(), false, &mut self.head);
         }
         if !length && !end {
             if let Some(exact) = body.size_hint().exact() {
