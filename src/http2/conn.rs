@@ -31,6 +31,11 @@ pub(super) const WRITE_HIGH: usize = 256 * 1024;
 /// Streams a client may reset before their answers, net of answered
 /// ones, before the connection is closed (CVE-2023-44487).
 const EARLY_RESETS: u32 = 200;
+/// DATA frames in a row that carry nothing and end nothing, before the
+/// connection is closed (CVE-2019-9518: each costs a parse and no
+/// window). Envoy's per-stream default is 1; a data frame with a
+/// payload, or a new request, starts the count again.
+const EMPTY_DATA_IN_A_ROW: u32 = 64;
 const PING_KEEPALIVE: [u8; 8] = *b"cutover1";
 const PING_SHUTDOWN: [u8; 8] = *b"cutover2";
 const DEFAULT_WINDOW: i64 = 65_535;
@@ -132,6 +137,9 @@ pub struct Connection<I, S, F, B> {
     pub(super) peer_max_frame: usize,
     pub(super) continuation: Option<(u32, u8, BytesMut)>,
     pub(super) early_resets: u32,
+    /// Empty DATA frames without END_STREAM since the last one that
+    /// carried something (or the last request).
+    pub(super) empty_data: u32,
     pub(super) shutdown: Shutdown,
     /// The keep-alive's next deadline (a PING, or its timeout).
     pub(super) timer: Option<Pin<Box<Sleep>>>,
@@ -196,6 +204,7 @@ where
             peer_max_frame: frame::DEFAULT_MAX_FRAME,
             continuation: None,
             early_resets: 0,
+            empty_data: 0,
             shutdown: Shutdown::Open,
             timer,
             ping_outstanding: false,
@@ -445,6 +454,15 @@ where
         let data = frame::unpad(flags, payload)?;
         // Padding is given back at once.
         self.recv_released += flow - data.len() as i64;
+        let end = flags & FLAG_END_STREAM != 0;
+        if data.is_empty() && !end {
+            self.empty_data += 1;
+            if self.empty_data > EMPTY_DATA_IN_A_ROW {
+                return Err(Reason::ENHANCE_YOUR_CALM);
+            }
+        } else {
+            self.empty_data = 0;
+        }
         let Some(at) = self.position(id).filter(|&at| self.streams[at].recv_open) else {
             if id > self.last_stream {
                 return Err(Reason::PROTOCOL_ERROR);
@@ -461,7 +479,6 @@ where
             return self.stream_error(at, Reason::FLOW_CONTROL_ERROR);
         }
         entry.received += data.len() as u64;
-        let end = flags & FLAG_END_STREAM != 0;
         if let Some(expected) = entry.expected {
             if entry.received > expected || (end && entry.received != expected) {
                 self.recv_released += data.len() as i64;
@@ -556,6 +573,7 @@ where
             self.rst(id, Reason::PROTOCOL_ERROR);
             return Ok(());
         }
+        self.empty_data = 0;
         let shared = Shared::new(&self.window);
         let body_shared = (!end).then(|| Arc::clone(&shared));
         let request = request.map(|()| RecvBody::new(body_shared, expected));

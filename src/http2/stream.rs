@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Frame, SizeHint};
 
@@ -32,6 +32,12 @@ impl std::error::Error for BodyError {}
 #[derive(Default)]
 pub(super) struct Recv {
     data: VecDeque<Bytes>,
+    /// Small payloads that arrived while the reader was behind, copied
+    /// together after everything in `data`. Queued one `Bytes` each, a
+    /// flood of one-byte DATA frames would cost 32 bytes of queue per
+    /// byte and hold every read buffer they are slices of (bounded only
+    /// by the windows: a 1 MiB window, some 40 MiB).
+    small: BytesMut,
     trailers: Option<HeaderMap>,
     /// END_STREAM arrived: the body ends once `data` is read.
     pub ended: bool,
@@ -43,6 +49,48 @@ pub(super) struct Recv {
     /// The body was dropped: what arrives from now on is given back at
     /// once.
     pub dropped: bool,
+}
+
+/// A payload under this many bytes is copied behind others still unread
+/// rather than queued as a slice of the read buffer.
+const SMALL: usize = 1024;
+
+impl Recv {
+    fn queue(&mut self, data: Bytes) {
+        // The reader keeping up (the common case): the slice as it is.
+        if self.data.is_empty() && self.small.is_empty() {
+            self.data.push_back(data);
+            return;
+        }
+        if data.len() < SMALL {
+            self.small.extend_from_slice(&data);
+            if self.small.len() < RELEASE_STEP {
+                return;
+            }
+        }
+        if !self.small.is_empty() {
+            let copied = self.small.split().freeze();
+            self.data.push_back(copied);
+        }
+        if data.len() >= SMALL {
+            self.data.push_back(data);
+        }
+    }
+
+    fn pop(&mut self) -> Option<Bytes> {
+        match self.data.pop_front() {
+            Some(data) => Some(data),
+            None if !self.small.is_empty() => Some(self.small.split().freeze()),
+            None => None,
+        }
+    }
+
+    /// Drops what is queued: how many bytes it was.
+    fn clear(&mut self) -> usize {
+        let unread = self.data.drain(..).map(|d| d.len()).sum::<usize>() + self.small.len();
+        self.small = BytesMut::new();
+        unread
+    }
 }
 
 /// The connection's receive window as its bodies' readers give it back:
@@ -121,7 +169,7 @@ impl Shared {
         if recv.dropped {
             return false;
         }
-        recv.data.push_back(data);
+        recv.queue(data);
         if let Some(reader) = recv.reader.take() {
             reader.wake();
         }
@@ -201,7 +249,7 @@ impl http_body::Body for RecvBody {
             return Poll::Ready(None);
         };
         let mut recv = shared.recv();
-        if let Some(data) = recv.data.pop_front() {
+        if let Some(data) = recv.pop() {
             recv.released += data.len();
             let stream = recv.released;
             drop(recv);
@@ -247,7 +295,7 @@ impl Drop for RecvBody {
             let mut recv = shared.recv();
             recv.dropped = true;
             // What was queued and never read goes back to the window.
-            let unread: usize = recv.data.drain(..).map(|d| d.len()).sum();
+            let unread = recv.clear();
             recv.released += unread;
             let stream = recv.released;
             drop(recv);

@@ -481,6 +481,79 @@ async fn a_rapid_reset_flood_is_told_to_calm_down() {
 }
 
 #[tokio::test]
+async fn a_flood_of_tiny_data_frames_is_queued_as_a_few_copies() {
+    // The body is read only once every frame has been taken (the PING
+    // after them is answered): 20 000 one-byte DATA frames reach the
+    // reader as a few chunks, not 20 000 slices of the read buffers.
+    let chunks = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&chunks);
+    let go = Arc::new(tokio::sync::Notify::new());
+    let wait = Arc::clone(&go);
+    let service = move |req: Request<RecvBody>| {
+        let (counted, wait) = (Arc::clone(&counted), Arc::clone(&wait));
+        async move {
+            wait.notified().await;
+            let mut body = req.into_body();
+            let mut bytes = 0;
+            while let Some(frame) = body.frame().await {
+                let data = frame.unwrap().into_data().unwrap();
+                assert!(data.iter().all(|&b| b == 7));
+                bytes += data.len();
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(Response::new(Full::new(Bytes::from(bytes.to_string()))))
+        }
+    };
+    let (mut client, _task) = serve(SETTINGS, service);
+    client.hello(&[]).await;
+    let block = request_block("/up", &[]);
+    client
+        .send(Kind::Headers, FLAG_END_HEADERS, 1, &block)
+        .await;
+    let mut flood = BytesMut::new();
+    for _ in 0..20_000 {
+        frame::head(&mut flood, 1, Kind::Data, 0, 1);
+        flood.put_u8(7);
+    }
+    frame::head(&mut flood, 0, Kind::Data, FLAG_END_STREAM, 1);
+    client.io.write_all(&flood).await.unwrap();
+    client.send(Kind::Ping, 0, 0, b"allthere").await;
+    client.next_of(Kind::Ping).await.expect("the PING's answer");
+    go.notify_one();
+    client.next_of(Kind::Headers).await.expect("the answer");
+    let data = client.next_of(Kind::Data).await.unwrap();
+    assert_eq!(&data.payload[..], b"20000");
+    // The first frame as it came, 16 KiB copied together, the rest.
+    assert_eq!(chunks.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_flood_of_empty_data_frames_is_told_to_calm_down() {
+    let service = |_req: Request<RecvBody>| std::future::pending::<Answer>();
+    let (mut client, task) = serve(SETTINGS, service);
+    client.hello(&[]).await;
+    let block = request_block("/up", &[]);
+    client
+        .send(Kind::Headers, FLAG_END_HEADERS, 1, &block)
+        .await;
+    // 64 in a row are let through; a frame with a payload starts the
+    // count again.
+    for _ in 0..64 {
+        client.send(Kind::Data, 0, 1, &[]).await;
+    }
+    client.send(Kind::Data, 0, 1, b"x").await;
+    for _ in 0..64 {
+        client.send(Kind::Data, 0, 1, &[]).await;
+    }
+    client.send(Kind::Ping, 0, 0, b"stillok!").await;
+    let pong = client.next_of(Kind::Ping).await.expect("still served");
+    assert_eq!(&pong.payload[..], b"stillok!");
+    client.send(Kind::Data, 0, 1, &[]).await;
+    assert_eq!(client.goaway().await, Some(Reason::ENHANCE_YOUR_CALM));
+    assert!(task.await.unwrap().is_err());
+}
+
+#[tokio::test]
 async fn a_header_block_that_never_ends_is_bounded() {
     let (mut client, _task) = serve(SETTINGS, hello(""));
     client.hello(&[]).await;
