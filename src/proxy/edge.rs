@@ -199,7 +199,7 @@ pub struct Forwarded {
     host: Option<HeaderValue>,
     forwarded: Option<HeaderValue>,
     /// The W3C `traceparent` naming the gateway's span.
-    pub traceparent: Option<HeaderValue>,
+    pub traceparent: Option<crate::telemetry::trace::Traceparent>,
 }
 
 impl Forwarded {
@@ -263,18 +263,26 @@ impl Forwarded {
     }
 
     /// The headers, for a client that writes them straight into the head.
-    pub fn headers(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+    pub fn headers(&self) -> impl Iterator<Item = (&HeaderName, &[u8])> {
         [
-            (&X_FORWARDED_FOR, &self.client),
-            (&X_FORWARDED_PROTO, &self.proto),
+            (&X_FORWARDED_FOR, self.client.as_bytes()),
+            (&X_FORWARDED_PROTO, self.proto.as_bytes()),
         ]
         .into_iter()
-        .chain(self.host.as_ref().map(|host| (&X_FORWARDED_HOST, host)))
-        .chain(self.forwarded.as_ref().map(|f| (&header::FORWARDED, f)))
+        .chain(
+            self.host
+                .as_ref()
+                .map(|h| (&X_FORWARDED_HOST, h.as_bytes())),
+        )
+        .chain(
+            self.forwarded
+                .as_ref()
+                .map(|f| (&header::FORWARDED, f.as_bytes())),
+        )
         .chain(
             self.traceparent
                 .as_ref()
-                .map(|t| (&crate::telemetry::trace::TRACEPARENT, t)),
+                .map(|t| (&crate::telemetry::trace::TRACEPARENT, t.as_bytes())),
         )
     }
 
@@ -287,10 +295,11 @@ impl Forwarded {
         if let Some(forwarded) = self.forwarded {
             headers.insert(header::FORWARDED, forwarded);
         }
-        if let Some(mut traceparent) = self.traceparent {
+        if let Some(traceparent) = self.traceparent {
             // New with every request: HPACK must not index it (each
             // insertion would evict a reusable entry from an HTTP/2
             // backend connection's table).
+            let mut traceparent = traceparent.header_value();
             traceparent.set_sensitive(true);
             headers.insert(crate::telemetry::trace::TRACEPARENT.clone(), traceparent);
         }

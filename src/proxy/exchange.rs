@@ -153,7 +153,7 @@ pub(super) struct Target<'g> {
     pub(super) host_rewrite: Option<&'g crate::plan::HostRewrite>,
     pub(super) edge: &'g crate::plan::ListenerEdge,
     /// Sent upstream: the request's trace, the gateway's span.
-    pub(super) traceparent: HeaderValue,
+    pub(super) traceparent: crate::telemetry::trace::Traceparent,
     /// Where attempts leave what the access log reports.
     pub trail: Option<Arc<Trail>>,
     /// A gRPC call's deadline: each attempt sends what is left of it as

@@ -322,7 +322,7 @@ pub fn request<'h, 'a, B, I>(
 ) -> impl std::future::Future<Output = Result<Response<Box<UpstreamBody<B>>>, ExchangeError>>
        + use<'h, 'a, B, I>
 where
-    I: IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+    I: IntoIterator<Item = (&'h HeaderName, &'h [u8])>,
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
@@ -401,7 +401,7 @@ impl<B: Body> Encoded<B> {
     /// must not have them already).
     fn with_headers<'h>(
         mut req: Request<B>,
-        extra: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+        extra: impl IntoIterator<Item = (&'h HeaderName, &'h [u8])>,
     ) -> Self {
         let (head, framing) = encode_head(&mut req, extra);
         let method = req.method().clone();
@@ -682,7 +682,7 @@ fn add_length(mut known: Option<u64>, value: &[u8]) -> Result<Option<u64>, &'sta
 /// Encodes the request head and decides how the body is framed.
 fn encode_head<'h, B: Body>(
     req: &mut Request<B>,
-    extra: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+    extra: impl IntoIterator<Item = (&'h HeaderName, &'h [u8])>,
 ) -> (Bytes, RequestFraming) {
     let body = req.body();
     let framing = if body.is_end_stream() {
@@ -713,14 +713,14 @@ fn encode_head<'h, B: Body>(
     head.extend_from_slice(b" ");
     head.extend_from_slice(target.as_bytes());
     head.extend_from_slice(b" HTTP/1.1\r\n");
-    let mut field = |name: &HeaderName, value: &HeaderValue| {
+    let mut field = |name: &HeaderName, value: &[u8]| {
         head.extend_from_slice(name.as_str().as_bytes());
         head.extend_from_slice(b": ");
-        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(value);
         head.extend_from_slice(b"\r\n");
     };
     for (name, value) in req.headers() {
-        field(name, value);
+        field(name, value.as_bytes());
     }
     for (name, value) in extra {
         field(name, value);
