@@ -35,13 +35,22 @@ const LENGTHS: [u8; 257] = [
     30,
 ];
 
+/// Bits looked up at once: every code of up to this length (the 5- to
+/// 8-bit codes of lower-case letters, digits and URL punctuation, and
+/// most upper-case letters) decodes in one step.
+const FAST_BITS: u32 = 9;
+
 /// Canonical decoding tables: for each length, the first code, how many
-/// codes have it, and where its symbols start in `symbols`.
+/// codes have it, and where its symbols start in `symbols`; and a table
+/// of the codes of up to `FAST_BITS` bits by their first `FAST_BITS` bits.
 struct Huffman {
     first: [u32; 31],
     count: [u16; 31],
     offset: [u16; 31],
     symbols: [u16; 257],
+    /// The symbol and code length of each `FAST_BITS`-bit prefix; length
+    /// 0 where the code is longer.
+    fast: [(u8, u8); 1 << FAST_BITS],
 }
 
 impl Huffman {
@@ -73,11 +82,29 @@ impl Huffman {
             next[l] += 1;
             s += 1;
         }
+        let mut fast = [(0u8, 0u8); 1 << FAST_BITS];
+        let mut len = 1;
+        while len <= FAST_BITS as usize {
+            let mut i = 0;
+            while i < count[len] as usize {
+                let code = first[len] as usize + i;
+                let shift = FAST_BITS as usize - len;
+                let mut at = code << shift;
+                while at < (code + 1) << shift {
+                    // Codes this short are all of byte symbols, never EOS.
+                    fast[at] = (symbols[offset[len] as usize + i] as u8, len as u8);
+                    at += 1;
+                }
+                i += 1;
+            }
+            len += 1;
+        }
         Huffman {
             first,
             count,
             offset,
             symbols,
+            fast,
         }
     }
 
@@ -98,8 +125,22 @@ impl Huffman {
             if bits == 0 {
                 return Ok(());
             }
-            // The shortest code is 5 bits.
-            let mut len = 5u32;
+            // Zeros past `bits`: an entry counts only if its code ends
+            // within them.
+            let (fast, fast_len) = self.fast[(acc >> (64 - FAST_BITS)) as usize];
+            if fast_len != 0 && u32::from(fast_len) <= bits {
+                out.push(fast);
+                acc <<= fast_len;
+                bits -= u32::from(fast_len);
+                continue;
+            }
+            // Longer codes, and the padding at the end: the canonical
+            // search, from the shortest code (5 bits) or past the table.
+            let mut len = if fast_len == 0 && bits > FAST_BITS {
+                FAST_BITS + 1
+            } else {
+                5
+            };
             let symbol = loop {
                 if len > bits {
                     // Padding: fewer than 8 bits, all ones.
@@ -597,6 +638,36 @@ mod tests {
             let mut out = Vec::new();
             HUFFMAN.decode(&bytes, &mut out).unwrap();
             assert_eq!(out, [symbol as u8], "symbol {symbol}");
+        }
+    }
+
+    #[test]
+    fn huffman_text_of_every_byte_decodes_at_every_bit_offset() {
+        // Short and long codes one after another, so that codes of the
+        // lookup table and of the canonical search start at every bit
+        // position; each run shifted by one more leading symbol.
+        for lead in 0..8u16 {
+            let text: Vec<u8> = (0..lead)
+                .map(|_| b'a')
+                .chain((0..=255u8).rev())
+                .chain(0..=255u8)
+                .collect();
+            let (mut acc, mut bits, mut coded) = (0u64, 0u32, Vec::new());
+            for &b in &text {
+                let (code, len) = HUFFMAN.code(u16::from(b));
+                acc = (acc << len) | u64::from(code);
+                bits += u32::from(len);
+                while bits >= 8 {
+                    coded.push((acc >> (bits - 8)) as u8);
+                    bits -= 8;
+                }
+            }
+            if bits > 0 {
+                coded.push(((acc << (8 - bits)) as u8) | ((1u8 << (8 - bits)) - 1));
+            }
+            let mut out = Vec::new();
+            HUFFMAN.decode(&coded, &mut out).unwrap();
+            assert_eq!(out, text, "lead {lead}");
         }
     }
 
