@@ -39,7 +39,7 @@ pub(super) struct Recv {
     /// by the windows: a 1 MiB window, some 40 MiB).
     small: BytesMut,
     trailers: Option<HeaderMap>,
-    /// END_STREAM arrived: the body ends once `data` is read.
+    /// END_STREAM arrived: the body ends once `data` and `small` are read.
     pub ended: bool,
     failed: Option<u32>,
     reader: Option<Waker>,

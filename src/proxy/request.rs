@@ -89,22 +89,20 @@ pub fn handle(
         // request's span is exported.
         let logged = access::enabled();
         let sampled = trace.sampled() && crate::telemetry::trace::exported();
-        // Boxed: 240 bytes the future would otherwise carry on every
-        // request, logged or not.
-        let mut noted = (logged || sampled).then(|| {
-            Box::new(Noted {
-                method: req.method().clone(),
-                path: req.uri().path().to_owned(),
-                upstream_path: None,
-                request_id: None,
-                authority: None,
-                auth: None,
-                subject: None,
-                cache: None,
-                limited: None,
-                waf: None,
-            })
+        // Boxed: 240 bytes the future would carry on every request.
+        let noted = (logged || sampled).then(|| Noted {
+            method: req.method().clone(),
+            path: req.uri().path().to_owned(),
+            upstream_path: None,
+            request_id: None,
+            authority: None,
+            auth: None,
+            subject: None,
+            cache: None,
+            limited: None,
+            waf: None,
         });
+        let mut noted = noted.map(Box::new);
         let trail = noted.as_ref().map(|_| Trail::new());
         let mut call = super::grpc::Call::of(&req);
         let version = req.version();
@@ -125,15 +123,8 @@ pub fn handle(
                     grpc: call.as_mut(),
                     advertised: &mut advertised,
                 };
-                route_and_answer(
-                    req,
-                    &conn,
-                    &generation,
-                    guard,
-                    context,
-                    noted.as_deref_mut(),
-                )
-                .await
+                let noted = noted.as_deref_mut();
+                route_and_answer(req, &conn, &generation, guard, context, noted).await
             }
         };
         let route_name = route.map_or("-", |r| r.name());
