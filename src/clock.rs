@@ -3,6 +3,7 @@
 //! milliseconds; and the `Date` of answers. The ground floor: it imports
 //! nothing of the crate.
 
+use std::cell::RefCell;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -28,9 +29,10 @@ pub fn unix_ms(at_ms: u64) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
 thread_local! {
     /// The last second's `Date`, formatted once per second per thread.
-    static DATE: std::cell::RefCell<(u64, Option<http::HeaderValue>)> = const { std::cell::RefCell::new((0, None)) };
+    static DATE: RefCell<(u64, Option<http::HeaderValue>)> = const { RefCell::new((0, None)) };
 }
 
 /// `now` as RFC 9110's IMF-fixdate, for `Date` fields (the cache's

@@ -5,10 +5,10 @@
 //! `h2` crate: a measured prototype answered an h2c request in 5.2k
 //! instructions against 17.7k for the `h2` crate alone and 21.3k for
 //! hyper over it (docs/performance.md, "An HTTP/2 server of our own").
-//! It imports only `clock` of the crate. One task per connection reads the frames, runs each stream's future
-//! and writes what the turn produced in one write; nothing is shared
-//! between streams but that task. Backends are still reached through
-//! hyper's client.
+//! It imports only `clock` of the crate. One task per connection reads
+//! the frames, runs each stream's future and writes what the turn
+//! produced in one write; nothing is shared between streams but that
+//! task. Backends are still reached through hyper's client.
 
 mod conn;
 mod frame;

@@ -135,7 +135,7 @@ impl TraceContext {
 /// on the stack. cutover's own HTTP/1.1 client writes it straight into
 /// the request head; a `HeaderValue` (an allocation and a check of every
 /// byte) is made only for hyper's clients.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub struct Traceparent([u8; 55]);
 
 impl Traceparent {
