@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
@@ -17,17 +17,11 @@ use tokio::time::{Instant, Sleep};
 
 use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_HEADERS, FLAG_END_STREAM};
 use super::hpack::{self, Decoder, Field};
+use super::link::{Entry, Link, Outgoing, RECV_WINDOW, WRITE_HIGH};
 use super::request;
-use super::stream::{RecvBody, Shared, StreamTask, Window, RELEASE_STEP};
+use super::stream::{RecvBody, Shared, StreamTask};
 use super::Settings;
 
-/// The window each stream and the connection open to the client: about
-/// what hyper's server opened (1 MiB), so uploads are not slower.
-const RECV_WINDOW: u32 = 1024 * 1024;
-/// Past this many bytes waiting to be written, the client's frames are
-/// not read: a flood of PINGs or SETTINGS whose answers it never reads
-/// fills its own buffers, not ours.
-pub(super) const WRITE_HIGH: usize = 256 * 1024;
 /// Streams a client may reset before their answers, net of answered
 /// ones, before the connection is closed (CVE-2023-44487).
 const EARLY_RESETS: u32 = 200;
@@ -38,7 +32,6 @@ const EARLY_RESETS: u32 = 200;
 const EMPTY_DATA_IN_A_ROW: u32 = 64;
 const PING_KEEPALIVE: [u8; 8] = *b"cutover1";
 const PING_SHUTDOWN: [u8; 8] = *b"cutover2";
-const DEFAULT_WINDOW: i64 = 65_535;
 
 /// A connection's end other than the client leaving.
 #[derive(Debug)]
@@ -65,34 +58,6 @@ impl std::fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// The answer's side of a stream.
-pub(super) enum Outgoing<B> {
-    /// The stream's future is running.
-    Waiting,
-    /// Its body goes out as the windows allow.
-    Body {
-        body: Pin<Box<B>>,
-        /// Polled from the body; not sent yet for want of window.
-        pending: Bytes,
-    },
-    Done,
-}
-
-pub(super) struct Entry<B> {
-    pub(super) id: u32,
-    pub(super) shared: Arc<Shared>,
-    /// The client may still send DATA (no END_STREAM yet).
-    pub(super) recv_open: bool,
-    /// What the client may still send on it before a WINDOW_UPDATE.
-    pub(super) recv_window: i64,
-    /// `content-length` of the request, and what arrived.
-    pub(super) expected: Option<u64>,
-    pub(super) received: u64,
-    pub(super) send: Outgoing<B>,
-    /// What we may still send on it.
-    pub(super) send_window: i64,
-}
-
 /// Where a graceful shutdown is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Shutdown {
@@ -109,7 +74,7 @@ pub(super) enum Shutdown {
 pub struct Connection<I, S, F, B> {
     pub(super) io: I,
     pub(super) read: BytesMut,
-    pub(super) write: BytesMut,
+    pub(super) link: Link,
     pub(super) preface: bool,
     pub(super) settings_seen: bool,
     pub(super) read_closed: bool,
@@ -117,24 +82,9 @@ pub struct Connection<I, S, F, B> {
     pub(super) settings: Settings,
     pub(super) decoder: Decoder,
     pub(super) fields: Vec<Field>,
-    pub(super) head: BytesMut,
     pub(super) tasks: FuturesUnordered<StreamTask<F>>,
     pub(super) streams: Vec<Entry<B>>,
     pub(super) last_stream: u32,
-    pub(super) send_window: i64,
-    /// What the client may still send on the connection.
-    pub(super) recv_window: i64,
-    /// Window given back by dropped data, not yet announced.
-    pub(super) recv_released: i64,
-    /// Window given back by the bodies' readers.
-    pub(super) window: Arc<Window>,
-    /// Reading or a body stopped at `WRITE_HIGH`: once the buffer is
-    /// written, go on.
-    pub(super) write_blocked: bool,
-    /// The waker `window` holds (registered again only when it changes).
-    pub(super) waker: Option<std::task::Waker>,
-    pub(super) peer_initial_window: i64,
-    pub(super) peer_max_frame: usize,
     pub(super) continuation: Option<(u32, u8, BytesMut)>,
     pub(super) early_resets: u32,
     /// Empty DATA frames without END_STREAM since the last one that
@@ -160,29 +110,26 @@ where
     pub fn new(io: I, settings: Settings, service: S) -> Self {
         let mut write = BytesMut::with_capacity(16 * 1024);
         // Our SETTINGS, then the connection's window opened to RECV_WINDOW.
-        frame::head(&mut write, 18, Kind::Settings, 0, 0);
-        for (id, value) in [
-            (
-                frame::SETTINGS_MAX_CONCURRENT_STREAMS,
-                settings.max_concurrent_streams,
-            ),
-            (frame::SETTINGS_INITIAL_WINDOW_SIZE, RECV_WINDOW),
-            (
-                frame::SETTINGS_MAX_HEADER_LIST_SIZE,
-                settings.max_header_list_size,
-            ),
-        ] {
-            write.put_u16(id);
-            write.put_u32(value);
-        }
-        frame::window_update(&mut write, 0, RECV_WINDOW - DEFAULT_WINDOW as u32);
+        Link::settings_frame(
+            &mut write,
+            &[
+                (
+                    frame::SETTINGS_MAX_CONCURRENT_STREAMS,
+                    settings.max_concurrent_streams,
+                ),
+                (
+                    frame::SETTINGS_MAX_HEADER_LIST_SIZE,
+                    settings.max_header_list_size,
+                ),
+            ],
+        );
         let timer = settings
             .keepalive_interval
             .map(|every| Box::pin(tokio::time::sleep(every)));
         Connection {
             io,
             read: BytesMut::with_capacity(16 * 1024),
-            write,
+            link: Link::new(write),
             preface: false,
             settings_seen: false,
             read_closed: false,
@@ -190,18 +137,9 @@ where
             settings,
             decoder: Decoder::new(4096),
             fields: Vec::with_capacity(16),
-            head: BytesMut::new(),
             tasks: FuturesUnordered::new(),
             streams: Vec::new(),
             last_stream: 0,
-            send_window: DEFAULT_WINDOW,
-            recv_window: i64::from(RECV_WINDOW),
-            recv_released: 0,
-            window: Arc::new(Window::default()),
-            write_blocked: false,
-            waker: None,
-            peer_initial_window: DEFAULT_WINDOW,
-            peer_max_frame: frame::DEFAULT_MAX_FRAME,
             continuation: None,
             early_resets: 0,
             empty_data: 0,
@@ -218,8 +156,8 @@ where
         if self.shutdown != Shutdown::Open || self.failed.is_some() {
             return;
         }
-        frame::goaway(&mut self.write, frame::MAX_STREAM_ID, Reason::NO_ERROR);
-        frame::ping(&mut self.write, 0, PING_SHUTDOWN);
+        frame::goaway(&mut self.link.write, frame::MAX_STREAM_ID, Reason::NO_ERROR);
+        frame::ping(&mut self.link.write, 0, PING_SHUTDOWN);
         // No deadline for the acknowledgement: a client that has not read
         // the first GOAWAY yet may still open streams, and a final GOAWAY
         // sent before it did would refuse requests it already sent (the
@@ -252,14 +190,14 @@ where
                     None => self.forget(id),
                 }
             }
-            self.release_windows(cx);
+            self.link.release_windows(&mut self.streams, cx);
             self.poll_bodies(cx);
-            match self.flush(cx) {
-                Poll::Ready(Ok(())) => again |= std::mem::take(&mut self.write_blocked),
+            match self.link.flush(&mut self.io, cx) {
+                Poll::Ready(Ok(())) => again |= std::mem::take(&mut self.link.write_blocked),
                 Poll::Ready(Err(error)) => return Poll::Ready(Err(Error::Io(error))),
                 Poll::Pending => {}
             }
-            if self.write.is_empty() {
+            if self.link.write.is_empty() {
                 if let Some(error) = self.failed.take() {
                     return Poll::Ready(Err(error));
                 }
@@ -288,7 +226,7 @@ where
         if self.ping_outstanding {
             return Err(Error::KeepAliveTimeout);
         }
-        frame::ping(&mut self.write, 0, PING_KEEPALIVE);
+        frame::ping(&mut self.link.write, 0, PING_KEEPALIVE);
         self.ping_outstanding = true;
         let timeout = self.settings.keepalive_timeout;
         timer.as_mut().reset(Instant::now() + timeout);
@@ -298,7 +236,7 @@ where
     }
 
     fn close_gracefully(&mut self) {
-        frame::goaway(&mut self.write, self.last_stream, Reason::NO_ERROR);
+        frame::goaway(&mut self.link.write, self.last_stream, Reason::NO_ERROR);
         self.shutdown = Shutdown::Closing;
         self.timer = None;
     }
@@ -307,8 +245,8 @@ where
     /// it stopped with more to read (the read bound).
     fn read_some(&mut self, cx: &mut Context<'_>) -> Result<bool, Reason> {
         for _ in 0..8 {
-            if self.write.len() >= WRITE_HIGH {
-                self.write_blocked = true;
+            if self.link.write.len() >= WRITE_HIGH {
+                self.link.write_blocked = true;
                 return Ok(false);
             }
             if self.read.capacity() - self.read.len() < 4096 {
@@ -387,7 +325,7 @@ where
                     return Err(Reason::PROTOCOL_ERROR);
                 }
                 if payload.len() != 5 {
-                    self.rst(stream, Reason::FRAME_SIZE_ERROR);
+                    self.link.rst(stream, Reason::FRAME_SIZE_ERROR);
                 }
                 Ok(())
             }
@@ -402,7 +340,7 @@ where
                     .try_into()
                     .map_err(|_| Reason::FRAME_SIZE_ERROR)?;
                 if flags & FLAG_ACK == 0 {
-                    frame::ping(&mut self.write, FLAG_ACK, opaque);
+                    frame::ping(&mut self.link.write, FLAG_ACK, opaque);
                 } else if opaque == PING_SHUTDOWN && self.shutdown == Shutdown::Announced {
                     self.close_gracefully();
                 } else if opaque == PING_KEEPALIVE && self.shutdown != Shutdown::Closing {
@@ -446,14 +384,7 @@ where
         if id == 0 {
             return Err(Reason::PROTOCOL_ERROR);
         }
-        let flow = payload.len() as i64;
-        self.recv_window -= flow;
-        if self.recv_window < 0 {
-            return Err(Reason::FLOW_CONTROL_ERROR);
-        }
-        let data = frame::unpad(flags, payload)?;
-        // Padding is given back at once.
-        self.recv_released += flow - data.len() as i64;
+        let (data, flow) = self.link.data(flags, payload)?;
         let end = flags & FLAG_END_STREAM != 0;
         if data.is_empty() && !end {
             self.empty_data += 1;
@@ -469,26 +400,26 @@ where
             }
             // A stream we reset or answered in full: what was on its way
             // is ignored (§5.4.2), its window given back.
-            self.recv_released += data.len() as i64;
+            self.link.recv_released += data.len() as i64;
             return Ok(());
         };
         let entry = &mut self.streams[at];
         entry.recv_window -= flow;
         if entry.recv_window < 0 {
-            self.recv_released += data.len() as i64;
+            self.link.recv_released += data.len() as i64;
             return self.stream_error(at, Reason::FLOW_CONTROL_ERROR);
         }
         entry.received += data.len() as u64;
         if let Some(expected) = entry.expected {
             if entry.received > expected || (end && entry.received != expected) {
-                self.recv_released += data.len() as i64;
+                self.link.recv_released += data.len() as i64;
                 return self.stream_error(at, Reason::PROTOCOL_ERROR);
             }
         }
         if !data.is_empty() {
             let len = data.len() as i64;
             if !entry.shared.push(data) {
-                self.recv_released += len;
+                self.link.recv_released += len;
             }
         }
         if end {
@@ -549,32 +480,32 @@ where
             return Ok(());
         }
         if self.streams.len() >= self.settings.max_concurrent_streams as usize {
-            self.rst(id, Reason::REFUSED_STREAM);
+            self.link.rst(id, Reason::REFUSED_STREAM);
             return Ok(());
         }
         if decoded.oversized {
             // Answered, as hyper's server did: 431 and the stream ends.
-            self.head.clear();
+            self.link.head.clear();
             hpack::encode_status(
                 http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                &mut self.head,
+                &mut self.link.head,
             );
-            self.write_head(id, true);
+            self.link.write_head(id, true);
             if !end {
-                self.rst(id, Reason::NO_ERROR);
+                self.link.rst(id, Reason::NO_ERROR);
             }
             return Ok(());
         }
         let Some((request, expected)) = request::build(&mut self.fields) else {
-            self.rst(id, Reason::PROTOCOL_ERROR);
+            self.link.rst(id, Reason::PROTOCOL_ERROR);
             return Ok(());
         };
         if expected.is_some_and(|n| n > 0) && end {
-            self.rst(id, Reason::PROTOCOL_ERROR);
+            self.link.rst(id, Reason::PROTOCOL_ERROR);
             return Ok(());
         }
         self.empty_data = 0;
-        let shared = Shared::new(&self.window);
+        let shared = Shared::new(&self.link.window);
         let body_shared = (!end).then(|| Arc::clone(&shared));
         let request = request.map(|()| RecvBody::new(body_shared, expected));
         let future = (self.service)(request);
@@ -588,7 +519,7 @@ where
             expected,
             received: 0,
             send: Outgoing::Waiting,
-            send_window: self.peer_initial_window,
+            send_window: self.link.peer_initial_window,
         });
         Ok(())
     }
@@ -660,51 +591,14 @@ where
                 Err(Reason::FRAME_SIZE_ERROR)
             };
         }
-        if payload.len() % 6 != 0 {
-            return Err(Reason::FRAME_SIZE_ERROR);
-        }
-        for setting in payload.chunks_exact(6) {
-            let value = u32::from_be_bytes([setting[2], setting[3], setting[4], setting[5]]);
-            match u16::from_be_bytes([setting[0], setting[1]]) {
-                frame::SETTINGS_ENABLE_PUSH if value > 1 => return Err(Reason::PROTOCOL_ERROR),
-                frame::SETTINGS_INITIAL_WINDOW_SIZE => {
-                    if value > frame::MAX_WINDOW {
-                        return Err(Reason::FLOW_CONTROL_ERROR);
-                    }
-                    let delta = i64::from(value) - self.peer_initial_window;
-                    self.peer_initial_window = i64::from(value);
-                    for entry in &mut self.streams {
-                        entry.send_window += delta;
-                        if entry.send_window > i64::from(frame::MAX_WINDOW) {
-                            return Err(Reason::FLOW_CONTROL_ERROR);
-                        }
-                    }
-                }
-                frame::SETTINGS_MAX_FRAME_SIZE => {
-                    if !(16_384..=16_777_215).contains(&value) {
-                        return Err(Reason::PROTOCOL_ERROR);
-                    }
-                    self.peer_max_frame = value as usize;
-                }
-                _ => {}
-            }
-        }
-        frame::head(&mut self.write, 0, Kind::Settings, FLAG_ACK, 0);
+        self.link.peer_settings(payload, &mut self.streams)?;
         Ok(())
     }
 
     fn window_update(&mut self, id: u32, payload: &[u8]) -> Result<(), Reason> {
-        let raw: [u8; 4] = payload.try_into().map_err(|_| Reason::FRAME_SIZE_ERROR)?;
-        let add = i64::from(u32::from_be_bytes(raw) & 0x7fff_ffff);
+        let add = Link::increment(payload)?;
         if id == 0 {
-            if add == 0 {
-                return Err(Reason::PROTOCOL_ERROR);
-            }
-            self.send_window += add;
-            if self.send_window > i64::from(frame::MAX_WINDOW) {
-                return Err(Reason::FLOW_CONTROL_ERROR);
-            }
-            return Ok(());
+            return self.link.connection_window(add);
         }
         if id > self.last_stream {
             return Err(Reason::PROTOCOL_ERROR);
@@ -728,13 +622,8 @@ where
         let entry = self.streams.swap_remove(at);
         entry.shared.fail(reason.0);
         entry.shared.cancel();
-        self.rst(entry.id, reason);
+        self.link.rst(entry.id, reason);
         Ok(())
-    }
-
-    pub(super) fn rst(&mut self, id: u32, reason: Reason) {
-        frame::head(&mut self.write, 4, Kind::RstStream, 0, id);
-        self.write.put_u32(reason.0);
     }
 
     /// A stream's future ended after its entry did (reset, or the
@@ -762,62 +651,9 @@ where
 
     fn fail(&mut self, reason: Reason) {
         tracing::debug!(%reason, "HTTP/2 connection error");
-        frame::goaway(&mut self.write, self.last_stream, reason);
+        frame::goaway(&mut self.link.write, self.last_stream, reason);
         self.failed = Some(Error::Protocol(reason));
         self.end_all(Reason::CANCEL);
-    }
-
-    /// Gives the client back the window its bodies' readers released:
-    /// a stream's own while it may still send, the connection's always.
-    fn release_windows(&mut self, cx: &mut Context<'_>) {
-        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            self.window.register(cx.waker());
-            self.waker = Some(cx.waker().clone());
-        }
-        self.recv_released += self.window.take() as i64;
-        for entry in &mut self.streams {
-            if !entry.recv_open {
-                continue;
-            }
-            let released = {
-                let mut recv = entry.shared.recv();
-                if recv.released >= RELEASE_STEP {
-                    std::mem::take(&mut recv.released)
-                } else {
-                    0
-                }
-            };
-            if released > 0 {
-                entry.recv_window += released as i64;
-                frame::window_update(&mut self.write, entry.id, released as u32);
-            }
-        }
-        if self.recv_released >= i64::from(RECV_WINDOW) / 4
-            || (self.recv_released > 0 && self.recv_window < i64::from(RECV_WINDOW) / 2)
-        {
-            frame::window_update(&mut self.write, 0, self.recv_released as u32);
-            self.recv_window += self.recv_released;
-            self.recv_released = 0;
-        }
-    }
-
-    fn flush(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        if self.write.is_empty() {
-            return Poll::Ready(Ok(()));
-        }
-        while !self.write.is_empty() {
-            match Pin::new(&mut self.io).poll_write(cx, &self.write) {
-                Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()))
-                }
-                Poll::Ready(Ok(n)) => self.write.advance(n),
-                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        // All of it went out: the buffer starts over at its beginning.
-        self.write.clear();
-        Pin::new(&mut self.io).poll_flush(cx)
     }
 }
 

@@ -13,6 +13,7 @@
 mod conn;
 mod frame;
 mod hpack;
+mod link;
 mod request;
 mod send;
 mod stream;
