@@ -90,6 +90,9 @@ pub struct Backend {
     /// For plain HTTP/1.1 backends: connections driven by the requests'
     /// own tasks (see `h1`). Upgrades still use `client`.
     pub h1: Option<super::H1Pool>,
+    /// For plain h2c backends: cutover's own HTTP/2 client (`h2`).
+    /// Upgrades still use `client`.
+    pub h2: Option<super::H2Pool>,
     /// For `h3` and `auto` backends: HTTP/3 over QUIC (`quic.rs`).
     pub quic: Option<super::QuicClient>,
     pub load: Load,
@@ -151,6 +154,13 @@ impl Backend {
         };
         let h1 = (key.tls.is_none() && key.protocol == UpstreamProtocol::Http1)
             .then(|| super::H1Pool::new(256, key.idle_timeout, Arc::clone(&connect_time)));
+        let h2 = (key.tls.is_none() && key.protocol == UpstreamProtocol::H2c).then(|| {
+            super::H2Pool::new(
+                key.connect_timeout,
+                key.idle_timeout,
+                Arc::clone(&connect_time),
+            )
+        });
         let scheme = if key.tls.is_some() {
             Scheme::HTTPS
         } else {
@@ -174,6 +184,7 @@ impl Backend {
             scheme,
             version,
             h1,
+            h2,
             clients,
             quic,
             load: Load::default(),

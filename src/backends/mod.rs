@@ -21,6 +21,7 @@ mod budget;
 mod client;
 mod dial;
 mod h1;
+mod h2;
 mod health;
 mod load;
 mod outlier;
@@ -39,6 +40,7 @@ pub use dial::{dial, ConnectError};
 pub use h1::{
     header_tokens, request as request_h1, ExchangeError, H1Pool, SendError, UpstreamBody,
 };
+pub use h2::H2Pool;
 pub use health::HealthState;
 pub use quic::{H3AnswerBody, Pooled, QuicClient, QuicError};
 pub use transport::{connect_error, send, AnswerBody, Sending, TransportError};

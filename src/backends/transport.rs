@@ -43,6 +43,8 @@ pub enum TransportError {
 #[derive(Debug)]
 pub enum AnswerBody {
     Tcp(Incoming),
+    /// From an h2c backend, through cutover's own HTTP/2 client.
+    H2(crate::http2::RecvBody),
     Quic(Box<H3AnswerBody>),
 }
 
@@ -56,6 +58,7 @@ impl Body for AnswerBody {
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             AnswerBody::Tcp(body) => std::pin::Pin::new(body).poll_frame(cx).map_err(Into::into),
+            AnswerBody::H2(body) => std::pin::Pin::new(body).poll_frame(cx).map_err(Into::into),
             AnswerBody::Quic(body) => std::pin::Pin::new(&mut **body).poll_frame(cx),
         }
     }
@@ -63,6 +66,7 @@ impl Body for AnswerBody {
     fn is_end_stream(&self) -> bool {
         match self {
             AnswerBody::Tcp(body) => body.is_end_stream(),
+            AnswerBody::H2(body) => body.is_end_stream(),
             AnswerBody::Quic(body) => body.is_end_stream(),
         }
     }
@@ -70,6 +74,7 @@ impl Body for AnswerBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             AnswerBody::Tcp(body) => body.size_hint(),
+            AnswerBody::H2(body) => body.size_hint(),
             AnswerBody::Quic(body) => body.size_hint(),
         }
     }
@@ -133,8 +138,8 @@ pub async fn send(
 }
 
 /// Over QUIC when the backend's is up (`h3`; `auto` takes TCP when it is
-/// not, or when a stream could not be opened), otherwise through hyper's
-/// pooled client.
+/// not, or when a stream could not be opened), through cutover's own
+/// HTTP/2 client for plain h2c, otherwise through hyper's pooled client.
 pub(super) async fn pooled(
     backend: &Backend,
     request: Request<SignalledBody>,
@@ -170,6 +175,10 @@ pub(super) async fn pooled(
             }
         }
         Err(error) => return Err(quic_failed(error)),
+    }
+    if let (Some(pool), false) = (&backend.h2, upgrading) {
+        let response = pool.send(&backend.key.addr, request).await?;
+        return Ok(response.map(AnswerBody::H2));
     }
     let response = backend
         .client()

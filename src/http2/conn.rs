@@ -516,6 +516,7 @@ where
             shared,
             recv_open: !end,
             recv_window: i64::from(RECV_WINDOW),
+            head_in: true,
             expected,
             received: 0,
             send: Outgoing::Waiting,

@@ -560,6 +560,20 @@ pub fn encode_status(status: http::StatusCode, out: &mut BytesMut) {
     }
 }
 
+/// Encodes a field of the static table's entry `index` (§6.1): a
+/// request's `:method GET`, `:path /`, `:scheme http`.
+pub fn encode_indexed(index: usize, out: &mut BytesMut) {
+    put_integer(out, 0x80, 7, index);
+}
+
+/// Encodes a pseudo-field whose name is the static table's entry
+/// `index`, as a literal without indexing.
+pub fn encode_named(index: usize, value: &[u8], out: &mut BytesMut) {
+    put_integer(out, 0x00, 4, index);
+    put_integer(out, 0, 7, value.len());
+    out.put_slice(value);
+}
+
 /// Encodes one regular field: a literal without indexing, or never
 /// indexed when its value is marked sensitive (§6.2.3: no intermediary
 /// may index it either).

@@ -49,6 +49,8 @@ pub(super) struct Entry<B> {
     pub(super) recv_open: bool,
     /// What the peer may still send on it before a WINDOW_UPDATE.
     pub(super) recv_window: i64,
+    /// The peer's head arrived (on the server, always).
+    pub(super) head_in: bool,
     /// `content-length` of what arrives, and what arrived.
     pub(super) expected: Option<u64>,
     pub(super) received: u64,
@@ -121,8 +123,14 @@ impl Link {
     /// Writes `self.head` as HEADERS (and CONTINUATION frames when it is
     /// larger than the peer's frames).
     pub(super) fn write_head(&mut self, id: u32, end: bool) {
+        let head = std::mem::take(&mut self.head);
+        self.write_block(id, end, &head);
+        self.head = head;
+    }
+
+    /// Writes the header block `block` as HEADERS (and CONTINUATION).
+    pub(super) fn write_block(&mut self, id: u32, end: bool, mut block: &[u8]) {
         let end_stream = if end { FLAG_END_STREAM } else { 0 };
-        let mut block = &self.head[..];
         let mut kind = Kind::Headers;
         let mut flags = end_stream;
         loop {

@@ -10,6 +10,10 @@
 //! produced in one write; nothing is shared between streams but that
 //! task. Backends are still reached through hyper's client.
 
+mod client;
+mod client_conn;
+#[cfg(test)]
+mod client_tests;
 mod conn;
 mod frame;
 mod hpack;
@@ -22,6 +26,8 @@ mod tests;
 
 use std::time::Duration;
 
+pub use client::{ClientError, ClientSettings, Failed, ResponseFuture, SendRequest};
+pub use client_conn::{handshake, ClientConnection};
 pub use conn::{Connection, Error};
 pub use frame::{Reason, PREFACE};
 pub use stream::{BodyError, RecvBody};

@@ -49,6 +49,20 @@ pub(super) struct Recv {
     /// The body was dropped: what arrives from now on is given back at
     /// once.
     pub dropped: bool,
+    /// The client's: the answer's head, until its reader takes it.
+    pub(super) head: Head,
+}
+
+/// Where the answer's head of a client stream is.
+#[derive(Default)]
+pub(super) enum Head {
+    /// Not here yet (and, on the server, never).
+    #[default]
+    Waiting,
+    Ready(http::response::Parts),
+    Taken,
+    /// The stream failed before its head came.
+    Failed(super::client::ClientError),
 }
 
 /// A payload under this many bytes is copied behind others still unread
@@ -85,6 +99,26 @@ impl Recv {
         }
     }
 
+    /// Wakes whoever waits on the stream.
+    pub(super) fn wake(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            reader.wake();
+        }
+    }
+
+    /// Keeps `cx`'s waker, to be woken by `wake`.
+    pub(super) fn wait(&mut self, cx: &Context<'_>) {
+        match &self.reader {
+            Some(reader) if reader.will_wake(cx.waker()) => {}
+            _ => self.reader = Some(cx.waker().clone()),
+        }
+    }
+
+    /// Whether nothing is left to read but the end.
+    pub(super) fn is_drained(&self) -> bool {
+        self.data.is_empty() && self.small.is_empty() && self.trailers.is_none()
+    }
+
     /// Drops what is queued: how many bytes it was.
     fn clear(&mut self) -> usize {
         let unread = self.data.drain(..).map(|d| d.len()).sum::<usize>() + self.small.len();
@@ -99,6 +133,9 @@ impl Recv {
 #[derive(Default)]
 pub(super) struct Window {
     released: AtomicUsize,
+    /// A stream's reader went away before its end (the client's: the
+    /// connection resets such streams).
+    abandoned: AtomicBool,
     /// The connection's task, woken when enough window was released.
     waker: Mutex<Option<Waker>>,
 }
@@ -114,6 +151,24 @@ impl Window {
             .waker
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(waker.clone());
+    }
+
+    /// A reader left a stream before its end: the connection is woken to
+    /// see which.
+    pub(super) fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Release);
+        let waker = self
+            .waker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(waker) = &*waker {
+            waker.wake_by_ref();
+        }
+    }
+
+    /// Whether a reader left since the last call.
+    pub(super) fn take_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Acquire) && self.abandoned.swap(false, Ordering::AcqRel)
     }
 
     /// Counts `n` released bytes; the connection is woken each time the
@@ -138,7 +193,7 @@ pub(super) struct Shared {
     /// The stream's future's waker, to poll it once more when cancelled.
     task: Mutex<Option<Waker>>,
     recv: Mutex<Recv>,
-    window: Arc<Window>,
+    pub(super) window: Arc<Window>,
 }
 
 /// Window updates are sent in steps of this many bytes at least.
@@ -294,11 +349,15 @@ impl Drop for RecvBody {
         if let Some(shared) = &self.shared {
             let mut recv = shared.recv();
             recv.dropped = true;
+            let early = !recv.ended && recv.failed.is_none();
             // What was queued and never read goes back to the window.
             let unread = recv.clear();
             recv.released += unread;
             let stream = recv.released;
             drop(recv);
+            if early {
+                shared.window.abandon();
+            }
             if unread > 0 {
                 // Past the step: the connection learns at once.
                 shared.window.release(unread, stream.max(RELEASE_STEP));

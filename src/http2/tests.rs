@@ -26,23 +26,24 @@ const SETTINGS: Settings = Settings {
 
 type Answer = Result<Response<Full<Bytes>>, Infallible>;
 
-/// A raw client on one end of an in-memory pipe.
-struct Client {
-    io: DuplexStream,
-    read: BytesMut,
-    decoder: Decoder,
+/// A raw client on one end of an in-memory pipe (the client's tests use
+/// it as a raw backend).
+pub(super) struct Client {
+    pub(super) io: DuplexStream,
+    pub(super) read: BytesMut,
+    pub(super) decoder: Decoder,
 }
 
 #[derive(Debug)]
-struct Frame {
-    kind: u8,
-    flags: u8,
-    stream: u32,
-    payload: Bytes,
+pub(super) struct Frame {
+    pub(super) kind: u8,
+    pub(super) flags: u8,
+    pub(super) stream: u32,
+    pub(super) payload: Bytes,
 }
 
 impl Client {
-    async fn send(&mut self, kind: Kind, flags: u8, stream: u32, payload: &[u8]) {
+    pub(super) async fn send(&mut self, kind: Kind, flags: u8, stream: u32, payload: &[u8]) {
         let mut out = BytesMut::new();
         frame::head(&mut out, payload.len(), kind, flags, stream);
         out.put_slice(payload);
@@ -50,7 +51,7 @@ impl Client {
     }
 
     /// The preface and an empty SETTINGS (or `settings`).
-    async fn hello(&mut self, settings: &[(u16, u32)]) {
+    pub(super) async fn hello(&mut self, settings: &[(u16, u32)]) {
         self.io.write_all(frame::PREFACE).await.unwrap();
         let mut payload = Vec::new();
         for (id, value) in settings {
@@ -61,7 +62,7 @@ impl Client {
     }
 
     /// The next frame, or None once the server closed (or 5 s passed).
-    async fn next(&mut self) -> Option<Frame> {
+    pub(super) async fn next(&mut self) -> Option<Frame> {
         loop {
             if let Some(header) = frame::Header::parse(&self.read) {
                 if self.read.len() >= 9 + header.len {
@@ -85,7 +86,7 @@ impl Client {
 
     /// Frames until one of `kind` (SETTINGS and WINDOW_UPDATE from the
     /// server's start are skipped).
-    async fn next_of(&mut self, kind: Kind) -> Option<Frame> {
+    pub(super) async fn next_of(&mut self, kind: Kind) -> Option<Frame> {
         loop {
             let frame = self.next().await?;
             if frame.kind == kind as u8 {
@@ -95,13 +96,13 @@ impl Client {
     }
 
     /// The GOAWAY that ends the connection: its error code.
-    async fn goaway(&mut self) -> Option<Reason> {
+    pub(super) async fn goaway(&mut self) -> Option<Reason> {
         let frame = self.next_of(Kind::GoAway).await?;
         let code = u32::from_be_bytes(frame.payload[4..8].try_into().unwrap());
         Some(Reason(code))
     }
 
-    fn decode(&mut self, block: &[u8]) -> Vec<String> {
+    pub(super) fn decode(&mut self, block: &[u8]) -> Vec<String> {
         let mut fields = Vec::new();
         self.decoder.decode(block, 1 << 16, &mut fields).unwrap();
         fields
@@ -114,7 +115,7 @@ impl Client {
             .collect()
     }
 
-    async fn get(&mut self, stream: u32, path: &str) {
+    pub(super) async fn get(&mut self, stream: u32, path: &str) {
         let block = request_block(path, &[]);
         self.send(
             Kind::Headers,
@@ -127,7 +128,7 @@ impl Client {
 }
 
 /// A request's field block: GET `path` on https://a.example, plus `extra`.
-fn request_block(path: &str, extra: &[(&str, &str)]) -> Vec<u8> {
+pub(super) fn request_block(path: &str, extra: &[(&str, &str)]) -> Vec<u8> {
     let mut block = BytesMut::new();
     block.put_slice(&[0x82, 0x87]);
     // :authority (literal without indexing, name index 1), :path (4).

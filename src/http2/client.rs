@@ -1,0 +1,351 @@
+//! cutover's HTTP/2 client (RFC 9113): requests to h2c backends over one
+//! connection per worker and backend, on the framing and HPACK the
+//! server already has.
+//!
+//! A request's head is encoded by its own task (the encoder keeps no
+//! table) and queued for the connection's task, which gives it a stream,
+//! writes it with whatever else the turn produced in one write, sends the
+//! request body within the windows, and hands the answer's head and body
+//! back through the stream's shared state (`stream::Shared`), as the
+//! server hands a request's body to its reader. The `h2` crate under
+//! hyper's client was a third of a proxied gRPC call's instructions
+//! (docs/performance.md).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{header, Method, Request, Response, StatusCode};
+use http_body::Body;
+
+use super::frame::Reason;
+use super::hpack;
+use super::request::connection_specific;
+use super::stream::{Head, RecvBody, Shared, Window};
+
+/// Why a request on a client connection failed.
+#[derive(Debug, Clone)]
+pub enum ClientError {
+    /// The backend reset the stream.
+    Reset(Reason),
+    /// The backend did not process the stream (REFUSED_STREAM, or above
+    /// its GOAWAY's last stream) and its body had already gone out.
+    Refused,
+    /// The connection ended before the answer did.
+    Connection(Arc<str>),
+    /// The answer broke HTTP/2's rules.
+    Malformed(&'static str),
+    /// The request cannot be written on HTTP/2.
+    Request(&'static str),
+    /// The request body failed (the caller holds why).
+    Body,
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::Reset(reason) => {
+                write!(f, "the backend reset the HTTP/2 stream ({reason})")
+            }
+            ClientError::Refused => f.write_str("the backend refused the HTTP/2 stream"),
+            ClientError::Connection(why) => write!(f, "HTTP/2 connection to the backend: {why}"),
+            ClientError::Malformed(what) => write!(f, "malformed HTTP/2 answer: {what}"),
+            ClientError::Request(what) => write!(f, "the request cannot go over HTTP/2: {what}"),
+            ClientError::Body => f.write_str("the request body failed"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+/// How a request on the client ended without an answer.
+pub enum Failed<B> {
+    Error(ClientError),
+    /// Nothing of it reached the backend: the request, to send again.
+    Unsent(Request<B>),
+}
+
+/// What a client connection asks of its backend.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientSettings {
+    /// SETTINGS_MAX_HEADER_LIST_SIZE: an answer's head past it fails the
+    /// stream.
+    pub max_header_list_size: u32,
+    /// With no stream open this long, the connection closes.
+    pub idle_timeout: Duration,
+}
+
+/// Streams a connection takes before the peer's SETTINGS say how many
+/// (RFC 9113 §6.5.2 advises no fewer than 100).
+const INITIAL_MAX_STREAMS: usize = 100;
+
+/// A request waiting for the connection's task to give it a stream.
+pub(super) struct Opening<B> {
+    pub(super) block: Bytes,
+    /// `None`: the request ended with its head.
+    pub(super) body: Option<B>,
+    /// No content may come back (HEAD).
+    pub(super) bodiless: bool,
+    pub(super) shared: Arc<Shared>,
+}
+
+pub(super) struct Queue<B> {
+    pub(super) opening: Vec<Opening<B>>,
+    /// The connection's task.
+    pub(super) waker: Option<Waker>,
+    /// Streams queued or open.
+    pub(super) active: usize,
+    /// The peer's SETTINGS_MAX_CONCURRENT_STREAMS.
+    pub(super) max: usize,
+    /// Why it takes no new streams.
+    pub(super) closed: Option<ClientError>,
+}
+
+pub(super) struct Handle<B> {
+    queue: Mutex<Queue<B>>,
+    pub(super) window: Arc<Window>,
+}
+
+impl<B> Handle<B> {
+    pub(super) fn new(window: Arc<Window>) -> Self {
+        Handle {
+            queue: Mutex::new(Queue {
+                opening: Vec::new(),
+                waker: None,
+                active: 0,
+                max: INITIAL_MAX_STREAMS,
+                closed: None,
+            }),
+            window,
+        }
+    }
+
+    pub(super) fn queue(&self) -> MutexGuard<'_, Queue<B>> {
+        // Every step leaves the queue consistent: a poisoned lock only
+        // means a panic elsewhere held it.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Sends requests on one client connection; cloned by everyone who does.
+pub struct SendRequest<B> {
+    handle: Arc<Handle<B>>,
+}
+
+impl<B> Clone for SendRequest<B> {
+    fn clone(&self) -> Self {
+        SendRequest {
+            handle: Arc::clone(&self.handle),
+        }
+    }
+}
+
+impl<B> SendRequest<B> {
+    pub(super) fn new(handle: Arc<Handle<B>>) -> Self {
+        SendRequest { handle }
+    }
+
+    /// Whether it takes no more streams (ended, idle, or going away).
+    pub fn is_closed(&self) -> bool {
+        self.handle.queue().closed.is_some()
+    }
+
+    /// Whether a new stream fits now.
+    pub fn has_room(&self) -> bool {
+        let queue = self.handle.queue();
+        queue.closed.is_none() && queue.active < queue.max
+    }
+
+    /// Sends `request` on a new stream (its URI absolute: scheme and
+    /// authority go as `:scheme` and `:authority`); the request back when
+    /// the connection takes no more.
+    #[expect(
+        clippy::result_large_err,
+        reason = "the request comes back as it went in, to go to another connection: boxed, every full connection would cost an allocation"
+    )]
+    pub fn send(&self, request: Request<B>) -> Result<ResponseFuture<B>, Request<B>>
+    where
+        B: Body,
+    {
+        let (parts, body) = request.into_parts();
+        let shared = Shared::new(&self.handle.window);
+        let mut block = BytesMut::with_capacity(256);
+        let encoded = encode_head(&parts, &mut block);
+        let mut kept = None;
+        match encoded {
+            Err(error) => {
+                shared.recv().head = Head::Failed(error);
+                kept = Some(body);
+            }
+            Ok(()) => {
+                let mut queue = self.handle.queue();
+                if queue.closed.is_some() || queue.active >= queue.max {
+                    drop(queue);
+                    return Err(Request::from_parts(parts, body));
+                }
+                let body = match body.is_end_stream() {
+                    true => {
+                        kept = Some(body);
+                        None
+                    }
+                    false => Some(body),
+                };
+                queue.active += 1;
+                queue.opening.push(Opening {
+                    block: block.freeze(),
+                    body,
+                    bodiless: parts.method == Method::HEAD,
+                    shared: Arc::clone(&shared),
+                });
+                if let Some(waker) = &queue.waker {
+                    waker.wake_by_ref();
+                }
+            }
+        }
+        Ok(ResponseFuture {
+            shared: Some(shared),
+            handle: Arc::clone(&self.handle),
+            parts: Some(parts),
+            kept,
+        })
+    }
+}
+
+/// A request's pseudo-fields and headers as one HPACK block (§8.3.1).
+fn encode_head(parts: &http::request::Parts, out: &mut BytesMut) -> Result<(), ClientError> {
+    if parts.method == Method::CONNECT {
+        return Err(ClientError::Request(
+            "CONNECT is not proxied to HTTP/2 backends",
+        ));
+    }
+    match parts.method {
+        Method::GET => hpack::encode_indexed(2, out),
+        Method::POST => hpack::encode_indexed(3, out),
+        ref other => hpack::encode_named(2, other.as_str().as_bytes(), out),
+    }
+    match parts.uri.scheme_str() {
+        Some("https") => hpack::encode_indexed(7, out),
+        _ => hpack::encode_indexed(6, out),
+    }
+    let host = parts.headers.get(header::HOST).map(|h| h.as_bytes());
+    let authority = match parts.uri.authority() {
+        Some(authority) => authority.as_str().as_bytes(),
+        None => host.ok_or(ClientError::Request("no authority"))?,
+    };
+    hpack::encode_named(1, authority, out);
+    match parts.uri.path_and_query().map(|p| p.as_str()) {
+        None | Some("/") | Some("") => hpack::encode_indexed(4, out),
+        Some(path) => hpack::encode_named(4, path.as_bytes(), out),
+    }
+    for (name, value) in &parts.headers {
+        if connection_specific(name)
+            || *name == header::HOST
+            || (*name == header::TE && value != "trailers")
+        {
+            continue;
+        }
+        hpack::encode_field(name, value.as_bytes(), value.is_sensitive(), out);
+    }
+    Ok(())
+}
+
+/// The answer's head to a request sent on a client connection.
+pub struct ResponseFuture<B> {
+    shared: Option<Arc<Shared>>,
+    handle: Arc<Handle<B>>,
+    /// The request's head, to send it again if it is refused unsent.
+    parts: Option<http::request::Parts>,
+    /// The body of a request that ended with its head.
+    kept: Option<B>,
+}
+
+impl<B: Unpin> Future for ResponseFuture<B> {
+    type Output = Result<Response<RecvBody>, Failed<B>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let Some(shared) = this.shared.take() else {
+            return Poll::Ready(Err(Failed::Error(ClientError::Request(
+                "answer polled after it came",
+            ))));
+        };
+        let mut recv = shared.recv();
+        match std::mem::replace(&mut recv.head, Head::Taken) {
+            Head::Ready(head) => {
+                let ended = recv.ended && recv.is_drained();
+                drop(recv);
+                let bodiless = this
+                    .parts
+                    .as_ref()
+                    .is_some_and(|p| p.method == Method::HEAD)
+                    || head.status == StatusCode::NO_CONTENT
+                    || head.status == StatusCode::NOT_MODIFIED;
+                let length = match bodiless {
+                    true => Some(0),
+                    false => content_length(&head.headers),
+                };
+                let body = match ended {
+                    true => RecvBody::new(None, length),
+                    false => RecvBody::new(Some(shared), length),
+                };
+                Poll::Ready(Ok(Response::from_parts(head, body)))
+            }
+            Head::Failed(ClientError::Refused) => {
+                drop(recv);
+                Poll::Ready(Err(this.refused(&shared)))
+            }
+            Head::Failed(error) => Poll::Ready(Err(Failed::Error(error))),
+            head @ (Head::Waiting | Head::Taken) => {
+                recv.head = head;
+                recv.wait(cx);
+                drop(recv);
+                this.shared = Some(shared);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<B> ResponseFuture<B> {
+    /// The stream was refused: the request back if none of it went out
+    /// (still queued, or ended with its head).
+    fn refused(&mut self, shared: &Arc<Shared>) -> Failed<B> {
+        let body = self.kept.take().or_else(|| {
+            let mut queue = self.handle.queue();
+            let at = queue
+                .opening
+                .iter()
+                .position(|o| Arc::ptr_eq(&o.shared, shared))?;
+            queue.opening.swap_remove(at).body
+        });
+        match (self.parts.take(), body) {
+            (Some(parts), Some(body)) => Failed::Unsent(Request::from_parts(parts, body)),
+            _ => Failed::Error(ClientError::Refused),
+        }
+    }
+}
+
+impl<B> Drop for ResponseFuture<B> {
+    fn drop(&mut self) {
+        // Gone before the head: the connection resets the stream.
+        if let Some(shared) = &self.shared {
+            let mut recv = shared.recv();
+            recv.dropped = true;
+            if matches!(recv.head, Head::Waiting) {
+                drop(recv);
+                self.handle.window.abandon();
+            }
+        }
+    }
+}
+
+/// A head's `content-length`, when it names one valid length.
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+    let first = values.next()?;
+    let n = std::str::from_utf8(first.as_bytes()).ok()?.parse().ok()?;
+    values.all(|v| v == first).then_some(n)
+}
