@@ -13,6 +13,8 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Frame, SizeHint};
 
+use super::frame::Reason;
+
 /// An error of a request body: the stream was reset, or the connection
 /// ended before the body did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +30,41 @@ impl std::fmt::Display for BodyError {
 }
 
 impl std::error::Error for BodyError {}
+
+/// Why a request on a client connection failed.
+#[derive(Debug, Clone)]
+pub enum ClientError {
+    /// The backend reset the stream.
+    Reset(Reason),
+    /// The backend did not process the stream (REFUSED_STREAM, or above
+    /// its GOAWAY's last stream) and its body had already gone out.
+    Refused,
+    /// The connection ended before the answer did.
+    Connection(Arc<str>),
+    /// The answer broke HTTP/2's rules.
+    Malformed(&'static str),
+    /// The request cannot be written on HTTP/2.
+    Request(&'static str),
+    /// The request body failed (the caller holds why).
+    Body,
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::Reset(reason) => {
+                write!(f, "the backend reset the HTTP/2 stream ({reason})")
+            }
+            ClientError::Refused => f.write_str("the backend refused the HTTP/2 stream"),
+            ClientError::Connection(why) => write!(f, "HTTP/2 connection to the backend: {why}"),
+            ClientError::Malformed(what) => write!(f, "malformed HTTP/2 answer: {what}"),
+            ClientError::Request(what) => write!(f, "the request cannot go over HTTP/2: {what}"),
+            ClientError::Body => f.write_str("the request body failed"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
 
 #[derive(Default)]
 pub(super) struct Recv {
@@ -62,7 +99,7 @@ pub(super) enum Head {
     Ready(http::response::Parts),
     Taken,
     /// The stream failed before its head came.
-    Failed(super::client::ClientError),
+    Failed(ClientError),
 }
 
 /// A payload under this many bytes is copied behind others still unread
