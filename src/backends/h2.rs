@@ -3,14 +3,17 @@
 //! requests up to the backend's stream limit. (TLS h2 backends, `auto`
 //! and protocol upgrades still go through hyper's client.)
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures_util::future::{FutureExt, Shared};
 use http::{Request, Response};
 
 use super::transport::{connect_error, TransportError};
 use super::SignalledBody;
-use crate::http2::{ClientSettings, Failed, RecvBody, SendRequest};
+use crate::http2::{ClientSettings, Failed, RecvBody, Resend, SendRequest};
 use crate::telemetry::series::Histogram;
 
 /// Largest answer head (the HPACK-decoded list, RFC 9113 §6.5.2)
@@ -22,9 +25,23 @@ const RESENDS: usize = 3;
 
 type Sender = SendRequest<SignalledBody>;
 
+/// A connect in progress that every request of the worker waiting for a
+/// connection shares: its connection, or the connect error's parts.
+type Dialing = Shared<Dial>;
+type Dial = Pin<Box<dyn Future<Output = Result<Sender, (bool, String)>> + Send>>;
+
+#[derive(Default)]
+struct Shard {
+    senders: Vec<Sender>,
+    /// At most one connect at a time per worker (hyper's pool does the
+    /// same for HTTP/2): a burst of requests with no connection to take
+    /// them waits for one, rather than opening one each.
+    dialing: Option<Dialing>,
+}
+
 /// A backend's HTTP/2 connections, by worker.
 pub struct H2Pool {
-    shards: Box<[Mutex<Vec<Sender>>]>,
+    shards: Box<[Mutex<Shard>]>,
     settings: ClientSettings,
     connect_timeout: Duration,
     connect_time: Arc<Histogram>,
@@ -63,12 +80,9 @@ impl H2Pool {
         addr: &str,
         request: Request<SignalledBody>,
     ) -> Result<Response<RecvBody>, TransportError> {
-        let mut request = request;
+        let mut request = request.map(Resend::new);
         for _ in 0..=RESENDS {
-            let sender = match self.pick() {
-                Some(sender) => sender,
-                None => self.connect(addr).await?,
-            };
+            let sender = self.connection(addr).await?;
             let answer = match sender.send(request) {
                 Ok(answer) => answer,
                 Err(back) => {
@@ -90,31 +104,57 @@ impl H2Pool {
         )))
     }
 
-    fn shard(&self) -> &Mutex<Vec<Sender>> {
+    fn shard(&self) -> &Mutex<Shard> {
         // INVARIANT: `client_shard` returns an index below its argument.
         &self.shards[super::client_shard(self.shards.len())]
     }
 
-    /// A connection of this worker's with room for a stream.
-    fn pick(&self) -> Option<Sender> {
-        let mut senders = self.shard().lock().unwrap_or_else(PoisonError::into_inner);
-        senders.retain(|sender| !sender.is_closed());
-        senders.iter().find(|sender| sender.has_room()).cloned()
+    /// A connection of this worker's with room for a stream: one it has,
+    /// or the one being opened, or a new one.
+    async fn connection(&self, addr: &str) -> Result<Sender, TransportError> {
+        let dialing = {
+            let mut shard = self.shard().lock().unwrap_or_else(PoisonError::into_inner);
+            shard.senders.retain(|sender| !sender.is_closed());
+            if let Some(sender) = shard.senders.iter().find(|sender| sender.has_room()) {
+                return Ok(sender.clone());
+            }
+            match &shard.dialing {
+                Some(dialing) => dialing.clone(),
+                None => {
+                    let dialing = self.dial(addr).shared();
+                    shard.dialing = Some(dialing.clone());
+                    dialing
+                }
+            }
+        };
+        let dialed = dialing.clone().await;
+        let mut shard = self.shard().lock().unwrap_or_else(PoisonError::into_inner);
+        if shard.dialing.as_ref().is_some_and(|d| d.ptr_eq(&dialing)) {
+            shard.dialing = None;
+            if let Ok(sender) = &dialed {
+                shard.senders.push(sender.clone());
+            }
+        }
+        dialed.map_err(|(refused, detail)| TransportError::Connect { refused, detail })
     }
 
-    /// A new connection, its task spawned on this worker.
-    async fn connect(&self, addr: &str) -> Result<Sender, TransportError> {
-        let started = Instant::now();
-        let stream = super::dial(addr, self.connect_timeout)
-            .await
-            .map_err(|error| connect_error(addr, &error))?;
-        self.connect_time.record(started.elapsed());
-        let (sender, connection) = crate::http2::handshake(stream, self.settings);
-        tokio::spawn(connection);
-        self.shard()
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(sender.clone());
-        Ok(sender)
+    /// Opens a connection; its task is spawned on the calling worker.
+    fn dial(&self, addr: &str) -> Dial {
+        let addr = addr.to_owned();
+        let (timeout, settings) = (self.connect_timeout, self.settings);
+        let connect_time = Arc::clone(&self.connect_time);
+        Box::pin(async move {
+            let started = Instant::now();
+            let stream = super::dial(&addr, timeout)
+                .await
+                .map_err(|error| match connect_error(&addr, &error) {
+                    TransportError::Connect { refused, detail } => (refused, detail),
+                    other => (false, other.to_string()),
+                })?;
+            connect_time.record(started.elapsed());
+            let (sender, connection) = crate::http2::handshake(stream, settings);
+            tokio::spawn(connection);
+            Ok(sender)
+        })
     }
 }

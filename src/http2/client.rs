@@ -27,10 +27,124 @@ pub use super::stream::ClientError;
 use super::stream::{Head, RecvBody, Shared, Window};
 
 /// How a request on the client ended without an answer.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "the request goes back as it came, to go again: a box would cost each refusal an allocation for nothing"
+)]
 pub enum Failed<B> {
     Error(ClientError),
-    /// Nothing of it reached the backend: the request, to send again.
-    Unsent(Request<B>),
+    /// The backend did not process it (RFC 9113 §8.7): the request, its
+    /// body from the start, to send again.
+    Unsent(Request<Resend<B>>),
+}
+
+/// Most a request body keeps of what it gave, to be sent again after
+/// a refusal; a longer one is not sent again.
+const RESEND_BYTES: usize = 64 * 1024;
+/// Most frames it keeps (each a slice that pins its buffer).
+const RESEND_FRAMES: usize = 64;
+
+/// One frame a body gave.
+#[derive(Debug, Clone)]
+enum Given {
+    Data(Bytes),
+    Trailers(Box<http::HeaderMap>),
+}
+
+/// A request body that keeps what it gave until the answer's head, so
+/// that a stream the backend refused unprocessed (its GOAWAY's last
+/// stream below it, or REFUSED_STREAM) goes again on another connection:
+/// a backend that closes connections after so many requests (nginx's
+/// `keepalive_requests`) refuses those already on their way. Past
+/// `RESEND_BYTES` it keeps nothing and cannot go again.
+#[derive(Debug)]
+pub struct Resend<B> {
+    inner: B,
+    /// What `inner` gave, in order; `None` once past the bounds or no
+    /// longer needed.
+    given: Option<Vec<Given>>,
+    kept: usize,
+    /// When sent again: the next of `given` to give.
+    replay: usize,
+}
+
+impl<B> Resend<B> {
+    pub fn new(inner: B) -> Self {
+        Resend {
+            inner,
+            given: Some(Vec::new()),
+            kept: 0,
+            replay: 0,
+        }
+    }
+
+    /// Whether it can be sent again from its start.
+    pub(super) fn can_resend(&self) -> bool {
+        self.given.is_some()
+    }
+
+    /// Back to its start, to be sent again.
+    pub(super) fn rewind(&mut self) {
+        self.replay = 0;
+    }
+
+    /// The answer's head came: nothing will be sent again.
+    pub(super) fn forget(&mut self) {
+        self.given = None;
+    }
+
+    fn keep(&mut self, given: Given, len: usize) {
+        self.kept += len;
+        match &mut self.given {
+            Some(list) if self.kept <= RESEND_BYTES && list.len() < RESEND_FRAMES => {
+                list.push(given);
+                self.replay = list.len();
+            }
+            _ => self.given = None,
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Resend<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        if let Some(given) = this.given.as_ref().and_then(|g| g.get(this.replay)) {
+            this.replay += 1;
+            return Poll::Ready(Some(Ok(match given.clone() {
+                Given::Data(data) => http_body::Frame::data(data),
+                Given::Trailers(trailers) => http_body::Frame::trailers(*trailers),
+            })));
+        }
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if this.given.is_some() {
+                if let Some(data) = frame.data_ref() {
+                    this.keep(Given::Data(data.clone()), data.len());
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    this.keep(Given::Trailers(Box::new(trailers.clone())), 0);
+                }
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let replaying = self
+            .given
+            .as_ref()
+            .is_some_and(|given| self.replay < given.len());
+        !replaying && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// What a client connection asks of its backend.
@@ -51,7 +165,7 @@ const INITIAL_MAX_STREAMS: usize = 100;
 pub(super) struct Opening<B> {
     pub(super) block: Bytes,
     /// `None`: the request ended with its head.
-    pub(super) body: Option<B>,
+    pub(super) body: Option<Resend<B>>,
     /// No content may come back (HEAD).
     pub(super) bodiless: bool,
     pub(super) shared: Arc<Shared>,
@@ -59,6 +173,9 @@ pub(super) struct Opening<B> {
 
 pub(super) struct Queue<B> {
     pub(super) opening: Vec<Opening<B>>,
+    /// Bodies of streams refused unprocessed, for their senders (by the
+    /// address of the stream's shared state).
+    pub(super) returned: Vec<(usize, Resend<B>)>,
     /// The connection's task.
     pub(super) waker: Option<Waker>,
     /// Streams queued or open.
@@ -79,6 +196,7 @@ impl<B> Handle<B> {
         Handle {
             queue: Mutex::new(Queue {
                 opening: Vec::new(),
+                returned: Vec::new(),
                 waker: None,
                 active: 0,
                 max: INITIAL_MAX_STREAMS,
@@ -131,9 +249,9 @@ impl<B> SendRequest<B> {
         clippy::result_large_err,
         reason = "the request comes back as it went in, to go to another connection: boxed, every full connection would cost an allocation"
     )]
-    pub fn send(&self, request: Request<B>) -> Result<ResponseFuture<B>, Request<B>>
+    pub fn send(&self, request: Request<Resend<B>>) -> Result<ResponseFuture<B>, Request<Resend<B>>>
     where
-        B: Body,
+        B: Body<Data = Bytes> + Unpin,
     {
         let (parts, body) = request.into_parts();
         let shared = Shared::new(&self.handle.window);
@@ -224,7 +342,7 @@ pub struct ResponseFuture<B> {
     /// The request's head, to send it again if it is refused unsent.
     parts: Option<http::request::Parts>,
     /// The body of a request that ended with its head.
-    kept: Option<B>,
+    kept: Option<Resend<B>>,
 }
 
 impl<B: Unpin> Future for ResponseFuture<B> {
@@ -280,11 +398,16 @@ impl<B> ResponseFuture<B> {
     fn refused(&mut self, shared: &Arc<Shared>) -> Failed<B> {
         let body = self.kept.take().or_else(|| {
             let mut queue = self.handle.queue();
-            let at = queue
+            if let Some(at) = queue
                 .opening
                 .iter()
-                .position(|o| Arc::ptr_eq(&o.shared, shared))?;
-            queue.opening.swap_remove(at).body
+                .position(|o| Arc::ptr_eq(&o.shared, shared))
+            {
+                return queue.opening.swap_remove(at).body;
+            }
+            let key = Arc::as_ptr(shared) as usize;
+            let at = queue.returned.iter().position(|(k, _)| *k == key)?;
+            Some(queue.returned.swap_remove(at).1)
         });
         match (self.parts.take(), body) {
             (Some(parts), Some(body)) => Failed::Unsent(Request::from_parts(parts, body)),
@@ -299,9 +422,17 @@ impl<B> Drop for ResponseFuture<B> {
         if let Some(shared) = &self.shared {
             let mut recv = shared.recv();
             recv.dropped = true;
-            if matches!(recv.head, Head::Waiting) {
-                drop(recv);
-                self.handle.window.abandon();
+            match recv.head {
+                Head::Waiting => {
+                    drop(recv);
+                    self.handle.window.abandon();
+                }
+                Head::Failed(ClientError::Refused) => {
+                    drop(recv);
+                    let key = Arc::as_ptr(shared) as usize;
+                    self.handle.queue().returned.retain(|(k, _)| *k != key);
+                }
+                _ => {}
             }
         }
     }

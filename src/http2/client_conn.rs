@@ -13,7 +13,7 @@ use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
-use super::client::{ClientError, ClientSettings, Handle, Opening, SendRequest};
+use super::client::{ClientError, ClientSettings, Handle, Opening, Resend, SendRequest};
 use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_HEADERS, FLAG_END_STREAM};
 use super::hpack::{Decoder, Field};
 use super::link::{Entry, Link, Outgoing, Sent, RECV_WINDOW, WRITE_HIGH};
@@ -29,7 +29,7 @@ pub struct ClientConnection<I, B> {
     settings: ClientSettings,
     decoder: Decoder,
     fields: Vec<Field>,
-    streams: Vec<Entry<B>>,
+    streams: Vec<Entry<Resend<B>>>,
     /// Openings taken from the queue (kept for its capacity).
     taken: Vec<Opening<B>>,
     next_id: u32,
@@ -487,6 +487,12 @@ where
             return Ok(());
         }
         entry.head_in = true;
+        // Answered: nothing will be sent again.
+        match &mut entry.send {
+            Outgoing::Sent(_) => entry.send = Outgoing::Done,
+            Outgoing::Body { body, .. } => body.forget(),
+            _ => {}
+        }
         let (mut head, ()) = http::Response::new(()).into_parts();
         head.status = status;
         head.version = http::Version::HTTP_2;
@@ -544,11 +550,10 @@ where
             self.ended += 1;
             return Ok(());
         }
-        let error = match (reason, entry.head_in) {
-            (Reason::REFUSED_STREAM, false) => ClientError::Refused,
-            _ => ClientError::Reset(reason),
-        };
-        self.stream_failed(at, None, error);
+        match (reason, entry.head_in) {
+            (Reason::REFUSED_STREAM, false) => self.refused(at),
+            _ => self.stream_failed(at, None, ClientError::Reset(reason)),
+        }
         Ok(())
     }
 
@@ -569,7 +574,7 @@ where
         let mut at = 0;
         while at < self.streams.len() {
             if self.streams[at].id > last {
-                self.stream_failed(at, None, ClientError::Refused);
+                self.refused(at);
             } else {
                 at += 1;
             }
@@ -614,7 +619,13 @@ where
             match self.link.poll_body(entry, cx) {
                 Sent::Pending => {}
                 Sent::Ended => {
-                    entry.send = Outgoing::Done;
+                    // Kept until the answer's head, to go again if refused.
+                    let send = std::mem::replace(&mut entry.send, Outgoing::Done);
+                    if let (Outgoing::Body { body, .. }, false) = (send, entry.head_in) {
+                        if body.can_resend() {
+                            entry.send = Outgoing::Sent(body);
+                        }
+                    }
                     self.close_if_done(at);
                 }
                 Sent::Failed(error) => {
@@ -626,6 +637,23 @@ where
                 at += 1;
             }
         }
+    }
+
+    /// The backend did not process stream `at` (§8.7): its body, if it
+    /// can go again, is returned to its sender, who learns it was refused.
+    fn refused(&mut self, at: usize) {
+        let entry = self.streams.swap_remove(at);
+        self.ended += 1;
+        let body = match entry.send {
+            Outgoing::Body { body, .. } | Outgoing::Sent(body) => Some(Pin::into_inner(body)),
+            Outgoing::Waiting | Outgoing::Done => None,
+        };
+        if let Some(mut body) = body.filter(|b| b.can_resend()) {
+            body.rewind();
+            let key = Arc::as_ptr(&entry.shared) as usize;
+            self.handle.queue().returned.push((key, *body));
+        }
+        fail(&entry.shared, ClientError::Refused);
     }
 
     /// Resets the streams whose answer nobody waits for any more.
@@ -658,7 +686,7 @@ where
 
     fn close_if_done(&mut self, at: usize) {
         let entry = &self.streams[at];
-        if !entry.recv_open && matches!(entry.send, Outgoing::Done) {
+        if !entry.recv_open && matches!(entry.send, Outgoing::Done | Outgoing::Sent(_)) {
             self.streams.swap_remove(at);
             self.ended += 1;
         }

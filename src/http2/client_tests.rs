@@ -17,7 +17,9 @@ use http_body_util::BodyExt;
 use super::frame::{self, Kind, Reason, FLAG_END_HEADERS, FLAG_END_STREAM};
 use super::hpack::{self, Decoder};
 use super::tests::Client as Peer;
-use super::{handshake, ClientError, ClientSettings, Connection, Failed, RecvBody, SendRequest};
+use super::{
+    handshake, ClientError, ClientSettings, Connection, Failed, RecvBody, Resend, SendRequest,
+};
 
 /// A body of given frames (data, then trailers), in order.
 #[derive(Debug, Default)]
@@ -62,12 +64,12 @@ const CLIENT: ClientSettings = ClientSettings {
     idle_timeout: Duration::from_secs(30),
 };
 
-fn request(method: &str, path: &str, body: Frames) -> Request<Frames> {
+fn request(method: &str, path: &str, body: Frames) -> Request<Resend<Frames>> {
     Request::builder()
         .method(method)
         .uri(format!("http://backend.test{path}"))
         .header("x-request", "1")
-        .body(body)
+        .body(Resend::new(body))
         .unwrap()
 }
 
@@ -85,7 +87,7 @@ async fn read(response: Response<RecvBody>) -> (StatusCode, Result<(Bytes, Heade
     (status, body)
 }
 
-async fn answer(sender: &SendRequest<Frames>, req: Request<Frames>) -> Response<RecvBody> {
+async fn answer(sender: &SendRequest<Frames>, req: Request<Resend<Frames>>) -> Response<RecvBody> {
     match sender.send(req) {
         Ok(future) => match future.await {
             Ok(response) => response,
@@ -195,7 +197,7 @@ fn rst_code(frame: &super::tests::Frame) -> Reason {
 }
 
 #[tokio::test]
-async fn a_goaway_refuses_later_streams_and_gives_back_what_never_went_out() {
+async fn a_goaway_refuses_later_streams_and_gives_them_back_from_their_start() {
     let (sender, mut peer) = raw(CLIENT).await;
     let get = sender
         .send(request("GET", "/a", Frames::default()))
@@ -217,8 +219,8 @@ async fn a_goaway_refuses_later_streams_and_gives_back_what_never_went_out() {
         (&b"body"[..], FLAG_END_STREAM)
     );
 
-    // Nothing processed: stream 1's GET comes back to be sent again; the
-    // POST's body went out, so it fails.
+    // Nothing processed: both come back to be sent again, the POST with
+    // its body from the start although it went out.
     let mut goaway = BytesMut::new();
     goaway.put_u32(0);
     goaway.put_u32(0);
@@ -227,14 +229,73 @@ async fn a_goaway_refuses_later_streams_and_gives_back_what_never_went_out() {
         Err(Failed::Unsent(back)) => assert_eq!(back.uri().path(), "/a"),
         _ => panic!("the GET should come back unsent"),
     }
-    assert!(matches!(
-        post.await,
-        Err(Failed::Error(ClientError::Refused))
-    ));
+    match post.await {
+        Err(Failed::Unsent(back)) => {
+            let body = back.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], b"body");
+        }
+        _ => panic!("the POST should come back unsent"),
+    }
     assert!(sender.is_closed());
     assert!(sender
         .send(request("GET", "/c", Frames::default()))
         .is_err());
+}
+
+#[tokio::test]
+async fn a_refused_body_too_long_to_keep_fails_and_an_answered_one_is_not_kept() {
+    let (sender, mut peer) = raw(CLIENT).await;
+    // 80 KiB in 40 frames: past what is kept to be sent again.
+    let chunk: &'static str = Box::leak("x".repeat(2048).into_boxed_str());
+    let long = sender
+        .send(request("POST", "/long", Frames::data(&[chunk; 40])))
+        .ok()
+        .unwrap();
+    let opened = peer.next_of(Kind::Headers).await.unwrap();
+    // The window lets 64 KiB through; give the rest room.
+    let mut more = BytesMut::new();
+    more.put_u32(1 << 20);
+    peer.send(Kind::WindowUpdate, 0, 0, &more).await;
+    peer.send(Kind::WindowUpdate, 0, opened.stream, &more).await;
+    let mut received = 0;
+    while received < 40 * 2048 {
+        received += peer.next_of(Kind::Data).await.unwrap().payload.len();
+    }
+    peer.send(
+        Kind::RstStream,
+        0,
+        opened.stream,
+        &Reason::REFUSED_STREAM.0.to_be_bytes(),
+    )
+    .await;
+    assert!(matches!(
+        long.await,
+        Err(Failed::Error(ClientError::Refused))
+    ));
+
+    // Answered before the backend refuses anything more: a reset then is
+    // the stream's error, not a refusal.
+    let short = sender
+        .send(request("POST", "/short", Frames::data(&["b"])))
+        .ok()
+        .unwrap();
+    let opened = peer.next_of(Kind::Headers).await.unwrap();
+    peer.send(
+        Kind::Headers,
+        FLAG_END_HEADERS,
+        opened.stream,
+        &head(200, &[]),
+    )
+    .await;
+    peer.send(
+        Kind::RstStream,
+        0,
+        opened.stream,
+        &Reason::REFUSED_STREAM.0.to_be_bytes(),
+    )
+    .await;
+    let (_, body) = read(short.await.ok().unwrap()).await;
+    assert!(body.unwrap_err().contains("0x7"));
 }
 
 #[tokio::test]

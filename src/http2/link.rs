@@ -39,6 +39,10 @@ pub(super) enum Outgoing<B> {
         /// Polled from the body; not sent yet for want of window.
         pending: Bytes,
     },
+    /// The client's: the request body went out in full and is kept
+    /// until the answer's head, to be sent again if the backend refuses
+    /// the stream unprocessed.
+    Sent(Pin<Box<B>>),
     Done,
 }
 

@@ -26,7 +26,7 @@ mod tests;
 
 use std::time::Duration;
 
-pub use client::{ClientError, ClientSettings, Failed, ResponseFuture, SendRequest};
+pub use client::{ClientError, ClientSettings, Failed, Resend, ResponseFuture, SendRequest};
 pub use client_conn::{handshake, ClientConnection};
 pub use conn::{Connection, Error};
 pub use frame::{Reason, PREFACE};
