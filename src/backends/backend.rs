@@ -90,7 +90,7 @@ pub struct Backend {
     /// For plain HTTP/1.1 backends: connections driven by the requests'
     /// own tasks (see `h1`). Upgrades still use `client`.
     pub h1: Option<super::H1Pool>,
-    /// For plain h2c backends: cutover's own HTTP/2 client (`h2`).
+    /// For h2c and h2 backends: cutover's own HTTP/2 client (`h2`).
     /// Upgrades still use `client`.
     pub h2: Option<super::H2Pool>,
     /// For `h3` and `auto` backends: HTTP/3 over QUIC (`quic.rs`).
@@ -154,13 +154,7 @@ impl Backend {
         };
         let h1 = (key.tls.is_none() && key.protocol == UpstreamProtocol::Http1)
             .then(|| super::H1Pool::new(256, key.idle_timeout, Arc::clone(&connect_time)));
-        let h2 = (key.tls.is_none() && key.protocol == UpstreamProtocol::H2c).then(|| {
-            super::H2Pool::new(
-                key.connect_timeout,
-                key.idle_timeout,
-                Arc::clone(&connect_time),
-            )
-        });
+        let h2 = Self::h2_pool(&key, &authority, tls.as_ref(), &connect_time)?;
         let scheme = if key.tls.is_some() {
             Scheme::HTTPS
         } else {
@@ -234,6 +228,36 @@ impl Backend {
             .await
             .map_err(|e| e.to_string())?;
         Ok(response.map(|body| body.map_err(own_body_error).boxed()))
+    }
+
+    /// cutover's own HTTP/2 client, for h2c backends and TLS h2 ones.
+    fn h2_pool(
+        key: &BackendKey,
+        authority: &Authority,
+        config: Option<&rustls::ClientConfig>,
+        connect_time: &Arc<Histogram>,
+    ) -> Result<Option<super::H2Pool>, BackendError> {
+        let tls = match (key.protocol, &key.tls, config) {
+            (UpstreamProtocol::H2c, None, _) => None,
+            (UpstreamProtocol::H2, Some(tls), Some(config)) => {
+                // As hyper-rustls names it: `server_name`, else the host.
+                let host = authority
+                    .host()
+                    .trim_start_matches('[')
+                    .trim_end_matches(']');
+                let name = tls.server_name.as_deref().unwrap_or(host).to_owned();
+                let name = rustls_pki_types::ServerName::try_from(name.clone())
+                    .map_err(|_| BackendError::ServerName(name))?;
+                Some(super::h2::Tls::new(config.clone(), name))
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(super::H2Pool::new(
+            key.connect_timeout,
+            key.idle_timeout,
+            Arc::clone(connect_time),
+            tls,
+        )))
     }
 
     fn pooled_client(

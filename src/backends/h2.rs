@@ -1,7 +1,8 @@
-//! Plain h2c backends through cutover's own HTTP/2 client
+//! h2c and h2 backends through cutover's own HTTP/2 client
 //! (`crate::http2`): connections per worker, each shared by the worker's
-//! requests up to the backend's stream limit. (TLS h2 backends, `auto`
-//! and protocol upgrades still go through hyper's client.)
+//! requests up to the backend's stream limit, over TCP or TLS (ALPN
+//! `h2`). (`auto` backends and protocol upgrades still go through
+//! hyper's client.)
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{FutureExt, Shared};
 use http::{Request, Response};
+use rustls_pki_types::ServerName;
 
 use super::transport::{connect_error, TransportError};
 use super::SignalledBody;
@@ -45,6 +47,27 @@ pub struct H2Pool {
     settings: ClientSettings,
     connect_timeout: Duration,
     connect_time: Arc<Histogram>,
+    tls: Option<Tls>,
+}
+
+/// How an h2 backend's connections are secured.
+#[derive(Clone)]
+pub struct Tls {
+    /// The backend's client configuration, offering only `h2` by ALPN.
+    connector: tokio_rustls::TlsConnector,
+    name: ServerName<'static>,
+}
+
+impl Tls {
+    /// `config` (the backend's `tls`) offering `h2`, for `name` (SNI and
+    /// the verified name).
+    pub fn new(mut config: rustls::ClientConfig, name: ServerName<'static>) -> Self {
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Tls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            name,
+        }
+    }
 }
 
 impl std::fmt::Debug for H2Pool {
@@ -60,6 +83,7 @@ impl H2Pool {
         connect_timeout: Duration,
         idle_timeout: Duration,
         connect_time: Arc<Histogram>,
+        tls: Option<Tls>,
     ) -> Self {
         H2Pool {
             // One per worker and one for other threads (`client_shard`).
@@ -70,6 +94,7 @@ impl H2Pool {
             },
             connect_timeout,
             connect_time,
+            tls,
         }
     }
 
@@ -143,6 +168,7 @@ impl H2Pool {
         let addr = addr.to_owned();
         let (timeout, settings) = (self.connect_timeout, self.settings);
         let connect_time = Arc::clone(&self.connect_time);
+        let tls = self.tls.clone();
         Box::pin(async move {
             let started = Instant::now();
             let stream = super::dial(&addr, timeout)
@@ -152,6 +178,20 @@ impl H2Pool {
                     other => (false, other.to_string()),
                 })?;
             connect_time.record(started.elapsed());
+            let Some(tls) = tls else {
+                let (sender, connection) = crate::http2::handshake(stream, settings);
+                tokio::spawn(connection);
+                return Ok(sender);
+            };
+            let failed = |why: String| (false, format!("{addr}: TLS: {why}"));
+            let stream = tls
+                .connector
+                .connect(tls.name.clone(), stream)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
+                return Err(failed("the backend did not agree on h2 (ALPN)".into()));
+            }
             let (sender, connection) = crate::http2::handshake(stream, settings);
             tokio::spawn(connection);
             Ok(sender)
