@@ -340,7 +340,17 @@ pub struct Decoder {
     /// The largest size our SETTINGS_HEADER_TABLE_SIZE allows.
     limit: usize,
     scratch: Vec<u8>,
+    /// Huffman-coded strings decoded lately, by their coded bytes (one
+    /// slot per hash): peers code the same fields the same way request
+    /// after request (nginx every answer field and trailer, nghttp2 and
+    /// browsers the `:path`), and a lookup costs a fraction of decoding.
+    recent: [Option<(Bytes, Bytes)>; RECENT],
 }
+
+/// Slots of `Decoder::recent`.
+const RECENT: usize = 16;
+/// Longest coded string `Decoder::recent` keeps.
+const RECENT_LONGEST: usize = 96;
 
 /// What a decoded block holds beyond its fields.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -358,6 +368,7 @@ impl Decoder {
             max: limit,
             limit,
             scratch: Vec::new(),
+            recent: Default::default(),
         }
     }
 
@@ -458,12 +469,36 @@ impl Decoder {
         let (raw, rest) = block.split_at(len);
         *block = rest;
         if huffman {
-            self.scratch.clear();
-            HUFFMAN.decode(raw, &mut self.scratch)?;
-            Ok(Bytes::copy_from_slice(&self.scratch))
+            self.huffman(raw)
         } else {
             Ok(Bytes::copy_from_slice(raw))
         }
+    }
+}
+
+impl Decoder {
+    /// A Huffman-coded string: from `recent` when these bytes were
+    /// decoded lately, decoded (and kept) otherwise.
+    fn huffman(&mut self, raw: &[u8]) -> Result<Bytes, Error> {
+        let slot = match raw {
+            [first, .., last] if raw.len() <= RECENT_LONGEST => {
+                let mixed = raw.len() ^ usize::from(*first) << 1 ^ usize::from(*last) << 2;
+                Some((mixed ^ usize::from(raw[raw.len() / 2]) << 3) % RECENT)
+            }
+            _ => None,
+        };
+        if let Some((coded, decoded)) = slot.and_then(|at| self.recent[at].as_ref()) {
+            if coded[..] == *raw {
+                return Ok(decoded.clone());
+            }
+        }
+        self.scratch.clear();
+        HUFFMAN.decode(raw, &mut self.scratch)?;
+        let decoded = Bytes::copy_from_slice(&self.scratch);
+        if let Some(at) = slot {
+            self.recent[at] = Some((Bytes::copy_from_slice(raw), decoded.clone()));
+        }
+        Ok(decoded)
     }
 }
 
@@ -745,6 +780,38 @@ mod tests {
                 Field::Invalid(..) => "invalid".to_owned(),
             })
             .collect()
+    }
+
+    /// Huffman strings decoded again come from the decoder's recent
+    /// ones, and only for the same coded bytes.
+    #[test]
+    fn recent_huffman_strings_answer_only_for_their_own_bytes() {
+        let mut decoder = Decoder::new(4096);
+        // RFC 7541 C.4.1's "www.example.com", twice.
+        let coded = hex("f1e3 c2e5 f23a 6ba0 ab90 f4ff");
+        for _ in 0..2 {
+            assert_eq!(&decoder.huffman(&coded).unwrap()[..], b"www.example.com");
+        }
+        assert!(decoder.recent.iter().flatten().count() == 1);
+        // The same length, first, middle and last bytes (so the same
+        // slot), another byte changed: decoded anew, never the kept one.
+        let mut other = coded.clone();
+        other[1] ^= 0x10;
+        let decoded = decoder.huffman(&other).map(|b| b.to_vec());
+        assert_ne!(decoded.as_deref(), Ok(&b"www.example.com"[..]));
+        assert_eq!(decoded, {
+            let mut out = Vec::new();
+            HUFFMAN.decode(&other, &mut out).map(|()| out)
+        });
+        // "no-cache" and "custom-key" (C.4.2, C.4.3) beside it.
+        for (text, plain) in [
+            ("a8eb 1064 9cbf", "no-cache"),
+            ("25a8 49e9 5ba9 7d7f", "custom-key"),
+        ] {
+            for _ in 0..2 {
+                assert_eq!(&decoder.huffman(&hex(text)).unwrap()[..], plain.as_bytes());
+            }
+        }
     }
 
     /// RFC 7541 C.3 (plain strings) and C.4 (Huffman): three requests on
