@@ -1,6 +1,6 @@
-//! cutover's HTTP/2 client (RFC 9113): requests to h2c backends over one
-//! connection per worker and backend, on the framing and HPACK the
-//! server already has.
+//! cutover's HTTP/2 client (RFC 9113): requests to h2c and h2 backends
+//! over one connection per worker and backend (`backends::h2` pools
+//! them), on the framing and HPACK the server already has.
 //!
 //! A request's head is encoded by its own task (the encoder keeps no
 //! table) and queued for the connection's task, which gives it a stream,

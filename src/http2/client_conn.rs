@@ -14,9 +14,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
 use super::client::{ClientError, ClientSettings, Handle, Opening, Resend, SendRequest};
-use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_HEADERS, FLAG_END_STREAM};
+use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_STREAM};
 use super::hpack::{Decoder, Field};
-use super::link::{Entry, Link, Outgoing, Sent, RECV_WINDOW, WRITE_HIGH};
+use super::link::{Entry, Fill, Link, Outgoing, Sent, RECV_WINDOW};
 use super::stream::{Head, Shared};
 
 /// An HTTP/2 connection to a backend: a future that ends when the
@@ -33,8 +33,6 @@ pub struct ClientConnection<I, B> {
     /// Openings taken from the queue (kept for its capacity).
     taken: Vec<Opening<B>>,
     next_id: u32,
-    continuation: Option<(u32, u8, BytesMut)>,
-    settings_seen: bool,
     /// The last stream the backend's GOAWAY said it processes.
     going_away: Option<u32>,
     /// Streams ended since the queue's count was last brought down.
@@ -77,8 +75,6 @@ where
         streams: Vec::new(),
         taken: Vec::new(),
         next_id: 1,
-        continuation: None,
-        settings_seen: false,
         going_away: None,
         ended: 0,
         idle: Box::pin(tokio::time::sleep(settings.idle_timeout)),
@@ -250,20 +246,13 @@ where
     /// stopped with more to read.
     fn read_some(&mut self, cx: &mut Context<'_>) -> Result<bool, Reason> {
         for _ in 0..8 {
-            if self.link.write.len() >= WRITE_HIGH {
-                self.link.write_blocked = true;
-                return Ok(false);
-            }
-            if self.read.capacity() - self.read.len() < 4096 {
-                self.read.reserve(16 * 1024);
-            }
-            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+            match self.link.fill(&mut self.io, &mut self.read, cx) {
+                Fill::Closed => {
                     self.read_closed = true;
                     return Ok(false);
                 }
-                Poll::Ready(Ok(_)) => self.frames()?,
-                Poll::Pending => return Ok(false),
+                Fill::Read => self.frames()?,
+                Fill::Stop => return Ok(false),
             }
             if self.failed.is_some() {
                 return Ok(false);
@@ -273,14 +262,7 @@ where
     }
 
     fn frames(&mut self) -> Result<(), Reason> {
-        while let Some(header) = frame::Header::parse(&self.read) {
-            if header.len > frame::DEFAULT_MAX_FRAME {
-                return Err(Reason::FRAME_SIZE_ERROR);
-            }
-            if self.read.len() < 9 + header.len {
-                break;
-            }
-            let payload = self.read.split_to(9 + header.len).freeze().slice(9..);
+        while let Some((header, payload)) = frame::next(&mut self.read)? {
             self.frame(header, payload)?;
             if self.failed.is_some() {
                 return Ok(());
@@ -296,43 +278,22 @@ where
             stream,
             ..
         } = header;
-        if !self.settings_seen {
-            if kind != Kind::Settings as u8 || flags & FLAG_ACK != 0 {
-                return Err(Reason::PROTOCOL_ERROR);
-            }
-            self.settings_seen = true;
-        }
-        if let Some((open, _, _)) = &self.continuation {
-            if kind != Kind::Continuation as u8 || stream != *open {
-                return Err(Reason::PROTOCOL_ERROR);
-            }
-        }
+        self.link.in_order(&header)?;
         match Kind::of(kind) {
             Some(Kind::Data) => self.data(flags, stream, payload),
-            Some(Kind::Headers) => {
-                let block = frame::header_block(flags, &payload)?;
-                if stream == 0 {
-                    return Err(Reason::PROTOCOL_ERROR);
+            Some(kind @ (Kind::Headers | Kind::Continuation)) => {
+                let limit = self.settings.max_header_list_size as usize;
+                let continued = kind == Kind::Continuation;
+                match self
+                    .link
+                    .header_part(continued, flags, stream, &payload, limit)?
+                {
+                    Some(block) => {
+                        let (id, flags, block) = block.parts();
+                        self.header_block(id, flags, block)
+                    }
+                    None => Ok(()),
                 }
-                if flags & FLAG_END_HEADERS == 0 {
-                    self.continuation = Some((stream, flags, BytesMut::from(block)));
-                    return Ok(());
-                }
-                self.header_block(stream, flags, block)
-            }
-            Some(Kind::Continuation) => {
-                let Some((open, opening, mut block)) = self.continuation.take() else {
-                    return Err(Reason::PROTOCOL_ERROR);
-                };
-                block.extend_from_slice(&payload);
-                if block.len() > 2 * self.settings.max_header_list_size as usize + 1024 {
-                    return Err(Reason::ENHANCE_YOUR_CALM);
-                }
-                if flags & FLAG_END_HEADERS == 0 {
-                    self.continuation = Some((open, opening, block));
-                    return Ok(());
-                }
-                self.header_block(open, opening, &block)
             }
             Some(Kind::Priority) if stream == 0 => Err(Reason::PROTOCOL_ERROR),
             Some(Kind::Priority) => Ok(()),
@@ -354,18 +315,7 @@ where
             }
             // We said SETTINGS_ENABLE_PUSH 0 (§8.4).
             Some(Kind::PushPromise) => Err(Reason::PROTOCOL_ERROR),
-            Some(Kind::Ping) => {
-                let opaque: [u8; 8] = payload[..]
-                    .try_into()
-                    .map_err(|_| Reason::FRAME_SIZE_ERROR)?;
-                if stream != 0 {
-                    return Err(Reason::PROTOCOL_ERROR);
-                }
-                if flags & FLAG_ACK == 0 {
-                    frame::ping(&mut self.link.write, FLAG_ACK, opaque);
-                }
-                Ok(())
-            }
+            Some(Kind::Ping) => self.link.ping(flags, stream, &payload).map(|_| ()),
             Some(Kind::GoAway) => self.goaway(stream, &payload),
             Some(Kind::WindowUpdate) => self.window_update(stream, &payload),
             None => Ok(()),

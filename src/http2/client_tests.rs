@@ -181,6 +181,25 @@ async fn raw(settings: ClientSettings) -> (SendRequest<Frames>, Peer) {
     (sender, peer)
 }
 
+/// `request(method, path, body)` on `sender`, which must take it.
+fn sent(
+    sender: &SendRequest<Frames>,
+    method: &str,
+    path: &str,
+    body: Frames,
+) -> super::ResponseFuture<Frames> {
+    match sender.send(request(method, path, body)) {
+        Ok(future) => future,
+        Err(_) => panic!("the connection took no stream"),
+    }
+}
+
+/// The backend resets `stream` with `reason`.
+async fn reset_stream(peer: &mut Peer, stream: u32, reason: Reason) {
+    peer.send(Kind::RstStream, 0, stream, &reason.0.to_be_bytes())
+        .await;
+}
+
 /// An answer head's block: `status` and `fields`.
 fn head(status: u16, fields: &[(&str, &str)]) -> Vec<u8> {
     let mut block = BytesMut::new();
@@ -199,14 +218,8 @@ fn rst_code(frame: &super::tests::Frame) -> Reason {
 #[tokio::test]
 async fn a_goaway_refuses_later_streams_and_gives_them_back_from_their_start() {
     let (sender, mut peer) = raw(CLIENT).await;
-    let get = sender
-        .send(request("GET", "/a", Frames::default()))
-        .ok()
-        .unwrap();
-    let post = sender
-        .send(request("POST", "/b", Frames::data(&["body"])))
-        .ok()
-        .unwrap();
+    let get = sent(&sender, "GET", "/a", Frames::default());
+    let post = sent(&sender, "POST", "/b", Frames::data(&["body"]));
     let first = peer.next_of(Kind::Headers).await.unwrap();
     assert_eq!(first.stream, 1);
     let fields = peer.decode(&first.payload);
@@ -261,13 +274,7 @@ async fn a_refused_body_too_long_to_keep_fails_and_an_answered_one_is_not_kept()
     while received < 40 * 2048 {
         received += peer.next_of(Kind::Data).await.unwrap().payload.len();
     }
-    peer.send(
-        Kind::RstStream,
-        0,
-        opened.stream,
-        &Reason::REFUSED_STREAM.0.to_be_bytes(),
-    )
-    .await;
+    reset_stream(&mut peer, opened.stream, Reason::REFUSED_STREAM).await;
     assert!(matches!(
         long.await,
         Err(Failed::Error(ClientError::Refused))
@@ -275,10 +282,7 @@ async fn a_refused_body_too_long_to_keep_fails_and_an_answered_one_is_not_kept()
 
     // Answered before the backend refuses anything more: a reset then is
     // the stream's error, not a refusal.
-    let short = sender
-        .send(request("POST", "/short", Frames::data(&["b"])))
-        .ok()
-        .unwrap();
+    let short = sent(&sender, "POST", "/short", Frames::data(&["b"]));
     let opened = peer.next_of(Kind::Headers).await.unwrap();
     peer.send(
         Kind::Headers,
@@ -287,13 +291,7 @@ async fn a_refused_body_too_long_to_keep_fails_and_an_answered_one_is_not_kept()
         &head(200, &[]),
     )
     .await;
-    peer.send(
-        Kind::RstStream,
-        0,
-        opened.stream,
-        &Reason::REFUSED_STREAM.0.to_be_bytes(),
-    )
-    .await;
+    reset_stream(&mut peer, opened.stream, Reason::REFUSED_STREAM).await;
     let (_, body) = read(short.await.ok().unwrap()).await;
     assert!(body.unwrap_err().contains("0x7"));
 }
@@ -302,25 +300,13 @@ async fn a_refused_body_too_long_to_keep_fails_and_an_answered_one_is_not_kept()
 async fn resets_and_malformed_answers_fail_their_stream_only() {
     let (sender, mut peer) = raw(CLIENT).await;
     // REFUSED_STREAM before any answer: sent again elsewhere.
-    let refused = sender
-        .send(request("GET", "/r", Frames::default()))
-        .ok()
-        .unwrap();
+    let refused = sent(&sender, "GET", "/r", Frames::default());
     let opened = peer.next_of(Kind::Headers).await.unwrap();
-    peer.send(
-        Kind::RstStream,
-        0,
-        opened.stream,
-        &Reason::REFUSED_STREAM.0.to_be_bytes(),
-    )
-    .await;
+    reset_stream(&mut peer, opened.stream, Reason::REFUSED_STREAM).await;
     assert!(matches!(refused.await, Err(Failed::Unsent(_))));
 
     // DATA before the head.
-    let early = sender
-        .send(request("GET", "/d", Frames::default()))
-        .ok()
-        .unwrap();
+    let early = sent(&sender, "GET", "/d", Frames::default());
     let opened = peer.next_of(Kind::Headers).await.unwrap();
     peer.send(Kind::Data, 0, opened.stream, b"x").await;
     assert!(matches!(
@@ -334,10 +320,7 @@ async fn resets_and_malformed_answers_fail_their_stream_only() {
     );
 
     // A body shorter than its content-length: the body fails.
-    let short = sender
-        .send(request("GET", "/s", Frames::default()))
-        .ok()
-        .unwrap();
+    let short = sent(&sender, "GET", "/s", Frames::default());
     let opened = peer.next_of(Kind::Headers).await.unwrap();
     let block = head(200, &[("content-length", "5")]);
     peer.send(Kind::Headers, FLAG_END_HEADERS, opened.stream, &block)
@@ -349,10 +332,7 @@ async fn resets_and_malformed_answers_fail_their_stream_only() {
     assert!(body.is_err(), "{body:?}");
 
     // A reset after the head: the body fails with its code.
-    let cut = sender
-        .send(request("GET", "/c", Frames::default()))
-        .ok()
-        .unwrap();
+    let cut = sent(&sender, "GET", "/c", Frames::default());
     let opened = peer.next_of(Kind::Headers).await.unwrap();
     peer.send(
         Kind::Headers,
@@ -361,22 +341,13 @@ async fn resets_and_malformed_answers_fail_their_stream_only() {
         &head(200, &[]),
     )
     .await;
-    peer.send(
-        Kind::RstStream,
-        0,
-        opened.stream,
-        &Reason::INTERNAL_ERROR.0.to_be_bytes(),
-    )
-    .await;
+    reset_stream(&mut peer, opened.stream, Reason::INTERNAL_ERROR).await;
     let (_, body) = read(cut.await.ok().unwrap()).await;
     assert!(body.unwrap_err().contains("0x2"));
 
     // The connection goes on: an interim head, then the answer with
     // data and trailers.
-    let fine = sender
-        .send(request("GET", "/f", Frames::default()))
-        .ok()
-        .unwrap();
+    let fine = sent(&sender, "GET", "/f", Frames::default());
     let opened = peer.next_of(Kind::Headers).await.unwrap();
     let id = opened.stream;
     peer.send(
@@ -413,10 +384,7 @@ async fn resets_and_malformed_answers_fail_their_stream_only() {
 #[tokio::test]
 async fn a_caller_that_leaves_has_its_stream_cancelled() {
     let (sender, mut peer) = raw(CLIENT).await;
-    let future = sender
-        .send(request("GET", "/slow", Frames::default()))
-        .ok()
-        .unwrap();
+    let future = sent(&sender, "GET", "/slow", Frames::default());
     let opened = peer.next_of(Kind::Headers).await.unwrap();
     drop(future);
     let reset = peer.next_of(Kind::RstStream).await.unwrap();
@@ -426,10 +394,7 @@ async fn a_caller_that_leaves_has_its_stream_cancelled() {
     );
 
     // A body dropped before its end, too.
-    let future = sender
-        .send(request("GET", "/big", Frames::default()))
-        .ok()
-        .unwrap();
+    let future = sent(&sender, "GET", "/big", Frames::default());
     let opened = peer.next_of(Kind::Headers).await.unwrap();
     peer.send(
         Kind::Headers,
@@ -456,10 +421,7 @@ async fn an_idle_connection_says_goodbye_and_closes() {
         ..CLIENT
     };
     let (sender, mut peer) = raw(settings).await;
-    let future = sender
-        .send(request("HEAD", "/", Frames::default()))
-        .ok()
-        .unwrap();
+    let future = sent(&sender, "HEAD", "/", Frames::default());
     let opened = peer.next_of(Kind::Headers).await.unwrap();
     // A HEAD answer names a length and carries no body.
     let block = head(200, &[("content-length", "10")]);
@@ -482,10 +444,7 @@ async fn an_idle_connection_says_goodbye_and_closes() {
 #[tokio::test]
 async fn a_backend_that_breaks_the_protocol_loses_the_connection() {
     let (sender, mut peer) = raw(CLIENT).await;
-    let future = sender
-        .send(request("GET", "/", Frames::default()))
-        .ok()
-        .unwrap();
+    let future = sent(&sender, "GET", "/", Frames::default());
     peer.next_of(Kind::Headers).await.unwrap();
     // PUSH_PROMISE after SETTINGS_ENABLE_PUSH 0.
     peer.send(Kind::PushPromise, FLAG_END_HEADERS, 1, &[0, 0, 0, 2, 0x82])

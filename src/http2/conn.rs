@@ -15,9 +15,9 @@ use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
-use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_HEADERS, FLAG_END_STREAM};
+use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_STREAM};
 use super::hpack::{self, Decoder, Field};
-use super::link::{Entry, Link, Outgoing, RECV_WINDOW, WRITE_HIGH};
+use super::link::{Entry, Fill, Link, Outgoing, RECV_WINDOW};
 use super::request;
 use super::stream::{RecvBody, Shared, StreamTask};
 use super::Settings;
@@ -76,7 +76,6 @@ pub struct Connection<I, S, F, B> {
     pub(super) read: BytesMut,
     pub(super) link: Link,
     pub(super) preface: bool,
-    pub(super) settings_seen: bool,
     pub(super) read_closed: bool,
     pub(super) service: S,
     pub(super) settings: Settings,
@@ -85,7 +84,6 @@ pub struct Connection<I, S, F, B> {
     pub(super) tasks: FuturesUnordered<StreamTask<F>>,
     pub(super) streams: Vec<Entry<B>>,
     pub(super) last_stream: u32,
-    pub(super) continuation: Option<(u32, u8, BytesMut)>,
     pub(super) early_resets: u32,
     /// Empty DATA frames without END_STREAM since the last one that
     /// carried something (or the last request).
@@ -131,7 +129,6 @@ where
             read: BytesMut::with_capacity(16 * 1024),
             link: Link::new(write),
             preface: false,
-            settings_seen: false,
             read_closed: false,
             service,
             settings,
@@ -140,7 +137,6 @@ where
             tasks: FuturesUnordered::new(),
             streams: Vec::new(),
             last_stream: 0,
-            continuation: None,
             early_resets: 0,
             empty_data: 0,
             shutdown: Shutdown::Open,
@@ -245,21 +241,14 @@ where
     /// it stopped with more to read (the read bound).
     fn read_some(&mut self, cx: &mut Context<'_>) -> Result<bool, Reason> {
         for _ in 0..8 {
-            if self.link.write.len() >= WRITE_HIGH {
-                self.link.write_blocked = true;
-                return Ok(false);
-            }
-            if self.read.capacity() - self.read.len() < 4096 {
-                self.read.reserve(16 * 1024);
-            }
-            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+            match self.link.fill(&mut self.io, &mut self.read, cx) {
+                Fill::Closed => {
                     self.read_closed = true;
                     self.end_all(Reason::CANCEL);
                     return Ok(false);
                 }
-                Poll::Ready(Ok(_)) => self.frames()?,
-                Poll::Pending => return Ok(false),
+                Fill::Read => self.frames()?,
+                Fill::Stop => return Ok(false),
             }
             if self.failed.is_some() {
                 return Ok(false);
@@ -280,16 +269,7 @@ where
             self.read.advance(frame::PREFACE.len());
             self.preface = true;
         }
-        while let Some(header) = frame::Header::parse(&self.read) {
-            if header.len > frame::DEFAULT_MAX_FRAME {
-                return Err(Reason::FRAME_SIZE_ERROR);
-            }
-            if self.read.len() < 9 + header.len {
-                break;
-            }
-            // Split off the buffer (no copy): a DATA payload goes on to
-            // the body as it is.
-            let payload = self.read.split_to(9 + header.len).freeze().slice(9..);
+        while let Some((header, payload)) = frame::next(&mut self.read)? {
             self.frame(header, payload)?;
             if self.failed.is_some() {
                 return Ok(());
@@ -305,21 +285,23 @@ where
             stream,
             ..
         } = header;
-        if !self.settings_seen {
-            if kind != Kind::Settings as u8 || flags & FLAG_ACK != 0 {
-                return Err(Reason::PROTOCOL_ERROR);
-            }
-            self.settings_seen = true;
-        }
-        if let Some((open, _, _)) = &self.continuation {
-            if kind != Kind::Continuation as u8 || stream != *open {
-                return Err(Reason::PROTOCOL_ERROR);
-            }
-        }
+        self.link.in_order(&header)?;
         match Kind::of(kind) {
             Some(Kind::Data) => self.data(flags, stream, payload),
-            Some(Kind::Headers) => self.headers(flags, stream, &payload),
-            Some(Kind::Continuation) => self.continuation(flags, stream, &payload),
+            Some(kind @ (Kind::Headers | Kind::Continuation)) => {
+                let limit = self.settings.max_header_list_size as usize;
+                let continued = kind == Kind::Continuation;
+                match self
+                    .link
+                    .header_part(continued, flags, stream, &payload, limit)?
+                {
+                    Some(block) => {
+                        let (id, flags, block) = block.parts();
+                        self.header_block(id, flags, block)
+                    }
+                    None => Ok(()),
+                }
+            }
             Some(Kind::Priority) => {
                 if stream == 0 {
                     return Err(Reason::PROTOCOL_ERROR);
@@ -333,15 +315,10 @@ where
             Some(Kind::Settings) => self.peer_settings(flags, stream, &payload),
             Some(Kind::PushPromise) => Err(Reason::PROTOCOL_ERROR),
             Some(Kind::Ping) => {
-                if stream != 0 {
-                    return Err(Reason::PROTOCOL_ERROR);
-                }
-                let opaque: [u8; 8] = payload[..]
-                    .try_into()
-                    .map_err(|_| Reason::FRAME_SIZE_ERROR)?;
-                if flags & FLAG_ACK == 0 {
-                    frame::ping(&mut self.link.write, FLAG_ACK, opaque);
-                } else if opaque == PING_SHUTDOWN && self.shutdown == Shutdown::Announced {
+                let Some(opaque) = self.link.ping(flags, stream, &payload)? else {
+                    return Ok(());
+                };
+                if opaque == PING_SHUTDOWN && self.shutdown == Shutdown::Announced {
                     self.close_gracefully();
                 } else if opaque == PING_KEEPALIVE && self.shutdown != Shutdown::Closing {
                     self.ping_outstanding = false;
@@ -428,35 +405,6 @@ where
             self.close_if_done(at);
         }
         Ok(())
-    }
-
-    fn headers(&mut self, flags: u8, id: u32, payload: &[u8]) -> Result<(), Reason> {
-        let block = frame::header_block(flags, payload)?;
-        if id == 0 {
-            return Err(Reason::PROTOCOL_ERROR);
-        }
-        if flags & FLAG_END_HEADERS == 0 {
-            self.continuation = Some((id, flags, BytesMut::from(block)));
-            return Ok(());
-        }
-        self.header_block(id, flags, block)
-    }
-
-    fn continuation(&mut self, flags: u8, id: u32, payload: &[u8]) -> Result<(), Reason> {
-        let Some((open, opening, mut block)) = self.continuation.take() else {
-            return Err(Reason::PROTOCOL_ERROR);
-        };
-        block.extend_from_slice(payload);
-        // A block that never ends is bounded: twice the list's limit is
-        // more than any encoding of an acceptable list takes.
-        if block.len() > 2 * self.settings.max_header_list_size as usize + 1024 {
-            return Err(Reason::ENHANCE_YOUR_CALM);
-        }
-        if flags & FLAG_END_HEADERS == 0 {
-            self.continuation = Some((open, opening, block));
-            return Ok(());
-        }
-        self.header_block(id, opening, &block)
     }
 
     /// A whole header block: a new request, or a request's trailers.

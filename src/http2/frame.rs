@@ -117,6 +117,46 @@ impl Header {
     }
 }
 
+/// The next whole frame at the start of `read`, split off (no copy: a
+/// DATA payload goes on to its body as it is); `None` until all of it
+/// arrived.
+pub fn next(read: &mut BytesMut) -> Result<Option<(Header, Bytes)>, Reason> {
+    let Some(header) = Header::parse(read) else {
+        return Ok(None);
+    };
+    // We never raise our SETTINGS_MAX_FRAME_SIZE.
+    if header.len > DEFAULT_MAX_FRAME {
+        return Err(Reason::FRAME_SIZE_ERROR);
+    }
+    if read.len() < 9 + header.len {
+        return Ok(None);
+    }
+    let payload = read.split_to(9 + header.len).freeze().slice(9..);
+    Ok(Some((header, payload)))
+}
+
+/// The order every frame keeps: the peer's first is its SETTINGS (§3.4),
+/// and nothing comes between a header block's frames (§6.10; `open` is
+/// the stream of a block still open).
+pub fn in_order(
+    header: &Header,
+    settings_seen: &mut bool,
+    open: Option<u32>,
+) -> Result<(), Reason> {
+    if !*settings_seen {
+        if header.kind != Kind::Settings as u8 || header.flags & FLAG_ACK != 0 {
+            return Err(Reason::PROTOCOL_ERROR);
+        }
+        *settings_seen = true;
+    }
+    match open {
+        Some(open) if header.kind != Kind::Continuation as u8 || header.stream != open => {
+            Err(Reason::PROTOCOL_ERROR)
+        }
+        _ => Ok(()),
+    }
+}
+
 pub fn head(out: &mut BytesMut, len: usize, kind: Kind, flags: u8, stream: u32) {
     let len = (len as u32).to_be_bytes();
     let id = stream.to_be_bytes();

@@ -340,14 +340,25 @@ pub struct Decoder {
     /// The largest size our SETTINGS_HEADER_TABLE_SIZE allows.
     limit: usize,
     scratch: Vec<u8>,
-    /// Huffman-coded strings decoded lately, by their coded bytes (one
-    /// slot per hash): peers code the same fields the same way request
-    /// after request (nginx every answer field and trailer, nghttp2 and
-    /// browsers the `:path`), and a lookup costs a fraction of decoding.
-    recent: [Option<(Bytes, Bytes)>; RECENT],
+    /// Huffman-coded strings decoded lately, by their coded bytes: peers
+    /// code the same fields the same way request after request (nginx
+    /// every answer field and trailer, nghttp2 and browsers the
+    /// `:path`), and a lookup costs a fraction of decoding.
+    recent: Vec<Recent>,
+    /// The entry of `recent` the next new string replaces.
+    replace: usize,
 }
 
-/// Slots of `Decoder::recent`.
+/// A coded string and what it decodes to.
+struct Recent {
+    /// Its length and first bytes, compared before the bytes themselves.
+    key: u64,
+    coded: Bytes,
+    decoded: Bytes,
+}
+
+/// Strings `Decoder::recent` keeps (a search of them all is cheaper
+/// than decoding one).
 const RECENT: usize = 16;
 /// Longest coded string `Decoder::recent` keeps.
 const RECENT_LONGEST: usize = 96;
@@ -368,7 +379,8 @@ impl Decoder {
             max: limit,
             limit,
             scratch: Vec::new(),
-            recent: Default::default(),
+            recent: Vec::new(),
+            replace: 0,
         }
     }
 
@@ -480,26 +492,44 @@ impl Decoder {
     /// A Huffman-coded string: from `recent` when these bytes were
     /// decoded lately, decoded (and kept) otherwise.
     fn huffman(&mut self, raw: &[u8]) -> Result<Bytes, Error> {
-        let slot = match raw {
-            [first, .., last] if raw.len() <= RECENT_LONGEST => {
-                let mixed = raw.len() ^ usize::from(*first) << 1 ^ usize::from(*last) << 2;
-                Some((mixed ^ usize::from(raw[raw.len() / 2]) << 3) % RECENT)
-            }
-            _ => None,
-        };
-        if let Some((coded, decoded)) = slot.and_then(|at| self.recent[at].as_ref()) {
-            if coded[..] == *raw {
-                return Ok(decoded.clone());
+        let kept = (2..=RECENT_LONGEST).contains(&raw.len());
+        let key = recent_key(raw);
+        if kept {
+            if let Some(recent) = self
+                .recent
+                .iter()
+                .find(|r| r.key == key && r.coded[..] == *raw)
+            {
+                return Ok(recent.decoded.clone());
             }
         }
         self.scratch.clear();
         HUFFMAN.decode(raw, &mut self.scratch)?;
         let decoded = Bytes::copy_from_slice(&self.scratch);
-        if let Some(at) = slot {
-            self.recent[at] = Some((Bytes::copy_from_slice(raw), decoded.clone()));
+        if kept {
+            let recent = Recent {
+                key,
+                coded: Bytes::copy_from_slice(raw),
+                decoded: decoded.clone(),
+            };
+            if self.recent.len() < RECENT {
+                self.recent.push(recent);
+            } else {
+                self.recent[self.replace] = recent;
+                self.replace = (self.replace + 1) % RECENT;
+            }
         }
         Ok(decoded)
     }
+}
+
+/// A coded string's length and first (up to 7) bytes, as one word.
+fn recent_key(raw: &[u8]) -> u64 {
+    let mut word = [0u8; 8];
+    let n = raw.len().min(7);
+    word[..n].copy_from_slice(&raw[..n]);
+    word[7] = raw.len() as u8;
+    u64::from_le_bytes(word)
 }
 
 /// An integer with an N-bit prefix (§5.1), at most 2^21 + prefix.
@@ -701,19 +731,7 @@ mod tests {
                 .chain((0..=255u8).rev())
                 .chain(0..=255u8)
                 .collect();
-            let (mut acc, mut bits, mut coded) = (0u64, 0u32, Vec::new());
-            for &b in &text {
-                let (code, len) = HUFFMAN.code(u16::from(b));
-                acc = (acc << len) | u64::from(code);
-                bits += u32::from(len);
-                while bits >= 8 {
-                    coded.push((acc >> (bits - 8)) as u8);
-                    bits -= 8;
-                }
-            }
-            if bits > 0 {
-                coded.push(((acc << (8 - bits)) as u8) | ((1u8 << (8 - bits)) - 1));
-            }
+            let coded = huffman_coded(&text);
             let mut out = Vec::new();
             HUFFMAN.decode(&coded, &mut out).unwrap();
             assert_eq!(out, text, "lead {lead}");
@@ -782,6 +800,41 @@ mod tests {
             .collect()
     }
 
+    /// `text` Huffman-coded (RFC 7541 §5.2), padded with ones.
+    fn huffman_coded(text: &[u8]) -> Vec<u8> {
+        let (mut acc, mut bits, mut coded) = (0u64, 0u32, Vec::new());
+        for &b in text {
+            let (code, len) = HUFFMAN.code(u16::from(b));
+            acc = (acc << len) | u64::from(code);
+            bits += u32::from(len);
+            while bits >= 8 {
+                coded.push((acc >> (bits - 8)) as u8);
+                bits -= 8;
+            }
+        }
+        if bits > 0 {
+            coded.push(((acc << (8 - bits)) as u8) | ((1u8 << (8 - bits)) - 1));
+        }
+        coded
+    }
+
+    /// More strings than the decoder keeps, over and over: each decodes
+    /// to itself whether kept, replaced or never kept (too long).
+    #[test]
+    fn many_recurring_huffman_strings_decode_to_themselves() {
+        let mut decoder = Decoder::new(4096);
+        let texts: Vec<Vec<u8>> = (0..3 * RECENT)
+            .map(|n| format!("field-{n}-{}", "v".repeat(n * 5)).into_bytes())
+            .collect();
+        for round in 0..3 {
+            for text in &texts {
+                let decoded = decoder.huffman(&huffman_coded(text)).unwrap();
+                assert_eq!(&decoded[..], &text[..], "round {round}");
+            }
+        }
+        assert_eq!(decoder.recent.len(), RECENT);
+    }
+
     /// Huffman strings decoded again come from the decoder's recent
     /// ones, and only for the same coded bytes.
     #[test]
@@ -792,11 +845,11 @@ mod tests {
         for _ in 0..2 {
             assert_eq!(&decoder.huffman(&coded).unwrap()[..], b"www.example.com");
         }
-        assert!(decoder.recent.iter().flatten().count() == 1);
-        // The same length, first, middle and last bytes (so the same
-        // slot), another byte changed: decoded anew, never the kept one.
+        assert_eq!(decoder.recent.len(), 1);
+        // The same length and first seven bytes (so the same key), a later
+        // byte changed: decoded anew, never the kept one.
         let mut other = coded.clone();
-        other[1] ^= 0x10;
+        other[9] ^= 0x10;
         let decoded = decoder.huffman(&other).map(|b| b.to_vec());
         assert_ne!(decoded.as_deref(), Ok(&b"www.example.com"[..]));
         assert_eq!(decoded, {

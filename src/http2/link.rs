@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::Body;
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::frame::{self, Kind, Reason, FLAG_END_HEADERS, FLAG_END_STREAM};
 use super::hpack;
@@ -73,6 +73,32 @@ pub(super) enum Sent {
     Failed(Box<dyn std::error::Error + Send + Sync>),
 }
 
+/// A header block, whole: its stream, its HEADERS frame's flags, and
+/// its bytes (the HEADERS frame's own, or joined from CONTINUATION).
+pub(super) enum Block<'a> {
+    One(u32, u8, &'a [u8]),
+    Joined(u32, u8, BytesMut),
+}
+
+impl Block<'_> {
+    pub(super) fn parts(&self) -> (u32, u8, &[u8]) {
+        match self {
+            Block::One(id, flags, block) => (*id, *flags, block),
+            Block::Joined(id, flags, block) => (*id, *flags, &block[..]),
+        }
+    }
+}
+
+/// What one read from the peer did.
+pub(super) enum Fill {
+    /// Bytes arrived.
+    Read,
+    /// Nothing to read now, or reading waits for the write buffer.
+    Stop,
+    /// The peer closed its side (or the read failed).
+    Closed,
+}
+
 pub(super) struct Link {
     pub(super) write: BytesMut,
     /// A header block being encoded.
@@ -91,6 +117,11 @@ pub(super) struct Link {
     pub(super) waker: Option<Waker>,
     pub(super) peer_initial_window: i64,
     pub(super) peer_max_frame: usize,
+    /// A header block whose CONTINUATION frames are still coming: its
+    /// stream, its HEADERS flags, what arrived.
+    pub(super) continuation: Option<(u32, u8, BytesMut)>,
+    /// The peer's SETTINGS came (its first frame must be them).
+    pub(super) settings_seen: bool,
 }
 
 impl Link {
@@ -109,6 +140,8 @@ impl Link {
             waker: None,
             peer_initial_window: DEFAULT_WINDOW,
             peer_max_frame: frame::DEFAULT_MAX_FRAME,
+            continuation: None,
+            settings_seen: false,
         }
     }
 
@@ -228,6 +261,69 @@ impl Link {
         }
     }
 
+    /// The order every frame keeps (`frame::in_order`).
+    pub(super) fn in_order(&mut self, header: &frame::Header) -> Result<(), Reason> {
+        let open = self.continuation.as_ref().map(|(open, _, _)| *open);
+        frame::in_order(header, &mut self.settings_seen, open)
+    }
+
+    /// A HEADERS (`continued` false) or CONTINUATION frame's part of a
+    /// header block: the block once its last part came. A block that
+    /// never ends is bounded by `limit` (the header list's): twice it is
+    /// more than any encoding of an acceptable list takes.
+    pub(super) fn header_part<'a>(
+        &mut self,
+        continued: bool,
+        flags: u8,
+        id: u32,
+        payload: &'a [u8],
+        limit: usize,
+    ) -> Result<Option<Block<'a>>, Reason> {
+        let end = flags & FLAG_END_HEADERS != 0;
+        if !continued {
+            let block = frame::header_block(flags, payload)?;
+            if id == 0 {
+                return Err(Reason::PROTOCOL_ERROR);
+            }
+            if end {
+                return Ok(Some(Block::One(id, flags, block)));
+            }
+            self.continuation = Some((id, flags, BytesMut::from(block)));
+            return Ok(None);
+        }
+        let Some((open, opening, mut block)) = self.continuation.take() else {
+            return Err(Reason::PROTOCOL_ERROR);
+        };
+        block.extend_from_slice(payload);
+        if block.len() > 2 * limit + 1024 {
+            return Err(Reason::ENHANCE_YOUR_CALM);
+        }
+        if end {
+            return Ok(Some(Block::Joined(open, opening, block)));
+        }
+        self.continuation = Some((open, opening, block));
+        Ok(None)
+    }
+
+    /// A PING: answered unless it is an acknowledgement, whose payload
+    /// is returned.
+    pub(super) fn ping(
+        &mut self,
+        flags: u8,
+        stream: u32,
+        payload: &[u8],
+    ) -> Result<Option<[u8; 8]>, Reason> {
+        let opaque: [u8; 8] = payload.try_into().map_err(|_| Reason::FRAME_SIZE_ERROR)?;
+        if stream != 0 {
+            return Err(Reason::PROTOCOL_ERROR);
+        }
+        if flags & frame::FLAG_ACK != 0 {
+            return Ok(Some(opaque));
+        }
+        frame::ping(&mut self.write, frame::FLAG_ACK, opaque);
+        Ok(None)
+    }
+
     /// A DATA frame's share of the connection's window, and its content
     /// without padding (which is given back at once).
     pub(super) fn data(&mut self, flags: u8, payload: Bytes) -> Result<(Bytes, i64), Reason> {
@@ -333,6 +429,28 @@ impl Link {
             frame::window_update(&mut self.write, 0, self.recv_released as u32);
             self.recv_window += self.recv_released;
             self.recv_released = 0;
+        }
+    }
+
+    /// Reads what the peer sent into `read`, unless `WRITE_HIGH` bytes
+    /// wait to be written (then the write side goes first).
+    pub(super) fn fill<I: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut I,
+        read: &mut BytesMut,
+        cx: &mut Context<'_>,
+    ) -> Fill {
+        if self.write.len() >= WRITE_HIGH {
+            self.write_blocked = true;
+            return Fill::Stop;
+        }
+        if read.capacity() - read.len() < 4096 {
+            read.reserve(16 * 1024);
+        }
+        match tokio_util::io::poll_read_buf(Pin::new(io), cx, read) {
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Fill::Closed,
+            Poll::Ready(Ok(_)) => Fill::Read,
+            Poll::Pending => Fill::Stop,
         }
     }
 

@@ -194,6 +194,10 @@ impl Window {
     /// see which.
     pub(super) fn abandon(&self) {
         self.abandoned.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    fn wake(&self) {
         let waker = self
             .waker
             .lock()
@@ -213,13 +217,7 @@ impl Window {
     fn release(&self, n: usize, stream: usize) {
         let before = self.released.fetch_add(n, Ordering::AcqRel);
         if before / RELEASE_STEP != (before + n) / RELEASE_STEP || stream >= RELEASE_STEP {
-            let waker = self
-                .waker
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(waker) = &*waker {
-                waker.wake_by_ref();
-            }
+            self.wake();
         }
     }
 }

@@ -1061,18 +1061,11 @@ async fn a_c_core_server_answers_through_the_gateway() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let mut line = String::new();
     std::io::BufReader::new(server.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let _server = Kill(server);
+    let _server = Killed(server);
     let port: u16 = line
         .trim()
         .parse()
@@ -1224,14 +1217,7 @@ async fn an_nginx_backend_that_closes_connections_every_25_calls_loses_none() {
         .arg(dir.path().join("nginx.conf"))
         .spawn()
         .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _server = Kill(server);
+    let _server = Killed(server);
     let backend: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut up = false;
     for _ in 0..100 {
@@ -1297,4 +1283,14 @@ async fn an_nginx_backend_that_closes_connections_every_25_calls_loses_none() {
         "{} connections",
         connections.len()
     );
+}
+
+/// A child process, killed and reaped when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
