@@ -120,6 +120,7 @@ impl Header {
 /// The next whole frame at the start of `read`, split off (no copy: a
 /// DATA payload goes on to its body as it is); `None` until all of it
 /// arrived.
+#[inline]
 pub fn next(read: &mut BytesMut) -> Result<Option<(Header, Bytes)>, Reason> {
     let Some(header) = Header::parse(read) else {
         return Ok(None);
@@ -138,6 +139,7 @@ pub fn next(read: &mut BytesMut) -> Result<Option<(Header, Bytes)>, Reason> {
 /// The order every frame keeps: the peer's first is its SETTINGS (§3.4),
 /// and nothing comes between a header block's frames (§6.10; `open` is
 /// the stream of a block still open).
+#[inline]
 pub fn in_order(
     header: &Header,
     settings_seen: &mut bool,

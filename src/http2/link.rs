@@ -262,6 +262,7 @@ impl Link {
     }
 
     /// The order every frame keeps (`frame::in_order`).
+    #[inline]
     pub(super) fn in_order(&mut self, header: &frame::Header) -> Result<(), Reason> {
         let open = self.continuation.as_ref().map(|(open, _, _)| *open);
         frame::in_order(header, &mut self.settings_seen, open)
@@ -271,6 +272,7 @@ impl Link {
     /// header block: the block once its last part came. A block that
     /// never ends is bounded by `limit` (the header list's): twice it is
     /// more than any encoding of an acceptable list takes.
+    #[inline]
     pub(super) fn header_part<'a>(
         &mut self,
         continued: bool,
@@ -434,6 +436,7 @@ impl Link {
 
     /// Reads what the peer sent into `read`, unless `WRITE_HIGH` bytes
     /// wait to be written (then the write side goes first).
+    #[inline]
     pub(super) fn fill<I: AsyncRead + Unpin>(
         &mut self,
         io: &mut I,
