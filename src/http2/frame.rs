@@ -120,7 +120,7 @@ impl Header {
 /// The next whole frame at the start of `read`, split off (no copy: a
 /// DATA payload goes on to its body as it is); `None` until all of it
 /// arrived.
-#[inline]
+#[inline(always)]
 pub fn next(read: &mut BytesMut) -> Result<Option<(Header, Bytes)>, Reason> {
     let Some(header) = Header::parse(read) else {
         return Ok(None);

@@ -166,6 +166,7 @@ impl Link {
     }
 
     /// Writes the header block `block` as HEADERS (and CONTINUATION).
+    #[inline(always)]
     pub(super) fn write_block(&mut self, id: u32, end: bool, mut block: &[u8]) {
         let end_stream = if end { FLAG_END_STREAM } else { 0 };
         let mut kind = Kind::Headers;
@@ -202,6 +203,7 @@ impl Link {
     }
 
     /// Sends what `entry`'s outgoing body has, within the windows.
+    #[inline(always)]
     pub(super) fn poll_body<B>(&mut self, entry: &mut Entry<B>, cx: &mut Context<'_>) -> Sent
     where
         B: Body<Data = Bytes>,
@@ -272,7 +274,7 @@ impl Link {
     /// header block: the block once its last part came. A block that
     /// never ends is bounded by `limit` (the header list's): twice it is
     /// more than any encoding of an acceptable list takes.
-    #[inline]
+    #[inline(always)]
     pub(super) fn header_part<'a>(
         &mut self,
         continued: bool,
