@@ -21,8 +21,9 @@ use crate::telemetry::series::Histogram;
 /// Largest answer head (the HPACK-decoded list, RFC 9113 §6.5.2)
 /// accepted from a backend: as for HTTP/1.1 backends.
 const MAX_HEADER_LIST: u32 = 64 * 1024;
-/// Times a request refused before any of it went out is sent again, on
-/// another connection (a backend's GOAWAY racing it).
+/// Times a request is sent again, on another connection, when the
+/// backend did not process it (a GOAWAY racing it) or the connection
+/// picked for it filled up or closed first.
 const RESENDS: usize = 3;
 
 type Sender = SendRequest<SignalledBody>;

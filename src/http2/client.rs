@@ -398,13 +398,6 @@ impl<B> ResponseFuture<B> {
     fn refused(&mut self, shared: &Arc<Shared>) -> Failed<B> {
         let body = self.kept.take().or_else(|| {
             let mut queue = self.handle.queue();
-            if let Some(at) = queue
-                .opening
-                .iter()
-                .position(|o| Arc::ptr_eq(&o.shared, shared))
-            {
-                return queue.opening.swap_remove(at).body;
-            }
             let key = Arc::as_ptr(shared) as usize;
             let at = queue.returned.iter().position(|(k, _)| *k == key)?;
             Some(queue.returned.swap_remove(at).1)

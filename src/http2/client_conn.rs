@@ -13,7 +13,7 @@ use http_body::Body;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
-use super::client::{ClientError, ClientSettings, Handle, Opening, Resend, SendRequest};
+use super::client::{ClientError, ClientSettings, Handle, Opening, Queue, Resend, SendRequest};
 use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_STREAM};
 use super::hpack::{Decoder, Field};
 use super::link::{Entry, Fill, Link, Outgoing, Sent, RECV_WINDOW};
@@ -151,7 +151,8 @@ where
         let mut taken = std::mem::take(&mut self.taken);
         for opening in taken.drain(..) {
             if self.going_away.is_some() || self.next_id > frame::MAX_STREAM_ID {
-                self.refuse(&opening.shared);
+                refuse_unsent(&mut self.handle.queue(), opening);
+                self.ended += 1;
                 continue;
             }
             let id = self.next_id;
@@ -185,28 +186,17 @@ where
         }
     }
 
-    /// A stream that never went out fails as refused (its sender sends
-    /// it again elsewhere).
-    fn refuse(&mut self, shared: &Arc<Shared>) {
-        let mut recv = shared.recv();
-        recv.head = Head::Failed(ClientError::Refused);
-        recv.wake();
-        self.ended += 1;
-    }
-
     /// No new streams from now on; those queued are refused.
     fn stop_taking(&mut self, why: ClientError) {
         let mut queue = self.handle.queue();
         if queue.closed.is_none() {
             queue.closed = Some(why);
         }
-        // Left in the queue: their senders take their bodies back.
-        for opening in &queue.opening {
-            let mut recv = opening.shared.recv();
-            recv.head = Head::Failed(ClientError::Refused);
-            recv.wake();
+        let unsent = std::mem::take(&mut queue.opening);
+        queue.active -= unsent.len().min(queue.active);
+        for opening in unsent {
+            refuse_unsent(&mut queue, opening);
         }
-        queue.active -= queue.opening.len().min(queue.active);
     }
 
     /// The queue's count of streams comes down by those that ended.
@@ -661,6 +651,18 @@ where
         self.ended = 0;
         self.handle.queue().active = 0;
     }
+}
+
+/// A request that never went out fails as refused; its body waits in
+/// the queue for its sender, who sends it again elsewhere.
+fn refuse_unsent<B>(queue: &mut Queue<B>, opening: Opening<B>) {
+    if let Some(body) = opening.body {
+        let key = Arc::as_ptr(&opening.shared) as usize;
+        queue.returned.push((key, body));
+    }
+    let mut recv = opening.shared.recv();
+    recv.head = Head::Failed(ClientError::Refused);
+    recv.wake();
 }
 
 /// Fails a stream's reader: before the head with `error`, after it the
