@@ -1,6 +1,8 @@
-//! The clients that carry requests to a backend through hyper: TLS, h2
-//! and h2c backends, protocol upgrades and health checks. (Plain
-//! HTTP/1.1 traffic goes through cutover's own codec, `h1`.)
+//! The clients that carry requests to a backend through hyper: TLS
+//! HTTP/1.1 and `auto` backends, protocol upgrades, and the external
+//! authorization and mirror calls. (Plain HTTP/1.1 traffic goes through
+//! cutover's own codec, `h1`; h2c and h2 through cutover's HTTP/2
+//! client, `h2`.)
 
 use std::sync::Arc;
 

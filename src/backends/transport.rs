@@ -1,7 +1,8 @@
 //! One door to a backend for every transport but cutover's own HTTP/1.1
 //! codec (`h1`, which writes the forwarding headers into the head and
-//! relays 1xx answers): hyper's pooled client (TLS, h2 and h2c backends,
-//! protocol upgrades), QUIC with HTTP/3 (`h3` and `auto` backends, with
+//! relays 1xx answers): cutover's own HTTP/2 client (h2c and h2
+//! backends, `h2.rs`), hyper's pooled client (TLS HTTP/1.1 and `auto`
+//! backends, protocol upgrades), QUIC with HTTP/3 (`h3` and `auto` backends, with
 //! `auto`'s fall back to TCP and its learning from `Alt-Svc`), and a
 //! connection of the request's own behind a PROXY header. A prepared
 //! request goes in; the answer's head comes out with one body type, or
@@ -43,7 +44,7 @@ pub enum TransportError {
 #[derive(Debug)]
 pub enum AnswerBody {
     Tcp(Incoming),
-    /// From an h2c backend, through cutover's own HTTP/2 client.
+    /// From an h2c or h2 backend, through cutover's own HTTP/2 client.
     H2(crate::http2::RecvBody),
     Quic(Box<H3AnswerBody>),
 }
@@ -139,7 +140,7 @@ pub async fn send(
 
 /// Over QUIC when the backend's is up (`h3`; `auto` takes TCP when it is
 /// not, or when a stream could not be opened), through cutover's own
-/// HTTP/2 client for plain h2c, otherwise through hyper's pooled client.
+/// HTTP/2 client for h2c and h2, otherwise through hyper's pooled client.
 pub(super) async fn pooled(
     backend: &Backend,
     request: Request<SignalledBody>,
