@@ -12,7 +12,9 @@
 //! - HTTP/1.1 keep-alive: `wrk -t1 -c64` (or a built-in generator);
 //! - h2c with prior knowledge: `h2load -c16 -m10`;
 //! - HTTPS, TLS 1.3 keep-alive: `wrk` over TLS, every proxy terminating
-//!   with the same certificate (rcgen, P-256).
+//!   with the same certificate (rcgen, P-256);
+//! - HTTP/2 over TLS 1.3 (ALPN h2) on the same listeners: `h2load -c16
+//!   -m10` to `https://` (wrk offers no ALPN, so it stays on HTTP/1.1).
 //!
 //! The references are nginx, HAProxy and Caddy (`reverse_proxy`, h2c on),
 //! each given two workers, threads or `GOMAXPROCS` like cutover here; for
@@ -94,6 +96,8 @@ enum Front {
     Http1,
     H2c,
     Https,
+    /// HTTP/2 over TLS 1.3, ALPN h2, on the HTTPS listener.
+    H2Tls,
 }
 
 impl Front {
@@ -102,6 +106,7 @@ impl Front {
             Front::Http1 => "HTTP/1.1",
             Front::H2c => "h2c",
             Front::Https => "HTTPS (TLS 1.3)",
+            Front::H2Tls => "HTTP/2 over TLS 1.3",
         }
     }
 }
@@ -121,7 +126,7 @@ impl Target {
         match front {
             Front::Http1 => Some(self.http1),
             Front::H2c => self.h2c,
-            Front::Https => self.https,
+            Front::Https | Front::H2Tls => self.https,
         }
     }
 }
@@ -143,7 +148,7 @@ fn main() {
             .unwrap_or(default)
     };
     // `CUTOVER_BENCH_ONLY=access-log,activations`: only those parts (http1,
-    // h2c, https, open-loop, activations, access-log, hyper-backend).
+    // h2c, https, h2-tls, open-loop, activations, access-log, hyper-backend).
     let only = std::env::var("CUTOVER_BENCH_ONLY").ok();
     let part = |name: &str| {
         only.as_deref()
@@ -229,25 +234,30 @@ fn main() {
     }
 
     let mut summary = Summary::default();
-    for front in [Front::Http1, Front::H2c, Front::Https] {
+    for front in [Front::Http1, Front::H2c, Front::Https, Front::H2Tls] {
         let wanted = match front {
             Front::Http1 => part("http1"),
             Front::H2c => part("h2c"),
             Front::Https => part("https"),
+            Front::H2Tls => part("h2-tls"),
         };
         if !wanted {
             continue;
         }
         let usable = match front {
             Front::Http1 => true,
-            Front::H2c => tools.h2load,
+            Front::H2c | Front::H2Tls => tools.h2load,
             Front::Https => tools.wrk,
         };
         if !usable {
             println!(
                 "\n{}: skipped ({} not installed)",
                 front.name(),
-                if front == Front::H2c { "h2load" } else { "wrk" }
+                if front == Front::Https {
+                    "wrk"
+                } else {
+                    "h2load"
+                }
             );
             continue;
         }
@@ -518,8 +528,9 @@ fn measure_front(
             let before = cutover.map(|pid| thread_ticks(pid, WORKER_THREAD));
             let run = match front {
                 Front::Http1 => http1(runtime, tools, address, seconds, target.pid),
-                Front::H2c => h2c(address, seconds, target.pid),
+                Front::H2c => h2load(&format!("http://{address}/"), seconds, target.pid),
                 Front::Https => https(address, seconds, target.pid),
+                Front::H2Tls => h2load(&format!("https://{address}/"), seconds, target.pid),
             };
             if let (Some(pid), Some(before)) = (cutover, before) {
                 for (tid, ticks) in thread_ticks(pid, WORKER_THREAD) {
@@ -888,7 +899,7 @@ impl Reference {
             Reference::Nginx => (
                 dir.join("nginx.conf"),
                 format!(
-                    "daemon off;\nworker_processes 2;\nerror_log {d}/nginx-error.log;\npid {d}/nginx.pid;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  keepalive_requests 10000000;\n  client_body_temp_path {d};\n  proxy_temp_path {d};\n  ssl_protocols TLSv1.3;\n  ssl_session_cache shared:SSL:10m;\n  upstream backend {{ server {backend}; keepalive 128; }}\n  server {{\n    listen {http1};\n    listen {h2c} http2;\n    listen {https} ssl;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n  }}\n}}\n",
+                    "daemon off;\nworker_processes 2;\nerror_log {d}/nginx-error.log;\npid {d}/nginx.pid;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  keepalive_requests 10000000;\n  client_body_temp_path {d};\n  proxy_temp_path {d};\n  ssl_protocols TLSv1.3;\n  ssl_session_cache shared:SSL:10m;\n  upstream backend {{ server {backend}; keepalive 128; }}\n  server {{\n    listen {http1};\n    listen {h2c} http2;\n    listen {https} ssl http2;\n    ssl_certificate {};\n    ssl_certificate_key {};\n    location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n  }}\n}}\n",
                     cert.display(),
                     key.display()
                 ),
@@ -897,7 +908,7 @@ impl Reference {
             Reference::Haproxy => (
                 dir.join("haproxy.cfg"),
                 format!(
-                    "global\n  nbthread 2\n  maxconn 4096\n  ssl-default-bind-options ssl-min-ver TLSv1.3\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n  option http-keep-alive\nfrontend fe\n  bind {http1}\n  bind {h2c} proto h2\n  bind {https} ssl crt {d}/site-combined.pem alpn http/1.1\n  default_backend be\nbackend be\n  http-reuse always\n  server s1 {backend}\n"
+                    "global\n  nbthread 2\n  maxconn 4096\n  ssl-default-bind-options ssl-min-ver TLSv1.3\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n  option http-keep-alive\nfrontend fe\n  bind {http1}\n  bind {h2c} proto h2\n  bind {https} ssl crt {d}/site-combined.pem alpn h2,http/1.1\n  default_backend be\nbackend be\n  http-reuse always\n  server s1 {backend}\n"
                 ),
                 vec!["-f".to_owned(), format!("{d}/haproxy.cfg")],
             ),
@@ -1059,11 +1070,13 @@ fn parse_wrk(out: &str) -> Run {
 }
 
 /// h2c with prior knowledge: 16 connections of 10 concurrent streams.
-fn h2c(target: SocketAddr, seconds: u64, pid: Option<u32>) -> Run {
+/// `h2load -c16 -m10` to `url`: h2c by prior knowledge for `http://`,
+/// ALPN h2 over TLS for `https://`.
+fn h2load(url: &str, seconds: u64, pid: Option<u32>) -> Run {
     with_cpu(pid, || {
         let out = Command::new("h2load")
             .args(["-c16", "-m10", "-t1", "-D", &seconds.to_string()])
-            .arg(format!("http://{target}/"))
+            .arg(url)
             .output()
             .expect("h2load");
         let out = String::from_utf8_lossy(&out.stdout);

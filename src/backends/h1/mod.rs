@@ -767,14 +767,21 @@ where
         stream: &mut TcpStream,
     ) -> Poll<Result<(), SendError>> {
         loop {
-            while !self.out.is_empty() {
-                let mut slices = [IoSlice::new(&[]); 8];
-                let count = self.out.len().min(slices.len());
-                for (slice, bytes) in slices.iter_mut().zip(self.out.iter()) {
-                    *slice = IoSlice::new(bytes);
-                }
-                let mut written =
-                    ready!(Pin::new(&mut *stream).poll_write_vectored(cx, &slices[..count]))?;
+            while let Some(first) = self.out.front() {
+                // One piece (a head alone, the common case) goes out by
+                // `send`: `writev` takes the file-system path through the
+                // kernel (`vfs_writev`, the iovec's import; docs/performance.md,
+                // "The kernel's side of an HTTP/2 request").
+                let mut written = if self.out.len() == 1 {
+                    ready!(Pin::new(&mut *stream).poll_write(cx, first))?
+                } else {
+                    let mut slices = [IoSlice::new(&[]); 8];
+                    let count = self.out.len().min(slices.len());
+                    for (slice, bytes) in slices.iter_mut().zip(self.out.iter()) {
+                        *slice = IoSlice::new(bytes);
+                    }
+                    ready!(Pin::new(&mut *stream).poll_write_vectored(cx, &slices[..count]))?
+                };
                 if written == 0 {
                     return Poll::Ready(Err(SendError::Closed));
                 }
