@@ -29,8 +29,9 @@
 //! every target alike. For each proxy it reports requests/s, **CPU per
 //! proxied request** (the utime + stime of its processes, workers
 //! included, over the requests of the run, from `/proc`) and latency,
-//! each as the mean and the spread over the rounds, and the ratios
-//! against nginx and HAProxy.
+//! each as the median and the range over the rounds (one slow round, a
+//! neighbour's, moves a mean but not the median), and the ratios of the
+//! medians against nginx and HAProxy.
 //!
 //! Then, HTTP/1.1 only: (c) cutover while 1 000 activations alternate two
 //! configurations (errors, p99 against the run without); (d) the latency
@@ -408,11 +409,9 @@ fn http3_front(
             }
         }
     }
-    let mean = |runs: &[Run], f: &dyn Fn(&Run) -> f64| {
-        runs.iter().map(f).sum::<f64>() / runs.len().max(1) as f64
-    };
-    let rps = |runs: &[Run]| mean(runs, &|r| r.requests_per_sec);
-    let cpu = |runs: &[Run]| mean(runs, &|r| r.cpu_us_per_request());
+    let median = |runs: &[Run], f: &dyn Fn(&Run) -> f64| spread(runs, f).0;
+    let rps = |runs: &[Run]| median(runs, &|r| r.requests_per_sec);
+    let cpu = |runs: &[Run]| median(runs, &|r| r.cpu_us_per_request());
     let errors: u64 = tcp.iter().chain(&quic).chain(&peer).map(|r| r.errors).sum();
     println!(
         "\ng) HTTPS over TCP ({CONNECTIONS} keep-alive connections) and HTTP/3 ({} connections × {} streams), generators in their own process, {rounds} rounds:",
@@ -428,7 +427,7 @@ fn http3_front(
         let (c, clo, chi) = spread(runs, Run::cpu_us_per_request);
         println!(
             "   {label:<18} {r:>9.0} req/s ({lo:.0}–{hi:.0})  {c:>7.1} µs CPU/request ({clo:.1}–{chi:.1})  p99 {:.2} ms",
-            mean(runs, &|r| r.p99_ms)
+            median(runs, &|r| r.p99_ms)
         );
     }
     let mut ratios = vec![("own HTTPS", rps(&quic) / rps(&tcp), cpu(&quic) / cpu(&tcp))];
@@ -544,7 +543,7 @@ fn measure_front(
     println!("\n{} ({} rounds):", front.name(), rounds);
     println!(
         "  {:<10} {:>20} {:>22} {:>10} {:>10} {:>7}",
-        "target", "req/s (spread)", "CPU µs/req (spread)", "p50 ms", "p99 ms", "errors"
+        "target", "req/s (range)", "CPU µs/req (range)", "p50 ms", "p99 ms", "errors"
     );
     for (target, runs) in present.iter().zip(&runs) {
         let rps = spread(runs, |r| r.requests_per_sec);
@@ -636,16 +635,21 @@ impl Summary {
     }
 }
 
-/// Mean, minimum and maximum of one figure over runs.
+/// The median of the rounds' values (the mean of the middle two for an
+/// even count), their smallest and their largest.
 fn spread(runs: &[Run], f: impl Fn(&Run) -> f64) -> (f64, f64, f64) {
-    let values: Vec<f64> = runs.iter().map(f).filter(|v| v.is_finite()).collect();
+    let mut values: Vec<f64> = runs.iter().map(f).filter(|v| v.is_finite()).collect();
     if values.is_empty() {
         return (f64::NAN, f64::NAN, f64::NAN);
     }
-    let mean = values.iter().sum::<f64>() / values.len() as f64;
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (mean, min, max)
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n % 2 == 0 {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    } else {
+        values[n / 2]
+    };
+    (median, values[0], values[n - 1])
 }
 
 /// The load tools found on this machine.
@@ -1069,9 +1073,8 @@ fn parse_wrk(out: &str) -> Run {
     }
 }
 
-/// h2c with prior knowledge: 16 connections of 10 concurrent streams.
-/// `h2load -c16 -m10` to `url`: h2c by prior knowledge for `http://`,
-/// ALPN h2 over TLS for `https://`.
+/// `h2load` to `url`, 16 connections of 10 concurrent streams: h2c by
+/// prior knowledge for `http://`, ALPN h2 over TLS for `https://`.
 fn h2load(url: &str, seconds: u64, pid: Option<u32>) -> Run {
     with_cpu(pid, || {
         let out = Command::new("h2load")
