@@ -644,7 +644,7 @@ fn spread(runs: &[Run], f: impl Fn(&Run) -> f64) -> (f64, f64, f64) {
     }
     values.sort_by(f64::total_cmp);
     let n = values.len();
-    let median = if n % 2 == 0 {
+    let median = if n.is_multiple_of(2) {
         (values[n / 2 - 1] + values[n / 2]) / 2.0
     } else {
         values[n / 2]

@@ -36,6 +36,7 @@ pub mod admin;
 pub mod admission;
 pub mod auth;
 pub mod backends;
+pub mod boxed;
 pub mod cache;
 pub mod clock;
 pub mod config;

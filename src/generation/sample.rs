@@ -119,7 +119,7 @@ impl ListenerSample {
     /// independently of every other request.
     #[inline]
     pub fn offered(&self) -> bool {
-        fastrand::u32(..) % STRIDE == 0
+        fastrand::u32(..).is_multiple_of(STRIDE)
     }
 
     /// Records `head`, keeping the values of `names`. Skipped when

@@ -319,7 +319,7 @@ where
     /// A frame on a stream we do not have: one we ended (ignored, §5.4.2)
     /// or one never opened (a connection error).
     fn unknown(&self, id: u32) -> Result<(), Reason> {
-        match id >= self.next_id || id % 2 == 0 {
+        match id >= self.next_id || id.is_multiple_of(2) {
             true => Err(Reason::PROTOCOL_ERROR),
             false => Ok(()),
         }

@@ -419,7 +419,7 @@ where
         if id <= self.last_stream {
             return self.trailers(id, end, decoded.oversized);
         }
-        if id % 2 == 0 {
+        if id.is_multiple_of(2) {
             return Err(Reason::PROTOCOL_ERROR);
         }
         self.last_stream = id;
@@ -456,9 +456,11 @@ where
         let shared = Shared::new(&self.link.window);
         let body_shared = (!end).then(|| Arc::clone(&shared));
         let request = request.map(|()| RecvBody::new(body_shared, expected));
-        let future = (self.service)(request);
+        let service = &mut self.service;
         self.tasks
-            .push(StreamTask::new(id, Arc::clone(&shared), future));
+            .push(StreamTask::new(id, Arc::clone(&shared), || {
+                service(request)
+            }));
         self.streams.push(Entry {
             id,
             shared,

@@ -348,7 +348,7 @@ impl Link {
         payload: &[u8],
         streams: &mut [Entry<B>],
     ) -> Result<Option<u32>, Reason> {
-        if payload.len() % 6 != 0 {
+        if !payload.len().is_multiple_of(6) {
             return Err(Reason::FRAME_SIZE_ERROR);
         }
         let mut max_streams = None;

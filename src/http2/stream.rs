@@ -406,9 +406,9 @@ impl Drop for RecvBody {
 ///
 /// The future is boxed: the set of streams moves what it is given into an
 /// allocation of its own, a copy of the future's full size (a proxied
-/// request's is some 4 KiB, whatever state it is in) twice over; boxed,
+/// request's is some 4.5 KiB, whatever state it is in) twice over; boxed,
 /// it is copied once (callgrind, h2c: 2.5 % fewer instructions per
-/// request; docs/performance.md).
+/// request), and boxed where it is made, not at all (docs/performance.md).
 pub(super) struct StreamTask<F> {
     pub(super) id: u32,
     shared: Arc<Shared>,
@@ -417,12 +417,13 @@ pub(super) struct StreamTask<F> {
 }
 
 impl<F> StreamTask<F> {
-    pub(super) fn new(id: u32, shared: Arc<Shared>, future: F) -> Self {
+    /// `make` builds the stream's future in its box.
+    pub(super) fn new(id: u32, shared: Arc<Shared>, make: impl FnOnce() -> F) -> Self {
         StreamTask {
             id,
             shared,
             registered: false,
-            future: Box::pin(future),
+            future: crate::boxed::pin_in_place(make),
         }
     }
 }
