@@ -198,7 +198,7 @@ async fn serve_streams(
                     let ctx = Arc::clone(&ctx);
                     let early = !confirmed.load(Ordering::Acquire);
                     // Boxed first: a request's future holds the whole
-                    // request path (about 9 KiB), and spawning moves it
+                    // request path (about 7 KiB), and spawning moves it
                     // several times (9 % of the gateway's CPU under
                     // HTTP/3 load was memory copies, a third of them
                     // here); boxed where it is made, it is not copied.
