@@ -16,7 +16,7 @@ use tokio::time::{Instant, Sleep};
 use super::client::{ClientError, ClientSettings, Handle, Opening, Queue, Resend, SendRequest};
 use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_STREAM};
 use super::hpack::{Decoder, Field};
-use super::link::{Entry, Fill, Link, Outgoing, Sent, RECV_WINDOW};
+use super::link::{Block, Entry, Fill, Link, Outgoing, Sent, RECV_WINDOW};
 use super::stream::{Head, Shared};
 
 /// An HTTP/2 connection to a backend: a future that ends when the
@@ -278,15 +278,20 @@ where
                     .link
                     .header_part(continued, flags, stream, &payload, limit)?
                 {
-                    Some(block) => {
-                        let (id, flags, block) = block.parts();
-                        self.header_block(id, flags, block)
-                    }
+                    Some(block) => self.header_block(&block),
                     None => Ok(()),
                 }
             }
             Some(Kind::Priority) if stream == 0 => Err(Reason::PROTOCOL_ERROR),
-            Some(Kind::Priority) => Ok(()),
+            Some(Kind::Priority) => {
+                // Only our own streams are reset: a backend opens none.
+                let reason = frame::priority_error(stream, &payload);
+                if let (Some(reason), Some(at)) = (reason, self.position(stream)) {
+                    let error = ClientError::Malformed("a PRIORITY frame in error");
+                    self.stream_failed(at, Some(reason), error);
+                }
+                Ok(())
+            }
             Some(Kind::RstStream) => self.reset(stream, &payload),
             Some(Kind::Settings) => {
                 if stream != 0 {
@@ -376,17 +381,23 @@ where
 
     /// A whole header block: the answer's head (or an interim one), or
     /// its trailers.
-    fn header_block(&mut self, id: u32, flags: u8, block: &[u8]) -> Result<(), Reason> {
+    fn header_block(&mut self, block: &Block<'_>) -> Result<(), Reason> {
+        let id = block.id;
         self.fields.clear();
         let max_list = self.settings.max_header_list_size as usize;
         let decoded = self
             .decoder
-            .decode(block, max_list, &mut self.fields)
+            .decode(block.bytes(), max_list, &mut self.fields)
             .map_err(|_| Reason::COMPRESSION_ERROR)?;
-        let end = flags & FLAG_END_STREAM != 0;
+        let end = block.flags & FLAG_END_STREAM != 0;
         let Some(at) = self.position(id) else {
             return self.unknown(id);
         };
+        if block.depends_on_itself {
+            let error = ClientError::Malformed("the answer's stream depends on itself");
+            self.stream_failed(at, Some(Reason::PROTOCOL_ERROR), error);
+            return Ok(());
+        }
         if !self.streams[at].recv_open {
             self.stream_failed(
                 at,

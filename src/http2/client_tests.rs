@@ -382,6 +382,58 @@ async fn resets_and_malformed_answers_fail_their_stream_only() {
 }
 
 #[tokio::test]
+async fn priority_errors_on_our_streams_fail_them_only() {
+    let (sender, mut peer) = raw(CLIENT).await;
+    // A PRIORITY of 4 bytes (§6.3), one naming its own stream (§5.3.1),
+    // an answer whose HEADERS name its own stream: each fails its
+    // stream, reset with the error's code.
+    let flags = FLAG_END_HEADERS | frame::FLAG_PRIORITY;
+    for (path, expected) in [
+        ("/short", Reason::FRAME_SIZE_ERROR),
+        ("/self", Reason::PROTOCOL_ERROR),
+        ("/head", Reason::PROTOCOL_ERROR),
+    ] {
+        let call = sent(&sender, "GET", path, Frames::default());
+        let id = peer.next_of(Kind::Headers).await.unwrap().stream;
+        let own = id.to_be_bytes();
+        match path {
+            "/short" => peer.send(Kind::Priority, 0, id, &own).await,
+            "/self" => {
+                peer.send(Kind::Priority, 0, id, &[own[0], own[1], own[2], own[3], 16])
+                    .await
+            }
+            _ => {
+                let mut payload = own.to_vec();
+                payload.push(16);
+                payload.extend(head(200, &[]));
+                peer.send(Kind::Headers, flags, id, &payload).await;
+            }
+        }
+        assert!(
+            matches!(call.await, Err(Failed::Error(ClientError::Malformed(_)))),
+            "{path}"
+        );
+        let reset = peer.next_of(Kind::RstStream).await.unwrap();
+        assert_eq!((reset.stream, rst_code(&reset)), (id, expected), "{path}");
+    }
+
+    // A PRIORITY naming another stream is read and left; the connection
+    // serves on.
+    let fine = sent(&sender, "GET", "/fine", Frames::default());
+    let id = peer.next_of(Kind::Headers).await.unwrap().stream;
+    peer.send(Kind::Priority, 0, id, &[0, 0, 0, 1, 16]).await;
+    peer.send(
+        Kind::Headers,
+        FLAG_END_HEADERS | FLAG_END_STREAM,
+        id,
+        &head(204, &[]),
+    )
+    .await;
+    let (status, _) = read(fine.await.ok().unwrap()).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
 async fn a_caller_that_leaves_has_its_stream_cancelled() {
     let (sender, mut peer) = raw(CLIENT).await;
     let future = sent(&sender, "GET", "/slow", Frames::default());

@@ -17,7 +17,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_STREAM};
 use super::hpack::{self, Decoder, Field};
-use super::link::{Entry, Fill, Link, Outgoing, RECV_WINDOW};
+use super::link::{Block, Entry, Fill, Link, Outgoing, RECV_WINDOW};
 use super::request;
 use super::stream::{RecvBody, Shared, StreamTask};
 use super::Settings;
@@ -295,22 +295,15 @@ where
                     .link
                     .header_part(continued, flags, stream, &payload, limit)?
                 {
-                    Some(block) => {
-                        let (id, flags, block) = block.parts();
-                        self.header_block(id, flags, block)
-                    }
+                    Some(block) => self.header_block(&block),
                     None => Ok(()),
                 }
             }
-            Some(Kind::Priority) => {
-                if stream == 0 {
-                    return Err(Reason::PROTOCOL_ERROR);
-                }
-                if payload.len() != 5 {
-                    self.link.rst(stream, Reason::FRAME_SIZE_ERROR);
-                }
-                Ok(())
-            }
+            Some(Kind::Priority) if stream == 0 => Err(Reason::PROTOCOL_ERROR),
+            Some(Kind::Priority) => match frame::priority_error(stream, &payload) {
+                Some(reason) => self.stream_error_on(stream, reason),
+                None => Ok(()),
+            },
             Some(Kind::RstStream) => self.reset(stream, &payload),
             Some(Kind::Settings) => self.peer_settings(flags, stream, &payload),
             Some(Kind::PushPromise) => Err(Reason::PROTOCOL_ERROR),
@@ -408,21 +401,31 @@ where
     }
 
     /// A whole header block: a new request, or a request's trailers.
-    fn header_block(&mut self, id: u32, flags: u8, block: &[u8]) -> Result<(), Reason> {
+    fn header_block(&mut self, block: &Block<'_>) -> Result<(), Reason> {
+        let id = block.id;
         self.fields.clear();
         let max_list = self.settings.max_header_list_size as usize;
         let decoded = self
             .decoder
-            .decode(block, max_list, &mut self.fields)
+            .decode(block.bytes(), max_list, &mut self.fields)
             .map_err(|_| Reason::COMPRESSION_ERROR)?;
-        let end = flags & FLAG_END_STREAM != 0;
+        let end = block.flags & FLAG_END_STREAM != 0;
         if id <= self.last_stream {
+            if block.depends_on_itself && self.position(id).is_some() {
+                return self.stream_error_on(id, Reason::PROTOCOL_ERROR);
+            }
             return self.trailers(id, end, decoded.oversized);
         }
         if id.is_multiple_of(2) {
             return Err(Reason::PROTOCOL_ERROR);
         }
         self.last_stream = id;
+        if block.depends_on_itself {
+            // §5.3.1, as the `h2` crate answers it: the stream is reset
+            // and its request never served.
+            self.link.rst(id, Reason::PROTOCOL_ERROR);
+            return Ok(());
+        }
         if self.shutdown == Shutdown::Closing {
             // Past the final GOAWAY: ignored (§6.8).
             return Ok(());
@@ -566,6 +569,18 @@ where
             return self.stream_error(at, Reason::FLOW_CONTROL_ERROR);
         }
         Ok(())
+    }
+
+    /// Resets stream `id`: one of ours ends for both sides, any other
+    /// is only answered.
+    fn stream_error_on(&mut self, id: u32, reason: Reason) -> Result<(), Reason> {
+        match self.position(id) {
+            Some(at) => self.stream_error(at, reason),
+            None => {
+                self.link.rst(id, reason);
+                Ok(())
+            }
+        }
     }
 
     /// Resets stream `at` (it ends for both sides).

@@ -200,6 +200,28 @@ pub fn unpad(flags: u8, mut payload: Bytes) -> Result<Bytes, Reason> {
     Ok(payload.slice(1..))
 }
 
+/// The stream a HEADERS frame's priority fields (§6.2) name as its
+/// parent, when it carries them.
+pub fn header_dependency(flags: u8, payload: &[u8]) -> Option<u32> {
+    if flags & FLAG_PRIORITY == 0 {
+        return None;
+    }
+    let at = usize::from(flags & FLAG_PADDED != 0);
+    let fields: [u8; 4] = payload.get(at..at + 4)?.try_into().ok()?;
+    Some(u32::from_be_bytes(fields) & 0x7fff_ffff)
+}
+
+/// What a PRIORITY frame on `stream` is a stream error of, if anything:
+/// a length other than 5 (FRAME_SIZE_ERROR, §6.3), or the stream named
+/// as its own parent (PROTOCOL_ERROR, §5.3.1). Neither side schedules
+/// by priorities; the frame is read for its errors only.
+pub fn priority_error(stream: u32, payload: &[u8]) -> Option<Reason> {
+    let Some(fields) = payload.first_chunk::<4>().filter(|_| payload.len() == 5) else {
+        return Some(Reason::FRAME_SIZE_ERROR);
+    };
+    (u32::from_be_bytes(*fields) & 0x7fff_ffff == stream).then_some(Reason::PROTOCOL_ERROR)
+}
+
 /// A HEADERS payload's field block fragment: without padding and the
 /// priority fields (§6.2).
 pub fn header_block(flags: u8, payload: &[u8]) -> Result<&[u8], Reason> {

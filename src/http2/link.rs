@@ -75,16 +75,26 @@ pub(super) enum Sent {
 
 /// A header block, whole: its stream, its HEADERS frame's flags, and
 /// its bytes (the HEADERS frame's own, or joined from CONTINUATION).
-pub(super) enum Block<'a> {
-    One(u32, u8, &'a [u8]),
-    Joined(u32, u8, BytesMut),
+pub(super) struct Block<'a> {
+    pub(super) id: u32,
+    pub(super) flags: u8,
+    /// The HEADERS frame named its own stream as its parent (§5.3.1): a
+    /// stream error, answered once the block is decoded (so that HPACK's
+    /// table stays the peer's).
+    pub(super) depends_on_itself: bool,
+    bytes: BlockBytes<'a>,
+}
+
+enum BlockBytes<'a> {
+    One(&'a [u8]),
+    Joined(BytesMut),
 }
 
 impl Block<'_> {
-    pub(super) fn parts(&self) -> (u32, u8, &[u8]) {
-        match self {
-            Block::One(id, flags, block) => (*id, *flags, block),
-            Block::Joined(id, flags, block) => (*id, *flags, &block[..]),
+    pub(super) fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            BlockBytes::One(block) => block,
+            BlockBytes::Joined(block) => block,
         }
     }
 }
@@ -119,7 +129,7 @@ pub(super) struct Link {
     pub(super) peer_max_frame: usize,
     /// A header block whose CONTINUATION frames are still coming: its
     /// stream, its HEADERS flags, what arrived.
-    pub(super) continuation: Option<(u32, u8, BytesMut)>,
+    pub(super) continuation: Option<Block<'static>>,
     /// The peer's SETTINGS came (its first frame must be them).
     pub(super) settings_seen: bool,
 }
@@ -266,7 +276,7 @@ impl Link {
     /// The order every frame keeps (`frame::in_order`).
     #[inline]
     pub(super) fn in_order(&mut self, header: &frame::Header) -> Result<(), Reason> {
-        let open = self.continuation.as_ref().map(|(open, _, _)| *open);
+        let open = self.continuation.as_ref().map(|block| block.id);
         frame::in_order(header, &mut self.settings_seen, open)
     }
 
@@ -285,27 +295,42 @@ impl Link {
     ) -> Result<Option<Block<'a>>, Reason> {
         let end = flags & FLAG_END_HEADERS != 0;
         if !continued {
-            let block = frame::header_block(flags, payload)?;
+            let fragment = frame::header_block(flags, payload)?;
             if id == 0 {
                 return Err(Reason::PROTOCOL_ERROR);
             }
+            let depends_on_itself = frame::header_dependency(flags, payload) == Some(id);
             if end {
-                return Ok(Some(Block::One(id, flags, block)));
+                let bytes = BlockBytes::One(fragment);
+                return Ok(Some(Block {
+                    id,
+                    flags,
+                    depends_on_itself,
+                    bytes,
+                }));
             }
-            self.continuation = Some((id, flags, BytesMut::from(block)));
+            let bytes = BlockBytes::Joined(BytesMut::from(fragment));
+            self.continuation = Some(Block {
+                id,
+                flags,
+                depends_on_itself,
+                bytes,
+            });
             return Ok(None);
         }
-        let Some((open, opening, mut block)) = self.continuation.take() else {
+        let Some(mut block) = self.continuation.take() else {
             return Err(Reason::PROTOCOL_ERROR);
         };
-        block.extend_from_slice(payload);
-        if block.len() > 2 * limit + 1024 {
+        if let BlockBytes::Joined(joined) = &mut block.bytes {
+            joined.extend_from_slice(payload);
+        }
+        if block.bytes().len() > 2 * limit + 1024 {
             return Err(Reason::ENHANCE_YOUR_CALM);
         }
         if end {
-            return Ok(Some(Block::Joined(open, opening, block)));
+            return Ok(Some(block));
         }
-        self.continuation = Some((open, opening, block));
+        self.continuation = Some(block);
         Ok(None)
     }
 

@@ -579,6 +579,65 @@ async fn a_header_block_that_never_ends_is_bounded() {
     assert_eq!(reason, Reason::ENHANCE_YOUR_CALM);
 }
 
+/// The RST_STREAM's stream and error code.
+fn reset_of(frame: &Frame) -> (u32, Reason) {
+    let code = u32::from_be_bytes(frame.payload[..4].try_into().unwrap());
+    (frame.stream, Reason(code))
+}
+
+#[tokio::test]
+async fn priority_errors_reset_their_stream_and_hpack_stays_in_step() {
+    // Answers with the request's `x-tag`.
+    let echo = |req: Request<RecvBody>| {
+        let tag = req.headers().get("x-tag").map(|v| v.as_bytes().to_vec());
+        std::future::ready(Ok(Response::new(Full::new(Bytes::from(
+            tag.unwrap_or_default(),
+        )))))
+    };
+    let (mut client, _task) = serve(SETTINGS, echo);
+    client.hello(&[]).await;
+    // §6.3: a PRIORITY of 4 bytes; §5.3.1: one naming its own stream;
+    // one naming another stream is read and left.
+    client.send(Kind::Priority, 0, 3, &[0, 0, 0, 1]).await;
+    let reset = client.next_of(Kind::RstStream).await.unwrap();
+    assert_eq!(reset_of(&reset), (3, Reason::FRAME_SIZE_ERROR));
+    client
+        .send(Kind::Priority, 0, 5, &[0x80, 0, 0, 5, 16])
+        .await;
+    let reset = client.next_of(Kind::RstStream).await.unwrap();
+    assert_eq!(reset_of(&reset), (5, Reason::PROTOCOL_ERROR));
+    client.send(Kind::Priority, 0, 7, &[0, 0, 0, 1, 16]).await;
+
+    // A request whose priority fields name its own stream, its block
+    // adding `x-tag: one` to HPACK's table: reset, never served, and the
+    // table keeps the entry for the next request, which names it by
+    // index (62).
+    let mut payload = vec![0x80, 0, 0, 9, 16];
+    payload.extend(request_block("/", &[]));
+    payload.extend([0x40, 5]);
+    payload.extend(b"x-tag");
+    payload.push(3);
+    payload.extend(b"one");
+    let flags = FLAG_END_HEADERS | FLAG_END_STREAM | frame::FLAG_PRIORITY;
+    client.send(Kind::Headers, flags, 9, &payload).await;
+    let reset = client.next_of(Kind::RstStream).await.unwrap();
+    assert_eq!(reset_of(&reset), (9, Reason::PROTOCOL_ERROR));
+    let mut block = request_block("/", &[]);
+    block.push(0x80 | 62);
+    client
+        .send(
+            Kind::Headers,
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+            11,
+            &block,
+        )
+        .await;
+    let head = client.next_of(Kind::Headers).await.unwrap();
+    assert_eq!(head.stream, 11);
+    let data = client.next_of(Kind::Data).await.unwrap();
+    assert_eq!((data.stream, &data.payload[..]), (11, &b"one"[..]));
+}
+
 #[tokio::test]
 async fn continuation_must_follow_its_headers() {
     let (mut client, _task) = serve(SETTINGS, hello(""));
