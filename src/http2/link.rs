@@ -127,8 +127,8 @@ pub(super) struct Link {
     pub(super) waker: Option<Waker>,
     pub(super) peer_initial_window: i64,
     pub(super) peer_max_frame: usize,
-    /// A header block whose CONTINUATION frames are still coming: its
-    /// stream, its HEADERS flags, what arrived.
+    /// A header block whose CONTINUATION frames are still coming (its
+    /// bytes always `Joined`: what arrived so far).
     pub(super) continuation: Option<Block<'static>>,
     /// The peer's SETTINGS came (its first frame must be them).
     pub(super) settings_seen: bool,

@@ -408,7 +408,8 @@ impl Drop for RecvBody {
 /// allocation of its own, a copy of the future's full size (a proxied
 /// request's is some 4.5 KiB, whatever state it is in) twice over; boxed,
 /// it is copied once (callgrind, h2c: 2.5 % fewer instructions per
-/// request), and boxed where it is made, not at all (docs/performance.md).
+/// request); built in its box, it is not copied at all
+/// (docs/performance.md).
 pub(super) struct StreamTask<F> {
     pub(super) id: u32,
     shared: Arc<Shared>,
