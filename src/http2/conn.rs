@@ -420,14 +420,14 @@ where
             return Err(Reason::PROTOCOL_ERROR);
         }
         self.last_stream = id;
+        if self.shutdown == Shutdown::Closing {
+            // Past the final GOAWAY: ignored (§6.8).
+            return Ok(());
+        }
         if block.depends_on_itself {
             // §5.3.1, as the `h2` crate answers it: the stream is reset
             // and its request never served.
             self.link.rst(id, Reason::PROTOCOL_ERROR);
-            return Ok(());
-        }
-        if self.shutdown == Shutdown::Closing {
-            // Past the final GOAWAY: ignored (§6.8).
             return Ok(());
         }
         if self.streams.len() >= self.settings.max_concurrent_streams as usize {

@@ -207,8 +207,7 @@ pub fn header_dependency(flags: u8, payload: &[u8]) -> Option<u32> {
         return None;
     }
     let at = usize::from(flags & FLAG_PADDED != 0);
-    let fields: [u8; 4] = payload.get(at..at + 4)?.try_into().ok()?;
-    Some(u32::from_be_bytes(fields) & 0x7fff_ffff)
+    payload.get(at..)?.first_chunk().map(parent)
 }
 
 /// What a PRIORITY frame on `stream` is a stream error of, if anything:
@@ -216,10 +215,17 @@ pub fn header_dependency(flags: u8, payload: &[u8]) -> Option<u32> {
 /// as its own parent (PROTOCOL_ERROR, §5.3.1). Neither side schedules
 /// by priorities; the frame is read for its errors only.
 pub fn priority_error(stream: u32, payload: &[u8]) -> Option<Reason> {
-    let Some(fields) = payload.first_chunk::<4>().filter(|_| payload.len() == 5) else {
-        return Some(Reason::FRAME_SIZE_ERROR);
-    };
-    (u32::from_be_bytes(*fields) & 0x7fff_ffff == stream).then_some(Reason::PROTOCOL_ERROR)
+    match payload.first_chunk() {
+        Some(fields) if payload.len() == 5 => {
+            (parent(fields) == stream).then_some(Reason::PROTOCOL_ERROR)
+        }
+        _ => Some(Reason::FRAME_SIZE_ERROR),
+    }
+}
+
+/// The parent stream of priority fields: 31 bits after the exclusive flag.
+fn parent(fields: &[u8; 4]) -> u32 {
+    u32::from_be_bytes(*fields) & 0x7fff_ffff
 }
 
 /// A HEADERS payload's field block fragment: without padding and the

@@ -4,6 +4,7 @@
 //! released window turn into frames. The server (`conn`) and the client
 //! (`client`) each hold one.
 
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -82,20 +83,12 @@ pub(super) struct Block<'a> {
     /// stream error, answered once the block is decoded (so that HPACK's
     /// table stays the peer's).
     pub(super) depends_on_itself: bool,
-    bytes: BlockBytes<'a>,
-}
-
-enum BlockBytes<'a> {
-    One(&'a [u8]),
-    Joined(BytesMut),
+    bytes: Cow<'a, [u8]>,
 }
 
 impl Block<'_> {
     pub(super) fn bytes(&self) -> &[u8] {
-        match &self.bytes {
-            BlockBytes::One(block) => block,
-            BlockBytes::Joined(block) => block,
-        }
+        &self.bytes
     }
 }
 
@@ -127,8 +120,8 @@ pub(super) struct Link {
     pub(super) waker: Option<Waker>,
     pub(super) peer_initial_window: i64,
     pub(super) peer_max_frame: usize,
-    /// A header block whose CONTINUATION frames are still coming (its
-    /// bytes always `Joined`: what arrived so far).
+    /// A header block whose CONTINUATION frames are still coming: what
+    /// arrived so far, copied.
     pub(super) continuation: Option<Block<'static>>,
     /// The peer's SETTINGS came (its first frame must be them).
     pub(super) settings_seen: bool,
@@ -299,32 +292,24 @@ impl Link {
             if id == 0 {
                 return Err(Reason::PROTOCOL_ERROR);
             }
-            let depends_on_itself = frame::header_dependency(flags, payload) == Some(id);
-            if end {
-                let bytes = BlockBytes::One(fragment);
-                return Ok(Some(Block {
-                    id,
-                    flags,
-                    depends_on_itself,
-                    bytes,
-                }));
-            }
-            let bytes = BlockBytes::Joined(BytesMut::from(fragment));
-            self.continuation = Some(Block {
+            let block = Block {
                 id,
                 flags,
-                depends_on_itself,
-                bytes,
-            });
+                depends_on_itself: frame::header_dependency(flags, payload) == Some(id),
+                bytes: Cow::Borrowed(fragment),
+            };
+            if end {
+                return Ok(Some(block));
+            }
+            let bytes = Cow::Owned(block.bytes.into_owned());
+            self.continuation = Some(Block { bytes, ..block });
             return Ok(None);
         }
         let Some(mut block) = self.continuation.take() else {
             return Err(Reason::PROTOCOL_ERROR);
         };
-        if let BlockBytes::Joined(joined) = &mut block.bytes {
-            joined.extend_from_slice(payload);
-        }
-        if block.bytes().len() > 2 * limit + 1024 {
+        block.bytes.to_mut().extend_from_slice(payload);
+        if block.bytes.len() > 2 * limit + 1024 {
             return Err(Reason::ENHANCE_YOUR_CALM);
         }
         if end {
