@@ -7,6 +7,8 @@
 //! Starts the binary, waits for its ready line, lets it settle, then reads
 //! `VmRSS` and `VmHWM` from `/proc`. Linux only.
 //!
+//! Then the resident memory an idle keep-alive HTTP/1.1 connection holds.
+//!
 //! Then the CPU an idle gateway spends a second with one backend and with
 //! 10 000 (100 upstreams of 100, no active checks), nobody reading the
 //! admin API: what its own once-a-second work costs (the console's
@@ -72,7 +74,71 @@ fn main() {
         );
     }
     under_load(&dir.path().join("gateway.toml"));
+    idle_connections(&dir.path().join("gateway.toml"));
     idle_cpu(&dir.path().join("gateway.toml"));
+}
+
+/// Resident memory per idle keep-alive HTTP/1.1 connection: `N`
+/// connections (`CUTOVER_BENCH_CONNECTIONS`, default 1 000) each send
+/// one request to the direct-response route, read its answer and stay
+/// open; the gateway's `VmRSS` after them less before them, over `N`.
+/// Fifty connections come and go first, so that the allocator's first
+/// pages are not counted against the connections. For this build and the
+/// baseline's if one is given.
+fn idle_connections(path: &std::path::Path) {
+    let wanted = common::env_u64("CUTOVER_BENCH_CONNECTIONS", 1_000) as usize;
+    std::fs::write(path, format!("{SMALL}\n[log]\nlevel = \"warn\"\n")).expect("write config");
+    println!();
+    println!(
+        "{:<44} {:>10} {:>10}",
+        "idle keep-alive HTTP/1.1 connections", "B / conn", "open"
+    );
+    let this: std::path::PathBuf = std::env::var_os("CUTOVER_BENCH_BINARY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_cutover").into())
+        .into();
+    for (label, binary) in std::iter::once(("this build", this))
+        .chain(common::baseline_binary().map(|b| ("baseline", b)))
+    {
+        let (mut child, ready) = common::start_binary(&binary, path);
+        let target: std::net::SocketAddr = ready["listeners"][0]["address"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .expect("listener address in the ready line");
+        for _ in 0..50 {
+            drop(answered_connection(target));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let (before, _) = memory(&child);
+        // Held open until measured; fewer than wanted when this process
+        // runs out of descriptors (`ulimit -n`).
+        let open: Vec<_> = (0..wanted)
+            .map_while(|_| answered_connection(target))
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let (after, _) = memory(&child);
+        let per = after.saturating_sub(before) as f64 * 1024.0 / open.len().max(1) as f64;
+        println!("{label:<44} {per:>10.0} {:>10}", open.len());
+        drop(open);
+        stop(&mut child);
+    }
+}
+
+/// A connection to `target` that has had one answer to a keep-alive
+/// request, or None when it could not be opened or answered.
+fn answered_connection(target: std::net::SocketAddr) -> Option<std::net::TcpStream> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(target).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: bench\r\n\r\n")
+        .ok()?;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !seen.ends_with(b"ok") {
+        let n = stream.read(&mut buf).ok().filter(|n| *n > 0)?;
+        seen.extend_from_slice(&buf[..n]);
+    }
+    Some(stream)
 }
 
 /// `upstreams` upstreams of `per` backends each (nothing listens there:

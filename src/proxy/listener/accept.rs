@@ -4,7 +4,9 @@
 //! header, and the hand-off of each accepted connection to what serves
 //! it: the L4 relay (`tcp.rs`) or an HTTP connection (`serve.rs`).
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -379,12 +381,8 @@ impl Accepting {
         let proxied = proxy == Proxy::Trusted;
         let workers = self.gate.workers.as_ref().filter(|_| serving != worker);
         let Some(workers) = workers else {
-            // Boxed: tokio moves a task's future several times while
-            // spawning and finishing it, and a box moves as a pointer
-            // (an L4 connection's future is about 2 KiB).
-            tokio::spawn(Box::pin(
-                Arc::clone(self).serve_accepted(stream, remote, proxied, limits, guard),
-            ));
+            let task = Arc::clone(self).connection_task(stream, remote, proxied, limits, guard);
+            tokio::spawn(task);
             return;
         };
         // Served elsewhere: registered with that worker's reactor
@@ -393,10 +391,34 @@ impl Accepting {
         let accepting = Arc::clone(self);
         workers.spawn_on(
             serving,
-            Box::new(move || {
-                Box::pin(accepting.serve_accepted(stream, remote, proxied, limits, guard))
-            }),
+            Box::new(move || accepting.connection_task(stream, remote, proxied, limits, guard)),
         );
+    }
+
+    /// The task that serves one accepted connection to its end, on the
+    /// worker that polls it: an L4 relay (`tcp.rs`) or an HTTP connection
+    /// (`serve.rs`), each a future of its own size (one future for both
+    /// would be as large as the larger for every connection), boxed where
+    /// it is made (tokio moves a task's future several times while
+    /// spawning it, and a box moves as a pointer). `guard` counts the
+    /// connection open until it ends.
+    fn connection_task(
+        self: Arc<Self>,
+        stream: std::net::TcpStream,
+        remote: SocketAddr,
+        proxied: bool,
+        limits: ListenerLimits,
+        guard: ConnectionGuard,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        if self.tcp_counters.is_some() {
+            crate::boxed::pin_in_place(|| {
+                self.relay_accepted(stream, remote, proxied, limits, guard)
+            })
+        } else {
+            crate::boxed::pin_in_place(|| {
+                self.serve_accepted(stream, remote, proxied, limits, guard)
+            })
+        }
     }
 
     /// The worker that serves a connection `worker` accepted: itself,
@@ -448,10 +470,7 @@ impl Accepting {
         })
     }
 
-    /// Serves one accepted connection on this worker, to its end,
-    /// registering it with the worker's reactor: an L4 relay (`tcp.rs`)
-    /// or an HTTP connection (`serve.rs`). `guard` counts it open until
-    /// then.
+    /// Serves one accepted HTTP connection on this worker, to its end.
     async fn serve_accepted(
         self: Arc<Self>,
         stream: std::net::TcpStream,
@@ -464,9 +483,9 @@ impl Accepting {
         // usually arrive with its connection: taken before the socket is
         // registered, they cost one read, where waiting for them costs a
         // trip through epoll, a timer and a peek. A PROXY header is read
-        // exactly, and a TCP listener relays what arrives.
+        // exactly.
         let mut first = Vec::new();
-        if !proxied && self.tcp_counters.is_none() {
+        if !proxied {
             match serve::read_arrived(&stream, &mut first) {
                 // Closed before a byte: a port check.
                 Ok(0) => return,
@@ -475,47 +494,65 @@ impl Accepting {
                 Err(_) => return,
             }
         }
+        let Some((stream, remote)) = self.register(stream, remote, proxied, &limits).await else {
+            return;
+        };
+        let ctx = self.context(&stream, remote);
+        let draining = self.gate.draining.subscribe();
+        let tls = self.tls.clone();
+        serve::serve_http_connection(stream, first, ctx, limits, draining, tls).await;
+        drop(guard);
+    }
+
+    /// Relays one accepted TCP connection on this worker, to its end;
+    /// what arrives is relayed as it comes.
+    async fn relay_accepted(
+        self: Arc<Self>,
+        stream: std::net::TcpStream,
+        remote: SocketAddr,
+        proxied: bool,
+        limits: ListenerLimits,
+        guard: ConnectionGuard,
+    ) {
+        let Some(counters) = self.tcp_counters.clone() else {
+            return;
+        };
+        let Some((stream, remote)) = self.register(stream, remote, proxied, &limits).await else {
+            return;
+        };
+        let _relay = OpenWork(Arc::clone(&self.gate.ended_at_cut)).hold();
+        tcp::relay_connection(
+            stream,
+            remote,
+            Arc::clone(&self.name),
+            self.gate.admission.clone(),
+            counters,
+            self.gate.cut.subscribe(),
+        )
+        .await;
+        drop(guard);
+    }
+
+    /// Registers an accepted socket with this worker's reactor, and reads
+    /// the client's address from a trusted proxy's PROXY header when one
+    /// is due (None: the connection is to be closed).
+    async fn register(
+        &self,
+        stream: std::net::TcpStream,
+        remote: SocketAddr,
+        proxied: bool,
+        limits: &ListenerLimits,
+    ) -> Option<(TcpStream, SocketAddr)> {
         let mut stream = match TcpStream::from_std(stream) {
             Ok(stream) => stream,
             Err(error) => {
                 tracing::debug!(listener = %self.name, %error, "cannot register a connection");
-                return;
+                return None;
             }
         };
-        let header_timeout = limits.header_read_timeout;
-        let Some(remote) =
-            client_address(&mut stream, remote, proxied, header_timeout, &self.name).await
-        else {
-            return;
-        };
-        if let Some(counters) = &self.tcp_counters {
-            let _relay = OpenWork(Arc::clone(&self.gate.ended_at_cut)).hold();
-            tcp::relay_connection(
-                stream,
-                remote,
-                Arc::clone(&self.name),
-                self.gate.admission.clone(),
-                counters.clone(),
-                self.gate.cut.subscribe(),
-            )
-            .await;
-            drop(guard);
-            return;
-        }
-        let ctx = self.context(&stream, remote);
-        let draining = self.gate.draining.subscribe();
-        // Boxed: an HTTP connection's future (hyper's, TLS's) is several
-        // KiB, and would make every L4 connection's task as large.
-        Box::pin(serve::serve_http_connection(
-            stream,
-            first,
-            ctx,
-            limits,
-            draining,
-            self.tls.clone(),
-        ))
-        .await;
-        drop(guard);
+        let timeout = limits.header_read_timeout;
+        let remote = client_address(&mut stream, remote, proxied, timeout, &self.name).await?;
+        Some((stream, remote))
     }
 }
 

@@ -76,39 +76,51 @@ pub(super) async fn serve_http_connection(
             let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
             serve_http(io, ctx, limits, draining, speaks).await;
         }
-        Some(Tls { acceptor, store }) => {
-            let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(io));
-            let handshake = handshake.await;
-            let outcome = match &handshake {
-                Ok(Ok(_)) => "ok",
-                Ok(Err(_)) => "failed",
-                Err(_) => "timeout",
-            };
-            metrics::counter!(m::TLS_HANDSHAKES, m::LABEL_LISTENER => ctx.listener.to_string(), m::LABEL_OUTCOME => outcome).increment(1);
-            match handshake {
-                Ok(Ok(tls)) => {
-                    // A tls-alpn-01 validation ends with its handshake.
-                    if tls.get_ref().1.alpn_protocol() == Some(crate::tls::ACME_TLS_ALPN) {
-                        return;
-                    }
-                    let material = store.serving(&ctx.listener);
-                    let _ = ctx.tls.set(TlsInfo::of(tls.get_ref().1, material));
-                    let alpn = tls.get_ref().1.alpn_protocol();
-                    let http1 = alpn != Some(b"h2");
-                    let speaks = Speaks::of_alpn(alpn);
-                    let max_head = limits.max_header_bytes;
-                    let io = HeadCheck::wrap(tls, Arc::clone(&ctx.activity), http1, max_head);
-                    let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
-                    serve_http(io, ctx, limits, draining, speaks).await
-                }
-                Ok(Err(error)) => {
-                    metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
-                    tracing::debug!(listener = %ctx.listener, client = %ctx.remote, %error, "TLS handshake failed");
-                }
-                Err(_) => {
-                    metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
-                }
+        // Boxed: a TLS session is kilobytes that every plain
+        // connection's future would otherwise be as large as.
+        Some(tls) => crate::boxed::pin_in_place(|| serve_tls(io, tls, ctx, limits, draining)).await,
+    }
+}
+
+/// Serves a TLS connection: the handshake within the head's time, then
+/// HTTP/1.1 or HTTP/2 as ALPN agreed.
+async fn serve_tls(
+    io: Downstream,
+    Tls { acceptor, store }: Tls,
+    ctx: Arc<ConnContext>,
+    limits: ListenerLimits,
+    draining: watch::Receiver<bool>,
+) {
+    let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(io));
+    let handshake = handshake.await;
+    let outcome = match &handshake {
+        Ok(Ok(_)) => "ok",
+        Ok(Err(_)) => "failed",
+        Err(_) => "timeout",
+    };
+    metrics::counter!(m::TLS_HANDSHAKES, m::LABEL_LISTENER => ctx.listener.to_string(), m::LABEL_OUTCOME => outcome).increment(1);
+    match handshake {
+        Ok(Ok(tls)) => {
+            // A tls-alpn-01 validation ends with its handshake.
+            if tls.get_ref().1.alpn_protocol() == Some(crate::tls::ACME_TLS_ALPN) {
+                return;
             }
+            let material = store.serving(&ctx.listener);
+            let _ = ctx.tls.set(TlsInfo::of(tls.get_ref().1, material));
+            let alpn = tls.get_ref().1.alpn_protocol();
+            let http1 = alpn != Some(b"h2");
+            let speaks = Speaks::of_alpn(alpn);
+            let max_head = limits.max_header_bytes;
+            let io = HeadCheck::wrap(tls, Arc::clone(&ctx.activity), http1, max_head);
+            let io = InterimWriter::new(io, Arc::clone(&ctx.interim));
+            serve_http(io, ctx, limits, draining, speaks).await
+        }
+        Ok(Err(error)) => {
+            metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
+            tracing::debug!(listener = %ctx.listener, client = %ctx.remote, %error, "TLS handshake failed");
+        }
+        Err(_) => {
+            metrics::counter!(m::TLS_HANDSHAKE_FAILURES, m::LABEL_LISTENER => ctx.listener.to_string()).increment(1);
         }
     }
 }
@@ -243,7 +255,9 @@ async fn serve_http<I>(
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     if speaks == Speaks::Http2 {
-        return serve_http2(io, ctx, limits, draining).await;
+        // Boxed: cutover's HTTP/2 connection is kilobytes that every
+        // HTTP/1 connection's future would otherwise be as large as.
+        return crate::boxed::pin_in_place(|| serve_http2(io, ctx, limits, draining)).await;
     }
     let shared = Arc::clone(&ctx);
     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
