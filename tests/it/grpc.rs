@@ -611,8 +611,13 @@ async fn deadlines_are_the_smaller_of_grpc_timeout_and_the_route_timeout() {
         "{left:?}"
     );
 
-    // A slow answer: DEADLINE_EXCEEDED at the deadline, the route's 1 s
-    // (the client's own timer, at 10 s, plays no part).
+    // A slow answer ends at the deadline, the route's 1 s (the client's
+    // own timer, at 10 s, plays no part). The backend was told what was
+    // left (above), and tonic's server keeps that deadline itself,
+    // answering CANCELLED "Timeout expired" when it passes: its timer and
+    // the gateway's fall within a millisecond of each other, so either
+    // answer may come first. That the gateway keeps the deadline on its
+    // own is the stream's case below, which tonic does not time out.
     let mut request = Request::new(Msg {
         delay_ms: 3000,
         ..msg("slow")
@@ -620,7 +625,11 @@ async fn deadlines_are_the_smaller_of_grpc_timeout_and_the_route_timeout() {
     request.set_timeout(Duration::from_secs(10));
     let started = Instant::now();
     let status = unary(&mut client, request).await.unwrap_err();
-    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let backends_own = status.code() == Code::Cancelled && status.message() == "Timeout expired";
+    assert!(
+        status.code() == Code::DeadlineExceeded || backends_own,
+        "{status:?}"
+    );
     let elapsed = started.elapsed();
     assert!(
         elapsed > Duration::from_millis(900) && elapsed < Duration::from_millis(1800),

@@ -410,9 +410,9 @@ impl Accepting {
         limits: ListenerLimits,
         guard: ConnectionGuard,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        if self.tcp_counters.is_some() {
+        if let Some(counters) = self.tcp_counters.clone() {
             crate::boxed::pin_in_place(|| {
-                self.relay_accepted(stream, remote, proxied, limits, guard)
+                self.relay_accepted(stream, remote, proxied, limits, guard, counters)
             })
         } else {
             crate::boxed::pin_in_place(|| {
@@ -513,10 +513,8 @@ impl Accepting {
         proxied: bool,
         limits: ListenerLimits,
         guard: ConnectionGuard,
+        counters: TcpCounters,
     ) {
-        let Some(counters) = self.tcp_counters.clone() else {
-            return;
-        };
         let Some((stream, remote)) = self.register(stream, remote, proxied, &limits).await else {
             return;
         };
