@@ -113,6 +113,18 @@ impl Gate {
     }
 }
 
+/// What is known of a connection a worker accepted and admitted, on
+/// its way (with its socket) to the worker that serves it.
+struct Accepted {
+    /// The peer (a trusted proxy, until its PROXY header is read).
+    remote: SocketAddr,
+    /// Whether a PROXY header is due from the peer.
+    proxied: bool,
+    limits: ListenerLimits,
+    /// Counts it open until it ends.
+    guard: ConnectionGuard,
+}
+
 /// Counts a client connection as open, for the whole set (drain waits
 /// on it) and for its listener (`max_connections`).
 struct ConnectionGuard {
@@ -378,11 +390,15 @@ impl Accepting {
             accepting: Arc::clone(self),
             worker: serving,
         };
-        let proxied = proxy == Proxy::Trusted;
+        let accepted = Accepted {
+            remote,
+            proxied: proxy == Proxy::Trusted,
+            limits,
+            guard,
+        };
         let workers = self.gate.workers.as_ref().filter(|_| serving != worker);
         let Some(workers) = workers else {
-            let task = Arc::clone(self).connection_task(stream, remote, proxied, limits, guard);
-            tokio::spawn(task);
+            tokio::spawn(Arc::clone(self).connection_task(stream, accepted));
             return;
         };
         // Served elsewhere: registered with that worker's reactor
@@ -391,7 +407,7 @@ impl Accepting {
         let accepting = Arc::clone(self);
         workers.spawn_on(
             serving,
-            Box::new(move || accepting.connection_task(stream, remote, proxied, limits, guard)),
+            Box::new(move || accepting.connection_task(stream, accepted)),
         );
     }
 
@@ -400,24 +416,17 @@ impl Accepting {
     /// (`serve.rs`), each a future of its own size (one future for both
     /// would be as large as the larger for every connection), boxed where
     /// it is made (tokio moves a task's future several times while
-    /// spawning it, and a box moves as a pointer). `guard` counts the
-    /// connection open until it ends.
+    /// spawning it, and a box moves as a pointer).
     fn connection_task(
         self: Arc<Self>,
         stream: std::net::TcpStream,
-        remote: SocketAddr,
-        proxied: bool,
-        limits: ListenerLimits,
-        guard: ConnectionGuard,
+        accepted: Accepted,
     ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        if let Some(counters) = self.tcp_counters.clone() {
-            crate::boxed::pin_in_place(|| {
-                self.relay_accepted(stream, remote, proxied, limits, guard, counters)
-            })
-        } else {
-            crate::boxed::pin_in_place(|| {
-                self.serve_accepted(stream, remote, proxied, limits, guard)
-            })
+        match self.tcp_counters.clone() {
+            Some(counters) => {
+                crate::boxed::pin_in_place(|| self.relay_accepted(stream, accepted, counters))
+            }
+            None => crate::boxed::pin_in_place(|| self.serve_accepted(stream, accepted)),
         }
     }
 
@@ -471,21 +480,14 @@ impl Accepting {
     }
 
     /// Serves one accepted HTTP connection on this worker, to its end.
-    async fn serve_accepted(
-        self: Arc<Self>,
-        stream: std::net::TcpStream,
-        remote: SocketAddr,
-        proxied: bool,
-        limits: ListenerLimits,
-        guard: ConnectionGuard,
-    ) {
+    async fn serve_accepted(self: Arc<Self>, stream: std::net::TcpStream, accepted: Accepted) {
         // An HTTP client's first bytes (a request head, a ClientHello)
         // usually arrive with its connection: taken before the socket is
         // registered, they cost one read, where waiting for them costs a
         // trip through epoll, a timer and a peek. A PROXY header is read
         // exactly.
         let mut first = Vec::new();
-        if !proxied {
+        if !accepted.proxied {
             match serve::read_arrived(&stream, &mut first) {
                 // Closed before a byte: a port check.
                 Ok(0) => return,
@@ -494,14 +496,14 @@ impl Accepting {
                 Err(_) => return,
             }
         }
-        let Some((stream, remote)) = self.register(stream, remote, proxied, &limits).await else {
+        let Some((stream, remote)) = self.register(stream, &accepted).await else {
             return;
         };
         let ctx = self.context(&stream, remote);
         let draining = self.gate.draining.subscribe();
         let tls = self.tls.clone();
-        serve::serve_http_connection(stream, first, ctx, limits, draining, tls).await;
-        drop(guard);
+        serve::serve_http_connection(stream, first, ctx, accepted.limits, draining, tls).await;
+        drop(accepted.guard);
     }
 
     /// Relays one accepted TCP connection on this worker, to its end;
@@ -509,13 +511,10 @@ impl Accepting {
     async fn relay_accepted(
         self: Arc<Self>,
         stream: std::net::TcpStream,
-        remote: SocketAddr,
-        proxied: bool,
-        limits: ListenerLimits,
-        guard: ConnectionGuard,
+        accepted: Accepted,
         counters: TcpCounters,
     ) {
-        let Some((stream, remote)) = self.register(stream, remote, proxied, &limits).await else {
+        let Some((stream, remote)) = self.register(stream, &accepted).await else {
             return;
         };
         let _relay = OpenWork(Arc::clone(&self.gate.ended_at_cut)).hold();
@@ -528,7 +527,7 @@ impl Accepting {
             self.gate.cut.subscribe(),
         )
         .await;
-        drop(guard);
+        drop(accepted.guard);
     }
 
     /// Registers an accepted socket with this worker's reactor, and reads
@@ -537,9 +536,7 @@ impl Accepting {
     async fn register(
         &self,
         stream: std::net::TcpStream,
-        remote: SocketAddr,
-        proxied: bool,
-        limits: &ListenerLimits,
+        accepted: &Accepted,
     ) -> Option<(TcpStream, SocketAddr)> {
         let mut stream = match TcpStream::from_std(stream) {
             Ok(stream) => stream,
@@ -548,7 +545,8 @@ impl Accepting {
                 return None;
             }
         };
-        let timeout = limits.header_read_timeout;
+        let (remote, proxied) = (accepted.remote, accepted.proxied);
+        let timeout = accepted.limits.header_read_timeout;
         let remote = client_address(&mut stream, remote, proxied, timeout, &self.name).await?;
         Some((stream, remote))
     }
