@@ -211,10 +211,6 @@ fn head(status: u16, fields: &[(&str, &str)]) -> Vec<u8> {
     block.to_vec()
 }
 
-fn rst_code(frame: &super::tests::Frame) -> Reason {
-    Reason(u32::from_be_bytes(frame.payload[..4].try_into().unwrap()))
-}
-
 #[tokio::test]
 async fn a_goaway_refuses_later_streams_and_gives_them_back_from_their_start() {
     let (sender, mut peer) = raw(CLIENT).await;
@@ -315,7 +311,7 @@ async fn resets_and_malformed_answers_fail_their_stream_only() {
     ));
     let reset = peer.next_of(Kind::RstStream).await.unwrap();
     assert_eq!(
-        (reset.stream, rst_code(&reset)),
+        super::tests::reset_of(&reset),
         (opened.stream, Reason::PROTOCOL_ERROR)
     );
 
@@ -414,7 +410,7 @@ async fn priority_errors_on_our_streams_fail_them_only() {
             "{path}"
         );
         let reset = peer.next_of(Kind::RstStream).await.unwrap();
-        assert_eq!((reset.stream, rst_code(&reset)), (id, expected), "{path}");
+        assert_eq!(super::tests::reset_of(&reset), (id, expected), "{path}");
     }
 
     // A PRIORITY naming another stream is read and left; the connection
@@ -441,7 +437,7 @@ async fn a_caller_that_leaves_has_its_stream_cancelled() {
     drop(future);
     let reset = peer.next_of(Kind::RstStream).await.unwrap();
     assert_eq!(
-        (reset.stream, rst_code(&reset)),
+        super::tests::reset_of(&reset),
         (opened.stream, Reason::CANCEL)
     );
 
@@ -460,7 +456,7 @@ async fn a_caller_that_leaves_has_its_stream_cancelled() {
     drop(response);
     let reset = peer.next_of(Kind::RstStream).await.unwrap();
     assert_eq!(
-        (reset.stream, rst_code(&reset)),
+        super::tests::reset_of(&reset),
         (opened.stream, Reason::CANCEL)
     );
     assert!(sender.has_room());

@@ -580,7 +580,7 @@ async fn a_header_block_that_never_ends_is_bounded() {
 }
 
 /// The RST_STREAM's stream and error code.
-fn reset_of(frame: &Frame) -> (u32, Reason) {
+pub(super) fn reset_of(frame: &Frame) -> (u32, Reason) {
     let code = u32::from_be_bytes(frame.payload[..4].try_into().unwrap());
     (frame.stream, Reason(code))
 }
