@@ -15,7 +15,8 @@
 # one framed message each way) to nginx over h2c, as `benches/grpc.rs`
 # sends them: the backend side runs through hyper's HTTP/2 client.
 # PROTOCOL=h2c counts h2c requests (prior knowledge, 10 streams per
-# connection) instead of HTTP/1.1; CACHE=1 puts the route behind an
+# connection; STREAMS=N sets how many, and STREAMS=1 makes every
+# connection go idle between its requests) instead of HTTP/1.1; CACHE=1 puts the route behind an
 # in-memory cache zone (`ttl_default = "1h"`: the backend's answer states
 # no freshness), so that every measured request is a cache hit. KEEP=DIR keeps each run's
 # callgrind files there, for `callgrind_annotate`.
@@ -33,7 +34,7 @@ for tool in valgrind callgrind_control nginx h2load python3; do
 done
 case "${PROTOCOL:-h1}" in
   h1) load=(--h1) ;;
-  h2c) load=(-m10) ;;
+  h2c) load=(-m"${STREAMS:-10}") ;;
   grpc) load=(-m10 -H "content-type: application/grpc" -H "te: trailers") ;;
   *) echo "PROTOCOL is h1, h2c or grpc"; exit 1 ;;
 esac

@@ -7,7 +7,8 @@
 //! Starts the binary, waits for its ready line, lets it settle, then reads
 //! `VmRSS` and `VmHWM` from `/proc`. Linux only.
 //!
-//! Then the resident memory an idle keep-alive HTTP/1.1 connection holds.
+//! Then the resident memory an idle keep-alive connection holds, HTTP/1.1
+//! and h2c.
 //!
 //! Then the CPU an idle gateway spends a second with one backend and with
 //! 10 000 (100 upstreams of 100, no active checks), nobody reading the
@@ -78,48 +79,55 @@ fn main() {
     idle_cpu(&dir.path().join("gateway.toml"));
 }
 
-/// Resident memory per idle keep-alive HTTP/1.1 connection: `N`
-/// connections (`CUTOVER_BENCH_CONNECTIONS`, default 1 000) each send
-/// one request to the direct-response route, read its answer and stay
-/// open; the gateway's `VmRSS` after them less before them, over `N`.
-/// Fifty connections come and go first, so that the allocator's first
-/// pages are not counted against the connections. For this build and the
-/// baseline's if one is given.
+/// Resident memory per idle keep-alive connection, HTTP/1.1 and h2c:
+/// `N` connections (`CUTOVER_BENCH_CONNECTIONS`, default 1 000) each
+/// send one request to the direct-response route, read its answer and
+/// stay open; the gateway's `VmRSS` after them less before them, over
+/// `N`. Fifty connections come and go first, so that the allocator's
+/// first pages are not counted against the connections. For this build
+/// and the baseline's if one is given.
 fn idle_connections(path: &std::path::Path) {
     let wanted = common::env_u64("CUTOVER_BENCH_CONNECTIONS", 1_000) as usize;
     std::fs::write(path, format!("{SMALL}\n[log]\nlevel = \"warn\"\n")).expect("write config");
-    println!();
-    println!(
-        "{:<44} {:>10} {:>10}",
-        "idle keep-alive HTTP/1.1 connections", "B / conn", "open"
-    );
     let this: std::path::PathBuf = std::env::var_os("CUTOVER_BENCH_BINARY")
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_cutover").into())
         .into();
-    for (label, binary) in std::iter::once(("this build", this))
-        .chain(common::baseline_binary().map(|b| ("baseline", b)))
-    {
-        let (mut child, ready) = common::start_binary(&binary, path);
-        let target: std::net::SocketAddr = ready["listeners"][0]["address"]
-            .as_str()
-            .and_then(|a| a.parse().ok())
-            .expect("listener address in the ready line");
-        for _ in 0..50 {
-            drop(answered_connection(target));
+    type Answered = fn(std::net::SocketAddr) -> Option<std::net::TcpStream>;
+    let protocols: [(&str, Answered); 2] = [
+        ("HTTP/1.1", answered_connection),
+        ("h2c", answered_h2c_connection),
+    ];
+    for (protocol, answered) in protocols {
+        println!();
+        println!(
+            "{:<44} {:>10} {:>10}",
+            format!("idle keep-alive {protocol} connections"),
+            "B / conn",
+            "open"
+        );
+        for (label, binary) in std::iter::once(("this build", this.clone()))
+            .chain(common::baseline_binary().map(|b| ("baseline", b)))
+        {
+            let (mut child, ready) = common::start_binary(&binary, path);
+            let target: std::net::SocketAddr = ready["listeners"][0]["address"]
+                .as_str()
+                .and_then(|a| a.parse().ok())
+                .expect("listener address in the ready line");
+            for _ in 0..50 {
+                drop(answered(target));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            let (before, _) = memory(&child);
+            // Held open until measured; fewer than wanted when this
+            // process runs out of descriptors (`ulimit -n`).
+            let open: Vec<_> = (0..wanted).map_while(|_| answered(target)).collect();
+            std::thread::sleep(Duration::from_millis(500));
+            let (after, _) = memory(&child);
+            let per = after.saturating_sub(before) as f64 * 1024.0 / open.len().max(1) as f64;
+            println!("{label:<44} {per:>10.0} {:>10}", open.len());
+            drop(open);
+            stop(&mut child);
         }
-        std::thread::sleep(Duration::from_millis(300));
-        let (before, _) = memory(&child);
-        // Held open until measured; fewer than wanted when this process
-        // runs out of descriptors (`ulimit -n`).
-        let open: Vec<_> = (0..wanted)
-            .map_while(|_| answered_connection(target))
-            .collect();
-        std::thread::sleep(Duration::from_millis(500));
-        let (after, _) = memory(&child);
-        let per = after.saturating_sub(before) as f64 * 1024.0 / open.len().max(1) as f64;
-        println!("{label:<44} {per:>10.0} {:>10}", open.len());
-        drop(open);
-        stop(&mut child);
     }
 }
 
@@ -139,6 +147,48 @@ fn answered_connection(target: std::net::SocketAddr) -> Option<std::net::TcpStre
         seen.extend_from_slice(&buf[..n]);
     }
     Some(stream)
+}
+
+/// The same over h2c (prior knowledge): the preface, an empty SETTINGS
+/// and one GET; answered once stream 1's last DATA frame has come.
+fn answered_h2c_connection(target: std::net::SocketAddr) -> Option<std::net::TcpStream> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(target).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    // HPACK: GET, http, then :path and :authority as literals without
+    // indexing (static name indices 4 and 1).
+    let mut block = vec![0x82, 0x86, 0x04, 8];
+    block.extend_from_slice(b"/healthz");
+    block.extend_from_slice(&[0x01, 5]);
+    block.extend_from_slice(b"bench");
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let len = block.len() as u32;
+    // HEADERS, END_STREAM | END_HEADERS, stream 1.
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.extend_from_slice(&[1, 0x5, 0, 0, 0, 1]);
+    out.extend_from_slice(&block);
+    stream.write_all(&out).ok()?;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        // Frames read so far: done at DATA with END_STREAM on stream 1.
+        let mut at = 0;
+        while seen.len() >= at + 9 {
+            let len = u32::from_be_bytes([0, seen[at], seen[at + 1], seen[at + 2]]) as usize;
+            let (kind, flags) = (seen[at + 3], seen[at + 4]);
+            let id = u32::from_be_bytes([seen[at + 5], seen[at + 6], seen[at + 7], seen[at + 8]]);
+            if seen.len() < at + 9 + len {
+                break;
+            }
+            if kind == 0 && flags & 1 != 0 && id == 1 {
+                return Some(stream);
+            }
+            at += 9 + len;
+        }
+        let n = stream.read(&mut buf).ok().filter(|n| *n > 0)?;
+        seen.extend_from_slice(&buf[..n]);
+    }
 }
 
 /// `upstreams` upstreams of `per` backends each (nothing listens there:

@@ -19,6 +19,7 @@ use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_STREAM};
 use super::hpack::{self, Decoder, Field};
 use super::link::{Block, Entry, Fill, Link, Outgoing, RECV_WINDOW};
 use super::request;
+use super::spare;
 use super::stream::{RecvBody, Shared, StreamTask};
 use super::Settings;
 
@@ -106,7 +107,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     pub fn new(io: I, settings: Settings, service: S) -> Self {
-        let mut write = BytesMut::with_capacity(16 * 1024);
+        let (read, mut write) = spare::take_two();
         // Our SETTINGS, then the connection's window opened to RECV_WINDOW.
         Link::settings_frame(
             &mut write,
@@ -126,7 +127,7 @@ where
             .map(|every| Box::pin(tokio::time::sleep(every)));
         Connection {
             io,
-            read: BytesMut::with_capacity(16 * 1024),
+            read,
             link: Link::new(write),
             preface: false,
             read_closed: false,
@@ -162,6 +163,15 @@ where
     }
 
     fn poll_connection(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        if self.link.write.capacity() == 0 {
+            // Woken from rest: both buffers from the worker's spares (a
+            // read buffer with no room holds nothing).
+            let (read, write) = spare::take_two();
+            self.link.write = write;
+            if self.read.capacity() == 0 {
+                self.read = read;
+            }
+        }
         loop {
             let mut again = false;
             if let Err(error) = self.poll_timer(cx) {
@@ -206,8 +216,21 @@ where
                 }
             }
             if !again {
+                self.rest();
                 return Poll::Pending;
             }
+        }
+    }
+
+    /// At rest (no stream, nothing read or to write), the connection
+    /// gives its buffers back to the worker's spares until it wakes.
+    fn rest(&mut self) {
+        if self.read.is_empty()
+            && self.link.write.is_empty()
+            && self.streams.is_empty()
+            && self.tasks.is_empty()
+        {
+            spare::give_two(&mut self.read, &mut self.link.write);
         }
     }
 
@@ -636,5 +659,12 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.get_mut().poll_connection(cx)
+    }
+}
+
+/// An ended connection's buffers go to the next one on the worker.
+impl<I, S, F, B> Drop for Connection<I, S, F, B> {
+    fn drop(&mut self) {
+        spare::give_two(&mut self.read, &mut self.link.write);
     }
 }

@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::frame::{self, Kind, Reason, FLAG_END_HEADERS, FLAG_END_STREAM};
 use super::hpack;
 use super::request;
+use super::spare;
 use super::stream::{Shared, Window, RELEASE_STEP};
 
 /// The window each stream and the connection open to the peer: about
@@ -459,8 +460,10 @@ impl Link {
             self.write_blocked = true;
             return Fill::Stop;
         }
-        if read.capacity() - read.len() < 4096 {
-            read.reserve(16 * 1024);
+        if read.capacity() == 0 {
+            *read = spare::take();
+        } else if read.capacity() - read.len() < 4096 {
+            read.reserve(spare::SIZE);
         }
         match tokio_util::io::poll_read_buf(Pin::new(io), cx, read) {
             Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Fill::Closed,

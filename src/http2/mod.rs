@@ -22,6 +22,7 @@ mod hpack;
 mod link;
 mod request;
 mod send;
+mod spare;
 mod stream;
 #[cfg(test)]
 mod tests;

@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 use super::frame::{self, Kind, Reason, FLAG_ACK, FLAG_END_HEADERS, FLAG_END_STREAM};
 use super::hpack::{self, Decoder, Field};
-use super::{Connection, RecvBody, Settings};
+use super::{spare, Connection, RecvBody, Settings};
 
 const SETTINGS: Settings = Settings {
     max_concurrent_streams: 4,
@@ -200,6 +200,30 @@ async fn settings_then_a_request_and_its_answer() {
     assert_eq!(
         (data.stream, data.flags, &data.payload[..]),
         (1, FLAG_END_STREAM, &b"hello"[..])
+    );
+}
+
+#[tokio::test]
+async fn a_connection_at_rest_holds_no_buffer() {
+    // One thread (the test's runtime): the server's task runs here, and
+    // the spares it gives back are this thread's.
+    let (mut client, task) = serve(SETTINGS, hello("hello"));
+    assert_eq!(spare::held(), 0, "both buffers taken at the start");
+    client.hello(&[]).await;
+    for stream in [1, 3] {
+        client.get(stream, "/").await;
+        let data = client.next_of(Kind::Data).await.unwrap();
+        assert_eq!((data.stream, &data.payload[..]), (stream, &b"hello"[..]));
+        // Answered and flushed: at rest, its read and write buffers are
+        // the worker's again, and taken back when the next request comes.
+        assert_eq!(spare::held(), 2, "after stream {stream}");
+    }
+    drop(client);
+    assert!(task.await.unwrap().is_ok());
+    assert_eq!(
+        spare::held(),
+        2,
+        "an ended connection leaves both with the worker"
     );
 }
 
