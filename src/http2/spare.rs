@@ -25,32 +25,43 @@ thread_local! {
     static SPARES: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
 }
 
+// Every access is `try_with`: a connection dropped while its thread
+// ends (after the spares are gone) takes or keeps nothing, never panics.
+
 /// An empty buffer of at least `SIZE` bytes: a spare, or a new one.
 pub(super) fn take() -> BytesMut {
     SPARES
-        .with(|spares| spares.borrow_mut().pop())
+        .try_with(|spares| spares.borrow_mut().pop())
+        .ok()
+        .flatten()
         .unwrap_or_else(|| BytesMut::with_capacity(SIZE))
 }
 
 /// Two of them (a connection's read and write buffers), with one look
 /// at the thread's spares.
 pub(super) fn take_two() -> (BytesMut, BytesMut) {
-    let (first, second) = SPARES.with(|spares| {
-        let mut spares = spares.borrow_mut();
-        (spares.pop(), spares.pop())
-    });
+    let (first, second) = SPARES
+        .try_with(|spares| {
+            let mut spares = spares.borrow_mut();
+            (spares.pop(), spares.pop())
+        })
+        .unwrap_or((None, None));
     let new = || BytesMut::with_capacity(SIZE);
     (first.unwrap_or_else(new), second.unwrap_or_else(new))
 }
 
 /// Gives both buffers back, leaving empty ones without an allocation in
-/// their place.
+/// their place (freed, when the thread keeps no more).
 pub(super) fn give_two(first: &mut BytesMut, second: &mut BytesMut) {
-    SPARES.with(|spares| {
+    let kept = SPARES.try_with(|spares| {
         let mut spares = spares.borrow_mut();
         keep(&mut spares, first);
         keep(&mut spares, second);
     });
+    if kept.is_err() {
+        *first = BytesMut::new();
+        *second = BytesMut::new();
+    }
 }
 
 /// Keeps `buffer`, emptied, if there is room among the spares and it has
@@ -117,6 +128,30 @@ mod tests {
         let _ = other.split_to(10);
         give_two(&mut other, &mut BytesMut::new());
         assert_eq!(spares(), before + 1, "unique again: room reclaimed");
+    }
+
+    #[test]
+    fn buffers_given_back_while_their_thread_ends_are_freed_without_a_panic() {
+        // A connection dropped by a thread-local's destructor after the
+        // spares' own has run (destructors run in the reverse order of
+        // first use). A panic there would abort the test binary.
+        struct Late(BytesMut, BytesMut);
+        impl Drop for Late {
+            fn drop(&mut self) {
+                give_two(&mut self.0, &mut self.1);
+                assert_eq!((self.0.capacity(), self.1.capacity()), (0, 0));
+            }
+        }
+        thread_local! {
+            static LATE: RefCell<Option<Late>> = const { RefCell::new(None) };
+        }
+        std::thread::spawn(|| {
+            LATE.with(|late| *late.borrow_mut() = Some(Late(BytesMut::new(), BytesMut::new())));
+            let (read, write) = take_two();
+            LATE.with(|late| *late.borrow_mut() = Some(Late(read, write)));
+        })
+        .join()
+        .expect("the thread ended without a panic");
     }
 
     #[test]

@@ -251,13 +251,21 @@ async fn grpc_client(web: SocketAddr, stop: Arc<AtomicBool>, tally: Arc<Tally>) 
     }
 }
 
-/// Whether a failed call never left the client (hyper's "canceled": the
-/// connection closed before the request was written).
+/// Whether a call that failed before its answer's head was never
+/// processed: hyper's "canceled" (the connection closed before the
+/// request was written), or the stream was past the last one a draining
+/// process's final GOAWAY took (RFC 9113 §6.8; the h2c client above
+/// counts the same as refused). Failures after the head stay failures.
 fn never_sent(status: &tonic::Status) -> bool {
     let mut source = std::error::Error::source(status);
     while let Some(error) = source {
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            return h2.is_go_away() && h2.reason() == Some(h2::Reason::NO_ERROR);
+        }
         if let Some(hyper) = error.downcast_ref::<hyper::Error>() {
-            return hyper.is_canceled();
+            if hyper.is_canceled() {
+                return true;
+            }
         }
         source = error.source();
     }
@@ -510,7 +518,7 @@ async fn every_protocol_through_ten_upgrades_and_activations() {
     }
     let t = &tally;
     let figure = format!(
-        "{upgrades} upgrades and {activations} activations in {:.0} s: HTTP/1.1 {} ok, {} resent (closed before an answer), {} failed; h2c {} ok, {} resent after GOAWAY, {} failed; gRPC {} streams ok, {} resent (never sent: the connection was closing), {} failed; WebSocket {} messages echoed, {} closes 1001 at a drain deadline, {} lost; HTTP/3 {} ok, {} failed, connections ended {} by the server's close, {} by a stateless reset, {} otherwise, {} GOAWAYs read, {} streams answered at or past a GOAWAY's ID",
+        "{upgrades} upgrades and {activations} activations in {:.0} s: HTTP/1.1 {} ok, {} resent (closed before an answer), {} failed; h2c {} ok, {} resent after GOAWAY, {} failed; gRPC {} streams ok, {} not processed (the connection was closing), {} failed; WebSocket {} messages echoed, {} closes 1001 at a drain deadline, {} lost; HTTP/3 {} ok, {} failed, connections ended {} by the server's close, {} by a stateless reset, {} otherwise, {} GOAWAYs read, {} streams answered at or past a GOAWAY's ID",
         started.elapsed().as_secs_f64(),
         get(&t.h1_ok), get(&t.h1_resent), get(&t.h1_failed),
         get(&t.h2_ok), get(&t.h2_resent), get(&t.h2_failed),
