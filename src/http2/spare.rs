@@ -119,7 +119,7 @@ mod tests {
         let payload = buffer.split_to(100).freeze();
         let before = spares();
         give_two(&mut buffer, &mut BytesMut::new());
-        assert_eq!(spares(), before, "kept while a payload points into it");
+        assert_eq!(spares(), before, "not kept while a payload points into it");
         assert_eq!(&payload[..], &[7; 100][..]);
         // Once the payload is gone the next buffer is whole again.
         drop(payload);
