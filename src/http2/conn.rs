@@ -163,14 +163,12 @@ where
     }
 
     fn poll_connection(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        if self.link.write.capacity() == 0 {
-            // Woken from rest: both buffers from the worker's spares (a
-            // read buffer with no room holds nothing).
-            let (read, write) = spare::take_two();
-            self.link.write = write;
-            if self.read.capacity() == 0 {
-                self.read = read;
-            }
+        if self.read.capacity() == 0 && self.link.write.capacity() == 0 {
+            // Woken from rest (`rest` leaves both without an allocation):
+            // both buffers from the worker's spares. Either alone at zero
+            // (a write buffer flushed to its very end, a GOAWAY written
+            // while at rest) grows where it is used.
+            (self.read, self.link.write) = spare::take_two();
         }
         loop {
             let mut again = false;
