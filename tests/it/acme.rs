@@ -23,10 +23,7 @@ const PEBBLE: &str = "/usr/bin/pebble";
 const CHALLTESTSRV: &str = "/usr/bin/pebble-challtestsrv";
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    closed_port().port()
 }
 
 /// pebble and its DNS; both killed when dropped.

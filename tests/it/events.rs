@@ -183,10 +183,7 @@ async fn change_events_stream_in_order_and_reach_webhooks_signed_through_a_recei
     );
     // The receiver's port, not listened on yet: deliveries are refused
     // until it comes up.
-    let receiver_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let receiver_port = closed_port();
     // A receiver that takes connections and never answers.
     let hanging = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let hanging_addr = hanging.local_addr().unwrap();

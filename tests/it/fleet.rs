@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{json, Value};
 
-use crate::harness::{admin_request, failing_backend, get, post_json, Backend, Config, Gateway};
+use crate::harness::{
+    admin_request, closed_port, failing_backend, get, post_json, Backend, Config, Gateway,
+};
 
 const ETCD: &str = "/usr/bin/etcd";
 
@@ -25,13 +27,6 @@ pub(crate) struct Etcd {
     tls: bool,
     /// More command-line flags.
     flags: Vec<String>,
-}
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 impl Etcd {
@@ -49,8 +44,8 @@ impl Etcd {
         let mut etcd = Etcd {
             child: None,
             dir: tempfile::tempdir().unwrap(),
-            client: free_port(),
-            peer: free_port(),
+            client: closed_port(),
+            peer: closed_port(),
             tls: false,
             flags: flags.iter().map(|f| f.to_string()).collect(),
         };
@@ -73,8 +68,8 @@ impl Etcd {
         let mut etcd = Etcd {
             child: None,
             dir,
-            client: free_port(),
-            peer: free_port(),
+            client: closed_port(),
+            peer: closed_port(),
             tls: true,
             flags: Vec::new(),
         };

@@ -1215,11 +1215,7 @@ async fn an_nginx_backend_that_closes_connections_every_25_calls_loses_none() {
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = closed_port().port();
     // One framed message (field 1 = 1) and `grpc-status: 0` for any call.
     std::fs::write(dir.path().join("reply.bin"), [0, 0, 0, 0, 2, 8, 1]).unwrap();
     let conf = format!(

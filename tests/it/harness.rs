@@ -727,11 +727,40 @@ pub async fn echo_server() -> (SocketAddr, tokio::task::JoinHandle<()>) {
     (addr, task)
 }
 
-/// A loopback address nothing listens on now (free to bind later; for
-/// an upstream that must refuse, `refusing_addr`).
+/// A loopback address nothing listens on now, on TCP or UDP, free to
+/// bind later: for a peer or a gateway that must be told its port before
+/// it binds (for an upstream that must refuse, `refusing_addr`).
+///
+/// The port comes from just below the kernel's ephemeral range, never from
+/// a bind to port 0. A port-0 bind draws from the same range as every
+/// outgoing connection's local port, so between reading such a port and
+/// binding it, any test's connection could take it (an ACME test's
+/// gateway once failed "Address already in use" so). Below the range only
+/// an explicit bind takes a port, and this test binary hands each out once.
 pub fn closed_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(32768);
+    let span = low.saturating_sub(1024).min(10_000);
+    // Two test binaries at once start at different places.
+    let start = u64::from(std::process::id()) * 7919;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (low - 1 - (start + n) % span) as u16;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let free =
+            std::net::TcpListener::bind(addr).is_ok() && std::net::UdpSocket::bind(addr).is_ok();
+        if free {
+            return addr;
+        }
+    }
+    // An ephemeral range that starts too low to leave room below it.
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port")
 }
 
 /// An address that refuses connections for the test binary's life: a

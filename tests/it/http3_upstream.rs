@@ -47,7 +47,8 @@ impl Caddy {
         let (cert, key) = server_leaf(ca, &["backend.test"]);
         std::fs::write(dir.path().join("cert.pem"), cert).unwrap();
         std::fs::write(dir.path().join("key.pem"), key).unwrap();
-        let port = free_port();
+        // Caddy wants a number, free on TCP and UDP.
+        let port = closed_port().port();
         let protocols = if h3 { "h1 h2 h3" } else { "h1 h2" };
         let header = alt_svc
             .map(|v| format!("  header Alt-Svc `{v}`\n"))
@@ -83,17 +84,6 @@ impl Caddy {
 
     fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
-    }
-}
-
-/// A port free on both TCP and UDP now (Caddy wants a number).
-fn free_port() -> u16 {
-    loop {
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = tcp.local_addr().unwrap().port();
-        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
     }
 }
 
