@@ -879,3 +879,35 @@ fn long_functions_are_measured_to_their_closing_brace() {
     assert_eq!(long_functions(code, 3), [("long".to_string(), 5)]);
     assert!(long_functions(code, 5).is_empty());
 }
+
+/// The release build's code layout (src/build.rs) reads
+/// `src/symbol-order.txt`, which `benches/order_file.sh` writes: one
+/// symbol a line, each once, and among them the request path's own
+/// functions, not only the start's.
+#[test]
+fn the_symbol_order_lists_symbols_and_the_request_path() {
+    let text = std::fs::read_to_string(workspace().join("src/symbol-order.txt")).unwrap();
+    let names: Vec<&str> = text.lines().collect();
+    assert!(names.len() > 1000, "{} names", names.len());
+    let odd: Vec<&&str> = names
+        .iter()
+        .filter(|n| {
+            n.is_empty()
+                || !n
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_$.".contains(c))
+        })
+        .collect();
+    assert!(odd.is_empty(), "not symbol names: {odd:?}");
+    let unique: BTreeSet<&str> = names.iter().copied().collect();
+    assert_eq!(unique.len(), names.len(), "a name listed twice");
+    for part in ["5proxy", "5http2", "5admin", "6config"] {
+        assert!(
+            names
+                .iter()
+                .any(|n| n.contains("7cutover") && n.contains(part)),
+            "no cutover::{} function listed",
+            part.trim_start_matches(char::is_numeric)
+        );
+    }
+}
