@@ -1,24 +1,35 @@
 //! Lays out the release binary's code: the functions a started gateway
-//! runs (its start-up, an idle second, requests of each kind on the
-//! shipped example) first and together, in the order of
+//! runs (its start, idle seconds, the shipped example's requests, then
+//! TLS and proxying) first and together, in the order of
 //! `src/symbol-order.txt`, which `benches/order_file.sh` writes.
 //!
 //! The kernel maps an executable's pages around each one a process
 //! touches, so code that runs once at start, scattered through 19 MiB of
-//! `.text`, kept 10.5 MiB of it resident in an idle gateway; laid out
+//! `.text`, kept 10 MiB of it resident in an idle gateway; laid out
 //! together it is about 3 MiB (docs/performance.md, "The code a gateway
 //! runs, together").
 //!
 //! The file is given only to rust-lld, the linker rustc uses by default
-//! on x86_64 Linux since Rust 1.90, and only when nothing names another. Anywhere else, or with `CUTOVER_SYMBOL_ORDER=off`
-//! (the script builds so to profile the default layout), the binary is
-//! linked as it always was. A name the file lists that the build does not
-//! define (another toolchain's, or another Cargo.lock's) is skipped.
+//! on x86_64 Linux since Rust 1.90, and only when nothing names another
+//! linker. Anywhere else, or with `CUTOVER_SYMBOL_ORDER=off` (to measure
+//! the default layout), the binary is linked as it always was, and the
+//! build warns. A name the file lists that the build does not define
+//! (another toolchain's, or another Cargo.lock's) is skipped.
 
 use std::env;
 use std::path::Path;
 
 const ORDER: &str = "src/symbol-order.txt";
+
+/// Parts of a rustc flag that choose the linker (`-C linker=…`,
+/// `-C linker-flavor=…`, `-C link-arg=-fuse-ld=…`, …).
+const LINKER_FLAGS: [&str; 5] = [
+    "linker=",
+    "linker-flavor",
+    "linker-features",
+    "link-self-contained",
+    "fuse-ld",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed={ORDER}");
@@ -27,7 +38,6 @@ fn main() {
         "CUTOVER_SYMBOL_ORDER",
         "RUSTFLAGS",
         "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -57,11 +67,13 @@ fn why_not() -> Option<String> {
     if target != "x86_64-unknown-linux-gnu" {
         return Some(format!("{target} is not linked by rust-lld by default"));
     }
-    if env::var_os("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER").is_some() {
-        return Some("another linker is configured".into());
+    // Cargo names the linker a configuration or the environment chose.
+    if let Some(linker) = env::var_os("RUSTC_LINKER") {
+        return Some(format!("linker {} is configured", linker.to_string_lossy()));
     }
     let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
-    if flags.contains("linker") || flags.contains("link-self-contained") {
+    let chooses_linker = |flag: &str| LINKER_FLAGS.iter().any(|key| flag.contains(key));
+    if flags.split('\x1f').any(chooses_linker) {
         return Some("RUSTFLAGS choose the linker".into());
     }
     // Cargo.toml's rust-version, 1.91, is past 1.90.
