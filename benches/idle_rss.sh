@@ -3,7 +3,9 @@
 # the shipped example (examples/gateway.toml: access log on, two
 # listeners, the admin API and metrics), waits for its ready line, reads
 # VmRSS and AnonHugePages from /proc 3 s after the start, stops it, and
-# alternates the binaries STARTS times.
+# alternates the binaries STARTS times. First it says how many of the
+# functions src/symbol-order.txt lists each binary defines (laid out
+# together by a release build; docs/performance.md).
 #
 #   benches/idle_rss.sh BINARY [BINARY ...] [-- STARTS]
 #
@@ -29,6 +31,18 @@ done
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true' EXIT
 work=$(mktemp -d)
+
+# How much of the code layout a release build of this source can give each
+# binary (src/build.rs): the names of src/symbol-order.txt it defines. Few
+# means the file is stale (another toolchain or Cargo.lock): regenerate it.
+for bin in "${binaries[@]}"; do
+    if command -v nm >/dev/null; then
+        defined=$(nm --defined-only "$bin" 2>/dev/null | awk '{ print $3 }' |
+            sort -u | comm -12 - <(sort -u src/symbol-order.txt) | wc -l)
+        printf '%-48s defines %d of the %d functions src/symbol-order.txt lists\n' \
+            "$bin" "$defined" "$(wc -l <src/symbol-order.txt)"
+    fi
+done
 
 for round in $(seq 1 "$starts"); do
     for bin in "${binaries[@]}"; do
