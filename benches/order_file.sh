@@ -107,7 +107,7 @@ profile example examples/gateway.toml
 profile tls "$work/tls.toml"
 
 nm --defined-only "$binary" | awk '$2 ~ /^[tTwW]$/ { print $3 }' >"$work/defined"
-python3 - "$work/defined" "$binary" "$work/example.cg" "$work/tls.cg" >"${ORDER_OUT:-src/symbol-order.txt}" <<'EOF'
+python3 - "$work/defined" "$binary" "$work/example.cg" "$work/tls.cg" >"$work/order" <<'EOF'
 import re, sys
 
 
@@ -157,4 +157,6 @@ for profile in profiles:
     print("\n".join(new))
     print(f"{profile}: {len(new)} more functions", file=sys.stderr)
 EOF
+# Replaced only once written whole.
+mv "$work/order" "${ORDER_OUT:-src/symbol-order.txt}"
 echo "wrote ${ORDER_OUT:-src/symbol-order.txt}; rebuild with cargo build --release"
