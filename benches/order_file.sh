@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Writes src/symbol-order.txt: the functions a gateway runs on the shipped
-# example, hottest first, for the linker to lay out together (src/build.rs;
-# docs/performance.md, "The code a gateway runs, together").
+# Writes src/symbol-order.txt: the functions a gateway runs (the shipped
+# example's, then a TLS listener's), for the linker to lay out together
+# (src/build.rs; docs/performance.md, "The code a gateway runs, together").
 #
 #   benches/order_file.sh [BINARY]      # default target/release/cutover
 #

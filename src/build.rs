@@ -38,6 +38,10 @@ fn main() {
         "CUTOVER_SYMBOL_ORDER",
         "RUSTFLAGS",
         "CARGO_ENCODED_RUSTFLAGS",
+        // A linker chosen after a release build was made (cargo sets
+        // RUSTC_LINKER from its configuration or this variable).
+        "RUSTC_LINKER",
+        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
