@@ -870,9 +870,29 @@ respond = {{ body = "{body}" }}
     driver
         .wait(&page_says("takes a reason"), "a reason is asked for")
         .await;
+    // The reason is typed, and the table is rebuilt by a refresh before
+    // the click (as it is every 1.5 s): what was typed, the focus and the
+    // caret stay with the row.
     driver
-        .script("document.querySelector(\"tr[data-proposal='p-000002'] input\").value = 'not this week'; return true;")
+        .script(
+            "const input = document.querySelector(\"tr[data-proposal='p-000002'] input\");
+             input.focus(); input.value = 'not this week'; input.setSelectionRange(4, 4);
+             window.typedInto = input; return true;",
+        )
         .await;
+    driver
+        .wait(
+            "document.querySelector(\"tr[data-proposal='p-000002'] input\") !== window.typedInto",
+            "a refresh rebuilds the table",
+        )
+        .await;
+    let kept = driver
+        .script(
+            "const input = document.querySelector(\"tr[data-proposal='p-000002'] input\");
+             return [input.value, document.activeElement === input, input.selectionStart];",
+        )
+        .await;
+    assert_eq!(kept, json!(["not this week", true, 4]));
     driver
         .click("tr[data-proposal='p-000002'] button.reject")
         .await;

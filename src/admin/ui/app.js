@@ -142,11 +142,21 @@ function settle(how) {
 }
 
 // Open proposals (DESIGN §23), each with what it would change and its
-// Approve and Reject (a reason is asked for) buttons.
+// Approve and Reject (a reason is asked for) buttons. The table is rebuilt
+// on every refresh: a reason being typed is carried into the new row, with
+// the focus and the caret, so that no refresh takes it from the approver.
 function renderProposals(proposals) {
   const open = (proposals || []).filter((p) => p.state === "open");
   document.getElementById("proposals-section").hidden = open.length === 0;
   const body = document.querySelector("#proposals tbody");
+  const typed = new Map();
+  for (const input of body.querySelectorAll("tr[data-proposal] input.reject-reason")) {
+    typed.set(input.closest("tr").dataset.proposal, input.value);
+  }
+  const active = document.activeElement;
+  const focused = active && active.classList.contains("reject-reason") && body.contains(active)
+    ? { id: active.closest("tr").dataset.proposal, start: active.selectionStart, end: active.selectionEnd }
+    : null;
   body.replaceChildren(...open.map((p) => {
     const row = el("tr");
     row.dataset.proposal = p.id;
@@ -172,6 +182,7 @@ function renderProposals(proposals) {
     reason.type = "text";
     reason.placeholder = "reason to reject";
     reason.className = "reject-reason";
+    reason.value = typed.get(p.id) || "";
     const reject = el("button", "Reject");
     reject.type = "button";
     reject.className = "reject";
@@ -186,6 +197,11 @@ function renderProposals(proposals) {
     row.append(cell);
     return row;
   }));
+  const again = focused && body.querySelector(`tr[data-proposal="${CSS.escape(focused.id)}"] input.reject-reason`);
+  if (again) {
+    again.focus();
+    again.setSelectionRange(focused.start, focused.end);
+  }
 }
 
 function decide(button, id, how, reason) {
