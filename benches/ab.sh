@@ -88,8 +88,12 @@ for port in "$a_port" "$b_port"; do
 done
 
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# The order alternates: odd rounds A then B, even rounds B then A. Run
+# always second, B read 2.8–2.9 % less CPU per request than A in two
+# sittings of 8 rounds whichever binary it was.
 for round in $(seq "$rounds"); do
-  for side in a b; do
+  order="a b"; [ $((round % 2)) -eq 0 ] && order="b a"
+  for side in $order; do
     if [ $side = a ]; then pid=$a_pid; port=$a_port; else pid=$b_pid; port=$b_port; fi
     before=$(cpu "$pid")
     out=$(wrk -t1 -c64 -d"${seconds}s" "http://127.0.0.1:$port$path")
