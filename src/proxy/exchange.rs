@@ -170,17 +170,24 @@ pub(super) fn request_hash(
     target: &Target<'_>,
 ) -> Option<u64> {
     let key = upstream.hash_key.as_ref()?;
+    let path = target.path.as_deref().unwrap_or(req.uri().path());
+    key_hash(key, req, conn, path)
+}
+
+/// The hash of `key`'s value in this request (`path` for `HashKey::Path`):
+/// the same value, the same hash. A backend's (`request_hash`) and a
+/// canary's (DESIGN §14).
+pub(super) fn key_hash(
+    key: &HashKey,
+    req: &Request<ClientBody>,
+    conn: &ConnContext,
+    path: &str,
+) -> Option<u64> {
     let bytes: Cow<'_, [u8]> = match key {
         HashKey::Header(name) => Cow::Borrowed(req.headers().get(name)?.as_bytes()),
         HashKey::Cookie(name) => Cow::Borrowed(cookie(req.headers(), name)?.as_bytes()),
         HashKey::ClientIp => Cow::Owned(edge::client_key(conn.remote.ip()).to_vec()),
-        HashKey::Path => Cow::Borrowed(
-            target
-                .path
-                .as_deref()
-                .unwrap_or(req.uri().path())
-                .as_bytes(),
-        ),
+        HashKey::Path => Cow::Borrowed(path.as_bytes()),
     };
     Some(crate::generation::hash_key(&bytes))
 }

@@ -20,18 +20,19 @@ use http::uri::Scheme;
 use http::{Request, Response, StatusCode, Version};
 
 use crate::backends::ClientBody;
+use crate::boxed::pin_in_place;
 
 use super::body::ResponseBody;
 use super::conn::ConnContext;
 use super::downstream::Tracked;
 use super::edge::{self};
 use super::error::{error_response, Advertised, ProxyError};
-use super::exchange::{cookie, Target};
+use super::exchange::{key_hash, Target};
 use super::filters;
 use crate::admission::Pinned;
 use crate::auth::Verdict;
 use crate::generation::{Action, Generation, Route, Upstream};
-use crate::plan::{DirectResponse, HashKey};
+use crate::plan::DirectResponse;
 use crate::telemetry::access::{self, Flags, Trail};
 use crate::telemetry::trace::TraceContext;
 
@@ -71,9 +72,9 @@ pub fn handle(
     async move {
         let (open, refused) = conn.activity.request();
         let started = Instant::now();
-        let Pinned { generation, guard } = conn
-            .admission
-            .pin_request(&conn.listener, |key| canary_key(key, &req, &conn));
+        let Pinned { generation, guard } = conn.admission.pin_request(&conn.listener, |key| {
+            key_hash(key, &req, &conn, req.uri().path())
+        });
         // While an activation shadows its candidate (DESIGN §22): one atomic
         // load otherwise.
         let mut offered = None;
@@ -426,7 +427,7 @@ fn route_and_answer<'g, 'a>(
         if let Some(waf) = super::waf::of(route, effective.as_ref()) {
             let waf_noted = noted.as_deref_mut().map(|n| &mut n.waf);
             let at = (conn, generation, &**route, waf_noted);
-            req = match Box::pin(super::waf::stage(req, at, waf)).await {
+            req = match pin_in_place(|| super::waf::stage(req, at, waf)).await {
                 Ok((req, carried)) => {
                     answer_phases = carried;
                     req
@@ -472,14 +473,16 @@ fn route_and_answer<'g, 'a>(
         if let Some(auth) = effective.as_ref().and_then(filters::Effective::auth) {
             // Boxed: the future of every request without `auth` stays as
             // small as it was.
-            let authenticated = Box::pin(authenticate(
-                auth,
-                &mut req,
-                (conn, generation, route),
-                &target,
-                &mut *context.advertised,
-                noted.as_deref_mut(),
-            ))
+            let authenticated = pin_in_place(|| {
+                authenticate(
+                    auth,
+                    &mut req,
+                    (conn, generation, route),
+                    &target,
+                    &mut *context.advertised,
+                    noted.as_deref_mut(),
+                )
+            })
             .await;
             if let Err(refused) = authenticated {
                 return Served {
@@ -544,9 +547,9 @@ fn route_and_answer<'g, 'a>(
                     // then (its body is held to it in `grpc.rs`).
                     (Some(deadline), _) => {
                         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                        let forwarding = Box::pin(super::retry::forward(
-                            req, target, conn, route, upstream, guard, slot,
-                        ));
+                        let forwarding = pin_in_place(|| {
+                            super::retry::forward(req, target, conn, route, upstream, guard, slot)
+                        });
                         tokio::time::timeout_at(deadline, forwarding)
                             .await
                             .unwrap_or(Err(ProxyError::UpstreamTimeout(left)))
@@ -554,16 +557,18 @@ fn route_and_answer<'g, 'a>(
                     // Through the route's cache zone (a gRPC call is not
                     // cached: its answer ends in trailers).
                     (None, Some((zone, spec))) if context.grpc.is_none() => {
-                        let (outcome, answered) = Box::pin(super::cache::answer(
-                            (zone, spec),
-                            req,
-                            target,
-                            conn,
-                            route,
-                            upstream,
-                            guard,
-                            slot,
-                        ))
+                        let (outcome, answered) = pin_in_place(|| {
+                            super::cache::answer(
+                                (zone, spec),
+                                req,
+                                target,
+                                conn,
+                                route,
+                                upstream,
+                                guard,
+                                slot,
+                            )
+                        })
                         .await;
                         route.shared.cached(outcome);
                         zone.answered(outcome);
@@ -575,9 +580,11 @@ fn route_and_answer<'g, 'a>(
                     // Spelled out rather than through `retry::forward`: an
                     // async layer less for every other request.
                     (None, _) if super::retry::applies(route, &req) => {
-                        Box::pin(super::retry::forward_with_retries(
-                            req, target, conn, route, upstream, guard, slot,
-                        ))
+                        pin_in_place(|| {
+                            super::retry::forward_with_retries(
+                                req, target, conn, route, upstream, guard, slot,
+                            )
+                        })
                         .await
                     }
                     (None, _) => {
@@ -591,7 +598,8 @@ fn route_and_answer<'g, 'a>(
         if let Some(carried) = answer_phases {
             let waf_noted = noted.as_deref_mut().map(|n| &mut n.waf);
             let at = (&*route.shared, &*generation.ledger);
-            result = Box::pin(super::waf_answer::answer(*carried, result, at, waf_noted)).await;
+            result =
+                pin_in_place(|| super::waf_answer::answer(*carried, result, at, waf_noted)).await;
         }
         // 7. A streamed answer keeps the listener's place until its last
         // byte.
@@ -882,16 +890,4 @@ fn admit_route(route: &Route) -> Result<Step<'_>, ProxyError> {
         Action::Redirect(redirect) => Step::Redirect(redirect),
         Action::Proxy(upstream) => Step::Proxy(upstream, slot),
     })
-}
-
-/// The hash of a request's canary key (DESIGN §14): the same value, the
-/// same generation.
-fn canary_key(key: &HashKey, req: &Request<ClientBody>, conn: &ConnContext) -> Option<u64> {
-    let bytes: Cow<'_, [u8]> = match key {
-        HashKey::Header(name) => Cow::Borrowed(req.headers().get(name)?.as_bytes()),
-        HashKey::Cookie(name) => Cow::Borrowed(cookie(req.headers(), name)?.as_bytes()),
-        HashKey::ClientIp => Cow::Owned(edge::client_key(conn.remote.ip()).to_vec()),
-        HashKey::Path => Cow::Borrowed(req.uri().path().as_bytes()),
-    };
-    Some(crate::generation::hash_key(&bytes))
 }
